@@ -1,0 +1,1 @@
+//! The worker runtime (engine and C ABI) over `hvd-collective`.

@@ -1,0 +1,1 @@
+//! Rust collectives: communicators (shm, tcp, hierarchical, mpi, nccl) and their algorithms.

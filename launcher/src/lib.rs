@@ -1,0 +1,1 @@
+//! Step graph, run engines, rendezvous, log multiplexing and failure handling.
