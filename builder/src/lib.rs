@@ -1,1 +1,40 @@
 //! The content-addressed store: derivations, fetch/verify/unpack, sandboxed builds, env assembly, gc.
+//!
+//! The CLI maps a lockfile onto an [`EnvPlan`] and calls [`build_env`]:
+//!
+//! ```no_run
+//! use hvd_builder::{BuildOptions, EnvPlan, NoProgress, Store, build_env};
+//! # fn plan() -> EnvPlan { unimplemented!() }
+//! let store = Store::open(Store::default_root())?;
+//! let built = build_env(&store, &plan(), &BuildOptions::default(), &NoProgress)?;
+//! println!("{}", built.env.join("bin/python").display());
+//! # Ok::<(), hvd_builder::Error>(())
+//! ```
+//!
+//! Store layout and hashing: docs/store.md. Where to start reading: [`realize`] (the flow), [`store`] (atomic
+//! paths and locks), [`derivation`] (what a hash covers).
+
+pub mod derivation;
+pub mod env;
+pub mod error;
+pub mod fetch;
+pub mod gc;
+pub mod hash;
+pub mod plan;
+pub mod progress;
+pub mod python;
+pub mod realize;
+pub mod source_build;
+pub mod store;
+pub mod toolchain;
+pub mod unpack;
+pub mod wheel;
+
+pub use error::{Error, Result};
+pub use fetch::Artifact;
+pub use hash::Sha256;
+pub use plan::{BuildOptions, EnvPlan, LocalPackage, PackagePlan, SourceBuildPlan};
+pub use progress::{NoProgress, Progress};
+pub use realize::{CheckOutcome, EnvBuild, PackageOutcome, build_env, check_env};
+pub use store::Store;
+pub use toolchain::Toolchain;

@@ -1,0 +1,175 @@
+//! Assembling a venv-layout environment from package store paths.
+//!
+//! ```text
+//! <env>/pyvenv.cfg                              home = <base interpreter dir>, include-system-site-packages = false
+//! <env>/bin/python -> <base interpreter>        python3, pythonX.Y -> python
+//! <env>/bin/<script>                            console scripts and `.data/scripts`, shebang = <env>/bin/python
+//! <env>/lib/pythonX.Y/site-packages/<entry>     symlinks into package paths; directories two packages share
+//!                                               (namespace packages) become real directories, merged recursively
+//! <env>/lib64 -> lib
+//! ```
+//! `.pth` files are linked into site-packages like any file, so Python's `site` processes them.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::Result;
+use crate::python::Interpreter;
+use crate::store::BuildTarget;
+use crate::wheel;
+
+/// The relative site-packages directory of an env.
+pub fn site_packages(python: &Interpreter) -> PathBuf {
+    PathBuf::from("lib")
+        .join(format!("python{}", python.short_version))
+        .join("site-packages")
+}
+
+/// Fill `target.out` with an env over `packages` (package store paths, in priority order: on a file conflict the
+/// first wins). `pycache` is where the env's interpreters write bytecode, keeping store paths unmodified.
+pub fn assemble_env(
+    target: &BuildTarget,
+    python: &Interpreter,
+    packages: &[PathBuf],
+    pycache: &Path,
+) -> Result<()> {
+    let out = &target.out;
+    let bin = out.join("bin");
+    fs_err::create_dir_all(&bin)?;
+    let site = out.join(site_packages(python));
+    fs_err::create_dir_all(&site)?;
+    symlink(&python.executable, &bin.join("python"))?;
+    for alias in [
+        "python3".to_string(),
+        format!("python{}", python.short_version),
+    ] {
+        symlink(Path::new("python"), &bin.join(alias))?;
+    }
+    symlink(Path::new("lib"), &out.join("lib64"))?;
+    let home = python.executable.parent().unwrap_or(Path::new("/"));
+    fs_err::write(
+        out.join("pyvenv.cfg"),
+        format!(
+            "home = {}\ninclude-system-site-packages = false\nversion = {}\nexecutable = {}\ncommand = hvd build\n",
+            home.display(),
+            python.version,
+            python.executable.display()
+        ),
+    )?;
+
+    for package in packages {
+        let package_site = package.join("site-packages");
+        if package_site.is_dir() {
+            link_tree(&package_site, &site)?;
+        }
+    }
+
+    // Scripts: `#!python` shebangs point at this env; console scripts are generated from entry points.
+    let env_python = target.final_path.join("bin").join("python");
+    let mut taken: BTreeSet<String> = ["python", "python3"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    taken.insert(format!("python{}", python.short_version));
+    for package in packages {
+        let scripts = package.join("scripts");
+        if scripts.is_dir() {
+            let mut entries: Vec<_> = fs_err::read_dir(&scripts)?.filter_map(|e| e.ok()).collect();
+            entries.sort_by_key(|e| e.file_name());
+            for entry in entries {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !taken.insert(name.clone()) {
+                    continue;
+                }
+                let bytes = fs_err::read(entry.path())?;
+                let dest = bin.join(&name);
+                if let Some(rest) = bytes.strip_prefix(b"#!python") {
+                    let rest = rest.strip_prefix(b"w").unwrap_or(rest);
+                    let mut file = fs_err::File::create(&dest)?;
+                    write!(file, "#!{}", env_python.display())?;
+                    file.write_all(rest)?;
+                    fs_err::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))?;
+                } else {
+                    symlink(&entry.path(), &dest)?;
+                }
+            }
+        }
+        let package_site = package.join("site-packages");
+        if let Some(dist_info) = wheel::find_suffix_dir(&package_site, ".dist-info")
+            .ok()
+            .flatten()
+        {
+            let entry_points = dist_info.join("entry_points.txt");
+            if entry_points.is_file() {
+                for point in wheel::parse_entry_points(&fs_err::read_to_string(&entry_points)?) {
+                    if !taken.insert(point.name.clone()) {
+                        continue;
+                    }
+                    let dest = bin.join(&point.name);
+                    fs_err::write(&dest, wheel::entry_point_script(&env_python, &point))?;
+                    fs_err::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))?;
+                }
+            }
+        }
+    }
+
+    // Bytecode goes to a shared cache outside the (read-only, immutable) store paths.
+    fs_err::write(
+        site.join("_hvd_pycache.pth"),
+        format!(
+            "import sys; sys.pycache_prefix = sys.pycache_prefix or {:?}\n",
+            pycache.display().to_string()
+        ),
+    )?;
+    fs_err::write(
+        bin.join("activate"),
+        format!(
+            "# source this file: puts the env first on PATH\nexport VIRTUAL_ENV={root}\nexport PATH={root}/bin:\"$PATH\"\nunset PYTHONHOME\n",
+            root = target.final_path.display()
+        ),
+    )?;
+    Ok(())
+}
+
+/// Link every entry of `from` into `to`: a missing entry becomes a symlink; a directory present in both becomes a
+/// real directory holding links to both sides (recursively).
+fn link_tree(from: &Path, to: &Path) -> Result<()> {
+    let mut entries: Vec<_> = fs_err::read_dir(from)?.filter_map(|e| e.ok()).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let source = entry.path();
+        let dest = to.join(entry.file_name());
+        let Ok(existing) = fs_err::symlink_metadata(&dest) else {
+            symlink(&source, &dest)?;
+            continue;
+        };
+        if !source.is_dir() {
+            tracing::debug!("{} is provided twice; keeping the first", dest.display());
+            continue;
+        }
+        if existing.file_type().is_symlink() && dest.is_dir() {
+            // Turn the link into a real directory holding links to what it pointed at.
+            let previous = fs_err::read_link(&dest)?;
+            fs_err::remove_file(&dest)?;
+            fs_err::create_dir(&dest)?;
+            link_tree(&previous, &dest)?;
+            link_tree(&source, &dest)?;
+        } else if existing.is_dir() {
+            link_tree(&source, &dest)?;
+        }
+    }
+    Ok(())
+}
+
+fn symlink(target: &Path, link: &Path) -> Result<()> {
+    std::os::unix::fs::symlink(target, link).map_err(|err| {
+        std::io::Error::other(format!(
+            "failed to link `{}` -> `{}`: {err}",
+            link.display(),
+            target.display()
+        ))
+    })?;
+    Ok(())
+}

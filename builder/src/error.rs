@@ -1,0 +1,70 @@
+//! The builder's error type. Variants are the decisions a caller can take (retry a download, fix the lock, ...).
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while fetching, building or assembling.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O error; `fs-err` already put the path into the message.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+
+    #[error(
+        "sha256 mismatch for `{url}`: expected {expected}, got {actual}; nothing was installed"
+    )]
+    HashMismatch {
+        url: String,
+        expected: String,
+        actual: String,
+    },
+
+    #[error("failed to download `{url}`: {message}")]
+    Download { url: String, message: String },
+
+    #[error(
+        "`{url}` is not in the download cache and `--offline` forbids the network; run once without `--offline`"
+    )]
+    Offline { url: String },
+
+    #[error("refusing archive `{archive}`: entry `{entry}` would escape the target directory")]
+    UnsafeArchiveEntry { archive: PathBuf, entry: String },
+
+    #[error("failed to read archive `{archive}`: {message}")]
+    Archive { archive: PathBuf, message: String },
+
+    #[error("invalid wheel `{wheel}`: {message}")]
+    InvalidWheel { wheel: PathBuf, message: String },
+
+    #[error(
+        "no python {version} found (looked on PATH, in pyenv versions and /usr/bin); install python{version}"
+    )]
+    PythonNotFound { version: String },
+
+    #[error("source build of {name} {version} failed: {message}\nbuild log: {log}\n{tail}")]
+    BuildFailed {
+        name: String,
+        version: String,
+        message: String,
+        log: PathBuf,
+        tail: String,
+    },
+
+    #[error(
+        "toolchain mismatch: the lock expects {expected}, this machine has {found}; install it or run `hvd lock` again"
+    )]
+    ToolchainMismatch { expected: String, found: String },
+
+    #[error("toolchain `{name}` not found on PATH; install it or change `env.toolchain`")]
+    ToolchainNotFound { name: String },
+
+    #[error("invalid build input: {0}")]
+    Invalid(String),
+
+    #[error(
+        "store path metadata `{path}` is unreadable: {message}; remove the path and build again"
+    )]
+    CorruptPath { path: PathBuf, message: String },
+}
+
+/// The builder's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

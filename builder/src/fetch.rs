@@ -1,0 +1,224 @@
+//! Downloads into the sha256-keyed cache: concurrent, verified while streaming, renamed into place only when the
+//! digest matches. `file://` URLs and plain paths are read the same way (local artifacts, tests).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sha2::Digest;
+use tokio::io::AsyncWriteExt;
+
+use crate::error::{Error, Result};
+use crate::hash::Sha256;
+use crate::progress::Progress;
+
+/// One file to fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    pub url: String,
+    /// The file name (wheel or sdist name); decides how it is unpacked.
+    pub filename: String,
+    pub sha256: Sha256,
+    pub size: Option<u64>,
+}
+
+/// Fetches artifacts into a cache directory keyed by sha256.
+#[derive(Debug, Clone)]
+pub struct Fetcher {
+    cache: PathBuf,
+    offline: bool,
+    concurrency: usize,
+}
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Fetcher {
+    /// A fetcher caching under `cache` (`<cache>/sha256/<hex>`).
+    pub fn new(cache: impl Into<PathBuf>, offline: bool) -> Fetcher {
+        Fetcher {
+            cache: cache.into(),
+            offline,
+            concurrency: 8,
+        }
+    }
+
+    /// Where an artifact lives once fetched.
+    pub fn cached_path(&self, sha256: &Sha256) -> PathBuf {
+        self.cache.join("sha256").join(sha256.as_str())
+    }
+
+    /// Fetch every artifact (those already cached cost nothing); returns their cache paths in the same order.
+    pub fn fetch_all(
+        &self,
+        artifacts: &[Artifact],
+        progress: &dyn Progress,
+    ) -> Result<Vec<PathBuf>> {
+        let missing: Vec<&Artifact> = artifacts
+            .iter()
+            .filter(|a| !self.cached_path(&a.sha256).is_file())
+            .collect();
+        if !missing.is_empty() {
+            if self.offline
+                && let Some(first) = missing.iter().find(|a| !is_local(&a.url))
+            {
+                return Err(Error::Offline {
+                    url: first.url.clone(),
+                });
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|err| {
+                    std::io::Error::other(format!("failed to start the download runtime: {err}"))
+                })?;
+            runtime.block_on(async {
+                let client = reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(30))
+                    .read_timeout(Duration::from_secs(120))
+                    .build()
+                    .map_err(|err| Error::Download {
+                        url: String::new(),
+                        message: err.to_string(),
+                    })?;
+                let results: Vec<Result<()>> = futures::stream::iter(missing)
+                    .map(|artifact| self.fetch_one(&client, artifact, progress))
+                    .buffer_unordered(self.concurrency)
+                    .collect()
+                    .await;
+                results.into_iter().collect::<Result<Vec<()>>>()
+            })?;
+        }
+        Ok(artifacts
+            .iter()
+            .map(|a| self.cached_path(&a.sha256))
+            .collect())
+    }
+
+    async fn fetch_one(
+        &self,
+        client: &reqwest::Client,
+        artifact: &Artifact,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        progress.download_started(id, &artifact.filename, artifact.size);
+        let mut attempt = 0;
+        let result = loop {
+            attempt += 1;
+            match self.try_fetch(client, artifact, id, progress).await {
+                Err(Error::Download { message, .. }) if attempt < 3 && !self.offline => {
+                    tracing::warn!("download of {} failed ({message}), retrying", artifact.url);
+                    tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
+                }
+                other => break other,
+            }
+        };
+        progress.download_finished(id);
+        result
+    }
+
+    async fn try_fetch(
+        &self,
+        client: &reqwest::Client,
+        artifact: &Artifact,
+        id: usize,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let final_path = self.cached_path(&artifact.sha256);
+        let dir = self.cache.join("sha256");
+        fs_err::create_dir_all(&dir)?;
+        let temp = dir.join(format!(
+            ".{}.{}.{}.part",
+            artifact.sha256,
+            std::process::id(),
+            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let result = self
+            .stream_into(client, artifact, &temp, id, progress)
+            .await;
+        let actual = match result {
+            Ok(actual) => actual,
+            Err(err) => {
+                let _ = fs_err::remove_file(&temp);
+                return Err(err);
+            }
+        };
+        if actual != artifact.sha256 {
+            let _ = fs_err::remove_file(&temp);
+            return Err(Error::HashMismatch {
+                url: artifact.url.clone(),
+                expected: artifact.sha256.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        fs_err::rename(&temp, &final_path)?;
+        Ok(())
+    }
+
+    async fn stream_into(
+        &self,
+        client: &reqwest::Client,
+        artifact: &Artifact,
+        temp: &Path,
+        id: usize,
+        progress: &dyn Progress,
+    ) -> Result<Sha256> {
+        let mut hasher = sha2::Sha256::new();
+        let mut out = tokio::fs::File::create(temp).await.map_err(|err| {
+            std::io::Error::other(format!("failed to create `{}`: {err}", temp.display()))
+        })?;
+        let write_error = |err: std::io::Error| {
+            std::io::Error::other(format!("failed to write `{}`: {err}", temp.display()))
+        };
+        if let Some(local) = local_path(&artifact.url) {
+            let bytes = fs_err::read(&local)?;
+            hasher.update(&bytes);
+            out.write_all(&bytes).await.map_err(write_error)?;
+            progress.download_progress(id, bytes.len() as u64);
+        } else {
+            let download_error = |err: reqwest::Error| Error::Download {
+                url: artifact.url.clone(),
+                message: err.to_string(),
+            };
+            let response = client
+                .get(&artifact.url)
+                .send()
+                .await
+                .map_err(download_error)?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(Error::Download {
+                    url: artifact.url.clone(),
+                    message: format!("server answered {status}"),
+                });
+            }
+            let mut stream = response.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(download_error)?;
+                hasher.update(&chunk);
+                out.write_all(&chunk).await.map_err(write_error)?;
+                progress.download_progress(id, chunk.len() as u64);
+            }
+        }
+        out.flush().await.map_err(write_error)?;
+        Ok(Sha256::from_hasher(hasher))
+    }
+}
+
+fn is_local(url: &str) -> bool {
+    local_path(url).is_some()
+}
+
+/// `file:///x` and plain absolute paths name local files.
+fn local_path(url: &str) -> Option<PathBuf> {
+    if let Some(rest) = url.strip_prefix("file://") {
+        Some(PathBuf::from(rest))
+    } else if url.starts_with('/') {
+        Some(PathBuf::from(url))
+    } else {
+        None
+    }
+}

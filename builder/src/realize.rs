@@ -1,0 +1,564 @@
+//! From an [`EnvPlan`] to store paths: derivations first (so a no-op build touches no network and no archive),
+//! then downloads of what is missing, wheel installs in parallel, source builds, and finally the env.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::derivation::{Derivation, DerivationKind, normalize_name};
+use crate::env;
+use crate::error::{Error, Result};
+use crate::fetch::{Artifact, Fetcher};
+use crate::hash::{self, Sha256};
+use crate::plan::{BuildOptions, EnvPlan, LocalPackage, PackagePlan};
+use crate::progress::Progress;
+use crate::python::Interpreter;
+use crate::source_build::{self, NetworkIsolation, SourceBuildRequest};
+use crate::store::{BuildOutput, Store};
+use crate::toolchain::Toolchain;
+use crate::wheel;
+
+/// What [`build_env`] produced.
+#[derive(Debug, Clone)]
+pub struct EnvBuild {
+    /// The env's store path (a venv layout; `bin/python` is its interpreter).
+    pub env: PathBuf,
+    /// Every runtime package path, with whether this run created it.
+    pub packages: Vec<PackageOutcome>,
+    /// Whether the env path itself was created by this run.
+    pub env_built: bool,
+    /// How source builds were isolated from the network (`None` when no source build ran).
+    pub isolation: Option<NetworkIsolation>,
+}
+
+/// One package's store path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageOutcome {
+    pub name: String,
+    pub version: String,
+    pub path: PathBuf,
+    pub built: bool,
+    pub source_built: bool,
+}
+
+/// The result of `--check` for one source-built package.
+#[derive(Debug, Clone)]
+pub struct CheckOutcome {
+    pub name: String,
+    pub version: String,
+    pub path: PathBuf,
+    /// Files whose content, mode or link target differ between the stored path and the rebuild; empty when equal.
+    pub differing: Vec<String>,
+}
+
+/// Derivations of a plan, computed once.
+struct Planned<'a> {
+    store: &'a Store,
+    plan: &'a EnvPlan,
+    python: Interpreter,
+    toolchain: Option<Toolchain>,
+    /// Derivation by the package plan's identity (name, version, artifact sha256).
+    derivations: HashMap<(String, String, Sha256), Derivation>,
+    build_envs: HashMap<(String, String, Sha256), (Derivation, Vec<PackagePlan>)>,
+}
+
+fn key(package: &PackagePlan) -> (String, String, Sha256) {
+    (
+        normalize_name(&package.name),
+        package.version.clone(),
+        package.artifact.sha256.clone(),
+    )
+}
+
+fn platform() -> String {
+    format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)
+}
+
+impl<'a> Planned<'a> {
+    fn new(store: &'a Store, plan: &'a EnvPlan, options: &BuildOptions) -> Result<Planned<'a>> {
+        let python = Interpreter::find(&plan.python)?;
+        let any_source_build = plan.packages.iter().any(|p| p.build.is_some());
+        let toolchain = if any_source_build {
+            let name = plan
+                .toolchain
+                .as_ref()
+                .map(|t| t.name.as_str())
+                .unwrap_or("gcc");
+            let host = Toolchain::detect(name)?;
+            if let (true, Some(pin)) = (options.locked, &plan.toolchain) {
+                host.check_against(pin)?;
+            }
+            Some(host)
+        } else {
+            None
+        };
+        let mut planned = Planned {
+            store,
+            plan,
+            python,
+            toolchain,
+            derivations: HashMap::new(),
+            build_envs: HashMap::new(),
+        };
+        for package in &plan.packages {
+            planned.derive(package, 0)?;
+        }
+        Ok(planned)
+    }
+
+    fn runtime_package(&self, name: &str) -> Option<&'a PackagePlan> {
+        let name = normalize_name(name);
+        self.plan
+            .packages
+            .iter()
+            .find(|p| normalize_name(&p.name) == name)
+    }
+
+    /// The closure of `roots` over the runtime packages' dependency edges.
+    fn closure(&self, roots: &[String]) -> Result<Vec<&'a PackagePlan>> {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<String> = roots.iter().map(|r| normalize_name(r)).collect();
+        let mut out = Vec::new();
+        while let Some(name) = stack.pop() {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            let package = self.runtime_package(&name).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "a source build needs `{name}`, which is not among the env's locked packages"
+                ))
+            })?;
+            out.push(package);
+            stack.extend(package.dependencies.iter().map(|d| normalize_name(d)));
+        }
+        out.sort_by_key(|p| normalize_name(&p.name));
+        Ok(out)
+    }
+
+    fn derive(&mut self, package: &PackagePlan, depth: usize) -> Result<Derivation> {
+        if depth > 16 {
+            return Err(Error::Invalid(format!(
+                "build requirements of `{}` nest too deep (a cycle?)",
+                package.name
+            )));
+        }
+        if let Some(existing) = self.derivations.get(&key(package)) {
+            return Ok(existing.clone());
+        }
+        let derivation = match &package.build {
+            None => Derivation::new(DerivationKind::Wheel, &package.name, &package.version)
+                .input("artifact.sha256", package.artifact.sha256.as_str())
+                .input("artifact.filename", &package.artifact.filename)
+                .input("installer", "hvd-wheel-1"),
+            Some(build) => {
+                let mut derivation =
+                    Derivation::new(DerivationKind::SourceBuild, &package.name, &package.version)
+                        .input("artifact.sha256", package.artifact.sha256.as_str())
+                        .input("artifact.filename", &package.artifact.filename)
+                        .input("builder", "hvd-pep517-1")
+                        .input("platform", platform())
+                        .input(
+                            "python",
+                            format!(
+                                "{} {}",
+                                self.python.version,
+                                self.python.executable.display()
+                            ),
+                        )
+                        .input("source-date-epoch", source_build::SOURCE_DATE_EPOCH)
+                        .input(
+                            "toolchain",
+                            self.toolchain
+                                .as_ref()
+                                .map(|t| t.identity())
+                                .unwrap_or_default(),
+                        );
+                for (name, value) in &build.env {
+                    derivation
+                        .inputs
+                        .insert(format!("env.{name}"), value.clone());
+                }
+                let mut env_packages: Vec<PackagePlan> = Vec::new();
+                for requirement in &build.requires {
+                    let hash = self.derive(requirement, depth + 1)?.hash();
+                    derivation.input_derivations.insert(
+                        format!("requires.{}", normalize_name(&requirement.name)),
+                        hash,
+                    );
+                    env_packages.push(requirement.clone());
+                }
+                let against = self.closure(&build.against)?;
+                for runtime in against {
+                    let hash = self.derive(runtime, depth + 1)?.hash();
+                    derivation
+                        .input_derivations
+                        .insert(format!("against.{}", normalize_name(&runtime.name)), hash);
+                    env_packages.push(runtime.clone());
+                }
+                let build_env = self.env_derivation(
+                    &format!("{}-build-env", package.name),
+                    &package.version,
+                    &env_packages,
+                    &[],
+                )?;
+                self.build_envs
+                    .insert(key(package), (build_env, env_packages));
+                derivation
+            }
+        };
+        self.derivations.insert(key(package), derivation.clone());
+        Ok(derivation)
+    }
+
+    fn env_derivation(
+        &mut self,
+        name: &str,
+        version: &str,
+        packages: &[PackagePlan],
+        locals: &[(LocalPackage, Derivation)],
+    ) -> Result<Derivation> {
+        let mut derivation = Derivation::new(DerivationKind::Env, name, version)
+            .input(
+                "python",
+                format!(
+                    "{} {}",
+                    self.python.version,
+                    self.python.executable.display()
+                ),
+            )
+            .input("layout", "hvd-venv-1")
+            .input(
+                "pycache",
+                self.store.root().join(".pycache").display().to_string(),
+            );
+        for (index, package) in packages.iter().enumerate() {
+            let hash = self.derive(package, 1)?.hash();
+            // The index keeps the priority order (first wins on a file conflict) part of the hash.
+            derivation.input_derivations.insert(
+                format!("package.{index:04}.{}", normalize_name(&package.name)),
+                hash,
+            );
+        }
+        for (local, local_derivation) in locals {
+            derivation.input_derivations.insert(
+                format!("local.{}", normalize_name(&local.name)),
+                local_derivation.hash(),
+            );
+        }
+        Ok(derivation)
+    }
+}
+
+fn local_derivation(local: &LocalPackage) -> Result<Derivation> {
+    let manifest = hash::manifest(&local.source)?;
+    Ok(
+        Derivation::new(DerivationKind::Local, &local.name, &local.version)
+            .input("content", hash::content_hash(&manifest).as_str()),
+    )
+}
+
+/// Build (or find) every store path of `plan` and the env over them.
+pub fn build_env(
+    store: &Store,
+    plan: &EnvPlan,
+    options: &BuildOptions,
+    progress: &dyn Progress,
+) -> Result<EnvBuild> {
+    let _builders = store.lock_builders()?;
+    let mut planned = Planned::new(store, plan, options)?;
+    let locals: Vec<(LocalPackage, Derivation)> = plan
+        .local_packages
+        .iter()
+        .map(|local| Ok((local.clone(), local_derivation(local)?)))
+        .collect::<Result<_>>()?;
+    let env_derivation = planned.env_derivation(&plan.name, "env", &plan.packages, &locals)?;
+    let env_path = store.path_of(&env_derivation);
+    let mut isolation = None;
+
+    let realizer = Realizer {
+        planned: &planned,
+        fetcher: Fetcher::new(store.downloads_dir(), options.offline),
+        progress,
+    };
+    let mut packages = Vec::new();
+    if store.is_valid(&env_path) && !options.rebuild {
+        // The common no-op: everything the env references exists, because valid paths are complete.
+        for package in &plan.packages {
+            let path = store.path_of(&planned.derivations[&key(package)]);
+            packages.push(outcome(package, path, false));
+        }
+        return Ok(EnvBuild {
+            env: env_path,
+            packages,
+            env_built: false,
+            isolation,
+        });
+    }
+
+    realizer.realize_wheels(&plan.packages)?;
+    for package in &plan.packages {
+        let (path, built) = realizer.realize_package(package, options.rebuild)?;
+        if package.build.is_some() && built {
+            isolation = Some(source_build::network_isolation());
+        }
+        packages.push(outcome(package, path, built));
+    }
+    let mut local_paths = Vec::new();
+    for (local, derivation) in &locals {
+        let realized = store.realize(derivation, false, |target| {
+            copy_tree(&local.source, &target.out.join("site-packages"))?;
+            Ok(BuildOutput::default())
+        })?;
+        local_paths.push(realized.path);
+    }
+    let mut all_paths: Vec<PathBuf> = packages.iter().map(|p| p.path.clone()).collect();
+    all_paths.extend(local_paths);
+    let python = planned.python.clone();
+    progress.step_started("env", &plan.name, "");
+    let env = store.realize(&env_derivation, false, |target| {
+        env::assemble_env(target, &python, &all_paths, &store.root().join(".pycache"))?;
+        Ok(BuildOutput {
+            references: references(&all_paths),
+        })
+    })?;
+    progress.step_finished("env", &plan.name, "");
+    Ok(EnvBuild {
+        env: env.path,
+        packages,
+        env_built: env.built,
+        isolation,
+    })
+}
+
+/// `--check`: rebuild every source-built runtime package in a temp location and compare with its store path.
+pub fn check_env(
+    store: &Store,
+    plan: &EnvPlan,
+    options: &BuildOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<CheckOutcome>> {
+    let _builders = store.lock_builders()?;
+    let planned = Planned::new(store, plan, options)?;
+    let realizer = Realizer {
+        planned: &planned,
+        fetcher: Fetcher::new(store.downloads_dir(), options.offline),
+        progress,
+    };
+    let mut outcomes = Vec::new();
+    for package in plan.packages.iter().filter(|p| p.build.is_some()) {
+        let derivation = &planned.derivations[&key(package)];
+        let path = store.path_of(derivation);
+        if !store.is_valid(&path) {
+            realizer.realize_wheels(std::slice::from_ref(package))?;
+            realizer.realize_package(package, false)?;
+        }
+        let name = derivation.path_name();
+        let _lock = store.lock_path(&name)?;
+        let temp = store.temp_dir(&format!("{name}-check"))?;
+        let out = temp.join("out");
+        fs_err::create_dir(&out)?;
+        realizer.build_from_source(package, &out)?;
+        crate::store::canonicalize(&out)?;
+        let rebuilt = hash::manifest(&out)?;
+        let stored = hash::manifest(&path)?;
+        let differing = hash::manifest_differences(&stored, &rebuilt);
+        crate::store::remove_tree(&temp)?;
+        outcomes.push(CheckOutcome {
+            name: package.name.clone(),
+            version: package.version.clone(),
+            path,
+            differing,
+        });
+    }
+    Ok(outcomes)
+}
+
+fn outcome(package: &PackagePlan, path: PathBuf, built: bool) -> PackageOutcome {
+    PackageOutcome {
+        name: package.name.clone(),
+        version: package.version.clone(),
+        path,
+        built,
+        source_built: package.build.is_some(),
+    }
+}
+
+fn references(paths: &[PathBuf]) -> BTreeSet<String> {
+    paths
+        .iter()
+        .filter_map(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect()
+}
+
+struct Realizer<'a> {
+    planned: &'a Planned<'a>,
+    fetcher: Fetcher,
+    progress: &'a dyn Progress,
+}
+
+impl Realizer<'_> {
+    fn path_of(&self, package: &PackagePlan) -> PathBuf {
+        self.planned
+            .store
+            .path_of(&self.planned.derivations[&key(package)])
+    }
+
+    /// Wheels (and sdists) needed for `roots`: those whose paths are missing, and the build requirements and
+    /// build-env packages of missing source builds.
+    fn missing(
+        &self,
+        roots: &[PackagePlan],
+        out: &mut BTreeMap<(String, String, Sha256), PackagePlan>,
+    ) {
+        for package in roots {
+            if self.planned.store.is_valid(&self.path_of(package))
+                || out.contains_key(&key(package))
+            {
+                continue;
+            }
+            out.insert(key(package), package.clone());
+            if let Some((_, env_packages)) = self.planned.build_envs.get(&key(package)) {
+                self.missing(env_packages, out);
+            }
+        }
+    }
+
+    /// Download everything missing, then install the missing wheels on a few threads.
+    fn realize_wheels(&self, roots: &[PackagePlan]) -> Result<()> {
+        let mut missing = BTreeMap::new();
+        self.missing(roots, &mut missing);
+        let artifacts: Vec<Artifact> = missing.values().map(|p| p.artifact.clone()).collect();
+        self.fetcher.fetch_all(&artifacts, self.progress)?;
+        let wheels: Vec<&PackagePlan> = missing.values().filter(|p| p.build.is_none()).collect();
+        let next = AtomicUsize::new(0);
+        let first_error: Mutex<Option<Error>> = Mutex::new(None);
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(1, 8)
+            .min(wheels.len());
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(package) = wheels.get(index) else {
+                            break;
+                        };
+                        if let Err(err) = self.realize_package(package, false) {
+                            let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
+                            slot.get_or_insert(err);
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Realize one package path (its artifact must be fetched, or fetchable).
+    fn realize_package(&self, package: &PackagePlan, rebuild: bool) -> Result<(PathBuf, bool)> {
+        let derivation = &self.planned.derivations[&key(package)];
+        let replace = rebuild && package.build.is_some();
+        if !replace
+            && self
+                .planned
+                .store
+                .is_valid(&self.planned.store.path_of(derivation))
+        {
+            return Ok((self.planned.store.path_of(derivation), false));
+        }
+        let what = if package.build.is_some() {
+            "build"
+        } else {
+            "install"
+        };
+        self.progress
+            .step_started(what, &package.name, &package.version);
+        let realized = self.planned.store.realize(derivation, replace, |target| {
+            match &package.build {
+                None => {
+                    let wheel = self
+                        .fetcher
+                        .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
+                    wheel::install_wheel(&wheel[0], &target.out)?;
+                }
+                Some(_) => self.build_from_source(package, &target.out)?,
+            }
+            Ok(BuildOutput::default())
+        })?;
+        self.progress
+            .step_finished(what, &package.name, &package.version);
+        Ok((realized.path, realized.built))
+    }
+
+    /// Build `package` from its sdist and install the wheel into `out` (caller holds the path's lock).
+    fn build_from_source(&self, package: &PackagePlan, out: &Path) -> Result<()> {
+        let (env_derivation, env_packages) = &self.planned.build_envs[&key(package)];
+        self.realize_wheels(env_packages)?;
+        let mut paths = Vec::new();
+        for env_package in env_packages {
+            paths.push(self.realize_package(env_package, false)?.0);
+        }
+        let store = self.planned.store;
+        let python = &self.planned.python;
+        let build_env = store.realize(env_derivation, false, |target| {
+            env::assemble_env(target, python, &paths, &store.root().join(".pycache"))?;
+            Ok(BuildOutput {
+                references: references(&paths),
+            })
+        })?;
+        let sdist = self
+            .fetcher
+            .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
+        let build = package
+            .build
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("not a source build".into()))?;
+        let name = self.planned.derivations[&key(package)].path_name();
+        // A fixed directory per derivation: paths compiled into the output are the same on every rebuild.
+        let build_dir = store.root().join(".build").join(&name);
+        let request = SourceBuildRequest {
+            name: &package.name,
+            version: &package.version,
+            sdist: &sdist[0],
+            sdist_filename: &package.artifact.filename,
+            build_env: &build_env.path,
+            env: &build.env,
+            toolchain: self.planned.toolchain.as_ref(),
+        };
+        let wheel_path = source_build::build_wheel(&request, &build_dir)?;
+        wheel::install_wheel(&wheel_path, out)?;
+        crate::store::remove_tree(&build_dir)?;
+        Ok(())
+    }
+}
+
+/// Copy a directory tree (files, links, directories).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    fs_err::create_dir_all(to)?;
+    for entry in walkdir::WalkDir::new(from)
+        .follow_links(false)
+        .sort_by_file_name()
+        .min_depth(1)
+    {
+        let entry = entry.map_err(|err| {
+            std::io::Error::other(format!("failed to walk `{}`: {err}", from.display()))
+        })?;
+        let dest = to.join(entry.path().strip_prefix(from).unwrap_or(entry.path()));
+        if entry.file_type().is_symlink() {
+            std::os::unix::fs::symlink(fs_err::read_link(entry.path())?, &dest)?;
+        } else if entry.file_type().is_dir() {
+            fs_err::create_dir_all(&dest)?;
+        } else {
+            fs_err::copy(entry.path(), &dest)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,463 @@
+//! The store: immutable `<hash>-<name>-<version>` directories, created atomically under a per-path lock.
+//!
+//! Layout (see docs/store.md):
+//! - `<root>/<hash>-<name>-<version>/` a store path; its `.hvd-path.json` records the derivation, the content hash
+//!   and the store paths it references. A directory without that file is never treated as valid.
+//! - `<root>/.tmp/<path-name>.<pid>.<n>/` builds in progress; created and used only while holding the path's lock,
+//!   so any such directory found by the next lock holder is the debris of a killed build and is removed.
+//! - `<root>/.locks/<path-name>.lock` flock files; `.locks/gc.lock` is held shared by builders, exclusive by gc.
+//! - `<root>/.roots/` links to the project links (`.hvd/env`) that keep paths alive.
+//! - `<root>/.downloads/sha256/<hex>` the download cache; `<root>/.pycache/` bytecode written by envs.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::derivation::Derivation;
+use crate::error::{Error, Result};
+use crate::hash::{self, PATH_INFO_FILE, Sha256};
+
+/// Modification time every store entry gets (seconds since the epoch), as Nix does.
+pub const STORE_MTIME: i64 = 1;
+
+/// The environment variable that overrides the store location.
+pub const STORE_ENV: &str = "HVD_STORE";
+
+/// What `.hvd-path.json` records about a store path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathInfo {
+    /// Version of this file's format.
+    pub schema: u32,
+    pub derivation_hash: String,
+    pub derivation: Derivation,
+    /// `sha256` of the canonical tree (see [`hash::content_hash`]).
+    pub content_hash: Sha256,
+    /// Names of other store paths this one needs at run time (gc keeps them alive together).
+    pub references: BTreeSet<String>,
+}
+
+/// A handle on a store directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// A held per-path (or gc) lock; released on drop.
+#[derive(Debug)]
+pub struct StoreLock {
+    _lock: Flock<std::fs::File>,
+}
+
+/// Where a build writes and what the finished path will be called.
+#[derive(Debug, Clone)]
+pub struct BuildTarget {
+    /// The directory to fill (inside `.tmp`).
+    pub out: PathBuf,
+    /// The final store path; use it for paths written into files (shebangs).
+    pub final_path: PathBuf,
+}
+
+/// What a build function returns besides the filled directory.
+#[derive(Debug, Default, Clone)]
+pub struct BuildOutput {
+    /// Store path names the result refers to at run time.
+    pub references: BTreeSet<String>,
+}
+
+/// The result of realizing one derivation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Realized {
+    pub path: PathBuf,
+    /// `false` when the path was already valid (a cache hit).
+    pub built: bool,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Store {
+    /// Open (creating if needed) the store at `root`.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Store> {
+        let root = root.into();
+        for sub in [
+            ".tmp",
+            ".build",
+            ".locks",
+            ".roots",
+            ".downloads",
+            ".pycache",
+        ] {
+            fs_err::create_dir_all(root.join(sub))?;
+        }
+        let root = fs_err::canonicalize(&root)?;
+        Ok(Store { root })
+    }
+
+    /// `$HVD_STORE`, else `<data dir>/hvd/store` (e.g. `~/.local/share/hvd/store`).
+    pub fn default_root() -> PathBuf {
+        match std::env::var_os(STORE_ENV) {
+            Some(path) if !path.is_empty() => PathBuf::from(path),
+            _ => dirs::data_dir()
+                .unwrap_or_else(|| PathBuf::from("/tmp"))
+                .join("hvd")
+                .join("store"),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The download cache directory (files named by their sha256).
+    pub fn downloads_dir(&self) -> PathBuf {
+        self.root.join(".downloads")
+    }
+
+    /// The store path a derivation produces (whether or not it exists).
+    pub fn path_of(&self, derivation: &Derivation) -> PathBuf {
+        self.root.join(derivation.path_name())
+    }
+
+    /// A path is valid when its directory and its metadata file both exist: the metadata is written before the
+    /// atomic rename, so a valid path is always complete.
+    pub fn is_valid(&self, path: &Path) -> bool {
+        path.join(PATH_INFO_FILE).is_file()
+    }
+
+    /// Read a path's metadata.
+    pub fn path_info(&self, path: &Path) -> Result<PathInfo> {
+        let file = path.join(PATH_INFO_FILE);
+        let text = fs_err::read_to_string(&file)?;
+        serde_json::from_str(&text).map_err(|err| Error::CorruptPath {
+            path: file,
+            message: err.to_string(),
+        })
+    }
+
+    /// Every valid store path name.
+    pub fn list_paths(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs_err::read_dir(&self.root)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && self.is_valid(&entry.path()) {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn lock_file(&self, name: &str, arg: FlockArg) -> Result<Option<StoreLock>> {
+        let path = self.root.join(".locks").join(format!("{name}.lock"));
+        let file = fs_err::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        match Flock::lock(file.into_parts().0, arg) {
+            Ok(lock) => Ok(Some(StoreLock { _lock: lock })),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, errno)) => Err(std::io::Error::other(format!(
+                "failed to lock `{}`: {errno}",
+                path.display()
+            ))
+            .into()),
+        }
+    }
+
+    /// Block until this process holds the exclusive lock for a path name.
+    pub fn lock_path(&self, name: &str) -> Result<StoreLock> {
+        if let Some(lock) = self.lock_file(name, FlockArg::LockExclusiveNonblock)? {
+            return Ok(lock);
+        }
+        tracing::info!("waiting for another build of {name}");
+        self.lock_file(name, FlockArg::LockExclusive)?
+            .ok_or_else(|| std::io::Error::other(format!("failed to lock {name}")).into())
+    }
+
+    /// Try to take a path's lock without waiting.
+    pub fn try_lock_path(&self, name: &str) -> Result<Option<StoreLock>> {
+        self.lock_file(name, FlockArg::LockExclusiveNonblock)
+    }
+
+    /// Builders hold this shared; gc holds it exclusive, so gc never deletes what a build is about to reference.
+    pub fn lock_builders(&self) -> Result<StoreLock> {
+        self.lock_file("gc", FlockArg::LockShared)?
+            .ok_or_else(|| std::io::Error::other("failed to lock gc").into())
+    }
+
+    /// Exclusive gc lock.
+    pub fn lock_gc(&self) -> Result<StoreLock> {
+        self.lock_file("gc", FlockArg::LockExclusive)?
+            .ok_or_else(|| std::io::Error::other("failed to lock gc").into())
+    }
+
+    /// A fresh temp directory inside the store for `name` (call with the path's lock held).
+    pub fn temp_dir(&self, name: &str) -> Result<PathBuf> {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = self
+            .root
+            .join(".tmp")
+            .join(format!("{name}.{}.{n}", std::process::id()));
+        fs_err::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
+    /// Remove temp directories of `name` left by killed builds (call with the path's lock held).
+    fn remove_stale_temps(&self, name: &str) -> Result<()> {
+        let prefix = format!("{name}.");
+        for entry in fs_err::read_dir(self.root.join(".tmp"))? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                tracing::info!(
+                    "removing {} left by an interrupted build",
+                    entry.path().display()
+                );
+                remove_tree(&entry.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove every temp directory whose path lock is free (gc).
+    pub fn remove_all_stale_temps(&self) -> Result<usize> {
+        let mut removed = 0;
+        for entry in fs_err::read_dir(self.root.join(".tmp"))? {
+            let entry = entry?;
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            // `<path-name>.<pid>.<n>`; the path name itself may contain dots.
+            let Some(path_name) = file_name.rsplitn(3, '.').nth(2) else {
+                continue;
+            };
+            if let Some(_lock) = self.try_lock_path(path_name)? {
+                remove_tree(&entry.path())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Return the valid path for `derivation`, building it with `build` if needed.
+    ///
+    /// `build` fills `target.out`; afterwards the tree is canonicalized, hashed, its metadata written and the
+    /// directory renamed into place. Concurrent callers for the same derivation wait on the path's lock and then
+    /// reuse the result. With `replace`, an existing path is rebuilt and swapped in atomically.
+    pub fn realize(
+        &self,
+        derivation: &Derivation,
+        replace: bool,
+        build: impl FnOnce(&BuildTarget) -> Result<BuildOutput>,
+    ) -> Result<Realized> {
+        let name = derivation.path_name();
+        let final_path = self.root.join(&name);
+        if !replace && self.is_valid(&final_path) {
+            return Ok(Realized {
+                path: final_path,
+                built: false,
+            });
+        }
+        let _lock = self.lock_path(&name)?;
+        if !replace && self.is_valid(&final_path) {
+            return Ok(Realized {
+                path: final_path,
+                built: false,
+            });
+        }
+        self.remove_stale_temps(&name)?;
+        let temp = self.temp_dir(&name)?;
+        let out = temp.join("out");
+        fs_err::create_dir(&out)?;
+        let target = BuildTarget {
+            out: out.clone(),
+            final_path: final_path.clone(),
+        };
+        let output = build(&target)?;
+        let info = finish_tree(&out, derivation, output.references)?;
+        tracing::debug!("built {name} with content hash {}", info.content_hash);
+        if final_path.exists() {
+            // A replaced (`--rebuild`) or invalid leftover path: move it aside first, then swap in the new one.
+            let old = temp.join("old");
+            fs_err::rename(&final_path, &old)?;
+        }
+        fs_err::rename(&out, &final_path)?;
+        remove_tree(&temp)?;
+        Ok(Realized {
+            path: final_path,
+            built: true,
+        })
+    }
+}
+
+/// Canonicalize `out`, hash it, write its metadata (the last write before the rename) and return it.
+pub(crate) fn finish_tree(
+    out: &Path,
+    derivation: &Derivation,
+    references: BTreeSet<String>,
+) -> Result<PathInfo> {
+    canonicalize(out)?;
+    let manifest = hash::manifest(out)?;
+    let info = PathInfo {
+        schema: 1,
+        derivation_hash: derivation.hash(),
+        derivation: derivation.clone(),
+        content_hash: hash::content_hash(&manifest),
+        references,
+    };
+    let info_path = out.join(PATH_INFO_FILE);
+    let text =
+        serde_json::to_string_pretty(&info).map_err(|err| Error::Invalid(err.to_string()))?;
+    make_writable(out)?;
+    fs_err::write(&info_path, text + "\n")?;
+    fs_err::set_permissions(&info_path, std::fs::Permissions::from_mode(0o444))?;
+    set_mtime(&info_path)?;
+    fs_err::set_permissions(out, std::fs::Permissions::from_mode(0o555))?;
+    set_mtime(out)?;
+    Ok(info)
+}
+
+/// Normalize a tree: no write bits (files 0444, or 0555 when any execute bit was set; directories 0555),
+/// every mtime set to [`STORE_MTIME`]. Symlinks keep their targets and get the mtime too.
+pub fn canonicalize(root: &Path) -> Result<()> {
+    for entry in walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .contents_first(true)
+    {
+        let entry = entry.map_err(|err| {
+            std::io::Error::other(format!("failed to walk `{}`: {err}", root.display()))
+        })?;
+        let kind = entry.file_type();
+        if !kind.is_symlink() {
+            let mode = if kind.is_dir() {
+                0o555
+            } else {
+                let current = fs_err::symlink_metadata(entry.path())?.permissions().mode();
+                if current & 0o111 != 0 { 0o555 } else { 0o444 }
+            };
+            fs_err::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode))?;
+        }
+        set_mtime(entry.path())?;
+    }
+    Ok(())
+}
+
+fn set_mtime(path: &Path) -> Result<()> {
+    let time = nix::sys::time::TimeVal::new(STORE_MTIME, 0);
+    nix::sys::stat::lutimes(path, &time, &time).map_err(|errno| {
+        std::io::Error::other(format!(
+            "failed to set the mtime of `{}`: {errno}",
+            path.display()
+        ))
+    })?;
+    Ok(())
+}
+
+/// Give the owner write permission on a directory tree (store trees are read-only), without following links.
+pub fn make_writable(root: &Path) -> Result<()> {
+    for entry in walkdir::WalkDir::new(root).follow_links(false) {
+        let Ok(entry) = entry else { continue };
+        if entry.file_type().is_dir() {
+            let mode = fs_err::symlink_metadata(entry.path())?.permissions().mode();
+            fs_err::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode | 0o700))?;
+        }
+    }
+    Ok(())
+}
+
+/// Remove a (possibly read-only) tree; a missing tree is fine.
+pub fn remove_tree(root: &Path) -> Result<()> {
+    if fs_err::symlink_metadata(root).is_err() {
+        return Ok(());
+    }
+    if root.is_dir() && !root.is_symlink() {
+        make_writable(root)?;
+        fs_err::remove_dir_all(root)?;
+    } else {
+        fs_err::remove_file(root)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::derivation::DerivationKind;
+
+    #[test]
+    fn realize_is_atomic_and_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("store")).unwrap();
+        let drv = Derivation::new(DerivationKind::Local, "demo", "1").input("x", "1");
+        let failed = store.realize(&drv, false, |target| {
+            fs_err::write(target.out.join("half"), "x")?;
+            Err(Error::Invalid("boom".into()))
+        });
+        assert!(failed.is_err());
+        assert!(
+            !store.path_of(&drv).exists(),
+            "a failed build leaves no path"
+        );
+
+        let first = store
+            .realize(&drv, false, |target| {
+                fs_err::create_dir(target.out.join("bin"))?;
+                fs_err::write(target.out.join("bin/tool"), "#!/bin/sh\n")?;
+                fs_err::set_permissions(
+                    target.out.join("bin/tool"),
+                    std::fs::Permissions::from_mode(0o750),
+                )?;
+                Ok(BuildOutput::default())
+            })
+            .unwrap();
+        assert!(first.built);
+        let mode = fs_err::metadata(first.path.join("bin/tool"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o555);
+        let mtime = fs_err::metadata(first.path.join("bin/tool")).unwrap();
+        assert_eq!(std::os::unix::fs::MetadataExt::mtime(&mtime), STORE_MTIME);
+        let info = store.path_info(&first.path).unwrap();
+        assert_eq!(info.derivation, drv);
+
+        let second = store
+            .realize(&drv, false, |_| panic!("must not rebuild a valid path"))
+            .unwrap();
+        assert_eq!(
+            second,
+            Realized {
+                path: first.path.clone(),
+                built: false
+            }
+        );
+        assert_eq!(
+            fs_err::read_dir(store.root().join(".tmp")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn stale_temp_dirs_are_removed_by_the_next_builder() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let drv = Derivation::new(DerivationKind::Local, "demo", "1");
+        let stale = store
+            .root()
+            .join(".tmp")
+            .join(format!("{}.999999.0", drv.path_name()));
+        fs_err::create_dir_all(stale.join("out/sub")).unwrap();
+        fs_err::set_permissions(
+            stale.join("out/sub"),
+            std::fs::Permissions::from_mode(0o555),
+        )
+        .unwrap();
+        store
+            .realize(&drv, false, |_| Ok(BuildOutput::default()))
+            .unwrap();
+        assert!(!stale.exists());
+    }
+}

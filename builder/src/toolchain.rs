@@ -1,0 +1,113 @@
+//! The C/C++ toolchain of source builds: what is on this machine, and the check against the lock's pin.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::error::{Error, Result};
+use crate::hash::Sha256;
+
+/// A compiler as found on this machine or as pinned in a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toolchain {
+    /// `gcc` (the C++ compiler is the matching `g++`).
+    pub name: String,
+    /// Full version, e.g. `12.2.0`.
+    pub version: String,
+    /// sha256 of the compiler driver binary (after resolving links).
+    pub sha256: Option<Sha256>,
+    /// The compiler's absolute path (host only; not part of a pin).
+    pub path: Option<PathBuf>,
+}
+
+impl Toolchain {
+    /// Look the compiler `name` up on PATH and identify it.
+    pub fn detect(name: &str) -> Result<Toolchain> {
+        let not_found = || Error::ToolchainNotFound {
+            name: name.to_string(),
+        };
+        let path = find_on_path(name).ok_or_else(not_found)?;
+        let output = Command::new(&path)
+            .arg("-dumpfullversion")
+            .output()
+            .map_err(|_| not_found())?;
+        if !output.status.success() {
+            return Err(not_found());
+        }
+        let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        let real = fs_err::canonicalize(&path)?;
+        Ok(Toolchain {
+            name: name.to_string(),
+            version,
+            sha256: Some(Sha256::of_file(&real)?),
+            path: Some(path),
+        })
+    }
+
+    /// The identity that goes into derivations.
+    pub fn identity(&self) -> String {
+        match &self.sha256 {
+            Some(hash) => format!("{} {} sha256:{hash}", self.name, self.version),
+            None => format!("{} {}", self.name, self.version),
+        }
+    }
+
+    /// Check the host toolchain against a pin: the version must match (as a prefix for a short pin like `12`) and
+    /// the sha256 when the pin has one.
+    pub fn check_against(&self, pin: &Toolchain) -> Result<()> {
+        let version_ok =
+            self.version == pin.version || self.version.starts_with(&format!("{}.", pin.version));
+        let hash_ok = pin.sha256.is_none() || pin.sha256 == self.sha256;
+        if self.name == pin.name && version_ok && hash_ok {
+            Ok(())
+        } else {
+            Err(Error::ToolchainMismatch {
+                expected: pin.identity(),
+                found: self.identity(),
+            })
+        }
+    }
+}
+
+/// The first executable `name` on PATH.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_check_names_expected_and_found() {
+        let host = Toolchain {
+            name: "gcc".into(),
+            version: "12.2.0".into(),
+            sha256: Some(Sha256::of_bytes(b"a")),
+            path: None,
+        };
+        let pin = Toolchain {
+            name: "gcc".into(),
+            version: "12".into(),
+            sha256: None,
+            path: None,
+        };
+        host.check_against(&pin).unwrap();
+        let other = Toolchain {
+            version: "13.1.0".into(),
+            ..pin.clone()
+        };
+        let err = host.check_against(&other).unwrap_err().to_string();
+        assert!(
+            err.contains("expects gcc 13.1.0") && err.contains("has gcc 12.2.0"),
+            "{err}"
+        );
+        let hashed = Toolchain {
+            sha256: Some(Sha256::of_bytes(b"b")),
+            ..pin
+        };
+        assert!(host.check_against(&hashed).is_err());
+    }
+}
