@@ -1,1 +1,34 @@
-//! The worker runtime (engine and C ABI) over `hvd-collective`.
+//! The worker runtime over `hvd-collective`: a Horovod-style engine and its C ABI (`libhvd_runtime.so`).
+//!
+//! Training processes submit named collectives from any thread; one background thread per process negotiates
+//! with the other ranks so that every rank runs the same collectives in the same order, fuses small allreduces,
+//! inspects stalls and writes a timeline. The pure-Python `hvd` package (`collective/python/hvd`) drives it through
+//! the C ABI in [`ffi`] (header: `include/hvd.h`).
+//!
+//! ```
+//! use hvd_runtime::{Engine, EngineConfig, LocalTransport, Request, DataType, ReduceOp};
+//! use std::time::Duration;
+//!
+//! let transport = LocalTransport::group(1, Duration::from_secs(5)).pop().unwrap();
+//! let engine = Engine::start(Box::new(transport), EngineConfig::default()).unwrap();
+//! let data: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+//! let h = engine.enqueue(Request::allreduce("x", DataType::F32, vec![2], ReduceOp::Sum, data.clone())).unwrap();
+//! assert_eq!(engine.wait(h).unwrap().data, data);
+//! ```
+
+pub mod cache;
+pub mod collective;
+pub mod config;
+pub mod coordinator;
+pub mod engine;
+pub mod ffi;
+pub mod message;
+pub mod timeline;
+pub mod transport;
+pub mod types;
+
+pub use config::EngineConfig;
+pub use engine::{Engine, EngineError, Handle, Input, Output, OutputBuffer, Request, meta};
+pub use message::{OpKind, RequestMeta};
+pub use transport::{LocalTransport, Topology, Transport, TransportError};
+pub use types::{DataType, ReduceOp};

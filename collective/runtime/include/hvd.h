@@ -1,0 +1,109 @@
+/* hvd.h: the C ABI of libhvd_runtime.so, the hvd worker runtime (a Horovod-style engine).
+ *
+ * One engine per process, started by hvd_init() from the environment (HVD_RANK, HVD_SIZE, HVD_RENDEZVOUS,
+ * HVD_JOB_TOKEN... as set by `hvd run`; MPI and Slurm variables; no variables at all = a job of one rank).
+ * Operations are named and asynchronous: hvd_enqueue() returns a handle, hvd_wait()/hvd_poll() complete it.
+ * Every rank must submit the same names; the order may differ between ranks.
+ *
+ * Errors: functions returning int return -1 (or a negative handle) on failure; hvd_last_error() then holds a
+ * message for the calling thread. No function unwinds or aborts on bad input.
+ *
+ * Buffers: `input` and `output` must stay valid and unmodified until the handle completes. Allreduce and broadcast
+ * write their result to `output` (which may equal `input`); allgather, alltoall and reducescatter results are
+ * owned by the library: read their shape with hvd_result_ndim/hvd_result_shape, copy them with hvd_result_copy,
+ * then hvd_release() the handle. Release every handle after hvd_wait(), successful or not.
+ *
+ * Compatibility: the numeric codes below never change; new fields are only ever appended to hvd_request_t.
+ */
+#ifndef HVD_H
+#define HVD_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types (hvd_request_t.dtype). Little-endian, as the CPU holds them. */
+enum hvd_dtype {
+  HVD_UINT8 = 0,
+  HVD_INT8 = 1,
+  HVD_INT32 = 2,
+  HVD_INT64 = 3,
+  HVD_FLOAT16 = 4,
+  HVD_FLOAT32 = 5,
+  HVD_FLOAT64 = 6,
+  HVD_BFLOAT16 = 7
+};
+
+/* Reductions (hvd_request_t.op). Average divides the sum by the number of ranks (integers round to nearest). */
+enum hvd_reduce_op { HVD_SUM = 0, HVD_AVERAGE = 1, HVD_MIN = 2, HVD_MAX = 3, HVD_PRODUCT = 4 };
+
+/* Operations (hvd_request_t.kind). */
+enum hvd_op_kind {
+  HVD_ALLREDUCE = 0,     /* output: same shape as input */
+  HVD_ALLGATHER = 1,     /* concatenation along dim 0; ranks may differ in dim 0; library-owned result */
+  HVD_BROADCAST = 2,     /* root's input to every rank's output */
+  HVD_ALLTOALL = 3,      /* rows splits[j] of dim 0 go to rank j (NULL splits: even); library-owned result */
+  HVD_REDUCESCATTER = 4, /* reduce, then rank r keeps its block of dim 0 (first dim % size ranks get one more row) */
+  HVD_BARRIER = 5,
+  HVD_JOIN = 6           /* this rank has no more data: it contributes zeros/identity until every rank joined;
+                            hvd_result_value() = the rank that joined last */
+};
+
+typedef struct hvd_request {
+  int32_t kind;          /* enum hvd_op_kind */
+  const char *name;      /* NUL-terminated, unique among pending operations; NULL: "<op>.noname.<n>" */
+  int32_t dtype;         /* enum hvd_dtype */
+  int32_t ndim;
+  const int64_t *shape;  /* ndim values */
+  const void *input;     /* product(shape) elements; NULL for barrier and join */
+  void *output;          /* allreduce, broadcast: product(shape) elements (may equal input); others: NULL */
+  int32_t op;            /* enum hvd_reduce_op (allreduce, reducescatter) */
+  int32_t root;          /* broadcast root rank */
+  double prescale;       /* input multiplied by this before the reduction (1.0: none) */
+  double postscale;      /* result multiplied by this after the reduction (1.0: none) */
+  const int64_t *splits; /* alltoall: nsplits == size row counts, or NULL */
+  int32_t nsplits;
+} hvd_request_t;
+
+/* Lifecycle. hvd_init is idempotent; hvd_shutdown returns once every rank has called it (until then this rank
+ * takes part in the others' collectives as a joined rank). */
+int hvd_init(void);
+int hvd_shutdown(void);
+int hvd_is_initialized(void);
+const char *hvd_last_error(void);
+const char *hvd_version(void);
+
+/* Topology; -1 when not initialized. */
+int hvd_rank(void);
+int hvd_size(void);
+int hvd_local_rank(void);
+int hvd_local_size(void);
+int hvd_cross_rank(void);
+int hvd_cross_size(void);
+
+/* Submission: a handle > 0, or -1. hvd_enqueue_many submits n requests with one call, writes one handle (or -1)
+ * per request and returns how many succeeded. */
+int64_t hvd_enqueue(const hvd_request_t *request);
+int hvd_enqueue_many(const hvd_request_t *requests, int n, int64_t *handles);
+
+/* Completion. hvd_poll: 1 done, 0 pending, -1 unknown handle. hvd_wait: 0 success, -1 failure (message in
+ * hvd_last_error; e.g. ranks disagreeing on the shape, a dead peer, a stall shutdown). */
+int hvd_poll(int64_t handle);
+int hvd_wait(int64_t handle);
+
+/* Results of a successfully waited handle, until hvd_release. */
+int hvd_result_ndim(int64_t handle);
+int hvd_result_shape(int64_t handle, int64_t *shape);
+int64_t hvd_result_nbytes(int64_t handle);
+int hvd_result_copy(int64_t handle, void *dst, int64_t nbytes);
+int hvd_result_splits(int64_t handle, int64_t *splits); /* alltoall: rows received from each rank; returns size */
+int64_t hvd_result_value(int64_t handle);                /* join: last joined rank */
+void hvd_release(int64_t handle);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HVD_H */

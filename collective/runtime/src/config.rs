@@ -1,0 +1,149 @@
+//! Engine settings and the environment variables they come from (the one place that lists them).
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `HVD_FUSION_THRESHOLD` | 134217728 | fusion buffer size in bytes; 0 disables fusion |
+//! | `HVD_CYCLE_TIME` | 1 | milliseconds between engine cycles (a blocking wait starts a cycle at once) |
+//! | `HVD_CACHE_CAPACITY` | 1024 | response cache entries; 0 disables the cached fast path |
+//! | `HVD_STALL_CHECK_TIME` | 60 | seconds before the stall inspector warns; 0 disables it |
+//! | `HVD_STALL_SHUTDOWN_TIME` | unset | seconds after which a stalled tensor stops the job with an error |
+//! | `HVD_TIMELINE` | unset | path of a Chrome-trace JSON timeline |
+//! | `HVD_TIMELINE_MARK_CYCLES` | 1 | mark engine cycles that did work in the timeline (0: off) |
+//! | `HVD_LOG_LEVEL` | warn | level of the runtime's stderr log when loaded through the C ABI |
+//!
+//! Each `HVD_X` also accepts Horovod's spelling `HOROVOD_X` so existing launch scripts keep working.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A setting that could not be parsed.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid value `{value}` for `{name}`: expected {expected}")]
+pub struct ConfigError {
+    pub name: String,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub fusion_threshold: usize,
+    pub cycle_time: Duration,
+    pub cache_capacity: usize,
+    pub stall_check_time: Option<Duration>,
+    pub stall_shutdown_time: Option<Duration>,
+    pub timeline: Option<PathBuf>,
+    pub timeline_mark_cycles: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            fusion_threshold: 128 * 1024 * 1024,
+            cycle_time: Duration::from_millis(1),
+            cache_capacity: 1024,
+            stall_check_time: Some(Duration::from_secs(60)),
+            stall_shutdown_time: None,
+            timeline: None,
+            timeline_mark_cycles: true,
+        }
+    }
+}
+
+fn lookup(lookup_env: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<(String, String)> {
+    if let Some(v) = lookup_env(name).filter(|v| !v.is_empty()) {
+        return Some((name.to_string(), v));
+    }
+    let horovod = name.replacen("HVD_", "HOROVOD_", 1);
+    lookup_env(&horovod)
+        .filter(|v| !v.is_empty())
+        .map(|v| (horovod, v))
+}
+
+fn seconds(name: &str, value: &str) -> Result<Duration, ConfigError> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| ConfigError {
+            name: name.into(),
+            value: value.into(),
+            expected: "a number of seconds >= 0",
+        })
+}
+
+impl EngineConfig {
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> Result<EngineConfig, ConfigError> {
+        EngineConfig::from_lookup(&|k| std::env::var(k).ok())
+    }
+
+    pub fn from_lookup(env: &dyn Fn(&str) -> Option<String>) -> Result<EngineConfig, ConfigError> {
+        let mut c = EngineConfig::default();
+        if let Some((name, v)) = lookup(env, "HVD_FUSION_THRESHOLD") {
+            c.fusion_threshold = v.trim().parse().map_err(|_| ConfigError {
+                name,
+                value: v.clone(),
+                expected: "a number of bytes",
+            })?;
+        }
+        if let Some((name, v)) = lookup(env, "HVD_CYCLE_TIME") {
+            c.cycle_time = seconds(&name, &v).map_err(|mut e| {
+                e.expected = "a number of milliseconds >= 0";
+                e
+            })? / 1000;
+        }
+        if let Some((name, v)) = lookup(env, "HVD_CACHE_CAPACITY") {
+            c.cache_capacity = v.trim().parse().map_err(|_| ConfigError {
+                name,
+                value: v.clone(),
+                expected: "a count",
+            })?;
+        }
+        if let Some((name, v)) = lookup(env, "HVD_STALL_CHECK_TIME") {
+            let d = seconds(&name, &v)?;
+            c.stall_check_time = (!d.is_zero()).then_some(d);
+        }
+        if let Some((name, v)) = lookup(env, "HVD_STALL_SHUTDOWN_TIME") {
+            let d = seconds(&name, &v)?;
+            c.stall_shutdown_time = (!d.is_zero()).then_some(d);
+        }
+        if let Some((_, v)) = lookup(env, "HVD_TIMELINE") {
+            c.timeline = Some(PathBuf::from(v));
+        }
+        if let Some((_, v)) = lookup(env, "HVD_TIMELINE_MARK_CYCLES") {
+            c.timeline_mark_cycles = !matches!(v.trim(), "0" | "false" | "no");
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_hvd_and_horovod_spellings() {
+        let env = |k: &str| match k {
+            "HVD_FUSION_THRESHOLD" => Some("0".to_string()),
+            "HOROVOD_CYCLE_TIME" => Some("2.5".to_string()),
+            "HVD_STALL_CHECK_TIME" => Some("0".to_string()),
+            "HVD_STALL_SHUTDOWN_TIME" => Some("3".to_string()),
+            _ => None,
+        };
+        let c = EngineConfig::from_lookup(&env).unwrap();
+        assert_eq!(c.fusion_threshold, 0);
+        assert_eq!(c.cycle_time, Duration::from_micros(2500));
+        assert_eq!(c.stall_check_time, None);
+        assert_eq!(c.stall_shutdown_time, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let env = |k: &str| (k == "HVD_CYCLE_TIME").then(|| "soon".to_string());
+        let e = EngineConfig::from_lookup(&env).unwrap_err().to_string();
+        assert!(e.contains("HVD_CYCLE_TIME") && e.contains("soon"), "{e}");
+    }
+}

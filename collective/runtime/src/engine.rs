@@ -1,0 +1,1069 @@
+//! The engine: a background thread per process that owns the transport and runs named collectives submitted from
+//! any thread, in the same order on every rank.
+//!
+//! Each cycle: drain the submission queue; allreduce (min) one byte vector `[no-news, hit bits.., valid bits..]`;
+//! run the tensors whose cache bit every rank set (the fast path, no coordinator); if any rank has new requests,
+//! a stale cache entry, a join, a shutdown or an old stalled request, run a negotiation round through the
+//! coordinator (rank 0) and execute its response list. Execution fuses allreduces of one dtype/op/scale into the
+//! fusion buffer. See docs/runtime.md for the protocol.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::cache::{Lookup, ResponseCache};
+use crate::config::{ConfigError, EngineConfig};
+use crate::coordinator::{Coordinator, StallPolicy};
+use crate::message::{OpKind, RankMessage, RequestMeta, Response, ResponseList};
+use crate::timeline::{EventName, Phase, Timeline};
+use crate::transport::{Topology, Transport, TransportError};
+use crate::types::{DataType, ReduceOp, fill_identity, scale};
+
+/// Errors the engine reports to callers.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The collective failed on every rank (mismatch between ranks, stall shutdown).
+    #[error("{0}")]
+    Operation(String),
+    /// The engine stopped (shut down or a transport failure); every pending and later operation fails.
+    #[error("the hvd engine has stopped: {0}")]
+    Stopped(String),
+    #[error("unknown handle {0}")]
+    UnknownHandle(u64),
+    #[error(transparent)]
+    Config(Arc<ConfigError>),
+    #[error("failed to create the timeline `{path}`: {message}")]
+    Timeline { path: String, message: String },
+}
+
+/// A tensor's input.
+pub enum Input {
+    None,
+    /// Caller memory, valid and unchanged until the operation completes.
+    Raw(*const u8, usize),
+    Owned(Vec<u8>),
+}
+
+/// Where a result goes.
+pub enum OutputBuffer {
+    /// Caller memory of exactly the result's size, valid until the operation completes (may equal the input).
+    Raw(*mut u8, usize),
+    /// The engine allocates the result and returns it in [`Output::data`].
+    Engine,
+}
+
+// SAFETY: raw buffers are only touched by the engine thread while the operation is pending; the submitter promises
+// (C ABI contract) not to free or use them until the handle completes.
+unsafe impl Send for Input {}
+// SAFETY: as for `Input`.
+unsafe impl Send for OutputBuffer {}
+
+/// A submitted operation.
+pub struct Request {
+    pub meta: RequestMeta,
+    pub input: Input,
+    pub output: OutputBuffer,
+}
+
+impl Request {
+    /// An allreduce of an owned buffer, result returned by the engine (Rust callers and tests).
+    pub fn allreduce(
+        name: &str,
+        dtype: DataType,
+        shape: Vec<i64>,
+        op: ReduceOp,
+        data: Vec<u8>,
+    ) -> Request {
+        Request {
+            meta: meta(OpKind::Allreduce, name, dtype, shape, op),
+            input: Input::Owned(data),
+            output: OutputBuffer::Engine,
+        }
+    }
+
+    /// Any operation on an owned buffer, result returned by the engine.
+    pub fn owned(
+        kind: OpKind,
+        name: &str,
+        dtype: DataType,
+        shape: Vec<i64>,
+        data: Vec<u8>,
+    ) -> Request {
+        Request {
+            meta: meta(kind, name, dtype, shape, ReduceOp::Sum),
+            input: Input::Owned(data),
+            output: OutputBuffer::Engine,
+        }
+    }
+}
+
+/// A request description with defaults (sum, root 0, no scaling, even splits).
+pub fn meta(
+    kind: OpKind,
+    name: &str,
+    dtype: DataType,
+    shape: Vec<i64>,
+    op: ReduceOp,
+) -> RequestMeta {
+    RequestMeta {
+        kind,
+        name: name.to_string(),
+        dtype,
+        shape,
+        op,
+        root: 0,
+        prescale: 1.0,
+        postscale: 1.0,
+        splits: Vec::new(),
+    }
+}
+
+/// A completed operation's result.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Output {
+    /// Engine-allocated result (empty when the result went to caller memory).
+    pub data: Vec<u8>,
+    pub shape: Vec<i64>,
+    /// Alltoall: rows received from each rank.
+    pub splits: Vec<i64>,
+    /// Join: the rank that joined last.
+    pub value: i64,
+}
+
+pub type Handle = u64;
+
+struct Submitted {
+    request: Request,
+    handle: Handle,
+}
+
+#[derive(Default)]
+struct Queue {
+    items: Vec<Submitted>,
+    shutdown: bool,
+}
+
+enum Slot {
+    Pending,
+    Done(Result<Output, EngineError>),
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    queue_cv: Condvar,
+    handles: Mutex<Handles>,
+    handles_cv: Condvar,
+    /// Threads blocked in `wait`: while any, the engine cycles without sleeping.
+    waiters: AtomicUsize,
+    next_handle: AtomicU64,
+    noname: AtomicU64,
+}
+
+#[derive(Default)]
+struct Handles {
+    slots: HashMap<Handle, Slot>,
+    stopped: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic on another thread must not turn every later call into a panic.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The per-process engine. Dropping it shuts it down.
+pub struct Engine {
+    shared: Arc<Shared>,
+    topology: Topology,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the background thread, which owns `transport` from now on.
+    pub fn start(
+        transport: Box<dyn Transport>,
+        config: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let topology = transport.topology();
+        let timeline =
+            match &config.timeline {
+                Some(path) => Some(Timeline::create(path, topology.rank).map_err(|e| {
+                    EngineError::Timeline {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    }
+                })?),
+                None => None,
+            };
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            queue_cv: Condvar::new(),
+            handles: Mutex::new(Handles::default()),
+            handles_cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            next_handle: AtomicU64::new(1),
+            noname: AtomicU64::new(0),
+        });
+        let worker = Worker {
+            coordinator: (topology.rank == 0).then(|| Coordinator::new(topology.size)),
+            cache: ResponseCache::new(config.cache_capacity),
+            transport,
+            topology,
+            config,
+            shared: shared.clone(),
+            pending: HashMap::new(),
+            cached_ready: BTreeSet::new(),
+            uncached: Vec::new(),
+            invalid: BTreeSet::new(),
+            negotiating: HashSet::new(),
+            join_handle: None,
+            shutdown: false,
+            announce: false,
+            fusion: Vec::new(),
+            timeline,
+            last_negotiation: Instant::now(),
+            activity_names: HashMap::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("hvd-engine".into())
+            .spawn(move || worker.run())
+            .map_err(|e| EngineError::Stopped(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine {
+            shared,
+            topology,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    /// Submits an operation; the result comes through [`Engine::wait`] / [`Engine::poll`].
+    pub fn enqueue(&self, mut request: Request) -> Result<Handle, EngineError> {
+        if request.meta.name.is_empty() {
+            let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
+            request.meta.name = format!("{}.noname.{n}", request.meta.kind.name());
+        }
+        validate(&mut request, self.topology.size)?;
+        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut h = lock(&self.shared.handles);
+            if let Some(reason) = &h.stopped {
+                return Err(EngineError::Stopped(reason.clone()));
+            }
+            h.slots.insert(handle, Slot::Pending);
+        }
+        let mut q = lock(&self.shared.queue);
+        q.items.push(Submitted { request, handle });
+        drop(q);
+        Ok(handle)
+    }
+
+    /// Whether the operation has completed (successfully or not).
+    pub fn poll(&self, handle: Handle) -> Result<bool, EngineError> {
+        match lock(&self.shared.handles).slots.get(&handle) {
+            Some(Slot::Pending) => Ok(false),
+            Some(Slot::Done(_)) => Ok(true),
+            None => Err(EngineError::UnknownHandle(handle)),
+        }
+    }
+
+    /// Blocks until the operation completes and returns its result; the handle is released.
+    pub fn wait(&self, handle: Handle) -> Result<Output, EngineError> {
+        let mut h = lock(&self.shared.handles);
+        loop {
+            match h.slots.get(&handle) {
+                None => return Err(EngineError::UnknownHandle(handle)),
+                Some(Slot::Done(_)) => {
+                    let Some(Slot::Done(result)) = h.slots.remove(&handle) else {
+                        unreachable!("checked above")
+                    };
+                    return result;
+                }
+                Some(Slot::Pending) => {
+                    self.shared.waiters.fetch_add(1, Ordering::SeqCst);
+                    self.shared.queue_cv.notify_one();
+                    h = self
+                        .shared
+                        .handles_cv
+                        .wait(h)
+                        .unwrap_or_else(|e| e.into_inner());
+                    self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    /// Stops the engine once every rank has asked to (until then this rank takes part as a joined rank, so the
+    /// others can finish). Idempotent.
+    pub fn shutdown(&self) {
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.queue_cv.notify_one();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Why the engine stopped, if it has.
+    pub fn stopped(&self) -> Option<String> {
+        lock(&self.shared.handles).stopped.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn validate(request: &mut Request, size: usize) -> Result<(), EngineError> {
+    let m = &mut request.meta;
+    let bad = |s: String| {
+        Err(EngineError::InvalidRequest(format!(
+            "tensor `{}`: {s}",
+            m.name
+        )))
+    };
+    if m.shape.iter().any(|d| *d < 0) {
+        return bad(format!("negative dimension in shape {:?}", m.shape));
+    }
+    let bytes = m.bytes();
+    let input_len = match &request.input {
+        Input::None => 0,
+        Input::Raw(_, n) => *n,
+        Input::Owned(v) => v.len(),
+    };
+    let needs_input = !matches!(m.kind, OpKind::Barrier | OpKind::Join);
+    if needs_input && input_len != bytes {
+        return bad(format!(
+            "buffer of {input_len} bytes does not match shape {:?} of {} ({bytes} bytes)",
+            m.shape, m.dtype
+        ));
+    }
+    if let OutputBuffer::Raw(_, n) = request.output {
+        let expect = match m.kind {
+            OpKind::Allreduce | OpKind::Broadcast => bytes,
+            _ => {
+                return bad(format!(
+                    "{} returns an engine-allocated result, not into caller memory",
+                    m.kind.name()
+                ));
+            }
+        };
+        if n != expect {
+            return bad(format!("output buffer of {n} bytes, expected {expect}"));
+        }
+    }
+    match m.kind {
+        OpKind::Broadcast if m.root < 0 || m.root as usize >= size => {
+            return bad(format!("root rank {} is not in 0..{size}", m.root));
+        }
+        OpKind::Allgather | OpKind::Alltoall if m.shape.is_empty() => {
+            return bad(format!("{} needs at least one dimension", m.kind.name()));
+        }
+        OpKind::Alltoall => {
+            let dim0 = m.dim0();
+            if m.splits.is_empty() {
+                if dim0 % size as i64 != 0 {
+                    return bad(format!(
+                        "first dimension {dim0} is not divisible by {size} ranks; pass explicit splits"
+                    ));
+                }
+                m.splits = vec![dim0 / size as i64; size];
+            }
+            if m.splits.len() != size
+                || m.splits.iter().any(|s| *s < 0)
+                || m.splits.iter().sum::<i64>() != dim0
+            {
+                return bad(format!(
+                    "splits {:?} must be {size} non-negative counts summing to the first dimension {dim0}",
+                    m.splits
+                ));
+            }
+        }
+        _ => {}
+    }
+    if !m.prescale.is_finite() || !m.postscale.is_finite() {
+        return bad("prescale and postscale factors must be finite".into());
+    }
+    Ok(())
+}
+
+struct Pending {
+    request: Request,
+    handle: Handle,
+    lane: u32,
+}
+
+struct Worker {
+    transport: Box<dyn Transport>,
+    topology: Topology,
+    config: EngineConfig,
+    shared: Arc<Shared>,
+    coordinator: Option<Coordinator>,
+    cache: ResponseCache,
+    /// Every local request not yet completed, by name.
+    pending: HashMap<String, Pending>,
+    /// Cache slots of pending requests announced through the bit vector.
+    cached_ready: BTreeSet<u32>,
+    /// Names to send to the coordinator at the next negotiation.
+    uncached: Vec<String>,
+    /// Cache slots whose entries disagree with a local request: every rank evicts them.
+    invalid: BTreeSet<u32>,
+    /// Cache slots whose names sit in the coordinator's table.
+    negotiating: HashSet<u32>,
+    join_handle: Option<Handle>,
+    shutdown: bool,
+    /// A join or shutdown that the coordinator has not heard of yet.
+    announce: bool,
+    fusion: Vec<u8>,
+    timeline: Option<Timeline>,
+    last_negotiation: Instant,
+    activity_names: HashMap<OpKind, EventName>,
+}
+
+/// A unit of execution: one response, or several fused allreduces.
+enum Work {
+    Single(Response),
+    Fused(Vec<RequestMeta>),
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut next_cycle = Instant::now();
+        let reason = loop {
+            if let Err(e) = self.wait_for_cycle(next_cycle) {
+                break e;
+            }
+            next_cycle = Instant::now() + self.config.cycle_time;
+            match self.cycle() {
+                Ok(true) => {}
+                Ok(false) => break "shut down".to_string(),
+                Err(e) => break e,
+            }
+        };
+        self.stop(&reason);
+    }
+
+    fn wait_for_cycle(&mut self, deadline: Instant) -> Result<(), String> {
+        let mut q = lock(&self.shared.queue);
+        loop {
+            let now = Instant::now();
+            if now >= deadline || self.shared.waiters.load(Ordering::SeqCst) > 0 || q.shutdown {
+                return Ok(());
+            }
+            q = self
+                .shared
+                .queue_cv
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Fails everything pending and refuses later submissions.
+    fn stop(&mut self, reason: &str) {
+        let queued = std::mem::take(&mut lock(&self.shared.queue).items);
+        let mut h = lock(&self.shared.handles);
+        h.stopped = Some(reason.to_string());
+        let err = EngineError::Stopped(reason.to_string());
+        for s in queued {
+            h.slots.insert(s.handle, Slot::Done(Err(err.clone())));
+        }
+        for (_, p) in self.pending.drain() {
+            h.slots.insert(p.handle, Slot::Done(Err(err.clone())));
+        }
+        if let Some(j) = self.join_handle.take() {
+            h.slots.insert(j, Slot::Done(Err(err.clone())));
+        }
+        drop(h);
+        self.shared.handles_cv.notify_all();
+        if let Some(t) = &mut self.timeline {
+            t.close();
+        }
+    }
+
+    fn complete(&self, handle: Handle, result: Result<Output, EngineError>) {
+        lock(&self.shared.handles)
+            .slots
+            .insert(handle, Slot::Done(result));
+        self.shared.handles_cv.notify_all();
+    }
+
+    fn lane(&mut self, name: &str) -> u32 {
+        match &mut self.timeline {
+            Some(t) => t.lane(name),
+            None => 0,
+        }
+    }
+
+    fn drain(&mut self) {
+        let (items, shutdown) = {
+            let mut q = lock(&self.shared.queue);
+            (std::mem::take(&mut q.items), q.shutdown)
+        };
+        if shutdown && !self.shutdown {
+            self.shutdown = true;
+            self.announce = true;
+        }
+        for s in items {
+            let meta = &s.request.meta;
+            if meta.kind == OpKind::Join {
+                if self.join_handle.is_some() {
+                    self.complete(
+                        s.handle,
+                        Err(EngineError::InvalidRequest("join called twice".into())),
+                    );
+                } else {
+                    self.join_handle = Some(s.handle);
+                    self.announce = true;
+                }
+                continue;
+            }
+            if self.pending.contains_key(&meta.name) {
+                let msg = format!(
+                    "tensor `{}` was submitted again before its previous operation completed",
+                    meta.name
+                );
+                self.complete(s.handle, Err(EngineError::InvalidRequest(msg)));
+                continue;
+            }
+            let name = meta.name.clone();
+            let lane = self.lane(&name);
+            if let Some(t) = &mut self.timeline {
+                t.begin(lane, negotiate_name(meta.kind));
+            }
+            let lookup = if meta.kind.cacheable() {
+                self.cache.lookup(meta)
+            } else {
+                Lookup::Miss
+            };
+            match lookup {
+                Lookup::Hit(slot) if !self.negotiating.contains(&slot) => {
+                    self.cached_ready.insert(slot);
+                }
+                Lookup::Stale(slot) => {
+                    self.invalid.insert(slot);
+                    self.uncached.push(name.clone());
+                }
+                _ => self.uncached.push(name.clone()),
+            }
+            self.pending.insert(
+                name,
+                Pending {
+                    request: s.request,
+                    handle: s.handle,
+                    lane,
+                },
+            );
+        }
+    }
+
+    /// One engine cycle. Ok(false) when every rank has shut down.
+    fn cycle(&mut self) -> Result<bool, String> {
+        let cycle_start = self.timeline.as_ref().map(|t| t.now_us());
+        self.drain();
+        let joined = self.join_handle.is_some() || self.shutdown;
+        let now = Instant::now();
+        let stall_due = self.config.stall_check_time.is_some_and(|check| {
+            let quarter = check / 4;
+            self.last_negotiation.elapsed() >= quarter
+                && (!self.cached_ready.is_empty()
+                    || self
+                        .coordinator
+                        .as_ref()
+                        .is_some_and(|c| c.has_older_than(now, quarter)))
+        });
+        let news = !self.uncached.is_empty() || stall_due || self.announce;
+
+        let slots = self.cache.len();
+        let mut vector = vec![0u8; 1 + 2 * slots];
+        vector[0] = u8::from(!news);
+        for slot in 0..slots {
+            let hit = self.cached_ready.contains(&(slot as u32))
+                || (joined && self.can_join(slot as u32));
+            vector[1 + slot] = u8::from(hit);
+            vector[1 + slots + slot] = u8::from(!self.invalid.contains(&(slot as u32)));
+        }
+        self.transport
+            .allreduce(&mut vector, DataType::U8, crate::types::Reduction::Min)
+            .map_err(fail)?;
+        self.invalid.clear();
+
+        // Stale entries: every rank evicts them, and their local requests go to the coordinator instead.
+        let mut negotiate = vector[0] == 0;
+        for slot in 0..slots as u32 {
+            if vector[1 + slots + slot as usize] == 0 {
+                negotiate = true;
+                if self.cached_ready.remove(&slot)
+                    && let Some(meta) = self.cache.get(slot)
+                {
+                    self.uncached.push(meta.name.clone());
+                }
+                self.negotiating.remove(&slot);
+                self.cache.evict(slot);
+                vector[1 + slot as usize] = 0;
+            }
+        }
+        let fast: Vec<Response> = (0..slots as u32)
+            .filter(|s| vector[1 + *s as usize] == 1)
+            .filter_map(|s| {
+                self.cached_ready.remove(&s);
+                self.cache.get(s).map(|meta| Response::Execute {
+                    meta: meta.clone(),
+                    dim0s: Vec::new(),
+                    splits: Vec::new(),
+                    joined: Vec::new(),
+                })
+            })
+            .collect();
+        let mut did_work = !fast.is_empty();
+        self.execute(fast, false)?;
+
+        let mut keep_going = true;
+        if negotiate {
+            did_work = true;
+            let list = self.negotiate()?;
+            self.negotiating = list.negotiating.iter().copied().collect();
+            self.execute(list.responses, true)?;
+            if let Some(reason) = list.abort {
+                return Err(reason);
+            }
+            keep_going = !list.shutdown;
+        }
+        if let Some(t) = &mut self.timeline {
+            if did_work
+                && self.config.timeline_mark_cycles
+                && let Some(ts) = cycle_start
+            {
+                t.record(Phase::Instant, EventName::Static("CYCLE_START"), 0, ts);
+            }
+            t.maybe_send();
+        }
+        Ok(keep_going)
+    }
+
+    /// Whether this rank, joined, can take part in the cached operation in `slot` without data.
+    fn can_join(&self, slot: u32) -> bool {
+        match self.cache.get(slot) {
+            Some(m) => m.kind != OpKind::Broadcast || m.root as usize != self.topology.rank,
+            None => false,
+        }
+    }
+
+    fn negotiate(&mut self) -> Result<ResponseList, String> {
+        self.last_negotiation = Instant::now();
+        self.announce = false;
+        let requests = std::mem::take(&mut self.uncached)
+            .into_iter()
+            .filter_map(|n| self.pending.get(&n).map(|p| p.request.meta.clone()))
+            .collect();
+        let message = RankMessage {
+            joined: self.join_handle.is_some() || self.shutdown,
+            shutdown: self.shutdown,
+            requests,
+            cached_ready: self.cached_ready.iter().copied().collect(),
+        };
+        let all = self
+            .transport
+            .allgather_bytes(&message.encode())
+            .map_err(fail)?;
+        let list_bytes = match &mut self.coordinator {
+            Some(c) => {
+                let messages = all
+                    .iter()
+                    .map(|b| RankMessage::decode(b))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                let stall = StallPolicy {
+                    check: self.config.stall_check_time,
+                    shutdown: self.config.stall_shutdown_time,
+                };
+                c.process(messages, &self.cache, Instant::now(), stall)
+                    .encode()
+            }
+            None => Vec::new(),
+        };
+        let bytes = self
+            .transport
+            .broadcast_bytes(list_bytes, 0)
+            .map_err(fail)?;
+        ResponseList::decode(&bytes).map_err(|e| e.to_string())
+    }
+
+    /// Runs responses in order, fusing allreduces. `from_coordinator`: successful ones enter the cache.
+    fn execute(&mut self, responses: Vec<Response>, from_coordinator: bool) -> Result<(), String> {
+        if responses.is_empty() {
+            return Ok(());
+        }
+        for meta in responses.iter().filter_map(|r| match r {
+            Response::Execute { meta, .. } => Some(meta),
+            _ => None,
+        }) {
+            if let Some(p) = self.pending.get(&meta.name)
+                && let Some(t) = &mut self.timeline
+            {
+                t.end(p.lane);
+                t.begin(p.lane, meta.kind.upper());
+                t.begin(p.lane, "QUEUE");
+            }
+        }
+        for work in self.plan(responses) {
+            match work {
+                Work::Fused(metas) => {
+                    self.run_fused(&metas)?;
+                    if from_coordinator {
+                        metas.iter().for_each(|m| self.cache.insert(m));
+                    }
+                }
+                Work::Single(Response::Execute {
+                    meta,
+                    dim0s,
+                    splits,
+                    ..
+                }) => {
+                    self.run_single(&meta, &dim0s, &splits)?;
+                    if from_coordinator {
+                        self.cache.insert(&meta);
+                    }
+                }
+                Work::Single(Response::Error { names, message }) => {
+                    for n in names {
+                        if let Some(p) = self.pending.remove(&n) {
+                            if let Some(t) = &mut self.timeline {
+                                t.end(p.lane);
+                            }
+                            self.complete(p.handle, Err(EngineError::Operation(message.clone())));
+                        }
+                    }
+                }
+                Work::Single(Response::JoinDone { last_rank }) => {
+                    if let Some(h) = self.join_handle.take() {
+                        self.complete(
+                            h,
+                            Ok(Output {
+                                value: i64::from(last_rank),
+                                ..Output::default()
+                            }),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Groups allreduces with the same dtype, op and scale factors up to the fusion threshold; everything else runs
+    /// alone. Deterministic, so every rank forms the same groups.
+    fn plan(&self, responses: Vec<Response>) -> Vec<Work> {
+        let threshold = self.config.fusion_threshold;
+        let mut work: Vec<Work> = Vec::new();
+        let mut open: Vec<(usize, usize)> = Vec::new(); // (index in work, bytes so far)
+        for r in responses {
+            match r {
+                Response::Execute { meta, .. }
+                    if meta.kind == OpKind::Allreduce && threshold > 0 =>
+                {
+                    let bytes = meta.bytes();
+                    let slot = open.iter_mut().find(|(i, total)| {
+                        let Work::Fused(group) = &work[*i] else {
+                            return false;
+                        };
+                        let g = &group[0];
+                        g.dtype == meta.dtype
+                            && g.op == meta.op
+                            && g.prescale.to_bits() == meta.prescale.to_bits()
+                            && g.postscale.to_bits() == meta.postscale.to_bits()
+                            && *total + bytes <= threshold
+                    });
+                    match slot {
+                        Some((i, total)) => {
+                            *total += bytes;
+                            if let Work::Fused(group) = &mut work[*i] {
+                                group.push(meta);
+                            }
+                        }
+                        None => {
+                            open.push((work.len(), bytes));
+                            work.push(Work::Fused(vec![meta]));
+                        }
+                    }
+                }
+                other => work.push(Work::Single(other)),
+            }
+        }
+        work
+    }
+
+    fn activity(&mut self, kind: OpKind) -> EventName {
+        let transport = self.transport.name().to_string();
+        self.activity_names
+            .entry(kind)
+            .or_insert_with(|| EventName::Owned(format!("{transport}_{}", kind.upper())))
+            .clone()
+    }
+
+    fn mark(&mut self, lanes: &[u32], phase: Phase, name: Option<EventName>) {
+        if let Some(t) = &mut self.timeline {
+            let ts = t.now_us();
+            for l in lanes {
+                let n = name.clone().unwrap_or(EventName::Static(""));
+                t.record(phase, n, *l, ts);
+            }
+        }
+    }
+
+    fn run_fused(&mut self, metas: &[RequestMeta]) -> Result<(), String> {
+        if metas.len() == 1 {
+            return self.run_single(&metas[0], &[], &[]);
+        }
+        let first = &metas[0];
+        let (reduction, average) = first.op.reduction();
+        let post = first.postscale
+            * if average {
+                1.0 / self.topology.size as f64
+            } else {
+                1.0
+            };
+        let total: usize = metas.iter().map(|m| m.bytes()).sum();
+        if self.fusion.len() < total {
+            self.fusion.resize(total, 0);
+        }
+        let lanes: Vec<u32> = metas
+            .iter()
+            .filter_map(|m| self.pending.get(&m.name).map(|p| p.lane))
+            .collect();
+        self.mark(&lanes, Phase::End, None); // QUEUE
+        self.mark(
+            &lanes,
+            Phase::Begin,
+            Some(EventName::Static("MEMCPY_IN_FUSION_BUFFER")),
+        );
+        let mut offset = 0;
+        for m in metas {
+            let n = m.bytes();
+            let dst = &mut self.fusion[offset..offset + n];
+            match self.pending.get(&m.name) {
+                Some(p) => {
+                    dst.copy_from_slice(input_slice(&p.request.input));
+                    scale(dst, m.dtype, m.prescale);
+                }
+                None => fill_identity(dst, m.dtype, reduction),
+            }
+            offset += n;
+        }
+        self.mark(&lanes, Phase::End, None);
+        let activity = self.activity(OpKind::Allreduce);
+        self.mark(&lanes, Phase::Begin, Some(activity));
+        self.transport
+            .allreduce(&mut self.fusion[..total], first.dtype, reduction)
+            .map_err(fail)?;
+        scale(&mut self.fusion[..total], first.dtype, post);
+        self.mark(&lanes, Phase::End, None);
+        self.mark(
+            &lanes,
+            Phase::Begin,
+            Some(EventName::Static("MEMCPY_OUT_FUSION_BUFFER")),
+        );
+        let mut offset = 0;
+        let mut done = Vec::with_capacity(metas.len());
+        for m in metas {
+            let n = m.bytes();
+            if let Some(mut p) = self.pending.remove(&m.name) {
+                let src = &self.fusion[offset..offset + n];
+                let data = match &mut p.request.output {
+                    OutputBuffer::Raw(ptr, len) => {
+                        // SAFETY: validated to be `n` bytes of caller memory, live until completion.
+                        unsafe { std::slice::from_raw_parts_mut(*ptr, *len) }.copy_from_slice(src);
+                        Vec::new()
+                    }
+                    OutputBuffer::Engine => src.to_vec(),
+                };
+                done.push((
+                    p,
+                    Output {
+                        data,
+                        shape: m.shape.clone(),
+                        ..Output::default()
+                    },
+                ));
+            }
+            offset += n;
+        }
+        self.mark(&lanes, Phase::End, None);
+        self.mark(&lanes, Phase::End, None); // the operation
+        for (p, out) in done {
+            self.complete(p.handle, Ok(out));
+        }
+        Ok(())
+    }
+
+    fn run_single(
+        &mut self,
+        meta: &RequestMeta,
+        dim0s: &[i64],
+        splits: &[i64],
+    ) -> Result<(), String> {
+        let lane = self.pending.get(&meta.name).map(|p| p.lane);
+        let lanes: Vec<u32> = lane.into_iter().collect();
+        self.mark(&lanes, Phase::End, None); // QUEUE
+        let activity = self.activity(meta.kind);
+        self.mark(&lanes, Phase::Begin, Some(activity));
+        let mut p = self.pending.remove(&meta.name);
+        let result = self.collective(meta, p.as_mut(), dim0s, splits);
+        self.mark(&lanes, Phase::End, None);
+        self.mark(&lanes, Phase::End, None);
+        let out = result?;
+        if let Some(p) = p {
+            self.complete(p.handle, Ok(out));
+        }
+        Ok(())
+    }
+
+    /// One collective for one tensor; `p` is None on a joined rank, which contributes no data.
+    fn collective(
+        &mut self,
+        meta: &RequestMeta,
+        p: Option<&mut Pending>,
+        dim0s: &[i64],
+        splits: &[i64],
+    ) -> Result<Output, String> {
+        let size = self.topology.size;
+        let me = self.topology.rank;
+        let esize = meta.dtype.size();
+        let row_bytes = meta.row_elements() * esize;
+        let mut out = Output {
+            shape: meta.shape.clone(),
+            ..Output::default()
+        };
+        let (reduction, average) = meta.op.reduction();
+        let t = &mut self.transport;
+        match meta.kind {
+            OpKind::Allreduce | OpKind::Broadcast => {
+                let n = meta.bytes();
+                let mut scratch = Vec::new();
+                let buf: &mut [u8] = match p {
+                    Some(p) => {
+                        let input = input_slice(&p.request.input);
+                        let (ptr, len) = match &mut p.request.output {
+                            OutputBuffer::Raw(ptr, len) => (*ptr, *len),
+                            OutputBuffer::Engine => {
+                                out.data = vec![0u8; n];
+                                (out.data.as_mut_ptr(), n)
+                            }
+                        };
+                        // SAFETY: caller memory validated to be `len` bytes and live until completion, or our Vec.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                        if !std::ptr::eq(input.as_ptr(), buf.as_ptr()) {
+                            buf.copy_from_slice(input);
+                        }
+                        if meta.kind == OpKind::Allreduce {
+                            scale(buf, meta.dtype, meta.prescale);
+                        }
+                        buf
+                    }
+                    None => {
+                        scratch.resize(n, 0);
+                        if meta.kind == OpKind::Allreduce {
+                            fill_identity(&mut scratch, meta.dtype, reduction);
+                        }
+                        &mut scratch
+                    }
+                };
+                if meta.kind == OpKind::Allreduce {
+                    t.allreduce(buf, meta.dtype, reduction).map_err(fail)?;
+                    let post = meta.postscale * if average { 1.0 / size as f64 } else { 1.0 };
+                    scale(buf, meta.dtype, post);
+                } else {
+                    t.broadcast(buf, meta.root as usize).map_err(fail)?;
+                }
+            }
+            OpKind::Allgather => {
+                let counts: Vec<usize> = dim0s.iter().map(|d| *d as usize * row_bytes).collect();
+                let mut recv = vec![0u8; counts.iter().sum()];
+                let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
+                t.allgatherv(send, &counts, &mut recv).map_err(fail)?;
+                out.data = recv;
+                out.shape[0] = dim0s.iter().sum();
+            }
+            OpKind::Alltoall => {
+                let p = p.ok_or("alltoall on a joined rank")?;
+                let send_counts: Vec<usize> = (0..size)
+                    .map(|s| splits[me * size + s] as usize * row_bytes)
+                    .collect();
+                let recv_rows: Vec<i64> = (0..size).map(|s| splits[s * size + me]).collect();
+                let recv_counts: Vec<usize> =
+                    recv_rows.iter().map(|r| *r as usize * row_bytes).collect();
+                let mut recv = vec![0u8; recv_counts.iter().sum()];
+                t.alltoallv(
+                    input_slice(&p.request.input),
+                    &send_counts,
+                    &mut recv,
+                    &recv_counts,
+                )
+                .map_err(fail)?;
+                out.data = recv;
+                out.shape[0] = recv_rows.iter().sum();
+                out.splits = recv_rows;
+            }
+            OpKind::Reducescatter => {
+                let dim0 = meta.dim0() as usize;
+                let rows: Vec<usize> = (0..size)
+                    .map(|r| dim0 / size + usize::from(r < dim0 % size))
+                    .collect();
+                let blocks: Vec<usize> = rows.iter().map(|r| r * meta.row_elements()).collect();
+                let mut buf = vec![0u8; meta.bytes()];
+                match p {
+                    Some(p) => {
+                        buf.copy_from_slice(input_slice(&p.request.input));
+                        scale(&mut buf, meta.dtype, meta.prescale);
+                    }
+                    None => fill_identity(&mut buf, meta.dtype, reduction),
+                }
+                let mut mine = vec![0u8; blocks[me] * esize];
+                t.reducescatter(&mut buf, &blocks, &mut mine, meta.dtype, reduction)
+                    .map_err(fail)?;
+                let post = meta.postscale * if average { 1.0 / size as f64 } else { 1.0 };
+                scale(&mut mine, meta.dtype, post);
+                out.data = mine;
+                if out.shape.is_empty() {
+                    out.shape = vec![rows[me] as i64];
+                } else {
+                    out.shape[0] = rows[me] as i64;
+                }
+            }
+            OpKind::Barrier => t.barrier().map_err(fail)?,
+            OpKind::Join => {}
+        }
+        Ok(out)
+    }
+}
+
+fn input_slice(input: &Input) -> &[u8] {
+    match input {
+        Input::None => &[],
+        // SAFETY: the submitter guarantees `len` readable bytes until the operation completes.
+        Input::Raw(ptr, len) => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+        Input::Owned(v) => v,
+    }
+}
+
+fn fail(e: TransportError) -> String {
+    format!("a collective failed: {e}")
+}
+
+fn negotiate_name(kind: OpKind) -> &'static str {
+    match kind {
+        OpKind::Allreduce => "NEGOTIATE_ALLREDUCE",
+        OpKind::Allgather => "NEGOTIATE_ALLGATHER",
+        OpKind::Broadcast => "NEGOTIATE_BROADCAST",
+        OpKind::Alltoall => "NEGOTIATE_ALLTOALL",
+        OpKind::Reducescatter => "NEGOTIATE_REDUCESCATTER",
+        OpKind::Barrier => "NEGOTIATE_BARRIER",
+        OpKind::Join => "NEGOTIATE_JOIN",
+    }
+}

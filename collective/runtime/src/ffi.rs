@@ -1,0 +1,451 @@
+//! The C ABI (`include/hvd.h`): a process-wide engine driven through plain functions, integer handles and
+//! thread-local error strings. Every function catches panics, so none unwinds into C.
+//!
+//! Buffer contract: `input` and `output` of a request must stay valid and untouched until `hvd_wait` (or a
+//! `hvd_poll` returning 1) on its handle; results of allgather, alltoall and reducescatter are owned by the library
+//! and copied out with `hvd_result_copy` before `hvd_release`.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::collective::connect_from_env;
+use crate::config::EngineConfig;
+use crate::engine::{Engine, Input, Output, OutputBuffer, Request};
+use crate::message::{OpKind, RequestMeta};
+use crate::types::{DataType, ReduceOp};
+
+static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
+static RESULTS: Mutex<Option<HashMap<i64, Output>>> = Mutex::new(None);
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn set_error(message: impl Into<String>) {
+    let mut m = message.into();
+    m.retain(|c| c != '\0');
+    LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(m).unwrap_or_default());
+}
+
+/// Runs `f`, turning an error or a panic into `fallback` and the thread's last error.
+fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            set_error(e);
+            fallback
+        }
+        Err(_) => {
+            set_error("internal error: a panic in the hvd runtime (please report it)");
+            fallback
+        }
+    }
+}
+
+fn engine() -> Result<Arc<Engine>, String> {
+    lock(&ENGINE)
+        .clone()
+        .ok_or_else(|| "hvd is not initialized: call hvd_init() (hvd.init()) first".to_string())
+}
+
+fn init_logging() {
+    let level = std::env::var("HVD_LOG_LEVEL").unwrap_or_else(|_| "warn".to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(format!(
+        "hvd={level},hvd_runtime={level},hvd_collective={level}"
+    ))
+    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // The library is the application's only Rust code: it owns the subscriber. Another one being set is fine.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Starts the engine from the environment. 0 on success (also when already initialized), -1 on error.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_init() -> i32 {
+    guard(-1, || {
+        let mut slot = lock(&ENGINE);
+        if slot.is_some() {
+            return Ok(0);
+        }
+        init_logging();
+        let config = EngineConfig::from_env().map_err(|e| e.to_string())?;
+        let transport = connect_from_env()?;
+        let engine = Engine::start(transport, config).map_err(|e| e.to_string())?;
+        *slot = Some(Arc::new(engine));
+        Ok(0)
+    })
+}
+
+/// Stops the engine after every rank has called it (meanwhile this rank takes part as a joined rank).
+/// 0 on success or when not initialized.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_shutdown() -> i32 {
+    guard(-1, || {
+        let engine = lock(&ENGINE).take();
+        if let Some(e) = engine {
+            e.shutdown();
+        }
+        lock(&RESULTS).take();
+        Ok(0)
+    })
+}
+
+/// 1 when initialized, else 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_is_initialized() -> i32 {
+    guard(0, || Ok(i32::from(lock(&ENGINE).is_some())))
+}
+
+fn topology_field(f: impl Fn(crate::transport::Topology) -> usize) -> i32 {
+    guard(-1, || Ok(f(engine()?.topology()) as i32))
+}
+
+/// Global rank, or -1 when not initialized.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_rank() -> i32 {
+    topology_field(|t| t.rank)
+}
+/// Number of ranks, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_size() -> i32 {
+    topology_field(|t| t.size)
+}
+/// Rank on this host, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_local_rank() -> i32 {
+    topology_field(|t| t.local_rank)
+}
+/// Ranks on this host, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_local_size() -> i32 {
+    topology_field(|t| t.local_size)
+}
+/// Index of this host, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_cross_rank() -> i32 {
+    topology_field(|t| t.cross_rank)
+}
+/// Number of hosts, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_cross_size() -> i32 {
+    topology_field(|t| t.cross_size)
+}
+
+/// The last error of a failed call on this thread (empty if none). Valid until the next failing call.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The library version, e.g. "0.1.0".
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_version() -> *const c_char {
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"unknown",
+        };
+    VERSION.as_ptr()
+}
+
+/// One operation, as laid out in `hvd_request_t`.
+#[repr(C)]
+pub struct HvdRequest {
+    pub kind: i32,
+    pub name: *const c_char,
+    pub dtype: i32,
+    pub ndim: i32,
+    pub shape: *const i64,
+    pub input: *const c_void,
+    pub output: *mut c_void,
+    pub op: i32,
+    pub root: i32,
+    pub prescale: f64,
+    pub postscale: f64,
+    pub splits: *const i64,
+    pub nsplits: i32,
+}
+
+fn kind_from_code(code: i32) -> Option<OpKind> {
+    use OpKind::*;
+    [
+        Allreduce,
+        Allgather,
+        Broadcast,
+        Alltoall,
+        Reducescatter,
+        Barrier,
+        Join,
+    ]
+    .into_iter()
+    .find(|k| *k as i32 == code)
+}
+
+/// # Safety
+/// `r` follows the contract of `hvd_request_t` in hvd.h.
+unsafe fn convert(r: &HvdRequest) -> Result<Request, String> {
+    let kind =
+        kind_from_code(r.kind).ok_or_else(|| format!("unknown operation code {}", r.kind))?;
+    let dtype =
+        DataType::from_code(r.dtype).ok_or_else(|| format!("unknown dtype code {}", r.dtype))?;
+    let op = ReduceOp::from_code(r.op).ok_or_else(|| format!("unknown reduce op code {}", r.op))?;
+    let name = if r.name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string.
+        unsafe { CStr::from_ptr(r.name) }
+            .to_str()
+            .map_err(|_| "tensor name is not UTF-8".to_string())?
+            .to_string()
+    };
+    let array = |ptr: *const i64, n: i32, what: &str| -> Result<Vec<i64>, String> {
+        if n < 0 || (n > 0 && ptr.is_null()) {
+            return Err(format!("invalid {what}: {n} entries at a null pointer"));
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the caller passes `n` readable i64 values.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, n as usize) }.to_vec())
+    };
+    let shape = array(r.shape, r.ndim, "shape")?;
+    let splits = array(r.splits, r.nsplits, "splits")?;
+    let meta = RequestMeta {
+        kind,
+        name,
+        dtype,
+        shape,
+        op,
+        root: r.root,
+        prescale: r.prescale,
+        postscale: r.postscale,
+        splits,
+    };
+    let bytes = if meta.shape.iter().any(|d| *d < 0) {
+        0
+    } else {
+        meta.bytes()
+    };
+    let input = if matches!(kind, OpKind::Barrier | OpKind::Join) {
+        Input::None
+    } else if r.input.is_null() && bytes > 0 {
+        return Err(format!("tensor `{}`: input is a null pointer", meta.name));
+    } else {
+        Input::Raw(r.input as *const u8, bytes)
+    };
+    let output = match kind {
+        OpKind::Allreduce | OpKind::Broadcast if !r.output.is_null() => {
+            OutputBuffer::Raw(r.output as *mut u8, bytes)
+        }
+        OpKind::Allreduce | OpKind::Broadcast if bytes > 0 => {
+            return Err(format!(
+                "tensor `{}`: {} needs an output buffer",
+                meta.name,
+                kind.name()
+            ));
+        }
+        _ => OutputBuffer::Engine,
+    };
+    Ok(Request {
+        meta,
+        input,
+        output,
+    })
+}
+
+/// Submits one operation. Returns a handle (> 0) or -1 (see `hvd_last_error`).
+///
+/// # Safety
+/// `request` points to a valid `hvd_request_t` whose buffers follow the module's buffer contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_enqueue(request: *const HvdRequest) -> i64 {
+    guard(-1, || {
+        if request.is_null() {
+            return Err("request is a null pointer".into());
+        }
+        // SAFETY: non-null and valid per the function contract.
+        let r = unsafe { convert(&*request) }?;
+        engine()?
+            .enqueue(r)
+            .map(|h| h as i64)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Submits `n` operations with one call (one entry of `handles` each, -1 for those that failed).
+/// Returns the number submitted successfully; `hvd_last_error` holds the last failure.
+///
+/// # Safety
+/// `requests` and `handles` point to `n` valid elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_enqueue_many(
+    requests: *const HvdRequest,
+    n: i32,
+    handles: *mut i64,
+) -> i32 {
+    guard(-1, || {
+        if n < 0 || (n > 0 && (requests.is_null() || handles.is_null())) {
+            return Err("invalid request array".into());
+        }
+        let e = engine()?;
+        let mut ok = 0;
+        for i in 0..n as usize {
+            // SAFETY: `i < n` elements of both arrays are valid per the contract.
+            let (r, h) = unsafe { (&*requests.add(i), &mut *handles.add(i)) };
+            // SAFETY: as above.
+            *h = match unsafe { convert(r) }.and_then(|r| e.enqueue(r).map_err(|e| e.to_string())) {
+                Ok(handle) => {
+                    ok += 1;
+                    handle as i64
+                }
+                Err(msg) => {
+                    set_error(msg);
+                    -1
+                }
+            };
+        }
+        Ok(ok)
+    })
+}
+
+/// 1 when the operation has completed (successfully or not), 0 when pending, -1 for an unknown handle.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_poll(handle: i64) -> i32 {
+    guard(-1, || {
+        if lock(&RESULTS)
+            .as_ref()
+            .is_some_and(|r| r.contains_key(&handle))
+        {
+            return Ok(1);
+        }
+        engine()?
+            .poll(handle as u64)
+            .map(i32::from)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Blocks until the operation completes. 0 on success (its result stays available until `hvd_release`), -1 on
+/// failure (the message is in `hvd_last_error`; the handle is released).
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_wait(handle: i64) -> i32 {
+    guard(-1, || {
+        if lock(&RESULTS)
+            .as_ref()
+            .is_some_and(|r| r.contains_key(&handle))
+        {
+            return Ok(0);
+        }
+        let out = engine()?.wait(handle as u64).map_err(|e| e.to_string())?;
+        lock(&RESULTS)
+            .get_or_insert_with(HashMap::new)
+            .insert(handle, out);
+        Ok(0)
+    })
+}
+
+fn with_result<T>(handle: i64, fallback: T, f: impl FnOnce(&Output) -> Result<T, String>) -> T {
+    guard(fallback, || {
+        match lock(&RESULTS).as_ref().and_then(|r| r.get(&handle)) {
+            Some(out) => f(out),
+            None => Err(format!(
+                "handle {handle} has no result: call hvd_wait first"
+            )),
+        }
+    })
+}
+
+/// Number of dimensions of the result, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_result_ndim(handle: i64) -> i32 {
+    with_result(handle, -1, |o| Ok(o.shape.len() as i32))
+}
+
+/// Writes the result's shape (`hvd_result_ndim` values) to `shape`. 0 or -1.
+///
+/// # Safety
+/// `shape` has room for `hvd_result_ndim(handle)` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_result_shape(handle: i64, shape: *mut i64) -> i32 {
+    with_result(handle, -1, |o| {
+        if shape.is_null() && !o.shape.is_empty() {
+            return Err("shape is a null pointer".into());
+        }
+        for (i, d) in o.shape.iter().enumerate() {
+            // SAFETY: room for ndim values per the contract.
+            unsafe { *shape.add(i) = *d };
+        }
+        Ok(0)
+    })
+}
+
+/// Size in bytes of a library-owned result (0 when the result went to the caller's output buffer).
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_result_nbytes(handle: i64) -> i64 {
+    with_result(handle, -1, |o| Ok(o.data.len() as i64))
+}
+
+/// Copies a library-owned result into `dst` (`nbytes` must equal `hvd_result_nbytes`). 0 or -1.
+///
+/// # Safety
+/// `dst` has room for `nbytes` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_result_copy(handle: i64, dst: *mut c_void, nbytes: i64) -> i32 {
+    with_result(handle, -1, |o| {
+        if nbytes != o.data.len() as i64 {
+            return Err(format!("result has {} bytes, not {nbytes}", o.data.len()));
+        }
+        if !o.data.is_empty() {
+            if dst.is_null() {
+                return Err("destination is a null pointer".into());
+            }
+            // SAFETY: `dst` has room for `nbytes` bytes per the contract; the regions cannot overlap.
+            unsafe { std::ptr::copy_nonoverlapping(o.data.as_ptr(), dst as *mut u8, o.data.len()) };
+        }
+        Ok(0)
+    })
+}
+
+/// Alltoall: writes the rows received from each rank (`hvd_size()` values) to `splits`. 0 or -1.
+///
+/// # Safety
+/// `splits` has room for `hvd_size()` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_result_splits(handle: i64, splits: *mut i64) -> i32 {
+    with_result(handle, -1, |o| {
+        if splits.is_null() && !o.splits.is_empty() {
+            return Err("splits is a null pointer".into());
+        }
+        for (i, s) in o.splits.iter().enumerate() {
+            // SAFETY: room for size values per the contract.
+            unsafe { *splits.add(i) = *s };
+        }
+        Ok(o.splits.len() as i32)
+    })
+}
+
+/// Join: the rank that joined last. -1 on error.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_result_value(handle: i64) -> i64 {
+    with_result(handle, -1, |o| Ok(o.value))
+}
+
+/// Frees a completed handle's result. Unknown handles are ignored.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_release(handle: i64) {
+    guard((), || {
+        if let Some(r) = lock(&RESULTS).as_mut() {
+            r.remove(&handle);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,342 @@
+//! What the engine needs from a communicator, at the level of bytes.
+//!
+//! The engine is written against this small trait rather than directly against `hvd-collective`'s `Communicator`
+//! so that (1) its own tests run with in-process ranks ([`LocalTransport`]) and (2) the adapter to the collective
+//! crate (see `collective.rs`) is the only place that knows that crate's API. All buffers are little-endian
+//! element arrays; counts are in bytes unless the name says elements.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::types::{DataType, Reduction, reduce_into};
+
+/// Where this process sits in the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Topology {
+    pub rank: usize,
+    pub size: usize,
+    pub local_rank: usize,
+    pub local_size: usize,
+    pub cross_rank: usize,
+    pub cross_size: usize,
+}
+
+impl Topology {
+    /// A single process on one host.
+    pub fn single() -> Topology {
+        Topology {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+            cross_rank: 0,
+            cross_size: 1,
+        }
+    }
+
+    /// `size` ranks on one host.
+    pub fn one_host(rank: usize, size: usize) -> Topology {
+        Topology {
+            rank,
+            size,
+            local_rank: rank,
+            local_size: size,
+            cross_rank: 0,
+            cross_size: 1,
+        }
+    }
+}
+
+/// A failed collective: a dead peer, a timeout, a protocol error. The engine fails every pending operation with it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct TransportError(pub String);
+
+pub type TransportResult<T> = Result<T, TransportError>;
+
+/// Collectives over byte buffers. Every rank calls the same methods in the same order (the engine guarantees it).
+pub trait Transport: Send {
+    /// A short upper-case name for the timeline (`SHM`, `TCP`, `LOCAL`...).
+    fn name(&self) -> &str;
+    fn topology(&self) -> Topology;
+    /// In-place element-wise reduction of `buf` (elements of `dtype`) across all ranks.
+    fn allreduce(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DataType,
+        reduction: Reduction,
+    ) -> TransportResult<()>;
+    /// Concatenation of every rank's `send` in rank order into `recv`; `recv_counts[r]` is rank r's byte count.
+    fn allgatherv(
+        &mut self,
+        send: &[u8],
+        recv_counts: &[usize],
+        recv: &mut [u8],
+    ) -> TransportResult<()>;
+    /// `buf` of rank `root` copied into every rank's `buf`.
+    fn broadcast(&mut self, buf: &mut [u8], root: usize) -> TransportResult<()>;
+    /// Rank r sends `send[piece s]` (piece sizes `send_counts`) to rank s and receives pieces of `recv_counts`.
+    fn alltoallv(
+        &mut self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv: &mut [u8],
+        recv_counts: &[usize],
+    ) -> TransportResult<()>;
+    fn barrier(&mut self) -> TransportResult<()>;
+
+    /// Reduces `buf` across ranks and leaves this rank's block (`block_elems[r]` elements each, in rank order) in
+    /// `out`. The default reduces everything and keeps a slice; transports with a real reduce-scatter override it.
+    fn reducescatter(
+        &mut self,
+        buf: &mut [u8],
+        block_elems: &[usize],
+        out: &mut [u8],
+        dtype: DataType,
+        reduction: Reduction,
+    ) -> TransportResult<()> {
+        self.allreduce(buf, dtype, reduction)?;
+        let rank = self.topology().rank;
+        let start: usize = block_elems[..rank].iter().sum::<usize>() * dtype.size();
+        out.copy_from_slice(&buf[start..start + out.len()]);
+        Ok(())
+    }
+
+    /// Variable-size control message exchange: every rank receives every rank's bytes. Used by negotiation.
+    fn allgather_bytes(&mut self, send: &[u8]) -> TransportResult<Vec<Vec<u8>>> {
+        let size = self.topology().size;
+        let mut lens = vec![0u8; 8 * size];
+        self.allgatherv(
+            &(send.len() as u64).to_le_bytes(),
+            &vec![8; size],
+            &mut lens,
+        )?;
+        let counts: Vec<usize> = lens
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+            .collect();
+        let mut all = vec![0u8; counts.iter().sum()];
+        self.allgatherv(send, &counts, &mut all)?;
+        let mut out = Vec::with_capacity(size);
+        let mut at = 0;
+        for c in counts {
+            out.push(all[at..at + c].to_vec());
+            at += c;
+        }
+        Ok(out)
+    }
+
+    /// Variable-size broadcast of a control message from `root`.
+    fn broadcast_bytes(&mut self, data: Vec<u8>, root: usize) -> TransportResult<Vec<u8>> {
+        let mut len = (data.len() as u64).to_le_bytes();
+        self.broadcast(&mut len, root)?;
+        let mut buf = if self.topology().rank == root {
+            data
+        } else {
+            vec![0u8; u64::from_le_bytes(len) as usize]
+        };
+        self.broadcast(&mut buf, root)?;
+        Ok(buf)
+    }
+}
+
+/// In-process ranks (threads) exchanging through shared memory under a mutex: the reference transport for the
+/// engine's own tests. Every operation is one all-to-all exchange of byte vectors followed by local work, which is
+/// slow but obviously correct.
+pub struct LocalTransport {
+    topology: Topology,
+    shared: Arc<Exchange>,
+}
+
+struct Exchange {
+    state: Mutex<Round>,
+    cv: Condvar,
+    size: usize,
+    timeout: Duration,
+}
+
+struct Round {
+    generation: u64,
+    deposits: Vec<Option<Vec<u8>>>,
+    arrived: usize,
+    result: Arc<Vec<Vec<u8>>>,
+    dead: Option<usize>,
+}
+
+impl LocalTransport {
+    /// `size` connected transports, one per in-process rank. A rank that waits `timeout` for the others fails.
+    pub fn group(size: usize, timeout: Duration) -> Vec<LocalTransport> {
+        let shared = Arc::new(Exchange {
+            state: Mutex::new(Round {
+                generation: 0,
+                deposits: vec![None; size],
+                arrived: 0,
+                result: Arc::new(Vec::new()),
+                dead: None,
+            }),
+            cv: Condvar::new(),
+            size,
+            timeout,
+        });
+        (0..size)
+            .map(|rank| LocalTransport {
+                topology: Topology::one_host(rank, size),
+                shared: shared.clone(),
+            })
+            .collect()
+    }
+
+    /// Simulates the death of this rank: every rank's pending and future operations fail naming it.
+    pub fn kill(&self) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.dead = Some(self.topology.rank);
+        self.shared.cv.notify_all();
+    }
+
+    fn exchange(&self, data: Vec<u8>) -> TransportResult<Arc<Vec<Vec<u8>>>> {
+        let ex = &*self.shared;
+        let mut st = ex.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dead) = st.dead {
+            return Err(TransportError(format!("rank {dead} died")));
+        }
+        let generation = st.generation;
+        st.deposits[self.topology.rank] = Some(data);
+        st.arrived += 1;
+        if st.arrived == ex.size {
+            let all: Vec<Vec<u8>> = st
+                .deposits
+                .iter_mut()
+                .map(|d| d.take().unwrap_or_default())
+                .collect();
+            st.result = Arc::new(all);
+            st.arrived = 0;
+            st.generation += 1;
+            ex.cv.notify_all();
+            return Ok(st.result.clone());
+        }
+        let deadline = Instant::now() + ex.timeout;
+        while st.generation == generation {
+            if let Some(dead) = st.dead {
+                return Err(TransportError(format!("rank {dead} died")));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> =
+                    (0..ex.size).filter(|r| st.deposits[*r].is_none()).collect();
+                return Err(TransportError(format!(
+                    "timed out after {:?} waiting for ranks {missing:?}",
+                    ex.timeout
+                )));
+            }
+            st = ex
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(st.result.clone())
+    }
+}
+
+impl Transport for LocalTransport {
+    fn name(&self) -> &str {
+        "LOCAL"
+    }
+
+    fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    fn allreduce(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DataType,
+        reduction: Reduction,
+    ) -> TransportResult<()> {
+        let all = self.exchange(buf.to_vec())?;
+        // Same order on every rank, so floating-point results are identical everywhere.
+        buf.copy_from_slice(&all[0]);
+        for other in &all[1..] {
+            if other.len() != buf.len() {
+                return Err(TransportError(
+                    "allreduce size mismatch between ranks".into(),
+                ));
+            }
+            reduce_into(buf, other, dtype, reduction);
+        }
+        Ok(())
+    }
+
+    fn allgatherv(
+        &mut self,
+        send: &[u8],
+        recv_counts: &[usize],
+        recv: &mut [u8],
+    ) -> TransportResult<()> {
+        let all = self.exchange(send.to_vec())?;
+        let mut at = 0;
+        for (piece, count) in all.iter().zip(recv_counts) {
+            if piece.len() != *count {
+                return Err(TransportError(
+                    "allgatherv count mismatch between ranks".into(),
+                ));
+            }
+            recv[at..at + count].copy_from_slice(piece);
+            at += count;
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, buf: &mut [u8], root: usize) -> TransportResult<()> {
+        let mine = if self.topology.rank == root {
+            buf.to_vec()
+        } else {
+            Vec::new()
+        };
+        let all = self.exchange(mine)?;
+        if all[root].len() != buf.len() {
+            return Err(TransportError(
+                "broadcast size mismatch between ranks".into(),
+            ));
+        }
+        buf.copy_from_slice(&all[root]);
+        Ok(())
+    }
+
+    fn alltoallv(
+        &mut self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv: &mut [u8],
+        recv_counts: &[usize],
+    ) -> TransportResult<()> {
+        let mut msg = Vec::with_capacity(8 * send_counts.len() + send.len());
+        for c in send_counts {
+            msg.extend_from_slice(&(*c as u64).to_le_bytes());
+        }
+        msg.extend_from_slice(send);
+        let all = self.exchange(msg)?;
+        let me = self.topology.rank;
+        let size = self.topology.size;
+        let mut at = 0;
+        for (sender, piece) in all.iter().enumerate() {
+            let counts: Vec<usize> = piece[..8 * size]
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+                .collect();
+            let offset = 8 * size + counts[..me].iter().sum::<usize>();
+            if counts[me] != recv_counts[sender] {
+                return Err(TransportError(
+                    "alltoallv count mismatch between ranks".into(),
+                ));
+            }
+            recv[at..at + counts[me]].copy_from_slice(&piece[offset..offset + counts[me]]);
+            at += counts[me];
+        }
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> TransportResult<()> {
+        self.exchange(Vec::new()).map(|_| ())
+    }
+}

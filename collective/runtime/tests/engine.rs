@@ -1,0 +1,399 @@
+//! The engine with in-process ranks (threads over `LocalTransport`): ordering, fusion, cache, join, errors.
+
+use std::time::Duration;
+
+use hvd_runtime::{
+    DataType, Engine, EngineConfig, EngineError, LocalTransport, OpKind, Output, ReduceOp, Request,
+    meta,
+};
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Runs `body(rank, engine)` on `size` in-process ranks and returns each rank's result.
+fn ranks<T: Send>(
+    size: usize,
+    config: EngineConfig,
+    body: impl Fn(usize, &Engine) -> T + Sync,
+) -> Vec<T> {
+    let transports = LocalTransport::group(size, Duration::from_secs(10));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = transports
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                let config = config.clone();
+                let body = &body;
+                s.spawn(move || {
+                    let engine = Engine::start(Box::new(t), config).unwrap();
+                    let out = body(rank, &engine);
+                    engine.shutdown();
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn allreduce(e: &Engine, name: &str, v: &[f32], op: ReduceOp) -> Result<Vec<f32>, EngineError> {
+    let h = e.enqueue(Request::allreduce(
+        name,
+        DataType::F32,
+        vec![v.len() as i64],
+        op,
+        f32s(v),
+    ))?;
+    Ok(to_f32s(&e.wait(h)?.data))
+}
+
+#[test]
+fn different_submission_orders_give_the_same_results() {
+    for fusion in [0usize, 1 << 20] {
+        let config = EngineConfig {
+            fusion_threshold: fusion,
+            ..EngineConfig::default()
+        };
+        let results = ranks(3, config, |rank, e| {
+            let mut out = Vec::new();
+            for step in 0..20 {
+                // Each rank submits the 8 tensors in its own order, then waits for all of them.
+                let mut order: Vec<usize> = (0..8).collect();
+                order.rotate_left((rank * 3 + step) % 8);
+                if rank == 1 {
+                    order.reverse();
+                }
+                let handles: Vec<_> = order
+                    .iter()
+                    .map(|i| {
+                        let v: Vec<f32> = (0..*i + 1)
+                            .map(|k| (rank * 100 + k + step) as f32)
+                            .collect();
+                        let name = format!("t{i}");
+                        (
+                            *i,
+                            e.enqueue(Request::allreduce(
+                                &name,
+                                DataType::F32,
+                                vec![v.len() as i64],
+                                ReduceOp::Sum,
+                                f32s(&v),
+                            ))
+                            .unwrap(),
+                        )
+                    })
+                    .collect();
+                let mut got = vec![Vec::new(); 8];
+                for (i, h) in handles {
+                    got[i] = to_f32s(&e.wait(h).unwrap().data);
+                }
+                out.push(got);
+            }
+            out
+        });
+        for (step, per_step) in results[0].iter().enumerate() {
+            for (i, got) in per_step.iter().enumerate() {
+                let expect: Vec<f32> = (0..i + 1)
+                    .map(|k| (0..3).map(|r| (r * 100 + k + step) as f32).sum())
+                    .collect();
+                assert_eq!(got, &expect, "fusion {fusion} step {step} tensor {i}");
+            }
+        }
+        assert!(results.iter().all(|r| r == &results[0]));
+    }
+}
+
+#[test]
+fn every_reduce_op_and_scaling() {
+    let results = ranks(4, EngineConfig::default(), |rank, e| {
+        let v = [rank as f32 + 1.0, -(rank as f32) - 2.0];
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Average,
+            ReduceOp::Min,
+            ReduceOp::Max,
+            ReduceOp::Product,
+        ];
+        let mut out: Vec<Vec<f32>> = ops
+            .iter()
+            .map(|op| allreduce(e, &format!("{op}"), &v, *op).unwrap())
+            .collect();
+        let mut m = meta(
+            OpKind::Allreduce,
+            "scaled",
+            DataType::F32,
+            vec![2],
+            ReduceOp::Average,
+        );
+        m.prescale = 2.0;
+        m.postscale = 0.5;
+        let h = e
+            .enqueue(Request {
+                meta: m,
+                input: hvd_runtime::Input::Owned(f32s(&v)),
+                output: hvd_runtime::OutputBuffer::Engine,
+            })
+            .unwrap();
+        out.push(to_f32s(&e.wait(h).unwrap().data));
+        out
+    });
+    let expect = vec![
+        vec![10.0, -14.0],
+        vec![2.5, -3.5],
+        vec![1.0, -5.0],
+        vec![4.0, -2.0],
+        vec![24.0, 120.0],
+        vec![2.5, -3.5],
+    ];
+    for r in &results {
+        assert_eq!(r, &expect);
+    }
+}
+
+#[test]
+fn allgather_broadcast_alltoall_reducescatter_barrier() {
+    let results = ranks(3, EngineConfig::default(), |rank, e| {
+        let rows = rank + 1;
+        let v: Vec<f32> = (0..rows * 2).map(|k| (rank * 10 + k) as f32).collect();
+        let h = e
+            .enqueue(Request::owned(
+                OpKind::Allgather,
+                "ag",
+                DataType::F32,
+                vec![rows as i64, 2],
+                f32s(&v),
+            ))
+            .unwrap();
+        let ag = e.wait(h).unwrap();
+        let mut m = meta(
+            OpKind::Broadcast,
+            "bc",
+            DataType::F32,
+            vec![2],
+            ReduceOp::Sum,
+        );
+        m.root = 2;
+        let h = e
+            .enqueue(Request {
+                meta: m,
+                input: hvd_runtime::Input::Owned(f32s(&[rank as f32; 2])),
+                output: hvd_runtime::OutputBuffer::Engine,
+            })
+            .unwrap();
+        let bc = e.wait(h).unwrap();
+        let mut m = meta(
+            OpKind::Alltoall,
+            "a2a",
+            DataType::F32,
+            vec![3],
+            ReduceOp::Sum,
+        );
+        m.splits = vec![0, 1, 2];
+        let h = e
+            .enqueue(Request {
+                meta: m,
+                input: hvd_runtime::Input::Owned(f32s(&[rank as f32; 3])),
+                output: hvd_runtime::OutputBuffer::Engine,
+            })
+            .unwrap();
+        let a2a = e.wait(h).unwrap();
+        let h = e
+            .enqueue(Request::owned(
+                OpKind::Reducescatter,
+                "rs",
+                DataType::F32,
+                vec![4],
+                f32s(&[1.0, 2.0, 3.0, 4.0]),
+            ))
+            .unwrap();
+        let rs = e.wait(h).unwrap();
+        let h = e
+            .enqueue(Request::owned(
+                OpKind::Barrier,
+                "b",
+                DataType::U8,
+                vec![],
+                vec![],
+            ))
+            .unwrap();
+        e.wait(h).unwrap();
+        (ag, bc, a2a, rs)
+    });
+    for (rank, (ag, bc, a2a, rs)) in results.into_iter().enumerate() {
+        assert_eq!(ag.shape, vec![6, 2]);
+        assert_eq!(
+            to_f32s(&ag.data),
+            vec![0., 1., 10., 11., 12., 13., 20., 21., 22., 23., 24., 25.]
+        );
+        assert_eq!(to_f32s(&bc.data), vec![2.0, 2.0]);
+        assert_eq!(a2a.splits, vec![rank as i64; 3]);
+        assert_eq!(
+            to_f32s(&a2a.data),
+            (0..3)
+                .flat_map(|s| vec![s as f32; rank])
+                .collect::<Vec<_>>()
+        );
+        let blocks = [vec![3.0, 6.0], vec![9.0], vec![12.0]];
+        assert_eq!(to_f32s(&rs.data), blocks[rank]);
+        assert_eq!(rs.shape, vec![blocks[rank].len() as i64]);
+    }
+}
+
+#[test]
+fn mismatched_shapes_and_dtypes_fail_on_every_rank() {
+    let results = ranks(3, EngineConfig::default(), |rank, e| {
+        let n = if rank == 2 { 3 } else { 2 };
+        let shape_err = allreduce(e, "w", &vec![1.0; n], ReduceOp::Sum)
+            .unwrap_err()
+            .to_string();
+        let (dtype, bytes) = if rank == 1 {
+            (DataType::I32, vec![0u8; 8])
+        } else {
+            (DataType::F32, vec![0u8; 8])
+        };
+        let h = e
+            .enqueue(Request::allreduce(
+                "d",
+                dtype,
+                vec![2],
+                ReduceOp::Sum,
+                bytes,
+            ))
+            .unwrap();
+        let dtype_err = e.wait(h).unwrap_err().to_string();
+        // The engine keeps working after a mismatch.
+        let ok = allreduce(e, "after", &[1.0], ReduceOp::Sum).unwrap();
+        (shape_err, dtype_err, ok)
+    });
+    for (shape_err, dtype_err, ok) in results {
+        assert!(
+            shape_err.contains("mismatched shapes") && shape_err.contains("rank 2: [3]"),
+            "{shape_err}"
+        );
+        assert!(
+            dtype_err.contains("mismatched data types") && dtype_err.contains("rank 1: int32"),
+            "{dtype_err}"
+        );
+        assert_eq!(ok, vec![3.0]);
+    }
+}
+
+#[test]
+fn cached_names_with_changed_shapes_renegotiate() {
+    let results = ranks(2, EngineConfig::default(), |rank, e| {
+        let mut out = Vec::new();
+        for step in 0..6 {
+            let n = if step < 3 { 2 } else { 3 };
+            out.push(allreduce(e, "g", &vec![(rank + step) as f32; n], ReduceOp::Sum).unwrap());
+        }
+        out
+    });
+    for r in results {
+        for (step, v) in r.iter().enumerate() {
+            let n = if step < 3 { 2 } else { 3 };
+            assert_eq!(v, &vec![(2 * step + 1) as f32; n]);
+        }
+    }
+}
+
+#[test]
+fn join_with_uneven_data() {
+    let results = ranks(3, EngineConfig::default(), |rank, e| {
+        // Rank r has r + 2 batches; joined ranks contribute zeros.
+        let mut sums = Vec::new();
+        for step in 0..rank + 2 {
+            sums.push(allreduce(e, "grad", &[1.0, step as f32], ReduceOp::Sum).unwrap());
+        }
+        let h = e
+            .enqueue(Request::owned(
+                OpKind::Join,
+                "",
+                DataType::U8,
+                vec![],
+                vec![],
+            ))
+            .unwrap();
+        let last = e.wait(h).unwrap().value;
+        // After the join everything works normally again.
+        let after = allreduce(e, "after", &[1.0], ReduceOp::Sum).unwrap();
+        (sums, last, after)
+    });
+    for (rank, (sums, last, after)) in results.into_iter().enumerate() {
+        assert_eq!(last, 2);
+        assert_eq!(after, vec![3.0]);
+        for (step, s) in sums.iter().enumerate() {
+            let contributing = (0..3).filter(|r| r + 2 > step).count() as f32;
+            assert_eq!(
+                s,
+                &vec![contributing, step as f32 * contributing],
+                "rank {rank} step {step}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_dead_rank_fails_the_others() {
+    let transports = LocalTransport::group(2, Duration::from_secs(10));
+    let mut it = transports.into_iter();
+    let t0 = it.next().unwrap();
+    let t1 = it.next().unwrap();
+    t1.kill();
+    let e = Engine::start(Box::new(t0), EngineConfig::default()).unwrap();
+    let h = e.enqueue(Request::allreduce(
+        "x",
+        DataType::F32,
+        vec![1],
+        ReduceOp::Sum,
+        f32s(&[1.0]),
+    ));
+    let err = match h {
+        Ok(h) => e.wait(h).unwrap_err(),
+        Err(err) => err,
+    };
+    assert!(err.to_string().contains("rank 1 died"), "{err}");
+    assert!(matches!(
+        e.enqueue(Request::allreduce(
+            "y",
+            DataType::F32,
+            vec![1],
+            ReduceOp::Sum,
+            f32s(&[1.0])
+        )),
+        Err(EngineError::Stopped(_))
+    ));
+    let _: Option<Output> = None;
+}
+
+#[test]
+fn invalid_requests_are_rejected_at_once() {
+    ranks(1, EngineConfig::default(), |_, e| {
+        let err = e
+            .enqueue(Request::allreduce(
+                "x",
+                DataType::F32,
+                vec![3],
+                ReduceOp::Sum,
+                vec![0; 8],
+            ))
+            .unwrap_err();
+        assert!(err.to_string().contains("does not match shape"), "{err}");
+        let err = e
+            .enqueue(Request::owned(
+                OpKind::Alltoall,
+                "a",
+                DataType::F32,
+                vec![],
+                vec![0; 4],
+            ))
+            .unwrap_err();
+        assert!(err.to_string().contains("at least one dimension"), "{err}");
+    });
+}
