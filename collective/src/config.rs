@@ -1,0 +1,97 @@
+//! Every environment variable this crate reads, in one place (documented in docs/collective.md).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Names of the environment variables read by the collective layer.
+pub struct EnvVars;
+
+impl EnvVars {
+    /// Seconds a pending operation waits for a silent peer before failing (default 30).
+    pub const TIMEOUT: &'static str = "HVD_COLLECTIVE_TIMEOUT";
+    /// Allreduce messages up to this many bytes use recursive doubling, larger ones a ring (default 65536).
+    pub const ALLREDUCE_SMALL_BYTES: &'static str = "HVD_ALLREDUCE_SMALL_BYTES";
+    /// Allgather totals up to this many bytes send directly to every rank, larger ones use a ring (default 262144).
+    pub const ALLGATHER_SMALL_BYTES: &'static str = "HVD_ALLGATHER_SMALL_BYTES";
+    /// Capacity of each shared-memory ring between two ranks (default 1048576).
+    pub const SHM_RING_BYTES: &'static str = "HVD_SHM_RING_BYTES";
+    /// Network interface whose address the tcp backend listens on (e.g. `eth0`).
+    pub const TCP_INTERFACE: &'static str = "HVD_TCP_INTERFACE";
+    /// Address the tcp backend listens on and advertises (overrides the interface).
+    pub const TCP_ADDRESS: &'static str = "HVD_TCP_ADDRESS";
+    /// Backend to use: `auto` (default), `shm`, `tcp`, `hierarchical`, `mpi`, `nccl`.
+    pub const BACKEND: &'static str = "HVD_COLLECTIVE_BACKEND";
+    /// Host name that groups ranks into hosts (set by the launcher; else the machine's host name).
+    pub const HOSTNAME: &'static str = "HVD_HOSTNAME";
+    pub const RANK: &'static str = "HVD_RANK";
+    pub const SIZE: &'static str = "HVD_SIZE";
+    pub const LOCAL_RANK: &'static str = "HVD_LOCAL_RANK";
+    pub const LOCAL_SIZE: &'static str = "HVD_LOCAL_SIZE";
+    pub const CROSS_RANK: &'static str = "HVD_CROSS_RANK";
+    pub const CROSS_SIZE: &'static str = "HVD_CROSS_SIZE";
+    /// `host:port` of the launcher's rendezvous server, or `file:DIR` for a directory shared by all ranks.
+    pub const RENDEZVOUS: &'static str = "HVD_RENDEZVOUS";
+    /// Token for the rendezvous server (`Authorization: Bearer`).
+    pub const JOB_TOKEN: &'static str = "HVD_JOB_TOKEN";
+}
+
+/// Size thresholds that pick the algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    pub allreduce_small_bytes: usize,
+    pub allgather_small_bytes: usize,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            allreduce_small_bytes: 64 << 10,
+            allgather_small_bytes: 256 << 10,
+        }
+    }
+}
+
+impl Thresholds {
+    /// Defaults overridden by `HVD_ALLREDUCE_SMALL_BYTES` and `HVD_ALLGATHER_SMALL_BYTES` (bad values are
+    /// ignored with a warning so a typo cannot stop a job).
+    pub fn from_env() -> Thresholds {
+        let d = Thresholds::default();
+        Thresholds {
+            allreduce_small_bytes: env_usize(EnvVars::ALLREDUCE_SMALL_BYTES)
+                .unwrap_or(d.allreduce_small_bytes),
+            allgather_small_bytes: env_usize(EnvVars::ALLGATHER_SMALL_BYTES)
+                .unwrap_or(d.allgather_small_bytes),
+        }
+    }
+}
+
+pub(crate) fn env_usize(name: &str) -> Option<usize> {
+    let v = std::env::var(name).ok()?;
+    match v.trim().parse() {
+        Ok(n) => Some(n),
+        Err(_) => {
+            tracing::warn!(variable = name, value = %v, "ignoring a value that is not a whole number");
+            None
+        }
+    }
+}
+
+/// The operation timeout from `HVD_COLLECTIVE_TIMEOUT` (seconds, fractions allowed), default 30 s.
+pub fn timeout_from_env() -> Result<Duration> {
+    match std::env::var(EnvVars::TIMEOUT) {
+        Err(_) => Ok(Duration::from_secs(30)),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                Error::Bootstrap(format!(
+                    "`{}={v}` is not a positive number of seconds",
+                    EnvVars::TIMEOUT
+                ))
+            }),
+    }
+}

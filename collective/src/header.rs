@@ -1,0 +1,207 @@
+//! The small header every rank sends every other rank before each operation, so that mismatched calls fail on
+//! every rank with the same message instead of hanging or mixing up data.
+//!
+//! Wire format (40 bytes, native endianness: all ranks of a job share a host architecture):
+//! `seq u64 | kind u8 | dtype u8 | op u8 | invalid u8 | root u32 | count u64 | digest u64 | pair u64`.
+
+use crate::error::Error;
+use crate::types::{DType, ReduceOp};
+
+pub const HEADER_LEN: usize = 40;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Allreduce = 1,
+    Allgather = 2,
+    Broadcast = 3,
+    Alltoall = 4,
+    Reducescatter = 5,
+    Barrier = 6,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Allreduce => "allreduce",
+            Kind::Allgather => "allgather",
+            Kind::Broadcast => "broadcast",
+            Kind::Alltoall => "alltoall",
+            Kind::Reducescatter => "reducescatter",
+            Kind::Barrier => "barrier",
+        }
+    }
+    fn from_code(c: u8) -> Option<Kind> {
+        [
+            Kind::Allreduce,
+            Kind::Allgather,
+            Kind::Broadcast,
+            Kind::Alltoall,
+            Kind::Reducescatter,
+            Kind::Barrier,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == c)
+    }
+}
+
+/// One rank's description of the operation it is about to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub seq: u64,
+    pub kind: Kind,
+    pub dtype: DType,
+    pub op: Option<ReduceOp>,
+    /// The caller's arguments were invalid; the rank reports its own error and every other rank a mismatch.
+    pub invalid: bool,
+    pub root: u32,
+    /// Element count: total for allreduce/broadcast/reducescatter, this rank's block for allgather(v).
+    pub count: u64,
+    /// Hash of the per-rank counts vector (allgatherv, reducescatter), 0 when unused.
+    pub digest: u64,
+    /// Per-destination value: for alltoallv the count sent to the receiving rank.
+    pub pair: u64,
+}
+
+impl Header {
+    pub fn new(seq: u64, kind: Kind, dtype: DType) -> Header {
+        Header {
+            seq,
+            kind,
+            dtype,
+            op: None,
+            invalid: false,
+            root: 0,
+            count: 0,
+            digest: 0,
+            pair: 0,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&self.seq.to_ne_bytes());
+        b[8] = self.kind as u8;
+        b[9] = self.dtype as u8;
+        b[10] = self.op.map_or(0, |o| o as u8);
+        b[11] = u8::from(self.invalid);
+        b[12..16].copy_from_slice(&self.root.to_ne_bytes());
+        b[16..24].copy_from_slice(&self.count.to_ne_bytes());
+        b[24..32].copy_from_slice(&self.digest.to_ne_bytes());
+        b[32..40].copy_from_slice(&self.pair.to_ne_bytes());
+        b
+    }
+
+    /// Decodes a peer's header; garbage means the peer is not speaking this protocol version.
+    pub fn decode(b: &[u8; HEADER_LEN], from: usize) -> Result<Header, Error> {
+        let u64_at = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let bad = || Error::PeerLost {
+            rank: from,
+            reason: "it sent a malformed operation header".into(),
+        };
+        Ok(Header {
+            seq: u64_at(0),
+            kind: Kind::from_code(b[8]).ok_or_else(bad)?,
+            dtype: DType::from_code(b[9]).ok_or_else(bad)?,
+            op: if b[10] == 0 {
+                None
+            } else {
+                Some(ReduceOp::from_code(b[10]).ok_or_else(bad)?)
+            },
+            invalid: b[11] != 0,
+            root: u32::from_ne_bytes(b[12..16].try_into().unwrap_or([0; 4])),
+            count: u64_at(16),
+            digest: u64_at(24),
+            pair: u64_at(32),
+        })
+    }
+
+    /// A short human description of the call, e.g. `allreduce(f32 x 10, sum)`.
+    pub fn describe(&self) -> String {
+        let k = self.kind.name();
+        match self.kind {
+            Kind::Barrier => "barrier()".into(),
+            Kind::Allreduce => format!(
+                "{k}({} x {}, {})",
+                self.dtype,
+                self.count,
+                self.op.map_or("?", |o| o.name())
+            ),
+            Kind::Reducescatter => {
+                format!(
+                    "{k}({} x {}, {})",
+                    self.dtype,
+                    self.count,
+                    self.op.map_or("?", |o| o.name())
+                )
+            }
+            Kind::Broadcast => format!("{k}({} x {}, root {})", self.dtype, self.count, self.root),
+            Kind::Allgather => format!(
+                "{k}({}, {} elements from this rank)",
+                self.dtype, self.count
+            ),
+            Kind::Alltoall => format!("{k}({})", self.dtype),
+        }
+    }
+}
+
+/// FNV-1a over a counts vector (the same on every rank when the calls match).
+pub fn digest(counts: &[usize]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for c in counts.iter().flat_map(|c| (*c as u64).to_ne_bytes()) {
+        h ^= u64::from(c);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1
+}
+
+/// Compares every rank's header with the group's first rank's. `headers[i]` belongs to `group[i]`.
+/// `counts_for` says, for ops with per-rank counts, the count rank `i` must have sent.
+pub fn check(group: &[usize], headers: &[Header]) -> Result<(), Error> {
+    let reference = headers[0];
+    let r0 = group[0];
+    for (i, h) in headers.iter().enumerate() {
+        if h.invalid {
+            return Err(Error::Mismatch {
+                rank: group[i],
+                reference: r0,
+                detail: format!(
+                    "rank {} passed invalid arguments to `{}` (its own error says which)",
+                    group[i],
+                    h.kind.name()
+                ),
+            });
+        }
+    }
+    for (i, h) in headers.iter().enumerate().skip(1) {
+        let r = group[i];
+        let same = h.seq == reference.seq
+            && h.kind == reference.kind
+            && h.dtype == reference.dtype
+            && h.op == reference.op
+            && h.root == reference.root
+            && h.digest == reference.digest
+            && (matches!(h.kind, Kind::Allgather | Kind::Alltoall) || h.count == reference.count);
+        if !same {
+            let mut detail = format!(
+                "rank {r} called {} but rank {r0} called {}",
+                h.describe(),
+                reference.describe()
+            );
+            if h.seq != reference.seq {
+                detail.push_str(&format!(
+                    " (rank {r} is at its collective #{} and rank {r0} at #{})",
+                    h.seq, reference.seq
+                ));
+            } else if h.digest != reference.digest && h.kind == reference.kind {
+                detail.push_str(" (their per-rank counts differ)");
+            }
+            return Err(Error::Mismatch {
+                rank: r,
+                reference: r0,
+                detail,
+            });
+        }
+    }
+    Ok(())
+}

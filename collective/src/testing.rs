@@ -1,0 +1,169 @@
+//! Starting N ranks inside one process (one thread each), without a launcher: for tests, benchmarks and the
+//! runtime's own tests.
+//!
+//! ```
+//! use hvd_collective::testing::{Backend, LocalJob};
+//! use hvd_collective::{DType, ReduceOp};
+//!
+//! let sums = LocalJob::new(3, Backend::Tcp)
+//!     .run(|mut comm| {
+//!         let mut x = (comm.rank() as f32 + 1.0).to_ne_bytes();
+//!         comm.allreduce_in_place(&mut x, DType::F32, ReduceOp::Sum).unwrap();
+//!         f32::from_ne_bytes(x)
+//!     })
+//!     .unwrap();
+//! assert_eq!(sums, [6.0, 6.0, 6.0]);
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use crate::communicator::Communicator;
+use crate::config::Thresholds;
+use crate::error::{Error, Result};
+use crate::p2p::P2pCommunicator;
+use crate::tcp::{TcpTransport, listen};
+use crate::transport::Transport;
+
+/// Which communicator the in-process ranks use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// TCP over loopback.
+    Tcp,
+    /// Shared memory.
+    Shm,
+    /// Shared memory inside each simulated host, TCP across (set hosts with [`LocalJob::hosts`]).
+    Hierarchical,
+}
+
+/// A job of `size` ranks, each a thread of this process.
+#[derive(Debug, Clone)]
+pub struct LocalJob {
+    size: usize,
+    backend: Backend,
+    timeout: Duration,
+    hosts: Option<Vec<usize>>,
+    thresholds: Option<Thresholds>,
+}
+
+impl LocalJob {
+    /// `size` ranks on `backend`, with a 30 s operation timeout.
+    pub fn new(size: usize, backend: Backend) -> Self {
+        LocalJob {
+            size,
+            backend,
+            timeout: Duration::from_secs(30),
+            hosts: None,
+            thresholds: None,
+        }
+    }
+
+    /// The time a pending operation waits for a silent peer.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Simulated host index of every rank (hierarchical backend); default: two ranks per host.
+    pub fn hosts(mut self, hosts: Vec<usize>) -> Self {
+        self.hosts = Some(hosts);
+        self
+    }
+
+    /// Algorithm thresholds instead of the environment's.
+    pub fn thresholds(mut self, thresholds: Thresholds) -> Self {
+        self.thresholds = Some(thresholds);
+        self
+    }
+
+    fn host_list(&self) -> Vec<usize> {
+        match (&self.hosts, self.backend) {
+            (Some(h), _) => h.clone(),
+            (None, Backend::Hierarchical) => (0..self.size).map(|r| r / 2).collect(),
+            (None, _) => vec![0; self.size],
+        }
+    }
+
+    /// Connects all ranks and returns their communicators, index = rank, ready to move into threads.
+    pub fn communicators(&self) -> Result<Vec<Box<dyn Communicator>>> {
+        let n = self.size;
+        if n == 0 {
+            return Err(Error::Bootstrap("a job needs at least one rank".into()));
+        }
+        let hosts = self.host_list();
+        if hosts.len() != n {
+            return Err(Error::Bootstrap(format!(
+                "{} host indices given for {n} ranks",
+                hosts.len()
+            )));
+        }
+        let comms: Vec<Box<dyn Communicator>> = match self.backend {
+            Backend::Tcp => self.tcp_ranks(&hosts)?,
+            Backend::Shm | Backend::Hierarchical => {
+                return Err(Error::Unavailable {
+                    backend: "shm",
+                    reason: "not built yet".into(),
+                });
+            }
+        };
+        Ok(comms)
+    }
+
+    fn tcp_ranks(&self, hosts: &[usize]) -> Result<Vec<Box<dyn Communicator>>> {
+        let n = self.size;
+        let listeners = (0..n)
+            .map(|_| listen(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+            .collect::<Result<Vec<_>>>()?;
+        let addrs = listeners
+            .iter()
+            .map(|l| {
+                l.local_addr()
+                    .map_err(|e| Error::io("read a listener's address", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let timeout = self.timeout;
+        let transports: Vec<Result<TcpTransport>> = std::thread::scope(|s| {
+            let handles: Vec<_> = listeners
+                .iter()
+                .enumerate()
+                .map(|(r, l)| {
+                    let addrs = &addrs;
+                    s.spawn(move || TcpTransport::connect(r, l, addrs, timeout))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Broken("connect panicked".into())))
+                })
+                .collect()
+        });
+        transports
+            .into_iter()
+            .map(|t| -> Result<Box<dyn Communicator>> {
+                Ok(self.boxed(P2pCommunicator::new(t?, "tcp", hosts.to_vec(), timeout)))
+            })
+            .collect()
+    }
+
+    fn boxed<T: Transport + 'static>(&self, mut c: P2pCommunicator<T>) -> Box<dyn Communicator> {
+        if let Some(t) = self.thresholds {
+            c.set_thresholds(t);
+        }
+        Box::new(c)
+    }
+
+    /// Runs `f` on every rank, each on its own thread, and returns the results in rank order.
+    pub fn run<R: Send>(&self, f: impl Fn(Box<dyn Communicator>) -> R + Sync) -> Result<Vec<R>> {
+        let comms = self.communicators()?;
+        let f = &f;
+        Ok(std::thread::scope(|s| {
+            let handles: Vec<_> = comms.into_iter().map(|c| s.spawn(move || f(c))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        }))
+    }
+}

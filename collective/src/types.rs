@@ -1,0 +1,159 @@
+//! Element types and reduction operations.
+
+use std::fmt;
+
+/// The element type of a buffer. Buffers are passed as raw bytes; the dtype says how to read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DType {
+    F16 = 1,
+    BF16 = 2,
+    F32 = 3,
+    F64 = 4,
+    I8 = 5,
+    U8 = 6,
+    I32 = 7,
+    I64 = 8,
+}
+
+impl DType {
+    /// Every dtype, in wire-code order.
+    pub const ALL: [DType; 8] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::I8 | DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// The lowercase name (`f32`, `bf16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| *d as u8 == code)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown dtype `{s}` (expected one of f16, bf16, f32, f64, i8, u8, i32, i64)"
+                )
+            })
+    }
+}
+
+/// A reduction. `Average` is the sum divided by the number of ranks (integer division for integer types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReduceOp {
+    Sum = 1,
+    Average = 2,
+    Min = 3,
+    Max = 4,
+    Product = 5,
+}
+
+impl ReduceOp {
+    /// Every reduction, in wire-code order.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Average,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Product,
+    ];
+
+    /// The lowercase name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Average => "average",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Product => "product",
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<ReduceOp> {
+        ReduceOp::ALL.into_iter().find(|o| *o as u8 == code)
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a rank sits in the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Topology {
+    /// Global rank, `0..size`.
+    pub rank: usize,
+    /// Number of ranks in the job.
+    pub size: usize,
+    /// Rank among the ranks on this host.
+    pub local_rank: usize,
+    /// Number of ranks on this host.
+    pub local_size: usize,
+    /// Index of this host among the hosts (ranks with the same `local_rank` form a cross group).
+    pub cross_rank: usize,
+    /// Number of hosts.
+    pub cross_size: usize,
+}
+
+impl Topology {
+    /// A single host holding all `size` ranks.
+    pub fn single_host(rank: usize, size: usize) -> Topology {
+        Topology {
+            rank,
+            size,
+            local_rank: rank,
+            local_size: size,
+            cross_rank: 0,
+            cross_size: 1,
+        }
+    }
+}
