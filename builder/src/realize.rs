@@ -280,6 +280,7 @@ pub fn build_env(
         planned: &planned,
         fetcher: Fetcher::new(store.downloads_dir(), options.offline),
         progress,
+        built: Mutex::new(BTreeSet::new()),
     };
     let mut packages = Vec::new();
     if store.is_valid(&env_path) && !options.rebuild {
@@ -298,7 +299,12 @@ pub fn build_env(
 
     realizer.realize_wheels(&plan.packages)?;
     for package in &plan.packages {
-        let (path, built) = realizer.realize_package(package, options.rebuild)?;
+        let (path, _) = realizer.realize_package(package, options.rebuild)?;
+        let built = realizer
+            .built
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&path);
         if package.build.is_some() && built {
             isolation = Some(source_build::network_isolation());
         }
@@ -344,6 +350,7 @@ pub fn check_env(
         planned: &planned,
         fetcher: Fetcher::new(store.downloads_dir(), options.offline),
         progress,
+        built: Mutex::new(BTreeSet::new()),
     };
     let mut outcomes = Vec::new();
     for package in plan.packages.iter().filter(|p| p.build.is_some()) {
@@ -396,6 +403,8 @@ struct Realizer<'a> {
     planned: &'a Planned<'a>,
     fetcher: Fetcher,
     progress: &'a dyn Progress,
+    /// Paths this run created (wheels are installed ahead of the loop that reports them).
+    built: Mutex<BTreeSet<PathBuf>>,
 }
 
 impl Realizer<'_> {
@@ -495,6 +504,12 @@ impl Realizer<'_> {
         })?;
         self.progress
             .step_finished(what, &package.name, &package.version);
+        if realized.built {
+            self.built
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(realized.path.clone());
+        }
         Ok((realized.path, realized.built))
     }
 

@@ -1,0 +1,273 @@
+//! Fixtures for the builder's tests: wheels and sdists made on the fly, served over real HTTP on 127.0.0.1.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+
+use hvd_builder::{Artifact, PackagePlan, Sha256};
+use sha2::Digest;
+
+/// A static file server on 127.0.0.1 serving one directory; lives as long as the test process.
+pub struct FileServer {
+    pub root: PathBuf,
+    pub base: String,
+}
+
+impl FileServer {
+    pub fn start(root: &Path) -> FileServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let served = root.to_path_buf();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let served = served.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut request = String::new();
+                    if reader.read_line(&mut request).is_err() {
+                        return;
+                    }
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let path = request
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or("/")
+                        .trim_start_matches('/')
+                        .to_string();
+                    let response = match std::fs::read(served.join(&path)) {
+                        Ok(body) if !path.contains("..") => {
+                            let mut head = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            head.extend(body);
+                            head
+                        }
+                        _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
+                    };
+                    let _ = stream.write_all(&response);
+                });
+            }
+        });
+        FileServer {
+            root: root.to_path_buf(),
+            base,
+        }
+    }
+
+    pub fn artifact(&self, filename: &str) -> Artifact {
+        let bytes = std::fs::read(self.root.join(filename)).unwrap();
+        Artifact {
+            url: format!("{}/{filename}", self.base),
+            filename: filename.to_string(),
+            sha256: Sha256::of_bytes(&bytes),
+            size: Some(bytes.len() as u64),
+        }
+    }
+
+    pub fn wheel_plan(&self, name: &str, version: &str, filename: &str) -> PackagePlan {
+        PackagePlan {
+            name: name.into(),
+            version: version.into(),
+            artifact: self.artifact(filename),
+            dependencies: Vec::new(),
+            build: None,
+        }
+    }
+}
+
+fn record_hash(data: &[u8]) -> String {
+    let digest = sha2::Sha256::digest(data);
+    let mut out = String::new();
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    for chunk in digest.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..chunk.len() + 1 {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// Write `<name>-<version>-py3-none-any.whl` into `dir` with `files` plus dist-info (METADATA, WHEEL, RECORD and,
+/// when given, entry_points.txt). `files` may use `<name>-<version>.data/...` paths.
+pub fn make_wheel(
+    dir: &Path,
+    name: &str,
+    version: &str,
+    files: &[(&str, &[u8])],
+    entry_points: Option<&str>,
+) -> String {
+    let filename = format!("{name}-{version}-py3-none-any.whl");
+    let dist_info = format!("{name}-{version}.dist-info");
+    let mut all: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|(p, d)| (p.to_string(), d.to_vec()))
+        .collect();
+    all.push((
+        format!("{dist_info}/METADATA"),
+        format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").into_bytes(),
+    ));
+    all.push((
+        format!("{dist_info}/WHEEL"),
+        b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+            .to_vec(),
+    ));
+    if let Some(entry_points) = entry_points {
+        all.push((
+            format!("{dist_info}/entry_points.txt"),
+            entry_points.as_bytes().to_vec(),
+        ));
+    }
+    let mut record: String = all
+        .iter()
+        .map(|(p, d)| format!("{p},sha256={},{}\n", record_hash(d), d.len()))
+        .collect();
+    record.push_str(&format!("{dist_info}/RECORD,,\n"));
+    all.push((format!("{dist_info}/RECORD"), record.into_bytes()));
+    let mut writer = zip::ZipWriter::new(std::fs::File::create(dir.join(&filename)).unwrap());
+    for (path, data) in all {
+        let mode = if path.contains(".data/scripts/") {
+            0o755
+        } else {
+            0o644
+        };
+        writer
+            .start_file(
+                path,
+                zip::write::SimpleFileOptions::default().unix_permissions(mode),
+            )
+            .unwrap();
+        writer.write_all(&data).unwrap();
+    }
+    writer.finish().unwrap();
+    filename
+}
+
+/// Write `<name>-<version>.tar.gz` with `files` under the top directory `<name>-<version>/`.
+pub fn make_sdist(dir: &Path, name: &str, version: &str, files: &[(&str, &[u8])]) -> String {
+    let filename = format!("{name}-{version}.tar.gz");
+    let encoder = flate2::write::GzEncoder::new(
+        std::fs::File::create(dir.join(&filename)).unwrap(),
+        flate2::Compression::fast(),
+    );
+    let mut builder = tar::Builder::new(encoder);
+    for (path, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, format!("{name}-{version}/{path}"), *data)
+            .unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap();
+    filename
+}
+
+/// The `major.minor` of `python3` on this machine (the tests' env python).
+pub fn host_python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .output()
+        .expect("python3 must be installed for the builder tests");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A PEP 517 in-tree backend (no setuptools needed) that compiles `native.c` against the `fwk` package's header
+/// into `<module>_native`, adds `extra_py` as `<module>/__init__.py`, and writes a wheel. `prelude` runs first.
+pub fn backend_source(module: &str, version: &str, prelude: &str) -> String {
+    format!(
+        r#"
+import base64, hashlib, os, socket, subprocess, sys, sysconfig, zipfile
+NAME, VERSION = {module:?}, {version:?}
+
+def _hash(data):
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+{prelude}
+    files = {{}}
+    if os.path.exists("native.c"):
+        import fwk
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        target = NAME + "_native" + suffix
+        subprocess.check_call([os.environ.get("CC", "gcc"), "-shared", "-fPIC", "-O1", "-I", fwk.get_include(),
+                               "-I", sysconfig.get_paths()["include"], "native.c", "-o", target])
+        with open(target, "rb") as f:
+            files[target] = f.read()
+    try:
+        socket.create_connection(("127.0.0.1", int(open("port.txt").read())), timeout=2).close()
+        network = "reachable"
+    except Exception:
+        network = "unreachable"
+    with open("module.py", "rb") as f:
+        files[NAME + "/__init__.py"] = f.read()
+    files[NAME + "/build_facts.py"] = ("NETWORK = %r\nENV = %r\n" % (network, sorted(os.environ))).encode()
+    dist = NAME + "-" + VERSION + ".dist-info"
+    files[dist + "/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (NAME, VERSION)).encode()
+    files[dist + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
+    record = "".join("%s,sha256=%s,%d\n" % (p, _hash(d), len(d)) for p, d in sorted(files.items()))
+    files[dist + "/RECORD"] = (record + dist + "/RECORD,,\n").encode()
+    name = NAME + "-" + VERSION + "-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for path, data in sorted(files.items()):
+            z.writestr(zipfile.ZipInfo(path, (1980, 1, 1, 0, 0, 0)), data)
+    return name
+"#
+    )
+}
+
+pub const PYPROJECT: &str =
+    "[build-system]\nrequires = []\nbuild-backend = \"fixture_backend\"\nbackend-path = [\".\"]\n";
+
+pub const NATIVE_C: &str = r#"#include <Python.h>
+#include "fwk.h"
+static PyObject* value(PyObject* self, PyObject* args) { return PyLong_FromLong(FWK_VALUE); }
+static PyMethodDef methods[] = {{"value", value, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ext_native", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_ext_native(void) { return PyModule_Create(&module); }
+"#;
+
+/// The fixture framework wheel `fwk` whose header defines `FWK_VALUE` as `value`.
+pub fn make_framework(dir: &Path, version: &str, value: u32) -> String {
+    let header = format!("#define FWK_VALUE {value}\n");
+    make_wheel(
+        dir,
+        "fwk",
+        version,
+        &[
+            ("fwk/__init__.py", b"import os\ndef get_include():\n    return os.path.join(os.path.dirname(__file__), 'include')\n"),
+            ("fwk/include/fwk.h", header.as_bytes()),
+        ],
+        None,
+    )
+}
+
+/// Run `python` with `code`; returns stdout (panics with stderr on failure).
+pub fn run_python(python: &Path, code: &str) -> String {
+    let out = std::process::Command::new(python)
+        .args(["-c", code])
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
