@@ -31,6 +31,7 @@ pub mod error;
 mod header;
 pub mod p2p;
 pub mod reduce;
+pub mod shm;
 pub mod tcp;
 pub mod testing;
 pub mod transport;

@@ -22,6 +22,7 @@ use crate::communicator::Communicator;
 use crate::config::Thresholds;
 use crate::error::{Error, Result};
 use crate::p2p::P2pCommunicator;
+use crate::shm::{ShmSegment, ShmTransport};
 use crate::tcp::{TcpTransport, listen};
 use crate::transport::Transport;
 
@@ -99,9 +100,18 @@ impl LocalJob {
         }
         let comms: Vec<Box<dyn Communicator>> = match self.backend {
             Backend::Tcp => self.tcp_ranks(&hosts)?,
-            Backend::Shm | Backend::Hierarchical => {
+            Backend::Shm => {
+                let seg = ShmSegment::create_anonymous(n, crate::shm::ring_bytes_from_env())?;
+                (0..n)
+                    .map(|r| -> Result<Box<dyn Communicator>> {
+                        let t = ShmTransport::attach(seg.clone(), r)?;
+                        Ok(self.boxed(P2pCommunicator::new(t, "shm", hosts.clone(), self.timeout)))
+                    })
+                    .collect::<Result<_>>()?
+            }
+            Backend::Hierarchical => {
                 return Err(Error::Unavailable {
-                    backend: "shm",
+                    backend: "hierarchical",
                     reason: "not built yet".into(),
                 });
             }

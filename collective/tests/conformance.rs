@@ -10,7 +10,7 @@ use hvd_collective::{Communicator, DType, Error, ReduceOp, Thresholds};
 const LARGE: usize = 70_001;
 
 fn backends() -> Vec<Backend> {
-    vec![Backend::Tcp]
+    vec![Backend::Tcp, Backend::Shm]
 }
 
 /// Deterministic small values so float sums of four ranks stay exact in every type.

@@ -1,0 +1,635 @@
+//! The shm transport: ranks on one host talk through one shared memory segment.
+//!
+//! Layout: a control block (header, abort word, one cache line per rank), then one single-producer
+//! single-consumer ring per ordered pair of ranks. A ring has a `head` (bytes ever written, owned by the sender)
+//! and a `tail` (bytes ever read, owned by the receiver) on their own cache lines, then `capacity` data bytes.
+//! Messages start 8-byte aligned in the ring (lengths are padded), so an element never straddles the wrap and the
+//! receiver can reduce straight out of the ring while the sender keeps writing: no kernel call on the hot path.
+//!
+//! Waiting spins, then yields, then sleeps on a futex in the rank's control line (with a short timeout, so
+//! liveness checks still run); a sender wakes a sleeping receiver after publishing data. That keeps more ranks than
+//! cores (4 ranks on 2 cores) progressing instead of burning each other's time slices.
+//!
+//! Liveness: a rank marks itself gone on drop (clean) or aborted; a rank whose process no longer exists
+//! (`kill(pid, 0)` fails with ESRCH) is dead. The first rank that gives up writes the culprit into the abort word,
+//! which every waiter checks.
+
+use std::ffi::CString;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::config::{EnvVars, env_usize};
+use crate::error::{Error, Result};
+use crate::reduce::reduce_into;
+use crate::transport::{RecvOp, SendOp, Transport};
+
+const MAGIC: u64 = 0x6876_645f_7368_6d31; // "hvd_shm1"
+const LINE: usize = 128;
+const CTRL_HEADER: usize = 4 * LINE;
+const RING_HEADER: usize = 2 * LINE;
+
+const STATE_ATTACHED: u32 = 1;
+const STATE_GONE: u32 = 2;
+const STATE_ABORTED: u32 = 3;
+
+/// Default ring capacity per ordered pair of ranks.
+pub const DEFAULT_RING_BYTES: usize = 512 << 10;
+
+/// Ring capacity from `HVD_SHM_RING_BYTES` (rounded to 4 KiB, at least 4 KiB), else the default.
+pub fn ring_bytes_from_env() -> usize {
+    let v = env_usize(EnvVars::SHM_RING_BYTES).unwrap_or(DEFAULT_RING_BYTES);
+    v.max(4096).div_ceil(4096) * 4096
+}
+
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+    /// Backing file to remove when the last mapping of the creating rank goes (named segments only).
+    unlink: Option<CString>,
+}
+
+// SAFETY: the mapping is plain shared memory; all cross-thread access goes through atomics or through ring regions
+// whose ownership the atomics hand over (single producer, single consumer).
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        if let Some(path) = &self.unlink {
+            // SAFETY: path is a valid NUL-terminated string.
+            unsafe { libc::shm_unlink(path.as_ptr()) };
+        }
+    }
+}
+
+/// A shared memory segment holding the rings of `ranks` ranks.
+#[derive(Clone)]
+pub struct ShmSegment {
+    map: Arc<Mapping>,
+    ranks: usize,
+    ring_bytes: usize,
+}
+
+impl std::fmt::Debug for ShmSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmSegment")
+            .field("ranks", &self.ranks)
+            .field("ring_bytes", &self.ring_bytes)
+            .finish()
+    }
+}
+
+fn segment_len(ranks: usize, ring_bytes: usize) -> usize {
+    CTRL_HEADER + ranks * LINE + ranks * ranks * (RING_HEADER + ring_bytes)
+}
+
+fn map_fd(fd: i32, len: usize, what: &str) -> Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of an fd we own; the kernel checks the length against the file.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::io(
+            format!("map shared memory segment {what}"),
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(ptr.cast())
+}
+
+impl ShmSegment {
+    /// A segment for ranks that are threads of this process (a memfd, never visible in the file system).
+    pub fn create_anonymous(ranks: usize, ring_bytes: usize) -> Result<ShmSegment> {
+        let len = segment_len(ranks, ring_bytes);
+        let name = c"hvd-shm";
+        // SAFETY: name is NUL-terminated; the returned fd is closed below.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::io("create a memfd", io::Error::last_os_error()));
+        }
+        let r = Self::init_fd(fd, len, ranks, ring_bytes, "(memfd)", None);
+        // SAFETY: fd is ours; the mapping keeps the memory alive.
+        unsafe { libc::close(fd) };
+        r
+    }
+
+    /// Creates the named segment `/dev/shm/<name>` for `ranks` processes; the others [`open`](Self::open) it.
+    /// The file is removed when this segment is dropped, or earlier with [`unlink`](Self::unlink).
+    pub fn create(name: &str, ranks: usize, ring_bytes: usize) -> Result<ShmSegment> {
+        let path = shm_path(name)?;
+        // SAFETY: path is NUL-terminated; the fd is closed below.
+        let fd = unsafe {
+            libc::shm_open(
+                path.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::io(
+                format!("create shared memory `/dev/shm/{name}`"),
+                io::Error::last_os_error(),
+            ));
+        }
+        let len = segment_len(ranks, ring_bytes);
+        let r = Self::init_fd(fd, len, ranks, ring_bytes, name, Some(path));
+        // SAFETY: fd is ours.
+        unsafe { libc::close(fd) };
+        r
+    }
+
+    fn init_fd(
+        fd: i32,
+        len: usize,
+        ranks: usize,
+        ring_bytes: usize,
+        what: &str,
+        unlink: Option<CString>,
+    ) -> Result<Self> {
+        // SAFETY: fd is a valid descriptor of a shared memory file.
+        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            return Err(Error::io(
+                format!("size shared memory segment {what} to {len} bytes"),
+                io::Error::last_os_error(),
+            ));
+        }
+        let ptr = map_fd(fd, len, what)?;
+        let seg = ShmSegment {
+            map: Arc::new(Mapping { ptr, len, unlink }),
+            ranks,
+            ring_bytes,
+        };
+        seg.word(8).store(ranks as u64, Ordering::Relaxed);
+        seg.word(16).store(ring_bytes as u64, Ordering::Relaxed);
+        seg.word(0).store(MAGIC, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Opens a named segment another rank created, waiting up to `timeout` for it to appear.
+    pub fn open(name: &str, timeout: Duration) -> Result<ShmSegment> {
+        let path = shm_path(name)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            // SAFETY: path is NUL-terminated; the fd is closed below.
+            let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR, 0) };
+            if fd >= 0 {
+                let r = Self::open_fd(fd, name);
+                // SAFETY: fd is ours.
+                unsafe { libc::close(fd) };
+                match r {
+                    Ok(Some(seg)) => return Ok(seg),
+                    Ok(None) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Bootstrap(format!(
+                    "shared memory segment `/dev/shm/{name}` did not appear within {timeout:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn open_fd(fd: i32, name: &str) -> Result<Option<ShmSegment>> {
+        // SAFETY: `st` is written by fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is valid, st is a valid out pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_size as usize) < CTRL_HEADER {
+            return Ok(None);
+        }
+        let len = st.st_size as usize;
+        let ptr = map_fd(fd, len, name)?;
+        let probe = ShmSegment {
+            map: Arc::new(Mapping {
+                ptr,
+                len,
+                unlink: None,
+            }),
+            ranks: 0,
+            ring_bytes: 0,
+        };
+        if probe.word(0).load(Ordering::Acquire) != MAGIC {
+            return Ok(None);
+        }
+        let ranks = probe.word(8).load(Ordering::Relaxed) as usize;
+        let ring_bytes = probe.word(16).load(Ordering::Relaxed) as usize;
+        if segment_len(ranks, ring_bytes) != len {
+            return Err(Error::Bootstrap(format!(
+                "shared memory segment `{name}` has an unexpected size"
+            )));
+        }
+        Ok(Some(ShmSegment {
+            map: probe.map,
+            ranks,
+            ring_bytes,
+        }))
+    }
+
+    /// Removes a named segment's file (mappings stay valid). Safe to call more than once.
+    pub fn unlink(name: &str) {
+        if let Ok(path) = shm_path(name) {
+            // SAFETY: path is NUL-terminated.
+            unsafe { libc::shm_unlink(path.as_ptr()) };
+        }
+    }
+
+    /// Number of ranks the segment was made for.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset + 8 <= self.map.len && offset.is_multiple_of(8));
+        // SAFETY: offset is 8-aligned inside the mapping (page aligned base), which lives as long as `self`.
+        unsafe { &*(self.map.ptr.add(offset) as *const AtomicU64) }
+    }
+
+    fn word32(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset + 4 <= self.map.len && offset.is_multiple_of(4));
+        // SAFETY: offset is 4-aligned inside the mapping, which lives as long as `self`.
+        unsafe { &*(self.map.ptr.add(offset) as *const AtomicU32) }
+    }
+
+    fn abort_word(&self) -> &AtomicU64 {
+        self.word(LINE)
+    }
+    fn attached(&self) -> &AtomicU64 {
+        self.word(2 * LINE)
+    }
+    fn rank_line(&self, r: usize) -> usize {
+        CTRL_HEADER + r * LINE
+    }
+    fn pid(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r))
+    }
+    fn state(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r) + 4)
+    }
+    fn sleeping(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r) + 64)
+    }
+    fn ring_base(&self, from: usize, to: usize) -> usize {
+        CTRL_HEADER + self.ranks * LINE + (from * self.ranks + to) * (RING_HEADER + self.ring_bytes)
+    }
+    fn head(&self, from: usize, to: usize) -> &AtomicU64 {
+        self.word(self.ring_base(from, to))
+    }
+    fn tail(&self, from: usize, to: usize) -> &AtomicU64 {
+        self.word(self.ring_base(from, to) + LINE)
+    }
+    fn ring_data(&self, from: usize, to: usize) -> *mut u8 {
+        // SAFETY: the ring's data area lies inside the mapping.
+        unsafe { self.map.ptr.add(self.ring_base(from, to) + RING_HEADER) }
+    }
+
+    fn wake(&self, r: usize) {
+        let s = self.sleeping(r);
+        if s.load(Ordering::SeqCst) != 0 {
+            s.store(0, Ordering::SeqCst);
+            futex_wake(s);
+        }
+    }
+}
+
+fn shm_path(name: &str) -> Result<CString> {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(Error::Bootstrap(format!(
+            "`{name}` is not a valid shared memory name ([A-Za-z0-9._-]+)"
+        )));
+    }
+    CString::new(format!("/{name}"))
+        .map_err(|_| Error::Bootstrap(format!("`{name}` contains a NUL byte")))
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: word points into a live shared mapping; FUTEX_WAIT (not private) works across processes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: word points into a live shared mapping.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// One rank's end of a shared memory segment.
+pub struct ShmTransport {
+    seg: ShmSegment,
+    rank: usize,
+    /// Global rank of each local index (the segment numbers ranks 0..ranks; the job may number them otherwise).
+    global: Vec<usize>,
+    my_pid: u32,
+    last_liveness: Instant,
+}
+
+impl ShmTransport {
+    /// Attaches local index `rank` to `seg`; ranks are numbered `0..seg.ranks()` and are the global ranks.
+    pub fn attach(seg: ShmSegment, rank: usize) -> Result<ShmTransport> {
+        let global = (0..seg.ranks).collect();
+        Self::attach_mapped(seg, rank, global)
+    }
+
+    /// Attaches local index `local` to `seg`, where local index `i` is global rank `global[i]`.
+    pub fn attach_mapped(
+        seg: ShmSegment,
+        local: usize,
+        global: Vec<usize>,
+    ) -> Result<ShmTransport> {
+        if local >= seg.ranks || global.len() != seg.ranks {
+            return Err(Error::Bootstrap(format!(
+                "local rank {local} does not fit a {}-rank segment",
+                seg.ranks
+            )));
+        }
+        let my_pid = std::process::id();
+        seg.pid(local).store(my_pid, Ordering::Relaxed);
+        seg.state(local).store(STATE_ATTACHED, Ordering::Release);
+        seg.attached().fetch_add(1, Ordering::AcqRel);
+        Ok(ShmTransport {
+            seg,
+            rank: local,
+            global,
+            my_pid,
+            last_liveness: Instant::now(),
+        })
+    }
+
+    /// Waits until all ranks of the segment have attached.
+    pub fn wait_attached(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while (self.seg.attached().load(Ordering::Acquire) as usize) < self.seg.ranks {
+            if Instant::now() > deadline {
+                let missing: Vec<usize> = (0..self.seg.ranks)
+                    .filter(|r| self.seg.state(*r).load(Ordering::Acquire) == 0)
+                    .map(|r| self.global[r])
+                    .collect();
+                return Err(Error::Timeout {
+                    op: "attach shared memory",
+                    ranks: missing,
+                    waited: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    fn local(&self, global: usize) -> Result<usize> {
+        self.global
+            .iter()
+            .position(|g| *g == global)
+            .ok_or_else(|| {
+                Error::Broken(format!(
+                    "rank {global} is not on this host's shared memory segment"
+                ))
+            })
+    }
+
+    fn check_abort(&self) -> Result<()> {
+        let a = self.seg.abort_word().load(Ordering::Acquire);
+        if a != 0 {
+            let culprit = (a & 0xffff_ffff) as usize - 1;
+            let reporter = (a >> 32) as usize;
+            return Err(Error::PeerLost {
+                rank: culprit,
+                reason: format!("rank {reporter} lost it and aborted"),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, local: usize, need_data: bool) -> Result<()> {
+        let g = self.global[local];
+        match self.seg.state(local).load(Ordering::Acquire) {
+            STATE_GONE if need_data => Err(Error::PeerLost {
+                rank: g,
+                reason: "it shut its communicator down while this rank still expected data".into(),
+            }),
+            STATE_ABORTED => {
+                self.check_abort()?;
+                Err(Error::PeerLost {
+                    rank: g,
+                    reason: "it aborted".into(),
+                })
+            }
+            _ => {
+                let pid = self.seg.pid(local).load(Ordering::Relaxed);
+                if pid != 0 && pid != self.my_pid {
+                    // SAFETY: signal 0 only checks that the process exists.
+                    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+                    if r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                        return Err(Error::PeerLost {
+                            rank: g,
+                            reason: format!("its process {pid} no longer exists"),
+                        });
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn padded(len: usize) -> usize {
+    len.div_ceil(8) * 8
+}
+
+impl Transport for ShmTransport {
+    fn rank(&self) -> usize {
+        self.global[self.rank]
+    }
+
+    fn size(&self) -> usize {
+        self.seg.ranks
+    }
+
+    fn progress_send(&mut self, op: &mut SendOp<'_>) -> Result<bool> {
+        let to = self.local(op.peer)?;
+        let me = self.rank;
+        let cap = self.seg.ring_bytes as u64;
+        let head_a = self.seg.head(me, to);
+        let head = head_a.load(Ordering::Relaxed);
+        let tail = self.seg.tail(me, to).load(Ordering::Acquire);
+        let free = (cap - (head - tail)) as usize;
+        let total = padded(op.data.len());
+        let k = free.min(total - op.pos);
+        if k == 0 {
+            return Ok(false);
+        }
+        let data_k = k.min(op.data.len().saturating_sub(op.pos));
+        let at = (head % cap) as usize;
+        let first = data_k.min(cap as usize - at);
+        let ring = self.seg.ring_data(me, to);
+        // SAFETY: [at, at+first) and [0, data_k-first) lie in the ring's free region, which only this rank writes
+        // until `head` is published below; the source is the caller's buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(op.data.as_ptr().add(op.pos), ring.add(at), first);
+            std::ptr::copy_nonoverlapping(
+                op.data.as_ptr().add(op.pos + first),
+                ring,
+                data_k - first,
+            );
+        }
+        op.pos += k;
+        op.finished = op.pos == total;
+        head_a.store(head + k as u64, Ordering::SeqCst);
+        self.seg.wake(to);
+        Ok(true)
+    }
+
+    fn progress_recv(&mut self, op: &mut RecvOp<'_>) -> Result<bool> {
+        let from = self.local(op.peer)?;
+        let me = self.rank;
+        let cap = self.seg.ring_bytes as u64;
+        let tail_a = self.seg.tail(from, me);
+        let tail = tail_a.load(Ordering::Relaxed);
+        let head = self.seg.head(from, me).load(Ordering::Acquire);
+        let avail = (head - tail) as usize;
+        let len = op.buf.len();
+        let total = padded(len);
+        let mut k = avail.min(total - op.pos);
+        let mut data_k = k.min(len.saturating_sub(op.pos));
+        if let Some((dtype, _)) = op.reduce
+            && data_k < len - op.pos.min(len)
+        {
+            // Reduce whole elements only; the rest arrives with the next write.
+            data_k -= data_k % dtype.size();
+            k = data_k;
+        }
+        if k == 0 {
+            return Ok(false);
+        }
+        let at = (tail % cap) as usize;
+        let first = data_k.min(cap as usize - at);
+        let ring = self.seg.ring_data(from, me);
+        // SAFETY: [tail, tail+k) was published by the sender (Acquire on head) and is not written again until
+        // `tail` moves past it below.
+        let (a, b) = unsafe {
+            (
+                std::slice::from_raw_parts(ring.add(at), first),
+                std::slice::from_raw_parts(ring, data_k - first),
+            )
+        };
+        let dst = &mut op.buf[op.pos.min(len)..];
+        match op.reduce {
+            None => {
+                dst[..first].copy_from_slice(a);
+                dst[first..data_k].copy_from_slice(b);
+            }
+            Some((dtype, rop)) => {
+                reduce_into(&mut dst[..first], a, dtype, rop);
+                reduce_into(&mut dst[first..data_k], b, dtype, rop);
+            }
+        }
+        op.pos += k;
+        op.finished = op.pos == total;
+        tail_a.store(tail + k as u64, Ordering::SeqCst);
+        self.seg.wake(from);
+        Ok(true)
+    }
+
+    fn wait(&mut self, sends: &[SendOp<'_>], recvs: &[RecvOp<'_>], idle: u32) -> Result<()> {
+        self.check_abort()?;
+        if idle < 200 {
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+            return Ok(());
+        }
+        if idle < 300 {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        if self.last_liveness.elapsed() > Duration::from_millis(20) {
+            self.last_liveness = Instant::now();
+            for s in sends.iter().filter(|s| !s.finished) {
+                self.check_peer(self.local(s.peer)?, true)?;
+            }
+            for r in recvs.iter().filter(|r| !r.finished) {
+                let from = self.local(r.peer)?;
+                let empty = self.seg.head(from, self.rank).load(Ordering::Acquire)
+                    == self.seg.tail(from, self.rank).load(Ordering::Acquire);
+                self.check_peer(from, empty)?;
+            }
+        }
+        // Sleep until a peer publishes something. Announce the sleep first, then re-check, so a peer that
+        // publishes in between either is seen here or sees the flag and wakes us.
+        let me = self.rank;
+        let flag = self.seg.sleeping(me);
+        flag.store(1, Ordering::SeqCst);
+        let mut ready = false;
+        for s in sends.iter().filter(|s| !s.finished) {
+            let to = self.local(s.peer)?;
+            let used = self.seg.head(me, to).load(Ordering::SeqCst)
+                - self.seg.tail(me, to).load(Ordering::SeqCst);
+            ready |= used < self.seg.ring_bytes as u64;
+        }
+        for r in recvs.iter().filter(|r| !r.finished) {
+            let from = self.local(r.peer)?;
+            ready |= self.seg.head(from, me).load(Ordering::SeqCst)
+                != self.seg.tail(from, me).load(Ordering::SeqCst);
+        }
+        if !ready && self.seg.abort_word().load(Ordering::SeqCst) == 0 {
+            futex_wait(flag, 1, Duration::from_millis(10));
+        }
+        flag.store(0, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn abort(&mut self, culprit: usize, reason: &str) {
+        tracing::debug!(culprit, reason, "aborting shared memory peers");
+        let word = (culprit as u64 + 1) | ((self.rank() as u64) << 32);
+        let _ = self
+            .seg
+            .abort_word()
+            .compare_exchange(0, word, Ordering::SeqCst, Ordering::SeqCst);
+        self.seg
+            .state(self.rank)
+            .store(STATE_ABORTED, Ordering::SeqCst);
+        for r in 0..self.seg.ranks {
+            self.seg.wake(r);
+        }
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        let s = self.seg.state(self.rank);
+        if s.load(Ordering::Acquire) != STATE_ABORTED {
+            s.store(STATE_GONE, Ordering::SeqCst);
+        }
+        for r in 0..self.seg.ranks {
+            self.seg.wake(r);
+        }
+    }
+}
