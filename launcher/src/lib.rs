@@ -1,14 +1,65 @@
 //! Step graph, run engines, rendezvous, log multiplexing and failure handling: everything `hvd run` does after the
 //! .hvd file is evaluated.
 //!
+//! - [`graph`]: the step graph (petgraph) and the [`Plan`] built from a project and [`RunOptions`].
+//! - [`engine`]: the local engine that executes a plan ([`execute`]), reporting [`Event`]s and a [`RunReport`].
+//! - [`env`]: the worker environment contract (every variable a worker gets).
 //! - [`rendezvous`]: the key-value server every job's workers meet at (protocol in docs/rendezvous.md).
+//! - [`process`]: process groups, parent-death handling, the watchdog, the launcher's own signals.
+//! - [`state`]: input hashing for skipping unchanged steps.
 //!
 //! ```no_run
-//! use hvd_launcher::rendezvous::{RendezvousServer, new_token};
-//! let token = new_token()?;
-//! let server = RendezvousServer::start("127.0.0.1:0".parse()?, &token, vec!["127.0.0.1".parse()?])?;
-//! println!("HVD_RENDEZVOUS={}", server.addr());
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! use hvd_launcher::{Interrupts, RunOptions, execute, plan};
+//! # fn demo(project: &hvd_lang::model::Project) -> Result<(), hvd_launcher::LaunchError> {
+//! let options = RunOptions { workers: Some(4), ..RunOptions::default() };
+//! let plan = plan(project, &options)?;
+//! print!("{}", plan.render());
+//! let report = execute(&plan, &options, &|event| eprintln!("{event:?}"), Interrupts::none())?;
+//! assert!(report.failure.is_none());
+//! # Ok(()) }
 //! ```
 
+pub mod engine;
+pub mod env;
+pub mod graph;
+pub mod process;
 pub mod rendezvous;
+pub mod state;
+
+pub use engine::{Cause, Event, EventSink, FailureSummary, RunReport, Stream, WorkerExit, execute};
+pub use graph::{Plan, PlannedStep, RunOptions, StepGraph, plan};
+pub use process::Interrupts;
+
+use std::path::PathBuf;
+
+/// Why a run could not be planned or carried out (a failing worker is not an error: see [`RunReport::failure`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("step `{step}` needs `{need}`, which is not a step of this file")]
+    UnknownNeed { step: String, need: String },
+    #[error("no step named `{name}` (steps: {})", known.join(", "))]
+    UnknownStep { name: String, known: Vec<String> },
+    #[error("two steps are named `{0}`")]
+    DuplicateStep(String),
+    #[error("the steps' `needs` form a cycle through `{0}`")]
+    Cycle(String),
+    #[error("step `{0}` has 0 workers; use at least 1")]
+    ZeroWorkers(String),
+    #[error("failed to start rank {rank} of step `{step}`")]
+    Spawn {
+        step: String,
+        rank: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to access `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Rendezvous(#[from] rendezvous::RendezvousError),
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+}

@@ -1,16 +1,212 @@
-//! `hvd run`.
+//! `hvd run`: plan the step graph and run it with the local engine.
+
+use std::collections::BTreeSet;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
+use hvd_launcher::{Cause, Event, FailureSummary, Interrupts, RunOptions, Stream};
 
-use crate::exit::CommandResult;
+use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The .hvd file.
     #[arg(default_value = "train.hvd")]
-    pub file: std::path::PathBuf,
+    pub file: PathBuf,
+    /// Run only this step and the steps it needs.
+    #[arg(long, value_name = "NAME")]
+    pub step: Option<String>,
+    /// Number of workers for every distributed step (overrides `workers`).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub workers: Option<u32>,
+    /// Print the plan (steps, env, commands, worker layout) and run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Rerun steps even when their inputs are unchanged.
+    #[arg(long)]
+    pub force: bool,
+    /// Show only these ranks' output on the console, e.g. `0,1` (the per-rank log files keep everything).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub ranks: Option<Vec<u32>>,
+    /// Write the workers' timeline (Chrome trace) to FILE (sets `HVD_TIMELINE`).
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+    /// Seconds between SIGTERM and SIGKILL when stopping workers.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub grace: f64,
+    /// Fail a distributed step when not all ranks joined the rendezvous within SECONDS (off by default: plain
+    /// scripts never join).
+    #[arg(long, value_name = "SECONDS")]
+    pub start_timeout: Option<f64>,
+    /// A built environment directory to run in (its `bin/` first on PATH); default: the current environment.
+    #[arg(long, value_name = "DIR")]
+    pub env_dir: Option<PathBuf>,
 }
 
-pub fn run(_args: RunArgs) -> CommandResult {
-    Err(super::not_implemented("run"))
+fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        Failure::usage(format!(
+            "`--{name}` must be a non-negative number of seconds"
+        ))
+    })
+}
+
+pub fn run(args: RunArgs) -> CommandResult {
+    let project = hvd_lang::load_file(&args.file)
+        .map_err(|d| Failure::new(Status::Usage, miette::Report::new(d)))?;
+    let options = RunOptions {
+        step: args.step.clone(),
+        workers: args.workers,
+        force: args.force,
+        env_dir: args.env_dir.clone(),
+        env_hash: None,
+        timeline: args.timeline.clone(),
+        grace: seconds("grace", args.grace)?,
+        start_timeout: args
+            .start_timeout
+            .map(|s| seconds("start-timeout", s))
+            .transpose()?,
+        state_dir: None,
+    };
+    let plan = hvd_launcher::plan(&project, &options)
+        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+    if args.dry_run {
+        print!("{}", plan.render());
+        return Ok(Status::Success);
+    }
+    let console = Console::new(args.ranks.map(|r| r.into_iter().collect()));
+    let interrupts = Interrupts::install();
+    let report = hvd_launcher::execute(&plan, &options, &|event| console.show(event), interrupts)
+        .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    match report.failure {
+        None => {
+            let ran = report.ran.len();
+            let skipped = report.skipped.len();
+            eprintln!(
+                "hvd: done: {ran} step(s) ran, {skipped} skipped; logs in {}",
+                report.log_dir.display()
+            );
+            Ok(Status::Success)
+        }
+        Some(failure) => Err(Failure::new(
+            Status::Worker(failure.exit_code),
+            miette::miette!("{}", summary(&failure)),
+        )),
+    }
+}
+
+fn summary(failure: &FailureSummary) -> String {
+    let mut out = match &failure.cause {
+        Cause::Worker { rank, host, exit } => {
+            format!(
+                "step `{}` failed: rank {rank} on {host} ended first ({exit})",
+                failure.step
+            )
+        }
+        Cause::Timeout { after } => format!(
+            "step `{}` ran past its timeout of {} s",
+            failure.step,
+            after.as_secs_f64()
+        ),
+        Cause::StartTimeout { missing, after } => format!(
+            "step `{}`: ranks {missing:?} did not join the rendezvous within {} s",
+            failure.step,
+            after.as_secs_f64()
+        ),
+        Cause::Interrupted { signal } => {
+            format!(
+                "step `{}` interrupted ({})",
+                failure.step,
+                hvd_launcher::process::signal_name(*signal)
+            )
+        }
+    };
+    if let Cause::Worker { rank, .. } = &failure.cause {
+        if failure.stderr_tail.is_empty() {
+            out.push_str(&format!("\n(rank {rank} wrote nothing to stderr)"));
+        } else {
+            out.push_str(&format!(
+                "\nlast {} line(s) of rank {rank}'s stderr:",
+                failure.stderr_tail.len()
+            ));
+            for line in &failure.stderr_tail {
+                out.push_str(&format!("\n  | {line}"));
+            }
+        }
+    }
+    out.push_str(&format!("\nper-rank logs: {}", failure.log_dir.display()));
+    out
+}
+
+/// Renders events: worker lines with a `[step host:rank]` prefix, coloured by rank on a terminal.
+struct Console {
+    ranks: Option<BTreeSet<u32>>,
+    colour_out: bool,
+    colour_err: bool,
+}
+
+impl Console {
+    fn new(ranks: Option<BTreeSet<u32>>) -> Self {
+        let colour = std::env::var_os("NO_COLOR").is_none();
+        Console {
+            ranks,
+            colour_out: colour && std::io::stdout().is_terminal(),
+            colour_err: colour && std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn show(&self, event: Event) {
+        match event {
+            Event::Line {
+                step,
+                host,
+                rank,
+                stream,
+                text,
+            } => {
+                if self.ranks.as_ref().is_some_and(|r| !r.contains(&rank)) {
+                    return;
+                }
+                let colour = match stream {
+                    Stream::Stdout => self.colour_out,
+                    Stream::Stderr => self.colour_err,
+                };
+                let prefix = if colour {
+                    // Six readable ANSI colours, cycling by rank.
+                    let code = 31 + (rank % 6);
+                    format!("\x1b[{code}m[{step} {host}:{rank}]\x1b[0m")
+                } else {
+                    format!("[{step} {host}:{rank}]")
+                };
+                // A closed stdout (`| head`) must not kill the run; ignore write errors.
+                match stream {
+                    Stream::Stdout => {
+                        let _ = writeln!(std::io::stdout().lock(), "{prefix} {text}");
+                    }
+                    Stream::Stderr => {
+                        let _ = writeln!(std::io::stderr().lock(), "{prefix} {text}");
+                    }
+                }
+            }
+            Event::StepStarted {
+                step,
+                workers,
+                rendezvous,
+            } => match (workers, rendezvous) {
+                (Some(n), Some(addr)) => {
+                    eprintln!("hvd: step `{step}` on {n} worker(s), rendezvous {addr}")
+                }
+                _ => eprintln!("hvd: step `{step}`"),
+            },
+            Event::StepSkipped { step } => {
+                eprintln!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)")
+            }
+            Event::StepFinished { step, elapsed } => {
+                eprintln!("hvd: step `{step}` done in {:.1} s", elapsed.as_secs_f64());
+            }
+            Event::Stopping { reason } => eprintln!("hvd: {reason}"),
+        }
+    }
 }

@@ -1,0 +1,888 @@
+//! The local engine: runs a [`Plan`] on this machine. Steps start as soon as what they need has finished
+//! (independent steps run in parallel); a distributed step gets its own rendezvous server and N worker processes.
+//! The first failure anywhere stops everything (SIGTERM to each worker's process group, a grace period, SIGKILL).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::LaunchError;
+use crate::env::{RendezvousInfo, worker_env};
+use crate::graph::{Plan, PlannedStep, RunOptions};
+use crate::process::{
+    Interrupts, Watchdog, configure_worker, group_alive, signal_group, signal_name,
+};
+use crate::rendezvous::{RendezvousServer, new_token};
+use crate::state;
+
+/// Lines of stderr kept per rank for the failure summary.
+pub const STDERR_TAIL_LINES: usize = 20;
+/// Longest console line; longer ones are split.
+const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Exit code for a step that ran past its `timeout` or its start timeout (like timeout(1)).
+pub const TIMEOUT_EXIT_CODE: u8 = 124;
+
+/// Which output stream a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// What happens during a run, for the caller to show.
+#[derive(Debug, Clone)]
+pub enum Event {
+    StepSkipped {
+        step: String,
+    },
+    StepStarted {
+        step: String,
+        workers: Option<u32>,
+        rendezvous: Option<SocketAddr>,
+    },
+    StepFinished {
+        step: String,
+        elapsed: Duration,
+    },
+    /// One line of a worker's output (without the line break).
+    Line {
+        step: Arc<str>,
+        host: Arc<str>,
+        rank: u32,
+        stream: Stream,
+        text: String,
+    },
+    /// The job is being stopped, and why.
+    Stopping {
+        reason: String,
+    },
+}
+
+/// Receives [`Event`]s from several threads.
+pub trait EventSink: Sync {
+    fn event(&self, event: Event);
+}
+
+impl<F: Fn(Event) + Sync> EventSink for F {
+    fn event(&self, event: Event) {
+        self(event)
+    }
+}
+
+/// How one worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl WorkerExit {
+    /// The exit code `hvd run` passes through: the code, or 128 + signal.
+    pub fn code(self) -> u8 {
+        match self {
+            WorkerExit::Code(c) => u8::try_from(c).unwrap_or(1),
+            WorkerExit::Signal(s) => u8::try_from(128 + s).unwrap_or(255),
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerExit::Code(c) => write!(f, "exit code {c}"),
+            WorkerExit::Signal(s) => write!(f, "killed by {}", signal_name(*s)),
+        }
+    }
+}
+
+/// The root cause of a failed run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// The earliest worker to fail.
+    Worker {
+        rank: u32,
+        host: String,
+        exit: WorkerExit,
+    },
+    /// The step ran past its `timeout`.
+    Timeout { after: Duration },
+    /// Not every rank joined the rendezvous in time.
+    StartTimeout { missing: Vec<u32>, after: Duration },
+    /// `hvd run` got SIGINT/SIGTERM.
+    Interrupted { signal: i32 },
+}
+
+/// What the run's failure summary says.
+#[derive(Debug, Clone)]
+pub struct FailureSummary {
+    pub step: String,
+    pub cause: Cause,
+    /// `hvd run`'s exit code.
+    pub exit_code: u8,
+    /// The failing rank's last lines of stderr (empty for causes without a rank).
+    pub stderr_tail: Vec<String>,
+    /// The failing step's per-rank logs.
+    pub log_dir: PathBuf,
+}
+
+/// The outcome of a whole run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub run_id: String,
+    /// `.hvd/runs/<run-id>`.
+    pub log_dir: PathBuf,
+    pub ran: Vec<String>,
+    pub skipped: Vec<String>,
+    pub failure: Option<FailureSummary>,
+}
+
+/// Why the job is being stopped.
+#[derive(Debug, Clone)]
+struct Stop {
+    at: Instant,
+}
+
+/// State shared by all step threads of one run.
+struct Job<'a> {
+    options: &'a RunOptions,
+    events: &'a dyn EventSink,
+    interrupts: Interrupts,
+    watchdog: Option<Watchdog>,
+    stop: Mutex<Option<Stop>>,
+    /// Failures that happened before the stop began; the earliest is the root cause.
+    failures: Mutex<Vec<(Instant, FailureSummary)>>,
+    kill_now: AtomicBool,
+}
+
+impl Job<'_> {
+    /// Starts stopping the job (once); `failure` is recorded as a candidate root cause when it happened before any
+    /// stop began.
+    fn fail(&self, when: Instant, failure: FailureSummary, reason: String) {
+        let mut stop = self
+            .stop
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let genuine = stop.as_ref().is_none_or(|s| when <= s.at);
+        if genuine {
+            self.failures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((when, failure));
+        }
+        if stop.is_none() {
+            *stop = Some(Stop { at: when });
+            self.events.event(Event::Stopping { reason });
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn check_interrupts(&self, step: &str, log_dir: &Path) {
+        let (count, signal) = self.interrupts.get();
+        if count >= 1 && !self.stopping() {
+            self.fail(
+                Instant::now(),
+                FailureSummary {
+                    step: step.to_owned(),
+                    cause: Cause::Interrupted { signal },
+                    exit_code: u8::try_from(128 + signal).unwrap_or(130),
+                    stderr_tail: Vec::new(),
+                    log_dir: log_dir.to_path_buf(),
+                },
+                format!(
+                    "got {}: stopping the workers (again to kill them now)",
+                    signal_name(signal)
+                ),
+            );
+        }
+        if count >= 2 {
+            self.kill_now.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A sortable id for a run: UTC time and the launcher's pid.
+pub fn new_run_id() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}-{}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        std::process::id()
+    )
+}
+
+/// Runs `plan`. Returns when every started process has ended; nothing is left running.
+pub fn execute(
+    plan: &Plan,
+    options: &RunOptions,
+    events: &dyn EventSink,
+    interrupts: Interrupts,
+) -> Result<RunReport, LaunchError> {
+    let run_id = new_run_id();
+    let log_dir = plan.state_dir.join("runs").join(&run_id);
+    fs_err::create_dir_all(&log_dir).map_err(|source| LaunchError::Io {
+        path: log_dir.clone(),
+        source,
+    })?;
+    let watchdog = match Watchdog::start() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(
+                "no watchdog process ({e}); workers' children may outlive a killed launcher"
+            );
+            None
+        }
+    };
+    let job = Job {
+        options,
+        events,
+        interrupts,
+        watchdog,
+        stop: Mutex::new(None),
+        failures: Mutex::new(Vec::new()),
+        kill_now: AtomicBool::new(false),
+    };
+    let mut report = RunReport {
+        run_id,
+        log_dir: log_dir.clone(),
+        ran: Vec::new(),
+        skipped: Vec::new(),
+        failure: None,
+    };
+    let mut outputs: BTreeMap<String, String> = BTreeMap::new();
+    let mut pending: Vec<&PlannedStep> = plan.steps.iter().collect();
+    let mut running = 0usize;
+    let mut error: Option<LaunchError> = None;
+
+    std::thread::scope(|scope| {
+        let (done_tx, done_rx) =
+            mpsc::channel::<(String, Result<bool, LaunchError>, Option<String>)>();
+        loop {
+            // Start every step whose needs are done (skipping unchanged ones), unless the job is stopping.
+            let mut started_any = true;
+            while started_any && error.is_none() && !job.stopping() {
+                started_any = false;
+                let ready: Vec<usize> = pending
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.needs.iter().all(|n| outputs.contains_key(n)))
+                    .map(|(i, _)| i)
+                    .collect();
+                for i in ready.into_iter().rev() {
+                    let step = pending.remove(i);
+                    let hash = match skip_check(plan, options, step, &outputs) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            error = Some(e);
+                            break;
+                        }
+                    };
+                    if let Skip::Unchanged { outputs_hash } = &hash {
+                        events.event(Event::StepSkipped {
+                            step: step.name.clone(),
+                        });
+                        report.skipped.push(step.name.clone());
+                        outputs.insert(step.name.clone(), outputs_hash.clone());
+                        started_any = true;
+                        continue;
+                    }
+                    let input_hash = match hash {
+                        Skip::Run { input_hash } => input_hash,
+                        Skip::Unchanged { .. } => None,
+                    };
+                    running += 1;
+                    report.ran.push(step.name.clone());
+                    let tx = done_tx.clone();
+                    let job = &job;
+                    let step_log = log_dir.join(&step.name);
+                    scope.spawn(move || {
+                        let result = run_step(job, plan, step, &step_log);
+                        let _ = tx.send((step.name.clone(), result, input_hash));
+                    });
+                }
+            }
+            if running == 0 {
+                break;
+            }
+            let Ok((name, result, input_hash)) = done_rx.recv() else {
+                break;
+            };
+            running -= 1;
+            match result {
+                Ok(true) => {
+                    let step = plan.steps.iter().find(|s| s.name == name);
+                    let outputs_hash = step
+                        .map(|s| state::hash_paths(&plan.project_dir, &s.outputs))
+                        .transpose()
+                        .map(Option::unwrap_or_default);
+                    match outputs_hash {
+                        Ok(outputs_hash) => {
+                            if let Some(input_hash) = input_hash {
+                                let record = state::StepRecord {
+                                    input_hash,
+                                    outputs_hash: outputs_hash.clone(),
+                                };
+                                if let Err(e) = state::store(&plan.state_dir, &name, &record) {
+                                    tracing::warn!("could not record step `{name}`: {e}");
+                                }
+                            }
+                            outputs.insert(name, outputs_hash);
+                        }
+                        Err(e) => error = error.take().or(Some(e)),
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    error = error.take().or(Some(e));
+                    // A step that could not even start stops the others too.
+                    let mut stop = job
+                        .stop
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if stop.is_none() {
+                        *stop = Some(Stop { at: Instant::now() });
+                    }
+                }
+            }
+        }
+    });
+    if let Some(e) = error {
+        return Err(e);
+    }
+    let mut failures = job
+        .failures
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    failures.sort_by_key(|(when, _)| *when);
+    report.failure = failures.into_iter().next().map(|(_, f)| f);
+    Ok(report)
+}
+
+enum Skip {
+    Unchanged {
+        outputs_hash: String,
+    },
+    /// Run it; record this input hash after success (`None`: the step declares no inputs/outputs, never skipped).
+    Run {
+        input_hash: Option<String>,
+    },
+}
+
+fn skip_check(
+    plan: &Plan,
+    options: &RunOptions,
+    step: &PlannedStep,
+    upstream: &BTreeMap<String, String>,
+) -> Result<Skip, LaunchError> {
+    if step.inputs.is_empty() && step.outputs.is_empty() {
+        return Ok(Skip::Run { input_hash: None });
+    }
+    let input_hash = state::input_hash(
+        step,
+        &plan.project_dir,
+        options.env_hash.as_deref(),
+        upstream,
+    )?;
+    if !options.force
+        && let Some(record) = state::load(&plan.state_dir, &step.name)
+        && record.input_hash == input_hash
+        && step
+            .outputs
+            .iter()
+            .all(|o| plan.project_dir.join(o).exists())
+    {
+        let outputs_hash = state::hash_paths(&plan.project_dir, &step.outputs)?;
+        if outputs_hash == record.outputs_hash {
+            return Ok(Skip::Unchanged { outputs_hash });
+        }
+    }
+    Ok(Skip::Run {
+        input_hash: Some(input_hash),
+    })
+}
+
+/// One running worker.
+struct Worker {
+    rank: u32,
+    host: String,
+    pgid: u32,
+    exited: Option<WorkerExit>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+/// Runs one step to the end. `Ok(true)`: every worker succeeded.
+fn run_step(
+    job: &Job<'_>,
+    plan: &Plan,
+    step: &PlannedStep,
+    log_dir: &Path,
+) -> Result<bool, LaunchError> {
+    let started = Instant::now();
+    let rendezvous = match step.workers {
+        Some(_) => {
+            let token = new_token().map_err(|source| LaunchError::Io {
+                path: "/dev/urandom".into(),
+                source,
+            })?;
+            let server = RendezvousServer::start(
+                "127.0.0.1:0"
+                    .parse()
+                    .map_err(|_| LaunchError::Internal("bad bind address"))?,
+                &token,
+                vec![
+                    "127.0.0.1"
+                        .parse()
+                        .map_err(|_| LaunchError::Internal("bad loopback address"))?,
+                ],
+            )?;
+            server.set_gloo_layout(&step.layout.hosts());
+            Some((server, token))
+        }
+        None => None,
+    };
+    let info = rendezvous.as_ref().map(|(s, t)| RendezvousInfo {
+        addr: s.addr(),
+        token: t.clone(),
+    });
+    let master_port = crate::env::free_port().unwrap_or(29500);
+    job.events.event(Event::StepStarted {
+        step: step.name.clone(),
+        workers: step.workers,
+        rendezvous: info.as_ref().map(|i| i.addr),
+    });
+
+    let step_name: Arc<str> = Arc::from(step.name.as_str());
+    let (exit_tx, exit_rx) = mpsc::channel::<(usize, WorkerExit, Instant)>();
+    let mut workers: Vec<Worker> = Vec::new();
+    let result = std::thread::scope(|scope| -> Result<bool, LaunchError> {
+        let mut spawn_error = None;
+        for slot in &step.layout.slots {
+            let rank_dir = log_dir.join(format!("rank.{}", slot.rank));
+            fs_err::create_dir_all(&rank_dir).map_err(|source| LaunchError::Io {
+                path: rank_dir.clone(),
+                source,
+            })?;
+            let open = |name: &str| {
+                let path = rank_dir.join(name);
+                fs_err::File::create(&path).map_err(|source| LaunchError::Io { path, source })
+            };
+            let (stdout_file, stderr_file) = (open("stdout")?, open("stderr")?);
+            let mut command = Command::new("/bin/sh");
+            command
+                .arg("-c")
+                .arg(&step.command)
+                .current_dir(&plan.project_dir);
+            command
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in worker_env(
+                &step.env,
+                slot,
+                info.as_ref(),
+                plan.gpus_per_worker,
+                plan.env_dir.as_deref(),
+            ) {
+                command.env(k, v);
+            }
+            if info.is_some() {
+                command.env("MASTER_PORT", master_port.to_string());
+            }
+            configure_worker(&mut command);
+            let mut child = match command.spawn() {
+                Ok(c) => c,
+                Err(source) => {
+                    spawn_error = Some(LaunchError::Spawn {
+                        step: step.name.clone(),
+                        rank: slot.rank,
+                        source,
+                    });
+                    break;
+                }
+            };
+            let pgid = child.id();
+            if let Some(w) = &job.watchdog {
+                w.watch(pgid);
+            }
+            let tail = Arc::new(Mutex::new(VecDeque::new()));
+            let host: Arc<str> = Arc::from(slot.host.as_str());
+            if let Some(out) = child.stdout.take() {
+                let (step, host, rank) = (step_name.clone(), host.clone(), slot.rank);
+                let events = job.events;
+                scope.spawn(move || {
+                    pump(
+                        out,
+                        stdout_file,
+                        Stream::Stdout,
+                        &step,
+                        &host,
+                        rank,
+                        events,
+                        None,
+                    )
+                });
+            }
+            if let Some(err) = child.stderr.take() {
+                let (step, host, rank, tail) =
+                    (step_name.clone(), host.clone(), slot.rank, tail.clone());
+                let events = job.events;
+                scope.spawn(move || {
+                    pump(
+                        err,
+                        stderr_file,
+                        Stream::Stderr,
+                        &step,
+                        &host,
+                        rank,
+                        events,
+                        Some(&tail),
+                    )
+                });
+            }
+            let index = workers.len();
+            let tx = exit_tx.clone();
+            scope.spawn(move || {
+                use std::os::unix::process::ExitStatusExt;
+                let exit = match child.wait() {
+                    Ok(status) => match (status.code(), status.signal()) {
+                        (Some(c), _) => WorkerExit::Code(c),
+                        (None, Some(s)) => WorkerExit::Signal(s),
+                        (None, None) => WorkerExit::Code(1),
+                    },
+                    Err(_) => WorkerExit::Code(1),
+                };
+                let _ = tx.send((index, exit, Instant::now()));
+            });
+            workers.push(Worker {
+                rank: slot.rank,
+                host: slot.host.clone(),
+                pgid,
+                exited: None,
+                stderr_tail: tail,
+            });
+        }
+        drop(exit_tx);
+        if spawn_error.is_some() {
+            job.kill_now.store(true, Ordering::SeqCst);
+        }
+        let ok = supervise(
+            job,
+            step,
+            log_dir,
+            &mut workers,
+            &exit_rx,
+            rendezvous.as_ref().map(|(s, _)| s),
+            started,
+        );
+        match spawn_error {
+            Some(e) => Err(e),
+            None => Ok(ok),
+        }
+    });
+    // Long-polls end and the port is freed only after every worker is gone.
+    drop(rendezvous);
+    if let Ok(true) = result {
+        job.events.event(Event::StepFinished {
+            step: step.name.clone(),
+            elapsed: started.elapsed(),
+        });
+    }
+    result
+}
+
+/// Waits for the workers of one step, stopping them when the job stops. Returns whether all succeeded.
+fn supervise(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    log_dir: &Path,
+    workers: &mut [Worker],
+    exits: &mpsc::Receiver<(usize, WorkerExit, Instant)>,
+    rendezvous: Option<&RendezvousServer>,
+    started: Instant,
+) -> bool {
+    let size = workers.len() as u32;
+    let mut terminated_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut all_ok = true;
+    let mut remaining = workers.len();
+    while remaining > 0 {
+        match exits.recv_timeout(Duration::from_millis(20)) {
+            Ok((index, exit, when)) => {
+                remaining -= 1;
+                let worker = &mut workers[index];
+                worker.exited = Some(exit);
+                // Whatever the worker left behind in its group goes with it.
+                signal_group(worker.pgid, libc::SIGKILL);
+                if let Some(w) = &job.watchdog {
+                    w.unwatch(worker.pgid);
+                }
+                if exit != WorkerExit::Code(0) {
+                    all_ok = false;
+                    job.fail(
+                        when,
+                        FailureSummary {
+                            step: step.name.clone(),
+                            cause: Cause::Worker { rank: worker.rank, host: worker.host.clone(), exit },
+                            exit_code: exit.code(),
+                            stderr_tail: Vec::new(),
+                            log_dir: log_dir.to_path_buf(),
+                        },
+                        format!(
+                            "rank {} of step `{}` failed ({exit}); stopping the other workers (grace {} s)",
+                            worker.rank,
+                            step.name,
+                            job.options.grace.as_secs_f64()
+                        ),
+                    );
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        job.check_interrupts(&step.name, log_dir);
+        if let Some(limit) = step.timeout
+            && started.elapsed() > limit
+            && !job.stopping()
+        {
+            all_ok = false;
+            job.fail(
+                Instant::now(),
+                FailureSummary {
+                    step: step.name.clone(),
+                    cause: Cause::Timeout { after: limit },
+                    exit_code: TIMEOUT_EXIT_CODE,
+                    stderr_tail: Vec::new(),
+                    log_dir: log_dir.to_path_buf(),
+                },
+                format!(
+                    "step `{}` ran past its timeout of {} s; stopping it",
+                    step.name,
+                    limit.as_secs_f64()
+                ),
+            );
+        }
+        if let (Some(limit), Some(server)) = (job.options.start_timeout, rendezvous)
+            && started.elapsed() > limit
+            && !job.stopping()
+        {
+            let joined = server.joined_ranks();
+            let missing: Vec<u32> = (0..size).filter(|r| !joined.contains(r)).collect();
+            if !missing.is_empty() {
+                all_ok = false;
+                job.fail(
+                    Instant::now(),
+                    FailureSummary {
+                        step: step.name.clone(),
+                        cause: Cause::StartTimeout { missing: missing.clone(), after: limit },
+                        exit_code: TIMEOUT_EXIT_CODE,
+                        stderr_tail: Vec::new(),
+                        log_dir: log_dir.to_path_buf(),
+                    },
+                    format!("ranks {missing:?} of step `{}` did not join the rendezvous in time; stopping", step.name),
+                );
+            }
+        }
+        if job.stopping() && terminated_at.is_none() {
+            all_ok = false;
+            terminated_at = Some(Instant::now());
+            for w in workers.iter().filter(|w| w.exited.is_none()) {
+                signal_group(w.pgid, libc::SIGTERM);
+            }
+        }
+        let grace_over = terminated_at.is_some_and(|t| t.elapsed() >= job.options.grace);
+        if !killed && (grace_over || job.kill_now.load(Ordering::SeqCst)) {
+            killed = true;
+            terminated_at.get_or_insert_with(Instant::now);
+            for w in workers.iter().filter(|w| w.exited.is_none()) {
+                signal_group(w.pgid, libc::SIGKILL);
+            }
+        }
+    }
+    // Fill in the stderr tails now that the output pumps have (or are about to have) drained the pipes.
+    let tails: BTreeMap<u32, Arc<Mutex<VecDeque<String>>>> = workers
+        .iter()
+        .map(|w| (w.rank, w.stderr_tail.clone()))
+        .collect();
+    let mut failures = job
+        .failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (_, failure) in failures.iter_mut() {
+        if failure.step == step.name
+            && let Cause::Worker { rank, .. } = failure.cause
+            && let Some(tail) = tails.get(&rank)
+        {
+            // The pump may still hold the last lines for a moment; wait briefly for the group to be gone.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while workers
+                .iter()
+                .any(|w| w.rank == rank && group_alive(w.pgid))
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            failure.stderr_tail = tail
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned()
+                .collect();
+        }
+    }
+    all_ok
+}
+
+/// Copies one worker stream to its log file and to the event sink, line by line.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a thread body; bundling the arguments would only add a struct"
+)]
+fn pump(
+    mut pipe: impl Read,
+    mut file: fs_err::File,
+    stream: Stream,
+    step: &Arc<str>,
+    host: &Arc<str>,
+    rank: u32,
+    events: &dyn EventSink,
+    tail: Option<&Mutex<VecDeque<String>>>,
+) {
+    use std::io::Write;
+    let mut splitter = LineSplitter::default();
+    let mut emit = |line: &[u8]| {
+        let text = String::from_utf8_lossy(line).into_owned();
+        if let Some(tail) = tail {
+            let mut tail = tail
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if tail.len() == STDERR_TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(text.clone());
+        }
+        events.event(Event::Line {
+            step: step.clone(),
+            host: host.clone(),
+            rank,
+            stream,
+            text,
+        });
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let _ = file.write_all(&buf[..n]);
+                splitter.push(&buf[..n], &mut emit);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    splitter.finish(&mut emit);
+    let _ = file.flush();
+}
+
+/// Splits a byte stream into lines at `\n`, `\r\n` and lone `\r` (progress bars).
+#[derive(Debug, Default)]
+pub struct LineSplitter {
+    buf: Vec<u8>,
+    after_cr: bool,
+}
+
+impl LineSplitter {
+    pub fn push(&mut self, data: &[u8], emit: &mut impl FnMut(&[u8])) {
+        for &b in data {
+            match b {
+                b'\n' if self.after_cr => self.after_cr = false,
+                b'\n' | b'\r' => {
+                    emit(&self.buf);
+                    self.buf.clear();
+                    self.after_cr = b == b'\r';
+                }
+                _ => {
+                    self.after_cr = false;
+                    self.buf.push(b);
+                    if self.buf.len() >= MAX_LINE_BYTES {
+                        emit(&self.buf);
+                        self.buf.clear();
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn finish(&mut self, emit: &mut impl FnMut(&[u8])) {
+        if !self.buf.is_empty() {
+            emit(&self.buf);
+            self.buf.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(chunks: &[&[u8]]) -> Vec<String> {
+        let mut s = LineSplitter::default();
+        let mut out = Vec::new();
+        let mut emit = |l: &[u8]| out.push(String::from_utf8_lossy(l).into_owned());
+        for c in chunks {
+            s.push(c, &mut emit);
+        }
+        s.finish(&mut emit);
+        out
+    }
+
+    #[test]
+    fn splits_on_newlines_and_carriage_returns() {
+        assert_eq!(split(&[b"a\nb\r\nc\rd"]), ["a", "b", "c", "d"]);
+        assert_eq!(split(&[b"a\r", b"\nb\n\n"]), ["a", "b", ""]);
+        assert_eq!(split(&[b"10%\r20%\r100%\n"]), ["10%", "20%", "100%"]);
+    }
+
+    #[test]
+    fn exit_codes_pass_through() {
+        assert_eq!(WorkerExit::Code(3).code(), 3);
+        assert_eq!(WorkerExit::Signal(9).code(), 137);
+        assert_eq!(WorkerExit::Signal(9).to_string(), "killed by SIGKILL");
+    }
+
+    #[test]
+    fn run_ids_sort_by_time() {
+        let id = new_run_id();
+        assert_eq!(
+            id.len(),
+            "20260101-000000-".len() + std::process::id().to_string().len()
+        );
+        assert!(id.starts_with("20"));
+    }
+}

@@ -1,0 +1,170 @@
+//! The worker environment contract (docs/running.md): the variables every worker gets, and the worker layout they
+//! describe. This module is the one registry of variables the launcher sets.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// Where one rank runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub rank: u32,
+    pub size: u32,
+    pub host: String,
+    pub local_rank: u32,
+    pub local_size: u32,
+    pub cross_rank: u32,
+    pub cross_size: u32,
+}
+
+/// All ranks of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerLayout {
+    pub slots: Vec<Slot>,
+}
+
+impl WorkerLayout {
+    /// `n` ranks on one host.
+    pub fn local(host: &str, n: u32) -> Self {
+        let slots = (0..n)
+            .map(|rank| Slot {
+                rank,
+                size: n,
+                host: host.to_owned(),
+                local_rank: rank,
+                local_size: n,
+                cross_rank: 0,
+                cross_size: 1,
+            })
+            .collect();
+        WorkerLayout { slots }
+    }
+
+    /// Hosts and how many ranks each has, in rank order of first appearance.
+    pub fn hosts(&self) -> Vec<(String, u32)> {
+        let mut hosts: Vec<(String, u32)> = Vec::new();
+        for slot in &self.slots {
+            match hosts.iter_mut().find(|(h, _)| *h == slot.host) {
+                Some((_, n)) => *n += 1,
+                None => hosts.push((slot.host.clone(), 1)),
+            }
+        }
+        hosts
+    }
+}
+
+/// This machine's host name (`/proc/sys/kernel/hostname`), `localhost` if unreadable.
+pub fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic()))
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// `CUDA_VISIBLE_DEVICES` for a worker: `gpus` consecutive devices starting at `local_rank * gpus`.
+pub fn visible_devices(gpus: u32, local_rank: u32) -> Option<String> {
+    if gpus == 0 {
+        return None;
+    }
+    let first = local_rank * gpus;
+    Some(
+        (first..first + gpus)
+            .map(|g| g.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
+/// The rendezvous a distributed worker is pointed at.
+#[derive(Debug, Clone)]
+pub struct RendezvousInfo {
+    pub addr: SocketAddr,
+    pub token: String,
+}
+
+/// Variables for one worker, to be applied on top of the inherited environment (later entries win; the contract
+/// variables come last so a step cannot break them by accident).
+pub fn worker_env(
+    step_env: &BTreeMap<String, String>,
+    slot: &Slot,
+    rendezvous: Option<&RendezvousInfo>,
+    gpus_per_worker: u32,
+    env_dir: Option<&Path>,
+) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    let inherited = |name: &str| std::env::var_os(name).is_some() || step_env.contains_key(name);
+    vars.push(("PYTHONUNBUFFERED".into(), "1".into()));
+    if !inherited("OMP_NUM_THREADS") {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        vars.push((
+            "OMP_NUM_THREADS".into(),
+            (cpus / slot.local_size.max(1)).max(1).to_string(),
+        ));
+    }
+    if let Some(dir) = env_dir {
+        let path = std::env::var("PATH").unwrap_or_default();
+        let bin = dir.join("bin");
+        vars.push((
+            "PATH".into(),
+            if path.is_empty() {
+                bin.display().to_string()
+            } else {
+                format!("{}:{path}", bin.display())
+            },
+        ));
+        vars.push(("VIRTUAL_ENV".into(), dir.display().to_string()));
+    }
+    vars.extend(step_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if let Some(devices) = visible_devices(gpus_per_worker, slot.local_rank) {
+        vars.push(("CUDA_VISIBLE_DEVICES".into(), devices));
+    }
+    let Some(rdv) = rendezvous else {
+        return vars;
+    };
+    let num = |n: u32| n.to_string();
+    let ip = rdv.addr.ip().to_string();
+    let port = rdv.addr.port().to_string();
+    vars.extend([
+        ("HVD_RANK".into(), num(slot.rank)),
+        ("HVD_SIZE".into(), num(slot.size)),
+        ("HVD_LOCAL_RANK".into(), num(slot.local_rank)),
+        ("HVD_LOCAL_SIZE".into(), num(slot.local_size)),
+        ("HVD_CROSS_RANK".into(), num(slot.cross_rank)),
+        ("HVD_CROSS_SIZE".into(), num(slot.cross_size)),
+        ("HVD_HOSTNAME".into(), slot.host.clone()),
+        ("HVD_RENDEZVOUS".into(), rdv.addr.to_string()),
+        ("HVD_JOB_TOKEN".into(), rdv.token.clone()),
+        // Horovod's gloo controller (what horovodrun's gloo mode sets), so a real Horovod build runs unchanged.
+        ("HOROVOD_RANK".into(), num(slot.rank)),
+        ("HOROVOD_SIZE".into(), num(slot.size)),
+        ("HOROVOD_LOCAL_RANK".into(), num(slot.local_rank)),
+        ("HOROVOD_LOCAL_SIZE".into(), num(slot.local_size)),
+        ("HOROVOD_CROSS_RANK".into(), num(slot.cross_rank)),
+        ("HOROVOD_CROSS_SIZE".into(), num(slot.cross_size)),
+        ("HOROVOD_HOSTNAME".into(), slot.host.clone()),
+        ("HOROVOD_GLOO_RENDEZVOUS_ADDR".into(), ip.clone()),
+        ("HOROVOD_GLOO_RENDEZVOUS_PORT".into(), port.clone()),
+        ("HOROVOD_CONTROLLER".into(), "gloo".into()),
+        ("HOROVOD_CPU_OPERATIONS".into(), "gloo".into()),
+        ("HOROVOD_GLOO_IFACE".into(), "lo".into()),
+        ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
+        // torch.distributed's env:// init. MASTER_PORT must differ from the rendezvous port: rank 0 listens there.
+        ("RANK".into(), num(slot.rank)),
+        ("WORLD_SIZE".into(), num(slot.size)),
+        ("LOCAL_RANK".into(), num(slot.local_rank)),
+        ("LOCAL_WORLD_SIZE".into(), num(slot.local_size)),
+        ("MASTER_ADDR".into(), ip),
+    ]);
+    vars
+}
+
+/// A free TCP port on 127.0.0.1 for torch's `MASTER_PORT` (rank 0 binds it; there is an unavoidable window in which
+/// another process could take it, the same as torchrun's own choice).
+pub fn free_port() -> Option<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()
+        .map(|a| a.port())
+}
