@@ -29,6 +29,7 @@ pub mod communicator;
 pub mod config;
 pub mod error;
 mod header;
+pub mod hierarchical;
 pub mod p2p;
 pub mod reduce;
 pub mod shm;

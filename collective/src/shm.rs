@@ -460,6 +460,68 @@ impl ShmTransport {
     }
 }
 
+impl ShmTransport {
+    /// Waits for ring activity; `may_sleep` allows the futex sleep (off when another transport needs polling).
+    pub(crate) fn wait_inner(
+        &mut self,
+        send_peers: &[usize],
+        recv_peers: &[usize],
+        idle: u32,
+        may_sleep: bool,
+    ) -> Result<()> {
+        self.check_abort()?;
+        if idle < 200 {
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+            return Ok(());
+        }
+        if idle < 300 || !may_sleep {
+            std::thread::yield_now();
+            if may_sleep || !idle.is_multiple_of(64) {
+                return Ok(());
+            }
+        }
+        if self.last_liveness.elapsed() > Duration::from_millis(20) {
+            self.last_liveness = Instant::now();
+            for &p in send_peers {
+                self.check_peer(self.local(p)?, true)?;
+            }
+            for &p in recv_peers {
+                let from = self.local(p)?;
+                let empty = self.seg.head(from, self.rank).load(Ordering::Acquire)
+                    == self.seg.tail(from, self.rank).load(Ordering::Acquire);
+                self.check_peer(from, empty)?;
+            }
+        }
+        // Sleep until a peer publishes something. Announce the sleep first, then re-check, so a peer that
+        // publishes in between either is seen here or sees the flag and wakes us.
+        if !may_sleep {
+            return Ok(());
+        }
+        let me = self.rank;
+        let flag = self.seg.sleeping(me);
+        flag.store(1, Ordering::SeqCst);
+        let mut ready = false;
+        for &p in send_peers {
+            let to = self.local(p)?;
+            let used = self.seg.head(me, to).load(Ordering::SeqCst)
+                - self.seg.tail(me, to).load(Ordering::SeqCst);
+            ready |= used < self.seg.ring_bytes as u64;
+        }
+        for &p in recv_peers {
+            let from = self.local(p)?;
+            ready |= self.seg.head(from, me).load(Ordering::SeqCst)
+                != self.seg.tail(from, me).load(Ordering::SeqCst);
+        }
+        if !ready && self.seg.abort_word().load(Ordering::SeqCst) == 0 {
+            futex_wait(flag, 1, Duration::from_millis(10));
+        }
+        flag.store(0, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 fn padded(len: usize) -> usize {
     len.div_ceil(8) * 8
 }
@@ -558,52 +620,8 @@ impl Transport for ShmTransport {
         Ok(true)
     }
 
-    fn wait(&mut self, sends: &[SendOp<'_>], recvs: &[RecvOp<'_>], idle: u32) -> Result<()> {
-        self.check_abort()?;
-        if idle < 200 {
-            for _ in 0..16 {
-                std::hint::spin_loop();
-            }
-            return Ok(());
-        }
-        if idle < 300 {
-            std::thread::yield_now();
-            return Ok(());
-        }
-        if self.last_liveness.elapsed() > Duration::from_millis(20) {
-            self.last_liveness = Instant::now();
-            for s in sends.iter().filter(|s| !s.finished) {
-                self.check_peer(self.local(s.peer)?, true)?;
-            }
-            for r in recvs.iter().filter(|r| !r.finished) {
-                let from = self.local(r.peer)?;
-                let empty = self.seg.head(from, self.rank).load(Ordering::Acquire)
-                    == self.seg.tail(from, self.rank).load(Ordering::Acquire);
-                self.check_peer(from, empty)?;
-            }
-        }
-        // Sleep until a peer publishes something. Announce the sleep first, then re-check, so a peer that
-        // publishes in between either is seen here or sees the flag and wakes us.
-        let me = self.rank;
-        let flag = self.seg.sleeping(me);
-        flag.store(1, Ordering::SeqCst);
-        let mut ready = false;
-        for s in sends.iter().filter(|s| !s.finished) {
-            let to = self.local(s.peer)?;
-            let used = self.seg.head(me, to).load(Ordering::SeqCst)
-                - self.seg.tail(me, to).load(Ordering::SeqCst);
-            ready |= used < self.seg.ring_bytes as u64;
-        }
-        for r in recvs.iter().filter(|r| !r.finished) {
-            let from = self.local(r.peer)?;
-            ready |= self.seg.head(from, me).load(Ordering::SeqCst)
-                != self.seg.tail(from, me).load(Ordering::SeqCst);
-        }
-        if !ready && self.seg.abort_word().load(Ordering::SeqCst) == 0 {
-            futex_wait(flag, 1, Duration::from_millis(10));
-        }
-        flag.store(0, Ordering::SeqCst);
-        Ok(())
+    fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()> {
+        self.wait_inner(send_peers, recv_peers, idle, true)
     }
 
     fn abort(&mut self, culprit: usize, reason: &str) {

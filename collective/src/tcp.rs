@@ -66,6 +66,8 @@ impl Peer {
 /// A full mesh of TCP connections between the ranks of a job.
 pub struct TcpTransport {
     rank: usize,
+    /// Longest single `poll` while waiting (short when another transport also needs attention).
+    pub(crate) poll_ms: i32,
     peers: Vec<Option<Peer>>,
     scratch: Vec<u8>,
 }
@@ -84,10 +86,23 @@ impl TcpTransport {
         addrs: &[SocketAddr],
         timeout: Duration,
     ) -> Result<Self> {
+        let addrs: Vec<Option<SocketAddr>> = addrs.iter().copied().map(Some).collect();
+        Self::connect_subset(rank, listener, &addrs, timeout)
+    }
+
+    /// Like [`connect`](Self::connect), but only to the ranks whose address is `Some` (the others are reached by
+    /// another transport). Every rank must pass the same pattern of `Some`s for each pair.
+    pub fn connect_subset(
+        rank: usize,
+        listener: &TcpListener,
+        addrs: &[Option<SocketAddr>],
+        timeout: Duration,
+    ) -> Result<Self> {
         let size = addrs.len();
         let deadline = Instant::now() + timeout;
         let mut peers: Vec<Option<Peer>> = (0..size).map(|_| None).collect();
         for (j, addr) in addrs.iter().enumerate().take(rank) {
+            let Some(addr) = addr else { continue };
             let stream = loop {
                 match TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
                     Ok(s) => break s,
@@ -108,11 +123,9 @@ impl TcpTransport {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("make the listener non-blocking", e))?;
-        while peers
-            .iter()
-            .enumerate()
-            .any(|(j, p)| j > rank && p.is_none())
-        {
+        let expected =
+            |j: usize, peers: &[Option<Peer>]| j > rank && addrs[j].is_some() && peers[j].is_none();
+        while (0..size).any(|j| expected(j, &peers)) {
             match listener.accept() {
                 Ok((stream, from)) => {
                     stream
@@ -134,9 +147,8 @@ impl TcpTransport {
                     let j = peer_rank as usize;
                     if kind != HELLO
                         || peer_size != size as u64
-                        || j <= rank
                         || j >= size
-                        || peers[j].is_some()
+                        || !expected(j, &peers)
                     {
                         return Err(Error::Bootstrap(format!(
                             "`{from}` sent an unexpected greeting (rank {peer_rank} of {peer_size}); is another job \
@@ -148,7 +160,7 @@ impl TcpTransport {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if Instant::now() > deadline {
                         let missing: Vec<usize> =
-                            (rank + 1..size).filter(|j| peers[*j].is_none()).collect();
+                            (0..size).filter(|j| expected(*j, &peers)).collect();
                         return Err(Error::Timeout {
                             op: "connect",
                             ranks: missing,
@@ -162,6 +174,7 @@ impl TcpTransport {
         }
         Ok(TcpTransport {
             rank,
+            poll_ms: 50,
             peers,
             scratch: vec![0; SCRATCH + 8],
         })
@@ -385,7 +398,7 @@ impl Transport for TcpTransport {
         Ok(moved)
     }
 
-    fn wait(&mut self, sends: &[SendOp<'_>], recvs: &[RecvOp<'_>], idle: u32) -> Result<()> {
+    fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()> {
         if idle < 32 {
             std::hint::spin_loop();
             return Ok(());
@@ -398,12 +411,12 @@ impl Transport for TcpTransport {
                 continue;
             }
             let mut events: libc::c_short = 0;
-            if recvs.iter().any(|r| !r.finished && r.peer == j) {
+            if recv_peers.contains(&j) {
                 events |= libc::POLLIN;
             } else {
                 events |= libc::POLLRDHUP;
             }
-            if sends.iter().any(|s| !s.finished && s.peer == j) {
+            if send_peers.contains(&j) {
                 events |= libc::POLLOUT;
             }
             fds.push(libc::pollfd {
@@ -414,7 +427,7 @@ impl Transport for TcpTransport {
             who.push(j);
         }
         // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, self.poll_ms) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {

@@ -109,12 +109,7 @@ impl LocalJob {
                     })
                     .collect::<Result<_>>()?
             }
-            Backend::Hierarchical => {
-                return Err(Error::Unavailable {
-                    backend: "hierarchical",
-                    reason: "not built yet".into(),
-                });
-            }
+            Backend::Hierarchical => self.hierarchical_ranks(&hosts)?,
         };
         Ok(comms)
     }
@@ -155,6 +150,61 @@ impl LocalJob {
                 Ok(self.boxed(P2pCommunicator::new(t?, "tcp", hosts.to_vec(), timeout)))
             })
             .collect()
+    }
+
+    fn hierarchical_ranks(&self, hosts: &[usize]) -> Result<Vec<Box<dyn Communicator>>> {
+        let n = self.size;
+        let listeners = (0..n)
+            .map(|_| listen(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+            .collect::<Result<Vec<_>>>()?;
+        let addrs = listeners
+            .iter()
+            .map(|l| {
+                l.local_addr()
+                    .map_err(|e| Error::io("read a listener's address", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut segments = std::collections::HashMap::new();
+        for h in hosts {
+            if !segments.contains_key(h) {
+                let local = hosts.iter().filter(|x| *x == h).count();
+                segments.insert(
+                    *h,
+                    ShmSegment::create_anonymous(local, crate::shm::ring_bytes_from_env())?,
+                );
+            }
+        }
+        let timeout = self.timeout;
+        let this = self;
+        let results: Vec<Result<Box<dyn Communicator>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = listeners
+                .iter()
+                .enumerate()
+                .map(|(r, l)| {
+                    let addrs = &addrs;
+                    let seg = segments[&hosts[r]].clone();
+                    s.spawn(move || -> Result<Box<dyn Communicator>> {
+                        let t = crate::hierarchical::MixedTransport::connect(
+                            r, hosts, seg, l, addrs, timeout,
+                        )?;
+                        Ok(this.boxed(P2pCommunicator::new(
+                            t,
+                            "hierarchical",
+                            hosts.to_vec(),
+                            timeout,
+                        )))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Broken("connect panicked".into())))
+                })
+                .collect()
+        });
+        results.into_iter().collect()
     }
 
     fn boxed<T: Transport + 'static>(&self, mut c: P2pCommunicator<T>) -> Box<dyn Communicator> {

@@ -74,7 +74,8 @@ pub trait Transport: Send {
     fn progress_recv(&mut self, op: &mut RecvOp<'_>) -> Result<bool>;
     /// Waits a little for progress to become possible; `idle` counts fruitless rounds so far (spin, then yield,
     /// then sleep). Also checks that peers are alive and returns their loss as an error.
-    fn wait(&mut self, sends: &[SendOp<'_>], recvs: &[RecvOp<'_>], idle: u32) -> Result<()>;
+    /// `send_peers`/`recv_peers` are the peers of the unfinished transfers.
+    fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()>;
     /// Tells every peer that this rank gives up because of `culprit`, so their pending operations fail at once.
     fn abort(&mut self, culprit: usize, reason: &str);
 }
@@ -89,6 +90,7 @@ pub fn exchange<T: Transport + ?Sized>(
 ) -> Result<()> {
     let mut last_progress: Option<Instant> = None;
     let mut idle = 0u32;
+    let (mut send_peers, mut recv_peers) = (Vec::new(), Vec::new());
     loop {
         let mut moved = false;
         let mut pending = false;
@@ -128,7 +130,11 @@ pub fn exchange<T: Transport + ?Sized>(
                 });
             }
         }
-        t.wait(sends, recvs, idle)?;
+        send_peers.clear();
+        send_peers.extend(sends.iter().filter(|s| !s.finished).map(|s| s.peer));
+        recv_peers.clear();
+        recv_peers.extend(recvs.iter().filter(|r| !r.finished).map(|r| r.peer));
+        t.wait(&send_peers, &recv_peers, idle)?;
     }
 }
 

@@ -9,8 +9,39 @@ use hvd_collective::{Communicator, DType, Error, ReduceOp, Thresholds};
 
 const LARGE: usize = 70_001;
 
-fn backends() -> Vec<Backend> {
-    vec![Backend::Tcp, Backend::Shm]
+/// One module per communicator, each running the whole suite.
+macro_rules! suite {
+    ($($name:ident => $backend:expr),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[test]
+            fn every_op_and_dtype_matches_the_reference() {
+                super::every_op_and_dtype_matches_the_reference($backend)
+            }
+            #[test]
+            fn both_allreduce_algorithms_match_the_reference() {
+                super::both_allreduce_algorithms_match_the_reference($backend)
+            }
+            #[test]
+            fn mismatched_calls_fail_on_every_rank() {
+                super::mismatched_calls_fail_on_every_rank($backend)
+            }
+            #[test]
+            fn a_silent_peer_times_out_naming_it() {
+                super::a_silent_peer_times_out_naming_it($backend)
+            }
+            #[test]
+            fn a_departed_peer_is_named() {
+                super::a_departed_peer_is_named($backend)
+            }
+        }
+    )*};
+}
+
+suite! {
+    tcp => Backend::Tcp,
+    shm => Backend::Shm,
+    hierarchical => Backend::Hierarchical,
 }
 
 /// Deterministic small values so float sums of four ranks stay exact in every type.
@@ -295,9 +326,8 @@ fn conformance(backend: Backend, n: usize) {
     }
 }
 
-#[test]
-fn every_op_and_dtype_matches_the_reference() {
-    for backend in backends() {
+fn every_op_and_dtype_matches_the_reference(backend: Backend) {
+    {
         for n in 1..=4 {
             conformance(backend, n);
         }
@@ -305,9 +335,8 @@ fn every_op_and_dtype_matches_the_reference() {
 }
 
 /// Both allreduce algorithms at every size: recursive doubling forced for large messages, the ring for small ones.
-#[test]
-fn both_allreduce_algorithms_match_the_reference() {
-    for backend in backends() {
+fn both_allreduce_algorithms_match_the_reference(backend: Backend) {
+    {
         for n in [2, 3, 4] {
             for small in [0, usize::MAX] {
                 let th = Thresholds {
@@ -340,8 +369,7 @@ fn f32s(v: &[f32]) -> Vec<u8> {
 
 /// Each case is what every rank calls; all ranks must get a mismatch naming the difference, and the communicator
 /// must stay usable afterwards.
-#[test]
-fn mismatched_calls_fail_on_every_rank() {
+fn mismatched_calls_fail_on_every_rank(backend: Backend) {
     type Call = fn(&mut dyn Communicator) -> Result<(), Error>;
     let cases: Vec<(&str, Call, &str)> = vec![
         (
@@ -411,7 +439,7 @@ fn mismatched_calls_fail_on_every_rank() {
             "expects 2",
         ),
     ];
-    for backend in backends() {
+    {
         for (name, call, needle) in &cases {
             let results = LocalJob::new(3, backend)
                 .timeout(Duration::from_secs(10))
@@ -447,9 +475,8 @@ fn mismatched_calls_fail_on_every_rank() {
 }
 
 /// A rank that stops calling makes every other rank's operation fail within the timeout, naming it.
-#[test]
-fn a_silent_peer_times_out_naming_it() {
-    for backend in backends() {
+fn a_silent_peer_times_out_naming_it(backend: Backend) {
+    {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let (tx, rx) = (std::sync::Mutex::new(tx), std::sync::Mutex::new(rx));
         let results = LocalJob::new(3, backend)
@@ -488,9 +515,8 @@ fn a_silent_peer_times_out_naming_it() {
 }
 
 /// A rank that shuts its communicator down while others still expect data is reported as lost.
-#[test]
-fn a_departed_peer_is_named() {
-    for backend in backends() {
+fn a_departed_peer_is_named(backend: Backend) {
+    {
         let results = LocalJob::new(4, backend)
             .timeout(Duration::from_secs(10))
             .run(|mut comm| {

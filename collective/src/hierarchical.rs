@@ -1,0 +1,107 @@
+//! The hierarchical transport: shared memory to the ranks on this host, TCP to the others.
+//!
+//! The collective algorithms in [`crate::p2p`] see one transport; when ranks span hosts and every host has the
+//! same number of ranks, allreduce runs as reduce-scatter inside the host (shm), allreduce of each slice across
+//! hosts among ranks with the same local rank (tcp), then allgather inside the host (shm).
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::shm::{ShmSegment, ShmTransport};
+use crate::tcp::TcpTransport;
+use crate::transport::{RecvOp, SendOp, Transport};
+
+/// Shared memory for same-host peers, TCP for the rest.
+pub struct MixedTransport {
+    shm: ShmTransport,
+    tcp: TcpTransport,
+    /// `local[r]`: rank `r` shares this rank's host.
+    local: Vec<bool>,
+    rank: usize,
+}
+
+impl MixedTransport {
+    /// Connects rank `rank` given every rank's host index, this host's shared segment (sized for the local ranks,
+    /// in rank order), this rank's listener and every rank's TCP address.
+    pub fn connect(
+        rank: usize,
+        hosts: &[usize],
+        seg: ShmSegment,
+        listener: &TcpListener,
+        addrs: &[SocketAddr],
+        timeout: Duration,
+    ) -> Result<MixedTransport> {
+        let local: Vec<bool> = hosts.iter().map(|h| *h == hosts[rank]).collect();
+        let global: Vec<usize> = (0..hosts.len()).filter(|r| local[*r]).collect();
+        let me = global.iter().position(|r| *r == rank).unwrap_or(0);
+        let shm = ShmTransport::attach_mapped(seg, me, global)?;
+        let remote: Vec<Option<SocketAddr>> = addrs
+            .iter()
+            .enumerate()
+            .map(|(r, a)| (!local[r]).then_some(*a))
+            .collect();
+        let mut tcp = TcpTransport::connect_subset(rank, listener, &remote, timeout)?;
+        tcp.poll_ms = 1;
+        shm.wait_attached(timeout)?;
+        Ok(MixedTransport {
+            shm,
+            tcp,
+            local,
+            rank,
+        })
+    }
+}
+
+impl Transport for MixedTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.local.len()
+    }
+
+    fn progress_send(&mut self, op: &mut SendOp<'_>) -> Result<bool> {
+        if self.local[op.peer] {
+            self.shm.progress_send(op)
+        } else {
+            self.tcp.progress_send(op)
+        }
+    }
+
+    fn progress_recv(&mut self, op: &mut RecvOp<'_>) -> Result<bool> {
+        if self.local[op.peer] {
+            self.shm.progress_recv(op)
+        } else {
+            self.tcp.progress_recv(op)
+        }
+    }
+
+    fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()> {
+        let split = |peers: &[usize], local: bool| -> Vec<usize> {
+            peers
+                .iter()
+                .copied()
+                .filter(|p| self.local[*p] == local)
+                .collect()
+        };
+        let (ls, lr) = (split(send_peers, true), split(recv_peers, true));
+        let (rs, rr) = (split(send_peers, false), split(recv_peers, false));
+        if rs.is_empty() && rr.is_empty() {
+            return self.shm.wait(&ls, &lr, idle);
+        }
+        if !ls.is_empty() || !lr.is_empty() {
+            self.shm.wait_inner(&ls, &lr, idle, false)?;
+            if idle < 300 {
+                return Ok(());
+            }
+        }
+        self.tcp.wait(&rs, &rr, idle)
+    }
+
+    fn abort(&mut self, culprit: usize, reason: &str) {
+        self.shm.abort(culprit, reason);
+        self.tcp.abort(culprit, reason);
+    }
+}
