@@ -7,7 +7,7 @@
 //! | `HVD_CACHE_CAPACITY` | 1024 | response cache entries; 0 disables the cached fast path |
 //! | `HVD_STALL_CHECK_TIME` | 60 | seconds before the stall inspector warns; 0 disables it |
 //! | `HVD_STALL_SHUTDOWN_TIME` | unset | seconds after which a stalled tensor stops the job with an error |
-//! | `HVD_TIMELINE` | unset | path of a Chrome-trace JSON timeline |
+//! | `HVD_TIMELINE` | unset | path of a Chrome-trace JSON timeline, written by rank 0 (`{rank}` in the path: one file per rank) |
 //! | `HVD_TIMELINE_MARK_CYCLES` | 1 | mark engine cycles that did work in the timeline (0: off) |
 //! | `HVD_LOG_LEVEL` | warn | level of the runtime's stderr log when loaded through the C ABI |
 //!

@@ -188,8 +188,19 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Engine, EngineError> {
         let topology = transport.topology();
+        // Like Horovod, rank 0 writes the timeline; a `{rank}` in the path gives every rank a file of its own.
+        let timeline_path = config.timeline.as_ref().and_then(|p| {
+            let text = p.to_string_lossy();
+            if text.contains("{rank}") {
+                Some(std::path::PathBuf::from(
+                    text.replace("{rank}", &topology.rank.to_string()),
+                ))
+            } else {
+                (topology.rank == 0).then(|| p.clone())
+            }
+        });
         let timeline =
-            match &config.timeline {
+            match &timeline_path {
                 Some(path) => Some(Timeline::create(path, topology.rank).map_err(|e| {
                     EngineError::Timeline {
                         path: path.display().to_string(),

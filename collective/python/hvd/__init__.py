@@ -1,0 +1,485 @@
+"""hvd: Horovod-style collectives for training processes started by ``hvd run``.
+
+Pure Python over the C ABI of ``libhvd_runtime.so`` (see ``hvd/_lib.py`` for how the library is found), so one
+copy serves every Python version and framework. Tensors: numpy arrays (zero-copy through ``__array_interface__``)
+and any CPU tensor with ``__dlpack__`` (torch, jax, tensorflow).
+
+    import hvd, numpy as np
+    hvd.init()
+    total = hvd.allreduce(np.ones(3, np.float32), op=hvd.Sum)   # = size() everywhere
+"""
+
+import ctypes
+import pickle
+import threading
+
+from . import _lib
+from ._dlpack import DLPackView
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
+    "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
+    "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "broadcast_object", "allgather_object", "Sum", "Average", "Min", "Max", "Product", "HvdError",
+    "HorovodInternalError", "Handle", "library_path",
+]
+
+# Reduce operations (hvd.h enum hvd_reduce_op).
+Sum, Average, Min, Max, Product = 0, 1, 2, 3, 4
+
+_ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _BARRIER, _JOIN = range(7)
+
+
+class HvdError(RuntimeError):
+    """A collective failed: ranks disagreed (name, shape, dtype), a peer died, or the engine stopped."""
+
+
+HorovodInternalError = HvdError
+
+
+def _l():
+    return _lib.load()
+
+
+def _check(rc):
+    if rc < 0:
+        raise HvdError(_l().hvd_last_error().decode("utf-8", "replace"))
+    return rc
+
+
+def library_path():
+    """The shared library in use."""
+    return str(_lib.path())
+
+
+def init(comm=None):
+    """Joins the job described by the environment (``hvd run``, mpirun, srun; none: a job of one rank)."""
+    if comm is not None:
+        raise ValueError("hvd.init() takes no communicator: the job comes from the environment")
+    _check(_l().hvd_init())
+
+
+def shutdown():
+    """Leaves the job once every rank has called shutdown (meanwhile this rank acts as joined)."""
+    if _lib._lib is not None:
+        _check(_l().hvd_shutdown())
+
+
+def is_initialized():
+    return bool(_l().hvd_is_initialized())
+
+
+def _topology(fn):
+    v = fn()
+    if v < 0:
+        raise ValueError("hvd is not initialized: call hvd.init() first")
+    return v
+
+
+def size():
+    return _topology(_l().hvd_size)
+
+
+def rank():
+    return _topology(_l().hvd_rank)
+
+
+def local_size():
+    return _topology(_l().hvd_local_size)
+
+
+def local_rank():
+    return _topology(_l().hvd_local_rank)
+
+
+def cross_size():
+    return _topology(_l().hvd_cross_size)
+
+
+def cross_rank():
+    return _topology(_l().hvd_cross_rank)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tensors
+
+
+def _np():
+    try:
+        import numpy
+    except ImportError as e:  # pragma: no cover - numpy is in every environment hvd builds
+        raise ImportError("hvd needs numpy for its results; install numpy in this environment") from e
+    return numpy
+
+
+_NP_NAMES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4, "float32": 5, "float64": 6,
+             "bfloat16": 7, "bool": 0}
+_CODE_NAMES = {0: "uint8", 1: "int8", 2: "int32", 3: "int64", 4: "float16", 5: "float32", 6: "float64"}
+
+
+def _np_dtype(code):
+    np = _np()
+    if code == 7:
+        try:
+            import ml_dtypes
+        except ImportError as e:
+            raise TypeError("bfloat16 results need the ml_dtypes package") from e
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(_CODE_NAMES[code])
+
+
+class _Tensor:
+    """A contiguous CPU buffer: pointer, dtype code, shape, and how to turn results back into the caller's type."""
+
+    __slots__ = ("obj", "array", "view", "ptr", "dtype", "shape", "np_dtype")
+
+    def __init__(self, obj):
+        np = _np()
+        self.obj = obj
+        self.view = None
+        if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
+            arr = np.asarray(obj, order="C")
+            code = _NP_NAMES.get(arr.dtype.name)
+            if code is None:
+                raise TypeError("hvd does not support dtype {} (supported: {})".format(
+                    arr.dtype, ", ".join(sorted(_NP_NAMES))))
+            self.array = arr
+            self.ptr = arr.__array_interface__["data"][0]
+            self.dtype = code
+            self.shape = arr.shape
+            self.np_dtype = arr.dtype
+        else:
+            view = DLPackView(obj)
+            self.array = None
+            self.view = view
+            self.ptr = view.data
+            self.dtype = view.dtype
+            self.shape = view.shape
+            self.np_dtype = None
+
+    def is_numpy(self):
+        return self.array is not None and self.array is self.obj
+
+    def empty(self, shape):
+        """A new numpy array of this tensor's dtype."""
+        np = _np()
+        if self.np_dtype is not None:
+            return np.empty(shape, self.np_dtype)
+        if self.dtype == 7:
+            return np.empty(shape, np.uint16)  # bf16 bits; converted by _wrap
+        return np.empty(shape, _np_dtype(self.dtype))
+
+    def wrap(self, arr):
+        """A numpy result as the caller's tensor type."""
+        if self.view is None:
+            return arr
+        module = type(self.obj).__module__.split(".")[0]
+        if module == "torch":
+            import torch
+
+            t = torch.from_numpy(arr)
+            return t.view(torch.bfloat16) if self.dtype == 7 else t
+        if module in ("jax", "jaxlib"):
+            import jax.numpy as jnp
+
+            return jnp.asarray(arr.view(_np_dtype(7)) if self.dtype == 7 else arr)
+        if module == "tensorflow":
+            import tensorflow as tf
+
+            if self.dtype == 7:
+                return tf.bitcast(tf.convert_to_tensor(arr), tf.bfloat16)
+            return tf.convert_to_tensor(arr)
+        return arr
+
+
+class Handle:
+    """An operation in flight. ``poll(h)`` tells whether it is done; ``synchronize(h)`` returns its result."""
+
+    __slots__ = ("id", "_keep", "_finish", "_done", "_result")
+
+    def __init__(self, hid, keep, finish):
+        self.id = hid
+        self._keep = keep
+        self._finish = finish
+        self._done = False
+        self._result = None
+
+    def __repr__(self):
+        return "hvd.Handle({}{})".format(self.id, ", done" if self._done else "")
+
+
+def _shape_array(shape):
+    return (ctypes.c_int64 * max(len(shape), 1))(*shape)
+
+
+def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=None):
+    keep = []
+    shape = _shape_array(tensor.shape) if tensor is not None else _shape_array(())
+    keep.append(shape)
+    req = _lib.HvdRequest()
+    req.kind = kind
+    req.name = name.encode("utf-8") if name else None
+    req.dtype = tensor.dtype if tensor is not None else 0
+    req.ndim = len(tensor.shape) if tensor is not None else 0
+    req.shape = shape
+    req.input = tensor.ptr if tensor is not None else None
+    req.output = out_ptr
+    req.op = op
+    req.root = root
+    req.prescale = float(prescale)
+    req.postscale = float(postscale)
+    if splits is not None:
+        arr = (ctypes.c_int64 * max(len(splits), 1))(*[int(s) for s in splits])
+        keep.append(arr)
+        req.splits = arr
+        req.nsplits = len(splits)
+    return req, keep
+
+
+def _submit(req, keep, finish):
+    hid = _check(_l().hvd_enqueue(ctypes.byref(req)))
+    return Handle(hid, keep, finish)
+
+
+def _resolve_op(average, op, default=Average):
+    if op is not None and average is not None:
+        raise ValueError("pass either op or average, not both")
+    if op is None:
+        if average is None:
+            return default
+        return Average if average else Sum
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError("unknown op {!r}: use hvd.Sum, hvd.Average, hvd.Min, hvd.Max or hvd.Product".format(op))
+    return op
+
+
+def _owned_result(t):
+    """Finisher for ops whose result the library owns (allgather, alltoall, reducescatter)."""
+
+    def finish(hid):
+        lib = _l()
+        ndim = _check(lib.hvd_result_ndim(hid))
+        shape = (ctypes.c_int64 * max(ndim, 1))()
+        _check(lib.hvd_result_shape(hid, shape))
+        out = t.empty(tuple(shape[i] for i in range(ndim)))
+        nbytes = _check(lib.hvd_result_nbytes(hid))
+        _check(lib.hvd_result_copy(hid, out.__array_interface__["data"][0] if nbytes else None, nbytes))
+        return t.wrap(out)
+
+    return finish
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Starts an allreduce (default: average over ranks); ``synchronize`` returns a new tensor."""
+    t = _Tensor(tensor)
+    out = t.empty(t.shape)
+    req, keep = _request(_ALLREDUCE, t, name, out.__array_interface__["data"][0],
+                         _resolve_op(average, op), 0, prescale_factor, postscale_factor)
+    keep += [t, out]
+    return _submit(req, keep, lambda hid: t.wrap(out))
+
+
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place allreduce of a contiguous numpy array or DLPack tensor; ``synchronize`` returns the tensor."""
+    t = _Tensor(tensor)
+    if t.array is not None and t.array is not tensor:
+        raise ValueError("in-place operations need a C-contiguous numpy array")
+    req, keep = _request(_ALLREDUCE, t, name, t.ptr, _resolve_op(average, op), 0, prescale_factor,
+                         postscale_factor)
+    keep.append(t)
+    return _submit(req, keep, lambda hid: tensor)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Allreduces a list of tensors, submitted with one call into the library; returns one handle per tensor."""
+    op = _resolve_op(average, op)
+    n = len(tensors)
+    reqs = (_lib.HvdRequest * n)()
+    keeps, outs, ts = [], [], []
+    for i, x in enumerate(tensors):
+        t = _Tensor(x)
+        out = t.empty(t.shape)
+        req, keep = _request(_ALLREDUCE, t, "{}.{}".format(name, i) if name else None,
+                             out.__array_interface__["data"][0], op, 0, prescale_factor, postscale_factor)
+        reqs[i] = req
+        keeps.append(keep + [t, out])
+        outs.append(out)
+        ts.append(t)
+    ids = (ctypes.c_int64 * max(n, 1))()
+    ok = _l().hvd_enqueue_many(reqs, n, ids)
+    if ok != n:
+        message = _l().hvd_last_error().decode("utf-8", "replace")
+        for i in range(n):
+            if ids[i] > 0:
+                try:
+                    synchronize(Handle(ids[i], keeps[i], lambda hid: None))
+                except HvdError:
+                    pass
+        raise HvdError(message)
+    return [Handle(ids[i], keeps[i], (lambda t, o: lambda hid: t.wrap(o))(ts[i], outs[i])) for i in range(n)]
+
+
+def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return [synchronize(h) for h in
+            grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor)]
+
+
+def allgather_async(tensor, name=None):
+    """Concatenates every rank's tensor along dimension 0 (ranks may differ in that dimension)."""
+    t = _Tensor(tensor)
+    req, keep = _request(_ALLGATHER, t, name)
+    keep.append(t)
+    return _submit(req, keep, _owned_result(t))
+
+
+def allgather(tensor, name=None):
+    return synchronize(allgather_async(tensor, name))
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    """Rank ``root_rank``'s tensor, as a new tensor on every rank."""
+    t = _Tensor(tensor)
+    out = t.empty(t.shape)
+    req, keep = _request(_BROADCAST, t, name, out.__array_interface__["data"][0], root=root_rank)
+    keep += [t, out]
+    return _submit(req, keep, lambda hid: t.wrap(out))
+
+
+def broadcast(tensor, root_rank, name=None):
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """In-place broadcast into a contiguous numpy array or DLPack tensor."""
+    t = _Tensor(tensor)
+    if t.array is not None and t.array is not tensor:
+        raise ValueError("in-place operations need a C-contiguous numpy array")
+    req, keep = _request(_BROADCAST, t, name, t.ptr, root=root_rank)
+    keep.append(t)
+    return _submit(req, keep, lambda hid: tensor)
+
+
+def broadcast_(tensor, root_rank, name=None):
+    return synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+def alltoall_async(tensor, splits=None, name=None):
+    """Sends rows ``splits[j]`` of dimension 0 to rank j (default: equal parts); ``synchronize`` returns
+    ``(received tensor, received splits)``."""
+    t = _Tensor(tensor)
+    if splits is not None:
+        splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
+    req, keep = _request(_ALLTOALL, t, name, splits=splits)
+    keep.append(t)
+    owned = _owned_result(t)
+
+    def finish(hid):
+        out = owned(hid)
+        n = _l().hvd_size()
+        arr = (ctypes.c_int64 * max(n, 1))()
+        _check(_l().hvd_result_splits(hid, arr))
+        return out, [arr[i] for i in range(n)]
+
+    return _submit(req, keep, finish)
+
+
+def alltoall(tensor, splits=None, name=None, return_received_splits=False):
+    out, received = synchronize(alltoall_async(tensor, splits, name))
+    return (out, received) if return_received_splits else out
+
+
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces over ranks and leaves rank r its block of dimension 0 (the first ``dim0 % size`` ranks get one row
+    more)."""
+    t = _Tensor(tensor)
+    req, keep = _request(_REDUCESCATTER, t, name, op=_resolve_op(None, op), prescale=prescale_factor,
+                         postscale=postscale_factor)
+    keep.append(t)
+    return _submit(req, keep, _owned_result(t))
+
+
+def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+
+
+def barrier(name=None):
+    req, keep = _request(_BARRIER, None, name)
+    synchronize(_submit(req, keep, lambda hid: None))
+
+
+def join():
+    """Declares that this rank has no more data: until every rank has joined, it contributes zeros (the reduction's
+    identity) to the others' allreduces. Returns the rank that joined last."""
+    req, keep = _request(_JOIN, None, None)
+    return synchronize(_submit(req, keep, lambda hid: int(_l().hvd_result_value(hid))))
+
+
+def poll(handle):
+    """True when the operation has completed (``synchronize`` will not block)."""
+    if handle._done:
+        return True
+    return _check(_l().hvd_poll(handle.id)) == 1
+
+
+def synchronize(handle):
+    """Waits for the operation and returns its result; raises HvdError if it failed on the ranks."""
+    if handle._done:
+        return handle._result
+    lib = _l()
+    try:
+        if lib.hvd_wait(handle.id) != 0:
+            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+        handle._result = handle._finish(handle.id)
+        return handle._result
+    finally:
+        handle._done = True
+        handle._keep = None
+        lib.hvd_release(handle.id)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python objects
+
+_object_counter = threading.local()
+
+
+def _object_name(kind, name):
+    if name:
+        return name
+    n = getattr(_object_counter, kind, 0)
+    setattr(_object_counter, kind, n + 1)
+    return "{}.{}".format(kind, n)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """A picklable object of rank ``root_rank``, on every rank."""
+    np = _np()
+    name = _object_name("broadcast_object", name)
+    data = pickle.dumps(obj) if rank() == root_rank else b""
+    length = broadcast(np.array([len(data)], np.int64), root_rank, name + ".len")
+    buf = np.frombuffer(data, np.uint8).copy() if rank() == root_rank else np.zeros(int(length[0]), np.uint8)
+    buf = broadcast(buf, root_rank, name + ".data")
+    return pickle.loads(buf.tobytes())
+
+
+def allgather_object(obj, name=None):
+    """Every rank's picklable object, in rank order."""
+    np = _np()
+    name = _object_name("allgather_object", name)
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    lengths = allgather(np.array([len(data)], np.int64), name + ".len")
+    blob = allgather(data, name + ".data").tobytes()
+    out, at = [], 0
+    for n in lengths.tolist():
+        out.append(pickle.loads(blob[at:at + n]))
+        at += n
+    return out

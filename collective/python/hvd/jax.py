@@ -1,0 +1,31 @@
+"""JAX helpers (CPU arrays through DLPack). JAX arrays are immutable: every operation returns a new array."""
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as e:
+    raise ImportError(
+        "hvd.jax needs JAX, which is not installed in this environment; add jax to the environment's packages"
+    ) from e
+
+import hvd as _core
+from hvd import (  # noqa: F401 - re-exported API
+    Average, HorovodInternalError, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allgather_object,
+    allreduce, allreduce_async, alltoall, barrier, broadcast, broadcast_async, broadcast_object, cross_rank,
+    cross_size, grouped_allreduce, init, is_initialized, join, local_rank, local_size, poll, rank, reducescatter,
+    shutdown, size, synchronize,
+)
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Root's values of a pytree of arrays, on every rank (returns the new pytree)."""
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    handles = [_core.broadcast_async(leaf, root_rank, name="broadcast_parameters.{}".format(i))
+               for i, leaf in enumerate(leaves)]
+    return jax.tree_util.tree_unflatten(tree, [synchronize(h) for h in handles])
+
+
+def allreduce_gradients(grads, op=Average, name="grad"):
+    """Averages (by default) a pytree of gradients over ranks."""
+    leaves, tree = jax.tree_util.tree_flatten(grads)
+    return jax.tree_util.tree_unflatten(tree, _core.grouped_allreduce(leaves, op=op, name=name))

@@ -1,0 +1,232 @@
+//! The `hvd` Python package end to end: 2-4 real Python processes per test, bootstrapped through the launcher's
+//! rendezvous server exactly as `hvd run` does, driving `libhvd_runtime.so` through ctypes. Needs `python3` with
+//! numpy (`scripts/install-deps` installs it); `HVD_TEST_PYTHON` picks another interpreter.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use hvd_launcher::rendezvous::RendezvousServer;
+
+struct RankResult {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps directory");
+    let candidates = [
+        deps.join("libhvd_runtime.so"),
+        deps.join("../libhvd_runtime.so"),
+    ];
+    candidates
+        .iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .cloned()
+        .unwrap_or_else(|| panic!("libhvd_runtime.so not found next to {}", exe.display()))
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name)
+}
+
+/// Runs `script` on `size` ranks and returns every rank's exit status and output (ranks are killed after 90 s).
+fn run(size: usize, name: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
+    let token = "0123456789abcdef";
+    let server = RendezvousServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        token,
+        vec!["127.0.0.1".parse().unwrap()],
+    )
+    .expect("start the rendezvous server");
+    let python = std::env::var("HVD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let lib = library();
+    let dir = tempfile::tempdir().unwrap();
+    let mut children = Vec::new();
+    for rank in 0..size {
+        let out = dir.path().join(format!("{rank}.out"));
+        let err = dir.path().join(format!("{rank}.err"));
+        let mut cmd = Command::new(&python);
+        cmd.arg(script(name))
+            .env("PYTHONPATH", &package)
+            .env("HVD_LIBRARY", &lib)
+            .env("HVD_RANK", rank.to_string())
+            .env("HVD_SIZE", size.to_string())
+            .env("HVD_LOCAL_RANK", rank.to_string())
+            .env("HVD_LOCAL_SIZE", size.to_string())
+            .env("HVD_CROSS_RANK", "0")
+            .env("HVD_CROSS_SIZE", "1")
+            .env("HVD_HOSTNAME", "localhost")
+            .env("HVD_RENDEZVOUS", server.addr().to_string())
+            .env("HVD_JOB_TOKEN", token)
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{python}`: {e}; set HVD_TEST_PYTHON"));
+        children.push((child, out, err));
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    children
+        .into_iter()
+        .map(|(mut child, out, err)| {
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break s;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    break child.wait().unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            RankResult {
+                status,
+                stdout: std::fs::read_to_string(out).unwrap_or_default(),
+                stderr: std::fs::read_to_string(err).unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+fn assert_all_ok(results: &[RankResult], what: &str) {
+    for (rank, r) in results.iter().enumerate() {
+        assert!(
+            r.status.success(),
+            "{what}: rank {rank} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+            r.status,
+            r.stdout,
+            r.stderr
+        );
+        assert!(
+            r.stdout.contains(&format!("rank {rank}")),
+            "{what}: rank {rank} printed no result: {}",
+            r.stdout
+        );
+    }
+}
+
+#[test]
+fn every_op_dtype_and_shape_matches_numpy_on_2_3_and_4_ranks() {
+    for size in [2, 3, 4] {
+        assert_all_ok(&run(size, "ops.py", &[]), &format!("ops on {size} ranks"));
+    }
+}
+
+#[test]
+fn different_submission_orders_with_fusion_on_and_off() {
+    assert_all_ok(&run(3, "ordering.py", &[]), "ordering, fusion on");
+    assert_all_ok(
+        &run(3, "ordering.py", &[("HVD_FUSION_THRESHOLD", "0")]),
+        "ordering, fusion off",
+    );
+    assert_all_ok(
+        &run(2, "ordering.py", &[("HVD_CACHE_CAPACITY", "0")]),
+        "ordering, no response cache",
+    );
+}
+
+#[test]
+fn timeline_is_valid_chrome_trace_json_with_every_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("timeline.json");
+    // Rank 0 writes the timeline, as with Horovod.
+    let results = run(
+        2,
+        "ordering.py",
+        &[("HVD_TIMELINE", path.to_str().unwrap())],
+    );
+    assert_all_ok(&results, "ordering with a timeline");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let events: serde_json::Value =
+        serde_json::from_str(&text).expect("the timeline is valid JSON");
+    let names: std::collections::BTreeSet<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|e| [e["name"].as_str(), e["args"]["name"].as_str()])
+        .flatten()
+        .collect();
+    for phase in [
+        "NEGOTIATE_ALLREDUCE",
+        "ALLREDUCE",
+        "QUEUE",
+        "MEMCPY_IN_FUSION_BUFFER",
+        "TCP_ALLREDUCE",
+        "MEMCPY_OUT_FUSION_BUFFER",
+        "CYCLE_START",
+        "grad.7",
+    ] {
+        assert!(
+            names.contains(phase),
+            "no `{phase}` in the timeline; names: {names:?}"
+        );
+    }
+}
+
+#[test]
+fn join_with_uneven_data_on_3_and_4_ranks() {
+    for size in [3, 4] {
+        assert_all_ok(&run(size, "join.py", &[]), &format!("join on {size} ranks"));
+    }
+}
+
+#[test]
+fn mismatched_shapes_dtypes_and_roots_fail_on_every_rank() {
+    assert_all_ok(&run(3, "mismatch.py", &[]), "mismatch");
+}
+
+#[test]
+fn a_stalled_rank_is_named_by_the_stall_inspector() {
+    let results = run(2, "stall.py", &[("HVD_STALL_CHECK_TIME", "1")]);
+    assert_all_ok(&results, "stall");
+    assert!(
+        results[0]
+            .stderr
+            .contains("rank 1 has not submitted [late.tensor]"),
+        "no stall warning naming rank 1 on rank 0:\n{}",
+        results[0].stderr
+    );
+}
+
+#[test]
+fn a_killed_rank_turns_into_an_error_on_the_others() {
+    let results = run(3, "killed.py", &[("HVD_COLLECTIVE_TIMEOUT", "10")]);
+    assert!(!results[1].status.success(), "rank 1 was supposed to die");
+    for rank in [0, 2] {
+        let r = &results[rank];
+        assert!(
+            r.status.success() && r.stdout.contains("GOT_ERROR"),
+            "rank {rank}: {}\n{}\n{}",
+            r.status,
+            r.stdout,
+            r.stderr
+        );
+        assert!(
+            r.stdout.contains("rank 1"),
+            "rank {rank}'s error does not name rank 1: {}",
+            r.stdout
+        );
+    }
+}
+
+#[test]
+fn data_parallel_numpy_training_keeps_parameters_identical() {
+    for size in [2, 4] {
+        assert_all_ok(
+            &run(size, "train.py", &[]),
+            &format!("training on {size} ranks"),
+        );
+    }
+}
