@@ -20,6 +20,7 @@ pub mod error;
 pub mod fetch;
 pub mod gc;
 pub mod hash;
+pub mod lockfile;
 pub mod plan;
 pub mod progress;
 pub mod python;

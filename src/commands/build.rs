@@ -1,16 +1,376 @@
-//! `hvd build`.
+//! `hvd build`: lock if needed, build the env into the store, keep a root link under `.hvd/` next to the file.
+//!
+//! [`ensure_env`] is the entry point other commands (`exec`, `shell`, `run`) use to get a built env.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use clap::Args;
+use hvd_builder::{BuildOptions, EnvBuild, Progress, Store};
+use hvd_resolver::Lockfile;
 
-use crate::exit::CommandResult;
+use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// The .hvd file.
     #[arg(default_value = "train.hvd")]
-    pub file: std::path::PathBuf,
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub lock: LockMode,
+    /// Rebuild source-built packages even when their store paths exist, replacing them.
+    #[arg(long)]
+    pub rebuild: bool,
+    /// Rebuild every source-built package in a temp location and compare with the store (exit 4 on a difference).
+    #[arg(long)]
+    pub check: bool,
 }
 
-pub fn run(_args: BuildArgs) -> CommandResult {
-    Err(super::not_implemented("build"))
+/// How the lockfile is used; shared by `build`, `exec` and `shell`.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct LockMode {
+    /// Fail (exit 3) unless the lockfile exists and matches the file; check the toolchain against its pin.
+    #[arg(long)]
+    pub locked: bool,
+    /// Use the lockfile as it is, without checking it against the file.
+    #[arg(long)]
+    pub frozen: bool,
+    /// Never touch the network: only the download cache and the store.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+/// A built env and what it was built from.
+#[derive(Debug)]
+pub struct ReadyEnv {
+    pub project: hvd_lang::model::Project,
+    pub lock: Lockfile,
+    pub build: EnvBuild,
+    /// The root link kept next to the file (`.hvd/env`).
+    pub link: PathBuf,
+}
+
+impl ReadyEnv {
+    /// Variables a process inside the env gets: `VIRTUAL_ENV`, `PATH` with the env first, `env.variables`.
+    pub fn variables(&self) -> Vec<(String, String)> {
+        let path = std::env::var("PATH").unwrap_or_default();
+        let mut vars = vec![
+            (
+                "VIRTUAL_ENV".to_string(),
+                self.build.env.display().to_string(),
+            ),
+            (
+                "PATH".to_string(),
+                format!("{}/bin:{path}", self.build.env.display()),
+            ),
+        ];
+        vars.extend(
+            self.project
+                .env
+                .variables
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        vars
+    }
+}
+
+pub fn run(args: BuildArgs) -> CommandResult {
+    if args.check {
+        return check(&args);
+    }
+    let ready = ensure_env(&args.file, args.lock, args.rebuild)?;
+    let built: Vec<_> = ready.build.packages.iter().filter(|p| p.built).collect();
+    if !built.is_empty() {
+        eprintln!(
+            "built {} store path(s) for {}",
+            built.len() + usize::from(ready.build.env_built),
+            ready.project.name
+        );
+    }
+    if let Some(hvd_builder::source_build::NetworkIsolation::None) = ready.build.isolation {
+        eprintln!(
+            "warning: no private network namespace here (`unshare --net` failed): source builds could reach the network"
+        );
+    }
+    tracing::debug!(
+        "{} locked packages; root link {}",
+        ready.lock.packages.len(),
+        ready.link.display()
+    );
+    println!("{}", ready.build.env.display());
+    Ok(Status::Success)
+}
+
+fn check(args: &BuildArgs) -> CommandResult {
+    let (project, lock) = load_and_lock(&args.file, args.lock)?;
+    let plan = plan(&project, &lock)?;
+    let store = open_store()?;
+    let options = options(args.lock, false);
+    let progress = TerminalProgress::new();
+    let outcomes =
+        hvd_builder::check_env(&store, &plan, &options, &progress).map_err(build_failure)?;
+    progress.clear();
+    let mut status = Status::Success;
+    for outcome in &outcomes {
+        if outcome.differing.is_empty() {
+            eprintln!("{} {}: reproducible", outcome.name, outcome.version);
+        } else {
+            status = Status::NotReproducible;
+            eprintln!(
+                "{} {}: NOT reproducible; differing files in {}:",
+                outcome.name,
+                outcome.version,
+                outcome.path.display()
+            );
+            for file in &outcome.differing {
+                println!("{}/{file}", outcome.path.display());
+            }
+        }
+    }
+    if outcomes.is_empty() {
+        eprintln!("no source-built packages to check");
+    }
+    if status == Status::NotReproducible {
+        return Err(Failure::new(
+            Status::NotReproducible,
+            miette::miette!(
+                help = "fix the build's nondeterminism (timestamps, random names, paths)",
+                "a rebuild produced different bytes"
+            ),
+        ));
+    }
+    Ok(status)
+}
+
+/// Load the file, get an up-to-date lock (per `mode`), build the env and keep the root link.
+pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv, Failure> {
+    let (project, lock) = load_and_lock(file, mode)?;
+    let mut plan = plan(&project, &lock)?;
+    plan.local_packages.extend(runtime_package());
+    let store = open_store()?;
+    let progress = TerminalProgress::new();
+    let build = hvd_builder::build_env(&store, &plan, &options(mode, rebuild), &progress)
+        .map_err(build_failure)?;
+    progress.clear();
+    let link = root_link(file);
+    hvd_builder::gc::add_root(&store, &link, &build.env).map_err(build_failure)?;
+    Ok(ReadyEnv {
+        project,
+        lock,
+        build,
+        link,
+    })
+}
+
+/// The worker runtime added to every env: `HVD_RUNTIME_DIR` names a staged directory holding the `hvd` Python
+/// package (with `libhvd_runtime.so` inside it); its contents become the env's `site-packages/hvd...` entries.
+fn runtime_package() -> Option<hvd_builder::LocalPackage> {
+    let dir = std::env::var_os("HVD_RUNTIME_DIR").filter(|d| !d.is_empty())?;
+    Some(hvd_builder::LocalPackage {
+        name: "hvd".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        source: PathBuf::from(dir),
+    })
+}
+
+/// `.hvd/env` next to the file.
+pub fn root_link(file: &Path) -> PathBuf {
+    let dir = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    dir.join(".hvd").join("env")
+}
+
+fn options(mode: LockMode, rebuild: bool) -> BuildOptions {
+    BuildOptions {
+        locked: mode.locked || mode.frozen,
+        offline: mode.offline,
+        rebuild,
+    }
+}
+
+fn open_store() -> Result<Store, Failure> {
+    Store::open(Store::default_root()).map_err(build_failure)
+}
+
+fn plan(
+    project: &hvd_lang::model::Project,
+    lock: &Lockfile,
+) -> Result<hvd_builder::EnvPlan, Failure> {
+    hvd_builder::lockfile::plan_from_lockfile(lock, &project.name)
+        .map_err(|err| Failure::new(Status::Usage, miette::miette!("{err}")))
+}
+
+fn build_failure(err: hvd_builder::Error) -> Failure {
+    let help = match &err {
+        hvd_builder::Error::HashMismatch { .. } => {
+            "the file changed on the server or in transit; run `hvd lock` again if it was republished"
+        }
+        hvd_builder::Error::Offline { .. } => {
+            "run without `--offline` once to fill the download cache"
+        }
+        hvd_builder::Error::ToolchainMismatch { .. } => {
+            "install the pinned compiler, or run `hvd lock` to pin this one"
+        }
+        hvd_builder::Error::PythonNotFound { .. } => {
+            "install that python (e.g. with pyenv) or set HVD_PYTHON"
+        }
+        _ => "run with -v for details",
+    };
+    let status = match &err {
+        hvd_builder::Error::PythonNotFound { .. } | hvd_builder::Error::Invalid(_) => Status::Usage,
+        _ => Status::Failure,
+    };
+    Failure::new(
+        status,
+        miette::miette!(help = help, "failed to build the env: {err}"),
+    )
+}
+
+/// Read the file and the lock; with `--locked` a missing or stale lock exits 3.
+pub fn load_and_lock(
+    file: &Path,
+    mode: LockMode,
+) -> Result<(hvd_lang::model::Project, Lockfile), Failure> {
+    let project = hvd_lang::load_file(file)
+        .map_err(|diagnostics| Failure::new(Status::Usage, miette::Report::new(diagnostics)))?;
+    let lock_path = Lockfile::path_for(file);
+    let read = |status: Status| {
+        Lockfile::read(&lock_path).map_err(|err| {
+            Failure::new(
+                status,
+                miette::miette!(
+                    help = "run `hvd lock` to create it",
+                    "failed to read `{}`: {err}",
+                    lock_path.display()
+                ),
+            )
+        })
+    };
+    if mode.frozen {
+        return Ok((project, read(Status::Usage)?));
+    }
+    let existing = if lock_path.exists() {
+        Some(read(Status::Usage)?)
+    } else {
+        None
+    };
+    let stale = match &existing {
+        None => Some(format!("`{}` does not exist", lock_path.display())),
+        Some(lock) => lock
+            .check_against(&project.env)
+            .err()
+            .map(|s| s.to_string()),
+    };
+    match (stale, existing) {
+        (None, Some(lock)) => Ok((project, lock)),
+        (Some(reason), _) if mode.locked => Err(Failure::new(
+            Status::LockStale,
+            miette::miette!(
+                help = "run `hvd lock` and commit the lockfile",
+                "`--locked`: {reason}"
+            ),
+        )),
+        (Some(reason), _) => {
+            tracing::info!("re-locking: {reason}");
+            relock(file, &project, mode.offline)?;
+            Ok((project, read(Status::Failure)?))
+        }
+        (None, None) => Err(Failure::usage("no lockfile")),
+    }
+}
+
+/// Resolve the env into `FILE.lock` (the lockfile is missing or stale).
+fn relock(file: &Path, _project: &hvd_lang::model::Project, _offline: bool) -> Result<(), Failure> {
+    Err(Failure::new(
+        Status::LockStale,
+        miette::miette!(
+            help = format!("run `hvd lock {}` first", file.display()),
+            "the lockfile is missing or out of date"
+        ),
+    ))
+}
+
+/// Renders builder progress on stderr: download bars and build lines on a terminal, nothing otherwise.
+pub struct TerminalProgress {
+    bars: Option<indicatif::MultiProgress>,
+    downloads: Mutex<std::collections::HashMap<usize, indicatif::ProgressBar>>,
+}
+
+impl TerminalProgress {
+    pub fn new() -> TerminalProgress {
+        let bars = std::io::stderr()
+            .is_terminal()
+            .then(indicatif::MultiProgress::new);
+        TerminalProgress {
+            bars,
+            downloads: Mutex::new(Default::default()),
+        }
+    }
+
+    pub fn clear(&self) {
+        if let Some(bars) = &self.bars {
+            let _ = bars.clear();
+        }
+    }
+}
+
+impl Default for TerminalProgress {
+    fn default() -> Self {
+        TerminalProgress::new()
+    }
+}
+
+impl Progress for TerminalProgress {
+    fn download_started(&self, id: usize, name: &str, size: Option<u64>) {
+        let Some(bars) = &self.bars else { return };
+        let bar = bars.add(indicatif::ProgressBar::new(size.unwrap_or(0)));
+        let style = indicatif::ProgressStyle::with_template(
+            "{msg:40!} {bar:30} {bytes:>10}/{total_bytes:10} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_message(name.to_string());
+        self.downloads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, bar);
+    }
+
+    fn download_progress(&self, id: usize, bytes: u64) {
+        if let Some(bar) = self
+            .downloads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+        {
+            bar.inc(bytes);
+        }
+    }
+
+    fn download_finished(&self, id: usize) {
+        if let Some(bar) = self
+            .downloads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
+        {
+            bar.finish_and_clear();
+        }
+    }
+
+    fn step_started(&self, what: &str, name: &str, version: &str) {
+        if what == "build" {
+            // Source builds take minutes; say so even when not on a terminal.
+            match &self.bars {
+                Some(bars) => {
+                    let _ = bars.println(format!("building {name} {version} from source"));
+                }
+                None => eprintln!("building {name} {version} from source"),
+            }
+        }
+    }
 }

@@ -1,16 +1,40 @@
-//! `hvd exec`.
+//! `hvd exec FILE -- CMD...`: run a command inside the built env (building it first if needed).
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::exit::CommandResult;
+use super::build::{LockMode, ensure_env};
+use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
     /// The .hvd file.
     #[arg(default_value = "train.hvd")]
-    pub file: std::path::PathBuf,
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub lock: LockMode,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }
 
-pub fn run(_args: ExecArgs) -> CommandResult {
-    Err(super::not_implemented("exec"))
+pub fn run(args: ExecArgs) -> CommandResult {
+    let ready = ensure_env(&args.file, args.lock, false)?;
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| Failure::usage("no command given after `--`"))?;
+    let mut command = std::process::Command::new(program);
+    command
+        .args(rest)
+        .envs(ready.variables())
+        .env_remove("PYTHONHOME");
+    // Replace this process, so signals and the exit status are the command's own.
+    let err = command.exec();
+    Err(Failure::new(
+        Status::Failure,
+        miette::miette!("failed to run `{program}`: {err}"),
+    ))
 }

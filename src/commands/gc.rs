@@ -1,16 +1,39 @@
-//! `hvd gc`.
+//! `hvd gc [--dry-run]`: remove store paths that no project's `.hvd/env` link reaches.
 
 use clap::Args;
+use hvd_builder::Store;
 
-use crate::exit::CommandResult;
+use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
 pub struct GcArgs {
-    /// The .hvd file.
-    #[arg(default_value = "train.hvd")]
-    pub file: std::path::PathBuf,
+    /// Only report what would be removed.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
-pub fn run(_args: GcArgs) -> CommandResult {
-    Err(super::not_implemented("gc"))
+pub fn run(args: GcArgs) -> CommandResult {
+    let fail = |err: hvd_builder::Error| {
+        Failure::new(
+            Status::Failure,
+            miette::miette!("failed to collect garbage: {err}"),
+        )
+    };
+    let store = Store::open(Store::default_root()).map_err(fail)?;
+    let report = hvd_builder::gc::collect_garbage(&store, args.dry_run).map_err(fail)?;
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    for name in &report.dead {
+        println!("{verb} {}", store.root().join(name).display());
+    }
+    eprintln!(
+        "{verb} {} store path(s), {:.1} MiB; {} live",
+        report.dead.len(),
+        report.bytes as f64 / (1024.0 * 1024.0),
+        report.live.len()
+    );
+    Ok(Status::Success)
 }

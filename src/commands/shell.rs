@@ -1,16 +1,39 @@
-//! `hvd shell`.
+//! `hvd shell FILE`: an interactive shell inside the built env.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::exit::CommandResult;
+use super::build::{LockMode, ensure_env};
+use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
 pub struct ShellArgs {
     /// The .hvd file.
     #[arg(default_value = "train.hvd")]
-    pub file: std::path::PathBuf,
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub lock: LockMode,
 }
 
-pub fn run(_args: ShellArgs) -> CommandResult {
-    Err(super::not_implemented("shell"))
+pub fn run(args: ShellArgs) -> CommandResult {
+    let ready = ensure_env(&args.file, args.lock, false)?;
+    let shell = std::env::var("SHELL")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "/bin/sh".into());
+    eprintln!(
+        "entering {} (exit the shell to leave)",
+        ready.build.env.display()
+    );
+    let err = std::process::Command::new(&shell)
+        .envs(ready.variables())
+        .env("HVD_ENV", &ready.build.env)
+        .env_remove("PYTHONHOME")
+        .exec();
+    Err(Failure::new(
+        Status::Failure,
+        miette::miette!("failed to start `{shell}`: {err}"),
+    ))
 }

@@ -1,16 +1,49 @@
-//! `hvd why-depends`.
+//! `hvd why-depends FILE PACKAGE`: the dependency chain from a requested package to PACKAGE, from the lockfile.
 
 use clap::Args;
+use hvd_resolver::Lockfile;
 
-use crate::exit::CommandResult;
+use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
 pub struct WhyDependsArgs {
-    /// The .hvd file.
-    #[arg(default_value = "train.hvd")]
+    /// The .hvd file (its lockfile is read).
     pub file: std::path::PathBuf,
+    /// The package to explain.
+    pub package: String,
 }
 
-pub fn run(_args: WhyDependsArgs) -> CommandResult {
-    Err(super::not_implemented("why-depends"))
+pub fn run(args: WhyDependsArgs) -> CommandResult {
+    let path = Lockfile::path_for(&args.file);
+    let lock = Lockfile::read(&path).map_err(|err| {
+        Failure::new(
+            Status::Usage,
+            miette::miette!(
+                help = "run `hvd lock` first",
+                "failed to read `{}`: {err}",
+                path.display()
+            ),
+        )
+    })?;
+    match hvd_builder::lockfile::why_depends(&lock, &args.package) {
+        Some(chain) => {
+            let shown: Vec<String> = chain
+                .iter()
+                .map(|name| match lock.package(name) {
+                    Some(package) => format!("{name} {}", package.version),
+                    None => name.clone(),
+                })
+                .collect();
+            println!("{}", shown.join(" -> "));
+            Ok(Status::Success)
+        }
+        None => Err(Failure::new(
+            Status::Failure,
+            miette::miette!(
+                "the env of `{}` does not depend on `{}`",
+                args.file.display(),
+                args.package
+            ),
+        )),
+    }
 }

@@ -1,0 +1,333 @@
+//! End-to-end tests of `hvd build`, `exec`, `why-depends`, `gc` and `build --check`: the real binary, a real
+//! interpreter, fixture packages served over real HTTP on 127.0.0.1, lockfiles written with the resolver's types.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use hvd_resolver::lockfile::{
+    Artifact, ArtifactKind, Dependency, LockedBuild, LockedPackage, Lockfile, Request,
+    SCHEMA_VERSION, Target, env_hash,
+};
+
+/// Makes the fixture wheels and sdist with Python's own zipfile/tarfile.
+const MAKE_FIXTURES: &str = r#"
+import base64, hashlib, io, os, sys, tarfile, zipfile
+out = sys.argv[1]
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def wheel(name, files, requires=(), entry_points=None):
+    di = name + "-1.0.dist-info"
+    files = dict(files)
+    files[di + "/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % name + "".join("Requires-Dist: %s\n" % r for r in requires)).encode()
+    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    if entry_points: files[di + "/entry_points.txt"] = entry_points.encode()
+    rec = "".join("%s,sha256=%s,%d\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\n"
+    files[di + "/RECORD"] = rec.encode()
+    with zipfile.ZipFile(os.path.join(out, name + "-1.0-py3-none-any.whl"), "w") as z:
+        for p, d in files.items(): z.writestr(p, d)
+wheel("helper", {"helper.py": b"WORD = 'hello'\n"})
+wheel("greet", {"greet/__init__.py": b"from helper import WORD\ndef main():\n    print(WORD + ' from greet')\n"},
+      requires=["helper"], entry_points="[console_scripts]\ngreet = greet:main\n")
+backend = '''
+import base64, hashlib, os, zipfile
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    files = {"noisy.py": ("STAMP = %r\\n" % os.urandom(8).hex()).encode()}
+    di = "noisy-1.0.dist-info"
+    files[di + "/METADATA"] = b"Metadata-Version: 2.1\\nName: noisy\\nVersion: 1.0\\n"
+    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: fixture\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    files[di + "/RECORD"] = ("".join("%s,sha256=%s,%d\\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\\n").encode()
+    with zipfile.ZipFile(os.path.join(wheel_directory, "noisy-1.0-py3-none-any.whl"), "w") as z:
+        for p, d in files.items(): z.writestr(p, d)
+    return "noisy-1.0-py3-none-any.whl"
+'''
+with tarfile.open(os.path.join(out, "noisy-1.0.tar.gz"), "w:gz") as t:
+    for p, d in {"pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+                 "backend.py": backend.encode()}.items():
+        info = tarfile.TarInfo("noisy-1.0/" + p); info.size = len(d); t.addfile(info, io.BytesIO(d))
+"#;
+
+struct Project {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    store: PathBuf,
+    base: String,
+    python: String,
+}
+
+fn serve(root: PathBuf) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                line.clear();
+            }
+            let path = request
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("/")
+                .trim_start_matches('/')
+                .to_string();
+            let response = match std::fs::read(root.join(&path)) {
+                Ok(body) => {
+                    let mut out = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    out.extend(body);
+                    out
+                }
+                Err(_) => {
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_vec()
+                }
+            };
+            let _ = stream.write_all(&response);
+        }
+    });
+    base
+}
+
+fn project(packages: &str) -> Project {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let files = root.join("files");
+    std::fs::create_dir(&files).unwrap();
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(MAKE_FIXTURES)
+        .arg(&files)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let python = String::from_utf8(
+        Command::new("python3")
+            .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let base = serve(files);
+    let project = Project {
+        store: root.join("store"),
+        _dir: dir,
+        root,
+        base,
+        python,
+    };
+    project.write_file(packages);
+    project
+}
+
+impl Project {
+    fn file(&self) -> PathBuf {
+        self.root.join("app/train.hvd")
+    }
+
+    fn write_file(&self, packages: &str) {
+        std::fs::create_dir_all(self.root.join("app")).unwrap();
+        let text = format!(
+            "project \"app\"\nenv {{\n  python = \"{}\"\n  packages = [{packages}]\n}}\n",
+            self.python
+        );
+        std::fs::write(self.file(), text).unwrap();
+    }
+
+    fn package(&self, name: &str, filename: &str, deps: &[&str]) -> LockedPackage {
+        let path = self.root.join("files").join(filename);
+        LockedPackage {
+            name: name.into(),
+            version: "1.0".into(),
+            index: self.base.clone(),
+            artifact: Artifact {
+                kind: if filename.ends_with(".whl") {
+                    ArtifactKind::Wheel
+                } else {
+                    ArtifactKind::Sdist
+                },
+                filename: filename.into(),
+                url: format!("{}/{filename}", self.base),
+                sha256: hvd_builder::Sha256::of_file(&path).unwrap().to_string(),
+                size: std::fs::metadata(&path).unwrap().len(),
+            },
+            dependencies: deps
+                .iter()
+                .map(|d| Dependency {
+                    name: d.to_string(),
+                    extras: vec![],
+                    marker: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Write the lock for the current file, as `hvd lock` would for these packages.
+    fn lock(&self, packages: Vec<LockedPackage>, builds: Vec<LockedBuild>) {
+        let model = hvd_lang::load_file(&self.file()).unwrap();
+        let lock = Lockfile {
+            version: SCHEMA_VERSION,
+            env_hash: env_hash(&model.env),
+            request: Request::from_env(&model.env),
+            target: Target {
+                python: self.python.clone(),
+                python_full: format!("{}.0", self.python),
+                interpreter: format!("cp{}", self.python.replace('.', "")),
+                abi: format!("cp{}", self.python.replace('.', "")),
+                os: "linux".into(),
+                arch: std::env::consts::ARCH.into(),
+                glibc: None,
+                platforms: vec![],
+            },
+            toolchain: None,
+            packages,
+            builds,
+        };
+        lock.write(&Lockfile::path_for(&self.file())).unwrap();
+    }
+
+    fn hvd(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_hvd"))
+            .args(args)
+            .env("HVD_STORE", &self.store)
+            .current_dir(&self.root)
+            .output()
+            .unwrap()
+    }
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).trim().to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[test]
+fn build_exec_why_depends_locked_and_gc() {
+    let p = project("\"greet==1.0\"");
+    p.lock(
+        vec![
+            p.package("greet", "greet-1.0-py3-none-any.whl", &["helper"]),
+            p.package("helper", "helper-1.0-py3-none-any.whl", &[]),
+        ],
+        vec![],
+    );
+    let file = p.file().display().to_string();
+
+    let first = p.hvd(&["build", &file, "--locked"]);
+    let (env, err) = text(&first);
+    assert_eq!(first.status.code(), Some(0), "{err}");
+    assert!(
+        env.starts_with(&p.store.canonicalize().unwrap().display().to_string()),
+        "{env}"
+    );
+    let link = p.root.join("app/.hvd/env");
+    assert_eq!(std::fs::read_link(&link).unwrap(), PathBuf::from(&env));
+
+    let again = p.hvd(&["build", &file, "--locked"]);
+    assert_eq!(
+        text(&again).0,
+        env,
+        "an unchanged project builds to the same env"
+    );
+
+    let exec = p.hvd(&["exec", &file, "--locked", "--", "greet"]);
+    assert_eq!(text(&exec).0, "hello from greet", "{}", text(&exec).1);
+    let prefix = p.hvd(&[
+        "exec",
+        &file,
+        "--",
+        "python",
+        "-c",
+        "import sys; print(sys.prefix)",
+    ]);
+    assert_eq!(text(&prefix).0, env);
+
+    let why = p.hvd(&["why-depends", &file, "helper"]);
+    assert_eq!(text(&why).0, "greet 1.0 -> helper 1.0");
+    assert_eq!(
+        p.hvd(&["why-depends", &file, "numpy"]).status.code(),
+        Some(1)
+    );
+
+    // A changed request makes `--locked` fail with the lock's own code, naming the field.
+    p.write_file("\"greet==1.0\", \"helper\"");
+    let stale = p.hvd(&["build", &file, "--locked"]);
+    assert_eq!(stale.status.code(), Some(3));
+    assert!(
+        text(&stale).1.contains("env.packages[1]"),
+        "{}",
+        text(&stale).1
+    );
+
+    // gc keeps what the project's link reaches, and removes it once the project's link is gone.
+    let dry = p.hvd(&["gc", "--dry-run"]);
+    assert_eq!(
+        text(&dry).0,
+        "",
+        "nothing is garbage while the project links its env"
+    );
+    std::fs::remove_dir_all(p.root.join("app/.hvd")).unwrap();
+    let gc = p.hvd(&["gc"]);
+    assert_eq!(text(&gc).0.lines().count(), 3, "{:?}", text(&gc));
+    assert!(!Path::new(&env).exists());
+}
+
+#[test]
+fn hash_mismatch_fails_the_build_naming_the_url() {
+    let p = project("\"helper==1.0\"");
+    let mut helper = p.package("helper", "helper-1.0-py3-none-any.whl", &[]);
+    let actual = helper.artifact.sha256.clone();
+    helper.artifact.sha256 = "0".repeat(64);
+    p.lock(vec![helper.clone()], vec![]);
+    let out = p.hvd(&["build", &p.file().display().to_string(), "--locked"]);
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    // The renderer wraps long lines; compare without the wrapping.
+    let err: String = err.chars().filter(|c| !c.is_whitespace() && *c != '│').collect();
+    assert!(
+        err.contains(&helper.artifact.url)
+            && err.contains(&actual)
+            && err.contains(&"0".repeat(64)),
+        "{err}"
+    );
+    assert!(!p.root.join("app/.hvd/env").exists());
+}
+
+#[test]
+fn check_lists_the_differing_file_and_exits_4() {
+    let p = project("{ requirement = \"noisy==1.0\", build = { requires = [], against = [] } }");
+    let build = LockedBuild {
+        package: "noisy".into(),
+        requires: vec![],
+        env: Default::default(),
+        against: vec![],
+        no_build_isolation: false,
+        packages: vec![],
+    };
+    p.lock(
+        vec![p.package("noisy", "noisy-1.0.tar.gz", &[])],
+        vec![build],
+    );
+    let file = p.file().display().to_string();
+    let built = p.hvd(&["build", &file, "--locked"]);
+    assert_eq!(built.status.code(), Some(0), "{}", text(&built).1);
+    let check = p.hvd(&["build", &file, "--locked", "--check"]);
+    let (out, err) = text(&check);
+    assert_eq!(check.status.code(), Some(4), "{err}");
+    assert!(
+        out.lines().any(|l| l.ends_with("site-packages/noisy.py")),
+        "{out}"
+    );
+}
