@@ -1,17 +1,32 @@
 //! Package index client, PEP 440/508 and wheel tags, PubGrub solver, and the lockfile.
 //!
-//! Start reading at [`lockfile`] (the data this crate produces) and [`lock`] (the entry point).
+//! Start reading at [`lockfile`] (the data this crate produces) and [`lock()`] (the entry point):
+//! `lock` builds a [`tags::TargetSpec`], asks the [`index`] for project pages through a [`source::IndexSource`]
+//! (which prefetches concurrently and caches on disk), runs the PubGrub [`solver`], and records the result.
+//! The resolver never builds: sdists without static metadata go through [`SourceMetadataProvider`].
 //!
 //! ```no_run
 //! # use hvd_lang::model::Env;
 //! # fn demo(env: &Env) -> Result<(), Box<dyn std::error::Error>> {
 //! use std::path::Path;
-//! use hvd_resolver::lockfile::Lockfile;
-//! let lock = Lockfile::read(Path::new("train.hvd.lock"))?;
-//! lock.check_against(env)?; // Err(Staleness) names each field that changed
+//! use hvd_resolver::{LockOptions, Lockfile};
+//! let lock = hvd_resolver::lock(env, &LockOptions::default())?;
+//! lock.write(Path::new("train.hvd.lock"))?;
+//! let again = Lockfile::read(Path::new("train.hvd.lock"))?;
+//! again.check_against(env)?; // Err(Staleness) names each field that changed
 //! # Ok(()) }
 //! ```
 
+pub mod index;
+pub mod lock;
 pub mod lockfile;
+pub mod metadata;
+pub mod solver;
+pub mod source;
+pub mod tags;
+#[cfg(feature = "testing")]
+pub mod testing;
 
+pub use lock::{LockOptions, LockStats, Locked, ResolveError, lock, lock_detailed};
 pub use lockfile::{Lockfile, LockfileError, Staleness};
+pub use source::SourceMetadataProvider;

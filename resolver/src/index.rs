@@ -1,0 +1,717 @@
+//! The package index client: PEP 691 JSON with PEP 503 HTML fallback, PEP 658/714 metadata files, METADATA read
+//! out of wheels by HTTP range, sdist static metadata, an on-disk HTTP cache with ETag / Cache-Control
+//! revalidation, retries with backoff, and `--offline`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reqwest::header::{
+    ACCEPT, CACHE_CONTROL, CONTENT_RANGE, CONTENT_TYPE, ETAG, HeaderMap, IF_MODIFIED_SINCE,
+    IF_NONE_MATCH, LAST_MODIFIED, RANGE,
+};
+use reqwest::{StatusCode, Url};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::metadata::{self, CoreMetadata};
+
+const SIMPLE_ACCEPT: &str = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01";
+/// Bytes fetched from the end of a wheel in the first range request: the central directory of most wheels fits.
+const TAIL_BYTES: u64 = 64 * 1024;
+const RETRIES: u32 = 3;
+
+/// A failure talking to the index.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("failed to fetch `{url}`")]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("`{url}` answered HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("package `{name}` was not found on the index (`{url}` answered 404)")]
+    NotFound { name: String, url: String },
+    #[error(
+        "`{url}` is not in the cache and `--offline` forbids the network; run once without `--offline`"
+    )]
+    Offline { url: String },
+    #[error("failed to parse the index page `{url}`: {message}")]
+    Parse { url: String, message: String },
+    #[error("failed to read the wheel `{url}`")]
+    Zip {
+        url: String,
+        #[source]
+        source: metadata::ZipError,
+    },
+    #[error("failed to read the sdist `{url}`: {message}")]
+    Sdist { url: String, message: String },
+    #[error("cache I/O failed")]
+    Cache(#[from] std::io::Error),
+    #[error("bad index url `{0}`")]
+    BadUrl(String),
+}
+
+/// One file listed on a project page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexFile {
+    pub filename: String,
+    /// Absolute URL without fragment.
+    pub url: String,
+    pub sha256: Option<String>,
+    pub size: Option<u64>,
+    pub requires_python: Option<String>,
+    pub yanked: bool,
+    /// PEP 658/714: `<url>.metadata` is served.
+    pub core_metadata: bool,
+}
+
+/// A project page of the simple API.
+#[derive(Debug, Clone, Default)]
+pub struct ProjectPage {
+    pub name: String,
+    pub url: String,
+    pub files: Vec<IndexFile>,
+}
+
+/// Request counters, to prove cache hits in tests and report them.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Requests sent over the network (each retry counts).
+    pub requests: AtomicU64,
+    /// 304 answers to revalidations.
+    pub not_modified: AtomicU64,
+    /// Served from the cache without any request.
+    pub cache_hits: AtomicU64,
+    /// Body bytes received.
+    pub bytes: AtomicU64,
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct IndexOptions {
+    /// The simple-API root.
+    pub index_url: String,
+    pub cache_dir: PathBuf,
+    pub offline: bool,
+}
+
+/// The cache directory: `$HVD_CACHE_DIR`, else `<user cache dir>/hvd`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HVD_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    dirs::cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("hvd")
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct CacheMeta {
+    url: String,
+    etag: Option<String>,
+    last_modified: Option<String>,
+    content_type: Option<String>,
+    /// Seconds since the epoch when the response was last confirmed.
+    checked_at: u64,
+    max_age: Option<u64>,
+    no_cache: bool,
+}
+
+/// The index client. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct IndexClient {
+    http: reqwest::Client,
+    options: Arc<IndexOptions>,
+    pub stats: Arc<Stats>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn url_key(url: &str) -> String {
+    hex::encode(Sha256::digest(url.as_bytes()))
+}
+
+/// Write a file atomically: readers see the old or the new content, never half.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        fs_err::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    fs_err::write(&tmp, bytes)?;
+    fs_err::rename(&tmp, path)
+}
+
+fn parse_cache_control(headers: &HeaderMap) -> (Option<u64>, bool) {
+    let mut max_age = None;
+    let mut no_cache = false;
+    for v in headers.get_all(CACHE_CONTROL) {
+        for part in v.to_str().unwrap_or("").split(',') {
+            let part = part.trim().to_ascii_lowercase();
+            if let Some(age) = part.strip_prefix("max-age=") {
+                max_age = age.trim_matches('"').parse().ok();
+            } else if part == "no-cache" || part == "no-store" {
+                no_cache = true;
+            }
+        }
+    }
+    (max_age, no_cache)
+}
+
+fn header(headers: &HeaderMap, name: reqwest::header::HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+impl IndexClient {
+    pub fn new(options: IndexOptions) -> Result<IndexClient, IndexError> {
+        let mut options = options;
+        if !options.index_url.ends_with('/') {
+            options.index_url.push('/');
+        }
+        Url::parse(&options.index_url)
+            .map_err(|_| IndexError::BadUrl(options.index_url.clone()))?;
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("hvd/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(15))
+            .read_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|source| IndexError::Http {
+                url: options.index_url.clone(),
+                source,
+            })?;
+        Ok(IndexClient {
+            http,
+            options: Arc::new(options),
+            stats: Arc::default(),
+        })
+    }
+
+    pub fn index_url(&self) -> &str {
+        &self.options.index_url
+    }
+
+    pub fn offline(&self) -> bool {
+        self.options.offline
+    }
+
+    fn cache_path(&self, kind: &str, key: &str) -> PathBuf {
+        self.options
+            .cache_dir
+            .join("v1")
+            .join(kind)
+            .join(&key[..2])
+            .join(key)
+    }
+
+    /// Send a GET with retries on transient failures (connect errors, timeouts, 5xx, 429).
+    async fn send(&self, url: &str, headers: HeaderMap) -> Result<reqwest::Response, IndexError> {
+        let mut attempt = 0;
+        loop {
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            let result = self.http.get(url).headers(headers.clone()).send().await;
+            let transient = match &result {
+                Ok(r) => {
+                    r.status().is_server_error() || r.status() == StatusCode::TOO_MANY_REQUESTS
+                }
+                Err(e) => e.is_connect() || e.is_timeout() || e.is_request() || e.is_body(),
+            };
+            if transient && attempt < RETRIES {
+                attempt += 1;
+                tracing::debug!(url, attempt, "transient failure, retrying");
+                tokio::time::sleep(Duration::from_millis(200 * (1 << attempt))).await;
+                continue;
+            }
+            return match result {
+                Ok(r)
+                    if r.status().is_server_error()
+                        || r.status() == StatusCode::TOO_MANY_REQUESTS =>
+                {
+                    Err(IndexError::Status {
+                        url: url.to_string(),
+                        status: r.status().as_u16(),
+                    })
+                }
+                Ok(r) => Ok(r),
+                Err(source) => Err(IndexError::Http {
+                    url: url.to_string(),
+                    source,
+                }),
+            };
+        }
+    }
+
+    async fn body(&self, url: &str, response: reqwest::Response) -> Result<Vec<u8>, IndexError> {
+        let bytes = response.bytes().await.map_err(|source| IndexError::Http {
+            url: url.to_string(),
+            source,
+        })?;
+        self.stats
+            .bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(bytes.to_vec())
+    }
+
+    /// GET through the HTTP cache: fresh entries are served as is, stale ones revalidated with
+    /// `If-None-Match` / `If-Modified-Since`. Returns the body and content type; `Ok(None)` on 404.
+    async fn get_cached(
+        &self,
+        url: &str,
+        accept: &str,
+    ) -> Result<Option<(Vec<u8>, String)>, IndexError> {
+        let key = url_key(&format!("{accept}\n{url}"));
+        let meta_path = self.cache_path("http", &format!("{key}.json"));
+        let body_path = self.cache_path("http", &format!("{key}.body"));
+        let cached: Option<CacheMeta> = fs_err::read(&meta_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .filter(|_| body_path.exists());
+        if let Some(meta) = &cached {
+            let fresh = !meta.no_cache
+                && meta
+                    .max_age
+                    .is_some_and(|age| now_secs() < meta.checked_at + age);
+            if self.options.offline || fresh {
+                self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+                let body = fs_err::read(&body_path)?;
+                return Ok(Some((body, meta.content_type.clone().unwrap_or_default())));
+            }
+        } else if self.options.offline {
+            return Err(IndexError::Offline {
+                url: url.to_string(),
+            });
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, accept.parse().expect("static header"));
+        if let Some(meta) = &cached {
+            if let Some(etag) = meta.etag.as_deref().and_then(|e| e.parse().ok()) {
+                headers.insert(IF_NONE_MATCH, etag);
+            }
+            if let Some(lm) = meta.last_modified.as_deref().and_then(|e| e.parse().ok()) {
+                headers.insert(IF_MODIFIED_SINCE, lm);
+            }
+        }
+        let response = self.send(url, headers).await?;
+        let status = response.status();
+        let (max_age, no_cache) = parse_cache_control(response.headers());
+        if status == StatusCode::NOT_MODIFIED
+            && let Some(mut meta) = cached
+        {
+            self.stats.not_modified.fetch_add(1, Ordering::Relaxed);
+            meta.checked_at = now_secs();
+            meta.max_age = max_age.or(meta.max_age);
+            write_atomic(&meta_path, &serde_json::to_vec(&meta).unwrap_or_default())?;
+            let body = fs_err::read(&body_path)?;
+            return Ok(Some((body, meta.content_type.unwrap_or_default())));
+        }
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(IndexError::Status {
+                url: url.to_string(),
+                status: status.as_u16(),
+            });
+        }
+        let content_type = header(response.headers(), CONTENT_TYPE).unwrap_or_default();
+        let meta = CacheMeta {
+            url: url.to_string(),
+            etag: header(response.headers(), ETAG),
+            last_modified: header(response.headers(), LAST_MODIFIED),
+            content_type: Some(content_type.clone()),
+            checked_at: now_secs(),
+            max_age,
+            no_cache,
+        };
+        let body = self.body(url, response).await?;
+        write_atomic(&body_path, &body)?;
+        write_atomic(&meta_path, &serde_json::to_vec(&meta).unwrap_or_default())?;
+        Ok(Some((body, content_type)))
+    }
+
+    /// The project page of `name` (normalized).
+    pub async fn project(&self, name: &str) -> Result<ProjectPage, IndexError> {
+        let url = format!("{}{}/", self.options.index_url, name);
+        let Some((body, content_type)) = self.get_cached(&url, SIMPLE_ACCEPT).await? else {
+            return Err(IndexError::NotFound {
+                name: name.to_string(),
+                url,
+            });
+        };
+        let base = Url::parse(&url).map_err(|_| IndexError::BadUrl(url.clone()))?;
+        let files = if content_type.contains("json") {
+            parse_json_page(&body, &base)
+        } else {
+            Ok(parse_html_page(&String::from_utf8_lossy(&body), &base))
+        }
+        .map_err(|message| IndexError::Parse {
+            url: url.clone(),
+            message,
+        })?;
+        Ok(ProjectPage {
+            name: name.to_string(),
+            url,
+            files,
+        })
+    }
+
+    fn immutable_key(file: &IndexFile, what: &str) -> String {
+        match &file.sha256 {
+            Some(sha) => format!("{what}-{sha}"),
+            None => format!("{what}-{}", url_key(&file.url)),
+        }
+    }
+
+    /// Metadata is immutable per artifact (a file's sha256 never changes its content), so it is cached forever.
+    fn cached_metadata(&self, key: &str) -> Option<Vec<u8>> {
+        let b = fs_err::read(self.cache_path("metadata", key)).ok()?;
+        self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Some(b)
+    }
+
+    /// Core metadata of a wheel: PEP 658 file when offered, else METADATA read by range from the wheel.
+    pub async fn wheel_metadata(&self, file: &IndexFile) -> Result<CoreMetadata, IndexError> {
+        let key = Self::immutable_key(file, "wheel");
+        if let Some(bytes) = self.cached_metadata(&key) {
+            return Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)));
+        }
+        if self.options.offline {
+            return Err(IndexError::Offline {
+                url: file.url.clone(),
+            });
+        }
+        let mut bytes = None;
+        if file.core_metadata {
+            let url = format!("{}.metadata", file.url);
+            let response = self.send(&url, HeaderMap::new()).await?;
+            if response.status().is_success() {
+                bytes = Some(self.body(&url, response).await?);
+            }
+        }
+        let bytes = match bytes {
+            Some(b) => b,
+            None => self.metadata_by_range(&file.url).await?,
+        };
+        write_atomic(&self.cache_path("metadata", &key), &bytes)?;
+        Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
+    }
+
+    async fn get_range(
+        &self,
+        url: &str,
+        range: String,
+    ) -> Result<(StatusCode, Option<u64>, Vec<u8>), IndexError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            RANGE,
+            range
+                .parse()
+                .map_err(|_| IndexError::BadUrl(url.to_string()))?,
+        );
+        let response = self.send(url, headers).await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(IndexError::Status {
+                url: url.to_string(),
+                status: status.as_u16(),
+            });
+        }
+        let total = header(response.headers(), CONTENT_RANGE).and_then(|cr| {
+            cr.rsplit_once('/')
+                .and_then(|(_, t)| t.trim().parse::<u64>().ok())
+        });
+        let body = self.body(url, response).await?;
+        Ok((status, total, body))
+    }
+
+    async fn metadata_by_range(&self, url: &str) -> Result<Vec<u8>, IndexError> {
+        let zip_err = |source| IndexError::Zip {
+            url: url.to_string(),
+            source,
+        };
+        let (status, total, tail) = self.get_range(url, format!("bytes=-{TAIL_BYTES}")).await?;
+        let total = match (status, total) {
+            (StatusCode::PARTIAL_CONTENT, Some(total)) => total,
+            // No range support: the whole wheel came back.
+            _ => return metadata::metadata_from_wheel_bytes(&tail).map_err(zip_err),
+        };
+        let tail_start = total - tail.len() as u64;
+        let (cd_offset, cd_size) =
+            metadata::find_central_directory(&tail, total).map_err(zip_err)?;
+        let cd = if cd_offset >= tail_start {
+            tail[(cd_offset - tail_start) as usize..(cd_offset - tail_start + cd_size) as usize]
+                .to_vec()
+        } else {
+            let (_, _, cd) = self
+                .get_range(
+                    url,
+                    format!("bytes={cd_offset}-{}", cd_offset + cd_size - 1),
+                )
+                .await?;
+            cd
+        };
+        let entries = metadata::parse_central_directory(&cd).map_err(zip_err)?;
+        let entry = metadata::metadata_entry(&entries).map_err(zip_err)?.clone();
+        // The local header's extra field may differ from the central one; leave room for it.
+        let want = 30 + entry.name.len() as u64 + 1024 + entry.compressed_size;
+        let start = entry.local_header_offset;
+        let end = (start + want).min(total) - 1;
+        let local = if start >= tail_start && end < total {
+            tail[(start - tail_start) as usize..].to_vec()
+        } else {
+            self.get_range(url, format!("bytes={start}-{end}")).await?.2
+        };
+        metadata::read_local_entry(&local, &entry).map_err(zip_err)
+    }
+
+    /// Static metadata of an sdist (`.tar.gz`): downloads it (sdists cannot be read by range).
+    /// `Ok(None)` when it has no PKG-INFO.
+    pub async fn sdist_metadata(
+        &self,
+        file: &IndexFile,
+    ) -> Result<Option<CoreMetadata>, IndexError> {
+        let key = Self::immutable_key(file, "sdist");
+        if let Some(bytes) = self.cached_metadata(&key) {
+            return Ok(Some(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
+                .filter(|_| !bytes.is_empty()));
+        }
+        if self.options.offline {
+            return Err(IndexError::Offline {
+                url: file.url.clone(),
+            });
+        }
+        if !file.filename.ends_with(".tar.gz") {
+            return Ok(None);
+        }
+        let response = self.send(&file.url, HeaderMap::new()).await?;
+        if !response.status().is_success() {
+            return Err(IndexError::Status {
+                url: file.url.clone(),
+                status: response.status().as_u16(),
+            });
+        }
+        let bytes = self.body(&file.url, response).await?;
+        let url = file.url.clone();
+        let parsed =
+            tokio::task::spawn_blocking(move || metadata::metadata_from_sdist_targz(&bytes))
+                .await
+                .map_err(|e| IndexError::Sdist {
+                    url: url.clone(),
+                    message: e.to_string(),
+                })?
+                .map_err(|e| IndexError::Sdist {
+                    url: url.clone(),
+                    message: e.to_string(),
+                })?;
+        // Store a normalized PKG-INFO (with requires.txt folded in) so the cache answers alone next time.
+        let text = match &parsed {
+            Some(m) => render_metadata(m),
+            None => String::new(),
+        };
+        write_atomic(&self.cache_path("metadata", &key), text.as_bytes())?;
+        Ok(parsed)
+    }
+}
+
+fn render_metadata(m: &CoreMetadata) -> String {
+    let mut s = format!(
+        "Metadata-Version: {}\nName: {}\nVersion: {}\n",
+        m.metadata_version, m.name, m.version
+    );
+    if let Some(rp) = &m.requires_python {
+        s.push_str(&format!("Requires-Python: {rp}\n"));
+    }
+    for d in &m.dynamic {
+        s.push_str(&format!("Dynamic: {d}\n"));
+    }
+    for r in &m.requires_dist {
+        s.push_str(&format!("Requires-Dist: {r}\n"));
+    }
+    s
+}
+
+#[derive(Deserialize)]
+struct JsonPage {
+    files: Vec<JsonFile>,
+}
+
+#[derive(Deserialize)]
+struct JsonFile {
+    filename: String,
+    url: String,
+    #[serde(default)]
+    hashes: std::collections::BTreeMap<String, String>,
+    #[serde(default, rename = "requires-python")]
+    requires_python: Option<String>,
+    #[serde(default)]
+    yanked: serde_json::Value,
+    #[serde(default)]
+    size: Option<u64>,
+    #[serde(default, rename = "core-metadata")]
+    core_metadata: serde_json::Value,
+    #[serde(default, rename = "dist-info-metadata")]
+    dist_info_metadata: serde_json::Value,
+}
+
+fn truthy(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Null => false,
+        serde_json::Value::Bool(b) => *b,
+        serde_json::Value::String(_) | serde_json::Value::Object(_) => true,
+        _ => false,
+    }
+}
+
+fn absolute(base: &Url, href: &str) -> Result<(String, Option<String>), String> {
+    let mut url = base
+        .join(href)
+        .map_err(|e| format!("bad file url `{href}`: {e}"))?;
+    let fragment = url.fragment().map(str::to_string);
+    url.set_fragment(None);
+    Ok((url.to_string(), fragment))
+}
+
+/// Parse a PEP 691 JSON project page.
+pub fn parse_json_page(body: &[u8], base: &Url) -> Result<Vec<IndexFile>, String> {
+    let page: JsonPage = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    page.files
+        .into_iter()
+        .map(|f| {
+            let (url, _) = absolute(base, &f.url)?;
+            Ok(IndexFile {
+                filename: f.filename,
+                url,
+                sha256: f.hashes.get("sha256").map(|s| s.to_ascii_lowercase()),
+                size: f.size,
+                requires_python: f.requires_python.filter(|s| !s.trim().is_empty()),
+                yanked: truthy(&f.yanked),
+                core_metadata: truthy(&f.core_metadata) || truthy(&f.dist_info_metadata),
+            })
+        })
+        .collect()
+}
+
+fn html_unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+fn attribute(tag: &str, name: &str) -> Option<String> {
+    let lower = tag.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(pos) = lower[from..].find(name) {
+        let at = from + pos;
+        from = at + name.len();
+        let before_ok = at == 0 || lower.as_bytes()[at - 1].is_ascii_whitespace();
+        let rest = tag[at + name.len()..].trim_start();
+        if !before_ok {
+            continue;
+        }
+        let Some(rest) = rest.strip_prefix('=') else {
+            if rest.starts_with(['>', ' ', '/']) || rest.is_empty() {
+                return Some(String::new());
+            }
+            continue;
+        };
+        let rest = rest.trim_start();
+        let value = if let Some(r) = rest.strip_prefix('"') {
+            r.split('"').next().unwrap_or("")
+        } else if let Some(r) = rest.strip_prefix('\'') {
+            r.split('\'').next().unwrap_or("")
+        } else {
+            rest.split([' ', '>']).next().unwrap_or("")
+        };
+        return Some(html_unescape(value));
+    }
+    None
+}
+
+/// Parse a PEP 503 HTML project page (anchors with `data-*` attributes).
+pub fn parse_html_page(body: &str, base: &Url) -> Vec<IndexFile> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(start) = rest.find("<a ").or_else(|| rest.find("<A ")) {
+        let after = &rest[start..];
+        let Some(tag_end) = after.find('>') else {
+            break;
+        };
+        let tag = &after[..tag_end];
+        let Some(close) = after[tag_end..]
+            .find("</a>")
+            .or_else(|| after[tag_end..].find("</A>"))
+        else {
+            break;
+        };
+        let text = html_unescape(after[tag_end + 1..tag_end + close].trim());
+        rest = &after[tag_end + close..];
+        let Some(href) = attribute(tag, "href") else {
+            continue;
+        };
+        let Ok((url, fragment)) = absolute(base, &href) else {
+            continue;
+        };
+        let sha256 = fragment.and_then(|f| f.strip_prefix("sha256=").map(str::to_ascii_lowercase));
+        out.push(IndexFile {
+            filename: text,
+            url,
+            sha256,
+            size: None,
+            requires_python: attribute(tag, "data-requires-python")
+                .filter(|s| !s.trim().is_empty()),
+            yanked: attribute(tag, "data-yanked").is_some(),
+            core_metadata: attribute(tag, "data-core-metadata")
+                .or_else(|| attribute(tag, "data-dist-info-metadata"))
+                .is_some_and(|v| v != "false"),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_html_anchors() {
+        let base = Url::parse("http://127.0.0.1:9/simple/foo/").unwrap();
+        let html = r#"<html><body>
+<a href="../../files/foo-1.0.tar.gz#sha256=ABCD" data-requires-python="&gt;=3.8">foo-1.0.tar.gz</a><br/>
+<a href="http://127.0.0.1:9/files/foo-0.9-py3-none-any.whl" data-yanked="">foo-0.9-py3-none-any.whl</a>
+</body></html>"#;
+        let files = parse_html_page(html, &base);
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0].url, "http://127.0.0.1:9/files/foo-1.0.tar.gz");
+        assert_eq!(files[0].sha256.as_deref(), Some("abcd"));
+        assert_eq!(files[0].requires_python.as_deref(), Some(">=3.8"));
+        assert!(!files[0].yanked);
+        assert!(files[1].yanked);
+    }
+
+    #[test]
+    fn parses_json_page() {
+        let base = Url::parse("http://127.0.0.1:9/simple/foo/").unwrap();
+        let body = br#"{"meta":{"api-version":"1.1"},"name":"foo","files":[
+{"filename":"foo-1.0-py3-none-any.whl","url":"/files/foo-1.0-py3-none-any.whl","hashes":{"sha256":"aa"},"yanked":"broken","size":12,"core-metadata":{"sha256":"bb"}}]}"#;
+        let files = parse_json_page(body, &base).unwrap();
+        assert_eq!(
+            files[0].url,
+            "http://127.0.0.1:9/files/foo-1.0-py3-none-any.whl"
+        );
+        assert!(files[0].yanked && files[0].core_metadata);
+        assert!(parse_json_page(b"{", &base).is_err());
+    }
+}

@@ -1,0 +1,516 @@
+//! `lock`: an `Env` in, a `Lockfile` out. Also which index to use and the toolchain pin.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hvd_lang::model::Env;
+use pep440_rs::Version;
+use sha2::{Digest, Sha256};
+
+use crate::index::{IndexClient, IndexError, IndexOptions, default_cache_dir};
+use crate::lockfile::{
+    Artifact, Dependency, LockedBuild, LockedPackage, Lockfile, Request, RequestedBuild,
+    SCHEMA_VERSION, ToolPin, ToolchainPin, env_hash, normalize_name,
+};
+use crate::solver::{self, Resolution, SolveError};
+use crate::source::{FetchCallback, IndexSource, SourceError, SourceMetadataProvider};
+use crate::tags::{Platform, TargetError, TargetSpec};
+
+/// How to lock.
+#[derive(Clone, Default)]
+pub struct LockOptions {
+    /// Use this index, overriding `env.index` and pip's configuration (tests, `--index`).
+    pub index_url: Option<String>,
+    /// Cache directory; default [`default_cache_dir`].
+    pub cache_dir: Option<PathBuf>,
+    /// Use only the cache.
+    pub offline: bool,
+    /// Ignore every existing pin.
+    pub upgrade: bool,
+    /// Ignore the existing pins of these packages.
+    pub upgrade_packages: Vec<String>,
+    /// The current lock: its pins are kept when still allowed.
+    pub existing: Option<Lockfile>,
+    /// The target platform; default the host.
+    pub platform: Option<Platform>,
+    /// Skip pinning the toolchain (tests on machines without a compiler).
+    pub skip_toolchain: bool,
+    /// Metadata of sdists without static metadata (the builder implements it).
+    pub source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
+    /// Called with each project name as its page is requested (progress display).
+    pub on_fetch: Option<FetchCallback>,
+}
+
+impl std::fmt::Debug for LockOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockOptions")
+            .field("index_url", &self.index_url)
+            .field("cache_dir", &self.cache_dir)
+            .field("offline", &self.offline)
+            .field("upgrade", &self.upgrade)
+            .field("upgrade_packages", &self.upgrade_packages)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why locking failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(
+        "no package index configured: set `index = \"...\"` in the env, PIP_INDEX_URL, or an `index-url` in pip.conf ({0})"
+    )]
+    NoIndex(String),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("{0}")]
+    NoSolution(String),
+    #[error("invalid requirement `{requirement}`{}: {message}", context.as_ref().map(|c| format!(" (from {c})")).unwrap_or_default())]
+    BadRequirement {
+        requirement: String,
+        context: Option<String>,
+        message: String,
+    },
+    #[error("{0}")]
+    Toolchain(String),
+    #[error("failed to start the async runtime")]
+    Runtime(#[source] std::io::Error),
+}
+
+impl From<SolveError<SourceError>> for ResolveError {
+    fn from(e: SolveError<SourceError>) -> Self {
+        match e {
+            SolveError::NoSolution(text) => ResolveError::NoSolution(text),
+            SolveError::BadRequirement {
+                requirement,
+                context,
+                message,
+            } => ResolveError::BadRequirement {
+                requirement,
+                context,
+                message,
+            },
+            SolveError::Source(e) => ResolveError::Source(e),
+        }
+    }
+}
+
+/// Network counters of one lock run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LockStats {
+    pub requests: u64,
+    pub not_modified: u64,
+    pub cache_hits: u64,
+    pub bytes: u64,
+}
+
+/// A lock and how it was obtained.
+#[derive(Debug, Clone)]
+pub struct Locked {
+    pub lockfile: Lockfile,
+    pub stats: LockStats,
+    pub index_url: String,
+}
+
+/// Resolve `env` into a lockfile. Creates its own async runtime: call it from synchronous code.
+pub fn lock(env: &Env, options: &LockOptions) -> Result<Lockfile, ResolveError> {
+    lock_detailed(env, options).map(|l| l.lockfile)
+}
+
+/// [`lock`], also returning request counters and the index used.
+pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, ResolveError> {
+    let platform = options.platform.clone().unwrap_or_else(Platform::host);
+    let target = Arc::new(TargetSpec::new(&env.python, platform)?);
+    let index_url = match options.index_url.clone().or_else(|| env.index.clone()) {
+        Some(url) => url,
+        None => discover_index_url()?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .map_err(ResolveError::Runtime)?;
+    let client = IndexClient::new(IndexOptions {
+        index_url: index_url.clone(),
+        cache_dir: options.cache_dir.clone().unwrap_or_else(default_cache_dir),
+        offline: options.offline,
+    })?;
+
+    let build_names: BTreeSet<String> = env
+        .packages
+        .iter()
+        .filter(|p| p.build.is_some())
+        .filter_map(|p| requirement_name(&p.requirement))
+        .collect();
+    let upgrade: BTreeSet<String> = options
+        .upgrade_packages
+        .iter()
+        .map(|n| normalize_name(n))
+        .collect();
+    let keep = |name: &str| !options.upgrade && !upgrade.contains(name);
+    let mut preferences = HashMap::new();
+    let mut build_preferences = HashMap::new();
+    if let Some(existing) = &options.existing {
+        for p in &existing.packages {
+            if let (true, Ok(v)) = (keep(&p.name), Version::from_str(&p.version)) {
+                preferences.insert(p.name.clone(), v);
+            }
+        }
+        for b in &existing.builds {
+            for p in &b.packages {
+                if let (true, Ok(v)) = (keep(&p.name), Version::from_str(&p.version)) {
+                    build_preferences.insert((b.package.clone(), p.name.clone()), v);
+                }
+            }
+        }
+    }
+
+    let mut source = IndexSource::new(
+        client.clone(),
+        runtime.handle().clone(),
+        target.clone(),
+        build_names.clone(),
+        preferences.clone(),
+        options.source_metadata.clone(),
+    );
+    source.on_fetch = options.on_fetch.clone();
+    let words = target.describe();
+    let roots: Vec<String> = env.packages.iter().map(|p| p.requirement.clone()).collect();
+    // Start every root page at once; the solver then finds them in flight.
+    for name in roots.iter().filter_map(|r| requirement_name(r)) {
+        drop(source.prefetch(&name)); // already spawned: it runs on
+    }
+    let resolution = solver::solve(&source, &roots, &target.markers, &preferences, &words)?;
+    let index_root = client.index_url().trim_end_matches('/').to_string();
+    let packages = locked_packages(&source, &resolution, &index_root)?;
+
+    let mut builds = Vec::new();
+    for request in &env.packages {
+        let Some(build) = &request.build else {
+            continue;
+        };
+        let Some(name) = requirement_name(&request.requirement) else {
+            continue;
+        };
+        let normalized = RequestedBuild::from_source_build(build);
+        let mut build_roots = normalized.requires.clone();
+        for against in &normalized.against {
+            match resolution.packages.get(against) {
+                Some((v, _)) => build_roots.push(format!("{against}=={v}")),
+                None => {
+                    return Err(ResolveError::NoSolution(format!(
+                        "the build of `{name}` compiles against `{against}`, which is not among the locked packages; add it to env.packages"
+                    )));
+                }
+            }
+        }
+        let prefs: HashMap<String, Version> = build_preferences
+            .iter()
+            .filter(|((b, _), _)| b == &name)
+            .map(|((_, p), v)| (p.clone(), v.clone()))
+            .collect();
+        let build_resolution =
+            solver::solve(&source, &build_roots, &target.markers, &prefs, &words).map_err(|e| {
+                match ResolveError::from(e) {
+                    ResolveError::NoSolution(t) => ResolveError::NoSolution(format!(
+                        "the build requirements of `{name}` have no solution:\n{t}"
+                    )),
+                    other => other,
+                }
+            })?;
+        let mut locked = locked_packages(&source, &build_resolution, &index_root)?;
+        locked.retain(|p| !normalized.against.contains(&p.name));
+        builds.push(LockedBuild {
+            package: name,
+            requires: normalized.requires,
+            env: normalized.env,
+            against: normalized.against,
+            no_build_isolation: normalized.no_build_isolation,
+            packages: locked,
+        });
+    }
+
+    let toolchain = match (&env.toolchain, options.skip_toolchain) {
+        (Some(t), false) => Some(pin_toolchain(&t.name, &t.version)?),
+        _ => None,
+    };
+    let mut lockfile = Lockfile {
+        version: SCHEMA_VERSION,
+        env_hash: env_hash(env),
+        request: Request::from_env(env),
+        target: target.to_lock(),
+        toolchain,
+        packages,
+        builds,
+    };
+    lockfile.canonicalize();
+    let s = &client.stats;
+    let stats = LockStats {
+        requests: s.requests.load(Ordering::Relaxed),
+        not_modified: s.not_modified.load(Ordering::Relaxed),
+        cache_hits: s.cache_hits.load(Ordering::Relaxed),
+        bytes: s.bytes.load(Ordering::Relaxed),
+    };
+    drop(source);
+    runtime.shutdown_background();
+    Ok(Locked {
+        lockfile,
+        stats,
+        index_url,
+    })
+}
+
+fn requirement_name(requirement: &str) -> Option<String> {
+    pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(requirement)
+        .ok()
+        .map(|r| r.name.to_string())
+}
+
+fn locked_packages(
+    source: &IndexSource,
+    resolution: &Resolution,
+    index: &str,
+) -> Result<Vec<LockedPackage>, ResolveError> {
+    let mut out = Vec::new();
+    for (name, (version, edges)) in &resolution.packages {
+        let (file, kind) = source.artifact(name, version)?;
+        out.push(LockedPackage {
+            name: name.clone(),
+            version: version.to_string(),
+            index: index.to_string(),
+            artifact: Artifact {
+                kind,
+                filename: file.filename.clone(),
+                url: file.url.clone(),
+                sha256: file.sha256.clone().unwrap_or_default(),
+                size: file.size.unwrap_or(0),
+            },
+            dependencies: edges
+                .iter()
+                .filter(|e| resolution.packages.contains_key(&e.name))
+                .map(|e| Dependency {
+                    name: e.name.clone(),
+                    extras: e.extras.clone(),
+                    marker: e.marker.clone(),
+                })
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// The index pip would use: PIP_INDEX_URL, else pip configuration files, else pip's built-in default asked
+/// from `python3`. Never a host written in this repository.
+pub fn discover_index_url() -> Result<String, ResolveError> {
+    if let Some(url) = std::env::var("PIP_INDEX_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    {
+        return Ok(url.trim().to_string());
+    }
+    if let Some(url) = index_from_pip_config() {
+        return Ok(url);
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "from pip._internal.models.index import PyPI; print(PyPI.simple_url)",
+        ])
+        .output()
+        .map_err(|e| ResolveError::NoIndex(format!("running `python3` failed: {e}")))?;
+    let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && url.starts_with("http") {
+        Ok(url)
+    } else {
+        Err(ResolveError::NoIndex(
+            "`python3` could not tell pip's default index; is pip installed?".into(),
+        ))
+    }
+}
+
+/// pip's configuration files in pip's order (later wins): global, user, site, then `PIP_CONFIG_FILE`.
+fn pip_config_files() -> Vec<PathBuf> {
+    let mut files = vec![
+        PathBuf::from("/etc/xdg/pip/pip.conf"),
+        PathBuf::from("/etc/pip.conf"),
+    ];
+    if let Some(home) = dirs::home_dir() {
+        files.push(home.join(".pip/pip.conf"));
+    }
+    if let Some(config) = dirs::config_dir() {
+        files.push(config.join("pip/pip.conf"));
+    }
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        files.push(Path::new(&venv).join("pip.conf"));
+    }
+    if let Some(file) =
+        std::env::var_os("PIP_CONFIG_FILE").filter(|f| !f.is_empty() && f != "os.devnull")
+    {
+        files.push(PathBuf::from(file));
+    }
+    files
+}
+
+fn index_from_pip_config() -> Option<String> {
+    let mut found = None;
+    for file in pip_config_files() {
+        if let Ok(text) = fs_err::read_to_string(&file)
+            && let Some(url) = index_from_ini(&text)
+        {
+            found = Some(url);
+        }
+    }
+    found
+}
+
+/// `index-url` from the `[global]` or `[install]` section of a pip.conf (`[install]` wins).
+pub fn index_from_ini(text: &str) -> Option<String> {
+    let mut section = String::new();
+    let mut global = None;
+    let mut install = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with(['#', ';']) || line.is_empty() {
+            continue;
+        }
+        if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = s.trim().to_ascii_lowercase();
+            continue;
+        }
+        let Some((key, value)) = line.split_once(['=', ':']) else {
+            continue;
+        };
+        let key = key.trim().to_ascii_lowercase().replace('_', "-");
+        if key == "index-url" {
+            let value = Some(value.trim().to_string());
+            match section.as_str() {
+                "global" => global = value,
+                "install" => install = value,
+                _ => {}
+            }
+        }
+    }
+    install.or(global)
+}
+
+fn find_on_path(command: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(command))
+        .find(|p| p.is_file())
+}
+
+fn compiler_version(path: &Path) -> Option<String> {
+    let out = std::process::Command::new(path)
+        .arg("-dumpfullversion")
+        .output()
+        .ok()?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && !v.is_empty() {
+        return Some(v);
+    }
+    let out = std::process::Command::new(path)
+        .arg("--version")
+        .output()
+        .ok()?;
+    let first = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .to_string();
+    first
+        .split_whitespace()
+        .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .map(str::to_string)
+}
+
+/// Find the compilers of a toolchain on PATH, check their version, and record path, version and sha256.
+pub fn pin_toolchain(name: &str, requested: &str) -> Result<ToolchainPin, ResolveError> {
+    let commands: Vec<&str> = match name {
+        "gcc" => vec!["gcc", "g++"],
+        "clang" => vec!["clang", "clang++"],
+        other => vec![other],
+    };
+    let matches = |v: &str| v == requested || v.starts_with(&format!("{requested}."));
+    let mut tools = Vec::new();
+    for command in commands {
+        let mut seen = Vec::new();
+        let mut chosen = None;
+        for candidate in [format!("{command}-{requested}"), command.to_string()] {
+            let Some(path) = find_on_path(&candidate) else {
+                continue;
+            };
+            let Some(version) = compiler_version(&path) else {
+                continue;
+            };
+            if matches(&version) {
+                chosen = Some((candidate, path, version));
+                break;
+            }
+            seen.push(format!("`{candidate}` is {version}"));
+        }
+        let Some((_, path, version)) = chosen else {
+            let found = if seen.is_empty() {
+                "none is on PATH".to_string()
+            } else {
+                seen.join(", ")
+            };
+            return Err(ResolveError::Toolchain(format!(
+                "env.toolchain asks for {name} {requested}, but `{command}` {requested} was not found ({found}); install it or change env.toolchain"
+            )));
+        };
+        let real = fs_err::canonicalize(&path).unwrap_or(path);
+        let bytes = fs_err::read(&real)
+            .map_err(|e| ResolveError::Toolchain(format!("failed to hash compiler: {e}")))?;
+        tools.push(ToolPin {
+            command: command.to_string(),
+            path: real.display().to_string(),
+            version,
+            sha256: hex::encode(Sha256::digest(&bytes)),
+        });
+    }
+    Ok(ToolchainPin {
+        name: name.to_string(),
+        requested: requested.to_string(),
+        tools,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_pip_conf() {
+        let text = "[global]\nindex-url = http://127.0.0.1:1/a/simple\n[install]\nindex_url=http://127.0.0.1:1/b/simple\n";
+        assert_eq!(
+            index_from_ini(text).as_deref(),
+            Some("http://127.0.0.1:1/b/simple")
+        );
+        assert_eq!(index_from_ini("[global]\ntimeout = 3\n"), None);
+    }
+
+    #[test]
+    fn pins_the_host_compiler_or_explains() {
+        match pin_toolchain("gcc", "1") {
+            Ok(_) => panic!("no gcc 1 anywhere"),
+            Err(e) => assert!(e.to_string().contains("gcc 1"), "{e}"),
+        }
+        // When a gcc exists, pinning its own major version works and records a sha256.
+        if let Some(path) = find_on_path("gcc") {
+            let version = compiler_version(&path).unwrap();
+            let major = version.split('.').next().unwrap();
+            let pin = pin_toolchain("gcc", major).unwrap();
+            assert!(
+                pin.tools
+                    .iter()
+                    .any(|t| t.command == "gcc" && t.sha256.len() == 64)
+            );
+        }
+    }
+}

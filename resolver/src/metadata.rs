@@ -1,0 +1,353 @@
+//! Core metadata (METADATA / PKG-INFO), setuptools' `requires.txt`, and reading METADATA out of a wheel's zip
+//! given only a way to read byte ranges (so a 230 MB wheel costs a few KB over HTTP).
+
+use std::io::Read;
+
+/// The parts of core metadata resolution needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CoreMetadata {
+    pub name: String,
+    pub version: String,
+    pub metadata_version: String,
+    /// `Requires-Dist` lines, verbatim.
+    pub requires_dist: Vec<String>,
+    pub requires_python: Option<String>,
+    /// `Dynamic` fields (lowercase), metadata 2.2+.
+    pub dynamic: Vec<String>,
+}
+
+impl CoreMetadata {
+    /// Parse RFC 822-style core metadata. Headers end at the first empty line (the body is the description).
+    pub fn parse(text: &str) -> CoreMetadata {
+        let mut m = CoreMetadata::default();
+        let mut current: Option<(String, String)> = None;
+        let mut fields: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            if line.is_empty() {
+                break;
+            }
+            if line.starts_with([' ', '\t']) {
+                if let Some((_, v)) = &mut current {
+                    v.push(' ');
+                    v.push_str(line.trim());
+                }
+                continue;
+            }
+            if let Some(done) = current.take() {
+                fields.push(done);
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                current = Some((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+        if let Some(done) = current.take() {
+            fields.push(done);
+        }
+        for (k, v) in fields {
+            match k.as_str() {
+                "name" => m.name = v,
+                "version" => m.version = v,
+                "metadata-version" => m.metadata_version = v,
+                "requires-dist" => m.requires_dist.push(v),
+                "requires-python" => m.requires_python = Some(v).filter(|s| !s.is_empty()),
+                "dynamic" => m.dynamic.push(v.to_ascii_lowercase()),
+                _ => {}
+            }
+        }
+        m
+    }
+
+    /// Whether `Requires-Dist` can be trusted as static (PEP 643: metadata 2.2+ and not declared dynamic).
+    pub fn requires_dist_is_static(&self) -> bool {
+        let newer = {
+            let mut parts = self
+                .metadata_version
+                .split('.')
+                .map(|p| p.parse::<u32>().unwrap_or(0));
+            let major = parts.next().unwrap_or(0);
+            let minor = parts.next().unwrap_or(0);
+            (major, minor) >= (2, 2)
+        };
+        newer && !self.dynamic.iter().any(|d| d == "requires-dist")
+    }
+}
+
+/// Convert setuptools' `*.egg-info/requires.txt` into PEP 508 strings.
+/// Sections are `[extra]`, `[:marker]` or `[extra:marker]`.
+pub fn parse_requires_txt(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut marker: Option<String> = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let (extra, env) = section.split_once(':').unwrap_or((section, ""));
+            let mut parts = Vec::new();
+            if !extra.trim().is_empty() {
+                parts.push(format!("extra == \"{}\"", extra.trim()));
+            }
+            if !env.trim().is_empty() {
+                parts.push(format!("({})", env.trim()));
+            }
+            marker = if parts.is_empty() {
+                None
+            } else {
+                Some(parts.join(" and "))
+            };
+            continue;
+        }
+        match &marker {
+            Some(m) => out.push(format!("{line} ; {m}")),
+            None => out.push(line.to_string()),
+        }
+    }
+    out
+}
+
+/// Errors reading a zip by ranges.
+#[derive(Debug, thiserror::Error)]
+pub enum ZipError {
+    #[error("not a zip file: {0}")]
+    Format(&'static str),
+    #[error("no `*.dist-info/METADATA` in the wheel")]
+    NoMetadata,
+    #[error("unsupported compression method {0} for METADATA")]
+    Compression(u16),
+    #[error("failed to inflate METADATA")]
+    Inflate(#[source] std::io::Error),
+}
+
+/// One entry of a zip central directory.
+#[derive(Debug, Clone)]
+pub struct ZipEntry {
+    pub name: String,
+    pub method: u16,
+    pub compressed_size: u64,
+    pub local_header_offset: u64,
+}
+
+fn u16_at(b: &[u8], i: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(i..i + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], i: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], i: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?))
+}
+
+/// Where the central directory is, found from the tail of the file (`tail` ends at `file_size`).
+/// Returns (offset, size) of the central directory.
+pub fn find_central_directory(tail: &[u8], file_size: u64) -> Result<(u64, u64), ZipError> {
+    let tail_start = file_size - tail.len() as u64;
+    let eocd = (0..tail.len().saturating_sub(21))
+        .rev()
+        .find(|&i| u32_at(tail, i) == Some(0x0605_4b50))
+        .ok_or(ZipError::Format("no end of central directory record"))?;
+    let mut size = u64::from(u32_at(tail, eocd + 12).ok_or(ZipError::Format("short record"))?);
+    let mut offset = u64::from(u32_at(tail, eocd + 16).ok_or(ZipError::Format("short record"))?);
+    if offset == 0xFFFF_FFFF || size == 0xFFFF_FFFF {
+        // ZIP64: the locator sits right before the EOCD and points at the ZIP64 EOCD record.
+        let loc = eocd
+            .checked_sub(20)
+            .ok_or(ZipError::Format("missing zip64 locator"))?;
+        if u32_at(tail, loc) != Some(0x0706_4b50) {
+            return Err(ZipError::Format("missing zip64 locator"));
+        }
+        let rec_abs = u64_at(tail, loc + 8).ok_or(ZipError::Format("short zip64 locator"))?;
+        let rec = rec_abs
+            .checked_sub(tail_start)
+            .ok_or(ZipError::Format("zip64 record outside the tail"))? as usize;
+        size = u64_at(tail, rec + 40).ok_or(ZipError::Format("short zip64 record"))?;
+        offset = u64_at(tail, rec + 48).ok_or(ZipError::Format("short zip64 record"))?;
+    }
+    if offset + size > file_size {
+        return Err(ZipError::Format("central directory outside the file"));
+    }
+    Ok((offset, size))
+}
+
+/// Parse central directory entries.
+pub fn parse_central_directory(cd: &[u8]) -> Result<Vec<ZipEntry>, ZipError> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + 46 <= cd.len() {
+        if u32_at(cd, i) != Some(0x0201_4b50) {
+            break;
+        }
+        let short = ZipError::Format("short central directory entry");
+        let method = u16_at(cd, i + 10).ok_or(ZipError::Format("short entry"))?;
+        let mut compressed = u64::from(u32_at(cd, i + 20).ok_or(ZipError::Format("short entry"))?);
+        let uncompressed = u32_at(cd, i + 24).ok_or(ZipError::Format("short entry"))?;
+        let name_len = usize::from(u16_at(cd, i + 28).ok_or(ZipError::Format("short entry"))?);
+        let extra_len = usize::from(u16_at(cd, i + 30).ok_or(ZipError::Format("short entry"))?);
+        let comment_len = usize::from(u16_at(cd, i + 32).ok_or(ZipError::Format("short entry"))?);
+        let mut offset = u64::from(u32_at(cd, i + 42).ok_or(ZipError::Format("short entry"))?);
+        let name = cd.get(i + 46..i + 46 + name_len).ok_or(short)?;
+        let extra = cd
+            .get(i + 46 + name_len..i + 46 + name_len + extra_len)
+            .unwrap_or(&[]);
+        // ZIP64 extended information: values present only for fields saturated at 0xFFFFFFFF, in order.
+        let mut e = 0;
+        while e + 4 <= extra.len() {
+            let id = u16_at(extra, e).unwrap_or(0);
+            let len = usize::from(u16_at(extra, e + 2).unwrap_or(0));
+            if id == 1 {
+                let mut p = e + 4;
+                if uncompressed == 0xFFFF_FFFF {
+                    p += 8;
+                }
+                if compressed == 0xFFFF_FFFF {
+                    compressed = u64_at(extra, p).unwrap_or(compressed);
+                    p += 8;
+                }
+                if offset == 0xFFFF_FFFF {
+                    offset = u64_at(extra, p).unwrap_or(offset);
+                }
+            }
+            e += 4 + len;
+        }
+        out.push(ZipEntry {
+            name: String::from_utf8_lossy(name).into_owned(),
+            method,
+            compressed_size: compressed,
+            local_header_offset: offset,
+        });
+        i += 46 + name_len + extra_len + comment_len;
+    }
+    Ok(out)
+}
+
+/// The METADATA entry of a wheel: `<name>-<version>.dist-info/METADATA` at the top level.
+pub fn metadata_entry(entries: &[ZipEntry]) -> Result<&ZipEntry, ZipError> {
+    entries
+        .iter()
+        .find(|e| {
+            let mut parts = e.name.split('/');
+            matches!((parts.next(), parts.next(), parts.next()), (Some(d), Some("METADATA"), None) if d.ends_with(".dist-info"))
+        })
+        .ok_or(ZipError::NoMetadata)
+}
+
+/// Given bytes starting at an entry's local header (at least header + name + extra + data), return its
+/// uncompressed data.
+pub fn read_local_entry(bytes: &[u8], entry: &ZipEntry) -> Result<Vec<u8>, ZipError> {
+    if u32_at(bytes, 0) != Some(0x0403_4b50) {
+        return Err(ZipError::Format("bad local header"));
+    }
+    let name_len = usize::from(u16_at(bytes, 26).ok_or(ZipError::Format("short local header"))?);
+    let extra_len = usize::from(u16_at(bytes, 28).ok_or(ZipError::Format("short local header"))?);
+    let start = 30 + name_len + extra_len;
+    let end = start
+        + usize::try_from(entry.compressed_size)
+            .map_err(|_| ZipError::Format("entry too large"))?;
+    let data = bytes
+        .get(start..end)
+        .ok_or(ZipError::Format("entry data cut short"))?;
+    match entry.method {
+        0 => Ok(data.to_vec()),
+        8 => {
+            let mut out = Vec::new();
+            flate2::read::DeflateDecoder::new(data)
+                .read_to_end(&mut out)
+                .map_err(ZipError::Inflate)?;
+            Ok(out)
+        }
+        m => Err(ZipError::Compression(m)),
+    }
+}
+
+/// Read METADATA from a whole wheel held in memory (used when the server has no range support).
+pub fn metadata_from_wheel_bytes(wheel: &[u8]) -> Result<Vec<u8>, ZipError> {
+    let (offset, size) = find_central_directory(
+        &wheel[wheel.len().saturating_sub(70_000)..],
+        wheel.len() as u64,
+    )?;
+    let cd = wheel
+        .get(offset as usize..(offset + size) as usize)
+        .ok_or(ZipError::Format("bad central directory"))?;
+    let entries = parse_central_directory(cd)?;
+    let entry = metadata_entry(&entries)?;
+    let local = wheel
+        .get(entry.local_header_offset as usize..)
+        .ok_or(ZipError::Format("bad local offset"))?;
+    read_local_entry(local, entry)
+}
+
+/// Read the static metadata out of an sdist (`.tar.gz`): `PKG-INFO` at the top, plus
+/// `*.egg-info/requires.txt` when PKG-INFO predates static `Requires-Dist`.
+pub fn metadata_from_sdist_targz(bytes: &[u8]) -> std::io::Result<Option<CoreMetadata>> {
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
+    let mut pkg_info: Option<String> = None;
+    let mut requires_txt: Option<String> = None;
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let path = entry.path()?.to_string_lossy().into_owned();
+        let parts: Vec<&str> = path.trim_start_matches("./").split('/').collect();
+        match parts.as_slice() {
+            [_, "PKG-INFO"] => {
+                let mut s = String::new();
+                entry.read_to_string(&mut s)?;
+                pkg_info = Some(s);
+            }
+            [_, egg, "requires.txt"] | [_, _, egg, "requires.txt"]
+                if egg.ends_with(".egg-info") && requires_txt.is_none() =>
+            {
+                let mut s = String::new();
+                entry.read_to_string(&mut s)?;
+                requires_txt = Some(s);
+            }
+            _ => {}
+        }
+    }
+    let Some(pkg_info) = pkg_info else {
+        return Ok(None);
+    };
+    let mut m = CoreMetadata::parse(&pkg_info);
+    if m.requires_dist.is_empty()
+        && let Some(req) = requires_txt
+    {
+        m.requires_dist = parse_requires_txt(&req);
+    }
+    Ok(Some(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_metadata() {
+        let m = CoreMetadata::parse(
+            "Metadata-Version: 2.1\nName: Foo\nVersion: 1.0\nRequires-Dist: bar>=1\nRequires-Dist: baz ; extra == \"x\"\nRequires-Python: >=3.8\nDescription: a\n  b\n\nBody: no\n",
+        );
+        assert_eq!(m.name, "Foo");
+        assert_eq!(m.requires_dist, ["bar>=1", "baz ; extra == \"x\""]);
+        assert_eq!(m.requires_python.as_deref(), Some(">=3.8"));
+        assert!(!m.requires_dist_is_static());
+    }
+
+    #[test]
+    fn converts_requires_txt() {
+        let r = parse_requires_txt(
+            "cloudpickle\npsutil\n\n[:python_version < \"3.8\"]\nimportlib\n\n[tf]\ntensorflow\n",
+        );
+        assert_eq!(
+            r,
+            [
+                "cloudpickle",
+                "psutil",
+                "importlib ; (python_version < \"3.8\")",
+                "tensorflow ; extra == \"tf\""
+            ]
+        );
+    }
+
+    #[test]
+    fn garbage_zip_is_an_error() {
+        assert!(metadata_from_wheel_bytes(b"not a zip").is_err());
+        assert!(metadata_from_wheel_bytes(b"").is_err());
+    }
+}

@@ -1,0 +1,665 @@
+//! The PubGrub solver over an abstract [`PackageSource`], and plain-words explanations when there is no solution.
+//!
+//! The source is synchronous on purpose: the index-backed source bridges to async fetching (with prefetching),
+//! and tests use an in-memory universe to compare the solver with brute force.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use pep440_rs::Version;
+use pep508_rs::{MarkerEnvironment, Requirement, VersionOrUrl};
+use pubgrub::{
+    DefaultStringReporter, Dependencies, DependencyConstraints, DependencyProvider, DerivationTree,
+    External, PackageResolutionStatistics, PubGrubError, Ranges, Reporter,
+};
+
+/// A version that exists on the index but cannot be used for the target, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unusable {
+    pub version: Version,
+    /// Plain words after "name==version ", e.g. "has no wheel for cp311 on manylinux x86_64 (it has cp27)".
+    pub reason: String,
+    /// Interpreter tags of its wheels (for "use python X" suggestions).
+    pub python_tags: Vec<String>,
+}
+
+/// The versions of one package.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates {
+    /// Usable versions, newest first.
+    pub usable: Vec<Version>,
+    pub unusable: Vec<Unusable>,
+    /// The index has no such project.
+    pub not_found: bool,
+}
+
+/// What the solver needs from the world.
+pub trait PackageSource {
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// All versions of `name` (normalized).
+    fn candidates(&self, name: &str) -> Result<Arc<Candidates>, Self::Error>;
+    /// The `Requires-Dist` strings of `name==version` (markers not yet evaluated).
+    fn requires(&self, name: &str, version: &Version) -> Result<Arc<Vec<String>>, Self::Error>;
+}
+
+/// A node of the PubGrub graph.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Node {
+    Root,
+    Package(String),
+    /// `name[extra]`: depends on `name` at the same version plus the extra's requirements.
+    Extra(String, String),
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Node::Root => write!(f, "the env"),
+            Node::Package(n) => write!(f, "{n}"),
+            Node::Extra(n, e) => write!(f, "{n}[{e}]"),
+        }
+    }
+}
+
+/// An edge of the resolution graph (for the lockfile).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Edge {
+    pub name: String,
+    pub extras: Vec<String>,
+    pub marker: Option<String>,
+}
+
+/// A solved set: each package's version and its active dependency edges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolution {
+    pub packages: BTreeMap<String, (Version, Vec<Edge>)>,
+}
+
+/// Why solving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SolveError<E: std::error::Error + Send + Sync + 'static> {
+    #[error("no set of versions satisfies the env:\n{0}")]
+    NoSolution(String),
+    #[error("invalid requirement `{requirement}`{}: {message}", context.as_ref().map(|c| format!(" (from {c})")).unwrap_or_default())]
+    BadRequirement {
+        requirement: String,
+        context: Option<String>,
+        message: String,
+    },
+    #[error(transparent)]
+    Source(E),
+}
+
+type Range = Ranges<Version>;
+
+/// One parsed, marker-filtered requirement.
+#[derive(Debug, Clone)]
+struct Parsed {
+    name: String,
+    extras: Vec<String>,
+    range: Range,
+    marker: Option<String>,
+}
+
+fn parse_requirement(text: &str) -> Result<Requirement, String> {
+    Requirement::from_str(text).map_err(|e| e.message.to_string())
+}
+
+/// Parse requirements and keep the ones whose marker holds for `markers` with `extras` active.
+fn active_requirements(
+    requirements: &[String],
+    markers: &MarkerEnvironment,
+    extras: &[pep508_rs::ExtraName],
+    context: Option<&str>,
+) -> Result<Vec<Parsed>, (String, Option<String>, String)> {
+    let mut out = Vec::new();
+    for text in requirements {
+        let req =
+            parse_requirement(text).map_err(|m| (text.clone(), context.map(str::to_string), m))?;
+        if !req.marker.evaluate(markers, extras) {
+            continue;
+        }
+        let range = match &req.version_or_url {
+            None => Range::full(),
+            Some(VersionOrUrl::VersionSpecifier(spec)) => Range::from(spec.clone()),
+            Some(VersionOrUrl::Url(_)) => {
+                return Err((
+                    text.clone(),
+                    context.map(str::to_string),
+                    "direct URL requirements are not supported; name a version from the index"
+                        .into(),
+                ));
+            }
+        };
+        let mut extras: Vec<String> = req.extras.iter().map(ToString::to_string).collect();
+        extras.sort();
+        out.push(Parsed {
+            name: req.name.to_string(),
+            extras,
+            range,
+            marker: req.marker.try_to_string(),
+        });
+    }
+    Ok(out)
+}
+
+struct Provider<'a, S: PackageSource> {
+    source: &'a S,
+    markers: &'a MarkerEnvironment,
+    roots: Vec<String>,
+    /// Preferred versions (existing pins), used when still allowed.
+    preferences: &'a HashMap<String, Version>,
+    /// Edges recorded per (package, version) for the lockfile.
+    edges: RefCell<HashMap<(String, Version), Vec<Edge>>>,
+    bad_requirement: RefCell<Option<(String, Option<String>, String)>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ProviderError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Source(E),
+    #[error("invalid requirement")]
+    BadRequirement,
+}
+
+impl<S: PackageSource> Provider<'_, S> {
+    fn name_of(node: &Node) -> Option<&str> {
+        match node {
+            Node::Root => None,
+            Node::Package(n) | Node::Extra(n, _) => Some(n),
+        }
+    }
+
+    fn constraints(&self, parsed: Vec<Parsed>, out: &mut Vec<(Node, Range)>) -> Vec<Edge> {
+        let mut edges = Vec::new();
+        for p in parsed {
+            out.push((Node::Package(p.name.clone()), p.range.clone()));
+            for extra in &p.extras {
+                out.push((Node::Extra(p.name.clone(), extra.clone()), p.range.clone()));
+            }
+            edges.push(Edge {
+                name: p.name,
+                extras: p.extras,
+                marker: p.marker,
+            });
+        }
+        edges
+    }
+}
+
+fn merge(constraints: Vec<(Node, Range)>, own: &Node) -> DependencyConstraints<Node, Range> {
+    let mut merged: BTreeMap<Node, Range> = BTreeMap::new();
+    for (node, range) in constraints {
+        if &node == own {
+            continue;
+        }
+        merged
+            .entry(node)
+            .and_modify(|r| *r = r.intersection(&range))
+            .or_insert(range);
+    }
+    merged.into_iter().collect()
+}
+
+impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
+    type P = Node;
+    type V = Version;
+    type VS = Range;
+    type M = String;
+    type Priority = (u32, u8, std::cmp::Reverse<usize>);
+    type Err = ProviderError<S::Error>;
+
+    fn prioritize(
+        &self,
+        package: &Node,
+        range: &Range,
+        stats: &PackageResolutionStatistics,
+    ) -> Self::Priority {
+        // Decide pinned packages first, then the ones that conflicted most, then in discovery order (shorter
+        // names are not better; the order only has to be deterministic).
+        let pinned = u8::from(range.as_singleton().is_some());
+        let order = match package {
+            Node::Root => 0,
+            _ => 1,
+        };
+        (stats.conflict_count(), pinned, std::cmp::Reverse(order))
+    }
+
+    fn choose_version(&self, package: &Node, range: &Range) -> Result<Option<Version>, Self::Err> {
+        let Some(name) = Self::name_of(package) else {
+            return Ok(Some(Version::new([0])));
+        };
+        let candidates = self
+            .source
+            .candidates(name)
+            .map_err(ProviderError::Source)?;
+        if let Some(pref) = self.preferences.get(name)
+            && range.contains(pref)
+            && candidates.usable.contains(pref)
+        {
+            return Ok(Some(pref.clone()));
+        }
+        // Pre-releases only when nothing final fits (PEP 440's default).
+        let final_release = candidates
+            .usable
+            .iter()
+            .find(|v| !v.any_prerelease() && range.contains(v));
+        Ok(final_release
+            .or_else(|| candidates.usable.iter().find(|v| range.contains(v)))
+            .cloned())
+    }
+
+    fn get_dependencies(
+        &self,
+        package: &Node,
+        version: &Version,
+    ) -> Result<Dependencies<Node, Range, String>, Self::Err> {
+        let mut constraints = Vec::new();
+        let fail = |e: (String, Option<String>, String)| {
+            *self.bad_requirement.borrow_mut() = Some(e);
+            ProviderError::BadRequirement
+        };
+        match package {
+            Node::Root => {
+                let parsed =
+                    active_requirements(&self.roots, self.markers, &[], None).map_err(fail)?;
+                self.constraints(parsed, &mut constraints);
+            }
+            Node::Package(name) => {
+                let requires = self
+                    .source
+                    .requires(name, version)
+                    .map_err(ProviderError::Source)?;
+                let context = format!("{name}=={version}");
+                let parsed = active_requirements(&requires, self.markers, &[], Some(&context))
+                    .map_err(fail)?;
+                let edges = self.constraints(parsed, &mut constraints);
+                self.edges
+                    .borrow_mut()
+                    .entry((name.clone(), version.clone()))
+                    .or_default()
+                    .extend(edges);
+            }
+            Node::Extra(name, extra) => {
+                constraints.push((
+                    Node::Package(name.clone()),
+                    Range::singleton(version.clone()),
+                ));
+                let requires = self
+                    .source
+                    .requires(name, version)
+                    .map_err(ProviderError::Source)?;
+                let context = format!("{name}[{extra}]=={version}");
+                let extra_name = pep508_rs::ExtraName::from_str(extra)
+                    .map_err(|e| fail((extra.clone(), Some(context.clone()), e.to_string())))?;
+                let base = active_requirements(&requires, self.markers, &[], Some(&context))
+                    .map_err(fail)?;
+                let with =
+                    active_requirements(&requires, self.markers, &[extra_name], Some(&context))
+                        .map_err(fail)?;
+                // Only what the extra adds: the base requirements are the base package's own edges.
+                let added: Vec<Parsed> = with
+                    .into_iter()
+                    .filter(|p| {
+                        !base.iter().any(|b| {
+                            b.name == p.name && b.marker == p.marker && b.extras == p.extras
+                        })
+                    })
+                    .collect();
+                let edges = self.constraints(added, &mut constraints);
+                self.edges
+                    .borrow_mut()
+                    .entry((name.clone(), version.clone()))
+                    .or_default()
+                    .extend(edges);
+            }
+        }
+        Ok(Dependencies::Available(merge(constraints, package)))
+    }
+}
+
+/// Solve `roots` (PEP 508 strings) for `markers`.
+pub fn solve<S: PackageSource>(
+    source: &S,
+    roots: &[String],
+    markers: &MarkerEnvironment,
+    preferences: &HashMap<String, Version>,
+    target_words: &str,
+) -> Result<Resolution, SolveError<S::Error>> {
+    let provider = Provider {
+        source,
+        markers,
+        roots: roots.to_vec(),
+        preferences,
+        edges: RefCell::default(),
+        bad_requirement: RefCell::default(),
+    };
+    match pubgrub::resolve(&provider, Node::Root, Version::new([0])) {
+        Ok(selected) => {
+            let edges = provider.edges.into_inner();
+            let mut resolution = Resolution::default();
+            for (node, version) in selected {
+                if let Node::Package(name) = node {
+                    let mut e = edges
+                        .get(&(name.clone(), version.clone()))
+                        .cloned()
+                        .unwrap_or_default();
+                    e.sort();
+                    e.dedup();
+                    resolution.packages.insert(name, (version, e));
+                }
+            }
+            Ok(resolution)
+        }
+        Err(PubGrubError::NoSolution(tree)) => {
+            Err(SolveError::NoSolution(explain(&tree, source, target_words)))
+        }
+        Err(
+            PubGrubError::ErrorRetrievingDependencies { source: e, .. }
+            | PubGrubError::ErrorChoosingVersion { source: e, .. }
+            | PubGrubError::ErrorInShouldCancel(e),
+        ) => match e {
+            ProviderError::Source(e) => Err(SolveError::Source(e)),
+            ProviderError::BadRequirement => {
+                let (requirement, context, message) = provider
+                    .bad_requirement
+                    .into_inner()
+                    .unwrap_or_else(|| (String::new(), None, String::new()));
+                Err(SolveError::BadRequirement {
+                    requirement,
+                    context,
+                    message,
+                })
+            }
+        },
+    }
+}
+
+fn collect_no_versions(tree: &DerivationTree<Node, Range, String>, out: &mut Vec<(String, Range)>) {
+    match tree {
+        DerivationTree::External(External::NoVersions(
+            Node::Package(n) | Node::Extra(n, _),
+            range,
+        )) => {
+            out.push((n.clone(), range.clone()));
+        }
+        DerivationTree::External(_) => {}
+        DerivationTree::Derived(d) => {
+            collect_no_versions(&d.cause1, out);
+            collect_no_versions(&d.cause2, out);
+        }
+    }
+}
+
+/// The PubGrub report, then plain-words notes on versions that exist but cannot be used, and suggestions.
+fn explain<S: PackageSource>(
+    tree: &DerivationTree<Node, Range, String>,
+    source: &S,
+    target: &str,
+) -> String {
+    // The root's version is an artifact of PubGrub; say "the env", not "the env 0".
+    let mut text = DefaultStringReporter::report(tree).replace("the env 0", "the env");
+    let mut missing = Vec::new();
+    collect_no_versions(tree, &mut missing);
+    let mut seen = BTreeSet::new();
+    for (name, range) in missing {
+        if !seen.insert((name.clone(), range.to_string())) {
+            continue;
+        }
+        let Ok(candidates) = source.candidates(&name) else {
+            continue;
+        };
+        if candidates.not_found {
+            text.push_str(&format!(
+                "\n- `{name}` does not exist on the package index; check the spelling"
+            ));
+            continue;
+        }
+        let blocked: Vec<&Unusable> = candidates
+            .unusable
+            .iter()
+            .filter(|u| range.contains(&u.version))
+            .collect();
+        for u in blocked.iter().take(5) {
+            text.push_str(&format!("\n- {name}=={} {}", u.version, u.reason));
+        }
+        if blocked.len() > 5 {
+            text.push_str(&format!(
+                "\n- ... and {} more versions of {name} in that range",
+                blocked.len() - 5
+            ));
+        }
+        // Suggestions: a python that has wheels, and the newest version that works for this target.
+        let mut tags: Vec<(u64, u64)> = blocked
+            .iter()
+            .flat_map(|u| u.python_tags.iter())
+            .filter_map(|t| {
+                let v = t.strip_prefix("cp")?;
+                if v.len() < 2 {
+                    return None;
+                }
+                Some((v[..1].parse().ok()?, v[1..].parse().ok()?))
+            })
+            .collect();
+        tags.sort();
+        if let Some((major, minor)) = tags.last() {
+            text.push_str(&format!(
+                "\nhelp: `python = \"{major}.{minor}\"` has wheels for {name} in that range"
+            ));
+        }
+        if let Some(newest) = candidates.usable.first() {
+            text.push_str(&format!(
+                "\nhelp: the newest {name} usable for {target} is {newest}; try `{name}=={newest}`"
+            ));
+        } else if blocked.is_empty()
+            && candidates.usable.is_empty()
+            && !candidates.unusable.is_empty()
+        {
+            text.push_str(&format!(
+                "\nhelp: no version of {name} is usable for {target}"
+            ));
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("never")]
+    struct Never;
+
+    /// An in-memory universe: name -> version -> requirements.
+    #[derive(Debug, Clone, Default)]
+    struct Universe {
+        packages: BTreeMap<String, BTreeMap<u64, Vec<String>>>,
+    }
+
+    impl PackageSource for Universe {
+        type Error = Never;
+        fn candidates(&self, name: &str) -> Result<Arc<Candidates>, Never> {
+            let mut c = Candidates::default();
+            match self.packages.get(name) {
+                None => c.not_found = true,
+                Some(versions) => {
+                    c.usable = versions.keys().rev().map(|v| Version::new([*v])).collect()
+                }
+            }
+            Ok(Arc::new(c))
+        }
+        fn requires(&self, name: &str, version: &Version) -> Result<Arc<Vec<String>>, Never> {
+            let v = version.release()[0];
+            Ok(Arc::new(self.packages[name][&v].clone()))
+        }
+    }
+
+    fn markers() -> MarkerEnvironment {
+        crate::tags::TargetSpec::new(
+            "3.11",
+            crate::tags::Platform {
+                os: "linux".into(),
+                arch: "x86_64".into(),
+                glibc: Some((2, 36)),
+            },
+        )
+        .unwrap()
+        .markers
+    }
+
+    fn satisfies(u: &Universe, roots: &[String], chosen: &BTreeMap<String, u64>) -> bool {
+        let check = |reqs: &[String]| {
+            reqs.iter().all(|r| {
+                let req = parse_requirement(r).unwrap();
+                let Some(v) = chosen.get(req.name.as_ref()) else {
+                    return false;
+                };
+                match &req.version_or_url {
+                    Some(VersionOrUrl::VersionSpecifier(s)) => s.contains(&Version::new([*v])),
+                    _ => true,
+                }
+            })
+        };
+        check(roots)
+            && chosen.iter().all(|(n, v)| {
+                u.packages
+                    .get(n)
+                    .and_then(|vs| vs.get(v))
+                    .is_some_and(|r| check(r))
+            })
+    }
+
+    /// Brute force: try every assignment of a version (or absence) to every package.
+    fn brute_force(u: &Universe, roots: &[String]) -> bool {
+        let names: Vec<&String> = u.packages.keys().collect();
+        fn go(
+            u: &Universe,
+            roots: &[String],
+            names: &[&String],
+            i: usize,
+            chosen: &mut BTreeMap<String, u64>,
+        ) -> bool {
+            if i == names.len() {
+                return satisfies(u, roots, chosen);
+            }
+            if go(u, roots, names, i + 1, chosen) {
+                return true;
+            }
+            for v in u.packages[names[i]].keys() {
+                chosen.insert(names[i].clone(), *v);
+                if go(u, roots, names, i + 1, chosen) {
+                    return true;
+                }
+                chosen.remove(names[i]);
+            }
+            false
+        }
+        go(u, roots, &names, 0, &mut BTreeMap::new())
+    }
+
+    fn requirement(name: usize, op: usize, v: u64) -> String {
+        let ops = ["==", ">=", "<", "!=", "<="];
+        format!("p{name}{}{v}", ops[op % ops.len()])
+    }
+
+    fn universe_strategy() -> impl Strategy<Value = (Universe, Vec<String>)> {
+        let package = proptest::collection::btree_map(
+            1u64..5,
+            proptest::collection::vec((0usize..4, 0usize..5, 1u64..5), 0..3),
+            1..4,
+        );
+        (
+            proptest::collection::vec(package, 2..5),
+            proptest::collection::vec((0usize..4, 0usize..5, 1u64..5), 1..3),
+        )
+            .prop_map(|(packages, roots)| {
+                let n = packages.len();
+                let mut u = Universe::default();
+                for (i, versions) in packages.into_iter().enumerate() {
+                    let versions = versions
+                        .into_iter()
+                        .map(|(v, deps)| {
+                            let deps = deps
+                                .into_iter()
+                                .filter(|(d, _, _)| d % n != i)
+                                .map(|(d, op, dv)| requirement(d % n, op, dv))
+                                .collect();
+                            (v, deps)
+                        })
+                        .collect();
+                    u.packages.insert(format!("p{i}"), versions);
+                }
+                let roots = roots
+                    .into_iter()
+                    .map(|(d, op, v)| requirement(d % n, op, v))
+                    .collect();
+                (u, roots)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+        #[test]
+        fn solver_agrees_with_brute_force((universe, roots) in universe_strategy()) {
+            let m = markers();
+            let result = solve(&universe, &roots, &m, &HashMap::new(), "cp311");
+            let exists = brute_force(&universe, &roots);
+            match result {
+                Ok(resolution) => {
+                    let chosen: BTreeMap<String, u64> =
+                        resolution.packages.iter().map(|(n, (v, _))| (n.clone(), v.release()[0])).collect();
+                    prop_assert!(satisfies(&universe, &roots, &chosen), "invalid solution {chosen:?}");
+                    prop_assert!(exists);
+                }
+                Err(SolveError::NoSolution(text)) => prop_assert!(!exists, "solver missed a solution: {text}"),
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn markers_and_extras() {
+        let mut u = Universe::default();
+        u.packages.insert(
+            "a".into(),
+            BTreeMap::from([(
+                1,
+                vec![
+                    "b ; python_version < \"3.10\"".to_string(),
+                    "c ; sys_platform == \"linux\"".to_string(),
+                    "d ; extra == \"x\"".to_string(),
+                ],
+            )]),
+        );
+        for n in ["b", "c", "d"] {
+            u.packages.insert(n.into(), BTreeMap::from([(1, vec![])]));
+        }
+        let m = markers();
+        let r = solve(&u, &["a".into()], &m, &HashMap::new(), "cp311").unwrap();
+        assert_eq!(r.packages.keys().collect::<Vec<_>>(), ["a", "c"]);
+        let r = solve(&u, &["a[x]".into()], &m, &HashMap::new(), "cp311").unwrap();
+        assert_eq!(r.packages.keys().collect::<Vec<_>>(), ["a", "c", "d"]);
+        let edges: Vec<&str> = r.packages["a"].1.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(edges, ["c", "d"]);
+    }
+
+    #[test]
+    fn preferences_are_kept() {
+        let mut u = Universe::default();
+        u.packages.insert(
+            "a".into(),
+            BTreeMap::from([(1, vec![]), (2, vec![]), (3, vec![])]),
+        );
+        let m = markers();
+        let prefs = HashMap::from([("a".to_string(), Version::new([2]))]);
+        let r = solve(&u, &["a".into()], &m, &prefs, "cp311").unwrap();
+        assert_eq!(r.packages["a"].0, Version::new([2]));
+        let r = solve(&u, &["a>2".into()], &m, &prefs, "cp311").unwrap();
+        assert_eq!(r.packages["a"].0, Version::new([3]));
+    }
+}

@@ -1,0 +1,399 @@
+//! The index-backed [`PackageSource`]: turns project pages into candidates for the target, fetches metadata, and
+//! prefetches concurrently (the solver asks one question at a time; the network answers many at once).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use pep440_rs::{Version, VersionSpecifiers};
+use pep508_rs::Requirement;
+
+use crate::index::{IndexClient, IndexError, IndexFile};
+use crate::lockfile::{Artifact, ArtifactKind, normalize_name};
+use crate::metadata::CoreMetadata;
+use crate::solver::{Candidates, PackageSource, Unusable};
+use crate::tags::{TargetSpec, WheelName, summarize_python_tags};
+
+/// Computes metadata of an sdist whose metadata is not static (PKG-INFO lacks `Requires-Dist`). The resolver
+/// never builds; the builder implements this (running the PEP 517 `prepare_metadata_for_build_wheel` hook).
+pub trait SourceMetadataProvider: Send + Sync {
+    /// `Ok(None)`: cannot say; the resolver then uses what PKG-INFO has.
+    fn metadata(
+        &self,
+        name: &str,
+        version: &str,
+        sdist: &Artifact,
+    ) -> Result<Option<CoreMetadata>, String>;
+}
+
+/// A failure of the index-backed source.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(transparent)]
+    Index(#[from] Arc<IndexError>),
+    #[error("failed to get metadata of the sdist of {name}=={version}: {message}")]
+    SourceMetadata {
+        name: String,
+        version: String,
+        message: String,
+    },
+    #[error("{name}=={version} has no usable artifact")]
+    NoArtifact { name: String, version: String },
+}
+
+/// Progress callback: called with each project name as its page is first requested.
+pub type FetchCallback = Arc<dyn Fn(&str) + Send + Sync>;
+
+type PageFuture = Shared<BoxFuture<'static, Result<Arc<ProjectVersions>, Arc<IndexError>>>>;
+type MetaFuture = Shared<BoxFuture<'static, Result<Arc<CoreMetadata>, Arc<IndexError>>>>;
+
+/// A project's versions evaluated for the target.
+#[derive(Debug, Default)]
+pub struct ProjectVersions {
+    pub candidates: Arc<Candidates>,
+    /// The chosen artifact per usable version.
+    pub artifacts: HashMap<Version, IndexFile>,
+}
+
+/// The source the solver reads; `lock` creates one per resolution.
+pub struct IndexSource {
+    client: IndexClient,
+    runtime: tokio::runtime::Handle,
+    target: Arc<TargetSpec>,
+    /// Packages that must come as sdists (they are built from source).
+    sdist_only: Arc<BTreeSet<String>>,
+    /// Versions allowed even when yanked (existing pins, PEP 592).
+    allow_yanked: Arc<HashMap<String, Version>>,
+    source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
+    pages: Mutex<HashMap<String, PageFuture>>,
+    metadata: Mutex<HashMap<String, MetaFuture>>,
+    /// Called with the project name whenever a page is first requested (progress).
+    pub on_fetch: Option<FetchCallback>,
+}
+
+impl IndexSource {
+    pub fn new(
+        client: IndexClient,
+        runtime: tokio::runtime::Handle,
+        target: Arc<TargetSpec>,
+        sdist_only: BTreeSet<String>,
+        allow_yanked: HashMap<String, Version>,
+        source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
+    ) -> IndexSource {
+        IndexSource {
+            client,
+            runtime,
+            target,
+            sdist_only: Arc::new(sdist_only),
+            allow_yanked: Arc::new(allow_yanked),
+            source_metadata,
+            pages: Mutex::default(),
+            metadata: Mutex::default(),
+            on_fetch: None,
+        }
+    }
+
+    pub fn client(&self) -> &IndexClient {
+        &self.client
+    }
+
+    /// Start fetching a project page (and, once it is in, the metadata of its newest usable version).
+    pub fn prefetch(&self, name: &str) -> PageFuture {
+        let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = pages.get(name) {
+            return f.clone();
+        }
+        if let Some(cb) = &self.on_fetch {
+            cb(name);
+        }
+        let client = self.client.clone();
+        let target = self.target.clone();
+        let sdist_only = self.sdist_only.clone();
+        let allow_yanked = self.allow_yanked.clone();
+        let owned = name.to_string();
+        let fut = async move {
+            match client.project(&owned).await {
+                Ok(page) => {
+                    let sdist = sdist_only.contains(&owned);
+                    Ok(Arc::new(evaluate_files(
+                        &owned,
+                        &page.files,
+                        &target,
+                        sdist,
+                        allow_yanked.get(&owned),
+                    )))
+                }
+                Err(IndexError::NotFound { .. }) => Ok(Arc::new(ProjectVersions {
+                    candidates: Arc::new(Candidates {
+                        not_found: true,
+                        ..Candidates::default()
+                    }),
+                    artifacts: HashMap::new(),
+                })),
+                Err(e) => Err(Arc::new(e)),
+            }
+        }
+        .boxed()
+        .shared();
+        // Drive it now, so it runs while the solver works on something else.
+        self.runtime.spawn(fut.clone());
+        pages.insert(name.to_string(), fut.clone());
+        fut
+    }
+
+    fn page(&self, name: &str) -> Result<Arc<ProjectVersions>, SourceError> {
+        let fut = self.prefetch(name);
+        Ok(self.runtime.block_on(fut)?)
+    }
+
+    /// The chosen artifact of `name==version`.
+    pub fn artifact(
+        &self,
+        name: &str,
+        version: &Version,
+    ) -> Result<(IndexFile, ArtifactKind), SourceError> {
+        let page = self.page(name)?;
+        let file = page
+            .artifacts
+            .get(version)
+            .cloned()
+            .ok_or_else(|| SourceError::NoArtifact {
+                name: name.to_string(),
+                version: version.to_string(),
+            })?;
+        let kind = if file.filename.ends_with(".whl") {
+            ArtifactKind::Wheel
+        } else {
+            ArtifactKind::Sdist
+        };
+        Ok((file, kind))
+    }
+
+    fn metadata_future(&self, file: &IndexFile) -> MetaFuture {
+        let mut metadata = self.metadata.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = metadata.get(&file.url) {
+            return f.clone();
+        }
+        let client = self.client.clone();
+        let owned = file.clone();
+        let fut = async move {
+            if owned.filename.ends_with(".whl") {
+                client
+                    .wheel_metadata(&owned)
+                    .await
+                    .map(Arc::new)
+                    .map_err(Arc::new)
+            } else {
+                let m = client.sdist_metadata(&owned).await.map_err(Arc::new)?;
+                Ok(Arc::new(m.unwrap_or_default()))
+            }
+        }
+        .boxed()
+        .shared();
+        self.runtime.spawn(fut.clone());
+        metadata.insert(file.url.clone(), fut.clone());
+        fut
+    }
+
+    /// Prefetch the metadata of the newest usable version of each name (the likely pick).
+    fn prefetch_metadata_of_newest(&self, names: Vec<String>) {
+        for name in names {
+            let page = self.prefetch(&name);
+            if let Some(Ok(versions)) = page.peek()
+                && let Some(v) = versions.candidates.usable.first()
+                && let Some(file) = versions.artifacts.get(v)
+            {
+                drop(self.metadata_future(file)); // already spawned: it runs on
+            }
+        }
+    }
+}
+
+impl PackageSource for IndexSource {
+    type Error = SourceError;
+
+    fn candidates(&self, name: &str) -> Result<Arc<Candidates>, SourceError> {
+        let page = self.page(name)?;
+        // The newest version is the likely pick: start its metadata now.
+        if let Some(v) = page.candidates.usable.first()
+            && let Some(file) = page.artifacts.get(v)
+        {
+            drop(self.metadata_future(file)); // already spawned: it runs on
+        }
+        Ok(page.candidates.clone())
+    }
+
+    fn requires(&self, name: &str, version: &Version) -> Result<Arc<Vec<String>>, SourceError> {
+        let (file, kind) = self.artifact(name, version)?;
+        let fut = self.metadata_future(&file);
+        let mut meta = (*self.runtime.block_on(fut)?).clone();
+        if kind == ArtifactKind::Sdist
+            && meta.requires_dist.is_empty()
+            && !meta.requires_dist_is_static()
+        {
+            if let Some(provider) = &self.source_metadata {
+                let artifact = Artifact {
+                    kind,
+                    filename: file.filename.clone(),
+                    url: file.url.clone(),
+                    sha256: file.sha256.clone().unwrap_or_default(),
+                    size: file.size.unwrap_or(0),
+                };
+                match provider.metadata(name, &version.to_string(), &artifact) {
+                    Ok(Some(m)) => meta = m,
+                    Ok(None) => {}
+                    Err(message) => {
+                        return Err(SourceError::SourceMetadata {
+                            name: name.to_string(),
+                            version: version.to_string(),
+                            message,
+                        });
+                    }
+                }
+            } else {
+                tracing::warn!(name, %version, "sdist has no static Requires-Dist; assuming no dependencies");
+            }
+        }
+        // Start fetching what these requirements name, before the solver asks.
+        let names: Vec<String> = meta
+            .requires_dist
+            .iter()
+            .filter_map(|r| Requirement::<pep508_rs::VerbatimUrl>::from_str(r).ok())
+            .filter(|r| r.marker.evaluate(&self.target.markers, &[]))
+            .map(|r| r.name.to_string())
+            .collect();
+        for n in &names {
+            drop(self.prefetch(n)); // already spawned: it runs on
+        }
+        self.prefetch_metadata_of_newest(names);
+        Ok(Arc::new(meta.requires_dist))
+    }
+}
+
+fn version_of(filename: &str, name: &str) -> Option<Version> {
+    if let Ok(w) = WheelName::from_str(filename) {
+        return Version::from_str(&w.version).ok();
+    }
+    let stem = filename
+        .strip_suffix(".tar.gz")
+        .or_else(|| filename.strip_suffix(".zip"))?;
+    // `name-version`: the name may itself contain `-`, so strip the normalized name prefix.
+    let (_, version) = stem.rsplit_once('-')?;
+    let prefix = &stem[..stem.len() - version.len() - 1];
+    if normalize_name(prefix) != name {
+        return None;
+    }
+    Version::from_str(version).ok()
+}
+
+/// Group a project's files by version and pick the best artifact of each for the target.
+pub fn evaluate_files(
+    name: &str,
+    files: &[IndexFile],
+    target: &TargetSpec,
+    sdist_only: bool,
+    allow_yanked: Option<&Version>,
+) -> ProjectVersions {
+    let mut by_version: BTreeMap<Version, Vec<&IndexFile>> = BTreeMap::new();
+    for f in files {
+        if let Some(v) = version_of(&f.filename, name) {
+            by_version.entry(v).or_default().push(f);
+        }
+    }
+    let python = Version::from_str(&format!(
+        "{}.{}.{}",
+        target.python.major, target.python.minor, target.python.patch
+    ))
+    .unwrap_or_else(|_| Version::new([3]));
+    let mut candidates = Candidates::default();
+    let mut artifacts = HashMap::new();
+    for (version, files) in by_version.into_iter().rev() {
+        let yank_ok = allow_yanked == Some(&version);
+        let live: Vec<&&IndexFile> = files.iter().filter(|f| !f.yanked || yank_ok).collect();
+        let python_tags: Vec<String> = files
+            .iter()
+            .filter_map(|f| WheelName::from_str(&f.filename).ok())
+            .flat_map(|w| w.python)
+            .collect();
+        if live.is_empty() {
+            candidates.unusable.push(Unusable {
+                version,
+                reason: "is yanked".into(),
+                python_tags,
+            });
+            continue;
+        }
+        let fits_python = |f: &&&IndexFile| {
+            f.requires_python.as_deref().is_none_or(|rp| {
+                VersionSpecifiers::from_str(rp)
+                    .map(|s| s.contains(&python))
+                    .unwrap_or(true)
+            })
+        };
+        let fitting: Vec<&&IndexFile> = live.iter().copied().filter(fits_python).collect();
+        if fitting.is_empty() {
+            let rp = live
+                .iter()
+                .find_map(|f| f.requires_python.clone())
+                .unwrap_or_default();
+            candidates.unusable.push(Unusable {
+                version,
+                reason: format!(
+                    "requires python {rp} (the env has {}.{})",
+                    target.python.major, target.python.minor
+                ),
+                python_tags,
+            });
+            continue;
+        }
+        let best_wheel = if sdist_only {
+            None
+        } else {
+            fitting
+                .iter()
+                .filter_map(|f| {
+                    Some((
+                        target.wheel_score(&WheelName::from_str(&f.filename).ok()?)?,
+                        *f,
+                    ))
+                })
+                .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.filename.cmp(&a.1.filename)))
+                .map(|(_, f)| *f)
+        };
+        let sdist = fitting
+            .iter()
+            .find(|f| f.filename.ends_with(".tar.gz"))
+            .or_else(|| fitting.iter().find(|f| f.filename.ends_with(".zip")))
+            .map(|f| **f);
+        match best_wheel.or(sdist) {
+            Some(file) => {
+                artifacts.insert(version.clone(), file.clone());
+                candidates.usable.push(version);
+            }
+            None => {
+                let reason = if sdist_only {
+                    "has no sdist to build from".to_string()
+                } else if python_tags.is_empty() {
+                    format!("has no wheel for {} and no sdist", target.describe())
+                } else {
+                    format!(
+                        "has no wheel for {} (it has {}) and no sdist",
+                        target.describe(),
+                        summarize_python_tags(python_tags.clone())
+                    )
+                };
+                candidates.unusable.push(Unusable {
+                    version,
+                    reason,
+                    python_tags,
+                });
+            }
+        }
+    }
+    ProjectVersions {
+        candidates: Arc::new(candidates),
+        artifacts,
+    }
+}

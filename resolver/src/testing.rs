@@ -1,0 +1,666 @@
+//! A fixture package index for tests (feature `testing`): builds real wheels and sdists from a small spec and
+//! serves them over real HTTP on 127.0.0.1 — PEP 691 JSON (or PEP 503 HTML), files with Range (206) support,
+//! ETag / If-None-Match (304), yanked files, `requires-python`, and a request log to prove cache hits.
+//!
+//! ```no_run
+//! use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
+//! let index = FixtureIndex::start(
+//!     vec![Dist::wheel("a", "1.0").requires(&["b>=2"]), Dist::sdist("b", "2.0")],
+//!     FixtureOptions::default(),
+//! ).unwrap();
+//! let url = index.url(); // "http://127.0.0.1:PORT/simple/"
+//! ```
+//!
+//! Artifacts are deterministic (fixed timestamps), so their sha256 is the same in every run.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use crate::lockfile::normalize_name;
+
+/// What kind of file a fixture distribution is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DistKind {
+    /// A wheel with this tag triple, e.g. `py3-none-any` or `cp311-cp311-manylinux_2_17_x86_64`.
+    Wheel {
+        tag: String,
+    },
+    Sdist,
+}
+
+/// One file on the fixture index.
+#[derive(Debug, Clone)]
+pub struct Dist {
+    pub name: String,
+    pub version: String,
+    pub requires_dist: Vec<String>,
+    pub requires_python: Option<String>,
+    pub kind: DistKind,
+    pub yanked: bool,
+    /// For sdists: write `Requires-Dist` into PKG-INFO (metadata 2.2, static). When false, PKG-INFO is
+    /// metadata 2.1 without `Requires-Dist`, and the requirements go to `*.egg-info/requires.txt`.
+    pub static_metadata: bool,
+}
+
+impl Dist {
+    /// A pure-python wheel (`py3-none-any`).
+    pub fn wheel(name: &str, version: &str) -> Dist {
+        Dist {
+            name: name.to_string(),
+            version: version.to_string(),
+            requires_dist: Vec::new(),
+            requires_python: None,
+            kind: DistKind::Wheel {
+                tag: "py3-none-any".into(),
+            },
+            yanked: false,
+            static_metadata: true,
+        }
+    }
+
+    /// An sdist (`.tar.gz` with PKG-INFO and pyproject.toml).
+    pub fn sdist(name: &str, version: &str) -> Dist {
+        Dist {
+            kind: DistKind::Sdist,
+            ..Dist::wheel(name, version)
+        }
+    }
+
+    /// Set the wheel tag triple.
+    pub fn tag(mut self, tag: &str) -> Dist {
+        self.kind = DistKind::Wheel {
+            tag: tag.to_string(),
+        };
+        self
+    }
+
+    pub fn requires(mut self, requirements: &[&str]) -> Dist {
+        self.requires_dist
+            .extend(requirements.iter().map(|r| r.to_string()));
+        self
+    }
+
+    pub fn requires_python(mut self, spec: &str) -> Dist {
+        self.requires_python = Some(spec.to_string());
+        self
+    }
+
+    pub fn yanked(mut self) -> Dist {
+        self.yanked = true;
+        self
+    }
+
+    /// For sdists: legacy metadata (requirements only in `requires.txt`).
+    pub fn legacy_metadata(mut self) -> Dist {
+        self.static_metadata = false;
+        self
+    }
+
+    fn dist_name(&self) -> String {
+        normalize_name(&self.name).replace('-', "_")
+    }
+
+    /// The file name on the index.
+    pub fn filename(&self) -> String {
+        match &self.kind {
+            DistKind::Wheel { tag } => format!("{}-{}-{tag}.whl", self.dist_name(), self.version),
+            DistKind::Sdist => format!("{}-{}.tar.gz", self.dist_name(), self.version),
+        }
+    }
+
+    fn metadata(&self, with_requires: bool) -> String {
+        let version = if with_requires { "2.2" } else { "2.1" };
+        let mut m = format!(
+            "Metadata-Version: {version}\nName: {}\nVersion: {}\n",
+            self.name, self.version
+        );
+        if let Some(rp) = &self.requires_python {
+            m.push_str(&format!("Requires-Python: {rp}\n"));
+        }
+        let mut extras: Vec<String> = Vec::new();
+        for r in &self.requires_dist {
+            if let Some(pos) = r.find("extra ==") {
+                let e: String = r[pos + 8..]
+                    .trim()
+                    .trim_matches(|c| c == '"' || c == '\'')
+                    .chars()
+                    .take_while(|c| *c != '"' && *c != '\'')
+                    .collect();
+                if !extras.contains(&e) {
+                    extras.push(e);
+                }
+            }
+        }
+        for e in extras {
+            m.push_str(&format!("Provides-Extra: {e}\n"));
+        }
+        if with_requires {
+            for r in &self.requires_dist {
+                m.push_str(&format!("Requires-Dist: {r}\n"));
+            }
+        }
+        m.push_str("\nA fixture package.\n");
+        m
+    }
+
+    /// Build the file's bytes.
+    pub fn build(&self) -> Vec<u8> {
+        match &self.kind {
+            DistKind::Wheel { tag } => self.build_wheel(tag),
+            DistKind::Sdist => self.build_sdist(),
+        }
+    }
+
+    fn build_wheel(&self, tag: &str) -> Vec<u8> {
+        use zip::write::SimpleFileOptions;
+        let dist_info = format!("{}-{}.dist-info", self.dist_name(), self.version);
+        let module = self.dist_name();
+        let files: Vec<(String, String)> = vec![
+            (
+                format!("{module}/__init__.py"),
+                format!("__version__ = \"{}\"\n", self.version),
+            ),
+            (format!("{dist_info}/METADATA"), self.metadata(true)),
+            (
+                format!("{dist_info}/WHEEL"),
+                format!(
+                    "Wheel-Version: 1.0\nGenerator: hvd-fixture\nRoot-Is-Purelib: true\nTag: {tag}\n"
+                ),
+            ),
+        ];
+        let mut record = String::new();
+        for (name, body) in &files {
+            let digest = Sha256::digest(body.as_bytes());
+            let b64 = base64_urlsafe_nopad(&digest);
+            record.push_str(&format!("{name},sha256={b64},{}\n", body.len()));
+        }
+        record.push_str(&format!("{dist_info}/RECORD,,\n"));
+        let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let options = SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .last_modified_time(zip::DateTime::default())
+            .unix_permissions(0o644);
+        for (name, body) in files
+            .iter()
+            .chain([(format!("{dist_info}/RECORD"), record)].iter())
+        {
+            writer
+                .start_file(name.as_str(), options)
+                .expect("in-memory zip");
+            writer.write_all(body.as_bytes()).expect("in-memory zip");
+        }
+        writer.finish().expect("in-memory zip").into_inner()
+    }
+
+    fn build_sdist(&self) -> Vec<u8> {
+        let root = format!("{}-{}", self.dist_name(), self.version);
+        let module = self.dist_name();
+        let mut files = vec![
+            (
+                format!("{root}/PKG-INFO"),
+                self.metadata(self.static_metadata),
+            ),
+            (
+                format!("{root}/pyproject.toml"),
+                format!(
+                    "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"{}\"\nversion = \"{}\"\ndependencies = [{}]\n",
+                    self.name,
+                    self.version,
+                    self.requires_dist
+                        .iter()
+                        .map(|r| format!("{r:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            (
+                format!("{root}/{module}/__init__.py"),
+                format!("__version__ = \"{}\"\n", self.version),
+            ),
+        ];
+        if !self.static_metadata {
+            let mut txt = String::new();
+            let mut sections: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for r in &self.requires_dist {
+                match r.split_once(';') {
+                    Some((req, marker)) => {
+                        let marker = marker.trim();
+                        let section = match marker.strip_prefix("extra ==") {
+                            Some(e) => e.trim().trim_matches(|c| c == '"' || c == '\'').to_string(),
+                            None => format!(":{marker}"),
+                        };
+                        sections
+                            .entry(section)
+                            .or_default()
+                            .push(req.trim().to_string());
+                    }
+                    None => txt.push_str(&format!("{}\n", r.trim())),
+                }
+            }
+            for (section, reqs) in sections {
+                txt.push_str(&format!("\n[{section}]\n"));
+                for r in reqs {
+                    txt.push_str(&format!("{r}\n"));
+                }
+            }
+            files.push((format!("{root}/{module}.egg-info/requires.txt"), txt));
+        }
+        let mut tar = tar::Builder::new(Vec::new());
+        for (name, body) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(body.len() as u64);
+            header.set_mode(0o644);
+            header.set_mtime(0);
+            header.set_cksum();
+            tar.append_data(&mut header, name, body.as_bytes())
+                .expect("in-memory tar");
+        }
+        let tar = tar.into_inner().expect("in-memory tar");
+        let mut gz = flate2::GzBuilder::new()
+            .mtime(0)
+            .write(Vec::new(), flate2::Compression::default());
+        gz.write_all(&tar).expect("in-memory gzip");
+        gz.finish().expect("in-memory gzip")
+    }
+}
+
+fn base64_urlsafe_nopad(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// Server behaviour switches.
+#[derive(Debug, Clone, Copy)]
+pub struct FixtureOptions {
+    /// Serve PEP 503 HTML pages instead of PEP 691 JSON.
+    pub html: bool,
+    /// Answer Range requests with 206 (else the whole file with 200).
+    pub ranges: bool,
+    /// Offer PEP 658/714 metadata files (`<url>.metadata`).
+    pub core_metadata: bool,
+}
+
+impl Default for FixtureOptions {
+    fn default() -> Self {
+        FixtureOptions {
+            html: false,
+            ranges: true,
+            core_metadata: false,
+        }
+    }
+}
+
+struct StoredFile {
+    dist: Dist,
+    bytes: Vec<u8>,
+    sha256: String,
+}
+
+struct State {
+    files: Mutex<Vec<StoredFile>>,
+    options: FixtureOptions,
+    log: Mutex<Vec<String>>,
+    stop: AtomicBool,
+}
+
+/// A running fixture index; stops when dropped.
+pub struct FixtureIndex {
+    addr: std::net::SocketAddr,
+    state: Arc<State>,
+}
+
+impl std::fmt::Debug for FixtureIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FixtureIndex")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FixtureIndex {
+    /// Build the files and start serving on 127.0.0.1 (a free port).
+    pub fn start(dists: Vec<Dist>, options: FixtureOptions) -> std::io::Result<FixtureIndex> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            files: Mutex::new(Vec::new()),
+            options,
+            log: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let index = FixtureIndex {
+            addr,
+            state: state.clone(),
+        };
+        for d in dists {
+            index.add(d);
+        }
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if state.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(stream) = stream else { continue };
+                let state = state.clone();
+                std::thread::spawn(move || {
+                    let _ = serve_connection(stream, &state);
+                });
+            }
+        });
+        Ok(index)
+    }
+
+    /// Add (or replace, by filename) a file: a new release appears on the index.
+    pub fn add(&self, dist: Dist) {
+        let bytes = dist.build();
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let mut files = self.state.files.lock().unwrap_or_else(|p| p.into_inner());
+        files.retain(|f| f.dist.filename() != dist.filename());
+        files.push(StoredFile {
+            dist,
+            bytes,
+            sha256,
+        });
+    }
+
+    /// The simple-API root, with a trailing slash.
+    pub fn url(&self) -> String {
+        format!("http://{}/simple/", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request so far, as `"GET /path STATUS"`.
+    pub fn requests(&self) -> Vec<String> {
+        self.state
+            .log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Forget the request log.
+    pub fn clear_requests(&self) {
+        self.state
+            .log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Bytes and sha256 of a file by name.
+    pub fn file(&self, filename: &str) -> Option<(Vec<u8>, String)> {
+        let files = self.state.files.lock().unwrap_or_else(|p| p.into_inner());
+        files
+            .iter()
+            .find(|f| f.dist.filename() == filename)
+            .map(|f| (f.bytes.clone(), f.sha256.clone()))
+    }
+}
+
+impl Drop for FixtureIndex {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+fn serve_connection(stream: TcpStream, state: &State) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line)? == 0 {
+            return Ok(());
+        }
+        let mut headers = BTreeMap::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 {
+                return Ok(());
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+        }
+        if let Some(len) = headers
+            .get("content-length")
+            .and_then(|l| l.parse::<u64>().ok())
+        {
+            std::io::copy(&mut (&mut reader).take(len), &mut std::io::sink())?;
+        }
+        let mut parts = request_line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let path = parts.next().unwrap_or("/").to_string();
+        let response = route(state, &method, &path, &headers);
+        state
+            .log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(format!("{method} {path} {}", response.status));
+        let reason = match response.status {
+            200 => "OK",
+            206 => "Partial Content",
+            304 => "Not Modified",
+            404 => "Not Found",
+            416 => "Range Not Satisfiable",
+            _ => "Other",
+        };
+        let mut head = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Length: {}\r\n",
+            response.status,
+            response.body.len()
+        );
+        for (k, v) in &response.headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        writer.write_all(head.as_bytes())?;
+        if method != "HEAD" {
+            writer.write_all(&response.body)?;
+        }
+        writer.flush()?;
+        if headers
+            .get("connection")
+            .is_some_and(|c| c.eq_ignore_ascii_case("close"))
+        {
+            return Ok(());
+        }
+    }
+}
+
+fn not_found() -> Response {
+    Response {
+        status: 404,
+        headers: vec![],
+        body: b"not found".to_vec(),
+    }
+}
+
+fn route(state: &State, _method: &str, path: &str, headers: &BTreeMap<String, String>) -> Response {
+    let files = state.files.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(project) = path.strip_prefix("/simple/") {
+        let project = project.trim_end_matches('/');
+        let wanted = normalize_name(project);
+        let mut listed: Vec<&StoredFile> = files
+            .iter()
+            .filter(|f| normalize_name(&f.dist.name) == wanted)
+            .collect();
+        if listed.is_empty() {
+            return not_found();
+        }
+        listed.sort_by_key(|a| a.dist.filename());
+        let accept = headers.get("accept").cloned().unwrap_or_default();
+        let json = !state.options.html && accept.contains("application/vnd.pypi.simple.v1+json");
+        let (body, content_type) = if json {
+            let files: Vec<serde_json::Value> = listed
+                .iter()
+                .map(|f| {
+                    let mut v = serde_json::json!({
+                        "filename": f.dist.filename(),
+                        "url": format!("../../files/{}", f.dist.filename()),
+                        "hashes": { "sha256": f.sha256 },
+                        "requires-python": f.dist.requires_python,
+                        "size": f.bytes.len(),
+                        "yanked": f.dist.yanked,
+                    });
+                    if state.options.core_metadata && matches!(f.dist.kind, DistKind::Wheel { .. })
+                    {
+                        v["core-metadata"] = serde_json::json!(true);
+                    }
+                    v
+                })
+                .collect();
+            let body =
+                serde_json::json!({"meta": {"api-version": "1.1"}, "name": wanted, "files": files});
+            (
+                body.to_string().into_bytes(),
+                "application/vnd.pypi.simple.v1+json",
+            )
+        } else {
+            let mut html = String::from("<!DOCTYPE html>\n<html><body>\n");
+            for f in &listed {
+                let mut attrs = String::new();
+                if let Some(rp) = &f.dist.requires_python {
+                    attrs.push_str(&format!(
+                        " data-requires-python=\"{}\"",
+                        rp.replace('<', "&lt;").replace('>', "&gt;")
+                    ));
+                }
+                if f.dist.yanked {
+                    attrs.push_str(" data-yanked=\"\"");
+                }
+                html.push_str(&format!(
+                    "<a href=\"../../files/{0}#sha256={1}\"{attrs}>{0}</a><br/>\n",
+                    f.dist.filename(),
+                    f.sha256
+                ));
+            }
+            html.push_str("</body></html>\n");
+            (html.into_bytes(), "text/html")
+        };
+        let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..16]);
+        let cache = vec![
+            ("ETag".to_string(), etag.clone()),
+            (
+                "Cache-Control".to_string(),
+                "max-age=0, must-revalidate".to_string(),
+            ),
+            ("Content-Type".to_string(), content_type.to_string()),
+        ];
+        if headers.get("if-none-match") == Some(&etag) {
+            return Response {
+                status: 304,
+                headers: cache,
+                body: vec![],
+            };
+        }
+        return Response {
+            status: 200,
+            headers: cache,
+            body,
+        };
+    }
+    if let Some(name) = path.strip_prefix("/files/") {
+        if let Some(wheel) = name.strip_suffix(".metadata") {
+            if state.options.core_metadata
+                && let Some(f) = files.iter().find(|f| f.dist.filename() == wheel)
+            {
+                return Response {
+                    status: 200,
+                    headers: vec![],
+                    body: f.dist.metadata(true).into_bytes(),
+                };
+            }
+            return not_found();
+        }
+        let Some(f) = files.iter().find(|f| f.dist.filename() == name) else {
+            return not_found();
+        };
+        let total = f.bytes.len() as u64;
+        if let (true, Some(range)) = (state.options.ranges, headers.get("range")) {
+            let Some((start, end)) = parse_range(range, total) else {
+                return Response {
+                    status: 416,
+                    headers: vec![("Content-Range".into(), format!("bytes */{total}"))],
+                    body: vec![],
+                };
+            };
+            return Response {
+                status: 206,
+                headers: vec![
+                    (
+                        "Content-Range".into(),
+                        format!("bytes {start}-{end}/{total}"),
+                    ),
+                    ("Accept-Ranges".into(), "bytes".into()),
+                ],
+                body: f.bytes[start as usize..=end as usize].to_vec(),
+            };
+        }
+        return Response {
+            status: 200,
+            headers: vec![],
+            body: f.bytes.clone(),
+        };
+    }
+    not_found()
+}
+
+/// `bytes=a-b`, `bytes=a-`, `bytes=-n` -> inclusive (start, end) within `total`.
+fn parse_range(range: &str, total: u64) -> Option<(u64, u64)> {
+    let spec = range.strip_prefix("bytes=")?;
+    let (a, b) = spec.split_once('-')?;
+    if total == 0 {
+        return None;
+    }
+    if a.is_empty() {
+        let n: u64 = b.parse().ok()?;
+        if n == 0 {
+            return None;
+        }
+        return Some((total.saturating_sub(n), total - 1));
+    }
+    let start: u64 = a.parse().ok()?;
+    let end: u64 = if b.is_empty() {
+        total - 1
+    } else {
+        b.parse::<u64>().ok()?.min(total - 1)
+    };
+    if start > end {
+        return None;
+    }
+    Some((start, end))
+}

@@ -1,0 +1,353 @@
+//! Locking against the fixture index served over real HTTP on 127.0.0.1.
+
+use std::collections::BTreeMap;
+
+use hvd_lang::model::{Env, PackageRequest, SourceBuild};
+use hvd_resolver::lockfile::ArtifactKind;
+use hvd_resolver::tags::Platform;
+use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
+use hvd_resolver::{LockOptions, Lockfile, ResolveError, lock, lock_detailed};
+
+fn env(packages: &[&str]) -> Env {
+    Env {
+        python: "3.11".into(),
+        index: None,
+        toolchain: None,
+        packages: packages
+            .iter()
+            .map(|p| PackageRequest {
+                requirement: p.to_string(),
+                build: None,
+            })
+            .collect(),
+        variables: BTreeMap::new(),
+    }
+}
+
+fn options(index: &FixtureIndex, cache: &tempfile::TempDir) -> LockOptions {
+    LockOptions {
+        index_url: Some(index.url()),
+        cache_dir: Some(cache.path().to_path_buf()),
+        platform: Some(Platform {
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            glibc: Some((2, 36)),
+        }),
+        ..LockOptions::default()
+    }
+}
+
+fn versions(lock: &Lockfile) -> Vec<String> {
+    lock.packages
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect()
+}
+
+fn universe() -> Vec<Dist> {
+    vec![
+        Dist::wheel("app", "1.0").requires(&["lib>=1,<3", "extra-dep ; python_version < \"3.8\""]),
+        Dist::wheel("app", "2.0").requires(&["lib>=2", "plugin[fast]>=1"]),
+        Dist::wheel("lib", "1.5"),
+        Dist::wheel("lib", "2.0").requires(&["six"]),
+        Dist::wheel("lib", "3.0").yanked(),
+        Dist::sdist("six", "1.16.0"),
+        Dist::wheel("six", "1.16.0").tag("py2.py3-none-any"),
+        Dist::wheel("plugin", "1.0").requires(&[
+            "speedups ; extra == \"fast\"",
+            "win-only ; sys_platform == \"win32\"",
+        ]),
+        Dist::wheel("speedups", "0.1")
+            .tag("cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64"),
+        Dist::wheel("speedups", "0.2").tag("cp312-cp312-manylinux_2_17_x86_64"),
+        Dist::wheel("newpy", "1.0"),
+        Dist::wheel("newpy", "2.0").requires_python(">=3.12"),
+    ]
+}
+
+#[test]
+fn resolves_markers_extras_yanked_and_requires_python() {
+    let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let lock = lock(&env(&["app", "newpy"]), &options(&index, &cache)).unwrap();
+    // app 2.0 (newest); lib 2.0 (3.0 is yanked); plugin[fast] pulls speedups 0.1 (0.2 is cp312 only);
+    // win-only is skipped by its marker; newpy 2.0 needs python 3.12.
+    assert_eq!(
+        versions(&lock),
+        [
+            "app==2.0",
+            "lib==2.0",
+            "newpy==1.0",
+            "plugin==1.0",
+            "six==1.16.0",
+            "speedups==0.1"
+        ]
+    );
+    let six = lock.package("six").unwrap();
+    assert_eq!(
+        six.artifact.kind,
+        ArtifactKind::Wheel,
+        "a wheel is preferred over the sdist"
+    );
+    let speedups = lock.package("speedups").unwrap();
+    assert!(speedups.artifact.filename.contains("cp311"));
+    assert_eq!(
+        speedups.artifact.sha256,
+        index.file(&speedups.artifact.filename).unwrap().1
+    );
+    let plugin = lock.package("plugin").unwrap();
+    assert_eq!(plugin.dependencies.len(), 1);
+    assert_eq!(
+        plugin.dependencies[0].marker.as_deref(),
+        Some("extra == 'fast'")
+    );
+    let app = lock.package("app").unwrap();
+    let edge = app
+        .dependencies
+        .iter()
+        .find(|d| d.name == "plugin")
+        .unwrap();
+    assert_eq!(edge.extras, ["fast"]);
+}
+
+#[test]
+fn conflicts_are_explained_in_plain_words() {
+    let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let err = lock(&env(&["app==1.0", "lib>=2.5"]), &options(&index, &cache)).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, ResolveError::NoSolution(_)), "{text}");
+    assert!(text.contains("app 1.0 depends on lib >=1, <3"), "{text}");
+    assert!(text.contains("the env depends on lib >=2.5"), "{text}");
+
+    let text = lock(&env(&["lib>=2.5"]), &options(&index, &cache))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("lib==3.0 is yanked"), "{text}");
+}
+
+#[test]
+fn missing_wheel_names_the_tags_and_suggests() {
+    let dists = vec![
+        Dist::wheel("tensorflow", "1.5.0").tag("cp27-cp27mu-manylinux1_x86_64"),
+        Dist::wheel("tensorflow", "1.5.0").tag("cp34-cp34m-manylinux1_x86_64"),
+        Dist::wheel("tensorflow", "1.5.0").tag("cp35-cp35m-manylinux1_x86_64"),
+        Dist::wheel("tensorflow", "1.5.0").tag("cp36-cp36m-manylinux1_x86_64"),
+        Dist::wheel("tensorflow", "2.12.1").tag("cp311-cp311-manylinux_2_17_x86_64"),
+    ];
+    let index = FixtureIndex::start(dists, FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let text = lock(&env(&["tensorflow==1.5.0"]), &options(&index, &cache))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains(
+            "tensorflow==1.5.0 has no wheel for cp311 on manylinux x86_64 (it has cp27, cp34..cp36)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("python = \"3.6\""), "{text}");
+    assert!(text.contains("tensorflow==2.12.1"), "{text}");
+
+    let text = lock(&env(&["no-such-thing"]), &options(&index, &cache))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("`no-such-thing` does not exist on the package index"),
+        "{text}"
+    );
+}
+
+#[test]
+fn relock_is_byte_identical_and_only_revalidates() {
+    let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let e = env(&["app", "newpy"]);
+    let first = lock_detailed(&e, &options(&index, &cache)).unwrap();
+    assert!(
+        index
+            .requests()
+            .iter()
+            .any(|r| r.contains("/files/") && r.ends_with(" 206")),
+        "{:?}",
+        index.requests()
+    );
+    index.clear_requests();
+    let mut opts = options(&index, &cache);
+    opts.existing = Some(first.lockfile.clone());
+    let second = lock_detailed(&e, &opts).unwrap();
+    assert_eq!(first.lockfile.to_toml(), second.lockfile.to_toml());
+    let requests = index.requests();
+    // Only project pages, each answered 304; no file or metadata traffic.
+    assert!(!requests.is_empty());
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.starts_with("GET /simple/") && r.ends_with(" 304")),
+        "{requests:?}"
+    );
+    assert_eq!(second.stats.not_modified, requests.len() as u64);
+
+    // Offline: no requests at all, same bytes.
+    index.clear_requests();
+    let mut opts = options(&index, &cache);
+    opts.offline = true;
+    let third = lock(&e, &opts).unwrap();
+    assert_eq!(third.to_toml(), first.lockfile.to_toml());
+    assert!(index.requests().is_empty(), "{:?}", index.requests());
+}
+
+#[test]
+fn offline_without_cache_says_what_to_do() {
+    let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&index, &cache);
+    opts.offline = true;
+    let text = lock(&env(&["app"]), &opts).unwrap_err().to_string();
+    assert!(text.contains("--offline"), "{text}");
+    assert!(index.requests().is_empty());
+}
+
+#[test]
+fn pins_are_kept_until_upgraded() {
+    let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let e = env(&["lib<3"]);
+    let first = lock(&e, &options(&index, &cache)).unwrap();
+    assert_eq!(versions(&first), ["lib==2.0", "six==1.16.0"]);
+    index.add(Dist::wheel("lib", "2.5"));
+    let mut opts = options(&index, &cache);
+    opts.existing = Some(first.clone());
+    assert_eq!(
+        versions(&lock(&e, &opts).unwrap()),
+        ["lib==2.0", "six==1.16.0"]
+    );
+    opts.upgrade_packages = vec!["LIB".into()];
+    assert_eq!(versions(&lock(&e, &opts).unwrap()), ["lib==2.5"]);
+    opts.upgrade_packages.clear();
+    opts.upgrade = true;
+    assert_eq!(versions(&lock(&e, &opts).unwrap()), ["lib==2.5"]);
+}
+
+#[test]
+fn html_index_without_ranges_works() {
+    let index = FixtureIndex::start(
+        universe(),
+        FixtureOptions {
+            html: true,
+            ranges: false,
+            core_metadata: false,
+        },
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let lock = lock(&env(&["app", "newpy"]), &options(&index, &cache)).unwrap();
+    assert_eq!(
+        versions(&lock),
+        [
+            "app==2.0",
+            "lib==2.0",
+            "newpy==1.0",
+            "plugin==1.0",
+            "six==1.16.0",
+            "speedups==0.1"
+        ]
+    );
+    assert!(
+        index
+            .requests()
+            .iter()
+            .any(|r| r.contains("/files/") && r.ends_with(" 200"))
+    );
+}
+
+#[test]
+fn pep658_metadata_is_used_when_offered() {
+    let index = FixtureIndex::start(
+        universe(),
+        FixtureOptions {
+            html: false,
+            ranges: true,
+            core_metadata: true,
+        },
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    lock(&env(&["app"]), &options(&index, &cache)).unwrap();
+    let requests = index.requests();
+    assert!(
+        requests.iter().any(|r| r.ends_with(".metadata 200")),
+        "{requests:?}"
+    );
+    assert!(
+        !requests.iter().any(|r| r.ends_with(" 206")),
+        "{requests:?}"
+    );
+}
+
+#[test]
+fn source_builds_lock_build_requirements_against_runtime_pins() {
+    let dists = vec![
+        Dist::sdist("horovod", "0.28.1")
+            .legacy_metadata()
+            .requires(&["cloudpickle", "psutil"]),
+        Dist::wheel("cloudpickle", "3.0.0"),
+        Dist::wheel("psutil", "5.9.0"),
+        Dist::wheel("tensorflow-cpu", "2.12.1").tag("cp311-cp311-manylinux_2_17_x86_64"),
+        Dist::wheel("tensorflow-cpu", "2.13.0").tag("cp311-cp311-manylinux_2_17_x86_64"),
+        Dist::wheel("cmake", "3.31.6").tag("py3-none-manylinux_2_17_x86_64"),
+        Dist::wheel("cmake", "4.0.0").tag("py3-none-manylinux_2_17_x86_64"),
+        Dist::wheel("setuptools", "70.0.0"),
+        Dist::wheel("wheel", "0.43.0"),
+        // A wheel exists, but horovod is built from source: the sdist must be chosen.
+        Dist::wheel("horovod", "0.28.1").tag("cp311-cp311-linux_x86_64"),
+    ];
+    let index = FixtureIndex::start(dists, FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut e = env(&["tensorflow-cpu==2.12.1"]);
+    e.packages.push(PackageRequest {
+        requirement: "horovod==0.28.1".into(),
+        build: Some(SourceBuild {
+            requires: vec!["cmake<4".into(), "setuptools".into(), "wheel".into()],
+            env: BTreeMap::from([("HOROVOD_WITH_TENSORFLOW".into(), "1".into())]),
+            against: vec!["tensorflow-cpu".into()],
+            no_build_isolation: true,
+        }),
+    });
+    let lock = lock(&e, &options(&index, &cache)).unwrap();
+    assert_eq!(
+        versions(&lock),
+        [
+            "cloudpickle==3.0.0",
+            "horovod==0.28.1",
+            "psutil==5.9.0",
+            "tensorflow-cpu==2.12.1"
+        ]
+    );
+    assert_eq!(
+        lock.package("horovod").unwrap().artifact.kind,
+        ArtifactKind::Sdist
+    );
+    assert_eq!(lock.builds.len(), 1);
+    let build = &lock.builds[0];
+    assert_eq!(build.package, "horovod");
+    assert_eq!(build.against, ["tensorflow-cpu"]);
+    let build_versions: Vec<String> = build
+        .packages
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect();
+    assert_eq!(
+        build_versions,
+        ["cmake==3.31.6", "setuptools==70.0.0", "wheel==0.43.0"]
+    );
+    // Round trip through TOML.
+    let text = lock.to_toml();
+    assert_eq!(
+        Lockfile::parse(&text, std::path::Path::new("x"))
+            .unwrap()
+            .to_toml(),
+        text
+    );
+    lock.check_against(&e).unwrap();
+}
