@@ -295,7 +295,10 @@ fn hash_mismatch_fails_the_build_naming_the_url() {
     let (_, err) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     // The renderer wraps long lines; compare without the wrapping.
-    let err: String = err.chars().filter(|c| !c.is_whitespace() && *c != '│').collect();
+    let err: String = err
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '│')
+        .collect();
     assert!(
         err.contains(&helper.artifact.url)
             && err.contains(&actual)
@@ -330,4 +333,48 @@ fn check_lists_the_differing_file_and_exits_4() {
         out.lines().any(|l| l.ends_with("site-packages/noisy.py")),
         "{out}"
     );
+}
+
+#[test]
+fn build_without_a_lock_resolves_against_the_index_then_builds() {
+    use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
+    let index = FixtureIndex::start(
+        vec![
+            Dist::wheel("alpha", "1.0").requires(&["beta>=2"]),
+            Dist::wheel("beta", "2.0"),
+            Dist::wheel("beta", "1.0"),
+        ],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    let p = project("\"alpha\"");
+    let text_now = std::fs::read_to_string(p.file()).unwrap();
+    std::fs::write(
+        p.file(),
+        text_now.replace("env {", &format!("env {{\n  index = \"{}\"", index.url())),
+    )
+    .unwrap();
+    let file = p.file().display().to_string();
+
+    let locked_missing = p.hvd(&["build", &file, "--locked"]);
+    assert_eq!(
+        locked_missing.status.code(),
+        Some(3),
+        "--locked without a lockfile is stale"
+    );
+
+    let built = p.hvd(&["build", &file]);
+    let (env, err) = text(&built);
+    assert_eq!(built.status.code(), Some(0), "{err}");
+    assert!(Lockfile::path_for(&p.file()).exists());
+    let out = Command::new(Path::new(&env).join("bin/python"))
+        .args([
+            "-c",
+            "import alpha, beta; print(alpha.__version__, beta.__version__)",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1.0 2.0");
+    let again = p.hvd(&["build", &file, "--locked", "--offline"]);
+    assert_eq!(text(&again).0, env, "{}", text(&again).1);
 }

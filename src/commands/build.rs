@@ -283,15 +283,33 @@ pub fn load_and_lock(
     }
 }
 
-/// Resolve the env into `FILE.lock` (the lockfile is missing or stale).
-fn relock(file: &Path, _project: &hvd_lang::model::Project, _offline: bool) -> Result<(), Failure> {
-    Err(Failure::new(
-        Status::LockStale,
-        miette::miette!(
-            help = format!("run `hvd lock {}` first", file.display()),
-            "the lockfile is missing or out of date"
-        ),
-    ))
+/// Resolve the env into `FILE.lock` (the lockfile is missing or stale), keeping the old pins that still fit.
+fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Result<(), Failure> {
+    let lock_path = Lockfile::path_for(file);
+    let options = hvd_resolver::LockOptions {
+        offline,
+        existing: Lockfile::read(&lock_path).ok(),
+        ..hvd_resolver::LockOptions::default()
+    };
+    eprintln!("locking {}", file.display());
+    let lock = hvd_resolver::lock(&project.env, &options).map_err(|err| {
+        let status = match err {
+            hvd_resolver::ResolveError::NoSolution(_)
+            | hvd_resolver::ResolveError::BadRequirement { .. } => Status::Usage,
+            _ => Status::Failure,
+        };
+        Failure::new(
+            status,
+            miette::miette!("failed to lock `{}`: {err}", file.display()),
+        )
+    })?;
+    lock.write(&lock_path).map_err(|err| {
+        Failure::new(
+            Status::Failure,
+            miette::miette!("failed to write `{}`: {err}", lock_path.display()),
+        )
+    })?;
+    Ok(())
 }
 
 /// Renders builder progress on stderr: download bars and build lines on a terminal, nothing otherwise.
