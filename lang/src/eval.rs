@@ -19,7 +19,7 @@ use crate::syntax::parser;
 /// Deepest evaluation recursion (nested expressions plus recipe calls).
 pub const MAX_EVAL_DEPTH: u32 = 1_000;
 /// Evaluation steps (expressions evaluated plus list, string and attribute-set elements built).
-pub const EVAL_BUDGET: u64 = 20_000_000;
+pub const EVAL_BUDGET: u64 = 2_000_000;
 /// Longest string evaluation may build.
 const MAX_STRING: usize = 64 << 20;
 

@@ -84,9 +84,20 @@ impl Printer<'_> {
             .is_some_and(|gap| gap.contains('\n'))
     }
 
-    fn has_comment_inside(&self, span: Span) -> bool {
-        let first = self.comments.partition_point(|c| c.start <= span.start);
-        self.comments.get(first).is_some_and(|c| c.start < span.end)
+    /// Whether a comment not printed yet lies between the children of a bracketed construct (`span` is from
+    /// the opening to the closing bracket, `children` the spans inside). Comments nested deeper don't count:
+    /// they belong to the children.
+    fn has_comment_between(&self, span: Span, children: impl Iterator<Item = Span>) -> bool {
+        let mut from = span.start + 1;
+        let unprinted = &self.comments[self.next.min(self.comments.len())..];
+        let in_gap = |a: u32, b: u32| unprinted.iter().any(|c| c.start >= a && c.start < b);
+        for child in children {
+            if in_gap(from, child.start) {
+                return true;
+            }
+            from = child.end;
+        }
+        in_gap(from, span.end.saturating_sub(1))
     }
 
     fn push_indent(&mut self) {
@@ -97,7 +108,16 @@ impl Printer<'_> {
 
     /// At a line start: print the comments before `before` on their own lines. `cursor` is the end of the
     /// previous thing in the same container (`None` at its start: no blank line there).
-    fn leading(&mut self, before: u32, mut cursor: Option<u32>) {
+    fn leading(&mut self, before: u32, cursor: Option<u32>) {
+        self.leading_inner(before, cursor, false);
+    }
+
+    /// Before a closing bracket: like [`Self::leading`], without a blank line at the end.
+    fn leading_closing(&mut self, before: u32, cursor: Option<u32>) {
+        self.leading_inner(before, cursor, true);
+    }
+
+    fn leading_inner(&mut self, before: u32, mut cursor: Option<u32>, closing: bool) {
         while let Some(&c) = self.comments.get(self.next) {
             if c.start >= before {
                 break;
@@ -112,7 +132,7 @@ impl Printer<'_> {
             cursor = Some(c.end);
             self.next += 1;
         }
-        if cursor.is_some_and(|cur| self.blank_between(cur, before)) {
+        if !closing && cursor.is_some_and(|cur| self.blank_between(cur, before)) {
             self.out.push('\n');
         }
     }
@@ -122,7 +142,10 @@ impl Printer<'_> {
         // Comments inside what was just printed (if any were not placed) come first in order; skip none.
         if let Some(&c) = self.comments.get(self.next)
             && c.start >= after
-            && !self.newline_between(after, c.start)
+            && self
+                .src
+                .get(after as usize..c.start as usize)
+                .is_some_and(|gap| gap.chars().all(|ch| matches!(ch, ' ' | '\t' | ',')))
         {
             // Keep the author's spacing before a trailing comment (people align them), at least one space.
             let gap = self.src.get(after as usize..c.start as usize).unwrap_or("");
@@ -190,11 +213,12 @@ impl Printer<'_> {
     }
 
     fn attrs(&mut self, a: &Attrs) {
-        if a.entries.is_empty() && !self.has_comment_inside(a.span) {
+        let commented = self.has_comment_between(a.span, a.entries.iter().map(|e| e.span));
+        if a.entries.is_empty() && !commented {
             self.out.push_str("{}");
             return;
         }
-        let multiline = a.multiline || self.has_comment_inside(a.span);
+        let multiline = a.multiline || commented;
         if !multiline {
             self.out.push_str("{ ");
             for (n, entry) in a.entries.iter().enumerate() {
@@ -229,7 +253,7 @@ impl Printer<'_> {
             cursor = Some(self.trailing(entry.span.end));
             self.out.push('\n');
         }
-        self.leading(
+        self.leading_closing(
             a.span.end.saturating_sub(1),
             if a.entries.is_empty() { None } else { cursor },
         );
@@ -369,11 +393,12 @@ impl Printer<'_> {
     }
 
     fn list(&mut self, span: Span, items: &[Expr], multiline: bool) {
-        if items.is_empty() && !self.has_comment_inside(span) {
+        let commented = self.has_comment_between(span, items.iter().map(|i| i.span));
+        if items.is_empty() && !commented {
             self.out.push_str("[]");
             return;
         }
-        if !(multiline || self.has_comment_inside(span)) {
+        if !(multiline || commented) {
             self.out.push('[');
             for (n, item) in items.iter().enumerate() {
                 if n > 0 {
@@ -396,7 +421,7 @@ impl Printer<'_> {
             cursor = Some(self.trailing(item.span.end));
             self.out.push('\n');
         }
-        self.leading(
+        self.leading_closing(
             span.end.saturating_sub(1),
             if items.is_empty() { None } else { cursor },
         );
@@ -408,9 +433,18 @@ impl Printer<'_> {
     fn recipe(&mut self, def: &RecipeDef) {
         self.out.push_str("recipe ");
         let span = def.params_span;
-        if def.params.is_empty() && !self.has_comment_inside(span) {
+        let commented = self.has_comment_between(
+            span,
+            def.params.iter().map(|p| {
+                Span::new(
+                    p.name.span.start,
+                    p.default.as_ref().map_or(p.name.span.end, |d| d.span.end),
+                )
+            }),
+        );
+        if def.params.is_empty() && !commented {
             self.out.push_str("{}");
-        } else if !(def.params_multiline || self.has_comment_inside(span)) {
+        } else if !(def.params_multiline || commented) {
             self.out.push_str("{ ");
             for (n, param) in def.params.iter().enumerate() {
                 if n > 0 {
@@ -436,7 +470,7 @@ impl Printer<'_> {
                 cursor = Some(self.trailing(end));
                 self.out.push('\n');
             }
-            self.leading(
+            self.leading_closing(
                 span.end.saturating_sub(1),
                 if def.params.is_empty() { None } else { cursor },
             );
