@@ -228,10 +228,10 @@ fn sigint_to_the_launcher_stops_every_worker() {
 
 #[test]
 fn a_second_sigint_kills_workers_that_ignore_sigterm() {
-    // The worker process itself (`sh -c`) ignores SIGTERM, and so does the script it starts.
+    // The worker process itself (`sh -c`) ignores SIGINT (passed on by the launcher) and SIGTERM, and so does its script.
     let steps = FOUR_WORKERS.replace(
         "run = \"sh worker.sh\"",
-        "run = \"trap '' TERM; sh worker.sh\"",
+        "run = \"trap '' INT TERM; sh worker.sh\"",
     );
     let stubborn = "touch ready.$HVD_RANK\nwhile true; do sleep 0.05; done\n";
     let job = job(&steps, &[("worker.sh", stubborn)]);

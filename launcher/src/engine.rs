@@ -145,6 +145,9 @@ pub struct RunReport {
 #[derive(Debug, Clone)]
 struct Stop {
     at: Instant,
+    /// What the workers get first: SIGTERM, or the launcher's own SIGINT passed on (so Python workers see a
+    /// KeyboardInterrupt, as they would under a plain Ctrl-C).
+    signal: i32,
 }
 
 /// State shared by all step threads of one run.
@@ -163,6 +166,10 @@ impl Job<'_> {
     /// Starts stopping the job (once); `failure` is recorded as a candidate root cause when it happened before any
     /// stop began.
     fn fail(&self, when: Instant, failure: FailureSummary, reason: String) {
+        let signal = match failure.cause {
+            Cause::Interrupted { signal } if signal == libc::SIGINT => libc::SIGINT,
+            _ => libc::SIGTERM,
+        };
         let mut stop = self
             .stop
             .lock()
@@ -175,16 +182,21 @@ impl Job<'_> {
                 .push((when, failure));
         }
         if stop.is_none() {
-            *stop = Some(Stop { at: when });
+            *stop = Some(Stop { at: when, signal });
             self.events.event(Event::Stopping { reason });
         }
     }
 
     fn stopping(&self) -> bool {
-        self.stop
+        self.stop_signal().is_some()
+    }
+
+    fn stop_signal(&self) -> Option<i32> {
+        let stop = self
+            .stop
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        stop.as_ref().map(|s| s.signal)
     }
 
     fn check_interrupts(&self, step: &str, log_dir: &Path) {
@@ -286,6 +298,10 @@ pub fn execute(
         loop {
             // Start every step whose needs are done (skipping unchanged ones), unless the job is stopping.
             let mut started_any = true;
+            if running == 0 && interrupts.get().0 > 0 {
+                // Interrupted between steps: start nothing more.
+                job.check_interrupts(&plan.project, &log_dir);
+            }
             while started_any && error.is_none() && !job.stopping() {
                 started_any = false;
                 let ready: Vec<usize> = pending
@@ -366,7 +382,10 @@ pub fn execute(
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                     if stop.is_none() {
-                        *stop = Some(Stop { at: Instant::now() });
+                        *stop = Some(Stop {
+                            at: Instant::now(),
+                            signal: libc::SIGTERM,
+                        });
                     }
                 }
             }
@@ -708,11 +727,13 @@ fn supervise(
                 );
             }
         }
-        if job.stopping() && terminated_at.is_none() {
+        if let Some(signal) = job.stop_signal()
+            && terminated_at.is_none()
+        {
             all_ok = false;
             terminated_at = Some(Instant::now());
             for w in workers.iter().filter(|w| w.exited.is_none()) {
-                signal_group(w.pgid, libc::SIGTERM);
+                signal_group(w.pgid, signal);
             }
         }
         let grace_over = terminated_at.is_some_and(|t| t.elapsed() >= job.options.grace);

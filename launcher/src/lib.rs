@@ -7,6 +7,7 @@
 //! - [`rendezvous`]: the key-value server every job's workers meet at (protocol in docs/rendezvous.md).
 //! - [`process`]: process groups, parent-death handling, the watchdog, the launcher's own signals.
 //! - [`state`]: input hashing for skipping unchanged steps.
+//! - [`doctor`]: what this machine offers (`hvd doctor`).
 //!
 //! ```no_run
 //! use hvd_launcher::{Interrupts, RunOptions, execute, plan};
@@ -19,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod doctor;
 pub mod engine;
 pub mod env;
 pub mod graph;
