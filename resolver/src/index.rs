@@ -97,6 +97,8 @@ pub struct IndexOptions {
     pub index_url: String,
     pub cache_dir: PathBuf,
     pub offline: bool,
+    /// Extra trusted CA certificates (PEM bundle), e.g. pip's `cert` setting behind a TLS-inspecting proxy.
+    pub ca_bundle: Option<PathBuf>,
 }
 
 /// The cache directory: `$HVD_CACHE_DIR`, else `<user cache dir>/hvd`.
@@ -181,7 +183,19 @@ impl IndexClient {
         }
         Url::parse(&options.index_url)
             .map_err(|_| IndexError::BadUrl(options.index_url.clone()))?;
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(bundle) = &options.ca_bundle {
+            let pem = fs_err::read(bundle)?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| IndexError::Http {
+                    url: bundle.display().to_string(),
+                    source,
+                })?;
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder
             .user_agent(concat!("hvd/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(15))
             .read_timeout(Duration::from_secs(60))

@@ -140,6 +140,7 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         index_url: index_url.clone(),
         cache_dir: options.cache_dir.clone().unwrap_or_else(default_cache_dir),
         offline: options.offline,
+        ca_bundle: discover_ca_bundle(),
     })?;
 
     let build_names: BTreeSet<String> = env
@@ -361,7 +362,7 @@ fn index_from_pip_config() -> Option<String> {
     let mut found = None;
     for file in pip_config_files() {
         if let Ok(text) = fs_err::read_to_string(&file)
-            && let Some(url) = index_from_ini(&text)
+            && let Some(url) = ini_value(&text, "index-url")
         {
             found = Some(url);
         }
@@ -369,8 +370,37 @@ fn index_from_pip_config() -> Option<String> {
     found
 }
 
+/// Extra CA certificates the way pip finds them: PIP_CERT, pip.conf `cert`, then SSL_CERT_FILE and
+/// REQUESTS_CA_BUNDLE. Needed behind TLS-inspecting proxies, whose CA is not among the built-in roots.
+pub fn discover_ca_bundle() -> Option<PathBuf> {
+    let from_env = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let mut found = from_env("PIP_CERT");
+    if found.is_none() {
+        for file in pip_config_files() {
+            if let Ok(text) = fs_err::read_to_string(&file)
+                && let Some(cert) = ini_value(&text, "cert")
+            {
+                found = Some(PathBuf::from(cert));
+            }
+        }
+    }
+    found
+        .or_else(|| from_env("SSL_CERT_FILE"))
+        .or_else(|| from_env("REQUESTS_CA_BUNDLE"))
+        .filter(|p| p.is_file())
+}
+
 /// `index-url` from the `[global]` or `[install]` section of a pip.conf (`[install]` wins).
 pub fn index_from_ini(text: &str) -> Option<String> {
+    ini_value(text, "index-url")
+}
+
+/// A key of the `[global]` or `[install]` section of a pip.conf (`[install]` wins; `_` and `-` alike).
+fn ini_value(text: &str, wanted: &str) -> Option<String> {
     let mut section = String::new();
     let mut global = None;
     let mut install = None;
@@ -387,7 +417,7 @@ pub fn index_from_ini(text: &str) -> Option<String> {
             continue;
         };
         let key = key.trim().to_ascii_lowercase().replace('_', "-");
-        if key == "index-url" {
+        if key == wanted {
             let value = Some(value.trim().to_string());
             match section.as_str() {
                 "global" => global = value,
