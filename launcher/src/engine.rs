@@ -14,9 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::LaunchError;
 use crate::env::{RendezvousInfo, worker_env};
 use crate::graph::{Plan, PlannedStep, RunOptions};
-use crate::process::{
-    Interrupts, Watchdog, configure_worker, group_alive, signal_group, signal_name,
-};
+use crate::process::{Interrupts, Watchdog, configure_worker, signal_group, signal_name};
 use crate::rendezvous::{RendezvousServer, new_token};
 use crate::state;
 
@@ -499,6 +497,8 @@ fn run_step(
     let step_name: Arc<str> = Arc::from(step.name.as_str());
     let (exit_tx, exit_rx) = mpsc::channel::<(usize, WorkerExit, Instant)>();
     let mut workers: Vec<Worker> = Vec::new();
+    let pumps = Pumps::default();
+    let pumps = &pumps;
     let result = std::thread::scope(|scope| -> Result<bool, LaunchError> {
         let mut spawn_error = None;
         for slot in &step.layout.slots {
@@ -552,11 +552,13 @@ fn run_step(
             let tail = Arc::new(Mutex::new(VecDeque::new()));
             let host: Arc<str> = Arc::from(slot.host.as_str());
             if let Some(out) = child.stdout.take() {
+                pumps.live.fetch_add(1, Ordering::SeqCst);
                 let (step, host, rank) = (step_name.clone(), host.clone(), slot.rank);
                 let events = job.events;
                 scope.spawn(move || {
                     pump(
                         out,
+                        pumps,
                         stdout_file,
                         Stream::Stdout,
                         &step,
@@ -568,12 +570,14 @@ fn run_step(
                 });
             }
             if let Some(err) = child.stderr.take() {
+                pumps.live.fetch_add(1, Ordering::SeqCst);
                 let (step, host, rank, tail) =
                     (step_name.clone(), host.clone(), slot.rank, tail.clone());
                 let events = job.events;
                 scope.spawn(move || {
                     pump(
                         err,
+                        pumps,
                         stderr_file,
                         Stream::Stderr,
                         &step,
@@ -619,11 +623,33 @@ fn run_step(
             rendezvous.as_ref().map(|(s, _)| s),
             started,
         );
+        let drain_deadline = Instant::now() + PUMP_DRAIN;
+        while pumps.live.load(Ordering::SeqCst) > 0 && Instant::now() < drain_deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        pumps.abandon.store(true, Ordering::SeqCst);
         match spawn_error {
             Some(e) => Err(e),
             None => Ok(ok),
         }
     });
+    // Every pump has finished: the failing rank's stderr tail is complete.
+    let mut failures = job
+        .failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (_, failure) in failures.iter_mut().filter(|(_, f)| f.step == step.name) {
+        if let Cause::Worker { rank, .. } = failure.cause
+            && let Some(worker) = workers.iter().find(|w| w.rank == rank)
+        {
+            let tail = worker
+                .stderr_tail
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            failure.stderr_tail = tail.iter().cloned().collect();
+        }
+    }
+    drop(failures);
     // Long-polls end and the port is freed only after every worker is gone.
     drop(rendezvous);
     if let Ok(true) = result {
@@ -745,37 +771,6 @@ fn supervise(
             }
         }
     }
-    // Fill in the stderr tails now that the output pumps have (or are about to have) drained the pipes.
-    let tails: BTreeMap<u32, Arc<Mutex<VecDeque<String>>>> = workers
-        .iter()
-        .map(|w| (w.rank, w.stderr_tail.clone()))
-        .collect();
-    let mut failures = job
-        .failures
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for (_, failure) in failures.iter_mut() {
-        if failure.step == step.name
-            && let Cause::Worker { rank, .. } = failure.cause
-            && let Some(tail) = tails.get(&rank)
-        {
-            // The pump may still hold the last lines for a moment; wait briefly for the group to be gone.
-            let deadline = Instant::now() + Duration::from_millis(500);
-            while workers
-                .iter()
-                .any(|w| w.rank == rank && group_alive(w.pgid))
-                && Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            failure.stderr_tail = tail
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .cloned()
-                .collect();
-        }
-    }
     all_ok
 }
 
@@ -785,7 +780,8 @@ fn supervise(
     reason = "a thread body; bundling the arguments would only add a struct"
 )]
 fn pump(
-    mut pipe: impl Read,
+    mut pipe: impl Read + std::os::fd::AsRawFd,
+    pumps: &Pumps,
     mut file: fs_err::File,
     stream: Stream,
     step: &Arc<str>,
@@ -817,6 +813,13 @@ fn pump(
     };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        // Poll first so a pipe held open by an escaped grandchild cannot keep the step from ending.
+        if !crate::process::wait_readable(pipe.as_raw_fd(), Duration::from_millis(100)) {
+            if pumps.abandon.load(Ordering::SeqCst) {
+                break;
+            }
+            continue;
+        }
         match pipe.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
@@ -829,7 +832,20 @@ fn pump(
     }
     splitter.finish(&mut emit);
     let _ = file.flush();
+    pumps.live.fetch_sub(1, Ordering::SeqCst);
 }
+
+/// The output pumps of one step.
+#[derive(Default)]
+struct Pumps {
+    live: std::sync::atomic::AtomicUsize,
+    /// Set when the workers are gone but a pipe is still open (a process that left the worker's process group
+    /// holds it): stop reading after what is buffered.
+    abandon: AtomicBool,
+}
+
+/// How long output pumps may keep reading after every worker of a step ended.
+const PUMP_DRAIN: Duration = Duration::from_secs(2);
 
 /// Splits a byte stream into lines at `\n`, `\r\n` and lone `\r` (progress bars).
 #[derive(Debug, Default)]

@@ -53,6 +53,19 @@ pub fn signal_group(pgid: u32, signal: i32) {
     }
 }
 
+/// Waits up to `timeout` for `fd` to be readable (or at end of file / in error: a read will not block).
+pub fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd on the stack, count 1.
+    let n = unsafe { libc::poll(&mut pollfd, 1, ms) };
+    n != 0
+}
+
 /// Whether any process of group `pgid` is still alive.
 pub fn group_alive(pgid: u32) -> bool {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
