@@ -378,3 +378,61 @@ fn build_without_a_lock_resolves_against_the_index_then_builds() {
     let again = p.hvd(&["build", &file, "--locked", "--offline"]);
     assert_eq!(text(&again).0, env, "{}", text(&again).1);
 }
+
+/// Opt-in (`HVD_TEST_REAL_INDEX=1`; needs the real package index, ~700 MB of downloads and ~5 minutes of compiling):
+/// tensorflow-cpu 2.12.1 + horovod 0.28.1 built from source against it, `import horovod.tensorflow` works inside
+/// the env, and `hvd build --check` finds the horovod build reproducible.
+#[test]
+fn real_index_tensorflow_horovod_builds_imports_and_passes_check() {
+    if std::env::var_os("HVD_TEST_REAL_INDEX").is_none() {
+        eprintln!(
+            "skipped: set HVD_TEST_REAL_INDEX=1 to build tensorflow-cpu + horovod from the real index"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tensorflow-horovod/train.hvd");
+    let file = dir.path().join("train.hvd");
+    let text = std::fs::read_to_string(&example).unwrap_or_else(|_| {
+        "project \"tfh\"\nimport std\nlet tf = std.tensorflow { version = \"2.12.1\", variant = \"cpu\" }\nenv {\n  python = \"3.11\"\n  toolchain = std.gcc { version = \"12\" }\n  packages = [tf, std.horovod { version = \"0.28.1\", frameworks = [tf] }]\n}\n".to_string()
+    });
+    std::fs::write(&file, text).unwrap();
+    // Reuse a store across runs when given (the build takes minutes).
+    let store = std::env::var_os("HVD_TEST_REAL_STORE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dir.path().join("store"));
+    let hvd = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hvd"))
+            .args(args)
+            .env("HVD_STORE", &store)
+            .output()
+            .unwrap()
+    };
+    let file = file.display().to_string();
+    let built = hvd(&["build", &file]);
+    assert_eq!(built.status.code(), Some(0), "{}", text(&built).1);
+    let import = hvd(&[
+        "exec",
+        &file,
+        "--locked",
+        "--",
+        "python",
+        "-c",
+        "import horovod.tensorflow as h; print(h.__name__)",
+    ]);
+    assert_eq!(
+        text(&import).0.lines().last(),
+        Some("horovod.tensorflow"),
+        "{}",
+        text(&import).1
+    );
+    let check = hvd(&["build", &file, "--locked", "--check"]);
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&check).0,
+        text(&check).1
+    );
+}

@@ -75,7 +75,21 @@ impl Fetcher {
                     std::io::Error::other(format!("failed to start the download runtime: {err}"))
                 })?;
             runtime.block_on(async {
-                let client = reqwest::Client::builder()
+                let mut builder = reqwest::Client::builder();
+                // Behind a TLS-inspecting proxy the proxy's CA is not a built-in root; trust what pip trusts.
+                if let Some(bundle) = hvd_resolver::lock::discover_ca_bundle() {
+                    let pem = fs_err::read(&bundle)?;
+                    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|err| {
+                        Error::Download {
+                            url: bundle.display().to_string(),
+                            message: format!("unreadable CA bundle: {err}"),
+                        }
+                    })?;
+                    for cert in certs {
+                        builder = builder.add_root_certificate(cert);
+                    }
+                }
+                let client = builder
                     .connect_timeout(Duration::from_secs(30))
                     .read_timeout(Duration::from_secs(120))
                     .build()
@@ -181,7 +195,7 @@ impl Fetcher {
         } else {
             let download_error = |err: reqwest::Error| Error::Download {
                 url: artifact.url.clone(),
-                message: err.to_string(),
+                message: error_chain(&err),
             };
             let response = client
                 .get(&artifact.url)
@@ -221,4 +235,16 @@ fn local_path(url: &str) -> Option<PathBuf> {
     } else {
         None
     }
+}
+
+/// An error with its causes (`reqwest` keeps the useful part, e.g. a TLS failure, in the sources).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -11,17 +11,27 @@ use crate::toolchain::Toolchain;
 
 /// The plan for a lockfile's env; `name` is the project name (it names the env's store path).
 pub fn plan_from_lockfile(lock: &Lockfile, name: &str) -> Result<EnvPlan> {
-    let builds: BTreeMap<&str, &LockedBuild> = lock.builds.iter().map(|b| (b.package.as_str(), b)).collect();
+    let builds: BTreeMap<&str, &LockedBuild> = lock
+        .builds
+        .iter()
+        .map(|b| (b.package.as_str(), b))
+        .collect();
     let packages = lock
         .packages
         .iter()
         .map(|package| package_plan(package, builds.get(package.name.as_str()).copied()))
         .collect::<Result<Vec<_>>>()?;
     let toolchain = lock.toolchain.as_ref().map(|pin| {
-        let tool = pin.tools.iter().find(|t| t.command == pin.name).or(pin.tools.first());
+        let tool = pin
+            .tools
+            .iter()
+            .find(|t| t.command == pin.name)
+            .or(pin.tools.first());
         Toolchain {
             name: pin.name.clone(),
-            version: tool.map(|t| t.version.clone()).unwrap_or_else(|| pin.requested.clone()),
+            version: tool
+                .map(|t| t.version.clone())
+                .unwrap_or_else(|| pin.requested.clone()),
             sha256: tool.and_then(|t| t.sha256.parse().ok()),
             path: None,
         }
@@ -50,7 +60,11 @@ fn package_plan(package: &LockedPackage, build: Option<&LockedBuild>) -> Result<
     let build = match (package.artifact.kind, build) {
         (ArtifactKind::Wheel, _) => None,
         (ArtifactKind::Sdist, Some(build)) => Some(SourceBuildPlan {
-            requires: build.packages.iter().map(|p| package_plan(p, None)).collect::<Result<_>>()?,
+            requires: build
+                .packages
+                .iter()
+                .map(|p| package_plan(p, None))
+                .collect::<Result<_>>()?,
             env: build.env.clone(),
             against: build.against.clone(),
         }),
@@ -61,7 +75,11 @@ fn package_plan(package: &LockedPackage, build: Option<&LockedBuild>) -> Result<
         name: package.name.clone(),
         version: package.version.clone(),
         artifact,
-        dependencies: package.dependencies.iter().map(|d| d.name.clone()).collect(),
+        dependencies: package
+            .dependencies
+            .iter()
+            .map(|d| d.name.clone())
+            .collect(),
         build,
     })
 }
@@ -73,15 +91,23 @@ pub fn why_depends(lock: &Lockfile, target: &str) -> Option<Vec<String>> {
     let edges: BTreeMap<&str, Vec<&str>> = lock
         .packages
         .iter()
-        .map(|p| (p.name.as_str(), p.dependencies.iter().map(|d| d.name.as_str()).collect()))
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.dependencies.iter().map(|d| d.name.as_str()).collect(),
+            )
+        })
         .collect();
     let roots: Vec<String> = lock
         .request
         .packages
         .iter()
         .map(|r| {
-            let name: String =
-                r.requirement.chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')).collect();
+            let name: String = r
+                .requirement
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                .collect();
             hvd_resolver::lockfile::normalize_name(&name)
         })
         .collect();

@@ -22,8 +22,9 @@ impl Interpreter {
         let output = Command::new(candidate)
             .args([
                 "-I",
+                "-S",
                 "-c",
-                "import sys, platform; print(sys.executable); print(platform.python_version())",
+                "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])",
             ])
             .stdin(std::process::Stdio::null())
             .output()
@@ -61,7 +62,8 @@ impl Interpreter {
         }
         let exe = format!("python{short}");
         if let Some(path) = std::env::var_os("PATH") {
-            for dir in std::env::split_paths(&path) {
+            // pyenv's shims are shell scripts that cost ~50 ms per call; its versions are probed directly below.
+            for dir in std::env::split_paths(&path).filter(|dir| !dir.ends_with("shims")) {
                 candidates.push(dir.join(&exe));
             }
         }
