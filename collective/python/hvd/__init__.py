@@ -39,7 +39,7 @@ HorovodInternalError = HvdError
 
 
 def _l():
-    return _lib.load()
+    return _lib._lib or _lib.load()
 
 
 def _check(rc):
@@ -115,6 +115,7 @@ def _np():
 
 _NP_NAMES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float16": 4, "float32": 5, "float64": 6,
              "bfloat16": 7, "bool": 0}
+_NP_CODES = {}  # numpy dtype object -> code, filled on first sight (dtype.name is slow)
 _CODE_NAMES = {0: "uint8", 1: "int8", 2: "int32", 3: "int64", 4: "float16", 5: "float32", 6: "float64"}
 
 
@@ -139,8 +140,10 @@ class _Tensor:
         self.obj = obj
         self.view = None
         if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
-            arr = np.asarray(obj, order="C")
-            code = _NP_NAMES.get(arr.dtype.name)
+            arr = obj if type(obj) is np.ndarray and obj.flags.c_contiguous else np.asarray(obj, order="C")
+            code = _NP_CODES.get(arr.dtype)
+            if code is None:
+                code = _NP_CODES[arr.dtype] = _NP_NAMES.get(arr.dtype.name)
             if code is None:
                 raise TypeError("hvd does not support dtype {} (supported: {})".format(
                     arr.dtype, ", ".join(sorted(_NP_NAMES))))
@@ -194,16 +197,18 @@ class _Tensor:
 
 
 class Handle:
-    """An operation in flight. ``poll(h)`` tells whether it is done; ``synchronize(h)`` returns its result."""
+    """An operation in flight. ``poll(h)`` tells whether it is done; ``synchronize(h)`` returns its result.
+    ``_value`` set: the result is that object (already in the caller's memory), nothing to read from the library."""
 
-    __slots__ = ("id", "_keep", "_finish", "_done", "_result")
+    __slots__ = ("id", "_keep", "_finish", "_done", "_result", "_value")
 
-    def __init__(self, hid, keep, finish):
+    def __init__(self, hid, keep, finish, value=None):
         self.id = hid
         self._keep = keep
         self._finish = finish
         self._done = False
         self._result = None
+        self._value = value
 
     def __repr__(self):
         return "hvd.Handle({}{})".format(self.id, ", done" if self._done else "")
@@ -214,21 +219,11 @@ def _shape_array(shape):
 
 
 def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=None):
-    keep = []
     shape = _shape_array(tensor.shape) if tensor is not None else _shape_array(())
-    keep.append(shape)
-    req = _lib.HvdRequest()
-    req.kind = kind
-    req.name = name.encode("utf-8") if name else None
-    req.dtype = tensor.dtype if tensor is not None else 0
-    req.ndim = len(tensor.shape) if tensor is not None else 0
-    req.shape = shape
-    req.input = tensor.ptr if tensor is not None else None
-    req.output = out_ptr
-    req.op = op
-    req.root = root
-    req.prescale = float(prescale)
-    req.postscale = float(postscale)
+    keep = [shape]
+    req = _lib.HvdRequest(kind, name.encode("utf-8") if name else None, tensor.dtype if tensor is not None else 0,
+                          len(tensor.shape) if tensor is not None else 0, shape,
+                          tensor.ptr if tensor is not None else None, out_ptr, op, root, prescale, postscale)
     if splits is not None:
         arr = (ctypes.c_int64 * max(len(splits), 1))(*[int(s) for s in splits])
         keep.append(arr)
@@ -237,9 +232,11 @@ def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, pos
     return req, keep
 
 
-def _submit(req, keep, finish):
-    hid = _check(_l().hvd_enqueue(ctypes.byref(req)))
-    return Handle(hid, keep, finish)
+def _submit(req, keep, finish, value=None):
+    hid = _l().hvd_enqueue(ctypes.byref(req))
+    if hid < 0:
+        _check(hid)
+    return Handle(hid, keep, finish, value)
 
 
 def _resolve_op(average, op, default=Average):
@@ -292,7 +289,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     req, keep = _request(_ALLREDUCE, t, name, t.ptr, _resolve_op(average, op), 0, prescale_factor,
                          postscale_factor)
     keep.append(t)
-    return _submit(req, keep, lambda hid: tensor)
+    return _submit(req, keep, None, tensor)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -365,7 +362,7 @@ def broadcast_async_(tensor, root_rank, name=None):
         raise ValueError("in-place operations need a C-contiguous numpy array")
     req, keep = _request(_BROADCAST, t, name, t.ptr, root=root_rank)
     keep.append(t)
-    return _submit(req, keep, lambda hid: tensor)
+    return _submit(req, keep, None, tensor)
 
 
 def broadcast_(tensor, root_rank, name=None):
@@ -435,6 +432,13 @@ def synchronize(handle):
     if handle._done:
         return handle._result
     lib = _l()
+    if handle._value is not None:
+        handle._done = True
+        handle._keep = None
+        if lib.hvd_wait_and_release(handle.id) != 0:
+            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+        handle._result = handle._value
+        return handle._result
     try:
         if lib.hvd_wait(handle.id) != 0:
             raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))

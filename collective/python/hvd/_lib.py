@@ -102,6 +102,7 @@ def _declare(lib):
         "hvd_enqueue_many": (i32, [ctypes.POINTER(HvdRequest), i32, ctypes.POINTER(i64)]),
         "hvd_poll": (i32, [i64]),
         "hvd_wait": (i32, [i64]),
+        "hvd_wait_and_release": (i32, [i64]),
         "hvd_result_ndim": (i32, [i64]),
         "hvd_result_shape": (i32, [i64, ctypes.POINTER(i64)]),
         "hvd_result_nbytes": (i64, [i64]),

@@ -92,6 +92,9 @@ int hvd_enqueue_many(const hvd_request_t *requests, int n, int64_t *handles);
  * hvd_last_error; e.g. ranks disagreeing on the shape, a dead peer, a stall shutdown). */
 int hvd_poll(int64_t handle);
 int hvd_wait(int64_t handle);
+/* hvd_wait + hvd_release in one call, for operations whose result is in the caller's memory (allreduce,
+ * broadcast, barrier): 0 success, -1 failure. */
+int hvd_wait_and_release(int64_t handle);
 
 /* Results of a successfully waited handle, until hvd_release. */
 int hvd_result_ndim(int64_t handle);

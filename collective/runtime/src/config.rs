@@ -9,6 +9,7 @@
 //! | `HVD_STALL_SHUTDOWN_TIME` | unset | seconds after which a stalled tensor stops the job with an error |
 //! | `HVD_TIMELINE` | unset | path of a Chrome-trace JSON timeline, written by rank 0 (`{rank}` in the path: one file per rank) |
 //! | `HVD_TIMELINE_MARK_CYCLES` | 1 | mark engine cycles that did work in the timeline (0: off) |
+//! | `HVD_SPIN_TIME` | 0 | microseconds a waiter (and the engine after a busy cycle) polls before sleeping; helps latency on idle cores, hurts on oversubscribed ones |
 //! | `HVD_LOG_LEVEL` | warn | level of the runtime's stderr log when loaded through the C ABI |
 //!
 //! Each `HVD_X` also accepts Horovod's spelling `HOROVOD_X` so existing launch scripts keep working.
@@ -34,6 +35,7 @@ pub struct EngineConfig {
     pub stall_shutdown_time: Option<Duration>,
     pub timeline: Option<PathBuf>,
     pub timeline_mark_cycles: bool,
+    pub spin_time: Duration,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +48,7 @@ impl Default for EngineConfig {
             stall_shutdown_time: None,
             timeline: None,
             timeline_mark_cycles: true,
+            spin_time: Duration::ZERO,
         }
     }
 }
@@ -112,6 +115,14 @@ impl EngineConfig {
         }
         if let Some((_, v)) = lookup(env, "HVD_TIMELINE") {
             c.timeline = Some(PathBuf::from(v));
+        }
+        if let Some((name, v)) = lookup(env, "HVD_SPIN_TIME") {
+            let us: u64 = v.trim().parse().map_err(|_| ConfigError {
+                name,
+                value: v.clone(),
+                expected: "microseconds",
+            })?;
+            c.spin_time = Duration::from_micros(us);
         }
         if let Some((_, v)) = lookup(env, "HVD_TIMELINE_MARK_CYCLES") {
             c.timeline_mark_cycles = !matches!(v.trim(), "0" | "false" | "no");

@@ -177,6 +177,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The per-process engine. Dropping it shuts it down.
 pub struct Engine {
     shared: Arc<Shared>,
+    spin: std::time::Duration,
     topology: Topology,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -188,6 +189,7 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Engine, EngineError> {
         let topology = transport.topology();
+        let config_spin = config.spin_time;
         // Like Horovod, rank 0 writes the timeline; a `{rank}` in the path gives every rank a file of its own.
         let timeline_path = config.timeline.as_ref().and_then(|p| {
             let text = p.to_string_lossy();
@@ -233,6 +235,7 @@ impl Engine {
             join_handle: None,
             shutdown: false,
             announce: false,
+            busy: false,
             fusion: Vec::new(),
             timeline,
             last_negotiation: Instant::now(),
@@ -243,6 +246,7 @@ impl Engine {
             .spawn(move || worker.run())
             .map_err(|e| EngineError::Stopped(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine {
+            spin: config_spin,
             shared,
             topology,
             thread: Mutex::new(Some(thread)),
@@ -285,28 +289,40 @@ impl Engine {
 
     /// Blocks until the operation completes and returns its result; the handle is released.
     pub fn wait(&self, handle: Handle) -> Result<Output, EngineError> {
-        let mut h = lock(&self.shared.handles);
-        loop {
+        // Announce the waiter first: the engine then starts a cycle at once instead of after the cycle time.
+        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
+        drop(lock(&self.shared.queue)); // so the notification cannot fall between the engine's check and its sleep
+        self.shared.queue_cv.notify_one();
+        // Small operations finish within tens of microseconds: yield-spin briefly before sleeping, which saves a
+        // futex round trip on the latency path.
+        let spin_until = Instant::now() + self.spin;
+        let result = loop {
+            let h = lock(&self.shared.handles);
             match h.slots.get(&handle) {
-                None => return Err(EngineError::UnknownHandle(handle)),
+                None => break Err(EngineError::UnknownHandle(handle)),
                 Some(Slot::Done(_)) => {
+                    let mut h = h;
                     let Some(Slot::Done(result)) = h.slots.remove(&handle) else {
                         unreachable!("checked above")
                     };
-                    return result;
+                    break result;
+                }
+                Some(Slot::Pending) if Instant::now() < spin_until => {
+                    drop(h);
+                    std::thread::yield_now();
                 }
                 Some(Slot::Pending) => {
-                    self.shared.waiters.fetch_add(1, Ordering::SeqCst);
-                    self.shared.queue_cv.notify_one();
-                    h = self
-                        .shared
-                        .handles_cv
-                        .wait(h)
-                        .unwrap_or_else(|e| e.into_inner());
-                    self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+                    drop(
+                        self.shared
+                            .handles_cv
+                            .wait(h)
+                            .unwrap_or_else(|e| e.into_inner()),
+                    );
                 }
             }
-        }
+        };
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 
     /// Stops the engine once every rank has asked to (until then this rank takes part as a joined rank, so the
@@ -431,6 +447,8 @@ struct Worker {
     shutdown: bool,
     /// A join or shutdown that the coordinator has not heard of yet.
     announce: bool,
+    /// The last cycle ran something.
+    busy: bool,
     fusion: Vec<u8>,
     timeline: Option<Timeline>,
     last_negotiation: Instant,
@@ -447,7 +465,7 @@ impl Worker {
     fn run(mut self) {
         let mut next_cycle = Instant::now();
         let reason = loop {
-            if let Err(e) = self.wait_for_cycle(next_cycle) {
+            if let Err(e) = self.wait_for_cycle(next_cycle, self.busy) {
                 break e;
             }
             next_cycle = Instant::now() + self.config.cycle_time;
@@ -460,7 +478,17 @@ impl Worker {
         self.stop(&reason);
     }
 
-    fn wait_for_cycle(&mut self, deadline: Instant) -> Result<(), String> {
+    fn wait_for_cycle(&mut self, deadline: Instant, spin: bool) -> Result<(), String> {
+        if spin && !self.config.spin_time.is_zero() {
+            // Right after a cycle with work the next waiter is likely near: poll before sleeping.
+            let until = (Instant::now() + self.config.spin_time).min(deadline);
+            while Instant::now() < until {
+                if self.shared.waiters.load(Ordering::SeqCst) > 0 {
+                    return Ok(());
+                }
+                std::thread::yield_now();
+            }
+        }
         let mut q = lock(&self.shared.queue);
         loop {
             let now = Instant::now();
@@ -646,6 +674,7 @@ impl Worker {
             }
             keep_going = !list.shutdown;
         }
+        self.busy = did_work;
         if let Some(t) = &mut self.timeline {
             if did_work
                 && self.config.timeline_mark_cycles

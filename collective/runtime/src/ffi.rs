@@ -353,6 +353,23 @@ pub extern "C" fn hvd_wait(handle: i64) -> i32 {
     })
 }
 
+/// Blocks until the operation completes and releases the handle: for operations whose result is already in the
+/// caller's memory (allreduce, broadcast, barrier). 0 on success, -1 on failure (message in `hvd_last_error`).
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_wait_and_release(handle: i64) -> i32 {
+    guard(-1, || {
+        if let Some(r) = lock(&RESULTS).as_mut()
+            && r.remove(&handle).is_some()
+        {
+            return Ok(0);
+        }
+        engine()?
+            .wait(handle as u64)
+            .map(|_| 0)
+            .map_err(|e| e.to_string())
+    })
+}
+
 fn with_result<T>(handle: i64, fallback: T, f: impl FnOnce(&Output) -> Result<T, String>) -> T {
     guard(fallback, || {
         match lock(&RESULTS).as_ref().and_then(|r| r.get(&handle)) {
