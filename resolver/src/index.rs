@@ -357,7 +357,14 @@ impl IndexClient {
     /// The project page of `name` (normalized).
     pub async fn project(&self, name: &str) -> Result<ProjectPage, IndexError> {
         let url = format!("{}{}/", self.options.index_url, name);
-        let Some((body, content_type)) = self.get_cached(&url, SIMPLE_ACCEPT).await? else {
+        let started = std::time::Instant::now();
+        let fetched = self.get_cached(&url, SIMPLE_ACCEPT).await?;
+        tracing::debug!(
+            url,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "project page"
+        );
+        let Some((body, content_type)) = fetched else {
             return Err(IndexError::NotFound {
                 name: name.to_string(),
                 url,

@@ -172,20 +172,34 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         }
     }
 
-    let mut source = IndexSource::new(
+    let source = IndexSource::new(
         client.clone(),
         runtime.handle().clone(),
         target.clone(),
         build_names.clone(),
         preferences.clone(),
         options.source_metadata.clone(),
+        options.on_fetch.clone(),
     );
-    source.on_fetch = options.on_fetch.clone();
     let words = target.describe();
     let roots: Vec<String> = env.packages.iter().map(|p| p.requirement.clone()).collect();
-    // Start every root page at once; the solver then finds them in flight.
-    for name in roots.iter().filter_map(|r| requirement_name(r)) {
-        drop(source.prefetch(&name)); // already spawned: it runs on
+    // Start every root page (and, speculatively, the graph below it) at once; the solver finds them in flight.
+    for req in roots
+        .iter()
+        .filter_map(|r| pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(r).ok())
+    {
+        let range = match &req.version_or_url {
+            Some(pep508_rs::VersionOrUrl::VersionSpecifier(spec)) => {
+                Some(pubgrub::Ranges::from(spec.clone()))
+            }
+            _ => None,
+        };
+        source.prefetch(req.name.as_ref(), range);
+    }
+    // With an existing lock, the whole graph is known up front: fetch every pinned page at once instead of
+    // discovering it level by level (a relock then costs one round of revalidations).
+    for (name, version) in &preferences {
+        source.prefetch(name, Some(pubgrub::Ranges::singleton(version.clone())));
     }
     let resolution = solver::solve(&source, &roots, &target.markers, &preferences, &words)?;
     let index_root = client.index_url().trim_end_matches('/').to_string();

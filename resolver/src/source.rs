@@ -6,9 +6,10 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
+use futures::future::{self, BoxFuture};
 use pep440_rs::{Version, VersionSpecifiers};
 use pep508_rs::Requirement;
+use pubgrub::Ranges;
 
 use crate::index::{IndexClient, IndexError, IndexFile};
 use crate::lockfile::{Artifact, ArtifactKind, normalize_name};
@@ -46,8 +47,8 @@ pub enum SourceError {
 /// Progress callback: called with each project name as its page is first requested.
 pub type FetchCallback = Arc<dyn Fn(&str) + Send + Sync>;
 
-type PageFuture = Shared<BoxFuture<'static, Result<Arc<ProjectVersions>, Arc<IndexError>>>>;
-type MetaFuture = Shared<BoxFuture<'static, Result<Arc<CoreMetadata>, Arc<IndexError>>>>;
+type PageFuture = future::Shared<BoxFuture<'static, Result<Arc<ProjectVersions>, Arc<IndexError>>>>;
+type MetaFuture = future::Shared<BoxFuture<'static, Result<Arc<CoreMetadata>, Arc<IndexError>>>>;
 
 /// A project's versions evaluated for the target.
 #[derive(Debug, Default)]
@@ -59,18 +60,23 @@ pub struct ProjectVersions {
 
 /// The source the solver reads; `lock` creates one per resolution.
 pub struct IndexSource {
+    shared: Arc<Shared>,
+    runtime: tokio::runtime::Handle,
+    source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
+}
+
+/// What the async prefetch tasks share with the solver thread.
+struct Shared {
     client: IndexClient,
     runtime: tokio::runtime::Handle,
     target: Arc<TargetSpec>,
     /// Packages that must come as sdists (they are built from source).
-    sdist_only: Arc<BTreeSet<String>>,
+    sdist_only: BTreeSet<String>,
     /// Versions allowed even when yanked (existing pins, PEP 592).
-    allow_yanked: Arc<HashMap<String, Version>>,
-    source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
+    allow_yanked: HashMap<String, Version>,
     pages: Mutex<HashMap<String, PageFuture>>,
     metadata: Mutex<HashMap<String, MetaFuture>>,
-    /// Called with the project name whenever a page is first requested (progress).
-    pub on_fetch: Option<FetchCallback>,
+    on_fetch: Option<FetchCallback>,
 }
 
 impl IndexSource {
@@ -81,70 +87,38 @@ impl IndexSource {
         sdist_only: BTreeSet<String>,
         allow_yanked: HashMap<String, Version>,
         source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
+        on_fetch: Option<FetchCallback>,
     ) -> IndexSource {
-        IndexSource {
+        let shared = Arc::new(Shared {
             client,
-            runtime,
+            runtime: runtime.clone(),
             target,
-            sdist_only: Arc::new(sdist_only),
-            allow_yanked: Arc::new(allow_yanked),
-            source_metadata,
+            sdist_only,
+            allow_yanked,
             pages: Mutex::default(),
             metadata: Mutex::default(),
-            on_fetch: None,
+            on_fetch,
+        });
+        IndexSource {
+            shared,
+            runtime,
+            source_metadata,
         }
     }
 
     pub fn client(&self) -> &IndexClient {
-        &self.client
+        &self.shared.client
     }
 
-    /// Start fetching a project page (and, once it is in, the metadata of its newest usable version).
-    pub fn prefetch(&self, name: &str) -> PageFuture {
-        let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = pages.get(name) {
-            return f.clone();
-        }
-        if let Some(cb) = &self.on_fetch {
-            cb(name);
-        }
-        let client = self.client.clone();
-        let target = self.target.clone();
-        let sdist_only = self.sdist_only.clone();
-        let allow_yanked = self.allow_yanked.clone();
-        let owned = name.to_string();
-        let fut = async move {
-            match client.project(&owned).await {
-                Ok(page) => {
-                    let sdist = sdist_only.contains(&owned);
-                    Ok(Arc::new(evaluate_files(
-                        &owned,
-                        &page.files,
-                        &target,
-                        sdist,
-                        allow_yanked.get(&owned),
-                    )))
-                }
-                Err(IndexError::NotFound { .. }) => Ok(Arc::new(ProjectVersions {
-                    candidates: Arc::new(Candidates {
-                        not_found: true,
-                        ..Candidates::default()
-                    }),
-                    artifacts: HashMap::new(),
-                })),
-                Err(e) => Err(Arc::new(e)),
-            }
-        }
-        .boxed()
-        .shared();
-        // Drive it now, so it runs while the solver works on something else.
-        self.runtime.spawn(fut.clone());
-        pages.insert(name.to_string(), fut.clone());
-        fut
+    /// Start fetching a project page, and speculatively the metadata of its newest version in `range` and,
+    /// recursively, of what that version requires. The solver usually picks exactly those, so by the time it
+    /// asks, the answers are in; a wrong guess costs one metadata request.
+    pub fn prefetch(&self, name: &str, range: Option<Ranges<Version>>) {
+        speculate(&self.shared, name.to_string(), range);
     }
 
     fn page(&self, name: &str) -> Result<Arc<ProjectVersions>, SourceError> {
-        let fut = self.prefetch(name);
+        let fut = self.shared.page_future(name);
         Ok(self.runtime.block_on(fut)?)
     }
 
@@ -170,11 +144,68 @@ impl IndexSource {
         };
         Ok((file, kind))
     }
+}
 
-    fn metadata_future(&self, file: &IndexFile) -> MetaFuture {
+impl Shared {
+    fn page_future(self: &Arc<Self>, name: &str) -> PageFuture {
+        let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = pages.get(name) {
+            return f.clone();
+        }
+        if let Some(cb) = &self.on_fetch {
+            cb(name);
+        }
+        let this = self.clone();
+        let owned = name.to_string();
+        let fut = async move {
+            match this.client.project(&owned).await {
+                Ok(page) => {
+                    let sdist = this.sdist_only.contains(&owned);
+                    let evaluate = {
+                        let this = this.clone();
+                        let owned = owned.clone();
+                        move || {
+                            evaluate_files(
+                                &owned,
+                                &page.files,
+                                &this.target,
+                                sdist,
+                                this.allow_yanked.get(&owned),
+                            )
+                        }
+                    };
+                    // Big pages (thousands of files) take a while to evaluate: keep it off the I/O threads.
+                    let versions = tokio::task::spawn_blocking(evaluate).await.map_err(|e| {
+                        Arc::new(IndexError::Parse {
+                            url: owned.clone(),
+                            message: e.to_string(),
+                        })
+                    })?;
+                    Ok(Arc::new(versions))
+                }
+                Err(IndexError::NotFound { .. }) => Ok(Arc::new(ProjectVersions {
+                    candidates: Arc::new(Candidates {
+                        not_found: true,
+                        ..Candidates::default()
+                    }),
+                    artifacts: HashMap::new(),
+                })),
+                Err(e) => Err(Arc::new(e)),
+            }
+        }
+        .boxed()
+        .shared();
+        // Drive it now, so it runs while the solver works on something else.
+        self.runtime.spawn(fut.clone());
+        pages.insert(name.to_string(), fut.clone());
+        fut
+    }
+
+    /// The metadata future of a file, and whether this call created it.
+    fn metadata_future(self: &Arc<Self>, file: &IndexFile) -> (MetaFuture, bool) {
         let mut metadata = self.metadata.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = metadata.get(&file.url) {
-            return f.clone();
+            return (f.clone(), false);
         }
         let client = self.client.clone();
         let owned = file.clone();
@@ -194,40 +225,60 @@ impl IndexSource {
         .shared();
         self.runtime.spawn(fut.clone());
         metadata.insert(file.url.clone(), fut.clone());
-        fut
+        (fut, true)
     }
+}
 
-    /// Prefetch the metadata of the newest usable version of each name (the likely pick).
-    fn prefetch_metadata_of_newest(&self, names: Vec<String>) {
-        for name in names {
-            let page = self.prefetch(&name);
-            if let Some(Ok(versions)) = page.peek()
-                && let Some(v) = versions.candidates.usable.first()
-                && let Some(file) = versions.artifacts.get(v)
-            {
-                drop(self.metadata_future(file)); // already spawned: it runs on
-            }
+/// See [`IndexSource::prefetch`]. Runs as a detached task; errors surface when the solver asks for real.
+fn speculate(shared: &Arc<Shared>, name: String, range: Option<Ranges<Version>>) {
+    let page = shared.page_future(&name);
+    let shared = shared.clone();
+    shared.runtime.clone().spawn(async move {
+        let Ok(versions) = page.await else { return };
+        let in_range = |v: &&Version| range.as_ref().is_none_or(|r| r.contains(v));
+        let usable = &versions.candidates.usable;
+        let guess = usable
+            .iter()
+            .filter(in_range)
+            .find(|v| !v.any_prerelease())
+            .or_else(|| usable.iter().find(in_range));
+        let Some(file) = guess.and_then(|v| versions.artifacts.get(v)) else {
+            return;
+        };
+        let (fut, created) = shared.metadata_future(file);
+        if !created {
+            return;
         }
-    }
+        let Ok(meta) = fut.await else { return };
+        for req in meta
+            .requires_dist
+            .iter()
+            .filter_map(|r| Requirement::<pep508_rs::VerbatimUrl>::from_str(r).ok())
+        {
+            if !req.marker.evaluate(&shared.target.markers, &[]) {
+                continue;
+            }
+            let range = match &req.version_or_url {
+                Some(pep508_rs::VersionOrUrl::VersionSpecifier(spec)) => {
+                    Some(Ranges::from(spec.clone()))
+                }
+                _ => None,
+            };
+            speculate(&shared, req.name.to_string(), range);
+        }
+    });
 }
 
 impl PackageSource for IndexSource {
     type Error = SourceError;
 
     fn candidates(&self, name: &str) -> Result<Arc<Candidates>, SourceError> {
-        let page = self.page(name)?;
-        // The newest version is the likely pick: start its metadata now.
-        if let Some(v) = page.candidates.usable.first()
-            && let Some(file) = page.artifacts.get(v)
-        {
-            drop(self.metadata_future(file)); // already spawned: it runs on
-        }
-        Ok(page.candidates.clone())
+        Ok(self.page(name)?.candidates.clone())
     }
 
     fn requires(&self, name: &str, version: &Version) -> Result<Arc<Vec<String>>, SourceError> {
         let (file, kind) = self.artifact(name, version)?;
-        let fut = self.metadata_future(&file);
+        let (fut, _) = self.shared.metadata_future(&file);
         let mut meta = (*self.runtime.block_on(fut)?).clone();
         if kind == ArtifactKind::Sdist
             && meta.requires_dist.is_empty()
@@ -257,17 +308,21 @@ impl PackageSource for IndexSource {
             }
         }
         // Start fetching what these requirements name, before the solver asks.
-        let names: Vec<String> = meta
+        for req in meta
             .requires_dist
             .iter()
             .filter_map(|r| Requirement::<pep508_rs::VerbatimUrl>::from_str(r).ok())
-            .filter(|r| r.marker.evaluate(&self.target.markers, &[]))
-            .map(|r| r.name.to_string())
-            .collect();
-        for n in &names {
-            drop(self.prefetch(n)); // already spawned: it runs on
+        {
+            if req.marker.evaluate(&self.shared.target.markers, &[]) {
+                let range = match &req.version_or_url {
+                    Some(pep508_rs::VersionOrUrl::VersionSpecifier(spec)) => {
+                        Some(Ranges::from(spec.clone()))
+                    }
+                    _ => None,
+                };
+                self.prefetch(req.name.as_ref(), range);
+            }
         }
-        self.prefetch_metadata_of_newest(names);
         Ok(Arc::new(meta.requires_dist))
     }
 }
