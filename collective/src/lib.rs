@@ -25,11 +25,14 @@
 //! Where to read: [`communicator`] (the trait), [`p2p`] (algorithms and the mismatch check), [`transport`] (the
 //! point-to-point layer), [`tcp`] and [`shm`] (transports), [`bootstrap`] (joining a job from the environment).
 
+pub mod bootstrap;
 pub mod communicator;
 pub mod config;
 pub mod error;
 mod header;
 pub mod hierarchical;
+pub mod mpi_backend;
+pub mod nccl;
 pub mod p2p;
 pub mod reduce;
 pub mod shm;

@@ -447,7 +447,9 @@ impl ShmTransport {
                 if pid != 0 && pid != self.my_pid {
                     // SAFETY: signal 0 only checks that the process exists.
                     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-                    if r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                    let gone =
+                        r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+                    if gone || is_zombie(pid) {
                         return Err(Error::PeerLost {
                             rank: g,
                             reason: format!("its process {pid} no longer exists"),
@@ -520,6 +522,17 @@ impl ShmTransport {
         flag.store(0, Ordering::SeqCst);
         Ok(())
     }
+}
+
+/// A killed process stays a zombie until its parent reaps it; it will never run again.
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may itself contain ") ".
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .is_some_and(|c| c == 'Z' || c == 'X')
 }
 
 fn padded(len: usize) -> usize {

@@ -1,0 +1,633 @@
+//! Joining a job: who am I (rank, size, host) from the environment, and a key-value exchange of addresses through
+//! the launcher's rendezvous server (or a shared directory) to connect the ranks.
+//!
+//! Rank and size come from the first family present: `HVD_RANK`/`HVD_SIZE` (hvd's launcher), `OMPI_COMM_WORLD_*`
+//! (OpenMPI's mpirun), `PMI_RANK`/`PMI_SIZE` (MPICH, Intel MPI), `SLURM_PROCID`/`SLURM_NTASKS` (srun). Hosts are
+//! grouped by `HVD_HOSTNAME` (else the machine's host name), so local and cross ranks are derived, not trusted.
+//!
+//! Exchange (scope `hvd`): every rank PUTs `addr.<rank>` = `v1 <hostname> <ip:port>` and reads everyone's; the
+//! lowest rank of each host creates the host's shared memory segment and PUTs its name at `shm.<host index>`.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::communicator::Communicator;
+use crate::config::{EnvVars, Thresholds, timeout_from_env};
+use crate::error::{Error, Result};
+use crate::hierarchical::MixedTransport;
+use crate::p2p::{P2pCommunicator, topology_from_hosts};
+use crate::shm::{ShmSegment, ShmTransport, ring_bytes_from_env};
+use crate::tcp::{TcpTransport, interface_address, listen};
+
+const SCOPE: &str = "hvd";
+
+/// Where ranks exchange their addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// The launcher's HTTP key-value server at `address` (`host:port`).
+    Http {
+        address: String,
+        token: Option<String>,
+    },
+    /// A directory every rank can read and write (`HVD_RENDEZVOUS=file:DIR`), e.g. on a shared file system.
+    Directory(PathBuf),
+}
+
+impl Rendezvous {
+    /// Parses `HVD_RENDEZVOUS` (`host:port` or `file:DIR`).
+    pub fn parse(value: &str, token: Option<String>) -> Result<Rendezvous> {
+        let v = value.trim();
+        if let Some(dir) = v.strip_prefix("file:") {
+            return Ok(Rendezvous::Directory(PathBuf::from(dir)));
+        }
+        let v = v.strip_prefix("http://").unwrap_or(v).trim_end_matches('/');
+        if v.rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(Error::Bootstrap(format!(
+                "`{}={value}` is neither `host:port` nor `file:DIR`",
+                EnvVars::RENDEZVOUS
+            )));
+        }
+        Ok(Rendezvous::Http {
+            address: v.to_string(),
+            token,
+        })
+    }
+
+    /// A client for this rendezvous acting as `rank`.
+    pub fn client(&self, rank: usize) -> KeyValueClient {
+        KeyValueClient {
+            rendezvous: self.clone(),
+            rank,
+        }
+    }
+}
+
+/// A client of the rendezvous key-value store (scope `hvd`).
+#[derive(Debug, Clone)]
+pub struct KeyValueClient {
+    rendezvous: Rendezvous,
+    rank: usize,
+}
+
+struct HttpResponse {
+    status: u16,
+    body: Vec<u8>,
+}
+
+impl KeyValueClient {
+    /// Stores `value` under `key` ([A-Za-z0-9._-]).
+    pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        check_key(key)?;
+        match &self.rendezvous {
+            Rendezvous::Http { address, .. } => {
+                let r = self.http(
+                    "PUT",
+                    &format!("/kv/{SCOPE}/{key}"),
+                    value,
+                    Duration::from_secs(30),
+                )?;
+                if r.status != 200 {
+                    return Err(self.refused(address, "PUT", key, &r));
+                }
+                Ok(())
+            }
+            Rendezvous::Directory(dir) => {
+                let dir = dir.join(SCOPE);
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| Error::io(format!("create `{}`", dir.display()), e))?;
+                let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));
+                std::fs::write(&tmp, value)
+                    .map_err(|e| Error::io(format!("write `{}`", tmp.display()), e))?;
+                let path = dir.join(key);
+                std::fs::rename(&tmp, &path)
+                    .map_err(|e| Error::io(format!("rename to `{}`", path.display()), e))
+            }
+        }
+    }
+
+    /// Reads `key`, waiting up to `timeout` for another rank to store it.
+    pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        check_key(key)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match &self.rendezvous {
+                Rendezvous::Http { address, .. } => {
+                    let wait = left.min(Duration::from_secs(60));
+                    let path = format!("/kv/{SCOPE}/{key}?wait_ms={}", wait.as_millis());
+                    let r = self.http("GET", &path, &[], wait + Duration::from_secs(15))?;
+                    match r.status {
+                        200 => return Ok(r.body),
+                        404 => {}
+                        _ => return Err(self.refused(address, "GET", key, &r)),
+                    }
+                }
+                Rendezvous::Directory(dir) => {
+                    let path = dir.join(SCOPE).join(key);
+                    match std::fs::read(&path) {
+                        Ok(v) => return Ok(v),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(e) => return Err(Error::io(format!("read `{}`", path.display()), e)),
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Bootstrap(format!(
+                    "no rank stored `{key}` at the rendezvous within {timeout:?}; did every rank start?"
+                )));
+            }
+        }
+    }
+
+    fn refused(&self, address: &str, method: &str, key: &str, r: &HttpResponse) -> Error {
+        let body = String::from_utf8_lossy(&r.body).trim().to_string();
+        let hint = if r.status == 403 {
+            " (check `HVD_JOB_TOKEN`)"
+        } else {
+            ""
+        };
+        Error::Rendezvous {
+            address: address.to_string(),
+            detail: format!("{method} `{key}` answered {} {body}{hint}", r.status),
+        }
+    }
+
+    /// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+    fn http(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        read_timeout: Duration,
+    ) -> Result<HttpResponse> {
+        let Rendezvous::Http { address, token } = &self.rendezvous else {
+            return Err(Error::Bootstrap("not an HTTP rendezvous".into()));
+        };
+        let err = |d: String| Error::Rendezvous {
+            address: address.clone(),
+            detail: d,
+        };
+        let stream = connect_any(address).map_err(|e| err(format!("connect: {e}")))?;
+        stream
+            .set_read_timeout(Some(read_timeout))
+            .map_err(|e| err(format!("configure socket: {e}")))?;
+        stream
+            .set_write_timeout(Some(Duration::from_secs(30)))
+            .map_err(|e| err(format!("configure socket: {e}")))?;
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nX-Hvd-Rank: {}\r\n",
+            self.rank
+        );
+        if let Some(t) = token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        head.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        ));
+        let mut s = &stream;
+        s.write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body))
+            .map_err(|e| err(format!("send: {e}")))?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw)
+            .map_err(|e| err(format!("read the answer: {e}")))?;
+        parse_response(&raw).ok_or_else(|| err(format!("malformed answer to {method} {path}")))
+    }
+}
+
+fn connect_any(address: &str) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::other("the address resolves to nothing");
+    for a in address.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let mut body = raw[split + 4..].to_vec();
+    for l in lines {
+        if let Some((k, v)) = l.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            let n: usize = v.trim().parse().ok()?;
+            if body.len() < n {
+                return None;
+            }
+            body.truncate(n);
+        }
+    }
+    Some(HttpResponse { status, body })
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty()
+        || !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(Error::Bootstrap(format!(
+            "`{key}` is not a valid rendezvous key ([A-Za-z0-9._-]+)"
+        )));
+    }
+    Ok(())
+}
+
+/// What the environment says about this rank's place in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEnv {
+    pub rank: usize,
+    pub size: usize,
+    /// Groups ranks into hosts.
+    pub hostname: String,
+    pub rendezvous: Option<Rendezvous>,
+    /// Which variables gave rank and size: `hvd`, `openmpi`, `pmi` or `slurm`.
+    pub source: &'static str,
+}
+
+impl JobEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<JobEnv> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `var` (for tests and embedders).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<JobEnv> {
+        let families: [(&'static str, &str, &str); 4] = [
+            ("hvd", EnvVars::RANK, EnvVars::SIZE),
+            ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+            ("pmi", "PMI_RANK", "PMI_SIZE"),
+            ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
+        ];
+        let num =
+            |name: &str| -> Result<Option<usize>> {
+                match var(name) {
+                    None => Ok(None),
+                    Some(v) => v.trim().parse().map(Some).map_err(|_| {
+                        Error::Bootstrap(format!("`{name}={v}` is not a whole number"))
+                    }),
+                }
+            };
+        let mut found = None;
+        for (source, rv, sv) in families {
+            if let (Some(rank), Some(size)) = (num(rv)?, num(sv)?) {
+                if size == 0 || rank >= size {
+                    return Err(Error::Bootstrap(format!(
+                        "`{rv}={rank}` is not a rank of `{sv}={size}`"
+                    )));
+                }
+                found = Some((source, rank, size));
+                break;
+            }
+        }
+        let Some((source, rank, size)) = found else {
+            return Err(Error::Bootstrap(
+                "no rank in the environment: start workers with `hvd run` (HVD_RANK, HVD_SIZE, HVD_RENDEZVOUS), \
+                 mpirun or srun"
+                    .into(),
+            ));
+        };
+        let hostname = match var(EnvVars::HOSTNAME).filter(|h| !h.is_empty()) {
+            Some(h) => h,
+            None => machine_hostname()?,
+        };
+        let rendezvous = match var(EnvVars::RENDEZVOUS).filter(|v| !v.is_empty()) {
+            Some(v) => Some(Rendezvous::parse(
+                &v,
+                var(EnvVars::JOB_TOKEN).filter(|t| !t.is_empty()),
+            )?),
+            None => None,
+        };
+        Ok(JobEnv {
+            rank,
+            size,
+            hostname,
+            rendezvous,
+            source,
+        })
+    }
+}
+
+fn machine_hostname() -> Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates within it on success.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return Err(Error::io(
+            "read the host name",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// Which communicator to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// shm on one host, tcp when every host has one rank, hierarchical otherwise.
+    Auto,
+    Shm,
+    Tcp,
+    Hierarchical,
+    Mpi,
+    Nccl,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim() {
+            "" | "auto" => BackendChoice::Auto,
+            "shm" => BackendChoice::Shm,
+            "tcp" => BackendChoice::Tcp,
+            "hierarchical" => BackendChoice::Hierarchical,
+            "mpi" => BackendChoice::Mpi,
+            "nccl" => BackendChoice::Nccl,
+            other => {
+                return Err(Error::Bootstrap(format!(
+                    "unknown backend `{other}` (expected auto, shm, tcp, hierarchical, mpi or nccl)"
+                )));
+            }
+        })
+    }
+}
+
+/// Joins the job described by the environment with the backend from `HVD_COLLECTIVE_BACKEND` (default auto).
+/// This is what a worker calls once at start.
+pub fn from_env() -> Result<Box<dyn Communicator>> {
+    let choice: BackendChoice = std::env::var(EnvVars::BACKEND)
+        .unwrap_or_default()
+        .parse()?;
+    let job = JobEnv::from_env()?;
+    connect(&job, choice, timeout_from_env()?)
+}
+
+/// Joins `job` with `choice`; `timeout` bounds the start-up and becomes the operation timeout.
+pub fn connect(
+    job: &JobEnv,
+    choice: BackendChoice,
+    timeout: Duration,
+) -> Result<Box<dyn Communicator>> {
+    match choice {
+        BackendChoice::Mpi => return crate::mpi_backend::connect(),
+        BackendChoice::Nccl => return crate::nccl::connect_from_env(job, timeout),
+        _ => {}
+    }
+    let Some(rendezvous) = &job.rendezvous else {
+        return Err(Error::Bootstrap(format!(
+            "`{}` is not set: the {} ranks need a rendezvous to find each other (run under `hvd run`, set \
+             `{}=file:DIR` to a shared directory, or use the mpi backend under mpirun)",
+            EnvVars::RENDEZVOUS,
+            job.size,
+            EnvVars::RENDEZVOUS
+        )));
+    };
+    let kv = rendezvous.client(job.rank);
+    let ip = listen_ip(rendezvous)?;
+    let listener = listen(ip)?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("read the listener's address", e))?;
+    if job.hostname.contains(char::is_whitespace) {
+        return Err(Error::Bootstrap(format!(
+            "host name `{}` contains white space",
+            job.hostname
+        )));
+    }
+    kv.put(
+        &format!("addr.{}", job.rank),
+        format!("v1 {} {addr}", job.hostname).as_bytes(),
+    )?;
+    let mut names = Vec::with_capacity(job.size);
+    let mut addrs = Vec::with_capacity(job.size);
+    for r in 0..job.size {
+        let v = kv.get(&format!("addr.{r}"), timeout)?;
+        let text = String::from_utf8_lossy(&v);
+        let mut parts = text.split_whitespace();
+        let (Some("v1"), Some(host), Some(a)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(Error::Bootstrap(format!(
+                "rank {r} published a malformed address `{text}`"
+            )));
+        };
+        let a: SocketAddr = a
+            .parse()
+            .map_err(|_| Error::Bootstrap(format!("rank {r} published a bad address `{a}`")))?;
+        names.push(host.to_string());
+        addrs.push(a);
+    }
+    let mut order: Vec<&String> = Vec::new();
+    for n in &names {
+        if !order.contains(&n) {
+            order.push(n);
+        }
+    }
+    let hosts: Vec<usize> = names
+        .iter()
+        .map(|n| order.iter().position(|o| *o == n).unwrap_or(0))
+        .collect();
+    let topo = topology_from_hosts(job.rank, &hosts);
+    let choice = match choice {
+        BackendChoice::Auto if topo.cross_size == 1 => BackendChoice::Shm,
+        BackendChoice::Auto
+            if hosts
+                .iter()
+                .all(|h| hosts.iter().filter(|x| *x == h).count() == 1) =>
+        {
+            BackendChoice::Tcp
+        }
+        BackendChoice::Auto => BackendChoice::Hierarchical,
+        c => c,
+    };
+    if choice == BackendChoice::Shm && topo.cross_size > 1 {
+        return Err(Error::Bootstrap(format!(
+            "the shm backend needs all ranks on one host, but they span {} hosts",
+            topo.cross_size
+        )));
+    }
+    let th = Thresholds::from_env();
+    let comm: Box<dyn Communicator> = match choice {
+        BackendChoice::Tcp => {
+            let t = TcpTransport::connect(job.rank, &listener, &addrs, timeout)?;
+            boxed(P2pCommunicator::new(t, "tcp", hosts, timeout), th)
+        }
+        BackendChoice::Shm => {
+            let (seg, local, global, name) = host_segment(&kv, job.rank, &hosts, timeout)?;
+            let t = ShmTransport::attach_mapped(seg, local, global)?;
+            t.wait_attached(timeout)?;
+            if let Some(name) = name {
+                ShmSegment::unlink(&name);
+            }
+            boxed(P2pCommunicator::new(t, "shm", hosts, timeout), th)
+        }
+        _ => {
+            let (seg, _, _, name) = host_segment(&kv, job.rank, &hosts, timeout)?;
+            let t = MixedTransport::connect(job.rank, &hosts, seg, &listener, &addrs, timeout)?;
+            if let Some(name) = name {
+                ShmSegment::unlink(&name);
+            }
+            boxed(P2pCommunicator::new(t, "hierarchical", hosts, timeout), th)
+        }
+    };
+    tracing::debug!(rank = job.rank, backend = comm.backend(), "joined the job");
+    Ok(comm)
+}
+
+fn boxed<T: crate::transport::Transport + 'static>(
+    mut c: P2pCommunicator<T>,
+    th: Thresholds,
+) -> Box<dyn Communicator> {
+    c.set_thresholds(th);
+    Box::new(c)
+}
+
+/// This host's segment: created by its lowest rank (which also returns the name to unlink once all attached),
+/// opened by the others. Returns (segment, local index, global ranks of the host, name to unlink).
+fn host_segment(
+    kv: &KeyValueClient,
+    rank: usize,
+    hosts: &[usize],
+    timeout: Duration,
+) -> Result<(ShmSegment, usize, Vec<usize>, Option<String>)> {
+    let global: Vec<usize> = (0..hosts.len())
+        .filter(|r| hosts[*r] == hosts[rank])
+        .collect();
+    let local = global.iter().position(|r| *r == rank).unwrap_or(0);
+    let key = format!("shm.{}", hosts[rank]);
+    if local == 0 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!("hvd-{}-{nanos:x}", std::process::id());
+        let seg = ShmSegment::create(&name, global.len(), ring_bytes_from_env())?;
+        kv.put(&key, name.as_bytes())?;
+        Ok((seg, local, global, Some(name)))
+    } else {
+        let name = String::from_utf8_lossy(&kv.get(&key, timeout)?).into_owned();
+        let seg = ShmSegment::open(&name, timeout)?;
+        if seg.ranks() != global.len() {
+            return Err(Error::Bootstrap(format!(
+                "shared memory segment `{name}` is for {} ranks, this host has {}",
+                seg.ranks(),
+                global.len()
+            )));
+        }
+        Ok((seg, local, global, None))
+    }
+}
+
+/// The address to listen on: `HVD_TCP_ADDRESS`, else `HVD_TCP_INTERFACE`'s, else the local address that reaches the
+/// rendezvous server (loopback for a directory rendezvous).
+fn listen_ip(rendezvous: &Rendezvous) -> Result<IpAddr> {
+    if let Ok(a) = std::env::var(EnvVars::TCP_ADDRESS) {
+        return a.trim().parse().map_err(|_| {
+            Error::Bootstrap(format!(
+                "`{}={a}` is not an IP address",
+                EnvVars::TCP_ADDRESS
+            ))
+        });
+    }
+    if let Ok(name) = std::env::var(EnvVars::TCP_INTERFACE) {
+        return interface_address(name.trim());
+    }
+    match rendezvous {
+        Rendezvous::Directory(_) => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        Rendezvous::Http { address, .. } => {
+            let s = connect_any(address).map_err(|e| Error::Rendezvous {
+                address: address.clone(),
+                detail: format!("connect: {e}"),
+            })?;
+            s.local_addr()
+                .map(|a| a.ip())
+                .map_err(|e| Error::io("read the local address", e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn rank_families_in_order() {
+        let j = JobEnv::from_lookup(env(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "8"),
+            ("HVD_HOSTNAME", "a"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (j.rank, j.size, j.source, j.hostname.as_str()),
+            (1, 4, "openmpi", "a")
+        );
+        let j = JobEnv::from_lookup(env(&[
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "8"),
+            ("HVD_HOSTNAME", "a"),
+        ]))
+        .unwrap();
+        assert_eq!((j.rank, j.size, j.source), (3, 8, "slurm"));
+        let j = JobEnv::from_lookup(env(&[
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "2"),
+            ("HVD_HOSTNAME", "h"),
+            ("HVD_RENDEZVOUS", "127.0.0.1:9"),
+            ("HVD_JOB_TOKEN", "abc"),
+        ]))
+        .unwrap();
+        assert_eq!(j.source, "pmi");
+        assert_eq!(
+            j.rendezvous,
+            Some(Rendezvous::Http {
+                address: "127.0.0.1:9".into(),
+                token: Some("abc".into())
+            })
+        );
+    }
+
+    #[test]
+    fn bad_environment_is_explained() {
+        let e = JobEnv::from_lookup(env(&[("HVD_RANK", "4"), ("HVD_SIZE", "4")])).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`HVD_RANK=4` is not a rank of `HVD_SIZE=4`"),
+            "{e}"
+        );
+        let e = JobEnv::from_lookup(env(&[("HVD_RANK", "x"), ("HVD_SIZE", "4")])).unwrap_err();
+        assert!(e.to_string().contains("not a whole number"), "{e}");
+        let e = JobEnv::from_lookup(env(&[])).unwrap_err();
+        assert!(e.to_string().contains("hvd run"), "{e}");
+        let e = Rendezvous::parse("nonsense", None).unwrap_err();
+        assert!(e.to_string().contains("file:DIR"), "{e}");
+    }
+
+    #[test]
+    fn response_parsing() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"abc"[..]));
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc").is_none());
+        assert!(parse_response(b"garbage").is_none());
+    }
+}

@@ -1,0 +1,476 @@
+//! The `mpi` backend (cargo feature `mpi`): collectives through the system MPI library via the `mpi` crate.
+//!
+//! MPI is initialised with `MPI_THREAD_MULTIPLE` requested, and every MPI call is made from one dedicated thread
+//! that this module owns, whatever thread drives the communicator; calls are handed over with a channel and the
+//! caller blocks until its call is done (so borrowed buffers outlive their use). Each operation first gathers
+//! every rank's header, so mismatched calls fail on every rank like on the other backends. A dead peer is MPI's
+//! business: OpenMPI aborts the whole job, which at least never hangs.
+
+use crate::communicator::Communicator;
+use crate::error::{Error, Result};
+
+/// Joins the MPI job this process was started in (`mpirun`, `srun --mpi=pmix`).
+#[cfg(not(feature = "mpi"))]
+pub fn connect() -> Result<Box<dyn Communicator>> {
+    Err(Error::Unavailable {
+        backend: "mpi",
+        reason: "this build has no MPI support; rebuild with `--features mpi` (needs libopenmpi-dev and libclang-dev)"
+            .into(),
+    })
+}
+
+#[cfg(feature = "mpi")]
+pub use imp::{MpiCommunicator, connect};
+
+#[cfg(feature = "mpi")]
+mod imp {
+    use std::sync::mpsc::{Receiver, Sender, channel};
+    use std::thread::JoinHandle;
+
+    use mpi::Threading;
+    use mpi::collective::SystemOperation;
+    use mpi::datatype::{Partition, PartitionMut};
+    use mpi::topology::SimpleCommunicator;
+    use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Equivalence, Root as _};
+
+    use super::*;
+    use crate::header::{self, HEADER_LEN, Header, Kind};
+    use crate::p2p::topology_from_hosts;
+    use crate::reduce::finish_average;
+    use crate::types::{DType, ReduceOp, Topology};
+
+    type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
+
+    /// A communicator over `MPI_COMM_WORLD`.
+    pub struct MpiCommunicator {
+        jobs: Option<Sender<Job>>,
+        thread: Option<JoinHandle<()>>,
+        topology: Topology,
+        seq: u64,
+    }
+
+    /// A raw buffer handed to the MPI thread; the caller blocks until the job is done, so it stays valid.
+    #[derive(Clone, Copy)]
+    struct Raw(*mut u8, usize);
+    // SAFETY: the pointer is only used by the MPI thread while the owning caller waits for it.
+    unsafe impl Send for Raw {}
+    impl Raw {
+        fn of(b: &[u8]) -> Raw {
+            Raw(b.as_ptr().cast_mut(), b.len())
+        }
+        fn of_mut(b: &mut [u8]) -> Raw {
+            Raw(b.as_mut_ptr(), b.len())
+        }
+        /// # Safety
+        /// The buffer must be alive and not used elsewhere while the returned slice is.
+        unsafe fn slice<'a>(self) -> &'a mut [u8] {
+            if self.1 == 0 {
+                return &mut [];
+            }
+            // SAFETY: per the contract above.
+            unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
+        }
+    }
+
+    /// Initialises MPI (threading `Multiple` requested) on a dedicated thread and joins `MPI_COMM_WORLD`.
+    pub fn connect() -> Result<Box<dyn Communicator>> {
+        Ok(Box::new(MpiCommunicator::new()?))
+    }
+
+    impl MpiCommunicator {
+        /// See [`connect`].
+        pub fn new() -> Result<MpiCommunicator> {
+            let (jobs, rx): (Sender<Job>, Receiver<Job>) = channel();
+            let (init_tx, init_rx) = channel::<Result<(usize, Vec<String>)>>();
+            let hostname = std::env::var(crate::config::EnvVars::HOSTNAME)
+                .ok()
+                .filter(|h| !h.is_empty())
+                .or_else(|| mpi::environment::processor_name().ok())
+                .unwrap_or_default();
+            let thread = std::thread::Builder::new()
+                .name("hvd-mpi".into())
+                .spawn(move || {
+                    let Some((universe, threading)) =
+                        mpi::initialize_with_threading(Threading::Multiple)
+                    else {
+                        let _ = init_tx.send(Err(Error::Unavailable {
+                            backend: "mpi",
+                            reason: "MPI is already initialised in this process".into(),
+                        }));
+                        return;
+                    };
+                    tracing::debug!(?threading, "MPI initialised");
+                    let world = universe.world();
+                    let n = world.size() as usize;
+                    // Host names, fixed 256 bytes each, to derive local and cross ranks.
+                    let mut mine = [0u8; 256];
+                    let hb = hostname.as_bytes();
+                    mine[..hb.len().min(255)].copy_from_slice(&hb[..hb.len().min(255)]);
+                    let mut all = vec![0u8; 256 * n];
+                    world.all_gather_into(&mine[..], &mut all[..]);
+                    let names = all
+                        .chunks(256)
+                        .map(|c| {
+                            String::from_utf8_lossy(
+                                &c[..c.iter().position(|b| *b == 0).unwrap_or(256)],
+                            )
+                            .into_owned()
+                        })
+                        .collect();
+                    let _ = init_tx.send(Ok((world.rank() as usize, names)));
+                    while let Ok(job) = rx.recv() {
+                        job(&world);
+                    }
+                    drop(universe);
+                })
+                .map_err(|e| Error::io("start the MPI thread", e))?;
+            let (rank, names) = init_rx.recv().map_err(|_| {
+                Error::Bootstrap("the MPI thread died while initialising MPI".into())
+            })??;
+            let mut order: Vec<&String> = Vec::new();
+            for n in &names {
+                if !order.contains(&n) {
+                    order.push(n);
+                }
+            }
+            let hosts: Vec<usize> = names
+                .iter()
+                .map(|n| order.iter().position(|o| *o == n).unwrap_or(0))
+                .collect();
+            Ok(MpiCommunicator {
+                jobs: Some(jobs),
+                thread: Some(thread),
+                topology: topology_from_hosts(rank, &hosts),
+                seq: 0,
+            })
+        }
+
+        /// Runs `f` on the MPI thread and waits for its result.
+        fn call<R: Send + 'static>(
+            &self,
+            f: impl FnOnce(&SimpleCommunicator) -> R + Send + 'static,
+        ) -> Result<R> {
+            let (tx, rx) = channel();
+            let job: Job = Box::new(move |w| {
+                let _ = tx.send(f(w));
+            });
+            self.jobs
+                .as_ref()
+                .ok_or_else(|| Error::Broken("the MPI thread is gone".into()))?
+                .send(job)
+                .map_err(|_| Error::Broken("the MPI thread is gone".into()))?;
+            rx.recv()
+                .map_err(|_| Error::Broken("the MPI thread died during a call".into()))
+        }
+
+        /// Gathers every rank's header and checks them (the mismatch check of the other backends).
+        fn negotiate(&mut self, mut h: Header, local: Option<Error>) -> Result<()> {
+            self.seq += 1;
+            h.seq = self.seq;
+            h.invalid = local.is_some();
+            let n = self.topology.size;
+            let bytes = h.encode();
+            let all: Vec<u8> = self.call(move |w| {
+                let mut all = vec![0u8; HEADER_LEN * n];
+                w.all_gather_into(&bytes[..], &mut all[..]);
+                all
+            })?;
+            let mut headers = Vec::with_capacity(n);
+            for (r, c) in all.chunks_exact(HEADER_LEN).enumerate() {
+                let arr: [u8; HEADER_LEN] = c.try_into().unwrap_or([0; HEADER_LEN]);
+                headers.push(Header::decode(&arr, r)?);
+            }
+            if let Some(e) = local {
+                return Err(e);
+            }
+            let group: Vec<usize> = (0..n).collect();
+            header::check(&group, &headers)
+        }
+
+        fn header(&self, kind: Kind, dtype: DType) -> Header {
+            Header::new(0, kind, dtype)
+        }
+    }
+
+    impl Drop for MpiCommunicator {
+        fn drop(&mut self) {
+            self.jobs = None;
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn system_op(op: ReduceOp) -> SystemOperation {
+        match op {
+            ReduceOp::Sum | ReduceOp::Average => SystemOperation::sum(),
+            ReduceOp::Product => SystemOperation::product(),
+            ReduceOp::Min => SystemOperation::min(),
+            ReduceOp::Max => SystemOperation::max(),
+        }
+    }
+
+    /// Reduces `buf` (unaligned bytes of `T`) over all ranks through an aligned copy.
+    fn reduce_typed<T: Equivalence + Copy + Default>(
+        w: &SimpleCommunicator,
+        buf: &mut [u8],
+        op: ReduceOp,
+    ) {
+        let n = buf.len() / size_of::<T>();
+        let mut v = vec![T::default(); n];
+        let mut out = vec![T::default(); n];
+        // SAFETY: `v` has room for `n * size_of::<T>()` bytes, all of which `buf` provides; T is plain data.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                buf.as_ptr(),
+                v.as_mut_ptr().cast::<u8>(),
+                n * size_of::<T>(),
+            )
+        };
+        w.all_reduce_into(&v[..], &mut out[..], system_op(op));
+        // SAFETY: as above, in the other direction.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                out.as_ptr().cast::<u8>(),
+                buf.as_mut_ptr(),
+                n * size_of::<T>(),
+            )
+        };
+    }
+
+    /// f16/bf16 have no MPI type: reduce in f32 and round back.
+    fn reduce_half(w: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp) {
+        let v: Vec<f32> = buf
+            .chunks_exact(2)
+            .map(|c| match dtype {
+                DType::F16 => half::f16::from_ne_bytes([c[0], c[1]]).to_f32(),
+                _ => half::bf16::from_ne_bytes([c[0], c[1]]).to_f32(),
+            })
+            .collect();
+        let mut out = vec![0f32; v.len()];
+        w.all_reduce_into(&v[..], &mut out[..], system_op(op));
+        for (c, x) in buf.chunks_exact_mut(2).zip(out) {
+            c.copy_from_slice(&match dtype {
+                DType::F16 => half::f16::from_f32(x).to_ne_bytes(),
+                _ => half::bf16::from_f32(x).to_ne_bytes(),
+            });
+        }
+    }
+
+    fn reduce_any(w: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp) {
+        match dtype {
+            DType::F32 => reduce_typed::<f32>(w, buf, op),
+            DType::F64 => reduce_typed::<f64>(w, buf, op),
+            DType::I8 => reduce_typed::<i8>(w, buf, op),
+            DType::U8 => reduce_typed::<u8>(w, buf, op),
+            DType::I32 => reduce_typed::<i32>(w, buf, op),
+            DType::I64 => reduce_typed::<i64>(w, buf, op),
+            DType::F16 | DType::BF16 => reduce_half(w, buf, dtype, op),
+        }
+        if op == ReduceOp::Average {
+            finish_average(buf, dtype, w.size() as usize);
+        }
+    }
+
+    fn byte_counts(counts: &[usize], es: usize) -> Result<(Vec<i32>, Vec<i32>)> {
+        let too_big = || Error::InvalidArgument {
+            op: "mpi",
+            detail: "more than 2 GiB in one MPI call".into(),
+        };
+        let c: Vec<i32> = counts
+            .iter()
+            .map(|c| i32::try_from(c * es).map_err(|_| too_big()))
+            .collect::<Result<_>>()?;
+        let mut d = Vec::with_capacity(c.len());
+        let mut acc: i64 = 0;
+        for x in &c {
+            d.push(i32::try_from(acc).map_err(|_| too_big())?);
+            acc += i64::from(*x);
+        }
+        Ok((c, d))
+    }
+
+    fn check_counts(
+        op: &'static str,
+        counts: &[usize],
+        n: usize,
+        bytes: usize,
+        dtype: DType,
+    ) -> Option<Error> {
+        if counts.len() != n || counts.iter().sum::<usize>() * dtype.size() != bytes {
+            return Some(Error::InvalidArgument {
+                op,
+                detail: format!(
+                    "counts {counts:?} do not describe {bytes} bytes of {dtype} for {n} ranks"
+                ),
+            });
+        }
+        None
+    }
+
+    impl Communicator for MpiCommunicator {
+        fn topology(&self) -> Topology {
+            self.topology
+        }
+
+        fn backend(&self) -> &'static str {
+            "mpi"
+        }
+
+        fn allreduce_in_place(
+            &mut self,
+            data: &mut [u8],
+            dtype: DType,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut h = self.header(Kind::Allreduce, dtype);
+            h.op = Some(op);
+            h.count = (data.len() / dtype.size()) as u64;
+            let local =
+                (!data.len().is_multiple_of(dtype.size())).then(|| Error::InvalidArgument {
+                    op: "allreduce",
+                    detail: format!("{} bytes is not a whole number of {dtype}", data.len()),
+                });
+            self.negotiate(h, local)?;
+            let raw = Raw::of_mut(data);
+            // SAFETY: `data` outlives the call, which blocks until the MPI thread is done with it.
+            self.call(move |w| reduce_any(w, unsafe { raw.slice() }, dtype, op))
+        }
+
+        fn allgatherv(
+            &mut self,
+            send: &[u8],
+            recv: &mut [u8],
+            counts: &[usize],
+            dtype: DType,
+        ) -> Result<()> {
+            let n = self.topology.size;
+            let me = self.topology.rank;
+            let mut h = self.header(Kind::Allgather, dtype);
+            h.count = counts.get(me).copied().unwrap_or(0) as u64;
+            h.digest = header::digest(counts);
+            let mut local = check_counts("allgather", counts, n, recv.len(), dtype);
+            if local.is_none() && send.len() != counts[me] * dtype.size() {
+                local = Some(Error::InvalidArgument {
+                    op: "allgather",
+                    detail: format!(
+                        "send has {} bytes, counts[{me}] = {}",
+                        send.len(),
+                        counts[me]
+                    ),
+                });
+            }
+            self.negotiate(h, local)?;
+            let (c, d) = byte_counts(counts, dtype.size())?;
+            let (s, r) = (Raw::of(send), Raw::of_mut(recv));
+            self.call(move |w| {
+                // SAFETY: both buffers outlive the blocking call.
+                let (s, r) = unsafe { (s.slice(), r.slice()) };
+                let mut p = PartitionMut::new(r, &c[..], &d[..]);
+                w.all_gather_varcount_into(&s[..], &mut p);
+            })
+        }
+
+        fn allgatherv_in_place(
+            &mut self,
+            buf: &mut [u8],
+            counts: &[usize],
+            dtype: DType,
+        ) -> Result<()> {
+            let me = self.topology.rank;
+            let off = counts.iter().take(me).sum::<usize>() * dtype.size();
+            let len = counts.get(me).copied().unwrap_or(0) * dtype.size();
+            let send = buf
+                .get(off..off + len)
+                .map(<[u8]>::to_vec)
+                .unwrap_or_default();
+            self.allgatherv(&send, buf, counts, dtype)
+        }
+
+        fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
+            let mut h = self.header(Kind::Broadcast, dtype);
+            h.root = root as u32;
+            h.count = (buf.len() / dtype.size()) as u64;
+            let local = (root >= self.topology.size).then(|| Error::InvalidArgument {
+                op: "broadcast",
+                detail: format!(
+                    "root {root} is not a rank of this {}-rank job",
+                    self.topology.size
+                ),
+            });
+            self.negotiate(h, local)?;
+            let raw = Raw::of_mut(buf);
+            self.call(move |w| {
+                // SAFETY: the buffer outlives the blocking call.
+                let b = unsafe { raw.slice() };
+                w.process_at_rank(root as i32).broadcast_into(&mut b[..]);
+            })
+        }
+
+        fn alltoallv(
+            &mut self,
+            send: &[u8],
+            send_counts: &[usize],
+            recv: &mut [u8],
+            recv_counts: &[usize],
+            dtype: DType,
+        ) -> Result<()> {
+            let n = self.topology.size;
+            let h = self.header(Kind::Alltoall, dtype);
+            let local = check_counts("alltoall", send_counts, n, send.len(), dtype)
+                .or_else(|| check_counts("alltoall", recv_counts, n, recv.len(), dtype));
+            self.negotiate(h, local)?;
+            let (sc, sd) = byte_counts(send_counts, dtype.size())?;
+            let (rc, rd) = byte_counts(recv_counts, dtype.size())?;
+            let (s, r) = (Raw::of(send), Raw::of_mut(recv));
+            self.call(move |w| {
+                // SAFETY: both buffers outlive the blocking call.
+                let (s, r) = unsafe { (s.slice(), r.slice()) };
+                let sp = Partition::new(&s[..], &sc[..], &sd[..]);
+                let mut rp = PartitionMut::new(r, &rc[..], &rd[..]);
+                w.all_to_all_varcount_into(&sp, &mut rp);
+            })
+        }
+
+        fn reducescatter(
+            &mut self,
+            send: &[u8],
+            recv: &mut [u8],
+            counts: &[usize],
+            dtype: DType,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let n = self.topology.size;
+            let me = self.topology.rank;
+            let mut h = self.header(Kind::Reducescatter, dtype);
+            h.op = Some(op);
+            h.count = (send.len() / dtype.size()) as u64;
+            h.digest = header::digest(counts);
+            let mut local = check_counts("reducescatter", counts, n, send.len(), dtype);
+            if local.is_none() && recv.len() != counts[me] * dtype.size() {
+                local = Some(Error::InvalidArgument {
+                    op: "reducescatter",
+                    detail: format!(
+                        "recv has {} bytes, counts[{me}] = {}",
+                        recv.len(),
+                        counts[me]
+                    ),
+                });
+            }
+            self.negotiate(h, local)?;
+            // Uneven blocks: allreduce the whole buffer, keep this rank's block.
+            let mut all = send.to_vec();
+            let raw = Raw::of_mut(&mut all);
+            // SAFETY: `all` outlives the blocking call.
+            self.call(move |w| reduce_any(w, unsafe { raw.slice() }, dtype, op))?;
+            let off = counts[..me].iter().sum::<usize>() * dtype.size();
+            recv.copy_from_slice(&all[off..off + recv.len()]);
+            Ok(())
+        }
+
+        fn barrier(&mut self) -> Result<()> {
+            self.negotiate(self.header(Kind::Barrier, DType::U8), None)?;
+            self.call(|w| w.barrier())
+        }
+    }
+}
