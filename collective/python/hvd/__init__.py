@@ -9,6 +9,7 @@ and any CPU tensor with ``__dlpack__`` (torch, jax, tensorflow).
     total = hvd.allreduce(np.ones(3, np.float32), op=hvd.Sum)   # = size() everywhere
 """
 
+import atexit
 import ctypes
 import pickle
 import threading
@@ -58,6 +59,14 @@ def init(comm=None):
     if comm is not None:
         raise ValueError("hvd.init() takes no communicator: the job comes from the environment")
     _check(_l().hvd_init())
+    global _atexit_registered
+    if not _atexit_registered:
+        # Leaving without shutdown would look like a dead peer to the other ranks.
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+_atexit_registered = False
 
 
 def shutdown():

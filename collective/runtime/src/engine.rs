@@ -455,6 +455,10 @@ struct Worker {
     activity_names: HashMap<OpKind, EventName>,
 }
 
+/// Tensors this large run alone, in place: at this size the per-collective latency is a few percent of the
+/// transfer, less than the two copies through the fusion buffer cost.
+const FUSION_MAX_TENSOR_BYTES: usize = 1 << 20;
+
 /// A unit of execution: one response, or several fused allreduces.
 enum Work {
     Single(Response),
@@ -806,7 +810,9 @@ impl Worker {
         for r in responses {
             match r {
                 Response::Execute { meta, .. }
-                    if meta.kind == OpKind::Allreduce && threshold > 0 =>
+                    if meta.kind == OpKind::Allreduce
+                        && threshold > 0
+                        && meta.bytes() < FUSION_MAX_TENSOR_BYTES =>
                 {
                     let bytes = meta.bytes();
                     let slot = open.iter_mut().find(|(i, total)| {
