@@ -411,3 +411,22 @@ fn a_once_step_failure_passes_its_exit_code_through() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("| bad input"), "{stderr}");
 }
+
+#[test]
+fn a_closed_stderr_does_not_hang_the_launcher() {
+    // Regression: `eprintln!` panicked on a closed stderr inside a step thread and the run waited forever.
+    let steps = FOUR_WORKERS.replace("run = \"sh worker.sh\"", "run = \"sleep 0.3; exit 3\"");
+    let job = job(&steps, &[]);
+    let mut child = job
+        .command(&[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let status = wait_with_guard(&mut child, Duration::from_secs(30)).expect("the run ended");
+    // src/main.rs prints the final report with `eprintln!`, which exits 101 on a closed stderr; what matters here
+    // is that the run ends, fails, and leaves nothing behind.
+    assert!(!status.success());
+    assert_eq!(job.leftovers(), Vec::<u32>::new());
+}

@@ -22,6 +22,8 @@ use crate::state;
 pub const STDERR_TAIL_LINES: usize = 20;
 /// Longest console line; longer ones are split.
 const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Set for every worker (`<run id>/<step>`); finds the processes a step started after they left its process groups.
+pub const STEP_MARKER_VAR: &str = "HVD_RUN_STEP";
 /// Exit code for a step that ran past its `timeout` or its start timeout (like timeout(1)).
 pub const TIMEOUT_EXIT_CODE: u8 = 124;
 
@@ -260,6 +262,7 @@ pub fn execute(
         path: log_dir.clone(),
         source,
     })?;
+    crate::process::become_subreaper();
     let watchdog = match Watchdog::start() {
         Ok(w) => Some(w),
         Err(e) => {
@@ -336,7 +339,11 @@ pub fn execute(
                     let job = &job;
                     let step_log = log_dir.join(&step.name);
                     scope.spawn(move || {
-                        let result = run_step(job, plan, step, &step_log);
+                        // A panic must still report the step as done, or the scheduler would wait forever.
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            run_step(job, plan, step, &step_log)
+                        }))
+                        .unwrap_or(Err(LaunchError::Internal("a step thread panicked")));
                         let _ = tx.send((step.name.clone(), result, input_hash));
                     });
                 }
@@ -499,6 +506,15 @@ fn run_step(
     let mut workers: Vec<Worker> = Vec::new();
     let pumps = Pumps::default();
     let pumps = &pumps;
+    let step_marker = format!(
+        "{}/{}",
+        log_dir
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        step.name
+    );
     let result = std::thread::scope(|scope| -> Result<bool, LaunchError> {
         let mut spawn_error = None;
         for slot in &step.layout.slots {
@@ -533,6 +549,7 @@ fn run_step(
             if info.is_some() {
                 command.env("MASTER_PORT", master_port.to_string());
             }
+            command.env(STEP_MARKER_VAR, &step_marker);
             configure_worker(&mut command);
             let mut child = match command.spawn() {
                 Ok(c) => c,
@@ -623,6 +640,8 @@ fn run_step(
             rendezvous.as_ref().map(|(s, _)| s),
             started,
         );
+        // Whatever a worker started that left its process group (setsid, daemons) ends with the step too.
+        crate::process::kill_escaped(&format!("{STEP_MARKER_VAR}={step_marker}"));
         let drain_deadline = Instant::now() + PUMP_DRAIN;
         while pumps.live.load(Ordering::SeqCst) > 0 && Instant::now() < drain_deadline {
             std::thread::sleep(Duration::from_millis(5));

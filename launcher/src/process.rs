@@ -53,6 +53,60 @@ pub fn signal_group(pgid: u32, signal: i32) {
     }
 }
 
+/// Makes this process the reaper of its orphaned descendants, so workers' children that left their process group
+/// (`setsid`, double fork) are re-parented to the launcher and can be found by [`kill_escaped`].
+pub fn become_subreaper() {
+    // SAFETY: plain prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Kills and reaps this process's children (adopted orphans included) whose environment holds `marker`
+/// (`NAME=value`), repeating until none is left, so descendants that escaped their worker's process group end too.
+pub fn kill_escaped(marker: &str) {
+    let me = std::process::id();
+    for _ in 0..50 {
+        let mut found = false;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // Field 4 (ppid) follows the command name, which is in parentheses and may contain anything.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            if ppid != Some(me) {
+                continue;
+            }
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            if !environ.split(|&b| b == 0).any(|v| v == marker.as_bytes()) {
+                continue;
+            }
+            found = true;
+            let Ok(pid) = libc::pid_t::try_from(pid) else {
+                continue;
+            };
+            // SAFETY: signalling and reaping a child of ours by pid; a null status pointer is allowed.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+        if !found {
+            return;
+        }
+    }
+}
+
 /// Waits up to `timeout` for `fd` to be readable (or at end of file / in error: a read will not block).
 pub fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
     let mut pollfd = libc::pollfd {

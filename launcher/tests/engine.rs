@@ -524,3 +524,33 @@ time.sleep(300)
         failure.cause
     );
 }
+
+#[test]
+fn processes_that_leave_the_worker_group_end_with_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = format!("escaped-{}-{}", std::process::id(), dir.path().display());
+    // One escapee holds the stdout pipe, one does not; both started their own session.
+    let mut s = step(
+        "s",
+        "setsid sleep 300 & setsid sh -c 'sleep 300' >/dev/null 2>&1 & sleep 0.3; echo started",
+    );
+    s.env.insert("HVD_TEST_MARKER".into(), marker.clone());
+    let p = project(dir.path(), vec![s]);
+    let (report, events) = run(&p, &options());
+    assert!(report.failure.is_none());
+    assert_eq!(
+        lines(&events, Stream::Stdout),
+        [("s".into(), 0, "started".into())]
+    );
+    let needle = format!("HVD_TEST_MARKER={marker}");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == needle.as_bytes()))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "escaped processes left running");
+}

@@ -10,6 +10,14 @@ use hvd_launcher::{Cause, Event, FailureSummary, Interrupts, RunOptions, Stream}
 
 use crate::exit::{CommandResult, Failure, Status};
 
+/// Writes one line to stderr, ignoring errors: a closed stderr (the reader went away) must not stop the run and
+/// leave workers behind (`eprintln!` would panic).
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The .hvd file.
@@ -84,7 +92,7 @@ pub fn run(args: RunArgs) -> CommandResult {
         None => {
             let ran = report.ran.len();
             let skipped = report.skipped.len();
-            eprintln!(
+            note!(
                 "hvd: done: {ran} step(s) ran, {skipped} skipped; logs in {}",
                 report.log_dir.display()
             );
@@ -196,17 +204,17 @@ impl Console {
                 rendezvous,
             } => match (workers, rendezvous) {
                 (Some(n), Some(addr)) => {
-                    eprintln!("hvd: step `{step}` on {n} worker(s), rendezvous {addr}")
+                    note!("hvd: step `{step}` on {n} worker(s), rendezvous {addr}")
                 }
-                _ => eprintln!("hvd: step `{step}`"),
+                _ => note!("hvd: step `{step}`"),
             },
             Event::StepSkipped { step } => {
-                eprintln!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)")
+                note!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)")
             }
             Event::StepFinished { step, elapsed } => {
-                eprintln!("hvd: step `{step}` done in {:.1} s", elapsed.as_secs_f64());
+                note!("hvd: step `{step}` done in {:.1} s", elapsed.as_secs_f64());
             }
-            Event::Stopping { reason } => eprintln!("hvd: {reason}"),
+            Event::Stopping { reason } => note!("hvd: {reason}"),
         }
     }
 }
