@@ -188,6 +188,11 @@ pub struct Plan {
 
 /// Builds the plan for `project`.
 pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError> {
+    if let Some(engine) = project.cluster.as_ref().and_then(|c| c.engine.as_deref())
+        && engine != "local"
+    {
+        return Err(LaunchError::EngineNotAvailable(engine.to_owned()));
+    }
     let graph = StepGraph::new(project)?;
     let selected = graph.selection(options.step.as_deref())?;
     let names: BTreeSet<&str> = selected.iter().map(|s| s.name.as_str()).collect();

@@ -45,6 +45,10 @@ pub enum LaunchError {
     DuplicateStep(String),
     #[error("the steps' `needs` form a cycle through `{0}`")]
     Cycle(String),
+    #[error(
+        "engine `{0}` is not available yet: only `local` runs today (remove `engine` from `cluster` or set it to `local`)"
+    )]
+    EngineNotAvailable(String),
     #[error("step `{0}` has 0 workers; use at least 1")]
     ZeroWorkers(String),
     #[error("failed to start rank {rank} of step `{step}`")]

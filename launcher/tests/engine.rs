@@ -303,6 +303,14 @@ fn bad_graphs_are_refused() {
         plan(&project(dir.path(), vec![a.clone(), b]), &options()),
         Err(LaunchError::Cycle(_))
     ));
+    let mut p = project(dir.path(), vec![step("x", "true")]);
+    p.cluster = Some(hvd_lang::model::Cluster {
+        engine: Some("slurm".into()),
+        ..Default::default()
+    });
+    assert!(
+        matches!(plan(&p, &options()), Err(LaunchError::EngineNotAvailable(e)) if e == "slurm")
+    );
     a.needs = vec!["nope".into()];
     assert!(matches!(
         plan(&project(dir.path(), vec![a]), &options()),
