@@ -43,8 +43,10 @@ impl Job {
 
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(HVD);
+        // Most tests run without building the env (`--no-build`); `the_env_is_built_and_used` covers the default.
         cmd.arg("run")
             .arg(self.path().join("train.hvd"))
+            .arg("--no-build")
             .args(args)
             .env("NO_COLOR", "1");
         cmd
@@ -429,4 +431,35 @@ fn a_closed_stderr_does_not_hang_the_launcher() {
     // is that the run ends, fails, and leaves nothing behind.
     assert!(!status.success());
     assert_eq!(job.leftovers(), Vec::<u32>::new());
+}
+
+#[test]
+fn the_env_is_built_and_used_by_default() {
+    let steps = r#"
+step train {
+  workers = 2
+  run = "echo venv=$VIRTUAL_ENV; test \"$(command -v python)\" = \"$VIRTUAL_ENV/bin/python\" && echo python-from-env"
+}
+"#;
+    let job = job(steps, &[]);
+    let store = job.path().join("store");
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(job.path().join("train.hvd"))
+        .env("HVD_STORE", &store)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let link = std::fs::read_link(job.path().join(".hvd/env")).expect("root link to the built env");
+    assert!(link.starts_with(&store), "{}", link.display());
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!(":{rank}] venv={}", link.display())),
+            "{stdout}"
+        );
+    }
+    assert_eq!(stdout.matches("python-from-env").count(), 2, "{stdout}");
 }

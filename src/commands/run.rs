@@ -48,9 +48,14 @@ pub struct RunArgs {
     /// scripts never join).
     #[arg(long, value_name = "SECONDS")]
     pub start_timeout: Option<f64>,
-    /// A built environment directory to run in (its `bin/` first on PATH); default: the current environment.
-    #[arg(long, value_name = "DIR")]
+    /// Run in this already-built environment directory (its `bin/` first on PATH) instead of building the env.
+    #[arg(long, value_name = "DIR", conflicts_with = "no_build")]
     pub env_dir: Option<PathBuf>,
+    /// Do not lock or build the env: run the steps with the current PATH.
+    #[arg(long)]
+    pub no_build: bool,
+    #[command(flatten)]
+    pub lock: super::build::LockMode,
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
@@ -62,14 +67,23 @@ fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
 }
 
 pub fn run(args: RunArgs) -> CommandResult {
-    let project = hvd_lang::load_file(&args.file)
-        .map_err(|d| Failure::new(Status::Usage, miette::Report::new(d)))?;
+    // The env is built first (lock if needed, build, keep the `.hvd/env` root), unless told otherwise; a dry run
+    // builds nothing.
+    let (project, env_dir, env_hash) = if args.env_dir.is_some() || args.no_build || args.dry_run {
+        let project = hvd_lang::load_file(&args.file)
+            .map_err(|d| Failure::new(Status::Usage, miette::Report::new(d)))?;
+        (project, args.env_dir.clone(), None)
+    } else {
+        let ready = super::build::ensure_env(&args.file, args.lock, false)?;
+        let env_hash = ready.lock.env_hash.clone();
+        (ready.project, Some(ready.build.env), Some(env_hash))
+    };
     let options = RunOptions {
         step: args.step.clone(),
         workers: args.workers,
         force: args.force,
-        env_dir: args.env_dir.clone(),
-        env_hash: None,
+        env_dir,
+        env_hash,
         timeline: args.timeline.clone(),
         grace: seconds("grace", args.grace)?,
         start_timeout: args
