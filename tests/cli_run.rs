@@ -212,20 +212,25 @@ wait
 "#;
 
 #[test]
-fn sigint_to_the_launcher_stops_every_worker() {
-    let job = job(FOUR_WORKERS, &[("worker.sh", WAITING_WORKER)]);
-    let mut child = job.spawn(&[]);
-    job.wait_for_files(&(0..4).map(|r| format!("ready.{r}")).collect::<Vec<_>>());
-    // SAFETY-free: kill(1) is simpler than libc in a test.
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let status = wait_with_guard(&mut child, Duration::from_secs(12)).expect("run ended");
-    let stderr = stderr_of(child);
-    assert_eq!(status.code(), Some(130), "{stderr}");
-    assert!(stderr.contains("interrupted (SIGINT)"), "{stderr}");
-    assert_eq!(job.leftovers(), Vec::<u32>::new());
+fn sigint_or_sigterm_to_the_launcher_stops_every_worker() {
+    for (signal, code, name) in [("-INT", 130, "SIGINT"), ("-TERM", 143, "SIGTERM")] {
+        let job = job(FOUR_WORKERS, &[("worker.sh", WAITING_WORKER)]);
+        let mut child = job.spawn(&[]);
+        job.wait_for_files(&(0..4).map(|r| format!("ready.{r}")).collect::<Vec<_>>());
+        assert!(job.leftovers().len() >= 4, "the workers are running");
+        Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        let status = wait_with_guard(&mut child, Duration::from_secs(12)).expect("run ended");
+        let stderr = stderr_of(child);
+        assert_eq!(status.code(), Some(code), "{stderr}");
+        assert!(
+            stderr.contains(&format!("interrupted ({name})")),
+            "{stderr}"
+        );
+        assert_eq!(job.leftovers(), Vec::<u32>::new());
+    }
 }
 
 #[test]
