@@ -74,15 +74,26 @@ pub fn parse(src: &str) -> (File, Vec<SyntaxError>) {
         src,
         depth: Cell::new(0),
         comments: RefCell::new(Vec::new()),
+        recovered: RefCell::new(Vec::new()),
     };
     let mut items = Vec::new();
     let mut errors = Vec::new();
     let mut i = p.ws(src);
     while !i.is_empty() {
-        match p.item(i) {
+        let result = p.item(i);
+        errors.extend(
+            p.recovered
+                .borrow_mut()
+                .drain(..)
+                .map(|e| p.syntax_error(e)),
+        );
+        match result {
             Ok((rest, item)) => {
                 items.push(item);
                 i = p.ws(rest);
+                if errors.len() >= MAX_ERRORS {
+                    break;
+                }
             }
             Err(nom::Err::Error(e) | nom::Err::Failure(e)) => {
                 let at = src.len() - e.rest_len;
@@ -106,6 +117,8 @@ pub fn parse(src: &str) -> (File, Vec<SyntaxError>) {
         }
         p.depth.set(0);
     }
+    errors.sort_by_key(|e| e.span.start);
+    errors.truncate(MAX_ERRORS);
     let mut comments = p.comments.into_inner();
     comments.sort_by_key(|c| c.start);
     comments.dedup();
@@ -173,6 +186,8 @@ struct P<'s> {
     src: &'s str,
     depth: Cell<u32>,
     comments: RefCell<Vec<Span>>,
+    /// Errors inside block bodies that the parser recovered from (it went on with the next entry).
+    recovered: RefCell<Vec<PError>>,
 }
 
 /// Decrements the nesting depth when dropped.
@@ -446,7 +461,7 @@ impl<'s> P<'s> {
             if let Some(r) = self.keyword(i, kind.keyword()) {
                 let keyword_span = self.span(i, r);
                 let r = self.ws(r);
-                let (rest, body) = self.attrs(r, &format!("after `{}`", kind.keyword()))?;
+                let (rest, body) = self.block_body(r, &format!("after `{}`", kind.keyword()))?;
                 return Ok((
                     rest,
                     Item {
@@ -464,7 +479,7 @@ impl<'s> P<'s> {
             let r = self.ws(r);
             let (r, name) = self.expect_ident(r, "the step name after `step`")?;
             let r = self.ws(r);
-            let (rest, body) = self.attrs(r, &format!("after `step {}`", name.name))?;
+            let (rest, body) = self.block_body(r, &format!("after `step {}`", name.name))?;
             return Ok((
                 rest,
                 Item {
@@ -507,8 +522,45 @@ impl<'s> P<'s> {
         Ok((i, None))
     }
 
+    /// The body of a top-level block: like [`Self::attrs`], but after a syntax error in one entry it goes on
+    /// with the next entry (the next line indented like the failed one), so one run reports errors in
+    /// several entries of a block.
+    fn block_body(&self, i: &'s str, context: &str) -> PResult<'s, Attrs> {
+        self.attrs_inner(i, context, true)
+    }
+
     /// `{ entries }`
     fn attrs(&self, i: &'s str, context: &str) -> PResult<'s, Attrs> {
+        self.attrs_inner(i, context, false)
+    }
+
+    /// Where to go on after a failed entry that starts at `entry` (at the start of its line): the next line
+    /// with the same indentation that starts a name, or the `}` of the block on a less indented line.
+    fn resume_after(&self, entry: &'s str, error: &PError) -> Option<&'s str> {
+        let entry_at = self.src.len() - entry.len();
+        let line_start = self.src[..entry_at].rfind('\n').map_or(0, |n| n + 1);
+        let line = &self.src[line_start..entry_at];
+        let indent = &line[..line.len() - line.trim_start_matches([' ', '\t']).len()];
+        let error_at = (self.src.len() - error.rest_len).max(entry_at);
+        let mut pos = error_at;
+        loop {
+            pos += self.src[pos..].find('\n')? + 1;
+            let line = &self.src[pos..];
+            let trimmed = line.trim_start_matches([' ', '\t']);
+            let width = line.len() - trimmed.len();
+            if trimmed.is_empty() || trimmed.starts_with(['\n', '\r', '#']) {
+                continue;
+            }
+            if width == indent.len() && trimmed.starts_with(is_ident_start) {
+                return Some(trimmed);
+            }
+            if width < indent.len() {
+                return trimmed.starts_with('}').then_some(trimmed);
+            }
+        }
+    }
+
+    fn attrs_inner(&self, i: &'s str, context: &str, recover: bool) -> PResult<'s, Attrs> {
         let open = i;
         let (mut r, ()) = self.expect_char(i, '{', context)?;
         let mut entries = Vec::new();
@@ -529,7 +581,20 @@ impl<'s> P<'s> {
                     },
                 ));
             }
-            let (rest, entry) = self.entry(r)?;
+            let (rest, entry) = match self.entry(r) {
+                Ok(ok) => ok,
+                Err(nom::Err::Failure(e) | nom::Err::Error(e)) if recover => {
+                    match self.resume_after(r, &e) {
+                        Some(resume) => {
+                            self.recovered.borrow_mut().push(e);
+                            r = resume;
+                            continue;
+                        }
+                        None => return Err(nom::Err::Failure(e)),
+                    }
+                }
+                Err(e) => return Err(e),
+            };
             entries.push(entry);
             r = rest;
             let after = self.ws(r);
@@ -561,6 +626,13 @@ impl<'s> P<'s> {
                     span: id.span,
                 },
             )),
+            Err(_) if i.starts_with('=') => fail_help(
+                i,
+                1,
+                "expected an attribute name or `}`, found `=`",
+                "expected `name = value`",
+                "the value before this may be unfinished: a line ending in `+` takes the next name as its operand",
+            ),
             Err(_) => fail(
                 i,
                 token_len(i),
@@ -1073,6 +1145,30 @@ impl<'s> P<'s> {
                 Ok((rest, unit)) => (rest, Some(unit)),
                 Err(_) => (r, None),
             };
+        if unit.is_none() {
+            // `10 GiB`: a unit separated from its number by spaces.
+            let spaced = rest.trim_start_matches([' ', '\t']);
+            if spaced.len() < rest.len() {
+                let word: &str = &spaced[..spaced
+                    .find(|c: char| !is_ident_char(c))
+                    .unwrap_or(spaced.len())];
+                let is_unit = SIZE_UNITS
+                    .iter()
+                    .chain(DURATION_UNITS.iter())
+                    .any(|(u, _)| *u == word);
+                // `{ a = 5 m = 3 }` (entries without commas) is an attribute named `m`, not a unit.
+                let is_key = spaced[word.len()..].trim_start().starts_with('=');
+                if is_unit && !is_key {
+                    return fail_help(
+                        rest,
+                        rest.len() - spaced.len() + word.len(),
+                        format!("space between `{digits}` and its unit `{word}`"),
+                        "remove this space",
+                        format!("write `{digits}{word}`"),
+                    );
+                }
+            }
+        }
         let text = &i[..i.len() - rest.len()];
         let is_float = digits.contains('.');
         let value = match unit {
@@ -1316,6 +1412,13 @@ mod tests {
     }
 
     #[test]
+    fn spaced_unit_is_an_error_but_a_key_named_like_a_unit_is_not() {
+        let (_, errors) = parse("let a = 10 GiB\n");
+        assert_eq!(errors[0].message, "space between `10` and its unit `GiB`");
+        ok("let a = { x = 5 m = 3 }\n");
+    }
+
+    #[test]
     fn bad_unit_is_an_error_with_a_hint() {
         let (_, errors) = parse("let a = 10Gb\n");
         assert_eq!(errors.len(), 1);
@@ -1330,6 +1433,19 @@ mod tests {
     fn recovers_and_reports_several_errors() {
         let (file, errors) = parse("let a = \nlet b = 2\nstep { }\nlet c = [1 2]\n");
         assert_eq!(errors.len(), 3, "{errors:?}");
+        assert_eq!(file.items.len(), 1);
+    }
+
+    #[test]
+    fn recovers_inside_a_block() {
+        let src =
+            "step a {\n  run = [1 2]\n  needs = [\n    b c\n  ]\n  workers = 3\n}\nlet x = \n";
+        let (file, errors) = parse(src);
+        let lines: Vec<u32> = errors
+            .iter()
+            .map(|e| src[..e.span.start as usize].matches('\n').count() as u32 + 1)
+            .collect();
+        assert_eq!(lines, [2, 4, 9], "{errors:?}");
         assert_eq!(file.items.len(), 1);
     }
 
