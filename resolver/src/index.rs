@@ -20,6 +20,8 @@ use crate::metadata::{self, CoreMetadata};
 const SIMPLE_ACCEPT: &str = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01";
 /// Bytes fetched from the end of a wheel in the first range request: the central directory of most wheels fits.
 const TAIL_BYTES: u64 = 64 * 1024;
+/// Bytes fetched before a central directory that is not in the tail (METADATA usually sits there).
+const LEADING_BYTES: u64 = 32 * 1024;
 const RETRIES: u32 = 3;
 
 /// A failure talking to the index.
@@ -470,26 +472,35 @@ impl IndexClient {
         let tail_start = total - tail.len() as u64;
         let (cd_offset, cd_size) =
             metadata::find_central_directory(&tail, total).map_err(zip_err)?;
-        let cd = if cd_offset >= tail_start {
-            tail[(cd_offset - tail_start) as usize..(cd_offset - tail_start + cd_size) as usize]
-                .to_vec()
+        // When the central directory is not in the tail (big wheels), fetch it together with what precedes it:
+        // `.dist-info/` is written last, right before the directory, so METADATA usually comes along.
+        let (region_start, region) = if cd_offset >= tail_start {
+            (tail_start, tail.clone())
         } else {
-            let (_, _, cd) = self
-                .get_range(
-                    url,
-                    format!("bytes={cd_offset}-{}", cd_offset + cd_size - 1),
-                )
+            let from = cd_offset.saturating_sub(LEADING_BYTES);
+            let (_, _, bytes) = self
+                .get_range(url, format!("bytes={from}-{}", tail_start - 1))
                 .await?;
-            cd
+            let mut region = bytes;
+            region.extend_from_slice(&tail);
+            (from, region)
         };
+        let short = || IndexError::Zip {
+            url: url.to_string(),
+            source: metadata::ZipError::Format("short range answer"),
+        };
+        let cd = region
+            .get((cd_offset - region_start) as usize..(cd_offset - region_start + cd_size) as usize)
+            .ok_or_else(short)?
+            .to_vec();
         let entries = metadata::parse_central_directory(&cd).map_err(zip_err)?;
         let entry = metadata::metadata_entry(&entries).map_err(zip_err)?.clone();
         // The local header's extra field may differ from the central one; leave room for it.
         let want = 30 + entry.name.len() as u64 + 1024 + entry.compressed_size;
         let start = entry.local_header_offset;
         let end = (start + want).min(total) - 1;
-        let local = if start >= tail_start && end < total {
-            tail[(start - tail_start) as usize..].to_vec()
+        let local = if start >= region_start && end < total {
+            region[(start - region_start) as usize..].to_vec()
         } else {
             self.get_range(url, format!("bytes={start}-{end}")).await?.2
         };
