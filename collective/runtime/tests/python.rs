@@ -135,6 +135,10 @@ fn different_submission_orders_with_fusion_on_and_off() {
         &run(2, "ordering.py", &[("HVD_CACHE_CAPACITY", "0")]),
         "ordering, no response cache",
     );
+    assert_all_ok(
+        &run(3, "ordering.py", &[("HVD_COLLECTIVE_BACKEND", "tcp")]),
+        "ordering over tcp",
+    );
 }
 
 #[test]
