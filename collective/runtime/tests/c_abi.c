@@ -1,0 +1,69 @@
+/* Drives libhvd_runtime.so through include/hvd.h as a C program would (a job of one rank). */
+#include <stdio.h>
+#include <string.h>
+
+#include "hvd.h"
+
+#define CHECK(cond)                                                                     \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      fprintf(stderr, "check failed at line %d: %s (%s)\n", __LINE__, #cond, hvd_last_error()); \
+      return 1;                                                                         \
+    }                                                                                   \
+  } while (0)
+
+int main(void) {
+  CHECK(hvd_is_initialized() == 0);
+  CHECK(hvd_rank() == -1 && strlen(hvd_last_error()) > 0);
+  CHECK(hvd_init() == 0 && hvd_init() == 0);
+  CHECK(hvd_is_initialized() == 1 && hvd_size() == 1 && hvd_rank() == 0 && hvd_local_size() == 1);
+
+  float x[3] = {1.0f, 2.0f, 3.0f}, y[3] = {0};
+  int64_t shape[1] = {3};
+  hvd_request_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = HVD_ALLREDUCE;
+  r.name = "x";
+  r.dtype = HVD_FLOAT32;
+  r.ndim = 1;
+  r.shape = shape;
+  r.input = x;
+  r.output = y;
+  r.op = HVD_SUM;
+  r.prescale = 2.0;
+  r.postscale = 1.0;
+  int64_t h = hvd_enqueue(&r);
+  CHECK(h > 0);
+  CHECK(hvd_wait(h) == 0 && hvd_poll(h) == 1);
+  hvd_release(h);
+  CHECK(y[0] == 2.0f && y[1] == 4.0f && y[2] == 6.0f);
+
+  /* A library-owned result. */
+  int64_t rows[2] = {2, 1};
+  int32_t data[2] = {7, 8};
+  r.kind = HVD_ALLGATHER;
+  r.name = "g";
+  r.dtype = HVD_INT32;
+  r.ndim = 2;
+  r.shape = rows;
+  r.input = data;
+  r.output = NULL;
+  h = hvd_enqueue(&r);
+  CHECK(h > 0 && hvd_wait(h) == 0);
+  int64_t out_shape[2];
+  CHECK(hvd_result_ndim(h) == 2 && hvd_result_shape(h, out_shape) == 0);
+  CHECK(out_shape[0] == 2 && out_shape[1] == 1 && hvd_result_nbytes(h) == 8);
+  int32_t out[2];
+  CHECK(hvd_result_copy(h, out, 8) == 0 && out[0] == 7 && out[1] == 8);
+  hvd_release(h);
+
+  /* Bad input is an error with a message, not a crash. */
+  r.dtype = 99;
+  CHECK(hvd_enqueue(&r) == -1 && strstr(hvd_last_error(), "dtype") != NULL);
+  CHECK(hvd_enqueue(NULL) == -1);
+  CHECK(hvd_wait(123456) == -1 && strstr(hvd_last_error(), "unknown handle") != NULL);
+
+  CHECK(hvd_shutdown() == 0 && hvd_is_initialized() == 0);
+  printf("ok %s\n", hvd_version());
+  return 0;
+}
