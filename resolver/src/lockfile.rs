@@ -937,6 +937,31 @@ mod tests {
         );
 
         let mut e = env();
+        e.index = Some("http://127.0.0.1:1/simple/".into());
+        e.packages[1]
+            .build
+            .as_mut()
+            .unwrap()
+            .env
+            .insert("X".into(), "1".into());
+        e.packages[1].build.as_mut().unwrap().against = vec![];
+        let fields: Vec<String> = l
+            .check_against(&e)
+            .unwrap_err()
+            .changes
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "env.index",
+                "env.packages[1].build.env",
+                "env.packages[1].build.against"
+            ]
+        );
+
+        let mut e = env();
         e.toolchain = None;
         let s = l.check_against(&e).unwrap_err();
         assert_eq!(s.changes[0].field, "env.toolchain");
