@@ -29,6 +29,8 @@ pub const MAX_STORE_BYTES: usize = 1024 * 1024 * 1024;
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 /// Connections served at once; further ones get 503 and are closed.
 pub const MAX_CONNECTIONS: usize = 2048;
+/// Bytes of request bodies being received at once, over all connections; past it new bodies get 503.
+pub const MAX_INFLIGHT_BODY_BYTES: usize = 512 * 1024 * 1024;
 /// How long one read from a peer may block before the request is abandoned.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,6 +72,7 @@ struct Shared {
     changed: Condvar,
     stopping: AtomicBool,
     connections: AtomicUsize,
+    inflight_body_bytes: AtomicUsize,
     gloo_requests: AtomicU64,
 }
 
@@ -143,6 +146,7 @@ impl RendezvousServer {
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            inflight_body_bytes: AtomicUsize::new(0),
             gloo_requests: AtomicU64::new(0),
         });
         let accept_shared = Arc::clone(&shared);
@@ -354,6 +358,21 @@ fn handle(
     if request.content_length > MAX_VALUE_BYTES {
         return Err(HttpError(413, "value too large"));
     }
+    // Refuse before reading a body, so an unauthorized peer cannot make the launcher buffer anything.
+    let segments: Vec<&str> = request.path.split('/').collect();
+    match segments.as_slice() {
+        ["", "kv", _, _] => check_token(shared, &request)?,
+        ["", _, _] => check_peer(shared, peer)?,
+        _ => return Err(HttpError(404, "unknown path: use /kv/<scope>/<key>")),
+    }
+    // Bodies being read at once are bounded too (many connections each sending a large value).
+    let reserved = shared
+        .inflight_body_bytes
+        .fetch_add(request.content_length, Ordering::SeqCst);
+    let _release = Release(&shared.inflight_body_bytes, request.content_length);
+    if reserved + request.content_length > MAX_INFLIGHT_BODY_BYTES {
+        return Err(HttpError(503, "rendezvous server busy; retry"));
+    }
     // Read the body (a GET/DELETE body is read and ignored so the peer is not reset mid-send).
     if leftover.len() > request.content_length {
         return Err(HttpError(400, "more bytes than content-length"));
@@ -363,11 +382,55 @@ fn handle(
     body.resize(request.content_length, 0);
     read_exact_body(stream, &mut body, have)?;
 
-    let segments: Vec<&str> = request.path.split('/').collect();
     match segments.as_slice() {
         ["", "kv", scope, key] => handle_kv(shared, &request, scope, key, body),
         ["", scope, key] => handle_gloo(shared, &request, peer, scope, key, body),
         _ => Err(HttpError(404, "unknown path: use /kv/<scope>/<key>")),
+    }
+}
+
+/// Gives back reserved in-flight body bytes when dropped.
+struct Release<'a>(&'a AtomicUsize, usize);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::SeqCst);
+    }
+}
+
+fn check_token(shared: &Shared, request: &Request) -> Result<(), HttpError> {
+    let authorized = request
+        .authorization
+        .as_deref()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| token_matches(&shared.token, t.trim()));
+    if authorized {
+        Ok(())
+    } else {
+        Err(HttpError(
+            403,
+            "missing or wrong job token (header `Authorization: Bearer $HVD_JOB_TOKEN`)",
+        ))
+    }
+}
+
+fn check_peer(shared: &Shared, peer: Option<IpAddr>) -> Result<(), HttpError> {
+    let allowed = peer.is_some_and(|ip| {
+        let ip = canonical(ip);
+        shared.allowed_hosts.iter().any(|h| canonical(*h) == ip)
+            || (ip.is_loopback()
+                && shared
+                    .allowed_hosts
+                    .iter()
+                    .any(|h| canonical(*h).is_loopback()))
+    });
+    if allowed {
+        Ok(())
+    } else {
+        Err(HttpError(
+            403,
+            "token-less requests are only answered for the job's own hosts",
+        ))
     }
 }
 
@@ -500,17 +563,7 @@ fn handle_kv(
     key: &str,
     body: Vec<u8>,
 ) -> Result<(u16, Vec<u8>), HttpError> {
-    let authorized = request
-        .authorization
-        .as_deref()
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| token_matches(&shared.token, t.trim()));
-    if !authorized {
-        return Err(HttpError(
-            403,
-            "missing or wrong job token (header `Authorization: Bearer $HVD_JOB_TOKEN`)",
-        ));
-    }
+    check_token(shared, request)?;
     if !valid_kv_segment(scope) || !valid_kv_segment(key) {
         return Err(HttpError(
             400,
@@ -584,21 +637,7 @@ fn handle_gloo(
     key: &str,
     body: Vec<u8>,
 ) -> Result<(u16, Vec<u8>), HttpError> {
-    let allowed = peer.is_some_and(|ip| {
-        let ip = canonical(ip);
-        shared.allowed_hosts.iter().any(|h| canonical(*h) == ip)
-            || (ip.is_loopback()
-                && shared
-                    .allowed_hosts
-                    .iter()
-                    .any(|h| canonical(*h).is_loopback()))
-    });
-    if !allowed {
-        return Err(HttpError(
-            403,
-            "token-less requests are only answered for the job's own hosts",
-        ));
-    }
+    check_peer(shared, peer)?;
     if !valid_gloo_segment(scope) || !valid_gloo_segment(key) {
         return Err(HttpError(400, "bad scope or key"));
     }

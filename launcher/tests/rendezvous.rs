@@ -414,3 +414,23 @@ fn bad_token_is_refused_at_start() {
     assert!(RendezvousServer::start("127.0.0.1:0".parse().unwrap(), "", vec![]).is_err());
     assert!(RendezvousServer::start("127.0.0.1:0".parse().unwrap(), "has space", vec![]).is_err());
 }
+
+#[test]
+fn unauthorized_requests_are_refused_before_their_body_is_read() {
+    let server = RendezvousServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        TOKEN,
+        vec!["10.1.2.3".parse().unwrap()],
+    )
+    .unwrap();
+    // Announce a large body and send none of it: the answer must not wait for it.
+    let head =
+        "PUT /kv/a/b HTTP/1.1\r\nAuthorization: Bearer wrong\r\nContent-Length: 1000000\r\n\r\n";
+    assert_eq!(raw(server.addr(), head.as_bytes()).0, 403);
+    let head = "PUT /global/rank_0 HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n";
+    assert_eq!(
+        raw(server.addr(), head.as_bytes()).0,
+        403,
+        "gloo request from a foreign host"
+    );
+}
