@@ -928,6 +928,9 @@ impl Evaluator {
                         id.name
                     ));
                 }
+                if help.is_none() {
+                    help = Some(format!("to write text, quote it: \"{}\"", id.name));
+                }
                 Err(self.report(
                     Problem::new(loc, format!("unknown name `{}`", id.name), "not defined")
                         .maybe_help(help),

@@ -118,3 +118,14 @@ fn bad_recipe_arguments_point_at_the_call() {
     );
     assert_eq!(e.location(), Some(("t.hvd".into(), 2, 10)));
 }
+
+#[test]
+fn horovod_rejects_unknown_gpu_ops() {
+    let src = "import std\nenv {\n  python = \"3.11\"\n  packages = [std.horovod { gpu_ops = \"rccl\" }]\n}\n";
+    let d = hvd_lang::load_source(Path::new("t.hvd"), src).expect_err("rccl is not supported");
+    assert_eq!(
+        d.errors()[0].message(),
+        "`gpu_ops` of std.horovod is none or \"nccl\", found \"rccl\""
+    );
+    assert_eq!(d.errors()[0].location(), Some(("t.hvd".into(), 4, 15)));
+}
