@@ -54,20 +54,27 @@ mod imp {
     struct Raw(*mut u8, usize);
     // SAFETY: the pointer is only used by the MPI thread while the owning caller waits for it.
     unsafe impl Send for Raw {}
+    /// Stands in for empty buffers: an empty Rust slice's dangling address is 1, which MPI reads as
+    /// `MPI_IN_PLACE`.
+    static SPARE: [u8; 8] = [0; 8];
+
     impl Raw {
         fn of(b: &[u8]) -> Raw {
+            if b.is_empty() {
+                return Raw(SPARE.as_ptr().cast_mut(), 0);
+            }
             Raw(b.as_ptr().cast_mut(), b.len())
         }
         fn of_mut(b: &mut [u8]) -> Raw {
+            if b.is_empty() {
+                return Raw(SPARE.as_ptr().cast_mut(), 0);
+            }
             Raw(b.as_mut_ptr(), b.len())
         }
         /// # Safety
         /// The buffer must be alive and not used elsewhere while the returned slice is.
         unsafe fn slice<'a>(self) -> &'a mut [u8] {
-            if self.1 == 0 {
-                return &mut [];
-            }
-            // SAFETY: per the contract above.
+            // SAFETY: per the contract above; an empty slice over SPARE is never read or written.
             unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
         }
     }
@@ -84,9 +91,7 @@ mod imp {
             let (init_tx, init_rx) = channel::<Result<(usize, Vec<String>)>>();
             let hostname = std::env::var(crate::config::EnvVars::HOSTNAME)
                 .ok()
-                .filter(|h| !h.is_empty())
-                .or_else(|| mpi::environment::processor_name().ok())
-                .unwrap_or_default();
+                .filter(|h| !h.is_empty());
             let thread = std::thread::Builder::new()
                 .name("hvd-mpi".into())
                 .spawn(move || {
@@ -102,6 +107,9 @@ mod imp {
                     tracing::debug!(?threading, "MPI initialised");
                     let world = universe.world();
                     let n = world.size() as usize;
+                    let hostname = hostname
+                        .or_else(|| mpi::environment::processor_name().ok())
+                        .unwrap_or_default();
                     // Host names, fixed 256 bytes each, to derive local and cross ranks.
                     let mut mine = [0u8; 256];
                     let hb = hostname.as_bytes();
@@ -240,6 +248,9 @@ mod imp {
 
     /// f16/bf16 have no MPI type: reduce in f32 and round back.
     fn reduce_half(w: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp) {
+        if buf.len() < 2 {
+            return;
+        }
         let v: Vec<f32> = buf
             .chunks_exact(2)
             .map(|c| match dtype {

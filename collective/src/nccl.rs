@@ -22,7 +22,7 @@ pub fn connect_from_env(_job: &JobEnv, _timeout: Duration) -> Result<Box<dyn Com
 }
 
 #[cfg(feature = "nccl")]
-pub use imp::{NcclCommunicator, available, connect_from_env};
+pub use imp::{NcclCommunicator, available, connect_from_env, new_id};
 
 #[cfg(feature = "nccl")]
 mod imp {
