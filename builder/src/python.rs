@@ -61,30 +61,37 @@ impl Interpreter {
             candidates.push(PathBuf::from(explicit));
         }
         let exe = format!("python{short}");
-        if let Some(path) = std::env::var_os("PATH") {
-            // pyenv's shims are shell scripts that cost ~50 ms per call; its versions are probed directly below.
-            for dir in std::env::split_paths(&path).filter(|dir| !dir.ends_with("shims")) {
-                candidates.push(dir.join(&exe));
-            }
-        }
         let pyenv_root = std::env::var_os("PYENV_ROOT")
             .map(PathBuf::from)
             .or_else(|| dirs::home_dir().map(|home| home.join(".pyenv")));
+        let mut pyenv_versions: Vec<PathBuf> = Vec::new();
         if let Some(versions) = pyenv_root.map(|root| root.join("versions"))
             && let Ok(entries) = fs_err::read_dir(&versions)
         {
-            {
-                let mut names: Vec<_> = entries
-                    .filter_map(|e| e.ok())
-                    .map(|e| e.file_name())
-                    .collect();
-                names.sort();
-                names.reverse();
-                for name in names {
-                    candidates.push(versions.join(name).join("bin").join(&exe));
+            let mut names: Vec<_> = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .collect();
+            names.sort();
+            names.reverse();
+            pyenv_versions.extend(
+                names
+                    .into_iter()
+                    .map(|name| versions.join(name).join("bin").join(&exe)),
+            );
+        }
+        if let Some(path) = std::env::var_os("PATH") {
+            for dir in std::env::split_paths(&path) {
+                if dir.ends_with("shims") && dir.join(&exe).is_file() {
+                    // pyenv's shims are shell scripts costing ~50 ms a call: probe pyenv's versions (newest
+                    // first) at the shim's place in PATH instead.
+                    candidates.append(&mut pyenv_versions.clone());
+                } else {
+                    candidates.push(dir.join(&exe));
                 }
             }
         }
+        candidates.extend(pyenv_versions);
         candidates.push(PathBuf::from("/usr/bin").join(&exe));
         candidates.push(PathBuf::from("/usr/local/bin").join(&exe));
         candidates.push(PathBuf::from("python3"));
