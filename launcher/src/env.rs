@@ -168,3 +168,46 @@ pub fn free_port() -> Option<u16> {
         .ok()
         .map(|a| a.port())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_are_split_by_local_rank() {
+        assert_eq!(visible_devices(0, 3), None);
+        assert_eq!(visible_devices(1, 3).as_deref(), Some("3"));
+        assert_eq!(visible_devices(4, 1).as_deref(), Some("4,5,6,7"));
+    }
+
+    #[test]
+    fn contract_variables_win_over_step_variables() {
+        let layout = WorkerLayout::local("h", 2);
+        assert_eq!(layout.hosts(), [("h".to_string(), 2)]);
+        let step_env = BTreeMap::from([
+            ("HVD_RANK".to_string(), "99".to_string()),
+            ("X".to_string(), "1".to_string()),
+        ]);
+        let rdv = RendezvousInfo {
+            addr: "127.0.0.1:5000".parse().unwrap(),
+            token: "t".into(),
+        };
+        let vars = worker_env(&step_env, &layout.slots[1], Some(&rdv), 0, None);
+        let last = |name: &str| {
+            vars.iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(last("HVD_RANK"), Some("1"));
+        assert_eq!(last("X"), Some("1"));
+        assert_eq!(last("HOROVOD_GLOO_RENDEZVOUS_PORT"), Some("5000"));
+        assert_eq!(last("CUDA_VISIBLE_DEVICES"), None);
+        let once = worker_env(&step_env, &layout.slots[0], None, 1, None);
+        assert!(once.iter().all(|(k, _)| k != "HVD_RENDEZVOUS"));
+        assert!(
+            once.iter()
+                .any(|(k, v)| k == "CUDA_VISIBLE_DEVICES" && v == "0")
+        );
+    }
+}

@@ -96,6 +96,11 @@ pub fn run(args: RunArgs) -> CommandResult {
         .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
     if args.dry_run {
         print!("{}", plan.render());
+        if plan.env_dir.is_none() && !args.no_build {
+            println!(
+                "\n(the env is locked and built before the steps run; `--no-build` skips that)"
+            );
+        }
         return Ok(Status::Success);
     }
     let console = Console::new(args.ranks.map(|r| r.into_iter().collect()));
