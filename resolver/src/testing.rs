@@ -295,6 +295,8 @@ pub struct FixtureOptions {
     pub ranges: bool,
     /// Offer PEP 658/714 metadata files (`<url>.metadata`).
     pub core_metadata: bool,
+    /// Answer the first this-many requests with 503 (to exercise retries).
+    pub fail_first: u32,
 }
 
 impl Default for FixtureOptions {
@@ -303,6 +305,7 @@ impl Default for FixtureOptions {
             html: false,
             ranges: true,
             core_metadata: false,
+            fail_first: 0,
         }
     }
 }
@@ -318,6 +321,7 @@ struct State {
     options: FixtureOptions,
     log: Mutex<Vec<String>>,
     stop: AtomicBool,
+    failures_left: std::sync::atomic::AtomicU32,
 }
 
 /// A running fixture index; stops when dropped.
@@ -344,6 +348,7 @@ impl FixtureIndex {
             options,
             log: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            failures_left: std::sync::atomic::AtomicU32::new(options.fail_first),
         });
         let index = FixtureIndex {
             addr,
@@ -464,7 +469,19 @@ fn serve_connection(stream: TcpStream, state: &State) -> std::io::Result<()> {
         let mut parts = request_line.split_whitespace();
         let method = parts.next().unwrap_or("").to_string();
         let path = parts.next().unwrap_or("/").to_string();
-        let response = route(state, &method, &path, &headers);
+        let fail = state
+            .failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let response = if fail {
+            Response {
+                status: 503,
+                headers: vec![],
+                body: b"try again".to_vec(),
+            }
+        } else {
+            route(state, &method, &path, &headers)
+        };
         state
             .log
             .lock()
@@ -476,6 +493,7 @@ fn serve_connection(stream: TcpStream, state: &State) -> std::io::Result<()> {
             304 => "Not Modified",
             404 => "Not Found",
             416 => "Range Not Satisfiable",
+            503 => "Service Unavailable",
             _ => "Other",
         };
         let mut head = format!(

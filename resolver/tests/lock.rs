@@ -236,7 +236,7 @@ fn html_index_without_ranges_works() {
         FixtureOptions {
             html: true,
             ranges: false,
-            core_metadata: false,
+            ..FixtureOptions::default()
         },
     )
     .unwrap();
@@ -266,9 +266,8 @@ fn pep658_metadata_is_used_when_offered() {
     let index = FixtureIndex::start(
         universe(),
         FixtureOptions {
-            html: false,
-            ranges: true,
             core_metadata: true,
+            ..FixtureOptions::default()
         },
     )
     .unwrap();
@@ -350,4 +349,55 @@ fn source_builds_lock_build_requirements_against_runtime_pins() {
         text
     );
     lock.check_against(&e).unwrap();
+}
+
+#[test]
+fn transient_failures_are_retried_and_permanent_ones_name_the_url() {
+    let index = FixtureIndex::start(
+        universe(),
+        FixtureOptions {
+            fail_first: 2,
+            ..FixtureOptions::default()
+        },
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let lock = lock(&env(&["lib<2"]), &options(&index, &cache)).unwrap();
+    assert_eq!(versions(&lock), ["lib==1.5"]);
+    assert_eq!(
+        index
+            .requests()
+            .iter()
+            .filter(|r| r.ends_with(" 503"))
+            .count(),
+        2,
+        "{:?}",
+        index.requests()
+    );
+
+    // Nothing listens on the index port any more: the error names the URL.
+    let url = index.url();
+    drop(index);
+    let cache = tempfile::tempdir().unwrap();
+    let opts = LockOptions {
+        index_url: Some(format!("{url}nested/")),
+        ..options_for(&url, &cache)
+    };
+    let text = hvd_resolver::lock(&env(&["lib"]), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains(&format!("{url}nested/lib/")), "{text}");
+}
+
+fn options_for(url: &str, cache: &tempfile::TempDir) -> LockOptions {
+    LockOptions {
+        index_url: Some(url.to_string()),
+        cache_dir: Some(cache.path().to_path_buf()),
+        platform: Some(Platform {
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            glibc: Some((2, 36)),
+        }),
+        ..LockOptions::default()
+    }
 }
