@@ -1,14 +1,38 @@
 //! A cheap stand-in for the fuzzer that runs on stable: mutate valid files at random (delete, duplicate,
-//! insert tokens) and check that loading never panics, and that whatever `fmt` accepts it prints in a form
-//! that parses again and formats to itself.
+//! insert tokens) and check that loading and rendering the diagnostics never panic, and that whatever
+//! `fmt` accepts it prints in a form that parses again and formats to itself.
 
 use std::path::Path;
 
 use proptest::prelude::*;
 
-const TOKENS: [&str; 24] = [
-    "{", "}", "[", "]", "(", ")", "\"", "${", "=", "==", "=>", ",", ":", "+", "!", "#", "\n",
-    "10GiB", "1.5h", "recipe", "if", "for", "step", "std.",
+const TOKENS: [&str; 26] = [
+    "é",
+    "\u{1F600}",
+    "{",
+    "}",
+    "[",
+    "]",
+    "(",
+    ")",
+    "\"",
+    "${",
+    "=",
+    "==",
+    "=>",
+    ",",
+    ":",
+    "+",
+    "!",
+    "#",
+    "\n",
+    "10GiB",
+    "1.5h",
+    "recipe",
+    "if",
+    "for",
+    "step",
+    "std.",
 ];
 
 fn seeds() -> Vec<String> {
@@ -69,13 +93,19 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn mutated_files_never_panic(seed in any::<prop::sample::Index>(), mutations in prop::collection::vec(mutation(), 1..6)) {
         let seeds = seeds();
         let text = apply(&seeds[seed.index(seeds.len())], &mutations);
-        let _ = hvd_lang::load_source(Path::new("/nonexistent/mutated.hvd"), &text);
+        if let Err(d) = hvd_lang::load_source(Path::new("/nonexistent/mutated.hvd"), &text) {
+            // Rendering must not panic either (labels inside the text, on character boundaries).
+            prop_assert!(!d.render_plain().is_empty());
+            for e in d.errors() {
+                let _ = e.location();
+            }
+        }
         if let Ok(formatted) = hvd_lang::format_source("mutated.hvd", &text) {
             let again = hvd_lang::format_source("mutated.hvd", &formatted);
             prop_assert!(again.is_ok(), "formatted output does not parse:\n{}\n---\n{}", text, formatted);

@@ -101,7 +101,10 @@ pub fn parse(src: &str) -> (File, Vec<SyntaxError>) {
                 if errors.len() >= MAX_ERRORS {
                     break;
                 }
-                let from = at.max(src.len() - i.len() + 1).min(src.len());
+                let mut from = at.max(src.len() - i.len() + 1).min(src.len());
+                while !src.is_char_boundary(from) {
+                    from += 1;
+                }
                 let resume = recover(src, from);
                 i = p.ws(&src[resume..]);
             }
@@ -269,9 +272,14 @@ impl<'s> P<'s> {
     }
 
     fn syntax_error(&self, e: PError) -> SyntaxError {
-        let start = (self.src.len() - e.rest_len) as u32;
+        let start = self.src.len() - e.rest_len;
+        // Labels must cover whole characters (a one-byte length may start a multi-byte one).
+        let mut end = (start + e.len).min(self.src.len());
+        while !self.src.is_char_boundary(end) {
+            end += 1;
+        }
         SyntaxError {
-            span: Span::new(start, start + e.len as u32),
+            span: Span::new(start as u32, end as u32),
             message: e.message,
             label: e.label,
             help: e.help,
@@ -1447,6 +1455,33 @@ mod tests {
             .collect();
         assert_eq!(lines, [2, 4, 9], "{errors:?}");
         assert_eq!(file.items.len(), 1);
+    }
+
+    #[test]
+    fn multibyte_characters_never_split() {
+        for src in [
+            "é",
+            "let a = é",
+            "ééé\nlet b = 1",
+            "let a = [é",
+            "step ü { run = \"x\" }",
+        ] {
+            let (_, errors) = parse(src);
+            assert!(!errors.is_empty(), "{src}");
+            for e in errors {
+                assert!(
+                    src.is_char_boundary(e.span.start as usize)
+                        && src.is_char_boundary(e.span.end as usize)
+                );
+            }
+        }
+        let deep = format!("let a = {}é", "(".repeat(300));
+        let errors = parse_on_big_stack(deep.clone());
+        assert!(
+            errors
+                .iter()
+                .all(|e| deep.is_char_boundary(e.span.end as usize))
+        );
     }
 
     #[test]
