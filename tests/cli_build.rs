@@ -394,10 +394,10 @@ fn real_index_tensorflow_horovod_builds_imports_and_passes_check() {
     let example =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tensorflow-horovod/train.hvd");
     let file = dir.path().join("train.hvd");
-    let text = std::fs::read_to_string(&example).unwrap_or_else(|_| {
+    let source = std::fs::read_to_string(&example).unwrap_or_else(|_| {
         "project \"tfh\"\nimport std\nlet tf = std.tensorflow { version = \"2.12.1\", variant = \"cpu\" }\nenv {\n  python = \"3.11\"\n  toolchain = std.gcc { version = \"12\" }\n  packages = [tf, std.horovod { version = \"0.28.1\", frameworks = [tf] }]\n}\n".to_string()
     });
-    std::fs::write(&file, text).unwrap();
+    std::fs::write(&file, source).unwrap();
     // Reuse a store across runs when given (the build takes minutes).
     let store = std::env::var_os("HVD_TEST_REAL_STORE")
         .map(PathBuf::from)
