@@ -145,7 +145,14 @@ struct Submitted {
 struct Queue {
     items: Vec<Submitted>,
     shutdown: bool,
+    /// The engine sleeps with nothing to do: a submission must wake it.
+    idle: bool,
 }
+
+/// How long an engine with nothing to do sleeps between cycles. It cannot hold anyone up: every other rank's
+/// pending operation needs a submission from this rank first, and a submission wakes it at once. (Cycling every
+/// `HVD_CYCLE_TIME` while idle would only burn the CPU that training needs, in collectives that spin.)
+const IDLE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 enum Slot {
     Pending,
@@ -236,6 +243,7 @@ impl Engine {
             shutdown: false,
             announce: false,
             busy: false,
+            last_cycle: Instant::now(),
             fusion: Vec::new(),
             timeline,
             last_negotiation: Instant::now(),
@@ -274,7 +282,11 @@ impl Engine {
         }
         let mut q = lock(&self.shared.queue);
         q.items.push(Submitted { request, handle });
+        let wake = q.idle;
         drop(q);
+        if wake {
+            self.shared.queue_cv.notify_one();
+        }
         Ok(handle)
     }
 
@@ -449,6 +461,7 @@ struct Worker {
     announce: bool,
     /// The last cycle ran something.
     busy: bool,
+    last_cycle: Instant,
     fusion: Vec<u8>,
     timeline: Option<Timeline>,
     last_negotiation: Instant,
@@ -472,7 +485,8 @@ impl Worker {
             if let Err(e) = self.wait_for_cycle(next_cycle, self.busy) {
                 break e;
             }
-            next_cycle = Instant::now() + self.config.cycle_time;
+            self.last_cycle = Instant::now();
+            next_cycle = self.last_cycle + self.config.cycle_time;
             match self.cycle() {
                 Ok(true) => {}
                 Ok(false) => break "shut down".to_string(),
@@ -493,10 +507,26 @@ impl Worker {
                 std::thread::yield_now();
             }
         }
+        let idle = self.pending.is_empty()
+            && self.join_handle.is_none()
+            && !self.shutdown
+            && self.uncached.is_empty()
+            && self.cached_ready.is_empty();
+        let deadline = if idle {
+            deadline.max(self.last_cycle + IDLE_INTERVAL)
+        } else {
+            deadline
+        };
         let mut q = lock(&self.shared.queue);
+        q.idle = idle;
         loop {
             let now = Instant::now();
-            if now >= deadline || self.shared.waiters.load(Ordering::SeqCst) > 0 || q.shutdown {
+            if now >= deadline
+                || self.shared.waiters.load(Ordering::SeqCst) > 0
+                || q.shutdown
+                || (idle && !q.items.is_empty())
+            {
+                q.idle = false;
                 return Ok(());
             }
             q = self
