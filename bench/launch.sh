@@ -4,6 +4,7 @@
 # hvd/mpirun (goal: <= 1.0). Not a test: machines are noisy, read medians and ratios only.
 #
 #   bench/launch.sh [N=8] [REPEATS=15]        (needs: cargo build -p hvd, cc, mpicc, mpirun)
+#   HVD_RUN_ARGS=--no-build bench/launch.sh   (launcher only, without the env up-to-date check)
 set -eu
 N=${1:-8}
 REPEATS=${2:-15}
@@ -22,7 +23,7 @@ env {
   packages = []
 }
 step hello {
-  workers = $N
+  workers = 1
   run = "./hvd_worker"
 }
 HVD
@@ -32,7 +33,7 @@ now() { date +%s%N; }
 : > "$WORK/mpi.times"
 for i in $(seq "$REPEATS"); do
   t0=$(now)
-  (cd "$WORK" && "$HVD" run bench.hvd --force >/dev/null 2>&1) || { echo "hvd run failed" >&2; exit 1; }
+  (cd "$WORK" && "$HVD" run bench.hvd --workers "$N" --force ${HVD_RUN_ARGS:-} >/dev/null 2>&1) || { echo "hvd run failed" >&2; exit 1; }
   t1=$(now)
   mpirun -np "$N" --oversubscribe "$WORK/mpi_worker" >/dev/null 2>&1 || { echo "mpirun failed" >&2; exit 1; }
   t2=$(now)
