@@ -21,6 +21,8 @@ enum G {
     /// `if a == b then x else y`
     If(i64, i64, Box<G>, Box<G>),
     Paren(Box<G>),
+    /// `callee { args }`: a recipe call.
+    Call(&'static str, Vec<(String, G)>),
 }
 
 #[derive(Debug, Clone)]
@@ -100,7 +102,7 @@ struct GStep {
 struct GFile {
     project: Option<String>,
     lets: Vec<G>,
-    packages: Vec<&'static str>,
+    packages: Vec<G>,
     variables: Vec<(String, G)>,
     resources: Option<(u32, Option<&'static str>)>,
     steps: Vec<GStep>,
@@ -127,16 +129,44 @@ fn step() -> impl Strategy<Value = GStep> {
         })
 }
 
+fn text(s: &str) -> G {
+    G::Str(vec![Part::Lit(s.to_string())])
+}
+
+/// A requirement string or a stdlib recipe call.
+fn package() -> impl Strategy<Value = G> {
+    prop_oneof![
+        prop::sample::select(vec!["numpy<2", "pillow>=10", "requests"]).prop_map(text),
+        Just(G::Call(
+            "std.torch",
+            vec![("version".into(), text("2.0.1"))]
+        )),
+        prop::sample::select(vec!["cpu", "gpu"]).prop_map(|variant| {
+            let tf = G::Call(
+                "std.tensorflow",
+                vec![
+                    ("version".into(), text("2.12.1")),
+                    ("variant".into(), text(variant)),
+                ],
+            );
+            G::Call(
+                "std.horovod",
+                vec![
+                    ("frameworks".into(), G::List(vec![tf])),
+                    ("with_mpi".into(), G::Bool(true)),
+                ],
+            )
+        }),
+    ]
+}
+
 fn file() -> impl Strategy<Value = GFile> {
     (
         prop::option::of(
             prop::sample::select(vec!["demo", "image net", "x"]).prop_map(String::from),
         ),
         prop::collection::vec(any_expr(), 0..4),
-        prop::collection::vec(
-            prop::sample::select(vec!["numpy<2", "pillow>=10", "torch==2.0.1", "requests"]),
-            0..4,
-        ),
+        prop::collection::vec(package(), 0..4),
         prop::collection::btree_map(
             prop::sample::select(vec!["V0", "V1", "V2"]).prop_map(String::from),
             str_expr(),
@@ -239,6 +269,11 @@ impl Out {
                 self.ws();
                 self.expr(y);
             }
+            G::Call(callee, args) => {
+                self.s.push_str(callee);
+                self.ws0();
+                self.attrs(args);
+            }
             G::Paren(x) => {
                 self.s.push('(');
                 self.ws0();
@@ -335,12 +370,7 @@ impl Out {
         self.ws0();
         let mut env: Vec<(String, G)> =
             vec![("python".into(), G::Str(vec![Part::Lit("3.11".into())]))];
-        let packages = f
-            .packages
-            .iter()
-            .map(|p| G::Str(vec![Part::Lit(p.to_string())]))
-            .collect();
-        env.push(("packages".into(), G::List(packages)));
+        env.push(("packages".into(), G::List(f.packages.clone())));
         if !f.variables.is_empty() {
             env.push(("variables".into(), G::Attrs(f.variables.clone())));
         }
