@@ -512,20 +512,23 @@ impl Worker {
             && !self.shutdown
             && self.uncached.is_empty()
             && self.cached_ready.is_empty();
-        let deadline = if idle {
+        let mut deadline = if idle {
             deadline.max(self.last_cycle + IDLE_INTERVAL)
         } else {
             deadline
         };
+        let mut idle = idle;
         let mut q = lock(&self.shared.queue);
         q.idle = idle;
         loop {
             let now = Instant::now();
-            if now >= deadline
-                || self.shared.waiters.load(Ordering::SeqCst) > 0
-                || q.shutdown
-                || (idle && !q.items.is_empty())
-            {
+            if idle && !q.items.is_empty() {
+                // Woken by a submission: give the tensors that follow it one cycle time to arrive, so they fuse.
+                idle = false;
+                q.idle = false;
+                deadline = now + self.config.cycle_time;
+            }
+            if now >= deadline || self.shared.waiters.load(Ordering::SeqCst) > 0 || q.shutdown {
                 q.idle = false;
                 return Ok(());
             }
