@@ -7,6 +7,7 @@
 mod commands;
 mod exit;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -86,7 +87,8 @@ fn main() -> ExitCode {
     match result {
         Ok(status) => ExitCode::from(status.code()),
         Err(failure) => {
-            eprintln!("{:?}", failure.report);
+            // Not eprintln!: it panics when stderr is closed, and the exit code must survive that.
+            let _ = writeln!(std::io::stderr(), "{:?}", failure.report);
             ExitCode::from(failure.status.code())
         }
     }
