@@ -572,3 +572,43 @@ fn gc_removes_what_no_root_reaches() {
         "ok"
     );
 }
+
+#[test]
+fn local_packages_join_the_env_and_edits_make_a_new_path() {
+    let f = fixture();
+    let runtime = f.root.join("runtime");
+    std::fs::create_dir_all(runtime.join("hvdrt")).unwrap();
+    std::fs::write(runtime.join("hvdrt/__init__.py"), "VALUE = 1\n").unwrap();
+    let mut plan = plan(Vec::new());
+    plan.local_packages.push(hvd_builder::LocalPackage {
+        name: "hvdrt".into(),
+        version: "0.1.0".into(),
+        source: runtime.clone(),
+    });
+    let first = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    assert_eq!(
+        run_python(
+            &first.env.join("bin/python"),
+            "import hvdrt; print(hvdrt.VALUE)"
+        ),
+        "1"
+    );
+    std::fs::write(runtime.join("hvdrt/__init__.py"), "VALUE = 2\n").unwrap();
+    let second = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    assert_ne!(second.env, first.env);
+    assert_eq!(
+        run_python(
+            &second.env.join("bin/python"),
+            "import hvdrt; print(hvdrt.VALUE)"
+        ),
+        "2"
+    );
+    assert_eq!(
+        run_python(
+            &first.env.join("bin/python"),
+            "import hvdrt; print(hvdrt.VALUE)"
+        ),
+        "1",
+        "old envs are immutable"
+    );
+}
