@@ -8,7 +8,7 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
   async API then synchronized: fusion on (HVD_FUSION_THRESHOLD default) vs off (0), timeline off vs on;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
-Usage: bench/engine.py [--ranks N] [--steps S] [--library PATH]
+Usage: bench/engine.py [--ranks N] [--steps S] [--rounds R] [--library PATH]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
 If Horovod is importable (horovod.torch), its numbers for the same workloads are printed too.
@@ -138,6 +138,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--library")
     ap.add_argument("--worker", action="store_true")
     args = ap.parse_args()
@@ -148,14 +149,19 @@ def main():
     import hvd._lib
 
     print("library: {}".format(hvd._lib.path()))
-    print("ranks: {}, steps: {} (medians)".format(args.ranks, args.steps))
+    print("ranks: {}, steps: {}, rounds: {} (medians)".format(args.ranks, args.steps, args.rounds))
     with tempfile.TemporaryDirectory() as tmp:
         configs = {
             "fusion on": {},
             "fusion off": {"HVD_FUSION_THRESHOLD": "0"},
             "fusion on + timeline": {"HVD_TIMELINE": os.path.join(tmp, "timeline.json")},
         }
-        results = {name: launch(args.ranks, env, args.steps) for name, env in configs.items()}
+        # The machine is shared and noisy: interleave the configurations and keep the median of the rounds.
+        rounds = {name: [] for name in configs}
+        for _ in range(args.rounds):
+            for name, env in configs.items():
+                rounds[name].append(launch(args.ranks, env, args.steps))
+        results = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
     print("{:<22} {:>16} {:>24} {:>24} {:>17}".format(
         "config", "100 x 4 KiB (ms)", "grouped 100 x 4 KiB (ms)", "100 x 4 KiB..4 MiB (ms)", "4 B latency (us)"))
     for name, r in results.items():
