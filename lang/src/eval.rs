@@ -18,8 +18,12 @@ use crate::syntax::parser;
 
 /// Deepest evaluation recursion (nested expressions plus recipe calls).
 pub const MAX_EVAL_DEPTH: u32 = 1_000;
-/// Evaluation steps (expressions evaluated plus list, string and attribute-set elements built).
-pub const EVAL_BUDGET: u64 = 2_000_000;
+/// Evaluation steps (expressions evaluated plus list, string and attribute-set elements built) allowed
+/// for any input, plus [`EVAL_BUDGET_PER_BYTE`] for each byte of source read: a legitimately large file
+/// needs steps in proportion to its size, a runaway one (recursion, repeated doubling) grows without bound.
+pub const EVAL_BUDGET: u64 = 1_000_000;
+/// Extra evaluation steps per byte of source (a plain `let` line takes well under one step per byte).
+pub const EVAL_BUDGET_PER_BYTE: u64 = 4;
 /// Longest string evaluation may build.
 const MAX_STRING: usize = 64 << 20;
 
@@ -191,6 +195,7 @@ pub(crate) struct Evaluator {
     pub sources: Sources,
     pub problems: Vec<Problem>,
     budget_left: u64,
+    budget_total: u64,
     depth: u32,
     exhausted: bool,
     std: Option<Option<Sv>>,
@@ -208,6 +213,7 @@ impl Evaluator {
             sources,
             problems: Vec::new(),
             budget_left: EVAL_BUDGET,
+            budget_total: EVAL_BUDGET,
             depth: 0,
             exhausted: false,
             std: None,
@@ -253,6 +259,9 @@ impl Evaluator {
     /// Parse source text; syntax errors become problems. `None` when there were any.
     pub fn parse(&mut self, file: FileId) -> Option<File> {
         let text = Arc::clone(&self.sources.get(file).text);
+        let extra = EVAL_BUDGET_PER_BYTE.saturating_mul(text.len() as u64);
+        self.budget_left = self.budget_left.saturating_add(extra);
+        self.budget_total = self.budget_total.saturating_add(extra);
         let (ast, errors) = parser::parse(&text);
         if errors.is_empty() {
             return Some(ast);
@@ -705,7 +714,10 @@ impl Evaluator {
                 Err(self.report(
                     Problem::new(
                         at,
-                        format!("evaluation takes too long (more than {EVAL_BUDGET} steps)"),
+                        format!(
+                            "evaluation takes too long (more than {} steps)",
+                            self.budget_total
+                        ),
                         "while evaluating this",
                     )
                     .help(

@@ -119,3 +119,18 @@ fn many_errors_are_capped() {
     // 500 unknown names and the missing `env` block.
     assert_eq!(messages[100], "401 more errors not shown");
 }
+
+#[test]
+fn a_large_valid_file_is_not_cut_off_by_the_budget() {
+    // About 1.5 million steps (300k elements, then 4 steps for each in the comprehension): more than the fixed
+    // budget alone, well within it with the share for 0.6 MB of source.
+    let items = "1,".repeat(300_000);
+    let src = format!(
+        "let big = [{items}]\nlet wide = [for x in big: [x, x, x]]\n\
+         env {{ python = \"3.11\", variables = {{ N = len(wide) }} }}\n"
+    );
+    let project = hvd_lang::load_source(Path::new("large.hvd"), &src)
+        .map_err(|d| d.render_plain())
+        .expect("loads");
+    assert_eq!(project.env.variables["N"], "300000");
+}
