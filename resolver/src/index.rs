@@ -422,10 +422,16 @@ impl IndexClient {
                 bytes = Some(self.body(&url, response).await?);
             }
         }
+        let started = std::time::Instant::now();
         let bytes = match bytes {
             Some(b) => b,
             None => self.metadata_by_range(&file.url).await?,
         };
+        tracing::debug!(
+            file = file.filename,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "wheel metadata"
+        );
         write_atomic(&self.cache_path("metadata", &key), &bytes)?;
         Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
     }

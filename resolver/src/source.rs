@@ -63,7 +63,13 @@ pub struct IndexSource {
     shared: Arc<Shared>,
     runtime: tokio::runtime::Handle,
     source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
+    /// How many versions of each package the solver has asked dependencies of (backtracking detector).
+    tried: Mutex<HashMap<String, usize>>,
 }
+
+/// When the solver walks down a package's versions (backtracking), fetch this many older versions' metadata at
+/// once instead of one round trip per version.
+const BACKTRACK_BATCH: usize = 8;
 
 /// What the async prefetch tasks share with the solver thread.
 struct Shared {
@@ -103,6 +109,7 @@ impl IndexSource {
             shared,
             runtime,
             source_metadata,
+            tried: Mutex::default(),
         }
     }
 
@@ -279,6 +286,23 @@ impl PackageSource for IndexSource {
     fn requires(&self, name: &str, version: &Version) -> Result<Arc<Vec<String>>, SourceError> {
         let (file, kind) = self.artifact(name, version)?;
         let (fut, _) = self.shared.metadata_future(&file);
+        let tried = {
+            let mut tried = self.tried.lock().unwrap_or_else(|p| p.into_inner());
+            let count = tried.entry(name.to_string()).or_insert(0);
+            *count += 1;
+            *count
+        };
+        if tried >= 2 {
+            let page = self.page(name)?;
+            let usable = &page.candidates.usable;
+            if let Some(pos) = usable.iter().position(|v| v == version) {
+                for older in usable.iter().skip(pos + 1).take(BACKTRACK_BATCH) {
+                    if let Some(file) = page.artifacts.get(older) {
+                        drop(self.shared.metadata_future(file)); // spawned: it runs on
+                    }
+                }
+            }
+        }
         let mut meta = (*self.runtime.block_on(fut)?).clone();
         if kind == ArtifactKind::Sdist
             && meta.requires_dist.is_empty()
