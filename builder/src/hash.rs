@@ -112,6 +112,15 @@ pub const PATH_INFO_FILE: &str = ".hvd-path.json";
 /// Every entry under `root` by relative path (sorted), the root's own metadata file excluded.
 /// Symlinks are recorded by target and never followed.
 pub fn manifest(root: &Path) -> Result<BTreeMap<String, ManifestEntry>> {
+    manifest_with_known(root, &BTreeMap::new())
+}
+
+/// [`manifest`], taking the sha256 of files from `known` (relative path -> digest, computed while the files were
+/// written) instead of reading them again.
+pub fn manifest_with_known(
+    root: &Path,
+    known: &BTreeMap<String, Sha256>,
+) -> Result<BTreeMap<String, ManifestEntry>> {
     let mut entries = BTreeMap::new();
     for entry in walkdir::WalkDir::new(root)
         .follow_links(false)
@@ -138,7 +147,10 @@ pub fn manifest(root: &Path) -> Result<BTreeMap<String, ManifestEntry>> {
             let metadata = fs_err::symlink_metadata(entry.path())?;
             ManifestEntry::File {
                 executable: metadata.permissions().mode() & 0o111 != 0,
-                sha256: Sha256::of_file(entry.path())?,
+                sha256: match known.get(&relative) {
+                    Some(hash) => hash.clone(),
+                    None => Sha256::of_file(entry.path())?,
+                },
             }
         };
         entries.insert(relative, value);

@@ -326,6 +326,7 @@ pub fn build_env(
         env::assemble_env(target, &python, &all_paths, &store.root().join(".pycache"))?;
         Ok(BuildOutput {
             references: references(&all_paths),
+            ..BuildOutput::default()
         })
     })?;
     progress.step_finished("env", &plan.name, "");
@@ -491,16 +492,19 @@ impl Realizer<'_> {
         self.progress
             .step_started(what, &package.name, &package.version);
         let realized = self.planned.store.realize(derivation, replace, |target| {
-            match &package.build {
+            let file_hashes = match &package.build {
                 None => {
                     let wheel = self
                         .fetcher
                         .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
-                    wheel::install_wheel(&wheel[0], &target.out)?;
+                    wheel::install_wheel(&wheel[0], &target.out)?
                 }
                 Some(_) => self.build_from_source(package, &target.out)?,
-            }
-            Ok(BuildOutput::default())
+            };
+            Ok(BuildOutput {
+                file_hashes,
+                ..BuildOutput::default()
+            })
         })?;
         self.progress
             .step_finished(what, &package.name, &package.version);
@@ -514,7 +518,11 @@ impl Realizer<'_> {
     }
 
     /// Build `package` from its sdist and install the wheel into `out` (caller holds the path's lock).
-    fn build_from_source(&self, package: &PackagePlan, out: &Path) -> Result<()> {
+    fn build_from_source(
+        &self,
+        package: &PackagePlan,
+        out: &Path,
+    ) -> Result<BTreeMap<String, Sha256>> {
         let (env_derivation, env_packages) = &self.planned.build_envs[&key(package)];
         self.realize_wheels(env_packages)?;
         let mut paths = Vec::new();
@@ -527,6 +535,7 @@ impl Realizer<'_> {
             env::assemble_env(target, python, &paths, &store.root().join(".pycache"))?;
             Ok(BuildOutput {
                 references: references(&paths),
+                ..BuildOutput::default()
             })
         })?;
         let sdist = self
@@ -549,9 +558,9 @@ impl Realizer<'_> {
             toolchain: self.planned.toolchain.as_ref(),
         };
         let wheel_path = source_build::build_wheel(&request, &build_dir)?;
-        wheel::install_wheel(&wheel_path, out)?;
+        let file_hashes = wheel::install_wheel(&wheel_path, out)?;
         crate::store::remove_tree(&build_dir)?;
-        Ok(())
+        Ok(file_hashes)
     }
 }
 

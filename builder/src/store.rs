@@ -66,6 +66,8 @@ pub struct BuildTarget {
 pub struct BuildOutput {
     /// Store path names the result refers to at run time.
     pub references: BTreeSet<String>,
+    /// sha256 of files by path relative to the output, when the build already knows them (saves a re-read).
+    pub file_hashes: std::collections::BTreeMap<String, Sha256>,
 }
 
 /// The result of realizing one derivation.
@@ -276,7 +278,7 @@ impl Store {
             final_path: final_path.clone(),
         };
         let output = build(&target)?;
-        let info = finish_tree(&out, derivation, output.references)?;
+        let info = finish_tree(&out, derivation, output.references, &output.file_hashes)?;
         tracing::debug!("built {name} with content hash {}", info.content_hash);
         if final_path.exists() {
             // A replaced (`--rebuild`) or invalid leftover path: move it aside first, then swap in the new one.
@@ -297,9 +299,10 @@ pub(crate) fn finish_tree(
     out: &Path,
     derivation: &Derivation,
     references: BTreeSet<String>,
+    file_hashes: &std::collections::BTreeMap<String, Sha256>,
 ) -> Result<PathInfo> {
     canonicalize(out)?;
-    let manifest = hash::manifest(out)?;
+    let manifest = hash::manifest_with_known(out, file_hashes)?;
     let info = PathInfo {
         schema: 1,
         derivation_hash: derivation.hash(),

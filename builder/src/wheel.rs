@@ -5,7 +5,10 @@
 //! by many envs), `include/<name>/` (`.data/headers`) and `data/` (`.data/data`). Console scripts are generated per env
 //! from the dist-info's `entry_points.txt`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+
+use crate::hash::Sha256;
 
 use base64_free::urlsafe_no_pad;
 
@@ -13,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::unpack;
 
 /// Unpack `wheel` into `out` (a package path being built) and check the files against the wheel's RECORD.
-pub fn install_wheel(wheel: &Path, out: &Path) -> Result<()> {
+/// Returns the sha256 of the installed files by path relative to `out` (for the store's content hash).
+pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256>> {
     let invalid = |message: String| Error::InvalidWheel {
         wheel: wheel.to_path_buf(),
         message,
@@ -21,6 +25,10 @@ pub fn install_wheel(wheel: &Path, out: &Path) -> Result<()> {
     let site = out.join("site-packages");
     fs_err::create_dir_all(&site)?;
     let hashes = unpack::unpack_zip(wheel, &site)?;
+    let mut known: BTreeMap<String, Sha256> = hashes
+        .iter()
+        .map(|(path, hash)| (format!("site-packages/{path}"), hash.clone()))
+        .collect();
 
     let dist_info = find_suffix_dir(&site, ".dist-info")?
         .ok_or_else(|| invalid("no `.dist-info` directory".into()))?;
@@ -66,11 +74,18 @@ pub fn install_wheel(wheel: &Path, out: &Path) -> Result<()> {
                 "data" => out.join("data"),
                 other => return Err(invalid(format!("unknown `.data` directory `{other}`"))),
             };
-            merge_move(&entry.path(), &target)?;
+            merge_move(&entry.path(), &target, out, &mut known)?;
         }
         fs_err::remove_dir_all(&data)?;
     }
-    Ok(())
+    Ok(known)
+}
+
+fn relative_key(out: &Path, path: &Path) -> String {
+    path.strip_prefix(out)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The single top-level directory of `dir` whose name ends with `suffix`.
@@ -87,15 +102,37 @@ pub(crate) fn find_suffix_dir(dir: &Path, suffix: &str) -> Result<Option<std::pa
 }
 
 /// Move the contents of `from` into `to`, merging directories.
-fn merge_move(from: &Path, to: &Path) -> Result<()> {
+/// Move the contents of `from` into `to`, merging directories, and keep `known` (file hashes keyed by path
+/// relative to `out`) in step with every move.
+fn merge_move(
+    from: &Path,
+    to: &Path,
+    out: &Path,
+    known: &mut BTreeMap<String, Sha256>,
+) -> Result<()> {
     fs_err::create_dir_all(to)?;
     for entry in fs_err::read_dir(from)? {
         let entry = entry?;
         let target = to.join(entry.file_name());
         if entry.file_type()?.is_dir() && target.is_dir() {
-            merge_move(&entry.path(), &target)?;
+            merge_move(&entry.path(), &target, out, known)?;
         } else {
+            if target.is_dir() && !target.is_symlink() {
+                crate::store::remove_tree(&target)?;
+            }
             fs_err::rename(entry.path(), &target)?;
+            let (from_key, to_key) = (relative_key(out, &entry.path()), relative_key(out, &target));
+            // Anything known under the target is replaced; whatever was known under the source moves along.
+            known.retain(|key, _| key != &to_key && !key.starts_with(&format!("{to_key}/")));
+            let moved: Vec<(String, Sha256)> = known
+                .iter()
+                .filter(|(key, _)| **key == from_key || key.starts_with(&format!("{from_key}/")))
+                .map(|(key, hash)| (key.clone(), hash.clone()))
+                .collect();
+            for (key, hash) in moved {
+                known.remove(&key);
+                known.insert(format!("{to_key}{}", &key[from_key.len()..]), hash);
+            }
         }
     }
     Ok(())

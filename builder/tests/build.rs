@@ -150,6 +150,14 @@ fn wheels_install_into_a_venv_layout_env() {
         format!("{env}/bin/python")
     );
 
+    // The recorded content hash (computed from the hashes taken while unpacking) matches a fresh walk.
+    for package in &built.packages {
+        let info = f.store.path_info(&package.path).unwrap();
+        let fresh =
+            hvd_builder::hash::content_hash(&hvd_builder::hash::manifest(&package.path).unwrap());
+        assert_eq!(info.content_hash, fresh, "{}", package.name);
+    }
+
     // Store paths are read-only and the second build is a no-op.
     let package = &built.packages[0].path;
     let mode = std::os::unix::fs::PermissionsExt::mode(
@@ -323,6 +331,12 @@ fn source_build_follows_the_framework_and_reverting_is_a_cache_hit() {
     assert!(
         !ext_third.built && !third.env_built,
         "reverting the framework must be a cache hit"
+    );
+
+    let info = f.store.path_info(&ext_first.path).unwrap();
+    assert_eq!(
+        info.content_hash,
+        hvd_builder::hash::content_hash(&hvd_builder::hash::manifest(&ext_first.path).unwrap())
     );
 
     // `--check` rebuilds and finds the same bytes for this deterministic build.
