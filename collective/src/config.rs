@@ -12,6 +12,9 @@ impl EnvVars {
     pub const TIMEOUT: &'static str = "HVD_COLLECTIVE_TIMEOUT";
     /// Allreduce messages up to this many bytes use recursive doubling, larger ones a ring (default 65536).
     pub const ALLREDUCE_SMALL_BYTES: &'static str = "HVD_ALLREDUCE_SMALL_BYTES";
+    /// Allreduce messages with `bytes x (ranks - 1)` up to this go straight to every rank together with the
+    /// operation header: one round trip in all (default 16384).
+    pub const ALLREDUCE_DIRECT_BYTES: &'static str = "HVD_ALLREDUCE_DIRECT_BYTES";
     /// Allgather totals up to this many bytes send directly to every rank, larger ones use a ring (default 262144).
     pub const ALLGATHER_SMALL_BYTES: &'static str = "HVD_ALLGATHER_SMALL_BYTES";
     /// Capacity of each shared-memory ring between two ranks (default 1048576).
@@ -39,6 +42,7 @@ impl EnvVars {
 /// Size thresholds that pick the algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
+    pub allreduce_direct_bytes: usize,
     pub allreduce_small_bytes: usize,
     pub allgather_small_bytes: usize,
 }
@@ -46,6 +50,7 @@ pub struct Thresholds {
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
+            allreduce_direct_bytes: 16 << 10,
             allreduce_small_bytes: 64 << 10,
             allgather_small_bytes: 256 << 10,
         }
@@ -58,6 +63,8 @@ impl Thresholds {
     pub fn from_env() -> Thresholds {
         let d = Thresholds::default();
         Thresholds {
+            allreduce_direct_bytes: env_usize(EnvVars::ALLREDUCE_DIRECT_BYTES)
+                .unwrap_or(d.allreduce_direct_bytes),
             allreduce_small_bytes: env_usize(EnvVars::ALLREDUCE_SMALL_BYTES)
                 .unwrap_or(d.allreduce_small_bytes),
             allgather_small_bytes: env_usize(EnvVars::ALLGATHER_SMALL_BYTES)

@@ -2,7 +2,7 @@
 //! every rank with the same message instead of hanging or mixing up data.
 //!
 //! Wire format (40 bytes, native endianness: all ranks of a job share a host architecture):
-//! `seq u64 | kind u8 | dtype u8 | op u8 | invalid u8 | root u32 | count u64 | digest u64 | pair u64`.
+//! `seq u64 | kind u8 | dtype u8 | op u8 | flags u8 (1 invalid, 2 eager) | root u32 | count u64 | digest u64 | pair u64`.
 
 use crate::error::Error;
 use crate::types::{DType, ReduceOp};
@@ -54,6 +54,8 @@ pub struct Header {
     pub op: Option<ReduceOp>,
     /// The caller's arguments were invalid; the rank reports its own error and every other rank a mismatch.
     pub invalid: bool,
+    /// The sender's data for this operation follows the header right away (small allreduce, one round).
+    pub eager: bool,
     pub root: u32,
     /// Element count: total for allreduce/broadcast/reducescatter, this rank's block for allgather(v).
     pub count: u64,
@@ -71,6 +73,7 @@ impl Header {
             dtype,
             op: None,
             invalid: false,
+            eager: false,
             root: 0,
             count: 0,
             digest: 0,
@@ -84,7 +87,7 @@ impl Header {
         b[8] = self.kind as u8;
         b[9] = self.dtype as u8;
         b[10] = self.op.map_or(0, |o| o as u8);
-        b[11] = u8::from(self.invalid);
+        b[11] = u8::from(self.invalid) | (u8::from(self.eager) << 1);
         b[12..16].copy_from_slice(&self.root.to_ne_bytes());
         b[16..24].copy_from_slice(&self.count.to_ne_bytes());
         b[24..32].copy_from_slice(&self.digest.to_ne_bytes());
@@ -108,7 +111,8 @@ impl Header {
             } else {
                 Some(ReduceOp::from_code(b[10]).ok_or_else(bad)?)
             },
-            invalid: b[11] != 0,
+            invalid: b[11] & 1 != 0,
+            eager: b[11] & 2 != 0,
             root: u32::from_ne_bytes(b[12..16].try_into().unwrap_or([0; 4])),
             count: u64_at(16),
             digest: u64_at(24),
@@ -181,6 +185,7 @@ pub fn check(group: &[usize], headers: &[Header]) -> Result<(), Error> {
             && h.op == reference.op
             && h.root == reference.root
             && h.digest == reference.digest
+            && h.eager == reference.eager
             && (matches!(h.kind, Kind::Allgather | Kind::Alltoall) || h.count == reference.count);
         if !same {
             let mut detail = format!(
@@ -192,6 +197,11 @@ pub fn check(group: &[usize], headers: &[Header]) -> Result<(), Error> {
                 detail.push_str(&format!(
                     " (rank {r} is at its collective #{} and rank {r0} at #{})",
                     h.seq, reference.seq
+                ));
+            } else if h.eager != reference.eager && h.count == reference.count {
+                detail.push_str(&format!(
+                    " (they disagree on the small-message path: set `{}` alike on every rank)",
+                    crate::config::EnvVars::ALLREDUCE_DIRECT_BYTES
                 ));
             } else if h.digest != reference.digest && h.kind == reference.kind {
                 detail.push_str(" (their per-rank counts differ)");

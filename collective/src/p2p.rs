@@ -11,6 +11,10 @@ use crate::reduce::finish_average;
 use crate::transport::{RecvOp, SendOp, Transport, disjoint, exchange, split_blocks};
 use crate::types::{DType, ReduceOp, Topology};
 
+/// Largest eager message per peer: it must fit the smallest transport buffer (a 4 KiB shm ring) with its header,
+/// because it is sent before the peer starts reading.
+const EAGER_MAX_BYTES: usize = 2048;
+
 /// A communicator built from a point-to-point transport and the collective algorithms of this module.
 pub struct P2pCommunicator<T: Transport> {
     transport: T,
@@ -25,6 +29,8 @@ pub struct P2pCommunicator<T: Transport> {
     scratch: Vec<u8>,
     world: Vec<usize>,
     hierarchy: Option<(Vec<usize>, Vec<usize>)>,
+    /// Data peers sent eagerly with their header, by rank.
+    eager_in: Vec<Vec<u8>>,
 }
 
 impl<T: Transport> P2pCommunicator<T> {
@@ -66,6 +72,7 @@ impl<T: Transport> P2pCommunicator<T> {
             scratch: Vec::new(),
             world,
             hierarchy,
+            eager_in: Vec::new(),
         }
     }
 
@@ -111,6 +118,18 @@ impl<T: Transport> P2pCommunicator<T> {
 
     /// Exchanges headers with every rank; `pair(j)` is the per-destination field for rank `j`.
     fn negotiate(&mut self, h: Header, pair: &dyn Fn(usize) -> u64) -> Result<Vec<Header>> {
+        self.negotiate_eager(h, pair, None)
+    }
+
+    /// Exchanges headers with every rank; `pair(j)` is the per-destination field for rank `j`. With `eager`, this
+    /// rank's data follows its header to every peer. Data that peers sent eagerly is always received (so the
+    /// streams stay aligned even when the calls do not match) and left in `self.eager_in`, indexed by rank.
+    fn negotiate_eager(
+        &mut self,
+        h: Header,
+        pair: &dyn Fn(usize) -> u64,
+        eager: Option<&[u8]>,
+    ) -> Result<Vec<Header>> {
         let n = self.world.len();
         let me = self.topology.rank;
         let mut headers = vec![h; n];
@@ -121,17 +140,22 @@ impl<T: Transport> P2pCommunicator<T> {
             .map(|j| Header { pair: pair(j), ..h }.encode())
             .collect();
         let mut incoming = vec![[0u8; HEADER_LEN]; n];
+        let mut sends: Vec<SendOp<'_>> = Vec::with_capacity(2 * n);
+        for j in (0..n).filter(|j| *j != me) {
+            sends.push(SendOp::new(j, &outgoing[j]));
+            if let Some(d) = eager {
+                sends.push(SendOp::new(j, d));
+            }
+        }
         {
-            let mut sends: Vec<SendOp<'_>> = (0..n)
-                .filter(|j| *j != me)
-                .map(|j| SendOp::new(j, &outgoing[j]))
-                .collect();
             let mut recvs: Vec<RecvOp<'_>> = incoming
                 .iter_mut()
                 .enumerate()
                 .filter(|(j, _)| *j != me)
                 .map(|(j, b)| RecvOp::new(j, b, None))
                 .collect();
+            // The eager data goes out without waiting for anyone: it is small enough (see `eager_fits`) to sit in
+            // the transport's buffers until the peer reads it after the headers.
             exchange(
                 &mut self.transport,
                 h.kind.name(),
@@ -145,20 +169,63 @@ impl<T: Transport> P2pCommunicator<T> {
                 headers[j] = Header::decode(bytes, j)?;
             }
         }
+        let mut eager_in = std::mem::take(&mut self.eager_in);
+        eager_in.resize_with(n, Vec::new);
+        for (j, hj) in headers.iter().enumerate() {
+            let len = if j != me && hj.eager {
+                hj.count as usize * hj.dtype.size()
+            } else {
+                0
+            };
+            eager_in[j].clear();
+            eager_in[j].resize(len, 0);
+        }
+        {
+            let mut recvs: Vec<RecvOp<'_>> = eager_in
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, b)| *j != me && !b.is_empty())
+                .map(|(j, b)| RecvOp::new(j, b, None))
+                .collect();
+            let r = exchange(
+                &mut self.transport,
+                h.kind.name(),
+                self.timeout,
+                &mut [],
+                &mut recvs,
+            );
+            drop(recvs);
+            self.eager_in = eager_in;
+            r?;
+        }
         Ok(headers)
     }
 
     /// Runs one operation: negotiate, check, then `body` unless this rank's own arguments were bad.
     fn run(
         &mut self,
-        mut h: Header,
+        h: Header,
         local_error: Option<Error>,
         pair: &dyn Fn(usize) -> u64,
         body: impl FnOnce(&mut Self, &[Header]) -> Result<()>,
     ) -> Result<()> {
+        self.run_eager(h, local_error, pair, None, body)
+    }
+
+    /// [`run`](Self::run), sending `eager` data right behind the header.
+    fn run_eager(
+        &mut self,
+        mut h: Header,
+        local_error: Option<Error>,
+        pair: &dyn Fn(usize) -> u64,
+        eager: Option<&[u8]>,
+        body: impl FnOnce(&mut Self, &[Header]) -> Result<()>,
+    ) -> Result<()> {
         h.invalid = local_error.is_some();
+        let eager = if h.invalid { None } else { eager };
+        h.eager = eager.is_some();
         let result = (|| {
-            let headers = self.negotiate(h, pair)?;
+            let headers = self.negotiate_eager(h, pair, eager)?;
             if let Some(e) = local_error {
                 return Err(e);
             }
@@ -406,6 +473,36 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                 format!("{} bytes is not a whole number of {dtype}", data.len()),
             )
         });
+        let n = self.world.len();
+        // Small messages: send the data with the header to every rank and let each reduce all contributions in
+        // rank order (bitwise identical everywhere): one round trip instead of header + algorithm.
+        let direct = n > 1
+            && local.is_none()
+            && data.len() <= EAGER_MAX_BYTES
+            && data.len() * (n - 1) <= self.thresholds.allreduce_direct_bytes;
+        if direct {
+            let mine = data.to_vec();
+            let me = self.topology.rank;
+            return self.run_eager(h, None, &|_| 0, Some(&mine), |this, _| {
+                let sum_op = if op == ReduceOp::Average {
+                    ReduceOp::Sum
+                } else {
+                    op
+                };
+                for r in 0..n {
+                    let src: &[u8] = if r == me { &mine } else { &this.eager_in[r] };
+                    if r == 0 {
+                        data.copy_from_slice(src);
+                    } else {
+                        crate::reduce::reduce_into(data, src, dtype, sum_op);
+                    }
+                }
+                if op == ReduceOp::Average {
+                    finish_average(data, dtype, n);
+                }
+                Ok(())
+            });
+        }
         self.run(h, local, &|_| 0, |this, _| {
             let sum_op = if op == ReduceOp::Average {
                 ReduceOp::Sum

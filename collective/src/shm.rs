@@ -350,6 +350,8 @@ pub struct ShmTransport {
     global: Vec<usize>,
     my_pid: u32,
     last_liveness: Instant,
+    /// More ranks share this segment than this process may run on at once: never spin.
+    oversubscribed: bool,
 }
 
 impl ShmTransport {
@@ -375,12 +377,15 @@ impl ShmTransport {
         seg.pid(local).store(my_pid, Ordering::Relaxed);
         seg.state(local).store(STATE_ATTACHED, Ordering::Release);
         seg.attached().fetch_add(1, Ordering::AcqRel);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let oversubscribed = seg.ranks > cores;
         Ok(ShmTransport {
             seg,
             rank: local,
             global,
             my_pid,
             last_liveness: Instant::now(),
+            oversubscribed,
         })
     }
 
@@ -435,6 +440,8 @@ impl ShmTransport {
                 rank: g,
                 reason: "it shut its communicator down while this rank still expected data".into(),
             }),
+            // Left cleanly; what it wrote before leaving is still in the ring.
+            STATE_GONE => Ok(()),
             STATE_ABORTED => {
                 self.check_abort()?;
                 Err(Error::PeerLost {
@@ -472,15 +479,18 @@ impl ShmTransport {
         may_sleep: bool,
     ) -> Result<()> {
         self.check_abort()?;
-        if idle < 200 {
-            for _ in 0..16 {
+        // Spin briefly (the peer is usually on another core and a few hundred nanoseconds away), then yield so a
+        // peer sharing our core can run, then sleep on the futex. With more ranks than cores, skip the spin.
+        let spin = if self.oversubscribed { 0 } else { 64 };
+        if idle < spin {
+            for _ in 0..4 {
                 std::hint::spin_loop();
             }
             return Ok(());
         }
-        if idle < 300 || !may_sleep {
+        if idle < spin + 512 || !may_sleep {
             std::thread::yield_now();
-            if may_sleep || !idle.is_multiple_of(64) {
+            if !idle.is_multiple_of(64) {
                 return Ok(());
             }
         }
@@ -493,12 +503,15 @@ impl ShmTransport {
                 let from = self.local(p)?;
                 let empty = self.seg.head(from, self.rank).load(Ordering::Acquire)
                     == self.seg.tail(from, self.rank).load(Ordering::Acquire);
-                self.check_peer(from, empty)?;
+                // Data still in the ring was sent before the peer went: read it first.
+                if empty {
+                    self.check_peer(from, true)?;
+                }
             }
         }
         // Sleep until a peer publishes something. Announce the sleep first, then re-check, so a peer that
         // publishes in between either is seen here or sees the flag and wakes us.
-        if !may_sleep {
+        if !may_sleep || idle < spin + 512 {
             return Ok(());
         }
         let me = self.rank;
@@ -517,7 +530,7 @@ impl ShmTransport {
                 != self.seg.tail(from, me).load(Ordering::SeqCst);
         }
         if !ready && self.seg.abort_word().load(Ordering::SeqCst) == 0 {
-            futex_wait(flag, 1, Duration::from_millis(10));
+            futex_wait(flag, 1, Duration::from_millis(2));
         }
         flag.store(0, Ordering::SeqCst);
         Ok(())

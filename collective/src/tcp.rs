@@ -46,8 +46,9 @@ struct Peer {
     pending_pos: usize,
     /// The peer said `BYE`.
     departed: bool,
-    /// A frame to this peer is half written (an abort notice would corrupt the stream).
+    /// A frame to this peer is half written (an abort notice would corrupt the stream): bytes still owed.
     send_partial: bool,
+    send_remaining: usize,
     closed: bool,
 }
 
@@ -250,6 +251,7 @@ fn new_peer(stream: TcpStream, j: usize) -> Result<Peer> {
         pending_pos: 0,
         departed: false,
         send_partial: false,
+        send_remaining: 0,
         closed: false,
     })
 }
@@ -329,6 +331,7 @@ impl Transport for TcpTransport {
         }
         op.finished = op.pos == total;
         p.send_partial = op.pos > 0 && !op.finished;
+        p.send_remaining = total - op.pos;
         Ok(moved)
     }
 
@@ -450,11 +453,44 @@ impl Transport for TcpTransport {
             if p.closed {
                 continue;
             }
+            if p.send_partial && p.send_remaining <= 64 << 20 {
+                // Finish the half-written frame with zeros (the peer's operation fails anyway) so that the
+                // abort notice after it is read as a frame and names the culprit.
+                let _ = p.stream.set_nonblocking(false);
+                let _ = p.stream.set_write_timeout(Some(Duration::from_secs(1)));
+                let zeros = vec![0u8; p.send_remaining.min(1 << 20)];
+                while p.send_remaining > 0 {
+                    let n = p.send_remaining.min(zeros.len());
+                    if p.stream.write_all(&zeros[..n]).is_err() {
+                        break;
+                    }
+                    p.send_remaining -= n;
+                }
+                p.send_partial = p.send_remaining > 0;
+            }
             if !p.send_partial && !p.departed {
-                let _ = p.stream.write(&frame(ABORT, culprit as u64));
+                let _ = p.stream.set_nonblocking(false);
+                let _ = p.stream.set_write_timeout(Some(Duration::from_secs(1)));
+                let _ = p.stream.write_all(&frame(ABORT, culprit as u64));
             }
             let _ = p.stream.shutdown(Shutdown::Write);
+            drain(&mut p.stream);
             p.closed = true;
+        }
+    }
+}
+
+/// Reads and drops what a peer already sent, so that closing the socket sends a FIN rather than a reset (a reset
+/// can make the peer drop our abort notice unread).
+fn drain(stream: &mut TcpStream) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+    let mut sink = [0u8; 64 << 10];
+    let deadline = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < deadline {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
         }
     }
 }

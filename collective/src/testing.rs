@@ -45,6 +45,7 @@ pub struct LocalJob {
     timeout: Duration,
     hosts: Option<Vec<usize>>,
     thresholds: Option<Thresholds>,
+    pin: bool,
 }
 
 impl LocalJob {
@@ -56,6 +57,7 @@ impl LocalJob {
             timeout: Duration::from_secs(30),
             hosts: None,
             thresholds: None,
+            pin: false,
         }
     }
 
@@ -68,6 +70,13 @@ impl LocalJob {
     /// Simulated host index of every rank (hierarchical backend); default: two ranks per host.
     pub fn hosts(mut self, hosts: Vec<usize>) -> Self {
         self.hosts = Some(hosts);
+        self
+    }
+
+    /// Pins rank `r`'s thread to CPU `r % cpus` in [`run`](Self::run) (like `mpirun --bind-to core`), for
+    /// benchmarks.
+    pub fn pin_threads(mut self, pin: bool) -> Self {
+        self.pin = pin;
         self
     }
 
@@ -218,12 +227,44 @@ impl LocalJob {
     pub fn run<R: Send>(&self, f: impl Fn(Box<dyn Communicator>) -> R + Sync) -> Result<Vec<R>> {
         let comms = self.communicators()?;
         let f = &f;
+        let pin = self.pin;
         Ok(std::thread::scope(|s| {
-            let handles: Vec<_> = comms.into_iter().map(|c| s.spawn(move || f(c))).collect();
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    s.spawn(move || {
+                        if pin {
+                            pin_to_cpu(r);
+                        }
+                        f(c)
+                    })
+                })
+                .collect();
             handles
                 .into_iter()
                 .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
         }))
+    }
+}
+
+/// Best effort: binds the calling thread to the `index`-th CPU it may run on.
+fn pin_to_cpu(index: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity read/write it for the calling thread (pid 0).
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
+            return;
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|c| libc::CPU_ISSET(*c, &allowed))
+            .collect();
+        if cpus.is_empty() {
+            return;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus[index % cpus.len()], &mut one);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
     }
 }

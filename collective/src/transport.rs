@@ -90,17 +90,34 @@ pub fn exchange<T: Transport + ?Sized>(
 ) -> Result<()> {
     let mut last_progress: Option<Instant> = None;
     let mut idle = 0u32;
-    let (mut send_peers, mut recv_peers) = (Vec::new(), Vec::new());
+    let (mut send_peers, mut recv_peers, mut busy) = (Vec::new(), Vec::new(), Vec::new());
     loop {
         let mut moved = false;
         let mut pending = false;
+        // Messages to (and from) one peer go in order: a later one waits until the earlier one is done.
+        busy.clear();
         for s in sends.iter_mut().filter(|s| !s.finished) {
+            if busy.contains(&s.peer) {
+                pending = true;
+                continue;
+            }
             moved |= t.progress_send(s)?;
-            pending |= !s.finished;
+            if !s.finished {
+                pending = true;
+                busy.push(s.peer);
+            }
         }
+        busy.clear();
         for r in recvs.iter_mut().filter(|r| !r.finished) {
+            if busy.contains(&r.peer) {
+                pending = true;
+                continue;
+            }
             moved |= t.progress_recv(r)?;
-            pending |= !r.finished;
+            if !r.finished {
+                pending = true;
+                busy.push(r.peer);
+            }
         }
         if !pending {
             return Ok(());

@@ -84,6 +84,7 @@ fn both_allreduce_algorithms_match_the_reference(backend: Backend) {
         for n in [2, 3, 4] {
             for small in [0, usize::MAX] {
                 let th = Thresholds {
+                    allreduce_direct_bytes: small,
                     allreduce_small_bytes: small,
                     allgather_small_bytes: small,
                 };

@@ -243,6 +243,7 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
         return Err(Failure::usage("`--workers` must be at least 1"));
     }
     let results = LocalJob::new(a.workers, backend)
+        .pin_threads(true)
         .run(|mut comm| sweep(comm.as_mut(), &sizes, a.iters).map(|rows| (rows, comm.backend())))
         .map_err(failed)?;
     let (rows, name) = results

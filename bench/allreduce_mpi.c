@@ -1,0 +1,82 @@
+/* OpenMPI's MPI_Allreduce on f32, swept like `hvd bench allreduce`, for bench/allreduce.sh.
+ * Prints one JSON object per size: median and p99 of the slowest rank per iteration, algbw, busbw.
+ * `allreduce_mpi --memcpy` (no mpirun) prints the single-thread memcpy bandwidth of a 256 MiB buffer instead. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int memcpy_bandwidth(void) {
+    size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) return 1;
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double t[7];
+    for (int i = 0; i < 7; i++) {
+        double s = now();
+        memcpy(b, a, n);
+        t[i] = now() - s;
+        a[i] = b[n - 1 - i]; /* keep the copies observable */
+    }
+    qsort(t, 7, sizeof t[0], cmp);
+    printf("{\"memcpy_bytes\": %zu, \"memcpy_gbps\": %.3f}\n", n, n / t[3] / 1e9);
+    free(a);
+    free(b);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--memcpy") == 0) return memcpy_bandwidth();
+    size_t max_bytes = (size_t)256 << 20;
+    if (argc > 1) max_bytes = strtoull(argv[1], NULL, 10);
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    float *buf = malloc(max_bytes), *out = malloc(max_bytes);
+    for (size_t i = 0; i < max_bytes / 4; i++) buf[i] = 1.0f;
+    for (size_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
+        size_t iters = ((size_t)512 << 20) / bytes;
+        if (iters < 5) iters = 5;
+        if (iters > 1000) iters = 1000;
+        int count = (int)(bytes / 4);
+        size_t warm = iters / 10 < 1 ? 1 : (iters / 10 > 20 ? 20 : iters / 10);
+        for (size_t i = 0; i < warm; i++) MPI_Allreduce(buf, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+        double *t = malloc(iters * sizeof(double)), *worst = malloc(iters * sizeof(double));
+        for (size_t i = 0; i < iters; i++) {
+            double s = now();
+            MPI_Allreduce(buf, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            t[i] = now() - s;
+        }
+        MPI_Allreduce(t, worst, (int)iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        qsort(worst, iters, sizeof(double), cmp);
+        double med = worst[(size_t)((iters - 1) * 0.5 + 0.5)];
+        double p99 = worst[(size_t)((iters - 1) * 0.99 + 0.5)];
+        double algbw = bytes / med / 1e9;
+        if (rank == 0)
+            printf("{\"backend\": \"openmpi\", \"ranks\": %d, \"bytes\": %zu, \"iters\": %zu, \"median_us\": %.3f, "
+                   "\"p99_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f}\n",
+                   size, bytes, iters, med * 1e6, p99 * 1e6, algbw, algbw * 2.0 * (size - 1) / size);
+        fflush(stdout);
+        free(t);
+        free(worst);
+    }
+    free(buf);
+    free(out);
+    MPI_Finalize();
+    return 0;
+}
