@@ -211,6 +211,32 @@ fn a_stalled_rank_is_named_by_the_stall_inspector() {
 }
 
 #[test]
+fn the_stall_shutdown_time_turns_a_stall_into_errors_on_every_rank() {
+    let results = run(
+        2,
+        "stall_shutdown.py",
+        &[
+            ("HVD_STALL_CHECK_TIME", "0.5"),
+            ("HVD_STALL_SHUTDOWN_TIME", "1.5"),
+        ],
+    );
+    for (rank, r) in results.iter().enumerate() {
+        assert!(
+            r.status.success() && r.stdout.contains(&format!("GOT_ERROR rank {rank}")),
+            "rank {rank}: {}\n{}\n{}",
+            r.status,
+            r.stdout,
+            r.stderr
+        );
+    }
+    assert!(
+        results[0].stdout.contains("HVD_STALL_SHUTDOWN_TIME"),
+        "{}",
+        results[0].stdout
+    );
+}
+
+#[test]
 fn a_killed_rank_turns_into_an_error_on_the_others() {
     let results = run(3, "killed.py", &[("HVD_COLLECTIVE_TIMEOUT", "10")]);
     assert!(!results[1].status.success(), "rank 1 was supposed to die");
