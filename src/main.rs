@@ -56,6 +56,9 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Report what this machine has for running hvd.
     Doctor(commands::doctor::DoctorArgs),
+    /// The worker shim engines run in front of each rank (maps MPI/Slurm/Kubernetes ranks to HVD_*).
+    #[command(hide = true)]
+    WorkerEnv(commands::run::WorkerEnvArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::WhyDepends(args) => commands::why_depends::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Doctor(args) => commands::doctor::run(args),
+        Command::WorkerEnv(args) => commands::run::worker_env(args),
     };
     match result {
         Ok(status) => ExitCode::from(status.code()),

@@ -517,7 +517,12 @@ fn run_step(
     );
     let result = std::thread::scope(|scope| -> Result<bool, LaunchError> {
         let mut spawn_error = None;
-        for slot in &step.layout.slots {
+        // A step an engine launches (mpirun) is one process, supervised in place of its ranks (as rank 0).
+        let slots = match &step.launch {
+            Some(_) => &step.layout.slots[..step.layout.slots.len().min(1)],
+            None => &step.layout.slots[..],
+        };
+        for slot in slots {
             let rank_dir = log_dir.join(format!("rank.{}", slot.rank));
             fs_err::create_dir_all(&rank_dir).map_err(|source| LaunchError::Io {
                 path: rank_dir.clone(),
@@ -528,11 +533,23 @@ fn run_step(
                 fs_err::File::create(&path).map_err(|source| LaunchError::Io { path, source })
             };
             let (stdout_file, stderr_file) = (open("stdout")?, open("stderr")?);
-            let mut command = Command::new("/bin/sh");
-            command
-                .arg("-c")
-                .arg(&step.command)
-                .current_dir(&plan.project_dir);
+            let mut command = match step.launch.as_deref() {
+                Some([program, args @ ..]) => {
+                    let mut c = Command::new(program);
+                    c.args(args);
+                    c.env(
+                        crate::engines::shim::GPUS_VAR,
+                        plan.gpus_per_worker.to_string(),
+                    );
+                    c
+                }
+                _ => {
+                    let mut c = Command::new("/bin/sh");
+                    c.arg("-c").arg(&step.command);
+                    c
+                }
+            };
+            command.current_dir(&plan.project_dir);
             command
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -40,6 +40,46 @@ impl WorkerLayout {
         WorkerLayout { slots }
     }
 
+    /// `n` ranks over `hosts` (`(host, slots)`), filling each host's slots in order (round-robin over the hosts
+    /// again when there are more ranks than slots).
+    pub fn spread(hosts: &[(String, u32)], n: u32) -> Self {
+        let mut owners: Vec<usize> = Vec::new();
+        while (owners.len() as u32) < n && !hosts.is_empty() {
+            for (i, (_, slots)) in hosts.iter().enumerate() {
+                for _ in 0..(*slots).max(1) {
+                    if (owners.len() as u32) < n {
+                        owners.push(i);
+                    }
+                }
+            }
+        }
+        let used: Vec<usize> = {
+            let mut u = owners.clone();
+            u.dedup();
+            u.sort_unstable();
+            u.dedup();
+            u
+        };
+        let slots = owners
+            .iter()
+            .enumerate()
+            .map(|(rank, &h)| {
+                let local_rank = owners[..rank].iter().filter(|&&o| o == h).count() as u32;
+                let local_size = owners.iter().filter(|&&o| o == h).count() as u32;
+                Slot {
+                    rank: rank as u32,
+                    size: n,
+                    host: hosts[h].0.clone(),
+                    local_rank,
+                    local_size,
+                    cross_rank: used.iter().position(|&u| u == h).unwrap_or(0) as u32,
+                    cross_size: used.len() as u32,
+                }
+            })
+            .collect();
+        WorkerLayout { slots }
+    }
+
     /// Hosts and how many ranks each has, in rank order of first appearance.
     pub fn hosts(&self) -> Vec<(String, u32)> {
         let mut hosts: Vec<(String, u32)> = Vec::new();
@@ -122,10 +162,31 @@ pub fn worker_env(
     let Some(rdv) = rendezvous else {
         return vars;
     };
-    let num = |n: u32| n.to_string();
     let ip = rdv.addr.ip().to_string();
     let port = rdv.addr.port().to_string();
+    vars.extend(rank_env(slot));
     vars.extend([
+        ("HVD_RENDEZVOUS".into(), rdv.addr.to_string()),
+        ("HVD_JOB_TOKEN".into(), rdv.token.clone()),
+        // Horovod's gloo controller (what horovodrun's gloo mode sets), so a real Horovod build runs unchanged.
+        ("HOROVOD_GLOO_RENDEZVOUS_ADDR".into(), ip.clone()),
+        ("HOROVOD_GLOO_RENDEZVOUS_PORT".into(), port),
+        ("HOROVOD_CONTROLLER".into(), "gloo".into()),
+        ("HOROVOD_CPU_OPERATIONS".into(), "gloo".into()),
+        ("HOROVOD_GLOO_IFACE".into(), "lo".into()),
+        ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
+        // torch.distributed's env:// init. MASTER_PORT must differ from the rendezvous port: rank 0 listens there.
+        ("MASTER_ADDR".into(), ip),
+    ]);
+    vars
+}
+
+/// The rank variables of a worker: `HVD_*`, Horovod's `HOROVOD_*` and torch's `RANK WORLD_SIZE LOCAL_RANK
+/// LOCAL_WORLD_SIZE` (the rendezvous-independent part of [`worker_env`]; the shim sets these alone when there is no
+/// rendezvous).
+pub fn rank_env(slot: &Slot) -> Vec<(String, String)> {
+    let num = |n: u32| n.to_string();
+    vec![
         ("HVD_RANK".into(), num(slot.rank)),
         ("HVD_SIZE".into(), num(slot.size)),
         ("HVD_LOCAL_RANK".into(), num(slot.local_rank)),
@@ -133,9 +194,6 @@ pub fn worker_env(
         ("HVD_CROSS_RANK".into(), num(slot.cross_rank)),
         ("HVD_CROSS_SIZE".into(), num(slot.cross_size)),
         ("HVD_HOSTNAME".into(), slot.host.clone()),
-        ("HVD_RENDEZVOUS".into(), rdv.addr.to_string()),
-        ("HVD_JOB_TOKEN".into(), rdv.token.clone()),
-        // Horovod's gloo controller (what horovodrun's gloo mode sets), so a real Horovod build runs unchanged.
         ("HOROVOD_RANK".into(), num(slot.rank)),
         ("HOROVOD_SIZE".into(), num(slot.size)),
         ("HOROVOD_LOCAL_RANK".into(), num(slot.local_rank)),
@@ -143,20 +201,11 @@ pub fn worker_env(
         ("HOROVOD_CROSS_RANK".into(), num(slot.cross_rank)),
         ("HOROVOD_CROSS_SIZE".into(), num(slot.cross_size)),
         ("HOROVOD_HOSTNAME".into(), slot.host.clone()),
-        ("HOROVOD_GLOO_RENDEZVOUS_ADDR".into(), ip.clone()),
-        ("HOROVOD_GLOO_RENDEZVOUS_PORT".into(), port.clone()),
-        ("HOROVOD_CONTROLLER".into(), "gloo".into()),
-        ("HOROVOD_CPU_OPERATIONS".into(), "gloo".into()),
-        ("HOROVOD_GLOO_IFACE".into(), "lo".into()),
-        ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
-        // torch.distributed's env:// init. MASTER_PORT must differ from the rendezvous port: rank 0 listens there.
         ("RANK".into(), num(slot.rank)),
         ("WORLD_SIZE".into(), num(slot.size)),
         ("LOCAL_RANK".into(), num(slot.local_rank)),
         ("LOCAL_WORLD_SIZE".into(), num(slot.local_size)),
-        ("MASTER_ADDR".into(), ip),
-    ]);
-    vars
+    ]
 }
 
 /// A free TCP port on 127.0.0.1 for torch's `MASTER_PORT` (rank 0 binds it; there is an unavoidable window in which

@@ -12,6 +12,7 @@ use petgraph::algo::toposort;
 use petgraph::graph::{DiGraph, NodeIndex};
 
 use crate::LaunchError;
+use crate::engines::EngineKind;
 use crate::env::WorkerLayout;
 
 /// Everything `hvd run` was asked for besides the project itself.
@@ -36,6 +37,14 @@ pub struct RunOptions {
     pub start_timeout: Option<Duration>,
     /// Where state and logs go; default `<project dir>/.hvd`.
     pub state_dir: Option<PathBuf>,
+    /// `--engine`: overrides `cluster { engine }` (`local`, `mpi`).
+    pub engine: Option<String>,
+    /// `--mpi openmpi|mpich` (else `cluster { settings { mpi } }`, else detected from `mpirun --version`).
+    pub mpi: Option<String>,
+    /// The mpirun program (else `cluster { settings { mpirun } }`, else found on PATH).
+    pub mpirun: Option<PathBuf>,
+    /// The hvd binary, whose `worker-env` subcommand is the shim engines run in front of each rank.
+    pub shim: Option<PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -50,6 +59,10 @@ impl Default for RunOptions {
             grace: Duration::from_secs(10),
             start_timeout: None,
             state_dir: None,
+            engine: None,
+            mpi: None,
+            mpirun: None,
+            shim: None,
         }
     }
 }
@@ -171,6 +184,9 @@ pub struct PlannedStep {
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
     pub timeout: Option<Duration>,
+    /// `Some(argv)`: the step is started as this one process (e.g. mpirun), which starts the ranks itself; the
+    /// engine supervises it in place of the ranks.
+    pub launch: Option<Vec<String>>,
 }
 
 /// What `hvd run` will do.
@@ -188,11 +204,17 @@ pub struct Plan {
 
 /// Builds the plan for `project`.
 pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError> {
-    if let Some(engine) = project.cluster.as_ref().and_then(|c| c.engine.as_deref())
-        && engine != "local"
-    {
-        return Err(LaunchError::EngineNotAvailable(engine.to_owned()));
-    }
+    let engine = options
+        .engine
+        .as_deref()
+        .or_else(|| project.cluster.as_ref().and_then(|c| c.engine.as_deref()))
+        .map(EngineKind::parse)
+        .transpose()?
+        .unwrap_or_default();
+    let mpi = match engine {
+        EngineKind::Mpi => Some(crate::engines::mpi_setup(project, options)?),
+        EngineKind::Local => None,
+    };
     let graph = StepGraph::new(project)?;
     let selected = graph.selection(options.step.as_deref())?;
     let names: BTreeSet<&str> = selected.iter().map(|s| s.name.as_str()).collect();
@@ -218,7 +240,20 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
             env.insert("HVD_TIMELINE".into(), timeline.display().to_string());
             env.insert("HOROVOD_TIMELINE".into(), timeline.display().to_string());
         }
+        let layout = match &mpi {
+            Some(setup) if !setup.hosts.is_empty() => {
+                WorkerLayout::spread(&setup.hosts, workers.unwrap_or(1))
+            }
+            _ => WorkerLayout::local(&host, workers.unwrap_or(1)),
+        };
+        let launch = match (&mpi, workers) {
+            (Some(setup), Some(n)) => {
+                Some(setup.argv(n, &env, &step.run, options.env_dir.is_some()))
+            }
+            _ => None,
+        };
         steps.push(PlannedStep {
+            launch,
             name: step.name.clone(),
             command: step.run.clone(),
             needs: step
@@ -228,7 +263,7 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
                 .cloned()
                 .collect(),
             workers,
-            layout: WorkerLayout::local(&host, workers.unwrap_or(1)),
+            layout,
             env,
             inputs: step.inputs.clone(),
             outputs: step.outputs.clone(),
@@ -289,12 +324,17 @@ impl Plan {
                 let _ = writeln!(out, "   needs:   {}", step.needs.join(", "));
             }
             let _ = writeln!(out, "   run:     sh -c {:?}", step.command);
+            if let Some(argv) = &step.launch {
+                let _ = writeln!(out, "   mpirun:  {}", crate::engines::mpi::shell_line(argv));
+            }
             match step.workers {
                 Some(n) => {
-                    let _ = writeln!(
-                        out,
-                        "   workers: {n} (local engine, rendezvous on 127.0.0.1)"
-                    );
+                    let how = if step.launch.is_some() {
+                        "mpi engine"
+                    } else {
+                        "local engine"
+                    };
+                    let _ = writeln!(out, "   workers: {n} ({how}, rendezvous on 127.0.0.1)");
                     for slot in &step.layout.slots {
                         let gpus =
                             crate::env::visible_devices(self.gpus_per_worker, slot.local_rank);

@@ -22,6 +22,7 @@
 
 pub mod doctor;
 pub mod engine;
+pub mod engines;
 pub mod env;
 pub mod graph;
 pub mod process;
@@ -46,9 +47,11 @@ pub enum LaunchError {
     #[error("the steps' `needs` form a cycle through `{0}`")]
     Cycle(String),
     #[error(
-        "engine `{0}` is not available yet: only `local` runs today (remove `engine` from `cluster` or set it to `local`)"
+        "engine `{0}` is not available yet: `local` and `mpi` run today (see docs/engines.md; `hvd export k8s` writes Kubernetes manifests)"
     )]
     EngineNotAvailable(String),
+    #[error("{0}")]
+    Engine(String),
     #[error("step `{0}` has 0 workers; use at least 1")]
     ZeroWorkers(String),
     #[error("failed to start rank {rank} of step `{step}`")]

@@ -1,4 +1,5 @@
-//! `hvd run`: plan the step graph and run it with the local engine.
+//! `hvd run`: plan the step graph and run it (local or mpi engine); `hvd worker-env`, the shim of engines that
+//! start the ranks themselves.
 
 use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
@@ -54,8 +55,48 @@ pub struct RunArgs {
     /// Do not lock or build the env: run the steps with the current PATH.
     #[arg(long)]
     pub no_build: bool,
+    /// The engine for distributed steps: `local` or `mpi` (overrides `cluster { engine }`).
+    #[arg(long, value_name = "ENGINE")]
+    pub engine: Option<String>,
+    /// Which MPI the `mpi` engine uses: `openmpi` or `mpich` (default: detected from `mpirun --version`).
+    #[arg(long, value_name = "FLAVOUR")]
+    pub mpi: Option<String>,
+    /// The mpirun program for the `mpi` engine (default: found on PATH).
+    #[arg(long, value_name = "PROGRAM")]
+    pub mpirun: Option<PathBuf>,
     #[command(flatten)]
     pub lock: super::build::LockMode,
+}
+
+/// `hvd worker-env -- CMD...` (hidden): the worker shim. Reads the rank from the variables of whoever started this
+/// process (OpenMPI, MPICH, Slurm, an Indexed Kubernetes Job) and execs CMD with the worker contract set.
+#[derive(Debug, Args)]
+pub struct WorkerEnvArgs {
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, required = true, num_args = 1.., value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
+    use std::os::unix::process::CommandExt as _;
+    let get = |name: &str| std::env::var(name).ok();
+    let vars = hvd_launcher::engines::shim::shim_env(&get)
+        .map_err(|e| Failure::new(Status::Usage, miette::miette!("hvd worker-env: {e}")))?;
+    let Some((program, rest)) = args.command.split_first() else {
+        return Err(Failure::usage(
+            "hvd worker-env: give the command after `--`",
+        ));
+    };
+    let mut command = std::process::Command::new(program);
+    command.args(rest).envs(vars);
+    let err = command.exec();
+    Err(Failure::new(
+        Status::Failure,
+        miette::miette!(
+            "hvd worker-env: failed to start `{}`: {err}",
+            program.to_string_lossy()
+        ),
+    ))
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
@@ -91,6 +132,10 @@ pub fn run(args: RunArgs) -> CommandResult {
             .map(|s| seconds("start-timeout", s))
             .transpose()?,
         state_dir: None,
+        engine: args.engine.clone(),
+        mpi: args.mpi.clone(),
+        mpirun: args.mpirun.clone(),
+        shim: std::env::current_exe().ok(),
     };
     let plan = hvd_launcher::plan(&project, &options)
         .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;

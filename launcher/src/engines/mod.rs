@@ -1,0 +1,139 @@
+//! Engines beyond the local one. The local engine ([`crate::engine`]) still supervises every step; an engine that
+//! starts the ranks itself (mpirun) is one supervised process per distributed step, whose ranks get the worker
+//! contract from the shim ([`shim`], `hvd worker-env -- CMD`).
+
+pub mod mpi;
+pub mod shim;
+
+/// Which engine runs distributed steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    #[default]
+    Local,
+    Mpi,
+}
+
+impl EngineKind {
+    /// Parses an engine name (`--engine`, `cluster { engine = ... }`); engines that exist in the design but are
+    /// not built yet are an error that says so.
+    pub fn parse(name: &str) -> Result<Self, crate::LaunchError> {
+        match name {
+            "local" => Ok(EngineKind::Local),
+            "mpi" => Ok(EngineKind::Mpi),
+            other => Err(crate::LaunchError::EngineNotAvailable(other.to_owned())),
+        }
+    }
+}
+
+/// What the mpi engine needs for every step of a plan.
+#[derive(Debug, Clone)]
+pub struct MpiSetup {
+    pub mpirun: mpi::Mpirun,
+    pub hosts: Vec<(String, u32)>,
+    pub shim: std::path::PathBuf,
+    pub cores: u32,
+    pub root: bool,
+}
+
+/// Parses `host:slots` (slots default 1).
+pub fn parse_host(entry: &str) -> Result<(String, u32), crate::LaunchError> {
+    let bad = || {
+        crate::LaunchError::Engine(format!(
+            "host `{entry}` is not `NAME` or `NAME:SLOTS` with SLOTS a positive number"
+        ))
+    };
+    match entry.rsplit_once(':') {
+        None if !entry.is_empty() => Ok((entry.to_owned(), 1)),
+        None => Err(bad()),
+        Some((host, slots)) => {
+            let slots: u32 = slots.parse().map_err(|_| bad())?;
+            if host.is_empty() || slots == 0 {
+                return Err(bad());
+            }
+            Ok((host.to_owned(), slots))
+        }
+    }
+}
+
+/// Finds mpirun and reads the hosts for the mpi engine.
+pub fn mpi_setup(
+    project: &hvd_lang::model::Project,
+    options: &crate::RunOptions,
+) -> Result<MpiSetup, crate::LaunchError> {
+    let settings = project.cluster.as_ref().map(|c| &c.settings);
+    let setting = |k: &str| settings.and_then(|s| s.get(k)).cloned();
+    let flavour = match options.mpi.clone().or_else(|| setting("mpi")) {
+        Some(name) => Some(mpi::MpiFlavour::parse(&name).ok_or_else(|| {
+            crate::LaunchError::Engine(format!("unknown MPI `{name}`: use `openmpi` or `mpich`"))
+        })?),
+        None => None,
+    };
+    let program = options
+        .mpirun
+        .clone()
+        .or_else(|| setting("mpirun").map(Into::into));
+    let mpirun = mpi::find_mpirun(program.as_deref(), flavour)?;
+    let hosts = project
+        .cluster
+        .as_ref()
+        .map(|c| c.hosts.iter().map(|h| parse_host(h)).collect())
+        .transpose()?
+        .unwrap_or_default();
+    let shim = options.shim.clone().ok_or_else(|| {
+        crate::LaunchError::Engine(
+            "the mpi engine needs the hvd binary for its worker shim (RunOptions::shim)".into(),
+        )
+    })?;
+    Ok(MpiSetup {
+        mpirun,
+        hosts,
+        shim,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        root: unsafe { libc::geteuid() } == 0,
+    })
+}
+
+impl MpiSetup {
+    /// The mpirun command line of a distributed step with `env` (the step's variables).
+    pub fn argv(
+        &self,
+        np: u32,
+        env: &std::collections::BTreeMap<String, String>,
+        command: &str,
+        has_env_dir: bool,
+    ) -> Vec<String> {
+        let mut export: Vec<String> = [
+            "PATH",
+            "PYTHONUNBUFFERED",
+            "HVD_RENDEZVOUS",
+            "HVD_JOB_TOKEN",
+            "MASTER_PORT",
+            shim::GPUS_VAR,
+            crate::engine::STEP_MARKER_VAR,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if has_env_dir {
+            export.push("VIRTUAL_ENV".into());
+        }
+        for k in env.keys() {
+            if !export.contains(k) {
+                export.push(k.clone());
+            }
+        }
+        mpi::argv(
+            &self.mpirun,
+            &mpi::MpiStep {
+                np,
+                hosts: &self.hosts,
+                export: &export,
+                shim: &self.shim,
+                command,
+                cores: self.cores,
+                root: self.root,
+            },
+        )
+    }
+}

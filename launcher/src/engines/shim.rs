@@ -1,0 +1,281 @@
+//! The worker shim: maps the rank variables of whoever started the process (OpenMPI, MPICH/Hydra, Slurm, an Indexed
+//! Kubernetes Job / JobSet) to the worker contract (`HVD_*`, Horovod's and torch's variables), using the same
+//! builder as the local engine ([`crate::env::worker_env`]). `hvd worker-env -- CMD` applies it and execs CMD.
+
+use std::collections::BTreeMap;
+
+use crate::env::{RendezvousInfo, Slot, worker_env};
+
+/// Variable that carries `resources.gpus` to the shim (it sets `CUDA_VISIBLE_DEVICES` from the local rank).
+pub const GPUS_VAR: &str = "HVD_GPUS_PER_WORKER";
+
+/// Why the shim cannot tell which rank it is.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error(
+        "no rank variables found: expected OMPI_COMM_WORLD_RANK/SIZE (OpenMPI), PMI_RANK/PMI_SIZE (MPICH), \
+         SLURM_PROCID/SLURM_NTASKS (Slurm), JOB_COMPLETION_INDEX with HVD_SIZE (Kubernetes) or HVD_RANK/HVD_SIZE"
+    )]
+    NoRank,
+    #[error("`{name}` is `{value}`, not a non-negative integer")]
+    NotANumber { name: String, value: String },
+    #[error("rank {rank} is not below the size {size} (from {source_name})")]
+    RankOutOfRange {
+        rank: u32,
+        size: u32,
+        source_name: &'static str,
+    },
+    #[error("`HVD_RENDEZVOUS` is `{0}`, not host:port")]
+    BadRendezvous(String),
+}
+
+/// Which scheme the rank came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankSource {
+    OpenMpi,
+    Mpich,
+    Slurm,
+    Kubernetes,
+    Hvd,
+}
+
+impl RankSource {
+    fn name(self) -> &'static str {
+        match self {
+            RankSource::OpenMpi => "OpenMPI",
+            RankSource::Mpich => "MPICH",
+            RankSource::Slurm => "Slurm",
+            RankSource::Kubernetes => "Kubernetes",
+            RankSource::Hvd => "HVD_*",
+        }
+    }
+}
+
+/// Reads the slot of this process from `get` (the environment). Sources, in order: OpenMPI, MPICH (Hydra/PMI),
+/// Slurm, an Indexed Job's `JOB_COMPLETION_INDEX` (size from `HVD_SIZE`), `HVD_RANK`/`HVD_SIZE` themselves.
+pub fn slot_from_env(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Slot, RankSource), ShimError> {
+    let num = |name: &str| -> Result<Option<u32>, ShimError> {
+        match get(name) {
+            None => Ok(None),
+            Some(value) => {
+                value
+                    .trim()
+                    .parse::<u32>()
+                    .map(Some)
+                    .map_err(|_| ShimError::NotANumber {
+                        name: name.to_owned(),
+                        value,
+                    })
+            }
+        }
+    };
+    let host = get("HVD_HOSTNAME")
+        .or_else(|| get("SLURMD_NODENAME"))
+        .or_else(|| get("HOSTNAME"))
+        .unwrap_or_else(crate::env::local_hostname);
+    // (source, rank, size, local rank, local size, cross rank, cross size)
+    let found = if let (Some(rank), Some(size)) =
+        (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?)
+    {
+        let local_rank = num("OMPI_COMM_WORLD_LOCAL_RANK")?.unwrap_or(0);
+        let local_size = num("OMPI_COMM_WORLD_LOCAL_SIZE")?.unwrap_or(1);
+        (
+            RankSource::OpenMpi,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            None,
+            None,
+        )
+    } else if let (Some(rank), Some(size)) = (num("PMI_RANK")?, num("PMI_SIZE")?) {
+        let local_rank = num("MPI_LOCALRANKID")?.unwrap_or(0);
+        let local_size = num("MPI_LOCALNRANKS")?.unwrap_or(1);
+        (
+            RankSource::Mpich,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            None,
+            None,
+        )
+    } else if let (Some(rank), Some(size)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?) {
+        let local_rank = num("SLURM_LOCALID")?.unwrap_or(0);
+        let local_size = match num("SLURM_NTASKS_PER_NODE")? {
+            Some(n) => n,
+            None => size.div_ceil(num("SLURM_NNODES")?.unwrap_or(1).max(1)),
+        };
+        (
+            RankSource::Slurm,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            num("SLURM_NODEID")?,
+            num("SLURM_NNODES")?,
+        )
+    } else if let (Some(rank), Some(size)) = (num("JOB_COMPLETION_INDEX")?, num("HVD_SIZE")?) {
+        (
+            RankSource::Kubernetes,
+            rank,
+            size,
+            0,
+            1,
+            Some(rank),
+            Some(size),
+        )
+    } else if let (Some(rank), Some(size)) = (num("HVD_RANK")?, num("HVD_SIZE")?) {
+        let local_rank = num("HVD_LOCAL_RANK")?.unwrap_or(0);
+        let local_size = num("HVD_LOCAL_SIZE")?.unwrap_or(1);
+        (
+            RankSource::Hvd,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            num("HVD_CROSS_RANK")?,
+            num("HVD_CROSS_SIZE")?,
+        )
+    } else {
+        return Err(ShimError::NoRank);
+    };
+    let (source, rank, size, local_rank, local_size, cross_rank, cross_size) = found;
+    if rank >= size {
+        return Err(ShimError::RankOutOfRange {
+            rank,
+            size,
+            source_name: source.name(),
+        });
+    }
+    let local_size = local_size.max(1);
+    // Without a node index (MPI), assume ranks fill nodes in order, `local_size` per node (mpirun's default
+    // by-slot mapping).
+    let cross_size = cross_size
+        .unwrap_or_else(|| size.div_ceil(local_size))
+        .max(1);
+    let cross_rank = cross_rank.unwrap_or(rank / local_size);
+    Ok((
+        Slot {
+            rank,
+            size,
+            host,
+            local_rank,
+            local_size,
+            cross_rank,
+            cross_size,
+        },
+        source,
+    ))
+}
+
+/// The variables the shim sets for this process: the same list the local engine gives a worker (rendezvous from
+/// `HVD_RENDEZVOUS`/`HVD_JOB_TOKEN` when present; without one only the rank variables are set).
+pub fn shim_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>, ShimError> {
+    let (slot, _) = slot_from_env(get)?;
+    let gpus = get(GPUS_VAR)
+        .and_then(|g| g.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    let rendezvous = match get("HVD_RENDEZVOUS") {
+        Some(addr) => Some(RendezvousInfo {
+            addr: addr
+                .parse()
+                .map_err(|_| ShimError::BadRendezvous(addr.clone()))?,
+            token: get("HVD_JOB_TOKEN").unwrap_or_default(),
+        }),
+        None => None,
+    };
+    let mut vars = worker_env(&BTreeMap::new(), &slot, rendezvous.as_ref(), gpus, None);
+    if rendezvous.is_none() {
+        vars.extend(crate::env::rank_env(&slot));
+    }
+    Ok(vars)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn last<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        vars.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn openmpi_ranks_map_to_the_contract() {
+        let get = env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("HVD_RENDEZVOUS", "127.0.0.1:7000"),
+            ("HVD_JOB_TOKEN", "abc"),
+            (GPUS_VAR, "1"),
+        ]);
+        let vars = shim_env(&get).unwrap();
+        assert_eq!(last(&vars, "HVD_RANK"), Some("3"));
+        assert_eq!(last(&vars, "HVD_LOCAL_RANK"), Some("1"));
+        assert_eq!(last(&vars, "HVD_CROSS_RANK"), Some("1"));
+        assert_eq!(last(&vars, "HVD_CROSS_SIZE"), Some("2"));
+        assert_eq!(last(&vars, "WORLD_SIZE"), Some("4"));
+        assert_eq!(last(&vars, "HOROVOD_GLOO_RENDEZVOUS_PORT"), Some("7000"));
+        assert_eq!(last(&vars, "CUDA_VISIBLE_DEVICES"), Some("1"));
+    }
+
+    #[test]
+    fn mpich_slurm_and_kubernetes_are_read() {
+        let (slot, source) = slot_from_env(&env(&[
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("MPI_LOCALNRANKS", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (source, slot.rank, slot.size, slot.local_size),
+            (RankSource::Mpich, 1, 2, 2)
+        );
+        let (slot, source) = slot_from_env(&env(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "2"),
+            ("SLURM_NNODES", "4"),
+        ]))
+        .unwrap();
+        assert_eq!(source, RankSource::Slurm);
+        assert_eq!(
+            (
+                slot.local_rank,
+                slot.local_size,
+                slot.cross_rank,
+                slot.cross_size
+            ),
+            (1, 2, 2, 4)
+        );
+        let vars = shim_env(&env(&[("JOB_COMPLETION_INDEX", "2"), ("HVD_SIZE", "3")])).unwrap();
+        assert_eq!(last(&vars, "HVD_RANK"), Some("2"));
+        assert_eq!(last(&vars, "RANK"), Some("2"));
+        assert_eq!(last(&vars, "HOROVOD_SIZE"), Some("3"));
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        assert!(matches!(slot_from_env(&env(&[])), Err(ShimError::NoRank)));
+        let err = slot_from_env(&env(&[("PMI_RANK", "x"), ("PMI_SIZE", "2")])).unwrap_err();
+        assert!(err.to_string().contains("`PMI_RANK` is `x`"), "{err}");
+        let err = slot_from_env(&env(&[("PMI_RANK", "2"), ("PMI_SIZE", "2")])).unwrap_err();
+        assert!(matches!(err, ShimError::RankOutOfRange { .. }), "{err}");
+    }
+}

@@ -1,0 +1,158 @@
+//! End-to-end tests of the engines beyond `local` with the built binary: the worker shim (`hvd worker-env`) and the
+//! `mpi` engine under OpenMPI (`mpirun`) and MPICH (`mpirun.mpich`). MPI tests are skipped, saying so, where that
+//! mpirun is not installed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+
+fn project(step: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!("project \"t\"\nenv {{\n  python = \"3.11\"\n  packages = []\n}}\n{step}\n");
+    std::fs::write(dir.path().join("train.hvd"), text).unwrap();
+    dir
+}
+
+fn hvd_run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(HVD)
+        .arg("run")
+        .arg(dir.join("train.hvd"))
+        .args(["--no-build", "--grace", "2"])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn have(program: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("skipped: `{program}` is not installed");
+    }
+    found
+}
+
+#[test]
+fn worker_env_maps_openmpi_and_slurm_ranks() {
+    let out = Command::new(HVD)
+        .args(["worker-env", "--", "sh", "-c"])
+        .arg("echo $HVD_RANK $HVD_SIZE $HVD_LOCAL_RANK $HOROVOD_RANK $RANK $WORLD_SIZE $HVD_RENDEZVOUS")
+        .env("OMPI_COMM_WORLD_RANK", "2")
+        .env("OMPI_COMM_WORLD_SIZE", "3")
+        .env("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+        .env("HVD_RENDEZVOUS", "127.0.0.1:9")
+        .env("HVD_JOB_TOKEN", "t")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "2 3 0 2 2 3 127.0.0.1:9");
+    let out = Command::new(HVD)
+        .args([
+            "worker-env",
+            "--",
+            "sh",
+            "-c",
+            "echo $HVD_RANK/$HVD_SIZE $HVD_CROSS_RANK",
+        ])
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .env("SLURM_PROCID", "1")
+        .env("SLURM_NTASKS", "2")
+        .env("SLURM_NODEID", "1")
+        .env("SLURM_NNODES", "2")
+        .output()
+        .unwrap();
+    assert_eq!(text(&out).0.trim(), "1/2 1");
+    // No rank anywhere: a usage error that says which variables it looked for.
+    let out = Command::new(HVD)
+        .args(["worker-env", "--", "true"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).1.contains("OMPI_COMM_WORLD_RANK"),
+        "{}",
+        text(&out).1
+    );
+}
+
+const RANKS: &str = r#"step train {
+  run = "case $HVD_RENDEZVOUS in 127.0.0.1:*) r=yes;; esac; echo rank=$HVD_RANK/$HVD_SIZE torch=$RANK/$WORLD_SIZE rdv=$r x=$X"
+  workers = 2
+  env = { X = "from-step" }
+}"#;
+
+const FAILS: &str = r#"step train {
+  run = "if [ $HVD_RANK = 1 ]; then echo boom-$HVD_RANK >&2; exit 3; fi; sleep 20"
+  workers = 2
+}"#;
+
+fn mpi_runs_two_ranks_and_fails_with_one(flavour: &str) {
+    let dir = project(RANKS);
+    let out = hvd_run(dir.path(), &["--engine", "mpi", "--mpi", flavour]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!("rank={rank}/2 torch={rank}/2 rdv=yes x=from-step")),
+            "rank {rank} missing:\n{stdout}"
+        );
+    }
+    let dir = project(FAILS);
+    let out = hvd_run(dir.path(), &["--engine", "mpi", "--mpi", flavour]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(stderr.contains("boom-1"), "{stderr}");
+}
+
+#[test]
+fn mpi_engine_with_openmpi() {
+    if have("mpirun.openmpi") {
+        mpi_runs_two_ranks_and_fails_with_one("openmpi");
+    }
+}
+
+#[test]
+fn mpi_engine_with_mpich() {
+    if have("mpirun.mpich") {
+        mpi_runs_two_ranks_and_fails_with_one("mpich");
+    }
+}
+
+#[test]
+fn dry_run_shows_the_mpirun_command() {
+    if !have("mpirun.mpich") {
+        return;
+    }
+    let dir = project(RANKS);
+    let out = hvd_run(
+        dir.path(),
+        &["--engine", "mpi", "--mpi", "mpich", "--dry-run"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("mpirun:"))
+        .unwrap_or_else(|| panic!("no mpirun line:\n{stdout}"));
+    assert!(line.contains("-np 2"), "{line}");
+    assert!(line.contains("-genvlist PATH,"), "{line}");
+    assert!(line.contains(",X "), "{line}");
+    assert!(line.contains(" worker-env -- /bin/sh -c "), "{line}");
+    // An engine that is not built yet is a usage error naming it.
+    let out = hvd_run(dir.path(), &["--engine", "spark", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("spark"));
+}
