@@ -72,6 +72,10 @@ pub struct RunArgs {
 /// process (OpenMPI, MPICH, Slurm, an Indexed Kubernetes Job) and execs CMD with the worker contract set.
 #[derive(Debug, Args)]
 pub struct WorkerEnvArgs {
+    /// Run CMD as a child and, when it fails, end this process with SIGKILL (after saying which rank failed with
+    /// which code): MPICH's mpiexec ends the whole job only when a rank dies of a signal, not on an exit code.
+    #[arg(long)]
+    pub kill_on_failure: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, num_args = 1.., value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
@@ -87,8 +91,36 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
             "hvd worker-env: give the command after `--`",
         ));
     };
+    let rank = vars
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "HVD_RANK")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
     let mut command = std::process::Command::new(program);
     command.args(rest).envs(vars);
+    if args.kill_on_failure {
+        let status = command.status().map_err(|err| {
+            Failure::new(
+                Status::Failure,
+                miette::miette!(
+                    "hvd worker-env: failed to start `{}`: {err}",
+                    program.to_string_lossy()
+                ),
+            )
+        })?;
+        if status.success() {
+            return Ok(Status::Success);
+        }
+        // One write: MPICH's -prepend-rank prefixes every chunk it reads.
+        let line = format!("hvd worker-env: rank {rank} failed ({status}); ending the job\n");
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        hvd_launcher::engines::shim::die_by_signal();
+        return Err(Failure::new(
+            Status::Failure,
+            miette::miette!("hvd worker-env: rank {rank} failed ({status})"),
+        ));
+    }
     let err = command.exec();
     Err(Failure::new(
         Status::Failure,

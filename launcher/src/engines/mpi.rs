@@ -173,9 +173,12 @@ pub fn argv(mpirun: &Mpirun, step: &MpiStep<'_>) -> Vec<String> {
             }
         }
     }
+    argv.extend([step.shim.display().to_string(), "worker-env".into()]);
+    if mpirun.flavour == MpiFlavour::Mpich {
+        // Hydra ends the job when a rank dies of a signal, but waits for every rank after a plain non-zero exit.
+        argv.push("--kill-on-failure".into());
+    }
     argv.extend([
-        step.shim.display().to_string(),
-        "worker-env".into(),
         "--".into(),
         "/bin/sh".into(),
         "-c".into(),
@@ -247,7 +250,7 @@ mod tests {
         assert_eq!(
             line,
             "mpirun.mpich -prepend-rank -np 4 -hosts a:4 -bind-to core -genvlist A,B \
-             /bin/hvd worker-env -- /bin/sh -c 'python train.py'"
+             /bin/hvd worker-env --kill-on-failure -- /bin/sh -c 'python train.py'"
         );
     }
 

@@ -194,6 +194,15 @@ pub fn shim_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, Str
     Ok(vars)
 }
 
+/// Ends this process with SIGKILL (`hvd worker-env --kill-on-failure`: MPICH's mpiexec ends the job when a rank
+/// dies of a signal, not when it exits with a code).
+pub fn die_by_signal() {
+    // SAFETY: kill(2) on our own pid with a valid signal number has no memory-safety preconditions.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
