@@ -39,7 +39,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(status: Status, report: impl Into<miette::Report>) -> Self {
-        Failure { report: report.into(), status }
+        Failure {
+            report: report.into(),
+            status,
+        }
     }
 
     pub fn usage(message: impl std::fmt::Display) -> Self {

@@ -6,6 +6,7 @@
 
 mod commands;
 mod exit;
+mod runtime;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -67,7 +68,11 @@ fn main() -> ExitCode {
         Err(err) => {
             // clap prints help and version to stdout with exit 0; usage errors exit 2 like ours.
             let _ = err.print();
-            return ExitCode::from(if err.use_stderr() { Status::Usage.code() } else { 0 });
+            return ExitCode::from(if err.use_stderr() {
+                Status::Usage.code()
+            } else {
+                0
+            });
         }
     };
     init_tracing(cli.verbose);
@@ -107,5 +112,9 @@ fn init_tracing(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_env("HVD_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }

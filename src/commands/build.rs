@@ -148,7 +148,13 @@ fn check(args: &BuildArgs) -> CommandResult {
 pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv, Failure> {
     let (project, lock) = load_and_lock(file, mode)?;
     let mut plan = plan(&project, &lock)?;
-    plan.local_packages.extend(runtime_package());
+    // The worker runtime (`import hvd`) is part of every env; the staged copy must outlive the build.
+    let runtime = crate::runtime::stage()?;
+    plan.local_packages.push(hvd_builder::LocalPackage {
+        name: "hvd".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        source: runtime.path().to_path_buf(),
+    });
     let store = open_store()?;
     let progress = TerminalProgress::new();
     let build = hvd_builder::build_env(&store, &plan, &options(mode, rebuild), &progress)
@@ -161,17 +167,6 @@ pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv
         lock,
         build,
         link,
-    })
-}
-
-/// The worker runtime added to every env: `HVD_RUNTIME_DIR` names a staged directory holding the `hvd` Python
-/// package (with `libhvd_runtime.so` inside it); its contents become the env's `site-packages/hvd...` entries.
-fn runtime_package() -> Option<hvd_builder::LocalPackage> {
-    let dir = std::env::var_os("HVD_RUNTIME_DIR").filter(|d| !d.is_empty())?;
-    Some(hvd_builder::LocalPackage {
-        name: "hvd".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        source: PathBuf::from(dir),
     })
 }
 
