@@ -1,5 +1,5 @@
 //! The engine without Python (not a test): 2 in-process ranks over `hvd-collective`'s shm and tcp communicators,
-//! 100 x 4 KiB allreduces per step with fusion on and off, and a single 4-byte allreduce, next to the raw
+//! 100 x 4 KiB and 100 x 4 KiB..4 MiB allreduces per step with fusion on and off, and a single 4-byte allreduce, next to the raw
 //! communicator's 4-byte latency. `cargo run --release -p hvd-runtime --example engine_bench`
 
 use std::time::Instant;
@@ -16,7 +16,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn engine_run(backend: Backend, fusion_threshold: usize) -> (f64, f64) {
+fn engine_run(backend: Backend, fusion_threshold: usize, sizes: &[usize]) -> (f64, f64) {
     let comms = LocalJob::new(2, backend)
         .communicators()
         .expect("connect 2 ranks");
@@ -51,25 +51,26 @@ fn engine_run(backend: Backend, fusion_threshold: usize) -> (f64, f64) {
                         e.wait(h).expect("allreduce");
                         lat.push(t0.elapsed().as_secs_f64());
                     }
-                    let mut bufs: Vec<Vec<u8>> = (0..100).map(|_| vec![0u8; 4096]).collect();
+                    let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; *n]).collect();
                     let mut steps = Vec::new();
-                    for _ in 0..50 {
+                    for _ in 0..20 {
                         let t0 = Instant::now();
                         let hs: Vec<_> = bufs
                             .iter_mut()
                             .enumerate()
                             .map(|(i, b)| {
+                                let n = b.len();
                                 let m = meta(
                                     OpKind::Allreduce,
                                     &format!("t{i}"),
                                     DataType::F32,
-                                    vec![1024],
+                                    vec![n as i64 / 4],
                                     ReduceOp::Sum,
                                 );
                                 let r = Request {
                                     meta: m,
-                                    input: Input::Raw(b.as_ptr(), 4096),
-                                    output: OutputBuffer::Raw(b.as_mut_ptr(), 4096),
+                                    input: Input::Raw(b.as_ptr(), n),
+                                    output: OutputBuffer::Raw(b.as_mut_ptr(), n),
                                 };
                                 e.enqueue(r).expect("enqueue")
                             })
@@ -112,17 +113,26 @@ fn raw_latency(backend: Backend) -> f64 {
 fn main() {
     for (name, backend) in [("shm", Backend::Shm), ("tcp", Backend::Tcp)] {
         let raw = raw_latency(backend);
-        let (lat, fused) = engine_run(backend, 128 << 20);
-        let (_, unfused) = engine_run(backend, 0);
+        let small = vec![4096; 100];
+        let (lat, fused) = engine_run(backend, 128 << 20, &small);
+        let (_, unfused) = engine_run(backend, 0, &small);
+        // 100 tensors from 4 KiB to 4 MiB, geometric.
+        let mixed: Vec<usize> = (0..100)
+            .map(|i| (1024.0 * 1024f64.powf(i as f64 / 99.0)) as usize * 4)
+            .collect();
+        let (_, mixed_fused) = engine_run(backend, 128 << 20, &mixed);
+        let (_, mixed_unfused) = engine_run(backend, 0, &mixed);
         println!(
             "{name}: 4 B allreduce raw {:.1} us, through the engine {:.1} us (overhead {:.1} us); 100 x 4 KiB per \
-             step: fusion on {:.3} ms, off {:.3} ms, speed-up {:.2}x",
+             step: fusion on {:.3} ms, off {:.3} ms, speed-up {:.2}x; 100 x 4 KiB..4 MiB: on {:.2} ms, off {:.2} ms",
             raw * 1e6,
             lat * 1e6,
             (lat - raw) * 1e6,
             fused * 1e3,
             unfused * 1e3,
-            unfused / fused
+            unfused / fused,
+            mixed_fused * 1e3,
+            mixed_unfused * 1e3
         );
     }
 }

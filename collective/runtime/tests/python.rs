@@ -186,6 +186,11 @@ fn timeline_is_valid_chrome_trace_json_with_every_phase() {
 }
 
 #[test]
+fn large_tensors_bypassing_the_fusion_buffer_are_reduced() {
+    assert_all_ok(&run(2, "big.py", &[]), "large tensors");
+}
+
+#[test]
 fn join_with_uneven_data_on_3_and_4_ranks() {
     for size in [3, 4] {
         assert_all_ok(&run(size, "join.py", &[]), &format!("join on {size} ranks"));
