@@ -191,6 +191,11 @@ fn large_tensors_bypassing_the_fusion_buffer_are_reduced() {
 }
 
 #[test]
+fn dlpack_tensors_are_read_through_their_capsule() {
+    assert_all_ok(&run(2, "dlpack.py", &[]), "dlpack");
+}
+
+#[test]
 fn join_with_uneven_data_on_3_and_4_ranks() {
     for size in [3, 4] {
         assert_all_ok(&run(size, "join.py", &[]), &format!("join on {size} ranks"));
