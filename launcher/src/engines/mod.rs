@@ -2,6 +2,7 @@
 //! starts the ranks itself (mpirun) is one supervised process per distributed step, whose ranks get the worker
 //! contract from the shim ([`shim`], `hvd worker-env -- CMD`).
 
+pub mod k8s;
 pub mod mpi;
 pub mod shim;
 

@@ -1,0 +1,223 @@
+//! `hvd export k8s` manifests: golden files (tests/data/golden/, rewrite with `HVD_UPDATE_GOLDEN=1`) and a structural
+//! check against the openAPIV3Schema of the JobSet (v1alpha2) and MPIJob (v2beta1) CRDs, kept as test data
+//! (tests/data/*.schema.json: the CRDs' schemas converted to JSON with `description` fields removed).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use hvd_lang::model::{Cluster, Env, Project, Resources, Step};
+use hvd_launcher::engines::k8s::{Flavour, export};
+use serde_json::Value;
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn schema(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(data(name)).unwrap()).unwrap()
+}
+
+/// Checks `doc` against a structural schema: types, required fields, enums, maxItems, and no fields the schema
+/// does not know (the API server would prune them silently). Returns every problem with its JSON path.
+fn validate(schema: &Value, doc: &Value, path: &str, problems: &mut Vec<String>) {
+    let int_or_string = schema["x-kubernetes-int-or-string"] == Value::Bool(true);
+    if let Some(ty) = schema["type"].as_str() {
+        let ok = match ty {
+            "object" => doc.is_object(),
+            "array" => doc.is_array(),
+            "string" => doc.is_string() || (int_or_string && doc.is_i64()),
+            "integer" => doc.is_i64() || doc.is_u64() || (int_or_string && doc.is_string()),
+            "number" => doc.is_number(),
+            "boolean" => doc.is_boolean(),
+            _ => true,
+        };
+        if !ok {
+            problems.push(format!("{path}: expected {ty}, found {doc}"));
+            return;
+        }
+    }
+    if let Some(values) = schema["enum"].as_array()
+        && !values.contains(doc)
+    {
+        problems.push(format!("{path}: {doc} is not one of {values:?}"));
+    }
+    match doc {
+        Value::Object(map) => {
+            for field in schema["required"].as_array().into_iter().flatten() {
+                let field = field.as_str().unwrap_or_default();
+                if !map.contains_key(field) {
+                    problems.push(format!("{path}: missing required field `{field}`"));
+                }
+            }
+            let preserve = schema["x-kubernetes-preserve-unknown-fields"] == Value::Bool(true);
+            for (key, value) in map {
+                let sub = format!("{path}.{key}");
+                if let Some(prop) = schema["properties"].get(key) {
+                    validate(prop, value, &sub, problems);
+                } else if schema["additionalProperties"].is_object() {
+                    validate(&schema["additionalProperties"], value, &sub, problems);
+                } else if !preserve && schema.get("properties").is_some() {
+                    problems.push(format!("{sub}: unknown field"));
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(max) = schema["maxItems"].as_u64()
+                && items.len() as u64 > max
+            {
+                problems.push(format!("{path}: {} items, at most {max}", items.len()));
+            }
+            for (i, item) in items.iter().enumerate() {
+                validate(&schema["items"], item, &format!("{path}[{i}]"), problems);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn problems(schema_file: &str, doc: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    validate(&schema(schema_file), doc, "$", &mut problems);
+    problems
+}
+
+fn step(name: &str, run: &str, workers: Option<u32>, needs: &[&str]) -> Step {
+    Step {
+        name: name.into(),
+        run: run.into(),
+        needs: needs.iter().map(|n| (*n).to_owned()).collect(),
+        workers,
+        inputs: vec![],
+        outputs: vec![],
+        env: BTreeMap::from([("STEP".to_string(), name.to_string())]),
+        timeout_ms: None,
+    }
+}
+
+fn project(cluster: Option<Cluster>) -> Project {
+    Project {
+        name: "My_Project".into(),
+        file: "train.hvd".into(),
+        env: Env {
+            python: "3.11".into(),
+            index: None,
+            toolchain: None,
+            packages: vec![],
+            variables: BTreeMap::from([("LR".into(), "0.1".into())]),
+        },
+        resources: Resources {
+            gpus: 1,
+            cpus: Some(4),
+            mem: Some(8 << 30),
+        },
+        steps: vec![
+            step("prepare", "python prep.py", None, &[]),
+            step("train", "python train.py", Some(2), &["prepare"]),
+            step("eval", "python eval.py", Some(2), &["train", "prepare"]),
+        ],
+        cluster,
+    }
+}
+
+fn cluster(settings: &[(&str, &str)]) -> Option<Cluster> {
+    Some(Cluster {
+        engine: Some("kubernetes".into()),
+        image: Some("registry.example/hvd-train:1".into()),
+        namespace: Some("ml".into()),
+        settings: settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Cluster::default()
+    })
+}
+
+fn golden(name: &str, doc: &Value) {
+    let text = serde_json::to_string_pretty(doc).unwrap() + "\n";
+    let path = data("golden").join(name);
+    if std::env::var_os("HVD_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (HVD_UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert_eq!(
+        text,
+        expected,
+        "{} differs (HVD_UPDATE_GOLDEN=1 rewrites it)",
+        path.display()
+    );
+}
+
+#[test]
+fn jobset_follows_the_step_graph_and_fits_the_crd() {
+    let out = export(&project(cluster(&[])), Flavour::JobSet).unwrap();
+    assert_eq!(out.manifests.len(), 1);
+    let doc = &out.manifests[0].content;
+    assert_eq!(out.manifests[0].file, "my-project.jobset.json");
+    let jobs = doc["spec"]["replicatedJobs"].as_array().unwrap();
+    let names: Vec<&str> = jobs.iter().map(|j| j["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["prepare", "train", "eval"]);
+    assert_eq!(jobs[2]["dependsOn"][0]["name"], "prepare");
+    assert_eq!(jobs[2]["dependsOn"][1]["name"], "train");
+    assert_eq!(jobs[1]["template"]["spec"]["completions"], 2);
+    let problems = problems("jobset.x-k8s.io_jobsets.v1alpha2.schema.json", doc);
+    assert!(problems.is_empty(), "{problems:#?}");
+    golden("my-project.jobset.json", doc);
+}
+
+#[test]
+fn mpijob_per_distributed_step_fits_the_crd() {
+    let out = export(&project(cluster(&[("mpi", "mpich")])), Flavour::MpiJob).unwrap();
+    let files: Vec<&str> = out.manifests.iter().map(|m| m.file.as_str()).collect();
+    assert_eq!(
+        files,
+        [
+            "my-project-train.mpijob.json",
+            "my-project-eval.mpijob.json"
+        ]
+    );
+    assert!(
+        out.notes.iter().any(|n| n.contains("`prepare` runs once")),
+        "{:?}",
+        out.notes
+    );
+    for m in &out.manifests {
+        let problems = problems("kubeflow.org_mpijobs.v2beta1.schema.json", &m.content);
+        assert!(problems.is_empty(), "{}: {problems:#?}", m.file);
+    }
+    let train = &out.manifests[0].content;
+    assert_eq!(train["spec"]["mpiImplementation"], "MPICH");
+    golden("my-project-train.mpijob.json", train);
+}
+
+#[test]
+fn the_validator_catches_what_the_api_server_would_reject() {
+    let out = export(&project(cluster(&[])), Flavour::JobSet).unwrap();
+    let mut doc = out.manifests[0].content.clone();
+    doc["spec"]["replicatedJobs"][2]["dependsOn"][0]["status"] = "Done".into();
+    doc["spec"]["replicatedJobs"][1]["replicas"] = "two".into();
+    doc["spec"]["replicatedJobs"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("template");
+    doc["spec"]["nonsense"] = true.into();
+    let problems = problems("jobset.x-k8s.io_jobsets.v1alpha2.schema.json", &doc);
+    assert_eq!(problems.len(), 4, "{problems:#?}");
+}
+
+#[test]
+fn missing_image_is_a_clear_error() {
+    let mut c = cluster(&[]);
+    if let Some(c) = c.as_mut() {
+        c.image = None;
+    }
+    let err = export(&project(c), Flavour::JobSet).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("set `image` in the `cluster` block"),
+        "{err}"
+    );
+}
