@@ -161,22 +161,15 @@ step train {
 
 const NUMPY_PY: &str = r#""""Starter script from `hvd init`: data-parallel linear regression with numpy.
 
-Each worker fits on its own shard of synthetic data and the gradients are averaged across workers
-with the `hvd` runtime when it is available (under `hvd run`); alone, it trains on everything.
+Each worker fits on its own shard of synthetic data; gradients are averaged across workers with the `hvd`
+runtime, which every env built by hvd contains. Run alone (outside `hvd run`), it is one worker of one.
 """
-import os
-
 import numpy as np
 
-try:
-    import hvd
-except ImportError:  # running outside `hvd run`
-    hvd = None
+import hvd
 
-rank = int(os.environ.get("HVD_RANK", "0"))
-size = int(os.environ.get("HVD_SIZE", "1"))
-if hvd is not None:
-    hvd.init()
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
 
 rng = np.random.default_rng(0)
 true_w = np.array([2.0, -3.0, 0.5])
@@ -187,38 +180,32 @@ x, y = x[rank::size], y[rank::size]
 w = np.zeros(3)
 for epoch in range(200):
     grad = 2.0 * x.T @ (x @ w - y) / len(y)
-    if hvd is not None and size > 1:
-        grad = np.asarray(hvd.allreduce(grad, op=hvd.Sum)) / size
-    w -= 0.1 * grad
+    w -= 0.1 * hvd.allreduce(grad, op=hvd.Average, name="grad")
 
-loss = float(np.mean((x @ w - y) ** 2))
-print(f"rank {rank}/{size}: w={np.round(w, 3).tolist()} loss={loss:.5f}")
+loss = float(hvd.allreduce(np.array([np.mean((x @ w - y) ** 2)]), op=hvd.Average, name="loss")[0])
+if rank == 0:
+    print(f"{size} worker(s): w={np.round(w, 3).tolist()} loss={loss:.5f}")
+hvd.shutdown()
 "#;
 
 const PYTORCH_PY: &str = r#""""Starter script from `hvd init`: data-parallel training of a small model with PyTorch.
 
-Gradients are averaged across workers with the `hvd` runtime when it is available (under `hvd run`).
+Gradients are averaged across workers by `hvd.torch.DistributedOptimizer`, over the `hvd` runtime that every
+env built by hvd contains. Run alone (outside `hvd run`), it is one worker of one.
 """
-import os
-
 import torch
 
-try:
-    import hvd
-    import hvd.torch as hvd_torch
-except ImportError:  # running outside `hvd run`
-    hvd = None
+import hvd
+import hvd.torch
 
-rank = int(os.environ.get("HVD_RANK", "0"))
-size = int(os.environ.get("HVD_SIZE", "1"))
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
 torch.manual_seed(0)
 
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-if hvd is not None:
-    hvd.init()
-    hvd_torch.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = hvd_torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+hvd.torch.broadcast_parameters(model.state_dict(), root_rank=0)
+optimizer = hvd.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
 x = torch.randn(2048, 8)
 y = x.sum(dim=1, keepdim=True)
@@ -231,6 +218,7 @@ for epoch in range(100):
     optimizer.step()
 
 print(f"rank {rank}/{size}: loss={loss.item():.5f}")
+hvd.shutdown()
 "#;
 
 const TENSORFLOW_PY: &str = r#""""Starter script from `hvd init`: data-parallel Keras training with Horovod over TensorFlow.
