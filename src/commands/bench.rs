@@ -44,6 +44,9 @@ pub struct AllreduceArgs {
     /// Iterations per size (default: 1000 for small sizes down to 5 for the largest).
     #[arg(long)]
     pub iters: Option<usize>,
+    /// Do not pin in-process rank threads to CPUs (pinned by default, like `mpirun --bind-to core`).
+    #[arg(long)]
+    pub no_pin: bool,
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -243,7 +246,7 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
         return Err(Failure::usage("`--workers` must be at least 1"));
     }
     let results = LocalJob::new(a.workers, backend)
-        .pin_threads(true)
+        .pin_threads(!a.no_pin)
         .run(|mut comm| sweep(comm.as_mut(), &sizes, a.iters).map(|rows| (rows, comm.backend())))
         .map_err(failed)?;
     let (rows, name) = results
