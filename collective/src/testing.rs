@@ -268,3 +268,24 @@ fn pin_to_cpu(index: usize) {
         libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
     }
 }
+
+/// The environment that makes a process rank `rank` of a `size`-rank job without a launcher: the ranks find each
+/// other through `rendezvous_dir` (a fresh directory all of them can reach) and group into hosts by `hostname`.
+/// Start `size` processes with these variables and have each call [`crate::bootstrap::from_env`].
+pub fn process_env(
+    rank: usize,
+    size: usize,
+    rendezvous_dir: &std::path::Path,
+    hostname: &str,
+) -> Vec<(&'static str, String)> {
+    use crate::config::EnvVars;
+    vec![
+        (EnvVars::RANK, rank.to_string()),
+        (EnvVars::SIZE, size.to_string()),
+        (
+            EnvVars::RENDEZVOUS,
+            format!("file:{}", rendezvous_dir.display()),
+        ),
+        (EnvVars::HOSTNAME, hostname.to_string()),
+    ]
+}

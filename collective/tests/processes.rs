@@ -235,15 +235,11 @@ fn a_killed_rank_is_named_across_hosts() {
 #[test]
 fn a_shared_directory_works_as_rendezvous() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let rv = format!("file:{}", dir.path().display());
     let children: Vec<Child> = (0..2)
         .map(|r| {
-            start(
-                r,
-                2,
-                &[("HVD_RENDEZVOUS", rv.clone()), ("HVD_HOSTNAME", "h".into())],
-                "ok",
-            )
+            let env: Vec<(&str, String)> =
+                hvd_collective::testing::process_env(r, 2, dir.path(), "h");
+            start(r, 2, &env, "ok")
         })
         .collect();
     let out = results(children);
