@@ -160,9 +160,80 @@ fn dry_run_shows_the_mpirun_command() {
     assert!(line.contains("-np 2"), "{line}");
     assert!(line.contains("-genvlist PATH,"), "{line}");
     assert!(line.contains(",X "), "{line}");
-    assert!(line.contains(" worker-env --kill-on-failure -- /bin/sh -c "), "{line}");
+    assert!(
+        line.contains(" worker-env --kill-on-failure -- /bin/sh -c "),
+        "{line}"
+    );
     // An engine that is not built yet is a usage error naming it.
     let out = hvd_run(dir.path(), &["--engine", "spark", "--dry-run"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("spark"));
+}
+
+const K8S: &str = r#"cluster {
+  engine = "kubernetes"
+  image = "example/train:1"
+  namespace = "ml"
+}
+step prepare {
+  run = "echo prep"
+}
+step train {
+  run = "echo train"
+  workers = 2
+  needs = ["prepare"]
+}"#;
+
+#[test]
+fn export_k8s_writes_a_jobset_and_run_needs_kubectl() {
+    let dir = project(K8S);
+    let out_dir = dir.path().join("out");
+    let out = Command::new(HVD)
+        .args(["export", "k8s"])
+        .arg(dir.path().join("train.hvd"))
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.trim().ends_with("t.jobset.json"), "{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("t.jobset.json")).unwrap())
+            .unwrap();
+    assert_eq!(doc["metadata"]["namespace"], "ml");
+    let train = &doc["spec"]["replicatedJobs"][1];
+    assert_eq!(train["dependsOn"][0]["name"], "prepare");
+    let container = &train["template"]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "example/train:1");
+    assert_eq!(container["command"][1], "worker-env");
+    // The MPIJob flavour leaves out the step that runs once, saying so.
+    let out = Command::new(HVD)
+        .args(["export", "k8s", "--flavour", "mpijob", "--out"])
+        .arg(&out_dir)
+        .arg(dir.path().join("train.hvd"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains("`prepare` runs once"),
+        "{}",
+        text(&out).1
+    );
+    assert!(out_dir.join("t-train.mpijob.json").is_file());
+    // `hvd run` with the kubernetes engine and no kubectl on PATH: a clear usage error, manifests kept.
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .arg("--no-build")
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains("kubectl is not on PATH"),
+        "{}",
+        text(&out).1
+    );
+    assert!(dir.path().join(".hvd/k8s/t.jobset.json").is_file());
 }

@@ -1,16 +1,94 @@
-//! `hvd export`.
+//! `hvd export`: the project for another system. `hvd export k8s FILE`: Kubernetes manifests (a JobSet following
+//! the step graph, or MPIJobs).
 
-use clap::Args;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 
-use crate::exit::CommandResult;
+use clap::{Args, Subcommand};
+use hvd_launcher::engines::k8s::{self, Flavour};
+
+use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// The .hvd file.
-    #[arg(default_value = "train.hvd")]
-    pub file: std::path::PathBuf,
+    #[command(subcommand)]
+    pub target: ExportTarget,
 }
 
-pub fn run(_args: ExportArgs) -> CommandResult {
-    Err(super::not_implemented("export"))
+#[derive(Debug, Subcommand)]
+pub enum ExportTarget {
+    /// Kubernetes manifests: a JobSet (jobset.x-k8s.io/v1alpha2) whose replicated jobs follow the step graph, or
+    /// one MPIJob (kubeflow.org/v2beta1) per distributed step. Image and namespace come from the `cluster` block.
+    K8s(K8sArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct K8sArgs {
+    /// The .hvd file.
+    #[arg(default_value = "train.hvd")]
+    pub file: PathBuf,
+    /// Directory to write the manifests to (default: `k8s/` next to the file).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// `jobset` or `mpijob`.
+    #[arg(long, value_name = "FLAVOUR", default_value = "jobset")]
+    pub flavour: String,
+}
+
+pub fn run(args: ExportArgs) -> CommandResult {
+    match args.target {
+        ExportTarget::K8s(args) => {
+            let project = hvd_lang::load_file(&args.file)
+                .map_err(|d| Failure::new(Status::Usage, miette::Report::new(d)))?;
+            let flavour = Flavour::parse(&args.flavour).ok_or_else(|| {
+                Failure::usage(format!(
+                    "unknown flavour `{}`: use `jobset` or `mpijob`",
+                    args.flavour
+                ))
+            })?;
+            let out = args
+                .out
+                .clone()
+                .unwrap_or_else(|| args.file.parent().unwrap_or(Path::new("")).join("k8s"));
+            let files = write_k8s(&project, flavour, &out)?;
+            for file in files {
+                println!("{}", file.display());
+            }
+            Ok(Status::Success)
+        }
+    }
+}
+
+/// Writes the manifests of `project` into `out`; returns the files written. Notes about steps that do not fit go
+/// to stderr.
+pub fn write_k8s(
+    project: &hvd_lang::model::Project,
+    flavour: Flavour,
+    out: &Path,
+) -> Result<Vec<PathBuf>, Failure> {
+    let export = k8s::export(project, flavour)
+        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+    for note in &export.notes {
+        let _ = writeln!(std::io::stderr().lock(), "hvd: note: {note}");
+    }
+    std::fs::create_dir_all(out).map_err(|e| {
+        Failure::new(
+            Status::Failure,
+            miette::miette!("failed to create `{}`: {e}", out.display()),
+        )
+    })?;
+    let mut files = Vec::new();
+    for manifest in &export.manifests {
+        let path = out.join(&manifest.file);
+        let text = serde_json::to_string_pretty(&manifest.content)
+            .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+        std::fs::write(&path, text + "\n").map_err(|e| {
+            Failure::new(
+                Status::Failure,
+                miette::miette!("failed to write `{}`: {e}", path.display()),
+            )
+        })?;
+        files.push(path);
+    }
+    Ok(files)
 }

@@ -14,10 +14,3 @@ pub mod lock;
 pub mod run;
 pub mod shell;
 pub mod why_depends;
-
-use crate::exit::Failure;
-
-/// The failure every command returns until it is built: exit code 2 and a clear message.
-pub fn not_implemented(command: &str) -> Failure {
-    Failure::usage(format!("`hvd {command}` is not implemented yet"))
-}

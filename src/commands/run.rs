@@ -169,6 +169,13 @@ pub fn run(args: RunArgs) -> CommandResult {
         mpirun: args.mpirun.clone(),
         shim: std::env::current_exe().ok(),
     };
+    let engine = args
+        .engine
+        .clone()
+        .or_else(|| project.cluster.as_ref().and_then(|c| c.engine.clone()));
+    if engine.as_deref() == Some("kubernetes") {
+        return run_kubernetes(&project, &args);
+    }
     let plan = hvd_launcher::plan(&project, &options)
         .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
     if args.dry_run {
@@ -199,6 +206,64 @@ pub fn run(args: RunArgs) -> CommandResult {
             miette::miette!("{}", summary(&failure)),
         )),
     }
+}
+
+/// `--engine kubernetes`: writes the JobSet under `.hvd/k8s/` and applies it with kubectl (`--dry-run` prints it).
+fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> CommandResult {
+    let dir = args
+        .file
+        .parent()
+        .unwrap_or(std::path::Path::new(""))
+        .join(".hvd")
+        .join("k8s");
+    let files =
+        super::export::write_k8s(project, hvd_launcher::engines::k8s::Flavour::JobSet, &dir)?;
+    if args.dry_run {
+        for file in &files {
+            println!("# {} (kubectl apply -f {})", file.display(), file.display());
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            print!("{text}");
+        }
+        return Ok(Status::Success);
+    }
+    let kubectl = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("kubectl"))
+                .any(|p| p.is_file())
+        })
+        .unwrap_or(false);
+    if !kubectl {
+        return Err(Failure::usage(format!(
+            "kubectl is not on PATH: the manifests are in {}; apply them with `kubectl apply -f` where kubectl is \
+             configured",
+            dir.display()
+        )));
+    }
+    for file in &files {
+        let status = std::process::Command::new("kubectl")
+            .arg("apply")
+            .arg("-f")
+            .arg(file)
+            .status()
+            .map_err(|e| {
+                Failure::new(
+                    Status::Failure,
+                    miette::miette!("failed to run kubectl: {e}"),
+                )
+            })?;
+        if !status.success() {
+            return Err(Failure::new(
+                Status::Failure,
+                miette::miette!("`kubectl apply -f {}` failed ({status})", file.display()),
+            ));
+        }
+    }
+    note!(
+        "hvd: applied; follow the pods with `kubectl logs -f -l jobset.sigs.k8s.io/jobset-name={}`",
+        hvd_launcher::engines::k8s::dns_label(&project.name)
+    );
+    Ok(Status::Success)
 }
 
 fn summary(failure: &FailureSummary) -> String {
