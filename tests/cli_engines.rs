@@ -237,3 +237,79 @@ fn export_k8s_writes_a_jobset_and_run_needs_kubectl() {
     );
     assert!(dir.path().join(".hvd/k8s/t.jobset.json").is_file());
 }
+
+const SLURM: &str = r#"resources {
+  gpus = 1
+  cpus = 2
+  mem = 1GiB
+}
+cluster {
+  engine = "slurm"
+  partition = "debug"
+  settings = { nodes = "2" }
+}
+step prep {
+  run = "echo prep"
+}
+step train {
+  run = "python train.py"
+  workers = 4
+  needs = ["prep"]
+  env = { LR = "0.1" }
+}"#;
+
+#[test]
+fn slurm_dry_run_prints_chained_sbatch_scripts() {
+    let dir = project(SLURM);
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run"])
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let got = stdout
+        .replace(&dir.path().display().to_string(), "@DIR@")
+        .replace(HVD, "@HVD@");
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("launcher/tests/data/golden/slurm-dry-run.sh");
+    if std::env::var_os("HVD_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, &got).unwrap();
+    }
+    assert_eq!(
+        got,
+        std::fs::read_to_string(&golden).unwrap(),
+        "HVD_UPDATE_GOLDEN=1 rewrites it"
+    );
+    // The script is valid shell.
+    let check = Command::new("sh")
+        .args(["-n", "-c", &stdout])
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", text(&check).1);
+    // Inside an allocation the step is one srun.
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run"])
+        .env("SLURM_JOB_ID", "7")
+        .output()
+        .unwrap();
+    let stdout = text(&out).0;
+    assert!(
+        stdout.contains("srun:    srun --kill-on-bad-exit=1 --ntasks=4 --label --cpus-per-task=2 --gpus-per-task=1 "),
+        "{stdout}"
+    );
+    // Outside an allocation a real run says what to do instead.
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .arg("--no-build")
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("--dry-run"), "{}", text(&out).1);
+}

@@ -213,7 +213,20 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
         .unwrap_or_default();
     let mpi = match engine {
         EngineKind::Mpi => Some(crate::engines::mpi_setup(project, options)?),
-        EngineKind::Local => None,
+        EngineKind::Local | EngineKind::Slurm => None,
+    };
+    let slurm = match engine {
+        EngineKind::Slurm if crate::engines::slurm::in_allocation() => {
+            Some(crate::engines::slurm::SlurmSetup::new(project, options)?)
+        }
+        EngineKind::Slurm => {
+            return Err(LaunchError::Engine(
+                "the slurm engine outside an allocation (SLURM_JOB_ID unset) only prints its sbatch scripts today: \
+                 use `hvd run --dry-run --engine slurm`, or run inside `salloc`"
+                    .into(),
+            ));
+        }
+        _ => None,
     };
     let graph = StepGraph::new(project)?;
     let selected = graph.selection(options.step.as_deref())?;
@@ -246,10 +259,11 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
             }
             _ => WorkerLayout::local(&host, workers.unwrap_or(1)),
         };
-        let launch = match (&mpi, workers) {
-            (Some(setup), Some(n)) => {
+        let launch = match (&mpi, &slurm, workers) {
+            (Some(setup), _, Some(n)) => {
                 Some(setup.argv(n, &env, &step.run, options.env_dir.is_some()))
             }
+            (_, Some(setup), Some(n)) => Some(setup.srun_argv(n, &step.run)),
             _ => None,
         };
         steps.push(PlannedStep {
@@ -325,14 +339,26 @@ impl Plan {
             }
             let _ = writeln!(out, "   run:     sh -c {:?}", step.command);
             if let Some(argv) = &step.launch {
-                let _ = writeln!(out, "   mpirun:  {}", crate::engines::mpi::shell_line(argv));
+                let program = argv
+                    .first()
+                    .map_or("", |p| p.rsplit('/').next().unwrap_or(p));
+                let label = if program == "srun" {
+                    "srun:"
+                } else {
+                    "mpirun:"
+                };
+                let _ = writeln!(
+                    out,
+                    "   {label:<8} {}",
+                    crate::engines::mpi::shell_line(argv)
+                );
             }
             match step.workers {
                 Some(n) => {
-                    let how = if step.launch.is_some() {
-                        "mpi engine"
-                    } else {
-                        "local engine"
+                    let how = match step.launch.as_ref().and_then(|a| a.first()) {
+                        Some(p) if p == "srun" => "slurm engine",
+                        Some(_) => "mpi engine",
+                        None => "local engine",
                     };
                     let _ = writeln!(out, "   workers: {n} ({how}, rendezvous on 127.0.0.1)");
                     for slot in &step.layout.slots {

@@ -305,11 +305,11 @@ fn bad_graphs_are_refused() {
     ));
     let mut p = project(dir.path(), vec![step("x", "true")]);
     p.cluster = Some(hvd_lang::model::Cluster {
-        engine: Some("slurm".into()),
+        engine: Some("spark".into()),
         ..Default::default()
     });
     assert!(
-        matches!(plan(&p, &options()), Err(LaunchError::EngineNotAvailable(e)) if e == "slurm")
+        matches!(plan(&p, &options()), Err(LaunchError::EngineNotAvailable(e)) if e == "spark")
     );
     a.needs = vec!["nope".into()];
     assert!(matches!(

@@ -55,7 +55,7 @@ pub struct RunArgs {
     /// Do not lock or build the env: run the steps with the current PATH.
     #[arg(long)]
     pub no_build: bool,
-    /// The engine for distributed steps: `local` or `mpi` (overrides `cluster { engine }`).
+    /// The engine for distributed steps: `local`, `mpi`, `slurm` or `kubernetes` (overrides `cluster { engine }`).
     #[arg(long, value_name = "ENGINE")]
     pub engine: Option<String>,
     /// Which MPI the `mpi` engine uses: `openmpi` or `mpich` (default: detected from `mpirun --version`).
@@ -176,6 +176,12 @@ pub fn run(args: RunArgs) -> CommandResult {
     if engine.as_deref() == Some("kubernetes") {
         return run_kubernetes(&project, &args);
     }
+    if engine.as_deref() == Some("slurm")
+        && args.dry_run
+        && !hvd_launcher::engines::slurm::in_allocation()
+    {
+        return print_sbatch_scripts(&project, options);
+    }
     let plan = hvd_launcher::plan(&project, &options)
         .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
     if args.dry_run {
@@ -206,6 +212,56 @@ pub fn run(args: RunArgs) -> CommandResult {
             miette::miette!("{}", summary(&failure)),
         )),
     }
+}
+
+/// `--engine slurm --dry-run` outside an allocation: the batch script of every step and how they would be chained.
+fn print_sbatch_scripts(
+    project: &hvd_lang::model::Project,
+    mut options: RunOptions,
+) -> CommandResult {
+    let shim = options.shim.clone().unwrap_or_else(|| PathBuf::from("hvd"));
+    options.engine = Some("local".into());
+    let plan = hvd_launcher::plan(project, &options)
+        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+    let scripts = hvd_launcher::engines::slurm::sbatch_scripts(
+        project,
+        &plan.steps,
+        &plan.project_dir,
+        &shim,
+    )
+    .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+    println!("#!/bin/sh");
+    println!(
+        "# hvd: slurm engine outside an allocation: `sh` this to submit every step (hvd does not submit yet)"
+    );
+    println!("set -e");
+    for (step, script) in &scripts {
+        let needs = plan
+            .steps
+            .iter()
+            .find(|s| &s.name == step)
+            .map(|s| s.needs.clone())
+            .unwrap_or_default();
+        let dependency = if needs.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " --dependency=afterok:{}",
+                needs
+                    .iter()
+                    .map(|n| format!("${{JOB_{}}}", n.to_ascii_uppercase().replace('-', "_")))
+                    .collect::<Vec<_>>()
+                    .join(":")
+            )
+        };
+        println!(
+            "\nJOB_{}=$(sbatch --parsable{dependency} <<'EOF'",
+            step.to_ascii_uppercase().replace('-', "_")
+        );
+        print!("{script}");
+        println!("EOF\n)");
+    }
+    Ok(Status::Success)
 }
 
 /// `--engine kubernetes`: writes the JobSet under `.hvd/k8s/` and applies it with kubectl (`--dry-run` prints it).

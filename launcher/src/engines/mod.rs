@@ -5,6 +5,7 @@
 pub mod k8s;
 pub mod mpi;
 pub mod shim;
+pub mod slurm;
 
 /// Which engine runs distributed steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -12,6 +13,7 @@ pub enum EngineKind {
     #[default]
     Local,
     Mpi,
+    Slurm,
 }
 
 impl EngineKind {
@@ -21,6 +23,7 @@ impl EngineKind {
         match name {
             "local" => Ok(EngineKind::Local),
             "mpi" => Ok(EngineKind::Mpi),
+            "slurm" => Ok(EngineKind::Slurm),
             other => Err(crate::LaunchError::EngineNotAvailable(other.to_owned())),
         }
     }
