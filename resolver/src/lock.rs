@@ -216,13 +216,18 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         let normalized = RequestedBuild::from_source_build(build);
         let mut build_roots = normalized.requires.clone();
         for against in &normalized.against {
-            match resolution.packages.get(against) {
-                Some((v, _)) => build_roots.push(format!("{against}=={v}")),
-                None => {
-                    return Err(ResolveError::NoSolution(format!(
-                        "the build of `{name}` compiles against `{against}`, which is not among the locked packages; add it to env.packages"
-                    )));
-                }
+            if !resolution.packages.contains_key(against) {
+                return Err(ResolveError::NoSolution(format!(
+                    "the build of `{name}` compiles against `{against}`, which is not among the locked packages; add it to env.packages"
+                )));
+            }
+        }
+        // The `against` packages and everything they pull in are installed in the build env from the runtime
+        // lock, so the build resolution must agree with it: pin that whole closure to its runtime versions.
+        let closure = runtime_closure(&resolution, &normalized.against);
+        for package in &closure {
+            if let Some((v, _)) = resolution.packages.get(package) {
+                build_roots.push(format!("{package}=={v}"));
             }
         }
         let prefs: HashMap<String, Version> = build_preferences
@@ -240,7 +245,7 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
                 }
             })?;
         let mut locked = locked_packages(&source, &build_resolution, &index_root)?;
-        locked.retain(|p| !normalized.against.contains(&p.name));
+        locked.retain(|p| !closure.contains(&p.name));
         builds.push(LockedBuild {
             package: name,
             requires: normalized.requires,
@@ -279,6 +284,21 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         stats,
         index_url,
     })
+}
+
+/// `roots` and every package reachable from them through the resolution's dependency edges.
+fn runtime_closure(resolution: &Resolution, roots: &[String]) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<String> = roots.to_vec();
+    while let Some(name) = stack.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        if let Some((_, edges)) = resolution.packages.get(&name) {
+            stack.extend(edges.iter().map(|e| e.name.clone()));
+        }
+    }
+    seen
 }
 
 fn requirement_name(requirement: &str) -> Option<String> {

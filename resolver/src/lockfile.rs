@@ -212,7 +212,8 @@ pub struct LockedBuild {
     pub against: Vec<String>,
     #[serde(default)]
     pub no_build_isolation: bool,
-    /// The locked build requirements (closure of `requires`, minus `against` packages), sorted by name.
+    /// The locked build requirements, sorted by name: the closure of `requires` minus the runtime closure of
+    /// `against` (those come from `[[package]]`, and the build resolution is pinned to their versions).
     #[serde(default, rename = "package")]
     pub packages: Vec<LockedPackage>,
 }

@@ -218,8 +218,8 @@ impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
         range: &Range,
         stats: &PackageResolutionStatistics,
     ) -> Self::Priority {
-        // Decide pinned packages first, then the ones that conflicted most, then in discovery order (shorter
-        // names are not better; the order only has to be deterministic).
+        // Packages that conflicted most first (they decide the outcome), then pinned ones (a single choice),
+        // the root before everything; ties are left to PubGrub, which is deterministic for equal input.
         let pinned = u8::from(range.as_singleton().is_some());
         let order = match package {
             Node::Root => 0,
