@@ -313,3 +313,178 @@ fn slurm_dry_run_prints_chained_sbatch_scripts() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("--dry-run"), "{}", text(&out).1);
 }
+
+/// A single-node Slurm (munged, slurmctld, slurmd) in a temporary directory with its own ports (FACTS.md); the
+/// daemons are killed when it is dropped.
+struct Slurm {
+    dir: tempfile::TempDir,
+    daemons: Vec<std::process::Child>,
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        for child in self.daemons.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Slurm {
+    fn conf(&self) -> std::path::PathBuf {
+        self.dir.path().join("slurm.conf")
+    }
+
+    /// `None` (saying why) where Slurm is not installed or this is not root (the daemons run as root here).
+    fn start() -> Option<Slurm> {
+        for program in [
+            "munged",
+            "mungekey",
+            "slurmctld",
+            "slurmd",
+            "salloc",
+            "sinfo",
+        ] {
+            if !have(program) {
+                return None;
+            }
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc_geteuid() } != 0 {
+            eprintln!("skipped: the test Slurm runs its daemons as root");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["state", "spool", "run", "log", "munge"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(d.join("munge"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let key = d.join("munge/key");
+        let ok = Command::new("mungekey")
+            .arg("-c")
+            .arg("-k")
+            .arg(&key)
+            .output()
+            .unwrap();
+        assert!(ok.status.success(), "{}", text(&ok).1);
+        let node = Command::new("slurmd").arg("-C").output().unwrap();
+        let node = text(&node).0.lines().next().unwrap_or_default().to_owned();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        let p = d.display();
+        let conf = format!(
+            "ClusterName=hvdtest\nSlurmctldHost={host}\nAuthType=auth/munge\nAuthInfo=socket={p}/munge/sock\n\
+             CredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\nProctrackType=proctrack/linuxproc\n\
+             TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
+             AccountingStorageType=accounting_storage/none\nSelectType=select/cons_tres\n\
+             SelectTypeParameters=CR_Core\nMpiDefault=none\nMailProg=/bin/true\nReturnToService=2\n\
+             SlurmctldPort={}\nSlurmdPort={}\nStateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool\n\
+             SlurmctldPidFile={p}/run/slurmctld.pid\nSlurmdPidFile={p}/run/slurmd.pid\n\
+             SlurmctldLogFile={p}/log/slurmctld.log\nSlurmdLogFile={p}/log/slurmd.log\n{node}\n\
+             PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
+            free_port(),
+            free_port(),
+            host = host.trim(),
+        );
+        std::fs::write(d.join("slurm.conf"), conf).unwrap();
+        let mut slurm = Slurm {
+            dir,
+            daemons: Vec::new(),
+        };
+        let d = slurm.dir.path().to_path_buf();
+        let daemon = |args: &[&str]| {
+            Command::new("setsid")
+                .args(args)
+                .env("SLURM_CONF", d.join("slurm.conf"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(d.join(format!("log/{}.err", args[0]))).unwrap())
+                .spawn()
+                .unwrap()
+        };
+        let sock = format!("--socket={}/munge/sock", d.display());
+        let keyfile = format!("--key-file={}", key.display());
+        let pid = format!("--pid-file={}/run/munged.pid", d.display());
+        let seed = format!("--seed-file={}/munge/seed", d.display());
+        let log = format!("--log-file={}/log/munged.log", d.display());
+        slurm.daemons.push(daemon(&[
+            "munged", "-F", &sock, &keyfile, &pid, &seed, &log,
+        ]));
+        let socket = d.join("munge/sock");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !socket.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        slurm.daemons.push(daemon(&["slurmctld", "-D", "-i"]));
+        slurm.daemons.push(daemon(&["slurmd", "-D"]));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let out = Command::new("sinfo")
+                .args(["-h", "-o", "%t"])
+                .env("SLURM_CONF", slurm.conf())
+                .output()
+                .unwrap();
+            if text(&out).0.contains("idle") {
+                return Some(slurm);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the test Slurm did not become idle; logs in {}",
+                d.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// `salloc -n2 --overcommit hvd run FILE --no-build --engine slurm`.
+    fn run(&self, dir: &Path) -> Output {
+        Command::new("salloc")
+            .args(["-n2", "--overcommit", HVD, "run"])
+            .arg(dir.join("train.hvd"))
+            .args(["--no-build", "--engine", "slurm", "--grace", "2"])
+            .env("SLURM_CONF", self.conf())
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+#[test]
+fn slurm_engine_runs_srun_in_an_allocation() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let dir = project(RANKS);
+    let out = slurm.run(dir.path());
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!("rank={rank}/2 torch={rank}/2 rdv=yes x=from-step")),
+            "rank {rank} missing:\n{stdout}\n{stderr}"
+        );
+    }
+    let dir = project(FAILS);
+    let out = slurm.run(dir.path());
+    let (stdout, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("boom-1"), "{stderr}");
+    assert!(
+        stderr.contains("task 1: Exited with exit code 3"),
+        "{stderr}"
+    );
+}
