@@ -106,8 +106,10 @@ fn mpi_runs_two_ranks_and_fails_with_one(flavour: &str) {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for rank in 0..2 {
         assert!(
-            stdout.contains(&format!("rank={rank}/2 torch={rank}/2 rdv=yes x=from-step")),
-            "rank {rank} missing:\n{stdout}"
+            stdout.contains(&format!(
+                ":{rank}] rank={rank}/2 torch={rank}/2 rdv=yes x=from-step"
+            )),
+            "rank {rank} missing (or not attributed to its rank):\n{stdout}"
         );
     }
     let dir = project(FAILS);
@@ -474,8 +476,10 @@ fn slurm_engine_runs_srun_in_an_allocation() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for rank in 0..2 {
         assert!(
-            stdout.contains(&format!("rank={rank}/2 torch={rank}/2 rdv=yes x=from-step")),
-            "rank {rank} missing:\n{stdout}\n{stderr}"
+            stdout.contains(&format!(
+                ":{rank}] rank={rank}/2 torch={rank}/2 rdv=yes x=from-step"
+            )),
+            "rank {rank} missing (or not attributed to its rank):\n{stdout}\n{stderr}"
         );
     }
     let dir = project(FAILS);

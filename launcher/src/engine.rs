@@ -522,6 +522,7 @@ fn run_step(
             Some(_) => &step.layout.slots[..step.layout.slots.len().min(1)],
             None => &step.layout.slots[..],
         };
+        let tagged = step.launch.is_some();
         for slot in slots {
             let rank_dir = log_dir.join(format!("rank.{}", slot.rank));
             fs_err::create_dir_all(&rank_dir).map_err(|source| LaunchError::Io {
@@ -600,6 +601,7 @@ fn run_step(
                         rank,
                         events,
                         None,
+                        tagged,
                     )
                 });
             }
@@ -619,6 +621,7 @@ fn run_step(
                         rank,
                         events,
                         Some(&tail),
+                        tagged,
                     )
                 });
             }
@@ -825,6 +828,7 @@ fn pump(
     rank: u32,
     events: &dyn EventSink,
     tail: Option<&Mutex<VecDeque<String>>>,
+    tagged: bool,
 ) {
     use std::io::Write;
     let mut splitter = LineSplitter::default();
@@ -839,6 +843,11 @@ fn pump(
             }
             tail.push_back(text.clone());
         }
+        // A launched step's lines carry the real rank in mpirun's / srun's tag.
+        let (rank, stream, text) = match tagged.then(|| crate::engines::untag(&text)).flatten() {
+            Some((r, s, rest)) => (r, s.unwrap_or(stream), rest.to_owned()),
+            None => (rank, stream, text),
+        };
         events.event(Event::Line {
             step: step.clone(),
             host: host.clone(),

@@ -141,3 +141,52 @@ impl MpiSetup {
         )
     }
 }
+
+/// Reads the rank tag mpirun or srun puts in front of a line: OpenMPI's `--tag-output` (`[1,R]<stdout>:text`),
+/// MPICH's `-prepend-rank` (`[R] text`), srun's `--label` (`R: text`, the rank right-aligned). Returns the rank, the
+/// stream named in the tag (OpenMPI) and the rest of the line.
+pub fn untag(line: &str) -> Option<(u32, Option<crate::Stream>, &str)> {
+    if let Some(rest) = line.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        let rank = match inside.split_once(',') {
+            Some((job, rank)) if job.bytes().all(|b| b.is_ascii_digit()) => rank,
+            Some(_) => return None,
+            None => inside,
+        };
+        let rank: u32 = rank.parse().ok()?;
+        for (tag, stream) in [
+            ("<stdout>:", crate::Stream::Stdout),
+            ("<stderr>:", crate::Stream::Stderr),
+        ] {
+            if let Some(text) = after.strip_prefix(tag) {
+                return Some((rank, Some(stream), text));
+            }
+        }
+        return Some((rank, None, after.strip_prefix(' ').unwrap_or(after)));
+    }
+    let trimmed = line.trim_start_matches(' ');
+    let (rank, text) = trimmed.split_once(": ")?;
+    if rank.is_empty() || !rank.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((rank.parse().ok()?, None, text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Stream;
+
+    #[test]
+    fn tags_of_mpirun_and_srun_are_read() {
+        assert_eq!(
+            untag("[1,3]<stderr>:boom"),
+            Some((3, Some(Stream::Stderr), "boom"))
+        );
+        assert_eq!(untag("[2] hello [x]"), Some((2, None, "hello [x]")));
+        assert_eq!(untag(" 1: a: b"), Some((1, None, "a: b")));
+        assert_eq!(untag("plain line"), None);
+        assert_eq!(untag("[warn] something"), None);
+        assert_eq!(untag("srun: error: vm: task 1"), None);
+    }
+}
