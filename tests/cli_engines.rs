@@ -492,3 +492,74 @@ fn slurm_engine_runs_srun_in_an_allocation() {
         "{stderr}"
     );
 }
+
+const ALLREDUCE_PY: &str = r#"import os, sys
+import numpy as np
+import hvd
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
+out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
+ok = bool(np.all(out == n * (n + 1) / 2))
+print(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok}", flush=True)
+sys.exit(0 if ok else 1)
+"#;
+
+/// A project whose one step runs the Python `hvd` package's allreduce on 2 ranks and checks the sum; `None` (saying
+/// why) without a Python that has numpy or without the built `libhvd_runtime.so`.
+fn allreduce_project() -> Option<tempfile::TempDir> {
+    let lib = Path::new(HVD).with_file_name("libhvd_runtime.so");
+    if !lib.is_file() {
+        eprintln!(
+            "skipped: {} is not built (cargo build -p hvd-runtime)",
+            lib.display()
+        );
+        return None;
+    }
+    let python = Command::new("python3")
+        .args(["-c", "import numpy, sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| text(&o).0.trim().to_owned());
+    let Some(python) = python else {
+        eprintln!("skipped: no python3 with numpy");
+        return None;
+    };
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
+    let dir = project(&format!(
+        "step train {{\n  run = \"{python} ar.py\"\n  workers = 2\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
+        package.display(),
+        lib.display()
+    ));
+    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    Some(dir)
+}
+
+fn assert_allreduce(out: &Output) {
+    let (stdout, stderr) = text(out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!(
+                ":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True"
+            )),
+            "rank {rank}:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn the_allreduce_worker_runs_under_mpi_and_slurm() {
+    let Some(dir) = allreduce_project() else {
+        return;
+    };
+    for flavour in ["openmpi", "mpich"] {
+        if have(&format!("mpirun.{flavour}")) {
+            assert_allreduce(&hvd_run(dir.path(), &["--engine", "mpi", "--mpi", flavour]));
+        }
+    }
+    if let Some(slurm) = Slurm::start() {
+        assert_allreduce(&slurm.run(dir.path()));
+    }
+}
