@@ -686,6 +686,19 @@ fn run_step(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             failure.stderr_tail = tail.iter().cloned().collect();
+            // mpirun / srun exit with their own code: name the rank that failed first and pass its code on.
+            if step.launch.is_some()
+                && let Some((rank, code)) = crate::engines::failing_rank(&failure.stderr_tail)
+                && let Cause::Worker { host, .. } = &failure.cause
+            {
+                let exit = WorkerExit::Code(code);
+                failure.cause = Cause::Worker {
+                    rank,
+                    host: host.clone(),
+                    exit,
+                };
+                failure.exit_code = exit.code();
+            }
         }
     }
     drop(failures);

@@ -172,10 +172,72 @@ pub fn untag(line: &str) -> Option<(u32, Option<crate::Stream>, &str)> {
     Some((rank.parse().ok()?, None, text))
 }
 
+/// The first failing rank and its exit code, from what mpirun, srun or the shim said on stderr: OpenMPI's
+/// `Process name: [[J,1],R]` followed by `Exit code: N`, srun's `task R: Exited with exit code N`, the shim's
+/// `hvd worker-env: rank R failed (exit status: N)`.
+pub fn failing_rank(stderr: &[String]) -> Option<(u32, i32)> {
+    let number = |s: &str| -> Option<i64> {
+        let digits: String = s
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.parse().ok()
+    };
+    let mut openmpi_rank: Option<u32> = None;
+    for line in stderr {
+        let line = untag(line).map_or(line.as_str(), |(_, _, rest)| rest);
+        if let Some((_, rest)) = line.split_once("hvd worker-env: rank ")
+            && let Some((rank, code)) = rest.split_once(" failed (exit status: ")
+        {
+            return Some((
+                rank.trim().parse().ok()?,
+                i32::try_from(number(code)?).ok()?,
+            ));
+        }
+        if let Some((_, rest)) = line.split_once(": task ")
+            && let Some((rank, code)) = rest.split_once(": Exited with exit code ")
+        {
+            return Some((
+                rank.trim().parse().ok()?,
+                i32::try_from(number(code)?).ok()?,
+            ));
+        }
+        if let Some((_, rest)) = line.split_once("Process name: [[") {
+            openmpi_rank = rest
+                .split_once("],")
+                .and_then(|(_, r)| number(r))
+                .and_then(|r| u32::try_from(r).ok());
+        }
+        if let Some(rank) = openmpi_rank
+            && let Some((_, code)) = line.split_once("Exit code:")
+        {
+            return Some((rank, i32::try_from(number(code)?).ok()?));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Stream;
+
+    #[test]
+    fn the_failing_rank_is_read_from_each_launcher() {
+        let lines = |text: &str| text.lines().map(str::to_owned).collect::<Vec<_>>();
+        let openmpi =
+            lines("[1,1]<stderr>:boom\n  Process name: [[13393,1],1]\n  Exit code:    3\n----");
+        assert_eq!(failing_rank(&openmpi), Some((1, 3)));
+        let srun = lines(
+            "1: boom\nsrun: error: vm: task 1: Exited with exit code 3\nsrun: error: vm: task 0: Terminated",
+        );
+        assert_eq!(failing_rank(&srun), Some((1, 3)));
+        let mpich =
+            lines("[1] boom\n[1] hvd worker-env: rank 1 failed (exit status: 7); ending the job");
+        assert_eq!(failing_rank(&mpich), Some((1, 7)));
+        assert_eq!(failing_rank(&lines("something else")), None);
+    }
 
     #[test]
     fn tags_of_mpirun_and_srun_are_read() {
