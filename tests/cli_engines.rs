@@ -554,3 +554,48 @@ fn the_allreduce_worker_runs_under_mpi_and_slurm() {
         assert_allreduce(&slurm.run(dir.path()));
     }
 }
+
+#[test]
+fn hosts_and_hostfiles_reach_mpirun() {
+    if !have("mpirun.openmpi") || !have("mpirun.mpich") {
+        return;
+    }
+    let dir = project(RANKS);
+    std::fs::write(dir.path().join("hosts"), "# one host\nlocalhost slots=2\n").unwrap();
+    let hostfile = dir.path().join("hosts").display().to_string();
+    let out = hvd_run(
+        dir.path(),
+        &[
+            "--engine",
+            "mpi",
+            "--mpi",
+            "openmpi",
+            "--hostfile",
+            &hostfile,
+            "--dry-run",
+        ],
+    );
+    let stdout = text(&out).0;
+    assert!(stdout.contains(" -np 2 -H localhost:2 "), "{stdout}");
+    let out = hvd_run(
+        dir.path(),
+        &[
+            "--engine",
+            "mpi",
+            "--mpi",
+            "mpich",
+            "--hosts",
+            "localhost:2",
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("[train localhost:1] rank=1/2"), "{stdout}");
+    std::fs::write(dir.path().join("hosts"), "localhost slots=two\n").unwrap();
+    let out = hvd_run(
+        dir.path(),
+        &["--engine", "mpi", "--hostfile", &hostfile, "--dry-run"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).1.contains("slots=two"), "{}", text(&out).1);
+}

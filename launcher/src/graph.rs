@@ -45,6 +45,8 @@ pub struct RunOptions {
     pub mpirun: Option<PathBuf>,
     /// The hvd binary, whose `worker-env` subcommand is the shim engines run in front of each rank.
     pub shim: Option<PathBuf>,
+    /// `--hosts` (`host:slots` entries): overrides `cluster { hosts }` for the mpi engine.
+    pub hosts: Option<Vec<String>>,
 }
 
 impl Default for RunOptions {
@@ -63,6 +65,7 @@ impl Default for RunOptions {
             mpi: None,
             mpirun: None,
             shim: None,
+            hosts: None,
         }
     }
 }

@@ -61,6 +61,17 @@ pub struct RunArgs {
     /// Which MPI the `mpi` engine uses: `openmpi` or `mpich` (default: detected from `mpirun --version`).
     #[arg(long, value_name = "FLAVOUR")]
     pub mpi: Option<String>,
+    /// Hosts for the `mpi` engine, e.g. `h1:4,h2:4` (`host:slots`; overrides `cluster { hosts }`).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        conflicts_with = "hostfile"
+    )]
+    pub hosts: Option<Vec<String>>,
+    /// A hostfile for the `mpi` engine: `host slots=N` lines.
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
     /// The mpirun program for the `mpi` engine (default: found on PATH).
     #[arg(long, value_name = "PROGRAM")]
     pub mpirun: Option<PathBuf>,
@@ -168,6 +179,18 @@ pub fn run(args: RunArgs) -> CommandResult {
         mpi: args.mpi.clone(),
         mpirun: args.mpirun.clone(),
         shim: std::env::current_exe().ok(),
+        hosts: match &args.hostfile {
+            Some(file) => {
+                let text = std::fs::read_to_string(file).map_err(|e| {
+                    Failure::usage(format!("failed to read `{}`: {e}", file.display()))
+                })?;
+                Some(
+                    hvd_launcher::engines::parse_hostfile(&text)
+                        .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?,
+                )
+            }
+            None => args.hosts.clone(),
+        },
     };
     let engine = args
         .engine

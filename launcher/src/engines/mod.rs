@@ -59,6 +59,36 @@ pub fn parse_host(entry: &str) -> Result<(String, u32), crate::LaunchError> {
     }
 }
 
+/// Reads a hostfile: `host slots=N` lines (`host` alone: 1 slot; `#` comments and blank lines ignored), as
+/// `host:N` entries.
+pub fn parse_hostfile(text: &str) -> Result<Vec<String>, crate::LaunchError> {
+    let mut hosts = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let host = words.next().unwrap_or_default();
+        let mut slots = 1u32;
+        for word in words {
+            let n = word
+                .strip_prefix("slots=")
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    crate::LaunchError::Engine(format!(
+                        "hostfile line {}: `{word}` is not `slots=N` with N a positive number",
+                        i + 1
+                    ))
+                })?;
+            slots = n;
+        }
+        hosts.push(format!("{host}:{slots}"));
+    }
+    Ok(hosts)
+}
+
 /// Finds mpirun and reads the hosts for the mpi engine.
 pub fn mpi_setup(
     project: &hvd_lang::model::Project,
@@ -77,12 +107,18 @@ pub fn mpi_setup(
         .clone()
         .or_else(|| setting("mpirun").map(Into::into));
     let mpirun = mpi::find_mpirun(program.as_deref(), flavour)?;
-    let hosts = project
-        .cluster
-        .as_ref()
-        .map(|c| c.hosts.iter().map(|h| parse_host(h)).collect())
-        .transpose()?
-        .unwrap_or_default();
+    let hosts = match &options.hosts {
+        Some(hosts) => hosts
+            .iter()
+            .map(|h| parse_host(h))
+            .collect::<Result<_, _>>()?,
+        None => project
+            .cluster
+            .as_ref()
+            .map(|c| c.hosts.iter().map(|h| parse_host(h)).collect())
+            .transpose()?
+            .unwrap_or_default(),
+    };
     let shim = options.shim.clone().ok_or_else(|| {
         crate::LaunchError::Engine(
             "the mpi engine needs the hvd binary for its worker shim (RunOptions::shim)".into(),
@@ -237,6 +273,21 @@ mod tests {
             lines("[1] boom\n[1] hvd worker-env: rank 1 failed (exit status: 7); ending the job");
         assert_eq!(failing_rank(&mpich), Some((1, 7)));
         assert_eq!(failing_rank(&lines("something else")), None);
+    }
+
+    #[test]
+    fn hosts_and_hostfiles_are_read() {
+        assert_eq!(parse_host("a:4").unwrap(), ("a".to_string(), 4));
+        assert_eq!(parse_host("b").unwrap(), ("b".to_string(), 1));
+        assert!(
+            parse_host("c:0").is_err() && parse_host("c:x").is_err() && parse_host(":2").is_err()
+        );
+        assert_eq!(
+            parse_hostfile("# hosts\nh1 slots=4\n\nh2\n").unwrap(),
+            ["h1:4", "h2:1"]
+        );
+        let err = parse_hostfile("h1 slots=four").unwrap_err();
+        assert!(err.to_string().contains("line 1"), "{err}");
     }
 
     #[test]
