@@ -280,7 +280,15 @@ fn build_exec_why_depends_locked_and_gc() {
     );
     std::fs::remove_dir_all(p.root.join("app/.hvd")).unwrap();
     let gc = p.hvd(&["gc"]);
-    assert_eq!(text(&gc).0.lines().count(), 3, "{:?}", text(&gc));
+    // The env, its two packages and the worker runtime (`hvd`) that every env gets.
+    let removed = text(&gc).0;
+    assert_eq!(removed.lines().count(), 4, "{removed}");
+    for name in ["-app-env", "-greet-1.0", "-helper-1.0", "-hvd-"] {
+        assert!(
+            removed.contains(name),
+            "gc did not remove the path of {name}: {removed}"
+        );
+    }
     assert!(!Path::new(&env).exists());
 }
 
@@ -379,24 +387,17 @@ fn build_without_a_lock_resolves_against_the_index_then_builds() {
     assert_eq!(text(&again).0, env, "{}", text(&again).1);
 }
 
-/// Opt-in (`HVD_TEST_REAL_INDEX=1`; needs the real package index, ~700 MB of downloads and ~5 minutes of compiling):
+/// Opt-in (`--run-ignored only`; needs the real package index, ~700 MB of downloads and ~5 minutes of compiling):
 /// tensorflow-cpu 2.12.1 + horovod 0.28.1 built from source against it, `import horovod.tensorflow` works inside
 /// the env, and `hvd build --check` finds the horovod build reproducible.
 #[test]
+#[ignore = "opt-in: builds tensorflow-cpu + horovod from the real package index (minutes); run with --run-ignored only"]
 fn real_index_tensorflow_horovod_builds_imports_and_passes_check() {
-    if std::env::var_os("HVD_TEST_REAL_INDEX").is_none() {
-        eprintln!(
-            "skipped: set HVD_TEST_REAL_INDEX=1 to build tensorflow-cpu + horovod from the real index"
-        );
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let example =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tensorflow-horovod/train.hvd");
     let file = dir.path().join("train.hvd");
-    let source = std::fs::read_to_string(&example).unwrap_or_else(|_| {
-        "project \"tfh\"\nimport std\nlet tf = std.tensorflow { version = \"2.12.1\", variant = \"cpu\" }\nenv {\n  python = \"3.11\"\n  toolchain = std.gcc { version = \"12\" }\n  packages = [tf, std.horovod { version = \"0.28.1\", frameworks = [tf] }]\n}\n".to_string()
-    });
+    let source = std::fs::read_to_string(&example).unwrap();
     std::fs::write(&file, source).unwrap();
     // Reuse a store across runs when given (the build takes minutes).
     let store = std::env::var_os("HVD_TEST_REAL_STORE")

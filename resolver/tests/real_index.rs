@@ -1,5 +1,5 @@
 //! Opt-in: lock against the real package index (the one pip is configured with). Run with
-//! `HVD_TEST_REAL_INDEX=1 cargo nextest run -p hvd-resolver --test real_index`. Needs network access.
+//! `cargo nextest run -p hvd-resolver --test real_index --run-ignored only`. Needs network access.
 
 use std::collections::BTreeMap;
 
@@ -8,11 +8,8 @@ use hvd_resolver::lockfile::ArtifactKind;
 use hvd_resolver::{LockOptions, lock_detailed};
 
 #[test]
+#[ignore = "opt-in: locks against the real package index; run with --run-ignored only"]
 fn tensorflow_cpu_2_12_1_on_python_3_11() {
-    if std::env::var_os("HVD_TEST_REAL_INDEX").is_none_or(|v| v != "1") {
-        eprintln!("skipped: set HVD_TEST_REAL_INDEX=1 to lock against the real index");
-        return;
-    }
     let env = Env {
         python: "3.11".into(),
         index: None,
