@@ -541,24 +541,82 @@ impl IndexClient {
         }
         let bytes = self.body(&file.url, response).await?;
         let url = file.url.clone();
-        let parsed =
-            tokio::task::spawn_blocking(move || metadata::metadata_from_sdist_targz(&bytes))
-                .await
-                .map_err(|e| IndexError::Sdist {
-                    url: url.clone(),
-                    message: e.to_string(),
-                })?
-                .map_err(|e| IndexError::Sdist {
-                    url: url.clone(),
-                    message: e.to_string(),
-                })?;
-        // Store a normalized PKG-INFO (with requires.txt folded in) so the cache answers alone next time.
-        let text = match &parsed {
+        let contents = tokio::task::spawn_blocking(move || metadata::read_sdist_targz(&bytes))
+            .await
+            .map_err(|e| IndexError::Sdist {
+                url: url.clone(),
+                message: e.to_string(),
+            })?
+            .map_err(|e| IndexError::Sdist {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        // Store a normalized PKG-INFO (with requires.txt folded in) so the cache answers alone next time, and the
+        // build requirements read in the same pass (so locking the sdist's build needs no second download).
+        let text = match &contents.metadata {
             Some(m) => render_metadata(m),
             None => String::new(),
         };
         write_atomic(&self.cache_path("metadata", &key), text.as_bytes())?;
-        Ok(parsed)
+        self.store_build_requires(file, &contents.build_requires)?;
+        Ok(contents.metadata)
+    }
+
+    fn store_build_requires(
+        &self,
+        file: &IndexFile,
+        requires: &[String],
+    ) -> Result<(), IndexError> {
+        let key = Self::immutable_key(file, "sdist-build");
+        let text: String = requires.iter().map(|r| format!("{r}\n")).collect();
+        write_atomic(&self.cache_path("metadata", &key), text.as_bytes())?;
+        Ok(())
+    }
+
+    /// The PEP 518 build requirements of an sdist: `[build-system] requires` of its pyproject.toml, else the PEP
+    /// 517 default ([`metadata::DEFAULT_BUILD_REQUIRES`]). Usually cached by [`Self::sdist_metadata`]'s download.
+    /// A `.zip` sdist is not opened: it gets the default.
+    pub async fn sdist_build_requires(&self, file: &IndexFile) -> Result<Vec<String>, IndexError> {
+        let key = Self::immutable_key(file, "sdist-build");
+        if let Some(bytes) = self.cached_metadata(&key) {
+            return Ok(String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(str::to_string)
+                .collect());
+        }
+        if !file.filename.ends_with(".tar.gz") {
+            return Ok(metadata::DEFAULT_BUILD_REQUIRES
+                .iter()
+                .map(|s| s.to_string())
+                .collect());
+        }
+        if self.options.offline {
+            return Err(IndexError::Offline {
+                url: file.url.clone(),
+            });
+        }
+        let response = self.send(&file.url, HeaderMap::new()).await?;
+        if !response.status().is_success() {
+            return Err(IndexError::Status {
+                url: file.url.clone(),
+                status: response.status().as_u16(),
+            });
+        }
+        let bytes = self.body(&file.url, response).await?;
+        let url = file.url.clone();
+        let contents = tokio::task::spawn_blocking(move || metadata::read_sdist_targz(&bytes))
+            .await
+            .map_err(|e| IndexError::Sdist {
+                url: url.clone(),
+                message: e.to_string(),
+            })?
+            .map_err(|e| IndexError::Sdist {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        self.store_build_requires(file, &contents.build_requires)?;
+        Ok(contents.build_requires)
     }
 }
 

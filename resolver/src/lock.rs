@@ -12,8 +12,9 @@ use sha2::{Digest, Sha256};
 
 use crate::index::{IndexClient, IndexError, IndexOptions, default_cache_dir};
 use crate::lockfile::{
-    Artifact, Dependency, LockedBuild, LockedPackage, Lockfile, Request, RequestedBuild,
-    SCHEMA_VERSION, ToolPin, ToolchainPin, env_hash, normalize_name,
+    Artifact, ArtifactKind, Dependency, LockedBuild, LockedPackage, Lockfile, Request,
+    RequestedBuild, SCHEMA_VERSION, ToolPin, ToolchainPin, env_hash, normalize_name,
+    normalize_requirement,
 };
 use crate::solver::{self, Resolution, SolveError};
 use crate::source::{FetchCallback, IndexSource, SourceError, SourceMetadataProvider};
@@ -253,6 +254,48 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
             against: normalized.against,
             no_build_isolation: normalized.no_build_isolation,
             packages: locked,
+        });
+    }
+
+    // An sdist picked for a package without a recipe is built with its own PEP 517 backend: lock the build
+    // requirements its pyproject.toml declares (or the PEP 517 default), so the builder installs them from the
+    // store. The sdist was already downloaded for its PKG-INFO; that read cached them.
+    for package in &packages {
+        if package.artifact.kind != ArtifactKind::Sdist
+            || builds
+                .iter()
+                .any(|b: &LockedBuild| b.package == package.name)
+        {
+            continue;
+        }
+        let name = package.name.clone();
+        let version = Version::from_str(&package.version)
+            .map_err(|e| ResolveError::NoSolution(format!("bad version of `{name}`: {e}")))?;
+        let (file, _) = source.artifact(&name, &version)?;
+        let requires: Vec<String> = runtime
+            .block_on(client.sdist_build_requires(&file))?
+            .iter()
+            .map(|r| normalize_requirement(r))
+            .collect();
+        let prefs: HashMap<String, Version> = build_preferences
+            .iter()
+            .filter(|((b, _), _)| b == &name)
+            .map(|((_, p), v)| (p.clone(), v.clone()))
+            .collect();
+        let build_resolution = solver::solve(&source, &requires, &target.markers, &prefs, &words)
+            .map_err(|e| match ResolveError::from(e) {
+                ResolveError::NoSolution(t) => ResolveError::NoSolution(format!(
+                    "the build requirements of `{name}` (from its sdist's pyproject.toml) have no solution:\n{t}"
+                )),
+                other => other,
+            })?;
+        builds.push(LockedBuild {
+            package: name,
+            requires,
+            env: Default::default(),
+            against: Vec::new(),
+            no_build_isolation: false,
+            packages: locked_packages(&source, &build_resolution, &index_root)?,
         });
     }
 

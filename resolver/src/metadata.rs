@@ -279,9 +279,66 @@ pub fn metadata_from_wheel_bytes(wheel: &[u8]) -> Result<Vec<u8>, ZipError> {
 /// Read the static metadata out of an sdist (`.tar.gz`): `PKG-INFO` at the top, plus
 /// `*.egg-info/requires.txt` when PKG-INFO predates static `Requires-Dist`.
 pub fn metadata_from_sdist_targz(bytes: &[u8]) -> std::io::Result<Option<CoreMetadata>> {
+    Ok(read_sdist_targz(bytes)?.metadata)
+}
+
+/// The PEP 517 default build requirements, used when an sdist has no pyproject.toml or no `[build-system]`
+/// table in it (the backend is then `setuptools.build_meta:__legacy__`).
+pub const DEFAULT_BUILD_REQUIRES: [&str; 2] = ["setuptools>=40.8.0", "wheel"];
+
+/// What the resolver reads out of an sdist in one pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SdistContents {
+    /// PKG-INFO (with `requires.txt` folded in); `None` without PKG-INFO.
+    pub metadata: Option<CoreMetadata>,
+    /// `[build-system] requires` of its top-level pyproject.toml, else [`DEFAULT_BUILD_REQUIRES`].
+    pub build_requires: Vec<String>,
+}
+
+/// `[build-system] requires` of a pyproject.toml; the PEP 517 default when the table or `requires` is absent.
+pub fn build_requires_from_pyproject(text: Option<&str>) -> std::io::Result<Vec<String>> {
+    let default = || {
+        DEFAULT_BUILD_REQUIRES
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let Some(text) = text else {
+        return Ok(default());
+    };
+    let value: toml::Table = toml::from_str(text).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("its pyproject.toml is not valid TOML: {e}"),
+        )
+    })?;
+    let Some(requires) = value
+        .get("build-system")
+        .and_then(|b| b.as_table())
+        .and_then(|b| b.get("requires"))
+    else {
+        return Ok(default());
+    };
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "its pyproject.toml `[build-system] requires` is not a list of strings",
+        )
+    };
+    requires
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|r| r.as_str().map(|s| s.trim().to_string()).ok_or_else(bad))
+        .collect()
+}
+
+/// Read PKG-INFO (plus `*.egg-info/requires.txt`) and the pyproject.toml build requirements of a `.tar.gz` sdist.
+pub fn read_sdist_targz(bytes: &[u8]) -> std::io::Result<SdistContents> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
     let mut pkg_info: Option<String> = None;
     let mut requires_txt: Option<String> = None;
+    let mut pyproject: Option<String> = None;
     for entry in archive.entries()? {
         let mut entry = entry?;
         let path = entry.path()?.to_string_lossy().into_owned();
@@ -291,6 +348,11 @@ pub fn metadata_from_sdist_targz(bytes: &[u8]) -> std::io::Result<Option<CoreMet
                 let mut s = String::new();
                 entry.read_to_string(&mut s)?;
                 pkg_info = Some(s);
+            }
+            [_, "pyproject.toml"] => {
+                let mut s = String::new();
+                entry.read_to_string(&mut s)?;
+                pyproject = Some(s);
             }
             [_, egg, "requires.txt"] | [_, _, egg, "requires.txt"]
                 if egg.ends_with(".egg-info") && requires_txt.is_none() =>
@@ -302,16 +364,20 @@ pub fn metadata_from_sdist_targz(bytes: &[u8]) -> std::io::Result<Option<CoreMet
             _ => {}
         }
     }
-    let Some(pkg_info) = pkg_info else {
-        return Ok(None);
-    };
-    let mut m = CoreMetadata::parse(&pkg_info);
-    if m.requires_dist.is_empty()
-        && let Some(req) = requires_txt
-    {
-        m.requires_dist = parse_requires_txt(&req);
-    }
-    Ok(Some(m))
+    let build_requires = build_requires_from_pyproject(pyproject.as_deref())?;
+    let metadata = pkg_info.map(|pkg_info| {
+        let mut m = CoreMetadata::parse(&pkg_info);
+        if m.requires_dist.is_empty()
+            && let Some(req) = requires_txt
+        {
+            m.requires_dist = parse_requires_txt(&req);
+        }
+        m
+    });
+    Ok(SdistContents {
+        metadata,
+        build_requires,
+    })
 }
 
 #[cfg(test)]
@@ -327,6 +393,25 @@ mod tests {
         assert_eq!(m.requires_dist, ["bar>=1", "baz ; extra == \"x\""]);
         assert_eq!(m.requires_python.as_deref(), Some(">=3.8"));
         assert!(!m.requires_dist_is_static());
+    }
+
+    #[test]
+    fn reads_build_requires_or_the_pep517_default() {
+        let default = ["setuptools>=40.8.0", "wheel"];
+        assert_eq!(build_requires_from_pyproject(None).unwrap(), default);
+        assert_eq!(
+            build_requires_from_pyproject(Some("[project]\nname = \"x\"\n")).unwrap(),
+            default
+        );
+        assert_eq!(
+            build_requires_from_pyproject(Some(
+                "[build-system]\nrequires = [\"flit_core >=3.2\", \"cython\"]\nbuild-backend = \"flit_core.buildapi\"\n"
+            ))
+            .unwrap(),
+            ["flit_core >=3.2", "cython"]
+        );
+        assert!(build_requires_from_pyproject(Some("[build-system]\nrequires = 3\n")).is_err());
+        assert!(build_requires_from_pyproject(Some("not = = toml")).is_err());
     }
 
     #[test]

@@ -45,6 +45,15 @@ pub struct Dist {
     /// For sdists: write `Requires-Dist` into PKG-INFO (metadata 2.2, static). When false, PKG-INFO is
     /// metadata 2.1 without `Requires-Dist`, and the requirements go to `*.egg-info/requires.txt`.
     pub static_metadata: bool,
+    /// The body of the package's `<module>/__init__.py`; default `__version__ = "<version>"`.
+    pub module_source: Option<String>,
+    /// For sdists: write a pyproject.toml (default true). Without one, PEP 517's default build requirements apply.
+    pub pyproject: bool,
+    /// For sdists: pyproject.toml `[build-system] requires` (default empty, so fixture sdists need nothing to
+    /// lock); `None` leaves the `[build-system]` table out.
+    pub build_requires: Option<Vec<String>>,
+    /// For sdists: pyproject.toml `build-backend` (default `setuptools.build_meta`).
+    pub build_backend: String,
 }
 
 impl Dist {
@@ -60,6 +69,10 @@ impl Dist {
             },
             yanked: false,
             static_metadata: true,
+            module_source: None,
+            pyproject: true,
+            build_requires: Some(Vec::new()),
+            build_backend: "setuptools.build_meta".into(),
         }
     }
 
@@ -93,6 +106,31 @@ impl Dist {
     pub fn yanked(mut self) -> Dist {
         self.yanked = true;
         self
+    }
+
+    /// Replace the body of `<module>/__init__.py`.
+    pub fn module_source(mut self, source: &str) -> Dist {
+        self.module_source = Some(source.to_string());
+        self
+    }
+
+    /// For sdists: pyproject.toml's `[build-system]` table.
+    pub fn build_system(mut self, requires: &[&str], backend: &str) -> Dist {
+        self.build_requires = Some(requires.iter().map(|r| r.to_string()).collect());
+        self.build_backend = backend.to_string();
+        self
+    }
+
+    /// For sdists: no pyproject.toml at all (a legacy setup.py-style sdist).
+    pub fn without_pyproject(mut self) -> Dist {
+        self.pyproject = false;
+        self
+    }
+
+    fn init_py(&self) -> String {
+        self.module_source
+            .clone()
+            .unwrap_or_else(|| format!("__version__ = \"{}\"\n", self.version))
     }
 
     /// For sdists: legacy metadata (requirements only in `requires.txt`).
@@ -161,10 +199,7 @@ impl Dist {
         let dist_info = format!("{}-{}.dist-info", self.dist_name(), self.version);
         let module = self.dist_name();
         let files: Vec<(String, String)> = vec![
-            (
-                format!("{module}/__init__.py"),
-                format!("__version__ = \"{}\"\n", self.version),
-            ),
+            (format!("{module}/__init__.py"), self.init_py()),
             (format!("{dist_info}/METADATA"), self.metadata(true)),
             (
                 format!("{dist_info}/WHEEL"),
@@ -205,10 +240,25 @@ impl Dist {
                 format!("{root}/PKG-INFO"),
                 self.metadata(self.static_metadata),
             ),
-            (
+            (format!("{root}/{module}/__init__.py"), self.init_py()),
+        ];
+        if self.pyproject {
+            let build_system = match &self.build_requires {
+                Some(requires) => format!(
+                    "[build-system]\nrequires = [{}]\nbuild-backend = {:?}\n\n",
+                    requires
+                        .iter()
+                        .map(|r| format!("{r:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.build_backend
+                ),
+                None => String::new(),
+            };
+            files.push((
                 format!("{root}/pyproject.toml"),
                 format!(
-                    "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"{}\"\nversion = \"{}\"\ndependencies = [{}]\n",
+                    "{build_system}[project]\nname = \"{}\"\nversion = \"{}\"\ndependencies = [{}]\n",
                     self.name,
                     self.version,
                     self.requires_dist
@@ -217,12 +267,8 @@ impl Dist {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
-            ),
-            (
-                format!("{root}/{module}/__init__.py"),
-                format!("__version__ = \"{}\"\n", self.version),
-            ),
-        ];
+            ));
+        }
         if !self.static_metadata {
             let mut txt = String::new();
             let mut sections: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -402,3 +402,120 @@ fn options_for(url: &str, cache: &tempfile::TempDir) -> LockOptions {
         ..LockOptions::default()
     }
 }
+
+#[test]
+fn plain_sdists_lock_their_pyproject_build_requirements() {
+    let index = FixtureIndex::start(
+        vec![
+            Dist::sdist("widget", "1.0")
+                .requires(&["helper"])
+                .build_system(&["Fixture_Backend>=1"], "fixture_backend"),
+            Dist::wheel("helper", "1.0"),
+            Dist::wheel("fixture-backend", "1.0"),
+            Dist::wheel("fixture-backend", "2.0"),
+        ],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let locked = lock(&env(&["widget"]), &options(&index, &cache)).unwrap();
+    assert_eq!(versions(&locked), ["helper==1.0", "widget==1.0"]);
+    assert_eq!(
+        locked.package("widget").unwrap().artifact.kind,
+        ArtifactKind::Sdist
+    );
+    assert_eq!(locked.builds.len(), 1, "{:?}", locked.builds);
+    let build = &locked.builds[0];
+    assert_eq!(build.package, "widget");
+    assert_eq!(build.requires, ["fixture-backend>=1"]);
+    assert!(!build.no_build_isolation);
+    assert!(build.against.is_empty() && build.env.is_empty());
+    let pins: Vec<String> = build
+        .packages
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect();
+    assert_eq!(pins, ["fixture-backend==2.0"]);
+    assert!(
+        locked
+            .to_toml()
+            .contains("requires = [\"fixture-backend>=1\"]")
+    );
+
+    // The build requirements were read from the download made for PKG-INFO and cached: an offline relock works
+    // and writes the same bytes; the written lock reads back equal.
+    let again = lock(
+        &env(&["widget"]),
+        &LockOptions {
+            offline: true,
+            existing: Some(locked.clone()),
+            ..options(&index, &cache)
+        },
+    )
+    .unwrap();
+    assert_eq!(again.to_toml(), locked.to_toml());
+    assert_eq!(
+        Lockfile::parse(&locked.to_toml(), std::path::Path::new("x.lock")).unwrap(),
+        locked
+    );
+
+    // A wheel needs no build: no [[build]].
+    let index2 = FixtureIndex::start(
+        vec![Dist::wheel("widget", "1.0"), Dist::sdist("widget", "1.0")],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    let cache2 = tempfile::tempdir().unwrap();
+    let lock2 = lock(&env(&["widget"]), &options(&index2, &cache2)).unwrap();
+    assert!(lock2.builds.is_empty(), "{:?}", lock2.builds);
+}
+
+#[test]
+fn sdists_without_pyproject_get_the_pep517_default_build_requirements() {
+    let index = FixtureIndex::start(
+        vec![
+            Dist::sdist("oldpkg", "1.0").without_pyproject(),
+            Dist::sdist("tablefree", "1.0").build_system(&[], "x"),
+            Dist::wheel("setuptools", "39.0"),
+            Dist::wheel("setuptools", "70.0"),
+            Dist::wheel("wheel", "0.43.0"),
+        ],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let locked = lock(&env(&["oldpkg", "tablefree"]), &options(&index, &cache)).unwrap();
+    let oldpkg = locked
+        .builds
+        .iter()
+        .find(|b| b.package == "oldpkg")
+        .unwrap();
+    assert_eq!(oldpkg.requires, ["setuptools>=40.8.0", "wheel"]);
+    let pins: Vec<String> = oldpkg
+        .packages
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect();
+    assert_eq!(pins, ["setuptools==70.0", "wheel==0.43.0"]);
+    // An explicit empty `requires` is respected (not replaced by the default).
+    let tablefree = locked
+        .builds
+        .iter()
+        .find(|b| b.package == "tablefree")
+        .unwrap();
+    assert!(tablefree.requires.is_empty() && tablefree.packages.is_empty());
+
+    // No usable build requirement: the error says whose build it is.
+    let index = FixtureIndex::start(
+        vec![Dist::sdist("oldpkg", "1.0").without_pyproject()],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    match lock(&env(&["oldpkg"]), &options(&index, &cache)) {
+        Err(ResolveError::NoSolution(text)) => {
+            assert!(text.contains("build requirements of `oldpkg`"), "{text}")
+        }
+        other => panic!("expected no solution, got {other:?}"),
+    }
+}
