@@ -387,6 +387,102 @@ fn build_without_a_lock_resolves_against_the_index_then_builds() {
     assert_eq!(text(&again).0, env, "{}", text(&again).1);
 }
 
+/// A tiny PEP 517 backend (the fixture index has no setuptools): zips the sdist's package directory, named by
+/// PKG-INFO, into a wheel, and adds `<package>/_built_by.py` to prove it ran.
+const FIXTURE_BACKEND: &str = r#"
+import base64, hashlib, os, zipfile
+def _h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def _meta():
+    fields = {}
+    with open("PKG-INFO", encoding="utf-8") as f:
+        for line in f:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                fields.setdefault(k.strip(), v.strip())
+    return fields["Name"], fields["Version"]
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    name, version = _meta()
+    dist = name.replace("-", "_")
+    files = {}
+    for root, _, names in os.walk(dist):
+        for n in sorted(names):
+            p = os.path.join(root, n)
+            with open(p, "rb") as f:
+                files[p.replace(os.sep, "/")] = f.read()
+    files[dist + "/_built_by.py"] = b"BACKEND = 'fixture_backend'\n"
+    di = "%s-%s.dist-info" % (dist, version)
+    files[di + "/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, version)).encode()
+    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture-backend\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[di + "/RECORD"] = ("".join("%s,sha256=%s,%d\n" % (p, _h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\n").encode()
+    wheel = "%s-%s-py3-none-any.whl" % (dist, version)
+    with zipfile.ZipFile(os.path.join(wheel_directory, wheel), "w") as z:
+        for p in sorted(files):
+            z.writestr(zipfile.ZipInfo(p, (1980, 1, 1, 0, 0, 0)), files[p])
+    return wheel
+def build_sdist(sdist_directory, config_settings=None):
+    raise NotImplementedError("fixture backend builds wheels only")
+"#;
+
+#[test]
+fn plain_sdist_builds_with_its_locked_pyproject_build_requirements() {
+    use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
+    let index = FixtureIndex::start(
+        vec![
+            Dist::sdist("widget", "1.0")
+                .requires(&["beta"])
+                .build_system(&["fixture-backend>=1"], "fixture_backend"),
+            Dist::wheel("beta", "2.0"),
+            Dist::wheel("fixture-backend", "1.0").module_source(FIXTURE_BACKEND),
+        ],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    let p = project("\"widget\"");
+    let text_now = std::fs::read_to_string(p.file()).unwrap();
+    std::fs::write(
+        p.file(),
+        text_now.replace("env {", &format!("env {{\n  index = \"{}\"", index.url())),
+    )
+    .unwrap();
+    let file = p.file().display().to_string();
+
+    let built = p.hvd(&["build", &file]);
+    let (env, err) = text(&built);
+    assert_eq!(built.status.code(), Some(0), "{err}");
+    let lock = Lockfile::read(&Lockfile::path_for(&p.file())).unwrap();
+    let build = lock.builds.iter().find(|b| b.package == "widget").unwrap();
+    assert_eq!(build.requires, ["fixture-backend>=1"]);
+    assert!(!build.no_build_isolation);
+    assert_eq!(build.packages.len(), 1);
+    assert_eq!(build.packages[0].name, "fixture-backend");
+    assert!(
+        lock.package("fixture-backend").is_none(),
+        "a build requirement is not a runtime package"
+    );
+    let out = Command::new(Path::new(&env).join("bin/python"))
+        .args([
+            "-c",
+            "import widget, widget._built_by, beta; print(widget.__version__, widget._built_by.BACKEND, beta.__version__)",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "1.0 fixture_backend 2.0",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The backend is not in the runtime env.
+    let backend = Command::new(Path::new(&env).join("bin/python"))
+        .args(["-c", "import fixture_backend"])
+        .output()
+        .unwrap();
+    assert!(!backend.status.success());
+    // Built from the store alone: offline and locked gives the same env.
+    let again = p.hvd(&["build", &file, "--locked", "--offline"]);
+    assert_eq!(text(&again).0, env, "{}", text(&again).1);
+}
+
 /// Opt-in (`--run-ignored only`; needs the real package index, ~700 MB of downloads and ~5 minutes of compiling):
 /// tensorflow-cpu 2.12.1 + horovod 0.28.1 built from source against it, `import horovod.tensorflow` works inside
 /// the env, and `hvd build --check` finds the horovod build reproducible.

@@ -68,7 +68,8 @@ fn package_plan(package: &LockedPackage, build: Option<&LockedBuild>) -> Result<
             env: build.env.clone(),
             against: build.against.clone(),
         }),
-        // An sdist without a recipe: built with its own backend and no extra requirements.
+        // An sdist without a `[[build]]` (a lock from before plain sdists got theirs): built with its own
+        // backend and no extra requirements.
         (ArtifactKind::Sdist, None) => Some(SourceBuildPlan::default()),
     };
     Ok(PackagePlan {
