@@ -532,25 +532,7 @@ impl IndexClient {
         if !file.filename.ends_with(".tar.gz") {
             return Ok(None);
         }
-        let response = self.send(&file.url, HeaderMap::new()).await?;
-        if !response.status().is_success() {
-            return Err(IndexError::Status {
-                url: file.url.clone(),
-                status: response.status().as_u16(),
-            });
-        }
-        let bytes = self.body(&file.url, response).await?;
-        let url = file.url.clone();
-        let contents = tokio::task::spawn_blocking(move || metadata::read_sdist_targz(&bytes))
-            .await
-            .map_err(|e| IndexError::Sdist {
-                url: url.clone(),
-                message: e.to_string(),
-            })?
-            .map_err(|e| IndexError::Sdist {
-                url: url.clone(),
-                message: e.to_string(),
-            })?;
+        let contents = self.download_sdist(file).await?;
         // Store a normalized PKG-INFO (with requires.txt folded in) so the cache answers alone next time, and the
         // build requirements read in the same pass (so locking the sdist's build needs no second download).
         let text = match &contents.metadata {
@@ -560,6 +542,29 @@ impl IndexClient {
         write_atomic(&self.cache_path("metadata", &key), text.as_bytes())?;
         self.store_build_requires(file, &contents.build_requires)?;
         Ok(contents.metadata)
+    }
+
+    /// Download a `.tar.gz` sdist and read its PKG-INFO and pyproject build requirements (off the async threads).
+    async fn download_sdist(
+        &self,
+        file: &IndexFile,
+    ) -> Result<metadata::SdistContents, IndexError> {
+        let response = self.send(&file.url, HeaderMap::new()).await?;
+        if !response.status().is_success() {
+            return Err(IndexError::Status {
+                url: file.url.clone(),
+                status: response.status().as_u16(),
+            });
+        }
+        let bytes = self.body(&file.url, response).await?;
+        let sdist_error = |message: String| IndexError::Sdist {
+            url: file.url.clone(),
+            message,
+        };
+        tokio::task::spawn_blocking(move || metadata::read_sdist_targz(&bytes))
+            .await
+            .map_err(|e| sdist_error(e.to_string()))?
+            .map_err(|e| sdist_error(e.to_string()))
     }
 
     fn store_build_requires(
@@ -596,25 +601,7 @@ impl IndexClient {
                 url: file.url.clone(),
             });
         }
-        let response = self.send(&file.url, HeaderMap::new()).await?;
-        if !response.status().is_success() {
-            return Err(IndexError::Status {
-                url: file.url.clone(),
-                status: response.status().as_u16(),
-            });
-        }
-        let bytes = self.body(&file.url, response).await?;
-        let url = file.url.clone();
-        let contents = tokio::task::spawn_blocking(move || metadata::read_sdist_targz(&bytes))
-            .await
-            .map_err(|e| IndexError::Sdist {
-                url: url.clone(),
-                message: e.to_string(),
-            })?
-            .map_err(|e| IndexError::Sdist {
-                url: url.clone(),
-                message: e.to_string(),
-            })?;
+        let contents = self.download_sdist(file).await?;
         self.store_build_requires(file, &contents.build_requires)?;
         Ok(contents.build_requires)
     }
