@@ -297,16 +297,23 @@ fn slurm_dry_run_prints_chained_sbatch_scripts() {
         stdout.contains("srun:    srun --kill-on-bad-exit=1 --ntasks=4 --label --cpus-per-task=2 --gpus-per-task=1 "),
         "{stdout}"
     );
-    // Outside an allocation a real run says what to do instead.
+    // Outside an allocation without Slurm's commands: a usage error naming what to install.
     let out = Command::new(HVD)
         .arg("run")
         .arg(dir.path().join("train.hvd"))
         .arg("--no-build")
         .env_remove("SLURM_JOB_ID")
+        .env("PATH", "/nonexistent")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out).1.contains("--dry-run"), "{}", text(&out).1);
+    assert!(
+        text(&out)
+            .1
+            .contains("sbatch, scontrol, scancel not on PATH"),
+        "{}",
+        text(&out).1
+    );
 }
 
 /// A single-node Slurm (munged, slurmctld, slurmd) in a temporary directory with its own ports (FACTS.md); the
@@ -451,6 +458,58 @@ impl Slurm {
             .output()
             .unwrap()
     }
+
+    /// `hvd run FILE --no-build --engine slurm ARGS` from outside any allocation (no `SLURM_*` but `SLURM_CONF`).
+    fn submit(&self, dir: &Path, args: &[&str]) -> Output {
+        let mut command = Command::new(HVD);
+        command
+            .arg("run")
+            .arg(dir.join("train.hvd"))
+            .args(["--no-build", "--engine", "slurm"])
+            .args(args)
+            .env("SLURM_CONF", self.conf())
+            .env("NO_COLOR", "1");
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SLURM_") {
+                command.env_remove(name);
+            }
+        }
+        command.env("SLURM_CONF", self.conf());
+        command.output().unwrap()
+    }
+
+    /// `scontrol -o show job ID`.
+    fn job(&self, id: &str) -> String {
+        let out = Command::new("scontrol")
+            .args(["-o", "show", "job", id])
+            .env("SLURM_CONF", self.conf())
+            .output()
+            .unwrap();
+        text(&out).0
+    }
+
+    /// Ids of the jobs `squeue` still lists (pending, running or completing).
+    fn queued(&self) -> String {
+        let out = Command::new("squeue")
+            .args(["-h", "-o", "%i %T %r"])
+            .env("SLURM_CONF", self.conf())
+            .output()
+            .unwrap();
+        text(&out).0.trim().to_owned()
+    }
+}
+
+/// The job id hvd reported for `step` ("step `NAME` submitted as slurm job ID").
+fn submitted_job(stderr: &str, step: &str) -> String {
+    let marker = format!("step `{step}` submitted as slurm job ");
+    let rest = stderr
+        .split_once(&marker)
+        .unwrap_or_else(|| panic!("no job for `{step}`:\n{stderr}"))
+        .1;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .to_owned()
 }
 
 unsafe extern "C" {
@@ -501,6 +560,11 @@ sys.exit(0 if ok else 1)
 
 /// A project whose one step runs the Python `hvd` package's allreduce on 2 ranks and checks the sum.
 fn allreduce_project() -> tempfile::TempDir {
+    allreduce_project_after("", "")
+}
+
+/// [`allreduce_project`] with steps `before` in the file and the train step's command prefixed with `guard`.
+fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
     // Cargo builds the runtime library with the binary (hvd depends on hvd-runtime): at the top of the target
     // dir after a `cargo build -p hvd-runtime`, always in `deps/`.
     let lib = [
@@ -520,8 +584,13 @@ fn allreduce_project() -> tempfile::TempDir {
         .map(|o| text(&o).0.trim().to_owned());
     let python = python.expect("python3 with numpy (scripts/install-deps installs it)");
     let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
+    let needs = if before.is_empty() {
+        String::new()
+    } else {
+        "\n  needs = [\"prepare\"]".to_owned()
+    };
     let dir = project(&format!(
-        "step train {{\n  run = \"{python} ar.py\"\n  workers = 2\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
+        "{before}\nstep train {{\n  run = \"{guard}{python} ar.py\"\n  workers = 2{needs}\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
         package.display(),
         lib.display()
     ));
@@ -598,4 +667,80 @@ fn hosts_and_hostfiles_reach_mpirun() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("slots=two"), "{}", text(&out).1);
+}
+
+#[test]
+fn slurm_batch_jobs_run_in_order_from_outside_an_allocation() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    // prepare -> train (the allreduce worker on 2 ranks), submitted with sbatch and followed.
+    let dir = allreduce_project_after(
+        "step prepare {\n  run = \"echo $SLURM_JOB_ID > prepared; echo prepared\"\n}",
+        "test -f prepared && ",
+    );
+    let out = slurm.submit(dir.path(), &[]);
+    assert_allreduce(&out);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("[prepare "), "{stdout}");
+    let prepare = submitted_job(&stderr, "prepare");
+    let train = submitted_job(&stderr, "train");
+    assert!(
+        stderr.contains(&format!("slurm job {train} (after {prepare})")),
+        "{stderr}"
+    );
+    let prepared = std::fs::read_to_string(dir.path().join("prepared")).unwrap();
+    assert_eq!(
+        prepared.trim(),
+        prepare,
+        "the prepare step ran as its own job"
+    );
+    assert!(slurm.job(&train).contains("JobState=COMPLETED"));
+    // The file rendezvous of the train job is gone; the output files stay.
+    let files: Vec<String> = std::fs::read_dir(dir.path().join(".hvd/slurm"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(files.contains(&format!("t-train-{train}.out")), "{files:?}");
+    assert!(!files.iter().any(|f| f.starts_with("rdv-")), "{files:?}");
+    assert_eq!(slurm.queued(), "");
+}
+
+#[test]
+fn a_failed_slurm_batch_step_cancels_its_dependents_and_passes_its_code() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let dir = project(
+        r#"step prepare {
+  run = "echo bad-prep >&2; exit 5"
+}
+step train {
+  run = "echo never"
+  workers = 2
+  needs = ["prepare"]
+}"#,
+    );
+    let out = slurm.submit(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(5), "{stdout}\n{stderr}");
+    assert!(stderr.contains("step `prepare` failed"), "{stderr}");
+    assert!(stderr.contains("bad-prep"), "{stderr}");
+    assert!(!stdout.contains("never"), "{stdout}");
+    // The dependent job was cancelled, not left pending with DependencyNeverSatisfied.
+    let train = submitted_job(&stderr, "train");
+    assert!(
+        slurm.job(&train).contains("JobState=CANCELLED"),
+        "{}",
+        slurm.job(&train)
+    );
+    assert_eq!(slurm.queued(), "");
+    // A failing rank: srun ends the other task and exits 143; hvd names rank 1 and exits with its code.
+    let dir = project(FAILS);
+    let out = slurm.submit(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(stderr.contains("rank 1 on "), "{stderr}");
+    assert!(stderr.contains("boom-1"), "{stderr}");
+    assert_eq!(slurm.queued(), "");
 }

@@ -224,8 +224,9 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
         }
         EngineKind::Slurm => {
             return Err(LaunchError::Engine(
-                "the slurm engine outside an allocation (SLURM_JOB_ID unset) only prints its sbatch scripts today: \
-                 use `hvd run --dry-run --engine slurm`, or run inside `salloc`"
+                "the slurm engine outside an allocation (SLURM_JOB_ID unset) submits batch jobs instead of running \
+                 a plan: use `engines::slurm::batch_steps` and `engines::sbatch` (as `hvd run` does), or run inside \
+                 `salloc`"
                     .into(),
             ));
         }

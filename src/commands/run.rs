@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// The mpirun program for the `mpi` engine (default: found on PATH).
     #[arg(long, value_name = "PROGRAM")]
     pub mpirun: Option<PathBuf>,
+    /// With `--engine slurm` outside an allocation: submit the batch jobs, print their ids and return without
+    /// following them.
+    #[arg(long)]
+    pub detach: bool,
     #[command(flatten)]
     pub lock: super::build::LockMode,
 }
@@ -199,11 +203,13 @@ pub fn run(args: RunArgs) -> CommandResult {
     if engine.as_deref() == Some("kubernetes") {
         return run_kubernetes(&project, &args);
     }
-    if engine.as_deref() == Some("slurm")
-        && args.dry_run
-        && !hvd_launcher::engines::slurm::in_allocation()
-    {
-        return print_sbatch_scripts(&project, options);
+    if engine.as_deref() == Some("slurm") && !hvd_launcher::engines::slurm::in_allocation() {
+        return run_sbatch(&project, options, &args);
+    }
+    if args.detach {
+        return Err(Failure::usage(
+            "`--detach` is for `--engine slurm` outside an allocation (the batch jobs run on without hvd)",
+        ));
     }
     let plan = hvd_launcher::plan(&project, &options)
         .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
@@ -237,54 +243,80 @@ pub fn run(args: RunArgs) -> CommandResult {
     }
 }
 
-/// `--engine slurm --dry-run` outside an allocation: the batch script of every step and how they would be chained.
-fn print_sbatch_scripts(
+/// `--engine slurm` outside an allocation: every step is a batch job, submitted with sbatch and chained with
+/// `--dependency=afterok`; hvd follows the jobs' output and state (`--detach`: submits and returns; `--dry-run`:
+/// prints the submission as a shell script).
+fn run_sbatch(
     project: &hvd_lang::model::Project,
     mut options: RunOptions,
+    args: &RunArgs,
 ) -> CommandResult {
+    use hvd_launcher::engines::{sbatch, slurm};
     let shim = options.shim.clone().unwrap_or_else(|| PathBuf::from("hvd"));
-    options.engine = Some("local".into());
-    let plan = hvd_launcher::plan(project, &options)
-        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
-    let scripts = hvd_launcher::engines::slurm::sbatch_scripts(
-        project,
-        &plan.steps,
-        &plan.project_dir,
-        &shim,
-    )
-    .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
-    println!("#!/bin/sh");
-    println!(
-        "# hvd: slurm engine outside an allocation: `sh` this to submit every step (hvd does not submit yet)"
-    );
-    println!("set -e");
-    for (step, script) in &scripts {
-        let needs = plan
-            .steps
-            .iter()
-            .find(|s| &s.name == step)
-            .map(|s| s.needs.clone())
-            .unwrap_or_default();
-        let dependency = if needs.is_empty() {
+    let usage = |e: hvd_launcher::LaunchError| Failure::new(Status::Usage, miette::miette!("{e}"));
+    // The plan of the local engine gives the steps, their order and variables; the batch scripts do the rest.
+    let engine = options.engine.replace("local".into());
+    let plan = hvd_launcher::plan(project, &options).map_err(usage)?;
+    options.engine = engine;
+    let steps = slurm::batch_steps(project, &plan, &shim).map_err(usage)?;
+    if args.dry_run {
+        print!("{}", sbatch::submit_script(&plan, &steps));
+        return Ok(Status::Success);
+    }
+    sbatch::check_tools().map_err(usage)?;
+    let interrupts = Interrupts::install();
+    let submission = sbatch::submit(&plan, &steps, &options)
+        .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    for step in &submission.skipped {
+        note!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)");
+    }
+    for job in &submission.jobs {
+        let after = if job.after.is_empty() {
             String::new()
         } else {
-            format!(
-                " --dependency=afterok:{}",
-                needs
-                    .iter()
-                    .map(|n| format!("${{JOB_{}}}", n.to_ascii_uppercase().replace('-', "_")))
-                    .collect::<Vec<_>>()
-                    .join(":")
-            )
+            format!(" (after {})", job.after.join(", "))
         };
-        println!(
-            "\nJOB_{}=$(sbatch --parsable{dependency} <<'EOF'",
-            step.to_ascii_uppercase().replace('-', "_")
+        note!(
+            "hvd: step `{}` submitted as slurm job {}{after}",
+            job.step,
+            job.job_id
         );
-        print!("{script}");
-        println!("EOF\n)");
     }
-    Ok(Status::Success)
+    if args.detach {
+        let ids: Vec<&str> = submission.jobs.iter().map(|j| j.job_id.as_str()).collect();
+        println!("{}", ids.join(" "));
+        note!(
+            "hvd: not following; output goes to {} (`squeue -j {}`)",
+            slurm::output_dir(&plan).display(),
+            ids.join(",")
+        );
+        return Ok(Status::Success);
+    }
+    let console = Console::new(args.ranks.clone().map(|r| r.into_iter().collect()));
+    let report = sbatch::follow(
+        &plan,
+        &steps,
+        &submission,
+        &options,
+        &|event| console.show(event),
+        interrupts,
+    )
+    .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    match report.failure {
+        None => {
+            note!(
+                "hvd: done: {} step(s) ran, {} skipped; logs in {}",
+                report.ran.len(),
+                report.skipped.len(),
+                report.log_dir.display()
+            );
+            Ok(Status::Success)
+        }
+        Some(failure) => Err(Failure::new(
+            Status::Worker(failure.exit_code),
+            miette::miette!("{}", summary(&failure)),
+        )),
+    }
 }
 
 /// `--engine kubernetes`: writes the JobSet under `.hvd/k8s/` and applies it with kubectl (`--dry-run` prints it).

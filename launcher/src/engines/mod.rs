@@ -4,6 +4,7 @@
 
 pub mod k8s;
 pub mod mpi;
+pub mod sbatch;
 pub mod shim;
 pub mod slurm;
 

@@ -1,7 +1,7 @@
 //! The `slurm` engine. Inside an allocation (`SLURM_JOB_ID` set) a distributed step is one `srun` (supervised by
 //! the local engine like mpirun): `srun --kill-on-bad-exit=1 --ntasks=N ... hvd worker-env -- /bin/sh -c COMMAND`,
-//! the shim reading `SLURM_*`. Outside one, [`sbatch_scripts`] writes one batch script per step, chained with
-//! `--dependency=afterok` (`hvd run --dry-run` prints them; submitting is not built yet).
+//! the shim reading `SLURM_*`. Outside one, [`batch_steps`] writes one batch script per step, which
+//! [`crate::engines::sbatch`] submits with `sbatch --parsable`, chained with `--dependency=afterok`, and follows.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -9,7 +9,7 @@ use std::path::Path;
 use hvd_lang::model::Project;
 
 use crate::engines::mpi::shell_line;
-use crate::{LaunchError, PlannedStep, RunOptions};
+use crate::{LaunchError, RunOptions};
 
 /// What srun needs besides the step.
 #[derive(Debug, Clone)]
@@ -64,15 +64,37 @@ impl SlurmSetup {
     }
 }
 
-/// One batch script per planned step (in plan order), each to be submitted with `sbatch --parsable` and the
+/// One step as a batch job: its script and what the submission needs to know.
+#[derive(Debug, Clone)]
+pub struct BatchStep {
+    pub name: String,
+    /// Steps (within the plan) whose jobs must end successfully first (`--dependency=afterok:`).
+    pub needs: Vec<String>,
+    /// `Some(n)`: the script runs n tasks with srun; `None`: the step runs once in the batch script itself.
+    pub workers: Option<u32>,
+    /// Tasks per node (block distribution: rank r runs on node r / tasks_per_node of the job's node list).
+    pub tasks_per_node: u32,
+    pub timeout: Option<std::time::Duration>,
+    /// The batch script (`#SBATCH` directives, then the commands).
+    pub script: String,
+}
+
+/// Where the batch jobs' output files (`<project>-<step>-<job id>.out` / `.err`) and file rendezvous
+/// directories go: `<state dir>/slurm`, on the file system the nodes share with the submitting host.
+pub fn output_dir(plan: &crate::Plan) -> std::path::PathBuf {
+    plan.state_dir.join("slurm")
+}
+
+/// The batch script of every planned step (in plan order), each to be submitted with `sbatch --parsable` and the
 /// `--dependency=afterok:` of the steps it needs. `nodes`: from `cluster { settings { nodes } }` or the number of
-/// `hosts`, else 1.
-pub fn sbatch_scripts(
+/// `hosts`, else 1; `settings { overcommit = "true" }` adds `--overcommit`. Distributed steps meet at a file
+/// rendezvous (`HVD_RENDEZVOUS=file:<output dir>/rdv-<job id>`, removed when srun ends), so a script needs nothing
+/// from the submitting process and the jobs run the same whether `hvd run` follows them or not.
+pub fn batch_steps(
     project: &Project,
-    steps: &[PlannedStep],
-    project_dir: &Path,
+    plan: &crate::Plan,
     shim: &Path,
-) -> Result<Vec<(String, String)>, LaunchError> {
+) -> Result<Vec<BatchStep>, LaunchError> {
     let cluster = project.cluster.clone().unwrap_or_default();
     let nodes: u32 = match cluster.settings.get("nodes") {
         Some(n) => n.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -82,14 +104,25 @@ pub fn sbatch_scripts(
         })?,
         None => (cluster.hosts.len() as u32).max(1),
     };
+    let overcommit = match cluster.settings.get("overcommit").map(String::as_str) {
+        None | Some("false" | "no" | "0") => false,
+        Some("true" | "yes" | "1") => true,
+        Some(other) => {
+            return Err(LaunchError::Engine(format!(
+                "`overcommit = \"{other}\"` in the cluster settings is not `true` or `false`"
+            )));
+        }
+    };
     let setup = SlurmSetup {
         shim: shim.to_path_buf(),
         cpus_per_task: project.resources.cpus,
         gpus_per_task: project.resources.gpus,
     };
     let name = crate::engines::k8s::dns_label(&project.name);
-    let mut scripts = Vec::new();
-    for step in steps {
+    let out_dir = output_dir(plan).display().to_string();
+    let quote = |s: &str| shell_line(&[s.to_owned()]);
+    let mut steps = Vec::new();
+    for step in &plan.steps {
         let tasks = step.workers.unwrap_or(1);
         let step_nodes = nodes.min(tasks);
         let per_node = tasks.div_ceil(step_nodes);
@@ -114,20 +147,79 @@ pub fn sbatch_scripts(
         if let Some(p) = &cluster.partition {
             directive(format!("--partition={p}"));
         }
-        directive(format!("--output={name}-{}-%j.out", step.name));
-        let _ = writeln!(s, "set -e");
-        let _ = writeln!(s, "cd {}", shell_line(&[project_dir.display().to_string()]));
-        for (k, v) in &step.env {
-            let _ = writeln!(s, "export {k}={}", shell_line(std::slice::from_ref(v)));
+        if let Some(t) = step.timeout {
+            directive(format!("--time={}", t.as_secs().div_ceil(60).max(1)));
         }
-        let line = match step.workers {
-            Some(n) => shell_line(&setup.srun_argv(n, &step.command)),
-            None => shell_line(&["/bin/sh".into(), "-c".into(), step.command.clone()]),
-        };
-        let _ = writeln!(s, "{line}");
-        scripts.push((step.name.clone(), s));
+        if overcommit {
+            directive("--overcommit".into());
+        }
+        directive(format!(
+            "--output={}",
+            quote(&format!("{out_dir}/{name}-{}-%j.out", step.name))
+        ));
+        directive(format!(
+            "--error={}",
+            quote(&format!("{out_dir}/{name}-{}-%j.err", step.name))
+        ));
+        let _ = writeln!(s, "set -e");
+        let _ = writeln!(s, "cd {}", quote(&plan.project_dir.display().to_string()));
+        let _ = writeln!(s, "export PYTHONUNBUFFERED=1");
+        if let Some(env) = &plan.env_dir {
+            let env = env.display().to_string();
+            let _ = writeln!(s, "export PATH={}:\"$PATH\"", quote(&format!("{env}/bin")));
+            let _ = writeln!(s, "export VIRTUAL_ENV={}", quote(&env));
+        }
+        if plan.gpus_per_worker > 0 {
+            let _ = writeln!(
+                s,
+                "export {}={}",
+                crate::engines::shim::GPUS_VAR,
+                plan.gpus_per_worker
+            );
+        }
+        for (k, v) in &step.env {
+            let _ = writeln!(s, "export {k}={}", quote(v));
+        }
+        match step.workers {
+            Some(n) => {
+                // torch's env:// meets at the first node; the port is spread by job id.
+                let _ = writeln!(
+                    s,
+                    "export MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\""
+                );
+                let _ = writeln!(s, "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))");
+                let _ = writeln!(s, "rdv={}/rdv-\"$SLURM_JOB_ID\"", quote(&out_dir));
+                let argv = setup.srun_argv(n, &step.command);
+                // srun ... hvd worker-env -- [env HVD_RENDEZVOUS=file:DIR] /bin/sh -c COMMAND
+                let split = argv.len() - 3;
+                let _ = writeln!(s, "status=0");
+                let _ = writeln!(
+                    s,
+                    "{} env \"HVD_RENDEZVOUS=file:$rdv\" {} || status=$?",
+                    shell_line(&argv[..split]),
+                    shell_line(&argv[split..])
+                );
+                let _ = writeln!(s, "rm -rf \"$rdv\"");
+                let _ = writeln!(s, "exit \"$status\"");
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "{}",
+                    shell_line(&["/bin/sh".into(), "-c".into(), step.command.clone()])
+                );
+            }
+        }
+        steps.push(BatchStep {
+            name: step.name.clone(),
+            needs: step.needs.clone(),
+            workers: step.workers,
+            tasks_per_node: per_node,
+            timeout: step.timeout,
+            script: s,
+        });
     }
-    Ok(scripts)
+    Ok(steps)
 }
 
 #[cfg(test)]

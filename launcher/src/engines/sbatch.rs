@@ -1,0 +1,775 @@
+//! The slurm engine outside an allocation: every step of the plan is one batch job ([`slurm::batch_steps`]),
+//! submitted with `sbatch --parsable`, chained with `--dependency=afterok:ID[:ID...]` (and
+//! `--kill-on-invalid-dep=yes`, so Slurm itself ends the dependents of a failed job when nobody follows them).
+//! [`follow`] then polls `scontrol -o show job ID` (no accounting needed), tails each job's output files as they grow
+//! (srun's `--label` gives the rank of each line), and when a job fails cancels every other unfinished job
+//! (`scancel`), so nothing is left pending with `DependencyNeverSatisfied`. The failing rank's own exit code is read
+//! from srun's message (`task R: Exited with exit code N`): srun itself exits 143 when it ended the other tasks.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::engine::{Cause, Event, EventSink, FailureSummary, LineSplitter, RunReport, Stream};
+use crate::engine::{STDERR_TAIL_LINES, TIMEOUT_EXIT_CODE, WorkerExit};
+use crate::engines::slurm::{self, BatchStep};
+use crate::{Interrupts, LaunchError, Plan, RunOptions, state};
+
+/// How often job states and output files are looked at.
+const POLL: Duration = Duration::from_millis(250);
+/// Failed `scontrol` calls in a row (about 30 s of polls) before hvd gives up following the jobs.
+const QUERY_RETRIES: u32 = 120;
+
+/// A submitted step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmittedJob {
+    pub step: String,
+    pub job_id: String,
+    /// The job ids it depends on (`afterok`).
+    pub after: Vec<String>,
+}
+
+/// What [`submit`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Submission {
+    pub jobs: Vec<SubmittedJob>,
+    /// Steps not submitted because their inputs are unchanged since their last success (see docs/running.md).
+    pub skipped: Vec<String>,
+    /// Output hashes of the skipped steps (the upstream of steps that run).
+    skipped_outputs: BTreeMap<String, String>,
+}
+
+fn run_tool(command: &mut Command, what: &str) -> Result<std::process::Output, LaunchError> {
+    command.output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            LaunchError::Engine(format!(
+                "`{what}` is not on PATH: the slurm engine outside an allocation needs Slurm's client commands \
+                 (sbatch, scontrol, scancel; Debian/Ubuntu package `slurm-client`) configured for the cluster"
+            ))
+        } else {
+            LaunchError::Engine(format!("failed to run `{what}`: {e}"))
+        }
+    })
+}
+
+/// Checks that Slurm's client commands are on PATH; the error says what to install.
+pub fn check_tools() -> Result<(), LaunchError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let missing: Vec<&str> = ["sbatch", "scontrol", "scancel"]
+        .into_iter()
+        .filter(|tool| !std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(LaunchError::Engine(format!(
+        "{} not on PATH: the slurm engine outside an allocation submits batch jobs with Slurm's client commands \
+         (sbatch, scontrol, scancel; Debian/Ubuntu package `slurm-client`, configured for the cluster); \
+         `--dry-run` prints the submission without them",
+        missing.join(", ")
+    )))
+}
+
+/// Reads the job id from `sbatch --parsable` output (`ID` or `ID;CLUSTER`).
+pub fn parse_job_id(stdout: &str) -> Option<String> {
+    let id = stdout.trim().split(';').next()?.trim();
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then(|| id.to_owned())
+}
+
+/// The scripts a dry run prints: a shell script that submits every step with the same sbatch flags hvd uses.
+pub fn submit_script(plan: &Plan, steps: &[BatchStep]) -> String {
+    let var = |step: &str| {
+        format!(
+            "JOB_{}",
+            step.to_ascii_uppercase()
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        )
+    };
+    let mut out = String::from("#!/bin/sh\n");
+    out.push_str(
+        "# hvd: slurm engine outside an allocation: `hvd run` submits these batch scripts and follows them; \
+         `sh` this to submit them by hand\nset -e\n",
+    );
+    out.push_str(&format!(
+        "mkdir -p {}\n",
+        crate::engines::mpi::shell_line(&[slurm::output_dir(plan).display().to_string()])
+    ));
+    for step in steps {
+        let dependency = if step.needs.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " --dependency=afterok:{}",
+                step.needs
+                    .iter()
+                    .map(|n| format!("${{{}}}", var(n)))
+                    .collect::<Vec<_>>()
+                    .join(":")
+            )
+        };
+        out.push_str(&format!(
+            "\n{}=$(sbatch --parsable --kill-on-invalid-dep=yes{dependency} <<'EOF'\n{}EOF\n)\n",
+            var(&step.name),
+            step.script
+        ));
+    }
+    out
+}
+
+/// Submits every step in plan order, each after the jobs of the steps it needs. Steps whose inputs are unchanged
+/// (as with the local engine) are not submitted, unless `options.force`; a step that needs a skipped step does not
+/// wait for it. When a submission fails, the jobs already submitted are cancelled.
+pub fn submit(
+    plan: &Plan,
+    steps: &[BatchStep],
+    options: &RunOptions,
+) -> Result<Submission, LaunchError> {
+    let dir = slurm::output_dir(plan);
+    fs_err::create_dir_all(&dir).map_err(|source| LaunchError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let mut submission = Submission::default();
+    let mut ids: BTreeMap<&str, String> = BTreeMap::new();
+    for step in steps {
+        let planned = plan.steps.iter().find(|s| s.name == step.name);
+        // Only a step whose upstream is known (all skipped, or none) can be checked before anything runs.
+        if let Some(planned) = planned
+            && !options.force
+            && (!planned.inputs.is_empty() || !planned.outputs.is_empty())
+            && step
+                .needs
+                .iter()
+                .all(|n| submission.skipped_outputs.contains_key(n))
+            && let Some(outputs_hash) =
+                unchanged(plan, options, planned, &submission.skipped_outputs)
+        {
+            submission.skipped.push(step.name.clone());
+            submission
+                .skipped_outputs
+                .insert(step.name.clone(), outputs_hash);
+            continue;
+        }
+        let after: Vec<String> = step
+            .needs
+            .iter()
+            .filter_map(|n| ids.get(n.as_str()).cloned())
+            .collect();
+        let mut command = Command::new("sbatch");
+        command
+            .arg("--parsable")
+            .arg("--kill-on-invalid-dep=yes")
+            .current_dir(&plan.project_dir);
+        if !after.is_empty() {
+            command.arg(format!("--dependency=afterok:{}", after.join(":")));
+        }
+        let result = sbatch(&mut command, &step.script).and_then(|out| {
+            parse_job_id(&out).ok_or_else(|| {
+                LaunchError::Engine(format!(
+                    "`sbatch --parsable` for step `{}` printed `{}`, not a job id",
+                    step.name,
+                    out.trim()
+                ))
+            })
+        });
+        match result {
+            Ok(id) => {
+                ids.insert(&step.name, id.clone());
+                submission.jobs.push(SubmittedJob {
+                    step: step.name.clone(),
+                    job_id: id,
+                    after,
+                });
+            }
+            Err(e) => {
+                cancel(submission.jobs.iter().map(|j| j.job_id.as_str()));
+                return Err(match e {
+                    LaunchError::Engine(msg) => {
+                        LaunchError::Engine(format!("submitting step `{}`: {msg}", step.name))
+                    }
+                    other => other,
+                });
+            }
+        }
+    }
+    Ok(submission)
+}
+
+/// `Some(outputs hash)` when the step's last success had the same input hash and its outputs are unchanged.
+fn unchanged(
+    plan: &Plan,
+    options: &RunOptions,
+    step: &crate::PlannedStep,
+    upstream: &BTreeMap<String, String>,
+) -> Option<String> {
+    let input_hash = state::input_hash(
+        step,
+        &plan.project_dir,
+        options.env_hash.as_deref(),
+        upstream,
+    )
+    .ok()?;
+    let record = state::load(&plan.state_dir, &step.name)?;
+    if record.input_hash != input_hash
+        || !step
+            .outputs
+            .iter()
+            .all(|o| plan.project_dir.join(o).exists())
+    {
+        return None;
+    }
+    let outputs_hash = state::hash_paths(&plan.project_dir, &step.outputs).ok()?;
+    (outputs_hash == record.outputs_hash).then_some(outputs_hash)
+}
+
+fn sbatch(command: &mut Command, script: &str) -> Result<String, LaunchError> {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            LaunchError::Engine(
+                "`sbatch` is not on PATH: the slurm engine outside an allocation needs Slurm's client commands \
+                 (sbatch, scontrol, scancel; Debian/Ubuntu package `slurm-client`) configured for the cluster"
+                    .into(),
+            )
+        } else {
+            LaunchError::Engine(format!("failed to run `sbatch`: {e}"))
+        }
+    })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A failed write shows up as sbatch's own error below.
+        let _ = stdin.write_all(script.as_bytes());
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| LaunchError::Engine(format!("failed to wait for `sbatch`: {e}")))?;
+    if !out.status.success() {
+        return Err(LaunchError::Engine(format!(
+            "`sbatch` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `scancel` the given jobs (errors ignored: a job that already ended cannot be cancelled, which is fine).
+pub fn cancel<'a>(ids: impl IntoIterator<Item = &'a str>) {
+    let ids: Vec<&str> = ids.into_iter().collect();
+    if ids.is_empty() {
+        return;
+    }
+    match Command::new("scancel")
+        .args(&ids)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(_) => {}
+        Err(e) => tracing::warn!("could not run scancel {ids:?}: {e}"),
+    }
+}
+
+/// The value of `key` in one line of `scontrol -o show job` (`Key=value` words).
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let pattern = format!("{key}=");
+    let mut from = 0;
+    while let Some(at) = line[from..].find(&pattern) {
+        let start = from + at;
+        if start == 0 || line.as_bytes()[start - 1] == b' ' {
+            let rest = &line[start + pattern.len()..];
+            return Some(rest.split(' ').next().unwrap_or(""));
+        }
+        from = start + pattern.len();
+    }
+    None
+}
+
+/// A job as `scontrol` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobStatus {
+    pub state: String,
+    pub reason: String,
+    /// `ExitCode=N:S`: the batch script's exit code and the signal that ended it.
+    pub exit: (i32, i32),
+    pub node_list: String,
+}
+
+impl JobStatus {
+    /// Parses one line of `scontrol -o show job ID`.
+    pub fn parse(line: &str) -> Option<JobStatus> {
+        let state = field(line, "JobState")?.to_owned();
+        let exit = field(line, "ExitCode")
+            .and_then(|e| e.split_once(':'))
+            .and_then(|(c, s)| Some((c.parse().ok()?, s.parse().ok()?)))
+            .unwrap_or((0, 0));
+        Some(JobStatus {
+            state,
+            reason: field(line, "Reason").unwrap_or("").to_owned(),
+            exit,
+            node_list: field(line, "NodeList").unwrap_or("").to_owned(),
+        })
+    }
+
+    /// Whether the job has ended for good (its output files are complete).
+    pub fn finished(&self) -> bool {
+        matches!(
+            self.state.as_str(),
+            "COMPLETED"
+                | "FAILED"
+                | "CANCELLED"
+                | "TIMEOUT"
+                | "NODE_FAIL"
+                | "OUT_OF_MEMORY"
+                | "PREEMPTED"
+                | "BOOT_FAIL"
+                | "DEADLINE"
+        )
+    }
+
+    /// Whether the job has started (its output files may exist): it has nodes and is past PENDING (a job cancelled
+    /// while pending has none).
+    pub fn started(&self) -> bool {
+        !matches!(self.state.as_str(), "PENDING" | "CONFIGURING")
+            && !self.node_list.is_empty()
+            && self.node_list != "(null)"
+    }
+
+    fn worker_exit(&self) -> WorkerExit {
+        match self.exit {
+            (_, s) if s != 0 => WorkerExit::Signal(s),
+            (0, _) => WorkerExit::Code(1),
+            (c, _) => WorkerExit::Code(c),
+        }
+    }
+}
+
+/// `None` when Slurm no longer knows the job.
+fn query(id: &str) -> Result<Option<JobStatus>, LaunchError> {
+    let out = run_tool(
+        Command::new("scontrol").args(["-o", "show", "job", id]),
+        "scontrol",
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("Invalid job id") {
+            return Ok(None);
+        }
+        return Err(LaunchError::Engine(format!(
+            "`scontrol show job {id}` failed: {}",
+            err.trim()
+        )));
+    }
+    Ok(text.lines().find_map(JobStatus::parse))
+}
+
+fn hostnames(node_list: &str) -> Vec<String> {
+    if node_list.is_empty() || node_list == "(null)" {
+        return Vec::new();
+    }
+    match Command::new("scontrol")
+        .args(["show", "hostnames", node_list])
+        .output()
+    {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect(),
+        _ => vec![node_list.to_owned()],
+    }
+}
+
+/// One output file of a job, read as it grows.
+struct Tail {
+    path: PathBuf,
+    file: Option<fs_err::File>,
+    splitter: LineSplitter,
+    stream: Stream,
+}
+
+impl Tail {
+    fn new(path: PathBuf, stream: Stream) -> Self {
+        Tail {
+            path,
+            file: None,
+            splitter: LineSplitter::default(),
+            stream,
+        }
+    }
+
+    /// Emits every complete line written since the last call (`last`: the file is complete, emit the rest too).
+    fn read(&mut self, last: bool, emit: &mut impl FnMut(Stream, &[u8])) {
+        if self.file.is_none() {
+            self.file = fs_err::File::open(&self.path).ok();
+        }
+        let stream = self.stream;
+        let mut lines = |line: &[u8]| emit(stream, line);
+        if let Some(file) = &mut self.file {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match file.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => self.splitter.push(&buf[..n], &mut lines),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        if last {
+            self.splitter.finish(&mut lines);
+        }
+    }
+}
+
+/// A job being followed.
+struct Followed<'a> {
+    step: &'a BatchStep,
+    job: &'a SubmittedJob,
+    status: Option<JobStatus>,
+    started: Option<Instant>,
+    hosts: Vec<String>,
+    tails: [Tail; 2],
+    /// The last lines of the job's stderr: (rank from srun's label, the line as written).
+    stderr_tail: VecDeque<(Option<u32>, String)>,
+    done: bool,
+}
+
+impl Followed<'_> {
+    fn host(&self, rank: u32) -> String {
+        let node = (rank / self.step.tasks_per_node.max(1)) as usize;
+        self.hosts
+            .get(node)
+            .or_else(|| self.hosts.first())
+            .cloned()
+            .unwrap_or_else(|| "?".into())
+    }
+
+    fn drain(&mut self, last: bool, events: &dyn EventSink) {
+        let step: Arc<str> = Arc::from(self.step.name.as_str());
+        let tagged = self.step.workers.is_some();
+        let mut lines: Vec<(Stream, String)> = Vec::new();
+        for tail in &mut self.tails {
+            tail.read(last, &mut |stream, line| {
+                lines.push((stream, String::from_utf8_lossy(line).into_owned()));
+            });
+        }
+        for (stream, line) in lines {
+            let (rank, text) = match tagged.then(|| crate::engines::untag(&line)).flatten() {
+                Some((r, _, rest)) => (Some(r), rest.to_owned()),
+                None => (None, line.clone()),
+            };
+            if stream == Stream::Stderr {
+                if self.stderr_tail.len() == 4 * STDERR_TAIL_LINES {
+                    self.stderr_tail.pop_front();
+                }
+                self.stderr_tail.push_back((rank, line));
+            }
+            let rank_or_0 = rank.unwrap_or(0);
+            events.event(Event::Line {
+                step: step.clone(),
+                host: Arc::from(self.host(rank_or_0).as_str()),
+                rank: rank_or_0,
+                stream,
+                text,
+            });
+        }
+    }
+}
+
+/// Follows the submitted jobs to their end: output lines and step events go to `events`; when a job fails (or on
+/// SIGINT/SIGTERM through `interrupts`) every unfinished job is cancelled. Returns the run's report (the failure's
+/// exit code is the failing rank's own).
+pub fn follow(
+    plan: &Plan,
+    steps: &[BatchStep],
+    submission: &Submission,
+    options: &RunOptions,
+    events: &dyn EventSink,
+    interrupts: Interrupts,
+) -> Result<RunReport, LaunchError> {
+    let log_dir = slurm::output_dir(plan);
+    let project = crate::engines::k8s::dns_label(&plan.project);
+    let mut jobs: Vec<Followed<'_>> = Vec::new();
+    for job in &submission.jobs {
+        let Some(step) = steps.iter().find(|s| s.name == job.step) else {
+            continue;
+        };
+        let file =
+            |ext: &str| log_dir.join(format!("{project}-{}-{}.{ext}", step.name, job.job_id));
+        jobs.push(Followed {
+            step,
+            job,
+            status: None,
+            started: None,
+            hosts: Vec::new(),
+            tails: [
+                Tail::new(file("out"), Stream::Stdout),
+                Tail::new(file("err"), Stream::Stderr),
+            ],
+            stderr_tail: VecDeque::new(),
+            done: false,
+        });
+    }
+    for step in &submission.skipped {
+        events.event(Event::StepSkipped { step: step.clone() });
+    }
+    let mut report = RunReport {
+        run_id: crate::engine::new_run_id(),
+        log_dir: log_dir.clone(),
+        ran: Vec::new(),
+        skipped: submission.skipped.clone(),
+        failure: None,
+    };
+    let mut outputs = submission.skipped_outputs.clone();
+    let mut cancelled = false;
+    let mut vanished: BTreeSet<usize> = BTreeSet::new();
+    let mut errors = 0u32;
+    loop {
+        let (interrupted, signal) = interrupts.get();
+        if interrupted >= 1 && !cancelled {
+            cancelled = true;
+            events.event(Event::Stopping {
+                reason: format!(
+                    "got {}: cancelling the slurm jobs (again to stop waiting for them)",
+                    crate::process::signal_name(signal)
+                ),
+            });
+            cancel(
+                jobs.iter()
+                    .filter(|j| !j.done)
+                    .map(|j| j.job.job_id.as_str()),
+            );
+            if report.failure.is_none() {
+                report.failure = Some(FailureSummary {
+                    step: jobs
+                        .iter()
+                        .find(|j| !j.done)
+                        .map_or_else(|| plan.project.clone(), |j| j.step.name.clone()),
+                    cause: Cause::Interrupted { signal },
+                    exit_code: u8::try_from(128 + signal).unwrap_or(130),
+                    stderr_tail: Vec::new(),
+                    log_dir: log_dir.clone(),
+                });
+            }
+        }
+        if interrupted >= 2 {
+            break;
+        }
+        for (index, job) in jobs.iter_mut().enumerate().filter(|(_, j)| !j.done) {
+            let status = match query(&job.job.job_id) {
+                Ok(Some(s)) => {
+                    errors = 0;
+                    s
+                }
+                Err(e) => {
+                    // scontrol can fail for a moment (slurmctld busy or restarting); give up after a while,
+                    // cancelling what was submitted.
+                    errors += 1;
+                    if errors > QUERY_RETRIES {
+                        cancel(submission.jobs.iter().map(|j| j.job_id.as_str()));
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Ok(None) => {
+                    // Slurm forgot the job (MinJobAge passed while hvd was not looking): count it as ended with
+                    // what was last seen.
+                    vanished.insert(index);
+                    let mut last = job.status.clone().unwrap_or(JobStatus {
+                        state: "UNKNOWN".into(),
+                        reason: String::new(),
+                        exit: (1, 0),
+                        node_list: String::new(),
+                    });
+                    if !last.finished() {
+                        last.state = "UNKNOWN".into();
+                    }
+                    last
+                }
+            };
+            if status.started() && job.started.is_none() {
+                job.started = Some(Instant::now());
+                job.hosts = hostnames(&status.node_list);
+                report.ran.push(job.step.name.clone());
+                events.event(Event::StepStarted {
+                    step: job.step.name.clone(),
+                    workers: job.step.workers,
+                    rendezvous: None,
+                });
+            }
+            let finished = status.finished() || vanished.contains(&index);
+            job.status = Some(status);
+            if job.started.is_some() {
+                job.drain(finished, events);
+            }
+            if finished {
+                job.done = true;
+            }
+        }
+        // Outcomes, in plan order.
+        let mut failed_now = false;
+        for job in jobs.iter_mut().filter(|j| j.done && j.status.is_some()) {
+            let Some(status) = job.status.take() else {
+                continue;
+            };
+            if status.state == "COMPLETED" && status.exit == (0, 0) {
+                events.event(Event::StepFinished {
+                    step: job.step.name.clone(),
+                    elapsed: job.started.map_or(Duration::ZERO, |s| s.elapsed()),
+                });
+                record_success(plan, options, &job.step.name, &mut outputs);
+                continue;
+            }
+            if report.failure.is_some() || cancelled {
+                continue;
+            }
+            failed_now = true;
+            report.failure = Some(failure_of(job, &status, &log_dir));
+        }
+        if failed_now && !cancelled {
+            cancelled = true;
+            let others: Vec<&str> = jobs
+                .iter()
+                .filter(|j| !j.done)
+                .map(|j| j.job.job_id.as_str())
+                .collect();
+            if let Some(f) = &report.failure {
+                events.event(Event::Stopping {
+                    reason: format!(
+                        "step `{}` failed; cancelling {} other slurm job(s)",
+                        f.step,
+                        others.len()
+                    ),
+                });
+            }
+            cancel(others);
+        }
+        if jobs.iter().all(|j| j.done) {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    Ok(report)
+}
+
+/// Records a success for skipping next time (steps that declare inputs or outputs), and its output hash for the
+/// steps after it.
+fn record_success(
+    plan: &Plan,
+    options: &RunOptions,
+    step: &str,
+    outputs: &mut BTreeMap<String, String>,
+) {
+    let Some(planned) = plan.steps.iter().find(|s| s.name == step) else {
+        return;
+    };
+    let outputs_hash = state::hash_paths(&plan.project_dir, &planned.outputs).unwrap_or_default();
+    if !planned.inputs.is_empty() || !planned.outputs.is_empty() {
+        match state::input_hash(
+            planned,
+            &plan.project_dir,
+            options.env_hash.as_deref(),
+            outputs,
+        ) {
+            Ok(input_hash) => {
+                let record = state::StepRecord {
+                    input_hash,
+                    outputs_hash: outputs_hash.clone(),
+                };
+                if let Err(e) = state::store(&plan.state_dir, step, &record) {
+                    tracing::warn!("could not record step `{step}`: {e}");
+                }
+            }
+            Err(e) => tracing::warn!("could not hash the inputs of step `{step}`: {e}"),
+        }
+    }
+    outputs.insert(step.to_owned(), outputs_hash);
+}
+
+/// The failure summary of a job that did not complete: the failing rank and its own code from srun's message,
+/// else rank 0 with the batch script's code.
+fn failure_of(job: &Followed<'_>, status: &JobStatus, log_dir: &Path) -> FailureSummary {
+    let raw: Vec<String> = job.stderr_tail.iter().map(|(_, l)| l.clone()).collect();
+    let (rank, exit) = match crate::engines::failing_rank(&raw) {
+        Some((rank, code)) if job.step.workers.is_some() => (rank, WorkerExit::Code(code)),
+        _ => (0, status.worker_exit()),
+    };
+    let mut tail: Vec<String> = job
+        .stderr_tail
+        .iter()
+        .filter(|(r, _)| r.is_none_or(|r| r == rank))
+        .map(|(r, l)| match r {
+            Some(_) => crate::engines::untag(l).map_or(l.clone(), |(_, _, t)| t.to_owned()),
+            None => l.clone(),
+        })
+        .collect();
+    let keep = tail.len().saturating_sub(STDERR_TAIL_LINES - 1);
+    tail.drain(..keep);
+    tail.push(format!(
+        "(slurm job {} of step `{}`: {}{}, ExitCode={}:{})",
+        job.job.job_id,
+        job.step.name,
+        status.state,
+        if status.reason.is_empty() || status.reason == "None" {
+            String::new()
+        } else {
+            format!(" ({})", status.reason)
+        },
+        status.exit.0,
+        status.exit.1
+    ));
+    let (cause, exit_code) = match (status.state.as_str(), job.step.timeout) {
+        ("TIMEOUT", Some(after)) => (Cause::Timeout { after }, TIMEOUT_EXIT_CODE),
+        _ => (
+            Cause::Worker {
+                rank,
+                host: job.host(rank),
+                exit,
+            },
+            exit.code(),
+        ),
+    };
+    FailureSummary {
+        step: job.step.name.clone(),
+        cause,
+        exit_code,
+        stderr_tail: tail,
+        log_dir: log_dir.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scontrol_lines_and_sbatch_ids_are_read() {
+        let line = "JobId=4 JobName=t-train UserId=root(0) JobState=FAILED Reason=NonZeroExitCode \
+                    Dependency=(null) ExitCode=143:0 RunTime=00:00:03 NodeList=vm BatchHost=vm ReqNodeList=(null)";
+        let status = JobStatus::parse(line).unwrap();
+        assert_eq!(status.state, "FAILED");
+        assert_eq!(status.reason, "NonZeroExitCode");
+        assert_eq!(status.exit, (143, 0));
+        assert_eq!(status.node_list, "vm");
+        assert!(status.finished() && status.started());
+        let pending =
+            JobStatus::parse("JobId=5 JobState=PENDING Reason=Dependency ExitCode=0:0 NodeList=")
+                .unwrap();
+        assert!(!pending.finished() && !pending.started());
+        assert_eq!(pending.node_list, "");
+        assert_eq!(field("ReqNodeList=a NodeList=b", "NodeList"), Some("b"));
+        assert_eq!(JobStatus::parse("garbage"), None);
+        let killed = JobStatus::parse("JobState=CANCELLED ExitCode=0:15").unwrap();
+        assert_eq!(killed.worker_exit(), WorkerExit::Signal(15));
+        assert_eq!(parse_job_id("42\n"), Some("42".into()));
+        assert_eq!(parse_job_id("42;cluster\n"), Some("42".into()));
+        assert_eq!(parse_job_id("Submitted batch job 42"), None);
+        assert_eq!(parse_job_id(""), None);
+    }
+}
