@@ -100,6 +100,10 @@ pub fn run(args: BuildArgs) -> CommandResult {
         ready.link.display()
     );
     println!("{}", ready.build.env.display());
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let file = args.file.display();
+        eprintln!("next: `hvd run {file}` runs its steps; `hvd shell {file}` opens a shell in the env");
+    }
     Ok(Status::Success)
 }
 
