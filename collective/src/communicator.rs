@@ -52,12 +52,7 @@ pub trait Communicator: Send {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(invalid(
-                "allreduce",
-                format!("send has {} bytes but recv {}", send.len(), recv.len()),
-            ));
-        }
+        check::same_len("allreduce", send.len(), recv.len())?;
         recv.copy_from_slice(send);
         self.allreduce_in_place(recv, dtype, op)
     }
@@ -72,15 +67,7 @@ pub trait Communicator: Send {
     /// In-place allgather: this rank's block is already at `buf[rank * block..]`, `block = buf.len() / size`.
     fn allgather_in_place(&mut self, buf: &mut [u8], dtype: DType) -> Result<()> {
         let size = self.size();
-        if !buf.len().is_multiple_of(size * dtype.size()) {
-            return Err(invalid(
-                "allgather",
-                format!(
-                    "{} bytes do not split into {size} {dtype} blocks",
-                    buf.len()
-                ),
-            ));
-        }
+        check::splits("allgather", buf.len(), size, dtype)?;
         let counts = vec![buf.len() / size / dtype.size(); size];
         self.allgatherv_in_place(buf, &counts, dtype)
     }
@@ -111,12 +98,7 @@ pub trait Communicator: Send {
         root: usize,
     ) -> Result<()> {
         if self.rank() == root {
-            if send.len() != recv.len() {
-                return Err(invalid(
-                    "broadcast",
-                    format!("send has {} bytes but recv {}", send.len(), recv.len()),
-                ));
-            }
+            check::same_len("broadcast", send.len(), recv.len())?;
             recv.copy_from_slice(send);
         }
         self.broadcast(recv, dtype, root)
@@ -125,16 +107,8 @@ pub trait Communicator: Send {
     /// Block `j` of `send` goes to rank `j`; block `i` of `recv` comes from rank `i`. Blocks are `len / size`.
     fn alltoall(&mut self, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
         let size = self.size();
+        check::alltoall(send.len(), recv.len(), size, dtype)?;
         let counts = vec![send.len() / dtype.size() / size.max(1); size];
-        if !send.len().is_multiple_of(size * dtype.size()) {
-            return Err(invalid(
-                "alltoall",
-                format!(
-                    "{} bytes do not split into {size} {dtype} blocks",
-                    send.len()
-                ),
-            ));
-        }
         self.alltoallv(send, &counts, recv, &counts, dtype)
     }
 
@@ -174,15 +148,8 @@ pub trait Communicator: Send {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
+        let mine = check::own_fits(counts, self.rank(), buf.len(), dtype)?;
         let send = buf.to_vec();
-        let r = self.rank();
-        let mine = counts.get(r).copied().unwrap_or(0) * dtype.size();
-        if mine > buf.len() {
-            return Err(invalid(
-                "reducescatter",
-                format!("counts[{r}] does not fit into {} bytes", buf.len()),
-            ));
-        }
         self.reducescatter(&send, &mut buf[..mine], counts, dtype, op)
     }
 
@@ -192,4 +159,224 @@ pub trait Communicator: Send {
 
 pub(crate) fn invalid(op: &'static str, detail: String) -> Error {
     Error::InvalidArgument { op, detail }
+}
+
+/// Argument checks and block arithmetic shared by every backend (p2p, mpi, nccl), so that the same bad call gets
+/// the same [`Error::InvalidArgument`] everywhere. A backend reports the error to its peers through its header
+/// exchange (they get a mismatch) and returns it to its own caller. Nothing here panics, whatever the counts.
+pub(crate) mod check {
+    use std::ops::Range;
+
+    use super::invalid;
+    use crate::error::Result;
+    use crate::types::DType;
+
+    /// `bytes` holds a whole number of `dtype` elements.
+    pub(crate) fn whole(op: &'static str, bytes: usize, dtype: DType) -> Result<()> {
+        if bytes.is_multiple_of(dtype.size()) {
+            Ok(())
+        } else {
+            Err(invalid(
+                op,
+                format!("{bytes} bytes is not a whole number of {dtype}"),
+            ))
+        }
+    }
+
+    /// Out-of-place buffers of equal length.
+    pub(crate) fn same_len(op: &'static str, send: usize, recv: usize) -> Result<()> {
+        if send == recv {
+            Ok(())
+        } else {
+            Err(invalid(
+                op,
+                format!("send has {send} bytes but recv {recv}"),
+            ))
+        }
+    }
+
+    /// `bytes` splits into `n` equal blocks of whole `dtype` elements.
+    pub(crate) fn splits(op: &'static str, bytes: usize, n: usize, dtype: DType) -> Result<()> {
+        if bytes.is_multiple_of(n.max(1) * dtype.size()) {
+            Ok(())
+        } else {
+            Err(invalid(
+                op,
+                format!("{bytes} bytes do not split into {n} {dtype} blocks"),
+            ))
+        }
+    }
+
+    /// allgather: whole elements in `send`, and `recv` is `n` times as long.
+    pub(crate) fn allgather(send: usize, recv: usize, n: usize, dtype: DType) -> Result<()> {
+        if send.is_multiple_of(dtype.size()) && send.checked_mul(n) == Some(recv) {
+            Ok(())
+        } else {
+            Err(invalid(
+                "allgather",
+                format!("send has {send} bytes, recv {recv} for {n} ranks"),
+            ))
+        }
+    }
+
+    /// alltoall: `send` and `recv` are equal and split into `n` blocks.
+    pub(crate) fn alltoall(send: usize, recv: usize, n: usize, dtype: DType) -> Result<()> {
+        if send == recv && send.is_multiple_of(n.max(1) * dtype.size()) {
+            Ok(())
+        } else {
+            Err(invalid(
+                "alltoall",
+                format!(
+                    "send ({send} bytes) and recv ({recv} bytes) must be equal and split into {n} {dtype} blocks"
+                ),
+            ))
+        }
+    }
+
+    /// In-place reducescatter: this rank's block (`counts[me]` elements) fits at the start of the buffer; returns
+    /// its length in bytes.
+    pub(crate) fn own_fits(
+        counts: &[usize],
+        me: usize,
+        bytes: usize,
+        dtype: DType,
+    ) -> Result<usize> {
+        match counts.get(me).and_then(|c| c.checked_mul(dtype.size())) {
+            Some(mine) if mine <= bytes => Ok(mine),
+            _ => Err(invalid(
+                "reducescatter",
+                format!("counts[{me}] does not fit into {bytes} bytes"),
+            )),
+        }
+    }
+
+    /// `counts` has one entry per rank and its elements fill exactly `bytes`.
+    pub(crate) fn counts(
+        op: &'static str,
+        counts: &[usize],
+        n: usize,
+        bytes: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        if counts.len() != n {
+            return Err(invalid(
+                op,
+                format!("{} counts given for {n} ranks", counts.len()),
+            ));
+        }
+        let total = counts
+            .iter()
+            .try_fold(0usize, |acc, c| acc.checked_add(*c))
+            .and_then(|t| t.checked_mul(dtype.size()).map(|b| (t, b)));
+        match total {
+            Some((_, b)) if b == bytes => Ok(()),
+            Some((t, _)) => Err(invalid(
+                op,
+                format!("counts sum to {t} {dtype} elements but the buffer has {bytes} bytes"),
+            )),
+            None => Err(invalid(op, "counts overflow the address space".into())),
+        }
+    }
+
+    /// allgatherv: `counts` describes `recv`, and this rank's `send` is its `counts[me]` elements.
+    pub(crate) fn allgatherv(
+        send: usize,
+        recv: usize,
+        counts_: &[usize],
+        n: usize,
+        me: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        counts("allgather", counts_, n, recv, dtype)?;
+        if send != counts_[me] * dtype.size() {
+            return Err(invalid(
+                "allgather",
+                format!(
+                    "send has {send} bytes but counts[{me}] = {} {dtype} elements",
+                    counts_[me]
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// reducescatter: `counts` describes `send`, and `recv` holds this rank's `counts[me]` elements.
+    pub(crate) fn reducescatter(
+        send: usize,
+        recv: usize,
+        counts_: &[usize],
+        n: usize,
+        me: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        counts("reducescatter", counts_, n, send, dtype)?;
+        if recv != counts_[me] * dtype.size() {
+            return Err(invalid(
+                "reducescatter",
+                format!(
+                    "recv has {recv} bytes but counts[{me}] = {} {dtype} elements",
+                    counts_[me]
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// alltoallv: each counts vector describes its buffer.
+    pub(crate) fn alltoallv(
+        send: usize,
+        send_counts: &[usize],
+        recv: usize,
+        recv_counts: &[usize],
+        n: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        counts("alltoall", send_counts, n, send, dtype)?;
+        counts("alltoall", recv_counts, n, recv, dtype)
+    }
+
+    /// broadcast: `root` is a rank and the buffer holds whole elements.
+    pub(crate) fn broadcast(bytes: usize, root: usize, n: usize, dtype: DType) -> Result<()> {
+        if root >= n {
+            return Err(invalid(
+                "broadcast",
+                format!("root {root} is not a rank of this {n}-rank job"),
+            ));
+        }
+        whole("broadcast", bytes, dtype)
+    }
+
+    /// Byte range of block `i` of consecutive blocks of `counts` elements (empty when `i` or the sums are out of
+    /// range; callers check `counts` first where it matters).
+    pub(crate) fn block(counts: &[usize], i: usize, esize: usize) -> Range<usize> {
+        let start = counts
+            .iter()
+            .take(i)
+            .try_fold(0usize, |acc, c| acc.checked_add(c.checked_mul(esize)?));
+        let len = counts.get(i).and_then(|c| c.checked_mul(esize));
+        match (start, len) {
+            (Some(s), Some(l)) => s..s.saturating_add(l),
+            _ => 0..0,
+        }
+    }
+
+    /// Byte offsets of consecutive blocks: `offsets[i]..offsets[i + 1]` is block `i`.
+    pub(crate) fn offsets(counts: &[usize], esize: usize) -> Vec<usize> {
+        let mut v = Vec::with_capacity(counts.len() + 1);
+        let mut acc = 0usize;
+        v.push(0);
+        for c in counts {
+            acc = acc.saturating_add(c.saturating_mul(esize));
+            v.push(acc);
+        }
+        v
+    }
+
+    /// This rank's own block of an in-place allgatherv buffer, copied out (empty when it does not fit; the
+    /// allgatherv check then reports the bad counts).
+    pub(crate) fn own_block(buf: &[u8], counts: &[usize], me: usize, esize: usize) -> Vec<u8> {
+        buf.get(block(counts, me, esize))
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
 }

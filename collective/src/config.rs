@@ -15,6 +15,9 @@ impl EnvVars {
     /// Allreduce messages with `bytes x (ranks - 1)` up to this go straight to every rank together with the
     /// operation header: one round trip in all (default 16384).
     pub const ALLREDUCE_DIRECT_BYTES: &'static str = "HVD_ALLREDUCE_DIRECT_BYTES";
+    /// Large allreduces run the ring over segments of `ranks x` this many bytes, one after the other, so each
+    /// segment's data is still in cache when its reduced blocks go round again (default 262144; 0: one segment).
+    pub const ALLREDUCE_CHUNK_BYTES: &'static str = "HVD_ALLREDUCE_CHUNK_BYTES";
     /// Allgather totals up to this many bytes send directly to every rank, larger ones use a ring (default 262144).
     pub const ALLGATHER_SMALL_BYTES: &'static str = "HVD_ALLGATHER_SMALL_BYTES";
     /// Capacity of each shared-memory ring between two ranks (default 1048576).
@@ -71,6 +74,14 @@ impl Thresholds {
                 .unwrap_or(d.allgather_small_bytes),
         }
     }
+}
+
+/// Default per-rank block of one ring segment of a large allreduce (see [`EnvVars::ALLREDUCE_CHUNK_BYTES`]).
+pub const DEFAULT_ALLREDUCE_CHUNK_BYTES: usize = 256 << 10;
+
+/// The allreduce segment block size from `HVD_ALLREDUCE_CHUNK_BYTES`, else the default.
+pub fn allreduce_chunk_bytes_from_env() -> usize {
+    env_usize(EnvVars::ALLREDUCE_CHUNK_BYTES).unwrap_or(DEFAULT_ALLREDUCE_CHUNK_BYTES)
 }
 
 pub(crate) fn env_usize(name: &str) -> Option<usize> {

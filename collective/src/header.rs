@@ -203,6 +203,12 @@ pub fn check(group: &[usize], headers: &[Header]) -> Result<(), Error> {
                     " (they disagree on the small-message path: set `{}` alike on every rank)",
                     crate::config::EnvVars::ALLREDUCE_DIRECT_BYTES
                 ));
+            } else if h.digest != reference.digest && h.kind == Kind::Allreduce {
+                detail.push_str(&format!(
+                    " (they pick allreduce algorithms differently: set `{}` and `{}` alike on every rank)",
+                    crate::config::EnvVars::ALLREDUCE_SMALL_BYTES,
+                    crate::config::EnvVars::ALLREDUCE_CHUNK_BYTES
+                ));
             } else if h.digest != reference.digest && h.kind == reference.kind {
                 detail.push_str(" (their per-rank counts differ)");
             }

@@ -7,6 +7,8 @@
 //! business: OpenMPI aborts the whole job, which at least never hangs.
 
 use crate::communicator::Communicator;
+#[cfg(feature = "mpi")]
+use crate::communicator::check;
 use crate::error::{Error, Result};
 
 /// Joins the MPI job this process was started in (`mpirun`, `srun --mpi=pmix`).
@@ -301,24 +303,6 @@ mod imp {
         Ok((c, d))
     }
 
-    fn check_counts(
-        op: &'static str,
-        counts: &[usize],
-        n: usize,
-        bytes: usize,
-        dtype: DType,
-    ) -> Option<Error> {
-        if counts.len() != n || counts.iter().sum::<usize>() * dtype.size() != bytes {
-            return Some(Error::InvalidArgument {
-                op,
-                detail: format!(
-                    "counts {counts:?} do not describe {bytes} bytes of {dtype} for {n} ranks"
-                ),
-            });
-        }
-        None
-    }
-
     impl Communicator for MpiCommunicator {
         fn topology(&self) -> Topology {
             self.topology
@@ -337,11 +321,7 @@ mod imp {
             let mut h = self.header(Kind::Allreduce, dtype);
             h.op = Some(op);
             h.count = (data.len() / dtype.size()) as u64;
-            let local =
-                (!data.len().is_multiple_of(dtype.size())).then(|| Error::InvalidArgument {
-                    op: "allreduce",
-                    detail: format!("{} bytes is not a whole number of {dtype}", data.len()),
-                });
+            let local = check::whole("allreduce", data.len(), dtype).err();
             self.negotiate(h, local)?;
             let raw = Raw::of_mut(data);
             // SAFETY: `data` outlives the call, which blocks until the MPI thread is done with it.
@@ -360,17 +340,7 @@ mod imp {
             let mut h = self.header(Kind::Allgather, dtype);
             h.count = counts.get(me).copied().unwrap_or(0) as u64;
             h.digest = header::digest(counts);
-            let mut local = check_counts("allgather", counts, n, recv.len(), dtype);
-            if local.is_none() && send.len() != counts[me] * dtype.size() {
-                local = Some(Error::InvalidArgument {
-                    op: "allgather",
-                    detail: format!(
-                        "send has {} bytes, counts[{me}] = {}",
-                        send.len(),
-                        counts[me]
-                    ),
-                });
-            }
+            let local = check::allgatherv(send.len(), recv.len(), counts, n, me, dtype).err();
             self.negotiate(h, local)?;
             let (c, d) = byte_counts(counts, dtype.size())?;
             let (s, r) = (Raw::of(send), Raw::of_mut(recv));
@@ -388,13 +358,7 @@ mod imp {
             counts: &[usize],
             dtype: DType,
         ) -> Result<()> {
-            let me = self.topology.rank;
-            let off = counts.iter().take(me).sum::<usize>() * dtype.size();
-            let len = counts.get(me).copied().unwrap_or(0) * dtype.size();
-            let send = buf
-                .get(off..off + len)
-                .map(<[u8]>::to_vec)
-                .unwrap_or_default();
+            let send = check::own_block(buf, counts, self.topology.rank, dtype.size());
             self.allgatherv(&send, buf, counts, dtype)
         }
 
@@ -402,13 +366,7 @@ mod imp {
             let mut h = self.header(Kind::Broadcast, dtype);
             h.root = root as u32;
             h.count = (buf.len() / dtype.size()) as u64;
-            let local = (root >= self.topology.size).then(|| Error::InvalidArgument {
-                op: "broadcast",
-                detail: format!(
-                    "root {root} is not a rank of this {}-rank job",
-                    self.topology.size
-                ),
-            });
+            let local = check::broadcast(buf.len(), root, self.topology.size, dtype).err();
             self.negotiate(h, local)?;
             let raw = Raw::of_mut(buf);
             self.call(move |w| {
@@ -428,8 +386,8 @@ mod imp {
         ) -> Result<()> {
             let n = self.topology.size;
             let h = self.header(Kind::Alltoall, dtype);
-            let local = check_counts("alltoall", send_counts, n, send.len(), dtype)
-                .or_else(|| check_counts("alltoall", recv_counts, n, recv.len(), dtype));
+            let local =
+                check::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype).err();
             self.negotiate(h, local)?;
             let (sc, sd) = byte_counts(send_counts, dtype.size())?;
             let (rc, rd) = byte_counts(recv_counts, dtype.size())?;
@@ -457,25 +415,14 @@ mod imp {
             h.op = Some(op);
             h.count = (send.len() / dtype.size()) as u64;
             h.digest = header::digest(counts);
-            let mut local = check_counts("reducescatter", counts, n, send.len(), dtype);
-            if local.is_none() && recv.len() != counts[me] * dtype.size() {
-                local = Some(Error::InvalidArgument {
-                    op: "reducescatter",
-                    detail: format!(
-                        "recv has {} bytes, counts[{me}] = {}",
-                        recv.len(),
-                        counts[me]
-                    ),
-                });
-            }
+            let local = check::reducescatter(send.len(), recv.len(), counts, n, me, dtype).err();
             self.negotiate(h, local)?;
             // Uneven blocks: allreduce the whole buffer, keep this rank's block.
             let mut all = send.to_vec();
             let raw = Raw::of_mut(&mut all);
             // SAFETY: `all` outlives the blocking call.
             self.call(move |w| reduce_any(w, unsafe { raw.slice() }, dtype, op))?;
-            let off = counts[..me].iter().sum::<usize>() * dtype.size();
-            recv.copy_from_slice(&all[off..off + recv.len()]);
+            recv.copy_from_slice(&all[check::block(counts, me, dtype.size())]);
             Ok(())
         }
 

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use crate::bootstrap::JobEnv;
 use crate::communicator::Communicator;
+#[cfg(feature = "nccl")]
+use crate::communicator::check;
 use crate::error::{Error, Result};
 
 /// Joins `job` over NCCL.
@@ -286,10 +288,6 @@ mod imp {
         }
     }
 
-    fn bad(op: &'static str, detail: String) -> Option<Error> {
-        Some(Error::InvalidArgument { op, detail })
-    }
-
     impl Communicator for NcclCommunicator {
         fn topology(&self) -> Topology {
             self.topology
@@ -308,14 +306,7 @@ mod imp {
             let mut h = Header::new(0, Kind::Allreduce, dtype);
             h.op = Some(op);
             h.count = (data.len() / dtype.size()) as u64;
-            let local = (!data.len().is_multiple_of(dtype.size()))
-                .then(|| {
-                    bad(
-                        "allreduce",
-                        format!("{} bytes is not a whole number of {dtype}", data.len()),
-                    )
-                })
-                .flatten();
+            let local = check::whole("allreduce", data.len(), dtype).err();
             self.negotiate(h, local)?;
             let mut d = self.up(data)?;
             self.reduce_device(&mut d, data.len() / dtype.size(), dtype, op)?;
@@ -337,27 +328,10 @@ mod imp {
             let mut h = Header::new(0, Kind::Allgather, dtype);
             h.count = counts.get(me).copied().unwrap_or(0) as u64;
             h.digest = header::digest(counts);
-            let local = if counts.len() != n || counts.iter().sum::<usize>() * es != recv.len() {
-                bad(
-                    "allgather",
-                    format!("counts {counts:?} do not describe {} bytes", recv.len()),
-                )
-            } else if send.len() != counts[me] * es {
-                bad(
-                    "allgather",
-                    format!(
-                        "send has {} bytes, counts[{me}] = {}",
-                        send.len(),
-                        counts[me]
-                    ),
-                )
-            } else {
-                None
-            };
+            let local = check::allgatherv(send.len(), recv.len(), counts, n, me, dtype).err();
             self.negotiate(h, local)?;
             // NCCL has no allgatherv: one broadcast per rank into its block, grouped.
-            let off = counts[..me].iter().sum::<usize>() * es;
-            recv[off..off + send.len()].copy_from_slice(send);
+            recv[check::block(counts, me, es)].copy_from_slice(send);
             let mut d = self.up(recv)?;
             {
                 let (base, _s) = d.device_ptr_mut(&self.stream);
@@ -391,13 +365,7 @@ mod imp {
             counts: &[usize],
             dtype: DType,
         ) -> Result<()> {
-            let me = self.topology.rank;
-            let off = counts.iter().take(me).sum::<usize>() * dtype.size();
-            let len = counts.get(me).copied().unwrap_or(0) * dtype.size();
-            let send = buf
-                .get(off..off + len)
-                .map(<[u8]>::to_vec)
-                .unwrap_or_default();
+            let send = check::own_block(buf, counts, self.topology.rank, dtype.size());
             self.allgatherv(&send, buf, counts, dtype)
         }
 
@@ -405,9 +373,7 @@ mod imp {
             let mut h = Header::new(0, Kind::Broadcast, dtype);
             h.root = root as u32;
             h.count = (buf.len() / dtype.size()) as u64;
-            let local = (root >= self.topology.size)
-                .then(|| bad("broadcast", format!("root {root} is not a rank")))
-                .flatten();
+            let local = check::broadcast(buf.len(), root, self.topology.size, dtype).err();
             self.negotiate(h, local)?;
             let mut d = self.up(buf)?;
             {
@@ -439,15 +405,8 @@ mod imp {
         ) -> Result<()> {
             let (n, es) = (self.topology.size, dtype.size());
             let h = Header::new(0, Kind::Alltoall, dtype);
-            let local = if send_counts.len() != n
-                || recv_counts.len() != n
-                || send_counts.iter().sum::<usize>() * es != send.len()
-                || recv_counts.iter().sum::<usize>() * es != recv.len()
-            {
-                bad("alltoall", "counts do not describe the buffers".into())
-            } else {
-                None
-            };
+            let local =
+                check::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype).err();
             self.negotiate(h, local)?;
             let ds = self.up(send)?;
             let mut dr = self.up(recv)?;
@@ -499,31 +458,14 @@ mod imp {
             h.op = Some(op);
             h.count = (send.len() / es) as u64;
             h.digest = header::digest(counts);
-            let local = if counts.len() != n || counts.iter().sum::<usize>() * es != send.len() {
-                bad(
-                    "reducescatter",
-                    format!("counts {counts:?} do not describe {} bytes", send.len()),
-                )
-            } else if recv.len() != counts[me] * es {
-                bad(
-                    "reducescatter",
-                    format!(
-                        "recv has {} bytes, counts[{me}] = {}",
-                        recv.len(),
-                        counts[me]
-                    ),
-                )
-            } else {
-                None
-            };
+            let local = check::reducescatter(send.len(), recv.len(), counts, n, me, dtype).err();
             self.negotiate(h, local)?;
             // Blocks may differ in size: allreduce everything and keep this rank's block.
             let mut d = self.up(send)?;
             self.reduce_device(&mut d, send.len() / es, dtype, op)?;
             let mut all = vec![0u8; send.len()];
             self.down(&d, &mut all)?;
-            let off = counts[..me].iter().sum::<usize>() * es;
-            recv.copy_from_slice(&all[off..off + recv.len()]);
+            recv.copy_from_slice(&all[check::block(counts, me, es)]);
             if op == ReduceOp::Average {
                 finish_average(recv, dtype, n);
             }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::communicator::{Communicator, invalid};
+use crate::communicator::{Communicator, check};
 use crate::config::Thresholds;
 use crate::error::{Error, Result};
 use crate::header::{self, HEADER_LEN, Header, Kind};
@@ -25,12 +25,19 @@ pub struct P2pCommunicator<T: Transport> {
     seq: u64,
     timeout: Duration,
     thresholds: Thresholds,
+    /// Per-rank block of one ring segment of a large allreduce (0: the whole buffer is one segment).
+    chunk_bytes: usize,
     broken: Option<String>,
     scratch: Vec<u8>,
     world: Vec<usize>,
     hierarchy: Option<(Vec<usize>, Vec<usize>)>,
     /// Data peers sent eagerly with their header, by rank.
     eager_in: Vec<Vec<u8>>,
+    /// This rank's eager data (kept between calls so the small-message path allocates little).
+    eager_out: Vec<u8>,
+    /// Encoded outgoing and incoming headers, by rank (kept between calls).
+    hdr_out: Vec<[u8; HEADER_LEN]>,
+    hdr_in: Vec<[u8; HEADER_LEN]>,
 }
 
 impl<T: Transport> P2pCommunicator<T> {
@@ -68,17 +75,27 @@ impl<T: Transport> P2pCommunicator<T> {
             seq: 0,
             timeout,
             thresholds: Thresholds::from_env(),
+            chunk_bytes: crate::config::allreduce_chunk_bytes_from_env(),
             broken: None,
             scratch: Vec::new(),
             world,
             hierarchy,
             eager_in: Vec::new(),
+            eager_out: Vec::new(),
+            hdr_out: Vec::new(),
+            hdr_in: Vec::new(),
         }
     }
 
     /// Overrides the algorithm thresholds (normally read from the environment).
     pub fn set_thresholds(&mut self, thresholds: Thresholds) {
         self.thresholds = thresholds;
+    }
+
+    /// Overrides the per-rank block of one ring segment of a large allreduce (normally from
+    /// `HVD_ALLREDUCE_CHUNK_BYTES`; 0 runs the ring over the whole buffer at once).
+    pub fn set_allreduce_chunk_bytes(&mut self, bytes: usize) {
+        self.chunk_bytes = bytes;
     }
 
     /// The time a pending operation waits for a silent peer before failing.
@@ -136,39 +153,58 @@ impl<T: Transport> P2pCommunicator<T> {
         if n == 1 {
             return Ok(headers);
         }
-        let outgoing: Vec<[u8; HEADER_LEN]> = (0..n)
-            .map(|j| Header { pair: pair(j), ..h }.encode())
-            .collect();
-        let mut incoming = vec![[0u8; HEADER_LEN]; n];
-        let mut sends: Vec<SendOp<'_>> = Vec::with_capacity(2 * n);
-        for j in (0..n).filter(|j| *j != me) {
-            sends.push(SendOp::new(j, &outgoing[j]));
-            if let Some(d) = eager {
-                sends.push(SendOp::new(j, d));
+        let mut outgoing = std::mem::take(&mut self.hdr_out);
+        outgoing.clear();
+        outgoing.extend((0..n).map(|j| Header { pair: pair(j), ..h }.encode()));
+        let mut incoming = std::mem::take(&mut self.hdr_in);
+        incoming.clear();
+        incoming.resize(n, [0u8; HEADER_LEN]);
+        let r = {
+            let mut sends: Vec<SendOp<'_>> = Vec::with_capacity(2 * n);
+            for j in (0..n).filter(|j| *j != me) {
+                sends.push(SendOp::new(j, &outgoing[j]));
+                if let Some(d) = eager {
+                    sends.push(SendOp::new(j, d));
+                }
             }
-        }
-        {
             let mut recvs: Vec<RecvOp<'_>> = incoming
                 .iter_mut()
                 .enumerate()
                 .filter(|(j, _)| *j != me)
                 .map(|(j, b)| RecvOp::new(j, b, None))
                 .collect();
-            // The eager data goes out without waiting for anyone: it is small enough (see `eager_fits`) to sit in
-            // the transport's buffers until the peer reads it after the headers.
+            // The eager data goes out without waiting for anyone: it is small enough (see `EAGER_MAX_BYTES`) to
+            // sit in the transport's buffers until the peer reads it after the headers.
             exchange(
                 &mut self.transport,
                 h.kind.name(),
                 self.timeout,
                 &mut sends,
                 &mut recvs,
-            )?;
-        }
-        for (j, bytes) in incoming.iter().enumerate() {
-            if j != me {
-                headers[j] = Header::decode(bytes, j)?;
+            )
+        };
+        let decoded = r.and_then(|()| {
+            for (j, bytes) in incoming.iter().enumerate() {
+                if j != me {
+                    headers[j] = Header::decode(bytes, j)?;
+                    if headers[j].eager
+                        && headers[j]
+                            .count
+                            .saturating_mul(headers[j].dtype.size() as u64)
+                            > EAGER_MAX_BYTES as u64
+                    {
+                        return Err(Error::PeerLost {
+                            rank: j,
+                            reason: "it announced more eager data than the protocol allows".into(),
+                        });
+                    }
+                }
             }
-        }
+            Ok(())
+        });
+        self.hdr_out = outgoing;
+        self.hdr_in = incoming;
+        decoded?;
         let mut eager_in = std::mem::take(&mut self.eager_in);
         eager_in.resize_with(n, Vec::new);
         for (j, hj) in headers.iter().enumerate() {
@@ -257,14 +293,30 @@ impl<T: Transport> P2pCommunicator<T> {
         if n <= 1 || buf.is_empty() {
             return Ok(());
         }
-        let count = buf.len() / dtype.size();
+        let esize = dtype.size();
+        let count = buf.len() / esize;
         if buf.len() <= self.thresholds.allreduce_small_bytes || count < n {
-            self.allreduce_recursive_doubling(buf, dtype, op, group)
-        } else {
-            let counts = even_counts(count, n);
-            self.reduce_scatter_ring(buf, &counts, dtype, op, group)?;
-            self.allgather_ring(buf, &counts, dtype, group)
+            return self.allreduce_recursive_doubling(buf, dtype, op, group);
         }
+        // Ring reduce-scatter + allgather, segment by segment: a segment's blocks are read, reduced and sent on
+        // while they are still in cache, so each byte of `buf` crosses the memory bus about once each way.
+        let per_block = (self.chunk_bytes / esize).max(1);
+        let seg_elems = if self.chunk_bytes == 0 {
+            count
+        } else {
+            per_block.saturating_mul(n)
+        };
+        for seg in buf.chunks_mut(seg_elems.saturating_mul(esize)) {
+            let counts = even_counts(seg.len() / esize, n);
+            self.reduce_scatter_ring(seg, &counts, dtype, op, group)?;
+            self.allgather_ring(seg, &counts, dtype, group)?;
+        }
+        Ok(())
+    }
+
+    /// Fingerprint of the settings that pick allreduce algorithms; ranks must agree on it (header `digest`).
+    fn allreduce_digest(&self) -> u64 {
+        header::digest(&[self.thresholds.allreduce_small_bytes, self.chunk_bytes])
     }
 
     /// Recursive doubling; ranks beyond the largest power of two fold into a partner first.
@@ -326,7 +378,7 @@ impl<T: Transport> P2pCommunicator<T> {
             return Ok(());
         }
         let me = index_of(group, self.topology.rank);
-        let offsets = byte_offsets(counts, dtype.size());
+        let offsets = check::offsets(counts, dtype.size());
         let right = group[(me + 1) % n];
         let left = group[(me + n - 1) % n];
         for s in 0..n - 1 {
@@ -359,7 +411,7 @@ impl<T: Transport> P2pCommunicator<T> {
             return Ok(());
         }
         let me = index_of(group, self.topology.rank);
-        let offsets = byte_offsets(counts, dtype.size());
+        let offsets = check::offsets(counts, dtype.size());
         let right = group[(me + 1) % n];
         let left = group[(me + n - 1) % n];
         for s in 0..n - 1 {
@@ -467,12 +519,8 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         let mut h = Header::new(seq, Kind::Allreduce, dtype);
         h.op = Some(op);
         h.count = (data.len() / dtype.size()) as u64;
-        let local = (!data.len().is_multiple_of(dtype.size())).then(|| {
-            invalid(
-                "allreduce",
-                format!("{} bytes is not a whole number of {dtype}", data.len()),
-            )
-        });
+        h.digest = self.allreduce_digest();
+        let local = check::whole("allreduce", data.len(), dtype).err();
         let n = self.world.len();
         // Small messages: send the data with the header to every rank and let each reduce all contributions in
         // rank order (bitwise identical everywhere): one round trip instead of header + algorithm.
@@ -481,9 +529,11 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             && data.len() <= EAGER_MAX_BYTES
             && data.len() * (n - 1) <= self.thresholds.allreduce_direct_bytes;
         if direct {
-            let mine = data.to_vec();
+            let mut mine = std::mem::take(&mut self.eager_out);
+            mine.clear();
+            mine.extend_from_slice(data);
             let me = self.topology.rank;
-            return self.run_eager(h, None, &|_| 0, Some(&mine), |this, _| {
+            let r = self.run_eager(h, None, &|_| 0, Some(&mine), |this, _| {
                 let sum_op = if op == ReduceOp::Average {
                     ReduceOp::Sum
                 } else {
@@ -492,7 +542,10 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                 for r in 0..n {
                     let src: &[u8] = if r == me { &mine } else { &this.eager_in[r] };
                     if r == 0 {
-                        data.copy_from_slice(src);
+                        // Rank 0's own data is already in place.
+                        if me != 0 {
+                            data.copy_from_slice(src);
+                        }
                     } else {
                         crate::reduce::reduce_into(data, src, dtype, sum_op);
                     }
@@ -502,6 +555,8 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                 }
                 Ok(())
             });
+            self.eager_out = mine;
+            return r;
         }
         self.run(h, local, &|_| 0, |this, _| {
             let sum_op = if op == ReduceOp::Average {
@@ -515,7 +570,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                     let counts = even_counts(count, local.len());
                     let li = index_of(&local, this.topology.rank);
                     this.reduce_scatter_ring(data, &counts, dtype, sum_op, &local)?;
-                    let offsets = byte_offsets(&counts, dtype.size());
+                    let offsets = check::offsets(&counts, dtype.size());
                     this.allreduce_group(
                         &mut data[offsets[li]..offsets[li + 1]],
                         dtype,
@@ -543,11 +598,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if send.len() != recv.len() {
-            let e = invalid(
-                "allreduce",
-                format!("send has {} bytes but recv {}", send.len(), recv.len()),
-            );
+        if let Err(e) = check::same_len("allreduce", send.len(), recv.len()) {
             return self.reject(Kind::Allreduce, dtype, e);
         }
         recv.copy_from_slice(send);
@@ -556,15 +607,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
 
     fn allgather(&mut self, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
         let n = self.world.len();
-        if !send.len().is_multiple_of(dtype.size()) || recv.len() != send.len() * n {
-            let e = invalid(
-                "allgather",
-                format!(
-                    "send has {} bytes, recv {} for {n} ranks",
-                    send.len(),
-                    recv.len()
-                ),
-            );
+        if let Err(e) = check::allgather(send.len(), recv.len(), n, dtype) {
             return self.reject(Kind::Allgather, dtype, e);
         }
         let counts = vec![send.len() / dtype.size(); n];
@@ -573,11 +616,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
 
     fn allgather_in_place(&mut self, buf: &mut [u8], dtype: DType) -> Result<()> {
         let n = self.world.len();
-        if !buf.len().is_multiple_of(n * dtype.size()) {
-            let e = invalid(
-                "allgather",
-                format!("{} bytes do not split into {n} {dtype} blocks", buf.len()),
-            );
+        if let Err(e) = check::splits("allgather", buf.len(), n, dtype) {
             return self.reject(Kind::Allgather, dtype, e);
         }
         let counts = vec![buf.len() / n / dtype.size(); n];
@@ -592,11 +631,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         root: usize,
     ) -> Result<()> {
         if self.topology.rank == root {
-            if send.len() != recv.len() {
-                let e = invalid(
-                    "broadcast",
-                    format!("send has {} bytes but recv {}", send.len(), recv.len()),
-                );
+            if let Err(e) = check::same_len("broadcast", send.len(), recv.len()) {
                 return self.reject(Kind::Broadcast, dtype, e);
             }
             recv.copy_from_slice(send);
@@ -606,15 +641,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
 
     fn alltoall(&mut self, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
         let n = self.world.len();
-        if !send.len().is_multiple_of(n * dtype.size()) || recv.len() != send.len() {
-            let e = invalid(
-                "alltoall",
-                format!(
-                    "send ({} bytes) and recv ({} bytes) must be equal and split into {n} {dtype} blocks",
-                    send.len(),
-                    recv.len()
-                ),
-            );
+        if let Err(e) = check::alltoall(send.len(), recv.len(), n, dtype) {
             return self.reject(Kind::Alltoall, dtype, e);
         }
         let counts = vec![send.len() / dtype.size() / n; n];
@@ -628,19 +655,10 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let me = self.topology.rank;
-        let mine = counts
-            .get(me)
-            .copied()
-            .unwrap_or(usize::MAX)
-            .saturating_mul(dtype.size());
-        if mine > buf.len() {
-            let e = invalid(
-                "reducescatter",
-                format!("counts[{me}] does not fit into {} bytes", buf.len()),
-            );
-            return self.reject(Kind::Reducescatter, dtype, e);
-        }
+        let mine = match check::own_fits(counts, self.topology.rank, buf.len(), dtype) {
+            Ok(mine) => mine,
+            Err(e) => return self.reject(Kind::Reducescatter, dtype, e),
+        };
         let send = buf.to_vec();
         self.reducescatter(&send, &mut buf[..mine], counts, dtype, op)
     }
@@ -653,21 +671,10 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         dtype: DType,
     ) -> Result<()> {
         let me = self.topology.rank;
-        let mut local =
-            check_counts("allgather", counts, self.world.len(), recv.len(), dtype).err();
-        if local.is_none() && send.len() != counts[me] * dtype.size() {
-            local = Some(invalid(
-                "allgather",
-                format!(
-                    "send has {} bytes but counts[{me}] = {} {dtype} elements",
-                    send.len(),
-                    counts[me]
-                ),
-            ));
-        }
+        let n = self.world.len();
+        let local = check::allgatherv(send.len(), recv.len(), counts, n, me, dtype).err();
         if local.is_none() {
-            let off = counts[..me].iter().sum::<usize>() * dtype.size();
-            recv[off..off + send.len()].copy_from_slice(send);
+            recv[check::block(counts, me, dtype.size())].copy_from_slice(send);
         }
         self.gather_common(recv, counts, dtype, local)
     }
@@ -678,7 +685,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         counts: &[usize],
         dtype: DType,
     ) -> Result<()> {
-        let local = check_counts("allgather", counts, self.world.len(), buf.len(), dtype).err();
+        let local = check::counts("allgather", counts, self.world.len(), buf.len(), dtype).err();
         self.gather_common(buf, counts, dtype, local)
     }
 
@@ -687,22 +694,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         let mut h = Header::new(seq, Kind::Broadcast, dtype);
         h.root = root as u32;
         h.count = (buf.len() / dtype.size()) as u64;
-        let local = if root >= self.world.len() {
-            Some(invalid(
-                "broadcast",
-                format!(
-                    "root {root} is not a rank of this {}-rank job",
-                    self.world.len()
-                ),
-            ))
-        } else if !buf.len().is_multiple_of(dtype.size()) {
-            Some(invalid(
-                "broadcast",
-                format!("{} bytes is not a whole number of {dtype}", buf.len()),
-            ))
-        } else {
-            None
-        };
+        let local = check::broadcast(buf.len(), root, self.world.len(), dtype).err();
         self.run(h, local, &|_| 0, |this, _| {
             let world = this.world.clone();
             if buf.is_empty() {
@@ -725,9 +717,8 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         let n = self.world.len();
         let me = self.topology.rank;
         let h = Header::new(seq, Kind::Alltoall, dtype);
-        let local = check_counts("alltoall", send_counts, n, send.len(), dtype)
-            .and_then(|()| check_counts("alltoall", recv_counts, n, recv.len(), dtype))
-            .err();
+        let local =
+            check::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype).err();
         let sc: Vec<usize> = send_counts.to_vec();
         let pair = move |j: usize| sc.get(j).copied().unwrap_or(0) as u64;
         self.run(h, local, &pair, |this, headers| {
@@ -752,7 +743,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                 });
             }
             let esize = dtype.size();
-            let soff = byte_offsets(send_counts, esize);
+            let soff = check::offsets(send_counts, esize);
             let mut blocks = split_blocks(recv, recv_counts, esize);
             blocks[me].copy_from_slice(&send[soff[me]..soff[me + 1]]);
             let mut sends: Vec<SendOp<'_>> = (0..n)
@@ -784,17 +775,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         h.op = Some(op);
         h.count = (send.len() / dtype.size()) as u64;
         h.digest = header::digest(counts);
-        let mut local = check_counts("reducescatter", counts, n, send.len(), dtype).err();
-        if local.is_none() && recv.len() != counts[me] * dtype.size() {
-            local = Some(invalid(
-                "reducescatter",
-                format!(
-                    "recv has {} bytes but counts[{me}] = {} {dtype} elements",
-                    recv.len(),
-                    counts[me]
-                ),
-            ));
-        }
+        let local = check::reducescatter(send.len(), recv.len(), counts, n, me, dtype).err();
         self.run(h, local, &|_| 0, |this, _| {
             let sum_op = if op == ReduceOp::Average {
                 ReduceOp::Sum
@@ -807,7 +788,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             let world = this.world.clone();
             let r = this.reduce_scatter_ring(&mut work, counts, dtype, sum_op, &world);
             if r.is_ok() {
-                let off = byte_offsets(counts, dtype.size());
+                let off = check::offsets(counts, dtype.size());
                 recv.copy_from_slice(&work[off[me]..off[me + 1]]);
                 if op == ReduceOp::Average {
                     finish_average(recv, dtype, n);
@@ -861,44 +842,10 @@ impl<T: Transport> P2pCommunicator<T> {
     }
 }
 
-fn check_counts(
-    op: &'static str,
-    counts: &[usize],
-    n: usize,
-    bytes: usize,
-    dtype: DType,
-) -> Result<()> {
-    if counts.len() != n {
-        return Err(invalid(
-            op,
-            format!("{} counts given for {n} ranks", counts.len()),
-        ));
-    }
-    let total: usize = counts.iter().sum();
-    if total * dtype.size() != bytes {
-        return Err(invalid(
-            op,
-            format!("counts sum to {total} {dtype} elements but the buffer has {bytes} bytes"),
-        ));
-    }
-    Ok(())
-}
-
 pub(crate) fn even_counts(count: usize, n: usize) -> Vec<usize> {
     (0..n)
         .map(|i| count / n + usize::from(i < count % n))
         .collect()
-}
-
-fn byte_offsets(counts: &[usize], esize: usize) -> Vec<usize> {
-    let mut v = Vec::with_capacity(counts.len() + 1);
-    let mut acc = 0;
-    v.push(0);
-    for c in counts {
-        acc += c * esize;
-        v.push(acc);
-    }
-    v
 }
 
 fn index_of(group: &[usize], rank: usize) -> usize {
@@ -921,5 +868,128 @@ pub fn topology_from_hosts(rank: usize, hosts: &[usize]) -> Topology {
         local_size: hosts.iter().filter(|h| **h == my_host).count(),
         cross_rank: order.iter().position(|h| *h == my_host).unwrap_or(0),
         cross_size: order.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Thresholds;
+    use crate::testing::{Backend, LocalJob};
+    use crate::types::{DType, ReduceOp};
+
+    fn value(rank: usize, i: usize) -> i32 {
+        ((rank * 31 + i * 7) % 11) as i32 - 5
+    }
+
+    /// Large allreduces run the ring segment by segment; odd segment and block sizes (and a last segment with
+    /// fewer elements than ranks) still give the reference result on every rank, in and out of place.
+    #[test]
+    fn segmented_ring_allreduce_matches_the_reference() {
+        let count = 5003;
+        let small = Thresholds {
+            allreduce_direct_bytes: 0,
+            allreduce_small_bytes: 64,
+            ..Thresholds::default()
+        };
+        for (backend, n) in [
+            (Backend::Shm, 2),
+            (Backend::Shm, 3),
+            (Backend::Tcp, 4),
+            (Backend::Hierarchical, 4),
+        ] {
+            for (chunk, op) in [
+                (1000, ReduceOp::Sum),
+                (4, ReduceOp::Max),
+                (0, ReduceOp::Average),
+            ] {
+                let results = LocalJob::new(n, backend)
+                    .thresholds(small)
+                    .allreduce_chunk_bytes(chunk)
+                    .run(|mut comm| {
+                        let r = comm.rank();
+                        let f: Vec<u8> = (0..count)
+                            .flat_map(|i| (value(r, i) as f32).to_ne_bytes())
+                            .collect();
+                        let mut out_f = vec![0u8; f.len()];
+                        comm.allreduce(&f, &mut out_f, DType::F32, op).unwrap();
+                        let mut ints: Vec<u8> =
+                            (0..count).flat_map(|i| value(r, i).to_ne_bytes()).collect();
+                        comm.allreduce_in_place(&mut ints, DType::I32, op).unwrap();
+                        (out_f, ints)
+                    })
+                    .unwrap();
+                for i in 0..count {
+                    let vals: Vec<i32> = (0..n).map(|r| value(r, i)).collect();
+                    let want = match op {
+                        ReduceOp::Max => *vals.iter().max().unwrap(),
+                        ReduceOp::Average => vals.iter().sum::<i32>() / n as i32,
+                        _ => vals.iter().sum::<i32>(),
+                    };
+                    let want_f = match op {
+                        ReduceOp::Average => vals.iter().sum::<i32>() as f32 / n as f32,
+                        _ => want as f32,
+                    };
+                    for (rank, (f, ints)) in results.iter().enumerate() {
+                        let at = 4 * i..4 * i + 4;
+                        let got_f = f32::from_ne_bytes(f[at.clone()].try_into().unwrap());
+                        let got_i = i32::from_ne_bytes(ints[at].try_into().unwrap());
+                        assert!(
+                            (got_f - want_f).abs() < 1e-5,
+                            "{backend:?} {n} ranks chunk {chunk} {op:?}: f32 element {i} on rank {rank} is {got_f}, want {want_f}"
+                        );
+                        assert_eq!(
+                            got_i, want,
+                            "{backend:?} {n} ranks chunk {chunk} {op:?}: i32 element {i} on rank {rank}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ranks that segment large allreduces differently would mix up data: every rank gets a mismatch naming the
+    /// setting, and the communicators stay usable.
+    #[test]
+    fn different_chunk_settings_are_a_mismatch() {
+        use crate::communicator::Communicator;
+        use crate::error::Error;
+        use crate::shm::{ShmSegment, ShmTransport};
+
+        let seg = ShmSegment::create_anonymous(2, 1 << 16).unwrap();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = [4096, 8192]
+                .into_iter()
+                .enumerate()
+                .map(|(r, chunk)| {
+                    let seg = seg.clone();
+                    s.spawn(move || {
+                        let t = ShmTransport::attach(seg, r).unwrap();
+                        let mut c = super::P2pCommunicator::new(
+                            t,
+                            "shm",
+                            vec![0, 0],
+                            std::time::Duration::from_secs(20),
+                        );
+                        c.set_thresholds(Thresholds::default());
+                        c.set_allreduce_chunk_bytes(chunk);
+                        let mut buf = vec![0u8; 1 << 20];
+                        let first = c.allreduce_in_place(&mut buf, DType::F32, ReduceOp::Sum);
+                        c.set_allreduce_chunk_bytes(4096);
+                        let second = c.allreduce_in_place(&mut buf, DType::F32, ReduceOp::Sum);
+                        (first, second)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (first, second) in results {
+            match first {
+                Err(Error::Mismatch { detail, .. }) => {
+                    assert!(detail.contains("HVD_ALLREDUCE_CHUNK_BYTES"), "{detail}")
+                }
+                other => panic!("expected a mismatch, got {other:?}"),
+            }
+            assert!(second.is_ok(), "{second:?}");
+        }
     }
 }

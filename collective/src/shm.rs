@@ -34,6 +34,13 @@ const STATE_ATTACHED: u32 = 1;
 const STATE_GONE: u32 = 2;
 const STATE_ABORTED: u32 = 3;
 
+/// Fruitless polling rounds spent spinning before yielding, with a core per rank and with more ranks than cores.
+const SPIN: u32 = 4096;
+const SPIN_OVERSUBSCRIBED: u32 = 32;
+/// Rounds spent yielding before sleeping on the futex.
+const YIELDS: u32 = 512;
+const YIELDS_OVERSUBSCRIBED: u32 = 64;
+
 /// Default ring capacity per ordered pair of ranks.
 pub const DEFAULT_RING_BYTES: usize = 512 << 10;
 
@@ -302,6 +309,15 @@ impl ShmSegment {
             futex_wake(s);
         }
     }
+
+    /// Wakes rank `r` if it sleeps, after this rank published a ring position with a plain release store. The
+    /// check may miss a sleeper that announced itself at that very moment; it then wakes at its futex timeout.
+    fn wake_relaxed(&self, r: usize) {
+        let s = self.sleeping(r);
+        if s.load(Ordering::Relaxed) != 0 {
+            self.wake(r);
+        }
+    }
 }
 
 fn shm_path(name: &str) -> Result<CString> {
@@ -352,6 +368,15 @@ pub struct ShmTransport {
     last_liveness: Instant,
     /// More ranks share this segment than this process may run on at once: never spin.
     oversubscribed: bool,
+    /// Publish ring positions with a full fence, so a peer about to sleep never misses the wake-up. Needed when
+    /// ranks outnumber cores (they sleep often); otherwise a plain release store lets this rank go on without
+    /// waiting for the cache line, and a rare missed wake-up costs one futex timeout (the peer spins first).
+    strict_wake: bool,
+    /// `head` of each outgoing ring (by local peer index): only this rank writes it.
+    head_mine: Vec<u64>,
+    /// Last `tail` seen of each outgoing ring (by local peer index): the sender re-reads the peer's cache line
+    /// only when this stale value says the ring is too full, so a small message costs no extra line transfer.
+    tail_seen: Vec<u64>,
 }
 
 impl ShmTransport {
@@ -374,6 +399,12 @@ impl ShmTransport {
             )));
         }
         let my_pid = std::process::id();
+        let tail_seen = (0..seg.ranks)
+            .map(|to| seg.tail(local, to).load(Ordering::Acquire))
+            .collect();
+        let head_mine = (0..seg.ranks)
+            .map(|to| seg.head(local, to).load(Ordering::Acquire))
+            .collect();
         seg.pid(local).store(my_pid, Ordering::Relaxed);
         seg.state(local).store(STATE_ATTACHED, Ordering::Release);
         seg.attached().fetch_add(1, Ordering::AcqRel);
@@ -386,6 +417,9 @@ impl ShmTransport {
             my_pid,
             last_liveness: Instant::now(),
             oversubscribed,
+            strict_wake: oversubscribed,
+            head_mine,
+            tail_seen,
         })
     }
 
@@ -478,17 +512,23 @@ impl ShmTransport {
         idle: u32,
         may_sleep: bool,
     ) -> Result<()> {
-        self.check_abort()?;
-        // Spin briefly (the peer is usually on another core and a few hundred nanoseconds away), then yield so a
-        // peer sharing our core can run, then sleep on the futex. With more ranks than cores, skip the spin.
-        let spin = if self.oversubscribed { 0 } else { 64 };
+        // Spin (the peer is usually on another core and a few hundred nanoseconds away; one pause per round
+        // so its data is seen as soon as it lands), then yield so a peer sharing our core can run, then sleep on
+        // the futex. With more ranks than cores, spin only briefly and yield less before sleeping.
+        let (spin, yields) = if self.oversubscribed {
+            (SPIN_OVERSUBSCRIBED, YIELDS_OVERSUBSCRIBED)
+        } else {
+            (SPIN, YIELDS)
+        };
         if idle < spin {
-            for _ in 0..4 {
-                std::hint::spin_loop();
+            std::hint::spin_loop();
+            if !idle.is_multiple_of(256) {
+                return Ok(());
             }
-            return Ok(());
+            return self.check_abort();
         }
-        if idle < spin + 512 || !may_sleep {
+        self.check_abort()?;
+        if idle < spin + yields || !may_sleep {
             std::thread::yield_now();
             if !idle.is_multiple_of(64) {
                 return Ok(());
@@ -511,7 +551,7 @@ impl ShmTransport {
         }
         // Sleep until a peer publishes something. Announce the sleep first, then re-check, so a peer that
         // publishes in between either is seen here or sees the flag and wakes us.
-        if !may_sleep || idle < spin + 512 {
+        if !may_sleep || idle < spin + yields {
             return Ok(());
         }
         let me = self.rank;
@@ -565,11 +605,14 @@ impl Transport for ShmTransport {
         let to = self.local(op.peer)?;
         let me = self.rank;
         let cap = self.seg.ring_bytes as u64;
-        let head_a = self.seg.head(me, to);
-        let head = head_a.load(Ordering::Relaxed);
-        let tail = self.seg.tail(me, to).load(Ordering::Acquire);
-        let free = (cap - (head - tail)) as usize;
+        let head = self.head_mine[to];
         let total = padded(op.data.len());
+        let mut free = (cap - (head - self.tail_seen[to])) as usize;
+        if free < total - op.pos {
+            let tail = self.seg.tail(me, to).load(Ordering::Acquire);
+            self.tail_seen[to] = tail;
+            free = (cap - (head - tail)) as usize;
+        }
         let k = free.min(total - op.pos);
         if k == 0 {
             return Ok(false);
@@ -590,8 +633,15 @@ impl Transport for ShmTransport {
         }
         op.pos += k;
         op.finished = op.pos == total;
-        head_a.store(head + k as u64, Ordering::SeqCst);
-        self.seg.wake(to);
+        self.head_mine[to] = head + k as u64;
+        let head_a = self.seg.head(me, to);
+        if self.strict_wake {
+            head_a.store(head + k as u64, Ordering::SeqCst);
+            self.seg.wake(to);
+        } else {
+            head_a.store(head + k as u64, Ordering::Release);
+            self.seg.wake_relaxed(to);
+        }
         Ok(true)
     }
 
@@ -641,8 +691,13 @@ impl Transport for ShmTransport {
         }
         op.pos += k;
         op.finished = op.pos == total;
-        tail_a.store(tail + k as u64, Ordering::SeqCst);
-        self.seg.wake(from);
+        if self.strict_wake {
+            tail_a.store(tail + k as u64, Ordering::SeqCst);
+            self.seg.wake(from);
+        } else {
+            tail_a.store(tail + k as u64, Ordering::Release);
+            self.seg.wake_relaxed(from);
+        }
         Ok(true)
     }
 

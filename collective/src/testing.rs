@@ -45,6 +45,7 @@ pub struct LocalJob {
     timeout: Duration,
     hosts: Option<Vec<usize>>,
     thresholds: Option<Thresholds>,
+    chunk_bytes: Option<usize>,
     pin: bool,
 }
 
@@ -57,6 +58,7 @@ impl LocalJob {
             timeout: Duration::from_secs(30),
             hosts: None,
             thresholds: None,
+            chunk_bytes: None,
             pin: false,
         }
     }
@@ -83,6 +85,12 @@ impl LocalJob {
     /// Algorithm thresholds instead of the environment's.
     pub fn thresholds(mut self, thresholds: Thresholds) -> Self {
         self.thresholds = Some(thresholds);
+        self
+    }
+
+    /// Per-rank block of one ring segment of a large allreduce instead of `HVD_ALLREDUCE_CHUNK_BYTES`'s.
+    pub fn allreduce_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.chunk_bytes = Some(bytes);
         self
     }
 
@@ -219,6 +227,9 @@ impl LocalJob {
     fn boxed<T: Transport + 'static>(&self, mut c: P2pCommunicator<T>) -> Box<dyn Communicator> {
         if let Some(t) = self.thresholds {
             c.set_thresholds(t);
+        }
+        if let Some(b) = self.chunk_bytes {
+            c.set_allreduce_chunk_bytes(b);
         }
         Box::new(c)
     }

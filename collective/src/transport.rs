@@ -90,33 +90,34 @@ pub fn exchange<T: Transport + ?Sized>(
 ) -> Result<()> {
     let mut last_progress: Option<Instant> = None;
     let mut idle = 0u32;
-    let (mut send_peers, mut recv_peers, mut busy) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut send_peers, mut recv_peers) = (Vec::new(), Vec::new());
+    let mut busy = PeerSet::default();
     loop {
         let mut moved = false;
         let mut pending = false;
         // Messages to (and from) one peer go in order: a later one waits until the earlier one is done.
         busy.clear();
         for s in sends.iter_mut().filter(|s| !s.finished) {
-            if busy.contains(&s.peer) {
+            if busy.contains(s.peer) {
                 pending = true;
                 continue;
             }
             moved |= t.progress_send(s)?;
             if !s.finished {
                 pending = true;
-                busy.push(s.peer);
+                busy.insert(s.peer);
             }
         }
         busy.clear();
         for r in recvs.iter_mut().filter(|r| !r.finished) {
-            if busy.contains(&r.peer) {
+            if busy.contains(r.peer) {
                 pending = true;
                 continue;
             }
             moved |= t.progress_recv(r)?;
             if !r.finished {
                 pending = true;
-                busy.push(r.peer);
+                busy.insert(r.peer);
             }
         }
         if !pending {
@@ -152,6 +153,34 @@ pub fn exchange<T: Transport + ?Sized>(
         recv_peers.clear();
         recv_peers.extend(recvs.iter().filter(|r| !r.finished).map(|r| r.peer));
         t.wait(&send_peers, &recv_peers, idle)?;
+    }
+}
+
+/// A set of ranks that allocates nothing for ranks below 128 (the hot path of small operations).
+#[derive(Default)]
+struct PeerSet {
+    low: u128,
+    high: Vec<usize>,
+}
+
+impl PeerSet {
+    fn clear(&mut self) {
+        self.low = 0;
+        self.high.clear();
+    }
+    fn contains(&self, peer: usize) -> bool {
+        if peer < 128 {
+            self.low & (1u128 << peer) != 0
+        } else {
+            self.high.contains(&peer)
+        }
+    }
+    fn insert(&mut self, peer: usize) {
+        if peer < 128 {
+            self.low |= 1u128 << peer;
+        } else {
+            self.high.push(peer);
+        }
     }
 }
 
