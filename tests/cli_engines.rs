@@ -744,3 +744,177 @@ step train {
     assert!(stderr.contains("boom-1"), "{stderr}");
     assert_eq!(slurm.queued(), "");
 }
+
+/// A stand-in for kubectl (there is no cluster here): records every call's arguments in `calls` and what `apply`
+/// got on stdin in `applied.json`; `get pods` prints `pods.json`; `get jobset` prints a JobSet without conditions
+/// the first time, then `jobset.json`; `logs -f POD` prints `logs/POD`.
+const FAKE_KUBECTL: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+echo "$*" >> "$d/calls"
+case "$1 $2" in
+  "apply -f") cat > "$d/applied.json"; echo "jobset.jobset.x-k8s.io/t created" ;;
+  "delete jobset") echo "deleted" ;;
+  "get pods") cat "$d/pods.json" ;;
+  "get jobset")
+    if [ -e "$d/seen" ]; then cat "$d/jobset.json"; else : > "$d/seen"; echo '{"status": {}}'; fi ;;
+  "logs -f") cat "$d/logs/$3" ;;
+  *) echo "fake kubectl: unexpected: $*" >&2; exit 1 ;;
+esac
+"#;
+
+/// A pod of the fake cluster: replicated job, index, exit code.
+fn pod(job: &str, index: u32, code: i32) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "name": format!("t-{job}-0-{index}-abcde"),
+            "labels": {
+                "jobset.sigs.k8s.io/jobset-name": "t",
+                "jobset.sigs.k8s.io/replicatedjob-name": job,
+                "batch.kubernetes.io/job-completion-index": index.to_string(),
+            },
+        },
+        "spec": { "nodeName": "node-a" },
+        "status": {
+            "phase": if code == 0 { "Succeeded" } else { "Failed" },
+            "containerStatuses": [{
+                "name": "worker",
+                "state": { "terminated": { "exitCode": code, "finishedAt": format!("2026-11-30T08:00:0{index}Z") } },
+            }],
+        },
+    })
+}
+
+/// Runs `hvd run --engine kubernetes` (from the file's cluster block) against the fake kubectl in `bin`.
+fn run_with_fake_kubectl(
+    dir: &Path,
+    bin: &Path,
+    pods: &[serde_json::Value],
+    jobset: &str,
+) -> Output {
+    std::fs::create_dir_all(bin.join("logs")).unwrap();
+    let kubectl = bin.join("kubectl");
+    std::fs::write(&kubectl, FAKE_KUBECTL).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&kubectl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for name in ["calls", "seen"] {
+        let _ = std::fs::remove_file(bin.join(name));
+    }
+    std::fs::write(
+        bin.join("pods.json"),
+        serde_json::json!({ "items": pods }).to_string(),
+    )
+    .unwrap();
+    for pod in pods {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        let index = &pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"];
+        std::fs::write(
+            bin.join("logs").join(name),
+            format!("hello from {name} index {}\n", index.as_str().unwrap()),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        bin.join("jobset.json"),
+        format!(r#"{{"status": {{"conditions": [{{"type": "{jobset}", "status": "True", "message": "m"}}]}}}}"#),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new(HVD)
+        .arg("run")
+        .arg(dir.join("train.hvd"))
+        .arg("--no-build")
+        .env("PATH", path)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
+    let dir = project(K8S);
+    let bin = dir.path().join("fake-bin");
+    let ok = [pod("prepare", 0, 0), pod("train", 0, 0), pod("train", 1, 0)];
+    let out = run_with_fake_kubectl(dir.path(), &bin, &ok, "Completed");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for (step, rank) in [("prepare", 0), ("train", 0), ("train", 1)] {
+        assert!(
+            stdout.contains(&format!(
+                "[{step} node-a:{rank}] hello from t-{step}-0-{rank}-abcde index {rank}"
+            )),
+            "{step} {rank}:\n{stdout}"
+        );
+    }
+    // The command sequence: delete a previous run, apply on stdin, then poll pods and the JobSet and follow logs.
+    let calls = std::fs::read_to_string(bin.join("calls")).unwrap();
+    let calls: Vec<&str> = calls.lines().collect();
+    assert_eq!(
+        calls[..3],
+        [
+            "delete jobset t -n ml --ignore-not-found --wait=true",
+            "apply -f -",
+            "get pods -n ml -l jobset.sigs.k8s.io/jobset-name=t -o json",
+        ],
+        "{calls:#?}"
+    );
+    assert!(
+        calls.contains(&"logs -f t-train-0-1-abcde -n ml -c worker"),
+        "{calls:#?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.starts_with("get jobset t -n ml -o json"))
+            .count()
+            >= 2,
+        "hvd waited for the JobSet's condition: {calls:#?}"
+    );
+    let applied: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bin.join("applied.json")).unwrap()).unwrap();
+    assert_eq!(applied["kind"], "JobSet");
+    assert_eq!(
+        applied["spec"]["replicatedJobs"][1]["dependsOn"][0]["name"],
+        "prepare"
+    );
+    assert!(
+        dir.path()
+            .join(".hvd/k8s/logs/t-train-0-1-abcde.log")
+            .is_file(),
+        "pod logs are kept"
+    );
+    // A failed pod: hvd names its step and index and exits with its code.
+    let failed = [pod("prepare", 0, 0), pod("train", 0, 0), pod("train", 1, 7)];
+    let out = run_with_fake_kubectl(dir.path(), &bin, &failed, "Failed");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(7), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("step `train` failed: rank 1 on node-a"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("hello from t-train-0-1-abcde"), "{stderr}");
+    // --dry-run prints the JobSet and the kubectl commands, and runs none.
+    let _ = std::fs::remove_file(bin.join("calls"));
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run"])
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .output()
+        .unwrap();
+    let stdout = text(&out).0;
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(stdout.contains("\"kind\": \"JobSet\""), "{stdout}");
+    assert!(
+        stdout.contains("#   kubectl apply -f - < MANIFEST"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("#   kubectl logs -f POD -n ml -c worker"),
+        "{stdout}"
+    );
+    assert!(!bin.join("calls").exists(), "a dry run calls no kubectl");
+}

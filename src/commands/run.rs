@@ -302,6 +302,60 @@ fn run_sbatch(
         interrupts,
     )
     .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    finish(report)
+}
+
+/// `--engine kubernetes`: writes the JobSet under `.hvd/k8s/`, applies it with kubectl and follows its pods until
+/// it completes or fails (`--dry-run` prints it and the kubectl commands).
+fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> CommandResult {
+    use hvd_launcher::engines::kubectl;
+    let dir = args
+        .file
+        .parent()
+        .unwrap_or(std::path::Path::new(""))
+        .join(".hvd")
+        .join("k8s");
+    let files =
+        super::export::write_k8s(project, hvd_launcher::engines::k8s::Flavour::JobSet, &dir)?;
+    let job = kubectl::KubeJob::new(project)
+        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+    if args.dry_run {
+        for file in &files {
+            println!("# {}", file.display());
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            print!("{text}");
+        }
+        println!("\n# hvd runs, with MANIFEST the JobSet above:");
+        for line in kubectl::commands(&job) {
+            println!("#   {line}");
+        }
+        return Ok(Status::Success);
+    }
+    if !kubectl::kubectl_on_path() {
+        return Err(Failure::usage(format!(
+            "kubectl is not on PATH: install kubectl and configure it (a kubeconfig) for a cluster with the JobSet \
+             controller; the manifests are in {}",
+            dir.display()
+        )));
+    }
+    note!(
+        "hvd: applying JobSet `{}` with kubectl and following its pods",
+        job.name
+    );
+    let console = Console::new(args.ranks.clone().map(|r| r.into_iter().collect()));
+    let interrupts = Interrupts::install();
+    let report = kubectl::run(
+        &job,
+        &dir.join("logs"),
+        &|event| console.show(event),
+        interrupts,
+    )
+    .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    finish(report)
+}
+
+/// The outcome of a run of an engine that reports a [`hvd_launcher::RunReport`] (sbatch, kubectl).
+fn finish(report: hvd_launcher::RunReport) -> CommandResult {
     match report.failure {
         None => {
             note!(
@@ -317,64 +371,6 @@ fn run_sbatch(
             miette::miette!("{}", summary(&failure)),
         )),
     }
-}
-
-/// `--engine kubernetes`: writes the JobSet under `.hvd/k8s/` and applies it with kubectl (`--dry-run` prints it).
-fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> CommandResult {
-    let dir = args
-        .file
-        .parent()
-        .unwrap_or(std::path::Path::new(""))
-        .join(".hvd")
-        .join("k8s");
-    let files =
-        super::export::write_k8s(project, hvd_launcher::engines::k8s::Flavour::JobSet, &dir)?;
-    if args.dry_run {
-        for file in &files {
-            println!("# {} (kubectl apply -f {})", file.display(), file.display());
-            let text = std::fs::read_to_string(file).unwrap_or_default();
-            print!("{text}");
-        }
-        return Ok(Status::Success);
-    }
-    let kubectl = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("kubectl"))
-                .any(|p| p.is_file())
-        })
-        .unwrap_or(false);
-    if !kubectl {
-        return Err(Failure::usage(format!(
-            "kubectl is not on PATH: the manifests are in {}; apply them with `kubectl apply -f` where kubectl is \
-             configured",
-            dir.display()
-        )));
-    }
-    for file in &files {
-        let status = std::process::Command::new("kubectl")
-            .arg("apply")
-            .arg("-f")
-            .arg(file)
-            .status()
-            .map_err(|e| {
-                Failure::new(
-                    Status::Failure,
-                    miette::miette!("failed to run kubectl: {e}"),
-                )
-            })?;
-        if !status.success() {
-            return Err(Failure::new(
-                Status::Failure,
-                miette::miette!("`kubectl apply -f {}` failed ({status})", file.display()),
-            ));
-        }
-    }
-    note!(
-        "hvd: applied; follow the pods with `kubectl logs -f -l jobset.sigs.k8s.io/jobset-name={}`",
-        hvd_launcher::engines::k8s::dns_label(&project.name)
-    );
-    Ok(Status::Success)
 }
 
 fn summary(failure: &FailureSummary) -> String {

@@ -3,6 +3,7 @@
 //! contract from the shim ([`shim`], `hvd worker-env -- CMD`).
 
 pub mod k8s;
+pub mod kubectl;
 pub mod mpi;
 pub mod sbatch;
 pub mod shim;

@@ -1,0 +1,660 @@
+//! `hvd run --engine kubernetes`: applies the project's JobSet ([`crate::engines::k8s::export`]) with
+//! `kubectl apply -f -`, follows every pod's log (`kubectl logs -f POD`, one follower per pod once it runs, lines
+//! attributed to the pod's step, node and completion index), polls the JobSet's `Completed` / `Failed` condition and
+//! the pods' container states, and reports the first pod that failed with its own exit code. SIGINT/SIGTERM delete
+//! the JobSet. Only kubectl's command line and JSON output are used (no client library): [`commands`] lists them
+//! for `--dry-run`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::{BufRead as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hvd_lang::model::Project;
+use serde_json::Value;
+
+use crate::engine::WorkerExit;
+use crate::engine::{
+    Cause, Event, EventSink, FailureSummary, RunReport, STDERR_TAIL_LINES, Stream,
+};
+use crate::engines::k8s::{self, Flavour};
+use crate::{Interrupts, LaunchError};
+
+/// How often the JobSet and its pods are looked at.
+const POLL: Duration = Duration::from_millis(500);
+/// How long log followers may take to deliver their last lines once the JobSet has ended.
+const LOG_DRAIN: Duration = Duration::from_secs(10);
+/// Failed `kubectl get` calls in a row (about 15 s of polls) before hvd stops following.
+const GET_RETRIES: u32 = 30;
+/// The label JobSet puts on every pod of a JobSet.
+pub const JOBSET_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
+/// The label JobSet puts on every pod: its replicated job (one per step).
+pub const STEP_LABEL: &str = "jobset.sigs.k8s.io/replicatedjob-name";
+/// An Indexed Job's pod index (label since Kubernetes 1.28, annotation before).
+pub const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+
+/// What `hvd run --engine kubernetes` works on.
+#[derive(Debug, Clone)]
+pub struct KubeJob {
+    /// The JobSet's name.
+    pub name: String,
+    pub namespace: Option<String>,
+    /// The JobSet manifest.
+    pub manifest: Value,
+    /// Replicated job name -> (step name, pods).
+    pub steps: BTreeMap<String, (String, u32)>,
+}
+
+impl KubeJob {
+    /// The JobSet of `project` (every step).
+    pub fn new(project: &Project) -> Result<Self, LaunchError> {
+        let export = k8s::export(project, Flavour::JobSet)?;
+        let manifest = export
+            .manifests
+            .into_iter()
+            .next()
+            .ok_or(LaunchError::Internal("no JobSet manifest"))?
+            .content;
+        let name = manifest["metadata"]["name"]
+            .as_str()
+            .ok_or(LaunchError::Internal("JobSet without a name"))?
+            .to_owned();
+        let namespace = manifest["metadata"]["namespace"]
+            .as_str()
+            .map(str::to_owned);
+        let mut steps = BTreeMap::new();
+        for step in &project.steps {
+            steps.insert(
+                k8s::dns_label(&step.name),
+                (step.name.clone(), step.workers.unwrap_or(1)),
+            );
+        }
+        Ok(KubeJob {
+            name,
+            namespace,
+            manifest,
+            steps,
+        })
+    }
+
+    fn ns(&self) -> Vec<String> {
+        match &self.namespace {
+            Some(ns) => vec!["-n".into(), ns.clone()],
+            None => Vec::new(),
+        }
+    }
+
+    /// `kubectl delete jobset NAME --ignore-not-found --wait=true`: a previous run of the same project.
+    pub fn delete_previous_argv(&self) -> Vec<String> {
+        let mut argv = strings(&["delete", "jobset", &self.name]);
+        argv.extend(self.ns());
+        argv.extend(strings(&["--ignore-not-found", "--wait=true"]));
+        argv
+    }
+
+    /// `kubectl apply -f -` (the manifest on stdin).
+    pub fn apply_argv(&self) -> Vec<String> {
+        strings(&["apply", "-f", "-"])
+    }
+
+    /// `kubectl get jobset NAME -o json`.
+    pub fn get_jobset_argv(&self) -> Vec<String> {
+        let mut argv = strings(&["get", "jobset", &self.name]);
+        argv.extend(self.ns());
+        argv.extend(strings(&["-o", "json"]));
+        argv
+    }
+
+    /// `kubectl get pods -l jobset.sigs.k8s.io/jobset-name=NAME -o json`.
+    pub fn get_pods_argv(&self) -> Vec<String> {
+        let mut argv = strings(&["get", "pods"]);
+        argv.extend(self.ns());
+        argv.extend(strings(&[
+            "-l",
+            &format!("{JOBSET_LABEL}={}", self.name),
+            "-o",
+            "json",
+        ]));
+        argv
+    }
+
+    /// `kubectl logs -f POD -c worker`.
+    pub fn logs_argv(&self, pod: &str) -> Vec<String> {
+        let mut argv = strings(&["logs", "-f", pod]);
+        argv.extend(self.ns());
+        argv.extend(strings(&["-c", "worker"]));
+        argv
+    }
+
+    /// `kubectl delete jobset NAME --wait=false` (on SIGINT/SIGTERM).
+    pub fn delete_argv(&self) -> Vec<String> {
+        let mut argv = strings(&["delete", "jobset", &self.name]);
+        argv.extend(self.ns());
+        argv.push("--wait=false".into());
+        argv
+    }
+}
+
+fn strings(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| (*w).to_owned()).collect()
+}
+
+/// The kubectl commands `hvd run` runs, in order, for `--dry-run`.
+pub fn commands(job: &KubeJob) -> Vec<String> {
+    let line = |argv: Vec<String>| {
+        let mut all = vec!["kubectl".to_owned()];
+        all.extend(argv);
+        crate::engines::mpi::shell_line(&all)
+    };
+    vec![
+        line(job.delete_previous_argv()),
+        format!("{} < MANIFEST", line(job.apply_argv())),
+        format!(
+            "{}   # every {} ms",
+            line(job.get_pods_argv()),
+            POLL.as_millis()
+        ),
+        format!(
+            "{}   # for each pod once it runs",
+            line(job.logs_argv("POD"))
+        ),
+        format!(
+            "{}   # with each poll, until Completed or Failed",
+            line(job.get_jobset_argv())
+        ),
+    ]
+}
+
+/// Whether `kubectl` is on PATH.
+pub fn kubectl_on_path() -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("kubectl").is_file()))
+}
+
+fn kubectl(argv: &[String], stdin: Option<&[u8]>) -> Result<String, LaunchError> {
+    let mut command = Command::new("kubectl");
+    command
+        .args(argv)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| {
+        LaunchError::Engine(format!(
+            "failed to run kubectl (install kubectl and configure it for the cluster): {e}"
+        ))
+    })?;
+    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // A failed write shows up as kubectl's own error.
+        let _ = pipe.write_all(data);
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| LaunchError::Engine(format!("failed to wait for kubectl: {e}")))?;
+    if !out.status.success() {
+        return Err(LaunchError::Engine(format!(
+            "`kubectl {}` failed ({}): {}",
+            argv.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The JobSet's terminal condition: `Some(true)` Completed, `Some(false)` Failed (with its message).
+pub fn jobset_outcome(jobset: &Value) -> Option<(bool, String)> {
+    let conditions = jobset["status"]["conditions"].as_array()?;
+    for condition in conditions {
+        if condition["status"].as_str() != Some("True") {
+            continue;
+        }
+        let message = condition["message"].as_str().unwrap_or("").to_owned();
+        match condition["type"].as_str() {
+            Some("Completed") => return Some((true, message)),
+            Some("Failed") => return Some((false, message)),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// One pod of the JobSet as `kubectl get pods -o json` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    /// The replicated job (step label).
+    pub job: String,
+    pub index: u32,
+    pub node: String,
+    pub phase: String,
+    /// The worker container's exit code and finish time, once terminated.
+    pub terminated: Option<(i32, String)>,
+    /// Whether the worker container has started (running or terminated): its log can be read.
+    pub started: bool,
+}
+
+/// Reads the pods of `kubectl get pods -o json`.
+pub fn parse_pods(list: &Value) -> Vec<Pod> {
+    let mut pods = Vec::new();
+    for item in list["items"].as_array().into_iter().flatten() {
+        let meta = &item["metadata"];
+        let Some(name) = meta["name"].as_str() else {
+            continue;
+        };
+        let index = meta["labels"][INDEX_KEY]
+            .as_str()
+            .or_else(|| meta["annotations"][INDEX_KEY].as_str())
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        let status = item["status"]
+            .get("containerStatuses")
+            .and_then(Value::as_array)
+            .and_then(|s| {
+                s.iter()
+                    .find(|c| c["name"].as_str() == Some("worker"))
+                    .or_else(|| s.first())
+            });
+        let state = status.map(|s| &s["state"]);
+        let terminated = state.and_then(|s| s.get("terminated")).and_then(|t| {
+            Some((
+                i32::try_from(t["exitCode"].as_i64()?).ok()?,
+                t["finishedAt"].as_str().unwrap_or("").to_owned(),
+            ))
+        });
+        let started = terminated.is_some() || state.is_some_and(|s| s.get("running").is_some());
+        pods.push(Pod {
+            name: name.to_owned(),
+            job: meta["labels"][STEP_LABEL].as_str().unwrap_or("").to_owned(),
+            index,
+            node: item["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
+            phase: item["status"]["phase"].as_str().unwrap_or("").to_owned(),
+            terminated,
+            started,
+        });
+    }
+    pods
+}
+
+/// A pod whose log is being followed.
+struct Follower {
+    pid: u32,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Applies the JobSet and follows it to its end (see the module doc). Each pod's log is also written to
+/// `log_dir/<pod>.log`.
+pub fn run(
+    job: &KubeJob,
+    log_dir: &Path,
+    events: &dyn EventSink,
+    interrupts: Interrupts,
+) -> Result<RunReport, LaunchError> {
+    fs_err::create_dir_all(log_dir).map_err(|source| LaunchError::Io {
+        path: log_dir.to_path_buf(),
+        source,
+    })?;
+    kubectl(&job.delete_previous_argv(), None)?;
+    let manifest = serde_json::to_vec_pretty(&job.manifest)
+        .map_err(|_| LaunchError::Internal("the JobSet does not serialize"))?;
+    kubectl(&job.apply_argv(), Some(&manifest))?;
+    let mut report = RunReport {
+        run_id: crate::engine::new_run_id(),
+        log_dir: log_dir.to_path_buf(),
+        ran: Vec::new(),
+        skipped: Vec::new(),
+        failure: None,
+    };
+    let mut followers: BTreeMap<String, Follower> = BTreeMap::new();
+    let mut started_steps: BTreeSet<String> = BTreeSet::new();
+    let mut finished_steps: BTreeSet<String> = BTreeSet::new();
+    let mut step_started_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut deleted = false;
+    let mut errors = 0u32;
+    let mut error: Option<LaunchError> = None;
+    std::thread::scope(|scope| {
+        let outcome = loop {
+            let (count, signal) = interrupts.get();
+            if count >= 1 && !deleted {
+                deleted = true;
+                events.event(Event::Stopping {
+                    reason: format!(
+                        "got {}: deleting JobSet `{}`",
+                        crate::process::signal_name(signal),
+                        job.name
+                    ),
+                });
+                let _ = kubectl(&job.delete_argv(), None);
+                report.failure = Some(FailureSummary {
+                    step: job.name.clone(),
+                    cause: Cause::Interrupted { signal },
+                    exit_code: u8::try_from(128 + signal).unwrap_or(130),
+                    stderr_tail: Vec::new(),
+                    log_dir: log_dir.to_path_buf(),
+                });
+                break None;
+            }
+            let pods = match get_json(&job.get_pods_argv()) {
+                Ok(pods) => parse_pods(&pods),
+                Err(e) => {
+                    errors += 1;
+                    if errors > GET_RETRIES {
+                        error = Some(e);
+                        break None;
+                    }
+                    std::thread::sleep(POLL);
+                    continue;
+                }
+            };
+            for pod in &pods {
+                let (step, workers) = job
+                    .steps
+                    .get(&pod.job)
+                    .cloned()
+                    .unwrap_or_else(|| (pod.job.clone(), 1));
+                if pod.started && !followers.contains_key(&pod.name) {
+                    if started_steps.insert(step.clone()) {
+                        report.ran.push(step.clone());
+                        step_started_at.insert(step.clone(), Instant::now());
+                        events.event(Event::StepStarted {
+                            step: step.clone(),
+                            workers: (workers > 1 || pod.index > 0).then_some(workers),
+                            rendezvous: None,
+                        });
+                    }
+                    match follow_pod(scope, job, pod, &step, log_dir, events) {
+                        Ok(follower) => {
+                            followers.insert(pod.name.clone(), follower);
+                        }
+                        Err(e) => error = Some(e),
+                    }
+                }
+            }
+            // Steps whose pods all succeeded.
+            for (label, (step, workers)) in &job.steps {
+                let done = pods
+                    .iter()
+                    .filter(|p| &p.job == label && p.terminated.as_ref().is_some_and(|t| t.0 == 0))
+                    .count();
+                if done as u32 >= *workers && finished_steps.insert(step.clone()) {
+                    events.event(Event::StepFinished {
+                        step: step.clone(),
+                        elapsed: step_started_at
+                            .get(step)
+                            .map_or(Duration::ZERO, Instant::elapsed),
+                    });
+                }
+            }
+            if error.is_some() {
+                break None;
+            }
+            match get_json(&job.get_jobset_argv()) {
+                Ok(jobset) => {
+                    errors = 0;
+                    if let Some(outcome) = jobset_outcome(&jobset) {
+                        break Some((outcome, pods));
+                    }
+                }
+                Err(e) => {
+                    errors += 1;
+                    if errors > GET_RETRIES {
+                        error = Some(e);
+                        break None;
+                    }
+                }
+            }
+            std::thread::sleep(POLL);
+        };
+        // Let the followers deliver the last lines, then stop those still running.
+        let deadline = Instant::now() + LOG_DRAIN;
+        while followers
+            .values()
+            .any(|f| !f.done.load(std::sync::atomic::Ordering::SeqCst))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for f in followers.values() {
+            if !f.done.load(std::sync::atomic::Ordering::SeqCst) {
+                crate::process::signal_group(f.pid, libc::SIGTERM);
+            }
+        }
+        if let Some(((ok, message), pods)) = outcome
+            && !ok
+        {
+            report.failure = Some(failure(job, &pods, &followers, &message, log_dir));
+        }
+    });
+    match error {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
+}
+
+fn get_json(argv: &[String]) -> Result<Value, LaunchError> {
+    let text = kubectl(argv, None)?;
+    serde_json::from_str(&text).map_err(|e| {
+        LaunchError::Engine(format!(
+            "`kubectl {}` printed no JSON ({e}): {}",
+            argv.join(" "),
+            text.chars().take(200).collect::<String>()
+        ))
+    })
+}
+
+/// The first pod (by finish time) that exited non-zero, with its exit code and last log lines; without one, the
+/// JobSet's own message and exit code 1.
+fn failure(
+    job: &KubeJob,
+    pods: &[Pod],
+    followers: &BTreeMap<String, Follower>,
+    message: &str,
+    log_dir: &Path,
+) -> FailureSummary {
+    let first = pods
+        .iter()
+        .filter_map(|p| match &p.terminated {
+            Some((code, at)) if *code != 0 => Some((at.clone(), p, *code)),
+            _ => None,
+        })
+        .min_by(|a, b| a.0.cmp(&b.0));
+    match first {
+        Some((_, pod, code)) => {
+            let step = job
+                .steps
+                .get(&pod.job)
+                .map_or_else(|| pod.job.clone(), |(s, _)| s.clone());
+            let mut tail: Vec<String> = followers
+                .get(&pod.name)
+                .map(|f| {
+                    f.tail
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .iter()
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            tail.push(format!(
+                "(pod {}: exit code {code}; JobSet `{}` failed{})",
+                pod.name,
+                job.name,
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {message}")
+                }
+            ));
+            let exit = WorkerExit::Code(code);
+            FailureSummary {
+                step,
+                cause: Cause::Worker {
+                    rank: pod.index,
+                    host: host_of(pod),
+                    exit,
+                },
+                exit_code: exit.code(),
+                stderr_tail: tail,
+                log_dir: log_dir.to_path_buf(),
+            }
+        }
+        None => FailureSummary {
+            step: job.name.clone(),
+            cause: Cause::Worker {
+                rank: 0,
+                host: "?".into(),
+                exit: WorkerExit::Code(1),
+            },
+            exit_code: 1,
+            stderr_tail: vec![format!(
+                "JobSet `{}` failed without a failed pod: {message}",
+                job.name
+            )],
+            log_dir: log_dir.to_path_buf(),
+        },
+    }
+}
+
+fn host_of(pod: &Pod) -> String {
+    if pod.node.is_empty() {
+        pod.name.clone()
+    } else {
+        pod.node.clone()
+    }
+}
+
+/// Starts `kubectl logs -f` for one pod: every line becomes an [`Event::Line`] of the pod's step and index and is
+/// appended to `log_dir/<pod>.log`.
+fn follow_pod<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    job: &KubeJob,
+    pod: &Pod,
+    step: &str,
+    log_dir: &Path,
+    events: &'scope dyn EventSink,
+) -> Result<Follower, LaunchError> {
+    let mut command = Command::new("kubectl");
+    command
+        .args(job.logs_argv(&pod.name))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    crate::process::configure_worker(&mut command);
+    let mut child = command
+        .spawn()
+        .map_err(|e| LaunchError::Engine(format!("failed to run `kubectl logs`: {e}")))?;
+    let pid = child.id();
+    let tail = Arc::new(Mutex::new(VecDeque::new()));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let path: PathBuf = log_dir.join(format!("{}.log", pod.name));
+    let mut file = fs_err::File::create(&path).map_err(|source| LaunchError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let (step, host, rank) = (
+        Arc::<str>::from(step),
+        Arc::<str>::from(host_of(pod).as_str()),
+        pod.index,
+    );
+    let (tail2, done2) = (tail.clone(), done.clone());
+    scope.spawn(move || {
+        if let Some(out) = stdout {
+            let mut reader = std::io::BufReader::new(out);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let _ = file.write_all(&line);
+                        let text = String::from_utf8_lossy(&line)
+                            .trim_end_matches(['\n', '\r'])
+                            .to_owned();
+                        {
+                            let mut tail = tail2
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            if tail.len() == STDERR_TAIL_LINES - 1 {
+                                tail.pop_front();
+                            }
+                            tail.push_back(text.clone());
+                        }
+                        events.event(Event::Line {
+                            step: step.clone(),
+                            host: host.clone(),
+                            rank,
+                            stream: Stream::Stdout,
+                            text,
+                        });
+                    }
+                }
+            }
+        }
+        // kubectl's own complaints (a pod deleted under it) go to the console as the pod's stderr.
+        if let Some(err) = stderr {
+            for text in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                events.event(Event::Line {
+                    step: step.clone(),
+                    host: host.clone(),
+                    rank,
+                    stream: Stream::Stderr,
+                    text,
+                });
+            }
+        }
+        let _ = child.wait();
+        done2.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    Ok(Follower { pid, tail, done })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pods_and_conditions_are_read() {
+        let list = json!({"items": [
+            {"metadata": {"name": "t-train-0-1-x", "labels": {STEP_LABEL: "train", INDEX_KEY: "1"}},
+             "spec": {"nodeName": "n1"},
+             "status": {"phase": "Failed", "containerStatuses": [
+                {"name": "worker", "state": {"terminated": {"exitCode": 3, "finishedAt": "2026-11-30T08:00:00Z"}}}]}},
+            {"metadata": {"name": "t-train-0-0-y", "labels": {STEP_LABEL: "train"},
+                          "annotations": {INDEX_KEY: "0"}},
+             "status": {"phase": "Pending"}},
+        ]});
+        let pods = parse_pods(&list);
+        assert_eq!(pods.len(), 2);
+        assert_eq!(
+            (pods[0].index, pods[0].terminated.clone(), pods[0].started),
+            (1, Some((3, "2026-11-30T08:00:00Z".into())), true)
+        );
+        assert_eq!(
+            (pods[1].index, pods[1].started, pods[1].node.as_str()),
+            (0, false, "")
+        );
+        let done = json!({"status": {"conditions": [
+            {"type": "StartupPolicyCompleted", "status": "True"},
+            {"type": "Failed", "status": "True", "message": "jobset failed due to reaching max restarts"}]}});
+        assert_eq!(
+            jobset_outcome(&done),
+            Some((false, "jobset failed due to reaching max restarts".into()))
+        );
+        assert_eq!(jobset_outcome(&json!({"status": {}})), None);
+        assert_eq!(
+            jobset_outcome(
+                &json!({"status": {"conditions": [{"type": "Completed", "status": "True"}]}})
+            ),
+            Some((true, String::new()))
+        );
+    }
+}
