@@ -1,12 +1,14 @@
 //! The worker runtime every env gets: the `hvd` Python package (embedded in this binary by build.rs) with
-//! `libhvd_runtime.so` inside it. Cargo builds the library next to this binary because `hvd` depends on
-//! `hvd-runtime` (a cdylib), so a `cargo run` or `cargo build` of hvd always has a matching one.
+//! `libhvd_runtime.so` inside it. Release builds carry the library too (build.rs), so an installed `hvd` needs
+//! nothing beside it; debug builds use the one cargo builds next to them (`hvd` depends on the `hvd-runtime`
+//! cdylib, so a `cargo build` of hvd always has a matching one).
 
 use std::path::{Path, PathBuf};
 
 use crate::exit::Failure;
 
 include!(concat!(env!("OUT_DIR"), "/runtime_python.rs"));
+include!(concat!(env!("OUT_DIR"), "/runtime_library.rs"));
 
 const LIBRARY: &str = "libhvd_runtime.so";
 
@@ -58,24 +60,42 @@ pub fn stage() -> Result<Staged, Failure> {
     let lib_dir = dir.path().join("hvd").join("lib");
     std::fs::create_dir_all(&lib_dir).map_err(|err| io("create", &lib_dir, err))?;
     let dest = lib_dir.join(LIBRARY);
-    // A hard link costs nothing when the temp dir shares the target dir's file system; else copy.
-    if std::fs::hard_link(&library, &dest).is_err() {
-        std::fs::copy(&library, &dest).map_err(|err| io("copy", &library, err))?;
+    match library {
+        Library::Embedded(bytes) => {
+            std::fs::write(&dest, bytes).map_err(|err| io("write", &dest, err))?;
+        }
+        // A hard link costs nothing when the temp dir shares the target dir's file system; else copy.
+        Library::File(library) => {
+            if std::fs::hard_link(&library, &dest).is_err() {
+                std::fs::copy(&library, &dest).map_err(|err| io("copy", &library, err))?;
+            }
+        }
     }
     Ok(Staged::Temporary(dir))
 }
 
-/// `HVD_RUNTIME_LIBRARY`, else `libhvd_runtime.so` next to this executable or in its `deps/` (cargo's layout).
-pub fn library() -> Result<PathBuf, Failure> {
+/// Where the worker runtime library comes from.
+pub enum Library {
+    File(PathBuf),
+    /// Built into this binary (release builds).
+    Embedded(&'static [u8]),
+}
+
+/// `HVD_RUNTIME_LIBRARY`, else the library built into this binary, else `libhvd_runtime.so` next to this
+/// executable or in its `deps/` (cargo's layout).
+pub fn library() -> Result<Library, Failure> {
     if let Some(path) = std::env::var_os("HVD_RUNTIME_LIBRARY").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
         if path.is_file() {
-            return Ok(path);
+            return Ok(Library::File(path));
         }
         return Err(Failure::usage(format!(
             "HVD_RUNTIME_LIBRARY names `{}`, which is not a file; unset it or point it at libhvd_runtime.so",
             path.display()
         )));
+    }
+    if let Some(bytes) = EMBEDDED_LIBRARY {
+        return Ok(Library::Embedded(bytes));
     }
     let exe = std::env::current_exe()
         .ok()
@@ -90,7 +110,7 @@ pub fn library() -> Result<PathBuf, Failure> {
             ]
         })
         .unwrap_or_default();
-    candidates.iter().find(|path| path.is_file()).cloned().ok_or_else(|| {
+    candidates.iter().find(|path| path.is_file()).cloned().map(Library::File).ok_or_else(|| {
         Failure::usage(format!(
             "cannot find the worker runtime library {LIBRARY} (looked in: {})\n\
              help: build it with `cargo build --release -p hvd-runtime`, or set HVD_RUNTIME_LIBRARY to its path",
