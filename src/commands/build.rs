@@ -102,7 +102,9 @@ pub fn run(args: BuildArgs) -> CommandResult {
     println!("{}", ready.build.env.display());
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let file = args.file.display();
-        eprintln!("next: `hvd run {file}` runs its steps; `hvd shell {file}` opens a shell in the env");
+        eprintln!(
+            "next: `hvd run {file}` runs its steps; `hvd shell {file}` opens a shell in the env"
+        );
     }
     Ok(Status::Success)
 }
