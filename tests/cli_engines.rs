@@ -918,3 +918,91 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     );
     assert!(!bin.join("calls").exists(), "a dry run calls no kubectl");
 }
+
+#[test]
+fn slurm_batch_jobs_are_cancelled_by_sigterm_and_run_on_detached() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    // SIGTERM to hvd while the first step runs: every submitted job is cancelled, hvd exits 143.
+    let dir = project(
+        r#"step wait {
+  run = "echo waiting; sleep 60"
+}
+step train {
+  run = "echo never"
+  workers = 2
+  needs = ["wait"]
+}"#,
+    );
+    let mut command = Command::new(HVD);
+    command
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--engine", "slurm"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SLURM_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command.env("SLURM_CONF", slurm.conf()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    {
+        use std::io::BufRead as _;
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        // "hvd: step `wait`" comes when Slurm reports the job running.
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            seen.push_str(&line);
+            seen.push('\n');
+            if line == "hvd: step `wait`" {
+                break;
+            }
+        }
+        let kill = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        for line in lines {
+            seen.push_str(&line.unwrap());
+            seen.push('\n');
+        }
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "{seen}");
+    assert!(seen.contains("cancelling the slurm jobs"), "{seen}");
+    let wait = submitted_job(&seen, "wait");
+    let train = submitted_job(&seen, "train");
+    assert!(
+        slurm.job(&wait).contains("JobState=CANCELLED"),
+        "{}",
+        slurm.job(&wait)
+    );
+    assert!(
+        slurm.job(&train).contains("JobState=CANCELLED"),
+        "{}",
+        slurm.job(&train)
+    );
+    assert_eq!(slurm.queued(), "");
+    // --detach: the ids on stdout, the job runs on without hvd.
+    let dir = project("step hello {\n  run = \"echo hello-detached\"\n}");
+    let out = slurm.submit(dir.path(), &["--detach"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let id = stdout.trim().to_owned();
+    assert!(
+        !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()),
+        "{stdout}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !slurm.job(&id).contains("JobState=COMPLETED") {
+        assert!(std::time::Instant::now() < deadline, "{}", slurm.job(&id));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let log = dir.path().join(format!(".hvd/slurm/t-hello-{id}.out"));
+    assert_eq!(std::fs::read_to_string(log).unwrap(), "hello-detached\n");
+}
