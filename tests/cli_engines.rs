@@ -1006,37 +1006,3 @@ step train {
     let log = dir.path().join(format!(".hvd/slurm/t-hello-{id}.out"));
     assert_eq!(std::fs::read_to_string(log).unwrap(), "hello-detached\n");
 }
-
-#[test]
-fn unchanged_slurm_batch_steps_are_not_submitted_again() {
-    let Some(slurm) = Slurm::start() else {
-        return;
-    };
-    let dir = project(
-        r#"step gen {
-  run = "echo generated > out.txt"
-  outputs = ["out.txt"]
-}
-step use {
-  run = "cat out.txt > used.txt"
-  needs = ["gen"]
-  inputs = ["out.txt"]
-  outputs = ["used.txt"]
-}"#,
-    );
-    let out = slurm.submit(dir.path(), &[]);
-    assert!(out.status.success(), "{}", text(&out).1);
-    assert!(
-        text(&out).1.contains("step `use` submitted"),
-        "{}",
-        text(&out).1
-    );
-    let out = slurm.submit(dir.path(), &[]);
-    let stderr = text(&out).1;
-    assert!(out.status.success(), "{stderr}");
-    assert!(!stderr.contains("submitted"), "{stderr}");
-    assert!(
-        stderr.contains("step `use` skipped: inputs unchanged"),
-        "{stderr}"
-    );
-}

@@ -256,6 +256,14 @@ pub fn execute(
     events: &dyn EventSink,
     interrupts: Interrupts,
 ) -> Result<RunReport, LaunchError> {
+    if let Some(ssh) = &plan.ssh
+        && plan
+            .steps
+            .iter()
+            .any(|s| s.workers.is_some() && s.launch.is_none())
+    {
+        ssh.check_hosts(&plan.project_dir, plan.env_dir.as_deref())?;
+    }
     let run_id = new_run_id();
     let log_dir = plan.state_dir.join("runs").join(&run_id);
     fs_err::create_dir_all(&log_dir).map_err(|source| LaunchError::Io {
@@ -458,6 +466,8 @@ struct Worker {
     pgid: u32,
     exited: Option<WorkerExit>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// A remote (ssh) rank's stdin: stopping it is writing the signal's name and closing this.
+    stdin: Option<std::process::ChildStdin>,
 }
 
 /// Runs one step to the end. `Ok(true)`: every worker succeeded.
@@ -468,7 +478,25 @@ fn run_step(
     log_dir: &Path,
 ) -> Result<bool, LaunchError> {
     let started = Instant::now();
+    // The ssh engine runs a distributed step's ranks on other hosts: its rendezvous binds an address they reach.
+    let remote = plan
+        .ssh
+        .as_deref()
+        .filter(|_| step.workers.is_some() && step.launch.is_none());
     let rendezvous = match step.workers {
+        Some(_) if let Some(ssh) = remote => {
+            let token = new_token().map_err(|source| LaunchError::Io {
+                path: "/dev/urandom".into(),
+                source,
+            })?;
+            let server = RendezvousServer::start(
+                SocketAddr::new(ssh.bind_ip, 0),
+                &token,
+                ssh.allowed_peers(),
+            )?;
+            server.set_gloo_layout(&step.layout.hosts());
+            Some((server, token))
+        }
         Some(_) => {
             let token = new_token().map_err(|source| LaunchError::Io {
                 path: "/dev/urandom".into(),
@@ -544,6 +572,19 @@ fn run_step(
                     );
                     c
                 }
+                _ if let (Some(ssh), Some(info)) = (remote, info.as_ref()) => {
+                    let argv = ssh.rank_argv(
+                        plan,
+                        step,
+                        slot,
+                        info,
+                        &master_port.to_string(),
+                        &step_marker,
+                    )?;
+                    let mut c = Command::new(&argv[0]);
+                    c.args(&argv[1..]);
+                    c
+                }
                 _ => {
                     let mut c = Command::new("/bin/sh");
                     c.arg("-c").arg(&step.command);
@@ -552,7 +593,11 @@ fn run_step(
             };
             command.current_dir(&plan.project_dir);
             command
-                .stdin(Stdio::null())
+                .stdin(if remote.is_some() {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             for (k, v) in worker_env(
@@ -581,6 +626,12 @@ fn run_step(
                 }
             };
             let pgid = child.id();
+            // A remote rank's wrapper reads the job token from the first line of its stdin.
+            let mut stdin = child.stdin.take();
+            if let (Some(pipe), Some(info)) = (stdin.as_mut(), info.as_ref()) {
+                use std::io::Write as _;
+                let _ = writeln!(pipe, "{}", info.token);
+            }
             if let Some(w) = &job.watchdog {
                 w.watch(pgid);
             }
@@ -645,6 +696,7 @@ fn run_step(
                 pgid,
                 exited: None,
                 stderr_tail: tail,
+                stdin,
             });
         }
         drop(exit_tx);
@@ -810,8 +862,12 @@ fn supervise(
         {
             all_ok = false;
             terminated_at = Some(Instant::now());
-            for w in workers.iter().filter(|w| w.exited.is_none()) {
-                signal_group(w.pgid, signal);
+            for w in workers.iter_mut().filter(|w| w.exited.is_none()) {
+                match w.stdin.take() {
+                    // ssh exits once the remote wrapper has stopped the rank; SIGKILL after the grace period.
+                    Some(mut stdin) => crate::engines::ssh::send_stop(&mut stdin, signal),
+                    None => signal_group(w.pgid, signal),
+                }
             }
         }
         let grace_over = terminated_at.is_some_and(|t| t.elapsed() >= job.options.grace);

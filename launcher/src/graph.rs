@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub shim: Option<PathBuf>,
     /// `--hosts` (`host:slots` entries): overrides `cluster { hosts }` for the mpi engine.
     pub hosts: Option<Vec<String>>,
+    /// ssh options and `--network-interface` for the ssh engine.
+    pub ssh: crate::engines::ssh::SshOptions,
 }
 
 impl Default for RunOptions {
@@ -66,6 +68,7 @@ impl Default for RunOptions {
             mpirun: None,
             shim: None,
             hosts: None,
+            ssh: crate::engines::ssh::SshOptions::default(),
         }
     }
 }
@@ -203,6 +206,8 @@ pub struct Plan {
     pub steps: Vec<PlannedStep>,
     pub gpus_per_worker: u32,
     pub env_dir: Option<PathBuf>,
+    /// The ssh engine's hosts and options: distributed steps run their ranks over ssh.
+    pub ssh: Option<std::sync::Arc<crate::engines::ssh::SshSetup>>,
 }
 
 /// Builds the plan for `project`.
@@ -216,7 +221,13 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
         .unwrap_or_default();
     let mpi = match engine {
         EngineKind::Mpi => Some(crate::engines::mpi_setup(project, options)?),
-        EngineKind::Local | EngineKind::Slurm => None,
+        _ => None,
+    };
+    let ssh = match engine {
+        EngineKind::Ssh => Some(std::sync::Arc::new(crate::engines::ssh::SshSetup::new(
+            project, options,
+        )?)),
+        _ => None,
     };
     let slurm = match engine {
         EngineKind::Slurm if crate::engines::slurm::in_allocation() => {
@@ -261,7 +272,10 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
             Some(setup) if !setup.hosts.is_empty() => {
                 WorkerLayout::spread(&setup.hosts, workers.unwrap_or(1))
             }
-            _ => WorkerLayout::local(&host, workers.unwrap_or(1)),
+            _ => match (&ssh, workers) {
+                (Some(setup), Some(n)) => WorkerLayout::spread(&setup.hosts, n),
+                _ => WorkerLayout::local(&host, workers.unwrap_or(1)),
+            },
         };
         let launch = match (&mpi, &slurm, workers) {
             (Some(setup), _, Some(n)) => {
@@ -298,6 +312,7 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
         steps,
         gpus_per_worker: project.resources.gpus,
         env_dir: options.env_dir.clone(),
+        ssh,
     })
 }
 
@@ -364,7 +379,11 @@ impl Plan {
                         Some(_) => "mpi engine",
                         None => "local engine",
                     };
-                    let _ = writeln!(out, "   workers: {n} ({how}, rendezvous on 127.0.0.1)");
+                    let (how, rendezvous) = match &self.ssh {
+                        Some(ssh) => ("ssh engine", ssh.bind_ip.to_string()),
+                        None => (how, "127.0.0.1".to_owned()),
+                    };
+                    let _ = writeln!(out, "   workers: {n} ({how}, rendezvous on {rendezvous})");
                     for slot in &step.layout.slots {
                         let gpus =
                             crate::env::visible_devices(self.gpus_per_worker, slot.local_rank);
@@ -380,6 +399,10 @@ impl Plan {
                             gpus.map(|g| format!(", CUDA_VISIBLE_DEVICES={g}"))
                                 .unwrap_or_default()
                         );
+                        if let Some(ssh) = &self.ssh {
+                            let _ =
+                                writeln!(out, "       ssh: {}", ssh.dry_run_line(self, step, slot));
+                        }
                     }
                 }
                 None => {

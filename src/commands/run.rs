@@ -75,6 +75,20 @@ pub struct RunArgs {
     /// The mpirun program for the `mpi` engine (default: found on PATH).
     #[arg(long, value_name = "PROGRAM")]
     pub mpirun: Option<PathBuf>,
+    /// ssh port for the `ssh` engine (default: ssh's own, from its config).
+    #[arg(long, value_name = "PORT")]
+    pub ssh_port: Option<u16>,
+    /// ssh identity (private key) file for the `ssh` engine.
+    #[arg(long, value_name = "FILE")]
+    pub ssh_identity: Option<PathBuf>,
+    /// ssh config file for the `ssh` engine (`ssh -F FILE`).
+    #[arg(long, value_name = "FILE")]
+    pub ssh_config: Option<PathBuf>,
+    /// Network interface the `ssh` engine's rendezvous binds and the workers use (NCCL_SOCKET_IFNAME,
+    /// GLOO_SOCKET_IFNAME); default: the interface that reaches the first host here, and on each host the one that
+    /// reaches this machine.
+    #[arg(long, value_name = "IFACE")]
+    pub network_interface: Option<String>,
     /// With `--engine slurm` outside an allocation: submit the batch jobs, print their ids and return without
     /// following them.
     #[arg(long)]
@@ -195,6 +209,12 @@ pub fn run(args: RunArgs) -> CommandResult {
             }
             None => args.hosts.clone(),
         },
+        ssh: hvd_launcher::engines::ssh::SshOptions {
+            port: args.ssh_port,
+            identity: args.ssh_identity.clone(),
+            config: args.ssh_config.clone(),
+            network_interface: args.network_interface.clone(),
+        },
     };
     let engine = args
         .engine
@@ -267,6 +287,9 @@ fn run_sbatch(
     let interrupts = Interrupts::install();
     let submission = sbatch::submit(&plan, &steps, &options)
         .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    for step in &submission.skipped {
+        note!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)");
+    }
     for job in &submission.jobs {
         let after = if job.after.is_empty() {
             String::new()
@@ -280,9 +303,6 @@ fn run_sbatch(
         );
     }
     if args.detach {
-        for step in &submission.skipped {
-            note!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)");
-        }
         let ids: Vec<&str> = submission.jobs.iter().map(|j| j.job_id.as_str()).collect();
         println!("{}", ids.join(" "));
         note!(

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use hvd_runtime::{
-    DType, Engine, EngineConfig, EngineError, LocalTransport, OpKind, Output, ReduceOp, Request,
+    DataType, Engine, EngineConfig, EngineError, LocalTransport, OpKind, Output, ReduceOp, Request,
     meta,
 };
 
@@ -46,7 +46,7 @@ fn ranks<T: Send>(
 fn allreduce(e: &Engine, name: &str, v: &[f32], op: ReduceOp) -> Result<Vec<f32>, EngineError> {
     let h = e.enqueue(Request::allreduce(
         name,
-        DType::F32,
+        DataType::F32,
         vec![v.len() as i64],
         op,
         f32s(v),
@@ -81,7 +81,7 @@ fn different_submission_orders_give_the_same_results() {
                             *i,
                             e.enqueue(Request::allreduce(
                                 &name,
-                                DType::F32,
+                                DataType::F32,
                                 vec![v.len() as i64],
                                 ReduceOp::Sum,
                                 f32s(&v),
@@ -128,7 +128,7 @@ fn every_reduce_op_and_scaling() {
         let mut m = meta(
             OpKind::Allreduce,
             "scaled",
-            DType::F32,
+            DataType::F32,
             vec![2],
             ReduceOp::Average,
         );
@@ -166,13 +166,19 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             .enqueue(Request::owned(
                 OpKind::Allgather,
                 "ag",
-                DType::F32,
+                DataType::F32,
                 vec![rows as i64, 2],
                 f32s(&v),
             ))
             .unwrap();
         let ag = e.wait(h).unwrap();
-        let mut m = meta(OpKind::Broadcast, "bc", DType::F32, vec![2], ReduceOp::Sum);
+        let mut m = meta(
+            OpKind::Broadcast,
+            "bc",
+            DataType::F32,
+            vec![2],
+            ReduceOp::Sum,
+        );
         m.root = 2;
         let h = e
             .enqueue(Request {
@@ -182,7 +188,13 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             })
             .unwrap();
         let bc = e.wait(h).unwrap();
-        let mut m = meta(OpKind::Alltoall, "a2a", DType::F32, vec![3], ReduceOp::Sum);
+        let mut m = meta(
+            OpKind::Alltoall,
+            "a2a",
+            DataType::F32,
+            vec![3],
+            ReduceOp::Sum,
+        );
         m.splits = vec![0, 1, 2];
         let h = e
             .enqueue(Request {
@@ -196,7 +208,7 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             .enqueue(Request::owned(
                 OpKind::Reducescatter,
                 "rs",
-                DType::F32,
+                DataType::F32,
                 vec![4],
                 f32s(&[1.0, 2.0, 3.0, 4.0]),
             ))
@@ -206,7 +218,7 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             .enqueue(Request::owned(
                 OpKind::Barrier,
                 "b",
-                DType::U8,
+                DataType::U8,
                 vec![],
                 vec![],
             ))
@@ -242,9 +254,9 @@ fn mismatched_shapes_and_dtypes_fail_on_every_rank() {
             .unwrap_err()
             .to_string();
         let (dtype, bytes) = if rank == 1 {
-            (DType::I32, vec![0u8; 8])
+            (DataType::I32, vec![0u8; 8])
         } else {
-            (DType::F32, vec![0u8; 8])
+            (DataType::F32, vec![0u8; 8])
         };
         let h = e
             .enqueue(Request::allreduce(
@@ -300,7 +312,13 @@ fn join_with_uneven_data() {
             sums.push(allreduce(e, "grad", &[1.0, step as f32], ReduceOp::Sum).unwrap());
         }
         let h = e
-            .enqueue(Request::owned(OpKind::Join, "", DType::U8, vec![], vec![]))
+            .enqueue(Request::owned(
+                OpKind::Join,
+                "",
+                DataType::U8,
+                vec![],
+                vec![],
+            ))
             .unwrap();
         let last = e.wait(h).unwrap().value;
         // After the join everything works normally again.
@@ -331,7 +349,7 @@ fn a_dead_rank_fails_the_others() {
     let e = Engine::start(Box::new(t0), EngineConfig::default()).unwrap();
     let h = e.enqueue(Request::allreduce(
         "x",
-        DType::F32,
+        DataType::F32,
         vec![1],
         ReduceOp::Sum,
         f32s(&[1.0]),
@@ -344,7 +362,7 @@ fn a_dead_rank_fails_the_others() {
     assert!(matches!(
         e.enqueue(Request::allreduce(
             "y",
-            DType::F32,
+            DataType::F32,
             vec![1],
             ReduceOp::Sum,
             f32s(&[1.0])
@@ -360,7 +378,7 @@ fn invalid_requests_are_rejected_at_once() {
         let err = e
             .enqueue(Request::allreduce(
                 "x",
-                DType::F32,
+                DataType::F32,
                 vec![3],
                 ReduceOp::Sum,
                 vec![0; 8],
@@ -371,7 +389,7 @@ fn invalid_requests_are_rejected_at_once() {
             .enqueue(Request::owned(
                 OpKind::Alltoall,
                 "a",
-                DType::F32,
+                DataType::F32,
                 vec![],
                 vec![0; 4],
             ))

@@ -8,6 +8,7 @@ pub mod mpi;
 pub mod sbatch;
 pub mod shim;
 pub mod slurm;
+pub mod ssh;
 
 /// Which engine runs distributed steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -16,6 +17,7 @@ pub enum EngineKind {
     Local,
     Mpi,
     Slurm,
+    Ssh,
 }
 
 impl EngineKind {
@@ -26,6 +28,7 @@ impl EngineKind {
             "local" => Ok(EngineKind::Local),
             "mpi" => Ok(EngineKind::Mpi),
             "slurm" => Ok(EngineKind::Slurm),
+            "ssh" => Ok(EngineKind::Ssh),
             other => Err(crate::LaunchError::EngineNotAvailable(other.to_owned())),
         }
     }

@@ -1,0 +1,905 @@
+//! The `ssh` engine: every rank of a distributed step is one `ssh HOST -- exec /bin/sh -c WRAPPER` started and
+//! supervised by the local engine exactly like a local worker (log prefixes, per-rank logs, fail-fast, signals).
+//!
+//! Ranks fill the hosts' slots in order (`h1:2,h2:2`: ranks 0-1 on h1, 2-3 on h2), like mpirun's by-slot mapping.
+//! The rendezvous server binds an address the hosts can reach: the IPv4 address of `--network-interface`, else the
+//! local address whose route reaches the first host.
+//!
+//! The remote wrapper (a POSIX `sh` one-liner, see [`SshSetup::wrapper`]):
+//! 1. reads the job token from the first line of its stdin (so it never appears on a command line), `cd`s to the
+//!    project directory, and (without `--network-interface`) finds the interface that reaches the rendezvous;
+//! 2. starts the step's command with `setsid env VARS /bin/sh -c COMMAND` in a session of its own, with SIGINT and
+//!    SIGQUIT at their defaults (`env --default-signal`, where supported);
+//! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
+//!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
+//!    command's process group, then SIGKILL after the grace period;
+//! 4. waits for the command, kills both sessions' leftovers and exits with the command's code, which ssh passes on.
+//!
+//! So stopping a remote rank is: write the signal's name to its ssh's stdin and close it; ssh then exits once the
+//! remote processes are gone, and nothing is left behind on the host.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hvd_lang::model::Project;
+
+use crate::LaunchError;
+use crate::env::{RendezvousInfo, Slot};
+
+/// What `hvd run` was told about ssh (`--ssh-port`, `--ssh-identity`, `--ssh-config`, `--network-interface`; each
+/// falls back to `cluster { settings { ssh_port, ssh_identity, ssh_config, network_interface } }`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SshOptions {
+    pub port: Option<u16>,
+    pub identity: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub network_interface: Option<String>,
+}
+
+/// Everything the ssh engine needs for every distributed step of a plan.
+#[derive(Debug, Clone)]
+pub struct SshSetup {
+    /// `(host, slots)` in rank order.
+    pub hosts: Vec<(String, u32)>,
+    /// The ssh program and its options, without the host.
+    pub ssh: Vec<String>,
+    /// The address the rendezvous server binds: reachable from every host.
+    pub bind_ip: IpAddr,
+    /// `--network-interface` when given (passed to the workers as is); `None`: each host finds its own.
+    pub interface: Option<String>,
+    /// The job's hosts' addresses: the only peers answered on the token-less (Horovod gloo) endpoints.
+    pub host_addrs: Vec<IpAddr>,
+    /// Seconds between the stop signal and SIGKILL on the hosts (the launcher's `--grace`).
+    pub grace: Duration,
+}
+
+/// Quotes `word` for a POSIX shell: unchanged when it is made only of characters no shell treats specially,
+/// otherwise in single quotes (a `'` inside becomes `'\''`).
+pub fn quote(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:,=@%+".contains(&b))
+    {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Whether `name` can be a variable name for `env NAME=VALUE` and the shell.
+fn valid_var_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Variables that name the network interface the workers use (hvd's collective, NCCL, gloo, Horovod).
+pub const INTERFACE_VARS: [&str; 5] = [
+    "HVD_NETWORK_INTERFACE",
+    "HVD_TCP_INTERFACE",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "HOROVOD_GLOO_IFACE",
+];
+
+/// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... /bin/sh -c COMMAND`): reads the token,
+/// `cd`s, finds the interface that reaches IP (when given), starts the command in a session of its own with
+/// SIGINT/SIGQUIT at their defaults, and a watcher (`$W`, in another session) that stops the command's process group
+/// when stdin says so or ends (TICKS tenths of a second before SIGKILL). It has no single quotes, so it stays
+/// readable when quoted twice (`--dry-run`).
+pub const WRAPPER: &str = concat!(
+    r#"IFS= read -r HVD_JOB_TOKEN || { echo hvd: no job token on stdin >&2; exit 125; }; export HVD_JOB_TOKEN; "#,
+    r#"cd "$1" || exit 125; t=$2; if [ -n "$3" ]; then "#,
+    r#"i=$(ip -o route get "$3" 2>/dev/null | sed -n "s/.* dev \([^ ]*\).*/\1/p"); if [ -n "$i" ]; then "#,
+    r#"export HVD_NETWORK_INTERFACE="$i" HVD_TCP_INTERFACE="$i" NCCL_SOCKET_IFNAME="$i" GLOO_SOCKET_IFNAME="$i" "#,
+    r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; "#,
+    r#"d=; env --default-signal=INT true 2>/dev/null && d=--default-signal=INT,QUIT; "#,
+    r#"W="IFS= read -r s; case \$s in INT|TERM|KILL) ;; *) s=TERM;; esac; kill -\$s -\$1 2>/dev/null || exit 0; "#,
+    r#"i=0; while kill -0 -\$1 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$2 ]; then kill -KILL -\$1 2>/dev/null; "#,
+    r#"exit 0; fi; sleep 0.1; done"; "#,
+    r#"exec 3<&0 </dev/null; setsid env $d "$@" 3<&- & w=$!; "#,
+    r#"setsid /bin/sh -c "$W" hvd-watch "$w" "$t" <&3 >/dev/null 2>&1 3<&- & g=$!; exec 3<&-; "#,
+    r#"wait "$w"; c=$?; kill -KILL "-$g" "-$w" 2>/dev/null; exit "$c""#
+);
+
+fn engine_error(message: String) -> LaunchError {
+    LaunchError::Engine(message)
+}
+
+impl SshSetup {
+    /// Reads hosts and options for the ssh engine: `--hosts`/`--hostfile` (else `cluster { hosts }`), resolves every
+    /// host (through `ssh -G`, so ssh config aliases work) and chooses the rendezvous address.
+    pub fn new(project: &Project, options: &crate::RunOptions) -> Result<Self, LaunchError> {
+        let settings = project.cluster.as_ref().map(|c| &c.settings);
+        let setting = |k: &str| settings.and_then(|s| s.get(k)).cloned();
+        let hosts: Vec<(String, u32)> = match &options.hosts {
+            Some(hosts) => hosts
+                .iter()
+                .map(|h| super::parse_host(h))
+                .collect::<Result<_, _>>()?,
+            None => project
+                .cluster
+                .as_ref()
+                .map(|c| c.hosts.iter().map(|h| super::parse_host(h)).collect())
+                .transpose()?
+                .unwrap_or_default(),
+        };
+        if hosts.is_empty() {
+            return Err(engine_error(
+                "the ssh engine needs hosts: `--hosts h1:4,h2:4`, `--hostfile FILE` (`host slots=N` lines) or \
+                 `cluster { hosts = [\"h1:4\", \"h2:4\"] }`"
+                    .into(),
+            ));
+        }
+        if let Some((bad, _)) = hosts
+            .iter()
+            .find(|(h, _)| h.starts_with('-') || h.bytes().any(|b| b.is_ascii_whitespace()))
+        {
+            return Err(engine_error(format!(
+                "host `{bad}` is not a host name for ssh (it starts with `-` or contains white space)"
+            )));
+        }
+        let ssh_options = &options.ssh;
+        let port = match (ssh_options.port, setting("ssh_port")) {
+            (Some(p), _) => Some(p),
+            (None, Some(p)) => Some(p.trim().parse::<u16>().map_err(|_| {
+                engine_error(format!(
+                    "cluster setting `ssh_port = \"{p}\"` is not a port number"
+                ))
+            })?),
+            (None, None) => None,
+        };
+        let identity = ssh_options
+            .identity
+            .clone()
+            .or_else(|| setting("ssh_identity").map(PathBuf::from));
+        let config = ssh_options
+            .config
+            .clone()
+            .or_else(|| setting("ssh_config").map(PathBuf::from));
+        let interface = ssh_options
+            .network_interface
+            .clone()
+            .or_else(|| setting("network_interface"));
+        let ssh = ssh_argv(port, identity.as_deref(), config.as_deref());
+        let mut host_addrs = Vec::new();
+        for (host, _) in &hosts {
+            let addr = resolve(&ssh, host)?;
+            if !host_addrs.contains(&addr) {
+                host_addrs.push(addr);
+            }
+        }
+        let bind_ip = match &interface {
+            Some(name) => interface_ipv4(name)?,
+            None => route_source(host_addrs[0])?,
+        };
+        Ok(SshSetup {
+            hosts,
+            ssh,
+            bind_ip,
+            interface,
+            host_addrs,
+            grace: options.grace,
+        })
+    }
+
+    /// Peers answered on the rendezvous server's token-less endpoints: the hosts, and this machine's own address.
+    pub fn allowed_peers(&self) -> Vec<IpAddr> {
+        let mut peers = self.host_addrs.clone();
+        if !peers.contains(&self.bind_ip) {
+            peers.push(self.bind_ip);
+        }
+        peers
+    }
+
+    /// The variables a remote rank gets on its command line, from the local engine's `vars` (the same contract):
+    /// the token is left out (it travels on stdin), `MASTER_ADDR` is rank 0's host, and the interface variables
+    /// name `--network-interface` (or are left to the wrapper's detection). `PATH` is passed on as mpirun's `-x
+    /// PATH` would.
+    pub fn remote_vars(
+        &self,
+        vars: &[(String, String)],
+        rank0_host: &str,
+    ) -> Vec<(String, String)> {
+        let mut out: BTreeMap<String, String> = BTreeMap::new();
+        if let Ok(path) = std::env::var("PATH") {
+            out.insert("PATH".into(), path);
+        }
+        for (k, v) in vars {
+            out.insert(k.clone(), v.clone());
+        }
+        out.remove("HVD_JOB_TOKEN");
+        if out.contains_key("MASTER_ADDR") {
+            out.insert("MASTER_ADDR".into(), rank0_host.to_owned());
+        }
+        for name in INTERFACE_VARS {
+            out.remove(name);
+        }
+        if let Some(iface) = &self.interface {
+            for name in INTERFACE_VARS {
+                out.insert(name.into(), iface.clone());
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// The remote command for one rank (see the module docs), quoted for the host's login shell: `exec /bin/sh -c
+    /// WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... /bin/sh -c COMMAND`. The wrapper is the same for every rank; `IP`
+    /// (the rendezvous address, to find the interface that reaches it) is empty with `--network-interface`. `vars` as
+    /// from [`SshSetup::remote_vars`].
+    pub fn wrapper(
+        &self,
+        vars: &[(String, String)],
+        command: &str,
+        dir: &Path,
+        rendezvous_ip: IpAddr,
+    ) -> Result<String, LaunchError> {
+        let detect = match self.interface {
+            None => rendezvous_ip.to_string(),
+            Some(_) => String::new(),
+        };
+        let mut s = format!(
+            "exec /bin/sh -c {} hvd-rank {} {} {}",
+            quote(WRAPPER),
+            quote(&dir.display().to_string()),
+            (self.grace.as_millis() / 100).max(1),
+            quote(&detect)
+        );
+        for (k, v) in vars {
+            if !valid_var_name(k) {
+                return Err(engine_error(format!(
+                    "variable `{k}` is not a valid environment variable name for the ssh engine (letters, digits, `_`)"
+                )));
+            }
+            s.push(' ');
+            s.push_str(&quote(&format!("{k}={v}")));
+        }
+        s.push_str(" /bin/sh -c ");
+        s.push_str(&quote(command));
+        Ok(s)
+    }
+
+    /// The full ssh command line for `host`: `ssh OPTIONS HOST -- REMOTE` (`REMOTE` as the host's login shell gets
+    /// it).
+    pub fn argv(&self, host: &str, remote: &str) -> Vec<String> {
+        let mut argv = self.ssh.clone();
+        argv.extend([host.to_owned(), "--".into(), remote.to_owned()]);
+        argv
+    }
+
+    /// The variables of rank `slot` of `step` on its host: the local engine's (the same contract,
+    /// [`crate::env::worker_env`]) plus `MASTER_PORT` and the step marker, through [`SshSetup::remote_vars`].
+    pub fn rank_vars(
+        &self,
+        plan: &crate::Plan,
+        step: &crate::PlannedStep,
+        slot: &Slot,
+        rendezvous: &RendezvousInfo,
+        master_port: &str,
+        marker: &str,
+    ) -> Vec<(String, String)> {
+        let mut vars = crate::env::worker_env(
+            &step.env,
+            slot,
+            Some(rendezvous),
+            plan.gpus_per_worker,
+            plan.env_dir.as_deref(),
+        );
+        vars.push(("MASTER_PORT".into(), master_port.to_owned()));
+        vars.push((crate::engine::STEP_MARKER_VAR.into(), marker.to_owned()));
+        let rank0 = step
+            .layout
+            .slots
+            .first()
+            .map_or(slot.host.as_str(), |s| s.host.as_str());
+        self.remote_vars(&vars, rank0)
+    }
+
+    /// The ssh command line of rank `slot` of `step`, with [`SshSetup::rank_vars`].
+    pub fn rank_argv(
+        &self,
+        plan: &crate::Plan,
+        step: &crate::PlannedStep,
+        slot: &Slot,
+        rendezvous: &RendezvousInfo,
+        master_port: &str,
+        marker: &str,
+    ) -> Result<Vec<String>, LaunchError> {
+        let vars = self.rank_vars(plan, step, slot, rendezvous, master_port, marker);
+        let remote = self.wrapper(
+            &vars,
+            &step.command,
+            &plan.project_dir,
+            rendezvous.addr.ip(),
+        )?;
+        Ok(self.argv(&slot.host, &remote))
+    }
+
+    /// The line `hvd run --dry-run` shows for rank `slot` of `step`: the ports and the run id, chosen when the step
+    /// starts, are shown as `<port>`, `<master-port>` and `<run id>`.
+    pub fn dry_run_line(
+        &self,
+        plan: &crate::Plan,
+        step: &crate::PlannedStep,
+        slot: &Slot,
+    ) -> String {
+        let rendezvous = RendezvousInfo {
+            addr: SocketAddr::new(self.bind_ip, 0),
+            token: String::new(),
+        };
+        let marker = format!("<run id>/{}", step.name);
+        let mut vars = self.rank_vars(plan, step, slot, &rendezvous, "<master-port>", &marker);
+        for (k, v) in &mut vars {
+            match k.as_str() {
+                "HVD_RENDEZVOUS" => *v = format!("{}:<port>", self.bind_ip),
+                "HOROVOD_GLOO_RENDEZVOUS_PORT" => *v = "<port>".into(),
+                _ => {}
+            }
+        }
+        match self.wrapper(&vars, &step.command, &plan.project_dir, self.bind_ip) {
+            Ok(remote) => crate::engines::mpi::shell_line(&self.argv(&slot.host, &remote)),
+            Err(e) => format!("(cannot run: {e})"),
+        }
+    }
+
+    /// Checks every host before anything starts, all at once: ssh reaches it, the project directory exists there,
+    /// and so does the env (`env_dir`): for a store path, with the same content hash and every store path it
+    /// references.
+    pub fn check_hosts(&self, dir: &Path, env_dir: Option<&Path>) -> Result<(), LaunchError> {
+        let local = env_dir.map(EnvIdentity::local).transpose()?.flatten();
+        let script = check_script(dir, env_dir, local.as_ref());
+        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .hosts
+                .iter()
+                .map(|(host, _)| {
+                    let script = &script;
+                    let local = local.as_ref();
+                    scope.spawn(move || self.check_host(host, script, dir, env_dir, local))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("the host check panicked".into()))
+                })
+                .collect()
+        });
+        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(engine_error(errors.join("\n")))
+        }
+    }
+
+    fn check_host(
+        &self,
+        host: &str,
+        script: &str,
+        dir: &Path,
+        env_dir: Option<&Path>,
+        local: Option<&EnvIdentity>,
+    ) -> Result<(), String> {
+        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(script)));
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !stdout.contains("hvd-check:done") {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(format!(
+                "cannot run commands on host `{host}` over ssh ({}): {}\n  (check `{} {host} true`; the ssh engine \
+                 needs key-based login without prompts: BatchMode)",
+                out.status,
+                stderr.trim(),
+                crate::engines::mpi::shell_line(&self.ssh)
+            ));
+        }
+        let mut problems = Vec::new();
+        if stdout.lines().any(|l| l == "hvd-check:no-dir") {
+            problems.push(format!(
+                "the project directory {} does not exist on host `{host}`: the ssh engine runs every rank in the \
+                 same directory on every host (share it, e.g. over NFS, or copy the project there)",
+                dir.display()
+            ));
+        }
+        if let Some(env) = env_dir {
+            let what_to_do = "the ssh engine runs every rank in the same env (store path) on every host: share \
+                              the store at the same path, or build the project on that host (`hvd build FILE`)";
+            if stdout.lines().any(|l| l == "hvd-check:no-env") {
+                problems.push(format!(
+                    "the env {} is missing on host `{host}`; {what_to_do}",
+                    env.display()
+                ));
+            } else if let Some(local) = local {
+                let remote = stdout
+                    .split_once("hvd-check:path-json\n")
+                    .and_then(|(_, rest)| rest.split_once("\nhvd-check:end"))
+                    .and_then(|(json, _)| serde_json::from_str::<serde_json::Value>(json).ok())
+                    .and_then(|v| v["content_hash"].as_str().map(str::to_owned));
+                match remote {
+                    Some(hash) if hash == local.content_hash => {}
+                    Some(hash) => problems.push(format!(
+                        "the env {} differs on host `{host}` (content hash {hash} there, {} here); {what_to_do}",
+                        env.display(),
+                        local.content_hash
+                    )),
+                    None => problems.push(format!(
+                        "the env {} on host `{host}` is not a complete store path (no readable .hvd-path.json); \
+                         {what_to_do}",
+                        env.display()
+                    )),
+                }
+                let missing: Vec<&str> = stdout
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("hvd-check:missing "))
+                    .collect();
+                if !missing.is_empty() {
+                    problems.push(format!(
+                        "store paths the env needs are missing on host `{host}`: {}; {what_to_do}",
+                        missing.join(", ")
+                    ));
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+}
+
+/// What identifies a built env: its content hash and the store paths it references (from `.hvd-path.json`).
+#[derive(Debug, Clone)]
+struct EnvIdentity {
+    content_hash: String,
+    store: PathBuf,
+    references: Vec<String>,
+}
+
+impl EnvIdentity {
+    /// `None` inside: the env is not a store path (`--env-dir` of a plain venv), so only its presence is checked.
+    fn local(env: &Path) -> Result<Option<EnvIdentity>, LaunchError> {
+        let file = env.join(".hvd-path.json");
+        let text = match fs_err::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(LaunchError::Io { path: file, source }),
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            engine_error(format!(
+                "{} is not valid JSON ({e}); rebuild the env with `hvd build`",
+                file.display()
+            ))
+        })?;
+        let Some(content_hash) = value["content_hash"].as_str() else {
+            return Err(engine_error(format!(
+                "{} has no `content_hash`; rebuild the env with `hvd build`",
+                file.display()
+            )));
+        };
+        let references = value["references"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| r.as_str())
+                    .filter(|r| !r.is_empty() && !r.contains('/'))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Some(EnvIdentity {
+            content_hash: content_hash.to_owned(),
+            store: env.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            references,
+        }))
+    }
+}
+
+/// The remote half of [`SshSetup::check_hosts`]: prints `hvd-check:` lines and ends with `hvd-check:done`.
+fn check_script(dir: &Path, env: Option<&Path>, local: Option<&EnvIdentity>) -> String {
+    let q = |p: &Path| quote(&p.display().to_string());
+    let mut s = format!("cd {} 2>/dev/null || echo hvd-check:no-dir; ", q(dir));
+    if let Some(env) = env {
+        s.push_str(&format!(
+            "test -d {}/bin || echo hvd-check:no-env; ",
+            q(env)
+        ));
+        if let Some(identity) = local {
+            s.push_str(&format!(
+                "echo hvd-check:path-json; cat {}/.hvd-path.json 2>/dev/null; echo; echo hvd-check:end; ",
+                q(env)
+            ));
+            for name in &identity.references {
+                let path = identity.store.join(name);
+                s.push_str(&format!(
+                    "test -f {}/.hvd-path.json || echo {}; ",
+                    q(&path),
+                    quote(&format!("hvd-check:missing {name}"))
+                ));
+            }
+        }
+    }
+    s.push_str("echo hvd-check:done");
+    s
+}
+
+/// `ssh` with the options every connection uses: never prompt (BatchMode), no terminal, a connect timeout.
+fn ssh_argv(port: Option<u16>, identity: Option<&Path>, config: Option<&Path>) -> Vec<String> {
+    let mut argv: Vec<String> = [
+        "ssh",
+        "-T",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=30",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if let Some(config) = config {
+        argv.extend(["-F".into(), config.display().to_string()]);
+    }
+    if let Some(port) = port {
+        argv.extend(["-p".into(), port.to_string()]);
+    }
+    if let Some(identity) = identity {
+        argv.extend(["-i".into(), identity.display().to_string()]);
+    }
+    argv
+}
+
+/// The address of `host`: an IP address as is, else the `hostname` ssh would connect to (`ssh -G`, which applies
+/// the ssh config without connecting) resolved by the system resolver.
+fn resolve(ssh: &[String], host: &str) -> Result<IpAddr, LaunchError> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    let mut name = host.to_owned();
+    if let Ok(out) = Command::new(&ssh[0])
+        .args(&ssh[1..])
+        .arg("-G")
+        .arg(host)
+        .stdin(Stdio::null())
+        .output()
+        && out.status.success()
+        && let Some(h) = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("hostname "))
+    {
+        name = h.trim().to_owned();
+    }
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    let addrs: Vec<SocketAddr> = (name.as_str(), 22)
+        .to_socket_addrs()
+        .map_err(|e| {
+            engine_error(format!(
+                "cannot resolve host `{host}` (ssh connects to `{name}`): {e}"
+            ))
+        })?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .map(SocketAddr::ip)
+        .ok_or_else(|| engine_error(format!("host `{host}` has no address")))
+}
+
+/// The local address whose route reaches `peer` (a UDP socket's connect sends nothing).
+pub fn route_source(peer: IpAddr) -> Result<IpAddr, LaunchError> {
+    if peer.is_loopback() {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    let bind: SocketAddr = match peer {
+        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let no_route = |e: std::io::Error| {
+        engine_error(format!(
+            "no route from this machine to {peer} ({e}): choose the interface with `--network-interface`"
+        ))
+    };
+    let socket = UdpSocket::bind(bind).map_err(no_route)?;
+    socket.connect((peer, 9)).map_err(no_route)?;
+    Ok(socket.local_addr().map_err(no_route)?.ip())
+}
+
+/// The IPv4 address of network interface `name` on this machine.
+pub fn interface_ipv4(name: &str) -> Result<IpAddr, LaunchError> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `list`, freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(LaunchError::Io {
+            path: "getifaddrs".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let mut found = None;
+    let mut names: Vec<String> = Vec::new();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list returned by getifaddrs, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let ifname = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        let family = if ifa.ifa_addr.is_null() {
+            None
+        } else {
+            // SAFETY: ifa_addr is not null: it points at a sockaddr whose family says which struct it is.
+            Some(i32::from(unsafe { (*ifa.ifa_addr).sa_family }))
+        };
+        if found.is_none() && ifname == name && family == Some(libc::AF_INET) {
+            // SAFETY: the family is AF_INET, so this is a sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            found = Some(IpAddr::from(
+                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+            ));
+        }
+        if !names.contains(&ifname) {
+            names.push(ifname);
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found.ok_or_else(|| {
+        engine_error(format!(
+            "network interface `{name}` has no IPv4 address on this machine (interfaces: {})",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Tells a remote rank's wrapper to stop: writes the signal's name (`TERM`, `INT`, `KILL`) as one line to its ssh's
+/// stdin; the caller then closes it (end of file alone means TERM).
+pub fn send_stop(stdin: &mut impl std::io::Write, signal: i32) {
+    let name = crate::process::signal_name(signal);
+    let name = name.strip_prefix("SIG").unwrap_or(&name);
+    let _ = writeln!(stdin, "{name}");
+    let _ = stdin.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    fn setup(interface: Option<&str>) -> SshSetup {
+        SshSetup {
+            hosts: vec![("h1".into(), 2), ("h2".into(), 2)],
+            ssh: ssh_argv(
+                Some(2222),
+                Some(Path::new("/k/id")),
+                Some(Path::new("/k/cfg")),
+            ),
+            bind_ip: "10.0.0.1".parse().unwrap(),
+            interface: interface.map(str::to_owned),
+            host_addrs: vec!["10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()],
+            grace: Duration::from_secs(2),
+        }
+    }
+
+    /// Runs `sh -c 'printf "[%s]" ARGS'` to see how a shell splits a quoted line.
+    fn shell_words(line: &str) -> String {
+        let out = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("printf '[%s]' {line}"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    #[test]
+    fn quoting_round_trips_through_a_shell() {
+        let words = [
+            "plain",
+            "",
+            "two words",
+            "it's",
+            "'",
+            "a\"b",
+            "$HOME",
+            "`id`",
+            "a\\b",
+            "new\nline",
+            "*",
+            "-x",
+            "ü",
+            "!bang",
+            "semi;colon&",
+        ];
+        let line = words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ");
+        let expected: String = words.iter().map(|w| format!("[{w}]")).collect();
+        assert_eq!(shell_words(&line), expected);
+        assert_eq!(quote("a/b:c=d"), "a/b:c=d");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        // Nested: a command quoted for `sh -c`, the whole quoted again, survives two shells.
+        let inner = format!("printf '[%s]' {}", quote("it's $x"));
+        let out = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("exec /bin/sh -c {}", quote(&inner)))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "[it's $x]");
+    }
+
+    #[test]
+    fn the_ssh_command_line_carries_options_host_and_wrapper() {
+        let s = setup(Some("eth1"));
+        let vars = vec![
+            ("HVD_RANK".to_string(), "3".to_string()),
+            ("HVD_JOB_TOKEN".to_string(), "secret".to_string()),
+            ("MASTER_ADDR".to_string(), "10.0.0.1".to_string()),
+            ("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string()),
+            ("X".to_string(), "a b".to_string()),
+        ];
+        let remote = s.remote_vars(&vars, "h1");
+        let get = |k: &str| remote.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("HVD_JOB_TOKEN"), None, "the token travels on stdin");
+        assert_eq!(get("MASTER_ADDR"), Some("h1"));
+        assert_eq!(get("NCCL_SOCKET_IFNAME"), Some("eth1"));
+        assert_eq!(get("GLOO_SOCKET_IFNAME"), Some("eth1"));
+        let wrapper = s
+            .wrapper(&remote, "python t.py", Path::new("/p q"), s.bind_ip)
+            .unwrap();
+        assert!(wrapper.contains(" hvd-rank '/p q' 20 '' "), "{wrapper}");
+        assert!(wrapper.contains(" 'X=a b' "), "{wrapper}");
+        assert!(!wrapper.contains("secret"));
+        let argv = s.argv("h2", &wrapper);
+        assert_eq!(
+            argv[..12],
+            [
+                "ssh",
+                "-T",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=30",
+                "-F",
+                "/k/cfg",
+                "-p",
+                "2222",
+                "-i",
+                "/k/id"
+            ]
+        );
+        assert_eq!(argv[12..14], ["h2", "--"]);
+        assert_eq!(argv[14], wrapper);
+        assert!(wrapper.ends_with(" /bin/sh -c 'python t.py'"), "{wrapper}");
+        assert!(!WRAPPER.contains('\''));
+        // Without an interface, each host finds the one that reaches the rendezvous.
+        let s = setup(None);
+        let remote = s.remote_vars(&vars, "h1");
+        assert!(
+            remote
+                .iter()
+                .all(|(k, _)| !INTERFACE_VARS.contains(&k.as_str()))
+        );
+        let wrapper = s
+            .wrapper(&remote, "true", Path::new("/p"), s.bind_ip)
+            .unwrap();
+        assert!(wrapper.contains(" hvd-rank /p 20 10.0.0.1 "), "{wrapper}");
+        let bad = vec![("A-B".to_string(), "1".to_string())];
+        assert!(s.wrapper(&bad, "true", Path::new("/p"), s.bind_ip).is_err());
+    }
+
+    /// Runs the wrapper locally as ssh would run it remotely, feeding `stdin`; returns (code, stdout).
+    fn run_wrapper(s: &SshSetup, command: &str, stdin: &[u8]) -> (Option<i32>, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let vars = s.remote_vars(&[("Y".to_string(), "it's y".to_string())], "h1");
+        let wrapper = s.wrapper(&vars, command, dir.path(), s.bind_ip).unwrap();
+        let mut child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&wrapper)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin).unwrap();
+        if stdin.is_empty() {
+            drop(input);
+            let out = child.wait_with_output().unwrap();
+            return (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            );
+        }
+        // stdin stays open while the command runs, as ssh's does: its end would stop the command.
+        let out = child.wait_with_output().unwrap();
+        drop(input);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    #[test]
+    fn the_wrapper_passes_token_variables_and_exit_code() {
+        let s = setup(Some("lo"));
+        let (code, out) = run_wrapper(
+            &s,
+            "echo \"$HVD_JOB_TOKEN|$Y|$NCCL_SOCKET_IFNAME|$(pwd)\"; grep SigIgn /proc/$$/status; exit 7",
+            b"tok\n",
+        );
+        assert_eq!(code, Some(7), "{out}");
+        let mut lines = out.lines();
+        let first = lines.next().unwrap();
+        assert!(first.starts_with("tok|it's y|lo|/"), "{out}");
+        // SIGINT and SIGQUIT are not ignored (they would be for a plain `&` job), so Ctrl-C reaches Python.
+        let ignored = lines.next().unwrap().trim_start_matches("SigIgn:").trim();
+        let mask = u64::from_str_radix(ignored, 16).unwrap();
+        assert_eq!(mask & 0b110, 0, "{out}");
+        // No token line: a clear error.
+        let (code, _) = run_wrapper(&s, "true", b"");
+        assert_eq!(code, Some(125));
+    }
+
+    #[test]
+    fn closing_stdin_stops_the_command_and_everything_it_started() {
+        let s = setup(Some("lo"));
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pids");
+        // The command starts a grandchild in its group, then would run for a minute.
+        let command = format!(
+            "sleep 60 & echo $! > {p}; echo $$ >> {p}; echo started; wait",
+            p = pidfile.display()
+        );
+        let wrapper = s.wrapper(&[], &command, dir.path(), s.bind_ip).unwrap();
+        let mut child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&wrapper)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(b"tok\n").unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut buf = [0u8; 8];
+        let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"started\n");
+        send_stop(&mut input, libc::SIGTERM);
+        drop(input);
+        let status = child.wait().unwrap();
+        // sh died of SIGTERM: the wrapper reports 128 + 15.
+        assert_eq!(status.code(), Some(143));
+        let pids = std::fs::read_to_string(&pidfile).unwrap();
+        for pid in pids.split_whitespace() {
+            assert!(
+                !Path::new(&format!("/proc/{pid}")).exists()
+                    || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .is_ok_and(|s| s.contains(") Z ")),
+                "process {pid} outlived the wrapper"
+            );
+        }
+    }
+
+    #[test]
+    fn route_source_finds_loopback() {
+        assert_eq!(
+            route_source("127.0.0.1".parse().unwrap()).unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert_eq!(
+            interface_ipv4("lo").unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert!(interface_ipv4("no-such-if0").is_err());
+    }
+}

@@ -1,0 +1,522 @@
+//! End-to-end tests of the `ssh` engine with the built binary: two network namespaces are the hosts (10.77.0.2 and
+//! 10.77.0.3, each running its own sshd on port 2222 with a key made here), a third is the launcher's machine
+//! (10.77.0.1, a bridge to both). `hvd run --engine ssh` runs inside the launcher's namespace.
+//!
+//! These tests need root, `ip` (iproute2), `sshd`, `ssh` and `ssh-keygen` (scripts/install-deps installs them); where
+//! one is missing they fail, saying so. Every test has its own namespaces, so they run in parallel; the namespaces
+//! and daemons are removed when the test ends, also when it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+const HOSTS: [&str; 2] = ["10.77.0.2", "10.77.0.3"];
+const LAUNCHER_ADDR: &str = "10.77.0.1";
+const SSH_PORT: &str = "2222";
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+/// Panics, saying what is missing, unless this is root with iproute2 and OpenSSH.
+fn require_tools() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc_geteuid() } == 0;
+    let missing: Vec<&str> = ["ip", "sshd", "ssh", "ssh-keygen", "setsid"]
+        .into_iter()
+        .filter(|p| find_program(p).is_none())
+        .collect();
+    assert!(
+        root && missing.is_empty(),
+        "the ssh engine tests need root (network namespaces) and iproute2 + OpenSSH; root: {root}, missing: {missing:?} \
+         (run scripts/install-deps as root)"
+    );
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn run_ok(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{program} {}` failed: {}",
+        args.join(" "),
+        text(&out).1
+    );
+}
+
+/// Two hosts and a launcher machine, as network namespaces, with an sshd per host. Dropping it kills everything
+/// that runs in its namespaces and deletes them.
+struct Hosts {
+    dir: tempfile::TempDir,
+    /// The launcher's namespace, then one per host.
+    namespaces: Vec<String>,
+    sshds: Vec<(Child, u32)>,
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.sshds {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for ns in &self.namespaces {
+            // Whatever is still running in a namespace of this test (a failed test's leftovers) is killed by pid.
+            for pid in netns_pids(ns) {
+                // SAFETY: kill with integer arguments; these processes were started by this test.
+                unsafe { libc_kill(pid as i32, 9) };
+            }
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+fn netns_pids(ns: &str) -> Vec<u32> {
+    Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+        .map(|o| {
+            text(&o)
+                .0
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+impl Hosts {
+    /// Sets up the namespaces `hvd<tag><pid>-{l,h1,h2}` and starts the sshds.
+    fn start(tag: &str) -> Hosts {
+        require_tools();
+        let prefix = format!("hvd{tag}{}", std::process::id());
+        let mut hosts = Hosts {
+            dir: tempfile::tempdir().unwrap(),
+            namespaces: Vec::new(),
+            sshds: Vec::new(),
+        };
+        let launcher = format!("{prefix}-l");
+        for ns in [
+            launcher.clone(),
+            format!("{prefix}-h1"),
+            format!("{prefix}-h2"),
+        ] {
+            // A namespace left by a killed earlier run of this process id would make `add` fail.
+            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            run_ok("ip", &["netns", "add", &ns]);
+            hosts.namespaces.push(ns.clone());
+            run_ok("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        }
+        run_ok(
+            "ip",
+            &["-n", &launcher, "link", "add", "hvd0", "type", "bridge"],
+        );
+        run_ok(
+            "ip",
+            &[
+                "-n",
+                &launcher,
+                "addr",
+                "add",
+                &format!("{LAUNCHER_ADDR}/24"),
+                "dev",
+                "hvd0",
+            ],
+        );
+        run_ok("ip", &["-n", &launcher, "link", "set", "hvd0", "up"]);
+        for (i, addr) in HOSTS.iter().enumerate() {
+            let ns = hosts.namespaces[i + 1].clone();
+            let port = format!("v{}", i + 1);
+            run_ok(
+                "ip",
+                &[
+                    "link", "add", &port, "netns", &launcher, "type", "veth", "peer", "name",
+                    "hvd0", "netns", &ns,
+                ],
+            );
+            run_ok(
+                "ip",
+                &[
+                    "-n", &launcher, "link", "set", &port, "master", "hvd0", "up",
+                ],
+            );
+            run_ok(
+                "ip",
+                &[
+                    "-n",
+                    &ns,
+                    "addr",
+                    "add",
+                    &format!("{addr}/24"),
+                    "dev",
+                    "hvd0",
+                ],
+            );
+            run_ok("ip", &["-n", &ns, "link", "set", "hvd0", "up"]);
+        }
+        let d = hosts.dir.path().to_path_buf();
+        run_ok(
+            "ssh-keygen",
+            &[
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-f",
+                d.join("hostkey").to_str().unwrap(),
+            ],
+        );
+        run_ok(
+            "ssh-keygen",
+            &[
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-f",
+                d.join("id").to_str().unwrap(),
+            ],
+        );
+        std::fs::copy(d.join("id.pub"), d.join("authorized_keys")).unwrap();
+        std::fs::write(
+            d.join("ssh_config"),
+            "Host *\n  User root\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  \
+             IdentitiesOnly yes\n",
+        )
+        .unwrap();
+        // sshd's privilege separation directory.
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let sshd = find_program("sshd").unwrap();
+        for (i, addr) in HOSTS.iter().enumerate() {
+            let conf = d.join(format!("sshd_config.{i}"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "Port {SSH_PORT}\nListenAddress {addr}\nHostKey {d}/hostkey\nAuthorizedKeysFile {d}/authorized_keys\n\
+                     StrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n\
+                     KbdInteractiveAuthentication no\nPidFile none\nPrintMotd no\nMaxStartups 100\nLogLevel INFO\n",
+                    d = d.display()
+                ),
+            )
+            .unwrap();
+            let log = d.join(format!("sshd.{i}.log"));
+            let child = Command::new("ip")
+                .args(["netns", "exec", &hosts.namespaces[i + 1]])
+                .arg(&sshd)
+                .args(["-D", "-e", "-f"])
+                .arg(&conf)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let pid = child.id();
+            hosts.sshds.push((child, pid));
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while !std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("Server listening")
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "sshd in {} did not start: {}",
+                    hosts.namespaces[i + 1],
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        hosts
+    }
+
+    /// `hvd run FILE --no-build --engine ssh --hosts 10.77.0.2:2,10.77.0.3:2 ...` in the launcher's namespace.
+    fn hvd_run(&self, project: &Path, extra: &[&str]) -> Output {
+        let d = self.dir.path();
+        Command::new("ip")
+            .args(["netns", "exec", &self.namespaces[0], HVD, "run"])
+            .arg(project.join("train.hvd"))
+            .args([
+                "--no-build",
+                "--grace",
+                "2",
+                "--engine",
+                "ssh",
+                "--hosts",
+                &format!("{}:2,{}:2", HOSTS[0], HOSTS[1]),
+                "--ssh-port",
+                SSH_PORT,
+            ])
+            .arg("--ssh-config")
+            .arg(d.join("ssh_config"))
+            .arg("--ssh-identity")
+            .arg(d.join("id"))
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    }
+
+    /// Processes in the hosts' namespaces besides their sshd listeners.
+    fn leftovers(&self) -> Vec<String> {
+        let sshds: Vec<u32> = self.sshds.iter().map(|(_, pid)| *pid).collect();
+        let mut left = Vec::new();
+        for ns in &self.namespaces[1..] {
+            for pid in netns_pids(ns) {
+                // `ip netns exec` execs sshd, so the listener has the pid of the child started here.
+                if !sshds.contains(&pid) {
+                    left.push(format!("{ns}: {pid} {}", cmdline(pid)));
+                }
+            }
+        }
+        left
+    }
+
+    /// Waits (bounded) until nothing but the sshd listeners runs on the hosts; returns what is still there.
+    fn wait_clean(&self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.leftovers();
+            if left.is_empty() || Instant::now() > deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn project(step: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!("project \"t\"\nenv {{\n  python = \"3.11\"\n  packages = []\n}}\n{step}\n");
+    std::fs::write(dir.path().join("train.hvd"), text).unwrap();
+    dir
+}
+
+const ALLREDUCE_PY: &str = r#"import os, sys
+import numpy as np
+import hvd
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
+out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
+ok = bool(np.all(out == n * (n + 1) / 2))
+sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok} host={os.environ['HVD_HOSTNAME']} "
+                 f"local={os.environ['HVD_LOCAL_RANK']}/{os.environ['HVD_LOCAL_SIZE']} "
+                 f"cross={os.environ['HVD_CROSS_RANK']}/{os.environ['HVD_CROSS_SIZE']} "
+                 f"nccl={os.environ.get('NCCL_SOCKET_IFNAME')}\n")
+sys.stdout.flush()
+sys.exit(0 if ok else 1)
+"#;
+
+/// A project whose one step runs the Python `hvd` package's allreduce on 4 ranks and checks the sum.
+fn allreduce_project() -> tempfile::TempDir {
+    let lib = [
+        Path::new(HVD).with_file_name("libhvd_runtime.so"),
+        Path::new(HVD)
+            .with_file_name("deps")
+            .join("libhvd_runtime.so"),
+    ]
+    .into_iter()
+    .find(|lib| lib.is_file())
+    .expect("libhvd_runtime.so is built with the hvd binary");
+    let python = Command::new("python3")
+        .args(["-c", "import numpy, sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| text(&o).0.trim().to_owned())
+        .expect("python3 with numpy (scripts/install-deps installs it)");
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
+    let dir = project(&format!(
+        "step train {{\n  run = \"{python} ar.py\"\n  workers = 4\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
+        package.display(),
+        lib.display()
+    ));
+    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    dir
+}
+
+#[test]
+fn the_allreduce_worker_runs_on_two_hosts_over_ssh() {
+    let hosts = Hosts::start("a");
+    let dir = allreduce_project();
+    let out = hosts.hvd_run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // By slot: ranks 0-1 on the first host, 2-3 on the second; each host finds the interface that reaches the
+    // launcher (`hvd0` in every namespace here).
+    for rank in 0..4u32 {
+        let host = HOSTS[(rank / 2) as usize];
+        let want = format!(
+            "[train {host}:{rank}] allreduce rank={rank} size=4 sum=10.0 ok=True host={host} local={}/2 cross={}/2 \
+             nccl=hvd0",
+            rank % 2,
+            rank / 2
+        );
+        assert!(
+            stdout.contains(&want),
+            "missing `{want}`:\n{stdout}\n{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains(&format!("rendezvous {LAUNCHER_ADDR}:")),
+        "{stderr}"
+    );
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+const FAILS: &str = r#"step train {
+  run = "if [ $HVD_RANK = 2 ]; then i=0; while [ $(ls started.* 2>/dev/null | wc -l) -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo boom-$HVD_RANK >&2; exit 3; fi; touch started.$HVD_RANK; sleep 30 & wait"
+  workers = 4
+}"#;
+
+#[test]
+fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
+    let hosts = Hosts::start("b");
+    let dir = project(FAILS);
+    let out = hosts.hvd_run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("rank 2 on {} ended first (exit code 3)", HOSTS[1])),
+        "{stderr}"
+    );
+    assert!(stderr.contains("boom-2"), "{stderr}");
+    // Every other rank had started its `sleep 30` (rank 2 waited for them) and was stopped.
+    for rank in [0, 1, 3] {
+        assert!(
+            dir.path().join(format!("started.{rank}")).exists(),
+            "rank {rank} never started:\n{stderr}"
+        );
+    }
+    // hvd waits for ssh, and ssh for the remote wrapper: nothing of the job is left on either host.
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+    // A host where the project directory does not exist fails before anything starts, saying what to do.
+    let other = project(FAILS);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &hosts.namespaces[0], HVD, "run"])
+        .arg(other.path().join("train.hvd"))
+        .args([
+            "--engine",
+            "ssh",
+            "--hosts",
+            &format!("{}:2,{}:2", HOSTS[0], HOSTS[1]),
+            "--ssh-port",
+            SSH_PORT,
+        ])
+        .arg("--ssh-config")
+        .arg(hosts.dir.path().join("ssh_config"))
+        .arg("--ssh-identity")
+        .arg(hosts.dir.path().join("id"))
+        .arg("--env-dir")
+        .arg(hosts.dir.path().join("no-such-env"))
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no-such-env is missing on host `{}`", HOSTS[0]))
+            && stderr.contains(&format!("no-such-env is missing on host `{}`", HOSTS[1])),
+        "{stderr}"
+    );
+    assert!(stderr.contains("share the store"), "{stderr}");
+}
+
+#[test]
+fn dry_run_prints_the_ssh_commands() {
+    // No namespaces needed: hosts given as addresses and `--network-interface lo` make the output independent of
+    // this machine's network.
+    let dir = project(
+        "step prep {\n  run = \"echo prep\"\n}\nstep train {\n  run = \"python train.py --lr 0.1\"\n  workers = 3\n  needs = [\"prep\"]\n  env = { X = \"it's x\" }\n}",
+    );
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args([
+            "--no-build",
+            "--dry-run",
+            "--engine",
+            "ssh",
+            "--hosts",
+            "10.77.0.2:2,10.77.0.3:2",
+            "--ssh-port",
+            "2222",
+            "--ssh-identity",
+            "/keys/id",
+            "--network-interface",
+            "lo",
+        ])
+        .env("PATH", "/usr/bin:/bin")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let got = stdout.replace(&dir.path().display().to_string(), "@DIR@");
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("launcher/tests/data/golden/ssh-dry-run.txt");
+    if std::env::var_os("HVD_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, &got).unwrap();
+    }
+    assert_eq!(
+        got,
+        std::fs::read_to_string(&golden).unwrap(),
+        "HVD_UPDATE_GOLDEN=1 rewrites it"
+    );
+    // Each ssh line is one valid shell command line, and the job token is on none of them.
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("ssh: "))
+        .collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for line in lines {
+        let check = Command::new("sh")
+            .args(["-n", "-c", line])
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{line}\n{}", text(&check).1);
+        assert!(line.starts_with(
+            "ssh -T -o BatchMode=yes -o ConnectTimeout=30 -p 2222 -i /keys/id 10.77.0."
+        ));
+    }
+    // Without hosts: a usage error that says how to give them.
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run", "--engine", "ssh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).1.contains("--hosts h1:4,h2:4"),
+        "{}",
+        text(&out).1
+    );
+}
