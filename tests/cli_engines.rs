@@ -791,6 +791,12 @@ fn run_with_fake_kubectl(
     pods: &[serde_json::Value],
     jobset: &str,
 ) -> Output {
+    fake_kubectl_run(dir, bin, pods, jobset).output().unwrap()
+}
+
+/// `hvd run --engine kubernetes` with the fake kubectl in `bin` first on PATH, which shows `pods` and, from the
+/// second poll on, a JobSet whose condition is `jobset`.
+fn fake_kubectl_run(dir: &Path, bin: &Path, pods: &[serde_json::Value], jobset: &str) -> Command {
     std::fs::create_dir_all(bin.join("logs")).unwrap();
     let kubectl = bin.join("kubectl");
     std::fs::write(&kubectl, FAKE_KUBECTL).unwrap();
@@ -823,14 +829,14 @@ fn run_with_fake_kubectl(
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    Command::new(HVD)
+    let mut command = Command::new(HVD);
+    command
         .arg("run")
         .arg(dir.join("train.hvd"))
         .arg("--no-build")
         .env("PATH", path)
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap()
+        .env("NO_COLOR", "1");
+    command
 }
 
 #[test]
@@ -896,6 +902,39 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
         "{stderr}"
     );
     assert!(stderr.contains("hello from t-train-0-1-abcde"), "{stderr}");
+    // SIGTERM while the JobSet runs: hvd deletes it and exits 143.
+    let mut child = fake_kubectl_run(dir.path(), &bin, &ok[..1], "Running")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let calls = bin.join("calls");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while std::fs::read_to_string(&calls)
+        .unwrap_or_default()
+        .matches("get jobset")
+        .count()
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hvd never polled the JobSet"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+    let calls = std::fs::read_to_string(&calls).unwrap();
+    assert!(
+        calls
+            .lines()
+            .any(|c| c == "delete jobset t -n ml --wait=false"),
+        "{calls}"
+    );
     // --dry-run prints the JobSet and the kubectl commands, and runs none.
     let _ = std::fs::remove_file(bin.join("calls"));
     let out = Command::new(HVD)
@@ -1005,4 +1044,38 @@ step train {
     }
     let log = dir.path().join(format!(".hvd/slurm/t-hello-{id}.out"));
     assert_eq!(std::fs::read_to_string(log).unwrap(), "hello-detached\n");
+}
+
+#[test]
+fn unchanged_slurm_batch_steps_are_not_submitted_again() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let dir = project(
+        r#"step gen {
+  run = "echo generated > out.txt"
+  outputs = ["out.txt"]
+}
+step use {
+  run = "cat out.txt > used.txt"
+  needs = ["gen"]
+  inputs = ["out.txt"]
+  outputs = ["used.txt"]
+}"#,
+    );
+    let out = slurm.submit(dir.path(), &[]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains("step `use` submitted"),
+        "{}",
+        text(&out).1
+    );
+    let out = slurm.submit(dir.path(), &[]);
+    let stderr = text(&out).1;
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("submitted"), "{stderr}");
+    assert!(
+        stderr.contains("step `use` skipped: inputs unchanged"),
+        "{stderr}"
+    );
 }
