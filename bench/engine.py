@@ -4,8 +4,9 @@
 Starts N local ranks of itself (default 2) around a minimal rendezvous key-value server (the `/kv/` protocol of
 docs/rendezvous.md, enough for the bootstrap), once per configuration, and prints medians and ratios:
 
-- 100 tensors of 4 KiB per step, and 100 tensors from 4 KiB to 4 MiB (geometric) per step, allreduced with the
-  async API then synchronized: fusion on (HVD_FUSION_THRESHOLD default) vs off (0), timeline off vs on;
+- 100 tensors of 4 KiB per step, and 100 tensors from 4 KiB to 4 MiB (geometric) per step, allreduced in place
+  with the per-tensor async API (one call and one synchronize per tensor) and with the grouped API (one call and
+  one synchronize per step): fusion on (HVD_FUSION_THRESHOLD default) vs off (0), timeline off vs on;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
 Usage: bench/engine.py [--ranks N] [--steps S] [--rounds R] [--library PATH]
@@ -111,10 +112,11 @@ def worker(steps):
         for s in range(steps + 3):
             hvd.barrier()
             t0 = time.perf_counter()
-            for h in hvd.grouped_allreduce_async(tensors, op=hvd.Sum, name=tag):
-                hvd.synchronize(h)
+            hvd.synchronize(hvd.grouped_allreduce_async_(tensors, op=hvd.Sum, name=tag))
             if s >= 3:
                 times.append(time.perf_counter() - t0)
+            for t in tensors:
+                t.fill(1.0)
         return statistics.median(times)
 
     def latency():
@@ -126,8 +128,8 @@ def worker(steps):
             times.append(time.perf_counter() - t0)
         return statistics.median(times[200:])
 
-    result = {"small": step_time(small, "s"), "mixed": step_time(mixed, "m"), "latency": latency(),
-              "grouped": grouped_time(small, "g")}
+    result = {"small": step_time(small, "s"), "grouped": grouped_time(small, "g"), "mixed": step_time(mixed, "m"),
+              "mixed_grouped": grouped_time(mixed, "mg"), "latency": latency()}
     rank = hvd.rank()
     hvd.shutdown()
     if rank == 0:
@@ -138,7 +140,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--library")
     ap.add_argument("--worker", action="store_true")
     args = ap.parse_args()
@@ -156,24 +158,35 @@ def main():
             "fusion off": {"HVD_FUSION_THRESHOLD": "0"},
             "fusion on + timeline": {"HVD_TIMELINE": os.path.join(tmp, "timeline.json")},
         }
-        # The machine is shared and noisy: interleave the configurations and keep the median of the rounds.
+        # The machine is shared and noisy: interleave the configurations, so that every round runs each one under
+        # about the same load, and report medians over rounds and the median of the per-round (paired) ratios.
         rounds = {name: [] for name in configs}
-        for _ in range(args.rounds):
+        for i in range(args.rounds):
             for name, env in configs.items():
                 rounds[name].append(launch(args.ranks, env, args.steps))
-        results = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
-    print("{:<22} {:>16} {:>24} {:>24} {:>17}".format(
-        "config", "100 x 4 KiB (ms)", "grouped 100 x 4 KiB (ms)", "100 x 4 KiB..4 MiB (ms)", "4 B latency (us)"))
+            print("round {}/{} done".format(i + 1, args.rounds), file=sys.stderr)
+    keys = ["small", "grouped", "mixed", "mixed_grouped", "latency"]
+    results = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rounds.items()}
+
+    def paired(a, b, key):
+        return statistics.median(x[key] / y[key] for x, y in zip(rounds[a], rounds[b]))
+
+    print("{:<22} {:>12} {:>12} {:>14} {:>14} {:>12}".format(
+        "median ms per step", "100x4KiB", "grouped", "4KiB..4MiB", "grouped", "4 B lat us"))
     for name, r in results.items():
-        print("{:<22} {:>16.3f} {:>24.3f} {:>24.3f} {:>17.1f}".format(
-            name, r["small"] * 1e3, r["grouped"] * 1e3, r["mixed"] * 1e3, r["latency"] * 1e6))
-    on, off, tl = results["fusion on"], results["fusion off"], results["fusion on + timeline"]
-    print("fusion speed-up, 100 x 4 KiB: {:.2f}x per-tensor async API, {:.2f}x grouped API (goal >= 5x)".format(
-        off["small"] / on["small"], off["grouped"] / on["grouped"]))
-    print("fusion speed-up, 100 x 4 KiB..4 MiB: {:.2f}x".format(off["mixed"] / on["mixed"]))
-    print("timeline cost: {:+.1f}% (100 x 4 KiB), {:+.1f}% (mixed) (goal < 5%)".format(
-        (tl["small"] / on["small"] - 1) * 100, (tl["mixed"] / on["mixed"] - 1) * 100))
-    print("single 4-byte allreduce: {:.1f} us median (goal < 100 us)".format(on["latency"] * 1e6))
+        print("{:<22} {:>12.3f} {:>12.3f} {:>14.3f} {:>14.3f} {:>12.1f}".format(
+            name, r["small"] * 1e3, r["grouped"] * 1e3, r["mixed"] * 1e3, r["mixed_grouped"] * 1e3,
+            r["latency"] * 1e6))
+    print("fusion speed-up (off/on, median of paired rounds), 100 x 4 KiB: {:.2f}x per-tensor async API, "
+          "{:.2f}x grouped API (goal >= 5x)".format(
+              paired("fusion off", "fusion on", "small"), paired("fusion off", "fusion on", "grouped")))
+    print("fusion speed-up, 100 x 4 KiB..4 MiB: {:.2f}x per-tensor, {:.2f}x grouped".format(
+        paired("fusion off", "fusion on", "mixed"), paired("fusion off", "fusion on", "mixed_grouped")))
+    print("timeline cost (timeline/no timeline - 1, median of paired rounds): {:+.1f}% per-tensor, "
+          "{:+.1f}% grouped (100 x 4 KiB); {:+.1f}% per-tensor, {:+.1f}% grouped (mixed) (goal < 5%)".format(
+              *[(paired("fusion on + timeline", "fusion on", k) - 1) * 100
+                for k in ("small", "grouped", "mixed", "mixed_grouped")]))
+    print("single 4-byte allreduce: {:.1f} us median (goal < 100 us)".format(results["fusion on"]["latency"] * 1e6))
     try:
         import horovod.torch  # noqa: F401
         print("horovod is importable, but its comparison run is not implemented in this script")

@@ -287,9 +287,6 @@ fn run_sbatch(
     let interrupts = Interrupts::install();
     let submission = sbatch::submit(&plan, &steps, &options)
         .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
-    for step in &submission.skipped {
-        note!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)");
-    }
     for job in &submission.jobs {
         let after = if job.after.is_empty() {
             String::new()
@@ -303,6 +300,9 @@ fn run_sbatch(
         );
     }
     if args.detach {
+        for step in &submission.skipped {
+            note!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)");
+        }
         let ids: Vec<&str> = submission.jobs.iter().map(|j| j.job_id.as_str()).collect();
         println!("{}", ids.join(" "));
         note!(

@@ -1,7 +1,7 @@
 """hvd: Horovod-style collectives for training processes started by ``hvd run``.
 
 Pure Python over the C ABI of ``libhvd_runtime.so`` (see ``hvd/_lib.py`` for how the library is found), so one
-copy serves every Python version and framework. Tensors: numpy arrays (zero-copy through ``__array_interface__``)
+copy serves every Python version and framework. Tensors: numpy arrays (zero-copy through the buffer protocol)
 and any CPU tensor with ``__dlpack__`` (torch, jax, tensorflow).
 
     import hvd, numpy as np
@@ -20,6 +20,7 @@ from ._dlpack import DLPackView
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
+    "grouped_allreduce_", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "broadcast_object", "allgather_object", "Sum", "Average", "Min", "Max", "Product", "HvdError",
@@ -139,6 +140,20 @@ def _np_dtype(code):
     return np.dtype(_CODE_NAMES[code])
 
 
+_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+def _np_ptr(arr):
+    """Data pointer of a C-contiguous numpy array. The buffer protocol (writable arrays) costs well under a
+    microsecond; ``__array_interface__`` builds a dict per call (several microseconds), so it is only the fallback
+    (read-only or empty arrays)."""
+    try:
+        return _addressof(_from_buffer(arr))
+    except (TypeError, ValueError, BufferError):
+        return arr.__array_interface__["data"][0]
+
+
 class _Tensor:
     """A contiguous CPU buffer: pointer, dtype code, shape, and how to turn results back into the caller's type."""
 
@@ -157,7 +172,7 @@ class _Tensor:
                 raise TypeError("hvd does not support dtype {} (supported: {})".format(
                     arr.dtype, ", ".join(sorted(_NP_NAMES))))
             self.array = arr
-            self.ptr = arr.__array_interface__["data"][0]
+            self.ptr = _np_ptr(arr)
             self.dtype = code
             self.shape = arr.shape
             self.np_dtype = arr.dtype
@@ -207,17 +222,20 @@ class _Tensor:
 
 class Handle:
     """An operation in flight. ``poll(h)`` tells whether it is done; ``synchronize(h)`` returns its result.
-    ``_value`` set: the result is that object (already in the caller's memory), nothing to read from the library."""
+    ``_value`` set: the result is that object (already in the caller's memory), nothing to read from the library.
+    ``_group`` set (the number of handles in ``id``, a ctypes array): a grouped operation, waited for with one
+    call."""
 
-    __slots__ = ("id", "_keep", "_finish", "_done", "_result", "_value")
+    __slots__ = ("id", "_keep", "_finish", "_done", "_result", "_value", "_group")
 
-    def __init__(self, hid, keep, finish, value=None):
+    def __init__(self, hid, keep, finish, value=None, group=None):
         self.id = hid
         self._keep = keep
         self._finish = finish
         self._done = False
         self._result = None
         self._value = value
+        self._group = group
 
     def __repr__(self):
         return "hvd.Handle({}{})".format(self.id, ", done" if self._done else "")
@@ -270,7 +288,7 @@ def _owned_result(t):
         _check(lib.hvd_result_shape(hid, shape))
         out = t.empty(tuple(shape[i] for i in range(ndim)))
         nbytes = _check(lib.hvd_result_nbytes(hid))
-        _check(lib.hvd_result_copy(hid, out.__array_interface__["data"][0] if nbytes else None, nbytes))
+        _check(lib.hvd_result_copy(hid, _np_ptr(out) if nbytes else None, nbytes))
         return t.wrap(out)
 
     return finish
@@ -280,8 +298,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts an allreduce (default: average over ranks); ``synchronize`` returns a new tensor."""
     t = _Tensor(tensor)
     out = t.empty(t.shape)
-    req, keep = _request(_ALLREDUCE, t, name, out.__array_interface__["data"][0],
-                         _resolve_op(average, op), 0, prescale_factor, postscale_factor)
+    req, keep = _request(_ALLREDUCE, t, name, _np_ptr(out), _resolve_op(average, op), 0, prescale_factor,
+                         postscale_factor)
     keep += [t, out]
     return _submit(req, keep, lambda hid: t.wrap(out))
 
@@ -305,38 +323,174 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Allreduces a list of tensors, submitted with one call into the library; returns one handle per tensor."""
+_REQUEST_DTYPE = None
+
+
+def _request_dtype():
+    """``hvd_request_t`` as a numpy structured dtype, so a group's requests are filled column by column."""
+    global _REQUEST_DTYPE
+    if _REQUEST_DTYPE is None:
+        np = _np()
+        kinds = {ctypes.c_int32: "<i4", ctypes.c_double: "<f8"}
+        names, formats, offsets = [], [], []
+        for field, ctype in _lib.HvdRequest._fields_:
+            names.append(field)
+            formats.append(kinds.get(ctype, "<u{}".format(ctypes.sizeof(ctypes.c_void_p))))
+            offsets.append(getattr(_lib.HvdRequest, field).offset)
+        _REQUEST_DTYPE = np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                                   "itemsize": ctypes.sizeof(_lib.HvdRequest)})
+    return _REQUEST_DTYPE
+
+
+def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, in_place):
+    """Submits the allreduces of ``tensors`` with one call (one engine cycle, fused) and returns one handle for the
+    group. numpy arrays take a fast path: a buffer-protocol pointer and no per-tensor ctypes objects."""
+    np = _np()
     op = _resolve_op(average, op)
+    tensors = list(tensors)
     n = len(tensors)
-    reqs = (_lib.HvdRequest * n)()
-    keeps, outs, ts = [], [], []
-    for i, x in enumerate(tensors):
-        t = _Tensor(x)
-        out = t.empty(t.shape)
-        req, keep = _request(_ALLREDUCE, t, "{}.{}".format(name, i) if name else None,
-                             out.__array_interface__["data"][0], op, 0, prescale_factor, postscale_factor)
-        reqs[i] = req
-        keeps.append(keep + [t, out])
-        outs.append(out)
-        ts.append(t)
+    fast = _numpy_group(np, tensors, in_place)
+    if fast is not None:
+        ptrs, out_ptrs, codes, ndims, dims, outs = fast
+        wraps, keep = [None] * n, []
+    else:
+        ptrs, out_ptrs, codes, ndims, dims, outs, wraps, keep = _any_group(np, tensors, in_place)
+    reqs = np.zeros(n, _request_dtype())
+    shapes = np.array(dims or [0], np.int64)
+    names = None
+    if n:
+        nd = np.array(ndims, np.uint64)
+        reqs["kind"] = _ALLREDUCE
+        reqs["dtype"] = codes
+        reqs["ndim"] = ndims
+        reqs["shape"] = np.uint64(shapes.ctypes.data) + np.uint64(8) * (np.cumsum(nd) - nd)
+        reqs["input"] = ptrs
+        reqs["output"] = out_ptrs
+        reqs["op"] = op
+        reqs["prescale"] = prescale_factor
+        reqs["postscale"] = postscale_factor
+        if name:
+            names, offsets = _group_names(np, name, n)
+            reqs["name"] = np.uint64(names.ctypes.data) + offsets
     ids = (ctypes.c_int64 * max(n, 1))()
-    ok = _l().hvd_enqueue_many(reqs, n, ids)
+    lib = _l()
+    ok = lib.hvd_enqueue_many(reqs.ctypes.data_as(ctypes.POINTER(_lib.HvdRequest)), n, ids)
     if ok != n:
-        message = _l().hvd_last_error().decode("utf-8", "replace")
-        for i in range(n):
-            if ids[i] > 0:
-                try:
-                    synchronize(Handle(ids[i], keeps[i], lambda hid: None))
-                except HvdError:
-                    pass
+        message = lib.hvd_last_error().decode("utf-8", "replace")
+        lib.hvd_wait_many(ids, n)  # the accepted ones still run on the other ranks: wait for them
         raise HvdError(message)
-    return [Handle(ids[i], keeps[i], (lambda t, o: lambda hid: t.wrap(o))(ts[i], outs[i])) for i in range(n)]
+    keep += [tensors, outs, reqs, shapes, names]
+    if in_place:
+        return Handle(ids, keep, None, tensors, group=n)
+    return Handle(ids, keep, lambda hid: [o if w is None else w.wrap(o) for o, w in zip(outs, wraps)], group=n)
+
+
+_GROUP_NAMES = {}
+
+
+def _group_names(np, name, n):
+    """The NUL-terminated names ``name.0 .. name.{n-1}`` in one buffer, and each one's offset (cached: a training
+    loop submits the same group every step)."""
+    key = (name, n)
+    hit = _GROUP_NAMES.get(key)
+    if hit is None:
+        encoded = ["{}.{}\0".format(name, i).encode("utf-8") for i in range(n)]
+        lengths = np.array([len(e) for e in encoded], np.uint64)
+        hit = (np.frombuffer(b"".join(encoded), np.uint8).copy(), np.cumsum(lengths) - lengths)
+        if len(_GROUP_NAMES) > 4096:
+            _GROUP_NAMES.clear()
+        _GROUP_NAMES[key] = hit
+    return hit
+
+
+def _numpy_group(np, tensors, in_place):
+    """Pointers, dtype codes and shapes of a group made only of writable, C-contiguous, non-empty numpy arrays of
+    supported dtypes, with list comprehensions (the common case); None for anything else."""
+    ndarray = np.ndarray
+    if not all(type(x) is ndarray for x in tensors):
+        return None
+    get = _NP_CODES.get
+    codes = [get(x.dtype) for x in tensors]
+    if None in codes:
+        return None
+    try:
+        # The buffer protocol refuses non-contiguous, read-only and empty arrays: those take the general path.
+        ptrs = [_addressof(_from_buffer(x)) for x in tensors]
+        if in_place:
+            outs = tensors
+            out_ptrs = ptrs
+        else:
+            outs = [np.empty_like(x) for x in tensors]
+            out_ptrs = [_addressof(_from_buffer(o)) for o in outs]
+    except (TypeError, ValueError, BufferError):
+        return None
+    shapes = [x.shape for x in tensors]
+    return ptrs, out_ptrs, codes, [len(s) for s in shapes], [d for s in shapes for d in s], outs
+
+
+def _any_group(np, tensors, in_place):
+    ptrs, out_ptrs, codes, ndims, dims, outs, wraps, keep = [], [], [], [], [], [], [], []
+    ndarray = np.ndarray
+    for x in tensors:
+        if in_place and isinstance(x, ndarray) and not x.flags.writeable:
+            raise ValueError("in-place operations need a writable array")
+        if type(x) is ndarray and x.flags.c_contiguous and x.size:
+            code = _NP_CODES.get(x.dtype)
+            if code is None:
+                code = _NP_NAMES.get(x.dtype.name)
+                if code is None:
+                    raise TypeError("hvd does not support dtype {} (supported: {})".format(
+                        x.dtype, ", ".join(sorted(_NP_NAMES))))
+                _NP_CODES[x.dtype] = code
+            ptr = _np_ptr(x)
+            shape = x.shape
+            wrap = None
+            if in_place:
+                out, optr = x, ptr
+            else:
+                out = np.empty_like(x)
+                optr = _np_ptr(out)
+        else:
+            t = _Tensor(x)
+            if in_place and t.array is not None and t.array is not x:
+                raise ValueError("in-place operations need a C-contiguous numpy array")
+            code, ptr, shape = t.dtype, t.ptr, t.shape
+            keep.append(t)
+            if in_place:
+                out, optr, wrap = x, ptr, None
+            else:
+                out = t.empty(shape)
+                optr = _np_ptr(out) if out.size else 0
+                wrap = t
+        ptrs.append(ptr)
+        out_ptrs.append(optr)
+        codes.append(code)
+        ndims.append(len(shape))
+        dims.extend(shape)
+        outs.append(out)
+        wraps.append(wrap)
+    return ptrs, out_ptrs, codes, ndims, dims, outs, wraps, keep
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Allreduces a list of tensors submitted with one call into the library, so that they run in one engine cycle
+    and fuse; returns one handle whose ``synchronize`` returns the list of results (one wait for the group).
+    With ``name``, tensor i is named ``name.i``."""
+    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, False)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return [synchronize(h) for h in
-            grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor)]
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place grouped allreduce of C-contiguous numpy arrays or DLPack tensors; ``synchronize`` returns the list
+    of tensors."""
+    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, True)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))
 
 
 def allgather_async(tensor, name=None):
@@ -355,7 +509,7 @@ def broadcast_async(tensor, root_rank, name=None):
     """Rank ``root_rank``'s tensor, as a new tensor on every rank."""
     t = _Tensor(tensor)
     out = t.empty(t.shape)
-    req, keep = _request(_BROADCAST, t, name, out.__array_interface__["data"][0], root=root_rank)
+    req, keep = _request(_BROADCAST, t, name, _np_ptr(out), root=root_rank)
     keep += [t, out]
     return _submit(req, keep, lambda hid: t.wrap(out))
 
@@ -433,6 +587,8 @@ def poll(handle):
     """True when the operation has completed (``synchronize`` will not block)."""
     if handle._done:
         return True
+    if handle._group is not None:
+        return _check(_l().hvd_poll_many(handle.id, handle._group)) == 1
     return _check(_l().hvd_poll(handle.id)) == 1
 
 
@@ -441,6 +597,14 @@ def synchronize(handle):
     if handle._done:
         return handle._result
     lib = _l()
+    if handle._group is not None:
+        handle._done = True
+        rc = lib.hvd_wait_many(handle.id, handle._group)
+        handle._keep = None
+        if rc != 0:
+            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+        handle._result = handle._value if handle._finish is None else handle._finish(None)
+        return handle._result
     if handle._value is not None:
         handle._done = True
         handle._keep = None

@@ -103,6 +103,8 @@ def _declare(lib):
         "hvd_poll": (i32, [i64]),
         "hvd_wait": (i32, [i64]),
         "hvd_wait_and_release": (i32, [i64]),
+        "hvd_wait_many": (i32, [ctypes.POINTER(i64), i32]),
+        "hvd_poll_many": (i32, [ctypes.POINTER(i64), i32]),
         "hvd_result_ndim": (i32, [i64]),
         "hvd_result_shape": (i32, [i64, ctypes.POINTER(i64)]),
         "hvd_result_nbytes": (i64, [i64]),

@@ -4,12 +4,10 @@
 
 use std::time::Instant;
 
+use hvd_collective::DType;
 use hvd_collective::testing::{Backend, LocalJob};
-use hvd_collective::{DType, ReduceOp as CollectiveOp};
 use hvd_runtime::collective::CollectiveTransport;
-use hvd_runtime::{
-    DataType, Engine, EngineConfig, Input, OpKind, OutputBuffer, ReduceOp, Request, meta,
-};
+use hvd_runtime::{Engine, EngineConfig, Input, OpKind, OutputBuffer, ReduceOp, Request, meta};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -35,13 +33,7 @@ fn engine_run(backend: Backend, fusion_threshold: usize, sizes: &[usize]) -> (f6
                     let mut lat = Vec::new();
                     for _ in 0..3000 {
                         let t0 = Instant::now();
-                        let m = meta(
-                            OpKind::Allreduce,
-                            "lat",
-                            DataType::F32,
-                            vec![1],
-                            ReduceOp::Sum,
-                        );
+                        let m = meta(OpKind::Allreduce, "lat", DType::F32, vec![1], ReduceOp::Sum);
                         let r = Request {
                             meta: m,
                             input: Input::Raw(one.as_ptr(), 4),
@@ -63,7 +55,7 @@ fn engine_run(backend: Backend, fusion_threshold: usize, sizes: &[usize]) -> (f6
                                 let m = meta(
                                     OpKind::Allreduce,
                                     &format!("t{i}"),
-                                    DataType::F32,
+                                    DType::F32,
                                     vec![n as i64 / 4],
                                     ReduceOp::Sum,
                                 );
@@ -100,7 +92,7 @@ fn raw_latency(backend: Backend) -> f64 {
             let mut t = Vec::new();
             for _ in 0..3000 {
                 let t0 = Instant::now();
-                comm.allreduce_in_place(&mut x, DType::F32, CollectiveOp::Sum)
+                comm.allreduce_in_place(&mut x, DType::F32, ReduceOp::Sum)
                     .expect("allreduce");
                 t.push(t0.elapsed().as_secs_f64());
             }

@@ -83,8 +83,9 @@ int hvd_local_size(void);
 int hvd_cross_rank(void);
 int hvd_cross_size(void);
 
-/* Submission: a handle > 0, or -1. hvd_enqueue_many submits n requests with one call, writes one handle (or -1)
- * per request and returns how many succeeded. */
+/* Submission: a handle > 0, or -1. hvd_enqueue_many submits n requests with one call (they reach the engine
+ * together, so they run in one cycle and fuse), writes one handle (or -1) per request and returns how many
+ * succeeded. */
 int64_t hvd_enqueue(const hvd_request_t *request);
 int hvd_enqueue_many(const hvd_request_t *requests, int n, int64_t *handles);
 
@@ -95,6 +96,12 @@ int hvd_wait(int64_t handle);
 /* hvd_wait + hvd_release in one call, for operations whose result is in the caller's memory (allreduce,
  * broadcast, barrier): 0 success, -1 failure. */
 int hvd_wait_and_release(int64_t handle);
+/* Groups (e.g. the handles of one hvd_enqueue_many; entries <= 0 are skipped), for operations whose results are in
+ * the caller's memory: hvd_wait_many waits for all n with one wait and releases them (0 all succeeded, -1: the
+ * first failure is in hvd_last_error; every handle is still waited for and released). hvd_poll_many: 1 when all
+ * are done, 0 when any is pending, -1 for an unknown handle. */
+int hvd_wait_many(const int64_t *handles, int n);
+int hvd_poll_many(const int64_t *handles, int n);
 
 /* Results of a successfully waited handle, until hvd_release. */
 int hvd_result_ndim(int64_t handle);

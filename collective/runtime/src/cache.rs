@@ -101,13 +101,13 @@ impl ResponseCache {
 mod tests {
     use super::*;
     use crate::message::OpKind;
-    use crate::types::{DataType, ReduceOp};
+    use hvd_collective::{DType, ReduceOp};
 
     fn meta(name: &str, n: i64) -> RequestMeta {
         RequestMeta {
             kind: OpKind::Allreduce,
             name: name.into(),
-            dtype: DataType::F32,
+            dtype: DType::F32,
             shape: vec![n],
             op: ReduceOp::Sum,
             root: 0,

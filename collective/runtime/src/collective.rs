@@ -1,12 +1,11 @@
 //! Adapter from `hvd-collective`'s communicators to the engine's [`Transport`], and joining the job from the
 //! environment.
 
-use hvd_collective::{Communicator, DType};
+use hvd_collective::{Communicator, DType, ReduceOp};
 
 use std::time::Duration;
 
 use crate::transport::{LocalTransport, Topology, Transport, TransportError, TransportResult};
-use crate::types::{DataType, Reduction};
 
 /// The engine's view of a `hvd-collective` communicator. Counts the engine gives in bytes travel as `u8` elements.
 pub struct CollectiveTransport {
@@ -18,28 +17,6 @@ impl CollectiveTransport {
     pub fn new(comm: Box<dyn Communicator>) -> CollectiveTransport {
         let name = comm.backend().to_uppercase();
         CollectiveTransport { comm, name }
-    }
-}
-
-fn dtype(d: DataType) -> DType {
-    match d {
-        DataType::U8 => DType::U8,
-        DataType::I8 => DType::I8,
-        DataType::I32 => DType::I32,
-        DataType::I64 => DType::I64,
-        DataType::F16 => DType::F16,
-        DataType::F32 => DType::F32,
-        DataType::F64 => DType::F64,
-        DataType::Bf16 => DType::BF16,
-    }
-}
-
-fn op(r: Reduction) -> hvd_collective::ReduceOp {
-    match r {
-        Reduction::Sum => hvd_collective::ReduceOp::Sum,
-        Reduction::Min => hvd_collective::ReduceOp::Min,
-        Reduction::Max => hvd_collective::ReduceOp::Max,
-        Reduction::Product => hvd_collective::ReduceOp::Product,
     }
 }
 
@@ -64,15 +41,8 @@ impl Transport for CollectiveTransport {
         }
     }
 
-    fn allreduce(
-        &mut self,
-        buf: &mut [u8],
-        d: DataType,
-        reduction: Reduction,
-    ) -> TransportResult<()> {
-        self.comm
-            .allreduce_in_place(buf, dtype(d), op(reduction))
-            .map_err(err)
+    fn allreduce(&mut self, buf: &mut [u8], d: DType, op: ReduceOp) -> TransportResult<()> {
+        self.comm.allreduce_in_place(buf, d, op).map_err(err)
     }
 
     fn allgatherv(
@@ -111,11 +81,11 @@ impl Transport for CollectiveTransport {
         buf: &mut [u8],
         block_elems: &[usize],
         out: &mut [u8],
-        d: DataType,
-        reduction: Reduction,
+        d: DType,
+        op: ReduceOp,
     ) -> TransportResult<()> {
         self.comm
-            .reducescatter(buf, out, block_elems, dtype(d), op(reduction))
+            .reducescatter(buf, out, block_elems, d, op)
             .map_err(err)
     }
 }

@@ -187,7 +187,7 @@ impl Coordinator {
         if submitted.iter().any(|(_, m)| m.dtype != first.dtype) {
             return error(format!(
                 "mismatched data types in {op} of tensor `{name}`: {}",
-                describe(&|m| m.dtype.name().to_string())
+                describe(&|m| crate::kernels::dtype_name(m.dtype).to_string())
             ));
         }
         let shapes = || describe(&|m| format!("{:?}", m.shape));

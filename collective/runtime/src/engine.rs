@@ -16,10 +16,11 @@ use std::time::Instant;
 use crate::cache::{Lookup, ResponseCache};
 use crate::config::{ConfigError, EngineConfig};
 use crate::coordinator::{Coordinator, StallPolicy};
+use crate::kernels::{elementwise, fill_identity, scale};
 use crate::message::{OpKind, RankMessage, RequestMeta, Response, ResponseList};
 use crate::timeline::{EventName, Phase, Timeline};
 use crate::transport::{Topology, Transport, TransportError};
-use crate::types::{DataType, ReduceOp, fill_identity, scale};
+use hvd_collective::{DType, ReduceOp};
 
 /// Errors the engine reports to callers.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -73,7 +74,7 @@ impl Request {
     /// An allreduce of an owned buffer, result returned by the engine (Rust callers and tests).
     pub fn allreduce(
         name: &str,
-        dtype: DataType,
+        dtype: DType,
         shape: Vec<i64>,
         op: ReduceOp,
         data: Vec<u8>,
@@ -89,7 +90,7 @@ impl Request {
     pub fn owned(
         kind: OpKind,
         name: &str,
-        dtype: DataType,
+        dtype: DType,
         shape: Vec<i64>,
         data: Vec<u8>,
     ) -> Request {
@@ -102,13 +103,7 @@ impl Request {
 }
 
 /// A request description with defaults (sum, root 0, no scaling, even splits).
-pub fn meta(
-    kind: OpKind,
-    name: &str,
-    dtype: DataType,
-    shape: Vec<i64>,
-    op: ReduceOp,
-) -> RequestMeta {
+pub fn meta(kind: OpKind, name: &str, dtype: DType, shape: Vec<i64>, op: ReduceOp) -> RequestMeta {
     RequestMeta {
         kind,
         name: name.to_string(),
@@ -147,6 +142,8 @@ struct Queue {
     shutdown: bool,
     /// The engine sleeps with nothing to do: a submission must wake it.
     idle: bool,
+    /// The engine is blocked on `queue_cv` (idle or waiting for the cycle time): a new waiter must wake it.
+    sleeping: bool,
 }
 
 /// How long an engine with nothing to do sleeps between cycles. It cannot hold anyone up: every other rank's
@@ -290,6 +287,54 @@ impl Engine {
         Ok(handle)
     }
 
+    /// Submits several operations at once (one lock round and at most one wake-up of the engine thread), so that
+    /// they reach the same cycle and fuse. One result per request, in order.
+    pub fn enqueue_many(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+    ) -> Vec<Result<Handle, EngineError>> {
+        let mut accepted = Vec::new();
+        let mut results = Vec::new();
+        for mut request in requests {
+            if request.meta.name.is_empty() {
+                let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
+                request.meta.name = format!("{}.noname.{n}", request.meta.kind.name());
+            }
+            match validate(&mut request, self.topology.size) {
+                Ok(()) => {
+                    let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+                    results.push(Ok(handle));
+                    accepted.push(Submitted { request, handle });
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        if accepted.is_empty() {
+            return results;
+        }
+        {
+            let mut h = lock(&self.shared.handles);
+            if let Some(reason) = &h.stopped {
+                let err = EngineError::Stopped(reason.clone());
+                return results
+                    .into_iter()
+                    .map(|r| r.and(Err(err.clone())))
+                    .collect();
+            }
+            for s in &accepted {
+                h.slots.insert(s.handle, Slot::Pending);
+            }
+        }
+        let mut q = lock(&self.shared.queue);
+        q.items.extend(accepted);
+        let wake = q.idle;
+        drop(q);
+        if wake {
+            self.shared.queue_cv.notify_one();
+        }
+        results
+    }
+
     /// Whether the operation has completed (successfully or not).
     pub fn poll(&self, handle: Handle) -> Result<bool, EngineError> {
         match lock(&self.shared.handles).slots.get(&handle) {
@@ -299,12 +344,69 @@ impl Engine {
         }
     }
 
+    /// Whether every one of `handles` has completed.
+    pub fn poll_all(&self, handles: &[Handle]) -> Result<bool, EngineError> {
+        let h = lock(&self.shared.handles);
+        for handle in handles {
+            match h.slots.get(handle) {
+                Some(Slot::Pending) => return Ok(false),
+                Some(Slot::Done(_)) => {}
+                None => return Err(EngineError::UnknownHandle(*handle)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Blocks until every one of `handles` completes and returns their results in order; the handles are released.
+    /// One waiter for the whole group: the engine wakes it once per batch of completions, not once per handle.
+    pub fn wait_all(&self, handles: &[Handle]) -> Vec<Result<Output, EngineError>> {
+        self.announce_waiter();
+        let mut results = Vec::with_capacity(handles.len());
+        let mut h = lock(&self.shared.handles);
+        let spin_until = Instant::now() + self.spin;
+        while results.len() < handles.len() {
+            let handle = handles[results.len()];
+            match h.slots.get(&handle) {
+                None => results.push(Err(EngineError::UnknownHandle(handle))),
+                Some(Slot::Done(_)) => {
+                    let Some(Slot::Done(result)) = h.slots.remove(&handle) else {
+                        unreachable!("checked above")
+                    };
+                    results.push(result);
+                }
+                Some(Slot::Pending) if Instant::now() < spin_until => {
+                    drop(h);
+                    std::thread::yield_now();
+                    h = lock(&self.shared.handles);
+                }
+                Some(Slot::Pending) => {
+                    h = self
+                        .shared
+                        .handles_cv
+                        .wait(h)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+        drop(h);
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        results
+    }
+
+    /// Announces a blocked waiter: the engine then starts a cycle at once instead of after the cycle time.
+    fn announce_waiter(&self) {
+        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
+        let q = lock(&self.shared.queue); // so the notification cannot fall between the engine's check and its sleep
+        let sleeping = q.sleeping;
+        drop(q);
+        if sleeping {
+            self.shared.queue_cv.notify_one();
+        }
+    }
+
     /// Blocks until the operation completes and returns its result; the handle is released.
     pub fn wait(&self, handle: Handle) -> Result<Output, EngineError> {
-        // Announce the waiter first: the engine then starts a cycle at once instead of after the cycle time.
-        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
-        drop(lock(&self.shared.queue)); // so the notification cannot fall between the engine's check and its sleep
-        self.shared.queue_cv.notify_one();
+        self.announce_waiter();
         // Small operations finish within tens of microseconds: yield-spin briefly before sleeping, which saves a
         // futex round trip on the latency path.
         let spin_until = Instant::now() + self.spin;
@@ -380,7 +482,8 @@ fn validate(request: &mut Request, size: usize) -> Result<(), EngineError> {
     if needs_input && input_len != bytes {
         return bad(format!(
             "buffer of {input_len} bytes does not match shape {:?} of {} ({bytes} bytes)",
-            m.shape, m.dtype
+            m.shape,
+            crate::kernels::dtype_name(m.dtype)
         ));
     }
     if let OutputBuffer::Raw(_, n) = request.output {
@@ -497,7 +600,12 @@ impl Worker {
     }
 
     fn wait_for_cycle(&mut self, deadline: Instant, spin: bool) -> Result<(), String> {
-        if spin && !self.config.spin_time.is_zero() {
+        let idle = self.pending.is_empty()
+            && self.join_handle.is_none()
+            && !self.shutdown
+            && self.uncached.is_empty()
+            && self.cached_ready.is_empty();
+        if spin && !idle && !self.config.spin_time.is_zero() {
             // Right after a cycle with work the next waiter is likely near: poll before sleeping.
             let until = (Instant::now() + self.config.spin_time).min(deadline);
             while Instant::now() < until {
@@ -507,11 +615,6 @@ impl Worker {
                 std::thread::yield_now();
             }
         }
-        let idle = self.pending.is_empty()
-            && self.join_handle.is_none()
-            && !self.shutdown
-            && self.uncached.is_empty()
-            && self.cached_ready.is_empty();
         let mut deadline = if idle {
             deadline.max(self.last_cycle + IDLE_INTERVAL)
         } else {
@@ -528,10 +631,16 @@ impl Worker {
                 q.idle = false;
                 deadline = now + self.config.cycle_time;
             }
-            if now >= deadline || self.shared.waiters.load(Ordering::SeqCst) > 0 || q.shutdown {
+            // A blocked waiter starts the cycle at once, but only when this rank has work: a waiter whose result
+            // has just been delivered must not make an idle engine spin through empty cycles (each one a
+            // collective that the other ranks' engines must answer) until its thread gets around to leaving.
+            let waiter = !idle && self.shared.waiters.load(Ordering::SeqCst) > 0;
+            if now >= deadline || waiter || q.shutdown {
                 q.idle = false;
+                q.sleeping = false;
                 return Ok(());
             }
+            q.sleeping = true;
             q = self
                 .shared
                 .queue_cv
@@ -564,10 +673,21 @@ impl Worker {
     }
 
     fn complete(&self, handle: Handle, result: Result<Output, EngineError>) {
-        lock(&self.shared.handles)
-            .slots
-            .insert(handle, Slot::Done(result));
-        self.shared.handles_cv.notify_all();
+        self.complete_many(std::iter::once((handle, result)));
+    }
+
+    /// Completes several operations under one lock with one wake-up of the waiters.
+    fn complete_many(&self, done: impl IntoIterator<Item = (Handle, Result<Output, EngineError>)>) {
+        let mut h = lock(&self.shared.handles);
+        let mut any = false;
+        for (handle, result) in done {
+            h.slots.insert(handle, Slot::Done(result));
+            any = true;
+        }
+        drop(h);
+        if any {
+            self.shared.handles_cv.notify_all();
+        }
     }
 
     fn lane(&mut self, name: &str) -> u32 {
@@ -666,7 +786,7 @@ impl Worker {
             vector[1 + slots + slot] = u8::from(!self.invalid.contains(&(slot as u32)));
         }
         self.transport
-            .allreduce(&mut vector, DataType::U8, crate::types::Reduction::Min)
+            .allreduce(&mut vector, DType::U8, ReduceOp::Min)
             .map_err(fail)?;
         self.invalid.clear();
 
@@ -901,7 +1021,7 @@ impl Worker {
             return self.run_single(&metas[0], &[], &[]);
         }
         let first = &metas[0];
-        let (reduction, average) = first.op.reduction();
+        let (reduction, average) = elementwise(first.op);
         let post = first.postscale
             * if average {
                 1.0 / self.topology.size as f64
@@ -975,9 +1095,7 @@ impl Worker {
         }
         self.mark(&lanes, Phase::End, None);
         self.mark(&lanes, Phase::End, None); // the operation
-        for (p, out) in done {
-            self.complete(p.handle, Ok(out));
-        }
+        self.complete_many(done.into_iter().map(|(p, out)| (p.handle, Ok(out))));
         Ok(())
     }
 
@@ -1019,7 +1137,7 @@ impl Worker {
             shape: meta.shape.clone(),
             ..Output::default()
         };
-        let (reduction, average) = meta.op.reduction();
+        let (reduction, average) = elementwise(meta.op);
         let t = &mut self.transport;
         match meta.kind {
             OpKind::Allreduce | OpKind::Broadcast => {

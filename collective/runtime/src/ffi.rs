@@ -15,7 +15,7 @@ use crate::collective::connect_from_env;
 use crate::config::EngineConfig;
 use crate::engine::{Engine, Input, Output, OutputBuffer, Request};
 use crate::message::{OpKind, RequestMeta};
-use crate::types::{DataType, ReduceOp};
+use hvd_collective::{DType, ReduceOp};
 
 static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
 static RESULTS: Mutex<Option<HashMap<i64, Output>>> = Mutex::new(None);
@@ -157,6 +157,56 @@ pub extern "C" fn hvd_version() -> *const c_char {
     VERSION.as_ptr()
 }
 
+/// The C ABI's `enum hvd_dtype` codes (hvd.h). Never renumber: compiled callers and the Python package use them.
+const DTYPE_CODES: [(i32, DType); 8] = [
+    (0, DType::U8),
+    (1, DType::I8),
+    (2, DType::I32),
+    (3, DType::I64),
+    (4, DType::F16),
+    (5, DType::F32),
+    (6, DType::F64),
+    (7, DType::BF16),
+];
+
+/// The C ABI's `enum hvd_reduce_op` codes (hvd.h).
+const OP_CODES: [(i32, ReduceOp); 5] = [
+    (0, ReduceOp::Sum),
+    (1, ReduceOp::Average),
+    (2, ReduceOp::Min),
+    (3, ReduceOp::Max),
+    (4, ReduceOp::Product),
+];
+
+/// `HVD_FLOAT32` -> `DType::F32`, ...
+pub fn dtype_from_code(code: i32) -> Option<DType> {
+    DTYPE_CODES
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, d)| *d)
+}
+
+/// `DType::F32` -> `HVD_FLOAT32`, ...
+pub fn dtype_code(dtype: DType) -> i32 {
+    DTYPE_CODES
+        .iter()
+        .find(|(_, d)| *d == dtype)
+        .map_or(-1, |(c, _)| *c)
+}
+
+/// `HVD_SUM` -> `ReduceOp::Sum`, ...
+pub fn op_from_code(code: i32) -> Option<ReduceOp> {
+    OP_CODES.iter().find(|(c, _)| *c == code).map(|(_, o)| *o)
+}
+
+/// `ReduceOp::Sum` -> `HVD_SUM`, ...
+pub fn op_code(op: ReduceOp) -> i32 {
+    OP_CODES
+        .iter()
+        .find(|(_, o)| *o == op)
+        .map_or(-1, |(c, _)| *c)
+}
+
 /// One operation, as laid out in `hvd_request_t`.
 #[repr(C)]
 pub struct HvdRequest {
@@ -196,8 +246,8 @@ unsafe fn convert(r: &HvdRequest) -> Result<Request, String> {
     let kind =
         kind_from_code(r.kind).ok_or_else(|| format!("unknown operation code {}", r.kind))?;
     let dtype =
-        DataType::from_code(r.dtype).ok_or_else(|| format!("unknown dtype code {}", r.dtype))?;
-    let op = ReduceOp::from_code(r.op).ok_or_else(|| format!("unknown reduce op code {}", r.op))?;
+        dtype_from_code(r.dtype).ok_or_else(|| format!("unknown dtype code {}", r.dtype))?;
+    let op = op_from_code(r.op).ok_or_else(|| format!("unknown reduce op code {}", r.op))?;
     let name = if r.name.is_null() {
         String::new()
     } else {
@@ -281,7 +331,8 @@ pub unsafe extern "C" fn hvd_enqueue(request: *const HvdRequest) -> i64 {
     })
 }
 
-/// Submits `n` operations with one call (one entry of `handles` each, -1 for those that failed).
+/// Submits `n` operations with one call (one entry of `handles` each, -1 for those that failed). They reach the
+/// engine together (one lock round, one wake-up), so they run in the same cycle and fuse.
 /// Returns the number submitted successfully; `hvd_last_error` holds the last failure.
 ///
 /// # Safety
@@ -297,23 +348,112 @@ pub unsafe extern "C" fn hvd_enqueue_many(
             return Err("invalid request array".into());
         }
         let e = engine()?;
-        let mut ok = 0;
-        for i in 0..n as usize {
-            // SAFETY: `i < n` elements of both arrays are valid per the contract.
-            let (r, h) = unsafe { (&*requests.add(i), &mut *handles.add(i)) };
+        let n = n as usize;
+        // SAFETY: `n` elements of both arrays are valid per the contract.
+        let (requests, handles) = unsafe {
+            (
+                std::slice::from_raw_parts(requests, n),
+                std::slice::from_raw_parts_mut(handles, n),
+            )
+        };
+        let mut converted = Vec::with_capacity(n);
+        let mut slots = Vec::with_capacity(n);
+        for (i, r) in requests.iter().enumerate() {
             // SAFETY: as above.
-            *h = match unsafe { convert(r) }.and_then(|r| e.enqueue(r).map_err(|e| e.to_string())) {
-                Ok(handle) => {
-                    ok += 1;
-                    handle as i64
+            match unsafe { convert(r) } {
+                Ok(r) => {
+                    converted.push(r);
+                    slots.push(i);
                 }
                 Err(msg) => {
                     set_error(msg);
+                    handles[i] = -1;
+                }
+            }
+        }
+        let mut ok = 0;
+        for (i, result) in slots.into_iter().zip(e.enqueue_many(converted)) {
+            handles[i] = match result {
+                Ok(h) => {
+                    ok += 1;
+                    h as i64
+                }
+                Err(err) => {
+                    set_error(err.to_string());
                     -1
                 }
             };
         }
         Ok(ok)
+    })
+}
+
+/// # Safety
+/// `handles` points to `n` readable values.
+unsafe fn handle_slice<'a>(handles: *const i64, n: i32) -> Result<&'a [i64], String> {
+    if n < 0 || (n > 0 && handles.is_null()) {
+        return Err("invalid handle array".into());
+    }
+    if n == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: `n` readable values per the contract.
+    Ok(unsafe { std::slice::from_raw_parts(handles, n as usize) })
+}
+
+/// Blocks until all `n` operations complete and releases them: for operations whose results are in the caller's
+/// memory (allreduce, broadcast, barrier), e.g. the handles of one `hvd_enqueue_many`. Handles <= 0 are skipped.
+/// One wait for the whole group. 0 when all succeeded, -1 otherwise (`hvd_last_error` holds the first failure;
+/// every handle is still waited for and released).
+///
+/// # Safety
+/// `handles` points to `n` readable values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_wait_many(handles: *const i64, n: i32) -> i32 {
+    guard(-1, || {
+        // SAFETY: per the function contract.
+        let handles = unsafe { handle_slice(handles, n) }?;
+        let mut ids = Vec::with_capacity(handles.len());
+        if let Some(r) = lock(&RESULTS).as_mut() {
+            // Handles already waited for one by one.
+            ids.extend(
+                handles
+                    .iter()
+                    .filter(|h| **h > 0 && r.remove(h).is_none())
+                    .map(|h| *h as u64),
+            );
+        } else {
+            ids.extend(handles.iter().filter(|h| **h > 0).map(|h| *h as u64));
+        }
+        let results = engine()?.wait_all(&ids);
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(e.to_string()),
+            None => Ok(0),
+        }
+    })
+}
+
+/// 1 when all `n` operations have completed, 0 when any is pending, -1 for an unknown handle.
+///
+/// # Safety
+/// `handles` points to `n` readable values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_poll_many(handles: *const i64, n: i32) -> i32 {
+    guard(-1, || {
+        // SAFETY: per the function contract.
+        let handles = unsafe { handle_slice(handles, n) }?;
+        let ids: Vec<u64> = {
+            let results = lock(&RESULTS);
+            handles
+                .iter()
+                .filter(|h| **h > 0 && !results.as_ref().is_some_and(|r| r.contains_key(h)))
+                .map(|h| *h as u64)
+                .collect()
+        };
+        engine()?
+            .poll_all(&ids)
+            .map(i32::from)
+            .map_err(|e| e.to_string())
     })
 }
 

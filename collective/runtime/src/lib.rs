@@ -6,13 +6,13 @@
 //! the C ABI in [`ffi`] (header: `include/hvd.h`).
 //!
 //! ```
-//! use hvd_runtime::{Engine, EngineConfig, LocalTransport, Request, DataType, ReduceOp};
+//! use hvd_runtime::{DType, Engine, EngineConfig, LocalTransport, ReduceOp, Request};
 //! use std::time::Duration;
 //!
 //! let transport = LocalTransport::group(1, Duration::from_secs(5)).pop().unwrap();
 //! let engine = Engine::start(Box::new(transport), EngineConfig::default()).unwrap();
 //! let data: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-//! let h = engine.enqueue(Request::allreduce("x", DataType::F32, vec![2], ReduceOp::Sum, data.clone())).unwrap();
+//! let h = engine.enqueue(Request::allreduce("x", DType::F32, vec![2], ReduceOp::Sum, data.clone())).unwrap();
 //! assert_eq!(engine.wait(h).unwrap().data, data);
 //! ```
 
@@ -22,13 +22,13 @@ pub mod config;
 pub mod coordinator;
 pub mod engine;
 pub mod ffi;
+pub mod kernels;
 pub mod message;
 pub mod timeline;
 pub mod transport;
-pub mod types;
 
 pub use config::EngineConfig;
 pub use engine::{Engine, EngineError, Handle, Input, Output, OutputBuffer, Request, meta};
+pub use hvd_collective::{DType, ReduceOp};
 pub use message::{OpKind, RequestMeta};
 pub use transport::{LocalTransport, Topology, Transport, TransportError};
-pub use types::{DataType, ReduceOp};

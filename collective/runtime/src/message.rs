@@ -5,7 +5,8 @@
 //! private little-endian format between processes of one job built from the same library: no versioning is needed,
 //! but decoding never panics on bad bytes.
 
-use crate::types::{DataType, ReduceOp};
+use crate::ffi::{dtype_code, dtype_from_code, op_code, op_from_code};
+use hvd_collective::{DType, ReduceOp};
 
 /// What kind of collective a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,7 +76,7 @@ impl OpKind {
 pub struct RequestMeta {
     pub kind: OpKind,
     pub name: String,
-    pub dtype: DataType,
+    pub dtype: DType,
     pub shape: Vec<i64>,
     pub op: ReduceOp,
     pub root: i32,
@@ -182,9 +183,9 @@ impl Encoder {
     fn meta(&mut self, m: &RequestMeta) {
         self.u8(m.kind as u8);
         self.str(&m.name);
-        self.u8(m.dtype as u8);
+        self.u8(dtype_code(m.dtype) as u8);
         self.i64s(&m.shape);
-        self.u8(m.op as u8);
+        self.u8(op_code(m.op) as u8);
         self.u32(m.root as u32);
         self.f64(m.prescale);
         self.f64(m.postscale);
@@ -247,9 +248,9 @@ impl<'a> Decoder<'a> {
         Ok(RequestMeta {
             kind: OpKind::from_u8(self.u8()?).ok_or(DecodeError("op kind"))?,
             name: self.str()?,
-            dtype: DataType::from_code(self.u8()? as i32).ok_or(DecodeError("dtype"))?,
+            dtype: dtype_from_code(i32::from(self.u8()?)).ok_or(DecodeError("dtype"))?,
             shape: self.i64s()?,
-            op: ReduceOp::from_code(self.u8()? as i32).ok_or(DecodeError("reduce op"))?,
+            op: op_from_code(i32::from(self.u8()?)).ok_or(DecodeError("reduce op"))?,
             root: self.u32()? as i32,
             prescale: self.f64()?,
             postscale: self.f64()?,
@@ -377,7 +378,7 @@ mod tests {
         RequestMeta {
             kind: OpKind::Alltoall,
             name: name.into(),
-            dtype: DataType::Bf16,
+            dtype: DType::BF16,
             shape: vec![4, 3],
             op: ReduceOp::Max,
             root: 2,

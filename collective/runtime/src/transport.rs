@@ -8,7 +8,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::types::{DataType, Reduction, reduce_into};
+use hvd_collective::reduce::reduce_into;
+use hvd_collective::{DType, ReduceOp};
 
 /// Where this process sits in the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,13 +60,9 @@ pub trait Transport: Send {
     /// A short upper-case name for the timeline (`SHM`, `TCP`, `LOCAL`...).
     fn name(&self) -> &str;
     fn topology(&self) -> Topology;
-    /// In-place element-wise reduction of `buf` (elements of `dtype`) across all ranks.
-    fn allreduce(
-        &mut self,
-        buf: &mut [u8],
-        dtype: DataType,
-        reduction: Reduction,
-    ) -> TransportResult<()>;
+    /// In-place element-wise reduction of `buf` (elements of `dtype`) across all ranks. The engine never passes
+    /// `ReduceOp::Average` (it sums and scales itself).
+    fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> TransportResult<()>;
     /// Concatenation of every rank's `send` in rank order into `recv`; `recv_counts[r]` is rank r's byte count.
     fn allgatherv(
         &mut self,
@@ -92,10 +89,10 @@ pub trait Transport: Send {
         buf: &mut [u8],
         block_elems: &[usize],
         out: &mut [u8],
-        dtype: DataType,
-        reduction: Reduction,
+        dtype: DType,
+        op: ReduceOp,
     ) -> TransportResult<()> {
-        self.allreduce(buf, dtype, reduction)?;
+        self.allreduce(buf, dtype, op)?;
         let rank = self.topology().rank;
         let start: usize = block_elems[..rank].iter().sum::<usize>() * dtype.size();
         out.copy_from_slice(&buf[start..start + out.len()]);
@@ -247,12 +244,7 @@ impl Transport for LocalTransport {
         self.topology
     }
 
-    fn allreduce(
-        &mut self,
-        buf: &mut [u8],
-        dtype: DataType,
-        reduction: Reduction,
-    ) -> TransportResult<()> {
+    fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> TransportResult<()> {
         let all = self.exchange(buf.to_vec())?;
         // Same order on every rank, so floating-point results are identical everywhere.
         buf.copy_from_slice(&all[0]);
@@ -262,7 +254,7 @@ impl Transport for LocalTransport {
                     "allreduce size mismatch between ranks".into(),
                 ));
             }
-            reduce_into(buf, other, dtype, reduction);
+            reduce_into(buf, other, dtype, op);
         }
         Ok(())
     }

@@ -38,6 +38,32 @@ int main(void) {
   hvd_release(h);
   CHECK(y[0] == 2.0f && y[1] == 4.0f && y[2] == 6.0f);
 
+  /* A group: one submission call, one wait. */
+  float a[2] = {1.0f, 2.0f}, b[1] = {5.0f};
+  int64_t sa[1] = {2}, sb[1] = {1};
+  hvd_request_t group[2];
+  memset(group, 0, sizeof group);
+  group[0] = r;
+  group[0].name = "ga";
+  group[0].shape = sa;
+  group[0].input = a;
+  group[0].output = a;
+  group[0].prescale = 1.0;
+  group[1] = group[0];
+  group[1].name = "gb";
+  group[1].shape = sb;
+  group[1].input = b;
+  group[1].output = b;
+  int64_t hs[2];
+  CHECK(hvd_enqueue_many(group, 2, hs) == 2 && hs[0] > 0 && hs[1] > 0);
+  CHECK(hvd_wait_many(hs, 2) == 0);
+  CHECK(a[0] == 1.0f && a[1] == 2.0f && b[0] == 5.0f);
+  CHECK(hvd_poll_many(hs, 2) == -1); /* released */
+  group[1].dtype = 42;
+  CHECK(hvd_enqueue_many(group, 2, hs) == 1 && hs[0] > 0 && hs[1] == -1);
+  CHECK(strstr(hvd_last_error(), "dtype") != NULL);
+  CHECK(hvd_wait_many(hs, 2) == 0);
+
   /* A library-owned result. */
   int64_t rows[2] = {2, 1};
   int32_t data[2] = {7, 8};

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use hvd_runtime::{
-    DataType, Engine, EngineConfig, EngineError, LocalTransport, OpKind, Output, ReduceOp, Request,
+    DType, Engine, EngineConfig, EngineError, LocalTransport, OpKind, Output, ReduceOp, Request,
     meta,
 };
 
@@ -46,7 +46,7 @@ fn ranks<T: Send>(
 fn allreduce(e: &Engine, name: &str, v: &[f32], op: ReduceOp) -> Result<Vec<f32>, EngineError> {
     let h = e.enqueue(Request::allreduce(
         name,
-        DataType::F32,
+        DType::F32,
         vec![v.len() as i64],
         op,
         f32s(v),
@@ -81,7 +81,7 @@ fn different_submission_orders_give_the_same_results() {
                             *i,
                             e.enqueue(Request::allreduce(
                                 &name,
-                                DataType::F32,
+                                DType::F32,
                                 vec![v.len() as i64],
                                 ReduceOp::Sum,
                                 f32s(&v),
@@ -128,7 +128,7 @@ fn every_reduce_op_and_scaling() {
         let mut m = meta(
             OpKind::Allreduce,
             "scaled",
-            DataType::F32,
+            DType::F32,
             vec![2],
             ReduceOp::Average,
         );
@@ -166,19 +166,13 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             .enqueue(Request::owned(
                 OpKind::Allgather,
                 "ag",
-                DataType::F32,
+                DType::F32,
                 vec![rows as i64, 2],
                 f32s(&v),
             ))
             .unwrap();
         let ag = e.wait(h).unwrap();
-        let mut m = meta(
-            OpKind::Broadcast,
-            "bc",
-            DataType::F32,
-            vec![2],
-            ReduceOp::Sum,
-        );
+        let mut m = meta(OpKind::Broadcast, "bc", DType::F32, vec![2], ReduceOp::Sum);
         m.root = 2;
         let h = e
             .enqueue(Request {
@@ -188,13 +182,7 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             })
             .unwrap();
         let bc = e.wait(h).unwrap();
-        let mut m = meta(
-            OpKind::Alltoall,
-            "a2a",
-            DataType::F32,
-            vec![3],
-            ReduceOp::Sum,
-        );
+        let mut m = meta(OpKind::Alltoall, "a2a", DType::F32, vec![3], ReduceOp::Sum);
         m.splits = vec![0, 1, 2];
         let h = e
             .enqueue(Request {
@@ -208,7 +196,7 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             .enqueue(Request::owned(
                 OpKind::Reducescatter,
                 "rs",
-                DataType::F32,
+                DType::F32,
                 vec![4],
                 f32s(&[1.0, 2.0, 3.0, 4.0]),
             ))
@@ -218,7 +206,7 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
             .enqueue(Request::owned(
                 OpKind::Barrier,
                 "b",
-                DataType::U8,
+                DType::U8,
                 vec![],
                 vec![],
             ))
@@ -254,9 +242,9 @@ fn mismatched_shapes_and_dtypes_fail_on_every_rank() {
             .unwrap_err()
             .to_string();
         let (dtype, bytes) = if rank == 1 {
-            (DataType::I32, vec![0u8; 8])
+            (DType::I32, vec![0u8; 8])
         } else {
-            (DataType::F32, vec![0u8; 8])
+            (DType::F32, vec![0u8; 8])
         };
         let h = e
             .enqueue(Request::allreduce(
@@ -312,13 +300,7 @@ fn join_with_uneven_data() {
             sums.push(allreduce(e, "grad", &[1.0, step as f32], ReduceOp::Sum).unwrap());
         }
         let h = e
-            .enqueue(Request::owned(
-                OpKind::Join,
-                "",
-                DataType::U8,
-                vec![],
-                vec![],
-            ))
+            .enqueue(Request::owned(OpKind::Join, "", DType::U8, vec![], vec![]))
             .unwrap();
         let last = e.wait(h).unwrap().value;
         // After the join everything works normally again.
@@ -349,7 +331,7 @@ fn a_dead_rank_fails_the_others() {
     let e = Engine::start(Box::new(t0), EngineConfig::default()).unwrap();
     let h = e.enqueue(Request::allreduce(
         "x",
-        DataType::F32,
+        DType::F32,
         vec![1],
         ReduceOp::Sum,
         f32s(&[1.0]),
@@ -362,7 +344,7 @@ fn a_dead_rank_fails_the_others() {
     assert!(matches!(
         e.enqueue(Request::allreduce(
             "y",
-            DataType::F32,
+            DType::F32,
             vec![1],
             ReduceOp::Sum,
             f32s(&[1.0])
@@ -378,7 +360,7 @@ fn invalid_requests_are_rejected_at_once() {
         let err = e
             .enqueue(Request::allreduce(
                 "x",
-                DataType::F32,
+                DType::F32,
                 vec![3],
                 ReduceOp::Sum,
                 vec![0; 8],
@@ -389,7 +371,7 @@ fn invalid_requests_are_rejected_at_once() {
             .enqueue(Request::owned(
                 OpKind::Alltoall,
                 "a",
-                DataType::F32,
+                DType::F32,
                 vec![],
                 vec![0; 4],
             ))

@@ -142,6 +142,15 @@ fn different_submission_orders_with_fusion_on_and_off() {
 }
 
 #[test]
+fn grouped_allreduce_takes_one_call_and_one_wait_for_many_tensors() {
+    assert_all_ok(&run(3, "grouped.py", &[]), "grouped, fusion on");
+    assert_all_ok(
+        &run(2, "grouped.py", &[("HVD_FUSION_THRESHOLD", "0")]),
+        "grouped, fusion off",
+    );
+}
+
+#[test]
 fn timeline_is_valid_chrome_trace_json_with_every_phase() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("timeline.json");

@@ -1,0 +1,88 @@
+"""The grouped API: many tensors in one call into the library and one handle (one wait) for the group; in place
+and out of place; mixed dtypes, shapes, empty, read-only, non-contiguous and DLPack-only tensors; poll; errors."""
+import sys
+
+import numpy as np
+
+import hvd
+
+
+class OnlyDLPack:
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def check(got, want, what):
+    if got.dtype != want.dtype or got.shape != want.shape or not np.array_equal(got, want):
+        print("{}: got {!r} want {!r}".format(what, got, want), file=sys.stderr)
+        sys.exit(1)
+
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+total = sum(range(n))
+for step in range(5):
+    # In place: a training loop's gradients, the same arrays every step (the fast path).
+    grads = [np.full(1024, r + i + step, np.float32) for i in range(50)]
+    h = hvd.grouped_allreduce_async_(grads, op=hvd.Sum, name="grads")
+    out = hvd.synchronize(h)
+    assert hvd.poll(h) and len(out) == len(grads) and all(a is b for a, b in zip(out, grads))
+    for i, g in enumerate(grads):
+        check(g, np.full(1024, total + n * (i + step), np.float32), "in place {}".format(i))
+
+# Out of place, every kind of input in one group; the inputs stay untouched.
+base = np.arange(24, dtype=np.float64).reshape(4, 6)
+readonly = np.arange(5, dtype=np.int32) + r
+readonly.flags.writeable = False
+mixed = [
+    np.arange(6, dtype=np.int64).reshape(2, 3) + r,
+    np.float16(r),  # a numpy scalar
+    np.zeros((0, 3), np.float32),
+    readonly,
+    base[:, ::2] * (r + 1),  # non-contiguous: copied first
+    OnlyDLPack(np.full(3, r + 1, np.uint8)),
+    np.full((2, 2), r, np.float32),
+]
+h = hvd.grouped_allreduce_async(mixed, op=hvd.Sum, name="mixed", postscale_factor=2.0)
+while not hvd.poll(h):
+    pass
+got = hvd.synchronize(h)
+assert hvd.synchronize(h) is got, "a second synchronize returns the same results"
+check(got[0], (np.arange(6, dtype=np.int64).reshape(2, 3) * n + total) * 2, "int64")
+check(got[1], np.asarray(np.float16(total * 2)), "scalar")
+check(got[2], np.zeros((0, 3), np.float32), "empty")
+check(got[3], (np.arange(5, dtype=np.int32) * n + total) * 2, "read-only")
+check(got[4], base[:, ::2] * sum(k + 1 for k in range(n)) * 2, "strided")
+check(got[5], np.full(3, sum(k + 1 for k in range(n)) * 2, np.uint8), "dlpack")
+check(got[6], np.full((2, 2), total * 2, np.float32), "float32")
+check(readonly, np.arange(5, dtype=np.int32) + r, "input untouched")
+
+# Without a name: every rank still agrees (the library names them in submission order).
+outs = hvd.grouped_allreduce([np.ones(2, np.float32), np.ones(3, np.float64)], op=hvd.Average)
+check(outs[0], np.ones(2, np.float32), "noname 0")
+check(outs[1], np.ones(3, np.float64), "noname 1")
+
+# In place needs writable, contiguous tensors: a clear error before anything is submitted.
+for bad in (readonly, base[:, ::2]):
+    try:
+        hvd.grouped_allreduce_([np.ones(2, np.float32), bad], name="bad")
+        sys.exit("in-place grouped allreduce accepted {!r}".format(bad))
+    except ValueError as e:
+        assert "in-place" in str(e), e
+
+# A mismatch inside a group fails the group's handle on every rank, and the engine carries on.
+try:
+    hvd.grouped_allreduce([np.ones(2, np.float32), np.ones(2 + (r == 0), np.float32)], name="mismatch")
+    sys.exit("a shape mismatch inside a group passed")
+except hvd.HvdError as e:
+    assert "mismatch.1" in str(e), e
+check(hvd.grouped_allreduce([np.ones(1, np.float32)], op=hvd.Sum, name="after")[0],
+      np.full(1, n, np.float32), "after the error")
+hvd.shutdown()
+print("ok grouped rank {}".format(r))
