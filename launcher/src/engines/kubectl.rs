@@ -43,8 +43,8 @@ pub struct KubeJob {
     pub namespace: Option<String>,
     /// The JobSet manifest.
     pub manifest: Value,
-    /// Replicated job name -> (step name, pods).
-    pub steps: BTreeMap<String, (String, u32)>,
+    /// Replicated job name -> (step name, `workers`: `None` for a step that runs once, in one pod).
+    pub steps: BTreeMap<String, (String, Option<u32>)>,
 }
 
 impl KubeJob {
@@ -68,7 +68,7 @@ impl KubeJob {
         for step in &project.steps {
             steps.insert(
                 k8s::dns_label(&step.name),
-                (step.name.clone(), step.workers.unwrap_or(1)),
+                (step.name.clone(), step.workers),
             );
         }
         Ok(KubeJob {
@@ -312,6 +312,7 @@ pub fn run(
         failure: None,
     };
     let mut followers: BTreeMap<String, Follower> = BTreeMap::new();
+    let mut seen: BTreeMap<String, Pod> = BTreeMap::new();
     let mut started_steps: BTreeSet<String> = BTreeSet::new();
     let mut finished_steps: BTreeSet<String> = BTreeSet::new();
     let mut step_started_at: BTreeMap<String, Instant> = BTreeMap::new();
@@ -340,8 +341,13 @@ pub fn run(
                 });
                 break None;
             }
-            let pods = match get_json(&job.get_pods_argv()) {
-                Ok(pods) => parse_pods(&pods),
+            // Every pod seen so far, in its latest state: a failed pod the JobSet controller deletes still counts.
+            match get_json(&job.get_pods_argv()) {
+                Ok(pods) => {
+                    for pod in parse_pods(&pods) {
+                        seen.insert(pod.name.clone(), pod);
+                    }
+                }
                 Err(e) => {
                     errors += 1;
                     if errors > GET_RETRIES {
@@ -351,20 +357,20 @@ pub fn run(
                     std::thread::sleep(POLL);
                     continue;
                 }
-            };
-            for pod in &pods {
+            }
+            for pod in seen.values() {
                 let (step, workers) = job
                     .steps
                     .get(&pod.job)
                     .cloned()
-                    .unwrap_or_else(|| (pod.job.clone(), 1));
+                    .unwrap_or_else(|| (pod.job.clone(), None));
                 if pod.started && !followers.contains_key(&pod.name) {
                     if started_steps.insert(step.clone()) {
                         report.ran.push(step.clone());
                         step_started_at.insert(step.clone(), Instant::now());
                         events.event(Event::StepStarted {
                             step: step.clone(),
-                            workers: (workers > 1 || pod.index > 0).then_some(workers),
+                            workers,
                             rendezvous: None,
                         });
                     }
@@ -378,11 +384,11 @@ pub fn run(
             }
             // Steps whose pods all succeeded.
             for (label, (step, workers)) in &job.steps {
-                let done = pods
-                    .iter()
+                let done = seen
+                    .values()
                     .filter(|p| &p.job == label && p.terminated.as_ref().is_some_and(|t| t.0 == 0))
                     .count();
-                if done as u32 >= *workers && finished_steps.insert(step.clone()) {
+                if done as u32 >= workers.unwrap_or(1) && finished_steps.insert(step.clone()) {
                     events.event(Event::StepFinished {
                         step: step.clone(),
                         elapsed: step_started_at
@@ -398,7 +404,7 @@ pub fn run(
                 Ok(jobset) => {
                     errors = 0;
                     if let Some(outcome) = jobset_outcome(&jobset) {
-                        break Some((outcome, pods));
+                        break Some((outcome, seen.values().cloned().collect::<Vec<_>>()));
                     }
                 }
                 Err(e) => {
