@@ -3,39 +3,60 @@
 # bandwidth as the physical limit. Prints per-size medians, bus bandwidths and ratios (hvd / OpenMPI).
 #
 # Usage: bench/allreduce.sh [MAX_BYTES]        (default 256 MiB)
-# Env:   HVD_BIN  the hvd binary (default: target/release/hvd, else target/debug/hvd)
+# Env:   HVD_BIN  the hvd binary (default: builds and uses target/release/hvd; a debug build is refused unless
+#                 ALLOW_DEBUG=1: its numbers mean nothing)
 #        BACKEND  hvd backend (default shm); EXTRA_4 = 1 also runs hvd with 4 ranks (oversubscribed check)
+#        REPS     interleaved repetitions of every run (default 3); the table shows the median over them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX=${1:-268435456}
 BACKEND=${BACKEND:-shm}
+REPS=${REPS:-3}
 HVD_BIN=${HVD_BIN:-}
 if [ -z "$HVD_BIN" ]; then
-  if [ -x target/release/hvd ]; then HVD_BIN=target/release/hvd; else HVD_BIN=target/debug/hvd; fi
+  echo "# cargo build --release -p hvd (a no-op when up to date)" >&2
+  cargo build --release -p hvd >&2
+  HVD_BIN=target/release/hvd
 fi
-[ -x "$HVD_BIN" ] || { echo "no hvd binary: run 'cargo build -p hvd' first (or set HVD_BIN)" >&2; exit 2; }
+[ -x "$HVD_BIN" ] || { echo "no hvd binary at $HVD_BIN" >&2; exit 2; }
+case "$(readlink -f "$HVD_BIN")" in
+  */debug/*)
+    if [ "${ALLOW_DEBUG:-0}" != 1 ]; then
+      echo "$HVD_BIN is a debug build: benchmark a release build (cargo build --release -p hvd) or set ALLOW_DEBUG=1" >&2
+      exit 2
+    fi ;;
+esac
 command -v mpicc >/dev/null || { echo "mpicc not found: install OpenMPI (libopenmpi-dev)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpicc -O2 -o "$work/allreduce_mpi" bench/allreduce_mpi.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); hvd: $HVD_BIN; backend: $BACKEND" >&2
-"$work/allreduce_mpi" --memcpy > "$work/memcpy.json"
-mpirun -np 2 --bind-to core --oversubscribe --mca btl self,vader "$work/allreduce_mpi" "$MAX" > "$work/mpi.json"
-"$HVD_BIN" bench allreduce --workers 2 --backend "$BACKEND" --max-bytes "$MAX" --json > "$work/hvd.json"
-if [ "${EXTRA_4:-0}" = 1 ]; then
-  "$HVD_BIN" bench allreduce --workers 4 --backend "$BACKEND" --max-bytes "$MAX" --json > "$work/hvd4.json"
-else
-  : > "$work/hvd4.json"
-fi
-python3 - "$work" <<'PY'
-import json, sys, os
-w = sys.argv[1]
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "# machine: $(nproc) cores, load $load_before; hvd: $HVD_BIN; backend: $BACKEND; $REPS interleaved repetitions" >&2
+: > "$work/memcpy.json"; : > "$work/mpi.json"; : > "$work/hvd.json"; : > "$work/hvd4.json"
+for rep in $(seq "$REPS"); do
+  "$work/allreduce_mpi" --memcpy >> "$work/memcpy.json"
+  mpirun -np 2 --bind-to core --oversubscribe --mca btl self,vader "$work/allreduce_mpi" "$MAX" >> "$work/mpi.json"
+  "$HVD_BIN" bench allreduce --workers 2 --backend "$BACKEND" --max-bytes "$MAX" --json >> "$work/hvd.json"
+  if [ "${EXTRA_4:-0}" = 1 ]; then
+    "$HVD_BIN" bench allreduce --workers 4 --backend "$BACKEND" --max-bytes "$MAX" --json >> "$work/hvd4.json"
+  fi
+  echo "# repetition $rep done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+done
+python3 - "$work" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
+import json, sys, os, statistics
+w, before, after = sys.argv[1:4]
 load = lambda f: [json.loads(l) for l in open(os.path.join(w, f)) if l.strip()]
-mem = load("memcpy.json")[0]["memcpy_gbps"]
-mpi = {r["bytes"]: r for r in load("mpi.json")}
-hvd = {r["bytes"]: r for r in load("hvd.json")}
-hvd4 = {r["bytes"]: r for r in load("hvd4.json")}
+def by_size(rows):
+    out = {}
+    for r in rows:
+        out.setdefault(r["bytes"], []).append(r)
+    return {b: {"median_us": statistics.median(x["median_us"] for x in rs),
+                "busbw_gbps": statistics.median(x["busbw_gbps"] for x in rs), "n": len(rs)}
+            for b, rs in out.items()}
+mem = statistics.median(r["memcpy_gbps"] for r in load("memcpy.json"))
+mpi, hvd, hvd4 = by_size(load("mpi.json")), by_size(load("hvd.json")), by_size(load("hvd4.json"))
+print(f"load before {before}, after {after}; medians over {min(r['n'] for r in hvd.values())} repetitions")
 print(f"memcpy (1 thread, 256 MiB): {mem:.2f} GB/s")
 hdr = f"{'size':>10} {'hvd_us':>10} {'mpi_us':>10} {'lat_ratio':>9} {'hvd_busbw':>10} {'mpi_busbw':>10} {'bw_ratio':>8}"
 if hvd4: hdr += f" {'hvd4_us':>10} {'4v2_per_byte':>12}"

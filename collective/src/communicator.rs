@@ -372,6 +372,7 @@ pub(crate) mod check {
         v
     }
 
+    #[cfg(any(feature = "mpi", feature = "nccl"))]
     /// This rank's own block of an in-place allgatherv buffer, copied out (empty when it does not fit; the
     /// allgatherv check then reports the bad counts).
     pub(crate) fn own_block(buf: &[u8], counts: &[usize], me: usize, esize: usize) -> Vec<u8> {

@@ -22,6 +22,12 @@ impl EnvVars {
     pub const ALLGATHER_SMALL_BYTES: &'static str = "HVD_ALLGATHER_SMALL_BYTES";
     /// Capacity of each shared-memory ring between two ranks (default 1048576).
     pub const SHM_RING_BYTES: &'static str = "HVD_SHM_RING_BYTES";
+    /// Fruitless polling rounds a waiting shm rank spins before it yields (default 4096, 4 when ranks outnumber
+    /// cores).
+    pub const SHM_SPIN: &'static str = "HVD_SHM_SPIN";
+    /// Rounds a waiting shm rank yields its core before it sleeps on a futex (default 512, 8 when ranks
+    /// outnumber cores).
+    pub const SHM_YIELDS: &'static str = "HVD_SHM_YIELDS";
     /// Network interface whose address the tcp backend listens on (e.g. `eth0`).
     pub const TCP_INTERFACE: &'static str = "HVD_TCP_INTERFACE";
     /// Address the tcp backend listens on and advertises (overrides the interface).

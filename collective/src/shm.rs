@@ -6,9 +6,15 @@
 //! Messages start 8-byte aligned in the ring (lengths are padded), so an element never straddles the wrap and the
 //! receiver can reduce straight out of the ring while the sender keeps writing: no kernel call on the hot path.
 //!
-//! Waiting spins, then yields, then sleeps on a futex in the rank's control line (with a short timeout, so
-//! liveness checks still run); a sender wakes a sleeping receiver after publishing data. That keeps more ranks than
-//! cores (4 ranks on 2 cores) progressing instead of burning each other's time slices.
+//! The sender keeps its own `head` and the last `tail` it saw, so a small message touches only the data line(s)
+//! and the `head` line; the receiver's `tail` line is read again only when the ring looks full.
+//!
+//! Waiting spins (one pause per round), then yields, then sleeps on a futex in the rank's control line (with a
+//! short timeout, so liveness checks still run). A rank announces its sleep in that word; a publisher calls
+//! `FUTEX_WAKE` only when it sees the announcement, so the hot path makes no system call. With more ranks than
+//! cores (4 ranks on 2 cores) a waiter spins only a few rounds and yields a few times before it sleeps, and
+//! positions are published with a full fence so no wake-up is missed; with a core per rank the publish is a plain
+//! release store and a wake-up missed in a race costs at most one futex timeout.
 //!
 //! Liveness: a rank marks itself gone on drop (clean) or aborted; a rank whose process no longer exists
 //! (`kill(pid, 0)` fails with ESRCH) is dead. The first rank that gives up writes the culprit into the abort word,
@@ -36,10 +42,10 @@ const STATE_ABORTED: u32 = 3;
 
 /// Fruitless polling rounds spent spinning before yielding, with a core per rank and with more ranks than cores.
 const SPIN: u32 = 4096;
-const SPIN_OVERSUBSCRIBED: u32 = 32;
+const SPIN_OVERSUBSCRIBED: u32 = 4;
 /// Rounds spent yielding before sleeping on the futex.
 const YIELDS: u32 = 512;
-const YIELDS_OVERSUBSCRIBED: u32 = 64;
+const YIELDS_OVERSUBSCRIBED: u32 = 8;
 
 /// Default ring capacity per ordered pair of ranks.
 pub const DEFAULT_RING_BYTES: usize = 512 << 10;
@@ -366,12 +372,13 @@ pub struct ShmTransport {
     global: Vec<usize>,
     my_pid: u32,
     last_liveness: Instant,
-    /// More ranks share this segment than this process may run on at once: never spin.
-    oversubscribed: bool,
     /// Publish ring positions with a full fence, so a peer about to sleep never misses the wake-up. Needed when
     /// ranks outnumber cores (they sleep often); otherwise a plain release store lets this rank go on without
     /// waiting for the cache line, and a rare missed wake-up costs one futex timeout (the peer spins first).
     strict_wake: bool,
+    /// Fruitless polling rounds to spin, then to yield, before sleeping on the futex.
+    spin: u32,
+    yields: u32,
     /// `head` of each outgoing ring (by local peer index): only this rank writes it.
     head_mine: Vec<u64>,
     /// Last `tail` seen of each outgoing ring (by local peer index): the sender re-reads the peer's cache line
@@ -416,8 +423,17 @@ impl ShmTransport {
             global,
             my_pid,
             last_liveness: Instant::now(),
-            oversubscribed,
             strict_wake: oversubscribed,
+            spin: env_u32(EnvVars::SHM_SPIN).unwrap_or(if oversubscribed {
+                SPIN_OVERSUBSCRIBED
+            } else {
+                SPIN
+            }),
+            yields: env_u32(EnvVars::SHM_YIELDS).unwrap_or(if oversubscribed {
+                YIELDS_OVERSUBSCRIBED
+            } else {
+                YIELDS
+            }),
             head_mine,
             tail_seen,
         })
@@ -515,11 +531,7 @@ impl ShmTransport {
         // Spin (the peer is usually on another core and a few hundred nanoseconds away; one pause per round
         // so its data is seen as soon as it lands), then yield so a peer sharing our core can run, then sleep on
         // the futex. With more ranks than cores, spin only briefly and yield less before sleeping.
-        let (spin, yields) = if self.oversubscribed {
-            (SPIN_OVERSUBSCRIBED, YIELDS_OVERSUBSCRIBED)
-        } else {
-            (SPIN, YIELDS)
-        };
+        let (spin, yields) = (self.spin, self.yields);
         if idle < spin {
             std::hint::spin_loop();
             if !idle.is_multiple_of(256) {
@@ -586,6 +598,10 @@ fn is_zombie(pid: u32) -> bool {
     stat.rsplit_once(") ")
         .and_then(|(_, rest)| rest.chars().next())
         .is_some_and(|c| c == 'Z' || c == 'X')
+}
+
+fn env_u32(name: &str) -> Option<u32> {
+    env_usize(name).map(|v| v.min(u32::MAX as usize / 2) as u32)
 }
 
 fn padded(len: usize) -> usize {
