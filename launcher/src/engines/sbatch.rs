@@ -55,6 +55,13 @@ fn run_tool(command: &mut Command, what: &str) -> Result<std::process::Output, L
     })
 }
 
+/// The plan the batch jobs are written from: steps, order and variables as the local engine would run them.
+pub fn plan(project: &hvd_lang::model::Project, options: &RunOptions) -> Result<Plan, LaunchError> {
+    let mut options = options.clone();
+    options.engine = Some("local".into());
+    crate::plan(project, &options)
+}
+
 /// Checks that Slurm's client commands are on PATH; the error says what to install.
 pub fn check_tools() -> Result<(), LaunchError> {
     let path = std::env::var_os("PATH").unwrap_or_default();

@@ -225,6 +225,86 @@ pub fn batch_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    fn project(overcommit: &str) -> Project {
+        let step = |name: &str, workers: Option<u32>, needs: &[&str], timeout_ms: Option<u64>| {
+            hvd_lang::model::Step {
+                name: name.into(),
+                run: format!("echo {name}"),
+                needs: needs.iter().map(|n| (*n).to_owned()).collect(),
+                workers,
+                inputs: vec![],
+                outputs: vec![],
+                env: BTreeMap::new(),
+                timeout_ms,
+            }
+        };
+        Project {
+            name: "p".into(),
+            file: "/work/p/train.hvd".into(),
+            env: hvd_lang::model::Env {
+                python: "3.11".into(),
+                index: None,
+                toolchain: None,
+                packages: vec![],
+                variables: BTreeMap::new(),
+            },
+            resources: hvd_lang::model::Resources::default(),
+            steps: vec![
+                step("a", None, &[], Some(90_000)),
+                step("b", None, &[], None),
+                step("train", Some(3), &["a", "b"], None),
+            ],
+            cluster: Some(hvd_lang::model::Cluster {
+                engine: Some("slurm".into()),
+                settings: BTreeMap::from([("overcommit".to_string(), overcommit.to_string())]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn batch_scripts_carry_time_overcommit_env_and_a_multi_step_dependency() {
+        let project = project("true");
+        let options = RunOptions {
+            env_dir: Some("/envs/e1".into()),
+            ..RunOptions::default()
+        };
+        let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
+        let steps = batch_steps(&project, &plan, Path::new("/bin/hvd")).unwrap();
+        assert_eq!(steps.len(), 3);
+        // 90 s rounds up to 2 minutes.
+        assert!(
+            steps[0].script.contains("#SBATCH --time=2\n"),
+            "{}",
+            steps[0].script
+        );
+        assert!(!steps[1].script.contains("--time"), "{}", steps[1].script);
+        let train = &steps[2].script;
+        assert!(train.contains("#SBATCH --overcommit\n"), "{train}");
+        assert!(train.contains("#SBATCH --ntasks-per-node=3\n"), "{train}");
+        assert!(
+            train.contains("export PATH=/envs/e1/bin:\"$PATH\"\n"),
+            "{train}"
+        );
+        assert!(train.contains("export VIRTUAL_ENV=/envs/e1\n"), "{train}");
+        assert!(
+            train.contains("/bin/hvd worker-env -- env \"HVD_RENDEZVOUS=file:$rdv\" /bin/sh -c 'echo train' || status=$?"),
+            "{train}"
+        );
+        let submit = crate::engines::sbatch::submit_script(&plan, &steps);
+        assert!(
+            submit.contains("JOB_TRAIN=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${JOB_A}:${JOB_B} <<'EOF'"),
+            "{submit}"
+        );
+        let err =
+            batch_steps(&self::project("sometimes"), &plan, Path::new("/bin/hvd")).unwrap_err();
+        assert!(
+            err.to_string().contains("`overcommit = \"sometimes\"`"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn srun_line_has_kill_on_bad_exit_and_resources() {
