@@ -520,3 +520,58 @@ fn dry_run_prints_the_ssh_commands() {
         text(&out).1
     );
 }
+
+const INTERRUPTED: &str = r#"step train {
+  run = "trap 'echo got-int-$HVD_RANK; exit 5' INT; touch started.$HVD_RANK; sleep 30 & wait"
+  workers = 4
+}"#;
+
+#[test]
+fn ctrl_c_reaches_every_remote_rank_as_sigint() {
+    let hosts = Hosts::start("c");
+    let dir = project(INTERRUPTED);
+    let d = hosts.dir.path();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &hosts.namespaces[0], HVD, "run"])
+        .arg(dir.path().join("train.hvd"))
+        .args([
+            "--no-build",
+            "--grace",
+            "5",
+            "--engine",
+            "ssh",
+            "--hosts",
+            &format!("{}:2,{}:2", HOSTS[0], HOSTS[1]),
+            "--ssh-port",
+            SSH_PORT,
+        ])
+        .arg("--ssh-config")
+        .arg(d.join("ssh_config"))
+        .arg("--ssh-identity")
+        .arg(d.join("id"))
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `ip netns exec` execs hvd: the child is hvd itself.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(0..4).all(|r| dir.path().join(format!("started.{r}")).exists()) {
+        assert!(Instant::now() < deadline, "the ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill with integer arguments, to the hvd process this test started.
+    unsafe { libc_kill(child.id() as i32, 2) };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    // Each rank's shell got SIGINT (its trap ran), not SIGTERM or SIGKILL.
+    for rank in 0..4u32 {
+        let host = HOSTS[(rank / 2) as usize];
+        assert!(
+            stdout.contains(&format!("[train {host}:{rank}] got-int-{rank}")),
+            "rank {rank}:\n{stdout}\n{stderr}"
+        );
+    }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}

@@ -89,6 +89,9 @@ pub struct RunArgs {
     /// reaches this machine.
     #[arg(long, value_name = "IFACE")]
     pub network_interface: Option<String>,
+    /// With the `ssh` engine: copy the env's store paths to hosts that lack them (tar over ssh) instead of failing.
+    #[arg(long)]
+    pub ssh_copy_env: bool,
     /// With `--engine slurm` outside an allocation: submit the batch jobs, print their ids and return without
     /// following them.
     #[arg(long)]
@@ -214,6 +217,7 @@ pub fn run(args: RunArgs) -> CommandResult {
             identity: args.ssh_identity.clone(),
             config: args.ssh_config.clone(),
             network_interface: args.network_interface.clone(),
+            copy_env: args.ssh_copy_env,
         },
     };
     let engine = args

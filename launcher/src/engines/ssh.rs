@@ -37,6 +37,8 @@ pub struct SshOptions {
     pub identity: Option<PathBuf>,
     pub config: Option<PathBuf>,
     pub network_interface: Option<String>,
+    /// Copy the env's store paths to hosts that lack them (`--ssh-copy-env`, `settings.copy_env = "true"`).
+    pub copy_env: bool,
 }
 
 /// Everything the ssh engine needs for every distributed step of a plan.
@@ -54,6 +56,8 @@ pub struct SshSetup {
     pub host_addrs: Vec<IpAddr>,
     /// Seconds between the stop signal and SIGKILL on the hosts (the launcher's `--grace`).
     pub grace: Duration,
+    /// Copy the env's store paths to hosts that lack them (tar over ssh) before the check fails.
+    pub copy_env: bool,
 }
 
 /// Quotes `word` for a POSIX shell: unchanged when it is made only of characters no shell treats specially,
@@ -184,6 +188,8 @@ impl SshSetup {
             interface,
             host_addrs,
             grace: options.grace,
+            copy_env: ssh_options.copy_env
+                || setting("copy_env").is_some_and(|v| matches!(v.trim(), "true" | "yes" | "1")),
         })
     }
 
@@ -386,6 +392,79 @@ impl SshSetup {
         env_dir: Option<&Path>,
         local: Option<&EnvIdentity>,
     ) -> Result<(), String> {
+        let report = self.run_check(host, script)?;
+        let copyable =
+            self.copy_env && report.differs.is_none() && !report.env_problems().is_empty();
+        let report = match (env_dir, local) {
+            (Some(env), Some(identity)) if copyable => {
+                let mut names: Vec<String> = report.missing.clone();
+                if report.no_env || report.content_hash.is_none() {
+                    let name = env.file_name().map(|n| n.to_string_lossy().into_owned());
+                    names.extend(name);
+                }
+                tracing::info!(host, paths = names.len(), "copying the env's store paths");
+                self.copy_store_paths(host, &identity.store, &names)?;
+                self.run_check(host, script)?
+            }
+            _ => report,
+        };
+        let mut problems = Vec::new();
+        if report.no_dir {
+            problems.push(format!(
+                "the project directory {} does not exist on host `{host}`: the ssh engine runs every rank in the \
+                 same directory on every host (share it, e.g. over NFS, or copy the project there)",
+                dir.display()
+            ));
+        }
+        if let Some(env) = env_dir {
+            let what_to_do = "the ssh engine runs every rank in the same env (store path) on every host: share \
+                              the store at the same path, build the project on that host (`hvd build FILE`), or \
+                              let hvd copy it (`--ssh-copy-env`)";
+            if report.no_env {
+                problems.push(format!(
+                    "the env {} is missing on host `{host}`; {what_to_do}",
+                    env.display()
+                ));
+            } else if let Some(local) = local {
+                match (&report.content_hash, &report.differs) {
+                    (_, Some(hash)) => problems.push(format!(
+                        "the env {} differs on host `{host}` (content hash {hash} there, {} here): a store path \
+                         never changes, so one of them is damaged; delete it there and copy it again \
+                         (`--ssh-copy-env`) or rebuild it",
+                        env.display(),
+                        local.content_hash
+                    )),
+                    (Some(_), None) => {}
+                    (None, None) => problems.push(format!(
+                        "the env {} on host `{host}` is not a complete store path (no readable .hvd-path.json); \
+                         {what_to_do}",
+                        env.display()
+                    )),
+                }
+                if !report.missing.is_empty() {
+                    problems.push(format!(
+                        "store paths the env needs are missing on host `{host}`: {}; {what_to_do}",
+                        report.missing.join(", ")
+                    ));
+                }
+            }
+            if report.no_python && !report.no_env {
+                problems.push(format!(
+                    "the env's Python ({}/bin/python, a link to the interpreter it was built with) does not run on \
+                     host `{host}`: install the same Python at the same path there",
+                    env.display()
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+
+    /// Runs the check script on `host` and reads its answer.
+    fn run_check(&self, host: &str, script: &str) -> Result<CheckReport, String> {
         let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(script)));
         let out = Command::new(&argv[0])
             .args(&argv[1..])
@@ -403,58 +482,100 @@ impl SshSetup {
                 crate::engines::mpi::shell_line(&self.ssh)
             ));
         }
-        let mut problems = Vec::new();
-        if stdout.lines().any(|l| l == "hvd-check:no-dir") {
-            problems.push(format!(
-                "the project directory {} does not exist on host `{host}`: the ssh engine runs every rank in the \
-                 same directory on every host (share it, e.g. over NFS, or copy the project there)",
-                dir.display()
+        let has = |line: &str| stdout.lines().any(|l| l == line);
+        let content_hash = stdout
+            .split_once("hvd-check:path-json\n")
+            .and_then(|(_, rest)| rest.split_once("\nhvd-check:end"))
+            .and_then(|(json, _)| serde_json::from_str::<serde_json::Value>(json).ok())
+            .and_then(|v| v["content_hash"].as_str().map(str::to_owned));
+        let expected = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("hvd-check:expect "))
+            .map(str::to_owned);
+        Ok(CheckReport {
+            no_dir: has("hvd-check:no-dir"),
+            no_env: has("hvd-check:no-env"),
+            no_python: has("hvd-check:no-python"),
+            differs: content_hash
+                .clone()
+                .filter(|h| expected.as_ref().is_some_and(|e| e != h)),
+            content_hash,
+            missing: stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("hvd-check:missing "))
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    /// Copies store paths `names` from `store` here to the same store on `host` (`tar | ssh host tar`), each moved
+    /// into place whole (from `.tmp/` in that store), and only where the host does not have it yet.
+    fn copy_store_paths(&self, host: &str, store: &Path, names: &[String]) -> Result<(), String> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let s = quote(&store.display().to_string());
+        let list = names.iter().map(|n| quote(n)).collect::<Vec<_>>().join(" ");
+        let script = format!(
+            "set -e; t={s}/.tmp/hvd-ssh-copy.$$; mkdir -p \"$t\"; tar -C \"$t\" -xf -; for n in {list}; do \
+             [ -e {s}/\"$n\" ] || mv \"$t/$n\" {s}/\"$n\"; done; chmod -R u+w \"$t\"; rm -rf \"$t\""
+        );
+        let mut tar = Command::new("tar")
+            .arg("-C")
+            .arg(store)
+            .arg("-cf")
+            .arg("-")
+            .args(names)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("failed to run tar: {e}"))?;
+        let Some(archive) = tar.stdout.take() else {
+            return Err("tar has no output pipe".into());
+        };
+        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(&script)));
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(archive)
+            .output()
+            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
+        let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
+        let out = out?;
+        if !tar_out.status.success() || !out.status.success() {
+            return Err(format!(
+                "copying the env to host `{host}` failed: {}{}",
+                String::from_utf8_lossy(&tar_out.stderr).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        if let Some(env) = env_dir {
-            let what_to_do = "the ssh engine runs every rank in the same env (store path) on every host: share \
-                              the store at the same path, or build the project on that host (`hvd build FILE`)";
-            if stdout.lines().any(|l| l == "hvd-check:no-env") {
-                problems.push(format!(
-                    "the env {} is missing on host `{host}`; {what_to_do}",
-                    env.display()
-                ));
-            } else if let Some(local) = local {
-                let remote = stdout
-                    .split_once("hvd-check:path-json\n")
-                    .and_then(|(_, rest)| rest.split_once("\nhvd-check:end"))
-                    .and_then(|(json, _)| serde_json::from_str::<serde_json::Value>(json).ok())
-                    .and_then(|v| v["content_hash"].as_str().map(str::to_owned));
-                match remote {
-                    Some(hash) if hash == local.content_hash => {}
-                    Some(hash) => problems.push(format!(
-                        "the env {} differs on host `{host}` (content hash {hash} there, {} here); {what_to_do}",
-                        env.display(),
-                        local.content_hash
-                    )),
-                    None => problems.push(format!(
-                        "the env {} on host `{host}` is not a complete store path (no readable .hvd-path.json); \
-                         {what_to_do}",
-                        env.display()
-                    )),
-                }
-                let missing: Vec<&str> = stdout
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("hvd-check:missing "))
-                    .collect();
-                if !missing.is_empty() {
-                    problems.push(format!(
-                        "store paths the env needs are missing on host `{host}`: {}; {what_to_do}",
-                        missing.join(", ")
-                    ));
-                }
-            }
+        Ok(())
+    }
+}
+
+/// What a host said to the check script.
+#[derive(Debug, Clone, Default)]
+struct CheckReport {
+    no_dir: bool,
+    no_env: bool,
+    no_python: bool,
+    /// The env's content hash there.
+    content_hash: Option<String>,
+    /// `Some(hash there)` when it is not the one here.
+    differs: Option<String>,
+    /// Store paths the env references that are missing there.
+    missing: Vec<String>,
+}
+
+impl CheckReport {
+    fn env_problems(&self) -> Vec<&'static str> {
+        let mut p = Vec::new();
+        if self.no_env || self.content_hash.is_none() {
+            p.push("env");
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("\n"))
+        if !self.missing.is_empty() {
+            p.push("references");
         }
+        p
     }
 }
 
@@ -514,9 +635,16 @@ fn check_script(dir: &Path, env: Option<&Path>, local: Option<&EnvIdentity>) -> 
             "test -d {}/bin || echo hvd-check:no-env; ",
             q(env)
         ));
+        if env.join("bin/python").exists() {
+            s.push_str(&format!(
+                "test -x {}/bin/python || echo hvd-check:no-python; ",
+                q(env)
+            ));
+        }
         if let Some(identity) = local {
             s.push_str(&format!(
-                "echo hvd-check:path-json; cat {}/.hvd-path.json 2>/dev/null; echo; echo hvd-check:end; ",
+                "echo {}; echo hvd-check:path-json; cat {}/.hvd-path.json 2>/dev/null; echo; echo hvd-check:end; ",
+                quote(&format!("hvd-check:expect {}", identity.content_hash)),
                 q(env)
             ));
             for name in &identity.references {
@@ -690,6 +818,7 @@ mod tests {
             interface: interface.map(str::to_owned),
             host_addrs: vec!["10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()],
             grace: Duration::from_secs(2),
+            copy_env: false,
         }
     }
 
@@ -880,14 +1009,101 @@ mod tests {
         // sh died of SIGTERM: the wrapper reports 128 + 15.
         assert_eq!(status.code(), Some(143));
         let pids = std::fs::read_to_string(&pidfile).unwrap();
+        // SIGKILL was sent before the wrapper exited; dying takes the kernel a moment (bounded wait).
+        let gone = |pid: &str| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |s| s.contains(") Z ") || s.contains(") X "))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
         for pid in pids.split_whitespace() {
-            assert!(
-                !Path::new(&format!("/proc/{pid}")).exists()
-                    || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .is_ok_and(|s| s.contains(") Z ")),
-                "process {pid} outlived the wrapper"
-            );
+            while !gone(pid) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(gone(pid), "process {pid} outlived the wrapper");
         }
+    }
+
+    /// A stand-in for ssh that runs the remote command here, with `/store/` read as `/store-HOST/` so that every
+    /// "host" has a store of its own; host `down` is unreachable.
+    fn fake_ssh(dir: &Path) -> PathBuf {
+        let path = dir.join("fake-ssh");
+        std::fs::write(
+            &path,
+            "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
+             [ \"$host\" = down ] && { echo 'ssh: connect to host down port 22: Connection refused' >&2; exit 255; }\n\
+             exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\"\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// Writes a store path `NAME` with its `.hvd-path.json` into `store`.
+    fn store_path(store: &Path, name: &str, content_hash: &str, references: &[&str]) -> PathBuf {
+        let path = store.join(name);
+        std::fs::create_dir_all(path.join("bin")).unwrap();
+        let json = serde_json::json!({"schema": 1, "content_hash": content_hash, "references": references});
+        std::fs::write(path.join(".hvd-path.json"), json.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn hosts_are_checked_for_the_env_by_content_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let env = store_path(&d.join("store"), "e1-t-env", "c1", &["p1-x"]);
+        store_path(&d.join("store"), "p1-x", "cx", &[]);
+        // Host a has the same env, b a different one without its package, c none.
+        store_path(&d.join("store-a"), "e1-t-env", "c1", &["p1-x"]);
+        store_path(&d.join("store-a"), "p1-x", "cx", &[]);
+        store_path(&d.join("store-b"), "e1-t-env", "c2", &["p1-x"]);
+        std::fs::create_dir_all(d.join("store-c")).unwrap();
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![fake_ssh(d).display().to_string()];
+        s.hosts = vec![("a".into(), 1)];
+        s.check_hosts(d, Some(&env)).unwrap();
+        s.hosts = vec![
+            ("a".into(), 1),
+            ("b".into(), 1),
+            ("c".into(), 1),
+            ("down".into(), 1),
+        ];
+        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
+        assert!(!err.contains("host `a`"), "{err}");
+        assert!(
+            err.contains("differs on host `b` (content hash c2 there, c1 here)"),
+            "{err}"
+        );
+        assert!(err.contains("missing on host `b`: p1-x"), "{err}");
+        assert!(err.contains("e1-t-env is missing on host `c`"), "{err}");
+        assert!(err.contains("share the store at the same path"), "{err}");
+        assert!(err.contains("cannot run commands on host `down`"), "{err}");
+        assert!(err.contains("Connection refused"), "{err}");
+        // With copying on, what is missing is copied (whole store paths); a differing env is never overwritten.
+        s.copy_env = true;
+        s.hosts = vec![("c".into(), 1)];
+        s.check_hosts(d, Some(&env)).unwrap();
+        assert!(d.join("store-c/e1-t-env/.hvd-path.json").is_file());
+        assert!(d.join("store-c/p1-x/.hvd-path.json").is_file());
+        assert_eq!(
+            std::fs::read_dir(d.join("store-c/.tmp")).unwrap().count(),
+            0
+        );
+        s.hosts = vec![("b".into(), 1)];
+        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
+        assert!(err.contains("differs on host `b`"), "{err}");
+        assert!(
+            !d.join("store-b/p1-x").exists(),
+            "nothing is copied to a host whose env differs: {err}"
+        );
+        // The project directory must exist on every host too.
+        s.hosts = vec![("a".into(), 1)];
+        let err = s
+            .check_hosts(&d.join("store/gone"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not exist on host `a`"), "{err}");
     }
 
     #[test]
