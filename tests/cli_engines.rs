@@ -159,10 +159,10 @@ fn dry_run_shows_the_mpirun_command() {
         line.contains(" worker-env --kill-on-failure -- /bin/sh -c "),
         "{line}"
     );
-    // An engine that is not built yet is a usage error naming it.
-    let out = hvd_run(dir.path(), &["--engine", "spark", "--dry-run"]);
+    // An engine hvd does not know is a usage error naming it.
+    let out = hvd_run(dir.path(), &["--engine", "nomad", "--dry-run"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out).1.contains("spark"));
+    assert!(text(&out).1.contains("nomad"));
 }
 
 const K8S: &str = r#"cluster {
