@@ -270,6 +270,7 @@ pub fn execute(
         path: log_dir.clone(),
         source,
     })?;
+    crate::engines::spark::install_driver(plan)?;
     crate::process::become_subreaper();
     let watchdog = match Watchdog::start() {
         Ok(w) => Some(w),
@@ -750,6 +751,14 @@ fn run_step(
                     exit,
                 };
                 failure.exit_code = exit.code();
+                // The launcher's stderr mixes every rank's lines: keep the failing rank's.
+                failure.stderr_tail = failure
+                    .stderr_tail
+                    .iter()
+                    .filter_map(|line| crate::engines::untag(line))
+                    .filter(|(r, _, _)| *r == rank)
+                    .map(|(_, _, text)| text.to_owned())
+                    .collect();
             }
         }
     }

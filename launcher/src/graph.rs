@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub shim: Option<PathBuf>,
     /// `--hosts` (`host:slots` entries): overrides `cluster { hosts }` for the mpi engine.
     pub hosts: Option<Vec<String>>,
+    /// `--spark-master` and `--spark-python` for the spark engine.
+    pub spark: crate::engines::spark::SparkOptions,
     /// ssh options and `--network-interface` for the ssh engine.
     pub ssh: crate::engines::ssh::SshOptions,
 }
@@ -68,6 +70,7 @@ impl Default for RunOptions {
             mpirun: None,
             shim: None,
             hosts: None,
+            spark: crate::engines::spark::SparkOptions::default(),
             ssh: crate::engines::ssh::SshOptions::default(),
         }
     }
@@ -247,6 +250,17 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
     let selected = graph.selection(options.step.as_deref())?;
     let names: BTreeSet<&str> = selected.iter().map(|s| s.name.as_str()).collect();
     let project_dir = project_dir(&project.file);
+    let spark = match engine {
+        EngineKind::Spark => Some(crate::engines::spark::SparkSetup::new(
+            project,
+            options,
+            &options
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| project_dir.join(".hvd")),
+        )?),
+        _ => None,
+    };
     let host = crate::env::local_hostname();
     let mut steps = Vec::new();
     for step in selected {
@@ -282,7 +296,10 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
                 Some(setup.argv(n, &env, &step.run, options.env_dir.is_some()))
             }
             (_, Some(setup), Some(n)) => Some(setup.srun_argv(n, &step.run)),
-            _ => None,
+            _ => spark
+                .as_ref()
+                .zip(workers)
+                .map(|(setup, n)| setup.argv(n, &env, &step.run, options.env_dir.is_some())),
         };
         steps.push(PlannedStep {
             launch,
@@ -363,6 +380,8 @@ impl Plan {
                     .map_or("", |p| p.rsplit('/').next().unwrap_or(p));
                 let label = if program == "srun" {
                     "srun:"
+                } else if crate::engines::spark::is_driver(argv) {
+                    "spark:"
                 } else {
                     "mpirun:"
                 };
@@ -376,6 +395,14 @@ impl Plan {
                 Some(n) => {
                     let how = match step.launch.as_ref().and_then(|a| a.first()) {
                         Some(p) if p == "srun" => "slurm engine",
+                        Some(_)
+                            if step
+                                .launch
+                                .as_deref()
+                                .is_some_and(crate::engines::spark::is_driver) =>
+                        {
+                            "spark engine, one barrier task per rank, placed by Spark"
+                        }
                         Some(_) => "mpi engine",
                         None => "local engine",
                     };

@@ -305,12 +305,10 @@ fn bad_graphs_are_refused() {
     ));
     let mut p = project(dir.path(), vec![step("x", "true")]);
     p.cluster = Some(hvd_lang::model::Cluster {
-        engine: Some("spark".into()),
+        engine: Some("yarn".into()),
         ..Default::default()
     });
-    assert!(
-        matches!(plan(&p, &options()), Err(LaunchError::EngineNotAvailable(e)) if e == "spark")
-    );
+    assert!(matches!(plan(&p, &options()), Err(LaunchError::EngineNotAvailable(e)) if e == "yarn"));
     a.needs = vec!["nope".into()];
     assert!(matches!(
         plan(&project(dir.path(), vec![a]), &options()),

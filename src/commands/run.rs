@@ -27,9 +27,10 @@ pub struct RunArgs {
     /// Run only this step and the steps it needs.
     #[arg(long, value_name = "NAME")]
     pub step: Option<String>,
-    /// Number of workers for every distributed step (overrides `workers`).
-    #[arg(long, short = 'n', value_name = "N")]
-    pub workers: Option<u32>,
+    /// Number of workers for every distributed step (overrides `workers`). With the `spark` engine, `-N` runs N
+    /// local processes on the driver instead (the local engine), as HorovodRunner's `np < 0` does.
+    #[arg(long, short = 'n', value_name = "N", allow_negative_numbers = true)]
+    pub workers: Option<i32>,
     /// Print the plan (steps, env, commands, worker layout) and run nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -75,6 +76,8 @@ pub struct RunArgs {
     /// The mpirun program for the `mpi` engine (default: found on PATH).
     #[arg(long, value_name = "PROGRAM")]
     pub mpirun: Option<PathBuf>,
+    #[command(flatten)]
+    pub spark: Box<SparkArgs>,
     /// ssh port for the `ssh` engine (default: ssh's own, from its config).
     #[arg(long, value_name = "PORT")]
     pub ssh_port: Option<u16>,
@@ -98,6 +101,19 @@ pub struct RunArgs {
     pub detach: bool,
     #[command(flatten)]
     pub lock: super::build::LockMode,
+}
+
+/// `hvd run` options of the `spark` engine (boxed: they are rarely given).
+#[derive(Debug, Args)]
+pub struct SparkArgs {
+    /// The Spark master URL for the `spark` engine, e.g. `local-cluster[2,1,1024]`, `spark://host:7077`
+    /// (default: `cluster { settings = { master } }`, else `local[N]`).
+    #[arg(long, value_name = "URL")]
+    pub spark_master: Option<String>,
+    /// The Python (with pyspark) that runs the `spark` engine's driver and tasks (default: `settings.python`, else
+    /// the env's Python when it has pyspark, else `python3` on PATH).
+    #[arg(long, value_name = "PROGRAM")]
+    pub spark_python: Option<PathBuf>,
 }
 
 /// `hvd worker-env -- CMD...` (hidden): the worker shim. Reads the rank from the variables of whoever started this
@@ -183,9 +199,32 @@ pub fn run(args: RunArgs) -> CommandResult {
         let env_hash = ready.lock.env_hash.clone();
         (ready.project, Some(ready.build.env), Some(env_hash))
     };
+    // `--workers -N` (HorovodRunner's `np < 0`): with the spark engine, N processes on this machine, the driver.
+    let mut engine_override = args.engine.clone();
+    let workers = match args.workers {
+        Some(n) if n < 0 => {
+            let engine = args
+                .engine
+                .clone()
+                .or_else(|| project.cluster.as_ref().and_then(|c| c.engine.clone()));
+            if engine.as_deref() != Some("spark") {
+                return Err(Failure::usage(format!(
+                    "`--workers {n}`: a negative number (N local processes on the driver) is for the spark engine; \
+                     give a positive number"
+                )));
+            }
+            note!(
+                "hvd: --workers {n}: {} local processes on the driver (local engine) instead of Spark tasks",
+                n.unsigned_abs()
+            );
+            engine_override = Some("local".into());
+            Some(n.unsigned_abs())
+        }
+        n => n.map(i32::unsigned_abs),
+    };
     let options = RunOptions {
         step: args.step.clone(),
-        workers: args.workers,
+        workers,
         force: args.force,
         env_dir,
         env_hash,
@@ -196,10 +235,14 @@ pub fn run(args: RunArgs) -> CommandResult {
             .map(|s| seconds("start-timeout", s))
             .transpose()?,
         state_dir: None,
-        engine: args.engine.clone(),
+        engine: engine_override,
         mpi: args.mpi.clone(),
         mpirun: args.mpirun.clone(),
         shim: std::env::current_exe().ok(),
+        spark: hvd_launcher::engines::spark::SparkOptions {
+            master: args.spark.spark_master.clone(),
+            python: args.spark.spark_python.clone(),
+        },
         hosts: match &args.hostfile {
             Some(file) => {
                 let text = std::fs::read_to_string(file).map_err(|e| {

@@ -8,6 +8,7 @@ pub mod mpi;
 pub mod sbatch;
 pub mod shim;
 pub mod slurm;
+pub mod spark;
 pub mod ssh;
 
 /// Which engine runs distributed steps.
@@ -17,6 +18,7 @@ pub enum EngineKind {
     Local,
     Mpi,
     Slurm,
+    Spark,
     Ssh,
 }
 
@@ -28,6 +30,7 @@ impl EngineKind {
             "local" => Ok(EngineKind::Local),
             "mpi" => Ok(EngineKind::Mpi),
             "slurm" => Ok(EngineKind::Slurm),
+            "spark" => Ok(EngineKind::Spark),
             "ssh" => Ok(EngineKind::Ssh),
             other => Err(crate::LaunchError::EngineNotAvailable(other.to_owned())),
         }
@@ -228,7 +231,9 @@ pub fn failing_rank(stderr: &[String]) -> Option<(u32, i32)> {
     let mut openmpi_rank: Option<u32> = None;
     for line in stderr {
         let line = untag(line).map_or(line.as_str(), |(_, _, rest)| rest);
-        if let Some((_, rest)) = line.split_once("hvd worker-env: rank ")
+        if let Some((_, rest)) = line
+            .split_once("hvd worker-env: rank ")
+            .or_else(|| line.split_once("hvd spark: rank "))
             && let Some((rank, code)) = rest.split_once(" failed (exit status: ")
         {
             return Some((
@@ -277,6 +282,8 @@ mod tests {
         let mpich =
             lines("[1] boom\n[1] hvd worker-env: rank 1 failed (exit status: 7); ending the job");
         assert_eq!(failing_rank(&mpich), Some((1, 7)));
+        let spark = lines("[1] hvd spark: rank 1 failed (exit status: 3); ending the job");
+        assert_eq!(failing_rank(&spark), Some((1, 3)));
         assert_eq!(failing_rank(&lines("something else")), None);
     }
 

@@ -1,5 +1,5 @@
 //! The worker shim: maps the rank variables of whoever started the process (OpenMPI, MPICH/Hydra, Slurm, an Indexed
-//! Kubernetes Job / JobSet) to the worker contract (`HVD_*`, Horovod's and torch's variables), using the same
+//! Kubernetes Job / JobSet, a Spark barrier task of the spark engine) to the worker contract (`HVD_*`, Horovod's and torch's variables), using the same
 //! builder as the local engine ([`crate::env::worker_env`]). `hvd worker-env -- CMD` applies it and execs CMD.
 
 use std::collections::BTreeMap;
@@ -14,7 +14,8 @@ pub const GPUS_VAR: &str = "HVD_GPUS_PER_WORKER";
 pub enum ShimError {
     #[error(
         "no rank variables found: expected OMPI_COMM_WORLD_RANK/SIZE (OpenMPI), PMI_RANK/PMI_SIZE (MPICH), \
-         SLURM_PROCID/SLURM_NTASKS (Slurm), JOB_COMPLETION_INDEX with HVD_SIZE (Kubernetes) or HVD_RANK/HVD_SIZE"
+         SLURM_PROCID/SLURM_NTASKS (Slurm), JOB_COMPLETION_INDEX with HVD_SIZE (Kubernetes), HVD_SPARK_RANK/\
+         HVD_SPARK_SIZE (Spark) or HVD_RANK/HVD_SIZE"
     )]
     NoRank,
     #[error("`{name}` is `{value}`, not a non-negative integer")]
@@ -36,6 +37,7 @@ pub enum RankSource {
     Mpich,
     Slurm,
     Kubernetes,
+    Spark,
     Hvd,
 }
 
@@ -46,13 +48,16 @@ impl RankSource {
             RankSource::Mpich => "MPICH",
             RankSource::Slurm => "Slurm",
             RankSource::Kubernetes => "Kubernetes",
+            RankSource::Spark => "Spark",
             RankSource::Hvd => "HVD_*",
         }
     }
 }
 
 /// Reads the slot of this process from `get` (the environment). Sources, in order: OpenMPI, MPICH (Hydra/PMI),
-/// Slurm, an Indexed Job's `JOB_COMPLETION_INDEX` (size from `HVD_SIZE`), `HVD_RANK`/`HVD_SIZE` themselves.
+/// Slurm, an Indexed Job's `JOB_COMPLETION_INDEX` (size from `HVD_SIZE`), `HVD_RANK`/`HVD_SIZE` themselves; before
+/// all of them the spark engine's `HVD_SPARK_*` (set per task by its driver, while the executors inherit the driver's
+/// `HVD_*`).
 pub fn slot_from_env(
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Slot, RankSource), ShimError> {
@@ -71,12 +76,23 @@ pub fn slot_from_env(
             }
         }
     };
-    let host = get("HVD_HOSTNAME")
+    let host = get("HVD_SPARK_HOST")
+        .or_else(|| get("HVD_HOSTNAME"))
         .or_else(|| get("SLURMD_NODENAME"))
         .or_else(|| get("HOSTNAME"))
         .unwrap_or_else(crate::env::local_hostname);
     // (source, rank, size, local rank, local size, cross rank, cross size)
-    let found = if let (Some(rank), Some(size)) =
+    let found = if let (Some(rank), Some(size)) = (num("HVD_SPARK_RANK")?, num("HVD_SPARK_SIZE")?) {
+        (
+            RankSource::Spark,
+            rank,
+            size,
+            num("HVD_SPARK_LOCAL_RANK")?.unwrap_or(0),
+            num("HVD_SPARK_LOCAL_SIZE")?.unwrap_or(1),
+            num("HVD_SPARK_CROSS_RANK")?,
+            num("HVD_SPARK_CROSS_SIZE")?,
+        )
+    } else if let (Some(rank), Some(size)) =
         (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?)
     {
         let local_rank = num("OMPI_COMM_WORLD_LOCAL_RANK")?.unwrap_or(0);
@@ -277,6 +293,30 @@ mod tests {
         assert_eq!(last(&vars, "HVD_RANK"), Some("2"));
         assert_eq!(last(&vars, "RANK"), Some("2"));
         assert_eq!(last(&vars, "HOROVOD_SIZE"), Some("3"));
+    }
+
+    #[test]
+    fn spark_tasks_win_over_the_inherited_contract() {
+        let vars = shim_env(&env(&[
+            ("HVD_SPARK_RANK", "1"),
+            ("HVD_SPARK_SIZE", "4"),
+            ("HVD_SPARK_LOCAL_RANK", "1"),
+            ("HVD_SPARK_LOCAL_SIZE", "2"),
+            ("HVD_SPARK_CROSS_RANK", "0"),
+            ("HVD_SPARK_CROSS_SIZE", "2"),
+            ("HVD_SPARK_HOST", "10.0.0.5"),
+            ("HVD_RANK", "0"),
+            ("HVD_SIZE", "4"),
+            ("HVD_HOSTNAME", "driver"),
+            ("HVD_RENDEZVOUS", "127.0.0.1:7000"),
+            ("HVD_JOB_TOKEN", "abc"),
+        ]))
+        .unwrap();
+        assert_eq!(last(&vars, "HVD_RANK"), Some("1"));
+        assert_eq!(last(&vars, "LOCAL_RANK"), Some("1"));
+        assert_eq!(last(&vars, "HVD_CROSS_SIZE"), Some("2"));
+        assert_eq!(last(&vars, "HVD_HOSTNAME"), Some("10.0.0.5"));
+        assert_eq!(last(&vars, "HVD_RENDEZVOUS"), Some("127.0.0.1:7000"));
     }
 
     #[test]

@@ -1,0 +1,269 @@
+//! The `spark` engine: a distributed step is one barrier-mode Spark job with one task per worker (like Databricks'
+//! HorovodRunner). The launcher supervises a small Python driver program ([`DRIVER_SOURCE`], written under the state
+//! directory by [`install_driver`]) like mpirun: it starts a SparkSession on the master, runs
+//! `parallelize(range(N), N).barrier().mapPartitions(task)`, and each task runs `hvd worker-env -- /bin/sh -c
+//! COMMAND` with its rank, local rank and host from `BarrierTaskContext` in `HVD_SPARK_*` (read by the shim). The
+//! ranks' output comes back to the driver over TCP and is printed as `[R] line` (the tag `hvd run` reads); the first
+//! failing rank ends the job with `hvd spark: rank R failed (exit status: N)` and its code.
+
+use std::path::{Path, PathBuf};
+
+use hvd_lang::model::Project;
+
+use crate::{LaunchError, Plan, RunOptions};
+
+/// The driver program, run with a Python that has pyspark.
+pub const DRIVER_SOURCE: &str = include_str!("spark_driver.py");
+/// Its file name under `<state dir>/spark/`.
+pub const DRIVER_FILE: &str = "hvd_spark_driver.py";
+
+/// `hvd run` options of the spark engine (else `cluster { settings = { master, python } }`).
+#[derive(Debug, Clone, Default)]
+pub struct SparkOptions {
+    /// `--spark-master URL`: `local[N]`, `local-cluster[W,C,M]`, `spark://host:port`, `yarn`, ...
+    pub master: Option<String>,
+    /// `--spark-python PROGRAM`: the Python (with pyspark) that runs the driver and the tasks.
+    pub python: Option<PathBuf>,
+}
+
+/// What every spark step of a plan shares.
+#[derive(Debug, Clone)]
+pub struct SparkSetup {
+    /// The master URL; `None`: `local[N]` for a step on N workers.
+    pub master: Option<String>,
+    pub python: PathBuf,
+    /// The hvd binary (its `worker-env` subcommand is the shim).
+    pub shim: PathBuf,
+    /// Where the driver program is written and Spark's work folders go (`runs/<run>/<step>/spark`).
+    pub state_dir: PathBuf,
+    /// `spark.*` entries of `cluster { settings }`, passed as `--conf KEY=VALUE`.
+    pub conf: Vec<(String, String)>,
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether the env at `dir` has pyspark installed (a `lib/python*/site-packages/pyspark` folder).
+fn env_has_pyspark(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir.join("lib")) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        e.file_name().to_string_lossy().starts_with("python")
+            && e.path().join("site-packages").join("pyspark").is_dir()
+    })
+}
+
+impl SparkSetup {
+    /// Reads the master and the Python: `--spark-master` / `--spark-python`, else `settings.master` /
+    /// `settings.python` of the cluster block; the Python defaults to the env's when it has pyspark, else `python3`
+    /// on PATH.
+    pub fn new(
+        project: &Project,
+        options: &RunOptions,
+        state_dir: &Path,
+    ) -> Result<Self, LaunchError> {
+        let settings = project.cluster.as_ref().map(|c| &c.settings);
+        let setting = |k: &str| settings.and_then(|s| s.get(k)).cloned();
+        let python = match options
+            .spark
+            .python
+            .clone()
+            .or_else(|| setting("python").map(PathBuf::from))
+        {
+            Some(p) if p.components().count() > 1 => p,
+            Some(p) => on_path(&p.to_string_lossy()).ok_or_else(|| {
+                LaunchError::Engine(format!(
+                    "the spark engine's Python `{}` is not on PATH",
+                    p.display()
+                ))
+            })?,
+            None => match options.env_dir.as_deref().filter(|d| env_has_pyspark(d)) {
+                Some(env) => env.join("bin").join("python"),
+                None => on_path("python3").ok_or_else(|| {
+                    LaunchError::Engine(
+                        "the spark engine needs a Python with pyspark: `python3` is not on PATH; pass \
+                         `--spark-python PROGRAM`"
+                            .into(),
+                    )
+                })?,
+            },
+        };
+        let shim = options.shim.clone().ok_or_else(|| {
+            LaunchError::Engine(
+                "the spark engine needs the hvd binary for its worker shim (RunOptions::shim)"
+                    .into(),
+            )
+        })?;
+        let conf = settings
+            .map(|s| {
+                s.iter()
+                    .filter(|(k, _)| k.starts_with("spark."))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(SparkSetup {
+            master: options.spark.master.clone().or_else(|| setting("master")),
+            python,
+            shim,
+            state_dir: state_dir.to_path_buf(),
+            conf,
+        })
+    }
+
+    /// Where the driver program lives.
+    pub fn driver_path(&self) -> PathBuf {
+        self.state_dir.join("spark").join(DRIVER_FILE)
+    }
+
+    /// The driver command line of a distributed step on `np` workers with the step's variables `env`.
+    pub fn argv(
+        &self,
+        np: u32,
+        env: &std::collections::BTreeMap<String, String>,
+        command: &str,
+        has_env_dir: bool,
+    ) -> Vec<String> {
+        let mut export: Vec<String> = [
+            "PATH",
+            "PYTHONUNBUFFERED",
+            "HVD_RENDEZVOUS",
+            "HVD_JOB_TOKEN",
+            "MASTER_PORT",
+            super::shim::GPUS_VAR,
+            crate::engine::STEP_MARKER_VAR,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if has_env_dir {
+            export.push("VIRTUAL_ENV".into());
+        }
+        for k in env.keys() {
+            if !export.contains(k) {
+                export.push(k.clone());
+            }
+        }
+        let master = self
+            .master
+            .clone()
+            .unwrap_or_else(|| format!("local[{np}]"));
+        let mut argv = vec![
+            self.python.display().to_string(),
+            self.driver_path().display().to_string(),
+            "--master".into(),
+            master,
+            "--workers".into(),
+            np.to_string(),
+            "--shim".into(),
+            self.shim.display().to_string(),
+            "--state-dir".into(),
+            self.state_dir.display().to_string(),
+            "--export".into(),
+            export.join(","),
+        ];
+        for (k, v) in &self.conf {
+            argv.extend(["--conf".into(), format!("{k}={v}")]);
+        }
+        argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), command.into()]);
+        argv
+    }
+}
+
+/// Whether a launch command line is the spark driver's.
+pub fn is_driver(argv: &[String]) -> bool {
+    argv.get(1).is_some_and(|a| a.ends_with(DRIVER_FILE))
+}
+
+/// Writes the driver program where the plan's spark steps expect it (before they start).
+pub fn install_driver(plan: &Plan) -> Result<(), LaunchError> {
+    let Some(path) = plan
+        .steps
+        .iter()
+        .filter_map(|s| s.launch.as_deref())
+        .find(|argv| is_driver(argv))
+        .and_then(|argv| argv.get(1))
+        .map(PathBuf::from)
+    else {
+        return Ok(());
+    };
+    write_driver(&path)
+}
+
+/// Writes [`DRIVER_SOURCE`] to `path` unless it is there already.
+pub fn write_driver(path: &Path) -> Result<(), LaunchError> {
+    if std::fs::read_to_string(path).is_ok_and(|text| text == DRIVER_SOURCE) {
+        return Ok(());
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LaunchError::Io { path, source }
+    };
+    if let Some(dir) = path.parent() {
+        fs_err::create_dir_all(dir).map_err(io(dir))?;
+    }
+    // Write then rename: a run starting at the same time never sees half a file.
+    let tmp = path.with_extension(format!("py.{}", std::process::id()));
+    fs_err::write(&tmp, DRIVER_SOURCE).map_err(io(&tmp))?;
+    fs_err::rename(&tmp, path).map_err(io(path))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::mpi::shell_line;
+
+    fn setup(master: Option<&str>) -> SparkSetup {
+        SparkSetup {
+            master: master.map(str::to_owned),
+            python: "/usr/bin/python3".into(),
+            shim: "/bin/hvd".into(),
+            state_dir: "/p/.hvd".into(),
+            conf: vec![("spark.executor.memory".into(), "2g".into())],
+        }
+    }
+
+    #[test]
+    fn driver_command_line() {
+        let env = std::collections::BTreeMap::from([("X".to_string(), "1".to_string())]);
+        let argv = setup(Some("local-cluster[2,1,1024]")).argv(2, &env, "python t.py", false);
+        assert!(is_driver(&argv));
+        assert_eq!(
+            shell_line(&argv),
+            "/usr/bin/python3 /p/.hvd/spark/hvd_spark_driver.py --master 'local-cluster[2,1,1024]' --workers 2 \
+             --shim /bin/hvd --state-dir /p/.hvd --export \
+             PATH,PYTHONUNBUFFERED,HVD_RENDEZVOUS,HVD_JOB_TOKEN,MASTER_PORT,HVD_GPUS_PER_WORKER,HVD_RUN_STEP,X \
+             --conf spark.executor.memory=2g -- /bin/sh -c 'python t.py'"
+        );
+        // Without a master: local mode with one task slot per worker.
+        let argv = setup(None).argv(3, &env, "true", true);
+        assert_eq!(argv[3], "local[3]");
+        assert!(argv[11].ends_with(",VIRTUAL_ENV,X"), "{}", argv[11]);
+        assert!(!is_driver(&["mpirun".into(), "-np".into()]));
+    }
+
+    #[test]
+    fn the_driver_is_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let setup = SparkSetup {
+            state_dir: dir.path().to_path_buf(),
+            ..setup(None)
+        };
+        write_driver(&setup.driver_path()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(setup.driver_path()).unwrap(),
+            DRIVER_SOURCE
+        );
+        write_driver(&setup.driver_path()).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("spark")).unwrap().count(),
+            1
+        );
+    }
+}

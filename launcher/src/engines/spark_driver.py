@@ -1,0 +1,403 @@
+# The driver program of hvd's `spark` engine (launcher/src/engines/spark.rs writes it next to the run's state and
+# runs it with a Python that has pyspark; docs/engines.md). One distributed step is one barrier-mode Spark job with one
+# task per worker: task i is rank i, and the executors' addresses from BarrierTaskContext give each rank its host,
+# local rank and cross rank. Every task runs `hvd worker-env -- COMMAND` (the shim reads the HVD_SPARK_* variables
+# set here) and streams its output back to this driver over a TCP connection; the driver prints each line as
+# `[RANK] line` on its own stdout/stderr, where `hvd run` reads the rank from the tag. The first rank to fail ends the
+# job: the driver says `hvd spark: rank R failed (exit status: N); ending the job` and exits with N.
+#
+# Only the standard library and pyspark: this file runs in the driver and, pickled, in the executors' Python.
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+
+USAGE_EXIT = 2
+
+
+def fail(message, code=USAGE_EXIT):
+    sys.stderr.write(f"hvd spark: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="hvd spark driver")
+    p.add_argument("--master", required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--shim", required=True, help="the hvd binary (its `worker-env` subcommand)")
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--export", default="", help="comma-separated variables the ranks get from this process")
+    p.add_argument("--conf", action="append", default=[], help="KEY=VALUE Spark settings")
+    p.add_argument("--slots-timeout", type=float, default=120.0, help="seconds to wait for enough task slots")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        fail("no command to run (give it after `--`)")
+    if args.workers < 1:
+        fail(f"--workers {args.workers}: use at least 1")
+    return args
+
+
+def known_slots(master):
+    """Task slots of a local master (`local`, `local[N]`, `local[*]`, `local-cluster[W,C,M]`); None for others."""
+    if master == "local":
+        return 1
+    inside = master[master.find("[") + 1 : -1] if master.endswith("]") else ""
+    try:
+        if master.startswith("local-cluster["):
+            workers, cores, _memory = inside.split(",")
+            return int(workers) * int(cores)
+        if master.startswith("local["):
+            count = inside.split(",")[0]
+            return (os.cpu_count() or 1) if count == "*" else int(count)
+    except ValueError:
+        return None
+    return None
+
+
+def task_slots(sc):
+    """Task slots the cluster has now (executors that registered), or None when Spark does not say."""
+    try:
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # noqa: BLE001 - an internal API: without it, Spark's own barrier check decides
+        return None
+
+
+def wait_for_slots(sc, n, timeout):
+    """A barrier stage needs all its tasks at once: wait until the executors that give N slots have registered
+    (they start after the session does), failing clearly after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        slots = task_slots(sc)
+        if slots is None or slots >= n:
+            return
+        if time.monotonic() > deadline:
+            fail(
+                f"the Spark cluster has {slots} task slot(s) for {n} ranks after {timeout:.0f} s: give it more "
+                "executors or cores, or run fewer workers",
+                1,
+            )
+        time.sleep(0.2)
+
+
+def layout(hosts):
+    """(local rank, local size, cross rank, cross size) of every rank, from the hosts of the tasks in rank order."""
+    order = []
+    for h in hosts:
+        if h not in order:
+            order.append(h)
+    out = []
+    for rank, h in enumerate(hosts):
+        out.append((hosts[:rank].count(h), hosts.count(h), order.index(h), len(order)))
+    return out
+
+
+def split_lines(buf, after_cr, data):
+    """Splits at `\\n`, `\\r\\n` and lone `\\r` (as hvd run does); returns (lines, rest, after_cr)."""
+    lines = []
+    start = 0
+    i = 0
+    if after_cr and data[:1] == b"\n":
+        start = i = 1
+    after_cr = False
+    while i < len(data):
+        b = data[i]
+        if b == 0x0A or b == 0x0D:
+            lines.append(buf + data[start:i])
+            buf = b""
+            if b == 0x0D:
+                if i + 1 < len(data) and data[i + 1] == 0x0A:
+                    i += 1
+                elif i + 1 == len(data):
+                    after_cr = True
+            start = i + 1
+        i += 1
+    return lines, buf + data[start:], after_cr
+
+
+def make_task(command, shim, exported, cwd, driver_addr, token):
+    """The barrier task (pickled to the executors): runs one rank and reports its output and exit status."""
+
+    def task(_partition):
+        import ctypes
+        import subprocess
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        infos = ctx.getTaskInfos()
+        hosts = [info.address.rsplit(":", 1)[0] for info in infos]
+        local_rank, local_size, cross_rank, cross_size = layout(hosts)[rank]
+        env = dict(os.environ)
+        env.update(exported)
+        env.update(
+            {
+                "HVD_SPARK_RANK": str(rank),
+                "HVD_SPARK_SIZE": str(len(infos)),
+                "HVD_SPARK_LOCAL_RANK": str(local_rank),
+                "HVD_SPARK_LOCAL_SIZE": str(local_size),
+                "HVD_SPARK_CROSS_RANK": str(cross_rank),
+                "HVD_SPARK_CROSS_SIZE": str(cross_size),
+                "HVD_SPARK_HOST": hosts[rank],
+            }
+        )
+        conn = socket.create_connection(driver_addr, timeout=60)
+        conn.settimeout(None)
+        lock = threading.Lock()
+
+        def send(kind, text):
+            with lock:
+                conn.sendall(b"%s %d " % (kind, rank) + text + b"\n")
+
+        send(b"T", token.encode())
+
+        def child_setup():
+            # The worker ends with this task (a killed task must not leave its rank running), and gets default
+            # signal dispositions (pyspark's daemon ignores SIGCHLD and SIGHUP, which children would inherit).
+            for s in (signal.SIGCHLD, signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+                signal.signal(s, signal.SIG_DFL)
+            try:
+                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            except (OSError, AttributeError):
+                pass
+
+        proc = subprocess.Popen(
+            [shim, "worker-env", "--", *command],
+            cwd=cwd if os.path.isdir(cwd) else None,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=child_setup,
+        )
+
+        def pump(pipe, kind):
+            buf, after_cr = b"", False
+            while True:
+                data = pipe.read1(65536)
+                if not data:
+                    break
+                lines, buf, after_cr = split_lines(buf, after_cr, data)
+                for line in lines:
+                    send(kind, line)
+            if buf:
+                send(kind, buf)
+
+        pumps = [
+            threading.Thread(target=pump, args=(proc.stdout, b"O"), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, b"E"), daemon=True),
+        ]
+        for t in pumps:
+            t.start()
+        code = proc.wait()
+        for t in pumps:
+            t.join()
+        if code < 0:
+            code = 128 - code  # killed by a signal: the shell's convention
+        send(b"X", str(code).encode())
+        conn.close()
+        if code != 0:
+            # Fails the barrier stage at once: Spark kills the other ranks' tasks.
+            raise RuntimeError(f"hvd spark: rank {rank} failed (exit status: {code})")
+        yield (rank, code)
+
+    return task
+
+
+class Collector:
+    """The driver's end of the tasks' connections: prints `[RANK] line`, remembers the first failure."""
+
+    def __init__(self, host, token):
+        self.token = token
+        self.lock = threading.Lock()
+        self.failed = None  # (rank, code)
+        self.done = threading.Event()
+        self.readers = []
+        self.listener = socket.create_server((host, 0))
+        self.addr = (host, self.listener.getsockname()[1])
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self.read, args=(conn,), daemon=True)
+            self.readers.append(t)
+            t.start()
+
+    def read(self, conn):
+        with conn, conn.makefile("rb") as stream:
+            first = stream.readline()
+            parts = first.rstrip(b"\n").split(b" ", 2)
+            if len(parts) != 3 or parts[0] != b"T" or parts[2] != self.token.encode():
+                return
+            for line in stream:
+                kind, rank, text = line.rstrip(b"\n").split(b" ", 2)
+                rank = int(rank)
+                if kind == b"X":
+                    code = int(text)
+                    if code != 0:
+                        with self.lock:
+                            if self.failed is None:
+                                self.failed = (rank, code)
+                                self.done.set()
+                    continue
+                out = sys.stdout.buffer if kind == b"O" else sys.stderr.buffer
+                with self.lock:
+                    out.write(b"[%d] " % rank + text + b"\n")
+                    out.flush()
+
+    def drain(self, timeout):
+        for t in list(self.readers):
+            t.join(timeout)
+
+
+def spark_home(state_dir):
+    """A SPARK_HOME of links to the pyspark package's `bin` and `jars` (local-cluster writes its executors' work
+    folders and logs under SPARK_HOME: they go with the run's logs, not into the package)."""
+    import pyspark
+
+    package = os.path.dirname(os.path.abspath(pyspark.__file__))
+    run_step = os.environ.get("HVD_RUN_STEP", "")
+    if run_step:
+        home = os.path.join(state_dir, "runs", run_step, "spark")
+    else:
+        home = os.path.join(state_dir, "spark", f"home-{os.getpid()}")
+    os.makedirs(home, exist_ok=True)
+    for name in ("bin", "jars", "python"):
+        src, dst = os.path.join(package, name), os.path.join(home, name)
+        if os.path.exists(src) and not os.path.lexists(dst):
+            os.symlink(src, dst)
+    conf = os.path.join(home, "conf")
+    os.makedirs(conf, exist_ok=True)
+    with open(os.path.join(conf, "log4j2.properties"), "w", encoding="utf-8") as f:
+        # Spark's own warnings only (the default also prints INFO lines at start).
+        f.write(
+            "rootLogger.level = warn\nrootLogger.appenderRef.stderr.ref = console\n"
+            "appender.console.type = Console\nappender.console.name = console\nappender.console.target = SYSTEM_ERR\n"
+            "appender.console.layout.type = PatternLayout\n"
+            "appender.console.layout.pattern = spark: %p %c{1}: %m%n%ex\n"
+            "logger.native.name = org.apache.hadoop.util.NativeCodeLoader\nlogger.native.level = error\n"
+        )
+    return home
+
+
+def main():
+    args = parse_args(sys.argv[1:])
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        fail(
+            f"`{sys.executable}` has no pyspark: install it (scripts/install-deps does), or name a Python that has "
+            "it with `--spark-python` or `cluster { settings = { python = \"...\" } }`"
+        )
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        fail("Spark needs Java (17 or newer): `java` is not on PATH and JAVA_HOME is not set")
+    slots = known_slots(args.master)
+    if slots is not None and slots < args.workers:
+        fail(
+            f"the master `{args.master}` has {slots} task slot(s), fewer than the {args.workers} workers: a barrier "
+            "job runs every rank at once (use more slots, e.g. `local[N]`, or fewer workers)"
+        )
+    os.environ["SPARK_HOME"] = spark_home(args.state_dir)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+    from pyspark import SparkConf, SparkContext
+
+    # The JVMs only schedule the tasks (the ranks run in their own processes): the quick JIT and the serial GC start
+    # them in a fraction of the CPU time (a setting of the user's replaces these).
+    quick_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    conf = {
+        "spark.master": args.master,
+        "spark.app.name": f"hvd {os.environ.get('HVD_RUN_STEP', '')}".strip(),
+        # More ranks than task slots: fail in seconds, not after the default 10 minutes.
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
+        # A rank that fails is not retried: the job fails with it.
+        "spark.task.maxFailures": "1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": quick_jvm,
+        "spark.executor.extraJavaOptions": quick_jvm,
+    }
+    if args.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            fail(f"--conf `{item}` is not KEY=VALUE")
+        conf[key] = value
+    sc = SparkContext.getOrCreate(SparkConf().setAll(list(conf.items())))
+    sc.setLogLevel("WARN")
+    wait_for_slots(sc, args.workers, args.slots_timeout)
+
+    token = secrets.token_hex(16)
+    collector = Collector(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)
+    names = [n for n in args.export.split(",") if n]
+    exported = {n: os.environ[n] for n in names if n in os.environ}
+    task = make_task(args.command, args.shim, exported, os.getcwd(), collector.addr, token)
+
+    outcome = {}
+
+    def run_job():
+        try:
+            rdd = sc.parallelize(range(args.workers), args.workers)
+            outcome["results"] = rdd.barrier().mapPartitions(task).collect()
+        except Exception as e:  # noqa: BLE001 - any job failure is reported below
+            outcome["error"] = e
+        collector.done.set()
+
+    job = threading.Thread(target=run_job, daemon=True)
+    job.start()
+    collector.done.wait()
+    failed = collector.failed
+    if failed is not None:
+        rank, code = failed
+        sys.stderr.write(f"[{rank}] hvd spark: rank {rank} failed (exit status: {code}); ending the job\n")
+        sys.stderr.flush()
+        # What Spark says while the job is torn down (killed tasks, executors leaving) is noise after this.
+        sc.setLogLevel("OFF")
+        sc.cancelAllJobs()
+        job.join(30)
+        collector.drain(5)
+        stop(sc)
+        os._exit(code if 0 < code < 256 else 1)
+    if "error" in outcome:
+        message = str(outcome["error"]).strip().splitlines()
+        sys.stderr.write("hvd spark: the Spark job failed: " + (message[0] if message else "") + "\n")
+        for line in message[1:20]:
+            sys.stderr.write(f"  {line}\n")
+        sys.stderr.flush()
+        stop(sc)
+        os._exit(1)
+    collector.drain(30)
+    stop(sc)
+    os._exit(0)
+
+
+def stop(sc):
+    """Stops Spark (executors end their Python workers), giving up after a while: hvd run ends what is left."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    t = threading.Thread(target=sc.stop, daemon=True)
+    t.start()
+    t.join(20)
+
+
+if __name__ == "__main__":
+    main()

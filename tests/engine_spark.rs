@@ -1,0 +1,246 @@
+//! End-to-end tests of the `spark` engine with the built binary: a barrier job of 2 tasks in pyspark's
+//! `local-cluster[2,1,1024]` (a master, 2 workers and 2 executor JVMs on this machine, Java 17) runs the Python `hvd`
+//! package's allreduce on every rank; one rank failing ends the job with its code and leaves no process behind; and
+//! `--dry-run` shows the driver command. pyspark and Java come from scripts/install-deps: without them these tests
+//! fail, saying so. A Spark start costs 10-25 s (more on a busy machine), so there are two Spark jobs in all.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+const MASTER: &str = "local-cluster[2,1,1024]";
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The Python with pyspark and numpy, and Java: both are required (scripts/install-deps installs them).
+fn spark_python() -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, numpy, pyspark; print(sys.executable); print(pyspark.__version__)",
+        ])
+        .output();
+    let python = match out {
+        Ok(o) if o.status.success() => text(&o).0.lines().next().unwrap_or_default().to_owned(),
+        Ok(o) => panic!(
+            "python3 cannot import pyspark and numpy; run scripts/install-deps (it pip-installs both):\n{}",
+            text(&o).1
+        ),
+        Err(e) => panic!("python3 is not runnable ({e}); run scripts/install-deps"),
+    };
+    let java = Command::new("java").arg("-version").output();
+    assert!(
+        java.is_ok_and(|o| o.status.success()),
+        "`java -version` fails: Spark needs Java 17; run scripts/install-deps (it installs openjdk-17-jre-headless)"
+    );
+    PathBuf::from(python)
+}
+
+fn project(step: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!("project \"t\"\nenv {{\n  python = \"3.11\"\n  packages = []\n}}\n{step}\n");
+    std::fs::write(dir.path().join("train.hvd"), text).unwrap();
+    dir
+}
+
+/// `hvd run --engine spark` on the local cluster; every process of the run carries `HVD_TEST_MARK=<mark>`.
+fn hvd_run_spark(dir: &Path, python: &Path, mark: &str, extra: &[&str]) -> Output {
+    Command::new(HVD)
+        .arg("run")
+        .arg(dir.join("train.hvd"))
+        .args(["--no-build", "--grace", "2", "--engine", "spark"])
+        .args(["--spark-master", MASTER])
+        .arg("--spark-python")
+        .arg(python)
+        .args(extra)
+        .env("NO_COLOR", "1")
+        .env("HVD_TEST_MARK", mark)
+        .output()
+        .unwrap()
+}
+
+/// Processes (pid, command line) whose environment has `HVD_TEST_MARK=<mark>`.
+fn marked(mark: &str) -> Vec<(u32, String)> {
+    let needle = format!("HVD_TEST_MARK={mark}");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            found.push((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Nothing of the run is left once `hvd run` has returned (a process killed a moment ago may need a little while
+/// to be gone from /proc).
+fn assert_nothing_left(mark: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = marked(mark);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes of the run outlived `hvd run`:\n{left:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+const ALLREDUCE_PY: &str = r#"import os, sys
+import numpy as np
+import hvd
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
+out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
+ok = bool(np.all(out == n * (n + 1) / 2))
+where = f"local={os.environ['HVD_LOCAL_RANK']}/{os.environ['HVD_LOCAL_SIZE']} host={os.environ['HVD_HOSTNAME']}"
+sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok} {where}\n")
+sys.stdout.flush()
+sys.exit(0 if ok else 1)
+"#;
+
+#[test]
+fn spark_barrier_job_runs_the_allreduce_worker_on_every_rank() {
+    let python = spark_python();
+    // Cargo builds the runtime library with the binary (hvd depends on hvd-runtime): in `deps/` (and at the top of
+    // the target dir after a `cargo build -p hvd-runtime`).
+    let lib = [
+        Path::new(HVD).with_file_name("libhvd_runtime.so"),
+        Path::new(HVD)
+            .with_file_name("deps")
+            .join("libhvd_runtime.so"),
+    ]
+    .into_iter()
+    .find(|lib| lib.is_file())
+    .expect("libhvd_runtime.so is built with the hvd binary");
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
+    let dir = project(&format!(
+        "step train {{\n  run = \"{} ar.py\"\n  workers = 2\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
+        python.display(),
+        package.display(),
+        lib.display()
+    ));
+    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    let mark = format!("allreduce-{}", std::process::id());
+    let out = hvd_run_spark(dir.path(), &python, &mark, &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        // Each line is attributed to its rank; the local layout comes from the barrier tasks' addresses (both
+        // executors are on 127.0.0.1).
+        assert!(
+            stdout.contains(&format!(
+                ":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True local={rank}/2 host=127.0.0.1"
+            )),
+            "rank {rank}:\n{stdout}\n{stderr}"
+        );
+    }
+    // Spark's executor logs go with the run's logs, not into the pyspark package.
+    let runs = dir.path().join(".hvd/runs");
+    let run = std::fs::read_dir(&runs).unwrap().flatten().next().unwrap();
+    assert!(
+        run.path().join("train/spark/work").is_dir(),
+        "no executor work folder under {}",
+        run.path().display()
+    );
+    assert_nothing_left(&mark);
+}
+
+#[test]
+fn a_failing_rank_ends_the_spark_job_with_its_code() {
+    let python = spark_python();
+    let dir = project(
+        r#"step train {
+  run = "if [ $HVD_RANK = 1 ]; then echo boom-$HVD_RANK >&2; exit 3; fi; sleep 60"
+  workers = 2
+}"#,
+    );
+    let mark = format!("fails-{}", std::process::id());
+    let out = hvd_run_spark(dir.path(), &python, &mark, &[]);
+    let (stdout, stderr) = text(&out);
+    // The driver names the first failing rank and exits with its code; hvd passes both on.
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(stderr.contains("rank 1 on "), "{stderr}");
+    assert!(stderr.contains(":1] boom-1"), "{stderr}");
+    // Rank 0's `sleep 60`, the executors and the Python workers are all gone.
+    assert_nothing_left(&mark);
+}
+
+#[test]
+fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
+    let dir = project("step train {\n  run = \"echo rank=$HVD_RANK/$HVD_SIZE\"\n  workers = 2\n}");
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run", "--engine", "spark"])
+        .args([
+            "--spark-master",
+            MASTER,
+            "--spark-python",
+            "/usr/bin/python3",
+        ])
+        .args(["--workers", "3"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "spark:   /usr/bin/python3 {}/.hvd/spark/hvd_spark_driver.py --master 'local-cluster[2,1,1024]' \
+             --workers 3 --shim {HVD}",
+            dir.path().display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("-- /bin/sh -c 'echo rank=$HVD_RANK/$HVD_SIZE'"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("workers: 3 (spark engine"), "{stdout}");
+    // A dry run writes nothing.
+    assert!(!dir.path().join(".hvd").exists());
+    // `--workers -2`: HorovodRunner's local mode, 2 processes on this machine with the local engine (no Spark).
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--engine", "spark", "--workers", "-2"])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!(":{rank}] rank={rank}/2")),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stderr.contains("2 local processes on the driver"),
+        "{stderr}"
+    );
+    // ... which is for the spark engine only.
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run", "--workers", "-2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+}
