@@ -111,7 +111,29 @@ macro_rules! half_op {
 
 /// `dst[i] = op(dst[i], src[i])` for every whole element of the shorter buffer. `Average` reduces as a sum;
 /// call [`finish_average`] once at the end.
+///
+/// The loops compile to vector code without per-element bounds checks; on x86-64 CPUs with AVX2 (checked once at
+/// run time) the same loops run in a copy compiled for 256-bit vectors.
 pub fn reduce_into(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above), the only requirement of `reduce_avx2`.
+        unsafe { reduce_avx2(dst, src, dtype, op) };
+        return;
+    }
+    reduce_portable(dst, src, dtype, op);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+/// # Safety
+/// The CPU must support AVX2.
+unsafe fn reduce_avx2(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) {
+    reduce_portable(dst, src, dtype, op);
+}
+
+#[inline(always)]
+fn reduce_portable(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);
     match dtype {
@@ -187,6 +209,32 @@ mod tests {
         assert_eq!(i64::from_ne_bytes(dst[8..].try_into().unwrap()), 7);
         reduce_into(dst, &src, DType::I64, ReduceOp::Min);
         assert_eq!(i64::from_ne_bytes(dst[..8].try_into().unwrap()), 3);
+    }
+
+    /// The AVX2 copy and the portable loops agree bit for bit, on unaligned odd-length buffers of every type.
+    #[test]
+    fn dispatch_matches_the_portable_loops() {
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Product,
+            ReduceOp::Min,
+            ReduceOp::Max,
+        ];
+        let src: Vec<u8> = (0..1031u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let base: Vec<u8> = (0..1031u32)
+            .map(|i| (i.wrapping_mul(40_503) >> 3) as u8)
+            .collect();
+        for dtype in DType::ALL {
+            for op in ops {
+                let mut a = base.clone();
+                let mut b = base.clone();
+                reduce_into(&mut a[1..], &src[3..], dtype, op);
+                reduce_portable(&mut b[1..], &src[3..], dtype, op);
+                assert_eq!(a, b, "{dtype} {op:?}");
+            }
+        }
     }
 
     #[test]
