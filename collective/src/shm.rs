@@ -721,6 +721,10 @@ impl Transport for ShmTransport {
         self.wait_inner(send_peers, recv_peers, idle, true)
     }
 
+    fn spin_rounds(&self) -> u32 {
+        self.spin
+    }
+
     fn abort(&mut self, culprit: usize, reason: &str) {
         tracing::debug!(culprit, reason, "aborting shared memory peers");
         let word = (culprit as u64 + 1) | ((self.rank() as u64) << 32);

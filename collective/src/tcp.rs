@@ -20,6 +20,8 @@ const DATA: u32 = 1;
 const BYE: u32 = 2;
 const ABORT: u32 = 3;
 const HELLO: u32 = 4;
+/// Fruitless rounds a waiting rank spins before it blocks in `poll(2)`.
+const SPIN_ROUNDS: u32 = 32;
 const SCRATCH: usize = 256 << 10;
 
 fn frame(kind: u32, value: u64) -> [u8; 16] {
@@ -401,8 +403,12 @@ impl Transport for TcpTransport {
         Ok(moved)
     }
 
+    fn spin_rounds(&self) -> u32 {
+        SPIN_ROUNDS
+    }
+
     fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()> {
-        if idle < 32 {
+        if idle < SPIN_ROUNDS {
             std::hint::spin_loop();
             return Ok(());
         }

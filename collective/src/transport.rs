@@ -76,6 +76,11 @@ pub trait Transport: Send {
     /// then sleep). Also checks that peers are alive and returns their loss as an error.
     /// `send_peers`/`recv_peers` are the peers of the unfinished transfers.
     fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()>;
+    /// How many fruitless rounds [`wait`](Self::wait) only spins: it neither blocks nor looks at the peer lists
+    /// then, so [`exchange`] skips reading the clock and listing the peers (both cost more than a spin).
+    fn spin_rounds(&self) -> u32 {
+        0
+    }
     /// Tells every peer that this rank gives up because of `culprit`, so their pending operations fail at once.
     fn abort(&mut self, culprit: usize, reason: &str);
 }
@@ -128,9 +133,10 @@ pub fn exchange<T: Transport + ?Sized>(
             last_progress = None;
             continue;
         }
-        // Reading the clock on every spin costs more than the spin; start it after a few fruitless rounds.
+        // Reading the clock on every spin costs more than the spin; start it once the transport stops spinning.
         idle = idle.saturating_add(1);
-        if idle > 64 {
+        let spinning = idle < t.spin_rounds();
+        if idle > 64 && !spinning {
             let since = *last_progress.get_or_insert_with(Instant::now);
             if since.elapsed() > timeout {
                 let mut ranks: Vec<usize> = sends
@@ -147,6 +153,10 @@ pub fn exchange<T: Transport + ?Sized>(
                     waited: timeout,
                 });
             }
+        }
+        if spinning {
+            t.wait(&[], &[], idle)?;
+            continue;
         }
         send_peers.clear();
         send_peers.extend(sends.iter().filter(|s| !s.finished).map(|s| s.peer));
