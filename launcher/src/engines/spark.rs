@@ -38,6 +38,8 @@ pub struct SparkSetup {
     pub state_dir: PathBuf,
     /// `spark.*` entries of `cluster { settings }`, passed as `--conf KEY=VALUE`.
     pub conf: Vec<(String, String)>,
+    /// `settings.slots_timeout`: seconds the driver waits for executors with enough task slots (default 120).
+    pub slots_timeout: Option<u32>,
 }
 
 fn on_path(name: &str) -> Option<PathBuf> {
@@ -107,7 +109,16 @@ impl SparkSetup {
                     .collect()
             })
             .unwrap_or_default();
+        let slots_timeout = match setting("slots_timeout") {
+            Some(t) => Some(t.trim().parse::<u32>().map_err(|_| {
+                LaunchError::Engine(format!(
+                    "`slots_timeout = \"{t}\"` in the cluster settings is not a whole number of seconds"
+                ))
+            })?),
+            None => None,
+        };
         Ok(SparkSetup {
+            slots_timeout,
             master: options.spark.master.clone().or_else(|| setting("master")),
             python,
             shim,
@@ -167,6 +178,9 @@ impl SparkSetup {
             "--export".into(),
             export.join(","),
         ];
+        if let Some(t) = self.slots_timeout {
+            argv.extend(["--slots-timeout".into(), t.to_string()]);
+        }
         for (k, v) in &self.conf {
             argv.extend(["--conf".into(), format!("{k}={v}")]);
         }
@@ -226,6 +240,7 @@ mod tests {
             shim: "/bin/hvd".into(),
             state_dir: "/p/.hvd".into(),
             conf: vec![("spark.executor.memory".into(), "2g".into())],
+            slots_timeout: None,
         }
     }
 
@@ -246,6 +261,37 @@ mod tests {
         assert_eq!(argv[3], "local[3]");
         assert!(argv[11].ends_with(",VIRTUAL_ENV,X"), "{}", argv[11]);
         assert!(!is_driver(&["mpirun".into(), "-np".into()]));
+    }
+
+    /// The driver's pure helpers, run by python3 (no pyspark needed: it is imported only inside functions).
+    #[test]
+    fn driver_helpers_split_lines_and_derive_the_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = dir.path().join(DRIVER_FILE);
+        write_driver(&driver).unwrap();
+        let check = r#"
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("d", sys.argv[1])
+d = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(d)
+assert d.split_lines(b"", False, b"a\nb\r\nc\rd") == ([b"a", b"b", b"c"], b"d", False)
+lines, rest, cr = d.split_lines(b"x", False, b"y\r")
+assert (lines, rest, cr) == ([b"xy"], b"", True), (lines, rest, cr)
+assert d.split_lines(b"", True, b"\nz\n") == ([b"z"], b"", False)
+assert d.layout(["a", "b", "a", "c"]) == [(0, 2, 0, 3), (0, 1, 1, 3), (1, 2, 0, 3), (0, 1, 2, 3)]
+assert [d.known_slots(m) for m in ["local", "local[3]", "local-cluster[2,2,1024]", "spark://h:7077"]] == [1, 3, 4, None]
+print("ok")
+"#;
+        let out = std::process::Command::new("python3")
+            .args(["-c", check])
+            .arg(&driver)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success() && out.stdout.starts_with(b"ok"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]
