@@ -24,7 +24,7 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "broadcast_object", "allgather_object", "Sum", "Average", "Min", "Max", "Product", "HvdError",
-    "HorovodInternalError", "Handle", "library_path",
+    "HorovodInternalError", "Handle", "library_path", "BFloat16Bits",
 ]
 
 # Reduce operations (hvd.h enum hvd_reduce_op).
@@ -140,6 +140,34 @@ def _np_dtype(code):
     return np.dtype(_CODE_NAMES[code])
 
 
+class BFloat16Bits:
+    """A numpy ``uint16`` array read as bfloat16 bit patterns (the upper half of float32s). numpy has no bfloat16
+    dtype: with the ``ml_dtypes`` package installed, pass ``ml_dtypes.bfloat16`` arrays directly; without it, wrap
+    the bits. Results come back as ``uint16`` arrays of bfloat16 bits; in-place operations update ``bits``.
+
+        bits = (np.float32_array.view(np.uint32) >> 16).astype(np.uint16)
+        summed = hvd.allreduce(hvd.BFloat16Bits(bits), op=hvd.Sum)
+        as_f32 = (summed.astype(np.uint32) << 16).view(np.float32)
+    """
+
+    __slots__ = ("bits",)
+
+    def __init__(self, bits):
+        np = _np()
+        if not isinstance(bits, np.ndarray) or bits.dtype != np.uint16:
+            raise TypeError("BFloat16Bits wraps a numpy uint16 array of bfloat16 bit patterns, not {!r}".format(
+                getattr(bits, "dtype", type(bits))))
+        self.bits = bits
+
+    def __repr__(self):
+        return "hvd.BFloat16Bits({!r})".format(self.bits)
+
+
+def _base(tensor):
+    """The array an in-place operation writes to."""
+    return tensor.bits if type(tensor) is BFloat16Bits else tensor
+
+
 _from_buffer = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
 
@@ -163,7 +191,14 @@ class _Tensor:
         np = _np()
         self.obj = obj
         self.view = None
-        if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
+        if type(obj) is BFloat16Bits:
+            arr = obj.bits if obj.bits.flags.c_contiguous else np.ascontiguousarray(obj.bits)
+            self.array = arr
+            self.ptr = _np_ptr(arr)
+            self.dtype = 7
+            self.shape = arr.shape
+            self.np_dtype = arr.dtype
+        elif isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
             arr = obj if type(obj) is np.ndarray and obj.flags.c_contiguous else np.asarray(obj, order="C")
             code = _NP_CODES.get(arr.dtype)
             if code is None:
@@ -240,6 +275,33 @@ class Handle:
     def __repr__(self):
         return "hvd.Handle({}{})".format(self.id, ", done" if self._done else "")
 
+    def __del__(self):
+        # Dropped while in flight (never synchronized, or an exception left it behind): the library may still read
+        # or write its buffers, so they stay alive until the operation completes.
+        if not self._done and self._keep is not None and _orphans is not None:
+            _orphans.append((self.id, self._group, self._keep))
+
+
+_orphans = []
+
+
+def _sweep_orphans():
+    """Releases dropped handles whose operations have completed, and with them their buffers."""
+    lib = _lib._lib
+    if lib is None:
+        return
+    still = []
+    for hid, group, keep in _orphans:
+        if group is not None:
+            if lib.hvd_poll_many(hid, group) != 0:
+                lib.hvd_wait_many(hid, group)
+                continue
+        elif lib.hvd_poll(hid) != 0:
+            lib.hvd_release(hid)
+            continue
+        still.append((hid, group, keep))
+    _orphans[:] = still
+
 
 def _shape_array(shape):
     return (ctypes.c_int64 * max(len(shape), 1))(*shape)
@@ -260,6 +322,8 @@ def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, pos
 
 
 def _submit(req, keep, finish, value=None):
+    if _orphans:
+        _sweep_orphans()
     hid = _l().hvd_enqueue(ctypes.byref(req))
     if hid < 0:
         _check(hid)
@@ -311,8 +375,8 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce of a contiguous numpy array or DLPack tensor; ``synchronize`` returns the tensor."""
     t = _Tensor(tensor)
-    if t.array is not None and t.array is not tensor:
-        raise ValueError("in-place operations need a C-contiguous numpy array")
+    if t.array is not None and (t.array is not _base(tensor) or not t.array.flags.writeable):
+        raise ValueError("in-place operations need a writable, C-contiguous numpy array")
     req, keep = _request(_ALLREDUCE, t, name, t.ptr, _resolve_op(average, op), 0, prescale_factor,
                          postscale_factor)
     keep.append(t)
@@ -349,6 +413,8 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
     op = _resolve_op(average, op)
     tensors = list(tensors)
     n = len(tensors)
+    if _orphans:
+        _sweep_orphans()
     fast = _numpy_group(np, tensors, in_place)
     if fast is not None:
         ptrs, out_ptrs, codes, ndims, dims, outs = fast
@@ -432,7 +498,7 @@ def _any_group(np, tensors, in_place):
     ptrs, out_ptrs, codes, ndims, dims, outs, wraps, keep = [], [], [], [], [], [], [], []
     ndarray = np.ndarray
     for x in tensors:
-        if in_place and isinstance(x, ndarray) and not x.flags.writeable:
+        if in_place and isinstance(_base(x), ndarray) and not _base(x).flags.writeable:
             raise ValueError("in-place operations need a writable array")
         if type(x) is ndarray and x.flags.c_contiguous and x.size:
             code = _NP_CODES.get(x.dtype)
@@ -452,7 +518,7 @@ def _any_group(np, tensors, in_place):
                 optr = _np_ptr(out)
         else:
             t = _Tensor(x)
-            if in_place and t.array is not None and t.array is not x:
+            if in_place and t.array is not None and t.array is not _base(x):
                 raise ValueError("in-place operations need a C-contiguous numpy array")
             code, ptr, shape = t.dtype, t.ptr, t.shape
             keep.append(t)
@@ -521,8 +587,8 @@ def broadcast(tensor, root_rank, name=None):
 def broadcast_async_(tensor, root_rank, name=None):
     """In-place broadcast into a contiguous numpy array or DLPack tensor."""
     t = _Tensor(tensor)
-    if t.array is not None and t.array is not tensor:
-        raise ValueError("in-place operations need a C-contiguous numpy array")
+    if t.array is not None and (t.array is not _base(tensor) or not t.array.flags.writeable):
+        raise ValueError("in-place operations need a writable, C-contiguous numpy array")
     req, keep = _request(_BROADCAST, t, name, t.ptr, root=root_rank)
     keep.append(t)
     return _submit(req, keep, None, tensor)

@@ -168,6 +168,11 @@ class _DistributedOptimizer:
             if self._passes[key] < self.backward_passes_per_step:
                 return
             self._passes[key] = 0
+            if key in self._handles:
+                raise AssertionError(
+                    "gradients were computed more than backward_passes_per_step={} times before step(); call "
+                    "step() (or synchronize()) after each group of backward passes, or raise "
+                    "backward_passes_per_step".format(self.backward_passes_per_step))
             self._handles[key] = (p, self._submit(p))
         return hook
 

@@ -253,13 +253,13 @@ impl Coordinator {
                     .collect();
             }
             OpKind::Alltoall => {
-                if !joined.is_empty() {
-                    return error(format!(
-                        "alltoall of tensor `{name}` cannot run while ranks {joined:?} have joined"
-                    ));
-                }
-                for (_, m) in &submitted {
-                    splits.extend_from_slice(&m.splits);
+                // A joined rank sends no rows (and drops what it receives), as it contributes no rows to an
+                // allgather.
+                for m in &metas {
+                    match m {
+                        Some(m) => splits.extend_from_slice(&m.splits),
+                        None => splits.extend(std::iter::repeat_n(0, self.size)),
+                    }
                 }
             }
             _ => {}

@@ -783,7 +783,11 @@ impl Worker {
             let hit = self.cached_ready.contains(&(slot as u32))
                 || (joined && self.can_join(slot as u32));
             vector[1 + slot] = u8::from(hit);
-            vector[1 + slots + slot] = u8::from(!self.invalid.contains(&(slot as u32)));
+            // A joined rank cannot serve a cached broadcast rooted at itself: it invalidates the entry, so that
+            // every rank renegotiates it and the coordinator answers with an error instead of everyone waiting.
+            let valid =
+                !(self.invalid.contains(&(slot as u32)) || joined && self.joined_root(slot as u32));
+            vector[1 + slots + slot] = u8::from(valid);
         }
         self.transport
             .allreduce(&mut vector, DType::U8, ReduceOp::Min)
@@ -842,6 +846,13 @@ impl Worker {
             t.maybe_send();
         }
         Ok(keep_going)
+    }
+
+    /// Whether the cached operation in `slot` is a broadcast rooted at this rank.
+    fn joined_root(&self, slot: u32) -> bool {
+        self.cache
+            .get(slot)
+            .is_some_and(|m| m.kind == OpKind::Broadcast && m.root as usize == self.topology.rank)
     }
 
     /// Whether this rank, joined, can take part in the cached operation in `slot` without data.
@@ -1188,7 +1199,14 @@ impl Worker {
                 out.shape[0] = dim0s.iter().sum();
             }
             OpKind::Alltoall => {
-                let p = p.ok_or("alltoall on a joined rank")?;
+                if splits.len() != size * size {
+                    return Err(format!(
+                        "alltoall of `{}`: the coordinator sent {} split counts for {size} ranks",
+                        meta.name,
+                        splits.len()
+                    ));
+                }
+                // A joined rank (no `p`) sends nothing: the coordinator gave it zero splits.
                 let send_counts: Vec<usize> = (0..size)
                     .map(|s| splits[me * size + s] as usize * row_bytes)
                     .collect();
@@ -1196,13 +1214,9 @@ impl Worker {
                 let recv_counts: Vec<usize> =
                     recv_rows.iter().map(|r| *r as usize * row_bytes).collect();
                 let mut recv = vec![0u8; recv_counts.iter().sum()];
-                t.alltoallv(
-                    input_slice(&p.request.input),
-                    &send_counts,
-                    &mut recv,
-                    &recv_counts,
-                )
-                .map_err(fail)?;
+                let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
+                t.alltoallv(send, &send_counts, &mut recv, &recv_counts)
+                    .map_err(fail)?;
                 out.data = recv;
                 out.shape[0] = recv_rows.iter().sum();
                 out.splits = recv_rows;

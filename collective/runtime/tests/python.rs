@@ -37,6 +37,12 @@ fn script(name: &str) -> PathBuf {
 
 /// Runs `script` on `size` ranks and returns every rank's exit status and output (ranks are killed after 90 s).
 fn run(size: usize, name: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
+    let python = std::env::var("HVD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_with(&python, size, name, env)
+}
+
+/// [`run`] with a given interpreter.
+fn run_with(python: &str, size: usize, name: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
     let token = "0123456789abcdef";
     let server = RendezvousServer::start(
         "127.0.0.1:0".parse().unwrap(),
@@ -44,7 +50,6 @@ fn run(size: usize, name: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
         vec!["127.0.0.1".parse().unwrap()],
     )
     .expect("start the rendezvous server");
-    let python = std::env::var("HVD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
     let lib = library();
     let dir = tempfile::tempdir().unwrap();
@@ -52,7 +57,7 @@ fn run(size: usize, name: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
     for rank in 0..size {
         let out = dir.path().join(format!("{rank}.out"));
         let err = dir.path().join(format!("{rank}.err"));
-        let mut cmd = Command::new(&python);
+        let mut cmd = Command::new(python);
         cmd.arg(script(name))
             .env("PYTHONPATH", &package)
             .env("HVD_LIBRARY", &lib)
@@ -151,6 +156,41 @@ fn grouped_allreduce_takes_one_call_and_one_wait_for_many_tensors() {
 }
 
 #[test]
+fn bfloat16_numpy_arrays_as_ml_dtypes_and_as_wrapped_bits() {
+    assert_all_ok(&run(2, "bf16.py", &[]), "bf16");
+}
+
+#[test]
+fn framework_helpers_without_their_framework_raise_a_clear_import_error() {
+    let python = std::env::var("HVD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    for (module, framework, says) in [
+        ("hvd.torch", "torch", "hvd.torch needs PyTorch"),
+        ("hvd.jax", "jax", "hvd.jax needs"),
+        ("hvd.tensorflow", "tensorflow", "hvd.tensorflow needs"),
+    ] {
+        // Where the framework is installed the import must simply work; elsewhere the error must say what to do.
+        let code = format!(
+            "import importlib.util, sys\n\
+             has = importlib.util.find_spec('{framework}') is not None\n\
+             try:\n    import {module}\n    print('imported' if has else 'imported without {framework}')\n\
+             except ImportError as e:\n    print('ImportError:', e)\n"
+        );
+        let out = Command::new(&python)
+            .args(["-c", &code])
+            .env("PYTHONPATH", &package)
+            .output()
+            .expect("run python");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{module}: {out:?}");
+        assert!(
+            stdout.trim() == "imported" || stdout.contains(says),
+            "{module}: {stdout}"
+        );
+    }
+}
+
+#[test]
 fn timeline_is_valid_chrome_trace_json_with_every_phase() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("timeline.json");
@@ -208,6 +248,16 @@ fn dlpack_tensors_are_read_through_their_capsule() {
 fn join_with_uneven_data_on_3_and_4_ranks() {
     for size in [3, 4] {
         assert_all_ok(&run(size, "join.py", &[]), &format!("join on {size} ranks"));
+    }
+}
+
+#[test]
+fn every_operation_runs_while_a_rank_has_joined() {
+    for size in [2, 3] {
+        assert_all_ok(
+            &run(size, "join_ops.py", &[]),
+            &format!("operations with a joined rank on {size} ranks"),
+        );
     }
 }
 
@@ -284,4 +334,26 @@ fn data_parallel_numpy_training_keeps_parameters_identical() {
             &format!("training on {size} ranks"),
         );
     }
+}
+
+/// The interpreter of an opt-in test, from `variable`; running the test without it set is an error, not a pass.
+fn opt_in_python(variable: &str, what: &str) -> String {
+    std::env::var(variable).unwrap_or_else(|_| {
+        panic!("this opt-in test needs {what}: set {variable} to a python that has it (e.g. a venv's bin/python)")
+    })
+}
+
+#[test]
+#[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
+fn torch_distributed_optimizer_keeps_parameters_identical() {
+    let python = opt_in_python("HVD_TEST_TORCH", "torch");
+    assert_all_ok(
+        &run_with(&python, 2, "torch_train.py", &[]),
+        "hvd.torch on 2 ranks",
+    );
+    // The torch environment also has ml_dtypes: bfloat16 numpy arrays there too.
+    assert_all_ok(
+        &run_with(&python, 2, "bf16.py", &[]),
+        "bf16 with torch's python",
+    );
 }

@@ -1,0 +1,108 @@
+"""hvd.torch end to end (opt-in: needs torch): a data-parallel model trained with DistributedOptimizer (gradient
+hooks, backward_passes_per_step, fp16 compression); broadcast_parameters, broadcast_optimizer_state,
+broadcast_object, allgather_object; DLPack zero-copy inputs. Parameters are identical on every rank after every
+step."""
+import sys
+
+import torch
+
+import hvd.torch as hvd
+
+
+def fail(message):
+    print("rank {}: {}".format(hvd.rank(), message), file=sys.stderr)
+    sys.exit(1)
+
+
+def flat_params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def assert_identical(model, what):
+    flat = flat_params(model)
+    every = hvd.allgather(flat[None, :], name="check." + what)
+    if not isinstance(every, torch.Tensor):
+        fail("allgather of a torch tensor returned {}".format(type(every)))
+    for k in range(hvd.size()):
+        if not torch.equal(every[0], every[k]):
+            fail("{}: parameters of rank {} differ from rank 0".format(what, k))
+
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+
+# Objects.
+obj = hvd.broadcast_object({"epoch": 3, "rank": r} if r == 0 else None, root_rank=0)
+if obj != {"epoch": 3, "rank": 0}:
+    fail("broadcast_object: {}".format(obj))
+gathered = hvd.allgather_object(("rank", r, "x" * r))
+if gathered != [("rank", k, "x" * k) for k in range(n)]:
+    fail("allgather_object: {}".format(gathered))
+
+# DLPack zero-copy: in-place ops write straight into the tensor's memory.
+t = torch.full((4, 3), float(r + 1))
+ptr = t.data_ptr()
+hvd.allreduce_(t, op=hvd.Sum, name="inplace")
+if t.data_ptr() != ptr or not torch.equal(t, torch.full((4, 3), float(n * (n + 1) / 2))):
+    fail("allreduce_ in place: {}".format(t))
+b = torch.arange(5, dtype=torch.int64) * (r + 1)
+hvd.broadcast_(b, root_rank=n - 1, name="bcast")
+if not torch.equal(b, torch.arange(5) * n):
+    fail("broadcast_: {}".format(b))
+for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8):
+    x = (torch.arange(6) + r).to(dtype)
+    got = hvd.allreduce(x, op=hvd.Sum, name="dtype." + str(dtype))
+    want = sum((torch.arange(6) + k).to(dtype) for k in range(n)).to(dtype)
+    if not isinstance(got, torch.Tensor) or got.dtype != dtype or not torch.equal(got, want):
+        fail("allreduce {}: got {!r}, want {!r}".format(dtype, got, want))
+avg = hvd.allreduce(torch.full((2,), float(r)), name="avg")
+if not torch.allclose(avg, torch.full((2,), (n - 1) / 2)):
+    fail("average: {}".format(avg))
+g = hvd.allgather(torch.full((r + 1, 2), float(r)), name="gather")
+if g.shape != (n * (n + 1) // 2, 2):
+    fail("allgather shape {}".format(g.shape))
+grouped = hvd.grouped_allreduce([torch.ones(3), torch.ones(2, dtype=torch.float64)], op=hvd.Sum, name="grp")
+if not (torch.equal(grouped[0], torch.full((3,), float(n))) and grouped[1].dtype == torch.float64):
+    fail("grouped_allreduce: {}".format(grouped))
+half = hvd.allreduce(torch.full((3,), 0.5 * (r + 1)), op=hvd.Sum, name="fp16", compression=hvd.Compression.fp16)
+if half.dtype != torch.float32 or not torch.allclose(half, torch.full((3,), 0.5 * n * (n + 1) / 2)):
+    fail("fp16 compression: {!r}".format(half))
+
+# Training: every rank starts from different parameters and its own data.
+torch.manual_seed(1234 + r)
+true_w = torch.arange(1.0, 9.0)
+x = torch.randn(64, 8)
+y = (x @ true_w)[:, None] + 0.01 * torch.randn(64, 1)
+
+for compression, passes in ((hvd.Compression.none, 1), (hvd.Compression.fp16, 1), (hvd.Compression.none, 2)):
+    tag = "{}.{}".format(compression.__name__, passes)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    base = torch.optim.Adam(model.parameters(), lr=0.05)
+    # Give rank 0's optimizer some state that the others lack, so broadcasting it matters.
+    if r == 0:
+        model(x).sum().backward()
+        base.step()
+        base.zero_grad()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(base, root_rank=0)
+    assert_identical(model, tag + ".start")
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), compression=compression,
+                                   backward_passes_per_step=passes)
+    if r != 0 and not opt.state_dict()["state"]:
+        fail("broadcast_optimizer_state left rank {} without state".format(r))
+    first = None
+    for step in range(12):
+        opt.zero_grad()
+        for k in range(passes):
+            part = slice(k * 32 // passes, (k + 1) * 32 // passes + 32 * (passes == 1))
+            loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
+            loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+        assert_identical(model, "{}.step{}".format(tag, step))
+    before, after = hvd.allreduce(torch.tensor([first, loss.item()], dtype=torch.float64), name="loss." + tag)
+    if not after < before:
+        fail("{}: the mean loss over ranks did not decrease ({} -> {})".format(tag, before, after))
+
+hvd.shutdown()
+print("ok torch rank {} loss {:.4f}".format(r, loss.item()))
