@@ -208,7 +208,7 @@ impl Hosts {
         std::fs::copy(d.join("id.pub"), d.join("authorized_keys")).unwrap();
         std::fs::write(
             d.join("ssh_config"),
-            "Host *\n  User root\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  \
+            "Host h1\n  HostName 10.77.0.2\nHost h2\n  HostName 10.77.0.3\nHost *\n  User root\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  \
              IdentitiesOnly yes\n",
         )
         .unwrap();
@@ -257,9 +257,16 @@ impl Hosts {
         hosts
     }
 
-    /// `hvd run FILE --no-build --engine ssh --hosts 10.77.0.2:2,10.77.0.3:2 ...` in the launcher's namespace.
+    /// `hvd run FILE --no-build --engine ssh --hosts 10.77.0.2:2,10.77.0.3:2 ...` in the launcher's namespace
+    /// (`--hosts` left out when `extra` has `--hostfile`).
     fn hvd_run(&self, project: &Path, extra: &[&str]) -> Output {
         let d = self.dir.path();
+        let hosts = format!("{}:2,{}:2", HOSTS[0], HOSTS[1]);
+        let hosts: &[&str] = if extra.contains(&"--hostfile") {
+            &[]
+        } else {
+            &["--hosts", &hosts]
+        };
         Command::new("ip")
             .args(["netns", "exec", &self.namespaces[0], HVD, "run"])
             .arg(project.join("train.hvd"))
@@ -269,11 +276,10 @@ impl Hosts {
                 "2",
                 "--engine",
                 "ssh",
-                "--hosts",
-                &format!("{}:2,{}:2", HOSTS[0], HOSTS[1]),
                 "--ssh-port",
                 SSH_PORT,
             ])
+            .args(hosts)
             .arg("--ssh-config")
             .arg(d.join("ssh_config"))
             .arg("--ssh-identity")
@@ -401,11 +407,14 @@ const FAILS: &str = r#"step train {
 fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
     let hosts = Hosts::start("b");
     let dir = project(FAILS);
-    let out = hosts.hvd_run(dir.path(), &[]);
+    // Hosts by ssh config alias (h1 -> 10.77.0.2, h2 -> 10.77.0.3), from a hostfile.
+    let hostfile = dir.path().join("hosts");
+    std::fs::write(&hostfile, "# two hosts\nh1 slots=2\nh2 slots=2\n").unwrap();
+    let out = hosts.hvd_run(dir.path(), &["--hostfile", hostfile.to_str().unwrap()]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains(&format!("rank 2 on {} ended first (exit code 3)", HOSTS[1])),
+        stderr.contains("rank 2 on h2 ended first (exit code 3)"),
         "{stderr}"
     );
     assert!(stderr.contains("boom-2"), "{stderr}");

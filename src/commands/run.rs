@@ -62,7 +62,7 @@ pub struct RunArgs {
     /// Which MPI the `mpi` engine uses: `openmpi` or `mpich` (default: detected from `mpirun --version`).
     #[arg(long, value_name = "FLAVOUR")]
     pub mpi: Option<String>,
-    /// Hosts for the `mpi` engine, e.g. `h1:4,h2:4` (`host:slots`; overrides `cluster { hosts }`).
+    /// Hosts for the `ssh` and `mpi` engines, e.g. `h1:4,h2:4` (`host:slots`; overrides `cluster { hosts }`).
     #[arg(
         long,
         value_name = "LIST",
@@ -70,7 +70,7 @@ pub struct RunArgs {
         conflicts_with = "hostfile"
     )]
     pub hosts: Option<Vec<String>>,
-    /// A hostfile for the `mpi` engine: `host slots=N` lines.
+    /// A hostfile for the `ssh` and `mpi` engines: `host slots=N` lines.
     #[arg(long, value_name = "FILE")]
     pub hostfile: Option<PathBuf>,
     /// The mpirun program for the `mpi` engine (default: found on PATH).
