@@ -115,11 +115,19 @@ def cross_rank():
 # Tensors
 
 
+_numpy = None
+_ndarray = None  # numpy.ndarray once numpy is loaded (a fast path checks `type(x) is _ndarray`)
+
+
 def _np():
+    global _numpy, _ndarray
+    if _numpy is not None:
+        return _numpy
     try:
         import numpy
     except ImportError as e:  # pragma: no cover - numpy is in every environment hvd builds
         raise ImportError("hvd needs numpy for its results; install numpy in this environment") from e
+    _numpy, _ndarray = numpy, numpy.ndarray
     return numpy
 
 
@@ -188,9 +196,22 @@ class _Tensor:
     __slots__ = ("obj", "array", "view", "ptr", "dtype", "shape", "np_dtype")
 
     def __init__(self, obj):
-        np = _np()
         self.obj = obj
         self.view = None
+        if type(obj) is _ndarray:
+            code = _NP_CODES.get(obj.dtype)
+            if code is not None:
+                try:
+                    self.ptr = _addressof(_from_buffer(obj))  # refuses non-contiguous, read-only and empty arrays
+                except (TypeError, ValueError, BufferError):
+                    pass
+                else:
+                    self.array = obj
+                    self.dtype = code
+                    self.shape = obj.shape
+                    self.np_dtype = obj.dtype
+                    return
+        np = _np()
         if type(obj) is BFloat16Bits:
             arr = obj.bits if obj.bits.flags.c_contiguous else np.ascontiguousarray(obj.bits)
             self.array = arr
@@ -303,31 +324,64 @@ def _sweep_orphans():
     _orphans[:] = still
 
 
-def _shape_array(shape):
-    return (ctypes.c_int64 * max(len(shape), 1))(*shape)
+_tls = threading.local()
+_MAX_NDIM = 64
+
+
+def _scratch():
+    """This thread's reusable request and shape array: ``hvd_enqueue`` copies what it needs from them before it
+    returns (only the tensors' buffers must outlive the call), so one of each serves every submission."""
+    try:
+        return _tls.req, _tls.shape
+    except AttributeError:
+        _tls.req, _tls.shape = _lib.HvdRequest(), (ctypes.c_int64 * _MAX_NDIM)()
+        return _tls.req, _tls.shape
 
 
 def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=None):
-    shape = _shape_array(tensor.shape) if tensor is not None else _shape_array(())
-    keep = [shape]
-    req = _lib.HvdRequest(kind, name.encode("utf-8") if name else None, tensor.dtype if tensor is not None else 0,
-                          len(tensor.shape) if tensor is not None else 0, shape,
-                          tensor.ptr if tensor is not None else None, out_ptr, op, root, prescale, postscale)
-    if splits is not None:
-        arr = (ctypes.c_int64 * max(len(splits), 1))(*[int(s) for s in splits])
-        keep.append(arr)
-        req.splits = arr
-        req.nsplits = len(splits)
-    return req, keep
+    """The parameters of one submission; ``_submit`` writes them into the thread's scratch request."""
+    return (kind, tensor, name, out_ptr, op, root, prescale, postscale, splits), []
 
 
-def _submit(req, keep, finish, value=None):
+def _submit(request, keep, finish, value=None):
     if _orphans:
         _sweep_orphans()
-    hid = _l().hvd_enqueue(ctypes.byref(req))
+    kind, tensor, name, out_ptr, op, root, prescale, postscale, splits = request
+    req, shape = _scratch()
+    req.kind = kind
+    req.name = name.encode("utf-8") if name else None
+    if tensor is None:
+        req.dtype = req.ndim = 0
+        req.input = None
+    else:
+        dims = tensor.shape
+        n = len(dims)
+        if n > _MAX_NDIM:
+            shape = (ctypes.c_int64 * n)(*dims)
+        else:
+            shape[:n] = dims
+        req.dtype = tensor.dtype
+        req.ndim = n
+        req.input = tensor.ptr
+    req.shape = shape
+    req.output = out_ptr
+    req.op = op
+    req.root = root
+    req.prescale = prescale
+    req.postscale = postscale
+    if splits is None:
+        req.splits = None
+        req.nsplits = 0
+    else:
+        req.splits = (ctypes.c_int64 * max(len(splits), 1))(*[int(s) for s in splits])
+        req.nsplits = len(splits)
+    hid = _l().hvd_enqueue(_byref(req))
     if hid < 0:
         _check(hid)
     return Handle(hid, keep, finish, value)
+
+
+_byref = ctypes.byref
 
 
 def _resolve_op(average, op, default=Average):

@@ -1013,7 +1013,7 @@ impl Worker {
         let transport = self.transport.name().to_string();
         self.activity_names
             .entry(kind)
-            .or_insert_with(|| EventName::Owned(format!("{transport}_{}", kind.upper())))
+            .or_insert_with(|| EventName::Owned(format!("{transport}_{}", kind.upper()).into()))
             .clone()
     }
 

@@ -6,11 +6,12 @@
 //! write that replaces that tail by `,\n{event}...\n]`.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,10 +31,21 @@ pub struct Event {
     pub ts_us: u64,
 }
 
+/// An event's name: a constant, or one built once and shared (cloning is a reference-count increment, so the
+/// engine can stamp it on every lane of a fused group without allocating).
 #[derive(Debug, Clone)]
 pub enum EventName {
     Static(&'static str),
-    Owned(String),
+    Owned(Arc<str>),
+}
+
+impl EventName {
+    fn as_str(&self) -> &str {
+        match self {
+            EventName::Static(s) => s,
+            EventName::Owned(s) => s,
+        }
+    }
 }
 
 enum Message {
@@ -170,6 +182,19 @@ fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"?\"".to_string())
 }
 
+/// Appends `s` as a JSON string; event names are plain identifiers, so the escaping path is rare.
+fn push_json_string(out: &mut String, s: &str) {
+    if s.bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f)
+    {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&json_string(s));
+    }
+}
+
 fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>) -> io::Result<()> {
     let with_path = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     let mut len: u64 = 0;
@@ -191,7 +216,9 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
         r#"{{"name":"process_name","ph":"M","pid":{rank},"tid":0,"args":{{"name":"hvd rank {rank}"}}}},
 {{"name":"thread_name","ph":"M","pid":{rank},"tid":0,"args":{{"name":"engine"}}}}"#
     ))?;
-    let mut open: HashMap<u32, Vec<String>> = HashMap::new();
+    // Names of the open `B` events per lane, so that every `E` carries its name (easier to read in raw form).
+    let mut open: HashMap<u32, Vec<EventName>> = HashMap::new();
+    let mut text = String::new();
     for msg in rx {
         match msg {
             Message::LaneName(lane, name) => put(&format!(
@@ -202,44 +229,34 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
                 if events.is_empty() {
                     continue;
                 }
-                let mut text = String::with_capacity(events.len() * 72);
-                for (i, e) in events.iter().enumerate() {
+                // The hot loop of the writer thread: no allocation per event (names are shared or static, numbers
+                // are written straight into one reused buffer).
+                text.clear();
+                for (i, e) in events.into_iter().enumerate() {
                     if i > 0 {
                         text.push_str(",\n");
                     }
-                    let name = match &e.name {
-                        EventName::Static(s) => *s,
-                        EventName::Owned(s) => s.as_str(),
-                    };
-                    match e.phase {
+                    let (ph, name) = match e.phase {
                         Phase::Begin => {
-                            open.entry(e.lane).or_default().push(name.to_string());
-                            text.push_str(&format!(
-                                r#"{{"name":{},"ph":"B","pid":{rank},"tid":{},"ts":{}}}"#,
-                                json_string(name),
-                                e.lane,
-                                e.ts_us
-                            ));
+                            open.entry(e.lane).or_default().push(e.name.clone());
+                            ("B", e.name)
                         }
-                        Phase::End => {
-                            let n = open
-                                .get_mut(&e.lane)
+                        Phase::End => (
+                            "E",
+                            open.get_mut(&e.lane)
                                 .and_then(|v| v.pop())
-                                .unwrap_or_default();
-                            text.push_str(&format!(
-                                r#"{{"name":{},"ph":"E","pid":{rank},"tid":{},"ts":{}}}"#,
-                                json_string(&n),
-                                e.lane,
-                                e.ts_us
-                            ));
-                        }
-                        Phase::Instant => text.push_str(&format!(
-                            r#"{{"name":{},"ph":"i","s":"p","pid":{rank},"tid":{},"ts":{}}}"#,
-                            json_string(name),
-                            e.lane,
-                            e.ts_us
-                        )),
-                    }
+                                .unwrap_or(EventName::Static("")),
+                        ),
+                        Phase::Instant => ("i", e.name),
+                    };
+                    text.push_str(r#"{"name":"#);
+                    push_json_string(&mut text, name.as_str());
+                    let scope = if ph == "i" { r#","s":"p""# } else { "" };
+                    let _ = write!(
+                        text,
+                        r#","ph":"{ph}"{scope},"pid":{rank},"tid":{},"ts":{}}}"#,
+                        e.lane, e.ts_us
+                    );
                 }
                 put(&text)?;
             }
@@ -266,7 +283,7 @@ mod tests {
             t.end(lane);
             t.record(
                 Phase::Instant,
-                EventName::Owned(format!("CYCLE {i}")),
+                EventName::Owned(format!("CYCLE {i}").into()),
                 0,
                 t.now_us(),
             );
