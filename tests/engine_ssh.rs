@@ -337,6 +337,11 @@ sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok} host=
                  f"local={os.environ['HVD_LOCAL_RANK']}/{os.environ['HVD_LOCAL_SIZE']} "
                  f"cross={os.environ['HVD_CROSS_RANK']}/{os.environ['HVD_CROSS_SIZE']} "
                  f"nccl={os.environ.get('NCCL_SOCKET_IFNAME')}\n")
+# Horovod's gloo rendezvous (no token) answers the job's hosts.
+import urllib.request
+gloo = f"http://{os.environ['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT']}/test/k{r}"
+put = urllib.request.urlopen(urllib.request.Request(gloo, data=b"v", method="PUT")).status
+sys.stdout.write(f"gloo rank={r} put={put} get={urllib.request.urlopen(gloo).read().decode()}\n")
 sys.stdout.flush()
 sys.exit(0 if ok else 1)
 "#;
@@ -389,6 +394,11 @@ fn the_allreduce_worker_runs_on_two_hosts_over_ssh() {
         assert!(
             stdout.contains(&want),
             "missing `{want}`:\n{stdout}\n{stderr}"
+        );
+        let gloo = format!("[train {host}:{rank}] gloo rank={rank} put=200 get=v");
+        assert!(
+            stdout.contains(&gloo),
+            "missing `{gloo}`:\n{stdout}\n{stderr}"
         );
     }
     assert!(
@@ -531,7 +541,7 @@ fn dry_run_prints_the_ssh_commands() {
 }
 
 const INTERRUPTED: &str = r#"step train {
-  run = "trap 'echo got-int-$HVD_RANK; exit 5' INT; touch started.$HVD_RANK; sleep 30 & wait"
+  run = "trap 'echo got-int-$HVD_RANK-$NCCL_SOCKET_IFNAME-$GLOO_SOCKET_IFNAME; exit 5' INT; touch started.$HVD_RANK; sleep 30 & wait"
   workers = 4
 }"#;
 
@@ -553,6 +563,9 @@ fn ctrl_c_reaches_every_remote_rank_as_sigint() {
             &format!("{}:2,{}:2", HOSTS[0], HOSTS[1]),
             "--ssh-port",
             SSH_PORT,
+            // Chosen, not detected: the same name on every host (as with horovodrun).
+            "--network-interface",
+            "hvd0",
         ])
         .arg("--ssh-config")
         .arg(d.join("ssh_config"))
@@ -578,7 +591,7 @@ fn ctrl_c_reaches_every_remote_rank_as_sigint() {
     for rank in 0..4u32 {
         let host = HOSTS[(rank / 2) as usize];
         assert!(
-            stdout.contains(&format!("[train {host}:{rank}] got-int-{rank}")),
+            stdout.contains(&format!("[train {host}:{rank}] got-int-{rank}-hvd0-hvd0")),
             "rank {rank}:\n{stdout}\n{stderr}"
         );
     }
