@@ -213,6 +213,11 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
         "{stdout}"
     );
     assert!(stdout.contains("workers: 3 (spark engine"), "{stdout}");
+    // Under a local master every rank is on 127.0.0.1, the executors' address.
+    assert!(
+        stdout.contains("rank 2 on 127.0.0.1 (local rank 2/3, cross rank 0/1)"),
+        "{stdout}"
+    );
     // A dry run writes nothing.
     assert!(!dir.path().join(".hvd").exists());
     // `--workers -2`: HorovodRunner's local mode, 2 processes on this machine with the local engine (no Spark).

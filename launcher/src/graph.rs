@@ -288,7 +288,15 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
             }
             _ => match (&ssh, workers) {
                 (Some(setup), Some(n)) => WorkerLayout::spread(&setup.hosts, n),
-                _ => WorkerLayout::local(&host, workers.unwrap_or(1)),
+                _ => WorkerLayout::local(
+                    // A spark step's ranks have the executors' host (127.0.0.1 under a local master).
+                    spark
+                        .as_ref()
+                        .filter(|_| workers.is_some())
+                        .and_then(|s| s.local_host())
+                        .unwrap_or(&host),
+                    workers.unwrap_or(1),
+                ),
             },
         };
         let launch = match (&mpi, &slurm, workers) {

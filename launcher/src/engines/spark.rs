@@ -127,6 +127,15 @@ impl SparkSetup {
         })
     }
 
+    /// The host every rank has under a local master (`local[N]`, `local-cluster[...]`): the executors' address,
+    /// 127.0.0.1 (the driver binds there). `None` for a cluster, where Spark places the tasks.
+    pub fn local_host(&self) -> Option<&'static str> {
+        match &self.master {
+            Some(m) if !m.starts_with("local") => None,
+            _ => Some("127.0.0.1"),
+        }
+    }
+
     /// Where the driver program lives.
     pub fn driver_path(&self) -> PathBuf {
         self.state_dir.join("spark").join(DRIVER_FILE)
