@@ -484,7 +484,8 @@ fn dry_run_prints_the_ssh_commands() {
             "--engine",
             "ssh",
             "--hosts",
-            "10.77.0.2:2,10.77.0.3:2",
+            // A host named twice is one host with both entries' slots.
+            "10.77.0.2:1,10.77.0.3:2,10.77.0.2:1",
             "--ssh-port",
             "2222",
             "--ssh-identity",

@@ -1,11 +1,12 @@
-//! The `ssh` engine: every rank of a distributed step is one `ssh HOST -- exec /bin/sh -c WRAPPER` started and
-//! supervised by the local engine exactly like a local worker (log prefixes, per-rank logs, fail-fast, signals).
+//! The `ssh` engine: every rank of a distributed step is one `ssh HOST -- exec /bin/sh -c WRAPPER hvd-rank DIR TICKS
+//! IP NAME=VALUE... /bin/sh -c COMMAND`, started and supervised by the local engine exactly like a local worker (log
+//! prefixes, per-rank logs, fail-fast, signals).
 //!
 //! Ranks fill the hosts' slots in order (`h1:2,h2:2`: ranks 0-1 on h1, 2-3 on h2), like mpirun's by-slot mapping.
 //! The rendezvous server binds an address the hosts can reach: the IPv4 address of `--network-interface`, else the
 //! local address whose route reaches the first host.
 //!
-//! The remote wrapper (a POSIX `sh` one-liner, see [`SshSetup::wrapper`]):
+//! The remote wrapper (a POSIX `sh` one-liner, [`WRAPPER`]; the command line: [`SshSetup::wrapper`]):
 //! 1. reads the job token from the first line of its stdin (so it never appears on a command line), `cd`s to the
 //!    project directory, and (without `--network-interface`) finds the interface that reaches the rendezvous;
 //! 2. starts the step's command with `setsid env VARS /bin/sh -c COMMAND` in a session of its own, with SIGINT and
@@ -132,6 +133,15 @@ impl SshSetup {
                 .transpose()?
                 .unwrap_or_default(),
         };
+        // A host named twice is one host with the slots of both entries (as mpirun reads a hostfile).
+        let mut merged: Vec<(String, u32)> = Vec::new();
+        for (host, slots) in hosts {
+            match merged.iter_mut().find(|(h, _)| *h == host) {
+                Some((_, n)) => *n = n.saturating_add(slots),
+                None => merged.push((host, slots)),
+            }
+        }
+        let hosts = merged;
         if hosts.is_empty() {
             return Err(engine_error(
                 "the ssh engine needs hosts: `--hosts h1:4,h2:4`, `--hostfile FILE` (`host slots=N` lines) or \
