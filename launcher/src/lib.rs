@@ -47,7 +47,7 @@ pub enum LaunchError {
     #[error("the steps' `needs` form a cycle through `{0}`")]
     Cycle(String),
     #[error(
-        "engine `{0}` is not available yet: `local` and `mpi` run today (see docs/engines.md; `hvd export k8s` writes Kubernetes manifests)"
+        "unknown engine `{0}`: use `local`, `ssh`, `mpi`, `slurm`, `kubernetes` or `spark` (see docs/engines.md)"
     )]
     EngineNotAvailable(String),
     #[error("{0}")]
