@@ -222,6 +222,7 @@ class Collector:
         self.lock = threading.Lock()
         self.failed = None  # (rank, code)
         self.done = threading.Event()
+        self.failure = threading.Event()
         self.readers = []
         self.listener = socket.create_server((host, 0))
         self.addr = (host, self.listener.getsockname()[1])
@@ -252,6 +253,7 @@ class Collector:
                         with self.lock:
                             if self.failed is None:
                                 self.failed = (rank, code)
+                                self.failure.set()
                                 self.done.set()
                     continue
                 out = sys.stdout.buffer if kind == b"O" else sys.stderr.buffer
@@ -365,6 +367,9 @@ def main():
     job = threading.Thread(target=run_job, daemon=True)
     job.start()
     collector.done.wait()
+    if "error" in outcome:
+        # A failing rank's task reports its code, then raises: the job's failure can arrive first.
+        collector.failure.wait(5)
     failed = collector.failed
     if failed is not None:
         rank, code = failed
