@@ -220,6 +220,26 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
     );
     // A dry run writes nothing.
     assert!(!dir.path().join(".hvd").exists());
+    // The same from the file: `cluster { engine = "spark"  settings = { ... } }`, `spark.*` settings as `--conf`.
+    let from_file = project(
+        "cluster {\n  engine = \"spark\"\n  settings = { master = \"local[3]\", python = \"/usr/bin/python3\", \
+         slots_timeout = \"30\", \"spark.executor.memory\" = \"2g\" }\n}\nstep train {\n  run = \"true\"\n  workers = 3\n}",
+    );
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(from_file.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("spark:   /usr/bin/python3 ")
+            && stdout.contains(" --master 'local[3]' --workers 3 ")
+            && stdout
+                .contains(" --slots-timeout 30 --conf spark.executor.memory=2g -- /bin/sh -c true"),
+        "{stdout}"
+    );
     // `--workers -2`: HorovodRunner's local mode, 2 processes on this machine with the local engine (no Spark).
     let out = Command::new(HVD)
         .arg("run")
