@@ -61,6 +61,10 @@ pub enum Event {
     Stopping {
         reason: String,
     },
+    /// Something the user should know while waiting (e.g. why a batch job or a pod has not started).
+    Note {
+        text: String,
+    },
 }
 
 /// Receives [`Event`]s from several threads.

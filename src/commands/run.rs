@@ -550,6 +550,7 @@ impl Console {
                 note!("hvd: step `{step}` done in {:.1} s", elapsed.as_secs_f64());
             }
             Event::Stopping { reason } => note!("hvd: {reason}"),
+            Event::Note { text } => note!("hvd: {text}"),
         }
     }
 }

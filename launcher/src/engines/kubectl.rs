@@ -237,6 +237,8 @@ pub struct Pod {
     pub terminated: Option<(i32, String)>,
     /// Whether the worker container has started (running or terminated): its log can be read.
     pub started: bool,
+    /// Why the worker container waits (`ErrImagePull: ...`), while it does.
+    pub waiting: Option<String>,
 }
 
 /// Reads the pods of `kubectl get pods -o json`.
@@ -268,6 +270,32 @@ pub fn parse_pods(list: &Value) -> Vec<Pod> {
             ))
         });
         let started = terminated.is_some() || state.is_some_and(|s| s.get("running").is_some());
+        let waiting = state
+            .and_then(|s| s.get("waiting"))
+            .and_then(|w| {
+                let reason = w["reason"].as_str()?;
+                Some(match w["message"].as_str() {
+                    Some(m) if !m.is_empty() => format!("{reason}: {m}"),
+                    _ => reason.to_owned(),
+                })
+            })
+            // Scheduling problems (no node fits) are pod conditions, not container states.
+            .or_else(|| {
+                item["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| {
+                        c["type"].as_str() == Some("PodScheduled")
+                            && c["status"].as_str() == Some("False")
+                    })
+                    .and_then(|c| {
+                        Some(format!(
+                            "{}: {}",
+                            c["reason"].as_str()?,
+                            c["message"].as_str().unwrap_or("")
+                        ))
+                    })
+            });
         pods.push(Pod {
             name: name.to_owned(),
             job: meta["labels"][STEP_LABEL].as_str().unwrap_or("").to_owned(),
@@ -276,6 +304,7 @@ pub fn parse_pods(list: &Value) -> Vec<Pod> {
             phase: item["status"]["phase"].as_str().unwrap_or("").to_owned(),
             terminated,
             started,
+            waiting,
         });
     }
     pods
@@ -313,6 +342,8 @@ pub fn run(
     };
     let mut followers: BTreeMap<String, Follower> = BTreeMap::new();
     let mut seen: BTreeMap<String, Pod> = BTreeMap::new();
+    // The waiting reason last shown for each pod.
+    let mut shown: BTreeMap<String, String> = BTreeMap::new();
     let mut started_steps: BTreeSet<String> = BTreeSet::new();
     let mut finished_steps: BTreeSet<String> = BTreeSet::new();
     let mut step_started_at: BTreeMap<String, Instant> = BTreeMap::new();
@@ -359,6 +390,16 @@ pub fn run(
                 }
             }
             for pod in seen.values() {
+                // Why a pod does not start (an image that cannot be pulled, no node that fits): the JobSet
+                // waits for it without failing, so say so, once per reason.
+                if let Some(waiting) = &pod.waiting
+                    && shown.get(&pod.name) != Some(waiting)
+                {
+                    shown.insert(pod.name.clone(), waiting.clone());
+                    events.event(Event::Note {
+                        text: format!("pod {} is waiting: {waiting}", pod.name),
+                    });
+                }
                 let (step, workers) = job
                     .steps
                     .get(&pod.job)
@@ -647,6 +688,19 @@ mod tests {
         assert_eq!(
             (pods[1].index, pods[1].started, pods[1].node.as_str()),
             (0, false, "")
+        );
+        assert_eq!(pods[0].waiting, None);
+        let pulling = json!({"items": [{"metadata": {"name": "p"}, "status": {"phase": "Pending",
+            "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}]}}]});
+        assert_eq!(
+            parse_pods(&pulling)[0].waiting.as_deref(),
+            Some("ErrImagePull: not found")
+        );
+        let unschedulable = json!({"items": [{"metadata": {"name": "p"}, "status": {"phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}}]});
+        assert_eq!(
+            parse_pods(&unschedulable)[0].waiting.as_deref(),
+            Some("Unschedulable: 0/3 nodes")
         );
         let done = json!({"status": {"conditions": [
             {"type": "StartupPolicyCompleted", "status": "True"},

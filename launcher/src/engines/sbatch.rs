@@ -445,6 +445,8 @@ struct Followed<'a> {
     /// The last lines of the job's stderr: (rank from srun's label, the line as written).
     stderr_tail: VecDeque<(Option<u32>, String)>,
     done: bool,
+    /// The last pending reason shown.
+    reason: String,
 }
 
 impl Followed<'_> {
@@ -521,6 +523,7 @@ pub fn follow(
             ],
             stderr_tail: VecDeque::new(),
             done: false,
+            reason: String::new(),
         });
     }
     for step in &submission.skipped {
@@ -600,6 +603,19 @@ pub fn follow(
                     last
                 }
             };
+            // Why a job still waits (resources, a partition limit it can never meet, ...), once per reason.
+            if status.state == "PENDING"
+                && !matches!(status.reason.as_str(), "" | "None" | "Dependency")
+                && status.reason != job.reason
+            {
+                job.reason.clone_from(&status.reason);
+                events.event(Event::Note {
+                    text: format!(
+                        "step `{}` (slurm job {}) is pending: {}",
+                        job.step.name, job.job.job_id, status.reason
+                    ),
+                });
+            }
             if status.started() && job.started.is_none() {
                 job.started = Some(Instant::now());
                 job.hosts = hostnames(&status.node_list);
@@ -646,7 +662,9 @@ pub fn follow(
                 .filter(|j| !j.done)
                 .map(|j| j.job.job_id.as_str())
                 .collect();
-            if let Some(f) = &report.failure {
+            if let Some(f) = &report.failure
+                && !others.is_empty()
+            {
                 events.event(Event::Stopping {
                     reason: format!(
                         "step `{}` failed; cancelling {} other slurm job(s)",
