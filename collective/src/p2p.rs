@@ -15,7 +15,9 @@ use crate::types::{DType, ReduceOp, Topology};
 /// because it is sent before the peer starts reading.
 const EAGER_MAX_BYTES: usize = 2048;
 
-/// A communicator built from a point-to-point transport and the collective algorithms of this module.
+/// A communicator built from a point-to-point transport and the collective algorithms of this module. Aligned so
+/// that the state of ranks running as threads of one process never shares a cache line.
+#[repr(align(128))]
 pub struct P2pCommunicator<T: Transport> {
     transport: T,
     topology: Topology,
@@ -298,10 +300,12 @@ impl<T: Transport> P2pCommunicator<T> {
         if buf.len() <= self.thresholds.allreduce_small_bytes || count < n {
             return self.allreduce_recursive_doubling(buf, dtype, op, group);
         }
-        // Ring reduce-scatter + allgather, segment by segment: a segment's blocks are read, reduced and sent on
-        // while they are still in cache, so each byte of `buf` crosses the memory bus about once each way.
+        // Ring reduce-scatter + allgather, segment by segment on one host: a segment's blocks are read, reduced
+        // and sent on while they are still in cache, so each byte of `buf` crosses the memory bus about once each
+        // way. Across hosts the network is the bottleneck and one segment saves synchronisations.
+        let one_host = group.iter().all(|r| self.hosts[*r] == self.hosts[group[0]]);
         let per_block = (self.chunk_bytes / esize).max(1);
-        let seg_elems = if self.chunk_bytes == 0 {
+        let seg_elems = if self.chunk_bytes == 0 || !one_host {
             count
         } else {
             per_block.saturating_mul(n)

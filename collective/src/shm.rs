@@ -364,7 +364,20 @@ fn futex_wake(word: &AtomicU32) {
     }
 }
 
-/// One rank's end of a shared memory segment.
+/// A sender's private view of one outgoing ring, on its own cache line: ranks that are threads of one process
+/// write these on every message, and sharing a line with another rank's state would bounce it between cores.
+#[repr(align(128))]
+#[derive(Clone, Copy)]
+struct Cursor {
+    /// `head` of the ring: only this rank writes it.
+    head: u64,
+    /// Last `tail` seen: the sender re-reads the peer's line only when this stale value says the ring is too
+    /// full, so a small message costs no extra line transfer.
+    tail_seen: u64,
+}
+
+/// One rank's end of a shared memory segment (aligned so that in-process ranks never share a cache line).
+#[repr(align(128))]
 pub struct ShmTransport {
     seg: ShmSegment,
     rank: usize,
@@ -379,11 +392,8 @@ pub struct ShmTransport {
     /// Fruitless polling rounds to spin, then to yield, before sleeping on the futex.
     spin: u32,
     yields: u32,
-    /// `head` of each outgoing ring (by local peer index): only this rank writes it.
-    head_mine: Vec<u64>,
-    /// Last `tail` seen of each outgoing ring (by local peer index): the sender re-reads the peer's cache line
-    /// only when this stale value says the ring is too full, so a small message costs no extra line transfer.
-    tail_seen: Vec<u64>,
+    /// This rank's view of each outgoing ring, by local peer index.
+    cursors: Vec<Cursor>,
 }
 
 impl ShmTransport {
@@ -406,11 +416,11 @@ impl ShmTransport {
             )));
         }
         let my_pid = std::process::id();
-        let tail_seen = (0..seg.ranks)
-            .map(|to| seg.tail(local, to).load(Ordering::Acquire))
-            .collect();
-        let head_mine = (0..seg.ranks)
-            .map(|to| seg.head(local, to).load(Ordering::Acquire))
+        let cursors = (0..seg.ranks)
+            .map(|to| Cursor {
+                head: seg.head(local, to).load(Ordering::Acquire),
+                tail_seen: seg.tail(local, to).load(Ordering::Acquire),
+            })
             .collect();
         seg.pid(local).store(my_pid, Ordering::Relaxed);
         seg.state(local).store(STATE_ATTACHED, Ordering::Release);
@@ -434,8 +444,7 @@ impl ShmTransport {
             } else {
                 YIELDS
             }),
-            head_mine,
-            tail_seen,
+            cursors,
         })
     }
 
@@ -621,12 +630,12 @@ impl Transport for ShmTransport {
         let to = self.local(op.peer)?;
         let me = self.rank;
         let cap = self.seg.ring_bytes as u64;
-        let head = self.head_mine[to];
+        let head = self.cursors[to].head;
         let total = padded(op.data.len());
-        let mut free = (cap - (head - self.tail_seen[to])) as usize;
+        let mut free = (cap - (head - self.cursors[to].tail_seen)) as usize;
         if free < total - op.pos {
             let tail = self.seg.tail(me, to).load(Ordering::Acquire);
-            self.tail_seen[to] = tail;
+            self.cursors[to].tail_seen = tail;
             free = (cap - (head - tail)) as usize;
         }
         let k = free.min(total - op.pos);
@@ -649,7 +658,7 @@ impl Transport for ShmTransport {
         }
         op.pos += k;
         op.finished = op.pos == total;
-        self.head_mine[to] = head + k as u64;
+        self.cursors[to].head = head + k as u64;
         let head_a = self.seg.head(me, to);
         if self.strict_wake {
             head_a.store(head + k as u64, Ordering::SeqCst);
