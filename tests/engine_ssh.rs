@@ -409,7 +409,7 @@ fn the_allreduce_worker_runs_on_two_hosts_over_ssh() {
 }
 
 const FAILS: &str = r#"step train {
-  run = "if [ $HVD_RANK = 2 ]; then i=0; while [ $(ls started.* 2>/dev/null | wc -l) -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo boom-$HVD_RANK >&2; exit 3; fi; touch started.$HVD_RANK; sleep 30 & wait"
+  run = "if [ $HVD_RANK = 2 ]; then i=0; while [ $(ls started.* 2>/dev/null | wc -l) -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo boom-$HVD_RANK >&2; exit 3; fi; [ $HVD_RANK = 0 ] && setsid sleep 60 & touch started.$HVD_RANK; sleep 30 & wait"
   workers = 4
 }"#;
 
@@ -435,7 +435,8 @@ fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
             "rank {rank} never started:\n{stderr}"
         );
     }
-    // hvd waits for ssh, and ssh for the remote wrapper: nothing of the job is left on either host.
+    // hvd waits for ssh, and ssh for the remote wrapper: nothing of the job is left on either host, not even rank 0's
+    // `setsid sleep 60`, which left the rank's session.
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
     // A host where the project directory does not exist fails before anything starts, saying what to do.
     let other = project(FAILS);

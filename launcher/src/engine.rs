@@ -605,16 +605,22 @@ fn run_step(
                 })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            for (k, v) in worker_env(
-                &step.env,
-                slot,
-                info.as_ref(),
-                plan.gpus_per_worker,
-                plan.env_dir.as_deref(),
-            ) {
+            // A remote rank's variables travel on its ssh command line; the local ssh process must not carry the
+            // rank's (the host's wrapper kills leftovers by them, and a host may be this machine).
+            let vars = match remote {
+                Some(_) => Vec::new(),
+                None => worker_env(
+                    &step.env,
+                    slot,
+                    info.as_ref(),
+                    plan.gpus_per_worker,
+                    plan.env_dir.as_deref(),
+                ),
+            };
+            for (k, v) in vars {
                 command.env(k, v);
             }
-            if info.is_some() {
+            if info.is_some() && remote.is_none() {
                 command.env("MASTER_PORT", master_port.to_string());
             }
             command.env(STEP_MARKER_VAR, &step_marker);

@@ -14,7 +14,9 @@
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
 //!    command's process group, then SIGKILL after the grace period;
-//! 4. waits for the command, kills both sessions' leftovers and exits with the command's code, which ssh passes on.
+//! 4. waits for the command, kills both sessions' leftovers and every process that still carries the rank's
+//!    `HVD_RUN_STEP` and `HVD_RANK` in its environment (escaped with `setsid`), and exits with the command's code,
+//!    which ssh passes on.
 //!
 //! So stopping a remote rank is: write the signal's name to its ssh's stdin and close it; ssh then exits once the
 //! remote processes are gone, and nothing is left behind on the host.
@@ -94,21 +96,27 @@ pub const INTERFACE_VARS: [&str; 5] = [
 /// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... /bin/sh -c COMMAND`): reads the token,
 /// `cd`s, finds the interface that reaches IP (when given), starts the command in a session of its own with
 /// SIGINT/SIGQUIT at their defaults, and a watcher (`$W`, in another session) that stops the command's process group
-/// when stdin says so or ends (TICKS tenths of a second before SIGKILL). It has no single quotes, so it stays
+/// when stdin says so or ends (TICKS tenths of a second before SIGKILL). When the command has ended it kills what is
+/// left of both sessions, and every process whose environment still carries the rank's `HVD_RUN_STEP` and `HVD_RANK`
+/// (what left the command's session: `setsid`, daemons; GNU grep's `-z`). It has no single quotes, so it stays
 /// readable when quoted twice (`--dry-run`).
 pub const WRAPPER: &str = concat!(
     r#"IFS= read -r HVD_JOB_TOKEN || { echo hvd: no job token on stdin >&2; exit 125; }; export HVD_JOB_TOKEN; "#,
     r#"cd "$1" || exit 125; t=$2; if [ -n "$3" ]; then "#,
     r#"i=$(ip -o route get "$3" 2>/dev/null | sed -n "s/.* dev \([^ ]*\).*/\1/p"); if [ -n "$i" ]; then "#,
     r#"export HVD_NETWORK_INTERFACE="$i" HVD_TCP_INTERFACE="$i" NCCL_SOCKET_IFNAME="$i" GLOO_SOCKET_IFNAME="$i" "#,
-    r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; "#,
+    r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; m=; r=; for a; do case $a in "#,
+    r#"HVD_RUN_STEP=*) [ -n "$m" ] || m=$a;; HVD_RANK=*) [ -n "$r" ] || r=$a;; esac; done; "#,
     r#"d=; env --default-signal=INT true 2>/dev/null && d=--default-signal=INT,QUIT; "#,
     r#"W="IFS= read -r s; case \$s in INT|TERM|KILL) ;; *) s=TERM;; esac; kill -\$s -\$1 2>/dev/null || exit 0; "#,
     r#"i=0; while kill -0 -\$1 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$2 ]; then kill -KILL -\$1 2>/dev/null; "#,
     r#"exit 0; fi; sleep 0.1; done"; "#,
     r#"exec 3<&0 </dev/null; setsid env $d "$@" 3<&- & w=$!; "#,
     r#"setsid /bin/sh -c "$W" hvd-watch "$w" "$t" <&3 >/dev/null 2>&1 3<&- & g=$!; exec 3<&-; "#,
-    r#"wait "$w"; c=$?; kill -KILL "-$g" "-$w" 2>/dev/null; exit "$c""#
+    r#"wait "$w"; c=$?; kill -KILL "-$g" "-$w" 2>/dev/null; "#,
+    r#"if [ -n "$m" ] && [ -n "$r" ]; then for p in $(grep -lzxF "$r" $(grep -lzxF "$m" /proc/[0-9]*/environ "#,
+    r#"2>/dev/null) </dev/null 2>/dev/null); do p=${p%/environ}; kill -KILL "${p#/proc/}" 2>/dev/null; done; fi; "#,
+    r#"exit "$c""#
 );
 
 fn engine_error(message: String) -> LaunchError {
