@@ -703,6 +703,15 @@ fn slurm_batch_jobs_run_in_order_from_outside_an_allocation() {
         .collect();
     assert!(files.contains(&format!("t-train-{train}.out")), "{files:?}");
     assert!(!files.iter().any(|f| f.starts_with("rdv-")), "{files:?}");
+    // Per-rank copies of the lines, as the local engine keeps them.
+    let run = std::fs::read_dir(dir.path().join(".hvd/runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let rank1 = std::fs::read_to_string(run.join("train/rank.1/stdout")).unwrap();
+    assert_eq!(rank1, "allreduce rank=1 size=2 sum=3.0 ok=True\n");
     assert_eq!(slurm.queued(), "");
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{Read as _, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -447,6 +447,9 @@ struct Followed<'a> {
     done: bool,
     /// The last pending reason shown.
     reason: String,
+    /// `<run dir>/<step>`: per-rank copies of the lines (`rank.<n>/{stdout,stderr}`), as the local engine keeps.
+    rank_dir: PathBuf,
+    rank_files: BTreeMap<(u32, bool), fs_err::File>,
 }
 
 impl Followed<'_> {
@@ -457,6 +460,29 @@ impl Followed<'_> {
             .or_else(|| self.hosts.first())
             .cloned()
             .unwrap_or_else(|| "?".into())
+    }
+
+    /// Appends a line to the rank's log file (errors ignored: the job's own output files are complete anyway).
+    fn keep(&mut self, rank: u32, stream: Stream, text: &str) {
+        let err = stream == Stream::Stderr;
+        if !self.rank_files.contains_key(&(rank, err)) {
+            let dir = self.rank_dir.join(format!("rank.{rank}"));
+            let file = fs_err::create_dir_all(&dir).and_then(|()| {
+                fs_err::File::create(dir.join(if err { "stderr" } else { "stdout" }))
+            });
+            match file {
+                Ok(file) => {
+                    self.rank_files.insert((rank, err), file);
+                }
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    return;
+                }
+            }
+        }
+        if let Some(file) = self.rank_files.get_mut(&(rank, err)) {
+            let _ = writeln!(file, "{text}");
+        }
     }
 
     fn drain(&mut self, last: bool, events: &dyn EventSink) {
@@ -480,6 +506,7 @@ impl Followed<'_> {
                 self.stderr_tail.push_back((rank, line));
             }
             let rank_or_0 = rank.unwrap_or(0);
+            self.keep(rank_or_0, stream, &text);
             events.event(Event::Line {
                 step: step.clone(),
                 host: Arc::from(self.host(rank_or_0).as_str()),
@@ -503,6 +530,8 @@ pub fn follow(
     interrupts: Interrupts,
 ) -> Result<RunReport, LaunchError> {
     let log_dir = slurm::output_dir(plan);
+    let run_id = crate::engine::new_run_id();
+    let run_dir = plan.state_dir.join("runs").join(&run_id);
     let project = crate::engines::k8s::dns_label(&plan.project);
     let mut jobs: Vec<Followed<'_>> = Vec::new();
     for job in &submission.jobs {
@@ -524,14 +553,16 @@ pub fn follow(
             stderr_tail: VecDeque::new(),
             done: false,
             reason: String::new(),
+            rank_dir: run_dir.join(&step.name),
+            rank_files: BTreeMap::new(),
         });
     }
     for step in &submission.skipped {
         events.event(Event::StepSkipped { step: step.clone() });
     }
     let mut report = RunReport {
-        run_id: crate::engine::new_run_id(),
-        log_dir: log_dir.clone(),
+        run_id,
+        log_dir: run_dir.clone(),
         ran: Vec::new(),
         skipped: submission.skipped.clone(),
         failure: None,
@@ -564,7 +595,7 @@ pub fn follow(
                     cause: Cause::Interrupted { signal },
                     exit_code: u8::try_from(128 + signal).unwrap_or(130),
                     stderr_tail: Vec::new(),
-                    log_dir: log_dir.clone(),
+                    log_dir: run_dir.clone(),
                 });
             }
         }
@@ -653,7 +684,7 @@ pub fn follow(
                 continue;
             }
             failed_now = true;
-            report.failure = Some(failure_of(job, &status, &log_dir));
+            report.failure = Some(failure_of(job, &status));
         }
         if failed_now && !cancelled {
             cancelled = true;
@@ -719,7 +750,7 @@ fn record_success(
 
 /// The failure summary of a job that did not complete: the failing rank and its own code from srun's message,
 /// else rank 0 with the batch script's code.
-fn failure_of(job: &Followed<'_>, status: &JobStatus, log_dir: &Path) -> FailureSummary {
+fn failure_of(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
     let raw: Vec<String> = job.stderr_tail.iter().map(|(_, l)| l.clone()).collect();
     let (rank, exit) = match crate::engines::failing_rank(&raw) {
         Some((rank, code)) if job.step.workers.is_some() => (rank, WorkerExit::Code(code)),
@@ -765,7 +796,7 @@ fn failure_of(job: &Followed<'_>, status: &JobStatus, log_dir: &Path) -> Failure
         cause,
         exit_code,
         stderr_tail: tail,
-        log_dir: log_dir.to_path_buf(),
+        log_dir: job.rank_dir.clone(),
     }
 }
 
