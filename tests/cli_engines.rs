@@ -996,6 +996,22 @@ step train {
         }
     }
     let mut child = command.env("SLURM_CONF", slurm.conf()).spawn().unwrap();
+    // A guard: should the job never start, hvd is killed after a minute and the test fails instead of hanging.
+    let pid = child.id().to_string();
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let guard = {
+        let finished = finished.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !finished.load(std::sync::atomic::Ordering::SeqCst) {
+                if std::time::Instant::now() > deadline {
+                    let _ = Command::new("kill").args(["-KILL", &pid]).status();
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })
+    };
     let stderr = child.stderr.take().unwrap();
     let mut seen = String::new();
     {
@@ -1021,6 +1037,8 @@ step train {
         }
     }
     let status = child.wait().unwrap();
+    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+    guard.join().unwrap();
     assert_eq!(status.code(), Some(143), "{seen}");
     assert!(seen.contains("cancelling the slurm jobs"), "{seen}");
     let wait = submitted_job(&seen, "wait");
