@@ -38,7 +38,8 @@ pub struct SparkSetup {
     pub state_dir: PathBuf,
     /// `spark.*` entries of `cluster { settings }`, passed as `--conf KEY=VALUE`.
     pub conf: Vec<(String, String)>,
-    /// `settings.slots_timeout`: seconds the driver waits for executors with enough task slots (default 120).
+    /// `settings.slots_timeout`: seconds the driver waits for executors with enough task slots (default 120, 300
+    /// for `local-cluster`).
     pub slots_timeout: Option<u32>,
 }
 

@@ -35,7 +35,7 @@ def parse_args(argv):
     p.add_argument("--state-dir", required=True)
     p.add_argument("--export", default="", help="comma-separated variables the ranks get from this process")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE Spark settings")
-    p.add_argument("--slots-timeout", type=float, default=120.0, help="seconds to wait for enough task slots")
+    p.add_argument("--slots-timeout", type=float, help="seconds to wait for enough task slots")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -346,7 +346,9 @@ def main():
         conf[key] = value
     sc = SparkContext.getOrCreate(SparkConf().setAll(list(conf.items())))
     sc.setLogLevel("WARN")
-    wait_for_slots(sc, args.workers, args.slots_timeout)
+    # local-cluster's executors are JVMs starting on this machine (slow when it is busy); others may never come.
+    default_timeout = 300.0 if args.master.startswith("local-cluster") else 120.0
+    wait_for_slots(sc, args.workers, args.slots_timeout or default_timeout)
 
     token = secrets.token_hex(16)
     collector = Collector(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)
