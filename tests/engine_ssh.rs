@@ -50,8 +50,13 @@ fn find_program(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// `name` as found by [`find_program`] (`ip` and `sshd` live in sbin directories that a CI PATH may lack).
+fn tool(name: &str) -> PathBuf {
+    find_program(name).unwrap_or_else(|| name.into())
+}
+
 fn run_ok(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap();
+    let out = Command::new(tool(program)).args(args).output().unwrap();
     assert!(
         out.status.success(),
         "`{program} {}` failed: {}",
@@ -81,7 +86,7 @@ impl Drop for Hosts {
                 // SAFETY: kill with integer arguments; these processes were started by this test.
                 unsafe { libc_kill(pid as i32, 9) };
             }
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+            let _ = Command::new(tool("ip")).args(["netns", "del", ns]).output();
         }
     }
 }
@@ -92,7 +97,7 @@ unsafe extern "C" {
 }
 
 fn netns_pids(ns: &str) -> Vec<u32> {
-    Command::new("ip")
+    Command::new(tool("ip"))
         .args(["netns", "pids", ns])
         .output()
         .map(|o| {
@@ -128,7 +133,9 @@ impl Hosts {
             format!("{prefix}-h2"),
         ] {
             // A namespace left by a killed earlier run of this process id would make `add` fail.
-            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            let _ = Command::new(tool("ip"))
+                .args(["netns", "del", &ns])
+                .output();
             run_ok("ip", &["netns", "add", &ns]);
             hosts.namespaces.push(ns.clone());
             run_ok("ip", &["-n", &ns, "link", "set", "lo", "up"]);
@@ -228,7 +235,7 @@ impl Hosts {
             )
             .unwrap();
             let log = d.join(format!("sshd.{i}.log"));
-            let child = Command::new("ip")
+            let child = Command::new(tool("ip"))
                 .args(["netns", "exec", &hosts.namespaces[i + 1]])
                 .arg(&sshd)
                 .args(["-D", "-e", "-f"])
@@ -267,7 +274,7 @@ impl Hosts {
         } else {
             &["--hosts", &hosts]
         };
-        Command::new("ip")
+        Command::new(tool("ip"))
             .args(["netns", "exec", &self.namespaces[0], HVD, "run"])
             .arg(project.join("train.hvd"))
             .args([
@@ -440,7 +447,7 @@ fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
     // A host where the project directory does not exist fails before anything starts, saying what to do.
     let other = project(FAILS);
-    let out = Command::new("ip")
+    let out = Command::new(tool("ip"))
         .args(["netns", "exec", &hosts.namespaces[0], HVD, "run"])
         .arg(other.path().join("train.hvd"))
         .args([
@@ -552,7 +559,7 @@ fn ctrl_c_reaches_every_remote_rank_as_sigint() {
     let hosts = Hosts::start("c");
     let dir = project(INTERRUPTED);
     let d = hosts.dir.path();
-    let child = Command::new("ip")
+    let child = Command::new(tool("ip"))
         .args(["netns", "exec", &hosts.namespaces[0], HVD, "run"])
         .arg(dir.path().join("train.hvd"))
         .args([
