@@ -44,7 +44,7 @@ enum Command {
     /// Run a command inside the built env.
     Exec(commands::exec::ExecArgs),
     /// Run the step graph.
-    Run(commands::run::RunArgs),
+    Run(Box<commands::run::RunArgs>),
     /// Print the step graph.
     Graph(commands::graph::GraphArgs),
     /// Export the project for another system (e.g. Kubernetes manifests).
@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         Command::Build(args) => commands::build::run(args),
         Command::Shell(args) => commands::shell::run(args),
         Command::Exec(args) => commands::exec::run(args),
-        Command::Run(args) => commands::run::run(args),
+        Command::Run(args) => commands::run::run(*args),
         Command::Graph(args) => commands::graph::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Gc(args) => commands::gc::run(args),

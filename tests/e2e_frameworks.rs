@@ -46,27 +46,24 @@ fn example(name: &str) -> tempfile::TempDir {
     dir
 }
 
-#[test]
-#[ignore = "opt-in: needs the real package index and builds Horovod (minutes); run with --run-ignored only"]
-fn tensorflow_horovod_example_runs_on_2_workers_through_gloo() {
-    let dir = example("tensorflow-horovod");
-
-    let run = hvd(dir.path(), &["run", "train.hvd", "--workers", "2"]);
+/// `hvd run train.hvd --workers 2` in `dir` must succeed with every rank printing `line(rank)`; returns stdout.
+fn run_2_workers(dir: &Path, line: impl Fn(u32) -> String) -> String {
+    let run = hvd(dir, &["run", "train.hvd", "--workers", "2"]);
     assert!(run.status.success(), "hvd run failed: {:?}", run.status);
-    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     for rank in 0..2 {
-        let line = format!("rank {rank}/2: weights match rank 0; allreduce sum 3.0 == 3.0");
+        let line = line(rank);
         assert!(
             stdout.contains(&line),
             "rank {rank} did not report `{line}`:\n{stdout}"
         );
     }
-    assert!(
-        dir.path().join("checkpoints").is_dir(),
-        "rank 0 wrote no checkpoint"
-    );
+    stdout
+}
 
-    let check = hvd(dir.path(), &["build", "train.hvd", "--locked", "--check"]);
+/// The CI recipe: the lock still matches and every source build reproduces.
+fn assert_build_reproduces(dir: &Path) {
+    let check = hvd(dir, &["build", "train.hvd", "--locked", "--check"]);
     assert!(
         check.status.success(),
         "hvd build --locked --check failed: {:?}",
@@ -75,20 +72,29 @@ fn tensorflow_horovod_example_runs_on_2_workers_through_gloo() {
 }
 
 #[test]
+#[ignore = "opt-in: needs the real package index and builds Horovod (minutes); run with --run-ignored only"]
+fn tensorflow_horovod_example_runs_on_2_workers_through_gloo() {
+    let dir = example("tensorflow-horovod");
+
+    run_2_workers(dir.path(), |rank| {
+        format!("rank {rank}/2: weights match rank 0; allreduce sum 3.0 == 3.0")
+    });
+    assert!(
+        dir.path().join("checkpoints").is_dir(),
+        "rank 0 wrote no checkpoint"
+    );
+
+    assert_build_reproduces(dir.path());
+}
+
+#[test]
 #[ignore = "opt-in: needs the real package index and downloads torch with its CUDA libraries (GBs); run with --run-ignored only"]
 fn pytorch_example_trains_on_2_workers_with_the_distributed_optimizer() {
     let dir = example("pytorch");
 
-    let run = hvd(dir.path(), &["run", "train.hvd", "--workers", "2"]);
-    assert!(run.status.success(), "hvd run failed: {:?}", run.status);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    for rank in 0..2 {
-        let line = format!("rank {rank}/2: parameters match rank 0");
-        assert!(
-            stdout.contains(&line),
-            "rank {rank} did not report `{line}`:\n{stdout}"
-        );
-    }
+    let stdout = run_2_workers(dir.path(), |rank| {
+        format!("rank {rank}/2: parameters match rank 0")
+    });
     let accuracy: f64 = stdout
         .lines()
         .find_map(|l| {
@@ -107,10 +113,5 @@ fn pytorch_example_trains_on_2_workers_with_the_distributed_optimizer() {
         "rank 0 wrote no checkpoint"
     );
 
-    let check = hvd(dir.path(), &["build", "train.hvd", "--locked", "--check"]);
-    assert!(
-        check.status.success(),
-        "hvd build --locked --check failed: {:?}",
-        check.status
-    );
+    assert_build_reproduces(dir.path());
 }
