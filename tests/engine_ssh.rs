@@ -534,6 +534,28 @@ fn dry_run_prints_the_ssh_commands() {
             "ssh -T -o BatchMode=yes -o ConnectTimeout=30 -p 2222 -i /keys/id 10.77.0."
         ));
     }
+    // Every variable travels as `env NAME=VALUE`: a name a shell cannot take is refused before anything runs.
+    let bad =
+        project("step train {\n  run = \"true\"\n  workers = 2\n  env = { \"A-B\" = \"1\" }\n}");
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(bad.path().join("train.hvd"))
+        .args([
+            "--no-build",
+            "--dry-run",
+            "--engine",
+            "ssh",
+            "--hosts",
+            "127.0.0.1:2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).1.contains("variable `A-B` is not a valid"),
+        "{}",
+        text(&out).1
+    );
     // Without hosts: a usage error that says how to give them.
     let out = Command::new(HVD)
         .arg("run")

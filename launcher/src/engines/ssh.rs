@@ -165,6 +165,20 @@ impl SshSetup {
                 "host `{bad}` is not a host name for ssh (it starts with `-` or contains white space)"
             )));
         }
+        // Every variable reaches a remote rank as `env NAME=VALUE`: refuse a bad name before anything starts.
+        let names = project
+            .env
+            .variables
+            .keys()
+            .chain(project.steps.iter().flat_map(|s| s.env.keys()));
+        for name in names {
+            if !valid_var_name(name) {
+                return Err(engine_error(format!(
+                    "variable `{name}` is not a valid environment variable name for the ssh engine (letters, \
+                     digits, `_`)"
+                )));
+            }
+        }
         let ssh_options = &options.ssh;
         let port = match (ssh_options.port, setting("ssh_port")) {
             (Some(p), _) => Some(p),
