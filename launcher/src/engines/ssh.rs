@@ -1139,6 +1139,71 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_block_configures_the_engine_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("train.hvd");
+        std::fs::write(
+            &file,
+            "project \"t\"\nenv {\n  python = \"3.11\"\n  packages = []\n}\ncluster {\n  engine = \"ssh\"\n  \
+             hosts = [\"127.0.0.1:1\", \"localhost:2\"]\n  settings = { ssh_port = \"2222\", ssh_config = \"/c\", \
+             network_interface = \"lo\", copy_env = \"true\" }\n}\nstep once {\n  run = \"true\"\n}\n\
+             step train {\n  run = \"echo hi\"\n  workers = 3\n}\n",
+        )
+        .unwrap();
+        let project = hvd_lang::load_file(&file).unwrap();
+        let plan = crate::plan(&project, &crate::RunOptions::default()).unwrap();
+        let ssh = plan.ssh.as_deref().unwrap();
+        assert_eq!(
+            ssh.hosts,
+            [("127.0.0.1".to_string(), 1), ("localhost".to_string(), 2)]
+        );
+        assert_eq!(ssh.bind_ip, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert!(ssh.copy_env);
+        assert!(
+            ssh.ssh.windows(2).any(|w| w == ["-p", "2222"]),
+            "{:?}",
+            ssh.ssh
+        );
+        assert!(
+            ssh.ssh.windows(2).any(|w| w == ["-F", "/c"]),
+            "{:?}",
+            ssh.ssh
+        );
+        // By slot; the step that runs once runs here.
+        let train = &plan.steps[1];
+        let hosts: Vec<&str> = train.layout.slots.iter().map(|s| s.host.as_str()).collect();
+        assert_eq!(hosts, ["127.0.0.1", "localhost", "localhost"]);
+        assert_eq!(plan.steps[0].layout.slots.len(), 1);
+        let rendered = plan.render();
+        assert!(
+            rendered.contains("ssh engine, rendezvous on 127.0.0.1"),
+            "{rendered}"
+        );
+        assert_eq!(
+            rendered.matches("       ssh: ssh ").count(),
+            3,
+            "{rendered}"
+        );
+        // Flags win over the file.
+        let options = crate::RunOptions {
+            hosts: Some(vec!["127.0.0.1:4".into()]),
+            ssh: SshOptions {
+                port: Some(22),
+                ..SshOptions::default()
+            },
+            ..crate::RunOptions::default()
+        };
+        let plan = crate::plan(&project, &options).unwrap();
+        let ssh = plan.ssh.as_deref().unwrap();
+        assert_eq!(ssh.hosts, [("127.0.0.1".to_string(), 4)]);
+        assert!(
+            ssh.ssh.windows(2).any(|w| w == ["-p", "22"]),
+            "{:?}",
+            ssh.ssh
+        );
+    }
+
+    #[test]
     fn route_source_finds_loopback() {
         assert_eq!(
             route_source("127.0.0.1".parse().unwrap()).unwrap(),
