@@ -9,7 +9,7 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
   one synchronize per step): fusion on (HVD_FUSION_THRESHOLD default) vs off (0), timeline off vs on;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
-Usage: bench/engine.py [--ranks N] [--steps S] [--rounds R] [--library PATH]
+Usage: bench/engine.py [--ranks N] [--steps S] [--rounds R] [--library PATH] [--env KEY=VALUE ...]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
 If Horovod is importable (horovod.torch), its numbers for the same workloads are printed too.
@@ -142,6 +142,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--library")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra variable for every rank of every configuration (e.g. a collective threshold)")
     ap.add_argument("--worker", action="store_true")
     args = ap.parse_args()
     if args.worker:
@@ -152,11 +154,14 @@ def main():
 
     print("library: {}".format(hvd._lib.path()))
     print("ranks: {}, steps: {}, rounds: {} (medians)".format(args.ranks, args.steps, args.rounds))
+    extra = dict(e.split("=", 1) for e in args.env)
+    if extra:
+        print("extra environment: {}".format(extra))
     with tempfile.TemporaryDirectory() as tmp:
         configs = {
-            "fusion on": {},
-            "fusion off": {"HVD_FUSION_THRESHOLD": "0"},
-            "fusion on + timeline": {"HVD_TIMELINE": os.path.join(tmp, "timeline.json")},
+            "fusion on": dict(extra),
+            "fusion off": dict(extra, HVD_FUSION_THRESHOLD="0"),
+            "fusion on + timeline": dict(extra, HVD_TIMELINE=os.path.join(tmp, "timeline.json")),
         }
         # The machine is shared and noisy: interleave the configurations, so that every round runs each one under
         # about the same load, and report medians over rounds and the median of the per-round (paired) ratios.

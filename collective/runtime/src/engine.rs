@@ -18,7 +18,7 @@ use crate::config::{ConfigError, EngineConfig};
 use crate::coordinator::{Coordinator, StallPolicy};
 use crate::kernels::{elementwise, fill_identity, scale};
 use crate::message::{OpKind, RankMessage, RequestMeta, Response, ResponseList};
-use crate::timeline::{EventName, Phase, Timeline};
+use crate::timeline::{EventName, Lanes, Phase, Timeline};
 use crate::transport::{Topology, Transport, TransportError};
 use hvd_collective::{DType, ReduceOp};
 
@@ -915,9 +915,11 @@ impl Worker {
             if let Some(p) = self.pending.get(&meta.name)
                 && let Some(t) = &mut self.timeline
             {
-                t.end(p.lane);
-                t.begin(p.lane, meta.kind.upper());
-                t.begin(p.lane, "QUEUE");
+                let ts = t.now_us();
+                let lane = p.lane;
+                t.record(Phase::End, EventName::Static(""), lane, ts);
+                t.record(Phase::Begin, EventName::Static(meta.kind.upper()), lane, ts);
+                t.record(Phase::Begin, EventName::Static("QUEUE"), lane, ts);
             }
         }
         for work in self.plan(responses) {
@@ -1017,13 +1019,12 @@ impl Worker {
             .clone()
     }
 
-    fn mark(&mut self, lanes: &[u32], phase: Phase, name: Option<EventName>) {
+    /// One timeline event for every lane of a group (one push, whatever the group's size).
+    fn mark(&mut self, lanes: &Lanes, phase: Phase, name: Option<EventName>) {
         if let Some(t) = &mut self.timeline {
             let ts = t.now_us();
-            for l in lanes {
-                let n = name.clone().unwrap_or(EventName::Static(""));
-                t.record(phase, n, *l, ts);
-            }
+            let name = name.unwrap_or(EventName::Static(""));
+            t.record_lanes(phase, name, lanes.clone(), ts);
         }
     }
 
@@ -1043,10 +1044,12 @@ impl Worker {
         if self.fusion.len() < total {
             self.fusion.resize(total, 0);
         }
-        let lanes: Vec<u32> = metas
-            .iter()
-            .filter_map(|m| self.pending.get(&m.name).map(|p| p.lane))
-            .collect();
+        let lanes = Lanes::Group(
+            metas
+                .iter()
+                .filter_map(|m| self.pending.get(&m.name).map(|p| p.lane))
+                .collect(),
+        );
         self.mark(&lanes, Phase::End, None); // QUEUE
         self.mark(
             &lanes,
@@ -1116,8 +1119,13 @@ impl Worker {
         dim0s: &[i64],
         splits: &[i64],
     ) -> Result<(), String> {
-        let lane = self.pending.get(&meta.name).map(|p| p.lane);
-        let lanes: Vec<u32> = lane.into_iter().collect();
+        let lanes = Lanes::Group(
+            self.pending
+                .get(&meta.name)
+                .map(|p| p.lane)
+                .into_iter()
+                .collect(),
+        );
         self.mark(&lanes, Phase::End, None); // QUEUE
         let activity = self.activity(meta.kind);
         self.mark(&lanes, Phase::Begin, Some(activity));

@@ -22,13 +22,29 @@ pub enum Phase {
     Instant,
 }
 
-/// One trace event. `lane` is the tensor's lane (a Chrome-trace thread), 0 for engine-wide marks.
+/// One trace event on one lane (a tensor's Chrome-trace thread; 0 for engine-wide marks) or on every lane of a
+/// fused group at once (one push on the engine thread for the whole group).
 #[derive(Debug, Clone)]
 pub struct Event {
     pub phase: Phase,
     pub name: EventName,
-    pub lane: u32,
+    pub lanes: Lanes,
     pub ts_us: u64,
+}
+
+#[derive(Debug, Clone)]
+pub enum Lanes {
+    One(u32),
+    Group(Arc<[u32]>),
+}
+
+impl Lanes {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Lanes::One(l) => std::slice::from_ref(l),
+            Lanes::Group(g) => g,
+        }
+    }
 }
 
 /// An event's name: a constant, or one built once and shared (cloning is a reference-count increment, so the
@@ -108,10 +124,14 @@ impl Timeline {
     }
 
     pub fn record(&mut self, phase: Phase, name: EventName, lane: u32, ts_us: u64) {
+        self.record_lanes(phase, name, Lanes::One(lane), ts_us);
+    }
+
+    pub fn record_lanes(&mut self, phase: Phase, name: EventName, lanes: Lanes, ts_us: u64) {
         self.pending.push(Event {
             phase,
             name,
-            lane,
+            lanes,
             ts_us,
         });
     }
@@ -216,8 +236,10 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
         r#"{{"name":"process_name","ph":"M","pid":{rank},"tid":0,"args":{{"name":"hvd rank {rank}"}}}},
 {{"name":"thread_name","ph":"M","pid":{rank},"tid":0,"args":{{"name":"engine"}}}}"#
     ))?;
-    // Names of the open `B` events per lane, so that every `E` carries its name (easier to read in raw form).
-    let mut open: HashMap<u32, Vec<EventName>> = HashMap::new();
+    // The open phases of every lane. A phase is written once, complete (`"ph":"X"` with its duration), when it
+    // ends: half the events of `B`/`E` pairs, so half the writer's work. Phases still open when the timeline
+    // closes are written as `B` events.
+    let mut open: HashMap<u32, Vec<(EventName, u64)>> = HashMap::new();
     let mut text = String::new();
     for msg in rx {
         match msg {
@@ -226,46 +248,75 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
                 json_string(&name)
             ))?,
             Message::Events(events) => {
-                if events.is_empty() {
-                    continue;
-                }
                 // The hot loop of the writer thread: no allocation per event (names are shared or static, numbers
                 // are written straight into one reused buffer).
                 text.clear();
-                for (i, e) in events.into_iter().enumerate() {
-                    if i > 0 {
-                        text.push_str(",\n");
-                    }
-                    let (ph, name) = match e.phase {
-                        Phase::Begin => {
-                            open.entry(e.lane).or_default().push(e.name.clone());
-                            ("B", e.name)
+                for e in events {
+                    for &lane in e.lanes.as_slice() {
+                        match e.phase {
+                            Phase::Begin => {
+                                open.entry(lane)
+                                    .or_default()
+                                    .push((e.name.clone(), e.ts_us));
+                            }
+                            Phase::End => {
+                                let Some((name, start)) = open.get_mut(&lane).and_then(|v| v.pop())
+                                else {
+                                    continue;
+                                };
+                                separate(&mut text);
+                                text.push_str(r#"{"name":"#);
+                                push_json_string(&mut text, name.as_str());
+                                let _ = write!(
+                                    text,
+                                    r#","ph":"X","pid":{rank},"tid":{lane},"ts":{start},"dur":{}}}"#,
+                                    e.ts_us.saturating_sub(start)
+                                );
+                            }
+                            Phase::Instant => {
+                                separate(&mut text);
+                                text.push_str(r#"{"name":"#);
+                                push_json_string(&mut text, e.name.as_str());
+                                let _ = write!(
+                                    text,
+                                    r#","ph":"i","s":"p","pid":{rank},"tid":{lane},"ts":{}}}"#,
+                                    e.ts_us
+                                );
+                            }
                         }
-                        Phase::End => (
-                            "E",
-                            open.get_mut(&e.lane)
-                                .and_then(|v| v.pop())
-                                .unwrap_or(EventName::Static("")),
-                        ),
-                        Phase::Instant => ("i", e.name),
-                    };
-                    text.push_str(r#"{"name":"#);
-                    push_json_string(&mut text, name.as_str());
-                    let scope = if ph == "i" { r#","s":"p""# } else { "" };
-                    let _ = write!(
-                        text,
-                        r#","ph":"{ph}"{scope},"pid":{rank},"tid":{},"ts":{}}}"#,
-                        e.lane, e.ts_us
-                    );
+                    }
                 }
-                put(&text)?;
+                if !text.is_empty() {
+                    put(&text)?;
+                }
             }
             Message::Flush(done) => {
                 let _ = done.send(());
             }
         }
     }
+    text.clear();
+    for (lane, phases) in open {
+        for (name, start) in phases {
+            separate(&mut text);
+            text.push_str(r#"{"name":"#);
+            push_json_string(&mut text, name.as_str());
+            let _ = write!(
+                text,
+                r#","ph":"B","pid":{rank},"tid":{lane},"ts":{start}}}"#
+            );
+        }
+    }
+    if !text.is_empty() {
+        put(&text)?;
+    }
     Ok(())
+}
+
+fn separate(text: &mut String) {
+    if !text.is_empty() {
+        text.push_str(",\n");
+    }
 }
 
 #[cfg(test)]
@@ -291,23 +342,35 @@ mod tests {
             let v: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             let events = v.as_array().unwrap();
-            assert!(
-                events
-                    .iter()
-                    .any(|e| e["ph"] == "E" && e["name"] == "NEGOTIATE_ALLREDUCE")
-            );
+            assert!(events.iter().any(|e| e["ph"] == "X"
+                && e["name"] == "NEGOTIATE_ALLREDUCE"
+                && e["dur"].is_u64()));
             assert!(events.iter().any(|e| e["args"]["name"] == "grad \"w\""));
         }
+        // A fused group: one event for several lanes; and a phase still open when the timeline closes.
+        let other = t.lane("grad.b");
+        let group = Lanes::Group(vec![lane, other].into());
+        let copy = EventName::Static("MEMCPY_IN_FUSION_BUFFER");
+        t.record_lanes(Phase::Begin, copy.clone(), group.clone(), 10);
+        t.record_lanes(Phase::End, copy, group, 15);
+        t.begin(other, "QUEUE");
         t.close();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(
-            v.as_array()
-                .unwrap()
+        let events = v.as_array().unwrap();
+        let count = |ph: &str, name: &str| {
+            events
                 .iter()
-                .filter(|e| e["ph"] == "B")
-                .count(),
-            3
+                .filter(|e| e["ph"] == ph && e["name"] == name)
+                .count()
+        };
+        assert_eq!(count("X", "NEGOTIATE_ALLREDUCE"), 3);
+        assert_eq!(count("X", "MEMCPY_IN_FUSION_BUFFER"), 2);
+        assert!(
+            events.iter().any(|e| e["name"] == "MEMCPY_IN_FUSION_BUFFER"
+                && e["tid"] == other
+                && e["dur"] == 5)
         );
+        assert_eq!(count("B", "QUEUE"), 1, "open phases are written at close");
     }
 }

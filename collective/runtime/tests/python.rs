@@ -232,6 +232,32 @@ fn timeline_is_valid_chrome_trace_json_with_every_phase() {
             "no `{phase}` in the timeline; names: {names:?}"
         );
     }
+    // Phases are complete events nested in their operation on the tensor's lane.
+    let events = events.as_array().unwrap();
+    let lane = events
+        .iter()
+        .find(|e| e["ph"] == "M" && e["args"]["name"] == "grad.7")
+        .map(|e| e["tid"].clone())
+        .expect("a lane for grad.7");
+    let spans = |name: &str| -> Vec<(u64, u64)> {
+        events
+            .iter()
+            .filter(|e| e["tid"] == lane && e["ph"] == "X" && e["name"] == name)
+            .map(|e| {
+                let ts = e["ts"].as_u64().unwrap();
+                (ts, ts + e["dur"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    let ops = spans("ALLREDUCE");
+    let copies = spans("MEMCPY_IN_FUSION_BUFFER");
+    assert!(!ops.is_empty() && !copies.is_empty(), "{ops:?} {copies:?}");
+    for (start, end) in copies {
+        assert!(
+            ops.iter().any(|(s, e)| *s <= start && end <= *e),
+            "MEMCPY_IN_FUSION_BUFFER {start}..{end} outside every ALLREDUCE of grad.7: {ops:?}"
+        );
+    }
 }
 
 #[test]

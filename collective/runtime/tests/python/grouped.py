@@ -36,6 +36,21 @@ for step in range(5):
     for i, g in enumerate(grads):
         check(g, np.full(1024, total + n * (i + step), np.float32), "in place {}".format(i))
 
+# The same group name with changed members: a reshaped array, a new array object, a dtype change in place, a
+# different scale factor (the library remembers prepared in-place groups of numpy arrays and must notice).
+grads[0].shape = (32, 32)
+grads[1] = np.full(7, r, np.float64)
+grads[2].dtype = np.int32
+grads[2][:] = r
+for postscale in (1.0, 2.0):
+    grads[0][:] = r
+    grads[1][:] = r
+    grads[2][:] = r
+    hvd.grouped_allreduce_(grads, op=hvd.Sum, name="grads", postscale_factor=postscale)
+    check(grads[0], np.full((32, 32), total * postscale, np.float32), "reshaped")
+    check(grads[1], np.full(7, total * postscale, np.float64), "replaced")
+    check(grads[2], np.full(1024, total * int(postscale), np.int32), "dtype changed")
+
 # Out of place, every kind of input in one group; the inputs stay untouched.
 base = np.arange(24, dtype=np.float64).reshape(4, 6)
 readonly = np.arange(5, dtype=np.int32) + r
