@@ -563,8 +563,8 @@ fn allreduce_project() -> tempfile::TempDir {
     allreduce_project_after("", "")
 }
 
-/// [`allreduce_project`] with steps `before` in the file and the train step's command prefixed with `guard`.
-fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
+/// What the allreduce worker needs: a python3 with numpy, the `hvd` package's directory and the runtime library.
+fn allreduce_runtime() -> (String, std::path::PathBuf, std::path::PathBuf) {
     // Cargo builds the runtime library with the binary (hvd depends on hvd-runtime): at the top of the target
     // dir after a `cargo build -p hvd-runtime`, always in `deps/`.
     let lib = [
@@ -584,6 +584,12 @@ fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
         .map(|o| text(&o).0.trim().to_owned());
     let python = python.expect("python3 with numpy (scripts/install-deps installs it)");
     let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
+    (python, package, lib)
+}
+
+/// [`allreduce_project`] with steps `before` in the file and the train step's command prefixed with `guard`.
+fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
+    let (python, package, lib) = allreduce_runtime();
     let needs = if before.is_empty() {
         String::new()
     } else {
@@ -1103,6 +1109,72 @@ step use {
     assert!(!stderr.contains("submitted"), "{stderr}");
     assert!(
         stderr.contains("step `use` skipped: inputs unchanged"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
+    // What a JobSet pod runs (see the manifests of `hvd export k8s`): no launcher, the rank from
+    // JOB_COMPLETION_INDEX, HVD_RENDEZVOUS naming rank 0's pod (here `localhost`, a name that must be resolved),
+    // the token from the Job's UID. Rank 1 starts first and must wait for rank 0's shim to serve.
+    let (python, package, lib) = allreduce_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    let port = free_port();
+    let start = |rank: u32| {
+        Command::new(HVD)
+            .args(["worker-env", "--", &python, "ar.py"])
+            .current_dir(dir.path())
+            .env("JOB_COMPLETION_INDEX", rank.to_string())
+            .env("HVD_SIZE", "2")
+            .env("HVD_RENDEZVOUS", format!("localhost:{port}"))
+            .env("HVD_RENDEZVOUS_SERVE", "1")
+            .env("HVD_JOB_TOKEN", "0b6c3d4e-uid-of-the-job")
+            .env("HOSTNAME", format!("pod-{rank}"))
+            .env("PYTHONPATH", &package)
+            .env("HVD_LIBRARY", &lib)
+            .env_remove("HVD_RANK")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let rank1 = start(1);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let rank0 = start(0);
+    for (rank, child) in [(0, rank0), (1, rank1)] {
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "rank {rank}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("allreduce rank={rank} size=2 sum=3.0 ok=True")),
+            "rank {rank}: {stdout}\n{stderr}"
+        );
+    }
+
+    // Rank 0 is gone (its shim stopped serving when its worker ended): a rank gives up after HVD_RENDEZVOUS_WAIT
+    // with a message that says what to check, instead of hanging.
+    let out = Command::new(HVD)
+        .args(["worker-env", "--", "true"])
+        .env("JOB_COMPLETION_INDEX", "1")
+        .env("HVD_SIZE", "2")
+        .env("HVD_RENDEZVOUS", format!("localhost:{port}"))
+        .env("HVD_RENDEZVOUS_SERVE", "1")
+        .env("HVD_RENDEZVOUS_WAIT", "1")
+        .env("HVD_JOB_TOKEN", "t")
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "{stderr}");
+    // The report is wrapped to the terminal's width: compare its words.
+    let words = stderr
+        .split_whitespace()
+        .filter(|w| *w != "│")
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        words.contains("did not accept connections within") && words.contains("is rank 0 running"),
         "{stderr}"
     );
 }

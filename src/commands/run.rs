@@ -130,10 +130,22 @@ pub struct WorkerEnvArgs {
 }
 
 pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
+    use hvd_launcher::engines::shim;
     use std::os::unix::process::CommandExt as _;
-    let get = |name: &str| std::env::var(name).ok();
-    let vars = hvd_launcher::engines::shim::shim_env(&get)
-        .map_err(|e| Failure::new(Status::Usage, miette::miette!("hvd worker-env: {e}")))?;
+    let env = |name: &str| std::env::var(name).ok();
+    let usage = |e: &dyn std::fmt::Display| {
+        Failure::new(Status::Usage, miette::miette!("hvd worker-env: {e}"))
+    };
+    let (slot, _) = shim::slot_from_env(&env).map_err(|e| usage(&e))?;
+    // Rank 0 of a job without a launcher-side rendezvous (Kubernetes) serves it while its worker runs.
+    let server = shim::serve_if_rank_zero(&env, &slot).map_err(|e| usage(&e))?;
+    let rendezvous = shim::resolve_rendezvous(&env)
+        .map_err(|e| Failure::new(Status::Failure, miette::miette!("hvd worker-env: {e}")))?;
+    let get = |name: &str| match name {
+        "HVD_RENDEZVOUS" => rendezvous.clone(),
+        _ => env(name),
+    };
+    let vars = shim::shim_env(&get).map_err(|e| usage(&e))?;
     let Some((program, rest)) = args.command.split_first() else {
         return Err(Failure::usage(
             "hvd worker-env: give the command after `--`",
@@ -147,6 +159,28 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
         .unwrap_or_default();
     let mut command = std::process::Command::new(program);
     command.args(rest).envs(vars);
+    if let Some(mut server) = server {
+        let status = shim::run_forwarding_signals(&mut command).map_err(|err| {
+            Failure::new(
+                Status::Failure,
+                miette::miette!(
+                    "hvd worker-env: failed to start `{}`: {err}",
+                    program.to_string_lossy()
+                ),
+            )
+        })?;
+        server.shutdown();
+        use std::os::unix::process::ExitStatusExt as _;
+        let code = status
+            .code()
+            .or_else(|| status.signal().map(|s| 128 + s))
+            .unwrap_or(1);
+        return Ok(match u8::try_from(code) {
+            Ok(0) => Status::Success,
+            Ok(code) => Status::Worker(code),
+            Err(_) => Status::Failure,
+        });
+    }
     if args.kill_on_failure {
         let status = command.status().map_err(|err| {
             Failure::new(

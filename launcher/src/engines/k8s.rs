@@ -84,6 +84,23 @@ fn resources(project: &Project) -> Value {
     }
 }
 
+/// The port rank 0's shim serves the rendezvous on in a JobSet (`MASTER_PORT` is torch's).
+pub const RENDEZVOUS_PORT: u16 = 29400;
+
+/// Adds `HVD_JOB_TOKEN` to a distributed step's env list: the Job's UID, which every pod of the step can read from
+/// its own labels (downward API) and which is not written in the manifest.
+fn with_job_token(mut env: Value, distributed: bool) -> Value {
+    if distributed && let Value::Array(list) = &mut env {
+        list.push(json!({
+            "name": "HVD_JOB_TOKEN",
+            "valueFrom": { "fieldRef": {
+                "fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"
+            }},
+        }));
+    }
+    env
+}
+
 fn env_list(vars: &BTreeMap<String, String>) -> Value {
     Value::Array(
         vars.iter()
@@ -155,6 +172,12 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                         // headless service named after the JobSet.
                         env.insert("MASTER_ADDR".into(), format!("{name}-{job}-0-0.{name}"));
                         env.insert("MASTER_PORT".into(), MASTER_PORT.to_string());
+                        // No launcher serves a rendezvous here: rank 0's shim serves it on its pod's name.
+                        env.insert(
+                            "HVD_RENDEZVOUS".into(),
+                            format!("{name}-{job}-0-0.{name}:{RENDEZVOUS_PORT}"),
+                        );
+                        env.insert(super::shim::SERVE_VAR.into(), "1".into());
                         json!(["hvd", "worker-env", "--", "/bin/sh", "-c", step.run])
                     }
                     None => json!(["/bin/sh", "-c", step.run]),
@@ -173,7 +196,7 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                                 "name": "worker",
                                 "image": image,
                                 "command": command,
-                                "env": env_list(&env),
+                                "env": with_job_token(env_list(&env), step.workers.is_some()),
                                 "resources": resources,
                             }],
                         }},

@@ -210,6 +210,161 @@ pub fn shim_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, Str
     Ok(vars)
 }
 
+/// Set (to `1`) on every rank of a job whose launcher serves no rendezvous (a Kubernetes JobSet): rank 0's shim then
+/// serves it itself on `HVD_RENDEZVOUS`'s port, for as long as its worker runs.
+pub const SERVE_VAR: &str = "HVD_RENDEZVOUS_SERVE";
+/// How long (seconds) the shim waits for `HVD_RENDEZVOUS` to resolve and accept connections (default 300 when rank
+/// 0 serves it, else 0: under a launcher the server is up before any worker starts).
+pub const WAIT_VAR: &str = "HVD_RENDEZVOUS_WAIT";
+
+/// Errors of the shim's own rendezvous handling.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("`{SERVE_VAR}` is set but `HVD_RENDEZVOUS` is not `host:port` (it is {0:?})")]
+    NoAddress(Option<String>),
+    #[error("`HVD_JOB_TOKEN` is missing or empty; rank 0 needs it to serve the rendezvous")]
+    NoToken,
+    #[error("`{WAIT_VAR}` is `{0}`, not a number of seconds")]
+    BadWait(String),
+    #[error(transparent)]
+    Server(#[from] crate::rendezvous::RendezvousError),
+    #[error(
+        "the rendezvous `{address}` did not {what} within {waited:?}: {detail}; is rank 0 running, and does its \
+         name resolve from here?"
+    )]
+    Unreachable {
+        address: String,
+        what: &'static str,
+        waited: std::time::Duration,
+        detail: String,
+    },
+}
+
+/// When `HVD_RENDEZVOUS_SERVE=1` and this is rank 0: starts the rendezvous server on all addresses at
+/// `HVD_RENDEZVOUS`'s port, guarded by `HVD_JOB_TOKEN` (Horovod's token-less gloo endpoints answer nobody).
+pub fn serve_if_rank_zero(
+    get: &dyn Fn(&str) -> Option<String>,
+    slot: &Slot,
+) -> Result<Option<crate::rendezvous::RendezvousServer>, ServeError> {
+    if get(SERVE_VAR).as_deref() != Some("1") || slot.rank != 0 {
+        return Ok(None);
+    }
+    let address = get("HVD_RENDEZVOUS");
+    let port = address
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .filter(|p| *p != 0)
+        .ok_or_else(|| ServeError::NoAddress(address.clone()))?;
+    let token = get("HVD_JOB_TOKEN")
+        .filter(|t| !t.is_empty())
+        .ok_or(ServeError::NoToken)?;
+    let bind = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    Ok(Some(crate::rendezvous::RendezvousServer::start(
+        bind,
+        &token,
+        Vec::new(),
+    )?))
+}
+
+/// `HVD_RENDEZVOUS` as an address the worker can use: a `host:port` whose host is a name (a pod's DNS name) is
+/// resolved, retrying until it resolves and accepts a connection or `HVD_RENDEZVOUS_WAIT` runs out. `None` when
+/// unset or a `file:` rendezvous.
+pub fn resolve_rendezvous(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<String>, ServeError> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    use std::time::{Duration, Instant};
+    let Some(address) = get("HVD_RENDEZVOUS") else {
+        return Ok(None);
+    };
+    if address.starts_with("file:") || address.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(Some(address));
+    }
+    let default = if get(SERVE_VAR).as_deref() == Some("1") {
+        300.0
+    } else {
+        0.0
+    };
+    let wait = match get(WAIT_VAR) {
+        None => Duration::from_secs_f64(default),
+        Some(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .ok_or(ServeError::BadWait(v))?,
+    };
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let attempt = match address.to_socket_addrs() {
+            Err(e) => Err(("resolve", e.to_string())),
+            Ok(addrs) => {
+                let addrs: Vec<_> = addrs.collect();
+                let mut last = ("resolve", "the name has no address".to_owned());
+                let mut found = None;
+                for a in addrs {
+                    match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
+                        Ok(_) => {
+                            found = Some(a);
+                            break;
+                        }
+                        Err(e) => last = ("accept connections", e.to_string()),
+                    }
+                }
+                found.ok_or(last)
+            }
+        };
+        match attempt {
+            Ok(addr) => return Ok(Some(addr.to_string())),
+            Err((what, detail)) if start.elapsed() >= wait => {
+                return Err(ServeError::Unreachable {
+                    address,
+                    what,
+                    waited: start.elapsed(),
+                    detail,
+                });
+            }
+            Err(_) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_signal(signal: libc::c_int) {
+    let pid = FORWARD_TO.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe and has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+/// Runs `command` as a child and waits for it, passing SIGTERM, SIGINT and SIGHUP on to it (the shim stays alive
+/// while it serves the rendezvous; as a container's PID 1 it must hand the pod's SIGTERM to the worker).
+pub fn run_forwarding_signals(
+    command: &mut std::process::Command,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut child = command.spawn()?;
+    FORWARD_TO.store(
+        i32::try_from(child.id()).unwrap_or(0),
+        std::sync::atomic::Ordering::SeqCst,
+    );
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: the handler only loads an atomic and calls kill(2), both async-signal-safe.
+        unsafe {
+            libc::signal(signal, forward_signal as *const () as libc::sighandler_t);
+        }
+    }
+    child.wait()
+}
+
 /// Ends this process with SIGKILL (`hvd worker-env --kill-on-failure`: MPICH's mpiexec ends the job when a rank
 /// dies of a signal, not when it exits with a code).
 pub fn die_by_signal() {
