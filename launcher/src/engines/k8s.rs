@@ -228,7 +228,7 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                 "metadata": metadata(&name, project),
                 "spec": {
                     "failurePolicy": { "maxRestarts": 0 },
-                    "network": { "enableDNSHostnames": true, "subdomain": name },
+                    "network": { "enableDNSHostnames": true, "publishNotReadyAddresses": true, "subdomain": name },
                     "replicatedJobs": jobs,
                 },
             });
