@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
         if (iters < 5) iters = 5;
         if (iters > 1000) iters = 1000;
         int count = (int)(bytes / 4);
-        size_t warm = iters / 10 < 1 ? 1 : (iters / 10 > 20 ? 20 : iters / 10);
+        size_t warm = iters / 5 < 1 ? 1 : (iters / 5 > 200 ? 200 : iters / 5); /* as hvd bench */
         for (size_t i = 0; i < warm; i++) MPI_Allreduce(buf, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
         double *t = malloc(iters * sizeof(double)), *worst = malloc(iters * sizeof(double));

@@ -112,7 +112,8 @@ fn sweep(
         for c in buf.chunks_exact_mut(4) {
             c.copy_from_slice(&1.0f32.to_ne_bytes());
         }
-        let warmup = (iters / 10).clamp(1, 20);
+        // Warm up long enough for small sizes (the first one runs right after the ranks start).
+        let warmup = (iters / 5).clamp(1, 200);
         for _ in 0..warmup {
             comm.allreduce_in_place(&mut buf, DType::F32, ReduceOp::Sum)?;
         }
