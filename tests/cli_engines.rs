@@ -5,14 +5,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+mod common;
 
-fn project(step: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!("project \"t\"\nenv {{\n  python = \"3.11\"\n  packages = []\n}}\n{step}\n");
-    std::fs::write(dir.path().join("train.hvd"), text).unwrap();
-    dir
-}
+use common::{HVD, allreduce_runtime, project, text};
 
 fn hvd_run(dir: &Path, args: &[&str]) -> Output {
     Command::new(HVD)
@@ -23,13 +18,6 @@ fn hvd_run(dir: &Path, args: &[&str]) -> Output {
         .env("NO_COLOR", "1")
         .output()
         .unwrap()
-}
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn have(program: &str) -> bool {
@@ -563,30 +551,6 @@ fn allreduce_project() -> tempfile::TempDir {
     allreduce_project_after("", "")
 }
 
-/// What the allreduce worker needs: a python3 with numpy, the `hvd` package's directory and the runtime library.
-fn allreduce_runtime() -> (String, std::path::PathBuf, std::path::PathBuf) {
-    // Cargo builds the runtime library with the binary (hvd depends on hvd-runtime): at the top of the target
-    // dir after a `cargo build -p hvd-runtime`, always in `deps/`.
-    let lib = [
-        Path::new(HVD).with_file_name("libhvd_runtime.so"),
-        Path::new(HVD)
-            .with_file_name("deps")
-            .join("libhvd_runtime.so"),
-    ]
-    .into_iter()
-    .find(|lib| lib.is_file())
-    .expect("libhvd_runtime.so is built with the hvd binary");
-    let python = Command::new("python3")
-        .args(["-c", "import numpy, sys; print(sys.executable)"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| text(&o).0.trim().to_owned());
-    let python = python.expect("python3 with numpy (scripts/install-deps installs it)");
-    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
-    (python, package, lib)
-}
-
 /// [`allreduce_project`] with steps `before` in the file and the train step's command prefixed with `guard`.
 fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
     let (python, package, lib) = allreduce_runtime();
@@ -596,9 +560,8 @@ fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
         "\n  needs = [\"prepare\"]".to_owned()
     };
     let dir = project(&format!(
-        "{before}\nstep train {{\n  run = \"{guard}{python} ar.py\"\n  workers = 2{needs}\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
-        package.display(),
-        lib.display()
+        "{before}\nstep train {{\n  run = \"{guard}{python} ar.py\"\n  workers = 2{needs}\n  {}\n}}",
+        common::allreduce_step_env(&package, &lib)
     ));
     std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
     dir

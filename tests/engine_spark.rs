@@ -8,15 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const HVD: &str = env!("CARGO_BIN_EXE_hvd");
-const MASTER: &str = "local-cluster[2,1,1024]";
+mod common;
 
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::{HVD, project, text};
+const MASTER: &str = "local-cluster[2,1,1024]";
 
 /// The Python with pyspark and numpy, and Java: both are required (scripts/install-deps installs them).
 fn spark_python() -> PathBuf {
@@ -40,13 +35,6 @@ fn spark_python() -> PathBuf {
         "`java -version` fails: Spark needs Java 17; run scripts/install-deps (it installs openjdk-17-jre-headless)"
     );
     PathBuf::from(python)
-}
-
-fn project(step: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!("project \"t\"\nenv {{\n  python = \"3.11\"\n  packages = []\n}}\n{step}\n");
-    std::fs::write(dir.path().join("train.hvd"), text).unwrap();
-    dir
 }
 
 /// `hvd run --engine spark` on the local cluster; every process of the run carries `HVD_TEST_MARK=<mark>`.
@@ -118,23 +106,11 @@ sys.exit(0 if ok else 1)
 #[test]
 fn spark_barrier_job_runs_the_allreduce_worker_on_every_rank() {
     let python = spark_python();
-    // Cargo builds the runtime library with the binary (hvd depends on hvd-runtime): in `deps/` (and at the top of
-    // the target dir after a `cargo build -p hvd-runtime`).
-    let lib = [
-        Path::new(HVD).with_file_name("libhvd_runtime.so"),
-        Path::new(HVD)
-            .with_file_name("deps")
-            .join("libhvd_runtime.so"),
-    ]
-    .into_iter()
-    .find(|lib| lib.is_file())
-    .expect("libhvd_runtime.so is built with the hvd binary");
-    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
+    let (_, package, lib) = common::allreduce_runtime();
     let dir = project(&format!(
-        "step train {{\n  run = \"{} ar.py\"\n  workers = 2\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
+        "step train {{\n  run = \"{} ar.py\"\n  workers = 2\n  {}\n}}",
         python.display(),
-        package.display(),
-        lib.display()
+        common::allreduce_step_env(&package, &lib)
     ));
     std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
     let mark = format!("allreduce-{}", std::process::id());

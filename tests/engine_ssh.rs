@@ -10,17 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+mod common;
+
+use common::{HVD, project, text};
 const HOSTS: [&str; 2] = ["10.77.0.2", "10.77.0.3"];
 const LAUNCHER_ADDR: &str = "10.77.0.1";
 const SSH_PORT: &str = "2222";
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 unsafe extern "C" {
     #[link_name = "geteuid"]
@@ -325,13 +320,6 @@ impl Hosts {
     }
 }
 
-fn project(step: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!("project \"t\"\nenv {{\n  python = \"3.11\"\n  packages = []\n}}\n{step}\n");
-    std::fs::write(dir.path().join("train.hvd"), text).unwrap();
-    dir
-}
-
 const ALLREDUCE_PY: &str = r#"import os, sys
 import numpy as np
 import hvd
@@ -355,27 +343,10 @@ sys.exit(0 if ok else 1)
 
 /// A project whose one step runs the Python `hvd` package's allreduce on 4 ranks and checks the sum.
 fn allreduce_project() -> tempfile::TempDir {
-    let lib = [
-        Path::new(HVD).with_file_name("libhvd_runtime.so"),
-        Path::new(HVD)
-            .with_file_name("deps")
-            .join("libhvd_runtime.so"),
-    ]
-    .into_iter()
-    .find(|lib| lib.is_file())
-    .expect("libhvd_runtime.so is built with the hvd binary");
-    let python = Command::new("python3")
-        .args(["-c", "import numpy, sys; print(sys.executable)"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| text(&o).0.trim().to_owned())
-        .expect("python3 with numpy (scripts/install-deps installs it)");
-    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
+    let (python, package, lib) = common::allreduce_runtime();
     let dir = project(&format!(
-        "step train {{\n  run = \"{python} ar.py\"\n  workers = 4\n  env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\" }}\n}}",
-        package.display(),
-        lib.display()
+        "step train {{\n  run = \"{python} ar.py\"\n  workers = 4\n  {}\n}}",
+        common::allreduce_step_env(&package, &lib)
     ));
     std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
     dir
