@@ -507,17 +507,11 @@ fn run_step(
                 path: "/dev/urandom".into(),
                 source,
             })?;
-            let server = RendezvousServer::start(
-                "127.0.0.1:0"
-                    .parse()
-                    .map_err(|_| LaunchError::Internal("bad bind address"))?,
-                &token,
-                vec![
-                    "127.0.0.1"
-                        .parse()
-                        .map_err(|_| LaunchError::Internal("bad loopback address"))?,
-                ],
-            )?;
+            // Loopback unless the ranks run on other machines (a Spark cluster's executors).
+            let ip = plan
+                .rendezvous_bind
+                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+            let server = RendezvousServer::start(SocketAddr::new(ip, 0), &token, vec![ip])?;
             server.set_gloo_layout(&step.layout.hosts());
             Some((server, token))
         }

@@ -211,6 +211,9 @@ pub struct Plan {
     pub env_dir: Option<PathBuf>,
     /// The ssh engine's hosts and options: distributed steps run their ranks over ssh.
     pub ssh: Option<std::sync::Arc<crate::engines::ssh::SshSetup>>,
+    /// Where the rendezvous of a distributed step binds when its ranks run elsewhere but not over ssh (a Spark
+    /// cluster's executors); `None`: 127.0.0.1.
+    pub rendezvous_bind: Option<std::net::IpAddr>,
 }
 
 /// Builds the plan for `project`.
@@ -327,6 +330,16 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
             timeout: step.timeout_ms.map(Duration::from_millis),
         });
     }
+    let network_interface = options.ssh.network_interface.clone().or_else(|| {
+        project
+            .cluster
+            .as_ref()
+            .and_then(|c| c.settings.get("network_interface").cloned())
+    });
+    let rendezvous_bind = match &spark {
+        Some(setup) => setup.rendezvous_bind(network_interface.as_deref())?,
+        None => None,
+    };
     Ok(Plan {
         project: project.name.clone(),
         state_dir: options
@@ -338,6 +351,7 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
         gpus_per_worker: project.resources.gpus,
         env_dir: options.env_dir.clone(),
         ssh,
+        rendezvous_bind,
     })
 }
 

@@ -17,6 +17,15 @@ pub const DRIVER_SOURCE: &str = include_str!("spark_driver.py");
 /// Its file name under `<state dir>/spark/`.
 pub const DRIVER_FILE: &str = "hvd_spark_driver.py";
 
+/// The host of a master URL with one (`spark://h:7077`, `spark://h1:7077,h2:7077`, `k8s://https://h:6443`).
+fn master_host(master: &str) -> Option<&str> {
+    let (_, rest) = master.split_once("://")?;
+    let rest = rest.split_once("://").map_or(rest, |(_, r)| r);
+    let first = rest.split([',', '/']).next()?;
+    let host = first.rsplit_once(':').map_or(first, |(h, _)| h);
+    (!host.is_empty()).then_some(host)
+}
+
 /// `hvd run` options of the spark engine (else `cluster { settings = { master, python } }`).
 #[derive(Debug, Clone, Default)]
 pub struct SparkOptions {
@@ -137,6 +146,27 @@ impl SparkSetup {
         }
     }
 
+    /// The address the rendezvous binds for a cluster master (executors on other machines must reach it): the IPv4
+    /// address of `network_interface` when given, else the local address whose route reaches the master's host
+    /// (`spark://HOST:PORT`, `mesos://...`, `k8s://https://HOST:PORT`); `None` under a local master or when the
+    /// master names no host (`yarn`: give `--network-interface`).
+    pub fn rendezvous_bind(
+        &self,
+        network_interface: Option<&str>,
+    ) -> Result<Option<std::net::IpAddr>, crate::LaunchError> {
+        if self.local_host().is_some() {
+            return Ok(None);
+        }
+        if let Some(name) = network_interface {
+            return super::ssh::interface_ipv4(name).map(Some);
+        }
+        let Some(host) = self.master.as_deref().and_then(master_host) else {
+            return Ok(None);
+        };
+        let ip = super::ssh::resolve_host(host)?;
+        super::ssh::route_source(ip).map(Some)
+    }
+
     /// Where the driver program lives.
     pub fn driver_path(&self) -> PathBuf {
         self.state_dir.join("spark").join(DRIVER_FILE)
@@ -242,6 +272,38 @@ pub fn write_driver(path: &Path) -> Result<(), LaunchError> {
 mod tests {
     use super::*;
     use crate::engines::mpi::shell_line;
+
+    #[test]
+    fn the_rendezvous_binds_where_the_master_is_reached() {
+        assert_eq!(master_host("spark://h:7077"), Some("h"));
+        assert_eq!(master_host("spark://h1:7077,h2:7077"), Some("h1"));
+        assert_eq!(
+            master_host("k8s://https://api.example:6443"),
+            Some("api.example")
+        );
+        assert_eq!(master_host("yarn"), None);
+        assert_eq!(
+            setup(Some("local-cluster[2,1,1024]"))
+                .rendezvous_bind(None)
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            setup(Some("spark://127.0.0.1:7077"))
+                .rendezvous_bind(None)
+                .unwrap(),
+            Some(std::net::Ipv4Addr::LOCALHOST.into())
+        );
+        assert_eq!(
+            setup(Some("yarn")).rendezvous_bind(Some("lo")).unwrap(),
+            Some(std::net::Ipv4Addr::LOCALHOST.into())
+        );
+        assert!(
+            setup(Some("spark://h:1"))
+                .rendezvous_bind(Some("no-such-if0"))
+                .is_err()
+        );
+    }
 
     fn setup(master: Option<&str>) -> SparkSetup {
         SparkSetup {

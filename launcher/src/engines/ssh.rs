@@ -738,23 +738,30 @@ fn resolve(ssh: &[String], host: &str) -> Result<IpAddr, LaunchError> {
     {
         name = h.trim().to_owned();
     }
+    resolve_host(&name).map_err(|e| {
+        if name == host {
+            e
+        } else {
+            engine_error(format!("{e} (ssh connects to `{name}` for host `{host}`)"))
+        }
+    })
+}
+
+/// The address of host name `name` (an IP address as is), IPv4 preferred, from the system resolver.
+pub fn resolve_host(name: &str) -> Result<IpAddr, LaunchError> {
     if let Ok(ip) = name.parse::<IpAddr>() {
         return Ok(ip);
     }
-    let addrs: Vec<SocketAddr> = (name.as_str(), 22)
+    let addrs: Vec<SocketAddr> = (name, 22)
         .to_socket_addrs()
-        .map_err(|e| {
-            engine_error(format!(
-                "cannot resolve host `{host}` (ssh connects to `{name}`): {e}"
-            ))
-        })?
+        .map_err(|e| engine_error(format!("cannot resolve host `{name}`: {e}")))?
         .collect();
     addrs
         .iter()
         .find(|a| a.is_ipv4())
         .or(addrs.first())
         .map(SocketAddr::ip)
-        .ok_or_else(|| engine_error(format!("host `{host}` has no address")))
+        .ok_or_else(|| engine_error(format!("host `{name}` has no address")))
 }
 
 /// The local address whose route reaches `peer` (a UDP socket's connect sends nothing).
