@@ -170,6 +170,11 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
             )
         })?;
         server.shutdown();
+        if args.kill_on_failure && !status.success() {
+            let line = format!("hvd worker-env: rank {rank} failed ({status}); ending the job\n");
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            shim::die_by_signal();
+        }
         use std::os::unix::process::ExitStatusExt as _;
         let code = status
             .code()

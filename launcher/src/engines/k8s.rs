@@ -87,8 +87,9 @@ fn resources(project: &Project) -> Value {
 /// The port rank 0's shim serves the rendezvous on in a JobSet (`MASTER_PORT` is torch's).
 pub const RENDEZVOUS_PORT: u16 = 29400;
 
-/// Adds `HVD_JOB_TOKEN` to a distributed step's env list: the Job's UID, which every pod of the step can read from
-/// its own labels (downward API) and which is not written in the manifest.
+/// Adds `HVD_JOB_TOKEN` to a distributed step's env list: the Job's UID, which every pod of the step (a JobSet's
+/// Indexed Job; an MPIJob's launcher Job, whose mpirun passes it on) can read from its own labels (downward API) and
+/// which is not written in the manifest.
 fn with_job_token(mut env: Value, distributed: bool) -> Value {
     if distributed && let Value::Array(list) = &mut env {
         list.push(json!({
@@ -263,8 +264,16 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                     ));
                 }
                 let job = format!("{name}-{}", dns_label(&step.name));
-                let env = step_env(step);
-                let export: Vec<String> = env.keys().cloned().collect();
+                let mut env = step_env(step);
+                // The ranks meet at a rendezvous rank 0's shim serves on the first worker pod (mpirun places rank
+                // 0 there: one slot per worker, hostfile order), with the launcher Job's UID as token.
+                env.insert(
+                    "HVD_RENDEZVOUS".into(),
+                    format!("{job}-worker-0.{job}:{RENDEZVOUS_PORT}"),
+                );
+                env.insert(super::shim::SERVE_VAR.into(), "1".into());
+                let mut export: Vec<String> = env.keys().cloned().collect();
+                export.push("HVD_JOB_TOKEN".into());
                 let argv = super::mpi::argv(
                     &Mpirun {
                         program: "mpirun".into(),
@@ -284,7 +293,7 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                     let mut c = json!({
                         "name": role,
                         "image": image,
-                        "env": env_list(&env),
+                        "env": with_job_token(env_list(&env), command.is_some()),
                     });
                     match command {
                         Some(argv) => c["command"] = json!(argv),
