@@ -383,3 +383,13 @@ fn torch_distributed_optimizer_keeps_parameters_identical() {
         "bf16 with torch's python",
     );
 }
+
+#[test]
+#[ignore = "opt-in: needs jax; HVD_TEST_JAX=/path/to/python"]
+fn jax_pytrees_train_with_identical_parameters() {
+    let python = opt_in_python("HVD_TEST_JAX", "jax");
+    assert_all_ok(
+        &run_with(&python, 2, "jax_train.py", &[]),
+        "hvd.jax on 2 ranks",
+    );
+}
