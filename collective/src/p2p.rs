@@ -161,7 +161,28 @@ impl<T: Transport> P2pCommunicator<T> {
         let mut incoming = std::mem::take(&mut self.hdr_in);
         incoming.clear();
         incoming.resize(n, [0u8; HEADER_LEN]);
-        let r = {
+        let r = if n == 2 {
+            // Two ranks (the common small case): the same exchange without allocating.
+            let peer = 1 - me;
+            let mut recv = [RecvOp::new(peer, &mut incoming[peer], None)];
+            let name = h.kind.name();
+            match eager {
+                Some(d) => exchange(
+                    &mut self.transport,
+                    name,
+                    self.timeout,
+                    &mut [SendOp::new(peer, &outgoing[peer]), SendOp::new(peer, d)],
+                    &mut recv,
+                ),
+                None => exchange(
+                    &mut self.transport,
+                    name,
+                    self.timeout,
+                    &mut [SendOp::new(peer, &outgoing[peer])],
+                    &mut recv,
+                ),
+            }
+        } else {
             let mut sends: Vec<SendOp<'_>> = Vec::with_capacity(2 * n);
             for j in (0..n).filter(|j| *j != me) {
                 sends.push(SendOp::new(j, &outgoing[j]));
@@ -218,7 +239,9 @@ impl<T: Transport> P2pCommunicator<T> {
             eager_in[j].clear();
             eager_in[j].resize(len, 0);
         }
-        {
+        if eager_in.iter().all(Vec::is_empty) {
+            self.eager_in = eager_in;
+        } else {
             let mut recvs: Vec<RecvOp<'_>> = eager_in
                 .iter_mut()
                 .enumerate()
