@@ -312,8 +312,12 @@ def _sweep_orphans():
     lib = _lib._lib
     if lib is None:
         return
-    still = []
-    for hid, group, keep in _orphans:
+    # Pop and re-append (both atomic), so that handles dropped meanwhile by other threads are never lost.
+    for _ in range(len(_orphans)):
+        try:
+            hid, group, keep = _orphans.pop(0)
+        except IndexError:
+            return
         if group is not None:
             if lib.hvd_poll_many(hid, group) != 0:
                 lib.hvd_wait_many(hid, group)
@@ -321,8 +325,7 @@ def _sweep_orphans():
         elif lib.hvd_poll(hid) != 0:
             lib.hvd_release(hid)
             continue
-        still.append((hid, group, keep))
-    _orphans[:] = still
+        _orphans.append((hid, group, keep))
 
 
 _tls = threading.local()

@@ -99,5 +99,16 @@ except hvd.HvdError as e:
     assert "mismatch.1" in str(e), e
 check(hvd.grouped_allreduce([np.ones(1, np.float32)], op=hvd.Sum, name="after")[0],
       np.full(1, n, np.float32), "after the error")
+# Handles dropped while in flight: their buffers stay alive until the library is done, then are released.
+import gc  # noqa: E402
+
+for i in range(20):
+    hvd.allreduce_async(np.full(1000, float(r), np.float32), op=hvd.Sum, name="drop.{}".format(i))
+    hvd.grouped_allreduce_async([np.ones(10), np.ones(3, np.float32)], name="gdrop.{}".format(i))
+gc.collect()
+assert len(hvd._orphans) > 0, "dropped in-flight handles were not kept"
+hvd.barrier()
+hvd.allreduce(np.ones(1), name="sweep")  # a submission releases the completed ones
+assert len(hvd._orphans) == 0, hvd._orphans
 hvd.shutdown()
 print("ok grouped rank {}".format(r))
