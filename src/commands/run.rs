@@ -159,16 +159,17 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
         .unwrap_or_default();
     let mut command = std::process::Command::new(program);
     command.args(rest).envs(vars);
+    let start_failed = |err: std::io::Error| {
+        Failure::new(
+            Status::Failure,
+            miette::miette!(
+                "hvd worker-env: failed to start `{}`: {err}",
+                program.to_string_lossy()
+            ),
+        )
+    };
     if let Some(mut server) = server {
-        let status = shim::run_forwarding_signals(&mut command).map_err(|err| {
-            Failure::new(
-                Status::Failure,
-                miette::miette!(
-                    "hvd worker-env: failed to start `{}`: {err}",
-                    program.to_string_lossy()
-                ),
-            )
-        })?;
+        let status = shim::run_forwarding_signals(&mut command).map_err(start_failed)?;
         server.shutdown();
         if args.kill_on_failure && !status.success() {
             let line = format!("hvd worker-env: rank {rank} failed ({status}); ending the job\n");
@@ -187,15 +188,7 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
         });
     }
     if args.kill_on_failure {
-        let status = command.status().map_err(|err| {
-            Failure::new(
-                Status::Failure,
-                miette::miette!(
-                    "hvd worker-env: failed to start `{}`: {err}",
-                    program.to_string_lossy()
-                ),
-            )
-        })?;
+        let status = command.status().map_err(start_failed)?;
         if status.success() {
             return Ok(Status::Success);
         }
@@ -208,14 +201,7 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
             miette::miette!("hvd worker-env: rank {rank} failed ({status})"),
         ));
     }
-    let err = command.exec();
-    Err(Failure::new(
-        Status::Failure,
-        miette::miette!(
-            "hvd worker-env: failed to start `{}`: {err}",
-            program.to_string_lossy()
-        ),
-    ))
+    Err(start_failed(command.exec()))
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {

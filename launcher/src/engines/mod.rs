@@ -151,26 +151,7 @@ impl MpiSetup {
         command: &str,
         has_env_dir: bool,
     ) -> Vec<String> {
-        let mut export: Vec<String> = [
-            "PATH",
-            "PYTHONUNBUFFERED",
-            "HVD_RENDEZVOUS",
-            "HVD_JOB_TOKEN",
-            "MASTER_PORT",
-            shim::GPUS_VAR,
-            crate::engine::STEP_MARKER_VAR,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        if has_env_dir {
-            export.push("VIRTUAL_ENV".into());
-        }
-        for k in env.keys() {
-            if !export.contains(k) {
-                export.push(k.clone());
-            }
-        }
+        let export = exported_vars(env, has_env_dir);
         mpi::argv(
             &self.mpirun,
             &mpi::MpiStep {
@@ -184,6 +165,35 @@ impl MpiSetup {
             },
         )
     }
+}
+
+/// The variables an engine that starts the ranks itself (mpirun, a Spark driver) passes on to them: what the shim
+/// needs to build the worker contract, the env's, and the step's own `env`.
+pub fn exported_vars(
+    env: &std::collections::BTreeMap<String, String>,
+    has_env_dir: bool,
+) -> Vec<String> {
+    let mut export: Vec<String> = [
+        "PATH",
+        "PYTHONUNBUFFERED",
+        "HVD_RENDEZVOUS",
+        "HVD_JOB_TOKEN",
+        "MASTER_PORT",
+        shim::GPUS_VAR,
+        crate::engine::STEP_MARKER_VAR,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if has_env_dir {
+        export.push("VIRTUAL_ENV".into());
+    }
+    for k in env.keys() {
+        if !export.contains(k) {
+            export.push(k.clone());
+        }
+    }
+    export
 }
 
 /// Reads the rank tag mpirun or srun puts in front of a line: OpenMPI's `--tag-output` (`[1,R]<stdout>:text`),

@@ -180,26 +180,7 @@ impl SparkSetup {
         command: &str,
         has_env_dir: bool,
     ) -> Vec<String> {
-        let mut export: Vec<String> = [
-            "PATH",
-            "PYTHONUNBUFFERED",
-            "HVD_RENDEZVOUS",
-            "HVD_JOB_TOKEN",
-            "MASTER_PORT",
-            super::shim::GPUS_VAR,
-            crate::engine::STEP_MARKER_VAR,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        if has_env_dir {
-            export.push("VIRTUAL_ENV".into());
-        }
-        for k in env.keys() {
-            if !export.contains(k) {
-                export.push(k.clone());
-            }
-        }
+        let export = super::exported_vars(env, has_env_dir);
         let master = self
             .master
             .clone()
