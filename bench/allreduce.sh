@@ -7,6 +7,7 @@
 #                 ALLOW_DEBUG=1: its numbers mean nothing)
 #        BACKEND  hvd backend (default shm); EXTRA_4 = 1 also runs hvd with 4 ranks (oversubscribed check)
 #        REPS     interleaved repetitions of every run (default 3); the table shows the median over them
+#        SETTLE   seconds to pause before each run (default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX=${1:-268435456}
@@ -34,11 +35,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "# machine: $(nproc) cores, load $load_before; hvd: $HVD_BIN; backend: $BACKEND; $REPS interleaved repetitions" >&2
 : > "$work/memcpy.json"; : > "$work/mpi.json"; : > "$work/hvd.json"; : > "$work/hvd4.json"
+# Each run starts after a pause: mpirun's daemons take a moment to exit and would otherwise compete with the
+# first (smallest) sizes of the next run.
+settle() { sleep "${SETTLE:-1}"; }
 for rep in $(seq "$REPS"); do
   "$work/allreduce_mpi" --memcpy >> "$work/memcpy.json"
+  settle
   mpirun -np 2 --bind-to core --oversubscribe --mca btl self,vader "$work/allreduce_mpi" "$MAX" >> "$work/mpi.json"
+  settle
   "$HVD_BIN" bench allreduce --workers 2 --backend "$BACKEND" --max-bytes "$MAX" --json >> "$work/hvd.json"
   if [ "${EXTRA_4:-0}" = 1 ]; then
+    settle
     "$HVD_BIN" bench allreduce --workers 4 --backend "$BACKEND" --max-bytes "$MAX" --json >> "$work/hvd4.json"
   fi
   echo "# repetition $rep done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
