@@ -393,3 +393,18 @@ fn jax_pytrees_train_with_identical_parameters() {
         "hvd.jax on 2 ranks",
     );
 }
+
+#[test]
+#[ignore = "opt-in: needs tensorflow; HVD_TEST_TENSORFLOW=/path/to/python"]
+fn tensorflow_gradient_tape_trains_with_identical_variables() {
+    let python = opt_in_python("HVD_TEST_TENSORFLOW", "tensorflow");
+    assert_all_ok(
+        &run_with(
+            &python,
+            2,
+            "tf_train.py",
+            &[("TF_CPP_MIN_LOG_LEVEL", "2"), ("CUDA_VISIBLE_DEVICES", "")],
+        ),
+        "hvd.tensorflow on 2 ranks",
+    );
+}
