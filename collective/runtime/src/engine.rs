@@ -706,6 +706,8 @@ impl Worker {
             self.shutdown = true;
             self.announce = true;
         }
+        // One clock read for the whole batch: they were all drained at this moment.
+        let ts = self.timeline.as_ref().map_or(0, |t| t.now_us());
         for s in items {
             let meta = &s.request.meta;
             if meta.kind == OpKind::Join {
@@ -731,7 +733,12 @@ impl Worker {
             let name = meta.name.clone();
             let lane = self.lane(&name);
             if let Some(t) = &mut self.timeline {
-                t.begin(lane, negotiate_name(meta.kind));
+                t.record(
+                    Phase::Begin,
+                    EventName::Static(negotiate_name(meta.kind)),
+                    lane,
+                    ts,
+                );
             }
             let lookup = if meta.kind.cacheable() {
                 self.cache.lookup(meta)
@@ -908,6 +915,7 @@ impl Worker {
         if responses.is_empty() {
             return Ok(());
         }
+        let ts = self.timeline.as_ref().map_or(0, |t| t.now_us());
         for meta in responses.iter().filter_map(|r| match r {
             Response::Execute { meta, .. } => Some(meta),
             _ => None,
@@ -915,7 +923,6 @@ impl Worker {
             if let Some(p) = self.pending.get(&meta.name)
                 && let Some(t) = &mut self.timeline
             {
-                let ts = t.now_us();
                 let lane = p.lane;
                 t.record(Phase::End, EventName::Static(""), lane, ts);
                 t.record(Phase::Begin, EventName::Static(meta.kind.upper()), lane, ts);
