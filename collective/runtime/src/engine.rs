@@ -816,18 +816,26 @@ impl Worker {
                 vector[1 + slot as usize] = 0;
             }
         }
-        let fast: Vec<Response> = (0..slots as u32)
-            .filter(|s| vector[1 + *s as usize] == 1)
-            .filter_map(|s| {
-                self.cached_ready.remove(&s);
-                self.cache.get(s).map(|meta| Response::Execute {
-                    meta: meta.clone(),
-                    dim0s: Vec::new(),
-                    splits: Vec::new(),
-                    joined: Vec::new(),
-                })
-            })
-            .collect();
+        let mut fast: Vec<Response> = Vec::new();
+        for s in (0..slots as u32).filter(|s| vector[1 + *s as usize] == 1) {
+            self.cached_ready.remove(&s);
+            let Some(cached) = self.cache.get(s) else {
+                continue;
+            };
+            // The local request equals the cached entry (that is what its hit bit said): move its description
+            // into the response instead of cloning the cache's (two allocations per tensor on the hot path). A
+            // joined rank without a request uses the cache's.
+            let meta = match self.pending.get_mut(&cached.name) {
+                Some(p) => take_meta(&mut p.request.meta),
+                None => cached.clone(),
+            };
+            fast.push(Response::Execute {
+                meta,
+                dim0s: Vec::new(),
+                splits: Vec::new(),
+                joined: Vec::new(),
+            });
+        }
         let mut did_work = !fast.is_empty();
         self.execute(fast, false)?;
 
@@ -1267,6 +1275,22 @@ impl Worker {
         }
         Ok(out)
     }
+}
+
+/// Moves a request's description out, leaving its scalar fields and empty name, shape and splits.
+fn take_meta(m: &mut RequestMeta) -> RequestMeta {
+    let rest = RequestMeta {
+        kind: m.kind,
+        name: String::new(),
+        dtype: m.dtype,
+        shape: Vec::new(),
+        op: m.op,
+        root: m.root,
+        prescale: m.prescale,
+        postscale: m.postscale,
+        splits: Vec::new(),
+    };
+    std::mem::replace(m, rest)
 }
 
 fn input_slice(input: &Input) -> &[u8] {
