@@ -239,7 +239,9 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
     // The open phases of every lane. A phase is written once, complete (`"ph":"X"` with its duration), when it
     // ends: half the events of `B`/`E` pairs, so half the writer's work. Phases still open when the timeline
     // closes are written as `B` events.
-    let mut open: HashMap<u32, Vec<(EventName, u64)>> = HashMap::new();
+    // Lanes are small dense integers: a vector indexed by lane.
+    let mut open: Vec<Vec<(EventName, u64)>> = Vec::new();
+    let pid = rank.to_string();
     let mut text = String::new();
     for msg in rx {
         match msg {
@@ -255,23 +257,30 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
                     for &lane in e.lanes.as_slice() {
                         match e.phase {
                             Phase::Begin => {
-                                open.entry(lane)
-                                    .or_default()
-                                    .push((e.name.clone(), e.ts_us));
+                                let l = lane as usize;
+                                if open.len() <= l {
+                                    open.resize_with(l + 1, Vec::new);
+                                }
+                                open[l].push((e.name.clone(), e.ts_us));
                             }
                             Phase::End => {
-                                let Some((name, start)) = open.get_mut(&lane).and_then(|v| v.pop())
+                                let Some((name, start)) =
+                                    open.get_mut(lane as usize).and_then(|v| v.pop())
                                 else {
                                     continue;
                                 };
                                 separate(&mut text);
                                 text.push_str(r#"{"name":"#);
                                 push_json_string(&mut text, name.as_str());
-                                let _ = write!(
-                                    text,
-                                    r#","ph":"X","pid":{rank},"tid":{lane},"ts":{start},"dur":{}}}"#,
-                                    e.ts_us.saturating_sub(start)
-                                );
+                                text.push_str(r#","ph":"X","pid":"#);
+                                text.push_str(&pid);
+                                text.push_str(r#","tid":"#);
+                                push_u64(&mut text, u64::from(lane));
+                                text.push_str(r#","ts":"#);
+                                push_u64(&mut text, start);
+                                text.push_str(r#","dur":"#);
+                                push_u64(&mut text, e.ts_us.saturating_sub(start));
+                                text.push('}');
                             }
                             Phase::Instant => {
                                 separate(&mut text);
@@ -296,7 +305,7 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
         }
     }
     text.clear();
-    for (lane, phases) in open {
+    for (lane, phases) in open.into_iter().enumerate() {
         for (name, start) in phases {
             separate(&mut text);
             text.push_str(r#"{"name":"#);
@@ -313,6 +322,23 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
     Ok(())
 }
 
+/// Appends the decimal digits of `v` (what `write!` does, without the formatting machinery).
+fn push_u64(text: &mut String, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for d in &digits[at..] {
+        text.push(char::from(*d));
+    }
+}
+
 fn separate(text: &mut String) {
     if !text.is_empty() {
         text.push_str(",\n");
@@ -322,6 +348,15 @@ fn separate(text: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for v in [0u64, 7, 10, 1234567890, u64::MAX] {
+            let mut s = String::new();
+            push_u64(&mut s, v);
+            assert_eq!(s, v.to_string());
+        }
+    }
 
     #[test]
     fn file_is_valid_json_after_every_flush() {
