@@ -934,6 +934,21 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
         "{stdout}"
     );
     assert!(!bin.join("calls").exists(), "a dry run calls no kubectl");
+    // `--workers N` sizes the distributed steps of the JobSet as with every other engine.
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--dry-run", "--workers", "3"])
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .output()
+        .unwrap();
+    let stdout = text(&out).0;
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(stdout.contains("\"parallelism\": 3"), "{stdout}");
+    assert!(
+        stdout.contains("\"parallelism\": 1"),
+        "the once step stays one pod: {stdout}"
+    );
 }
 
 #[test]

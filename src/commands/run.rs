@@ -293,6 +293,15 @@ pub fn run(args: RunArgs) -> CommandResult {
         .clone()
         .or_else(|| project.cluster.as_ref().and_then(|c| c.engine.clone()));
     if engine.as_deref() == Some("kubernetes") {
+        // `--workers N` sizes every distributed step of the JobSet, as it does for the other engines.
+        let mut project = project;
+        if let Some(n) = options.workers {
+            for step in &mut project.steps {
+                if step.workers.is_some() {
+                    step.workers = Some(n);
+                }
+            }
+        }
         return run_kubernetes(&project, &args);
     }
     if engine.as_deref() == Some("slurm") && !hvd_launcher::engines::slurm::in_allocation() {
