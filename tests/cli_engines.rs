@@ -144,7 +144,7 @@ fn dry_run_shows_the_mpirun_command() {
     assert!(line.contains("-genvlist PATH,"), "{line}");
     assert!(line.contains(",X "), "{line}");
     assert!(
-        line.contains(" worker-env --kill-on-failure -- /bin/sh -c "),
+        line.contains(" worker-env --whole-lines --kill-on-failure -- /bin/sh -c "),
         "{line}"
     );
     // An engine hvd does not know is a usage error naming it.
@@ -539,9 +539,11 @@ r, n = hvd.rank(), hvd.size()
 assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
 out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
 ok = bool(np.all(out == n * (n + 1) / 2))
-# One write per line: with PYTHONUNBUFFERED=1, print() writes the text and the newline separately, and mpirun may
-# forward another rank's line between the two (a known weakness of the mpi engine's output, see docs/engines.md).
-sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok}\n")
+# The text and its newline in two writes, as print() does with PYTHONUNBUFFERED=1: the shim's --whole-lines must
+# keep mpirun from tagging the pieces as two lines (or putting another rank's line between them).
+sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok}")
+sys.stdout.flush()
+sys.stdout.write("\n")
 sys.stdout.flush()
 sys.exit(0 if ok else 1)
 "#;
@@ -573,7 +575,7 @@ fn assert_allreduce(out: &Output) {
     for rank in 0..2 {
         assert!(
             stdout.contains(&format!(
-                ":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True"
+                ":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True\n"
             )),
             "rank {rank}:\n{stdout}\n{stderr}"
         );

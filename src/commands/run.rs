@@ -124,6 +124,10 @@ pub struct WorkerEnvArgs {
     /// which code): MPICH's mpiexec ends the whole job only when a rank dies of a signal, not on an exit code.
     #[arg(long)]
     pub kill_on_failure: bool,
+    /// Run CMD as a child and pass its output on one whole line per write, so that mpirun never tags half a line
+    /// (the mpi engine sets it).
+    #[arg(long)]
+    pub whole_lines: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, num_args = 1.., value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
@@ -168,40 +172,60 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
             ),
         )
     };
-    if let Some(mut server) = server {
-        let status = shim::run_forwarding_signals(&mut command).map_err(start_failed)?;
-        server.shutdown();
-        if args.kill_on_failure && !status.success() {
-            let line = format!("hvd worker-env: rank {rank} failed ({status}); ending the job\n");
-            let _ = std::io::stderr().lock().write_all(line.as_bytes());
-            shim::die_by_signal();
-        }
-        use std::os::unix::process::ExitStatusExt as _;
-        let code = status
-            .code()
-            .or_else(|| status.signal().map(|s| 128 + s))
-            .unwrap_or(1);
-        return Ok(match u8::try_from(code) {
-            Ok(0) => Status::Success,
-            Ok(code) => Status::Worker(code),
-            Err(_) => Status::Failure,
-        });
+    // A serving rank 0, --kill-on-failure and --whole-lines keep the shim as the worker's parent; else it execs.
+    if server.is_none() && !args.kill_on_failure && !args.whole_lines {
+        return Err(start_failed(command.exec()));
     }
-    if args.kill_on_failure {
-        let status = command.status().map_err(start_failed)?;
-        if status.success() {
-            return Ok(Status::Success);
-        }
+    if args.whole_lines {
+        command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+    }
+    let mut child = shim::spawn_forwarding_signals(&mut command).map_err(start_failed)?;
+    let pumps: Vec<_> = [
+        (
+            child
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>),
+            1,
+        ),
+        (
+            child
+                .stderr
+                .take()
+                .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>),
+            2,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(from, fd)| {
+        from.map(|from| std::thread::spawn(move || shim::copy_whole_lines(from, fd)))
+    })
+    .collect();
+    let status = child.wait().map_err(start_failed)?;
+    for pump in pumps {
+        let _ = pump.join();
+    }
+    if let Some(mut server) = server {
+        server.shutdown();
+    }
+    if !status.success() && args.kill_on_failure {
         // One write: MPICH's -prepend-rank prefixes every chunk it reads.
         let line = format!("hvd worker-env: rank {rank} failed ({status}); ending the job\n");
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
-        hvd_launcher::engines::shim::die_by_signal();
-        return Err(Failure::new(
-            Status::Failure,
-            miette::miette!("hvd worker-env: rank {rank} failed ({status})"),
-        ));
+        shim::die_by_signal();
     }
-    Err(start_failed(command.exec()))
+    use std::os::unix::process::ExitStatusExt as _;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1);
+    Ok(match u8::try_from(code) {
+        Ok(0) => Status::Success,
+        Ok(code) => Status::Worker(code),
+        Err(_) => Status::Failure,
+    })
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {

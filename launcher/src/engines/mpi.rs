@@ -173,7 +173,12 @@ pub fn argv(mpirun: &Mpirun, step: &MpiStep<'_>) -> Vec<String> {
             }
         }
     }
-    argv.extend([step.shim.display().to_string(), "worker-env".into()]);
+    // mpirun tags each piece it reads from a rank: the shim passes output on in whole lines.
+    argv.extend([
+        step.shim.display().to_string(),
+        "worker-env".into(),
+        "--whole-lines".into(),
+    ]);
     if mpirun.flavour == MpiFlavour::Mpich {
         // Hydra ends the job when a rank dies of a signal, but waits for every rank after a plain non-zero exit.
         argv.push("--kill-on-failure".into());
@@ -232,7 +237,7 @@ mod tests {
         assert_eq!(
             line,
             "mpirun --allow-run-as-root --tag-output -np 4 -H a:2,b:2 --bind-to core -x HVD_RENDEZVOUS -x PATH \
-             /bin/hvd worker-env -- /bin/sh -c 'python train.py'"
+             /bin/hvd worker-env --whole-lines -- /bin/sh -c 'python train.py'"
         );
         let line = shell_line(&argv(&mpirun, &step(&[], &[], 2)));
         assert!(line.contains("--oversubscribe --bind-to none"), "{line}");
@@ -250,7 +255,7 @@ mod tests {
         assert_eq!(
             line,
             "mpirun.mpich -prepend-rank -np 4 -hosts a:4 -bind-to core -genvlist A,B \
-             /bin/hvd worker-env --kill-on-failure -- /bin/sh -c 'python train.py'"
+             /bin/hvd worker-env --whole-lines --kill-on-failure -- /bin/sh -c 'python train.py'"
         );
     }
 

@@ -346,12 +346,23 @@ extern "C" fn forward_signal(signal: libc::c_int) {
     }
 }
 
-/// Runs `command` as a child and waits for it, passing SIGTERM, SIGINT and SIGHUP on to it (the shim stays alive
-/// while it serves the rendezvous; as a container's PID 1 it must hand the pod's SIGTERM to the worker).
-pub fn run_forwarding_signals(
+/// Starts `command` as a child, passing SIGTERM, SIGINT and SIGHUP on to it (the shim stays alive while it serves
+/// the rendezvous or reassembles lines; as a container's PID 1 it must hand the pod's SIGTERM to the worker).
+pub fn spawn_forwarding_signals(
     command: &mut std::process::Command,
-) -> std::io::Result<std::process::ExitStatus> {
-    let mut child = command.spawn()?;
+) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent; the closure allocates nothing.
+    unsafe {
+        // The worker must not outlive a shim killed with SIGKILL (mpirun's last resort), which it cannot forward.
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
     FORWARD_TO.store(
         i32::try_from(child.id()).unwrap_or(0),
         std::sync::atomic::Ordering::SeqCst,
@@ -362,10 +373,30 @@ pub fn run_forwarding_signals(
             libc::signal(signal, forward_signal as *const () as libc::sighandler_t);
         }
     }
-    child.wait()
+    Ok(child)
 }
 
-/// Ends this process with SIGKILL (`hvd worker-env --kill-on-failure`: MPICH's mpiexec ends the job when a rank
+/// Copies `from` to this process's file descriptor `fd` (1 or 2) one whole line per `write(2)`, so that mpirun,
+/// which tags what it reads from a rank, never sees half a line: a program that writes a line's text and its newline
+/// separately (Python's `print` with `PYTHONUNBUFFERED=1`) would otherwise get its newline tagged as a line of its own.
+pub fn copy_whole_lines(from: impl std::io::Read, fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    use std::io::{BufRead as _, Write as _};
+    // SAFETY: the standard descriptors stay open for the life of the process; the clone is our own.
+    let mut out = std::fs::File::from(
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?,
+    );
+    let mut reader = std::io::BufReader::with_capacity(64 << 10, from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        out.write_all(&line)?;
+    }
+}
+
+/// Ends this process with SIGKILL/// Ends this process with SIGKILL (`hvd worker-env --kill-on-failure`: MPICH's mpiexec ends the job when a rank
 /// dies of a signal, not when it exits with a code).
 pub fn die_by_signal() {
     // SAFETY: kill(2) on our own pid with a valid signal number has no memory-safety preconditions.
