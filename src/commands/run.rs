@@ -182,30 +182,31 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
             .stderr(std::process::Stdio::piped());
     }
     let mut child = shim::spawn_forwarding_signals(&mut command).map_err(start_failed)?;
-    let pumps: Vec<_> = [
-        (
-            child
-                .stdout
-                .take()
-                .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>),
-            1,
-        ),
-        (
-            child
-                .stderr
-                .take()
-                .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>),
-            2,
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(from, fd)| {
-        from.map(|from| std::thread::spawn(move || shim::copy_whole_lines(from, fd)))
-    })
-    .collect();
+    // The copies end when the worker and everything it started close the pipes; a background process that keeps
+    // them open must not keep the shim (and mpirun) waiting, so after the worker's exit they get a second to finish.
+    let (done, finished) = std::sync::mpsc::channel();
+    let mut pumps = 0;
+    let outputs: [(Option<Box<dyn std::io::Read + Send>>, i32); 2] = [
+        (child.stdout.take().map(|o| Box::new(o) as _), 1),
+        (child.stderr.take().map(|e| Box::new(e) as _), 2),
+    ];
+    for (from, fd) in outputs {
+        if let Some(from) = from {
+            let done = done.clone();
+            pumps += 1;
+            std::thread::spawn(move || {
+                let _ = shim::copy_whole_lines(from, fd);
+                let _ = done.send(());
+            });
+        }
+    }
     let status = child.wait().map_err(start_failed)?;
-    for pump in pumps {
-        let _ = pump.join();
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    for _ in 0..pumps {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if finished.recv_timeout(left).is_err() {
+            break;
+        }
     }
     if let Some(mut server) = server {
         server.shutdown();
