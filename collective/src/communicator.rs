@@ -287,17 +287,7 @@ pub(crate) mod check {
         me: usize,
         dtype: DType,
     ) -> Result<()> {
-        counts("allgather", counts_, n, recv, dtype)?;
-        if send != counts_[me] * dtype.size() {
-            return Err(invalid(
-                "allgather",
-                format!(
-                    "send has {send} bytes but counts[{me}] = {} {dtype} elements",
-                    counts_[me]
-                ),
-            ));
-        }
-        Ok(())
+        counts_and_mine(("allgather", recv), ("send", send), counts_, n, me, dtype)
     }
 
     /// reducescatter: `counts` describes `send`, and `recv` holds this rank's `counts[me]` elements.
@@ -309,12 +299,32 @@ pub(crate) mod check {
         me: usize,
         dtype: DType,
     ) -> Result<()> {
-        counts("reducescatter", counts_, n, send, dtype)?;
-        if recv != counts_[me] * dtype.size() {
+        counts_and_mine(
+            ("reducescatter", send),
+            ("recv", recv),
+            counts_,
+            n,
+            me,
+            dtype,
+        )
+    }
+
+    /// `counts` describes the whole buffer of `op` (`whole` bytes); this rank's buffer `mine` (named `which`) holds
+    /// its `counts[me]` elements.
+    fn counts_and_mine(
+        (op, whole): (&'static str, usize),
+        (which, mine): (&str, usize),
+        counts_: &[usize],
+        n: usize,
+        me: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        counts(op, counts_, n, whole, dtype)?;
+        if mine != counts_[me] * dtype.size() {
             return Err(invalid(
-                "reducescatter",
+                op,
                 format!(
-                    "recv has {recv} bytes but counts[{me}] = {} {dtype} elements",
+                    "{which} has {mine} bytes but counts[{me}] = {} {dtype} elements",
                     counts_[me]
                 ),
             ));
