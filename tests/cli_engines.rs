@@ -87,19 +87,24 @@ const FAILS: &str = r#"step train {
   workers = 2
 }"#;
 
-fn mpi_runs_two_ranks_and_fails_with_one(flavour: &str) {
-    let dir = project(RANKS);
-    let out = hvd_run(dir.path(), &["--engine", "mpi", "--mpi", flavour]);
-    let (stdout, stderr) = text(&out);
+/// [`RANKS`] succeeded and each rank's line is attributed to it.
+fn assert_ranks_report(out: &Output) {
+    let (stdout, stderr) = text(out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for rank in 0..2 {
         assert!(
             stdout.contains(&format!(
                 ":{rank}] rank={rank}/2 torch={rank}/2 rdv=yes x=from-step"
             )),
-            "rank {rank} missing (or not attributed to its rank):\n{stdout}"
+            "rank {rank} missing (or not attributed to its rank):\n{stdout}\n{stderr}"
         );
     }
+}
+
+fn mpi_runs_two_ranks_and_fails_with_one(flavour: &str) {
+    let dir = project(RANKS);
+    let out = hvd_run(dir.path(), &["--engine", "mpi", "--mpi", flavour]);
+    assert_ranks_report(&out);
     let dir = project(FAILS);
     let out = hvd_run(dir.path(), &["--engine", "mpi", "--mpi", flavour]);
     let (stdout, stderr) = text(&out);
@@ -512,16 +517,7 @@ fn slurm_engine_runs_srun_in_an_allocation() {
     };
     let dir = project(RANKS);
     let out = slurm.run(dir.path());
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    for rank in 0..2 {
-        assert!(
-            stdout.contains(&format!(
-                ":{rank}] rank={rank}/2 torch={rank}/2 rdv=yes x=from-step"
-            )),
-            "rank {rank} missing (or not attributed to its rank):\n{stdout}\n{stderr}"
-        );
-    }
+    assert_ranks_report(&out);
     let dir = project(FAILS);
     let out = slurm.run(dir.path());
     let (stdout, stderr) = text(&out);
