@@ -190,6 +190,15 @@ impl Coordinator {
                 describe(&|m| crate::kernels::dtype_name(m.dtype).to_string())
             ));
         }
+        if first.kind == OpKind::Allreduce
+            && submitted.iter().any(|(_, m)| m.splits != first.splits)
+        {
+            // Groups fused at submission carry their members' sizes: name them rather than the totals.
+            return error(format!(
+                "mismatched tensor groups in allreduce `{name}` (every rank must submit the same tensors together): {}",
+                describe(&|m| describe_members(&m.splits))
+            ));
+        }
         let shapes = || describe(&|m| format!("{:?}", m.shape));
         match first.kind {
             OpKind::Allreduce | OpKind::Reducescatter | OpKind::Broadcast => {
@@ -347,4 +356,18 @@ impl Coordinator {
         tracing::warn!(target: "hvd", "{message}");
         None
     }
+}
+
+/// A fused group's members for an error message: their count and (the first few) element counts.
+fn describe_members(sizes: &[i64]) -> String {
+    if sizes.is_empty() {
+        return "one tensor".into();
+    }
+    let shown: Vec<String> = sizes.iter().take(8).map(i64::to_string).collect();
+    let more = if sizes.len() > 8 { ", ..." } else { "" };
+    format!(
+        "{} tensors of [{}{more}] elements",
+        sizes.len(),
+        shown.join(", ")
+    )
 }

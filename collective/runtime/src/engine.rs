@@ -47,6 +47,8 @@ pub enum Input {
     /// Caller memory, valid and unchanged until the operation completes.
     Raw(*const u8, usize),
     Owned(Vec<u8>),
+    /// The members of a group fused at submission (see [`Engine::enqueue_many`]), in order.
+    Gather(Vec<(*const u8, usize)>),
 }
 
 /// Where a result goes.
@@ -55,6 +57,8 @@ pub enum OutputBuffer {
     Raw(*mut u8, usize),
     /// The engine allocates the result and returns it in [`Output::data`].
     Engine,
+    /// The members' caller memory of a group fused at submission, in order.
+    Scatter(Vec<(*mut u8, usize)>),
 }
 
 // SAFETY: raw buffers are only touched by the engine thread while the operation is pending; the submitter promises
@@ -131,9 +135,149 @@ pub struct Output {
 
 pub type Handle = u64;
 
+/// Hashes handles (consecutive integers) with one multiplication: SipHash would cost more than the map operation,
+/// and a grouped submission does a few per tensor.
+#[derive(Default, Clone, Copy)]
+pub struct HandleHasher(u64);
+
+impl std::hash::Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        // Fibonacci hashing: the high bits (hashbrown's tag) mix every input bit; the low ones still cycle.
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write_i64(&mut self, n: i64) {
+        self.0 = n as u64;
+    }
+}
+
+/// A map keyed by handles.
+pub type HandleMap<V> = HashMap<Handle, V, std::hash::BuildHasherDefault<HandleHasher>>;
+
 struct Submitted {
     request: Request,
     handle: Handle,
+    /// A group fused at submission: each member's handle and shape (the first handle is `handle`).
+    members: Vec<(Handle, Vec<i64>)>,
+}
+
+impl Submitted {
+    fn single(request: Request, handle: Handle) -> Submitted {
+        Submitted {
+            request,
+            handle,
+            members: Vec::new(),
+        }
+    }
+
+    /// Every handle this submission answers.
+    fn handles(&self) -> impl Iterator<Item = Handle> + '_ {
+        let own = self.members.is_empty().then_some(self.handle);
+        own.into_iter().chain(self.members.iter().map(|(h, _)| *h))
+    }
+}
+
+/// The result of a submission for each of its handles: a fused group's members get their own shapes.
+fn outcomes(
+    handle: Handle,
+    members: Vec<(Handle, Vec<i64>)>,
+    result: Result<Output, EngineError>,
+) -> Vec<(Handle, Result<Output, EngineError>)> {
+    if members.is_empty() {
+        return vec![(handle, result)];
+    }
+    members
+        .into_iter()
+        .map(|(h, shape)| {
+            let r = match &result {
+                Ok(_) => Ok(Output {
+                    shape,
+                    ..Output::default()
+                }),
+                Err(e) => Err(e.clone()),
+            };
+            (h, r)
+        })
+        .collect()
+}
+
+/// Allreduces that a grouped submission may fuse at once: caller memory in and out, below the size that runs alone.
+fn groupable(r: &Request, max_tensor_bytes: usize) -> bool {
+    r.meta.kind == OpKind::Allreduce
+        && matches!(r.input, Input::Raw(..))
+        && matches!(r.output, OutputBuffer::Raw(..))
+        && (1..max_tensor_bytes).contains(&r.meta.bytes())
+}
+
+/// A group of allreduces being fused at submission.
+struct Group {
+    requests: Vec<(Request, Handle)>,
+    bytes: usize,
+}
+
+impl Group {
+    fn accepts(&self, r: &Request, threshold: usize) -> bool {
+        let g = &self.requests[0].0.meta;
+        let m = &r.meta;
+        g.dtype == m.dtype
+            && g.op == m.op
+            && g.prescale.to_bits() == m.prescale.to_bits()
+            && g.postscale.to_bits() == m.postscale.to_bits()
+            && self.bytes + m.bytes() <= threshold
+    }
+
+    /// One submission: the request itself for a group of one, else one allreduce over all members, whose `splits`
+    /// are the members' element counts and whose name is made of the first and last member's (so every rank that
+    /// submits the same group names it alike).
+    fn finish(self) -> Submitted {
+        let mut requests = self.requests;
+        if requests.len() == 1 {
+            let (request, handle) = requests.remove(0);
+            return Submitted::single(request, handle);
+        }
+        let n = requests.len();
+        let first = &requests[0].0.meta;
+        let name = format!(
+            "{} .. {} ({n} tensors)",
+            first.name,
+            requests[n - 1].0.meta.name
+        );
+        let mut meta = meta(OpKind::Allreduce, &name, first.dtype, Vec::new(), first.op);
+        meta.prescale = first.prescale;
+        meta.postscale = first.postscale;
+        let handle = requests[0].1;
+        let mut inputs = Vec::with_capacity(n);
+        let mut outputs = Vec::with_capacity(n);
+        let mut members = Vec::with_capacity(n);
+        for (r, h) in requests {
+            meta.splits.push(r.meta.elements() as i64);
+            if let (Input::Raw(i, len), OutputBuffer::Raw(o, _)) = (r.input, r.output) {
+                inputs.push((i, len));
+                outputs.push((o, len));
+            }
+            members.push((h, r.meta.shape));
+        }
+        meta.shape = vec![meta.splits.iter().sum()];
+        Submitted {
+            request: Request {
+                meta,
+                input: Input::Gather(inputs),
+                output: OutputBuffer::Scatter(outputs),
+            },
+            handle,
+            members,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -169,7 +313,7 @@ struct Shared {
 
 #[derive(Default)]
 struct Handles {
-    slots: HashMap<Handle, Slot>,
+    slots: HandleMap<Slot>,
     stopped: Option<String>,
 }
 
@@ -182,6 +326,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Engine {
     shared: Arc<Shared>,
     spin: std::time::Duration,
+    fusion_threshold: usize,
+    /// The transport's [`Transport::fusion_max_tensor_bytes`].
+    fusion_max_tensor_bytes: usize,
     topology: Topology,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -194,6 +341,8 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let topology = transport.topology();
         let config_spin = config.spin_time;
+        let fusion_threshold = config.fusion_threshold;
+        let fusion_max_tensor_bytes = transport.fusion_max_tensor_bytes();
         // Like Horovod, rank 0 writes the timeline; a `{rank}` in the path gives every rank a file of its own.
         let timeline_path = config.timeline.as_ref().and_then(|p| {
             let text = p.to_string_lossy();
@@ -242,6 +391,7 @@ impl Engine {
             busy: false,
             last_cycle: Instant::now(),
             fusion: Vec::new(),
+            fusion_max_tensor_bytes,
             timeline,
             last_negotiation: Instant::now(),
             activity_names: HashMap::new(),
@@ -252,6 +402,8 @@ impl Engine {
             .map_err(|e| EngineError::Stopped(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine {
             spin: config_spin,
+            fusion_threshold,
+            fusion_max_tensor_bytes,
             shared,
             topology,
             thread: Mutex::new(Some(thread)),
@@ -278,7 +430,7 @@ impl Engine {
             h.slots.insert(handle, Slot::Pending);
         }
         let mut q = lock(&self.shared.queue);
-        q.items.push(Submitted { request, handle });
+        q.items.push(Submitted::single(request, handle));
         let wake = q.idle;
         drop(q);
         if wake {
@@ -289,26 +441,51 @@ impl Engine {
 
     /// Submits several operations at once (one lock round and at most one wake-up of the engine thread), so that
     /// they reach the same cycle and fuse. One result per request, in order.
+    ///
+    /// With fusion on, consecutive allreduces of one dtype, op and scale factors (each below the transport's
+    /// `fusion_max_tensor_bytes`, together within the fusion threshold, in and out of caller memory) are fused
+    /// right here: the engine negotiates, caches and runs them as one tensor, instead of doing the same bookkeeping
+    /// for each member every cycle. Every rank must then submit the same group (as with any collective, the same
+    /// calls in the same order); members still get handles and results of their own.
     pub fn enqueue_many(
         &self,
         requests: impl IntoIterator<Item = Request>,
     ) -> Vec<Result<Handle, EngineError>> {
+        let threshold = self.fusion_threshold;
         let mut accepted = Vec::new();
         let mut results = Vec::new();
+        let mut group: Option<Group> = None;
         for mut request in requests {
             if request.meta.name.is_empty() {
                 let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
                 request.meta.name = format!("{}.noname.{n}", request.meta.kind.name());
             }
-            match validate(&mut request, self.topology.size) {
-                Ok(()) => {
-                    let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
-                    results.push(Ok(handle));
-                    accepted.push(Submitted { request, handle });
+            if let Err(e) = validate(&mut request, self.topology.size) {
+                results.push(Err(e));
+                continue;
+            }
+            let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+            results.push(Ok(handle));
+            if threshold > 0 && groupable(&request, self.fusion_max_tensor_bytes) {
+                match &mut group {
+                    Some(g) if g.accepts(&request, threshold) => {
+                        g.bytes += request.meta.bytes();
+                        g.requests.push((request, handle));
+                    }
+                    _ => {
+                        accepted.extend(group.take().map(Group::finish));
+                        group = Some(Group {
+                            bytes: request.meta.bytes(),
+                            requests: vec![(request, handle)],
+                        });
+                    }
                 }
-                Err(e) => results.push(Err(e)),
+            } else {
+                accepted.extend(group.take().map(Group::finish));
+                accepted.push(Submitted::single(request, handle));
             }
         }
+        accepted.extend(group.take().map(Group::finish));
         if accepted.is_empty() {
             return results;
         }
@@ -322,7 +499,9 @@ impl Engine {
                     .collect();
             }
             for s in &accepted {
-                h.slots.insert(s.handle, Slot::Pending);
+                for handle in s.handles() {
+                    h.slots.insert(handle, Slot::Pending);
+                }
             }
         }
         let mut q = lock(&self.shared.queue);
@@ -477,7 +656,11 @@ fn validate(request: &mut Request, size: usize) -> Result<(), EngineError> {
         Input::None => 0,
         Input::Raw(_, n) => *n,
         Input::Owned(v) => v.len(),
+        Input::Gather(parts) => parts.iter().map(|(_, n)| n).sum(),
     };
+    if !m.splits.is_empty() && m.kind != OpKind::Alltoall {
+        return bad(format!("splits apply to alltoall, not {}", m.kind.name()));
+    }
     let needs_input = !matches!(m.kind, OpKind::Barrier | OpKind::Join);
     if needs_input && input_len != bytes {
         return bad(format!(
@@ -486,7 +669,12 @@ fn validate(request: &mut Request, size: usize) -> Result<(), EngineError> {
             crate::kernels::dtype_name(m.dtype)
         ));
     }
-    if let OutputBuffer::Raw(_, n) = request.output {
+    let output_len = match &request.output {
+        OutputBuffer::Raw(_, n) => Some(*n),
+        OutputBuffer::Scatter(parts) => Some(parts.iter().map(|(_, n)| n).sum()),
+        OutputBuffer::Engine => None,
+    };
+    if let Some(n) = output_len {
         let expect = match m.kind {
             OpKind::Allreduce | OpKind::Broadcast => bytes,
             _ => {
@@ -538,6 +726,8 @@ fn validate(request: &mut Request, size: usize) -> Result<(), EngineError> {
 struct Pending {
     request: Request,
     handle: Handle,
+    /// A group fused at submission: each member's handle and shape.
+    members: Vec<(Handle, Vec<i64>)>,
     lane: u32,
 }
 
@@ -566,14 +756,12 @@ struct Worker {
     busy: bool,
     last_cycle: Instant,
     fusion: Vec<u8>,
+    /// The transport's [`Transport::fusion_max_tensor_bytes`].
+    fusion_max_tensor_bytes: usize,
     timeline: Option<Timeline>,
     last_negotiation: Instant,
     activity_names: HashMap<OpKind, EventName>,
 }
-
-/// Tensors this large run alone, in place: at this size the per-collective latency is a few percent of the
-/// transfer, less than the two copies through the fusion buffer cost.
-const FUSION_MAX_TENSOR_BYTES: usize = 1 << 20;
 
 /// A unit of execution: one response, or several fused allreduces.
 enum Work {
@@ -657,10 +845,14 @@ impl Worker {
         h.stopped = Some(reason.to_string());
         let err = EngineError::Stopped(reason.to_string());
         for s in queued {
-            h.slots.insert(s.handle, Slot::Done(Err(err.clone())));
+            for handle in s.handles() {
+                h.slots.insert(handle, Slot::Done(Err(err.clone())));
+            }
         }
         for (_, p) in self.pending.drain() {
-            h.slots.insert(p.handle, Slot::Done(Err(err.clone())));
+            for (handle, r) in outcomes(p.handle, p.members, Err(err.clone())) {
+                h.slots.insert(handle, Slot::Done(r));
+            }
         }
         if let Some(j) = self.join_handle.take() {
             h.slots.insert(j, Slot::Done(Err(err.clone())));
@@ -727,7 +919,11 @@ impl Worker {
                     "tensor `{}` was submitted again before its previous operation completed",
                     meta.name
                 );
-                self.complete(s.handle, Err(EngineError::InvalidRequest(msg)));
+                self.complete_many(outcomes(
+                    s.handle,
+                    s.members,
+                    Err(EngineError::InvalidRequest(msg)),
+                ));
                 continue;
             }
             let name = meta.name.clone();
@@ -760,6 +956,7 @@ impl Worker {
                 Pending {
                     request: s.request,
                     handle: s.handle,
+                    members: s.members,
                     lane,
                 },
             );
@@ -962,7 +1159,11 @@ impl Worker {
                             if let Some(t) = &mut self.timeline {
                                 t.end(p.lane);
                             }
-                            self.complete(p.handle, Err(EngineError::Operation(message.clone())));
+                            self.complete_many(outcomes(
+                                p.handle,
+                                p.members,
+                                Err(EngineError::Operation(message.clone())),
+                            ));
                         }
                     }
                 }
@@ -990,10 +1191,11 @@ impl Worker {
         let mut open: Vec<(usize, usize)> = Vec::new(); // (index in work, bytes so far)
         for r in responses {
             match r {
+                // A group fused at submission (`splits` set) always goes through the fusion buffer.
                 Response::Execute { meta, .. }
                     if meta.kind == OpKind::Allreduce
-                        && threshold > 0
-                        && meta.bytes() < FUSION_MAX_TENSOR_BYTES =>
+                        && (threshold > 0 && meta.bytes() < self.fusion_max_tensor_bytes
+                            || !meta.splits.is_empty()) =>
                 {
                     let bytes = meta.bytes();
                     let slot = open.iter_mut().find(|(i, total)| {
@@ -1044,7 +1246,7 @@ impl Worker {
     }
 
     fn run_fused(&mut self, metas: &[RequestMeta]) -> Result<(), String> {
-        if metas.len() == 1 {
+        if metas.len() == 1 && metas[0].splits.is_empty() {
             return self.run_single(&metas[0], &[], &[]);
         }
         let first = &metas[0];
@@ -1075,9 +1277,19 @@ impl Worker {
         for m in metas {
             let n = m.bytes();
             let dst = &mut self.fusion[offset..offset + n];
-            match self.pending.get(&m.name) {
-                Some(p) => {
-                    dst.copy_from_slice(input_slice(&p.request.input));
+            match self.pending.get(&m.name).map(|p| &p.request.input) {
+                Some(Input::Gather(parts)) => {
+                    let mut at = 0;
+                    for &(ptr, len) in parts {
+                        // SAFETY: validated caller memory of `len` bytes, live until completion.
+                        let part = unsafe { std::slice::from_raw_parts(ptr, len) };
+                        dst[at..at + len].copy_from_slice(part);
+                        at += len;
+                    }
+                    scale(dst, m.dtype, m.prescale);
+                }
+                Some(input) => {
+                    dst.copy_from_slice(input_slice(input));
                     scale(dst, m.dtype, m.prescale);
                 }
                 None => fill_identity(dst, m.dtype, reduction),
@@ -1109,13 +1321,28 @@ impl Worker {
                         unsafe { std::slice::from_raw_parts_mut(*ptr, *len) }.copy_from_slice(src);
                         Vec::new()
                     }
+                    OutputBuffer::Scatter(parts) => {
+                        let mut at = 0;
+                        for &(ptr, len) in parts.iter() {
+                            // SAFETY: validated caller memory of `len` bytes, live until completion.
+                            unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+                                .copy_from_slice(&src[at..at + len]);
+                            at += len;
+                        }
+                        Vec::new()
+                    }
                     OutputBuffer::Engine => src.to_vec(),
+                };
+                let shape = if p.members.is_empty() {
+                    m.shape.clone()
+                } else {
+                    Vec::new()
                 };
                 done.push((
                     p,
                     Output {
                         data,
-                        shape: m.shape.clone(),
+                        shape,
                         ..Output::default()
                     },
                 ));
@@ -1124,7 +1351,10 @@ impl Worker {
         }
         self.mark(&lanes, Phase::End, None);
         self.mark(&lanes, Phase::End, None); // the operation
-        self.complete_many(done.into_iter().map(|(p, out)| (p.handle, Ok(out))));
+        self.complete_many(
+            done.into_iter()
+                .flat_map(|(p, out)| outcomes(p.handle, p.members, Ok(out))),
+        );
         Ok(())
     }
 
@@ -1185,6 +1415,13 @@ impl Worker {
                             OutputBuffer::Engine => {
                                 out.data = vec![0u8; n];
                                 (out.data.as_mut_ptr(), n)
+                            }
+                            // `plan` sends every fused group through `run_fused`.
+                            OutputBuffer::Scatter(_) => {
+                                return Err(format!(
+                                    "tensor group `{}` reached the single-tensor path",
+                                    meta.name
+                                ));
                             }
                         };
                         // SAFETY: caller memory validated to be `len` bytes and live until completion, or our Vec.
@@ -1293,9 +1530,10 @@ fn take_meta(m: &mut RequestMeta) -> RequestMeta {
     std::mem::replace(m, rest)
 }
 
+/// A single buffer's input (a fused group's `Gather` is copied piece by piece in `run_fused` instead).
 fn input_slice(input: &Input) -> &[u8] {
     match input {
-        Input::None => &[],
+        Input::None | Input::Gather(_) => &[],
         // SAFETY: the submitter guarantees `len` readable bytes until the operation completes.
         Input::Raw(ptr, len) => unsafe { std::slice::from_raw_parts(*ptr, *len) },
         Input::Owned(v) => v,

@@ -18,7 +18,9 @@ use crate::message::{OpKind, RequestMeta};
 use hvd_collective::{DType, ReduceOp};
 
 static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
-static RESULTS: Mutex<Option<HashMap<i64, Output>>> = Mutex::new(None);
+/// Results waited for one by one, until `hvd_release` (keys are handles, so they hash like the engine's).
+static RESULTS: Mutex<Option<ResultMap>> = Mutex::new(None);
+type ResultMap = HashMap<i64, Output, std::hash::BuildHasherDefault<crate::engine::HandleHasher>>;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -487,7 +489,7 @@ pub extern "C" fn hvd_wait(handle: i64) -> i32 {
         }
         let out = engine()?.wait(handle as u64).map_err(|e| e.to_string())?;
         lock(&RESULTS)
-            .get_or_insert_with(HashMap::new)
+            .get_or_insert_with(ResultMap::default)
             .insert(handle, out);
         Ok(0)
     })

@@ -82,7 +82,8 @@ pub struct RequestMeta {
     pub root: i32,
     pub prescale: f64,
     pub postscale: f64,
-    /// Alltoall: rows of dimension 0 sent to each rank (empty: split evenly).
+    /// Alltoall: rows of dimension 0 sent to each rank (empty: split evenly). Allreduce: empty for one tensor;
+    /// for a group fused at submission (`Engine::enqueue_many`), the element count of each member.
     pub splits: Vec<i64>,
 }
 

@@ -60,6 +60,11 @@ pub trait Transport: Send {
     /// A short upper-case name for the timeline (`SHM`, `TCP`, `LOCAL`...).
     fn name(&self) -> &str;
     fn topology(&self) -> Topology;
+    /// Allreduces of this many bytes or more run alone, in place: from this size on, the two copies through the
+    /// fusion buffer cost more than the per-collective latency that fusing saves.
+    fn fusion_max_tensor_bytes(&self) -> usize {
+        1 << 20
+    }
     /// In-place element-wise reduction of `buf` (elements of `dtype`) across all ranks. The engine never passes
     /// `ReduceOp::Average` (it sums and scales itself).
     fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> TransportResult<()>;

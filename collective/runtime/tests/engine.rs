@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use hvd_runtime::{
-    DType, Engine, EngineConfig, EngineError, LocalTransport, OpKind, Output, ReduceOp, Request,
-    meta,
+    DType, Engine, EngineConfig, EngineError, Input, LocalTransport, OpKind, Output, OutputBuffer,
+    ReduceOp, Request, meta,
 };
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -378,4 +378,147 @@ fn invalid_requests_are_rejected_at_once() {
             .unwrap_err();
         assert!(err.to_string().contains("at least one dimension"), "{err}");
     });
+}
+
+/// Submits `bufs` (f32 tensors, and an i32 one at index `int_at`) as one grouped call, in place in caller memory,
+/// and waits for each member's own handle.
+fn grouped_step(
+    e: &Engine,
+    prefix: &str,
+    bufs: &mut [Vec<u8>],
+    int_at: usize,
+) -> Vec<Result<Output, EngineError>> {
+    let requests: Vec<Request> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| {
+            let dtype = if i == int_at { DType::I32 } else { DType::F32 };
+            Request {
+                meta: meta(
+                    OpKind::Allreduce,
+                    &format!("{prefix}.{i}"),
+                    dtype,
+                    vec![(b.len() / 4) as i64],
+                    ReduceOp::Sum,
+                ),
+                input: Input::Raw(b.as_ptr(), b.len()),
+                output: OutputBuffer::Raw(b.as_mut_ptr(), b.len()),
+            }
+        })
+        .collect();
+    let handles: Vec<_> = e
+        .enqueue_many(requests)
+        .into_iter()
+        .map(|h| h.unwrap())
+        .collect();
+    handles.into_iter().map(|h| e.wait(h)).collect()
+}
+
+#[test]
+fn grouped_submissions_fuse_at_submission_and_answer_every_member() {
+    // Members: f32 tensors of 1..=4 elements, an i32 one (index 4: it splits the group), more f32 ones and one of
+    // 1 MiB (index 7: it runs alone).
+    let lens = [1usize, 2, 3, 4, 5, 6, 7, 1 << 18, 2];
+    let int_at = 4;
+    let results = ranks(3, EngineConfig::default(), |rank, e| {
+        let mut out = Vec::new();
+        for step in 0..4 {
+            let mut bufs: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let v = (rank * 10 + i + step) as f32;
+                    if i == int_at {
+                        (0..*n).flat_map(|_| (v as i32).to_le_bytes()).collect()
+                    } else {
+                        f32s(&vec![v; *n])
+                    }
+                })
+                .collect();
+            let outputs = grouped_step(e, "g", &mut bufs, int_at);
+            let shapes: Vec<Vec<i64>> = outputs.into_iter().map(|o| o.unwrap().shape).collect();
+            out.push((bufs, shapes));
+        }
+        // A group whose member sizes differ on one rank fails on every rank, naming the group.
+        let mut bufs: Vec<Vec<u8>> = (0..3)
+            .map(|i| f32s(&vec![1.0; if rank == 1 && i == 2 { 5 } else { 4 }]))
+            .collect();
+        let errors: Vec<String> = grouped_step(e, "bad", &mut bufs, usize::MAX)
+            .into_iter()
+            .map(|r| r.unwrap_err().to_string())
+            .collect();
+        (out, errors)
+    });
+    for (rank, (steps, errors)) in results.into_iter().enumerate() {
+        for (step, (bufs, shapes)) in steps.iter().enumerate() {
+            for (i, b) in bufs.iter().enumerate() {
+                let sum = (0..3).map(|r| r * 10 + i + step).sum::<usize>();
+                if i == int_at {
+                    let got: Vec<i32> = b
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
+                    assert_eq!(
+                        got,
+                        vec![sum as i32; lens[i]],
+                        "rank {rank} step {step} #{i}"
+                    );
+                } else {
+                    assert_eq!(
+                        to_f32s(b),
+                        vec![sum as f32; lens[i]],
+                        "rank {rank} step {step} #{i}"
+                    );
+                }
+                assert_eq!(
+                    shapes[i],
+                    vec![lens[i] as i64],
+                    "rank {rank} step {step} #{i}"
+                );
+            }
+        }
+        assert_eq!(errors.len(), 3);
+        for err in errors {
+            assert!(
+                err.contains("mismatched tensor groups")
+                    && err.contains("bad.0 .. bad.2 (3 tensors)")
+                    && err.contains("rank 1: 3 tensors of [4, 4, 5] elements"),
+                "rank {rank}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn grouped_submissions_with_a_joined_rank_and_with_fusion_off() {
+    for fusion in [0usize, 128 << 20] {
+        let config = EngineConfig {
+            fusion_threshold: fusion,
+            ..EngineConfig::default()
+        };
+        let results = ranks(3, config, |rank, e| {
+            // Rank r submits r + 1 grouped steps, then joins: joined ranks contribute zeros.
+            let mut sums = Vec::new();
+            for step in 0..rank + 1 {
+                let mut bufs: Vec<Vec<u8>> =
+                    (0..5).map(|i| f32s(&vec![(step + i) as f32; 3])).collect();
+                for r in grouped_step(e, "j", &mut bufs, usize::MAX) {
+                    r.unwrap();
+                }
+                sums.push(bufs.iter().map(|b| to_f32s(b)[0]).collect::<Vec<f32>>());
+            }
+            let h = e
+                .enqueue(Request::owned(OpKind::Join, "", DType::U8, vec![], vec![]))
+                .unwrap();
+            e.wait(h).unwrap();
+            sums
+        });
+        for (rank, sums) in results.into_iter().enumerate() {
+            for (step, s) in sums.iter().enumerate() {
+                let contributing = (0..3).filter(|r| r + 1 > step).count();
+                let expect: Vec<f32> = (0..5).map(|i| ((step + i) * contributing) as f32).collect();
+                assert_eq!(s, &expect, "fusion {fusion} rank {rank} step {step}");
+            }
+        }
+    }
 }
