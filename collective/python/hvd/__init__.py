@@ -73,6 +73,7 @@ _atexit_registered = False
 
 def shutdown():
     """Leaves the job once every rank has called shutdown (meanwhile this rank acts as joined)."""
+    _GROUPS.clear()  # the library forgets its prepared groups
     if _lib._lib is not None:
         _check(_l().hvd_shutdown())
 
@@ -479,7 +480,7 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
             and all(map(_is, tensors, cached[1])) and [x.shape for x in tensors] == cached[2]
             and [x.dtype for x in tensors] == cached[3]):
         # The same arrays as last time (a training loop's gradients): the prepared requests still hold.
-        return _enqueue_group(cached[4], n, cached, tensors, None, True)
+        return _enqueue_prepared(cached, n, tensors)
     fast = _numpy_group(np, tensors, in_place)
     if fast is not None:
         ptrs, out_ptrs, codes, ndims, dims, outs = fast
@@ -508,14 +509,44 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
         # Only plain numpy arrays are remembered: their data pointers cannot move while we hold a reference
         # (resize() refuses), unlike a framework tensor's storage.
         if len(_GROUPS) >= 64:
+            for entry in _GROUPS.values():
+                _release_group(entry)
             _GROUPS.clear()
-        _GROUPS[name] = (params, tensors, [x.shape for x in tensors], [x.dtype for x in tensors], reqs, keep)
+        old = _GROUPS.get(name)
+        if old is not None:
+            _release_group(old)
+        _GROUPS[name] = [params, tensors, [x.shape for x in tensors], [x.dtype for x in tensors], reqs, keep, None]
     finish = None if in_place else (lambda hid: [o if w is None else w.wrap(o) for o, w in zip(outs, wraps)])
     return _enqueue_group(reqs, n, keep, tensors, finish, in_place)
 
 
-_GROUPS = {}  # in-place groups of numpy arrays by name: (params, tensors, shapes, dtypes, requests, keep)
+# In-place groups of numpy arrays by name: [params, tensors, shapes, dtypes, requests, keep, library group id].
+_GROUPS = {}
 _is = operator.is_
+
+
+def _enqueue_prepared(entry, n, tensors):
+    """Submits a remembered in-place group. The second time, the library checks and fuses it once
+    (``hvd_group_prepare``); from then on a step is one call with no per-tensor work."""
+    lib = _l()
+    gid = entry[6]
+    if gid is None:
+        gid = lib.hvd_group_prepare(entry[4].ctypes.data_as(ctypes.POINTER(_lib.HvdRequest)), n)
+        if gid < 0:
+            # A request the engine refuses: the per-call path reports it as it always does.
+            return _enqueue_group(entry[4], n, entry, tensors, None, True)
+        entry[6] = gid
+    ids = (ctypes.c_int64 * max(n, 1))()
+    if lib.hvd_group_enqueue(gid, ids) != n:
+        raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+    return Handle(ids, entry, None, tensors, group=n)
+
+
+def _release_group(entry):
+    gid = entry[6]
+    entry[6] = None
+    if gid is not None and _lib._lib is not None:
+        _lib._lib.hvd_group_release(gid)
 
 
 def _enqueue_group(reqs, n, keep, tensors, finish, in_place):

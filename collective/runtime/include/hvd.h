@@ -85,9 +85,17 @@ int hvd_cross_size(void);
 
 /* Submission: a handle > 0, or -1. hvd_enqueue_many submits n requests with one call (they reach the engine
  * together, so they run in one cycle and fuse), writes one handle (or -1) per request and returns how many
- * succeeded. */
+ * succeeded. With fusion on, consecutive allreduces of one dtype, op and scale factors are fused at once into one
+ * negotiated tensor: every rank must submit the same group. */
 int64_t hvd_enqueue(const hvd_request_t *request);
 int hvd_enqueue_many(const hvd_request_t *requests, int n, int64_t *handles);
+/* The same requests again and again (a training loop's gradients): hvd_group_prepare checks and fuses them once and
+ * returns a group id > 0 (-1: a request is invalid); hvd_group_enqueue submits the group, writes its n handles and
+ * returns n (-1 on error); hvd_group_release forgets it (0, or -1 for an unknown id). The buffers must stay valid
+ * until the group is released; hvd_shutdown releases every group. */
+int64_t hvd_group_prepare(const hvd_request_t *requests, int n);
+int hvd_group_enqueue(int64_t group, int64_t *handles);
+int hvd_group_release(int64_t group);
 
 /* Completion. hvd_poll: 1 done, 0 pending, -1 unknown handle. hvd_wait: 0 success, -1 failure (message in
  * hvd_last_error; e.g. ranks disagreeing on the shape, a dead peer, a stall shutdown). */

@@ -42,6 +42,7 @@ pub enum EngineError {
 }
 
 /// A tensor's input.
+#[derive(Clone)]
 pub enum Input {
     None,
     /// Caller memory, valid and unchanged until the operation completes.
@@ -52,6 +53,7 @@ pub enum Input {
 }
 
 /// Where a result goes.
+#[derive(Clone)]
 pub enum OutputBuffer {
     /// Caller memory of exactly the result's size, valid until the operation completes (may equal the input).
     Raw(*mut u8, usize),
@@ -68,6 +70,7 @@ unsafe impl Send for Input {}
 unsafe impl Send for OutputBuffer {}
 
 /// A submitted operation.
+#[derive(Clone)]
 pub struct Request {
     pub meta: RequestMeta,
     pub input: Input,
@@ -167,8 +170,8 @@ pub type HandleMap<V> = HashMap<Handle, V, std::hash::BuildHasherDefault<HandleH
 struct Submitted {
     request: Request,
     handle: Handle,
-    /// A group fused at submission: each member's handle and shape (the first handle is `handle`).
-    members: Vec<(Handle, Vec<i64>)>,
+    /// A group fused at submission: its members' shapes; their handles are `handle..handle + len`.
+    members: Option<Arc<[Vec<i64>]>>,
 }
 
 impl Submitted {
@@ -176,32 +179,32 @@ impl Submitted {
         Submitted {
             request,
             handle,
-            members: Vec::new(),
+            members: None,
         }
     }
 
     /// Every handle this submission answers.
-    fn handles(&self) -> impl Iterator<Item = Handle> + '_ {
-        let own = self.members.is_empty().then_some(self.handle);
-        own.into_iter().chain(self.members.iter().map(|(h, _)| *h))
+    fn handles(&self) -> std::ops::Range<Handle> {
+        let n = self.members.as_ref().map_or(1, |m| m.len());
+        self.handle..self.handle + n as u64
     }
 }
 
 /// The result of a submission for each of its handles: a fused group's members get their own shapes.
 fn outcomes(
     handle: Handle,
-    members: Vec<(Handle, Vec<i64>)>,
+    members: Option<Arc<[Vec<i64>]>>,
     result: Result<Output, EngineError>,
 ) -> Vec<(Handle, Result<Output, EngineError>)> {
-    if members.is_empty() {
+    let Some(shapes) = members else {
         return vec![(handle, result)];
-    }
-    members
-        .into_iter()
+    };
+    (handle..)
+        .zip(shapes.iter())
         .map(|(h, shape)| {
             let r = match &result {
                 Ok(_) => Ok(Output {
-                    shape,
+                    shape: shape.clone(),
                     ..Output::default()
                 }),
                 Err(e) => Err(e.clone()),
@@ -219,15 +222,53 @@ fn groupable(r: &Request, max_tensor_bytes: usize) -> bool {
         && (1..max_tensor_bytes).contains(&r.meta.bytes())
 }
 
-/// A group of allreduces being fused at submission.
+/// One submission planned from a list of requests: a request alone, or a group fused at submission. `index` is
+/// its (first) request's position in the list, so its handle is the list's first handle plus `index`.
+#[derive(Clone)]
+struct Part {
+    request: Request,
+    index: usize,
+    members: Option<Arc<[Vec<i64>]>>,
+}
+
+impl Part {
+    fn submitted(self, base: Handle) -> Submitted {
+        Submitted {
+            request: self.request,
+            handle: base + self.index as u64,
+            members: self.members,
+        }
+    }
+}
+
+/// Requests validated and fused once, for repeated submission with [`Engine::enqueue_prepared`] (a training
+/// loop's gradients, every step: the per-tensor work is done once, not every step).
+pub struct PreparedGroup {
+    parts: Vec<Part>,
+    len: usize,
+}
+
+impl PreparedGroup {
+    /// Number of requests (and of handles each submission returns).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A group of allreduces being fused at submission: consecutive requests from `index`.
 struct Group {
-    requests: Vec<(Request, Handle)>,
+    requests: Vec<Request>,
+    index: usize,
     bytes: usize,
 }
 
 impl Group {
     fn accepts(&self, r: &Request, threshold: usize) -> bool {
-        let g = &self.requests[0].0.meta;
+        let g = &self.requests[0].meta;
         let m = &r.meta;
         g.dtype == m.dtype
             && g.op == m.op
@@ -236,46 +277,49 @@ impl Group {
             && self.bytes + m.bytes() <= threshold
     }
 
-    /// One submission: the request itself for a group of one, else one allreduce over all members, whose `splits`
-    /// are the members' element counts and whose name is made of the first and last member's (so every rank that
+    /// One part: the request itself for a group of one, else one allreduce over all members, whose `splits` are
+    /// the members' element counts and whose name is made of the first and last member's (so every rank that
     /// submits the same group names it alike).
-    fn finish(self) -> Submitted {
+    fn finish(self) -> Part {
         let mut requests = self.requests;
+        let index = self.index;
         if requests.len() == 1 {
-            let (request, handle) = requests.remove(0);
-            return Submitted::single(request, handle);
+            return Part {
+                request: requests.remove(0),
+                index,
+                members: None,
+            };
         }
         let n = requests.len();
-        let first = &requests[0].0.meta;
+        let first = &requests[0].meta;
         let name = format!(
             "{} .. {} ({n} tensors)",
             first.name,
-            requests[n - 1].0.meta.name
+            requests[n - 1].meta.name
         );
         let mut meta = meta(OpKind::Allreduce, &name, first.dtype, Vec::new(), first.op);
         meta.prescale = first.prescale;
         meta.postscale = first.postscale;
-        let handle = requests[0].1;
         let mut inputs = Vec::with_capacity(n);
         let mut outputs = Vec::with_capacity(n);
-        let mut members = Vec::with_capacity(n);
-        for (r, h) in requests {
+        let mut shapes = Vec::with_capacity(n);
+        for r in requests {
             meta.splits.push(r.meta.elements() as i64);
             if let (Input::Raw(i, len), OutputBuffer::Raw(o, _)) = (r.input, r.output) {
                 inputs.push((i, len));
                 outputs.push((o, len));
             }
-            members.push((h, r.meta.shape));
+            shapes.push(r.meta.shape);
         }
         meta.shape = vec![meta.splits.iter().sum()];
-        Submitted {
+        Part {
             request: Request {
                 meta,
                 input: Input::Gather(inputs),
                 output: OutputBuffer::Scatter(outputs),
             },
-            handle,
-            members,
+            index,
+            members: Some(shapes.into()),
         }
     }
 }
@@ -416,26 +460,10 @@ impl Engine {
 
     /// Submits an operation; the result comes through [`Engine::wait`] / [`Engine::poll`].
     pub fn enqueue(&self, mut request: Request) -> Result<Handle, EngineError> {
-        if request.meta.name.is_empty() {
-            let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
-            request.meta.name = format!("{}.noname.{n}", request.meta.kind.name());
-        }
+        self.name(&mut request);
         validate(&mut request, self.topology.size)?;
         let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut h = lock(&self.shared.handles);
-            if let Some(reason) = &h.stopped {
-                return Err(EngineError::Stopped(reason.clone()));
-            }
-            h.slots.insert(handle, Slot::Pending);
-        }
-        let mut q = lock(&self.shared.queue);
-        q.items.push(Submitted::single(request, handle));
-        let wake = q.idle;
-        drop(q);
-        if wake {
-            self.shared.queue_cv.notify_one();
-        }
+        self.submit(vec![Submitted::single(request, handle)])?;
         Ok(handle)
     }
 
@@ -451,67 +479,130 @@ impl Engine {
         &self,
         requests: impl IntoIterator<Item = Request>,
     ) -> Vec<Result<Handle, EngineError>> {
+        let (verdicts, parts) = self.plan(requests);
+        let base = self
+            .shared
+            .next_handle
+            .fetch_add(verdicts.len() as u64, Ordering::Relaxed);
+        let submitted = parts.into_iter().map(|p| p.submitted(base)).collect();
+        let stopped = self.submit(submitted).err();
+        (base..)
+            .zip(verdicts)
+            .map(|(handle, v)| match (&stopped, v) {
+                (_, Err(e)) => Err(e),
+                (Some(e), Ok(())) => Err(e.clone()),
+                (None, Ok(())) => Ok(handle),
+            })
+            .collect()
+    }
+
+    /// Validates `requests` and fuses them like [`enqueue_many`](Self::enqueue_many) once, for submission again
+    /// and again with [`enqueue_prepared`](Self::enqueue_prepared). The first invalid request is the error.
+    pub fn prepare(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+    ) -> Result<PreparedGroup, EngineError> {
+        let (verdicts, parts) = self.plan(requests);
+        let len = verdicts.len();
+        match verdicts.into_iter().find_map(Result::err) {
+            Some(e) => Err(e),
+            None => Ok(PreparedGroup { parts, len }),
+        }
+    }
+
+    /// Submits a prepared group: returns the first of its `group.len()` consecutive handles (one per request, in
+    /// order). The requests' buffers must be valid, as for any submission, until the handles complete.
+    pub fn enqueue_prepared(&self, group: &PreparedGroup) -> Result<Handle, EngineError> {
+        let base = self
+            .shared
+            .next_handle
+            .fetch_add(group.len as u64, Ordering::Relaxed);
+        self.submit(
+            group
+                .parts
+                .iter()
+                .map(|p| p.clone().submitted(base))
+                .collect(),
+        )?;
+        Ok(base)
+    }
+
+    /// Names an unnamed request uniquely.
+    fn name(&self, request: &mut Request) {
+        if request.meta.name.is_empty() {
+            let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
+            request.meta.name = format!("{}.noname.{n}", request.meta.kind.name());
+        }
+    }
+
+    /// Each request's verdict, and the parts to submit: requests alone, or consecutive valid groupable ones fused.
+    fn plan(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+    ) -> (Vec<Result<(), EngineError>>, Vec<Part>) {
         let threshold = self.fusion_threshold;
-        let mut accepted = Vec::new();
-        let mut results = Vec::new();
+        let mut verdicts = Vec::new();
+        let mut parts = Vec::new();
         let mut group: Option<Group> = None;
-        for mut request in requests {
-            if request.meta.name.is_empty() {
-                let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
-                request.meta.name = format!("{}.noname.{n}", request.meta.kind.name());
-            }
-            if let Err(e) = validate(&mut request, self.topology.size) {
-                results.push(Err(e));
-                continue;
-            }
-            let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
-            results.push(Ok(handle));
-            if threshold > 0 && groupable(&request, self.fusion_max_tensor_bytes) {
-                match &mut group {
-                    Some(g) if g.accepts(&request, threshold) => {
-                        g.bytes += request.meta.bytes();
-                        g.requests.push((request, handle));
-                    }
-                    _ => {
-                        accepted.extend(group.take().map(Group::finish));
+        for (index, mut request) in requests.into_iter().enumerate() {
+            self.name(&mut request);
+            let verdict = validate(&mut request, self.topology.size);
+            let fusable = verdict.is_ok()
+                && threshold > 0
+                && groupable(&request, self.fusion_max_tensor_bytes);
+            match &mut group {
+                Some(g) if fusable && g.accepts(&request, threshold) => {
+                    g.bytes += request.meta.bytes();
+                    g.requests.push(request);
+                }
+                _ => {
+                    // A group's members have consecutive handles: anything else ends it.
+                    parts.extend(group.take().map(Group::finish));
+                    if fusable {
                         group = Some(Group {
                             bytes: request.meta.bytes(),
-                            requests: vec![(request, handle)],
+                            requests: vec![request],
+                            index,
+                        });
+                    } else if verdict.is_ok() {
+                        parts.push(Part {
+                            request,
+                            index,
+                            members: None,
                         });
                     }
                 }
-            } else {
-                accepted.extend(group.take().map(Group::finish));
-                accepted.push(Submitted::single(request, handle));
             }
+            verdicts.push(verdict);
         }
-        accepted.extend(group.take().map(Group::finish));
-        if accepted.is_empty() {
-            return results;
+        parts.extend(group.take().map(Group::finish));
+        (verdicts, parts)
+    }
+
+    /// Hands submissions to the engine thread (fails them all once the engine has stopped).
+    fn submit(&self, submitted: Vec<Submitted>) -> Result<(), EngineError> {
+        if submitted.is_empty() {
+            return Ok(());
         }
         {
             let mut h = lock(&self.shared.handles);
             if let Some(reason) = &h.stopped {
-                let err = EngineError::Stopped(reason.clone());
-                return results
-                    .into_iter()
-                    .map(|r| r.and(Err(err.clone())))
-                    .collect();
+                return Err(EngineError::Stopped(reason.clone()));
             }
-            for s in &accepted {
+            for s in &submitted {
                 for handle in s.handles() {
                     h.slots.insert(handle, Slot::Pending);
                 }
             }
         }
         let mut q = lock(&self.shared.queue);
-        q.items.extend(accepted);
+        q.items.extend(submitted);
         let wake = q.idle;
         drop(q);
         if wake {
             self.shared.queue_cv.notify_one();
         }
-        results
+        Ok(())
     }
 
     /// Whether the operation has completed (successfully or not).
@@ -726,8 +817,8 @@ fn validate(request: &mut Request, size: usize) -> Result<(), EngineError> {
 struct Pending {
     request: Request,
     handle: Handle,
-    /// A group fused at submission: each member's handle and shape.
-    members: Vec<(Handle, Vec<i64>)>,
+    /// A group fused at submission: its members' shapes (handles `handle..handle + len`).
+    members: Option<Arc<[Vec<i64>]>>,
     lane: u32,
 }
 
@@ -1333,7 +1424,7 @@ impl Worker {
                     }
                     OutputBuffer::Engine => src.to_vec(),
                 };
-                let shape = if p.members.is_empty() {
+                let shape = if p.members.is_none() {
                     m.shape.clone()
                 } else {
                     Vec::new()

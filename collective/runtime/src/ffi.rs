@@ -9,11 +9,12 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::collective::connect_from_env;
 use crate::config::EngineConfig;
-use crate::engine::{Engine, Input, Output, OutputBuffer, Request};
+use crate::engine::{Engine, Input, Output, OutputBuffer, PreparedGroup, Request};
 use crate::message::{OpKind, RequestMeta};
 use hvd_collective::{DType, ReduceOp};
 
@@ -21,6 +22,10 @@ static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
 /// Results waited for one by one, until `hvd_release` (keys are handles, so they hash like the engine's).
 static RESULTS: Mutex<Option<ResultMap>> = Mutex::new(None);
 type ResultMap = HashMap<i64, Output, std::hash::BuildHasherDefault<crate::engine::HandleHasher>>;
+/// Groups from `hvd_group_prepare` by id, until `hvd_group_release` or `hvd_shutdown`. Ids are never reused, so
+/// one from before a shutdown is refused afterwards instead of naming another group.
+static GROUPS: Mutex<Option<HashMap<i64, PreparedGroup>>> = Mutex::new(None);
+static NEXT_GROUP: AtomicI64 = AtomicI64::new(1);
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -97,6 +102,7 @@ pub extern "C" fn hvd_shutdown() -> i32 {
             e.shutdown();
         }
         lock(&RESULTS).take();
+        lock(&GROUPS).take();
         Ok(0)
     })
 }
@@ -387,6 +393,77 @@ pub unsafe extern "C" fn hvd_enqueue_many(
             };
         }
         Ok(ok)
+    })
+}
+
+/// Prepares `n` requests for repeated submission with `hvd_group_enqueue` (a training loop's gradients): they are
+/// checked and fused once (as `hvd_enqueue_many` does on every call). Returns a group id > 0, or -1 when a request
+/// is invalid (`hvd_last_error` names it). The buffers must stay valid until the group is released.
+///
+/// # Safety
+/// `requests` points to `n` valid elements whose buffers follow the module's buffer contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_group_prepare(requests: *const HvdRequest, n: i32) -> i64 {
+    guard(-1, || {
+        if n < 0 || (n > 0 && requests.is_null()) {
+            return Err("invalid request array".into());
+        }
+        let e = engine()?;
+        let requests: &[HvdRequest] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: `n` valid elements per the contract.
+            unsafe { std::slice::from_raw_parts(requests, n as usize) }
+        };
+        let converted = requests
+            .iter()
+            // SAFETY: as above.
+            .map(|r| unsafe { convert(r) })
+            .collect::<Result<Vec<_>, _>>()?;
+        let group = e.prepare(converted).map_err(|e| e.to_string())?;
+        let id = NEXT_GROUP.fetch_add(1, Ordering::Relaxed);
+        lock(&GROUPS)
+            .get_or_insert_with(HashMap::new)
+            .insert(id, group);
+        Ok(id)
+    })
+}
+
+/// Submits a prepared group: writes its handles (one per request, in order) to `handles` and returns how many,
+/// or -1 (an unknown group, or the engine stopped). Wait for them like those of `hvd_enqueue_many`.
+///
+/// # Safety
+/// `handles` has room for the group's number of requests.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_group_enqueue(group: i64, handles: *mut i64) -> i32 {
+    guard(-1, || {
+        let e = engine()?;
+        let groups = lock(&GROUPS);
+        let Some(g) = groups.as_ref().and_then(|m| m.get(&group)) else {
+            return Err(format!(
+                "unknown tensor group {group} (released, or prepared before a shutdown)"
+            ));
+        };
+        if g.len() > 0 && handles.is_null() {
+            return Err("handles is a null pointer".into());
+        }
+        let base = e.enqueue_prepared(g).map_err(|e| e.to_string())?;
+        for i in 0..g.len() {
+            // SAFETY: room for `g.len()` values per the contract.
+            unsafe { *handles.add(i) = (base + i as u64) as i64 };
+        }
+        Ok(g.len() as i32)
+    })
+}
+
+/// Releases a prepared group (operations in flight are not affected). 0, or -1 for an unknown group.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_group_release(group: i64) -> i32 {
+    guard(-1, || {
+        match lock(&GROUPS).as_mut().and_then(|m| m.remove(&group)) {
+            Some(_) => Ok(0),
+            None => Err(format!("unknown tensor group {group}")),
+        }
     })
 }
 

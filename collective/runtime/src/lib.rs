@@ -28,7 +28,9 @@ pub mod timeline;
 pub mod transport;
 
 pub use config::EngineConfig;
-pub use engine::{Engine, EngineError, Handle, Input, Output, OutputBuffer, Request, meta};
+pub use engine::{
+    Engine, EngineError, Handle, Input, Output, OutputBuffer, PreparedGroup, Request, meta,
+};
 pub use hvd_collective::{DType, ReduceOp};
 pub use message::{OpKind, RequestMeta};
 pub use transport::{LocalTransport, Topology, Transport, TransportError};

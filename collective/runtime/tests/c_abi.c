@@ -64,6 +64,22 @@ int main(void) {
   CHECK(strstr(hvd_last_error(), "dtype") != NULL);
   CHECK(hvd_wait_many(hs, 2) == 0);
 
+  /* A prepared group: checked once (an invalid request is refused), submitted again and again, released. */
+  CHECK(hvd_group_prepare(group, 2) == -1 && strstr(hvd_last_error(), "dtype") != NULL);
+  group[1].dtype = HVD_FLOAT32;
+  int64_t g = hvd_group_prepare(group, 2);
+  CHECK(g > 0);
+  for (int i = 0; i < 3; i++) {
+    a[0] = 1.0f + i;
+    b[0] = 5.0f;
+    CHECK(hvd_group_enqueue(g, hs) == 2 && hs[0] > 0 && hs[1] == hs[0] + 1);
+    CHECK(hvd_wait_many(hs, 2) == 0);
+    CHECK(a[0] == 1.0f + i && a[1] == 2.0f && b[0] == 5.0f);
+  }
+  CHECK(hvd_group_release(g) == 0);
+  CHECK(hvd_group_release(g) == -1 && strstr(hvd_last_error(), "unknown tensor group") != NULL);
+  CHECK(hvd_group_enqueue(g, hs) == -1 && strstr(hvd_last_error(), "unknown tensor group") != NULL);
+
   /* A library-owned result. */
   int64_t rows[2] = {2, 1};
   int32_t data[2] = {7, 8};

@@ -27,14 +27,20 @@ def check(got, want, what):
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 total = sum(range(n))
+grads = [np.empty(1024, np.float32) for i in range(50)]
 for step in range(5):
-    # In place: a training loop's gradients, the same arrays every step (the fast path).
-    grads = [np.full(1024, r + i + step, np.float32) for i in range(50)]
+    # In place: a training loop's gradients, the same arrays every step (remembered from the second step, prepared
+    # once in the library from the third).
+    for i, g in enumerate(grads):
+        g[:] = r + i + step
     h = hvd.grouped_allreduce_async_(grads, op=hvd.Sum, name="grads")
     out = hvd.synchronize(h)
     assert hvd.poll(h) and len(out) == len(grads) and all(a is b for a, b in zip(out, grads))
     for i, g in enumerate(grads):
         check(g, np.full(1024, total + n * (i + step), np.float32), "in place {}".format(i))
+
+# Steps 3-5 went through the group the library prepared once (this path must be the one tested above).
+assert hvd._GROUPS["grads"][6] is not None, "the in-place group was never prepared in the library"
 
 # The same group name with changed members: a reshaped array, a new array object, a dtype change in place, a
 # different scale factor (the library remembers prepared in-place groups of numpy arrays and must notice).
