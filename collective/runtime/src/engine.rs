@@ -138,6 +138,9 @@ pub struct Output {
 
 pub type Handle = u64;
 
+/// The middle of the names the engine gives unnamed requests.
+const NONAME: &str = ".noname.";
+
 /// Hashes handles (consecutive integers) with one multiplication: SipHash would cost more than the map operation,
 /// and a grouped submission does a few per tensor.
 #[derive(Default, Clone, Copy)]
@@ -527,11 +530,11 @@ impl Engine {
         Ok(base)
     }
 
-    /// Names an unnamed request uniquely.
+    /// Names an unnamed request uniquely: `<kind>.noname.<n>`.
     fn name(&self, request: &mut Request) {
         if request.meta.name.is_empty() {
             let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
-            request.meta.name = format!("{}.noname.{n}", request.meta.kind.name());
+            request.meta.name = format!("{}{NONAME}{n}", request.meta.kind.name());
         }
     }
 
@@ -973,9 +976,14 @@ impl Worker {
         }
     }
 
+    /// A tensor's timeline lane. Operations the engine named (`<kind>.noname.<n>`, e.g. every `hvd.barrier()`)
+    /// share one lane per kind: a lane each would grow the trace and the lane table by one per call.
     fn lane(&mut self, name: &str) -> u32 {
         match &mut self.timeline {
-            Some(t) => t.lane(name),
+            Some(t) => match name.split_once(NONAME) {
+                Some((kind, _)) => t.lane(&format!("{kind} (unnamed)")),
+                None => t.lane(name),
+            },
             None => 0,
         }
     }

@@ -65,8 +65,8 @@ impl EventName {
 }
 
 enum Message {
-    Events(Vec<Event>),
-    LaneName(u32, String),
+    /// New lanes' names, then events (which may use them).
+    Events(Vec<(u32, String)>, Vec<Event>),
     Flush(mpsc::Sender<()>),
 }
 
@@ -74,6 +74,8 @@ enum Message {
 pub struct Timeline {
     start: Instant,
     pending: Vec<Event>,
+    /// Lanes named since the last batch: they travel with it, so a new tensor costs no wake-up of the writer.
+    pending_lanes: Vec<(u32, String)>,
     last_send: Instant,
     lanes: HashMap<String, u32>,
     tx: Option<mpsc::Sender<Message>>,
@@ -98,6 +100,7 @@ impl Timeline {
         Ok(Timeline {
             start: Instant::now(),
             pending: Vec::with_capacity(SEND_EVENTS),
+            pending_lanes: Vec::new(),
             last_send: Instant::now(),
             lanes: HashMap::new(),
             tx: Some(tx),
@@ -117,9 +120,7 @@ impl Timeline {
         }
         let l = self.lanes.len() as u32 + 1;
         self.lanes.insert(tensor.to_string(), l);
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Message::LaneName(l, tensor.to_string()));
-        }
+        self.pending_lanes.push((l, tensor.to_string()));
         l
     }
 
@@ -148,7 +149,7 @@ impl Timeline {
 
     /// Hands buffered events to the writer if enough time or events have accumulated.
     pub fn maybe_send(&mut self) {
-        if self.pending.len() >= SEND_EVENTS
+        if self.pending.len() + self.pending_lanes.len() >= SEND_EVENTS
             || (!self.pending.is_empty() && self.last_send.elapsed() >= SEND_INTERVAL)
         {
             self.send();
@@ -158,8 +159,9 @@ impl Timeline {
     fn send(&mut self) {
         self.last_send = Instant::now();
         let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(SEND_EVENTS));
+        let lanes = std::mem::take(&mut self.pending_lanes);
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Message::Events(batch));
+            let _ = tx.send(Message::Events(lanes, batch));
         }
     }
 
@@ -245,11 +247,19 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
     let mut text = String::new();
     for msg in rx {
         match msg {
-            Message::LaneName(lane, name) => put(&format!(
-                r#"{{"name":"thread_name","ph":"M","pid":{rank},"tid":{lane},"args":{{"name":{}}}}}"#,
-                json_string(&name)
-            ))?,
-            Message::Events(events) => {
+            Message::Events(lanes, events) => {
+                if !lanes.is_empty() {
+                    let names: Vec<String> = lanes
+                        .iter()
+                        .map(|(lane, name)| {
+                            format!(
+                                r#"{{"name":"thread_name","ph":"M","pid":{rank},"tid":{lane},"args":{{"name":{}}}}}"#,
+                                json_string(name)
+                            )
+                        })
+                        .collect();
+                    put(&names.join(",\n"))?;
+                }
                 // The hot loop of the writer thread: no allocation per event (names are shared or static, numbers
                 // are written straight into one reused buffer).
                 text.clear();

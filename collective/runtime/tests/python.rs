@@ -232,6 +232,16 @@ fn timeline_is_valid_chrome_trace_json_with_every_phase() {
             "no `{phase}` in the timeline; names: {names:?}"
         );
     }
+    // A fused group has one lane; unnamed operations share one lane per kind, not one per call.
+    assert!(
+        names.contains("grouped.0 .. grouped.4 (5 tensors)"),
+        "{names:?}"
+    );
+    assert!(
+        names.contains("barrier (unnamed)") && names.contains("allreduce (unnamed)"),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n.contains("noname")), "{names:?}");
     // Phases are complete events nested in their operation on the tensor's lane.
     let events = events.as_array().unwrap();
     let lane = events

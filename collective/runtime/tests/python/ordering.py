@@ -25,5 +25,9 @@ for step in range(steps):
 # Grouped submission (one call into the library).
 outs = hvd.grouped_allreduce([np.full(3, r, np.float64) for _ in range(5)], op=hvd.Average, name="grouped")
 assert all(np.allclose(o, (n - 1) / 2) for o in outs), outs
+# Unnamed operations (the timeline test checks that they share one lane per kind).
+for _ in range(5):
+    hvd.barrier()
+    assert hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum).tolist() == [n, n]
 hvd.shutdown()
 print("ok ordering rank {}".format(r))
