@@ -13,7 +13,7 @@ use crate::types::{DType, ReduceOp, Topology};
 
 /// Largest eager message per peer: it must fit the smallest transport buffer (a 4 KiB shm ring) with its header,
 /// because it is sent before the peer starts reading.
-const EAGER_MAX_BYTES: usize = 2048;
+pub(crate) const EAGER_MAX_BYTES: usize = 2048;
 
 /// A communicator built from a point-to-point transport and the collective algorithms of this module. Aligned so
 /// that the state of ranks running as threads of one process never shares a cache line.
@@ -40,6 +40,10 @@ pub struct P2pCommunicator<T: Transport> {
     /// Encoded outgoing and incoming headers, by rank (kept between calls).
     hdr_out: Vec<[u8; HEADER_LEN]>,
     hdr_in: Vec<[u8; HEADER_LEN]>,
+    /// This rank's word for each rank on the board (kept between calls).
+    pairs_out: Vec<u64>,
+    /// The operation whose header last went through the board.
+    board_seq: u64,
 }
 
 impl<T: Transport> P2pCommunicator<T> {
@@ -86,6 +90,8 @@ impl<T: Transport> P2pCommunicator<T> {
             eager_out: Vec::new(),
             hdr_out: Vec::new(),
             hdr_in: Vec::new(),
+            pairs_out: Vec::new(),
+            board_seq: 0,
         }
     }
 
@@ -151,10 +157,21 @@ impl<T: Transport> P2pCommunicator<T> {
     ) -> Result<Vec<Header>> {
         let n = self.world.len();
         let me = self.topology.rank;
-        let mut headers = vec![h; n];
         if n == 1 {
-            return Ok(headers);
+            return Ok(vec![h; n]);
         }
+        // One board round per operation: a second round within it (alltoall's verdicts) would overwrite the slot
+        // that peers may still be reading, so it goes point to point.
+        if h.seq != self.board_seq
+            && self
+                .transport
+                .shared_board()
+                .is_some_and(|b| b.board_ready(n))
+        {
+            self.board_seq = h.seq;
+            return self.negotiate_board(h, pair, eager);
+        }
+        let mut headers = vec![h; n];
         let mut outgoing = std::mem::take(&mut self.hdr_out);
         outgoing.clear();
         outgoing.extend((0..n).map(|j| Header { pair: pair(j), ..h }.encode()));
@@ -260,6 +277,66 @@ impl<T: Transport> P2pCommunicator<T> {
             r?;
         }
         Ok(headers)
+    }
+
+    /// [`negotiate_eager`](Self::negotiate_eager) on a shared-memory board: post this rank's header, its word for
+    /// each rank and its eager data in its slot, wait until every rank has posted, and read theirs.
+    fn negotiate_board(
+        &mut self,
+        h: Header,
+        pair: &dyn Fn(usize) -> u64,
+        eager: Option<&[u8]>,
+    ) -> Result<Vec<Header>> {
+        let n = self.world.len();
+        let me = self.topology.rank;
+        let mut pairs = std::mem::take(&mut self.pairs_out);
+        pairs.clear();
+        pairs.extend((0..n).map(pair));
+        let mut eager_in = std::mem::take(&mut self.eager_in);
+        eager_in.resize_with(n, Vec::new);
+        let timeout = self.timeout;
+        let result = (|| {
+            let Some(board) = self.transport.shared_board() else {
+                return Err(Error::Broken("the shared-memory board went away".into()));
+            };
+            // Only alltoall has a word per destination (its counts); other operations leave that line alone.
+            let with_pairs = h.kind == Kind::Alltoall;
+            board.board_post(
+                &h.encode(),
+                with_pairs.then_some(&pairs[..]),
+                eager.unwrap_or(&[]),
+            );
+            board.board_wait(h.seq, h.kind.name(), timeout)?;
+            let mut headers = vec![h; n];
+            for j in (0..n).filter(|j| *j != me) {
+                let mut hj = Header::decode(&board.board_header(j, h.seq), j)?;
+                hj.pair = if hj.kind == Kind::Alltoall {
+                    board.board_pair(j, h.seq)
+                } else {
+                    0
+                };
+                let len = if hj.eager {
+                    hj.count.saturating_mul(hj.dtype.size() as u64)
+                } else {
+                    0
+                };
+                if len > EAGER_MAX_BYTES as u64 {
+                    return Err(Error::PeerLost {
+                        rank: j,
+                        reason: "it announced more eager data than the protocol allows".into(),
+                    });
+                }
+                eager_in[j].clear();
+                eager_in[j].resize(len as usize, 0);
+                board.board_eager(j, h.seq, &mut eager_in[j]);
+                headers[j] = hj;
+            }
+            eager_in[me].clear();
+            Ok(headers)
+        })();
+        self.pairs_out = pairs;
+        self.eager_in = eager_in;
+        result
     }
 
     /// Runs one operation: negotiate, check, then `body` unless this rank's own arguments were bad.

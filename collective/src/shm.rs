@@ -16,6 +16,12 @@
 //! positions are published with a full fence so no wake-up is missed; with a core per rank the publish is a plain
 //! release store and a wake-up missed in a race costs at most one futex timeout.
 //!
+//! Every operation starts on the **board**: one slot per rank and sequence-number parity, holding the operation's
+//! header, a word per peer (alltoall counts) and eager data (a small allreduce's whole input), published by storing
+//! the sequence number last. Each rank reads every other rank's slot, so the header check and a small allreduce
+//! take one cache line from each peer instead of a ring message (head and data lines) each way. A slot is written
+//! again two operations later, when every rank has posted the operation in between and so has finished reading it.
+//!
 //! Liveness: a rank marks itself gone on drop (clean) or aborted; a rank whose process no longer exists
 //! (`kill(pid, 0)` fails with ESRCH) is dead. The first rank that gives up writes the culprit into the abort word,
 //! which every waiter checks.
@@ -28,10 +34,12 @@ use std::time::{Duration, Instant};
 
 use crate::config::{EnvVars, env_usize};
 use crate::error::{Error, Result};
+use crate::header::HEADER_LEN;
+use crate::p2p::EAGER_MAX_BYTES;
 use crate::reduce::reduce_into;
 use crate::transport::{RecvOp, SendOp, Transport};
 
-const MAGIC: u64 = 0x6876_645f_7368_6d31; // "hvd_shm1"
+const MAGIC: u64 = 0x6876_645f_7368_6d32; // "hvd_shm2"
 const LINE: usize = 128;
 const CTRL_HEADER: usize = 4 * LINE;
 const RING_HEADER: usize = 2 * LINE;
@@ -98,7 +106,21 @@ impl std::fmt::Debug for ShmSegment {
 }
 
 fn segment_len(ranks: usize, ring_bytes: usize) -> usize {
-    CTRL_HEADER + ranks * LINE + ranks * ranks * (RING_HEADER + ring_bytes)
+    board_base(ranks) + ranks * 2 * slot_bytes(ranks) + ranks * ranks * (RING_HEADER + ring_bytes)
+}
+
+/// Where a slot's words for each rank start (8-aligned: both terms are multiples of 8).
+const PAIRS_AT: usize = HEADER_LEN + EAGER_MAX_BYTES;
+
+fn board_base(ranks: usize) -> usize {
+    CTRL_HEADER + ranks * LINE
+}
+
+/// One board slot: an operation header (its sequence number first), eager data, then one `pair` word per rank
+/// (alltoall counts); whole lines. A small allreduce's header and data share the first line with the sequence
+/// number, so a reader's one miss brings everything.
+fn slot_bytes(ranks: usize) -> usize {
+    (PAIRS_AT + 8 * ranks).div_ceil(LINE) * LINE
 }
 
 fn map_fd(fd: i32, len: usize, what: &str) -> Result<*mut u8> {
@@ -295,7 +317,13 @@ impl ShmSegment {
         self.word32(self.rank_line(r) + 64)
     }
     fn ring_base(&self, from: usize, to: usize) -> usize {
-        CTRL_HEADER + self.ranks * LINE + (from * self.ranks + to) * (RING_HEADER + self.ring_bytes)
+        board_base(self.ranks)
+            + self.ranks * 2 * slot_bytes(self.ranks)
+            + (from * self.ranks + to) * (RING_HEADER + self.ring_bytes)
+    }
+    /// Rank `r`'s board slot for operations of sequence number parity `parity`.
+    fn slot(&self, r: usize, parity: u64) -> usize {
+        board_base(self.ranks) + (r * 2 + parity as usize) * slot_bytes(self.ranks)
     }
     fn head(&self, from: usize, to: usize) -> &AtomicU64 {
         self.word(self.ring_base(from, to))
@@ -598,6 +626,157 @@ impl ShmTransport {
     }
 }
 
+impl ShmTransport {
+    /// Whether the segment's ranks are the whole job of `world` ranks, numbered alike: then every operation's
+    /// header can go through the board (not when the segment is one host's part of a larger job).
+    pub(crate) fn board_ready(&self, world: usize) -> bool {
+        self.seg.ranks == world && self.global.iter().enumerate().all(|(i, g)| i == *g)
+    }
+
+    fn slot_ptr(&self, r: usize, seq: u64) -> *mut u8 {
+        // SAFETY: the slot lies inside the mapping.
+        unsafe { self.seg.map.ptr.add(self.seg.slot(r, seq & 1)) }
+    }
+
+    fn posted(&self, r: usize, seq: u64) -> bool {
+        self.seg
+            .word(self.seg.slot(r, seq & 1))
+            .load(Ordering::Acquire)
+            == seq
+    }
+
+    /// Posts this rank's operation `header` (whose first 8 bytes, the sequence number, are published last, after
+    /// everything else), `eager` data (at most `EAGER_MAX_BYTES`) and, for operations that have them, `pairs[j]`
+    /// for each rank `j` (on a line of their own, which readers of other operations never touch).
+    pub(crate) fn board_post(
+        &mut self,
+        header: &[u8; HEADER_LEN],
+        pairs: Option<&[u64]>,
+        eager: &[u8],
+    ) {
+        let n = self.seg.ranks;
+        let seq = u64::from_ne_bytes(header[..8].try_into().unwrap_or_default());
+        let pairs = pairs.unwrap_or(&[]);
+        assert!(pairs.len() <= n && eager.len() <= EAGER_MAX_BYTES);
+        let p = self.slot_ptr(self.rank, seq);
+        // SAFETY: the slot lies inside the mapping, only this rank writes it, and no rank reads it now: every rank
+        // has posted the previous operation, so every rank is done with the one before, which used this slot.
+        // Words are 8-aligned (slots are line-aligned, HEADER_LEN is a multiple of 8).
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr().add(8), p.add(8), HEADER_LEN - 8);
+            std::ptr::copy_nonoverlapping(eager.as_ptr(), p.add(HEADER_LEN), eager.len());
+            for (j, v) in pairs.iter().enumerate() {
+                p.add(PAIRS_AT + 8 * j).cast::<u64>().write(*v);
+            }
+        }
+        let word = self.seg.word(self.seg.slot(self.rank, seq & 1));
+        let others = (0..n).filter(|r| *r != self.rank);
+        if self.strict_wake {
+            word.store(seq, Ordering::SeqCst);
+            others.for_each(|r| self.seg.wake(r));
+        } else {
+            word.store(seq, Ordering::Release);
+            others.for_each(|r| self.seg.wake_relaxed(r));
+        }
+    }
+
+    /// Waits until every other rank has posted operation `seq`: spins, yields, then sleeps on the futex like the
+    /// rings' waits; a dead or departed rank, an abort, or `timeout` without progress is an error.
+    pub(crate) fn board_wait(
+        &mut self,
+        seq: u64,
+        op: &'static str,
+        timeout: Duration,
+    ) -> Result<()> {
+        let n = self.seg.ranks;
+        let me = self.rank;
+        let mut first_missing = 0;
+        let mut idle = 0u32;
+        let mut since: Option<Instant> = None;
+        loop {
+            match (first_missing..n).find(|r| *r != me && !self.posted(*r, seq)) {
+                None => return Ok(()),
+                Some(r) => first_missing = r,
+            }
+            idle = idle.saturating_add(1);
+            if idle < self.spin {
+                std::hint::spin_loop();
+                if idle.is_multiple_of(256) {
+                    self.check_abort()?;
+                }
+                continue;
+            }
+            self.check_abort()?;
+            let started = *since.get_or_insert_with(Instant::now);
+            if started.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    op,
+                    ranks: (0..n)
+                        .filter(|r| *r != me && !self.posted(*r, seq))
+                        .map(|r| self.global[r])
+                        .collect(),
+                    waited: timeout,
+                });
+            }
+            if self.last_liveness.elapsed() > Duration::from_millis(20) {
+                self.last_liveness = Instant::now();
+                for r in (0..n).filter(|r| *r != me && !self.posted(*r, seq)) {
+                    self.check_peer(r, true)?;
+                }
+            }
+            if idle < self.spin + self.yields {
+                std::thread::yield_now();
+                continue;
+            }
+            // Announce the sleep, then look again: a rank posting in between either is seen here or sees the flag.
+            let flag = self.seg.sleeping(me);
+            flag.store(1, Ordering::SeqCst);
+            let missing = (0..n).any(|r| {
+                r != me
+                    && self
+                        .seg
+                        .word(self.seg.slot(r, seq & 1))
+                        .load(Ordering::SeqCst)
+                        != seq
+            });
+            if missing && self.seg.abort_word().load(Ordering::SeqCst) == 0 {
+                futex_wait(flag, 1, Duration::from_millis(2));
+            }
+            flag.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Rank `r`'s header of operation `seq` (after [`board_wait`](Self::board_wait)).
+    pub(crate) fn board_header(&self, r: usize, seq: u64) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        // SAFETY: rank r published the slot (Acquire in `posted`) and does not write it again before this rank
+        // posts its next operation.
+        unsafe { std::ptr::copy_nonoverlapping(self.slot_ptr(r, seq), h.as_mut_ptr(), HEADER_LEN) };
+        h
+    }
+
+    /// Rank `r`'s word for this rank in operation `seq` (posted with `pairs`).
+    pub(crate) fn board_pair(&self, r: usize, seq: u64) -> u64 {
+        // SAFETY: as in `board_header`; the words area holds one word per rank.
+        unsafe {
+            self.slot_ptr(r, seq)
+                .add(PAIRS_AT + 8 * self.rank)
+                .cast::<u64>()
+                .read()
+        }
+    }
+
+    /// Copies rank `r`'s eager data of operation `seq` into `out` (its length, at most `EAGER_MAX_BYTES`).
+    pub(crate) fn board_eager(&self, r: usize, seq: u64, out: &mut [u8]) {
+        assert!(out.len() <= EAGER_MAX_BYTES);
+        let p = self.slot_ptr(r, seq);
+        // SAFETY: as in `board_header`; the eager area holds EAGER_MAX_BYTES.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p.add(HEADER_LEN), out.as_mut_ptr(), out.len());
+        }
+    }
+}
+
 /// A killed process stays a zombie until its parent reaps it; it will never run again.
 fn is_zombie(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -732,6 +911,10 @@ impl Transport for ShmTransport {
 
     fn spin_rounds(&self) -> u32 {
         self.spin
+    }
+
+    fn shared_board(&mut self) -> Option<&mut ShmTransport> {
+        Some(self)
     }
 
     fn abort(&mut self, culprit: usize, reason: &str) {

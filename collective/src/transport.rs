@@ -83,6 +83,11 @@ pub trait Transport: Send {
     }
     /// Tells every peer that this rank gives up because of `culprit`, so their pending operations fail at once.
     fn abort(&mut self, culprit: usize, reason: &str);
+
+    /// The shared-memory board on which every rank posts each operation's header (shm only).
+    fn shared_board(&mut self) -> Option<&mut crate::shm::ShmTransport> {
+        None
+    }
 }
 
 /// Drives `sends` and `recvs` together until all are done; fails when nothing moved for `timeout`.

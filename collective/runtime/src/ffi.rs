@@ -444,7 +444,7 @@ pub unsafe extern "C" fn hvd_group_enqueue(group: i64, handles: *mut i64) -> i32
                 "unknown tensor group {group} (released, or prepared before a shutdown)"
             ));
         };
-        if g.len() > 0 && handles.is_null() {
+        if !g.is_empty() && handles.is_null() {
             return Err("handles is a null pointer".into());
         }
         let base = e.enqueue_prepared(g).map_err(|e| e.to_string())?;
