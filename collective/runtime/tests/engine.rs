@@ -501,7 +501,7 @@ fn grouped_submissions_with_a_joined_rank_and_with_fusion_off() {
             let mut sums = Vec::new();
             for step in 0..rank + 1 {
                 let mut bufs: Vec<Vec<u8>> =
-                    (0..5).map(|i| f32s(&vec![(step + i) as f32; 3])).collect();
+                    (0..5).map(|i| f32s(&[(step + i) as f32; 3])).collect();
                 for r in grouped_step(e, "j", &mut bufs, usize::MAX) {
                     r.unwrap();
                 }
