@@ -9,7 +9,7 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
   one synchronize per step): fusion on (HVD_FUSION_THRESHOLD default) vs off (0), timeline off vs on;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
-Usage: bench/engine.py [--ranks N] [--steps S] [--rounds R] [--library PATH] [--env KEY=VALUE ...]
+Usage: bench/engine.py [--ranks N] [--steps S (default 50)] [--rounds R] [--library PATH] [--env KEY=VALUE ...]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
 If Horovod is importable (horovod.torch), its numbers for the same workloads are printed too.
@@ -139,7 +139,7 @@ def worker(steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--library")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",

@@ -335,6 +335,9 @@ struct Queue {
     idle: bool,
     /// The engine is blocked on `queue_cv` (idle or waiting for the cycle time): a new waiter must wake it.
     sleeping: bool,
+    /// A grouped submission arrived: start the next cycle at once (its tensors are already fused; waiting the
+    /// cycle time for more would only delay them).
+    urgent: bool,
 }
 
 /// How long an engine with nothing to do sleeps between cycles. It cannot hold anyone up: every other rank's
@@ -466,7 +469,7 @@ impl Engine {
         self.name(&mut request);
         validate(&mut request, self.topology.size)?;
         let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.submit(vec![Submitted::single(request, handle)])?;
+        self.submit(vec![Submitted::single(request, handle)], false)?;
         Ok(handle)
     }
 
@@ -488,7 +491,7 @@ impl Engine {
             .next_handle
             .fetch_add(verdicts.len() as u64, Ordering::Relaxed);
         let submitted = parts.into_iter().map(|p| p.submitted(base)).collect();
-        let stopped = self.submit(submitted).err();
+        let stopped = self.submit(submitted, true).err();
         (base..)
             .zip(verdicts)
             .map(|(handle, v)| match (&stopped, v) {
@@ -526,6 +529,7 @@ impl Engine {
                 .iter()
                 .map(|p| p.clone().submitted(base))
                 .collect(),
+            true,
         )?;
         Ok(base)
     }
@@ -582,8 +586,9 @@ impl Engine {
         (verdicts, parts)
     }
 
-    /// Hands submissions to the engine thread (fails them all once the engine has stopped).
-    fn submit(&self, submitted: Vec<Submitted>) -> Result<(), EngineError> {
+    /// Hands submissions to the engine thread (fails them all once the engine has stopped). `urgent`: a grouped
+    /// submission, which starts a cycle at once.
+    fn submit(&self, submitted: Vec<Submitted>, urgent: bool) -> Result<(), EngineError> {
         if submitted.is_empty() {
             return Ok(());
         }
@@ -600,7 +605,8 @@ impl Engine {
         }
         let mut q = lock(&self.shared.queue);
         q.items.extend(submitted);
-        let wake = q.idle;
+        q.urgent |= urgent;
+        let wake = q.idle || urgent && q.sleeping;
         drop(q);
         if wake {
             self.shared.queue_cv.notify_one();
@@ -917,9 +923,10 @@ impl Worker {
             // has just been delivered must not make an idle engine spin through empty cycles (each one a
             // collective that the other ranks' engines must answer) until its thread gets around to leaving.
             let waiter = !idle && self.shared.waiters.load(Ordering::SeqCst) > 0;
-            if now >= deadline || waiter || q.shutdown {
+            if now >= deadline || waiter || q.shutdown || q.urgent {
                 q.idle = false;
                 q.sleeping = false;
+                q.urgent = false;
                 return Ok(());
             }
             q.sleeping = true;
