@@ -18,6 +18,9 @@ impl EnvVars {
     /// Large allreduces run the ring over segments of `ranks x` this many bytes, one after the other, so each
     /// segment's data is still in cache when its reduced blocks go round again (default 262144; 0: one segment).
     pub const ALLREDUCE_CHUNK_BYTES: &'static str = "HVD_ALLREDUCE_CHUNK_BYTES";
+    /// With at least this many ranks on one shared-memory segment (and nobody else), allreduces beyond the direct
+    /// path go through the segment's arenas: two waits per chunk and less traffic than a ring (default 3; 0: never).
+    pub const ALLREDUCE_ARENA_RANKS: &'static str = "HVD_ALLREDUCE_ARENA_RANKS";
     /// Allgather totals up to this many bytes send directly to every rank, larger ones use a ring (default 262144).
     pub const ALLGATHER_SMALL_BYTES: &'static str = "HVD_ALLGATHER_SMALL_BYTES";
     /// Capacity of each shared-memory ring between two ranks (default 1048576).
@@ -54,6 +57,8 @@ pub struct Thresholds {
     pub allreduce_direct_bytes: usize,
     pub allreduce_small_bytes: usize,
     pub allgather_small_bytes: usize,
+    /// See [`EnvVars::ALLREDUCE_ARENA_RANKS`].
+    pub allreduce_arena_ranks: usize,
 }
 
 impl Default for Thresholds {
@@ -62,6 +67,7 @@ impl Default for Thresholds {
             allreduce_direct_bytes: 16 << 10,
             allreduce_small_bytes: 64 << 10,
             allgather_small_bytes: 256 << 10,
+            allreduce_arena_ranks: 3,
         }
     }
 }
@@ -78,6 +84,8 @@ impl Thresholds {
                 .unwrap_or(d.allreduce_small_bytes),
             allgather_small_bytes: env_usize(EnvVars::ALLGATHER_SMALL_BYTES)
                 .unwrap_or(d.allgather_small_bytes),
+            allreduce_arena_ranks: env_usize(EnvVars::ALLREDUCE_ARENA_RANKS)
+                .unwrap_or(d.allreduce_arena_ranks),
         }
     }
 }

@@ -397,6 +397,13 @@ impl<T: Transport> P2pCommunicator<T> {
         }
         let esize = dtype.size();
         let count = buf.len() / esize;
+        let arena = self.thresholds.allreduce_arena_ranks;
+        if arena > 0 && n >= arena && group.len() == self.world.len() {
+            let timeout = self.timeout;
+            if let Some(board) = self.transport.shared_board().filter(|b| b.board_ready(n)) {
+                return board.allreduce_arena(buf, dtype, op, timeout);
+            }
+        }
         if buf.len() <= self.thresholds.allreduce_small_bytes || count < n {
             return self.allreduce_recursive_doubling(buf, dtype, op, group);
         }
@@ -420,7 +427,11 @@ impl<T: Transport> P2pCommunicator<T> {
 
     /// Fingerprint of the settings that pick allreduce algorithms; ranks must agree on it (header `digest`).
     fn allreduce_digest(&self) -> u64 {
-        header::digest(&[self.thresholds.allreduce_small_bytes, self.chunk_bytes])
+        header::digest(&[
+            self.thresholds.allreduce_small_bytes,
+            self.chunk_bytes,
+            self.thresholds.allreduce_arena_ranks,
+        ])
     }
 
     /// Recursive doubling; ranks beyond the largest power of two fold into a partner first.

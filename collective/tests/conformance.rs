@@ -78,20 +78,22 @@ fn every_op_and_dtype_matches_the_reference(backend: Backend) {
     }
 }
 
-/// Both allreduce algorithms at every size: recursive doubling forced for large messages, the ring for small ones.
+/// Every allreduce algorithm at every size: recursive doubling forced for large messages, the ring for small ones,
+/// and on shm with 3 and 4 ranks the arenas at every size, or never.
 fn both_allreduce_algorithms_match_the_reference(backend: Backend) {
     {
         for n in [2, 3, 4] {
-            for small in [0, usize::MAX] {
+            for (small, arena) in [(0, 3), (usize::MAX, 3), (0, 0), (usize::MAX, 0)] {
                 let th = Thresholds {
                     allreduce_direct_bytes: small,
                     allreduce_small_bytes: small,
                     allgather_small_bytes: small,
+                    allreduce_arena_ranks: arena,
                 };
                 let results = LocalJob::new(n, backend)
                     .thresholds(th)
                     .run(|mut comm| -> Result<(), String> {
-                        for count in [1, 5, 7, 4099] {
+                        for count in [1, 5, 7, 4099, 100_003] {
                             run_all(comm.as_mut(), DType::F32, count, false, count)?;
                             run_all(comm.as_mut(), DType::BF16, count, true, count)?;
                         }
@@ -100,7 +102,7 @@ fn both_allreduce_algorithms_match_the_reference(backend: Backend) {
                     .expect("start the ranks");
                 for (r, res) in results.into_iter().enumerate() {
                     if let Err(e) = res {
-                        panic!("{backend:?} n={n} small={small} rank {r}: {e}");
+                        panic!("{backend:?} n={n} small={small} arena={arena} rank {r}: {e}");
                     }
                 }
             }
