@@ -81,8 +81,9 @@ pub enum Library {
     Embedded(&'static [u8]),
 }
 
-/// `HVD_RUNTIME_LIBRARY`, else the library built into this binary, else `libhvd_runtime.so` next to this
-/// executable or in its `deps/` (cargo's layout).
+/// `HVD_RUNTIME_LIBRARY`, else the library built into this binary, else the newest `libhvd_runtime.so` next to
+/// this executable, in its `deps/` (cargo's layout: `deps/` always holds the latest build, the copy next to the
+/// executable only the one of the last `cargo build -p hvd-runtime`) or in `../lib/hvd`.
 pub fn library() -> Result<Library, Failure> {
     if let Some(path) = std::env::var_os("HVD_RUNTIME_LIBRARY").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
@@ -110,7 +111,12 @@ pub fn library() -> Result<Library, Failure> {
             ]
         })
         .unwrap_or_default();
-    candidates.iter().find(|path| path.is_file()).cloned().map(Library::File).ok_or_else(|| {
+    let modified = |path: &PathBuf| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let newest = candidates
+        .iter()
+        .filter(|path| path.is_file())
+        .max_by_key(|path| modified(path));
+    newest.cloned().map(Library::File).ok_or_else(|| {
         Failure::usage(format!(
             "cannot find the worker runtime library {LIBRARY} (looked in: {})\n\
              help: build it with `cargo build --release -p hvd-runtime`, or set HVD_RUNTIME_LIBRARY to its path",

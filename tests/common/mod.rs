@@ -29,7 +29,7 @@ pub fn project(step: &str) -> tempfile::TempDir {
 /// package's directory for PYTHONPATH, `libhvd_runtime.so` for HVD_LIBRARY).
 pub fn allreduce_runtime() -> (String, PathBuf, PathBuf) {
     // Cargo builds the runtime library with the binary (hvd depends on hvd-runtime): always in `deps/`, and at the
-    // top of the target dir after a `cargo build -p hvd-runtime`.
+    // top of the target dir after a `cargo build -p hvd-runtime` (possibly older): the newest one.
     let lib = [
         Path::new(HVD).with_file_name("libhvd_runtime.so"),
         Path::new(HVD)
@@ -37,7 +37,8 @@ pub fn allreduce_runtime() -> (String, PathBuf, PathBuf) {
             .join("libhvd_runtime.so"),
     ]
     .into_iter()
-    .find(|lib| lib.is_file())
+    .filter(|lib| lib.is_file())
+    .max_by_key(|lib| std::fs::metadata(lib).and_then(|m| m.modified()).ok())
     .expect("libhvd_runtime.so is built with the hvd binary");
     let python = Command::new("python3")
         .args(["-c", "import numpy, sys; print(sys.executable)"])
