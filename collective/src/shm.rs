@@ -727,7 +727,12 @@ impl ShmTransport {
         loop {
             match (first_missing..n).find(|r| *r != me && !ready(self, *r)) {
                 None => return Ok(()),
-                Some(r) => first_missing = r,
+                Some(r) if r > first_missing => {
+                    // Progress: the timeout counts time without any.
+                    first_missing = r;
+                    since = None;
+                }
+                Some(_) => {}
             }
             idle = idle.saturating_add(1);
             if idle < self.spin {

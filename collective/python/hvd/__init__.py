@@ -526,8 +526,8 @@ _is = operator.is_
 
 
 def _enqueue_prepared(entry, n, tensors):
-    """Submits a remembered in-place group. The second time, the library checks and fuses it once
-    (``hvd_group_prepare``); from then on a step is one call with no per-tensor work."""
+    """Submits a remembered in-place group. The first time this is called for it, the library checks and fuses it
+    once (``hvd_group_prepare``); from then on a step is one call with no per-tensor work."""
     lib = _l()
     gid = entry[6]
     if gid is None:

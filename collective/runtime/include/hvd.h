@@ -63,7 +63,7 @@ typedef struct hvd_request {
   int32_t root;          /* broadcast root rank */
   double prescale;       /* input multiplied by this before the reduction (1.0: none) */
   double postscale;      /* result multiplied by this after the reduction (1.0: none) */
-  const int64_t *splits; /* alltoall: nsplits == size row counts, or NULL */
+  const int64_t *splits; /* alltoall: nsplits == size row counts, or NULL; NULL for other kinds */
   int32_t nsplits;
 } hvd_request_t;
 

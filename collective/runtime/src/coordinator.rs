@@ -358,16 +358,18 @@ impl Coordinator {
     }
 }
 
-/// A fused group's members for an error message: their count and (the first few) element counts.
-fn describe_members(sizes: &[i64]) -> String {
-    if sizes.is_empty() {
+/// A fused group's members for an error message: their count, (the first few) element counts and the digest of
+/// their names and shapes (the last entry of `splits`).
+fn describe_members(splits: &[i64]) -> String {
+    let Some((digest, sizes)) = splits.split_last() else {
         return "one tensor".into();
-    }
+    };
     let shown: Vec<String> = sizes.iter().take(8).map(i64::to_string).collect();
     let more = if sizes.len() > 8 { ", ..." } else { "" };
     format!(
-        "{} tensors of [{}{more}] elements",
+        "{} tensors of [{}{more}] elements, names and shapes {:016x}",
         sizes.len(),
-        shown.join(", ")
+        shown.join(", "),
+        *digest as u64
     )
 }

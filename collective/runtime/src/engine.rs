@@ -262,6 +262,23 @@ impl PreparedGroup {
     }
 }
 
+/// FNV-1a over byte strings, each followed by a separator.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn add(&mut self, bytes: &[u8]) {
+        for b in bytes.iter().chain([&0xffu8]) {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
 /// A group of allreduces being fused at submission: consecutive requests from `index`.
 struct Group {
     requests: Vec<Request>,
@@ -280,9 +297,10 @@ impl Group {
             && self.bytes + m.bytes() <= threshold
     }
 
-    /// One part: the request itself for a group of one, else one allreduce over all members, whose `splits` are
-    /// the members' element counts and whose name is made of the first and last member's (so every rank that
-    /// submits the same group names it alike).
+    /// One part: the request itself for a group of one, else one allreduce over all members, whose name is made of
+    /// the first and last member's (so every rank that submits the same group names it alike) and whose `splits`
+    /// are the members' element counts followed by a digest of their names and shapes (so ranks whose groups
+    /// differ inside get a mismatch, not each other's data).
     fn finish(self) -> Part {
         let mut requests = self.requests;
         let index = self.index;
@@ -306,7 +324,12 @@ impl Group {
         let mut inputs = Vec::with_capacity(n);
         let mut outputs = Vec::with_capacity(n);
         let mut shapes = Vec::with_capacity(n);
+        let mut digest = Fnv::default();
         for r in requests {
+            digest.add(r.meta.name.as_bytes());
+            for d in &r.meta.shape {
+                digest.add(&d.to_le_bytes());
+            }
             meta.splits.push(r.meta.elements() as i64);
             if let (Input::Raw(i, len), OutputBuffer::Raw(o, _)) = (r.input, r.output) {
                 inputs.push((i, len));
@@ -315,6 +338,7 @@ impl Group {
             shapes.push(r.meta.shape);
         }
         meta.shape = vec![meta.splits.iter().sum()];
+        meta.splits.push(digest.0 as i64);
         Part {
             request: Request {
                 meta,
@@ -592,15 +616,15 @@ impl Engine {
         if submitted.is_empty() {
             return Ok(());
         }
-        {
-            let mut h = lock(&self.shared.handles);
-            if let Some(reason) = &h.stopped {
-                return Err(EngineError::Stopped(reason.clone()));
-            }
-            for s in &submitted {
-                for handle in s.handles() {
-                    h.slots.insert(handle, Slot::Pending);
-                }
+        // Handles lock first, queue second (as `Worker::stop`), both held: the engine cannot stop between the check
+        // and the push and leave these pending forever.
+        let mut h = lock(&self.shared.handles);
+        if let Some(reason) = &h.stopped {
+            return Err(EngineError::Stopped(reason.clone()));
+        }
+        for s in &submitted {
+            for handle in s.handles() {
+                h.slots.insert(handle, Slot::Pending);
             }
         }
         let mut q = lock(&self.shared.queue);
@@ -608,6 +632,7 @@ impl Engine {
         q.urgent |= urgent;
         let wake = q.idle || urgent && q.sleeping;
         drop(q);
+        drop(h);
         if wake {
             self.shared.queue_cv.notify_one();
         }
@@ -941,9 +966,11 @@ impl Worker {
 
     /// Fails everything pending and refuses later submissions.
     fn stop(&mut self, reason: &str) {
-        let queued = std::mem::take(&mut lock(&self.shared.queue).items);
+        // Handles lock first, queue second (as `submit`): a submission either sees `stopped` or is in the queue
+        // taken here, so none is left pending forever.
         let mut h = lock(&self.shared.handles);
         h.stopped = Some(reason.to_string());
+        let queued = std::mem::take(&mut lock(&self.shared.queue).items);
         let err = EngineError::Stopped(reason.to_string());
         for s in queued {
             for handle in s.handles() {

@@ -83,7 +83,8 @@ pub struct RequestMeta {
     pub prescale: f64,
     pub postscale: f64,
     /// Alltoall: rows of dimension 0 sent to each rank (empty: split evenly). Allreduce: empty for one tensor;
-    /// for a group fused at submission (`Engine::enqueue_many`), the element count of each member.
+    /// for a group fused at submission (`Engine::enqueue_many`), the element count of each member, then a digest
+    /// of the members' names and shapes.
     pub splits: Vec<i64>,
 }
 

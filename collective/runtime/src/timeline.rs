@@ -86,7 +86,7 @@ pub struct Timeline {
 /// Batches are handed to the writer at least this often, and whenever this many events are waiting.
 const SEND_INTERVAL: Duration = Duration::from_millis(100);
 const SEND_EVENTS: usize = 4096;
-/// Batches waiting for the writer at most (about 12 MB of events): the writer runs at the lowest priority, and
+/// Batches waiting for the writer at most (about 12 MB of events): the writer runs at a low priority, and
 /// if it cannot keep up at all the engine waits for it rather than the backlog growing without bound.
 const MAX_BATCHES_IN_FLIGHT: usize = 64;
 
@@ -220,14 +220,14 @@ fn push_json_string(out: &mut String, s: &str) {
     }
 }
 
-/// The writer is background work: at the lowest priority it runs in the gaps that the engine and the training
+/// The writer is background work: at a low priority (nice 10) it runs in the gaps that the engine and the training
 /// threads leave instead of taking turns with them (on a busy 2-core machine those turns showed as slower steps).
 fn lower_priority() {
     // SAFETY: gettid has no preconditions; setpriority on a thread id changes that thread only (Linux). Failure
     // just leaves the priority as it was.
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
 }
 

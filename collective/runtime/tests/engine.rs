@@ -443,10 +443,37 @@ fn grouped_submissions_fuse_at_submission_and_answer_every_member() {
         let mut bufs: Vec<Vec<u8>> = (0..3)
             .map(|i| f32s(&vec![1.0; if rank == 1 && i == 2 { 5 } else { 4 }]))
             .collect();
-        let errors: Vec<String> = grouped_step(e, "bad", &mut bufs, usize::MAX)
+        let mut errors: Vec<String> = grouped_step(e, "bad", &mut bufs, usize::MAX)
             .into_iter()
             .map(|r| r.unwrap_err().to_string())
             .collect();
+        // So does one whose sizes agree but a member's shape does not ([2, 2] on rank 2, [4] elsewhere).
+        let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| f32s(&[1.0; 4])).collect();
+        let requests: Vec<Request> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| {
+                let shape = if rank == 2 && i == 1 {
+                    vec![2, 2]
+                } else {
+                    vec![4]
+                };
+                Request {
+                    meta: meta(
+                        OpKind::Allreduce,
+                        &format!("sh.{i}"),
+                        DType::F32,
+                        shape,
+                        ReduceOp::Sum,
+                    ),
+                    input: Input::Raw(b.as_ptr(), b.len()),
+                    output: OutputBuffer::Raw(b.as_mut_ptr(), b.len()),
+                }
+            })
+            .collect();
+        for h in e.enqueue_many(requests) {
+            errors.push(e.wait(h.unwrap()).unwrap_err().to_string());
+        }
         (out, errors)
     });
     for (rank, (steps, errors)) in results.into_iter().enumerate() {
@@ -477,12 +504,20 @@ fn grouped_submissions_fuse_at_submission_and_answer_every_member() {
                 );
             }
         }
-        assert_eq!(errors.len(), 3);
-        for err in errors {
+        assert_eq!(errors.len(), 6);
+        for err in &errors[..3] {
             assert!(
                 err.contains("mismatched tensor groups")
                     && err.contains("bad.0 .. bad.2 (3 tensors)")
                     && err.contains("rank 1: 3 tensors of [4, 4, 5] elements"),
+                "rank {rank}: {err}"
+            );
+        }
+        for err in &errors[3..] {
+            assert!(
+                err.contains("mismatched tensor groups")
+                    && err.contains("sh.0 .. sh.2 (3 tensors)")
+                    && err.contains("rank 2: 3 tensors of [4, 4, 4] elements, names and shapes"),
                 "rank {rank}: {err}"
             );
         }
