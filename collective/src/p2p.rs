@@ -227,17 +227,7 @@ impl<T: Transport> P2pCommunicator<T> {
             for (j, bytes) in incoming.iter().enumerate() {
                 if j != me {
                     headers[j] = Header::decode(bytes, j)?;
-                    if headers[j].eager
-                        && headers[j]
-                            .count
-                            .saturating_mul(headers[j].dtype.size() as u64)
-                            > EAGER_MAX_BYTES as u64
-                    {
-                        return Err(Error::PeerLost {
-                            rank: j,
-                            reason: "it announced more eager data than the protocol allows".into(),
-                        });
-                    }
+                    eager_len(&headers[j], j)?;
                 }
             }
             Ok(())
@@ -248,11 +238,7 @@ impl<T: Transport> P2pCommunicator<T> {
         let mut eager_in = std::mem::take(&mut self.eager_in);
         eager_in.resize_with(n, Vec::new);
         for (j, hj) in headers.iter().enumerate() {
-            let len = if j != me && hj.eager {
-                hj.count as usize * hj.dtype.size()
-            } else {
-                0
-            };
+            let len = if j == me { 0 } else { eager_len(hj, j)? };
             eager_in[j].clear();
             eager_in[j].resize(len, 0);
         }
@@ -315,19 +301,9 @@ impl<T: Transport> P2pCommunicator<T> {
                 } else {
                     0
                 };
-                let len = if hj.eager {
-                    hj.count.saturating_mul(hj.dtype.size() as u64)
-                } else {
-                    0
-                };
-                if len > EAGER_MAX_BYTES as u64 {
-                    return Err(Error::PeerLost {
-                        rank: j,
-                        reason: "it announced more eager data than the protocol allows".into(),
-                    });
-                }
+                let len = eager_len(&hj, j)?;
                 eager_in[j].clear();
-                eager_in[j].resize(len as usize, 0);
+                eager_in[j].resize(len, 0);
                 board.board_eager(j, h.seq, &mut eager_in[j]);
                 headers[j] = hj;
             }
@@ -955,6 +931,22 @@ impl<T: Transport> P2pCommunicator<T> {
             this.allgather_group(buf, counts, dtype, &world)
         })
     }
+}
+
+/// The eager data rank `j` announced with its header `h`, in bytes; more than the protocol allows means the peer
+/// does not speak it.
+fn eager_len(h: &Header, j: usize) -> Result<usize> {
+    if !h.eager {
+        return Ok(0);
+    }
+    let len = h.count.saturating_mul(h.dtype.size() as u64);
+    if len > EAGER_MAX_BYTES as u64 {
+        return Err(Error::PeerLost {
+            rank: j,
+            reason: "it announced more eager data than the protocol allows".into(),
+        });
+    }
+    Ok(len as usize)
 }
 
 pub(crate) fn even_counts(count: usize, n: usize) -> Vec<usize> {
