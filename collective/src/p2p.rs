@@ -162,12 +162,7 @@ impl<T: Transport> P2pCommunicator<T> {
         }
         // One board round per operation: a second round within it (alltoall's verdicts) would overwrite the slot
         // that peers may still be reading, so it goes point to point.
-        if h.seq != self.board_seq
-            && self
-                .transport
-                .shared_board()
-                .is_some_and(|b| b.board_ready(n))
-        {
+        if h.seq != self.board_seq && self.transport.shared_board().is_some() {
             self.board_seq = h.seq;
             return self.negotiate_board(h, pair, eager);
         }
@@ -376,7 +371,7 @@ impl<T: Transport> P2pCommunicator<T> {
         let arena = self.thresholds.allreduce_arena_ranks;
         if arena > 0 && n >= arena && group.len() == self.world.len() {
             let timeout = self.timeout;
-            if let Some(board) = self.transport.shared_board().filter(|b| b.board_ready(n)) {
+            if let Some(board) = self.transport.shared_board() {
                 return board.allreduce_arena(buf, dtype, op, timeout);
             }
         }

@@ -655,12 +655,6 @@ impl ShmTransport {
 }
 
 impl ShmTransport {
-    /// Whether the segment's ranks are the whole job of `world` ranks, numbered alike: then every operation's
-    /// header can go through the board (not when the segment is one host's part of a larger job).
-    pub(crate) fn board_ready(&self, world: usize) -> bool {
-        self.seg.ranks == world && self.global.iter().enumerate().all(|(i, g)| i == *g)
-    }
-
     fn slot_ptr(&self, r: usize, seq: u64) -> *mut u8 {
         // SAFETY: the slot lies inside the mapping.
         unsafe { self.seg.map.ptr.add(self.seg.slot(r, seq & 1)) }
@@ -1030,8 +1024,11 @@ impl Transport for ShmTransport {
         self.spin
     }
 
+    /// The board, when the segment's ranks are the whole job, numbered alike (this transport's ranks are then the
+    /// communicator's); not when the segment is one host's part of a larger job (`attach_mapped`).
     fn shared_board(&mut self) -> Option<&mut ShmTransport> {
-        Some(self)
+        let whole_job = self.global.iter().enumerate().all(|(i, g)| i == *g);
+        whole_job.then_some(self)
     }
 
     fn abort(&mut self, culprit: usize, reason: &str) {

@@ -84,7 +84,8 @@ pub trait Transport: Send {
     /// Tells every peer that this rank gives up because of `culprit`, so their pending operations fail at once.
     fn abort(&mut self, culprit: usize, reason: &str);
 
-    /// The shared-memory board on which every rank posts each operation's header (shm only).
+    /// The shared-memory board on which every rank of the job posts each operation's header (shm, when its
+    /// segment holds the whole job).
     fn shared_board(&mut self) -> Option<&mut crate::shm::ShmTransport> {
         None
     }
