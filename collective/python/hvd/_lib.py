@@ -103,6 +103,7 @@ def _declare(lib):
         "hvd_group_prepare": (i64, [ctypes.POINTER(HvdRequest), i32]),
         "hvd_group_enqueue": (i32, [i64, ctypes.POINTER(i64)]),
         "hvd_group_release": (i32, [i64]),
+        "hvd_group_submit": (i64, [i64]),
         "hvd_poll": (i32, [i64]),
         "hvd_wait": (i32, [i64]),
         "hvd_wait_and_release": (i32, [i64]),

@@ -96,6 +96,9 @@ int hvd_enqueue_many(const hvd_request_t *requests, int n, int64_t *handles);
 int64_t hvd_group_prepare(const hvd_request_t *requests, int n);
 int hvd_group_enqueue(int64_t group, int64_t *handles);
 int hvd_group_release(int64_t group);
+/* Submits a prepared group as one operation: returns one handle (> 0) for all of its requests (wait with
+ * hvd_wait_and_release), 0 when the group was not fused into one operation (use hvd_group_enqueue), -1 on error. */
+int64_t hvd_group_submit(int64_t group);
 
 /* Completion. hvd_poll: 1 done, 0 pending, -1 unknown handle. hvd_wait: 0 success, -1 failure (message in
  * hvd_last_error; e.g. ranks disagreeing on the shape, a dead peer, a stall shutdown). */

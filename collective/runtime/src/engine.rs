@@ -558,6 +558,24 @@ impl Engine {
         Ok(base)
     }
 
+    /// Submits a prepared group that is one operation (its requests fused into one, or a single request) with one
+    /// handle for all of it: no handle per member to create, complete and release on every step. `None` for a
+    /// group of several parts (submit it with [`enqueue_prepared`](Self::enqueue_prepared)).
+    pub fn enqueue_prepared_whole(
+        &self,
+        group: &PreparedGroup,
+    ) -> Result<Option<Handle>, EngineError> {
+        let [part] = group.parts.as_slice() else {
+            return Ok(None);
+        };
+        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.submit(
+            vec![Submitted::single(part.request.clone(), handle)],
+            true,
+        )?;
+        Ok(Some(handle))
+    }
+
     /// Names an unnamed request uniquely: `<kind>.noname.<n>`.
     fn name(&self, request: &mut Request) {
         if request.meta.name.is_empty() {

@@ -456,6 +456,25 @@ pub unsafe extern "C" fn hvd_group_enqueue(group: i64, handles: *mut i64) -> i32
     })
 }
 
+/// Submits a prepared group as one operation: returns one handle (> 0) that completes when all of its requests
+/// have (wait with `hvd_wait_and_release`), 0 when the group was not fused into one operation (submit it with
+/// `hvd_group_enqueue`), or -1 (an unknown group, or the engine stopped).
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_group_submit(group: i64) -> i64 {
+    guard(-1, || {
+        let e = engine()?;
+        let groups = lock(&GROUPS);
+        let Some(g) = groups.as_ref().and_then(|m| m.get(&group)) else {
+            return Err(format!(
+                "unknown tensor group {group} (released, or prepared before a shutdown)"
+            ));
+        };
+        Ok(e.enqueue_prepared_whole(g)
+            .map_err(|e| e.to_string())?
+            .map_or(0, |h| h as i64))
+    })
+}
+
 /// Releases a prepared group (operations in flight are not affected). 0, or -1 for an unknown group.
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_group_release(group: i64) -> i32 {

@@ -76,9 +76,25 @@ int main(void) {
     CHECK(hvd_wait_many(hs, 2) == 0);
     CHECK(a[0] == 1.0f + i && a[1] == 2.0f && b[0] == 5.0f);
   }
+  /* Fused into one operation: it can also go as one handle. */
+  for (int i = 0; i < 2; i++) {
+    a[0] = 3.0f + i;
+    int64_t whole = hvd_group_submit(g);
+    CHECK(whole > 0 && hvd_wait_and_release(whole) == 0);
+    CHECK(a[0] == 3.0f + i && a[1] == 2.0f && b[0] == 5.0f);
+  }
   CHECK(hvd_group_release(g) == 0);
   CHECK(hvd_group_release(g) == -1 && strstr(hvd_last_error(), "unknown tensor group") != NULL);
   CHECK(hvd_group_enqueue(g, hs) == -1 && strstr(hvd_last_error(), "unknown tensor group") != NULL);
+  CHECK(hvd_group_submit(g) == -1 && strstr(hvd_last_error(), "unknown tensor group") != NULL);
+  /* Two operations (different reduce ops do not fuse): no single handle, one per request. */
+  group[1].op = HVD_MAX;
+  g = hvd_group_prepare(group, 2);
+  CHECK(g > 0 && hvd_group_submit(g) == 0);
+  CHECK(hvd_group_enqueue(g, hs) == 2 && hvd_wait_many(hs, 2) == 0);
+  CHECK(a[0] == 4.0f && b[0] == 5.0f);
+  CHECK(hvd_group_release(g) == 0);
+  group[1].op = group[0].op;
 
   /* A library-owned result. */
   int64_t rows[2] = {2, 1};

@@ -1,5 +1,6 @@
 """The grouped API: many tensors in one call into the library and one handle (one wait) for the group; in place
 and out of place; mixed dtypes, shapes, empty, read-only, non-contiguous and DLPack-only tensors; poll; errors."""
+import os
 import sys
 
 import numpy as np
@@ -34,6 +35,8 @@ for step in range(5):
     for i, g in enumerate(grads):
         g[:] = r + i + step
     h = hvd.grouped_allreduce_async_(grads, op=hvd.Sum, name="grads")
+    if step >= 2 and os.environ.get("HVD_FUSION_THRESHOLD") != "0":
+        assert h._group is None, "a prepared group fused into one operation takes one handle"
     out = hvd.synchronize(h)
     assert hvd.poll(h) and len(out) == len(grads) and all(a is b for a, b in zip(out, grads))
     for i, g in enumerate(grads):
