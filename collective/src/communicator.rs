@@ -3,6 +3,45 @@
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp, Topology};
 
+/// Where a staged allreduce ([`Communicator::allreduce_staged`]) gets its input and leaves its result. Ranges are
+/// whole elements, and each range is read before any of it is written; the backend decides their sizes and order.
+pub trait Staged {
+    /// Copies bytes `offset..offset + dst.len()` of this rank's input into `dst`.
+    fn read(&mut self, offset: usize, dst: &mut [u8]);
+    /// Takes bytes `offset..offset + src.len()` of the reduced result.
+    fn write(&mut self, offset: usize, src: &[u8]);
+}
+
+/// A buffer in one piece as [`Staged`] input and output (in place).
+pub struct InPlace<'a>(pub &'a mut [u8]);
+
+impl Staged for InPlace<'_> {
+    fn read(&mut self, offset: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.0[offset..offset + dst.len()]);
+    }
+
+    fn write(&mut self, offset: usize, src: &[u8]) {
+        self.0[offset..offset + src.len()].copy_from_slice(src);
+    }
+}
+
+/// A staged allreduce through one buffer: all of `io` read into `scratch`, `allreduce` on it, all of it written.
+pub fn staged_through<E>(
+    len: usize,
+    io: &mut dyn Staged,
+    scratch: &mut Vec<u8>,
+    allreduce: impl FnOnce(&mut [u8]) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    if scratch.len() < len {
+        scratch.resize(len, 0);
+    }
+    let buf = &mut scratch[..len];
+    io.read(0, buf);
+    allreduce(buf)?;
+    io.write(0, buf);
+    Ok(())
+}
+
 /// A member of a group of ranks that run collectives together.
 ///
 /// Buffers are raw bytes (any tensor memory); `dtype` says how to read them and every count is in elements.
@@ -43,6 +82,24 @@ pub trait Communicator: Send {
 
     /// Reduces `data` elementwise over all ranks; every rank ends with the result.
     fn allreduce_in_place(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
+
+    /// Allreduce of `len` bytes that the caller never holds in one piece (a fused group of tensors in their own
+    /// memory): `io` reads this rank's input and takes the result, range by range. Backends that can read
+    /// straight into their shared buffers and write out of them do (shm: the arenas, see `docs/collective.md`);
+    /// the default goes through `scratch`: read it all, allreduce in place, write it all. Ranks must call it for
+    /// the same operations (not `allreduce_in_place` on one rank and this on another).
+    fn allreduce_staged(
+        &mut self,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+        io: &mut dyn Staged,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        staged_through(len, io, scratch, |buf| {
+            self.allreduce_in_place(buf, dtype, op)
+        })
+    }
 
     /// Out-of-place allreduce: `recv` (same length as `send`) gets the reduction of every rank's `send`.
     fn allreduce(

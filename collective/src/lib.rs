@@ -41,7 +41,7 @@ pub mod testing;
 pub mod transport;
 pub mod types;
 
-pub use communicator::Communicator;
+pub use communicator::{Communicator, InPlace, Staged};
 pub use config::{EnvVars, Thresholds};
 pub use error::{Error, Result};
 pub use types::{DType, ReduceOp, Topology};

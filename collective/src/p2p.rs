@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::communicator::{Communicator, check};
+use crate::communicator::{Communicator, InPlace, Staged, check, staged_through};
 use crate::config::Thresholds;
 use crate::error::{Error, Result};
 use crate::header::{self, HEADER_LEN, Header, Kind};
@@ -14,6 +14,9 @@ use crate::types::{DType, ReduceOp, Topology};
 /// Largest eager message per peer: it must fit the smallest transport buffer (a 4 KiB shm ring) with its header,
 /// because it is sent before the peer starts reading.
 pub(crate) const EAGER_MAX_BYTES: usize = 2048;
+
+/// Mixed into a staged allreduce's digest (see `allreduce_staged`).
+const STAGED: usize = 0x5747_4544;
 
 /// A communicator built from a point-to-point transport and the collective algorithms of this module. Aligned so
 /// that the state of ranks running as threads of one process never shares a cache line.
@@ -372,7 +375,7 @@ impl<T: Transport> P2pCommunicator<T> {
         if arena > 0 && n >= arena && group.len() == self.world.len() {
             let timeout = self.timeout;
             if let Some(board) = self.transport.shared_board() {
-                return board.allreduce_arena(buf, dtype, op, timeout);
+                return board.allreduce_arena(buf.len(), dtype, op, &mut InPlace(buf), timeout);
             }
         }
         if buf.len() <= self.thresholds.allreduce_small_bytes || count < n {
@@ -598,6 +601,47 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
 
     fn backend(&self) -> &'static str {
         self.backend
+    }
+
+    /// Through the arenas when the shm board serves the whole job (any rank count, unless the arenas are off):
+    /// `io` reads straight into this rank's arena and writes straight out of every rank's, which saves the two
+    /// copies through `scratch`. Small allreduces (the direct eager path) and Average go through `scratch`.
+    fn allreduce_staged(
+        &mut self,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+        io: &mut dyn Staged,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let n = self.world.len();
+        let direct = len <= EAGER_MAX_BYTES
+            && len.saturating_mul(n.saturating_sub(1)) <= self.thresholds.allreduce_direct_bytes;
+        let arenas = n > 1
+            && self.thresholds.allreduce_arena_ranks > 0
+            && !direct
+            && op != ReduceOp::Average
+            && self.hierarchy.is_none()
+            && self.transport.shared_board().is_some();
+        if !arenas {
+            return staged_through(len, io, scratch, |buf| {
+                self.allreduce_in_place(buf, dtype, op)
+            });
+        }
+        let seq = self.begin()?;
+        let mut h = Header::new(seq, Kind::Allreduce, dtype);
+        h.op = Some(op);
+        h.count = (len / dtype.size()) as u64;
+        // Distinct from `allreduce_in_place`'s digest: a rank staging while another does not is a mismatch.
+        h.digest = header::digest(&[self.allreduce_digest() as usize, STAGED]);
+        let local = check::whole("allreduce", len, dtype).err();
+        self.run(h, local, &|_| 0, |this, _| {
+            let timeout = this.timeout;
+            match this.transport.shared_board() {
+                Some(board) => board.allreduce_arena(len, dtype, op, io, timeout),
+                None => Err(Error::Broken("the shared-memory board went away".into())),
+            }
+        })
     }
 
     fn allreduce_in_place(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {

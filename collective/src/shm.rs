@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::communicator::Staged;
 use crate::config::{EnvVars, env_usize};
 use crate::error::{Error, Result};
 use crate::header::HEADER_LEN;
@@ -784,26 +785,29 @@ impl ShmTransport {
         }
     }
 
-    /// Allreduce through the ranks' arenas, chunk by chunk: every rank copies its chunk into its arena; once all
-    /// have, rank `r` reduces block `r` of the chunk from every arena into its own buffer and copies the result
-    /// back into its arena; once all have, every rank copies the other ranks' reduced blocks out of their arenas.
-    /// Two waits per chunk whatever the rank count, and less memory traffic per rank than a ring with three ranks
-    /// or more. Chunks alternate between the arenas' halves: a rank deposits chunk `c + 2` only after every rank
-    /// deposited chunk `c + 1`, which each did after copying chunk `c` out.
+    /// Allreduce through the ranks' arenas, chunk by chunk: every rank reads its chunk from `io` into its arena;
+    /// once all have, rank `r` reduces block `r` of the chunk from every arena into its own arena's block; once all
+    /// have, every rank writes every block to `io` straight out of the arena that holds it. Two waits per chunk
+    /// whatever the rank count, and less memory traffic per rank than a ring with three ranks or more; with `io`
+    /// in the caller's tensors (a fused group) no fusion buffer is needed at all. Chunks alternate between the
+    /// arenas' halves: a rank deposits chunk `c + 2` only after every rank deposited chunk `c + 1`, which each did
+    /// after writing chunk `c` out.
     pub(crate) fn allreduce_arena(
         &mut self,
-        buf: &mut [u8],
+        len: usize,
         dtype: crate::types::DType,
         op: crate::types::ReduceOp,
+        io: &mut dyn Staged,
         timeout: Duration,
     ) -> Result<()> {
         let n = self.seg.ranks;
         let me = self.rank;
         let esize = dtype.size();
         let per_chunk = (arena_half(self.seg.ring_bytes) / esize).max(1) * esize;
-        for chunk in buf.chunks_mut(per_chunk) {
-            let elems = chunk.len() / esize;
-            let counts = crate::p2p::even_counts(elems, n);
+        let mut at = 0;
+        while at < len {
+            let clen = per_chunk.min(len - at);
+            let counts = crate::p2p::even_counts(clen / esize, n);
             let mut offsets = Vec::with_capacity(n + 1);
             offsets.push(0);
             for c in &counts {
@@ -812,7 +816,7 @@ impl ShmTransport {
             let number = self.arena_steps / 2;
             let mine = self.seg.arena(me, number);
             // SAFETY: this rank's arena half holds `per_chunk` bytes and nobody reads it now (see above).
-            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), mine, chunk.len()) };
+            io.read(at, unsafe { std::slice::from_raw_parts_mut(mine, clen) });
             self.arena_steps += 1;
             let deposited = self.arena_steps;
             self.publish(self.seg.arena_progress(me), deposited);
@@ -820,6 +824,9 @@ impl ShmTransport {
                 t.seg.arena_progress(r).load(Ordering::Acquire) >= deposited
             })?;
             let block = offsets[me]..offsets[me + 1];
+            // SAFETY: block `me` of this rank's arena is read by the others only after the publish below; they read
+            // only their own blocks of it until then.
+            let own = unsafe { std::slice::from_raw_parts_mut(mine.add(block.start), block.len()) };
             for r in (0..n).filter(|r| *r != me) {
                 // SAFETY: rank r published its deposit (Acquire above) and leaves it alone until every rank has
                 // deposited the next chunk.
@@ -829,30 +836,23 @@ impl ShmTransport {
                         block.len(),
                     )
                 };
-                crate::reduce::reduce_into(&mut chunk[block.clone()], theirs, dtype, op);
+                reduce_into(own, theirs, dtype, op);
             }
-            // SAFETY: block `me` of this rank's arena is read by the others only after the publish below.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    chunk[block.clone()].as_ptr(),
-                    mine.add(block.start),
-                    block.len(),
-                )
-            };
             self.arena_steps += 1;
             let reduced = self.arena_steps;
             self.publish(self.seg.arena_progress(me), reduced);
             self.wait_ranks("allreduce", timeout, |t, r| {
                 t.seg.arena_progress(r).load(Ordering::Acquire) >= reduced
             })?;
-            for r in (0..n).filter(|r| *r != me) {
+            for r in 0..n {
                 let b = offsets[r]..offsets[r + 1];
-                // SAFETY: rank r published its reduced block (Acquire above).
+                // SAFETY: rank r published its reduced block (Acquire above, or this rank's own).
                 let theirs = unsafe {
                     std::slice::from_raw_parts(self.seg.arena(r, number).add(b.start), b.len())
                 };
-                chunk[b].copy_from_slice(theirs);
+                io.write(at + b.start, theirs);
             }
+            at += clen;
         }
         Ok(())
     }

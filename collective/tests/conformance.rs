@@ -24,6 +24,10 @@ macro_rules! suite {
                 super::both_allreduce_algorithms_match_the_reference($backend)
             }
             #[test]
+            fn staged_allreduce_matches_the_reference() {
+                super::staged_allreduce_matches_the_reference($backend)
+            }
+            #[test]
             fn mismatched_calls_fail_on_every_rank() {
                 super::mismatched_calls_fail_on_every_rank($backend)
             }
@@ -104,6 +108,120 @@ fn both_allreduce_algorithms_match_the_reference(backend: Backend) {
                     if let Err(e) = res {
                         panic!("{backend:?} n={n} small={small} arena={arena} rank {r}: {e}");
                     }
+                }
+            }
+        }
+    }
+}
+
+/// A staged allreduce's input and output as pieces of uneven sizes (a fused group's tensors), so that the
+/// backend's ranges (chunks, blocks) start and end inside pieces.
+struct Pieces {
+    inputs: Vec<Vec<u8>>,
+    outputs: Vec<Vec<u8>>,
+}
+
+impl Pieces {
+    fn new(data: &[u8], esize: usize) -> Pieces {
+        let mut inputs = Vec::new();
+        let mut at = 0;
+        for k in 0.. {
+            if at == data.len() {
+                break;
+            }
+            let len = ((1 + k * 37 % 1500) * esize).min(data.len() - at);
+            inputs.push(data[at..at + len].to_vec());
+            at += len;
+        }
+        let outputs = inputs.iter().map(|p| vec![0u8; p.len()]).collect();
+        Pieces { inputs, outputs }
+    }
+
+    fn each(
+        pieces: &mut [Vec<u8>],
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(&mut [u8], usize),
+    ) {
+        let mut at = 0;
+        for p in pieces {
+            let (start, end) = (offset.max(at), (offset + len).min(at + p.len()));
+            if start < end {
+                f(&mut p[start - at..end - at], start - offset);
+            }
+            at += p.len();
+        }
+    }
+
+    fn joined(&self) -> Vec<u8> {
+        self.outputs.concat()
+    }
+}
+
+impl hvd_collective::Staged for Pieces {
+    fn read(&mut self, offset: usize, dst: &mut [u8]) {
+        let len = dst.len();
+        Self::each(&mut self.inputs, offset, len, |p, at| {
+            dst[at..at + p.len()].copy_from_slice(p)
+        });
+    }
+
+    fn write(&mut self, offset: usize, src: &[u8]) {
+        Self::each(&mut self.outputs, offset, src.len(), |p, at| {
+            p.copy_from_slice(&src[at..at + p.len()])
+        });
+    }
+}
+
+/// A staged allreduce (a fused group in its members' memory) at sizes from eager to several arena chunks, with the
+/// arenas on and off, between plain allreduces; on shm, a rank that stages while another does not is a mismatch.
+fn staged_allreduce_matches_the_reference(backend: Backend) {
+    for n in 1..=4 {
+        for arena in [3, 0] {
+            let th = Thresholds {
+                allreduce_arena_ranks: arena,
+                ..Thresholds::default()
+            };
+            let results = LocalJob::new(n, backend)
+                .thresholds(th)
+                .timeout(Duration::from_secs(20))
+                .run(|mut comm| -> Result<(), String> {
+                    let c = comm.as_mut();
+                    let me = c.rank();
+                    let mut scratch = Vec::new();
+                    for (k, count) in [0, 7, 600, 4099, 100_003, 200_000].into_iter().enumerate() {
+                        for op in [ReduceOp::Sum, ReduceOp::Max] {
+                            let dtype = if k % 2 == 0 { DType::F32 } else { DType::I32 };
+                            let seed = k * 10 + op as usize;
+                            let mut io = Pieces::new(&common::input(dtype, me, seed, count), dtype.size());
+                            let tag = format!("staged {op} {dtype} x {count} on {n} ranks (rank {me}, arena={arena})");
+                            c.allreduce_staged(count * dtype.size(), dtype, op, &mut io, &mut scratch)
+                                .map_err(|e| format!("{tag}: {e}"))?;
+                            let want: Vec<f64> =
+                                (0..count).map(|i| common::reference(dtype, op, n, seed, i)).collect();
+                            common::check(&tag, dtype, n, &io.joined(), &want)?;
+                            common::run_all(c, DType::F32, 5, false, seed)?;
+                        }
+                    }
+                    if backend == Backend::Shm && arena > 0 && n > 1 {
+                        let data = f32s(&[1.0; 1000]);
+                        let r = if me == 1 {
+                            c.allreduce_staged(data.len(), DType::F32, ReduceOp::Sum, &mut Pieces::new(&data, 4), &mut scratch)
+                        } else {
+                            c.allreduce_in_place(&mut data.clone(), DType::F32, ReduceOp::Sum)
+                        };
+                        match r {
+                            Err(Error::Mismatch { .. }) => {}
+                            other => return Err(format!("staging on rank 1 alone gave {other:?}")),
+                        }
+                        common::run_all(c, DType::F32, 5, false, 1)?;
+                    }
+                    Ok(())
+                })
+                .expect("start the ranks");
+            for (r, res) in results.into_iter().enumerate() {
+                if let Err(e) = res {
+                    panic!("{backend:?} n={n} arena={arena} rank {r}: {e}");
                 }
             }
         }

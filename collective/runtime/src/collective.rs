@@ -1,7 +1,7 @@
 //! Adapter from `hvd-collective`'s communicators to the engine's [`Transport`], and joining the job from the
 //! environment.
 
-use hvd_collective::{Communicator, DType, ReduceOp};
+use hvd_collective::{Communicator, DType, ReduceOp, Staged};
 
 use std::time::Duration;
 
@@ -54,6 +54,19 @@ impl Transport for CollectiveTransport {
 
     fn allreduce(&mut self, buf: &mut [u8], d: DType, op: ReduceOp) -> TransportResult<()> {
         self.comm.allreduce_in_place(buf, d, op).map_err(err)
+    }
+
+    fn allreduce_staged(
+        &mut self,
+        len: usize,
+        d: DType,
+        op: ReduceOp,
+        io: &mut dyn Staged,
+        scratch: &mut Vec<u8>,
+    ) -> TransportResult<()> {
+        self.comm
+            .allreduce_staged(len, d, op, io, scratch)
+            .map_err(err)
     }
 
     fn allgatherv(

@@ -16,6 +16,7 @@ use std::time::Instant;
 use crate::cache::{Lookup, ResponseCache};
 use crate::config::{ConfigError, EngineConfig};
 use crate::coordinator::{Coordinator, StallPolicy};
+use crate::fused::FusedIo;
 use crate::kernels::{elementwise, fill_identity, scale};
 use crate::message::{OpKind, RankMessage, RequestMeta, Response, ResponseList};
 use crate::timeline::{EventName, Lanes, Phase, Timeline};
@@ -569,10 +570,7 @@ impl Engine {
             return Ok(None);
         };
         let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.submit(
-            vec![Submitted::single(part.request.clone(), handle)],
-            true,
-        )?;
+        self.submit(vec![Submitted::single(part.request.clone(), handle)], true)?;
         Ok(Some(handle))
     }
 
@@ -1409,9 +1407,6 @@ impl Worker {
                 1.0
             };
         let total: usize = metas.iter().map(|m| m.bytes()).sum();
-        if self.fusion.len() < total {
-            self.fusion.resize(total, 0);
-        }
         let lanes = Lanes::Group(
             metas
                 .iter()
@@ -1424,66 +1419,59 @@ impl Worker {
             Phase::Begin,
             Some(EventName::Static("MEMCPY_IN_FUSION_BUFFER")),
         );
-        let mut offset = 0;
-        for m in metas {
-            let n = m.bytes();
-            let dst = &mut self.fusion[offset..offset + n];
-            match self.pending.get(&m.name).map(|p| &p.request.input) {
-                Some(Input::Gather(parts)) => {
-                    let mut at = 0;
-                    for &(ptr, len) in parts {
-                        // SAFETY: validated caller memory of `len` bytes, live until completion.
-                        let part = unsafe { std::slice::from_raw_parts(ptr, len) };
-                        dst[at..at + len].copy_from_slice(part);
-                        at += len;
-                    }
-                    scale(dst, m.dtype, m.prescale);
-                }
-                Some(input) => {
-                    dst.copy_from_slice(input_slice(input));
-                    scale(dst, m.dtype, m.prescale);
-                }
-                None => fill_identity(dst, m.dtype, reduction),
-            }
-            offset += n;
-        }
-        self.mark(&lanes, Phase::End, None);
         let activity = self.activity(OpKind::Allreduce);
-        self.mark(&lanes, Phase::Begin, Some(activity));
-        self.transport
-            .allreduce(&mut self.fusion[..total], first.dtype, reduction)
-            .map_err(fail)?;
-        scale(&mut self.fusion[..total], first.dtype, post);
-        self.mark(&lanes, Phase::End, None);
-        self.mark(
-            &lanes,
-            Phase::Begin,
-            Some(EventName::Static("MEMCPY_OUT_FUSION_BUFFER")),
-        );
-        let mut offset = 0;
-        let mut done = Vec::with_capacity(metas.len());
-        for m in metas {
+        // The members stay where they are: the transport reads them into its buffers and writes the result back
+        // (`FusedIo`); results the engine owns get their buffers here.
+        let mut owned: Vec<Option<Vec<u8>>> = vec![None; metas.len()];
+        let mut io = FusedIo::new(first.dtype, reduction, post);
+        for (m, slot) in metas.iter().zip(owned.iter_mut()) {
             let n = m.bytes();
-            if let Some(mut p) = self.pending.remove(&m.name) {
-                let src = &self.fusion[offset..offset + n];
-                let data = match &mut p.request.output {
-                    OutputBuffer::Raw(ptr, len) => {
-                        // SAFETY: validated to be `n` bytes of caller memory, live until completion.
-                        unsafe { std::slice::from_raw_parts_mut(*ptr, *len) }.copy_from_slice(src);
-                        Vec::new()
+            let Some(p) = self.pending.get(&m.name) else {
+                // A joined rank's missing member: the reduction's identity in, nothing out.
+                io.input(std::ptr::null(), n, 1.0);
+                io.output(std::ptr::null_mut(), n);
+                continue;
+            };
+            match &p.request.input {
+                Input::Gather(parts) => {
+                    for &(ptr, len) in parts {
+                        io.input(ptr, len, m.prescale);
                     }
-                    OutputBuffer::Scatter(parts) => {
-                        let mut at = 0;
-                        for &(ptr, len) in parts.iter() {
-                            // SAFETY: validated caller memory of `len` bytes, live until completion.
-                            unsafe { std::slice::from_raw_parts_mut(ptr, len) }
-                                .copy_from_slice(&src[at..at + len]);
-                            at += len;
-                        }
-                        Vec::new()
+                }
+                input => {
+                    let s = input_slice(input);
+                    io.input(s.as_ptr(), s.len(), m.prescale);
+                }
+            }
+            match &p.request.output {
+                OutputBuffer::Raw(ptr, len) => io.output(*ptr, *len),
+                OutputBuffer::Scatter(parts) => {
+                    for &(ptr, len) in parts {
+                        io.output(ptr, len);
                     }
-                    OutputBuffer::Engine => src.to_vec(),
-                };
+                }
+                OutputBuffer::Engine => {
+                    let buf = slot.insert(vec![0u8; n]);
+                    io.output(buf.as_mut_ptr(), n);
+                }
+            }
+        }
+        if let Some(t) = &mut self.timeline {
+            io.phases(t, lanes.clone(), activity);
+        }
+        let result = self.transport.allreduce_staged(
+            total,
+            first.dtype,
+            reduction,
+            &mut io,
+            &mut self.fusion,
+        );
+        io.finish();
+        self.mark(&lanes, Phase::End, None); // the operation
+        result.map_err(fail)?;
+        let mut done = Vec::with_capacity(metas.len());
+        for (m, slot) in metas.iter().zip(owned) {
+            if let Some(p) = self.pending.remove(&m.name) {
                 let shape = if p.members.is_none() {
                     m.shape.clone()
                 } else {
@@ -1492,16 +1480,13 @@ impl Worker {
                 done.push((
                     p,
                     Output {
-                        data,
+                        data: slot.unwrap_or_default(),
                         shape,
                         ..Output::default()
                     },
                 ));
             }
-            offset += n;
         }
-        self.mark(&lanes, Phase::End, None);
-        self.mark(&lanes, Phase::End, None); // the operation
         self.complete_many(
             done.into_iter()
                 .flat_map(|(p, out)| outcomes(p.handle, p.members, Ok(out))),

@@ -22,6 +22,7 @@ pub mod config;
 pub mod coordinator;
 pub mod engine;
 pub mod ffi;
+mod fused;
 pub mod kernels;
 pub mod message;
 pub mod timeline;

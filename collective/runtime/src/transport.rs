@@ -8,8 +8,9 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use hvd_collective::communicator::staged_through;
 use hvd_collective::reduce::reduce_into;
-use hvd_collective::{DType, ReduceOp};
+use hvd_collective::{DType, ReduceOp, Staged};
 
 /// Where this process sits in the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,19 @@ pub trait Transport: Send {
     /// In-place element-wise reduction of `buf` (elements of `dtype`) across all ranks. The engine never passes
     /// `ReduceOp::Average` (it sums and scales itself).
     fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> TransportResult<()>;
+    /// An allreduce of `len` bytes that `io` reads and writes range by range (a fused group in its members'
+    /// memory). The default goes through `scratch` (the fusion buffer): read it all, [`allreduce`](Self::allreduce),
+    /// write it all.
+    fn allreduce_staged(
+        &mut self,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+        io: &mut dyn Staged,
+        scratch: &mut Vec<u8>,
+    ) -> TransportResult<()> {
+        staged_through(len, io, scratch, |buf| self.allreduce(buf, dtype, op))
+    }
     /// Concatenation of every rank's `send` in rank order into `recv`; `recv_counts[r]` is rank r's byte count.
     fn allgatherv(
         &mut self,

@@ -60,6 +60,14 @@ for postscale in (1.0, 2.0):
     check(grads[1], np.full(7, total * postscale, np.float64), "replaced")
     check(grads[2], np.full(1024, total * int(postscale), np.int32), "dtype changed")
 
+# A fused group larger than a shared-memory arena half (the transport reads and writes the members piece by piece,
+# chunk by chunk), with both scale factors, out of place.
+big = [np.arange(3000, dtype=np.float32) % 7 + r + i for i in range(40)]
+outs = hvd.grouped_allreduce(big, op=hvd.Sum, name="big", prescale_factor=0.5, postscale_factor=4.0)
+for i, o in enumerate(outs):
+    check(o, ((np.arange(3000, dtype=np.float32) % 7 + i) * n + total) * 2, "big {}".format(i))
+    check(big[i], np.arange(3000, dtype=np.float32) % 7 + r + i, "big input {} untouched".format(i))
+
 # Out of place, every kind of input in one group; the inputs stay untouched.
 base = np.arange(24, dtype=np.float64).reshape(4, 6)
 readonly = np.arange(5, dtype=np.int32) + r
