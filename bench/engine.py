@@ -6,10 +6,14 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
 
 - 100 tensors of 4 KiB per step, and 100 tensors from 4 KiB to 4 MiB (geometric) per step, allreduced in place
   with the per-tensor async API (one call and one synchronize per tensor) and with the grouped API (one call and
-  one synchronize per step): fusion on (HVD_FUSION_THRESHOLD default) vs off (0), timeline off vs on;
+  one synchronize per step): fusion on (HVD_FUSION_THRESHOLD default) vs off (0);
+- the timeline's cost: inside the fusion-on runs, blocks of steps (about 200 ms each) with the timeline off and on
+  (hvd.start_timeline before the block, hvd.stop_timeline after it, both inside the timed block, so every event
+  of the block is written within it), in ABBA order; the median and quartiles of the on/off ratios;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
-Usage: bench/engine.py [--ranks N] [--steps S (default 50)] [--rounds R] [--library PATH] [--env KEY=VALUE ...]
+Usage: bench/engine.py [--ranks N] [--steps S (default 50)] [--rounds R] [--blocks B (default 4)] [--block-ms MS] [--library PATH]
+       [--env KEY=VALUE ...]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
 If Horovod is importable (horovod.torch), its numbers for the same workloads are printed too.
@@ -64,7 +68,7 @@ class KV(BaseHTTPRequestHandler):
         self._reply(200, value) if value is not None else self._reply(404)
 
 
-def launch(ranks, env_extra, steps):
+def launch(ranks, env_extra, steps, blocks=0, block_ms=200.0, timeline_dir=""):
     KV.store = {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), KV)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -74,7 +78,8 @@ def launch(ranks, env_extra, steps):
                    HVD_LOCAL_SIZE=str(ranks), HVD_CROSS_RANK="0", HVD_CROSS_SIZE="1", HVD_HOSTNAME="localhost",
                    HVD_RENDEZVOUS="127.0.0.1:{}".format(server.server_address[1]), HVD_JOB_TOKEN=TOKEN,
                    **env_extra)
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--steps", str(steps)], env=env,
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--steps", str(steps), "--blocks",
+                                       str(blocks), "--block-ms", str(block_ms), "--timeline-dir", timeline_dir], env=env,
                                       stdout=subprocess.PIPE, text=True))
     outs = [p.communicate()[0] for p in procs]
     server.shutdown()
@@ -83,7 +88,7 @@ def launch(ranks, env_extra, steps):
     return json.loads(outs[0].strip().splitlines()[-1])
 
 
-def worker(steps):
+def worker(steps, blocks, block_ms, timeline_dir):
     import numpy as np
 
     import hvd
@@ -93,43 +98,73 @@ def worker(steps):
     sizes = [int(1024 * (1024 ** (i / 99))) for i in range(100)]  # 4 KiB .. 4 MiB of float32
     mixed = [np.ones(n, np.float32) for n in sizes]
 
-    def step_time(tensors, tag):
-        times = []
-        for s in range(steps + 3):
-            hvd.barrier()
-            t0 = time.perf_counter()
-            hs = [hvd.allreduce_async_(t, op=hvd.Sum, name="{}.{}".format(tag, i)) for i, t in enumerate(tensors)]
-            for h in hs:
-                hvd.synchronize(h)
-            if s >= 3:
-                times.append(time.perf_counter() - t0)
-            for t in tensors:
-                t.fill(1.0)
-        return statistics.median(times)
+    def per_tensor(tensors, tag):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        hs = [hvd.allreduce_async_(t, op=hvd.Sum, name="{}.{}".format(tag, i)) for i, t in enumerate(tensors)]
+        for h in hs:
+            hvd.synchronize(h)
+        took = time.perf_counter() - t0
+        for t in tensors:
+            t.fill(1.0)
+        return took
 
-    def grouped_time(tensors, tag):
-        times = []
-        for s in range(steps + 3):
-            hvd.barrier()
-            t0 = time.perf_counter()
-            hvd.synchronize(hvd.grouped_allreduce_async_(tensors, op=hvd.Sum, name=tag))
-            if s >= 3:
-                times.append(time.perf_counter() - t0)
-            for t in tensors:
-                t.fill(1.0)
-        return statistics.median(times)
+    def grouped(tensors, tag):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        hvd.synchronize(hvd.grouped_allreduce_async_(tensors, op=hvd.Sum, name=tag))
+        took = time.perf_counter() - t0
+        for t in tensors:
+            t.fill(1.0)
+        return took
 
-    def latency():
-        x = np.ones(1, np.float32)
-        times = []
-        for i in range(2000):
-            t0 = time.perf_counter()
-            hvd.allreduce_(x, op=hvd.Max, name="lat")
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times[200:])
+    def timeline_pairs(step, k):
+        """Blocks of k steps with the timeline off and on (started before the block and stopped after it, both
+        timed: stopping waits until the writer has written every event of the block), in ABBA order; the ratio
+        on/off of each pair."""
+        path = os.path.join(timeline_dir, "timeline.json")
+        ratios = []
+        for b in range(blocks):
+            took = {}
+            for on in ((False, True) if b % 2 == 0 else (True, False)):
+                hvd.barrier()
+                extra = 0.0
+                if on:
+                    t0 = time.perf_counter()
+                    hvd.start_timeline(path)
+                    extra += time.perf_counter() - t0
+                total = sum(step() for _ in range(k))
+                if on:
+                    t0 = time.perf_counter()
+                    hvd.stop_timeline()
+                    extra += time.perf_counter() - t0
+                took[on] = total + extra
+            ratios.append(took[True] / took[False])
+        return ratios
 
-    result = {"small": step_time(small, "s"), "grouped": grouped_time(small, "g"), "mixed": step_time(mixed, "m"),
-              "mixed_grouped": grouped_time(mixed, "mg"), "latency": latency()}
+    def measure(step):
+        for _ in range(3):
+            step()
+        times = [step() for _ in range(steps)]
+        median = statistics.median(times)
+        if not timeline_dir:
+            return median, []
+        # Blocks of about block_ms (rank 0's estimate, so that every rank runs the same number of steps).
+        k = hvd.broadcast_object(max(3, int(block_ms / 1e3 / median)), name="k")
+        return median, timeline_pairs(step, k)
+
+    result = {}
+    for key, step in (("small", lambda: per_tensor(small, "s")), ("grouped", lambda: grouped(small, "g")),
+                      ("mixed", lambda: per_tensor(mixed, "m")), ("mixed_grouped", lambda: grouped(mixed, "mg"))):
+        result[key], result[key + "_timeline"] = measure(step)
+
+    x = np.ones(1, np.float32)
+    times = []
+    for i in range(2000):
+        t0 = time.perf_counter()
+        hvd.allreduce_(x, op=hvd.Max, name="lat")
+        times.append(time.perf_counter() - t0)
+    result["latency"] = statistics.median(times[200:])
     rank = hvd.rank()
     hvd.shutdown()
     if rank == 0:
@@ -144,10 +179,14 @@ def main():
     ap.add_argument("--library")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="an extra variable for every rank of every configuration (e.g. a collective threshold)")
+    ap.add_argument("--blocks", type=int, default=4,
+                    help="timeline off/on block pairs per workload and round (in the fusion-on configuration)")
+    ap.add_argument("--block-ms", type=float, default=200.0, help="length of a timeline block (default 200 ms)")
     ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--timeline-dir", default="")
     args = ap.parse_args()
     if args.worker:
-        return worker(args.steps)
+        return worker(args.steps, args.blocks, args.block_ms, args.timeline_dir)
     if args.library:
         os.environ["HVD_LIBRARY"] = str(Path(args.library).resolve())
     import hvd._lib
@@ -161,14 +200,17 @@ def main():
         configs = {
             "fusion on": dict(extra),
             "fusion off": dict(extra, HVD_FUSION_THRESHOLD="0"),
-            "fusion on + timeline": dict(extra, HVD_TIMELINE=os.path.join(tmp, "timeline.json")),
         }
         # The machine is shared and noisy: interleave the configurations, so that every round runs each one under
         # about the same load, and report medians over rounds and the median of the per-round (paired) ratios.
+        # The timeline's cost is measured inside the fusion-on runs, in blocks with the timeline off and on
+        # (`hvd.start_timeline` / `hvd.stop_timeline`), so each pair runs under the same conditions.
         rounds = {name: [] for name in configs}
         for i in range(args.rounds):
             for name, env in configs.items():
-                rounds[name].append(launch(args.ranks, env, args.steps))
+                on = name == "fusion on"
+                rounds[name].append(launch(args.ranks, env, args.steps, args.blocks if on else 0, args.block_ms,
+                                           tmp if on else ""))
             print("round {}/{} done".format(i + 1, args.rounds), file=sys.stderr)
     keys = ["small", "grouped", "mixed", "mixed_grouped", "latency"]
     results = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rounds.items()}
@@ -187,10 +229,16 @@ def main():
               paired("fusion off", "fusion on", "small"), paired("fusion off", "fusion on", "grouped")))
     print("fusion speed-up, 100 x 4 KiB..4 MiB: {:.2f}x per-tensor, {:.2f}x grouped".format(
         paired("fusion off", "fusion on", "mixed"), paired("fusion off", "fusion on", "mixed_grouped")))
-    print("timeline cost (timeline/no timeline - 1, median of paired rounds): {:+.1f}% per-tensor, "
-          "{:+.1f}% grouped (100 x 4 KiB); {:+.1f}% per-tensor, {:+.1f}% grouped (mixed) (goal < 5%)".format(
-              *[(paired("fusion on + timeline", "fusion on", k) - 1) * 100
-                for k in ("small", "grouped", "mixed", "mixed_grouped")]))
+
+    def cost(key):
+        pairs = [p for r in rounds["fusion on"] for p in r[key + "_timeline"]]
+        q = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
+        return (statistics.median(pairs) - 1) * 100, (q[0] - 1) * 100, (q[2] - 1) * 100, len(pairs)
+
+    print("timeline cost (on/off - 1 over block pairs; median [quartiles], pairs) (goal < 5%):")
+    for key, label in (("small", "100 x 4 KiB per-tensor"), ("grouped", "100 x 4 KiB grouped"),
+                       ("mixed", "4 KiB..4 MiB per-tensor"), ("mixed_grouped", "4 KiB..4 MiB grouped")):
+        print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost(key)))
     print("single 4-byte allreduce: {:.1f} us median (goal < 100 us)".format(results["fusion on"]["latency"] * 1e6))
     try:
         import horovod.torch  # noqa: F401

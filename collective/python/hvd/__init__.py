@@ -12,6 +12,7 @@ and any CPU tensor with ``__dlpack__`` (torch, jax, tensorflow).
 import atexit
 import ctypes
 import operator
+import os
 import pickle
 import threading
 
@@ -24,7 +25,7 @@ __all__ = [
     "grouped_allreduce_", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
-    "broadcast_object", "allgather_object", "Sum", "Average", "Min", "Max", "Product", "HvdError",
+    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max", "Product", "HvdError",
     "HorovodInternalError", "Handle", "library_path", "BFloat16Bits",
 ]
 
@@ -76,6 +77,18 @@ def shutdown():
     _GROUPS.clear()  # the library forgets its prepared groups
     if _lib._lib is not None:
         _check(_l().hvd_shutdown())
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome-trace timeline to ``file_path`` (as ``HVD_TIMELINE`` does from the start; one being
+    written is closed first). Call it on every rank: rank 0 writes the file, or every rank its own with ``{rank}``
+    in the path. ``mark_cycles`` marks the engine's cycles."""
+    _check(_l().hvd_start_timeline(os.fsencode(file_path), int(bool(mark_cycles))))
+
+
+def stop_timeline():
+    """Stops writing the timeline; when this returns the file is complete."""
+    _check(_l().hvd_stop_timeline())
 
 
 def is_initialized():

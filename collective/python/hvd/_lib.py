@@ -104,6 +104,8 @@ def _declare(lib):
         "hvd_group_enqueue": (i32, [i64, ctypes.POINTER(i64)]),
         "hvd_group_release": (i32, [i64]),
         "hvd_group_submit": (i64, [i64]),
+        "hvd_start_timeline": (i32, [ctypes.c_char_p, i32]),
+        "hvd_stop_timeline": (i32, []),
         "hvd_poll": (i32, [i64]),
         "hvd_wait": (i32, [i64]),
         "hvd_wait_and_release": (i32, [i64]),

@@ -13,7 +13,7 @@ from hvd import (  # noqa: F401 - re-exported API
     Average, HorovodInternalError, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allgather_object,
     allreduce, allreduce_async, alltoall, barrier, broadcast, broadcast_async, broadcast_object, cross_rank,
     cross_size, grouped_allreduce, init, is_initialized, join, local_rank, local_size, poll, rank, reducescatter,
-    shutdown, size, synchronize,
+    shutdown, size, start_timeline, stop_timeline, synchronize,
 )
 
 

@@ -19,7 +19,7 @@ import hvd as _core
 from hvd import (  # noqa: F401 - re-exported API
     Average, HorovodInternalError, HvdError, Max, Min, Product, Sum, allgather_object, barrier, broadcast_object,
     cross_rank, cross_size, init, is_initialized, join, local_rank, local_size, poll, rank, shutdown, size,
-    synchronize,
+    start_timeline, stop_timeline, synchronize,
 )
 
 

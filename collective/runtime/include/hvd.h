@@ -100,6 +100,12 @@ int hvd_group_release(int64_t group);
  * hvd_wait_and_release), 0 when the group was not fused into one operation (use hvd_group_enqueue), -1 on error. */
 int64_t hvd_group_submit(int64_t group);
 
+/* Timeline at run time (Horovod's start_timeline/stop_timeline), like HVD_TIMELINE: every rank calls them; rank 0
+ * writes the file ({rank} in the path: every rank its own). Start replaces a timeline being written; when stop
+ * returns, the file is complete. 0, or -1 (hvd_last_error). */
+int hvd_start_timeline(const char *path, int mark_cycles);
+int hvd_stop_timeline(void);
+
 /* Completion. hvd_poll: 1 done, 0 pending, -1 unknown handle. hvd_wait: 0 success, -1 failure (message in
  * hvd_last_error; e.g. ranks disagreeing on the shape, a dead peer, a stall shutdown). */
 int hvd_poll(int64_t handle);

@@ -42,6 +42,32 @@ pub enum EngineError {
     Timeline { path: String, message: String },
 }
 
+/// The timeline this rank writes for `path`, if any: like Horovod, rank 0 writes the timeline; a `{rank}` in the
+/// path gives every rank a file of its own.
+fn open_timeline(path: &std::path::Path, rank: usize) -> Result<Option<Timeline>, EngineError> {
+    let text = path.to_string_lossy();
+    let path = if text.contains("{rank}") {
+        std::path::PathBuf::from(text.replace("{rank}", &rank.to_string()))
+    } else if rank == 0 {
+        path.to_path_buf()
+    } else {
+        return Ok(None);
+    };
+    Timeline::create(&path, rank)
+        .map(Some)
+        .map_err(|e| EngineError::Timeline {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// A timeline to put in place of the engine's (`None`: stop writing one), then a word back.
+struct TimelineSwap {
+    timeline: Option<Timeline>,
+    mark_cycles: Option<bool>,
+    done: std::sync::mpsc::Sender<()>,
+}
+
 /// A tensor's input.
 #[derive(Clone)]
 pub enum Input {
@@ -363,6 +389,8 @@ struct Queue {
     /// A grouped submission arrived: start the next cycle at once (its tensors are already fused; waiting the
     /// cycle time for more would only delay them).
     urgent: bool,
+    /// `start_timeline` / `stop_timeline`, for the engine thread to apply.
+    timeline: Option<TimelineSwap>,
 }
 
 /// How long an engine with nothing to do sleeps between cycles. It cannot hold anyone up: every other rank's
@@ -418,27 +446,10 @@ impl Engine {
         let config_spin = config.spin_time;
         let fusion_threshold = config.fusion_threshold;
         let fusion_max_tensor_bytes = transport.fusion_max_tensor_bytes();
-        // Like Horovod, rank 0 writes the timeline; a `{rank}` in the path gives every rank a file of its own.
-        let timeline_path = config.timeline.as_ref().and_then(|p| {
-            let text = p.to_string_lossy();
-            if text.contains("{rank}") {
-                Some(std::path::PathBuf::from(
-                    text.replace("{rank}", &topology.rank.to_string()),
-                ))
-            } else {
-                (topology.rank == 0).then(|| p.clone())
-            }
-        });
-        let timeline =
-            match &timeline_path {
-                Some(path) => Some(Timeline::create(path, topology.rank).map_err(|e| {
-                    EngineError::Timeline {
-                        path: path.display().to_string(),
-                        message: e.to_string(),
-                    }
-                })?),
-                None => None,
-            };
+        let timeline = match &config.timeline {
+            Some(path) => open_timeline(path, topology.rank)?,
+            None => None,
+        };
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             queue_cv: Condvar::new(),
@@ -769,6 +780,48 @@ impl Engine {
         }
     }
 
+    /// Starts writing a timeline to `path` (as `HVD_TIMELINE` does at start; a timeline already being written is
+    /// closed first), from the next cycle on. Returns once the engine has switched. Like Horovod's
+    /// `start_timeline`, every rank calls it; the ranks that do not write a timeline just note it.
+    pub fn start_timeline(
+        &self,
+        path: &std::path::Path,
+        mark_cycles: bool,
+    ) -> Result<(), EngineError> {
+        let timeline = open_timeline(path, self.topology.rank)?;
+        self.swap_timeline(timeline, Some(mark_cycles))
+    }
+
+    /// Stops writing the timeline: once this returns, the file is complete (valid JSON, every event written).
+    pub fn stop_timeline(&self) -> Result<(), EngineError> {
+        self.swap_timeline(None, None)
+    }
+
+    fn swap_timeline(
+        &self,
+        timeline: Option<Timeline>,
+        mark_cycles: Option<bool>,
+    ) -> Result<(), EngineError> {
+        let (done, wait) = std::sync::mpsc::channel();
+        {
+            // Handles lock first, queue second, as `submit`: a stopping engine either sees this or has stopped.
+            let h = lock(&self.shared.handles);
+            if let Some(reason) = &h.stopped {
+                return Err(EngineError::Stopped(reason.clone()));
+            }
+            let mut q = lock(&self.shared.queue);
+            q.timeline = Some(TimelineSwap {
+                timeline,
+                mark_cycles,
+                done,
+            });
+        }
+        self.shared.queue_cv.notify_one();
+        // The engine answers, or drops the request when it stops.
+        wait.recv()
+            .map_err(|_| EngineError::Stopped(self.stopped().unwrap_or_else(|| "stopped".into())))
+    }
+
     /// Why the engine stopped, if it has.
     pub fn stopped(&self) -> Option<String> {
         lock(&self.shared.handles).stopped.clone()
@@ -953,6 +1006,13 @@ impl Worker {
         let mut q = lock(&self.shared.queue);
         q.idle = idle;
         loop {
+            if let Some(swap) = q.timeline.take() {
+                // Applied at once, not in a cycle: an idle engine must not start a collective for it.
+                drop(q);
+                self.swap_timeline(swap);
+                q = lock(&self.shared.queue);
+                continue;
+            }
             let now = Instant::now();
             if idle && !q.items.is_empty() {
                 // Woken by a submission: give the tensors that follow it one cycle time to arrive, so they fuse.
@@ -986,7 +1046,11 @@ impl Worker {
         // taken here, so none is left pending forever.
         let mut h = lock(&self.shared.handles);
         h.stopped = Some(reason.to_string());
-        let queued = std::mem::take(&mut lock(&self.shared.queue).items);
+        let (queued, swap) = {
+            let mut q = lock(&self.shared.queue);
+            (std::mem::take(&mut q.items), q.timeline.take())
+        };
+        drop(swap); // its caller hears that the engine stopped
         let err = EngineError::Stopped(reason.to_string());
         for s in queued {
             for handle in s.handles() {
@@ -1026,6 +1090,27 @@ impl Worker {
         }
     }
 
+    /// Puts a new timeline (or none) in place of the current one, which is closed (written out). Operations in
+    /// flight keep their lanes.
+    fn swap_timeline(&mut self, swap: TimelineSwap) {
+        let TimelineSwap {
+            mut timeline,
+            mark_cycles,
+            done,
+        } = swap;
+        if let Some(mut old) = self.timeline.take() {
+            if let Some(new) = &mut timeline {
+                new.adopt_lanes(&old, self.pending.values().map(|p| p.lane));
+            }
+            old.close();
+        }
+        self.timeline = timeline;
+        if let Some(m) = mark_cycles {
+            self.config.timeline_mark_cycles = m;
+        }
+        let _ = done.send(());
+    }
+
     /// A tensor's timeline lane. Operations the engine named (`<kind>.noname.<n>`, e.g. every `hvd.barrier()`)
     /// share one lane per kind: a lane each would grow the trace and the lane table by one per call.
     fn lane(&mut self, name: &str) -> u32 {
@@ -1039,10 +1124,13 @@ impl Worker {
     }
 
     fn drain(&mut self) {
-        let (items, shutdown) = {
+        let (items, shutdown, swap) = {
             let mut q = lock(&self.shared.queue);
-            (std::mem::take(&mut q.items), q.shutdown)
+            (std::mem::take(&mut q.items), q.shutdown, q.timeline.take())
         };
+        if let Some(swap) = swap {
+            self.swap_timeline(swap);
+        }
         if shutdown && !self.shutdown {
             self.shutdown = true;
             self.announce = true;
@@ -1274,8 +1362,8 @@ impl Worker {
             Response::Execute { meta, .. } => Some(meta),
             _ => None,
         }) {
-            if let Some(p) = self.pending.get(&meta.name)
-                && let Some(t) = &mut self.timeline
+            if let Some(t) = &mut self.timeline
+                && let Some(p) = self.pending.get(&meta.name)
             {
                 let lane = p.lane;
                 t.record(Phase::End, EventName::Static(""), lane, ts);
@@ -1378,11 +1466,25 @@ impl Worker {
     }
 
     fn activity(&mut self, kind: OpKind) -> EventName {
-        let transport = self.transport.name().to_string();
-        self.activity_names
-            .entry(kind)
-            .or_insert_with(|| EventName::Owned(format!("{transport}_{}", kind.upper()).into()))
-            .clone()
+        if let Some(name) = self.activity_names.get(&kind) {
+            return name.clone();
+        }
+        let name = EventName::Owned(format!("{}_{}", self.transport.name(), kind.upper()).into());
+        self.activity_names.insert(kind, name.clone());
+        name
+    }
+
+    /// The timeline lanes of `metas` (none without a timeline: no lookups).
+    fn lanes_of<'a>(&self, metas: impl IntoIterator<Item = &'a RequestMeta>) -> Lanes {
+        if self.timeline.is_none() {
+            return Lanes::Group(Arc::from([]));
+        }
+        Lanes::Group(
+            metas
+                .into_iter()
+                .filter_map(|m| self.pending.get(&m.name).map(|p| p.lane))
+                .collect(),
+        )
     }
 
     /// One timeline event for every lane of a group (one push, whatever the group's size).
@@ -1407,12 +1509,7 @@ impl Worker {
                 1.0
             };
         let total: usize = metas.iter().map(|m| m.bytes()).sum();
-        let lanes = Lanes::Group(
-            metas
-                .iter()
-                .filter_map(|m| self.pending.get(&m.name).map(|p| p.lane))
-                .collect(),
-        );
+        let lanes = self.lanes_of(metas);
         self.mark(&lanes, Phase::End, None); // QUEUE
         self.mark(
             &lanes,
@@ -1500,13 +1597,7 @@ impl Worker {
         dim0s: &[i64],
         splits: &[i64],
     ) -> Result<(), String> {
-        let lanes = Lanes::Group(
-            self.pending
-                .get(&meta.name)
-                .map(|p| p.lane)
-                .into_iter()
-                .collect(),
-        );
+        let lanes = self.lanes_of([meta]);
         self.mark(&lanes, Phase::End, None); // QUEUE
         let activity = self.activity(meta.kind);
         self.mark(&lanes, Phase::Begin, Some(activity));

@@ -107,6 +107,41 @@ pub extern "C" fn hvd_shutdown() -> i32 {
     })
 }
 
+/// Starts writing a Chrome-trace timeline to `path` (rank 0 writes it; `{rank}` in the path: every rank its own
+/// file), replacing one being written; `mark_cycles` != 0 marks engine cycles. Every rank calls it. 0, or -1 (not
+/// initialized, the file cannot be created).
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_start_timeline(path: *const c_char, mark_cycles: i32) -> i32 {
+    guard(-1, || {
+        if path.is_null() {
+            return Err("the timeline path is a null pointer".into());
+        }
+        // SAFETY: a NUL-terminated string per the contract.
+        let text = unsafe { CStr::from_ptr(path) }
+            .to_string_lossy()
+            .into_owned();
+        if text.is_empty() {
+            return Err("the timeline path is empty".into());
+        }
+        engine()?
+            .start_timeline(std::path::Path::new(&text), mark_cycles != 0)
+            .map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// Stops writing the timeline; when it returns the file is complete. 0 (also with no timeline), or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_stop_timeline() -> i32 {
+    guard(-1, || {
+        engine()?.stop_timeline().map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
 /// 1 when initialized, else 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_is_initialized() -> i32 {

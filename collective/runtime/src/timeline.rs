@@ -6,9 +6,9 @@
 //! write that replaces that tail by `,\n{event}...\n]`.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::fs::File;
 use std::io;
+use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
@@ -78,7 +78,11 @@ pub struct Timeline {
     pending_lanes: Vec<(u32, String)>,
     last_send: Instant,
     lanes: HashMap<String, u32>,
+    /// The next lane number (0 is the engine's).
+    next_lane: u32,
     tx: Option<mpsc::SyncSender<Message>>,
+    /// Batches the writer has emptied, to fill again (no allocation and first touch of fresh memory per batch).
+    recycled: mpsc::Receiver<Vec<Event>>,
     writer: Option<JoinHandle<io::Result<()>>>,
     path: PathBuf,
 }
@@ -95,18 +99,21 @@ impl Timeline {
     pub fn create(path: &Path, rank: usize) -> io::Result<Timeline> {
         let file = fs_err::File::create(path)?;
         let (tx, rx) = mpsc::sync_channel(MAX_BATCHES_IN_FLIGHT);
+        let (back, recycled) = mpsc::channel();
         let file: File = file.into_parts().0;
         let p = path.to_path_buf();
         let writer = std::thread::Builder::new()
             .name("hvd-timeline".into())
-            .spawn(move || write_loop(file, &p, rank, rx))?;
+            .spawn(move || write_loop(file, &p, rank, rx, back))?;
         Ok(Timeline {
             start: Instant::now(),
             pending: Vec::with_capacity(SEND_EVENTS),
             pending_lanes: Vec::new(),
             last_send: Instant::now(),
             lanes: HashMap::new(),
+            next_lane: 1,
             tx: Some(tx),
+            recycled,
             writer: Some(writer),
             path: path.to_path_buf(),
         })
@@ -121,10 +128,23 @@ impl Timeline {
         if let Some(l) = self.lanes.get(tensor) {
             return *l;
         }
-        let l = self.lanes.len() as u32 + 1;
+        let l = self.next_lane;
+        self.next_lane += 1;
         self.lanes.insert(tensor.to_string(), l);
         self.pending_lanes.push((l, tensor.to_string()));
         l
+    }
+
+    /// Continues `old`'s lane numbering and takes over the lanes `in_flight` (announced again in this file), so
+    /// operations in flight across a switch of timelines stay on theirs.
+    pub fn adopt_lanes(&mut self, old: &Timeline, in_flight: impl IntoIterator<Item = u32>) {
+        self.next_lane = self.next_lane.max(old.next_lane);
+        let keep: std::collections::HashSet<u32> = in_flight.into_iter().collect();
+        for (name, lane) in old.lanes.iter().filter(|(_, l)| keep.contains(l)) {
+            if self.lanes.insert(name.clone(), *lane).is_none() {
+                self.pending_lanes.push((*lane, name.clone()));
+            }
+        }
     }
 
     pub fn record(&mut self, phase: Phase, name: EventName, lane: u32, ts_us: u64) {
@@ -161,7 +181,11 @@ impl Timeline {
 
     fn send(&mut self) {
         self.last_send = Instant::now();
-        let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(SEND_EVENTS));
+        let fresh = self
+            .recycled
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(SEND_EVENTS));
+        let batch = std::mem::replace(&mut self.pending, fresh);
         let lanes = std::mem::take(&mut self.pending_lanes);
         if let Some(tx) = &self.tx {
             let _ = tx.send(Message::Events(lanes, batch));
@@ -207,19 +231,6 @@ fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"?\"".to_string())
 }
 
-/// Appends `s` as a JSON string; event names are plain identifiers, so the escaping path is rare.
-fn push_json_string(out: &mut String, s: &str) {
-    if s.bytes()
-        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f)
-    {
-        out.push('"');
-        out.push_str(s);
-        out.push('"');
-    } else {
-        out.push_str(&json_string(s));
-    }
-}
-
 /// The writer is background work: at a low priority (nice 10) it runs in the gaps that the engine and the training
 /// threads leave instead of taking turns with them (on a busy 2-core machine those turns showed as slower steps).
 fn lower_priority() {
@@ -231,97 +242,148 @@ fn lower_priority() {
     }
 }
 
-fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>) -> io::Result<()> {
+/// The start of a complete event for each distinct phase name, `,\n{"name":"X","ph":"X","pid":P,"tid":`, rendered
+/// once: the writer's hot loop then copies it and writes three numbers. Names are looked up by address and
+/// length (the table holds every name it has seen, so a shared one's memory cannot be reused for another), then,
+/// for a name at a new address, by content.
+struct Prefixes {
+    names: Vec<(EventName, (usize, usize))>,
+    rendered: Vec<Vec<u8>>,
+    pid: String,
+}
+
+impl Prefixes {
+    fn index(&mut self, name: &EventName) -> u32 {
+        let s = name.as_str();
+        let key = (s.as_ptr() as usize, s.len());
+        if let Some(i) = self.names.iter().position(|(_, k)| *k == key) {
+            return i as u32;
+        }
+        if let Some(i) = self.names.iter().position(|(n, _)| n.as_str() == s) {
+            // The same name again at another address (a new shared string): remember this one instead.
+            self.names[i] = (name.clone(), key);
+            return i as u32;
+        }
+        let mut r = Vec::new();
+        r.extend_from_slice(b",\n");
+        r.extend_from_slice(br#"{"name":"#);
+        r.extend_from_slice(json_string(s).as_bytes());
+        r.extend_from_slice(br#","ph":"X","pid":"#);
+        r.extend_from_slice(self.pid.as_bytes());
+        r.extend_from_slice(br#","tid":"#);
+        self.names.push((name.clone(), key));
+        self.rendered.push(r);
+        (self.rendered.len() - 1) as u32
+    }
+}
+
+fn write_loop(
+    file: File,
+    path: &Path,
+    rank: usize,
+    rx: mpsc::Receiver<Message>,
+    back: mpsc::Sender<Vec<Event>>,
+) -> io::Result<()> {
     lower_priority();
     let with_path = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     let mut len: u64 = 0;
     let mut first = true;
-    let mut put = |text: &str| -> io::Result<()> {
-        // Replace the closing `\n]` (or the whole `[]` at first) with `sep + text + \n]` in one write.
-        let mut buf = String::with_capacity(text.len() + 4);
+    // Writes `batch` (entries that each start with `,\n`) in place of the closing `\n]` (or, the first time, of the
+    // whole `[]`, with the first separator turned into `[\n`), followed by a new `\n]`: one positioned write.
+    let mut put = |batch: &mut Vec<u8>| -> io::Result<()> {
         let at = if first { 0 } else { len - 2 };
-        buf.push_str(if first { "[\n" } else { ",\n" });
-        buf.push_str(text);
-        buf.push_str("\n]");
-        file.write_all_at(buf.as_bytes(), at).map_err(with_path)?;
-        len = at + buf.len() as u64;
+        if first {
+            batch[..2].copy_from_slice(b"[\n");
+        }
+        batch.extend_from_slice(b"\n]");
+        file.write_all_at(batch, at).map_err(with_path)?;
+        len = at + batch.len() as u64;
         first = false;
         Ok(())
     };
     file.write_all_at(b"[]", 0).map_err(with_path)?;
-    put(&format!(
-        r#"{{"name":"process_name","ph":"M","pid":{rank},"tid":0,"args":{{"name":"hvd rank {rank}"}}}},
+    let mut text: Vec<u8> = Vec::new();
+    text.extend_from_slice(
+        format!(
+            r#",
+{{"name":"process_name","ph":"M","pid":{rank},"tid":0,"args":{{"name":"hvd rank {rank}"}}}},
 {{"name":"thread_name","ph":"M","pid":{rank},"tid":0,"args":{{"name":"engine"}}}}"#
-    ))?;
+        )
+        .as_bytes(),
+    );
+    put(&mut text)?;
     // The open phases of every lane. A phase is written once, complete (`"ph":"X"` with its duration), when it
     // ends: half the events of `B`/`E` pairs, so half the writer's work. Phases still open when the timeline
     // closes are written as `B` events.
-    // Lanes are small dense integers: a vector indexed by lane.
-    let mut open: Vec<Vec<(EventName, u64)>> = Vec::new();
-    let pid = rank.to_string();
-    let mut text = String::new();
+    // Lanes are small dense integers: a vector indexed by lane; a phase is its name's prefix and its start.
+    let mut open: Vec<Vec<(u32, u64)>> = Vec::new();
+    let mut prefixes = Prefixes {
+        names: Vec::new(),
+        rendered: Vec::new(),
+        pid: rank.to_string(),
+    };
     for msg in rx {
         match msg {
-            Message::Events(lanes, events) => {
-                if !lanes.is_empty() {
-                    let names: Vec<String> = lanes
-                        .iter()
-                        .map(|(lane, name)| {
-                            format!(
-                                r#"{{"name":"thread_name","ph":"M","pid":{rank},"tid":{lane},"args":{{"name":{}}}}}"#,
-                                json_string(name)
-                            )
-                        })
-                        .collect();
-                    put(&names.join(",\n"))?;
-                }
-                // The hot loop of the writer thread: no allocation per event (names are shared or static, numbers
+            Message::Events(lanes, mut events) => {
+                // The hot loop of the writer thread: no allocation per event (names are rendered once, numbers
                 // are written straight into one reused buffer).
                 text.clear();
-                for e in events {
-                    for &lane in e.lanes.as_slice() {
-                        match e.phase {
-                            Phase::Begin => {
+                for (lane, name) in &lanes {
+                    text.extend_from_slice(b",\n");
+                    text.extend_from_slice(
+                        format!(
+                            r#"{{"name":"thread_name","ph":"M","pid":{rank},"tid":{lane},"args":{{"name":{}}}}}"#,
+                            json_string(name)
+                        )
+                        .as_bytes(),
+                    );
+                }
+                for e in events.drain(..) {
+                    match e.phase {
+                        Phase::Begin => {
+                            let name = prefixes.index(&e.name);
+                            for &lane in e.lanes.as_slice() {
                                 let l = lane as usize;
                                 if open.len() <= l {
                                     open.resize_with(l + 1, Vec::new);
                                 }
-                                open[l].push((e.name.clone(), e.ts_us));
+                                open[l].push((name, e.ts_us));
                             }
-                            Phase::End => {
+                        }
+                        Phase::End => {
+                            for &lane in e.lanes.as_slice() {
                                 let Some((name, start)) =
                                     open.get_mut(lane as usize).and_then(|v| v.pop())
                                 else {
                                     continue;
                                 };
-                                separate(&mut text);
-                                text.push_str(r#"{"name":"#);
-                                push_json_string(&mut text, name.as_str());
-                                text.push_str(r#","ph":"X","pid":"#);
-                                text.push_str(&pid);
-                                text.push_str(r#","tid":"#);
-                                push_u64(&mut text, u64::from(lane));
-                                text.push_str(r#","ts":"#);
-                                push_u64(&mut text, start);
-                                text.push_str(r#","dur":"#);
-                                push_u64(&mut text, e.ts_us.saturating_sub(start));
-                                text.push('}');
+                                push_complete(
+                                    &mut text,
+                                    &prefixes.rendered[name as usize],
+                                    lane,
+                                    start,
+                                    e.ts_us.saturating_sub(start),
+                                );
                             }
-                            Phase::Instant => {
-                                separate(&mut text);
-                                text.push_str(r#"{"name":"#);
-                                push_json_string(&mut text, e.name.as_str());
-                                let _ = write!(
-                                    text,
-                                    r#","ph":"i","s":"p","pid":{rank},"tid":{lane},"ts":{}}}"#,
-                                    e.ts_us
+                        }
+                        Phase::Instant => {
+                            for &lane in e.lanes.as_slice() {
+                                text.extend_from_slice(b",\n");
+                                text.extend_from_slice(
+                                    format!(
+                                        r#"{{"name":{},"ph":"i","s":"p","pid":{rank},"tid":{lane},"ts":{}}}"#,
+                                        json_string(e.name.as_str()),
+                                        e.ts_us
+                                    )
+                                    .as_bytes(),
                                 );
                             }
                         }
                     }
                 }
+                let _ = back.send(events);
                 if !text.is_empty() {
-                    put(&text)?;
+                    put(&mut text)?;
                 }
             }
             Message::Flush(done) => {
@@ -332,42 +394,64 @@ fn write_loop(file: File, path: &Path, rank: usize, rx: mpsc::Receiver<Message>)
     text.clear();
     for (lane, phases) in open.into_iter().enumerate() {
         for (name, start) in phases {
-            separate(&mut text);
-            text.push_str(r#"{"name":"#);
-            push_json_string(&mut text, name.as_str());
+            text.extend_from_slice(b",\n");
             let _ = write!(
                 text,
-                r#","ph":"B","pid":{rank},"tid":{lane},"ts":{start}}}"#
+                r#"{{"name":{},"ph":"B","pid":{rank},"tid":{lane},"ts":{start}}}"#,
+                json_string(prefixes.names[name as usize].0.as_str())
             );
         }
     }
     if !text.is_empty() {
-        put(&text)?;
+        put(&mut text)?;
     }
     Ok(())
 }
 
-/// Appends the decimal digits of `v` (what `write!` does, without the formatting machinery).
-fn push_u64(text: &mut String, mut v: u64) {
+/// Appends one complete event: `prefix` (a separator and the name, see [`Prefixes`]), then
+/// `lane,"ts":start,"dur":dur}`.
+/// The writer's innermost work, once per phase and lane: one copy of the prefix and the numbers written in place.
+fn push_complete(text: &mut Vec<u8>, prefix: &[u8], lane: u32, start: u64, dur: u64) {
+    const TS: &[u8] = br#","ts":"#;
+    const DUR: &[u8] = br#","dur":"#;
+    let mut tail = [0u8; 2 + 20 + TS.len() + 20 + DUR.len() + 20 + 1];
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        tail[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
     let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for d in &digits[at..] {
-        text.push(char::from(*d));
-    }
+    put(digits_of(u64::from(lane), &mut digits));
+    put(TS);
+    put(digits_of(start, &mut digits));
+    put(DUR);
+    put(digits_of(dur, &mut digits));
+    put(b"}");
+    text.extend_from_slice(prefix);
+    text.extend_from_slice(&tail[..at]);
 }
 
-fn separate(text: &mut String) {
-    if !text.is_empty() {
-        text.push_str(",\n");
+/// The decimal digits of `v`, two at a time, at the end of `buf`.
+fn digits_of(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819202122232425262728293031323334353637383940\
+        414243444546474849505152535455565758596061626364656667686970717273747576777879808182838485868788899091\
+        9293949596979899";
+    let mut at = buf.len();
+    while v >= 100 {
+        let pair = (v % 100) as usize * 2;
+        v /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
     }
+    if v >= 10 {
+        let pair = v as usize * 2;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        at -= 1;
+        buf[at] = b'0' + v as u8;
+    }
+    &buf[at..]
 }
 
 #[cfg(test)]
@@ -376,10 +460,9 @@ mod tests {
 
     #[test]
     fn numbers_are_written_in_decimal() {
-        for v in [0u64, 7, 10, 1234567890, u64::MAX] {
-            let mut s = String::new();
-            push_u64(&mut s, v);
-            assert_eq!(s, v.to_string());
+        for v in [0u64, 7, 9, 10, 99, 100, 101, 1234567890, u64::MAX] {
+            let mut buf = [0u8; 20];
+            assert_eq!(digits_of(v, &mut buf), v.to_string().as_bytes());
         }
     }
 

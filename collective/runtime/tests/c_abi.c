@@ -96,6 +96,11 @@ int main(void) {
   CHECK(hvd_group_release(g) == 0);
   group[1].op = group[0].op;
 
+  /* Timelines at run time: bad paths are errors; stopping without one is fine. */
+  CHECK(hvd_start_timeline(NULL, 0) == -1 && strstr(hvd_last_error(), "null") != NULL);
+  CHECK(hvd_start_timeline("/nonexistent-hvd-dir/t.json", 1) == -1 && strstr(hvd_last_error(), "timeline") != NULL);
+  CHECK(hvd_stop_timeline() == 0);
+
   /* A library-owned result. */
   int64_t rows[2] = {2, 1};
   int32_t data[2] = {7, 8};

@@ -271,6 +271,16 @@ fn timeline_is_valid_chrome_trace_json_with_every_phase() {
 }
 
 #[test]
+fn timelines_start_and_stop_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    assert_all_ok(
+        &run(2, "timeline_runtime.py", &[("HVD_TEST_OUT", out)]),
+        "start_timeline / stop_timeline",
+    );
+}
+
+#[test]
 fn large_tensors_bypassing_the_fusion_buffer_are_reduced() {
     assert_all_ok(&run(2, "big.py", &[]), "large tensors");
 }
