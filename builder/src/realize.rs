@@ -227,7 +227,8 @@ impl<'a> Planned<'a> {
                     self.python.executable.display()
                 ),
             )
-            .input("layout", "hvd-venv-1")
+            // 2: console scripts run their entry point only as `__main__` (multiprocessing's spawn re-imports them).
+            .input("layout", "hvd-venv-2")
             .input(
                 "pycache",
                 self.store.root().join(".pycache").display().to_string(),

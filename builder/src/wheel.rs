@@ -190,22 +190,28 @@ pub fn parse_entry_points(text: &str) -> Vec<EntryPoint> {
     points
 }
 
-/// The launcher script for an entry point, run by `python`.
+/// The launcher script for an entry point, run by `python`. The call is guarded by `__name__ == "__main__"`, as in
+/// pip's scripts: multiprocessing's spawn start method re-imports the main module in every child (as `__mp_main__`),
+/// which must not run the command again (`horovodrun` starts its workers that way).
 pub fn entry_point_script(python: &Path, point: &EntryPoint) -> String {
-    let call = if point.attribute.is_empty() {
-        format!(
-            "import runpy\nrunpy.run_module({:?}, run_name=\"__main__\")\nsys.exit(0)",
-            point.module
+    let (import, call) = if point.attribute.is_empty() {
+        (
+            "import runpy".to_string(),
+            format!(
+                "runpy.run_module({:?}, run_name=\"__main__\")\n    sys.exit(0)",
+                point.module
+            ),
         )
     } else {
         let first = point.attribute.split('.').next().unwrap_or_default();
-        format!(
-            "from {} import {first}\nsys.exit({}())",
-            point.module, point.attribute
+        (
+            format!("from {} import {first}", point.module),
+            format!("sys.exit({}())", point.attribute),
         )
     };
     format!(
-        "#!{}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nsys.argv[0] = re.sub(r\"(-script\\.pyw|\\.exe)?$\", \"\", sys.argv[0])\n{call}\n",
+        "#!{}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n{import}\nif __name__ == \"__main__\":\n    \
+         sys.argv[0] = re.sub(r\"(-script\\.pyw|\\.exe)?$\", \"\", sys.argv[0])\n    {call}\n",
         python.display()
     )
 }
@@ -261,6 +267,53 @@ mod tests {
         assert_eq!(points[2].attribute, "App.run");
         let script = entry_point_script(Path::new("/env/bin/python"), &points[0]);
         assert!(script.starts_with("#!/env/bin/python\n"));
-        assert!(script.contains("from foo.cli import main\nsys.exit(main())"));
+        assert!(script.contains("from foo.cli import main\nif __name__ == \"__main__\":\n"));
+        assert!(script.contains("\n    sys.exit(main())\n"));
+    }
+
+    /// A console script whose command starts processes with multiprocessing's spawn method (as `horovodrun` does):
+    /// each child re-imports the script, which must not run the command again.
+    #[test]
+    fn entry_point_scripts_survive_multiprocessing_spawn() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("spawner.py"),
+            "import multiprocessing as mp\n\ndef work(x):\n    return x * 2\n\n\
+             def main():\n    with mp.get_context('spawn').Pool(1) as pool:\n        print(pool.map(work, [21]))\n    \
+             return 0\n",
+        )
+        .unwrap();
+        let python = std::env::var("HVD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+        let point = EntryPoint {
+            name: "spawner".into(),
+            module: "spawner".into(),
+            attribute: "main".into(),
+        };
+        let script = dir.path().join("spawner-script");
+        std::fs::write(&script, entry_point_script(Path::new(&python), &point)).unwrap();
+        // Without the guard the children fail and the pool replaces them forever: a deadline, not a hang.
+        let mut child = std::process::Command::new(&python)
+            .arg(&script)
+            .env("PYTHONPATH", dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run python");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.trim() == "[42]",
+            "{}: {stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
