@@ -12,11 +12,13 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
   of the block is written within it), in ABBA order; the median and quartiles of the on/off ratios;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
-Usage: bench/engine.py [--ranks N] [--steps S (default 50)] [--rounds R] [--blocks B (default 4)] [--block-ms MS] [--library PATH]
-       [--env KEY=VALUE ...]
+Usage: bench/engine.py [--ranks N] [--steps S (default 50)] [--rounds R] [--blocks B (default 4)] [--block-ms MS]
+       [--library PATH] [--env KEY=VALUE ...] [--horovod-python PYTHON]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
-If Horovod is importable (horovod.torch), its numbers for the same workloads are printed too.
+With --horovod-python PYTHON (an env with Horovod built against TensorFlow, e.g. the one `hvd build
+examples/tensorflow-horovod/train.hvd` assembles), the same workloads run through Horovod in the same rounds, and
+the ratios to Horovod are printed too.
 """
 
 import argparse
@@ -85,20 +87,26 @@ def launch(ranks, env_extra, steps, blocks=0, block_ms=200.0, timeline_dir=""):
     server.shutdown()
     if any(p.returncode for p in procs):
         raise SystemExit("a rank failed: {}".format([p.returncode for p in procs]))
-    return json.loads(outs[0].strip().splitlines()[-1])
+    return json.loads(outs[0].split("RESULT ", 1)[1])
 
 
-def worker(steps, blocks, block_ms, timeline_dir):
-    import numpy as np
+class HvdApi:
+    """The workloads through this project's `hvd` package: numpy arrays, in place."""
 
-    import hvd
+    def __init__(self):
+        import numpy as np
 
-    hvd.init()
-    small = [np.ones(1024, np.float32) for _ in range(100)]
-    sizes = [int(1024 * (1024 ** (i / 99))) for i in range(100)]  # 4 KiB .. 4 MiB of float32
-    mixed = [np.ones(n, np.float32) for n in sizes]
+        import hvd
 
-    def per_tensor(tensors, tag):
+        self.np, self.hvd = np, hvd
+        hvd.init()
+        self.rank = hvd.rank()
+
+    def tensors(self, sizes):
+        return [self.np.ones(n, self.np.float32) for n in sizes]
+
+    def per_tensor(self, tensors, tag):
+        hvd = self.hvd
         hvd.barrier()
         t0 = time.perf_counter()
         hs = [hvd.allreduce_async_(t, op=hvd.Sum, name="{}.{}".format(tag, i)) for i, t in enumerate(tensors)]
@@ -109,7 +117,8 @@ def worker(steps, blocks, block_ms, timeline_dir):
             t.fill(1.0)
         return took
 
-    def grouped(tensors, tag):
+    def grouped(self, tensors, tag):
+        hvd = self.hvd
         hvd.barrier()
         t0 = time.perf_counter()
         hvd.synchronize(hvd.grouped_allreduce_async_(tensors, op=hvd.Sum, name=tag))
@@ -117,6 +126,92 @@ def worker(steps, blocks, block_ms, timeline_dir):
         for t in tensors:
             t.fill(1.0)
         return took
+
+    def latency_call(self):
+        x = self.np.ones(1, self.np.float32)
+        return lambda: self.hvd.allreduce_(x, op=self.hvd.Max, name="lat")
+
+    def start_timeline(self, path):
+        self.hvd.start_timeline(path)
+
+    def stop_timeline(self):
+        self.hvd.stop_timeline()
+
+    def broadcast(self, value):
+        return self.hvd.broadcast_object(value, name="k")
+
+    def shutdown(self):
+        self.hvd.shutdown()
+
+
+class HorovodApi:
+    """The same workloads through Horovod's TensorFlow API, the way its users run them: the per-tensor allreduces
+    inside one `tf.function` (TensorFlow runs them concurrently, so Horovod can fuse them), the group with
+    `hvd.grouped_allreduce`; results are new tensors (TensorFlow's tensors are immutable)."""
+
+    def __init__(self):
+        import tensorflow as tf
+
+        import horovod.tensorflow as hvd
+
+        self.tf, self.hvd = tf, hvd
+        hvd.init()
+        self.rank = hvd.rank()
+        self.zero = tf.zeros([1])
+
+        @tf.function
+        def per_tensor(tensors, tag):
+            return [hvd.allreduce(t, op=hvd.Sum, name="{}.{}".format(tag, i)) for i, t in enumerate(tensors)]
+
+        @tf.function
+        def grouped(tensors, tag):
+            return hvd.grouped_allreduce(tensors, op=hvd.Sum, name=tag)
+
+        @tf.function
+        def latency(x):
+            return hvd.allreduce(x, op=hvd.Max, name="lat")
+
+        self._per_tensor, self._grouped, self._latency = per_tensor, grouped, latency
+
+    def tensors(self, sizes):
+        return [self.tf.ones([n], self.tf.float32) for n in sizes]
+
+    def barrier(self):
+        self.hvd.allreduce(self.zero, op=self.hvd.Sum, name="barrier").numpy()
+
+    def _timed(self, fn, tensors, tag):
+        self.barrier()
+        t0 = time.perf_counter()
+        out = fn(tensors, tag)
+        out[-1].numpy()  # the function's results are ready when it returns; this only makes sure of it
+        return time.perf_counter() - t0
+
+    def per_tensor(self, tensors, tag):
+        return self._timed(self._per_tensor, tensors, tag)
+
+    def grouped(self, tensors, tag):
+        return self._timed(self._grouped, tensors, tag)
+
+    def latency_call(self):
+        x = self.tf.ones([1], self.tf.float32)
+        return lambda: self._latency(x)
+
+    def start_timeline(self, path):
+        self.hvd.start_timeline(path, mark_cycles=False)
+
+    def stop_timeline(self):
+        self.hvd.stop_timeline()
+
+    def broadcast(self, value):
+        return self.hvd.broadcast_object(value)
+
+    def shutdown(self):
+        self.hvd.shutdown()
+
+
+def worker(api, steps, blocks, block_ms, timeline_dir):
+    small = api.tensors([1024] * 100)
+    mixed = api.tensors([int(1024 * (1024 ** (i / 99))) for i in range(100)])  # 4 KiB .. 4 MiB of float32
 
     def timeline_pairs(step, k):
         """Blocks of k steps with the timeline off and on (started before the block and stopped after it, both
@@ -127,16 +222,16 @@ def worker(steps, blocks, block_ms, timeline_dir):
         for b in range(blocks):
             took = {}
             for on in ((False, True) if b % 2 == 0 else (True, False)):
-                hvd.barrier()
+                step()  # a step that lines the ranks up (each begins with a barrier), untimed
                 extra = 0.0
                 if on:
                     t0 = time.perf_counter()
-                    hvd.start_timeline(path)
+                    api.start_timeline(path)
                     extra += time.perf_counter() - t0
                 total = sum(step() for _ in range(k))
                 if on:
                     t0 = time.perf_counter()
-                    hvd.stop_timeline()
+                    api.stop_timeline()
                     extra += time.perf_counter() - t0
                 took[on] = total + extra
             ratios.append(took[True] / took[False])
@@ -150,25 +245,39 @@ def worker(steps, blocks, block_ms, timeline_dir):
         if not timeline_dir:
             return median, []
         # Blocks of about block_ms (rank 0's estimate, so that every rank runs the same number of steps).
-        k = hvd.broadcast_object(max(3, int(block_ms / 1e3 / median)), name="k")
+        k = api.broadcast(max(3, int(block_ms / 1e3 / median)))
         return median, timeline_pairs(step, k)
 
     result = {}
-    for key, step in (("small", lambda: per_tensor(small, "s")), ("grouped", lambda: grouped(small, "g")),
-                      ("mixed", lambda: per_tensor(mixed, "m")), ("mixed_grouped", lambda: grouped(mixed, "mg"))):
+    for key, step in (("small", lambda: api.per_tensor(small, "s")), ("grouped", lambda: api.grouped(small, "g")),
+                      ("mixed", lambda: api.per_tensor(mixed, "m")),
+                      ("mixed_grouped", lambda: api.grouped(mixed, "mg"))):
         result[key], result[key + "_timeline"] = measure(step)
 
-    x = np.ones(1, np.float32)
+    call = api.latency_call()
     times = []
     for i in range(2000):
         t0 = time.perf_counter()
-        hvd.allreduce_(x, op=hvd.Max, name="lat")
+        call()
         times.append(time.perf_counter() - t0)
     result["latency"] = statistics.median(times[200:])
-    rank = hvd.rank()
-    hvd.shutdown()
-    if rank == 0:
-        print(json.dumps(result))
+    api.shutdown()
+    if api.rank == 0:
+        print("RESULT " + json.dumps(result))
+
+
+def launch_horovod(python, ranks, env_extra, steps, blocks, block_ms, timeline_dir):
+    """The Horovod worker on `ranks` local processes through Horovod's own launcher (gloo), from `python`'s env."""
+    horovodrun = Path(python).parent / "horovodrun"
+    cmd = [str(horovodrun), "-np", str(ranks), "-H", "localhost:{}".format(ranks), "--gloo", python, __file__,
+           "--horovod-worker", "--steps", str(steps), "--blocks", str(blocks), "--block-ms", str(block_ms),
+           "--timeline-dir", timeline_dir]
+    p = subprocess.run(cmd, env=dict(os.environ, **env_extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    for line in p.stdout.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    raise SystemExit("the Horovod run failed ({}):\n{}".format(p.returncode, p.stdout[-3000:]))
 
 
 def main():
@@ -182,11 +291,16 @@ def main():
     ap.add_argument("--blocks", type=int, default=4,
                     help="timeline off/on block pairs per workload and round (in the fusion-on configuration)")
     ap.add_argument("--block-ms", type=float, default=200.0, help="length of a timeline block (default 200 ms)")
+    ap.add_argument("--horovod-python", metavar="PYTHON",
+                    help="a python whose env has Horovod with TensorFlow (and horovodrun next to it): the same "
+                         "workloads through Horovod, in the same rounds")
     ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--horovod-worker", action="store_true")
     ap.add_argument("--timeline-dir", default="")
     args = ap.parse_args()
-    if args.worker:
-        return worker(args.steps, args.blocks, args.block_ms, args.timeline_dir)
+    if args.worker or args.horovod_worker:
+        api = HvdApi() if args.worker else HorovodApi()
+        return worker(api, args.steps, args.blocks, args.block_ms, args.timeline_dir)
     if args.library:
         os.environ["HVD_LIBRARY"] = str(Path(args.library).resolve())
     import hvd._lib
@@ -205,12 +319,21 @@ def main():
         # about the same load, and report medians over rounds and the median of the per-round (paired) ratios.
         # The timeline's cost is measured inside the fusion-on runs, in blocks with the timeline off and on
         # (`hvd.start_timeline` / `hvd.stop_timeline`), so each pair runs under the same conditions.
+        if args.horovod_python:
+            # Horovod's start_timeline needs HOROVOD_TIMELINE=DYNAMIC from the start (its timeline then stays idle
+            # until started).
+            configs["horovod fusion on"] = dict(extra, HOROVOD_TIMELINE="DYNAMIC")
+            configs["horovod fusion off"] = dict(extra, HOROVOD_FUSION_THRESHOLD="0")
         rounds = {name: [] for name in configs}
         for i in range(args.rounds):
             for name, env in configs.items():
-                on = name == "fusion on"
-                rounds[name].append(launch(args.ranks, env, args.steps, args.blocks if on else 0, args.block_ms,
-                                           tmp if on else ""))
+                on = name.endswith("fusion on")
+                blocks, tl = (args.blocks, tmp) if on else (0, "")
+                if name.startswith("horovod"):
+                    r = launch_horovod(args.horovod_python, args.ranks, env, args.steps, blocks, args.block_ms, tl)
+                else:
+                    r = launch(args.ranks, env, args.steps, blocks, args.block_ms, tl)
+                rounds[name].append(r)
             print("round {}/{} done".format(i + 1, args.rounds), file=sys.stderr)
     keys = ["small", "grouped", "mixed", "mixed_grouped", "latency"]
     results = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rounds.items()}
@@ -230,21 +353,31 @@ def main():
     print("fusion speed-up, 100 x 4 KiB..4 MiB: {:.2f}x per-tensor, {:.2f}x grouped".format(
         paired("fusion off", "fusion on", "mixed"), paired("fusion off", "fusion on", "mixed_grouped")))
 
-    def cost(key):
-        pairs = [p for r in rounds["fusion on"] for p in r[key + "_timeline"]]
+    def cost(config, key):
+        pairs = [p for r in rounds[config] for p in r[key + "_timeline"]]
         q = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
         return (statistics.median(pairs) - 1) * 100, (q[0] - 1) * 100, (q[2] - 1) * 100, len(pairs)
 
+    labels = (("small", "100 x 4 KiB per-tensor"), ("grouped", "100 x 4 KiB grouped"),
+              ("mixed", "4 KiB..4 MiB per-tensor"), ("mixed_grouped", "4 KiB..4 MiB grouped"))
     print("timeline cost (on/off - 1 over block pairs; median [quartiles], pairs) (goal < 5%):")
-    for key, label in (("small", "100 x 4 KiB per-tensor"), ("grouped", "100 x 4 KiB grouped"),
-                       ("mixed", "4 KiB..4 MiB per-tensor"), ("mixed_grouped", "4 KiB..4 MiB grouped")):
-        print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost(key)))
+    for key, label in labels:
+        print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost("fusion on", key)))
     print("single 4-byte allreduce: {:.1f} us median (goal < 100 us)".format(results["fusion on"]["latency"] * 1e6))
-    try:
-        import horovod.torch  # noqa: F401
-        print("horovod is importable, but its comparison run is not implemented in this script")
-    except ImportError:
-        print("horovod: not installed here, no comparison")
+    if not args.horovod_python:
+        print("horovod: not run (pass --horovod-python, see docs/runtime.md)")
+        return
+    print("horovod (TensorFlow API, gloo) against hvd, fusion on, median of paired rounds (hvd time / horovod time):")
+    for key, label in labels + (("latency", "4-byte allreduce"),):
+        print("  {:<26} horovod {:>9.3f} ms, hvd {:>9.3f} ms: hvd takes {:.2f}x horovod's time".format(
+            label, results["horovod fusion on"][key] * 1e3, results["fusion on"][key] * 1e3,
+            paired("fusion on", "horovod fusion on", key)))
+    print("horovod fusion speed-up, 100 x 4 KiB: {:.2f}x per-tensor, {:.2f}x grouped".format(
+        paired("horovod fusion off", "horovod fusion on", "small"),
+        paired("horovod fusion off", "horovod fusion on", "grouped")))
+    print("horovod timeline cost, measured the same way:")
+    for key, label in labels:
+        print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost("horovod fusion on", key)))
 
 
 if __name__ == "__main__":

@@ -399,6 +399,13 @@ impl<T: Transport> P2pCommunicator<T> {
         Ok(())
     }
 
+    /// Whether an allreduce of `len` bytes rides with the header (the direct eager path).
+    fn allreduce_direct(&self, len: usize) -> bool {
+        let peers = self.world.len().saturating_sub(1);
+        len <= EAGER_MAX_BYTES
+            && len.saturating_mul(peers) <= self.thresholds.allreduce_direct_bytes
+    }
+
     /// Fingerprint of the settings that pick allreduce algorithms; ranks must agree on it (header `digest`).
     fn allreduce_digest(&self) -> u64 {
         header::digest(&[
@@ -615,11 +622,9 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
         let n = self.world.len();
-        let direct = len <= EAGER_MAX_BYTES
-            && len.saturating_mul(n.saturating_sub(1)) <= self.thresholds.allreduce_direct_bytes;
         let arenas = n > 1
             && self.thresholds.allreduce_arena_ranks > 0
-            && !direct
+            && !self.allreduce_direct(len)
             && op != ReduceOp::Average
             && self.hierarchy.is_none()
             && self.transport.shared_board().is_some();
@@ -654,10 +659,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         let n = self.world.len();
         // Small messages: send the data with the header to every rank and let each reduce all contributions in
         // rank order (bitwise identical everywhere): one round trip instead of header + algorithm.
-        let direct = n > 1
-            && local.is_none()
-            && data.len() <= EAGER_MAX_BYTES
-            && data.len() * (n - 1) <= self.thresholds.allreduce_direct_bytes;
+        let direct = n > 1 && local.is_none() && self.allreduce_direct(data.len());
         if direct {
             let mut mine = std::mem::take(&mut self.eager_out);
             mine.clear();

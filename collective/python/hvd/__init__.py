@@ -529,12 +529,14 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
         old = _GROUPS.get(name)
         if old is not None:
             _release_group(old)
-        _GROUPS[name] = [params, tensors, list(map(_shape, tensors)), list(map(_dtype, tensors)), reqs, keep, None]
+        _GROUPS[name] = [params, tensors, list(map(_shape, tensors)), list(map(_dtype, tensors)), reqs, keep, None,
+                         None]
     finish = None if in_place else (lambda hid: [o if w is None else w.wrap(o) for o, w in zip(outs, wraps)])
     return _enqueue_group(reqs, n, keep, tensors, finish, in_place)
 
 
-# In-place groups of numpy arrays by name: [params, tensors, shapes, dtypes, requests, keep, library group id].
+# In-place groups of numpy arrays by name: [params, tensors, shapes, dtypes, requests, keep, library group id,
+# whether the library group goes as one handle (None: not asked yet)].
 _GROUPS = {}
 _is = operator.is_
 # The same checks, looped in C: a step of a 100-tensor group spends about 20 us on them instead of 40. Builtin
@@ -554,12 +556,15 @@ def _enqueue_prepared(entry, n, tensors):
             # A request the engine refuses: the per-call path reports it as it always does.
             return _enqueue_group(entry[4], n, entry, tensors, None, True)
         entry[6] = gid
-    hid = lib.hvd_group_submit(gid)
-    if hid > 0:
-        # Fused into one operation: one handle for the whole group.
-        return Handle(hid, entry, None, tensors)
-    if hid < 0:
-        raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+    if entry[7] is not False:
+        hid = lib.hvd_group_submit(gid)
+        if hid > 0:
+            # Fused into one operation: one handle for the whole group.
+            entry[7] = True
+            return Handle(hid, entry, None, tensors)
+        if hid < 0:
+            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+        entry[7] = False
     ids = (ctypes.c_int64 * max(n, 1))()
     if lib.hvd_group_enqueue(gid, ids) != n:
         raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
@@ -568,7 +573,7 @@ def _enqueue_prepared(entry, n, tensors):
 
 def _release_group(entry):
     gid = entry[6]
-    entry[6] = None
+    entry[6] = entry[7] = None
     if gid is not None and _lib._lib is not None:
         _lib._lib.hvd_group_release(gid)
 

@@ -4,8 +4,8 @@
 //! Each cycle: drain the submission queue; allreduce (min) one byte vector `[no-news, hit bits.., valid bits..]`;
 //! run the tensors whose cache bit every rank set (the fast path, no coordinator); if any rank has new requests,
 //! a stale cache entry, a join, a shutdown or an old stalled request, run a negotiation round through the
-//! coordinator (rank 0) and execute its response list. Execution fuses allreduces of one dtype/op/scale into the
-//! fusion buffer. See docs/runtime.md for the protocol.
+//! coordinator (rank 0) and execute its response list. Execution fuses allreduces of one dtype/op/scale into one
+//! staged allreduce over the members' memory (`fused.rs`). See docs/runtime.md for the protocol.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -61,11 +61,11 @@ fn open_timeline(path: &std::path::Path, rank: usize) -> Result<Option<Timeline>
         })
 }
 
-/// A timeline to put in place of the engine's (`None`: stop writing one), then a word back.
+/// `start_timeline` (a path and whether to mark cycles) or `stop_timeline` (`None`), for the engine thread, which
+/// closes the timeline being written first (so a new one may reuse its path), then answers.
 struct TimelineSwap {
-    timeline: Option<Timeline>,
-    mark_cycles: Option<bool>,
-    done: std::sync::mpsc::Sender<()>,
+    start: Option<(std::path::PathBuf, bool)>,
+    done: std::sync::mpsc::Sender<Result<(), EngineError>>,
 }
 
 /// A tensor's input.
@@ -75,8 +75,9 @@ pub enum Input {
     /// Caller memory, valid and unchanged until the operation completes.
     Raw(*const u8, usize),
     Owned(Vec<u8>),
-    /// The members of a group fused at submission (see [`Engine::enqueue_many`]), in order.
-    Gather(Vec<(*const u8, usize)>),
+    /// The members of a group fused at submission (see [`Engine::enqueue_many`]), in order, and whether some
+    /// member's output overlaps another member's input (see [`outputs_overlap_inputs`]).
+    Gather(Vec<(*const u8, usize)>, bool),
 }
 
 /// Where a result goes.
@@ -244,6 +245,43 @@ fn outcomes(
         .collect()
 }
 
+/// Whether some member's output (`outputs[i]`, members back to back in a fused buffer) overlaps memory that is
+/// another member's input, or its own input at another position: a transport that writes the first chunk's results
+/// before it reads the next chunk would then read results as input (e.g. one array twice in an in-place group).
+/// The members of an in-place group (output = input) do not count. Sorted by address, so checking a group of
+/// separate arrays costs a sort and a binary search per member.
+fn outputs_overlap_inputs(inputs: &[(*const u8, usize)], outputs: &[(*mut u8, usize)]) -> bool {
+    // (start address, end address, start address minus position in the fused buffer), sorted by start.
+    let mut ins = Vec::with_capacity(inputs.len());
+    let mut at = 0usize;
+    for &(p, len) in inputs {
+        let a = p as usize;
+        ins.push((a, a + len, a.wrapping_sub(at)));
+        at += len;
+    }
+    ins.sort_unstable();
+    // The largest end among the first i inputs: inputs before a position that end before an output starts are
+    // skipped at once.
+    let mut max_end = Vec::with_capacity(ins.len());
+    for (i, &(_, end, _)) in ins.iter().enumerate() {
+        max_end.push(if i == 0 { end } else { end.max(max_end[i - 1]) });
+    }
+    let mut at = 0usize;
+    for &(p, len) in outputs {
+        let (o, oe, shift) = (p as usize, p as usize + len, (p as usize).wrapping_sub(at));
+        at += len;
+        let mut i = ins.partition_point(|&(a, _, _)| a < oe);
+        while i > 0 && max_end[i - 1] > o {
+            i -= 1;
+            let (_, end, input_shift) = ins[i];
+            if end > o && input_shift != shift {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// Allreduces that a grouped submission may fuse at once: caller memory in and out, below the size that runs alone.
 fn groupable(r: &Request, max_tensor_bytes: usize) -> bool {
     r.meta.kind == OpKind::Allreduce
@@ -366,10 +404,11 @@ impl Group {
         }
         meta.shape = vec![meta.splits.iter().sum()];
         meta.splits.push(digest.0 as i64);
+        let aliased = outputs_overlap_inputs(&inputs, &outputs);
         Part {
             request: Request {
                 meta,
-                input: Input::Gather(inputs),
+                input: Input::Gather(inputs, aliased),
                 output: OutputBuffer::Scatter(outputs),
             },
             index,
@@ -389,8 +428,8 @@ struct Queue {
     /// A grouped submission arrived: start the next cycle at once (its tensors are already fused; waiting the
     /// cycle time for more would only delay them).
     urgent: bool,
-    /// `start_timeline` / `stop_timeline`, for the engine thread to apply.
-    timeline: Option<TimelineSwap>,
+    /// `start_timeline` / `stop_timeline` calls, for the engine thread to apply in order.
+    timeline: Vec<TimelineSwap>,
 }
 
 /// How long an engine with nothing to do sleeps between cycles. It cannot hold anyone up: every other rank's
@@ -781,27 +820,23 @@ impl Engine {
     }
 
     /// Starts writing a timeline to `path` (as `HVD_TIMELINE` does at start; a timeline already being written is
-    /// closed first), from the next cycle on. Returns once the engine has switched. Like Horovod's
-    /// `start_timeline`, every rank calls it; the ranks that do not write a timeline just note it.
+    /// closed first, so the same path may be given again). Returns once the engine thread has switched (between
+    /// cycles), or the error creating the file. Like Horovod's `start_timeline`, every rank calls it; the ranks
+    /// that do not write a timeline just close theirs, if any.
     pub fn start_timeline(
         &self,
         path: &std::path::Path,
         mark_cycles: bool,
     ) -> Result<(), EngineError> {
-        let timeline = open_timeline(path, self.topology.rank)?;
-        self.swap_timeline(timeline, Some(mark_cycles))
+        self.swap_timeline(Some((path.to_path_buf(), mark_cycles)))
     }
 
     /// Stops writing the timeline: once this returns, the file is complete (valid JSON, every event written).
     pub fn stop_timeline(&self) -> Result<(), EngineError> {
-        self.swap_timeline(None, None)
+        self.swap_timeline(None)
     }
 
-    fn swap_timeline(
-        &self,
-        timeline: Option<Timeline>,
-        mark_cycles: Option<bool>,
-    ) -> Result<(), EngineError> {
+    fn swap_timeline(&self, start: Option<(std::path::PathBuf, bool)>) -> Result<(), EngineError> {
         let (done, wait) = std::sync::mpsc::channel();
         {
             // Handles lock first, queue second, as `submit`: a stopping engine either sees this or has stopped.
@@ -809,17 +844,17 @@ impl Engine {
             if let Some(reason) = &h.stopped {
                 return Err(EngineError::Stopped(reason.clone()));
             }
-            let mut q = lock(&self.shared.queue);
-            q.timeline = Some(TimelineSwap {
-                timeline,
-                mark_cycles,
-                done,
-            });
+            lock(&self.shared.queue)
+                .timeline
+                .push(TimelineSwap { start, done });
         }
         self.shared.queue_cv.notify_one();
         // The engine answers, or drops the request when it stops.
-        wait.recv()
-            .map_err(|_| EngineError::Stopped(self.stopped().unwrap_or_else(|| "stopped".into())))
+        wait.recv().unwrap_or_else(|_| {
+            Err(EngineError::Stopped(
+                self.stopped().unwrap_or_else(|| "stopped".into()),
+            ))
+        })
     }
 
     /// Why the engine stopped, if it has.
@@ -850,7 +885,7 @@ fn validate(request: &mut Request, size: usize) -> Result<(), EngineError> {
         Input::None => 0,
         Input::Raw(_, n) => *n,
         Input::Owned(v) => v.len(),
-        Input::Gather(parts) => parts.iter().map(|(_, n)| n).sum(),
+        Input::Gather(parts, _) => parts.iter().map(|(_, n)| n).sum(),
     };
     if !m.splits.is_empty() && m.kind != OpKind::Alltoall {
         return bad(format!("splits apply to alltoall, not {}", m.kind.name()));
@@ -1006,10 +1041,10 @@ impl Worker {
         let mut q = lock(&self.shared.queue);
         q.idle = idle;
         loop {
-            if let Some(swap) = q.timeline.take() {
+            if !q.timeline.is_empty() {
                 // Applied at once, not in a cycle: an idle engine must not start a collective for it.
                 drop(q);
-                self.swap_timeline(swap);
+                self.apply_timeline_swaps();
                 q = lock(&self.shared.queue);
                 continue;
             }
@@ -1046,11 +1081,12 @@ impl Worker {
         // taken here, so none is left pending forever.
         let mut h = lock(&self.shared.handles);
         h.stopped = Some(reason.to_string());
-        let (queued, swap) = {
+        // Swaps still queued are dropped with the queue lock: their callers hear that the engine stopped.
+        let queued = {
             let mut q = lock(&self.shared.queue);
-            (std::mem::take(&mut q.items), q.timeline.take())
+            q.timeline.clear();
+            std::mem::take(&mut q.items)
         };
-        drop(swap); // its caller hears that the engine stopped
         let err = EngineError::Stopped(reason.to_string());
         for s in queued {
             for handle in s.handles() {
@@ -1090,25 +1126,34 @@ impl Worker {
         }
     }
 
-    /// Puts a new timeline (or none) in place of the current one, which is closed (written out). Operations in
-    /// flight keep their lanes.
-    fn swap_timeline(&mut self, swap: TimelineSwap) {
-        let TimelineSwap {
-            mut timeline,
-            mark_cycles,
-            done,
-        } = swap;
-        if let Some(mut old) = self.timeline.take() {
-            if let Some(new) = &mut timeline {
-                new.adopt_lanes(&old, self.pending.values().map(|p| p.lane));
+    /// Applies the queued `start_timeline` / `stop_timeline` calls in order: the timeline being written is closed
+    /// (this thread waits until its writer has written everything), then the new one, if any, is created, and the
+    /// caller hears the outcome. Operations in flight get lanes in the new timeline (phases that began in the old
+    /// one end there without a trace in the new).
+    fn apply_timeline_swaps(&mut self) {
+        let swaps = std::mem::take(&mut lock(&self.shared.queue).timeline);
+        for TimelineSwap { start, done } in swaps {
+            if let Some(mut old) = self.timeline.take() {
+                old.close();
             }
-            old.close();
+            let result = match start {
+                Some((path, mark_cycles)) => {
+                    open_timeline(&path, self.topology.rank).map(|timeline| {
+                        self.timeline = timeline;
+                        self.config.timeline_mark_cycles = mark_cycles;
+                    })
+                }
+                None => Ok(()),
+            };
+            let names: Vec<String> = self.pending.keys().cloned().collect();
+            for name in names {
+                let lane = self.lane(&name);
+                if let Some(p) = self.pending.get_mut(&name) {
+                    p.lane = lane;
+                }
+            }
+            let _ = done.send(result);
         }
-        self.timeline = timeline;
-        if let Some(m) = mark_cycles {
-            self.config.timeline_mark_cycles = m;
-        }
-        let _ = done.send(());
     }
 
     /// A tensor's timeline lane. Operations the engine named (`<kind>.noname.<n>`, e.g. every `hvd.barrier()`)
@@ -1124,12 +1169,16 @@ impl Worker {
     }
 
     fn drain(&mut self) {
-        let (items, shutdown, swap) = {
+        let (items, shutdown, swaps) = {
             let mut q = lock(&self.shared.queue);
-            (std::mem::take(&mut q.items), q.shutdown, q.timeline.take())
+            (
+                std::mem::take(&mut q.items),
+                q.shutdown,
+                !q.timeline.is_empty(),
+            )
         };
-        if let Some(swap) = swap {
-            self.swap_timeline(swap);
+        if swaps {
+            self.apply_timeline_swaps();
         }
         if shutdown && !self.shutdown {
             self.shutdown = true;
@@ -1428,7 +1477,7 @@ impl Worker {
         let mut open: Vec<(usize, usize)> = Vec::new(); // (index in work, bytes so far)
         for r in responses {
             match r {
-                // A group fused at submission (`splits` set) always goes through the fusion buffer.
+                // A group fused at submission (`splits` set) always runs fused (staged over its members).
                 Response::Execute { meta, .. }
                     if meta.kind == OpKind::Allreduce
                         && (threshold > 0 && meta.bytes() < self.fusion_max_tensor_bytes
@@ -1521,6 +1570,7 @@ impl Worker {
         // (`FusedIo`); results the engine owns get their buffers here.
         let mut owned: Vec<Option<Vec<u8>>> = vec![None; metas.len()];
         let mut io = FusedIo::new(first.dtype, reduction, post);
+        let mut snapshot = false;
         for (m, slot) in metas.iter().zip(owned.iter_mut()) {
             let n = m.bytes();
             let Some(p) = self.pending.get(&m.name) else {
@@ -1530,10 +1580,11 @@ impl Worker {
                 continue;
             };
             match &p.request.input {
-                Input::Gather(parts) => {
+                Input::Gather(parts, aliased) => {
                     for &(ptr, len) in parts {
                         io.input(ptr, len, m.prescale);
                     }
+                    snapshot |= *aliased;
                 }
                 input => {
                     let s = input_slice(input);
@@ -1552,6 +1603,9 @@ impl Worker {
                     io.output(buf.as_mut_ptr(), n);
                 }
             }
+        }
+        if snapshot {
+            io.snapshot_inputs();
         }
         if let Some(t) = &mut self.timeline {
             io.phases(t, lanes.clone(), activity);
@@ -1760,7 +1814,7 @@ fn take_meta(m: &mut RequestMeta) -> RequestMeta {
 /// A single buffer's input (a fused group's `Gather` is copied piece by piece in `run_fused` instead).
 fn input_slice(input: &Input) -> &[u8] {
     match input {
-        Input::None | Input::Gather(_) => &[],
+        Input::None | Input::Gather(..) => &[],
         // SAFETY: the submitter guarantees `len` readable bytes until the operation completes.
         Input::Raw(ptr, len) => unsafe { std::slice::from_raw_parts(*ptr, *len) },
         Input::Owned(v) => v,
@@ -1780,5 +1834,42 @@ fn negotiate_name(kind: OpKind) -> &'static str {
         OpKind::Reducescatter => "NEGOTIATE_REDUCESCATTER",
         OpKind::Barrier => "NEGOTIATE_BARRIER",
         OpKind::Join => "NEGOTIATE_JOIN",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outputs_overlap_inputs;
+
+    #[test]
+    fn outputs_overlapping_other_members_inputs_are_found() {
+        let mut mem = vec![0u8; 64];
+        let base = mem.as_mut_ptr();
+        let at = |i: usize| base.wrapping_add(i);
+        let ins = |v: &[(usize, usize)]| {
+            v.iter()
+                .map(|&(o, n)| (at(o).cast_const(), n))
+                .collect::<Vec<_>>()
+        };
+        let outs = |v: &[(usize, usize)]| v.iter().map(|&(o, n)| (at(o), n)).collect::<Vec<_>>();
+        // Separate arrays, in place (members listed out of address order).
+        let g = [(16, 8), (0, 8), (40, 4)];
+        assert!(!outputs_overlap_inputs(&ins(&g), &outs(&g)));
+        // Out of place, the same input twice: inputs are only read.
+        assert!(!outputs_overlap_inputs(
+            &ins(&[(0, 8), (0, 8)]),
+            &outs(&[(16, 8), (24, 8)])
+        ));
+        // One array twice in place.
+        let g = [(0, 8), (16, 8), (0, 8)];
+        assert!(outputs_overlap_inputs(&ins(&g), &outs(&g)));
+        // A member's output overlapping the next member's input.
+        assert!(outputs_overlap_inputs(
+            &ins(&[(0, 8), (8, 8)]),
+            &outs(&[(4, 8), (32, 8)])
+        ));
+        // Its own input, shifted.
+        assert!(outputs_overlap_inputs(&ins(&[(0, 8)]), &outs(&[(4, 8)])));
+        assert!(!outputs_overlap_inputs(&[], &[]));
     }
 }

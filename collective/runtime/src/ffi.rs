@@ -8,6 +8,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
+use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -119,15 +120,14 @@ pub unsafe extern "C" fn hvd_start_timeline(path: *const c_char, mark_cycles: i3
         if path.is_null() {
             return Err("the timeline path is a null pointer".into());
         }
-        // SAFETY: a NUL-terminated string per the contract.
-        let text = unsafe { CStr::from_ptr(path) }
-            .to_string_lossy()
-            .into_owned();
-        if text.is_empty() {
+        // SAFETY: a NUL-terminated string per the contract. Paths are bytes (any encoding), as the OS takes them.
+        let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+        if bytes.is_empty() {
             return Err("the timeline path is empty".into());
         }
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
         engine()?
-            .start_timeline(std::path::Path::new(&text), mark_cycles != 0)
+            .start_timeline(path, mark_cycles != 0)
             .map_err(|e| e.to_string())?;
         Ok(0)
     })
@@ -464,6 +464,16 @@ pub unsafe extern "C" fn hvd_group_prepare(requests: *const HvdRequest, n: i32) 
     })
 }
 
+/// The prepared group `group` among `groups`.
+fn prepared(
+    groups: &Option<HashMap<i64, PreparedGroup>>,
+    group: i64,
+) -> Result<&PreparedGroup, String> {
+    groups.as_ref().and_then(|m| m.get(&group)).ok_or_else(|| {
+        format!("unknown tensor group {group} (released, or prepared before a shutdown)")
+    })
+}
+
 /// Submits a prepared group: writes its handles (one per request, in order) to `handles` and returns how many,
 /// or -1 (an unknown group, or the engine stopped). Wait for them like those of `hvd_enqueue_many`.
 ///
@@ -474,11 +484,7 @@ pub unsafe extern "C" fn hvd_group_enqueue(group: i64, handles: *mut i64) -> i32
     guard(-1, || {
         let e = engine()?;
         let groups = lock(&GROUPS);
-        let Some(g) = groups.as_ref().and_then(|m| m.get(&group)) else {
-            return Err(format!(
-                "unknown tensor group {group} (released, or prepared before a shutdown)"
-            ));
-        };
+        let g = prepared(&groups, group)?;
         if !g.is_empty() && handles.is_null() {
             return Err("handles is a null pointer".into());
         }
@@ -499,11 +505,7 @@ pub extern "C" fn hvd_group_submit(group: i64) -> i64 {
     guard(-1, || {
         let e = engine()?;
         let groups = lock(&GROUPS);
-        let Some(g) = groups.as_ref().and_then(|m| m.get(&group)) else {
-            return Err(format!(
-                "unknown tensor group {group} (released, or prepared before a shutdown)"
-            ));
-        };
+        let g = prepared(&groups, group)?;
         Ok(e.enqueue_prepared_whole(g)
             .map_err(|e| e.to_string())?
             .map_or(0, |h| h as i64))

@@ -59,6 +59,8 @@ pub(crate) struct FusedIo<'a> {
     op: ReduceOp,
     postscale: f64,
     phases: Option<Phases<'a>>,
+    /// The input read up front ([`snapshot_inputs`](Self::snapshot_inputs)), when results may overwrite it.
+    snapshot: Vec<u8>,
 }
 
 // The pieces' pointers are caller memory that the engine thread alone touches while the operation is pending.
@@ -73,6 +75,7 @@ impl<'a> FusedIo<'a> {
             op,
             postscale,
             phases: None,
+            snapshot: Vec::new(),
         }
     }
 
@@ -104,10 +107,42 @@ impl<'a> FusedIo<'a> {
         self.output_end += len;
     }
 
+    /// Reads the whole input now (prescaled) into a buffer of its own and serves reads from there: for members
+    /// whose outputs overlap other members' inputs, which a transport that writes chunk c before it reads chunk
+    /// c + 1 would otherwise read back already reduced.
+    pub(crate) fn snapshot_inputs(&mut self) {
+        let mut copy = vec![0u8; self.input_end];
+        self.copy_in(0, &mut copy);
+        self.snapshot = copy;
+        self.inputs = vec![Piece {
+            at: 0,
+            ptr: self.snapshot.as_mut_ptr(),
+            len: self.input_end,
+            factor: 1.0,
+        }];
+        self.inputs.retain(|p| p.len > 0);
+    }
+
+    fn copy_in(&self, offset: usize, dst: &mut [u8]) {
+        for (piece, inner, outer) in Self::overlaps(&self.inputs, offset, dst.len()) {
+            let d = &mut dst[outer];
+            if piece.ptr.is_null() {
+                fill_identity(d, self.dtype, self.op);
+                continue;
+            }
+            // SAFETY: the piece is `len` readable bytes of caller memory (or of the snapshot), valid until the
+            // operation completes.
+            let src =
+                unsafe { std::slice::from_raw_parts(piece.ptr.add(inner.start), inner.len()) };
+            d.copy_from_slice(src);
+            scale(d, self.dtype, piece.factor);
+        }
+    }
+
     /// Marks the phases on `lanes` as the transport reads and writes: `MEMCPY_IN_FUSION_BUFFER` is open when
     /// this is called and lasts until the last byte is read, then `activity` until the first write after it, then
     /// `MEMCPY_OUT_FUSION_BUFFER` until [`finish`](Self::finish). Through one buffer these are exactly the three
-    /// steps; through several chunks (the shm arenas beyond one arena half) the earlier chunks' whole round trips
+    /// steps; through several chunks (the shm arenas beyond one arena chunk) the earlier chunks' whole round trips
     /// fall into the first phase.
     pub(crate) fn phases(&mut self, timeline: &'a mut Timeline, lanes: Lanes, activity: EventName) {
         self.phases = Some(Phases {
@@ -147,18 +182,7 @@ impl<'a> FusedIo<'a> {
 
 impl Staged for FusedIo<'_> {
     fn read(&mut self, offset: usize, dst: &mut [u8]) {
-        for (piece, inner, outer) in Self::overlaps(&self.inputs, offset, dst.len()) {
-            let d = &mut dst[outer];
-            if piece.ptr.is_null() {
-                fill_identity(d, self.dtype, self.op);
-                continue;
-            }
-            // SAFETY: the piece is `len` readable bytes of caller memory, valid until the operation completes.
-            let src =
-                unsafe { std::slice::from_raw_parts(piece.ptr.add(inner.start), inner.len()) };
-            d.copy_from_slice(src);
-            scale(d, self.dtype, piece.factor);
-        }
+        self.copy_in(offset, dst);
         if offset + dst.len() == self.input_end
             && let Some(p) = &mut self.phases
             && p.state == State::Reading
@@ -219,5 +243,28 @@ mod tests {
         io.write(12, &got[12..]);
         assert_eq!(out_a, f32s(&[2.0, 4.0]));
         assert_eq!(out_c, f32s(&[60.0]));
+    }
+
+    #[test]
+    fn a_snapshot_keeps_inputs_that_earlier_results_overwrite() {
+        // One array twice in place: member 1 reads what member 0 writes.
+        let mut x = f32s(&[1.0, 2.0]);
+        let p = x.as_mut_ptr();
+        let mut io = FusedIo::new(DType::F32, ReduceOp::Sum, 1.0);
+        io.input(p, 8, 1.0);
+        io.input(p, 8, 3.0);
+        io.output(p, 8);
+        io.output(p, 8);
+        io.snapshot_inputs();
+        let mut chunk = vec![0u8; 8];
+        io.read(0, &mut chunk);
+        chunk.iter_mut().for_each(|b| *b = 0); // "reduced" to zeros, written before the next chunk is read
+        io.write(0, &chunk);
+        io.read(8, &mut chunk);
+        assert_eq!(
+            chunk,
+            f32s(&[3.0, 6.0]),
+            "member 1 read its input, not member 0's result"
+        );
     }
 }

@@ -97,10 +97,12 @@ const MAX_BATCHES_IN_FLIGHT: usize = 64;
 impl Timeline {
     /// Creates (truncates) the file and starts the writer thread.
     pub fn create(path: &Path, rank: usize) -> io::Result<Timeline> {
-        let file = fs_err::File::create(path)?;
+        let file: File = fs_err::File::create(path)?.into_parts().0;
+        // Valid JSON from the moment this returns, before the writer thread runs.
+        file.write_all_at(b"[]", 0)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let (tx, rx) = mpsc::sync_channel(MAX_BATCHES_IN_FLIGHT);
         let (back, recycled) = mpsc::channel();
-        let file: File = file.into_parts().0;
         let p = path.to_path_buf();
         let writer = std::thread::Builder::new()
             .name("hvd-timeline".into())
@@ -133,18 +135,6 @@ impl Timeline {
         self.lanes.insert(tensor.to_string(), l);
         self.pending_lanes.push((l, tensor.to_string()));
         l
-    }
-
-    /// Continues `old`'s lane numbering and takes over the lanes `in_flight` (announced again in this file), so
-    /// operations in flight across a switch of timelines stay on theirs.
-    pub fn adopt_lanes(&mut self, old: &Timeline, in_flight: impl IntoIterator<Item = u32>) {
-        self.next_lane = self.next_lane.max(old.next_lane);
-        let keep: std::collections::HashSet<u32> = in_flight.into_iter().collect();
-        for (name, lane) in old.lanes.iter().filter(|(_, l)| keep.contains(l)) {
-            if self.lanes.insert(name.clone(), *lane).is_none() {
-                self.pending_lanes.push((*lane, name.clone()));
-            }
-        }
     }
 
     pub fn record(&mut self, phase: Phase, name: EventName, lane: u32, ts_us: u64) {
@@ -243,11 +233,11 @@ fn lower_priority() {
 }
 
 /// The start of a complete event for each distinct phase name, `,\n{"name":"X","ph":"X","pid":P,"tid":`, rendered
-/// once: the writer's hot loop then copies it and writes three numbers. Names are looked up by address and
-/// length (the table holds every name it has seen, so a shared one's memory cannot be reused for another), then,
-/// for a name at a new address, by content.
+/// once: the writer's hot loop then copies it and writes three numbers. Names are looked up by address and length:
+/// the table holds every name string it has seen (so a shared one's memory cannot be reused for another name), and
+/// a name seen again at another address becomes one more key for the same prefix.
 struct Prefixes {
-    names: Vec<(EventName, (usize, usize))>,
+    keys: Vec<(EventName, (usize, usize), u32)>,
     rendered: Vec<Vec<u8>>,
     pid: String,
 }
@@ -256,24 +246,33 @@ impl Prefixes {
     fn index(&mut self, name: &EventName) -> u32 {
         let s = name.as_str();
         let key = (s.as_ptr() as usize, s.len());
-        if let Some(i) = self.names.iter().position(|(_, k)| *k == key) {
-            return i as u32;
+        if let Some((_, _, i)) = self.keys.iter().find(|(_, k, _)| *k == key) {
+            return *i;
         }
-        if let Some(i) = self.names.iter().position(|(n, _)| n.as_str() == s) {
-            // The same name again at another address (a new shared string): remember this one instead.
-            self.names[i] = (name.clone(), key);
-            return i as u32;
-        }
-        let mut r = Vec::new();
-        r.extend_from_slice(b",\n");
-        r.extend_from_slice(br#"{"name":"#);
-        r.extend_from_slice(json_string(s).as_bytes());
-        r.extend_from_slice(br#","ph":"X","pid":"#);
-        r.extend_from_slice(self.pid.as_bytes());
-        r.extend_from_slice(br#","tid":"#);
-        self.names.push((name.clone(), key));
-        self.rendered.push(r);
-        (self.rendered.len() - 1) as u32
+        let i = match self.keys.iter().find(|(n, _, _)| n.as_str() == s) {
+            Some((_, _, i)) => *i,
+            None => {
+                let mut r = Vec::new();
+                r.extend_from_slice(b",\n");
+                r.extend_from_slice(br#"{"name":"#);
+                r.extend_from_slice(json_string(s).as_bytes());
+                r.extend_from_slice(br#","ph":"X","pid":"#);
+                r.extend_from_slice(self.pid.as_bytes());
+                r.extend_from_slice(br#","tid":"#);
+                self.rendered.push(r);
+                (self.rendered.len() - 1) as u32
+            }
+        };
+        self.keys.push((name.clone(), key, i));
+        i
+    }
+
+    /// The name of prefix `i`.
+    fn name(&self, i: u32) -> &str {
+        self.keys
+            .iter()
+            .find(|(_, _, j)| *j == i)
+            .map_or("", |(n, _, _)| n.as_str())
     }
 }
 
@@ -301,7 +300,6 @@ fn write_loop(
         first = false;
         Ok(())
     };
-    file.write_all_at(b"[]", 0).map_err(with_path)?;
     let mut text: Vec<u8> = Vec::new();
     text.extend_from_slice(
         format!(
@@ -318,7 +316,7 @@ fn write_loop(
     // Lanes are small dense integers: a vector indexed by lane; a phase is its name's prefix and its start.
     let mut open: Vec<Vec<(u32, u64)>> = Vec::new();
     let mut prefixes = Prefixes {
-        names: Vec::new(),
+        keys: Vec::new(),
         rendered: Vec::new(),
         pid: rank.to_string(),
     };
@@ -398,7 +396,7 @@ fn write_loop(
             let _ = write!(
                 text,
                 r#"{{"name":{},"ph":"B","pid":{rank},"tid":{lane},"ts":{start}}}"#,
-                json_string(prefixes.names[name as usize].0.as_str())
+                json_string(prefixes.name(name))
             );
         }
     }

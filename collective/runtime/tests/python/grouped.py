@@ -60,13 +60,25 @@ for postscale in (1.0, 2.0):
     check(grads[1], np.full(7, total * postscale, np.float64), "replaced")
     check(grads[2], np.full(1024, total * int(postscale), np.int32), "dtype changed")
 
-# A fused group larger than a shared-memory arena half (the transport reads and writes the members piece by piece,
-# chunk by chunk), with both scale factors, out of place.
+# A fused group of 480 KB (on 3 ranks more than one shared-memory arena chunk: the transport reads and writes the
+# members piece by piece, chunk by chunk), with both scale factors, out of place.
 big = [np.arange(3000, dtype=np.float32) % 7 + r + i for i in range(40)]
 outs = hvd.grouped_allreduce(big, op=hvd.Sum, name="big", prescale_factor=0.5, postscale_factor=4.0)
 for i, o in enumerate(outs):
     check(o, ((np.arange(3000, dtype=np.float32) % 7 + i) * n + total) * 2, "big {}".format(i))
     check(big[i], np.arange(3000, dtype=np.float32) % 7 + r + i, "big input {} untouched".format(i))
+
+# One array twice in an in-place group larger than an arena chunk on every rank count, fused: both members are
+# reduced from the array as it was (a transport writing the first chunk's results before reading the second must
+# not feed the first member's result to the second). Unfused they are two in-place allreduces of one array, one
+# after the other.
+x = np.full(1024, float(r + 1), np.float32)
+fill = [np.ones(1024, np.float32) for _ in range(140)]
+hvd.grouped_allreduce_([x] + fill + [x], op=hvd.Sum, name="alias")
+once = float(sum(k + 1 for k in range(n)))
+check(x, np.full(1024, once if os.environ.get("HVD_FUSION_THRESHOLD") != "0" else once * n, np.float32),
+      "one array twice in place")
+check(fill[0], np.full(1024, float(n), np.float32), "its neighbours")
 
 # Out of place, every kind of input in one group; the inputs stay untouched.
 base = np.arange(24, dtype=np.float64).reshape(4, 6)
