@@ -797,9 +797,10 @@ impl ShmTransport {
         }
     }
 
-    /// Allreduce through the ranks' arenas, chunk by chunk: every rank reads its chunk from `io` into its arena;
-    /// once all have, rank `r` reduces block `r` of the chunk from every arena into its own arena's block; once all
-    /// have, every rank writes every block to `io` straight out of the arena that holds it. Two waits per chunk
+    /// Allreduce through the ranks' arenas, chunk by chunk: every rank reads the other ranks' blocks of its chunk
+    /// from `io` into its arena; once all have, rank `r` reads its own block into its arena, reduces the others'
+    /// deposits of block `r` into it and writes it out, all in one pass while it is in cache; once all have, every
+    /// rank writes the other blocks to `io` straight out of the arenas that hold them. Two waits per chunk
     /// whatever the rank count, and less memory traffic per rank than a ring with three ranks or more; with `io`
     /// in the caller's tensors (a fused group) no fusion buffer is needed at all. Chunks alternate between the
     /// arenas' halves: a rank deposits chunk `c + 2` only after every rank deposited chunk `c + 1`, which each did
@@ -827,8 +828,15 @@ impl ShmTransport {
             }
             let number = self.arena_steps / 2;
             let mine = self.seg.arena(me, number);
-            // SAFETY: this rank's arena half holds `per_chunk` bytes and nobody reads it now (see above).
-            io.read(at, unsafe { std::slice::from_raw_parts_mut(mine, clen) });
+            // The other ranks' blocks of this rank's input go into its arena; its own block it reads later, right
+            // where it reduces it.
+            for r in (0..n).filter(|r| *r != me) {
+                let b = offsets[r]..offsets[r + 1];
+                // SAFETY: this rank's arena half holds `per_chunk` bytes and nobody reads it now (see above).
+                io.read(at + b.start, unsafe {
+                    std::slice::from_raw_parts_mut(mine.add(b.start), b.len())
+                });
+            }
             self.arena_steps += 1;
             let deposited = self.arena_steps;
             self.publish(self.seg.arena_progress(me), deposited);
@@ -839,6 +847,8 @@ impl ShmTransport {
             // SAFETY: block `me` of this rank's arena is read by the others only after the publish below; they read
             // only their own blocks of it until then.
             let own = unsafe { std::slice::from_raw_parts_mut(mine.add(block.start), block.len()) };
+            // Read, reduced and written out in one pass while it is in cache.
+            io.read(at + block.start, own);
             for r in (0..n).filter(|r| *r != me) {
                 // SAFETY: rank r published its deposit (Acquire above) and leaves it alone until every rank has
                 // deposited the next chunk.
@@ -850,15 +860,16 @@ impl ShmTransport {
                 };
                 reduce_into(own, theirs, dtype, op);
             }
+            io.write(at + block.start, own);
             self.arena_steps += 1;
             let reduced = self.arena_steps;
             self.publish(self.seg.arena_progress(me), reduced);
             self.wait_ranks("allreduce", timeout, |t, r| {
                 t.seg.arena_progress(r).load(Ordering::Acquire) >= reduced
             })?;
-            for r in 0..n {
+            for r in (0..n).filter(|r| *r != me) {
                 let b = offsets[r]..offsets[r + 1];
-                // SAFETY: rank r published its reduced block (Acquire above, or this rank's own).
+                // SAFETY: rank r published its reduced block (Acquire above).
                 let theirs = unsafe {
                     std::slice::from_raw_parts(self.seg.arena(r, number).add(b.start), b.len())
                 };
