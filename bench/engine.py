@@ -12,7 +12,7 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
   of the block is written within it), in ABBA order; the median and quartiles of the on/off ratios;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
-Usage: bench/engine.py [--ranks N] [--steps S (default 50)] [--rounds R] [--blocks B (default 4)] [--block-ms MS]
+Usage: bench/engine.py [--ranks N] [--steps S (default 50; at least half a second of steps)] [--rounds R] [--blocks B (default 4)] [--block-ms MS]
        [--library PATH] [--env KEY=VALUE ...] [--horovod-python PYTHON]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
@@ -240,7 +240,11 @@ def worker(api, steps, blocks, block_ms, timeline_dir):
     def measure(step):
         for _ in range(3):
             step()
-        times = [step() for _ in range(steps)]
+        # At least `steps` steps and about half a second of them (rank 0's estimate, shared), so that a fast step's
+        # median is not taken over a few milliseconds of a noisy machine.
+        estimate = statistics.median(step() for _ in range(5))
+        count = api.broadcast(max(steps, int(0.5 / estimate)))
+        times = [step() for _ in range(count)]
         median = statistics.median(times)
         if not timeline_dir:
             return median, []
@@ -280,6 +284,25 @@ def launch_horovod(python, ranks, env_extra, steps, blocks, block_ms, timeline_d
     raise SystemExit("the Horovod run failed ({}):\n{}".format(p.returncode, p.stdout[-3000:]))
 
 
+def cpu_times():
+    """The machine's CPU time counters (/proc/stat's first line), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def print_steal(before, after):
+    """A virtual machine's CPUs can be taken away by its host ("steal"): then every number here is slower."""
+    if before is None or after is None or len(before) < 8:
+        return
+    d = [b - a for a, b in zip(before, after)]
+    total = sum(d[:8]) or 1
+    print("cpu during the run: {:.0f}% busy, {:.1f}% stolen by the host (numbers from a run with a lot of steal "
+          "are slower and noisier)".format(100 * (total - d[3] - d[4] - d[7]) / total, 100 * d[7] / total))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
@@ -310,6 +333,7 @@ def main():
     extra = dict(e.split("=", 1) for e in args.env)
     if extra:
         print("extra environment: {}".format(extra))
+    cpu_before = cpu_times()
     with tempfile.TemporaryDirectory() as tmp:
         configs = {
             "fusion on": dict(extra),
@@ -335,6 +359,7 @@ def main():
                     r = launch(args.ranks, env, args.steps, blocks, args.block_ms, tl)
                 rounds[name].append(r)
             print("round {}/{} done".format(i + 1, args.rounds), file=sys.stderr)
+    print_steal(cpu_before, cpu_times())
     keys = ["small", "grouped", "mixed", "mixed_grouped", "latency"]
     results = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rounds.items()}
 
