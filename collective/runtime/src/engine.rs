@@ -1539,9 +1539,7 @@ impl Worker {
     /// One timeline event for every lane of a group (one push, whatever the group's size).
     fn mark(&mut self, lanes: &Lanes, phase: Phase, name: Option<EventName>) {
         if let Some(t) = &mut self.timeline {
-            let ts = t.now_us();
-            let name = name.unwrap_or(EventName::Static(""));
-            t.record_lanes(phase, name, lanes.clone(), ts);
+            t.mark(phase, name.unwrap_or(EventName::Static("")), lanes);
         }
     }
 

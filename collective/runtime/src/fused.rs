@@ -35,15 +35,10 @@ struct Phases<'a> {
 }
 
 impl Phases<'_> {
-    fn mark(&mut self, phase: Phase, name: EventName) {
-        let ts = self.timeline.now_us();
-        self.timeline
-            .record_lanes(phase, name, self.lanes.clone(), ts);
-    }
-
     fn enter(&mut self, state: State, name: EventName) {
-        self.mark(Phase::End, EventName::Static(""));
-        self.mark(Phase::Begin, name);
+        self.timeline
+            .mark(Phase::End, EventName::Static(""), &self.lanes);
+        self.timeline.mark(Phase::Begin, name, &self.lanes);
         self.state = state;
     }
 }
@@ -156,7 +151,7 @@ impl<'a> FusedIo<'a> {
     /// Ends the open phase.
     pub(crate) fn finish(mut self) {
         if let Some(p) = &mut self.phases {
-            p.mark(Phase::End, EventName::Static(""));
+            p.timeline.mark(Phase::End, EventName::Static(""), &p.lanes);
         }
     }
 

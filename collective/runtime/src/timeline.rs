@@ -137,6 +137,12 @@ impl Timeline {
         l
     }
 
+    /// Records `phase` on every lane of `lanes`, now.
+    pub fn mark(&mut self, phase: Phase, name: EventName, lanes: &Lanes) {
+        let ts = self.now_us();
+        self.record_lanes(phase, name, lanes.clone(), ts);
+    }
+
     pub fn record(&mut self, phase: Phase, name: EventName, lane: u32, ts_us: u64) {
         self.record_lanes(phase, name, Lanes::One(lane), ts_us);
     }
