@@ -9,7 +9,8 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
   one synchronize per step): fusion on (HVD_FUSION_THRESHOLD default) vs off (0);
 - the timeline's cost: inside the fusion-on runs, blocks of steps (about 200 ms each) with the timeline off and on
   (hvd.start_timeline before the block, hvd.stop_timeline after it, both inside the timed block, so every event
-  of the block is written within it), in ABBA order; the median and quartiles of the on/off ratios;
+  of the block is written within it; a new file per block, the previous one deleted untimed), in ABBA order; the
+  median and quartiles of the on/off ratios;
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
 Usage: bench/engine.py [--ranks N] [--steps S (default 50; at least half a second of steps)] [--rounds R] [--blocks B (default 4)] [--block-ms MS]
@@ -22,6 +23,7 @@ the ratios to Horovod are printed too.
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -210,6 +212,8 @@ class HorovodApi:
 
 
 def worker(api, steps, blocks, block_ms, timeline_dir):
+    block_ids = itertools.count()
+    written = []
     small = api.tensors([1024] * 100)
     mixed = api.tensors([int(1024 * (1024 ** (i / 99))) for i in range(100)])  # 4 KiB .. 4 MiB of float32
 
@@ -217,11 +221,22 @@ def worker(api, steps, blocks, block_ms, timeline_dir):
         """Blocks of k steps with the timeline off and on (started before the block and stopped after it, both
         timed: stopping waits until the writer has written every event of the block), in ABBA order; the ratio
         on/off of each pair."""
-        path = os.path.join(timeline_dir, "timeline.json")
         ratios = []
         for b in range(blocks):
             took = {}
             for on in ((False, True) if b % 2 == 0 else (True, False)):
+                # A new file for every block, the previous one deleted before the clock starts: starting a timeline
+                # on the path of a big one would truncate it inside the timed block, and ext4 writes a truncated
+                # file's data back first (milliseconds, once per start, not per step).
+                # (Rank 0 writes the timelines; its stop_timeline returns once the file is complete.)
+                path = os.path.join(timeline_dir, "timeline-{}.json".format(next(block_ids)))
+                if api.rank == 0:
+                    while written:
+                        try:
+                            os.unlink(written.pop())
+                        except FileNotFoundError:
+                            pass
+                    written.append(path)
                 step()  # a step that lines the ranks up (each begins with a barrier), untimed
                 extra = 0.0
                 if on:
