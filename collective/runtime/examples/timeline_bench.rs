@@ -4,6 +4,9 @@
 //! total.
 //!
 //! `cargo run --release -p hvd-runtime --example timeline_bench [events, default 2000000]`
+//!
+//! The third pattern is the benchmark's per-tensor step as the engine records it: each tensor's negotiation and
+//! its start on its own lane, then the fused operation's phases once for all 100 lanes (6 written events per tensor).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,9 +19,10 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(2_000_000);
     let dir = tempfile::tempdir().expect("a temporary directory");
-    for (label, fused) in [
-        ("one lane per event", false),
-        ("fused group of 100 lanes", true),
+    for (label, mode) in [
+        ("one lane per event", Mode::OneLane),
+        ("fused group of 100 lanes", Mode::Fused),
+        ("per-tensor step (100 tensors fused by the engine)", Mode::PerTensor),
     ] {
         let path = dir.path().join("timeline.json");
         let mut t = Timeline::create(&path, 0).expect("create the timeline");
@@ -35,6 +39,12 @@ fn main() {
         let mut written = 0u64;
         let mut step = 0usize;
         while written < target {
+            if mode == Mode::PerTensor {
+                written += per_tensor_step(&mut t, &lanes, &group, &phases);
+                t.maybe_send();
+                continue;
+            }
+            let fused = mode == Mode::Fused;
             let l = if fused {
                 group.clone()
             } else {
@@ -62,4 +72,33 @@ fn main() {
             total.as_nanos() as f64 / written as f64,
         );
     }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    OneLane,
+    Fused,
+    PerTensor,
+}
+
+/// One step of 100 tensors submitted one by one and fused by the engine; returns the events it writes.
+fn per_tensor_step(t: &mut Timeline, lanes: &[u32], group: &Lanes, phases: &[EventName; 4]) -> u64 {
+    let ts = t.now_us();
+    for (i, &lane) in lanes.iter().enumerate() {
+        t.record(Phase::Begin, EventName::Static("NEGOTIATE_ALLREDUCE"), lane, ts + i as u64);
+    }
+    let ready = t.now_us() + 100;
+    for &lane in lanes {
+        t.record(Phase::End, EventName::Static(""), lane, ready);
+        t.record(Phase::Begin, EventName::Static("ALLREDUCE"), lane, ready);
+        t.record(Phase::Begin, phases[0].clone(), lane, ready);
+    }
+    t.record_lanes(Phase::End, EventName::Static(""), group.clone(), ready + 5);
+    for (k, name) in phases[1..].iter().enumerate() {
+        let at = ready + 10 * (k as u64 + 1);
+        t.record_lanes(Phase::Begin, name.clone(), group.clone(), at);
+        t.record_lanes(Phase::End, EventName::Static(""), group.clone(), at + 7);
+    }
+    t.record_lanes(Phase::End, EventName::Static(""), group.clone(), ready + 50);
+    6 * lanes.len() as u64
 }

@@ -321,6 +321,7 @@ fn write_loop(
     // closes are written as `B` events.
     // Lanes are small dense integers: a vector indexed by lane; a phase is its name's prefix and its start.
     let mut open: Vec<Vec<(u32, u64)>> = Vec::new();
+    let mut tail = Tail::default();
     let mut prefixes = Prefixes {
         keys: Vec::new(),
         rendered: Vec::new(),
@@ -365,8 +366,7 @@ fn write_loop(
                                     &mut text,
                                     &prefixes.rendered[name as usize],
                                     lane,
-                                    start,
-                                    e.ts_us.saturating_sub(start),
+                                    tail.of(start, e.ts_us.saturating_sub(start)),
                                 );
                             }
                         }
@@ -412,27 +412,38 @@ fn write_loop(
     Ok(())
 }
 
-/// Appends one complete event: `prefix` (a separator and the name, see [`Prefixes`]), then
-/// `lane,"ts":start,"dur":dur}`.
-/// The writer's innermost work, once per phase and lane: one copy of the prefix and the numbers written in place.
-fn push_complete(text: &mut Vec<u8>, prefix: &[u8], lane: u32, start: u64, dur: u64) {
-    const TS: &[u8] = br#","ts":"#;
-    const DUR: &[u8] = br#","dur":"#;
-    let mut tail = [0u8; 2 + 20 + TS.len() + 20 + DUR.len() + 20 + 1];
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        tail[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
-    };
+/// Appends one complete event: `prefix` (a separator and the name, see [`Prefixes`]), the lane, then `tail` (its
+/// time and duration, see [`Tail`]). The writer's innermost work, once per phase and lane: two copies and one
+/// small number.
+fn push_complete(text: &mut Vec<u8>, prefix: &[u8], lane: u32, tail: &[u8]) {
     let mut digits = [0u8; 20];
-    put(digits_of(u64::from(lane), &mut digits));
-    put(TS);
-    put(digits_of(start, &mut digits));
-    put(DUR);
-    put(digits_of(dur, &mut digits));
-    put(b"}");
     text.extend_from_slice(prefix);
-    text.extend_from_slice(&tail[..at]);
+    text.extend_from_slice(digits_of(u64::from(lane), &mut digits));
+    text.extend_from_slice(tail);
+}
+
+/// The end of a complete event, `,"ts":start,"dur":dur}`, rendered again only when it changes: the members of a
+/// fused group share their phases' times (the engine marks them at once), so one rendering serves the whole group.
+#[derive(Default)]
+struct Tail {
+    key: Option<(u64, u64)>,
+    text: Vec<u8>,
+}
+
+impl Tail {
+    fn of(&mut self, start: u64, dur: u64) -> &[u8] {
+        if self.key != Some((start, dur)) {
+            let mut digits = [0u8; 20];
+            self.text.clear();
+            self.text.extend_from_slice(br#","ts":"#);
+            self.text.extend_from_slice(digits_of(start, &mut digits));
+            self.text.extend_from_slice(br#","dur":"#);
+            self.text.extend_from_slice(digits_of(dur, &mut digits));
+            self.text.push(b'}');
+            self.key = Some((start, dur));
+        }
+        &self.text
+    }
 }
 
 /// The decimal digits of `v`, two at a time, at the end of `buf`.
@@ -499,7 +510,12 @@ mod tests {
         let group = Lanes::Group(vec![lane, other].into());
         let copy = EventName::Static("MEMCPY_IN_FUSION_BUFFER");
         t.record_lanes(Phase::Begin, copy.clone(), group.clone(), 10);
-        t.record_lanes(Phase::End, copy, group, 15);
+        t.record_lanes(Phase::End, copy, group.clone(), 15);
+        // One group event ending phases that began at different times: each lane keeps its own start and duration
+        // (the writer renders a time only once for lanes that share it).
+        t.record(Phase::Begin, EventName::Static("QUEUE"), lane, 20);
+        t.record(Phase::Begin, EventName::Static("QUEUE"), other, 22);
+        t.record_lanes(Phase::End, EventName::Static(""), group, 30);
         t.begin(other, "QUEUE");
         t.close();
         let v: serde_json::Value =
@@ -518,6 +534,14 @@ mod tests {
                 && e["tid"] == other
                 && e["dur"] == 5)
         );
+        let queue = |tid: u32| {
+            events
+                .iter()
+                .find(|e| e["ph"] == "X" && e["name"] == "QUEUE" && e["tid"] == tid)
+                .map(|e| (e["ts"].as_u64().unwrap(), e["dur"].as_u64().unwrap()))
+        };
+        assert_eq!(queue(lane), Some((20, 10)));
+        assert_eq!(queue(other), Some((22, 8)));
         assert_eq!(count("B", "QUEUE"), 1, "open phases are written at close");
     }
 }
