@@ -5,8 +5,7 @@
 //!
 //! `cargo run --release -p hvd-runtime --example timeline_bench [events, default 2000000]`
 //!
-//! The third pattern is the benchmark's per-tensor step as the engine records it: each tensor's negotiation and
-//! its start on its own lane, then the fused operation's phases once for all 100 lanes (6 written events per tensor).
+//! The third pattern is the benchmark's per-tensor step as the engine records it (see `per_tensor_step`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +21,10 @@ fn main() {
     for (label, mode) in [
         ("one lane per event", Mode::OneLane),
         ("fused group of 100 lanes", Mode::Fused),
-        ("per-tensor step (100 tensors fused by the engine)", Mode::PerTensor),
+        (
+            "per-tensor step (100 tensors fused by the engine)",
+            Mode::PerTensor,
+        ),
     ] {
         let path = dir.path().join("timeline.json");
         let mut t = Timeline::create(&path, 0).expect("create the timeline");
@@ -81,18 +83,28 @@ enum Mode {
     PerTensor,
 }
 
-/// One step of 100 tensors submitted one by one and fused by the engine; returns the events it writes.
+/// One step of 100 tensors submitted one by one and fused by the engine, recorded as the engine does: each batch
+/// of submissions the engine drains (ten of ten here) begins its tensors' negotiation with one event, one event
+/// moves them all to the queue, then the fused operation's phases once for all 100 lanes. Returns the events it
+/// writes (6 per tensor).
 fn per_tensor_step(t: &mut Timeline, lanes: &[u32], group: &Lanes, phases: &[EventName; 4]) -> u64 {
     let ts = t.now_us();
-    for (i, &lane) in lanes.iter().enumerate() {
-        t.record(Phase::Begin, EventName::Static("NEGOTIATE_ALLREDUCE"), lane, ts + i as u64);
+    for (i, batch) in lanes.chunks(10).enumerate() {
+        let batch = Lanes::Group(Arc::from(batch));
+        t.record_lanes(
+            Phase::Begin,
+            EventName::Static("NEGOTIATE_ALLREDUCE"),
+            batch,
+            ts + i as u64,
+        );
     }
     let ready = t.now_us() + 100;
-    for &lane in lanes {
-        t.record(Phase::End, EventName::Static(""), lane, ready);
-        t.record(Phase::Begin, EventName::Static("ALLREDUCE"), lane, ready);
-        t.record(Phase::Begin, phases[0].clone(), lane, ready);
-    }
+    t.record_lanes(
+        Phase::Execute,
+        EventName::Static("ALLREDUCE"),
+        group.clone(),
+        ready,
+    );
     t.record_lanes(Phase::End, EventName::Static(""), group.clone(), ready + 5);
     for (k, name) in phases[1..].iter().enumerate() {
         let at = ready + 10 * (k as u64 + 1);

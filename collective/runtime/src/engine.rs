@@ -1186,6 +1186,7 @@ impl Worker {
         }
         // One clock read for the whole batch: they were all drained at this moment.
         let ts = self.timeline.as_ref().map_or(0, |t| t.now_us());
+        let mut negotiating = LanesByKind::default();
         for s in items {
             let meta = &s.request.meta;
             if meta.kind == OpKind::Join {
@@ -1214,13 +1215,8 @@ impl Worker {
             }
             let name = meta.name.clone();
             let lane = self.lane(&name);
-            if let Some(t) = &mut self.timeline {
-                t.record(
-                    Phase::Begin,
-                    EventName::Static(negotiate_name(meta.kind)),
-                    lane,
-                    ts,
-                );
+            if self.timeline.is_some() {
+                negotiating.add(meta.kind, lane);
             }
             let lookup = if meta.kind.cacheable() {
                 self.cache.lookup(meta)
@@ -1246,6 +1242,16 @@ impl Worker {
                     lane,
                 },
             );
+        }
+        if let Some(t) = &mut self.timeline {
+            for (kind, lanes) in negotiating.0 {
+                t.record_lanes(
+                    Phase::Begin,
+                    EventName::Static(negotiate_name(kind)),
+                    Lanes::Group(lanes.into()),
+                    ts,
+                );
+            }
         }
     }
 
@@ -1406,18 +1412,23 @@ impl Worker {
         if responses.is_empty() {
             return Ok(());
         }
-        let ts = self.timeline.as_ref().map_or(0, |t| t.now_us());
-        for meta in responses.iter().filter_map(|r| match r {
-            Response::Execute { meta, .. } => Some(meta),
-            _ => None,
-        }) {
-            if let Some(t) = &mut self.timeline
-                && let Some(p) = self.pending.get(&meta.name)
-            {
-                let lane = p.lane;
-                t.record(Phase::End, EventName::Static(""), lane, ts);
-                t.record(Phase::Begin, EventName::Static(meta.kind.upper()), lane, ts);
-                t.record(Phase::Begin, EventName::Static("QUEUE"), lane, ts);
+        if self.timeline.is_some() {
+            // Negotiation ends and the queue begins for all of them at once: one event per kind of operation.
+            let mut executing = LanesByKind::default();
+            for meta in responses.iter().filter_map(|r| match r {
+                Response::Execute { meta, .. } => Some(meta),
+                _ => None,
+            }) {
+                if let Some(p) = self.pending.get(&meta.name) {
+                    executing.add(meta.kind, p.lane);
+                }
+            }
+            if let Some(t) = &mut self.timeline {
+                let ts = t.now_us();
+                for (kind, lanes) in executing.0 {
+                    let name = EventName::Static(kind.upper());
+                    t.record_lanes(Phase::Execute, name, Lanes::Group(lanes.into()), ts);
+                }
             }
         }
         for work in self.plan(responses) {
@@ -1821,6 +1832,20 @@ fn input_slice(input: &Input) -> &[u8] {
 
 fn fail(e: TransportError) -> String {
     format!("a collective failed: {e}")
+}
+
+/// Timeline lanes that reach one phase at one moment, by kind of operation: one event per kind instead of one per
+/// tensor (a batch of a hundred submissions costs the engine thread a push or two).
+#[derive(Default)]
+struct LanesByKind(Vec<(OpKind, Vec<u32>)>);
+
+impl LanesByKind {
+    fn add(&mut self, kind: OpKind, lane: u32) {
+        match self.0.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, lanes)) => lanes.push(lane),
+            None => self.0.push((kind, vec![lane])),
+        }
+    }
 }
 
 fn negotiate_name(kind: OpKind) -> &'static str {

@@ -20,6 +20,9 @@ pub enum Phase {
     Begin,
     End,
     Instant,
+    /// An operation leaves negotiation for execution: on each lane, ends the open phase (the negotiation), then
+    /// begins the event's name (the operation) and, inside it, `QUEUE`. One event where there would be three.
+    Execute,
 }
 
 /// One trace event on one lane (a tensor's Chrome-trace thread; 0 for engine-wide marks) or on every lane of a
@@ -343,31 +346,48 @@ fn write_loop(
                         .as_bytes(),
                     );
                 }
+                // Ends the open phase of `lane` at `ts`: written now, complete.
+                let mut end = |text: &mut Vec<u8>,
+                               open: &mut Vec<Vec<(u32, u64)>>,
+                               prefixes: &Prefixes,
+                               lane: u32,
+                               ts: u64| {
+                    if let Some((name, start)) = open.get_mut(lane as usize).and_then(|v| v.pop()) {
+                        push_complete(
+                            text,
+                            &prefixes.rendered[name as usize],
+                            lane,
+                            tail.of(start, ts.saturating_sub(start)),
+                        );
+                    }
+                };
+                let begin = |open: &mut Vec<Vec<(u32, u64)>>, lane: u32, name: u32, ts: u64| {
+                    let l = lane as usize;
+                    if open.len() <= l {
+                        open.resize_with(l + 1, Vec::new);
+                    }
+                    open[l].push((name, ts));
+                };
                 for e in events.drain(..) {
                     match e.phase {
                         Phase::Begin => {
                             let name = prefixes.index(&e.name);
                             for &lane in e.lanes.as_slice() {
-                                let l = lane as usize;
-                                if open.len() <= l {
-                                    open.resize_with(l + 1, Vec::new);
-                                }
-                                open[l].push((name, e.ts_us));
+                                begin(&mut open, lane, name, e.ts_us);
                             }
                         }
                         Phase::End => {
                             for &lane in e.lanes.as_slice() {
-                                let Some((name, start)) =
-                                    open.get_mut(lane as usize).and_then(|v| v.pop())
-                                else {
-                                    continue;
-                                };
-                                push_complete(
-                                    &mut text,
-                                    &prefixes.rendered[name as usize],
-                                    lane,
-                                    tail.of(start, e.ts_us.saturating_sub(start)),
-                                );
+                                end(&mut text, &mut open, &prefixes, lane, e.ts_us);
+                            }
+                        }
+                        Phase::Execute => {
+                            let op = prefixes.index(&e.name);
+                            let queue = prefixes.index(&EventName::Static("QUEUE"));
+                            for &lane in e.lanes.as_slice() {
+                                end(&mut text, &mut open, &prefixes, lane, e.ts_us);
+                                begin(&mut open, lane, op, e.ts_us);
+                                begin(&mut open, lane, queue, e.ts_us);
                             }
                         }
                         Phase::Instant => {
