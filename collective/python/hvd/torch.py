@@ -83,6 +83,26 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
     return _core.grouped_allreduce([_cpu(t) for t in tensors], average, name, op, prescale_factor, postscale_factor)
 
 
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return _core.grouped_allreduce_async([_cpu(t) for t in tensors], average, name, op, prescale_factor,
+                                         postscale_factor)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place grouped allreduce of contiguous CPU tensors; ``synchronize`` returns the list."""
+    for t in tensors:
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("in-place operations need contiguous CPU tensors")
+    # (Tensors that require grad cannot be exported through DLPack; their detached views share the memory.)
+    return _core.grouped_allreduce_async_([t.detach() if t.requires_grad else t for t in tensors], average, name,
+                                          op, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))
+    return tensors
+
+
 def allgather(tensor, name=None):
     return _core.allgather(_cpu(tensor), name)
 
@@ -138,9 +158,11 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 
 
 class _DistributedOptimizer:
-    """Mixed into the wrapped optimizer's class: allreduces each gradient as soon as backward produces it."""
+    """Mixed into the wrapped optimizer's class: allreduces each gradient (or each group of gradients) as soon as
+    backward produces it."""
 
-    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor):
+    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                   groups):
         self._compression = compression
         self._op = op
         self._predivide = gradient_predivide_factor
@@ -154,12 +176,16 @@ class _DistributedOptimizer:
         else:
             names = {}
         self._names = {id(p): names.get(id(p), "param.{}".format(i)) for i, p in enumerate(params)}
+        self._trainable = [p for p in params if p.requires_grad]
+        self._groups = _gradient_groups(groups, self._trainable)
+        self._group_of = {id(p): i for i, g in enumerate(self._groups) for p in g}
         self._handles = {}
+        self._group_ready = [set() for _ in self._groups]
+        self._group_handles = {}
         self._passes = {id(p): 0 for p in params}
         self._hooks = []
-        for p in params:
-            if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook()))
+        for p in self._trainable:
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook()))
 
     def _make_hook(self):
         def hook(p):
@@ -168,49 +194,141 @@ class _DistributedOptimizer:
             if self._passes[key] < self.backward_passes_per_step:
                 return
             self._passes[key] = 0
-            if key in self._handles:
+            group = self._group_of.get(key)
+            if key in self._handles or group is not None and (key in self._group_ready[group]
+                                                              or group in self._group_handles):
                 raise AssertionError(
                     "gradients were computed more than backward_passes_per_step={} times before step(); call "
                     "step() (or synchronize()) after each group of backward passes, or raise "
                     "backward_passes_per_step".format(self.backward_passes_per_step))
-            self._handles[key] = (p, self._submit(p))
+            if group is None:
+                self._handles[key] = (p, self._submit(p))
+                return
+            self._group_ready[group].add(key)
+            if len(self._group_ready[group]) == len(self._groups[group]):
+                self._submit_group(group)
         return hook
 
-    def _submit(self, p):
-        grad = p.grad.detach()
-        compressed, ctx = self._compression.compress(grad.contiguous())
+    def _scales(self):
         prescale = 1.0 / self._predivide
-        postscale = self._predivide
         if self.backward_passes_per_step > 1:
             prescale /= self.backward_passes_per_step
+        return prescale, self._predivide
+
+    def _submit(self, p):
+        compressed, ctx = self._compression.compress(p.grad.detach().contiguous())
+        prescale, postscale = self._scales()
         h = _core.allreduce_async_(compressed, None, "grad." + self._names[id(p)], self._op, prescale, postscale)
         return h, compressed, ctx
 
+    def _submit_group(self, i):
+        """One grouped allreduce for group ``i`` (fused by the engine at submission)."""
+        members = []
+        for p in self._groups[i]:
+            compressed, ctx = self._compression.compress(p.grad.detach().contiguous())
+            members.append((p, compressed, ctx))
+        prescale, postscale = self._scales()
+        h = _core.grouped_allreduce_async_([c for _, c, _ in members], None, "grad.group.{}".format(i), self._op,
+                                           prescale, postscale)
+        self._group_handles[i] = (h, members)
+
     def synchronize(self):
-        """Waits for every outstanding gradient allreduce and writes the results into ``.grad``."""
+        """Waits for every outstanding gradient allreduce and writes the results into ``.grad``.
+
+        As in Horovod, a parameter whose gradient backward did not produce on this rank since the last step (a
+        layer this rank's batch did not use) is allreduced now with a zero gradient, so every rank submits the
+        same operations instead of the others waiting for this one."""
+        for p in self._trainable:
+            key = id(p)
+            group = self._group_of.get(key)
+            if group is None and key not in self._handles:
+                _zero_grad_if_missing(p)
+                self._handles[key] = (p, self._submit(p))
+        for i, group in enumerate(self._groups):
+            if i not in self._group_handles:
+                for p in group:
+                    _zero_grad_if_missing(p)
+                self._submit_group(i)
         for key, (p, (h, compressed, ctx)) in list(self._handles.items()):
             _core.synchronize(h)
-            out = self._compression.decompress(compressed, ctx)
-            if out.data_ptr() != p.grad.data_ptr():
-                p.grad.copy_(out)
+            _write_grad(p, self._compression.decompress(compressed, ctx))
+        for h, members in self._group_handles.values():
+            _core.synchronize(h)
+            for p, compressed, ctx in members:
+                _write_grad(p, self._compression.decompress(compressed, ctx))
         self._handles.clear()
+        self._group_handles.clear()
+        for ready in self._group_ready:
+            ready.clear()
+        for key in self._passes:
+            self._passes[key] = 0
 
     def step(self, closure=None):
         self.synchronize()
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
+        if self._handles or self._group_handles:
             raise AssertionError("zero_grad() called while gradients are being allreduced; call step() first")
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+def _zero_grad_if_missing(p):
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+
+
+def _write_grad(p, out):
+    if out.data_ptr() != p.grad.data_ptr():
+        p.grad.copy_(out)
+
+
+def _gradient_groups(groups, trainable):
+    """Horovod's ``groups``: None (every gradient on its own), a number of groups (the trainable parameters in
+    order, split into that many contiguous groups of near-equal size), or a list of lists of parameters (the
+    parameters in no list go on their own)."""
+    if groups is None:
+        return []
+    if isinstance(groups, bool) or not isinstance(groups, (int, list, tuple)) or isinstance(groups, int) and groups < 1:
+        raise ValueError("groups must be a positive number of groups or a list of lists of parameters, not {!r}"
+                         .format(groups))
+    if isinstance(groups, int):
+        k = min(groups, len(trainable))
+        size, extra = divmod(len(trainable), k) if k else (0, 0)
+        out, at = [], 0
+        for i in range(k):
+            n = size + (i < extra)
+            out.append(trainable[at:at + n])
+            at += n
+        return out
+    known = {id(p) for p in trainable}
+    seen = set()
+    out = []
+    for g in groups:
+        if isinstance(g, torch.Tensor) or not isinstance(g, (list, tuple)):
+            raise ValueError("groups must be a list of lists of parameters; found {!r} in it".format(type(g)))
+        for p in g:
+            if not isinstance(p, torch.Tensor) or id(p) not in known:
+                raise ValueError("every parameter in groups must be a trainable parameter of the optimizer")
+            if id(p) in seen:
+                raise ValueError("a parameter is in more than one of groups")
+            seen.add(id(p))
+        if g:
+            out.append(list(g))
+    return out
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-                         op=Average, gradient_predivide_factor=1.0):
-    """Wraps a torch optimizer so that ``step()`` uses gradients averaged over every rank."""
+                         op=Average, gradient_predivide_factor=1.0, groups=None):
+    """Wraps a torch optimizer so that ``step()`` uses gradients averaged over every rank.
+
+    ``groups`` (as in Horovod): a number of groups, or a list of lists of parameters; the gradients of a group are
+    allreduced together once backward has produced all of them (one grouped allreduce, fused by the engine), instead
+    of one allreduce per gradient as soon as it is ready."""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                {k: v for k, v in _DistributedOptimizer.__dict__.items() if not k.startswith("__")})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor)
+    wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                       groups)
     return wrapped

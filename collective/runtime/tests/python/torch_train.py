@@ -74,9 +74,32 @@ true_w = torch.arange(1.0, 9.0)
 x = torch.randn(64, 8)
 y = (x @ true_w)[:, None] + 0.01 * torch.randn(64, 1)
 
-for compression, passes in ((hvd.Compression.none, 1), (hvd.Compression.fp16, 1), (hvd.Compression.none, 2)):
-    tag = "{}.{}".format(compression.__name__, passes)
+# In-place grouped allreduce of torch tensors.
+ga, gb = torch.full((3,), float(r)), torch.full((2, 2), 1.0, dtype=torch.float64)
+pa = ga.data_ptr()
+out = hvd.synchronize(hvd.grouped_allreduce_async_([ga, gb], op=hvd.Sum, name="grp_"))
+if ga.data_ptr() != pa or not torch.equal(ga, torch.full((3,), float(n * (n - 1) / 2))) or out[1] is not gb \
+        or not torch.equal(gb, torch.full((2, 2), float(n), dtype=torch.float64)):
+    fail("grouped_allreduce_async_: {} {}".format(ga, gb))
+
+# groups: bad values are refused with a clear error.
+probe = torch.nn.Linear(2, 1)
+for bad in (0, -1, True, "2", [probe.weight], [[torch.zeros(1)]], [[probe.weight], [probe.weight]]):
+    try:
+        hvd.DistributedOptimizer(torch.optim.SGD(probe.parameters(), lr=0.1), groups=bad)
+    except ValueError:
+        pass
+    else:
+        fail("groups={!r} was accepted".format(bad))
+
+for compression, passes, groups in ((hvd.Compression.none, 1, None), (hvd.Compression.fp16, 1, None),
+                                    (hvd.Compression.none, 2, None), (hvd.Compression.none, 1, 2),
+                                    (hvd.Compression.fp16, 2, 1), (hvd.Compression.none, 1, "list")):
+    tag = "{}.{}.{}".format(compression.__name__, passes, groups)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if groups == "list":
+        # The first layer's weight and the last layer as groups; the first layer's bias on its own.
+        groups = [[model[0].weight], [model[2].weight, model[2].bias]]
     base = torch.optim.Adam(model.parameters(), lr=0.05)
     # Give rank 0's optimizer some state that the others lack, so broadcasting it matters.
     if r == 0:
@@ -87,7 +110,7 @@ for compression, passes in ((hvd.Compression.none, 1), (hvd.Compression.fp16, 1)
     hvd.broadcast_optimizer_state(base, root_rank=0)
     assert_identical(model, tag + ".start")
     opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), compression=compression,
-                                   backward_passes_per_step=passes)
+                                   backward_passes_per_step=passes, groups=groups)
     if r != 0 and not opt.state_dict()["state"]:
         fail("broadcast_optimizer_state left rank {} without state".format(r))
     first = None
@@ -103,6 +126,25 @@ for compression, passes in ((hvd.Compression.none, 1), (hvd.Compression.fp16, 1)
     before, after = hvd.allreduce(torch.tensor([first, loss.item()], dtype=torch.float64), name="loss." + tag)
     if not after < before:
         fail("{}: the mean loss over ranks did not decrease ({} -> {})".format(tag, before, after))
+
+# A layer that only some ranks use in a step (a data-dependent branch): the ranks without its gradient allreduce
+# zeros in step(), as in Horovod, instead of leaving the others waiting; per gradient and grouped.
+for groups in (None, 2):
+    torch.manual_seed(99)
+    trunk, branch = torch.nn.Linear(8, 4), torch.nn.Linear(4, 1)
+    head = torch.nn.Linear(4, 1)
+    params = list(trunk.parameters()) + list(branch.parameters()) + list(head.parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.01), groups=groups)
+    for step in range(4):
+        opt.zero_grad()
+        h = trunk(x[:16])
+        out = branch(h) if (step + r) % 2 == 0 else head(h)
+        torch.nn.functional.mse_loss(out, y[:16]).backward()
+        opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        every = hvd.allgather(flat[None, :], name="branch.{}.{}".format(groups, step))
+        if not all(torch.equal(every[0], every[k]) for k in range(n)):
+            fail("groups={}: parameters differ after step {} with a branch taken on some ranks".format(groups, step))
 
 hvd.shutdown()
 print("ok torch rank {} loss {:.4f}".format(r, loss.item()))
