@@ -214,6 +214,13 @@ class HorovodApi:
 def worker(api, steps, blocks, block_ms, timeline_dir):
     block_ids = itertools.count()
     written = []
+
+    def remove_written():
+        while written:
+            try:
+                os.unlink(written.pop())
+            except FileNotFoundError:
+                pass
     small = api.tensors([1024] * 100)
     mixed = api.tensors([int(1024 * (1024 ** (i / 99))) for i in range(100)])  # 4 KiB .. 4 MiB of float32
 
@@ -229,13 +236,10 @@ def worker(api, steps, blocks, block_ms, timeline_dir):
                 # on the path of a big one would truncate it inside the timed block, and ext4 writes a truncated
                 # file's data back first (milliseconds, once per start, not per step).
                 # (Rank 0 writes the timelines; its stop_timeline returns once the file is complete.)
-                path = os.path.join(timeline_dir, "timeline-{}.json".format(next(block_ids)))
+                # (The process id too: the directory is shared by every launch of the run.)
+                path = os.path.join(timeline_dir, "timeline-{}-{}.json".format(os.getpid(), next(block_ids)))
                 if api.rank == 0:
-                    while written:
-                        try:
-                            os.unlink(written.pop())
-                        except FileNotFoundError:
-                            pass
+                    remove_written()
                     written.append(path)
                 step()  # a step that lines the ranks up (each begins with a barrier), untimed
                 extra = 0.0
@@ -272,6 +276,7 @@ def worker(api, steps, blocks, block_ms, timeline_dir):
                       ("mixed", lambda: api.per_tensor(mixed, "m")),
                       ("mixed_grouped", lambda: api.grouped(mixed, "mg"))):
         result[key], result[key + "_timeline"] = measure(step)
+    remove_written()  # the last block's file
 
     call = api.latency_call()
     times = []

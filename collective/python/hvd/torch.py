@@ -7,6 +7,8 @@
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 """
 
+import contextlib
+
 try:
     import torch
 except ImportError as e:
@@ -177,12 +179,15 @@ class _DistributedOptimizer:
             names = {}
         self._names = {id(p): names.get(id(p), "param.{}".format(i)) for i, p in enumerate(params)}
         self._trainable = [p for p in params if p.requires_grad]
-        self._groups = _gradient_groups(groups, self._trainable)
+        self._groups = _gradient_groups(groups, self._trainable, params)
         self._group_of = {id(p): i for i, g in enumerate(self._groups) for p in g}
         self._handles = {}
         self._group_ready = [set() for _ in self._groups]
         self._group_handles = {}
         self._passes = {id(p): 0 for p in params}
+        # True from a synchronize() until the next gradient, zero_grad() or step(): a second synchronize() (or the
+        # step() after `synchronize(); clip_grad_norm_(...)`) then does nothing instead of reducing again.
+        self._synchronized = False
         self._hooks = []
         for p in self._trainable:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook()))
@@ -190,6 +195,7 @@ class _DistributedOptimizer:
     def _make_hook(self):
         def hook(p):
             key = id(p)
+            self._synchronized = False
             self._passes[key] += 1
             if self._passes[key] < self.backward_passes_per_step:
                 return
@@ -216,7 +222,7 @@ class _DistributedOptimizer:
         return prescale, self._predivide
 
     def _submit(self, p):
-        compressed, ctx = self._compression.compress(p.grad.detach().contiguous())
+        compressed, ctx = self._compression.compress(_grad_or_zeros(p).detach().contiguous())
         prescale, postscale = self._scales()
         h = _core.allreduce_async_(compressed, None, "grad." + self._names[id(p)], self._op, prescale, postscale)
         return h, compressed, ctx
@@ -225,68 +231,103 @@ class _DistributedOptimizer:
         """One grouped allreduce for group ``i`` (fused by the engine at submission)."""
         members = []
         for p in self._groups[i]:
-            compressed, ctx = self._compression.compress(p.grad.detach().contiguous())
+            compressed, ctx = self._compression.compress(_grad_or_zeros(p).detach().contiguous())
             members.append((p, compressed, ctx))
         prescale, postscale = self._scales()
-        h = _core.grouped_allreduce_async_([c for _, c, _ in members], None, "grad.group.{}".format(i), self._op,
+        # (A space: no parameter name from named_parameters() has one, so no gradient's name can be the same.)
+        h = _core.grouped_allreduce_async_([c for _, c, _ in members], None, "grad group {}".format(i), self._op,
                                            prescale, postscale)
         self._group_handles[i] = (h, members)
 
     def synchronize(self):
-        """Waits for every outstanding gradient allreduce and writes the results into ``.grad``.
+        """Waits for every outstanding gradient allreduce and writes the results into ``.grad``. Called again
+        before new gradients, it does nothing.
 
         As in Horovod, a parameter whose gradient backward did not produce on this rank since the last step (a
         layer this rank's batch did not use) is allreduced now with a zero gradient, so every rank submits the
-        same operations instead of the others waiting for this one."""
-        for p in self._trainable:
-            key = id(p)
-            group = self._group_of.get(key)
-            if group is None and key not in self._handles:
-                _zero_grad_if_missing(p)
-                self._handles[key] = (p, self._submit(p))
-        for i, group in enumerate(self._groups):
-            if i not in self._group_handles:
-                for p in group:
-                    _zero_grad_if_missing(p)
-                self._submit_group(i)
-        for key, (p, (h, compressed, ctx)) in list(self._handles.items()):
-            _core.synchronize(h)
-            _write_grad(p, self._compression.decompress(compressed, ctx))
-        for h, members in self._group_handles.values():
-            _core.synchronize(h)
-            for p, compressed, ctx in members:
-                _write_grad(p, self._compression.decompress(compressed, ctx))
+        same operations instead of the others waiting for this one. Parameters frozen since the optimizer was
+        wrapped (``requires_grad`` now False) are left out, unless they belong to a group."""
+        if self._synchronized:
+            return
+        failure = None
+        try:
+            for p in self._trainable:
+                key = id(p)
+                if p.requires_grad and key not in self._group_of and key not in self._handles:
+                    self._handles[key] = (p, self._submit(p))
+            for i in range(len(self._groups)):
+                if i not in self._group_handles:
+                    self._submit_group(i)
+        except BaseException as e:  # noqa: B036 - re-raised below, once what was submitted has completed
+            failure = e
+        # Wait for everything submitted even after a failure, then forget it all, so that the next step starts
+        # clean (the first error is raised).
+        waits = [(h, [(p, compressed, ctx)]) for p, (h, compressed, ctx) in self._handles.values()]
+        waits += list(self._group_handles.values())
         self._handles.clear()
         self._group_handles.clear()
+        self._reset_counts()
+        for h, members in waits:
+            try:
+                _core.synchronize(h)
+                for p, compressed, ctx in members:
+                    _write_grad(p, self._compression.decompress(compressed, ctx))
+            except BaseException as e:  # noqa: B036
+                failure = failure or e
+        if failure is not None:
+            raise failure
+        self._synchronized = True
+
+    def _reset_counts(self):
         for ready in self._group_ready:
             ready.clear()
         for key in self._passes:
             self._passes[key] = 0
 
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """As in Horovod: ``step()`` inside this block does not synchronize (for ``synchronize()``, then gradient
+        clipping, then ``step()``; a plain ``step()`` after ``synchronize()`` also does not reduce again)."""
+        self._skip_synchronize = True
+        try:
+            yield
+        finally:
+            self._skip_synchronize = False
+
     def step(self, closure=None):
-        self.synchronize()
+        if not getattr(self, "_skip_synchronize", False):
+            self.synchronize()
+        self._synchronized = False
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
         if self._handles or self._group_handles:
             raise AssertionError("zero_grad() called while gradients are being allreduced; call step() first")
+        # Gradients counted since the last step (a step skipped, say for a non-finite loss) are gone.
+        self._reset_counts()
+        self._synchronized = False
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
-def _zero_grad_if_missing(p):
-    if p.grad is None:
-        p.grad = torch.zeros_like(p)
+def _grad_or_zeros(p):
+    """``p.grad``, or zeros where backward did not produce one (kept as the gradient of a trainable parameter)."""
+    if p.grad is not None:
+        return p.grad
+    zeros = torch.zeros_like(p)
+    if p.requires_grad:
+        p.grad = zeros
+    return zeros
 
 
 def _write_grad(p, out):
-    if out.data_ptr() != p.grad.data_ptr():
+    if p.grad is not None and out.data_ptr() != p.grad.data_ptr():
         p.grad.copy_(out)
 
 
-def _gradient_groups(groups, trainable):
+def _gradient_groups(groups, trainable, params):
     """Horovod's ``groups``: None (every gradient on its own), a number of groups (the trainable parameters in
     order, split into that many contiguous groups of near-equal size), or a list of lists of parameters (the
-    parameters in no list go on their own)."""
+    parameters in no list go on their own; frozen ones are left out, as in Horovod)."""
     if groups is None:
         return []
     if isinstance(groups, bool) or not isinstance(groups, (int, list, tuple)) or isinstance(groups, int) and groups < 1:
@@ -301,7 +342,7 @@ def _gradient_groups(groups, trainable):
             out.append(trainable[at:at + n])
             at += n
         return out
-    known = {id(p) for p in trainable}
+    known = {id(p) for p in params}
     seen = set()
     out = []
     for g in groups:
@@ -309,12 +350,13 @@ def _gradient_groups(groups, trainable):
             raise ValueError("groups must be a list of lists of parameters; found {!r} in it".format(type(g)))
         for p in g:
             if not isinstance(p, torch.Tensor) or id(p) not in known:
-                raise ValueError("every parameter in groups must be a trainable parameter of the optimizer")
+                raise ValueError("every tensor in groups must be a parameter of the optimizer")
             if id(p) in seen:
                 raise ValueError("a parameter is in more than one of groups")
             seen.add(id(p))
+        g = [p for p in g if p.requires_grad]
         if g:
-            out.append(list(g))
+            out.append(g)
     return out
 
 

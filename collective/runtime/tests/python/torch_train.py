@@ -127,6 +127,30 @@ for compression, passes, groups in ((hvd.Compression.none, 1, None), (hvd.Compre
     if not after < before:
         fail("{}: the mean loss over ranks did not decrease ({} -> {})".format(tag, before, after))
 
+# synchronize() then step() (or synchronize() twice) reduces once; skip_synchronize() as in Horovod; a frozen
+# parameter in a group is left out.
+for groups in (None, 1, "frozen"):
+    w, v = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    frozen = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+    if groups == "frozen":
+        groups = [[w, frozen, v]]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w, v, frozen], lr=1.0), op=hvd.Sum, groups=groups)
+    for step in range(2):
+        opt.zero_grad()
+        ((w * (r + 1)).sum() + (v * 2.0).sum()).backward()
+        opt.synchronize()
+        opt.synchronize()
+        want_w, want_v = torch.full((3,), float(n * (n + 1) / 2)), torch.full((2,), 2.0 * n)
+        if not (torch.equal(w.grad, want_w) and torch.equal(v.grad, want_v)):
+            fail("groups={}: synchronize twice gave {} {}".format(groups, w.grad, v.grad))
+        if step == 0:
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        if not torch.equal(w.detach(), -want_w * (step + 1)) or frozen.grad is not None:
+            fail("groups={}: step {} after synchronize: {} {}".format(groups, step, w, frozen.grad))
+
 # A layer that only some ranks use in a step (a data-dependent branch): the ranks without its gradient allreduce
 # zeros in step(), as in Horovod, instead of leaving the others waiting; per gradient and grouped.
 for groups in (None, 2):
