@@ -206,14 +206,15 @@ def _np_ptr(arr):
 
 
 _TORCH_CODES = None  # torch dtype -> code, built when the first torch tensor comes
+_TORCH_STRIDED = None
 
 
 def _torch_fast(t, obj):
     """Fills ``t`` from a contiguous CPU torch tensor through its own accessors, about 2 us where DLPack through
     ctypes takes about 12 (a gradient allreduce per parameter per step pays it). Anything else (other types, other
-    devices, tensors that require grad or carry a lazy negation, dtypes hvd lacks) is left to DLPack, which also
-    gives the errors."""
-    global _TORCH_CODES
+    devices and layouts, tensors that require grad, dtypes hvd lacks) is left to DLPack, which also gives the
+    errors."""
+    global _TORCH_CODES, _TORCH_STRIDED
     cls = type(obj)
     if cls.__name__ != "Tensor" or cls.__module__ != "torch":
         return False
@@ -222,11 +223,18 @@ def _torch_fast(t, obj):
 
         _TORCH_CODES = {torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4,
                         torch.float32: 5, torch.float64: 6, torch.bfloat16: 7, torch.bool: 0}
+        _TORCH_STRIDED = torch.strided
+    if obj.is_neg():
+        # A lazily negated view: its memory holds the values un-negated (DLPack would read them so, silently).
+        raise ValueError("hvd reads a tensor's memory; this one is a lazily negated view: call .resolve_neg() first")
     code = _TORCH_CODES.get(obj.dtype)
-    if code is None or obj.requires_grad or obj.device.type != "cpu" or not obj.is_contiguous() or obj.is_neg():
+    if (code is None or obj.layout is not _TORCH_STRIDED or obj.requires_grad or obj.device.type != "cpu"
+            or not obj.is_contiguous()):
         return False
     t.array = None
-    t.view = obj  # (not None: results are turned back into torch tensors by ``wrap``)
+    # (Not None: results are turned back into torch tensors by ``wrap``.) The storage, not just the tensor: a
+    # tensor given new memory (``set_``, ``.data =``) while an operation is in flight must not free the old.
+    t.view = obj.untyped_storage()
     t.ptr = obj.data_ptr()
     t.dtype = code
     t.shape = tuple(obj.shape)

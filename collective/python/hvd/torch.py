@@ -196,10 +196,8 @@ class _DistributedOptimizer:
         def hook(p):
             key = id(p)
             self._synchronized = False
-            self._passes[key] += 1
-            if self._passes[key] < self.backward_passes_per_step:
-                return
-            self._passes[key] = 0
+            # A gradient already sent (or waiting for its group) must not be accumulated into again: the library
+            # may be writing the result into that memory. Checked on every pass, so pass 3 of 2 fails at once.
             group = self._group_of.get(key)
             if key in self._handles or group is not None and (key in self._group_ready[group]
                                                               or group in self._group_handles):
@@ -207,6 +205,10 @@ class _DistributedOptimizer:
                     "gradients were computed more than backward_passes_per_step={} times before step(); call "
                     "step() (or synchronize()) after each group of backward passes, or raise "
                     "backward_passes_per_step".format(self.backward_passes_per_step))
+            self._passes[key] += 1
+            if self._passes[key] < self.backward_passes_per_step:
+                return
+            self._passes[key] = 0
             if group is None:
                 self._handles[key] = (p, self._submit(p))
                 return

@@ -151,6 +151,30 @@ for groups in (None, 1, "frozen"):
         if not torch.equal(w.detach(), -want_w * (step + 1)) or frozen.grad is not None:
             fail("groups={}: step {} after synchronize: {} {}".format(groups, step, w, frozen.grad))
 
+# A backward pass more than backward_passes_per_step is refused at once (the gradient is being allreduced).
+for groups in (None, 1):
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), backward_passes_per_step=2, groups=groups)
+    for k in range(3):
+        try:
+            (w * 2.0).sum().backward()
+        except AssertionError:
+            if k != 2:
+                fail("groups={}: pass {} of 2 refused".format(groups, k + 1))
+        else:
+            if k == 2:
+                fail("groups={}: a third backward pass with backward_passes_per_step=2 was accepted".format(groups))
+    opt.step()
+
+# A lazily negated view is refused (its memory holds the values un-negated).
+try:
+    hvd.allreduce(torch._neg_view(torch.ones(3)), name="neg")
+except ValueError as e:
+    if "resolve_neg" not in str(e):
+        fail("negated view: {}".format(e))
+else:
+    fail("a lazily negated view was accepted")
+
 # A layer that only some ranks use in a step (a data-dependent branch): the ranks without its gradient allreduce
 # zeros in step(), as in Horovod, instead of leaving the others waiting; per gradient and grouped.
 for groups in (None, 2):
