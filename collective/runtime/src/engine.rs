@@ -1244,14 +1244,7 @@ impl Worker {
             );
         }
         if let Some(t) = &mut self.timeline {
-            for (kind, lanes) in negotiating.0 {
-                t.record_lanes(
-                    Phase::Begin,
-                    EventName::Static(negotiate_name(kind)),
-                    Lanes::Group(lanes.into()),
-                    ts,
-                );
-            }
+            negotiating.record(t, Phase::Begin, negotiate_name, ts);
         }
     }
 
@@ -1425,10 +1418,7 @@ impl Worker {
             }
             if let Some(t) = &mut self.timeline {
                 let ts = t.now_us();
-                for (kind, lanes) in executing.0 {
-                    let name = EventName::Static(kind.upper());
-                    t.record_lanes(Phase::Execute, name, Lanes::Group(lanes.into()), ts);
-                }
+                executing.record(t, Phase::Execute, OpKind::upper, ts);
             }
         }
         for work in self.plan(responses) {
@@ -1844,6 +1834,18 @@ impl LanesByKind {
         match self.0.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, lanes)) => lanes.push(lane),
             None => self.0.push((kind, vec![lane])),
+        }
+    }
+
+    /// One event per kind: `phase`, named `name(kind)`, on all of that kind's lanes.
+    fn record(self, t: &mut Timeline, phase: Phase, name: fn(OpKind) -> &'static str, ts: u64) {
+        for (kind, lanes) in self.0 {
+            t.record_lanes(
+                phase,
+                EventName::Static(name(kind)),
+                Lanes::Group(lanes.into()),
+                ts,
+            );
         }
     }
 }
