@@ -117,13 +117,30 @@ pub fn submit_script(plan: &Plan, steps: &[BatchStep]) -> String {
                     .join(":")
             )
         };
+        // The script is a quoted here-document (`<<'D'`: nothing in it is expanded) whose delimiter is not a line of
+        // the script, whatever the step's `run` says: a fixed `EOF` would end it early at a `run` line `EOF`, and the
+        // rest would run in the submitting shell.
+        let delimiter = heredoc_delimiter(&step.script);
+        let script = &step.script;
+        let newline = if script.ends_with('\n') { "" } else { "\n" };
         out.push_str(&format!(
-            "\n{}=$(sbatch --parsable --kill-on-invalid-dep=yes{dependency} <<'EOF'\n{}EOF\n)\n",
+            "\n{}=$(sbatch --parsable --kill-on-invalid-dep=yes{dependency} <<'{delimiter}'\n{script}{newline}\
+             {delimiter}\n)\n",
             var(&step.name),
-            step.script
         ));
     }
     out
+}
+
+/// A here-document delimiter for `text`: `HVD_BATCH_SCRIPT_END`, lengthened (`_`) until no line of `text` equals
+/// it, so that the document always ends exactly at the end of `text`. (Not derived from the text's hash: the printed
+/// submission stays the same for the same steps wherever the project lies.)
+pub fn heredoc_delimiter(text: &str) -> String {
+    let mut delimiter = String::from("HVD_BATCH_SCRIPT_END");
+    while text.lines().any(|line| line == delimiter) {
+        delimiter.push('_');
+    }
+    delimiter
 }
 
 /// Submits every step in plan order, each after the jobs of the steps it needs. Steps whose inputs are unchanged

@@ -295,7 +295,7 @@ mod tests {
         );
         let submit = crate::engines::sbatch::submit_script(&plan, &steps);
         assert!(
-            submit.contains("JOB_TRAIN=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${JOB_A}:${JOB_B} <<'EOF'"),
+            submit.contains("JOB_TRAIN=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${JOB_A}:${JOB_B} <<'HVD_BATCH_SCRIPT_END'\n"),
             "{submit}"
         );
         let err =
@@ -304,6 +304,89 @@ mod tests {
             err.to_string().contains("`overcommit = \"sometimes\"`"),
             "{err}"
         );
+    }
+
+    /// A `run` with a line `EOF`, quotes and command substitutions: the printed submission hands every batch script
+    /// to sbatch byte for byte (a fake `sbatch` on PATH keeps what it gets), and the script runs the exact command.
+    #[test]
+    fn a_run_line_eof_cannot_end_the_submission_heredoc() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let run = "cat <<'EOF'\nit's $(touch never-run) `touch never-either`\nEOF\necho \"after $(echo sub)\" 'q'\"'\"'q'";
+        let mut project = project("false");
+        project.file = d.join("train.hvd");
+        project.steps = vec![hvd_lang::model::Step {
+            name: "once".into(),
+            run: run.into(),
+            needs: vec![],
+            workers: None,
+            inputs: vec![],
+            outputs: vec![],
+            env: BTreeMap::from([("X".to_string(), "a'b $(c)\nEOF".to_string())]),
+            timeout_ms: None,
+        }];
+        project.steps.push(hvd_lang::model::Step {
+            name: "train".into(),
+            needs: vec!["once".into()],
+            workers: Some(2),
+            ..project.steps[0].clone()
+        });
+        let plan = crate::engines::sbatch::plan(&project, &RunOptions::default()).unwrap();
+        let steps = batch_steps(&project, &plan, Path::new("/bin/hvd")).unwrap();
+        let submit = crate::engines::sbatch::submit_script(&plan, &steps);
+        assert!(!submit.contains("<<'EOF'"), "{submit}");
+        let bin = d.join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let sbatch = bin.join("sbatch");
+        std::fs::write(
+            &sbatch,
+            "#!/bin/sh\nn=$(ls \"$JOBS\" | wc -l); n=$((n + 1)); cat > \"$JOBS/$n.sh\"; echo \"$n\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&sbatch, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let jobs = d.join("jobs");
+        std::fs::create_dir(&jobs).unwrap();
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(&submit)
+            .current_dir(d)
+            .env("JOBS", &jobs)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (i, step) in steps.iter().enumerate() {
+            let got = std::fs::read_to_string(jobs.join(format!("{}.sh", i + 1))).unwrap();
+            assert_eq!(got, step.script, "step `{}`", step.name);
+        }
+        assert_eq!(std::fs::read_dir(&jobs).unwrap().count(), 2);
+        // The batch script of the step that runs once runs the command itself: exactly what `run` says.
+        let out = std::process::Command::new("bash")
+            .arg(jobs.join("1.sh"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "it's $(touch never-run) `touch never-either`\nafter sub q'q\n"
+        );
+        for never in ["never-run", "never-either"] {
+            assert!(!d.join(never).exists(), "{never} ran");
+        }
+        // A delimiter that is a line of the script is lengthened until it is not.
+        let delimiter = crate::engines::sbatch::heredoc_delimiter("x\n");
+        let text = format!("x\n{delimiter}\n");
+        let other = crate::engines::sbatch::heredoc_delimiter(&text);
+        assert!(!text.lines().any(|l| l == other), "{other}");
     }
 
     #[test]

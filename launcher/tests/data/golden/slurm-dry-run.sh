@@ -3,7 +3,7 @@
 set -e
 mkdir -p @DIR@/.hvd/slurm
 
-JOB_PREP=$(sbatch --parsable --kill-on-invalid-dep=yes <<'EOF'
+JOB_PREP=$(sbatch --parsable --kill-on-invalid-dep=yes <<'HVD_BATCH_SCRIPT_END'
 #!/bin/sh
 #SBATCH --job-name=t-prep
 #SBATCH --nodes=1
@@ -19,10 +19,10 @@ cd @DIR@
 export PYTHONUNBUFFERED=1
 export HVD_GPUS_PER_WORKER=1
 /bin/sh -c 'echo prep'
-EOF
+HVD_BATCH_SCRIPT_END
 )
 
-JOB_TRAIN=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${JOB_PREP} <<'EOF'
+JOB_TRAIN=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${JOB_PREP} <<'HVD_BATCH_SCRIPT_END'
 #!/bin/sh
 #SBATCH --job-name=t-train
 #SBATCH --nodes=2
@@ -45,5 +45,5 @@ status=0
 srun --kill-on-bad-exit=1 --ntasks=4 --label --cpus-per-task=2 --gpus-per-task=1 @HVD@ worker-env -- env "HVD_RENDEZVOUS=file:$rdv" /bin/sh -c 'python train.py' || status=$?
 rm -rf "$rdv"
 exit "$status"
-EOF
+HVD_BATCH_SCRIPT_END
 )
