@@ -4,36 +4,110 @@
 //! connection (`Connection: close`). Two families of endpoints share the store:
 //!
 //! - `/kv/<scope>/<key>` (hvd's own clients): needs `Authorization: Bearer <job token>`; `GET` may long-poll with
-//!   `?wait_ms=N`; every authenticated request's `X-Hvd-Rank` marks that rank as joined.
+//!   `?wait_ms=N`; an authenticated request's `X-Hvd-Rank` marks that rank as joined (a rank of the job, once).
 //! - `/<scope>/<key>` (Horovod's gloo `HTTPStore`): no token (the client cannot send one), so it is only answered for
-//!   peers whose address is one of the job's hosts.
+//!   peers on the job's hosts, and on this machine only for connections owned by the job's own user.
 //!
-//! The server must survive any peer: requests are size-bounded, reads time out, and nothing a peer sends can panic
-//! it (malformed input gets a 4xx and the connection is closed).
+//! The server must survive any peer, authorized or not:
+//! - a connection that has not yet proven itself (its request head is still arriving) holds a slot that newer
+//!   connections may take: when a peer address or the whole server is at its connection limit, the oldest
+//!   unproven connection is closed to make room, so idle or trickling sockets cannot lock the ranks out;
+//! - the head must arrive within a short deadline and the body within another; an unauthorized request is answered
+//!   and closed at once, without reading its body;
+//! - memory for a body grows with the bytes received, charged to a server-wide budget, never from `Content-Length`;
+//! - malformed input gets a 4xx; a panic in a connection's handler closes that connection and nothing else.
+//!
+//! The wire format lives in [`http`], the stored state in [`store`], the socket-owner lookup in [`peer`].
+
+mod http;
+mod peer;
+mod store;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Largest request head (request line + headers) accepted.
+use self::http::{BodyBudget, HttpError, Request};
+use self::peer::canonical;
+use self::store::Store;
+
+/// Largest request head (request line + headers + the blank line) accepted.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Largest value accepted in one PUT.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
-/// Largest total of all stored values; a PUT past it gets 507.
+/// Largest total of everything stored (values, keys and scopes); a PUT past it gets 507.
 pub const MAX_STORE_BYTES: usize = 1024 * 1024 * 1024;
 /// Longest long-poll a client may ask for with `wait_ms`.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
-/// Connections served at once; further ones get 503 and are closed.
-pub const MAX_CONNECTIONS: usize = 2048;
-/// Bytes of request bodies being received at once, over all connections; past it new bodies get 503.
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Connections served at once from one peer address.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 1024;
+/// Bytes of request bodies held at once, over all connections; past it a body gets 503.
 pub const MAX_INFLIGHT_BODY_BYTES: usize = 512 * 1024 * 1024;
-/// How long one read from a peer may block before the request is abandoned.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a peer has to send its whole request head.
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
+/// How long an authorized peer has to send its whole body.
+pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
+/// Ranks accepted in `X-Hvd-Rank` while the job's size is not known.
+pub const MAX_RANKS: u32 = 1 << 20;
+/// Longest deadline [`Limits`] may set.
+const MAX_DEADLINE: Duration = Duration::from_secs(3600);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Stack of a connection thread: the handler keeps its buffers on the heap.
+const CONNECTION_STACK: usize = 256 * 1024;
+
+/// The server's limits and deadlines. [`Limits::default`] is what jobs get; tests shrink them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    pub max_head_bytes: usize,
+    pub max_value_bytes: usize,
+    pub max_store_bytes: usize,
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    pub max_inflight_body_bytes: usize,
+    pub head_deadline: Duration,
+    pub body_deadline: Duration,
+    pub max_ranks: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_head_bytes: MAX_HEAD_BYTES,
+            max_value_bytes: MAX_VALUE_BYTES,
+            max_store_bytes: MAX_STORE_BYTES,
+            max_connections: MAX_CONNECTIONS,
+            max_connections_per_peer: MAX_CONNECTIONS_PER_PEER,
+            max_inflight_body_bytes: MAX_INFLIGHT_BODY_BYTES,
+            head_deadline: HEAD_DEADLINE,
+            body_deadline: BODY_DEADLINE,
+            max_ranks: MAX_RANKS,
+        }
+    }
+}
+
+/// A snapshot of the server's own accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Connections being served now.
+    pub connections: usize,
+    /// Unproven connections closed to make room for newer ones.
+    pub evicted: u64,
+    /// Connections refused with 503 because every slot was held by authorized requests.
+    pub refused: u64,
+    /// Request body bytes held in memory now, and the most ever held at once.
+    pub body_bytes_reserved: usize,
+    pub peak_body_bytes_reserved: usize,
+    /// Bytes charged to the store (values, keys and scopes).
+    pub store_bytes: usize,
+    /// Connection handlers that panicked (each closed its connection; the server kept serving).
+    pub panics: u64,
+}
 
 /// Failure to start the server.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +122,8 @@ pub enum RendezvousError {
     Spawn(#[source] io::Error),
     #[error("job token must be non-empty printable ASCII without spaces")]
     BadToken,
+    #[error("rendezvous limits must all be positive, and deadlines at most an hour: {0:?}")]
+    BadLimits(Box<Limits>),
 }
 
 /// A running rendezvous server. Dropping it shuts it down (as does [`RendezvousServer::shutdown`]).
@@ -68,71 +144,132 @@ impl std::fmt::Debug for RendezvousServer {
 struct Shared {
     token: String,
     allowed_hosts: Vec<IpAddr>,
+    /// The user the job runs as: gloo requests from this machine must come from its sockets.
+    job_uid: u32,
+    limits: Limits,
     store: Mutex<Store>,
     changed: Condvar,
     stopping: AtomicBool,
-    connections: AtomicUsize,
-    inflight_body_bytes: AtomicUsize,
+    connections: Mutex<Connections>,
+    bodies: BodyBudget,
     gloo_requests: AtomicU64,
+    evicted: AtomicU64,
+    refused: AtomicU64,
+    panics: AtomicU64,
 }
 
+/// The connections being served, oldest first, and how many each peer address holds.
 #[derive(Default)]
-struct Store {
-    values: HashMap<(String, String), Vec<u8>>,
-    bytes: usize,
-    joined: BTreeSet<u32>,
-    /// Horovod's fixed gloo scopes (`global`, `local_<host>`, `cross_<local rank>`) and how many ranks use each: a
-    /// scope is cleared once that many ranks have DELETEd their key in it (Horovod's own server does the same).
-    gloo_scope_sizes: BTreeMap<String, usize>,
-    gloo_finished: BTreeMap<String, BTreeSet<String>>,
+struct Connections {
+    next_id: u64,
+    live: BTreeMap<u64, Connection>,
+    per_peer: HashMap<IpAddr, usize>,
 }
 
-impl Store {
-    fn put(&mut self, scope: &str, key: &str, value: Vec<u8>) -> Result<(), ()> {
-        let old = self
-            .values
-            .get(&(scope.to_owned(), key.to_owned()))
-            .map_or(0, Vec::len);
-        let new_total = self.bytes - old + value.len();
-        if new_total > MAX_STORE_BYTES {
-            return Err(());
+struct Connection {
+    peer: IpAddr,
+    /// A second handle on the socket, to close it from the accept thread.
+    socket: TcpStream,
+    /// Passed its authorization check (token, or gloo peer check): no longer evictable.
+    authorized: bool,
+}
+
+impl Connections {
+    /// Admits a connection from `peer`, closing the oldest unauthorized ones to make room when a limit is reached.
+    /// Returns its id and how many were closed, or `None` when every slot in the way is authorized.
+    fn admit(&mut self, peer: IpAddr, socket: TcpStream, limits: &Limits) -> Option<(u64, u64)> {
+        let mut evicted = 0;
+        if self.per_peer.get(&peer).copied().unwrap_or(0) >= limits.max_connections_per_peer {
+            if !self.evict_oldest(|c| !c.authorized && c.peer == peer) {
+                return None;
+            }
+            evicted += 1;
         }
-        self.bytes = new_total;
-        self.values
-            .insert((scope.to_owned(), key.to_owned()), value);
-        Ok(())
+        if self.live.len() >= limits.max_connections {
+            if !self.evict_oldest(|c| !c.authorized) {
+                return None;
+            }
+            evicted += 1;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.live.insert(
+            id,
+            Connection {
+                peer,
+                socket,
+                authorized: false,
+            },
+        );
+        *self.per_peer.entry(peer).or_insert(0) += 1;
+        Some((id, evicted))
     }
 
-    fn delete(&mut self, scope: &str, key: &str) {
-        if let Some(old) = self.values.remove(&(scope.to_owned(), key.to_owned())) {
-            self.bytes -= old.len();
+    fn evict_oldest(&mut self, pick: impl Fn(&Connection) -> bool) -> bool {
+        let Some(id) = self.live.iter().find(|(_, c)| pick(c)).map(|(id, _)| *id) else {
+            return false;
+        };
+        if let Some(c) = self.remove(id) {
+            // Wakes the connection's thread from its read; it then finds itself gone and ends.
+            let _ = c.socket.shutdown(Shutdown::Both);
         }
+        true
     }
 
-    fn clear_scope(&mut self, scope: &str) {
-        let doomed: Vec<_> = self
-            .values
-            .keys()
-            .filter(|(s, _)| s == scope)
-            .cloned()
-            .collect();
-        for (s, k) in doomed {
-            self.delete(&s, &k);
+    fn remove(&mut self, id: u64) -> Option<Connection> {
+        let c = self.live.remove(&id)?;
+        if let Some(n) = self.per_peer.get_mut(&c.peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(&c.peer);
+            }
         }
+        Some(c)
+    }
+
+    /// Marks a connection authorized; false when it was already closed to make room.
+    fn authorize(&mut self, id: u64) -> bool {
+        self.live
+            .get_mut(&id)
+            .map(|c| c.authorized = true)
+            .is_some()
     }
 }
 
 impl RendezvousServer {
-    /// Binds `bind` (use port 0 for a free port) and starts serving. `token` guards the `/kv/` endpoints;
-    /// `allowed_hosts` are the addresses whose token-less (Horovod gloo) requests are answered. Loopback peers are
-    /// always allowed for gloo requests when `allowed_hosts` contains any loopback address.
+    /// Binds `bind` (use port 0 for a free port) and starts serving with the default [`Limits`]. `token` guards the
+    /// `/kv/` endpoints; `allowed_hosts` are the addresses whose token-less (Horovod gloo) requests are answered
+    /// (loopback peers count as allowed when `allowed_hosts` contains any loopback address). Token-less requests
+    /// from this machine are answered only when the job's own user (this process's) owns the connection.
     pub fn start(
         bind: SocketAddr,
         token: &str,
         allowed_hosts: Vec<IpAddr>,
     ) -> Result<Self, RendezvousError> {
+        Self::start_with_limits(bind, token, allowed_hosts, Limits::default())
+    }
+
+    /// [`RendezvousServer::start`] with other limits and deadlines.
+    pub fn start_with_limits(
+        bind: SocketAddr,
+        token: &str,
+        allowed_hosts: Vec<IpAddr>,
+        limits: Limits,
+    ) -> Result<Self, RendezvousError> {
         if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(RendezvousError::BadToken);
+        }
+        let positive = [
+            limits.max_head_bytes,
+            limits.max_store_bytes,
+            limits.max_connections,
+            limits.max_connections_per_peer,
+            limits.max_inflight_body_bytes,
+            limits.max_ranks as usize,
+        ];
+        let deadlines = [limits.head_deadline, limits.body_deadline];
+        if positive.contains(&0) || deadlines.iter().any(|d| d.is_zero() || *d > MAX_DEADLINE) {
+            return Err(RendezvousError::BadLimits(Box::new(limits)));
         }
         let listener = TcpListener::bind(bind)
             .map_err(|source| RendezvousError::Bind { addr: bind, source })?;
@@ -142,12 +279,18 @@ impl RendezvousServer {
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             allowed_hosts,
-            store: Mutex::new(Store::default()),
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            job_uid: unsafe { libc::geteuid() },
+            store: Mutex::new(Store::new(limits.max_store_bytes, limits.max_ranks)),
+            bodies: BodyBudget::new(limits.max_inflight_body_bytes),
+            limits,
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
-            connections: AtomicUsize::new(0),
-            inflight_body_bytes: AtomicUsize::new(0),
+            connections: Mutex::new(Connections::default()),
             gloo_requests: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
         });
         let accept_shared = Arc::clone(&shared);
         let accept = std::thread::Builder::new()
@@ -169,7 +312,7 @@ impl RendezvousServer {
 
     /// Ranks that have made at least one authenticated request (`X-Hvd-Rank`).
     pub fn joined_ranks(&self) -> BTreeSet<u32> {
-        self.shared.lock().joined.clone()
+        self.shared.lock().joined()
     }
 
     /// Number of token-less (Horovod gloo) requests answered so far.
@@ -177,17 +320,37 @@ impl RendezvousServer {
         self.shared.gloo_requests.load(Ordering::Relaxed)
     }
 
+    /// The server's own accounting: connections, evictions, body bytes held, store bytes.
+    pub fn stats(&self) -> Stats {
+        let connections = self.shared.connections().live.len();
+        Stats {
+            connections,
+            evicted: self.shared.evicted.load(Ordering::SeqCst),
+            refused: self.shared.refused.load(Ordering::SeqCst),
+            body_bytes_reserved: self.shared.bodies.reserved(),
+            peak_body_bytes_reserved: self.shared.bodies.peak(),
+            store_bytes: self.shared.lock().bytes(),
+            panics: self.shared.panics.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Declares the job's size: `X-Hvd-Rank` must then name a rank below it.
+    pub fn set_job_size(&self, size: u32) {
+        self.shared.lock().set_size(size);
+    }
+
     /// Waits until `size` distinct ranks (0..size) have joined, or `timeout` passes. Returns the ranks joined.
     pub fn wait_joined(&self, size: u32, timeout: Duration) -> BTreeSet<u32> {
         let deadline = Instant::now() + timeout;
         let mut store = self.shared.lock();
         loop {
-            if (0..size).all(|r| store.joined.contains(&r)) {
-                return store.joined.clone();
+            let joined = store.joined();
+            if (0..size).all(|r| joined.contains(&r)) {
+                return joined;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || self.shared.stopping.load(Ordering::SeqCst) {
-                return store.joined.clone();
+                return joined;
             }
             store = match self.shared.changed.wait_timeout(store, left) {
                 Ok((guard, _)) => guard,
@@ -196,8 +359,9 @@ impl RendezvousServer {
         }
     }
 
-    /// Declares Horovod's gloo scopes for a job layout: `global` with `size` ranks, `local_<host>` with each host's
-    /// rank count, `cross_<local rank>` with the number of hosts that have that local rank.
+    /// Declares the job layout: its size (as [`RendezvousServer::set_job_size`]) and Horovod's gloo scopes, `global`
+    /// with every rank, `local_<host>` with each host's rank count, `cross_<local rank>` with the number of hosts
+    /// that have that local rank.
     pub fn set_gloo_layout(&self, hosts: &[(String, u32)]) {
         let mut sizes = BTreeMap::new();
         let size: u32 = hosts.iter().map(|(_, n)| n).sum();
@@ -209,8 +373,8 @@ impl RendezvousServer {
             }
         }
         let mut store = self.shared.lock();
-        store.gloo_scope_sizes = sizes;
-        store.gloo_finished.clear();
+        store.set_size(size);
+        store.set_gloo_layout(sizes);
     }
 
     /// Stops accepting, wakes every long-poll, and waits for the accept thread. Idempotent.
@@ -235,6 +399,9 @@ impl RendezvousServer {
         if let Some(handle) = self.accept.take() {
             let _ = handle.join();
         }
+        // Connections still reading a request head are of no use now.
+        let mut connections = self.shared.connections();
+        while connections.evict_oldest(|c| !c.authorized) {}
     }
 }
 
@@ -246,9 +413,15 @@ impl Drop for RendezvousServer {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Store> {
-        // A panic while holding the lock cannot leave the store inconsistent in a way that matters more than
-        // stopping the job would; keep serving.
+        // Handlers do not panic while holding the lock (and a panicking handler only loses its own connection), so a
+        // poisoned store is still consistent; keep serving.
         self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn connections(&self) -> MutexGuard<'_, Connections> {
+        self.connections
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -264,137 +437,125 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            shared.connections.fetch_sub(1, Ordering::SeqCst);
-            let mut stream = stream;
-            let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-            let _ = respond(&mut stream, 503, b"too many connections\n");
+        let (Ok(peer), Ok(socket)) = (stream.peer_addr(), stream.try_clone()) else {
             continue;
+        };
+        let admitted = shared
+            .connections()
+            .admit(canonical(peer.ip()), socket, &shared.limits);
+        let Some((id, evicted)) = admitted else {
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            refuse_busy(stream);
+            continue;
+        };
+        if evicted > 0 {
+            shared.evicted.fetch_add(evicted, Ordering::SeqCst);
+            tracing::debug!(%peer, evicted, "rendezvous at its connection limit; closed the oldest unauthorized");
         }
         let conn_shared = Arc::clone(shared);
         let spawned = std::thread::Builder::new()
             .name("hvd-rendezvous-conn".into())
-            .spawn(move || {
-                serve_connection(stream, &conn_shared);
-                conn_shared.connections.fetch_sub(1, Ordering::SeqCst);
-            });
+            .stack_size(CONNECTION_STACK)
+            .spawn(move || run_connection(stream, peer, id, &conn_shared));
         if spawned.is_err() {
-            shared.connections.fetch_sub(1, Ordering::SeqCst);
+            shared.connections().remove(id);
         }
     }
 }
 
-/// A parsed request.
-struct Request {
-    method: String,
-    path: String,
-    query: String,
-    content_length: usize,
-    authorization: Option<String>,
-    rank: Option<String>,
+/// Answers 503 without blocking the accept thread on a peer that does not read.
+fn refuse_busy(mut stream: TcpStream) {
+    let _ = stream.set_nonblocking(true);
+    let _ = http::respond(&mut stream, 503, b"rendezvous server busy; retry\n");
 }
 
-/// An HTTP error response: status and one-line reason.
-struct HttpError(u16, &'static str);
+/// One connection's thread: serves it, turns a panic into a closed connection, and frees its slot.
+fn run_connection(stream: TcpStream, peer: SocketAddr, id: u64, shared: &Arc<Shared>) {
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_connection(stream, peer, id, shared);
+    }));
+    if served.is_err() {
+        shared.panics.fetch_add(1, Ordering::SeqCst);
+        tracing::error!(%peer, "a rendezvous connection handler panicked; closed that connection");
+    }
+    shared.connections().remove(id);
+}
 
-fn serve_connection(mut stream: TcpStream, shared: &Shared) {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+/// What a handled request answers.
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+    /// The peer passed its authorization check: wait briefly for the rest of what it sends before closing.
+    authorized: bool,
+}
+
+fn serve_connection(mut stream: TcpStream, peer: SocketAddr, id: u64, shared: &Shared) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
-    let peer = stream.peer_addr().ok().map(|a| a.ip());
-    let (status, body) = match handle(&mut stream, shared, peer) {
-        Ok((status, body)) => (status, body),
-        Err(HttpError(status, reason)) => (status, format!("{reason}\n").into_bytes()),
+    let mut authorized = false;
+    let answer = match handle(&mut stream, peer, id, shared, &mut authorized) {
+        Ok((status, body)) => Answer {
+            status,
+            body,
+            authorized,
+        },
+        Err(HttpError(status, reason)) => Answer {
+            status,
+            body: format!("{reason}\n").into_bytes(),
+            authorized,
+        },
     };
-    let _ = respond(&mut stream, status, &body);
+    let _ = http::respond(&mut stream, answer.status, &answer.body);
     let _ = stream.shutdown(Shutdown::Write);
-    if status >= 400 {
-        // Lingering close: unread input at close() makes the kernel send a reset, which can destroy the response
-        // before the peer reads it. Drain a bounded amount briefly first.
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-        let mut sink = [0u8; 8192];
-        let mut drained = 0usize;
-        while drained < 1024 * 1024 {
-            match stream.read(&mut sink) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => drained += n,
-            }
+    if answer.status >= 400 {
+        // Unread input at close() makes the kernel send a reset, which can destroy the answer before the peer reads
+        // it. An unauthorized peer gets only what already arrived drained; an authorized one a short linger.
+        if answer.authorized {
+            http::linger(&mut stream, Duration::from_millis(200), 1024 * 1024);
+        } else {
+            http::drain_buffered(&mut stream, 64 * 1024);
         }
     }
-}
-
-fn respond(stream: &mut TcpStream, status: u16, body: &[u8]) -> io::Result<()> {
-    let reason = match status {
-        200 => "OK",
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        411 => "Length Required",
-        413 => "Payload Too Large",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        507 => "Insufficient Storage",
-        _ => "Error",
-    };
-    let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut out = Vec::with_capacity(head.len() + body.len());
-    out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(body);
-    stream.write_all(&out)?;
-    stream.flush()
 }
 
 fn handle(
     stream: &mut TcpStream,
+    peer: SocketAddr,
+    id: u64,
     shared: &Shared,
-    peer: Option<IpAddr>,
+    authorized: &mut bool,
 ) -> Result<(u16, Vec<u8>), HttpError> {
-    let (request, mut leftover) = read_head(stream)?;
-    if request.content_length > MAX_VALUE_BYTES {
-        return Err(HttpError(413, "value too large"));
+    let limits = &shared.limits;
+    let head_deadline = Instant::now() + limits.head_deadline;
+    let (request, leftover) = http::read_head(stream, limits.max_head_bytes, head_deadline)?;
+    if request.content_length > limits.max_value_bytes {
+        return Err(HttpError::new(413, "value too large"));
     }
-    // Refuse before reading a body, so an unauthorized peer cannot make the launcher buffer anything.
+    // Authorize from the head alone, so an unauthorized peer cannot make the launcher read or buffer anything.
     let segments: Vec<&str> = request.path.split('/').collect();
     match segments.as_slice() {
         ["", "kv", _, _] => check_token(shared, &request)?,
-        ["", _, _] => check_peer(shared, peer)?,
-        _ => return Err(HttpError(404, "unknown path: use /kv/<scope>/<key>")),
+        ["", _, _] => check_gloo_peer(shared, peer, stream.local_addr().ok())?,
+        _ => return Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
-    // Bodies being read at once are bounded too (many connections each sending a large value).
-    let reserved = shared
-        .inflight_body_bytes
-        .fetch_add(request.content_length, Ordering::SeqCst);
-    let _release = Release(&shared.inflight_body_bytes, request.content_length);
-    if reserved + request.content_length > MAX_INFLIGHT_BODY_BYTES {
-        return Err(HttpError(503, "rendezvous server busy; retry"));
+    // From here the connection holds its slot: newer connections cannot close it to make room.
+    if !shared.connections().authorize(id) {
+        return Err(HttpError::new(503, "rendezvous server busy; retry"));
     }
-    // Read the body (a GET/DELETE body is read and ignored so the peer is not reset mid-send).
-    if leftover.len() > request.content_length {
-        return Err(HttpError(400, "more bytes than content-length"));
-    }
-    let mut body = std::mem::take(&mut leftover);
-    let have = body.len();
-    body.resize(request.content_length, 0);
-    read_exact_body(stream, &mut body, have)?;
-
+    *authorized = true;
+    let body_deadline = Instant::now() + limits.body_deadline;
+    let body = http::read_body(
+        stream,
+        request.content_length,
+        leftover,
+        &shared.bodies,
+        body_deadline,
+        request.method == "PUT",
+    )?;
     match segments.as_slice() {
-        ["", "kv", scope, key] => handle_kv(shared, &request, scope, key, body),
-        ["", scope, key] => handle_gloo(shared, &request, peer, scope, key, body),
-        _ => Err(HttpError(404, "unknown path: use /kv/<scope>/<key>")),
-    }
-}
-
-/// Gives back reserved in-flight body bytes when dropped.
-struct Release<'a>(&'a AtomicUsize, usize);
-
-impl Drop for Release<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(self.1, Ordering::SeqCst);
+        ["", "kv", scope, key] => handle_kv(shared, &request, scope, key, body.bytes),
+        ["", scope, key] => handle_gloo(shared, &request, scope, key, body.bytes),
+        _ => Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
 }
 
@@ -407,133 +568,51 @@ fn check_token(shared: &Shared, request: &Request) -> Result<(), HttpError> {
     if authorized {
         Ok(())
     } else {
-        Err(HttpError(
+        Err(HttpError::new(
             403,
             "missing or wrong job token (header `Authorization: Bearer $HVD_JOB_TOKEN`)",
         ))
     }
 }
 
-fn check_peer(shared: &Shared, peer: Option<IpAddr>) -> Result<(), HttpError> {
-    let allowed = peer.is_some_and(|ip| {
-        let ip = canonical(ip);
-        shared.allowed_hosts.iter().any(|h| canonical(*h) == ip)
-            || (ip.is_loopback()
-                && shared
-                    .allowed_hosts
-                    .iter()
-                    .any(|h| canonical(*h).is_loopback()))
-    });
-    if allowed {
-        Ok(())
-    } else {
-        Err(HttpError(
+/// Token-less requests: the peer must be one of the job's hosts, and a connection from this machine must belong to
+/// the job's user (found from the peer's socket in the kernel's tables; see [`peer`]).
+fn check_gloo_peer(
+    shared: &Shared,
+    peer: SocketAddr,
+    server_side: Option<SocketAddr>,
+) -> Result<(), HttpError> {
+    let ip = canonical(peer.ip());
+    let host_allowed = shared.allowed_hosts.iter().any(|h| canonical(*h) == ip)
+        || (ip.is_loopback()
+            && shared
+                .allowed_hosts
+                .iter()
+                .any(|h| canonical(*h).is_loopback()));
+    if !host_allowed {
+        return Err(HttpError::new(
             403,
             "token-less requests are only answered for the job's own hosts",
-        ))
+        ));
     }
-}
-
-fn read_exact_body(
-    stream: &mut TcpStream,
-    body: &mut [u8],
-    mut have: usize,
-) -> Result<(), HttpError> {
-    let deadline = Instant::now() + MAX_WAIT;
-    while have < body.len() {
-        match stream.read(&mut body[have..]) {
-            Ok(0) => {
-                return Err(HttpError(
-                    400,
-                    "connection closed before the body was complete",
-                ));
-            }
-            Ok(n) => have += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Err(HttpError(408, "timed out reading the body")),
-        }
-        if Instant::now() > deadline {
-            return Err(HttpError(408, "timed out reading the body"));
-        }
+    match server_side.and_then(|local| peer::local_socket_owner(peer, local)) {
+        Some(uid) if uid == shared.job_uid => Ok(()),
+        Some(uid) => Err(HttpError(
+            403,
+            format!(
+                "token-less requests from this machine are only answered for the job's own user (uid {}), not \
+                 uid {uid}",
+                shared.job_uid
+            )
+            .into(),
+        )),
+        None if ip.is_loopback() => Err(HttpError::new(
+            403,
+            "token-less request on a loopback connection whose owner cannot be found",
+        )),
+        // The peer's socket is not on this machine: a job host, by address.
+        None => Ok(()),
     }
-    Ok(())
-}
-
-/// Reads the request head; returns the request and any body bytes read past it.
-fn read_head(stream: &mut TcpStream) -> Result<(Request, Vec<u8>), HttpError> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let deadline = Instant::now() + READ_TIMEOUT * 3;
-    let head_end = loop {
-        if let Some(pos) = find_head_end(&buf) {
-            break pos;
-        }
-        if buf.len() > MAX_HEAD_BYTES {
-            return Err(HttpError(431, "request head too large"));
-        }
-        if Instant::now() > deadline {
-            return Err(HttpError(408, "timed out reading the request"));
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => return Err(HttpError(400, "connection closed mid-request")),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Err(HttpError(408, "timed out reading the request")),
-        }
-    };
-    let head = std::str::from_utf8(&buf[..head_end])
-        .map_err(|_| HttpError(400, "request head is not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or_default();
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(HttpError(400, "malformed request line"));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err(HttpError(400, "only HTTP/1.x is spoken here"));
-    }
-    // Absolute-form targets (`http://host:port/path`) are allowed by HTTP/1.1; some clients send them.
-    let target = match target.strip_prefix("http://") {
-        Some(rest) => rest.find('/').map_or("/", |i| &rest[i..]),
-        None => target,
-    };
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let mut request = Request {
-        method: method.to_owned(),
-        path: path.to_owned(),
-        query: query.to_owned(),
-        content_length: 0,
-        authorization: None,
-        rank: None,
-    };
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(HttpError(400, "malformed header line"));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            request.content_length = value
-                .parse()
-                .map_err(|_| HttpError(400, "bad content-length"))?;
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(HttpError(
-                411,
-                "send a content-length, not a transfer-encoding",
-            ));
-        } else if name.eq_ignore_ascii_case("authorization") {
-            request.authorization = Some(value.to_owned());
-        } else if name.eq_ignore_ascii_case("x-hvd-rank") {
-            request.rank = Some(value.to_owned());
-        }
-    }
-    let leftover = buf[head_end + 4..].to_vec();
-    Ok((request, leftover))
-}
-
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n")
 }
 
 fn valid_kv_segment(s: &str) -> bool {
@@ -547,6 +626,13 @@ fn valid_gloo_segment(s: &str) -> bool {
     !s.is_empty() && s.len() <= 512 && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// An `X-Hvd-Join` identity: what a client process sends so that its rank cannot be claimed by another process.
+fn valid_join(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// Constant-time comparison, so the token cannot be guessed byte by byte from response times.
 fn token_matches(expected: &str, given: &str) -> bool {
     let (a, b) = (expected.as_bytes(), given.as_bytes());
@@ -556,6 +642,10 @@ fn token_matches(expected: &str, given: &str) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+fn store_error(e: &store::StoreError) -> HttpError {
+    HttpError(e.status(), e.reason().into())
+}
+
 fn handle_kv(
     shared: &Shared,
     request: &Request,
@@ -563,9 +653,8 @@ fn handle_kv(
     key: &str,
     body: Vec<u8>,
 ) -> Result<(u16, Vec<u8>), HttpError> {
-    check_token(shared, request)?;
     if !valid_kv_segment(scope) || !valid_kv_segment(key) {
-        return Err(HttpError(
+        return Err(HttpError::new(
             400,
             "scope and key must be 1-256 characters of [A-Za-z0-9._-]",
         ));
@@ -573,35 +662,39 @@ fn handle_kv(
     let rank = match request.rank.as_deref() {
         Some(r) => Some(
             r.parse::<u32>()
-                .map_err(|_| HttpError(400, "x-hvd-rank must be a non-negative integer"))?,
+                .map_err(|_| HttpError::new(400, "x-hvd-rank must be a non-negative integer"))?,
         ),
         None => None,
     };
+    let join = request.join.as_deref();
+    if join.is_some_and(|j| !valid_join(j)) {
+        return Err(HttpError::new(
+            400,
+            "x-hvd-join must be 1-64 characters of [A-Za-z0-9._-]",
+        ));
+    }
     let mut store = shared.lock();
     if let Some(rank) = rank
-        && store.joined.insert(rank)
+        && store.join(rank, join).map_err(|e| store_error(&e))?
     {
         shared.changed.notify_all();
     }
     match request.method.as_str() {
         "PUT" => {
-            store
-                .put(scope, key, body)
-                .map_err(|()| HttpError(507, "rendezvous store is full"))?;
+            store.put(scope, key, body).map_err(|e| store_error(&e))?;
             shared.changed.notify_all();
             Ok((200, Vec::new()))
         }
         "GET" => {
             let wait = parse_wait(&request.query)?;
             let deadline = Instant::now() + wait;
-            let id = (scope.to_owned(), key.to_owned());
             loop {
-                if let Some(value) = store.values.get(&id) {
+                if let Some(value) = store.get(scope, key) {
                     return Ok((200, value.clone()));
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() || shared.stopping.load(Ordering::SeqCst) {
-                    return Err(HttpError(404, "no such key"));
+                    return Err(HttpError::new(404, "no such key"));
                 }
                 store = match shared.changed.wait_timeout(store, left) {
                     Ok((guard, _)) => guard,
@@ -613,7 +706,7 @@ fn handle_kv(
             store.delete(scope, key);
             Ok((200, Vec::new()))
         }
-        _ => Err(HttpError(405, "method must be GET, PUT or DELETE")),
+        _ => Err(HttpError::new(405, "method must be GET, PUT or DELETE")),
     }
 }
 
@@ -622,7 +715,7 @@ fn parse_wait(query: &str) -> Result<Duration, HttpError> {
         if let Some(value) = pair.strip_prefix("wait_ms=") {
             let ms: u64 = value
                 .parse()
-                .map_err(|_| HttpError(400, "wait_ms must be a non-negative integer"))?;
+                .map_err(|_| HttpError::new(400, "wait_ms must be a non-negative integer"))?;
             return Ok(Duration::from_millis(ms).min(MAX_WAIT));
         }
     }
@@ -632,56 +725,36 @@ fn parse_wait(query: &str) -> Result<Duration, HttpError> {
 fn handle_gloo(
     shared: &Shared,
     request: &Request,
-    peer: Option<IpAddr>,
     scope: &str,
     key: &str,
     body: Vec<u8>,
 ) -> Result<(u16, Vec<u8>), HttpError> {
-    check_peer(shared, peer)?;
     if !valid_gloo_segment(scope) || !valid_gloo_segment(key) {
-        return Err(HttpError(400, "bad scope or key"));
+        return Err(HttpError::new(400, "bad scope or key"));
     }
     shared.gloo_requests.fetch_add(1, Ordering::Relaxed);
     // Gloo scopes live in their own namespace so they never collide with `/kv/` scopes.
-    let scope = format!("gloo:{scope}");
+    let stored_scope = format!("gloo:{scope}");
     let mut store = shared.lock();
     match request.method.as_str() {
         "PUT" => {
             store
-                .put(&scope, key, body)
-                .map_err(|()| HttpError(507, "rendezvous store is full"))?;
+                .put(&stored_scope, key, body)
+                .map_err(|e| store_error(&e))?;
             shared.changed.notify_all();
             Ok((200, Vec::new()))
         }
-        "GET" => match store.values.get(&(scope, key.to_owned())) {
+        "GET" => match store.get(&stored_scope, key) {
             Some(value) => Ok((200, value.clone())),
-            None => Err(HttpError(404, "no such key")),
+            None => Err(HttpError::new(404, "no such key")),
         },
         "DELETE" => {
-            let plain = &scope["gloo:".len()..];
-            if let Some(&size) = store.gloo_scope_sizes.get(plain) {
-                // A rank DELETEs its own rank number when it finished with the scope; the scope is cleared once
-                // every rank of it has done so, so the next rendezvous in it starts clean.
-                let finished = store.gloo_finished.entry(plain.to_owned()).or_default();
-                finished.insert(key.to_owned());
-                if finished.len() >= size {
-                    store.gloo_finished.remove(plain);
-                    store.clear_scope(&scope);
-                }
-            } else {
-                store.delete(&scope, key);
-            }
+            store
+                .gloo_delete(scope, &stored_scope, key)
+                .map_err(|e| store_error(&e))?;
             Ok((200, Vec::new()))
         }
-        _ => Err(HttpError(405, "method must be GET, PUT or DELETE")),
-    }
-}
-
-/// IPv4-mapped IPv6 addresses compare equal to their IPv4 form.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
+        _ => Err(HttpError::new(405, "method must be GET, PUT or DELETE")),
     }
 }
 

@@ -2,9 +2,12 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use hvd_launcher::rendezvous::{MAX_HEAD_BYTES, MAX_VALUE_BYTES, RendezvousServer};
+use hvd_launcher::rendezvous::{Limits, MAX_HEAD_BYTES, MAX_VALUE_BYTES, RendezvousServer};
 
 const TOKEN: &str = "0123456789abcdef";
 
@@ -433,4 +436,519 @@ fn unauthorized_requests_are_refused_before_their_body_is_read() {
         403,
         "gloo request from a foreign host"
     );
+}
+
+// ---- Attacks on the server (issue 16 items 7, 8, 9 and the low ones): the test is the attacker. ----
+
+fn server_with(limits: Limits) -> RendezvousServer {
+    RendezvousServer::start_with_limits(
+        "127.0.0.1:0".parse().unwrap(),
+        TOKEN,
+        vec!["127.0.0.1".parse().unwrap()],
+        limits,
+    )
+    .unwrap()
+}
+
+/// Limits small enough that a test reaches them, deadlines short enough that it does not wait long.
+fn small_limits() -> Limits {
+    Limits {
+        max_connections: 64,
+        max_connections_per_peer: 32,
+        head_deadline: Duration::from_millis(1500),
+        body_deadline: Duration::from_millis(1500),
+        ..Limits::default()
+    }
+}
+
+/// Polls `done` every 10 ms for up to a generous bound; true when it held.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+fn request_as_join(addr: SocketAddr, rank: u32, join: &str) -> (u16, Vec<u8>) {
+    let req = format!(
+        "GET /kv/hvd/k HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Hvd-Rank: {rank}\r\nX-Hvd-Join: {join}\r\nContent-Length: 0\r\n\r\n"
+    );
+    raw(addr, req.as_bytes())
+}
+
+/// One request on a fresh connection; `None` when the connection failed or was closed without an answer (what a
+/// client retries, like a 503).
+fn try_request(addr: SocketAddr, request: &[u8]) -> Option<(u16, Vec<u8>)> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .ok()?;
+    stream.write_all(request).ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    response
+        .starts_with(b"HTTP/1.1 ")
+        .then(|| parse_response(&response))
+}
+
+#[test]
+fn idle_and_trickling_sockets_do_not_lock_out_a_rank_with_the_token() {
+    let server = server_with(small_limits());
+    let addr = server.addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut attackers = Vec::new();
+    // A flood of idle sockets, kept above the server's connection limits the whole time.
+    {
+        let stop = Arc::clone(&stop);
+        attackers.push(std::thread::spawn(move || {
+            let mut open = std::collections::VecDeque::new();
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(s) = TcpStream::connect(addr) {
+                    open.push_back(s);
+                }
+                if open.len() > 100 {
+                    open.pop_front();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }));
+    }
+    // Slowloris heads: a byte now and then, never finishing; reconnecting when dropped.
+    for _ in 0..8 {
+        let stop = Arc::clone(&stop);
+        attackers.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let Ok(mut s) = TcpStream::connect(addr) else {
+                    continue;
+                };
+                for b in b"GET /kv/hvd/addr.0 HTTP/1.1\r\nX-Slow: ".iter().cycle() {
+                    if stop.load(Ordering::SeqCst) || s.write_all(&[*b]).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+            }
+        }));
+    }
+    // Trickled bodies after a 403: announce a large body, keep sending it slowly; reconnect when dropped.
+    for _ in 0..8 {
+        let stop = Arc::clone(&stop);
+        attackers.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let Ok(mut s) = TcpStream::connect(addr) else { continue };
+                let _ = s.write_all(
+                    b"PUT /kv/hvd/x HTTP/1.1\r\nAuthorization: Bearer wrong\r\nContent-Length: 100000000\r\n\r\n",
+                );
+                while !stop.load(Ordering::SeqCst) && s.write_all(b"x").is_ok() {
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+            }
+        }));
+    }
+    assert!(
+        eventually(|| server.stats().evicted > 100),
+        "the attack keeps the server at its connection limit: {:?}",
+        server.stats()
+    );
+    // Ranks with the token join while the attack goes on. A connection the flood pushed out before its head arrived
+    // is retried, as the workers' client does; a 503 would be a failure.
+    for rank in 0..4 {
+        let req = format!(
+            "PUT /kv/hvd/addr.{rank} HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Hvd-Rank: {rank}\r\n\
+             Content-Length: 11\r\n\r\n127.0.0.1:1"
+        );
+        let answer = (0..100).find_map(|_| try_request(addr, req.as_bytes()));
+        let (status, body) = answer.expect("answered within 100 tries");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(
+        server.joined_ranks().into_iter().collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    let stats = server.stats();
+    assert!(stats.connections <= 64, "{stats:?}");
+    assert_eq!(stats.refused, 0, "nobody got 503: {stats:?}");
+    stop.store(true, Ordering::SeqCst);
+    for a in attackers {
+        a.join().unwrap();
+    }
+    assert!(
+        eventually(|| server.stats().connections == 0),
+        "every attacker's slot is freed: {:?}",
+        server.stats()
+    );
+}
+
+#[test]
+fn a_slow_request_head_is_dropped() {
+    let server = server_with(small_limits());
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.write_all(b"GET /kv/hvd/k HTTP/1.1\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    // Never finish the head: the server answers 408 and closes.
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert_eq!(parse_response(&out).0, 408);
+    assert!(eventually(|| server.stats().connections == 0));
+}
+
+#[test]
+fn a_403_closes_the_connection_without_reading_the_body() {
+    let server = server_with(small_limits());
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.write_all(b"PUT /kv/hvd/k HTTP/1.1\r\nAuthorization: Bearer wrong\r\nContent-Length: 1000000\r\n\r\npart")
+        .unwrap();
+    // Keep trickling the body the whole time, as a slot-holding attacker would.
+    let mut writer = s.try_clone().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickler = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) && writer.write_all(b"x").is_ok() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert_eq!(parse_response(&out).0, 403);
+    // The server let go of the connection while the body was still trickling in.
+    assert!(
+        eventually(|| server.stats().connections == 0),
+        "{:?}",
+        server.stats()
+    );
+    stop.store(true, Ordering::SeqCst);
+    trickler.join().unwrap();
+}
+
+#[test]
+fn a_trickled_64_mib_body_is_not_allocated_up_front_and_is_dropped() {
+    let server = server_with(small_limits());
+    let addr = server.addr();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "PUT /kv/hvd/big HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n",
+        MAX_VALUE_BYTES
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    // The same through Horovod's token-less endpoint, from a job host.
+    let mut g = TcpStream::connect(addr).unwrap();
+    g.write_all(
+        format!("PUT /global/big HTTP/1.1\r\nContent-Length: {MAX_VALUE_BYTES}\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut dropped = [false, false];
+    let until = Instant::now() + Duration::from_secs(60);
+    while dropped != [true, true] && Instant::now() < until {
+        for (i, conn) in [&mut s, &mut g].into_iter().enumerate() {
+            if !dropped[i] && conn.write_all(&[b'x'; 100]).is_err() {
+                dropped[i] = true;
+            }
+        }
+        let stats = server.stats();
+        // Memory follows the bytes that arrived (a few hundred), never the announced 64 MiB.
+        assert!(stats.body_bytes_reserved <= 64 * 1024, "{stats:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        dropped,
+        [true, true],
+        "the server dropped both trickled bodies"
+    );
+    let stats = server.stats();
+    assert!(stats.peak_body_bytes_reserved <= 64 * 1024, "{stats:?}");
+    assert!(
+        stats.peak_body_bytes_reserved > 0,
+        "the bodies were being received: {stats:?}"
+    );
+    assert!(eventually(|| server.stats().body_bytes_reserved == 0));
+    assert_eq!(
+        request(addr, "GET", "/kv/hvd/big", Some(TOKEN), None, b"").0,
+        404,
+        "nothing was stored"
+    );
+}
+
+#[test]
+fn bodies_past_the_server_wide_budget_get_503_not_memory() {
+    let server = server_with(Limits {
+        max_inflight_body_bytes: 64 * 1024,
+        ..small_limits()
+    });
+    let addr = server.addr();
+    // One slow body holds most of the budget...
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(
+        format!("PUT /kv/hvd/a HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 60000\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    slow.write_all(&[b'a'; 50_000]).unwrap();
+    assert!(eventually(|| server.stats().body_bytes_reserved >= 50_000));
+    // ...so a second large body is refused with 503 (retry later), and a small one still fits.
+    let (status, _) = request(addr, "PUT", "/kv/hvd/b", Some(TOKEN), None, &[b'b'; 30_000]);
+    assert_eq!(status, 503);
+    assert_eq!(
+        request(addr, "PUT", "/kv/hvd/c", Some(TOKEN), None, b"small").0,
+        200
+    );
+    slow.write_all(&[b'a'; 10_000]).unwrap();
+    let mut out = Vec::new();
+    slow.read_to_end(&mut out).unwrap();
+    assert_eq!(parse_response(&out).0, 200);
+    assert_eq!(server.stats().body_bytes_reserved, 0);
+}
+
+#[test]
+fn joined_marks_are_ranks_of_the_job_taken_once() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("a".into(), 2), ("b".into(), 2)]);
+    let (status, body) = request(addr, "GET", "/kv/hvd/k", Some(TOKEN), Some(u32::MAX), b"");
+    assert_eq!(status, 400);
+    assert!(
+        String::from_utf8_lossy(&body).contains("not a rank of this job (ranks are 0..4)"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert_eq!(
+        request(addr, "GET", "/kv/hvd/k", Some(TOKEN), Some(4), b"").0,
+        400
+    );
+    assert!(server.joined_ranks().is_empty());
+    // Rank 3 joins as one process; the same process may keep asking; another process claiming rank 3 is refused.
+    assert_eq!(request_as_join(addr, 3, "proc-a").0, 404);
+    assert_eq!(request_as_join(addr, 3, "proc-a").0, 404);
+    let (status, body) = request_as_join(addr, 3, "proc-b");
+    assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("rank 3 already joined"));
+    assert_eq!(
+        request(addr, "GET", "/kv/hvd/k", Some(TOKEN), Some(3), b"").0,
+        409,
+        "a client without an identity cannot take over rank 3 either"
+    );
+    assert_eq!(request_as_join(addr, 3, "bad join id!").0, 400);
+    assert_eq!(
+        server.joined_ranks().into_iter().collect::<Vec<_>>(),
+        vec![3]
+    );
+}
+
+#[test]
+fn keys_and_scopes_count_against_the_store_limit() {
+    let server = server_with(Limits {
+        max_store_bytes: 2000,
+        ..small_limits()
+    });
+    let addr = server.addr();
+    let key = "k".repeat(250);
+    // Empty values with long keys: 3 bytes of scope + 250-252 of key each. Without counting keys these would be free.
+    let mut stored = 0;
+    for i in 0..20 {
+        let (status, _) = request(
+            addr,
+            "PUT",
+            &format!("/kv/hvd/{key}{i}"),
+            Some(TOKEN),
+            None,
+            b"",
+        );
+        if status == 507 {
+            break;
+        }
+        assert_eq!(status, 200);
+        stored += 1;
+    }
+    assert_eq!(stored, 7, "2000 bytes hold seven 253-byte entries");
+    assert!(server.stats().store_bytes > 1700, "{:?}", server.stats());
+    // Gloo keys count too (stored under their own scope).
+    let (status, _) = request(
+        addr,
+        "PUT",
+        &format!("/global/{}", "g".repeat(400)),
+        None,
+        None,
+        b"",
+    );
+    assert_eq!(status, 507);
+    // Deleting gives the bytes back.
+    for i in 0..stored {
+        request(
+            addr,
+            "DELETE",
+            &format!("/kv/hvd/{key}{i}"),
+            Some(TOKEN),
+            None,
+            b"",
+        );
+    }
+    assert_eq!(server.stats().store_bytes, 0);
+    assert_eq!(
+        request(
+            addr,
+            "PUT",
+            &format!("/global/{}", "g".repeat(400)),
+            None,
+            None,
+            b""
+        )
+        .0,
+        200
+    );
+}
+
+#[test]
+fn the_head_limit_is_exact() {
+    let limit = 512;
+    let server = server_with(Limits {
+        max_head_bytes: limit,
+        ..small_limits()
+    });
+    let head_of = |len: usize| {
+        let start =
+            format!("GET /kv/hvd/k HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Filler: ");
+        let mut h = start.into_bytes();
+        h.resize(len - 4, b'a');
+        h.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(h.len(), len);
+        h
+    };
+    assert_eq!(
+        raw(server.addr(), &head_of(limit)).0,
+        404,
+        "exactly the limit is read"
+    );
+    assert_eq!(
+        raw(server.addr(), &head_of(limit + 1)).0,
+        431,
+        "one byte more is refused"
+    );
+}
+
+#[test]
+fn gloo_finish_marks_must_be_ranks_of_the_scope() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("localhost".into(), 2)]);
+    assert_eq!(request(addr, "DELETE", "/global/2", None, None, b"").0, 400);
+    assert_eq!(request(addr, "DELETE", "/global/x", None, None, b"").0, 400);
+}
+
+/// The name of a second local user for the gloo ownership test, created when missing.
+const OTHER_USER: &str = "hvd-rdv-other";
+
+fn ensure_other_user() -> Option<u32> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "\n\n*** SKIPPED gloo_requests_from_another_local_user_are_refused: it must run as root to create and \
+             act as a second user ***\n"
+        );
+        return None;
+    }
+    let id = |name: &str| {
+        let out = Command::new("id").args(["-u", name]).output().unwrap();
+        out.status.success().then(|| {
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u32>()
+                .unwrap()
+        })
+    };
+    if let Some(uid) = id(OTHER_USER) {
+        return Some(uid);
+    }
+    let status = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            OTHER_USER,
+        ])
+        .status()
+        .expect("run useradd");
+    // Another test binary may have created it at the same moment.
+    assert!(
+        status.success() || id(OTHER_USER).is_some(),
+        "useradd {OTHER_USER} failed"
+    );
+    id(OTHER_USER)
+}
+
+/// Sends `request` over a fresh loopback connection made by a bash process running as `uid`; returns the answer.
+fn raw_as(uid: u32, addr: SocketAddr, request: &str) -> (u16, Vec<u8>) {
+    let script = format!(
+        "exec 3<>/dev/tcp/{}/{} && printf '%s' \"$1\" >&3 && cat <&3",
+        addr.ip(),
+        addr.port()
+    );
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "--",
+            "timeout",
+            "60",
+            "bash",
+            "-c",
+            &script,
+            "bash",
+            request,
+        ])
+        .output()
+        .expect("run setpriv");
+    assert!(
+        out.status.success(),
+        "bash as uid {uid}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_response(&out.stdout)
+}
+
+#[test]
+fn gloo_requests_from_another_local_user_are_refused() {
+    let Some(other) = ensure_other_user() else {
+        return;
+    };
+    let server = server();
+    let addr = server.addr();
+    assert_eq!(
+        request(addr, "PUT", "/global/rank_0", None, None, b"secret").0,
+        200
+    );
+    for (method, path) in [
+        ("GET", "/global/rank_0"),
+        ("PUT", "/global/rank_0"),
+        ("DELETE", "/global/rank_0"),
+    ] {
+        let req = format!("{method} {path} HTTP/1.1\r\nContent-Length: 4\r\n\r\nevil");
+        let (status, body) = raw_as(other, addr, &req);
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, 403, "{method} as uid {other}: {body}");
+        assert!(body.contains(&format!("not uid {other}")), "{body}");
+        assert!(!body.contains("secret"));
+    }
+    // The job's own user through the same kind of client is answered, and the value is untouched.
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    assert_eq!(
+        raw_as(
+            me,
+            addr,
+            "GET /global/rank_0 HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+        ),
+        (200, b"secret".to_vec())
+    );
+    // The other user can still use the token endpoints if it has the token: those do not depend on who connects.
+    let req = format!(
+        "GET /kv/hvd/none HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n"
+    );
+    assert_eq!(raw_as(other, addr, &req).0, 404);
 }
