@@ -158,7 +158,11 @@ impl Project {
                 },
                 filename: filename.into(),
                 url: format!("{}/{filename}", self.base),
-                sha256: hvd_builder::Sha256::of_file(&path).unwrap().to_string(),
+                sha256: hvd_builder::Sha256::of_file(&path)
+                    .unwrap()
+                    .to_string()
+                    .parse()
+                    .unwrap(),
                 size: std::fs::metadata(&path).unwrap().len(),
             },
             dependencies: deps
@@ -296,8 +300,8 @@ fn build_exec_why_depends_locked_and_gc() {
 fn hash_mismatch_fails_the_build_naming_the_url() {
     let p = project("\"helper==1.0\"");
     let mut helper = p.package("helper", "helper-1.0-py3-none-any.whl", &[]);
-    let actual = helper.artifact.sha256.clone();
-    helper.artifact.sha256 = "0".repeat(64);
+    let actual = helper.artifact.sha256.to_string();
+    helper.artifact.sha256 = "0".repeat(64).parse().unwrap();
     p.lock(vec![helper.clone()], vec![]);
     let out = p.hvd(&["build", &p.file().display().to_string(), "--locked"]);
     let (_, err) = text(&out);

@@ -1,9 +1,12 @@
 //! Downloads into the sha256-keyed cache: concurrent, verified while streaming, renamed into place only when the
-//! digest matches. `file://` URLs and plain paths are read the same way (local artifacts, tests).
+//! digest matches. A download stops at the locked size (or at [`MAX_DOWNLOAD_BYTES`] when the lock has none) and
+//! a file of another size is refused. `file://` URLs and plain paths (allowed by the lockfile reader only for a
+//! local index) are streamed the same way, with the same limits, and must be regular files. Temp files are
+//! unique per download; ones left by a killed process are removed by the next fetch once stale.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use sha2::Digest;
@@ -34,6 +37,39 @@ pub struct Fetcher {
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// The most bytes one download may have when the lock records no size.
+pub const MAX_DOWNLOAD_BYTES: u64 = 16 << 30;
+/// A `.part` file untouched this long belongs to a download that died: a live one writes at least every read
+/// timeout (120 s) or fails.
+const STALE_PART: Duration = Duration::from_secs(3600);
+
+/// Remove `.part` files in `dir` that no live download can own (older than [`STALE_PART`]). Returns how many.
+pub fn remove_stale_parts(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with('.') && name.ends_with(".part")) {
+            continue;
+        }
+        let stale = entry
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .is_some_and(|age| age > STALE_PART);
+        if stale && std::fs::remove_file(entry.path()).is_ok() {
+            tracing::debug!(file = %entry.path().display(), "removed a stale partial download");
+            removed += 1;
+        }
+    }
+    removed
+}
+
 impl Fetcher {
     /// A fetcher caching under `cache` (`<cache>/sha256/<hex>`).
     pub fn new(cache: impl Into<PathBuf>, offline: bool) -> Fetcher {
@@ -60,6 +96,7 @@ impl Fetcher {
             .filter(|a| !self.cached_path(&a.sha256).is_file())
             .collect();
         if !missing.is_empty() {
+            remove_stale_parts(&self.cache.join("sha256"));
             if self.offline
                 && let Some(first) = missing.iter().find(|a| !is_local(&a.url))
             {
@@ -181,17 +218,67 @@ impl Fetcher {
         progress: &dyn Progress,
     ) -> Result<Sha256> {
         let mut hasher = sha2::Sha256::new();
-        let mut out = tokio::fs::File::create(temp).await.map_err(|err| {
-            std::io::Error::other(format!("failed to create `{}`: {err}", temp.display()))
-        })?;
+        let mut out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(temp)
+            .await
+            .map_err(|err| {
+                std::io::Error::other(format!("failed to create `{}`: {err}", temp.display()))
+            })?;
         let write_error = |err: std::io::Error| {
             std::io::Error::other(format!("failed to write `{}`: {err}", temp.display()))
         };
+        // Stop at the locked size: a longer file is refused without reading further.
+        let limit = artifact.size.unwrap_or(MAX_DOWNLOAD_BYTES);
+        let mut received = 0u64;
+        let too_large = || {
+            Error::Invalid(format!(
+                "`{}` ({}) is larger than {} {limit} bytes; refusing it, nothing was installed",
+                artifact.url,
+                artifact.filename,
+                if artifact.size.is_some() {
+                    "its locked size of"
+                } else {
+                    "the limit of"
+                }
+            ))
+        };
+        let count = |received: &mut u64, len: usize| -> Result<()> {
+            *received = received.saturating_add(len as u64);
+            if *received > limit {
+                return Err(too_large());
+            }
+            Ok(())
+        };
         if let Some(local) = local_path(&artifact.url) {
-            let bytes = fs_err::read(&local)?;
-            hasher.update(&bytes);
-            out.write_all(&bytes).await.map_err(write_error)?;
-            progress.download_progress(id, bytes.len() as u64);
+            use tokio::io::AsyncReadExt;
+            let mut file = tokio::fs::File::open(&local).await.map_err(|err| {
+                std::io::Error::other(format!("failed to open `{}`: {err}", local.display()))
+            })?;
+            let meta = file.metadata().await.map_err(|err| {
+                std::io::Error::other(format!("failed to stat `{}`: {err}", local.display()))
+            })?;
+            if !meta.is_file() {
+                return Err(Error::Invalid(format!(
+                    "`{}` ({}) is not a regular file; refusing it",
+                    local.display(),
+                    artifact.filename
+                )));
+            }
+            let mut buffer = vec![0u8; 1 << 16];
+            loop {
+                let n = file.read(&mut buffer).await.map_err(|err| {
+                    std::io::Error::other(format!("failed to read `{}`: {err}", local.display()))
+                })?;
+                if n == 0 {
+                    break;
+                }
+                count(&mut received, n)?;
+                hasher.update(&buffer[..n]);
+                out.write_all(&buffer[..n]).await.map_err(write_error)?;
+                progress.download_progress(id, n as u64);
+            }
         } else {
             let download_error = |err: reqwest::Error| Error::Download {
                 url: artifact.url.clone(),
@@ -209,15 +296,30 @@ impl Fetcher {
                     message: format!("server answered {status}"),
                 });
             }
+            if response.content_length().is_some_and(|n| n > limit) {
+                return Err(too_large());
+            }
             let mut stream = response.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(download_error)?;
+                count(&mut received, chunk.len())?;
                 hasher.update(&chunk);
                 out.write_all(&chunk).await.map_err(write_error)?;
                 progress.download_progress(id, chunk.len() as u64);
             }
         }
         out.flush().await.map_err(write_error)?;
+        if let Some(size) = artifact.size
+            && received != size
+        {
+            return Err(Error::Download {
+                url: artifact.url.clone(),
+                message: format!(
+                    "got {received} bytes of {}, the lock says {size}",
+                    artifact.filename
+                ),
+            });
+        }
         Ok(Sha256::from_hasher(hasher))
     }
 }

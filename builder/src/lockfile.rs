@@ -32,7 +32,7 @@ pub fn plan_from_lockfile(lock: &Lockfile, name: &str) -> Result<EnvPlan> {
             version: tool
                 .map(|t| t.version.clone())
                 .unwrap_or_else(|| pin.requested.clone()),
-            sha256: tool.and_then(|t| t.sha256.parse().ok()),
+            sha256: tool.and_then(|t| t.sha256.as_str().parse().ok()),
             path: None,
         }
     });
@@ -49,7 +49,7 @@ fn package_plan(package: &LockedPackage, build: Option<&LockedBuild>) -> Result<
     let artifact = Artifact {
         url: package.artifact.url.clone(),
         filename: package.artifact.filename.clone(),
-        sha256: package.artifact.sha256.parse().map_err(|_| {
+        sha256: package.artifact.sha256.as_str().parse().map_err(|_| {
             Error::Invalid(format!(
                 "the lock's sha256 `{}` of {} {} is not a sha256; run `hvd lock` again",
                 package.artifact.sha256, package.name, package.version

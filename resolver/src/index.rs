@@ -13,8 +13,9 @@ use reqwest::header::{
 };
 use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use sha2::Digest;
 
+use crate::digest::Sha256;
 use crate::metadata::{self, CoreMetadata};
 
 const SIMPLE_ACCEPT: &str = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01";
@@ -23,6 +24,14 @@ const TAIL_BYTES: u64 = 64 * 1024;
 /// Bytes fetched before a central directory that is not in the tail (METADATA usually sits there).
 const LEADING_BYTES: u64 = 32 * 1024;
 const RETRIES: u32 = 3;
+/// The most bytes read for one project page (the largest real pages are a few tens of MB).
+const MAX_PAGE_BYTES: u64 = 256 << 20;
+/// The most bytes read for one METADATA file (PEP 658) or range answer beyond what was asked.
+const MAX_METADATA_BYTES: u64 = 64 << 20;
+/// The most bytes of an sdist read into memory for its PKG-INFO, and of any artifact hashed at lock time.
+const MAX_ARTIFACT_BYTES: u64 = 4 << 30;
+/// The most bytes of an sdist held in memory to read its PKG-INFO.
+const MAX_SDIST_BYTES: u64 = 1 << 30;
 
 /// A failure talking to the index.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +64,18 @@ pub enum IndexError {
     Cache(#[from] std::io::Error),
     #[error("bad index url `{0}`")]
     BadUrl(String),
+    #[error(
+        "`{url}` does not match the sha256 the index lists for it: expected {expected}, got {actual}; the index or the file was changed, nothing was cached"
+    )]
+    HashMismatch {
+        url: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("`{url}` is larger than the {limit} bytes hvd reads for it; refusing it")]
+    TooLarge { url: String, limit: u64 },
+    #[error("reading `{url}` failed: {message} (an internal error, please report it)")]
+    Panicked { url: String, message: String },
 }
 
 /// One file listed on a project page.
@@ -63,12 +84,16 @@ pub struct IndexFile {
     pub filename: String,
     /// Absolute URL without fragment.
     pub url: String,
-    pub sha256: Option<String>,
+    /// The digest the index lists (validated: 64 hex digits).
+    pub sha256: Option<Sha256>,
     pub size: Option<u64>,
     pub requires_python: Option<String>,
     pub yanked: bool,
     /// PEP 658/714: `<url>.metadata` is served.
     pub core_metadata: bool,
+    /// PEP 658/714: the sha256 of `<url>.metadata`, when the index gives it (checked on download).
+    #[serde(default)]
+    pub core_metadata_sha256: Option<Sha256>,
 }
 
 /// A project page of the simple API.
@@ -140,18 +165,42 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn url_key(url: &str) -> String {
-    hex::encode(Sha256::digest(url.as_bytes()))
+/// A cache file name: the hex sha256 of `key`. Cache file names are always digests hvd computed, never text
+/// from an index, so nothing an index says can steer a write outside the cache.
+fn url_key(key: &str) -> String {
+    hex::encode(sha2::Sha256::digest(key.as_bytes()))
 }
 
-/// Write a file atomically: readers see the old or the new content, never half.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        fs_err::create_dir_all(parent)?;
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Write a file atomically: readers see the old or the new content, never half. The temp name is unique per
+/// process and write (two locks, or two tasks of one lock, never share it) and created exclusively.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let parent = path.parent().unwrap_or(Path::new("."));
+    fs_err::create_dir_all(parent)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = parent.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut file = fs_err::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        drop(file);
+        fs_err::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    fs_err::write(&tmp, bytes)?;
-    fs_err::rename(&tmp, path)
+    result
 }
 
 fn parse_cache_control(headers: &HeaderMap) -> (Option<u64>, bool) {
@@ -268,15 +317,71 @@ impl IndexClient {
         }
     }
 
-    async fn body(&self, url: &str, response: reqwest::Response) -> Result<Vec<u8>, IndexError> {
-        let bytes = response.bytes().await.map_err(|source| IndexError::Http {
+    /// Read a response body, at most `limit` bytes (a hostile server cannot make hvd hold more).
+    async fn body(
+        &self,
+        url: &str,
+        mut response: reqwest::Response,
+        limit: u64,
+    ) -> Result<Vec<u8>, IndexError> {
+        let too_large = || IndexError::TooLarge {
+            url: url.to_string(),
+            limit,
+        };
+        if response.content_length().is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        let capacity = response.content_length().unwrap_or(0).min(limit);
+        let mut out = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+        while let Some(chunk) = response.chunk().await.map_err(|source| IndexError::Http {
             url: url.to_string(),
             source,
-        })?;
-        self.stats
-            .bytes
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        Ok(bytes.to_vec())
+        })? {
+            self.stats
+                .bytes
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            if (out.len() as u64).saturating_add(chunk.len() as u64) > limit {
+                return Err(too_large());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+
+    /// Stream an artifact and hash it, keeping nothing: for indexes that list no sha256, so the lockfile never
+    /// records an empty hash. Returns the digest and the size.
+    pub async fn artifact_digest(&self, file: &IndexFile) -> Result<(Sha256, u64), IndexError> {
+        if self.options.offline {
+            return Err(IndexError::Offline {
+                url: file.url.clone(),
+            });
+        }
+        let mut response = self.send(&file.url, HeaderMap::new()).await?;
+        if !response.status().is_success() {
+            return Err(IndexError::Status {
+                url: file.url.clone(),
+                status: response.status().as_u16(),
+            });
+        }
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        while let Some(chunk) = response.chunk().await.map_err(|source| IndexError::Http {
+            url: file.url.clone(),
+            source,
+        })? {
+            self.stats
+                .bytes
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            size = size.saturating_add(chunk.len() as u64);
+            if size > MAX_ARTIFACT_BYTES {
+                return Err(IndexError::TooLarge {
+                    url: file.url.clone(),
+                    limit: MAX_ARTIFACT_BYTES,
+                });
+            }
+            hasher.update(&chunk);
+        }
+        Ok((Sha256::from_hasher(hasher), size))
     }
 
     /// GET through the HTTP cache: fresh entries are served as is, stale ones revalidated with
@@ -350,7 +455,7 @@ impl IndexClient {
             max_age,
             no_cache,
         };
-        let body = self.body(url, response).await?;
+        let body = self.body(url, response, MAX_PAGE_BYTES).await?;
         write_atomic(&body_path, &body)?;
         write_atomic(&meta_path, &serde_json::to_vec(&meta).unwrap_or_default())?;
         Ok(Some((body, content_type)))
@@ -376,11 +481,11 @@ impl IndexClient {
         let files = if content_type.contains("json") {
             parse_json_page(&body, &base)
         } else {
-            Ok(parse_html_page(&String::from_utf8_lossy(&body), &base))
+            parse_html_page(&String::from_utf8_lossy(&body), &base)
         }
         .map_err(|message| IndexError::Parse {
             url: url.clone(),
-            message,
+            message: format!("package `{name}`: {message}"),
         })?;
         Ok(ProjectPage {
             name: name.to_string(),
@@ -389,14 +494,19 @@ impl IndexClient {
         })
     }
 
-    fn immutable_key(file: &IndexFile, what: &str) -> String {
-        match &file.sha256 {
-            Some(sha) => format!("{what}-{sha}"),
-            None => format!("{what}-{}", url_key(&file.url)),
-        }
+    /// The metadata-cache key of a file: a digest of what identifies the bytes the entry was read from — this
+    /// index, the artifact URL the bytes came from, and the sha256 listed for it. Keyed by the URL, an entry
+    /// only ever holds what that URL served (so one index cannot plant metadata for another index's file by
+    /// claiming its sha256), and a new listed digest for the same URL is a new entry.
+    fn metadata_key(&self, file: &IndexFile, what: &str) -> String {
+        let claimed = file.sha256.as_ref().map_or("-", Sha256::as_str);
+        url_key(&format!(
+            "metadata-v2\n{what}\n{}\n{}\n{claimed}",
+            self.options.index_url, file.url
+        ))
     }
 
-    /// Metadata is immutable per artifact (a file's sha256 never changes its content), so it is cached forever.
+    /// Metadata is immutable per key (URL and listed sha256), so it is cached forever.
     fn cached_metadata(&self, key: &str) -> Option<Vec<u8>> {
         let b = fs_err::read(self.cache_path("metadata", key)).ok()?;
         self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -405,7 +515,7 @@ impl IndexClient {
 
     /// Core metadata of a wheel: PEP 658 file when offered, else METADATA read by range from the wheel.
     pub async fn wheel_metadata(&self, file: &IndexFile) -> Result<CoreMetadata, IndexError> {
-        let key = Self::immutable_key(file, "wheel");
+        let key = self.metadata_key(file, "wheel");
         if let Some(bytes) = self.cached_metadata(&key) {
             return Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)));
         }
@@ -419,13 +529,17 @@ impl IndexClient {
             let url = format!("{}.metadata", file.url);
             let response = self.send(&url, HeaderMap::new()).await?;
             if response.status().is_success() {
-                bytes = Some(self.body(&url, response).await?);
+                let body = self.body(&url, response, MAX_METADATA_BYTES).await?;
+                if let Some(expected) = &file.core_metadata_sha256 {
+                    check_digest(&url, expected, &Sha256::of_bytes(&body))?;
+                }
+                bytes = Some(body);
             }
         }
         let started = std::time::Instant::now();
         let bytes = match bytes {
             Some(b) => b,
-            None => self.metadata_by_range(&file.url).await?,
+            None => self.metadata_by_range(file).await?,
         };
         tracing::debug!(
             file = file.filename,
@@ -436,10 +550,13 @@ impl IndexClient {
         Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
     }
 
+    /// GET a byte range. `asked` is the length requested: a 206 answer may not be longer; a 200 answer (no range
+    /// support: the whole file) is read up to [`MAX_SDIST_BYTES`].
     async fn get_range(
         &self,
         url: &str,
         range: String,
+        asked: u64,
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), IndexError> {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -460,56 +577,98 @@ impl IndexClient {
             cr.rsplit_once('/')
                 .and_then(|(_, t)| t.trim().parse::<u64>().ok())
         });
-        let body = self.body(url, response).await?;
+        let limit = if status == StatusCode::PARTIAL_CONTENT {
+            asked
+        } else {
+            MAX_SDIST_BYTES
+        };
+        let body = self.body(url, response, limit).await?;
         Ok((status, total, body))
     }
 
-    async fn metadata_by_range(&self, url: &str) -> Result<Vec<u8>, IndexError> {
+    /// METADATA of a wheel read by HTTP ranges: the tail (central directory), then, if needed, the directory and
+    /// what precedes it, then the entry. Every offset comes from the server and is checked against the file size
+    /// and the bytes actually received (a lying central directory is an error, never a panic).
+    async fn metadata_by_range(&self, file: &IndexFile) -> Result<Vec<u8>, IndexError> {
+        let url = file.url.as_str();
         let zip_err = |source| IndexError::Zip {
             url: url.to_string(),
             source,
         };
-        let (status, total, tail) = self.get_range(url, format!("bytes=-{TAIL_BYTES}")).await?;
+        let bad = |what: &'static str| IndexError::Zip {
+            url: url.to_string(),
+            source: metadata::ZipError::Format(what),
+        };
+        let (status, total, tail) = self
+            .get_range(url, format!("bytes=-{TAIL_BYTES}"), TAIL_BYTES)
+            .await?;
         let total = match (status, total) {
             (StatusCode::PARTIAL_CONTENT, Some(total)) => total,
-            // No range support: the whole wheel came back.
-            _ => return metadata::metadata_from_wheel_bytes(&tail).map_err(zip_err),
+            // No range support: the whole wheel came back, so it can be checked against the listed digest.
+            _ => {
+                if let Some(expected) = &file.sha256 {
+                    check_digest(url, expected, &Sha256::of_bytes(&tail))?;
+                }
+                return metadata::metadata_from_wheel_bytes(&tail).map_err(zip_err);
+            }
         };
-        let tail_start = total - tail.len() as u64;
+        let tail_start = total
+            .checked_sub(tail.len() as u64)
+            .ok_or_else(|| bad("range answer longer than the file it claims"))?;
         let (cd_offset, cd_size) =
             metadata::find_central_directory(&tail, total).map_err(zip_err)?;
+        if cd_size > MAX_METADATA_BYTES {
+            return Err(bad("central directory too large"));
+        }
+        let cd_end = cd_offset + cd_size; // find_central_directory checked it is within the file
         // When the central directory is not in the tail (big wheels), fetch it together with what precedes it:
         // `.dist-info/` is written last, right before the directory, so METADATA usually comes along.
         let (region_start, region) = if cd_offset >= tail_start {
-            (tail_start, tail.clone())
+            (tail_start, tail)
         } else {
             let from = cd_offset.saturating_sub(LEADING_BYTES);
-            let (_, _, bytes) = self
-                .get_range(url, format!("bytes={from}-{}", tail_start - 1))
+            let asked = cd_end - from;
+            let (status, _, bytes) = self
+                .get_range(
+                    url,
+                    format!("bytes={from}-{}", cd_end.saturating_sub(1)),
+                    asked,
+                )
                 .await?;
-            let mut region = bytes;
-            region.extend_from_slice(&tail);
-            (from, region)
+            if status != StatusCode::PARTIAL_CONTENT || bytes.len() as u64 != asked {
+                return Err(bad("short range answer"));
+            }
+            (from, bytes)
         };
-        let short = || IndexError::Zip {
-            url: url.to_string(),
-            source: metadata::ZipError::Format("short range answer"),
+        let slice = |from: u64, to: u64| -> Option<&[u8]> {
+            let a = usize::try_from(from.checked_sub(region_start)?).ok()?;
+            let b = usize::try_from(to.checked_sub(region_start)?).ok()?;
+            region.get(a..b)
         };
-        let cd = region
-            .get((cd_offset - region_start) as usize..(cd_offset - region_start + cd_size) as usize)
-            .ok_or_else(short)?
+        let cd = slice(cd_offset, cd_end)
+            .ok_or_else(|| bad("short range answer"))?
             .to_vec();
         let entries = metadata::parse_central_directory(&cd).map_err(zip_err)?;
         let entry = metadata::metadata_entry(&entries).map_err(zip_err)?.clone();
+        if entry.compressed_size > MAX_METADATA_BYTES {
+            return Err(bad("METADATA entry too large"));
+        }
         // The local header's extra field may differ from the central one; leave room for it.
         let want = 30 + entry.name.len() as u64 + 1024 + entry.compressed_size;
         let start = entry.local_header_offset;
-        let end = (start + want).min(total) - 1;
-        let local = if start >= region_start && end < total {
-            region[(start - region_start) as usize..].to_vec()
-        } else {
-            self.get_range(url, format!("bytes={start}-{end}")).await?.2
-        };
+        if start >= total {
+            return Err(bad("METADATA entry offset outside the file"));
+        }
+        let end = start.saturating_add(want).min(total); // exclusive
+        let region_end = region_start + region.len() as u64;
+        if let Some(bytes) = slice(start, end.min(region_end))
+            && let Ok(data) = metadata::read_local_entry(bytes, &entry)
+        {
+            return Ok(data);
+        }
+        let (_, _, local) = self
+            .get_range(url, format!("bytes={start}-{}", end - 1), end - start)
+            .await?;
         metadata::read_local_entry(&local, &entry).map_err(zip_err)
     }
 
@@ -519,7 +678,7 @@ impl IndexClient {
         &self,
         file: &IndexFile,
     ) -> Result<Option<CoreMetadata>, IndexError> {
-        let key = Self::immutable_key(file, "sdist");
+        let key = self.metadata_key(file, "sdist");
         if let Some(bytes) = self.cached_metadata(&key) {
             return Ok(Some(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
                 .filter(|_| !bytes.is_empty()));
@@ -556,7 +715,12 @@ impl IndexClient {
                 status: response.status().as_u16(),
             });
         }
-        let bytes = self.body(&file.url, response).await?;
+        let bytes = self.body(&file.url, response, MAX_SDIST_BYTES).await?;
+        // The whole file is here: check it against the listed digest before anything is read out of it, so the
+        // cache only ever holds what was read from the bytes the index vouched for.
+        if let Some(expected) = &file.sha256 {
+            check_digest(&file.url, expected, &Sha256::of_bytes(&bytes))?;
+        }
         let sdist_error = |message: String| IndexError::Sdist {
             url: file.url.clone(),
             message,
@@ -572,7 +736,7 @@ impl IndexClient {
         file: &IndexFile,
         requires: &[String],
     ) -> Result<(), IndexError> {
-        let key = Self::immutable_key(file, "sdist-build");
+        let key = self.metadata_key(file, "sdist-build");
         let text: String = requires.iter().map(|r| format!("{r}\n")).collect();
         write_atomic(&self.cache_path("metadata", &key), text.as_bytes())?;
         Ok(())
@@ -582,7 +746,7 @@ impl IndexClient {
     /// 517 default ([`metadata::DEFAULT_BUILD_REQUIRES`]). Usually cached by [`Self::sdist_metadata`]'s download.
     /// A `.zip` sdist is not opened: it gets the default.
     pub async fn sdist_build_requires(&self, file: &IndexFile) -> Result<Vec<String>, IndexError> {
-        let key = Self::immutable_key(file, "sdist-build");
+        let key = self.metadata_key(file, "sdist-build");
         if let Some(bytes) = self.cached_metadata(&key) {
             return Ok(String::from_utf8_lossy(&bytes)
                 .lines()
@@ -604,6 +768,18 @@ impl IndexClient {
         let contents = self.download_sdist(file).await?;
         self.store_build_requires(file, &contents.build_requires)?;
         Ok(contents.build_requires)
+    }
+}
+
+fn check_digest(url: &str, expected: &Sha256, actual: &Sha256) -> Result<(), IndexError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(IndexError::HashMismatch {
+            url: url.to_string(),
+            expected: expected.to_string(),
+            actual: actual.to_string(),
+        })
     }
 }
 
@@ -665,21 +841,54 @@ fn absolute(base: &Url, href: &str) -> Result<(String, Option<String>), String> 
     Ok((url.to_string(), fragment))
 }
 
-/// Parse a PEP 691 JSON project page.
+/// A listed sha256, validated where it is parsed: anything but 64 hex digits refuses the page, naming the file.
+fn listed_sha256(filename: &str, value: Option<&str>) -> Result<Option<Sha256>, String> {
+    value
+        .map(|v| {
+            v.parse::<Sha256>().map_err(|e| {
+                format!(
+                    "file `{}` lists sha256 {e}; refusing the page",
+                    filename.escape_debug()
+                )
+            })
+        })
+        .transpose()
+}
+
+/// The PEP 658/714 metadata digest: `{"sha256": "..."}` (`true` means served, digest unknown).
+fn metadata_sha256(filename: &str, v: &serde_json::Value) -> Result<Option<Sha256>, String> {
+    match v.get("sha256") {
+        Some(serde_json::Value::String(h)) => listed_sha256(filename, Some(h)),
+        Some(_) => Err(format!(
+            "file `{}` lists a non-string core-metadata sha256; refusing the page",
+            filename.escape_debug()
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Parse a PEP 691 JSON project page. Listed sha256 digests are validated here (64 hex digits).
 pub fn parse_json_page(body: &[u8], base: &Url) -> Result<Vec<IndexFile>, String> {
     let page: JsonPage = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     page.files
         .into_iter()
         .map(|f| {
             let (url, _) = absolute(base, &f.url)?;
+            let sha256 = listed_sha256(&f.filename, f.hashes.get("sha256").map(String::as_str))?;
+            let core_metadata_sha256 = if truthy(&f.core_metadata) {
+                metadata_sha256(&f.filename, &f.core_metadata)?
+            } else {
+                metadata_sha256(&f.filename, &f.dist_info_metadata)?
+            };
             Ok(IndexFile {
                 filename: f.filename,
                 url,
-                sha256: f.hashes.get("sha256").map(|s| s.to_ascii_lowercase()),
+                sha256,
                 size: f.size,
                 requires_python: f.requires_python.filter(|s| !s.trim().is_empty()),
                 yanked: truthy(&f.yanked),
                 core_metadata: truthy(&f.core_metadata) || truthy(&f.dist_info_metadata),
+                core_metadata_sha256,
             })
         })
         .collect()
@@ -723,8 +932,9 @@ fn attribute(tag: &str, name: &str) -> Option<String> {
     None
 }
 
-/// Parse a PEP 503 HTML project page (anchors with `data-*` attributes).
-pub fn parse_html_page(body: &str, base: &Url) -> Vec<IndexFile> {
+/// Parse a PEP 503 HTML project page (anchors with `data-*` attributes). A `#sha256=` fragment that is not 64
+/// hex digits refuses the page.
+pub fn parse_html_page(body: &str, base: &Url) -> Result<Vec<IndexFile>, String> {
     let mut out = Vec::new();
     let mut rest = body;
     while let Some(start) = rest.find("<a ").or_else(|| rest.find("<A ")) {
@@ -747,7 +957,18 @@ pub fn parse_html_page(body: &str, base: &Url) -> Vec<IndexFile> {
         let Ok((url, fragment)) = absolute(base, &href) else {
             continue;
         };
-        let sha256 = fragment.and_then(|f| f.strip_prefix("sha256=").map(str::to_ascii_lowercase));
+        let sha256 = listed_sha256(
+            &text,
+            fragment.as_deref().and_then(|f| f.strip_prefix("sha256=")),
+        )?;
+        let metadata_attr = attribute(tag, "data-core-metadata")
+            .or_else(|| attribute(tag, "data-dist-info-metadata"));
+        let core_metadata_sha256 = listed_sha256(
+            &text,
+            metadata_attr
+                .as_deref()
+                .and_then(|v| v.strip_prefix("sha256=")),
+        )?;
         out.push(IndexFile {
             filename: text,
             url,
@@ -756,45 +977,129 @@ pub fn parse_html_page(body: &str, base: &Url) -> Vec<IndexFile> {
             requires_python: attribute(tag, "data-requires-python")
                 .filter(|s| !s.trim().is_empty()),
             yanked: attribute(tag, "data-yanked").is_some(),
-            core_metadata: attribute(tag, "data-core-metadata")
-                .or_else(|| attribute(tag, "data-dist-info-metadata"))
-                .is_some_and(|v| v != "false"),
+            core_metadata: metadata_attr.is_some_and(|v| v != "false"),
+            core_metadata_sha256,
         });
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn hex(c: char) -> String {
+        c.to_string().repeat(64)
+    }
+
     #[test]
     fn parses_html_anchors() {
         let base = Url::parse("http://127.0.0.1:9/simple/foo/").unwrap();
-        let html = r#"<html><body>
-<a href="../../files/foo-1.0.tar.gz#sha256=ABCD" data-requires-python="&gt;=3.8">foo-1.0.tar.gz</a><br/>
-<a href="http://127.0.0.1:9/files/foo-0.9-py3-none-any.whl" data-yanked="">foo-0.9-py3-none-any.whl</a>
-</body></html>"#;
-        let files = parse_html_page(html, &base);
+        let html = format!(
+            r#"<html><body>
+<a href="../../files/foo-1.0.tar.gz#sha256={}" data-requires-python="&gt;=3.8">foo-1.0.tar.gz</a><br/>
+<a href="http://127.0.0.1:9/files/foo-0.9-py3-none-any.whl" data-yanked="" data-core-metadata="sha256={}">foo-0.9-py3-none-any.whl</a>
+</body></html>"#,
+            hex('A'),
+            hex('c')
+        );
+        let files = parse_html_page(&html, &base).unwrap();
         assert_eq!(files.len(), 2);
         assert_eq!(files[0].url, "http://127.0.0.1:9/files/foo-1.0.tar.gz");
-        assert_eq!(files[0].sha256.as_deref(), Some("abcd"));
+        assert_eq!(
+            files[0].sha256.as_ref().map(Sha256::as_str),
+            Some(hex('a').as_str())
+        );
         assert_eq!(files[0].requires_python.as_deref(), Some(">=3.8"));
         assert!(!files[0].yanked);
-        assert!(files[1].yanked);
+        assert!(files[1].yanked && files[1].sha256.is_none() && files[1].core_metadata);
+        assert_eq!(
+            files[1].core_metadata_sha256.as_ref().map(Sha256::as_str),
+            Some(hex('c').as_str())
+        );
     }
 
     #[test]
     fn parses_json_page() {
         let base = Url::parse("http://127.0.0.1:9/simple/foo/").unwrap();
-        let body = br#"{"meta":{"api-version":"1.1"},"name":"foo","files":[
-{"filename":"foo-1.0-py3-none-any.whl","url":"/files/foo-1.0-py3-none-any.whl","hashes":{"sha256":"aa"},"yanked":"broken","size":12,"core-metadata":{"sha256":"bb"}}]}"#;
-        let files = parse_json_page(body, &base).unwrap();
+        let body = format!(
+            r#"{{"meta":{{"api-version":"1.1"}},"name":"foo","files":[
+{{"filename":"foo-1.0-py3-none-any.whl","url":"/files/foo-1.0-py3-none-any.whl","hashes":{{"sha256":"{}"}},"yanked":"broken","size":12,"core-metadata":{{"sha256":"{}"}}}}]}}"#,
+            hex('a'),
+            hex('b')
+        );
+        let files = parse_json_page(body.as_bytes(), &base).unwrap();
         assert_eq!(
             files[0].url,
             "http://127.0.0.1:9/files/foo-1.0-py3-none-any.whl"
         );
         assert!(files[0].yanked && files[0].core_metadata);
+        assert_eq!(
+            files[0].core_metadata_sha256.as_ref().unwrap().as_str(),
+            hex('b')
+        );
         assert!(parse_json_page(b"{", &base).is_err());
+    }
+
+    /// Issue 16 item 1: the listed sha256 became part of a cache file name and of the lockfile.
+    #[test]
+    fn path_traversal_in_listed_sha256_refuses_the_page() {
+        let base = Url::parse("http://127.0.0.1:9/simple/foo/").unwrap();
+        for hostile in ["../../../../tmp/hvd-pwned", "/etc/passwd", "", "aa", "zz"] {
+            let body = format!(
+                r#"{{"files":[{{"filename":"foo-1.0-py3-none-any.whl","url":"/f/foo-1.0-py3-none-any.whl","hashes":{{"sha256":"{hostile}"}}}}]}}"#
+            );
+            let err = parse_json_page(body.as_bytes(), &base).unwrap_err();
+            assert!(
+                err.contains("foo-1.0-py3-none-any.whl") && err.contains("not a sha256"),
+                "{err}"
+            );
+            let html =
+                format!(r#"<a href="/f/foo-1.0.tar.gz#sha256={hostile}">foo-1.0.tar.gz</a>"#);
+            let err = parse_html_page(&html, &base).unwrap_err();
+            assert!(
+                err.contains("foo-1.0.tar.gz") && err.contains("not a sha256"),
+                "{err}"
+            );
+            let body = format!(
+                r#"{{"files":[{{"filename":"foo-1.0-py3-none-any.whl","url":"/f/foo-1.0-py3-none-any.whl","core-metadata":{{"sha256":"{hostile}"}}}}]}}"#
+            );
+            assert!(parse_json_page(body.as_bytes(), &base).is_err());
+        }
+    }
+
+    #[test]
+    fn cache_file_names_are_digests_whatever_the_index_says() {
+        let cache = std::env::temp_dir().join("hvd-index-unit-cache");
+        let client = IndexClient::new(IndexOptions {
+            index_url: "http://127.0.0.1:9/simple".into(),
+            cache_dir: cache.clone(),
+            offline: true,
+            ca_bundle: None,
+        })
+        .unwrap();
+        let file = IndexFile {
+            filename: "../../x.whl".into(),
+            url: "http://127.0.0.1:9/../../x.whl".into(),
+            sha256: Some(Sha256::of_bytes(b"x")),
+            size: None,
+            requires_python: None,
+            yanked: false,
+            core_metadata: false,
+            core_metadata_sha256: None,
+        };
+        let key = client.metadata_key(&file, "wheel");
+        assert!(key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()));
+        let path = client.cache_path("metadata", &key);
+        assert!(path.starts_with(cache.join("v1/metadata")));
+        // Another index listing the same URL and digest gets another entry.
+        let other = IndexClient::new(IndexOptions {
+            index_url: "http://127.0.0.1:8/simple".into(),
+            cache_dir: cache,
+            offline: true,
+            ca_bundle: None,
+        })
+        .unwrap();
+        assert_ne!(other.metadata_key(&file, "wheel"), key);
     }
 }

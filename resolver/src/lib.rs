@@ -17,6 +17,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod digest;
 pub mod index;
 pub mod lock;
 pub mod lockfile;
@@ -27,6 +28,7 @@ pub mod tags;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use digest::Sha256;
 pub use lock::{LockOptions, LockStats, Locked, ResolveError, lock, lock_detailed};
 pub use lockfile::{Lockfile, LockfileError, Staleness};
 pub use source::SourceMetadataProvider;

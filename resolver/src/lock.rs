@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 
 use hvd_lang::model::Env;
 use pep440_rs::Version;
-use sha2::{Digest, Sha256};
 
 use crate::index::{IndexClient, IndexError, IndexOptions, default_cache_dir};
 use crate::lockfile::{
@@ -358,6 +357,7 @@ fn locked_packages(
     let mut out = Vec::new();
     for (name, (version, edges)) in &resolution.packages {
         let (file, kind) = source.artifact(name, version)?;
+        let (sha256, size) = source.artifact_digest(&file)?;
         out.push(LockedPackage {
             name: name.clone(),
             version: version.to_string(),
@@ -366,8 +366,8 @@ fn locked_packages(
                 kind,
                 filename: file.filename.clone(),
                 url: file.url.clone(),
-                sha256: file.sha256.clone().unwrap_or_default(),
-                size: file.size.unwrap_or(0),
+                sha256,
+                size,
             },
             dependencies: edges
                 .iter()
@@ -578,7 +578,7 @@ pub fn pin_toolchain(name: &str, requested: &str) -> Result<ToolchainPin, Resolv
             command: command.to_string(),
             path: real.display().to_string(),
             version,
-            sha256: hex::encode(Sha256::digest(&bytes)),
+            sha256: crate::digest::Sha256::of_bytes(&bytes),
         });
     }
     Ok(ToolchainPin {
@@ -616,7 +616,7 @@ mod tests {
             assert!(
                 pin.tools
                     .iter()
-                    .any(|t| t.command == "gcc" && t.sha256.len() == 64)
+                    .any(|t| t.command == "gcc" && t.sha256.as_str().len() == 64)
             );
         }
     }

@@ -12,7 +12,9 @@ use std::str::FromStr;
 
 use hvd_lang::model::{Env, PackageRequest, SourceBuild};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use sha2::Digest;
+
+pub use crate::digest::Sha256;
 
 /// The schema version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -132,7 +134,7 @@ pub struct ToolPin {
     /// `<command> -dumpfullversion` (or the first line of `--version`).
     pub version: String,
     /// sha256 of the binary.
-    pub sha256: String,
+    pub sha256: Sha256,
 }
 
 /// One locked package.
@@ -158,9 +160,10 @@ pub struct Artifact {
     pub kind: ArtifactKind,
     pub filename: String,
     pub url: String,
-    /// Hex sha256 from the index (lowercase).
-    pub sha256: String,
-    /// Size in bytes; 0 when the index did not say.
+    /// The sha256 the index listed (or, for an index that lists none, the one hvd computed while streaming the
+    /// file at lock time). Validated when read: 64 hex digits, never empty.
+    pub sha256: Sha256,
+    /// Size in bytes; 0 when the index did not say (downloads then stop at a fixed maximum).
     pub size: u64,
 }
 
@@ -257,21 +260,61 @@ impl Lockfile {
                 supported: SCHEMA_VERSION,
             });
         }
-        toml::from_str(text).map_err(|e| invalid(e.message().to_string()))
+        let lock: Lockfile = toml::from_str(text).map_err(|e| invalid(e.message().to_string()))?;
+        lock.validate().map_err(invalid)?;
+        Ok(lock)
     }
 
-    /// Read a lockfile from disk.
+    /// Check every artifact field strictly (a lockfile may come from a pull request): names are normalized,
+    /// versions are PEP 440, file names are plain file names of the package and version with the suffix of
+    /// their kind, URLs are `http(s)` (or local files, only for a package whose index is itself local), and
+    /// digests are 64 hex digits (the type checks that). Called by [`Lockfile::parse`], so every reader gets it.
+    pub fn validate(&self) -> Result<(), String> {
+        for p in &self.packages {
+            validate_package(p)
+                .map_err(|e| format!("[[package]] `{}`: {e}", p.name.escape_debug()))?;
+        }
+        for b in &self.builds {
+            if !is_normalized_name(&b.package) {
+                return Err(format!(
+                    "[[build]] name `{}` is not a normalized package name",
+                    b.package.escape_debug()
+                ));
+            }
+            for p in &b.packages {
+                validate_package(p).map_err(|e| {
+                    format!(
+                        "[[build.package]] `{}` of `{}`: {e}",
+                        p.name.escape_debug(),
+                        b.package
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Read a lockfile from disk. Refuses files over 64 MiB (a lockfile is a few KB per package).
     pub fn read(path: &Path) -> Result<Lockfile, LockfileError> {
-        let text = fs_err::read_to_string(path)?;
+        use std::io::Read as _;
+        const MAX_LOCKFILE_BYTES: u64 = 64 << 20;
+        let file = fs_err::File::open(path)?;
+        let mut text = String::new();
+        file.take(MAX_LOCKFILE_BYTES + 1)
+            .read_to_string(&mut text)?;
+        if text.len() as u64 > MAX_LOCKFILE_BYTES {
+            return Err(LockfileError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("it is larger than {MAX_LOCKFILE_BYTES} bytes"),
+            });
+        }
         Lockfile::parse(&text, path)
     }
 
-    /// Write to disk atomically (temp file + rename), so a reader never sees half a lockfile.
+    /// Write to disk atomically: a temp file unique to this process and call (concurrent `hvd lock` runs never
+    /// share it), then a rename, so a reader never sees half a lockfile and the last writer wins whole.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let text = self.to_toml();
-        let tmp = path.with_extension("lock.tmp");
-        fs_err::write(&tmp, text.as_bytes())?;
-        fs_err::rename(&tmp, path)
+        crate::index::write_atomic(path, self.to_toml().as_bytes())
     }
 
     /// The lockfile path of a `.hvd` file: `train.hvd` -> `train.hvd.lock`.
@@ -359,7 +402,7 @@ impl Lockfile {
                     ("command", quote(&tool.command)),
                     ("path", quote(&tool.path)),
                     ("version", quote(&tool.version)),
-                    ("sha256", quote(&tool.sha256)),
+                    ("sha256", quote(tool.sha256.as_str())),
                 ];
                 let _ = writeln!(w, "  {},", inline_table(&fields));
             }
@@ -422,7 +465,7 @@ fn write_package_body(w: &mut String, p: &LockedPackage) {
         ("kind", quote(a.kind.as_str())),
         ("filename", quote(&a.filename)),
         ("url", quote(&a.url)),
-        ("sha256", quote(&a.sha256)),
+        ("sha256", quote(a.sha256.as_str())),
         ("size", a.size.to_string()),
     ];
     line(w, "artifact", &inline_table(&fields));
@@ -514,6 +557,87 @@ fn inline_table(fields: &[(&str, String)]) -> String {
     format!("{{ {} }}", parts.join(", "))
 }
 
+fn is_normalized_name(name: &str) -> bool {
+    !name.is_empty()
+        && normalize_name(name) == name
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// A local artifact location: `file://...` or an absolute path.
+pub fn is_local_url(url: &str) -> bool {
+    url.starts_with("file://") || url.starts_with('/')
+}
+
+fn validate_url(what: &str, url: &str) -> Result<(), String> {
+    if url.starts_with('/') {
+        return Ok(());
+    }
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https" | "file") => Ok(()),
+        Ok(u) => Err(format!(
+            "{what} `{}` has scheme `{}`; only http, https and local files are fetched",
+            url.escape_debug(),
+            u.scheme()
+        )),
+        Err(e) => Err(format!("{what} `{}` is not a URL: {e}", url.escape_debug())),
+    }
+}
+
+fn validate_package(p: &LockedPackage) -> Result<(), String> {
+    if !is_normalized_name(&p.name) {
+        return Err("the name is not a normalized package name".into());
+    }
+    let version = pep440_rs::Version::from_str(&p.version).map_err(|e| {
+        format!(
+            "version `{}` is not a PEP 440 version: {e}",
+            p.version.escape_debug()
+        )
+    })?;
+    let a = &p.artifact;
+    let f = &a.filename;
+    if f.is_empty()
+        || f.starts_with('.')
+        || f.contains(['/', '\\', '\0'])
+        || f.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "artifact filename `{}` is not a plain file name",
+            f.escape_debug()
+        ));
+    }
+    let suffix_ok = match a.kind {
+        ArtifactKind::Wheel => f.ends_with(".whl"),
+        ArtifactKind::Sdist => f.ends_with(".tar.gz") || f.ends_with(".zip"),
+    };
+    if !suffix_ok {
+        return Err(format!(
+            "artifact filename `{}` does not end like a {}",
+            f.escape_debug(),
+            a.kind.as_str()
+        ));
+    }
+    if crate::source::version_of(f, &p.name).as_ref() != Some(&version) {
+        return Err(format!(
+            "artifact filename `{}` is not a file of {} {}",
+            f.escape_debug(),
+            p.name,
+            p.version
+        ));
+    }
+    validate_url("index", &p.index)?;
+    validate_url("artifact url", &a.url)?;
+    if is_local_url(&a.url) && !is_local_url(&p.index) {
+        return Err(format!(
+            "artifact url `{}` is a local file but the package's index `{}` is not local; only a local index serves local files",
+            a.url.escape_debug(),
+            p.index.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
 /// PEP 503 name normalization: lowercase, runs of `-`, `_`, `.` become `-`.
 pub fn normalize_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
@@ -594,7 +718,7 @@ pub fn env_hash(env: &Env) -> String {
     let request = Request::from_env(env);
     // serde_json writes struct fields in declaration order and BTreeMaps sorted: a stable encoding.
     let json = serde_json::to_vec(&request).unwrap_or_default();
-    format!("sha256:{}", hex::encode(Sha256::digest(&json)))
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(&json)))
 }
 
 /// One requested field that no longer matches the lock.
@@ -770,7 +894,7 @@ mod tests {
                 kind: ArtifactKind::Wheel,
                 filename: format!("{name}-{version}-py3-none-any.whl"),
                 url: format!("http://127.0.0.1:1/files/{name}-{version}-py3-none-any.whl"),
-                sha256: "ab".repeat(32),
+                sha256: "ab".repeat(32).parse().unwrap(),
                 size: 1234,
             },
             dependencies: vec![Dependency {
@@ -804,7 +928,7 @@ mod tests {
                     command: "gcc".into(),
                     path: "/usr/bin/x86_64-linux-gnu-gcc-12".into(),
                     version: "12.2.0".into(),
-                    sha256: "cd".repeat(32),
+                    sha256: "cd".repeat(32).parse().unwrap(),
                 }],
             }),
             packages: vec![package("zz", "1.0"), package("aa", "2.0")],
@@ -966,6 +1090,106 @@ mod tests {
         e.toolchain = None;
         let s = l.check_against(&e).unwrap_err();
         assert_eq!(s.changes[0].field, "env.toolchain");
+    }
+
+    /// Issue 16 items 1 and 15: a lockfile (e.g. from a pull request) with hostile artifact fields is refused
+    /// when read, naming the package and the field.
+    #[test]
+    fn hostile_artifact_fields_are_refused_when_read() {
+        let good = lock().to_toml();
+        let aa_sha = format!("sha256 = \"{}\"", "ab".repeat(32));
+        let aa_url = "url = \"http://127.0.0.1:1/files/aa-2.0-py3-none-any.whl\"";
+        let aa_file = "filename = \"aa-2.0-py3-none-any.whl\"";
+        let cases: Vec<(String, &str)> = vec![
+            (
+                good.replacen(&aa_sha, "sha256 = \"../../../../tmp/x\"", 1),
+                "not a sha256",
+            ),
+            (good.replacen(&aa_sha, "sha256 = \"\"", 1), "not a sha256"),
+            (
+                good.replacen(aa_file, "filename = \"../../aa-2.0-py3-none-any.whl\"", 1),
+                "not a plain file name",
+            ),
+            (
+                good.replacen(aa_file, "filename = \"evil-2.0-py3-none-any.whl\"", 1),
+                "is not a file of aa 2.0",
+            ),
+            (
+                good.replacen(aa_file, "filename = \"aa-2.0.tar.gz\"", 1),
+                "does not end like a wheel",
+            ),
+            (
+                good.replacen(aa_url, "url = \"file:///dev/zero\"", 1),
+                "index `http://127.0.0.1:1/simple` is not local",
+            ),
+            (
+                good.replacen(aa_url, "url = \"/dev/zero\"", 1),
+                "is not local",
+            ),
+            (
+                good.replacen(
+                    aa_url,
+                    "url = \"ftp://127.0.0.1/aa-2.0-py3-none-any.whl\"",
+                    1,
+                ),
+                "scheme `ftp`",
+            ),
+            (
+                good.replacen("name = \"aa\"", "name = \"../aa\"", 1),
+                "not a normalized package name",
+            ),
+            (
+                good.replacen("version = \"2.0\"", "version = \"2.0; rm -rf /\"", 1),
+                "not a PEP 440 version",
+            ),
+        ];
+        for (text, reason) in cases {
+            assert_ne!(
+                text, good,
+                "the case for {reason} did not change the lockfile"
+            );
+            let err = Lockfile::parse(&text, Path::new("t.hvd.lock"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(reason), "{reason}: {err}");
+            assert!(err.contains("t.hvd.lock"), "{err}");
+        }
+        // A local artifact of a local index is fine.
+        let local = good
+            .replace(
+                "index = \"http://127.0.0.1:1/simple\"",
+                "index = \"file:///srv/simple\"",
+            )
+            .replacen(
+                aa_url,
+                "url = \"file:///srv/files/aa-2.0-py3-none-any.whl\"",
+                1,
+            );
+        Lockfile::parse(&local, Path::new("t.hvd.lock")).unwrap();
+    }
+
+    /// Low item: concurrent `hvd lock` runs shared one temp file name, so one run's rename failed or moved the
+    /// other's half-written file into place.
+    #[test]
+    fn concurrent_writes_never_share_a_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.hvd.lock");
+        let l = lock();
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..40 {
+                        l.write(&path).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(Lockfile::read(&path).unwrap().to_toml(), l.to_toml());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [std::ffi::OsString::from("train.hvd.lock")]);
     }
 
     #[test]

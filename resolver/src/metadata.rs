@@ -138,10 +138,16 @@ fn u64_at(b: &[u8], i: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?))
 }
 
+/// The most bytes METADATA may inflate to (a zip bomb in METADATA is refused, not inflated).
+pub const MAX_METADATA_INFLATED: u64 = 64 << 20;
+
 /// Where the central directory is, found from the tail of the file (`tail` ends at `file_size`).
-/// Returns (offset, size) of the central directory.
+/// Returns (offset, size) of the central directory; `offset + size <= file_size` is guaranteed. Every number
+/// comes from the (possibly hostile) file and is checked: a lying record is an error, never a panic.
 pub fn find_central_directory(tail: &[u8], file_size: u64) -> Result<(u64, u64), ZipError> {
-    let tail_start = file_size - tail.len() as u64;
+    let tail_start = file_size
+        .checked_sub(tail.len() as u64)
+        .ok_or(ZipError::Format("tail longer than the file"))?;
     let eocd = (0..tail.len().saturating_sub(21))
         .rev()
         .find(|&i| u32_at(tail, i) == Some(0x0605_4b50))
@@ -159,11 +165,13 @@ pub fn find_central_directory(tail: &[u8], file_size: u64) -> Result<(u64, u64),
         let rec_abs = u64_at(tail, loc + 8).ok_or(ZipError::Format("short zip64 locator"))?;
         let rec = rec_abs
             .checked_sub(tail_start)
-            .ok_or(ZipError::Format("zip64 record outside the tail"))? as usize;
+            .and_then(|r| usize::try_from(r).ok())
+            .filter(|&r| r < tail.len())
+            .ok_or(ZipError::Format("zip64 record outside the tail"))?;
         size = u64_at(tail, rec + 40).ok_or(ZipError::Format("short zip64 record"))?;
         offset = u64_at(tail, rec + 48).ok_or(ZipError::Format("short zip64 record"))?;
     }
-    if offset + size > file_size {
+    if offset.checked_add(size).is_none_or(|end| end > file_size) {
         return Err(ZipError::Format("central directory outside the file"));
     }
     Ok((offset, size))
@@ -240,19 +248,27 @@ pub fn read_local_entry(bytes: &[u8], entry: &ZipEntry) -> Result<Vec<u8>, ZipEr
     let name_len = usize::from(u16_at(bytes, 26).ok_or(ZipError::Format("short local header"))?);
     let extra_len = usize::from(u16_at(bytes, 28).ok_or(ZipError::Format("short local header"))?);
     let start = 30 + name_len + extra_len;
-    let end = start
-        + usize::try_from(entry.compressed_size)
-            .map_err(|_| ZipError::Format("entry too large"))?;
+    let end = usize::try_from(entry.compressed_size)
+        .ok()
+        .and_then(|size| start.checked_add(size))
+        .ok_or(ZipError::Format("entry too large"))?;
     let data = bytes
         .get(start..end)
         .ok_or(ZipError::Format("entry data cut short"))?;
     match entry.method {
+        0 if data.len() as u64 > MAX_METADATA_INFLATED => {
+            Err(ZipError::Format("METADATA too large"))
+        }
         0 => Ok(data.to_vec()),
         8 => {
             let mut out = Vec::new();
             flate2::read::DeflateDecoder::new(data)
+                .take(MAX_METADATA_INFLATED + 1)
                 .read_to_end(&mut out)
                 .map_err(ZipError::Inflate)?;
+            if out.len() as u64 > MAX_METADATA_INFLATED {
+                return Err(ZipError::Format("METADATA inflates beyond the limit"));
+            }
             Ok(out)
         }
         m => Err(ZipError::Compression(m)),
@@ -265,13 +281,18 @@ pub fn metadata_from_wheel_bytes(wheel: &[u8]) -> Result<Vec<u8>, ZipError> {
         &wheel[wheel.len().saturating_sub(70_000)..],
         wheel.len() as u64,
     )?;
+    let range = usize::try_from(offset)
+        .ok()
+        .zip(usize::try_from(offset + size).ok())
+        .ok_or(ZipError::Format("bad central directory"))?;
     let cd = wheel
-        .get(offset as usize..(offset + size) as usize)
+        .get(range.0..range.1)
         .ok_or(ZipError::Format("bad central directory"))?;
     let entries = parse_central_directory(cd)?;
     let entry = metadata_entry(&entries)?;
-    let local = wheel
-        .get(entry.local_header_offset as usize..)
+    let local = usize::try_from(entry.local_header_offset)
+        .ok()
+        .and_then(|at| wheel.get(at..))
         .ok_or(ZipError::Format("bad local offset"))?;
     read_local_entry(local, entry)
 }
@@ -346,19 +367,25 @@ pub fn read_sdist_targz(bytes: &[u8]) -> std::io::Result<SdistContents> {
         match parts.as_slice() {
             [_, "PKG-INFO"] => {
                 let mut s = String::new();
-                entry.read_to_string(&mut s)?;
+                (&mut entry)
+                    .take(MAX_METADATA_INFLATED)
+                    .read_to_string(&mut s)?;
                 pkg_info = Some(s);
             }
             [_, "pyproject.toml"] => {
                 let mut s = String::new();
-                entry.read_to_string(&mut s)?;
+                (&mut entry)
+                    .take(MAX_METADATA_INFLATED)
+                    .read_to_string(&mut s)?;
                 pyproject = Some(s);
             }
             [_, egg, "requires.txt"] | [_, _, egg, "requires.txt"]
                 if egg.ends_with(".egg-info") && requires_txt.is_none() =>
             {
                 let mut s = String::new();
-                entry.read_to_string(&mut s)?;
+                (&mut entry)
+                    .take(MAX_METADATA_INFLATED)
+                    .read_to_string(&mut s)?;
                 requires_txt = Some(s);
             }
             _ => {}
@@ -434,5 +461,70 @@ mod tests {
     fn garbage_zip_is_an_error() {
         assert!(metadata_from_wheel_bytes(b"not a zip").is_err());
         assert!(metadata_from_wheel_bytes(b"").is_err());
+    }
+
+    /// An end-of-central-directory record (22 bytes) claiming `size` bytes at `offset`.
+    fn eocd(offset: u32, size: u32) -> Vec<u8> {
+        let mut r = 0x0605_4b50u32.to_le_bytes().to_vec();
+        r.extend_from_slice(&[0; 8]);
+        r.extend_from_slice(&size.to_le_bytes());
+        r.extend_from_slice(&offset.to_le_bytes());
+        r.extend_from_slice(&[0; 2]);
+        r
+    }
+
+    /// Issue 16 item 16: a central directory pointing past the end panicked the range reader.
+    #[test]
+    fn central_directory_past_the_end_is_an_error_not_a_panic() {
+        let tail = eocd(0xFFFF_FFF0, 0x100);
+        assert!(find_central_directory(&tail, tail.len() as u64).is_err());
+        // A file size smaller than the tail received (a lying Content-Range).
+        assert!(find_central_directory(&tail, 3).is_err());
+        // ZIP64 markers with a locator pointing anywhere.
+        let mut z = 0x0706_4b50u32.to_le_bytes().to_vec();
+        z.extend_from_slice(&[0; 4]);
+        z.extend_from_slice(&u64::MAX.to_le_bytes());
+        z.extend_from_slice(&[0; 4]);
+        z.extend(eocd(0xFFFF_FFFF, 0xFFFF_FFFF));
+        assert!(find_central_directory(&z, z.len() as u64).is_err());
+        assert!(find_central_directory(&z, u64::MAX).is_err());
+        let mut wheel = vec![0u8; 10];
+        wheel.extend(eocd(5, 0xFFFF_FFFF));
+        assert!(metadata_from_wheel_bytes(&wheel).is_err());
+        let entry = ZipEntry {
+            name: "a.dist-info/METADATA".into(),
+            method: 0,
+            compressed_size: u64::MAX,
+            local_header_offset: u64::MAX,
+        };
+        let mut local = 0x0403_4b50u32.to_le_bytes().to_vec();
+        local.extend_from_slice(&[0xFF; 40]);
+        assert!(read_local_entry(&local, &entry).is_err());
+    }
+
+    proptest::proptest! {
+        /// No bytes and no claimed file size make the zip readers panic.
+        #[test]
+        fn zip_readers_never_panic(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+            offset in proptest::num::u32::ANY,
+            size in proptest::num::u32::ANY,
+            file_size in proptest::num::u64::ANY,
+            compressed in proptest::num::u64::ANY,
+        ) {
+            let mut tail = body.clone();
+            tail.extend(eocd(offset, size));
+            let _ = find_central_directory(&tail, file_size);
+            let _ = find_central_directory(&tail, tail.len() as u64);
+            let _ = metadata_from_wheel_bytes(&tail);
+            let _ = parse_central_directory(&body);
+            let entry = ZipEntry {
+                name: String::new(),
+                method: 8,
+                compressed_size: compressed,
+                local_header_offset: u64::from(offset),
+            };
+            let _ = read_local_entry(&body, &entry);
+        }
     }
 }

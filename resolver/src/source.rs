@@ -11,6 +11,7 @@ use pep440_rs::{Version, VersionSpecifiers};
 use pep508_rs::Requirement;
 use pubgrub::Ranges;
 
+use crate::digest::Sha256;
 use crate::index::{IndexClient, IndexError, IndexFile};
 use crate::lockfile::{Artifact, ArtifactKind, normalize_name};
 use crate::metadata::CoreMetadata;
@@ -65,6 +66,30 @@ pub struct IndexSource {
     source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
     /// How many versions of each package the solver has asked dependencies of (backtracking detector).
     tried: Mutex<HashMap<String, usize>>,
+    /// Digests hvd computed itself for files the index lists without one, by URL.
+    digests: Mutex<HashMap<String, (Sha256, u64)>>,
+}
+
+/// Turn a panic inside an index task into an error of that task. The futures are shared: a panic would poison
+/// the shared future and leave every other waiter (the solver thread) waiting forever.
+fn no_panic<T: Send + 'static>(
+    url: String,
+    fut: BoxFuture<'static, Result<T, Arc<IndexError>>>,
+) -> BoxFuture<'static, Result<T, Arc<IndexError>>> {
+    std::panic::AssertUnwindSafe(fut)
+        .catch_unwind()
+        .map(move |result| {
+            result.unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a task panicked".into());
+                tracing::error!(url, message, "index task panicked");
+                Err(Arc::new(IndexError::Panicked { url, message }))
+            })
+        })
+        .boxed()
 }
 
 /// When the solver walks down a package's versions (backtracking), fetch this many older versions' metadata at
@@ -110,7 +135,40 @@ impl IndexSource {
             runtime,
             source_metadata,
             tried: Mutex::default(),
+            digests: Mutex::default(),
         }
+    }
+
+    /// The sha256 and size to lock for a file: what the index lists, or, for an index that lists no sha256, what
+    /// hvd computes streaming the file (once per file and lock). Never an empty hash.
+    pub fn artifact_digest(&self, file: &IndexFile) -> Result<(Sha256, u64), SourceError> {
+        if let Some(sha) = &file.sha256 {
+            return Ok((sha.clone(), file.size.unwrap_or(0)));
+        }
+        if let Some(known) = self
+            .digests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&file.url)
+        {
+            return Ok(known.clone());
+        }
+        tracing::info!(
+            file = file.filename,
+            "the index lists no sha256; hashing the file"
+        );
+        let client = self.shared.client.clone();
+        let owned = file.clone();
+        let fut = no_panic(
+            file.url.clone(),
+            async move { client.artifact_digest(&owned).await.map_err(Arc::new) }.boxed(),
+        );
+        let digest = self.runtime.block_on(fut)?;
+        self.digests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(file.url.clone(), digest.clone());
+        Ok(digest)
     }
 
     pub fn client(&self) -> &IndexClient {
@@ -200,8 +258,8 @@ impl Shared {
                 Err(e) => Err(Arc::new(e)),
             }
         }
-        .boxed()
-        .shared();
+        .boxed();
+        let fut = no_panic(format!("{}{name}/", self.client.index_url()), fut).shared();
         // Drive it now, so it runs while the solver works on something else.
         self.runtime.spawn(fut.clone());
         pages.insert(name.to_string(), fut.clone());
@@ -228,8 +286,8 @@ impl Shared {
                 Ok(Arc::new(m.unwrap_or_default()))
             }
         }
-        .boxed()
-        .shared();
+        .boxed();
+        let fut = no_panic(file.url.clone(), fut).shared();
         self.runtime.spawn(fut.clone());
         metadata.insert(file.url.clone(), fut.clone());
         (fut, true)
@@ -309,12 +367,13 @@ impl PackageSource for IndexSource {
             && !meta.requires_dist_is_static()
         {
             if let Some(provider) = &self.source_metadata {
+                let (sha256, size) = self.artifact_digest(&file)?;
                 let artifact = Artifact {
                     kind,
                     filename: file.filename.clone(),
                     url: file.url.clone(),
-                    sha256: file.sha256.clone().unwrap_or_default(),
-                    size: file.size.unwrap_or(0),
+                    sha256,
+                    size,
                 };
                 match provider.metadata(name, &version.to_string(), &artifact) {
                     Ok(Some(m)) => meta = m,
@@ -351,8 +410,13 @@ impl PackageSource for IndexSource {
     }
 }
 
-fn version_of(filename: &str, name: &str) -> Option<Version> {
+/// The version in a file name of package `name` (normalized); `None` when it is not such a file name.
+pub(crate) fn version_of(filename: &str, name: &str) -> Option<Version> {
     if let Ok(w) = WheelName::from_str(filename) {
+        // A wheel of another project listed on this page is not a file of `name`.
+        if normalize_name(&w.name) != name {
+            return None;
+        }
         return Version::from_str(&w.version).ok();
     }
     let stem = filename
@@ -474,5 +538,46 @@ pub fn evaluate_files(
     ProjectVersions {
         candidates: Arc::new(candidates),
         artifacts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 16 item 16: a panicking index task poisoned its shared future and the solver thread, waiting on
+    /// another clone of it, hung forever. Now the panic is that task's error.
+    #[test]
+    fn a_panicking_task_is_an_error_for_every_waiter_not_a_hang() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let fut: BoxFuture<'static, Result<u32, Arc<IndexError>>> = async {
+            tokio::task::yield_now().await;
+            let offsets: Vec<u64> = vec![1];
+            // What the range reader used to do with a lying central directory.
+            let at = usize::try_from(offsets[0] + 40).unwrap();
+            Ok(u32::from(offsets[at..].is_empty()))
+        }
+        .boxed();
+        let shared = no_panic("http://127.0.0.1:9/files/x.whl".into(), fut).shared();
+        // As the source does: one clone driven by a spawned task, another awaited by the solver thread.
+        runtime.spawn(shared.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = shared.clone();
+        let handle = runtime.handle().clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(handle.block_on(waiter));
+        });
+        let result = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the waiter hung on a panicked task");
+        let err = result.unwrap_err();
+        assert!(
+            matches!(&*err, IndexError::Panicked { url, .. } if url.ends_with("x.whl")),
+            "{err}"
+        );
+        assert!(err.to_string().contains("out of range"), "{err}");
     }
 }

@@ -12,6 +12,10 @@
 //! ```
 //!
 //! Artifacts are deterministic (fixed timestamps), so their sha256 is the same in every run.
+//!
+//! Tests can also play a hostile index: list any string as a file's sha256 ([`FixtureIndex::list_sha256`]), list
+//! no hash at all, serve hand-made bytes for a file ([`FixtureIndex::add_raw`]), or serve PEP 658 metadata that
+//! differs from the wheel's ([`FixtureIndex::serve_metadata`]).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -360,6 +364,12 @@ struct StoredFile {
     dist: Dist,
     bytes: Vec<u8>,
     sha256: String,
+    /// What the page lists as the sha256 (`None`: no hash listed). Normally `Some(sha256)`.
+    listed_sha256: Option<String>,
+    /// PEP 658 metadata served instead of the dist's own.
+    metadata: Option<String>,
+    /// The PEP 658 metadata sha256 listed on the JSON page (else `core-metadata: true`).
+    metadata_sha256: Option<String>,
 }
 
 struct State {
@@ -421,14 +431,47 @@ impl FixtureIndex {
     /// Add (or replace, by filename) a file: a new release appears on the index.
     pub fn add(&self, dist: Dist) {
         let bytes = dist.build();
+        self.add_raw(dist, bytes);
+    }
+
+    /// Add a file whose bytes are given (a hand-made, possibly malformed, wheel or sdist); `dist` names it.
+    pub fn add_raw(&self, dist: Dist, bytes: Vec<u8>) {
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let mut files = self.state.files.lock().unwrap_or_else(|p| p.into_inner());
         files.retain(|f| f.dist.filename() != dist.filename());
         files.push(StoredFile {
             dist,
             bytes,
+            listed_sha256: Some(sha256.clone()),
             sha256,
+            metadata: None,
+            metadata_sha256: None,
         });
+    }
+
+    /// List `listed` as the sha256 of `filename` on its project page (any string, e.g. a path), or no hash at all
+    /// with `None`. The file's bytes do not change.
+    pub fn list_sha256(&self, filename: &str, listed: Option<&str>) {
+        let mut files = self.state.files.lock().unwrap_or_else(|p| p.into_inner());
+        for f in files.iter_mut().filter(|f| f.dist.filename() == filename) {
+            f.listed_sha256 = listed.map(str::to_string);
+        }
+    }
+
+    /// List `listed` as the sha256 of the PEP 658 metadata of `filename` on JSON pages (with `core_metadata` on).
+    pub fn list_core_metadata_sha256(&self, filename: &str, listed: &str) {
+        let mut files = self.state.files.lock().unwrap_or_else(|p| p.into_inner());
+        for f in files.iter_mut().filter(|f| f.dist.filename() == filename) {
+            f.metadata_sha256 = Some(listed.to_string());
+        }
+    }
+
+    /// Serve `metadata` as the PEP 658 `<file>.metadata` of `filename` (with `core_metadata` on).
+    pub fn serve_metadata(&self, filename: &str, metadata: &str) {
+        let mut files = self.state.files.lock().unwrap_or_else(|p| p.into_inner());
+        for f in files.iter_mut().filter(|f| f.dist.filename() == filename) {
+            f.metadata = Some(metadata.to_string());
+        }
     }
 
     /// The simple-API root, with a trailing slash.
@@ -592,17 +635,24 @@ fn route(state: &State, _method: &str, path: &str, headers: &BTreeMap<String, St
             let files: Vec<serde_json::Value> = listed
                 .iter()
                 .map(|f| {
+                    let hashes = match &f.listed_sha256 {
+                        Some(h) => serde_json::json!({ "sha256": h }),
+                        None => serde_json::json!({}),
+                    };
                     let mut v = serde_json::json!({
                         "filename": f.dist.filename(),
                         "url": format!("../../files/{}", f.dist.filename()),
-                        "hashes": { "sha256": f.sha256 },
+                        "hashes": hashes,
                         "requires-python": f.dist.requires_python,
                         "size": f.bytes.len(),
                         "yanked": f.dist.yanked,
                     });
                     if state.options.core_metadata && matches!(f.dist.kind, DistKind::Wheel { .. })
                     {
-                        v["core-metadata"] = serde_json::json!(true);
+                        v["core-metadata"] = match &f.metadata_sha256 {
+                            Some(h) => serde_json::json!({ "sha256": h }),
+                            None => serde_json::json!(true),
+                        };
                     }
                     v
                 })
@@ -626,10 +676,13 @@ fn route(state: &State, _method: &str, path: &str, headers: &BTreeMap<String, St
                 if f.dist.yanked {
                     attrs.push_str(" data-yanked=\"\"");
                 }
+                let fragment = match &f.listed_sha256 {
+                    Some(h) => format!("#sha256={h}"),
+                    None => String::new(),
+                };
                 html.push_str(&format!(
-                    "<a href=\"../../files/{0}#sha256={1}\"{attrs}>{0}</a><br/>\n",
+                    "<a href=\"../../files/{0}{fragment}\"{attrs}>{0}</a><br/>\n",
                     f.dist.filename(),
-                    f.sha256
                 ));
             }
             html.push_str("</body></html>\n");
@@ -665,7 +718,11 @@ fn route(state: &State, _method: &str, path: &str, headers: &BTreeMap<String, St
                 return Response {
                     status: 200,
                     headers: vec![],
-                    body: f.dist.metadata(true).into_bytes(),
+                    body: f
+                        .metadata
+                        .clone()
+                        .unwrap_or_else(|| f.dist.metadata(true))
+                        .into_bytes(),
                 };
             }
             return not_found();

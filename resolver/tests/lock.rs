@@ -92,7 +92,7 @@ fn resolves_markers_extras_yanked_and_requires_python() {
     let speedups = lock.package("speedups").unwrap();
     assert!(speedups.artifact.filename.contains("cp311"));
     assert_eq!(
-        speedups.artifact.sha256,
+        speedups.artifact.sha256.as_str(),
         index.file(&speedups.artifact.filename).unwrap().1
     );
     let plugin = lock.package("plugin").unwrap();
