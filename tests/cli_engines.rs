@@ -195,6 +195,37 @@ fn export_k8s_writes_a_jobset_and_run_needs_kubectl() {
     let container = &train["template"]["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["image"], "example/train:1");
     assert_eq!(container["command"][1], "worker-env");
+    // The job token: a fresh random one in a Secret file only its owner can read, referenced by the ranks, in no
+    // other manifest; each export makes a new one.
+    let token = |out_dir: &Path| {
+        let file = out_dir.join("t.secret.json");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", file.display());
+        let secret: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(secret["kind"], "Secret");
+        assert_eq!(secret["metadata"]["name"], "t-hvd-token");
+        secret["stringData"]["token"].as_str().unwrap().to_owned()
+    };
+    let first = token(&out_dir);
+    assert_eq!(first.len(), 32, "{first}");
+    let jobset_text = std::fs::read_to_string(out_dir.join("t.jobset.json")).unwrap();
+    assert!(!jobset_text.contains(&first), "{jobset_text}");
+    assert!(!jobset_text.contains("controller-uid"), "{jobset_text}");
+    assert!(
+        jobset_text.contains(r#""name": "t-hvd-token""#),
+        "{jobset_text}"
+    );
+    let out = Command::new(HVD)
+        .args(["export", "k8s"])
+        .arg(dir.path().join("train.hvd"))
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert_ne!(token(&out_dir), first, "two exports, one token");
     // The MPIJob flavour leaves out the step that runs once, saying so.
     let out = Command::new(HVD)
         .args(["export", "k8s", "--flavour", "mpijob", "--out"])
@@ -729,7 +760,7 @@ d=$(dirname "$0")
 echo "$*" >> "$d/calls"
 case "$1 $2" in
   "apply -f") cat > "$d/applied.json"; echo "jobset.jobset.x-k8s.io/t created" ;;
-  "delete jobset") echo "deleted" ;;
+  delete\ *) echo "deleted" ;;
   "get pods") cat "$d/pods.json" ;;
   "get jobset")
     if [ -e "$d/seen" ]; then cat "$d/jobset.json"; else : > "$d/seen"; echo '{"status": {}}'; fi ;;
@@ -837,7 +868,7 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     assert_eq!(
         calls[..3],
         [
-            "delete jobset t -n ml --ignore-not-found --wait=true",
+            "delete jobset/t secret/t-hvd-token -n ml --ignore-not-found --wait=true",
             "apply -f -",
             "get pods -n ml -l jobset.sigs.k8s.io/jobset-name=t -o json",
         ],
@@ -857,9 +888,20 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     );
     let applied: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(bin.join("applied.json")).unwrap()).unwrap();
-    assert_eq!(applied["kind"], "JobSet");
+    // One apply: the token Secret (the one in the manifest files hvd wrote), then the JobSet that references it.
+    assert_eq!(applied["kind"], "List");
+    let (secret, jobset) = (&applied["items"][0], &applied["items"][1]);
+    assert_eq!(secret["kind"], "Secret");
+    let written: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join(".hvd/k8s/t.secret.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(secret, &written);
+    let token = secret["stringData"]["token"].as_str().unwrap();
+    assert!(!jobset.to_string().contains(token), "{jobset}");
+    assert_eq!(jobset["kind"], "JobSet");
     assert_eq!(
-        applied["spec"]["replicatedJobs"][1]["dependsOn"][0]["name"],
+        jobset["spec"]["replicatedJobs"][1]["dependsOn"][0]["name"],
         "prepare"
     );
     assert!(
@@ -908,7 +950,7 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     assert!(
         calls
             .lines()
-            .any(|c| c == "delete jobset t -n ml --wait=false"),
+            .any(|c| c == "delete jobset/t secret/t-hvd-token -n ml --wait=false"),
         "{calls}"
     );
     // --dry-run prints the JobSet and the kubectl commands, and runs none.
@@ -1091,26 +1133,91 @@ step use {
 
 #[test]
 fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
-    // What a JobSet pod runs (see the manifests of `hvd export k8s`): no launcher, the rank from
-    // JOB_COMPLETION_INDEX, HVD_RENDEZVOUS naming rank 0's pod (here `localhost`, a name that must be resolved),
-    // the token from the Job's UID. Rank 1 starts first and must wait for rank 0's shim to serve.
+    // What a JobSet pod runs, taken from the manifests of `hvd export k8s`: no launcher; each pod-like process gets
+    // exactly the env its container defines (values as written, `HVD_JOB_TOKEN` from the Secret through
+    // `secretKeyRef`, `HVD_POD_IP` from `status.podIP`), plus what Kubernetes adds (JOB_COMPLETION_INDEX, HOSTNAME).
+    // The pods' IPs are 127.0.0.2 and 127.0.0.3; HVD_RENDEZVOUS names rank 0's pod, which cluster DNS would resolve
+    // to its IP: here that IP itself. Rank 1 starts first and must wait for rank 0's shim to serve.
     let (python, package, lib) = allreduce_runtime();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = project(
+        "cluster {\n  engine = \"kubernetes\"\n  image = \"example/train:1\"\n}\nstep train {\n  \
+         run = \"$HVD_TEST_PYTHON ar.py\"\n  workers = 2\n}",
+    );
     std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    let out_dir = dir.path().join("k8s");
+    let out = Command::new(HVD)
+        .args(["export", "k8s"])
+        .arg(dir.path().join("train.hvd"))
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join(name)).unwrap()).unwrap()
+    };
+    let (secret, jobset) = (read("t.secret.json"), read("t.jobset.json"));
+    let pod = &jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
     let port = free_port();
+    let pod_env = |rank: u32| -> Vec<(String, String)> {
+        let pod_ip = format!("127.0.0.{}", 2 + rank);
+        let mut vars = Vec::new();
+        for entry in container["env"].as_array().unwrap() {
+            let name = entry["name"].as_str().unwrap().to_owned();
+            let value = if let Some(v) = entry["value"].as_str() {
+                v.to_owned()
+            } else if let Some(r) = entry["valueFrom"]["secretKeyRef"].as_object() {
+                assert_eq!(r["name"], secret["metadata"]["name"], "{entry}");
+                let key = r["key"].as_str().unwrap();
+                secret["stringData"][key].as_str().unwrap().to_owned()
+            } else if entry["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP" {
+                pod_ip.clone()
+            } else {
+                panic!("a variable this test cannot provide: {entry}");
+            };
+            vars.push((name, value));
+        }
+        for (name, value) in &mut vars {
+            match name.as_str() {
+                // Cluster DNS: the pod name of rank 0 is its IP here.
+                "HVD_RENDEZVOUS" => {
+                    assert_eq!(value, "t-train-0-0.t:29400");
+                    *value = format!("127.0.0.2:{port}");
+                }
+                "MASTER_ADDR" => *value = "127.0.0.2".into(),
+                _ => {}
+            }
+        }
+        vars.extend([
+            ("JOB_COMPLETION_INDEX".into(), rank.to_string()),
+            ("HOSTNAME".into(), format!("t-train-0-{rank}")),
+            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+            // What the image would have: the Python with the `hvd` package and its runtime.
+            ("HVD_TEST_PYTHON".into(), python.clone()),
+            ("PYTHONPATH".into(), package.display().to_string()),
+            ("HVD_LIBRARY".into(), lib.display().to_string()),
+        ]);
+        vars
+    };
+    let token = secret["stringData"]["token"].as_str().unwrap();
+    assert!(
+        pod_env(0).contains(&("HVD_JOB_TOKEN".to_string(), token.to_owned())),
+        "the token comes from the Secret"
+    );
+    let command: Vec<String> = container["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(command[..3], ["hvd", "worker-env", "--"]);
     let start = |rank: u32| {
         Command::new(HVD)
-            .args(["worker-env", "--", &python, "ar.py"])
+            .args(&command[1..])
             .current_dir(dir.path())
-            .env("JOB_COMPLETION_INDEX", rank.to_string())
-            .env("HVD_SIZE", "2")
-            .env("HVD_RENDEZVOUS", format!("localhost:{port}"))
-            .env("HVD_RENDEZVOUS_SERVE", "1")
-            .env("HVD_JOB_TOKEN", "0b6c3d4e-uid-of-the-job")
-            .env("HOSTNAME", format!("pod-{rank}"))
-            .env("PYTHONPATH", &package)
-            .env("HVD_LIBRARY", &lib)
-            .env_remove("HVD_RANK")
+            .env_clear()
+            .envs(pod_env(rank))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -154,9 +154,10 @@ fn golden(name: &str, doc: &Value) {
 #[test]
 fn jobset_follows_the_step_graph_and_fits_the_crd() {
     let out = export(&project(cluster(&[])), Flavour::JobSet).unwrap();
-    assert_eq!(out.manifests.len(), 1);
-    let doc = &out.manifests[0].content;
-    assert_eq!(out.manifests[0].file, "my-project.jobset.json");
+    assert_eq!(out.manifests.len(), 2);
+    assert_eq!(out.manifests[0].file, "my-project.secret.json");
+    let doc = &out.manifests[1].content;
+    assert_eq!(out.manifests[1].file, "my-project.jobset.json");
     let jobs = doc["spec"]["replicatedJobs"].as_array().unwrap();
     let names: Vec<&str> = jobs.iter().map(|j| j["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["prepare", "train", "eval"]);
@@ -175,6 +176,7 @@ fn mpijob_per_distributed_step_fits_the_crd() {
     assert_eq!(
         files,
         [
+            "my-project.secret.json",
             "my-project-train.mpijob.json",
             "my-project-eval.mpijob.json"
         ]
@@ -184,11 +186,11 @@ fn mpijob_per_distributed_step_fits_the_crd() {
         "{:?}",
         out.notes
     );
-    for m in &out.manifests {
+    for m in &out.manifests[1..] {
         let problems = problems("kubeflow.org_mpijobs.v2beta1.schema.json", &m.content);
         assert!(problems.is_empty(), "{}: {problems:#?}", m.file);
     }
-    let train = &out.manifests[0].content;
+    let train = &out.manifests[1].content;
     assert_eq!(train["spec"]["mpiImplementation"], "MPICH");
     golden("my-project-train.mpijob.json", train);
 }
@@ -196,7 +198,7 @@ fn mpijob_per_distributed_step_fits_the_crd() {
 #[test]
 fn the_validator_catches_what_the_api_server_would_reject() {
     let out = export(&project(cluster(&[])), Flavour::JobSet).unwrap();
-    let mut doc = out.manifests[0].content.clone();
+    let mut doc = out.manifests[1].content.clone();
     doc["spec"]["replicatedJobs"][2]["dependsOn"][0]["status"] = "Done".into();
     doc["spec"]["replicatedJobs"][1]["replicas"] = "two".into();
     doc["spec"]["replicatedJobs"][0]
@@ -220,4 +222,109 @@ fn missing_image_is_a_clear_error() {
             .contains("set `image` in the `cluster` block"),
         "{err}"
     );
+}
+
+/// The token Secret's token, checked to be 32 lowercase hex digits.
+fn token_of(secret: &Value) -> String {
+    assert_eq!(secret["kind"], "Secret", "{secret:#}");
+    let token = secret["stringData"]["token"].as_str().unwrap().to_owned();
+    assert!(
+        token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{token}"
+    );
+    token
+}
+
+/// Every container of `doc` (a JobSet or an MPIJob) with its path.
+fn containers(doc: &Value) -> Vec<(String, &Value)> {
+    let mut out = Vec::new();
+    fn walk<'a>(v: &'a Value, path: String, out: &mut Vec<(String, &'a Value)>) {
+        match v {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    if k == "containers" {
+                        for (i, c) in v.as_array().into_iter().flatten().enumerate() {
+                            out.push((format!("{path}.containers[{i}]"), c));
+                        }
+                    } else {
+                        walk(v, format!("{path}.{k}"), out);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    walk(doc, "$".into(), &mut out);
+    out
+}
+
+fn env_entry<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+#[test]
+fn the_job_token_is_a_fresh_secret_the_ranks_reference_never_a_label() {
+    for flavour in [Flavour::JobSet, Flavour::MpiJob] {
+        let project = project(cluster(&[]));
+        let out = export(&project, flavour).unwrap();
+        let secret = &out.manifests[0].content;
+        let token = token_of(secret);
+        assert_eq!(secret["metadata"]["name"], "my-project-hvd-token");
+        assert_eq!(secret["metadata"]["namespace"], "ml");
+        assert_eq!(secret["type"], "Opaque");
+        // Two exports: two tokens (from the kernel's random source).
+        let again = export(&project, flavour).unwrap();
+        assert_ne!(token_of(&again.manifests[0].content), token, "{flavour:?}");
+        for manifest in &out.manifests[1..] {
+            let text = serde_json::to_string(&manifest.content).unwrap();
+            // The token is in no label, annotation, argument or value: only in the Secret.
+            assert!(!text.contains(&token), "{}: {text}", manifest.file);
+            assert!(
+                !text.contains("controller-uid"),
+                "{}: {text}",
+                manifest.file
+            );
+            assert!(!text.contains("annotations"), "{}: {text}", manifest.file);
+            let mut referencing = 0;
+            for (path, container) in containers(&manifest.content) {
+                // Every rank learns its pod's address from the downward API: rank 0 serves only there.
+                let pod_ip = env_entry(container, "HVD_POD_IP").expect(&path);
+                assert_eq!(
+                    pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
+                    "{path}"
+                );
+                if let Some(entry) = env_entry(container, "HVD_JOB_TOKEN") {
+                    assert!(entry.get("value").is_none(), "{path}: {entry}");
+                    assert_eq!(
+                        entry["valueFrom"]["secretKeyRef"],
+                        serde_json::json!({ "name": "my-project-hvd-token", "key": "token" }),
+                        "{path}"
+                    );
+                    referencing += 1;
+                }
+                let command = container["command"].as_array().cloned().unwrap_or_default();
+                if command.iter().any(|c| c == "worker-env") {
+                    assert!(env_entry(container, "HVD_JOB_TOKEN").is_some(), "{path}");
+                }
+            }
+            assert!(
+                referencing > 0,
+                "{}: no container gets the token",
+                manifest.file
+            );
+        }
+    }
+    // Golden, without the random token.
+    let out = export(&project(cluster(&[])), Flavour::JobSet).unwrap();
+    let mut secret = out.manifests[0].content.clone();
+    secret["stringData"]["token"] = "<32 random hex digits>".into();
+    golden("my-project.secret.json", &secret);
 }

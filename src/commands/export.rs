@@ -82,7 +82,27 @@ pub fn write_k8s(
         let path = out.join(&manifest.file);
         let text = serde_json::to_string_pretty(&manifest.content)
             .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
-        std::fs::write(&path, text + "\n").map_err(|e| {
+        // The token Secret is readable by its owner only (as `kubectl` keeps a kubeconfig): a new file is created
+        // 0600, an old one is made so before the token is written.
+        let mode = if manifest.content["kind"] == "Secret" {
+            0o600
+        } else {
+            0o644
+        };
+        let write = || -> std::io::Result<()> {
+            use std::io::Write as _;
+            use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(mode)
+                .open(&path)?;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            file.set_len(0)?;
+            file.write_all((text.clone() + "\n").as_bytes())
+        };
+        write().map_err(|e| {
             Failure::new(
                 Status::Failure,
                 miette::miette!("failed to write `{}`: {e}", path.display()),

@@ -443,7 +443,7 @@ fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> Command
         .join("k8s");
     let files =
         super::export::write_k8s(project, hvd_launcher::engines::k8s::Flavour::JobSet, &dir)?;
-    let job = kubectl::KubeJob::new(project)
+    let job = kubectl::KubeJob::from_files(project, &files)
         .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
     if args.dry_run {
         for file in &files {
@@ -451,7 +451,7 @@ fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> Command
             let text = std::fs::read_to_string(file).unwrap_or_default();
             print!("{text}");
         }
-        println!("\n# hvd runs, with MANIFEST the JobSet above:");
+        println!("\n# hvd runs, with MANIFEST the Secret and the JobSet above:");
         for line in kubectl::commands(&job) {
             println!("#   {line}");
         }

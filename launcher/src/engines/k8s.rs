@@ -2,6 +2,10 @@
 //! jobs follow the step graph with `dependsOn`, or one MPIJob (kubeflow.org/v2beta1) per distributed step. Every
 //! rank runs `hvd worker-env -- /bin/sh -c COMMAND` (the image must have `hvd` on its PATH), which maps the Indexed
 //! Job's `JOB_COMPLETION_INDEX` (JobSet) or MPI's variables (MPIJob) to the worker contract.
+//!
+//! Every export also writes a Secret (`<name>-hvd-token`) with a fresh random job token; the ranks get it through
+//! `secretKeyRef` and their pod IP through the downward API (`status.podIP`): rank 0's shim serves the rendezvous on
+//! that address only, and answers only the token.
 
 use std::collections::BTreeMap;
 
@@ -87,16 +91,45 @@ fn resources(project: &Project) -> Value {
 /// The port rank 0's shim serves the rendezvous on in a JobSet (`MASTER_PORT` is torch's).
 pub const RENDEZVOUS_PORT: u16 = 29400;
 
-/// Adds `HVD_JOB_TOKEN` to a distributed step's env list: the Job's UID, which every pod of the step (a JobSet's
-/// Indexed Job; an MPIJob's launcher Job, whose mpirun passes it on) can read from its own labels (downward API) and
-/// which is not written in the manifest.
-fn with_job_token(mut env: Value, distributed: bool) -> Value {
-    if distributed && let Value::Array(list) = &mut env {
+/// The key of the job token in the run's Secret ([`token_secret`]).
+pub const TOKEN_KEY: &str = "token";
+
+/// The name of the Secret that holds the job token of the manifests named `name`.
+pub fn token_secret_name(name: &str) -> String {
+    format!("{name}-hvd-token")
+}
+
+/// A Secret with a fresh job token (from the kernel's random source), one per export: the ranks read it through
+/// `secretKeyRef` ([`with_job_token`]), so it is in no label, annotation or command line; who can list Jobs or pods
+/// does not learn it, only who can read Secrets in the namespace.
+fn token_secret(name: &str, project: &Project) -> Result<Value, LaunchError> {
+    let token = crate::rendezvous::new_token().map_err(|source| LaunchError::Io {
+        path: "/dev/urandom".into(),
+        source,
+    })?;
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(&token_secret_name(name), project),
+        "type": "Opaque",
+        "stringData": { TOKEN_KEY: token },
+    }))
+}
+
+/// Adds the rank's secrets and address to a step's env list: `HVD_JOB_TOKEN` from the run's Secret (`secret`;
+/// `None` for a step that meets no other rank), and the pod's own IP (`status.podIP`, downward API) as
+/// [`super::shim::POD_IP_VAR`], the only address rank 0's shim serves the rendezvous on.
+fn with_job_token(mut env: Value, secret: Option<&str>) -> Value {
+    if let Value::Array(list) = &mut env {
+        if let Some(secret) = secret {
+            list.push(json!({
+                "name": "HVD_JOB_TOKEN",
+                "valueFrom": { "secretKeyRef": { "name": secret, "key": TOKEN_KEY } },
+            }));
+        }
         list.push(json!({
-            "name": "HVD_JOB_TOKEN",
-            "valueFrom": { "fieldRef": {
-                "fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"
-            }},
+            "name": super::shim::POD_IP_VAR,
+            "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } },
         }));
     }
     env
@@ -147,6 +180,12 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
     let name = dns_label(&project.name);
     let resources = resources(project);
     let mut notes = Vec::new();
+    let secret = token_secret(&name, project)?;
+    let secret_name = token_secret_name(&name);
+    let secret_manifest = Manifest {
+        file: format!("{name}.secret.json"),
+        content: secret,
+    };
     let step_env = |step: &hvd_lang::model::Step| {
         let mut env = project.env.variables.clone();
         env.extend(step.env.clone());
@@ -197,7 +236,10 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                                 "name": "worker",
                                 "image": image,
                                 "command": command,
-                                "env": with_job_token(env_list(&env), step.workers.is_some()),
+                                "env": with_job_token(
+                                    env_list(&env),
+                                    step.workers.is_some().then_some(secret_name.as_str()),
+                                ),
                                 "resources": resources,
                             }],
                         }},
@@ -234,10 +276,13 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                 },
             });
             Ok(Export {
-                manifests: vec![Manifest {
-                    file: format!("{name}.jobset.json"),
-                    content: jobset,
-                }],
+                manifests: vec![
+                    secret_manifest,
+                    Manifest {
+                        file: format!("{name}.jobset.json"),
+                        content: jobset,
+                    },
+                ],
                 notes,
             })
         }
@@ -247,7 +292,7 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                 .and_then(|s| s.get("mpi"))
                 .and_then(|m| MpiFlavour::parse(m))
                 .unwrap_or(MpiFlavour::OpenMpi);
-            let mut manifests = Vec::new();
+            let mut manifests = vec![secret_manifest];
             for step in &steps {
                 let Some(n) = step.workers else {
                     notes.push(format!(
@@ -266,7 +311,8 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                 let job = format!("{name}-{}", dns_label(&step.name));
                 let mut env = step_env(step);
                 // The ranks meet at a rendezvous rank 0's shim serves on the first worker pod (mpirun places rank
-                // 0 there: one slot per worker, hostfile order), with the launcher Job's UID as token.
+                // 0 there: one slot per worker, hostfile order), with the run's token from its Secret (the
+                // launcher's mpirun passes it on by name).
                 env.insert(
                     "HVD_RENDEZVOUS".into(),
                     format!("{job}-worker-0.{job}:{RENDEZVOUS_PORT}"),
@@ -293,7 +339,10 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                     let mut c = json!({
                         "name": role,
                         "image": image,
-                        "env": with_job_token(env_list(&env), command.is_some()),
+                        "env": with_job_token(
+                            env_list(&env),
+                            command.is_some().then_some(secret_name.as_str()),
+                        ),
                     });
                     match command {
                         Some(argv) => c["command"] = json!(argv),

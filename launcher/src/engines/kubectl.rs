@@ -43,20 +43,49 @@ pub struct KubeJob {
     pub namespace: Option<String>,
     /// The JobSet manifest.
     pub manifest: Value,
+    /// The Secret with the run's job token, which the JobSet's ranks read through `secretKeyRef`.
+    pub secret: Value,
     /// Replicated job name -> (step name, `workers`: `None` for a step that runs once, in one pod).
     pub steps: BTreeMap<String, (String, Option<u32>)>,
 }
 
 impl KubeJob {
-    /// The JobSet of `project` (every step).
+    /// The JobSet of `project` (every step), with a fresh token.
     pub fn new(project: &Project) -> Result<Self, LaunchError> {
         let export = k8s::export(project, Flavour::JobSet)?;
-        let manifest = export
-            .manifests
-            .into_iter()
-            .next()
-            .ok_or(LaunchError::Internal("no JobSet manifest"))?
-            .content;
+        Self::from_manifests(project, export.manifests.into_iter().map(|m| m.content))
+    }
+
+    /// The JobSet and token Secret `hvd export k8s` wrote to `files` (so that what runs is what the files say).
+    pub fn from_files(project: &Project, files: &[PathBuf]) -> Result<Self, LaunchError> {
+        let mut manifests = Vec::new();
+        for file in files {
+            let text = fs_err::read_to_string(file).map_err(|source| LaunchError::Io {
+                path: file.clone(),
+                source,
+            })?;
+            manifests.push(serde_json::from_str(&text).map_err(|e| {
+                LaunchError::Engine(format!("{} is not valid JSON: {e}", file.display()))
+            })?);
+        }
+        Self::from_manifests(project, manifests)
+    }
+
+    fn from_manifests(
+        project: &Project,
+        manifests: impl IntoIterator<Item = Value>,
+    ) -> Result<Self, LaunchError> {
+        let mut jobset = None;
+        let mut secret = None;
+        for manifest in manifests {
+            match manifest["kind"].as_str() {
+                Some("JobSet") => jobset = Some(manifest),
+                Some("Secret") => secret = Some(manifest),
+                _ => {}
+            }
+        }
+        let manifest = jobset.ok_or(LaunchError::Internal("no JobSet manifest"))?;
+        let secret = secret.ok_or(LaunchError::Internal("no token Secret manifest"))?;
         let name = manifest["metadata"]["name"]
             .as_str()
             .ok_or(LaunchError::Internal("JobSet without a name"))?
@@ -75,7 +104,17 @@ impl KubeJob {
             name,
             namespace,
             manifest,
+            secret,
             steps,
+        })
+    }
+
+    /// What `kubectl apply -f -` gets: a `List` of the token Secret and the JobSet.
+    pub fn apply_manifest(&self) -> Value {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [self.secret, self.manifest],
         })
     }
 
@@ -86,9 +125,14 @@ impl KubeJob {
         }
     }
 
-    /// `kubectl delete jobset NAME --ignore-not-found --wait=true`: a previous run of the same project.
+    /// `kubectl delete jobset/NAME secret/NAME-hvd-token --ignore-not-found --wait=true`: a previous run of the same
+    /// project and its token.
     pub fn delete_previous_argv(&self) -> Vec<String> {
-        let mut argv = strings(&["delete", "jobset", &self.name]);
+        let mut argv = strings(&[
+            "delete",
+            &format!("jobset/{}", self.name),
+            &format!("secret/{}", k8s::token_secret_name(&self.name)),
+        ]);
         argv.extend(self.ns());
         argv.extend(strings(&["--ignore-not-found", "--wait=true"]));
         argv
@@ -128,9 +172,13 @@ impl KubeJob {
         argv
     }
 
-    /// `kubectl delete jobset NAME --wait=false` (on SIGINT/SIGTERM).
+    /// `kubectl delete jobset/NAME secret/NAME-hvd-token --wait=false` (on SIGINT/SIGTERM).
     pub fn delete_argv(&self) -> Vec<String> {
-        let mut argv = strings(&["delete", "jobset", &self.name]);
+        let mut argv = strings(&[
+            "delete",
+            &format!("jobset/{}", self.name),
+            &format!("secret/{}", k8s::token_secret_name(&self.name)),
+        ]);
         argv.extend(self.ns());
         argv.push("--wait=false".into());
         argv
@@ -150,7 +198,10 @@ pub fn commands(job: &KubeJob) -> Vec<String> {
     };
     vec![
         line(job.delete_previous_argv()),
-        format!("{} < MANIFEST", line(job.apply_argv())),
+        format!(
+            "{} < MANIFEST   # a List: the token Secret, then the JobSet",
+            line(job.apply_argv())
+        ),
         format!(
             "{}   # every {} ms",
             line(job.get_pods_argv()),
@@ -330,7 +381,7 @@ pub fn run(
         source,
     })?;
     kubectl(&job.delete_previous_argv(), None)?;
-    let manifest = serde_json::to_vec_pretty(&job.manifest)
+    let manifest = serde_json::to_vec_pretty(&job.apply_manifest())
         .map_err(|_| LaunchError::Internal("the JobSet does not serialize"))?;
     kubectl(&job.apply_argv(), Some(&manifest))?;
     let mut report = RunReport {

@@ -217,6 +217,10 @@ pub const SERVE_VAR: &str = "HVD_RENDEZVOUS_SERVE";
 /// 0 serves it, else 0: under a launcher the server is up before any worker starts).
 pub const WAIT_VAR: &str = "HVD_RENDEZVOUS_WAIT";
 
+/// The pod's own IP (`status.podIP` through the downward API, set by the manifests of `hvd export k8s`): the one
+/// address rank 0's shim serves the rendezvous on.
+pub const POD_IP_VAR: &str = "HVD_POD_IP";
+
 /// Errors of the shim's own rendezvous handling.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -226,6 +230,16 @@ pub enum ServeError {
     NoToken,
     #[error("`{WAIT_VAR}` is `{0}`, not a number of seconds")]
     BadWait(String),
+    #[error(
+        "`{POD_IP_VAR}` is `{0}`, not the pod's IP address (the manifest sets it from `status.podIP`); rank 0 \
+         serves the rendezvous on that address only, never on all of them"
+    )]
+    BadPodIp(String),
+    #[error(
+        "rank 0 has no address to serve the rendezvous on: `{POD_IP_VAR}` is not set and `{address}` did not \
+         resolve to an address of this machine ({detail}); set `{POD_IP_VAR}` from `status.podIP`"
+    )]
+    NoBindAddress { address: String, detail: String },
     #[error(transparent)]
     Server(#[from] crate::rendezvous::RendezvousError),
     #[error(
@@ -240,8 +254,12 @@ pub enum ServeError {
     },
 }
 
-/// When `HVD_RENDEZVOUS_SERVE=1` and this is rank 0: starts the rendezvous server on all addresses at
-/// `HVD_RENDEZVOUS`'s port, guarded by `HVD_JOB_TOKEN` (Horovod's token-less gloo endpoints answer nobody).
+/// When `HVD_RENDEZVOUS_SERVE=1` and this is rank 0: starts the rendezvous server at `HVD_RENDEZVOUS`'s port on the
+/// pod's own address only, guarded by `HVD_JOB_TOKEN` (Horovod's token-less gloo endpoints answer nobody). The
+/// address is `HVD_POD_IP` (the manifests set it from `status.podIP`); without it, what `HVD_RENDEZVOUS`'s host
+/// name resolves to (the pod's own name under its headless service; retried for `HVD_RENDEZVOUS_WAIT`, as a pod's
+/// name is published a moment after it starts), which must be an address of this machine. Never the unspecified
+/// address: other networks the pod is on (a host-network or multi-homed pod) do not reach the rendezvous.
 pub fn serve_if_rank_zero(
     get: &dyn Fn(&str) -> Option<String>,
     slot: &Slot,
@@ -259,7 +277,16 @@ pub fn serve_if_rank_zero(
     let token = get("HVD_JOB_TOKEN")
         .filter(|t| !t.is_empty())
         .ok_or(ServeError::NoToken)?;
-    let bind = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    let ip = match get(POD_IP_VAR) {
+        Some(value) => value
+            .trim()
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .filter(|ip| !ip.is_unspecified() && !ip.is_multicast())
+            .ok_or(ServeError::BadPodIp(value))?,
+        None => own_address(address.as_deref().unwrap_or_default(), wait(get, 300.0)?)?,
+    };
+    let bind = std::net::SocketAddr::new(ip, port);
     Ok(Some(crate::rendezvous::RendezvousServer::start(
         bind,
         &token,
@@ -267,9 +294,60 @@ pub fn serve_if_rank_zero(
     )?))
 }
 
-/// `HVD_RENDEZVOUS` as an address the worker can use: a `host:port` whose host is a name (a pod's DNS name) is
-/// resolved, retrying until it resolves and accepts a connection or `HVD_RENDEZVOUS_WAIT` runs out. `None` when
-/// unset or a `file:` rendezvous.
+/// How long to wait for the rendezvous: `HVD_RENDEZVOUS_WAIT` seconds, else `default`.
+fn wait(
+    get: &dyn Fn(&str) -> Option<String>,
+    default: f64,
+) -> Result<std::time::Duration, ServeError> {
+    match get(WAIT_VAR) {
+        None => Ok(std::time::Duration::from_secs_f64(default)),
+        Some(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+            .ok_or(ServeError::BadWait(v)),
+    }
+}
+
+/// The first address `address` (`host:port`, rank 0's own name) resolves to that is an address of this machine
+/// (a socket can be bound to it), retrying for `wait`.
+fn own_address(address: &str, wait: std::time::Duration) -> Result<std::net::IpAddr, ServeError> {
+    use std::net::ToSocketAddrs as _;
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        let detail = match address.to_socket_addrs() {
+            Err(e) => e.to_string(),
+            Ok(addrs) => {
+                let mut detail = "the name has no address".to_owned();
+                for a in addrs {
+                    if a.ip().is_unspecified() {
+                        detail = format!("it resolves to the unspecified address {}", a.ip());
+                        continue;
+                    }
+                    match std::net::TcpListener::bind((a.ip(), 0)) {
+                        Ok(_) => return Ok(a.ip()),
+                        Err(e) => detail = format!("{}: {e}", a.ip()),
+                    }
+                }
+                detail
+            }
+        };
+        if start.elapsed() >= wait {
+            return Err(ServeError::NoBindAddress {
+                address: address.to_owned(),
+                detail,
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_secs(2));
+    }
+}
+
+/// `HVD_RENDEZVOUS` as an address the worker can use: a `host:port` whose host is a name (a pod's DNS name), or any
+/// address rank 0 serves (`HVD_RENDEZVOUS_SERVE=1`), is resolved, retrying until it resolves and accepts a
+/// connection or `HVD_RENDEZVOUS_WAIT` runs out. `None` when unset or a `file:` rendezvous.
 pub fn resolve_rendezvous(
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<String>, ServeError> {
@@ -278,23 +356,16 @@ pub fn resolve_rendezvous(
     let Some(address) = get("HVD_RENDEZVOUS") else {
         return Ok(None);
     };
-    if address.starts_with("file:") || address.parse::<std::net::SocketAddr>().is_ok() {
+    let served_by_rank_zero = get(SERVE_VAR).as_deref() == Some("1");
+    // An address served by a launcher is up before any worker starts; one rank 0 serves may not be yet, whether
+    // named or not.
+    if address.starts_with("file:")
+        || (address.parse::<std::net::SocketAddr>().is_ok() && !served_by_rank_zero)
+    {
         return Ok(Some(address));
     }
-    let default = if get(SERVE_VAR).as_deref() == Some("1") {
-        300.0
-    } else {
-        0.0
-    };
-    let wait = match get(WAIT_VAR) {
-        None => Duration::from_secs_f64(default),
-        Some(v) => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .and_then(|s| Duration::try_from_secs_f64(s).ok())
-            .ok_or(ServeError::BadWait(v))?,
-    };
+    let default = if served_by_rank_zero { 300.0 } else { 0.0 };
+    let wait = wait(get, default)?;
     let start = Instant::now();
     let mut pause = Duration::from_millis(50);
     loop {
@@ -503,6 +574,76 @@ mod tests {
         assert_eq!(last(&vars, "HVD_CROSS_SIZE"), Some("2"));
         assert_eq!(last(&vars, "HVD_HOSTNAME"), Some("10.0.0.5"));
         assert_eq!(last(&vars, "HVD_RENDEZVOUS"), Some("127.0.0.1:7000"));
+    }
+
+    /// A free port on `ip`.
+    fn free_port(ip: &str) -> u16 {
+        std::net::TcpListener::bind((ip, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    #[test]
+    fn rank_zero_serves_the_rendezvous_on_the_pod_ip_only() {
+        let rank0 = |vars: &[(&str, &str)]| {
+            let (slot, _) = slot_from_env(&env(vars)).unwrap();
+            serve_if_rank_zero(&env(vars), &slot)
+        };
+        // The pod IP is 127.0.0.2 (a loopback address, so no other interface is needed): the server listens there and
+        // nowhere else, so 127.0.0.1 (the "other network") is refused.
+        let port = free_port("127.0.0.2");
+        let rendezvous = format!("127.0.0.2:{port}");
+        let base = [
+            ("JOB_COMPLETION_INDEX", "0"),
+            ("HVD_SIZE", "2"),
+            ("HVD_RENDEZVOUS", rendezvous.as_str()),
+            (SERVE_VAR, "1"),
+            ("HVD_JOB_TOKEN", "t0k3n"),
+        ];
+        let mut vars = base.to_vec();
+        vars.push((POD_IP_VAR, "127.0.0.2"));
+        let server = rank0(&vars).unwrap().expect("rank 0 serves");
+        assert_eq!(server.addr(), format!("127.0.0.2:{port}").parse().unwrap());
+        assert!(std::net::TcpStream::connect(("127.0.0.2", port)).is_ok());
+        let other = std::net::TcpStream::connect(("127.0.0.1", port));
+        assert!(other.is_err(), "the rendezvous answered on 127.0.0.1");
+        drop(server);
+        // Rank 1 serves nothing.
+        let mut vars1 = vars.clone();
+        vars1[0] = ("JOB_COMPLETION_INDEX", "1");
+        assert!(rank0(&vars1).unwrap().is_none());
+        // The unspecified address, or no address, is refused, naming the variable.
+        for bad in ["0.0.0.0", "::", "pod-ip", ""] {
+            let mut vars = base.to_vec();
+            vars.push((POD_IP_VAR, bad));
+            let Err(err) = rank0(&vars) else {
+                panic!("{bad}: served")
+            };
+            let err = err.to_string();
+            assert!(err.contains("`HVD_POD_IP` is"), "{bad}: {err}");
+        }
+        // Without the pod IP: the address rank 0's own name resolves to (here `localhost`), loopback only.
+        let port = free_port("127.0.0.1");
+        let rendezvous = format!("localhost:{port}");
+        let mut vars = base.to_vec();
+        vars[2] = ("HVD_RENDEZVOUS", rendezvous.as_str());
+        let server = rank0(&vars).unwrap().expect("rank 0 serves");
+        assert!(server.addr().ip().is_loopback(), "{}", server.addr());
+        drop(server);
+        // A name that is not this machine's: a clear error after HVD_RENDEZVOUS_WAIT, never all addresses.
+        let mut vars = base.to_vec();
+        vars[2] = ("HVD_RENDEZVOUS", "192.0.2.1:29400");
+        vars.push((WAIT_VAR, "0"));
+        let Err(err) = rank0(&vars) else {
+            panic!("served on an address that is not this machine's")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("no address to serve the rendezvous on") && err.contains("192.0.2.1"),
+            "{err}"
+        );
     }
 
     #[test]
