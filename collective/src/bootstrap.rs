@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::hierarchical::MixedTransport;
 use crate::p2p::{P2pCommunicator, topology_from_hosts};
 use crate::shm::{ShmSegment, ShmTransport, ring_bytes_from_env};
-use crate::tcp::{TcpTransport, interface_address, listen};
+use crate::tcp::{JobKey, TcpTransport, interface_address, listen};
 
 const SCOPE: &str = "hvd";
 
@@ -460,7 +460,8 @@ pub fn connect(
     let th = Thresholds::from_env();
     let comm: Box<dyn Communicator> = match choice {
         BackendChoice::Tcp => {
-            let t = TcpTransport::connect(job.rank, &listener, &addrs, timeout)?;
+            let key = JobKey::for_job(rendezvous, &kv, job.rank, timeout)?;
+            let t = TcpTransport::connect(job.rank, &listener, &addrs, &key, timeout)?;
             boxed(P2pCommunicator::new(t, "tcp", hosts, timeout), th)
         }
         BackendChoice::Shm => {
@@ -474,7 +475,9 @@ pub fn connect(
         }
         _ => {
             let (seg, _, _, name) = host_segment(&kv, job.rank, &hosts, timeout)?;
-            let t = MixedTransport::connect(job.rank, &hosts, seg, &listener, &addrs, timeout)?;
+            let key = JobKey::for_job(rendezvous, &kv, job.rank, timeout)?;
+            let t =
+                MixedTransport::connect(job.rank, &hosts, seg, &listener, &addrs, &key, timeout)?;
             if let Some(name) = name {
                 ShmSegment::unlink(&name);
             }

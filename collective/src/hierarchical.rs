@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::shm::{ShmSegment, ShmTransport};
-use crate::tcp::TcpTransport;
+use crate::tcp::{JobKey, TcpTransport};
 use crate::transport::{RecvOp, SendOp, Transport};
 
 /// Shared memory for same-host peers, TCP for the rest.
@@ -23,13 +23,15 @@ pub struct MixedTransport {
 
 impl MixedTransport {
     /// Connects rank `rank` given every rank's host index, this host's shared segment (sized for the local ranks,
-    /// in rank order), this rank's listener and every rank's TCP address.
+    /// in rank order), this rank's listener, every rank's TCP address and the job's key (which authenticates the TCP
+    /// connections).
     pub fn connect(
         rank: usize,
         hosts: &[usize],
         seg: ShmSegment,
         listener: &TcpListener,
         addrs: &[SocketAddr],
+        key: &JobKey,
         timeout: Duration,
     ) -> Result<MixedTransport> {
         let local: Vec<bool> = hosts.iter().map(|h| *h == hosts[rank]).collect();
@@ -41,7 +43,7 @@ impl MixedTransport {
             .enumerate()
             .map(|(r, a)| (!local[r]).then_some(*a))
             .collect();
-        let mut tcp = TcpTransport::connect_subset(rank, listener, &remote, timeout)?;
+        let mut tcp = TcpTransport::connect_subset(rank, listener, &remote, key, timeout)?;
         tcp.poll_ms = 1;
         shm.wait_attached(timeout)?;
         Ok(MixedTransport {

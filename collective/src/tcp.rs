@@ -5,12 +5,33 @@
 //! that closes without `BYE` means a dead process, and a rank that gives up tells everyone whom it lost.
 //! While waiting, every idle connection is watched for a peer hang-up, so all survivors notice a dead rank, not
 //! only its neighbours.
+//!
+//! # Who may join
+//!
+//! A connection becomes rank `j`'s only after a mutual challenge-response on the job's secret ([`JobKey`]: the
+//! job token, else a random key shared through the rendezvous). The secret never crosses the wire:
+//!
+//! 1. the dialling (higher) rank `c` sends `HELLO(c) | size | nonce_c`;
+//! 2. the accepting rank `a` answers `CHALLENGE(a) | nonce_a | HMAC-SHA256(key, ctx | "A" | nonce_c | nonce_a | c |
+//!    a | size)`;
+//! 3. `c` checks that proof and answers `PROOF(c) | HMAC-SHA256(key, ctx | "C" | nonce_c | nonce_a | c | a | size)`.
+//!
+//! Proofs are compared in constant time. Fresh nonces on both sides make a recorded handshake worthless, and the
+//! direction byte keeps one side's proof from being reflected as the other's. The accepting side authenticates any
+//! number of connections at once, each with a deadline ([`HANDSHAKE_STAGE`]) and a cap on how many wait
+//! ([`MAX_PENDING`], the oldest is dropped), and drops (with a warning) every connection that fails, so an impostor
+//! can neither take a rank's place nor stall the job; the real rank still joins. What this does not give: the frames
+//! after the handshake are neither encrypted nor authenticated, so an attacker who can rewrite the traffic on the
+//! path between two hosts can still read or alter it.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use sha2::{Digest, Sha256};
+
+use crate::bootstrap::{KeyValueClient, Rendezvous};
 use crate::error::{Error, Result};
 use crate::reduce::reduce_into;
 use crate::transport::{RecvOp, SendOp, Transport};
@@ -19,10 +40,30 @@ const MAGIC: u32 = 0x3144_5648; // "HVD1"
 const DATA: u32 = 1;
 const BYE: u32 = 2;
 const ABORT: u32 = 3;
+/// Handshake frames; the value is the sender's rank.
 const HELLO: u32 = 4;
+const CHALLENGE: u32 = 5;
+const PROOF: u32 = 6;
 /// Fruitless rounds a waiting rank spins before it blocks in `poll(2)`.
 const SPIN_ROUNDS: u32 = 32;
 const SCRATCH: usize = 256 << 10;
+/// Most bytes read ahead from an idle peer that hung up (to find its `BYE` or `ABORT` behind data it sent); beyond
+/// that the rest waits in the socket for the operation that reads it.
+const READAHEAD_MAX: usize = 64 << 20;
+
+const NONCE_LEN: usize = 32;
+const MAC_LEN: usize = 32;
+const HELLO_LEN: usize = 16 + 8 + NONCE_LEN;
+const CHALLENGE_LEN: usize = 16 + NONCE_LEN + MAC_LEN;
+const PROOF_LEN: usize = 16 + MAC_LEN;
+/// Domain separation of the handshake's proofs.
+const CONTEXT: &[u8] = b"hvd tcp handshake v1\0";
+/// The longest an accepted connection may take to prove itself (a real rank needs a round trip).
+pub const HANDSHAKE_STAGE: Duration = Duration::from_secs(10);
+/// The most accepted connections being authenticated at once; a new one displaces the oldest.
+pub const MAX_PENDING: usize = 64;
+/// The rendezvous key under which rank 0 publishes a random job key when the job has no token.
+const KEY_KEY: &str = "tcp.key";
 
 fn frame(kind: u32, value: u64) -> [u8; 16] {
     let mut b = [0u8; 16];
@@ -32,13 +73,147 @@ fn frame(kind: u32, value: u64) -> [u8; 16] {
     b
 }
 
-fn parse(b: &[u8]) -> Option<(u32, u64)> {
-    let magic = u32::from_ne_bytes(b.get(0..4)?.try_into().ok()?);
-    (magic == MAGIC).then_some(())?;
-    Some((
-        u32::from_ne_bytes(b[4..8].try_into().ok()?),
-        u64::from_ne_bytes(b[8..16].try_into().ok()?),
-    ))
+fn parse(b: &[u8; 16]) -> Option<(u32, u64)> {
+    let [m0, m1, m2, m3, k0, k1, k2, k3, v @ ..] = *b;
+    (u32::from_ne_bytes([m0, m1, m2, m3]) == MAGIC)
+        .then(|| (u32::from_ne_bytes([k0, k1, k2, k3]), u64::from_ne_bytes(v)))
+}
+
+/// The first 16 bytes of `b` as a frame header (`None` when shorter).
+fn parse_at(b: &[u8]) -> Option<(u32, u64)> {
+    parse(b.get(..16)?.try_into().ok()?)
+}
+
+/// The secret that admits a connection into the job: HMAC-SHA256 key of the tcp handshake. Never printed.
+#[derive(Clone)]
+pub struct JobKey {
+    /// The key padded (or hashed, when longer) to SHA-256's block, as HMAC uses it.
+    block: [u8; 64],
+}
+
+impl std::fmt::Debug for JobKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JobKey(..)")
+    }
+}
+
+impl JobKey {
+    /// A key from a secret shared by every rank (the job token). An empty secret is refused.
+    pub fn new(secret: &[u8]) -> Result<JobKey> {
+        if secret.is_empty() {
+            return Err(Error::Bootstrap(
+                "the job key is empty: set `HVD_JOB_TOKEN` to the same non-empty value on every rank".into(),
+            ));
+        }
+        let mut block = [0u8; 64];
+        if secret.len() > block.len() {
+            block[..32].copy_from_slice(&Sha256::digest(secret));
+        } else {
+            block[..secret.len()].copy_from_slice(secret);
+        }
+        Ok(JobKey { block })
+    }
+
+    /// A fresh random key (for ranks started in one process, e.g. [`crate::testing::LocalJob`]).
+    pub fn random() -> Result<JobKey> {
+        JobKey::new(&random_bytes::<32>()?)
+    }
+
+    /// The job's key: the rendezvous token when there is one; otherwise rank 0 draws a random key and publishes it
+    /// through the rendezvous (key `tcp.key`), so it is as secret as the rendezvous itself (a `file:` directory:
+    /// its permissions).
+    pub fn for_job(
+        rendezvous: &Rendezvous,
+        kv: &KeyValueClient,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<JobKey> {
+        if let Rendezvous::Http {
+            token: Some(token), ..
+        } = rendezvous
+        {
+            return JobKey::new(token.as_bytes());
+        }
+        if rank == 0 {
+            let hex: String = random_bytes::<32>()?
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            kv.put(KEY_KEY, hex.as_bytes())?;
+            return JobKey::new(hex.as_bytes());
+        }
+        let hex = kv.get(KEY_KEY, timeout)?;
+        if hex.len() != 64 || !hex.iter().all(u8::is_ascii_hexdigit) {
+            return Err(Error::Bootstrap(format!(
+                "the rendezvous key `{KEY_KEY}` is not 64 hex digits; is the rendezvous shared with another job?"
+            )));
+        }
+        JobKey::new(&hex)
+    }
+
+    /// HMAC-SHA256 (RFC 2104) of the concatenated `parts`.
+    pub fn mac(&self, parts: &[&[u8]]) -> [u8; MAC_LEN] {
+        let mut inner = Sha256::new();
+        inner.update(self.block.map(|b| b ^ 0x36));
+        for p in parts {
+            inner.update(p);
+        }
+        let mut outer = Sha256::new();
+        outer.update(self.block.map(|b| b ^ 0x5c));
+        outer.update(inner.finalize());
+        outer.finalize().into()
+    }
+
+    /// The proof of one side of the handshake between `connector` and `acceptor` (`side`: `b"A"` or `b"C"`).
+    fn proof(
+        &self,
+        side: &[u8; 1],
+        nonces: (&[u8; NONCE_LEN], &[u8; NONCE_LEN]),
+        connector: usize,
+        acceptor: usize,
+        size: usize,
+    ) -> [u8; MAC_LEN] {
+        self.mac(&[
+            CONTEXT,
+            side,
+            nonces.0,
+            nonces.1,
+            &(connector as u64).to_le_bytes(),
+            &(acceptor as u64).to_le_bytes(),
+            &(size as u64).to_le_bytes(),
+        ])
+    }
+}
+
+/// `N` bytes from the kernel's random source.
+fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    let mut b = [0u8; N];
+    let mut filled = 0;
+    while filled < N {
+        // SAFETY: the pointer and length describe the unfilled tail of `b`.
+        let r = unsafe { libc::getrandom(b[filled..].as_mut_ptr().cast(), N - filled, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io("read random bytes for the tcp handshake", e));
+        }
+        filled += r as usize;
+    }
+    Ok(b)
+}
+
+/// Constant-time comparison of a received proof with the expected one.
+fn same_proof(expected: &[u8; MAC_LEN], got: &[u8]) -> bool {
+    if got.len() != MAC_LEN {
+        return false;
+    }
+    let diff = expected
+        .iter()
+        .zip(got)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(diff) == 0
 }
 
 struct Peer {
@@ -46,6 +221,8 @@ struct Peer {
     /// Bytes read ahead while checking a hung-up idle peer, consumed before the socket.
     pending: Vec<u8>,
     pending_pos: usize,
+    /// The read-ahead reached [`READAHEAD_MAX`]: stop watching this peer for a hang-up until it is consumed.
+    readahead_full: bool,
     /// The peer said `BYE`.
     departed: bool,
     /// A frame to this peer is half written (an abort notice would corrupt the stream): bytes still owed.
@@ -60,6 +237,11 @@ impl Peer {
             let n = dst.len().min(self.pending.len() - self.pending_pos);
             dst[..n].copy_from_slice(&self.pending[self.pending_pos..self.pending_pos + n]);
             self.pending_pos += n;
+            if self.pending_pos == self.pending.len() {
+                self.pending.clear();
+                self.pending_pos = 0;
+                self.readahead_full = false;
+            }
             return Ok(n);
         }
         self.stream.read(dst)
@@ -80,17 +262,250 @@ pub fn listen(ip: IpAddr) -> Result<TcpListener> {
     TcpListener::bind((ip, 0)).map_err(|e| Error::io(format!("listen on `{ip}`"), e))
 }
 
+/// Where one connection's handshake stands.
+enum Stage {
+    /// Accepted: reading the peer's `HELLO`.
+    Hello,
+    /// Accepted: our `CHALLENGE` is (being) sent; reading the peer's `PROOF`.
+    Proof {
+        peer: usize,
+        nonce_c: [u8; NONCE_LEN],
+        nonce_a: [u8; NONCE_LEN],
+    },
+    /// Dialled: our `HELLO` is (being) sent; reading the acceptor's `CHALLENGE`.
+    Challenge { nonce_c: [u8; NONCE_LEN] },
+    /// Dialled and the acceptor proved itself: our `PROOF` is (being) sent.
+    Proved,
+}
+
+/// How a handshake went wrong.
+enum Failure {
+    /// The connection broke or timed out (a dialled one is dialled again).
+    Lost(String),
+    /// The other side is not a rank of this job (wrong key, wrong rank or size, not the protocol).
+    Refused(String),
+}
+
+/// One connection being authenticated.
+struct Shake {
+    stream: TcpStream,
+    addr: SocketAddr,
+    /// The rank this side dialled; `None` for an accepted connection.
+    dialled: Option<usize>,
+    stage: Stage,
+    inbuf: [u8; CHALLENGE_LEN],
+    have: usize,
+    out: Vec<u8>,
+    out_pos: usize,
+    expires: Instant,
+}
+
+/// The job-wide facts a handshake checks against.
+struct Local<'a> {
+    rank: usize,
+    size: usize,
+    key: &'a JobKey,
+}
+
+impl Shake {
+    /// Dials rank `j` at `addr` (retrying a refused connect until `deadline`) and queues our `HELLO`.
+    fn dial(me: &Local<'_>, j: usize, addr: SocketAddr, deadline: Instant) -> Result<Shake> {
+        let stream = loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(peer = j, %addr, error = %e, "retrying connect");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(Error::io(format!("connect to rank {j} at `{addr}`"), e)),
+            }
+        };
+        let cfg = |e| {
+            Error::io(
+                format!("configure the connection to rank {j} at `{addr}`"),
+                e,
+            )
+        };
+        stream.set_nodelay(true).map_err(cfg)?;
+        stream.set_nonblocking(true).map_err(cfg)?;
+        let nonce_c = random_bytes::<NONCE_LEN>()?;
+        let mut out = Vec::with_capacity(HELLO_LEN);
+        out.extend_from_slice(&frame(HELLO, me.rank as u64));
+        out.extend_from_slice(&(me.size as u64).to_ne_bytes());
+        out.extend_from_slice(&nonce_c);
+        Ok(Shake {
+            stream,
+            addr,
+            dialled: Some(j),
+            stage: Stage::Challenge { nonce_c },
+            inbuf: [0; CHALLENGE_LEN],
+            have: 0,
+            out,
+            out_pos: 0,
+            expires: deadline,
+        })
+    }
+
+    fn accepted(stream: TcpStream, addr: SocketAddr, expires: Instant) -> io::Result<Shake> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        Ok(Shake {
+            stream,
+            addr,
+            dialled: None,
+            stage: Stage::Hello,
+            inbuf: [0; CHALLENGE_LEN],
+            have: 0,
+            out: Vec::new(),
+            out_pos: 0,
+            expires,
+        })
+    }
+
+    fn wants_write(&self) -> bool {
+        self.out_pos < self.out.len()
+    }
+
+    /// Moves the handshake on as far as the socket allows: `Ok(Some(rank))` once the peer is authenticated as
+    /// `rank`, `Ok(None)` while waiting. `open(j)`: rank `j` may still join through this listener.
+    fn advance(
+        &mut self,
+        me: &Local<'_>,
+        open: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<usize>, Failure> {
+        loop {
+            while self.out_pos < self.out.len() {
+                match self.stream.write(&self.out[self.out_pos..]) {
+                    Ok(0) => return Err(Failure::Lost("the connection closed".into())),
+                    Ok(n) => self.out_pos += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Lost(format!("sending failed: {e}"))),
+                }
+            }
+            let need = match self.stage {
+                Stage::Hello => HELLO_LEN,
+                Stage::Proof { .. } => PROOF_LEN,
+                Stage::Challenge { .. } => CHALLENGE_LEN,
+                Stage::Proved => return Ok(self.dialled),
+            };
+            // Exactly the handshake's bytes: whatever follows belongs to the data stream.
+            while self.have < need {
+                match self.stream.read(&mut self.inbuf[self.have..need]) {
+                    Ok(0) => {
+                        return Err(Failure::Lost(
+                            "the connection closed during the handshake".into(),
+                        ));
+                    }
+                    Ok(n) => self.have += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Lost(format!("receiving failed: {e}"))),
+                }
+            }
+            self.have = 0;
+            let msg = &self.inbuf[..need];
+            let head = parse_at(msg);
+            match self.stage {
+                Stage::Hello => {
+                    let Some((HELLO, c)) = head else {
+                        return Err(Failure::Refused(
+                            "it did not greet with an hvd HELLO".into(),
+                        ));
+                    };
+                    let size = u64::from_ne_bytes(msg[16..24].try_into().unwrap_or_default());
+                    if size != me.size as u64 {
+                        return Err(Failure::Refused(format!(
+                            "it claims a job of {size} ranks, this job has {}",
+                            me.size
+                        )));
+                    }
+                    let peer = usize::try_from(c).unwrap_or(usize::MAX);
+                    if peer <= me.rank || peer >= me.size || !open(peer) {
+                        return Err(Failure::Refused(format!(
+                            "it claims rank {c}, which does not connect to rank {} now",
+                            me.rank
+                        )));
+                    }
+                    let nonce_c: [u8; NONCE_LEN] =
+                        msg[24..24 + NONCE_LEN].try_into().unwrap_or_default();
+                    let nonce_a =
+                        random_bytes::<NONCE_LEN>().map_err(|e| Failure::Lost(e.to_string()))?;
+                    let proof = me
+                        .key
+                        .proof(b"A", (&nonce_c, &nonce_a), peer, me.rank, me.size);
+                    self.out.clear();
+                    self.out_pos = 0;
+                    self.out
+                        .extend_from_slice(&frame(CHALLENGE, me.rank as u64));
+                    self.out.extend_from_slice(&nonce_a);
+                    self.out.extend_from_slice(&proof);
+                    self.stage = Stage::Proof {
+                        peer,
+                        nonce_c,
+                        nonce_a,
+                    };
+                }
+                Stage::Proof {
+                    peer,
+                    nonce_c,
+                    nonce_a,
+                } => {
+                    let expected = me
+                        .key
+                        .proof(b"C", (&nonce_c, &nonce_a), peer, me.rank, me.size);
+                    if head != Some((PROOF, peer as u64)) || !same_proof(&expected, &msg[16..]) {
+                        return Err(Failure::Refused(format!(
+                            "it claimed rank {peer} but did not prove the job token"
+                        )));
+                    }
+                    return Ok(Some(peer));
+                }
+                Stage::Challenge { nonce_c } => {
+                    let j = self.dialled.unwrap_or(usize::MAX);
+                    let Some((CHALLENGE, a)) = head else {
+                        return Err(Failure::Refused(
+                            "it did not answer with an hvd CHALLENGE".into(),
+                        ));
+                    };
+                    let nonce_a: [u8; NONCE_LEN] =
+                        msg[16..16 + NONCE_LEN].try_into().unwrap_or_default();
+                    let expected = me
+                        .key
+                        .proof(b"A", (&nonce_c, &nonce_a), me.rank, j, me.size);
+                    if a != j as u64 || !same_proof(&expected, &msg[16 + NONCE_LEN..]) {
+                        return Err(Failure::Refused(format!(
+                            "it did not prove the job token as rank {j}"
+                        )));
+                    }
+                    let proof = me
+                        .key
+                        .proof(b"C", (&nonce_c, &nonce_a), me.rank, j, me.size);
+                    self.out.clear();
+                    self.out_pos = 0;
+                    self.out.extend_from_slice(&frame(PROOF, me.rank as u64));
+                    self.out.extend_from_slice(&proof);
+                    self.stage = Stage::Proved;
+                }
+                Stage::Proved => return Ok(self.dialled),
+            }
+        }
+    }
+}
+
 impl TcpTransport {
-    /// Connects to every other rank. `addrs[r]` is rank `r`'s listening address; `listener` is this rank's own.
+    /// Connects to every other rank. `addrs[r]` is rank `r`'s listening address; `listener` is this rank's own;
+    /// `key` the job's secret, which every connection must prove (see the module documentation).
     /// Lower ranks accept, higher ranks connect, so no pair dials twice.
     pub fn connect(
         rank: usize,
         listener: &TcpListener,
         addrs: &[SocketAddr],
+        key: &JobKey,
         timeout: Duration,
     ) -> Result<Self> {
         let addrs: Vec<Option<SocketAddr>> = addrs.iter().copied().map(Some).collect();
-        Self::connect_subset(rank, listener, &addrs, timeout)
+        Self::connect_subset(rank, listener, &addrs, key, timeout)
     }
 
     /// Like [`connect`](Self::connect), but only to the ranks whose address is `Some` (the others are reached by
@@ -99,80 +514,165 @@ impl TcpTransport {
         rank: usize,
         listener: &TcpListener,
         addrs: &[Option<SocketAddr>],
+        key: &JobKey,
         timeout: Duration,
     ) -> Result<Self> {
         let size = addrs.len();
+        if rank >= size {
+            return Err(Error::Bootstrap(format!(
+                "rank {rank} is not a rank of a job of {size}"
+            )));
+        }
+        let me = Local { rank, size, key };
         let deadline = Instant::now() + timeout;
         let mut peers: Vec<Option<Peer>> = (0..size).map(|_| None).collect();
+        let mut shakes: Vec<Shake> = Vec::new();
         for (j, addr) in addrs.iter().enumerate().take(rank) {
-            let Some(addr) = addr else { continue };
-            let stream = loop {
-                match TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() < deadline => {
-                        tracing::debug!(peer = j, %addr, error = %e, "retrying connect");
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => return Err(Error::io(format!("connect to rank {j} at `{addr}`"), e)),
-                }
-            };
-            let mut hello = frame(HELLO, rank as u64).to_vec();
-            hello.extend_from_slice(&(size as u64).to_ne_bytes());
-            (&stream)
-                .write_all(&hello)
-                .map_err(|e| Error::io(format!("greet rank {j} at `{addr}`"), e))?;
-            peers[j] = Some(new_peer(stream, j)?);
+            if let Some(addr) = addr {
+                shakes.push(Shake::dial(&me, j, *addr, deadline)?);
+            }
         }
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("make the listener non-blocking", e))?;
-        let expected =
-            |j: usize, peers: &[Option<Peer>]| j > rank && addrs[j].is_some() && peers[j].is_none();
-        while (0..size).any(|j| expected(j, &peers)) {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    stream
-                        .set_nonblocking(false)
-                        .map_err(|e| Error::io("configure an accepted socket", e))?;
-                    stream
-                        .set_read_timeout(Some(
-                            deadline
-                                .saturating_duration_since(Instant::now())
-                                .max(Duration::from_millis(100)),
-                        ))
-                        .map_err(|e| Error::io("configure an accepted socket", e))?;
-                    let mut hello = [0u8; 24];
-                    (&stream)
-                        .read_exact(&mut hello)
-                        .map_err(|e| Error::io(format!("read greeting from `{from}`"), e))?;
-                    let (kind, peer_rank) = parse(&hello[..16]).unwrap_or((0, 0));
-                    let peer_size = u64::from_ne_bytes(hello[16..24].try_into().unwrap_or([0; 8]));
-                    let j = peer_rank as usize;
-                    if kind != HELLO
-                        || peer_size != size as u64
-                        || j >= size
-                        || !expected(j, &peers)
-                    {
-                        return Err(Error::Bootstrap(format!(
-                            "`{from}` sent an unexpected greeting (rank {peer_rank} of {peer_size}); is another job \
-                             using the same addresses?"
-                        )));
+        let missing = |peers: &[Option<Peer>]| -> Vec<usize> {
+            (0..size)
+                .filter(|j| *j != rank && addrs[*j].is_some() && peers[*j].is_none())
+                .collect()
+        };
+        let mut refused = 0usize;
+        let mut last_refusal = String::new();
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        loop {
+            let now = Instant::now();
+            loop {
+                match listener.accept() {
+                    Ok((stream, from)) => {
+                        let inbound = shakes.iter().filter(|s| s.dialled.is_none()).count();
+                        if inbound >= MAX_PENDING
+                            && let Some(oldest) = shakes.iter().position(|s| s.dialled.is_none())
+                        {
+                            let s = shakes.remove(oldest);
+                            tracing::warn!(from = %s.addr, "dropped an unauthenticated tcp connection: too many wait");
+                        }
+                        let expires = (now + HANDSHAKE_STAGE).min(deadline);
+                        match Shake::accepted(stream, from, expires) {
+                            Ok(s) => shakes.push(s),
+                            Err(e) => {
+                                tracing::debug!(%from, error = %e, "dropped an accepted connection")
+                            }
+                        }
                     }
-                    peers[j] = Some(new_peer(stream, j)?);
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                        ) => {}
+                    Err(e) => return Err(Error::io("accept a connection", e)),
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline {
-                        let missing: Vec<usize> =
-                            (0..size).filter(|j| expected(*j, &peers)).collect();
-                        return Err(Error::Timeout {
-                            op: "connect",
-                            ranks: missing,
-                            waited: timeout,
-                        });
+            }
+            let mut i = 0;
+            while i < shakes.len() {
+                let open = |j: usize| addrs[j].is_some() && peers[j].is_none();
+                let step = if shakes[i].expires <= now {
+                    Err(Failure::Lost(format!(
+                        "it did not finish the handshake within {:?}",
+                        HANDSHAKE_STAGE.min(timeout)
+                    )))
+                } else {
+                    shakes[i].advance(&me, &open)
+                };
+                match step {
+                    Ok(None) => i += 1,
+                    Ok(Some(j)) => {
+                        let s = shakes.swap_remove(i);
+                        if peers[j].is_some() {
+                            tracing::warn!(from = %s.addr, rank = j, "dropped a second connection for a joined rank");
+                        } else {
+                            tracing::debug!(from = %s.addr, rank = j, "rank authenticated");
+                            peers[j] = Some(new_peer(s.stream, j)?);
+                        }
                     }
-                    std::thread::sleep(Duration::from_millis(2));
+                    Err(f) => {
+                        let s = shakes.swap_remove(i);
+                        match (s.dialled, f) {
+                            (None, Failure::Lost(why) | Failure::Refused(why)) => {
+                                tracing::warn!(from = %s.addr, reason = %why, "refused a tcp connection");
+                                refused += 1;
+                                last_refusal = format!("`{}`: {why}", s.addr);
+                            }
+                            (Some(j), Failure::Refused(why)) => {
+                                return Err(Error::Bootstrap(format!(
+                                    "rank {j} at `{}` is not a rank of this job: {why} (do all ranks share \
+                                     `HVD_JOB_TOKEN`? does another process answer at that address?)",
+                                    s.addr
+                                )));
+                            }
+                            (Some(j), Failure::Lost(why)) => {
+                                if Instant::now() >= deadline {
+                                    return Err(Error::Bootstrap(format!(
+                                        "connect to rank {j} at `{}`: {why}",
+                                        s.addr
+                                    )));
+                                }
+                                tracing::debug!(peer = j, addr = %s.addr, reason = %why, "dialling again");
+                                std::thread::sleep(Duration::from_millis(20));
+                                shakes.push(Shake::dial(&me, j, s.addr, deadline)?);
+                            }
+                        }
+                    }
                 }
-                Err(e) => return Err(Error::io("accept a connection", e)),
+            }
+            let missing_now = missing(&peers);
+            if missing_now.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                if refused > 0 {
+                    return Err(Error::Bootstrap(format!(
+                        "rank(s) {missing_now:?} did not join within {timeout:?}; {refused} connection(s) were \
+                         refused, the last from {last_refusal} (do all ranks share `HVD_JOB_TOKEN`?)"
+                    )));
+                }
+                return Err(Error::Timeout {
+                    op: "connect",
+                    ranks: missing_now,
+                    waited: timeout,
+                });
+            }
+            fds.clear();
+            fds.push(libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            for s in &shakes {
+                let mut events = libc::POLLIN;
+                if s.wants_write() {
+                    events |= libc::POLLOUT;
+                }
+                fds.push(libc::pollfd {
+                    fd: s.stream.as_raw_fd(),
+                    events,
+                    revents: 0,
+                });
+            }
+            let next = shakes
+                .iter()
+                .map(|s| s.expires)
+                .fold(deadline, Instant::min);
+            let wait_ms = next
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .clamp(1, 50) as i32;
+            // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(Error::io("wait for connections with poll", e));
+                }
             }
         }
         Ok(TcpTransport {
@@ -192,11 +692,17 @@ impl TcpTransport {
 
     /// Reads everything a hung-up idle peer sent and decides whether it left cleanly or died.
     fn inspect_hangup(&mut self, j: usize) -> Result<()> {
+        let size = self.peers.len();
         let p = self.peer(j)?;
+        if p.pending_pos > 0 {
+            p.pending.drain(..p.pending_pos);
+            p.pending_pos = 0;
+        }
         let mut eof = false;
         let mut chunk = [0u8; 64 << 10];
-        loop {
-            match p.stream.read(&mut chunk) {
+        while p.pending.len() < READAHEAD_MAX {
+            let room = (READAHEAD_MAX - p.pending.len()).min(chunk.len());
+            match p.stream.read(&mut chunk[..room]) {
                 Ok(0) => {
                     eof = true;
                     break;
@@ -212,15 +718,24 @@ impl TcpTransport {
                 }
             }
         }
-        let mut at = p.pending_pos;
-        while let Some(h) = p.pending.get(at..at + 16) {
-            match parse(h) {
-                Some((DATA, len)) => at += 16 + len as usize,
-                Some((BYE, _)) => {
+        // Walk the frames read so far (lengths from the wire: checked, never allocated).
+        let mut at = 0usize;
+        while let Some(head) = parse_at(p.pending.get(at..).unwrap_or_default()) {
+            match head {
+                (DATA, len) => {
+                    match usize::try_from(len)
+                        .ok()
+                        .and_then(|len| at.checked_add(16)?.checked_add(len))
+                    {
+                        Some(next) => at = next,
+                        None => break,
+                    }
+                }
+                (BYE, _) => {
                     p.departed = true;
                     return Ok(());
                 }
-                Some((ABORT, culprit)) => return Err(lost_via(culprit as usize, j)),
+                (ABORT, culprit) => return Err(lost_via(culprit, j, size)),
                 _ => break,
             }
         }
@@ -231,14 +746,23 @@ impl TcpTransport {
                     .into(),
             });
         }
+        // Not decided yet; with the read-ahead full, the rest waits for the operation that reads it.
+        p.readahead_full = p.pending.len() >= READAHEAD_MAX;
         Ok(())
     }
 }
 
-fn lost_via(culprit: usize, reporter: usize) -> Error {
-    Error::PeerLost {
-        rank: culprit,
-        reason: format!("rank {reporter} lost it and aborted"),
+/// The error for rank `reporter`'s abort notice naming `culprit` (a number from the wire).
+fn lost_via(culprit: u64, reporter: usize, size: usize) -> Error {
+    match usize::try_from(culprit) {
+        Ok(rank) if rank < size => Error::PeerLost {
+            rank,
+            reason: format!("rank {reporter} lost it and aborted"),
+        },
+        _ => Error::PeerLost {
+            rank: reporter,
+            reason: format!("it aborted naming rank {culprit}, which is not a rank of this job"),
+        },
     }
 }
 
@@ -251,6 +775,7 @@ fn new_peer(stream: TcpStream, j: usize) -> Result<Peer> {
         stream,
         pending: Vec::new(),
         pending_pos: 0,
+        readahead_full: false,
         departed: false,
         send_partial: false,
         send_remaining: 0,
@@ -259,9 +784,16 @@ fn new_peer(stream: TcpStream, j: usize) -> Result<Peer> {
 }
 
 /// Checks a data frame's header against the message this rank expects.
-fn check_frame(hdr: &[u8; 16], expected: usize, j: usize, me: usize, p: &mut Peer) -> Result<()> {
+fn check_frame(
+    hdr: &[u8; 16],
+    expected: usize,
+    j: usize,
+    me: usize,
+    size: usize,
+    p: &mut Peer,
+) -> Result<()> {
     match parse(hdr) {
-        Some((DATA, len)) if len as usize == expected => Ok(()),
+        Some((DATA, len)) if len == expected as u64 => Ok(()),
         Some((DATA, len)) => Err(Error::Mismatch {
             rank: j,
             reference: me,
@@ -276,7 +808,7 @@ fn check_frame(hdr: &[u8; 16], expected: usize, j: usize, me: usize, p: &mut Pee
                 reason: "it shut its communicator down while this rank still expected data".into(),
             })
         }
-        Some((ABORT, culprit)) => Err(lost_via(culprit as usize, j)),
+        Some((ABORT, culprit)) => Err(lost_via(culprit, j, size)),
         _ => Err(Error::PeerLost {
             rank: j,
             reason: "it sent bytes that are not an hvd frame".into(),
@@ -340,6 +872,7 @@ impl Transport for TcpTransport {
     fn progress_recv(&mut self, op: &mut RecvOp<'_>) -> Result<bool> {
         let j = op.peer;
         let me = self.rank;
+        let size = self.peers.len();
         let Self { peers, scratch, .. } = self;
         let p = match peers.get_mut(j) {
             Some(Some(p)) if !p.closed => p,
@@ -384,7 +917,7 @@ impl Transport for TcpTransport {
                 Ok(_) => {
                     moved = true;
                     if op.hdr_len == 16 && op.pos == 0 && op.carry_len == 0 {
-                        check_frame(&op.hdr, op.buf.len(), j, me, p)?;
+                        check_frame(&op.hdr, op.buf.len(), j, me, size, p)?;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -422,11 +955,14 @@ impl Transport for TcpTransport {
             let mut events: libc::c_short = 0;
             if recv_peers.contains(&j) {
                 events |= libc::POLLIN;
-            } else {
+            } else if !p.readahead_full {
                 events |= libc::POLLRDHUP;
             }
             if send_peers.contains(&j) {
                 events |= libc::POLLOUT;
+            }
+            if events == 0 {
+                continue;
             }
             fds.push(libc::pollfd {
                 fd: p.stream.as_raw_fd(),

@@ -23,7 +23,7 @@ use crate::config::Thresholds;
 use crate::error::{Error, Result};
 use crate::p2p::P2pCommunicator;
 use crate::shm::{ShmSegment, ShmTransport};
-use crate::tcp::{TcpTransport, listen};
+use crate::tcp::{JobKey, TcpTransport, listen};
 use crate::transport::Transport;
 
 /// Which communicator the in-process ranks use.
@@ -144,13 +144,15 @@ impl LocalJob {
             })
             .collect::<Result<Vec<_>>>()?;
         let timeout = self.timeout;
+        // In-process ranks share a fresh random key: the handshake is the real one.
+        let key = &JobKey::random()?;
         let transports: Vec<Result<TcpTransport>> = std::thread::scope(|s| {
             let handles: Vec<_> = listeners
                 .iter()
                 .enumerate()
                 .map(|(r, l)| {
                     let addrs = &addrs;
-                    s.spawn(move || TcpTransport::connect(r, l, addrs, timeout))
+                    s.spawn(move || TcpTransport::connect(r, l, addrs, key, timeout))
                 })
                 .collect();
             handles
@@ -192,6 +194,7 @@ impl LocalJob {
             }
         }
         let timeout = self.timeout;
+        let key = &JobKey::random()?;
         let this = self;
         let results: Vec<Result<Box<dyn Communicator>>> = std::thread::scope(|s| {
             let handles: Vec<_> = listeners
@@ -202,7 +205,7 @@ impl LocalJob {
                     let seg = segments[&hosts[r]].clone();
                     s.spawn(move || -> Result<Box<dyn Communicator>> {
                         let t = crate::hierarchical::MixedTransport::connect(
-                            r, hosts, seg, l, addrs, timeout,
+                            r, hosts, seg, l, addrs, key, timeout,
                         )?;
                         Ok(this.boxed(P2pCommunicator::new(
                             t,
