@@ -350,3 +350,202 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::progress::NoProgress;
+
+    /// A one-route HTTP server on 127.0.0.1 playing a hostile file host: `body` is sent after the head; with
+    /// `endless`, `body` is repeated until the client hangs up and no Content-Length is sent.
+    fn serve(body: Vec<u8>, endless: bool) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let body = body.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                        line.clear();
+                    }
+                    let head = if endless {
+                        "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string()
+                    } else {
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                    };
+                    let _ = stream.write_all(head.as_bytes());
+                    loop {
+                        if stream.write_all(&body).is_err() || !endless {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}/helper-1.0-py3-none-any.whl")
+    }
+
+    fn fetch(cache: &Path, artifact: Artifact) -> Result<Vec<PathBuf>> {
+        let fetcher = Fetcher::new(cache, false);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(fetcher.fetch_all(&[artifact], &NoProgress));
+        });
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("the download never ended")
+    }
+
+    fn artifact(url: String, sha256: Sha256, size: Option<u64>) -> Artifact {
+        Artifact {
+            url,
+            filename: "helper-1.0-py3-none-any.whl".into(),
+            sha256,
+            size,
+        }
+    }
+
+    /// Nothing but the directories is left in the download cache.
+    fn assert_cache_empty(cache: &Path) {
+        let left: Vec<_> = walkdir::WalkDir::new(cache)
+            .into_iter()
+            .filter_map(|e| e.ok())
+            .filter(|e| !e.file_type().is_dir())
+            .map(|e| e.path().to_path_buf())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// Low item: downloads ignored the locked size; a host sending forever filled the disk.
+    #[test]
+    fn endless_download_stops_at_the_locked_size() {
+        let cache = tempfile::tempdir().unwrap();
+        let url = serve(vec![b'x'; 64 * 1024], true);
+        let err = fetch(
+            cache.path(),
+            artifact(url.clone(), Sha256::of_bytes(b"x"), Some(100_000)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(&url) && err.contains("larger than its locked size of 100000"),
+            "{err}"
+        );
+        assert_cache_empty(cache.path());
+    }
+
+    #[test]
+    fn download_shorter_than_the_locked_size_is_refused() {
+        let cache = tempfile::tempdir().unwrap();
+        let body = b"short wheel".to_vec();
+        let url = serve(body.clone(), false);
+        let err = fetch(
+            cache.path(),
+            artifact(url, Sha256::of_bytes(&body), Some(body.len() as u64 + 1)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("got 11 bytes") && err.contains("the lock says 12"),
+            "{err}"
+        );
+        assert_cache_empty(cache.path());
+        // The right size is fetched.
+        let url = serve(body.clone(), false);
+        let paths = fetch(
+            cache.path(),
+            artifact(url, Sha256::of_bytes(&body), Some(body.len() as u64)),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(&paths[0]).unwrap(), body);
+    }
+
+    /// Item 15: a lockfile URL naming a local file was read whole into memory (`/dev/zero` never ends).
+    #[test]
+    fn local_device_file_is_refused_not_read() {
+        let cache = tempfile::tempdir().unwrap();
+        for url in ["/dev/zero", "file:///dev/zero"] {
+            let err = fetch(
+                cache.path(),
+                artifact(url.into(), Sha256::of_bytes(b""), None),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("not a regular file"), "{err}");
+        }
+        assert_cache_empty(cache.path());
+    }
+
+    #[test]
+    fn local_file_is_streamed_with_the_locked_size() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("helper-1.0-py3-none-any.whl");
+        std::fs::write(&file, vec![7u8; 300_000]).unwrap();
+        let url = format!("file://{}", file.display());
+        let err = fetch(
+            cache.path(),
+            artifact(url.clone(), Sha256::of_file(&file).unwrap(), Some(1000)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("larger than its locked size"), "{err}");
+        assert_cache_empty(cache.path());
+        let paths = fetch(
+            cache.path(),
+            artifact(url, Sha256::of_file(&file).unwrap(), Some(300_000)),
+        )
+        .unwrap();
+        assert_eq!(std::fs::metadata(&paths[0]).unwrap().len(), 300_000);
+    }
+
+    /// Low item: a killed download left its `.part` file forever.
+    #[test]
+    fn stale_partial_downloads_are_removed_and_live_ones_kept() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = cache.path().join("sha256");
+        std::fs::create_dir_all(&dir).unwrap();
+        let stale = dir.join(".abc.123.0.part");
+        let live = dir.join(".abc.124.0.part");
+        let other = dir.join("not-a-part");
+        for path in [&stale, &live, &other] {
+            std::fs::write(path, b"half").unwrap();
+        }
+        let old = SystemTime::now() - Duration::from_secs(2 * 3600);
+        for path in [&stale, &other] {
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        assert_eq!(remove_stale_parts(&dir), 1);
+        assert!(!stale.exists() && live.exists() && other.exists());
+        // A fetch cleans up on its own.
+        std::fs::write(&stale, b"half").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let body = b"wheel".to_vec();
+        let url = serve(body.clone(), false);
+        fetch(
+            cache.path(),
+            artifact(url, Sha256::of_bytes(&body), Some(body.len() as u64)),
+        )
+        .unwrap();
+        assert!(!stale.exists());
+    }
+}
