@@ -39,7 +39,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn set_error(message: impl Into<String>) {
     let mut m = message.into();
     m.retain(|c| c != '\0');
-    LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(m).unwrap_or_default());
+    // Also runs outside `catch_unwind` (in `guard`): `try_with`/`try_borrow_mut` cannot panic.
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut slot) = e.try_borrow_mut() {
+            *slot = CString::new(m).unwrap_or_default();
+        }
+    });
 }
 
 /// Runs `f`, turning an error or a panic into `fallback` and the thread's last error.
@@ -186,7 +191,10 @@ pub extern "C" fn hvd_cross_size() -> i32 {
 /// The last error of a failed call on this thread (empty if none). Valid until the next failing call.
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    // `try_with`: during thread teardown the slot may be gone; never panic across the boundary.
+    LAST_ERROR
+        .try_with(|e| e.try_borrow().map_or(c"".as_ptr(), |m| m.as_ptr()))
+        .unwrap_or(c"".as_ptr())
 }
 
 /// The library version, e.g. "0.1.0".
@@ -323,11 +331,7 @@ unsafe fn convert(r: &HvdRequest) -> Result<Request, String> {
         postscale: r.postscale,
         splits,
     };
-    let bytes = if meta.shape.iter().any(|d| *d < 0) {
-        0
-    } else {
-        meta.bytes()
-    };
+    let bytes = shape_bytes(&meta)?;
     let input = if matches!(kind, OpKind::Barrier | OpKind::Join) {
         Input::None
     } else if r.input.is_null() && bytes > 0 {
@@ -353,6 +357,42 @@ unsafe fn convert(r: &HvdRequest) -> Result<Request, String> {
         input,
         output,
     })
+}
+
+/// The byte size of `meta`'s tensor, with checked arithmetic: a shape whose element count or byte size does not
+/// fit (a caller's garbage `ndim`/`shape`) is refused, never wrapped into a small buffer length. A negative
+/// dimension counts as 0 here; the engine's validation names it. Split counts must sum without overflow.
+fn shape_bytes(meta: &RequestMeta) -> Result<usize, String> {
+    let too_large = |what: &str| {
+        format!(
+            "tensor `{}`: {what} {:?} is too large: its size in bytes overflows",
+            meta.name, meta.shape
+        )
+    };
+    if meta
+        .splits
+        .iter()
+        .try_fold(0i64, |acc, s| acc.checked_add(*s))
+        .is_none()
+    {
+        return Err(format!(
+            "tensor `{}`: splits {:?} overflow when summed",
+            meta.name, meta.splits
+        ));
+    }
+    if meta.shape.iter().any(|d| *d < 0) {
+        return Ok(0);
+    }
+    // Left to right, as the engine multiplies them, so no intermediate product overflows there either.
+    let elements = meta
+        .shape
+        .iter()
+        .try_fold(1usize, |acc, d| acc.checked_mul(usize::try_from(*d).ok()?))
+        .ok_or_else(|| too_large("shape"))?;
+    elements
+        .checked_mul(meta.dtype.size())
+        .filter(|b| isize::try_from(*b).is_ok())
+        .ok_or_else(|| too_large("shape"))
 }
 
 /// Submits one operation. Returns a handle (> 0) or -1 (see `hvd_last_error`).
@@ -740,4 +780,61 @@ pub extern "C" fn hvd_release(handle: i64) {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enqueue_shape(shape: &[i64], splits: &[i64]) -> (i64, String) {
+        let data = [0u8; 16];
+        let mut out = [0u8; 16];
+        let r = HvdRequest {
+            kind: OpKind::Allreduce as i32,
+            name: c"grad".as_ptr(),
+            dtype: 5,
+            ndim: shape.len() as i32,
+            shape: shape.as_ptr(),
+            input: data.as_ptr().cast(),
+            output: out.as_mut_ptr().cast(),
+            op: 0,
+            root: 0,
+            prescale: 1.0,
+            postscale: 1.0,
+            splits: splits.as_ptr(),
+            nsplits: splits.len() as i32,
+        };
+        // SAFETY: every pointer is valid for the lengths given.
+        let h = unsafe { hvd_enqueue(&r) };
+        // SAFETY: hvd_last_error returns a NUL-terminated string owned by this thread.
+        let msg = unsafe { CStr::from_ptr(hvd_last_error()) }
+            .to_string_lossy()
+            .into_owned();
+        (h, msg)
+    }
+
+    /// A shape whose element count or byte size overflows is refused with its name, before anything reads the
+    /// buffers (and before the engine is even needed); it neither wraps into a small length nor panics.
+    #[test]
+    fn an_overflowing_shape_is_refused() {
+        for shape in [
+            &[1i64 << 62, 1 << 62][..],
+            &[i64::MAX / 2, 4],
+            &[i64::MAX, 4, 0],
+        ] {
+            let (h, msg) = enqueue_shape(shape, &[]);
+            assert_eq!(h, -1);
+            assert!(
+                msg.contains("tensor `grad`") && msg.contains("too large"),
+                "{shape:?}: {msg}"
+            );
+        }
+        let (h, msg) = enqueue_shape(&[4], &[i64::MAX, 1]);
+        assert_eq!(h, -1);
+        assert!(msg.contains("overflow when summed"), "{msg}");
+        // A sane shape gets past the check (and stops at the missing engine).
+        let (h, msg) = enqueue_shape(&[2, 2], &[]);
+        assert_eq!(h, -1);
+        assert!(msg.contains("not initialized"), "{msg}");
+    }
 }
