@@ -3,11 +3,21 @@
 //! A project keeps its env alive with a link next to its file (`.hvd/env -> <store path>`). The store records that
 //! link in `.roots/<hash of the link's absolute path>` (a symlink to the project link), like Nix's indirect roots:
 //! deleting the project (or its `.hvd/`) is enough to let gc reclaim the env.
+//!
+//! A running `hvd run`/`exec`/`shell` also holds a temporary root ([`TempRoot`]): a file
+//! `.temproots/<pid>.<n>` naming the store paths it uses, flock-ed exclusively for as long as any process holds the
+//! descriptor (it is inherited across `exec`, so the command itself and its children keep it). gc keeps what a
+//! locked temporary root names and deletes unlocked ones (their process is gone). A temporary root is created while
+//! the builders' lock (`.locks/gc.lock`, shared) is held since before the build, so gc (exclusive) never runs between
+//! the build and the root.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::Result;
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::error::{Error, Result};
 use crate::hash::Sha256;
 use crate::store::{Store, remove_tree};
 
@@ -32,6 +42,120 @@ pub fn add_root(store: &Store, link: &Path, target: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Keeps store paths alive while this process, or any process that inherited its descriptor, runs.
+///
+/// Create it while holding [`Store::lock_builders`] (taken before the build), so no gc runs in between.
+#[derive(Debug)]
+pub struct TempRoot {
+    lock: Flock<std::fs::File>,
+    path: PathBuf,
+}
+
+static TEMP_ROOTS: AtomicU64 = AtomicU64::new(0);
+
+impl TempRoot {
+    /// Root the store paths `targets` (each directly under the store root).
+    pub fn create(store: &Store, targets: &[&Path]) -> Result<TempRoot> {
+        let mut names = String::new();
+        for target in targets {
+            let name = target
+                .file_name()
+                .filter(|_| target.parent() == Some(store.root()))
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "`{}` is not a path in the store `{}`",
+                        target.display(),
+                        store.root().display()
+                    ))
+                })?;
+            names.push_str(&name.to_string_lossy());
+            names.push('\n');
+        }
+        let dir = store.temp_roots_dir();
+        let n = TEMP_ROOTS.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("{}.{n}", std::process::id()));
+        // Write under a name gc ignores, lock, then rename: gc never sees an unlocked, fresh root.
+        let partial = dir.join(format!(".{}.{n}", std::process::id()));
+        fs_err::write(&partial, names)?;
+        let file = fs_err::File::open(&partial)?;
+        let lock = Flock::lock(file.into_parts().0, FlockArg::LockExclusiveNonblock).map_err(
+            |(_, errno)| {
+                std::io::Error::other(format!("failed to lock `{}`: {errno}", partial.display()))
+            },
+        )?;
+        fs_err::rename(&partial, &path)?;
+        Ok(TempRoot { lock, path })
+    }
+
+    /// The root file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Let the descriptor (and so the root) survive `exec`: the executed command, and every child that inherits
+    /// the descriptor, keeps the paths alive.
+    pub fn keep_across_exec(&self) -> Result<()> {
+        nix::fcntl::fcntl(
+            &*self.lock,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|errno| {
+            std::io::Error::other(format!(
+                "failed to keep `{}` open across exec: {errno}",
+                self.path.display()
+            ))
+        })?;
+        Ok(())
+    }
+}
+
+impl Drop for TempRoot {
+    fn drop(&mut self) {
+        // Removed while still locked; a root left behind (exec, SIGKILL) is unlocked and gc removes it.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Store path names the temporary roots still held by a live process name; unlocked (stale) ones are removed
+/// unless `dry_run`. Returns (names, stale count).
+fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize)> {
+    let mut names = Vec::new();
+    let mut stale = 0;
+    for entry in fs_err::read_dir(store.temp_roots_dir())? {
+        let entry = entry?;
+        let path = entry.path();
+        let Ok(file) = std::fs::File::open(&path) else {
+            continue;
+        };
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(_unlocked) => {
+                // Nobody holds it: its process (and everything that inherited it) has ended. A `.pid.n` file is a
+                // root whose creator died before the rename.
+                stale += 1;
+                if !dry_run {
+                    fs_err::remove_file(&path)?;
+                }
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                let text = fs_err::read_to_string(&path)?;
+                names.extend(
+                    text.lines()
+                        .filter(|n| !n.is_empty() && !n.starts_with('.') && !n.contains('/'))
+                        .map(str::to_string),
+                );
+            }
+            Err((_, errno)) => {
+                return Err(std::io::Error::other(format!(
+                    "failed to check the temporary root `{}`: {errno}",
+                    path.display()
+                ))
+                .into());
+            }
+        }
+    }
+    Ok((names, stale))
+}
+
 fn absolute(path: &Path) -> Result<PathBuf> {
     if path.is_absolute() {
         return Ok(path.to_path_buf());
@@ -50,6 +174,10 @@ pub struct GcReport {
     pub bytes: u64,
     /// Roots whose project link is gone (their registration was removed unless dry run).
     pub stale_roots: usize,
+    /// Temporary roots of running processes.
+    pub temp_roots: usize,
+    /// Temporary roots whose processes have ended (removed unless dry run).
+    pub stale_temp_roots: usize,
 }
 
 /// Remove every store path that no root reaches (`dry_run`: only report).
@@ -74,6 +202,10 @@ pub fn collect_garbage(store: &Store, dry_run: bool) -> Result<GcReport> {
             }
         }
     }
+    let (held, stale) = temp_roots(store, dry_run)?;
+    report.temp_roots = held.len();
+    report.stale_temp_roots = stale;
+    stack.extend(held);
     while let Some(name) = stack.pop() {
         let path = store.root().join(&name);
         if !store.is_valid(&path) || !report.live.insert(name) {

@@ -556,6 +556,7 @@ impl Realizer<'_> {
             sdist_filename: &package.artifact.filename,
             build_env: &build_env.path,
             env: &build.env,
+            store: store.root(),
             toolchain: self.planned.toolchain.as_ref(),
         };
         let wheel_path = source_build::build_wheel(&request, &build_dir)?;

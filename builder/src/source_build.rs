@@ -1,4 +1,4 @@
-//! PEP 517 source builds in a cleared environment without network.
+//! PEP 517 source builds in a cleared environment, in a sandbox where one can be made (see [`NetworkIsolation`]).
 //!
 //! The sdist is unpacked in a build directory whose path depends only on the derivation (so paths compiled into
 //! the output are the same on every rebuild), the build env (build requirements + `against` packages, already in
@@ -15,44 +15,132 @@ use crate::toolchain::Toolchain;
 /// `SOURCE_DATE_EPOCH` for builds: 1980-01-01, the earliest time a zip (wheel) can record.
 pub const SOURCE_DATE_EPOCH: &str = "315532800";
 
-/// How builds are kept off the network on this machine.
+/// How builds are isolated on this machine (see docs/store.md, "Source builds").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetworkIsolation {
-    /// `unshare --net` (root).
+    /// `bwrap`: own mount, network, pid, ipc and uts namespaces; `/` read-only, home directories, `/tmp` and
+    /// `/run` hidden, the store read-only, only the build directory writable; every build process ends with the
+    /// builder.
+    Sandbox,
+    /// `unshare --net --pid` (root): no network, every build process ends with the builder; the file system is
+    /// not isolated.
     Namespace,
-    /// `unshare --map-root-user --net` (unprivileged user namespaces).
+    /// `unshare --map-root-user --net --pid` (unprivileged user namespaces): as [`NetworkIsolation::Namespace`].
     UserNamespace,
-    /// Neither works here: builds can reach the network.
+    /// Nothing works here: builds can reach the network and the whole file system.
     None,
 }
 
-/// Detect once per process which isolation works.
+/// The `unshare` arguments (before the program) of each fallback level.
+const UNSHARE_ROOT: &[&str] = &["--net", "--pid", "--fork", "--kill-child"];
+const UNSHARE_USER: &[&str] = &[
+    "--map-root-user",
+    "--net",
+    "--pid",
+    "--fork",
+    "--kill-child",
+];
+
+/// Detect once per process which isolation works; each fallback is logged with the reason.
 pub fn network_isolation() -> NetworkIsolation {
     static DETECTED: OnceLock<NetworkIsolation> = OnceLock::new();
     *DETECTED.get_or_init(|| {
-        let works = |args: &[&str]| {
-            Command::new("unshare")
+        let probe = |program: &str, args: &[&str]| -> std::result::Result<(), String> {
+            let output = Command::new(program)
                 .args(args)
                 .arg("true")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|status| status.success())
+                .stderr(Stdio::piped())
+                .output()
+                .map_err(|err| format!("`{program}` cannot run: {err}"))?;
+            if output.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "`{program} {}` failed: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ))
+            }
         };
-        if works(&["--net"]) {
-            NetworkIsolation::Namespace
-        } else if works(&["--map-root-user", "--net"]) {
-            NetworkIsolation::UserNamespace
-        } else {
-            tracing::warn!("no private network namespace available (`unshare --net` failed): builds can reach the network");
-            NetworkIsolation::None
+        let probe_dir = std::env::temp_dir();
+        let sandbox = sandbox_args(&probe_dir, &probe_dir, &[]);
+        let sandbox: Vec<&str> = sandbox.iter().map(String::as_str).collect();
+        let bwrap = match probe("bwrap", &sandbox) {
+            Ok(()) => return NetworkIsolation::Sandbox,
+            Err(reason) => reason,
+        };
+        tracing::warn!(
+            "no build sandbox ({bwrap}; install the `bubblewrap` package): source builds can read and write the \
+             file system; trying `unshare` for the network"
+        );
+        let root = match probe("unshare", UNSHARE_ROOT) {
+            Ok(()) => return NetworkIsolation::Namespace,
+            Err(reason) => reason,
+        };
+        match probe("unshare", UNSHARE_USER) {
+            Ok(()) => NetworkIsolation::UserNamespace,
+            Err(user) => {
+                tracing::warn!(
+                    "no private network namespace available ({root}; {user}): builds can reach the network"
+                );
+                NetworkIsolation::None
+            }
         }
     })
 }
 
+/// `bwrap` arguments (before `--` and the program) for a build in `build_dir`, with `store` and `readable` (the
+/// interpreter's prefix, the compiler's directory) visible read-only even where they lie in a hidden directory.
+fn sandbox_args(build_dir: &Path, store: &Path, readable: &[PathBuf]) -> Vec<String> {
+    let mut args: Vec<String> = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        .map(String::from)
+        .to_vec();
+    // Hidden: home directories (the invoking user's included), shared temp space and runtime sockets.
+    let mut hidden: Vec<PathBuf> = ["/home", "/root", "/tmp", "/var/tmp", "/run", "/dev/shm"]
+        .map(PathBuf::from)
+        .to_vec();
+    if let Some(home) = dirs::home_dir().filter(|h| h.is_absolute() && h != Path::new("/")) {
+        hidden.push(home);
+    }
+    hidden.retain(|dir| dir.is_dir() && !dir.is_symlink());
+    for dir in &hidden {
+        args.extend(["--tmpfs".into(), dir.display().to_string()]);
+    }
+    // What the build needs from a hidden directory comes back read-only (the rest of `/` is read-only already).
+    for path in std::iter::once(store).chain(readable.iter().map(PathBuf::as_path)) {
+        if path.is_dir() && hidden.iter().any(|dir| path.starts_with(dir)) {
+            let path = path.display().to_string();
+            args.extend(["--ro-bind".into(), path.clone(), path]);
+        }
+    }
+    let build = build_dir.display().to_string();
+    args.extend(["--bind".into(), build.clone(), build]);
+    args.extend(
+        [
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// The base interpreter's installation prefix (`<prefix>/bin/python3.X`), which the sandbox must show.
+fn interpreter_prefix(build_env: &Path) -> Option<PathBuf> {
+    let executable = fs_err::canonicalize(build_env.join("bin").join("python")).ok()?;
+    Some(executable.parent()?.parent()?.to_path_buf())
+}
+
 const DRIVER: &str = r#"
 import importlib, os, sys
+# The sandbox's `bwrap --chdir` sets PWD; the build's environment is only what hvd chose.
+os.environ.pop("PWD", None)
 source, out = sys.argv[1], sys.argv[2]
 os.chdir(source)
 backend_name, backend_path = "setuptools.build_meta:__legacy__", None
@@ -86,6 +174,8 @@ pub struct SourceBuildRequest<'a> {
     pub build_env: &'a Path,
     /// The recipe's variables.
     pub env: &'a BTreeMap<String, String>,
+    /// The store root (visible read-only inside the sandbox).
+    pub store: &'a Path,
     pub toolchain: Option<&'a Toolchain>,
 }
 
@@ -121,14 +211,26 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     let python = request.build_env.join("bin").join("python");
     let isolation = network_isolation();
     let mut command = match isolation {
+        NetworkIsolation::Sandbox => {
+            let mut readable: Vec<PathBuf> =
+                interpreter_prefix(request.build_env).into_iter().collect();
+            readable.extend(path_entries.iter().filter(|p| p.is_dir()).cloned());
+            let mut c = Command::new("bwrap");
+            c.args(sandbox_args(build_dir, request.store, &readable))
+                .arg("--chdir")
+                .arg(&source)
+                .arg("--")
+                .arg(&python);
+            c
+        }
         NetworkIsolation::Namespace => {
             let mut c = Command::new("unshare");
-            c.arg("--net").arg(&python);
+            c.args(UNSHARE_ROOT).arg(&python);
             c
         }
         NetworkIsolation::UserNamespace => {
             let mut c = Command::new("unshare");
-            c.args(["--map-root-user", "--net"]).arg(&python);
+            c.args(UNSHARE_USER).arg(&python);
             c
         }
         NetworkIsolation::None => Command::new(&python),
@@ -168,7 +270,7 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
         .stderr(log_err.into_parts().0);
     die_with_parent(&mut command);
     tracing::info!(
-        "building {} {} (network isolation: {isolation:?})",
+        "building {} {} (isolation: {isolation:?})",
         request.name,
         request.version
     );
@@ -196,7 +298,9 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     Ok(wheel)
 }
 
-/// Kill the build when the builder dies (a SIGKILLed `hvd build` must not leave a compiler running).
+/// Kill the build when the builder dies (a SIGKILLed `hvd build` must not leave a compiler running): the first
+/// process gets SIGKILL when the builder thread ends; it is `bwrap --die-with-parent --unshare-pid` or
+/// `unshare --pid --kill-child`, whose pid namespace takes every build process (`setsid` ones too) with it.
 fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs between fork and exec and only calls the async-signal-safe `prctl`.

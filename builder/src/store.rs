@@ -7,6 +7,7 @@
 //!   so any such directory found by the next lock holder is the debris of a killed build and is removed.
 //! - `<root>/.locks/<path-name>.lock` flock files; `.locks/gc.lock` is held shared by builders, exclusive by gc.
 //! - `<root>/.roots/` links to the project links (`.hvd/env`) that keep paths alive.
+//! - `<root>/.temproots/<pid>.<n>` store path names a running process uses, flock-ed while it runs (see gc).
 //! - `<root>/.downloads/sha256/<hex>` the download cache; `<root>/.pycache/` bytecode written by envs.
 
 use std::collections::BTreeSet;
@@ -89,6 +90,7 @@ impl Store {
             ".build",
             ".locks",
             ".roots",
+            ".temproots",
             ".downloads",
             ".pycache",
         ] {
@@ -111,6 +113,11 @@ impl Store {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Temporary gc roots of running processes (see [`crate::gc::TempRoot`]).
+    pub fn temp_roots_dir(&self) -> PathBuf {
+        self.root.join(".temproots")
     }
 
     /// The download cache directory (files named by their sha256).
@@ -313,7 +320,9 @@ pub(crate) fn finish_tree(
     let info_path = out.join(PATH_INFO_FILE);
     let text =
         serde_json::to_string_pretty(&info).map_err(|err| Error::Invalid(err.to_string()))?;
-    make_writable(out)?;
+    // Only the top directory is opened for the metadata write: `make_writable` would leave every directory below
+    // writable, and a job could then change a shared store path.
+    fs_err::set_permissions(out, std::fs::Permissions::from_mode(0o755))?;
     fs_err::write(&info_path, text + "\n")?;
     fs_err::set_permissions(&info_path, std::fs::Permissions::from_mode(0o444))?;
     set_mtime(&info_path)?;

@@ -17,6 +17,10 @@ struct Fixture {
     root: PathBuf,
     server: FileServer,
     store: Store,
+    /// Where a test signals a build (`block`): outside `/tmp`, which the build sandbox hides, so a build sees it
+    /// (read-only).
+    control: PathBuf,
+    _control_dir: Option<tempfile::TempDir>,
 }
 
 fn fixture() -> Fixture {
@@ -26,11 +30,14 @@ fn fixture() -> Fixture {
     std::fs::create_dir(&files).unwrap();
     let server = FileServer::start(&files);
     let store = Store::open(root.join("store")).unwrap();
+    let control_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     Fixture {
         _dir: dir,
         root,
         server,
         store,
+        control: control_dir.path().to_path_buf(),
+        _control_dir: Some(control_dir),
     }
 }
 
@@ -398,16 +405,47 @@ fn check_reports_the_file_of_a_nondeterministic_build() {
     );
 }
 
-/// A backend that blocks while `<dir>/block` exists, after creating `<dir>/started`, and counts its runs.
+/// A backend that, while `<control>/block` exists, records its start in its build directory
+/// (`<store>/.build/<path>/home/started`: the only place a sandboxed build can write), starts a `setsid` process
+/// tagged with the control directory's path, and blocks.
 fn blocking_sdist(f: &Fixture, name: &str) -> PackagePlan {
-    let dir = f.root.display().to_string();
+    let control = f.control.display().to_string();
     let prelude = format!(
-        "    import time\n    open({count:?}, 'a').write('run\\n')\n    if os.path.exists({block:?}):\n        open({started:?}, 'w').close()\n        while os.path.exists({block:?}):\n            time.sleep(0.02)",
-        count = format!("{dir}/count"),
-        block = format!("{dir}/block"),
-        started = format!("{dir}/started"),
+        "    import time\n    if os.path.exists({block:?}):\n        subprocess.Popen(['setsid', 'sh', '-c', 'sleep 300; : ' + {tag:?}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n        open(os.environ['HOME'] + '/started', 'w').close()\n        while os.path.exists({block:?}):\n            time.sleep(0.02)",
+        block = format!("{control}/block"),
+        tag = format!("escapee {control}"),
     );
     ext_sdist(f, name, &prelude)
+}
+
+/// Waits until a blocking build has started (see [`blocking_sdist`]); returns its build directory.
+fn wait_started(store: &Store) -> PathBuf {
+    for _ in 0..3000 {
+        if let Ok(entries) = std::fs::read_dir(store.root().join(".build")) {
+            for entry in entries.flatten() {
+                if entry.path().join("home/started").exists() {
+                    return entry.path();
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("no build started in {}", store.root().display());
+}
+
+/// Pids of processes whose command line holds `tag`.
+fn tagged_processes(tag: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_string_lossy().parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(tag)
+                .then_some(pid)
+        })
+        .collect()
 }
 
 fn wait_for(path: &Path) {
@@ -428,15 +466,15 @@ fn concurrent_builds_of_one_path_build_once() {
         f.server.wheel_plan("fwk", "1.0", &fwk),
         blocking_sdist(&f, "slow"),
     ]);
-    std::fs::write(f.root.join("block"), "").unwrap();
+    std::fs::write(f.control.join("block"), "").unwrap();
     let results = std::thread::scope(|scope| {
         let first =
             scope.spawn(|| build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress));
-        wait_for(&f.root.join("started"));
+        wait_started(&f.store);
         // The first build is mid-way and holds the path's lock; start the second, then let both finish.
         let second =
             scope.spawn(|| build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress));
-        std::fs::remove_file(f.root.join("block")).unwrap();
+        std::fs::remove_file(f.control.join("block")).unwrap();
         [
             first.join().unwrap().unwrap(),
             second.join().unwrap().unwrap(),
@@ -452,13 +490,14 @@ fn concurrent_builds_of_one_path_build_once() {
         1,
         "exactly one build: {slow:?}"
     );
-    assert_eq!(
-        std::fs::read_to_string(f.root.join("count"))
-            .unwrap()
-            .lines()
-            .count(),
-        1
-    );
+    // The build's `setsid` child ended with the build, which ended normally (where the build has its own pid
+    // namespace).
+    let tag = format!("escapee {}", f.control.display());
+    if hvd_builder::source_build::network_isolation()
+        != hvd_builder::source_build::NetworkIsolation::None
+    {
+        assert_eq!(tagged_processes(&tag), Vec::<u32>::new());
+    }
     assert_eq!(
         std::fs::read_dir(f.store.root().join(".tmp"))
             .unwrap()
@@ -476,7 +515,11 @@ fn kill_helper() {
     let root = PathBuf::from(dir);
     let spec = std::fs::read_to_string(root.join("spec")).unwrap();
     let mut lines = spec.lines();
-    let (base, store_root) = (lines.next().unwrap(), lines.next().unwrap());
+    let (base, store_root, control) = (
+        lines.next().unwrap(),
+        lines.next().unwrap(),
+        lines.next().unwrap(),
+    );
     let f = Fixture {
         _dir: tempfile::tempdir().unwrap(),
         root: root.clone(),
@@ -485,6 +528,8 @@ fn kill_helper() {
             base: base.to_string(),
         },
         store: Store::open(store_root).unwrap(),
+        control: PathBuf::from(control),
+        _control_dir: None,
     };
     let fwk = f
         .server
@@ -504,18 +549,46 @@ fn killed_build_leaves_nothing_and_the_retry_succeeds() {
     let victim = blocking_sdist(&f, "victim");
     std::fs::write(
         f.root.join("spec"),
-        format!("{}\n{}\n", f.server.base, f.store.root().display()),
+        format!(
+            "{}\n{}\n{}\n",
+            f.server.base,
+            f.store.root().display(),
+            f.control.display()
+        ),
     )
     .unwrap();
-    std::fs::write(f.root.join("block"), "").unwrap();
+    std::fs::write(f.control.join("block"), "").unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "kill_helper", "--nocapture"])
         .env("HVD_TEST_KILL_DIR", &f.root)
         .spawn()
         .unwrap();
-    wait_for(&f.root.join("started"));
+    wait_started(&f.store);
+    let tag = format!("escapee {}", f.control.display());
+    assert!(
+        !tagged_processes(&tag).is_empty(),
+        "the build's setsid child runs"
+    );
     child.kill().unwrap(); // SIGKILL, mid-build
     child.wait().unwrap();
+    // Every process of the build ends with the builder, the backend's `setsid` child included.
+    let mut left = tagged_processes(&tag);
+    for _ in 0..250 {
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        left = tagged_processes(&tag);
+    }
+    if hvd_builder::source_build::network_isolation()
+        != hvd_builder::source_build::NetworkIsolation::None
+    {
+        assert_eq!(
+            left,
+            Vec::<u32>::new(),
+            "build processes outlived `kill -9`"
+        );
+    }
     let paths = f.store.list_paths().unwrap();
     assert!(
         !paths.iter().any(|p| p.ends_with("-victim-1.0")),
@@ -529,7 +602,7 @@ fn killed_build_leaves_nothing_and_the_retry_succeeds() {
         "the killed build left its temp dir"
     );
 
-    std::fs::remove_file(f.root.join("block")).unwrap();
+    std::fs::remove_file(f.control.join("block")).unwrap();
     let plan = plan(vec![f.server.wheel_plan("fwk", "1.0", &fwk), victim]);
     let built = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
     assert_eq!(ext_value(&built.env, "victim"), "1");
@@ -625,4 +698,345 @@ fn local_packages_join_the_env_and_edits_make_a_new_path() {
         "1",
         "old envs are immutable"
     );
+}
+
+/// Runs `script` with `sh -c` as the unprivileged user `nobody` (root ignores file modes, so only a non-root writer
+/// shows what the modes allow). `None` when this machine cannot switch users (not root, no `setpriv`).
+fn as_nobody(script: &str) -> Option<std::process::Output> {
+    let output = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .ok()?;
+    // Exit 127 / an error from setpriv itself: the switch did not happen.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    (!stderr.starts_with("setpriv:")).then_some(output)
+}
+
+#[test]
+fn store_paths_are_read_only_all_the_way_down() {
+    let f = fixture();
+    // The test's temp dir is 0700; let `nobody` reach the store (store paths themselves are world-readable).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(f.root.as_path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let deep = make_wheel(
+        &f.server.root,
+        "deep",
+        "1.0",
+        &[
+            ("deep/__init__.py", b"X = 1\n"),
+            ("deep/sub/inner/mod.py", b"Y = 2\n"),
+            ("deep-1.0.data/scripts/tool", b"#!/bin/sh\necho tool\n"),
+        ],
+        None,
+    );
+    let built = build_env(
+        &f.store,
+        &plan(vec![f.server.wheel_plan("deep", "1.0", &deep)]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    let package = &built.packages[0].path;
+    let mut checked = 0;
+    for top in [package, &built.env] {
+        for entry in walk(top) {
+            let meta = std::fs::symlink_metadata(&entry).unwrap();
+            if meta.file_type().is_symlink() {
+                continue;
+            }
+            let mode = meta.permissions().mode() & 0o7777;
+            let expected: &[u32] = if meta.is_dir() {
+                &[0o555]
+            } else {
+                &[0o444, 0o555]
+            };
+            assert!(
+                expected.contains(&mode),
+                "{} has mode {mode:o}",
+                entry.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "walked only {checked} entries");
+
+    // A job running as the store's owner can read the package but change nothing in it, at any depth. Root
+    // ignores modes, so the package is handed to `nobody` and the job runs as `nobody`: only the modes stop it.
+    let inner = package.join("site-packages/deep/sub/inner");
+    let chown = Command::new("chown")
+        .args(["-R", "-h", "65534:65534"])
+        .arg(package)
+        .status();
+    if !chown.is_ok_and(|s| s.success()) {
+        eprintln!("cannot chown here (not root); the mode walk above is the check");
+        return;
+    }
+    let Some(read) = as_nobody(&format!("cat '{}/mod.py'", inner.display())) else {
+        eprintln!("cannot switch to an unprivileged user here; the mode walk above is the check");
+        return;
+    };
+    assert!(
+        read.status.success(),
+        "nobody must be able to read the store: {}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    for attack in [
+        format!("echo 'Y = 666' > '{}/mod.py'", inner.display()),
+        format!("touch '{}/planted.py'", inner.display()),
+        format!(
+            "mkdir '{}/planted'",
+            package.join("site-packages/deep").display()
+        ),
+        format!("rm -f '{}/mod.py'", inner.display()),
+        format!(
+            "mv '{}' '{}/moved'",
+            inner.display(),
+            package.join("site-packages").display()
+        ),
+    ] {
+        let out = as_nobody(&attack).unwrap();
+        assert!(!out.status.success(), "`{attack}` succeeded as nobody");
+    }
+    assert_eq!(
+        std::fs::read_to_string(inner.join("mod.py")).unwrap(),
+        "Y = 2\n"
+    );
+    assert!(!inner.join("planted.py").exists());
+
+    // gc can still remove read-only paths.
+    let report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
+    assert_eq!(report.dead.len(), 2, "{:?}", report.dead);
+    assert!(!package.exists() && !built.env.exists());
+}
+
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        let path = out[i].clone();
+        i += 1;
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                out.push(entry.unwrap().path());
+            }
+        }
+    }
+    out
+}
+
+/// Runs only when re-executed by `running_env_survives_gc_and_a_dead_ones_root_does_not`: does what `hvd exec`
+/// does (build under the builders' lock, take a temporary root, keep it across exec) and execs a shell that waits
+/// for `<dir>/stop`, then imports from the env.
+#[test]
+fn temp_root_helper() {
+    use std::os::unix::process::CommandExt;
+    let Some(dir) = std::env::var_os("HVD_TEST_ROOT_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let spec = std::fs::read_to_string(dir.join("spec")).unwrap();
+    let mut lines = spec.lines();
+    let store = Store::open(lines.next().unwrap()).unwrap();
+    let env = PathBuf::from(lines.next().unwrap());
+    let builders = store.lock_builders().unwrap();
+    assert!(store.is_valid(&env));
+    let root = hvd_builder::gc::TempRoot::create(&store, &[&env]).unwrap();
+    root.keep_across_exec().unwrap();
+    drop(builders);
+    let script = format!(
+        "touch '{d}/ready'; while [ ! -e '{d}/stop' ]; do sleep 0.02; done; exec '{env}/bin/python' -c 'import kept; print(\"imported\")'",
+        d = dir.display(),
+        env = env.display()
+    );
+    let err = Command::new("/bin/sh").arg("-c").arg(script).exec();
+    panic!("exec failed: {err}");
+}
+
+#[test]
+fn running_env_survives_gc_and_a_dead_ones_root_does_not() {
+    let f = fixture();
+    let kept = make_wheel(&f.server.root, "kept", "1.0", &[("kept.py", b"")], None);
+    let built = build_env(
+        &f.store,
+        &plan(vec![f.server.wheel_plan("kept", "1.0", &kept)]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    // No project link: only the running process keeps the env.
+    std::fs::write(
+        f.root.join("spec"),
+        format!("{}\n{}\n", f.store.root().display(), built.env.display()),
+    )
+    .unwrap();
+    let spawn = || {
+        let _ = std::fs::remove_file(f.root.join("ready"));
+        let _ = std::fs::remove_file(f.root.join("stop"));
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "temp_root_helper", "--nocapture"])
+            .env("HVD_TEST_ROOT_DIR", &f.root)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(&f.root.join("ready"));
+        child
+    };
+
+    let child = spawn();
+    let report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
+    assert_eq!(report.temp_roots, 1, "{report:?}");
+    assert!(report.dead.is_empty(), "removed in use: {:?}", report.dead);
+    assert!(f.store.is_valid(&built.env) && f.store.is_valid(&built.packages[0].path));
+    std::fs::write(f.root.join("stop"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("imported"));
+
+    // A process killed with SIGKILL leaves its root file behind; gc sees nobody holds it and stops keeping paths.
+    let mut child = spawn();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Both processes exec'd, so neither removed its root file: gc has to tell them from live ones.
+    let roots = f.store.root().join(".temproots");
+    assert_eq!(std::fs::read_dir(&roots).unwrap().count(), 2);
+    // The shell's last `sleep` inherited the descriptor too and holds the root for up to 20 ms more.
+    let mut report = hvd_builder::gc::collect_garbage(&f.store, true).unwrap();
+    for _ in 0..250 {
+        if report.stale_temp_roots == 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        report = hvd_builder::gc::collect_garbage(&f.store, true).unwrap();
+    }
+    assert_eq!(report.stale_temp_roots, 2, "{report:?}");
+    assert_eq!(report.temp_roots, 0, "{report:?}");
+    let report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
+    assert_eq!(report.dead.len(), 2, "{report:?}");
+    assert!(!built.env.exists());
+    assert_eq!(std::fs::read_dir(&roots).unwrap().count(), 0);
+}
+
+/// Removes a file when dropped (a secret planted in the real home directory for the sandbox test).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn a_hostile_build_backend_cannot_write_outside_read_home_or_reach_the_network() {
+    if hvd_builder::source_build::network_isolation()
+        != hvd_builder::source_build::NetworkIsolation::Sandbox
+    {
+        eprintln!("no `bwrap` sandbox on this machine (install bubblewrap); skipping");
+        return;
+    }
+    let f = fixture();
+    let fwk = make_framework(&f.server.root, "1.0", 1);
+    let watched = f.root.join("watched");
+    std::fs::create_dir(&watched).unwrap();
+    // A listener that must never see a connection from the build.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A secret in the real home directory of the user running the build.
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap();
+    let secret = home.join(format!(".hvd-test-secret-{}", std::process::id()));
+    std::fs::write(&secret, "top secret").unwrap();
+    let _cleanup = RemoveOnDrop(secret.clone());
+    // Paths already in the store (the framework wheel) and the store's own directories.
+    let fwk_plan = f.server.wheel_plan("fwk", "1.0", &fwk);
+    build_env(
+        &f.store,
+        &plan(vec![fwk_plan.clone()]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    let fwk_path = f
+        .store
+        .list_paths()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.ends_with("-fwk-1.0"))
+        .map(|p| f.store.root().join(p))
+        .unwrap();
+    let prelude = format!(
+        r#"    import pwd
+    def attempt(label, action):
+        try:
+            action()
+            print("HOSTILE", label, "ok", flush=True)
+        except BaseException as err:
+            print("HOSTILE", label, "denied", type(err).__name__, flush=True)
+    def write(path):
+        with open(path, "w") as f:
+            f.write("pwned")
+    def read(path):
+        print("HOSTILE read:", open(path).read(), flush=True)
+    attempt("write-watched", lambda: write({watched:?} + "/escaped"))
+    attempt("write-store-root", lambda: write({store:?} + "/planted"))
+    attempt("write-store-path", lambda: write({fwk:?} + "/planted"))
+    attempt("write-downloads", lambda: write({store:?} + "/.downloads/planted"))
+    attempt("read-home-secret", lambda: read(pwd.getpwuid(os.getuid()).pw_dir + "/" + {secret_name:?}))
+    attempt("connect", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2).close())
+    attempt("write-build-dir", lambda: write(os.path.join(os.getcwd(), "scratch")))
+    attempt("write-home-var", lambda: write(os.path.join(os.environ["HOME"], "scratch")))
+    raise SystemExit("HOSTILE done")"#,
+        watched = watched.display().to_string(),
+        store = f.store.root().display().to_string(),
+        fwk = fwk_path.display().to_string(),
+        secret_name = secret.file_name().unwrap().to_string_lossy().to_string(),
+    );
+    let hostile = ext_sdist(&f, "hostile", &prelude);
+    let err = build_env(
+        &f.store,
+        &plan(vec![fwk_plan, hostile]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err();
+    let Error::BuildFailed { tail, .. } = &err else {
+        panic!("expected the hostile build to fail on purpose: {err}");
+    };
+    assert!(tail.contains("HOSTILE done"), "{tail}");
+    let result = |label: &str| {
+        tail.lines()
+            .find_map(|l| l.strip_prefix(&format!("HOSTILE {label} ")))
+            .unwrap_or_else(|| panic!("no result for {label}: {tail}"))
+            .to_string()
+    };
+    for label in [
+        "write-watched",
+        "write-store-root",
+        "write-store-path",
+        "write-downloads",
+        "read-home-secret",
+        "connect",
+    ] {
+        assert!(
+            result(label).starts_with("denied"),
+            "{label}: {}\n{tail}",
+            result(label)
+        );
+    }
+    assert_eq!(result("write-build-dir"), "ok", "{tail}");
+    assert_eq!(result("write-home-var"), "ok", "{tail}");
+    assert!(!tail.contains("top secret"), "{tail}");
+    // And from the outside: nothing appeared, nobody connected.
+    assert_eq!(std::fs::read_dir(&watched).unwrap().count(), 0);
+    assert!(!f.store.root().join("planted").exists());
+    assert!(!fwk_path.join("planted").exists());
+    assert!(!f.store.root().join(".downloads/planted").exists());
+    assert!(listener.accept().is_err(), "the build reached the listener");
 }

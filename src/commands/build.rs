@@ -49,6 +49,8 @@ pub struct ReadyEnv {
     pub build: EnvBuild,
     /// The root link kept next to the file (`.hvd/env`).
     pub link: PathBuf,
+    /// Keeps the env alive for as long as this process (or what it `exec`s) runs, whatever the link points at.
+    pub temp_root: hvd_builder::gc::TempRoot,
 }
 
 impl ReadyEnv {
@@ -163,16 +165,23 @@ pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv
     });
     let store = open_store()?;
     let progress = TerminalProgress::new();
+    // Held (shared) from before the build until both roots exist: `hvd gc` (exclusive) cannot run in between.
+    let builders = store.lock_builders().map_err(build_failure)?;
     let build = hvd_builder::build_env(&store, &plan, &options(mode, rebuild), &progress)
         .map_err(build_failure)?;
     progress.clear();
     let link = root_link(file);
     hvd_builder::gc::add_root(&store, &link, &build.env).map_err(build_failure)?;
+    // The project link can be repointed by another build of the same file; this process's env stays alive anyway.
+    let temp_root =
+        hvd_builder::gc::TempRoot::create(&store, &[&build.env]).map_err(build_failure)?;
+    drop(builders);
     Ok(ReadyEnv {
         project,
         lock,
         build,
         link,
+        temp_root,
     })
 }
 

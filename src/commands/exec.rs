@@ -26,6 +26,13 @@ pub fn run(args: ExecArgs) -> CommandResult {
         .command
         .split_first()
         .ok_or_else(|| Failure::usage("no command given after `--`"))?;
+    // The temporary gc root's descriptor stays open in the command: its env outlives any `hvd gc` while it runs.
+    ready.temp_root.keep_across_exec().map_err(|err| {
+        Failure::new(
+            Status::Failure,
+            miette::miette!("failed to keep the env rooted: {err}"),
+        )
+    })?;
     let mut command = std::process::Command::new(program);
     command
         .args(rest)

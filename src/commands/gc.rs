@@ -1,4 +1,5 @@
-//! `hvd gc [--dry-run]`: remove store paths that no project's `.hvd/env` link reaches.
+//! `hvd gc [--dry-run]`: remove store paths that no project's `.hvd/env` link and no running `hvd run`/`exec`/`shell`
+//! reaches.
 
 use clap::Args;
 use hvd_builder::Store;
@@ -30,10 +31,11 @@ pub fn run(args: GcArgs) -> CommandResult {
         println!("{verb} {}", store.root().join(name).display());
     }
     eprintln!(
-        "{verb} {} store path(s), {:.1} MiB; {} live",
+        "{verb} {} store path(s), {:.1} MiB; {} live ({} kept by running processes)",
         report.dead.len(),
         report.bytes as f64 / (1024.0 * 1024.0),
-        report.live.len()
+        report.live.len(),
+        report.temp_roots
     );
     Ok(Status::Success)
 }

@@ -240,15 +240,22 @@ fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
 pub fn run(args: RunArgs) -> CommandResult {
     // The env is built first (lock if needed, build, keep the `.hvd/env` root), unless told otherwise; a dry run
     // builds nothing.
-    let (project, env_dir, env_hash) = if args.env_dir.is_some() || args.no_build || args.dry_run {
-        let project = hvd_lang::load_file(&args.file)
-            .map_err(|d| Failure::new(Status::Usage, miette::Report::new(d)))?;
-        (project, args.env_dir.clone(), None)
-    } else {
-        let ready = super::build::ensure_env(&args.file, args.lock, false)?;
-        let env_hash = ready.lock.env_hash.clone();
-        (ready.project, Some(ready.build.env), Some(env_hash))
-    };
+    // `_temp_root` keeps the env alive against `hvd gc` until the run ends.
+    let (project, env_dir, env_hash, _temp_root) =
+        if args.env_dir.is_some() || args.no_build || args.dry_run {
+            let project = hvd_lang::load_file(&args.file)
+                .map_err(|d| Failure::new(Status::Usage, miette::Report::new(d)))?;
+            (project, args.env_dir.clone(), None, None)
+        } else {
+            let ready = super::build::ensure_env(&args.file, args.lock, false)?;
+            let env_hash = ready.lock.env_hash.clone();
+            (
+                ready.project,
+                Some(ready.build.env),
+                Some(env_hash),
+                Some(ready.temp_root),
+            )
+        };
     // `--workers -N` (HorovodRunner's `np < 0`): with the spark engine, N processes on this machine, the driver.
     let mut engine_override = args.engine.clone();
     let workers = match args.workers {

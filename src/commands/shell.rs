@@ -23,6 +23,13 @@ pub fn run(args: ShellArgs) -> CommandResult {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "/bin/sh".into());
+    // The temporary gc root's descriptor stays open in the shell: its env outlives any `hvd gc` while it runs.
+    ready.temp_root.keep_across_exec().map_err(|err| {
+        Failure::new(
+            Status::Failure,
+            miette::miette!("failed to keep the env rooted: {err}"),
+        )
+    })?;
     eprintln!(
         "entering {} (exit the shell to leave)",
         ready.build.env.display()
