@@ -7,14 +7,16 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::LaunchError;
 use crate::env::{RendezvousInfo, worker_env};
 use crate::graph::{Plan, PlannedStep, RunOptions};
-use crate::process::{Interrupts, Watchdog, configure_worker, signal_group, signal_name};
+use crate::process::{
+    Interrupts, RunCgroup, Watchdog, configure_worker_in, signal_group, signal_name,
+};
 use crate::rendezvous::{RendezvousServer, new_token};
 use crate::state;
 
@@ -160,6 +162,8 @@ struct Job<'a> {
     events: &'a dyn EventSink,
     interrupts: Interrupts,
     watchdog: Option<Watchdog>,
+    /// Every worker's processes, one group per step (where the machine allows cgroups).
+    cgroup: Option<RunCgroup>,
     stop: Mutex<Option<Stop>>,
     /// Failures that happened before the stop began; the earliest is the root cause.
     failures: Mutex<Vec<(Instant, FailureSummary)>>,
@@ -276,7 +280,17 @@ pub fn execute(
     })?;
     crate::engines::spark::install_driver(plan)?;
     crate::process::become_subreaper();
-    let watchdog = match Watchdog::start() {
+    let cgroup = match RunCgroup::create() {
+        Ok(c) => Some(c),
+        Err(reason) => {
+            tracing::info!(
+                "no cgroup for this run ({reason}): a process that leaves its worker's process group ends with its \
+                 step only if it keeps the worker's environment, and survives a launcher killed with SIGKILL"
+            );
+            None
+        }
+    };
+    let watchdog = match Watchdog::start_for(cgroup.as_ref()) {
         Ok(w) => Some(w),
         Err(e) => {
             tracing::warn!(
@@ -290,6 +304,7 @@ pub fn execute(
         events,
         interrupts,
         watchdog,
+        cgroup,
         stop: Mutex::new(None),
         failures: Mutex::new(Vec::new()),
         kill_now: AtomicBool::new(false),
@@ -533,15 +548,29 @@ fn run_step(
     let mut workers: Vec<Worker> = Vec::new();
     let pumps = Pumps::default();
     let pumps = &pumps;
+    // Unique per step start in this process (run ids are per second and pid: two runs in one second share one),
+    // so one step's cleanup never kills another's processes.
+    static STEP_STARTS: AtomicU64 = AtomicU64::new(0);
     let step_marker = format!(
-        "{}/{}",
+        "{}/{}/{}",
         log_dir
             .parent()
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        step.name
+        step.name,
+        STEP_STARTS.fetch_add(1, Ordering::Relaxed)
     );
+    let step_cgroup = job.cgroup.as_ref().and_then(|c| match c.step(&step.name) {
+        Ok(group) => Some(group),
+        Err(e) => {
+            tracing::warn!(
+                "no cgroup for step `{}` ({e}); its escaped processes are found by their environment",
+                step.name
+            );
+            None
+        }
+    });
     let result = std::thread::scope(|scope| -> Result<bool, LaunchError> {
         let mut spawn_error = None;
         // A step an engine launches (mpirun) is one process, supervised in place of its ranks (as rank 0).
@@ -618,7 +647,7 @@ fn run_step(
                 command.env("MASTER_PORT", master_port.to_string());
             }
             command.env(STEP_MARKER_VAR, &step_marker);
-            configure_worker(&mut command);
+            configure_worker_in(&mut command, step_cgroup.as_ref());
             let mut child = match command.spawn() {
                 Ok(c) => c,
                 Err(source) => {
@@ -717,7 +746,11 @@ fn run_step(
             rendezvous.as_ref().map(|(s, _)| s),
             started,
         );
-        // Whatever a worker started that left its process group (setsid, daemons) ends with the step too.
+        // Whatever a worker started that left its process group (setsid, daemons) ends with the step too: the
+        // step's cgroup holds all of it; without one, what kept the step's marker in its environment.
+        if let Some(group) = &step_cgroup {
+            group.kill_all();
+        }
         crate::process::kill_escaped(&format!("{STEP_MARKER_VAR}={step_marker}"));
         let drain_deadline = Instant::now() + PUMP_DRAIN;
         while pumps.live.load(Ordering::SeqCst) > 0 && Instant::now() < drain_deadline {

@@ -4,19 +4,33 @@
 //! All `unsafe` of the launcher lives here.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// Makes `command` start in a new session (so its own process group, without the terminal: Ctrl-C reaches workers
 /// only through the launcher) and get SIGKILL when the launcher thread that spawns it dies.
 pub fn configure_worker(command: &mut Command) {
+    configure_worker_in(command, None);
+}
+
+/// [`configure_worker`], and the worker joins `cgroup` before it runs anything, so everything it starts is
+/// found there whatever it does (`setsid`, double fork, a cleared environment).
+pub fn configure_worker_in(command: &mut Command, cgroup: Option<&StepCgroup>) {
     let launcher = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions (setsid, prctl,
-    // getppid); it allocates nothing.
+    let procs = cgroup.map(|c| c.procs.as_raw_fd());
+    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions (write, setsid,
+    // prctl, getppid); it allocates nothing. `procs` stays open in the parent until the spawn returns.
     unsafe {
         command.pre_exec(move || {
+            if let Some(fd) = procs {
+                // "0" moves the writing process.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -129,19 +143,38 @@ pub fn group_alive(pgid: u32) -> bool {
     unsafe { libc::kill(-pgid, 0) == 0 }
 }
 
-/// A forked helper that SIGKILLs the watched process groups when the launcher dies without cleaning up (SIGKILL,
-/// crash): it reads group ids from a pipe and sees end-of-file when the launcher is gone. PR_SET_PDEATHSIG alone only
-/// covers the worker's `sh`, not the processes it starts.
+/// A forked helper that SIGKILLs the watched process groups, and every process of the run's cgroup, when the
+/// launcher dies without cleaning up (SIGKILL, crash): it reads group ids from a pipe and sees end-of-file when the
+/// launcher is gone. PR_SET_PDEATHSIG alone only covers the worker's `sh`, not the processes it starts.
 #[derive(Debug)]
 pub struct Watchdog {
     pipe: Option<OwnedFd>,
     pid: libc::pid_t,
 }
 
-const WATCH_CAPACITY: usize = 4096;
-
 impl Watchdog {
+    /// Without a cgroup: only the watched groups are killed.
     pub fn start() -> io::Result<Watchdog> {
+        Watchdog::start_for(None)
+    }
+
+    /// With the run's cgroup: on the launcher's death, every process in it (all steps) is killed too.
+    pub fn start_for(cgroup: Option<&RunCgroup>) -> io::Result<Watchdog> {
+        let kill_fd = match cgroup {
+            Some(c) => c.open_kill()?.into_raw_fd(),
+            None => -1,
+        };
+        let result = Watchdog::fork(kill_fd);
+        if kill_fd >= 0 {
+            // SAFETY: closing our copy of the descriptor opened above; the child has its own.
+            unsafe {
+                libc::close(kill_fd);
+            }
+        }
+        result
+    }
+
+    fn fork(kill_fd: libc::c_int) -> io::Result<Watchdog> {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -162,7 +195,7 @@ impl Watchdog {
         }
         if pid == 0 {
             // SAFETY: in the forked child; see above.
-            unsafe { watchdog_main(read_fd) }
+            unsafe { watchdog_main(read_fd, kill_fd) }
         }
         // SAFETY: the parent owns the write end exclusively from here on; the read end is closed.
         let pipe = unsafe {
@@ -212,20 +245,51 @@ impl Drop for Watchdog {
     }
 }
 
-/// The watchdog's whole life. Async-signal-safe calls only, no allocation.
-unsafe fn watchdog_main(read_fd: libc::c_int) -> ! {
-    // SAFETY: all calls are async-signal-safe syscalls on integers or on stack buffers we own.
+/// The watchdog's whole life. Async-signal-safe calls only; its table of groups lives in memory it maps itself
+/// (mmap/mremap are plain syscalls, unlike malloc), so it has no fixed capacity.
+unsafe fn watchdog_main(read_fd: libc::c_int, kill_fd: libc::c_int) -> ! {
+    // SAFETY: all calls are async-signal-safe syscalls on integers, on stack buffers we own, or on the mapping this
+    // function created and tracks (`groups`, `capacity`).
     unsafe {
         // Ctrl-C goes to the whole foreground group; the watchdog must outlive the launcher's handling of it.
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
-        // Hold nothing of the launcher's (listening sockets, worker pipes), only our pipe end.
-        if read_fd > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, (read_fd - 1) as u32, 0u32);
+        // Hold nothing of the launcher's (listening sockets, worker pipes), only our pipe end and the cgroup's
+        // kill file.
+        let (low, high) = if kill_fd >= 0 && kill_fd < read_fd {
+            (kill_fd, read_fd)
+        } else if kill_fd >= 0 {
+            (read_fd, kill_fd)
+        } else {
+            (read_fd, read_fd)
+        };
+        if low > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, (low - 1) as u32, 0u32);
         }
-        libc::syscall(libc::SYS_close_range, (read_fd + 1) as u32, u32::MAX, 0u32);
-        let mut groups = [0i32; WATCH_CAPACITY];
+        if high > low + 1 {
+            libc::syscall(
+                libc::SYS_close_range,
+                (low + 1) as u32,
+                (high - 1) as u32,
+                0u32,
+            );
+        }
+        libc::syscall(libc::SYS_close_range, (high + 1) as u32, u32::MAX, 0u32);
+        let entry = std::mem::size_of::<i32>();
+        let mut capacity = 4096usize;
+        let mut groups = libc::mmap(
+            std::ptr::null_mut(),
+            capacity * entry,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        ) as *mut i32;
+        if groups as *mut libc::c_void == libc::MAP_FAILED {
+            groups = std::ptr::null_mut();
+            capacity = 0;
+        }
         let mut count = 0usize;
         let mut buf = [0u8; 4];
         let mut have = 0usize;
@@ -249,17 +313,39 @@ unsafe fn watchdog_main(read_fd: libc::c_int) -> ! {
             if value == 0 {
                 libc::_exit(0);
             } else if value > 0 {
-                if count < WATCH_CAPACITY {
-                    groups[count] = value;
+                if count == capacity {
+                    let grown = libc::mremap(
+                        groups.cast(),
+                        capacity * entry,
+                        capacity * 2 * entry,
+                        libc::MREMAP_MAYMOVE,
+                    );
+                    if grown != libc::MAP_FAILED {
+                        groups = grown.cast();
+                        capacity *= 2;
+                    }
+                }
+                if count < capacity {
+                    *groups.add(count) = value;
                     count += 1;
                 }
-            } else if let Some(i) = groups[..count].iter().position(|&g| g == -value) {
-                groups[i] = groups[count - 1];
-                count -= 1;
+            } else {
+                for i in 0..count {
+                    if *groups.add(i) == -value {
+                        *groups.add(i) = *groups.add(count - 1);
+                        count -= 1;
+                        break;
+                    }
+                }
             }
         }
-        // The launcher is gone without saying goodbye.
-        for &g in &groups[..count] {
+        // The launcher is gone without saying goodbye: its cgroup first (it holds what left the groups), then the
+        // groups.
+        if kill_fd >= 0 {
+            libc::write(kill_fd, b"1".as_ptr().cast(), 1);
+        }
+        for i in 0..count {
+            let g = *groups.add(i);
             if g > 1 {
                 libc::kill(-g, libc::SIGKILL);
             }
@@ -339,4 +425,237 @@ pub fn signal_name(signal: i32) -> String {
         _ => return format!("signal {signal}"),
     };
     name.to_owned()
+}
+
+/// A cgroup (v2) holding every process of one run, with one child group per step.
+///
+/// Made under the launcher's own cgroup where this machine allows it (cgroup v2 mounted, the directory writable,
+/// `cgroup.kill` present: Linux 5.14+). Each worker joins its step's group before it runs anything, so whatever it
+/// starts stays in the group; ending a step kills the group (`cgroup.kill`), and the [`Watchdog`] kills the whole
+/// run's group when the launcher dies. Groups of launchers that died with their watchdog are killed and removed the
+/// next time a launcher starts.
+#[derive(Debug)]
+pub struct RunCgroup {
+    dir: PathBuf,
+}
+
+/// One step's group inside a [`RunCgroup`]; [`StepCgroup::kill_all`] ends everything in it.
+#[derive(Debug)]
+pub struct StepCgroup {
+    dir: PathBuf,
+    procs: OwnedFd,
+}
+
+static CGROUPS: AtomicU32 = AtomicU32::new(0);
+const CGROUP_PREFIX: &str = "hvd-run-";
+
+/// The cgroup v2 directory this process is in, if v2 is mounted.
+fn own_cgroup_v2() -> Result<PathBuf, String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    // Fields: ... mount-point(5th) ... " - " fstype source options.
+    let mount = mountinfo
+        .lines()
+        .find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+                .flatten()
+        })
+        .ok_or("no cgroup v2 file system is mounted")?;
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let relative = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("this process has no cgroup v2 membership")?;
+    Ok(mount.join(relative.trim_start_matches('/')))
+}
+
+fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(path, value)
+}
+
+/// Kills every process in `dir` and below, waits (up to 5 s) until it is empty, reaps what were our children, and
+/// removes the directories.
+fn kill_and_remove(dir: &Path) {
+    let members = cgroup_members(dir);
+    let _ = write_file(&dir.join("cgroup.kill"), "1");
+    for pid in members {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            continue;
+        };
+        // SAFETY: reaping by pid; only our own children (adopted orphans) can be reaped, others give ECHILD.
+        unsafe {
+            libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG);
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while populated(dir) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        // Members that were our children become zombies; reap them so they leave the group.
+        for pid in cgroup_members(dir) {
+            if let Ok(pid) = libc::pid_t::try_from(pid) {
+                // SAFETY: as above.
+                unsafe {
+                    libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG);
+                }
+            }
+        }
+    }
+    remove_cgroup_tree(dir);
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&entry.path());
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!("could not remove the cgroup {}: {e}", dir.display());
+    }
+}
+
+/// Pids in `dir` and every group below it.
+fn cgroup_members(dir: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pids.extend(cgroup_members(&entry.path()));
+            }
+        }
+    }
+    pids
+}
+
+fn populated(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.events"))
+        .map(|e| e.lines().any(|l| l == "populated 1"))
+        .unwrap_or(false)
+}
+
+impl RunCgroup {
+    /// Creates the run's group, or says why it cannot (the caller falls back to process groups and the
+    /// subreaper). First kills and removes groups left by launchers that are gone.
+    pub fn create() -> Result<RunCgroup, String> {
+        let parent = own_cgroup_v2()?;
+        if !parent.join("cgroup.kill").exists() && !parent.join("cgroup.procs").exists() {
+            return Err(format!("{} is not a cgroup v2 directory", parent.display()));
+        }
+        Self::remove_stale(&parent);
+        let n = CGROUPS.fetch_add(1, Ordering::Relaxed);
+        let dir = parent.join(format!("{CGROUP_PREFIX}{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir)
+            .map_err(|e| format!("cannot create the cgroup {}: {e}", dir.display()))?;
+        let group = RunCgroup { dir };
+        if !group.dir.join("cgroup.kill").exists() {
+            return Err("this kernel has no cgroup.kill (Linux 5.14+)".into());
+        }
+        // Moving a process in can still be refused (delegation, controllers in the parent): try with `true`.
+        let probe = group
+            .step("probe")
+            .map_err(|e| format!("cannot create a step cgroup: {e}"))?;
+        let mut command = Command::new("true");
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        configure_worker_in(&mut command, Some(&probe));
+        command
+            .status()
+            .map_err(|e| format!("cannot move a process into {}: {e}", probe.dir.display()))?;
+        probe.kill_all();
+        Ok(group)
+    }
+
+    /// Groups `hvd-run-<pid>-<n>` whose launcher is no longer alive: what is left in them escaped a launcher that
+    /// was killed together with its watchdog.
+    fn remove_stale(parent: &Path) {
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix(CGROUP_PREFIX)
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: signal 0 only checks for existence.
+            let alive = unsafe { libc::kill(pid, 0) == 0 }
+                || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+            if !alive {
+                tracing::info!(
+                    "killing what is left in {} (its launcher is gone)",
+                    entry.path().display()
+                );
+                kill_and_remove(&entry.path());
+            }
+        }
+    }
+
+    fn open_kill(&self) -> io::Result<OwnedFd> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))?;
+        Ok(OwnedFd::from(file))
+    }
+
+    /// A group for one step (`name` is sanitized; several steps may share a name across runs, not within one).
+    pub fn step(&self, name: &str) -> io::Result<StepCgroup> {
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let n = CGROUPS.fetch_add(1, Ordering::Relaxed);
+        let dir = self.dir.join(format!("step-{safe}-{n}"));
+        std::fs::create_dir(&dir)?;
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))?;
+        Ok(StepCgroup {
+            dir,
+            procs: OwnedFd::from(procs),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        kill_and_remove(&self.dir);
+    }
+}
+
+impl StepCgroup {
+    /// Kills every process still in the step's group (escaped `setsid` daemons, children with a cleared
+    /// environment), reaps those the launcher adopted, and removes the group.
+    pub fn kill_all(&self) {
+        kill_and_remove(&self.dir);
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
 }

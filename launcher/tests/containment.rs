@@ -1,0 +1,226 @@
+//! Process containment, acting as a job that tries to outlive its step and its launcher: `setsid` daemons,
+//! children started with a cleared environment (`env -i`), double forks. Real processes, found in `/proc`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hvd_lang::model::{Env, Project, Resources, Step};
+use hvd_launcher::{Interrupts, RunOptions, execute, plan};
+
+fn project(dir: &Path, run: &str) -> Project {
+    Project {
+        name: "containment".into(),
+        file: dir.join("train.hvd"),
+        env: Env {
+            python: "3.11".into(),
+            index: None,
+            toolchain: None,
+            packages: vec![],
+            variables: BTreeMap::new(),
+        },
+        resources: Resources {
+            gpus: 0,
+            cpus: None,
+            mem: None,
+        },
+        steps: vec![Step {
+            name: "escape".into(),
+            run: run.into(),
+            needs: vec![],
+            workers: None,
+            inputs: vec![],
+            outputs: vec![],
+            env: BTreeMap::new(),
+            timeout_ms: None,
+        }],
+        cluster: None,
+    }
+}
+
+fn run_project(project: &Project) {
+    let options = RunOptions {
+        grace: Duration::from_secs(2),
+        ..RunOptions::default()
+    };
+    let plan = plan(project, &options).unwrap();
+    let report = execute(&plan, &options, &|_| {}, Interrupts::none()).unwrap();
+    assert!(report.failure.is_none(), "{:?}", report.failure);
+}
+
+/// A step that starts escapees whose command lines hold `tag` (a fractional `sleep` duration nobody else uses),
+/// touches `ready`, and (with `linger`) stays until killed.
+fn escaping_step(tag: &str, ready: &Path, linger: bool) -> String {
+    format!(
+        "setsid sleep {tag} >/dev/null 2>&1 & \
+         env -i /bin/sh -c 'sleep {tag}; :' >/dev/null 2>&1 & \
+         setsid env -i /bin/sh -c '(sleep {tag} &) ; sleep {tag}' >/dev/null 2>&1 & \
+         sleep 0.3; touch '{ready}'; {rest}",
+        ready = ready.display(),
+        rest = if linger { "sleep 300" } else { "echo started" }
+    )
+}
+
+/// Pids whose command line contains `tag`.
+fn holders(tag: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_string_lossy().parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            // A zombie has an empty command line and is already dead.
+            text.contains(tag).then_some(pid)
+        })
+        .collect()
+}
+
+fn wait_gone(tag: &str, within: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = holders(tag);
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The tests run one at a time: a launcher start cleans the groups of dead launchers, which would race with a
+/// test that wants to see them first.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn unique_tag(n: u32) -> String {
+    // `sleep` takes fractional seconds: 3000.<pid><n> is a duration no other process uses.
+    format!("3000.{}{n}", std::process::id())
+}
+
+fn cgroups_here() -> bool {
+    hvd_launcher::process::RunCgroup::create().is_ok()
+}
+
+#[test]
+fn escapees_with_a_cleared_environment_end_with_the_step() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = unique_tag(1);
+    let ready = dir.path().join("ready");
+    run_project(&project(dir.path(), &escaping_step(&tag, &ready, false)));
+    assert!(ready.exists());
+    let left = wait_gone(&tag, Duration::from_secs(1));
+    if !cgroups_here() {
+        eprintln!(
+            "no cgroups here: escapees with a cleared environment are not contained ({left:?})"
+        );
+        for pid in left {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        return;
+    }
+    assert_eq!(left, Vec::<u32>::new(), "escaped processes left running");
+}
+
+/// Runs only when re-executed by the SIGKILL tests: a launcher whose step starts escapees and lingers.
+#[test]
+fn launcher_helper() {
+    let Some(dir) = std::env::var_os("HVD_TEST_CONTAIN_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let tag = std::fs::read_to_string(dir.join("tag")).unwrap();
+    run_project(&project(
+        &dir,
+        &escaping_step(&tag, &dir.join("ready"), true),
+    ));
+}
+
+fn start_helper(dir: &Path, tag: &str) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    std::fs::write(dir.join("tag"), tag).unwrap();
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "launcher_helper", "--nocapture"])
+        .env("HVD_TEST_CONTAIN_DIR", dir)
+        // Its own process group: the SIGKILL tests can kill the launcher together with its watchdog.
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    wait_for(&dir.join("ready"));
+    child
+}
+
+#[test]
+fn a_sigkilled_launcher_takes_every_escapee_with_it() {
+    let _serial = serial();
+    if !cgroups_here() {
+        eprintln!(
+            "no cgroups here; without them escapees outlive a SIGKILLed launcher (documented)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = unique_tag(2);
+    let mut launcher = start_helper(dir.path(), &tag);
+    assert!(holders(&tag).len() >= 4, "{:?}", holders(&tag));
+    launcher.kill().unwrap(); // SIGKILL: no cleanup code of the launcher runs
+    launcher.wait().unwrap();
+    let left = wait_gone(&tag, Duration::from_secs(5));
+    assert_eq!(left, Vec::<u32>::new(), "escapees outlived the launcher");
+}
+
+#[test]
+fn escapees_of_a_launcher_killed_with_its_watchdog_end_at_the_next_start() {
+    let _serial = serial();
+    if !cgroups_here() {
+        eprintln!("no cgroups here; skipping");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = unique_tag(3);
+    let mut launcher = start_helper(dir.path(), &tag);
+    let group = launcher.id() as i32;
+    // SIGKILL to the launcher's whole process group: the launcher and its watchdog die at once.
+    assert_eq!(kill_group(group), 0);
+    launcher.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let survivors = holders(&tag);
+    assert!(
+        !survivors.is_empty(),
+        "expected the setsid escapees to survive until the next start"
+    );
+    // The next launcher start cleans up what its dead predecessor left.
+    let _next = hvd_launcher::process::RunCgroup::create().unwrap();
+    let left = wait_gone(&tag, Duration::from_secs(5));
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "the next start left escapees running"
+    );
+}
+
+fn kill_group(pgid: i32) -> i32 {
+    Command::new("kill")
+        .args(["-9", "--", &format!("-{pgid}")])
+        .status()
+        .map(|s| if s.success() { 0 } else { 1 })
+        .unwrap_or(1)
+}
