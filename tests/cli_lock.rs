@@ -192,3 +192,76 @@ fn no_solution_and_newer_schema_are_usage_errors() {
         "a newer lock is never overwritten"
     );
 }
+
+/// Issue 16 item 1, end to end: an index listing a path as a wheel's sha256 made `hvd lock` write attacker bytes
+/// at that path and record the path in the lockfile.
+#[test]
+fn hostile_index_sha256_path_writes_nothing_and_names_the_package() {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("pwned");
+    let index = FixtureIndex::start(
+        vec![Dist::wheel("helper", "1.0")],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    index.list_sha256(
+        "helper-1.0-py3-none-any.whl",
+        Some(&format!("{}{}", "../".repeat(32), target.display())),
+    );
+    let p = Project::new();
+    p.write(&index.url(), &["helper"]);
+    let out = p.hvd(&["lock"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let all: String = text(&out)
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '│')
+        .collect();
+    assert!(
+        all.contains("helper") && all.contains("notasha256"),
+        "{}",
+        text(&out)
+    );
+    assert!(!target.exists());
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    assert!(!p.lock_path().exists());
+}
+
+/// Issue 16 item 15: a lockfile in a pull request naming a local file (here `/dev/zero`, which was read whole into
+/// memory) as an artifact of a package from an HTTP index is refused by `hvd build --locked`, naming the package.
+#[test]
+fn locked_build_refuses_a_lockfile_with_a_local_artifact_of_a_remote_index() {
+    let index = index();
+    let p = Project::new();
+    p.write(&index.url(), &["numpy<1.26"]);
+    assert!(p.hvd(&["lock"]).status.success());
+    let lock = read(&p.lock_path());
+    let url = format!(
+        "{}files/numpy-1.25.0",
+        index.url().trim_end_matches("simple/")
+    );
+    assert!(lock.contains(&url), "{lock}");
+    let start = lock.find(&url).unwrap();
+    let end = start + lock[start..].find('"').unwrap();
+    for hostile in ["file:///dev/zero", "/dev/zero"] {
+        let edited = format!("{}{hostile}{}", &lock[..start], &lock[end..]);
+        std::fs::write(p.lock_path(), &edited).unwrap();
+        let out = p.hvd(&["build", "--locked"]);
+        assert!(!out.status.success(), "{}", text(&out));
+        let all: String = text(&out)
+            .chars()
+            .filter(|c| !c.is_whitespace() && *c != '│')
+            .collect();
+        assert!(
+            all.contains("numpy") && all.contains("isalocalfilebutthepackage'sindex"),
+            "{}",
+            text(&out)
+        );
+    }
+    // A lockfile with a non-hex digest is refused the same way.
+    let sha_at = lock.find("sha256 = \"").unwrap() + "sha256 = \"".len();
+    let edited = format!("{}../../x{}", &lock[..sha_at], &lock[sha_at + 64..]);
+    std::fs::write(p.lock_path(), &edited).unwrap();
+    let out = p.hvd(&["build", "--locked"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("not a sha256"), "{}", text(&out));
+}
