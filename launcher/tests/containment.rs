@@ -224,3 +224,71 @@ fn kill_group(pgid: i32) -> i32 {
         .map(|s| if s.success() { 0 } else { 1 })
         .unwrap_or(1)
 }
+
+/// Runs only when re-executed by `the_watchdog_tracks_more_than_4096_groups`: watches 5000 group ids that can never
+/// exist (above `pid_max`), then a real group, and waits to be killed.
+#[test]
+fn watchdog_helper() {
+    use std::os::unix::process::CommandExt;
+    let Some(dir) = std::env::var_os("HVD_TEST_WATCHDOG_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let pid_max: i64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let watchdog = hvd_launcher::process::Watchdog::start().unwrap();
+    for i in 0..5000 {
+        watchdog.watch(u32::try_from(pid_max + 1 + i).unwrap());
+    }
+    let victim = Command::new("sleep")
+        .arg("300")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    watchdog.watch(victim.id());
+    std::fs::write(dir.join("victim.part"), victim.id().to_string()).unwrap();
+    std::fs::rename(dir.join("victim.part"), dir.join("victim")).unwrap();
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie (killed, not yet reaped by whoever adopted it) counts as dead.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().chars().next() != Some('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn the_watchdog_tracks_more_than_4096_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut launcher = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "watchdog_helper", "--nocapture"])
+        .env("HVD_TEST_WATCHDOG_DIR", dir.path())
+        .spawn()
+        .unwrap();
+    let file = dir.path().join("victim");
+    wait_for(&file);
+    std::thread::sleep(Duration::from_millis(100));
+    let victim: u32 = std::fs::read_to_string(&file).unwrap().parse().unwrap();
+    assert!(alive(victim));
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(victim) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = alive(victim);
+    if survived {
+        let _ = Command::new("kill")
+            .args(["-9", &victim.to_string()])
+            .status();
+    }
+    assert!(!survived, "the 5001st watched group outlived the launcher");
+}
