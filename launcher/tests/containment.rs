@@ -252,6 +252,10 @@ fn watchdog_helper() {
     std::fs::write(dir.join("victim.part"), victim.id().to_string()).unwrap();
     std::fs::rename(dir.join("victim.part"), dir.join("victim")).unwrap();
     std::thread::sleep(Duration::from_secs(300));
+    // Not reached: the test kills this process (and the watchdog then `victim`).
+    let mut victim = victim;
+    let _ = victim.kill();
+    let _ = victim.wait();
 }
 
 fn alive(pid: u32) -> bool {
@@ -260,7 +264,7 @@ fn alive(pid: u32) -> bool {
         .ok()
         .and_then(|stat| {
             stat.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().chars().next() != Some('Z'))
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
         })
         .unwrap_or(false)
 }
