@@ -26,8 +26,13 @@ pub enum Error {
     )]
     Offline { url: String },
 
-    #[error("refusing archive `{archive}`: entry `{entry}` would escape the target directory")]
-    UnsafeArchiveEntry { archive: PathBuf, entry: String },
+    /// An archive entry that could write, link or read outside its tree, or break a limit; nothing was installed.
+    #[error("refusing archive `{archive}`: entry `{entry}` {reason}")]
+    UnsafeArchiveEntry {
+        archive: PathBuf,
+        entry: String,
+        reason: String,
+    },
 
     #[error("failed to read archive `{archive}`: {message}")]
     Archive { archive: PathBuf, message: String },

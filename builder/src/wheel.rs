@@ -5,7 +5,7 @@
 //! by many envs), `include/<name>/` (`.data/headers`) and `data/` (`.data/data`). Console scripts are generated per env
 //! from the dist-info's `entry_points.txt`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::hash::Sha256;
@@ -15,77 +15,196 @@ use base64_free::urlsafe_no_pad;
 use crate::error::{Error, Result};
 use crate::unpack;
 
-/// Unpack `wheel` into `out` (a package path being built) and check the files against the wheel's RECORD.
+/// RECORD's own files: RECORD cannot hold its own hash, and its signatures are made after it.
+const RECORD_FILES: [&str; 3] = ["RECORD", "RECORD.jws", "RECORD.p7s"];
+
+/// Unpack `wheel` into `out` (a package path being built) and check every file against the wheel's RECORD.
+///
+/// Everything goes through [`unpack::unpack_zip`] with the wheel's layout: the root and `.data/purelib|platlib` to
+/// `site-packages/`, `.data/scripts` to `scripts/`, `.data/headers` to `include/<name>/`, `.data/data` to `data/`.
+/// Each file lands at its final place in one pass (nothing is moved afterwards, so no link is ever followed or
+/// re-resolved), and RECORD is strict: every file and link must be listed with a sha256 that matches, and every
+/// listed path must exist; only RECORD and its signatures may be missing. On any error `out` must be discarded.
 /// Returns the sha256 of the installed files by path relative to `out` (for the store's content hash).
 pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256>> {
     let invalid = |message: String| Error::InvalidWheel {
         wheel: wheel.to_path_buf(),
         message,
     };
-    let site = out.join("site-packages");
-    fs_err::create_dir_all(&site)?;
-    let hashes = unpack::unpack_zip(wheel, &site)?;
-    let mut known: BTreeMap<String, Sha256> = hashes
-        .iter()
-        .map(|(path, hash)| (format!("site-packages/{path}"), hash.clone()))
-        .collect();
-
-    let dist_info = find_suffix_dir(&site, ".dist-info")?
-        .ok_or_else(|| invalid("no `.dist-info` directory".into()))?;
-    let dist_info_name = dist_info
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let record_path = dist_info.join("RECORD");
-    if record_path.is_file() {
-        let record = fs_err::read_to_string(&record_path)?;
-        for line in record.lines().filter(|l| !l.trim().is_empty()) {
-            let mut fields = line.rsplitn(3, ',');
-            let _size = fields.next();
-            let hash = fields.next().unwrap_or_default();
-            let path = fields.next().unwrap_or_default().trim_matches('"');
-            let Some(digest) = hash.strip_prefix("sha256=") else {
-                continue;
-            };
-            let Some(actual) = hashes.get(path) else {
-                return Err(invalid(format!(
-                    "RECORD lists `{path}`, which the wheel does not contain"
-                )));
-            };
-            let actual = urlsafe_no_pad(&hex::decode(actual.as_str()).unwrap_or_default());
-            if actual != digest {
-                return Err(invalid(format!("`{path}` does not match its RECORD hash")));
+    let (dist_info, data_dir) = wheel_dirs(wheel)?;
+    let project = dist_info.split('-').next().unwrap_or("package").to_string();
+    let layout = |name: &str| -> std::result::Result<Option<String>, String> {
+        let top = name.split('/').next().unwrap_or_default();
+        if data_dir.as_deref() == Some(top) {
+            let rest = &name[top.len()..];
+            let rest = rest.strip_prefix('/').unwrap_or(rest);
+            if rest.is_empty() {
+                return Ok(None);
             }
-        }
-    } else {
-        return Err(invalid(format!("`{dist_info_name}/RECORD` is missing")));
-    }
-
-    if let Some(data) = find_suffix_dir(&site, ".data")? {
-        for entry in fs_err::read_dir(&data)? {
-            let entry = entry?;
-            let kind = entry.file_name().to_string_lossy().into_owned();
-            let target = match kind.as_str() {
-                "purelib" | "platlib" => site.clone(),
-                "scripts" => out.join("scripts"),
-                "headers" => out
-                    .join("include")
-                    .join(dist_info_name.split('-').next().unwrap_or("package")),
-                "data" => out.join("data"),
-                other => return Err(invalid(format!("unknown `.data` directory `{other}`"))),
+            let (kind, below) = rest.split_once('/').unwrap_or((rest, ""));
+            let base = match kind {
+                "purelib" | "platlib" => "site-packages".to_string(),
+                "scripts" => "scripts".to_string(),
+                "headers" => format!("include/{project}"),
+                "data" => "data".to_string(),
+                other => return Err(format!("is in the unknown `.data` directory `{other}`")),
             };
-            merge_move(&entry.path(), &target, out, &mut known)?;
+            if below.is_empty() {
+                return Ok(None);
+            }
+            if base == "site-packages" {
+                let first = below.split('/').next().unwrap_or_default();
+                if first.ends_with(".dist-info") || first.ends_with(".data") {
+                    return Err(format!("would install a second `{first}` directory"));
+                }
+            }
+            return Ok(Some(format!("{base}/{below}")));
         }
-        fs_err::remove_dir_all(&data)?;
+        Ok(Some(format!("site-packages/{name}")))
+    };
+    let options = unpack::Options {
+        layout: Some(&layout),
+        ..unpack::Options::default()
+    };
+    let extracted = unpack::unpack_zip(wheel, out, options)?;
+
+    let record_name = format!("{dist_info}/RECORD");
+    let record_path = match extracted.get(&record_name) {
+        Some(entry) if !entry.is_link => out.join(&entry.dest),
+        _ => return Err(invalid(format!("`{record_name}` is missing"))),
+    };
+    let record = fs_err::read_to_string(&record_path)?;
+    let mut listed: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for (number, line) in record.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fields = csv_fields(line);
+        let (path, hash) = match fields.as_slice() {
+            [path, hash, ..] => (path, hash),
+            _ => {
+                return Err(invalid(format!(
+                    "RECORD line {} is not `path,hash,size`",
+                    number + 1
+                )));
+            }
+        };
+        let path = unpack::normalize(path).map_err(|reason| {
+            invalid(format!("RECORD line {} path `{path}` {reason}", number + 1))
+        })?;
+        let digest = hash.strip_prefix("sha256=").map(str::to_string);
+        if listed.insert(path.clone(), digest).is_some() {
+            return Err(invalid(format!("RECORD lists `{path}` twice")));
+        }
     }
-    Ok(known)
+    let is_record_file = |path: &str| {
+        path.strip_prefix(&dist_info)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|file| RECORD_FILES.contains(&file))
+    };
+    for (path, entry) in &extracted {
+        if is_record_file(path) {
+            continue;
+        }
+        let digest = match listed.get(path) {
+            None => {
+                return Err(invalid(format!(
+                    "`{path}` is not listed in RECORD: every installed file must be"
+                )));
+            }
+            Some(None) => {
+                return Err(invalid(format!(
+                    "RECORD lists `{path}` without a sha256 hash: every installed file needs one"
+                )));
+            }
+            Some(Some(digest)) => digest,
+        };
+        let actual = entry
+            .sha256
+            .as_ref()
+            .map(|hash| urlsafe_no_pad(&hex::decode(hash.as_str()).unwrap_or_default()))
+            .unwrap_or_default();
+        if &actual != digest {
+            return Err(invalid(format!("`{path}` does not match its RECORD hash")));
+        }
+    }
+    if let Some(path) = listed
+        .keys()
+        .find(|path| !is_record_file(path) && !extracted.contains_key(*path))
+    {
+        return Err(invalid(format!(
+            "RECORD lists `{path}`, which the wheel does not contain"
+        )));
+    }
+    Ok(extracted
+        .into_values()
+        .filter(|entry| !entry.is_link)
+        .filter_map(|entry| Some((entry.dest, entry.sha256?)))
+        .collect())
 }
 
-fn relative_key(out: &Path, path: &Path) -> String {
-    path.strip_prefix(out)
-        .unwrap_or(path)
-        .to_string_lossy()
-        .into_owned()
+/// The wheel's `.dist-info` directory (exactly one) and `.data` directory (at most one), from its zip listing.
+fn wheel_dirs(wheel: &Path) -> Result<(String, Option<String>)> {
+    let invalid = |message: String| Error::InvalidWheel {
+        wheel: wheel.to_path_buf(),
+        message,
+    };
+    let file = fs_err::File::open(wheel)?;
+    let zip =
+        zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|err| Error::Archive {
+            archive: wheel.to_path_buf(),
+            message: err.to_string(),
+        })?;
+    let (mut dist_infos, mut datas) = (BTreeSet::new(), BTreeSet::new());
+    for name in zip.file_names() {
+        // Bad names are refused (with their reason) by the extraction itself.
+        let Ok(name) = unpack::normalize(name) else {
+            continue;
+        };
+        let Some((top, _)) = name.split_once('/') else {
+            continue;
+        };
+        if top.ends_with(".dist-info") {
+            dist_infos.insert(top.to_string());
+        } else if top.ends_with(".data") {
+            datas.insert(top.to_string());
+        }
+    }
+    let dist_info = match dist_infos.len() {
+        1 => dist_infos.pop_first().unwrap_or_default(),
+        0 => return Err(invalid("no `.dist-info` directory".into())),
+        _ => {
+            return Err(invalid(format!(
+                "more than one `.dist-info` directory: {dist_infos:?}"
+            )));
+        }
+    };
+    if datas.len() > 1 {
+        return Err(invalid(format!(
+            "more than one `.data` directory: {datas:?}"
+        )));
+    }
+    Ok((dist_info, datas.pop_first()))
+}
+
+/// The fields of one CSV line (RECORD's format): commas separate, double quotes quote, `""` is a quote.
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.trim_end_matches('\r').chars().peekable();
+    while let Some(c) = chars.next() {
+        let field = fields.last_mut().expect("never empty");
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(String::new()),
+            c => field.push(c),
+        }
+    }
+    fields
 }
 
 /// The single top-level directory of `dir` whose name ends with `suffix`.
@@ -93,49 +212,12 @@ pub(crate) fn find_suffix_dir(dir: &Path, suffix: &str) -> Result<Option<std::pa
     let mut found = Vec::new();
     for entry in fs_err::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_name().to_string_lossy().ends_with(suffix) && entry.path().is_dir() {
+        if entry.file_name().to_string_lossy().ends_with(suffix) && entry.file_type()?.is_dir() {
             found.push(entry.path());
         }
     }
     found.sort();
     Ok(found.into_iter().next())
-}
-
-/// Move the contents of `from` into `to`, merging directories.
-/// Move the contents of `from` into `to`, merging directories, and keep `known` (file hashes keyed by path
-/// relative to `out`) in step with every move.
-fn merge_move(
-    from: &Path,
-    to: &Path,
-    out: &Path,
-    known: &mut BTreeMap<String, Sha256>,
-) -> Result<()> {
-    fs_err::create_dir_all(to)?;
-    for entry in fs_err::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() && target.is_dir() {
-            merge_move(&entry.path(), &target, out, known)?;
-        } else {
-            if target.is_dir() && !target.is_symlink() {
-                crate::store::remove_tree(&target)?;
-            }
-            fs_err::rename(entry.path(), &target)?;
-            let (from_key, to_key) = (relative_key(out, &entry.path()), relative_key(out, &target));
-            // Anything known under the target is replaced; whatever was known under the source moves along.
-            known.retain(|key, _| key != &to_key && !key.starts_with(&format!("{to_key}/")));
-            let moved: Vec<(String, Sha256)> = known
-                .iter()
-                .filter(|(key, _)| **key == from_key || key.starts_with(&format!("{from_key}/")))
-                .map(|(key, hash)| (key.clone(), hash.clone()))
-                .collect();
-            for (key, hash) in moved {
-                known.remove(&key);
-                known.insert(format!("{to_key}{}", &key[from_key.len()..]), hash);
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A `console_scripts` / `gui_scripts` entry point.
@@ -248,6 +330,19 @@ mod tests {
         assert_eq!(urlsafe_no_pad(b"fo"), "Zm8");
         assert_eq!(urlsafe_no_pad(b"foo"), "Zm9v");
         assert_eq!(urlsafe_no_pad(&[0xfb, 0xff]), "-_8");
+    }
+
+    #[test]
+    fn record_lines_are_csv() {
+        assert_eq!(csv_fields("a/b.py,sha256=x,3"), ["a/b.py", "sha256=x", "3"]);
+        assert_eq!(
+            csv_fields("\"a,\"\"b\"\".py\",sha256=x,3\r"),
+            ["a,\"b\".py", "sha256=x", "3"]
+        );
+        assert_eq!(
+            csv_fields("x.dist-info/RECORD,,"),
+            ["x.dist-info/RECORD", "", ""]
+        );
     }
 
     #[test]
