@@ -836,6 +836,13 @@ fn absolute(base: &Url, href: &str) -> Result<(String, Option<String>), String> 
     let mut url = base
         .join(href)
         .map_err(|e| format!("bad file url `{href}`: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "file url `{}` has scheme `{}`; an index may only list http(s) files",
+            href.escape_debug(),
+            url.scheme()
+        ));
+    }
     let fragment = url.fragment().map(str::to_string);
     url.set_fragment(None);
     Ok((url.to_string(), fragment))
@@ -847,7 +854,7 @@ fn listed_sha256(filename: &str, value: Option<&str>) -> Result<Option<Sha256>, 
         .map(|v| {
             v.parse::<Sha256>().map_err(|e| {
                 format!(
-                    "file `{}` lists sha256 {e}; refusing the page",
+                    "the sha256 listed for file `{}` is wrong: {e}; refusing the page",
                     filename.escape_debug()
                 )
             })
@@ -1066,6 +1073,15 @@ mod tests {
             );
             assert!(parse_json_page(body.as_bytes(), &base).is_err());
         }
+    }
+
+    #[test]
+    fn json_page_listing_a_local_file_is_refused() {
+        let base = Url::parse("http://127.0.0.1:9/simple/foo/").unwrap();
+        let body =
+            br#"{"files":[{"filename":"foo-1.0-py3-none-any.whl","url":"file:///etc/passwd"}]}"#;
+        let err = parse_json_page(body, &base).unwrap_err();
+        assert!(err.contains("scheme `file`"), "{err}");
     }
 
     #[test]

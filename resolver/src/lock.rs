@@ -81,6 +81,8 @@ pub enum ResolveError {
     Toolchain(String),
     #[error("failed to start the async runtime")]
     Runtime(#[source] std::io::Error),
+    #[error("the index gave an artifact hvd will not lock: {0}")]
+    Unlockable(String),
 }
 
 impl From<SolveError<SourceError>> for ResolveError {
@@ -312,6 +314,8 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         builds,
     };
     lockfile.canonicalize();
+    // Never write a lockfile that the reader would refuse (e.g. a file name of another package from a hostile page).
+    lockfile.validate().map_err(ResolveError::Unlockable)?;
     let s = &client.stats;
     let stats = LockStats {
         requests: s.requests.load(Ordering::Relaxed),
