@@ -58,6 +58,9 @@ pub struct Dist {
     pub build_requires: Option<Vec<String>>,
     /// For sdists: pyproject.toml `build-backend` (default `setuptools.build_meta`).
     pub build_backend: String,
+    /// For wheels: this many extra small files before `.dist-info/` (a big central directory, as in real wheels
+    /// with thousands of files, which does not fit in the tail the range reader fetches first).
+    pub extra_files: usize,
 }
 
 impl Dist {
@@ -77,6 +80,7 @@ impl Dist {
             pyproject: true,
             build_requires: Some(Vec::new()),
             build_backend: "setuptools.build_meta".into(),
+            extra_files: 0,
         }
     }
 
@@ -122,6 +126,12 @@ impl Dist {
     pub fn build_system(mut self, requires: &[&str], backend: &str) -> Dist {
         self.build_requires = Some(requires.iter().map(|r| r.to_string()).collect());
         self.build_backend = backend.to_string();
+        self
+    }
+
+    /// For wheels: add `count` small files (see [`Dist::extra_files`]).
+    pub fn with_extra_files(mut self, count: usize) -> Dist {
+        self.extra_files = count;
         self
     }
 
@@ -202,8 +212,15 @@ impl Dist {
         use zip::write::SimpleFileOptions;
         let dist_info = format!("{}-{}.dist-info", self.dist_name(), self.version);
         let module = self.dist_name();
-        let files: Vec<(String, String)> = vec![
-            (format!("{module}/__init__.py"), self.init_py()),
+        let mut files: Vec<(String, String)> =
+            vec![(format!("{module}/__init__.py"), self.init_py())];
+        for i in 0..self.extra_files {
+            files.push((
+                format!("{module}/data/file_with_a_long_name_{i:06}.txt"),
+                format!("{i}\n"),
+            ));
+        }
+        files.extend([
             (format!("{dist_info}/METADATA"), self.metadata(true)),
             (
                 format!("{dist_info}/WHEEL"),
@@ -211,7 +228,7 @@ impl Dist {
                     "Wheel-Version: 1.0\nGenerator: hvd-fixture\nRoot-Is-Purelib: true\nTag: {tag}\n"
                 ),
             ),
-        ];
+        ]);
         let mut record = String::new();
         for (name, body) in &files {
             let digest = Sha256::digest(body.as_bytes());

@@ -169,7 +169,8 @@ fn wheel_with_lying_central_directory(dist: &Dist) -> Vec<u8> {
 #[test]
 fn central_directory_past_the_end_fails_the_lock_instead_of_hanging() {
     let cache = tempfile::tempdir().unwrap();
-    for ranges in [true, false] {
+    // Small wheels (directory in the first tail read), without range support, and big ones (directory beyond it).
+    for (ranges, extra_files) in [(true, 0), (false, 0), (true, 3000)] {
         let index = FixtureIndex::start(
             vec![],
             FixtureOptions {
@@ -178,14 +179,14 @@ fn central_directory_past_the_end_fails_the_lock_instead_of_hanging() {
             },
         )
         .unwrap();
-        let dist = Dist::wheel("helper", "1.0");
+        let dist = Dist::wheel("helper", "1.0").with_extra_files(extra_files);
         index.add_raw(dist.clone(), wheel_with_lying_central_directory(&dist));
         let err = lock_or_hang(env(&["helper"]), options(&index, cache.path())).unwrap_err();
         let text = error_chain(&err);
         assert!(
             text.contains("helper-1.0-py3-none-any.whl")
                 && (text.contains("outside the file") || text.contains("bad local offset")),
-            "ranges={ranges}: {text}"
+            "ranges={ranges} extra_files={extra_files}: {text}"
         );
     }
 }
@@ -285,4 +286,33 @@ fn core_metadata_not_matching_its_listed_sha256_is_refused() {
             && text.contains("does not match the sha256"),
         "{text}"
     );
+}
+
+/// The range reader's second path (a central directory larger than the first tail read, as in wheels with
+/// thousands of files) reads METADATA with checked offsets too, by ranges only: the tail, the directory with what
+/// precedes it, and the METADATA entry when a big RECORD pushed it out of that.
+#[test]
+fn big_central_directory_is_read_by_range() {
+    let cache = tempfile::tempdir().unwrap();
+    let index = FixtureIndex::start(
+        vec![
+            Dist::wheel("big", "1.0")
+                .requires(&["lib"])
+                .with_extra_files(3000),
+            Dist::wheel("lib", "1.0"),
+        ],
+        FixtureOptions::default(),
+    )
+    .unwrap();
+    let (bytes, _) = index.file("big-1.0-py3-none-any.whl").unwrap();
+    assert!(bytes.len() > 200_000, "{}", bytes.len());
+    let lock = lock_or_hang(env(&["big"]), options(&index, cache.path())).unwrap();
+    assert!(lock.package("lib").is_some());
+    let reads: Vec<String> = index
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("big-1.0"))
+        .collect();
+    assert!((2..=3).contains(&reads.len()), "{reads:?}");
+    assert!(reads.iter().all(|r| r.ends_with(" 206")), "{reads:?}");
 }
