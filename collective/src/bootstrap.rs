@@ -7,6 +7,9 @@
 //!
 //! Exchange (scope `hvd`): every rank PUTs `addr.<rank>` = `v1 <hostname> <ip:port>` and reads everyone's; the
 //! lowest rank of each host creates the host's shared memory segment and PUTs its name at `shm.<host index>`.
+//!
+//! The HTTP client retries a busy server (503) and failed connections with exponential backoff and jitter, bounded by
+//! the start-up timeout: a server briefly full of other connections delays a rank, it does not fail it.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
@@ -22,6 +25,11 @@ use crate::shm::{ShmSegment, ShmTransport, ring_bytes_from_env};
 use crate::tcp::{JobKey, TcpTransport, interface_address, listen};
 
 const SCOPE: &str = "hvd";
+/// How long a client retries a busy or unreachable server unless told otherwise ([`KeyValueClient::with_retry_for`]).
+const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(30);
+/// First pause before a retry; it doubles up to [`MAX_BACKOFF`], and each pause is drawn from its upper half.
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Where ranks exchange their addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +70,7 @@ impl Rendezvous {
         KeyValueClient {
             rendezvous: self.clone(),
             rank,
+            retry_for: DEFAULT_RETRY_FOR,
         }
     }
 }
@@ -71,14 +80,25 @@ impl Rendezvous {
 pub struct KeyValueClient {
     rendezvous: Rendezvous,
     rank: usize,
+    /// How long one request is retried through 503 answers and failed connections.
+    retry_for: Duration,
 }
 
 struct HttpResponse {
     status: u16,
     body: Vec<u8>,
+    /// How many times the request was retried before this answer.
+    retries: u32,
 }
 
 impl KeyValueClient {
+    /// Retries each request through a busy (503) or unreachable server for up to `retry_for` (give it the job's
+    /// start-up timeout).
+    pub fn with_retry_for(mut self, retry_for: Duration) -> KeyValueClient {
+        self.retry_for = retry_for;
+        self
+    }
+
     /// Stores `value` under `key` ([A-Za-z0-9._-]).
     pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
         check_key(key)?;
@@ -147,10 +167,13 @@ impl KeyValueClient {
 
     fn refused(&self, address: &str, method: &str, key: &str, r: &HttpResponse) -> Error {
         let body = String::from_utf8_lossy(&r.body).trim().to_string();
-        let hint = if r.status == 403 {
-            " (check `HVD_JOB_TOKEN`)"
-        } else {
-            ""
+        let hint = match r.status {
+            403 => " (check `HVD_JOB_TOKEN`)".to_string(),
+            503 => format!(
+                " (still busy after {} retries over {:?})",
+                r.retries, self.retry_for
+            ),
+            _ => String::new(),
         };
         Error::Rendezvous {
             address: address.to_string(),
@@ -158,8 +181,53 @@ impl KeyValueClient {
         }
     }
 
-    /// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+    /// One HTTP/1.1 request, retried on a fresh connection while the server answers 503 or the connection fails,
+    /// with exponential backoff and jitter, for up to `retry_for`. Every request is idempotent (PUT of the same bytes,
+    /// GET, DELETE), so a retry after a lost answer is harmless.
     fn http(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        read_timeout: Duration,
+    ) -> Result<HttpResponse> {
+        let deadline = Instant::now() + self.retry_for;
+        let mut backoff = Backoff::new();
+        loop {
+            let outcome = self.http_once(method, path, body, read_timeout);
+            let retryable = match &outcome {
+                Ok(r) => r.status == 503,
+                Err(_) => true,
+            };
+            let pause = backoff.next_pause();
+            if !retryable || Instant::now() + pause > deadline {
+                let retries = backoff.retries;
+                return outcome
+                    .map(|r| HttpResponse { retries, ..r })
+                    .map_err(|e| match e {
+                        Error::Rendezvous { address, detail } if retries > 0 => Error::Rendezvous {
+                            address,
+                            detail: format!(
+                                "{detail} (after {} retries over {:?})",
+                                retries, self.retry_for
+                            ),
+                        },
+                        e => e,
+                    });
+            }
+            match &outcome {
+                Ok(_) => tracing::debug!(method, path, ?pause, "rendezvous busy (503); retrying"),
+                Err(e) => {
+                    tracing::debug!(method, path, ?pause, error = %e, "rendezvous request failed; retrying")
+                }
+            }
+            std::thread::sleep(pause);
+            backoff.retries += 1;
+        }
+    }
+
+    /// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+    fn http_once(
         &self,
         method: &str,
         path: &str,
@@ -181,8 +249,9 @@ impl KeyValueClient {
             .set_write_timeout(Some(Duration::from_secs(30)))
             .map_err(|e| err(format!("configure socket: {e}")))?;
         let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nX-Hvd-Rank: {}\r\n",
-            self.rank
+            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nX-Hvd-Rank: {}\r\nX-Hvd-Join: {}\r\n",
+            self.rank,
+            join_identity()
         );
         if let Some(t) = token {
             head.push_str(&format!("Authorization: Bearer {t}\r\n"));
@@ -192,14 +261,75 @@ impl KeyValueClient {
             body.len()
         ));
         let mut s = &stream;
-        s.write_all(head.as_bytes())
-            .and_then(|()| s.write_all(body))
-            .map_err(|e| err(format!("send: {e}")))?;
+        let sent = s
+            .write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body));
         let mut raw = Vec::new();
-        s.read_to_end(&mut raw)
-            .map_err(|e| err(format!("read the answer: {e}")))?;
-        parse_response(&raw).ok_or_else(|| err(format!("malformed answer to {method} {path}")))
+        let read = s.read_to_end(&mut raw);
+        // A server may answer before it has read everything (a 503 when full, a 403) and close: its answer, when it
+        // arrived, says more than the failed send.
+        if let Some(r) = parse_response(&raw) {
+            return Ok(r);
+        }
+        sent.map_err(|e| err(format!("send: {e}")))?;
+        read.map_err(|e| err(format!("read the answer: {e}")))?;
+        Err(err(format!("malformed answer to {method} {path}")))
     }
+}
+
+/// Exponential backoff with jitter: pauses of 10 ms, 20 ms, ... up to 1 s, each drawn from the upper half of its step
+/// so that ranks retrying together spread out.
+struct Backoff {
+    step: Duration,
+    state: u64,
+    retries: u32,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32);
+        Backoff {
+            step: FIRST_BACKOFF,
+            state: seed | 1,
+            retries: 0,
+        }
+    }
+
+    fn next_pause(&mut self) -> Duration {
+        // xorshift64: enough to decorrelate ranks, not a secret.
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let half = self.step / 2;
+        let jitter = half.mul_f64((self.state >> 11) as f64 / (1u64 << 53) as f64);
+        let pause = half + jitter;
+        self.step = (self.step * 2).min(MAX_BACKOFF);
+        pause
+    }
+}
+
+/// This process's `X-Hvd-Join` identity: random, fixed for the process's life, so that the server lets this process
+/// (and no other) act as its rank.
+fn join_identity() -> &'static str {
+    static IDENTITY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let mut bytes = [0u8; 12];
+        let filled = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .is_ok();
+        if !filled {
+            // Still unique per process and start time, which is all the server needs to tell processes apart.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            bytes[..4].copy_from_slice(&std::process::id().to_le_bytes());
+            bytes[4..].copy_from_slice(&(nanos as u64).to_le_bytes());
+        }
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    })
 }
 
 fn connect_any(address: &str) -> std::io::Result<TcpStream> {
@@ -230,7 +360,11 @@ fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
             body.truncate(n);
         }
     }
-    Some(HttpResponse { status, body })
+    Some(HttpResponse {
+        status,
+        body,
+        retries: 0,
+    })
 }
 
 fn check_key(key: &str) -> Result<()> {
@@ -395,8 +529,8 @@ pub fn connect(
             EnvVars::RENDEZVOUS
         )));
     };
-    let kv = rendezvous.client(job.rank);
-    let ip = listen_ip(rendezvous)?;
+    let kv = rendezvous.client(job.rank).with_retry_for(timeout);
+    let ip = listen_ip(rendezvous, timeout)?;
     let listener = listen(ip)?;
     let addr = listener
         .local_addr()
@@ -533,7 +667,7 @@ fn host_segment(
 
 /// The address to listen on: `HVD_TCP_ADDRESS`, else `HVD_TCP_INTERFACE`'s, else the local address that reaches the
 /// rendezvous server (loopback for a directory rendezvous).
-fn listen_ip(rendezvous: &Rendezvous) -> Result<IpAddr> {
+fn listen_ip(rendezvous: &Rendezvous, timeout: Duration) -> Result<IpAddr> {
     if let Ok(a) = std::env::var(EnvVars::TCP_ADDRESS) {
         return a.trim().parse().map_err(|_| {
             Error::Bootstrap(format!(
@@ -548,10 +682,24 @@ fn listen_ip(rendezvous: &Rendezvous) -> Result<IpAddr> {
     match rendezvous {
         Rendezvous::Directory(_) => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         Rendezvous::Http { address, .. } => {
-            let s = connect_any(address).map_err(|e| Error::Rendezvous {
-                address: address.clone(),
-                detail: format!("connect: {e}"),
-            })?;
+            // The server may not be accepting yet (a rank 0 that serves it starting up): retry like every request.
+            let deadline = Instant::now() + timeout;
+            let mut backoff = Backoff::new();
+            let s = loop {
+                match connect_any(address) {
+                    Ok(s) => break s,
+                    Err(e) => {
+                        let pause = backoff.next_pause();
+                        if Instant::now() + pause > deadline {
+                            return Err(Error::Rendezvous {
+                                address: address.clone(),
+                                detail: format!("connect: {e} (retried for {timeout:?})"),
+                            });
+                        }
+                        std::thread::sleep(pause);
+                    }
+                }
+            };
             s.local_addr()
                 .map(|a| a.ip())
                 .map_err(|e| Error::io("read the local address", e))
@@ -632,5 +780,125 @@ mod tests {
         assert_eq!((r.status, r.body.as_slice()), (200, &b"abc"[..]));
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc").is_none());
         assert!(parse_response(b"garbage").is_none());
+    }
+
+    /// A real HTTP server on 127.0.0.1 that answers 503 to its first `busy` requests and 200 after; records each
+    /// request head.
+    fn busy_server(
+        listener: std::net::TcpListener,
+        busy: usize,
+    ) -> std::thread::JoinHandle<Vec<String>> {
+        std::thread::spawn(move || {
+            let mut heads = Vec::new();
+            for conn in listener.incoming() {
+                let Ok(mut s) = conn else { break };
+                let mut raw = Vec::new();
+                let mut byte = [0u8; 1];
+                while !raw.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                    raw.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&raw).into_owned();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                let mut body = vec![0u8; length];
+                s.read_exact(&mut body).unwrap();
+                let answer: &[u8] = if heads.len() < busy {
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\n\r\nbusy\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+                };
+                heads.push(head);
+                s.write_all(answer).unwrap();
+                if heads.len() > busy {
+                    break;
+                }
+            }
+            heads
+        })
+    }
+
+    fn client_of(listener: &std::net::TcpListener, retry_for: Duration) -> KeyValueClient {
+        Rendezvous::Http {
+            address: listener.local_addr().unwrap().to_string(),
+            token: Some("t".into()),
+        }
+        .client(2)
+        .with_retry_for(retry_for)
+    }
+
+    #[test]
+    fn a_busy_rendezvous_is_retried_until_it_answers() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let kv = client_of(&listener, Duration::from_secs(60));
+        let server = busy_server(listener, 5);
+        kv.put("addr.2", b"x").unwrap();
+        let heads = server.join().unwrap();
+        assert_eq!(heads.len(), 6, "five 503s, then the answer");
+        // Every try is the same rank from the same process.
+        let join = |h: &String| {
+            h.lines()
+                .find(|l| l.starts_with("X-Hvd-Join: "))
+                .map(str::to_owned)
+        };
+        assert!(join(&heads[0]).is_some());
+        assert!(
+            heads
+                .iter()
+                .all(|h| join(h) == join(&heads[0]) && h.contains("X-Hvd-Rank: 2\r\n"))
+        );
+    }
+
+    #[test]
+    fn a_rendezvous_busy_past_the_timeout_fails_naming_the_503() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let kv = client_of(&listener, Duration::from_millis(300));
+        let _server = busy_server(listener, usize::MAX);
+        let e = kv.put("addr.2", b"x").unwrap_err().to_string();
+        assert!(e.contains("answered 503 busy"), "{e}");
+        let retries: u32 = e
+            .split("still busy after ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{e}"));
+        assert!(retries >= 2, "{e}");
+    }
+
+    #[test]
+    fn a_rendezvous_not_yet_listening_is_retried() {
+        // A free port that nothing listens on yet: connections are refused until the server starts.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let kv = Rendezvous::Http {
+            address: format!("127.0.0.1:{port}"),
+            token: None,
+        }
+        .client(0)
+        .with_retry_for(Duration::from_secs(60));
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            busy_server(std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(), 0)
+                .join()
+                .unwrap()
+        });
+        kv.put("k", b"v").unwrap();
+        assert_eq!(late.join().unwrap().len(), 1);
+        // And a server that never comes fails once the retry window is over, naming the address.
+        let kv = Rendezvous::Http {
+            address: format!("127.0.0.1:{port}"),
+            token: None,
+        }
+        .client(0)
+        .with_retry_for(Duration::from_millis(200));
+        let e = kv.put("k", b"v").unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("127.0.0.1:{port}")) && e.contains("retries"),
+            "{e}"
+        );
     }
 }
