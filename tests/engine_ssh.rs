@@ -114,6 +114,12 @@ fn cmdline(pid: u32) -> String {
 impl Hosts {
     /// Sets up the namespaces `hvd<tag><pid>-{l,h1,h2}` and starts the sshds.
     fn start(tag: &str) -> Hosts {
+        Self::start_with(tag, None)
+    }
+
+    /// As [`Hosts::start`]; with `compromised`, the second host's sshd runs that command for every login instead of
+    /// the one asked for (`ForceCommand`; the asked one is in `SSH_ORIGINAL_COMMAND`): a host that answers as it likes.
+    fn start_with(tag: &str, compromised: Option<&str>) -> Hosts {
         require_tools();
         let prefix = format!("hvd{tag}{}", std::process::id());
         let mut hosts = Hosts {
@@ -219,16 +225,16 @@ impl Hosts {
         let sshd = find_program("sshd").unwrap();
         for (i, addr) in HOSTS.iter().enumerate() {
             let conf = d.join(format!("sshd_config.{i}"));
-            std::fs::write(
-                &conf,
-                format!(
-                    "Port {SSH_PORT}\nListenAddress {addr}\nHostKey {d}/hostkey\nAuthorizedKeysFile {d}/authorized_keys\n\
-                     StrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n\
-                     KbdInteractiveAuthentication no\nPidFile none\nPrintMotd no\nMaxStartups 100\nLogLevel INFO\n",
-                    d = d.display()
-                ),
-            )
-            .unwrap();
+            let mut config = format!(
+                "Port {SSH_PORT}\nListenAddress {addr}\nHostKey {d}/hostkey\nAuthorizedKeysFile {d}/authorized_keys\n\
+                 StrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nPidFile none\nPrintMotd no\nMaxStartups 100\nLogLevel INFO\n",
+                d = d.display()
+            );
+            if let (1, Some(command)) = (i, compromised) {
+                config.push_str(&format!("ForceCommand {command}\n"));
+            }
+            std::fs::write(&conf, config).unwrap();
             let log = d.join(format!("sshd.{i}.log"));
             let child = Command::new(tool("ip"))
                 .args(["netns", "exec", &hosts.namespaces[i + 1]])
@@ -595,6 +601,105 @@ fn ctrl_c_reaches_every_remote_rank_as_sigint() {
         assert!(
             stdout.contains(&format!("[train {host}:{rank}] got-int-{rank}-hvd0-hvd0")),
             "rank {rank}:\n{stdout}\n{stderr}"
+        );
+    }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// Writes a store path `name` (a `bin/` and its `.hvd-path.json`) into `store`.
+fn store_path(store: &Path, name: &str, references: &[&str]) -> PathBuf {
+    let path = store.join(name);
+    std::fs::create_dir_all(path.join("bin")).unwrap();
+    let json = serde_json::json!({"schema": 1, "content_hash": format!("c-{name}"), "references": references});
+    std::fs::write(path.join(".hvd-path.json"), json.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn a_compromised_host_cannot_run_commands_here_or_obtain_other_store_paths() {
+    // The second host's sshd answers every login with this script: the env check (the command that ends with
+    // `echo hvd-check:done`) gets `answer`, anything else (a copy) is recorded and its input kept.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let script = d.join("compromised.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nd={d}\ncase \"$SSH_ORIGINAL_COMMAND\" in\n  *hvd-check:done*) cat \"$d/answer\";;\n  \
+             *) echo \"$SSH_ORIGINAL_COMMAND\" >> \"$d/other-commands\"; cat > \"$d/received\";;\nesac\n",
+            d = d.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hosts = Hosts::start_with("d", Some(script.to_str().unwrap()));
+    // A store with an env, the package it needs, and a path outside its closure.
+    let store = d.join("store");
+    let env_name = "0123456789abcdef0123456789abcdef-t-1.0";
+    let package = "11111111111111111111111111111111-x-2.0";
+    let other = "22222222222222222222222222222222-secret-1.0";
+    let env = store_path(&store, env_name, &[package]);
+    store_path(&store, package, &[]);
+    store_path(&store, other, &[]);
+    let pwned = d.join("pwned");
+    let project = project("step train {\n  run = \"true\"\n  workers = 4\n}");
+    for hostile in [
+        format!(
+            "--checkpoint=1 --checkpoint-action=exec=touch {}",
+            pwned.display()
+        ),
+        "--checkpoint-action=exec=sh".to_owned(),
+        "../../etc".to_owned(),
+        other.to_owned(),
+    ] {
+        std::fs::write(
+            d.join("answer"),
+            format!("hvd-check:no-env\nhvd-check:missing {package}\nhvd-check:missing {hostile}\nhvd-check:done\n"),
+        )
+        .unwrap();
+        let out = Command::new(tool("ip"))
+            .args(["netns", "exec", &hosts.namespaces[0], HVD, "run"])
+            .arg(project.path().join("train.hvd"))
+            .args(["--engine", "ssh", "--ssh-copy-env", "--ssh-port", SSH_PORT])
+            .args(["--hosts", &format!("{}:2,{}:2", HOSTS[0], HOSTS[1])])
+            .arg("--ssh-config")
+            .arg(hosts.dir.path().join("ssh_config"))
+            .arg("--ssh-identity")
+            .arg(hosts.dir.path().join("id"))
+            .arg("--env-dir")
+            .arg(&env)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{hostile}: {stdout}\n{stderr}");
+        // The report is wrapped to the terminal's width: compare its words.
+        let words = stderr
+            .split_whitespace()
+            .filter(|w| *w != "│")
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            words.contains(&format!(
+                "host `{}` answered the env check with store paths that are not in the env's closure",
+                HOSTS[1]
+            )),
+            "{hostile}: {stderr}"
+        );
+        // The honest host is not blamed; nothing ran here, nothing was sent, no rank started anywhere.
+        assert!(!words.contains(&format!("host `{}`", HOSTS[0])), "{stderr}");
+        assert!(
+            !pwned.exists(),
+            "{hostile}: the host ran a command on the launcher's machine"
+        );
+        assert!(
+            !d.join("received").exists(),
+            "{hostile}: something was sent to the host"
+        );
+        assert!(
+            !d.join("other-commands").exists(),
+            "{hostile}: a rank or copy was started"
         );
     }
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
