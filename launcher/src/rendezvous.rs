@@ -471,9 +471,15 @@ fn refuse_busy(mut stream: TcpStream) {
 
 /// One connection's thread: serves it, turns a panic into a closed connection, and frees its slot.
 fn run_connection(stream: TcpStream, peer: SocketAddr, id: u64, shared: &Arc<Shared>) {
-    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        serve_connection(stream, peer, id, shared);
-    }));
+    guarded(shared, id, peer, || {
+        serve_connection(stream, peer, id, shared)
+    });
+}
+
+/// Runs one connection's work: a panic closes the connection (its socket is dropped with the closure) and is
+/// counted; the slot is freed either way.
+fn guarded(shared: &Shared, id: u64, peer: SocketAddr, serve: impl FnOnce()) {
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(serve));
     if served.is_err() {
         shared.panics.fetch_add(1, Ordering::SeqCst);
         tracing::error!(%peer, "a rendezvous connection handler panicked; closed that connection");
@@ -763,4 +769,49 @@ pub fn new_token() -> io::Result<String> {
     let mut bytes = [0u8; 16];
     fs_err::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// No peer input is known to panic a handler; this shows what happens if one ever does: that connection is
+    /// closed, its slot freed, and the server (its store lock poisoned by the panic) keeps answering.
+    #[test]
+    fn a_panicking_handler_closes_its_connection_and_the_server_keeps_serving() {
+        let server = RendezvousServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            "token",
+            vec!["127.0.0.1".parse().unwrap()],
+        )
+        .unwrap();
+        let shared = &server.shared;
+        let client = TcpStream::connect(server.addr()).unwrap();
+        // Wait for the server to take the connection, then run a panicking handler in its place.
+        let id = loop {
+            if let Some(id) = shared.connections().live.keys().next().copied() {
+                break id;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let peer = client.local_addr().unwrap();
+        guarded(shared, id, peer, || {
+            let _store = shared.lock();
+            panic!("handler bug");
+        });
+        assert_eq!(server.stats().panics, 1);
+        assert!(!shared.connections().live.contains_key(&id), "slot freed");
+        // The server still serves, with the poisoned store lock.
+        let mut s = TcpStream::connect(server.addr()).unwrap();
+        s.write_all(
+            b"PUT /kv/a/b HTTP/1.1\r\nAuthorization: Bearer token\r\nContent-Length: 1\r\n\r\nx",
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert_eq!(server.stats().store_bytes, 3);
+        drop(client);
+    }
 }
