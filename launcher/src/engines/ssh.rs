@@ -1539,6 +1539,36 @@ mod tests {
         );
     }
 
+    /// A host name that ssh would read as an option (`-oProxyCommand=...` runs a command here) or that a shell would
+    /// split is refused before anything runs.
+    #[test]
+    fn host_names_that_ssh_would_read_as_options_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("train.hvd");
+        std::fs::write(
+            &file,
+            "project \"t\"\nenv {\n  python = \"3.11\"\n  packages = []\n}\ncluster {\n  engine = \"ssh\"\n}\n\
+             step train {\n  run = \"true\"\n  workers = 2\n}\n",
+        )
+        .unwrap();
+        let project = hvd_lang::load_file(&file).unwrap();
+        let pwned = dir.path().join("pwned");
+        for host in [
+            format!("-oProxyCommand=touch {}", pwned.display()),
+            "-F/etc/passwd".to_owned(),
+            "a b".to_owned(),
+            "a\tb".to_owned(),
+        ] {
+            let options = crate::RunOptions {
+                hosts: Some(vec![host.clone()]),
+                ..crate::RunOptions::default()
+            };
+            let err = crate::plan(&project, &options).unwrap_err().to_string();
+            assert!(err.contains("is not a host name for ssh"), "{host}: {err}");
+            assert!(!pwned.exists(), "{host}");
+        }
+    }
+
     #[test]
     fn route_source_finds_loopback() {
         assert_eq!(
