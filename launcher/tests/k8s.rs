@@ -295,12 +295,20 @@ fn the_job_token_is_a_fresh_secret_the_ranks_reference_never_a_label() {
             assert!(!text.contains("annotations"), "{}: {text}", manifest.file);
             let mut referencing = 0;
             for (path, container) in containers(&manifest.content) {
-                // Every rank learns its pod's address from the downward API: rank 0 serves only there.
-                let pod_ip = env_entry(container, "HVD_POD_IP").expect(&path);
-                assert_eq!(
-                    pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
-                    "{path}"
-                );
+                // Every JobSet rank learns its pod's address from the downward API: rank 0 serves only there. An
+                // MPIJob's ranks do not see it (mpirun's ssh), and MPICH would pass the launcher's on: none there.
+                match flavour {
+                    Flavour::JobSet => {
+                        let pod_ip = env_entry(container, "HVD_POD_IP").expect(&path);
+                        assert_eq!(
+                            pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
+                            "{path}"
+                        );
+                    }
+                    Flavour::MpiJob => {
+                        assert!(env_entry(container, "HVD_POD_IP").is_none(), "{path}")
+                    }
+                }
                 if let Some(entry) = env_entry(container, "HVD_JOB_TOKEN") {
                     assert!(entry.get("value").is_none(), "{path}: {entry}");
                     assert_eq!(

@@ -117,9 +117,11 @@ fn token_secret(name: &str, project: &Project) -> Result<Value, LaunchError> {
 }
 
 /// Adds the rank's secrets and address to a step's env list: `HVD_JOB_TOKEN` from the run's Secret (`secret`;
-/// `None` for a step that meets no other rank), and the pod's own IP (`status.podIP`, downward API) as
-/// [`super::shim::POD_IP_VAR`], the only address rank 0's shim serves the rendezvous on.
-fn with_job_token(mut env: Value, secret: Option<&str>) -> Value {
+/// `None` for a step that meets no other rank), and with `pod_ip` the pod's own IP (`status.podIP`, downward API) as
+/// [`super::shim::POD_IP_VAR`], the only address rank 0's shim serves the rendezvous on. (Not in an MPIJob: its
+/// ranks do not see their container's variables through mpirun's ssh, and MPICH would pass the launcher pod's IP on
+/// to every rank; rank 0 binds what its own pod name resolves to there.)
+fn with_job_token(mut env: Value, secret: Option<&str>, pod_ip: bool) -> Value {
     if let Value::Array(list) = &mut env {
         if let Some(secret) = secret {
             list.push(json!({
@@ -127,10 +129,12 @@ fn with_job_token(mut env: Value, secret: Option<&str>) -> Value {
                 "valueFrom": { "secretKeyRef": { "name": secret, "key": TOKEN_KEY } },
             }));
         }
-        list.push(json!({
-            "name": super::shim::POD_IP_VAR,
-            "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } },
-        }));
+        if pod_ip {
+            list.push(json!({
+                "name": super::shim::POD_IP_VAR,
+                "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } },
+            }));
+        }
     }
     env
 }
@@ -239,6 +243,7 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                                 "env": with_job_token(
                                     env_list(&env),
                                     step.workers.is_some().then_some(secret_name.as_str()),
+                                    true,
                                 ),
                                 "resources": resources,
                             }],
@@ -342,6 +347,7 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                         "env": with_job_token(
                             env_list(&env),
                             command.is_some().then_some(secret_name.as_str()),
+                            false,
                         ),
                     });
                     match command {
