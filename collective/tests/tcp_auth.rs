@@ -196,6 +196,46 @@ fn an_impostor_greeting_as_rank_1_is_refused_and_the_real_rank_joins() {
     drop(staller);
 }
 
+/// Greetings that are not a joining rank (garbage, a rank outside the job, the acceptor's own rank, a lower rank, the
+/// wrong job size) are each dropped, and a flood of silent connections (more than may wait at once) does not keep
+/// the real ranks out.
+#[test]
+fn bad_greetings_and_a_flood_do_not_keep_the_real_rank_out() {
+    let key = JobKey::new(b"the job token").unwrap();
+    let (ls, addrs) = listeners(3);
+    let flood: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(addrs[1]).unwrap())
+        .collect();
+    let (t1, t2) = std::thread::scope(|s| {
+        let r1 =
+            s.spawn(|| TcpTransport::connect(1, &ls[1], &addrs, &key, Duration::from_secs(20)));
+        // Rank 1 waits for rank 0 (started last) and meanwhile accepts: the flood and the bad greetings come first.
+        let bad: [Vec<u8>; 6] = [
+            vec![0x41; HELLO_LEN],
+            hello(7, 3, &nonce()),
+            hello(u64::MAX, 3, &nonce()),
+            hello(1, 3, &nonce()),
+            hello(0, 3, &nonce()),
+            hello(2, 4, &nonce()),
+        ];
+        for (i, greeting) in bad.iter().enumerate() {
+            let mut c = TcpStream::connect(addrs[1]).unwrap();
+            c.write_all(greeting).unwrap();
+            assert_dropped(&mut c, &format!("bad greeting {i}"));
+        }
+        let r2 =
+            s.spawn(|| TcpTransport::connect(2, &ls[2], &addrs, &key, Duration::from_secs(20)));
+        let r0 =
+            s.spawn(|| TcpTransport::connect(0, &ls[0], &addrs, &key, Duration::from_secs(20)));
+        let t0 = r0.join().unwrap().expect("rank 0");
+        drop(t0);
+        (r1.join().unwrap(), r2.join().unwrap())
+    });
+    t1.expect("rank 1 joins despite the flood");
+    t2.expect("rank 2 joins");
+    drop(flood);
+}
+
 /// A rank whose token differs is refused by the accepting rank, and itself refuses the acceptor's proof: both fail
 /// with errors that say so, neither joins.
 #[test]
