@@ -15,6 +15,7 @@ use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
+use crate::deadline::{BadDeadlineSetting, DeadlineExceeded, HttpDeadlines};
 use crate::digest::Sha256;
 use crate::metadata::{self, CoreMetadata};
 
@@ -76,6 +77,17 @@ pub enum IndexError {
     TooLarge { url: String, limit: u64 },
     #[error("reading `{url}` failed: {message} (an internal error, please report it)")]
     Panicked { url: String, message: String },
+    #[error(
+        "`{url}` ({what}) took too long: {reason}; the index host is stalling or the network is too slow: retry later, use another index, or raise the limit as said"
+    )]
+    Deadline {
+        url: String,
+        /// What was being fetched, naming the package (a project page, a file name).
+        what: String,
+        reason: DeadlineExceeded,
+    },
+    #[error(transparent)]
+    Setting(#[from] BadDeadlineSetting),
 }
 
 /// One file listed on a project page.
@@ -126,6 +138,8 @@ pub struct IndexOptions {
     pub offline: bool,
     /// Extra trusted CA certificates (PEM bundle), e.g. pip's `cert` setting behind a TLS-inspecting proxy.
     pub ca_bundle: Option<PathBuf>,
+    /// How long one request may take (see [`crate::deadline`]).
+    pub deadlines: HttpDeadlines,
 }
 
 /// The cache directory: `$HVD_CACHE_DIR`, else `<user cache dir>/hvd`.
@@ -317,12 +331,55 @@ impl IndexClient {
         }
     }
 
-    /// Read a response body, at most `limit` bytes (a hostile server cannot make hvd hold more).
+    /// Run one page or metadata request (`fetch`: sending, retries, reading the body) within the request
+    /// deadline; `what` names the package for the error.
+    async fn within<T>(
+        &self,
+        url: &str,
+        what: impl FnOnce() -> String,
+        fetch: impl std::future::Future<Output = Result<T, IndexError>>,
+    ) -> Result<T, IndexError> {
+        let limit = self.options.deadlines.request;
+        match tokio::time::timeout(limit, fetch).await {
+            Ok(result) => result,
+            Err(_) => Err(IndexError::Deadline {
+                url: url.to_string(),
+                what: what(),
+                reason: DeadlineExceeded::Request { limit },
+            }),
+        }
+    }
+
+    /// Send the GET of a download (an artifact read whole): the answer's head must come within the request
+    /// deadline; the body is then paced by [`Self::body`] with `Some(started)`.
+    async fn send_download(
+        &self,
+        url: &str,
+        what: &str,
+        started: tokio::time::Instant,
+    ) -> Result<reqwest::Response, IndexError> {
+        let deadline = self.options.deadlines.request_deadline(started);
+        match tokio::time::timeout_at(deadline, self.send(url, HeaderMap::new())).await {
+            Ok(result) => result,
+            Err(_) => Err(IndexError::Deadline {
+                url: url.to_string(),
+                what: what.to_string(),
+                reason: DeadlineExceeded::Request {
+                    limit: self.options.deadlines.request,
+                },
+            }),
+        }
+    }
+
+    /// Read a response body, at most `limit` bytes (a hostile server cannot make hvd hold more). With
+    /// `download = Some((started, what))` each chunk must come before the download deadline (the grace period plus
+    /// the time the bytes so far have earned at the least speed), so a trickling host cannot hold it for long.
     async fn body(
         &self,
         url: &str,
         mut response: reqwest::Response,
         limit: u64,
+        download: Option<(tokio::time::Instant, &str)>,
     ) -> Result<Vec<u8>, IndexError> {
         let too_large = || IndexError::TooLarge {
             url: url.to_string(),
@@ -333,10 +390,10 @@ impl IndexClient {
         }
         let capacity = response.content_length().unwrap_or(0).min(limit);
         let mut out = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
-        while let Some(chunk) = response.chunk().await.map_err(|source| IndexError::Http {
-            url: url.to_string(),
-            source,
-        })? {
+        while let Some(chunk) = self
+            .paced(url, response.chunk(), out.len() as u64, download)
+            .await?
+        {
             self.stats
                 .bytes
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -348,6 +405,33 @@ impl IndexClient {
         Ok(out)
     }
 
+    /// Await `next` (the next chunk of a body); for a download, only until the download deadline.
+    async fn paced<T>(
+        &self,
+        url: &str,
+        next: impl std::future::Future<Output = Result<T, reqwest::Error>>,
+        received: u64,
+        download: Option<(tokio::time::Instant, &str)>,
+    ) -> Result<T, IndexError> {
+        let http_error = |source| IndexError::Http {
+            url: url.to_string(),
+            source,
+        };
+        let Some((started, what)) = download else {
+            return next.await.map_err(http_error);
+        };
+        let deadlines = &self.options.deadlines;
+        let deadline = deadlines.download_deadline(started, received);
+        match tokio::time::timeout_at(deadline, next).await {
+            Ok(chunk) => chunk.map_err(http_error),
+            Err(_) => Err(IndexError::Deadline {
+                url: url.to_string(),
+                what: what.to_string(),
+                reason: deadlines.too_slow(started, received),
+            }),
+        }
+    }
+
     /// Stream an artifact and hash it, keeping nothing: for indexes that list no sha256, so the lockfile never
     /// records an empty hash. Returns the digest and the size.
     pub async fn artifact_digest(&self, file: &IndexFile) -> Result<(Sha256, u64), IndexError> {
@@ -356,7 +440,12 @@ impl IndexClient {
                 url: file.url.clone(),
             });
         }
-        let mut response = self.send(&file.url, HeaderMap::new()).await?;
+        let what = format!(
+            "package file `{}`, hashed because the index lists no sha256",
+            file.filename
+        );
+        let started = tokio::time::Instant::now();
+        let mut response = self.send_download(&file.url, &what, started).await?;
         if !response.status().is_success() {
             return Err(IndexError::Status {
                 url: file.url.clone(),
@@ -365,10 +454,10 @@ impl IndexClient {
         }
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
-        while let Some(chunk) = response.chunk().await.map_err(|source| IndexError::Http {
-            url: file.url.clone(),
-            source,
-        })? {
+        while let Some(chunk) = self
+            .paced(&file.url, response.chunk(), size, Some((started, &what)))
+            .await?
+        {
             self.stats
                 .bytes
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -455,7 +544,7 @@ impl IndexClient {
             max_age,
             no_cache,
         };
-        let body = self.body(url, response, MAX_PAGE_BYTES).await?;
+        let body = self.body(url, response, MAX_PAGE_BYTES, None).await?;
         write_atomic(&body_path, &body)?;
         write_atomic(&meta_path, &serde_json::to_vec(&meta).unwrap_or_default())?;
         Ok(Some((body, content_type)))
@@ -465,7 +554,13 @@ impl IndexClient {
     pub async fn project(&self, name: &str) -> Result<ProjectPage, IndexError> {
         let url = format!("{}{}/", self.options.index_url, name);
         let started = std::time::Instant::now();
-        let fetched = self.get_cached(&url, SIMPLE_ACCEPT).await?;
+        let fetched = self
+            .within(
+                &url,
+                || format!("the project page of `{name}`"),
+                self.get_cached(&url, SIMPLE_ACCEPT),
+            )
+            .await?;
         tracing::debug!(
             url,
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -524,22 +619,30 @@ impl IndexClient {
                 url: file.url.clone(),
             });
         }
+        let what = || format!("the metadata of package file `{}`", file.filename);
         let mut bytes = None;
         if file.core_metadata {
             let url = format!("{}.metadata", file.url);
-            let response = self.send(&url, HeaderMap::new()).await?;
-            if response.status().is_success() {
-                let body = self.body(&url, response, MAX_METADATA_BYTES).await?;
+            let fetch = async {
+                let response = self.send(&url, HeaderMap::new()).await?;
+                if !response.status().is_success() {
+                    return Ok(None);
+                }
+                let body = self.body(&url, response, MAX_METADATA_BYTES, None).await?;
                 if let Some(expected) = &file.core_metadata_sha256 {
                     check_digest(&url, expected, &Sha256::of_bytes(&body))?;
                 }
-                bytes = Some(body);
-            }
+                Ok(Some(body))
+            };
+            bytes = self.within(&url, what, fetch).await?;
         }
         let started = std::time::Instant::now();
         let bytes = match bytes {
             Some(b) => b,
-            None => self.metadata_by_range(file).await?,
+            None => {
+                self.within(&file.url, what, self.metadata_by_range(file))
+                    .await?
+            }
         };
         tracing::debug!(
             file = file.filename,
@@ -582,7 +685,7 @@ impl IndexClient {
         } else {
             MAX_SDIST_BYTES
         };
-        let body = self.body(url, response, limit).await?;
+        let body = self.body(url, response, limit, None).await?;
         Ok((status, total, body))
     }
 
@@ -708,14 +811,18 @@ impl IndexClient {
         &self,
         file: &IndexFile,
     ) -> Result<metadata::SdistContents, IndexError> {
-        let response = self.send(&file.url, HeaderMap::new()).await?;
+        let what = format!("package file `{}`, read for its metadata", file.filename);
+        let started = tokio::time::Instant::now();
+        let response = self.send_download(&file.url, &what, started).await?;
         if !response.status().is_success() {
             return Err(IndexError::Status {
                 url: file.url.clone(),
                 status: response.status().as_u16(),
             });
         }
-        let bytes = self.body(&file.url, response, MAX_SDIST_BYTES).await?;
+        let bytes = self
+            .body(&file.url, response, MAX_SDIST_BYTES, Some((started, &what)))
+            .await?;
         // The whole file is here: check it against the listed digest before anything is read out of it, so the
         // cache only ever holds what was read from the bytes the index vouched for.
         if let Some(expected) = &file.sha256 {
@@ -1092,6 +1199,7 @@ mod tests {
             cache_dir: cache.clone(),
             offline: true,
             ca_bundle: None,
+            deadlines: HttpDeadlines::default(),
         })
         .unwrap();
         let file = IndexFile {
@@ -1114,6 +1222,7 @@ mod tests {
             cache_dir: cache,
             offline: true,
             ca_bundle: None,
+            deadlines: HttpDeadlines::default(),
         })
         .unwrap();
         assert_ne!(other.metadata_key(&file, "wheel"), key);

@@ -17,6 +17,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod deadline;
 pub mod digest;
 pub mod index;
 pub mod lock;

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use hvd_lang::model::Env;
 use pep440_rs::Version;
 
+use crate::deadline::HttpDeadlines;
 use crate::index::{IndexClient, IndexError, IndexOptions, default_cache_dir};
 use crate::lockfile::{
     Artifact, ArtifactKind, Dependency, LockedBuild, LockedPackage, Lockfile, Request,
@@ -42,6 +43,8 @@ pub struct LockOptions {
     pub source_metadata: Option<Arc<dyn SourceMetadataProvider>>,
     /// Called with each project name as its page is requested (progress display).
     pub on_fetch: Option<FetchCallback>,
+    /// How long one request may take; default [`HttpDeadlines::from_env`].
+    pub deadlines: Option<HttpDeadlines>,
 }
 
 impl std::fmt::Debug for LockOptions {
@@ -143,6 +146,10 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         cache_dir: options.cache_dir.clone().unwrap_or_else(default_cache_dir),
         offline: options.offline,
         ca_bundle: discover_ca_bundle(),
+        deadlines: match options.deadlines {
+            Some(d) => d,
+            None => HttpDeadlines::from_env().map_err(IndexError::from)?,
+        },
     })?;
 
     let build_names: BTreeSet<String> = env

@@ -15,7 +15,8 @@
 //!
 //! Tests can also play a hostile index: list any string as a file's sha256 ([`FixtureIndex::list_sha256`]), list
 //! no hash at all, serve hand-made bytes for a file ([`FixtureIndex::add_raw`]), or serve PEP 658 metadata that
-//! differs from the wheel's ([`FixtureIndex::serve_metadata`]).
+//! differs from the wheel's ([`FixtureIndex::serve_metadata`]), or trickle an answer a few bytes at a time
+//! ([`FixtureIndex::trickle`]).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -395,6 +396,15 @@ struct State {
     log: Mutex<Vec<String>>,
     stop: AtomicBool,
     failures_left: std::sync::atomic::AtomicU32,
+    /// Request paths whose answer body is sent `chunk` bytes every `interval`.
+    trickle: Mutex<Vec<Trickle>>,
+}
+
+#[derive(Debug, Clone)]
+struct Trickle {
+    path: String,
+    chunk: usize,
+    interval: std::time::Duration,
 }
 
 /// A running fixture index; stops when dropped.
@@ -422,6 +432,7 @@ impl FixtureIndex {
             log: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             failures_left: std::sync::atomic::AtomicU32::new(options.fail_first),
+            trickle: Mutex::new(Vec::new()),
         });
         let index = FixtureIndex {
             addr,
@@ -489,6 +500,19 @@ impl FixtureIndex {
         for f in files.iter_mut().filter(|f| f.dist.filename() == filename) {
             f.metadata = Some(metadata.to_string());
         }
+    }
+
+    /// Send the answer body of requests for `path` (exactly, e.g. `/simple/helper/` or `/files/<filename>`)
+    /// `chunk` bytes (at least 1) every `interval`, as a host that stalls a client just inside its read timeout
+    /// (a tiny `chunk`) or a slow but honest one. The head is sent at once.
+    pub fn trickle(&self, path: &str, chunk: usize, interval: std::time::Duration) {
+        let mut trickle = self.state.trickle.lock().unwrap_or_else(|p| p.into_inner());
+        trickle.retain(|t| t.path != path);
+        trickle.push(Trickle {
+            path: path.to_string(),
+            chunk: chunk.max(1),
+            interval,
+        });
     }
 
     /// The simple-API root, with a trailing slash.
@@ -612,8 +636,28 @@ fn serve_connection(stream: TcpStream, state: &State) -> std::io::Result<()> {
         }
         head.push_str("\r\n");
         writer.write_all(head.as_bytes())?;
+        let trickle = state
+            .trickle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|t| t.path == path)
+            .cloned();
         if method != "HEAD" {
-            writer.write_all(&response.body)?;
+            match trickle {
+                None => writer.write_all(&response.body)?,
+                Some(t) => {
+                    for piece in response.body.chunks(t.chunk) {
+                        writer.flush()?;
+                        std::thread::sleep(t.interval);
+                        if state.stop.load(Ordering::SeqCst) {
+                            return Ok(());
+                        }
+                        // Fails once the client gave up and closed the connection.
+                        writer.write_all(piece)?;
+                    }
+                }
+            }
         }
         writer.flush()?;
         if headers
