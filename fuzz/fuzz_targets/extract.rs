@@ -16,15 +16,15 @@ fn links_stay_inside(dest: &Path) {
     };
     for entry in walkdir::WalkDir::new(dest).follow_links(false) {
         let Ok(entry) = entry else { continue };
-        if entry.path_is_symlink() {
-            if let Ok(resolved) = entry.path().canonicalize() {
-                assert!(
-                    resolved.starts_with(&root),
-                    "`{}` resolves outside to `{}`",
-                    entry.path().display(),
-                    resolved.display()
-                );
-            }
+        if entry.path_is_symlink()
+            && let Ok(resolved) = entry.path().canonicalize()
+        {
+            assert!(
+                resolved.starts_with(&root),
+                "`{}` resolves outside to `{}`",
+                entry.path().display(),
+                resolved.display()
+            );
         }
     }
 }
