@@ -91,10 +91,15 @@ pub fn run(args: BuildArgs) -> CommandResult {
             ready.project.name
         );
     }
-    if let Some(hvd_builder::source_build::NetworkIsolation::None) = ready.build.isolation {
-        eprintln!(
+    use hvd_builder::source_build::NetworkIsolation;
+    match ready.build.isolation {
+        Some(NetworkIsolation::None) => eprintln!(
             "warning: no private network namespace here (`unshare --net` failed): source builds could reach the network"
-        );
+        ),
+        Some(NetworkIsolation::Namespace | NetworkIsolation::UserNamespace) => eprintln!(
+            "warning: no build sandbox here (install `bubblewrap`): source builds ran without network but could read and write the file system"
+        ),
+        _ => {}
     }
     tracing::debug!(
         "{} locked packages; root link {}",

@@ -1,0 +1,236 @@
+//! `hvd gc` against running `hvd exec` processes: the real binary, a real interpreter, a fixture wheel served over
+//! real HTTP on 127.0.0.1 (issue #16 item 11: gc deleted the env of a running job).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use hvd_resolver::lockfile::{
+    Artifact, ArtifactKind, LockedPackage, Lockfile, Request, SCHEMA_VERSION, Target, env_hash,
+};
+
+const MAKE_WHEEL: &str = r#"
+import base64, hashlib, os, sys, zipfile
+out = sys.argv[1]
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+di = "helper-1.0.dist-info"
+files = {"helper.py": b"WORD = 'hello'\n",
+         di + "/METADATA": b"Metadata-Version: 2.1\nName: helper\nVersion: 1.0\n",
+         di + "/WHEEL": b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+files[di + "/RECORD"] = ("".join("%s,sha256=%s,%d\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\n").encode()
+with zipfile.ZipFile(os.path.join(out, "helper-1.0-py3-none-any.whl"), "w") as z:
+    for p, d in files.items(): z.writestr(p, d)
+"#;
+
+/// Serves files under `root` (one request per connection).
+fn serve(root: PathBuf) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                line.clear();
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let response = match std::fs::read(root.join(path.trim_start_matches('/'))) {
+                Ok(body) => {
+                    let mut out = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    out.extend(body);
+                    out
+                }
+                Err(_) => {
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_vec()
+                }
+            };
+            let _ = stream.write_all(&response);
+        }
+    });
+    base
+}
+
+struct Project {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    store: PathBuf,
+}
+
+impl Project {
+    fn new() -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let files = root.join("files");
+        std::fs::create_dir(&files).unwrap();
+        let made = Command::new("python3")
+            .arg("-c")
+            .arg(MAKE_WHEEL)
+            .arg(&files)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let python = String::from_utf8(
+            Command::new("python3")
+                .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+        .trim()
+        .to_string();
+        let base = serve(files.clone());
+        let project = Project {
+            store: root.join("store"),
+            _dir: dir,
+            root,
+        };
+        std::fs::create_dir_all(project.root.join("app")).unwrap();
+        std::fs::write(
+            project.file(),
+            format!(
+                "project \"app\"\nenv {{\n  python = \"{python}\"\n  packages = [\"helper\"]\n}}\n"
+            ),
+        )
+        .unwrap();
+        let wheel = files.join("helper-1.0-py3-none-any.whl");
+        let model = hvd_lang::load_file(&project.file()).unwrap();
+        let lock = Lockfile {
+            version: SCHEMA_VERSION,
+            env_hash: env_hash(&model.env),
+            request: Request::from_env(&model.env),
+            target: Target {
+                python: python.clone(),
+                python_full: format!("{python}.0"),
+                interpreter: format!("cp{}", python.replace('.', "")),
+                abi: format!("cp{}", python.replace('.', "")),
+                os: "linux".into(),
+                arch: std::env::consts::ARCH.into(),
+                glibc: None,
+                platforms: vec![],
+            },
+            toolchain: None,
+            packages: vec![LockedPackage {
+                name: "helper".into(),
+                version: "1.0".into(),
+                index: base.clone(),
+                artifact: Artifact {
+                    kind: ArtifactKind::Wheel,
+                    filename: "helper-1.0-py3-none-any.whl".into(),
+                    url: format!("{base}/helper-1.0-py3-none-any.whl"),
+                    sha256: hvd_builder::Sha256::of_file(&wheel)
+                        .unwrap()
+                        .to_string()
+                        .parse()
+                        .unwrap(),
+                    size: std::fs::metadata(&wheel).unwrap().len(),
+                },
+                dependencies: vec![],
+            }],
+            builds: vec![],
+        };
+        lock.write(&Lockfile::path_for(&project.file())).unwrap();
+        project
+    }
+
+    fn file(&self) -> PathBuf {
+        self.root.join("app/train.hvd")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hvd"));
+        command
+            .args(args)
+            .env("HVD_STORE", &self.store)
+            .current_dir(&self.root);
+        command
+    }
+
+    fn hvd(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A Python command that marks `ready`, waits for `stop`, then imports from the env.
+const WAIT_THEN_IMPORT: &str = "import os, time\nopen('ready', 'w').close()\nwhile not os.path.exists('stop'): time.sleep(0.02)\nimport helper; print(helper.WORD)";
+
+#[test]
+fn gc_keeps_the_env_of_a_running_exec_and_frees_it_after() {
+    let p = Project::new();
+    let file = p.file().display().to_string();
+    let build = p.hvd(&["build", &file, "--locked"]);
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let env = String::from_utf8_lossy(&build.stdout).trim().to_string();
+
+    let running = p
+        .command(&[
+            "exec",
+            &file,
+            "--locked",
+            "--",
+            "python",
+            "-c",
+            WAIT_THEN_IMPORT,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&p.root.join("ready"));
+    // The project itself lets go of its env: only the running command keeps it now.
+    std::fs::remove_dir_all(p.root.join("app/.hvd")).unwrap();
+    let gc = p.hvd(&["gc"]);
+    assert!(
+        gc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
+    let removed = String::from_utf8_lossy(&gc.stdout).to_string();
+    assert_eq!(removed, "", "gc removed paths of a running exec");
+    assert!(Path::new(&env).join("bin/python").exists());
+
+    std::fs::write(p.root.join("stop"), "").unwrap();
+    let out = running.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello");
+
+    // Its process is gone: the next gc collects the env, its package and the worker runtime.
+    let gc = p.hvd(&["gc"]);
+    let removed = String::from_utf8_lossy(&gc.stdout).to_string();
+    assert_eq!(removed.lines().count(), 3, "{removed}");
+    assert!(!Path::new(&env).exists());
+    let roots = std::fs::read_dir(p.store.join(".temproots"))
+        .unwrap()
+        .count();
+    assert_eq!(roots, 0, "stale temporary roots are removed");
+}
