@@ -3,6 +3,11 @@
 //! a file of another size is refused. `file://` URLs and plain paths (allowed by the lockfile reader only for a
 //! local index) are streamed the same way, with the same limits, and must be regular files. Temp files are
 //! unique per download; ones left by a killed process are removed by the next fetch once stale.
+//!
+//! A host cannot stall a download by trickling bytes inside the read timeout: the answer's head must come within
+//! the request deadline, and after that grace period the download must average the least speed
+//! ([`HttpDeadlines`]: `HVD_HTTP_TIMEOUT`, `HVD_DOWNLOAD_MIN_RATE`), so its time is bounded by its size. A
+//! download stopped there is not retried (a stalling host would stall again).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -11,6 +16,8 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
+
+use hvd_resolver::deadline::HttpDeadlines;
 
 use crate::error::{Error, Result};
 use crate::hash::Sha256;
@@ -32,6 +39,8 @@ pub struct Fetcher {
     cache: PathBuf,
     offline: bool,
     concurrency: usize,
+    /// `None`: [`HttpDeadlines::from_env`] at each fetch.
+    deadlines: Option<HttpDeadlines>,
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
@@ -77,7 +86,14 @@ impl Fetcher {
             cache: cache.into(),
             offline,
             concurrency: 8,
+            deadlines: None,
         }
+    }
+
+    /// Use these deadlines instead of the environment's.
+    pub fn with_deadlines(mut self, deadlines: HttpDeadlines) -> Fetcher {
+        self.deadlines = Some(deadlines);
+        self
     }
 
     /// Where an artifact lives once fetched.
@@ -104,6 +120,10 @@ impl Fetcher {
                     url: first.url.clone(),
                 });
             }
+            let deadlines = match self.deadlines {
+                Some(d) => d,
+                None => HttpDeadlines::from_env().map_err(|e| Error::Invalid(e.to_string()))?,
+            };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -135,7 +155,7 @@ impl Fetcher {
                         message: err.to_string(),
                     })?;
                 let results: Vec<Result<()>> = futures::stream::iter(missing)
-                    .map(|artifact| self.fetch_one(&client, artifact, progress))
+                    .map(|artifact| self.fetch_one(&client, &deadlines, artifact, progress))
                     .buffer_unordered(self.concurrency)
                     .collect()
                     .await;
@@ -151,6 +171,7 @@ impl Fetcher {
     async fn fetch_one(
         &self,
         client: &reqwest::Client,
+        deadlines: &HttpDeadlines,
         artifact: &Artifact,
         progress: &dyn Progress,
     ) -> Result<()> {
@@ -159,7 +180,10 @@ impl Fetcher {
         let mut attempt = 0;
         let result = loop {
             attempt += 1;
-            match self.try_fetch(client, artifact, id, progress).await {
+            match self
+                .try_fetch(client, deadlines, artifact, id, progress)
+                .await
+            {
                 Err(Error::Download { message, .. }) if attempt < 3 && !self.offline => {
                     tracing::warn!("download of {} failed ({message}), retrying", artifact.url);
                     tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
@@ -174,6 +198,7 @@ impl Fetcher {
     async fn try_fetch(
         &self,
         client: &reqwest::Client,
+        deadlines: &HttpDeadlines,
         artifact: &Artifact,
         id: usize,
         progress: &dyn Progress,
@@ -188,7 +213,7 @@ impl Fetcher {
             TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let result = self
-            .stream_into(client, artifact, &temp, id, progress)
+            .stream_into(client, deadlines, artifact, &temp, id, progress)
             .await;
         let actual = match result {
             Ok(actual) => actual,
@@ -212,6 +237,7 @@ impl Fetcher {
     async fn stream_into(
         &self,
         client: &reqwest::Client,
+        deadlines: &HttpDeadlines,
         artifact: &Artifact,
         temp: &Path,
         id: usize,
@@ -284,11 +310,28 @@ impl Fetcher {
                 url: artifact.url.clone(),
                 message: error_chain(&err),
             };
-            let response = client
-                .get(&artifact.url)
-                .send()
-                .await
-                .map_err(download_error)?;
+            // Not retried by `fetch_one` (an I/O error, not `Download`): a stalling host would stall again.
+            let too_slow = |reason: hvd_resolver::deadline::DeadlineExceeded| {
+                Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "downloading `{}` ({}) took too long: {reason}; the host is stalling or the network is too slow: retry later or raise the limit as said; nothing was installed",
+                        artifact.url, artifact.filename
+                    ),
+                ))
+            };
+            let started = tokio::time::Instant::now();
+            let response = tokio::time::timeout_at(
+                deadlines.request_deadline(started),
+                client.get(&artifact.url).send(),
+            )
+            .await
+            .map_err(|_| {
+                too_slow(hvd_resolver::deadline::DeadlineExceeded::Request {
+                    limit: deadlines.request,
+                })
+            })?
+            .map_err(download_error)?;
             let status = response.status();
             if !status.is_success() {
                 return Err(Error::Download {
@@ -300,7 +343,14 @@ impl Fetcher {
                 return Err(too_large());
             }
             let mut stream = response.bytes_stream();
-            while let Some(chunk) = stream.next().await {
+            loop {
+                let deadline = deadlines.download_deadline(started, received);
+                let Some(chunk) = tokio::time::timeout_at(deadline, stream.next())
+                    .await
+                    .map_err(|_| too_slow(deadlines.too_slow(started, received)))?
+                else {
+                    break;
+                };
                 let chunk = chunk.map_err(download_error)?;
                 count(&mut received, chunk.len())?;
                 hasher.update(&chunk);
@@ -395,8 +445,58 @@ mod tests {
         format!("http://{addr}/helper-1.0-py3-none-any.whl")
     }
 
+    /// A file host that sends the head at once, then `body` `chunk` bytes every `interval` (a stalling host with a
+    /// tiny chunk, a slow but honest one otherwise); with `chunk == 0` it never answers at all. Counts requests.
+    fn serve_paced(
+        body: Vec<u8>,
+        chunk: usize,
+        interval: Duration,
+    ) -> (String, std::sync::Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                counter.fetch_add(1, Ordering::SeqCst);
+                let body = body.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                        line.clear();
+                    }
+                    if chunk == 0 {
+                        // Hold the connection without a byte until the client hangs up.
+                        let _ = reader.read_line(&mut line);
+                        return;
+                    }
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                    for piece in body.chunks(chunk) {
+                        std::thread::sleep(interval);
+                        if stream.write_all(piece).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (
+            format!("http://{addr}/helper-1.0-py3-none-any.whl"),
+            requests,
+        )
+    }
+
     fn fetch(cache: &Path, artifact: Artifact) -> Result<Vec<PathBuf>> {
-        let fetcher = Fetcher::new(cache, false);
+        fetch_with(Fetcher::new(cache, false), artifact)
+    }
+
+    fn fetch_with(fetcher: Fetcher, artifact: Artifact) -> Result<Vec<PathBuf>> {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(fetcher.fetch_all(&[artifact], &NoProgress));
@@ -463,6 +563,83 @@ mod tests {
         let url = serve(body.clone(), false);
         let paths = fetch(
             cache.path(),
+            artifact(url, Sha256::of_bytes(&body), Some(body.len() as u64)),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(&paths[0]).unwrap(), body);
+    }
+
+    /// One second per request; then 1 MB/s on average (the stalling host sends 5 bytes/s).
+    fn short() -> HttpDeadlines {
+        HttpDeadlines {
+            request: Duration::from_secs(1),
+            min_rate: 1_000_000,
+        }
+    }
+
+    /// Never a hang: a host trickling a byte every 200 ms (far inside the read timeout) held a download for as
+    /// long as the file lasted. It stops below the least speed, once, with nothing left in the cache.
+    #[test]
+    fn trickling_host_stops_below_the_least_speed_and_is_not_retried() {
+        let cache = tempfile::tempdir().unwrap();
+        let body = vec![b'x'; 100_000];
+        let (url, requests) = serve_paced(body.clone(), 1, Duration::from_millis(200));
+        let err = fetch_with(
+            Fetcher::new(cache.path(), false).with_deadlines(short()),
+            artifact(url.clone(), Sha256::of_bytes(&body), Some(100_000)),
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            url.as_str(),
+            "(helper-1.0-py3-none-any.whl) took too long",
+            "below the floor of 1000000 bytes/s after the first 1 s",
+            "HVD_DOWNLOAD_MIN_RATE",
+            "nothing was installed",
+        ] {
+            assert!(err.contains(needle), "`{needle}` missing from: {err}");
+        }
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            1,
+            "a stalled download was retried"
+        );
+        assert_cache_empty(cache.path());
+    }
+
+    /// A host that accepts the connection and never answers stops at the request deadline.
+    #[test]
+    fn silent_host_stops_at_the_request_deadline() {
+        let cache = tempfile::tempdir().unwrap();
+        let (url, _) = serve_paced(Vec::new(), 0, Duration::ZERO);
+        let err = fetch_with(
+            Fetcher::new(cache.path(), false).with_deadlines(short()),
+            artifact(url.clone(), Sha256::of_bytes(b""), Some(10)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(&url)
+                && err.contains("no complete answer within 1 s")
+                && err.contains("HVD_HTTP_TIMEOUT"),
+            "{err}"
+        );
+        assert_cache_empty(cache.path());
+    }
+
+    /// A slow but honest host: several times the request deadline in all, at ten times the least speed.
+    #[test]
+    fn slow_but_honest_download_finishes_past_the_request_deadline() {
+        let cache = tempfile::tempdir().unwrap();
+        let body: Vec<u8> = (0..48_000u32).map(|i| (i % 251) as u8).collect();
+        // 2 kB every 50 ms: about 40 kB/s, 1.2 s in all, against 4 kB/s after a 300 ms grace period.
+        let (url, _) = serve_paced(body.clone(), 2000, Duration::from_millis(50));
+        let deadlines = HttpDeadlines {
+            request: Duration::from_millis(300),
+            min_rate: 4000,
+        };
+        let paths = fetch_with(
+            Fetcher::new(cache.path(), false).with_deadlines(deadlines),
             artifact(url, Sha256::of_bytes(&body), Some(body.len() as u64)),
         )
         .unwrap();
