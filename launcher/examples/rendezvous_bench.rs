@@ -1,10 +1,13 @@
 //! Rendezvous start-up cost: a local job of N workers (`bench/launch/hvd_worker.c`, built with `cc`) that each PUT
 //! their address and long-poll every other rank's, against a fresh server per run, as `hvd run` does. Prints the
-//! median and fastest wall time from spawning the workers to the last exit. A benchmark, not a test: machines are
-//! noisy, compare medians taken in the same session.
+//! median and fastest wall time from spawning the workers to the last exit. Then the latency of single requests:
+//! a token `/kv/` GET and a token-less gloo GET (which also looks up the connection's owner in `/proc/net/tcp`). A
+//! benchmark, not a test: machines are noisy, compare medians taken in the same session.
 //!
 //!   cargo run --release -p hvd-launcher --example rendezvous_bench -- [WORKERS=4] [REPEATS=50]
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -68,4 +71,40 @@ fn main() {
         ms(times[times.len() / 2]),
         ms(times[0])
     );
+    let token = new_token().expect("read /dev/urandom");
+    let server = RendezvousServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        &token,
+        vec!["127.0.0.1".parse().unwrap()],
+    )
+    .expect("start the server");
+    let kv = format!(
+        "GET /kv/bench/k HTTP/1.1\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\n\r\n"
+    );
+    let gloo = "GET /global/k HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+    for (name, request) in [("kv GET", kv.as_str()), ("gloo GET", gloo)] {
+        let mut each: Vec<Duration> = (0..2000)
+            .map(|_| time_request(server.addr(), request.as_bytes()))
+            .collect();
+        each.sort();
+        println!(
+            "{name}: median {:.1} us per request (2000 sequential)",
+            each[each.len() / 2].as_secs_f64() * 1e6
+        );
+    }
+}
+
+/// One request on a fresh connection, answer read to the end.
+fn time_request(addr: SocketAddr, request: &[u8]) -> Duration {
+    let started = Instant::now();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(request).expect("send");
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).expect("read");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 404"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    started.elapsed()
 }
