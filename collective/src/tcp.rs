@@ -611,10 +611,12 @@ impl TcpTransport {
                             }
                             (Some(j), Failure::Lost(why)) => {
                                 if Instant::now() >= deadline {
-                                    return Err(Error::Bootstrap(format!(
-                                        "connect to rank {j} at `{}`: {why}",
-                                        s.addr
-                                    )));
+                                    tracing::debug!(peer = j, addr = %s.addr, reason = %why, "giving up");
+                                    return Err(Error::Timeout {
+                                        op: "connect",
+                                        ranks: missing(&peers),
+                                        waited: timeout,
+                                    });
                                 }
                                 tracing::debug!(peer = j, addr = %s.addr, reason = %why, "dialling again");
                                 std::thread::sleep(Duration::from_millis(20));

@@ -441,3 +441,18 @@ fn without_a_token_the_key_comes_from_the_rendezvous() {
         std::fs::read(dir.path().join("hvd").join("tcp.key")).expect("rank 0 published a key");
     assert!(key.len() == 64 && key.iter().all(u8::is_ascii_hexdigit));
 }
+
+/// Whatever answers at rank 0's address without ever speaking (here a listener nobody accepts on) keeps rank 1
+/// only until its connect timeout, which then names rank 0.
+#[test]
+fn a_silent_acceptor_times_out_naming_it() {
+    let key = JobKey::new(b"the job token").unwrap();
+    let (ls, addrs) = listeners(2);
+    let e = TcpTransport::connect(1, &ls[1], &addrs, &key, Duration::from_secs(2))
+        .err()
+        .expect("rank 0 never answers");
+    assert!(
+        matches!(&e, Error::Timeout { op: "connect", ranks, .. } if ranks == &[0]),
+        "{e}"
+    );
+}
