@@ -350,24 +350,30 @@ impl IndexClient {
         }
     }
 
-    /// Send the GET of a download (an artifact read whole): the answer's head must come within the request
-    /// deadline; the body is then paced by [`Self::body`] with `Some(started)`.
+    /// The error of a request that was not answered whole within the request deadline.
+    fn request_deadline_error(&self, url: &str, what: &str) -> IndexError {
+        IndexError::Deadline {
+            url: url.to_string(),
+            what: what.to_string(),
+            reason: DeadlineExceeded::Request {
+                limit: self.options.deadlines.request,
+            },
+        }
+    }
+
+    /// Send the GET of a download (an artifact read whole, or a range answer that may turn out to be one): the
+    /// answer's head must come within the request deadline; the body is then paced by [`Self::body`].
     async fn send_download(
         &self,
         url: &str,
+        headers: HeaderMap,
         what: &str,
         started: tokio::time::Instant,
     ) -> Result<reqwest::Response, IndexError> {
         let deadline = self.options.deadlines.request_deadline(started);
-        match tokio::time::timeout_at(deadline, self.send(url, HeaderMap::new())).await {
+        match tokio::time::timeout_at(deadline, self.send(url, headers)).await {
             Ok(result) => result,
-            Err(_) => Err(IndexError::Deadline {
-                url: url.to_string(),
-                what: what.to_string(),
-                reason: DeadlineExceeded::Request {
-                    limit: self.options.deadlines.request,
-                },
-            }),
+            Err(_) => Err(self.request_deadline_error(url, what)),
         }
     }
 
@@ -445,7 +451,9 @@ impl IndexClient {
             file.filename
         );
         let started = tokio::time::Instant::now();
-        let mut response = self.send_download(&file.url, &what, started).await?;
+        let mut response = self
+            .send_download(&file.url, HeaderMap::new(), &what, started)
+            .await?;
         if !response.status().is_success() {
             return Err(IndexError::Status {
                 url: file.url.clone(),
@@ -639,10 +647,7 @@ impl IndexClient {
         let started = std::time::Instant::now();
         let bytes = match bytes {
             Some(b) => b,
-            None => {
-                self.within(&file.url, what, self.metadata_by_range(file))
-                    .await?
-            }
+            None => self.metadata_by_range(file).await?,
         };
         tracing::debug!(
             file = file.filename,
@@ -653,13 +658,15 @@ impl IndexClient {
         Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
     }
 
-    /// GET a byte range. `asked` is the length requested: a 206 answer may not be longer; a 200 answer (no range
-    /// support: the whole file) is read up to [`MAX_SDIST_BYTES`].
+    /// GET a byte range. `asked` is the length requested: a 206 answer may not be longer, and must come whole
+    /// within the request deadline; a 200 answer (no range support: the whole file) is read up to
+    /// [`MAX_SDIST_BYTES`] as a download, at the least speed. `what` names the package for a deadline error.
     async fn get_range(
         &self,
         url: &str,
         range: String,
         asked: u64,
+        what: &str,
     ) -> Result<(StatusCode, Option<u64>, Vec<u8>), IndexError> {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -668,7 +675,8 @@ impl IndexClient {
                 .parse()
                 .map_err(|_| IndexError::BadUrl(url.to_string()))?,
         );
-        let response = self.send(url, headers).await?;
+        let started = tokio::time::Instant::now();
+        let response = self.send_download(url, headers, what, started).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(IndexError::Status {
@@ -680,12 +688,15 @@ impl IndexClient {
             cr.rsplit_once('/')
                 .and_then(|(_, t)| t.trim().parse::<u64>().ok())
         });
-        let limit = if status == StatusCode::PARTIAL_CONTENT {
-            asked
+        let body = if status == StatusCode::PARTIAL_CONTENT {
+            let deadline = self.options.deadlines.request_deadline(started);
+            tokio::time::timeout_at(deadline, self.body(url, response, asked, None))
+                .await
+                .map_err(|_| self.request_deadline_error(url, what))??
         } else {
-            MAX_SDIST_BYTES
+            self.body(url, response, MAX_SDIST_BYTES, Some((started, what)))
+                .await?
         };
-        let body = self.body(url, response, limit, None).await?;
         Ok((status, total, body))
     }
 
@@ -702,8 +713,9 @@ impl IndexClient {
             url: url.to_string(),
             source: metadata::ZipError::Format(what),
         };
+        let what = format!("the metadata of package file `{}`", file.filename);
         let (status, total, tail) = self
-            .get_range(url, format!("bytes=-{TAIL_BYTES}"), TAIL_BYTES)
+            .get_range(url, format!("bytes=-{TAIL_BYTES}"), TAIL_BYTES, &what)
             .await?;
         let total = match (status, total) {
             (StatusCode::PARTIAL_CONTENT, Some(total)) => total,
@@ -736,6 +748,7 @@ impl IndexClient {
                     url,
                     format!("bytes={from}-{}", cd_end.saturating_sub(1)),
                     asked,
+                    &what,
                 )
                 .await?;
             if status != StatusCode::PARTIAL_CONTENT || bytes.len() as u64 != asked {
@@ -770,7 +783,12 @@ impl IndexClient {
             return Ok(data);
         }
         let (_, _, local) = self
-            .get_range(url, format!("bytes={start}-{}", end - 1), end - start)
+            .get_range(
+                url,
+                format!("bytes={start}-{}", end - 1),
+                end - start,
+                &what,
+            )
             .await?;
         metadata::read_local_entry(&local, &entry).map_err(zip_err)
     }
@@ -813,7 +831,9 @@ impl IndexClient {
     ) -> Result<metadata::SdistContents, IndexError> {
         let what = format!("package file `{}`, read for its metadata", file.filename);
         let started = tokio::time::Instant::now();
-        let response = self.send_download(&file.url, &what, started).await?;
+        let response = self
+            .send_download(&file.url, HeaderMap::new(), &what, started)
+            .await?;
         if !response.status().is_success() {
             return Err(IndexError::Status {
                 url: file.url.clone(),

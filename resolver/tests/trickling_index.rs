@@ -238,3 +238,56 @@ fn slow_but_honest_download_finishes_past_the_request_deadline() {
     assert_eq!(locked.artifact.sha256.as_str(), sha);
     assert_eq!(locked.artifact.size, bytes.len() as u64);
 }
+
+/// A host without range support answers the metadata read with the whole wheel: that is a download, held to the
+/// least speed (not to the request deadline, so a big wheel from such a host can still be locked)...
+#[test]
+fn trickled_whole_wheel_from_a_host_without_ranges_stops_below_the_least_speed() {
+    let cache = tempfile::tempdir().unwrap();
+    let index = FixtureIndex::start(
+        vec![Dist::wheel("helper", "1.0")],
+        FixtureOptions {
+            ranges: false,
+            ..FixtureOptions::default()
+        },
+    )
+    .unwrap();
+    index.trickle(&format!("/files/{WHEEL}"), 1, STALL);
+    let err = lock_or_hang(env(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
+    let text = error_chain(&err);
+    assert_mentions(
+        &text,
+        &[
+            &format!("{}/files/{WHEEL}", index.base_url()),
+            &format!("the metadata of package file `{WHEEL}`"),
+            "below the floor of 1000000 bytes/s",
+            "HVD_DOWNLOAD_MIN_RATE",
+        ],
+    );
+}
+
+/// ...and a slow but honest one without range support is locked.
+#[test]
+fn slow_but_honest_host_without_ranges_is_locked() {
+    let cache = tempfile::tempdir().unwrap();
+    let index = FixtureIndex::start(
+        vec![Dist::wheel("helper", "1.0").with_extra_files(40)],
+        FixtureOptions {
+            ranges: false,
+            ..FixtureOptions::default()
+        },
+    )
+    .unwrap();
+    let (bytes, sha) = index.file(WHEEL).unwrap();
+    // Twelve pieces, 50 ms apart: 0.6 s in all, twice the grace period, at ten times the least speed.
+    let chunk = bytes.len().div_ceil(12);
+    index.trickle(&format!("/files/{WHEEL}"), chunk, Duration::from_millis(50));
+    let deadlines = HttpDeadlines {
+        request: Duration::from_millis(300),
+        min_rate: (chunk as u64 * 20) / 10,
+    };
+    let lock = lock_or_hang(env(&["helper"]), options(&index, cache.path(), deadlines))
+        .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    let locked = lock.package("helper").unwrap();
+    assert_eq!(locked.artifact.sha256.as_str(), sha);
+}
