@@ -436,13 +436,7 @@ fn explain<S: PackageSource>(
         let mut tags: Vec<(u64, u64)> = blocked
             .iter()
             .flat_map(|u| u.python_tags.iter())
-            .filter_map(|t| {
-                let v = t.strip_prefix("cp")?;
-                if v.len() < 2 {
-                    return None;
-                }
-                Some((v[..1].parse().ok()?, v[1..].parse().ok()?))
-            })
+            .filter_map(|t| crate::tags::split_py_version(t.strip_prefix("cp")?))
             .collect();
         tags.sort();
         if let Some((major, minor)) = tags.last() {

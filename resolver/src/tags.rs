@@ -247,7 +247,7 @@ impl TargetSpec {
 }
 
 /// `"311"` -> (3, 11), `"3"` -> None (no minor).
-fn split_py_version(v: &str) -> Option<(u64, u64)> {
+pub(crate) fn split_py_version(v: &str) -> Option<(u64, u64)> {
     if v.len() < 2 || !v.chars().all(|c| c.is_ascii_digit()) {
         return None;
     }
@@ -270,6 +270,14 @@ impl FromStr for WheelName {
     type Err = ();
     fn from_str(filename: &str) -> Result<Self, ()> {
         let stem = filename.strip_suffix(".whl").ok_or(())?;
+        // PEP 427 names are ASCII letters, digits, `_` and `.` (plus a version's `+` and `!`): anything else is not a
+        // wheel name, and refusing it here keeps index-made strings from reaching code that slices them by byte.
+        if !stem
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+' | b'!'))
+        {
+            return Err(());
+        }
         let parts: Vec<&str> = stem.split('-').collect();
         let (name, version, py, abi, plat) = match parts.as_slice() {
             [n, v, p, a, pl] | [n, v, _, p, a, pl] => (*n, *v, *p, *a, *pl),
@@ -334,6 +342,25 @@ mod tests {
 
     fn score(name: &str) -> Option<u32> {
         target().wheel_score(&name.parse().unwrap())
+    }
+
+    /// A hostile index listed `panicpkg-1.0-cpé1-none-any.whl`: the solver's python-tag hint sliced `é1` by byte and
+    /// `hvd lock` panicked. Such a name is no wheel name at all.
+    #[test]
+    fn wheel_names_with_non_ascii_or_path_characters_are_refused() {
+        for name in [
+            "panicpkg-1.0-cp\u{e9}1-none-any.whl",
+            "p-1.0-py3-none-any/../x.whl",
+            "p-1.0-py3-none-a ny.whl",
+        ] {
+            assert!(name.parse::<WheelName>().is_err(), "{name}");
+        }
+        assert!(
+            "p-1.0+local-1-cp311-cp311-manylinux_2_17_x86_64.whl"
+                .parse::<WheelName>()
+                .is_ok()
+        );
+        assert_eq!(split_py_version("\u{e9}1"), None);
     }
 
     #[test]
