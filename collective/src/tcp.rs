@@ -19,10 +19,10 @@
 //! Proofs are compared in constant time. Fresh nonces on both sides make a recorded handshake worthless, and the
 //! direction byte keeps one side's proof from being reflected as the other's. The accepting side authenticates any
 //! number of connections at once, each with a deadline ([`HANDSHAKE_STAGE`]) and a cap on how many wait
-//! ([`MAX_PENDING`], the oldest is dropped), and drops (with a warning) every connection that fails, so an impostor
-//! can neither take a rank's place nor stall the job; the real rank still joins. What this does not give: the frames
-//! after the handshake are neither encrypted nor authenticated, so an attacker who can rewrite the traffic on the
-//! path between two hosts can still read or alter it.
+//! ([`MAX_PENDING`]; a silent one, else the oldest, is dropped), and drops (with a warning) every connection that
+//! fails, so an impostor can neither take a rank's place nor stall the job; the real rank still joins. What this does
+//! not give: the frames after the handshake are neither encrypted nor authenticated, so an attacker who can rewrite
+//! the traffic on the path between two hosts can still read or alter it.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -60,7 +60,8 @@ const PROOF_LEN: usize = 16 + MAC_LEN;
 const CONTEXT: &[u8] = b"hvd tcp handshake v1\0";
 /// The longest an accepted connection may take to prove itself (a real rank needs a round trip).
 pub const HANDSHAKE_STAGE: Duration = Duration::from_secs(10);
-/// The most accepted connections being authenticated at once; a new one displaces the oldest.
+/// The most accepted connections being authenticated at once; a new one displaces the oldest silent one (else the
+/// oldest).
 pub const MAX_PENDING: usize = 64;
 /// The rendezvous key under which rank 0 publishes a random job key when the job has no token.
 const KEY_KEY: &str = "tcp.key";
@@ -362,6 +363,11 @@ impl Shake {
         })
     }
 
+    /// An accepted connection that has not sent a byte yet.
+    fn silent(&self) -> bool {
+        matches!(self.stage, Stage::Hello) && self.have == 0
+    }
+
     fn wants_write(&self) -> bool {
         self.out_pos < self.out.len()
     }
@@ -549,10 +555,18 @@ impl TcpTransport {
                 match listener.accept() {
                     Ok((stream, from)) => {
                         let inbound = shakes.iter().filter(|s| s.dialled.is_none()).count();
+                        // Make room: drop the oldest connection that has sent nothing, else the oldest. A real
+                        // rank greets at once and needs one round trip, so a flood mostly displaces itself.
+                        let victim = shakes
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, s)| s.dialled.is_none())
+                            .min_by_key(|(_, s)| (!s.silent(), s.expires))
+                            .map(|(i, _)| i);
                         if inbound >= MAX_PENDING
-                            && let Some(oldest) = shakes.iter().position(|s| s.dialled.is_none())
+                            && let Some(victim) = victim
                         {
-                            let s = shakes.remove(oldest);
+                            let s = shakes.swap_remove(victim);
                             tracing::warn!(from = %s.addr, "dropped an unauthenticated tcp connection: too many wait");
                         }
                         let expires = (now + HANDSHAKE_STAGE).min(deadline);
