@@ -290,6 +290,10 @@ impl Store {
         if final_path.exists() {
             // A replaced (`--rebuild`) or invalid leftover path: move it aside first, then swap in the new one.
             let old = temp.join("old");
+            // Moving a directory to another parent rewrites its `..`: a non-root owner needs write permission on it.
+            if fs_err::symlink_metadata(&final_path)?.is_dir() {
+                fs_err::set_permissions(&final_path, std::fs::Permissions::from_mode(0o755))?;
+            }
             fs_err::rename(&final_path, &old)?;
         }
         fs_err::rename(&out, &final_path)?;
@@ -446,6 +450,45 @@ mod tests {
                 built: false
             }
         );
+        assert_eq!(
+            fs_err::read_dir(store.root().join(".tmp")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_rebuild_replaces_a_path_read_only_at_every_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let drv = Derivation::new(DerivationKind::Local, "deep", "1");
+        let build = |text: &'static str| {
+            move |target: &BuildTarget| -> Result<BuildOutput> {
+                fs_err::create_dir_all(target.out.join("a/b/c"))?;
+                fs_err::write(target.out.join("a/b/c/file"), text)?;
+                Ok(BuildOutput::default())
+            }
+        };
+        let first = store.realize(&drv, false, build("one")).unwrap();
+        for sub in ["", "a", "a/b", "a/b/c"] {
+            let mode = fs_err::metadata(first.path.join(sub))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777;
+            assert_eq!(mode, 0o555, "{sub}");
+        }
+        let second = store.realize(&drv, true, build("two")).unwrap();
+        assert!(second.built);
+        assert_eq!(
+            fs_err::read_to_string(second.path.join("a/b/c/file")).unwrap(),
+            "two"
+        );
+        let mode = fs_err::metadata(second.path.join("a/b"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o555);
         assert_eq!(
             fs_err::read_dir(store.root().join(".tmp")).unwrap().count(),
             0
