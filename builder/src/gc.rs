@@ -117,10 +117,11 @@ impl Drop for TempRoot {
 }
 
 /// Store path names the temporary roots still held by a live process name; unlocked (stale) ones are removed
-/// unless `dry_run`. Returns (names, stale count).
-fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize)> {
+/// unless `dry_run`. Returns (names, live count, stale count).
+fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize, usize)> {
     let mut names = Vec::new();
     let mut stale = 0;
+    let mut live = 0;
     for entry in fs_err::read_dir(store.temp_roots_dir())? {
         let entry = entry?;
         let path = entry.path();
@@ -138,6 +139,7 @@ fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize)> {
             }
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 let text = fs_err::read_to_string(&path)?;
+                live += 1;
                 names.extend(
                     text.lines()
                         .filter(|n| !n.is_empty() && !n.starts_with('.') && !n.contains('/'))
@@ -153,7 +155,7 @@ fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize)> {
             }
         }
     }
-    Ok((names, stale))
+    Ok((names, live, stale))
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -202,8 +204,8 @@ pub fn collect_garbage(store: &Store, dry_run: bool) -> Result<GcReport> {
             }
         }
     }
-    let (held, stale) = temp_roots(store, dry_run)?;
-    report.temp_roots = held.len();
+    let (held, live, stale) = temp_roots(store, dry_run)?;
+    report.temp_roots = live;
     report.stale_temp_roots = stale;
     stack.extend(held);
     while let Some(name) = stack.pop() {
