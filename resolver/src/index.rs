@@ -217,6 +217,68 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// A temp file of [`write_atomic`] untouched this long belongs to a writer that died: a write takes seconds.
+const STALE_TEMP: Duration = Duration::from_secs(3600);
+/// Sooner when its writer's pid is gone (as this machine's `/proc` sees it; a writer in another pid namespace
+/// that shares the directory still has a minute, far more than one write takes).
+const STALE_TEMP_DEAD_WRITER: Duration = Duration::from_secs(60);
+/// How often the metadata cache is swept for stale temp files (the time is kept in `v1/.temp-sweep`).
+const TEMP_SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// The target file name and writer pid of a [`write_atomic`] temp name, `.{target}.{pid}.{n}.tmp`.
+fn parse_temp_name(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (rest, counter) = rest.rsplit_once('.')?;
+    let (target, pid) = rest.rsplit_once('.')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if target.is_empty() || !digits(counter) || !digits(pid) {
+        return None;
+    }
+    Some((target, pid.parse().ok()?))
+}
+
+/// Whether process `pid` is gone, where `/proc` can tell (else `false`: assume it lives).
+fn writer_gone(pid: u32) -> bool {
+    Path::new("/proc/self").exists() && !Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Remove the temp files [`write_atomic`] left in `dir` that no live write can own: untouched for an hour, or
+/// for a minute when their writer's pid is gone. With `target`, only temps of that file name. Only regular files
+/// named like such temps are touched. Returns how many were removed.
+pub(crate) fn remove_stale_temps(dir: &Path, target: Option<&str>) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let now = SystemTime::now();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((of, pid)) = name.to_str().and_then(parse_temp_name) else {
+            continue;
+        };
+        if target.is_some_and(|t| t != of) {
+            continue;
+        }
+        // `DirEntry::metadata` does not follow links: only regular files are removed.
+        let Some(age) = entry
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| now.duration_since(t).ok())
+        else {
+            continue;
+        };
+        let stale = age > STALE_TEMP
+            || (age > STALE_TEMP_DEAD_WRITER && pid != std::process::id() && writer_gone(pid));
+        if stale && std::fs::remove_file(entry.path()).is_ok() {
+            tracing::debug!(file = %entry.path().display(), "removed a stale temp file");
+            removed += 1;
+        }
+    }
+    removed
+}
+
 fn parse_cache_control(headers: &HeaderMap) -> (Option<u64>, bool) {
     let mut max_age = None;
     let mut no_cache = false;
@@ -275,6 +337,37 @@ impl IndexClient {
             options: Arc::new(options),
             stats: Arc::default(),
         })
+    }
+
+    /// Remove stale temp files (see [`remove_stale_temps`]) from the HTTP and metadata caches, at most once per
+    /// [`TEMP_SWEEP_EVERY`] per cache directory. Returns how many were removed.
+    pub fn remove_stale_temps(&self) -> usize {
+        let root = self.options.cache_dir.join("v1");
+        let marker = root.join(".temp-sweep");
+        let due = std::fs::metadata(&marker)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .is_none_or(|age| age > TEMP_SWEEP_EVERY);
+        if !due || !root.is_dir() {
+            return 0;
+        }
+        let mut removed = 0;
+        for kind in ["http", "metadata"] {
+            let Ok(buckets) = std::fs::read_dir(root.join(kind)) else {
+                continue;
+            };
+            for bucket in buckets.flatten() {
+                if bucket.file_type().is_ok_and(|t| t.is_dir()) {
+                    removed += remove_stale_temps(&bucket.path(), None);
+                }
+            }
+        }
+        // Written after the sweep: a sweep cut short by a kill is redone by the next run.
+        if let Err(err) = write_atomic(&marker, b"") {
+            tracing::debug!(%err, "could not record the temp sweep");
+        }
+        removed
     }
 
     pub fn index_url(&self) -> &str {
@@ -1121,6 +1214,31 @@ pub fn parse_html_page(body: &str, base: &Url) -> Result<Vec<IndexFile>, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temp_names_are_recognized_and_nothing_else() {
+        assert_eq!(
+            parse_temp_name(".train.hvd.lock.4242.7.tmp"),
+            Some(("train.hvd.lock", 4242))
+        );
+        assert_eq!(
+            parse_temp_name(".ab12.json.1.0.tmp"),
+            Some(("ab12.json", 1))
+        );
+        for other in [
+            "train.hvd.lock",
+            "ab12.body",
+            ".x.tmp",
+            "..1.2.tmp",
+            ".x.1.tmp",
+            ".x.a.1.tmp",
+            ".x.1.b.tmp",
+            "x.1.2.tmp",
+            ".x.1.2.part",
+        ] {
+            assert_eq!(parse_temp_name(other), None, "{other}");
+        }
+    }
 
     fn hex(c: char) -> String {
         c.to_string().repeat(64)

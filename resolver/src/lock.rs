@@ -151,6 +151,8 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
             None => HttpDeadlines::from_env().map_err(IndexError::from)?,
         },
     })?;
+    // Temp files of a lock that was killed mid-write; at most once an hour, so a lock pays nothing for it.
+    client.remove_stale_temps();
 
     let build_names: BTreeSet<String> = env
         .packages

@@ -312,9 +312,22 @@ impl Lockfile {
     }
 
     /// Write to disk atomically: a temp file unique to this process and call (concurrent `hvd lock` runs never
-    /// share it), then a rename, so a reader never sees half a lockfile and the last writer wins whole.
+    /// share it), then a rename, so a reader never sees half a lockfile and the last writer wins whole. Temp files
+    /// of this lockfile that a killed writer left next to it are removed once stale (an hour old, or a minute when
+    /// their writer's pid is gone).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        crate::index::write_atomic(path, self.to_toml().as_bytes())
+        crate::index::write_atomic(path, self.to_toml().as_bytes())?;
+        if let (Some(parent), Some(name)) =
+            (path.parent(), path.file_name().and_then(|n| n.to_str()))
+        {
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            crate::index::remove_stale_temps(parent, Some(name));
+        }
+        Ok(())
     }
 
     /// The lockfile path of a `.hvd` file: `train.hvd` -> `train.hvd.lock`.
