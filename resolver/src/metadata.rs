@@ -141,6 +141,10 @@ fn u64_at(b: &[u8], i: usize) -> Option<u64> {
 /// The most bytes METADATA may inflate to (a zip bomb in METADATA is refused, not inflated).
 pub const MAX_METADATA_INFLATED: u64 = 64 << 20;
 
+/// The most bytes of one tar extension header (a GNU long name or a pax record set) that are read. Real ones hold a
+/// path or a few attributes: well under 64 KiB.
+pub const MAX_TAR_EXTENSION_HEADER: u64 = 1 << 20;
+
 /// Where the central directory is, found from the tail of the file (`tail` ends at `file_size`).
 /// Returns (offset, size) of the central directory; `offset + size <= file_size` is guaranteed. Every number
 /// comes from the (possibly hostile) file and is checked: a lying record is an error, never a panic.
@@ -355,14 +359,64 @@ pub fn build_requires_from_pyproject(text: Option<&str>) -> std::io::Result<Vec<
 }
 
 /// Read PKG-INFO (plus `*.egg-info/requires.txt`) and the pyproject.toml build requirements of a `.tar.gz` sdist.
+///
+/// The archive is walked raw, with its extension headers (GNU long names, pax records) read here and bounded by
+/// [`MAX_TAR_EXTENSION_HEADER`]: the tar crate's own walk reads them whole, whatever size they announce (a 400 KB
+/// sdist with a long-name header of zeros took 900 MB at lock time). A pax `size` record (files over 8 GiB, never
+/// in an sdist) is refused, so the raw walk and a full tar reader always agree on where entries begin.
 pub fn read_sdist_targz(bytes: &[u8]) -> std::io::Result<SdistContents> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
     let mut pkg_info: Option<String> = None;
     let mut requires_txt: Option<String> = None;
     let mut pyproject: Option<String> = None;
-    for entry in archive.entries()? {
+    let mut long_name: Option<Vec<u8>> = None;
+    for entry in archive.entries()?.raw(true) {
         let mut entry = entry?;
-        let path = entry.path()?.to_string_lossy().into_owned();
+        let kind = entry.header().entry_type();
+        if kind.is_gnu_longname()
+            || kind.is_gnu_longlink()
+            || kind.is_pax_local_extensions()
+            || kind.is_pax_global_extensions()
+        {
+            let size = entry.header().entry_size()?;
+            if size > MAX_TAR_EXTENSION_HEADER {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "its tar archive has an extension header of {size} bytes (at most \
+                         {MAX_TAR_EXTENSION_HEADER} are read)"
+                    ),
+                ));
+            }
+            let mut data = Vec::new();
+            (&mut entry).take(size).read_to_end(&mut data)?;
+            if kind.is_gnu_longname() {
+                let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
+                data.truncate(end);
+                long_name = Some(data);
+            } else if kind.is_pax_local_extensions() || kind.is_pax_global_extensions() {
+                for record in tar::PaxExtensions::new(&data) {
+                    let record = record?;
+                    match record.key_bytes() {
+                        b"size" => {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                "its tar archive has a pax `size` record (a file over 8 GiB)",
+                            ));
+                        }
+                        b"path" if kind.is_pax_local_extensions() => {
+                            long_name = Some(record.value_bytes().to_vec());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            continue;
+        }
+        let path = match long_name.take() {
+            Some(name) => String::from_utf8_lossy(&name).into_owned(),
+            None => entry.path()?.to_string_lossy().into_owned(),
+        };
         let parts: Vec<&str> = path.trim_start_matches("./").split('/').collect();
         match parts.as_slice() {
             [_, "PKG-INFO"] => {
@@ -410,6 +464,58 @@ pub fn read_sdist_targz(bytes: &[u8]) -> std::io::Result<SdistContents> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gzip-compressed tar whose first entry is a GNU long-name header announcing `size` bytes of zeros.
+    fn targz_with_long_name_header(size: u64) -> Vec<u8> {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let mut header = tar::Header::new_gnu();
+        header.set_path("././@LongLink").unwrap();
+        header.set_entry_type(tar::EntryType::GNULongName);
+        header.set_size(size);
+        header.set_cksum();
+        gz.write_all(header.as_bytes()).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = size.div_ceil(512) * 512;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            gz.write_all(&zeros[..n]).unwrap();
+            left -= n as u64;
+        }
+        gz.finish().unwrap()
+    }
+
+    /// A 400 KB sdist whose long-name header announced hundreds of MB made `hvd lock` hold it all in memory.
+    #[test]
+    fn sdist_extension_header_beyond_the_limit_is_refused_unread() {
+        let sdist = targz_with_long_name_header(256 << 20);
+        assert!(
+            sdist.len() < 1 << 20,
+            "the attack is small: {} bytes",
+            sdist.len()
+        );
+        let err = read_sdist_targz(&sdist).err().expect("refused");
+        assert!(err.to_string().contains("extension header"), "{err}");
+    }
+
+    #[test]
+    fn sdist_with_a_long_top_directory_name_still_reads_its_metadata() {
+        let top = "p".repeat(150);
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
+        let pkg_info = b"Metadata-Version: 2.1\nName: p\nVersion: 1.0\nRequires-Dist: q>=2\n";
+        let mut header = tar::Header::new_gnu();
+        header.set_size(pkg_info.len() as u64);
+        header.set_mode(0o644);
+        builder
+            .append_data(&mut header, format!("{top}/PKG-INFO"), &pkg_info[..])
+            .unwrap();
+        let sdist = builder.into_inner().unwrap().finish().unwrap();
+        let metadata = read_sdist_targz(&sdist).unwrap().metadata.unwrap();
+        assert_eq!(metadata.requires_dist, ["q>=2"]);
+    }
 
     #[test]
     fn parses_metadata() {
