@@ -494,7 +494,7 @@ mod tests {
             "the attack is small: {} bytes",
             sdist.len()
         );
-        let err = read_sdist_targz(&sdist).err().expect("refused");
+        let err = read_sdist_targz(&sdist).expect_err("refused");
         assert!(err.to_string().contains("extension header"), "{err}");
     }
 
