@@ -52,7 +52,29 @@ pub const MAX_DOWNLOAD_BYTES: u64 = 16 << 30;
 /// timeout (120 s) or fails.
 const STALE_PART: Duration = Duration::from_secs(3600);
 
-/// Remove `.part` files in `dir` that no live download can own (older than [`STALE_PART`]). Returns how many.
+/// Sooner when the pid in its name (`.{sha256}.{pid}.{n}.part`) is gone, as this machine's `/proc` sees it.
+const STALE_PART_DEAD_WRITER: Duration = Duration::from_secs(60);
+
+/// The writer pid in a `.part` name, `.{sha256}.{pid}.{n}.part`.
+fn part_writer(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?.strip_suffix(".part")?;
+    let (rest, counter) = rest.rsplit_once('.')?;
+    let (_, pid) = rest.rsplit_once('.')?;
+    if counter.is_empty() || !counter.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Whether process `pid` is gone, where `/proc` can tell (else `false`).
+fn writer_gone(pid: u32) -> bool {
+    pid != std::process::id()
+        && Path::new("/proc/self").exists()
+        && !Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Remove `.part` files in `dir` that no live download can own: older than [`STALE_PART`], or than
+/// [`STALE_PART_DEAD_WRITER`] when their writer's pid is gone. Returns how many.
 pub fn remove_stale_parts(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -64,13 +86,14 @@ pub fn remove_stale_parts(dir: &Path) -> usize {
         if !(name.starts_with('.') && name.ends_with(".part")) {
             continue;
         }
+        let dead_writer = part_writer(&name).is_some_and(writer_gone);
         let stale = entry
             .metadata()
             .ok()
             .filter(|m| m.is_file())
             .and_then(|m| m.modified().ok())
             .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .is_some_and(|age| age > STALE_PART);
+            .is_some_and(|age| age > STALE_PART || (dead_writer && age > STALE_PART_DEAD_WRITER));
         if stale && std::fs::remove_file(entry.path()).is_ok() {
             tracing::debug!(file = %entry.path().display(), "removed a stale partial download");
             removed += 1;
@@ -708,6 +731,31 @@ mod tests {
         }
         assert_eq!(remove_stale_parts(&dir), 1);
         assert!(!stale.exists() && live.exists() && other.exists());
+        // A killed download (its pid gone) is stale after a minute; a recent one, or a live writer's, is kept.
+        let dead = {
+            let mut child = std::process::Command::new("true").spawn().unwrap();
+            let pid = child.id();
+            child.wait().unwrap();
+            pid
+        };
+        let me = std::process::id();
+        let killed = dir.join(format!(".abc.{dead}.0.part"));
+        let just_killed = dir.join(format!(".abc.{dead}.1.part"));
+        let mine = dir.join(format!(".abc.{me}.7.part"));
+        for (path, age) in [(&killed, 300), (&just_killed, 0), (&mine, 300)] {
+            std::fs::write(path, b"half").unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(SystemTime::now() - Duration::from_secs(age))
+                .unwrap();
+        }
+        assert_eq!(remove_stale_parts(&dir), 1);
+        assert!(!killed.exists() && just_killed.exists() && mine.exists());
+        for path in [&just_killed, &mine] {
+            std::fs::remove_file(path).unwrap();
+        }
         // A fetch cleans up on its own.
         std::fs::write(&stale, b"half").unwrap();
         std::fs::File::options()
