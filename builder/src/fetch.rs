@@ -654,11 +654,11 @@ mod tests {
     #[test]
     fn slow_but_honest_download_finishes_past_the_request_deadline() {
         let cache = tempfile::tempdir().unwrap();
-        let body: Vec<u8> = (0..48_000u32).map(|i| (i % 251) as u8).collect();
-        // 2 kB every 50 ms: about 40 kB/s, 1.2 s in all, against 4 kB/s after a 300 ms grace period.
+        let body: Vec<u8> = (0..120_000u32).map(|i| (i % 251) as u8).collect();
+        // 2 kB every 50 ms: about 40 kB/s, 3 s in all, against 4 kB/s after a 1 s grace period.
         let (url, _) = serve_paced(body.clone(), 2000, Duration::from_millis(50));
         let deadlines = HttpDeadlines {
-            request: Duration::from_millis(300),
+            request: Duration::from_secs(1),
             min_rate: 4000,
         };
         let paths = fetch_with(

@@ -49,10 +49,11 @@ fn options(index: &FixtureIndex, cache: &Path, deadlines: HttpDeadlines) -> Lock
     }
 }
 
-/// One second per request; downloads must then average 1 MB/s (the trickle sends 5 bytes/s).
+/// Two seconds per request (ample for the fixture's honest answers on a loaded machine); downloads must then
+/// average 1 MB/s (the trickle sends 5 bytes/s).
 fn short() -> HttpDeadlines {
     HttpDeadlines {
-        request: Duration::from_secs(1),
+        request: Duration::from_secs(2),
         min_rate: 1_000_000,
     }
 }
@@ -107,7 +108,7 @@ fn trickled_project_page_stops_at_the_request_deadline() {
                 &format!("{}helper/", index.url()),
                 "the project page of `helper`",
                 "took too long",
-                "no complete answer within 1 s",
+                "no complete answer within 2 s",
                 "HVD_HTTP_TIMEOUT",
             ],
         );
@@ -141,7 +142,7 @@ fn trickled_metadata_stops_at_the_request_deadline() {
             &[
                 &format!("{}{path}", index.base_url()),
                 &format!("the metadata of package file `{WHEEL}`"),
-                "no complete answer within 1 s",
+                "no complete answer within 2 s",
                 "HVD_HTTP_TIMEOUT",
             ],
         );
@@ -180,7 +181,7 @@ fn trickled_download_of_a_hashless_index_stops_below_the_least_speed() {
         &[
             &format!("{}/files/{WHEEL}", index.base_url()),
             &format!("package file `{WHEEL}`, hashed because the index lists no sha256"),
-            "below the floor of 1000000 bytes/s after the first 1 s",
+            "below the floor of 1000000 bytes/s after the first 2 s",
             "HVD_DOWNLOAD_MIN_RATE",
         ],
     );
@@ -221,14 +222,14 @@ fn slow_but_honest_download_finishes_past_the_request_deadline() {
         },
     )
     .unwrap();
-    // The metadata comes from the PEP 658 file, so the wheel's bytes are only hashed: 48 kB sent 2 kB every
-    // 50 ms (about 40 kB/s, 1.2 s in all) against a 4 kB/s floor after a 300 ms grace period.
-    let bytes = vec![b'w'; 48_000];
+    // The metadata comes from the PEP 658 file, so the wheel's bytes are only hashed: 120 kB sent 2 kB every
+    // 50 ms (about 40 kB/s, 3 s in all) against a 4 kB/s floor after a 1 s grace period.
+    let bytes = vec![b'w'; 120_000];
     index.add_raw(Dist::wheel("helper", "1.0"), bytes);
     index.list_sha256(WHEEL, None);
     index.trickle(&format!("/files/{WHEEL}"), 2000, Duration::from_millis(50));
     let deadlines = HttpDeadlines {
-        request: Duration::from_millis(300),
+        request: Duration::from_secs(1),
         min_rate: 4000,
     };
     let lock = lock_or_hang(env(&["helper"]), options(&index, cache.path(), deadlines))
@@ -279,11 +280,11 @@ fn slow_but_honest_host_without_ranges_is_locked() {
     )
     .unwrap();
     let (bytes, sha) = index.file(WHEEL).unwrap();
-    // Twelve pieces, 50 ms apart: 0.6 s in all, twice the grace period, at ten times the least speed.
-    let chunk = bytes.len().div_ceil(12);
+    // Sixty pieces, 50 ms apart: 3 s in all, three times the grace period, at ten times the least speed.
+    let chunk = bytes.len().div_ceil(60);
     index.trickle(&format!("/files/{WHEEL}"), chunk, Duration::from_millis(50));
     let deadlines = HttpDeadlines {
-        request: Duration::from_millis(300),
+        request: Duration::from_secs(1),
         min_rate: (chunk as u64 * 20) / 10,
     };
     let lock = lock_or_hang(env(&["helper"]), options(&index, cache.path(), deadlines))
