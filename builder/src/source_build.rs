@@ -46,19 +46,25 @@ pub fn network_isolation() -> NetworkIsolation {
     static DETECTED: OnceLock<NetworkIsolation> = OnceLock::new();
     *DETECTED.get_or_init(|| {
         let probe = |program: &str, args: &[&str]| -> std::result::Result<(), String> {
-            let output = Command::new(program)
+            let name = program;
+            let program = trusted_program(name).ok_or_else(|| {
+                format!("no `{name}` in {}", TRUSTED_DIRS.join(", "))
+            })?;
+            let output = Command::new(&program)
                 .args(args)
-                .arg("true")
+                .arg("/bin/true")
+                .env_clear()
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .output()
-                .map_err(|err| format!("`{program}` cannot run: {err}"))?;
+                .map_err(|err| format!("`{}` cannot run: {err}", program.display()))?;
             if output.status.success() {
                 Ok(())
             } else {
                 Err(format!(
-                    "`{program} {}` failed: {}",
+                    "`{} {}` failed: {}",
+                    program.display(),
                     args.join(" "),
                     String::from_utf8_lossy(&output.stderr).trim()
                 ))
@@ -67,6 +73,8 @@ pub fn network_isolation() -> NetworkIsolation {
         let probe_dir = std::env::temp_dir();
         let sandbox = sandbox_args(&probe_dir, &probe_dir, &[]);
         let sandbox: Vec<&str> = sandbox.iter().map(String::as_str).collect();
+        let mut sandbox = sandbox;
+        sandbox.push("--");
         let bwrap = match probe("bwrap", &sandbox) {
             Ok(()) => return NetworkIsolation::Sandbox,
             Err(reason) => reason,
@@ -75,11 +83,13 @@ pub fn network_isolation() -> NetworkIsolation {
             "no build sandbox ({bwrap}; install the `bubblewrap` package): source builds can read and write the \
              file system; trying `unshare` for the network"
         );
-        let root = match probe("unshare", UNSHARE_ROOT) {
+        let unshare_root: Vec<&str> = UNSHARE_ROOT.iter().copied().chain(["--"]).collect();
+        let unshare_user: Vec<&str> = UNSHARE_USER.iter().copied().chain(["--"]).collect();
+        let root = match probe("unshare", &unshare_root) {
             Ok(()) => return NetworkIsolation::Namespace,
             Err(reason) => reason,
         };
-        match probe("unshare", UNSHARE_USER) {
+        match probe("unshare", &unshare_user) {
             Ok(()) => NetworkIsolation::UserNamespace,
             Err(user) => {
                 tracing::warn!(
@@ -89,6 +99,53 @@ pub fn network_isolation() -> NetworkIsolation {
             }
         }
     })
+}
+
+/// Where the sandbox programs (`bwrap`, `unshare`, `env`) are looked up: system directories only, never `PATH`
+/// (a lockfile's build variables or the caller's environment must not choose which program sets up the sandbox).
+const TRUSTED_DIRS: &[&str] = &["/usr/bin", "/bin", "/usr/sbin", "/sbin", "/usr/local/bin"];
+
+/// The absolute path of a system program: a regular file in [`TRUSTED_DIRS`] (links resolved), owned by root and
+/// writable by nobody else. Looked up once per program and process.
+pub fn trusted_program(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    static FOUND: OnceLock<std::sync::Mutex<BTreeMap<String, Option<PathBuf>>>> = OnceLock::new();
+    let found = FOUND.get_or_init(Default::default);
+    let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+    found
+        .entry(name.to_string())
+        .or_insert_with(|| {
+            TRUSTED_DIRS.iter().find_map(|dir| {
+                let path = fs_err::canonicalize(Path::new(dir).join(name)).ok()?;
+                let meta = fs_err::metadata(&path).ok()?;
+                (meta.is_file()
+                    && meta.uid() == 0
+                    && meta.mode() & 0o022 == 0
+                    && meta.mode() & 0o111 != 0)
+                    .then_some(path)
+            })
+        })
+        .clone()
+}
+
+/// A build variable's name must be a portable environment name (`[A-Za-z_][A-Za-z0-9_]*`): it is passed as an
+/// argument (`bwrap --setenv NAME VALUE`, `env NAME=VALUE`), so nothing else may parse as an option or split.
+fn check_variable(package: &str, name: &str, value: &str) -> Result<()> {
+    let portable = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !portable {
+        return Err(Error::Invalid(format!(
+            "the build variable `{}` of {package} is not an environment variable name (letters, digits and `_`, \
+             not starting with a digit); fix the recipe's `build.env` and run `hvd lock` again",
+            name.escape_debug()
+        )));
+    }
+    if value.contains('\0') {
+        return Err(Error::Invalid(format!(
+            "the build variable `{name}` of {package} contains a NUL byte; fix the recipe's `build.env`"
+        )));
+    }
+    Ok(())
 }
 
 /// `bwrap` arguments (before `--` and the program) for a build in `build_dir`, with `store` and `readable` (the
@@ -179,21 +236,32 @@ pub struct SourceBuildRequest<'a> {
     pub toolchain: Option<&'a Toolchain>,
 }
 
-/// Build a wheel in `build_dir` (created fresh); returns the wheel's path inside it.
+/// The most of the build log hvd reads back (for the error's tail and the `HVD_WHEEL=` line).
+const LOG_TAIL_BYTES: u64 = 64 * 1024;
+
+/// Build a wheel in `build_dir` (created fresh); returns the wheel's path, a copy hvd made outside what the build
+/// could write.
+///
+/// Layout: `build_dir/work` (source, home, temp, dist) is the only directory the build can write; `build_dir`
+/// itself holds what hvd reads afterwards: `build.log` (opened by hvd and handed over as stdout/stderr, read back
+/// through hvd's own descriptor) and `wheel/<name>.whl` (copied from `work/dist` through descriptors that never
+/// follow a link).
 pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result<PathBuf> {
-    if build_dir.exists() {
+    if fs_err::symlink_metadata(build_dir).is_ok() {
         crate::store::remove_tree(build_dir)?;
     }
-    let source_root = build_dir.join("src");
-    let home = build_dir.join("home");
-    let tmp = build_dir.join("tmp");
-    let dist = build_dir.join("dist");
-    for dir in [&source_root, &home, &tmp, &dist] {
-        fs_err::create_dir_all(dir)?;
+    fs_err::create_dir_all(build_dir)?;
+    let work = build_dir.join("work");
+    let source_root = work.join("src");
+    let home = work.join("home");
+    let tmp = work.join("tmp");
+    let dist = work.join("dist");
+    for dir in [&work, &source_root, &home, &tmp, &dist] {
+        fs_err::create_dir(dir)?;
     }
     crate::unpack::unpack_sdist(request.sdist, request.sdist_filename, &source_root)?;
     let source = single_top_dir(&source_root)?;
-    let driver = build_dir.join("hvd_build_driver.py");
+    let driver = work.join("hvd_build_driver.py");
     fs_err::write(&driver, DRIVER)?;
 
     let mut path_entries = vec![request.build_env.join("bin")];
@@ -208,32 +276,86 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     let path =
         std::env::join_paths(&path_entries).map_err(|err| Error::Invalid(err.to_string()))?;
 
+    // The build's whole environment. It reaches only the build's own processes (inside the sandbox): the programs
+    // that set the sandbox up run with an empty environment.
+    let mut vars: BTreeMap<String, std::ffi::OsString> = BTreeMap::new();
+    let mut set = |key: &str, value: &std::ffi::OsStr| {
+        vars.insert(key.to_string(), value.to_os_string());
+    };
+    set("PATH", &path);
+    set("HOME", home.as_os_str());
+    set("TMPDIR", tmp.as_os_str());
+    set("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH.as_ref());
+    set("LANG", "C".as_ref());
+    set("LC_ALL", "C".as_ref());
+    set("PYTHONHASHSEED", "0".as_ref());
+    set("PYTHONDONTWRITEBYTECODE", "1".as_ref());
+    set("VIRTUAL_ENV", request.build_env.as_os_str());
+    if let Some(gcc) = request
+        .toolchain
+        .filter(|t| t.name == "gcc")
+        .and_then(|t| t.path.as_ref())
+    {
+        set("CC", gcc.as_os_str());
+        set("CXX", gcc.with_file_name("g++").as_os_str());
+    }
+    for (key, value) in request.env {
+        check_variable(request.name, key, value)?;
+        set(key, value.as_ref());
+    }
+
     let python = request.build_env.join("bin").join("python");
     let isolation = network_isolation();
+    let system = |name: &str| {
+        trusted_program(name).ok_or_else(|| {
+            Error::Invalid(format!(
+                "`{name}` is no longer in {}; it was there when hvd started",
+                TRUSTED_DIRS.join(", ")
+            ))
+        })
+    };
     let mut command = match isolation {
         NetworkIsolation::Sandbox => {
             let mut readable: Vec<PathBuf> =
                 interpreter_prefix(request.build_env).into_iter().collect();
             readable.extend(path_entries.iter().filter(|p| p.is_dir()).cloned());
-            let mut c = Command::new("bwrap");
-            c.args(sandbox_args(build_dir, request.store, &readable))
+            let mut c = Command::new(system("bwrap")?);
+            c.args(sandbox_args(&work, request.store, &readable))
                 .arg("--chdir")
-                .arg(&source)
-                .arg("--")
-                .arg(&python);
+                .arg(&source);
+            for (key, value) in &vars {
+                c.arg("--setenv").arg(key).arg(value);
+            }
+            c.arg("--").arg(&python);
             c
         }
-        NetworkIsolation::Namespace => {
-            let mut c = Command::new("unshare");
-            c.args(UNSHARE_ROOT).arg(&python);
+        NetworkIsolation::Namespace | NetworkIsolation::UserNamespace => {
+            let args = if isolation == NetworkIsolation::Namespace {
+                UNSHARE_ROOT
+            } else {
+                UNSHARE_USER
+            };
+            if python.as_os_str().as_encoded_bytes().contains(&b'=') {
+                return Err(Error::Invalid(format!(
+                    "the build env's interpreter path `{}` contains `=`",
+                    python.display()
+                )));
+            }
+            let mut c = Command::new(system("unshare")?);
+            c.args(args).arg("--").arg(system("env")?).arg("-i");
+            for (key, value) in &vars {
+                let mut assignment = std::ffi::OsString::from(key);
+                assignment.push("=");
+                assignment.push(value);
+                c.arg(assignment);
+            }
+            c.arg(&python);
             c
         }
-        NetworkIsolation::UserNamespace => {
-            let mut c = Command::new("unshare");
-            c.args(UNSHARE_USER).arg(&python);
-            c
+        NetworkIsolation::None => {
+            // No sandbox: the variables go to the interpreter, which is the build itself.
+            Command::new(&python)
         }
-        NetworkIsolation::None => Command::new(&python),
     };
     command
         .arg(&driver)
@@ -241,33 +363,15 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
         .arg(&dist)
         .current_dir(&source)
         .env_clear();
-    command
-        .env("PATH", &path)
-        .env("HOME", &home)
-        .env("TMPDIR", &tmp)
-        .env("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
-        .env("LANG", "C")
-        .env("LC_ALL", "C")
-        .env("PYTHONHASHSEED", "0")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("VIRTUAL_ENV", request.build_env);
-    if let Some(gcc) = request
-        .toolchain
-        .filter(|t| t.name == "gcc")
-        .and_then(|t| t.path.as_ref())
-    {
-        command.env("CC", gcc).env("CXX", gcc.with_file_name("g++"));
-    }
-    for (key, value) in request.env {
-        command.env(key, value);
+    if isolation == NetworkIsolation::None {
+        command.envs(&vars);
     }
     let log_path = build_dir.join("build.log");
-    let log = fs_err::File::create(&log_path)?;
-    let log_err = log.try_clone()?;
+    let mut log = create_new(&log_path)?;
     command
         .stdin(Stdio::null())
-        .stdout(log.into_parts().0)
-        .stderr(log_err.into_parts().0);
+        .stdout(log.try_clone()?)
+        .stderr(log.try_clone()?);
     die_with_parent(&mut command);
     tracing::info!(
         "building {} {} (isolation: {isolation:?})",
@@ -277,25 +381,120 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     let status = command.status().map_err(|err| {
         std::io::Error::other(format!("failed to run `{}`: {err}", python.display()))
     })?;
+    // Read back through hvd's own descriptor: whatever the build did to names, this is the file hvd created.
+    let log_tail = read_tail(&mut log, LOG_TAIL_BYTES);
     let failed = |message: String| Error::BuildFailed {
         name: request.name.to_string(),
         version: request.version.to_string(),
         message,
         log: log_path.clone(),
-        tail: tail(&log_path, 30),
+        tail: last_lines(&log_tail, 30),
     };
     if !status.success() {
         return Err(failed(format!("the build backend exited with {status}")));
     }
-    let log_text = fs_err::read_to_string(&log_path).unwrap_or_default();
-    let wheel = log_text
+    let reported = log_tail
         .lines()
         .rev()
         .find_map(|line| line.strip_prefix("HVD_WHEEL="))
-        .map(|name| dist.join(name.trim()))
-        .filter(|path| path.is_file())
+        .map(str::trim)
         .ok_or_else(|| failed("the build backend reported no wheel".into()))?;
+    let wheel_dir = build_dir.join("wheel");
+    fs_err::create_dir(&wheel_dir)?;
+    let wheel = copy_built_wheel(&work, reported, &wheel_dir).map_err(failed)?;
     Ok(wheel)
+}
+
+/// Create a file that must not exist yet, never through a link.
+fn create_new(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|err| {
+            std::io::Error::new(
+                err.kind(),
+                format!("failed to create `{}`: {err}", path.display()),
+            )
+        })?;
+    Ok(file)
+}
+
+/// The last `limit` bytes of the file behind `file` (lossy UTF-8, starting at a line boundary when cut).
+fn read_tail(file: &mut std::fs::File, limit: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return String::new();
+    };
+    let start = len.saturating_sub(limit);
+    let mut bytes = Vec::new();
+    if file.seek(SeekFrom::Start(start)).is_err()
+        || file.take(limit).read_to_end(&mut bytes).is_err()
+    {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    match (start > 0, text.find('\n')) {
+        (true, Some(cut)) => text[cut + 1..].to_string(),
+        _ => text,
+    }
+}
+
+fn last_lines(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Copy the wheel the backend reported (`HVD_WHEEL=<name>`) out of `work/dist` into `into`: `name` must be a plain
+/// `.whl` file name; `dist` and the wheel are opened from a descriptor on `work` with `O_NOFOLLOW`, and the wheel
+/// must be a regular file. So a link or a path planted by the build can never make hvd read a file the build could
+/// not see.
+fn copy_built_wheel(work: &Path, name: &str, into: &Path) -> std::result::Result<PathBuf, String> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::Mode;
+    let plain = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0')
+        && name.ends_with(".whl");
+    if !plain {
+        return Err(format!(
+            "the build backend reported `{}` as its wheel, which is not a plain `.whl` file name in the dist directory",
+            name.escape_debug()
+        ));
+    }
+    let directory = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let work_fd = nix::fcntl::open(work, directory, Mode::empty())
+        .map_err(|err| format!("cannot open `{}`: {err}", work.display()))?;
+    let dist_fd = openat(&work_fd, "dist", directory, Mode::empty()).map_err(|err| {
+        format!("the build's `dist` directory cannot be opened without following a link: {err}")
+    })?;
+    let wheel_fd = openat(
+        &dist_fd,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|err| {
+        format!("the reported wheel `dist/{name}` cannot be opened without following a link: {err}")
+    })?;
+    let mut wheel = std::fs::File::from(wheel_fd);
+    let meta = wheel.metadata().map_err(|err| err.to_string())?;
+    if !meta.is_file() {
+        return Err(format!(
+            "the reported wheel `dist/{name}` is not a regular file"
+        ));
+    }
+    let copy = into.join(name);
+    let mut out = create_new(&copy).map_err(|err| err.to_string())?;
+    std::io::copy(&mut wheel, &mut out)
+        .map_err(|err| format!("failed to copy the built wheel `dist/{name}`: {err}"))?;
+    Ok(copy)
 }
 
 /// Kill the build when the builder dies (a SIGKILLed `hvd build` must not leave a compiler running): the first
@@ -323,10 +522,4 @@ fn single_top_dir(root: &Path) -> Result<PathBuf> {
         [only] if only.is_dir() => Ok(only.clone()),
         _ => Ok(root.to_path_buf()),
     }
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = fs_err::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -57,26 +57,24 @@ fn port(server: &FileServer) -> String {
 
 /// The `ext` sdist: a C extension compiled against `fwk`'s header. `prelude` is Python run first in build_wheel.
 fn ext_sdist(f: &Fixture, name: &str, prelude: &str) -> PackagePlan {
+    ext_sdist_with(f, name, prelude, &[])
+}
+
+/// [`ext_sdist`] with `extra` files in the sdist.
+fn ext_sdist_with(f: &Fixture, name: &str, prelude: &str, extra: &[(&str, &[u8])]) -> PackagePlan {
     let backend = backend_source(name, "1.0", prelude);
     let module = format!("from {name}_native import value\n");
     let port = port(&f.server);
-    let filename = make_sdist(
-        &f.server.root,
-        name,
-        "1.0",
-        &[
-            ("pyproject.toml", PYPROJECT.as_bytes()),
-            ("fixture_backend.py", backend.as_bytes()),
-            (
-                "native.c",
-                NATIVE_C
-                    .replace("ext_native", &format!("{name}_native"))
-                    .as_bytes(),
-            ),
-            ("module.py", module.as_bytes()),
-            ("port.txt", port.as_bytes()),
-        ],
-    );
+    let native = NATIVE_C.replace("ext_native", &format!("{name}_native"));
+    let mut files: Vec<(&str, &[u8])> = vec![
+        ("pyproject.toml", PYPROJECT.as_bytes()),
+        ("fixture_backend.py", backend.as_bytes()),
+        ("native.c", native.as_bytes()),
+        ("module.py", module.as_bytes()),
+        ("port.txt", port.as_bytes()),
+    ];
+    files.extend_from_slice(extra);
+    let filename = make_sdist(&f.server.root, name, "1.0", &files);
     PackagePlan {
         name: name.into(),
         version: "1.0".into(),
@@ -1039,4 +1037,231 @@ fn a_hostile_build_backend_cannot_write_outside_read_home_or_reach_the_network()
     assert!(!fwk_path.join("planted").exists());
     assert!(!f.store.root().join(".downloads/planted").exists());
     assert!(listener.accept().is_err(), "the build reached the listener");
+}
+
+/// Compile a shared object whose constructor appends to `marker` (it runs in every process that loads it).
+fn preload_object(dir: &Path, marker: &Path) -> PathBuf {
+    let source = dir.join("evil.c");
+    std::fs::write(
+        &source,
+        format!(
+            "#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void evil(void) {{\n  \
+             int fd = open({:?}, O_WRONLY | O_CREAT | O_APPEND, 0644);\n  if (fd >= 0) {{ write(fd, \"x\", 1); \
+             close(fd); }}\n}}\n",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
+    let object = dir.join("evil.so");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&object)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    object
+}
+
+/// #16, review finding 2: a lockfile's build variables (`LD_PRELOAD` of a shared object the sdist ships, a `PATH`
+/// with a fake `bwrap` first) reach only the build inside the sandbox, never the program that sets it up.
+#[test]
+fn build_variables_never_reach_the_sandbox_program() {
+    if hvd_builder::source_build::network_isolation()
+        != hvd_builder::source_build::NetworkIsolation::Sandbox
+    {
+        eprintln!("no `bwrap` sandbox on this machine (install bubblewrap); skipping");
+        return;
+    }
+    let f = fixture();
+    // Outside the sandbox's view: /tmp is a private tmpfs inside it.
+    let outside = tempfile::tempdir_in("/tmp").unwrap();
+    let marker = outside.path().join("preloaded");
+    let object = preload_object(outside.path(), &marker);
+    // The attack works where the variables reach a process outside: the constructor runs and the marker appears.
+    let probe = Command::new("/bin/true")
+        .env("LD_PRELOAD", &object)
+        .status()
+        .unwrap();
+    assert!(
+        probe.success() && marker.exists(),
+        "the preload object does not work here"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    let fake_bin = outside.path().join("bin");
+    std::fs::create_dir(&fake_bin).unwrap();
+    let fake_marker = outside.path().join("fake-bwrap-ran");
+    let fake = fake_bin.join("bwrap");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho ran > {:?}\nexec /usr/bin/bwrap \"$@\"\n",
+            fake_marker.display().to_string()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let fwk = make_framework(&f.server.root, "1.0", 1);
+    let so = std::fs::read(&object).unwrap();
+    // The build itself checks that its variables arrived (FIXTURE_FLAG and the recipe's PATH).
+    let prelude = format!(
+        "    assert os.environ[\"FIXTURE_FLAG\"] == \"on\", os.environ\n    \
+         assert os.environ[\"PATH\"].startswith({:?}), os.environ[\"PATH\"]\n    \
+         assert os.environ[\"LD_PRELOAD\"] == \"./evil.so\", os.environ",
+        fake_bin.display().to_string()
+    );
+    let mut hostile = ext_sdist_with(&f, "preload", &prelude, &[("evil.so", so.as_slice())]);
+    let build = hostile.build.as_mut().unwrap();
+    build
+        .env
+        .insert("LD_PRELOAD".to_string(), "./evil.so".to_string());
+    build.env.insert(
+        "PATH".to_string(),
+        format!("{}:/usr/local/bin:/usr/bin:/bin", fake_bin.display()),
+    );
+    let built = build_env(
+        &f.store,
+        &plan(vec![f.server.wheel_plan("fwk", "1.0", &fwk), hostile]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(ext_value(&built.env, "preload"), "1");
+    assert!(
+        !marker.exists(),
+        "the preload object ran outside the sandbox"
+    );
+    assert!(
+        !fake_marker.exists(),
+        "the recipe's PATH chose the sandbox program"
+    );
+
+    // A variable name that is not an environment name is refused, naming it and the package.
+    let mut odd = ext_sdist(&f, "oddname", "");
+    odd.build
+        .as_mut()
+        .unwrap()
+        .env
+        .insert("--ro-bind".to_string(), "/".to_string());
+    let err = build_env(
+        &f.store,
+        &plan(vec![f.server.wheel_plan("fwk", "1.0", &fwk), odd]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("--ro-bind") && err.contains("oddname"),
+        "{err}"
+    );
+}
+
+/// #16, review finding 3: the build folder is the build's, so hvd reads nothing from it by a name the build could
+/// have changed: the log is outside it (a link planted where it used to be shows nothing), and the reported wheel
+/// must be a plain file in `dist` opened without following links.
+#[test]
+fn a_build_cannot_make_hvd_read_files_through_its_folder() {
+    let f = fixture();
+    let fwk = make_framework(&f.server.root, "1.0", 1);
+    let fwk_plan = f.server.wheel_plan("fwk", "1.0", &fwk);
+    // Outside the sandbox's view (/tmp is private inside it): a secret and a wheel the build must not install.
+    let outside = tempfile::tempdir_in("/tmp").unwrap();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, "TOP-SECRET-LINE\n").unwrap();
+    let stolen = make_wheel(
+        outside.path(),
+        "stolen",
+        "1.0",
+        &[("stolen.py", b"SECRET = 1\n")],
+        None,
+    );
+    let stolen = outside.path().join(stolen);
+    let run = |name: &str, prelude: String| {
+        build_env(
+            &f.store,
+            &plan(vec![fwk_plan.clone(), ext_sdist(&f, name, &prelude)]),
+            &BuildOptions::default(),
+            &NoProgress,
+        )
+    };
+
+    // 1. Every name the log had or might have becomes a link to the secret, then the build fails.
+    let prelude = format!(
+        r#"    for rel in ("../../build.log", "../../../build.log", "../build.log", "build.log"):
+        try:
+            if os.path.lexists(rel):
+                os.remove(rel)
+            os.symlink({secret:?}, rel)
+            print("HOSTILE linked", rel, flush=True)
+        except OSError as err:
+            print("HOSTILE refused", rel, type(err).__name__, flush=True)
+    raise SystemExit("HOSTILE done")"#,
+        secret = secret.display().to_string()
+    );
+    let err = run("logleak", prelude).unwrap_err();
+    let Error::BuildFailed { tail, log, .. } = &err else {
+        panic!("expected a failed build: {err}");
+    };
+    assert!(tail.contains("HOSTILE done"), "{tail}");
+    let shown = err.to_string();
+    assert!(!shown.contains("TOP-SECRET"), "{shown}");
+    assert!(
+        !std::fs::read_to_string(log).unwrap().contains("TOP-SECRET"),
+        "the log path leads to the secret"
+    );
+
+    // 2. The reported wheel is a link in dist to a wheel outside.
+    let prelude = format!(
+        "    os.symlink({:?}, os.path.join(wheel_directory, \"stolen-1.0-py3-none-any.whl\"))\n    \
+         return \"stolen-1.0-py3-none-any.whl\"",
+        stolen.display().to_string()
+    );
+    let err = run("linkwheel", prelude).unwrap_err().to_string();
+    assert!(
+        err.contains("linkwheel") && err.contains("without following a link"),
+        "{err}"
+    );
+
+    // 3. `dist` itself replaced by a link to the folder holding the wheel outside.
+    let prelude = format!(
+        "    import shutil\n    shutil.rmtree(wheel_directory)\n    os.symlink({:?}, wheel_directory)\n    \
+         return \"stolen-1.0-py3-none-any.whl\"",
+        outside.path().display().to_string()
+    );
+    let err = run("linkdist", prelude).unwrap_err().to_string();
+    assert!(
+        err.contains("linkdist") && err.contains("without following a link"),
+        "{err}"
+    );
+
+    // 4. An absolute path and a `..` path as the wheel's name.
+    for (name, reported) in [
+        ("abswheel", stolen.display().to_string()),
+        (
+            "dotwheel",
+            "../../../../../../../../..".to_string() + &stolen.display().to_string(),
+        ),
+    ] {
+        let prelude = format!("    return {reported:?}");
+        let err = run(name, prelude).unwrap_err().to_string();
+        assert!(
+            err.contains(name) && err.contains("not a plain `.whl` file name"),
+            "{err}"
+        );
+    }
+
+    // Nothing of the outside wheel was installed anywhere in the store.
+    for path in f.store.list_paths().unwrap() {
+        assert!(!path.contains("stolen"), "{path}");
+        assert!(
+            !f.store
+                .root()
+                .join(&path)
+                .join("site-packages/stolen.py")
+                .exists()
+        );
+    }
 }

@@ -453,6 +453,10 @@ impl Lockfile {
             });
         }
         diff_requests(&now, &self.request, &mut changes);
+        if changes.is_empty() {
+            // The echo matches the file: what the builder runs must match it too.
+            diff_builds(&now, &self.builds, &mut changes);
+        }
         if changes.is_empty() && self.env_hash != env_hash(env) {
             // Same echo, different hash: the normalization changed between hvd versions.
             changes.push(FieldChange {
@@ -779,6 +783,46 @@ fn shown(s: Option<&str>) -> String {
     }
 }
 
+/// The recipe fields of every `[[build]]` (what the builder runs) against what the file asks now: a package's
+/// recipe, or for an sdist built without one no variables, nothing to compile against and build isolation (what
+/// is installed for the build is `[[build.package]]`, not `requires`, so that is not compared here). The
+/// request echo alone is not enough: the builder reads `[[build]]`, so a lockfile in a pull request could
+/// otherwise carry build variables the file never asked for.
+fn diff_builds(now: &Request, builds: &[LockedBuild], out: &mut Vec<FieldChange>) {
+    for b in builds {
+        let recipe = now
+            .packages
+            .iter()
+            .filter(|p| {
+                pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(&p.requirement)
+                    .is_ok_and(|r| normalize_name(r.name.as_ref()) == b.package)
+            })
+            .find_map(|p| p.build.clone());
+        let base = format!("build.{}", b.package);
+        let mut push = |field: &str, n: String, w: String| {
+            if n != w {
+                out.push(FieldChange {
+                    field: format!("{base}.{field}"),
+                    now: n,
+                    was: w,
+                });
+            }
+        };
+        let expected = recipe.unwrap_or_default();
+        push("env", inline_map(&expected.env), inline_map(&b.env));
+        push(
+            "against",
+            inline_list(&expected.against),
+            inline_list(&b.against),
+        );
+        push(
+            "no-build-isolation",
+            expected.no_build_isolation.to_string(),
+            b.no_build_isolation.to_string(),
+        );
+    }
+}
+
 fn diff_requests(now: &Request, was: &Request, out: &mut Vec<FieldChange>) {
     let mut push = |field: String, n: Option<&str>, w: Option<&str>| {
         if n != w {
@@ -954,6 +998,36 @@ mod tests {
                 packages: vec![package("cmake", "3.31.6")],
             }],
         }
+    }
+
+    #[test]
+    fn build_variables_the_file_does_not_ask_for_make_the_lock_stale() {
+        let mut l = lock();
+        l.env_hash = env_hash(&env());
+        assert_eq!(l.check_against(&env()), Ok(()));
+        // A lockfile in a pull request adds a loader variable to the recipe's build.
+        l.builds[0]
+            .env
+            .insert("LD_PRELOAD".into(), "./evil.so".into());
+        let s = l.check_against(&env()).unwrap_err();
+        assert_eq!(s.changes.len(), 1, "{s}");
+        assert_eq!(s.changes[0].field, "build.horovod.env");
+        assert!(s.changes[0].was.contains("LD_PRELOAD"), "{s}");
+        // A `[[build]]` of a package the file builds without a recipe may carry no variables either.
+        let mut l = lock();
+        l.env_hash = env_hash(&env());
+        l.builds.push(LockedBuild {
+            package: "numpy".into(),
+            requires: vec![],
+            env: BTreeMap::from([("PATH".into(), "/tmp/evil".into())]),
+            against: vec![],
+            no_build_isolation: false,
+            packages: vec![],
+        });
+        let s = l.check_against(&env()).unwrap_err();
+        assert_eq!(s.changes[0].field, "build.numpy.env", "{s}");
+        l.builds[1].env.clear();
+        assert_eq!(l.check_against(&env()), Ok(()));
     }
 
     #[test]
