@@ -11,11 +11,9 @@
 //! `.pth` files are linked into site-packages like any file, so Python's `site` processes them.
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::python::Interpreter;
 use crate::store::BuildTarget;
 use crate::wheel;
@@ -49,15 +47,13 @@ pub fn assemble_env(
     }
     symlink(Path::new("lib"), &out.join("lib64"))?;
     let home = python.executable.parent().unwrap_or(Path::new("/"));
-    fs_err::write(
-        out.join("pyvenv.cfg"),
-        format!(
-            "home = {}\ninclude-system-site-packages = false\nversion = {}\nexecutable = {}\ncommand = hvd build\n",
-            home.display(),
-            python.version,
-            python.executable.display()
-        ),
-    )?;
+    let cfg = format!(
+        "home = {}\ninclude-system-site-packages = false\nversion = {}\nexecutable = {}\ncommand = hvd build\n",
+        home.display(),
+        python.version,
+        python.executable.display()
+    );
+    hvd_file(&out.join("pyvenv.cfg"), cfg.as_bytes(), 0o644, packages)?;
 
     for package in packages {
         let package_site = package.join("site-packages");
@@ -87,10 +83,9 @@ pub fn assemble_env(
                 let dest = bin.join(&name);
                 if let Some(rest) = bytes.strip_prefix(b"#!python") {
                     let rest = rest.strip_prefix(b"w").unwrap_or(rest);
-                    let mut file = fs_err::File::create(&dest)?;
-                    write!(file, "#!{}", env_python.display())?;
-                    file.write_all(rest)?;
-                    fs_err::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))?;
+                    let mut script = format!("#!{}", env_python.display()).into_bytes();
+                    script.extend_from_slice(rest);
+                    hvd_file(&dest, &script, 0o755, packages)?;
                 } else {
                     symlink(&entry.path(), &dest)?;
                 }
@@ -108,29 +103,70 @@ pub fn assemble_env(
                         continue;
                     }
                     let dest = bin.join(&point.name);
-                    fs_err::write(&dest, wheel::entry_point_script(&env_python, &point))?;
-                    fs_err::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))?;
+                    let script = wheel::entry_point_script(&env_python, &point);
+                    hvd_file(&dest, script.as_bytes(), 0o755, packages)?;
                 }
             }
         }
     }
 
     // Bytecode goes to a shared cache outside the (read-only, immutable) store paths.
-    fs_err::write(
-        site.join("_hvd_pycache.pth"),
-        format!(
-            "import sys; sys.pycache_prefix = sys.pycache_prefix or {:?}\n",
-            pycache.display().to_string()
-        ),
-    )?;
-    fs_err::write(
-        bin.join("activate"),
-        format!(
-            "# source this file: puts the env first on PATH\nexport VIRTUAL_ENV={root}\nexport PATH={root}/bin:\"$PATH\"\nunset PYTHONHOME\n",
-            root = target.final_path.display()
-        ),
-    )?;
+    let pth = format!(
+        "import sys; sys.pycache_prefix = sys.pycache_prefix or {:?}\n",
+        pycache.display().to_string()
+    );
+    hvd_file(&site.join(PYCACHE_PTH), pth.as_bytes(), 0o644, packages)?;
+    let activate = format!(
+        "# source this file: puts the env first on PATH\nexport VIRTUAL_ENV={root}\nexport PATH={root}/bin:\"$PATH\"\nunset PYTHONHOME\n",
+        root = target.final_path.display()
+    );
+    hvd_file(&bin.join("activate"), activate.as_bytes(), 0o644, packages)?;
     Ok(())
+}
+
+/// The `.pth` file hvd writes into every env's site-packages.
+pub const PYCACHE_PTH: &str = "_hvd_pycache.pth";
+
+/// Write a file hvd itself puts into the env, created new and never through a link (see
+/// [`crate::store::write_new_file`]). When a package already provided the name (a file, or a link to anywhere), the
+/// env is refused and the error names the package.
+fn hvd_file(dest: &Path, bytes: &[u8], mode: u32, packages: &[PathBuf]) -> Result<()> {
+    match crate::store::write_new_file(dest, bytes, mode) {
+        Ok(_) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+            let name = dest.file_name().unwrap_or_default();
+            let provider = packages
+                .iter()
+                .find(|p| {
+                    ["site-packages", "scripts"]
+                        .iter()
+                        .any(|dir| fs_err::symlink_metadata(p.join(dir).join(name)).is_ok())
+                })
+                .or_else(|| {
+                    // An entry point of that name (console scripts are named by their package's metadata).
+                    packages.iter().find(|p| {
+                        wheel::find_suffix_dir(&p.join("site-packages"), ".dist-info")
+                            .ok()
+                            .flatten()
+                            .and_then(|d| fs_err::read_to_string(d.join("entry_points.txt")).ok())
+                            .is_some_and(|text| {
+                                wheel::parse_entry_points(&text)
+                                    .iter()
+                                    .any(|point| std::ffi::OsStr::new(&point.name) == name)
+                            })
+                    })
+                })
+                .and_then(|p| p.file_name())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "a package".into());
+            Err(Error::Invalid(format!(
+                "{provider} provides `{}`, a name hvd writes into every env itself; the env is not assembled \
+                 (nothing was written through it): remove that package or file from the env",
+                name.to_string_lossy()
+            )))
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// Link every entry of `from` into `to`: a missing entry becomes a symlink; a directory present in both becomes a

@@ -327,12 +327,59 @@ pub(crate) fn finish_tree(
     // Only the top directory is opened for the metadata write: `make_writable` would leave every directory below
     // writable, and a job could then change a shared store path.
     fs_err::set_permissions(out, std::fs::Permissions::from_mode(0o755))?;
-    fs_err::write(&info_path, text + "\n")?;
-    fs_err::set_permissions(&info_path, std::fs::Permissions::from_mode(0o444))?;
-    set_mtime(&info_path)?;
+    // Created new and never through a link: a package that placed this name (a file or a link to anywhere) is
+    // refused, not written through. Mode and mtime are set on the descriptor.
+    let written = write_new_file(&info_path, (text + "\n").as_bytes(), 0o444).map_err(|err| {
+        if err.kind() == std::io::ErrorKind::AlreadyExists {
+            Error::Invalid(format!(
+                "the store path of {} {} already has `{PATH_INFO_FILE}` before hvd wrote it: its contents (a \
+                 package's files) placed that name, which hvd reserves; the package cannot be installed",
+                derivation.name, derivation.version
+            ))
+        } else {
+            Error::Io(err)
+        }
+    })?;
+    let time = nix::sys::time::TimeSpec::new(STORE_MTIME, 0);
+    nix::sys::stat::futimens(&written, &time, &time).map_err(|errno| {
+        std::io::Error::other(format!(
+            "failed to set the mtime of `{}`: {errno}",
+            info_path.display()
+        ))
+    })?;
+    drop(written);
     fs_err::set_permissions(out, std::fs::Permissions::from_mode(0o555))?;
     set_mtime(out)?;
     Ok(info)
+}
+
+/// Write a file hvd itself puts into a store or env tree: `O_CREAT | O_EXCL | O_NOFOLLOW`, so an existing name (a
+/// file or a link a package placed) fails with `AlreadyExists` instead of being written through; the mode is set
+/// on the descriptor (`fchmod`), never by path. The error text names the path; the kind is kept.
+pub(crate) fn write_new_file(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+) -> std::io::Result<std::fs::File> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let context = |err: std::io::Error, what: &str| {
+        std::io::Error::new(
+            err.kind(),
+            format!("failed to {what} `{}`: {err}", path.display()),
+        )
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|err| context(err, "create"))?;
+    file.write_all(bytes).map_err(|err| context(err, "write"))?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(|err| context(err, "set the mode of"))?;
+    Ok(file)
 }
 
 /// Normalize a tree: no write bits (files 0444, or 0555 when any execute bit was set; directories 0555),

@@ -1265,3 +1265,99 @@ fn a_build_cannot_make_hvd_read_files_through_its_folder() {
         );
     }
 }
+
+/// #16, review finding 1 (the store and env half): files hvd writes itself into an env or a store path after the
+/// packages are in place are created new and never through a link: a package that provides such a name is refused
+/// by name, and nothing outside (or in its own store path) is written.
+#[test]
+fn names_hvd_writes_itself_are_never_written_through_a_package() {
+    let f = fixture();
+    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+
+    // 1. A package whose site-packages has `_hvd_pycache.pth` as a link to a file outside the store.
+    let pth_target = outside.path().join("pwned-pth");
+    let evil = f.root.join("evilpth");
+    std::fs::create_dir_all(&evil).unwrap();
+    std::os::unix::fs::symlink(&pth_target, evil.join("_hvd_pycache.pth")).unwrap();
+    let mut with_local = plan(Vec::new());
+    with_local.local_packages.push(hvd_builder::LocalPackage {
+        name: "evilpth".into(),
+        version: "0.1.0".into(),
+        source: evil.clone(),
+    });
+    let err = build_env(&f.store, &with_local, &BuildOptions::default(), &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("evilpth") && err.contains("_hvd_pycache.pth"),
+        "{err}"
+    );
+    assert!(!pth_target.exists(), "hvd wrote through the package's link");
+
+    // 2. A wheel whose scripts include `activate` (linked into the env's bin): hvd must not write into the
+    //    package's store path through that link.
+    let wheel = make_wheel(
+        &f.server.root,
+        "activator",
+        "1.0",
+        &[
+            ("activator.py", b"X = 1\n"),
+            (
+                "activator-1.0.data/scripts/activate",
+                b"#!/bin/sh\necho from the package\n",
+            ),
+        ],
+        None,
+    );
+    let err = build_env(
+        &f.store,
+        &plan(vec![f.server.wheel_plan("activator", "1.0", &wheel)]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("activator") && err.contains("`activate`"),
+        "{err}"
+    );
+    let package = f
+        .store
+        .list_paths()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.ends_with("-activator-1.0"))
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(f.store.root().join(package).join("scripts/activate")).unwrap(),
+        "#!/bin/sh\necho from the package\n"
+    );
+
+    // 3. A store path whose contents placed `.hvd-path.json` as a link out: the metadata write refuses it.
+    let info_target = outside.path().join("pwned-info");
+    let derivation = hvd_builder::derivation::Derivation::new(
+        hvd_builder::derivation::DerivationKind::Local,
+        "infolink",
+        "1.0",
+    );
+    let err = f
+        .store
+        .realize(&derivation, false, |target| {
+            std::os::unix::fs::symlink(&info_target, target.out.join(".hvd-path.json")).unwrap();
+            Ok(Default::default())
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("infolink") && err.contains(".hvd-path.json"),
+        "{err}"
+    );
+    assert!(!info_target.exists(), "hvd wrote through the placed link");
+    assert!(
+        !f.store
+            .list_paths()
+            .unwrap()
+            .iter()
+            .any(|p| p.contains("infolink"))
+    );
+}
