@@ -287,11 +287,10 @@ pub fn serve_if_rank_zero(
         None => own_address(address.as_deref().unwrap_or_default(), wait(get, 300.0)?)?,
     };
     let bind = std::net::SocketAddr::new(ip, port);
-    Ok(Some(crate::rendezvous::RendezvousServer::start(
-        bind,
-        &token,
-        Vec::new(),
-    )?))
+    let server = crate::rendezvous::RendezvousServer::start(bind, &token, Vec::new())?;
+    // Only ranks of this job may be marked as joined (not any number below 2^20).
+    server.set_job_size(slot.size);
+    Ok(Some(server))
 }
 
 /// How long to wait for the rendezvous: `HVD_RENDEZVOUS_WAIT` seconds, else `default`.
@@ -607,6 +606,29 @@ mod tests {
         let server = rank0(&vars).unwrap().expect("rank 0 serves");
         assert_eq!(server.addr(), format!("127.0.0.2:{port}").parse().unwrap());
         assert!(std::net::TcpStream::connect(("127.0.0.2", port)).is_ok());
+        // The server knows the job's size (HVD_SIZE = 2): rank 1 may join, rank 2 is no rank of this job.
+        let join = |rank: u32| {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.2", port)).unwrap();
+            let head = format!(
+                "GET /kv/hvd/k HTTP/1.1\r\nAuthorization: Bearer t0k3n\r\nX-Hvd-Rank: {rank}\r\n\
+                 Content-Length: 0\r\n\r\n"
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).unwrap();
+            answer
+        };
+        assert!(join(1).starts_with("HTTP/1.1 404"), "rank 1 joins");
+        let answer = join(2);
+        assert!(
+            answer.starts_with("HTTP/1.1 400") && answer.contains("ranks are 0..2"),
+            "{answer}"
+        );
+        assert_eq!(
+            server.joined_ranks().into_iter().collect::<Vec<_>>(),
+            vec![1]
+        );
         let other = std::net::TcpStream::connect(("127.0.0.1", port));
         assert!(other.is_err(), "the rendezvous answered on 127.0.0.1");
         drop(server);
