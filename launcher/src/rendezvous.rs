@@ -6,7 +6,8 @@
 //! - `/kv/<scope>/<key>` (hvd's own clients): needs `Authorization: Bearer <job token>`; `GET` may long-poll with
 //!   `?wait_ms=N`; an authenticated request's `X-Hvd-Rank` marks that rank as joined (a rank of the job, once).
 //! - `/<scope>/<key>` (Horovod's gloo `HTTPStore`): no token (the client cannot send one), so it is only answered for
-//!   peers on the job's hosts, and on this machine only for connections owned by the job's own user.
+//!   peers on the job's hosts, and from an address of this machine only for connections that a process of the job's
+//!   own user holds, as found when the connection was accepted.
 //!
 //! The server must survive any peer, authorized or not:
 //! - a connection that has not yet proven itself (its request head is still arriving) holds a slot that newer
@@ -496,10 +497,16 @@ struct Answer {
 }
 
 fn serve_connection(mut stream: TcpStream, peer: SocketAddr, id: u64, shared: &Shared) {
+    // Who holds the peer's end, looked up now, before anything is read: a client's socket is connected at least
+    // until its request is sent, while by the time the request has arrived the client may have reset or closed it.
+    // Only for peers whose token-less requests could be answered at all.
+    let owner = gloo_host_allowed(shared, peer.ip())
+        .then(|| peer::connection_owner(&stream))
+        .flatten();
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
     let mut authorized = false;
-    let answer = match handle(&mut stream, peer, id, shared, &mut authorized) {
+    let answer = match handle(&mut stream, peer, owner, id, shared, &mut authorized) {
         Ok((status, body)) => Answer {
             status,
             body,
@@ -527,6 +534,7 @@ fn serve_connection(mut stream: TcpStream, peer: SocketAddr, id: u64, shared: &S
 fn handle(
     stream: &mut TcpStream,
     peer: SocketAddr,
+    owner: Option<u32>,
     id: u64,
     shared: &Shared,
     authorized: &mut bool,
@@ -541,7 +549,7 @@ fn handle(
     let segments: Vec<&str> = request.path.split('/').collect();
     match segments.as_slice() {
         ["", "kv", _, _] => check_token(shared, &request)?,
-        ["", _, _] => check_gloo_peer(shared, peer, stream.local_addr().ok())?,
+        ["", _, _] => check_gloo_peer(shared, peer, owner)?,
         _ => return Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
     // From here the connection holds its slot: newer connections cannot close it to make room.
@@ -581,27 +589,30 @@ fn check_token(shared: &Shared, request: &Request) -> Result<(), HttpError> {
     }
 }
 
-/// Token-less requests: the peer must be one of the job's hosts, and a connection from this machine must belong to
-/// the job's user (found from the peer's socket in the kernel's tables; see [`peer`]).
-fn check_gloo_peer(
-    shared: &Shared,
-    peer: SocketAddr,
-    server_side: Option<SocketAddr>,
-) -> Result<(), HttpError> {
-    let ip = canonical(peer.ip());
-    let host_allowed = shared.allowed_hosts.iter().any(|h| canonical(*h) == ip)
+/// Whether token-less requests from `ip` may be answered at all: it is one of the job's hosts (any loopback address
+/// counts when the hosts include one).
+fn gloo_host_allowed(shared: &Shared, ip: IpAddr) -> bool {
+    let ip = canonical(ip);
+    shared.allowed_hosts.iter().any(|h| canonical(*h) == ip)
         || (ip.is_loopback()
             && shared
                 .allowed_hosts
                 .iter()
-                .any(|h| canonical(*h).is_loopback()));
-    if !host_allowed {
+                .any(|h| canonical(*h).is_loopback()))
+}
+
+/// Token-less requests: the peer must be one of the job's hosts, and a connection from an address of this machine
+/// must be held by a process of the job's user. `owner` is what [`peer::connection_owner`] found when the connection
+/// was accepted; a connection from this machine without one (its socket reset, closed or orphaned) is refused.
+fn check_gloo_peer(shared: &Shared, peer: SocketAddr, owner: Option<u32>) -> Result<(), HttpError> {
+    let ip = canonical(peer.ip());
+    if !gloo_host_allowed(shared, ip) {
         return Err(HttpError::new(
             403,
             "token-less requests are only answered for the job's own hosts",
         ));
     }
-    match server_side.and_then(|local| peer::local_socket_owner(peer, local)) {
+    match owner {
         Some(uid) if uid == shared.job_uid => Ok(()),
         Some(uid) => Err(HttpError(
             403,
@@ -612,9 +623,13 @@ fn check_gloo_peer(
             )
             .into(),
         )),
-        None if ip.is_loopback() => Err(HttpError::new(
+        None if peer::is_this_machine(ip) => Err(HttpError(
             403,
-            "token-less request on a loopback connection whose owner cannot be found",
+            format!(
+                "token-less request from {ip}, an address of this machine, on a connection that no process held \
+                 when it was accepted (reset, closed, or not found): refused, as its owner cannot be the job's user"
+            )
+            .into(),
         )),
         // The peer's socket is not on this machine: a job host, by address.
         None => Ok(()),

@@ -842,12 +842,11 @@ fn gloo_finish_marks_must_be_ranks_of_the_scope() {
 /// The name of a second local user for the gloo ownership test, created when missing.
 const OTHER_USER: &str = "hvd-rdv-other";
 
-fn ensure_other_user() -> Option<u32> {
+fn ensure_other_user(test: &str) -> Option<u32> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!(
-            "\n\n*** SKIPPED gloo_requests_from_another_local_user_are_refused: it must run as root to create and \
-             act as a second user ***\n"
+            "\n\n*** SKIPPED {test}: it must run as root to create and act as a second user ***\n"
         );
         return None;
     }
@@ -914,7 +913,7 @@ fn raw_as(uid: u32, addr: SocketAddr, request: &str) -> (u16, Vec<u8>) {
 
 #[test]
 fn gloo_requests_from_another_local_user_are_refused() {
-    let Some(other) = ensure_other_user() else {
+    let Some(other) = ensure_other_user("gloo_requests_from_another_local_user_are_refused") else {
         return;
     };
     let server = server();
@@ -951,4 +950,223 @@ fn gloo_requests_from_another_local_user_are_refused() {
         "GET /kv/hvd/none HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n"
     );
     assert_eq!(raw_as(other, addr, &req).0, 404);
+}
+
+// ---- Another local user against the gloo owner check, by closing its end before the server looks (review finding
+// 4). The launcher runs as root here, so the job's uid is 0: the uid the kernel lists for a closed socket's
+// FIN_WAIT2/TIME_WAIT remains (and, on kernels that read it from the inode, for any orphaned socket). ----
+
+/// Addresses of this machine a local attacker can connect through: every non-loopback interface address (allowed
+/// as a job host in multi-host jobs), and 127.0.0.2 (all of 127/8 is loopback).
+fn local_attack_addresses() -> Vec<std::net::IpAddr> {
+    let mut found = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: list is a valid out pointer; the list is freed below and not used after.
+    assert_eq!(unsafe { libc::getifaddrs(&raw mut list) }, 0, "getifaddrs");
+    let mut next = list;
+    while !next.is_null() {
+        // SAFETY: next is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*next };
+        next = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: the family says which sockaddr it is.
+        let ip: std::net::IpAddr = match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let v4 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                v4.sin_addr.s_addr.to_ne_bytes().into()
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let v6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                v6.sin6_addr.s6_addr.into()
+            }
+            _ => continue,
+        };
+        // Link-local IPv6 addresses need a scope id to connect to; skip them.
+        let link_local =
+            matches!(ip, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+        if !ip.is_loopback() && !link_local && !found.contains(&ip) {
+            found.push(ip);
+        }
+    }
+    // SAFETY: list came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    if found.is_empty() {
+        eprintln!("(this machine has no non-loopback address; attacking through 127.0.0.2 only)");
+    }
+    found.push([127, 0, 0, 2].into());
+    found
+}
+
+/// The environment variable that turns [`attacker_process`] on, and its mode: `reset` or `close`.
+const ATTACK_VAR: &str = "HVD_RDV_ATTACK";
+const ATTACK_TRIES: u32 = 20;
+
+/// Runs this test binary's [`attacker_process`] as `uid`: `ATTACK_TRIES` gloo PUTs to `addr`, each on its own
+/// connection that is reset (`reset`) or closed (`close`) right after the request is sent, before any answer.
+fn attack_as(uid: u32, mode: &str, addr: SocketAddr) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "--",
+        ])
+        .arg(&exe)
+        .args(["attacker_process", "--exact", "--ignored", "--nocapture"])
+        .env(ATTACK_VAR, mode)
+        .env("HVD_RDV_ADDR", addr.to_string())
+        .output()
+        .expect("run setpriv");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("attacker sent {ATTACK_TRIES} requests")),
+        "attacker as uid {uid}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The attacker's side, run as another user by [`attack_as`] (it does nothing without `HVD_RDV_ATTACK`).
+#[test]
+#[ignore = "the attacker of the gloo owner tests, which run it as another user"]
+fn attacker_process() {
+    let Ok(mode) = std::env::var(ATTACK_VAR) else {
+        return;
+    };
+    let addr: SocketAddr = std::env::var("HVD_RDV_ADDR").unwrap().parse().unwrap();
+    let set = |s: &TcpStream, level: i32, option: i32, value: &[i32]| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: value is valid for the length given.
+        let set = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                level,
+                option,
+                value.as_ptr().cast(),
+                std::mem::size_of_val(value) as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "setsockopt {option}");
+    };
+    for i in 0..ATTACK_TRIES {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let key = if i == 0 {
+            "rank_0".to_owned()
+        } else {
+            format!("evil_{i}")
+        };
+        let req = format!("PUT /global/{key} HTTP/1.1\r\nContent-Length: 4\r\n\r\nevil");
+        match mode.as_str() {
+            "reset" => {
+                // Every other try: the start of the head, a pause (the server has accepted and waits), the rest.
+                let split = if i % 2 == 1 { 10 } else { 0 };
+                s.write_all(&req.as_bytes()[..split]).unwrap();
+                if split > 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                s.write_all(&req.as_bytes()[split..]).unwrap();
+                // struct linger { l_onoff: 1, l_linger: 0 }: close() resets the connection.
+                set(&s, libc::SOL_SOCKET, libc::SO_LINGER, &[1, 0]);
+            }
+            "close" => {
+                // Corked, the request and the FIN leave in one segment: the request arrives on a connection its
+                // sender has already closed.
+                set(&s, libc::IPPROTO_TCP, libc::TCP_CORK, &[1]);
+                s.write_all(req.as_bytes()).unwrap();
+            }
+            other => panic!("unknown attack {other}"),
+        }
+        drop(s);
+    }
+    println!("attacker sent {ATTACK_TRIES} requests");
+}
+
+/// After an attack on `addr`: the job's own value at `rank_0` is untouched and none of the attacker's keys exist.
+/// Returns the number of gloo requests this check made (all answered).
+fn assert_nothing_stored(addr: SocketAddr, what: &str) -> u64 {
+    assert_eq!(
+        request(addr, "GET", "/global/rank_0", None, None, b""),
+        (200, b"job".to_vec()),
+        "{what}: the job's value was overwritten"
+    );
+    for i in 1..ATTACK_TRIES {
+        let (status, body) = request(addr, "GET", &format!("/global/evil_{i}"), None, None, b"");
+        assert_eq!(
+            status,
+            404,
+            "{what}: the attacker stored evil_{i}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    u64::from(ATTACK_TRIES)
+}
+
+/// A server on `ip` whose job hosts include `ip` (as a multi-host job's are), holding the job's `rank_0`.
+fn job_server_on(ip: std::net::IpAddr) -> RendezvousServer {
+    let server = RendezvousServer::start(SocketAddr::new(ip, 0), TOKEN, vec![ip]).unwrap();
+    assert_eq!(
+        request(server.addr(), "PUT", "/global/rank_0", None, None, b"job").0,
+        200,
+        "the job's own user is answered over {ip}"
+    );
+    server
+}
+
+#[test]
+fn gloo_requests_reset_by_another_local_user_are_refused() {
+    let Some(other) = ensure_other_user("gloo_requests_reset_by_another_local_user_are_refused")
+    else {
+        return;
+    };
+    for ip in local_attack_addresses() {
+        let server = job_server_on(ip);
+        let addr = server.addr();
+        // The job's own client that shuts its sending side before reading the answer is still answered.
+        let mut own = TcpStream::connect(addr).unwrap();
+        own.write_all(b"GET /global/rank_0 HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+            .unwrap();
+        own.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut out = Vec::new();
+        own.read_to_end(&mut out).unwrap();
+        assert_eq!(parse_response(&out), (200, b"job".to_vec()), "over {ip}");
+        // The attack: PUT, then reset at once, so the client's socket is gone when the server looks.
+        attack_as(other, "reset", addr);
+        let checks = assert_nothing_stored(addr, &format!("reset over {ip}"));
+        assert_eq!(
+            server.gloo_requests(),
+            2 + checks,
+            "over {ip}: only the job's own requests were handled"
+        );
+    }
+}
+
+#[test]
+fn gloo_requests_closed_by_another_local_user_before_the_answer_are_refused() {
+    let Some(other) = ensure_other_user(
+        "gloo_requests_closed_by_another_local_user_before_the_answer_are_refused",
+    ) else {
+        return;
+    };
+    let mut addresses = vec![std::net::IpAddr::from([127, 0, 0, 1])];
+    addresses.extend(local_attack_addresses());
+    for ip in addresses {
+        let server = job_server_on(ip);
+        let addr = server.addr();
+        // The attack: PUT, then a plain close(): the client's socket lingers as an orphan (FIN_WAIT1, then a
+        // FIN_WAIT2 mini-socket listed with uid 0, the launcher's uid here). On Linux 6.18, where this was written,
+        // the orphan lists its real owner until the server acknowledges the FIN, which the server's kernel delays past
+        // the moment the old check looked, so there this test held even before the fix; the uid-0 entry itself is
+        // pinned by the unit test `rendezvous::peer::tests::closed_or_reset_ends_have_no_owner`.
+        attack_as(other, "close", addr);
+        let checks = assert_nothing_stored(addr, &format!("close over {ip}"));
+        assert_eq!(
+            server.gloo_requests(),
+            1 + checks,
+            "over {ip}: only the job's own requests were handled"
+        );
+    }
 }

@@ -1,22 +1,63 @@
-//! Which local user owns the other end of a TCP connection. The kernel gives `SO_PEERCRED` only for Unix sockets;
-//! for TCP the peer's own socket is found by the connection's two addresses (its local address is our peer address,
-//! its remote address our side) in this network namespace, and its owner read from the kernel: first by an exact
-//! `sock_diag` netlink query (one hash lookup, like `ss` does), else from the `uid` column of `/proc/net/tcp` and
-//! `/proc/net/tcp6`. The tables are only a fallback: generating them walks every socket, TIME_WAIT ones included,
-//! which took 17 ms per request on a machine with 16 000 of them (measured with the rendezvous bench).
+//! Which local user owns the other end of a TCP connection, and whether an address is this machine's. The kernel
+//! gives `SO_PEERCRED` only for Unix sockets; for TCP the peer's own socket is found by the connection's two addresses
+//! (its local address is our peer address, its remote address our side) in this network namespace, and its owner read
+//! from the kernel: first by an exact `sock_diag` netlink query (one hash lookup, like `ss` does), else from the `uid`
+//! and `inode` columns of `/proc/net/tcp` and `/proc/net/tcp6`. The tables are only a fallback: generating them walks
+//! every socket, TIME_WAIT ones included, which took 17 ms per request on a machine with 16 000 of them (measured
+//! with the rendezvous bench).
+//!
+//! Only a socket that a process still holds says who owns the connection. A socket its process closed (an orphan in
+//! FIN_WAIT, or a TIME_WAIT mini-socket) has no inode, and the kernel lists it with uid 0 (root's): read as an owner,
+//! it would let anyone pass as root by closing before the server looked. Such entries, and sockets in states that
+//! are no connection's end, count as not found.
 
 use std::io::{self, BufRead};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-/// Socket states whose `uid` is not the owner: TIME_WAIT (6) and NEW_SYN_RECV (12) are kernel mini-sockets listed
-/// with uid 0, LISTEN (10) is never a connection's end.
-const NOT_AN_OWNED_END: [u8; 3] = [0x06, 0x0A, 0x0C];
+/// TCP states (include/net/tcp_states.h) in which a socket is the live end of a connection: ESTABLISHED (1),
+/// FIN_WAIT1 (4), FIN_WAIT2 (5), CLOSE_WAIT (8), LAST_ACK (9), CLOSING (11). Not SYN_SENT/SYN_RECV (not connected
+/// yet), TIME_WAIT (6) and NEW_SYN_RECV (12) (kernel mini-sockets listed with uid 0), CLOSE (7), LISTEN (10).
+const CONNECTED: [u8; 6] = [1, 4, 5, 8, 9, 11];
+/// Our own end's states in which its addresses still name this connection (it was not reset or closed).
+const OWN_END_CONNECTED: [u8; 2] = [1, 8];
+
+/// The owner of the peer's end of `stream` (a connection this server accepted), when that end is a socket on this
+/// machine in this network namespace that a process holds. `None` when the peer's socket is on another machine, is
+/// gone (reset, or closed and in TIME_WAIT), or is held by no process; also when our own end is no longer connected,
+/// since the two addresses may then already name another connection. Call it right after accepting: a client's
+/// socket exists, connected, at least until it has sent its request.
+pub(crate) fn connection_owner(stream: &TcpStream) -> Option<u32> {
+    let (peer, ours) = (stream.peer_addr().ok()?, stream.local_addr().ok()?);
+    let owner = local_socket_owner(peer, ours)?;
+    // Checked after the lookup: our end is still connected now, so it was when the peer's socket was found, and no
+    // other socket could have held the peer's address then.
+    OWN_END_CONNECTED
+        .contains(&tcp_state(stream)?)
+        .then_some(owner)
+}
+
+/// The TCP state of our own socket (the first byte of `struct tcp_info`).
+fn tcp_state(stream: &TcpStream) -> Option<u8> {
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: info is writable for len bytes; the kernel writes at most len bytes and updates len.
+    let got = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    (got == 0 && len >= 1).then_some(info[0])
+}
 
 /// The uid owning the socket whose local address is `peer` and whose remote address is `server_side`, when that
-/// socket lives on this machine in this network namespace. `None` for a peer on another machine, or one whose socket
-/// is gone.
+/// socket lives on this machine in this network namespace, is in a connected state and is held by a process. `None`
+/// for a peer on another machine, or one whose socket is gone or orphaned.
 pub(crate) fn local_socket_owner(peer: SocketAddr, server_side: SocketAddr) -> Option<u32> {
     match diag_owner(peer, server_side) {
         Ok(found) => found,
@@ -29,14 +70,65 @@ pub(crate) fn local_socket_owner(peer: SocketAddr, server_side: SocketAddr) -> O
     }
 }
 
+/// Whether `ip` is an address of this machine: any loopback address (all of 127.0.0.0/8, `::1`), or an address of
+/// one of its interfaces in this network namespace, read fresh from the kernel (`getifaddrs`). When the interfaces
+/// cannot be read the answer is yes, so that a connection whose owner is unknown is refused rather than trusted.
+pub(crate) fn is_this_machine(ip: IpAddr) -> bool {
+    let ip = canonical(ip);
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    match interface_addresses() {
+        Ok(addresses) => addresses.contains(&ip),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this machine's addresses; treating {ip} as one of them");
+            true
+        }
+    }
+}
+
+/// Every address on this machine's interfaces (IPv4 and IPv6, any state).
+fn interface_addresses() -> io::Result<Vec<IpAddr>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: list is a valid out pointer; on success the kernel-built list is freed below.
+    if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut addresses = Vec::new();
+    let mut next = list;
+    while !next.is_null() {
+        // SAFETY: next is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*next };
+        next = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family tells its real type and size.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        if family == libc::AF_INET {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let v4 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+            addresses.push(IpAddr::V4(Ipv4Addr::from(v4.sin_addr.s_addr.to_ne_bytes())));
+        } else if family == libc::AF_INET6 {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let v6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+            addresses.push(canonical(IpAddr::V6(Ipv6Addr::from(v6.sin6_addr.s6_addr))));
+        }
+    }
+    // SAFETY: list came from getifaddrs and is freed once; no reference into it outlives this call.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(addresses)
+}
+
 /// `SOCK_DIAG_BY_FAMILY` from linux/sock_diag.h.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// Sizes from linux/netlink.h and linux/inet_diag.h.
 const NLMSG_HEADER: usize = 16;
 const INET_DIAG_REQ_V2: usize = 56;
-/// Offsets in `struct inet_diag_msg`: `idiag_state` and `idiag_uid`.
+/// Offsets in `struct inet_diag_msg`: `idiag_state`, `idiag_uid` and `idiag_inode`.
 const MSG_STATE: usize = 1;
 const MSG_UID: usize = 64;
+const MSG_INODE: usize = 68;
 const MSG_LEN: usize = 72;
 
 /// Asks the kernel for the one socket with these addresses: as an IPv4 socket, then as an IPv6 one (a dual-stack
@@ -58,10 +150,10 @@ fn diag_owner(peer: SocketAddr, server_side: SocketAddr) -> io::Result<Option<u3
             dst,
             server_side.port(),
         );
-        if let Some((state, uid)) = diag_query(&socket, &request)?
-            && !NOT_AN_OWNED_END.contains(&state)
+        if let Some(end) = diag_query(&socket, &request)?
+            && end.held()
         {
-            return Ok(Some(uid));
+            return Ok(Some(end.uid));
         }
     }
     Ok(None)
@@ -145,8 +237,23 @@ fn diag_request(
     m
 }
 
-/// Sends one request and reads its answer: the socket's (state, uid), or `None` when the kernel has no such socket.
-fn diag_query(socket: &OwnedFd, request: &[u8]) -> io::Result<Option<(u8, u32)>> {
+/// What the kernel lists for one socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SocketEnd {
+    state: u8,
+    uid: u32,
+    inode: u32,
+}
+
+impl SocketEnd {
+    /// A connection's end that a process holds: only then is `uid` its owner.
+    fn held(&self) -> bool {
+        CONNECTED.contains(&self.state) && self.inode != 0
+    }
+}
+
+/// Sends one request and reads its answer: the socket, or `None` when the kernel has no such socket.
+fn diag_query(socket: &OwnedFd, request: &[u8]) -> io::Result<Option<SocketEnd>> {
     // SAFETY: an all-zero sockaddr_nl is valid; family set below; pid 0 addresses the kernel.
     let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
@@ -180,7 +287,7 @@ fn diag_query(socket: &OwnedFd, request: &[u8]) -> io::Result<Option<(u8, u32)>>
     parse_diag_answer(&answer[..got as usize])
 }
 
-fn parse_diag_answer(answer: &[u8]) -> io::Result<Option<(u8, u32)>> {
+fn parse_diag_answer(answer: &[u8]) -> io::Result<Option<SocketEnd>> {
     let malformed = || io::Error::other("malformed sock_diag answer");
     let u32_at = |at: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(answer.get(at..at + 4)?.try_into().ok()?))
@@ -200,9 +307,11 @@ fn parse_diag_answer(answer: &[u8]) -> io::Result<Option<(u8, u32)>> {
     if kind != SOCK_DIAG_BY_FAMILY || answer.len() < NLMSG_HEADER + MSG_LEN {
         return Err(malformed());
     }
-    let state = answer[NLMSG_HEADER + MSG_STATE];
-    let uid = u32_at(NLMSG_HEADER + MSG_UID).ok_or_else(malformed)?;
-    Ok(Some((state, uid)))
+    Ok(Some(SocketEnd {
+        state: answer[NLMSG_HEADER + MSG_STATE],
+        uid: u32_at(NLMSG_HEADER + MSG_UID).ok_or_else(malformed)?,
+        inode: u32_at(NLMSG_HEADER + MSG_INODE).ok_or_else(malformed)?,
+    }))
 }
 
 fn find_in_table(path: &str, peer: SocketAddr, server_side: SocketAddr) -> Option<u32> {
@@ -213,9 +322,9 @@ fn find_in_table(path: &str, peer: SocketAddr, server_side: SocketAddr) -> Optio
         if let Some(entry) = parse_line(&line)
             && same(entry.local, peer)
             && same(entry.remote, server_side)
-            && !NOT_AN_OWNED_END.contains(&entry.state)
+            && entry.end.held()
         {
-            return Some(entry.uid);
+            return Some(entry.end.uid);
         }
     }
     None
@@ -224,8 +333,7 @@ fn find_in_table(path: &str, peer: SocketAddr, server_side: SocketAddr) -> Optio
 struct Entry {
     local: SocketAddr,
     remote: SocketAddr,
-    state: u8,
-    uid: u32,
+    end: SocketEnd,
 }
 
 /// One line: `sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...`.
@@ -239,11 +347,12 @@ fn parse_line(line: &str) -> Option<Entry> {
     let _timer = fields.next()?;
     let _retransmits = fields.next()?;
     let uid = fields.next()?.parse().ok()?;
+    let _timeout = fields.next()?;
+    let inode = fields.next()?.parse().ok()?;
     Some(Entry {
         local,
         remote,
-        state,
-        uid,
+        end: SocketEnd { state, uid, inode },
     })
 }
 
@@ -301,7 +410,20 @@ mod tests {
             assert_eq!(e.local, "127.0.0.1:8080".parse().unwrap());
             assert_eq!(e.remote, "127.0.0.2:50000".parse().unwrap());
         }
-        assert_eq!((e.state, e.uid), (1, 1000));
+        assert_eq!(
+            e.end,
+            SocketEnd {
+                state: 1,
+                uid: 1000,
+                inode: 12345
+            }
+        );
+        assert!(e.end.held());
+        // TIME_WAIT and orphaned sockets are listed with uid 0 and no inode: nobody's.
+        let tw = "   2: 0100007F:1F90 0200007F:C351 06 00000000:00000000 03:00000F9C 00000000     0        0 0 3";
+        assert!(!parse_line(tw).unwrap().end.held());
+        let orphan = "   3: 0100007F:1F90 0200007F:C352 05 00000000:00000000 00:00000000 00000000     0        0 0 1";
+        assert!(!parse_line(orphan).unwrap().end.held());
         assert!(parse_line("garbage").is_none());
         assert!(parse_address("0100007Ä:1F90").is_none());
         assert!(parse_address("0100007:1F90").is_none());
@@ -317,6 +439,7 @@ mod tests {
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         assert_eq!(local_socket_owner(peer, ours), Some(me));
+        assert_eq!(connection_owner(&server), Some(me));
         // Both ways of looking agree.
         assert_eq!(diag_owner(peer, ours).unwrap(), Some(me));
         let tables = ["/proc/net/tcp", "/proc/net/tcp6"]
@@ -337,6 +460,128 @@ mod tests {
                 Some(me)
             );
             drop(client);
+        }
+    }
+
+    /// A client end closed by its process (an orphan in FIN_WAIT2, listed with uid 0 and no inode) or reset has no
+    /// owner; one only shut for writing is still held and keeps its owner.
+    #[test]
+    fn closed_or_reset_ends_have_no_owner() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let accept = || {
+            let (server, peer) = listener.accept().unwrap();
+            let ours = server.local_addr().unwrap();
+            (server, peer, ours)
+        };
+        // Half-closed by a process that still holds it: FIN_WAIT2 with an inode.
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer, ours) = accept();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        wait_for(|| tcp_state(&server) == Some(8));
+        assert_eq!(connection_owner(&server), Some(me));
+        // Closed after its FIN was acknowledged: the client's end becomes a FIN_WAIT2 mini-socket that the kernel
+        // lists with uid 0 (root's, the job's uid when the launcher runs as root) and no inode: nobody's.
+        drop(client);
+        wait_for(|| raw_end(peer, ours).is_some_and(|e| e.state == 5 && e.inode == 0));
+        assert_eq!(
+            raw_end(peer, ours),
+            Some(SocketEnd {
+                state: 5,
+                uid: 0,
+                inode: 0
+            })
+        );
+        assert_eq!(local_socket_owner(peer, ours), None);
+        assert_eq!(connection_owner(&server), None);
+        drop(server);
+        // Closed at once, before anything was acknowledged: an orphan in FIN_WAIT1, also without an inode.
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer, ours) = accept();
+        drop(client);
+        let orphan = raw_end(peer, ours);
+        assert!(
+            orphan.is_some_and(|e| e.inode == 0 && !e.held()),
+            "{orphan:?}"
+        );
+        assert_eq!(local_socket_owner(peer, ours), None);
+        assert_eq!(connection_owner(&server), None);
+        drop(server);
+        // Reset (SO_LINGER 0): the client's socket is gone and our end is closed.
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer, ours) = accept();
+        reset(client);
+        wait_for(|| tcp_state(&server) == Some(7));
+        assert_eq!(raw_end(peer, ours), None);
+        assert_eq!(connection_owner(&server), None);
+    }
+
+    /// The socket the kernel lists for these addresses, held or not.
+    fn raw_end(peer: SocketAddr, ours: SocketAddr) -> Option<SocketEnd> {
+        let socket = diag_socket().unwrap();
+        let request = diag_request(
+            1,
+            libc::AF_INET as u8,
+            v4_bytes(match peer.ip() {
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(_) => unreachable!("an IPv4 test"),
+            }),
+            peer.port(),
+            v4_bytes(match ours.ip() {
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(_) => unreachable!("an IPv4 test"),
+            }),
+            ours.port(),
+        );
+        diag_query(&socket, &request).unwrap()
+    }
+
+    /// Closes `stream` with a reset instead of a FIN.
+    fn reset(stream: TcpStream) {
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: linger is a valid struct linger for the length given.
+        let set = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0);
+        drop(stream);
+    }
+
+    fn wait_for(done: impl Fn() -> bool) {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(std::time::Instant::now() < until, "condition never held");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn this_machines_addresses() {
+        let interfaces = interface_addresses().unwrap();
+        assert!(
+            interfaces.contains(&IpAddr::from([127, 0, 0, 1])),
+            "{interfaces:?}"
+        );
+        for ip in &interfaces {
+            assert!(is_this_machine(*ip), "{ip}");
+        }
+        // All of 127/8 is this machine, also as IPv4-mapped IPv6.
+        for ip in ["127.0.0.2", "127.255.0.9", "::1", "::ffff:127.0.0.3"] {
+            assert!(is_this_machine(ip.parse().unwrap()), "{ip}");
+        }
+        // Documentation addresses (TEST-NET-3, 2001:db8::/32) are on no interface here.
+        for ip in ["203.0.113.77", "2001:db8::77", "::ffff:203.0.113.77"] {
+            assert!(!is_this_machine(ip.parse().unwrap()), "{ip}");
         }
     }
 
