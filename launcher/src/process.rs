@@ -433,10 +433,12 @@ pub fn signal_name(signal: i32) -> String {
 /// `cgroup.kill` present: Linux 5.14+). Each worker joins its step's group before it runs anything, so whatever it
 /// starts stays in the group; ending a step kills the group (`cgroup.kill`), and the [`Watchdog`] kills the whole
 /// run's group when the launcher dies. Groups of launchers that died with their watchdog are killed and removed the
-/// next time a launcher starts.
+/// next time a launcher starts: a live launcher holds a shared `flock` on its group's directory (`owner`, close-on-exec
+/// so no worker inherits it), which is namespace-independent, unlike the pid in the group's name.
 #[derive(Debug)]
 pub struct RunCgroup {
     dir: PathBuf,
+    _owner: OwnedFd,
 }
 
 /// One step's group inside a [`RunCgroup`]; [`StepCgroup::kill_all`] ends everything in it.
@@ -470,6 +472,26 @@ fn own_cgroup_v2() -> Result<PathBuf, String> {
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or("this process has no cgroup v2 membership")?;
     Ok(mount.join(relative.trim_start_matches('/')))
+}
+
+/// `flock(operation)` on a cgroup directory, through a close-on-exec descriptor that keeps the lock.
+fn lock_group(dir: &Path, operation: libc::c_int) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)?;
+    let fd = OwnedFd::from(file);
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(fd.as_raw_fd(), operation) } == 0 {
+            return Ok(fd);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
 }
 
 fn write_file(path: &Path, value: &str) -> io::Result<()> {
@@ -553,11 +575,30 @@ impl RunCgroup {
             return Err(format!("{} is not a cgroup v2 directory", parent.display()));
         }
         Self::remove_stale(&parent);
-        let n = CGROUPS.fetch_add(1, Ordering::Relaxed);
-        let dir = parent.join(format!("{CGROUP_PREFIX}{}-{n}", std::process::id()));
-        std::fs::create_dir(&dir)
-            .map_err(|e| format!("cannot create the cgroup {}: {e}", dir.display()))?;
-        let group = RunCgroup { dir };
+        let mut attempts = 0;
+        let group = loop {
+            let n = CGROUPS.fetch_add(1, Ordering::Relaxed);
+            let dir = parent.join(format!("{CGROUP_PREFIX}{}-{n}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                // Another pid namespace's launcher with the same pid and counter: take the next name.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 16 => {
+                    attempts += 1;
+                    continue;
+                }
+                r => r.map_err(|e| format!("cannot create the cgroup {}: {e}", dir.display()))?,
+            }
+            let owner = lock_group(&dir, libc::LOCK_SH)
+                .map_err(|e| format!("cannot lock the cgroup {}: {e}", dir.display()))?;
+            // Another launcher's `remove_stale` may have taken the fresh, not yet locked group for a stale one
+            // and removed it: then take a new one.
+            if dir.is_dir() {
+                break RunCgroup { dir, _owner: owner };
+            }
+            attempts += 1;
+            if attempts >= 16 {
+                return Err(format!("the cgroup {} keeps disappearing", dir.display()));
+            }
+        };
         if !group.dir.join("cgroup.kill").exists() {
             return Err("this kernel has no cgroup.kill (Linux 5.14+)".into());
         }
@@ -578,31 +619,28 @@ impl RunCgroup {
         Ok(group)
     }
 
-    /// Groups `hvd-run-<pid>-<n>` whose launcher is no longer alive: what is left in them escaped a launcher that
-    /// was killed together with its watchdog.
+    /// Groups `hvd-run-*` whose launcher is no longer alive: what is left in them escaped a launcher that was
+    /// killed together with its watchdog. A launcher holds a shared `flock` on its group's directory for as long as
+    /// it runs; a group whose lock can be taken exclusively has none. Unlike the pid in the name, this holds across
+    /// pid namespaces sharing one cgroup tree (a pid there may be unknown here, or another process's).
     fn remove_stale(parent: &Path) {
         let Ok(entries) = std::fs::read_dir(parent) else {
             return;
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name
-                .strip_prefix(CGROUP_PREFIX)
-                .and_then(|rest| rest.split('-').next())
-                .and_then(|pid| pid.parse::<libc::pid_t>().ok())
-            else {
+            if !name.starts_with(CGROUP_PREFIX) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            // Held while the group is emptied and removed, so a launcher never adopts it half-removed.
+            let Ok(_held) = lock_group(&entry.path(), libc::LOCK_EX | libc::LOCK_NB) else {
                 continue;
             };
-            // SAFETY: signal 0 only checks for existence.
-            let alive = unsafe { libc::kill(pid, 0) == 0 }
-                || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-            if !alive {
-                tracing::info!(
-                    "killing what is left in {} (its launcher is gone)",
-                    entry.path().display()
-                );
-                kill_and_remove(&entry.path());
-            }
+            tracing::info!(
+                "killing what is left in {} (its launcher is gone)",
+                entry.path().display()
+            );
+            kill_and_remove(&entry.path());
         }
     }
 
@@ -657,5 +695,76 @@ impl StepCgroup {
 
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+}
+
+#[cfg(test)]
+mod stale_group_tests {
+    #![allow(clippy::print_stderr)]
+    use super::*;
+
+    /// A `sleep` moved into `group`; returns the child to reap.
+    fn sleeper_in(group: &Path) -> std::process::Child {
+        let child = Command::new("sleep").arg("300").spawn().unwrap();
+        write_file(&group.join("cgroup.procs"), &child.id().to_string()).unwrap();
+        child
+    }
+
+    fn alive(child: &mut std::process::Child) -> bool {
+        child.try_wait().unwrap().is_none()
+    }
+
+    /// #16 review finding 10: liveness of a group's launcher is its `flock`, not the pid in the group's name,
+    /// which means nothing across pid namespaces sharing one cgroup tree: a group named after a pid alive here
+    /// (1) but held by nobody is stale; a group named after a pid unknown here but held by a launcher (in another
+    /// namespace) is live and keeps running.
+    #[test]
+    fn stale_groups_by_their_lock_not_by_the_pid_in_their_name() {
+        let Ok(parent) = own_cgroup_v2() else {
+            eprintln!("no cgroup v2 here; skipping");
+            return;
+        };
+        let unique = format!(
+            "{}{}",
+            std::process::id(),
+            CGROUPS.fetch_add(1, Ordering::Relaxed)
+        );
+        let orphan = parent.join(format!("{CGROUP_PREFIX}1-{unique}"));
+        let other_ns = parent.join(format!("{CGROUP_PREFIX}4194305-{unique}"));
+        if std::fs::create_dir(&orphan).is_err() || !orphan.join("cgroup.kill").exists() {
+            eprintln!(
+                "cannot make cgroups with cgroup.kill under {}; skipping",
+                parent.display()
+            );
+            let _ = std::fs::remove_dir(&orphan);
+            return;
+        }
+        std::fs::create_dir(&other_ns).unwrap();
+        let held = lock_group(&other_ns, libc::LOCK_SH).unwrap();
+        let mut orphan_sleeper = sleeper_in(&orphan);
+        let mut live_sleeper = sleeper_in(&other_ns);
+
+        RunCgroup::remove_stale(&parent);
+
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while alive(&mut orphan_sleeper) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let orphan_left = alive(&mut orphan_sleeper) || orphan.exists();
+        let live_kept = alive(&mut live_sleeper) && other_ns.exists();
+        drop(held);
+        kill_and_remove(&other_ns);
+        kill_and_remove(&orphan);
+        let _ = live_sleeper.wait();
+        let _ = orphan_sleeper.kill();
+        let _ = orphan_sleeper.wait();
+        assert!(
+            !orphan_left,
+            "a group no launcher holds was kept (its name's pid 1 is alive here)"
+        );
+        assert!(
+            live_kept,
+            "a group its launcher holds was killed (its name's pid is unknown here)"
+        );
     }
 }
