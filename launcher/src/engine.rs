@@ -654,6 +654,7 @@ fn run_step(
                     spawn_error = Some(LaunchError::Spawn {
                         step: step.name.clone(),
                         rank: slot.rank,
+                        program: command.get_program().to_string_lossy().into_owned(),
                         source,
                     });
                     break;

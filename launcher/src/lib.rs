@@ -20,6 +20,9 @@
 //! # Ok(()) }
 //! ```
 
+// A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod doctor;
 pub mod engine;
 pub mod engines;
@@ -54,10 +57,12 @@ pub enum LaunchError {
     Engine(String),
     #[error("step `{0}` has 0 workers; use at least 1")]
     ZeroWorkers(String),
-    #[error("failed to start rank {rank} of step `{step}`")]
+    #[error("failed to start rank {rank} of step `{step}`: cannot run `{program}`")]
     Spawn {
         step: String,
         rank: u32,
+        /// The program that did not start (`srun`, `ssh`, the step's shell).
+        program: String,
         #[source]
         source: std::io::Error,
     },

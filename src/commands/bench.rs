@@ -201,10 +201,7 @@ fn print_rows(rows: &[Row], n: usize, backend: &str, json: bool) {
 }
 
 fn failed(e: hvd_collective::Error) -> Failure {
-    Failure::new(
-        Status::Failure,
-        miette::miette!("allreduce benchmark failed: {e}"),
-    )
+    Failure::from_error_in(Status::Failure, "allreduce benchmark failed", &e)
 }
 
 fn allreduce(a: AllreduceArgs) -> CommandResult {
@@ -219,16 +216,16 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
     let choice: BackendChoice = a
         .backend
         .parse()
-        .map_err(|e| Failure::usage(format!("{e}")))?;
+        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
     let launched = JobEnv::from_env().is_ok();
     if launched || matches!(choice, BackendChoice::Mpi | BackendChoice::Nccl) {
         // One rank of a job: join it, measure, rank 0 prints.
-        let job = JobEnv::from_env().map_err(|e| Failure::usage(format!("{e}")))?;
+        let job = JobEnv::from_env().map_err(|e| Failure::from_error(Status::Usage, &e))?;
         let mut comm = if choice == BackendChoice::Mpi {
             hvd_collective::mpi_backend::connect()
         } else {
             let timeout = hvd_collective::config::timeout_from_env()
-                .map_err(|e| Failure::usage(format!("{e}")))?;
+                .map_err(|e| Failure::from_error(Status::Usage, &e))?;
             bootstrap::connect(&job, choice, timeout)
         }
         .map_err(failed)?;

@@ -216,7 +216,7 @@ fn plan(
     lock: &Lockfile,
 ) -> Result<hvd_builder::EnvPlan, Failure> {
     hvd_builder::lockfile::plan_from_lockfile(lock, &project.name)
-        .map_err(|err| Failure::new(Status::Usage, miette::miette!("{err}")))
+        .map_err(|err| Failure::from_error(Status::Usage, &err))
 }
 
 fn build_failure(err: hvd_builder::Error) -> Failure {
@@ -239,10 +239,7 @@ fn build_failure(err: hvd_builder::Error) -> Failure {
         hvd_builder::Error::PythonNotFound { .. } | hvd_builder::Error::Invalid(_) => Status::Usage,
         _ => Status::Failure,
     };
-    Failure::new(
-        status,
-        miette::miette!(help = help, "failed to build the env: {err}"),
-    )
+    Failure::from_error_with_help(status, "failed to build the env", &err, help)
 }
 
 /// Read the file and the lock; with `--locked` a missing or stale lock exits 3.
@@ -255,13 +252,11 @@ pub fn load_and_lock(
     let lock_path = Lockfile::path_for(file);
     let read = |status: Status| {
         Lockfile::read(&lock_path).map_err(|err| {
-            Failure::new(
+            Failure::from_error_with_help(
                 status,
-                miette::miette!(
-                    help = "run `hvd lock` to create it",
-                    "failed to read `{}`: {err}",
-                    lock_path.display()
-                ),
+                format_args!("failed to read `{}`", lock_path.display()),
+                &err,
+                "run `hvd lock` to create it",
             )
         })
     };
@@ -313,15 +308,17 @@ fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Res
             | hvd_resolver::ResolveError::BadRequirement { .. } => Status::Usage,
             _ => Status::Failure,
         };
-        Failure::new(
+        Failure::from_error_in(
             status,
-            miette::miette!("failed to lock `{}`: {err}", file.display()),
+            format_args!("failed to lock `{}`", file.display()),
+            &err,
         )
     })?;
     lock.write(&lock_path).map_err(|err| {
-        Failure::new(
+        Failure::from_error_in(
             Status::Failure,
-            miette::miette!("failed to write `{}`: {err}", lock_path.display()),
+            format_args!("failed to write `{}`", lock_path.display()),
+            &err,
         )
     })?;
     Ok(())

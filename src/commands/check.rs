@@ -19,10 +19,7 @@ pub fn run(args: CheckArgs) -> CommandResult {
     let project = load(&args.file)?;
     if args.json {
         let json = serde_json::to_string_pretty(&project).map_err(|e| {
-            Failure::new(
-                Status::Failure,
-                miette::miette!("failed to serialize the model: {e}"),
-            )
+            Failure::from_error_in(Status::Failure, "failed to serialize the model", &e)
         })?;
         println!("{json}");
         return Ok(Status::Success);

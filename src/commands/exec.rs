@@ -28,10 +28,7 @@ pub fn run(args: ExecArgs) -> CommandResult {
         .ok_or_else(|| Failure::usage("no command given after `--`"))?;
     // The temporary gc root's descriptor stays open in the command: its env outlives any `hvd gc` while it runs.
     ready.temp_root.keep_across_exec().map_err(|err| {
-        Failure::new(
-            Status::Failure,
-            miette::miette!("failed to keep the env rooted: {err}"),
-        )
+        Failure::from_error_in(Status::Failure, "failed to keep the env rooted", &err)
     })?;
     let mut command = std::process::Command::new(program);
     command
@@ -40,8 +37,9 @@ pub fn run(args: ExecArgs) -> CommandResult {
         .env_remove("PYTHONHOME");
     // Replace this process, so signals and the exit status are the command's own.
     let err = command.exec();
-    Err(Failure::new(
+    Err(Failure::from_error_in(
         Status::Failure,
-        miette::miette!("failed to run `{program}`: {err}"),
+        format_args!("failed to run `{program}`"),
+        &err,
     ))
 }

@@ -66,22 +66,23 @@ pub fn write_k8s(
     flavour: Flavour,
     out: &Path,
 ) -> Result<Vec<PathBuf>, Failure> {
-    let export = k8s::export(project, flavour)
-        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+    let export =
+        k8s::export(project, flavour).map_err(|e| Failure::from_error(Status::Usage, &e))?;
     for note in &export.notes {
         let _ = writeln!(std::io::stderr().lock(), "hvd: note: {note}");
     }
     std::fs::create_dir_all(out).map_err(|e| {
-        Failure::new(
+        Failure::from_error_in(
             Status::Failure,
-            miette::miette!("failed to create `{}`: {e}", out.display()),
+            format_args!("failed to create `{}`", out.display()),
+            &e,
         )
     })?;
     let mut files = Vec::new();
     for manifest in &export.manifests {
         let path = out.join(&manifest.file);
         let text = serde_json::to_string_pretty(&manifest.content)
-            .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+            .map_err(|e| Failure::from_error(Status::Failure, &e))?;
         // The token Secret is readable by its owner only (as `kubectl` keeps a kubeconfig): a new file is created
         // 0600, an old one is made so before the token is written.
         let mode = if manifest.content["kind"] == "Secret" {
@@ -103,9 +104,10 @@ pub fn write_k8s(
             file.write_all((text.clone() + "\n").as_bytes())
         };
         write().map_err(|e| {
-            Failure::new(
+            Failure::from_error_in(
                 Status::Failure,
-                miette::miette!("failed to write `{}`: {e}", path.display()),
+                format_args!("failed to write `{}`", path.display()),
+                &e,
             )
         })?;
         files.push(path);

@@ -39,9 +39,10 @@ pub fn run(args: FmtArgs) -> CommandResult {
         ));
     }
     write_atomically(&args.file, &formatted).map_err(|e| {
-        Failure::new(
+        Failure::from_error_in(
             Status::Failure,
-            miette::miette!("failed to write {}: {e}", args.file.display()),
+            format_args!("failed to write {}", args.file.display()),
+            &e,
         )
     })?;
     println!("formatted {}", args.file.display());

@@ -15,10 +15,7 @@ pub struct GcArgs {
 
 pub fn run(args: GcArgs) -> CommandResult {
     let fail = |err: hvd_builder::Error| {
-        Failure::new(
-            Status::Failure,
-            miette::miette!("failed to collect garbage: {err}"),
-        )
+        Failure::from_error_in(Status::Failure, "failed to collect garbage", &err)
     };
     let store = Store::open(Store::default_root()).map_err(fail)?;
     let report = hvd_builder::gc::collect_garbage(&store, args.dry_run).map_err(fail)?;

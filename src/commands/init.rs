@@ -44,9 +44,10 @@ pub fn run(args: InitArgs) -> CommandResult {
         }
     }
     let io = |path: &Path, e: std::io::Error| {
-        Failure::new(
+        Failure::from_error_in(
             Status::Failure,
-            miette::miette!("failed to write {}: {e}", path.display()),
+            format_args!("failed to write {}", path.display()),
+            &e,
         )
     };
     std::fs::create_dir_all(&args.dir).map_err(|e| io(&args.dir, e))?;

@@ -49,10 +49,10 @@ pub fn run(args: LockArgs) -> CommandResult {
             Ok(lock) => Some(lock),
             // A newer schema must not be silently overwritten by an older hvd.
             Err(err @ hvd_resolver::LockfileError::NewerSchema { .. }) => {
-                return Err(Failure::new(Status::Usage, miette::miette!("{err}")));
+                return Err(Failure::from_error(Status::Usage, &err));
             }
             Err(err) if args.check => {
-                return Err(Failure::new(Status::LockStale, miette::miette!("{err}")));
+                return Err(Failure::from_error(Status::LockStale, &err));
             }
             Err(err) => {
                 tracing::warn!("ignoring unreadable lockfile: {err}");
@@ -93,9 +93,10 @@ pub fn run(args: LockArgs) -> CommandResult {
     let unchanged = std::fs::read_to_string(&lock_path).is_ok_and(|old| old == text);
     if !unchanged {
         locked.lockfile.write(&lock_path).map_err(|e| {
-            Failure::new(
+            Failure::from_error_in(
                 Status::Failure,
-                miette::miette!("failed to write `{}`: {e}", lock_path.display()),
+                format_args!("failed to write `{}`", lock_path.display()),
+                &e,
             )
         })?;
     }
@@ -237,12 +238,6 @@ fn resolve_failure(err: ResolveError) -> Failure {
         | ResolveError::NoIndex(_) => Status::Usage,
         _ => Status::Failure,
     };
-    // Show the whole cause chain: the URL is in the outer error, the network reason in the inner one.
-    let mut text = format!("failed to lock: {err}");
-    let mut source = std::error::Error::source(&err);
-    while let Some(s) = source {
-        text.push_str(&format!("\n  caused by: {s}"));
-        source = s.source();
-    }
-    Failure::new(status, miette::miette!("{text}"))
+    // The whole cause chain: the URL is in the outer error, the network reason in the inner one.
+    Failure::from_error_in(status, "failed to lock", &err)
 }

@@ -137,14 +137,14 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     use hvd_launcher::engines::shim;
     use std::os::unix::process::CommandExt as _;
     let env = |name: &str| std::env::var(name).ok();
-    let usage = |e: &dyn std::fmt::Display| {
-        Failure::new(Status::Usage, miette::miette!("hvd worker-env: {e}"))
+    let usage = |e: &(dyn std::error::Error + 'static)| {
+        Failure::from_error_in(Status::Usage, "hvd worker-env", e)
     };
     let (slot, _) = shim::slot_from_env(&env).map_err(|e| usage(&e))?;
     // Rank 0 of a job without a launcher-side rendezvous (Kubernetes) serves it while its worker runs.
     let server = shim::serve_if_rank_zero(&env, &slot).map_err(|e| usage(&e))?;
     let rendezvous = shim::resolve_rendezvous(&env)
-        .map_err(|e| Failure::new(Status::Failure, miette::miette!("hvd worker-env: {e}")))?;
+        .map_err(|e| Failure::from_error_in(Status::Failure, "hvd worker-env", &e))?;
     let get = |name: &str| match name {
         "HVD_RENDEZVOUS" => rendezvous.clone(),
         _ => env(name),
@@ -164,12 +164,13 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     let mut command = std::process::Command::new(program);
     command.args(rest).envs(vars);
     let start_failed = |err: std::io::Error| {
-        Failure::new(
+        Failure::from_error_in(
             Status::Failure,
-            miette::miette!(
-                "hvd worker-env: failed to start `{}`: {err}",
+            format_args!(
+                "hvd worker-env: failed to start `{}`",
                 program.to_string_lossy()
             ),
+            &err,
         )
     };
     // A serving rank 0, --kill-on-failure and --whole-lines keep the shim as the worker's parent; else it execs.
@@ -303,11 +304,15 @@ pub fn run(args: RunArgs) -> CommandResult {
         hosts: match &args.hostfile {
             Some(file) => {
                 let text = std::fs::read_to_string(file).map_err(|e| {
-                    Failure::usage(format!("failed to read `{}`: {e}", file.display()))
+                    Failure::from_error_in(
+                        Status::Usage,
+                        format_args!("failed to read `{}`", file.display()),
+                        &e,
+                    )
                 })?;
                 Some(
                     hvd_launcher::engines::parse_hostfile(&text)
-                        .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?,
+                        .map_err(|e| Failure::from_error_in(Status::Usage, file.display(), &e))?,
                 )
             }
             None => args.hosts.clone(),
@@ -345,7 +350,7 @@ pub fn run(args: RunArgs) -> CommandResult {
         ));
     }
     let plan = hvd_launcher::plan(&project, &options)
-        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
     if args.dry_run {
         print!("{}", plan.render());
         if plan.env_dir.is_none() && !args.no_build {
@@ -358,7 +363,7 @@ pub fn run(args: RunArgs) -> CommandResult {
     let console = Console::new(args.ranks.map(|r| r.into_iter().collect()));
     let interrupts = Interrupts::install();
     let report = hvd_launcher::execute(&plan, &options, &|event| console.show(event), interrupts)
-        .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+        .map_err(|e| Failure::from_error(Status::Failure, &e))?;
     match report.failure {
         None => {
             let ran = report.ran.len();
@@ -386,7 +391,7 @@ fn run_sbatch(
 ) -> CommandResult {
     use hvd_launcher::engines::{sbatch, slurm};
     let shim = options.shim.clone().unwrap_or_else(|| PathBuf::from("hvd"));
-    let usage = |e: hvd_launcher::LaunchError| Failure::new(Status::Usage, miette::miette!("{e}"));
+    let usage = |e: hvd_launcher::LaunchError| Failure::from_error(Status::Usage, &e);
     // The plan of the local engine gives the steps, their order and variables; the batch scripts do the rest.
     let engine = options.engine.replace("local".into());
     let plan = hvd_launcher::plan(project, &options).map_err(usage)?;
@@ -399,7 +404,7 @@ fn run_sbatch(
     sbatch::check_tools().map_err(usage)?;
     let interrupts = Interrupts::install();
     let submission = sbatch::submit(&plan, &steps, &options)
-        .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+        .map_err(|e| Failure::from_error(Status::Failure, &e))?;
     for job in &submission.jobs {
         let after = if job.after.is_empty() {
             String::new()
@@ -434,7 +439,7 @@ fn run_sbatch(
         &|event| console.show(event),
         interrupts,
     )
-    .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    .map_err(|e| Failure::from_error(Status::Failure, &e))?;
     finish(report)
 }
 
@@ -451,7 +456,7 @@ fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> Command
     let files =
         super::export::write_k8s(project, hvd_launcher::engines::k8s::Flavour::JobSet, &dir)?;
     let job = kubectl::KubeJob::from_files(project, &files)
-        .map_err(|e| Failure::new(Status::Usage, miette::miette!("{e}")))?;
+        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
     if args.dry_run {
         for file in &files {
             println!("# {}", file.display());
@@ -483,7 +488,7 @@ fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> Command
         &|event| console.show(event),
         interrupts,
     )
-    .map_err(|e| Failure::new(Status::Failure, miette::miette!("{e}")))?;
+    .map_err(|e| Failure::from_error(Status::Failure, &e))?;
     finish(report)
 }
 

@@ -25,10 +25,7 @@ pub fn run(args: ShellArgs) -> CommandResult {
         .unwrap_or_else(|| "/bin/sh".into());
     // The temporary gc root's descriptor stays open in the shell: its env outlives any `hvd gc` while it runs.
     ready.temp_root.keep_across_exec().map_err(|err| {
-        Failure::new(
-            Status::Failure,
-            miette::miette!("failed to keep the env rooted: {err}"),
-        )
+        Failure::from_error_in(Status::Failure, "failed to keep the env rooted", &err)
     })?;
     eprintln!(
         "entering {} (exit the shell to leave)",
@@ -39,8 +36,9 @@ pub fn run(args: ShellArgs) -> CommandResult {
         .env("HVD_ENV", &ready.build.env)
         .env_remove("PYTHONHOME")
         .exec();
-    Err(Failure::new(
+    Err(Failure::from_error_in(
         Status::Failure,
-        miette::miette!("failed to start `{shell}`: {err}"),
+        format_args!("failed to start `{shell}`"),
+        &err,
     ))
 }

@@ -16,13 +16,11 @@ pub struct WhyDependsArgs {
 pub fn run(args: WhyDependsArgs) -> CommandResult {
     let path = Lockfile::path_for(&args.file);
     let lock = Lockfile::read(&path).map_err(|err| {
-        Failure::new(
+        Failure::from_error_with_help(
             Status::Usage,
-            miette::miette!(
-                help = "run `hvd lock` first",
-                "failed to read `{}`: {err}",
-                path.display()
-            ),
+            format_args!("failed to read `{}`", path.display()),
+            &err,
+            "run `hvd lock` first",
         )
     })?;
     match hvd_builder::lockfile::why_depends(&lock, &args.package) {
