@@ -14,6 +14,9 @@
 //! Store layout and hashing: docs/store.md. Where to start reading: [`realize`] (the flow), [`store`] (atomic
 //! paths and locks), [`derivation`] (what a hash covers).
 
+// A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod derivation;
 pub mod env;
 pub mod error;

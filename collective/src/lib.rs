@@ -25,6 +25,9 @@
 //! Where to read: [`communicator`] (the trait), [`p2p`] (algorithms and the mismatch check), [`transport`] (the
 //! point-to-point layer), [`tcp`] and [`shm`] (transports), [`bootstrap`] (joining a job from the environment).
 
+// A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod bootstrap;
 pub mod communicator;
 pub mod config;

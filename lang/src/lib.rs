@@ -17,6 +17,9 @@
 //! them all. Parsing and evaluation run on a thread with a large stack; the nesting and evaluation limits
 //! (see [`syntax::parser::MAX_DEPTH`], [`eval::MAX_EVAL_DEPTH`], [`eval::EVAL_BUDGET`]) keep them well inside it.
 
+// A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 mod diagnostics;
 pub mod eval;
 mod format;

@@ -17,6 +17,9 @@
 //! # Ok(()) }
 //! ```
 
+// A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod deadline;
 pub mod digest;
 pub mod index;

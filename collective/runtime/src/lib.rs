@@ -16,6 +16,9 @@
 //! assert_eq!(engine.wait(h).unwrap().data, data);
 //! ```
 
+// A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod cache;
 pub mod collective;
 pub mod config;
