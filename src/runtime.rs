@@ -38,15 +38,17 @@ pub fn stage() -> Result<Staged, Failure> {
         .prefix("hvd-runtime-")
         .tempdir()
         .map_err(|err| {
-            Failure::new(
+            Failure::from_error_in(
                 crate::exit::Status::Failure,
-                miette::miette!("failed to create a temporary directory: {err}"),
+                "failed to create a temporary directory",
+                &err,
             )
         })?;
     let io = |what: &str, path: &Path, err: std::io::Error| {
-        Failure::new(
+        Failure::from_error_in(
             crate::exit::Status::Failure,
-            miette::miette!("failed to {what} `{}`: {err}", path.display()),
+            format_args!("failed to {what} `{}`", path.display()),
+            &err,
         )
     };
     for (relative, contents) in PYTHON_FILES {
