@@ -37,7 +37,7 @@ pub struct RunOptions {
     pub start_timeout: Option<Duration>,
     /// Where state and logs go; default `<project dir>/.hvd`.
     pub state_dir: Option<PathBuf>,
-    /// `--engine`: overrides `cluster { engine }` (`local`, `mpi`).
+    /// `--engine`: overrides `cluster { engine }` (`local`, `mpi`, `slurm`, `ssh`, `spark`; see [`EngineKind`]).
     pub engine: Option<String>,
     /// `--mpi openmpi|mpich` (else `cluster { settings { mpi } }`, else detected from `mpirun --version`).
     pub mpi: Option<String>,
@@ -45,7 +45,7 @@ pub struct RunOptions {
     pub mpirun: Option<PathBuf>,
     /// The hvd binary, whose `worker-env` subcommand is the shim engines run in front of each rank.
     pub shim: Option<PathBuf>,
-    /// `--hosts` (`host:slots` entries): overrides `cluster { hosts }` for the mpi engine.
+    /// `--hosts` (`host:slots` entries): overrides `cluster { hosts }` for the mpi and ssh engines.
     pub hosts: Option<Vec<String>>,
     /// `--spark-master` and `--spark-python` for the spark engine.
     pub spark: crate::engines::spark::SparkOptions,
@@ -407,11 +407,7 @@ impl Plan {
                 } else {
                     "mpirun:"
                 };
-                let _ = writeln!(
-                    out,
-                    "   {label:<8} {}",
-                    crate::engines::mpi::shell_line(argv)
-                );
+                let _ = writeln!(out, "   {label:<8} {}", crate::engines::shell::line(argv));
             }
             match step.workers {
                 Some(n) => {

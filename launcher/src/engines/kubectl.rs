@@ -194,7 +194,7 @@ pub fn commands(job: &KubeJob) -> Vec<String> {
     let line = |argv: Vec<String>| {
         let mut all = vec!["kubectl".to_owned()];
         all.extend(argv);
-        crate::engines::mpi::shell_line(&all)
+        crate::engines::shell::line(&all)
     };
     vec![
         line(job.delete_previous_argv()),

@@ -6,6 +6,7 @@ pub mod k8s;
 pub mod kubectl;
 pub mod mpi;
 pub mod sbatch;
+pub mod shell;
 pub mod shim;
 pub mod slurm;
 pub mod spark;
@@ -23,8 +24,8 @@ pub enum EngineKind {
 }
 
 impl EngineKind {
-    /// Parses an engine name (`--engine`, `cluster { engine = ... }`); engines that exist in the design but are
-    /// not built yet are an error that says so.
+    /// Parses an engine name (`--engine`, `cluster { engine = ... }`); an unknown name is an error that lists the
+    /// engines. `kubernetes` is no kind here: `hvd run` hands it to [`kubectl`] before any plan is made.
     pub fn parse(name: &str) -> Result<Self, crate::LaunchError> {
         match name {
             "local" => Ok(EngineKind::Local),

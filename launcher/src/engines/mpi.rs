@@ -192,26 +192,10 @@ pub fn argv(mpirun: &Mpirun, step: &MpiStep<'_>) -> Vec<String> {
     argv
 }
 
-/// Quotes `argv` for display (`--dry-run`) as a POSIX shell would need it.
-pub fn shell_line(argv: &[String]) -> String {
-    argv.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_./:,=@%+".contains(&b))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engines::shell;
 
     fn step<'a>(hosts: &'a [(String, u32)], export: &'a [String], cores: u32) -> MpiStep<'a> {
         MpiStep {
@@ -233,13 +217,13 @@ mod tests {
         };
         let hosts = [("a".to_string(), 2), ("b".to_string(), 2)];
         let export = ["HVD_RENDEZVOUS".to_string(), "PATH".to_string()];
-        let line = shell_line(&argv(&mpirun, &step(&hosts, &export, 8)));
+        let line = shell::line(&argv(&mpirun, &step(&hosts, &export, 8)));
         assert_eq!(
             line,
             "mpirun --allow-run-as-root --tag-output -np 4 -H a:2,b:2 --bind-to core -x HVD_RENDEZVOUS -x PATH \
              /bin/hvd worker-env --whole-lines -- /bin/sh -c 'python train.py'"
         );
-        let line = shell_line(&argv(&mpirun, &step(&[], &[], 2)));
+        let line = shell::line(&argv(&mpirun, &step(&[], &[], 2)));
         assert!(line.contains("--oversubscribe --bind-to none"), "{line}");
     }
 
@@ -251,7 +235,7 @@ mod tests {
         };
         let hosts = [("a".to_string(), 4)];
         let export = ["A".to_string(), "B".to_string()];
-        let line = shell_line(&argv(&mpirun, &step(&hosts, &export, 8)));
+        let line = shell::line(&argv(&mpirun, &step(&hosts, &export, 8)));
         assert_eq!(
             line,
             "mpirun.mpich -prepend-rank -np 4 -hosts a:4 -bind-to core -genvlist A,B \
@@ -270,9 +254,5 @@ mod tests {
             Some(MpiFlavour::Mpich)
         );
         assert_eq!(MpiFlavour::from_version_text("something"), None);
-        assert_eq!(
-            shell_line(&["a b".into(), "it's".into()]),
-            r"'a b' 'it'\''s'"
-        );
     }
 }

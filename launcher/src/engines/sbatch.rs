@@ -102,7 +102,7 @@ pub fn submit_script(plan: &Plan, steps: &[BatchStep]) -> String {
     );
     out.push_str(&format!(
         "mkdir -p {}\n",
-        crate::engines::mpi::shell_line(&[slurm::output_dir(plan).display().to_string()])
+        crate::engines::shell::quote(&slurm::output_dir(plan).display().to_string())
     ));
     for step in steps {
         let dependency = if step.needs.is_empty() {

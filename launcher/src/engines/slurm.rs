@@ -8,7 +8,7 @@ use std::path::Path;
 
 use hvd_lang::model::Project;
 
-use crate::engines::mpi::shell_line;
+use crate::engines::shell::{self, quote};
 use crate::{LaunchError, RunOptions};
 
 /// What srun needs besides the step.
@@ -120,7 +120,6 @@ pub fn batch_steps(
     };
     let name = crate::engines::k8s::dns_label(&project.name);
     let out_dir = output_dir(plan).display().to_string();
-    let quote = |s: &str| shell_line(&[s.to_owned()]);
     let mut steps = Vec::new();
     for step in &plan.steps {
         let tasks = step.workers.unwrap_or(1);
@@ -196,8 +195,8 @@ pub fn batch_steps(
                 let _ = writeln!(
                     s,
                     "{} env \"HVD_RENDEZVOUS=file:$rdv\" {} || status=$?",
-                    shell_line(&argv[..split]),
-                    shell_line(&argv[split..])
+                    shell::line(&argv[..split]),
+                    shell::line(&argv[split..])
                 );
                 let _ = writeln!(s, "rm -rf \"$rdv\"");
                 let _ = writeln!(s, "exit \"$status\"");
@@ -206,7 +205,7 @@ pub fn batch_steps(
                 let _ = writeln!(
                     s,
                     "{}",
-                    shell_line(&["/bin/sh".into(), "-c".into(), step.command.clone()])
+                    shell::line(&["/bin/sh".into(), "-c".into(), step.command.clone()])
                 );
             }
         }
@@ -397,7 +396,7 @@ mod tests {
             gpus_per_task: 1,
         };
         assert_eq!(
-            shell_line(&setup.srun_argv(4, "python t.py")),
+            shell::line(&setup.srun_argv(4, "python t.py")),
             "srun --kill-on-bad-exit=1 --ntasks=4 --label --cpus-per-task=2 --gpus-per-task=1 /bin/hvd worker-env -- \
              /bin/sh -c 'python t.py'"
         );

@@ -252,7 +252,7 @@ pub fn write_driver(path: &Path) -> Result<(), LaunchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engines::mpi::shell_line;
+    use crate::engines::shell;
 
     #[test]
     fn the_rendezvous_binds_where_the_master_is_reached() {
@@ -303,7 +303,7 @@ mod tests {
         let argv = setup(Some("local-cluster[2,1,1024]")).argv(2, &env, "python t.py", false);
         assert!(is_driver(&argv));
         assert_eq!(
-            shell_line(&argv),
+            shell::line(&argv),
             "/usr/bin/python3 /p/.hvd/spark/hvd_spark_driver.py --master 'local-cluster[2,1,1024]' --workers 2 \
              --shim /bin/hvd --state-dir /p/.hvd --export \
              PATH,PYTHONUNBUFFERED,HVD_RENDEZVOUS,HVD_JOB_TOKEN,MASTER_PORT,HVD_GPUS_PER_WORKER,HVD_RUN_STEP,X \

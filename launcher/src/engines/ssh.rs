@@ -30,6 +30,7 @@ use std::time::Duration;
 use hvd_lang::model::Project;
 
 use crate::LaunchError;
+use crate::engines::shell::{self, quote};
 use crate::env::{RendezvousInfo, Slot};
 
 /// What `hvd run` was told about ssh (`--ssh-port`, `--ssh-identity`, `--ssh-config`, `--network-interface`; each
@@ -61,20 +62,6 @@ pub struct SshSetup {
     pub grace: Duration,
     /// Copy the env's store paths to hosts that lack them (tar over ssh) before the check fails.
     pub copy_env: bool,
-}
-
-/// Quotes `word` for a POSIX shell: unchanged when it is made only of characters no shell treats specially,
-/// otherwise in single quotes (a `'` inside becomes `'\''`).
-pub fn quote(word: &str) -> String {
-    if !word.is_empty()
-        && word
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./:,=@%+".contains(&b))
-    {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 /// Whether `name` can be a variable name for `env NAME=VALUE` and the shell.
@@ -379,7 +366,7 @@ impl SshSetup {
             }
         }
         match self.wrapper(&vars, &step.command, &plan.project_dir, self.bind_ip) {
-            Ok(remote) => crate::engines::mpi::shell_line(&self.argv(&slot.host, &remote)),
+            Ok(remote) => shell::line(&self.argv(&slot.host, &remote)),
             Err(e) => format!("(cannot run: {e})"),
         }
     }
@@ -525,7 +512,7 @@ impl SshSetup {
                  needs key-based login without prompts: BatchMode)",
                 out.status,
                 stderr.trim(),
-                crate::engines::mpi::shell_line(&self.ssh)
+                shell::line(&self.ssh)
             ));
         }
         let has = |line: &str| stdout.lines().any(|l| l == line);
@@ -1040,51 +1027,6 @@ mod tests {
             grace: Duration::from_secs(2),
             copy_env: false,
         }
-    }
-
-    /// Runs `sh -c 'printf "[%s]" ARGS'` to see how a shell splits a quoted line.
-    fn shell_words(line: &str) -> String {
-        let out = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(format!("printf '[%s]' {line}"))
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    #[test]
-    fn quoting_round_trips_through_a_shell() {
-        let words = [
-            "plain",
-            "",
-            "two words",
-            "it's",
-            "'",
-            "a\"b",
-            "$HOME",
-            "`id`",
-            "a\\b",
-            "new\nline",
-            "*",
-            "-x",
-            "ü",
-            "!bang",
-            "semi;colon&",
-        ];
-        let line = words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ");
-        let expected: String = words.iter().map(|w| format!("[{w}]")).collect();
-        assert_eq!(shell_words(&line), expected);
-        assert_eq!(quote("a/b:c=d"), "a/b:c=d");
-        assert_eq!(quote("it's"), r"'it'\''s'");
-        // Nested: a command quoted for `sh -c`, the whole quoted again, survives two shells.
-        let inner = format!("printf '[%s]' {}", quote("it's $x"));
-        let out = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(format!("exec /bin/sh -c {}", quote(&inner)))
-            .output()
-            .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "[it's $x]");
     }
 
     #[test]
