@@ -1,5 +1,8 @@
 //! The worker environment contract (docs/running.md): the variables every worker gets, and the worker layout they
-//! describe. This module is the one registry of variables the launcher sets.
+//! describe. This module builds the variables every worker gets ([`worker_env`], [`rank_env`]); the few that only
+//! some engines set are named next to their use: `HVD_RUN_STEP` ([`crate::engine::STEP_MARKER_VAR`]), the shim's
+//! inputs ([`crate::engines::shim`]: `HVD_GPUS_PER_WORKER`, `HVD_RENDEZVOUS_SERVE`, `HVD_RENDEZVOUS_WAIT`,
+//! `HVD_POD_IP`) and the spark engine's `HVD_SPARK_*`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -1,7 +1,10 @@
 //! Process control for workers: their own process group, death with the launcher (PR_SET_PDEATHSIG plus a watchdog
 //! process for what the worker itself starts), signals to whole groups, and the launcher's own SIGINT/SIGTERM.
 //!
-//! All `unsafe` of the launcher lives here.
+//! The `unsafe` of the launcher's own process control (the fork-exec hook, signals, `prctl`) lives here. Other
+//! modules hold the `unsafe` of the system calls only they make, each with its SAFETY note: `engines/shim.rs` (the
+//! shim's signal forwarding and `prctl` in front of a rank), `engines/ssh.rs` (`getifaddrs`), `engines/mod.rs`
+//! (`geteuid`) and `rendezvous/peer.rs` (socket queries behind the peer checks).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
