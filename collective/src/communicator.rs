@@ -52,8 +52,15 @@ pub trait Communicator: Send {
     /// Where this rank sits in the job.
     fn topology(&self) -> Topology;
 
-    /// The backend's name (`tcp`, `shm`, `hierarchical`, `mpi`, `nccl`).
+    /// The backend's name (`tcp`, `shm`, `hierarchical`, `mpi`, `nccl`), for people: decide on
+    /// [`in_shared_memory`](Self::in_shared_memory) and the like, not on this text.
     fn backend(&self) -> &'static str;
+
+    /// Whether every rank of the job is reached through shared memory (the shm backend): moving bytes between
+    /// ranks then costs about what copying them within a rank does.
+    fn in_shared_memory(&self) -> bool {
+        false
+    }
 
     /// Global rank.
     fn rank(&self) -> usize {

@@ -23,7 +23,8 @@ impl EnvVars {
     pub const ALLREDUCE_ARENA_RANKS: &'static str = "HVD_ALLREDUCE_ARENA_RANKS";
     /// Allgather totals up to this many bytes send directly to every rank, larger ones use a ring (default 262144).
     pub const ALLGATHER_SMALL_BYTES: &'static str = "HVD_ALLGATHER_SMALL_BYTES";
-    /// Capacity of each shared-memory ring between two ranks (default 1048576).
+    /// Capacity of each shared-memory ring between two ranks, rounded to 4 KiB, at least 4 KiB (default 524288,
+    /// [`crate::shm::DEFAULT_RING_BYTES`]).
     pub const SHM_RING_BYTES: &'static str = "HVD_SHM_RING_BYTES";
     /// Fruitless polling rounds a waiting shm rank spins before it yields (default 4096, 4 when ranks outnumber
     /// cores).

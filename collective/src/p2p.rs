@@ -610,6 +610,10 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         self.backend
     }
 
+    fn in_shared_memory(&self) -> bool {
+        self.transport.whole_job_in_shared_memory()
+    }
+
     /// Through the arenas when the shm board serves the whole job (any rank count, unless the arenas are off):
     /// `io` reads straight into this rank's arena and writes straight out of every rank's, which saves the two
     /// copies through `scratch`. Small allreduces (the direct eager path) and Average go through `scratch`.

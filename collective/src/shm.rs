@@ -1050,8 +1050,11 @@ impl Transport for ShmTransport {
     /// The board, when the segment's ranks are the whole job, numbered alike (this transport's ranks are then the
     /// communicator's); not when the segment is one host's part of a larger job (`attach_mapped`).
     fn shared_board(&mut self) -> Option<&mut ShmTransport> {
-        let whole_job = self.global.iter().enumerate().all(|(i, g)| i == *g);
-        whole_job.then_some(self)
+        self.whole_job_in_shared_memory().then_some(self)
+    }
+
+    fn whole_job_in_shared_memory(&self) -> bool {
+        self.global.iter().enumerate().all(|(i, g)| i == *g)
     }
 
     fn abort(&mut self, culprit: usize, reason: &str) {

@@ -89,6 +89,12 @@ pub trait Transport: Send {
     fn shared_board(&mut self) -> Option<&mut crate::shm::ShmTransport> {
         None
     }
+
+    /// Whether this transport reaches every rank of the job through shared memory (shm, when its segment holds the
+    /// whole job): moving bytes between ranks then costs about what copying them within a rank does.
+    fn whole_job_in_shared_memory(&self) -> bool {
+        false
+    }
 }
 
 /// Drives `sends` and `recvs` together until all are done; fails when nothing moved for `timeout`.

@@ -11,12 +11,19 @@ use crate::transport::{LocalTransport, Topology, Transport, TransportError, Tran
 pub struct CollectiveTransport {
     comm: Box<dyn Communicator>,
     name: String,
+    /// [`Communicator::in_shared_memory`], asked once.
+    shared_memory: bool,
 }
 
 impl CollectiveTransport {
     pub fn new(comm: Box<dyn Communicator>) -> CollectiveTransport {
         let name = comm.backend().to_uppercase();
-        CollectiveTransport { comm, name }
+        let shared_memory = comm.in_shared_memory();
+        CollectiveTransport {
+            comm,
+            name,
+            shared_memory,
+        }
     }
 }
 
@@ -33,7 +40,7 @@ impl Transport for CollectiveTransport {
     /// again already costs about what a collective of its own does (measured with `bench/engine.py`: a fused
     /// 15 MB buffer of 4 KiB..1 MiB tensors spent 6 ms in the two copies and saved nothing in the collective).
     fn fusion_max_tensor_bytes(&self) -> usize {
-        if self.name == "SHM" {
+        if self.shared_memory {
             64 << 10
         } else {
             1 << 20
@@ -140,6 +147,30 @@ pub fn connect_from_env() -> Result<Box<dyn Transport>, String> {
             let comm = hvd_collective::bootstrap::from_env()
                 .map_err(|e| format!("failed to join the job: {e}"))?;
             Ok(Box::new(CollectiveTransport::new(comm)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hvd_collective::testing::{Backend, LocalJob};
+
+    use super::*;
+
+    /// The fusion limit follows what the communicator is (shared memory or not), whatever its name says.
+    #[test]
+    fn only_a_shared_memory_job_gets_the_small_fusion_limit() {
+        for (backend, shared, limit) in [
+            (Backend::Shm, true, 64 << 10),
+            (Backend::Tcp, false, 1 << 20),
+            (Backend::Hierarchical, false, 1 << 20),
+        ] {
+            let comms = LocalJob::new(4, backend).communicators().unwrap();
+            for comm in comms {
+                assert_eq!(comm.in_shared_memory(), shared, "{backend:?}");
+                let t = CollectiveTransport::new(comm);
+                assert_eq!(t.fusion_max_tensor_bytes(), limit, "{backend:?}");
+            }
         }
     }
 }

@@ -747,7 +747,8 @@ pub unsafe extern "C" fn hvd_result_copy(handle: i64, dst: *mut c_void, nbytes: 
     })
 }
 
-/// Alltoall: writes the rows received from each rank (`hvd_size()` values) to `splits`. 0 or -1.
+/// Alltoall: writes the rows received from each rank (`hvd_size()` values) to `splits`. Returns how many values it
+/// wrote (`hvd_size()`), or -1.
 ///
 /// # Safety
 /// `splits` has room for `hvd_size()` values.
