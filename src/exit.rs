@@ -7,7 +7,7 @@ pub enum Status {
     Success,
     /// 1: the command ran and failed (a build failed, `fmt --check` found unformatted files, ...).
     Failure,
-    /// 2: bad usage or bad input (unknown flag, a .hvd file with errors, a command not implemented yet).
+    /// 2: bad usage or bad input (unknown flag, unknown engine, a .hvd file with errors).
     Usage,
     /// 3: `--locked`/`lock --check`: the lockfile no longer matches the .hvd file.
     LockStale,

@@ -1,5 +1,5 @@
-//! `hvd run`: plan the step graph and run it (local or mpi engine); `hvd worker-env`, the shim of engines that
-//! start the ranks themselves.
+//! `hvd run`: plan the step graph and run it with an engine (docs/engines.md: local, mpi, ssh, slurm, spark,
+//! kubernetes); `hvd worker-env`, the shim of engines that start the ranks themselves.
 
 use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
@@ -56,7 +56,8 @@ pub struct RunArgs {
     /// Do not lock or build the env: run the steps with the current PATH.
     #[arg(long)]
     pub no_build: bool,
-    /// The engine for distributed steps: `local`, `mpi`, `slurm` or `kubernetes` (overrides `cluster { engine }`).
+    /// The engine for distributed steps: `local`, `mpi`, `ssh`, `slurm`, `spark` or `kubernetes` (overrides
+    /// `cluster { engine }`; docs/engines.md).
     #[arg(long, value_name = "ENGINE")]
     pub engine: Option<String>,
     /// Which MPI the `mpi` engine uses: `openmpi` or `mpich` (default: detected from `mpirun --version`).
@@ -364,21 +365,7 @@ pub fn run(args: RunArgs) -> CommandResult {
     let interrupts = Interrupts::install();
     let report = hvd_launcher::execute(&plan, &options, &|event| console.show(event), interrupts)
         .map_err(|e| Failure::from_error(Status::Failure, &e))?;
-    match report.failure {
-        None => {
-            let ran = report.ran.len();
-            let skipped = report.skipped.len();
-            note!(
-                "hvd: done: {ran} step(s) ran, {skipped} skipped; logs in {}",
-                report.log_dir.display()
-            );
-            Ok(Status::Success)
-        }
-        Some(failure) => Err(Failure::new(
-            Status::Worker(failure.exit_code),
-            miette::miette!("{}", summary(&failure)),
-        )),
-    }
+    finish(report)
 }
 
 /// `--engine slurm` outside an allocation: every step is a batch job, submitted with sbatch and chained with
@@ -492,7 +479,7 @@ fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> Command
     finish(report)
 }
 
-/// The outcome of a run of an engine that reports a [`hvd_launcher::RunReport`] (sbatch, kubectl).
+/// The outcome of a run, whatever engine ran it (the plan's engines, sbatch, kubectl).
 fn finish(report: hvd_launcher::RunReport) -> CommandResult {
     match report.failure {
         None => {
