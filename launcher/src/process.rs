@@ -3,8 +3,9 @@
 //!
 //! The `unsafe` of the launcher's own process control (the fork-exec hook, signals, `prctl`) lives here. Other
 //! modules hold the `unsafe` of the system calls only they make, each with its SAFETY note: `engines/shim.rs` (the
-//! shim's signal forwarding and `prctl` in front of a rank), `engines/ssh.rs` (`getifaddrs`), `engines/mod.rs`
-//! (`geteuid`) and `rendezvous/peer.rs` (socket queries behind the peer checks).
+//! shim's signal forwarding and `prctl` in front of a rank), `engines/ssh.rs` (`getifaddrs`),
+//! `rendezvous/peer.rs` (`getifaddrs` and the socket queries behind the peer checks), and `engines/mod.rs` and
+//! `rendezvous.rs` (`geteuid`).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
