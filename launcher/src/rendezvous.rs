@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use self::http::{BodyBudget, HttpError, Request};
-use self::peer::canonical;
+use self::peer::{PeerEnd, canonical};
 use self::store::Store;
 
 /// Largest request head (request line + headers + the blank line) accepted.
@@ -500,9 +500,7 @@ fn serve_connection(mut stream: TcpStream, peer: SocketAddr, id: u64, shared: &S
     // Who holds the peer's end, looked up now, before anything is read: a client's socket is connected at least
     // until its request is sent, while by the time the request has arrived the client may have reset or closed it.
     // Only for peers whose token-less requests could be answered at all.
-    let owner = gloo_host_allowed(shared, peer.ip())
-        .then(|| peer::connection_owner(&stream))
-        .flatten();
+    let owner = gloo_host_allowed(shared, peer.ip()).then(|| peer::connection_peer(&stream));
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
     let mut authorized = false;
@@ -534,7 +532,7 @@ fn serve_connection(mut stream: TcpStream, peer: SocketAddr, id: u64, shared: &S
 fn handle(
     stream: &mut TcpStream,
     peer: SocketAddr,
-    owner: Option<u32>,
+    owner: Option<PeerEnd>,
     id: u64,
     shared: &Shared,
     authorized: &mut bool,
@@ -601,20 +599,35 @@ fn gloo_host_allowed(shared: &Shared, ip: IpAddr) -> bool {
                 .any(|h| canonical(*h).is_loopback()))
 }
 
-/// Token-less requests: the peer must be one of the job's hosts, and a connection from an address of this machine
-/// must be held by a process of the job's user. `owner` is what [`peer::connection_owner`] found when the connection
-/// was accepted; a connection from this machine without one (its socket reset, closed or orphaned) is refused.
-fn check_gloo_peer(shared: &Shared, peer: SocketAddr, owner: Option<u32>) -> Result<(), HttpError> {
+/// Token-less requests: the peer must be one of the job's hosts, and a connection from this machine must be held by
+/// a process of the job's user. `owner` is what [`peer::connection_peer`] found when the connection was accepted
+/// (`None`: not looked up, as the host is not allowed). A connection from this machine whose end no process held
+/// then (reset, closed, orphaned) is refused, and so is one found nowhere whose address is this machine's.
+fn check_gloo_peer(
+    shared: &Shared,
+    peer: SocketAddr,
+    owner: Option<PeerEnd>,
+) -> Result<(), HttpError> {
     let ip = canonical(peer.ip());
-    if !gloo_host_allowed(shared, ip) {
+    let (true, Some(owner)) = (gloo_host_allowed(shared, ip), owner) else {
         return Err(HttpError::new(
             403,
             "token-less requests are only answered for the job's own hosts",
         ));
-    }
+    };
+    let nobody = || {
+        HttpError(
+            403,
+            format!(
+                "token-less request from {ip} on a connection that, when accepted, no process on this machine \
+                 held (reset or closed before the answer): refused, as it cannot be the job's user's"
+            )
+            .into(),
+        )
+    };
     match owner {
-        Some(uid) if uid == shared.job_uid => Ok(()),
-        Some(uid) => Err(HttpError(
+        PeerEnd::Owned(uid) if uid == shared.job_uid => Ok(()),
+        PeerEnd::Owned(uid) => Err(HttpError(
             403,
             format!(
                 "token-less requests from this machine are only answered for the job's own user (uid {}), not \
@@ -623,16 +636,10 @@ fn check_gloo_peer(shared: &Shared, peer: SocketAddr, owner: Option<u32>) -> Res
             )
             .into(),
         )),
-        None if peer::is_this_machine(ip) => Err(HttpError(
-            403,
-            format!(
-                "token-less request from {ip}, an address of this machine, on a connection that no process held \
-                 when it was accepted (reset, closed, or not found): refused, as its owner cannot be the job's user"
-            )
-            .into(),
-        )),
+        PeerEnd::Unowned => Err(nobody()),
+        PeerEnd::Elsewhere if peer::is_this_machine(ip) => Err(nobody()),
         // The peer's socket is not on this machine: a job host, by address.
-        None => Ok(()),
+        PeerEnd::Elsewhere => Ok(()),
     }
 }
 
