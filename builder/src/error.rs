@@ -41,7 +41,8 @@ pub enum Error {
     InvalidWheel { wheel: PathBuf, message: String },
 
     #[error(
-        "no python {version} found (looked on PATH, in pyenv versions and /usr/bin); install python{version}"
+        "no python {version} found (looked at HVD_PYTHON, python{version} on PATH, pyenv's versions, /usr/bin, \
+         /usr/local/bin and python3 on PATH); install python{version} or set HVD_PYTHON to one"
     )]
     PythonNotFound { version: String },
 

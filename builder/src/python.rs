@@ -52,8 +52,9 @@ impl Interpreter {
         self.version == request || self.version.starts_with(&format!("{request}."))
     }
 
-    /// Find an interpreter for `request` (`3.11`, `3.11.7`): `pythonX.Y` on PATH, pyenv versions, /usr/bin,
-    /// /usr/local/bin, then `python3` on PATH. `HVD_PYTHON` names one explicitly.
+    /// Find an interpreter for `request` (`3.11`, `3.11.7`): `HVD_PYTHON` first, then `pythonX.Y` on PATH (pyenv's
+    /// versions, newest first, in place of a shims directory), pyenv's versions, /usr/bin, /usr/local/bin, then
+    /// `python3` on PATH. [`Error::PythonNotFound`](crate::Error::PythonNotFound) lists the same order.
     pub fn find(request: &str) -> Result<Interpreter> {
         let short: String = request.split('.').take(2).collect::<Vec<_>>().join(".");
         let mut candidates: Vec<PathBuf> = Vec::new();
