@@ -18,15 +18,26 @@
 //!
 //! Proofs are compared in constant time. Fresh nonces on both sides make a recorded handshake worthless, and the
 //! direction byte keeps one side's proof from being reflected as the other's. The accepting side authenticates any
-//! number of connections at once, each with a deadline ([`HANDSHAKE_STAGE`]) and a cap on how many wait
-//! ([`MAX_PENDING`]; a silent one, else the oldest, is dropped), and drops (with a warning) every connection that
-//! fails, so an impostor can neither take a rank's place nor stall the job; the real rank still joins. What this does
-//! not give: the frames after the handshake are neither encrypted nor authenticated, so an attacker who can rewrite
-//! the traffic on the path between two hosts can still read or alter it.
+//! number of connections at once, each with a deadline ([`HANDSHAKE_STAGE`]), and drops (with a warning) every
+//! connection that fails, so an impostor can neither take a rank's place nor stall the job; the real rank still joins.
+//!
+//! # Who may wait
+//!
+//! A dialling rank connects from the address it published (its listener's), so the acceptor can tell its
+//! connection from a flood. A connection that greeted as rank `j` from the address rank `j` published is *vouched*:
+//! no other address can displace it (at most [`MAX_CLAIMS`] wait per rank; a newer claim from that same address
+//! displaces the oldest). Every other connection counts against two caps: [`MAX_PER_SOURCE`] per source address
+//! (a new one displaces that address's oldest) and [`MAX_PENDING`] in all (a new one displaces the oldest of the
+//! address with the most waiting, an address no rank published first). A flood from anywhere but a rank's own
+//! address therefore only displaces itself; an attacker on a rank's own host (same source address) can still make
+//! that rank's handshake a race until the connect deadline.
+//!
+//! What this does not give: the frames after the handshake are neither encrypted nor authenticated, so an attacker
+//! who can rewrite the traffic on the path between two hosts can still read or alter it.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -60,9 +71,17 @@ const PROOF_LEN: usize = 16 + MAC_LEN;
 const CONTEXT: &[u8] = b"hvd tcp handshake v1\0";
 /// The longest an accepted connection may take to prove itself (a real rank needs a round trip).
 pub const HANDSHAKE_STAGE: Duration = Duration::from_secs(10);
-/// The most accepted connections being authenticated at once; a new one displaces the oldest silent one (else the
-/// oldest).
+/// The most accepted, not vouched connections being authenticated at once (see the module documentation); a new
+/// one displaces the oldest of the address with the most waiting.
 pub const MAX_PENDING: usize = 64;
+/// The most accepted, not vouched connections from one source address waiting at once; a new one displaces that
+/// address's oldest.
+pub const MAX_PER_SOURCE: usize = 16;
+/// The most vouched connections (greeted as rank `j` from rank `j`'s published address) waiting per rank; a newer
+/// one displaces the oldest.
+pub const MAX_CLAIMS: usize = 4;
+/// Connections accepted per round before the waiting ones are moved on, so a full backlog cannot starve them.
+const ACCEPT_BATCH: usize = 16;
 /// The rendezvous key under which rank 0 publishes a random job key when the job has no token.
 const KEY_KEY: &str = "tcp.key";
 
@@ -306,13 +325,15 @@ struct Local<'a> {
     rank: usize,
     size: usize,
     key: &'a JobKey,
+    /// The address this rank published (its listener's), which its dialled connections come from.
+    source: Option<IpAddr>,
 }
 
 impl Shake {
     /// Dials rank `j` at `addr` (retrying a refused connect until `deadline`) and queues our `HELLO`.
     fn dial(me: &Local<'_>, j: usize, addr: SocketAddr, deadline: Instant) -> Result<Shake> {
         let stream = loop {
-            match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            match connect_from(me.source, &addr, Duration::from_secs(2)) {
                 Ok(s) => break s,
                 Err(e) if Instant::now() < deadline => {
                     tracing::debug!(peer = j, %addr, error = %e, "retrying connect");
@@ -363,9 +384,21 @@ impl Shake {
         })
     }
 
-    /// An accepted connection that has not sent a byte yet.
-    fn silent(&self) -> bool {
-        matches!(self.stage, Stage::Hello) && self.have == 0
+    /// The rank an accepted connection greeted as, when it comes from the address that rank published.
+    fn vouched(&self, addrs: &[Option<SocketAddr>]) -> Option<usize> {
+        match self.stage {
+            Stage::Proof { peer, .. }
+                if self.dialled.is_none()
+                    && addrs
+                        .get(peer)
+                        .copied()
+                        .flatten()
+                        .is_some_and(|a| same_ip(a.ip(), self.addr.ip())) =>
+            {
+                Some(peer)
+            }
+            _ => None,
+        }
     }
 
     fn wants_write(&self) -> bool {
@@ -499,6 +532,190 @@ impl Shake {
     }
 }
 
+/// Whether `a` and `b` are one address (an IPv4-mapped IPv6 address is its IPv4 address).
+fn same_ip(a: IpAddr, b: IpAddr) -> bool {
+    a.to_canonical() == b.to_canonical()
+}
+
+/// Which waiting connection to drop before one more from `from` waits (see the module documentation): with
+/// [`MAX_PER_SOURCE`] of `from`'s waiting, its oldest; else with [`MAX_PENDING`] waiting, the oldest of the address
+/// with the most waiting (of equals, one no rank published). Vouched and dialled connections never go.
+fn make_room(shakes: &[Shake], from: IpAddr, addrs: &[Option<SocketAddr>]) -> Option<usize> {
+    let waiting: Vec<(usize, &Shake)> = shakes
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.dialled.is_none() && s.vouched(addrs).is_none())
+        .collect();
+    let of = |ip: IpAddr| {
+        waiting
+            .iter()
+            .filter(move |(_, s)| same_ip(s.addr.ip(), ip))
+    };
+    let oldest = |ip: IpAddr| of(ip).min_by_key(|(_, s)| s.expires).map(|(i, _)| *i);
+    if of(from).count() >= MAX_PER_SOURCE {
+        return oldest(from);
+    }
+    if waiting.len() < MAX_PENDING {
+        return None;
+    }
+    let published = |ip: IpAddr| addrs.iter().flatten().any(|a| same_ip(a.ip(), ip));
+    let busiest = waiting
+        .iter()
+        .map(|(_, s)| s.addr.ip())
+        .max_by_key(|ip| (of(*ip).count(), !published(*ip)))?;
+    oldest(busiest)
+}
+
+/// Drops the oldest vouched connections of a rank that has more than [`MAX_CLAIMS`] waiting.
+fn cap_claims(shakes: &mut Vec<Shake>, addrs: &[Option<SocketAddr>]) {
+    loop {
+        let mut claims = vec![0usize; addrs.len()];
+        let mut over = None;
+        for s in shakes.iter() {
+            if let Some(j) = s.vouched(addrs) {
+                claims[j] += 1;
+                if claims[j] > MAX_CLAIMS {
+                    over = Some(j);
+                }
+            }
+        }
+        let Some(j) = over else { return };
+        let victim = shakes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.vouched(addrs) == Some(j))
+            .min_by_key(|(_, s)| s.expires)
+            .map(|(i, _)| i);
+        let Some(victim) = victim else { return };
+        let s = shakes.swap_remove(victim);
+        tracing::warn!(from = %s.addr, rank = j, "dropped an unauthenticated tcp connection: too many claim this rank");
+    }
+}
+
+/// Connects to `to` from `source` (the port chosen by the kernel), so that the peer sees the address this rank
+/// published; from whatever address the kernel picks when `source` cannot be bound (unspecified, another family,
+/// loopback towards a remote peer).
+pub fn connect_from(
+    source: Option<IpAddr>,
+    to: &SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let usable = source.filter(|s| {
+        !s.is_unspecified()
+            && s.is_ipv4() == to.is_ipv4()
+            && s.is_loopback() == to.ip().is_loopback()
+    });
+    let Some(fd) = usable.and_then(|s| bound_socket(s).ok()) else {
+        return TcpStream::connect_timeout(to, timeout);
+    };
+    let (sa, len) = sockaddr(*to);
+    // SAFETY: `sa` holds a socket address of `len` bytes; `fd` is an open socket.
+    if unsafe { libc::connect(fd.as_raw_fd(), (&raw const sa).cast(), len) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            let ms = deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if r > 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if r < 0 {
+                return Err(e);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection timed out",
+            ));
+        }
+    }
+    let stream = TcpStream::from(fd);
+    if let Some(e) = stream.take_error()? {
+        return Err(e);
+    }
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+/// A non-blocking TCP socket bound to `ip` (any port).
+fn bound_socket(ip: IpAddr) -> io::Result<OwnedFd> {
+    let family = if ip.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2) call.
+    let raw = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let (sa, len) = sockaddr(SocketAddr::new(ip, 0));
+    // SAFETY: `sa` holds a socket address of `len` bytes.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// `a` as a C socket address and its length.
+fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all zeros is a valid (empty) value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is large and aligned enough for any socket address.
+            unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in>(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: as above.
+            unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in6>(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
 impl TcpTransport {
     /// Connects to every other rank. `addrs[r]` is rank `r`'s listening address; `listener` is this rank's own;
     /// `key` the job's secret, which every connection must prove (see the module documentation).
@@ -529,7 +746,13 @@ impl TcpTransport {
                 "rank {rank} is not a rank of a job of {size}"
             )));
         }
-        let me = Local { rank, size, key };
+        let source = listener.local_addr().ok().map(|a| a.ip());
+        let me = Local {
+            rank,
+            size,
+            key,
+            source,
+        };
         let deadline = Instant::now() + timeout;
         let mut peers: Vec<Option<Peer>> = (0..size).map(|_| None).collect();
         let mut shakes: Vec<Shake> = Vec::new();
@@ -551,21 +774,10 @@ impl TcpTransport {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         loop {
             let now = Instant::now();
-            loop {
+            for _ in 0..ACCEPT_BATCH {
                 match listener.accept() {
                     Ok((stream, from)) => {
-                        let inbound = shakes.iter().filter(|s| s.dialled.is_none()).count();
-                        // Make room: drop the oldest connection that has sent nothing, else the oldest. A real
-                        // rank greets at once and needs one round trip, so a flood mostly displaces itself.
-                        let victim = shakes
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, s)| s.dialled.is_none())
-                            .min_by_key(|(_, s)| (!s.silent(), s.expires))
-                            .map(|(i, _)| i);
-                        if inbound >= MAX_PENDING
-                            && let Some(victim) = victim
-                        {
+                        if let Some(victim) = make_room(&shakes, from.ip(), addrs) {
                             let s = shakes.swap_remove(victim);
                             tracing::warn!(from = %s.addr, "dropped an unauthenticated tcp connection: too many wait");
                         }
@@ -640,6 +852,7 @@ impl TcpTransport {
                     }
                 }
             }
+            cap_claims(&mut shakes, addrs);
             let missing_now = missing(&peers);
             if missing_now.is_empty() {
                 break;

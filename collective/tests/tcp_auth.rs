@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hvd_collective::bootstrap::{self, BackendChoice, JobEnv};
 use hvd_collective::p2p::P2pCommunicator;
-use hvd_collective::tcp::{JobKey, TcpTransport, listen};
+use hvd_collective::tcp::{JobKey, TcpTransport, connect_from, listen};
 use hvd_collective::transport::{RecvOp, exchange};
 use hvd_collective::{Communicator, DType, Error, ReduceOp};
 
@@ -455,4 +455,162 @@ fn a_silent_acceptor_times_out_naming_it() {
         matches!(&e, Error::Timeout { op: "connect", ranks, .. } if ranks == &[0]),
         "{e}"
     );
+}
+
+/// Forwards every connection to `proxy` on to `to` from `source` until `done`, holding the first answer from `to`
+/// (the handshake's challenge) back for `delay`: a distant rank, a long round trip.
+fn slow_proxy(
+    proxy: &TcpListener,
+    to: SocketAddr,
+    source: IpAddr,
+    delay: Duration,
+    done: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering;
+    proxy.set_nonblocking(true).unwrap();
+    std::thread::scope(|s| {
+        while !done.load(Ordering::Relaxed) {
+            let Ok((mut client, _)) = proxy.accept() else {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            };
+            client.set_nonblocking(false).unwrap();
+            let Ok(mut server) = connect_from(Some(source), &to, Duration::from_secs(2)) else {
+                continue;
+            };
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            for c in [&client, &server, &c2, &s2] {
+                c.set_read_timeout(Some(Duration::from_millis(100)))
+                    .unwrap();
+            }
+            s.spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut first = true;
+                while !done.load(Ordering::Relaxed) {
+                    match s2.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if std::mem::take(&mut first) {
+                                std::thread::sleep(delay);
+                            }
+                            if c2.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = c2.shutdown(std::net::Shutdown::Both);
+            });
+            s.spawn(move || {
+                let mut buf = [0u8; 4096];
+                while !done.load(Ordering::Relaxed) {
+                    match client.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if server.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = server.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+}
+
+/// A flood of unauthenticated connections from one address (127.0.0.1): silent ones and (most) ones that greet as
+/// rank 1 and never prove it, hundreds waiting at a time, new ones arriving far faster than the real rank 1's round
+/// trip (it is distant: its connections pass a proxy that holds rank 0's answers back for 300 ms, and come from the
+/// address rank 1 published, 127.0.0.2). Rank 0 makes room by dropping the flood's own connections, never the real
+/// rank 1's: it joins within its connect timeout (which the flood outlasts), and the allreduce is right.
+#[test]
+fn a_flood_from_one_address_does_not_evict_the_real_rank() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let key = JobKey::new(b"the job token").unwrap();
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let flood_ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ls: Vec<TcpListener> = (0..2).map(|_| listen(ip).unwrap()).collect();
+    let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let proxy = listen(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3))).unwrap();
+    let via = vec![proxy.local_addr().unwrap(), addrs[1]];
+    // Bounded: at most this many connections in all, at most 400 a second per thread, for at most this long (past
+    // the job's connect timeout).
+    const FLOOD_MAX: usize = 12_000;
+    const HELD_MAX: usize = 300;
+    let flood_for = Duration::from_secs(14);
+    let connect = Duration::from_secs(10);
+    let done = AtomicBool::new(false);
+    let proxy_done = AtomicBool::new(false);
+    let opened = AtomicUsize::new(0);
+    let wrong_source = AtomicBool::new(false);
+    let sums = std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (done, opened, wrong_source, target) = (&done, &opened, &wrong_source, addrs[0]);
+            s.spawn(move || {
+                let start = std::time::Instant::now();
+                let mut held = std::collections::VecDeque::new();
+                let mut i = 0u64;
+                while !done.load(Ordering::Relaxed)
+                    && start.elapsed() < flood_for
+                    && opened.fetch_add(1, Ordering::Relaxed) < FLOOD_MAX
+                {
+                    i += 1;
+                    std::thread::sleep(Duration::from_micros(2500));
+                    let Ok(mut c) = connect_from(Some(flood_ip), &target, Duration::from_secs(1))
+                    else {
+                        continue;
+                    };
+                    if c.local_addr().map(|a| a.ip()).ok() != Some(flood_ip) {
+                        wrong_source.store(true, Ordering::Relaxed);
+                    }
+                    if !(i + t).is_multiple_of(4) {
+                        let _ = c.write_all(&hello(1, 2, &[7; 32]));
+                    }
+                    held.push_back(c);
+                    if held.len() > HELD_MAX {
+                        held.pop_front();
+                    }
+                }
+            });
+        }
+        s.spawn(|| {
+            slow_proxy(
+                &proxy,
+                addrs[0],
+                ip,
+                Duration::from_millis(300),
+                &proxy_done,
+            )
+        });
+        let r0 = s.spawn(|| TcpTransport::connect(0, &ls[0], &addrs, &key, connect));
+        let r1 = s.spawn(|| TcpTransport::connect(1, &ls[1], &via, &key, connect));
+        let got = (r0.join().unwrap(), r1.join().unwrap());
+        done.store(true, Ordering::Relaxed);
+        // The allreduce passes the (slow) proxy too.
+        let sums = match got {
+            (Ok(t0), Ok(t1)) => Ok(allreduce_pair(t0, t1)),
+            (r0, r1) => Err(format!("rank 0 {:?}, rank 1 {:?}", r0.err(), r1.err())),
+        };
+        proxy_done.store(true, Ordering::Relaxed);
+        sums
+    });
+    assert!(
+        !wrong_source.load(Ordering::Relaxed),
+        "the flood must come from {flood_ip}"
+    );
+    match sums {
+        Ok(sums) => {
+            for (r, got) in sums.iter().enumerate() {
+                assert!(got.iter().all(|v| *v == 3.0), "rank {r} got a wrong sum");
+            }
+        }
+        Err(why) => panic!("the real rank 1 must join despite the flood: {why}"),
+    }
 }
