@@ -5,7 +5,7 @@
 //! deleting the project (or its `.hvd/`) is enough to let gc reclaim the env.
 //!
 //! A running `hvd run`/`exec`/`shell` also holds a temporary root ([`TempRoot`]): a file
-//! `.temproots/<pid>.<n>` naming the store paths it uses, flock-ed exclusively for as long as any process holds the
+//! `.temproots/<random>` naming the store paths it uses, flock-ed exclusively for as long as any process holds the
 //! descriptor (it is inherited across `exec`, so the command itself and its children keep it). gc keeps what a
 //! locked temporary root names and deletes unlocked ones (their process is gone). A temporary root is created while
 //! the builders' lock (`.locks/gc.lock`, shared) is held since before the build, so gc (exclusive) never runs between
@@ -13,7 +13,6 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::fcntl::{Flock, FlockArg};
 
@@ -27,15 +26,14 @@ pub fn add_root(store: &Store, link: &Path, target: &Path) -> Result<()> {
         fs_err::create_dir_all(parent)?;
     }
     let link = absolute(link)?;
-    let temp = link.with_extension(format!("tmp{}", std::process::id()));
-    let _ = fs_err::remove_file(&temp);
+    // Random temporary names: pids collide across pid namespaces sharing one store.
+    let temp = link.with_extension(format!("tmp{}", random_name()?));
     std::os::unix::fs::symlink(target, &temp)?;
     fs_err::rename(&temp, &link)?;
     let name = Sha256::of_bytes(link.to_string_lossy().as_bytes());
     let root = store.root().join(".roots").join(&name.as_str()[..32]);
     if fs_err::read_link(&root).ok().as_deref() != Some(link.as_path()) {
-        let temp_root = root.with_extension(format!("tmp{}", std::process::id()));
-        let _ = fs_err::remove_file(&temp_root);
+        let temp_root = root.with_extension(format!("tmp{}", random_name()?));
         std::os::unix::fs::symlink(&link, &temp_root)?;
         fs_err::rename(&temp_root, &root)?;
     }
@@ -50,8 +48,6 @@ pub struct TempRoot {
     lock: Flock<std::fs::File>,
     path: PathBuf,
 }
-
-static TEMP_ROOTS: AtomicU64 = AtomicU64::new(0);
 
 impl TempRoot {
     /// Root the store paths `targets` (each directly under the store root).
@@ -72,19 +68,42 @@ impl TempRoot {
             names.push('\n');
         }
         let dir = store.temp_roots_dir();
-        let n = TEMP_ROOTS.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("{}.{n}", std::process::id()));
-        // Write under a name gc ignores, lock, then rename: gc never sees an unlocked, fresh root.
-        let partial = dir.join(format!(".{}.{n}", std::process::id()));
-        fs_err::write(&partial, names)?;
-        let file = fs_err::File::open(&partial)?;
-        let lock = Flock::lock(file.into_parts().0, FlockArg::LockExclusiveNonblock).map_err(
-            |(_, errno)| {
-                std::io::Error::other(format!("failed to lock `{}`: {errno}", partial.display()))
-            },
-        )?;
-        fs_err::rename(&partial, &path)?;
-        Ok(TempRoot { lock, path })
+        // A random name, never an existing one: processes in different pid namespaces share one store, so a pid
+        // in the name could collide (and a rename would replace, and so unroot, another process's root).
+        let mut attempts = 0;
+        loop {
+            let name = random_name()?;
+            // Written and locked under a name gc skips as fresh, then linked to its final name (`link` never
+            // replaces): gc never sees an unlocked, fresh root.
+            let partial = dir.join(format!(".{name}"));
+            let file = crate::store::write_new_file(&partial, names.as_bytes(), 0o644)?;
+            let lock =
+                Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+                    std::io::Error::other(format!(
+                        "failed to lock `{}`: {errno}",
+                        partial.display()
+                    ))
+                })?;
+            let path = dir.join(&name);
+            let linked = std::fs::hard_link(&partial, &path);
+            let _ = std::fs::remove_file(&partial);
+            match linked {
+                Ok(()) => return Ok(TempRoot { lock, path }),
+                Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && attempts < 4 => {
+                    attempts += 1;
+                }
+                Err(err) => {
+                    return Err(std::io::Error::new(
+                        err.kind(),
+                        format!(
+                            "failed to create the temporary root `{}`: {err}",
+                            path.display()
+                        ),
+                    )
+                    .into());
+                }
+            }
+        }
     }
 
     /// The root file.
@@ -130,8 +149,8 @@ fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize, usize
         };
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(_unlocked) => {
-                // Nobody holds it: its process (and everything that inherited it) has ended. A `.pid.n` file is a
-                // root whose creator died before the rename.
+                // Nobody holds it: its process (and everything that inherited it) has ended. A `.<random>` file is
+                // a root whose creator died before the link.
                 stale += 1;
                 if !dry_run {
                     fs_err::remove_file(&path)?;
@@ -156,6 +175,26 @@ fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize, usize
         }
     }
     Ok((names, live, stale))
+}
+
+/// 128 random bits from the kernel as 32 hex digits.
+fn random_name() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        let rest = &mut bytes[filled..];
+        // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(std::io::Error::other(format!("failed to get random bytes: {err}")).into());
+        }
+        filled += n as usize;
+    }
+    Ok(hex::encode(bytes))
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {

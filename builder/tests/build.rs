@@ -1361,3 +1361,89 @@ fn names_hvd_writes_itself_are_never_written_through_a_package() {
             .any(|p| p.contains("infolink"))
     );
 }
+
+/// #16 review finding 10: two processes in different pid namespaces (each pid 1 there) sharing one store each
+/// hold their own temporary root; when one ends, gc still keeps the env the other is using.
+#[test]
+fn temp_roots_of_processes_in_different_pid_namespaces_do_not_collide() {
+    let unshare = ["--pid", "--fork", "--kill-child"];
+    let usable = Command::new("unshare")
+        .args(unshare)
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !usable {
+        eprintln!("no pid namespaces here (`unshare --pid` needs root); skipping");
+        return;
+    }
+    let f = fixture();
+    let kept = make_wheel(&f.server.root, "kept", "1.0", &[("kept.py", b"")], None);
+    let built = build_env(
+        &f.store,
+        &plan(vec![f.server.wheel_plan("kept", "1.0", &kept)]),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    let spawn = |name: &str| {
+        let dir = f.root.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("spec"),
+            format!("{}\n{}\n", f.store.root().display(), built.env.display()),
+        )
+        .unwrap();
+        let child = Command::new("unshare")
+            .args(unshare)
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "temp_root_helper", "--nocapture"])
+            .env("HVD_TEST_ROOT_DIR", &dir)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(&dir.join("ready"));
+        (dir, child)
+    };
+    let (first_dir, first) = spawn("first");
+    let (second_dir, second) = spawn("second");
+    // Whatever happens below, the helpers end with the test (they wait for a stop file in a temp dir).
+    let mut helpers = Helpers(vec![
+        (first_dir.clone(), first),
+        (second_dir.clone(), second),
+    ]);
+    let report = hvd_builder::gc::collect_garbage(&f.store, true).unwrap();
+    assert_eq!(report.temp_roots, 2, "{report:?}");
+    // The second ends; the first still runs on the env.
+    let (_, second) = helpers.0.pop().unwrap();
+    std::fs::write(second_dir.join("stop"), "").unwrap();
+    assert!(second.wait_with_output().unwrap().status.success());
+    let mut report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
+    for _ in 0..250 {
+        if report.temp_roots == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
+    }
+    assert_eq!(report.temp_roots, 1, "{report:?}");
+    assert!(report.dead.is_empty(), "removed in use: {:?}", report.dead);
+    assert!(f.store.is_valid(&built.env));
+    let (_, first) = helpers.0.pop().unwrap();
+    std::fs::write(first_dir.join("stop"), "").unwrap();
+    let out = first.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("imported"));
+}
+
+/// Helper processes that end (stop file, then SIGKILL) when the test ends, also when it fails.
+struct Helpers(Vec<(PathBuf, std::process::Child)>);
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        for (dir, child) in &mut self.0 {
+            let _ = std::fs::write(dir.join("stop"), "");
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
