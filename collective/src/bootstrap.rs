@@ -8,12 +8,20 @@
 //! Exchange (scope `hvd`): every rank PUTs `addr.<rank>` = `v1 <hostname> <ip:port>` and reads everyone's; the
 //! lowest rank of each host creates the host's shared memory segment and PUTs its name at `shm.<host index>`.
 //!
+//! A `file:DIR` rendezvous keeps each key in `DIR/hvd/<key>`. DIR (and `DIR/hvd`) must belong to the user and be
+//! writable by nobody else, or the job refuses it (another user could plant the job's key or a rank's address);
+//! `DIR/hvd` is created 0700, and every file is written 0600 under a fresh temporary name (`O_EXCL`) and renamed
+//! into place. Each file starts with a line `hvd-rendezvous v1 job=<id>`: the job id is `HVD_JOB_ID`, else srun's
+//! `SLURM_JOB_ID.SLURM_STEP_ID`, else empty; a rank with a job id treats a file of another job id as absent (a
+//! stale `addr.N` or `tcp.key` of an earlier job in the same directory) and, when its wait ends, names it.
+//!
 //! The HTTP client retries a busy server (503) and failed connections with exponential backoff and jitter, bounded by
 //! the start-up timeout: a server briefly full of other connections delays a rank, it does not fail it.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
-use std::path::PathBuf;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::communicator::Communicator;
@@ -30,6 +38,10 @@ const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(30);
 /// First pause before a retry; it doubles up to [`MAX_BACKOFF`], and each pause is drawn from its upper half.
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The first line of every file of a `file:` rendezvous, followed by the job id.
+const FILE_HEADER: &str = "hvd-rendezvous v1 job=";
+/// The variable that names the job for a `file:` rendezvous (see the module documentation).
+pub const JOB_ID_VAR: &str = "HVD_JOB_ID";
 
 /// Where ranks exchange their addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,10 +79,19 @@ impl Rendezvous {
 
     /// A client for this rendezvous acting as `rank`.
     pub fn client(&self, rank: usize) -> KeyValueClient {
+        let job = std::env::var(JOB_ID_VAR)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| {
+                let id = std::env::var("SLURM_JOB_ID").ok()?;
+                let step = std::env::var("SLURM_STEP_ID").unwrap_or_default();
+                Some(format!("{id}.{step}"))
+            });
         KeyValueClient {
             rendezvous: self.clone(),
             rank,
             retry_for: DEFAULT_RETRY_FOR,
+            job: job.map(|j| j.trim().to_string()),
         }
     }
 }
@@ -82,6 +103,8 @@ pub struct KeyValueClient {
     rank: usize,
     /// How long one request is retried through 503 answers and failed connections.
     retry_for: Duration,
+    /// The job id written into, and checked in, the files of a `file:` rendezvous.
+    job: Option<String>,
 }
 
 struct HttpResponse {
@@ -96,6 +119,12 @@ impl KeyValueClient {
     /// start-up timeout).
     pub fn with_retry_for(mut self, retry_for: Duration) -> KeyValueClient {
         self.retry_for = retry_for;
+        self
+    }
+
+    /// Names the job for a `file:` rendezvous (instead of `HVD_JOB_ID`): files of another job id are ignored.
+    pub fn with_job(mut self, job: Option<&str>) -> KeyValueClient {
+        self.job = job.map(str::to_string);
         self
     }
 
@@ -116,15 +145,11 @@ impl KeyValueClient {
                 Ok(())
             }
             Rendezvous::Directory(dir) => {
-                let dir = dir.join(SCOPE);
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| Error::io(format!("create `{}`", dir.display()), e))?;
-                let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));
-                std::fs::write(&tmp, value)
-                    .map_err(|e| Error::io(format!("write `{}`", tmp.display()), e))?;
-                let path = dir.join(key);
-                std::fs::rename(&tmp, &path)
-                    .map_err(|e| Error::io(format!("rename to `{}`", path.display()), e))
+                let dir = private_scope(dir)?;
+                let mut content =
+                    format!("{FILE_HEADER}{}\n", self.job.as_deref().unwrap_or("")).into_bytes();
+                content.extend_from_slice(value);
+                write_private(&dir, key, &content)
             }
         }
     }
@@ -133,6 +158,7 @@ impl KeyValueClient {
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         check_key(key)?;
         let deadline = Instant::now() + timeout;
+        let mut stale: Option<(PathBuf, String)> = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match &self.rendezvous {
@@ -147,21 +173,54 @@ impl KeyValueClient {
                     }
                 }
                 Rendezvous::Directory(dir) => {
-                    let path = dir.join(SCOPE).join(key);
+                    let path = private_scope(dir)?.join(key);
                     match std::fs::read(&path) {
-                        Ok(v) => return Ok(v),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
+                        Ok(v) => match self.own_value(&path, v)? {
+                            Ok(v) => return Ok(v),
+                            Err(other) => stale = Some((path, other)),
+                        },
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                         Err(e) => return Err(Error::io(format!("read `{}`", path.display()), e)),
                     }
+                    std::thread::sleep(Duration::from_millis(5));
                 }
             }
             if Instant::now() >= deadline {
+                if let Some((path, other)) = stale {
+                    return Err(Error::Bootstrap(format!(
+                        "`{}` is from another job (job id `{other}`, this job is `{}`): a stale file of an earlier \
+                         job, or two jobs share the rendezvous directory; remove it or give each job its own \
+                         directory",
+                        path.display(),
+                        self.job.as_deref().unwrap_or("")
+                    )));
+                }
                 return Err(Error::Bootstrap(format!(
                     "no rank stored `{key}` at the rendezvous within {timeout:?}; did every rank start?"
                 )));
             }
+        }
+    }
+
+    /// The value of a rendezvous file read from `path`: `Ok(Ok(value))` when it is this job's (any job's when this
+    /// rank has no job id), `Ok(Err(job))` when another job wrote it.
+    fn own_value(
+        &self,
+        path: &Path,
+        content: Vec<u8>,
+    ) -> Result<std::result::Result<Vec<u8>, String>> {
+        let bad = || {
+            Error::Bootstrap(format!(
+                "`{}` is not an hvd rendezvous file (no `{FILE_HEADER}` line); remove it or use a fresh directory",
+                path.display()
+            ))
+        };
+        let nl = content.iter().position(|b| *b == b'\n').ok_or_else(bad)?;
+        let line = std::str::from_utf8(&content[..nl]).map_err(|_| bad())?;
+        let job = line.strip_prefix(FILE_HEADER).ok_or_else(bad)?;
+        match &self.job {
+            Some(mine) if mine != job => Ok(Err(job.to_string())),
+            _ => Ok(Ok(content[nl + 1..].to_vec())),
         }
     }
 
@@ -365,6 +424,89 @@ fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
         body,
         retries: 0,
     })
+}
+
+/// Refuses a rendezvous directory another user could write into (or that is not the user's own).
+fn check_private_dir(dir: &Path) -> Result<()> {
+    let m = std::fs::metadata(dir).map_err(|e| {
+        Error::io(
+            format!("read the rendezvous directory `{}`", dir.display()),
+            e,
+        )
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(Error::Bootstrap(format!(
+            "the rendezvous directory `{}` belongs to uid {}, not to this user (uid {me}): its owner could plant the \
+             job's key or a rank's address; use a directory of your own (e.g. from `mktemp -d`)",
+            dir.display(),
+            m.uid()
+        )));
+    }
+    let mode = m.permissions().mode();
+    if mode & 0o022 != 0 {
+        return Err(Error::Bootstrap(format!(
+            "the rendezvous directory `{}` is writable by its group or others (mode {:o}): another user could plant \
+             the job's key or a rank's address; run `chmod go-w {}` or use a directory from `mktemp -d`",
+            dir.display(),
+            mode & 0o7777,
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `DIR/hvd` of a `file:` rendezvous, created 0700 when missing; DIR and it checked with [`check_private_dir`].
+fn private_scope(dir: &Path) -> Result<PathBuf> {
+    // A missing DIR is created (0700 like every directory created on the way).
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        return Err(Error::io(format!("create `{}`", dir.display()), e));
+    }
+    check_private_dir(dir)?;
+    let scope = dir.join(SCOPE);
+    match std::fs::DirBuilder::new().mode(0o700).create(&scope) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(format!("create `{}`", scope.display()), e)),
+    }
+    check_private_dir(&scope)?;
+    Ok(scope)
+}
+
+/// Writes `dir/key` atomically with mode 0600: a fresh temporary name opened with `O_EXCL`, then a rename.
+fn write_private(dir: &Path, key: &str, content: &[u8]) -> Result<()> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{key}.{}.{seq}.{}.tmp",
+        std::process::id(),
+        join_identity()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| Error::io(format!("create `{}`", tmp.display()), e))?;
+    let written = f
+        .write_all(content)
+        .map_err(|e| Error::io(format!("write `{}`", tmp.display()), e));
+    drop(f);
+    let path = dir.join(key);
+    let moved = written.and_then(|()| {
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| Error::io(format!("rename to `{}`", path.display()), e))
+    });
+    if moved.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    moved
 }
 
 fn check_key(key: &str) -> Result<()> {

@@ -437,9 +437,15 @@ fn without_a_token_the_key_comes_from_the_rendezvous() {
             f32s(&[3.0; 5])
         );
     }
-    let key =
-        std::fs::read(dir.path().join("hvd").join("tcp.key")).expect("rank 0 published a key");
-    assert!(key.len() == 64 && key.iter().all(u8::is_ascii_hexdigit));
+    let path = dir.path().join("hvd").join("tcp.key");
+    let content = std::fs::read_to_string(&path).expect("rank 0 published a key");
+    let key = content
+        .strip_prefix("hvd-rendezvous v1 job=\n")
+        .expect("a rendezvous file header");
+    assert!(key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the key file is the user's only");
 }
 
 /// Whatever answers at rank 0's address without ever speaking (here a listener nobody accepts on) keeps rank 1
