@@ -672,6 +672,18 @@ fn bound_socket(ip: IpAddr) -> io::Result<OwnedFd> {
     }
     // SAFETY: `raw` is a fresh descriptor owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // The port is chosen at connect, per destination, not at bind (saves ephemeral ports); best effort.
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a c_int of the given size; the option only changes when the port is chosen.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&raw const on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     let (sa, len) = sockaddr(SocketAddr::new(ip, 0));
     // SAFETY: `sa` holds a socket address of `len` bytes.
     if unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), len) } != 0 {

@@ -620,3 +620,23 @@ fn a_flood_from_one_address_does_not_evict_the_real_rank() {
         Err(why) => panic!("the real rank 1 must join despite the flood: {why}"),
     }
 }
+
+/// A dialling rank's connection comes from the address it published (its listener's), not from whatever the kernel
+/// would pick (for 127.0.0.1 that is 127.0.0.1): that is what lets the acceptor keep it apart from a flood.
+#[test]
+fn a_dialling_rank_connects_from_its_published_address() {
+    let key = JobKey::new(b"the job token").unwrap();
+    let fake0 = listen(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
+    let l1 = listen(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))).unwrap();
+    let addrs = vec![fake0.local_addr().unwrap(), l1.local_addr().unwrap()];
+    let from = std::thread::scope(|s| {
+        let r1 = s.spawn(|| TcpTransport::connect(1, &l1, &addrs, &key, Duration::from_secs(2)));
+        let (mut c, from) = fake0.accept().unwrap();
+        let mut greeting = [0u8; HELLO_LEN];
+        c.read_exact(&mut greeting).unwrap();
+        assert_eq!(greeting[..16], frame(HELLO, 1)[..]);
+        assert!(r1.join().unwrap().is_err(), "the fake rank 0 never answers");
+        from
+    });
+    assert_eq!(from.ip(), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+}
