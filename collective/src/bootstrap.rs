@@ -91,7 +91,7 @@ impl Rendezvous {
             rendezvous: self.clone(),
             rank,
             retry_for: DEFAULT_RETRY_FOR,
-            job: job.map(|j| j.trim().to_string()),
+            job: job.as_deref().map(job_id),
         }
     }
 }
@@ -124,7 +124,7 @@ impl KeyValueClient {
 
     /// Names the job for a `file:` rendezvous (instead of `HVD_JOB_ID`): files of another job id are ignored.
     pub fn with_job(mut self, job: Option<&str>) -> KeyValueClient {
-        self.job = job.map(str::to_string);
+        self.job = job.map(job_id);
         self
     }
 
@@ -424,6 +424,14 @@ fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
         body,
         retries: 0,
     })
+}
+
+/// A job id as written on a rendezvous file's first line: trimmed, control characters (a newline) as `?`.
+fn job_id(raw: &str) -> String {
+    raw.trim()
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// Refuses a rendezvous directory another user could write into (or that is not the user's own).
