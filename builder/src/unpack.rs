@@ -277,6 +277,16 @@ impl<'a> Extractor<'a> {
             None => Some(normalized.clone()),
             Some(layout) => layout(&normalized).map_err(|reason| self.refuse(name, reason))?,
         };
+        // A layout builds destinations from archive text (a wheel's `.dist-info` name goes into `include/<name>/`):
+        // what it returns must be a plain relative path too, or a `..` would reach above the tree being built.
+        if let Some(dest) = &dest
+            && normalize(dest).ok().as_deref() != Some(dest.as_str())
+        {
+            return Err(self.refuse(
+                name,
+                format!("would be placed at `{dest}`, which is not a plain relative path"),
+            ));
+        }
         match dest {
             Some(dest) if !dest.is_empty() => Ok(Some((normalized, dest))),
             _ if is_dir => Ok(None),

@@ -32,7 +32,19 @@ pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256
         message,
     };
     let (dist_info, data_dir) = wheel_dirs(wheel)?;
-    let project = dist_info.split('-').next().unwrap_or("package").to_string();
+    let project = dist_info.split('-').next().unwrap_or_default().to_string();
+    // The name part of `<name>-<version>.dist-info` becomes `include/<name>/`: it must be a distribution name (PEP 427
+    // escapes it to letters, digits, `_` and `.`), not `..` or anything else that means a place.
+    if project.is_empty()
+        || project.starts_with('.')
+        || !project
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
+    {
+        return Err(invalid(format!(
+            "its `.dist-info` directory `{dist_info}` does not start with a distribution name"
+        )));
+    }
     let layout = |name: &str| -> std::result::Result<Option<String>, String> {
         let top = name.split('/').next().unwrap_or_default();
         if data_dir.as_deref() == Some(top) {
