@@ -302,9 +302,16 @@ impl Fetcher {
         };
         if let Some(local) = local_path(&artifact.url) {
             use tokio::io::AsyncReadExt;
-            let mut file = tokio::fs::File::open(&local).await.map_err(|err| {
-                std::io::Error::other(format!("failed to open `{}`: {err}", local.display()))
-            })?;
+            // O_NONBLOCK: opening a FIFO for reading would wait for a writer before the regular-file check below
+            // could refuse it (a lockfile may name any local path). It changes nothing for a regular file.
+            let mut file = tokio::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&local)
+                .await
+                .map_err(|err| {
+                    std::io::Error::other(format!("failed to open `{}`: {err}", local.display()))
+                })?;
             let meta = file.metadata().await.map_err(|err| {
                 std::io::Error::other(format!("failed to stat `{}`: {err}", local.display()))
             })?;
@@ -682,6 +689,33 @@ mod tests {
             .to_string();
             assert!(err.contains("not a regular file"), "{err}");
         }
+        assert_cache_empty(cache.path());
+    }
+
+    /// Review: a lockfile naming a FIFO made the fetch wait forever in `open`, before the regular-file check.
+    #[test]
+    fn local_fifo_is_refused_without_waiting_for_a_writer() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("helper-1.0-py3-none-any.whl");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let url = format!("file://{}", fifo.display());
+        let (send, receive) = std::sync::mpsc::channel();
+        let cache_dir = cache.path().to_path_buf();
+        std::thread::spawn(move || {
+            let result = fetch(&cache_dir, artifact(url, Sha256::of_bytes(b""), None));
+            let _ = send.send(result.map(|_| ()).map_err(|e| e.to_string()));
+        });
+        // A generous hang guard, not a timing assertion: the refusal is immediate.
+        let err = receive
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the fetch of a FIFO hung")
+            .unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
         assert_cache_empty(cache.path());
     }
 

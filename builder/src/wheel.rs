@@ -18,6 +18,10 @@ use crate::unpack;
 /// RECORD's own files: RECORD cannot hold its own hash, and its signatures are made after it.
 const RECORD_FILES: [&str; 3] = ["RECORD", "RECORD.jws", "RECORD.p7s"];
 
+/// The largest RECORD read: the most entries an extraction allows ([`unpack::MAX_ENTRIES`]) at 300 bytes a line (a
+/// long path and its hash) is 60 MB; real RECORDs are a few MB at most.
+const MAX_RECORD_BYTES: u64 = 64 << 20;
+
 /// Unpack `wheel` into `out` (a package path being built) and check every file against the wheel's RECORD.
 ///
 /// Everything goes through [`unpack::unpack_zip`] with the wheel's layout: the root and `.data/purelib|platlib` to
@@ -85,6 +89,14 @@ pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256
         Some(entry) if !entry.is_link => out.join(&entry.dest),
         _ => return Err(invalid(format!("`{record_name}` is missing"))),
     };
+    // RECORD is one line per file: the extraction's file-count limit bounds a real one far below this. A bigger
+    // one is an attack on memory (the ratio limit alone would let it inflate to gigabytes).
+    let record_size = fs_err::metadata(&record_path)?.len();
+    if record_size > MAX_RECORD_BYTES {
+        return Err(invalid(format!(
+            "`{record_name}` is {record_size} bytes (at most {MAX_RECORD_BYTES} are read)"
+        )));
+    }
     let record = fs_err::read_to_string(&record_path)?;
     let mut listed: BTreeMap<String, Option<String>> = BTreeMap::new();
     for (number, line) in record.lines().enumerate() {

@@ -115,3 +115,29 @@ fn a_layout_that_maps_an_entry_above_the_tree_is_refused() {
         assert!(listing(&out).is_empty(), "{dest}: {:?}", listing(&out));
     }
 }
+
+/// Review: RECORD was read whole, whatever its size (the ratio limit alone let one inflate to gigabytes). A stored
+/// (uncompressed) RECORD of 65 MiB passes the ratio limit and must still be refused, unread.
+#[test]
+fn a_record_beyond_its_limit_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("p-pkg");
+    std::fs::create_dir_all(&out).unwrap();
+    let path = root.path().join("big-1.0-py3-none-any.whl");
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+    let stored =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    zip.start_file("big-1.0.dist-info/METADATA", stored)
+        .unwrap();
+    zip.write_all(b"Name: big\n").unwrap();
+    zip.start_file("big-1.0.dist-info/RECORD", stored).unwrap();
+    let line = format!("big/{},sha256=x,1\n", "a".repeat(100));
+    let mut written = 0usize;
+    while written <= 65 << 20 {
+        zip.write_all(line.as_bytes()).unwrap();
+        written += line.len();
+    }
+    zip.finish().unwrap();
+    let err = install_wheel(&path, &out).expect_err("refused");
+    assert!(err.to_string().contains("at most"), "{err}");
+}
