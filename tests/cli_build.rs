@@ -537,3 +537,92 @@ fn real_index_tensorflow_horovod_builds_imports_and_passes_check() {
         text(&check).1
     );
 }
+
+/// Hostile wheels the security review made (#16), written next to the fixtures: a symlink chain that passes a
+/// lexical check (`l -> .`, `x -> l/l/../../..`) followed by `./x` or a file below `x`, and a `..-1.0.dist-info`
+/// whose headers would land above the package path.
+const MAKE_HOSTILE_WHEELS: &str = r#"
+import base64, hashlib, os, sys, zipfile
+out, escape = sys.argv[1], sys.argv[2]
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def wheel(filename, dist_info, members):
+    rec = "".join("%s,sha256=%s,%d\n" % (p, h(d), len(d)) for p, d, _ in members) + dist_info + "/RECORD,,\n"
+    with zipfile.ZipFile(os.path.join(out, filename), "w") as z:
+        for p, d, link in members:
+            info = zipfile.ZipInfo(p)
+            if link: info.external_attr = (0o120777 << 16)
+            z.writestr(info, d)
+        z.writestr(dist_info + "/RECORD", rec)
+meta = lambda n: ("Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % n).encode()
+wheel("chain-1.0-py3-none-any.whl", "chain-1.0.dist-info", [
+    ("chain-1.0.dist-info/METADATA", meta("chain"), False),
+    ("l", b".", True),
+    ("x", ("l/" * 8 + "../" * 12 + escape.lstrip("/")).encode(), True),
+    ("./x", b"pwned\n", False),
+])
+wheel("through-1.0-py3-none-any.whl", "through-1.0.dist-info", [
+    ("through-1.0.dist-info/METADATA", meta("through"), False),
+    ("l", b".", True),
+    ("x", ("l/" * 8 + "../" * 12 + os.path.dirname(escape).lstrip("/")).encode(), True),
+    ("x/pwned", b"pwned\n", False),
+])
+wheel("dotdot-1.0-py3-none-any.whl", "..-1.0.dist-info", [
+    ("..-1.0.dist-info/METADATA", meta("dotdot"), False),
+    ("dotdot-1.0.data/headers/site-packages/_hvd_pycache.pth", b"../../../../pwned", True),
+])
+"#;
+
+#[test]
+fn hostile_wheels_install_nothing_and_write_nothing_outside_the_store() {
+    let p = project("\"chain==1.0\"");
+    let escape = p.root.join("pwned");
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(MAKE_HOSTILE_WHEELS)
+        .arg(p.root.join("files"))
+        .arg(&escape)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for (name, filename) in [
+        ("chain", "chain-1.0-py3-none-any.whl"),
+        ("through", "through-1.0-py3-none-any.whl"),
+        ("dotdot", "dotdot-1.0-py3-none-any.whl"),
+    ] {
+        p.write_file(&format!("\"{name}==1.0\""));
+        p.lock(vec![p.package(name, filename, &[])], vec![]);
+        let out = p.hvd(&["build", &p.file().display().to_string(), "--locked"]);
+        let (_, err) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        let flat: String = err
+            .chars()
+            .filter(|c| !c.is_whitespace() && *c != '│')
+            .collect();
+        assert!(
+            flat.contains(filename),
+            "{name}: the error names the wheel: {err}"
+        );
+        assert!(!escape.exists(), "{name} wrote outside the store");
+        assert!(!p.root.join("app/.hvd/env").exists(), "{name}: no env");
+        // Only finished store paths have their metadata file: none of this package.
+        let installed: Vec<_> = std::fs::read_dir(&p.store)
+            .map(|dir| {
+                dir.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(&format!("-{name}-1.0")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(installed.is_empty(), "{name} was installed: {installed:?}");
+    }
+    let mut top: Vec<_> = std::fs::read_dir(&p.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    assert_eq!(
+        top,
+        ["app", "files", "store"],
+        "nothing new next to the store"
+    );
+}

@@ -34,6 +34,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// A package's archive was refused or could not be installed: names the package, the cause says why.
+    #[error("failed to install {name} {version} from `{filename}`; nothing of it was installed")]
+    Install {
+        name: String,
+        version: String,
+        filename: String,
+        #[source]
+        source: Box<Error>,
+    },
+
     #[error("failed to read archive `{archive}`: {message}")]
     Archive { archive: PathBuf, message: String },
 
