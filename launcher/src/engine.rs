@@ -26,6 +26,26 @@ pub const STDERR_TAIL_LINES: usize = 20;
 const MAX_LINE_BYTES: usize = 64 * 1024;
 /// Set for every worker (`<run id>/<step>`); finds the processes a step started after they left its process groups.
 pub const STEP_MARKER_VAR: &str = "HVD_RUN_STEP";
+
+/// `off` runs without cgroups, contained by the subreaper fallback alone (as on a machine without them); unset,
+/// empty or `auto`: a cgroup per run where the machine allows it.
+pub const CGROUPS_VAR: &str = "HVD_CGROUPS";
+
+/// Whether [`CGROUPS_VAR`] allows cgroups; any other value than `off`, `auto` or empty is an error naming it.
+fn cgroups_wanted() -> Result<bool, LaunchError> {
+    match std::env::var(CGROUPS_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Ok(v) if v.is_empty() || v == "auto" => Ok(true),
+        Ok(v) if v == "off" => Ok(false),
+        Ok(v) => Err(LaunchError::Engine(format!(
+            "{CGROUPS_VAR}={v:?} is not understood: use `off` (no cgroups: the subreaper fallback) or `auto` \
+             (the default)"
+        ))),
+        Err(std::env::VarError::NotUnicode(v)) => Err(LaunchError::Engine(format!(
+            "{CGROUPS_VAR}={v:?} is not understood: use `off` or `auto`"
+        ))),
+    }
+}
 /// Exit code for a step that ran past its `timeout` or its start timeout (like timeout(1)).
 pub const TIMEOUT_EXIT_CODE: u8 = 124;
 
@@ -280,15 +300,23 @@ pub fn execute(
     })?;
     crate::engines::spark::install_driver(plan)?;
     crate::process::become_subreaper();
-    let cgroup = match RunCgroup::create() {
-        Ok(c) => Some(c),
-        Err(reason) => {
+    let cgroup = match cgroups_wanted()? {
+        false => {
             tracing::info!(
-                "no cgroup for this run ({reason}): a process that leaves its worker's process group ends with its \
-                 step only if it keeps the worker's environment, and survives a launcher killed with SIGKILL"
+                "no cgroup for this run ({CGROUPS_VAR}=off): the subreaper fallback contains it"
             );
             None
         }
+        true => match RunCgroup::create() {
+            Ok(c) => Some(c),
+            Err(reason) => {
+                tracing::info!(
+                    "no cgroup for this run ({reason}): the launcher, a child subreaper, kills what its steps leave \
+                 behind; a process that left its worker's process group survives a launcher killed with SIGKILL"
+                );
+                None
+            }
+        },
     };
     let watchdog = match Watchdog::start_for(cgroup.as_ref()) {
         Ok(w) => Some(w),
@@ -424,6 +452,9 @@ pub fn execute(
             }
         }
     });
+    // Every step has ended: orphans no running step of this process claims (no marker, e.g. `env -i`, left while
+    // other steps ran) end with the run.
+    crate::process::end_run();
     if let Some(e) = error {
         return Err(e);
     }
@@ -561,6 +592,8 @@ fn run_step(
         step.name,
         STEP_STARTS.fetch_add(1, Ordering::Relaxed)
     );
+    // Registered before any worker starts: another step's cleanup leaves this step's processes alone.
+    let lease = crate::process::start_step(format!("{STEP_MARKER_VAR}={step_marker}"));
     let step_cgroup = job.cgroup.as_ref().and_then(|c| match c.step(&step.name) {
         Ok(group) => Some(group),
         Err(e) => {
@@ -748,11 +781,12 @@ fn run_step(
             started,
         );
         // Whatever a worker started that left its process group (setsid, daemons) ends with the step too: the
-        // step's cgroup holds all of it; without one, what kept the step's marker in its environment.
+        // step's cgroup holds all of it; without one, the orphans the launcher adopted as their subreaper that are
+        // this step's (its marker, or no marker while no other step runs) are killed with their descendants.
         if let Some(group) = &step_cgroup {
             group.kill_all();
         }
-        crate::process::kill_escaped(&format!("{STEP_MARKER_VAR}={step_marker}"));
+        crate::process::end_step(lease);
         let drain_deadline = Instant::now() + PUMP_DRAIN;
         while pumps.live.load(Ordering::SeqCst) > 0 && Instant::now() < drain_deadline {
             std::thread::sleep(Duration::from_millis(5));

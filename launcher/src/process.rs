@@ -72,7 +72,7 @@ pub fn signal_group(pgid: u32, signal: i32) {
 }
 
 /// Makes this process the reaper of its orphaned descendants, so workers' children that left their process group
-/// (`setsid`, double fork) are re-parented to the launcher and can be found by [`kill_escaped`].
+/// (`setsid`, double fork) are re-parented to the launcher and can be found by [`end_step`].
 pub fn become_subreaper() {
     // SAFETY: plain prctl with integer arguments.
     unsafe {
@@ -80,49 +80,189 @@ pub fn become_subreaper() {
     }
 }
 
-/// Kills and reaps this process's children (adopted orphans included) whose environment holds `marker`
-/// (`NAME=value`), repeating until none is left, so descendants that escaped their worker's process group end too.
-pub fn kill_escaped(marker: &str) {
-    let me = std::process::id();
-    for _ in 0..50 {
-        let mut found = false;
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            // Field 4 (ppid) follows the command name, which is in parentheses and may contain anything.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-            if ppid != Some(me) {
-                continue;
-            }
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-                continue;
-            };
-            if !environ.split(|&b| b == 0).any(|v| v == marker.as_bytes()) {
-                continue;
-            }
-            found = true;
-            let Ok(pid) = libc::pid_t::try_from(pid) else {
-                continue;
-            };
-            // SAFETY: signalling and reaping a child of ours by pid; a null status pointer is allowed.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, std::ptr::null_mut(), 0);
-            }
-        }
-        if !found {
-            return;
+/// The `HVD_RUN_STEP=...` markers of the steps running in this process (all runs): their processes are left alone
+/// by another step's cleanup.
+static LIVE_STEPS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn live_steps() -> std::sync::MutexGuard<'static, Vec<String>> {
+    LIVE_STEPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A running step, registered by its marker (`NAME=value`, as it is in its workers' environment) before any of its
+/// workers starts; [`end_step`] ends it.
+#[derive(Debug)]
+pub struct StepLease {
+    marker: String,
+}
+
+/// Registers a step that is about to start workers carrying `marker` (`NAME=value`) in their environment.
+pub fn start_step(marker: String) -> StepLease {
+    live_steps().push(marker.clone());
+    StepLease { marker }
+}
+
+impl Drop for StepLease {
+    fn drop(&mut self) {
+        let mut live = live_steps();
+        if let Some(i) = live.iter().position(|m| *m == self.marker) {
+            live.swap_remove(i);
         }
     }
+}
+
+/// Ends what is left of a step whose workers have all exited (and been reaped): kills and reaps its whole
+/// remaining process tree, then unregisters it. See [`kill_orphans`] for what is attributed to it.
+pub fn end_step(lease: StepLease) {
+    kill_orphans(Some(&lease.marker));
+    drop(lease);
+}
+
+/// At the end of a run: kills every orphan this process adopted that no running step claims, with its descendants.
+pub fn end_run() {
+    kill_orphans(None);
+}
+
+/// One process as `/proc/PID/stat` shows it.
+struct ProcEntry {
+    pid: u32,
+    ppid: u32,
+    session: u32,
+    zombie: bool,
+}
+
+/// Every process in `/proc` (those that vanish while being read are left out).
+fn processes() -> Vec<ProcEntry> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command name (in parentheses, and it may contain anything): state, ppid, pgrp, session.
+            let (_, rest) = stat.rsplit_once(')')?;
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?;
+            let ppid = fields.next()?.parse().ok()?;
+            let _pgrp = fields.next()?;
+            let session = fields.next()?.parse().ok()?;
+            Some(ProcEntry {
+                pid,
+                ppid,
+                session,
+                zombie: state == "Z" || state == "X",
+            })
+        })
+        .collect()
+}
+
+/// The step marker (`NAME=value` starting with `marker_name=`) in the environment of `pid`, if readable and present.
+fn marker_of(pid: u32, marker_name: &str) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split(|&b| b == 0)
+        .find(|v| {
+            v.len() > marker_name.len()
+                && v.starts_with(marker_name.as_bytes())
+                && v[marker_name.len()] == b'='
+        })
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Kills, with all their descendants (by ppid), the orphans this process adopted as a subreaper that belong to the
+/// step `ending` (`NAME=value`; `None` at the end of a run), and reaps them; repeats until none is left (bounded).
+///
+/// An adopted orphan is a child of this process in another session than this process's own: workers start in new
+/// sessions and a session can only be left for a new one, so nothing a worker starts is ever in the launcher's
+/// session, while the launcher's own helpers (the watchdog, a test harness's children) are. Workers themselves are
+/// never touched here: the ending step's have all exited, and other steps' carry a live marker (registered before
+/// they start). An orphan is the ending step's when its environment carries the step's marker, or carries the marker
+/// of a step that is no longer running; one without a readable marker (`env -i`, another user after `setuid`) is
+/// killed only when no other step of this process is running, since it may be any running step's; it is then
+/// ended by the next step end that finds no other step running, or at the end of the run.
+fn kill_orphans(ending: Option<&str>) {
+    let me = std::process::id();
+    // SAFETY: getsid(0) only queries this process.
+    let Ok(own_session) = u32::try_from(unsafe { libc::getsid(0) }) else {
+        return;
+    };
+    let marker_name = crate::engine::STEP_MARKER_VAR;
+    let mut killed: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    const ROUNDS: u32 = 500;
+    for round in 0..ROUNDS {
+        let (others_running, live): (bool, Vec<String>) = {
+            let live = live_steps();
+            let others = live.iter().any(|m| Some(m.as_str()) != ending);
+            (others, live.clone())
+        };
+        let all = processes();
+        let mut roots = Vec::new();
+        for p in &all {
+            if p.ppid != me || p.zombie || p.session == own_session {
+                continue;
+            }
+            let take = match marker_of(p.pid, marker_name) {
+                Some(m) if Some(m.as_str()) == ending => true,
+                Some(m) if live.contains(&m) => false,
+                Some(_) => true,
+                None => !others_running,
+            };
+            if take {
+                roots.push(p.pid);
+            }
+        }
+        // Every descendant of a root, parents before children: a child left alive by its killed parent is
+        // re-parented to us (we are its subreaper), so its pid cannot be reused before we reap it.
+        let mut order = roots.clone();
+        let mut i = 0;
+        while i < order.len() {
+            let parent = order[i];
+            order.extend(
+                all.iter()
+                    .filter(|p| p.ppid == parent && !p.zombie)
+                    .map(|p| p.pid),
+            );
+            i += 1;
+        }
+        for &pid in &order {
+            if let Ok(pid) = libc::pid_t::try_from(pid)
+                && pid > 1
+            {
+                // SAFETY: sending a signal by pid, to a process of the tree we adopted.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+        killed.extend(order.iter().copied());
+        // Reap what we killed and adopted (never a pid we did not kill: a worker's own waiter reaps it).
+        // A killed pid that is not (yet) our child stays in the set while it exists: once its killed parent is gone
+        // it is re-parented to us as a zombie, to be reaped here.
+        killed.retain(|&pid| {
+            let Ok(p) = libc::pid_t::try_from(pid) else {
+                return false;
+            };
+            // SAFETY: reaping by pid with WNOHANG; a pid that is not our child gives ECHILD.
+            match unsafe { libc::waitpid(p, std::ptr::null_mut(), libc::WNOHANG) } {
+                0 => true,
+                r if r < 0 => Path::new(&format!("/proc/{pid}")).exists(),
+                _ => false,
+            }
+        });
+        if order.is_empty() && killed.is_empty() {
+            return;
+        }
+        if round + 1 < ROUNDS {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    tracing::warn!(
+        "processes of a finished step were still appearing after {ROUNDS} rounds of killing: {:?}",
+        killed
+    );
 }
 
 /// Waits up to `timeout` for `fd` to be readable (or at end of file / in error: a read will not block).

@@ -39,6 +39,25 @@ fn project(dir: &Path, run: &str) -> Project {
     }
 }
 
+/// Steps `(name, run, needs)`, each with `ESCAPE_TAG` set to `tag` in its environment.
+fn project_of(dir: &Path, tag: &str, steps: &[(&str, &str, &[&str])]) -> Project {
+    let mut project = project(dir, "");
+    project.steps = steps
+        .iter()
+        .map(|(name, run, needs)| Step {
+            name: (*name).into(),
+            run: (*run).into(),
+            needs: needs.iter().map(|n| (*n).to_string()).collect(),
+            workers: None,
+            inputs: vec![],
+            outputs: vec![],
+            env: BTreeMap::from([("ESCAPE_TAG".to_string(), tag.to_string())]),
+            timeout_ms: None,
+        })
+        .collect();
+    project
+}
+
 fn run_project(project: &Project) {
     let options = RunOptions {
         grace: Duration::from_secs(2),
@@ -295,4 +314,105 @@ fn the_watchdog_tracks_more_than_4096_groups() {
             .status();
     }
     assert!(!survived, "the 5001st watched group outlived the launcher");
+}
+
+/// A shell loop writing to `file` every process (pid and command line) running `sleep $ESCAPE_TAG`; its own
+/// command line holds the variable's name, not its value, so it never lists itself.
+fn list_escapees(file: &str) -> String {
+    format!(
+        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
+         case \"$c\" in *\"sleep $ESCAPE_TAG\"*) echo \"${{p#/proc/}} $c\";; esac; done > {file}"
+    )
+}
+
+/// Runs only when re-executed by the fallback tests, with `HVD_CGROUPS=off`: a run whose step `escape` starts the
+/// escapee written in `escape` and ends; then step `check` lists what of it is left.
+#[test]
+fn fallback_helper() {
+    let Some(dir) = std::env::var_os("HVD_TEST_FALLBACK_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let tag = std::fs::read_to_string(dir.join("tag")).unwrap();
+    let escape = std::fs::read_to_string(dir.join("escape")).unwrap();
+    let started = dir.join("started");
+    let left = dir.join("left");
+    let escape = format!(
+        "{escape} sleep 0.3; {}",
+        list_escapees(&format!("'{}'", started.display()))
+    );
+    let check = list_escapees(&format!("'{}'", left.display()));
+    run_project(&project_of(
+        &dir,
+        &tag,
+        &[("escape", &escape, &[]), ("check", &check, &["escape"])],
+    ));
+}
+
+/// Runs `escape` (shell, started in the background by the step, which then ends) in a launcher without cgroups,
+/// and asserts that the escapee ran and had ended before the next step started.
+fn escapee_ends_with_its_step_without_cgroups(escape: &str, n: u32) {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = unique_tag(n);
+    std::fs::write(dir.path().join("tag"), &tag).unwrap();
+    std::fs::write(dir.path().join("escape"), escape.replace("TAG", &tag)).unwrap();
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fallback_helper", "--nocapture"])
+        .env("HVD_TEST_FALLBACK_DIR", dir.path())
+        .env("HVD_CGROUPS", "off")
+        .output()
+        .unwrap();
+    // Whatever is left after the launcher is gone is cleaned up before asserting, so a failure leaks nothing.
+    let after = holders(&tag);
+    for pid in &after {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(
+        output.status.success(),
+        "the launcher failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let started = std::fs::read_to_string(dir.path().join("started")).unwrap();
+    let left = std::fs::read_to_string(dir.path().join("left")).unwrap();
+    // The step's own shell is listed too (its command line holds the tag): a `sleep` must be.
+    assert!(
+        started.lines().any(|l| l
+            .split_once(' ')
+            .is_some_and(|(_, c)| c.starts_with("sleep "))),
+        "the escapee never ran: `{escape}` ({started})"
+    );
+    assert_eq!(
+        left.trim(),
+        "",
+        "escapees of step `escape` still ran when the next step started (ran: {started})"
+    );
+    assert_eq!(after, Vec::<u32>::new(), "escapees outlived the run");
+}
+
+/// A `setsid` daemon: a new session, re-parented to the launcher when its worker exits.
+#[test]
+fn without_cgroups_a_setsid_escapee_ends_with_its_step() {
+    escapee_ends_with_its_step_without_cgroups("setsid sleep TAG >/dev/null 2>&1 &", 11);
+}
+
+/// A child with a cleared environment (no `HVD_RUN_STEP`) that leaves its worker's process group (bash job
+/// control puts it in a group of its own) and is orphaned when its shell exits.
+#[test]
+fn without_cgroups_an_env_i_escapee_ends_with_its_step() {
+    escapee_ends_with_its_step_without_cgroups(
+        "env -i /bin/bash -c 'set -m; sleep TAG >/dev/null 2>&1 &' >/dev/null 2>&1 &",
+        12,
+    );
+}
+
+/// Both: a new session and a cleared environment, double-forked so it is an orphan with no marker at all; and its
+/// parent shell keeps a child of its own, found only through the ppid chain.
+#[test]
+fn without_cgroups_a_setsid_env_i_double_forked_escapee_ends_with_its_step() {
+    escapee_ends_with_its_step_without_cgroups(
+        "setsid env -i /bin/sh -c '(sleep TAG &); sleep TAG' >/dev/null 2>&1 &",
+        13,
+    );
 }
