@@ -318,7 +318,9 @@ pub fn execute(
             }
         },
     };
-    let watchdog = match Watchdog::start_for(cgroup.as_ref()) {
+    // The watchdog also kills, if the launcher dies, what carries this run's step markers (`<run id>/...`).
+    let run_marker = format!("{STEP_MARKER_VAR}={run_id}/");
+    let watchdog = match Watchdog::start_for(cgroup.as_ref(), Some(&run_marker)) {
         Ok(w) => Some(w),
         Err(e) => {
             tracing::warn!(

@@ -289,7 +289,9 @@ pub fn group_alive(pgid: u32) -> bool {
 
 /// A forked helper that SIGKILLs the watched process groups, and every process of the run's cgroup, when the
 /// launcher dies without cleaning up (SIGKILL, crash): it reads group ids from a pipe and sees end-of-file when the
-/// launcher is gone. PR_SET_PDEATHSIG alone only covers the worker's `sh`, not the processes it starts.
+/// launcher is gone. PR_SET_PDEATHSIG alone only covers the worker's `sh`, not the processes it starts. Then (for
+/// the fallback without cgroups) it kills what left the groups but is still in a watched group's session, or
+/// carries the run's step marker; a process that left the session and dropped the marker is out of its reach.
 #[derive(Debug)]
 pub struct Watchdog {
     pipe: Option<OwnedFd>,
@@ -299,16 +301,18 @@ pub struct Watchdog {
 impl Watchdog {
     /// Without a cgroup: only the watched groups are killed.
     pub fn start() -> io::Result<Watchdog> {
-        Watchdog::start_for(None)
+        Watchdog::start_for(None, None)
     }
 
-    /// With the run's cgroup: on the launcher's death, every process in it (all steps) is killed too.
-    pub fn start_for(cgroup: Option<&RunCgroup>) -> io::Result<Watchdog> {
+    /// With the run's cgroup: on the launcher's death, every process in it (all steps) is killed too. With
+    /// `marker` (`NAME=prefix`), so is every process whose environment has an entry starting with it (the run's
+    /// step markers), and every process in a watched group's session, wherever they went (see [`Watchdog`]).
+    pub fn start_for(cgroup: Option<&RunCgroup>, marker: Option<&str>) -> io::Result<Watchdog> {
         let kill_fd = match cgroup {
             Some(c) => c.open_kill()?.into_raw_fd(),
             None => -1,
         };
-        let result = Watchdog::fork(kill_fd);
+        let result = Watchdog::fork(kill_fd, marker.map(str::as_bytes));
         if kill_fd >= 0 {
             // SAFETY: closing our copy of the descriptor opened above; the child has its own.
             unsafe {
@@ -318,7 +322,7 @@ impl Watchdog {
         result
     }
 
-    fn fork(kill_fd: libc::c_int) -> io::Result<Watchdog> {
+    fn fork(kill_fd: libc::c_int, marker: Option<&[u8]>) -> io::Result<Watchdog> {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -339,7 +343,7 @@ impl Watchdog {
         }
         if pid == 0 {
             // SAFETY: in the forked child; see above.
-            unsafe { watchdog_main(read_fd, kill_fd) }
+            unsafe { watchdog_main(read_fd, kill_fd, marker) }
         }
         // SAFETY: the parent owns the write end exclusively from here on; the read end is closed.
         let pipe = unsafe {
@@ -391,7 +395,7 @@ impl Drop for Watchdog {
 
 /// The watchdog's whole life. Async-signal-safe calls only; its table of groups lives in memory it maps itself
 /// (mmap/mremap are plain syscalls, unlike malloc), so it has no fixed capacity.
-unsafe fn watchdog_main(read_fd: libc::c_int, kill_fd: libc::c_int) -> ! {
+unsafe fn watchdog_main(read_fd: libc::c_int, kill_fd: libc::c_int, marker: Option<&[u8]>) -> ! {
     // SAFETY: all calls are async-signal-safe syscalls on integers, on stack buffers we own, or on the mapping this
     // function created and tracks (`groups`, `capacity`).
     unsafe {
@@ -494,7 +498,179 @@ unsafe fn watchdog_main(read_fd: libc::c_int, kill_fd: libc::c_int) -> ! {
                 libc::kill(-g, libc::SIGKILL);
             }
         }
+        // Then what left the groups: processes still in a watched group's session (a worker is its session's
+        // leader, so its group id is its session id), and processes whose environment carries one of the run's
+        // step markers. Repeated while a round finds something (what forks meanwhile inherits both).
+        let table: &[i32] = if groups.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(groups, count)
+        };
+        for _ in 0..16 {
+            if kill_leftovers(table, marker) == 0 {
+                break;
+            }
+        }
         libc::_exit(0)
+    }
+}
+
+/// For the watchdog, after the launcher died: SIGKILLs every process (but itself) whose session is in `sessions` or
+/// whose environment has an entry starting with `marker`; returns how many it signalled. Async-signal-safe: raw
+/// `open`/`getdents64`/`read`/`kill` on stack buffers, no allocation.
+unsafe fn kill_leftovers(sessions: &[i32], marker: Option<&[u8]>) -> usize {
+    // SAFETY: syscalls on descriptors this function opens and closes, into stack buffers it owns, with lengths no
+    // larger than those buffers; paths are NUL-terminated within their buffers.
+    unsafe {
+        let me = libc::getpid();
+        let proc_fd = libc::open(
+            c"/proc".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        );
+        if proc_fd < 0 {
+            return 0;
+        }
+        let mut signalled = 0;
+        let mut entries = [0u8; 4096];
+        loop {
+            let n = libc::syscall(
+                libc::SYS_getdents64,
+                proc_fd,
+                entries.as_mut_ptr(),
+                entries.len(),
+            );
+            if n <= 0 {
+                break;
+            }
+            let n = n as usize;
+            let mut at = 0usize;
+            while at + 19 < n {
+                // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name (NUL-terminated).
+                let reclen = u16::from_ne_bytes([entries[at + 16], entries[at + 17]]) as usize;
+                if reclen == 0 {
+                    break;
+                }
+                let name_start = at + 19;
+                let name_end = (name_start..(at + reclen).min(n))
+                    .find(|&i| entries[i] == 0)
+                    .unwrap_or(name_start);
+                let name = &entries[name_start..name_end];
+                at += reclen;
+                let mut pid: i32 = 0;
+                if name.is_empty() || name.len() > 9 || !name.iter().all(u8::is_ascii_digit) {
+                    continue;
+                }
+                for &d in name {
+                    pid = pid * 10 + i32::from(d - b'0');
+                }
+                if pid <= 1 || pid == me {
+                    continue;
+                }
+                let ours = in_session(proc_fd, name, sessions)
+                    || marker.is_some_and(|m| environ_has(proc_fd, name, m));
+                if ours && libc::kill(pid, libc::SIGKILL) == 0 {
+                    signalled += 1;
+                }
+            }
+        }
+        libc::close(proc_fd);
+        signalled
+    }
+}
+
+/// Opens `/proc/<pid>/<file>` relative to `proc_fd` (async-signal-safe).
+unsafe fn open_proc_file(proc_fd: libc::c_int, pid: &[u8], file: &[u8]) -> libc::c_int {
+    let mut path = [0u8; 64];
+    if pid.len() + 1 + file.len() + 1 > path.len() {
+        return -1;
+    }
+    path[..pid.len()].copy_from_slice(pid);
+    path[pid.len()] = b'/';
+    path[pid.len() + 1..pid.len() + 1 + file.len()].copy_from_slice(file);
+    // SAFETY: `path` is NUL-terminated (zero-filled past what was copied).
+    unsafe {
+        libc::openat(
+            proc_fd,
+            path.as_ptr().cast(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    }
+}
+
+/// Whether `/proc/<pid>/stat` names a session in `sessions` (async-signal-safe).
+unsafe fn in_session(proc_fd: libc::c_int, pid: &[u8], sessions: &[i32]) -> bool {
+    if sessions.is_empty() {
+        return false;
+    }
+    // SAFETY: reading into a stack buffer no larger than its length, from a descriptor opened and closed here.
+    unsafe {
+        let fd = open_proc_file(proc_fd, pid, b"stat");
+        if fd < 0 {
+            return false;
+        }
+        let mut stat = [0u8; 1024];
+        let n = libc::read(fd, stat.as_mut_ptr().cast(), stat.len());
+        libc::close(fd);
+        if n <= 0 {
+            return false;
+        }
+        let stat = &stat[..n as usize];
+        // After the last ')': " state ppid pgrp session ..."
+        let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+            return false;
+        };
+        let mut fields = stat[close + 1..]
+            .split(|&b| b == b' ')
+            .filter(|f| !f.is_empty());
+        let Some(session) = fields.nth(3) else {
+            return false;
+        };
+        let mut value: i64 = 0;
+        for &d in session {
+            if !d.is_ascii_digit() || value > i64::from(i32::MAX) {
+                return false;
+            }
+            value = value * 10 + i64::from(d - b'0');
+        }
+        value > 1 && sessions.iter().any(|&s| i64::from(s) == value)
+    }
+}
+
+/// Whether `/proc/<pid>/environ` has an entry starting with `marker`, read in chunks (async-signal-safe).
+unsafe fn environ_has(proc_fd: libc::c_int, pid: &[u8], marker: &[u8]) -> bool {
+    // SAFETY: reading into a stack buffer no larger than its length, from a descriptor opened and closed here.
+    unsafe {
+        let fd = open_proc_file(proc_fd, pid, b"environ");
+        if fd < 0 {
+            return false;
+        }
+        let mut chunk = [0u8; 4096];
+        // Characters of `marker` matched at the start of the current entry; `usize::MAX` once it differs.
+        let mut matched = 0usize;
+        let mut found = false;
+        'read: loop {
+            let n = libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len());
+            if n <= 0 {
+                break;
+            }
+            for &b in &chunk[..n as usize] {
+                if b == 0 {
+                    matched = 0;
+                } else if matched < marker.len() {
+                    if marker[matched] == b {
+                        matched += 1;
+                        if matched == marker.len() {
+                            found = true;
+                            break 'read;
+                        }
+                    } else {
+                        matched = usize::MAX;
+                    }
+                }
+            }
+        }
+        libc::close(fd);
+        found
     }
 }
 

@@ -96,6 +96,17 @@ fn holders(tag: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Pids of `sleep <tag>` processes (not the step's shell, whose command line holds the tag too).
+fn sleepers(tag: &str) -> Vec<u32> {
+    holders(tag)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(format!("sleep\0{tag}").as_bytes()))
+        })
+        .collect()
+}
+
 fn wait_gone(tag: &str, within: Duration) -> Vec<u32> {
     let deadline = Instant::now() + within;
     loop {
@@ -415,4 +426,91 @@ fn without_cgroups_a_setsid_env_i_double_forked_escapee_ends_with_its_step() {
         "setsid env -i /bin/sh -c '(sleep TAG &); sleep TAG' >/dev/null 2>&1 &",
         13,
     );
+}
+
+/// Runs only when re-executed by `without_cgroups_a_sigkilled_launchers_watchdog_kills_what_it_can_find`: a launcher
+/// (`HVD_CGROUPS=off`) whose step starts three escapees, touches `ready` and lingers.
+#[test]
+fn fallback_launcher_helper() {
+    let Some(dir) = std::env::var_os("HVD_TEST_FALLBACK_KILL_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let tag = std::fs::read_to_string(dir.join("tag")).unwrap();
+    let run = format!(
+        "setsid sleep {tag}1 >/dev/null 2>&1 & \
+         env -i /bin/bash -c 'set -m; sleep {tag}2 >/dev/null 2>&1 &' >/dev/null 2>&1 & \
+         setsid env -i /bin/sh -c '(sleep {tag}3 &)' >/dev/null 2>&1 & \
+         sleep 0.3; touch '{ready}'; sleep 300",
+        ready = dir.join("ready").display()
+    );
+    run_project(&project(&dir, &run));
+}
+
+/// Without cgroups, a launcher killed with SIGKILL: its watchdog kills the workers' groups, what stayed in a
+/// worker's session (here a bash job-control group with a cleared environment) and what carries the run's step
+/// marker (a `setsid` daemon). A process that both left the session and cleared its environment is out of its reach
+/// (documented in docs/running.md); it is cleaned up here.
+#[test]
+fn without_cgroups_a_sigkilled_launchers_watchdog_kills_what_it_can_find() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = unique_tag(21);
+    std::fs::write(dir.path().join("tag"), &tag).unwrap();
+    let mut launcher = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fallback_launcher_helper", "--nocapture"])
+        .env("HVD_TEST_FALLBACK_KILL_DIR", dir.path())
+        .env("HVD_CGROUPS", "off")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&dir.path().join("ready"));
+    let (marked, session, both) = (format!("{tag}1"), format!("{tag}2"), format!("{tag}3"));
+    let before = [sleepers(&marked), sleepers(&session), sleepers(&both)];
+    launcher.kill().unwrap(); // SIGKILL: no cleanup code of the launcher runs; its watchdog lives on
+    launcher.wait().unwrap();
+    let left_marked = wait_gone(&marked, Duration::from_secs(5));
+    let left_session = wait_gone(&session, Duration::from_secs(5));
+    let survivors = holders(&both);
+    for pid in left_marked.iter().chain(&left_session).chain(&survivors) {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(
+        before.iter().all(|pids| !pids.is_empty()),
+        "not every escapee started: {before:?}"
+    );
+    assert_eq!(
+        left_marked,
+        Vec::<u32>::new(),
+        "a setsid daemon with the step's marker outlived the launcher"
+    );
+    assert_eq!(
+        left_session,
+        Vec::<u32>::new(),
+        "a process in a worker's session outlived the launcher"
+    );
+    eprintln!(
+        "setsid + env -i escapee after the launcher's SIGKILL (out of reach without cgroups): {survivors:?}"
+    );
+}
+
+/// A value of `HVD_CGROUPS` that is neither `off` nor `auto` stops the run with an error naming the variable.
+#[test]
+fn an_unknown_hvd_cgroups_value_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tag"), unique_tag(22)).unwrap();
+    std::fs::write(dir.path().join("escape"), "true;").unwrap();
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fallback_helper", "--nocapture"])
+        .env("HVD_TEST_FALLBACK_DIR", dir.path())
+        .env("HVD_CGROUPS", "no")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("HVD_CGROUPS=\\\"no\\\" is not understood"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("started").exists(), "a step ran");
 }
