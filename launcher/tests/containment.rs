@@ -157,15 +157,10 @@ fn escapees_with_a_cleared_environment_end_with_the_step() {
     let ready = dir.path().join("ready");
     run_project(&project(dir.path(), &escaping_step(&tag, &ready, false)));
     assert!(ready.exists());
+    // With cgroups where this machine has them, else the subreaper fallback.
     let left = wait_gone(&tag, Duration::from_secs(1));
-    if !cgroups_here() {
-        eprintln!(
-            "no cgroups here: escapees with a cleared environment are not contained ({left:?})"
-        );
-        for pid in left {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-        return;
+    for pid in &left {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
     assert_eq!(left, Vec::<u32>::new(), "escaped processes left running");
 }
@@ -513,4 +508,105 @@ fn an_unknown_hvd_cgroups_value_is_an_error_naming_it() {
         "{stderr}"
     );
     assert!(!dir.path().join("started").exists(), "a step ran");
+}
+
+/// A shell loop writing to `file` the `sleep` processes whose argument is `$ESCAPE_TAG` followed by `suffix`.
+fn list_sleeps(suffix: &str, file: &str) -> String {
+    format!(
+        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
+         case \"$c\" in \"sleep ${{ESCAPE_TAG}}{suffix} \") echo \"${{p#/proc/}}\";; esac; done > {file}"
+    )
+}
+
+/// Runs only when re-executed by `without_cgroups_one_steps_cleanup_spares_a_running_steps_escapees`.
+#[test]
+fn parallel_helper() {
+    let Some(dir) = std::env::var_os("HVD_TEST_PARALLEL_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let tag = std::fs::read_to_string(dir.join("tag")).unwrap();
+    let file = |name: &str| format!("'{}'", dir.join(name).display());
+    // `a` leaves a marked orphan (1) and an unmarked one (3), and ends once `b` has left its own (2, 4).
+    let a = format!(
+        "(setsid sleep ${{ESCAPE_TAG}}1 >/dev/null 2>&1 &); \
+         (setsid env -i /bin/sh -c \"(sleep ${{ESCAPE_TAG}}3 &)\" >/dev/null 2>&1 &); \
+         sleep 0.3; {own1}; while [ ! -e {ready} ]; do sleep 0.02; done",
+        own1 = list_sleeps("1", &file("a1-before")),
+        ready = file("b-ready")
+    );
+    // `b` waits until `a`'s marked orphan is gone (`a` has ended), then lists what it sees of its own.
+    let b = format!(
+        "(setsid sleep ${{ESCAPE_TAG}}2 >/dev/null 2>&1 &); \
+         (setsid env -i /bin/sh -c \"(sleep ${{ESCAPE_TAG}}4 &)\" >/dev/null 2>&1 &); \
+         sleep 0.3; {own2}; {own4}; touch {ready}; i=0; \
+         while [ $i -lt 1500 ]; do {a1}; [ -s {a1_file} ] || break; sleep 0.02; i=$((i+1)); done; \
+         {own2_after}; {own4_after}",
+        own2 = list_sleeps("2", &file("b2-before")),
+        own4 = list_sleeps("4", &file("b4-before")),
+        ready = file("b-ready"),
+        a1 = list_sleeps("1", &file("a1-left")),
+        a1_file = file("a1-left"),
+        own2_after = list_sleeps("2", &file("b2-after")),
+        own4_after = list_sleeps("4", &file("b4-after")),
+    );
+    let check = list_escapees(&file("left"));
+    run_project(&project_of(
+        &dir,
+        &tag,
+        &[
+            ("a", &a, &[]),
+            ("b", &b, &[]),
+            ("check", &check, &["a", "b"]),
+        ],
+    ));
+}
+
+/// Without cgroups, two steps at once: when `a` ends, its orphan that carries its marker is killed, while `b`'s
+/// orphans (one with `b`'s marker, one with no marker at all) keep running; when `b` ends, alone, everything left
+/// (`a`'s unmarked orphan too) is killed before `check` starts.
+#[test]
+fn without_cgroups_one_steps_cleanup_spares_a_running_steps_escapees() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = unique_tag(31);
+    std::fs::write(dir.path().join("tag"), &tag).unwrap();
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "parallel_helper", "--nocapture"])
+        .env("HVD_TEST_PARALLEL_DIR", dir.path())
+        .env("HVD_CGROUPS", "off")
+        .output()
+        .unwrap();
+    let after = holders(&tag);
+    for pid in &after {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(
+        output.status.success(),
+        "the launcher failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.path().join(name))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    for started in ["a1-before", "b2-before", "b4-before"] {
+        assert!(!read(started).is_empty(), "no escapee in {started}");
+    }
+    assert_eq!(read("a1-left"), "", "`a`'s marked orphan outlived `a`");
+    assert_eq!(
+        read("b2-after"),
+        read("b2-before"),
+        "`a`'s end killed `b`'s marked orphan"
+    );
+    assert_eq!(
+        read("b4-after"),
+        read("b4-before"),
+        "`a`'s end killed `b`'s unmarked orphan"
+    );
+    assert_eq!(read("left"), "", "orphans outlived the last step");
+    assert_eq!(after, Vec::<u32>::new(), "escapees outlived the run");
 }
