@@ -259,7 +259,14 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     for dir in [&work, &source_root, &home, &tmp, &dist] {
         fs_err::create_dir(dir)?;
     }
-    crate::unpack::unpack_sdist(request.sdist, request.sdist_filename, &source_root)?;
+    crate::unpack::unpack_sdist(request.sdist, request.sdist_filename, &source_root).map_err(
+        |source| Error::Install {
+            name: request.name.to_string(),
+            version: request.version.to_string(),
+            filename: request.sdist_filename.to_string(),
+            source: Box::new(source),
+        },
+    )?;
     let source = single_top_dir(&source_root)?;
     let driver = work.join("hvd_build_driver.py");
     fs_err::write(&driver, DRIVER)?;

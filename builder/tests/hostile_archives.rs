@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use common::{FileServer, host_python};
 use hvd_builder::unpack::{Limits, unpack_sdist_with};
 use hvd_builder::wheel::install_wheel;
-use hvd_builder::{BuildOptions, EnvPlan, Error, NoProgress, SourceBuildPlan, Store, build_env};
+use hvd_builder::{BuildOptions, EnvPlan, NoProgress, SourceBuildPlan, Store, build_env};
 use sha2::Digest;
 
 struct Fixture {
@@ -77,7 +77,8 @@ impl Fixture {
         );
     }
 
-    fn install(&self, archive: &Path) -> Error {
+    /// Install `archive` through the real store; the refusal's whole message (the error and its causes).
+    fn install(&self, archive: &Path) -> String {
         let filename = archive.file_name().unwrap().to_str().unwrap();
         let is_sdist = !filename.ends_with(".whl");
         let mut package = self.server.wheel_plan("evil", "1.0", filename);
@@ -95,22 +96,29 @@ impl Fixture {
             toolchain: None,
             local_packages: Vec::new(),
         };
-        build_env(&self.store, &plan, &BuildOptions::default(), &NoProgress)
-            .expect_err("a hostile archive must be refused")
+        let err = build_env(&self.store, &plan, &BuildOptions::default(), &NoProgress)
+            .expect_err("a hostile archive must be refused");
+        let mut message = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        message
     }
 
     /// Install `archive` through the real store, expect it refused naming `entry` and `reason`, and check that
     /// nothing was installed and nothing outside changed.
-    fn assert_refused(&self, archive: &Path, entry: &str, reason: &str) -> Error {
-        let err = self.install(archive);
-        let message = err.to_string();
+    fn assert_refused(&self, archive: &Path, entry: &str, reason: &str) {
+        let message = self.install(archive);
         assert!(
-            message.contains(&format!("`{entry}`")) && message.contains(reason),
-            "expected entry `{entry}` and reason `{reason}` in: {message}"
+            message.contains("evil 1.0")
+                && message.contains(&format!("`{entry}`"))
+                && message.contains(reason),
+            "expected the package, entry `{entry}` and reason `{reason}` in: {message}"
         );
         self.assert_nothing_installed();
         self.assert_outside_untouched();
-        err
     }
 }
 
@@ -407,8 +415,7 @@ fn wheel_record_must_list_every_file_with_its_sha256() {
     });
     let err = f.install(&archive);
     assert!(
-        err.to_string()
-            .contains("RECORD lists `evil/gone.py`, which the wheel does not contain"),
+        err.contains("RECORD lists `evil/gone.py`, which the wheel does not contain"),
         "{err}"
     );
     f.assert_nothing_installed();
@@ -421,8 +428,7 @@ fn wheel_record_must_list_every_file_with_its_sha256() {
     });
     let err = f.install(&archive);
     assert!(
-        err.to_string()
-            .contains("RECORD lists `evil/a.py` without a sha256 hash"),
+        err.contains("RECORD lists `evil/a.py` without a sha256 hash"),
         "{err}"
     );
     f.assert_nothing_installed();
@@ -441,11 +447,7 @@ fn wheel_record_must_list_every_file_with_its_sha256() {
     zip.write_all(b"import os; os.system('id')\n").unwrap();
     zip.finish().unwrap();
     let err = f.install(&archive);
-    assert!(
-        err.to_string()
-            .contains("`evil.pth` is not listed in RECORD"),
-        "{err}"
-    );
+    assert!(err.contains("`evil.pth` is not listed in RECORD"), "{err}");
     f.assert_nothing_installed();
     // A hash that does not match.
     let archive = wheel(&f.server.root, vec![file("evil/a.py", b"a")], |text| {
@@ -453,8 +455,7 @@ fn wheel_record_must_list_every_file_with_its_sha256() {
     });
     let err = f.install(&archive);
     assert!(
-        err.to_string()
-            .contains("`evil/a.py` does not match its RECORD hash"),
+        err.contains("`evil/a.py` does not match its RECORD hash"),
         "{err}"
     );
     f.assert_nothing_installed();
