@@ -236,7 +236,17 @@ fn wheel_with_path_traversal_is_refused() {
         &NoProgress,
     )
     .unwrap_err();
-    assert!(matches!(err, Error::UnsafeArchiveEntry { .. }), "{err}");
+    // The refusal names the package (`Error::Install`), with the archive's own reason as its cause.
+    match &err {
+        Error::Install { name, source, .. } => {
+            assert_eq!(name, "evil");
+            assert!(
+                matches!(**source, Error::UnsafeArchiveEntry { .. }),
+                "{source}"
+            );
+        }
+        other => panic!("expected Error::Install, got {other}"),
+    }
     assert!(f.store.list_paths().unwrap().is_empty());
     assert!(
         !f.store.root().join(".tmp/escaped.py").exists()
