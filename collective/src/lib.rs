@@ -48,3 +48,9 @@ pub use communicator::{Communicator, InPlace, Staged};
 pub use config::{EnvVars, Thresholds};
 pub use error::{Error, Result};
 pub use types::{DType, ReduceOp, Topology};
+
+/// Whether this build has the `mpi` backend (cargo feature `mpi`); without it that backend answers
+/// [`Error::Unavailable`].
+pub const BUILT_WITH_MPI: bool = cfg!(feature = "mpi");
+/// Whether this build has the `nccl` backend (cargo feature `nccl`); NCCL itself is loaded at run time.
+pub const BUILT_WITH_NCCL: bool = cfg!(feature = "nccl");

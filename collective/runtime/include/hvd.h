@@ -83,6 +83,19 @@ int hvd_local_size(void);
 int hvd_cross_rank(void);
 int hvd_cross_size(void);
 
+/* Build and job introspection (Horovod's mpi_built, nccl_built, mpi_enabled, is_homogeneous...).
+ * hvd_build_features: what this library was compiled with, a bitmask of enum hvd_build_feature; needs no hvd_init.
+ * hvd_is_homogeneous: 1 when every host runs the same number of ranks, 0 when not (gathered from every rank at
+ * init), -1 when not initialized. hvd_backend: the communicator in use ("SHM", "TCP", "HIERARCHICAL", "MPI",
+ * "NCCL"; "LOCAL" for a job of one rank), NULL when not initialized; valid until hvd_shutdown. */
+enum hvd_build_feature {
+  HVD_BUILT_MPI = 1,  /* the mpi backend (HVD_COLLECTIVE_BACKEND=mpi) */
+  HVD_BUILT_NCCL = 2  /* the nccl backend (host buffers staged through the GPU; NCCL loaded at run time) */
+};
+int hvd_build_features(void);
+int hvd_is_homogeneous(void);
+const char *hvd_backend(void);
+
 /* Submission: a handle > 0, or -1. hvd_enqueue_many submits n requests with one call (they reach the engine
  * together, so they run in one cycle and fuse), writes one handle (or -1) per request and returns how many
  * succeeded. With fusion on, consecutive allreduces of one dtype, op and scale factors are fused at once into one

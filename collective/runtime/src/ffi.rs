@@ -27,6 +27,19 @@ type ResultMap = HashMap<i64, Output, std::hash::BuildHasherDefault<crate::engin
 /// one from before a shutdown is refused afterwards instead of naming another group.
 static GROUPS: Mutex<Option<HashMap<i64, PreparedGroup>>> = Mutex::new(None);
 static NEXT_GROUP: AtomicI64 = AtomicI64::new(1);
+/// What `hvd_init` learned about the job besides the topology, until `hvd_shutdown`.
+static JOB: Mutex<Option<JobInfo>> = Mutex::new(None);
+
+struct JobInfo {
+    /// The communicator's name as the transport gives it (`SHM`, `TCP`, `HIERARCHICAL`, `MPI`, `NCCL`, `LOCAL`).
+    backend: CString,
+    /// Every host runs the same number of ranks (from every rank's local size, gathered at init).
+    homogeneous: bool,
+}
+
+/// `hvd_build_features` bits (hvd.h `HVD_BUILT_*`). Never renumber.
+pub const BUILT_MPI: i32 = 1;
+pub const BUILT_NCCL: i32 = 2;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -62,10 +75,12 @@ fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
     }
 }
 
+fn not_initialized() -> String {
+    "hvd is not initialized: call hvd_init() (hvd.init()) first".to_string()
+}
+
 fn engine() -> Result<Arc<Engine>, String> {
-    lock(&ENGINE)
-        .clone()
-        .ok_or_else(|| "hvd is not initialized: call hvd_init() (hvd.init()) first".to_string())
+    lock(&ENGINE).clone().ok_or_else(not_initialized)
 }
 
 fn init_logging() {
@@ -91,10 +106,71 @@ pub extern "C" fn hvd_init() -> i32 {
         }
         init_logging();
         let config = EngineConfig::from_env().map_err(|e| e.to_string())?;
-        let transport = connect_from_env()?;
+        let mut transport = connect_from_env()?;
+        let info = job_info(transport.as_mut())?;
         let engine = Engine::start(transport, config).map_err(|e| e.to_string())?;
         *slot = Some(Arc::new(engine));
+        *lock(&JOB) = Some(info);
         Ok(0)
+    })
+}
+
+/// The backend's name and whether the job is homogeneous: one allgather of every rank's local size, the first
+/// collective of the job (every rank runs it in `hvd_init`, before the engine owns the transport).
+fn job_info(transport: &mut dyn crate::transport::Transport) -> Result<JobInfo, String> {
+    let topology = transport.topology();
+    let sizes = transport
+        .allgather_bytes(&(topology.local_size as u64).to_le_bytes())
+        .map_err(|e| format!("failed to exchange the ranks' local sizes at init: {e}"))?;
+    let mut homogeneous = true;
+    for (rank, bytes) in sizes.iter().enumerate() {
+        let Ok(b) = <[u8; 8]>::try_from(bytes.as_slice()) else {
+            return Err(format!(
+                "rank {rank} sent a malformed local size at init ({} bytes, expected 8)",
+                bytes.len()
+            ));
+        };
+        homogeneous &= u64::from_le_bytes(b) == topology.local_size as u64;
+    }
+    let mut name = transport.name().to_string();
+    name.retain(|c| c != '\0');
+    Ok(JobInfo {
+        backend: CString::new(name).unwrap_or_default(),
+        homogeneous,
+    })
+}
+
+/// What this library was compiled with: `HVD_BUILT_MPI` | `HVD_BUILT_NCCL` (hvd.h). Needs no `hvd_init`.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_build_features() -> i32 {
+    let mut bits = 0;
+    if hvd_collective::BUILT_WITH_MPI {
+        bits |= BUILT_MPI;
+    }
+    if hvd_collective::BUILT_WITH_NCCL {
+        bits |= BUILT_NCCL;
+    }
+    bits
+}
+
+/// 1 when every host runs the same number of ranks, 0 when not, -1 when not initialized.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_is_homogeneous() -> i32 {
+    guard(-1, || {
+        let job = lock(&JOB);
+        let info = job.as_ref().ok_or_else(not_initialized)?;
+        Ok(i32::from(info.homogeneous))
+    })
+}
+
+/// The communicator in use (`SHM`, `TCP`, `HIERARCHICAL`, `MPI`, `NCCL`; `LOCAL` for a job of one rank), or NULL
+/// when not initialized. Valid until `hvd_shutdown`.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_backend() -> *const c_char {
+    guard(std::ptr::null(), || {
+        let job = lock(&JOB);
+        let info = job.as_ref().ok_or_else(not_initialized)?;
+        Ok(info.backend.as_ptr())
     })
 }
 
@@ -109,6 +185,7 @@ pub extern "C" fn hvd_shutdown() -> i32 {
         }
         lock(&RESULTS).take();
         lock(&GROUPS).take();
+        lock(&JOB).take();
         Ok(0)
     })
 }
@@ -837,5 +914,62 @@ mod tests {
         let (h, msg) = enqueue_shape(&[2, 2], &[]);
         assert_eq!(h, -1);
         assert!(msg.contains("not initialized"), "{msg}");
+    }
+
+    /// The build bits are exactly the collective crate's compiled backends, and nothing else is set.
+    #[test]
+    fn build_features_report_the_compiled_backends() {
+        let bits = hvd_build_features();
+        assert_eq!(bits & !(BUILT_MPI | BUILT_NCCL), 0, "{bits:#x}");
+        assert_eq!(bits & BUILT_MPI != 0, hvd_collective::BUILT_WITH_MPI);
+        assert_eq!(bits & BUILT_NCCL != 0, hvd_collective::BUILT_WITH_NCCL);
+        // Before init (no test here initializes the process-wide engine): no job, so no answer.
+        assert_eq!(hvd_is_homogeneous(), -1);
+        // SAFETY: NUL-terminated, owned by this thread.
+        let msg = unsafe { CStr::from_ptr(hvd_last_error()) }
+            .to_string_lossy()
+            .into_owned();
+        assert!(msg.contains("not initialized"), "{msg}");
+        assert!(hvd_backend().is_null());
+    }
+
+    /// Homogeneity comes from every rank's local size: equal hosts are homogeneous, 2 + 1 ranks are not. With
+    /// 1 + 2 + 3 ranks the middle host's own view (local size 2 x 3 hosts = 6 ranks) looks homogeneous: only
+    /// the exchange tells.
+    #[test]
+    fn homogeneity_is_gathered_from_every_rank() {
+        use hvd_collective::testing::{Backend, LocalJob};
+        for (hosts, expected) in [
+            (vec![0, 0, 1, 1], true),
+            (vec![0, 0, 1], false),
+            (vec![0, 1, 1, 1], false),
+            (vec![0, 1, 2], true),
+            (vec![0, 1, 1, 2, 2, 2], false),
+        ] {
+            let comms = LocalJob::new(hosts.len(), Backend::Hierarchical)
+                .hosts(hosts.clone())
+                .communicators()
+                .unwrap();
+            let answers: Vec<(bool, String)> = std::thread::scope(|s| {
+                let threads: Vec<_> = comms
+                    .into_iter()
+                    .map(|c| {
+                        s.spawn(move || {
+                            let mut t = crate::collective::CollectiveTransport::new(c);
+                            let info = job_info(&mut t).unwrap();
+                            (
+                                info.homogeneous,
+                                info.backend.to_string_lossy().into_owned(),
+                            )
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            for (homogeneous, backend) in answers {
+                assert_eq!(homogeneous, expected, "{hosts:?}");
+                assert_eq!(backend, "HIERARCHICAL");
+            }
+        }
     }
 }
