@@ -27,6 +27,8 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max", "Product", "HvdError",
     "HorovodInternalError", "Handle", "library_path", "BFloat16Bits",
+    "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled",
+    "gloo_enabled", "mpi_threads_supported", "is_homogeneous",
 ]
 
 # Reduce operations (hvd.h enum hvd_reduce_op).
@@ -124,6 +126,85 @@ def cross_size():
 
 def cross_rank():
     return _topology(_l().hvd_cross_rank)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Build and job introspection (Horovod's names; docs/runtime.md gives each answer's reason)
+
+_BUILT_MPI, _BUILT_NCCL = 1, 2  # hvd.h enum hvd_build_feature
+
+
+def mpi_built():
+    """True when the runtime library was compiled with the mpi backend (cargo feature ``mpi``). Needs no init."""
+    return bool(_l().hvd_build_features() & _BUILT_MPI)
+
+
+def nccl_built():
+    """True when the runtime library was compiled with the nccl backend (cargo feature ``nccl``; NCCL itself is
+    loaded at run time). Needs no init."""
+    return bool(_l().hvd_build_features() & _BUILT_NCCL)
+
+
+def gloo_built():
+    """Always False: hvd has no Gloo. Its own tcp, shm and hierarchical communicators are not Gloo."""
+    return False
+
+
+def ddl_built():
+    """Always False: hvd has no IBM DDL support."""
+    return False
+
+
+def ccl_built():
+    """Always False: hvd has no oneCCL support."""
+    return False
+
+
+def cuda_built():
+    """Always False: no hvd operation takes GPU memory (tensors must be on the CPU; even the nccl backend stages
+    host buffers through the GPU)."""
+    return False
+
+
+def rocm_built():
+    """Always False: hvd has no ROCm support."""
+    return False
+
+
+def _backend():
+    name = _l().hvd_backend()
+    return None if name is None else name.decode("ascii", "replace")
+
+
+def mpi_enabled():
+    """True when this job's collectives run over MPI (``HVD_COLLECTIVE_BACKEND=mpi``); False otherwise and before
+    ``hvd.init()``."""
+    return _backend() == "MPI"
+
+
+def gloo_enabled():
+    """Always False: hvd never runs Gloo (its tcp/shm communicators are its own)."""
+    return False
+
+
+def mpi_threads_supported():
+    """Whether other MPI users (mpi4py) may share this process's MPI. Raises ValueError when MPI is not enabled
+    (as Horovod does), or before ``hvd.init()``."""
+    if not is_initialized():
+        raise ValueError("hvd is not initialized: call hvd.init() first")
+    if not mpi_enabled():
+        raise ValueError(
+            "MPI is not enabled in this job (its communicator is {}): run with HVD_COLLECTIVE_BACKEND=mpi under "
+            "mpirun and a runtime built with the mpi feature".format(_backend()))
+    raise ValueError(
+        "hvd does not know yet whether its MPI library provides MPI_THREAD_MULTIPLE (the mpi backend does not "
+        "report the thread level it got); do not assume mpi4py can share this process's MPI")
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks (every rank's local size, gathered at init). Raises
+    ValueError before ``hvd.init()``."""
+    return bool(_topology(_l().hvd_is_homogeneous))
 
 
 # ---------------------------------------------------------------------------------------------------------------

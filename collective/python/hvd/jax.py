@@ -10,6 +10,8 @@ except ImportError as e:
 
 import hvd as _core
 from hvd import (  # noqa: F401 - re-exported API
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rocm_built,
     Average, HorovodInternalError, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allgather_object,
     allreduce, allreduce_async, alltoall, barrier, broadcast, broadcast_async, broadcast_object, cross_rank,
     cross_size, grouped_allreduce, init, is_initialized, join, local_rank, local_size, poll, rank, reducescatter,

@@ -428,3 +428,28 @@ fn tensorflow_gradient_tape_trains_with_identical_variables() {
         "hvd.tensorflow on 2 ranks",
     );
 }
+
+/// Horovod's build and job introspection answers what this runtime is: the compiled backends (also before init),
+/// no Gloo/CUDA/ROCm/DDL/oneCCL, MPI not enabled over shm/tcp/hierarchical (and mpi_threads_supported refusing,
+/// as Horovod does), and is_homogeneous from every rank's local size: 2 ranks on one host, 2 hosts of 1, and
+/// hosts of 1 + 2 ranks (where the host of 2 cannot tell on its own).
+#[test]
+fn build_and_job_introspection_answers_what_the_runtime_is() {
+    let built = |b: bool| if b { "1" } else { "0" };
+    let mpi = built(hvd_collective::BUILT_WITH_MPI);
+    let nccl = built(hvd_collective::BUILT_WITH_NCCL);
+    for (size, hosts, homogeneous) in [(2, "", "1"), (2, "a,b", "1"), (3, "a,b,b", "0")] {
+        let mut env = vec![
+            ("HVD_TEST_MPI_BUILT", mpi),
+            ("HVD_TEST_NCCL_BUILT", nccl),
+            ("HVD_TEST_HOMOGENEOUS", homogeneous),
+        ];
+        if !hosts.is_empty() {
+            env.push(("HVD_TEST_HOSTS", hosts));
+        }
+        assert_all_ok(
+            &run(size, "introspection.py", &env),
+            &format!("introspection on hosts {hosts:?}"),
+        );
+    }
+}
