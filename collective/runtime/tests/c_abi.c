@@ -15,8 +15,11 @@
 int main(void) {
   CHECK(hvd_is_initialized() == 0);
   CHECK(hvd_rank() == -1 && strlen(hvd_last_error()) > 0);
+  CHECK((hvd_build_features() & ~(HVD_BUILT_MPI | HVD_BUILT_NCCL)) == 0);
+  CHECK(hvd_is_homogeneous() == -1 && hvd_backend() == NULL);
   CHECK(hvd_init() == 0 && hvd_init() == 0);
   CHECK(hvd_is_initialized() == 1 && hvd_size() == 1 && hvd_rank() == 0 && hvd_local_size() == 1);
+  CHECK(hvd_is_homogeneous() == 1 && hvd_backend() != NULL && strcmp(hvd_backend(), "LOCAL") == 0);
 
   float x[3] = {1.0f, 2.0f, 3.0f}, y[3] = {0};
   int64_t shape[1] = {3};
@@ -127,6 +130,7 @@ int main(void) {
   CHECK(hvd_wait(123456) == -1 && strstr(hvd_last_error(), "unknown handle") != NULL);
 
   CHECK(hvd_shutdown() == 0 && hvd_is_initialized() == 0);
+  CHECK(hvd_is_homogeneous() == -1 && hvd_backend() == NULL);
   printf("ok %s\n", hvd_version());
   return 0;
 }
