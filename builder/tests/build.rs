@@ -414,7 +414,7 @@ fn check_reports_the_file_of_a_nondeterministic_build() {
 }
 
 /// A backend that, while `<control>/block` exists, records its start in its build directory
-/// (`<store>/.build/<path>/home/started`: the only place a sandboxed build can write), starts a `setsid` process
+/// (`<store>/.build/<path>/work/home/started`: the only place a sandboxed build can write), starts a `setsid` process
 /// tagged with the control directory's path, and blocks.
 fn blocking_sdist(f: &Fixture, name: &str) -> PackagePlan {
     let control = f.control.display().to_string();
@@ -431,7 +431,7 @@ fn wait_started(store: &Store) -> PathBuf {
     for _ in 0..3000 {
         if let Ok(entries) = std::fs::read_dir(store.root().join(".build")) {
             for entry in entries.flatten() {
-                if entry.path().join("home/started").exists() {
+                if entry.path().join("work/home/started").exists() {
                     return entry.path();
                 }
             }
