@@ -272,7 +272,8 @@ def spark_home(state_dir):
     import pyspark
 
     package = os.path.dirname(os.path.abspath(pyspark.__file__))
-    run_step = os.environ.get("HVD_RUN_STEP", "")
+    # The launcher's step marker is `<run id>/<step>/<start counter>`; the run's logs are in `runs/<run id>/<step>`.
+    run_step = "/".join(os.environ.get("HVD_RUN_STEP", "").split("/")[:2])
     if run_step:
         home = os.path.join(state_dir, "runs", run_step, "spark")
     else:
