@@ -38,7 +38,11 @@ pub fn assemble_env(
     fs_err::create_dir_all(&bin)?;
     let site = out.join(site_packages(python));
     fs_err::create_dir_all(&site)?;
-    symlink(&python.executable, &bin.join("python"))?;
+    if python.short_version.starts_with("2.") {
+        python2_layout(out, python, packages)?;
+    } else {
+        symlink(&python.executable, &bin.join("python"))?;
+    }
     for alias in [
         "python3".to_string(),
         format!("python{}", python.short_version),
@@ -110,11 +114,11 @@ pub fn assemble_env(
         }
     }
 
-    // Bytecode goes to a shared cache outside the (read-only, immutable) store paths.
-    let pth = format!(
-        "import sys; sys.pycache_prefix = sys.pycache_prefix or {:?}\n",
-        pycache.display().to_string()
-    );
+    // Bytecode goes to a shared cache outside the (read-only, immutable) store paths. `sys.pycache_prefix` exists
+    // from 3.8 on; before that no bytecode is written at all (a root process could otherwise write `__pycache__`
+    // into a store path). One line, valid and silent on 2.7 to 3.13: `site` executes `.pth` lines starting with
+    // `import` on every version.
+    let pth = pycache_pth_line(pycache);
     hvd_file(&site.join(PYCACHE_PTH), pth.as_bytes(), 0o644, packages)?;
     let activate = format!(
         "# source this file: puts the env first on PATH\nexport VIRTUAL_ENV={root}\nexport PATH={root}/bin:\"$PATH\"\nunset PYTHONHOME\n",
@@ -124,8 +128,61 @@ pub fn assemble_env(
     Ok(())
 }
 
+/// Python 2 reads no `pyvenv.cfg` and finds its prefix from the real path of its executable (symlinks resolved)
+/// by looking for `lib/python2.7/os.py` above it. So `bin/python` is a copy of the (small, libpython-linked)
+/// executable and `lib/python2.7/` links every entry of the interpreter's standard library except its
+/// `site-packages`: `sys.prefix` is then the env, and the interpreter's own `site.py` adds the env's site-packages
+/// and processes its `.pth` files.
+fn python2_layout(out: &Path, python: &Interpreter, packages: &[PathBuf]) -> Result<()> {
+    let stdlib = python
+        .executable
+        .parent()
+        .and_then(Path::parent)
+        .map(|prefix| {
+            prefix
+                .join("lib")
+                .join(format!("python{}", python.short_version))
+        })
+        .filter(|stdlib| stdlib.join("os.py").is_file())
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "python {} at `{}`: its standard library (<prefix>/lib/python{}/os.py next to bin/) was not \
+                 found, so no env can be made for it; use a python 3 or a python {} installed with its prefix \
+                 layout (pyenv's, /usr)",
+                python.version,
+                python.executable.display(),
+                python.short_version,
+                python.short_version
+            ))
+        })?;
+    let executable = fs_err::read(&python.executable)?;
+    hvd_file(&out.join("bin/python"), &executable, 0o755, packages)?;
+    let env_stdlib = out
+        .join("lib")
+        .join(format!("python{}", python.short_version));
+    let mut entries: Vec<_> = fs_err::read_dir(&stdlib)?.filter_map(|e| e.ok()).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        if entry.file_name() == "site-packages" {
+            continue;
+        }
+        symlink(&entry.path(), &env_stdlib.join(entry.file_name()))?;
+    }
+    Ok(())
+}
+
 /// The `.pth` file hvd writes into every env's site-packages.
 pub const PYCACHE_PTH: &str = "_hvd_pycache.pth";
+
+/// The one line of [`PYCACHE_PTH`]: on 3.8+ points `sys.pycache_prefix` at `pycache` unless the user already set
+/// one (`PYTHONPYCACHEPREFIX`, `-X pycache_prefix`); before 3.8 sets `sys.dont_write_bytecode`.
+fn pycache_pth_line(pycache: &Path) -> String {
+    format!(
+        "import sys; setattr(sys, 'pycache_prefix', getattr(sys, 'pycache_prefix', None) or {:?}) \
+         if hasattr(sys, 'pycache_prefix') else setattr(sys, 'dont_write_bytecode', True)\n",
+        pycache.display().to_string()
+    )
+}
 
 /// Write a file hvd itself puts into the env, created new and never through a link (see
 /// [`crate::store::write_new_file`]). When a package already provided the name (a file, or a link to anywhere), the

@@ -20,8 +20,10 @@ impl Interpreter {
     /// Ask `candidate` who it is; `None` when it does not run.
     pub fn probe(candidate: &Path) -> Option<Interpreter> {
         let output = Command::new(candidate)
+            // `-E -s -S` rather than `-I`, which python 2.7 rejects (`import sys` cannot be shadowed by the cwd).
             .args([
-                "-I",
+                "-E",
+                "-s",
                 "-S",
                 "-c",
                 "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])",
