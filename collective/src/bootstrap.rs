@@ -1,9 +1,9 @@
 //! Joining a job: who am I (rank, size, host) from the environment, and a key-value exchange of addresses through
 //! the launcher's rendezvous server (or a shared directory) to connect the ranks.
 //!
-//! Rank and size come from the first family present: `HVD_RANK`/`HVD_SIZE` (hvd's launcher), `OMPI_COMM_WORLD_*`
-//! (OpenMPI's mpirun), `PMI_RANK`/`PMI_SIZE` (MPICH, Intel MPI), `SLURM_PROCID`/`SLURM_NTASKS` (srun). Hosts are
-//! grouped by `HVD_HOSTNAME` (else the machine's host name), so local and cross ranks are derived, not trusted.
+//! Rank and size come from the launcher's variables, read by [`crate::launch_env`] (the same reader as
+//! `hvd worker-env`'s, one precedence: the launcher that started this process wins). Hosts are grouped by
+//! `HVD_HOSTNAME` (else the machine's host name), so local and cross ranks are derived, not trusted.
 //!
 //! Exchange (scope `hvd`): every rank PUTs `addr.<rank>` = `v1 <hostname> <ip:port>` and reads everyone's; the
 //! lowest rank of each host creates the host's shared memory segment and PUTs its name at `shm.<host index>`.
@@ -538,7 +538,8 @@ pub struct JobEnv {
     /// Groups ranks into hosts.
     pub hostname: String,
     pub rendezvous: Option<Rendezvous>,
-    /// Which variables gave rank and size: `hvd`, `openmpi`, `pmi` or `slurm`.
+    /// Which variables gave rank and size: a [`crate::launch_env::LaunchSource::key`] (`hvd`, `openmpi`, `pmi`,
+    /// `slurm`, ...).
     pub source: &'static str,
 }
 
@@ -550,40 +551,9 @@ impl JobEnv {
 
     /// Reads variables through `var` (for tests and embedders).
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<JobEnv> {
-        let families: [(&'static str, &str, &str); 4] = [
-            ("hvd", EnvVars::RANK, EnvVars::SIZE),
-            ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-            ("pmi", "PMI_RANK", "PMI_SIZE"),
-            ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
-        ];
-        let num =
-            |name: &str| -> Result<Option<usize>> {
-                match var(name) {
-                    None => Ok(None),
-                    Some(v) => v.trim().parse().map(Some).map_err(|_| {
-                        Error::Bootstrap(format!("`{name}={v}` is not a whole number"))
-                    }),
-                }
-            };
-        let mut found = None;
-        for (source, rv, sv) in families {
-            if let (Some(rank), Some(size)) = (num(rv)?, num(sv)?) {
-                if size == 0 || rank >= size {
-                    return Err(Error::Bootstrap(format!(
-                        "`{rv}={rank}` is not a rank of `{sv}={size}`"
-                    )));
-                }
-                found = Some((source, rank, size));
-                break;
-            }
-        }
-        let Some((source, rank, size)) = found else {
-            return Err(Error::Bootstrap(
-                "no rank in the environment: start workers with `hvd run` (HVD_RANK, HVD_SIZE, HVD_RENDEZVOUS), \
-                 mpirun or srun"
-                    .into(),
-            ));
-        };
+        let slot = crate::launch_env::slot_from_lookup(&var)
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
+        let (source, rank, size) = (slot.source.key(), slot.rank as usize, slot.size as usize);
         let hostname = match var(EnvVars::HOSTNAME).filter(|h| !h.is_empty()) {
             Some(h) => h,
             None => machine_hostname()?,
@@ -906,6 +876,33 @@ mod tests {
                 token: Some("abc".into())
             })
         );
+    }
+
+    /// The launch-environment fixtures shared with `hvd-launcher`'s shim give the same rank, size and source here.
+    #[test]
+    fn shared_launch_fixtures_give_the_same_rank() {
+        use crate::launch_env::fixtures;
+        let cases = fixtures::parse(include_str!("../tests/data/launch_env.txt"));
+        assert!(cases.len() >= 10);
+        for case in &cases {
+            let got = JobEnv::from_lookup(|k| {
+                case.get(k)
+                    .or_else(|| (k == "HVD_HOSTNAME").then(|| "h".into()))
+            });
+            match (case.expect.strip_prefix("error "), got) {
+                (Some(part), Err(e)) => assert!(e.to_string().contains(part), "{}: {e}", case.name),
+                (None, Ok(j)) => {
+                    let want: Vec<&str> = case.expect.split(' ').take(3).collect();
+                    assert_eq!(
+                        [j.source.to_owned(), j.rank.to_string(), j.size.to_string()],
+                        [want[0], want[1], want[2]],
+                        "{}",
+                        case.name
+                    );
+                }
+                (_, got) => panic!("{}: expected `{}`, got {got:?}", case.name, case.expect),
+            }
+        }
     }
 
     #[test]

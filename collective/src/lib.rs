@@ -34,6 +34,7 @@ pub mod config;
 pub mod error;
 mod header;
 pub mod hierarchical;
+pub mod launch_env;
 pub mod mpi_backend;
 pub mod nccl;
 pub mod p2p;

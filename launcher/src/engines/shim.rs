@@ -1,5 +1,6 @@
-//! The worker shim: maps the rank variables of whoever started the process (OpenMPI, MPICH/Hydra, Slurm, an Indexed
-//! Kubernetes Job / JobSet, a Spark barrier task of the spark engine) to the worker contract (`HVD_*`, Horovod's and torch's variables), using the same
+//! The worker shim: maps the rank variables of whoever started the process (OpenMPI, MVAPICH2, MPICH/Hydra, Slurm,
+//! an Indexed Kubernetes Job / JobSet, a Spark barrier task of the spark engine; read by
+//! [`hvd_collective::launch_env`]) to the worker contract (`HVD_*`, Horovod's and torch's variables), using the same
 //! builder as the local engine ([`crate::env::worker_env`]). `hvd worker-env -- CMD` applies it and execs CMD.
 
 use std::collections::BTreeMap;
@@ -9,181 +10,42 @@ use crate::env::{RendezvousInfo, Slot, worker_env};
 /// Variable that carries `resources.gpus` to the shim (it sets `CUDA_VISIBLE_DEVICES` from the local rank).
 pub const GPUS_VAR: &str = "HVD_GPUS_PER_WORKER";
 
+pub use hvd_collective::launch_env::{LaunchEnvError, LaunchSource as RankSource};
+
 /// Why the shim cannot tell which rank it is.
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {
-    #[error(
-        "no rank variables found: expected OMPI_COMM_WORLD_RANK/SIZE (OpenMPI), PMI_RANK/PMI_SIZE (MPICH), \
-         SLURM_PROCID/SLURM_NTASKS (Slurm), JOB_COMPLETION_INDEX with HVD_SIZE (Kubernetes), HVD_SPARK_RANK/\
-         HVD_SPARK_SIZE (Spark) or HVD_RANK/HVD_SIZE"
-    )]
-    NoRank,
-    #[error("`{name}` is `{value}`, not a non-negative integer")]
-    NotANumber { name: String, value: String },
-    #[error("rank {rank} is not below the size {size} (from {source_name})")]
-    RankOutOfRange {
-        rank: u32,
-        size: u32,
-        source_name: &'static str,
-    },
+    /// No rank variables, a non-number, or rank >= size (the message names the variables).
+    #[error(transparent)]
+    Rank(#[from] LaunchEnvError),
     #[error("`HVD_RENDEZVOUS` is `{0}`, not host:port")]
     BadRendezvous(String),
 }
 
-/// Which scheme the rank came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RankSource {
-    OpenMpi,
-    Mpich,
-    Slurm,
-    Kubernetes,
-    Spark,
-    Hvd,
-}
-
-impl RankSource {
-    fn name(self) -> &'static str {
-        match self {
-            RankSource::OpenMpi => "OpenMPI",
-            RankSource::Mpich => "MPICH",
-            RankSource::Slurm => "Slurm",
-            RankSource::Kubernetes => "Kubernetes",
-            RankSource::Spark => "Spark",
-            RankSource::Hvd => "HVD_*",
-        }
-    }
-}
-
-/// Reads the slot of this process from `get` (the environment). Sources, in order: OpenMPI, MPICH (Hydra/PMI),
-/// Slurm, an Indexed Job's `JOB_COMPLETION_INDEX` (size from `HVD_SIZE`), `HVD_RANK`/`HVD_SIZE` themselves; before
-/// all of them the spark engine's `HVD_SPARK_*` (set per task by its driver, while the executors inherit the driver's
-/// `HVD_*`).
+/// Reads the slot of this process from `get` (the environment) with the one reader of launchers' rank variables,
+/// [`hvd_collective::launch_env::slot_from_lookup`] (the bootstrap of every worker uses it too, so both agree; its
+/// documentation gives the precedence and why). The host is `HVD_SPARK_HOST`, else `HVD_HOSTNAME`, else
+/// `SLURMD_NODENAME`, else `HOSTNAME`, else the kernel's.
 pub fn slot_from_env(
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Slot, RankSource), ShimError> {
-    let num = |name: &str| -> Result<Option<u32>, ShimError> {
-        match get(name) {
-            None => Ok(None),
-            Some(value) => {
-                value
-                    .trim()
-                    .parse::<u32>()
-                    .map(Some)
-                    .map_err(|_| ShimError::NotANumber {
-                        name: name.to_owned(),
-                        value,
-                    })
-            }
-        }
-    };
+    let s = hvd_collective::launch_env::slot_from_lookup(get)?;
     let host = get("HVD_SPARK_HOST")
         .or_else(|| get("HVD_HOSTNAME"))
         .or_else(|| get("SLURMD_NODENAME"))
         .or_else(|| get("HOSTNAME"))
         .unwrap_or_else(crate::env::local_hostname);
-    // (source, rank, size, local rank, local size, cross rank, cross size)
-    let found = if let (Some(rank), Some(size)) = (num("HVD_SPARK_RANK")?, num("HVD_SPARK_SIZE")?) {
-        (
-            RankSource::Spark,
-            rank,
-            size,
-            num("HVD_SPARK_LOCAL_RANK")?.unwrap_or(0),
-            num("HVD_SPARK_LOCAL_SIZE")?.unwrap_or(1),
-            num("HVD_SPARK_CROSS_RANK")?,
-            num("HVD_SPARK_CROSS_SIZE")?,
-        )
-    } else if let (Some(rank), Some(size)) =
-        (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?)
-    {
-        let local_rank = num("OMPI_COMM_WORLD_LOCAL_RANK")?.unwrap_or(0);
-        let local_size = num("OMPI_COMM_WORLD_LOCAL_SIZE")?.unwrap_or(1);
-        (
-            RankSource::OpenMpi,
-            rank,
-            size,
-            local_rank,
-            local_size,
-            None,
-            None,
-        )
-    } else if let (Some(rank), Some(size)) = (num("PMI_RANK")?, num("PMI_SIZE")?) {
-        let local_rank = num("MPI_LOCALRANKID")?.unwrap_or(0);
-        let local_size = num("MPI_LOCALNRANKS")?.unwrap_or(1);
-        (
-            RankSource::Mpich,
-            rank,
-            size,
-            local_rank,
-            local_size,
-            None,
-            None,
-        )
-    } else if let (Some(rank), Some(size)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?) {
-        let local_rank = num("SLURM_LOCALID")?.unwrap_or(0);
-        let local_size = match num("SLURM_NTASKS_PER_NODE")? {
-            Some(n) => n,
-            None => size.div_ceil(num("SLURM_NNODES")?.unwrap_or(1).max(1)),
-        };
-        (
-            RankSource::Slurm,
-            rank,
-            size,
-            local_rank,
-            local_size,
-            num("SLURM_NODEID")?,
-            num("SLURM_NNODES")?,
-        )
-    } else if let (Some(rank), Some(size)) = (num("JOB_COMPLETION_INDEX")?, num("HVD_SIZE")?) {
-        (
-            RankSource::Kubernetes,
-            rank,
-            size,
-            0,
-            1,
-            Some(rank),
-            Some(size),
-        )
-    } else if let (Some(rank), Some(size)) = (num("HVD_RANK")?, num("HVD_SIZE")?) {
-        let local_rank = num("HVD_LOCAL_RANK")?.unwrap_or(0);
-        let local_size = num("HVD_LOCAL_SIZE")?.unwrap_or(1);
-        (
-            RankSource::Hvd,
-            rank,
-            size,
-            local_rank,
-            local_size,
-            num("HVD_CROSS_RANK")?,
-            num("HVD_CROSS_SIZE")?,
-        )
-    } else {
-        return Err(ShimError::NoRank);
-    };
-    let (source, rank, size, local_rank, local_size, cross_rank, cross_size) = found;
-    if rank >= size {
-        return Err(ShimError::RankOutOfRange {
-            rank,
-            size,
-            source_name: source.name(),
-        });
-    }
-    let local_size = local_size.max(1);
-    // Without a node index (MPI), assume ranks fill nodes in order, `local_size` per node (mpirun's default
-    // by-slot mapping).
-    let cross_size = cross_size
-        .unwrap_or_else(|| size.div_ceil(local_size))
-        .max(1);
-    let cross_rank = cross_rank.unwrap_or(rank / local_size);
     Ok((
         Slot {
-            rank,
-            size,
+            rank: s.rank,
+            size: s.size,
             host,
-            local_rank,
-            local_size,
-            cross_rank,
-            cross_size,
+            local_rank: s.local_rank,
+            local_size: s.local_size,
+            cross_rank: s.cross_rank,
+            cross_size: s.cross_size,
         },
-        source,
+        s.source,
     ))
 }
 
@@ -525,7 +387,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (source, slot.rank, slot.size, slot.local_size),
-            (RankSource::Mpich, 1, 2, 2)
+            (RankSource::Pmi, 1, 2, 2)
         );
         let (slot, source) = slot_from_env(&env(&[
             ("SLURM_PROCID", "5"),
@@ -668,12 +530,56 @@ mod tests {
         );
     }
 
+    /// The launch-environment fixtures of `hvd-collective` (the bootstrap's reader runs the same table): through the
+    /// shim's public path, each gives the worker contract's six numbers, or the error.
+    #[test]
+    fn shared_launch_fixtures_through_the_shim() {
+        use hvd_collective::launch_env::fixtures;
+        let cases = fixtures::parse(include_str!(
+            "../../../collective/tests/data/launch_env.txt"
+        ));
+        assert!(cases.len() >= 10);
+        for case in &cases {
+            let got = shim_env(&|k: &str| case.get(k));
+            match (case.expect.strip_prefix("error "), got) {
+                (Some(part), Err(e)) => {
+                    assert!(e.to_string().contains(part), "{}: {e}", case.name)
+                }
+                (None, Ok(vars)) => {
+                    let want: Vec<&str> = case.expect.split(' ').skip(1).collect();
+                    let have: Vec<&str> = [
+                        "HVD_RANK",
+                        "HVD_SIZE",
+                        "HVD_LOCAL_RANK",
+                        "HVD_LOCAL_SIZE",
+                        "HVD_CROSS_RANK",
+                        "HVD_CROSS_SIZE",
+                    ]
+                    .iter()
+                    .map(|n| last(&vars, n).unwrap_or("(unset)"))
+                    .collect();
+                    assert_eq!(have, want, "{}", case.name);
+                }
+                (_, got) => panic!("{}: expected `{}`, got {got:?}", case.name, case.expect),
+            }
+            if let Ok((_, source)) = slot_from_env(&|k: &str| case.get(k)) {
+                assert!(case.expect.starts_with(source.key()), "{}", case.name);
+            }
+        }
+    }
+
     #[test]
     fn bad_values_are_clear_errors() {
-        assert!(matches!(slot_from_env(&env(&[])), Err(ShimError::NoRank)));
+        assert!(matches!(
+            slot_from_env(&env(&[])),
+            Err(ShimError::Rank(LaunchEnvError::NoRank))
+        ));
         let err = slot_from_env(&env(&[("PMI_RANK", "x"), ("PMI_SIZE", "2")])).unwrap_err();
         assert!(err.to_string().contains("`PMI_RANK` is `x`"), "{err}");
         let err = slot_from_env(&env(&[("PMI_RANK", "2"), ("PMI_SIZE", "2")])).unwrap_err();
-        assert!(matches!(err, ShimError::RankOutOfRange { .. }), "{err}");
+        assert!(
+            matches!(err, ShimError::Rank(LaunchEnvError::RankOutOfRange { .. })),
+            "{err}"
+        );
     }
 }
