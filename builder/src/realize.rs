@@ -228,7 +228,8 @@ impl<'a> Planned<'a> {
                 ),
             )
             // 2: console scripts run their entry point only as `__main__` (multiprocessing's spawn re-imports them).
-            .input("layout", "hvd-venv-2")
+            // 3: the pycache `.pth` line works on every python (a no-op plus no bytecode before 3.8); python 2 layout.
+            .input("layout", "hvd-venv-3")
             .input(
                 "pycache",
                 self.store.root().join(".pycache").display().to_string(),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use hvd_builder::{BuildOptions, EnvPlan, NoProgress, Store, build_env};
+use hvd_builder::{BuildOptions, EnvPlan, LocalPackage, NoProgress, Store, build_env};
 
 /// `(version, executable)` of each interpreter under `$PYENV_ROOT/versions` (default `~/.pyenv/versions`).
 fn pyenv_interpreters() -> Vec<(String, PathBuf)> {
@@ -110,6 +110,15 @@ fn every_pyenv_interpreter_imports_from_its_env_with_an_empty_stderr() {
         )],
         Some("[console_scripts]\noldgreet = oldgreet:main\n"),
     );
+    // The worker runtime `hvd` as `hvd build` adds it to every env: its Python sources, staged as a local package.
+    let runtime = dir.path().join("runtime");
+    std::fs::create_dir_all(runtime.join("hvd")).unwrap();
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../collective/python/hvd");
+    for entry in std::fs::read_dir(&sources).unwrap().filter_map(|e| e.ok()) {
+        if entry.file_name().to_string_lossy().ends_with(".py") {
+            std::fs::copy(entry.path(), runtime.join("hvd").join(entry.file_name())).unwrap();
+        }
+    }
     let pycache = store.root().join(".pycache");
     let mut failures = Vec::new();
     let mut checked = Vec::new();
@@ -120,7 +129,11 @@ fn every_pyenv_interpreter_imports_from_its_env_with_an_empty_stderr() {
             python: version.clone(),
             packages: vec![server.wheel_plan("oldgreet", "1.0", &wheel)],
             toolchain: None,
-            local_packages: Vec::new(),
+            local_packages: vec![LocalPackage {
+                name: "hvd".into(),
+                version: "0.1.0".into(),
+                source: runtime.clone(),
+            }],
         };
         let built = match build_env(&store, &plan, &BuildOptions::default(), &NoProgress) {
             Ok(built) => built,
@@ -154,6 +167,21 @@ fn every_pyenv_interpreter_imports_from_its_env_with_an_empty_stderr() {
         if !ok || !stderr.is_empty() || stdout != format!("hello {short}") {
             failures.push(format!(
                 "{version}: console script: success={ok}, stdout={stdout:?}, stderr={stderr:?}"
+            ));
+        }
+        // The runtime imports on 3.6+ (its library loads lazily); 2.7 gets a clear refusal, not a SyntaxError.
+        let (ok, _, stderr) = run_clean(&python, &["-c", "import hvd"]);
+        if short == "2.7" {
+            let message = "needs python 3.6 or newer; this env's python is 2.7";
+            if ok || !stderr.contains(message) || !stderr.contains("ImportError") {
+                failures.push(format!(
+                    "{version}: import hvd should fail with an ImportError saying {message:?}: success={ok}, \
+                     stderr={stderr:?}"
+                ));
+            }
+        } else if !ok || !stderr.is_empty() {
+            failures.push(format!(
+                "{version}: import hvd: success={ok}, stderr={stderr:?}"
             ));
         }
         checked.push(version.clone());

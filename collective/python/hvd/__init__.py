@@ -9,6 +9,17 @@ and any CPU tensor with ``__dlpack__`` (torch, jax, tensorflow).
     total = hvd.allreduce(np.ones(3, np.float32), op=hvd.Sum)   # = size() everywhere
 """
 
+import sys
+
+# This file parses on python 2.7 (no `raise ... from`, no f-strings) so that an old interpreter gets this message
+# rather than a SyntaxError; the rest of the package needs 3.6+.
+if sys.version_info < (3, 6):
+    raise ImportError(
+        "hvd (the worker runtime of `hvd run`) needs python 3.6 or newer; this env's python is %d.%d. "
+        "Use a python >= 3.6 in hvd.toml, or `import horovod` with Horovod's own runtime on this python"
+        % sys.version_info[:2]
+    )
+
 import atexit
 import ctypes
 import operator
@@ -221,8 +232,8 @@ def _np():
         return _numpy
     try:
         import numpy
-    except ImportError as e:  # pragma: no cover - numpy is in every environment hvd builds
-        raise ImportError("hvd needs numpy for its results; install numpy in this environment") from e
+    except ImportError:  # pragma: no cover - numpy is in every environment hvd builds
+        raise ImportError("hvd needs numpy for its results; install numpy in this environment")
     _numpy, _ndarray = numpy, numpy.ndarray
     return numpy
 
@@ -238,8 +249,8 @@ def _np_dtype(code):
     if code == 7:
         try:
             import ml_dtypes
-        except ImportError as e:
-            raise TypeError("bfloat16 results need the ml_dtypes package") from e
+        except ImportError:
+            raise TypeError("bfloat16 results need the ml_dtypes package")
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(_CODE_NAMES[code])
 
