@@ -675,8 +675,24 @@ fn run_step(
                     plan.env_dir.as_deref(),
                 ),
             };
+            // A step an engine launches (mpirun, srun) is one process that starts every rank, and its launcher gives
+            // each rank its own numbers, which the shim reads. Rank 0's numbers (or ones this launcher inherited)
+            // would be inherited by every rank and read by the shim as theirs: they are left out.
+            let rank_vars: Vec<String> = if tagged {
+                crate::env::rank_env(slot)
+                    .into_iter()
+                    .map(|(name, _)| name)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            for name in &rank_vars {
+                command.env_remove(name);
+            }
             for (k, v) in vars {
-                command.env(k, v);
+                if !rank_vars.contains(&k) {
+                    command.env(k, v);
+                }
             }
             if info.is_some() && remote.is_none() {
                 command.env("MASTER_PORT", master_port.to_string());
