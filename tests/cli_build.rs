@@ -1,8 +1,8 @@
 //! End-to-end tests of `hvd build`, `exec`, `why-depends`, `gc` and `build --check`: the real binary, a real
 //! interpreter, fixture packages served over real HTTP on 127.0.0.1, lockfiles written with the resolver's types.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -56,46 +56,6 @@ struct Project {
     python: String,
 }
 
-fn serve(root: PathBuf) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut request = String::new();
-            let _ = reader.read_line(&mut request);
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 2 {
-                line.clear();
-            }
-            let path = request
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or("/")
-                .trim_start_matches('/')
-                .to_string();
-            let response = match std::fs::read(root.join(&path)) {
-                Ok(body) => {
-                    let mut out = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    )
-                    .into_bytes();
-                    out.extend(body);
-                    out
-                }
-                Err(_) => {
-                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                        .to_vec()
-                }
-            };
-            let _ = stream.write_all(&response);
-        }
-    });
-    base
-}
-
 fn project(packages: &str) -> Project {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
@@ -118,7 +78,7 @@ fn project(packages: &str) -> Project {
     .unwrap()
     .trim()
     .to_string();
-    let base = serve(files);
+    let base = common::serve_files(files);
     let project = Project {
         store: root.join("store"),
         _dir: dir,

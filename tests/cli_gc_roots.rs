@@ -1,8 +1,8 @@
 //! `hvd gc` against running `hvd exec` processes: the real binary, a real interpreter, a fixture wheel served over
 //! real HTTP on 127.0.0.1 (issue #16 item 11: gc deleted the env of a running job).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -23,42 +23,6 @@ files[di + "/RECORD"] = ("".join("%s,sha256=%s,%d\n" % (p, h(d), len(d)) for p, 
 with zipfile.ZipFile(os.path.join(out, "helper-1.0-py3-none-any.whl"), "w") as z:
     for p, d in files.items(): z.writestr(p, d)
 "#;
-
-/// Serves files under `root` (one request per connection).
-fn serve(root: PathBuf) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut request = String::new();
-            let _ = reader.read_line(&mut request);
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 2 {
-                line.clear();
-            }
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let response = match std::fs::read(root.join(path.trim_start_matches('/'))) {
-                Ok(body) => {
-                    let mut out = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    )
-                    .into_bytes();
-                    out.extend(body);
-                    out
-                }
-                Err(_) => {
-                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                        .to_vec()
-                }
-            };
-            let _ = stream.write_all(&response);
-        }
-    });
-    base
-}
 
 struct Project {
     _dir: tempfile::TempDir,
@@ -89,7 +53,7 @@ impl Project {
         .unwrap()
         .trim()
         .to_string();
-        let base = serve(files.clone());
+        let base = common::serve_files(files.clone());
         let project = Project {
             store: root.join("store"),
             _dir: dir,

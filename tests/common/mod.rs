@@ -4,6 +4,7 @@
     reason = "each test binary uses a different part of this module"
 )]
 
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -58,4 +59,41 @@ pub fn allreduce_step_env(package: &Path, lib: &Path) -> String {
         package.display(),
         lib.display()
     )
+}
+
+/// Serves the files under `root` over HTTP on 127.0.0.1 (one request per connection, 404 for what is missing);
+/// returns the base URL.
+pub fn serve_files(root: PathBuf) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                line.clear();
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let response = match std::fs::read(root.join(path.trim_start_matches('/'))) {
+                Ok(body) => {
+                    let mut out = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    out.extend(body);
+                    out
+                }
+                Err(_) => {
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_vec()
+                }
+            };
+            let _ = stream.write_all(&response);
+        }
+    });
+    base
 }
