@@ -156,8 +156,9 @@ fn temp_roots(store: &Store, dry_run: bool) -> Result<(Vec<String>, usize, usize
                     fs_err::remove_file(&path)?;
                 }
             }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                let text = fs_err::read_to_string(&path)?;
+            Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut file, &mut text)?;
                 live += 1;
                 names.extend(
                     text.lines()

@@ -499,14 +499,8 @@ impl Realizer<'_> {
                     let wheel = self
                         .fetcher
                         .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
-                    wheel::install_wheel(&wheel[0], &target.out).map_err(|source| {
-                        Error::Install {
-                            name: package.name.clone(),
-                            version: package.version.clone(),
-                            filename: package.artifact.filename.clone(),
-                            source: Box::new(source),
-                        }
-                    })?
+                    wheel::install_wheel(&wheel[0], &target.out)
+                        .map_err(|source| install_error(package, source))?
                 }
                 Some(_) => self.build_from_source(package, &target.out)?,
             };
@@ -568,15 +562,20 @@ impl Realizer<'_> {
             toolchain: self.planned.toolchain.as_ref(),
         };
         let wheel_path = source_build::build_wheel(&request, &build_dir)?;
-        let file_hashes =
-            wheel::install_wheel(&wheel_path, out).map_err(|source| Error::Install {
-                name: package.name.clone(),
-                version: package.version.clone(),
-                filename: package.artifact.filename.clone(),
-                source: Box::new(source),
-            })?;
+        let file_hashes = wheel::install_wheel(&wheel_path, out)
+            .map_err(|source| install_error(package, source))?;
         crate::store::remove_tree(&build_dir)?;
         Ok(file_hashes)
+    }
+}
+
+/// `source` (an archive refused or not installable) as the failure to install `package`, which it names.
+fn install_error(package: &PackagePlan, source: Error) -> Error {
+    Error::Install {
+        name: package.name.clone(),
+        version: package.version.clone(),
+        filename: package.artifact.filename.clone(),
+        source: Box::new(source),
     }
 }
 

@@ -7,7 +7,7 @@
 //!   so any such directory found by the next lock holder is the debris of a killed build and is removed.
 //! - `<root>/.locks/<path-name>.lock` flock files; `.locks/gc.lock` is held shared by builders, exclusive by gc.
 //! - `<root>/.roots/` links to the project links (`.hvd/env`) that keep paths alive.
-//! - `<root>/.temproots/<pid>.<n>` store path names a running process uses, flock-ed while it runs (see gc).
+//! - `<root>/.temproots/<random>` store path names a running process uses, flock-ed while it runs (see gc).
 //! - `<root>/.downloads/sha256/<hex>` the download cache; `<root>/.pycache/` bytecode written by envs.
 
 use std::collections::BTreeSet;
