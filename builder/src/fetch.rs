@@ -66,13 +66,6 @@ fn part_writer(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
-/// Whether process `pid` is gone, where `/proc` can tell (else `false`).
-fn writer_gone(pid: u32) -> bool {
-    pid != std::process::id()
-        && Path::new("/proc/self").exists()
-        && !Path::new("/proc").join(pid.to_string()).exists()
-}
-
 /// Remove `.part` files in `dir` that no live download can own: older than [`STALE_PART`], or than
 /// [`STALE_PART_DEAD_WRITER`] when their writer's pid is gone. Returns how many.
 pub fn remove_stale_parts(dir: &Path) -> usize {
@@ -86,7 +79,7 @@ pub fn remove_stale_parts(dir: &Path) -> usize {
         if !(name.starts_with('.') && name.ends_with(".part")) {
             continue;
         }
-        let dead_writer = part_writer(&name).is_some_and(writer_gone);
+        let dead_writer = part_writer(&name).is_some_and(hvd_resolver::index::writer_gone);
         let stale = entry
             .metadata()
             .ok()
@@ -137,7 +130,9 @@ impl Fetcher {
         if !missing.is_empty() {
             remove_stale_parts(&self.cache.join("sha256"));
             if self.offline
-                && let Some(first) = missing.iter().find(|a| !is_local(&a.url))
+                && let Some(first) = missing
+                    .iter()
+                    .find(|a| !hvd_resolver::lockfile::is_local_url(&a.url))
             {
                 return Err(Error::Offline {
                     url: first.url.clone(),
@@ -402,10 +397,6 @@ impl Fetcher {
         }
         Ok(Sha256::from_hasher(hasher))
     }
-}
-
-fn is_local(url: &str) -> bool {
-    local_path(url).is_some()
 }
 
 /// `file:///x` and plain absolute paths name local files.

@@ -237,9 +237,12 @@ fn parse_temp_name(name: &str) -> Option<(&str, u32)> {
     Some((target, pid.parse().ok()?))
 }
 
-/// Whether process `pid` is gone, where `/proc` can tell (else `false`: assume it lives).
-fn writer_gone(pid: u32) -> bool {
-    Path::new("/proc/self").exists() && !Path::new("/proc").join(pid.to_string()).exists()
+/// Whether process `pid`, the writer of a temp file, is gone, where `/proc` can tell (else `false`: assume it
+/// lives; this process is never gone). Also the builder's test for partial downloads.
+pub fn writer_gone(pid: u32) -> bool {
+    pid != std::process::id()
+        && Path::new("/proc/self").exists()
+        && !Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Remove the temp files [`write_atomic`] left in `dir` that no live write can own: untouched for an hour, or
@@ -269,8 +272,7 @@ pub(crate) fn remove_stale_temps(dir: &Path, target: Option<&str>) -> usize {
         else {
             continue;
         };
-        let stale = age > STALE_TEMP
-            || (age > STALE_TEMP_DEAD_WRITER && pid != std::process::id() && writer_gone(pid));
+        let stale = age > STALE_TEMP || (age > STALE_TEMP_DEAD_WRITER && writer_gone(pid));
         if stale && std::fs::remove_file(entry.path()).is_ok() {
             tracing::debug!(file = %entry.path().display(), "removed a stale temp file");
             removed += 1;
