@@ -226,13 +226,16 @@ fn random_bytes<const N: usize>() -> Result<[u8; N]> {
 
 /// Constant-time comparison of a received proof with the expected one.
 fn same_proof(expected: &[u8; MAC_LEN], got: &[u8]) -> bool {
-    if got.len() != MAC_LEN {
+    constant_time_eq(expected, got)
+}
+
+/// Whether `a` and `b` are equal, in a time that depends on their lengths only (a secret compared with what a peer
+/// sent cannot be guessed byte by byte from response times). Also the rendezvous's token check.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
         return false;
     }
-    let diff = expected
-        .iter()
-        .zip(got)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
 }
 

@@ -663,11 +663,7 @@ fn valid_join(s: &str) -> bool {
 
 /// Constant-time comparison, so the token cannot be guessed byte by byte from response times.
 fn token_matches(expected: &str, given: &str) -> bool {
-    let (a, b) = (expected.as_bytes(), given.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    hvd_collective::tcp::constant_time_eq(expected.as_bytes(), given.as_bytes())
 }
 
 fn store_error(e: &store::StoreError) -> HttpError {
