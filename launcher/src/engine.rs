@@ -678,20 +678,13 @@ fn run_step(
             // A step an engine launches (mpirun, srun) is one process that starts every rank, and its launcher gives
             // each rank its own numbers, which the shim reads. Rank 0's numbers (or ones this launcher inherited)
             // would be inherited by every rank and read by the shim as theirs: they are left out.
-            let rank_vars: Vec<String> = if tagged {
-                crate::env::rank_env(slot)
-                    .into_iter()
-                    .map(|(name, _)| name)
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            for name in &rank_vars {
-                command.env_remove(name);
-            }
             for (k, v) in vars {
-                if !rank_vars.contains(&k) {
-                    command.env(k, v);
+                command.env(k, v);
+            }
+            if tagged {
+                // The later call for a name wins: these are removed, whether set above or inherited.
+                for (name, _) in crate::env::rank_env(slot) {
+                    command.env_remove(name);
                 }
             }
             if info.is_some() && remote.is_none() {
