@@ -5,6 +5,7 @@
 //! argument struct, so commands can grow without touching each other.
 
 mod commands;
+mod env_vars;
 mod exit;
 mod runtime;
 

@@ -19,6 +19,7 @@
 
 pub mod derivation;
 pub mod env;
+pub mod env_vars;
 pub mod error;
 pub mod fetch;
 pub mod gc;

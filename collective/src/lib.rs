@@ -31,6 +31,7 @@
 pub mod bootstrap;
 pub mod communicator;
 pub mod config;
+pub mod env_vars;
 pub mod error;
 mod header;
 pub mod hierarchical;

@@ -21,6 +21,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod diagnostics;
+pub mod env_vars;
 pub mod eval;
 mod format;
 mod lower;

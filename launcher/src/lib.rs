@@ -27,6 +27,7 @@ pub mod doctor;
 pub mod engine;
 pub mod engines;
 pub mod env;
+pub mod env_vars;
 pub mod graph;
 pub mod process;
 pub mod rendezvous;

@@ -22,6 +22,7 @@
 
 pub mod deadline;
 pub mod digest;
+pub mod env_vars;
 pub mod index;
 pub mod lock;
 pub mod lockfile;

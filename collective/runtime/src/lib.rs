@@ -24,6 +24,7 @@ pub mod collective;
 pub mod config;
 pub mod coordinator;
 pub mod engine;
+pub mod env_vars;
 pub mod ffi;
 mod fused;
 pub mod kernels;
