@@ -48,15 +48,7 @@ impl Transport for CollectiveTransport {
     }
 
     fn topology(&self) -> Topology {
-        let t = self.comm.topology();
-        Topology {
-            rank: t.rank,
-            size: t.size,
-            local_rank: t.local_rank,
-            local_size: t.local_size,
-            cross_rank: t.cross_rank,
-            cross_size: t.cross_size,
-        }
+        self.comm.topology()
     }
 
     fn allreduce(&mut self, buf: &mut [u8], d: DType, op: ReduceOp) -> TransportResult<()> {

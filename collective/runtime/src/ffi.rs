@@ -285,54 +285,31 @@ pub extern "C" fn hvd_version() -> *const c_char {
     VERSION.as_ptr()
 }
 
-/// The C ABI's `enum hvd_dtype` codes (hvd.h). Never renumber: compiled callers and the Python package use them.
-const DTYPE_CODES: [(i32, DType); 8] = [
-    (0, DType::U8),
-    (1, DType::I8),
-    (2, DType::I32),
-    (3, DType::I64),
-    (4, DType::F16),
-    (5, DType::F32),
-    (6, DType::F64),
-    (7, DType::BF16),
+/// The C ABI's `enum hvd_dtype` (hvd.h), indexed by code. Never renumber: compiled callers and the Python package
+/// use them.
+const DTYPES: [DType; 8] = [
+    DType::U8,
+    DType::I8,
+    DType::I32,
+    DType::I64,
+    DType::F16,
+    DType::F32,
+    DType::F64,
+    DType::BF16,
 ];
 
-/// The C ABI's `enum hvd_reduce_op` codes (hvd.h).
-const OP_CODES: [(i32, ReduceOp); 5] = [
-    (0, ReduceOp::Sum),
-    (1, ReduceOp::Average),
-    (2, ReduceOp::Min),
-    (3, ReduceOp::Max),
-    (4, ReduceOp::Product),
+/// The C ABI's `enum hvd_reduce_op` (hvd.h), indexed by code.
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Average,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Product,
 ];
 
-/// `HVD_FLOAT32` -> `DType::F32`, ...
-pub fn dtype_from_code(code: i32) -> Option<DType> {
-    DTYPE_CODES
-        .iter()
-        .find(|(c, _)| *c == code)
-        .map(|(_, d)| *d)
-}
-
-/// `DType::F32` -> `HVD_FLOAT32`, ...
-pub fn dtype_code(dtype: DType) -> i32 {
-    DTYPE_CODES
-        .iter()
-        .find(|(_, d)| *d == dtype)
-        .map_or(-1, |(c, _)| *c)
-}
-
-/// `HVD_SUM` -> `ReduceOp::Sum`, ...
-pub fn op_from_code(code: i32) -> Option<ReduceOp> {
-    OP_CODES.iter().find(|(c, _)| *c == code).map(|(_, o)| *o)
-}
-
-/// `ReduceOp::Sum` -> `HVD_SUM`, ...
-pub fn op_code(op: ReduceOp) -> i32 {
-    OP_CODES
-        .iter()
-        .find(|(_, o)| *o == op)
-        .map_or(-1, |(c, _)| *c)
+/// The entry of `table` at C ABI code `code`.
+fn from_code<T: Copy>(table: &[T], code: i32) -> Option<T> {
+    table.get(usize::try_from(code).ok()?).copied()
 }
 
 /// One operation, as laid out in `hvd_request_t`.
@@ -353,29 +330,14 @@ pub struct HvdRequest {
     pub nsplits: i32,
 }
 
-fn kind_from_code(code: i32) -> Option<OpKind> {
-    use OpKind::*;
-    [
-        Allreduce,
-        Allgather,
-        Broadcast,
-        Alltoall,
-        Reducescatter,
-        Barrier,
-        Join,
-    ]
-    .into_iter()
-    .find(|k| *k as i32 == code)
-}
-
 /// # Safety
 /// `r` follows the contract of `hvd_request_t` in hvd.h.
 unsafe fn convert(r: &HvdRequest) -> Result<Request, String> {
     let kind =
-        kind_from_code(r.kind).ok_or_else(|| format!("unknown operation code {}", r.kind))?;
+        OpKind::from_code(r.kind).ok_or_else(|| format!("unknown operation code {}", r.kind))?;
     let dtype =
-        dtype_from_code(r.dtype).ok_or_else(|| format!("unknown dtype code {}", r.dtype))?;
-    let op = op_from_code(r.op).ok_or_else(|| format!("unknown reduce op code {}", r.op))?;
+        from_code(&DTYPES, r.dtype).ok_or_else(|| format!("unknown dtype code {}", r.dtype))?;
+    let op = from_code(&OPS, r.op).ok_or_else(|| format!("unknown reduce op code {}", r.op))?;
     let name = if r.name.is_null() {
         String::new()
     } else {

@@ -5,7 +5,6 @@
 //! private little-endian format between processes of one job built from the same library: no versioning is needed,
 //! but decoding never panics on bad bytes.
 
-use crate::ffi::{dtype_code, dtype_from_code, op_code, op_from_code};
 use hvd_collective::{DType, ReduceOp};
 
 /// What kind of collective a request is.
@@ -21,45 +20,62 @@ pub enum OpKind {
     Join = 6,
 }
 
+/// Every kind with its names, indexed by discriminant: `(kind, name, timeline activity, timeline negotiation
+/// phase)`. The discriminants are the wire codes and the C ABI's `enum hvd_op_kind` (hvd.h): never renumber.
+const KINDS: [(OpKind, &str, &str, &str); 7] = [
+    (
+        OpKind::Allreduce,
+        "allreduce",
+        "ALLREDUCE",
+        "NEGOTIATE_ALLREDUCE",
+    ),
+    (
+        OpKind::Allgather,
+        "allgather",
+        "ALLGATHER",
+        "NEGOTIATE_ALLGATHER",
+    ),
+    (
+        OpKind::Broadcast,
+        "broadcast",
+        "BROADCAST",
+        "NEGOTIATE_BROADCAST",
+    ),
+    (
+        OpKind::Alltoall,
+        "alltoall",
+        "ALLTOALL",
+        "NEGOTIATE_ALLTOALL",
+    ),
+    (
+        OpKind::Reducescatter,
+        "reducescatter",
+        "REDUCESCATTER",
+        "NEGOTIATE_REDUCESCATTER",
+    ),
+    (OpKind::Barrier, "barrier", "BARRIER", "NEGOTIATE_BARRIER"),
+    (OpKind::Join, "join", "JOIN", "NEGOTIATE_JOIN"),
+];
+
 impl OpKind {
-    fn from_u8(v: u8) -> Option<OpKind> {
-        use OpKind::*;
-        [
-            Allreduce,
-            Allgather,
-            Broadcast,
-            Alltoall,
-            Reducescatter,
-            Barrier,
-            Join,
-        ]
-        .into_iter()
-        .find(|k| *k as u8 == v)
+    /// The kind whose code (discriminant, hvd.h `enum hvd_op_kind`) is `code`.
+    pub fn from_code(code: i32) -> Option<OpKind> {
+        let i = usize::try_from(code).ok()?;
+        KINDS.get(i).map(|k| k.0)
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            OpKind::Allreduce => "allreduce",
-            OpKind::Allgather => "allgather",
-            OpKind::Broadcast => "broadcast",
-            OpKind::Alltoall => "alltoall",
-            OpKind::Reducescatter => "reducescatter",
-            OpKind::Barrier => "barrier",
-            OpKind::Join => "join",
-        }
+        KINDS[self as usize].1
     }
 
     /// Upper-case activity name used in the timeline.
     pub fn upper(self) -> &'static str {
-        match self {
-            OpKind::Allreduce => "ALLREDUCE",
-            OpKind::Allgather => "ALLGATHER",
-            OpKind::Broadcast => "BROADCAST",
-            OpKind::Alltoall => "ALLTOALL",
-            OpKind::Reducescatter => "REDUCESCATTER",
-            OpKind::Barrier => "BARRIER",
-            OpKind::Join => "JOIN",
-        }
+        KINDS[self as usize].2
+    }
+
+    /// The timeline's name of this kind's negotiation phase.
+    pub fn negotiate_name(self) -> &'static str {
+        KINDS[self as usize].3
     }
 
     /// Whether the response for this kind may be cached (its parameters do not change from rank to rank).
@@ -185,9 +201,9 @@ impl Encoder {
     fn meta(&mut self, m: &RequestMeta) {
         self.u8(m.kind as u8);
         self.str(&m.name);
-        self.u8(dtype_code(m.dtype) as u8);
+        self.u8(m.dtype as u8);
         self.i64s(&m.shape);
-        self.u8(op_code(m.op) as u8);
+        self.u8(m.op as u8);
         self.u32(m.root as u32);
         self.f64(m.prescale);
         self.f64(m.postscale);
@@ -246,13 +262,26 @@ impl<'a> Decoder<'a> {
         let n = self.len(4)?;
         (0..n).map(|_| self.u32()).collect()
     }
+    /// The one of `all` whose collective wire code (`hvd-collective`'s discriminant, `code`) is the next byte.
+    fn code<T: Copy>(
+        &mut self,
+        all: &[T],
+        code: fn(T) -> u8,
+        what: &'static str,
+    ) -> Result<T, DecodeError> {
+        let c = self.u8()?;
+        all.iter()
+            .copied()
+            .find(|t| code(*t) == c)
+            .ok_or(DecodeError(what))
+    }
     fn meta(&mut self) -> Result<RequestMeta, DecodeError> {
         Ok(RequestMeta {
-            kind: OpKind::from_u8(self.u8()?).ok_or(DecodeError("op kind"))?,
+            kind: OpKind::from_code(i32::from(self.u8()?)).ok_or(DecodeError("op kind"))?,
             name: self.str()?,
-            dtype: dtype_from_code(i32::from(self.u8()?)).ok_or(DecodeError("dtype"))?,
+            dtype: self.code(&DType::ALL, |d| d as u8, "dtype")?,
             shape: self.i64s()?,
-            op: op_from_code(i32::from(self.u8()?)).ok_or(DecodeError("reduce op"))?,
+            op: self.code(&ReduceOp::ALL, |o| o as u8, "reduce op")?,
             root: self.u32()? as i32,
             prescale: self.f64()?,
             postscale: self.f64()?,
@@ -431,5 +460,17 @@ mod tests {
             assert!(RankMessage::decode(&bytes[..cut]).is_err());
         }
         assert!(ResponseList::decode(&[255, 255, 255, 255]).is_err());
+    }
+
+    /// The kind table is indexed by discriminant, which is also the code `from_code` reads back.
+    #[test]
+    fn every_kind_sits_at_its_code_in_the_table() {
+        for (i, k) in KINDS.iter().enumerate() {
+            assert_eq!(k.0 as usize, i);
+            assert_eq!(OpKind::from_code(i as i32), Some(k.0));
+            assert!(k.3.ends_with(k.2) && k.1.to_uppercase() == k.2);
+        }
+        assert_eq!(OpKind::from_code(7), None);
+        assert_eq!(OpKind::from_code(-1), None);
     }
 }

@@ -12,42 +12,7 @@ use hvd_collective::communicator::staged_through;
 use hvd_collective::reduce::reduce_into;
 use hvd_collective::{DType, ReduceOp, Staged};
 
-/// Where this process sits in the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Topology {
-    pub rank: usize,
-    pub size: usize,
-    pub local_rank: usize,
-    pub local_size: usize,
-    pub cross_rank: usize,
-    pub cross_size: usize,
-}
-
-impl Topology {
-    /// A single process on one host.
-    pub fn single() -> Topology {
-        Topology {
-            rank: 0,
-            size: 1,
-            local_rank: 0,
-            local_size: 1,
-            cross_rank: 0,
-            cross_size: 1,
-        }
-    }
-
-    /// `size` ranks on one host.
-    pub fn one_host(rank: usize, size: usize) -> Topology {
-        Topology {
-            rank,
-            size,
-            local_rank: rank,
-            local_size: size,
-            cross_rank: 0,
-            cross_size: 1,
-        }
-    }
-}
+pub use hvd_collective::Topology;
 
 /// A failed collective: a dead peer, a timeout, a protocol error. The engine fails every pending operation with it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -196,7 +161,7 @@ impl LocalTransport {
         });
         (0..size)
             .map(|rank| LocalTransport {
-                topology: Topology::one_host(rank, size),
+                topology: Topology::single_host(rank, size),
                 shared: shared.clone(),
             })
             .collect()

@@ -1,0 +1,359 @@
+//! The [`Engine`] handle, called from user threads: submission, waiting and polling, shutdown, timeline switches.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::error::EngineError;
+use super::fusion::{self, Part, PreparedGroup};
+use super::handles::{Handle, Shared, Slot, Submitted, TimelineSwap, lock};
+use super::request::{NONAME, Output, Request, validate};
+use super::worker::{Worker, open_timeline};
+use crate::config::EngineConfig;
+use crate::transport::{Topology, Transport};
+
+/// The per-process engine. Dropping it shuts it down.
+pub struct Engine {
+    shared: Arc<Shared>,
+    spin: std::time::Duration,
+    fusion_threshold: usize,
+    /// The transport's [`Transport::fusion_max_tensor_bytes`].
+    fusion_max_tensor_bytes: usize,
+    topology: Topology,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the background thread, which owns `transport` from now on.
+    pub fn start(
+        transport: Box<dyn Transport>,
+        config: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let topology = transport.topology();
+        let config_spin = config.spin_time;
+        let fusion_threshold = config.fusion_threshold;
+        let fusion_max_tensor_bytes = transport.fusion_max_tensor_bytes();
+        let timeline = match &config.timeline {
+            Some(path) => open_timeline(path, topology.rank)?,
+            None => None,
+        };
+        let shared = Arc::new(Shared::new());
+        let worker = Worker::new(transport, config, shared.clone(), timeline);
+        let thread = std::thread::Builder::new()
+            .name("hvd-engine".into())
+            .spawn(move || worker.run())
+            .map_err(|e| EngineError::Stopped(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine {
+            spin: config_spin,
+            fusion_threshold,
+            fusion_max_tensor_bytes,
+            shared,
+            topology,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    /// Submits an operation; the result comes through [`Engine::wait`] / [`Engine::poll`].
+    pub fn enqueue(&self, mut request: Request) -> Result<Handle, EngineError> {
+        self.name(&mut request);
+        validate(&mut request, self.topology.size)?;
+        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.submit(vec![Submitted::single(request, handle)], false)?;
+        Ok(handle)
+    }
+
+    /// Submits several operations at once (one lock round and at most one wake-up of the engine thread), so that
+    /// they reach the same cycle and fuse. One result per request, in order.
+    ///
+    /// With fusion on, consecutive allreduces of one dtype, op and scale factors (each below the transport's
+    /// `fusion_max_tensor_bytes`, together within the fusion threshold, in and out of caller memory) are fused
+    /// right here: the engine negotiates, caches and runs them as one tensor, instead of doing the same bookkeeping
+    /// for each member every cycle. Every rank must then submit the same group (as with any collective, the same
+    /// calls in the same order); members still get handles and results of their own.
+    pub fn enqueue_many(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+    ) -> Vec<Result<Handle, EngineError>> {
+        let (verdicts, parts) = self.plan(requests);
+        let base = self
+            .shared
+            .next_handle
+            .fetch_add(verdicts.len() as u64, Ordering::Relaxed);
+        let submitted = parts.into_iter().map(|p| p.submitted(base)).collect();
+        let stopped = self.submit(submitted, true).err();
+        (base..)
+            .zip(verdicts)
+            .map(|(handle, v)| match (&stopped, v) {
+                (_, Err(e)) => Err(e),
+                (Some(e), Ok(())) => Err(e.clone()),
+                (None, Ok(())) => Ok(handle),
+            })
+            .collect()
+    }
+
+    /// Validates `requests` and fuses them like [`enqueue_many`](Self::enqueue_many) once, for submission again
+    /// and again with [`enqueue_prepared`](Self::enqueue_prepared). The first invalid request is the error.
+    pub fn prepare(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+    ) -> Result<PreparedGroup, EngineError> {
+        let (verdicts, parts) = self.plan(requests);
+        let len = verdicts.len();
+        match verdicts.into_iter().find_map(Result::err) {
+            Some(e) => Err(e),
+            None => Ok(PreparedGroup::new(parts, len)),
+        }
+    }
+
+    /// Submits a prepared group: returns the first of its `group.len()` consecutive handles (one per request, in
+    /// order). The requests' buffers must be valid, as for any submission, until the handles complete.
+    pub fn enqueue_prepared(&self, group: &PreparedGroup) -> Result<Handle, EngineError> {
+        let base = self
+            .shared
+            .next_handle
+            .fetch_add(group.len as u64, Ordering::Relaxed);
+        self.submit(
+            group
+                .parts
+                .iter()
+                .map(|p| p.clone().submitted(base))
+                .collect(),
+            true,
+        )?;
+        Ok(base)
+    }
+
+    /// Submits a prepared group that is one operation (its requests fused into one, or a single request) with one
+    /// handle for all of it: no handle per member to create, complete and release on every step. `None` for a
+    /// group of several parts (submit it with [`enqueue_prepared`](Self::enqueue_prepared)).
+    pub fn enqueue_prepared_whole(
+        &self,
+        group: &PreparedGroup,
+    ) -> Result<Option<Handle>, EngineError> {
+        let [part] = group.parts.as_slice() else {
+            return Ok(None);
+        };
+        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.submit(vec![Submitted::single(part.request.clone(), handle)], true)?;
+        Ok(Some(handle))
+    }
+
+    /// Names an unnamed request uniquely: `<kind>.noname.<n>`.
+    fn name(&self, request: &mut Request) {
+        if request.meta.name.is_empty() {
+            let n = self.shared.noname.fetch_add(1, Ordering::Relaxed);
+            request.meta.name = format!("{}{NONAME}{n}", request.meta.kind.name());
+        }
+    }
+
+    /// Each request's verdict, and the parts to submit (see [`fusion::plan`]).
+    fn plan(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+    ) -> (Vec<Result<(), EngineError>>, Vec<Part>) {
+        fusion::plan(
+            requests,
+            |r| self.name(r),
+            self.topology.size,
+            self.fusion_threshold,
+            self.fusion_max_tensor_bytes,
+        )
+    }
+
+    /// Hands submissions to the engine thread (fails them all once the engine has stopped). `urgent`: a grouped
+    /// submission, which starts a cycle at once.
+    fn submit(&self, submitted: Vec<Submitted>, urgent: bool) -> Result<(), EngineError> {
+        if submitted.is_empty() {
+            return Ok(());
+        }
+        // Handles lock first, queue second (as `Worker::stop`), both held: the engine cannot stop between the check
+        // and the push and leave these pending forever.
+        let mut h = lock(&self.shared.handles);
+        if let Some(reason) = &h.stopped {
+            return Err(EngineError::Stopped(reason.clone()));
+        }
+        for s in &submitted {
+            for handle in s.handles() {
+                h.slots.insert(handle, Slot::Pending);
+            }
+        }
+        let mut q = lock(&self.shared.queue);
+        q.items.extend(submitted);
+        q.urgent |= urgent;
+        let wake = q.idle || urgent && q.sleeping;
+        drop(q);
+        drop(h);
+        if wake {
+            self.shared.queue_cv.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Whether the operation has completed (successfully or not).
+    pub fn poll(&self, handle: Handle) -> Result<bool, EngineError> {
+        match lock(&self.shared.handles).slots.get(&handle) {
+            Some(Slot::Pending) => Ok(false),
+            Some(Slot::Done(_)) => Ok(true),
+            None => Err(EngineError::UnknownHandle(handle)),
+        }
+    }
+
+    /// Whether every one of `handles` has completed.
+    pub fn poll_all(&self, handles: &[Handle]) -> Result<bool, EngineError> {
+        let h = lock(&self.shared.handles);
+        for handle in handles {
+            match h.slots.get(handle) {
+                Some(Slot::Pending) => return Ok(false),
+                Some(Slot::Done(_)) => {}
+                None => return Err(EngineError::UnknownHandle(*handle)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Blocks until every one of `handles` completes and returns their results in order; the handles are released.
+    /// One waiter for the whole group: the engine wakes it once per batch of completions, not once per handle.
+    pub fn wait_all(&self, handles: &[Handle]) -> Vec<Result<Output, EngineError>> {
+        self.announce_waiter();
+        let mut results = Vec::with_capacity(handles.len());
+        let mut h = lock(&self.shared.handles);
+        let spin_until = Instant::now() + self.spin;
+        while results.len() < handles.len() {
+            let handle = handles[results.len()];
+            match h.slots.get(&handle) {
+                None => results.push(Err(EngineError::UnknownHandle(handle))),
+                Some(Slot::Done(_)) => {
+                    let Some(Slot::Done(result)) = h.slots.remove(&handle) else {
+                        unreachable!("checked above")
+                    };
+                    results.push(result);
+                }
+                Some(Slot::Pending) if Instant::now() < spin_until => {
+                    drop(h);
+                    std::thread::yield_now();
+                    h = lock(&self.shared.handles);
+                }
+                Some(Slot::Pending) => {
+                    h = self
+                        .shared
+                        .handles_cv
+                        .wait(h)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+        drop(h);
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        results
+    }
+
+    /// Announces a blocked waiter: the engine then starts a cycle at once instead of after the cycle time.
+    fn announce_waiter(&self) {
+        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
+        let q = lock(&self.shared.queue); // so the notification cannot fall between the engine's check and its sleep
+        let sleeping = q.sleeping;
+        drop(q);
+        if sleeping {
+            self.shared.queue_cv.notify_one();
+        }
+    }
+
+    /// Blocks until the operation completes and returns its result; the handle is released.
+    pub fn wait(&self, handle: Handle) -> Result<Output, EngineError> {
+        self.announce_waiter();
+        // Small operations finish within tens of microseconds: yield-spin briefly before sleeping, which saves a
+        // futex round trip on the latency path.
+        let spin_until = Instant::now() + self.spin;
+        let result = loop {
+            let h = lock(&self.shared.handles);
+            match h.slots.get(&handle) {
+                None => break Err(EngineError::UnknownHandle(handle)),
+                Some(Slot::Done(_)) => {
+                    let mut h = h;
+                    let Some(Slot::Done(result)) = h.slots.remove(&handle) else {
+                        unreachable!("checked above")
+                    };
+                    break result;
+                }
+                Some(Slot::Pending) if Instant::now() < spin_until => {
+                    drop(h);
+                    std::thread::yield_now();
+                }
+                Some(Slot::Pending) => {
+                    drop(
+                        self.shared
+                            .handles_cv
+                            .wait(h)
+                            .unwrap_or_else(|e| e.into_inner()),
+                    );
+                }
+            }
+        };
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    /// Stops the engine once every rank has asked to (until then this rank takes part as a joined rank, so the
+    /// others can finish). Idempotent.
+    pub fn shutdown(&self) {
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.queue_cv.notify_one();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Starts writing a timeline to `path` (as `HVD_TIMELINE` does at start; a timeline already being written is
+    /// closed first, so the same path may be given again). Returns once the engine thread has switched (between
+    /// cycles), or the error creating the file. Like Horovod's `start_timeline`, every rank calls it; the ranks
+    /// that do not write a timeline just close theirs, if any.
+    pub fn start_timeline(
+        &self,
+        path: &std::path::Path,
+        mark_cycles: bool,
+    ) -> Result<(), EngineError> {
+        self.swap_timeline(Some((path.to_path_buf(), mark_cycles)))
+    }
+
+    /// Stops writing the timeline: once this returns, the file is complete (valid JSON, every event written).
+    pub fn stop_timeline(&self) -> Result<(), EngineError> {
+        self.swap_timeline(None)
+    }
+
+    fn swap_timeline(&self, start: Option<(std::path::PathBuf, bool)>) -> Result<(), EngineError> {
+        let (done, wait) = std::sync::mpsc::channel();
+        {
+            // Handles lock first, queue second, as `submit`: a stopping engine either sees this or has stopped.
+            let h = lock(&self.shared.handles);
+            if let Some(reason) = &h.stopped {
+                return Err(EngineError::Stopped(reason.clone()));
+            }
+            lock(&self.shared.queue)
+                .timeline
+                .push(TimelineSwap { start, done });
+        }
+        self.shared.queue_cv.notify_one();
+        // The engine answers, or drops the request when it stops.
+        wait.recv().unwrap_or_else(|_| {
+            Err(EngineError::Stopped(
+                self.stopped().unwrap_or_else(|| "stopped".into()),
+            ))
+        })
+    }
+
+    /// Why the engine stopped, if it has.
+    pub fn stopped(&self) -> Option<String> {
+        lock(&self.shared.handles).stopped.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
