@@ -24,7 +24,7 @@ impl EnvVars {
     /// Allgather totals up to this many bytes send directly to every rank, larger ones use a ring (default 262144).
     pub const ALLGATHER_SMALL_BYTES: &'static str = "HVD_ALLGATHER_SMALL_BYTES";
     /// Capacity of each shared-memory ring between two ranks, rounded to 4 KiB, at least 4 KiB (default 524288,
-    /// [`crate::shm::DEFAULT_RING_BYTES`]).
+    /// `shm::DEFAULT_RING_BYTES`).
     pub const SHM_RING_BYTES: &'static str = "HVD_SHM_RING_BYTES";
     /// Fruitless polling rounds a waiting shm rank spins before it yields (default 4096, 4 when ranks outnumber
     /// cores).

@@ -9,6 +9,10 @@ use crate::types::{DType, ReduceOp};
 
 pub const HEADER_LEN: usize = 40;
 
+/// Largest eager message per peer (data that follows its header, flag 2): it must fit the smallest transport
+/// buffer (a 4 KiB shm ring) with its header, because it is sent before the peer starts reading.
+pub(crate) const EAGER_MAX_BYTES: usize = 2048;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {

@@ -28,6 +28,7 @@
 // A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod board;
 pub mod bootstrap;
 pub mod communicator;
 pub mod config;

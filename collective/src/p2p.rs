@@ -6,14 +6,10 @@ use std::time::Duration;
 use crate::communicator::{Communicator, InPlace, Staged, check, staged_through};
 use crate::config::Thresholds;
 use crate::error::{Error, Result};
-use crate::header::{self, HEADER_LEN, Header, Kind};
+use crate::header::{self, EAGER_MAX_BYTES, HEADER_LEN, Header, Kind};
 use crate::reduce::finish_average;
-use crate::transport::{RecvOp, SendOp, Transport, disjoint, exchange, split_blocks};
+use crate::transport::{RecvOp, SendOp, Transport, disjoint, even_counts, exchange, split_blocks};
 use crate::types::{DType, ReduceOp, Topology};
-
-/// Largest eager message per peer: it must fit the smallest transport buffer (a 4 KiB shm ring) with its header,
-/// because it is sent before the peer starts reading.
-pub(crate) const EAGER_MAX_BYTES: usize = 2048;
 
 /// Mixed into a staged allreduce's digest (see `allreduce_staged`).
 const STAGED: usize = 0x5747_4544;
@@ -285,24 +281,34 @@ impl<T: Transport> P2pCommunicator<T> {
             };
             // Only alltoall has a word per destination (its counts); other operations leave that line alone.
             let with_pairs = h.kind == Kind::Alltoall;
-            board.board_post(
-                &h.encode(),
-                with_pairs.then_some(&pairs[..]),
-                eager.unwrap_or(&[]),
-            );
-            board.board_wait(h.seq, h.kind.name(), timeout)?;
+            // SAFETY: every rank numbers its operations 1, 2, 3, ... and posts each one's header here first (see
+            // `negotiate_eager`); this rank saw every rank post the previous one, or failed fatally and refuses
+            // further operations (`begin`). `pairs` has a word per rank; `eager` is at most EAGER_MAX_BYTES
+            // (`allreduce_direct`).
+            unsafe {
+                board.post(
+                    &h.encode(),
+                    with_pairs.then_some(&pairs[..]),
+                    eager.unwrap_or(&[]),
+                )
+            };
+            board.wait_posted(h.seq, h.kind.name(), timeout)?;
             let mut headers = vec![h; n];
             for j in (0..n).filter(|j| *j != me) {
-                let mut hj = Header::decode(&board.board_header(j, h.seq), j)?;
+                // SAFETY: every rank posted `h.seq` (just above) and this rank posts the next operation only after
+                // this loop.
+                let mut hj = Header::decode(&unsafe { board.header(j, h.seq) }, j)?;
                 hj.pair = if hj.kind == Kind::Alltoall {
-                    board.board_pair(j, h.seq)
+                    // SAFETY: as above.
+                    unsafe { board.pair(j, h.seq) }
                 } else {
                     0
                 };
                 let len = eager_len(&hj, j)?;
                 eager_in[j].clear();
                 eager_in[j].resize(len, 0);
-                board.board_eager(j, h.seq, &mut eager_in[j]);
+                // SAFETY: as above; `eager_len` keeps `len` within EAGER_MAX_BYTES.
+                unsafe { board.eager(j, h.seq, &mut eager_in[j]) };
                 headers[j] = hj;
             }
             eager_in[me].clear();
@@ -992,12 +998,6 @@ fn eager_len(h: &Header, j: usize) -> Result<usize> {
         });
     }
     Ok(len as usize)
-}
-
-pub(crate) fn even_counts(count: usize, n: usize) -> Vec<usize> {
-    (0..n)
-        .map(|i| count / n + usize::from(i < count % n))
-        .collect()
 }
 
 fn index_of(group: &[usize], rank: usize) -> usize {

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::board::Board;
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
 
@@ -84,9 +85,10 @@ pub trait Transport: Send {
     /// Tells every peer that this rank gives up because of `culprit`, so their pending operations fail at once.
     fn abort(&mut self, culprit: usize, reason: &str);
 
-    /// The shared-memory board on which every rank of the job posts each operation's header (shm, when its
-    /// segment holds the whole job).
-    fn shared_board(&mut self) -> Option<&mut crate::shm::ShmTransport> {
+    /// The board in shared memory on which every rank of the job posts each operation's header (shm, when its
+    /// segment holds the whole job, numbered as the job numbers its ranks). The collectives ask once per
+    /// operation; the board's own loops run without further dynamic calls.
+    fn shared_board(&mut self) -> Option<&mut dyn Board> {
         None
     }
 
@@ -219,6 +221,13 @@ pub fn split_blocks<'a>(
         buf = tail;
     }
     out
+}
+
+/// `count` elements in `n` blocks as even as can be (the first `count % n` blocks one element larger).
+pub(crate) fn even_counts(count: usize, n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|i| count / n + usize::from(i < count % n))
+        .collect()
 }
 
 /// Two disjoint ranges of one buffer: the first shared, the second mutable.

@@ -1,0 +1,361 @@
+//! The shm transport: ranks on one host talk through one shared memory segment ([`ShmTransport`], one rank's
+//! end of it: attaching, liveness, waiting on every rank, and the [`Transport`] it offers).
+//!
+//! The segment ([`segment`]) holds a control block, the board ([`board`]: each operation's headers and small
+//! data), the arenas ([`arena`]: large allreduces) and a ring per ordered pair of ranks ([`ring`]: every other
+//! message).
+//!
+//! Waiting spins (one pause per round), then yields, then sleeps on a futex in the rank's control line (with a
+//! short timeout, so liveness checks still run). A rank announces its sleep in that word; a publisher calls
+//! `FUTEX_WAKE` only when it sees the announcement, so the hot path makes no system call. With more ranks than
+//! cores (4 ranks on 2 cores) a waiter spins only a few rounds and yields a few times before it sleeps, and
+//! positions are published with a full fence so no wake-up is missed; with a core per rank the publish is a plain
+//! release store and a wake-up missed in a race costs at most one futex timeout.
+//!
+//! Liveness: a rank marks itself gone on drop (clean) or aborted; a rank whose process no longer exists
+//! (`kill(pid, 0)` fails with ESRCH) is dead. The first rank that gives up writes the culprit into the abort word,
+//! which every waiter checks.
+
+mod arena;
+mod board;
+mod ring;
+mod segment;
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::board::Board;
+use crate::config::{EnvVars, env_usize};
+use crate::error::{Error, Result};
+use crate::transport::{RecvOp, SendOp, Transport};
+use ring::Cursor;
+use segment::{STATE_ABORTED, STATE_ATTACHED, STATE_GONE, futex_wait};
+
+pub use ring::{DEFAULT_RING_BYTES, ring_bytes_from_env};
+pub use segment::ShmSegment;
+
+/// Fruitless polling rounds spent spinning before yielding, with a core per rank and with more ranks than cores.
+const SPIN: u32 = 4096;
+const SPIN_OVERSUBSCRIBED: u32 = 4;
+/// Rounds spent yielding before sleeping on the futex.
+const YIELDS: u32 = 512;
+const YIELDS_OVERSUBSCRIBED: u32 = 8;
+
+/// One rank's end of a shared memory segment (aligned so that in-process ranks never share a cache line).
+#[repr(align(128))]
+pub struct ShmTransport {
+    seg: ShmSegment,
+    rank: usize,
+    /// Global rank of each local index (the segment numbers ranks 0..ranks; the job may number them otherwise).
+    global: Vec<usize>,
+    my_pid: u32,
+    last_liveness: Instant,
+    /// Publish ring positions with a full fence, so a peer about to sleep never misses the wake-up. Needed when
+    /// ranks outnumber cores (they sleep often); otherwise a plain release store lets this rank go on without
+    /// waiting for the cache line, and a rare missed wake-up costs one futex timeout (the peer spins first).
+    strict_wake: bool,
+    /// Fruitless polling rounds to spin, then to yield, before sleeping on the futex.
+    spin: u32,
+    yields: u32,
+    /// This rank's view of each outgoing ring, by local peer index.
+    cursors: Vec<Cursor>,
+    /// Arena steps this rank has completed (equal on every rank between operations).
+    arena_steps: u64,
+}
+
+impl ShmTransport {
+    /// Attaches local index `rank` to `seg`; ranks are numbered `0..seg.ranks()` and are the global ranks.
+    pub fn attach(seg: ShmSegment, rank: usize) -> Result<ShmTransport> {
+        let global = (0..seg.ranks).collect();
+        Self::attach_mapped(seg, rank, global)
+    }
+
+    /// Attaches local index `local` to `seg`, where local index `i` is global rank `global[i]`.
+    pub fn attach_mapped(
+        seg: ShmSegment,
+        local: usize,
+        global: Vec<usize>,
+    ) -> Result<ShmTransport> {
+        if local >= seg.ranks || global.len() != seg.ranks {
+            return Err(Error::Bootstrap(format!(
+                "local rank {local} does not fit a {}-rank segment",
+                seg.ranks
+            )));
+        }
+        let my_pid = std::process::id();
+        let cursors = (0..seg.ranks)
+            .map(|to| Cursor {
+                head: seg.head(local, to).load(Ordering::Acquire),
+                tail_seen: seg.tail(local, to).load(Ordering::Acquire),
+            })
+            .collect();
+        seg.pid(local).store(my_pid, Ordering::Relaxed);
+        seg.state(local).store(STATE_ATTACHED, Ordering::Release);
+        seg.attached().fetch_add(1, Ordering::AcqRel);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let oversubscribed = seg.ranks > cores;
+        Ok(ShmTransport {
+            seg,
+            rank: local,
+            global,
+            my_pid,
+            last_liveness: Instant::now(),
+            strict_wake: oversubscribed,
+            spin: env_u32(EnvVars::SHM_SPIN).unwrap_or(if oversubscribed {
+                SPIN_OVERSUBSCRIBED
+            } else {
+                SPIN
+            }),
+            yields: env_u32(EnvVars::SHM_YIELDS).unwrap_or(if oversubscribed {
+                YIELDS_OVERSUBSCRIBED
+            } else {
+                YIELDS
+            }),
+            cursors,
+            arena_steps: 0,
+        })
+    }
+
+    /// Waits until all ranks of the segment have attached.
+    pub fn wait_attached(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while (self.seg.attached().load(Ordering::Acquire) as usize) < self.seg.ranks {
+            if Instant::now() > deadline {
+                let missing: Vec<usize> = (0..self.seg.ranks)
+                    .filter(|r| self.seg.state(*r).load(Ordering::Acquire) == 0)
+                    .map(|r| self.global[r])
+                    .collect();
+                return Err(Error::Timeout {
+                    op: "attach shared memory",
+                    ranks: missing,
+                    waited: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    fn local(&self, global: usize) -> Result<usize> {
+        self.global
+            .iter()
+            .position(|g| *g == global)
+            .ok_or_else(|| {
+                Error::Broken(format!(
+                    "rank {global} is not on this host's shared memory segment"
+                ))
+            })
+    }
+
+    fn check_abort(&self) -> Result<()> {
+        let a = self.seg.abort_word().load(Ordering::Acquire);
+        if a != 0 {
+            let culprit = (a & 0xffff_ffff) as usize - 1;
+            let reporter = (a >> 32) as usize;
+            return Err(Error::PeerLost {
+                rank: culprit,
+                reason: format!("rank {reporter} lost it and aborted"),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, local: usize, need_data: bool) -> Result<()> {
+        let g = self.global[local];
+        match self.seg.state(local).load(Ordering::Acquire) {
+            STATE_GONE if need_data => Err(Error::PeerLost {
+                rank: g,
+                reason: "it shut its communicator down while this rank still expected data".into(),
+            }),
+            // Left cleanly; what it wrote before leaving is still in the ring.
+            STATE_GONE => Ok(()),
+            STATE_ABORTED => {
+                self.check_abort()?;
+                Err(Error::PeerLost {
+                    rank: g,
+                    reason: "it aborted".into(),
+                })
+            }
+            _ => {
+                let pid = self.seg.pid(local).load(Ordering::Relaxed);
+                if pid != 0 && pid != self.my_pid {
+                    // SAFETY: signal 0 only checks that the process exists.
+                    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+                    let gone =
+                        r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+                    if gone || is_zombie(pid) {
+                        return Err(Error::PeerLost {
+                            rank: g,
+                            reason: format!("its process {pid} no longer exists"),
+                        });
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl ShmTransport {
+    /// Waits until `ready(self, r)` holds for every other rank: spins, yields, then sleeps on the futex like the
+    /// rings' waits (whoever makes a rank ready must wake it, see `publish`); a dead or departed rank, an abort, or
+    /// `timeout` without progress is an error naming the ranks not ready.
+    fn wait_ranks(
+        &mut self,
+        op: &'static str,
+        timeout: Duration,
+        ready: impl Fn(&Self, usize) -> bool,
+    ) -> Result<()> {
+        let n = self.seg.ranks;
+        let me = self.rank;
+        let mut first_missing = 0;
+        let mut idle = 0u32;
+        let mut since: Option<Instant> = None;
+        loop {
+            match (first_missing..n).find(|r| *r != me && !ready(self, *r)) {
+                None => return Ok(()),
+                Some(r) if r > first_missing => {
+                    // Progress: the timeout counts time without any.
+                    first_missing = r;
+                    since = None;
+                }
+                Some(_) => {}
+            }
+            idle = idle.saturating_add(1);
+            if idle < self.spin {
+                std::hint::spin_loop();
+                if idle.is_multiple_of(256) {
+                    self.check_abort()?;
+                }
+                continue;
+            }
+            self.check_abort()?;
+            let started = *since.get_or_insert_with(Instant::now);
+            if started.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    op,
+                    ranks: (0..n)
+                        .filter(|r| *r != me && !ready(self, *r))
+                        .map(|r| self.global[r])
+                        .collect(),
+                    waited: timeout,
+                });
+            }
+            if self.last_liveness.elapsed() > Duration::from_millis(20) {
+                self.last_liveness = Instant::now();
+                for r in (0..n).filter(|r| *r != me && !ready(self, *r)) {
+                    self.check_peer(r, true)?;
+                }
+            }
+            if idle < self.spin + self.yields {
+                std::thread::yield_now();
+                continue;
+            }
+            // Announce the sleep, then look again: a rank publishing in between either is seen here or sees the
+            // flag. (The fence orders the flag before the loads in `ready`.)
+            let flag = self.seg.sleeping(me);
+            flag.store(1, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let missing = (0..n).any(|r| r != me && !ready(self, r));
+            if missing && self.seg.abort_word().load(Ordering::SeqCst) == 0 {
+                futex_wait(flag, 1, Duration::from_millis(2));
+            }
+            flag.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Stores `value` into this rank's published `word` and wakes sleeping ranks (full fence when ranks outnumber
+    /// cores, see `strict_wake`).
+    fn publish(&self, word: &AtomicU64, value: u64) {
+        let others = (0..self.seg.ranks).filter(|r| *r != self.rank);
+        if self.strict_wake {
+            word.store(value, Ordering::SeqCst);
+            others.for_each(|r| self.seg.wake(r));
+        } else {
+            word.store(value, Ordering::Release);
+            others.for_each(|r| self.seg.wake_relaxed(r));
+        }
+    }
+}
+
+/// A killed process stays a zombie until its parent reaps it; it will never run again.
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may itself contain ") ".
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .is_some_and(|c| c == 'Z' || c == 'X')
+}
+
+fn env_u32(name: &str) -> Option<u32> {
+    env_usize(name).map(|v| v.min(u32::MAX as usize / 2) as u32)
+}
+
+impl Transport for ShmTransport {
+    fn rank(&self) -> usize {
+        self.global[self.rank]
+    }
+
+    fn size(&self) -> usize {
+        self.seg.ranks
+    }
+
+    fn progress_send(&mut self, op: &mut SendOp<'_>) -> Result<bool> {
+        self.ring_send(op)
+    }
+
+    fn progress_recv(&mut self, op: &mut RecvOp<'_>) -> Result<bool> {
+        self.ring_recv(op)
+    }
+
+    fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()> {
+        self.wait_inner(send_peers, recv_peers, idle, true)
+    }
+
+    fn spin_rounds(&self) -> u32 {
+        self.spin
+    }
+
+    /// The board, when the segment's ranks are the whole job, numbered alike (this transport's ranks are then the
+    /// communicator's); not when the segment is one host's part of a larger job (`attach_mapped`).
+    fn shared_board(&mut self) -> Option<&mut dyn Board> {
+        match self.whole_job_in_shared_memory() {
+            true => Some(self),
+            false => None,
+        }
+    }
+
+    fn whole_job_in_shared_memory(&self) -> bool {
+        self.global.iter().enumerate().all(|(i, g)| i == *g)
+    }
+
+    fn abort(&mut self, culprit: usize, reason: &str) {
+        tracing::debug!(culprit, reason, "aborting shared memory peers");
+        let word = (culprit as u64 + 1) | ((self.rank() as u64) << 32);
+        let _ = self
+            .seg
+            .abort_word()
+            .compare_exchange(0, word, Ordering::SeqCst, Ordering::SeqCst);
+        self.seg
+            .state(self.rank)
+            .store(STATE_ABORTED, Ordering::SeqCst);
+        for r in 0..self.seg.ranks {
+            self.seg.wake(r);
+        }
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        let s = self.seg.state(self.rank);
+        if s.load(Ordering::Acquire) != STATE_ABORTED {
+            s.store(STATE_GONE, Ordering::SeqCst);
+        }
+        for r in 0..self.seg.ranks {
+            self.seg.wake(r);
+        }
+    }
+}

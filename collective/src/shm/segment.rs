@@ -1,0 +1,394 @@
+//! The shared memory segment: its layout (control block, board, arenas, rings), creating, opening and mapping
+//! it, the words in it, and the futex that sleeping ranks wait on.
+//!
+//! Layout: a control block (header, abort word, one cache line per rank), the board (one slot per rank and
+//! sequence-number parity), the arenas (two halves per rank), then one single-producer single-consumer ring per
+//! ordered pair of ranks.
+
+use std::ffi::CString;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::header::{EAGER_MAX_BYTES, HEADER_LEN};
+
+const MAGIC: u64 = 0x6876_645f_7368_6d32; // "hvd_shm2"
+pub(super) const LINE: usize = 128;
+pub(super) const CTRL_HEADER: usize = 4 * LINE;
+pub(super) const RING_HEADER: usize = 2 * LINE;
+
+pub(super) const STATE_ATTACHED: u32 = 1;
+pub(super) const STATE_GONE: u32 = 2;
+pub(super) const STATE_ABORTED: u32 = 3;
+
+pub(super) struct Mapping {
+    pub(super) ptr: *mut u8,
+    len: usize,
+    /// Backing file to remove when the last mapping of the creating rank goes (named segments only).
+    unlink: Option<CString>,
+}
+
+// SAFETY: the mapping is plain shared memory; all cross-thread access goes through atomics or through ring regions
+// whose ownership the atomics hand over (single producer, single consumer).
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        if let Some(path) = &self.unlink {
+            // SAFETY: path is a valid NUL-terminated string.
+            unsafe { libc::shm_unlink(path.as_ptr()) };
+        }
+    }
+}
+
+/// A shared memory segment holding the rings of `ranks` ranks.
+#[derive(Clone)]
+pub struct ShmSegment {
+    pub(super) map: Arc<Mapping>,
+    pub(super) ranks: usize,
+    pub(super) ring_bytes: usize,
+}
+
+impl std::fmt::Debug for ShmSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmSegment")
+            .field("ranks", &self.ranks)
+            .field("ring_bytes", &self.ring_bytes)
+            .finish()
+    }
+}
+
+fn segment_len(ranks: usize, ring_bytes: usize) -> usize {
+    arena_base(ranks)
+        + ranks * 2 * arena_half(ring_bytes)
+        + ranks * ranks * (RING_HEADER + ring_bytes)
+}
+
+fn arena_base(ranks: usize) -> usize {
+    board_base(ranks) + ranks * 2 * slot_bytes(ranks)
+}
+
+/// Each rank's arena has two halves (used by alternate chunks) of a ring each.
+pub(super) fn arena_half(ring_bytes: usize) -> usize {
+    ring_bytes
+}
+
+/// Where a slot's words for each rank start (8-aligned: both terms are multiples of 8).
+pub(super) const PAIRS_AT: usize = HEADER_LEN + EAGER_MAX_BYTES;
+
+fn board_base(ranks: usize) -> usize {
+    CTRL_HEADER + ranks * LINE
+}
+
+/// One board slot: an operation header (its sequence number first), eager data, then one `pair` word per rank
+/// (alltoall counts); whole lines. A small allreduce's header and data share the first line with the sequence
+/// number, so a reader's one miss brings everything.
+fn slot_bytes(ranks: usize) -> usize {
+    (PAIRS_AT + 8 * ranks).div_ceil(LINE) * LINE
+}
+
+fn map_fd(fd: i32, len: usize, what: &str) -> Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of an fd we own; the kernel checks the length against the file.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::io(
+            format!("map shared memory segment {what}"),
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(ptr.cast())
+}
+
+impl ShmSegment {
+    /// A segment for ranks that are threads of this process (a memfd, never visible in the file system).
+    pub fn create_anonymous(ranks: usize, ring_bytes: usize) -> Result<ShmSegment> {
+        let len = segment_len(ranks, ring_bytes);
+        let name = c"hvd-shm";
+        // SAFETY: name is NUL-terminated; the returned fd is closed below.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::io("create a memfd", io::Error::last_os_error()));
+        }
+        let r = Self::init_fd(fd, len, ranks, ring_bytes, "(memfd)", None);
+        // SAFETY: fd is ours; the mapping keeps the memory alive.
+        unsafe { libc::close(fd) };
+        r
+    }
+
+    /// Creates the named segment `/dev/shm/<name>` for `ranks` processes; the others [`open`](Self::open) it.
+    /// The file is removed when this segment is dropped, or earlier with [`unlink`](Self::unlink).
+    pub fn create(name: &str, ranks: usize, ring_bytes: usize) -> Result<ShmSegment> {
+        let path = shm_path(name)?;
+        // SAFETY: path is NUL-terminated; the fd is closed below.
+        let fd = unsafe {
+            libc::shm_open(
+                path.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::io(
+                format!("create shared memory `/dev/shm/{name}`"),
+                io::Error::last_os_error(),
+            ));
+        }
+        let len = segment_len(ranks, ring_bytes);
+        let r = Self::init_fd(fd, len, ranks, ring_bytes, name, Some(path));
+        // SAFETY: fd is ours.
+        unsafe { libc::close(fd) };
+        r
+    }
+
+    fn init_fd(
+        fd: i32,
+        len: usize,
+        ranks: usize,
+        ring_bytes: usize,
+        what: &str,
+        unlink: Option<CString>,
+    ) -> Result<Self> {
+        // SAFETY: fd is a valid descriptor of a shared memory file.
+        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            return Err(Error::io(
+                format!("size shared memory segment {what} to {len} bytes"),
+                io::Error::last_os_error(),
+            ));
+        }
+        let ptr = map_fd(fd, len, what)?;
+        let seg = ShmSegment {
+            map: Arc::new(Mapping { ptr, len, unlink }),
+            ranks,
+            ring_bytes,
+        };
+        seg.word(8).store(ranks as u64, Ordering::Relaxed);
+        seg.word(16).store(ring_bytes as u64, Ordering::Relaxed);
+        seg.word(0).store(MAGIC, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Opens a named segment another rank created, waiting up to `timeout` for it to appear.
+    pub fn open(name: &str, timeout: Duration) -> Result<ShmSegment> {
+        let path = shm_path(name)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            // SAFETY: path is NUL-terminated; the fd is closed below.
+            let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR, 0) };
+            if fd >= 0 {
+                let r = Self::open_fd(fd, name);
+                // SAFETY: fd is ours.
+                unsafe { libc::close(fd) };
+                match r {
+                    Ok(Some(seg)) => return Ok(seg),
+                    Ok(None) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Bootstrap(format!(
+                    "shared memory segment `/dev/shm/{name}` did not appear within {timeout:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn open_fd(fd: i32, name: &str) -> Result<Option<ShmSegment>> {
+        // SAFETY: `st` is written by fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is valid, st is a valid out pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_size as usize) < CTRL_HEADER {
+            return Ok(None);
+        }
+        let len = st.st_size as usize;
+        let ptr = map_fd(fd, len, name)?;
+        let probe = ShmSegment {
+            map: Arc::new(Mapping {
+                ptr,
+                len,
+                unlink: None,
+            }),
+            ranks: 0,
+            ring_bytes: 0,
+        };
+        if probe.word(0).load(Ordering::Acquire) != MAGIC {
+            return Ok(None);
+        }
+        let ranks = probe.word(8).load(Ordering::Relaxed) as usize;
+        let ring_bytes = probe.word(16).load(Ordering::Relaxed) as usize;
+        if segment_len(ranks, ring_bytes) != len {
+            return Err(Error::Bootstrap(format!(
+                "shared memory segment `{name}` has an unexpected size"
+            )));
+        }
+        Ok(Some(ShmSegment {
+            map: probe.map,
+            ranks,
+            ring_bytes,
+        }))
+    }
+
+    /// Removes a named segment's file (mappings stay valid). Safe to call more than once.
+    pub fn unlink(name: &str) {
+        if let Ok(path) = shm_path(name) {
+            // SAFETY: path is NUL-terminated.
+            unsafe { libc::shm_unlink(path.as_ptr()) };
+        }
+    }
+
+    /// Number of ranks the segment was made for.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    #[inline]
+    pub(super) fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset + 8 <= self.map.len && offset.is_multiple_of(8));
+        // SAFETY: offset is 8-aligned inside the mapping (page aligned base), which lives as long as `self`.
+        unsafe { &*(self.map.ptr.add(offset) as *const AtomicU64) }
+    }
+
+    #[inline]
+    pub(super) fn word32(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset + 4 <= self.map.len && offset.is_multiple_of(4));
+        // SAFETY: offset is 4-aligned inside the mapping, which lives as long as `self`.
+        unsafe { &*(self.map.ptr.add(offset) as *const AtomicU32) }
+    }
+
+    #[inline]
+    pub(super) fn abort_word(&self) -> &AtomicU64 {
+        self.word(LINE)
+    }
+    #[inline]
+    pub(super) fn attached(&self) -> &AtomicU64 {
+        self.word(2 * LINE)
+    }
+    #[inline]
+    pub(super) fn rank_line(&self, r: usize) -> usize {
+        CTRL_HEADER + r * LINE
+    }
+    #[inline]
+    pub(super) fn pid(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r))
+    }
+    #[inline]
+    pub(super) fn state(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r) + 4)
+    }
+    #[inline]
+    pub(super) fn sleeping(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r) + 64)
+    }
+    #[inline]
+    pub(super) fn ring_base(&self, from: usize, to: usize) -> usize {
+        arena_base(self.ranks)
+            + self.ranks * 2 * arena_half(self.ring_bytes)
+            + (from * self.ranks + to) * (RING_HEADER + self.ring_bytes)
+    }
+    /// Rank `r`'s arena half for chunk number `chunk` (alternating halves).
+    #[inline]
+    pub(super) fn arena(&self, r: usize, chunk: u64) -> *mut u8 {
+        let half = arena_half(self.ring_bytes);
+        // SAFETY: the arena lies inside the mapping.
+        unsafe {
+            self.map
+                .ptr
+                .add(arena_base(self.ranks) + (r * 2 + (chunk & 1) as usize) * half)
+        }
+    }
+    /// How far rank `r` has come through arena steps (two per chunk: deposited, reduced).
+    #[inline]
+    pub(super) fn arena_progress(&self, r: usize) -> &AtomicU64 {
+        self.word(self.rank_line(r) + 8)
+    }
+    /// Rank `r`'s board slot for operations of sequence number parity `parity`.
+    #[inline]
+    pub(super) fn slot(&self, r: usize, parity: u64) -> usize {
+        board_base(self.ranks) + (r * 2 + parity as usize) * slot_bytes(self.ranks)
+    }
+    #[inline]
+    pub(super) fn head(&self, from: usize, to: usize) -> &AtomicU64 {
+        self.word(self.ring_base(from, to))
+    }
+    #[inline]
+    pub(super) fn tail(&self, from: usize, to: usize) -> &AtomicU64 {
+        self.word(self.ring_base(from, to) + LINE)
+    }
+    #[inline]
+    pub(super) fn ring_data(&self, from: usize, to: usize) -> *mut u8 {
+        // SAFETY: the ring's data area lies inside the mapping.
+        unsafe { self.map.ptr.add(self.ring_base(from, to) + RING_HEADER) }
+    }
+
+    #[inline]
+    pub(super) fn wake(&self, r: usize) {
+        let s = self.sleeping(r);
+        if s.load(Ordering::SeqCst) != 0 {
+            s.store(0, Ordering::SeqCst);
+            futex_wake(s);
+        }
+    }
+
+    /// Wakes rank `r` if it sleeps, after this rank published a ring position with a plain release store. The
+    /// check may miss a sleeper that announced itself at that very moment; it then wakes at its futex timeout.
+    #[inline]
+    pub(super) fn wake_relaxed(&self, r: usize) {
+        let s = self.sleeping(r);
+        if s.load(Ordering::Relaxed) != 0 {
+            self.wake(r);
+        }
+    }
+}
+
+fn shm_path(name: &str) -> Result<CString> {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(Error::Bootstrap(format!(
+            "`{name}` is not a valid shared memory name ([A-Za-z0-9._-]+)"
+        )));
+    }
+    CString::new(format!("/{name}"))
+        .map_err(|_| Error::Bootstrap(format!("`{name}` contains a NUL byte")))
+}
+
+pub(super) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: word points into a live shared mapping; FUTEX_WAIT (not private) works across processes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: word points into a live shared mapping.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
