@@ -24,6 +24,7 @@ mod diagnostics;
 pub mod env_vars;
 pub mod eval;
 mod format;
+pub mod loader;
 mod lower;
 pub mod model;
 pub mod stdlib;
@@ -33,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use diagnostics::{Diagnostics, Error, did_you_mean};
+pub use loader::{FsLoader, ImportLoader, MemoryLoader};
 
 use diagnostics::{Loc, Sources};
 use syntax::ast::Span;
@@ -45,15 +47,34 @@ const STACK_SIZE: usize = 256 << 20;
 ///
 /// Every error found (syntax, names, types, the step graph, imports) is in the returned [`Diagnostics`].
 pub fn load_file(path: &Path) -> Result<model::Project, Diagnostics> {
-    let text = read(path)?;
-    load_source(path, &text)
+    load_file_with(path, &FsLoader)
+}
+
+/// Like [`load_file`], reading the file and its imports through `loader` (e.g. a [`MemoryLoader`]).
+pub fn load_file_with(
+    path: &Path,
+    loader: &dyn ImportLoader,
+) -> Result<model::Project, Diagnostics> {
+    let text = loader
+        .read_to_string(path)
+        .map_err(|e| cannot_read(path, &e))?;
+    load_source_with(path, &text, loader)
 }
 
 /// Like [`load_file`], for text already in memory. `path` names the file in messages and in
 /// [`model::Project::file`]; local imports are resolved relative to its directory.
 pub fn load_source(path: &Path, text: &str) -> Result<model::Project, Diagnostics> {
+    load_source_with(path, text, &FsLoader)
+}
+
+/// Like [`load_source`], reading imports through `loader`.
+pub fn load_source_with(
+    path: &Path,
+    text: &str,
+    loader: &dyn ImportLoader,
+) -> Result<model::Project, Diagnostics> {
     let name = path.display().to_string();
-    on_big_stack(&name, || load_inner(path, text))
+    on_big_stack(&name, || load_inner(path, text, loader))
 }
 
 /// Format `.hvd` source in the canonical layout (comments kept). `name` is used in error messages.
@@ -86,13 +107,17 @@ pub fn format_source(name: &str, text: &str) -> Result<String, Diagnostics> {
 
 /// Read a `.hvd` file, as a [`Diagnostics`] on failure (for commands that format or check files).
 pub fn read(path: &Path) -> Result<String, Diagnostics> {
-    fs_err::read_to_string(path).map_err(|e| {
-        Diagnostics::single(
-            &path.display().to_string(),
-            format!("cannot read the file: {e}"),
-            Some("check the path".into()),
-        )
-    })
+    FsLoader
+        .read_to_string(path)
+        .map_err(|e| cannot_read(path, &e))
+}
+
+fn cannot_read(path: &Path, e: &std::io::Error) -> Diagnostics {
+    Diagnostics::single(
+        &path.display().to_string(),
+        format!("cannot read the file: {e}"),
+        Some("check the path".into()),
+    )
 }
 
 fn on_big_stack<T: Send>(
@@ -118,11 +143,15 @@ fn on_big_stack<T: Send>(
     })
 }
 
-fn load_inner(path: &Path, text: &str) -> Result<model::Project, Diagnostics> {
+fn load_inner(
+    path: &Path,
+    text: &str,
+    loader: &dyn ImportLoader,
+) -> Result<model::Project, Diagnostics> {
     let name = path.display().to_string();
     let mut sources = Sources::default();
     let main = sources.add(name.clone(), Arc::from(text));
-    let mut evaluator = eval::Evaluator::new(sources);
+    let mut evaluator = eval::Evaluator::new(sources, loader);
     let Some(ast) = evaluator.parse(main) else {
         return Err(Diagnostics::from_problems(
             &name,
@@ -130,7 +159,7 @@ fn load_inner(path: &Path, text: &str) -> Result<model::Project, Diagnostics> {
             &evaluator.sources,
         ));
     };
-    let canonical = std::fs::canonicalize(path).ok();
+    let canonical = loader.canonicalize(path).ok();
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
