@@ -30,7 +30,8 @@ impl Staged {
 
 /// Stage the runtime package: the embedded Python files plus the shared library found by [`library`].
 pub fn stage() -> Result<Staged, Failure> {
-    if let Some(dir) = std::env::var_os("HVD_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+    if let Some(dir) = std::env::var_os(crate::env_vars::HVD_RUNTIME_DIR).filter(|d| !d.is_empty())
+    {
         return Ok(Staged::Given(PathBuf::from(dir)));
     }
     let library = library()?;
@@ -87,13 +88,16 @@ pub enum Library {
 /// this executable, in its `deps/` (cargo's layout: `deps/` always holds the latest build, the copy next to the
 /// executable only the one of the last `cargo build -p hvd-runtime`) or in `../lib/hvd`.
 pub fn library() -> Result<Library, Failure> {
-    if let Some(path) = std::env::var_os("HVD_RUNTIME_LIBRARY").filter(|p| !p.is_empty()) {
+    if let Some(path) =
+        std::env::var_os(crate::env_vars::HVD_RUNTIME_LIBRARY).filter(|p| !p.is_empty())
+    {
         let path = PathBuf::from(path);
         if path.is_file() {
             return Ok(Library::File(path));
         }
         return Err(Failure::usage(format!(
-            "HVD_RUNTIME_LIBRARY names `{}`, which is not a file; unset it or point it at libhvd_runtime.so",
+            "{} names `{}`, which is not a file; unset it or point it at libhvd_runtime.so",
+            crate::env_vars::HVD_RUNTIME_LIBRARY,
             path.display()
         )));
     }

@@ -10,6 +10,7 @@ use clap::Args;
 use hvd_builder::{BuildOptions, EnvBuild, Progress, Store};
 use hvd_resolver::Lockfile;
 
+use crate::env_vars;
 use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
@@ -56,14 +57,14 @@ pub struct ReadyEnv {
 impl ReadyEnv {
     /// Variables a process inside the env gets: `VIRTUAL_ENV`, `PATH` with the env first, `env.variables`.
     pub fn variables(&self) -> Vec<(String, String)> {
-        let path = std::env::var("PATH").unwrap_or_default();
+        let path = std::env::var(env_vars::PATH).unwrap_or_default();
         let mut vars = vec![
             (
-                "VIRTUAL_ENV".to_string(),
+                env_vars::VIRTUAL_ENV.to_string(),
                 self.build.env.display().to_string(),
             ),
             (
-                "PATH".to_string(),
+                env_vars::PATH.to_string(),
                 format!("{}/bin:{path}", self.build.env.display()),
             ),
         ];

@@ -34,7 +34,7 @@ pub fn run(args: ExecArgs) -> CommandResult {
     command
         .args(rest)
         .envs(ready.variables())
-        .env_remove("PYTHONHOME");
+        .env_remove(crate::env_vars::PYTHONHOME);
     // Replace this process, so signals and the exit status are the command's own.
     let err = command.exec();
     Err(Failure::from_error_in(

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::build::{LockMode, ensure_env};
+use crate::env_vars;
 use crate::exit::{CommandResult, Failure, Status};
 
 #[derive(Debug, Args)]
@@ -19,7 +20,7 @@ pub struct ShellArgs {
 
 pub fn run(args: ShellArgs) -> CommandResult {
     let ready = ensure_env(&args.file, args.lock, false)?;
-    let shell = std::env::var("SHELL")
+    let shell = std::env::var(env_vars::SHELL)
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "/bin/sh".into());
@@ -33,8 +34,8 @@ pub fn run(args: ShellArgs) -> CommandResult {
     );
     let err = std::process::Command::new(&shell)
         .envs(ready.variables())
-        .env("HVD_ENV", &ready.build.env)
-        .env_remove("PYTHONHOME")
+        .env(env_vars::HVD_ENV, &ready.build.env)
+        .env_remove(env_vars::PYTHONHOME)
         .exec();
     Err(Failure::from_error_in(
         Status::Failure,
