@@ -36,8 +36,9 @@ __all__ = [
     "grouped_allreduce_", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
-    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max", "Product", "HvdError",
-    "HorovodInternalError", "Handle", "library_path", "BFloat16Bits",
+    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max", "Product",
+    "HvdError", "InvalidArgumentError", "MismatchError", "NotInitializedError", "HorovodInternalError", "PeerLostError",
+    "CollectiveTimeoutError", "StallError", "Handle", "library_path", "BFloat16Bits",
     "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled",
     "gloo_enabled", "mpi_threads_supported", "is_homogeneous",
 ]
@@ -49,19 +50,65 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _BARRIER, _JOIN =
 
 
 class HvdError(RuntimeError):
-    """A collective failed: ranks disagreed (name, shape, dtype), a peer died, or the engine stopped."""
+    """Base class of every hvd failure; the subclasses say which kind it is (hvd.h ``enum hvd_error_kind``)."""
 
 
-HorovodInternalError = HvdError
+class InvalidArgumentError(HvdError, ValueError):
+    """A bad argument or request, refused on this rank before anything ran."""
+
+
+class MismatchError(HvdError):
+    """The ranks' requests disagree (name, operation, dtype, shape, root, group; a broadcast rooted at a joined
+    rank): the operation failed on every rank, and the job goes on."""
+
+
+class NotInitializedError(HvdError, ValueError):
+    """No engine: ``hvd.init()`` was not called, or ``hvd.shutdown()`` was."""
+
+
+class HorovodInternalError(HvdError):
+    """The job cannot go on: every later operation fails too. As in Horovod, elastic training catches this class
+    (and only this one) to restore its state and start again. Subclasses name the cause; this class itself is
+    raised for any other (a broken connection, an I/O error, a bug)."""
+
+
+class PeerLostError(HorovodInternalError):
+    """A peer died or left; ``rank`` is the lost rank (None when unknown)."""
+
+    rank = None
+
+
+class CollectiveTimeoutError(HorovodInternalError):
+    """No progress from some rank within ``HVD_COLLECTIVE_TIMEOUT``."""
+
+
+class StallError(HorovodInternalError):
+    """A rank did not submit an operation that the others wait for within ``HVD_STALL_SHUTDOWN_TIME``."""
+
+
+# hvd.h enum hvd_error_kind -> class (0, none, and unknown kinds: the base class).
+_ERRORS = {1: InvalidArgumentError, 2: MismatchError, 3: PeerLostError, 4: CollectiveTimeoutError, 5: StallError,
+           6: NotInitializedError, 7: HorovodInternalError}
 
 
 def _l():
     return _lib._lib or _lib.load()
 
 
+def _error(lib=None):
+    """The exception for the calling thread's last failure in the library: its kind's class, with its message."""
+    lib = lib or _l()
+    cls = _ERRORS.get(lib.hvd_last_error_kind(), HvdError)
+    e = cls(lib.hvd_last_error().decode("utf-8", "replace"))
+    if cls is PeerLostError:
+        rank = lib.hvd_last_error_rank()
+        e.rank = None if rank < 0 else rank
+    return e
+
+
 def _check(rc):
     if rc < 0:
-        raise HvdError(_l().hvd_last_error().decode("utf-8", "replace"))
+        raise _error()
     return rc
 
 
@@ -694,11 +741,11 @@ def _enqueue_prepared(entry, n, tensors):
             entry[7] = True
             return Handle(hid, entry, None, tensors)
         if hid < 0:
-            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+            raise _error(lib)
         entry[7] = False
     ids = (ctypes.c_int64 * max(n, 1))()
     if lib.hvd_group_enqueue(gid, ids) != n:
-        raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+        raise _error(lib)
     return Handle(ids, entry, None, tensors, group=n)
 
 
@@ -714,9 +761,9 @@ def _enqueue_group(reqs, n, keep, tensors, finish, in_place):
     lib = _l()
     ok = lib.hvd_enqueue_many(reqs.ctypes.data_as(ctypes.POINTER(_lib.HvdRequest)), n, ids)
     if ok != n:
-        message = lib.hvd_last_error().decode("utf-8", "replace")
+        error = _error(lib)
         lib.hvd_wait_many(ids, n)  # the accepted ones still run on the other ranks: wait for them
-        raise HvdError(message)
+        raise error
     if in_place:
         return Handle(ids, keep, None, tensors, group=n)
     return Handle(ids, keep, finish, group=n)
@@ -930,7 +977,8 @@ def poll(handle):
 
 
 def synchronize(handle):
-    """Waits for the operation and returns its result; raises HvdError if it failed on the ranks."""
+    """Waits for the operation and returns its result; raises an HvdError (its subclass names the kind of failure)
+    if it failed."""
     if handle._done:
         return handle._result
     lib = _l()
@@ -939,19 +987,19 @@ def synchronize(handle):
         rc = lib.hvd_wait_many(handle.id, handle._group)
         handle._keep = None
         if rc != 0:
-            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+            raise _error(lib)
         handle._result = handle._value if handle._finish is None else handle._finish(None)
         return handle._result
     if handle._value is not None:
         handle._done = True
         handle._keep = None
         if lib.hvd_wait_and_release(handle.id) != 0:
-            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+            raise _error(lib)
         handle._result = handle._value
         return handle._result
     try:
         if lib.hvd_wait(handle.id) != 0:
-            raise HvdError(lib.hvd_last_error().decode("utf-8", "replace"))
+            raise _error(lib)
         handle._result = handle._finish(handle.id)
         return handle._result
     finally:

@@ -91,6 +91,8 @@ def _declare(lib):
         "hvd_shutdown": (i32, []),
         "hvd_is_initialized": (i32, []),
         "hvd_last_error": (ctypes.c_char_p, []),
+        "hvd_last_error_kind": (i32, []),
+        "hvd_last_error_rank": (i64, []),
         "hvd_version": (ctypes.c_char_p, []),
         "hvd_build_features": (i32, []),
         "hvd_is_homogeneous": (i32, []),

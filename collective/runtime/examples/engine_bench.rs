@@ -7,7 +7,7 @@ use std::time::Instant;
 use hvd_collective::DType;
 use hvd_collective::testing::{Backend, LocalJob};
 use hvd_runtime::collective::CollectiveTransport;
-use hvd_runtime::{Engine, EngineConfig, Input, OpKind, OutputBuffer, ReduceOp, Request, meta};
+use hvd_runtime::{Engine, EngineConfig, OpKind, ReduceOp, Request, meta};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -34,10 +34,9 @@ fn engine_run(backend: Backend, fusion_threshold: usize, sizes: &[usize]) -> (f6
                     for _ in 0..3000 {
                         let t0 = Instant::now();
                         let m = meta(OpKind::Allreduce, "lat", DType::F32, vec![1], ReduceOp::Sum);
-                        let r = Request {
-                            meta: m,
-                            input: Input::Raw(one.as_ptr(), 4),
-                            output: OutputBuffer::Raw(one.as_mut_ptr(), 4),
+                        // SAFETY: `one` is waited for before it is used again.
+                        let r = unsafe {
+                            Request::in_caller_memory(m, one.as_ptr(), one.as_mut_ptr(), 4)
                         };
                         let h = e.enqueue(r).expect("enqueue");
                         e.wait(h).expect("allreduce");
@@ -59,10 +58,9 @@ fn engine_run(backend: Backend, fusion_threshold: usize, sizes: &[usize]) -> (f6
                                     vec![n as i64 / 4],
                                     ReduceOp::Sum,
                                 );
-                                let r = Request {
-                                    meta: m,
-                                    input: Input::Raw(b.as_ptr(), n),
-                                    output: OutputBuffer::Raw(b.as_mut_ptr(), n),
+                                // SAFETY: every buffer is waited for before the next step.
+                                let r = unsafe {
+                                    Request::in_caller_memory(m, b.as_ptr(), b.as_mut_ptr(), n)
                                 };
                                 e.enqueue(r).expect("enqueue")
                             })

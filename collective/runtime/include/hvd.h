@@ -6,7 +6,8 @@
  * Every rank must submit the same names; the order may differ between ranks.
  *
  * Errors: functions returning int return -1 (or a negative handle) on failure; hvd_last_error() then holds a
- * message for the calling thread. No function unwinds or aborts on bad input.
+ * message for the calling thread, hvd_last_error_kind() what kind of failure it was (enum hvd_error_kind) and
+ * hvd_last_error_rank() the rank a lost peer names. No function unwinds or aborts on bad input.
  *
  * Buffers: `input` and `output` must stay valid and unmodified until the handle completes. Allreduce and broadcast
  * write their result to `output` (which may equal `input`); allgather, alltoall and reducescatter results are
@@ -74,6 +75,23 @@ int hvd_shutdown(void);
 int hvd_is_initialized(void);
 const char *hvd_last_error(void);
 const char *hvd_version(void);
+
+/* The kind of the calling thread's last failure (hvd_last_error_kind; HVD_ERROR_NONE before any), and so what the
+ * caller can do about it. Kinds 3, 4, 5 and 7 stop the engine: every later operation fails with the same kind. */
+enum hvd_error_kind {
+  HVD_ERROR_NONE = 0,
+  HVD_ERROR_INVALID_ARGUMENT = 1, /* a bad argument or request, refused on this rank before anything ran */
+  HVD_ERROR_MISMATCH = 2,         /* the ranks' requests disagree (name, operation, dtype, shape, root, group; a
+                                     broadcast rooted at a joined rank): failed on every rank, the job goes on */
+  HVD_ERROR_PEER_LOST = 3,        /* a peer died or left (hvd_last_error_rank() names it) */
+  HVD_ERROR_TIMEOUT = 4,          /* no progress from some rank within HVD_COLLECTIVE_TIMEOUT */
+  HVD_ERROR_STALLED = 5,          /* a rank did not submit what the others wait for (HVD_STALL_SHUTDOWN_TIME) */
+  HVD_ERROR_NOT_INITIALIZED = 6,  /* no engine: hvd_init not called, or hvd_shutdown called */
+  HVD_ERROR_INTERNAL = 7          /* anything else that stops the job: a broken connection, I/O, a bug */
+};
+int hvd_last_error_kind(void);
+/* The rank the calling thread's last failure names as lost (HVD_ERROR_PEER_LOST), else -1. */
+int64_t hvd_last_error_rank(void);
 
 /* Topology; -1 when not initialized. */
 int hvd_rank(void);

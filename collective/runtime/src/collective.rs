@@ -5,7 +5,7 @@ use hvd_collective::{Communicator, DType, ReduceOp, Staged};
 
 use std::time::Duration;
 
-use crate::transport::{LocalTransport, Topology, Transport, TransportError, TransportResult};
+use crate::transport::{LocalTransport, Topology, Transport, TransportResult};
 
 /// The engine's view of a `hvd-collective` communicator. Counts the engine gives in bytes travel as `u8` elements.
 pub struct CollectiveTransport {
@@ -25,10 +25,6 @@ impl CollectiveTransport {
             shared_memory,
         }
     }
-}
-
-fn err(e: hvd_collective::Error) -> TransportError {
-    TransportError(e.to_string())
 }
 
 impl Transport for CollectiveTransport {
@@ -52,7 +48,7 @@ impl Transport for CollectiveTransport {
     }
 
     fn allreduce(&mut self, buf: &mut [u8], d: DType, op: ReduceOp) -> TransportResult<()> {
-        self.comm.allreduce_in_place(buf, d, op).map_err(err)
+        self.comm.allreduce_in_place(buf, d, op)
     }
 
     fn allreduce_staged(
@@ -63,9 +59,7 @@ impl Transport for CollectiveTransport {
         io: &mut dyn Staged,
         scratch: &mut Vec<u8>,
     ) -> TransportResult<()> {
-        self.comm
-            .allreduce_staged(len, d, op, io, scratch)
-            .map_err(err)
+        self.comm.allreduce_staged(len, d, op, io, scratch)
     }
 
     fn allgatherv(
@@ -74,13 +68,11 @@ impl Transport for CollectiveTransport {
         recv_counts: &[usize],
         recv: &mut [u8],
     ) -> TransportResult<()> {
-        self.comm
-            .allgatherv(send, recv, recv_counts, DType::U8)
-            .map_err(err)
+        self.comm.allgatherv(send, recv, recv_counts, DType::U8)
     }
 
     fn broadcast(&mut self, buf: &mut [u8], root: usize) -> TransportResult<()> {
-        self.comm.broadcast(buf, DType::U8, root).map_err(err)
+        self.comm.broadcast(buf, DType::U8, root)
     }
 
     fn alltoallv(
@@ -92,11 +84,10 @@ impl Transport for CollectiveTransport {
     ) -> TransportResult<()> {
         self.comm
             .alltoallv(send, send_counts, recv, recv_counts, DType::U8)
-            .map_err(err)
     }
 
     fn barrier(&mut self) -> TransportResult<()> {
-        self.comm.barrier().map_err(err)
+        self.comm.barrier()
     }
 
     fn reducescatter(
@@ -107,9 +98,7 @@ impl Transport for CollectiveTransport {
         d: DType,
         op: ReduceOp,
     ) -> TransportResult<()> {
-        self.comm
-            .reducescatter(buf, out, block_elems, d, op)
-            .map_err(err)
+        self.comm.reducescatter(buf, out, block_elems, d, op)
     }
 }
 
@@ -124,7 +113,7 @@ const JOB_VARIABLES: [&str; 4] = [
 /// Joins the job described by the environment through `hvd-collective`'s bootstrap (`hvd run`'s rendezvous,
 /// mpirun, srun; backend from `HVD_COLLECTIVE_BACKEND`, default auto: shm on one host, tcp or hierarchical across
 /// hosts). A process started without any job variables, or with a size of 1, is a job of one rank.
-pub fn connect_from_env() -> Result<Box<dyn Transport>, String> {
+pub fn connect_from_env() -> Result<Box<dyn Transport>, hvd_collective::Error> {
     let size = JOB_VARIABLES
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
@@ -132,12 +121,11 @@ pub fn connect_from_env() -> Result<Box<dyn Transport>, String> {
         None | Some("1") => {
             let t = LocalTransport::group(1, Duration::from_secs(1))
                 .pop()
-                .ok_or("no transport")?;
+                .ok_or_else(|| hvd_collective::Error::Bootstrap("no local transport".into()))?;
             Ok(Box::new(t))
         }
         Some(_) => {
-            let comm = hvd_collective::bootstrap::from_env()
-                .map_err(|e| format!("failed to join the job: {e}"))?;
+            let comm = hvd_collective::bootstrap::from_env()?;
             Ok(Box::new(CollectiveTransport::new(comm)))
         }
     }

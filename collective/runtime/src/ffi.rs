@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::collective::connect_from_env;
 use crate::config::EngineConfig;
-use crate::engine::{Engine, Input, Output, OutputBuffer, PreparedGroup, Request};
+use crate::engine::{
+    Engine, EngineError, ErrorKind, Input, Output, OutputBuffer, PreparedGroup, Request,
+};
 use crate::message::{OpKind, RequestMeta};
 use hvd_collective::{DType, ReduceOp};
 
@@ -42,26 +44,99 @@ pub const BUILT_MPI: i32 = 1;
 pub const BUILT_NCCL: i32 = 2;
 
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_ERROR: RefCell<LastError> = RefCell::new(LastError::default());
+}
+
+/// The last failure of a call on this thread, for `hvd_last_error`, `hvd_last_error_kind` and
+/// `hvd_last_error_rank`.
+#[derive(Default)]
+struct LastError {
+    message: CString,
+    /// hvd.h `enum hvd_error_kind` (0: no failure yet).
+    kind: i32,
+    /// The rank a lost peer names, else -1.
+    rank: i64,
+}
+
+/// A failed call: what kind of failure it is (hvd.h `enum hvd_error_kind`), the peer it names (a lost peer) and
+/// its message.
+struct Failure {
+    kind: ErrorKind,
+    rank: Option<usize>,
+    message: String,
+}
+
+impl Failure {
+    fn new(kind: ErrorKind, message: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            rank: None,
+            message: message.into(),
+        }
+    }
+
+    /// A collective's failure, after `context` ("failed to ...").
+    fn collective(context: &str, e: &hvd_collective::Error) -> Failure {
+        Failure {
+            kind: ErrorKind::of_collective(e),
+            rank: lost_peer(e),
+            message: format!("{context}: {e}"),
+        }
+    }
+}
+
+/// The rank a lost peer names.
+fn lost_peer(e: &hvd_collective::Error) -> Option<usize> {
+    match e {
+        hvd_collective::Error::PeerLost { rank, .. } => Some(*rank),
+        _ => None,
+    }
+}
+
+/// A bad argument (the caller's pointers, codes, handles).
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure::new(ErrorKind::InvalidArgument, message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::new(ErrorKind::InvalidArgument, message)
+    }
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Failure {
+        Failure {
+            kind: e.kind(),
+            rank: e.collective().and_then(lost_peer),
+            message: e.to_string(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn set_error(message: impl Into<String>) {
-    let mut m = message.into();
+fn set_error(failure: Failure) {
+    let mut m = failure.message;
     m.retain(|c| c != '\0');
     // Also runs outside `catch_unwind` (in `guard`): `try_with`/`try_borrow_mut` cannot panic.
     let _ = LAST_ERROR.try_with(|e| {
         if let Ok(mut slot) = e.try_borrow_mut() {
-            *slot = CString::new(m).unwrap_or_default();
+            *slot = LastError {
+                message: CString::new(m).unwrap_or_default(),
+                kind: failure.kind as i32,
+                rank: failure.rank.map_or(-1, |r| r as i64),
+            };
         }
     });
 }
 
 /// Runs `f`, turning an error or a panic into `fallback` and the thread's last error.
-fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
+fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, Failure>) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
@@ -69,17 +144,23 @@ fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
             fallback
         }
         Err(_) => {
-            set_error("internal error: a panic in the hvd runtime (please report it)");
+            set_error(Failure::new(
+                ErrorKind::Internal,
+                "internal error: a panic in the hvd runtime (please report it)",
+            ));
             fallback
         }
     }
 }
 
-fn not_initialized() -> String {
-    "hvd is not initialized: call hvd_init() (hvd.init()) first".to_string()
+fn not_initialized() -> Failure {
+    Failure::new(
+        ErrorKind::NotInitialized,
+        "hvd is not initialized: call hvd_init() (hvd.init()) first",
+    )
 }
 
-fn engine() -> Result<Arc<Engine>, String> {
+fn engine() -> Result<Arc<Engine>, Failure> {
     lock(&ENGINE).clone().ok_or_else(not_initialized)
 }
 
@@ -105,10 +186,11 @@ pub extern "C" fn hvd_init() -> i32 {
             return Ok(0);
         }
         init_logging();
-        let config = EngineConfig::from_env().map_err(|e| e.to_string())?;
-        let mut transport = connect_from_env()?;
+        let config = EngineConfig::from_env().map_err(|e| EngineError::Config(Arc::new(e)))?;
+        let mut transport =
+            connect_from_env().map_err(|e| Failure::collective("failed to join the job", &e))?;
         let info = job_info(transport.as_mut())?;
-        let engine = Engine::start(transport, config).map_err(|e| e.to_string())?;
+        let engine = Engine::start(transport, config)?;
         *slot = Some(Arc::new(engine));
         *lock(&JOB) = Some(info);
         Ok(0)
@@ -117,17 +199,22 @@ pub extern "C" fn hvd_init() -> i32 {
 
 /// The backend's name and whether the job is homogeneous: one allgather of every rank's local size, the first
 /// collective of the job (every rank runs it in `hvd_init`, before the engine owns the transport).
-fn job_info(transport: &mut dyn crate::transport::Transport) -> Result<JobInfo, String> {
+fn job_info(transport: &mut dyn crate::transport::Transport) -> Result<JobInfo, Failure> {
     let topology = transport.topology();
     let sizes = transport
         .allgather_bytes(&(topology.local_size as u64).to_le_bytes())
-        .map_err(|e| format!("failed to exchange the ranks' local sizes at init: {e}"))?;
+        .map_err(|e| {
+            Failure::collective("failed to exchange the ranks' local sizes at init", &e)
+        })?;
     let mut homogeneous = true;
     for (rank, bytes) in sizes.iter().enumerate() {
         let Ok(b) = <[u8; 8]>::try_from(bytes.as_slice()) else {
-            return Err(format!(
-                "rank {rank} sent a malformed local size at init ({} bytes, expected 8)",
-                bytes.len()
+            return Err(Failure::new(
+                ErrorKind::Internal,
+                format!(
+                    "rank {rank} sent a malformed local size at init ({} bytes, expected 8)",
+                    bytes.len()
+                ),
             ));
         };
         homogeneous &= u64::from_le_bytes(b) == topology.local_size as u64;
@@ -208,9 +295,7 @@ pub unsafe extern "C" fn hvd_start_timeline(path: *const c_char, mark_cycles: i3
             return Err("the timeline path is empty".into());
         }
         let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
-        engine()?
-            .start_timeline(path, mark_cycles != 0)
-            .map_err(|e| e.to_string())?;
+        engine()?.start_timeline(path, mark_cycles != 0)?;
         Ok(0)
     })
 }
@@ -219,7 +304,7 @@ pub unsafe extern "C" fn hvd_start_timeline(path: *const c_char, mark_cycles: i3
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_stop_timeline() -> i32 {
     guard(-1, || {
-        engine()?.stop_timeline().map_err(|e| e.to_string())?;
+        engine()?.stop_timeline()?;
         Ok(0)
     })
 }
@@ -270,8 +355,25 @@ pub extern "C" fn hvd_cross_size() -> i32 {
 pub extern "C" fn hvd_last_error() -> *const c_char {
     // `try_with`: during thread teardown the slot may be gone; never panic across the boundary.
     LAST_ERROR
-        .try_with(|e| e.try_borrow().map_or(c"".as_ptr(), |m| m.as_ptr()))
+        .try_with(|e| e.try_borrow().map_or(c"".as_ptr(), |m| m.message.as_ptr()))
         .unwrap_or(c"".as_ptr())
+}
+
+/// The kind of the last error of a failed call on this thread: hvd.h `enum hvd_error_kind` (`HVD_ERROR_NONE`, 0,
+/// before any failure).
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_last_error_kind() -> i32 {
+    LAST_ERROR
+        .try_with(|e| e.try_borrow().map_or(0, |m| m.kind))
+        .unwrap_or(0)
+}
+
+/// The rank that the last error of a failed call on this thread names as lost (`HVD_ERROR_PEER_LOST`), or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_last_error_rank() -> i64 {
+    LAST_ERROR
+        .try_with(|e| e.try_borrow().map_or(-1, |m| m.rank))
+        .unwrap_or(-1)
 }
 
 /// The library version, e.g. "0.1.0".
@@ -449,7 +551,7 @@ pub unsafe extern "C" fn hvd_enqueue(request: *const HvdRequest) -> i64 {
         engine()?
             .enqueue(r)
             .map(|h| h as i64)
-            .map_err(|e| e.to_string())
+            .map_err(Failure::from)
     })
 }
 
@@ -488,7 +590,7 @@ pub unsafe extern "C" fn hvd_enqueue_many(
                     slots.push(i);
                 }
                 Err(msg) => {
-                    set_error(msg);
+                    set_error(msg.into());
                     handles[i] = -1;
                 }
             }
@@ -501,7 +603,7 @@ pub unsafe extern "C" fn hvd_enqueue_many(
                     h as i64
                 }
                 Err(err) => {
-                    set_error(err.to_string());
+                    set_error(err.into());
                     -1
                 }
             };
@@ -534,7 +636,7 @@ pub unsafe extern "C" fn hvd_group_prepare(requests: *const HvdRequest, n: i32) 
             // SAFETY: as above.
             .map(|r| unsafe { convert(r) })
             .collect::<Result<Vec<_>, _>>()?;
-        let group = e.prepare(converted).map_err(|e| e.to_string())?;
+        let group = e.prepare(converted)?;
         let id = NEXT_GROUP.fetch_add(1, Ordering::Relaxed);
         lock(&GROUPS)
             .get_or_insert_with(HashMap::new)
@@ -567,7 +669,7 @@ pub unsafe extern "C" fn hvd_group_enqueue(group: i64, handles: *mut i64) -> i32
         if !g.is_empty() && handles.is_null() {
             return Err("handles is a null pointer".into());
         }
-        let base = e.enqueue_prepared(g).map_err(|e| e.to_string())?;
+        let base = e.enqueue_prepared(g)?;
         for i in 0..g.len() {
             // SAFETY: room for `g.len()` values per the contract.
             unsafe { *handles.add(i) = (base + i as u64) as i64 };
@@ -586,7 +688,7 @@ pub extern "C" fn hvd_group_submit(group: i64) -> i64 {
         let groups = lock(&GROUPS);
         let g = prepared(&groups, group)?;
         Ok(e.enqueue_prepared_whole(g)
-            .map_err(|e| e.to_string())?
+            .map_err(Failure::from)?
             .map_or(0, |h| h as i64))
     })
 }
@@ -597,7 +699,7 @@ pub extern "C" fn hvd_group_release(group: i64) -> i32 {
     guard(-1, || {
         match lock(&GROUPS).as_mut().and_then(|m| m.remove(&group)) {
             Some(_) => Ok(0),
-            None => Err(format!("unknown tensor group {group}")),
+            None => Err(format!("unknown tensor group {group}").into()),
         }
     })
 }
@@ -641,7 +743,7 @@ pub unsafe extern "C" fn hvd_wait_many(handles: *const i64, n: i32) -> i32 {
         }
         let results = engine()?.wait_all(&ids);
         match results.into_iter().find_map(Result::err) {
-            Some(e) => Err(e.to_string()),
+            Some(e) => Err(e.into()),
             None => Ok(0),
         }
     })
@@ -667,7 +769,7 @@ pub unsafe extern "C" fn hvd_poll_many(handles: *const i64, n: i32) -> i32 {
         engine()?
             .poll_all(&ids)
             .map(i32::from)
-            .map_err(|e| e.to_string())
+            .map_err(Failure::from)
     })
 }
 
@@ -684,7 +786,7 @@ pub extern "C" fn hvd_poll(handle: i64) -> i32 {
         engine()?
             .poll(handle as u64)
             .map(i32::from)
-            .map_err(|e| e.to_string())
+            .map_err(Failure::from)
     })
 }
 
@@ -699,7 +801,7 @@ pub extern "C" fn hvd_wait(handle: i64) -> i32 {
         {
             return Ok(0);
         }
-        let out = engine()?.wait(handle as u64).map_err(|e| e.to_string())?;
+        let out = engine()?.wait(handle as u64)?;
         lock(&RESULTS)
             .get_or_insert_with(ResultMap::default)
             .insert(handle, out);
@@ -720,17 +822,15 @@ pub extern "C" fn hvd_wait_and_release(handle: i64) -> i32 {
         engine()?
             .wait(handle as u64)
             .map(|_| 0)
-            .map_err(|e| e.to_string())
+            .map_err(Failure::from)
     })
 }
 
 fn with_result<T>(handle: i64, fallback: T, f: impl FnOnce(&Output) -> Result<T, String>) -> T {
     guard(fallback, || {
         match lock(&RESULTS).as_ref().and_then(|r| r.get(&handle)) {
-            Some(out) => f(out),
-            None => Err(format!(
-                "handle {handle} has no result: call hvd_wait first"
-            )),
+            Some(out) => Ok(f(out)?),
+            None => Err(format!("handle {handle} has no result: call hvd_wait first").into()),
         }
     })
 }

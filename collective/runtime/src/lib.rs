@@ -34,7 +34,7 @@ pub mod transport;
 
 pub use config::EngineConfig;
 pub use engine::{
-    Engine, EngineError, Handle, Input, Output, OutputBuffer, PreparedGroup, Request, meta,
+    Engine, EngineError, ErrorKind, Handle, Output, PreparedGroup, Request, Stop, meta,
 };
 pub use hvd_collective::{DType, ReduceOp};
 pub use message::{OpKind, RequestMeta};

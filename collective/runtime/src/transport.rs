@@ -14,10 +14,10 @@ use hvd_collective::{DType, ReduceOp, Staged};
 
 pub use hvd_collective::Topology;
 
-/// A failed collective: a dead peer, a timeout, a protocol error. The engine fails every pending operation with it.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct TransportError(pub String);
+/// A failed collective: the collective crate's own error (a lost peer, a timeout, ranks that disagree, a broken
+/// connection), kept as it is so that its kind and [`is_fatal`](hvd_collective::Error::is_fatal) reach the caller.
+/// The engine stops and fails every pending operation with it.
+pub type TransportError = hvd_collective::Error;
 
 pub type TransportResult<T> = Result<T, TransportError>;
 
@@ -178,7 +178,7 @@ impl LocalTransport {
         let ex = &*self.shared;
         let mut st = ex.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(dead) = st.dead {
-            return Err(TransportError(format!("rank {dead} died")));
+            return Err(died(dead));
         }
         let generation = st.generation;
         st.deposits[self.topology.rank] = Some(data);
@@ -198,16 +198,17 @@ impl LocalTransport {
         let deadline = Instant::now() + ex.timeout;
         while st.generation == generation {
             if let Some(dead) = st.dead {
-                return Err(TransportError(format!("rank {dead} died")));
+                return Err(died(dead));
             }
             let now = Instant::now();
             if now >= deadline {
                 let missing: Vec<usize> =
                     (0..ex.size).filter(|r| st.deposits[*r].is_none()).collect();
-                return Err(TransportError(format!(
-                    "timed out after {:?} waiting for ranks {missing:?}",
-                    ex.timeout
-                )));
+                return Err(TransportError::Timeout {
+                    op: "exchange",
+                    ranks: missing,
+                    waited: ex.timeout,
+                });
             }
             st = ex
                 .cv
@@ -216,6 +217,23 @@ impl LocalTransport {
                 .0;
         }
         Ok(st.result.clone())
+    }
+}
+
+/// Rank `rank` of an in-process group has been killed ([`LocalTransport::kill`]).
+fn died(rank: usize) -> TransportError {
+    TransportError::PeerLost {
+        rank,
+        reason: "killed".into(),
+    }
+}
+
+/// Rank `rank` passed `op` another `what` (size, count) than rank `reference` expected.
+fn mismatch(op: &str, what: &str, rank: usize, reference: usize) -> TransportError {
+    TransportError::Mismatch {
+        rank,
+        reference,
+        detail: format!("rank {rank} passed {op} another {what} than rank {reference}"),
     }
 }
 
@@ -232,11 +250,9 @@ impl Transport for LocalTransport {
         let all = self.exchange(buf.to_vec())?;
         // Same order on every rank, so floating-point results are identical everywhere.
         buf.copy_from_slice(&all[0]);
-        for other in &all[1..] {
+        for (rank, other) in all.iter().enumerate().skip(1) {
             if other.len() != buf.len() {
-                return Err(TransportError(
-                    "allreduce size mismatch between ranks".into(),
-                ));
+                return Err(mismatch("allreduce", "size", rank, 0));
             }
             reduce_into(buf, other, dtype, op);
         }
@@ -251,11 +267,9 @@ impl Transport for LocalTransport {
     ) -> TransportResult<()> {
         let all = self.exchange(send.to_vec())?;
         let mut at = 0;
-        for (piece, count) in all.iter().zip(recv_counts) {
+        for (rank, (piece, count)) in all.iter().zip(recv_counts).enumerate() {
             if piece.len() != *count {
-                return Err(TransportError(
-                    "allgatherv count mismatch between ranks".into(),
-                ));
+                return Err(mismatch("allgatherv", "count", rank, self.topology.rank));
             }
             recv[at..at + count].copy_from_slice(piece);
             at += count;
@@ -271,9 +285,7 @@ impl Transport for LocalTransport {
         };
         let all = self.exchange(mine)?;
         if all[root].len() != buf.len() {
-            return Err(TransportError(
-                "broadcast size mismatch between ranks".into(),
-            ));
+            return Err(mismatch("broadcast", "size", self.topology.rank, root));
         }
         buf.copy_from_slice(&all[root]);
         Ok(())
@@ -302,9 +314,7 @@ impl Transport for LocalTransport {
                 .collect();
             let offset = 8 * size + counts[..me].iter().sum::<usize>();
             if counts[me] != recv_counts[sender] {
-                return Err(TransportError(
-                    "alltoallv count mismatch between ranks".into(),
-                ));
+                return Err(mismatch("alltoallv", "count", sender, me));
             }
             recv[at..at + counts[me]].copy_from_slice(&piece[offset..offset + counts[me]]);
             at += counts[me];

@@ -14,7 +14,9 @@
 
 int main(void) {
   CHECK(hvd_is_initialized() == 0);
+  CHECK(hvd_last_error_kind() == HVD_ERROR_NONE && hvd_last_error_rank() == -1);
   CHECK(hvd_rank() == -1 && strlen(hvd_last_error()) > 0);
+  CHECK(hvd_last_error_kind() == HVD_ERROR_NOT_INITIALIZED);
   CHECK((hvd_build_features() & ~(HVD_BUILT_MPI | HVD_BUILT_NCCL)) == 0);
   CHECK(hvd_is_homogeneous() == -1 && hvd_backend() == NULL);
   CHECK(hvd_init() == 0 && hvd_init() == 0);
@@ -64,7 +66,7 @@ int main(void) {
   CHECK(hvd_poll_many(hs, 2) == -1); /* released */
   group[1].dtype = 42;
   CHECK(hvd_enqueue_many(group, 2, hs) == 1 && hs[0] > 0 && hs[1] == -1);
-  CHECK(strstr(hvd_last_error(), "dtype") != NULL);
+  CHECK(strstr(hvd_last_error(), "dtype") != NULL && hvd_last_error_kind() == HVD_ERROR_INVALID_ARGUMENT);
   CHECK(hvd_wait_many(hs, 2) == 0);
 
   /* A prepared group: checked once (an invalid request is refused), submitted again and again, released. */
@@ -102,6 +104,7 @@ int main(void) {
   /* Timelines at run time: bad paths are errors; stopping without one is fine. */
   CHECK(hvd_start_timeline(NULL, 0) == -1 && strstr(hvd_last_error(), "null") != NULL);
   CHECK(hvd_start_timeline("/nonexistent-hvd-dir/t.json", 1) == -1 && strstr(hvd_last_error(), "timeline") != NULL);
+  CHECK(hvd_last_error_kind() == HVD_ERROR_INVALID_ARGUMENT);
   CHECK(hvd_stop_timeline() == 0);
 
   /* A library-owned result. */
@@ -128,8 +131,11 @@ int main(void) {
   CHECK(hvd_enqueue(&r) == -1 && strstr(hvd_last_error(), "dtype") != NULL);
   CHECK(hvd_enqueue(NULL) == -1);
   CHECK(hvd_wait(123456) == -1 && strstr(hvd_last_error(), "unknown handle") != NULL);
+  CHECK(hvd_last_error_kind() == HVD_ERROR_INVALID_ARGUMENT && hvd_last_error_rank() == -1);
 
   CHECK(hvd_shutdown() == 0 && hvd_is_initialized() == 0);
+  r.dtype = HVD_INT32;
+  CHECK(hvd_enqueue(&r) == -1 && hvd_last_error_kind() == HVD_ERROR_NOT_INITIALIZED);
   CHECK(hvd_is_homogeneous() == -1 && hvd_backend() == NULL);
   printf("ok %s\n", hvd_version());
   return 0;

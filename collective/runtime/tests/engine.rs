@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use hvd_runtime::{
-    DType, Engine, EngineConfig, EngineError, Input, LocalTransport, OpKind, Output, OutputBuffer,
-    ReduceOp, Request, meta,
+    DType, Engine, EngineConfig, EngineError, ErrorKind, LocalTransport, OpKind, Output, ReduceOp,
+    Request, meta,
 };
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -134,13 +134,7 @@ fn every_reduce_op_and_scaling() {
         );
         m.prescale = 2.0;
         m.postscale = 0.5;
-        let h = e
-            .enqueue(Request {
-                meta: m,
-                input: hvd_runtime::Input::Owned(f32s(&v)),
-                output: hvd_runtime::OutputBuffer::Engine,
-            })
-            .unwrap();
+        let h = e.enqueue(Request::new(m, f32s(&v))).unwrap();
         out.push(to_f32s(&e.wait(h).unwrap().data));
         out
     });
@@ -174,23 +168,11 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
         let ag = e.wait(h).unwrap();
         let mut m = meta(OpKind::Broadcast, "bc", DType::F32, vec![2], ReduceOp::Sum);
         m.root = 2;
-        let h = e
-            .enqueue(Request {
-                meta: m,
-                input: hvd_runtime::Input::Owned(f32s(&[rank as f32; 2])),
-                output: hvd_runtime::OutputBuffer::Engine,
-            })
-            .unwrap();
+        let h = e.enqueue(Request::new(m, f32s(&[rank as f32; 2]))).unwrap();
         let bc = e.wait(h).unwrap();
         let mut m = meta(OpKind::Alltoall, "a2a", DType::F32, vec![3], ReduceOp::Sum);
         m.splits = vec![0, 1, 2];
-        let h = e
-            .enqueue(Request {
-                meta: m,
-                input: hvd_runtime::Input::Owned(f32s(&[rank as f32; 3])),
-                output: hvd_runtime::OutputBuffer::Engine,
-            })
-            .unwrap();
+        let h = e.enqueue(Request::new(m, f32s(&[rank as f32; 3]))).unwrap();
         let a2a = e.wait(h).unwrap();
         let h = e
             .enqueue(Request::owned(
@@ -238,9 +220,11 @@ fn allgather_broadcast_alltoall_reducescatter_barrier() {
 fn mismatched_shapes_and_dtypes_fail_on_every_rank() {
     let results = ranks(3, EngineConfig::default(), |rank, e| {
         let n = if rank == 2 { 3 } else { 2 };
-        let shape_err = allreduce(e, "w", &vec![1.0; n], ReduceOp::Sum)
-            .unwrap_err()
-            .to_string();
+        let shape_err = allreduce(e, "w", &vec![1.0; n], ReduceOp::Sum).unwrap_err();
+        // A mismatch fails the operation, not the engine.
+        assert_eq!(shape_err.kind(), ErrorKind::Mismatch);
+        assert!(!shape_err.is_fatal());
+        let shape_err = shape_err.to_string();
         let (dtype, bytes) = if rank == 1 {
             (DType::I32, vec![0u8; 8])
         } else {
@@ -340,7 +324,17 @@ fn a_dead_rank_fails_the_others() {
         Ok(h) => e.wait(h).unwrap_err(),
         Err(err) => err,
     };
-    assert!(err.to_string().contains("rank 1 died"), "{err}");
+    // The collective's own error reaches the caller: its kind, the lost rank, its fatality.
+    assert_eq!(err.kind(), ErrorKind::PeerLost, "{err}");
+    assert!(
+        matches!(
+            err.collective(),
+            Some(hvd_collective::Error::PeerLost { rank: 1, .. })
+        ),
+        "{err}"
+    );
+    assert!(err.is_fatal() && err.collective().is_some_and(|c| c.is_fatal()));
+    assert!(std::error::Error::source(&err).is_some());
     assert!(matches!(
         e.enqueue(Request::allreduce(
             "y",
@@ -351,7 +345,39 @@ fn a_dead_rank_fails_the_others() {
         )),
         Err(EngineError::Stopped(_))
     ));
+    assert!(matches!(
+        e.stopped().as_deref(),
+        Some(hvd_runtime::Stop::Collective(_))
+    ));
     let _: Option<Output> = None;
+}
+
+/// A rank that never answers (alive, but silent) fails the others with the timeout kind, not a lost peer.
+#[test]
+fn a_silent_rank_fails_the_others_with_a_timeout() {
+    let mut transports = LocalTransport::group(2, Duration::from_millis(300)).into_iter();
+    let t0 = transports.next().unwrap();
+    let _silent = transports.next().unwrap();
+    let e = Engine::start(Box::new(t0), EngineConfig::default()).unwrap();
+    let err = e
+        .enqueue(Request::allreduce(
+            "x",
+            DType::F32,
+            vec![1],
+            ReduceOp::Sum,
+            f32s(&[1.0]),
+        ))
+        .and_then(|h| e.wait(h))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        matches!(
+            err.collective(),
+            Some(hvd_collective::Error::Timeout { ranks, .. }) if ranks == &[1]
+        ),
+        "{err}"
+    );
+    assert!(err.is_fatal());
 }
 
 #[test]
@@ -367,6 +393,8 @@ fn invalid_requests_are_rejected_at_once() {
             ))
             .unwrap_err();
         assert!(err.to_string().contains("does not match shape"), "{err}");
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert!(!err.is_fatal());
         let err = e
             .enqueue(Request::owned(
                 OpKind::Alltoall,
@@ -393,16 +421,16 @@ fn grouped_step(
         .enumerate()
         .map(|(i, b)| {
             let dtype = if i == int_at { DType::I32 } else { DType::F32 };
-            Request {
-                meta: meta(
+            {
+                let m = meta(
                     OpKind::Allreduce,
                     &format!("{prefix}.{i}"),
                     dtype,
                     vec![(b.len() / 4) as i64],
                     ReduceOp::Sum,
-                ),
-                input: Input::Raw(b.as_ptr(), b.len()),
-                output: OutputBuffer::Raw(b.as_mut_ptr(), b.len()),
+                );
+                // SAFETY: `b` is waited for before it is read, written or dropped.
+                unsafe { Request::in_caller_memory(m, b.as_ptr(), b.as_mut_ptr(), b.len()) }
             }
         })
         .collect();
@@ -458,16 +486,16 @@ fn grouped_submissions_fuse_at_submission_and_answer_every_member() {
                 } else {
                     vec![4]
                 };
-                Request {
-                    meta: meta(
+                {
+                    let m = meta(
                         OpKind::Allreduce,
                         &format!("sh.{i}"),
                         DType::F32,
                         shape,
                         ReduceOp::Sum,
-                    ),
-                    input: Input::Raw(b.as_ptr(), b.len()),
-                    output: OutputBuffer::Raw(b.as_mut_ptr(), b.len()),
+                    );
+                    // SAFETY: `b` is waited for before it is read, written or dropped.
+                    unsafe { Request::in_caller_memory(m, b.as_ptr(), b.as_mut_ptr(), b.len()) }
                 }
             })
             .collect();

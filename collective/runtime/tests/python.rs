@@ -358,15 +358,15 @@ fn a_killed_rank_turns_into_an_error_on_the_others() {
     for rank in [0, 2] {
         let r = &results[rank];
         assert!(
-            r.status.success() && r.stdout.contains("GOT_ERROR"),
+            r.status.success() && r.stdout.contains("GOT_ERROR PeerLostError lost rank 1:"),
             "rank {rank}: {}\n{}\n{}",
             r.status,
             r.stdout,
             r.stderr
         );
         assert!(
-            r.stdout.contains("rank 1"),
-            "rank {rank}'s error does not name rank 1: {}",
+            r.stdout.contains("LATER PeerLostError lost rank 1"),
+            "rank {rank}'s later operation does not fail with the same lost peer: {}",
             r.stdout
         );
     }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::error::EngineError;
+use super::error::{EngineError, Stop};
 use super::fusion::{self, Part, PreparedGroup};
 use super::handles::{Handle, Shared, Slot, Submitted, TimelineSwap, lock};
 use super::request::{NONAME, Output, Request, validate};
@@ -43,7 +43,7 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("hvd-engine".into())
             .spawn(move || worker.run())
-            .map_err(|e| EngineError::Stopped(format!("cannot start the engine thread: {e}")))?;
+            .map_err(|e| EngineError::Stopped(Arc::new(Stop::Spawn(e))))?;
         Ok(Engine {
             spin: config_spin,
             fusion_threshold,
@@ -341,13 +341,13 @@ impl Engine {
         // The engine answers, or drops the request when it stops.
         wait.recv().unwrap_or_else(|_| {
             Err(EngineError::Stopped(
-                self.stopped().unwrap_or_else(|| "stopped".into()),
+                self.stopped().unwrap_or_else(|| Arc::new(Stop::Shutdown)),
             ))
         })
     }
 
     /// Why the engine stopped, if it has.
-    pub fn stopped(&self) -> Option<String> {
+    pub fn stopped(&self) -> Option<Arc<Stop>> {
         lock(&self.shared.handles).stopped.clone()
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::error::EngineError;
+use super::error::{EngineError, Stop};
 use super::request::{Output, Request};
 
 pub type Handle = u64;
@@ -132,7 +132,7 @@ pub(super) struct Shared {
 #[derive(Default)]
 pub(super) struct Handles {
     pub(super) slots: HandleMap<Slot>,
-    pub(super) stopped: Option<String>,
+    pub(super) stopped: Option<Arc<Stop>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -25,7 +25,8 @@ mod request;
 mod worker;
 
 pub use api::Engine;
-pub use error::EngineError;
+pub use error::{EngineError, ErrorKind, Stop};
 pub use fusion::PreparedGroup;
 pub use handles::{Handle, HandleHasher, HandleMap};
-pub use request::{Input, Output, OutputBuffer, Request, meta};
+pub(crate) use request::{Input, OutputBuffer};
+pub use request::{Output, Request, meta};

@@ -6,21 +6,22 @@ use hvd_collective::{DType, ReduceOp};
 use super::error::EngineError;
 use crate::message::{OpKind, RequestMeta};
 
-/// A tensor's input.
+/// A tensor's input. The raw forms are private to the crate: only [`Request::in_caller_memory`] (an `unsafe fn`)
+/// and the C ABI, whose callers take on its contract, put a pointer into a request.
 #[derive(Clone)]
-pub enum Input {
+pub(crate) enum Input {
     None,
     /// Caller memory, valid and unchanged until the operation completes.
     Raw(*const u8, usize),
     Owned(Vec<u8>),
-    /// The members of a group fused at submission (see [`Engine::enqueue_many`]), in order, and whether some
-    /// member's output overlaps another member's input (see [`outputs_overlap_inputs`]).
+    /// The members of a group fused at submission (see [`Engine::enqueue_many`](crate::Engine::enqueue_many)), in
+    /// order, and whether some member's output overlaps another member's input.
     Gather(Vec<(*const u8, usize)>, bool),
 }
 
 /// Where a result goes.
 #[derive(Clone)]
-pub enum OutputBuffer {
+pub(crate) enum OutputBuffer {
     /// Caller memory of exactly the result's size, valid until the operation completes (may equal the input).
     Raw(*mut u8, usize),
     /// The engine allocates the result and returns it in [`Output::data`].
@@ -29,21 +30,43 @@ pub enum OutputBuffer {
     Scatter(Vec<(*mut u8, usize)>),
 }
 
-// SAFETY: raw buffers are only touched by the engine thread while the operation is pending; the submitter promises
-// (C ABI contract) not to free or use them until the handle completes.
+// SAFETY: raw buffers are only touched by the engine thread while the operation is pending; whoever made them
+// (`Request::in_caller_memory`'s caller, or a C ABI caller) promised not to free or use them until it completes.
 unsafe impl Send for Input {}
 // SAFETY: as for `Input`.
 unsafe impl Send for OutputBuffer {}
 
-/// A submitted operation.
+/// A submitted operation: its description and its buffers.
+///
+/// Safe code submits owned buffers only; a request over caller memory takes an `unsafe` constructor, so no safe
+/// code can hand the engine thread a pointer that may dangle:
+///
+/// ```compile_fail
+/// use hvd_runtime::{DType, OpKind, ReduceOp, Request, meta};
+/// let mut buf = vec![0u8; 4];
+/// let r = Request {
+///     meta: meta(OpKind::Allreduce, "x", DType::F32, vec![1], ReduceOp::Sum),
+///     input: hvd_runtime::engine::Input::Raw(buf.as_ptr(), 4),
+///     output: hvd_runtime::engine::OutputBuffer::Raw(buf.as_mut_ptr(), 4),
+/// };
+/// ```
 #[derive(Clone)]
 pub struct Request {
     pub meta: RequestMeta,
-    pub input: Input,
-    pub output: OutputBuffer,
+    pub(crate) input: Input,
+    pub(crate) output: OutputBuffer,
 }
 
 impl Request {
+    /// An operation on an owned buffer, result returned by the engine.
+    pub fn new(meta: RequestMeta, data: Vec<u8>) -> Request {
+        Request {
+            meta,
+            input: Input::Owned(data),
+            output: OutputBuffer::Engine,
+        }
+    }
+
     /// An allreduce of an owned buffer, result returned by the engine (Rust callers and tests).
     pub fn allreduce(
         name: &str,
@@ -52,11 +75,7 @@ impl Request {
         op: ReduceOp,
         data: Vec<u8>,
     ) -> Request {
-        Request {
-            meta: meta(OpKind::Allreduce, name, dtype, shape, op),
-            input: Input::Owned(data),
-            output: OutputBuffer::Engine,
-        }
+        Request::new(meta(OpKind::Allreduce, name, dtype, shape, op), data)
     }
 
     /// Any operation on an owned buffer, result returned by the engine.
@@ -67,10 +86,47 @@ impl Request {
         shape: Vec<i64>,
         data: Vec<u8>,
     ) -> Request {
+        Request::new(meta(kind, name, dtype, shape, ReduceOp::Sum), data)
+    }
+
+    /// An allreduce or broadcast over caller memory: `len` bytes read from `input`, the result written to `output`
+    /// (which may equal `input`: an in-place operation). No copy in, none out: what the C ABI does for every
+    /// request.
+    ///
+    /// ```
+    /// use hvd_runtime::{DType, Engine, EngineConfig, LocalTransport, OpKind, ReduceOp, Request, meta};
+    /// use std::time::Duration;
+    ///
+    /// let transport = LocalTransport::group(1, Duration::from_secs(5)).pop().unwrap();
+    /// let engine = Engine::start(Box::new(transport), EngineConfig::default()).unwrap();
+    /// let mut buf = 3.0f32.to_le_bytes();
+    /// let m = meta(OpKind::Allreduce, "x", DType::F32, vec![1], ReduceOp::Sum);
+    /// // SAFETY: `buf` outlives the operation, which is waited for before it is used again.
+    /// let r = unsafe { Request::in_caller_memory(m, buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+    /// let h = engine.enqueue(r).unwrap();
+    /// engine.wait(h).unwrap();
+    /// assert_eq!(f32::from_le_bytes(buf), 3.0);
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// From this call until every operation that submits this request (or a clone of it, or a
+    /// [`PreparedGroup`](crate::PreparedGroup) made from it) has completed, that is until its handle has been
+    /// waited for or polled as done, or the engine has been shut down or dropped:
+    ///
+    /// - `input` must be valid for reads of `len` bytes, and nothing may write them;
+    /// - `output` must be valid for writes of `len` bytes, and nothing else may read or write them (unless it is
+    ///   `input` itself).
+    pub unsafe fn in_caller_memory(
+        meta: RequestMeta,
+        input: *const u8,
+        output: *mut u8,
+        len: usize,
+    ) -> Request {
         Request {
-            meta: meta(kind, name, dtype, shape, ReduceOp::Sum),
-            input: Input::Owned(data),
-            output: OutputBuffer::Engine,
+            meta,
+            input: Input::Raw(input, len),
+            output: OutputBuffer::Raw(output, len),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::error::EngineError;
+use super::error::{EngineError, Stop};
 use super::handles::{Handle, IDLE_INTERVAL, Shared, Slot, TimelineSwap, lock, outcomes};
 use super::request::{NONAME, Output, Request};
 use crate::cache::{Lookup, ResponseCache};
@@ -16,7 +16,7 @@ use crate::config::EngineConfig;
 use crate::coordinator::{Coordinator, StallPolicy};
 use crate::message::{OpKind, RankMessage, RequestMeta, Response, ResponseList};
 use crate::timeline::{EventName, Lanes, Phase, Timeline};
-use crate::transport::{Topology, Transport, TransportError};
+use crate::transport::{Topology, Transport};
 use hvd_collective::{DType, ReduceOp};
 
 /// The timeline this rank writes for `path`, if any: like Horovod, rank 0 writes the timeline; a `{rank}` in the
@@ -37,7 +37,7 @@ pub(super) fn open_timeline(
         .map(Some)
         .map_err(|e| EngineError::Timeline {
             path: path.display().to_string(),
-            message: e.to_string(),
+            source: Arc::new(e),
         })
 }
 
@@ -126,21 +126,19 @@ impl Worker {
     pub(super) fn run(mut self) {
         let mut next_cycle = Instant::now();
         let reason = loop {
-            if let Err(e) = self.wait_for_cycle(next_cycle, self.busy) {
-                break e;
-            }
+            self.wait_for_cycle(next_cycle, self.busy);
             self.last_cycle = Instant::now();
             next_cycle = self.last_cycle + self.config.cycle_time;
             match self.cycle() {
                 Ok(true) => {}
-                Ok(false) => break "shut down".to_string(),
+                Ok(false) => break Stop::Shutdown,
                 Err(e) => break e,
             }
         };
-        self.stop(&reason);
+        self.stop(reason);
     }
 
-    fn wait_for_cycle(&mut self, deadline: Instant, spin: bool) -> Result<(), String> {
+    fn wait_for_cycle(&mut self, deadline: Instant, spin: bool) {
         let idle = self.pending.is_empty()
             && self.join_handle.is_none()
             && !self.shutdown
@@ -151,7 +149,7 @@ impl Worker {
             let until = (Instant::now() + self.config.spin_time).min(deadline);
             while Instant::now() < until {
                 if self.shared.waiters.load(Ordering::SeqCst) > 0 {
-                    return Ok(());
+                    return;
                 }
                 std::thread::yield_now();
             }
@@ -187,7 +185,7 @@ impl Worker {
                 q.idle = false;
                 q.sleeping = false;
                 q.urgent = false;
-                return Ok(());
+                return;
             }
             q.sleeping = true;
             q = self
@@ -200,18 +198,19 @@ impl Worker {
     }
 
     /// Fails everything pending and refuses later submissions.
-    fn stop(&mut self, reason: &str) {
+    fn stop(&mut self, reason: Stop) {
+        let reason = Arc::new(reason);
         // Handles lock first, queue second (as `submit`): a submission either sees `stopped` or is in the queue
         // taken here, so none is left pending forever.
         let mut h = lock(&self.shared.handles);
-        h.stopped = Some(reason.to_string());
+        h.stopped = Some(reason.clone());
         // Swaps still queued are dropped with the queue lock: their callers hear that the engine stopped.
         let queued = {
             let mut q = lock(&self.shared.queue);
             q.timeline.clear();
             std::mem::take(&mut q.items)
         };
-        let err = EngineError::Stopped(reason.to_string());
+        let err = EngineError::Stopped(reason);
         for s in queued {
             for handle in s.handles() {
                 h.slots.insert(handle, Slot::Done(Err(err.clone())));
@@ -373,7 +372,7 @@ impl Worker {
     }
 
     /// One engine cycle. Ok(false) when every rank has shut down.
-    fn cycle(&mut self) -> Result<bool, String> {
+    fn cycle(&mut self) -> Result<bool, Stop> {
         let cycle_start = self.timeline.as_ref().map(|t| t.now_us());
         self.drain();
         let joined = self.join_handle.is_some() || self.shutdown;
@@ -403,8 +402,7 @@ impl Worker {
             vector[1 + slots + slot] = u8::from(valid);
         }
         self.transport
-            .allreduce(&mut vector, DType::U8, ReduceOp::Min)
-            .map_err(fail)?;
+            .allreduce(&mut vector, DType::U8, ReduceOp::Min)?;
         self.invalid.clear();
 
         // Stale entries: every rank evicts them, and their local requests go to the coordinator instead.
@@ -452,7 +450,7 @@ impl Worker {
             self.negotiating = list.negotiating.iter().copied().collect();
             self.execute(list.responses, true)?;
             if let Some(reason) = list.abort {
-                return Err(reason);
+                return Err(Stop::Stalled(reason));
             }
             keep_going = !list.shutdown;
         }
@@ -484,7 +482,7 @@ impl Worker {
         }
     }
 
-    fn negotiate(&mut self) -> Result<ResponseList, String> {
+    fn negotiate(&mut self) -> Result<ResponseList, Stop> {
         self.last_negotiation = Instant::now();
         self.announce = false;
         let requests = std::mem::take(&mut self.uncached)
@@ -497,17 +495,13 @@ impl Worker {
             requests,
             cached_ready: self.cached_ready.iter().copied().collect(),
         };
-        let all = self
-            .transport
-            .allgather_bytes(&message.encode())
-            .map_err(fail)?;
+        let all = self.transport.allgather_bytes(&message.encode())?;
         let list_bytes = match &mut self.coordinator {
             Some(c) => {
                 let messages = all
                     .iter()
                     .map(|b| RankMessage::decode(b))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| e.to_string())?;
+                    .collect::<Result<Vec<_>, _>>()?;
                 let stall = StallPolicy {
                     check: self.config.stall_check_time,
                     shutdown: self.config.stall_shutdown_time,
@@ -517,15 +511,12 @@ impl Worker {
             }
             None => Vec::new(),
         };
-        let bytes = self
-            .transport
-            .broadcast_bytes(list_bytes, 0)
-            .map_err(fail)?;
-        ResponseList::decode(&bytes).map_err(|e| e.to_string())
+        let bytes = self.transport.broadcast_bytes(list_bytes, 0)?;
+        Ok(ResponseList::decode(&bytes)?)
     }
 
     /// Runs responses in order, fusing allreduces. `from_coordinator`: successful ones enter the cache.
-    fn execute(&mut self, responses: Vec<Response>, from_coordinator: bool) -> Result<(), String> {
+    fn execute(&mut self, responses: Vec<Response>, from_coordinator: bool) -> Result<(), Stop> {
         if responses.is_empty() {
             return Ok(());
         }
@@ -573,7 +564,7 @@ impl Worker {
                             self.complete_many(outcomes(
                                 p.handle,
                                 p.members,
-                                Err(EngineError::Operation(message.clone())),
+                                Err(EngineError::Mismatch(message.clone())),
                             ));
                         }
                     }
@@ -683,10 +674,6 @@ fn take_meta(m: &mut RequestMeta) -> RequestMeta {
         splits: Vec::new(),
     };
     std::mem::replace(m, rest)
-}
-
-fn fail(e: TransportError) -> String {
-    format!("a collective failed: {e}")
 }
 
 /// Timeline lanes that reach one phase at one moment, by kind of operation: one event per kind instead of one per

@@ -124,7 +124,7 @@ for bad in (readonly, base[:, ::2]):
 try:
     hvd.grouped_allreduce([np.ones(2, np.float32), np.ones(2 + (r == 0), np.float32)], name="mismatch")
     sys.exit("a shape mismatch inside a group passed")
-except hvd.HvdError as e:
+except hvd.MismatchError as e:
     assert "mismatch.1" in str(e), e
 check(hvd.grouped_allreduce([np.ones(1, np.float32)], op=hvd.Sum, name="after")[0],
       np.full(1, n, np.float32), "after the error")

@@ -12,5 +12,6 @@ if r == 1:
 try:
     hvd.allreduce(np.ones(1), op=hvd.Sum, name="late.tensor")
     print("no error on rank {}".format(r))
-except hvd.HvdError as e:
+except hvd.StallError as e:
+    assert isinstance(e, hvd.HorovodInternalError), type(e)
     print("GOT_ERROR rank {}: {}".format(r, e))

@@ -53,7 +53,7 @@ assert "each" in names(os.path.join(out, "each-{}.json".format(r)))
 try:
     hvd.start_timeline(os.path.join(out, "missing-dir", "t-{rank}.json"))
     sys.exit("an impossible timeline path was accepted")
-except hvd.HvdError as e:
+except hvd.InvalidArgumentError as e:
     assert "timeline" in str(e), e
 y = np.full(3, float(r))
 hvd.allreduce_(y, op=hvd.Sum, name="still")
@@ -62,6 +62,6 @@ hvd.shutdown()
 try:
     hvd.start_timeline(os.path.join(out, "late.json"))
     sys.exit("start_timeline after shutdown passed")
-except hvd.HvdError as e:
-    assert "not initialized" in str(e), e
+except hvd.NotInitializedError:
+    pass
 print("ok timeline_runtime rank {}".format(r))

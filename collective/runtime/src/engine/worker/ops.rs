@@ -1,7 +1,7 @@
 //! One collective per kind of operation (allreduce, broadcast, allgather, alltoall, reducescatter, barrier) for
 //! one tensor, and the fused allreduce over a group's members, on the engine thread.
 
-use super::{Pending, Worker, fail, outcomes};
+use super::{Pending, Stop, Worker, outcomes};
 use crate::engine::request::{Input, Output, OutputBuffer, input_slice};
 use crate::fused::FusedIo;
 use crate::kernels::{elementwise, fill_identity, scale};
@@ -9,7 +9,7 @@ use crate::message::{OpKind, RequestMeta};
 use crate::timeline::{EventName, Phase};
 
 impl Worker {
-    pub(super) fn run_fused(&mut self, metas: &[RequestMeta]) -> Result<(), String> {
+    pub(super) fn run_fused(&mut self, metas: &[RequestMeta]) -> Result<(), Stop> {
         if metas.len() == 1 && metas[0].splits.is_empty() {
             return self.run_single(&metas[0], &[], &[]);
         }
@@ -83,7 +83,7 @@ impl Worker {
         );
         io.finish();
         self.mark(&lanes, Phase::End, None); // the operation
-        result.map_err(fail)?;
+        result?;
         let mut done = Vec::with_capacity(metas.len());
         for (m, slot) in metas.iter().zip(owned) {
             if let Some(p) = self.pending.remove(&m.name) {
@@ -114,7 +114,7 @@ impl Worker {
         meta: &RequestMeta,
         dim0s: &[i64],
         splits: &[i64],
-    ) -> Result<(), String> {
+    ) -> Result<(), Stop> {
         let lanes = self.lanes_of([meta]);
         self.mark(&lanes, Phase::End, None); // QUEUE
         let activity = self.activity(meta.kind);
@@ -137,7 +137,7 @@ impl Worker {
         p: Option<&mut Pending>,
         dim0s: &[i64],
         splits: &[i64],
-    ) -> Result<Output, String> {
+    ) -> Result<Output, Stop> {
         let size = self.topology.size;
         let me = self.topology.rank;
         let esize = meta.dtype.size();
@@ -163,10 +163,10 @@ impl Worker {
                             }
                             // `plan` sends every fused group through `run_fused`.
                             OutputBuffer::Scatter(_) => {
-                                return Err(format!(
+                                return Err(Stop::Internal(format!(
                                     "tensor group `{}` reached the single-tensor path",
                                     meta.name
-                                ));
+                                )));
                             }
                         };
                         // SAFETY: caller memory validated to be `len` bytes and live until completion, or our Vec.
@@ -188,28 +188,28 @@ impl Worker {
                     }
                 };
                 if meta.kind == OpKind::Allreduce {
-                    t.allreduce(buf, meta.dtype, reduction).map_err(fail)?;
+                    t.allreduce(buf, meta.dtype, reduction)?;
                     let post = meta.postscale * if average { 1.0 / size as f64 } else { 1.0 };
                     scale(buf, meta.dtype, post);
                 } else {
-                    t.broadcast(buf, meta.root as usize).map_err(fail)?;
+                    t.broadcast(buf, meta.root as usize)?;
                 }
             }
             OpKind::Allgather => {
                 let counts: Vec<usize> = dim0s.iter().map(|d| *d as usize * row_bytes).collect();
                 let mut recv = vec![0u8; counts.iter().sum()];
                 let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
-                t.allgatherv(send, &counts, &mut recv).map_err(fail)?;
+                t.allgatherv(send, &counts, &mut recv)?;
                 out.data = recv;
                 out.shape[0] = dim0s.iter().sum();
             }
             OpKind::Alltoall => {
                 if splits.len() != size * size {
-                    return Err(format!(
+                    return Err(Stop::Internal(format!(
                         "alltoall of `{}`: the coordinator sent {} split counts for {size} ranks",
                         meta.name,
                         splits.len()
-                    ));
+                    )));
                 }
                 // A joined rank (no `p`) sends nothing: the coordinator gave it zero splits.
                 let send_counts: Vec<usize> = (0..size)
@@ -220,8 +220,7 @@ impl Worker {
                     recv_rows.iter().map(|r| *r as usize * row_bytes).collect();
                 let mut recv = vec![0u8; recv_counts.iter().sum()];
                 let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
-                t.alltoallv(send, &send_counts, &mut recv, &recv_counts)
-                    .map_err(fail)?;
+                t.alltoallv(send, &send_counts, &mut recv, &recv_counts)?;
                 out.data = recv;
                 out.shape[0] = recv_rows.iter().sum();
                 out.splits = recv_rows;
@@ -241,8 +240,7 @@ impl Worker {
                     None => fill_identity(&mut buf, meta.dtype, reduction),
                 }
                 let mut mine = vec![0u8; blocks[me] * esize];
-                t.reducescatter(&mut buf, &blocks, &mut mine, meta.dtype, reduction)
-                    .map_err(fail)?;
+                t.reducescatter(&mut buf, &blocks, &mut mine, meta.dtype, reduction)?;
                 let post = meta.postscale * if average { 1.0 / size as f64 } else { 1.0 };
                 scale(&mut mine, meta.dtype, post);
                 out.data = mine;
@@ -252,7 +250,7 @@ impl Worker {
                     out.shape[0] = rows[me] as i64;
                 }
             }
-            OpKind::Barrier => t.barrier().map_err(fail)?,
+            OpKind::Barrier => t.barrier()?,
             OpKind::Join => {}
         }
         Ok(out)
