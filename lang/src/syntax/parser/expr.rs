@@ -8,6 +8,7 @@ use nom::bytes::complete::tag;
 
 use super::{
     MAX_DEPTH, P, PError, PResult, RESERVED, fail, fail_help, found, is_ident_start, token_len,
+    with_help,
 };
 use crate::syntax::ast::*;
 
@@ -19,26 +20,13 @@ impl<'s> P<'s> {
             let r = self.ws(r);
             let (r, cond) = self.expr(r)?;
             let r = self.ws(r);
-            let Some(r) = self.keyword(r, "then") else {
-                return fail(
-                    r,
-                    token_len(r),
-                    format!("expected `then`, found {}", found(r)),
-                    "expected `then`",
-                );
-            };
+            let r = self.expect_keyword(r, "then", "")?;
             let r = self.ws(r);
             let (r, then) = self.expr(r)?;
             let r = self.ws(r);
-            let Some(r) = self.keyword(r, "else") else {
-                return fail_help(
-                    r,
-                    token_len(r),
-                    format!("expected `else`, found {}", found(r)),
-                    "expected `else`",
-                    "every `if` needs an `else` branch",
-                );
-            };
+            let r = self
+                .expect_keyword(r, "else", "")
+                .map_err(|e| with_help(e, "every `if` needs an `else` branch"))?;
             let r = self.ws(r);
             let (rest, otherwise) = self.expr(r)?;
             let kind = ExprKind::If {

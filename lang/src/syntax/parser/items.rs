@@ -339,14 +339,7 @@ impl<'s> P<'s> {
         let r = self.ws(r);
         let (r, var) = self.expect_ident(r, "a variable name after `for`")?;
         let r = self.ws(r);
-        let Some(r) = self.keyword(r, "in") else {
-            return fail(
-                r,
-                token_len(r),
-                format!("expected `in` after `for {}`, found {}", var.name, found(r)),
-                "expected `in`",
-            );
-        };
+        let r = self.expect_keyword(r, "in", &format!(" after `for {}`", var.name))?;
         let r = self.ws(r);
         let (r, iter) = self.expr(r)?;
         let r = self.ws(r);

@@ -232,13 +232,15 @@ fn fail_help<T>(
     label: impl Into<String>,
     help: impl Into<String>,
 ) -> Result<T, nom::Err<PError>> {
-    Err(nom::Err::Failure(PError {
-        rest_len: i.len(),
-        len,
-        message: message.into(),
-        label: label.into(),
+    fail(i, len, message, label).map_err(|e| with_help(e, help))
+}
+
+/// The error `e` with `help` added.
+fn with_help(e: nom::Err<PError>, help: impl Into<String>) -> nom::Err<PError> {
+    e.map(|e| PError {
         help: Some(help.into()),
-    }))
+        ..e
+    })
 }
 
 /// A short description of what starts at `i`, for "expected X, found Y".
@@ -367,6 +369,24 @@ impl<'s> P<'s> {
             None
         } else {
             Some(rest)
+        }
+    }
+
+    /// The input after the keyword `kw` at `i`, or the error "expected `kw`{context}, found ...".
+    fn expect_keyword(
+        &self,
+        i: &'s str,
+        kw: &str,
+        context: &str,
+    ) -> Result<&'s str, nom::Err<PError>> {
+        match self.keyword(i, kw) {
+            Some(rest) => Ok(rest),
+            None => fail(
+                i,
+                token_len(i),
+                format!("expected `{kw}`{context}, found {}", found(i)),
+                format!("expected `{kw}`"),
+            ),
         }
     }
 
