@@ -4,6 +4,7 @@
 //! Wire format (40 bytes, native endianness: all ranks of a job share a host architecture):
 //! `seq u64 | kind u8 | dtype u8 | op u8 | flags u8 (1 invalid, 2 eager) | root u32 | count u64 | digest u64 | pair u64`.
 
+use crate::communicator::check;
 use crate::error::Error;
 use crate::types::{DType, ReduceOp};
 
@@ -35,17 +36,20 @@ impl Kind {
             Kind::Barrier => "barrier",
         }
     }
+    /// The kind whose [`name`](Self::name) is `name`.
+    pub fn named(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+    const ALL: [Kind; 6] = [
+        Kind::Allreduce,
+        Kind::Allgather,
+        Kind::Broadcast,
+        Kind::Alltoall,
+        Kind::Reducescatter,
+        Kind::Barrier,
+    ];
     fn from_code(c: u8) -> Option<Kind> {
-        [
-            Kind::Allreduce,
-            Kind::Allgather,
-            Kind::Broadcast,
-            Kind::Alltoall,
-            Kind::Reducescatter,
-            Kind::Barrier,
-        ]
-        .into_iter()
-        .find(|k| *k as u8 == c)
+        Kind::ALL.into_iter().find(|k| *k as u8 == c)
     }
 }
 
@@ -151,6 +155,97 @@ impl Header {
             Kind::Alltoall => format!("{k}({})", self.dtype),
         }
     }
+}
+
+/// An operation's header and this rank's own verdict on its arguments (`Some` error when they are invalid: the
+/// rank still sends the header, marked invalid, so its peers fail with a mismatch instead of waiting).
+pub(crate) type Call = (Header, Option<Error>);
+
+/// Each operation's header and argument check, alike for every backend (p2p, mpi, nccl), so the same call is
+/// described and refused the same way everywhere. The sequence number is the backend's to set.
+impl Header {
+    pub(crate) fn allreduce(len: usize, dtype: DType, op: ReduceOp) -> Call {
+        let mut h = Header::new(0, Kind::Allreduce, dtype);
+        h.op = Some(op);
+        h.count = (len / dtype.size()) as u64;
+        (h, check::whole("allreduce", len, dtype).err())
+    }
+
+    /// Rank `me`'s allgatherv of `counts` (one per rank of `n`).
+    pub(crate) fn allgatherv(
+        send: usize,
+        recv: usize,
+        counts: &[usize],
+        n: usize,
+        me: usize,
+        dtype: DType,
+    ) -> Call {
+        let h = Header::allgather(counts, me, dtype);
+        (h, check::allgatherv(send, recv, counts, n, me, dtype).err())
+    }
+
+    /// The allgather(v) header of rank `me` (its own block's count, a digest of all).
+    pub(crate) fn allgather(counts: &[usize], me: usize, dtype: DType) -> Header {
+        let mut h = Header::new(0, Kind::Allgather, dtype);
+        h.count = counts.get(me).copied().unwrap_or(0) as u64;
+        h.digest = digest(counts);
+        h
+    }
+
+    pub(crate) fn broadcast(len: usize, root: usize, n: usize, dtype: DType) -> Call {
+        let mut h = Header::new(0, Kind::Broadcast, dtype);
+        h.root = root as u32;
+        h.count = (len / dtype.size()) as u64;
+        (h, check::broadcast(len, root, n, dtype).err())
+    }
+
+    pub(crate) fn alltoallv(
+        send: usize,
+        send_counts: &[usize],
+        recv: usize,
+        recv_counts: &[usize],
+        n: usize,
+        dtype: DType,
+    ) -> Call {
+        let h = Header::new(0, Kind::Alltoall, dtype);
+        let local = check::alltoallv(send, send_counts, recv, recv_counts, n, dtype).err();
+        (h, local)
+    }
+
+    /// Rank `me`'s reducescatter of `counts` (one per rank of `n`).
+    pub(crate) fn reducescatter(
+        send: usize,
+        recv: usize,
+        counts: &[usize],
+        n: usize,
+        me: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Call {
+        let mut h = Header::new(0, Kind::Reducescatter, dtype);
+        h.op = Some(op);
+        h.count = (send / dtype.size()) as u64;
+        h.digest = digest(counts);
+        (
+            h,
+            check::reducescatter(send, recv, counts, n, me, dtype).err(),
+        )
+    }
+}
+
+/// The end of a header exchange by all-gather (mpi, nccl): decodes `all` (every rank's header, in rank order),
+/// then returns this rank's own error `local` if it has one, else the verdict of [`check`] over the whole job.
+pub(crate) fn settle(all: &[u8], local: Option<Error>) -> Result<(), Error> {
+    let headers = all
+        .chunks_exact(HEADER_LEN)
+        .enumerate()
+        .map(|(r, c)| Header::decode(&c.try_into().unwrap_or([0; HEADER_LEN]), r))
+        .collect::<Result<Vec<_>, Error>>()?;
+    if let Some(e) = local {
+        return Err(e);
+    }
+    let group: Vec<usize> = (0..headers.len()).collect();
+    check(&group, &headers)
 }
 
 /// FNV-1a over a counts vector (the same on every rank when the calls match).

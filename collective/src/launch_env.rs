@@ -1,5 +1,5 @@
 //! The one reader of launchers' rank variables (OpenMPI, MVAPICH2, MPICH/Hydra/Intel MPI, hvd, Slurm, an Indexed
-//! Kubernetes Job, the spark engine's tasks): used by the bootstrap ([`crate::bootstrap::JobEnv`]) and by
+//! Kubernetes Job, the spark engine's tasks): used by the bootstrap (`job::JobEnv`) and by
 //! `hvd-launcher`'s worker shim, so both always agree on which rank a process is.
 //!
 //! # Precedence

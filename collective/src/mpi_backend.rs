@@ -37,9 +37,8 @@ mod imp {
 
     use super::*;
     use crate::header::{self, HEADER_LEN, Header, Kind};
-    use crate::p2p::topology_from_hosts;
     use crate::reduce::finish_average;
-    use crate::types::{DType, ReduceOp, Topology};
+    use crate::types::{DType, ReduceOp, Topology, host_indices};
 
     type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
 
@@ -137,20 +136,10 @@ mod imp {
             let (rank, names) = init_rx.recv().map_err(|_| {
                 Error::Bootstrap("the MPI thread died while initialising MPI".into())
             })??;
-            let mut order: Vec<&String> = Vec::new();
-            for n in &names {
-                if !order.contains(&n) {
-                    order.push(n);
-                }
-            }
-            let hosts: Vec<usize> = names
-                .iter()
-                .map(|n| order.iter().position(|o| *o == n).unwrap_or(0))
-                .collect();
             Ok(MpiCommunicator {
                 jobs: Some(jobs),
                 thread: Some(thread),
-                topology: topology_from_hosts(rank, &hosts),
+                topology: Topology::from_hosts(rank, &host_indices(&names)),
                 seq: 0,
             })
         }
@@ -185,20 +174,7 @@ mod imp {
                 w.all_gather_into(&bytes[..], &mut all[..]);
                 all
             })?;
-            let mut headers = Vec::with_capacity(n);
-            for (r, c) in all.chunks_exact(HEADER_LEN).enumerate() {
-                let arr: [u8; HEADER_LEN] = c.try_into().unwrap_or([0; HEADER_LEN]);
-                headers.push(Header::decode(&arr, r)?);
-            }
-            if let Some(e) = local {
-                return Err(e);
-            }
-            let group: Vec<usize> = (0..n).collect();
-            header::check(&group, &headers)
-        }
-
-        fn header(&self, kind: Kind, dtype: DType) -> Header {
-            Header::new(0, kind, dtype)
+            header::settle(&all, local)
         }
     }
 
@@ -318,10 +294,7 @@ mod imp {
             dtype: DType,
             op: ReduceOp,
         ) -> Result<()> {
-            let mut h = self.header(Kind::Allreduce, dtype);
-            h.op = Some(op);
-            h.count = (data.len() / dtype.size()) as u64;
-            let local = check::whole("allreduce", data.len(), dtype).err();
+            let (h, local) = Header::allreduce(data.len(), dtype, op);
             self.negotiate(h, local)?;
             let raw = Raw::of_mut(data);
             // SAFETY: `data` outlives the call, which blocks until the MPI thread is done with it.
@@ -337,10 +310,7 @@ mod imp {
         ) -> Result<()> {
             let n = self.topology.size;
             let me = self.topology.rank;
-            let mut h = self.header(Kind::Allgather, dtype);
-            h.count = counts.get(me).copied().unwrap_or(0) as u64;
-            h.digest = header::digest(counts);
-            let local = check::allgatherv(send.len(), recv.len(), counts, n, me, dtype).err();
+            let (h, local) = Header::allgatherv(send.len(), recv.len(), counts, n, me, dtype);
             self.negotiate(h, local)?;
             let (c, d) = byte_counts(counts, dtype.size())?;
             let (s, r) = (Raw::of(send), Raw::of_mut(recv));
@@ -363,10 +333,7 @@ mod imp {
         }
 
         fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-            let mut h = self.header(Kind::Broadcast, dtype);
-            h.root = root as u32;
-            h.count = (buf.len() / dtype.size()) as u64;
-            let local = check::broadcast(buf.len(), root, self.topology.size, dtype).err();
+            let (h, local) = Header::broadcast(buf.len(), root, self.topology.size, dtype);
             self.negotiate(h, local)?;
             let raw = Raw::of_mut(buf);
             self.call(move |w| {
@@ -385,9 +352,8 @@ mod imp {
             dtype: DType,
         ) -> Result<()> {
             let n = self.topology.size;
-            let h = self.header(Kind::Alltoall, dtype);
-            let local =
-                check::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype).err();
+            let (h, local) =
+                Header::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype);
             self.negotiate(h, local)?;
             let (sc, sd) = byte_counts(send_counts, dtype.size())?;
             let (rc, rd) = byte_counts(recv_counts, dtype.size())?;
@@ -411,11 +377,8 @@ mod imp {
         ) -> Result<()> {
             let n = self.topology.size;
             let me = self.topology.rank;
-            let mut h = self.header(Kind::Reducescatter, dtype);
-            h.op = Some(op);
-            h.count = (send.len() / dtype.size()) as u64;
-            h.digest = header::digest(counts);
-            let local = check::reducescatter(send.len(), recv.len(), counts, n, me, dtype).err();
+            let (h, local) =
+                Header::reducescatter(send.len(), recv.len(), counts, n, me, dtype, op);
             self.negotiate(h, local)?;
             // Uneven blocks: allreduce the whole buffer, keep this rank's block.
             let mut all = send.to_vec();
@@ -427,7 +390,7 @@ mod imp {
         }
 
         fn barrier(&mut self) -> Result<()> {
-            self.negotiate(self.header(Kind::Barrier, DType::U8), None)?;
+            self.negotiate(Header::new(0, Kind::Barrier, DType::U8), None)?;
             self.call(|w| w.barrier())
         }
     }

@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use crate::bootstrap::JobEnv;
 use crate::communicator::Communicator;
 #[cfg(feature = "nccl")]
 use crate::communicator::check;
 use crate::error::{Error, Result};
+use crate::job::JobEnv;
 
 /// Joins `job` over NCCL.
 #[cfg(not(feature = "nccl"))]
@@ -246,14 +246,7 @@ mod imp {
             }
             let mut all = vec![0u8; HEADER_LEN * n];
             self.down(&recv, &mut all)?;
-            let mut headers = Vec::with_capacity(n);
-            for (r, c) in all.chunks_exact(HEADER_LEN).enumerate() {
-                headers.push(Header::decode(&c.try_into().unwrap_or([0; HEADER_LEN]), r)?);
-            }
-            if let Some(e) = local {
-                return Err(e);
-            }
-            header::check(&(0..n).collect::<Vec<_>>(), &headers)
+            header::settle(&all, local)
         }
 
         fn reduce_device(
@@ -303,10 +296,7 @@ mod imp {
             dtype: DType,
             op: ReduceOp,
         ) -> Result<()> {
-            let mut h = Header::new(0, Kind::Allreduce, dtype);
-            h.op = Some(op);
-            h.count = (data.len() / dtype.size()) as u64;
-            let local = check::whole("allreduce", data.len(), dtype).err();
+            let (h, local) = Header::allreduce(data.len(), dtype, op);
             self.negotiate(h, local)?;
             let mut d = self.up(data)?;
             self.reduce_device(&mut d, data.len() / dtype.size(), dtype, op)?;
@@ -325,10 +315,7 @@ mod imp {
             dtype: DType,
         ) -> Result<()> {
             let (n, me, es) = (self.topology.size, self.topology.rank, dtype.size());
-            let mut h = Header::new(0, Kind::Allgather, dtype);
-            h.count = counts.get(me).copied().unwrap_or(0) as u64;
-            h.digest = header::digest(counts);
-            let local = check::allgatherv(send.len(), recv.len(), counts, n, me, dtype).err();
+            let (h, local) = Header::allgatherv(send.len(), recv.len(), counts, n, me, dtype);
             self.negotiate(h, local)?;
             // NCCL has no allgatherv: one broadcast per rank into its block, grouped.
             recv[check::block(counts, me, es)].copy_from_slice(send);
@@ -370,10 +357,7 @@ mod imp {
         }
 
         fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-            let mut h = Header::new(0, Kind::Broadcast, dtype);
-            h.root = root as u32;
-            h.count = (buf.len() / dtype.size()) as u64;
-            let local = check::broadcast(buf.len(), root, self.topology.size, dtype).err();
+            let (h, local) = Header::broadcast(buf.len(), root, self.topology.size, dtype);
             self.negotiate(h, local)?;
             let mut d = self.up(buf)?;
             {
@@ -404,9 +388,8 @@ mod imp {
             dtype: DType,
         ) -> Result<()> {
             let (n, es) = (self.topology.size, dtype.size());
-            let h = Header::new(0, Kind::Alltoall, dtype);
-            let local =
-                check::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype).err();
+            let (h, local) =
+                Header::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype);
             self.negotiate(h, local)?;
             let ds = self.up(send)?;
             let mut dr = self.up(recv)?;
@@ -454,11 +437,8 @@ mod imp {
             op: ReduceOp,
         ) -> Result<()> {
             let (n, me, es) = (self.topology.size, self.topology.rank, dtype.size());
-            let mut h = Header::new(0, Kind::Reducescatter, dtype);
-            h.op = Some(op);
-            h.count = (send.len() / es) as u64;
-            h.digest = header::digest(counts);
-            let local = check::reducescatter(send.len(), recv.len(), counts, n, me, dtype).err();
+            let (h, local) =
+                Header::reducescatter(send.len(), recv.len(), counts, n, me, dtype, op);
             self.negotiate(h, local)?;
             // Blocks may differ in size: allreduce everything and keep this rank's block.
             let mut d = self.up(send)?;

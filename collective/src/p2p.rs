@@ -50,7 +50,7 @@ impl<T: Transport> P2pCommunicator<T> {
     pub fn new(transport: T, backend: &'static str, hosts: Vec<usize>, timeout: Duration) -> Self {
         let rank = transport.rank();
         let size = transport.size();
-        let topology = topology_from_hosts(rank, &hosts);
+        let topology = Topology::from_hosts(rank, &hosts);
         let world: Vec<usize> = (0..size).collect();
         // Hierarchical allreduce needs the same number of ranks on every host.
         let local: Vec<usize> = (0..size).filter(|r| hosts[*r] == hosts[rank]).collect();
@@ -475,29 +475,7 @@ impl<T: Transport> P2pCommunicator<T> {
         op: ReduceOp,
         group: &[usize],
     ) -> Result<()> {
-        let n = group.len();
-        if n <= 1 {
-            return Ok(());
-        }
-        let me = index_of(group, self.topology.rank);
-        let offsets = check::offsets(counts, dtype.size());
-        let right = group[(me + 1) % n];
-        let left = group[(me + n - 1) % n];
-        for s in 0..n - 1 {
-            let send_block = (me + 2 * n - s - 1) % n;
-            let recv_block = (me + 2 * n - s - 2) % n;
-            let (src, dst) = disjoint(
-                buf,
-                offsets[send_block]..offsets[send_block + 1],
-                offsets[recv_block]..offsets[recv_block + 1],
-            );
-            self.ex(
-                "reducescatter",
-                &mut [SendOp::new(right, src)],
-                &mut [RecvOp::new(left, dst, Some((dtype, op)))],
-            )?;
-        }
-        Ok(())
+        self.ring_pass(buf, counts, dtype, Some(op), group)
     }
 
     /// Ring allgather over blocks `counts`: block `me` of `buf` is in place; afterwards all are.
@@ -508,6 +486,21 @@ impl<T: Transport> P2pCommunicator<T> {
         dtype: DType,
         group: &[usize],
     ) -> Result<()> {
+        self.ring_pass(buf, counts, dtype, None, group)
+    }
+
+    /// One pass round the ring of `group` over blocks `counts`, `n - 1` steps: at step `s` this rank sends block
+    /// `me - s - lag` to its right neighbour and receives block `me - s - lag - 1` from its left one, reduced into
+    /// place with `reduce` (reduce-scatter: lag 1, so block `me` is the last to arrive and ends complete) or copied
+    /// (allgather: lag 0, starting with its own block).
+    fn ring_pass(
+        &mut self,
+        buf: &mut [u8],
+        counts: &[usize],
+        dtype: DType,
+        reduce: Option<ReduceOp>,
+        group: &[usize],
+    ) -> Result<()> {
         let n = group.len();
         if n <= 1 {
             return Ok(());
@@ -516,18 +509,24 @@ impl<T: Transport> P2pCommunicator<T> {
         let offsets = check::offsets(counts, dtype.size());
         let right = group[(me + 1) % n];
         let left = group[(me + n - 1) % n];
+        let lag = usize::from(reduce.is_some());
+        let name = if reduce.is_some() {
+            "reducescatter"
+        } else {
+            "allgather"
+        };
         for s in 0..n - 1 {
-            let send_block = (me + n - s) % n;
-            let recv_block = (me + 2 * n - s - 1) % n;
+            let send_block = (me + 2 * n - s - lag) % n;
+            let recv_block = (send_block + n - 1) % n;
             let (src, dst) = disjoint(
                 buf,
                 offsets[send_block]..offsets[send_block + 1],
                 offsets[recv_block]..offsets[recv_block + 1],
             );
             self.ex(
-                "allgather",
+                name,
                 &mut [SendOp::new(right, src)],
-                &mut [RecvOp::new(left, dst, None)],
+                &mut [RecvOp::new(left, dst, reduce.map(|op| (dtype, op)))],
             )?;
         }
         Ok(())
@@ -643,13 +642,10 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                 self.allreduce_in_place(buf, dtype, op)
             });
         }
-        let seq = self.begin()?;
-        let mut h = Header::new(seq, Kind::Allreduce, dtype);
-        h.op = Some(op);
-        h.count = (len / dtype.size()) as u64;
+        let (mut h, local) = Header::allreduce(len, dtype, op);
+        h.seq = self.begin()?;
         // Distinct from `allreduce_in_place`'s digest: a rank staging while another does not is a mismatch.
         h.digest = header::digest(&[self.allreduce_digest() as usize, STAGED]);
-        let local = check::whole("allreduce", len, dtype).err();
         self.run(h, local, &|_| 0, |this, _| {
             let timeout = this.timeout;
             match this.transport.shared_board() {
@@ -660,12 +656,9 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
     }
 
     fn allreduce_in_place(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        let seq = self.begin()?;
-        let mut h = Header::new(seq, Kind::Allreduce, dtype);
-        h.op = Some(op);
-        h.count = (data.len() / dtype.size()) as u64;
+        let (mut h, local) = Header::allreduce(data.len(), dtype, op);
+        h.seq = self.begin()?;
         h.digest = self.allreduce_digest();
-        let local = check::whole("allreduce", data.len(), dtype).err();
         let n = self.world.len();
         // Small messages: send the data with the header to every rank and let each reduce all contributions in
         // rank order (bitwise identical everywhere): one round trip instead of header + algorithm.
@@ -733,78 +726,6 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         })
     }
 
-    fn allreduce(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        if let Err(e) = check::same_len("allreduce", send.len(), recv.len()) {
-            return self.reject(Kind::Allreduce, dtype, e);
-        }
-        recv.copy_from_slice(send);
-        self.allreduce_in_place(recv, dtype, op)
-    }
-
-    fn allgather(&mut self, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
-        let n = self.world.len();
-        if let Err(e) = check::allgather(send.len(), recv.len(), n, dtype) {
-            return self.reject(Kind::Allgather, dtype, e);
-        }
-        let counts = vec![send.len() / dtype.size(); n];
-        self.allgatherv(send, recv, &counts, dtype)
-    }
-
-    fn allgather_in_place(&mut self, buf: &mut [u8], dtype: DType) -> Result<()> {
-        let n = self.world.len();
-        if let Err(e) = check::splits("allgather", buf.len(), n, dtype) {
-            return self.reject(Kind::Allgather, dtype, e);
-        }
-        let counts = vec![buf.len() / n / dtype.size(); n];
-        self.allgatherv_in_place(buf, &counts, dtype)
-    }
-
-    fn broadcast_out_of_place(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DType,
-        root: usize,
-    ) -> Result<()> {
-        if self.topology.rank == root {
-            if let Err(e) = check::same_len("broadcast", send.len(), recv.len()) {
-                return self.reject(Kind::Broadcast, dtype, e);
-            }
-            recv.copy_from_slice(send);
-        }
-        self.broadcast(recv, dtype, root)
-    }
-
-    fn alltoall(&mut self, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
-        let n = self.world.len();
-        if let Err(e) = check::alltoall(send.len(), recv.len(), n, dtype) {
-            return self.reject(Kind::Alltoall, dtype, e);
-        }
-        let counts = vec![send.len() / dtype.size() / n; n];
-        self.alltoallv(send, &counts, recv, &counts, dtype)
-    }
-
-    fn reducescatter_in_place(
-        &mut self,
-        buf: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let mine = match check::own_fits(counts, self.topology.rank, buf.len(), dtype) {
-            Ok(mine) => mine,
-            Err(e) => return self.reject(Kind::Reducescatter, dtype, e),
-        };
-        let send = buf.to_vec();
-        self.reducescatter(&send, &mut buf[..mine], counts, dtype, op)
-    }
-
     fn allgatherv(
         &mut self,
         send: &[u8],
@@ -814,11 +735,11 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
     ) -> Result<()> {
         let me = self.topology.rank;
         let n = self.world.len();
-        let local = check::allgatherv(send.len(), recv.len(), counts, n, me, dtype).err();
+        let (h, local) = Header::allgatherv(send.len(), recv.len(), counts, n, me, dtype);
         if local.is_none() {
             recv[check::block(counts, me, dtype.size())].copy_from_slice(send);
         }
-        self.gather_common(recv, counts, dtype, local)
+        self.gather_common(h, recv, counts, dtype, local)
     }
 
     fn allgatherv_in_place(
@@ -827,16 +748,14 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         counts: &[usize],
         dtype: DType,
     ) -> Result<()> {
+        let h = Header::allgather(counts, self.topology.rank, dtype);
         let local = check::counts("allgather", counts, self.world.len(), buf.len(), dtype).err();
-        self.gather_common(buf, counts, dtype, local)
+        self.gather_common(h, buf, counts, dtype, local)
     }
 
     fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-        let seq = self.begin()?;
-        let mut h = Header::new(seq, Kind::Broadcast, dtype);
-        h.root = root as u32;
-        h.count = (buf.len() / dtype.size()) as u64;
-        let local = check::broadcast(buf.len(), root, self.world.len(), dtype).err();
+        let (mut h, local) = Header::broadcast(buf.len(), root, self.world.len(), dtype);
+        h.seq = self.begin()?;
         self.run(h, local, &|_| 0, |this, _| {
             let world = this.world.clone();
             if buf.is_empty() {
@@ -855,12 +774,12 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         recv_counts: &[usize],
         dtype: DType,
     ) -> Result<()> {
-        let seq = self.begin()?;
         let n = self.world.len();
         let me = self.topology.rank;
-        let h = Header::new(seq, Kind::Alltoall, dtype);
-        let local =
-            check::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype).err();
+        let (mut h, local) =
+            Header::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype);
+        let seq = self.begin()?;
+        h.seq = seq;
         let sc: Vec<usize> = send_counts.to_vec();
         let pair = move |j: usize| sc.get(j).copied().unwrap_or(0) as u64;
         self.run(h, local, &pair, |this, headers| {
@@ -910,14 +829,11 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let seq = self.begin()?;
         let n = self.world.len();
         let me = self.topology.rank;
-        let mut h = Header::new(seq, Kind::Reducescatter, dtype);
-        h.op = Some(op);
-        h.count = (send.len() / dtype.size()) as u64;
-        h.digest = header::digest(counts);
-        let local = check::reducescatter(send.len(), recv.len(), counts, n, me, dtype).err();
+        let (mut h, local) =
+            Header::reducescatter(send.len(), recv.len(), counts, n, me, dtype, op);
+        h.seq = self.begin()?;
         self.run(h, local, &|_| 0, |this, _| {
             let sum_op = if op == ReduceOp::Average {
                 ReduceOp::Sum
@@ -951,32 +867,34 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             |_, _| Ok(()),
         )
     }
-}
 
-impl<T: Transport> P2pCommunicator<T> {
     /// Takes part in the header exchange only to tell every rank that this rank's arguments were invalid.
-    fn reject(&mut self, kind: Kind, dtype: DType, e: Error) -> Result<()> {
+    fn refuse(&mut self, op: &'static str, dtype: DType, error: Error) -> Result<()> {
+        let Some(kind) = Kind::named(op) else {
+            return Err(error);
+        };
         let seq = self.begin()?;
         self.run(
             Header::new(seq, kind, dtype),
-            Some(e),
+            Some(error),
             &|_| 0,
             |_, _| Ok(()),
         )
     }
+}
 
+impl<T: Transport> P2pCommunicator<T> {
+    /// Allgather(v) of `counts` into `buf`, whose own block is in place, with header `h` and this rank's verdict
+    /// `local` on its arguments.
     fn gather_common(
         &mut self,
+        mut h: Header,
         buf: &mut [u8],
         counts: &[usize],
         dtype: DType,
         local: Option<Error>,
     ) -> Result<()> {
-        let seq = self.begin()?;
-        let me = self.topology.rank;
-        let mut h = Header::new(seq, Kind::Allgather, dtype);
-        h.count = counts.get(me).copied().unwrap_or(0) as u64;
-        h.digest = header::digest(counts);
+        h.seq = self.begin()?;
         self.run(h, local, &|_| 0, |this, _| {
             let world = this.world.clone();
             this.allgather_group(buf, counts, dtype, &world)
@@ -1002,25 +920,6 @@ fn eager_len(h: &Header, j: usize) -> Result<usize> {
 
 fn index_of(group: &[usize], rank: usize) -> usize {
     group.iter().position(|r| *r == rank).unwrap_or(0)
-}
-
-/// Derives a rank's topology from the host index of every rank (hosts numbered in order of first appearance).
-pub fn topology_from_hosts(rank: usize, hosts: &[usize]) -> Topology {
-    let mut order: Vec<usize> = Vec::new();
-    for h in hosts {
-        if !order.contains(h) {
-            order.push(*h);
-        }
-    }
-    let my_host = hosts[rank];
-    Topology {
-        rank,
-        size: hosts.len(),
-        local_rank: hosts[..rank].iter().filter(|h| **h == my_host).count(),
-        local_size: hosts.iter().filter(|h| **h == my_host).count(),
-        cross_rank: order.iter().position(|h| *h == my_host).unwrap_or(0),
-        cross_size: order.len(),
-    }
 }
 
 #[cfg(test)]

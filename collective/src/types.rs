@@ -156,4 +156,35 @@ impl Topology {
             cross_size: 1,
         }
     }
+
+    /// Rank `rank`'s place in a job whose rank `r` runs on host `hosts[r]` (any values; equal means one host,
+    /// and hosts are numbered in order of first appearance).
+    pub fn from_hosts(rank: usize, hosts: &[usize]) -> Topology {
+        let index = host_indices(hosts);
+        let my_host = hosts[rank];
+        Topology {
+            rank,
+            size: hosts.len(),
+            local_rank: hosts[..rank].iter().filter(|h| **h == my_host).count(),
+            local_size: hosts.iter().filter(|h| **h == my_host).count(),
+            cross_rank: index[rank],
+            cross_size: index.iter().max().map_or(0, |m| m + 1),
+        }
+    }
+}
+
+/// The host index of each rank from what names its host (`["b", "a", "b"]` gives `[0, 1, 0]`): hosts are numbered
+/// in order of first appearance.
+pub fn host_indices<T: PartialEq>(hosts: &[T]) -> Vec<usize> {
+    let mut order: Vec<&T> = Vec::new();
+    hosts
+        .iter()
+        .map(|h| match order.iter().position(|o| *o == h) {
+            Some(i) => i,
+            None => {
+                order.push(h);
+                order.len() - 1
+            }
+        })
+        .collect()
 }

@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 
 use super::socket::connect_from;
 use super::{Peer, TcpTransport, frame, new_peer, parse_at};
-use crate::bootstrap::{KeyValueClient, Rendezvous};
 use crate::error::{Error, Result};
+use crate::rendezvous::{KeyValueClient, Rendezvous};
 
 /// Handshake frames; the value is the sender's rank.
 const HELLO: u32 = 4;
@@ -70,7 +70,7 @@ impl JobKey {
         Ok(JobKey { block })
     }
 
-    /// A fresh random key (for ranks started in one process, e.g. [`crate::testing::LocalJob`]).
+    /// A fresh random key (for ranks started in one process, e.g. by `testing::LocalJob`).
     pub fn random() -> Result<JobKey> {
         JobKey::new(&random_bytes::<32>()?)
     }

@@ -1,0 +1,654 @@
+//! The rendezvous: a key-value exchange through the launcher's HTTP server (or a shared directory) by which the
+//! ranks of a job find one another.
+//!
+//! A `file:DIR` rendezvous keeps each key in `DIR/hvd/<key>`. DIR (and `DIR/hvd`) must belong to the user and be
+//! writable by nobody else, or the job refuses it (another user could plant the job's key or a rank's address);
+//! `DIR/hvd` is created 0700, and every file is written 0600 under a fresh temporary name (`O_EXCL`) and renamed
+//! into place. Each file starts with a line `hvd-rendezvous v1 job=<id>`: the job id is `HVD_JOB_ID`, else srun's
+//! `SLURM_JOB_ID.SLURM_STEP_ID`, else empty; a rank with a job id treats a file of another job id as absent (a
+//! stale `addr.N` or `tcp.key` of an earlier job in the same directory) and, when its wait ends, names it.
+//!
+//! The HTTP client retries a busy server (503) and failed connections with exponential backoff and jitter, bounded by
+//! the start-up timeout: a server briefly full of other connections delays a rank, it does not fail it.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::config::EnvVars;
+use crate::error::{Error, Result};
+
+const SCOPE: &str = "hvd";
+/// How long a client retries a busy or unreachable server unless told otherwise ([`KeyValueClient::with_retry_for`]).
+const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(30);
+/// First pause before a retry; it doubles up to [`MAX_BACKOFF`], and each pause is drawn from its upper half.
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The first line of every file of a `file:` rendezvous, followed by the job id.
+const FILE_HEADER: &str = "hvd-rendezvous v1 job=";
+/// The variable that names the job for a `file:` rendezvous (see the module documentation).
+pub const JOB_ID_VAR: &str = "HVD_JOB_ID";
+
+/// Where ranks exchange their addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// The launcher's HTTP key-value server at `address` (`host:port`).
+    Http {
+        address: String,
+        token: Option<String>,
+    },
+    /// A directory every rank can read and write (`HVD_RENDEZVOUS=file:DIR`), e.g. on a shared file system.
+    Directory(PathBuf),
+}
+
+impl Rendezvous {
+    /// Parses `HVD_RENDEZVOUS` (`host:port` or `file:DIR`).
+    pub fn parse(value: &str, token: Option<String>) -> Result<Rendezvous> {
+        let v = value.trim();
+        if let Some(dir) = v.strip_prefix("file:") {
+            return Ok(Rendezvous::Directory(PathBuf::from(dir)));
+        }
+        let v = v.strip_prefix("http://").unwrap_or(v).trim_end_matches('/');
+        if v.rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(Error::Bootstrap(format!(
+                "`{}={value}` is neither `host:port` nor `file:DIR`",
+                EnvVars::RENDEZVOUS
+            )));
+        }
+        Ok(Rendezvous::Http {
+            address: v.to_string(),
+            token,
+        })
+    }
+
+    /// A client for this rendezvous acting as `rank`.
+    pub fn client(&self, rank: usize) -> KeyValueClient {
+        let job = std::env::var(JOB_ID_VAR)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| {
+                let id = std::env::var("SLURM_JOB_ID").ok()?;
+                let step = std::env::var("SLURM_STEP_ID").unwrap_or_default();
+                Some(format!("{id}.{step}"))
+            });
+        KeyValueClient {
+            rendezvous: self.clone(),
+            rank,
+            retry_for: DEFAULT_RETRY_FOR,
+            job: job.as_deref().map(job_id),
+        }
+    }
+}
+
+/// A client of the rendezvous key-value store (scope `hvd`).
+#[derive(Debug, Clone)]
+pub struct KeyValueClient {
+    rendezvous: Rendezvous,
+    rank: usize,
+    /// How long one request is retried through 503 answers and failed connections.
+    retry_for: Duration,
+    /// The job id written into, and checked in, the files of a `file:` rendezvous.
+    job: Option<String>,
+}
+
+struct HttpResponse {
+    status: u16,
+    body: Vec<u8>,
+    /// How many times the request was retried before this answer.
+    retries: u32,
+}
+
+impl KeyValueClient {
+    /// Retries each request through a busy (503) or unreachable server for up to `retry_for` (give it the job's
+    /// start-up timeout).
+    pub fn with_retry_for(mut self, retry_for: Duration) -> KeyValueClient {
+        self.retry_for = retry_for;
+        self
+    }
+
+    /// Names the job for a `file:` rendezvous (instead of `HVD_JOB_ID`): files of another job id are ignored.
+    pub fn with_job(mut self, job: Option<&str>) -> KeyValueClient {
+        self.job = job.map(job_id);
+        self
+    }
+
+    /// Stores `value` under `key` ([A-Za-z0-9._-]).
+    pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        check_key(key)?;
+        match &self.rendezvous {
+            Rendezvous::Http { address, .. } => {
+                let r = self.http(
+                    "PUT",
+                    &format!("/kv/{SCOPE}/{key}"),
+                    value,
+                    Duration::from_secs(30),
+                )?;
+                if r.status != 200 {
+                    return Err(self.refused(address, "PUT", key, &r));
+                }
+                Ok(())
+            }
+            Rendezvous::Directory(dir) => {
+                let dir = private_scope(dir)?;
+                let mut content =
+                    format!("{FILE_HEADER}{}\n", self.job.as_deref().unwrap_or("")).into_bytes();
+                content.extend_from_slice(value);
+                write_private(&dir, key, &content)
+            }
+        }
+    }
+
+    /// Reads `key`, waiting up to `timeout` for another rank to store it.
+    pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        check_key(key)?;
+        let deadline = Instant::now() + timeout;
+        let mut stale: Option<(PathBuf, String)> = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match &self.rendezvous {
+                Rendezvous::Http { address, .. } => {
+                    let wait = left.min(Duration::from_secs(60));
+                    let path = format!("/kv/{SCOPE}/{key}?wait_ms={}", wait.as_millis());
+                    let r = self.http("GET", &path, &[], wait + Duration::from_secs(15))?;
+                    match r.status {
+                        200 => return Ok(r.body),
+                        404 => {}
+                        _ => return Err(self.refused(address, "GET", key, &r)),
+                    }
+                }
+                Rendezvous::Directory(dir) => {
+                    let path = private_scope(dir)?.join(key);
+                    match std::fs::read(&path) {
+                        Ok(v) => match self.own_value(&path, v)? {
+                            Ok(v) => return Ok(v),
+                            Err(other) => stale = Some((path, other)),
+                        },
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(Error::io(format!("read `{}`", path.display()), e)),
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            if Instant::now() >= deadline {
+                if let Some((path, other)) = stale {
+                    return Err(Error::Bootstrap(format!(
+                        "`{}` is from another job (job id `{other}`, this job is `{}`): a stale file of an earlier \
+                         job, or two jobs share the rendezvous directory; remove it or give each job its own \
+                         directory",
+                        path.display(),
+                        self.job.as_deref().unwrap_or("")
+                    )));
+                }
+                return Err(Error::Bootstrap(format!(
+                    "no rank stored `{key}` at the rendezvous within {timeout:?}; did every rank start?"
+                )));
+            }
+        }
+    }
+
+    /// The value of a rendezvous file read from `path`: `Ok(Ok(value))` when it is this job's (any job's when this
+    /// rank has no job id), `Ok(Err(job))` when another job wrote it.
+    fn own_value(
+        &self,
+        path: &Path,
+        content: Vec<u8>,
+    ) -> Result<std::result::Result<Vec<u8>, String>> {
+        let bad = || {
+            Error::Bootstrap(format!(
+                "`{}` is not an hvd rendezvous file (no `{FILE_HEADER}` line); remove it or use a fresh directory",
+                path.display()
+            ))
+        };
+        let nl = content.iter().position(|b| *b == b'\n').ok_or_else(bad)?;
+        let line = std::str::from_utf8(&content[..nl]).map_err(|_| bad())?;
+        let job = line.strip_prefix(FILE_HEADER).ok_or_else(bad)?;
+        match &self.job {
+            Some(mine) if mine != job => Ok(Err(job.to_string())),
+            _ => Ok(Ok(content[nl + 1..].to_vec())),
+        }
+    }
+
+    fn refused(&self, address: &str, method: &str, key: &str, r: &HttpResponse) -> Error {
+        let body = String::from_utf8_lossy(&r.body).trim().to_string();
+        let hint = match r.status {
+            403 => " (check `HVD_JOB_TOKEN`)".to_string(),
+            503 => format!(
+                " (still busy after {} retries over {:?})",
+                r.retries, self.retry_for
+            ),
+            _ => String::new(),
+        };
+        Error::Rendezvous {
+            address: address.to_string(),
+            detail: format!("{method} `{key}` answered {} {body}{hint}", r.status),
+        }
+    }
+
+    /// One HTTP/1.1 request, retried on a fresh connection while the server answers 503 or the connection fails,
+    /// with exponential backoff and jitter, for up to `retry_for`. Every request is idempotent (PUT of the same bytes,
+    /// GET, DELETE), so a retry after a lost answer is harmless.
+    fn http(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        read_timeout: Duration,
+    ) -> Result<HttpResponse> {
+        let deadline = Instant::now() + self.retry_for;
+        let mut backoff = Backoff::new();
+        loop {
+            let outcome = self.http_once(method, path, body, read_timeout);
+            let retryable = match &outcome {
+                Ok(r) => r.status == 503,
+                Err(_) => true,
+            };
+            let pause = backoff.next_pause();
+            if !retryable || Instant::now() + pause > deadline {
+                let retries = backoff.retries;
+                return outcome
+                    .map(|r| HttpResponse { retries, ..r })
+                    .map_err(|e| match e {
+                        Error::Rendezvous { address, detail } if retries > 0 => Error::Rendezvous {
+                            address,
+                            detail: format!(
+                                "{detail} (after {} retries over {:?})",
+                                retries, self.retry_for
+                            ),
+                        },
+                        e => e,
+                    });
+            }
+            match &outcome {
+                Ok(_) => tracing::debug!(method, path, ?pause, "rendezvous busy (503); retrying"),
+                Err(e) => {
+                    tracing::debug!(method, path, ?pause, error = %e, "rendezvous request failed; retrying")
+                }
+            }
+            std::thread::sleep(pause);
+            backoff.retries += 1;
+        }
+    }
+
+    /// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+    fn http_once(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        read_timeout: Duration,
+    ) -> Result<HttpResponse> {
+        let Rendezvous::Http { address, token } = &self.rendezvous else {
+            return Err(Error::Bootstrap("not an HTTP rendezvous".into()));
+        };
+        let err = |d: String| Error::Rendezvous {
+            address: address.clone(),
+            detail: d,
+        };
+        let stream = connect_any(address).map_err(|e| err(format!("connect: {e}")))?;
+        stream
+            .set_read_timeout(Some(read_timeout))
+            .map_err(|e| err(format!("configure socket: {e}")))?;
+        stream
+            .set_write_timeout(Some(Duration::from_secs(30)))
+            .map_err(|e| err(format!("configure socket: {e}")))?;
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nX-Hvd-Rank: {}\r\nX-Hvd-Join: {}\r\n",
+            self.rank,
+            join_identity()
+        );
+        if let Some(t) = token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        head.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        ));
+        let mut s = &stream;
+        let sent = s
+            .write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body));
+        let mut raw = Vec::new();
+        let read = s.read_to_end(&mut raw);
+        // A server may answer before it has read everything (a 503 when full, a 403) and close: its answer, when it
+        // arrived, says more than the failed send.
+        if let Some(r) = parse_response(&raw) {
+            return Ok(r);
+        }
+        sent.map_err(|e| err(format!("send: {e}")))?;
+        read.map_err(|e| err(format!("read the answer: {e}")))?;
+        Err(err(format!("malformed answer to {method} {path}")))
+    }
+}
+
+/// Exponential backoff with jitter: pauses of 10 ms, 20 ms, ... up to 1 s, each drawn from the upper half of its step
+/// so that ranks retrying together spread out.
+pub(crate) struct Backoff {
+    step: Duration,
+    state: u64,
+    retries: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32);
+        Backoff {
+            step: FIRST_BACKOFF,
+            state: seed | 1,
+            retries: 0,
+        }
+    }
+
+    pub(crate) fn next_pause(&mut self) -> Duration {
+        // xorshift64: enough to decorrelate ranks, not a secret.
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let half = self.step / 2;
+        let jitter = half.mul_f64((self.state >> 11) as f64 / (1u64 << 53) as f64);
+        let pause = half + jitter;
+        self.step = (self.step * 2).min(MAX_BACKOFF);
+        pause
+    }
+}
+
+/// This process's `X-Hvd-Join` identity: random, fixed for the process's life, so that the server lets this process
+/// (and no other) act as its rank.
+fn join_identity() -> &'static str {
+    static IDENTITY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let mut bytes = [0u8; 12];
+        let filled = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .is_ok();
+        if !filled {
+            // Still unique per process and start time, which is all the server needs to tell processes apart.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            bytes[..4].copy_from_slice(&std::process::id().to_le_bytes());
+            bytes[4..].copy_from_slice(&(nanos as u64).to_le_bytes());
+        }
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    })
+}
+
+pub(crate) fn connect_any(address: &str) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::other("the address resolves to nothing");
+    for a in address.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let mut body = raw[split + 4..].to_vec();
+    for l in lines {
+        if let Some((k, v)) = l.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            let n: usize = v.trim().parse().ok()?;
+            if body.len() < n {
+                return None;
+            }
+            body.truncate(n);
+        }
+    }
+    Some(HttpResponse {
+        status,
+        body,
+        retries: 0,
+    })
+}
+
+/// A job id as written on a rendezvous file's first line: trimmed, control characters (a newline) as `?`.
+fn job_id(raw: &str) -> String {
+    raw.trim()
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// Refuses a rendezvous directory another user could write into (or that is not the user's own).
+fn check_private_dir(dir: &Path) -> Result<()> {
+    let m = std::fs::metadata(dir).map_err(|e| {
+        Error::io(
+            format!("read the rendezvous directory `{}`", dir.display()),
+            e,
+        )
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(Error::Bootstrap(format!(
+            "the rendezvous directory `{}` belongs to uid {}, not to this user (uid {me}): its owner could plant the \
+             job's key or a rank's address; use a directory of your own (e.g. from `mktemp -d`)",
+            dir.display(),
+            m.uid()
+        )));
+    }
+    let mode = m.permissions().mode();
+    if mode & 0o022 != 0 {
+        return Err(Error::Bootstrap(format!(
+            "the rendezvous directory `{}` is writable by its group or others (mode {:o}): another user could plant \
+             the job's key or a rank's address; run `chmod go-w {}` or use a directory from `mktemp -d`",
+            dir.display(),
+            mode & 0o7777,
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `DIR/hvd` of a `file:` rendezvous, created 0700 when missing; DIR and it checked with [`check_private_dir`].
+fn private_scope(dir: &Path) -> Result<PathBuf> {
+    // A missing DIR is created (0700 like every directory created on the way).
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        return Err(Error::io(format!("create `{}`", dir.display()), e));
+    }
+    check_private_dir(dir)?;
+    let scope = dir.join(SCOPE);
+    match std::fs::DirBuilder::new().mode(0o700).create(&scope) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(format!("create `{}`", scope.display()), e)),
+    }
+    check_private_dir(&scope)?;
+    Ok(scope)
+}
+
+/// Writes `dir/key` atomically with mode 0600: a fresh temporary name opened with `O_EXCL`, then a rename.
+fn write_private(dir: &Path, key: &str, content: &[u8]) -> Result<()> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{key}.{}.{seq}.{}.tmp",
+        std::process::id(),
+        join_identity()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| Error::io(format!("create `{}`", tmp.display()), e))?;
+    let written = f
+        .write_all(content)
+        .map_err(|e| Error::io(format!("write `{}`", tmp.display()), e));
+    drop(f);
+    let path = dir.join(key);
+    let moved = written.and_then(|()| {
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| Error::io(format!("rename to `{}`", path.display()), e))
+    });
+    if moved.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    moved
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty()
+        || !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(Error::Bootstrap(format!(
+            "`{key}` is not a valid rendezvous key ([A-Za-z0-9._-]+)"
+        )));
+    }
+    Ok(())
+}
+
+/// What the environment says about this rank's place in the job.
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_parsing() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"abc"[..]));
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc").is_none());
+        assert!(parse_response(b"garbage").is_none());
+    }
+
+    /// A real HTTP server on 127.0.0.1 that answers 503 to its first `busy` requests and 200 after; records each
+    /// request head.
+    fn busy_server(
+        listener: std::net::TcpListener,
+        busy: usize,
+    ) -> std::thread::JoinHandle<Vec<String>> {
+        std::thread::spawn(move || {
+            let mut heads = Vec::new();
+            for conn in listener.incoming() {
+                let Ok(mut s) = conn else { break };
+                let mut raw = Vec::new();
+                let mut byte = [0u8; 1];
+                while !raw.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                    raw.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&raw).into_owned();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                let mut body = vec![0u8; length];
+                s.read_exact(&mut body).unwrap();
+                let answer: &[u8] = if heads.len() < busy {
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\n\r\nbusy\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+                };
+                heads.push(head);
+                s.write_all(answer).unwrap();
+                if heads.len() > busy {
+                    break;
+                }
+            }
+            heads
+        })
+    }
+
+    fn client_of(listener: &std::net::TcpListener, retry_for: Duration) -> KeyValueClient {
+        Rendezvous::Http {
+            address: listener.local_addr().unwrap().to_string(),
+            token: Some("t".into()),
+        }
+        .client(2)
+        .with_retry_for(retry_for)
+    }
+
+    #[test]
+    fn a_busy_rendezvous_is_retried_until_it_answers() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let kv = client_of(&listener, Duration::from_secs(60));
+        let server = busy_server(listener, 5);
+        kv.put("addr.2", b"x").unwrap();
+        let heads = server.join().unwrap();
+        assert_eq!(heads.len(), 6, "five 503s, then the answer");
+        // Every try is the same rank from the same process.
+        let join = |h: &String| {
+            h.lines()
+                .find(|l| l.starts_with("X-Hvd-Join: "))
+                .map(str::to_owned)
+        };
+        assert!(join(&heads[0]).is_some());
+        assert!(
+            heads
+                .iter()
+                .all(|h| join(h) == join(&heads[0]) && h.contains("X-Hvd-Rank: 2\r\n"))
+        );
+    }
+
+    #[test]
+    fn a_rendezvous_busy_past_the_timeout_fails_naming_the_503() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let kv = client_of(&listener, Duration::from_millis(300));
+        let _server = busy_server(listener, usize::MAX);
+        let e = kv.put("addr.2", b"x").unwrap_err().to_string();
+        assert!(e.contains("answered 503 busy"), "{e}");
+        let retries: u32 = e
+            .split("still busy after ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{e}"));
+        assert!(retries >= 2, "{e}");
+    }
+
+    #[test]
+    fn a_rendezvous_not_yet_listening_is_retried() {
+        // A free port that nothing listens on yet: connections are refused until the server starts.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let kv = Rendezvous::Http {
+            address: format!("127.0.0.1:{port}"),
+            token: None,
+        }
+        .client(0)
+        .with_retry_for(Duration::from_secs(60));
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            busy_server(std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(), 0)
+                .join()
+                .unwrap()
+        });
+        kv.put("k", b"v").unwrap();
+        assert_eq!(late.join().unwrap().len(), 1);
+        // And a server that never comes fails once the retry window is over, naming the address.
+        let kv = Rendezvous::Http {
+            address: format!("127.0.0.1:{port}"),
+            token: None,
+        }
+        .client(0)
+        .with_retry_for(Duration::from_millis(200));
+        let e = kv.put("k", b"v").unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("127.0.0.1:{port}")) && e.contains("retries"),
+            "{e}"
+        );
+    }
+}
