@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hash::Sha256;
+use hvd_resolver::Sha256;
 
 /// Version of the derivation format; part of every hash.
 pub const SCHEMA: u32 = 1;
@@ -79,22 +79,10 @@ impl Derivation {
     }
 }
 
-/// PEP 503 normalization: lowercase, runs of `-`, `_`, `.` become one `-`.
+/// A package name as a store path name: PEP 503 normalized ([`hvd_resolver::names::normalize_name`]), then
+/// kept to a safe alphabet.
 pub fn normalize_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut last_separator = false;
-    for ch in name.chars() {
-        if matches!(ch, '-' | '_' | '.') {
-            if !last_separator {
-                out.push('-');
-            }
-            last_separator = true;
-        } else {
-            out.push(ch.to_ascii_lowercase());
-            last_separator = false;
-        }
-    }
-    sanitize(&out)
+    sanitize(&hvd_resolver::names::normalize_name(name))
 }
 
 /// Keep store path names to a safe alphabet.

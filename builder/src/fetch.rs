@@ -2,7 +2,8 @@
 //! digest matches. A download stops at the locked size (or at [`MAX_DOWNLOAD_BYTES`] when the lock has none) and
 //! a file of another size is refused. `file://` URLs and plain paths (allowed by the lockfile reader only for a
 //! local index) are streamed the same way, with the same limits, and must be regular files. Temp files are
-//! unique per download; ones left by a killed process are removed by the next fetch once stale.
+//! unique per download; ones left by a killed process are removed once stale, by the first fetch of a later
+//! process ([`hvd_resolver::temp_files`]).
 //!
 //! A host cannot stall a download by trickling bytes inside the read timeout: the answer's head must come within
 //! the request deadline, and after that grace period the download must average the least speed
@@ -10,17 +11,17 @@
 //! download stopped there is not retried (a stalling host would stall again).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 
+use hvd_resolver::Sha256;
 use hvd_resolver::deadline::HttpDeadlines;
 
 use crate::error::{Error, Result};
-use crate::hash::Sha256;
 use crate::progress::Progress;
 
 /// One file to fetch.
@@ -44,56 +45,11 @@ pub struct Fetcher {
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The most bytes one download may have when the lock records no size.
 pub const MAX_DOWNLOAD_BYTES: u64 = 16 << 30;
-/// A `.part` file untouched this long belongs to a download that died: a live one writes at least every read
-/// timeout (120 s) or fails.
-const STALE_PART: Duration = Duration::from_secs(3600);
-
-/// Sooner when the pid in its name (`.{sha256}.{pid}.{n}.part`) is gone, as this machine's `/proc` sees it.
-const STALE_PART_DEAD_WRITER: Duration = Duration::from_secs(60);
-
-/// The writer pid in a `.part` name, `.{sha256}.{pid}.{n}.part`.
-fn part_writer(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix('.')?.strip_suffix(".part")?;
-    let (rest, counter) = rest.rsplit_once('.')?;
-    let (_, pid) = rest.rsplit_once('.')?;
-    if counter.is_empty() || !counter.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    pid.parse().ok()
-}
-
-/// Remove `.part` files in `dir` that no live download can own: older than [`STALE_PART`], or than
-/// [`STALE_PART_DEAD_WRITER`] when their writer's pid is gone. Returns how many.
-pub fn remove_stale_parts(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if !(name.starts_with('.') && name.ends_with(".part")) {
-            continue;
-        }
-        let dead_writer = part_writer(&name).is_some_and(hvd_resolver::index::writer_gone);
-        let stale = entry
-            .metadata()
-            .ok()
-            .filter(|m| m.is_file())
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .is_some_and(|age| age > STALE_PART || (dead_writer && age > STALE_PART_DEAD_WRITER));
-        if stale && std::fs::remove_file(entry.path()).is_ok() {
-            tracing::debug!(file = %entry.path().display(), "removed a stale partial download");
-            removed += 1;
-        }
-    }
-    removed
-}
+/// The suffix of a download's temp file in the cache (see [`hvd_resolver::temp_files`]).
+const PART_SUFFIX: &str = "part";
 
 impl Fetcher {
     /// A fetcher caching under `cache` (`<cache>/sha256/<hex>`).
@@ -128,7 +84,11 @@ impl Fetcher {
             .filter(|a| !self.cached_path(&a.sha256).is_file())
             .collect();
         if !missing.is_empty() {
-            remove_stale_parts(&self.cache.join("sha256"));
+            // Once per process: a build fetches many times into the same cache.
+            hvd_resolver::temp_files::remove_stale_temps_once(
+                &self.cache.join("sha256"),
+                PART_SUFFIX,
+            );
             if self.offline
                 && let Some(first) = missing
                     .iter()
@@ -224,11 +184,9 @@ impl Fetcher {
         let final_path = self.cached_path(&artifact.sha256);
         let dir = self.cache.join("sha256");
         fs_err::create_dir_all(&dir)?;
-        let temp = dir.join(format!(
-            ".{}.{}.{}.part",
-            artifact.sha256,
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        let temp = dir.join(hvd_resolver::temp_files::temp_name(
+            artifact.sha256.as_str(),
+            PART_SUFFIX,
         ));
         let result = self
             .stream_into(client, deadlines, artifact, &temp, id, progress)
@@ -333,7 +291,7 @@ impl Fetcher {
         } else {
             let download_error = |err: reqwest::Error| Error::Download {
                 url: artifact.url.clone(),
-                message: error_chain(&err),
+                message: hvd_resolver::index::error_chain(&err),
             };
             // Not retried by `fetch_one` (an I/O error, not `Download`): a stalling host would stall again.
             let too_slow = |reason: hvd_resolver::deadline::DeadlineExceeded| {
@@ -410,26 +368,20 @@ fn local_path(url: &str) -> Option<PathBuf> {
     }
 }
 
-/// An error with its causes (`reqwest` keeps the useful part, e.g. a TLS failure, in the sources).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::{BufRead, BufReader, Write};
     use std::net::TcpListener;
     use std::sync::mpsc;
 
+    use std::time::SystemTime;
+
     use super::*;
     use crate::progress::NoProgress;
+
+    fn remove_stale_parts(dir: &Path) -> usize {
+        hvd_resolver::temp_files::remove_stale_temps(dir, PART_SUFFIX, None)
+    }
 
     /// A one-route HTTP server on 127.0.0.1 playing a hostile file host: `body` is sent after the head; with
     /// `endless`, `body` is repeated until the client hangs up and no Content-Length is sent.

@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 
+use hvd_resolver::Sha256;
+
 use crate::error::{Error, Result};
-use crate::hash::Sha256;
 use crate::store::{Store, remove_tree};
 
 /// Point `link` at `target` (atomically replacing an older link) and register it as a gc root.

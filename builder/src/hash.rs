@@ -1,90 +1,14 @@
-//! Hashes: validated sha256 digests and the NAR-like content hash of a directory tree.
+//! The NAR-like content hash of a directory tree (digests themselves are [`hvd_resolver::Sha256`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256 as Sha256Hasher};
+use hvd_resolver::Sha256;
+use sha2::Digest;
 
-use crate::error::{Error, Result};
-
-/// A sha256 digest as 64 lowercase hex digits; validated on construction.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct Sha256(String);
-
-impl Sha256 {
-    /// The hex digits.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The digest of `bytes`.
-    pub fn of_bytes(bytes: &[u8]) -> Sha256 {
-        Sha256(hex::encode(Sha256Hasher::digest(bytes)))
-    }
-
-    /// The digest of a file's contents.
-    pub fn of_file(path: &Path) -> Result<Sha256> {
-        let mut file = fs_err::File::open(path)?;
-        let mut hasher = Sha256Hasher::new();
-        let mut buffer = vec![0u8; 1 << 16];
-        loop {
-            let n = file.read(&mut buffer)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buffer[..n]);
-        }
-        Ok(Sha256::from_hasher(hasher))
-    }
-
-    pub(crate) fn from_hasher(hasher: Sha256Hasher) -> Sha256 {
-        Sha256(hex::encode(hasher.finalize()))
-    }
-}
-
-impl FromStr for Sha256 {
-    type Err = Error;
-
-    fn from_str(text: &str) -> Result<Self> {
-        let text = text
-            .strip_prefix("sha256:")
-            .unwrap_or(text)
-            .to_ascii_lowercase();
-        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            Ok(Sha256(text))
-        } else {
-            Err(Error::Invalid(format!(
-                "`{text}` is not a sha256 digest (64 hex digits)"
-            )))
-        }
-    }
-}
-
-impl TryFrom<String> for Sha256 {
-    type Error = Error;
-
-    fn try_from(text: String) -> Result<Self> {
-        text.parse()
-    }
-}
-
-impl From<Sha256> for String {
-    fn from(hash: Sha256) -> String {
-        hash.0
-    }
-}
-
-impl fmt::Display for Sha256 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+use crate::error::Result;
 
 /// One entry of a tree manifest: what the content hash covers for a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +84,7 @@ pub fn manifest_with_known(
 
 /// The content hash of a tree: sha256 over its manifest serialized one entry per line, `path\0entry\n`.
 pub fn content_hash(manifest: &BTreeMap<String, ManifestEntry>) -> Sha256 {
-    let mut hasher = Sha256Hasher::new();
+    let mut hasher = sha2::Sha256::new();
     hasher.update(b"hvd-content-v1\n");
     for (path, entry) in manifest {
         hasher.update(path.as_bytes());
@@ -195,12 +119,13 @@ pub fn manifest_differences(
 mod tests {
     use super::*;
 
+    /// The builder's digests are the resolver's type; a `sha256:` prefix is taken where asked for.
     #[test]
     fn sha256_parses_and_rejects() {
-        let hash: Sha256 =
-            "sha256:ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
-                .parse()
-                .unwrap();
+        let hash = Sha256::parse_prefixed(
+            "sha256:ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789",
+        )
+        .unwrap();
         assert_eq!(
             hash.as_str(),
             "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789"

@@ -37,7 +37,7 @@ pub mod wheel;
 
 pub use error::{Error, Result};
 pub use fetch::Artifact;
-pub use hash::Sha256;
+pub use hvd_resolver::Sha256;
 pub use plan::{BuildOptions, EnvPlan, LocalPackage, PackagePlan, SourceBuildPlan};
 pub use progress::{NoProgress, Progress};
 pub use realize::{CheckOutcome, EnvBuild, PackageOutcome, build_env, check_env};

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use hvd_resolver::lockfile::{ArtifactKind, LockedBuild, LockedPackage, Lockfile};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fetch::Artifact;
 use crate::plan::{EnvPlan, PackagePlan, SourceBuildPlan};
 use crate::toolchain::Toolchain;
@@ -32,7 +32,7 @@ pub fn plan_from_lockfile(lock: &Lockfile, name: &str) -> Result<EnvPlan> {
             version: tool
                 .map(|t| t.version.clone())
                 .unwrap_or_else(|| pin.requested.clone()),
-            sha256: tool.and_then(|t| t.sha256.as_str().parse().ok()),
+            sha256: tool.map(|t| t.sha256.clone()),
             path: None,
         }
     });
@@ -49,12 +49,7 @@ fn package_plan(package: &LockedPackage, build: Option<&LockedBuild>) -> Result<
     let artifact = Artifact {
         url: package.artifact.url.clone(),
         filename: package.artifact.filename.clone(),
-        sha256: package.artifact.sha256.as_str().parse().map_err(|_| {
-            Error::Invalid(format!(
-                "the lock's sha256 `{}` of {} {} is not a sha256; run `hvd lock` again",
-                package.artifact.sha256, package.name, package.version
-            ))
-        })?,
+        sha256: package.artifact.sha256.clone(),
         size: (package.artifact.size > 0).then_some(package.artifact.size),
     };
     let build = match (package.artifact.kind, build) {
@@ -88,7 +83,7 @@ fn package_plan(package: &LockedPackage, build: Option<&LockedBuild>) -> Result<
 /// The shortest dependency chain from a requested package to `target` over the lock's edges, e.g.
 /// `["tensorflow-cpu", "keras", "numpy"]`; `None` when nothing requested reaches it.
 pub fn why_depends(lock: &Lockfile, target: &str) -> Option<Vec<String>> {
-    let target = hvd_resolver::lockfile::normalize_name(target);
+    let target = hvd_resolver::names::normalize_name(target);
     let edges: BTreeMap<&str, Vec<&str>> = lock
         .packages
         .iter()
@@ -109,7 +104,7 @@ pub fn why_depends(lock: &Lockfile, target: &str) -> Option<Vec<String>> {
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
                 .collect();
-            hvd_resolver::lockfile::normalize_name(&name)
+            hvd_resolver::names::normalize_name(&name)
         })
         .collect();
     let mut previous: BTreeMap<String, Option<String>> = BTreeMap::new();

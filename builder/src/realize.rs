@@ -6,11 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use hvd_resolver::Sha256;
+
 use crate::derivation::{Derivation, DerivationKind, normalize_name};
 use crate::env;
 use crate::error::{Error, Result};
 use crate::fetch::{Artifact, Fetcher};
-use crate::hash::{self, Sha256};
+use crate::hash;
 use crate::plan::{BuildOptions, EnvPlan, LocalPackage, PackagePlan};
 use crate::progress::Progress;
 use crate::python::Interpreter;

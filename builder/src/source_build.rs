@@ -374,7 +374,7 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
         command.envs(&vars);
     }
     let log_path = build_dir.join("build.log");
-    let mut log = create_new(&log_path)?;
+    let mut log = crate::store::create_new_file(&log_path, 0o644)?;
     command
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
@@ -410,25 +410,6 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     fs_err::create_dir(&wheel_dir)?;
     let wheel = copy_built_wheel(&work, reported, &wheel_dir).map_err(failed)?;
     Ok(wheel)
-}
-
-/// Create a file that must not exist yet, never through a link.
-fn create_new(path: &Path) -> Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .read(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|err| {
-            std::io::Error::new(
-                err.kind(),
-                format!("failed to create `{}`: {err}", path.display()),
-            )
-        })?;
-    Ok(file)
 }
 
 /// The last `limit` bytes of the file behind `file` (lossy UTF-8, starting at a line boundary when cut).
@@ -498,7 +479,7 @@ fn copy_built_wheel(work: &Path, name: &str, into: &Path) -> std::result::Result
         ));
     }
     let copy = into.join(name);
-    let mut out = create_new(&copy).map_err(|err| err.to_string())?;
+    let mut out = crate::store::create_new_file(&copy, 0o644).map_err(|err| err.to_string())?;
     std::io::copy(&mut wheel, &mut out)
         .map_err(|err| format!("failed to copy the built wheel `dist/{name}`: {err}"))?;
     Ok(copy)

@@ -18,9 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use hvd_resolver::Sha256;
+
 use crate::derivation::Derivation;
 use crate::error::{Error, Result};
-use crate::hash::{self, PATH_INFO_FILE, Sha256};
+use crate::hash::{self, PATH_INFO_FILE};
 
 /// Modification time every store entry gets (seconds since the epoch), as Nix does.
 pub const STORE_MTIME: i64 = 1;
@@ -115,7 +117,7 @@ impl Store {
         &self.root
     }
 
-    /// Temporary gc roots of running processes (see [`crate::gc::TempRoot`]).
+    /// Temporary gc roots of running processes (see `gc::TempRoot`, which writes them).
     pub fn temp_roots_dir(&self) -> PathBuf {
         self.root.join(".temproots")
     }
@@ -353,33 +355,44 @@ pub(crate) fn finish_tree(
     Ok(info)
 }
 
-/// Write a file hvd itself puts into a store or env tree: `O_CREAT | O_EXCL | O_NOFOLLOW`, so an existing name (a
-/// file or a link a package placed) fails with `AlreadyExists` instead of being written through; the mode is set
-/// on the descriptor (`fchmod`), never by path. The error text names the path; the kind is kept.
+/// Create a file hvd itself puts into a store, env or build tree: `O_CREAT | O_EXCL | O_NOFOLLOW`, so an existing
+/// name (a file or a link a package placed) fails with `AlreadyExists` instead of being written through; opened
+/// for reading and writing, with the mode set on the descriptor (`fchmod`), never by path. The error text names
+/// the path; the kind is kept.
+pub(crate) fn create_new_file(path: &Path, mode: u32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|err| io_context(err, "create", path))?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(|err| io_context(err, "set the mode of", path))?;
+    Ok(file)
+}
+
+/// [`create_new_file`] with `bytes` written into it (the descriptor stays writable after the mode is set).
 pub(crate) fn write_new_file(
     path: &Path,
     bytes: &[u8],
     mode: u32,
 ) -> std::io::Result<std::fs::File> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let context = |err: std::io::Error, what: &str| {
-        std::io::Error::new(
-            err.kind(),
-            format!("failed to {what} `{}`: {err}", path.display()),
-        )
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|err| context(err, "create"))?;
-    file.write_all(bytes).map_err(|err| context(err, "write"))?;
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(|err| context(err, "set the mode of"))?;
+    let mut file = create_new_file(path, mode)?;
+    file.write_all(bytes)
+        .map_err(|err| io_context(err, "write", path))?;
     Ok(file)
+}
+
+/// `err`, its kind kept, with a message naming what failed on `path`.
+fn io_context(err: std::io::Error, what: &str, path: &Path) -> std::io::Error {
+    std::io::Error::new(
+        err.kind(),
+        format!("failed to {what} `{}`: {err}", path.display()),
+    )
 }
 
 /// Normalize a tree: no write bits (files 0444, or 0555 when any execute bit was set; directories 0555),

@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use hvd_resolver::Sha256;
+
 use crate::error::{Error, Result};
-use crate::hash::Sha256;
 
 /// A compiler as found on this machine or as pinned in a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,8 +26,9 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use sha2::Digest;
 
+use hvd_resolver::Sha256;
+
 use crate::error::{Error, Result};
-use crate::hash::Sha256;
 
 /// Limits on what one archive may unpack to. The defaults are far above any real wheel or sdist (a CUDA build of
 /// torch unpacks to about 4 GiB in about 15 000 files; tensorflow to about 2 GiB in 25 000; pyspark's sdist to about

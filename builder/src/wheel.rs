@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use crate::hash::Sha256;
-
 use base64_free::urlsafe_no_pad;
+
+use hvd_resolver::Sha256;
 
 use crate::error::{Error, Result};
 use crate::unpack;

@@ -1,6 +1,6 @@
 //! [`Sha256`]: a validated sha256 digest. Every hash that comes from outside (an index page, a lockfile) is parsed
 //! into this type where it is read, so a string like `../../x` never travels further than the parser: it cannot
-//! become part of a file name, and it cannot be written into a lockfile.
+//! become part of a file name, and it cannot be written into a lockfile. The builder uses the same type.
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
 /// A sha256 digest: exactly 64 hex digits, stored lowercase. Parsing accepts upper case (and normalizes it) and
-/// nothing else: no `sha256:` prefix, no whitespace, no other length.
+/// nothing else: no whitespace, no other length, and no `sha256:` prefix (only [`Sha256::parse_prefixed`] takes one).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Sha256(String);
@@ -46,6 +46,28 @@ impl Sha256 {
     /// The digest a running hasher has computed.
     pub fn from_hasher(hasher: sha2::Sha256) -> Sha256 {
         Sha256(hex::encode(hasher.finalize()))
+    }
+
+    /// The digest of a file's contents, read in 64 KiB pieces.
+    pub fn of_file(path: &std::path::Path) -> std::io::Result<Sha256> {
+        use std::io::Read as _;
+        let mut file = fs_err::File::open(path)?;
+        let mut hasher = sha2::Sha256::new();
+        let mut buffer = vec![0u8; 1 << 16];
+        loop {
+            let n = file.read(&mut buffer)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buffer[..n]);
+        }
+        Ok(Sha256::from_hasher(hasher))
+    }
+
+    /// Parse a digest written by a person, which may carry a `sha256:` prefix (as `hvd`'s own messages print
+    /// it); otherwise exactly what [`FromStr`] accepts.
+    pub fn parse_prefixed(text: &str) -> Result<Sha256, BadSha256> {
+        text.strip_prefix("sha256:").unwrap_or(text).parse()
     }
 }
 
@@ -111,6 +133,31 @@ mod tests {
             let err = bad.parse::<Sha256>().unwrap_err();
             assert!(err.to_string().contains("not a sha256"), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn only_parse_prefixed_takes_the_prefix() {
+        let text = "sha256:ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789";
+        let hash = Sha256::parse_prefixed(text).unwrap();
+        assert_eq!(
+            hash.as_str(),
+            "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+        );
+        assert_eq!(Sha256::parse_prefixed(hash.as_str()).unwrap(), hash);
+        assert!(text.parse::<Sha256>().is_err());
+        for bad in ["xyz", "sha256:", "sha256:sha256:ab", "md5:ab"] {
+            assert!(Sha256::parse_prefixed(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn of_file_is_of_bytes_of_its_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(Sha256::of_file(&path).unwrap(), Sha256::of_bytes(&bytes));
+        assert!(Sha256::of_file(&dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -27,9 +27,11 @@ pub mod index;
 pub mod lock;
 pub mod lockfile;
 pub mod metadata;
+pub mod names;
 pub mod solver;
 pub mod source;
 pub mod tags;
+pub mod temp_files;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -13,9 +13,9 @@ use crate::deadline::HttpDeadlines;
 use crate::index::{IndexClient, IndexError, IndexOptions, default_cache_dir};
 use crate::lockfile::{
     Artifact, ArtifactKind, Dependency, LockedBuild, LockedPackage, Lockfile, Request,
-    RequestedBuild, SCHEMA_VERSION, ToolPin, ToolchainPin, env_hash, normalize_name,
-    normalize_requirement,
+    RequestedBuild, SCHEMA_VERSION, ToolPin, ToolchainPin, env_hash,
 };
+use crate::names::{normalize_name, normalize_requirement};
 use crate::solver::{self, Resolution, SolveError};
 use crate::source::{FetchCallback, IndexSource, SourceError, SourceMetadataProvider};
 use crate::tags::{Platform, TargetError, TargetSpec};

@@ -13,10 +13,11 @@ use pubgrub::Ranges;
 
 use crate::digest::Sha256;
 use crate::index::{IndexClient, IndexError, IndexFile};
-use crate::lockfile::{Artifact, ArtifactKind, normalize_name};
+use crate::lockfile::{Artifact, ArtifactKind};
 use crate::metadata::CoreMetadata;
+use crate::names::{WheelName, version_of};
 use crate::solver::{Candidates, PackageSource, Unusable};
-use crate::tags::{TargetSpec, WheelName, summarize_python_tags};
+use crate::tags::{TargetSpec, summarize_python_tags};
 
 /// Computes metadata of an sdist whose metadata is not static (PKG-INFO lacks `Requires-Dist`). The resolver
 /// never builds; the builder implements this (running the PEP 517 `prepare_metadata_for_build_wheel` hook).
@@ -408,27 +409,6 @@ impl PackageSource for IndexSource {
         }
         Ok(Arc::new(meta.requires_dist))
     }
-}
-
-/// The version in a file name of package `name` (normalized); `None` when it is not such a file name.
-pub(crate) fn version_of(filename: &str, name: &str) -> Option<Version> {
-    if let Ok(w) = WheelName::from_str(filename) {
-        // A wheel of another project listed on this page is not a file of `name`.
-        if normalize_name(&w.name) != name {
-            return None;
-        }
-        return Version::from_str(&w.version).ok();
-    }
-    let stem = filename
-        .strip_suffix(".tar.gz")
-        .or_else(|| filename.strip_suffix(".zip"))?;
-    // `name-version`: the name may itself contain `-`, so strip the normalized name prefix.
-    let (_, version) = stem.rsplit_once('-')?;
-    let prefix = &stem[..stem.len() - version.len() - 1];
-    if normalize_name(prefix) != name {
-        return None;
-    }
-    Version::from_str(version).ok()
 }
 
 /// Group a project's files by version and pick the best artifact of each for the target.

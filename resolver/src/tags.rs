@@ -1,10 +1,9 @@
 //! The resolution target (interpreter + platform), marker environments, and wheel tag compatibility.
 
-use std::str::FromStr;
-
 use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder};
 
 use crate::lockfile::Target;
+use crate::names::WheelName;
 
 /// Why a target could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -254,44 +253,6 @@ pub(crate) fn split_py_version(v: &str) -> Option<(u64, u64)> {
     let major = v[..1].parse().ok()?;
     let minor = v[1..].parse().ok()?;
     Some((major, minor))
-}
-
-/// A parsed wheel filename (PEP 427).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WheelName {
-    pub name: String,
-    pub version: String,
-    pub python: Vec<String>,
-    pub abi: Vec<String>,
-    pub platform: Vec<String>,
-}
-
-impl FromStr for WheelName {
-    type Err = ();
-    fn from_str(filename: &str) -> Result<Self, ()> {
-        let stem = filename.strip_suffix(".whl").ok_or(())?;
-        // PEP 427 names are ASCII letters, digits, `_` and `.` (plus a version's `+` and `!`): anything else is not a
-        // wheel name, and refusing it here keeps index-made strings from reaching code that slices them by byte.
-        if !stem
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+' | b'!'))
-        {
-            return Err(());
-        }
-        let parts: Vec<&str> = stem.split('-').collect();
-        let (name, version, py, abi, plat) = match parts.as_slice() {
-            [n, v, p, a, pl] | [n, v, _, p, a, pl] => (*n, *v, *p, *a, *pl),
-            _ => return Err(()),
-        };
-        let split = |s: &str| s.split('.').map(str::to_string).collect::<Vec<_>>();
-        Ok(WheelName {
-            name: name.to_string(),
-            version: version.to_string(),
-            python: split(py),
-            abi: split(abi),
-            platform: split(plat),
-        })
-    }
 }
 
 /// Summarize interpreter tags of a set of wheels for messages: `cp27, cp34..cp36`.

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use crate::lockfile::normalize_name;
+use crate::names::normalize_name;
 
 /// What kind of file a fixture distribution is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -559,6 +559,57 @@ impl Drop for FixtureIndex {
         // Wake the accept loop so it sees the flag.
         let _ = TcpStream::connect(self.addr);
     }
+}
+
+/// An env on python 3.11 asking for `packages` (requirement strings), nothing else.
+pub fn env_of(packages: &[&str]) -> hvd_lang::model::Env {
+    hvd_lang::model::Env {
+        python: "3.11".into(),
+        index: None,
+        toolchain: None,
+        packages: packages
+            .iter()
+            .map(|p| hvd_lang::model::PackageRequest {
+                requirement: p.to_string(),
+                build: None,
+            })
+            .collect(),
+        variables: BTreeMap::new(),
+    }
+}
+
+/// Lock options against `index` with the cache in `cache`, for linux x86_64 with glibc 2.36 (so a lock means the
+/// same on every machine).
+pub fn lock_options(index: &FixtureIndex, cache: &std::path::Path) -> crate::LockOptions {
+    lock_options_at(&index.url(), cache)
+}
+
+/// [`lock_options`] against any index URL.
+pub fn lock_options_at(index_url: &str, cache: &std::path::Path) -> crate::LockOptions {
+    crate::LockOptions {
+        index_url: Some(index_url.to_string()),
+        cache_dir: Some(cache.to_path_buf()),
+        platform: Some(crate::tags::Platform {
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            glibc: Some((2, 36)),
+        }),
+        ..crate::LockOptions::default()
+    }
+}
+
+/// [`crate::lock`] on another thread, failing the test (instead of hanging it) when the lock has not returned
+/// after two minutes: a guard far above any deadline a test sets, it only tells a hang from an error.
+pub fn lock_or_hang(
+    env: hvd_lang::model::Env,
+    options: crate::LockOptions,
+) -> Result<crate::Lockfile, crate::ResolveError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(crate::lock(&env, &options));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(120))
+        .expect("`hvd lock` hung instead of failing")
 }
 
 struct Response {

@@ -2,54 +2,13 @@
 //! it lists path strings as digests, claims another index's digest, serves a wheel whose central directory lies,
 //! and lists no digests at all. Each test checks what the attack aimed at did not happen.
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::mpsc;
-use std::time::Duration;
 
-use hvd_lang::model::{Env, PackageRequest};
-use hvd_resolver::tags::Platform;
-use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
-use hvd_resolver::{LockOptions, Lockfile, ResolveError, lock};
-
-fn env(packages: &[&str]) -> Env {
-    Env {
-        python: "3.11".into(),
-        index: None,
-        toolchain: None,
-        packages: packages
-            .iter()
-            .map(|p| PackageRequest {
-                requirement: p.to_string(),
-                build: None,
-            })
-            .collect(),
-        variables: BTreeMap::new(),
-    }
-}
-
-fn options(index: &FixtureIndex, cache: &Path) -> LockOptions {
-    LockOptions {
-        index_url: Some(index.url()),
-        cache_dir: Some(cache.to_path_buf()),
-        platform: Some(Platform {
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            glibc: Some((2, 36)),
-        }),
-        ..LockOptions::default()
-    }
-}
-
-/// Lock on another thread, failing the test (instead of hanging it) when the lock never returns.
-fn lock_or_hang(env: Env, options: LockOptions) -> Result<Lockfile, ResolveError> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(lock(&env, &options));
-    });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("`hvd lock` hung instead of failing")
-}
+use hvd_resolver::Lockfile;
+use hvd_resolver::index::error_chain;
+use hvd_resolver::testing::{
+    Dist, FixtureIndex, FixtureOptions, env_of, lock_options, lock_or_hang,
+};
 
 /// Every sha256 in a lockfile's text is 64 lowercase hex digits.
 fn assert_hashes_are_hex(lock: &Lockfile) {
@@ -70,17 +29,6 @@ fn assert_hashes_are_hex(lock: &Lockfile) {
     }
 }
 
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// Item 1: the listed sha256 became a metadata-cache file name, so `../..` wrote attacker bytes anywhere, and the
 /// lockfile recorded it.
 #[test]
@@ -99,7 +47,8 @@ fn sha256_with_path_traversal_writes_nothing_and_names_the_package() {
         .unwrap();
         let hostile = format!("{}{}", "../".repeat(32), target.display());
         index.list_sha256("helper-1.0-py3-none-any.whl", Some(&hostile));
-        let err = lock_or_hang(env(&["helper"]), options(&index, cache.path())).unwrap_err();
+        let err =
+            lock_or_hang(env_of(&["helper"]), lock_options(&index, cache.path())).unwrap_err();
         let text = error_chain(&err);
         assert!(
             text.contains("helper") && text.contains("not a sha256"),
@@ -135,10 +84,12 @@ fn claimed_sha256_of_another_index_does_not_poison_its_locks() {
         .unwrap();
         hostile.list_sha256("helper-1.0-py3-none-any.whl", Some(&honest_sha));
         // The attacker's project locks first and fills the shared cache.
-        let first = lock_or_hang(env(&["helper"]), options(&hostile, cache.path())).unwrap();
+        let first =
+            lock_or_hang(env_of(&["helper"]), lock_options(&hostile, cache.path())).unwrap();
         assert!(first.package("evilzip").is_some());
         // The victim, same user and cache, locks against the honest index.
-        let victim = lock_or_hang(env(&["helper"]), options(&honest, cache.path())).unwrap();
+        let victim =
+            lock_or_hang(env_of(&["helper"]), lock_options(&honest, cache.path())).unwrap();
         assert!(
             victim.package("evilzip").is_none(),
             "core_metadata={core_metadata}: {}",
@@ -181,7 +132,8 @@ fn central_directory_past_the_end_fails_the_lock_instead_of_hanging() {
         .unwrap();
         let dist = Dist::wheel("helper", "1.0").with_extra_files(extra_files);
         index.add_raw(dist.clone(), wheel_with_lying_central_directory(&dist));
-        let err = lock_or_hang(env(&["helper"]), options(&index, cache.path())).unwrap_err();
+        let err =
+            lock_or_hang(env_of(&["helper"]), lock_options(&index, cache.path())).unwrap_err();
         let text = error_chain(&err);
         assert!(
             text.contains("helper-1.0-py3-none-any.whl")
@@ -210,7 +162,7 @@ fn index_without_hashes_locks_the_digest_hvd_computed() {
         for file in ["app-1.0-py3-none-any.whl", "lib-2.0.tar.gz"] {
             index.list_sha256(file, None);
         }
-        let lock = lock_or_hang(env(&["app"]), options(&index, cache.path())).unwrap();
+        let lock = lock_or_hang(env_of(&["app"]), lock_options(&index, cache.path())).unwrap();
         for (name, file) in [
             ("app", "app-1.0-py3-none-any.whl"),
             ("lib", "lib-2.0.tar.gz"),
@@ -237,7 +189,7 @@ fn listed_hashes_cost_no_wheel_download() {
         FixtureOptions::default(),
     )
     .unwrap();
-    lock_or_hang(env(&["app"]), options(&index, cache.path())).unwrap();
+    lock_or_hang(env_of(&["app"]), lock_options(&index, cache.path())).unwrap();
     let whole: Vec<String> = index
         .requests()
         .into_iter()
@@ -254,7 +206,7 @@ fn sdist_not_matching_its_listed_sha256_is_refused() {
     let index =
         FixtureIndex::start(vec![Dist::sdist("lib", "2.0")], FixtureOptions::default()).unwrap();
     index.list_sha256("lib-2.0.tar.gz", Some(&"0".repeat(64)));
-    let err = lock_or_hang(env(&["lib"]), options(&index, cache.path())).unwrap_err();
+    let err = lock_or_hang(env_of(&["lib"]), lock_options(&index, cache.path())).unwrap_err();
     let text = error_chain(&err);
     assert!(
         text.contains("lib-2.0.tar.gz") && text.contains("does not match the sha256"),
@@ -279,7 +231,7 @@ fn core_metadata_not_matching_its_listed_sha256_is_refused() {
         "Metadata-Version: 2.1\nName: helper\nVersion: 1.0\nRequires-Dist: evilzip\n",
     );
     index.list_core_metadata_sha256("helper-1.0-py3-none-any.whl", &"1".repeat(64));
-    let err = lock_or_hang(env(&["helper"]), options(&index, cache.path())).unwrap_err();
+    let err = lock_or_hang(env_of(&["helper"]), lock_options(&index, cache.path())).unwrap_err();
     let text = error_chain(&err);
     assert!(
         text.contains("helper-1.0-py3-none-any.whl.metadata")
@@ -306,7 +258,7 @@ fn big_central_directory_is_read_by_range() {
     .unwrap();
     let (bytes, _) = index.file("big-1.0-py3-none-any.whl").unwrap();
     assert!(bytes.len() > 200_000, "{}", bytes.len());
-    let lock = lock_or_hang(env(&["big"]), options(&index, cache.path())).unwrap();
+    let lock = lock_or_hang(env_of(&["big"]), lock_options(&index, cache.path())).unwrap();
     assert!(lock.package("lib").is_some());
     let reads: Vec<String> = index
         .requests()

@@ -2,40 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use hvd_lang::model::{Env, PackageRequest, SourceBuild};
+use hvd_lang::model::{PackageRequest, SourceBuild};
 use hvd_resolver::lockfile::ArtifactKind;
-use hvd_resolver::tags::Platform;
-use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
+use hvd_resolver::testing::{
+    Dist, FixtureIndex, FixtureOptions, env_of, lock_options, lock_options_at,
+};
 use hvd_resolver::{LockOptions, Lockfile, ResolveError, lock, lock_detailed};
-
-fn env(packages: &[&str]) -> Env {
-    Env {
-        python: "3.11".into(),
-        index: None,
-        toolchain: None,
-        packages: packages
-            .iter()
-            .map(|p| PackageRequest {
-                requirement: p.to_string(),
-                build: None,
-            })
-            .collect(),
-        variables: BTreeMap::new(),
-    }
-}
-
-fn options(index: &FixtureIndex, cache: &tempfile::TempDir) -> LockOptions {
-    LockOptions {
-        index_url: Some(index.url()),
-        cache_dir: Some(cache.path().to_path_buf()),
-        platform: Some(Platform {
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            glibc: Some((2, 36)),
-        }),
-        ..LockOptions::default()
-    }
-}
 
 fn versions(lock: &Lockfile) -> Vec<String> {
     lock.packages
@@ -69,7 +41,11 @@ fn universe() -> Vec<Dist> {
 fn resolves_markers_extras_yanked_and_requires_python() {
     let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let lock = lock(&env(&["app", "newpy"]), &options(&index, &cache)).unwrap();
+    let lock = lock(
+        &env_of(&["app", "newpy"]),
+        &lock_options(&index, cache.path()),
+    )
+    .unwrap();
     // app 2.0 (newest); lib 2.0 (3.0 is yanked); plugin[fast] pulls speedups 0.1 (0.2 is cp312 only);
     // win-only is skipped by its marker; newpy 2.0 needs python 3.12.
     assert_eq!(
@@ -114,13 +90,17 @@ fn resolves_markers_extras_yanked_and_requires_python() {
 fn conflicts_are_explained_in_plain_words() {
     let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let err = lock(&env(&["app==1.0", "lib>=2.5"]), &options(&index, &cache)).unwrap_err();
+    let err = lock(
+        &env_of(&["app==1.0", "lib>=2.5"]),
+        &lock_options(&index, cache.path()),
+    )
+    .unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, ResolveError::NoSolution(_)), "{text}");
     assert!(text.contains("app 1.0 depends on lib >=1, <3"), "{text}");
     assert!(text.contains("the env depends on lib >=2.5"), "{text}");
 
-    let text = lock(&env(&["lib>=2.5"]), &options(&index, &cache))
+    let text = lock(&env_of(&["lib>=2.5"]), &lock_options(&index, cache.path()))
         .unwrap_err()
         .to_string();
     assert!(text.contains("lib==3.0 is yanked"), "{text}");
@@ -137,9 +117,12 @@ fn missing_wheel_names_the_tags_and_suggests() {
     ];
     let index = FixtureIndex::start(dists, FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let text = lock(&env(&["tensorflow==1.5.0"]), &options(&index, &cache))
-        .unwrap_err()
-        .to_string();
+    let text = lock(
+        &env_of(&["tensorflow==1.5.0"]),
+        &lock_options(&index, cache.path()),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         text.contains(
             "tensorflow==1.5.0 has no wheel for cp311 on manylinux x86_64 (it has cp27, cp34..cp36)"
@@ -149,9 +132,12 @@ fn missing_wheel_names_the_tags_and_suggests() {
     assert!(text.contains("python = \"3.6\""), "{text}");
     assert!(text.contains("tensorflow==2.12.1"), "{text}");
 
-    let text = lock(&env(&["no-such-thing"]), &options(&index, &cache))
-        .unwrap_err()
-        .to_string();
+    let text = lock(
+        &env_of(&["no-such-thing"]),
+        &lock_options(&index, cache.path()),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         text.contains("`no-such-thing` does not exist on the package index"),
         "{text}"
@@ -162,8 +148,8 @@ fn missing_wheel_names_the_tags_and_suggests() {
 fn relock_is_byte_identical_and_only_revalidates() {
     let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let e = env(&["app", "newpy"]);
-    let first = lock_detailed(&e, &options(&index, &cache)).unwrap();
+    let e = env_of(&["app", "newpy"]);
+    let first = lock_detailed(&e, &lock_options(&index, cache.path())).unwrap();
     assert!(
         index
             .requests()
@@ -173,7 +159,7 @@ fn relock_is_byte_identical_and_only_revalidates() {
         index.requests()
     );
     index.clear_requests();
-    let mut opts = options(&index, &cache);
+    let mut opts = lock_options(&index, cache.path());
     opts.existing = Some(first.lockfile.clone());
     let second = lock_detailed(&e, &opts).unwrap();
     assert_eq!(first.lockfile.to_toml(), second.lockfile.to_toml());
@@ -190,7 +176,7 @@ fn relock_is_byte_identical_and_only_revalidates() {
 
     // Offline: no requests at all, same bytes.
     index.clear_requests();
-    let mut opts = options(&index, &cache);
+    let mut opts = lock_options(&index, cache.path());
     opts.offline = true;
     let third = lock(&e, &opts).unwrap();
     assert_eq!(third.to_toml(), first.lockfile.to_toml());
@@ -201,9 +187,9 @@ fn relock_is_byte_identical_and_only_revalidates() {
 fn offline_without_cache_says_what_to_do() {
     let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let mut opts = options(&index, &cache);
+    let mut opts = lock_options(&index, cache.path());
     opts.offline = true;
-    let text = lock(&env(&["app"]), &opts).unwrap_err().to_string();
+    let text = lock(&env_of(&["app"]), &opts).unwrap_err().to_string();
     assert!(text.contains("--offline"), "{text}");
     assert!(index.requests().is_empty());
 }
@@ -212,11 +198,11 @@ fn offline_without_cache_says_what_to_do() {
 fn pins_are_kept_until_upgraded() {
     let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let e = env(&["lib<3"]);
-    let first = lock(&e, &options(&index, &cache)).unwrap();
+    let e = env_of(&["lib<3"]);
+    let first = lock(&e, &lock_options(&index, cache.path())).unwrap();
     assert_eq!(versions(&first), ["lib==2.0", "six==1.16.0"]);
     index.add(Dist::wheel("lib", "2.5"));
-    let mut opts = options(&index, &cache);
+    let mut opts = lock_options(&index, cache.path());
     opts.existing = Some(first.clone());
     assert_eq!(
         versions(&lock(&e, &opts).unwrap()),
@@ -241,7 +227,11 @@ fn html_index_without_ranges_works() {
     )
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let lock = lock(&env(&["app", "newpy"]), &options(&index, &cache)).unwrap();
+    let lock = lock(
+        &env_of(&["app", "newpy"]),
+        &lock_options(&index, cache.path()),
+    )
+    .unwrap();
     assert_eq!(
         versions(&lock),
         [
@@ -272,7 +262,7 @@ fn pep658_metadata_is_used_when_offered() {
     )
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    lock(&env(&["app"]), &options(&index, &cache)).unwrap();
+    lock(&env_of(&["app"]), &lock_options(&index, cache.path())).unwrap();
     let requests = index.requests();
     assert!(
         requests.iter().any(|r| r.ends_with(".metadata 200")),
@@ -306,7 +296,7 @@ fn source_builds_lock_build_requirements_against_runtime_pins() {
     ];
     let index = FixtureIndex::start(dists, FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let mut e = env(&["tensorflow-cpu==2.12.1"]);
+    let mut e = env_of(&["tensorflow-cpu==2.12.1"]);
     e.packages.push(PackageRequest {
         requirement: "horovod==0.28.1".into(),
         build: Some(SourceBuild {
@@ -316,7 +306,7 @@ fn source_builds_lock_build_requirements_against_runtime_pins() {
             no_build_isolation: true,
         }),
     });
-    let lock = lock(&e, &options(&index, &cache)).unwrap();
+    let lock = lock(&e, &lock_options(&index, cache.path())).unwrap();
     assert_eq!(
         versions(&lock),
         [
@@ -363,7 +353,7 @@ fn transient_failures_are_retried_and_permanent_ones_name_the_url() {
     )
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let lock = lock(&env(&["lib<2"]), &options(&index, &cache)).unwrap();
+    let lock = lock(&env_of(&["lib<2"]), &lock_options(&index, cache.path())).unwrap();
     assert_eq!(versions(&lock), ["lib==1.5"]);
     assert_eq!(
         index
@@ -382,25 +372,12 @@ fn transient_failures_are_retried_and_permanent_ones_name_the_url() {
     let cache = tempfile::tempdir().unwrap();
     let opts = LockOptions {
         index_url: Some(format!("{url}nested/")),
-        ..options_for(&url, &cache)
+        ..lock_options_at(&url, cache.path())
     };
-    let text = hvd_resolver::lock(&env(&["lib"]), &opts)
+    let text = hvd_resolver::lock(&env_of(&["lib"]), &opts)
         .unwrap_err()
         .to_string();
     assert!(text.contains(&format!("{url}nested/lib/")), "{text}");
-}
-
-fn options_for(url: &str, cache: &tempfile::TempDir) -> LockOptions {
-    LockOptions {
-        index_url: Some(url.to_string()),
-        cache_dir: Some(cache.path().to_path_buf()),
-        platform: Some(Platform {
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            glibc: Some((2, 36)),
-        }),
-        ..LockOptions::default()
-    }
 }
 
 #[test]
@@ -418,7 +395,7 @@ fn plain_sdists_lock_their_pyproject_build_requirements() {
     )
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let locked = lock(&env(&["widget"]), &options(&index, &cache)).unwrap();
+    let locked = lock(&env_of(&["widget"]), &lock_options(&index, cache.path())).unwrap();
     assert_eq!(versions(&locked), ["helper==1.0", "widget==1.0"]);
     assert_eq!(
         locked.package("widget").unwrap().artifact.kind,
@@ -445,11 +422,11 @@ fn plain_sdists_lock_their_pyproject_build_requirements() {
     // The build requirements were read from the download made for PKG-INFO and cached: an offline relock works
     // and writes the same bytes; the written lock reads back equal.
     let again = lock(
-        &env(&["widget"]),
+        &env_of(&["widget"]),
         &LockOptions {
             offline: true,
             existing: Some(locked.clone()),
-            ..options(&index, &cache)
+            ..lock_options(&index, cache.path())
         },
     )
     .unwrap();
@@ -466,7 +443,7 @@ fn plain_sdists_lock_their_pyproject_build_requirements() {
     )
     .unwrap();
     let cache2 = tempfile::tempdir().unwrap();
-    let lock2 = lock(&env(&["widget"]), &options(&index2, &cache2)).unwrap();
+    let lock2 = lock(&env_of(&["widget"]), &lock_options(&index2, cache2.path())).unwrap();
     assert!(lock2.builds.is_empty(), "{:?}", lock2.builds);
 }
 
@@ -484,7 +461,11 @@ fn sdists_without_pyproject_get_the_pep517_default_build_requirements() {
     )
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let locked = lock(&env(&["oldpkg", "tablefree"]), &options(&index, &cache)).unwrap();
+    let locked = lock(
+        &env_of(&["oldpkg", "tablefree"]),
+        &lock_options(&index, cache.path()),
+    )
+    .unwrap();
     let oldpkg = locked
         .builds
         .iter()
@@ -512,7 +493,7 @@ fn sdists_without_pyproject_get_the_pep517_default_build_requirements() {
     )
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    match lock(&env(&["oldpkg"]), &options(&index, &cache)) {
+    match lock(&env_of(&["oldpkg"]), &lock_options(&index, cache.path())) {
         Err(ResolveError::NoSolution(text)) => {
             assert!(text.contains("build requirements of `oldpkg`"), "{text}")
         }

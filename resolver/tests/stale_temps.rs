@@ -2,43 +2,11 @@
 //! next to the lockfile forever. The next run removes the stale ones (an hour old, or a minute old with their
 //! writer's pid gone) and keeps everything else: live temps, cache entries, other files' temps, links.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use hvd_lang::model::{Env, PackageRequest};
-use hvd_resolver::tags::Platform;
-use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
-use hvd_resolver::{LockOptions, lock};
-
-fn env(packages: &[&str]) -> Env {
-    Env {
-        python: "3.11".into(),
-        index: None,
-        toolchain: None,
-        packages: packages
-            .iter()
-            .map(|p| PackageRequest {
-                requirement: p.to_string(),
-                build: None,
-            })
-            .collect(),
-        variables: BTreeMap::new(),
-    }
-}
-
-fn options(index: &FixtureIndex, cache: &Path) -> LockOptions {
-    LockOptions {
-        index_url: Some(index.url()),
-        cache_dir: Some(cache.to_path_buf()),
-        platform: Some(Platform {
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            glibc: Some((2, 36)),
-        }),
-        ..LockOptions::default()
-    }
-}
+use hvd_resolver::lock;
+use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
 
 /// The pid of a process that has ended (a real child, waited for).
 fn dead_pid() -> u32 {
@@ -112,7 +80,7 @@ fn a_lock_removes_stale_temps_of_the_metadata_cache_once_an_hour() {
     let link = bucket.join(format!(".ab06.{dead}.0.tmp"));
     std::os::unix::fs::symlink(&target, &link).unwrap();
 
-    lock(&env(&["helper"]), &options(&index, cache.path())).unwrap();
+    lock(&env_of(&["helper"]), &lock_options(&index, cache.path())).unwrap();
     assert!(!old.exists(), "an hour-old temp was kept");
     assert!(!dead_writer.exists(), "a temp of a dead writer was kept");
     for kept in [&fresh_dead, &live, &entry, &not_ours, &target] {
@@ -129,11 +97,11 @@ fn a_lock_removes_stale_temps_of_the_metadata_cache_once_an_hour() {
     // Within the hour the cache is not swept again (a lock pays nothing for it)...
     let later = bucket.join(format!(".ab07.{dead}.0.tmp"));
     write_aged(&later, 2 * HOUR);
-    lock(&env(&["helper"]), &options(&index, cache.path())).unwrap();
+    lock(&env_of(&["helper"]), &lock_options(&index, cache.path())).unwrap();
     assert!(later.exists());
     // ...and once the last sweep is an hour old, it is.
     write_aged(&cache.path().join("v1/.temp-sweep"), 2 * HOUR);
-    lock(&env(&["helper"]), &options(&index, cache.path())).unwrap();
+    lock(&env_of(&["helper"]), &lock_options(&index, cache.path())).unwrap();
     assert!(!later.exists());
 }
 
@@ -146,7 +114,7 @@ fn writing_a_lockfile_removes_its_stale_temps_only() {
         FixtureOptions::default(),
     )
     .unwrap();
-    let lockfile = lock(&env(&["helper"]), &options(&index, cache.path())).unwrap();
+    let lockfile = lock(&env_of(&["helper"]), &lock_options(&index, cache.path())).unwrap();
     let dead = dead_pid();
     let me = std::process::id();
     let dir = project.path();

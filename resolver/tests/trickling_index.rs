@@ -4,48 +4,25 @@
 //! and an sdist read for its PKG-INFO. Each lock must fail with an error naming the URL, the package and the
 //! setting to change. The deadlines are set small here; the tests assert on the error, never on the time.
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::mpsc;
 use std::time::Duration;
 
-use hvd_lang::model::{Env, PackageRequest};
+use hvd_resolver::LockOptions;
 use hvd_resolver::deadline::HttpDeadlines;
-use hvd_resolver::tags::Platform;
-use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
-use hvd_resolver::{LockOptions, Lockfile, ResolveError, lock};
+use hvd_resolver::index::error_chain;
+use hvd_resolver::testing::{
+    Dist, FixtureIndex, FixtureOptions, env_of, lock_options, lock_or_hang,
+};
 
 const WHEEL: &str = "helper-1.0-py3-none-any.whl";
 /// A byte every 200 ms: far inside any read timeout, far below any useful speed.
 const STALL: Duration = Duration::from_millis(200);
 
-fn env(packages: &[&str]) -> Env {
-    Env {
-        python: "3.11".into(),
-        index: None,
-        toolchain: None,
-        packages: packages
-            .iter()
-            .map(|p| PackageRequest {
-                requirement: p.to_string(),
-                build: None,
-            })
-            .collect(),
-        variables: BTreeMap::new(),
-    }
-}
-
+/// Lock options with these deadlines.
 fn options(index: &FixtureIndex, cache: &Path, deadlines: HttpDeadlines) -> LockOptions {
     LockOptions {
-        index_url: Some(index.url()),
-        cache_dir: Some(cache.to_path_buf()),
-        platform: Some(Platform {
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            glibc: Some((2, 36)),
-        }),
         deadlines: Some(deadlines),
-        ..LockOptions::default()
+        ..lock_options(index, cache)
     }
 }
 
@@ -56,28 +33,6 @@ fn short() -> HttpDeadlines {
         request: Duration::from_secs(2),
         min_rate: 1_000_000,
     }
-}
-
-/// Lock on another thread; a lock that never returns fails the test instead of hanging it. The guard is far above
-/// the deadlines: it only tells a hang from an error.
-fn lock_or_hang(env: Env, options: LockOptions) -> Result<Lockfile, ResolveError> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(lock(&env, &options));
-    });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("`hvd lock` hung on a trickling index instead of failing")
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn assert_mentions(text: &str, needles: &[&str]) {
@@ -100,7 +55,7 @@ fn trickled_project_page_stops_at_the_request_deadline() {
         .unwrap();
         index.trickle("/simple/helper/", 1, STALL);
         let err =
-            lock_or_hang(env(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
+            lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
         let text = error_chain(&err);
         assert_mentions(
             &text,
@@ -135,7 +90,7 @@ fn trickled_metadata_stops_at_the_request_deadline() {
         };
         index.trickle(&path, 1, STALL);
         let err =
-            lock_or_hang(env(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
+            lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
         let text = error_chain(&err);
         assert_mentions(
             &text,
@@ -155,7 +110,7 @@ fn trickled_metadata_stops_at_the_request_deadline() {
             },
         )
         .unwrap();
-        lock_or_hang(env(&["helper"]), options(&honest, cache.path(), short())).unwrap();
+        lock_or_hang(env_of(&["helper"]), options(&honest, cache.path(), short())).unwrap();
     }
 }
 
@@ -174,7 +129,8 @@ fn trickled_download_of_a_hashless_index_stops_below_the_least_speed() {
     .unwrap();
     index.list_sha256(WHEEL, None);
     index.trickle(&format!("/files/{WHEEL}"), 1, STALL);
-    let err = lock_or_hang(env(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
+    let err =
+        lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
     let text = error_chain(&err);
     assert_mentions(
         &text,
@@ -197,7 +153,8 @@ fn trickled_sdist_stops_below_the_least_speed() {
     )
     .unwrap();
     index.trickle("/files/helper-1.0.tar.gz", 1, STALL);
-    let err = lock_or_hang(env(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
+    let err =
+        lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
     let text = error_chain(&err);
     assert_mentions(
         &text,
@@ -232,8 +189,11 @@ fn slow_but_honest_download_finishes_past_the_request_deadline() {
         request: Duration::from_secs(1),
         min_rate: 4000,
     };
-    let lock = lock_or_hang(env(&["helper"]), options(&index, cache.path(), deadlines))
-        .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    let lock = lock_or_hang(
+        env_of(&["helper"]),
+        options(&index, cache.path(), deadlines),
+    )
+    .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
     let (bytes, sha) = index.file(WHEEL).unwrap();
     let locked = lock.package("helper").unwrap();
     assert_eq!(locked.artifact.sha256.as_str(), sha);
@@ -254,7 +214,8 @@ fn trickled_whole_wheel_from_a_host_without_ranges_stops_below_the_least_speed()
     )
     .unwrap();
     index.trickle(&format!("/files/{WHEEL}"), 1, STALL);
-    let err = lock_or_hang(env(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
+    let err =
+        lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
     let text = error_chain(&err);
     assert_mentions(
         &text,
@@ -287,8 +248,11 @@ fn slow_but_honest_host_without_ranges_is_locked() {
         request: Duration::from_secs(1),
         min_rate: (chunk as u64 * 20) / 10,
     };
-    let lock = lock_or_hang(env(&["helper"]), options(&index, cache.path(), deadlines))
-        .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    let lock = lock_or_hang(
+        env_of(&["helper"]),
+        options(&index, cache.path(), deadlines),
+    )
+    .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
     let locked = lock.package("helper").unwrap();
     assert_eq!(locked.artifact.sha256.as_str(), sha);
 }
