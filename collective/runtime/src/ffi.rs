@@ -49,7 +49,6 @@ thread_local! {
 
 /// The last failure of a call on this thread, for `hvd_last_error`, `hvd_last_error_kind` and
 /// `hvd_last_error_rank`.
-#[derive(Default)]
 struct LastError {
     message: CString,
     /// hvd.h `enum hvd_error_kind` (0: no failure yet).
@@ -58,8 +57,19 @@ struct LastError {
     rank: i64,
 }
 
+impl Default for LastError {
+    fn default() -> LastError {
+        LastError {
+            message: CString::default(),
+            kind: 0,
+            rank: -1,
+        }
+    }
+}
+
 /// A failed call: what kind of failure it is (hvd.h `enum hvd_error_kind`), the peer it names (a lost peer) and
 /// its message.
+#[derive(Debug)]
 struct Failure {
     kind: ErrorKind,
     rank: Option<usize>,
