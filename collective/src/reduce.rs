@@ -49,26 +49,13 @@ macro_rules! int_arith {
     })*};
 }
 int_arith!(i8, u8, i32, i64);
-impl Arith for f32 {
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
+macro_rules! float_arith {
+    ($($t:ty),*) => {$(impl Arith for $t {
+        #[inline(always)] fn add(self, o: Self) -> Self { self + o }
+        #[inline(always)] fn mul(self, o: Self) -> Self { self * o }
+    })*};
 }
-impl Arith for f64 {
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-}
+float_arith!(f32, f64);
 #[inline(always)]
 fn prim_add<T: Arith>(a: T, b: T) -> T {
     a.add(b)

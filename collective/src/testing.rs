@@ -15,7 +15,7 @@
 //! assert_eq!(sums, [6.0, 6.0, 6.0]);
 //! ```
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 use crate::communicator::Communicator;
@@ -133,16 +133,7 @@ impl LocalJob {
 
     fn tcp_ranks(&self, hosts: &[usize]) -> Result<Vec<Box<dyn Communicator>>> {
         let n = self.size;
-        let listeners = (0..n)
-            .map(|_| listen(IpAddr::V4(Ipv4Addr::LOCALHOST)))
-            .collect::<Result<Vec<_>>>()?;
-        let addrs = listeners
-            .iter()
-            .map(|l| {
-                l.local_addr()
-                    .map_err(|e| Error::io("read a listener's address", e))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (listeners, addrs) = loopback_listeners(n)?;
         let timeout = self.timeout;
         // In-process ranks share a fresh random key: the handshake is the real one.
         let key = &JobKey::random()?;
@@ -155,13 +146,7 @@ impl LocalJob {
                     s.spawn(move || TcpTransport::connect(r, l, addrs, key, timeout))
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::Broken("connect panicked".into())))
-                })
-                .collect()
+            joined(handles)
         });
         transports
             .into_iter()
@@ -173,16 +158,7 @@ impl LocalJob {
 
     fn hierarchical_ranks(&self, hosts: &[usize]) -> Result<Vec<Box<dyn Communicator>>> {
         let n = self.size;
-        let listeners = (0..n)
-            .map(|_| listen(IpAddr::V4(Ipv4Addr::LOCALHOST)))
-            .collect::<Result<Vec<_>>>()?;
-        let addrs = listeners
-            .iter()
-            .map(|l| {
-                l.local_addr()
-                    .map_err(|e| Error::io("read a listener's address", e))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (listeners, addrs) = loopback_listeners(n)?;
         let mut segments = std::collections::HashMap::new();
         for h in hosts {
             if !segments.contains_key(h) {
@@ -216,13 +192,7 @@ impl LocalJob {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::Broken("connect panicked".into())))
-                })
-                .collect()
+            joined(handles)
         });
         results.into_iter().collect()
     }
@@ -285,6 +255,32 @@ fn pin_to_cpu(index: usize) {
 
 /// The environment that makes a process rank `rank` of a `size`-rank job without a launcher: the ranks find each
 /// other through `rendezvous_dir` (a fresh directory all of them can reach) and group into hosts by `hostname`.
+/// A listener on loopback for each of `n` ranks, and their addresses.
+fn loopback_listeners(n: usize) -> Result<(Vec<TcpListener>, Vec<SocketAddr>)> {
+    let listeners = (0..n)
+        .map(|_| listen(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+        .collect::<Result<Vec<_>>>()?;
+    let addrs = listeners
+        .iter()
+        .map(|l| {
+            l.local_addr()
+                .map_err(|e| Error::io("read a listener's address", e))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((listeners, addrs))
+}
+
+/// The results of the connecting threads, in rank order (a panic as an error).
+fn joined<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Vec<Result<T>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Broken("connect panicked".into())))
+        })
+        .collect()
+}
+
 /// Start `size` processes with these variables and have each call [`crate::bootstrap::from_env`].
 pub fn process_env(
     rank: usize,
