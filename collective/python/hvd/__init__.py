@@ -162,28 +162,23 @@ def _topology(fn):
     return v
 
 
-def size():
-    return _topology(_l().hvd_size)
+def _topology_function(name, doc):
+    symbol = "hvd_" + name
+
+    def get():
+        return _topology(getattr(_l(), symbol))
+
+    get.__name__ = get.__qualname__ = name
+    get.__doc__ = doc + " Raises ValueError before ``hvd.init()``."
+    return get
 
 
-def rank():
-    return _topology(_l().hvd_rank)
-
-
-def local_size():
-    return _topology(_l().hvd_local_size)
-
-
-def local_rank():
-    return _topology(_l().hvd_local_rank)
-
-
-def cross_size():
-    return _topology(_l().hvd_cross_size)
-
-
-def cross_rank():
-    return _topology(_l().hvd_cross_rank)
+size = _topology_function("size", "Number of ranks in the job.")
+rank = _topology_function("rank", "This process's rank, ``0..size()``.")
+local_size = _topology_function("local_size", "Number of ranks on this host.")
+local_rank = _topology_function("local_rank", "This process's rank among the ranks on this host.")
+cross_size = _topology_function("cross_size", "Number of hosts.")
+cross_rank = _topology_function("cross_rank", "Index of this host among the hosts.")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1045,3 +1040,28 @@ def allgather_object(obj, name=None):
         out.append(pickle.loads(blob[at:at + n]))
         at += n
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The framework modules
+
+# What hvd.torch, hvd.jax and hvd.tensorflow take over from this module as it is (each adds its own helpers).
+_SHARED_API = (
+    "ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "is_homogeneous", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rocm_built", "Average", "Max", "Min", "Product", "Sum", "HvdError",
+    "InvalidArgumentError", "MismatchError", "NotInitializedError", "HorovodInternalError", "PeerLostError",
+    "CollectiveTimeoutError", "StallError", "allgather_object", "barrier", "broadcast_object", "cross_rank",
+    "cross_size", "init", "is_initialized", "join", "local_rank", "local_size", "poll", "rank", "shutdown", "size",
+    "start_timeline", "stop_timeline", "synchronize",
+)
+# The tensor operations, taken over by the framework modules that do not define their own (hvd.jax, hvd.tensorflow).
+_TENSOR_API = (
+    "allgather", "allgather_async", "allreduce", "allreduce_async", "alltoall", "broadcast", "broadcast_async",
+    "grouped_allreduce", "reducescatter",
+)
+
+
+def _reexport(namespace, tensor_ops=True):
+    """Puts the shared API (and with ``tensor_ops`` the tensor operations) into a framework module's namespace."""
+    names = _SHARED_API + (_TENSOR_API if tensor_ops else ())
+    namespace.update((name, globals()[name]) for name in names)

@@ -9,14 +9,8 @@ except ImportError as e:
     ) from e
 
 import hvd as _core
-from hvd import (  # noqa: F401 - re-exported API
-    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rocm_built,
-    Average, HorovodInternalError, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allgather_object,
-    allreduce, allreduce_async, alltoall, barrier, broadcast, broadcast_async, broadcast_object, cross_rank,
-    cross_size, grouped_allreduce, init, is_initialized, join, local_rank, local_size, poll, rank, reducescatter,
-    shutdown, size, start_timeline, stop_timeline, synchronize,
-)
+
+_core._reexport(globals())
 
 
 def broadcast_parameters(params, root_rank=0):
@@ -24,10 +18,10 @@ def broadcast_parameters(params, root_rank=0):
     leaves, tree = jax.tree_util.tree_flatten(params)
     handles = [_core.broadcast_async(leaf, root_rank, name="broadcast_parameters.{}".format(i))
                for i, leaf in enumerate(leaves)]
-    return jax.tree_util.tree_unflatten(tree, [synchronize(h) for h in handles])
+    return jax.tree_util.tree_unflatten(tree, [_core.synchronize(h) for h in handles])
 
 
-def allreduce_gradients(grads, op=Average, name="grad"):
+def allreduce_gradients(grads, op=_core.Average, name="grad"):
     """Averages (by default) a pytree of gradients over ranks."""
     leaves, tree = jax.tree_util.tree_flatten(grads)
     return jax.tree_util.tree_unflatten(tree, _core.grouped_allreduce(leaves, op=op, name=name))

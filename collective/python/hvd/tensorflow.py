@@ -9,14 +9,8 @@ except ImportError as e:
     ) from e
 
 import hvd as _core
-from hvd import (  # noqa: F401 - re-exported API
-    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rocm_built,
-    Average, HorovodInternalError, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allgather_object,
-    allreduce, allreduce_async, alltoall, barrier, broadcast, broadcast_async, broadcast_object, cross_rank,
-    cross_size, grouped_allreduce, init, is_initialized, join, local_rank, local_size, poll, rank, reducescatter,
-    shutdown, size, start_timeline, stop_timeline, synchronize,
-)
+
+_core._reexport(globals())
 
 
 def broadcast_variables(variables, root_rank=0):
@@ -28,7 +22,7 @@ def broadcast_variables(variables, root_rank=0):
 broadcast_parameters = broadcast_variables
 
 
-def allreduce_gradients(grads, op=Average, name="grad"):
+def allreduce_gradients(grads, op=_core.Average, name="grad"):
     """Averages (by default) a list of gradients over ranks (None entries stay None)."""
     present = [g for g in grads if g is not None]
     out = iter(_core.grouped_allreduce(present, op=op, name=name))
@@ -38,7 +32,7 @@ def allreduce_gradients(grads, op=Average, name="grad"):
 class DistributedGradientTape:
     """Wraps `tf.GradientTape`: `gradient()` returns gradients averaged over ranks."""
 
-    def __init__(self, tape, op=Average):
+    def __init__(self, tape, op=_core.Average):
         self._tape = tape
         self._op = op
 

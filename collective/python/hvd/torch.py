@@ -18,13 +18,9 @@ except ImportError as e:
     ) from e
 
 import hvd as _core
-from hvd import (  # noqa: F401 - re-exported API
-    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rocm_built,
-    Average, HorovodInternalError, HvdError, Max, Min, Product, Sum, allgather_object, barrier, broadcast_object,
-    cross_rank, cross_size, init, is_initialized, join, local_rank, local_size, poll, rank, shutdown, size,
-    start_timeline, stop_timeline, synchronize,
-)
+from hvd import Average, broadcast_object, synchronize
+
+_core._reexport(globals(), tensor_ops=False)
 
 
 class Compression:

@@ -4,20 +4,7 @@ import sys
 import numpy as np
 
 import hvd
-
-
-class OnlyDLPack:
-    """Hides numpy behind the DLPack protocol, like a framework tensor."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, stream=None):
-        return self.array.__dlpack__()
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
-
+from support import OnlyDLPack
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()

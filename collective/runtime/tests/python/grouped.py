@@ -6,17 +6,7 @@ import sys
 import numpy as np
 
 import hvd
-
-
-class OnlyDLPack:
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, stream=None):
-        return self.array.__dlpack__()
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
+from support import OnlyDLPack
 
 
 def check(got, want, what):
