@@ -7,7 +7,8 @@ use std::path::Path;
 use crate::diagnostics::{Loc, Problem, suggestion};
 use crate::eval::{Block, Field, MainOut, StepOut, Sv, Value, list_names, type_error};
 use crate::model::{
-    Cluster, Env, PackageRequest, Project, Resources, SourceBuild, Step, Toolchain,
+    Cluster, EngineKind, EngineSettings, Env, PackageRequest, Project, Resources, SETTINGS,
+    SettingError, SettingValue, SourceBuild, Step, Toolchain,
 };
 use crate::syntax::ast::BlockKind;
 
@@ -24,7 +25,6 @@ const CLUSTER_FIELDS: [&str; 6] = [
     "partition",
     "settings",
 ];
-pub const ENGINES: [&str; 6] = ["local", "ssh", "mpi", "slurm", "kubernetes", "spark"];
 const BUILD_FIELDS: [&str; 4] = ["requires", "env", "against", "no_build_isolation"];
 
 pub(crate) struct Lowerer {
@@ -399,11 +399,12 @@ impl Lowerer {
         let get = |name: &str| fields.get(name).and_then(|f| f.value.as_ref());
         let engine = get("engine").and_then(|v| {
             let s = self.string(v, "the engine")?;
-            if ENGINES.contains(&s.as_str()) {
-                Some(s)
+            if let Ok(engine) = s.parse::<EngineKind>() {
+                Some(engine)
             } else {
-                let help = suggestion(&s, ENGINES.iter().copied())
-                    .unwrap_or_else(|| format!("engines are {}", list_names(&ENGINES)));
+                let names = EngineKind::ALL.map(EngineKind::name);
+                let help = suggestion(&s, names.iter().copied())
+                    .unwrap_or_else(|| format!("engines are {}", list_names(&names)));
                 self.report(
                     Problem::new(v.loc, format!("unknown engine `{s}`"), "unknown engine")
                         .help(help),
@@ -418,7 +419,7 @@ impl Lowerer {
         let namespace = get("namespace").and_then(|v| self.string(v, "the namespace"));
         let partition = get("partition").and_then(|v| self.string(v, "the partition"));
         let settings = get("settings")
-            .map(|v| self.string_map(v))
+            .map(|v| self.settings(v))
             .unwrap_or_default();
         Cluster {
             engine,
@@ -633,6 +634,67 @@ impl Lowerer {
     }
 
     /// An attribute set of strings (numbers and bools are written as text).
+    /// `cluster { settings = { ... } }`, each entry checked against the engine settings' schema ([`SETTINGS`]).
+    fn settings(&mut self, v: &Sv) -> EngineSettings {
+        let mut settings = EngineSettings::default();
+        let Value::Attrs(map) = &v.v else {
+            self.report(type_error(
+                v,
+                "an attribute set",
+                "write `{ NAME = value }` (docs/engines.md lists the settings)",
+            ));
+            return settings;
+        };
+        for (key, item) in map.iter() {
+            let value = match &item.v {
+                Value::Str(s) => SettingValue::Str(s),
+                Value::Int(n) => SettingValue::Int(*n),
+                Value::Bool(b) => SettingValue::Bool(*b),
+                Value::Float(f) => SettingValue::Float(*f),
+                _ => {
+                    self.report(type_error(
+                        item,
+                        "a string, number or boolean",
+                        &format!("the setting `{key}` is one value"),
+                    ));
+                    continue;
+                }
+            };
+            match settings.set(key, value) {
+                Ok(()) => {}
+                Err(SettingError::Unknown(_)) => {
+                    let keys = SETTINGS.iter().map(|s| s.key);
+                    let help = suggestion(key, keys).unwrap_or_else(|| {
+                        let keys: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+                        format!(
+                            "the settings are {} and `spark.*` (docs/engines.md)",
+                            list_names(&keys)
+                        )
+                    });
+                    self.report(
+                        Problem::new(
+                            item.loc,
+                            format!("unknown setting `{key}`"),
+                            "unknown setting",
+                        )
+                        .help(help),
+                    );
+                }
+                Err(SettingError::Type { expected, .. }) => {
+                    let problem = Problem::new(
+                        item.loc,
+                        format!("the setting `{key}` is {expected}"),
+                        format!("expected {expected}"),
+                    );
+                    self.report(problem.help(format!(
+                        "write `{key} = ...` with {expected} (docs/engines.md)"
+                    )));
+                }
+            }
+        }
+        settings
+    }
+
     fn string_map(&mut self, v: &Sv) -> BTreeMap<String, String> {
         let Value::Attrs(map) = &v.v else {
             self.report(type_error(

@@ -106,8 +106,7 @@ pub struct Step {
 /// The optional `cluster { ... }` block: which engine runs distributed steps, and its settings.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Cluster {
-    /// `local`, `ssh`, `mpi`, `slurm`, `kubernetes` or `spark`.
-    pub engine: Option<String>,
+    pub engine: Option<EngineKind>,
     /// `hosts = ["h1:4", "h2:4"]` for ssh/mpi.
     pub hosts: Vec<String>,
     /// Container image (kubernetes).
@@ -116,6 +115,307 @@ pub struct Cluster {
     pub namespace: Option<String>,
     /// Slurm partition.
     pub partition: Option<String>,
-    /// Engine-specific settings that are not modelled above, as strings.
-    pub settings: BTreeMap<String, String>,
+    /// `settings = { ... }`: the engines' settings, checked against [`SETTINGS`].
+    pub settings: EngineSettings,
+}
+
+/// The type of an engine setting's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettingType {
+    /// A string.
+    Text,
+    /// A path (a string).
+    Path,
+    /// A TCP port, 1-65535 (a number, or a string of digits).
+    Port,
+    /// A positive whole number (or a string of digits).
+    Count,
+    /// A whole number of seconds (or a string of digits).
+    Seconds,
+    /// `true` or `false` (also `"yes"`/`"no"`, `1`/`0`).
+    Flag,
+}
+
+impl SettingType {
+    /// How a diagnostic names what is expected.
+    pub fn expected(self) -> &'static str {
+        match self {
+            SettingType::Text => "a string",
+            SettingType::Path => "a path (a string)",
+            SettingType::Port => "a port number (1-65535)",
+            SettingType::Count => "a positive whole number",
+            SettingType::Seconds => "a whole number of seconds",
+            SettingType::Flag => "`true` or `false`",
+        }
+    }
+
+    /// Reads `value` as this type.
+    fn read(self, value: &SettingValue<'_>) -> Option<Typed> {
+        let number = |value: &SettingValue<'_>| match *value {
+            SettingValue::Int(n) => u64::try_from(n).ok(),
+            SettingValue::Str(s) if !s.trim().is_empty() => s.trim().parse().ok(),
+            _ => None,
+        };
+        match self {
+            SettingType::Text | SettingType::Path => match *value {
+                SettingValue::Str(s) => Some(Typed::Text(s.to_owned())),
+                _ => None,
+            },
+            SettingType::Port => number(value)
+                .filter(|n| (1..=65535).contains(n))
+                .map(Typed::Number),
+            SettingType::Count => number(value).filter(|n| *n > 0).map(Typed::Number),
+            SettingType::Seconds => number(value).map(Typed::Number),
+            SettingType::Flag => match *value {
+                SettingValue::Bool(b) => Some(Typed::Flag(b)),
+                SettingValue::Int(1) => Some(Typed::Flag(true)),
+                SettingValue::Int(0) => Some(Typed::Flag(false)),
+                SettingValue::Str(s) => match s.trim() {
+                    "true" | "yes" | "1" => Some(Typed::Flag(true)),
+                    "false" | "no" | "0" => Some(Typed::Flag(false)),
+                    _ => None,
+                },
+                _ => None,
+            },
+        }
+    }
+}
+
+/// A setting's value as written in the file (a scalar).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SettingValue<'a> {
+    Str(&'a str),
+    Int(i64),
+    Bool(bool),
+    Float(f64),
+}
+
+impl std::fmt::Display for SettingValue<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SettingValue::Str(s) => f.write_str(s),
+            SettingValue::Int(n) => write!(f, "{n}"),
+            SettingValue::Bool(b) => write!(f, "{b}"),
+            SettingValue::Float(x) => write!(f, "{x}"),
+        }
+    }
+}
+
+/// A value read as its [`SettingType`].
+enum Typed {
+    Text(String),
+    Number(u64),
+    Flag(bool),
+}
+
+/// Converts a [`Typed`] value into a field's Rust type (the schema chose the [`SettingType`] that fits).
+trait FromTyped: Sized {
+    fn from_typed(typed: Typed) -> Option<Self>;
+}
+
+impl FromTyped for String {
+    fn from_typed(typed: Typed) -> Option<Self> {
+        match typed {
+            Typed::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl FromTyped for PathBuf {
+    fn from_typed(typed: Typed) -> Option<Self> {
+        String::from_typed(typed).map(PathBuf::from)
+    }
+}
+
+impl FromTyped for u16 {
+    fn from_typed(typed: Typed) -> Option<Self> {
+        match typed {
+            Typed::Number(n) => u16::try_from(n).ok(),
+            _ => None,
+        }
+    }
+}
+
+impl FromTyped for u32 {
+    fn from_typed(typed: Typed) -> Option<Self> {
+        match typed {
+            Typed::Number(n) => u32::try_from(n).ok(),
+            _ => None,
+        }
+    }
+}
+
+impl FromTyped for bool {
+    fn from_typed(typed: Typed) -> Option<Self> {
+        match typed {
+            Typed::Flag(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// One engine setting as the schema declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettingSpec {
+    pub key: &'static str,
+    pub ty: SettingType,
+    /// The engines that read it (a cluster block may carry settings of several engines: `--engine` chooses).
+    pub engines: &'static [EngineKind],
+    /// What it means (docs/engines.md lists the same).
+    pub doc: &'static str,
+}
+
+/// Why a setting was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("unknown setting `{0}`")]
+    Unknown(String),
+    #[error("setting `{key}` is {expected}, not `{found}`")]
+    Type {
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
+}
+
+/// Settings whose key starts with this prefix are Spark configuration, passed on as `--conf KEY=VALUE`.
+pub const SPARK_CONF_PREFIX: &str = "spark.";
+
+/// Declares the engine settings once: the typed fields of [`EngineSettings`], the [`SETTINGS`] table lang checks
+/// files against (and the docs list), and [`EngineSettings::set`].
+macro_rules! engine_settings {
+    ($($(#[doc = $doc:literal])+ $key:ident: $rust:ty = $ty:ident for [$($engine:ident),+];)+) => {
+        /// The typed settings of `cluster { settings = { ... } }`: each key of [`SETTINGS`], and the `spark.*`
+        /// entries.
+        #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+        pub struct EngineSettings {
+            $($(#[doc = $doc])+
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub $key: Option<$rust>,)+
+            /// `"spark.KEY" = VALUE` entries, passed to Spark as `--conf spark.KEY=VALUE`.
+            #[serde(flatten)]
+            pub spark_conf: BTreeMap<String, String>,
+        }
+
+        /// Every engine setting, with its type and the engines that read it.
+        pub const SETTINGS: &[SettingSpec] = &[$(SettingSpec {
+            key: stringify!($key),
+            ty: SettingType::$ty,
+            engines: &[$(EngineKind::$engine),+],
+            doc: concat!($($doc),+),
+        }),+];
+
+        impl EngineSettings {
+            /// Sets `key` to `value`, checked against its declared type; a `spark.*` key takes any scalar.
+            pub fn set(&mut self, key: &str, value: SettingValue<'_>) -> Result<(), SettingError> {
+                if key.starts_with(SPARK_CONF_PREFIX) {
+                    self.spark_conf.insert(key.to_owned(), value.to_string());
+                    return Ok(());
+                }
+                let refused = |ty: SettingType| SettingError::Type {
+                    key: key.to_owned(),
+                    expected: ty.expected(),
+                    found: value.to_string(),
+                };
+                match key {
+                    $(stringify!($key) => {
+                        let ty = SettingType::$ty;
+                        let typed = ty.read(&value).ok_or_else(|| refused(ty))?;
+                        self.$key = Some(<$rust>::from_typed(typed).ok_or_else(|| refused(ty))?);
+                        Ok(())
+                    })+
+                    _ => Err(SettingError::Unknown(key.to_owned())),
+                }
+            }
+        }
+    };
+}
+
+engine_settings! {
+    /// `openmpi` or `mpich` (default: detected from `mpirun --version`).
+    mpi: String = Text for [Mpi, Kubernetes];
+    /// The mpirun program (default: found on PATH).
+    mpirun: PathBuf = Path for [Mpi];
+    /// ssh port (default: ssh's own, from its config).
+    ssh_port: u16 = Port for [Ssh];
+    /// ssh identity (private key) file.
+    ssh_identity: PathBuf = Path for [Ssh];
+    /// ssh config file (`ssh -F FILE`).
+    ssh_config: PathBuf = Path for [Ssh];
+    /// The interface the rendezvous binds and the workers use (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).
+    network_interface: String = Text for [Ssh, Spark];
+    /// Copy the env's store paths to hosts that lack them (tar over ssh).
+    copy_env: bool = Flag for [Ssh];
+    /// The Spark master URL (default: `local[N]`).
+    master: String = Text for [Spark];
+    /// The Python (with pyspark) that runs the driver and the tasks.
+    python: PathBuf = Path for [Spark];
+    /// Seconds the driver waits for executors with enough task slots (default 120, 300 for `local-cluster`).
+    slots_timeout: u32 = Seconds for [Spark];
+    /// Nodes per batch job (default: the number of `hosts`, else 1).
+    nodes: u32 = Count for [Slurm];
+    /// Add `--overcommit` to the batch jobs.
+    overcommit: bool = Flag for [Slurm];
+}
+
+/// Which engine runs a project's distributed steps (`cluster { engine }`, `hvd run --engine`): the language's list
+/// of engine names, which the launcher maps to its engines (docs/engines.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    Local,
+    Ssh,
+    Mpi,
+    Slurm,
+    Kubernetes,
+    Spark,
+}
+
+/// A name that is not an engine ([`EngineKind`]'s `FromStr`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown engine `{0}`: use `local`, `ssh`, `mpi`, `slurm`, `kubernetes` or `spark` (see docs/engines.md)"
+)]
+pub struct UnknownEngine(pub String);
+
+impl EngineKind {
+    /// Every engine, in the order the docs list them.
+    pub const ALL: [EngineKind; 6] = [
+        EngineKind::Local,
+        EngineKind::Ssh,
+        EngineKind::Mpi,
+        EngineKind::Slurm,
+        EngineKind::Kubernetes,
+        EngineKind::Spark,
+    ];
+
+    /// The name in `.hvd` files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Local => "local",
+            EngineKind::Ssh => "ssh",
+            EngineKind::Mpi => "mpi",
+            EngineKind::Slurm => "slurm",
+            EngineKind::Kubernetes => "kubernetes",
+            EngineKind::Spark => "spark",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = UnknownEngine;
+
+    fn from_str(name: &str) -> Result<Self, UnknownEngine> {
+        EngineKind::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| UnknownEngine(name.to_owned()))
+    }
 }

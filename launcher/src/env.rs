@@ -1,12 +1,15 @@
 //! The worker environment contract (docs/running.md): the variables every worker gets, and the worker layout they
 //! describe. This module builds the variables every worker gets ([`worker_env`], [`rank_env`]); the few that only
-//! some engines set are named next to their use: `HVD_RUN_STEP` ([`crate::engine::STEP_MARKER_VAR`]), the shim's
-//! inputs ([`crate::engines::shim`]: `HVD_GPUS_PER_WORKER`, `HVD_RENDEZVOUS_SERVE`, `HVD_RENDEZVOUS_WAIT`,
+//! some engines set are named next to their use: `HVD_RUN_STEP` ([`STEP_MARKER_VAR`]), the shim's
+//! inputs (`engines/shim.rs`: `HVD_GPUS_PER_WORKER`, `HVD_RENDEZVOUS_SERVE`, `HVD_RENDEZVOUS_WAIT`,
 //! `HVD_POD_IP`) and the spark engine's `HVD_SPARK_*`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+
+/// Set for every worker (`<run id>/<step>`); finds the processes a step started after they left its process groups.
+pub const STEP_MARKER_VAR: &str = crate::env_vars::HVD_RUN_STEP;
 
 /// Where one rank runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

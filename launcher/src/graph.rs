@@ -1,4 +1,4 @@
-//! The step graph (petgraph) and the run plan built from it: which steps run, in which order, on how many workers,
+//! The step graph (petgraph) and the run plan built from it ([`plan`], [`Plan::render`]): which steps run, in which order, on how many workers,
 //! with which environment.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,70 +11,11 @@ use petgraph::Direction;
 use petgraph::algo::toposort;
 use petgraph::graph::{DiGraph, NodeIndex};
 
+use std::sync::Arc;
+
 use crate::LaunchError;
-use crate::engines::EngineKind;
-use crate::env::WorkerLayout;
-
-/// Everything `hvd run` was asked for besides the project itself.
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// Run only this step and the steps it needs.
-    pub step: Option<String>,
-    /// Override `workers` of every distributed step.
-    pub workers: Option<u32>,
-    /// Rerun steps even when their inputs are unchanged.
-    pub force: bool,
-    /// The built environment (a venv layout): `bin/` goes first on `PATH`, `VIRTUAL_ENV` points at it.
-    pub env_dir: Option<PathBuf>,
-    /// A hash that identifies the environment (the lock's env hash); part of every step's input hash.
-    pub env_hash: Option<String>,
-    /// Sets `HVD_TIMELINE` (and `HOROVOD_TIMELINE`) for the workers.
-    pub timeline: Option<PathBuf>,
-    /// Time between SIGTERM and SIGKILL when stopping workers.
-    pub grace: Duration,
-    /// Fail a distributed step when not every rank has joined the rendezvous within this time. `None`: never
-    /// (plain scripts never talk to the rendezvous; see docs/running.md).
-    pub start_timeout: Option<Duration>,
-    /// Where state and logs go; default `<project dir>/.hvd`.
-    pub state_dir: Option<PathBuf>,
-    /// `--engine`: overrides `cluster { engine }` (`local`, `mpi`, `slurm`, `ssh`, `spark`; see [`EngineKind`]).
-    pub engine: Option<String>,
-    /// `--mpi openmpi|mpich` (else `cluster { settings { mpi } }`, else detected from `mpirun --version`).
-    pub mpi: Option<String>,
-    /// The mpirun program (else `cluster { settings { mpirun } }`, else found on PATH).
-    pub mpirun: Option<PathBuf>,
-    /// The hvd binary, whose `worker-env` subcommand is the shim engines run in front of each rank.
-    pub shim: Option<PathBuf>,
-    /// `--hosts` (`host:slots` entries): overrides `cluster { hosts }` for the mpi and ssh engines.
-    pub hosts: Option<Vec<String>>,
-    /// `--spark-master` and `--spark-python` for the spark engine.
-    pub spark: crate::engines::spark::SparkOptions,
-    /// ssh options and `--network-interface` for the ssh engine.
-    pub ssh: crate::engines::ssh::SshOptions,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        RunOptions {
-            step: None,
-            workers: None,
-            force: false,
-            env_dir: None,
-            env_hash: None,
-            timeline: None,
-            grace: Duration::from_secs(10),
-            start_timeout: None,
-            state_dir: None,
-            engine: None,
-            mpi: None,
-            mpirun: None,
-            shim: None,
-            hosts: None,
-            spark: crate::engines::spark::SparkOptions::default(),
-            ssh: crate::engines::ssh::SshOptions::default(),
-        }
-    }
-}
+use crate::engine::{Plan, PlannedStep, SupervisedEngine};
+use crate::options::RunOptions;
 
 /// The steps of a project as a dependency graph (edge: needed step -> step that needs it).
 #[derive(Debug)]
@@ -176,95 +117,16 @@ impl StepGraph {
     }
 }
 
-/// One step as it will run.
-#[derive(Debug, Clone)]
-pub struct PlannedStep {
-    pub name: String,
-    /// The shell command (`sh -c`).
-    pub command: String,
-    /// Steps (within the plan) that must finish first.
-    pub needs: Vec<String>,
-    /// `Some(n)`: a distributed step on n workers (with a rendezvous); `None`: runs once.
-    pub workers: Option<u32>,
-    /// Where each rank runs.
-    pub layout: WorkerLayout,
-    /// Variables set for this step on top of the inherited environment (rank-specific ones excluded).
-    pub env: BTreeMap<String, String>,
-    pub inputs: Vec<String>,
-    pub outputs: Vec<String>,
-    pub timeout: Option<Duration>,
-    /// `Some(argv)`: the step is started as this one process (e.g. mpirun), which starts the ranks itself; the
-    /// engine supervises it in place of the ranks.
-    pub launch: Option<Vec<String>>,
-}
-
-/// What `hvd run` will do.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    pub project: String,
-    /// The directory the .hvd file is in: the steps' working directory.
-    pub project_dir: PathBuf,
-    /// `.hvd/` next to the file (or `RunOptions::state_dir`).
-    pub state_dir: PathBuf,
-    pub steps: Vec<PlannedStep>,
-    pub gpus_per_worker: u32,
-    pub env_dir: Option<PathBuf>,
-    /// The ssh engine's hosts and options: distributed steps run their ranks over ssh.
-    pub ssh: Option<std::sync::Arc<crate::engines::ssh::SshSetup>>,
-    /// Where the rendezvous of a distributed step binds when its ranks run elsewhere but not over ssh (a Spark
-    /// cluster's executors); `None`: 127.0.0.1.
-    pub rendezvous_bind: Option<std::net::IpAddr>,
-}
-
-/// Builds the plan for `project`.
-pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError> {
-    let engine = options
-        .engine
-        .as_deref()
-        .or_else(|| project.cluster.as_ref().and_then(|c| c.engine.as_deref()))
-        .map(EngineKind::parse)
-        .transpose()?
-        .unwrap_or_default();
-    let mpi = match engine {
-        EngineKind::Mpi => Some(crate::engines::mpi_setup(project, options)?),
-        _ => None,
-    };
-    let ssh = match engine {
-        EngineKind::Ssh => Some(std::sync::Arc::new(crate::engines::ssh::SshSetup::new(
-            project, options,
-        )?)),
-        _ => None,
-    };
-    let slurm = match engine {
-        EngineKind::Slurm if crate::engines::slurm::in_allocation() => {
-            Some(crate::engines::slurm::SlurmSetup::new(project, options)?)
-        }
-        EngineKind::Slurm => {
-            return Err(LaunchError::Engine(
-                "the slurm engine outside an allocation (SLURM_JOB_ID unset) submits batch jobs instead of running \
-                 a plan: use `engines::slurm::batch_steps` and `engines::sbatch` (as `hvd run` does), or run inside \
-                 `salloc`"
-                    .into(),
-            ));
-        }
-        _ => None,
-    };
+/// Builds the plan for `project` with `engine` running its distributed steps.
+pub fn plan(
+    project: &Project,
+    options: &RunOptions,
+    engine: Arc<dyn SupervisedEngine>,
+) -> Result<Plan, LaunchError> {
     let graph = StepGraph::new(project)?;
     let selected = graph.selection(options.step.as_deref())?;
     let names: BTreeSet<&str> = selected.iter().map(|s| s.name.as_str()).collect();
     let project_dir = project_dir(&project.file);
-    let spark = match engine {
-        EngineKind::Spark => Some(crate::engines::spark::SparkSetup::new(
-            project,
-            options,
-            &options
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| project_dir.join(".hvd")),
-        )?),
-        _ => None,
-    };
-    let host = crate::env::local_hostname();
     let mut steps = Vec::new();
     for step in selected {
         let workers = match (step.workers, options.workers) {
@@ -285,35 +147,7 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
             env.insert("HVD_TIMELINE".into(), timeline.display().to_string());
             env.insert("HOROVOD_TIMELINE".into(), timeline.display().to_string());
         }
-        let layout = match &mpi {
-            Some(setup) if !setup.hosts.is_empty() => {
-                WorkerLayout::spread(&setup.hosts, workers.unwrap_or(1))
-            }
-            _ => match (&ssh, workers) {
-                (Some(setup), Some(n)) => WorkerLayout::spread(&setup.hosts, n),
-                _ => WorkerLayout::local(
-                    // A spark step's ranks have the executors' host (127.0.0.1 under a local master).
-                    spark
-                        .as_ref()
-                        .filter(|_| workers.is_some())
-                        .and_then(|s| s.local_host())
-                        .unwrap_or(&host),
-                    workers.unwrap_or(1),
-                ),
-            },
-        };
-        let launch = match (&mpi, &slurm, workers) {
-            (Some(setup), _, Some(n)) => {
-                Some(setup.argv(n, &env, &step.run, options.env_dir.is_some()))
-            }
-            (_, Some(setup), Some(n)) => Some(setup.srun_argv(n, &step.run)),
-            _ => spark
-                .as_ref()
-                .zip(workers)
-                .map(|(setup, n)| setup.argv(n, &env, &step.run, options.env_dir.is_some())),
-        };
         steps.push(PlannedStep {
-            launch,
             name: step.name.clone(),
             command: step.run.clone(),
             needs: step
@@ -323,36 +157,30 @@ pub fn plan(project: &Project, options: &RunOptions) -> Result<Plan, LaunchError
                 .cloned()
                 .collect(),
             workers,
-            layout,
+            layout: engine.layout(workers),
             env,
             inputs: step.inputs.clone(),
             outputs: step.outputs.clone(),
             timeout: step.timeout_ms.map(Duration::from_millis),
         });
     }
-    let network_interface = options.ssh.network_interface.clone().or_else(|| {
-        project
-            .cluster
-            .as_ref()
-            .and_then(|c| c.settings.get("network_interface").cloned())
-    });
-    let rendezvous_bind = match &spark {
-        Some(setup) => setup.rendezvous_bind(network_interface.as_deref())?,
-        None => None,
-    };
     Ok(Plan {
         project: project.name.clone(),
-        state_dir: options
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| project_dir.join(".hvd")),
+        state_dir: state_dir(project, options),
         project_dir,
         steps,
         gpus_per_worker: project.resources.gpus,
         env_dir: options.env_dir.clone(),
-        ssh,
-        rendezvous_bind,
+        engine,
     })
+}
+
+/// Where state and logs go: `RunOptions::state_dir`, else `.hvd/` next to the file.
+pub fn state_dir(project: &Project, options: &RunOptions) -> PathBuf {
+    options
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| project_dir(&project.file).join(".hvd"))
 }
 
 fn cwd() -> PathBuf {
@@ -396,39 +224,18 @@ impl Plan {
                 let _ = writeln!(out, "   needs:   {}", step.needs.join(", "));
             }
             let _ = writeln!(out, "   run:     sh -c {:?}", step.command);
-            if let Some(argv) = &step.launch {
-                let program = argv
-                    .first()
-                    .map_or("", |p| p.rsplit('/').next().unwrap_or(p));
-                let label = if program == "srun" {
-                    "srun:"
-                } else if crate::engines::spark::is_driver(argv) {
-                    "spark:"
-                } else {
-                    "mpirun:"
-                };
+            let launcher = step
+                .workers
+                .and_then(|n| self.engine.launcher(self, step, n));
+            if let Some(argv) = &launcher {
+                let label = self.engine.launcher_label();
                 let _ = writeln!(out, "   {label:<8} {}", crate::engines::shell::line(argv));
             }
             match step.workers {
                 Some(n) => {
-                    let how = match step.launch.as_ref().and_then(|a| a.first()) {
-                        Some(p) if p == "srun" => "slurm engine",
-                        Some(_)
-                            if step
-                                .launch
-                                .as_deref()
-                                .is_some_and(crate::engines::spark::is_driver) =>
-                        {
-                            "spark engine, one barrier task per rank, placed by Spark"
-                        }
-                        Some(_) => "mpi engine",
-                        None => "local engine",
-                    };
-                    let (how, rendezvous) = match &self.ssh {
-                        Some(ssh) => ("ssh engine", ssh.bind_ip.to_string()),
-                        None => (how, "127.0.0.1".to_owned()),
-                    };
-                    let _ = writeln!(out, "   workers: {n} ({how}, rendezvous on {rendezvous})");
+                    let (ip, _) = self.engine.rendezvous();
+                    let how = self.engine.name();
+                    let _ = writeln!(out, "   workers: {n} ({how}, rendezvous on {ip})");
                     for slot in &step.layout.slots {
                         let gpus =
                             crate::env::visible_devices(self.gpus_per_worker, slot.local_rank);
@@ -444,9 +251,8 @@ impl Plan {
                             gpus.map(|g| format!(", CUDA_VISIBLE_DEVICES={g}"))
                                 .unwrap_or_default()
                         );
-                        if let Some(ssh) = &self.ssh {
-                            let _ =
-                                writeln!(out, "       ssh: {}", ssh.dry_run_line(self, step, slot));
+                        if let Some(line) = self.engine.dry_run_rank(self, step, slot) {
+                            let _ = writeln!(out, "       {line}");
                         }
                     }
                 }

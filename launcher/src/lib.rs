@@ -1,8 +1,12 @@
 //! Step graph, run engines, rendezvous, log multiplexing and failure handling: everything `hvd run` does after the
 //! .hvd file is evaluated.
 //!
-//! - [`graph`]: the step graph (petgraph) and the [`Plan`] built from a project and [`RunOptions`].
-//! - [`engine`]: the local engine that executes a plan ([`execute`]), reporting [`Event`]s and a [`RunReport`].
+//! - [`run`]: chooses the engine of a run ([`prepare`], [`run`]) from the project and the [`RunOptions`].
+//! - [`engine`]: the engine interface (a supervised engine, or one that owns the whole run) and the [`Plan`].
+//! - [`engines`]: one module per engine.
+//! - [`graph`]: the step graph (petgraph) and the [`Plan`] built from it.
+//! - [`supervisor`]: the local supervisor that executes a plan ([`execute`]).
+//! - [`report`]: the [`Event`]s every engine reports during a run and the [`RunReport`] at its end.
 //! - [`env`]: the worker environment contract (every variable a worker gets).
 //! - [`rendezvous`]: the key-value server every job's workers meet at (protocol in docs/rendezvous.md).
 //! - [`process`]: process groups, parent-death handling, the watchdog, the launcher's own signals.
@@ -29,13 +33,21 @@ pub mod engines;
 pub mod env;
 pub mod env_vars;
 pub mod graph;
+pub mod options;
 pub mod process;
 pub mod rendezvous;
+pub mod report;
+pub mod run;
 pub mod state;
+pub mod supervisor;
 
-pub use engine::{Cause, Event, EventSink, FailureSummary, RunReport, Stream, WorkerExit, execute};
-pub use graph::{Plan, PlannedStep, RunOptions, StepGraph, plan};
+pub use engine::{Plan, PlannedStep};
+pub use graph::StepGraph;
+pub use options::RunOptions;
 pub use process::Interrupts;
+pub use report::{Cause, Event, EventSink, FailureSummary, RunReport, Stream, WorkerExit};
+pub use run::{Run, plan, prepare, run};
+pub use supervisor::execute;
 
 use std::path::PathBuf;
 
@@ -50,10 +62,6 @@ pub enum LaunchError {
     DuplicateStep(String),
     #[error("the steps' `needs` form a cycle through `{0}`")]
     Cycle(String),
-    #[error(
-        "unknown engine `{0}`: use `local`, `ssh`, `mpi`, `slurm`, `kubernetes` or `spark` (see docs/engines.md)"
-    )]
-    EngineNotAvailable(String),
     #[error("{0}")]
     Engine(String),
     #[error("step `{0}` has 0 workers; use at least 1")]

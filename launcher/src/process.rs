@@ -189,7 +189,7 @@ fn kill_orphans(ending: Option<&str>) {
     let Ok(own_session) = u32::try_from(unsafe { libc::getsid(0) }) else {
         return;
     };
-    let marker_name = crate::engine::STEP_MARKER_VAR;
+    let marker_name = crate::env::STEP_MARKER_VAR;
     let mut killed: std::collections::HashSet<u32> = std::collections::HashSet::new();
     const ROUNDS: u32 = 500;
     for round in 0..ROUNDS {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::LaunchError;
-use crate::graph::PlannedStep;
+use crate::engine::PlannedStep;
 
 /// What was recorded after a step last succeeded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

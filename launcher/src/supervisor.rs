@@ -1,31 +1,29 @@
-//! The local engine: runs a [`Plan`] on this machine. Steps start as soon as what they need has finished
+//! The local supervisor: runs a [`Plan`] on this machine. Steps start as soon as what they need has finished
 //! (independent steps run in parallel); a distributed step gets its own rendezvous server and N worker processes.
 //! The first failure anywhere stops everything (SIGTERM to each worker's process group, a grace period, SIGKILL).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::LaunchError;
-use crate::env::{RendezvousInfo, worker_env};
-use crate::graph::{Plan, PlannedStep, RunOptions};
+use crate::engine::{Local, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
+use crate::env::{RendezvousInfo, STEP_MARKER_VAR};
+use crate::options::RunOptions;
 use crate::process::{
     Interrupts, RunCgroup, Watchdog, configure_worker_in, signal_group, signal_name,
 };
 use crate::rendezvous::{RendezvousServer, new_token};
+use crate::report::{
+    Cause, Event, EventSink, FailureSummary, LineSplitter, RunReport, STDERR_TAIL_LINES, Stream,
+    TIMEOUT_EXIT_CODE, WorkerExit, new_run_id,
+};
 use crate::state;
-
-/// Lines of stderr kept per rank for the failure summary.
-pub const STDERR_TAIL_LINES: usize = 20;
-/// Longest console line; longer ones are split.
-const MAX_LINE_BYTES: usize = 64 * 1024;
-/// Set for every worker (`<run id>/<step>`); finds the processes a step started after they left its process groups.
-pub const STEP_MARKER_VAR: &str = "HVD_RUN_STEP";
 
 /// `off` runs without cgroups, contained by the subreaper fallback alone (as on a machine without them); unset,
 /// empty or `auto`: a cgroup per run where the machine allows it.
@@ -46,127 +44,6 @@ fn cgroups_wanted() -> Result<bool, LaunchError> {
         ))),
     }
 }
-/// Exit code for a step that ran past its `timeout` or its start timeout (like timeout(1)).
-pub const TIMEOUT_EXIT_CODE: u8 = 124;
-
-/// Which output stream a line came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-/// What happens during a run, for the caller to show.
-#[derive(Debug, Clone)]
-pub enum Event {
-    StepSkipped {
-        step: String,
-    },
-    StepStarted {
-        step: String,
-        workers: Option<u32>,
-        rendezvous: Option<SocketAddr>,
-    },
-    StepFinished {
-        step: String,
-        elapsed: Duration,
-    },
-    /// One line of a worker's output (without the line break).
-    Line {
-        step: Arc<str>,
-        host: Arc<str>,
-        rank: u32,
-        stream: Stream,
-        text: String,
-    },
-    /// The job is being stopped, and why.
-    Stopping {
-        reason: String,
-    },
-    /// Something the user should know while waiting (e.g. why a batch job or a pod has not started).
-    Note {
-        text: String,
-    },
-}
-
-/// Receives [`Event`]s from several threads.
-pub trait EventSink: Sync {
-    fn event(&self, event: Event);
-}
-
-impl<F: Fn(Event) + Sync> EventSink for F {
-    fn event(&self, event: Event) {
-        self(event)
-    }
-}
-
-/// How one worker ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WorkerExit {
-    Code(i32),
-    Signal(i32),
-}
-
-impl WorkerExit {
-    /// The exit code `hvd run` passes through: the code, or 128 + signal.
-    pub fn code(self) -> u8 {
-        match self {
-            WorkerExit::Code(c) => u8::try_from(c).unwrap_or(1),
-            WorkerExit::Signal(s) => u8::try_from(128 + s).unwrap_or(255),
-        }
-    }
-}
-
-impl std::fmt::Display for WorkerExit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WorkerExit::Code(c) => write!(f, "exit code {c}"),
-            WorkerExit::Signal(s) => write!(f, "killed by {}", signal_name(*s)),
-        }
-    }
-}
-
-/// The root cause of a failed run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cause {
-    /// The earliest worker to fail.
-    Worker {
-        rank: u32,
-        host: String,
-        exit: WorkerExit,
-    },
-    /// The step ran past its `timeout`.
-    Timeout { after: Duration },
-    /// Not every rank joined the rendezvous in time.
-    StartTimeout { missing: Vec<u32>, after: Duration },
-    /// `hvd run` got SIGINT/SIGTERM.
-    Interrupted { signal: i32 },
-}
-
-/// What the run's failure summary says.
-#[derive(Debug, Clone)]
-pub struct FailureSummary {
-    pub step: String,
-    pub cause: Cause,
-    /// `hvd run`'s exit code.
-    pub exit_code: u8,
-    /// The failing rank's last lines of stderr (empty for causes without a rank).
-    pub stderr_tail: Vec<String>,
-    /// The failing step's per-rank logs.
-    pub log_dir: PathBuf,
-}
-
-/// The outcome of a whole run.
-#[derive(Debug, Clone)]
-pub struct RunReport {
-    pub run_id: String,
-    /// `.hvd/runs/<run-id>`.
-    pub log_dir: PathBuf,
-    pub ran: Vec<String>,
-    pub skipped: Vec<String>,
-    pub failure: Option<FailureSummary>,
-}
-
 /// Why the job is being stopped.
 #[derive(Debug, Clone)]
 struct Stop {
@@ -251,32 +128,6 @@ impl Job<'_> {
     }
 }
 
-/// A sortable id for a run: UTC time and the launcher's pid.
-pub fn new_run_id() -> String {
-    let secs = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}-{}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        std::process::id()
-    )
-}
-
 /// Runs `plan`. Returns when every started process has ended; nothing is left running.
 pub fn execute(
     plan: &Plan,
@@ -284,13 +135,9 @@ pub fn execute(
     events: &dyn EventSink,
     interrupts: Interrupts,
 ) -> Result<RunReport, LaunchError> {
-    if let Some(ssh) = &plan.ssh
-        && plan
-            .steps
-            .iter()
-            .any(|s| s.workers.is_some() && s.launch.is_none())
-    {
-        ssh.check_hosts(&plan.project_dir, plan.env_dir.as_deref())?;
+    // The engine's checks and files (ssh: the hosts; spark: its driver), when a step is distributed.
+    if plan.steps.iter().any(|s| s.workers.is_some()) {
+        plan.engine.prepare(plan)?;
     }
     let run_id = new_run_id();
     let log_dir = plan.state_dir.join("runs").join(&run_id);
@@ -298,7 +145,6 @@ pub fn execute(
         path: log_dir.clone(),
         source,
     })?;
-    crate::engines::spark::install_driver(plan)?;
     crate::process::become_subreaper();
     let cgroup = match cgroups_wanted()? {
         false => {
@@ -345,6 +191,7 @@ pub fn execute(
         ran: Vec::new(),
         skipped: Vec::new(),
         failure: None,
+        detached: false,
     };
     let mut outputs: BTreeMap<String, String> = BTreeMap::new();
     let mut pending: Vec<&PlannedStep> = plan.steps.iter().collect();
@@ -523,6 +370,22 @@ struct Worker {
     stdin: Option<std::process::ChildStdin>,
 }
 
+/// The command of an engine's launcher (mpirun, srun, a Spark driver) with the worker contract of rank 0, less the
+/// rank variables: the launcher gives each rank its own numbers, which the shim reads; rank 0's numbers (or ones
+/// this launcher inherited) would be inherited by every rank and read by the shim as theirs.
+fn launcher_command(start: &RankStart<'_>, argv: &[String]) -> RankCommand {
+    let mut launcher = RankCommand::local_argv(start, argv);
+    launcher.command.env(
+        crate::engines::shim::GPUS_VAR,
+        start.plan.gpus_per_worker.to_string(),
+    );
+    // The later call for a name wins: these are removed, whether set above or inherited.
+    for (name, _) in crate::env::rank_env(start.slot) {
+        launcher.command.env_remove(name);
+    }
+    launcher
+}
+
 /// Runs one step to the end. `Ok(true)`: every worker succeeded.
 fn run_step(
     job: &Job<'_>,
@@ -531,35 +394,20 @@ fn run_step(
     log_dir: &Path,
 ) -> Result<bool, LaunchError> {
     let started = Instant::now();
-    // The ssh engine runs a distributed step's ranks on other hosts: its rendezvous binds an address they reach.
-    let remote = plan
-        .ssh
-        .as_deref()
-        .filter(|_| step.workers.is_some() && step.launch.is_none());
+    // A step that runs once runs here; a distributed one as its engine says.
+    let engine: &dyn SupervisedEngine = match step.workers {
+        Some(_) => plan.engine.as_ref(),
+        None => &Local,
+    };
+    let launcher = step.workers.and_then(|n| engine.launcher(plan, step, n));
     let rendezvous = match step.workers {
-        Some(_) if let Some(ssh) = remote => {
-            let token = new_token().map_err(|source| LaunchError::Io {
-                path: "/dev/urandom".into(),
-                source,
-            })?;
-            let server = RendezvousServer::start(
-                SocketAddr::new(ssh.bind_ip, 0),
-                &token,
-                ssh.allowed_peers(),
-            )?;
-            server.set_gloo_layout(&step.layout.hosts());
-            Some((server, token))
-        }
         Some(_) => {
             let token = new_token().map_err(|source| LaunchError::Io {
                 path: "/dev/urandom".into(),
                 source,
             })?;
-            // Loopback unless the ranks run on other machines (a Spark cluster's executors).
-            let ip = plan
-                .rendezvous_bind
-                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-            let server = RendezvousServer::start(SocketAddr::new(ip, 0), &token, vec![ip])?;
+            let (ip, peers) = engine.rendezvous();
+            let server = RendezvousServer::start(SocketAddr::new(ip, 0), &token, peers)?;
             server.set_gloo_layout(&step.layout.hosts());
             Some((server, token))
         }
@@ -609,11 +457,11 @@ fn run_step(
     let result = std::thread::scope(|scope| -> Result<bool, LaunchError> {
         let mut spawn_error = None;
         // A step an engine launches (mpirun) is one process, supervised in place of its ranks (as rank 0).
-        let slots = match &step.launch {
+        let slots = match &launcher {
             Some(_) => &step.layout.slots[..step.layout.slots.len().min(1)],
             None => &step.layout.slots[..],
         };
-        let tagged = step.launch.is_some();
+        let tagged = launcher.is_some();
         for slot in slots {
             let rank_dir = log_dir.join(format!("rank.{}", slot.rank));
             fs_err::create_dir_all(&rank_dir).map_err(|source| LaunchError::Io {
@@ -625,71 +473,30 @@ fn run_step(
                 fs_err::File::create(&path).map_err(|source| LaunchError::Io { path, source })
             };
             let (stdout_file, stderr_file) = (open("stdout")?, open("stderr")?);
-            let mut command = match step.launch.as_deref() {
-                Some([program, args @ ..]) => {
-                    let mut c = Command::new(program);
-                    c.args(args);
-                    c.env(
-                        crate::engines::shim::GPUS_VAR,
-                        plan.gpus_per_worker.to_string(),
-                    );
-                    c
-                }
-                _ if let (Some(ssh), Some(info)) = (remote, info.as_ref()) => {
-                    let argv = ssh.rank_argv(
-                        plan,
-                        step,
-                        slot,
-                        info,
-                        &master_port.to_string(),
-                        &step_marker,
-                    )?;
-                    let mut c = Command::new(&argv[0]);
-                    c.args(&argv[1..]);
-                    c
-                }
-                _ => {
-                    let mut c = Command::new("/bin/sh");
-                    c.arg("-c").arg(&step.command);
-                    c
-                }
+            let start = RankStart {
+                plan,
+                step,
+                slot,
+                rendezvous: info.as_ref(),
+                master_port,
+                marker: &step_marker,
+            };
+            let RankCommand {
+                mut command,
+                remote,
+            } = match &launcher {
+                Some(argv) => launcher_command(&start, argv),
+                None => engine.rank_command(&start)?,
             };
             command.current_dir(&plan.project_dir);
             command
-                .stdin(if remote.is_some() {
+                .stdin(if remote {
                     Stdio::piped()
                 } else {
                     Stdio::null()
                 })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            // A remote rank's variables travel on its ssh command line; the local ssh process must not carry the
-            // rank's (the host's wrapper kills leftovers by them, and a host may be this machine).
-            let vars = match remote {
-                Some(_) => Vec::new(),
-                None => worker_env(
-                    &step.env,
-                    slot,
-                    info.as_ref(),
-                    plan.gpus_per_worker,
-                    plan.env_dir.as_deref(),
-                ),
-            };
-            // A step an engine launches (mpirun, srun) is one process that starts every rank, and its launcher gives
-            // each rank its own numbers, which the shim reads. Rank 0's numbers (or ones this launcher inherited)
-            // would be inherited by every rank and read by the shim as theirs: they are left out.
-            for (k, v) in vars {
-                command.env(k, v);
-            }
-            if tagged {
-                // The later call for a name wins: these are removed, whether set above or inherited.
-                for (name, _) in crate::env::rank_env(slot) {
-                    command.env_remove(name);
-                }
-            }
-            if info.is_some() && remote.is_none() {
-                command.env("MASTER_PORT", master_port.to_string());
-            }
             command.env(STEP_MARKER_VAR, &step_marker);
             configure_worker_in(&mut command, step_cgroup.as_ref());
             let mut child = match command.spawn() {
@@ -823,7 +630,7 @@ fn run_step(
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             failure.stderr_tail = tail.iter().cloned().collect();
             // mpirun / srun exit with their own code: name the rank that failed first and pass its code on.
-            if step.launch.is_some()
+            if launcher.is_some()
                 && let Some((rank, code)) = crate::engines::failing_rank(&failure.stderr_tail)
                 && let Cause::Worker { host, .. } = &failure.cause
             {
@@ -957,7 +764,7 @@ fn supervise(
             for w in workers.iter_mut().filter(|w| w.exited.is_none()) {
                 match w.stdin.take() {
                     // ssh exits once the remote wrapper has stopped the rank; SIGKILL after the grace period.
-                    Some(mut stdin) => crate::engines::ssh::send_stop(&mut stdin, signal),
+                    Some(mut stdin) => crate::engine::send_stop(&mut stdin, signal),
                     None => signal_group(w.pgid, signal),
                 }
             }
@@ -1052,80 +859,3 @@ struct Pumps {
 
 /// How long output pumps may keep reading after every worker of a step ended.
 const PUMP_DRAIN: Duration = Duration::from_secs(2);
-
-/// Splits a byte stream into lines at `\n`, `\r\n` and lone `\r` (progress bars).
-#[derive(Debug, Default)]
-pub struct LineSplitter {
-    buf: Vec<u8>,
-    after_cr: bool,
-}
-
-impl LineSplitter {
-    pub fn push(&mut self, data: &[u8], emit: &mut impl FnMut(&[u8])) {
-        for &b in data {
-            match b {
-                b'\n' if self.after_cr => self.after_cr = false,
-                b'\n' | b'\r' => {
-                    emit(&self.buf);
-                    self.buf.clear();
-                    self.after_cr = b == b'\r';
-                }
-                _ => {
-                    self.after_cr = false;
-                    self.buf.push(b);
-                    if self.buf.len() >= MAX_LINE_BYTES {
-                        emit(&self.buf);
-                        self.buf.clear();
-                    }
-                }
-            }
-        }
-    }
-
-    pub fn finish(&mut self, emit: &mut impl FnMut(&[u8])) {
-        if !self.buf.is_empty() {
-            emit(&self.buf);
-            self.buf.clear();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn split(chunks: &[&[u8]]) -> Vec<String> {
-        let mut s = LineSplitter::default();
-        let mut out = Vec::new();
-        let mut emit = |l: &[u8]| out.push(String::from_utf8_lossy(l).into_owned());
-        for c in chunks {
-            s.push(c, &mut emit);
-        }
-        s.finish(&mut emit);
-        out
-    }
-
-    #[test]
-    fn splits_on_newlines_and_carriage_returns() {
-        assert_eq!(split(&[b"a\nb\r\nc\rd"]), ["a", "b", "c", "d"]);
-        assert_eq!(split(&[b"a\r", b"\nb\n\n"]), ["a", "b", ""]);
-        assert_eq!(split(&[b"10%\r20%\r100%\n"]), ["10%", "20%", "100%"]);
-    }
-
-    #[test]
-    fn exit_codes_pass_through() {
-        assert_eq!(WorkerExit::Code(3).code(), 3);
-        assert_eq!(WorkerExit::Signal(9).code(), 137);
-        assert_eq!(WorkerExit::Signal(9).to_string(), "killed by SIGKILL");
-    }
-
-    #[test]
-    fn run_ids_sort_by_time() {
-        let id = new_run_id();
-        assert_eq!(
-            id.len(),
-            "20260101-000000-".len() + std::process::id().to_string().len()
-        );
-        assert!(id.starts_with("20"));
-    }
-}

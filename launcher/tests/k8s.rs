@@ -123,13 +123,16 @@ fn project(cluster: Option<Cluster>) -> Project {
 
 fn cluster(settings: &[(&str, &str)]) -> Option<Cluster> {
     Some(Cluster {
-        engine: Some("kubernetes".into()),
+        engine: Some(hvd_lang::model::EngineKind::Kubernetes),
         image: Some("registry.example/hvd-train:1".into()),
         namespace: Some("ml".into()),
-        settings: settings
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
+        settings: {
+            let mut typed = hvd_lang::model::EngineSettings::default();
+            for (k, v) in settings {
+                typed.set(k, hvd_lang::model::SettingValue::Str(v)).unwrap();
+            }
+            typed
+        },
         ..Cluster::default()
     })
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use hvd_lang::model::EngineKind;
 use hvd_launcher::{Cause, Event, FailureSummary, Interrupts, RunOptions, Stream};
 
 use crate::exit::{CommandResult, Failure, Status};
@@ -59,7 +60,7 @@ pub struct RunArgs {
     /// The engine for distributed steps: `local`, `mpi`, `ssh`, `slurm`, `spark` or `kubernetes` (overrides
     /// `cluster { engine }`; docs/engines.md).
     #[arg(long, value_name = "ENGINE")]
-    pub engine: Option<String>,
+    pub engine: Option<EngineKind>,
     /// Which MPI the `mpi` engine uses: `openmpi` or `mpich` (default: detected from `mpirun --version`).
     #[arg(long, value_name = "FLAVOUR")]
     pub mpi: Option<String>,
@@ -258,15 +259,49 @@ pub fn run(args: RunArgs) -> CommandResult {
                 Some(ready.temp_root),
             )
         };
+    let options = options(&args, &project, env_dir, env_hash)?;
+    let run = hvd_launcher::prepare(&project, &options)
+        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    for text in run.notes() {
+        note!("hvd: note: {text}");
+    }
+    if args.dry_run {
+        print!("{}", run.render());
+        if let hvd_launcher::Run::Supervised(plan) = &run
+            && plan.env_dir.is_none()
+            && !args.no_build
+        {
+            println!(
+                "\n(the env is locked and built before the steps run; `--no-build` skips that)"
+            );
+        }
+        return Ok(Status::Success);
+    }
+    run.check()
+        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    let console = Console::new(args.ranks.clone().map(|r| r.into_iter().collect()));
+    let interrupts = Interrupts::install();
+    let report = run
+        .execute(&options, &|event| console.show(event), interrupts)
+        .map_err(|e| Failure::from_error(Status::Failure, &e))?;
+    finish(report)
+}
+
+/// The launcher's options from the command line (and, for `--workers -N`, the engine the project names).
+fn options(
+    args: &RunArgs,
+    project: &hvd_lang::model::Project,
+    env_dir: Option<PathBuf>,
+    env_hash: Option<String>,
+) -> Result<RunOptions, Failure> {
     // `--workers -N` (HorovodRunner's `np < 0`): with the spark engine, N processes on this machine, the driver.
-    let mut engine_override = args.engine.clone();
+    let mut engine = args.engine;
     let workers = match args.workers {
         Some(n) if n < 0 => {
-            let engine = args
+            let named = args
                 .engine
-                .clone()
-                .or_else(|| project.cluster.as_ref().and_then(|c| c.engine.clone()));
-            if engine.as_deref() != Some("spark") {
+                .or_else(|| project.cluster.as_ref().and_then(|c| c.engine));
+            if named != Some(EngineKind::Spark) {
                 return Err(Failure::usage(format!(
                     "`--workers {n}`: a negative number (N local processes on the driver) is for the spark engine; \
                      give a positive number"
@@ -276,12 +311,12 @@ pub fn run(args: RunArgs) -> CommandResult {
                 "hvd: --workers {n}: {} local processes on the driver (local engine) instead of Spark tasks",
                 n.unsigned_abs()
             );
-            engine_override = Some("local".into());
+            engine = Some(EngineKind::Local);
             Some(n.unsigned_abs())
         }
         n => n.map(i32::unsigned_abs),
     };
-    let options = RunOptions {
+    Ok(RunOptions {
         step: args.step.clone(),
         workers,
         force: args.force,
@@ -294,11 +329,11 @@ pub fn run(args: RunArgs) -> CommandResult {
             .map(|s| seconds("start-timeout", s))
             .transpose()?,
         state_dir: None,
-        engine: engine_override,
+        engine,
         mpi: args.mpi.clone(),
         mpirun: args.mpirun.clone(),
         shim: std::env::current_exe().ok(),
-        spark: hvd_launcher::engines::spark::SparkOptions {
+        spark: hvd_launcher::options::SparkOptions {
             master: args.spark.spark_master.clone(),
             python: args.spark.spark_python.clone(),
         },
@@ -318,169 +353,22 @@ pub fn run(args: RunArgs) -> CommandResult {
             }
             None => args.hosts.clone(),
         },
-        ssh: hvd_launcher::engines::ssh::SshOptions {
+        ssh: hvd_launcher::options::SshOptions {
             port: args.ssh_port,
             identity: args.ssh_identity.clone(),
             config: args.ssh_config.clone(),
             network_interface: args.network_interface.clone(),
             copy_env: args.ssh_copy_env,
         },
-    };
-    let engine = args
-        .engine
-        .clone()
-        .or_else(|| project.cluster.as_ref().and_then(|c| c.engine.clone()));
-    if engine.as_deref() == Some("kubernetes") {
-        // `--workers N` sizes every distributed step of the JobSet, as it does for the other engines.
-        let mut project = project;
-        if let Some(n) = options.workers {
-            for step in &mut project.steps {
-                if step.workers.is_some() {
-                    step.workers = Some(n);
-                }
-            }
-        }
-        return run_kubernetes(&project, &args);
-    }
-    if engine.as_deref() == Some("slurm") && !hvd_launcher::engines::slurm::in_allocation() {
-        return run_sbatch(&project, options, &args);
-    }
-    if args.detach {
-        return Err(Failure::usage(
-            "`--detach` is for `--engine slurm` outside an allocation (the batch jobs run on without hvd)",
-        ));
-    }
-    let plan = hvd_launcher::plan(&project, &options)
-        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
-    if args.dry_run {
-        print!("{}", plan.render());
-        if plan.env_dir.is_none() && !args.no_build {
-            println!(
-                "\n(the env is locked and built before the steps run; `--no-build` skips that)"
-            );
-        }
-        return Ok(Status::Success);
-    }
-    let console = Console::new(args.ranks.map(|r| r.into_iter().collect()));
-    let interrupts = Interrupts::install();
-    let report = hvd_launcher::execute(&plan, &options, &|event| console.show(event), interrupts)
-        .map_err(|e| Failure::from_error(Status::Failure, &e))?;
-    finish(report)
-}
-
-/// `--engine slurm` outside an allocation: every step is a batch job, submitted with sbatch and chained with
-/// `--dependency=afterok`; hvd follows the jobs' output and state (`--detach`: submits and returns; `--dry-run`:
-/// prints the submission as a shell script).
-fn run_sbatch(
-    project: &hvd_lang::model::Project,
-    mut options: RunOptions,
-    args: &RunArgs,
-) -> CommandResult {
-    use hvd_launcher::engines::{sbatch, slurm};
-    let shim = options.shim.clone().unwrap_or_else(|| PathBuf::from("hvd"));
-    let usage = |e: hvd_launcher::LaunchError| Failure::from_error(Status::Usage, &e);
-    // The plan of the local engine gives the steps, their order and variables; the batch scripts do the rest.
-    let engine = options.engine.replace("local".into());
-    let plan = hvd_launcher::plan(project, &options).map_err(usage)?;
-    options.engine = engine;
-    let steps = slurm::batch_steps(project, &plan, &shim).map_err(usage)?;
-    if args.dry_run {
-        print!("{}", sbatch::submit_script(&plan, &steps));
-        return Ok(Status::Success);
-    }
-    sbatch::check_tools().map_err(usage)?;
-    let interrupts = Interrupts::install();
-    let submission = sbatch::submit(&plan, &steps, &options)
-        .map_err(|e| Failure::from_error(Status::Failure, &e))?;
-    for job in &submission.jobs {
-        let after = if job.after.is_empty() {
-            String::new()
-        } else {
-            format!(" (after {})", job.after.join(", "))
-        };
-        note!(
-            "hvd: step `{}` submitted as slurm job {}{after}",
-            job.step,
-            job.job_id
-        );
-    }
-    if args.detach {
-        for step in &submission.skipped {
-            note!("hvd: step `{step}` skipped: inputs unchanged (--force reruns it)");
-        }
-        let ids: Vec<&str> = submission.jobs.iter().map(|j| j.job_id.as_str()).collect();
-        println!("{}", ids.join(" "));
-        note!(
-            "hvd: not following; output goes to {} (`squeue -j {}`)",
-            slurm::output_dir(&plan).display(),
-            ids.join(",")
-        );
-        return Ok(Status::Success);
-    }
-    let console = Console::new(args.ranks.clone().map(|r| r.into_iter().collect()));
-    let report = sbatch::follow(
-        &plan,
-        &steps,
-        &submission,
-        &options,
-        &|event| console.show(event),
-        interrupts,
-    )
-    .map_err(|e| Failure::from_error(Status::Failure, &e))?;
-    finish(report)
-}
-
-/// `--engine kubernetes`: writes the JobSet under `.hvd/k8s/`, applies it with kubectl and follows its pods until
-/// it completes or fails (`--dry-run` prints it and the kubectl commands).
-fn run_kubernetes(project: &hvd_lang::model::Project, args: &RunArgs) -> CommandResult {
-    use hvd_launcher::engines::kubectl;
-    let dir = args
-        .file
-        .parent()
-        .unwrap_or(std::path::Path::new(""))
-        .join(".hvd")
-        .join("k8s");
-    let files =
-        super::export::write_k8s(project, hvd_launcher::engines::k8s::Flavour::JobSet, &dir)?;
-    let job = kubectl::KubeJob::from_files(project, &files)
-        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
-    if args.dry_run {
-        for file in &files {
-            println!("# {}", file.display());
-            let text = std::fs::read_to_string(file).unwrap_or_default();
-            print!("{text}");
-        }
-        println!("\n# hvd runs, with MANIFEST the Secret and the JobSet above:");
-        for line in kubectl::commands(&job) {
-            println!("#   {line}");
-        }
-        return Ok(Status::Success);
-    }
-    if !kubectl::kubectl_on_path() {
-        return Err(Failure::usage(format!(
-            "kubectl is not on PATH: install kubectl and configure it (a kubeconfig) for a cluster with the JobSet \
-             controller; the manifests are in {}",
-            dir.display()
-        )));
-    }
-    note!(
-        "hvd: applying JobSet `{}` with kubectl and following its pods",
-        job.name
-    );
-    let console = Console::new(args.ranks.clone().map(|r| r.into_iter().collect()));
-    let interrupts = Interrupts::install();
-    let report = kubectl::run(
-        &job,
-        &dir.join("logs"),
-        &|event| console.show(event),
-        interrupts,
-    )
-    .map_err(|e| Failure::from_error(Status::Failure, &e))?;
-    finish(report)
+        detach: args.detach,
+    })
 }
 
 /// The outcome of a run, whatever engine ran it (the plan's engines, sbatch, kubectl).
 fn finish(report: hvd_launcher::RunReport) -> CommandResult {
+    if report.detached {
+        return Ok(Status::Success);
+    }
     match report.failure {
         None => {
             note!(
@@ -609,6 +497,17 @@ impl Console {
             }
             Event::Stopping { reason } => note!("hvd: {reason}"),
             Event::Note { text } => note!("hvd: {text}"),
+            Event::Detached {
+                job_ids,
+                output_dir,
+            } => {
+                let _ = writeln!(std::io::stdout().lock(), "{}", job_ids.join(" "));
+                note!(
+                    "hvd: not following; output goes to {} (`squeue -j {}`)",
+                    output_dir.display(),
+                    job_ids.join(",")
+                );
+            }
         }
     }
 }

@@ -294,8 +294,8 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
         Flavour::MpiJob => {
             let settings = project.cluster.as_ref().map(|c| &c.settings);
             let mpi = settings
-                .and_then(|s| s.get("mpi"))
-                .and_then(|m| MpiFlavour::parse(m))
+                .and_then(|s| s.mpi.as_deref())
+                .and_then(MpiFlavour::parse)
                 .unwrap_or(MpiFlavour::OpenMpi);
             let mut manifests = vec![secret_manifest];
             for step in &steps {
@@ -386,4 +386,46 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
             Ok(Export { manifests, notes })
         }
     }
+}
+/// Writes `export`'s manifests into `dir` (created), one pretty JSON file each, and returns their paths. The token
+/// Secret is readable by its owner only (as `kubectl` keeps a kubeconfig): a new file is created 0600, an old one is
+/// made so before the token is written.
+pub fn write_manifests(
+    export: &Export,
+    dir: &std::path::Path,
+) -> Result<Vec<std::path::PathBuf>, LaunchError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    fs_err::create_dir_all(dir).map_err(|source| LaunchError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files = Vec::new();
+    for manifest in &export.manifests {
+        let path = dir.join(&manifest.file);
+        let text = serde_json::to_string_pretty(&manifest.content)
+            .map_err(|_| LaunchError::Internal("a manifest does not serialize"))?;
+        let mode = if manifest.content["kind"] == "Secret" {
+            0o600
+        } else {
+            0o644
+        };
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(mode)
+                .open(&path)?;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            file.set_len(0)?;
+            file.write_all((text + "\n").as_bytes())
+        };
+        write().map_err(|source| LaunchError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        files.push(path);
+    }
+    Ok(files)
 }

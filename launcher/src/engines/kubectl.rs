@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 use hvd_lang::model::Project;
 use serde_json::Value;
 
-use crate::engine::WorkerExit;
-use crate::engine::{
+use crate::engine::{Engine, WholeRunEngine};
+use crate::engines::k8s::{self, Flavour};
+use crate::options::RunOptions;
+use crate::report::WorkerExit;
+use crate::report::{
     Cause, Event, EventSink, FailureSummary, RunReport, STDERR_TAIL_LINES, Stream,
 };
-use crate::engines::k8s::{self, Flavour};
 use crate::{Interrupts, LaunchError};
 
 /// How often the JobSet and its pods are looked at.
@@ -218,6 +220,90 @@ pub fn commands(job: &KubeJob) -> Vec<String> {
     ]
 }
 
+/// The kubernetes engine: the JobSet of the project, written under `.hvd/k8s/`, applied and followed.
+pub struct Kubectl {
+    job: KubeJob,
+    dir: PathBuf,
+    files: Vec<PathBuf>,
+    notes: Vec<String>,
+}
+
+/// Writes the JobSet and its token Secret under `.hvd/k8s/` (next to the file, or under `RunOptions::state_dir`);
+/// `--workers N` sizes every distributed step, as it does for the other engines.
+pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
+    let mut project = project.clone();
+    if let Some(n) = options.workers {
+        for step in &mut project.steps {
+            if step.workers.is_some() {
+                step.workers = Some(n);
+            }
+        }
+    }
+    let dir = match &options.state_dir {
+        Some(state) => state.join("k8s"),
+        None => project
+            .file
+            .parent()
+            .unwrap_or(Path::new(""))
+            .join(".hvd")
+            .join("k8s"),
+    };
+    let export = k8s::export(&project, Flavour::JobSet)?;
+    let files = k8s::write_manifests(&export, &dir)?;
+    let job = KubeJob::from_files(&project, &files)?;
+    Ok(Engine::Whole(Box::new(Kubectl {
+        job,
+        dir,
+        files,
+        notes: export.notes,
+    })))
+}
+
+impl WholeRunEngine for Kubectl {
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
+
+    /// The manifests and the kubectl commands.
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for file in &self.files {
+            out.push_str(&format!("# {}\n", file.display()));
+            out.push_str(&std::fs::read_to_string(file).unwrap_or_default());
+        }
+        out.push_str("\n# hvd runs, with MANIFEST the Secret and the JobSet above:\n");
+        for line in commands(&self.job) {
+            out.push_str(&format!("#   {line}\n"));
+        }
+        out
+    }
+
+    fn check(&self) -> Result<(), LaunchError> {
+        if kubectl_on_path() {
+            return Ok(());
+        }
+        Err(LaunchError::Engine(format!(
+            "kubectl is not on PATH: install kubectl and configure it (a kubeconfig) for a cluster with the JobSet \
+             controller; the manifests are in {}",
+            self.dir.display()
+        )))
+    }
+
+    fn run(
+        &self,
+        events: &dyn EventSink,
+        interrupts: Interrupts,
+    ) -> Result<RunReport, LaunchError> {
+        events.event(Event::Note {
+            text: format!(
+                "applying JobSet `{}` with kubectl and following its pods",
+                self.job.name
+            ),
+        });
+        run(&self.job, &self.dir.join("logs"), events, interrupts)
+    }
+}
+
 /// Whether `kubectl` is on PATH.
 pub fn kubectl_on_path() -> bool {
     std::env::var_os("PATH")
@@ -385,11 +471,12 @@ pub fn run(
         .map_err(|_| LaunchError::Internal("the JobSet does not serialize"))?;
     kubectl(&job.apply_argv(), Some(&manifest))?;
     let mut report = RunReport {
-        run_id: crate::engine::new_run_id(),
+        run_id: crate::report::new_run_id(),
         log_dir: log_dir.to_path_buf(),
         ran: Vec::new(),
         skipped: Vec::new(),
         failure: None,
+        detached: false,
     };
     let mut followers: BTreeMap<String, Follower> = BTreeMap::new();
     let mut seen: BTreeMap<String, Pod> = BTreeMap::new();

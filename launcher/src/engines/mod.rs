@@ -1,10 +1,15 @@
-//! Engines beyond the local one. The local engine ([`crate::engine`]) still supervises every step; an engine that
-//! starts the ranks itself (mpirun) is one supervised process per distributed step, whose ranks get the worker
-//! contract from the shim ([`shim`], `hvd worker-env -- CMD`).
+//! One module per engine, each behind one of the two traits of [`crate::engine`], and what they share: host lists,
+//! the variables passed on to ranks an engine starts itself, and reading the rank tags of their output. An engine
+//! that starts the ranks itself (mpirun, srun, a Spark driver) is one supervised process per distributed step,
+//! whose ranks get the worker contract from the shim ([`shim`], `hvd worker-env -- CMD`). Which module runs which
+//! engine name is decided in one place, `run.rs`.
+
+use crate::LaunchError;
 
 pub mod k8s;
 pub mod kubectl;
 pub mod mpi;
+pub mod net;
 pub mod sbatch;
 pub mod shell;
 pub mod shim;
@@ -12,46 +17,10 @@ pub mod slurm;
 pub mod spark;
 pub mod ssh;
 
-/// Which engine runs distributed steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EngineKind {
-    #[default]
-    Local,
-    Mpi,
-    Slurm,
-    Spark,
-    Ssh,
-}
-
-impl EngineKind {
-    /// Parses an engine name (`--engine`, `cluster { engine = ... }`); an unknown name is an error that lists the
-    /// engines. `kubernetes` is no kind here: `hvd run` hands it to [`kubectl`] before any plan is made.
-    pub fn parse(name: &str) -> Result<Self, crate::LaunchError> {
-        match name {
-            "local" => Ok(EngineKind::Local),
-            "mpi" => Ok(EngineKind::Mpi),
-            "slurm" => Ok(EngineKind::Slurm),
-            "spark" => Ok(EngineKind::Spark),
-            "ssh" => Ok(EngineKind::Ssh),
-            other => Err(crate::LaunchError::EngineNotAvailable(other.to_owned())),
-        }
-    }
-}
-
-/// What the mpi engine needs for every step of a plan.
-#[derive(Debug, Clone)]
-pub struct MpiSetup {
-    pub mpirun: mpi::Mpirun,
-    pub hosts: Vec<(String, u32)>,
-    pub shim: std::path::PathBuf,
-    pub cores: u32,
-    pub root: bool,
-}
-
 /// Parses `host:slots` (slots default 1).
-pub fn parse_host(entry: &str) -> Result<(String, u32), crate::LaunchError> {
+pub fn parse_host(entry: &str) -> Result<(String, u32), LaunchError> {
     let bad = || {
-        crate::LaunchError::Engine(format!(
+        LaunchError::Engine(format!(
             "host `{entry}` is not `NAME` or `NAME:SLOTS` with SLOTS a positive number"
         ))
     };
@@ -68,9 +37,21 @@ pub fn parse_host(entry: &str) -> Result<(String, u32), crate::LaunchError> {
     }
 }
 
+/// The hosts of the mpi and ssh engines: `--hosts`/`--hostfile` (`RunOptions::hosts`), else `cluster { hosts }`.
+pub fn hosts(
+    project: &hvd_lang::model::Project,
+    options: &crate::options::RunOptions,
+) -> Result<Vec<(String, u32)>, LaunchError> {
+    let entries = match &options.hosts {
+        Some(hosts) => hosts.as_slice(),
+        None => project.cluster.as_ref().map_or(&[][..], |c| &c.hosts[..]),
+    };
+    entries.iter().map(|h| parse_host(h)).collect()
+}
+
 /// Reads a hostfile: `host slots=N` lines (`host` alone: 1 slot; `#` comments and blank lines ignored), as
 /// `host:N` entries.
-pub fn parse_hostfile(text: &str) -> Result<Vec<String>, crate::LaunchError> {
+pub fn parse_hostfile(text: &str) -> Result<Vec<String>, LaunchError> {
     let mut hosts = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or_default().trim();
@@ -86,7 +67,7 @@ pub fn parse_hostfile(text: &str) -> Result<Vec<String>, crate::LaunchError> {
                 .and_then(|n| n.parse::<u32>().ok())
                 .filter(|n| *n > 0)
                 .ok_or_else(|| {
-                    crate::LaunchError::Engine(format!(
+                    LaunchError::Engine(format!(
                         "hostfile line {}: `{word}` is not `slots=N` with N a positive number",
                         i + 1
                     ))
@@ -96,76 +77,6 @@ pub fn parse_hostfile(text: &str) -> Result<Vec<String>, crate::LaunchError> {
         hosts.push(format!("{host}:{slots}"));
     }
     Ok(hosts)
-}
-
-/// Finds mpirun and reads the hosts for the mpi engine.
-pub fn mpi_setup(
-    project: &hvd_lang::model::Project,
-    options: &crate::RunOptions,
-) -> Result<MpiSetup, crate::LaunchError> {
-    let settings = project.cluster.as_ref().map(|c| &c.settings);
-    let setting = |k: &str| settings.and_then(|s| s.get(k)).cloned();
-    let flavour = match options.mpi.clone().or_else(|| setting("mpi")) {
-        Some(name) => Some(mpi::MpiFlavour::parse(&name).ok_or_else(|| {
-            crate::LaunchError::Engine(format!("unknown MPI `{name}`: use `openmpi` or `mpich`"))
-        })?),
-        None => None,
-    };
-    let program = options
-        .mpirun
-        .clone()
-        .or_else(|| setting("mpirun").map(Into::into));
-    let mpirun = mpi::find_mpirun(program.as_deref(), flavour)?;
-    let hosts = match &options.hosts {
-        Some(hosts) => hosts
-            .iter()
-            .map(|h| parse_host(h))
-            .collect::<Result<_, _>>()?,
-        None => project
-            .cluster
-            .as_ref()
-            .map(|c| c.hosts.iter().map(|h| parse_host(h)).collect())
-            .transpose()?
-            .unwrap_or_default(),
-    };
-    let shim = options.shim.clone().ok_or_else(|| {
-        crate::LaunchError::Engine(
-            "the mpi engine needs the hvd binary for its worker shim (RunOptions::shim)".into(),
-        )
-    })?;
-    Ok(MpiSetup {
-        mpirun,
-        hosts,
-        shim,
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        root: unsafe { libc::geteuid() } == 0,
-    })
-}
-
-impl MpiSetup {
-    /// The mpirun command line of a distributed step with `env` (the step's variables).
-    pub fn argv(
-        &self,
-        np: u32,
-        env: &std::collections::BTreeMap<String, String>,
-        command: &str,
-        has_env_dir: bool,
-    ) -> Vec<String> {
-        let export = exported_vars(env, has_env_dir);
-        mpi::argv(
-            &self.mpirun,
-            &mpi::MpiStep {
-                np,
-                hosts: &self.hosts,
-                export: &export,
-                shim: &self.shim,
-                command,
-                cores: self.cores,
-                root: self.root,
-            },
-        )
-    }
 }
 
 /// The variables an engine that starts the ranks itself (mpirun, a Spark driver) passes on to them: what the shim
@@ -181,7 +92,7 @@ pub fn exported_vars(
         "HVD_JOB_TOKEN",
         "MASTER_PORT",
         shim::GPUS_VAR,
-        crate::engine::STEP_MARKER_VAR,
+        crate::env::STEP_MARKER_VAR,
     ]
     .iter()
     .map(|s| (*s).to_owned())

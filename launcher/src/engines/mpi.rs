@@ -5,7 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::sync::Arc;
+
+use hvd_lang::model::Project;
+
 use crate::LaunchError;
+use crate::engine::{Engine, Plan, PlannedStep, SupervisedEngine};
+use crate::env::WorkerLayout;
+use crate::options::RunOptions;
 
 /// Which MPI implementation `mpirun` belongs to (they differ in every flag that matters here).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +197,104 @@ pub fn argv(mpirun: &Mpirun, step: &MpiStep<'_>) -> Vec<String> {
         step.command.into(),
     ]);
     argv
+}
+
+/// What the mpi engine needs for every step of a plan.
+#[derive(Debug, Clone)]
+pub struct MpiSetup {
+    pub mpirun: Mpirun,
+    pub hosts: Vec<(String, u32)>,
+    pub shim: std::path::PathBuf,
+    pub cores: u32,
+    pub root: bool,
+}
+
+/// Finds mpirun and reads the hosts for the mpi engine.
+pub fn setup(
+    project: &hvd_lang::model::Project,
+    options: &RunOptions,
+) -> Result<MpiSetup, LaunchError> {
+    let settings = project.cluster.as_ref().map(|c| &c.settings);
+    let flavour = match options
+        .mpi
+        .clone()
+        .or_else(|| settings.and_then(|s| s.mpi.clone()))
+    {
+        Some(name) => Some(MpiFlavour::parse(&name).ok_or_else(|| {
+            LaunchError::Engine(format!("unknown MPI `{name}`: use `openmpi` or `mpich`"))
+        })?),
+        None => None,
+    };
+    let program = options
+        .mpirun
+        .clone()
+        .or_else(|| settings.and_then(|s| s.mpirun.clone()));
+    let mpirun = find_mpirun(program.as_deref(), flavour)?;
+    let hosts = super::hosts(project, options)?;
+    let shim = options.shim.clone().ok_or_else(|| {
+        LaunchError::Engine(
+            "the mpi engine needs the hvd binary for its worker shim (RunOptions::shim)".into(),
+        )
+    })?;
+    Ok(MpiSetup {
+        mpirun,
+        hosts,
+        shim,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        root: unsafe { libc::geteuid() } == 0,
+    })
+}
+
+impl MpiSetup {
+    /// The mpirun command line of a distributed step with `env` (the step's variables).
+    pub fn argv(
+        &self,
+        np: u32,
+        env: &std::collections::BTreeMap<String, String>,
+        command: &str,
+        has_env_dir: bool,
+    ) -> Vec<String> {
+        let export = super::exported_vars(env, has_env_dir);
+        argv(
+            &self.mpirun,
+            &MpiStep {
+                np,
+                hosts: &self.hosts,
+                export: &export,
+                shim: &self.shim,
+                command,
+                cores: self.cores,
+                root: self.root,
+            },
+        )
+    }
+}
+
+/// The `mpi` engine: a distributed step is one mpirun, which starts the ranks on the hosts.
+pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
+    Ok(Engine::Supervised(Arc::new(setup(project, options)?)))
+}
+
+impl SupervisedEngine for MpiSetup {
+    fn name(&self) -> &'static str {
+        "mpi engine"
+    }
+
+    fn layout(&self, workers: Option<u32>) -> WorkerLayout {
+        match self.hosts.is_empty() {
+            false => WorkerLayout::spread(&self.hosts, workers.unwrap_or(1)),
+            true => WorkerLayout::local(&crate::env::local_hostname(), workers.unwrap_or(1)),
+        }
+    }
+
+    fn launcher(&self, plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
+        Some(self.argv(workers, &step.env, &step.command, plan.env_dir.is_some()))
+    }
+
+    fn launcher_label(&self) -> &'static str {
+        "mpirun:"
+    }
 }
 
 #[cfg(test)]

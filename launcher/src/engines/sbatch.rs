@@ -13,10 +13,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::{Cause, Event, EventSink, FailureSummary, LineSplitter, RunReport, Stream};
-use crate::engine::{STDERR_TAIL_LINES, TIMEOUT_EXIT_CODE, WorkerExit};
+use crate::engine::{Engine, Local, Plan, WholeRunEngine};
 use crate::engines::slurm::{self, BatchStep};
-use crate::{Interrupts, LaunchError, Plan, RunOptions, state};
+use crate::options::RunOptions;
+use crate::report::{Cause, Event, EventSink, FailureSummary, LineSplitter, RunReport, Stream};
+use crate::report::{STDERR_TAIL_LINES, TIMEOUT_EXIT_CODE, WorkerExit};
+use crate::{Interrupts, LaunchError, state};
 
 /// How often job states and output files are looked at.
 const POLL: Duration = Duration::from_millis(250);
@@ -57,9 +59,86 @@ fn run_tool(command: &mut Command, what: &str) -> Result<std::process::Output, L
 
 /// The plan the batch jobs are written from: steps, order and variables as the local engine would run them.
 pub fn plan(project: &hvd_lang::model::Project, options: &RunOptions) -> Result<Plan, LaunchError> {
-    let mut options = options.clone();
-    options.engine = Some("local".into());
-    crate::plan(project, &options)
+    crate::graph::plan(project, options, Arc::new(Local))
+}
+
+/// The slurm engine outside an allocation: the batch jobs of every step, submitted and followed.
+pub struct Sbatch {
+    plan: Plan,
+    steps: Vec<BatchStep>,
+    options: RunOptions,
+}
+
+/// Writes the batch scripts of `project` (submitted when the run starts).
+pub fn start(
+    project: &hvd_lang::model::Project,
+    options: &RunOptions,
+) -> Result<Engine, LaunchError> {
+    let shim = options.shim.clone().unwrap_or_else(|| PathBuf::from("hvd"));
+    let plan = plan(project, options)?;
+    let steps = slurm::batch_steps(project, &plan, &shim)?;
+    Ok(Engine::Whole(Box::new(Sbatch {
+        plan,
+        steps,
+        options: options.clone(),
+    })))
+}
+
+impl WholeRunEngine for Sbatch {
+    fn render(&self) -> String {
+        submit_script(&self.plan, &self.steps)
+    }
+
+    fn check(&self) -> Result<(), LaunchError> {
+        check_tools()
+    }
+
+    /// Submits every step; with `--detach` returns then (the jobs run on without hvd), else follows them.
+    fn run(
+        &self,
+        events: &dyn EventSink,
+        interrupts: Interrupts,
+    ) -> Result<RunReport, LaunchError> {
+        let submission = submit(&self.plan, &self.steps, &self.options)?;
+        for job in &submission.jobs {
+            let after = if job.after.is_empty() {
+                String::new()
+            } else {
+                format!(" (after {})", job.after.join(", "))
+            };
+            events.event(Event::Note {
+                text: format!(
+                    "step `{}` submitted as slurm job {}{after}",
+                    job.step, job.job_id
+                ),
+            });
+        }
+        if !self.options.detach {
+            return follow(
+                &self.plan,
+                &self.steps,
+                &submission,
+                &self.options,
+                events,
+                interrupts,
+            );
+        }
+        for step in &submission.skipped {
+            events.event(Event::StepSkipped { step: step.clone() });
+        }
+        events.event(Event::Detached {
+            job_ids: submission.jobs.iter().map(|j| j.job_id.clone()).collect(),
+            output_dir: slurm::output_dir(&self.plan),
+        });
+        Ok(RunReport {
+            run_id: String::new(),
+            log_dir: slurm::output_dir(&self.plan),
+            ran: submission.jobs.iter().map(|j| j.step.clone()).collect(),
+            skipped: submission.skipped.clone(),
+            failure: None,
+            detached: true,
+        })
+    }
 }
 
 /// Checks that Slurm's client commands are on PATH; the error says what to install.
@@ -547,7 +626,7 @@ pub fn follow(
     interrupts: Interrupts,
 ) -> Result<RunReport, LaunchError> {
     let log_dir = slurm::output_dir(plan);
-    let run_id = crate::engine::new_run_id();
+    let run_id = crate::report::new_run_id();
     let run_dir = plan.state_dir.join("runs").join(&run_id);
     let project = crate::engines::k8s::dns_label(&plan.project);
     let mut jobs: Vec<Followed<'_>> = Vec::new();
@@ -583,6 +662,7 @@ pub fn follow(
         ran: Vec::new(),
         skipped: submission.skipped.clone(),
         failure: None,
+        detached: false,
     };
     let mut outputs = submission.skipped_outputs.clone();
     let mut cancelled = false;

@@ -1,15 +1,17 @@
 //! The `slurm` engine. Inside an allocation (`SLURM_JOB_ID` set) a distributed step is one `srun` (supervised by
 //! the local engine like mpirun): `srun --kill-on-bad-exit=1 --ntasks=N ... hvd worker-env -- /bin/sh -c COMMAND`,
-//! the shim reading `SLURM_*`. Outside one, [`batch_steps`] writes one batch script per step, which
-//! [`crate::engines::sbatch`] submits with `sbatch --parsable`, chained with `--dependency=afterok`, and follows.
+//! the shim reading `SLURM_*`. Outside one, [`batch_steps`] writes one batch script per step, which the sbatch
+//! engine (`engines/sbatch.rs`) submits with `sbatch --parsable`, chained with `--dependency=afterok`, and follows.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use hvd_lang::model::Project;
 
+use crate::LaunchError;
+use crate::engine::{Engine, Plan, PlannedStep, SupervisedEngine};
 use crate::engines::shell::{self, quote};
-use crate::{LaunchError, RunOptions};
+use crate::options::RunOptions;
 
 /// What srun needs besides the step.
 #[derive(Debug, Clone)]
@@ -64,6 +66,27 @@ impl SlurmSetup {
     }
 }
 
+/// The `slurm` engine inside an allocation: a distributed step is one srun, which starts the ranks.
+pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
+    Ok(Engine::Supervised(std::sync::Arc::new(SlurmSetup::new(
+        project, options,
+    )?)))
+}
+
+impl SupervisedEngine for SlurmSetup {
+    fn name(&self) -> &'static str {
+        "slurm engine"
+    }
+
+    fn launcher(&self, _plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
+        Some(self.srun_argv(workers, &step.command))
+    }
+
+    fn launcher_label(&self) -> &'static str {
+        "srun:"
+    }
+}
+
 /// One step as a batch job: its script and what the submission needs to know.
 #[derive(Debug, Clone)]
 pub struct BatchStep {
@@ -81,7 +104,7 @@ pub struct BatchStep {
 
 /// Where the batch jobs' output files (`<project>-<step>-<job id>.out` / `.err`) and file rendezvous
 /// directories go: `<state dir>/slurm`, on the file system the nodes share with the submitting host.
-pub fn output_dir(plan: &crate::Plan) -> std::path::PathBuf {
+pub fn output_dir(plan: &Plan) -> std::path::PathBuf {
     plan.state_dir.join("slurm")
 }
 
@@ -92,27 +115,15 @@ pub fn output_dir(plan: &crate::Plan) -> std::path::PathBuf {
 /// from the submitting process and the jobs run the same whether `hvd run` follows them or not.
 pub fn batch_steps(
     project: &Project,
-    plan: &crate::Plan,
+    plan: &Plan,
     shim: &Path,
 ) -> Result<Vec<BatchStep>, LaunchError> {
     let cluster = project.cluster.clone().unwrap_or_default();
-    let nodes: u32 = match cluster.settings.get("nodes") {
-        Some(n) => n.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-            LaunchError::Engine(format!(
-                "`nodes = \"{n}\"` in the cluster settings is not a positive number"
-            ))
-        })?,
-        None => (cluster.hosts.len() as u32).max(1),
-    };
-    let overcommit = match cluster.settings.get("overcommit").map(String::as_str) {
-        None | Some("false" | "no" | "0") => false,
-        Some("true" | "yes" | "1") => true,
-        Some(other) => {
-            return Err(LaunchError::Engine(format!(
-                "`overcommit = \"{other}\"` in the cluster settings is not `true` or `false`"
-            )));
-        }
-    };
+    let nodes = cluster
+        .settings
+        .nodes
+        .unwrap_or((cluster.hosts.len() as u32).max(1));
+    let overcommit = cluster.settings.overcommit.unwrap_or(false);
     let setup = SlurmSetup {
         shim: shim.to_path_buf(),
         cpus_per_task: project.resources.cpus,
@@ -226,7 +237,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    fn project(overcommit: &str) -> Project {
+    fn project(overcommit: bool) -> Project {
         let step = |name: &str, workers: Option<u32>, needs: &[&str], timeout_ms: Option<u64>| {
             hvd_lang::model::Step {
                 name: name.into(),
@@ -256,8 +267,11 @@ mod tests {
                 step("train", Some(3), &["a", "b"], None),
             ],
             cluster: Some(hvd_lang::model::Cluster {
-                engine: Some("slurm".into()),
-                settings: BTreeMap::from([("overcommit".to_string(), overcommit.to_string())]),
+                engine: Some(hvd_lang::model::EngineKind::Slurm),
+                settings: hvd_lang::model::EngineSettings {
+                    overcommit: Some(overcommit),
+                    ..Default::default()
+                },
                 ..Default::default()
             }),
         }
@@ -265,7 +279,7 @@ mod tests {
 
     #[test]
     fn batch_scripts_carry_time_overcommit_env_and_a_multi_step_dependency() {
-        let project = project("true");
+        let project = project(true);
         let options = RunOptions {
             env_dir: Some("/envs/e1".into()),
             ..RunOptions::default()
@@ -297,12 +311,14 @@ mod tests {
             submit.contains("JOB_TRAIN=$(sbatch --parsable --kill-on-invalid-dep=yes --dependency=afterok:${JOB_A}:${JOB_B} <<'HVD_BATCH_SCRIPT_END'\n"),
             "{submit}"
         );
-        let err =
-            batch_steps(&self::project("sometimes"), &plan, Path::new("/bin/hvd")).unwrap_err();
-        assert!(
-            err.to_string().contains("`overcommit = \"sometimes\"`"),
-            "{err}"
-        );
+        // A value that is not a flag never reaches the engine: the settings' schema refuses it.
+        let err = hvd_lang::model::EngineSettings::default()
+            .set(
+                "overcommit",
+                hvd_lang::model::SettingValue::Str("sometimes"),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("`true` or `false`"), "{err}");
     }
 
     /// A `run` with a line `EOF`, quotes and command substitutions: the printed submission hands every batch script
@@ -313,7 +329,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let run = "cat <<'EOF'\nit's $(touch never-run) `touch never-either`\nEOF\necho \"after $(echo sub)\" 'q'\"'\"'q'";
-        let mut project = project("false");
+        let mut project = project(false);
         project.file = d.join("train.hvd");
         project.steps = vec![hvd_lang::model::Step {
             name: "once".into(),

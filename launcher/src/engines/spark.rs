@@ -1,6 +1,6 @@
 //! The `spark` engine: a distributed step is one barrier-mode Spark job with one task per worker (like Databricks'
 //! HorovodRunner). The launcher supervises a small Python driver program ([`DRIVER_SOURCE`], written under the state
-//! directory by [`install_driver`]) like mpirun: it starts a SparkSession on the master, runs
+//! directory before the first step starts) like mpirun: it starts a SparkSession on the master, runs
 //! `parallelize(range(N), N).barrier().mapPartitions(task)`, and each task runs `hvd worker-env -- /bin/sh -c
 //! COMMAND` with its rank, local rank and host from `BarrierTaskContext` in `HVD_SPARK_*` (read by the shim). The
 //! ranks' output comes back to the driver over TCP and is printed as `[R] line` (the tag `hvd run` reads); the first
@@ -10,7 +10,13 @@ use std::path::{Path, PathBuf};
 
 use hvd_lang::model::Project;
 
-use crate::{LaunchError, Plan, RunOptions};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::LaunchError;
+use crate::engine::{Engine, Plan, PlannedStep, SupervisedEngine};
+use crate::env::WorkerLayout;
+use crate::options::RunOptions;
 
 /// The driver program, run with a Python that has pyspark.
 pub const DRIVER_SOURCE: &str = include_str!("spark_driver.py");
@@ -24,15 +30,6 @@ fn master_host(master: &str) -> Option<&str> {
     let first = rest.split([',', '/']).next()?;
     let host = first.rsplit_once(':').map_or(first, |(h, _)| h);
     (!host.is_empty()).then_some(host)
-}
-
-/// `hvd run` options of the spark engine (else `cluster { settings = { master, python } }`).
-#[derive(Debug, Clone, Default)]
-pub struct SparkOptions {
-    /// `--spark-master URL`: `local[N]`, `local-cluster[W,C,M]`, `spark://host:port`, `yarn`, ...
-    pub master: Option<String>,
-    /// `--spark-python PROGRAM`: the Python (with pyspark) that runs the driver and the tasks.
-    pub python: Option<PathBuf>,
 }
 
 /// What every spark step of a plan shares.
@@ -50,6 +47,58 @@ pub struct SparkSetup {
     /// `settings.slots_timeout`: seconds the driver waits for executors with enough task slots (default 120, 300
     /// for `local-cluster`).
     pub slots_timeout: Option<u32>,
+    /// Where a step's rendezvous binds when the executors run on other machines ([`SparkSetup::rendezvous_bind`]);
+    /// `None`: 127.0.0.1.
+    pub bind: Option<IpAddr>,
+}
+
+/// The `spark` engine: a distributed step is one barrier-mode Spark job run by the driver program.
+pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
+    let state_dir = crate::graph::state_dir(project, options);
+    let mut setup = SparkSetup::new(project, options, &state_dir)?;
+    let network_interface = options.ssh.network_interface.clone().or_else(|| {
+        project
+            .cluster
+            .as_ref()
+            .and_then(|c| c.settings.network_interface.clone())
+    });
+    setup.bind = setup.rendezvous_bind(network_interface.as_deref())?;
+    Ok(Engine::Supervised(Arc::new(setup)))
+}
+
+impl SupervisedEngine for SparkSetup {
+    fn name(&self) -> &'static str {
+        "spark engine, one barrier task per rank, placed by Spark"
+    }
+
+    fn layout(&self, workers: Option<u32>) -> WorkerLayout {
+        // A spark step's ranks have the executors' host (127.0.0.1 under a local master).
+        let host = match workers {
+            Some(_) => self.local_host().map(str::to_owned),
+            None => None,
+        };
+        let host = host.unwrap_or_else(crate::env::local_hostname);
+        WorkerLayout::local(&host, workers.unwrap_or(1))
+    }
+
+    fn prepare(&self, _plan: &Plan) -> Result<(), LaunchError> {
+        write_driver(&self.driver_path())
+    }
+
+    fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
+        let ip = self
+            .bind
+            .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        (ip, vec![ip])
+    }
+
+    fn launcher(&self, plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
+        Some(self.argv(workers, &step.env, &step.command, plan.env_dir.is_some()))
+    }
+
+    fn launcher_label(&self) -> &'static str {
+        "spark:"
+    }
 }
 
 fn on_path(name: &str) -> Option<PathBuf> {
@@ -79,13 +128,16 @@ impl SparkSetup {
         options: &RunOptions,
         state_dir: &Path,
     ) -> Result<Self, LaunchError> {
-        let settings = project.cluster.as_ref().map(|c| &c.settings);
-        let setting = |k: &str| settings.and_then(|s| s.get(k)).cloned();
+        let settings = project
+            .cluster
+            .as_ref()
+            .map(|c| c.settings.clone())
+            .unwrap_or_default();
         let python = match options
             .spark
             .python
             .clone()
-            .or_else(|| setting("python").map(PathBuf::from))
+            .or(settings.python)
         {
             Some(p) if p.components().count() > 1 => p,
             Some(p) => on_path(&p.to_string_lossy()).ok_or_else(|| {
@@ -111,29 +163,16 @@ impl SparkSetup {
                     .into(),
             )
         })?;
-        let conf = settings
-            .map(|s| {
-                s.iter()
-                    .filter(|(k, _)| k.starts_with("spark."))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let slots_timeout = match setting("slots_timeout") {
-            Some(t) => Some(t.trim().parse::<u32>().map_err(|_| {
-                LaunchError::Engine(format!(
-                    "`slots_timeout = \"{t}\"` in the cluster settings is not a whole number of seconds"
-                ))
-            })?),
-            None => None,
-        };
+        let conf = settings.spark_conf.into_iter().collect();
+        let slots_timeout = settings.slots_timeout;
         Ok(SparkSetup {
             slots_timeout,
-            master: options.spark.master.clone().or_else(|| setting("master")),
+            master: options.spark.master.clone().or(settings.master),
             python,
             shim,
             state_dir: state_dir.to_path_buf(),
             conf,
+            bind: None,
         })
     }
 
@@ -158,13 +197,13 @@ impl SparkSetup {
             return Ok(None);
         }
         if let Some(name) = network_interface {
-            return super::ssh::interface_ipv4(name).map(Some);
+            return super::net::interface_ipv4(name).map(Some);
         }
         let Some(host) = self.master.as_deref().and_then(master_host) else {
             return Ok(None);
         };
-        let ip = super::ssh::resolve_host(host)?;
-        super::ssh::route_source(ip).map(Some)
+        let ip = super::net::resolve_host(host)?;
+        super::net::route_source(ip).map(Some)
     }
 
     /// Where the driver program lives.
@@ -208,26 +247,6 @@ impl SparkSetup {
         argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), command.into()]);
         argv
     }
-}
-
-/// Whether a launch command line is the spark driver's.
-pub fn is_driver(argv: &[String]) -> bool {
-    argv.get(1).is_some_and(|a| a.ends_with(DRIVER_FILE))
-}
-
-/// Writes the driver program where the plan's spark steps expect it (before they start).
-pub fn install_driver(plan: &Plan) -> Result<(), LaunchError> {
-    let Some(path) = plan
-        .steps
-        .iter()
-        .filter_map(|s| s.launch.as_deref())
-        .find(|argv| is_driver(argv))
-        .and_then(|argv| argv.get(1))
-        .map(PathBuf::from)
-    else {
-        return Ok(());
-    };
-    write_driver(&path)
 }
 
 /// Writes [`DRIVER_SOURCE`] to `path` unless it is there already.
@@ -294,6 +313,7 @@ mod tests {
             state_dir: "/p/.hvd".into(),
             conf: vec![("spark.executor.memory".into(), "2g".into())],
             slots_timeout: None,
+            bind: None,
         }
     }
 
@@ -301,7 +321,6 @@ mod tests {
     fn driver_command_line() {
         let env = std::collections::BTreeMap::from([("X".to_string(), "1".to_string())]);
         let argv = setup(Some("local-cluster[2,1,1024]")).argv(2, &env, "python t.py", false);
-        assert!(is_driver(&argv));
         assert_eq!(
             shell::line(&argv),
             "/usr/bin/python3 /p/.hvd/spark/hvd_spark_driver.py --master 'local-cluster[2,1,1024]' --workers 2 \
@@ -313,7 +332,6 @@ mod tests {
         let argv = setup(None).argv(3, &env, "true", true);
         assert_eq!(argv[3], "local[3]");
         assert!(argv[11].ends_with(",VIRTUAL_ENV,X"), "{}", argv[11]);
-        assert!(!is_driver(&["mpirun".into(), "-np".into()]));
     }
 
     /// The driver's pure helpers, run by python3 (no pyspark needed: it is imported only inside functions).

@@ -21,29 +21,24 @@
 //! So stopping a remote rank is: write the signal's name to its ssh's stdin and close it; ssh then exits once the
 //! remote processes are gone, and nothing is left behind on the host.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hvd_lang::model::Project;
 
 use crate::LaunchError;
+use crate::engine::{Engine, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
+use crate::engines::net::{interface_ipv4, resolve_host, route_source};
 use crate::engines::shell::{self, quote};
-use crate::env::{RendezvousInfo, Slot};
+use crate::env::{RendezvousInfo, Slot, WorkerLayout};
+use crate::options::RunOptions;
 
-/// What `hvd run` was told about ssh (`--ssh-port`, `--ssh-identity`, `--ssh-config`, `--network-interface`; each
-/// falls back to `cluster { settings { ssh_port, ssh_identity, ssh_config, network_interface } }`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SshOptions {
-    pub port: Option<u16>,
-    pub identity: Option<PathBuf>,
-    pub config: Option<PathBuf>,
-    pub network_interface: Option<String>,
-    /// Copy the env's store paths to hosts that lack them (`--ssh-copy-env`, `settings.copy_env = "true"`).
-    pub copy_env: bool,
-}
+mod check;
+pub use check::{CHECK_ANSWER_LIMIT, is_store_path_name};
 
 /// Everything the ssh engine needs for every distributed step of a plan.
 #[derive(Debug, Clone)]
@@ -106,6 +101,60 @@ pub const WRAPPER: &str = concat!(
     r#"exit "$c""#
 );
 
+/// The `ssh` engine: each rank of a distributed step is one ssh to its host.
+pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
+    Ok(Engine::Supervised(Arc::new(SshSetup::new(
+        project, options,
+    )?)))
+}
+
+impl SupervisedEngine for SshSetup {
+    fn name(&self) -> &'static str {
+        "ssh engine"
+    }
+
+    fn layout(&self, workers: Option<u32>) -> WorkerLayout {
+        match workers {
+            Some(n) => WorkerLayout::spread(&self.hosts, n),
+            None => WorkerLayout::local(&crate::env::local_hostname(), 1),
+        }
+    }
+
+    fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
+        self.check_hosts(&plan.project_dir, plan.env_dir.as_deref())
+    }
+
+    fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
+        (self.bind_ip, self.allowed_peers())
+    }
+
+    /// `ssh HOST WRAPPER...`: the rank's variables travel on its command line; the local ssh process must not carry
+    /// the rank's (the host's wrapper kills leftovers by them, and a host may be this machine).
+    fn rank_command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
+        let Some(rendezvous) = rank.rendezvous else {
+            return Ok(RankCommand::local(rank));
+        };
+        let argv = self.rank_argv(
+            rank.plan,
+            rank.step,
+            rank.slot,
+            rendezvous,
+            &rank.master_port.to_string(),
+            rank.marker,
+        )?;
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
+        Ok(RankCommand {
+            command,
+            remote: true,
+        })
+    }
+
+    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
+        Some(format!("ssh: {}", self.dry_run_line(plan, step, slot)))
+    }
+}
+
 fn engine_error(message: String) -> LaunchError {
     LaunchError::Engine(message)
 }
@@ -113,21 +162,13 @@ fn engine_error(message: String) -> LaunchError {
 impl SshSetup {
     /// Reads hosts and options for the ssh engine: `--hosts`/`--hostfile` (else `cluster { hosts }`), resolves every
     /// host (through `ssh -G`, so ssh config aliases work) and chooses the rendezvous address.
-    pub fn new(project: &Project, options: &crate::RunOptions) -> Result<Self, LaunchError> {
-        let settings = project.cluster.as_ref().map(|c| &c.settings);
-        let setting = |k: &str| settings.and_then(|s| s.get(k)).cloned();
-        let hosts: Vec<(String, u32)> = match &options.hosts {
-            Some(hosts) => hosts
-                .iter()
-                .map(|h| super::parse_host(h))
-                .collect::<Result<_, _>>()?,
-            None => project
-                .cluster
-                .as_ref()
-                .map(|c| c.hosts.iter().map(|h| super::parse_host(h)).collect())
-                .transpose()?
-                .unwrap_or_default(),
-        };
+    pub fn new(project: &Project, options: &RunOptions) -> Result<Self, LaunchError> {
+        let settings = project
+            .cluster
+            .as_ref()
+            .map(|c| c.settings.clone())
+            .unwrap_or_default();
+        let hosts = super::hosts(project, options)?;
         // A host named twice is one host with the slots of both entries (as mpirun reads a hostfile).
         let mut merged: Vec<(String, u32)> = Vec::new();
         for (host, slots) in hosts {
@@ -167,27 +208,13 @@ impl SshSetup {
             }
         }
         let ssh_options = &options.ssh;
-        let port = match (ssh_options.port, setting("ssh_port")) {
-            (Some(p), _) => Some(p),
-            (None, Some(p)) => Some(p.trim().parse::<u16>().map_err(|_| {
-                engine_error(format!(
-                    "cluster setting `ssh_port = \"{p}\"` is not a port number"
-                ))
-            })?),
-            (None, None) => None,
-        };
-        let identity = ssh_options
-            .identity
-            .clone()
-            .or_else(|| setting("ssh_identity").map(PathBuf::from));
-        let config = ssh_options
-            .config
-            .clone()
-            .or_else(|| setting("ssh_config").map(PathBuf::from));
+        let port = ssh_options.port.or(settings.ssh_port);
+        let identity = ssh_options.identity.clone().or(settings.ssh_identity);
+        let config = ssh_options.config.clone().or(settings.ssh_config);
         let interface = ssh_options
             .network_interface
             .clone()
-            .or_else(|| setting("network_interface"));
+            .or(settings.network_interface);
         let ssh = ssh_argv(port, identity.as_deref(), config.as_deref());
         let mut host_addrs = Vec::new();
         for (host, _) in &hosts {
@@ -207,8 +234,7 @@ impl SshSetup {
             interface,
             host_addrs,
             grace: options.grace,
-            copy_env: ssh_options.copy_env
-                || setting("copy_env").is_some_and(|v| matches!(v.trim(), "true" | "yes" | "1")),
+            copy_env: ssh_options.copy_env || settings.copy_env == Some(true),
         })
     }
 
@@ -300,8 +326,8 @@ impl SshSetup {
     /// [`crate::env::worker_env`]) plus `MASTER_PORT` and the step marker, through [`SshSetup::remote_vars`].
     pub fn rank_vars(
         &self,
-        plan: &crate::Plan,
-        step: &crate::PlannedStep,
+        plan: &Plan,
+        step: &PlannedStep,
         slot: &Slot,
         rendezvous: &RendezvousInfo,
         master_port: &str,
@@ -315,7 +341,7 @@ impl SshSetup {
             plan.env_dir.as_deref(),
         );
         vars.push(("MASTER_PORT".into(), master_port.to_owned()));
-        vars.push((crate::engine::STEP_MARKER_VAR.into(), marker.to_owned()));
+        vars.push((crate::env::STEP_MARKER_VAR.into(), marker.to_owned()));
         let rank0 = step
             .layout
             .slots
@@ -327,8 +353,8 @@ impl SshSetup {
     /// The ssh command line of rank `slot` of `step`, with [`SshSetup::rank_vars`].
     pub fn rank_argv(
         &self,
-        plan: &crate::Plan,
-        step: &crate::PlannedStep,
+        plan: &Plan,
+        step: &PlannedStep,
         slot: &Slot,
         rendezvous: &RendezvousInfo,
         master_port: &str,
@@ -346,12 +372,7 @@ impl SshSetup {
 
     /// The line `hvd run --dry-run` shows for rank `slot` of `step`: the ports and the run id, chosen when the step
     /// starts, are shown as `<port>`, `<master-port>` and `<run id>`.
-    pub fn dry_run_line(
-        &self,
-        plan: &crate::Plan,
-        step: &crate::PlannedStep,
-        slot: &Slot,
-    ) -> String {
+    pub fn dry_run_line(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> String {
         let rendezvous = RendezvousInfo {
             addr: SocketAddr::new(self.bind_ip, 0),
             token: String::new(),
@@ -370,495 +391,6 @@ impl SshSetup {
             Err(e) => format!("(cannot run: {e})"),
         }
     }
-
-    /// Checks every host before anything starts, all at once: ssh reaches it, the project directory exists there,
-    /// and so does the env (`env_dir`): for a store path, with the same content hash and every store path it
-    /// references.
-    pub fn check_hosts(&self, dir: &Path, env_dir: Option<&Path>) -> Result<(), LaunchError> {
-        let local = env_dir.map(EnvIdentity::local).transpose()?.flatten();
-        let script = check_script(dir, env_dir, local.as_ref());
-        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .hosts
-                .iter()
-                .map(|(host, _)| {
-                    let script = &script;
-                    let local = local.as_ref();
-                    scope.spawn(move || self.check_host(host, script, dir, env_dir, local))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("the host check panicked".into()))
-                })
-                .collect()
-        });
-        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(engine_error(errors.join("\n")))
-        }
-    }
-
-    fn check_host(
-        &self,
-        host: &str,
-        script: &str,
-        dir: &Path,
-        env_dir: Option<&Path>,
-        local: Option<&EnvIdentity>,
-    ) -> Result<(), String> {
-        let report = self.run_check(host, script, local)?;
-        let copyable =
-            self.copy_env && report.differs.is_none() && !report.env_problems().is_empty();
-        let report = match (env_dir, local) {
-            (Some(_), Some(identity)) if copyable => {
-                // Only the launcher's own names are copied: what the host said is missing selected them from the
-                // closure computed here (`run_check` refused any other name).
-                let mut names: Vec<&str> = report.missing.iter().map(String::as_str).collect();
-                if report.no_env || report.content_hash.is_none() {
-                    names.push(&identity.name);
-                }
-                tracing::info!(host, paths = names.len(), "copying the env's store paths");
-                self.copy_store_paths(host, &identity.store, &names)?;
-                self.run_check(host, script, local)?
-            }
-            _ => report,
-        };
-        let mut problems = Vec::new();
-        if report.no_dir {
-            problems.push(format!(
-                "the project directory {} does not exist on host `{host}`: the ssh engine runs every rank in the \
-                 same directory on every host (share it, e.g. over NFS, or copy the project there)",
-                dir.display()
-            ));
-        }
-        if let Some(env) = env_dir {
-            let what_to_do = "the ssh engine runs every rank in the same env (store path) on every host: share \
-                              the store at the same path, build the project on that host (`hvd build FILE`), or \
-                              let hvd copy it (`--ssh-copy-env`)";
-            if report.no_env {
-                problems.push(format!(
-                    "the env {} is missing on host `{host}`; {what_to_do}",
-                    env.display()
-                ));
-            } else if let Some(local) = local {
-                match (&report.content_hash, &report.differs) {
-                    (_, Some(hash)) => problems.push(format!(
-                        "the env {} differs on host `{host}` (content hash {} there, {} here): a store path \
-                         never changes, so one of them is damaged; delete it there and copy it again \
-                         (`--ssh-copy-env`) or rebuild it",
-                        env.display(),
-                        printable(hash),
-                        local.content_hash
-                    )),
-                    (Some(_), None) => {}
-                    (None, None) => problems.push(format!(
-                        "the env {} on host `{host}` is not a complete store path (no readable .hvd-path.json); \
-                         {what_to_do}",
-                        env.display()
-                    )),
-                }
-                if !report.missing.is_empty() {
-                    problems.push(format!(
-                        "store paths the env needs are missing on host `{host}`: {}; {what_to_do}",
-                        report.missing.join(", ")
-                    ));
-                }
-            }
-            if report.no_python && !report.no_env {
-                problems.push(format!(
-                    "the env's Python ({}/bin/python, a link to the interpreter it was built with) does not run on \
-                     host `{host}`: install the same Python at the same path there",
-                    env.display()
-                ));
-            }
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("\n"))
-        }
-    }
-
-    /// Runs the check script on `host` and reads its answer, at most [`CHECK_ANSWER_LIMIT`] bytes of it. The host is
-    /// not trusted: a store path it reports missing must be one of the env's closure as computed here (`local`), and
-    /// is kept as the launcher's own name; any other name fails the check of this host, naming it.
-    fn run_check(
-        &self,
-        host: &str,
-        script: &str,
-        local: Option<&EnvIdentity>,
-    ) -> Result<CheckReport, String> {
-        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(script)));
-        let out = bounded_output(Command::new(&argv[0]).args(&argv[1..]), CHECK_ANSWER_LIMIT)
-            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
-        if out.stdout_overflow {
-            return Err(format!(
-                "host `{host}` answered the env check with more than {} bytes; hvd stopped reading and copies \
-                 nothing to it: check that host (its login shell or `.bashrc` prints too much, or it is not the \
-                 machine it should be)",
-                CHECK_ANSWER_LIMIT
-            ));
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !stdout.contains("hvd-check:done") {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            return Err(format!(
-                "cannot run commands on host `{host}` over ssh ({}): {}\n  (check `{} {host} true`; the ssh engine \
-                 needs key-based login without prompts: BatchMode)",
-                out.status,
-                stderr.trim(),
-                shell::line(&self.ssh)
-            ));
-        }
-        let has = |line: &str| stdout.lines().any(|l| l == line);
-        let content_hash = stdout
-            .split_once("hvd-check:path-json\n")
-            .and_then(|(_, rest)| rest.split_once("\nhvd-check:end"))
-            .and_then(|(json, _)| serde_json::from_str::<serde_json::Value>(json).ok())
-            .and_then(|v| v["content_hash"].as_str().map(str::to_owned));
-        let expected = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("hvd-check:expect "))
-            .map(str::to_owned);
-        let mut missing: Vec<String> = Vec::new();
-        let mut foreign: Vec<String> = Vec::new();
-        for name in stdout
-            .lines()
-            .filter_map(|l| l.strip_prefix("hvd-check:missing "))
-        {
-            match local.and_then(|identity| identity.closure.get(name)) {
-                Some(own) => {
-                    if !missing.contains(own) {
-                        missing.push(own.clone());
-                    }
-                }
-                None => foreign.push(printable(name)),
-            }
-        }
-        if !foreign.is_empty() {
-            foreign.truncate(5);
-            return Err(format!(
-                "host `{host}` answered the env check with store paths that are not in the env's closure: {}; \
-                 hvd ran and copied nothing on its word. The host is misconfigured or compromised: check it \
-                 before using it again",
-                foreign.join(", ")
-            ));
-        }
-        Ok(CheckReport {
-            no_dir: has("hvd-check:no-dir"),
-            no_env: has("hvd-check:no-env"),
-            no_python: has("hvd-check:no-python"),
-            differs: content_hash
-                .clone()
-                .filter(|h| expected.as_ref().is_some_and(|e| e != h)),
-            content_hash,
-            missing,
-        })
-    }
-
-    /// Copies store paths `names` from `store` here to the same store on `host` (`tar | ssh host tar`), each moved
-    /// into place whole (from `.tmp/` in that store), and only where the host does not have it yet.
-    ///
-    /// `names` are the launcher's own (the env and its closure, [`EnvIdentity`]); each is checked against the store
-    /// path grammar again here, and `tar` gets them after `--`, relative to the store (`-C STORE`), so no name can be
-    /// read as an option or reach outside the store.
-    fn copy_store_paths(&self, host: &str, store: &Path, names: &[&str]) -> Result<(), String> {
-        if names.is_empty() {
-            return Ok(());
-        }
-        if let Some(bad) = names.iter().find(|n| !is_store_path_name(n)) {
-            return Err(format!(
-                "refusing to copy `{}` to host `{host}`: not a store path name",
-                printable(bad)
-            ));
-        }
-        let s = quote(&store.display().to_string());
-        let list = names.iter().map(|n| quote(n)).collect::<Vec<_>>().join(" ");
-        let script = format!(
-            "set -e; t={s}/.tmp/hvd-ssh-copy.$$; mkdir -p \"$t\"; tar -C \"$t\" -xf -; for n in {list}; do \
-             [ -e {s}/\"$n\" ] || mv \"$t/$n\" {s}/\"$n\"; done; chmod -R u+w \"$t\"; rm -rf \"$t\""
-        );
-        let mut tar = Command::new("tar")
-            .arg("-C")
-            .arg(store)
-            .arg("-cf")
-            .arg("-")
-            .arg("--")
-            .args(names)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("failed to run tar: {e}"))?;
-        let Some(archive) = tar.stdout.take() else {
-            return Err("tar has no output pipe".into());
-        };
-        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(&script)));
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(archive)
-            .output()
-            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
-        let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
-        let out = out?;
-        if !tar_out.status.success() || !out.status.success() {
-            return Err(format!(
-                "copying the env to host `{host}` failed: {}{}",
-                String::from_utf8_lossy(&tar_out.stderr).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// What a host said to the check script.
-#[derive(Debug, Clone, Default)]
-struct CheckReport {
-    no_dir: bool,
-    no_env: bool,
-    no_python: bool,
-    /// The env's content hash there.
-    content_hash: Option<String>,
-    /// `Some(hash there)` when it is not the one here.
-    differs: Option<String>,
-    /// Store paths the env references that are missing there.
-    missing: Vec<String>,
-}
-
-impl CheckReport {
-    fn env_problems(&self) -> Vec<&'static str> {
-        let mut p = Vec::new();
-        if self.no_env || self.content_hash.is_none() {
-            p.push("env");
-        }
-        if !self.missing.is_empty() {
-            p.push("references");
-        }
-        p
-    }
-}
-
-/// What identifies a built env: its store path name, its content hash and its closure (the store paths it
-/// references, and theirs, from each one's `.hvd-path.json` here).
-#[derive(Debug, Clone)]
-struct EnvIdentity {
-    /// The env's own store path name.
-    name: String,
-    content_hash: String,
-    store: PathBuf,
-    /// Every store path the env needs, the env excluded; each name checked with [`is_store_path_name`].
-    closure: BTreeSet<String>,
-}
-
-/// The most a host's answer to the env check may be (stdout; stderr is cut there too): a few lines per store path of
-/// the closure and the env's `.hvd-path.json`, far below this.
-pub const CHECK_ANSWER_LIMIT: usize = 4 << 20;
-
-/// Whether `name` is a store path name: `<32 lowercase hex digits>-<name>-<version>` (see builder's
-/// `Derivation::path_name`), the rest made of ASCII letters, digits and `-._+`, without `..`. So it has no `/`, does
-/// not start with `-` and is never `.` or `..`: safe as an argument and as a path below the store.
-pub fn is_store_path_name(name: &str) -> bool {
-    let Some((hash, rest)) = name.split_once('-') else {
-        return false;
-    };
-    hash.len() == 32
-        && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        && !rest.is_empty()
-        && rest
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._+".contains(&b))
-        && !rest.contains("..")
-}
-
-/// `text` as a message may show it: at most 100 characters, control characters escaped.
-fn printable(text: &str) -> String {
-    let mut out: String = text
-        .chars()
-        .take(100)
-        .flat_map(char::escape_debug)
-        .collect();
-    if text.chars().nth(100).is_some() {
-        out.push_str("...");
-    }
-    format!("`{out}`")
-}
-
-/// What [`bounded_output`] read.
-struct BoundedOutput {
-    status: std::process::ExitStatus,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    /// stdout had more than the limit (the rest was read and dropped).
-    stdout_overflow: bool,
-}
-
-/// Runs `command` with stdin closed and keeps at most `limit` bytes of each of its stdout and stderr, reading and
-/// dropping the rest (so the child never blocks on a full pipe).
-fn bounded_output(command: &mut Command, limit: usize) -> std::io::Result<BoundedOutput> {
-    fn keep(mut from: impl std::io::Read, limit: usize) -> (Vec<u8>, bool) {
-        let mut kept = Vec::new();
-        let mut buf = [0u8; 16 << 10];
-        let mut overflow = false;
-        loop {
-            match from.read(&mut buf) {
-                Ok(0) | Err(_) => return (kept, overflow),
-                Ok(n) => {
-                    let room = limit.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                    overflow |= n > room;
-                }
-            }
-        }
-    }
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let ((stdout, stdout_overflow), (stderr, _)) = std::thread::scope(|scope| {
-        let err = scope.spawn(move || stderr.map_or((Vec::new(), false), |e| keep(e, limit)));
-        let out = stdout.map_or((Vec::new(), false), |o| keep(o, limit));
-        (out, err.join().unwrap_or((Vec::new(), false)))
-    });
-    Ok(BoundedOutput {
-        status: child.wait()?,
-        stdout,
-        stderr,
-        stdout_overflow,
-    })
-}
-
-impl EnvIdentity {
-    /// `None` inside: the env is not a store path (`--env-dir` of a plain venv), so only its presence is checked.
-    fn local(env: &Path) -> Result<Option<EnvIdentity>, LaunchError> {
-        let file = env.join(".hvd-path.json");
-        let text = match fs_err::read_to_string(&file) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(LaunchError::Io { path: file, source }),
-        };
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            engine_error(format!(
-                "{} is not valid JSON ({e}); rebuild the env with `hvd build`",
-                file.display()
-            ))
-        })?;
-        let Some(content_hash) = value["content_hash"].as_str() else {
-            return Err(engine_error(format!(
-                "{} has no `content_hash`; rebuild the env with `hvd build`",
-                file.display()
-            )));
-        };
-        let name = env
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if !is_store_path_name(&name) {
-            return Err(engine_error(format!(
-                "{} has a `.hvd-path.json` but its name is not a store path name (`<hash>-<name>-<version>`); \
-                 use the env hvd built (`hvd build`)",
-                env.display()
-            )));
-        }
-        let store = env.parent().unwrap_or(Path::new("/")).to_path_buf();
-        let closure = closure(&store, &name, &value)?;
-        Ok(Some(EnvIdentity {
-            name,
-            content_hash: content_hash.to_owned(),
-            store,
-            closure,
-        }))
-    }
-}
-
-/// The names in the `references` of a `.hvd-path.json` (`info`, of store path `of`), each checked.
-fn references_of(of: &str, info: &serde_json::Value) -> Result<Vec<String>, LaunchError> {
-    let mut out = Vec::new();
-    for reference in info["references"].as_array().into_iter().flatten() {
-        match reference.as_str() {
-            Some(r) if is_store_path_name(r) => out.push(r.to_owned()),
-            _ => {
-                return Err(engine_error(format!(
-                    "store path {of} lists {} as a reference, which is not a store path name; its                      `.hvd-path.json` is damaged: rebuild the env with `hvd build --rebuild`",
-                    printable(&reference.to_string())
-                )));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Every store path that env `name` (whose `.hvd-path.json` is `info`) needs, read here: its references, theirs, and
-/// so on. The env itself is not in it.
-fn closure(
-    store: &Path,
-    name: &str,
-    info: &serde_json::Value,
-) -> Result<BTreeSet<String>, LaunchError> {
-    let mut closure = BTreeSet::new();
-    let mut queue: Vec<String> = references_of(name, info)?;
-    while let Some(next) = queue.pop() {
-        if next == name || !closure.insert(next.clone()) {
-            continue;
-        }
-        let file = store.join(&next).join(".hvd-path.json");
-        let text = fs_err::read_to_string(&file).map_err(|e| {
-            engine_error(format!(
-                "store path {next}, which the env needs, is not valid here ({e}); rebuild the env with \
-                 `hvd build`"
-            ))
-        })?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            engine_error(format!(
-                "{} is not valid JSON ({e}); rebuild the env with `hvd build --rebuild`",
-                file.display()
-            ))
-        })?;
-        queue.extend(references_of(&next, &value)?);
-    }
-    Ok(closure)
-}
-
-/// The remote half of [`SshSetup::check_hosts`]: prints `hvd-check:` lines and ends with `hvd-check:done`.
-fn check_script(dir: &Path, env: Option<&Path>, local: Option<&EnvIdentity>) -> String {
-    let q = |p: &Path| quote(&p.display().to_string());
-    let mut s = format!("cd {} 2>/dev/null || echo hvd-check:no-dir; ", q(dir));
-    if let Some(env) = env {
-        s.push_str(&format!(
-            "test -d {}/bin || echo hvd-check:no-env; ",
-            q(env)
-        ));
-        if env.join("bin/python").exists() {
-            s.push_str(&format!(
-                "test -x {}/bin/python || echo hvd-check:no-python; ",
-                q(env)
-            ));
-        }
-        if let Some(identity) = local {
-            s.push_str(&format!(
-                "echo {}; echo hvd-check:path-json; cat {}/.hvd-path.json 2>/dev/null; echo; echo hvd-check:end; ",
-                quote(&format!("hvd-check:expect {}", identity.content_hash)),
-                q(env)
-            ));
-            for name in &identity.closure {
-                let path = identity.store.join(name);
-                s.push_str(&format!(
-                    "test -f {}/.hvd-path.json || echo {}; ",
-                    q(&path),
-                    quote(&format!("hvd-check:missing {name}"))
-                ));
-            }
-        }
-    }
-    s.push_str("echo hvd-check:done");
-    s
 }
 
 /// `ssh` with the options every connection uses: never prompt (BatchMode), no terminal, a connect timeout.
@@ -915,105 +447,13 @@ fn resolve(ssh: &[String], host: &str) -> Result<IpAddr, LaunchError> {
     })
 }
 
-/// The address of host name `name` (an IP address as is), IPv4 preferred, from the system resolver.
-pub fn resolve_host(name: &str) -> Result<IpAddr, LaunchError> {
-    if let Ok(ip) = name.parse::<IpAddr>() {
-        return Ok(ip);
-    }
-    let addrs: Vec<SocketAddr> = (name, 22)
-        .to_socket_addrs()
-        .map_err(|e| engine_error(format!("cannot resolve host `{name}`: {e}")))?
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
-        .map(SocketAddr::ip)
-        .ok_or_else(|| engine_error(format!("host `{name}` has no address")))
-}
-
-/// The local address whose route reaches `peer` (a UDP socket's connect sends nothing).
-pub fn route_source(peer: IpAddr) -> Result<IpAddr, LaunchError> {
-    if peer.is_loopback() {
-        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    }
-    let bind: SocketAddr = match peer {
-        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
-    };
-    let no_route = |e: std::io::Error| {
-        engine_error(format!(
-            "no route from this machine to {peer} ({e}): choose the interface with `--network-interface`"
-        ))
-    };
-    let socket = UdpSocket::bind(bind).map_err(no_route)?;
-    socket.connect((peer, 9)).map_err(no_route)?;
-    Ok(socket.local_addr().map_err(no_route)?.ip())
-}
-
-/// The IPv4 address of network interface `name` on this machine.
-pub fn interface_ipv4(name: &str) -> Result<IpAddr, LaunchError> {
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into `list`, freed below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
-        return Err(LaunchError::Io {
-            path: "getifaddrs".into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    let mut found = None;
-    let mut names: Vec<String> = Vec::new();
-    let mut cur = list;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list returned by getifaddrs, alive until freeifaddrs.
-        let ifa = unsafe { &*cur };
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let ifname = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        let family = if ifa.ifa_addr.is_null() {
-            None
-        } else {
-            // SAFETY: ifa_addr is not null: it points at a sockaddr whose family says which struct it is.
-            Some(i32::from(unsafe { (*ifa.ifa_addr).sa_family }))
-        };
-        if found.is_none() && ifname == name && family == Some(libc::AF_INET) {
-            // SAFETY: the family is AF_INET, so this is a sockaddr_in.
-            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            found = Some(IpAddr::from(
-                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-            ));
-        }
-        if !names.contains(&ifname) {
-            names.push(ifname);
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: `list` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(list) };
-    found.ok_or_else(|| {
-        engine_error(format!(
-            "network interface `{name}` has no IPv4 address on this machine (interfaces: {})",
-            names.join(", ")
-        ))
-    })
-}
-
-/// Tells a remote rank's wrapper to stop: writes the signal's name (`TERM`, `INT`, `KILL`) as one line to its ssh's
-/// stdin; the caller then closes it (end of file alone means TERM).
-pub fn send_stop(stdin: &mut impl std::io::Write, signal: i32) {
-    let name = crate::process::signal_name(signal);
-    let name = name.strip_prefix("SIG").unwrap_or(&name);
-    let _ = writeln!(stdin, "{name}");
-    let _ = stdin.flush();
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::io::Write as _;
+    use std::net::Ipv4Addr;
 
-    fn setup(interface: Option<&str>) -> SshSetup {
+    pub(crate) fn setup(interface: Option<&str>) -> SshSetup {
         SshSetup {
             hosts: vec![("h1".into(), 2), ("h2".into(), 2)],
             ssh: ssh_argv(
@@ -1165,7 +605,7 @@ mod tests {
         let mut buf = [0u8; 8];
         let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"started\n");
-        send_stop(&mut input, libc::SIGTERM);
+        crate::engine::send_stop(&mut input, libc::SIGTERM);
         drop(input);
         let status = child.wait().unwrap();
         // sh died of SIGTERM: the wrapper reports 128 + 15.
@@ -1185,237 +625,6 @@ mod tests {
         }
     }
 
-    /// A stand-in for ssh that runs the remote command here, with `/store/` read as `/store-HOST/` so that every
-    /// "host" has a store of its own; host `down` is unreachable.
-    fn fake_ssh(dir: &Path) -> PathBuf {
-        let path = dir.join("fake-ssh");
-        std::fs::write(
-            &path,
-            "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
-             [ \"$host\" = down ] && { echo 'ssh: connect to host down port 22: Connection refused' >&2; exit 255; }\n\
-             exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\"\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
-    }
-
-    /// Writes a store path `NAME` with its `.hvd-path.json` into `store`.
-    fn store_path(store: &Path, name: &str, content_hash: &str, references: &[&str]) -> PathBuf {
-        let path = store.join(name);
-        std::fs::create_dir_all(path.join("bin")).unwrap();
-        let json = serde_json::json!({"schema": 1, "content_hash": content_hash, "references": references});
-        std::fs::write(path.join(".hvd-path.json"), json.to_string()).unwrap();
-        path
-    }
-
-    /// Store path names for the tests: an env, a package it references, and one only that package references.
-    const E1: &str = "0123456789abcdef0123456789abcdef-t-1.0";
-    const P1: &str = "11111111111111111111111111111111-x-2.0";
-    const P2: &str = "22222222222222222222222222222222-y-3.0";
-
-    #[test]
-    fn hosts_are_checked_for_the_env_by_content_hash() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let env = store_path(&d.join("store"), E1, "c1", &[P1]);
-        store_path(&d.join("store"), P1, "cx", &[P2]);
-        store_path(&d.join("store"), P2, "cy", &[]);
-        // Host a has the same env, b a different one without its packages, c none.
-        store_path(&d.join("store-a"), E1, "c1", &[P1]);
-        store_path(&d.join("store-a"), P1, "cx", &[P2]);
-        store_path(&d.join("store-a"), P2, "cy", &[]);
-        store_path(&d.join("store-b"), E1, "c2", &[P1]);
-        std::fs::create_dir_all(d.join("store-c")).unwrap();
-        let mut s = setup(Some("lo"));
-        s.ssh = vec![fake_ssh(d).display().to_string()];
-        s.hosts = vec![("a".into(), 1)];
-        s.check_hosts(d, Some(&env)).unwrap();
-        s.hosts = vec![
-            ("a".into(), 1),
-            ("b".into(), 1),
-            ("c".into(), 1),
-            ("down".into(), 1),
-        ];
-        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
-        assert!(!err.contains("host `a`"), "{err}");
-        assert!(
-            err.contains("differs on host `b` (content hash `c2` there, c1 here)"),
-            "{err}"
-        );
-        // The whole closure is checked: P2 is referenced by P1 only.
-        assert!(
-            err.contains(&format!("missing on host `b`: {P1}, {P2}")),
-            "{err}"
-        );
-        assert!(
-            err.contains(&format!("{E1} is missing on host `c`")),
-            "{err}"
-        );
-        assert!(err.contains("share the store at the same path"), "{err}");
-        assert!(err.contains("cannot run commands on host `down`"), "{err}");
-        assert!(err.contains("Connection refused"), "{err}");
-        // With copying on, what is missing is copied (whole store paths, the whole closure); a differing env is
-        // never overwritten.
-        s.copy_env = true;
-        s.hosts = vec![("c".into(), 1)];
-        s.check_hosts(d, Some(&env)).unwrap();
-        for name in [E1, P1, P2] {
-            assert!(d.join(format!("store-c/{name}/.hvd-path.json")).is_file());
-        }
-        assert_eq!(
-            std::fs::read_dir(d.join("store-c/.tmp")).unwrap().count(),
-            0
-        );
-        s.hosts = vec![("b".into(), 1)];
-        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
-        assert!(err.contains("differs on host `b`"), "{err}");
-        assert!(
-            !d.join(format!("store-b/{P1}")).exists(),
-            "nothing is copied to a host whose env differs: {err}"
-        );
-        // The project directory must exist on every host too.
-        s.hosts = vec![("a".into(), 1)];
-        let err = s
-            .check_hosts(&d.join("store/gone"), None)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("does not exist on host `a`"), "{err}");
-    }
-
-    /// A compromised host answers the env check as it likes: its `ssh` here is a script that prints the answer in
-    /// `answer` for the check, and for a copy keeps the archive it is sent in `received.tar`.
-    fn hostile_ssh(dir: &Path) -> PathBuf {
-        let path = dir.join("hostile-ssh");
-        std::fs::write(
-            &path,
-            format!(
-                "#!/bin/sh\nd={}\ncase \"$*\" in\n  *hvd-check:done*) cat \"$d/answer\";;\n  \
-                 *) cat > \"$d/received.tar\";;\nesac\n",
-                quote(&dir.display().to_string())
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
-    }
-
-    #[test]
-    fn a_hostile_host_cannot_choose_what_is_copied_or_run() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let store = d.join("store");
-        let env = store_path(&store, E1, "c1", &[P1]);
-        store_path(&store, P1, "cx", &[]);
-        // Not in the env's closure, but in the same store: a host must not obtain it.
-        store_path(&store, P2, "secret", &[]);
-        let mut s = setup(Some("lo"));
-        s.ssh = vec![hostile_ssh(d).display().to_string()];
-        s.hosts = vec![("evil".into(), 1)];
-        s.copy_env = true;
-        let pwned = d.join("pwned");
-        let check = |missing: &[&str]| {
-            let mut answer = String::from("hvd-check:no-env\n");
-            for m in missing {
-                answer.push_str(&format!("hvd-check:missing {m}\n"));
-            }
-            answer.push_str("hvd-check:done\n");
-            std::fs::write(d.join("answer"), answer).unwrap();
-            let _ = std::fs::remove_file(d.join("received.tar"));
-            s.check_hosts(d, Some(&env)).unwrap_err().to_string()
-        };
-        let hostile = [
-            format!(
-                "--checkpoint=1 --checkpoint-action=exec=touch {}",
-                pwned.display()
-            ),
-            "--checkpoint-action=exec=sh".to_owned(),
-            "-T/etc/passwd".to_owned(),
-            "../../etc".to_owned(),
-            "/etc/passwd".to_owned(),
-            format!("{P1}/../../etc"),
-            P2.to_owned(),
-            format!("{P1} {P2}"),
-        ];
-        for name in &hostile {
-            let err = check(&[P1, name]);
-            assert!(
-                err.contains("host `evil` answered the env check with store paths that are not in the env's closure"),
-                "{name}: {err}"
-            );
-            assert!(
-                !d.join("received.tar").exists(),
-                "{name}: something was sent to the host"
-            );
-            assert!(!pwned.exists(), "{name}: the host ran a command here");
-        }
-        // An answer without end: refused at the limit, nothing sent.
-        std::fs::write(
-            d.join("answer"),
-            format!("hvd-check:missing {P1}\n").repeat(CHECK_ANSWER_LIMIT / 40 + 10),
-        )
-        .unwrap();
-        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
-        assert!(
-            err.contains("host `evil` answered the env check with more than"),
-            "{err}"
-        );
-        assert!(!d.join("received.tar").exists());
-        // Names of the closure select what is sent, and only those: the archive holds the env and P1, never P2.
-        let err = check(&[P1, P1]);
-        assert!(err.contains("is missing on host `evil`"), "{err}");
-        let listing = Command::new("tar")
-            .arg("-tf")
-            .arg(d.join("received.tar"))
-            .output()
-            .unwrap();
-        let listing = String::from_utf8_lossy(&listing.stdout);
-        let tops: BTreeSet<&str> = listing
-            .lines()
-            .map(|l| l.split('/').next().unwrap_or(l))
-            .collect();
-        assert_eq!(tops, BTreeSet::from([E1, P1]), "{listing}");
-        // The copy itself refuses a name that is not a store path name, whoever gives it.
-        let err = s
-            .copy_store_paths("evil", &store, &["--checkpoint-action=exec=true"])
-            .unwrap_err();
-        assert!(err.contains("not a store path name"), "{err}");
-    }
-
-    #[test]
-    fn store_path_names_follow_the_grammar() {
-        for good in [E1, P1, "0123456789abcdef0123456789abcdef-torch-2.1.0+cpu"] {
-            assert!(is_store_path_name(good), "{good}");
-        }
-        for bad in [
-            "",
-            "..",
-            "e1-t-env",
-            "-0123456789abcdef0123456789abcdef-t-1",
-            "0123456789ABCDEF0123456789abcdef-t-1",
-            "0123456789abcdef0123456789abcdef-",
-            "0123456789abcdef0123456789abcdef-a/b",
-            "0123456789abcdef0123456789abcdef-..",
-            "0123456789abcdef0123456789abcdef-a b",
-            "0123456789abcdef0123456789abcdef-a\nb",
-        ] {
-            assert!(!is_store_path_name(bad), "{bad:?}");
-        }
-        // A damaged `.hvd-path.json` here is a clear error, not a name sent anywhere.
-        let dir = tempfile::tempdir().unwrap();
-        let env = store_path(dir.path(), E1, "c1", &["../../etc"]);
-        let err = EnvIdentity::local(&env).unwrap_err().to_string();
-        assert!(err.contains("not a store path name"), "{err}");
-        let env = store_path(dir.path(), P1, "c1", &[P2]);
-        let err = EnvIdentity::local(&env).unwrap_err().to_string();
-        assert!(
-            err.contains(&format!("store path {P2}, which the env needs")),
-            "{err}"
-        );
-    }
-
     #[test]
     fn the_cluster_block_configures_the_engine_and_flags_win() {
         let dir = tempfile::tempdir().unwrap();
@@ -1429,8 +638,8 @@ mod tests {
         )
         .unwrap();
         let project = hvd_lang::load_file(&file).unwrap();
-        let plan = crate::plan(&project, &crate::RunOptions::default()).unwrap();
-        let ssh = plan.ssh.as_deref().unwrap();
+        let plan = crate::plan(&project, &RunOptions::default()).unwrap();
+        let ssh = SshSetup::new(&project, &RunOptions::default()).unwrap();
         assert_eq!(
             ssh.hosts,
             [("127.0.0.1".to_string(), 1), ("localhost".to_string(), 2)]
@@ -1465,14 +674,13 @@ mod tests {
         // Flags win over the file.
         let options = crate::RunOptions {
             hosts: Some(vec!["127.0.0.1:4".into()]),
-            ssh: SshOptions {
+            ssh: crate::options::SshOptions {
                 port: Some(22),
-                ..SshOptions::default()
+                ..Default::default()
             },
             ..crate::RunOptions::default()
         };
-        let plan = crate::plan(&project, &options).unwrap();
-        let ssh = plan.ssh.as_deref().unwrap();
+        let ssh = SshSetup::new(&project, &options).unwrap();
         assert_eq!(ssh.hosts, [("127.0.0.1".to_string(), 4)]);
         assert!(
             ssh.ssh.windows(2).any(|w| w == ["-p", "22"]),
@@ -1509,18 +717,5 @@ mod tests {
             assert!(err.contains("is not a host name for ssh"), "{host}: {err}");
             assert!(!pwned.exists(), "{host}");
         }
-    }
-
-    #[test]
-    fn route_source_finds_loopback() {
-        assert_eq!(
-            route_source("127.0.0.1".parse().unwrap()).unwrap(),
-            IpAddr::V4(Ipv4Addr::LOCALHOST)
-        );
-        assert_eq!(
-            interface_ipv4("lo").unwrap(),
-            IpAddr::V4(Ipv4Addr::LOCALHOST)
-        );
-        assert!(interface_ipv4("no-such-if0").is_err());
     }
 }

@@ -1,0 +1,199 @@
+//! The engine interface. An engine is one of two kinds: a [`SupervisedEngine`] (local, ssh, mpi, srun, spark) says
+//! where a distributed step's ranks run and which processes start them, and the local supervisor
+//! (`supervisor.rs`) does the rest (rendezvous, logs, failures, stopping) for the [`Plan`] that carries it; a
+//! [`WholeRunEngine`] (sbatch, kubectl) owns the whole run: it submits the steps and follows them to the end.
+//! `run.rs` chooses one per run (the layers: `run` above `supervisor` and `engines`, which sit on this module).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::LaunchError;
+use crate::env::{RendezvousInfo, Slot, WorkerLayout, worker_env};
+use crate::process::Interrupts;
+use crate::report::{EventSink, RunReport};
+
+/// An engine whose ranks the local supervisor starts and stops. Every method but [`SupervisedEngine::name`] has the
+/// local engine's answer as its default; the supervisor asks only about distributed steps (a step that runs once
+/// always runs here, with [`Local`]).
+pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
+    /// How `--dry-run` names it (`local engine`, `mpi engine`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Where the ranks of a step on `workers` run (`None`: a step that runs once, one slot).
+    fn layout(&self, workers: Option<u32>) -> WorkerLayout {
+        WorkerLayout::local(&crate::env::local_hostname(), workers.unwrap_or(1))
+    }
+
+    /// Checks and files needed before the first step starts (ssh: every host has the project and the env; spark:
+    /// the driver program).
+    fn prepare(&self, _plan: &Plan) -> Result<(), LaunchError> {
+        Ok(())
+    }
+
+    /// Where a distributed step's rendezvous listens, and the peers its token-less endpoints answer.
+    fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        (loopback, vec![loopback])
+    }
+
+    /// `Some(argv)`: a distributed step on `workers` is this one process (mpirun, srun, a Spark driver), which starts
+    /// every rank itself and tags each output line with its rank; the supervisor runs it in place of the ranks (as
+    /// rank 0). `None`: the supervisor starts each rank with [`SupervisedEngine::rank_command`].
+    fn launcher(&self, _plan: &Plan, _step: &PlannedStep, _workers: u32) -> Option<Vec<String>> {
+        None
+    }
+
+    /// How `--dry-run` labels the [`SupervisedEngine::launcher`] line (`mpirun:`, `srun:`, `spark:`).
+    fn launcher_label(&self) -> &'static str {
+        "launch:"
+    }
+
+    /// The command of one rank: by default `/bin/sh -c COMMAND` on this machine with the worker contract.
+    fn rank_command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
+        Ok(RankCommand::local(rank))
+    }
+
+    /// What `--dry-run` shows under a rank of a distributed step (ssh: its ssh command line).
+    fn dry_run_rank(&self, _plan: &Plan, _step: &PlannedStep, _slot: &Slot) -> Option<String> {
+        None
+    }
+}
+
+/// What the supervisor knows when it starts one rank (or an engine's launcher, as rank 0).
+#[derive(Debug)]
+pub struct RankStart<'a> {
+    pub plan: &'a Plan,
+    pub step: &'a PlannedStep,
+    pub slot: &'a Slot,
+    /// The step's rendezvous (`None` for a step that runs once).
+    pub rendezvous: Option<&'a RendezvousInfo>,
+    /// `MASTER_PORT` of the step (torch's rendezvous on rank 0's host).
+    pub master_port: u16,
+    /// The step marker ([`crate::env::STEP_MARKER_VAR`]) of this start.
+    pub marker: &'a str,
+}
+
+/// A rank's process as an engine wants it started; the supervisor adds the working directory, the pipes, the step
+/// marker and the process group.
+#[derive(Debug)]
+pub struct RankCommand {
+    pub command: Command,
+    /// A remote rank (ssh): its stdin carries the job token as the first line, and stopping it is writing the
+    /// signal's name there ([`send_stop`]) rather than signalling the local process.
+    pub remote: bool,
+}
+
+impl RankCommand {
+    /// `program args...` on this machine with the worker contract of `rank` (and `MASTER_PORT` for a distributed
+    /// step).
+    pub fn local_argv(rank: &RankStart<'_>, argv: &[String]) -> RankCommand {
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
+        command.envs(worker_env(
+            &rank.step.env,
+            rank.slot,
+            rank.rendezvous,
+            rank.plan.gpus_per_worker,
+            rank.plan.env_dir.as_deref(),
+        ));
+        if rank.rendezvous.is_some() {
+            command.env("MASTER_PORT", rank.master_port.to_string());
+        }
+        RankCommand {
+            command,
+            remote: false,
+        }
+    }
+
+    /// `/bin/sh -c COMMAND` on this machine with the worker contract.
+    pub fn local(rank: &RankStart<'_>) -> RankCommand {
+        let argv = [
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            rank.step.command.clone(),
+        ];
+        RankCommand::local_argv(rank, &argv)
+    }
+}
+
+/// Tells a remote rank ([`RankCommand::remote`]) to stop: writes the signal's name (`TERM`, `INT`, `KILL`) as one line to its ssh's
+/// stdin; the caller then closes it (end of file alone means TERM).
+pub fn send_stop(stdin: &mut impl std::io::Write, signal: i32) {
+    let name = crate::process::signal_name(signal);
+    let name = name.strip_prefix("SIG").unwrap_or(&name);
+    let _ = writeln!(stdin, "{name}");
+    let _ = stdin.flush();
+}
+
+/// The local engine: every rank is a process on this machine.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Local;
+
+impl SupervisedEngine for Local {
+    fn name(&self) -> &'static str {
+        "local engine"
+    }
+}
+
+/// An engine that owns the whole run (a batch system, a cluster's scheduler): it submits the steps and follows
+/// them to their end, reporting the same [`crate::Event`]s and [`RunReport`] as the supervisor.
+pub trait WholeRunEngine: Send + Sync {
+    /// What the user should know before anything runs (e.g. what an export leaves out).
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// What `--dry-run` prints: the submission, and the commands that would run.
+    fn render(&self) -> String;
+
+    /// Checks that the engine's tools are there, before anything is submitted.
+    fn check(&self) -> Result<(), LaunchError>;
+
+    /// Runs it to its end.
+    fn run(&self, events: &dyn EventSink, interrupts: Interrupts)
+    -> Result<RunReport, LaunchError>;
+}
+
+/// The engine of a run, as an engine module's `start` makes it.
+pub enum Engine {
+    Supervised(Arc<dyn SupervisedEngine>),
+    Whole(Box<dyn WholeRunEngine>),
+}
+
+/// One step as it will run.
+#[derive(Debug, Clone)]
+pub struct PlannedStep {
+    pub name: String,
+    /// The shell command (`sh -c`).
+    pub command: String,
+    /// Steps (within the plan) that must finish first.
+    pub needs: Vec<String>,
+    /// `Some(n)`: a distributed step on n workers (with a rendezvous); `None`: runs once.
+    pub workers: Option<u32>,
+    /// Where each rank runs.
+    pub layout: WorkerLayout,
+    /// Variables set for this step on top of the inherited environment (rank-specific ones excluded).
+    pub env: BTreeMap<String, String>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub timeout: Option<Duration>,
+}
+
+/// What `hvd run` will do.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub project: String,
+    /// The directory the .hvd file is in: the steps' working directory.
+    pub project_dir: PathBuf,
+    /// `.hvd/` next to the file (or `RunOptions::state_dir`).
+    pub state_dir: PathBuf,
+    pub steps: Vec<PlannedStep>,
+    pub gpus_per_worker: u32,
+    pub env_dir: Option<PathBuf>,
+    /// The engine that runs the distributed steps (a step that runs once runs here, as with [`Local`]).
+    pub engine: Arc<dyn SupervisedEngine>,
+}

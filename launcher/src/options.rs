@@ -1,0 +1,92 @@
+//! What `hvd run` was asked for besides the project: the options every engine reads ([`RunOptions`]), with the
+//! command-line options of the ssh and spark engines.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hvd_lang::model::EngineKind;
+
+/// Everything `hvd run` was asked for besides the project itself.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Run only this step and the steps it needs.
+    pub step: Option<String>,
+    /// Override `workers` of every distributed step.
+    pub workers: Option<u32>,
+    /// Rerun steps even when their inputs are unchanged.
+    pub force: bool,
+    /// The built environment (a venv layout): `bin/` goes first on `PATH`, `VIRTUAL_ENV` points at it.
+    pub env_dir: Option<PathBuf>,
+    /// A hash that identifies the environment (the lock's env hash); part of every step's input hash.
+    pub env_hash: Option<String>,
+    /// Sets `HVD_TIMELINE` (and `HOROVOD_TIMELINE`) for the workers.
+    pub timeline: Option<PathBuf>,
+    /// Time between SIGTERM and SIGKILL when stopping workers.
+    pub grace: Duration,
+    /// Fail a distributed step when not every rank has joined the rendezvous within this time. `None`: never
+    /// (plain scripts never talk to the rendezvous; see docs/running.md).
+    pub start_timeout: Option<Duration>,
+    /// Where state and logs go; default `<project dir>/.hvd`.
+    pub state_dir: Option<PathBuf>,
+    /// `--engine`: overrides `cluster { engine }`.
+    pub engine: Option<EngineKind>,
+    /// `--mpi openmpi|mpich` (else `cluster { settings { mpi } }`, else detected from `mpirun --version`).
+    pub mpi: Option<String>,
+    /// The mpirun program (else `cluster { settings { mpirun } }`, else found on PATH).
+    pub mpirun: Option<PathBuf>,
+    /// The hvd binary, whose `worker-env` subcommand is the shim engines run in front of each rank.
+    pub shim: Option<PathBuf>,
+    /// `--hosts` (`host:slots` entries): overrides `cluster { hosts }` for the mpi and ssh engines.
+    pub hosts: Option<Vec<String>>,
+    /// `--spark-master` and `--spark-python` for the spark engine.
+    pub spark: SparkOptions,
+    /// ssh options and `--network-interface` for the ssh engine.
+    pub ssh: SshOptions,
+    /// `--detach`: an engine that owns the run (sbatch) submits it and returns without following it.
+    pub detach: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            step: None,
+            workers: None,
+            force: false,
+            env_dir: None,
+            env_hash: None,
+            timeline: None,
+            grace: Duration::from_secs(10),
+            start_timeout: None,
+            state_dir: None,
+            engine: None,
+            mpi: None,
+            mpirun: None,
+            shim: None,
+            hosts: None,
+            spark: SparkOptions::default(),
+            ssh: SshOptions::default(),
+            detach: false,
+        }
+    }
+}
+
+/// What `hvd run` was told about ssh (`--ssh-port`, `--ssh-identity`, `--ssh-config`, `--network-interface`; each
+/// falls back to `cluster { settings { ssh_port, ssh_identity, ssh_config, network_interface } }`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SshOptions {
+    pub port: Option<u16>,
+    pub identity: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub network_interface: Option<String>,
+    /// Copy the env's store paths to hosts that lack them (`--ssh-copy-env`, `settings.copy_env = "true"`).
+    pub copy_env: bool,
+}
+
+/// `hvd run` options of the spark engine (else `cluster { settings = { master, python } }`).
+#[derive(Debug, Clone, Default)]
+pub struct SparkOptions {
+    /// `--spark-master URL`: `local[N]`, `local-cluster[W,C,M]`, `spark://host:port`, `yarn`, ...
+    pub master: Option<String>,
+    /// `--spark-python PROGRAM`: the Python (with pyspark) that runs the driver and the tasks.
+    pub python: Option<PathBuf>,
+}
