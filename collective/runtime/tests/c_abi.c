@@ -12,6 +12,24 @@
     }                                                                                   \
   } while (0)
 
+/* A request (sum, no scaling): the fields every test request sets. */
+static hvd_request_t request(int32_t kind, const char *name, int32_t dtype, int32_t ndim, const int64_t *shape,
+                             const void *input, void *output) {
+  hvd_request_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = kind;
+  r.name = name;
+  r.dtype = dtype;
+  r.ndim = ndim;
+  r.shape = shape;
+  r.input = input;
+  r.output = output;
+  r.op = HVD_SUM;
+  r.prescale = 1.0;
+  r.postscale = 1.0;
+  return r;
+}
+
 int main(void) {
   CHECK(hvd_is_initialized() == 0);
   CHECK(hvd_last_error_kind() == HVD_ERROR_NONE && hvd_last_error_rank() == -1);
@@ -25,18 +43,8 @@ int main(void) {
 
   float x[3] = {1.0f, 2.0f, 3.0f}, y[3] = {0};
   int64_t shape[1] = {3};
-  hvd_request_t r;
-  memset(&r, 0, sizeof r);
-  r.kind = HVD_ALLREDUCE;
-  r.name = "x";
-  r.dtype = HVD_FLOAT32;
-  r.ndim = 1;
-  r.shape = shape;
-  r.input = x;
-  r.output = y;
-  r.op = HVD_SUM;
+  hvd_request_t r = request(HVD_ALLREDUCE, "x", HVD_FLOAT32, 1, shape, x, y);
   r.prescale = 2.0;
-  r.postscale = 1.0;
   int64_t h = hvd_enqueue(&r);
   CHECK(h > 0);
   CHECK(hvd_wait(h) == 0 && hvd_poll(h) == 1);
@@ -110,13 +118,7 @@ int main(void) {
   /* A library-owned result. */
   int64_t rows[2] = {2, 1};
   int32_t data[2] = {7, 8};
-  r.kind = HVD_ALLGATHER;
-  r.name = "g";
-  r.dtype = HVD_INT32;
-  r.ndim = 2;
-  r.shape = rows;
-  r.input = data;
-  r.output = NULL;
+  r = request(HVD_ALLGATHER, "g", HVD_INT32, 2, rows, data, NULL);
   h = hvd_enqueue(&r);
   CHECK(h > 0 && hvd_wait(h) == 0);
   int64_t out_shape[2];
