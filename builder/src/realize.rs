@@ -280,12 +280,7 @@ pub fn build_env(
     let env_path = store.path_of(&env_derivation);
     let mut isolation = None;
 
-    let realizer = Realizer {
-        planned: &planned,
-        fetcher: Fetcher::new(store.downloads_dir(), options.offline),
-        progress,
-        built: Mutex::new(BTreeSet::new()),
-    };
+    let realizer = Realizer::new(&planned, store, options, progress);
     let mut packages = Vec::new();
     if store.is_valid(&env_path) && !options.rebuild {
         // The common no-op: everything the env references exists, because valid paths are complete.
@@ -351,12 +346,7 @@ pub fn check_env(
 ) -> Result<Vec<CheckOutcome>> {
     let _builders = store.lock_builders()?;
     let planned = Planned::new(store, plan, options)?;
-    let realizer = Realizer {
-        planned: &planned,
-        fetcher: Fetcher::new(store.downloads_dir(), options.offline),
-        progress,
-        built: Mutex::new(BTreeSet::new()),
-    };
+    let realizer = Realizer::new(&planned, store, options, progress);
     let mut outcomes = Vec::new();
     for package in plan.packages.iter().filter(|p| p.build.is_some()) {
         let derivation = &planned.derivations[&key(package)];
@@ -412,7 +402,21 @@ struct Realizer<'a> {
     built: Mutex<BTreeSet<PathBuf>>,
 }
 
-impl Realizer<'_> {
+impl<'a> Realizer<'a> {
+    fn new(
+        planned: &'a Planned<'a>,
+        store: &Store,
+        options: &BuildOptions,
+        progress: &'a dyn Progress,
+    ) -> Realizer<'a> {
+        Realizer {
+            planned,
+            fetcher: Fetcher::new(store.downloads_dir(), options.offline),
+            progress,
+            built: Mutex::new(BTreeSet::new()),
+        }
+    }
+
     fn path_of(&self, package: &PackagePlan) -> PathBuf {
         self.planned
             .store

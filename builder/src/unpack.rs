@@ -441,8 +441,28 @@ impl<'a> Extractor<'a> {
         }
     }
 
-    /// Create the file `dest` (never following or replacing anything) and fill it from `reader`.
+    /// Create the file `dest` (never following or replacing anything), fill it from `reader`, and record it as
+    /// extracted under `normalized`.
     fn write_file(
+        &mut self,
+        entry: &str,
+        (normalized, dest): (String, String),
+        executable: bool,
+        reader: &mut dyn Read,
+    ) -> Result<()> {
+        let sha256 = self.write_file_contents(entry, &dest, executable, reader)?;
+        self.extracted.insert(
+            normalized,
+            Unpacked {
+                dest,
+                sha256,
+                is_link: false,
+            },
+        );
+        Ok(())
+    }
+
+    fn write_file_contents(
         &mut self,
         entry: &str,
         dest: &str,
@@ -515,16 +535,7 @@ impl<'a> Extractor<'a> {
                 entry: entry.to_string(),
             },
         )?;
-        let sha256 = self.write_file(entry, &dest, executable, reader)?;
-        self.extracted.insert(
-            normalized,
-            Unpacked {
-                dest,
-                sha256,
-                is_link: false,
-            },
-        );
-        Ok(())
+        self.write_file(entry, (normalized, dest), executable, reader)
     }
 
     fn add_symlink(&mut self, entry: &str, target: &str) -> Result<()> {
@@ -607,16 +618,7 @@ impl<'a> Extractor<'a> {
             return Err(refuse_target(self, "which is not a regular file"));
         }
         let executable = metadata.permissions().mode() & 0o111 != 0;
-        let sha256 = self.write_file(entry, &dest, executable, &mut file)?;
-        self.extracted.insert(
-            normalized,
-            Unpacked {
-                dest,
-                sha256,
-                is_link: false,
-            },
-        );
-        Ok(())
+        self.write_file(entry, (normalized, dest), executable, &mut file)
     }
 
     /// Whether a link at `dest` to `target` resolves inside the tree, following the tree's links as the kernel

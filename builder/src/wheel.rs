@@ -8,8 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use base64_free::urlsafe_no_pad;
-
 use hvd_resolver::Sha256;
 
 use crate::error::{Error, Result};
@@ -146,7 +144,7 @@ pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256
         let actual = entry
             .sha256
             .as_ref()
-            .map(|hash| urlsafe_no_pad(&hex::decode(hash.as_str()).unwrap_or_default()))
+            .map(Sha256::record_form)
             .unwrap_or_default();
         if &actual != digest {
             return Err(invalid(format!("`{path}` does not match its RECORD hash")));
@@ -322,39 +320,9 @@ pub fn entry_point_script(python: &Path, point: &EntryPoint) -> String {
     )
 }
 
-/// Minimal base64 (URL-safe alphabet, no padding) for RECORD digests; a dependency for 20 lines is not worth it.
-mod base64_free {
-    pub fn urlsafe_no_pad(bytes: &[u8]) -> String {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-        for chunk in bytes.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            let chars = chunk.len() + 1;
-            for i in 0..chars {
-                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            }
-        }
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_known_values() {
-        assert_eq!(urlsafe_no_pad(b"f"), "Zg");
-        assert_eq!(urlsafe_no_pad(b"fo"), "Zm8");
-        assert_eq!(urlsafe_no_pad(b"foo"), "Zm9v");
-        assert_eq!(urlsafe_no_pad(&[0xfb, 0xff]), "-_8");
-    }
 
     #[test]
     fn record_lines_are_csv() {

@@ -10,11 +10,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use common::{FileServer, host_python};
+use common::{FileServer, host_python, record_hash};
 use hvd_builder::unpack::{Limits, unpack_sdist_with};
 use hvd_builder::wheel::install_wheel;
 use hvd_builder::{BuildOptions, EnvPlan, NoProgress, SourceBuildPlan, Store, build_env};
-use sha2::Digest;
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -120,25 +119,6 @@ impl Fixture {
         self.assert_nothing_installed();
         self.assert_outside_untouched();
     }
-}
-
-/// RECORD's digest form: urlsafe base64 of the sha256, no padding.
-fn record_hash(data: &[u8]) -> String {
-    let digest = sha2::Sha256::digest(data);
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in digest.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..chunk.len() + 1 {
-            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
 }
 
 /// One zip member of a hand-made wheel.

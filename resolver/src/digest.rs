@@ -64,6 +64,26 @@ impl Sha256 {
         Ok(Sha256::from_hasher(hasher))
     }
 
+    /// The digest as a wheel's RECORD writes it (PEP 376/427): URL-safe base64 of the 32 bytes, no padding.
+    pub fn record_form(&self) -> String {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let bytes = hex::decode(&self.0).expect("a Sha256 holds 64 hex digits");
+        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for chunk in bytes.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..=chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            }
+        }
+        out
+    }
+
     /// Parse a digest written by a person, which may carry a `sha256:` prefix (as `hvd`'s own messages print
     /// it); otherwise exactly what [`FromStr`] accepts.
     pub fn parse_prefixed(text: &str) -> Result<Sha256, BadSha256> {
@@ -148,6 +168,23 @@ mod tests {
         for bad in ["xyz", "sha256:", "sha256:sha256:ab", "md5:ab"] {
             assert!(Sha256::parse_prefixed(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn record_form_is_unpadded_urlsafe_base64() {
+        // The sha256 of the empty string, in RECORD form as pip writes it.
+        assert_eq!(
+            Sha256::of_bytes(b"").record_form(),
+            "47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU"
+        );
+        // 0xfb 0xff ... exercises both URL-safe characters.
+        let hash: Sha256 = format!("fbff{}", "0".repeat(60)).parse().unwrap();
+        assert!(
+            hash.record_form().starts_with("-_8A"),
+            "{}",
+            hash.record_form()
+        );
+        assert_eq!(hash.record_form().len(), 43);
     }
 
     #[test]

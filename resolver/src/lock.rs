@@ -16,7 +16,7 @@ use crate::lockfile::{
     RequestedBuild, SCHEMA_VERSION, ToolPin, ToolchainPin, env_hash,
 };
 use crate::names::{normalize_name, normalize_requirement};
-use crate::solver::{self, Resolution, SolveError};
+use crate::solver::{self, BadRequirement, Resolution, SolveError};
 use crate::source::{FetchCallback, IndexSource, SourceError, SourceMetadataProvider};
 use crate::tags::{Platform, TargetError, TargetSpec};
 
@@ -74,12 +74,8 @@ pub enum ResolveError {
     Source(#[from] SourceError),
     #[error("{0}")]
     NoSolution(String),
-    #[error("invalid requirement `{requirement}`{}: {message}", context.as_ref().map(|c| format!(" (from {c})")).unwrap_or_default())]
-    BadRequirement {
-        requirement: String,
-        context: Option<String>,
-        message: String,
-    },
+    #[error(transparent)]
+    BadRequirement(#[from] BadRequirement),
     #[error("{0}")]
     Toolchain(String),
     #[error("failed to start the async runtime")]
@@ -92,15 +88,7 @@ impl From<SolveError<SourceError>> for ResolveError {
     fn from(e: SolveError<SourceError>) -> Self {
         match e {
             SolveError::NoSolution(text) => ResolveError::NoSolution(text),
-            SolveError::BadRequirement {
-                requirement,
-                context,
-                message,
-            } => ResolveError::BadRequirement {
-                requirement,
-                context,
-                message,
-            },
+            SolveError::BadRequirement(bad) => ResolveError::BadRequirement(bad),
             SolveError::Source(e) => ResolveError::Source(e),
         }
     }

@@ -78,17 +78,22 @@ pub struct Resolution {
     pub packages: BTreeMap<String, (Version, Vec<Edge>)>,
 }
 
+/// A requirement string that does not parse, with the package whose metadata lists it.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid requirement `{requirement}`{}: {message}", context.as_ref().map(|c| format!(" (from {c})")).unwrap_or_default())]
+pub struct BadRequirement {
+    pub requirement: String,
+    pub context: Option<String>,
+    pub message: String,
+}
+
 /// Why solving failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SolveError<E: std::error::Error + Send + Sync + 'static> {
     #[error("no set of versions satisfies the env:\n{0}")]
     NoSolution(String),
-    #[error("invalid requirement `{requirement}`{}: {message}", context.as_ref().map(|c| format!(" (from {c})")).unwrap_or_default())]
-    BadRequirement {
-        requirement: String,
-        context: Option<String>,
-        message: String,
-    },
+    #[error(transparent)]
+    BadRequirement(BadRequirement),
     #[error(transparent)]
     Source(E),
 }
@@ -368,11 +373,11 @@ pub fn solve<S: PackageSource>(
                     .bad_requirement
                     .into_inner()
                     .unwrap_or_else(|| (String::new(), None, String::new()));
-                Err(SolveError::BadRequirement {
+                Err(SolveError::BadRequirement(BadRequirement {
                     requirement,
                     context,
                     message,
-                })
+                }))
             }
         },
     }

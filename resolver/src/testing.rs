@@ -232,8 +232,7 @@ impl Dist {
         ]);
         let mut record = String::new();
         for (name, body) in &files {
-            let digest = Sha256::digest(body.as_bytes());
-            let b64 = base64_urlsafe_nopad(&digest);
+            let b64 = crate::Sha256::of_bytes(body.as_bytes()).record_form();
             record.push_str(&format!("{name},sha256={b64},{}\n", body.len()));
         }
         record.push_str(&format!("{dist_info}/RECORD,,\n"));
@@ -335,23 +334,6 @@ impl Dist {
         gz.write_all(&tar).expect("in-memory gzip");
         gz.finish().expect("in-memory gzip")
     }
-}
-
-fn base64_urlsafe_nopad(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
 }
 
 /// Server behaviour switches.

@@ -5,7 +5,6 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 
 use hvd_builder::{Artifact, PackagePlan, Sha256};
-use sha2::Digest;
 
 /// A static file server on 127.0.0.1 serving one directory; lives as long as the test process.
 pub struct FileServer {
@@ -83,22 +82,9 @@ impl FileServer {
     }
 }
 
-fn record_hash(data: &[u8]) -> String {
-    let digest = sha2::Sha256::digest(data);
-    let mut out = String::new();
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    for chunk in digest.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..chunk.len() + 1 {
-            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
+/// RECORD's digest form of `data` (urlsafe base64 of the sha256, no padding).
+pub fn record_hash(data: &[u8]) -> String {
+    hvd_builder::Sha256::of_bytes(data).record_form()
 }
 
 /// Write `<name>-<version>-py3-none-any.whl` into `dir` with `files` plus dist-info (METADATA, WHEEL, RECORD and,

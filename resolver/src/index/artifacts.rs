@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use sha2::Digest;
 
-use super::http::MAX_SDIST_BYTES;
+use super::http::{MAX_SDIST_BYTES, success};
 use super::{IndexClient, IndexError, IndexFile};
 use crate::digest::Sha256;
 use crate::metadata::{self, CoreMetadata};
@@ -36,15 +36,10 @@ impl IndexClient {
             file.filename
         );
         let started = tokio::time::Instant::now();
-        let mut response = self
+        let response = self
             .send_download(&file.url, HeaderMap::new(), &what, started)
             .await?;
-        if !response.status().is_success() {
-            return Err(IndexError::Status {
-                url: file.url.clone(),
-                status: response.status().as_u16(),
-            });
-        }
+        let mut response = success(&file.url, response)?;
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
         while let Some(chunk) = self
@@ -242,12 +237,7 @@ impl IndexClient {
         let response = self
             .send_download(&file.url, HeaderMap::new(), &what, started)
             .await?;
-        if !response.status().is_success() {
-            return Err(IndexError::Status {
-                url: file.url.clone(),
-                status: response.status().as_u16(),
-            });
-        }
+        let response = success(&file.url, response)?;
         let bytes = self
             .body(&file.url, response, MAX_SDIST_BYTES, Some((started, &what)))
             .await?;

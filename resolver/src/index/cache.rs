@@ -13,7 +13,7 @@ use reqwest::header::{
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
-use super::http::header;
+use super::http::{header, success};
 use super::{IndexClient, IndexError, IndexFile};
 use crate::digest::Sha256;
 use crate::temp_files::{WRITE_SUFFIX, remove_stale_temps, write_atomic};
@@ -160,12 +160,7 @@ impl IndexClient {
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        if !status.is_success() {
-            return Err(IndexError::Status {
-                url: url.to_string(),
-                status: status.as_u16(),
-            });
-        }
+        let response = success(url, response)?;
         let content_type = header(response.headers(), CONTENT_TYPE).unwrap_or_default();
         let meta = CacheMeta {
             url: url.to_string(),

@@ -34,6 +34,22 @@ pub(super) fn header(headers: &HeaderMap, name: reqwest::header::HeaderName) -> 
         .map(str::to_string)
 }
 
+/// `response` when its status is a success, else [`IndexError::Status`] naming `url`.
+pub(super) fn success(
+    url: &str,
+    response: reqwest::Response,
+) -> Result<reqwest::Response, IndexError> {
+    let status = response.status();
+    if status.is_success() {
+        Ok(response)
+    } else {
+        Err(IndexError::Status {
+            url: url.to_string(),
+            status: status.as_u16(),
+        })
+    }
+}
+
 impl IndexClient {
     /// Send a GET with retries on transient failures (connect errors, timeouts, 5xx, 429).
     pub(super) async fn send(
@@ -203,12 +219,7 @@ impl IndexClient {
         let started = tokio::time::Instant::now();
         let response = self.send_download(url, headers, what, started).await?;
         let status = response.status();
-        if !status.is_success() {
-            return Err(IndexError::Status {
-                url: url.to_string(),
-                status: status.as_u16(),
-            });
-        }
+        let response = success(url, response)?;
         let total = header(response.headers(), CONTENT_RANGE).and_then(|cr| {
             cr.rsplit_once('/')
                 .and_then(|(_, t)| t.trim().parse::<u64>().ok())
