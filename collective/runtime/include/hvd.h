@@ -156,7 +156,8 @@ int hvd_result_ndim(int64_t handle);
 int hvd_result_shape(int64_t handle, int64_t *shape);
 int64_t hvd_result_nbytes(int64_t handle);
 int hvd_result_copy(int64_t handle, void *dst, int64_t nbytes);
-int hvd_result_splits(int64_t handle, int64_t *splits); /* alltoall: rows received from each rank; returns size */
+int hvd_result_splits(int64_t handle, int64_t *splits); /* alltoall: rows received from each rank; returns how
+                                                          many it wrote (size; 0 for other results) */
 int64_t hvd_result_value(int64_t handle);                /* join: last joined rank */
 void hvd_release(int64_t handle);
 

@@ -5,6 +5,7 @@ use hvd_collective::{Communicator, DType, ReduceOp, Staged};
 
 use std::time::Duration;
 
+use crate::env_vars;
 use crate::transport::{LocalTransport, Topology, Transport, TransportResult};
 
 /// The engine's view of a `hvd-collective` communicator. Counts the engine gives in bytes travel as `u8` elements.
@@ -104,10 +105,10 @@ impl Transport for CollectiveTransport {
 
 /// Variables that mean "this process is one rank of a larger job".
 const JOB_VARIABLES: [&str; 4] = [
-    "HVD_SIZE",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_SIZE",
-    "SLURM_NTASKS",
+    env_vars::HVD_SIZE,
+    env_vars::OMPI_COMM_WORLD_SIZE,
+    env_vars::PMI_SIZE,
+    env_vars::SLURM_NTASKS,
 ];
 
 /// Joins the job described by the environment through `hvd-collective`'s bootstrap (`hvd run`'s rendezvous,

@@ -1,4 +1,4 @@
-//! Engine settings and the environment variables they come from (the one place that lists them).
+//! Engine settings and the environment variables they come from (declared in [`crate::env_vars`]).
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
@@ -16,6 +16,8 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::env_vars;
 
 /// A setting that could not be parsed.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +59,7 @@ fn lookup(lookup_env: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<(St
     if let Some(v) = lookup_env(name).filter(|v| !v.is_empty()) {
         return Some((name.to_string(), v));
     }
-    let horovod = name.replacen("HVD_", "HOROVOD_", 1);
+    let horovod = name.replacen("HVD_", env_vars::HOROVOD_PREFIX, 1);
     lookup_env(&horovod)
         .filter(|v| !v.is_empty())
         .map(|v| (horovod, v))
@@ -85,38 +87,38 @@ impl EngineConfig {
 
     pub fn from_lookup(env: &dyn Fn(&str) -> Option<String>) -> Result<EngineConfig, ConfigError> {
         let mut c = EngineConfig::default();
-        if let Some((name, v)) = lookup(env, "HVD_FUSION_THRESHOLD") {
+        if let Some((name, v)) = lookup(env, env_vars::HVD_FUSION_THRESHOLD) {
             c.fusion_threshold = v.trim().parse().map_err(|_| ConfigError {
                 name,
                 value: v.clone(),
                 expected: "a number of bytes",
             })?;
         }
-        if let Some((name, v)) = lookup(env, "HVD_CYCLE_TIME") {
+        if let Some((name, v)) = lookup(env, env_vars::HVD_CYCLE_TIME) {
             c.cycle_time = seconds(&name, &v).map_err(|mut e| {
                 e.expected = "a number of milliseconds >= 0";
                 e
             })? / 1000;
         }
-        if let Some((name, v)) = lookup(env, "HVD_CACHE_CAPACITY") {
+        if let Some((name, v)) = lookup(env, env_vars::HVD_CACHE_CAPACITY) {
             c.cache_capacity = v.trim().parse().map_err(|_| ConfigError {
                 name,
                 value: v.clone(),
                 expected: "a count",
             })?;
         }
-        if let Some((name, v)) = lookup(env, "HVD_STALL_CHECK_TIME") {
+        if let Some((name, v)) = lookup(env, env_vars::HVD_STALL_CHECK_TIME) {
             let d = seconds(&name, &v)?;
             c.stall_check_time = (!d.is_zero()).then_some(d);
         }
-        if let Some((name, v)) = lookup(env, "HVD_STALL_SHUTDOWN_TIME") {
+        if let Some((name, v)) = lookup(env, env_vars::HVD_STALL_SHUTDOWN_TIME) {
             let d = seconds(&name, &v)?;
             c.stall_shutdown_time = (!d.is_zero()).then_some(d);
         }
-        if let Some((_, v)) = lookup(env, "HVD_TIMELINE") {
+        if let Some((_, v)) = lookup(env, env_vars::HVD_TIMELINE) {
             c.timeline = Some(PathBuf::from(v));
         }
-        if let Some((name, v)) = lookup(env, "HVD_SPIN_TIME") {
+        if let Some((name, v)) = lookup(env, env_vars::HVD_SPIN_TIME) {
             let us: u64 = v.trim().parse().map_err(|_| ConfigError {
                 name,
                 value: v.clone(),
@@ -124,7 +126,7 @@ impl EngineConfig {
             })?;
             c.spin_time = Duration::from_micros(us);
         }
-        if let Some((_, v)) = lookup(env, "HVD_TIMELINE_MARK_CYCLES") {
+        if let Some((_, v)) = lookup(env, env_vars::HVD_TIMELINE_MARK_CYCLES) {
             c.timeline_mark_cycles = !matches!(v.trim(), "0" | "false" | "no");
         }
         Ok(c)

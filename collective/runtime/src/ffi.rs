@@ -18,6 +18,7 @@ use crate::config::EngineConfig;
 use crate::engine::{
     Engine, EngineError, ErrorKind, Input, Output, OutputBuffer, PreparedGroup, Request,
 };
+use crate::env_vars;
 use crate::message::{OpKind, RequestMeta};
 use hvd_collective::{DType, ReduceOp};
 
@@ -175,7 +176,7 @@ fn engine() -> Result<Arc<Engine>, Failure> {
 }
 
 fn init_logging() {
-    let level = std::env::var("HVD_LOG_LEVEL").unwrap_or_else(|_| "warn".to_string());
+    let level = std::env::var(env_vars::HVD_LOG_LEVEL).unwrap_or_else(|_| "warn".to_string());
     let filter = tracing_subscriber::EnvFilter::try_new(format!(
         "hvd={level},hvd_runtime={level},hvd_collective={level}"
     ))
@@ -897,7 +898,7 @@ pub unsafe extern "C" fn hvd_result_copy(handle: i64, dst: *mut c_void, nbytes: 
 }
 
 /// Alltoall: writes the rows received from each rank (`hvd_size()` values) to `splits`. Returns how many values it
-/// wrote (`hvd_size()`), or -1.
+/// wrote (`hvd_size()` for an alltoall's result, 0 for any other), or -1.
 ///
 /// # Safety
 /// `splits` has room for `hvd_size()` values.
