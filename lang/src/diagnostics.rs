@@ -133,11 +133,6 @@ impl Error {
         &self.message
     }
 
-    /// The "help:" line, if any (e.g. "did you mean `workers`?").
-    pub fn help_text(&self) -> Option<&str> {
-        self.help.as_deref()
-    }
-
     /// `file:line:col` of the primary label, 1-based, when the error has a location.
     pub fn location(&self) -> Option<(String, usize, usize)> {
         let src = self.src.as_ref()?;
@@ -237,14 +232,6 @@ impl Diagnostics {
         &self.errors
     }
 
-    pub fn len(&self) -> usize {
-        self.errors.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.errors.is_empty()
-    }
-
     /// Render every error as plain text (no colours, unicode frames, fixed width): for tests and logs.
     pub fn render_plain(&self) -> String {
         let handler =
@@ -280,7 +267,7 @@ impl Diagnostic for Diagnostics {
 }
 
 /// The candidate closest to `name`, if it is close enough to be a plausible typo.
-pub fn did_you_mean<'a>(
+pub(crate) fn did_you_mean<'a>(
     name: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {

@@ -1,7 +1,8 @@
 //! The `.hvd` language: parser (nom, byte spans), evaluator, typed model, diagnostics (miette), formatter.
 //!
 //! Downstream crates use [`load_file`] and the types in [`model`]; the CLI also uses [`format_source`].
-//! Nothing else here is a contract.
+//! Tests and the fuzz target read programs from memory with [`load_file_with`] and a [`MemoryLoader`].
+//! Nothing else here is a contract: the parser and evaluator are private modules.
 //!
 //! ```no_run
 //! let project = hvd_lang::load_file(std::path::Path::new("train.hvd"))?;
@@ -11,29 +12,30 @@
 //! # Ok::<(), hvd_lang::Diagnostics>(())
 //! ```
 //!
-//! Pipeline: [`syntax::parser`] turns text into the [`syntax::ast`] (with error recovery), `eval` turns the
-//! AST into values (imports, `let`, recipes), `lower` checks those values against the model's fields and
-//! builds [`model::Project`]. Every stage records problems instead of stopping, and [`Diagnostics`] renders
-//! them all. Parsing and evaluation run on a thread with a large stack; the nesting and evaluation limits
-//! (see [`syntax::parser::MAX_DEPTH`], [`eval::MAX_EVAL_DEPTH`], [`eval::EVAL_BUDGET`]) keep them well inside it.
+//! Pipeline: `syntax::parser` turns text into the `syntax::ast` (with error recovery), `eval` turns the
+//! AST into values (imports, `let`, recipes; files are read through an [`ImportLoader`]), `lower` checks
+//! those values against the model's fields and builds [`model::Project`]. Every stage records problems
+//! instead of stopping, and [`Diagnostics`] renders them all. Parsing and evaluation run on a thread with a
+//! large stack; the nesting and evaluation limits (`syntax::parser::MAX_DEPTH`, `eval::MAX_EVAL_DEPTH`,
+//! `eval::EVAL_BUDGET`) keep them well inside it.
 
 // A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod diagnostics;
 pub mod env_vars;
-pub mod eval;
+mod eval;
 mod format;
-pub mod loader;
+mod loader;
 mod lower;
 pub mod model;
 pub mod stdlib;
-pub mod syntax;
+mod syntax;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use diagnostics::{Diagnostics, Error, did_you_mean};
+pub use diagnostics::{Diagnostics, Error};
 pub use loader::{FsLoader, ImportLoader, MemoryLoader};
 
 use diagnostics::{Loc, Sources};

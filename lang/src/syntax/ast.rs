@@ -21,10 +21,6 @@ impl Span {
     pub fn len(self) -> u32 {
         self.end - self.start
     }
-
-    pub fn is_empty(self) -> bool {
-        self.start == self.end
-    }
 }
 
 /// A parsed file: its items in source order and the comments found in it (for the formatter).
