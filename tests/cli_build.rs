@@ -6,10 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use hvd_resolver::lockfile::{
-    Artifact, ArtifactKind, Dependency, LockedBuild, LockedPackage, Lockfile, Request,
-    SCHEMA_VERSION, Target, env_hash,
-};
+use hvd_resolver::lockfile::{LockedBuild, LockedPackage, Lockfile};
 
 /// Makes the fixture wheels and sdist with Python's own zipfile/tarfile.
 const MAKE_FIXTURES: &str = r#"
@@ -61,30 +58,13 @@ fn project(packages: &str) -> Project {
     let root = dir.path().to_path_buf();
     let files = root.join("files");
     std::fs::create_dir(&files).unwrap();
-    let status = Command::new("python3")
-        .arg("-c")
-        .arg(MAKE_FIXTURES)
-        .arg(&files)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let python = String::from_utf8(
-        Command::new("python3")
-            .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_string();
-    let base = common::serve_files(files);
+    common::make_fixtures(MAKE_FIXTURES, &files);
     let project = Project {
         store: root.join("store"),
         _dir: dir,
         root,
-        base,
-        python,
+        base: common::serve_files(files),
+        python: common::python_version(),
     };
     project.write_file(packages);
     project
@@ -105,66 +85,23 @@ impl Project {
     }
 
     fn package(&self, name: &str, filename: &str, deps: &[&str]) -> LockedPackage {
-        let path = self.root.join("files").join(filename);
-        LockedPackage {
-            name: name.into(),
-            version: "1.0".into(),
-            index: self.base.clone(),
-            artifact: Artifact {
-                kind: if filename.ends_with(".whl") {
-                    ArtifactKind::Wheel
-                } else {
-                    ArtifactKind::Sdist
-                },
-                filename: filename.into(),
-                url: format!("{}/{filename}", self.base),
-                sha256: hvd_builder::Sha256::of_file(&path)
-                    .unwrap()
-                    .to_string()
-                    .parse()
-                    .unwrap(),
-                size: std::fs::metadata(&path).unwrap().len(),
-            },
-            dependencies: deps
-                .iter()
-                .map(|d| Dependency {
-                    name: d.to_string(),
-                    extras: vec![],
-                    marker: None,
-                })
-                .collect(),
-        }
+        common::locked_file(
+            name,
+            &self.base,
+            &self.root.join("files").join(filename),
+            deps,
+        )
     }
 
     /// Write the lock for the current file, as `hvd lock` would for these packages.
     fn lock(&self, packages: Vec<LockedPackage>, builds: Vec<LockedBuild>) {
-        let model = hvd_lang::load_file(&self.file()).unwrap();
-        let lock = Lockfile {
-            version: SCHEMA_VERSION,
-            env_hash: env_hash(&model.env),
-            request: Request::from_env(&model.env),
-            target: Target {
-                python: self.python.clone(),
-                python_full: format!("{}.0", self.python),
-                interpreter: format!("cp{}", self.python.replace('.', "")),
-                abi: format!("cp{}", self.python.replace('.', "")),
-                os: "linux".into(),
-                arch: std::env::consts::ARCH.into(),
-                glibc: None,
-                platforms: vec![],
-            },
-            toolchain: None,
-            packages,
-            builds,
-        };
-        lock.write(&Lockfile::path_for(&self.file())).unwrap();
+        common::lockfile(&self.file(), &self.python, packages, builds)
+            .write(&Lockfile::path_for(&self.file()))
+            .unwrap();
     }
 
     fn hvd(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_hvd"))
-            .args(args)
-            .env("HVD_STORE", &self.store)
-            .current_dir(&self.root)
+        common::hvd_with_store(&self.root, &self.store, args)
             .output()
             .unwrap()
     }
@@ -267,10 +204,7 @@ fn hash_mismatch_fails_the_build_naming_the_url() {
     let (_, err) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     // The renderer wraps long lines; compare without the wrapping.
-    let err: String = err
-        .chars()
-        .filter(|c| !c.is_whitespace() && *c != '│')
-        .collect();
+    let err = common::unwrapped(&err);
     assert!(
         err.contains(&helper.artifact.url)
             && err.contains(&actual)
@@ -554,10 +488,7 @@ fn hostile_wheels_install_nothing_and_write_nothing_outside_the_store() {
         let out = p.hvd(&["build", &p.file().display().to_string(), "--locked"]);
         let (_, err) = text(&out);
         assert_eq!(out.status.code(), Some(1), "{name}: {err}");
-        let flat: String = err
-            .chars()
-            .filter(|c| !c.is_whitespace() && *c != '│')
-            .collect();
+        let flat = common::unwrapped(&err);
         assert!(
             flat.contains(filename),
             "{name}: the error names the wheel: {err}"

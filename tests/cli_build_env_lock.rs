@@ -5,23 +5,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use hvd_resolver::lockfile::{
-    Artifact, ArtifactKind, LockedBuild, LockedPackage, Lockfile, Request, SCHEMA_VERSION, Target,
-    env_hash,
-};
+use hvd_resolver::lockfile::{Artifact, ArtifactKind, LockedBuild, LockedPackage, Lockfile};
 
-fn python() -> String {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
+mod common;
 
 /// A project building `noisy` (an sdist) with `recipe` (an `.hvd` build table or nothing), locked with a
 /// `[[build]]` whose variables are `locked_env`.
 fn project(dir: &Path, recipe: Option<&str>, locked_env: &[(&str, &str)]) -> PathBuf {
-    let python = python();
+    let python = common::python_version();
     let file = dir.join("train.hvd");
     let package = match recipe {
         Some(recipe) => format!("{{ requirement = \"noisy==1.0\", build = {recipe} }}"),
@@ -32,63 +23,45 @@ fn project(dir: &Path, recipe: Option<&str>, locked_env: &[(&str, &str)]) -> Pat
         format!("project \"app\"\nenv {{\n  python = \"{python}\"\n  packages = [{package}]\n}}\n"),
     )
     .unwrap();
-    let model = hvd_lang::load_file(&file).unwrap();
-    let lock = Lockfile {
-        version: SCHEMA_VERSION,
-        env_hash: env_hash(&model.env),
-        request: Request::from_env(&model.env),
-        target: Target {
-            python: python.clone(),
-            python_full: format!("{python}.0"),
-            interpreter: format!("cp{}", python.replace('.', "")),
-            abi: format!("cp{}", python.replace('.', "")),
-            os: "linux".into(),
-            arch: std::env::consts::ARCH.into(),
-            glibc: None,
-            platforms: vec![],
+    let packages = vec![LockedPackage {
+        name: "noisy".into(),
+        version: "1.0".into(),
+        index: "http://127.0.0.1:1".into(),
+        artifact: Artifact {
+            kind: ArtifactKind::Sdist,
+            filename: "noisy-1.0.tar.gz".into(),
+            url: "http://127.0.0.1:1/noisy-1.0.tar.gz".into(),
+            sha256: "ab".repeat(32).parse().unwrap(),
+            size: 100,
         },
-        toolchain: None,
-        packages: vec![LockedPackage {
-            name: "noisy".into(),
-            version: "1.0".into(),
-            index: "http://127.0.0.1:1".into(),
-            artifact: Artifact {
-                kind: ArtifactKind::Sdist,
-                filename: "noisy-1.0.tar.gz".into(),
-                url: "http://127.0.0.1:1/noisy-1.0.tar.gz".into(),
-                sha256: "ab".repeat(32).parse().unwrap(),
-                size: 100,
-            },
-            dependencies: vec![],
-        }],
-        builds: vec![LockedBuild {
-            package: "noisy".into(),
-            requires: vec![],
-            env: locked_env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-            against: vec![],
-            no_build_isolation: false,
-            packages: vec![],
-        }],
-    };
-    lock.write(&Lockfile::path_for(&file)).unwrap();
+        dependencies: vec![],
+    }];
+    let builds = vec![LockedBuild {
+        package: "noisy".into(),
+        requires: vec![],
+        env: locked_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
+        against: vec![],
+        no_build_isolation: false,
+        packages: vec![],
+    }];
+    common::lockfile(&file, &python, packages, builds)
+        .write(&Lockfile::path_for(&file))
+        .unwrap();
     file
 }
 
 fn build_locked(dir: &Path, file: &Path) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_hvd"))
-        .args([
-            "build",
-            &file.display().to_string(),
-            "--locked",
-            "--offline",
-        ])
-        .env("HVD_STORE", dir.join("store"))
-        .current_dir(dir)
-        .output()
-        .unwrap()
+    let file = file.display().to_string();
+    common::hvd_with_store(
+        dir,
+        &dir.join("store"),
+        &["build", &file, "--locked", "--offline"],
+    )
+    .output()
+    .unwrap()
 }
 
 #[test]

@@ -68,12 +68,7 @@ fn worker_env_maps_openmpi_and_slurm_ranks() {
         .env_clear()
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out).1.contains("OMPI_COMM_WORLD_RANK"),
-        "{}",
-        text(&out).1
-    );
+    common::assert_exit_saying(&out, 2, "OMPI_COMM_WORLD_RANK");
 }
 
 const RANKS: &str = r#"step train {
@@ -154,8 +149,7 @@ fn dry_run_shows_the_mpirun_command() {
     );
     // An engine hvd does not know is a usage error naming it.
     let out = hvd_run(dir.path(), &["--engine", "nomad", "--dry-run"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out).1.contains("nomad"));
+    common::assert_exit_saying(&out, 2, "nomad");
 }
 
 const K8S: &str = r#"cluster {
@@ -241,9 +235,7 @@ fn export_k8s_writes_a_jobset_and_run_needs_kubectl() {
     );
     assert!(out_dir.join("t-train.mpijob.json").is_file());
     // `hvd run` with the kubernetes engine and no kubectl on PATH: a clear usage error, manifests kept.
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .arg("--no-build")
         .env("PATH", "/nonexistent")
         .output()
@@ -280,9 +272,7 @@ step train {
 #[test]
 fn slurm_dry_run_prints_chained_sbatch_scripts() {
     let dir = project(SLURM);
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--dry-run"])
         .env_remove("SLURM_JOB_ID")
         .output()
@@ -309,9 +299,7 @@ fn slurm_dry_run_prints_chained_sbatch_scripts() {
         .unwrap();
     assert!(check.status.success(), "{}", text(&check).1);
     // Inside an allocation the step is one srun.
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--dry-run"])
         .env("SLURM_JOB_ID", "7")
         .output()
@@ -322,22 +310,13 @@ fn slurm_dry_run_prints_chained_sbatch_scripts() {
         "{stdout}"
     );
     // Outside an allocation without Slurm's commands: a usage error naming what to install.
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .arg("--no-build")
         .env_remove("SLURM_JOB_ID")
         .env("PATH", "/nonexistent")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out)
-            .1
-            .contains("sbatch, scontrol, scancel not on PATH"),
-        "{}",
-        text(&out).1
-    );
+    common::assert_exit_saying(&out, 2, "sbatch, scontrol, scancel not on PATH");
 }
 
 /// A single-node Slurm (munged, slurmctld, slurmd) in a temporary directory with its own ports (FACTS.md); the
@@ -513,6 +492,12 @@ impl Slurm {
     }
 
     /// Ids of the jobs `squeue` still lists (pending, running or completing).
+    /// Asserts that Slurm says job `id` is in `state` (`COMPLETED`, `CANCELLED`, ...).
+    fn assert_state(&self, id: &str, state: &str) {
+        let job = self.job(id);
+        assert!(job.contains(&format!("JobState={state}")), "{id}: {job}");
+    }
+
     fn queued(&self) -> String {
         let out = Command::new("squeue")
             .args(["-h", "-o", "%i %T %r"])
@@ -521,6 +506,13 @@ impl Slurm {
             .unwrap();
         text(&out).0.trim().to_owned()
     }
+}
+
+/// A project whose step `first` runs `run` and whose 2-worker step `train` (`echo never`) needs it.
+fn step_then_train(first: &str, run: &str) -> tempfile::TempDir {
+    project(&format!(
+        "step {first} {{\n  run = \"{run}\"\n}}\nstep train {{\n  run = \"echo never\"\n  workers = 2\n  needs = [\"{first}\"]\n}}"
+    ))
 }
 
 /// The job id hvd reported for `step` ("step `NAME` submitted as slurm job ID").
@@ -558,15 +550,8 @@ fn slurm_engine_runs_srun_in_an_allocation() {
     assert!(stderr.contains("rank 1 on "), "{stderr}");
 }
 
-const ALLREDUCE_PY: &str = r#"import os, sys
-import numpy as np
-import hvd
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
-out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
-ok = bool(np.all(out == n * (n + 1) / 2))
-# The text and its newline in two writes, as print() does with PYTHONUNBUFFERED=1: the shim's --whole-lines must
+/// What `ar.py` ([`common::write_allreduce_py`]) prints after its allreduce.
+const ALLREDUCE_REPORT_PY: &str = r#"# The text and its newline in two writes, as print() does with PYTHONUNBUFFERED=1: the shim's --whole-lines must
 # keep mpirun from tagging the pieces as two lines (or putting another rank's line between them).
 sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok}")
 sys.stdout.flush()
@@ -592,7 +577,7 @@ fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
         "{before}\nstep train {{\n  run = \"{guard}{python} ar.py\"\n  workers = 2{needs}\n  {}\n}}",
         common::allreduce_step_env(&package, &lib)
     ));
-    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    common::write_allreduce_py(dir.path(), ALLREDUCE_REPORT_PY);
     dir
 }
 
@@ -663,8 +648,7 @@ fn hosts_and_hostfiles_reach_mpirun() {
         dir.path(),
         &["--engine", "mpi", "--hostfile", &hostfile, "--dry-run"],
     );
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out).1.contains("slots=two"), "{}", text(&out).1);
+    common::assert_exit_saying(&out, 2, "slots=two");
 }
 
 #[test]
@@ -693,7 +677,7 @@ fn slurm_batch_jobs_run_in_order_from_outside_an_allocation() {
         prepare,
         "the prepare step ran as its own job"
     );
-    assert!(slurm.job(&train).contains("JobState=COMPLETED"));
+    slurm.assert_state(&train, "COMPLETED");
     // The file rendezvous of the train job is gone; the output files stay.
     let files: Vec<String> = std::fs::read_dir(dir.path().join(".hvd/slurm"))
         .unwrap()
@@ -718,16 +702,7 @@ fn a_failed_slurm_batch_step_cancels_its_dependents_and_passes_its_code() {
     let Some(slurm) = Slurm::start() else {
         return;
     };
-    let dir = project(
-        r#"step prepare {
-  run = "echo bad-prep >&2; exit 5"
-}
-step train {
-  run = "echo never"
-  workers = 2
-  needs = ["prepare"]
-}"#,
-    );
+    let dir = step_then_train("prepare", "echo bad-prep >&2; exit 5");
     let out = slurm.submit(dir.path(), &[]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(5), "{stdout}\n{stderr}");
@@ -736,11 +711,7 @@ step train {
     assert!(!stdout.contains("never"), "{stdout}");
     // The dependent job was cancelled, not left pending with DependencyNeverSatisfied.
     let train = submitted_job(&stderr, "train");
-    assert!(
-        slurm.job(&train).contains("JobState=CANCELLED"),
-        "{}",
-        slurm.job(&train)
-    );
+    slurm.assert_state(&train, "CANCELLED");
     assert_eq!(slurm.queued(), "");
     // A failing rank: srun ends the other task and exits 143; hvd names rank 1 and exits with its code.
     let dir = project(FAILS);
@@ -955,9 +926,7 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     );
     // --dry-run prints the JobSet and the kubectl commands, and runs none.
     let _ = std::fs::remove_file(bin.join("calls"));
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--dry-run"])
         .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
         .output()
@@ -975,9 +944,7 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     );
     assert!(!bin.join("calls").exists(), "a dry run calls no kubectl");
     // `--workers N` sizes the distributed steps of the JobSet as with every other engine.
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--dry-run", "--workers", "3"])
         .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
         .output()
@@ -997,16 +964,7 @@ fn slurm_batch_jobs_are_cancelled_by_sigterm_and_run_on_detached() {
         return;
     };
     // SIGTERM to hvd while the first step runs: every submitted job is cancelled, hvd exits 143.
-    let dir = project(
-        r#"step wait {
-  run = "echo waiting; sleep 60"
-}
-step train {
-  run = "echo never"
-  workers = 2
-  needs = ["wait"]
-}"#,
-    );
+    let dir = step_then_train("wait", "echo waiting; sleep 60");
     let mut command = Command::new(HVD);
     command
         .arg("run")
@@ -1067,16 +1025,8 @@ step train {
     assert!(seen.contains("cancelling the slurm jobs"), "{seen}");
     let wait = submitted_job(&seen, "wait");
     let train = submitted_job(&seen, "train");
-    assert!(
-        slurm.job(&wait).contains("JobState=CANCELLED"),
-        "{}",
-        slurm.job(&wait)
-    );
-    assert!(
-        slurm.job(&train).contains("JobState=CANCELLED"),
-        "{}",
-        slurm.job(&train)
-    );
+    slurm.assert_state(&wait, "CANCELLED");
+    slurm.assert_state(&train, "CANCELLED");
     assert_eq!(slurm.queued(), "");
     // --detach: the ids on stdout, the job runs on without hvd.
     let dir = project("step hello {\n  run = \"echo hello-detached\"\n}");
@@ -1143,7 +1093,7 @@ fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
         "cluster {\n  engine = \"kubernetes\"\n  image = \"example/train:1\"\n}\nstep train {\n  \
          run = \"$HVD_TEST_PYTHON ar.py\"\n  workers = 2\n}",
     );
-    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    common::write_allreduce_py(dir.path(), ALLREDUCE_REPORT_PY);
     let out_dir = dir.path().join("k8s");
     let out = Command::new(HVD)
         .args(["export", "k8s"])

@@ -173,50 +173,23 @@ fn an_unwritable_run_dir_is_named_with_its_cause() {
     let slurm_dir = format!("{}/.hvd/slurm", dir.path().display());
     let slurm_access = format!("failed to access `{slurm_dir}`");
     let k8s_dir = format!("failed to create `{}/.hvd/k8s`", kube.path().display());
-    let cases: [(&str, Output, &[&str]); 7] = [
-        ("local", hvd_run(dir.path(), &path, false, &[]), run_dir),
-        (
-            "mpi",
-            hvd_run(
-                dir.path(),
-                &path,
-                false,
-                &["--engine", "mpi", "--mpi", "openmpi"],
-            ),
-            run_dir,
-        ),
-        (
-            "slurm (allocation)",
-            hvd_run(dir.path(), &path, true, &["--engine", "slurm"]),
-            run_dir,
-        ),
-        (
-            "slurm (batch)",
-            hvd_run(dir.path(), &path, false, &["--engine", "slurm"]),
-            &[&slurm_access, "Not a directory (os error 20)"],
-        ),
-        (
-            "ssh",
-            hvd_run(
-                dir.path(),
-                &path,
-                false,
-                &["--engine", "ssh", "--hosts", "127.0.0.2:1,127.0.0.3:1"],
-            ),
-            run_dir,
-        ),
-        (
-            "spark",
-            hvd_run(dir.path(), &path, false, &["--engine", "spark"]),
-            run_dir,
-        ),
-        (
-            "kubernetes",
-            hvd_run(kube.path(), &path, false, &[]),
-            &[&k8s_dir, "Not a directory (os error 20)"],
-        ),
+    let slurm_says: &[&str] = &[&slurm_access, "Not a directory (os error 20)"];
+    let k8s_says: &[&str] = &[&k8s_dir, "Not a directory (os error 20)"];
+    let (d, k) = (dir.path(), kube.path());
+    // (engine, project, inside a Slurm allocation, arguments, what stderr says in order)
+    type Case<'a> = (&'a str, &'a Path, bool, &'a [&'a str], &'a [&'a str]);
+    #[rustfmt::skip]
+    let cases: [Case; 7] = [
+        ("local", d, false, &[], run_dir),
+        ("mpi", d, false, &["--engine", "mpi", "--mpi", "openmpi"], run_dir),
+        ("slurm (allocation)", d, true, &["--engine", "slurm"], run_dir),
+        ("slurm (batch)", d, false, &["--engine", "slurm"], slurm_says),
+        ("ssh", d, false, &["--engine", "ssh", "--hosts", "127.0.0.2:1,127.0.0.3:1"], run_dir),
+        ("spark", d, false, &["--engine", "spark"], run_dir),
+        ("kubernetes", k, false, &[], k8s_says),
     ];
-    for (what, out, says) in cases {
+    for (what, project_dir, in_allocation, args, says) in cases {
+        let out = hvd_run(project_dir, &path, in_allocation, args);
         let stderr = flat(&out);
         assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
         let mut at = 0;

@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use hvd_resolver::lockfile::{
-    Artifact, ArtifactKind, LockedPackage, Lockfile, Request, SCHEMA_VERSION, Target, env_hash,
-};
+use hvd_resolver::lockfile::Lockfile;
 
 const MAKE_WHEEL: &str = r#"
 import base64, hashlib, os, sys, zipfile
@@ -36,23 +34,8 @@ impl Project {
         let root = dir.path().to_path_buf();
         let files = root.join("files");
         std::fs::create_dir(&files).unwrap();
-        let made = Command::new("python3")
-            .arg("-c")
-            .arg(MAKE_WHEEL)
-            .arg(&files)
-            .status()
-            .unwrap();
-        assert!(made.success());
-        let python = String::from_utf8(
-            Command::new("python3")
-                .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap()
-        .trim()
-        .to_string();
+        common::make_fixtures(MAKE_WHEEL, &files);
+        let python = common::python_version();
         let base = common::serve_files(files.clone());
         let project = Project {
             store: root.join("store"),
@@ -68,42 +51,10 @@ impl Project {
         )
         .unwrap();
         let wheel = files.join("helper-1.0-py3-none-any.whl");
-        let model = hvd_lang::load_file(&project.file()).unwrap();
-        let lock = Lockfile {
-            version: SCHEMA_VERSION,
-            env_hash: env_hash(&model.env),
-            request: Request::from_env(&model.env),
-            target: Target {
-                python: python.clone(),
-                python_full: format!("{python}.0"),
-                interpreter: format!("cp{}", python.replace('.', "")),
-                abi: format!("cp{}", python.replace('.', "")),
-                os: "linux".into(),
-                arch: std::env::consts::ARCH.into(),
-                glibc: None,
-                platforms: vec![],
-            },
-            toolchain: None,
-            packages: vec![LockedPackage {
-                name: "helper".into(),
-                version: "1.0".into(),
-                index: base.clone(),
-                artifact: Artifact {
-                    kind: ArtifactKind::Wheel,
-                    filename: "helper-1.0-py3-none-any.whl".into(),
-                    url: format!("{base}/helper-1.0-py3-none-any.whl"),
-                    sha256: hvd_builder::Sha256::of_file(&wheel)
-                        .unwrap()
-                        .to_string()
-                        .parse()
-                        .unwrap(),
-                    size: std::fs::metadata(&wheel).unwrap().len(),
-                },
-                dependencies: vec![],
-            }],
-            builds: vec![],
-        };
-        lock.write(&Lockfile::path_for(&project.file())).unwrap();
+        let packages = vec![common::locked_file("helper", &base, &wheel, &[])];
+        common::lockfile(&project.file(), &python, packages, vec![])
+            .write(&Lockfile::path_for(&project.file()))
+            .unwrap();
         project
     }
 
@@ -112,12 +63,7 @@ impl Project {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_hvd"));
-        command
-            .args(args)
-            .env("HVD_STORE", &self.store)
-            .current_dir(&self.root);
-        command
+        common::hvd_with_store(&self.root, &self.store, args)
     }
 
     fn hvd(&self, args: &[&str]) -> Output {

@@ -3,37 +3,18 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-/// The example from the design document, as a user would write it.
-const DESIGN_EXAMPLE: &str = r#"# train.hvd
-project "imagenet"
-import std                                  # the embedded stdlib
-
-let tf = std.tensorflow { version = "2.12.1", variant = "cpu" }
-
-env {
-  python    = "3.11"
-  toolchain = std.gcc { version = "12" }
-  packages  = [
-    tf,
-    std.horovod { version = "0.28.1", frameworks = [tf] },   # built from source against tf
-    "numpy<2",
-    "pillow>=10",
-  ]
+/// The example that opens docs/language.md (its first `hvd` block), as a user would write it.
+fn design_example() -> String {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/language.md"))
+            .expect("docs/language.md");
+    let start = doc
+        .find("```hvd\n")
+        .expect("an hvd block in docs/language.md")
+        + "```hvd\n".len();
+    let end = start + doc[start..].find("```").expect("the block ends");
+    doc[start..end].to_owned()
 }
-
-resources { gpus = 4, cpus = 12, mem = 10GiB }        # per worker; units are explicit
-
-step prepare {
-  run     = "python prepare.py --out data/"
-  outputs = ["data/"]
-}
-
-step train {
-  needs   = [prepare]
-  workers = 32
-  run     = "python train.py --data data/"
-}
-"#;
 
 fn hvd(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hvd"))
@@ -54,7 +35,7 @@ fn stderr(o: &Output) -> String {
 
 fn project_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("train.hvd"), DESIGN_EXAMPLE).expect("write");
+    std::fs::write(dir.path().join("train.hvd"), design_example()).expect("write");
     dir
 }
 
@@ -84,7 +65,7 @@ fn check_accepts_the_design_example() {
 #[test]
 fn check_reports_every_error_with_locations_and_exits_2() {
     let dir = project_dir();
-    let broken = DESIGN_EXAMPLE
+    let broken = design_example()
         .replace("needs   = [prepare]", "needs   = [prepar]")
         .replace("workers = 32", "worker = 32")
         .replace("mem = 10GiB", "mem = 10Gib");
@@ -99,7 +80,7 @@ fn check_reports_every_error_with_locations_and_exits_2() {
     );
     assert!(err.contains("train.hvd:18:"), "{err}");
 
-    let broken = DESIGN_EXAMPLE
+    let broken = design_example()
         .replace("needs   = [prepare]", "needs   = [prepar]")
         .replace("workers = 32", "worker = 32");
     std::fs::write(dir.path().join("train.hvd"), broken).expect("write");

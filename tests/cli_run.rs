@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+mod common;
+
+use common::HVD;
 
 struct Job {
     dir: tempfile::TempDir,
@@ -66,32 +68,15 @@ impl Job {
 
     /// Pids of live processes that carry this job's marker.
     fn leftovers(&self) -> Vec<u32> {
-        let needle = format!("HVD_TEST_MARKER={}", self.marker);
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-                continue;
-            };
-            if environ.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
-                found.push(pid);
-            }
-        }
-        found
+        common::processes_with_env(&format!("HVD_TEST_MARKER={}", self.marker))
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .collect()
     }
 
     /// Polls until no process of the job is left, up to `limit`; returns what is left.
     fn wait_gone(&self, limit: Duration) -> Vec<u32> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = self.leftovers();
-            if left.is_empty() || Instant::now() > deadline {
-                return left;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait_until_empty(limit, Duration::from_millis(20), || self.leftovers())
     }
 
     fn wait_for_files(&self, names: &[String]) {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 
@@ -55,49 +55,24 @@ fn hvd_run_spark(dir: &Path, python: &Path, mark: &str, extra: &[&str]) -> Outpu
 
 /// Processes (pid, command line) whose environment has `HVD_TEST_MARK=<mark>`.
 fn marked(mark: &str) -> Vec<(u32, String)> {
-    let needle = format!("HVD_TEST_MARK={mark}");
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            found.push((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
-        }
-    }
-    found
+    common::processes_with_env(&format!("HVD_TEST_MARK={mark}"))
 }
 
 /// Nothing of the run is left once `hvd run` has returned (a process killed a moment ago may need a little while
 /// to be gone from /proc).
 fn assert_nothing_left(mark: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = marked(mark);
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "processes of the run outlived `hvd run`:\n{left:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let left =
+        common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(200), || {
+            marked(mark)
+        });
+    assert!(
+        left.is_empty(),
+        "processes of the run outlived `hvd run`:\n{left:#?}"
+    );
 }
 
-const ALLREDUCE_PY: &str = r#"import os, sys
-import numpy as np
-import hvd
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
-out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
-ok = bool(np.all(out == n * (n + 1) / 2))
-where = f"local={os.environ['HVD_LOCAL_RANK']}/{os.environ['HVD_LOCAL_SIZE']} host={os.environ['HVD_HOSTNAME']}"
+/// What `ar.py` ([`common::write_allreduce_py`]) prints after its allreduce.
+const ALLREDUCE_REPORT_PY: &str = r#"where = f"local={os.environ['HVD_LOCAL_RANK']}/{os.environ['HVD_LOCAL_SIZE']} host={os.environ['HVD_HOSTNAME']}"
 sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok} {where}\n")
 sys.stdout.flush()
 sys.exit(0 if ok else 1)
@@ -112,7 +87,7 @@ fn spark_barrier_job_runs_the_allreduce_worker_on_every_rank() {
         python.display(),
         common::allreduce_step_env(&package, &lib)
     ));
-    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    common::write_allreduce_py(dir.path(), ALLREDUCE_REPORT_PY);
     let mark = format!("allreduce-{}", std::process::id());
     let out = hvd_run_spark(dir.path(), &python, &mark, &[]);
     let (stdout, stderr) = text(&out);
@@ -161,9 +136,7 @@ fn a_failing_rank_ends_the_spark_job_with_its_code() {
 #[test]
 fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
     let dir = project("step train {\n  run = \"echo rank=$HVD_RANK/$HVD_SIZE\"\n  workers = 2\n}");
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--dry-run", "--engine", "spark"])
         .args([
             "--spark-master",
@@ -217,9 +190,7 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
         "{stdout}"
     );
     // `--workers -2`: HorovodRunner's local mode, 2 processes on this machine with the local engine (no Spark).
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--engine", "spark", "--workers", "-2"])
         .env("NO_COLOR", "1")
         .output()
@@ -237,9 +208,7 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
         "{stderr}"
     );
     // ... which is for the spark engine only.
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--dry-run", "--workers", "-2"])
         .output()
         .unwrap();

@@ -315,26 +315,14 @@ impl Hosts {
 
     /// Waits (bounded) until nothing but the sshd listeners runs on the hosts; returns what is still there.
     fn wait_clean(&self) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = self.leftovers();
-            if left.is_empty() || Instant::now() > deadline {
-                return left;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(50), || {
+            self.leftovers()
+        })
     }
 }
 
-const ALLREDUCE_PY: &str = r#"import os, sys
-import numpy as np
-import hvd
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
-out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
-ok = bool(np.all(out == n * (n + 1) / 2))
-sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok} host={os.environ['HVD_HOSTNAME']} "
+/// What `ar.py` ([`common::write_allreduce_py`]) prints after its allreduce.
+const ALLREDUCE_REPORT_PY: &str = r#"sys.stdout.write(f"allreduce rank={r} size={n} sum={float(out[0])} ok={ok} host={os.environ['HVD_HOSTNAME']} "
                  f"local={os.environ['HVD_LOCAL_RANK']}/{os.environ['HVD_LOCAL_SIZE']} "
                  f"cross={os.environ['HVD_CROSS_RANK']}/{os.environ['HVD_CROSS_SIZE']} "
                  f"nccl={os.environ.get('NCCL_SOCKET_IFNAME')}\n")
@@ -354,7 +342,7 @@ fn allreduce_project() -> tempfile::TempDir {
         "step train {{\n  run = \"{python} ar.py\"\n  workers = 4\n  {}\n}}",
         common::allreduce_step_env(&package, &lib)
     ));
-    std::fs::write(dir.path().join("ar.py"), ALLREDUCE_PY).unwrap();
+    common::write_allreduce_py(dir.path(), ALLREDUCE_REPORT_PY);
     dir
 }
 
@@ -460,9 +448,7 @@ fn dry_run_prints_the_ssh_commands() {
     let dir = project(
         "step prep {\n  run = \"echo prep\"\n}\nstep train {\n  run = \"python train.py --lr 0.1\"\n  workers = 3\n  needs = [\"prep\"]\n  env = { X = \"it's x\" }\n}",
     );
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args([
             "--no-build",
             "--dry-run",
@@ -527,25 +513,13 @@ fn dry_run_prints_the_ssh_commands() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out).1.contains("variable `A-B` is not a valid"),
-        "{}",
-        text(&out).1
-    );
+    common::assert_exit_saying(&out, 2, "variable `A-B` is not a valid");
     // Without hosts: a usage error that says how to give them.
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
+    let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--dry-run", "--engine", "ssh"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out).1.contains("--hosts h1:4,h2:4"),
-        "{}",
-        text(&out).1
-    );
+    common::assert_exit_saying(&out, 2, "--hosts h1:4,h2:4");
 }
 
 const INTERRUPTED: &str = r#"step train {

@@ -90,8 +90,6 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
         "HVD_WHEEL",
         "the build driver's `HVD_WHEEL=<name>` line in the build log",
     ),
-    ("HVD_BUILT_MPI", "a flag of the C ABI's `hvd_built`"),
-    ("HVD_BUILT_NCCL", "a flag of the C ABI's `hvd_built`"),
     (
         "MPI_THREAD_MULTIPLE",
         "an MPI thread level the python package names",
@@ -106,6 +104,25 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
     ("HVD_TEST_JAX", "read by tests only"),
     ("HVD_TEST_TENSORFLOW", "read by tests only"),
 ];
+
+/// The names the C ABI declares (`collective/runtime/include/hvd.h`: `NAME = value` enum constants and `#define`s):
+/// not variables.
+fn c_abi_names() -> BTreeSet<String> {
+    let header = read(&root().join("collective/runtime/include/hvd.h"));
+    let mut names = BTreeSet::new();
+    for (at, _) in header.match_indices("HVD_") {
+        let word: String = header[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        let after = header[at + word.len()..].trim_start_matches(' ');
+        let assigned = after.starts_with('=') && !after.starts_with("==");
+        if assigned || header[..at].ends_with("#define ") {
+            names.insert(word);
+        }
+    }
+    names
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -288,14 +305,16 @@ fn docs_list_exactly_the_registered_variables() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// Every `HVD_*` name (or `HVD_X_*` family) in the prose of the docs is a registered variable or a known
-/// non-variable: a renamed or removed variable cannot stay documented anywhere.
+/// Every `HVD_*` name (or `HVD_X_*` family) in the prose of the docs is a registered variable, a name of the C ABI
+/// or a known non-variable: a renamed or removed variable cannot stay documented anywhere.
 #[test]
 fn docs_name_no_unregistered_hvd_variable() {
+    let c_abi = c_abi_names();
     let registered: BTreeSet<&str> = CRATES
         .iter()
         .flat_map(|c| c.all.iter().map(|(n, _, _)| *n))
         .chain(NOT_VARIABLES.iter().map(|(n, _)| *n))
+        .chain(c_abi.iter().map(String::as_str))
         .collect();
     let mut files = vec![root().join("README.md"), root().join("ARCHITECTURE.md")];
     for entry in std::fs::read_dir(root().join("docs")).unwrap() {
@@ -517,7 +536,12 @@ fn sources_name_only_registered_variables() {
         .flat_map(|c| c.all.iter())
         .filter_map(|(n, _, _)| n.split_once('_').map(|(first, _)| first))
         .collect();
-    let not_variables: BTreeSet<&str> = NOT_VARIABLES.iter().map(|(n, _)| *n).collect();
+    let c_abi = c_abi_names();
+    let not_variables: BTreeSet<&str> = NOT_VARIABLES
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(c_abi.iter().map(String::as_str))
+        .collect();
     let mut problems = Vec::new();
     let mut scanned = 0;
     for c in CRATES {
@@ -567,6 +591,18 @@ fn sources_name_only_registered_variables() {
 }
 
 /// The scanners find what they must and skip comments, test modules and compile-time names.
+#[test]
+fn the_c_abi_names_are_read_from_its_header() {
+    let names = c_abi_names();
+    for name in ["HVD_FLOAT32", "HVD_SUM", "HVD_ALLREDUCE", "HVD_H"] {
+        assert!(names.contains(name), "{name} not in {names:?}");
+    }
+    assert!(
+        !names.contains("HVD_RANK"),
+        "a variable named in a comment is no declaration"
+    );
+}
+
 #[test]
 fn the_scanners_see_literals_not_comments() {
     let rust = concat!(

@@ -57,7 +57,7 @@ pub fn run(args: InitArgs) -> CommandResult {
         Template::Pytorch => (PYTORCH_HVD, PYTORCH_PY),
         Template::Tensorflow => (TENSORFLOW_HVD, TENSORFLOW_PY),
     };
-    write_new(&hvd_path, &hvd.replace("{name}", &name)).map_err(|e| io(&hvd_path, e))?;
+    write_new(&hvd_path, &hvd.render(&name)).map_err(|e| io(&hvd_path, e))?;
     write_new(&py_path, py).map_err(|e| io(&py_path, e))?;
     println!("wrote {} and {}", hvd_path.display(), py_path.display());
     println!("next: hvd check {}", hvd_path.display());
@@ -97,68 +97,62 @@ fn project_name(dir: &Path) -> String {
     }
 }
 
-const NUMPY_HVD: &str = r#"# Written by `hvd init`. Check it with `hvd check train.hvd`; see docs/language.md.
-project "{name}"
-import std
+/// A starter `train.hvd`: the common header and `train` step around a template's own `let`s (`\n`-framed, or
+/// empty), env fields, resources and step timeout.
+struct TrainHvd {
+    lets: &'static str,
+    env: &'static str,
+    resources: &'static str,
+    timeout: &'static str,
+}
 
-env {
-  python   = "3.11"
+impl TrainHvd {
+    fn render(&self, name: &str) -> String {
+        let TrainHvd {
+            lets,
+            env,
+            resources,
+            timeout,
+        } = self;
+        format!(
+            "# Written by `hvd init`. Check it with `hvd check train.hvd`; see docs/language.md.\n\
+             project \"{name}\"\nimport std\n{lets}\nenv {{\n{env}}}\n\nresources {{ {resources} }}\n\n\
+             step train {{\n  workers = 2\n  run     = \"python train.py\"\n  timeout = {timeout}\n}}\n"
+        )
+    }
+}
+
+const NUMPY_HVD: TrainHvd = TrainHvd {
+    lets: "",
+    env: r#"  python   = "3.11"
   packages = ["numpy<2"]
-}
+"#,
+    resources: "cpus = 1, mem = 1GiB",
+    timeout: "10m",
+};
 
-resources { cpus = 1, mem = 1GiB }
-
-step train {
-  workers = 2
-  run     = "python train.py"
-  timeout = 10m
-}
-"#;
-
-const PYTORCH_HVD: &str = r#"# Written by `hvd init`. Check it with `hvd check train.hvd`; see docs/language.md.
-project "{name}"
-import std
-
-let torch = std.torch { version = "2.3.1" }
-
-env {
-  python   = "3.11"
+const PYTORCH_HVD: TrainHvd = TrainHvd {
+    lets: "\nlet torch = std.torch { version = \"2.3.1\" }\n",
+    env: r#"  python   = "3.11"
   packages = [torch, "numpy<2"]
-}
+"#,
+    resources: "cpus = 2, mem = 4GiB",
+    timeout: "30m",
+};
 
-resources { cpus = 2, mem = 4GiB }
-
-step train {
-  workers = 2
-  run     = "python train.py"
-  timeout = 30m
-}
-"#;
-
-const TENSORFLOW_HVD: &str = r#"# Written by `hvd init`. Check it with `hvd check train.hvd`; see docs/language.md.
-project "{name}"
-import std
-
-let tf = std.tensorflow { version = "2.12.1", variant = "cpu" }
-
-env {
-  python    = "3.11"
+const TENSORFLOW_HVD: TrainHvd = TrainHvd {
+    lets: "\nlet tf = std.tensorflow { version = \"2.12.1\", variant = \"cpu\" }\n",
+    env: r#"  python    = "3.11"
   toolchain = std.gcc { version = "12" }
   packages  = [
     tf,
     std.horovod { version = "0.28.1", frameworks = [tf] }, # built from source against tf
     "numpy<2",
   ]
-}
-
-resources { cpus = 2, mem = 4GiB }
-
-step train {
-  workers = 2
-  run     = "python train.py"
-  timeout = 1h
-}
-"#;
+"#,
+    resources: "cpus = 2, mem = 4GiB",
+    timeout: "1h",
+};
 
 const NUMPY_PY: &str = r#""""Starter script from `hvd init`: data-parallel linear regression with numpy.
 

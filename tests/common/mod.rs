@@ -1,4 +1,4 @@
-//! Helpers shared by the engine tests (`mod common;` in each test binary; each uses a different part).
+//! Helpers shared by the CLI tests (`mod common;` in each test binary; each uses a different part).
 #![allow(
     dead_code,
     reason = "each test binary uses a different part of this module"
@@ -7,6 +7,11 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use hvd_resolver::lockfile::{
+    Artifact, ArtifactKind, Dependency, LockedBuild, LockedPackage, Lockfile, Request,
+    SCHEMA_VERSION, Target, env_hash,
+};
 
 pub const HVD: &str = env!("CARGO_BIN_EXE_hvd");
 
@@ -96,4 +101,163 @@ pub fn serve_files(root: PathBuf) -> String {
         }
     });
     base
+}
+
+/// `MAJOR.MINOR` of the `python3` on PATH.
+pub fn python_version() -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Runs the Python `script` with `dir` as its argument (the fixture makers write their files there).
+pub fn make_fixtures(script: &str, dir: &Path) {
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the fixture script failed");
+}
+
+/// The lockfile `hvd lock` would write for the env of the project `file` on this machine's `python` (`3.11`),
+/// with these packages and builds.
+pub fn lockfile(
+    file: &Path,
+    python: &str,
+    packages: Vec<LockedPackage>,
+    builds: Vec<LockedBuild>,
+) -> Lockfile {
+    let model = hvd_lang::load_file(file).unwrap();
+    Lockfile {
+        version: SCHEMA_VERSION,
+        env_hash: env_hash(&model.env),
+        request: Request::from_env(&model.env),
+        target: Target {
+            python: python.to_owned(),
+            python_full: format!("{python}.0"),
+            interpreter: format!("cp{}", python.replace('.', "")),
+            abi: format!("cp{}", python.replace('.', "")),
+            os: "linux".into(),
+            arch: std::env::consts::ARCH.into(),
+            glibc: None,
+            platforms: vec![],
+        },
+        toolchain: None,
+        packages,
+        builds,
+    }
+}
+
+/// The locked package `name` 1.0 whose artifact is the fixture file `path`, served at `base`.
+pub fn locked_file(name: &str, base: &str, path: &Path, deps: &[&str]) -> LockedPackage {
+    let filename = path.file_name().unwrap().to_string_lossy().into_owned();
+    LockedPackage {
+        name: name.into(),
+        version: "1.0".into(),
+        index: base.to_owned(),
+        artifact: Artifact {
+            kind: if filename.ends_with(".whl") {
+                ArtifactKind::Wheel
+            } else {
+                ArtifactKind::Sdist
+            },
+            url: format!("{base}/{filename}"),
+            filename,
+            sha256: hvd_builder::Sha256::of_file(path)
+                .unwrap()
+                .to_string()
+                .parse()
+                .unwrap(),
+            size: std::fs::metadata(path).unwrap().len(),
+        },
+        dependencies: deps
+            .iter()
+            .map(|d| Dependency {
+                name: d.to_string(),
+                extras: vec![],
+                marker: None,
+            })
+            .collect(),
+    }
+}
+
+/// `hvd ARGS` run in `dir` with the store at `store`.
+pub fn hvd_with_store(dir: &Path, store: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(HVD);
+    command.args(args).env("HVD_STORE", store).current_dir(dir);
+    command
+}
+
+/// `text` without the wrapping of the error renderer: no whitespace, no `│` borders (messages are compared whole).
+pub fn unwrapped(text: &str) -> String {
+    text.chars()
+        .filter(|c| !c.is_whitespace() && *c != '│')
+        .collect()
+}
+
+/// `hvd run PROJECT/train.hvd`, arguments to follow.
+pub fn hvd_run_command(project: &Path) -> Command {
+    let mut command = Command::new(HVD);
+    command.arg("run").arg(project.join("train.hvd"));
+    command
+}
+
+/// Asserts that `out` exited with `code` and that its stderr contains `part`.
+pub fn assert_exit_saying(out: &Output, code: i32, part: &str) {
+    let (stdout, stderr) = text(out);
+    assert_eq!(out.status.code(), Some(code), "{stdout}\n{stderr}");
+    assert!(stderr.contains(part), "`{part}` missing: {stderr}");
+}
+
+/// Live processes (pid, command line) whose environment holds `entry` (`NAME=value`).
+pub fn processes_with_env(entry: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for proc_entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = proc_entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(proc_entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|&b| b == 0).any(|v| v == entry.as_bytes()) {
+            let cmdline = std::fs::read(proc_entry.path().join("cmdline")).unwrap_or_default();
+            found.push((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Calls `left` every `pause` until it returns nothing or `limit` has passed; returns its last answer.
+pub fn wait_until_empty<T>(
+    limit: std::time::Duration,
+    pause: std::time::Duration,
+    left: impl Fn() -> Vec<T>,
+) -> Vec<T> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let now = left();
+        if now.is_empty() || std::time::Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(pause);
+    }
+}
+
+/// Writes `ar.py` into `dir`: the Python `hvd` package's allreduce of `rank + 1` over every rank, checked (`ok`),
+/// then `report` (which prints what the test expects and exits with `ok`).
+pub fn write_allreduce_py(dir: &Path, report: &str) {
+    const CHECK: &str = r#"import os, sys
+import numpy as np
+import hvd
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+assert r == int(os.environ["HVD_RANK"]), (r, os.environ["HVD_RANK"])
+out = np.asarray(hvd.allreduce(np.full(4, r + 1, dtype=np.float32), op=hvd.Sum, name="x"))
+ok = bool(np.all(out == n * (n + 1) / 2))
+"#;
+    std::fs::write(dir.join("ar.py"), format!("{CHECK}{report}")).unwrap();
 }
