@@ -2,8 +2,9 @@
 //!
 //! The engine is written against this small trait rather than directly against `hvd-collective`'s `Communicator`
 //! so that (1) its own tests run with in-process ranks ([`LocalTransport`]) and (2) the adapter to the collective
-//! crate (see `collective.rs`) is the only place that knows that crate's API. All buffers are little-endian
-//! element arrays; counts are in bytes unless the name says elements.
+//! crate's communicators (see `collective.rs`) is the only place that calls them. The types are that crate's
+//! (`DType`, `ReduceOp`, `Topology`, and its `Error` as [`TransportError`], so a failure keeps its kind up to the
+//! caller). All buffers are little-endian element arrays; counts are in bytes unless the name says elements.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
