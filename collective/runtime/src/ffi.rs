@@ -91,7 +91,7 @@ impl Failure {
         Failure {
             kind: ErrorKind::of_collective(e),
             rank: lost_peer(e),
-            message: format!("{context}: {e}"),
+            message: format!("{context}: {}", chain(e)),
         }
     }
 }
@@ -122,9 +122,25 @@ impl From<EngineError> for Failure {
         Failure {
             kind: e.kind(),
             rank: e.collective().and_then(lost_peer),
-            message: e.to_string(),
+            message: chain(&e),
         }
     }
+}
+
+/// `e` and its causes, each after a colon: "the hvd engine has stopped: a collective failed: ...". A cause whose
+/// text its error already ends with (an error that prints its source too) is not repeated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = c.source();
+    }
+    message
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -1044,5 +1060,33 @@ mod tests {
                 assert_eq!(backend, "HIERARCHICAL");
             }
         }
+    }
+
+    /// The C ABI's message is the whole chain: the engine's word, its reason and the collective's own error, each
+    /// once.
+    #[test]
+    fn a_failure_message_carries_every_cause_once() {
+        let lost = hvd_collective::Error::PeerLost {
+            rank: 3,
+            reason: "its connection closed".into(),
+        };
+        let e = EngineError::Stopped(Arc::new(crate::engine::Stop::Collective(lost)));
+        let f = Failure::from(e);
+        assert_eq!(f.kind, ErrorKind::PeerLost);
+        assert_eq!(f.rank, Some(3));
+        assert!(
+            f.message
+                .starts_with("the hvd engine has stopped: a collective failed: ")
+                && f.message.contains("rank 3 is gone (its connection closed)"),
+            "{}",
+            f.message
+        );
+        let io = hvd_collective::Error::Io {
+            context: "read from rank 1".into(),
+            source: std::io::Error::other("reset"),
+        };
+        let f = Failure::collective("failed to join the job", &io);
+        assert_eq!(f.message, "failed to join the job: read from rank 1: reset");
+        assert_eq!(f.kind, ErrorKind::Internal);
     }
 }

@@ -1,4 +1,5 @@
-//! The errors the engine reports to callers, and their kinds (what a caller can do about each).
+//! The errors the engine reports to callers, and their kinds (what a caller can do about each). A message says
+//! what failed at its own layer; the cause is its `source()` (the C ABI writes the whole chain).
 
 use std::sync::Arc;
 
@@ -14,14 +15,14 @@ pub enum EngineError {
     /// a broadcast rooted at a joined rank): the coordinator failed it on every rank, and the job goes on.
     #[error("{0}")]
     Mismatch(String),
-    /// The engine stopped; every pending and later operation fails with the reason.
-    #[error("the hvd engine has stopped: {0}")]
+    /// The engine stopped; every pending and later operation fails with the reason (the source).
+    #[error("the hvd engine has stopped")]
     Stopped(#[source] Arc<Stop>),
     #[error("unknown handle {0}")]
     UnknownHandle(u64),
     #[error(transparent)]
     Config(Arc<ConfigError>),
-    #[error("failed to create the timeline `{path}`: {source}")]
+    #[error("failed to create the timeline `{path}`")]
     Timeline {
         path: String,
         #[source]
@@ -36,7 +37,7 @@ pub enum Stop {
     #[error("shut down")]
     Shutdown,
     /// A collective failed (a lost peer, a timeout, a broken connection): the transport cannot go on.
-    #[error("a collective failed: {0}")]
+    #[error("a collective failed")]
     Collective(#[source] hvd_collective::Error),
     /// A rank did not submit what the others wait for within `HVD_STALL_SHUTDOWN_TIME` (the coordinator's text).
     #[error("{0}")]
@@ -44,7 +45,7 @@ pub enum Stop {
     /// A peer sent negotiation bytes this rank cannot read.
     #[error(transparent)]
     Protocol(#[from] DecodeError),
-    #[error("cannot start the engine thread: {0}")]
+    #[error("cannot start the engine thread")]
     Spawn(#[source] std::io::Error),
     /// The engine's own state disagrees with what the coordinator sent (a bug).
     #[error("{0}")]
