@@ -15,7 +15,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::communicator::Communicator;
-use crate::config::{EnvVars, Thresholds, timeout_from_env};
+use crate::config::{Thresholds, timeout_from_env};
+use crate::env_vars;
 use crate::error::{Error, Result};
 use crate::hierarchical::MixedTransport;
 use crate::p2p::P2pCommunicator;
@@ -25,7 +26,7 @@ use crate::tcp::{JobKey, TcpTransport, interface_address, listen};
 use crate::types::{Topology, host_indices};
 
 pub use crate::job::JobEnv;
-pub use crate::rendezvous::{JOB_ID_VAR, KeyValueClient, Rendezvous};
+pub use crate::rendezvous::{KeyValueClient, Rendezvous};
 
 /// Which communicator to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +62,7 @@ impl std::str::FromStr for BackendChoice {
 /// Joins the job described by the environment with the backend from `HVD_COLLECTIVE_BACKEND` (default auto).
 /// This is what a worker calls once at start.
 pub fn from_env() -> Result<Box<dyn Communicator>> {
-    let choice: BackendChoice = std::env::var(EnvVars::BACKEND)
+    let choice: BackendChoice = std::env::var(env_vars::HVD_COLLECTIVE_BACKEND)
         .unwrap_or_default()
         .parse()?;
     let job = JobEnv::from_env()?;
@@ -83,9 +84,9 @@ pub fn connect(
         return Err(Error::Bootstrap(format!(
             "`{}` is not set: the {} ranks need a rendezvous to find each other (run under `hvd run`, set \
              `{}=file:DIR` to a shared directory, or use the mpi backend under mpirun)",
-            EnvVars::RENDEZVOUS,
+            env_vars::HVD_RENDEZVOUS,
             job.size,
-            EnvVars::RENDEZVOUS
+            env_vars::HVD_RENDEZVOUS
         )));
     };
     let kv = rendezvous.client(job.rank).with_retry_for(timeout);
@@ -218,15 +219,15 @@ fn host_segment(
 /// The address to listen on: `HVD_TCP_ADDRESS`, else `HVD_TCP_INTERFACE`'s, else the local address that reaches the
 /// rendezvous server (loopback for a directory rendezvous).
 fn listen_ip(rendezvous: &Rendezvous, timeout: Duration) -> Result<IpAddr> {
-    if let Ok(a) = std::env::var(EnvVars::TCP_ADDRESS) {
+    if let Ok(a) = std::env::var(env_vars::HVD_TCP_ADDRESS) {
         return a.trim().parse().map_err(|_| {
             Error::Bootstrap(format!(
                 "`{}={a}` is not an IP address",
-                EnvVars::TCP_ADDRESS
+                env_vars::HVD_TCP_ADDRESS
             ))
         });
     }
-    if let Ok(name) = std::env::var(EnvVars::TCP_INTERFACE) {
+    if let Ok(name) = std::env::var(env_vars::HVD_TCP_INTERFACE) {
         return interface_address(name.trim());
     }
     match rendezvous {

@@ -154,9 +154,17 @@ pub trait Communicator: Send {
         dtype: DType,
     ) -> Result<()>;
 
-    /// In-place allgatherv: this rank's block is already in place at its offset in `buf`.
-    fn allgatherv_in_place(&mut self, buf: &mut [u8], counts: &[usize], dtype: DType)
-    -> Result<()>;
+    /// In-place allgatherv: this rank's block is already in place at its offset in `buf`. The default copies that
+    /// block out and runs [`allgatherv`](Self::allgatherv) from the copy.
+    fn allgatherv_in_place(
+        &mut self,
+        buf: &mut [u8],
+        counts: &[usize],
+        dtype: DType,
+    ) -> Result<()> {
+        let send = check::own_block(buf, counts, self.rank(), dtype.size());
+        self.allgatherv(&send, buf, counts, dtype)
+    }
 
     /// Copies `root`'s `buf` into every other rank's `buf`.
     fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()>;
@@ -470,7 +478,6 @@ pub(crate) mod check {
         v
     }
 
-    #[cfg(any(feature = "mpi", feature = "nccl"))]
     /// This rank's own block of an in-place allgatherv buffer, copied out (empty when it does not fit; the
     /// allgatherv check then reports the bad counts).
     pub(crate) fn own_block(buf: &[u8], counts: &[usize], me: usize, esize: usize) -> Vec<u8> {

@@ -235,6 +235,7 @@ impl Header {
 
 /// The end of a header exchange by all-gather (mpi, nccl): decodes `all` (every rank's header, in rank order),
 /// then returns this rank's own error `local` if it has one, else the verdict of [`check`] over the whole job.
+#[cfg(any(feature = "mpi", feature = "nccl"))]
 pub(crate) fn settle(all: &[u8], local: Option<Error>) -> Result<(), Error> {
     let headers = all
         .chunks_exact(HEADER_LEN)
@@ -300,13 +301,13 @@ pub fn check(group: &[usize], headers: &[Header]) -> Result<(), Error> {
             } else if h.eager != reference.eager && h.count == reference.count {
                 detail.push_str(&format!(
                     " (they disagree on the small-message path: set `{}` alike on every rank)",
-                    crate::config::EnvVars::ALLREDUCE_DIRECT_BYTES
+                    crate::env_vars::HVD_ALLREDUCE_DIRECT_BYTES
                 ));
             } else if h.digest != reference.digest && h.kind == Kind::Allreduce {
                 detail.push_str(&format!(
                     " (they pick allreduce algorithms differently: set `{}` and `{}` alike on every rank)",
-                    crate::config::EnvVars::ALLREDUCE_SMALL_BYTES,
-                    crate::config::EnvVars::ALLREDUCE_CHUNK_BYTES
+                    crate::env_vars::HVD_ALLREDUCE_SMALL_BYTES,
+                    crate::env_vars::HVD_ALLREDUCE_CHUNK_BYTES
                 ));
             } else if h.digest != reference.digest && h.kind == reference.kind {
                 detail.push_str(" (their per-rank counts differ)");

@@ -1,6 +1,6 @@
 //! Who this rank is in its job (rank, size, host, rendezvous), read from the environment.
 
-use crate::config::EnvVars;
+use crate::env_vars;
 use crate::error::{Error, Result};
 use crate::rendezvous::Rendezvous;
 
@@ -27,14 +27,14 @@ impl JobEnv {
         let slot = crate::launch_env::slot_from_lookup(&var)
             .map_err(|e| Error::Bootstrap(e.to_string()))?;
         let (source, rank, size) = (slot.source.key(), slot.rank as usize, slot.size as usize);
-        let hostname = match var(EnvVars::HOSTNAME).filter(|h| !h.is_empty()) {
+        let hostname = match var(env_vars::HVD_HOSTNAME).filter(|h| !h.is_empty()) {
             Some(h) => h,
             None => machine_hostname()?,
         };
-        let rendezvous = match var(EnvVars::RENDEZVOUS).filter(|v| !v.is_empty()) {
+        let rendezvous = match var(env_vars::HVD_RENDEZVOUS).filter(|v| !v.is_empty()) {
             Some(v) => Some(Rendezvous::parse(
                 &v,
-                var(EnvVars::JOB_TOKEN).filter(|t| !t.is_empty()),
+                var(env_vars::HVD_JOB_TOKEN).filter(|t| !t.is_empty()),
             )?),
             None => None,
         };

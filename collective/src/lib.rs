@@ -50,7 +50,7 @@ pub mod transport;
 pub mod types;
 
 pub use communicator::{Communicator, InPlace, Staged};
-pub use config::{EnvVars, Thresholds};
+pub use config::Thresholds;
 pub use error::{Error, Result};
 pub use types::{DType, ReduceOp, Topology};
 

@@ -90,7 +90,7 @@ mod imp {
         pub fn new() -> Result<MpiCommunicator> {
             let (jobs, rx): (Sender<Job>, Receiver<Job>) = channel();
             let (init_tx, init_rx) = channel::<Result<(usize, Vec<String>)>>();
-            let hostname = std::env::var(crate::config::EnvVars::HOSTNAME)
+            let hostname = std::env::var(crate::env_vars::HVD_HOSTNAME)
                 .ok()
                 .filter(|h| !h.is_empty());
             let thread = std::thread::Builder::new()
@@ -320,16 +320,6 @@ mod imp {
                 let mut p = PartitionMut::new(r, &c[..], &d[..]);
                 w.all_gather_varcount_into(&s[..], &mut p);
             })
-        }
-
-        fn allgatherv_in_place(
-            &mut self,
-            buf: &mut [u8],
-            counts: &[usize],
-            dtype: DType,
-        ) -> Result<()> {
-            let send = check::own_block(buf, counts, self.topology.rank, dtype.size());
-            self.allgatherv(&send, buf, counts, dtype)
         }
 
         fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {

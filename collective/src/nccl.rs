@@ -35,7 +35,7 @@ mod imp {
     use cudarc::nccl::sys;
 
     use super::*;
-    use crate::config::EnvVars;
+    use crate::env_vars;
     use crate::header::{self, HEADER_LEN, Header, Kind};
     use crate::reduce::finish_average;
     use crate::types::{DType, ReduceOp, Topology};
@@ -106,7 +106,7 @@ mod imp {
             (None, _) => {
                 return Err(Error::Bootstrap(format!(
                     "the nccl backend needs `{}` to share its id between {} ranks",
-                    EnvVars::RENDEZVOUS,
+                    env_vars::HVD_RENDEZVOUS,
                     job.size
                 )));
             }
@@ -114,10 +114,10 @@ mod imp {
         let topology = Topology {
             rank: job.rank,
             size: job.size,
-            local_rank: env_num(EnvVars::LOCAL_RANK).unwrap_or(job.rank),
-            local_size: env_num(EnvVars::LOCAL_SIZE).unwrap_or(job.size),
-            cross_rank: env_num(EnvVars::CROSS_RANK).unwrap_or(0),
-            cross_size: env_num(EnvVars::CROSS_SIZE).unwrap_or(1),
+            local_rank: env_num(env_vars::HVD_LOCAL_RANK).unwrap_or(job.rank),
+            local_size: env_num(env_vars::HVD_LOCAL_SIZE).unwrap_or(job.size),
+            cross_rank: env_num(env_vars::HVD_CROSS_RANK).unwrap_or(0),
+            cross_size: env_num(env_vars::HVD_CROSS_SIZE).unwrap_or(1),
         };
         Ok(Box::new(NcclCommunicator::new(
             topology,
@@ -344,16 +344,6 @@ mod imp {
                 nccl::group_end().map_err(|e| nccl_err("ncclGroupEnd", e))?;
             }
             self.down(&d, recv)
-        }
-
-        fn allgatherv_in_place(
-            &mut self,
-            buf: &mut [u8],
-            counts: &[usize],
-            dtype: DType,
-        ) -> Result<()> {
-            let send = check::own_block(buf, counts, self.topology.rank, dtype.size());
-            self.allgatherv(&send, buf, counts, dtype)
         }
 
         fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {

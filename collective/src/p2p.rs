@@ -7,7 +7,7 @@ use crate::communicator::{Communicator, InPlace, Staged, check, staged_through};
 use crate::config::Thresholds;
 use crate::error::{Error, Result};
 use crate::header::{self, EAGER_MAX_BYTES, HEADER_LEN, Header, Kind};
-use crate::reduce::finish_average;
+use crate::reduce::{accumulated, finish_average};
 use crate::transport::{RecvOp, SendOp, Transport, disjoint, even_counts, exchange, split_blocks};
 use crate::types::{DType, ReduceOp, Topology};
 
@@ -669,11 +669,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             mine.extend_from_slice(data);
             let me = self.topology.rank;
             let r = self.run_eager(h, None, &|_| 0, Some(&mine), |this, _| {
-                let sum_op = if op == ReduceOp::Average {
-                    ReduceOp::Sum
-                } else {
-                    op
-                };
+                let sum_op = accumulated(op);
                 for r in 0..n {
                     let src: &[u8] = if r == me { &mine } else { &this.eager_in[r] };
                     if r == 0 {
@@ -694,11 +690,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             return r;
         }
         self.run(h, local, &|_| 0, |this, _| {
-            let sum_op = if op == ReduceOp::Average {
-                ReduceOp::Sum
-            } else {
-                op
-            };
+            let sum_op = accumulated(op);
             match this.hierarchy.clone() {
                 Some((local, cross)) if data.len() > this.thresholds.allreduce_small_bytes => {
                     let count = data.len() / dtype.size();
@@ -835,11 +827,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             Header::reducescatter(send.len(), recv.len(), counts, n, me, dtype, op);
         h.seq = self.begin()?;
         self.run(h, local, &|_| 0, |this, _| {
-            let sum_op = if op == ReduceOp::Average {
-                ReduceOp::Sum
-            } else {
-                op
-            };
+            let sum_op = accumulated(op);
             let mut work = std::mem::take(&mut this.scratch);
             work.clear();
             work.extend_from_slice(send);

@@ -135,6 +135,15 @@ fn reduce_portable(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) {
     }
 }
 
+/// The reduction the algorithms run for `op`: Average sums, and [`finish_average`] divides at the end.
+pub(crate) fn accumulated(op: ReduceOp) -> ReduceOp {
+    if op == ReduceOp::Average {
+        ReduceOp::Sum
+    } else {
+        op
+    }
+}
+
 /// Divides every element by `n` (the last step of an `Average`). Integer types use truncating division.
 pub fn finish_average(buf: &mut [u8], dtype: DType, n: usize) {
     if n <= 1 {

@@ -17,7 +17,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::EnvVars;
+use crate::env_vars;
 use crate::error::{Error, Result};
 
 const SCOPE: &str = "hvd";
@@ -28,8 +28,6 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The first line of every file of a `file:` rendezvous, followed by the job id.
 const FILE_HEADER: &str = "hvd-rendezvous v1 job=";
-/// The variable that names the job for a `file:` rendezvous (see the module documentation).
-pub const JOB_ID_VAR: &str = "HVD_JOB_ID";
 
 /// Where ranks exchange their addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +54,7 @@ impl Rendezvous {
         {
             return Err(Error::Bootstrap(format!(
                 "`{}={value}` is neither `host:port` nor `file:DIR`",
-                EnvVars::RENDEZVOUS
+                env_vars::HVD_RENDEZVOUS
             )));
         }
         Ok(Rendezvous::Http {
@@ -67,12 +65,12 @@ impl Rendezvous {
 
     /// A client for this rendezvous acting as `rank`.
     pub fn client(&self, rank: usize) -> KeyValueClient {
-        let job = std::env::var(JOB_ID_VAR)
+        let job = std::env::var(env_vars::HVD_JOB_ID)
             .ok()
             .filter(|v| !v.trim().is_empty())
             .or_else(|| {
-                let id = std::env::var("SLURM_JOB_ID").ok()?;
-                let step = std::env::var("SLURM_STEP_ID").unwrap_or_default();
+                let id = std::env::var(env_vars::SLURM_JOB_ID).ok()?;
+                let step = std::env::var(env_vars::SLURM_STEP_ID).unwrap_or_default();
                 Some(format!("{id}.{step}"))
             });
         KeyValueClient {

@@ -288,14 +288,14 @@ pub fn process_env(
     rendezvous_dir: &std::path::Path,
     hostname: &str,
 ) -> Vec<(&'static str, String)> {
-    use crate::config::EnvVars;
+    use crate::env_vars;
     vec![
-        (EnvVars::RANK, rank.to_string()),
-        (EnvVars::SIZE, size.to_string()),
+        (env_vars::HVD_RANK, rank.to_string()),
+        (env_vars::HVD_SIZE, size.to_string()),
         (
-            EnvVars::RENDEZVOUS,
+            env_vars::HVD_RENDEZVOUS,
             format!("file:{}", rendezvous_dir.display()),
         ),
-        (EnvVars::HOSTNAME, hostname.to_string()),
+        (env_vars::HVD_HOSTNAME, hostname.to_string()),
     ]
 }

@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::board::Board;
-use crate::config::{EnvVars, env_usize};
+use crate::config::env_usize;
+use crate::env_vars;
 use crate::error::{Error, Result};
 use crate::transport::{RecvOp, SendOp, Transport};
 use ring::Cursor;
@@ -102,12 +103,12 @@ impl ShmTransport {
             my_pid,
             last_liveness: Instant::now(),
             strict_wake: oversubscribed,
-            spin: env_u32(EnvVars::SHM_SPIN).unwrap_or(if oversubscribed {
+            spin: env_u32(env_vars::HVD_SHM_SPIN).unwrap_or(if oversubscribed {
                 SPIN_OVERSUBSCRIBED
             } else {
                 SPIN
             }),
-            yields: env_u32(EnvVars::SHM_YIELDS).unwrap_or(if oversubscribed {
+            yields: env_u32(env_vars::HVD_SHM_YIELDS).unwrap_or(if oversubscribed {
                 YIELDS_OVERSUBSCRIBED
             } else {
                 YIELDS

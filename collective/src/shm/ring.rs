@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use super::ShmTransport;
 use super::segment::futex_wait;
-use crate::config::{EnvVars, env_usize};
+use crate::config::env_usize;
+use crate::env_vars;
 use crate::error::Result;
 use crate::reduce::reduce_into;
 use crate::transport::{RecvOp, SendOp};
@@ -24,7 +25,7 @@ pub const DEFAULT_RING_BYTES: usize = 512 << 10;
 
 /// Ring capacity from `HVD_SHM_RING_BYTES` (rounded to 4 KiB, at least 4 KiB), else the default.
 pub fn ring_bytes_from_env() -> usize {
-    let v = env_usize(EnvVars::SHM_RING_BYTES).unwrap_or(DEFAULT_RING_BYTES);
+    let v = env_usize(env_vars::HVD_SHM_RING_BYTES).unwrap_or(DEFAULT_RING_BYTES);
     v.max(4096).div_ceil(4096) * 4096
 }
 
