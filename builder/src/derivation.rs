@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use hvd_resolver::Sha256;
 
 /// Version of the derivation format; part of every hash.
-pub const SCHEMA: u32 = 1;
+pub(crate) const SCHEMA: u32 = 1;
 
 /// What kind of store path a derivation produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -61,7 +61,7 @@ impl Derivation {
     }
 
     /// The canonical serialization the hash covers.
-    pub fn canonical_json(&self) -> String {
+    pub(crate) fn canonical_json(&self) -> String {
         // Serializing plain structs and BTreeMaps of strings cannot fail.
         serde_json::to_string(self).unwrap_or_default()
     }

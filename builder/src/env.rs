@@ -19,7 +19,7 @@ use crate::store::BuildTarget;
 use crate::wheel;
 
 /// The relative site-packages directory of an env.
-pub fn site_packages(python: &Interpreter) -> PathBuf {
+pub(crate) fn site_packages(python: &Interpreter) -> PathBuf {
     PathBuf::from("lib")
         .join(format!("python{}", python.short_version))
         .join("site-packages")
@@ -27,7 +27,7 @@ pub fn site_packages(python: &Interpreter) -> PathBuf {
 
 /// Fill `target.out` with an env over `packages` (package store paths, in priority order: on a file conflict the
 /// first wins). `pycache` is where the env's interpreters write bytecode, keeping store paths unmodified.
-pub fn assemble_env(
+pub(crate) fn assemble_env(
     target: &BuildTarget,
     python: &Interpreter,
     packages: &[PathBuf],
@@ -172,7 +172,7 @@ fn python2_layout(out: &Path, python: &Interpreter, packages: &[PathBuf]) -> Res
 }
 
 /// The `.pth` file hvd writes into every env's site-packages.
-pub const PYCACHE_PTH: &str = "_hvd_pycache.pth";
+pub(crate) const PYCACHE_PTH: &str = "_hvd_pycache.pth";
 
 /// The one line of [`PYCACHE_PTH`]: on 3.8+ points `sys.pycache_prefix` at `pycache` unless the user already set
 /// one (`PYTHONPYCACHEPREFIX`, `-X pycache_prefix`); before 3.8 sets `sys.dont_write_bytecode`.

@@ -36,7 +36,7 @@ pub struct Artifact {
 
 /// Fetches artifacts into a cache directory keyed by sha256.
 #[derive(Debug, Clone)]
-pub struct Fetcher {
+pub(crate) struct Fetcher {
     cache: PathBuf,
     offline: bool,
     concurrency: usize,
@@ -47,7 +47,7 @@ pub struct Fetcher {
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
 /// The most bytes one download may have when the lock records no size.
-pub const MAX_DOWNLOAD_BYTES: u64 = 16 << 30;
+pub(crate) const MAX_DOWNLOAD_BYTES: u64 = 16 << 30;
 /// The suffix of a download's temp file in the cache (see [`hvd_resolver::temp_files`]).
 const PART_SUFFIX: &str = "part";
 
@@ -63,18 +63,19 @@ impl Fetcher {
     }
 
     /// Use these deadlines instead of the environment's.
-    pub fn with_deadlines(mut self, deadlines: HttpDeadlines) -> Fetcher {
+    #[cfg(test)]
+    pub(crate) fn with_deadlines(mut self, deadlines: HttpDeadlines) -> Fetcher {
         self.deadlines = Some(deadlines);
         self
     }
 
     /// Where an artifact lives once fetched.
-    pub fn cached_path(&self, sha256: &Sha256) -> PathBuf {
+    pub(crate) fn cached_path(&self, sha256: &Sha256) -> PathBuf {
         self.cache.join("sha256").join(sha256.as_str())
     }
 
     /// Fetch every artifact (those already cached cost nothing); returns their cache paths in the same order.
-    pub fn fetch_all(
+    pub(crate) fn fetch_all(
         &self,
         artifacts: &[Artifact],
         progress: &dyn Progress,

@@ -41,7 +41,7 @@ pub fn manifest(root: &Path) -> Result<BTreeMap<String, ManifestEntry>> {
 
 /// [`manifest`], taking the sha256 of files from `known` (relative path -> digest, computed while the files were
 /// written) instead of reading them again.
-pub fn manifest_with_known(
+pub(crate) fn manifest_with_known(
     root: &Path,
     known: &BTreeMap<String, Sha256>,
 ) -> Result<BTreeMap<String, ManifestEntry>> {
@@ -96,7 +96,7 @@ pub fn content_hash(manifest: &BTreeMap<String, ManifestEntry>) -> Sha256 {
 }
 
 /// Paths whose entries differ between two manifests (added, removed or changed), sorted.
-pub fn manifest_differences(
+pub(crate) fn manifest_differences(
     left: &BTreeMap<String, ManifestEntry>,
     right: &BTreeMap<String, ManifestEntry>,
 ) -> Vec<String> {

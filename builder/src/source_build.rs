@@ -107,7 +107,7 @@ const TRUSTED_DIRS: &[&str] = &["/usr/bin", "/bin", "/usr/sbin", "/sbin", "/usr/
 
 /// The absolute path of a system program: a regular file in [`TRUSTED_DIRS`] (links resolved), owned by root and
 /// writable by nobody else. Looked up once per program and process.
-pub fn trusted_program(name: &str) -> Option<PathBuf> {
+pub(crate) fn trusted_program(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     static FOUND: OnceLock<std::sync::Mutex<BTreeMap<String, Option<PathBuf>>>> = OnceLock::new();
     let found = FOUND.get_or_init(Default::default);

@@ -27,9 +27,6 @@ use crate::hash::{self, PATH_INFO_FILE};
 /// Modification time every store entry gets (seconds since the epoch), as Nix does.
 pub const STORE_MTIME: i64 = 1;
 
-/// The environment variable that overrides the store location.
-pub const STORE_ENV: &str = "HVD_STORE";
-
 /// What `.hvd-path.json` records about a store path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathInfo {
@@ -104,7 +101,7 @@ impl Store {
 
     /// `$HVD_STORE`, else `<data dir>/hvd/store` (e.g. `~/.local/share/hvd/store`).
     pub fn default_root() -> PathBuf {
-        match std::env::var_os(STORE_ENV) {
+        match std::env::var_os(crate::env_vars::HVD_STORE) {
             Some(path) if !path.is_empty() => PathBuf::from(path),
             _ => dirs::data_dir()
                 .unwrap_or_else(|| PathBuf::from("/tmp"))
@@ -118,7 +115,7 @@ impl Store {
     }
 
     /// Temporary gc roots of running processes (see `gc::TempRoot`, which writes them).
-    pub fn temp_roots_dir(&self) -> PathBuf {
+    pub(crate) fn temp_roots_dir(&self) -> PathBuf {
         self.root.join(".temproots")
     }
 
@@ -191,7 +188,7 @@ impl Store {
     }
 
     /// Try to take a path's lock without waiting.
-    pub fn try_lock_path(&self, name: &str) -> Result<Option<StoreLock>> {
+    pub(crate) fn try_lock_path(&self, name: &str) -> Result<Option<StoreLock>> {
         self.lock_file(name, FlockArg::LockExclusiveNonblock)
     }
 
@@ -202,7 +199,7 @@ impl Store {
     }
 
     /// Exclusive gc lock.
-    pub fn lock_gc(&self) -> Result<StoreLock> {
+    pub(crate) fn lock_gc(&self) -> Result<StoreLock> {
         self.lock_file("gc", FlockArg::LockExclusive)?
             .ok_or_else(|| std::io::Error::other("failed to lock gc").into())
     }
@@ -235,7 +232,7 @@ impl Store {
     }
 
     /// Remove every temp directory whose path lock is free (gc).
-    pub fn remove_all_stale_temps(&self) -> Result<usize> {
+    pub(crate) fn remove_all_stale_temps(&self) -> Result<usize> {
         let mut removed = 0;
         for entry in fs_err::read_dir(self.root.join(".tmp"))? {
             let entry = entry?;
@@ -432,7 +429,7 @@ fn set_mtime(path: &Path) -> Result<()> {
 }
 
 /// Give the owner write permission on a directory tree (store trees are read-only), without following links.
-pub fn make_writable(root: &Path) -> Result<()> {
+pub(crate) fn make_writable(root: &Path) -> Result<()> {
     for entry in walkdir::WalkDir::new(root).follow_links(false) {
         let Ok(entry) = entry else { continue };
         if entry.file_type().is_dir() {

@@ -768,7 +768,11 @@ impl<R: Read> Read for CountingReader<R> {
 }
 
 /// Unpack a `.tar.gz` archive into `dest` (see the module documentation for what is refused).
-pub fn unpack_tar_gz(archive: &Path, dest: &Path, options: Options<'_>) -> Result<Extracted> {
+pub(crate) fn unpack_tar_gz(
+    archive: &Path,
+    dest: &Path,
+    options: Options<'_>,
+) -> Result<Extracted> {
     let file = fs_err::File::open(archive)?;
     let mut extractor = Extractor::new(archive, dest, options)?;
     let limits = options.limits;

@@ -244,7 +244,7 @@ pub(crate) fn find_suffix_dir(dir: &Path, suffix: &str) -> Result<Option<std::pa
 
 /// A `console_scripts` / `gui_scripts` entry point.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntryPoint {
+pub(crate) struct EntryPoint {
     pub name: String,
     pub module: String,
     /// Dotted attribute path inside the module; empty when the module itself is the entry.
@@ -252,7 +252,7 @@ pub struct EntryPoint {
 }
 
 /// Parse the script sections of an `entry_points.txt`.
-pub fn parse_entry_points(text: &str) -> Vec<EntryPoint> {
+pub(crate) fn parse_entry_points(text: &str) -> Vec<EntryPoint> {
     let mut section = String::new();
     let mut points = Vec::new();
     for line in text.lines() {
@@ -297,7 +297,7 @@ pub fn parse_entry_points(text: &str) -> Vec<EntryPoint> {
 /// The launcher script for an entry point, run by `python`. The call is guarded by `__name__ == "__main__"`, as in
 /// pip's scripts: multiprocessing's spawn start method re-imports the main module in every child (as `__mp_main__`),
 /// which must not run the command again (`horovodrun` starts its workers that way).
-pub fn entry_point_script(python: &Path, point: &EntryPoint) -> String {
+pub(crate) fn entry_point_script(python: &Path, point: &EntryPoint) -> String {
     let (import, call) = if point.attribute.is_empty() {
         (
             "import runpy".to_string(),

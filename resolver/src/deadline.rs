@@ -12,10 +12,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The environment variable that sets [`HttpDeadlines::request`], in seconds.
-pub const HTTP_TIMEOUT_ENV: &str = "HVD_HTTP_TIMEOUT";
-/// The environment variable that sets [`HttpDeadlines::min_rate`], in bytes per second.
-pub const DOWNLOAD_MIN_RATE_ENV: &str = "HVD_DOWNLOAD_MIN_RATE";
+use crate::env_vars::{
+    HVD_DOWNLOAD_MIN_RATE as DOWNLOAD_MIN_RATE_ENV, HVD_HTTP_TIMEOUT as HTTP_TIMEOUT_ENV,
+};
 
 /// How long requests may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

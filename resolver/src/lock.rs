@@ -386,7 +386,7 @@ fn locked_packages(
 
 /// The index pip would use: PIP_INDEX_URL, else pip configuration files, else pip's built-in default asked
 /// from `python3`. Never a host written in this repository.
-pub fn discover_index_url() -> Result<String, ResolveError> {
+pub(crate) fn discover_index_url() -> Result<String, ResolveError> {
     if let Some(url) = std::env::var("PIP_INDEX_URL")
         .ok()
         .filter(|u| !u.trim().is_empty())
@@ -472,11 +472,6 @@ pub fn discover_ca_bundle() -> Option<PathBuf> {
         .filter(|p| p.is_file())
 }
 
-/// `index-url` from the `[global]` or `[install]` section of a pip.conf (`[install]` wins).
-pub fn index_from_ini(text: &str) -> Option<String> {
-    ini_value(text, "index-url")
-}
-
 /// A key of the `[global]` or `[install]` section of a pip.conf (`[install]` wins; `_` and `-` alike).
 fn ini_value(text: &str, wanted: &str) -> Option<String> {
     let mut section = String::new();
@@ -538,7 +533,7 @@ fn compiler_version(path: &Path) -> Option<String> {
 }
 
 /// Find the compilers of a toolchain on PATH, check their version, and record path, version and sha256.
-pub fn pin_toolchain(name: &str, requested: &str) -> Result<ToolchainPin, ResolveError> {
+pub(crate) fn pin_toolchain(name: &str, requested: &str) -> Result<ToolchainPin, ResolveError> {
     let commands: Vec<&str> = match name {
         "gcc" => vec!["gcc", "g++"],
         "clang" => vec!["clang", "clang++"],
@@ -597,10 +592,10 @@ mod tests {
     fn reads_pip_conf() {
         let text = "[global]\nindex-url = http://127.0.0.1:1/a/simple\n[install]\nindex_url=http://127.0.0.1:1/b/simple\n";
         assert_eq!(
-            index_from_ini(text).as_deref(),
+            ini_value(text, "index-url").as_deref(),
             Some("http://127.0.0.1:1/b/simple")
         );
-        assert_eq!(index_from_ini("[global]\ntimeout = 3\n"), None);
+        assert_eq!(ini_value("[global]\ntimeout = 3\n", "index-url"), None);
     }
 
     #[test]

@@ -301,12 +301,6 @@ pub fn metadata_from_wheel_bytes(wheel: &[u8]) -> Result<Vec<u8>, ZipError> {
     read_local_entry(local, entry)
 }
 
-/// Read the static metadata out of an sdist (`.tar.gz`): `PKG-INFO` at the top, plus
-/// `*.egg-info/requires.txt` when PKG-INFO predates static `Requires-Dist`.
-pub fn metadata_from_sdist_targz(bytes: &[u8]) -> std::io::Result<Option<CoreMetadata>> {
-    Ok(read_sdist_targz(bytes)?.metadata)
-}
-
 /// The PEP 517 default build requirements, used when an sdist has no pyproject.toml or no `[build-system]`
 /// table in it (the backend is then `setuptools.build_meta:__legacy__`).
 pub const DEFAULT_BUILD_REQUIRES: [&str; 2] = ["setuptools>=40.8.0", "wheel"];

@@ -25,7 +25,7 @@ pub fn normalize_name(name: &str) -> String {
 
 /// Normalize a PEP 508 requirement string (lowercase normalized name, canonical spacing). Unparsable strings are
 /// kept trimmed, so the echo still shows what was written; resolution reports the parse error.
-pub fn normalize_requirement(requirement: &str) -> String {
+pub(crate) fn normalize_requirement(requirement: &str) -> String {
     match pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(requirement) {
         Ok(r) => r.to_string(),
         Err(_) => requirement.trim().to_string(),
@@ -34,7 +34,7 @@ pub fn normalize_requirement(requirement: &str) -> String {
 
 /// A parsed wheel filename (PEP 427).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WheelName {
+pub(crate) struct WheelName {
     pub name: String,
     pub version: String,
     pub python: Vec<String>,

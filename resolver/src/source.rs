@@ -412,7 +412,7 @@ impl PackageSource for IndexSource {
 }
 
 /// Group a project's files by version and pick the best artifact of each for the target.
-pub fn evaluate_files(
+pub(crate) fn evaluate_files(
     name: &str,
     files: &[IndexFile],
     target: &TargetSpec,

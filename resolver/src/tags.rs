@@ -116,12 +116,12 @@ impl TargetSpec {
         })
     }
 
-    pub fn interpreter_tag(&self) -> String {
+    pub(crate) fn interpreter_tag(&self) -> String {
         format!("cp{}{}", self.python.major, self.python.minor)
     }
 
     /// The target as recorded in the lockfile.
-    pub fn to_lock(&self) -> Target {
+    pub(crate) fn to_lock(&self) -> Target {
         Target {
             python: format!("{}.{}", self.python.major, self.python.minor),
             python_full: format!(
@@ -226,7 +226,7 @@ impl TargetSpec {
     }
 
     /// The score of a wheel for this target: `None` when it does not install here, else higher is better.
-    pub fn wheel_score(&self, wheel: &WheelName) -> Option<u32> {
+    pub(crate) fn wheel_score(&self, wheel: &WheelName) -> Option<u32> {
         let mut best: Option<u32> = None;
         for py in &wheel.python {
             for abi in &wheel.abi {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 /// The temp-file suffix of [`write_atomic`].
-pub const WRITE_SUFFIX: &str = "tmp";
+pub(crate) const WRITE_SUFFIX: &str = "tmp";
 
 /// A temp file untouched this long belongs to a writer that died: a live writer writes at least every read
 /// timeout (at most two minutes) or fails.
@@ -31,7 +31,7 @@ pub fn temp_name(target: &str, suffix: &str) -> String {
 
 /// Write a file atomically: readers see the old or the new content, never half. The temp file
 /// ([`temp_name`], suffix [`WRITE_SUFFIX`]) is created exclusively and removed when the write fails.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let parent = path.parent().unwrap_or(Path::new("."));
     fs_err::create_dir_all(parent)?;

@@ -25,7 +25,10 @@ const MAX_ARTIFACT_BYTES: u64 = 4 << 30;
 impl IndexClient {
     /// Stream an artifact and hash it, keeping nothing: for indexes that list no sha256, so the lockfile never
     /// records an empty hash. Returns the digest and the size.
-    pub async fn artifact_digest(&self, file: &IndexFile) -> Result<(Sha256, u64), IndexError> {
+    pub(crate) async fn artifact_digest(
+        &self,
+        file: &IndexFile,
+    ) -> Result<(Sha256, u64), IndexError> {
         if self.options.offline {
             return Err(IndexError::Offline {
                 url: file.url.clone(),
@@ -62,7 +65,10 @@ impl IndexClient {
     }
 
     /// Core metadata of a wheel: PEP 658 file when offered, else METADATA read by range from the wheel.
-    pub async fn wheel_metadata(&self, file: &IndexFile) -> Result<CoreMetadata, IndexError> {
+    pub(crate) async fn wheel_metadata(
+        &self,
+        file: &IndexFile,
+    ) -> Result<CoreMetadata, IndexError> {
         let key = self.metadata_key(file, "wheel");
         if let Some(bytes) = self.cached_metadata(&key) {
             return Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)));
@@ -198,7 +204,7 @@ impl IndexClient {
 
     /// Static metadata of an sdist (`.tar.gz`): downloads it (sdists cannot be read by range).
     /// `Ok(None)` when it has no PKG-INFO.
-    pub async fn sdist_metadata(
+    pub(crate) async fn sdist_metadata(
         &self,
         file: &IndexFile,
     ) -> Result<Option<CoreMetadata>, IndexError> {
@@ -270,7 +276,10 @@ impl IndexClient {
     /// The PEP 518 build requirements of an sdist: `[build-system] requires` of its pyproject.toml, else the PEP
     /// 517 default ([`metadata::DEFAULT_BUILD_REQUIRES`]). Usually cached by [`Self::sdist_metadata`]'s download.
     /// A `.zip` sdist is not opened: it gets the default.
-    pub async fn sdist_build_requires(&self, file: &IndexFile) -> Result<Vec<String>, IndexError> {
+    pub(crate) async fn sdist_build_requires(
+        &self,
+        file: &IndexFile,
+    ) -> Result<Vec<String>, IndexError> {
         let key = self.metadata_key(file, "sdist-build");
         if let Some(bytes) = self.cached_metadata(&key) {
             return Ok(String::from_utf8_lossy(&bytes)

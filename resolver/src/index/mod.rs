@@ -24,7 +24,7 @@ mod http;
 mod page;
 
 pub use http::error_chain;
-pub use page::{parse_html_page, parse_json_page};
+use page::{parse_html_page, parse_json_page};
 
 const SIMPLE_ACCEPT: &str = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01";
 
@@ -136,7 +136,7 @@ pub struct IndexOptions {
 }
 
 /// The cache directory: `$HVD_CACHE_DIR`, else `<user cache dir>/hvd`.
-pub fn default_cache_dir() -> PathBuf {
+pub(crate) fn default_cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os(crate::env_vars::HVD_CACHE_DIR).filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }

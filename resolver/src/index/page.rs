@@ -82,7 +82,7 @@ fn metadata_sha256(filename: &str, v: &serde_json::Value) -> Result<Option<Sha25
 }
 
 /// Parse a PEP 691 JSON project page. Listed sha256 digests are validated here (64 hex digits).
-pub fn parse_json_page(body: &[u8], base: &Url) -> Result<Vec<IndexFile>, String> {
+pub(crate) fn parse_json_page(body: &[u8], base: &Url) -> Result<Vec<IndexFile>, String> {
     let page: JsonPage = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     page.files
         .into_iter()
@@ -148,7 +148,7 @@ fn attribute(tag: &str, name: &str) -> Option<String> {
 
 /// Parse a PEP 503 HTML project page (anchors with `data-*` attributes). A `#sha256=` fragment that is not 64
 /// hex digits refuses the page.
-pub fn parse_html_page(body: &str, base: &Url) -> Result<Vec<IndexFile>, String> {
+pub(crate) fn parse_html_page(body: &str, base: &Url) -> Result<Vec<IndexFile>, String> {
     let mut out = Vec::new();
     let mut rest = body;
     while let Some(start) = rest.find("<a ").or_else(|| rest.find("<A ")) {

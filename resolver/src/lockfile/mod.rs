@@ -314,7 +314,7 @@ impl RequestedPackage {
 }
 
 impl RequestedBuild {
-    pub fn from_source_build(b: &SourceBuild) -> RequestedBuild {
+    pub(crate) fn from_source_build(b: &SourceBuild) -> RequestedBuild {
         RequestedBuild {
             requires: b
                 .requires
