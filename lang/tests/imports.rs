@@ -191,3 +191,35 @@ fn a_failed_let_is_reported_once_however_often_it_is_used() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn a_failed_binding_next_to_shared_values_is_found_without_walking_every_path() {
+    // Each list holds the previous one twice: 2^60 paths, 61 lists. The failed binding is looked for after
+    // them; that must visit each list once, or this test never ends.
+    let mut lists = String::from("let l0 = [\"numpy\"]\n");
+    for i in 1..=60 {
+        lists.push_str(&format!("let l{i} = [l{p}, l{p}]\n", p = i - 1));
+    }
+    let main = format!(
+        "import \"./lib.hvd\" as lib\n{lists}env {{ python = \"3.11\", packages = [lib, l60] }}\n"
+    );
+    let failed = errors(&[("main.hvd", &main), ("lib.hvd", "let broken = missing\n")]);
+    assert_eq!(
+        failed,
+        [(
+            "lib.hvd:1".to_string(),
+            "unknown name `missing`".to_string()
+        )]
+    );
+
+    // Without a failure: walked once too, and lowering reports the two lists that are not packages.
+    let main = format!("{lists}env {{ python = \"3.11\", packages = l60 }}\n");
+    let clean = errors(&[("main.hvd", &main)]);
+    assert_eq!(clean.len(), 2, "{clean:?}");
+    assert!(
+        clean
+            .iter()
+            .all(|(_, m)| m == "expected a package, found a list"),
+        "{clean:?}"
+    );
+}
