@@ -84,6 +84,13 @@ impl Project {
         std::fs::write(self.file(), text).unwrap();
     }
 
+    /// Points the env at the package index `url`.
+    fn use_index(&self, url: &str) {
+        let text = std::fs::read_to_string(self.file()).unwrap();
+        let text = text.replace("env {", &format!("env {{\n  index = \"{url}\""));
+        std::fs::write(self.file(), text).unwrap();
+    }
+
     fn package(&self, name: &str, filename: &str, deps: &[&str]) -> LockedPackage {
         common::locked_file(
             name,
@@ -254,12 +261,7 @@ fn build_without_a_lock_resolves_against_the_index_then_builds() {
     )
     .unwrap();
     let p = project("\"alpha\"");
-    let text_now = std::fs::read_to_string(p.file()).unwrap();
-    std::fs::write(
-        p.file(),
-        text_now.replace("env {", &format!("env {{\n  index = \"{}\"", index.url())),
-    )
-    .unwrap();
+    p.use_index(&index.url());
     let file = p.file().display().to_string();
 
     let locked_missing = p.hvd(&["build", &file, "--locked"]);
@@ -336,12 +338,7 @@ fn plain_sdist_builds_with_its_locked_pyproject_build_requirements() {
     )
     .unwrap();
     let p = project("\"widget\"");
-    let text_now = std::fs::read_to_string(p.file()).unwrap();
-    std::fs::write(
-        p.file(),
-        text_now.replace("env {", &format!("env {{\n  index = \"{}\"", index.url())),
-    )
-    .unwrap();
+    p.use_index(&index.url());
     let file = p.file().display().to_string();
 
     let built = p.hvd(&["build", &file]);

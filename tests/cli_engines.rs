@@ -84,16 +84,9 @@ const FAILS: &str = r#"step train {
 
 /// [`RANKS`] succeeded and each rank's line is attributed to it.
 fn assert_ranks_report(out: &Output) {
-    let (stdout, stderr) = text(out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    for rank in 0..2 {
-        assert!(
-            stdout.contains(&format!(
-                ":{rank}] rank={rank}/2 torch={rank}/2 rdv=yes x=from-step"
-            )),
-            "rank {rank} missing (or not attributed to its rank):\n{stdout}\n{stderr}"
-        );
-    }
+    common::assert_every_rank_says(out, 2, |rank| {
+        format!(":{rank}] rank={rank}/2 torch={rank}/2 rdv=yes x=from-step")
+    });
 }
 
 fn mpi_runs_two_ranks_and_fails_with_one(flavour: &str) {
@@ -282,16 +275,7 @@ fn slurm_dry_run_prints_chained_sbatch_scripts() {
     let got = stdout
         .replace(&dir.path().display().to_string(), "@DIR@")
         .replace(HVD, "@HVD@");
-    let golden =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("launcher/tests/data/golden/slurm-dry-run.sh");
-    if std::env::var_os("HVD_UPDATE_GOLDEN").is_some() {
-        std::fs::write(&golden, &got).unwrap();
-    }
-    assert_eq!(
-        got,
-        std::fs::read_to_string(&golden).unwrap(),
-        "HVD_UPDATE_GOLDEN=1 rewrites it"
-    );
+    common::assert_golden("slurm-dry-run.sh", &got);
     // The script is valid shell.
     let check = Command::new("sh")
         .args(["-n", "-c", &stdout])
@@ -582,16 +566,9 @@ fn allreduce_project_after(before: &str, guard: &str) -> tempfile::TempDir {
 }
 
 fn assert_allreduce(out: &Output) {
-    let (stdout, stderr) = text(out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    for rank in 0..2 {
-        assert!(
-            stdout.contains(&format!(
-                ":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True\n"
-            )),
-            "rank {rank}:\n{stdout}\n{stderr}"
-        );
-    }
+    common::assert_every_rank_says(out, 2, |rank| {
+        format!(":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True\n")
+    });
 }
 
 #[test]

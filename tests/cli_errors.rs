@@ -46,6 +46,16 @@ fn hvd_run(dir: &Path, path: &str, slurm: bool, args: &[&str]) -> Output {
 
 /// stderr as one line: miette's frame (`×`, `│`, `├─▶`, `╰─▶`) and its wrapping taken out, so that a message
 /// wrapped at the terminal width still reads as written.
+/// Asserts that `text` holds each of `parts`, in that order.
+fn assert_says_in_order(what: &str, text: &str, parts: &[&str]) {
+    let mut at = 0;
+    for part in parts {
+        let found = text[at..].find(part);
+        assert!(found.is_some(), "{what}: `{part}` missing in order: {text}");
+        at += found.unwrap_or(0) + part.len();
+    }
+}
+
 fn flat(out: &Output) -> String {
     let stderr = text(out).1;
     stderr
@@ -135,15 +145,7 @@ fn a_missing_engine_tool_is_named() {
     for (what, out, code, says) in cases {
         let stderr = flat(&out);
         assert_eq!(out.status.code(), Some(code), "{what}: {stderr}");
-        let mut at = 0;
-        for part in says {
-            let found = stderr[at..].find(part);
-            assert!(
-                found.is_some(),
-                "{what}: `{part}` missing in order: {stderr}"
-            );
-            at += found.unwrap_or(0) + part.len();
-        }
+        assert_says_in_order(what, &stderr, says);
         assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     }
 }
@@ -166,14 +168,24 @@ fn an_unwritable_run_dir_is_named_with_its_cause() {
     std::fs::write(dir.path().join(".hvd"), "not a directory\n").unwrap();
     let kube = project("cluster {\n  engine = \"kubernetes\"\n  image = \"example/train:1\"\n}");
     std::fs::write(kube.path().join(".hvd"), "not a directory\n").unwrap();
-    let runs = format!("{}/.hvd/runs/", dir.path().display());
-    let access = format!("failed to access `{runs}");
-    let create = format!("failed to create directory `{runs}");
-    let run_dir: &[&str] = &[&access, &create, "Not a directory (os error 20)"];
-    let slurm_dir = format!("{}/.hvd/slurm", dir.path().display());
-    let slurm_access = format!("failed to access `{slurm_dir}`");
-    let k8s_dir = format!("failed to create `{}/.hvd/k8s`", kube.path().display());
+    // What stderr says, in order, about a directory under `.hvd` that cannot be made.
+    let unmakeable = |path: String| {
+        [
+            format!("failed to access `{path}"),
+            format!("failed to create directory `{path}"),
+            "Not a directory (os error 20)".to_owned(),
+        ]
+    };
+    let runs = unmakeable(format!("{}/.hvd/runs/", dir.path().display()));
+    let run_dir: Vec<&str> = runs.iter().map(String::as_str).collect();
+    let run_dir = run_dir.as_slice();
+    let slurm_access = format!("failed to access `{}/.hvd/slurm`", dir.path().display());
     let slurm_says: &[&str] = &[&slurm_access, "Not a directory (os error 20)"];
+    // The spark engine writes its driver into `.hvd/spark` before the run dir exists.
+    let spark = unmakeable(format!("{}/.hvd/spark`", dir.path().display()));
+    let spark_says: Vec<&str> = spark.iter().map(String::as_str).collect();
+    let spark_says = spark_says.as_slice();
+    let k8s_dir = format!("failed to create `{}/.hvd/k8s`", kube.path().display());
     let k8s_says: &[&str] = &[&k8s_dir, "Not a directory (os error 20)"];
     let (d, k) = (dir.path(), kube.path());
     // (engine, project, inside a Slurm allocation, arguments, what stderr says in order)
@@ -185,22 +197,14 @@ fn an_unwritable_run_dir_is_named_with_its_cause() {
         ("slurm (allocation)", d, true, &["--engine", "slurm"], run_dir),
         ("slurm (batch)", d, false, &["--engine", "slurm"], slurm_says),
         ("ssh", d, false, &["--engine", "ssh", "--hosts", "127.0.0.2:1,127.0.0.3:1"], run_dir),
-        ("spark", d, false, &["--engine", "spark"], run_dir),
+        ("spark", d, false, &["--engine", "spark"], spark_says),
         ("kubernetes", k, false, &[], k8s_says),
     ];
     for (what, project_dir, in_allocation, args, says) in cases {
         let out = hvd_run(project_dir, &path, in_allocation, args);
         let stderr = flat(&out);
         assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
-        let mut at = 0;
-        for part in says {
-            let found = stderr[at..].find(part);
-            assert!(
-                found.is_some(),
-                "{what}: `{part}` missing in order: {stderr}"
-            );
-            at += found.unwrap_or(0) + part.len();
-        }
+        assert_says_in_order(what, &stderr, says);
         // Each cause once, and no fake tool was reached.
         assert_eq!(
             stderr.matches("Not a directory").count(),

@@ -433,23 +433,19 @@ step train {
 "#;
     let job = job(steps, &[]);
     let store = job.path().join("store");
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(job.path().join("train.hvd"))
+    let out = common::hvd_run_command(job.path())
         .env("HVD_STORE", &store)
         .env("NO_COLOR", "1")
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let link = std::fs::read_link(job.path().join(".hvd/env")).expect("root link to the built env");
     assert!(link.starts_with(&store), "{}", link.display());
-    for rank in 0..2 {
-        assert!(
-            stdout.contains(&format!(":{rank}] venv={}", link.display())),
-            "{stdout}"
-        );
-    }
+    common::assert_every_rank_says(&out, 2, |rank| format!(":{rank}] venv={}", link.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.matches("python-from-env").count(), 2, "{stdout}");
 }

@@ -6,10 +6,11 @@
 //! the store is the default one (or `HVD_STORE`), so a second run on the same machine reuses every download.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
-const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+mod common;
+
 const EXAMPLE_FILES: &[&str] = &[
     "train.hvd",
     "prepare.py",
@@ -28,19 +29,7 @@ fn example_copy() -> tempfile::TempDir {
 }
 
 fn hvd(dir: &Path, args: &[&str]) -> Output {
-    let output = Command::new(HVD)
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    eprintln!(
-        "$ hvd {}\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    common::hvd_logged(dir, args, |_| {})
 }
 
 /// `hvd lock`, retried: the index is on the internet and a run of CI should not fail for one dropped connection.

@@ -14,24 +14,16 @@
 //! `HVD_TEST_REAL_STORE=DIR` reuses a store between runs (else the default store is used, as a user's would be).
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-const HVD: &str = env!("CARGO_BIN_EXE_hvd");
+mod common;
 
 fn hvd(dir: &Path, args: &[&str]) -> Output {
-    let mut command = Command::new(HVD);
-    command.args(args).current_dir(dir).env("NO_COLOR", "1");
-    if let Some(store) = std::env::var_os("HVD_TEST_REAL_STORE") {
-        command.env("HVD_STORE", store);
-    }
-    let output = command.output().unwrap();
-    eprintln!(
-        "$ hvd {}\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    common::hvd_logged(dir, args, |command| {
+        if let Some(store) = std::env::var_os("HVD_TEST_REAL_STORE") {
+            command.env("HVD_STORE", store);
+        }
+    })
 }
 
 /// A copy of `examples/NAME` (its train.hvd and train.py) in a temporary directory.

@@ -90,18 +90,13 @@ fn spark_barrier_job_runs_the_allreduce_worker_on_every_rank() {
     common::write_allreduce_py(dir.path(), ALLREDUCE_REPORT_PY);
     let mark = format!("allreduce-{}", std::process::id());
     let out = hvd_run_spark(dir.path(), &python, &mark, &[]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    for rank in 0..2 {
-        // Each line is attributed to its rank; the local layout comes from the barrier tasks' addresses (both
-        // executors are on 127.0.0.1).
-        assert!(
-            stdout.contains(&format!(
-                ":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True local={rank}/2 host=127.0.0.1"
-            )),
-            "rank {rank}:\n{stdout}\n{stderr}"
-        );
-    }
+    // Each line is attributed to its rank; the local layout comes from the barrier tasks' addresses (both
+    // executors are on 127.0.0.1).
+    common::assert_every_rank_says(&out, 2, |rank| {
+        format!(
+            ":{rank}] allreduce rank={rank} size=2 sum=3.0 ok=True local={rank}/2 host=127.0.0.1"
+        )
+    });
     // Spark's executor logs go with the run's logs, not into the pyspark package.
     let runs = dir.path().join(".hvd/runs");
     let run = std::fs::read_dir(&runs).unwrap().flatten().next().unwrap();
@@ -195,14 +190,8 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
         .env("NO_COLOR", "1")
         .output()
         .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    for rank in 0..2 {
-        assert!(
-            stdout.contains(&format!(":{rank}] rank={rank}/2")),
-            "{stdout}"
-        );
-    }
+    common::assert_every_rank_says(&out, 2, |rank| format!(":{rank}] rank={rank}/2"));
+    let stderr = text(&out).1;
     assert!(
         stderr.contains("2 local processes on the driver"),
         "{stderr}"

@@ -265,37 +265,36 @@ impl Hosts {
         hosts
     }
 
-    /// `hvd run FILE --no-build --engine ssh --hosts 10.77.0.2:2,10.77.0.3:2 ...` in the launcher's namespace
-    /// (`--hosts` left out when `extra` has `--hostfile`).
-    fn hvd_run(&self, project: &Path, extra: &[&str]) -> Output {
+    /// `hvd run FILE --engine ssh --hosts 10.77.0.2:2,10.77.0.3:2 --ssh-port ... ARGS` in the launcher's namespace,
+    /// with this test's ssh config and key (`--hosts` left out when `args` has `--hostfile`).
+    fn hvd_command(&self, project: &Path, args: &[&str]) -> Command {
         let d = self.dir.path();
         let hosts = format!("{}:2,{}:2", HOSTS[0], HOSTS[1]);
-        let hosts: &[&str] = if extra.contains(&"--hostfile") {
+        let hosts: &[&str] = if args.contains(&"--hostfile") {
             &[]
         } else {
             &["--hosts", &hosts]
         };
-        Command::new(tool("ip"))
+        let mut command = Command::new(tool("ip"));
+        command
             .args(["netns", "exec", &self.namespaces[0], HVD, "run"])
             .arg(project.join("train.hvd"))
-            .args([
-                "--no-build",
-                "--grace",
-                "2",
-                "--engine",
-                "ssh",
-                "--ssh-port",
-                SSH_PORT,
-            ])
+            .args(["--engine", "ssh", "--ssh-port", SSH_PORT])
             .args(hosts)
             .arg("--ssh-config")
             .arg(d.join("ssh_config"))
             .arg("--ssh-identity")
             .arg(d.join("id"))
-            .args(extra)
-            .env("NO_COLOR", "1")
-            .output()
-            .unwrap()
+            .args(args)
+            .env("NO_COLOR", "1");
+        command
+    }
+
+    /// [`Hosts::hvd_command`] with `--no-build --grace 2` and `extra`, run to its end.
+    fn hvd_run(&self, project: &Path, extra: &[&str]) -> Output {
+        let mut args = vec!["--no-build", "--grace", "2"];
+        args.extend(extra);
+        self.hvd_command(project, &args).output().unwrap()
     }
 
     /// Processes in the hosts' namespaces besides their sshd listeners.
@@ -412,23 +411,9 @@ fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
     // A host where the project directory does not exist fails before anything starts, saying what to do.
     let other = project(FAILS);
-    let out = Command::new(tool("ip"))
-        .args(["netns", "exec", &hosts.namespaces[0], HVD, "run"])
-        .arg(other.path().join("train.hvd"))
-        .args([
-            "--engine",
-            "ssh",
-            "--hosts",
-            &format!("{}:2,{}:2", HOSTS[0], HOSTS[1]),
-            "--ssh-port",
-            SSH_PORT,
-        ])
-        .arg("--ssh-config")
-        .arg(hosts.dir.path().join("ssh_config"))
-        .arg("--ssh-identity")
-        .arg(hosts.dir.path().join("id"))
-        .arg("--env-dir")
-        .arg(hosts.dir.path().join("no-such-env"))
+    let no_env = hosts.dir.path().join("no-such-env");
+    let out = hosts
+        .hvd_command(other.path(), &["--env-dir", &no_env.display().to_string()])
         .output()
         .unwrap();
     let (_, stderr) = text(&out);
@@ -471,16 +456,7 @@ fn dry_run_prints_the_ssh_commands() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     let got = stdout.replace(&dir.path().display().to_string(), "@DIR@");
-    let golden =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("launcher/tests/data/golden/ssh-dry-run.txt");
-    if std::env::var_os("HVD_UPDATE_GOLDEN").is_some() {
-        std::fs::write(&golden, &got).unwrap();
-    }
-    assert_eq!(
-        got,
-        std::fs::read_to_string(&golden).unwrap(),
-        "HVD_UPDATE_GOLDEN=1 rewrites it"
-    );
+    common::assert_golden("ssh-dry-run.txt", &got);
     // Each ssh line is one valid shell command line, and the job token is on none of them.
     let lines: Vec<&str> = stdout
         .lines()
@@ -531,29 +507,18 @@ const INTERRUPTED: &str = r#"step train {
 fn ctrl_c_reaches_every_remote_rank_as_sigint() {
     let hosts = Hosts::start("c");
     let dir = project(INTERRUPTED);
-    let d = hosts.dir.path();
-    let child = Command::new(tool("ip"))
-        .args(["netns", "exec", &hosts.namespaces[0], HVD, "run"])
-        .arg(dir.path().join("train.hvd"))
-        .args([
-            "--no-build",
-            "--grace",
-            "5",
-            "--engine",
-            "ssh",
-            "--hosts",
-            &format!("{}:2,{}:2", HOSTS[0], HOSTS[1]),
-            "--ssh-port",
-            SSH_PORT,
-            // Chosen, not detected: the same name on every host (as with horovodrun).
-            "--network-interface",
-            "hvd0",
-        ])
-        .arg("--ssh-config")
-        .arg(d.join("ssh_config"))
-        .arg("--ssh-identity")
-        .arg(d.join("id"))
-        .env("NO_COLOR", "1")
+    let child = hosts
+        .hvd_command(
+            dir.path(),
+            &[
+                "--no-build",
+                "--grace",
+                "5",
+                // Chosen, not detected: the same name on every host (as with horovodrun).
+                "--network-interface",
+                "hvd0",
+            ],
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -261,3 +261,47 @@ ok = bool(np.all(out == n * (n + 1) / 2))
 "#;
     std::fs::write(dir.join("ar.py"), format!("{CHECK}{report}")).unwrap();
 }
+
+/// Asserts that `out` succeeded and that its stdout holds `line(rank)` for each of the first `ranks` ranks.
+pub fn assert_every_rank_says(out: &Output, ranks: u32, line: impl Fn(u32) -> String) {
+    let (stdout, stderr) = text(out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..ranks {
+        let want = line(rank);
+        assert!(
+            stdout.contains(&want),
+            "rank {rank}: `{want}` missing (or not attributed to its rank):\n{stdout}\n{stderr}"
+        );
+    }
+}
+
+/// Asserts that `got` is the golden file `launcher/tests/data/golden/NAME`; `HVD_UPDATE_GOLDEN=1` rewrites it.
+pub fn assert_golden(name: &str, got: &str) {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("launcher/tests/data/golden")
+        .join(name);
+    if std::env::var_os("HVD_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, got).unwrap();
+    }
+    assert_eq!(
+        got,
+        std::fs::read_to_string(&golden).unwrap(),
+        "HVD_UPDATE_GOLDEN=1 rewrites it"
+    );
+}
+
+/// `hvd ARGS` in `dir` without colour, echoed with its output into the test's log (the end-to-end tests take
+/// minutes; their log says what ran). `configure` adds to the command (e.g. a store).
+pub fn hvd_logged(dir: &Path, args: &[&str], configure: impl FnOnce(&mut Command)) -> Output {
+    let mut command = Command::new(HVD);
+    command.args(args).current_dir(dir).env("NO_COLOR", "1");
+    configure(&mut command);
+    let output = command.output().unwrap();
+    eprintln!(
+        "$ hvd {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
