@@ -15,7 +15,7 @@ use crate::header::HEADER_LEN;
 use crate::types::{DType, ReduceOp};
 
 /// A board on which every rank of the job posts each operation's header, a word for each rank and eager data
-/// (at most [`EAGER_MAX_BYTES`](crate::header::EAGER_MAX_BYTES)), and reads everyone else's.
+/// (at most `EAGER_MAX_BYTES`, 2 KiB), and reads everyone else's.
 ///
 /// Operations are numbered by their header's sequence number (its first 8 bytes), 1, 2, 3, ... on every rank,
 /// each posted once. A board keeps two operations' posts per rank, so what a rank posted for operation `seq`

@@ -9,7 +9,7 @@
 //! lowest rank of each host creates the host's shared memory segment and PUTs its name at `shm.<host index>`.
 //!
 //! The exchange goes through the [`rendezvous`](crate::rendezvous); who this rank is comes from
-//! [`JobEnv`](crate::job::JobEnv).
+//! [`JobEnv`].
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};

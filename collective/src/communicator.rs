@@ -46,7 +46,7 @@ pub fn staged_through<E>(
 ///
 /// Buffers are raw bytes (any tensor memory); `dtype` says how to read them and every count is in elements.
 /// Every rank of the job must call the same operations in the same order with matching arguments; when they do not,
-/// every rank gets [`Error::Mismatch`] (backends that cannot check, such as MPI, say so in their docs).
+/// every rank gets [`Error::Mismatch`] (every backend, MPI and NCCL too, exchanges each operation's header first).
 /// A communicator is `Send`, so it can live on a background thread; it is not `Sync`: one thread drives it.
 pub trait Communicator: Send {
     /// Where this rank sits in the job.

@@ -23,7 +23,8 @@
 //! ```
 //!
 //! Where to read: [`communicator`] (the trait), [`p2p`] (algorithms and the mismatch check), [`transport`] (the
-//! point-to-point layer), [`tcp`] and [`shm`] (transports), [`bootstrap`] (joining a job from the environment).
+//! point-to-point layer), [`board`] (what the collectives need from memory every rank shares), [`tcp`] and [`shm`]
+//! (transports), [`bootstrap`] (joining a job from the environment, with [`job`] and [`rendezvous`]).
 
 // A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
 #![deny(clippy::print_stdout, clippy::print_stderr)]

@@ -1,8 +1,8 @@
 //! The shm transport: ranks on one host talk through one shared memory segment ([`ShmTransport`], one rank's
 //! end of it: attaching, liveness, waiting on every rank, and the [`Transport`] it offers).
 //!
-//! The segment ([`segment`]) holds a control block, the board ([`board`]: each operation's headers and small
-//! data), the arenas ([`arena`]: large allreduces) and a ring per ordered pair of ranks ([`ring`]: every other
+//! The segment (`segment`) holds a control block, the board (`board`: each operation's headers and small
+//! data), the arenas (`arena`: large allreduces) and a ring per ordered pair of ranks (`ring`: every other
 //! message).
 //!
 //! Waiting spins (one pause per round), then yields, then sleeps on a futex in the rank's control line (with a

@@ -149,6 +149,7 @@ impl ShmTransport {
         }
         Ok(true)
     }
+
     /// Waits for ring activity; `may_sleep` allows the futex sleep (off when another transport needs polling).
     pub(crate) fn wait_inner(
         &mut self,
