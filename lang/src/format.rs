@@ -344,12 +344,7 @@ impl Printer<'_> {
             ExprKind::Builtin { name, args } => {
                 self.out.push_str(&name.name);
                 self.out.push('(');
-                for (n, arg) in args.iter().enumerate() {
-                    if n > 0 {
-                        self.out.push_str(", ");
-                    }
-                    self.expr(arg);
-                }
+                self.on_one_line(args);
                 self.out.push(')');
             }
             ExprKind::Not(inner) => {
@@ -392,6 +387,16 @@ impl Printer<'_> {
         }
     }
 
+    /// `a, b, c`: expressions separated by commas on one line.
+    fn on_one_line(&mut self, exprs: &[Expr]) {
+        for (n, e) in exprs.iter().enumerate() {
+            if n > 0 {
+                self.out.push_str(", ");
+            }
+            self.expr(e);
+        }
+    }
+
     fn list(&mut self, span: Span, items: &[Expr], multiline: bool) {
         let commented = self.has_comment_between(span, items.iter().map(|i| i.span));
         if items.is_empty() && !commented {
@@ -400,12 +405,7 @@ impl Printer<'_> {
         }
         if !(multiline || commented) {
             self.out.push('[');
-            for (n, item) in items.iter().enumerate() {
-                if n > 0 {
-                    self.out.push_str(", ");
-                }
-                self.expr(item);
-            }
+            self.on_one_line(items);
             self.out.push(']');
             return;
         }
