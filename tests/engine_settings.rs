@@ -105,3 +105,27 @@ fn hvd_check_and_run_refuse_a_typo_with_did_you_mean() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn docs_list_every_setting() {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/engines.md")).unwrap();
+    let table: Vec<&str> = docs
+        .lines()
+        .skip_while(|l| !l.starts_with("## Settings"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .filter(|l| l.starts_with("| `"))
+        .collect();
+    for setting in SETTINGS {
+        let row = table
+            .iter()
+            .find(|l| l.starts_with(&format!("| `{}` ", setting.key)))
+            .unwrap_or_else(|| panic!("docs/engines.md has no row for `{}`", setting.key));
+        for engine in setting.engines {
+            assert!(row.contains(engine.name()), "{row} lacks {engine}");
+        }
+    }
+    // And nothing more than the schema (besides `spark.*`).
+    assert_eq!(table.len(), SETTINGS.len() + 1, "{table:#?}");
+}

@@ -81,6 +81,18 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("failed to create `{path}`")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to write `{path}`")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Rendezvous(#[from] rendezvous::RendezvousError),
     #[error("internal error: {0}")]

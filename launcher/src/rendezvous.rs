@@ -565,8 +565,8 @@ fn handle(
         request.method == "PUT",
     )?;
     match segments.as_slice() {
-        ["", "kv", scope, key] => handle_kv(shared, &request, scope, key, body.bytes),
-        ["", scope, key] => handle_gloo(shared, &request, scope, key, body.bytes),
+        ["", "kv", scope, key] => on_kv(shared, &request, [scope, key], body.bytes),
+        ["", scope, key] => on_gloo(shared, &request, [scope, key], body.bytes),
         _ => Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
 }
@@ -666,17 +666,14 @@ fn token_matches(expected: &str, given: &str) -> bool {
     hvd_collective::tcp::constant_time_eq(expected.as_bytes(), given.as_bytes())
 }
 
+/// A handler's answer: a status and a body, or an error.
+type Reply = Result<(u16, Vec<u8>), HttpError>;
+
 fn store_error(e: &store::StoreError) -> HttpError {
     HttpError(e.status(), e.reason().into())
 }
 
-fn handle_kv(
-    shared: &Shared,
-    request: &Request,
-    scope: &str,
-    key: &str,
-    body: Vec<u8>,
-) -> Result<(u16, Vec<u8>), HttpError> {
+fn on_kv(shared: &Shared, request: &Request, [scope, key]: [&str; 2], body: Vec<u8>) -> Reply {
     if !valid_kv_segment(scope) || !valid_kv_segment(key) {
         return Err(HttpError::new(
             400,
@@ -746,13 +743,7 @@ fn parse_wait(query: &str) -> Result<Duration, HttpError> {
     Ok(Duration::ZERO)
 }
 
-fn handle_gloo(
-    shared: &Shared,
-    request: &Request,
-    scope: &str,
-    key: &str,
-    body: Vec<u8>,
-) -> Result<(u16, Vec<u8>), HttpError> {
+fn on_gloo(shared: &Shared, request: &Request, [scope, key]: [&str; 2], body: Vec<u8>) -> Reply {
     if !valid_gloo_segment(scope) || !valid_gloo_segment(key) {
         return Err(HttpError::new(400, "bad scope or key"));
     }

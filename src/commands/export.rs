@@ -61,7 +61,7 @@ pub fn run(args: ExportArgs) -> CommandResult {
 
 /// Writes the manifests of `project` into `out`; returns the files written. Notes about steps that do not fit go
 /// to stderr.
-pub fn write_k8s(
+fn write_k8s(
     project: &hvd_lang::model::Project,
     flavour: Flavour,
     out: &Path,
@@ -71,46 +71,5 @@ pub fn write_k8s(
     for note in &export.notes {
         let _ = writeln!(std::io::stderr().lock(), "hvd: note: {note}");
     }
-    std::fs::create_dir_all(out).map_err(|e| {
-        Failure::from_error_in(
-            Status::Failure,
-            format_args!("failed to create `{}`", out.display()),
-            &e,
-        )
-    })?;
-    let mut files = Vec::new();
-    for manifest in &export.manifests {
-        let path = out.join(&manifest.file);
-        let text = serde_json::to_string_pretty(&manifest.content)
-            .map_err(|e| Failure::from_error(Status::Failure, &e))?;
-        // The token Secret is readable by its owner only (as `kubectl` keeps a kubeconfig): a new file is created
-        // 0600, an old one is made so before the token is written.
-        let mode = if manifest.content["kind"] == "Secret" {
-            0o600
-        } else {
-            0o644
-        };
-        let write = || -> std::io::Result<()> {
-            use std::io::Write as _;
-            use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(mode)
-                .open(&path)?;
-            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            file.set_len(0)?;
-            file.write_all((text.clone() + "\n").as_bytes())
-        };
-        write().map_err(|e| {
-            Failure::from_error_in(
-                Status::Failure,
-                format_args!("failed to write `{}`", path.display()),
-                &e,
-            )
-        })?;
-        files.push(path);
-    }
-    Ok(files)
+    k8s::write_manifests(&export, out).map_err(|e| Failure::from_error(Status::Failure, &e))
 }

@@ -260,8 +260,7 @@ pub fn run(args: RunArgs) -> CommandResult {
             )
         };
     let options = options(&args, &project, env_dir, env_hash)?;
-    let run = hvd_launcher::prepare(&project, &options)
-        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    let run = hvd_launcher::prepare(&project, &options).map_err(|e| not_prepared(&e))?;
     for text in run.notes() {
         note!("hvd: note: {text}");
     }
@@ -285,6 +284,18 @@ pub fn run(args: RunArgs) -> CommandResult {
         .execute(&options, &|event| console.show(event), interrupts)
         .map_err(|e| Failure::from_error(Status::Failure, &e))?;
     finish(report)
+}
+
+/// A run that could not be prepared: a usage error, but for a file that could not be written (an unwritable
+/// `.hvd/`), which is a failure.
+fn not_prepared(e: &hvd_launcher::LaunchError) -> Failure {
+    let status = match e {
+        hvd_launcher::LaunchError::Io { .. }
+        | hvd_launcher::LaunchError::CreateDir { .. }
+        | hvd_launcher::LaunchError::Write { .. } => Status::Failure,
+        _ => Status::Usage,
+    };
+    Failure::from_error(status, e)
 }
 
 /// The launcher's options from the command line (and, for `--workers -N`, the engine the project names).

@@ -396,7 +396,7 @@ pub fn write_manifests(
 ) -> Result<Vec<std::path::PathBuf>, LaunchError> {
     use std::io::Write as _;
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    fs_err::create_dir_all(dir).map_err(|source| LaunchError::Io {
+    std::fs::create_dir_all(dir).map_err(|source| LaunchError::CreateDir {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -421,7 +421,7 @@ pub fn write_manifests(
             file.set_len(0)?;
             file.write_all((text + "\n").as_bytes())
         };
-        write().map_err(|source| LaunchError::Io {
+        write().map_err(|source| LaunchError::Write {
             path: path.clone(),
             source,
         })?;

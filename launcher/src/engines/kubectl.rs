@@ -127,17 +127,25 @@ impl KubeJob {
         }
     }
 
+    /// `kubectl HEAD... [-n NAMESPACE] TAIL...`.
+    fn argv(&self, head: &[&str], tail: &[&str]) -> Vec<String> {
+        let mut argv = strings(head);
+        argv.extend(self.ns());
+        argv.extend(strings(tail));
+        argv
+    }
+
+    /// `kubectl delete jobset/NAME secret/NAME-hvd-token TAIL...`.
+    fn delete(&self, tail: &[&str]) -> Vec<String> {
+        let jobset = format!("jobset/{}", self.name);
+        let secret = format!("secret/{}", k8s::token_secret_name(&self.name));
+        self.argv(&["delete", &jobset, &secret], tail)
+    }
+
     /// `kubectl delete jobset/NAME secret/NAME-hvd-token --ignore-not-found --wait=true`: a previous run of the same
     /// project and its token.
     pub fn delete_previous_argv(&self) -> Vec<String> {
-        let mut argv = strings(&[
-            "delete",
-            &format!("jobset/{}", self.name),
-            &format!("secret/{}", k8s::token_secret_name(&self.name)),
-        ]);
-        argv.extend(self.ns());
-        argv.extend(strings(&["--ignore-not-found", "--wait=true"]));
-        argv
+        self.delete(&["--ignore-not-found", "--wait=true"])
     }
 
     /// `kubectl apply -f -` (the manifest on stdin).
@@ -147,43 +155,23 @@ impl KubeJob {
 
     /// `kubectl get jobset NAME -o json`.
     pub fn get_jobset_argv(&self) -> Vec<String> {
-        let mut argv = strings(&["get", "jobset", &self.name]);
-        argv.extend(self.ns());
-        argv.extend(strings(&["-o", "json"]));
-        argv
+        self.argv(&["get", "jobset", &self.name], &["-o", "json"])
     }
 
     /// `kubectl get pods -l jobset.sigs.k8s.io/jobset-name=NAME -o json`.
     pub fn get_pods_argv(&self) -> Vec<String> {
-        let mut argv = strings(&["get", "pods"]);
-        argv.extend(self.ns());
-        argv.extend(strings(&[
-            "-l",
-            &format!("{JOBSET_LABEL}={}", self.name),
-            "-o",
-            "json",
-        ]));
-        argv
+        let label = format!("{JOBSET_LABEL}={}", self.name);
+        self.argv(&["get", "pods"], &["-l", &label, "-o", "json"])
     }
 
     /// `kubectl logs -f POD -c worker`.
     pub fn logs_argv(&self, pod: &str) -> Vec<String> {
-        let mut argv = strings(&["logs", "-f", pod]);
-        argv.extend(self.ns());
-        argv.extend(strings(&["-c", "worker"]));
-        argv
+        self.argv(&["logs", "-f", pod], &["-c", "worker"])
     }
 
     /// `kubectl delete jobset/NAME secret/NAME-hvd-token --wait=false` (on SIGINT/SIGTERM).
     pub fn delete_argv(&self) -> Vec<String> {
-        let mut argv = strings(&[
-            "delete",
-            &format!("jobset/{}", self.name),
-            &format!("secret/{}", k8s::token_secret_name(&self.name)),
-        ]);
-        argv.extend(self.ns());
-        argv.push("--wait=false".into());
-        argv
+        self.delete(&["--wait=false"])
     }
 }
 

@@ -247,21 +247,14 @@ pub fn setup(
 }
 
 impl MpiSetup {
-    /// The mpirun command line of a distributed step with `env` (the step's variables).
-    pub fn argv(
-        &self,
-        np: u32,
-        env: &std::collections::BTreeMap<String, String>,
-        command: &str,
-        has_env_dir: bool,
-    ) -> Vec<String> {
-        let export = super::exported_vars(env, has_env_dir);
+    /// The mpirun command line of a distributed step on `np` ranks passing on the variables named in `export`.
+    pub fn argv(&self, np: u32, export: &[String], command: &str) -> Vec<String> {
         argv(
             &self.mpirun,
             &MpiStep {
                 np,
                 hosts: &self.hosts,
-                export: &export,
+                export,
                 shim: &self.shim,
                 command,
                 cores: self.cores,
@@ -289,7 +282,8 @@ impl SupervisedEngine for MpiSetup {
     }
 
     fn launcher(&self, plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
-        Some(self.argv(workers, &step.env, &step.command, plan.env_dir.is_some()))
+        let export = super::exported_vars(&step.env, plan.env_dir.is_some());
+        Some(self.argv(workers, &export, &step.command))
     }
 
     fn launcher_label(&self) -> &'static str {

@@ -93,7 +93,8 @@ impl SupervisedEngine for SparkSetup {
     }
 
     fn launcher(&self, plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
-        Some(self.argv(workers, &step.env, &step.command, plan.env_dir.is_some()))
+        let export = super::exported_vars(&step.env, plan.env_dir.is_some());
+        Some(self.argv(workers, &export, &step.command))
     }
 
     fn launcher_label(&self) -> &'static str {
@@ -211,15 +212,8 @@ impl SparkSetup {
         self.state_dir.join("spark").join(DRIVER_FILE)
     }
 
-    /// The driver command line of a distributed step on `np` workers with the step's variables `env`.
-    pub fn argv(
-        &self,
-        np: u32,
-        env: &std::collections::BTreeMap<String, String>,
-        command: &str,
-        has_env_dir: bool,
-    ) -> Vec<String> {
-        let export = super::exported_vars(env, has_env_dir);
+    /// The driver command line of a distributed step on `np` workers passing on the variables named in `export`.
+    pub fn argv(&self, np: u32, export: &[String], command: &str) -> Vec<String> {
         let master = self
             .master
             .clone()
@@ -320,7 +314,8 @@ mod tests {
     #[test]
     fn driver_command_line() {
         let env = std::collections::BTreeMap::from([("X".to_string(), "1".to_string())]);
-        let argv = setup(Some("local-cluster[2,1,1024]")).argv(2, &env, "python t.py", false);
+        let export = crate::engines::exported_vars(&env, false);
+        let argv = setup(Some("local-cluster[2,1,1024]")).argv(2, &export, "python t.py");
         assert_eq!(
             shell::line(&argv),
             "/usr/bin/python3 /p/.hvd/spark/hvd_spark_driver.py --master 'local-cluster[2,1,1024]' --workers 2 \
@@ -329,7 +324,7 @@ mod tests {
              --conf spark.executor.memory=2g -- /bin/sh -c 'python t.py'"
         );
         // Without a master: local mode with one task slot per worker.
-        let argv = setup(None).argv(3, &env, "true", true);
+        let argv = setup(None).argv(3, &crate::engines::exported_vars(&env, true), "true");
         assert_eq!(argv[3], "local[3]");
         assert!(argv[11].ends_with(",VIRTUAL_ENV,X"), "{}", argv[11]);
     }

@@ -529,18 +529,23 @@ pub(super) mod tests {
         assert!(s.wrapper(&bad, "true", Path::new("/p"), s.bind_ip).is_err());
     }
 
+    /// Starts the wrapper here as ssh would start it on a host, with stdin and stdout piped.
+    fn spawn_wrapper(wrapper: &str) -> std::process::Child {
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg(wrapper)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
     /// Runs the wrapper locally as ssh would run it remotely, feeding `stdin`; returns (code, stdout).
     fn run_wrapper(s: &SshSetup, command: &str, stdin: &[u8]) -> (Option<i32>, String) {
         let dir = tempfile::tempdir().unwrap();
         let vars = s.remote_vars(&[("Y".to_string(), "it's y".to_string())], "h1");
         let wrapper = s.wrapper(&vars, command, dir.path(), s.bind_ip).unwrap();
-        let mut child = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(&wrapper)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_wrapper(&wrapper);
         let mut input = child.stdin.take().unwrap();
         input.write_all(stdin).unwrap();
         if stdin.is_empty() {
@@ -592,13 +597,7 @@ pub(super) mod tests {
             p = pidfile.display()
         );
         let wrapper = s.wrapper(&[], &command, dir.path(), s.bind_ip).unwrap();
-        let mut child = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(&wrapper)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_wrapper(&wrapper);
         let mut input = child.stdin.take().unwrap();
         input.write_all(b"tok\n").unwrap();
         let mut stdout = child.stdout.take().unwrap();
