@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hvd_resolver::lockfile::Lockfile;
 
@@ -71,18 +71,6 @@ impl Project {
     }
 }
 
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A Python command that marks `ready`, waits for `stop`, then imports from the env.
 const WAIT_THEN_IMPORT: &str = "import os, time\nopen('ready', 'w').close()\nwhile not os.path.exists('stop'): time.sleep(0.02)\nimport helper; print(helper.WORD)";
 
@@ -112,7 +100,7 @@ fn gc_keeps_the_env_of_a_running_exec_and_frees_it_after() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(&p.root.join("ready"));
+    common::wait_for_path(&p.root.join("ready"), Duration::from_secs(60));
     // The project itself lets go of its env: only the running command keeps it now.
     std::fs::remove_dir_all(p.root.join("app/.hvd")).unwrap();
     let gc = p.hvd(&["gc"]);

@@ -305,3 +305,11 @@ pub fn hvd_logged(dir: &Path, args: &[&str], configure: impl FnOnce(&mut Command
     );
     output
 }
+
+/// Waits until `path` exists; fails the test when it has not appeared within `limit`.
+pub fn wait_for_path(path: &Path, limit: std::time::Duration) {
+    let missing = wait_until_empty(limit, std::time::Duration::from_millis(10), || {
+        if path.exists() { vec![] } else { vec![()] }
+    });
+    assert!(missing.is_empty(), "{} never appeared", path.display());
+}
