@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use hvd_collective::DType;
 use hvd_collective::testing::{Backend, LocalJob};
-use hvd_runtime::collective::CollectiveTransport;
 use hvd_runtime::{Engine, EngineConfig, OpKind, ReduceOp, Request, meta};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -27,8 +26,7 @@ fn engine_run(backend: Backend, fusion_threshold: usize, sizes: &[usize]) -> (f6
                         fusion_threshold,
                         ..EngineConfig::default()
                     };
-                    let e = Engine::start(Box::new(CollectiveTransport::new(c)), config)
-                        .expect("engine");
+                    let e = Engine::start(c, config).expect("engine");
                     let mut one = [0u8; 4];
                     let mut lat = Vec::new();
                     for _ in 0..3000 {

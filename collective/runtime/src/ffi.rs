@@ -226,11 +226,11 @@ pub extern "C" fn hvd_init() -> i32 {
 
 /// The backend's name and whether the job is homogeneous: one allgather of every rank's local size, the first
 /// collective of the job (every rank runs it in `hvd_init`, before the engine owns the transport).
-fn job_info(transport: &mut dyn crate::transport::Transport) -> Result<JobInfo, Failure> {
+fn job_info(transport: &mut dyn hvd_collective::Communicator) -> Result<JobInfo, Failure> {
     let topology = transport.topology();
-    let sizes = transport
-        .allgather_bytes(&(topology.local_size as u64).to_le_bytes())
-        .map_err(|e| {
+    let sizes =
+        crate::transport::allgather_bytes(transport, &(topology.local_size as u64).to_le_bytes())
+            .map_err(|e| {
             Failure::collective("failed to exchange the ranks' local sizes at init", &e)
         })?;
     let mut homogeneous = true;
@@ -246,7 +246,7 @@ fn job_info(transport: &mut dyn crate::transport::Transport) -> Result<JobInfo, 
         };
         homogeneous &= u64::from_le_bytes(b) == topology.local_size as u64;
     }
-    let mut name = transport.name().to_string();
+    let mut name = crate::transport::display_name(transport);
     name.retain(|c| c != '\0');
     Ok(JobInfo {
         backend: CString::new(name).unwrap_or_default(),
@@ -1044,8 +1044,8 @@ mod tests {
                     .into_iter()
                     .map(|c| {
                         s.spawn(move || {
-                            let mut t = crate::collective::CollectiveTransport::new(c);
-                            let info = job_info(&mut t).unwrap();
+                            let mut t = c;
+                            let info = job_info(&mut *t).unwrap();
                             (
                                 info.homogeneous,
                                 info.backend.to_string_lossy().into_owned(),

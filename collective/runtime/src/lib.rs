@@ -38,4 +38,4 @@ pub use engine::{
 };
 pub use hvd_collective::{DType, ReduceOp};
 pub use message::{OpKind, RequestMeta};
-pub use transport::{LocalTransport, Topology, Transport, TransportError};
+pub use transport::{LocalTransport, Topology};

@@ -1,125 +1,70 @@
-//! What the engine needs from a communicator, at the level of bytes.
-//!
-//! The engine is written against this small trait rather than directly against `hvd-collective`'s `Communicator`
-//! so that (1) its own tests run with in-process ranks ([`LocalTransport`]) and (2) the adapter to the collective
-//! crate's communicators (see `collective.rs`) is the only place that calls them. The types are that crate's
-//! (`DType`, `ReduceOp`, `Topology`, and its `Error` as [`TransportError`], so a failure keeps its kind up to the
-//! caller). All buffers are little-endian element arrays; counts are in bytes unless the name says elements.
+//! What the engine adds to `hvd-collective`'s communicators at the level of bytes (variable-size control messages,
+//! the fusion limit, the timeline's name), and [`LocalTransport`], a communicator of in-process ranks for the
+//! engine's own tests and for a job of one rank. All buffers are little-endian element arrays; counts are in bytes
+//! unless the name says elements; the engine's control messages and byte payloads travel as `u8` elements.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use hvd_collective::communicator::staged_through;
 use hvd_collective::reduce::reduce_into;
-use hvd_collective::{DType, ReduceOp, Staged};
+use hvd_collective::{Communicator, DType, Error, ReduceOp, Result};
 
 pub use hvd_collective::Topology;
 
-/// A failed collective: the collective crate's own error (a lost peer, a timeout, ranks that disagree, a broken
-/// connection), kept as it is so that its kind and [`is_fatal`](hvd_collective::Error::is_fatal) reach the caller.
-/// The engine stops and fails every pending operation with it.
-pub type TransportError = hvd_collective::Error;
-
-pub type TransportResult<T> = Result<T, TransportError>;
-
-/// Collectives over byte buffers. Every rank calls the same methods in the same order (the engine guarantees it).
-pub trait Transport: Send {
-    /// A short upper-case name for the timeline (`SHM`, `TCP`, `LOCAL`...).
-    fn name(&self) -> &str;
-    fn topology(&self) -> Topology;
-    /// Allreduces of this many bytes or more run alone, in place: from this size on, the two copies through the
-    /// fusion buffer cost more than the per-collective latency that fusing saves.
-    fn fusion_max_tensor_bytes(&self) -> usize {
+/// Allreduces of this many bytes or more run alone, in place: from this size on, the two copies through the fusion
+/// buffer cost more than the per-collective latency that fusing saves. Shared memory moves 4 KiB in a few
+/// microseconds: copying a 64 KiB tensor into the fusion buffer and out again already costs about what a collective
+/// of its own does (measured with `bench/engine.py`: a fused 15 MB buffer of 4 KiB..1 MiB tensors spent 6 ms in the
+/// two copies and saved nothing in the collective).
+pub fn fusion_max_tensor_bytes(comm: &dyn Communicator) -> usize {
+    if comm.in_shared_memory() {
+        64 << 10
+    } else {
         1 << 20
     }
-    /// In-place element-wise reduction of `buf` (elements of `dtype`) across all ranks. The engine never passes
-    /// `ReduceOp::Average` (it sums and scales itself).
-    fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> TransportResult<()>;
-    /// An allreduce of `len` bytes that `io` reads and writes range by range (a fused group in its members'
-    /// memory). The default goes through `scratch` (the fusion buffer): read it all, [`allreduce`](Self::allreduce),
-    /// write it all.
-    fn allreduce_staged(
-        &mut self,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        io: &mut dyn Staged,
-        scratch: &mut Vec<u8>,
-    ) -> TransportResult<()> {
-        staged_through(len, io, scratch, |buf| self.allreduce(buf, dtype, op))
-    }
-    /// Concatenation of every rank's `send` in rank order into `recv`; `recv_counts[r]` is rank r's byte count.
-    fn allgatherv(
-        &mut self,
-        send: &[u8],
-        recv_counts: &[usize],
-        recv: &mut [u8],
-    ) -> TransportResult<()>;
-    /// `buf` of rank `root` copied into every rank's `buf`.
-    fn broadcast(&mut self, buf: &mut [u8], root: usize) -> TransportResult<()>;
-    /// Rank r sends `send[piece s]` (piece sizes `send_counts`) to rank s and receives pieces of `recv_counts`.
-    fn alltoallv(
-        &mut self,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-    ) -> TransportResult<()>;
-    fn barrier(&mut self) -> TransportResult<()>;
+}
 
-    /// Reduces `buf` across ranks and leaves this rank's block (`block_elems[r]` elements each, in rank order) in
-    /// `out`. The default reduces everything and keeps a slice; transports with a real reduce-scatter override it.
-    fn reducescatter(
-        &mut self,
-        buf: &mut [u8],
-        block_elems: &[usize],
-        out: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> TransportResult<()> {
-        self.allreduce(buf, dtype, op)?;
-        let rank = self.topology().rank;
-        let start: usize = block_elems[..rank].iter().sum::<usize>() * dtype.size();
-        out.copy_from_slice(&buf[start..start + out.len()]);
-        Ok(())
-    }
+/// The communicator's name in upper case, as the timeline and `hvd_backend` show it (`SHM`, `TCP`, `LOCAL`...).
+pub fn display_name(comm: &dyn Communicator) -> String {
+    comm.backend().to_uppercase()
+}
 
-    /// Variable-size control message exchange: every rank receives every rank's bytes. Used by negotiation.
-    fn allgather_bytes(&mut self, send: &[u8]) -> TransportResult<Vec<Vec<u8>>> {
-        let size = self.topology().size;
-        let mut lens = vec![0u8; 8 * size];
-        self.allgatherv(
-            &(send.len() as u64).to_le_bytes(),
-            &vec![8; size],
-            &mut lens,
-        )?;
-        let counts: Vec<usize> = lens
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-            .collect();
-        let mut all = vec![0u8; counts.iter().sum()];
-        self.allgatherv(send, &counts, &mut all)?;
-        let mut out = Vec::with_capacity(size);
-        let mut at = 0;
-        for c in counts {
-            out.push(all[at..at + c].to_vec());
-            at += c;
-        }
-        Ok(out)
+/// Variable-size control message exchange: every rank receives every rank's bytes. Used by negotiation.
+pub fn allgather_bytes(comm: &mut dyn Communicator, send: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let size = comm.topology().size;
+    let mut lens = vec![0u8; 8 * size];
+    comm.allgatherv(
+        &(send.len() as u64).to_le_bytes(),
+        &mut lens,
+        &vec![8; size],
+        DType::U8,
+    )?;
+    let counts: Vec<usize> = lens
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+        .collect();
+    let mut all = vec![0u8; counts.iter().sum()];
+    comm.allgatherv(send, &mut all, &counts, DType::U8)?;
+    let mut out = Vec::with_capacity(size);
+    let mut at = 0;
+    for c in counts {
+        out.push(all[at..at + c].to_vec());
+        at += c;
     }
+    Ok(out)
+}
 
-    /// Variable-size broadcast of a control message from `root`.
-    fn broadcast_bytes(&mut self, data: Vec<u8>, root: usize) -> TransportResult<Vec<u8>> {
-        let mut len = (data.len() as u64).to_le_bytes();
-        self.broadcast(&mut len, root)?;
-        let mut buf = if self.topology().rank == root {
-            data
-        } else {
-            vec![0u8; u64::from_le_bytes(len) as usize]
-        };
-        self.broadcast(&mut buf, root)?;
-        Ok(buf)
-    }
+/// Variable-size broadcast of a control message from `root`.
+pub fn broadcast_bytes(comm: &mut dyn Communicator, data: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+    let mut len = (data.len() as u64).to_le_bytes();
+    comm.broadcast(&mut len, DType::U8, root)?;
+    let mut buf = if comm.topology().rank == root {
+        data
+    } else {
+        vec![0u8; u64::from_le_bytes(len) as usize]
+    };
+    comm.broadcast(&mut buf, DType::U8, root)?;
+    Ok(buf)
 }
 
 /// In-process ranks (threads) exchanging through shared memory under a mutex: the reference transport for the
@@ -175,7 +120,7 @@ impl LocalTransport {
         self.shared.cv.notify_all();
     }
 
-    fn exchange(&self, data: Vec<u8>) -> TransportResult<Arc<Vec<Vec<u8>>>> {
+    fn exchange(&self, data: Vec<u8>) -> Result<Arc<Vec<Vec<u8>>>> {
         let ex = &*self.shared;
         let mut st = ex.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(dead) = st.dead {
@@ -205,7 +150,7 @@ impl LocalTransport {
             if now >= deadline {
                 let missing: Vec<usize> =
                     (0..ex.size).filter(|r| st.deposits[*r].is_none()).collect();
-                return Err(TransportError::Timeout {
+                return Err(Error::Timeout {
                     op: "exchange",
                     ranks: missing,
                     waited: ex.timeout,
@@ -222,32 +167,37 @@ impl LocalTransport {
 }
 
 /// Rank `rank` of an in-process group has been killed ([`LocalTransport::kill`]).
-fn died(rank: usize) -> TransportError {
-    TransportError::PeerLost {
+fn died(rank: usize) -> Error {
+    Error::PeerLost {
         rank,
         reason: "killed".into(),
     }
 }
 
 /// Rank `rank` passed `op` another `what` (size, count) than rank `reference` expected.
-fn mismatch(op: &str, what: &str, rank: usize, reference: usize) -> TransportError {
-    TransportError::Mismatch {
+fn mismatch(op: &str, what: &str, rank: usize, reference: usize) -> Error {
+    Error::Mismatch {
         rank,
         reference,
         detail: format!("rank {rank} passed {op} another {what} than rank {reference}"),
     }
 }
 
-impl Transport for LocalTransport {
-    fn name(&self) -> &str {
-        "LOCAL"
+/// Counts of elements of `dtype` as byte counts.
+fn byte_counts(counts: &[usize], dtype: DType) -> Vec<usize> {
+    counts.iter().map(|c| c * dtype.size()).collect()
+}
+
+impl Communicator for LocalTransport {
+    fn backend(&self) -> &'static str {
+        "local"
     }
 
     fn topology(&self) -> Topology {
         self.topology
     }
 
-    fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> TransportResult<()> {
+    fn allreduce_in_place(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let all = self.exchange(buf.to_vec())?;
         // Same order on every rank, so floating-point results are identical everywhere.
         buf.copy_from_slice(&all[0]);
@@ -263,13 +213,14 @@ impl Transport for LocalTransport {
     fn allgatherv(
         &mut self,
         send: &[u8],
-        recv_counts: &[usize],
         recv: &mut [u8],
-    ) -> TransportResult<()> {
+        counts: &[usize],
+        dtype: DType,
+    ) -> Result<()> {
         let all = self.exchange(send.to_vec())?;
         let mut at = 0;
-        for (rank, (piece, count)) in all.iter().zip(recv_counts).enumerate() {
-            if piece.len() != *count {
+        for (rank, (piece, count)) in all.iter().zip(byte_counts(counts, dtype)).enumerate() {
+            if piece.len() != count {
                 return Err(mismatch("allgatherv", "count", rank, self.topology.rank));
             }
             recv[at..at + count].copy_from_slice(piece);
@@ -278,7 +229,7 @@ impl Transport for LocalTransport {
         Ok(())
     }
 
-    fn broadcast(&mut self, buf: &mut [u8], root: usize) -> TransportResult<()> {
+    fn broadcast(&mut self, buf: &mut [u8], _dtype: DType, root: usize) -> Result<()> {
         let mine = if self.topology.rank == root {
             buf.to_vec()
         } else {
@@ -298,9 +249,14 @@ impl Transport for LocalTransport {
         send_counts: &[usize],
         recv: &mut [u8],
         recv_counts: &[usize],
-    ) -> TransportResult<()> {
+        dtype: DType,
+    ) -> Result<()> {
+        let (send_counts, recv_counts) = (
+            byte_counts(send_counts, dtype),
+            byte_counts(recv_counts, dtype),
+        );
         let mut msg = Vec::with_capacity(8 * send_counts.len() + send.len());
-        for c in send_counts {
+        for c in &send_counts {
             msg.extend_from_slice(&(*c as u64).to_le_bytes());
         }
         msg.extend_from_slice(send);
@@ -323,7 +279,23 @@ impl Transport for LocalTransport {
         Ok(())
     }
 
-    fn barrier(&mut self) -> TransportResult<()> {
+    /// Reduces everything and keeps this rank's block.
+    fn reducescatter(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        counts: &[usize],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let mut all = send.to_vec();
+        self.allreduce_in_place(&mut all, dtype, op)?;
+        let start: usize = counts[..self.topology.rank].iter().sum::<usize>() * dtype.size();
+        recv.copy_from_slice(&all[start..start + recv.len()]);
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<()> {
         self.exchange(Vec::new()).map(|_| ())
     }
 }

@@ -11,14 +11,15 @@ use super::handles::{Handle, Shared, Slot, Submitted, TimelineSwap, lock};
 use super::request::{NONAME, Output, Request, validate};
 use super::worker::{Worker, open_timeline};
 use crate::config::EngineConfig;
-use crate::transport::{Topology, Transport};
+use crate::transport::{Topology, fusion_max_tensor_bytes};
+use hvd_collective::Communicator;
 
 /// The per-process engine. Dropping it shuts it down.
 pub struct Engine {
     shared: Arc<Shared>,
     spin: std::time::Duration,
     fusion_threshold: usize,
-    /// The transport's [`Transport::fusion_max_tensor_bytes`].
+    /// The communicator's [`fusion_max_tensor_bytes`](crate::transport::fusion_max_tensor_bytes).
     fusion_max_tensor_bytes: usize,
     topology: Topology,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -27,13 +28,13 @@ pub struct Engine {
 impl Engine {
     /// Starts the background thread, which owns `transport` from now on.
     pub fn start(
-        transport: Box<dyn Transport>,
+        transport: Box<dyn Communicator>,
         config: EngineConfig,
     ) -> Result<Engine, EngineError> {
         let topology = transport.topology();
         let config_spin = config.spin_time;
         let fusion_threshold = config.fusion_threshold;
-        let fusion_max_tensor_bytes = transport.fusion_max_tensor_bytes();
+        let fusion_max_tensor_bytes = fusion_max_tensor_bytes(&*transport);
         let timeline = match &config.timeline {
             Some(path) => open_timeline(path, topology.rank)?,
             None => None,

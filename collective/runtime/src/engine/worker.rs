@@ -16,7 +16,10 @@ use crate::config::EngineConfig;
 use crate::coordinator::{Coordinator, StallPolicy};
 use crate::message::{OpKind, RankMessage, RequestMeta, Response, ResponseList};
 use crate::timeline::{EventName, Lanes, Phase, Timeline};
-use crate::transport::{Topology, Transport};
+use crate::transport::{
+    Topology, allgather_bytes, broadcast_bytes, display_name, fusion_max_tensor_bytes,
+};
+use hvd_collective::Communicator;
 use hvd_collective::{DType, ReduceOp};
 
 /// The timeline this rank writes for `path`, if any: like Horovod, rank 0 writes the timeline; a `{rank}` in the
@@ -51,7 +54,9 @@ struct Pending {
 
 /// The engine thread's state: it owns the transport, the coordinator (rank 0) and the response cache.
 pub(super) struct Worker {
-    transport: Box<dyn Transport>,
+    transport: Box<dyn Communicator>,
+    /// The communicator's [`display_name`], for the timeline.
+    transport_name: String,
     topology: Topology,
     config: EngineConfig,
     shared: Arc<Shared>,
@@ -75,7 +80,7 @@ pub(super) struct Worker {
     busy: bool,
     last_cycle: Instant,
     fusion: Vec<u8>,
-    /// The transport's [`Transport::fusion_max_tensor_bytes`].
+    /// The communicator's [`fusion_max_tensor_bytes`](crate::transport::fusion_max_tensor_bytes).
     fusion_max_tensor_bytes: usize,
     timeline: Option<Timeline>,
     last_negotiation: Instant,
@@ -90,7 +95,7 @@ enum Work {
 
 impl Worker {
     pub(super) fn new(
-        transport: Box<dyn Transport>,
+        transport: Box<dyn Communicator>,
         config: EngineConfig,
         shared: Arc<Shared>,
         timeline: Option<Timeline>,
@@ -99,7 +104,8 @@ impl Worker {
         Worker {
             coordinator: (topology.rank == 0).then(|| Coordinator::new(topology.size)),
             cache: ResponseCache::new(config.cache_capacity),
-            fusion_max_tensor_bytes: transport.fusion_max_tensor_bytes(),
+            fusion_max_tensor_bytes: fusion_max_tensor_bytes(&*transport),
+            transport_name: display_name(&*transport),
             transport,
             topology,
             config,
@@ -402,7 +408,7 @@ impl Worker {
             vector[1 + slots + slot] = u8::from(valid);
         }
         self.transport
-            .allreduce(&mut vector, DType::U8, ReduceOp::Min)?;
+            .allreduce_in_place(&mut vector, DType::U8, ReduceOp::Min)?;
         self.invalid.clear();
 
         // Stale entries: every rank evicts them, and their local requests go to the coordinator instead.
@@ -495,7 +501,7 @@ impl Worker {
             requests,
             cached_ready: self.cached_ready.iter().copied().collect(),
         };
-        let all = self.transport.allgather_bytes(&message.encode())?;
+        let all = allgather_bytes(&mut *self.transport, &message.encode())?;
         let list_bytes = match &mut self.coordinator {
             Some(c) => {
                 let messages = all
@@ -511,7 +517,7 @@ impl Worker {
             }
             None => Vec::new(),
         };
-        let bytes = self.transport.broadcast_bytes(list_bytes, 0)?;
+        let bytes = broadcast_bytes(&mut *self.transport, list_bytes, 0)?;
         Ok(ResponseList::decode(&bytes)?)
     }
 
@@ -634,7 +640,7 @@ impl Worker {
         if let Some(name) = self.activity_names.get(&kind) {
             return name.clone();
         }
-        let name = EventName::Owned(format!("{}_{}", self.transport.name(), kind.upper()).into());
+        let name = EventName::Owned(format!("{}_{}", self.transport_name, kind.upper()).into());
         self.activity_names.insert(kind, name.clone());
         name
     }

@@ -7,6 +7,7 @@ use crate::fused::FusedIo;
 use crate::kernels::{elementwise, fill_identity, scale};
 use crate::message::{OpKind, RequestMeta};
 use crate::timeline::{EventName, Phase};
+use hvd_collective::DType;
 
 impl Worker {
     pub(super) fn run_fused(&mut self, metas: &[RequestMeta]) -> Result<(), Stop> {
@@ -188,18 +189,18 @@ impl Worker {
                     }
                 };
                 if meta.kind == OpKind::Allreduce {
-                    t.allreduce(buf, meta.dtype, reduction)?;
+                    t.allreduce_in_place(buf, meta.dtype, reduction)?;
                     let post = meta.postscale * if average { 1.0 / size as f64 } else { 1.0 };
                     scale(buf, meta.dtype, post);
                 } else {
-                    t.broadcast(buf, meta.root as usize)?;
+                    t.broadcast(buf, DType::U8, meta.root as usize)?;
                 }
             }
             OpKind::Allgather => {
                 let counts: Vec<usize> = dim0s.iter().map(|d| *d as usize * row_bytes).collect();
                 let mut recv = vec![0u8; counts.iter().sum()];
                 let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
-                t.allgatherv(send, &counts, &mut recv)?;
+                t.allgatherv(send, &mut recv, &counts, DType::U8)?;
                 out.data = recv;
                 out.shape[0] = dim0s.iter().sum();
             }
@@ -220,7 +221,7 @@ impl Worker {
                     recv_rows.iter().map(|r| *r as usize * row_bytes).collect();
                 let mut recv = vec![0u8; recv_counts.iter().sum()];
                 let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
-                t.alltoallv(send, &send_counts, &mut recv, &recv_counts)?;
+                t.alltoallv(send, &send_counts, &mut recv, &recv_counts, DType::U8)?;
                 out.data = recv;
                 out.shape[0] = recv_rows.iter().sum();
                 out.splits = recv_rows;
@@ -240,7 +241,7 @@ impl Worker {
                     None => fill_identity(&mut buf, meta.dtype, reduction),
                 }
                 let mut mine = vec![0u8; blocks[me] * esize];
-                t.reducescatter(&mut buf, &blocks, &mut mine, meta.dtype, reduction)?;
+                t.reducescatter(&buf, &mut mine, &blocks, meta.dtype, reduction)?;
                 let post = meta.postscale * if average { 1.0 / size as f64 } else { 1.0 };
                 scale(&mut mine, meta.dtype, post);
                 out.data = mine;
