@@ -78,6 +78,15 @@ fn platform() -> String {
 }
 
 impl<'a> Planned<'a> {
+    /// The interpreter as derivations record it: version and path.
+    fn python_identity(&self) -> String {
+        format!(
+            "{} {}",
+            self.python.version,
+            self.python.executable.display()
+        )
+    }
+
     fn new(store: &'a Store, plan: &'a EnvPlan, options: &BuildOptions) -> Result<Planned<'a>> {
         let python = Interpreter::find(&plan.python)?;
         let any_source_build = plan.packages.iter().any(|p| p.build.is_some());
@@ -160,14 +169,7 @@ impl<'a> Planned<'a> {
                         .input("artifact.filename", &package.artifact.filename)
                         .input("builder", "hvd-pep517-1")
                         .input("platform", platform())
-                        .input(
-                            "python",
-                            format!(
-                                "{} {}",
-                                self.python.version,
-                                self.python.executable.display()
-                            ),
-                        )
+                        .input("python", self.python_identity())
                         .input("source-date-epoch", source_build::SOURCE_DATE_EPOCH)
                         .input(
                             "toolchain",
@@ -221,14 +223,7 @@ impl<'a> Planned<'a> {
         locals: &[(LocalPackage, Derivation)],
     ) -> Result<Derivation> {
         let mut derivation = Derivation::new(DerivationKind::Env, name, version)
-            .input(
-                "python",
-                format!(
-                    "{} {}",
-                    self.python.version,
-                    self.python.executable.display()
-                ),
-            )
+            .input("python", self.python_identity())
             // 2: console scripts run their entry point only as `__main__` (multiprocessing's spawn re-imports them).
             // 3: the pycache `.pth` line works on every python (a no-op plus no bytecode before 3.8); python 2 layout.
             .input("layout", "hvd-venv-3")

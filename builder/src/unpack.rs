@@ -522,19 +522,24 @@ impl<'a> Extractor<'a> {
         Ok(hasher.map(Sha256::from_hasher))
     }
 
+    /// [`Self::claim`] `dest` for a regular file of `entry`.
+    fn claim_file(&mut self, entry: &str, normalized: &str, dest: &str) -> Result<()> {
+        self.claim(
+            entry,
+            normalized,
+            dest,
+            Node::File {
+                entry: entry.to_string(),
+            },
+        )
+    }
+
     fn add_file(&mut self, entry: &str, executable: bool, reader: &mut dyn Read) -> Result<()> {
         self.count_entry(entry)?;
         let Some((normalized, dest)) = self.place(entry, false)? else {
             return Ok(());
         };
-        self.claim(
-            entry,
-            &normalized,
-            &dest,
-            Node::File {
-                entry: entry.to_string(),
-            },
-        )?;
+        self.claim_file(entry, &normalized, &dest)?;
         self.write_file(entry, (normalized, dest), executable, reader)
     }
 
@@ -595,14 +600,7 @@ impl<'a> Extractor<'a> {
             Some(_) => return Err(refuse_target(self, "which is a link")),
             None => return Err(refuse_target(self, "which was not extracted before it")),
         };
-        self.claim(
-            entry,
-            &normalized,
-            &dest,
-            Node::File {
-                entry: entry.to_string(),
-            },
-        )?;
+        self.claim_file(entry, &normalized, &dest)?;
         let (parent, last) = self.open_parent(entry, &source.dest)?;
         let fd = nix::fcntl::openat(
             parent,

@@ -349,6 +349,32 @@ pub struct FixtureOptions {
     pub fail_first: u32,
 }
 
+impl FixtureOptions {
+    /// The defaults, with HTML pages or not.
+    pub fn html(html: bool) -> FixtureOptions {
+        FixtureOptions {
+            html,
+            ..FixtureOptions::default()
+        }
+    }
+
+    /// The defaults, with PEP 658 metadata files or not.
+    pub fn core_metadata(core_metadata: bool) -> FixtureOptions {
+        FixtureOptions {
+            core_metadata,
+            ..FixtureOptions::default()
+        }
+    }
+
+    /// The defaults, with Range support or not.
+    pub fn ranges(ranges: bool) -> FixtureOptions {
+        FixtureOptions {
+            ranges,
+            ..FixtureOptions::default()
+        }
+    }
+}
+
 impl Default for FixtureOptions {
     fn default() -> Self {
         FixtureOptions {
@@ -525,6 +551,12 @@ impl FixtureIndex {
             .clear();
     }
 
+    /// An index serving one wheel, `helper 1.0` (`helper-1.0-py3-none-any.whl`).
+    pub fn helper(options: FixtureOptions) -> FixtureIndex {
+        FixtureIndex::start(vec![Dist::wheel("helper", "1.0")], options)
+            .expect("the fixture index starts")
+    }
+
     /// Bytes and sha256 of a file by name.
     pub fn file(&self, filename: &str) -> Option<(Vec<u8>, String)> {
         let files = self.state.files.lock().unwrap_or_else(|p| p.into_inner());
@@ -577,6 +609,15 @@ pub fn lock_options_at(index_url: &str, cache: &std::path::Path) -> crate::LockO
             glibc: Some((2, 36)),
         }),
         ..crate::LockOptions::default()
+    }
+}
+
+/// The error of a lock that must fail, with its causes ([`lock_or_hang`], then
+/// [`crate::index::error_chain`]).
+pub fn lock_error(env: hvd_lang::model::Env, options: crate::LockOptions) -> String {
+    match lock_or_hang(env, options) {
+        Ok(_) => panic!("the lock succeeded; it must fail"),
+        Err(err) => crate::index::error_chain(&err),
     }
 }
 

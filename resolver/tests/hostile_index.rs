@@ -5,9 +5,8 @@
 use std::path::Path;
 
 use hvd_resolver::Lockfile;
-use hvd_resolver::index::error_chain;
 use hvd_resolver::testing::{
-    Dist, FixtureIndex, FixtureOptions, env_of, lock_options, lock_or_hang,
+    Dist, FixtureIndex, FixtureOptions, env_of, lock_error, lock_options, lock_or_hang,
 };
 
 /// Every sha256 in a lockfile's text is 64 lowercase hex digits.
@@ -37,19 +36,10 @@ fn sha256_with_path_traversal_writes_nothing_and_names_the_package() {
     let target = outside.path().join("pwned");
     let cache = tempfile::tempdir().unwrap();
     for html in [false, true] {
-        let index = FixtureIndex::start(
-            vec![Dist::wheel("helper", "1.0")],
-            FixtureOptions {
-                html,
-                ..FixtureOptions::default()
-            },
-        )
-        .unwrap();
+        let index = FixtureIndex::helper(FixtureOptions::html(html));
         let hostile = format!("{}{}", "../".repeat(32), target.display());
         index.list_sha256("helper-1.0-py3-none-any.whl", Some(&hostile));
-        let err =
-            lock_or_hang(env_of(&["helper"]), lock_options(&index, cache.path())).unwrap_err();
-        let text = error_chain(&err);
+        let text = lock_error(env_of(&["helper"]), lock_options(&index, cache.path()));
         assert!(
             text.contains("helper") && text.contains("not a sha256"),
             "html={html}: {text}"
@@ -64,11 +54,7 @@ fn sha256_with_path_traversal_writes_nothing_and_names_the_package() {
 #[test]
 fn claimed_sha256_of_another_index_does_not_poison_its_locks() {
     let cache = tempfile::tempdir().unwrap();
-    let honest = FixtureIndex::start(
-        vec![Dist::wheel("helper", "1.0")],
-        FixtureOptions::default(),
-    )
-    .unwrap();
+    let honest = FixtureIndex::helper(FixtureOptions::default());
     let (_, honest_sha) = honest.file("helper-1.0-py3-none-any.whl").unwrap();
     for core_metadata in [false, true] {
         let hostile = FixtureIndex::start(
@@ -132,9 +118,7 @@ fn central_directory_past_the_end_fails_the_lock_instead_of_hanging() {
         .unwrap();
         let dist = Dist::wheel("helper", "1.0").with_extra_files(extra_files);
         index.add_raw(dist.clone(), wheel_with_lying_central_directory(&dist));
-        let err =
-            lock_or_hang(env_of(&["helper"]), lock_options(&index, cache.path())).unwrap_err();
-        let text = error_chain(&err);
+        let text = lock_error(env_of(&["helper"]), lock_options(&index, cache.path()));
         assert!(
             text.contains("helper-1.0-py3-none-any.whl")
                 && (text.contains("outside the file") || text.contains("bad local offset")),
@@ -206,8 +190,7 @@ fn sdist_not_matching_its_listed_sha256_is_refused() {
     let index =
         FixtureIndex::start(vec![Dist::sdist("lib", "2.0")], FixtureOptions::default()).unwrap();
     index.list_sha256("lib-2.0.tar.gz", Some(&"0".repeat(64)));
-    let err = lock_or_hang(env_of(&["lib"]), lock_options(&index, cache.path())).unwrap_err();
-    let text = error_chain(&err);
+    let text = lock_error(env_of(&["lib"]), lock_options(&index, cache.path()));
     assert!(
         text.contains("lib-2.0.tar.gz") && text.contains("does not match the sha256"),
         "{text}"
@@ -218,21 +201,13 @@ fn sdist_not_matching_its_listed_sha256_is_refused() {
 #[test]
 fn core_metadata_not_matching_its_listed_sha256_is_refused() {
     let cache = tempfile::tempdir().unwrap();
-    let index = FixtureIndex::start(
-        vec![Dist::wheel("helper", "1.0")],
-        FixtureOptions {
-            core_metadata: true,
-            ..FixtureOptions::default()
-        },
-    )
-    .unwrap();
+    let index = FixtureIndex::helper(FixtureOptions::core_metadata(true));
     index.serve_metadata(
         "helper-1.0-py3-none-any.whl",
         "Metadata-Version: 2.1\nName: helper\nVersion: 1.0\nRequires-Dist: evilzip\n",
     );
     index.list_core_metadata_sha256("helper-1.0-py3-none-any.whl", &"1".repeat(64));
-    let err = lock_or_hang(env_of(&["helper"]), lock_options(&index, cache.path())).unwrap_err();
-    let text = error_chain(&err);
+    let text = lock_error(env_of(&["helper"]), lock_options(&index, cache.path()));
     assert!(
         text.contains("helper-1.0-py3-none-any.whl.metadata")
             && text.contains("does not match the sha256"),

@@ -37,28 +37,28 @@ fn universe() -> Vec<Dist> {
     ]
 }
 
+/// What `universe()` locks to for `app` and `newpy` (python 3.11, linux x86_64).
+const APP_AND_NEWPY: [&str; 6] = [
+    "app==2.0",
+    "lib==2.0",
+    "newpy==1.0",
+    "plugin==1.0",
+    "six==1.16.0",
+    "speedups==0.1",
+];
+
+fn lock_app_and_newpy(index: &FixtureIndex, cache: &std::path::Path) -> Lockfile {
+    lock(&env_of(&["app", "newpy"]), &lock_options(index, cache)).unwrap()
+}
+
 #[test]
 fn resolves_markers_extras_yanked_and_requires_python() {
     let index = FixtureIndex::start(universe(), FixtureOptions::default()).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let lock = lock(
-        &env_of(&["app", "newpy"]),
-        &lock_options(&index, cache.path()),
-    )
-    .unwrap();
+    let lock = lock_app_and_newpy(&index, cache.path());
     // app 2.0 (newest); lib 2.0 (3.0 is yanked); plugin[fast] pulls speedups 0.1 (0.2 is cp312 only);
     // win-only is skipped by its marker; newpy 2.0 needs python 3.12.
-    assert_eq!(
-        versions(&lock),
-        [
-            "app==2.0",
-            "lib==2.0",
-            "newpy==1.0",
-            "plugin==1.0",
-            "six==1.16.0",
-            "speedups==0.1"
-        ]
-    );
+    assert_eq!(versions(&lock), APP_AND_NEWPY);
     let six = lock.package("six").unwrap();
     assert_eq!(
         six.artifact.kind,
@@ -227,22 +227,8 @@ fn html_index_without_ranges_works() {
     )
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let lock = lock(
-        &env_of(&["app", "newpy"]),
-        &lock_options(&index, cache.path()),
-    )
-    .unwrap();
-    assert_eq!(
-        versions(&lock),
-        [
-            "app==2.0",
-            "lib==2.0",
-            "newpy==1.0",
-            "plugin==1.0",
-            "six==1.16.0",
-            "speedups==0.1"
-        ]
-    );
+    let lock = lock_app_and_newpy(&index, cache.path());
+    assert_eq!(versions(&lock), APP_AND_NEWPY);
     assert!(
         index
             .requests()

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use hvd_resolver::lock;
-use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
+use hvd_resolver::testing::{FixtureIndex, FixtureOptions, env_of, lock_options};
 
 /// The pid of a process that has ended (a real child, waited for).
 fn dead_pid() -> u32 {
@@ -50,11 +50,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn a_lock_removes_stale_temps_of_the_metadata_cache_once_an_hour() {
     let cache = tempfile::tempdir().unwrap();
-    let index = FixtureIndex::start(
-        vec![Dist::wheel("helper", "1.0")],
-        FixtureOptions::default(),
-    )
-    .unwrap();
+    let index = FixtureIndex::helper(FixtureOptions::default());
     let dead = dead_pid();
     let me = std::process::id();
     let bucket = cache.path().join("v1/metadata/ab");
@@ -109,11 +105,7 @@ fn a_lock_removes_stale_temps_of_the_metadata_cache_once_an_hour() {
 fn writing_a_lockfile_removes_its_stale_temps_only() {
     let cache = tempfile::tempdir().unwrap();
     let project = tempfile::tempdir().unwrap();
-    let index = FixtureIndex::start(
-        vec![Dist::wheel("helper", "1.0")],
-        FixtureOptions::default(),
-    )
-    .unwrap();
+    let index = FixtureIndex::helper(FixtureOptions::default());
     let lockfile = lock(&env_of(&["helper"]), &lock_options(&index, cache.path())).unwrap();
     let dead = dead_pid();
     let me = std::process::id();

@@ -11,7 +11,7 @@ use hvd_resolver::LockOptions;
 use hvd_resolver::deadline::HttpDeadlines;
 use hvd_resolver::index::error_chain;
 use hvd_resolver::testing::{
-    Dist, FixtureIndex, FixtureOptions, env_of, lock_options, lock_or_hang,
+    Dist, FixtureIndex, FixtureOptions, env_of, lock_error, lock_options, lock_or_hang,
 };
 
 const WHEEL: &str = "helper-1.0-py3-none-any.whl";
@@ -45,18 +45,9 @@ fn assert_mentions(text: &str, needles: &[&str]) {
 fn trickled_project_page_stops_at_the_request_deadline() {
     let cache = tempfile::tempdir().unwrap();
     for html in [false, true] {
-        let index = FixtureIndex::start(
-            vec![Dist::wheel("helper", "1.0")],
-            FixtureOptions {
-                html,
-                ..FixtureOptions::default()
-            },
-        )
-        .unwrap();
+        let index = FixtureIndex::helper(FixtureOptions::html(html));
         index.trickle("/simple/helper/", 1, STALL);
-        let err =
-            lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
-        let text = error_chain(&err);
+        let text = lock_error(env_of(&["helper"]), options(&index, cache.path(), short()));
         assert_mentions(
             &text,
             &[
@@ -75,23 +66,14 @@ fn trickled_project_page_stops_at_the_request_deadline() {
 fn trickled_metadata_stops_at_the_request_deadline() {
     for core_metadata in [false, true] {
         let cache = tempfile::tempdir().unwrap();
-        let index = FixtureIndex::start(
-            vec![Dist::wheel("helper", "1.0")],
-            FixtureOptions {
-                core_metadata,
-                ..FixtureOptions::default()
-            },
-        )
-        .unwrap();
+        let index = FixtureIndex::helper(FixtureOptions::core_metadata(core_metadata));
         let path = if core_metadata {
             format!("/files/{WHEEL}.metadata")
         } else {
             format!("/files/{WHEEL}")
         };
         index.trickle(&path, 1, STALL);
-        let err =
-            lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
-        let text = error_chain(&err);
+        let text = lock_error(env_of(&["helper"]), options(&index, cache.path(), short()));
         assert_mentions(
             &text,
             &[
@@ -102,14 +84,7 @@ fn trickled_metadata_stops_at_the_request_deadline() {
             ],
         );
         // Nothing half-read was cached: the next lock against an honest host succeeds.
-        let honest = FixtureIndex::start(
-            vec![Dist::wheel("helper", "1.0")],
-            FixtureOptions {
-                core_metadata,
-                ..FixtureOptions::default()
-            },
-        )
-        .unwrap();
+        let honest = FixtureIndex::helper(FixtureOptions::core_metadata(core_metadata));
         lock_or_hang(env_of(&["helper"]), options(&honest, cache.path(), short())).unwrap();
     }
 }
@@ -119,19 +94,10 @@ fn trickled_metadata_stops_at_the_request_deadline() {
 #[test]
 fn trickled_download_of_a_hashless_index_stops_below_the_least_speed() {
     let cache = tempfile::tempdir().unwrap();
-    let index = FixtureIndex::start(
-        vec![Dist::wheel("helper", "1.0")],
-        FixtureOptions {
-            core_metadata: true,
-            ..FixtureOptions::default()
-        },
-    )
-    .unwrap();
+    let index = FixtureIndex::helper(FixtureOptions::core_metadata(true));
     index.list_sha256(WHEEL, None);
     index.trickle(&format!("/files/{WHEEL}"), 1, STALL);
-    let err =
-        lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
-    let text = error_chain(&err);
+    let text = lock_error(env_of(&["helper"]), options(&index, cache.path(), short()));
     assert_mentions(
         &text,
         &[
@@ -153,9 +119,7 @@ fn trickled_sdist_stops_below_the_least_speed() {
     )
     .unwrap();
     index.trickle("/files/helper-1.0.tar.gz", 1, STALL);
-    let err =
-        lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
-    let text = error_chain(&err);
+    let text = lock_error(env_of(&["helper"]), options(&index, cache.path(), short()));
     assert_mentions(
         &text,
         &[
@@ -205,18 +169,9 @@ fn slow_but_honest_download_finishes_past_the_request_deadline() {
 #[test]
 fn trickled_whole_wheel_from_a_host_without_ranges_stops_below_the_least_speed() {
     let cache = tempfile::tempdir().unwrap();
-    let index = FixtureIndex::start(
-        vec![Dist::wheel("helper", "1.0")],
-        FixtureOptions {
-            ranges: false,
-            ..FixtureOptions::default()
-        },
-    )
-    .unwrap();
+    let index = FixtureIndex::helper(FixtureOptions::ranges(false));
     index.trickle(&format!("/files/{WHEEL}"), 1, STALL);
-    let err =
-        lock_or_hang(env_of(&["helper"]), options(&index, cache.path(), short())).unwrap_err();
-    let text = error_chain(&err);
+    let text = lock_error(env_of(&["helper"]), options(&index, cache.path(), short()));
     assert_mentions(
         &text,
         &[

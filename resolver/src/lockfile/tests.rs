@@ -3,6 +3,16 @@
 use super::*;
 use hvd_lang::model::Toolchain;
 
+/// The fields `check_against` names as changed.
+fn changed_fields(lock: &Lockfile, env: &Env) -> Vec<String> {
+    lock.check_against(env)
+        .unwrap_err()
+        .changes
+        .into_iter()
+        .map(|c| c.field)
+        .collect()
+}
+
 fn env() -> Env {
     Env {
         python: "3.11".into(),
@@ -216,13 +226,7 @@ fn staleness_names_each_field() {
         .requires
         .push("wheel".into());
     e.variables.insert("A".into(), "1".into());
-    let fields: Vec<String> = l
-        .check_against(&e)
-        .unwrap_err()
-        .changes
-        .into_iter()
-        .map(|c| c.field)
-        .collect();
+    let fields = changed_fields(&l, &e);
     assert_eq!(
         fields,
         [
@@ -249,13 +253,7 @@ fn staleness_names_each_field() {
         .env
         .insert("X".into(), "1".into());
     e.packages[1].build.as_mut().unwrap().against = vec![];
-    let fields: Vec<String> = l
-        .check_against(&e)
-        .unwrap_err()
-        .changes
-        .into_iter()
-        .map(|c| c.field)
-        .collect();
+    let fields = changed_fields(&l, &e);
     assert_eq!(
         fields,
         [
