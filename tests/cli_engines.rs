@@ -903,13 +903,17 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     );
     // --dry-run prints the JobSet and the kubectl commands, and runs none.
     let _ = std::fs::remove_file(bin.join("calls"));
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--dry-run"])
-        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-        .output()
-        .unwrap();
-    let stdout = text(&out).0;
-    assert!(out.status.success(), "{}", text(&out).1);
+    let dry_run = |extra: &[&str]| {
+        let out = common::hvd_run_command(dir.path())
+            .args(["--no-build", "--dry-run"])
+            .args(extra)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out).1);
+        text(&out).0
+    };
+    let stdout = dry_run(&[]);
     assert!(stdout.contains("\"kind\": \"JobSet\""), "{stdout}");
     assert!(
         stdout.contains("#   kubectl apply -f - < MANIFEST"),
@@ -921,13 +925,7 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     );
     assert!(!bin.join("calls").exists(), "a dry run calls no kubectl");
     // `--workers N` sizes the distributed steps of the JobSet as with every other engine.
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--dry-run", "--workers", "3"])
-        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-        .output()
-        .unwrap();
-    let stdout = text(&out).0;
-    assert!(out.status.success(), "{}", text(&out).1);
+    let stdout = dry_run(&["--workers", "3"]);
     assert!(stdout.contains("\"parallelism\": 3"), "{stdout}");
     assert!(
         stdout.contains("\"parallelism\": 1"),

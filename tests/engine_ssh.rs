@@ -189,30 +189,11 @@ impl Hosts {
             run_ok("ip", &["-n", &ns, "link", "set", "hvd0", "up"]);
         }
         let d = hosts.dir.path().to_path_buf();
-        run_ok(
-            "ssh-keygen",
-            &[
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-f",
-                d.join("hostkey").to_str().unwrap(),
-            ],
-        );
-        run_ok(
-            "ssh-keygen",
-            &[
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-f",
-                d.join("id").to_str().unwrap(),
-            ],
-        );
+        for key in ["hostkey", "id"] {
+            let file = d.join(key);
+            let file = file.to_str().unwrap();
+            run_ok("ssh-keygen", &["-q", "-t", "ed25519", "-N", "", "-f", file]);
+        }
         std::fs::copy(d.join("id.pub"), d.join("authorized_keys")).unwrap();
         std::fs::write(
             d.join("ssh_config"),
