@@ -6,10 +6,8 @@ use std::rc::Rc;
 use nom::Parser as _;
 use nom::bytes::complete::tag;
 
-use super::{
-    MAX_DEPTH, P, PError, PResult, RESERVED, fail, fail_help, found, is_ident_start, token_len,
-    with_help,
-};
+use super::tokens::{fail, fail_help, found, is_ident_start, token_len, with_help};
+use super::{MAX_DEPTH, P, PError, PResult, RESERVED};
 use crate::syntax::ast::*;
 
 impl<'s> P<'s> {

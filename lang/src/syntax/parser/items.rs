@@ -1,7 +1,8 @@
 //! Items (`project`, `import`, `let`, blocks, steps) and attribute sets: their entries, keys, `for`
 //! entries, and recovery to the next entry after an error inside a multi-line set.
 
-use super::{P, PError, PResult, RESERVED, fail, fail_help, found, is_ident_start, token_len};
+use super::tokens::{fail, fail_help, found, is_ident_start, token_len};
+use super::{P, PError, PResult, RESERVED};
 use crate::syntax::ast::*;
 
 impl<'s> P<'s> {

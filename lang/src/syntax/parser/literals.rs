@@ -7,7 +7,8 @@ use nom::character::complete::{char, digit1};
 use nom::combinator::{opt, recognize};
 use nom::sequence::pair;
 
-use super::{DURATION_UNITS, P, PError, PResult, SIZE_UNITS, fail, fail_help, is_ident_char};
+use super::tokens::{fail, fail_help, is_ident_char};
+use super::{DURATION_UNITS, P, PError, PResult, SIZE_UNITS};
 use crate::syntax::ast::*;
 
 impl<'s> P<'s> {
