@@ -384,22 +384,7 @@ fn uppercase_tokens(text: &str) -> Vec<(String, bool)> {
 /// compile-time `env!`/`option_env!` names. Source after the first `#[cfg(test)]` module is left out: clippy's
 /// `items_after_test_module` keeps a crate's test module last in its file.
 fn rust_literals(text: &str) -> Vec<String> {
-    let mut lines = text.lines().peekable();
-    let mut code = String::new();
-    while let Some(line) = lines.next() {
-        if line.trim() == "#[cfg(test)]"
-            && lines.peek().is_some_and(|next| {
-                let next = next.trim_start();
-                next.starts_with("mod ")
-                    || next.starts_with("pub mod ")
-                    || next.starts_with("#[path")
-            })
-        {
-            break;
-        }
-        code.push_str(line);
-        code.push('\n');
-    }
+    let code = shipped_rust(text);
     let b = code.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -465,6 +450,27 @@ fn rust_literals(text: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Rust source `text` up to its `#[cfg(test)]` module (clippy's `items_after_test_module` keeps that last).
+fn shipped_rust(text: &str) -> String {
+    let mut lines = text.lines().peekable();
+    let mut code = String::new();
+    while let Some(line) = lines.next() {
+        if line.trim() == "#[cfg(test)]"
+            && lines.peek().is_some_and(|next| {
+                let next = next.trim_start();
+                next.starts_with("mod ")
+                    || next.starts_with("pub mod ")
+                    || next.starts_with("#[path")
+            })
+        {
+            break;
+        }
+        code.push_str(line);
+        code.push('\n');
+    }
+    code
 }
 
 /// The string literals of Python source `text` (single or double quoted, one line each; comments left out).
@@ -587,6 +593,52 @@ fn sources_name_only_registered_variables() {
     assert!(scanned > 100, "only {scanned} source files found");
     problems.sort();
     problems.dedup();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Every registered variable is named somewhere in its crate's shipped code besides the registry (as the constant,
+/// or in a string: a generated script, a message): a variable the code stopped using leaves the registry too.
+#[test]
+fn every_registered_variable_is_used_by_its_crate() {
+    let mut problems = Vec::new();
+    for c in CRATES {
+        let mut files = Vec::new();
+        for dir in c.sources {
+            source_files(&root().join(dir), &mut files);
+        }
+        let mut code = String::new();
+        for file in files.iter().filter(|f| !f.ends_with(c.registry)) {
+            let text = read(file);
+            let (text, comment) = if file.extension().is_some_and(|e| e == "py") {
+                (text, "#")
+            } else {
+                (shipped_rust(&text), "//")
+            };
+            for line in text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with(comment))
+            {
+                code.push_str(line);
+                code.push('\n');
+            }
+        }
+        let words: BTreeSet<&str> = code
+            .split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+            .collect();
+        for (name, _, _) in c.all {
+            let used = if name.ends_with('_') {
+                code.contains(name)
+            } else {
+                words.contains(name)
+            };
+            if !used {
+                problems.push(format!(
+                    "{}: `{name}` is registered but no shipped code of {} names it",
+                    c.registry, c.name
+                ));
+            }
+        }
+    }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
