@@ -7,7 +7,8 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 /// Reads source files for the evaluator. The evaluator joins an import's path to the importing file's
-/// directory and drops `.` components; the loader says which file that names and what it holds.
+/// directory and drops `.` components; the loader says which file that names and what it holds. `Sync`
+/// because parsing and evaluation run on a thread of their own (one with a large stack).
 pub trait ImportLoader: Sync {
     /// The one path that names this file, whatever way it was written: import cycles and the module cache
     /// compare these. An error when there is no such file.
