@@ -384,6 +384,16 @@ mod tests {
         hvd_resolver::temp_files::remove_stale_temps(dir, PART_SUFFIX, None)
     }
 
+    /// A reader of `stream` past the request's head (the servers below answer every request alike).
+    fn read_request_head(stream: &std::net::TcpStream) -> BufReader<std::net::TcpStream> {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+            line.clear();
+        }
+        reader
+    }
+
     /// A one-route HTTP server on 127.0.0.1 playing a hostile file host: `body` is sent after the head; with
     /// `endless`, `body` is repeated until the client hangs up and no Content-Length is sent.
     fn serve(body: Vec<u8>, endless: bool) -> String {
@@ -394,11 +404,7 @@ mod tests {
                 let Ok(mut stream) = stream else { continue };
                 let body = body.clone();
                 std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut line = String::new();
-                    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                        line.clear();
-                    }
+                    read_request_head(&stream);
                     let head = if endless {
                         "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string()
                     } else {
@@ -436,14 +442,10 @@ mod tests {
                 counter.fetch_add(1, Ordering::SeqCst);
                 let body = body.clone();
                 std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut line = String::new();
-                    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                        line.clear();
-                    }
+                    let mut reader = read_request_head(&stream);
                     if chunk == 0 {
                         // Hold the connection without a byte until the client hangs up.
-                        let _ = reader.read_line(&mut line);
+                        let _ = reader.read_line(&mut String::new());
                         return;
                     }
                     let head = format!(
@@ -497,6 +499,15 @@ mod tests {
             .map(|e| e.path().to_path_buf())
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// A fetch of the local file `url` is refused as not a regular file, and nothing is left in the cache.
+    fn assert_local_refused(cache: &Path, url: String) {
+        let err = fetch(cache, artifact(url, Sha256::of_bytes(b""), None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        assert_cache_empty(cache);
     }
 
     /// Low item: downloads ignored the locked size; a host sending forever filled the disk.
@@ -625,15 +636,8 @@ mod tests {
     fn local_device_file_is_refused_not_read() {
         let cache = tempfile::tempdir().unwrap();
         for url in ["/dev/zero", "file:///dev/zero"] {
-            let err = fetch(
-                cache.path(),
-                artifact(url.into(), Sha256::of_bytes(b""), None),
-            )
-            .unwrap_err()
-            .to_string();
-            assert!(err.contains("not a regular file"), "{err}");
+            assert_local_refused(cache.path(), url.into());
         }
-        assert_cache_empty(cache.path());
     }
 
     /// Review: a lockfile naming a FIFO made the fetch wait forever in `open`, before the regular-file check.
@@ -647,14 +651,9 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success());
-        let url = format!("file://{}", fifo.display());
         // `fetch` fails the test when the fetch hangs (a generous guard, not a timing assertion: the refusal is
         // immediate).
-        let err = fetch(cache.path(), artifact(url, Sha256::of_bytes(b""), None))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("not a regular file"), "{err}");
-        assert_cache_empty(cache.path());
+        assert_local_refused(cache.path(), format!("file://{}", fifo.display()));
     }
 
     #[test]

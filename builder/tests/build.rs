@@ -8,8 +8,8 @@ use std::process::Command;
 
 use common::*;
 use hvd_builder::{
-    BuildOptions, EnvPlan, Error, NoProgress, PackagePlan, SourceBuildPlan, Store, Toolchain,
-    build_env, check_env,
+    BuildOptions, EnvBuild, EnvPlan, Error, NoProgress, PackagePlan, SourceBuildPlan, Store,
+    Toolchain, build_env, check_env,
 };
 
 struct Fixture {
@@ -38,6 +38,20 @@ fn fixture() -> Fixture {
         store,
         control: control_dir.path().to_path_buf(),
         _control_dir: Some(control_dir),
+    }
+}
+
+impl Fixture {
+    /// Build `plan` with the default options; it must succeed.
+    fn build(&self, plan: &EnvPlan) -> EnvBuild {
+        build_env(&self.store, plan, &BuildOptions::default(), &NoProgress).unwrap()
+    }
+
+    /// Build `plan` with `options`; it must fail. The error's text.
+    fn build_error(&self, plan: &EnvPlan, options: &BuildOptions) -> String {
+        build_env(&self.store, plan, options, &NoProgress)
+            .unwrap_err()
+            .to_string()
     }
 }
 
@@ -122,7 +136,7 @@ fn wheels_install_into_a_venv_layout_env() {
         f.server.wheel_plan("other", "2.0", &other),
     ]);
 
-    let built = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    let built = f.build(&plan);
     assert!(built.env_built);
     assert!(built.packages.iter().all(|p| p.built && !p.source_built));
     let python = built.env.join("bin/python");
@@ -171,7 +185,7 @@ fn wheels_install_into_a_venv_layout_env() {
             .permissions(),
     );
     assert_eq!(mode & 0o777, 0o444);
-    let again = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    let again = f.build(&plan);
     assert_eq!(again.env, built.env);
     assert!(!again.env_built && again.packages.iter().all(|p| !p.built));
 
@@ -271,13 +285,7 @@ fn source_build_follows_the_framework_and_reverting_is_a_cache_hit() {
         plan(vec![f.server.wheel_plan("fwk", version, file), ext.clone()])
     };
 
-    let first = build_env(
-        &f.store,
-        &with_fwk(&fwk1, "1.0"),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let first = f.build(&with_fwk(&fwk1, "1.0"));
     assert_eq!(ext_value(&first.env, "ext"), "1");
     let ext_first = first
         .packages
@@ -318,13 +326,7 @@ fn source_build_follows_the_framework_and_reverting_is_a_cache_hit() {
         );
     }
 
-    let second = build_env(
-        &f.store,
-        &with_fwk(&fwk2, "2.0"),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let second = f.build(&with_fwk(&fwk2, "2.0"));
     assert_eq!(ext_value(&second.env, "ext"), "2");
     let ext_second = second.packages.iter().find(|p| p.name == "ext").unwrap();
     assert!(
@@ -333,13 +335,7 @@ fn source_build_follows_the_framework_and_reverting_is_a_cache_hit() {
     );
     assert_ne!(ext_second.path, ext_first.path);
 
-    let third = build_env(
-        &f.store,
-        &with_fwk(&fwk1, "1.0"),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let third = f.build(&with_fwk(&fwk1, "1.0"));
     assert_eq!(third.env, first.env);
     let ext_third = third.packages.iter().find(|p| p.name == "ext").unwrap();
     assert_eq!(ext_third.path, ext_first.path);
@@ -377,9 +373,7 @@ fn source_build_follows_the_framework_and_reverting_is_a_cache_hit() {
         locked: true,
         ..BuildOptions::default()
     };
-    let err = build_env(&f.store, &pinned, &locked, &NoProgress)
-        .unwrap_err()
-        .to_string();
+    let err = f.build_error(&pinned, &locked);
     assert!(
         err.contains("expects gcc 1.2.3") && err.contains("this machine has gcc"),
         "{err}"
@@ -396,7 +390,7 @@ fn check_reports_the_file_of_a_nondeterministic_build() {
         "    open('module.py', 'a').write('STAMP = %r\\n' % os.urandom(8).hex())",
     );
     let plan = plan(vec![f.server.wheel_plan("fwk", "1.0", &fwk), noisy]);
-    build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    f.build(&plan);
     let report = check_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
     assert_eq!(report.len(), 1);
     // The module differs, and so does the RECORD listing its hash; nothing else.
@@ -612,7 +606,7 @@ fn killed_build_leaves_nothing_and_the_retry_succeeds() {
 
     std::fs::remove_file(f.control.join("block")).unwrap();
     let plan = plan(vec![f.server.wheel_plan("fwk", "1.0", &fwk), victim]);
-    let built = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    let built = f.build(&plan);
     assert_eq!(ext_value(&built.env, "victim"), "1");
     assert_eq!(
         std::fs::read_dir(f.store.root().join(".tmp"))
@@ -637,8 +631,8 @@ fn gc_removes_what_no_root_reaches() {
     let keep_plan = plan(vec![f.server.wheel_plan("kept", "1.0", &kept)]);
     let mut drop_plan = plan(vec![f.server.wheel_plan("dropped", "1.0", &dropped)]);
     drop_plan.name = "other".into();
-    let keep = build_env(&f.store, &keep_plan, &BuildOptions::default(), &NoProgress).unwrap();
-    let gone = build_env(&f.store, &drop_plan, &BuildOptions::default(), &NoProgress).unwrap();
+    let keep = f.build(&keep_plan);
+    let gone = f.build(&drop_plan);
     let project_a = f.root.join("a/.hvd/env");
     let project_b = f.root.join("b/.hvd/env");
     hvd_builder::gc::add_root(&f.store, &project_a, &keep.env).unwrap();
@@ -680,7 +674,7 @@ fn local_packages_join_the_env_and_edits_make_a_new_path() {
         version: "0.1.0".into(),
         source: runtime.clone(),
     });
-    let first = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    let first = f.build(&plan);
     assert_eq!(
         run_python(
             &first.env.join("bin/python"),
@@ -689,7 +683,7 @@ fn local_packages_join_the_env_and_edits_make_a_new_path() {
         "1"
     );
     std::fs::write(runtime.join("hvdrt/__init__.py"), "VALUE = 2\n").unwrap();
-    let second = build_env(&f.store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    let second = f.build(&plan);
     assert_ne!(second.env, first.env);
     assert_eq!(
         run_python(
@@ -744,13 +738,7 @@ fn store_paths_are_read_only_all_the_way_down() {
         ],
         None,
     );
-    let built = build_env(
-        &f.store,
-        &plan(vec![f.server.wheel_plan("deep", "1.0", &deep)]),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let built = f.build(&plan(vec![f.server.wheel_plan("deep", "1.0", &deep)]));
     let package = &built.packages[0].path;
     let mut checked = 0;
     for top in [package, &built.env] {
@@ -872,13 +860,7 @@ fn temp_root_helper() {
 fn running_env_survives_gc_and_a_dead_ones_root_does_not() {
     let f = fixture();
     let kept = make_wheel(&f.server.root, "kept", "1.0", &[("kept.py", b"")], None);
-    let built = build_env(
-        &f.store,
-        &plan(vec![f.server.wheel_plan("kept", "1.0", &kept)]),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let built = f.build(&plan(vec![f.server.wheel_plan("kept", "1.0", &kept)]));
     // No project link: only the running process keeps the env.
     std::fs::write(
         f.root.join("spec"),
@@ -964,13 +946,7 @@ fn a_hostile_build_backend_cannot_write_outside_read_home_or_reach_the_network()
     let _cleanup = RemoveOnDrop(secret.clone());
     // Paths already in the store (the framework wheel) and the store's own directories.
     let fwk_plan = f.server.wheel_plan("fwk", "1.0", &fwk);
-    build_env(
-        &f.store,
-        &plan(vec![fwk_plan.clone()]),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    f.build(&plan(vec![fwk_plan.clone()]));
     let fwk_path = f
         .store
         .list_paths()
@@ -1131,13 +1107,10 @@ fn build_variables_never_reach_the_sandbox_program() {
         "PATH".to_string(),
         format!("{}:/usr/local/bin:/usr/bin:/bin", fake_bin.display()),
     );
-    let built = build_env(
-        &f.store,
-        &plan(vec![f.server.wheel_plan("fwk", "1.0", &fwk), hostile]),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let built = f.build(&plan(vec![
+        f.server.wheel_plan("fwk", "1.0", &fwk),
+        hostile,
+    ]));
     assert_eq!(ext_value(&built.env, "preload"), "1");
     assert!(
         !marker.exists(),
@@ -1155,14 +1128,10 @@ fn build_variables_never_reach_the_sandbox_program() {
         .unwrap()
         .env
         .insert("--ro-bind".to_string(), "/".to_string());
-    let err = build_env(
-        &f.store,
+    let err = f.build_error(
         &plan(vec![f.server.wheel_plan("fwk", "1.0", &fwk), odd]),
         &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err()
-    .to_string();
+    );
     assert!(
         err.contains("--ro-bind") && err.contains("oddname"),
         "{err}"
@@ -1295,9 +1264,7 @@ fn names_hvd_writes_itself_are_never_written_through_a_package() {
         version: "0.1.0".into(),
         source: evil.clone(),
     });
-    let err = build_env(&f.store, &with_local, &BuildOptions::default(), &NoProgress)
-        .unwrap_err()
-        .to_string();
+    let err = f.build_error(&with_local, &BuildOptions::default());
     assert!(
         err.contains("evilpth") && err.contains("_hvd_pycache.pth"),
         "{err}"
@@ -1319,14 +1286,10 @@ fn names_hvd_writes_itself_are_never_written_through_a_package() {
         ],
         None,
     );
-    let err = build_env(
-        &f.store,
+    let err = f.build_error(
         &plan(vec![f.server.wheel_plan("activator", "1.0", &wheel)]),
         &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err()
-    .to_string();
+    );
     assert!(
         err.contains("activator") && err.contains("`activate`"),
         "{err}"
@@ -1388,13 +1351,7 @@ fn temp_roots_of_processes_in_different_pid_namespaces_do_not_collide() {
     }
     let f = fixture();
     let kept = make_wheel(&f.server.root, "kept", "1.0", &[("kept.py", b"")], None);
-    let built = build_env(
-        &f.store,
-        &plan(vec![f.server.wheel_plan("kept", "1.0", &kept)]),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let built = f.build(&plan(vec![f.server.wheel_plan("kept", "1.0", &kept)]));
     let spawn = |name: &str| {
         let dir = f.root.join(name);
         std::fs::create_dir(&dir).unwrap();

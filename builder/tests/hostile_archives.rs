@@ -97,13 +97,7 @@ impl Fixture {
         };
         let err = build_env(&self.store, &plan, &BuildOptions::default(), &NoProgress)
             .expect_err("a hostile archive must be refused");
-        let mut message = err.to_string();
-        let mut source = std::error::Error::source(&err);
-        while let Some(cause) = source {
-            message.push_str(&format!(": {cause}"));
-            source = cause.source();
-        }
-        message
+        hvd_resolver::index::error_chain(&err)
     }
 
     /// Install `archive` through the real store, expect it refused naming `entry` and `reason`, and check that
@@ -119,6 +113,23 @@ impl Fixture {
         self.assert_nothing_installed();
         self.assert_outside_untouched();
     }
+
+    /// [`Self::assert_refused`] for a wheel of `members` (its RECORD as written).
+    fn assert_wheel_refused(&self, members: Vec<Member>, entry: &str, reason: &str) {
+        let archive = wheel(&self.server.root, members, |text| text);
+        self.assert_refused(&archive, entry, reason);
+    }
+
+    /// [`Self::assert_refused`] for an sdist of `members`.
+    fn assert_sdist_refused(&self, members: Vec<TarMember>, entry: &str, reason: &str) {
+        let archive = sdist(&self.server.root, members);
+        self.assert_refused(&archive, entry, reason);
+    }
+}
+
+/// `l -> .`, a link `name` that climbs through it to `path` ([`chain_to`]), then `then`.
+fn climbing(name: &str, path: &Path, then: Member) -> Vec<Member> {
+    vec![link("l", "."), link(name, &chain_to(path)), then]
 }
 
 /// One zip member of a hand-made wheel.
@@ -197,6 +208,16 @@ enum TarMember {
     HardLink(&'static str, String),
 }
 
+/// `evil-1.0/l -> .`, then a link `name` that climbs through it to `path` ([`chain_to`]), then `then`.
+fn climbing_tar(name: &'static str, path: &Path, then: Vec<TarMember>) -> Vec<TarMember> {
+    let mut members = vec![
+        TarMember::Link("evil-1.0/l", ".".into()),
+        TarMember::Link(name, chain_to(path)),
+    ];
+    members.extend(then);
+    members
+}
+
 /// Write `evil-1.0.tar.gz` into `dir`, every header built by hand (GNU long names for long targets).
 fn sdist(dir: &Path, members: Vec<TarMember>) -> PathBuf {
     let path = dir.join("evil-1.0.tar.gz");
@@ -243,74 +264,49 @@ fn sdist(dir: &Path, members: Vec<TarMember>) -> PathBuf {
 #[test]
 fn wheel_symlink_chain_is_refused() {
     let f = fixture();
-    let archive = wheel(
-        &f.server.root,
-        vec![
-            link("l", "."),
-            link("x", &chain_to(&f.outside)),
-            file("evil/__init__.py", b""),
-        ],
-        |text| text,
+    f.assert_wheel_refused(
+        climbing("x", &f.outside, file("evil/__init__.py", b"")),
+        "x",
+        "which resolves outside the archive's tree",
     );
-    f.assert_refused(&archive, "x", "which resolves outside the archive's tree");
 }
 
 #[test]
 fn wheel_write_through_link_is_refused() {
     let f = fixture();
     // The link to the victim's file, then `./x` written "to it".
-    let archive = wheel(
-        &f.server.root,
-        vec![
-            link("l", "."),
-            link("x", &chain_to(&f.outside.join(VICTIM))),
-            file("./x", b"pwned"),
-        ],
-        |text| text,
+    f.assert_wheel_refused(
+        climbing("x", &f.outside.join(VICTIM), file("./x", b"pwned")),
+        "./x",
+        "is a duplicate name",
     );
-    f.assert_refused(&archive, "./x", "is a duplicate name");
     // The link to the victim's directory, then a file below it.
-    let archive = wheel(
-        &f.server.root,
-        vec![
-            link("l", "."),
-            link("d", &chain_to(&f.outside)),
-            file("d/pwned.py", b"pwned"),
-        ],
-        |text| text,
+    f.assert_wheel_refused(
+        climbing("d", &f.outside, file("d/pwned.py", b"pwned")),
+        "d/pwned.py",
+        "which is a link",
     );
-    f.assert_refused(&archive, "d/pwned.py", "which is a link");
 }
 
 #[test]
 fn wheel_data_merged_through_link_is_refused() {
     let f = fixture();
     // `.data/purelib/pkg/` lands in `site-packages/pkg/`, which the wheel made a link out of the store.
-    let archive = wheel(
-        &f.server.root,
-        vec![
-            link("l", "."),
-            link("pkg", &chain_to(&f.outside)),
+    f.assert_wheel_refused(
+        climbing(
+            "pkg",
+            &f.outside,
             file("evil-1.0.data/purelib/pkg/pwned.py", b"pwned"),
-        ],
-        |text| text,
-    );
-    f.assert_refused(
-        &archive,
+        ),
         "evil-1.0.data/purelib/pkg/pwned.py",
         "which is a link",
     );
     // A link inside `.data` that is harmless where it is unpacked but escapes where it lands.
-    let archive = wheel(
-        &f.server.root,
+    f.assert_wheel_refused(
         vec![
             file("evil/__init__.py", b""),
             link("evil-1.0.data/purelib/up", "../../../.."),
         ],
-        |text| text,
-    );
-    f.assert_refused(
-        &archive,
         "evil-1.0.data/purelib/up",
         "which resolves outside the archive's tree",
     );
@@ -325,12 +321,11 @@ fn wheel_duplicate_names_are_refused() {
         ("evil/a.py", "evil/./a.py"),
         ("evil/a.py", "evil-1.0.data/purelib/evil/a.py"),
     ] {
-        let archive = wheel(
-            &f.server.root,
+        f.assert_wheel_refused(
             vec![file(first, b"first"), file(second, b"second")],
-            |text| text,
+            second,
+            "is a duplicate name",
         );
-        f.assert_refused(&archive, second, "is a duplicate name");
     }
 }
 
@@ -480,33 +475,26 @@ fn wheel_record_must_list_every_file_with_its_sha256() {
 #[test]
 fn sdist_symlink_chain_is_refused() {
     let f = fixture();
-    let archive = sdist(
-        &f.server.root,
-        vec![
-            TarMember::Link("evil-1.0/l", ".".into()),
-            TarMember::Link("evil-1.0/x", chain_to(&f.outside)),
-            TarMember::File("evil-1.0/x/pwned", b"pwned"),
-        ],
+    f.assert_sdist_refused(
+        climbing_tar(
+            "evil-1.0/x",
+            &f.outside,
+            vec![TarMember::File("evil-1.0/x/pwned", b"pwned")],
+        ),
+        "evil-1.0/x/pwned",
+        "which is a link",
     );
-    f.assert_refused(&archive, "evil-1.0/x/pwned", "which is a link");
-    let archive = sdist(
-        &f.server.root,
-        vec![
-            TarMember::Link("evil-1.0/l", ".".into()),
-            TarMember::Link("evil-1.0/x", chain_to(&f.outside.join(VICTIM))),
-            TarMember::File("./evil-1.0/x", b"pwned"),
-        ],
+    f.assert_sdist_refused(
+        climbing_tar(
+            "evil-1.0/x",
+            &f.outside.join(VICTIM),
+            vec![TarMember::File("./evil-1.0/x", b"pwned")],
+        ),
+        "./evil-1.0/x",
+        "is a duplicate name",
     );
-    f.assert_refused(&archive, "./evil-1.0/x", "is a duplicate name");
-    let archive = sdist(
-        &f.server.root,
-        vec![
-            TarMember::Link("evil-1.0/l", ".".into()),
-            TarMember::Link("evil-1.0/x", chain_to(&f.outside)),
-        ],
-    );
-    f.assert_refused(
-        &archive,
+    f.assert_sdist_refused(
+        climbing_tar("evil-1.0/x", &f.outside, vec![]),
         "evil-1.0/x",
         "which resolves outside the archive's tree",
     );
@@ -543,8 +531,7 @@ fn sdist_hard_link_to_outside_is_refused() {
             "which is a link",
         ),
     ] {
-        let archive = sdist(&f.server.root, members);
-        f.assert_refused(&archive, entry, reason);
+        f.assert_sdist_refused(members, entry, reason);
         // The victim's bytes were not copied anywhere into the store either.
         for entry in walkdir::WalkDir::new(f.store.root()).follow_links(false) {
             let entry = entry.unwrap();
@@ -558,14 +545,14 @@ fn sdist_hard_link_to_outside_is_refused() {
 #[test]
 fn sdist_hard_link_to_a_later_entry_is_refused() {
     let f = fixture();
-    let archive = sdist(
-        &f.server.root,
+    f.assert_sdist_refused(
         vec![
             TarMember::HardLink("evil-1.0/h", "evil-1.0/later".into()),
             TarMember::File("evil-1.0/later", b"later"),
         ],
+        "evil-1.0/h",
+        "which was not extracted before it",
     );
-    f.assert_refused(&archive, "evil-1.0/h", "which was not extracted before it");
     // A hard link to a file extracted before it is a plain copy.
     let archive = sdist(
         &f.server.root,
