@@ -101,7 +101,7 @@ impl RankCommand {
             rank.plan.env_dir.as_deref(),
         ));
         if rank.rendezvous.is_some() {
-            command.env("MASTER_PORT", rank.master_port.to_string());
+            command.env(crate::env_vars::MASTER_PORT, rank.master_port.to_string());
         }
         RankCommand {
             command,

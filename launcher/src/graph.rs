@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::LaunchError;
 use crate::engine::{Plan, PlannedStep, SupervisedEngine};
+use crate::env_vars::{HOROVOD_TIMELINE, HVD_TIMELINE};
 use crate::options::RunOptions;
 
 /// The steps of a project as a dependency graph (edge: needed step -> step that needs it).
@@ -144,8 +145,8 @@ pub fn plan(
             } else {
                 cwd().join(timeline)
             };
-            env.insert("HVD_TIMELINE".into(), timeline.display().to_string());
-            env.insert("HOROVOD_TIMELINE".into(), timeline.display().to_string());
+            env.insert(HVD_TIMELINE.into(), timeline.display().to_string());
+            env.insert(HOROVOD_TIMELINE.into(), timeline.display().to_string());
         }
         steps.push(PlannedStep {
             name: step.name.clone(),

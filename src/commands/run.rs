@@ -148,7 +148,7 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     let rendezvous = shim::resolve_rendezvous(&env)
         .map_err(|e| Failure::from_error_in(Status::Failure, "hvd worker-env", &e))?;
     let get = |name: &str| match name {
-        "HVD_RENDEZVOUS" => rendezvous.clone(),
+        crate::env_vars::HVD_RENDEZVOUS => rendezvous.clone(),
         _ => env(name),
     };
     let vars = shim::shim_env(&get).map_err(|e| usage(&e))?;
@@ -160,7 +160,7 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     let rank = vars
         .iter()
         .rev()
-        .find(|(k, _)| k == "HVD_RANK")
+        .find(|(k, _)| k == crate::env_vars::HVD_RANK)
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
     let mut command = std::process::Command::new(program);
@@ -449,7 +449,7 @@ struct Console {
 
 impl Console {
     fn new(ranks: Option<BTreeSet<u32>>) -> Self {
-        let colour = std::env::var_os("NO_COLOR").is_none();
+        let colour = std::env::var_os(crate::env_vars::NO_COLOR).is_none();
         Console {
             ranks,
             colour_out: colour && std::io::stdout().is_terminal(),

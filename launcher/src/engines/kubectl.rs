@@ -505,12 +505,11 @@ pub fn run(
                         seen.insert(pod.name.clone(), pod);
                     }
                 }
-                Err(e) => {
-                    errors += 1;
-                    if errors > GET_RETRIES {
-                        error = Some(e);
-                        break None;
-                    }
+                Err(e) if gave_up(&mut errors) => {
+                    error = Some(e);
+                    break None;
+                }
+                Err(_) => {
                     std::thread::sleep(POLL);
                     continue;
                 }
@@ -574,13 +573,11 @@ pub fn run(
                         break Some((outcome, seen.values().cloned().collect::<Vec<_>>()));
                     }
                 }
-                Err(e) => {
-                    errors += 1;
-                    if errors > GET_RETRIES {
-                        error = Some(e);
-                        break None;
-                    }
+                Err(e) if gave_up(&mut errors) => {
+                    error = Some(e);
+                    break None;
                 }
+                Err(_) => {}
             }
             std::thread::sleep(POLL);
         };
@@ -608,6 +605,12 @@ pub fn run(
         Some(e) => Err(e),
         None => Ok(report),
     }
+}
+
+/// Counts one more failed `kubectl get` in a row; true when there were more than [`GET_RETRIES`].
+fn gave_up(errors: &mut u32) -> bool {
+    *errors += 1;
+    *errors > GET_RETRIES
 }
 
 fn get_json(argv: &[String]) -> Result<Value, LaunchError> {

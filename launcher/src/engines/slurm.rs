@@ -23,7 +23,7 @@ pub struct SlurmSetup {
 
 /// Whether this process runs inside a Slurm allocation.
 pub fn in_allocation() -> bool {
-    std::env::var_os("SLURM_JOB_ID").is_some_and(|v| !v.is_empty())
+    std::env::var_os(crate::env_vars::SLURM_JOB_ID).is_some_and(|v| !v.is_empty())
 }
 
 impl SlurmSetup {
@@ -237,6 +237,17 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// Runs `command`, which must succeed (its stderr in the message otherwise).
+    fn succeeds(command: &mut std::process::Command) -> std::process::Output {
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
     fn project(overcommit: bool) -> Project {
         let step = |name: &str, workers: Option<u32>, needs: &[&str], timeout_ms: Option<u64>| {
             hvd_lang::model::Step {
@@ -362,18 +373,13 @@ mod tests {
         std::fs::set_permissions(&sbatch, std::fs::Permissions::from_mode(0o755)).unwrap();
         let jobs = d.join("jobs");
         std::fs::create_dir(&jobs).unwrap();
-        let out = std::process::Command::new("bash")
-            .arg("-c")
-            .arg(&submit)
-            .current_dir(d)
-            .env("JOBS", &jobs)
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        succeeds(
+            std::process::Command::new("bash")
+                .arg("-c")
+                .arg(&submit)
+                .current_dir(d)
+                .env("JOBS", &jobs)
+                .env("PATH", format!("{}:/usr/bin:/bin", bin.display())),
         );
         for (i, step) in steps.iter().enumerate() {
             let got = std::fs::read_to_string(jobs.join(format!("{}.sh", i + 1))).unwrap();
@@ -381,15 +387,7 @@ mod tests {
         }
         assert_eq!(std::fs::read_dir(&jobs).unwrap().count(), 2);
         // The batch script of the step that runs once runs the command itself: exactly what `run` says.
-        let out = std::process::Command::new("bash")
-            .arg(jobs.join("1.sh"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = succeeds(std::process::Command::new("bash").arg(jobs.join("1.sh")));
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             "it's $(touch never-run) `touch never-either`\nafter sub q'q\n"

@@ -38,7 +38,6 @@ use crate::env::{RendezvousInfo, Slot, WorkerLayout};
 use crate::options::RunOptions;
 
 mod check;
-pub use check::{CHECK_ANSWER_LIMIT, is_store_path_name};
 
 /// Everything the ssh engine needs for every distributed step of a plan.
 #[derive(Debug, Clone)]
@@ -134,14 +133,10 @@ impl SupervisedEngine for SshSetup {
         let Some(rendezvous) = rank.rendezvous else {
             return Ok(RankCommand::local(rank));
         };
-        let argv = self.rank_argv(
-            rank.plan,
-            rank.step,
-            rank.slot,
-            rendezvous,
-            &rank.master_port.to_string(),
-            rank.marker,
-        )?;
+        let (plan, step, slot) = (rank.plan, rank.step, rank.slot);
+        let port = rank.master_port.to_string();
+        let vars = self.rank_vars(plan, step, slot, rendezvous, &port, rank.marker);
+        let argv = self.rank_argv(plan, step, slot, &vars, rendezvous.addr.ip())?;
         let mut command = Command::new(&argv[0]);
         command.args(&argv[1..]);
         Ok(RankCommand {
@@ -340,7 +335,7 @@ impl SshSetup {
             plan.gpus_per_worker,
             plan.env_dir.as_deref(),
         );
-        vars.push(("MASTER_PORT".into(), master_port.to_owned()));
+        vars.push((crate::env_vars::MASTER_PORT.into(), master_port.to_owned()));
         vars.push((crate::env::STEP_MARKER_VAR.into(), marker.to_owned()));
         let rank0 = step
             .layout
@@ -350,23 +345,17 @@ impl SshSetup {
         self.remote_vars(&vars, rank0)
     }
 
-    /// The ssh command line of rank `slot` of `step`, with [`SshSetup::rank_vars`].
+    /// The ssh command line of rank `slot` of `step` with its variables `vars` ([`SshSetup::rank_vars`]);
+    /// `rendezvous` is the address the wrapper finds the interface for.
     pub fn rank_argv(
         &self,
         plan: &Plan,
         step: &PlannedStep,
         slot: &Slot,
-        rendezvous: &RendezvousInfo,
-        master_port: &str,
-        marker: &str,
+        vars: &[(String, String)],
+        rendezvous: IpAddr,
     ) -> Result<Vec<String>, LaunchError> {
-        let vars = self.rank_vars(plan, step, slot, rendezvous, master_port, marker);
-        let remote = self.wrapper(
-            &vars,
-            &step.command,
-            &plan.project_dir,
-            rendezvous.addr.ip(),
-        )?;
+        let remote = self.wrapper(vars, &step.command, &plan.project_dir, rendezvous)?;
         Ok(self.argv(&slot.host, &remote))
     }
 
@@ -386,8 +375,8 @@ impl SshSetup {
                 _ => {}
             }
         }
-        match self.wrapper(&vars, &step.command, &plan.project_dir, self.bind_ip) {
-            Ok(remote) => shell::line(&self.argv(&slot.host, &remote)),
+        match self.rank_argv(plan, step, slot, &vars, self.bind_ip) {
+            Ok(argv) => shell::line(&argv),
             Err(e) => format!("(cannot run: {e})"),
         }
     }
