@@ -4,6 +4,7 @@ use crate::env_vars;
 use crate::error::{Error, Result};
 use crate::rendezvous::Rendezvous;
 
+/// What the environment says about this rank's place in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobEnv {
     pub rank: usize,

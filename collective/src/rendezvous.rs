@@ -516,8 +516,6 @@ fn check_key(key: &str) -> Result<()> {
     Ok(())
 }
 
-/// What the environment says about this rank's place in the job.
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,7 @@ pub(super) const STATE_ATTACHED: u32 = 1;
 pub(super) const STATE_GONE: u32 = 2;
 pub(super) const STATE_ABORTED: u32 = 3;
 
+/// One mapping of a segment, unmapped when the last [`ShmSegment`] clone goes.
 pub(super) struct Mapping {
     pub(super) ptr: *mut u8,
     len: usize,
