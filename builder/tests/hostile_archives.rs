@@ -120,6 +120,13 @@ impl Fixture {
         self.assert_refused(&archive, entry, reason);
     }
 
+    /// [`Self::assert_wheel_refused`] for each `(members, entry, reason)`.
+    fn assert_wheels_refused<const N: usize>(&self, cases: [(Vec<Member>, &str, &str); N]) {
+        for (members, entry, reason) in cases {
+            self.assert_wheel_refused(members, entry, reason);
+        }
+    }
+
     /// [`Self::assert_refused`] for an sdist of `members`.
     fn assert_sdist_refused(&self, members: Vec<TarMember>, entry: &str, reason: &str) {
         let archive = sdist(&self.server.root, members);
@@ -274,42 +281,43 @@ fn wheel_symlink_chain_is_refused() {
 #[test]
 fn wheel_write_through_link_is_refused() {
     let f = fixture();
-    // The link to the victim's file, then `./x` written "to it".
-    f.assert_wheel_refused(
-        climbing("x", &f.outside.join(VICTIM), file("./x", b"pwned")),
-        "./x",
-        "is a duplicate name",
-    );
-    // The link to the victim's directory, then a file below it.
-    f.assert_wheel_refused(
-        climbing("d", &f.outside, file("d/pwned.py", b"pwned")),
-        "d/pwned.py",
-        "which is a link",
-    );
+    f.assert_wheels_refused([
+        // The link to the victim's file, then `./x` written "to it".
+        (
+            climbing("x", &f.outside.join(VICTIM), file("./x", b"pwned")),
+            "./x",
+            "is a duplicate name",
+        ),
+        // The link to the victim's directory, then a file below it.
+        (
+            climbing("d", &f.outside, file("d/pwned.py", b"pwned")),
+            "d/pwned.py",
+            "which is a link",
+        ),
+    ]);
 }
 
 #[test]
 fn wheel_data_merged_through_link_is_refused() {
     let f = fixture();
-    // `.data/purelib/pkg/` lands in `site-packages/pkg/`, which the wheel made a link out of the store.
-    f.assert_wheel_refused(
-        climbing(
-            "pkg",
-            &f.outside,
-            file("evil-1.0.data/purelib/pkg/pwned.py", b"pwned"),
+    let merged = "evil-1.0.data/purelib/pkg/pwned.py";
+    f.assert_wheels_refused([
+        // `.data/purelib/pkg/` lands in `site-packages/pkg/`, which the wheel made a link out of the store.
+        (
+            climbing("pkg", &f.outside, file(merged, b"pwned")),
+            merged,
+            "which is a link",
         ),
-        "evil-1.0.data/purelib/pkg/pwned.py",
-        "which is a link",
-    );
-    // A link inside `.data` that is harmless where it is unpacked but escapes where it lands.
-    f.assert_wheel_refused(
-        vec![
-            file("evil/__init__.py", b""),
-            link("evil-1.0.data/purelib/up", "../../../.."),
-        ],
-        "evil-1.0.data/purelib/up",
-        "which resolves outside the archive's tree",
-    );
+        // A link inside `.data` that is harmless where it is unpacked but escapes where it lands.
+        (
+            vec![
+                file("evil/__init__.py", b""),
+                link("evil-1.0.data/purelib/up", "../../../.."),
+            ],
+            "evil-1.0.data/purelib/up",
+            "which resolves outside the archive's tree",
+        ),
+    ]);
 }
 
 #[test]
