@@ -159,17 +159,22 @@ step train {
   needs = ["prepare"]
 }"#;
 
+/// `hvd export k8s PROJECT/train.hvd --out OUT`.
+fn export_k8s(project: &Path, out: &Path) -> Output {
+    Command::new(HVD)
+        .args(["export", "k8s"])
+        .arg(project.join("train.hvd"))
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn export_k8s_writes_a_jobset_and_run_needs_kubectl() {
     let dir = project(K8S);
     let out_dir = dir.path().join("out");
-    let out = Command::new(HVD)
-        .args(["export", "k8s"])
-        .arg(dir.path().join("train.hvd"))
-        .arg("--out")
-        .arg(&out_dir)
-        .output()
-        .unwrap();
+    let out = export_k8s(dir.path(), &out_dir);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.trim().ends_with("t.jobset.json"), "{stdout}");
@@ -204,13 +209,7 @@ fn export_k8s_writes_a_jobset_and_run_needs_kubectl() {
         jobset_text.contains(r#""name": "t-hvd-token""#),
         "{jobset_text}"
     );
-    let out = Command::new(HVD)
-        .args(["export", "k8s"])
-        .arg(dir.path().join("train.hvd"))
-        .arg("--out")
-        .arg(&out_dir)
-        .output()
-        .unwrap();
+    let out = export_k8s(dir.path(), &out_dir);
     assert!(out.status.success(), "{}", text(&out).1);
     assert_ne!(token(&out_dir), first, "two exports, one token");
     // The MPIJob flavour leaves out the step that runs once, saying so.
@@ -1070,13 +1069,7 @@ fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
     );
     common::write_allreduce_py(dir.path(), ALLREDUCE_REPORT_PY);
     let out_dir = dir.path().join("k8s");
-    let out = Command::new(HVD)
-        .args(["export", "k8s"])
-        .arg(dir.path().join("train.hvd"))
-        .arg("--out")
-        .arg(&out_dir)
-        .output()
-        .unwrap();
+    let out = export_k8s(dir.path(), &out_dir);
     assert!(out.status.success(), "{}", text(&out).1);
     let read = |name: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join(name)).unwrap()).unwrap()
