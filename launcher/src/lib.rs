@@ -93,6 +93,12 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot use network interface `{name}`")]
+    Interface {
+        name: String,
+        #[source]
+        source: hvd_collective::Error,
+    },
     #[error(transparent)]
     Rendezvous(#[from] rendezvous::RendezvousError),
     #[error("internal error: {0}")]

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -401,16 +402,7 @@ fn run_step(
     };
     let launcher = step.workers.and_then(|n| engine.launcher(plan, step, n));
     let rendezvous = match step.workers {
-        Some(_) => {
-            let token = new_token().map_err(|source| LaunchError::Io {
-                path: "/dev/urandom".into(),
-                source,
-            })?;
-            let (ip, peers) = engine.rendezvous();
-            let server = RendezvousServer::start(SocketAddr::new(ip, 0), &token, peers)?;
-            server.set_gloo_layout(&step.layout.hosts());
-            Some((server, token))
-        }
+        Some(_) => Some(start_rendezvous(engine, step)?),
         None => None,
     };
     let info = rendezvous.as_ref().map(|(s, t)| RendezvousInfo {
@@ -429,19 +421,7 @@ fn run_step(
     let mut workers: Vec<Worker> = Vec::new();
     let pumps = Pumps::default();
     let pumps = &pumps;
-    // Unique per step start in this process (run ids are per second and pid: two runs in one second share one),
-    // so one step's cleanup never kills another's processes.
-    static STEP_STARTS: AtomicU64 = AtomicU64::new(0);
-    let step_marker = format!(
-        "{}/{}/{}",
-        log_dir
-            .parent()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        step.name,
-        STEP_STARTS.fetch_add(1, Ordering::Relaxed)
-    );
+    let step_marker = new_step_marker(log_dir, step);
     // Registered before any worker starts: another step's cleanup leaves this step's processes alone.
     let lease = crate::process::start_step(format!("{STEP_MARKER_VAR}={step_marker}"));
     let step_cgroup = job.cgroup.as_ref().and_then(|c| match c.step(&step.name) {
@@ -523,42 +503,40 @@ fn run_step(
             }
             let tail = Arc::new(Mutex::new(VecDeque::new()));
             let host: Arc<str> = Arc::from(slot.host.as_str());
-            if let Some(out) = child.stdout.take() {
+            let pipes = [
+                (
+                    child.stdout.take().map(OwnedFd::from),
+                    stdout_file,
+                    Stream::Stdout,
+                    None,
+                ),
+                (
+                    child.stderr.take().map(OwnedFd::from),
+                    stderr_file,
+                    Stream::Stderr,
+                    Some(tail.clone()),
+                ),
+            ];
+            for (pipe, file, stream, tail) in pipes {
+                let Some(pipe) = pipe else { continue };
                 pumps.live.fetch_add(1, Ordering::SeqCst);
                 let (step, host, rank) = (step_name.clone(), host.clone(), slot.rank);
                 let events = job.events;
                 scope.spawn(move || {
-                    pump(
-                        out,
-                        pumps,
-                        stdout_file,
-                        Stream::Stdout,
-                        &step,
-                        &host,
+                    let line = LineSource {
+                        step: &step,
+                        host: &host,
                         rank,
-                        events,
-                        None,
+                        stream,
                         tagged,
-                    )
-                });
-            }
-            if let Some(err) = child.stderr.take() {
-                pumps.live.fetch_add(1, Ordering::SeqCst);
-                let (step, host, rank, tail) =
-                    (step_name.clone(), host.clone(), slot.rank, tail.clone());
-                let events = job.events;
-                scope.spawn(move || {
+                    };
                     pump(
-                        err,
+                        std::fs::File::from(pipe),
                         pumps,
-                        stderr_file,
-                        Stream::Stderr,
-                        &step,
-                        &host,
-                        rank,
+                        file,
+                        &line,
                         events,
-                        Some(&tail),
-                        tagged,
+                        tail.as_deref(),
                     )
                 });
             }
@@ -616,6 +594,52 @@ fn run_step(
         }
     });
     // Every pump has finished: the failing rank's stderr tail is complete.
+    complete_failures(job, step, &workers, launcher.is_some());
+    // Long-polls end and the port is freed only after every worker is gone.
+    drop(rendezvous);
+    if let Ok(true) = result {
+        job.events.event(Event::StepFinished {
+            step: step.name.clone(),
+            elapsed: started.elapsed(),
+        });
+    }
+    result
+}
+
+/// Starts a distributed step's rendezvous where its engine says, with a fresh token.
+fn start_rendezvous(
+    engine: &dyn SupervisedEngine,
+    step: &PlannedStep,
+) -> Result<(RendezvousServer, String), LaunchError> {
+    let token = new_token().map_err(|source| LaunchError::Io {
+        path: "/dev/urandom".into(),
+        source,
+    })?;
+    let (ip, peers) = engine.rendezvous();
+    let server = RendezvousServer::start(SocketAddr::new(ip, 0), &token, peers)?;
+    server.set_gloo_layout(&step.layout.hosts());
+    Ok((server, token))
+}
+
+/// The marker of one start of `step` (`<run id>/<step>/<n>`): unique per step start in this process (run ids are
+/// per second and pid, so two runs in one second share one), so one step's cleanup never kills another's processes.
+fn new_step_marker(log_dir: &Path, step: &PlannedStep) -> String {
+    static STEP_STARTS: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}/{}/{}",
+        log_dir
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        step.name,
+        STEP_STARTS.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Gives the failures of `step` the failing rank's stderr tail; for a step an engine launched (`launched`), whose
+/// launcher exits with its own code, the rank that failed first and its code, read from the tagged lines.
+fn complete_failures(job: &Job<'_>, step: &PlannedStep, workers: &[Worker], launched: bool) {
     let mut failures = job
         .failures
         .lock()
@@ -630,7 +654,7 @@ fn run_step(
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             failure.stderr_tail = tail.iter().cloned().collect();
             // mpirun / srun exit with their own code: name the rank that failed first and pass its code on.
-            if launcher.is_some()
+            if launched
                 && let Some((rank, code)) = crate::engines::failing_rank(&failure.stderr_tail)
                 && let Cause::Worker { host, .. } = &failure.cause
             {
@@ -653,15 +677,6 @@ fn run_step(
         }
     }
     drop(failures);
-    // Long-polls end and the port is freed only after every worker is gone.
-    drop(rendezvous);
-    if let Ok(true) = result {
-        job.events.event(Event::StepFinished {
-            step: step.name.clone(),
-            elapsed: started.elapsed(),
-        });
-    }
-    result
 }
 
 /// Waits for the workers of one step, stopping them when the job stops. Returns whether all succeeded.
@@ -781,23 +796,33 @@ fn supervise(
     all_ok
 }
 
+/// Where a pumped line comes from: the step, the worker's host and rank, the stream; `tagged`: the lines carry the
+/// real rank in mpirun's / srun's tag.
+#[derive(Clone, Copy)]
+struct LineSource<'a> {
+    step: &'a Arc<str>,
+    host: &'a Arc<str>,
+    rank: u32,
+    stream: Stream,
+    tagged: bool,
+}
+
 /// Copies one worker stream to its log file and to the event sink, line by line.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "a thread body; bundling the arguments would only add a struct"
-)]
 fn pump(
     mut pipe: impl Read + std::os::fd::AsRawFd,
     pumps: &Pumps,
     mut file: fs_err::File,
-    stream: Stream,
-    step: &Arc<str>,
-    host: &Arc<str>,
-    rank: u32,
+    source: &LineSource<'_>,
     events: &dyn EventSink,
     tail: Option<&Mutex<VecDeque<String>>>,
-    tagged: bool,
 ) {
+    let LineSource {
+        step,
+        host,
+        rank,
+        stream,
+        tagged,
+    } = *source;
     use std::io::Write;
     let mut splitter = LineSplitter::default();
     let mut emit = |line: &[u8]| {

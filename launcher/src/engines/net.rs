@@ -41,52 +41,19 @@ pub fn route_source(peer: IpAddr) -> Result<IpAddr, LaunchError> {
     Ok(socket.local_addr().map_err(no_route)?.ip())
 }
 
-/// The IPv4 address of network interface `name` on this machine.
+/// The IPv4 address of network interface `name`, found as the workers' bootstrap finds it
+/// ([`hvd_collective::tcp::interface_address`]).
 pub fn interface_ipv4(name: &str) -> Result<IpAddr, LaunchError> {
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into `list`, freed below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
-        return Err(LaunchError::Io {
-            path: "getifaddrs".into(),
-            source: std::io::Error::last_os_error(),
-        });
+    let interface = |source| LaunchError::Interface {
+        name: name.to_owned(),
+        source,
+    };
+    match hvd_collective::tcp::interface_address(name).map_err(interface)? {
+        ip @ IpAddr::V4(_) => Ok(ip),
+        IpAddr::V6(_) => Err(LaunchError::Engine(format!(
+            "network interface `{name}` has no IPv4 address on this machine"
+        ))),
     }
-    let mut found = None;
-    let mut names: Vec<String> = Vec::new();
-    let mut cur = list;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list returned by getifaddrs, alive until freeifaddrs.
-        let ifa = unsafe { &*cur };
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let ifname = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        let family = if ifa.ifa_addr.is_null() {
-            None
-        } else {
-            // SAFETY: ifa_addr is not null: it points at a sockaddr whose family says which struct it is.
-            Some(i32::from(unsafe { (*ifa.ifa_addr).sa_family }))
-        };
-        if found.is_none() && ifname == name && family == Some(libc::AF_INET) {
-            // SAFETY: the family is AF_INET, so this is a sockaddr_in.
-            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            found = Some(IpAddr::from(
-                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-            ));
-        }
-        if !names.contains(&ifname) {
-            names.push(ifname);
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: `list` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(list) };
-    found.ok_or_else(|| {
-        LaunchError::Engine(format!(
-            "network interface `{name}` has no IPv4 address on this machine (interfaces: {})",
-            names.join(", ")
-        ))
-    })
 }
 
 #[cfg(test)]
@@ -104,5 +71,20 @@ mod tests {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         );
         assert!(interface_ipv4("no-such-if0").is_err());
+    }
+
+    #[test]
+    fn interfaces_are_found_by_name_and_a_missing_one_is_named() {
+        assert_eq!(
+            interface_ipv4("lo").unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        let err = interface_ipv4("hvd-no-such-if").unwrap_err();
+        assert!(err.to_string().contains("`hvd-no-such-if`"), "{err}");
+        let cause = std::error::Error::source(&err).map(ToString::to_string);
+        assert!(
+            cause.is_some_and(|c| c.contains("interfaces: ") && c.contains("lo")),
+            "{err:?}"
+        );
     }
 }
