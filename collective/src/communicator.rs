@@ -116,9 +116,8 @@ pub trait Communicator: Send {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if let Err(e) = check::same_len("allreduce", send.len(), recv.len()) {
-            return self.refuse("allreduce", dtype, e);
-        }
+        check::same_len("allreduce", send.len(), recv.len())
+            .map_err(|e| self.refuse("allreduce", dtype, e))?;
         recv.copy_from_slice(send);
         self.allreduce_in_place(recv, dtype, op)
     }
@@ -127,9 +126,8 @@ pub trait Communicator: Send {
     /// `recv.len() == send.len() * size`.
     fn allgather(&mut self, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
         let size = self.size();
-        if let Err(e) = check::allgather(send.len(), recv.len(), size, dtype) {
-            return self.refuse("allgather", dtype, e);
-        }
+        check::allgather(send.len(), recv.len(), size, dtype)
+            .map_err(|e| self.refuse("allgather", dtype, e))?;
         let counts = vec![send.len() / dtype.size(); size];
         self.allgatherv(send, recv, &counts, dtype)
     }
@@ -137,9 +135,8 @@ pub trait Communicator: Send {
     /// In-place allgather: this rank's block is already at `buf[rank * block..]`, `block = buf.len() / size`.
     fn allgather_in_place(&mut self, buf: &mut [u8], dtype: DType) -> Result<()> {
         let size = self.size();
-        if let Err(e) = check::splits("allgather", buf.len(), size, dtype) {
-            return self.refuse("allgather", dtype, e);
-        }
+        check::splits("allgather", buf.len(), size, dtype)
+            .map_err(|e| self.refuse("allgather", dtype, e))?;
         let counts = vec![buf.len() / size / dtype.size(); size];
         self.allgatherv_in_place(buf, &counts, dtype)
     }
@@ -178,9 +175,8 @@ pub trait Communicator: Send {
         root: usize,
     ) -> Result<()> {
         if self.rank() == root {
-            if let Err(e) = check::same_len("broadcast", send.len(), recv.len()) {
-                return self.refuse("broadcast", dtype, e);
-            }
+            check::same_len("broadcast", send.len(), recv.len())
+                .map_err(|e| self.refuse("broadcast", dtype, e))?;
             recv.copy_from_slice(send);
         }
         self.broadcast(recv, dtype, root)
@@ -189,9 +185,8 @@ pub trait Communicator: Send {
     /// Block `j` of `send` goes to rank `j`; block `i` of `recv` comes from rank `i`. Blocks are `len / size`.
     fn alltoall(&mut self, send: &[u8], recv: &mut [u8], dtype: DType) -> Result<()> {
         let size = self.size();
-        if let Err(e) = check::alltoall(send.len(), recv.len(), size, dtype) {
-            return self.refuse("alltoall", dtype, e);
-        }
+        check::alltoall(send.len(), recv.len(), size, dtype)
+            .map_err(|e| self.refuse("alltoall", dtype, e))?;
         let counts = vec![send.len() / dtype.size() / size.max(1); size];
         self.alltoallv(send, &counts, recv, &counts, dtype)
     }
@@ -232,10 +227,8 @@ pub trait Communicator: Send {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let mine = match check::own_fits(counts, self.rank(), buf.len(), dtype) {
-            Ok(mine) => mine,
-            Err(e) => return self.refuse("reducescatter", dtype, e),
-        };
+        let mine = check::own_fits(counts, self.rank(), buf.len(), dtype)
+            .map_err(|e| self.refuse("reducescatter", dtype, e))?;
         let send = buf.to_vec();
         self.reducescatter(&send, &mut buf[..mine], counts, dtype, op)
     }
@@ -243,13 +236,13 @@ pub trait Communicator: Send {
     /// Returns once every rank has entered the barrier.
     fn barrier(&mut self) -> Result<()>;
 
-    /// Answers a call of `op` whose arguments this rank's checks refused with `error` (the provided methods above
-    /// check before they delegate). The default returns `error` at once; a backend that checks every call across
+    /// The error for a call of `op` whose arguments this rank's checks refused with `error` (the provided methods
+    /// above check before they delegate). The default is `error` itself; a backend that checks every call across
     /// ranks (p2p) first takes part in the operation's header exchange, marked invalid, so the other ranks fail
     /// with a mismatch instead of waiting for this one.
-    fn refuse(&mut self, op: &'static str, dtype: DType, error: Error) -> Result<()> {
+    fn refuse(&mut self, op: &'static str, dtype: DType, error: Error) -> Error {
         let _ = (op, dtype);
-        Err(error)
+        error
     }
 }
 

@@ -857,17 +857,20 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
     }
 
     /// Takes part in the header exchange only to tell every rank that this rank's arguments were invalid.
-    fn refuse(&mut self, op: &'static str, dtype: DType, error: Error) -> Result<()> {
+    fn refuse(&mut self, op: &'static str, dtype: DType, error: Error) -> Error {
         let Some(kind) = Kind::named(op) else {
-            return Err(error);
+            return error;
         };
-        let seq = self.begin()?;
-        self.run(
-            Header::new(seq, kind, dtype),
-            Some(error),
-            &|_| 0,
-            |_, _| Ok(()),
-        )
+        let seq = match self.begin() {
+            Ok(seq) => seq,
+            Err(e) => return e,
+        };
+        let mut h = Header::new(seq, kind, dtype);
+        h.invalid = true;
+        match self.negotiate(h, &|_| 0) {
+            Ok(_) => error,
+            Err(e) => self.fail(e),
+        }
     }
 }
 
