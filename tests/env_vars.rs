@@ -75,7 +75,7 @@ const CRATES: &[Crate] = &[
         name: "hvd-runtime",
         registry: "collective/runtime/src/env_vars.rs",
         all: hvd_runtime::env_vars::ALL,
-        sources: &["collective/runtime/src", "collective/python/hvd"],
+        sources: &["collective/runtime/src", "collective/python"],
         deps: &["hvd-collective"],
     },
 ];
