@@ -1,5 +1,6 @@
-//! Embeds the `hvd` Python package (collective/python/hvd) into the binary, so that `hvd build` can add the worker
-//! runtime to every env without looking for the source tree at run time.
+//! Embeds the `hvd` Python package (collective/python/hvd) and the `horovod` compatibility package beside it into the
+//! binary, so that `hvd build` can add the worker runtime to every env without looking for the source tree at run
+//! time.
 //!
 //! Release builds also embed `libhvd_runtime.so`, built by a nested cargo into this build script's own target
 //! directory: `cargo install` copies only the binary, so an installed `hvd` must carry the library itself. Debug
@@ -10,21 +11,32 @@ use std::path::Path;
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python");
-    println!("cargo:rerun-if-changed={}", root.join("hvd").display());
+    let mut out = String::new();
+    embed_package(&root, "hvd", "PYTHON_FILES", &mut out);
+    embed_package(&root, "horovod", "HOROVOD_FILES", &mut out);
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    std::fs::write(out_dir.join("runtime_python.rs"), out).unwrap();
+    embed_library(&out_dir);
+}
+
+/// Appends `pub const CONSTANT`: the files of the Python package `name` under `root`, as (path relative to
+/// site-packages, contents).
+fn embed_package(root: &Path, name: &str, constant: &str, out: &mut String) {
+    println!("cargo:rerun-if-changed={}", root.join(name).display());
     let mut files = Vec::new();
-    collect(&root, &root.join("hvd"), &mut files);
+    collect(root, &root.join(name), &mut files);
     files.sort();
-    let mut out =
-        String::from("/// The `hvd` Python package: (path relative to site-packages, contents).\n");
-    out.push_str("pub const PYTHON_FILES: &[(&str, &str)] = &[\n");
+    writeln!(
+        out,
+        "/// The `{name}` Python package: (path relative to site-packages, contents)."
+    )
+    .unwrap();
+    writeln!(out, "pub const {constant}: &[(&str, &str)] = &[").unwrap();
     for (relative, absolute) in &files {
         println!("cargo:rerun-if-changed={absolute}");
         writeln!(out, "    ({relative:?}, include_str!({absolute:?})),").unwrap();
     }
     out.push_str("];\n");
-    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    std::fs::write(out_dir.join("runtime_python.rs"), out).unwrap();
-    embed_library(&out_dir);
 }
 
 /// Writes `runtime_library.rs`: `EMBEDDED_LIBRARY`, the release build of `libhvd_runtime.so` or `None`.

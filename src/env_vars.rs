@@ -12,6 +12,9 @@ pub const HVD_RUNTIME_LIBRARY: &str = "HVD_RUNTIME_LIBRARY";
 /// Development override: a directory holding a ready `hvd/` package (its library in `hvd/lib/`) that `hvd build`
 /// adds to every env as is, instead of staging the embedded one.
 pub const HVD_RUNTIME_DIR: &str = "HVD_RUNTIME_DIR";
+/// Read from the env's `variables` (not from the process): `"0"` keeps the `horovod` compatibility package and
+/// `horovodrun` out of that env (docs/horovod.md); the variable is also set in the env like every other one.
+pub const HVD_HOROVOD_COMPAT: &str = "HVD_HOROVOD_COMPAT";
 /// Set by `hvd shell` in the shell it starts: the env's store path.
 pub const HVD_ENV: &str = "HVD_ENV";
 /// The shell `hvd shell` starts (default `/bin/sh`).
@@ -58,6 +61,11 @@ pub const ALL: &[(&str, &str, &str)] = &[
         HVD_RUNTIME_DIR,
         "",
         "development override: a ready `hvd/` package directory that `hvd build` adds to every env as is",
+    ),
+    (
+        HVD_HOROVOD_COMPAT,
+        "1",
+        "in `env { variables }`: `\"0\"` keeps the `horovod` compatibility package and `horovodrun` out of the env",
     ),
     (
         HVD_ENV,

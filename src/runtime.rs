@@ -28,8 +28,23 @@ impl Staged {
     }
 }
 
-/// Stage the runtime package: the embedded Python files plus the shared library found by [`library`].
-pub fn stage() -> Result<Staged, Failure> {
+/// The `env { variables }` entry that keeps the `horovod` compatibility package out of an env: `= "0"`.
+pub const HOROVOD_COMPAT: &str = crate::env_vars::HVD_HOROVOD_COMPAT;
+
+/// Whether an env gets the `horovod` compatibility package (collective/python/horovod and the `horovodrun`
+/// command): not when it locks the real Horovod (a package named `horovod`: `std.horovod` or a plain requirement),
+/// so the shim never shadows it, and not when its variables set [`HOROVOD_COMPAT`] to `"0"`.
+pub fn wants_horovod_compat<'a>(
+    mut locked: impl Iterator<Item = &'a str>,
+    variables: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let real_horovod = locked.any(|name| name.eq_ignore_ascii_case("horovod"));
+    !real_horovod && variables.get(HOROVOD_COMPAT).is_none_or(|v| v != "0")
+}
+
+/// Stage the runtime package: the embedded Python files plus the shared library found by [`library`]; with
+/// `horovod`, also the `horovod` package and a dist-info whose entry point makes the env's `bin/horovodrun`.
+pub fn stage(horovod: bool) -> Result<Staged, Failure> {
     if let Some(dir) = std::env::var_os(crate::env_vars::HVD_RUNTIME_DIR).filter(|d| !d.is_empty())
     {
         return Ok(Staged::Given(PathBuf::from(dir)));
@@ -52,7 +67,19 @@ pub fn stage() -> Result<Staged, Failure> {
             &err,
         )
     };
-    for (relative, contents) in PYTHON_FILES {
+    let mut files: Vec<(String, &str)> = PYTHON_FILES
+        .iter()
+        .map(|(relative, contents)| ((*relative).to_owned(), *contents))
+        .collect();
+    if horovod {
+        files.extend(
+            HOROVOD_FILES
+                .iter()
+                .map(|(relative, contents)| ((*relative).to_owned(), *contents)),
+        );
+        files.extend(compat_dist_info());
+    }
+    for (relative, contents) in files {
         let path = dir.path().join(relative);
         let parent = path
             .parent()
@@ -75,6 +102,26 @@ pub fn stage() -> Result<Staged, Failure> {
         }
     }
     Ok(Staged::Temporary(dir))
+}
+
+/// The dist-info of the compatibility package: not named `horovod` (the real Horovod is not installed, and
+/// `importlib.metadata` says so), with the `horovodrun` console script.
+fn compat_dist_info() -> [(String, &'static str); 2] {
+    let dir = format!("hvd_horovod_compat-{}.dist-info", env!("CARGO_PKG_VERSION"));
+    [
+        (
+            format!("{dir}/METADATA"),
+            concat!(
+                "Metadata-Version: 2.1\nName: hvd-horovod-compat\nVersion: ",
+                env!("CARGO_PKG_VERSION"),
+                "\nSummary: Horovod's module names and horovodrun over hvd's runtime\n"
+            ),
+        ),
+        (
+            format!("{dir}/entry_points.txt"),
+            "[console_scripts]\nhorovodrun = horovod.runner.launch:run_commandline\n",
+        ),
+    ]
 }
 
 /// Where the worker runtime library comes from.
@@ -129,4 +176,43 @@ pub fn library() -> Result<Library, Failure> {
             candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn the_horovod_compat_package_never_shadows_the_real_horovod_and_can_be_turned_off() {
+        let none = BTreeMap::new();
+        assert!(wants_horovod_compat(["numpy", "torch"].into_iter(), &none));
+        assert!(!wants_horovod_compat(
+            ["numpy", "horovod"].into_iter(),
+            &none
+        ));
+        assert!(!wants_horovod_compat(["Horovod"].into_iter(), &none));
+        let off = BTreeMap::from([(HOROVOD_COMPAT.to_owned(), "0".to_owned())]);
+        assert!(!wants_horovod_compat(["torch"].into_iter(), &off));
+        let on = BTreeMap::from([(HOROVOD_COMPAT.to_owned(), "1".to_owned())]);
+        assert!(wants_horovod_compat(["torch"].into_iter(), &on));
+    }
+
+    #[test]
+    fn the_compat_dist_info_names_horovodrun_and_not_horovod() {
+        let [(metadata, text), (entry_points, scripts)] = compat_dist_info();
+        assert!(metadata.ends_with(".dist-info/METADATA"), "{metadata}");
+        assert!(text.contains("Name: hvd-horovod-compat\n"), "{text}");
+        assert!(entry_points.ends_with(".dist-info/entry_points.txt"));
+        assert!(
+            scripts.contains("horovodrun = horovod.runner.launch:run_commandline"),
+            "{scripts}"
+        );
+        let launch = HOROVOD_FILES
+            .iter()
+            .find(|(path, _)| *path == "horovod/runner/launch.py")
+            .expect("the launcher is embedded");
+        assert!(launch.1.contains("def run_commandline("));
+    }
 }

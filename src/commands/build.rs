@@ -162,8 +162,12 @@ fn check(args: &BuildArgs) -> CommandResult {
 pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv, Failure> {
     let (project, lock) = load_and_lock(file, mode)?;
     let mut plan = plan(&project, &lock)?;
-    // The worker runtime (`import hvd`) is part of every env; the staged copy must outlive the build.
-    let runtime = crate::runtime::stage()?;
+    // The worker runtime (`import hvd`) is part of every env, with the `horovod` package (runtime.rs says when);
+    // the staged copy must outlive the build.
+    let runtime = crate::runtime::stage(crate::runtime::wants_horovod_compat(
+        plan.packages.iter().map(|p| p.name.as_str()),
+        &project.env.variables,
+    ))?;
     plan.local_packages.push(hvd_builder::LocalPackage {
         name: "hvd".into(),
         version: env!("CARGO_PKG_VERSION").into(),

@@ -1,0 +1,39 @@
+"""Fills a ``horovod.*`` module's namespace from the hvd module that implements it."""
+
+import importlib
+
+
+def _first_importable(candidates):
+    """The first of ``candidates`` (module names) that exists; an ImportError raised inside one (a missing
+    framework) propagates with hvd's message."""
+    for name in candidates:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name or name == candidates[-1]:
+                raise
+    raise AssertionError("no candidate module")
+
+
+def reexport(namespace, *candidates):
+    """Copies every name of the first importable hvd module of ``candidates`` into ``namespace`` (names the module
+    defines itself win) and gives it a ``__getattr__`` that names what hvd lacks. Returns the hvd module."""
+    impl = _first_importable(candidates)
+    for key, value in vars(impl).items():
+        if not (key.startswith("__") and key.endswith("__")):
+            namespace.setdefault(key, value)
+    if hasattr(impl, "__all__"):
+        namespace.setdefault("__all__", list(impl.__all__))
+    module = namespace["__name__"]
+
+    def __getattr__(name):
+        try:
+            return getattr(impl, name)
+        except AttributeError:
+            raise AttributeError(
+                "module {!r} has no attribute {!r}: hvd ({}) does not implement it; docs/horovod.md lists what "
+                "works".format(module, name, impl.__name__)
+            ) from None
+
+    namespace["__getattr__"] = __getattr__
+    return impl

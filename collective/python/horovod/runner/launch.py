@@ -1,0 +1,148 @@
+"""``horovodrun``: Horovod's command line mapped onto ``hvd run``.
+
+``hvd run`` runs the steps of a .hvd file, so ``horovodrun -np 2 python train.py`` writes a one-step file (the
+command, ``workers = 2``, run in the caller's directory) into a temporary directory and runs it with
+``hvd run FILE --env-dir <this env>``: the env is this interpreter's, nothing is locked or built. Flags hvd cannot
+honour are refused by name; docs/horovod.md has the table.
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+# Flags taking a value: Horovod's spellings -> the `hvd run` option (None: handled below).
+_VALUED = {
+    "-np": "--workers", "--num-proc": "--workers",
+    "-H": "--hosts", "--hosts": "--hosts",
+    "-hostfile": "--hostfile", "--hostfile": "--hostfile",
+    "--timeline-filename": "--timeline",
+    "-p": "--ssh-port", "--ssh-port": "--ssh-port",
+    "-i": "--ssh-identity", "--ssh-identity-file": "--ssh-identity",
+    "--network-interface": "--network-interface", "--network-interfaces": "--network-interface",
+    "--start-timeout": "--start-timeout",
+}
+# Flags without a value that change nothing in hvd (its runtime is one transport, not Gloo or MPI's).
+_ACCEPTED = {"--gloo", "--verbose", "-v", "--disable-cache"}
+_ELASTIC = {"--min-np", "--max-np", "--host-discovery-script", "--slots-per-host", "--elastic-timeout",
+            "--reset-limit", "--cooldown-range", "--blacklist-cooldown-range"}
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+class UsageError(Exception):
+    """A command line horovodrun cannot map onto `hvd run`."""
+
+
+def _local(host):
+    import socket
+
+    return host in _LOCAL_HOSTS or host in (socket.gethostname(), socket.getfqdn())
+
+
+def translate(argv):
+    """``(hvd run options, the command)`` for a horovodrun command line, e.g. ``["-np", "2", "python", "t.py"]`` ->
+    ``(["--workers", "2"], ["python", "t.py"])``. Raises UsageError naming what cannot be mapped."""
+    options, values = [], {}
+    mpi = verbose = False
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        flag, _, inline = argv[i].partition("=")
+        i += 1
+        if flag == "--":
+            break
+        if flag in _ELASTIC:
+            raise UsageError(
+                "horovodrun: `{}` (elastic training) is not supported: hvd run has no elastic mode yet; run a fixed "
+                "number of workers with -np".format(flag)
+            )
+        if flag in _VALUED:
+            if inline:
+                value = inline
+            elif i < len(argv):
+                value, i = argv[i], i + 1
+            else:
+                raise UsageError("horovodrun: `{}` needs a value".format(flag))
+            values[_VALUED[flag]] = value
+        elif flag == "--mpi":
+            mpi = True
+        elif flag in _ACCEPTED:
+            verbose = verbose or flag in ("--verbose", "-v")
+        else:
+            raise UsageError(
+                "horovodrun: unknown or unsupported flag `{}`; the flags hvd maps are listed in docs/horovod.md "
+                "(or use `hvd run` directly)".format(flag)
+            )
+    command = argv[i:]
+    if not command:
+        raise UsageError("horovodrun: no command to run, e.g. `horovodrun -np 2 python train.py`")
+    workers = values.pop("--workers", None)
+    if workers is None:
+        raise UsageError("horovodrun: -np N (the number of workers) is required")
+    if not workers.isdigit() or int(workers) < 1:
+        raise UsageError("horovodrun: -np takes a positive number of workers, not `{}`".format(workers))
+    options += ["--workers", workers]
+    hosts = values.get("--hosts")
+    if hosts is not None and all(_local(h.partition(":")[0]) for h in hosts.split(",")):
+        del values["--hosts"]  # every slot is on this machine: the local engine, no ssh to ourselves
+    if mpi:
+        options += ["--engine", "mpi"]
+    elif "--hosts" in values or "--hostfile" in values:
+        options += ["--engine", "ssh"]
+    for key in sorted(values):
+        options += [key, values[key]]
+    if verbose:
+        options.append("-v")
+    return options, command
+
+
+def hvd_file(command, workers, cwd):
+    """The one-step .hvd file that runs ``command`` (a list of words) in ``cwd`` on ``workers`` workers."""
+    line = "cd {} && exec {}".format(shlex.quote(cwd), " ".join(shlex.quote(word) for word in command))
+    return (
+        'project "horovodrun"\n'
+        "env {{\n  python = \"{}.{}\"\n  packages = []\n}}\n"
+        "step horovodrun {{\n  workers = {}\n  run = {}\n}}\n"
+    ).format(sys.version_info[0], sys.version_info[1], workers, _hvd_string(line))
+
+
+def _hvd_string(text):
+    """``text`` as a .hvd string literal."""
+    escapes = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "$": "\\$"}
+    return '"' + "".join(escapes.get(c, c) for c in text) + '"'
+
+
+def run_commandline(argv=None):
+    """The ``horovodrun`` console script: exits with ``hvd run``'s status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print("\nusage: horovodrun -np N [-H host:slots,...|--hostfile FILE] [--mpi] [--timeline-filename FILE] "
+              "[--verbose] COMMAND ...")
+        return 0
+    try:
+        options, command = translate(argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
+    hvd = shutil.which("hvd")
+    if hvd is None:
+        print("horovodrun: it runs `hvd run`, and no `hvd` is on PATH", file=sys.stderr)
+        return 2
+    workers = options[options.index("--workers") + 1]
+    tmp = tempfile.mkdtemp(prefix="horovodrun-")
+    path = os.path.join(tmp, "horovodrun.hvd")
+    with open(path, "w") as f:
+        f.write(hvd_file(command, workers, os.getcwd()))
+    status = subprocess.call([hvd, "run", path, "--env-dir", sys.prefix] + options)
+    if status == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        # The per-rank logs `hvd run` named are in there.
+        print("horovodrun: kept {} (the generated .hvd file and the run's logs)".format(tmp), file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(run_commandline())

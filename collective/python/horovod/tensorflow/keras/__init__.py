@@ -1,0 +1,7 @@
+"""``horovod.tensorflow.keras``: hvd's Keras module when it has one, else hvd.tensorflow (the collectives and
+``init``/``rank``/``size``; names hvd lacks, such as Keras callbacks, raise AttributeError naming docs/horovod.md)."""
+
+from horovod._reexport import reexport
+
+reexport(globals(), "hvd.tensorflow.keras", "hvd.tensorflow")
+del reexport
