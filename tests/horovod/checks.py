@@ -1,0 +1,126 @@
+"""The `horovod` compatibility package against its documentation (docs/horovod.md), framework-free: run by
+tests/horovod_compat.rs with collective/python on PYTHONPATH; prints `ok` when every check passed."""
+
+import importlib.util
+import sys
+
+import horovod
+
+# `import horovod` imports no framework, and neither do the modules that need none.
+import horovod.common.exceptions as exceptions
+import horovod.common.process_sets as process_sets
+import horovod.common.util as util
+import horovod.runner
+import horovod.runner.launch as launch
+
+for framework in ("torch", "tensorflow", "keras", "jax"):
+    assert framework not in sys.modules, framework
+
+import hvd
+
+# Exceptions are hvd's classes: `except HorovodInternalError` catches hvd's lost peer, timeout and stall.
+assert exceptions.HorovodInternalError is hvd.HorovodInternalError
+for cls in (hvd.PeerLostError, hvd.CollectiveTimeoutError, hvd.StallError):
+    assert issubclass(cls, exceptions.HorovodInternalError), cls
+assert not issubclass(hvd.MismatchError, exceptions.HorovodInternalError)
+assert issubclass(exceptions.HostsUpdatedInterrupt, RuntimeError)
+assert exceptions.HostsUpdatedInterrupt(skip_sync=True).skip_sync is True
+
+# horovod.run refuses, naming `hvd run`.
+for run in (horovod.run, horovod.runner.run):
+    try:
+        run(lambda: None, np=2)
+    except NotImplementedError as e:
+        assert "`hvd run`" in str(e) and "horovodrun" in str(e), e
+    else:
+        raise AssertionError("horovod.run ran")
+
+# Process sets: the global set is the whole job; making a set is refused, saying why.
+assert process_sets.global_process_set.process_set_id == 0
+assert process_sets.global_process_set.included()
+for refused in (lambda: process_sets.ProcessSet([0]), lambda: process_sets.add_process_set([0]),
+                lambda: process_sets.remove_process_set(1)):
+    try:
+        refused()
+    except NotImplementedError as e:
+        assert "process sets" in str(e), e
+    else:
+        raise AssertionError("a process set was made")
+
+# util
+assert util.split_list([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+assert util.num_rank_is_power_2(4) and not util.num_rank_is_power_2(6)
+assert util.is_iterable([1]) and not util.is_iterable(3)
+assert util.gpu_available("torch") == bool(hvd.cuda_built() or hvd.rocm_built())
+with util.env(HOROVOD_CHECK_VALUE=3):
+    import os
+
+    assert os.environ["HOROVOD_CHECK_VALUE"] == "3"
+assert "HOROVOD_CHECK_VALUE" not in os.environ
+
+# The framework modules are hvd's: without the framework, importing one fails with hvd's own message.
+for module, framework, message in (
+    ("horovod.torch", "torch", "hvd.torch needs PyTorch"),
+    ("horovod.tensorflow", "tensorflow", "hvd.tensorflow needs TensorFlow"),
+    ("horovod.tensorflow.keras", "tensorflow", "hvd.tensorflow needs TensorFlow"),
+    ("horovod.keras", "tensorflow", "hvd.tensorflow needs TensorFlow"),
+    ("horovod.jax", "jax", "hvd.jax needs JAX"),
+):
+    if importlib.util.find_spec(framework) is not None:
+        continue
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        assert message in str(e), (module, e)
+    else:
+        raise AssertionError(module + " imported without " + framework)
+
+# The re-export: the first hvd module that exists, every name of it, and a named refusal for what hvd lacks.
+from horovod._reexport import reexport
+
+namespace = {"__name__": "horovod.example"}
+impl = reexport(namespace, "hvd.not_a_module", "hvd.numpy")
+assert impl is sys.modules["hvd.numpy"]
+assert namespace["allreduce"] is impl.allreduce and namespace["init"] is hvd.init
+try:
+    namespace["__getattr__"]("not_in_hvd")
+except AttributeError as e:
+    assert "'horovod.example' has no attribute 'not_in_hvd'" in str(e) and "docs/horovod.md" in str(e), e
+else:
+    raise AssertionError("a missing name was found")
+
+# horovodrun's flags -> `hvd run`'s options.
+cases = [
+    (["-np", "2", "python", "t.py", "-np", "3"], ["--workers", "2"], ["python", "t.py", "-np", "3"]),
+    (["-np", "2", "-H", "localhost:2", "--gloo", "python", "t.py"], ["--workers", "2"], ["python", "t.py"]),
+    (["--num-proc=4", "-H", "a:2,b:2", "python", "t.py"],
+     ["--workers", "4", "--engine", "ssh", "--hosts", "a:2,b:2"], ["python", "t.py"]),
+    (["-np", "4", "--hostfile", "hosts", "--mpi", "--verbose", "python", "t.py"],
+     ["--workers", "4", "--engine", "mpi", "--hostfile", "hosts", "-v"], ["python", "t.py"]),
+    (["-np", "2", "--timeline-filename", "tl.json", "-p", "2222", "--", "python", "-u", "t.py"],
+     ["--workers", "2", "--ssh-port", "2222", "--timeline", "tl.json"], ["python", "-u", "t.py"]),
+]
+for argv, options, command in cases:
+    assert launch.translate(argv) == (options, command), (argv, launch.translate(argv))
+
+for argv, part in (
+    (["--min-np", "1", "-np", "2", "python", "t.py"], "`--min-np` (elastic training)"),
+    (["--host-discovery-script", "d.sh", "python", "t.py"], "`--host-discovery-script` (elastic training)"),
+    (["-np", "2", "--fusion-threshold-mb", "32", "python", "t.py"], "unknown or unsupported flag `--fusion-threshold-mb`"),
+    (["python", "t.py"], "-np N (the number of workers) is required"),
+    (["-np", "0", "python"], "positive number of workers"),
+    (["-np", "2"], "no command to run"),
+):
+    try:
+        launch.translate(argv)
+    except launch.UsageError as e:
+        assert part in str(e), (argv, e)
+    else:
+        raise AssertionError("accepted: {}".format(argv))
+
+# The generated file runs the command, quoted, in the caller's directory.
+text = launch.hvd_file(["python", "-c", 'print("$HOME")'], "2", "/tmp/a b")
+assert "workers = 2" in text, text
+assert 'run = "cd \'/tmp/a b\' && exec python -c \'print(\\"\\$HOME\\")\'"' in text, text
+
+print("ok")
