@@ -1,5 +1,5 @@
 //! Downloads into the sha256-keyed cache: concurrent, verified while streaming, renamed into place only when the
-//! digest matches. A download stops at the locked size (or at [`MAX_DOWNLOAD_BYTES`] when the lock has none) and
+//! digest matches. A download stops at the locked size (or at 16 GiB when the lock has none) and
 //! a file of another size is refused. `file://` URLs and plain paths (allowed by the lockfile reader only for a
 //! local index) are streamed the same way, with the same limits, and must be regular files. Temp files are
 //! unique per download; ones left by a killed process are removed once stale, by the first fetch of a later

@@ -56,7 +56,7 @@ impl Interpreter {
 
     /// Find an interpreter for `request` (`3.11`, `3.11.7`): `HVD_PYTHON` first, then `pythonX.Y` on PATH (pyenv's
     /// versions, newest first, in place of a shims directory), pyenv's versions, /usr/bin, /usr/local/bin, then
-    /// `python3` on PATH. [`Error::PythonNotFound`](crate::Error::PythonNotFound) lists the same order.
+    /// `python3` on PATH. [`Error::PythonNotFound`] lists the same order.
     pub fn find(request: &str) -> Result<Interpreter> {
         let short: String = request.split('.').take(2).collect::<Vec<_>>().join(".");
         let mut candidates: Vec<PathBuf> = Vec::new();

@@ -25,7 +25,7 @@ use crate::tags::{Platform, TargetError, TargetSpec};
 pub struct LockOptions {
     /// Use this index, overriding `env.index` and pip's configuration (tests, `--index`).
     pub index_url: Option<String>,
-    /// Cache directory; default [`default_cache_dir`].
+    /// Cache directory; default `$HVD_CACHE_DIR`, else `<user cache dir>/hvd`.
     pub cache_dir: Option<PathBuf>,
     /// Use only the cache.
     pub offline: bool,

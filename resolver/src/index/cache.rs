@@ -65,8 +65,9 @@ fn parse_cache_control(headers: &HeaderMap) -> (Option<u64>, bool) {
 }
 
 impl IndexClient {
-    /// Remove stale temp files (see [`remove_stale_temps`](crate::temp_files::remove_stale_temps)) from the HTTP and metadata caches, at most once per
-    /// [`TEMP_SWEEP_EVERY`] per cache directory. Returns how many were removed.
+    /// Remove stale temp files (see [`remove_stale_temps`]) from the HTTP
+    /// and metadata caches, at most once an hour per cache directory (the time of the last sweep is kept in
+    /// `v1/.temp-sweep`). Returns how many were removed.
     pub fn remove_stale_temps(&self) -> usize {
         let root = self.options.cache_dir.join("v1");
         let marker = root.join(".temp-sweep");

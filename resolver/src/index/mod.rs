@@ -3,8 +3,8 @@
 //! revalidation, retries with backoff, and `--offline`.
 //!
 //! This module holds the client's types and its project-page entry point; the rest is split by role:
-//! [`http`] sends requests within their deadlines and size limits, [`cache`] keeps the on-disk caches, [`page`]
-//! parses project pages, and [`artifacts`] reads metadata out of artifacts.
+//! `http` sends requests within their deadlines and size limits, `cache` keeps the on-disk caches, `page` parses
+//! project pages, and `artifacts` reads metadata out of artifacts.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -5,8 +5,8 @@
 //! (not `toml::to_string`) so the bytes depend only on the data and this file, never on a serializer's
 //! formatting choices: same input, same bytes, one artifact per line.
 //!
-//! This module holds the lockfile's model; the rest is split by role: [`read`] parses and validates what comes
-//! from outside, [`write`] is the writer, and [`staleness`] compares a lock with the env it was made for.
+//! This module holds the lockfile's model; the rest is split by role: `read` parses and validates what comes
+//! from outside, `write` is the writer, and `staleness` compares a lock with the env it was made for.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
