@@ -116,9 +116,7 @@ pub trait Communicator: Send {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        check::same_len("allreduce", send.len(), recv.len())
-            .map_err(|e| self.refuse("allreduce", dtype, e))?;
-        recv.copy_from_slice(send);
+        copy_in(self, "allreduce", send, recv, dtype)?;
         self.allreduce_in_place(recv, dtype, op)
     }
 
@@ -175,9 +173,7 @@ pub trait Communicator: Send {
         root: usize,
     ) -> Result<()> {
         if self.rank() == root {
-            check::same_len("broadcast", send.len(), recv.len())
-                .map_err(|e| self.refuse("broadcast", dtype, e))?;
-            recv.copy_from_slice(send);
+            copy_in(self, "broadcast", send, recv, dtype)?;
         }
         self.broadcast(recv, dtype, root)
     }
@@ -244,6 +240,20 @@ pub trait Communicator: Send {
         let _ = (op, dtype);
         error
     }
+}
+
+/// The first step of an out-of-place `op` that works in place: `recv` gets `send`'s bytes, unless their lengths
+/// differ (then `comm` refuses the call).
+fn copy_in<C: Communicator + ?Sized>(
+    comm: &mut C,
+    op: &'static str,
+    send: &[u8],
+    recv: &mut [u8],
+    dtype: DType,
+) -> Result<()> {
+    check::same_len(op, send.len(), recv.len()).map_err(|e| comm.refuse(op, dtype, e))?;
+    recv.copy_from_slice(send);
+    Ok(())
 }
 
 pub(crate) fn invalid(op: &'static str, detail: String) -> Error {
