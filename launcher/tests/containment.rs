@@ -140,6 +140,29 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// This test binary running only the hidden test `name` (which runs the launcher), with `var` naming `dir`.
+fn helper(name: &str, var: &str, dir: &Path) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", name, "--nocapture"]).env(var, dir);
+    command
+}
+
+/// Kills whatever still holds `tag` once the launcher that gave `output` is gone (so a failing assertion leaks
+/// nothing), asserts that the launcher succeeded, and returns the pids that were left.
+fn leftovers_of_success(tag: &str, output: &std::process::Output) -> Vec<u32> {
+    let after = holders(tag);
+    for pid in &after {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(
+        output.status.success(),
+        "the launcher failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    after
+}
+
 fn unique_tag(n: u32) -> String {
     // `sleep` takes fractional seconds: 3000.<pid><n> is a duration no other process uses.
     format!("3000.{}{n}", std::process::id())
@@ -182,9 +205,7 @@ fn launcher_helper() {
 fn start_helper(dir: &Path, tag: &str) -> std::process::Child {
     use std::os::unix::process::CommandExt;
     std::fs::write(dir.join("tag"), tag).unwrap();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "launcher_helper", "--nocapture"])
-        .env("HVD_TEST_CONTAIN_DIR", dir)
+    let child = helper("launcher_helper", "HVD_TEST_CONTAIN_DIR", dir)
         // Its own process group: the SIGKILL tests can kill the launcher together with its watchdog.
         .process_group(0)
         .spawn()
@@ -297,9 +318,7 @@ fn alive(pid: u32) -> bool {
 #[test]
 fn the_watchdog_tracks_more_than_4096_groups() {
     let dir = tempfile::tempdir().unwrap();
-    let mut launcher = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "watchdog_helper", "--nocapture"])
-        .env("HVD_TEST_WATCHDOG_DIR", dir.path())
+    let mut launcher = helper("watchdog_helper", "HVD_TEST_WATCHDOG_DIR", dir.path())
         .spawn()
         .unwrap();
     let file = dir.path().join("victim");
@@ -363,23 +382,12 @@ fn escapee_ends_with_its_step_without_cgroups(escape: &str, n: u32) {
     let tag = unique_tag(n);
     std::fs::write(dir.path().join("tag"), &tag).unwrap();
     std::fs::write(dir.path().join("escape"), escape.replace("TAG", &tag)).unwrap();
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "fallback_helper", "--nocapture"])
-        .env("HVD_TEST_FALLBACK_DIR", dir.path())
+    let output = helper("fallback_helper", "HVD_TEST_FALLBACK_DIR", dir.path())
         .env("HVD_CGROUPS", "off")
         .output()
         .unwrap();
     // Whatever is left after the launcher is gone is cleaned up before asserting, so a failure leaks nothing.
-    let after = holders(&tag);
-    for pid in &after {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-    }
-    assert!(
-        output.status.success(),
-        "the launcher failed: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let after = leftovers_of_success(&tag, &output);
     let started = std::fs::read_to_string(dir.path().join("started")).unwrap();
     let left = std::fs::read_to_string(dir.path().join("left")).unwrap();
     // The step's own shell is listed too (its command line holds the tag): a `sleep` must be.
@@ -452,13 +460,15 @@ fn without_cgroups_a_sigkilled_launchers_watchdog_kills_what_it_can_find() {
     let dir = tempfile::tempdir().unwrap();
     let tag = unique_tag(21);
     std::fs::write(dir.path().join("tag"), &tag).unwrap();
-    let mut launcher = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "fallback_launcher_helper", "--nocapture"])
-        .env("HVD_TEST_FALLBACK_KILL_DIR", dir.path())
-        .env("HVD_CGROUPS", "off")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut launcher = helper(
+        "fallback_launcher_helper",
+        "HVD_TEST_FALLBACK_KILL_DIR",
+        dir.path(),
+    )
+    .env("HVD_CGROUPS", "off")
+    .stdout(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
     wait_for(&dir.path().join("ready"));
     let (marked, session, both) = (format!("{tag}1"), format!("{tag}2"), format!("{tag}3"));
     let before = [sleepers(&marked), sleepers(&session), sleepers(&both)];
@@ -495,9 +505,7 @@ fn an_unknown_hvd_cgroups_value_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("tag"), unique_tag(22)).unwrap();
     std::fs::write(dir.path().join("escape"), "true;").unwrap();
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "fallback_helper", "--nocapture"])
-        .env("HVD_TEST_FALLBACK_DIR", dir.path())
+    let output = helper("fallback_helper", "HVD_TEST_FALLBACK_DIR", dir.path())
         .env("HVD_CGROUPS", "no")
         .output()
         .unwrap();
@@ -571,22 +579,11 @@ fn without_cgroups_one_steps_cleanup_spares_a_running_steps_escapees() {
     let dir = tempfile::tempdir().unwrap();
     let tag = unique_tag(31);
     std::fs::write(dir.path().join("tag"), &tag).unwrap();
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "parallel_helper", "--nocapture"])
-        .env("HVD_TEST_PARALLEL_DIR", dir.path())
+    let output = helper("parallel_helper", "HVD_TEST_PARALLEL_DIR", dir.path())
         .env("HVD_CGROUPS", "off")
         .output()
         .unwrap();
-    let after = holders(&tag);
-    for pid in &after {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-    }
-    assert!(
-        output.status.success(),
-        "the launcher failed: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let after = leftovers_of_success(&tag, &output);
     let read = |name: &str| {
         std::fs::read_to_string(dir.path().join(name))
             .unwrap()
