@@ -150,6 +150,21 @@ fn a_built_env_has_horovod_and_horovodrun_runs_two_workers() {
     let all = text_of(&out);
     assert!(out.status.success(), "{all}");
     let prefix = built.env().canonicalize().unwrap();
+    let check = built
+        .hvd(&["exec", "train.hvd", "--", "horovodrun", "--check-build"])
+        .output()
+        .unwrap();
+    let report = text_of(&check);
+    assert!(check.status.success(), "{report}");
+    // The env has no framework; hvd has no Gloo.
+    for line in [
+        "    [ ] PyTorch\n",
+        "    [ ] TensorFlow\n",
+        "    [ ] Gloo\n",
+        "    [X] hvd (tcp, shm)\n",
+    ] {
+        assert!(report.contains(line), "`{line}` missing: {report}");
+    }
     for rank in 0..2 {
         let line = format!(
             "worker {rank} of 2 in {}; no torch: True; hvd's error: True",

@@ -118,6 +118,10 @@ for argv, part in (
     else:
         raise AssertionError("accepted: {}".format(argv))
 
+# `--check-build` is horovodrun's only when it comes before the command.
+assert launch.parse(["--check-build"]) == ({}, {"--check-build"}, [])
+assert "--check-build" not in launch.parse(["-np", "2", "python", "t.py", "--check-build"])[1]
+
 # The generated file runs the command, quoted, in the caller's directory.
 text = launch.hvd_file(["python", "-c", 'print("$HOME")'], "2", "/tmp/a b")
 assert "workers = 2" in text, text

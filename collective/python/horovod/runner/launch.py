@@ -24,8 +24,9 @@ _VALUED = {
     "--network-interface": "--network-interface", "--network-interfaces": "--network-interface",
     "--start-timeout": "--start-timeout",
 }
-# Flags without a value that change nothing in hvd (its runtime is one transport, not Gloo or MPI's).
-_ACCEPTED = {"--gloo", "--verbose", "-v", "--disable-cache"}
+# Flags without a value: `--gloo` and `--disable-cache` change nothing in hvd (its runtime is one transport of its
+# own, and it keeps no such cache).
+_SWITCHES = {"--gloo", "--mpi", "--verbose", "-v", "--disable-cache", "--check-build"}
 _ELASTIC = {"--min-np", "--max-np", "--host-discovery-script", "--slots-per-host", "--elastic-timeout",
             "--reset-limit", "--cooldown-range", "--blacklist-cooldown-range"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -38,14 +39,41 @@ class UsageError(Exception):
 def _local(host):
     import socket
 
-    return host in _LOCAL_HOSTS or host in (socket.gethostname(), socket.getfqdn())
+    name = socket.gethostname()  # no DNS lookup: a machine without a resolver must not wait here
+    return host in _LOCAL_HOSTS or host in (name, name.split(".")[0])
 
 
-def translate(argv):
-    """``(hvd run options, the command)`` for a horovodrun command line, e.g. ``["-np", "2", "python", "t.py"]`` ->
-    ``(["--workers", "2"], ["python", "t.py"])``. Raises UsageError naming what cannot be mapped."""
-    options, values = [], {}
-    mpi = verbose = False
+def build_report():
+    """What ``horovodrun --check-build`` prints: the frameworks this env has (found, not imported) and what hvd's
+    runtime library was built with, in Horovod's layout."""
+    import importlib.util
+
+    import hvd
+
+    def box(flag):
+        return "[X]" if flag else "[ ]"
+
+    def found(module):
+        return importlib.util.find_spec(module) is not None
+
+    frameworks = [("TensorFlow", found("tensorflow")), ("PyTorch", found("torch")), ("MXNet", False),
+                  ("JAX (hvd.jax)", found("jax"))]
+    controllers = [("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()), ("hvd (tcp, shm)", True)]
+    operations = [("NCCL", hvd.nccl_built()), ("DDL", hvd.ddl_built()), ("CCL", hvd.ccl_built()),
+                  ("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()), ("hvd (tcp, shm)", True)]
+    lines = ["Horovod API v0.28.1 on hvd's runtime ({}):".format(hvd.library_path()), ""]
+    for title, entries in (("Available Frameworks", frameworks), ("Available Controllers", controllers),
+                           ("Available Tensor Operations", operations)):
+        lines.append(title + ":")
+        lines.extend("    {} {}".format(box(flag), name) for name, flag in entries)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse(argv):
+    """``(values, switches, command)``: the leading flags of a horovodrun command line (valued ones under their
+    `hvd run` option name) and the command after them. Raises UsageError for a flag hvd cannot honour."""
+    values, switches = {}, set()
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         flag, _, inline = argv[i].partition("=")
@@ -65,16 +93,23 @@ def translate(argv):
             else:
                 raise UsageError("horovodrun: `{}` needs a value".format(flag))
             values[_VALUED[flag]] = value
-        elif flag == "--mpi":
-            mpi = True
-        elif flag in _ACCEPTED:
-            verbose = verbose or flag in ("--verbose", "-v")
+        elif flag in _SWITCHES:
+            switches.add(flag)
         else:
             raise UsageError(
                 "horovodrun: unknown or unsupported flag `{}`; the flags hvd maps are listed in docs/horovod.md "
                 "(or use `hvd run` directly)".format(flag)
             )
-    command = argv[i:]
+    return values, switches, argv[i:]
+
+
+def translate(argv):
+    """``(hvd run options, the command)`` for a horovodrun command line, e.g. ``["-np", "2", "python", "t.py"]`` ->
+    ``(["--workers", "2"], ["python", "t.py"])``. Raises UsageError naming what cannot be mapped."""
+    values, switches, command = parse(argv)
+    options = []
+    mpi = "--mpi" in switches
+    verbose = bool(switches & {"--verbose", "-v"})
     if not command:
         raise UsageError("horovodrun: no command to run, e.g. `horovodrun -np 2 python train.py`")
     workers = values.pop("--workers", None)
@@ -119,9 +154,12 @@ def run_commandline(argv=None):
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         print("\nusage: horovodrun -np N [-H host:slots,...|--hostfile FILE] [--mpi] [--timeline-filename FILE] "
-              "[--verbose] COMMAND ...")
+              "[--verbose] COMMAND ...\n       horovodrun --check-build")
         return 0
     try:
+        if "--check-build" in parse(argv)[1]:
+            print(build_report())
+            return 0
         options, command = translate(argv)
     except UsageError as e:
         print(e, file=sys.stderr)
