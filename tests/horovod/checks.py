@@ -89,6 +89,13 @@ except AttributeError as e:
 else:
     raise AssertionError("a missing name was found")
 
+try:
+    reexport({"__name__": "horovod.example"}, "hvd.not_a_module", "hvd.nor_this", missing="hvd has no example")
+except ModuleNotFoundError as e:
+    assert str(e) == "hvd has no example", e
+else:
+    raise AssertionError("a missing module was found")
+
 # horovodrun's flags -> `hvd run`'s options.
 cases = [
     (["-np", "2", "python", "t.py", "-np", "3"], ["--workers", "2"], ["python", "t.py", "-np", "3"]),

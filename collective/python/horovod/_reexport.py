@@ -3,22 +3,27 @@
 import importlib
 
 
-def _first_importable(candidates):
+def _first_importable(candidates, missing):
     """The first of ``candidates`` (module names) that exists; an ImportError raised inside one (a missing
-    framework) propagates with hvd's message."""
+    framework) propagates with hvd's message. When none exists: ModuleNotFoundError(``missing``) if given."""
     for name in candidates:
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name != name or name == candidates[-1]:
+            if e.name != name:
                 raise
+            if name == candidates[-1]:
+                if missing is None:
+                    raise
+                raise ModuleNotFoundError(missing, name=name) from None
     raise AssertionError("no candidate module")
 
 
-def reexport(namespace, *candidates):
+def reexport(namespace, *candidates, missing=None):
     """Copies every name of the first importable hvd module of ``candidates`` into ``namespace`` (names the module
-    defines itself win) and gives it a ``__getattr__`` that names what hvd lacks. Returns the hvd module."""
-    impl = _first_importable(candidates)
+    defines itself win) and gives it a ``__getattr__`` that names what hvd lacks. Returns the hvd module; when hvd
+    has none of them, raises ModuleNotFoundError with the message ``missing``."""
+    impl = _first_importable(candidates, missing)
     for key, value in vars(impl).items():
         if not (key.startswith("__") and key.endswith("__")):
             namespace.setdefault(key, value)
