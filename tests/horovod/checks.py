@@ -96,6 +96,15 @@ except ModuleNotFoundError as e:
 else:
     raise AssertionError("a missing module was found")
 
+from horovod._reexport import reexport_elastic
+
+try:
+    reexport_elastic({"__name__": "horovod.numpy.elastic"}, "numpy")
+except ModuleNotFoundError as e:
+    assert "horovod.numpy.elastic needs hvd's elastic training" in str(e), e
+else:
+    assert importlib.util.find_spec("hvd.elastic") is not None, "found an elastic module hvd does not have"
+
 # horovodrun's flags -> `hvd run`'s options.
 cases = [
     (["-np", "2", "python", "t.py", "-np", "3"], ["--workers", "2"], ["python", "t.py", "-np", "3"]),

@@ -42,3 +42,15 @@ def reexport(namespace, *candidates, missing=None):
 
     namespace["__getattr__"] = __getattr__
     return impl
+
+
+def reexport_elastic(namespace, framework):
+    """``horovod.<framework>.elastic``: hvd's ``hvd.<framework>.elastic``, else ``hvd.elastic``; neither (today):
+    ModuleNotFoundError saying that hvd has no elastic training yet."""
+    return reexport(
+        namespace,
+        "hvd.{}.elastic".format(framework),
+        "hvd.elastic",
+        missing="horovod.{}.elastic needs hvd's elastic training, which hvd does not have yet (`hvd run` has no "
+        "elastic mode); docs/horovod.md".format(framework),
+    )

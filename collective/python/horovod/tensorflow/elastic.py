@@ -1,13 +1,7 @@
-"""``horovod.tensorflow.elastic``: hvd's elastic training for tensorflow once hvd has it (``hvd.tensorflow.elastic``, else
-``hvd.elastic``); until then importing this raises ModuleNotFoundError saying so."""
+"""``horovod.tensorflow.elastic``: hvd's elastic training for tensorflow once hvd has it; until then the import fails
+saying so."""
 
-from horovod._reexport import reexport
+from horovod._reexport import reexport_elastic
 
-reexport(
-    globals(),
-    "hvd.tensorflow.elastic",
-    "hvd.elastic",
-    missing="horovod.tensorflow.elastic needs hvd's elastic training, which hvd does not have yet (`hvd run` has no "
-    "elastic mode); docs/horovod.md",
-)
-del reexport
+reexport_elastic(globals(), "tensorflow")
+del reexport_elastic
