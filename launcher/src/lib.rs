@@ -2,6 +2,7 @@
 //! .hvd file is evaluated.
 //!
 //! - [`run`]: chooses the engine of a run ([`prepare`], [`run`]) from the project and the [`RunOptions`].
+//! - [`controller`]: which controllers (gloo, MPI) the env's Horovod talks to, and the engine that follows.
 //! - [`engine`]: the engine interface (a supervised engine, or one that owns the whole run) and the [`Plan`].
 //! - [`engines`]: one module per engine.
 //! - [`graph`]: the step graph (petgraph) and the [`Plan`] built from it.
@@ -27,6 +28,7 @@
 // A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod controller;
 pub mod doctor;
 pub mod engine;
 pub mod engines;
@@ -101,6 +103,8 @@ pub enum LaunchError {
     },
     #[error(transparent)]
     Rendezvous(#[from] rendezvous::RendezvousError),
+    #[error(transparent)]
+    Controller(#[from] controller::Mismatch),
     #[error("internal error: {0}")]
     Internal(&'static str),
 }

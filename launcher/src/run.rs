@@ -43,9 +43,11 @@ pub enum Run {
     Whole(Box<dyn WholeRunEngine>),
 }
 
-/// Chooses the engine and readies the run: plans it, or has the engine write what it submits. Nothing runs yet.
+/// Chooses the engine (the one named, or the one the env's Horovod needs: [`crate::controller::choose`]) and readies
+/// the run: plans it, or has the engine write what it submits. Nothing runs yet.
 pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchError> {
-    match start(engine_kind(project, options), project, options)? {
+    let kind = crate::controller::choose(project, options)?.engine;
+    match start(kind, project, options)? {
         Engine::Supervised(_) if options.detach => Err(LaunchError::Engine(
             "`--detach` is for `--engine slurm` outside an allocation (the batch jobs run on without hvd)".into(),
         )),

@@ -1,0 +1,161 @@
+//! The engine matches the controller of the env's Horovod (`hvd run --dry-run`, nothing is built): an MPI-only
+//! Horovod (0.13.11, before gloo) runs under mpirun when no engine is named, saying so; a named engine that cannot
+//! reach it is refused with the fix; a Horovod with gloo, and scripts that use only `hvd.*`, keep the local engine.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+
+use common::{HVD, text};
+
+/// A project whose env holds `horovod` (a `std.horovod { ... }` call, or a requirement string) and whose 2-worker
+/// step runs `script`, written with `script_text`.
+fn project(horovod: &str, cluster: &str, script_text: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let hvd = format!(
+        "project \"t\"\nimport std\nenv {{\n  python = \"3.6\"\n  packages = [{horovod}]\n}}\n{cluster}\n\
+         step train {{\n  workers = 2\n  run = \"python train.py\"\n}}\n"
+    );
+    std::fs::write(dir.path().join("train.hvd"), hvd).unwrap();
+    std::fs::write(dir.path().join("train.py"), script_text).unwrap();
+    dir
+}
+
+const OLD: &str = "std.horovod { version = \"0.13.11\", with_mpi = true }";
+const HOROVOD_SCRIPT: &str = "import horovod.tensorflow as hvd\nhvd.init()\nprint(hvd.size())\n";
+
+fn dry_run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(HVD)
+        .arg("run")
+        .arg(dir.join("train.hvd"))
+        .args(["--dry-run", "--workers", "2"])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+/// stderr with miette's wrapping undone: one line, single spaces.
+fn flat(out: &Output) -> String {
+    let (_, stderr) = text(out);
+    stderr
+        .replace(['│', '×'], " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn has_mpirun() -> bool {
+    let found = Command::new("sh")
+        .args(["-c", "command -v mpirun"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("skipped: `mpirun` is not installed (the mpi engine needs it)");
+    }
+    found
+}
+
+#[test]
+fn an_mpi_only_horovod_runs_under_mpirun_unless_an_engine_is_named() {
+    if !has_mpirun() {
+        return;
+    }
+    let dir = project(OLD, "", HOROVOD_SCRIPT);
+    let out = dry_run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("mpirun:")),
+        "no mpirun line:\n{stdout}"
+    );
+    assert!(stdout.contains("workers: 2 (mpi engine"), "{stdout}");
+    assert!(
+        stderr.contains(
+            "Horovod 0.13.11 has no gloo controller (MPI only): distributed steps run under mpirun"
+        ),
+        "{stderr}"
+    );
+    // Named engines: mpi is what it needs (no note); local would give two worlds of size 1, so it is refused.
+    let out = dry_run(dir.path(), &["--engine", "mpi"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("(mpi engine"), "{stdout}");
+    assert!(!stderr.contains("no gloo controller"), "{stderr}");
+}
+
+#[test]
+fn a_named_engine_that_cannot_reach_an_mpi_only_horovod_is_refused_with_the_fix() {
+    let dir = project(OLD, "", HOROVOD_SCRIPT);
+    let out = dry_run(dir.path(), &["--engine", "local"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    let said = flat(&out);
+    for part in [
+        "`--engine local` cannot run this env's Horovod 0.13.11",
+        "no gloo controller (gloo came with Horovod 0.19.0)",
+        "world of size 1",
+        "`--engine mpi`",
+    ] {
+        assert!(said.contains(part), "{part:?} not in:\n{stderr}");
+    }
+    assert!(stdout.is_empty(), "a refused run prints no plan:\n{stdout}");
+    // The same from the file's cluster block.
+    let dir = project(
+        OLD,
+        "cluster {\n  engine = \"ssh\"\n  hosts = [\"a:2\"]\n}",
+        HOROVOD_SCRIPT,
+    );
+    let out = dry_run(dir.path(), &[]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        flat(&out).contains("`cluster { engine = \"ssh\" }` cannot run this env's Horovod 0.13.11"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_horovod_with_gloo_and_hvd_only_scripts_keep_the_local_engine() {
+    // 0.28.1 as the recipe builds it: gloo, so hvd's own rendezvous.
+    let dir = project("std.horovod { version = \"0.28.1\" }", "", HOROVOD_SCRIPT);
+    let out = dry_run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("workers: 2 (local engine"), "{stdout}");
+    assert!(!stderr.contains("note:"), "{stderr}");
+    // An MPI-only Horovod in the env, but the step's script uses hvd's own runtime: any engine works.
+    let dir = project(OLD, "", "import hvd\nhvd.init()\nprint(hvd.size())\n");
+    let out = dry_run(dir.path(), &["--engine", "local"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("workers: 2 (local engine"), "{stdout}");
+}
+
+#[test]
+fn a_built_env_names_the_version_of_an_unpinned_horovod() {
+    if !has_mpirun() {
+        return;
+    }
+    // The requirement says no version; the built env's dist-info does.
+    let dir = project("\"horovod\"", "", HOROVOD_SCRIPT);
+    let env = dir.path().join("env");
+    std::fs::create_dir_all(env.join("lib/python3.6/site-packages/horovod-0.13.11.dist-info"))
+        .unwrap();
+    let out = dry_run(dir.path(), &["--env-dir", env.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("(mpi engine"), "{stdout}");
+    assert!(
+        stderr.contains("Horovod 0.13.11 has no gloo controller"),
+        "{stderr}"
+    );
+    // Without the built env nothing is known of it: the engine stays as named (local).
+    let out = dry_run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("(local engine"), "{stdout}");
+}
