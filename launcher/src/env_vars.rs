@@ -28,10 +28,6 @@ pub const HVD_RUN_STEP: &str = "HVD_RUN_STEP";
 pub const HVD_TIMELINE: &str = "HVD_TIMELINE";
 /// Horovod's spelling of `HVD_TIMELINE`, set with it.
 pub const HOROVOD_TIMELINE: &str = "HOROVOD_TIMELINE";
-/// Set for workers: `host:port` of the run's rendezvous server (or `file:DIR` under sbatch); read by the shim.
-pub const HVD_RENDEZVOUS: &str = "HVD_RENDEZVOUS";
-/// Set for workers: the run's token for the rendezvous (remote ranks read it from stdin); read by the shim.
-pub const HVD_JOB_TOKEN: &str = "HVD_JOB_TOKEN";
 /// `1`: rank 0's shim serves the rendezvous itself on `HVD_RENDEZVOUS`'s port (a Kubernetes JobSet).
 pub const HVD_RENDEZVOUS_SERVE: &str = "HVD_RENDEZVOUS_SERVE";
 /// Seconds the shim waits for `HVD_RENDEZVOUS` to resolve and accept connections (default 300 when rank 0 serves
@@ -39,20 +35,6 @@ pub const HVD_RENDEZVOUS_SERVE: &str = "HVD_RENDEZVOUS_SERVE";
 pub const HVD_RENDEZVOUS_WAIT: &str = "HVD_RENDEZVOUS_WAIT";
 /// The pod's own IP (set from `status.podIP` by the manifests of `hvd export k8s`): where rank 0's shim serves.
 pub const HVD_POD_IP: &str = "HVD_POD_IP";
-/// Set for workers: rank.
-pub const HVD_RANK: &str = "HVD_RANK";
-/// Set for workers: size (also in the manifests of `hvd export k8s`).
-pub const HVD_SIZE: &str = "HVD_SIZE";
-/// Set for workers: local rank.
-pub const HVD_LOCAL_RANK: &str = "HVD_LOCAL_RANK";
-/// Set for workers: local size.
-pub const HVD_LOCAL_SIZE: &str = "HVD_LOCAL_SIZE";
-/// Set for workers: cross rank (index of the host).
-pub const HVD_CROSS_RANK: &str = "HVD_CROSS_RANK";
-/// Set for workers: cross size (number of hosts).
-pub const HVD_CROSS_SIZE: &str = "HVD_CROSS_SIZE";
-/// Set for workers: the host name; read by the shim (after `HVD_SPARK_HOST`).
-pub const HVD_HOSTNAME: &str = "HVD_HOSTNAME";
 /// Set by the spark driver for each task: its executor's host, read first by the shim.
 pub const HVD_SPARK_HOST: &str = "HVD_SPARK_HOST";
 /// Read by the shim for the host name after `HVD_HOSTNAME`.
@@ -97,8 +79,6 @@ pub const NCCL_SOCKET_IFNAME: &str = "NCCL_SOCKET_IFNAME";
 pub const GLOO_SOCKET_IFNAME: &str = "GLOO_SOCKET_IFNAME";
 /// Set for ssh workers: the interface that reaches the launcher.
 pub const HVD_NETWORK_INTERFACE: &str = "HVD_NETWORK_INTERFACE";
-/// Set for ssh workers: the interface that reaches the launcher (the collective's tcp backend listens there).
-pub const HVD_TCP_INTERFACE: &str = "HVD_TCP_INTERFACE";
 /// Set for workers: torch's `env://` address (rank 0's host).
 pub const MASTER_ADDR: &str = "MASTER_ADDR";
 /// Set for workers: torch's `env://` port (a free port, not the rendezvous port).
@@ -111,18 +91,6 @@ pub const SLURM_JOB_NODELIST: &str = "SLURM_JOB_NODELIST";
 pub const OMPI_ALLOW_RUN_AS_ROOT: &str = "OMPI_ALLOW_RUN_AS_ROOT";
 /// Set to `1` with `OMPI_ALLOW_RUN_AS_ROOT`.
 pub const OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: &str = "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM";
-/// Spark driver: set per task, the task's rank.
-pub const HVD_SPARK_RANK: &str = "HVD_SPARK_RANK";
-/// Spark driver: set per task, the job's size.
-pub const HVD_SPARK_SIZE: &str = "HVD_SPARK_SIZE";
-/// Spark driver: set per task, its local rank.
-pub const HVD_SPARK_LOCAL_RANK: &str = "HVD_SPARK_LOCAL_RANK";
-/// Spark driver: set per task, its local size.
-pub const HVD_SPARK_LOCAL_SIZE: &str = "HVD_SPARK_LOCAL_SIZE";
-/// Spark driver: set per task, its cross rank.
-pub const HVD_SPARK_CROSS_RANK: &str = "HVD_SPARK_CROSS_RANK";
-/// Spark driver: set per task, the job's cross size.
-pub const HVD_SPARK_CROSS_SIZE: &str = "HVD_SPARK_CROSS_SIZE";
 /// Spark driver: a Java installation (else `java` on `PATH`).
 pub const JAVA_HOME: &str = "JAVA_HOME";
 /// Spark driver: set to a directory under the run's state that links pyspark's `bin` and `jars`.
@@ -133,6 +101,15 @@ pub const PYSPARK_PYTHON: &str = "PYSPARK_PYTHON";
 pub const PYSPARK_DRIVER_PYTHON: &str = "PYSPARK_DRIVER_PYTHON";
 /// Spark driver: set, unless already set, to `127.0.0.1` for a local cluster.
 pub const SPARK_LOCAL_IP: &str = "SPARK_LOCAL_IP";
+
+/// Set for workers (and read by the shim): the collective's own variables, declared once in its registry and
+/// documented in its table: the rendezvous and token, the rank variables, the host name, the tcp interface (ssh),
+/// and the spark driver's per-task `HVD_SPARK_*`.
+pub use hvd_collective::env_vars::{
+    HVD_CROSS_RANK, HVD_CROSS_SIZE, HVD_HOSTNAME, HVD_JOB_TOKEN, HVD_LOCAL_RANK, HVD_LOCAL_SIZE,
+    HVD_RANK, HVD_RENDEZVOUS, HVD_SIZE, HVD_SPARK_CROSS_RANK, HVD_SPARK_CROSS_SIZE,
+    HVD_SPARK_LOCAL_RANK, HVD_SPARK_LOCAL_SIZE, HVD_SPARK_RANK, HVD_SPARK_SIZE, HVD_TCP_INTERFACE,
+};
 
 /// `(name, default or "" when unset means none/off, one-line meaning)` for every constant above.
 pub const ALL: &[(&str, &str, &str)] = &[
@@ -179,16 +156,6 @@ pub const ALL: &[(&str, &str, &str)] = &[
         "set for workers with `--timeline FILE`",
     ),
     (
-        HVD_RENDEZVOUS,
-        "",
-        "set for workers: the rendezvous's `host:port` (or `file:DIR`); read by the shim",
-    ),
-    (
-        HVD_JOB_TOKEN,
-        "",
-        "set for workers: the run's rendezvous token; read by the shim",
-    ),
-    (
         HVD_RENDEZVOUS_SERVE,
         "",
         "`1`: rank 0's shim serves the rendezvous itself (a Kubernetes JobSet)",
@@ -202,25 +169,6 @@ pub const ALL: &[(&str, &str, &str)] = &[
         HVD_POD_IP,
         "",
         "the pod's own IP (from `status.podIP`): where rank 0's shim serves the rendezvous",
-    ),
-    (HVD_RANK, "", "set for workers: rank"),
-    (HVD_SIZE, "", "set for workers: size"),
-    (HVD_LOCAL_RANK, "", "set for workers: local rank"),
-    (HVD_LOCAL_SIZE, "", "set for workers: local size"),
-    (
-        HVD_CROSS_RANK,
-        "",
-        "set for workers: cross rank (index of the host)",
-    ),
-    (
-        HVD_CROSS_SIZE,
-        "",
-        "set for workers: cross size (number of hosts)",
-    ),
-    (
-        HVD_HOSTNAME,
-        "",
-        "set for workers: the host name; read by the shim",
     ),
     (
         HVD_SPARK_HOST,
@@ -296,11 +244,6 @@ pub const ALL: &[(&str, &str, &str)] = &[
         "",
         "set for ssh workers: the interface that reaches the launcher",
     ),
-    (
-        HVD_TCP_INTERFACE,
-        "",
-        "set for ssh workers: the interface that reaches the launcher",
-    ),
     (MASTER_ADDR, "", "set for workers: torch's `env://` address"),
     (
         MASTER_PORT,
@@ -326,32 +269,6 @@ pub const ALL: &[(&str, &str, &str)] = &[
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM,
         "1",
         "set for the `mpirun` of `hvd doctor`",
-    ),
-    (HVD_SPARK_RANK, "", "spark driver: set per task, its rank"),
-    (
-        HVD_SPARK_SIZE,
-        "",
-        "spark driver: set per task, the job's size",
-    ),
-    (
-        HVD_SPARK_LOCAL_RANK,
-        "",
-        "spark driver: set per task, its local rank",
-    ),
-    (
-        HVD_SPARK_LOCAL_SIZE,
-        "",
-        "spark driver: set per task, its local size",
-    ),
-    (
-        HVD_SPARK_CROSS_RANK,
-        "",
-        "spark driver: set per task, its cross rank",
-    ),
-    (
-        HVD_SPARK_CROSS_SIZE,
-        "",
-        "spark driver: set per task, the job's cross size",
     ),
     (
         JAVA_HOME,
