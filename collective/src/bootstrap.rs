@@ -5,8 +5,9 @@
 //! `hvd worker-env`'s, one precedence: the launcher that started this process wins). Hosts are grouped by
 //! `HVD_HOSTNAME` (else the machine's host name), so local and cross ranks are derived, not trusted.
 //!
-//! Exchange (scope `hvd`): every rank PUTs `addr.<rank>` = `v1 <hostname> <ip:port>` and reads everyone's; the
-//! lowest rank of each host creates the host's shared memory segment and PUTs its name at `shm.<host index>`.
+//! Exchange (scope `hvd`, in the namespace of this join's [`Round`](crate::rendezvous::Round), `r<n>.`): every rank
+//! PUTs `addr.<rank>` = `v1 <hostname> <ip:port>` and reads everyone's; the lowest rank of each host creates the
+//! host's shared memory segment (named with the round) and PUTs its name at `shm.<host index>`.
 //!
 //! The exchange goes through the [`rendezvous`](crate::rendezvous); who this rank is comes from
 //! [`JobEnv`].
@@ -89,7 +90,10 @@ pub fn connect(
             env_vars::HVD_RENDEZVOUS
         )));
     };
-    let kv = rendezvous.client(job.rank).with_retry_for(timeout);
+    let kv = rendezvous
+        .client(job.rank)
+        .with_retry_for(timeout)
+        .next_round();
     let ip = listen_ip(rendezvous, timeout)?;
     let listener = listen(ip)?;
     let addr = listener
@@ -198,7 +202,8 @@ fn host_segment(
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let name = format!("hvd-{}-{nanos:x}", std::process::id());
+        let round = kv.round().map(|r| format!("-{r}")).unwrap_or_default();
+        let name = format!("hvd-{}{round}-{nanos:x}", std::process::id());
         let seg = ShmSegment::create(&name, global.len(), ring_bytes_from_env())?;
         kv.put(&key, name.as_bytes())?;
         Ok((seg, local, global, Some(name)))

@@ -93,7 +93,7 @@ mod imp {
         let devices = available()?;
         let id: [u8; 128] = match (&job.rendezvous, job.size) {
             (Some(rv), _) => {
-                let kv = rv.client(job.rank);
+                let kv = rv.client(job.rank).next_round();
                 if job.rank == 0 {
                     kv.put("nccl.id", &new_id()?)?;
                 }

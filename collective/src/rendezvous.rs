@@ -8,6 +8,10 @@
 //! `SLURM_JOB_ID.SLURM_STEP_ID`, else empty; a rank with a job id treats a file of another job id as absent (a
 //! stale `addr.N` or `tcp.key` of an earlier job in the same directory) and, when its wait ends, names it.
 //!
+//! Keys of a bootstrap live in a [`Round`]'s namespace (`r<n>.<key>`, see [`KeyValueClient::next_round`]): a rank
+//! that joins the job again after leaving it (`hvd.init()` after `hvd.shutdown()`) never reads an earlier round's
+//! address.
+//!
 //! The HTTP client retries a busy server (503) and failed connections with exponential backoff and jitter, bounded by
 //! the start-up timeout: a server briefly full of other connections delays a rank, it does not fail it.
 
@@ -20,6 +24,9 @@ use std::time::{Duration, Instant};
 use crate::env_vars;
 use crate::error::{Error, Result};
 
+mod round;
+pub use round::Round;
+
 const SCOPE: &str = "hvd";
 /// How long a client retries a busy or unreachable server unless told otherwise ([`KeyValueClient::with_retry_for`]).
 const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(30);
@@ -30,7 +37,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const FILE_HEADER: &str = "hvd-rendezvous v1 job=";
 
 /// Where ranks exchange their addresses.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Rendezvous {
     /// The launcher's HTTP key-value server at `address` (`host:port`).
     Http {
@@ -78,6 +85,7 @@ impl Rendezvous {
             rank,
             retry_for: DEFAULT_RETRY_FOR,
             job: job.as_deref().map(job_id),
+            round: None,
         }
     }
 }
@@ -91,6 +99,8 @@ pub struct KeyValueClient {
     retry_for: Duration,
     /// The job id written into, and checked in, the files of a `file:` rendezvous.
     job: Option<String>,
+    /// The round whose namespace the keys are in ([`KeyValueClient::next_round`]); none: keys as given.
+    round: Option<Round>,
 }
 
 struct HttpResponse {
@@ -114,9 +124,47 @@ impl KeyValueClient {
         self
     }
 
+    /// Begins this process's next [`Round`] as this client's rank of this rendezvous (the first, or the one after
+    /// the rank's previous join): the returned client's keys are that round's. The keys the rank stored in its
+    /// previous round are deleted first (best effort: every rank had read them before its previous join completed),
+    /// so the store keeps one round's keys per rank.
+    pub fn next_round(self) -> KeyValueClient {
+        let (round, previous) = round::begin(&self.rendezvous, self.rank);
+        let raw = KeyValueClient {
+            round: None,
+            ..self.clone()
+        };
+        for key in previous {
+            if let Err(e) = raw.delete(&key) {
+                tracing::debug!(key, error = %e, "could not delete a key of the previous round");
+            }
+        }
+        KeyValueClient {
+            round: Some(round),
+            ..self
+        }
+    }
+
+    /// The round this client's keys belong to, if any.
+    pub fn round(&self) -> Option<Round> {
+        self.round
+    }
+
+    /// `key` as stored: in this client's round's namespace.
+    fn scoped(&self, key: &str) -> Result<String> {
+        check_key(key)?;
+        Ok(match self.round {
+            Some(round) => round.key(key),
+            None => key.to_string(),
+        })
+    }
+
     /// Stores `value` under `key` ([A-Za-z0-9._-]).
     pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
-        check_key(key)?;
+        let key = &self.scoped(key)?;
+        if let Some(round) = self.round {
+            round::stored(&self.rendezvous, self.rank, round, key);
+        }
         match &self.rendezvous {
             Rendezvous::Http { address, .. } => {
                 let r = self.http(
@@ -140,9 +188,33 @@ impl KeyValueClient {
         }
     }
 
+    /// Deletes `key` (also when absent).
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let key = &self.scoped(key)?;
+        match &self.rendezvous {
+            Rendezvous::Http { address, .. } => {
+                let path = format!("/kv/{SCOPE}/{key}");
+                let r = self.http("DELETE", &path, &[], Duration::from_secs(30))?;
+                if r.status != 200 {
+                    return Err(self.refused(address, "DELETE", key, &r));
+                }
+                Ok(())
+            }
+            Rendezvous::Directory(dir) => {
+                let path = private_scope(dir)?.join(key);
+                match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        Err(Error::io(format!("remove `{}`", path.display()), e))
+                    }
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
     /// Reads `key`, waiting up to `timeout` for another rank to store it.
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        check_key(key)?;
+        let key = &self.scoped(key)?;
         let deadline = Instant::now() + timeout;
         let mut stale: Option<(PathBuf, String)> = None;
         loop {

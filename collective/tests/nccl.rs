@@ -82,7 +82,10 @@ fn world_size_one_with_the_id_exchanged_through_a_rendezvous() {
         .expect("join over NCCL");
     assert_eq!(comm.backend(), "nccl");
     assert!(
-        dir.path().join("hvd").join("nccl.id").exists(),
+        dir.path()
+            .join("hvd")
+            .join(hvd_collective::rendezvous::Round::FIRST.key("nccl.id"))
+            .exists(),
         "the id went through the rendezvous"
     );
     all_cases(comm.as_mut()).expect("conformance on one GPU");

@@ -437,7 +437,11 @@ fn without_a_token_the_key_comes_from_the_rendezvous() {
             f32s(&[3.0; 5])
         );
     }
-    let path = dir.path().join("hvd").join("tcp.key");
+    // The first join of this process: round 1's namespace.
+    let path = dir
+        .path()
+        .join("hvd")
+        .join(hvd_collective::rendezvous::Round::FIRST.key("tcp.key"));
     let content = std::fs::read_to_string(&path).expect("rank 0 published a key");
     let key = content
         .strip_prefix("hvd-rendezvous v1 job=\n")

@@ -1,0 +1,114 @@
+//! Rounds of the rendezvous: the n-th time this process joins its job as one rank, the namespace of that join's keys,
+//! and which keys a rank stored in its latest round (to delete them when it begins the next).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use super::Rendezvous;
+
+/// One join of the job by its ranks (`hvd.init()`; the next one after `hvd.shutdown()` is the next round). Every
+/// rank counts its own joins, and ranks join and leave in lockstep (Horovod's test suites call init in setUp and
+/// shutdown in tearDown around every test), so the ranks of one round agree on its number without asking anyone.
+/// A round's keys live under `r<n>.` ([`Round::key`]): a rank of round n never reads a key of an earlier round (a
+/// stale address, an old segment's name), and a rank beginning round n deletes what it stored in round n - 1, so the
+/// store holds one round's keys per rank, however often the job is joined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Round(u64);
+
+impl Round {
+    /// The first join of a process.
+    pub const FIRST: Round = Round(1);
+
+    /// Round `n` (from 1).
+    pub fn new(n: u64) -> Round {
+        Round(n)
+    }
+
+    pub fn number(self) -> u64 {
+        self.0
+    }
+
+    pub fn next(self) -> Round {
+        Round(self.0 + 1)
+    }
+
+    /// `key` in this round's namespace: `r<n>.<key>`.
+    pub fn key(self, key: &str) -> String {
+        format!("{self}.{key}")
+    }
+}
+
+impl std::fmt::Display for Round {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "r{}", self.0)
+    }
+}
+
+/// This process's latest round as one rank of one rendezvous, and the (namespaced) keys it stored in it.
+struct Latest {
+    round: Round,
+    stored: Vec<String>,
+}
+
+type Joins = HashMap<(Rendezvous, usize), Latest>;
+
+/// Per rendezvous and rank, not per process: a test may run several ranks as threads of one process.
+static JOINS: Mutex<Option<Joins>> = Mutex::new(None);
+
+fn with_joins<R>(f: impl FnOnce(&mut Joins) -> R) -> R {
+    let mut joins = JOINS.lock().unwrap_or_else(PoisonError::into_inner);
+    f(joins.get_or_insert_with(HashMap::new))
+}
+
+/// Begins this process's next round as `rank` of `rendezvous`: returns it and the keys the rank stored in its
+/// previous round, which nothing reads any more.
+pub(super) fn begin(rendezvous: &Rendezvous, rank: usize) -> (Round, Vec<String>) {
+    with_joins(|joins| {
+        let latest = joins.entry((rendezvous.clone(), rank)).or_insert(Latest {
+            round: Round(0),
+            stored: Vec::new(),
+        });
+        latest.round = latest.round.next();
+        (latest.round, std::mem::take(&mut latest.stored))
+    })
+}
+
+/// Records that `rank` stored `key` (already namespaced) in `round`, unless a later round has begun.
+pub(super) fn stored(rendezvous: &Rendezvous, rank: usize, round: Round, key: &str) {
+    with_joins(|joins| {
+        if let Some(latest) = joins.get_mut(&(rendezvous.clone(), rank))
+            && latest.round == round
+            && !latest.stored.iter().any(|k| k == key)
+        {
+            latest.stored.push(key.to_string());
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rank_of_each_rendezvous_counts_its_own_rounds() {
+        let a = Rendezvous::Http {
+            address: "127.0.0.1:1".into(),
+            token: Some("round-test".into()),
+        };
+        let b = Rendezvous::Directory("/nonexistent/round-test".into());
+        assert_eq!(begin(&a, 0).0, Round::FIRST);
+        assert_eq!(begin(&a, 1).0, Round::FIRST);
+        stored(&a, 0, Round::FIRST, "r1.addr.0");
+        stored(&a, 0, Round::FIRST, "r1.addr.0");
+        assert_eq!(begin(&b, 0).0, Round::FIRST);
+        let (round, previous) = begin(&a, 0);
+        assert_eq!(
+            (round, previous),
+            (Round::new(2), vec!["r1.addr.0".to_string()])
+        );
+        // A late record of an earlier round is not kept for deletion twice.
+        stored(&a, 0, Round::FIRST, "r1.shm.0");
+        assert_eq!(begin(&a, 0), (Round::new(3), Vec::new()));
+        assert_eq!(Round::new(3).key("addr.0"), "r3.addr.0");
+    }
+}
