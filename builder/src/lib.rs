@@ -30,6 +30,7 @@ pub mod progress;
 pub mod python;
 pub mod realize;
 pub mod source_build;
+pub mod source_metadata;
 pub mod store;
 pub mod toolchain;
 pub mod unpack;

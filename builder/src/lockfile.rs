@@ -45,7 +45,10 @@ pub fn plan_from_lockfile(lock: &Lockfile, name: &str) -> Result<EnvPlan> {
     })
 }
 
-fn package_plan(package: &LockedPackage, build: Option<&LockedBuild>) -> Result<PackagePlan> {
+pub(crate) fn package_plan(
+    package: &LockedPackage,
+    build: Option<&LockedBuild>,
+) -> Result<PackagePlan> {
     let artifact = Artifact {
         url: package.artifact.url.clone(),
         filename: package.artifact.filename.clone(),

@@ -5,6 +5,7 @@
 //! the store) provides the interpreter, and a small Python driver calls the backend's `build_wheel`.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -215,8 +216,35 @@ module, _, attribute = backend_name.partition(":")
 backend = importlib.import_module(module)
 for part in filter(None, attribute.split(".")):
     backend = getattr(backend, part)
+"#;
+
+/// The driver's last part for a wheel build.
+const BUILD_WHEEL: &str = r#"
+print("HVD_HOOK=build_wheel of " + backend_name, flush=True)
 name = backend.build_wheel(out)
 print("HVD_WHEEL=" + name)
+"#;
+
+/// The driver's last part for metadata (PEP 517): the backend's `prepare_metadata_for_build_wheel`, else (the hook
+/// is optional) its `build_wheel` and the `.dist-info/METADATA` read out of that wheel. Either way it reports the
+/// `.dist-info` directory it left in `out`.
+const PREPARE_METADATA: &str = r#"
+hook = getattr(backend, "prepare_metadata_for_build_wheel", None)
+if hook is not None:
+    print("HVD_HOOK=prepare_metadata_for_build_wheel of " + backend_name, flush=True)
+    name = hook(out)
+else:
+    import zipfile
+    print("HVD_HOOK=build_wheel of " + backend_name + " (it has no prepare_metadata_for_build_wheel)", flush=True)
+    wheels = os.path.join(out, "wheel")
+    os.mkdir(wheels)
+    with zipfile.ZipFile(os.path.join(wheels, backend.build_wheel(wheels))) as wheel:
+        entry = next(n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        name = entry.split("/")[0]
+        os.mkdir(os.path.join(out, name))
+        with open(os.path.join(out, name, "METADATA"), "wb") as f:
+            f.write(wheel.read(entry))
+print("HVD_METADATA=" + name)
 "#;
 
 /// What one source build needs.
@@ -247,6 +275,98 @@ const LOG_TAIL_BYTES: u64 = 64 * 1024;
 /// through hvd's own descriptor) and `wheel/<name>.whl` (copied from `work/dist` through descriptors that never
 /// follow a link).
 pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result<PathBuf> {
+    let run = run_backend(request, build_dir, BUILD_WHEEL)?;
+    let reported = run
+        .reported("HVD_WHEEL=")
+        .ok_or_else(|| run.failed("the build backend reported no wheel".into()))?;
+    let wheel_dir = build_dir.join("wheel");
+    fs_err::create_dir(&wheel_dir)?;
+    let work_fd = open_directory(&run.work).map_err(|message| run.failed(message))?;
+    let wheel = copy_built_wheel(&work_fd, reported, &wheel_dir).map_err(|m| run.failed(m))?;
+    Ok(wheel)
+}
+
+/// Build the sdist's core metadata in `build_dir` (created fresh) with the PEP 517 hook
+/// `prepare_metadata_for_build_wheel` (or `build_wheel` where the backend lacks it), in the same sandbox and
+/// environment as [`build_wheel`]; returns the METADATA file's bytes, read through descriptors that never follow a
+/// link (as [`copy_built_wheel`]).
+pub fn prepare_metadata(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let run = run_backend(request, build_dir, PREPARE_METADATA)?;
+    let reported = run
+        .reported("HVD_METADATA=")
+        .ok_or_else(|| run.failed("the build backend reported no metadata directory".into()))?;
+    let plain = plain_name(reported) && reported.ends_with(".dist-info");
+    if !plain {
+        return Err(run.failed(format!(
+            "the build backend reported `{}` as its metadata directory, which is not a plain `.dist-info` name",
+            reported.escape_debug()
+        )));
+    }
+    let open = || -> std::result::Result<std::fs::File, String> {
+        let work_fd = open_directory(&run.work)?;
+        let dist_fd = open_below(&work_fd, "dist", true)?;
+        let info_fd = open_below(&dist_fd, reported, true)?;
+        let file = std::fs::File::from(open_below(&info_fd, "METADATA", false)?);
+        if !file.metadata().map_err(|err| err.to_string())?.is_file() {
+            return Err(format!("`dist/{reported}/METADATA` is not a regular file"));
+        }
+        Ok(file)
+    };
+    let file = open().map_err(|m| run.failed(m))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_METADATA_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_METADATA_BYTES {
+        return Err(run.failed(format!(
+            "`dist/{reported}/METADATA` is larger than {MAX_METADATA_BYTES} bytes"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The most bytes a built METADATA file may have.
+const MAX_METADATA_BYTES: u64 = 16 << 20;
+
+/// A backend run that exited successfully.
+struct BackendRun {
+    work: PathBuf,
+    log: PathBuf,
+    log_tail: String,
+    name: String,
+    version: String,
+}
+
+impl BackendRun {
+    /// The value of the last `<prefix>...` line the driver printed.
+    fn reported(&self, prefix: &str) -> Option<&str> {
+        self.log_tail
+            .lines()
+            .rev()
+            .find_map(|line| line.strip_prefix(prefix))
+            .map(str::trim)
+    }
+
+    fn failed(&self, message: String) -> Error {
+        Error::BuildFailed {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            message,
+            log: self.log.clone(),
+            tail: last_lines(&self.log_tail, 30),
+        }
+    }
+}
+
+/// Unpack the sdist into `build_dir/work` and run the driver (the backend prelude + `hook`) in the sandbox.
+///
+/// Layout: `build_dir/work` (source, home, temp, dist) is the only directory the build can write; `build_dir`
+/// itself holds what hvd reads afterwards: `build.log` (opened by hvd and handed over as stdout/stderr, read back
+/// through hvd's own descriptor) and what hvd copies out of `work/dist`.
+fn run_backend(
+    request: &SourceBuildRequest<'_>,
+    build_dir: &Path,
+    hook: &str,
+) -> Result<BackendRun> {
     if fs_err::symlink_metadata(build_dir).is_ok() {
         crate::store::remove_tree(build_dir)?;
     }
@@ -269,7 +389,7 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     )?;
     let source = single_top_dir(&source_root)?;
     let driver = work.join("hvd_build_driver.py");
-    fs_err::write(&driver, DRIVER)?;
+    fs_err::write(&driver, format!("{DRIVER}{hook}"))?;
 
     let mut path_entries = vec![request.build_env.join("bin")];
     if let Some(compiler_dir) = request
@@ -390,26 +510,24 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
     })?;
     // Read back through hvd's own descriptor: whatever the build did to names, this is the file hvd created.
     let log_tail = read_tail(&mut log, LOG_TAIL_BYTES);
-    let failed = |message: String| Error::BuildFailed {
+    let run = BackendRun {
+        work,
+        log: log_path,
+        log_tail,
         name: request.name.to_string(),
         version: request.version.to_string(),
-        message,
-        log: log_path.clone(),
-        tail: last_lines(&log_tail, 30),
     };
     if !status.success() {
-        return Err(failed(format!("the build backend exited with {status}")));
+        let hook = run
+            .reported("HVD_HOOK=")
+            .unwrap_or("the build backend")
+            .to_string();
+        return Err(run.failed(format!(
+            "{hook} failed on `{}`: it exited with {status}",
+            request.sdist_filename
+        )));
     }
-    let reported = log_tail
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix("HVD_WHEEL="))
-        .map(str::trim)
-        .ok_or_else(|| failed("the build backend reported no wheel".into()))?;
-    let wheel_dir = build_dir.join("wheel");
-    fs_err::create_dir(&wheel_dir)?;
-    let wheel = copy_built_wheel(&work, reported, &wheel_dir).map_err(failed)?;
-    Ok(wheel)
+    Ok(run)
 }
 
 /// The last `limit` bytes of the file behind `file` (lossy UTF-8, starting at a line boundary when cut).
@@ -441,37 +559,19 @@ fn last_lines(text: &str, lines: usize) -> String {
 /// `.whl` file name; `dist` and the wheel are opened from a descriptor on `work` with `O_NOFOLLOW`, and the wheel
 /// must be a regular file. So a link or a path planted by the build can never make hvd read a file the build could
 /// not see.
-fn copy_built_wheel(work: &Path, name: &str, into: &Path) -> std::result::Result<PathBuf, String> {
-    use nix::fcntl::{OFlag, openat};
-    use nix::sys::stat::Mode;
-    let plain = !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains('/')
-        && !name.contains('\0')
-        && name.ends_with(".whl");
-    if !plain {
+fn copy_built_wheel(
+    work: &OwnedFd,
+    name: &str,
+    into: &Path,
+) -> std::result::Result<PathBuf, String> {
+    if !(plain_name(name) && name.ends_with(".whl")) {
         return Err(format!(
             "the build backend reported `{}` as its wheel, which is not a plain `.whl` file name in the dist directory",
             name.escape_debug()
         ));
     }
-    let directory = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let work_fd = nix::fcntl::open(work, directory, Mode::empty())
-        .map_err(|err| format!("cannot open `{}`: {err}", work.display()))?;
-    let dist_fd = openat(&work_fd, "dist", directory, Mode::empty()).map_err(|err| {
-        format!("the build's `dist` directory cannot be opened without following a link: {err}")
-    })?;
-    let wheel_fd = openat(
-        &dist_fd,
-        name,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|err| {
-        format!("the reported wheel `dist/{name}` cannot be opened without following a link: {err}")
-    })?;
-    let mut wheel = std::fs::File::from(wheel_fd);
+    let dist_fd = open_below(work, "dist", true)?;
+    let mut wheel = std::fs::File::from(open_below(&dist_fd, name, false)?);
     let meta = wheel.metadata().map_err(|err| err.to_string())?;
     if !meta.is_file() {
         return Err(format!(
@@ -483,6 +583,39 @@ fn copy_built_wheel(work: &Path, name: &str, into: &Path) -> std::result::Result
     std::io::copy(&mut wheel, &mut out)
         .map_err(|err| format!("failed to copy the built wheel `dist/{name}`: {err}"))?;
     Ok(copy)
+}
+
+/// A name the backend reported: one plain entry of a directory, never `.`, `..` or a path.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// Open the build's work directory (hvd created it; the build cannot replace it, only what is inside).
+fn open_directory(path: &Path) -> std::result::Result<OwnedFd, String> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let directory = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    nix::fcntl::open(path, directory, Mode::empty())
+        .map_err(|err| format!("cannot open `{}`: {err}", path.display()))
+}
+
+/// Open `name` inside `parent` with `O_NOFOLLOW` (a directory when `directory`): a link or a path planted by the
+/// build can never make hvd read a file the build could not see.
+fn open_below(
+    parent: &OwnedFd,
+    name: &str,
+    directory: bool,
+) -> std::result::Result<OwnedFd, String> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::Mode;
+    let flags = if directory {
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+    } else {
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC
+    };
+    openat(parent, name, flags, Mode::empty()).map_err(|err| {
+        format!("the build's `{name}` cannot be opened without following a link: {err}")
+    })
 }
 
 /// Kill the build when the builder dies (a SIGKILLed `hvd build` must not leave a compiler running): the first

@@ -38,4 +38,4 @@ pub mod testing;
 pub use digest::Sha256;
 pub use lock::{LockOptions, LockStats, Locked, ResolveError, lock, lock_detailed};
 pub use lockfile::{Lockfile, LockfileError, Staleness};
-pub use source::SourceMetadataProvider;
+pub use source::{BoxError, SourceMetadataProvider, SourceMetadataRequest};

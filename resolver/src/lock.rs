@@ -12,8 +12,8 @@ use pep440_rs::Version;
 use crate::deadline::HttpDeadlines;
 use crate::index::{IndexClient, IndexError, IndexOptions, default_cache_dir};
 use crate::lockfile::{
-    Artifact, ArtifactKind, Dependency, LockedBuild, LockedPackage, Lockfile, Request,
-    RequestedBuild, SCHEMA_VERSION, ToolPin, ToolchainPin, env_hash,
+    ArtifactKind, LockedBuild, Lockfile, Request, RequestedBuild, SCHEMA_VERSION, ToolPin,
+    ToolchainPin, env_hash,
 };
 use crate::names::{normalize_name, normalize_requirement};
 use crate::solver::{self, BadRequirement, Resolution, SolveError};
@@ -109,6 +109,8 @@ pub struct Locked {
     pub lockfile: Lockfile,
     pub stats: LockStats,
     pub index_url: String,
+    /// What the user should be told (each once); the caller renders them.
+    pub warnings: Vec<String>,
 }
 
 /// Resolve `env` into a lockfile. Creates its own async runtime: call it from synchronous code.
@@ -201,8 +203,7 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         source.prefetch(name, Some(pubgrub::Ranges::singleton(version.clone())));
     }
     let resolution = solver::solve(&source, &roots, &target.markers, &preferences, &words)?;
-    let index_root = client.index_url().trim_end_matches('/').to_string();
-    let packages = locked_packages(&source, &resolution, &index_root)?;
+    let packages = source.locked_packages(&resolution)?;
 
     let mut builds = Vec::new();
     for request in &env.packages {
@@ -243,7 +244,7 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
                     other => other,
                 }
             })?;
-        let mut locked = locked_packages(&source, &build_resolution, &index_root)?;
+        let mut locked = source.locked_packages(&build_resolution)?;
         locked.retain(|p| !closure.contains(&p.name));
         builds.push(LockedBuild {
             package: name,
@@ -293,7 +294,7 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
             env: Default::default(),
             against: Vec::new(),
             no_build_isolation: false,
-            packages: locked_packages(&source, &build_resolution, &index_root)?,
+            packages: source.locked_packages(&build_resolution)?,
         });
     }
 
@@ -320,12 +321,14 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         cache_hits: s.cache_hits.load(Ordering::Relaxed),
         bytes: s.bytes.load(Ordering::Relaxed),
     };
+    let warnings = source.warnings();
     drop(source);
     runtime.shutdown_background();
     Ok(Locked {
         lockfile,
         stats,
         index_url,
+        warnings,
     })
 }
 
@@ -348,40 +351,6 @@ fn requirement_name(requirement: &str) -> Option<String> {
     pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(requirement)
         .ok()
         .map(|r| r.name.to_string())
-}
-
-fn locked_packages(
-    source: &IndexSource,
-    resolution: &Resolution,
-    index: &str,
-) -> Result<Vec<LockedPackage>, ResolveError> {
-    let mut out = Vec::new();
-    for (name, (version, edges)) in &resolution.packages {
-        let (file, kind) = source.artifact(name, version)?;
-        let (sha256, size) = source.artifact_digest(&file)?;
-        out.push(LockedPackage {
-            name: name.clone(),
-            version: version.to_string(),
-            index: index.to_string(),
-            artifact: Artifact {
-                kind,
-                filename: file.filename.clone(),
-                url: file.url.clone(),
-                sha256,
-                size,
-            },
-            dependencies: edges
-                .iter()
-                .filter(|e| resolution.packages.contains_key(&e.name))
-                .map(|e| Dependency {
-                    name: e.name.clone(),
-                    extras: e.extras.clone(),
-                    marker: e.marker.clone(),
-                })
-                .collect(),
-        });
-    }
-    Ok(out)
 }
 
 /// The index pip would use: PIP_INDEX_URL, else pip configuration files, else pip's built-in default asked

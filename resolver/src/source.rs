@@ -13,22 +13,34 @@ use pubgrub::Ranges;
 
 use crate::digest::Sha256;
 use crate::index::{IndexClient, IndexError, IndexFile};
-use crate::lockfile::{Artifact, ArtifactKind};
+use crate::lockfile::{Artifact, ArtifactKind, Dependency, LockedPackage};
 use crate::metadata::CoreMetadata;
-use crate::names::{WheelName, version_of};
-use crate::solver::{Candidates, PackageSource, Unusable};
+use crate::names::{WheelName, normalize_requirement, version_of};
+use crate::solver::{self, Candidates, PackageSource, Resolution, SolveError, Unusable};
 use crate::tags::{TargetSpec, summarize_python_tags};
 
-/// Computes metadata of an sdist whose metadata is not static (PKG-INFO lacks `Requires-Dist`). The resolver
-/// never builds; the builder implements this (running the PEP 517 `prepare_metadata_for_build_wheel` hook).
+/// An error of a [`SourceMetadataProvider`], kept whole as the source of [`SourceError::SourceMetadata`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One sdist whose metadata is not static (PKG-INFO lacks `Requires-Dist`): what building its metadata needs.
+#[derive(Debug)]
+pub struct SourceMetadataRequest<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+    pub sdist: &'a Artifact,
+    /// The target's interpreter, e.g. `3.11`.
+    pub python: &'a str,
+    /// The sdist's build requirements (pyproject `[build-system] requires`, else setuptools and wheel), locked
+    /// for the target.
+    pub build_packages: &'a [LockedPackage],
+}
+
+/// Builds the metadata of an sdist whose metadata is not static. The resolver never builds: the builder implements
+/// this (its PEP 517 `prepare_metadata_for_build_wheel` in the build sandbox); the resolver caches the answer by the
+/// sdist's sha256.
 pub trait SourceMetadataProvider: Send + Sync {
-    /// `Ok(None)`: cannot say; the resolver then uses what PKG-INFO has.
-    fn metadata(
-        &self,
-        name: &str,
-        version: &str,
-        sdist: &Artifact,
-    ) -> Result<Option<CoreMetadata>, String>;
+    /// The sdist's core metadata: the bytes of the METADATA file its build backend wrote.
+    fn metadata(&self, request: &SourceMetadataRequest<'_>) -> Result<Vec<u8>, BoxError>;
 }
 
 /// A failure of the index-backed source.
@@ -36,8 +48,17 @@ pub trait SourceMetadataProvider: Send + Sync {
 pub enum SourceError {
     #[error(transparent)]
     Index(#[from] Arc<IndexError>),
-    #[error("failed to get metadata of the sdist of {name}=={version}: {message}")]
+    #[error("failed to build the metadata of {name}=={version} from its sdist")]
     SourceMetadata {
+        name: String,
+        version: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error(
+        "the build requirements of {name}=={version} (needed to build its metadata) have no solution:\n{message}"
+    )]
+    MetadataBuildRequirements {
         name: String,
         version: String,
         message: String,
@@ -69,6 +90,8 @@ pub struct IndexSource {
     tried: Mutex<HashMap<String, usize>>,
     /// Digests hvd computed itself for files the index lists without one, by URL.
     digests: Mutex<HashMap<String, (Sha256, u64)>>,
+    /// What the caller should tell the user, each once (the library never prints).
+    warnings: Mutex<BTreeSet<String>>,
 }
 
 /// Turn a panic inside an index task into an error of that task. The futures are shared: a panic would poison
@@ -137,7 +160,125 @@ impl IndexSource {
             source_metadata,
             tried: Mutex::default(),
             digests: Mutex::default(),
+            warnings: Mutex::default(),
         }
+    }
+
+    /// The warnings of this resolution, each once, sorted.
+    pub fn warnings(&self) -> Vec<String> {
+        let warnings = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
+        warnings.iter().cloned().collect()
+    }
+
+    /// The lock entries of a resolution: each package's chosen artifact, its digest and its edges.
+    pub(crate) fn locked_packages(
+        &self,
+        resolution: &Resolution,
+    ) -> Result<Vec<LockedPackage>, SourceError> {
+        let index = self.shared.client.index_url().trim_end_matches('/');
+        let mut out = Vec::new();
+        for (name, (version, edges)) in &resolution.packages {
+            let (file, kind) = self.artifact(name, version)?;
+            let (sha256, size) = self.artifact_digest(&file)?;
+            out.push(LockedPackage {
+                name: name.clone(),
+                version: version.to_string(),
+                index: index.to_string(),
+                artifact: Artifact {
+                    kind,
+                    filename: file.filename.clone(),
+                    url: file.url.clone(),
+                    sha256,
+                    size,
+                },
+                dependencies: edges
+                    .iter()
+                    .filter(|e| resolution.packages.contains_key(&e.name))
+                    .map(|e| Dependency {
+                        name: e.name.clone(),
+                        extras: e.extras.clone(),
+                        marker: e.marker.clone(),
+                    })
+                    .collect(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The metadata of an sdist whose PKG-INFO has no static `Requires-Dist`: built by the
+    /// [`SourceMetadataProvider`] with the sdist's build requirements locked for the target (cached by the sdist's
+    /// sha256 and the python); without a provider, `fallback` (PKG-INFO's) and a warning.
+    fn built_sdist_metadata(
+        &self,
+        name: &str,
+        version: &Version,
+        file: &IndexFile,
+        fallback: CoreMetadata,
+    ) -> Result<CoreMetadata, SourceError> {
+        let Some(provider) = &self.source_metadata else {
+            self.warnings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(format!(
+                    "the sdist of {name}=={version} declares no static dependencies and no metadata builder was \
+                     given: locked as if it had none"
+                ));
+            return Ok(fallback);
+        };
+        let python = self.shared.target.to_lock().python;
+        let (sha256, size) = self.artifact_digest(file)?;
+        if let Some(bytes) = self.shared.client.built_metadata(&sha256, &python) {
+            tracing::debug!(name, %version, "built metadata of the sdist from the cache");
+            return Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)));
+        }
+        let requires: Vec<String> = self
+            .runtime
+            .block_on(self.shared.client.sdist_build_requires(file))
+            .map_err(Arc::new)?
+            .iter()
+            .map(|r| normalize_requirement(r))
+            .collect();
+        let words = self.shared.target.describe();
+        let markers = &self.shared.target.markers;
+        let resolution = solver::solve(self, &requires, markers, &HashMap::new(), &words).map_err(
+            |e| match e {
+                SolveError::Source(e) => e,
+                other => SourceError::MetadataBuildRequirements {
+                    name: name.to_string(),
+                    version: version.to_string(),
+                    message: other.to_string(),
+                },
+            },
+        )?;
+        let build_packages = self.locked_packages(&resolution)?;
+        let sdist = Artifact {
+            kind: ArtifactKind::Sdist,
+            filename: file.filename.clone(),
+            url: file.url.clone(),
+            sha256: sha256.clone(),
+            size,
+        };
+        let version_text = version.to_string();
+        let request = SourceMetadataRequest {
+            name,
+            version: &version_text,
+            sdist: &sdist,
+            python: &python,
+            build_packages: &build_packages,
+        };
+        tracing::info!(name, %version, "building the metadata of the sdist");
+        let bytes = provider
+            .metadata(&request)
+            .map_err(|source| SourceError::SourceMetadata {
+                name: name.to_string(),
+                version: version_text.clone(),
+                source,
+            })?;
+        self.shared
+            .client
+            .store_built_metadata(&sha256, &python, &bytes)
+            .map_err(Arc::new)?;
+        Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
     }
 
     /// The sha256 and size to lock for a file: what the index lists, or, for an index that lists no sha256, what
@@ -367,29 +508,7 @@ impl PackageSource for IndexSource {
             && meta.requires_dist.is_empty()
             && !meta.requires_dist_is_static()
         {
-            if let Some(provider) = &self.source_metadata {
-                let (sha256, size) = self.artifact_digest(&file)?;
-                let artifact = Artifact {
-                    kind,
-                    filename: file.filename.clone(),
-                    url: file.url.clone(),
-                    sha256,
-                    size,
-                };
-                match provider.metadata(name, &version.to_string(), &artifact) {
-                    Ok(Some(m)) => meta = m,
-                    Ok(None) => {}
-                    Err(message) => {
-                        return Err(SourceError::SourceMetadata {
-                            name: name.to_string(),
-                            version: version.to_string(),
-                            message,
-                        });
-                    }
-                }
-            } else {
-                tracing::warn!(name, %version, "sdist has no static Requires-Dist; assuming no dependencies");
-            }
+            meta = self.built_sdist_metadata(name, version, &file, meta)?;
         }
         // Start fetching what these requirements name, before the solver asks.
         for req in meta

@@ -62,6 +62,8 @@ pub struct Dist {
     /// For wheels: this many extra small files before `.dist-info/` (a big central directory, as in real wheels
     /// with thousands of files, which does not fit in the tail the range reader fetches first).
     pub extra_files: usize,
+    /// For sdists: more files, by path below the sdist's top directory (e.g. a `setup.py`).
+    pub sdist_files: Vec<(String, String)>,
 }
 
 impl Dist {
@@ -82,6 +84,7 @@ impl Dist {
             build_requires: Some(Vec::new()),
             build_backend: "setuptools.build_meta".into(),
             extra_files: 0,
+            sdist_files: Vec::new(),
         }
     }
 
@@ -133,6 +136,12 @@ impl Dist {
     /// For wheels: add `count` small files (see [`Dist::extra_files`]).
     pub fn with_extra_files(mut self, count: usize) -> Dist {
         self.extra_files = count;
+        self
+    }
+
+    /// For sdists: add `body` at `path` below the sdist's top directory.
+    pub fn sdist_file(mut self, path: &str, body: &str) -> Dist {
+        self.sdist_files.push((path.to_string(), body.to_string()));
         self
     }
 
@@ -263,6 +272,9 @@ impl Dist {
             ),
             (format!("{root}/{module}/__init__.py"), self.init_py()),
         ];
+        for (path, body) in &self.sdist_files {
+            files.push((format!("{root}/{path}"), body.clone()));
+        }
         if self.pyproject {
             let build_system = match &self.build_requires {
                 Some(requires) => format!(

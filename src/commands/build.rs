@@ -304,6 +304,7 @@ fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Res
     let options = hvd_resolver::LockOptions {
         offline,
         existing: Lockfile::read(&lock_path).ok(),
+        source_metadata: Some(super::lock::sdist_metadata_builder(offline)),
         ..hvd_resolver::LockOptions::default()
     };
     eprintln!("locking {}", file.display());

@@ -82,6 +82,7 @@ pub fn run(args: LockArgs) -> CommandResult {
         upgrade_packages: args.upgrade_package.clone(),
         existing: existing.clone(),
         on_fetch,
+        source_metadata: Some(sdist_metadata_builder(args.offline)),
         ..LockOptions::default()
     };
     let result = hvd_resolver::lock_detailed(&project.env, &options);
@@ -100,6 +101,9 @@ pub fn run(args: LockArgs) -> CommandResult {
             )
         })?;
     }
+    for warning in &locked.warnings {
+        eprintln!("warning: {warning}");
+    }
     let changes = pin_changes(existing.as_ref(), &locked.lockfile);
     if args.json {
         let summary = serde_json::json!({
@@ -109,6 +113,7 @@ pub fn run(args: LockArgs) -> CommandResult {
             "packages": locked.lockfile.packages.len(),
             "builds": locked.lockfile.builds.len(),
             "changes": changes,
+            "warnings": locked.warnings,
             "requests": locked.stats,
         });
         println!("{summary}");
@@ -196,6 +201,14 @@ fn check(
 }
 
 /// `+ name version`, `- name version`, `~ name old -> new` between two locks.
+/// Metadata of sdists without static metadata, built by their backend in the build sandbox of the default store.
+pub fn sdist_metadata_builder(offline: bool) -> Arc<dyn hvd_resolver::SourceMetadataProvider> {
+    Arc::new(hvd_builder::source_metadata::SandboxedMetadata::new(
+        hvd_builder::Store::default_root(),
+        offline,
+    ))
+}
+
 fn pin_changes(old: Option<&Lockfile>, new: &Lockfile) -> Vec<String> {
     let Some(old) = old else { return Vec::new() };
     let mut out = Vec::new();

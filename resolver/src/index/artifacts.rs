@@ -305,6 +305,30 @@ impl IndexClient {
     }
 }
 
+impl IndexClient {
+    /// The metadata an sdist's build backend produced earlier for `python` (e.g. `3.11`), by the sdist's sha256.
+    pub(crate) fn built_metadata(&self, sdist: &Sha256, python: &str) -> Option<Vec<u8>> {
+        self.cached_metadata(&built_metadata_key(sdist, python))
+    }
+
+    /// Keep what [`Self::built_metadata`] answers next time (an atomic write: a reader sees all of it or none).
+    pub(crate) fn store_built_metadata(
+        &self,
+        sdist: &Sha256,
+        python: &str,
+        bytes: &[u8],
+    ) -> Result<(), IndexError> {
+        let key = built_metadata_key(sdist, python);
+        write_atomic(&self.cache_path("metadata", &key), bytes)?;
+        Ok(())
+    }
+}
+
+/// A built sdist's metadata depends on the sdist's bytes and the interpreter its `setup.py` ran on.
+fn built_metadata_key(sdist: &Sha256, python: &str) -> String {
+    format!("{}.built-python{python}", sdist.as_str())
+}
+
 fn check_digest(url: &str, expected: &Sha256, actual: &Sha256) -> Result<(), IndexError> {
     if expected == actual {
         Ok(())
