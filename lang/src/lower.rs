@@ -14,8 +14,8 @@ use crate::syntax::ast::BlockKind;
 
 const ENV_FIELDS: [&str; 5] = ["python", "index", "toolchain", "packages", "variables"];
 const RESOURCE_FIELDS: [&str; 3] = ["gpus", "cpus", "mem"];
-const STEP_FIELDS: [&str; 7] = [
-    "run", "needs", "workers", "inputs", "outputs", "env", "timeout",
+const STEP_FIELDS: [&str; 8] = [
+    "run", "needs", "workers", "inputs", "outputs", "env", "timeout", "restarts",
 ];
 const CLUSTER_FIELDS: [&str; 6] = [
     "engine",
@@ -510,6 +510,7 @@ impl Lowerer {
                     None
                 }
             });
+            let restarts = get("restarts").and_then(|v| self.count(v, 0));
             if let Some(run) = run {
                 out.push(Step {
                     name: step.name.clone(),
@@ -520,6 +521,7 @@ impl Lowerer {
                     outputs,
                     env,
                     timeout_ms,
+                    restarts,
                 });
             }
         }

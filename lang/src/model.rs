@@ -101,6 +101,9 @@ pub struct Step {
     pub env: BTreeMap<String, String>,
     /// Wall-clock limit for the step, in milliseconds.
     pub timeout_ms: Option<u64>,
+    /// `restarts = N`: start the step again, up to N times, when a rank fails (`hvd run --max-restarts` overrides).
+    #[serde(default)]
+    pub restarts: Option<u32>,
 }
 
 /// The optional `cluster { ... }` block: which engine runs distributed steps, and its settings.

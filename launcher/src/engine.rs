@@ -181,6 +181,8 @@ pub struct PlannedStep {
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
     pub timeout: Option<Duration>,
+    /// How many times the step starts again after a rank fails (`--max-restarts`, else `restarts`, else 0).
+    pub restarts: u32,
 }
 
 /// What `hvd run` will do.

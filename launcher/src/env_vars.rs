@@ -24,6 +24,11 @@ pub const HVD_GPUS_PER_WORKER: &str = "HVD_GPUS_PER_WORKER";
 /// Set for every worker (`<run id>/<step>/<n>`): finds the processes a step started after they left its process
 /// groups.
 pub const HVD_RUN_STEP: &str = "HVD_RUN_STEP";
+/// Set for every worker: how many times its step has been started again after a rank failed (`0` on the first
+/// attempt; `restarts` / `--max-restarts`).
+pub const HVD_RESTART_COUNT: &str = "HVD_RESTART_COUNT";
+/// torchrun's name for `HVD_RESTART_COUNT`, set with it.
+pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
 /// Set for workers with `--timeline FILE`: the runtime's timeline.
 pub const HVD_TIMELINE: &str = "HVD_TIMELINE";
 /// Horovod's spelling of `HVD_TIMELINE`, set with it.
@@ -148,6 +153,16 @@ pub const ALL: &[(&str, &str, &str)] = &[
         HVD_RUN_STEP,
         "",
         "set for every worker (`<run id>/<step>/<n>`): finds a step's escaped processes",
+    ),
+    (
+        HVD_RESTART_COUNT,
+        "0",
+        "set for every worker: how many times its step was started again after a rank failed",
+    ),
+    (
+        TORCHELASTIC_RESTART_COUNT,
+        "0",
+        "set for every worker: torchrun's name for `HVD_RESTART_COUNT`",
     ),
     (HVD_TIMELINE, "", "set for workers with `--timeline FILE`"),
     (

@@ -163,6 +163,7 @@ pub fn plan(
             inputs: step.inputs.clone(),
             outputs: step.outputs.clone(),
             timeout: step.timeout_ms.map(Duration::from_millis),
+            restarts: restarts_of(step, options),
         });
     }
     Ok(Plan {
@@ -276,4 +277,9 @@ impl Plan {
         }
         out
     }
+}
+
+/// How many times `step` starts again after a rank fails: `--max-restarts` over the step's `restarts`, else 0.
+pub fn restarts_of(step: &Step, options: &RunOptions) -> u32 {
+    options.max_restarts.or(step.restarts).unwrap_or(0)
 }

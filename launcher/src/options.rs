@@ -26,6 +26,9 @@ pub struct RunOptions {
     /// Fail a distributed step when not every rank has joined the rendezvous within this time. `None`: never
     /// (plain scripts never talk to the rendezvous; see docs/running.md).
     pub start_timeout: Option<Duration>,
+    /// `--max-restarts N`: overrides every step's `restarts` (how many times a step starts again after a rank
+    /// fails).
+    pub max_restarts: Option<u32>,
     /// Where state and logs go; default `<project dir>/.hvd`.
     pub state_dir: Option<PathBuf>,
     /// `--engine`: overrides `cluster { engine }`.
@@ -57,6 +60,7 @@ impl Default for RunOptions {
             timeline: None,
             grace: Duration::from_secs(10),
             start_timeout: None,
+            max_restarts: None,
             state_dir: None,
             engine: None,
             mpi: None,

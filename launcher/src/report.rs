@@ -140,6 +140,8 @@ pub struct RunReport {
     pub failure: Option<FailureSummary>,
     /// The run goes on without the launcher (`--detach`): nothing has finished yet.
     pub detached: bool,
+    /// Steps started again after a rank failed (`restarts`, `--max-restarts`), and how many times.
+    pub restarts: std::collections::BTreeMap<String, u32>,
 }
 
 /// A sortable id for a run: UTC time and the launcher's pid.

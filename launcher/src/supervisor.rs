@@ -66,6 +66,8 @@ struct Job<'a> {
     /// Failures that happened before the stop began; the earliest is the root cause.
     failures: Mutex<Vec<(Instant, FailureSummary)>>,
     kill_now: AtomicBool,
+    /// Steps started again after a rank failed, and how many times.
+    restarts: Mutex<BTreeMap<String, u32>>,
 }
 
 impl Job<'_> {
@@ -185,6 +187,7 @@ pub fn execute(
         stop: Mutex::new(None),
         failures: Mutex::new(Vec::new()),
         kill_now: AtomicBool::new(false),
+        restarts: Mutex::new(BTreeMap::new()),
     };
     let mut report = RunReport {
         run_id,
@@ -193,6 +196,7 @@ pub fn execute(
         skipped: Vec::new(),
         failure: None,
         detached: false,
+        restarts: BTreeMap::new(),
     };
     let mut outputs: BTreeMap<String, String> = BTreeMap::new();
     let mut pending: Vec<&PlannedStep> = plan.steps.iter().collect();
@@ -314,6 +318,10 @@ pub fn execute(
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     failures.sort_by_key(|(when, _)| *when);
     report.failure = failures.into_iter().next().map(|(_, f)| f);
+    report.restarts = job
+        .restarts
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok(report)
 }
 
@@ -387,13 +395,70 @@ fn launcher_command(start: &RankStart<'_>, argv: &[String]) -> RankCommand {
     launcher
 }
 
-/// Runs one step to the end. `Ok(true)`: every worker succeeded.
+/// How one attempt of a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Succeeded,
+    /// Failed or stopped; the job's failures say why.
+    Failed,
+    /// A rank failed and the step may start again: the other ranks were stopped, the job goes on.
+    Restart,
+}
+
+/// Runs one step to the end, starting it again after a rank failed up to `step.restarts` times (each attempt with
+/// `HVD_RESTART_COUNT` set, its own rendezvous server and token, and its logs under `restart.<n>/` of the step's
+/// log directory; the first attempt's stay where they always were). `Ok(true)`: every worker succeeded.
 fn run_step(
     job: &Job<'_>,
     plan: &Plan,
     step: &PlannedStep,
     log_dir: &Path,
 ) -> Result<bool, LaunchError> {
+    let mut restart = 0u32;
+    loop {
+        let mut attempt = step.clone();
+        for name in [
+            crate::env_vars::HVD_RESTART_COUNT,
+            crate::env_vars::TORCHELASTIC_RESTART_COUNT,
+        ] {
+            attempt.env.insert(name.to_owned(), restart.to_string());
+        }
+        let attempt_log = match restart {
+            0 => log_dir.to_path_buf(),
+            n => log_dir.join(format!("restart.{n}")),
+        };
+        let restartable = restart < step.restarts;
+        match run_attempt(job, plan, &attempt, &attempt_log, restartable)? {
+            Outcome::Succeeded => return Ok(true),
+            Outcome::Restart if !job.stopping() => {
+                restart += 1;
+                job.restarts
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(step.name.clone(), restart);
+                job.events.event(Event::Note {
+                    text: format!(
+                        "starting step `{}` again (restart {restart} of {}); logs in {}",
+                        step.name,
+                        step.restarts,
+                        log_dir.join(format!("restart.{restart}")).display()
+                    ),
+                });
+            }
+            Outcome::Failed | Outcome::Restart => return Ok(false),
+        }
+    }
+}
+
+/// Runs one attempt of a step to the end; `restartable`: a failing rank stops only this attempt's workers
+/// ([`Outcome::Restart`]) instead of the job.
+fn run_attempt(
+    job: &Job<'_>,
+    plan: &Plan,
+    step: &PlannedStep,
+    log_dir: &Path,
+    restartable: bool,
+) -> Result<Outcome, LaunchError> {
     let started = Instant::now();
     // A step that runs once runs here; a distributed one as its engine says.
     let engine: &dyn SupervisedEngine = match step.workers {
@@ -434,7 +499,7 @@ fn run_step(
             None
         }
     });
-    let result = std::thread::scope(|scope| -> Result<bool, LaunchError> {
+    let result = std::thread::scope(|scope| -> Result<Outcome, LaunchError> {
         let mut spawn_error = None;
         // A step an engine launches (mpirun) is one process, supervised in place of its ranks (as rank 0).
         let slots = match &launcher {
@@ -569,12 +634,15 @@ fn run_step(
         }
         let ok = supervise(
             job,
-            step,
-            log_dir,
+            Attempt {
+                step,
+                log_dir,
+                started,
+                restartable,
+            },
             &mut workers,
             &exit_rx,
             rendezvous.as_ref().map(|(s, _)| s),
-            started,
         );
         // Whatever a worker started that left its process group (setsid, daemons) ends with the step too: the
         // step's cgroup holds all of it; without one, the orphans the launcher adopted as their subreaper that are
@@ -597,7 +665,7 @@ fn run_step(
     complete_failures(job, step, &workers, launcher.is_some());
     // Long-polls end and the port is freed only after every worker is gone.
     drop(rendezvous);
-    if let Ok(true) = result {
+    if let Ok(Outcome::Succeeded) = result {
         job.events.event(Event::StepFinished {
             step: step.name.clone(),
             elapsed: started.elapsed(),
@@ -679,16 +747,32 @@ fn complete_failures(job: &Job<'_>, step: &PlannedStep, workers: &[Worker], laun
     drop(failures);
 }
 
-/// Waits for the workers of one step, stopping them when the job stops. Returns whether all succeeded.
+/// One attempt of a step, as [`supervise`] watches it.
+struct Attempt<'a> {
+    step: &'a PlannedStep,
+    log_dir: &'a Path,
+    started: Instant,
+    /// A failing rank stops this attempt's workers only, and the step starts again.
+    restartable: bool,
+}
+
+/// Waits for the workers of one attempt of a step, stopping them when the job stops (or, `restartable`, when one
+/// of them fails).
 fn supervise(
     job: &Job<'_>,
-    step: &PlannedStep,
-    log_dir: &Path,
+    attempt: Attempt<'_>,
     workers: &mut [Worker],
     exits: &mpsc::Receiver<(usize, WorkerExit, Instant)>,
     rendezvous: Option<&RendezvousServer>,
-    started: Instant,
-) -> bool {
+) -> Outcome {
+    let Attempt {
+        step,
+        log_dir,
+        started,
+        restartable,
+    } = attempt;
+    // A rank of a restartable attempt failed: stop this attempt's workers (not the job's).
+    let mut restart = false;
     let size = workers.len() as u32;
     let mut terminated_at: Option<Instant> = None;
     let mut killed = false;
@@ -705,7 +789,21 @@ fn supervise(
                 if let Some(w) = &job.watchdog {
                     w.unwatch(worker.pgid);
                 }
-                if exit != WorkerExit::Code(0) {
+                if exit != WorkerExit::Code(0) && restartable && !job.stopping() {
+                    all_ok = false;
+                    if !restart {
+                        restart = true;
+                        job.events.event(Event::Stopping {
+                            reason: format!(
+                                "rank {} of step `{}` failed ({exit}); stopping the other workers (grace {} s) to \
+                                 start the step again",
+                                worker.rank,
+                                step.name,
+                                job.options.grace.as_secs_f64()
+                            ),
+                        });
+                    }
+                } else if exit != WorkerExit::Code(0) {
                     all_ok = false;
                     job.fail(
                         when,
@@ -771,7 +869,7 @@ fn supervise(
                 );
             }
         }
-        if let Some(signal) = job.stop_signal()
+        if let Some(signal) = job.stop_signal().or(restart.then_some(libc::SIGTERM))
             && terminated_at.is_none()
         {
             all_ok = false;
@@ -793,7 +891,11 @@ fn supervise(
             }
         }
     }
-    all_ok
+    match (all_ok, restart && !job.stopping()) {
+        (true, _) => Outcome::Succeeded,
+        (false, true) => Outcome::Restart,
+        (false, false) => Outcome::Failed,
+    }
 }
 
 /// Where a pumped line comes from: the step, the worker's host and rank, the stream; `tagged`: the lines carry the

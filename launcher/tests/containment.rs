@@ -34,6 +34,7 @@ fn project(dir: &Path, run: &str) -> Project {
             outputs: vec![],
             env: BTreeMap::new(),
             timeout_ms: None,
+            restarts: None,
         }],
         cluster: None,
     }
@@ -53,6 +54,7 @@ fn project_of(dir: &Path, tag: &str, steps: &[(&str, &str, &[&str])]) -> Project
             outputs: vec![],
             env: BTreeMap::from([("ESCAPE_TAG".to_string(), tag.to_string())]),
             timeout_ms: None,
+            restarts: None,
         })
         .collect();
     project

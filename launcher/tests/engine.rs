@@ -20,6 +20,7 @@ fn step(name: &str, run: &str) -> Step {
         outputs: vec![],
         env: BTreeMap::new(),
         timeout_ms: None,
+        restarts: None,
     }
 }
 

@@ -93,6 +93,7 @@ fn step(name: &str, run: &str, workers: Option<u32>, needs: &[&str]) -> Step {
         outputs: vec![],
         env: BTreeMap::from([("STEP".to_string(), name.to_string())]),
         timeout_ms: None,
+        restarts: None,
     }
 }
 

@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// scripts never join).
     #[arg(long, value_name = "SECONDS")]
     pub start_timeout: Option<f64>,
+    /// Start a step again, up to N times, when one of its ranks fails (overrides every step's `restarts`; 0: the
+    /// first failure ends the run).
+    #[arg(long, value_name = "N")]
+    pub max_restarts: Option<u32>,
     /// Run in this already-built environment directory (its `bin/` first on PATH) instead of building the env.
     #[arg(long, value_name = "DIR", conflicts_with = "no_build")]
     pub env_dir: Option<PathBuf>,
@@ -346,6 +350,7 @@ fn options(
             .start_timeout
             .map(|s| seconds("start-timeout", s))
             .transpose()?,
+        max_restarts: args.max_restarts,
         state_dir: None,
         engine,
         mpi: args.mpi.clone(),
@@ -389,6 +394,12 @@ fn finish(report: hvd_launcher::RunReport) -> CommandResult {
     }
     match report.failure {
         None => {
+            for (step, restarts) in &report.restarts {
+                note!(
+                    "hvd: step `{step}` succeeded after {}",
+                    restarts_text(*restarts)
+                );
+            }
             note!(
                 "hvd: done: {} step(s) ran, {} skipped; logs in {}",
                 report.ran.len(),
@@ -397,10 +408,31 @@ fn finish(report: hvd_launcher::RunReport) -> CommandResult {
             );
             Ok(Status::Success)
         }
-        Some(failure) => Err(Failure::new(
-            Status::Worker(failure.exit_code),
-            miette::miette!("{}", summary(&failure)),
-        )),
+        Some(failure) => {
+            let mut text = summary(&failure);
+            if let Some(restarts) = report.restarts.get(&failure.step) {
+                text.push_str(&format!(
+                    "\nstep `{}` failed on each of its {} attempts ({}); the first attempt's logs are in {}, \
+                     restart n's under restart.<n>/ there",
+                    failure.step,
+                    restarts + 1,
+                    restarts_text(*restarts),
+                    report.log_dir.join(&failure.step).display()
+                ));
+            }
+            Err(Failure::new(
+                Status::Worker(failure.exit_code),
+                miette::miette!("{text}"),
+            ))
+        }
+    }
+}
+
+/// `1 restart`, `2 restarts`.
+fn restarts_text(restarts: u32) -> String {
+    match restarts {
+        1 => "1 restart".to_owned(),
+        n => format!("{n} restarts"),
     }
 }
 

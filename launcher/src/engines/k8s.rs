@@ -139,6 +139,25 @@ fn with_job_token(mut env: Value, secret: Option<&str>, pod_ip: bool) -> Value {
     env
 }
 
+/// With restarts allowed, `env` plus the restart count (`HVD_RESTART_COUNT`, `TORCHELASTIC_RESTART_COUNT`) read
+/// from the pod's `jobset.sigs.k8s.io/restart-attempt` label, which the JobSet controller sets on every pod.
+fn with_restart_count(mut env: Value, max_restarts: u32) -> Value {
+    if let (Value::Array(list), true) = (&mut env, max_restarts > 0) {
+        for name in [
+            crate::env_vars::HVD_RESTART_COUNT,
+            crate::env_vars::TORCHELASTIC_RESTART_COUNT,
+        ] {
+            list.push(json!({
+                "name": name,
+                "valueFrom": { "fieldRef": {
+                    "fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
+                } },
+            }));
+        }
+    }
+    env
+}
+
 fn env_list(vars: &BTreeMap<String, String>) -> Value {
     Value::Array(
         vars.iter()
@@ -201,6 +220,8 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
     };
     match flavour {
         Flavour::JobSet => {
+            // The JobSet restarts as a whole (every job again) when a pod fails, up to the most any step allows.
+            let max_restarts = steps.iter().filter_map(|s| s.restarts).max().unwrap_or(0);
             let mut jobs = Vec::new();
             for step in &steps {
                 if step.workers == Some(0) {
@@ -240,11 +261,11 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                                 "name": "worker",
                                 "image": image,
                                 "command": command,
-                                "env": with_job_token(
+                                "env": with_restart_count(with_job_token(
                                     env_list(&env),
                                     step.workers.is_some().then_some(secret_name.as_str()),
                                     true,
-                                ),
+                                ), max_restarts),
                                 "resources": resources,
                             }],
                         }},
@@ -275,7 +296,7 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                 "kind": "JobSet",
                 "metadata": metadata(&name, project),
                 "spec": {
-                    "failurePolicy": { "maxRestarts": 0 },
+                    "failurePolicy": { "maxRestarts": max_restarts },
                     "network": { "enableDNSHostnames": true, "publishNotReadyAddresses": true, "subdomain": name },
                     "replicatedJobs": jobs,
                 },

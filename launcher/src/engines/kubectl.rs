@@ -227,6 +227,10 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
             }
         }
     }
+    // `--max-restarts` over each step's `restarts`: the JobSet's `failurePolicy.maxRestarts`.
+    for step in &mut project.steps {
+        step.restarts = Some(crate::graph::restarts_of(step, options));
+    }
     let dir = match &options.state_dir {
         Some(state) => state.join("k8s"),
         None => project
@@ -465,6 +469,7 @@ pub fn run(
         skipped: Vec::new(),
         failure: None,
         detached: false,
+        restarts: BTreeMap::new(),
     };
     let mut followers: BTreeMap<String, Follower> = BTreeMap::new();
     let mut seen: BTreeMap<String, Pod> = BTreeMap::new();

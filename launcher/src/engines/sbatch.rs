@@ -76,6 +76,14 @@ pub fn start(
 ) -> Result<Engine, LaunchError> {
     let shim = options.shim.clone().unwrap_or_else(|| PathBuf::from("hvd"));
     let plan = plan(project, options)?;
+    if let Some(step) = plan.steps.iter().find(|s| s.restarts > 0) {
+        return Err(LaunchError::Engine(format!(
+            "step `{}` may be started again {} time(s) (`restarts` / `--max-restarts`), which the slurm engine \
+             outside an allocation does not do (`--requeue` is not a restart of the step); run `hvd run` inside an \
+             allocation (`salloc ... hvd run`: srun's ranks restart through hvd), or with `--max-restarts 0`",
+            step.name, step.restarts
+        )));
+    }
     let steps = slurm::batch_steps(project, &plan, &shim)?;
     Ok(Engine::Whole(Box::new(Sbatch {
         plan,
@@ -137,6 +145,7 @@ impl WholeRunEngine for Sbatch {
             skipped: submission.skipped.clone(),
             failure: None,
             detached: true,
+            restarts: BTreeMap::new(),
         })
     }
 }
@@ -663,6 +672,7 @@ pub fn follow(
         skipped: submission.skipped.clone(),
         failure: None,
         detached: false,
+        restarts: BTreeMap::new(),
     };
     let mut outputs = submission.skipped_outputs.clone();
     let mut cancelled = false;

@@ -259,6 +259,7 @@ mod tests {
                 outputs: vec![],
                 env: BTreeMap::new(),
                 timeout_ms,
+                restarts: None,
             }
         };
         Project {
@@ -351,6 +352,7 @@ mod tests {
             outputs: vec![],
             env: BTreeMap::from([("X".to_string(), "a'b $(c)\nEOF".to_string())]),
             timeout_ms: None,
+            restarts: None,
         }];
         project.steps.push(hvd_lang::model::Step {
             name: "train".into(),
