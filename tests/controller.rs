@@ -96,7 +96,7 @@ fn a_named_engine_that_cannot_reach_an_mpi_only_horovod_is_refused_with_the_fix(
     let said = flat(&out);
     for part in [
         "`--engine local` cannot run this env's Horovod 0.13.11",
-        "no gloo controller (gloo came with Horovod 0.19.0)",
+        "no gloo controller (gloo came with Horovod 0.17.0)",
         "world of size 1",
         "`--engine mpi`",
     ] {
@@ -158,4 +158,47 @@ fn a_built_env_names_the_version_of_an_unpinned_horovod() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.contains("(local engine"), "{stdout}");
+}
+
+/// The seeds' era, built for real: python 3.6, TensorFlow 1.5.0 and Horovod 0.13.11 (MPI only) compiled against it.
+/// The default `hvd run --workers 2` must give one world of size 2 (through mpirun), never two worlds of size 1.
+#[test]
+#[ignore = "opt-in: needs the real package index, python 3.6 and mpirun, and builds Horovod 0.13.11 (minutes); run with --run-ignored only"]
+fn the_default_run_of_an_mpi_only_horovod_is_one_world_of_size_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let hvd = "project \"seed-era\"\nimport std\nlet tf = std.tensorflow { version = \"1.5.0\", variant = \"gpu\" }\n\
+               env {\n  python = \"3.6\"\n  toolchain = std.gcc { version = \"12\" }\n  packages = [\n    tf,\n    \
+               std.horovod { version = \"0.13.11\", frameworks = [tf], with_mpi = true },\n  ]\n}\n\
+               step train {\n  workers = 2\n  run = \"python train.py\"\n}\n";
+    std::fs::write(dir.path().join("train.hvd"), hvd).unwrap();
+    std::fs::write(
+        dir.path().join("train.py"),
+        "import tensorflow as tf\nimport horovod.tensorflow as hvd\nhvd.init()\n\
+         with tf.Session() as session:\n    \
+         total = session.run(hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), average=False))\n\
+         print('rank %d/%d: allreduce sum %.1f' % (hvd.rank(), hvd.size(), total[0]))\n",
+    )
+    .unwrap();
+    let run = common::hvd_logged(
+        dir.path(),
+        &["run", "train.hvd", "--workers", "2"],
+        |command| {
+            if let Some(store) = std::env::var_os("HVD_TEST_REAL_STORE") {
+                command.env("HVD_STORE", store);
+            }
+        },
+    );
+    let (stdout, stderr) = text(&run);
+    assert!(run.status.success(), "hvd run failed: {:?}", run.status);
+    assert!(
+        stderr.contains("distributed steps run under mpirun"),
+        "{stderr}"
+    );
+    for rank in 0..2 {
+        let line = format!("rank {rank}/2: allreduce sum 3.0");
+        assert!(
+            stdout.contains(&line),
+            "rank {rank} did not report `{line}`:\n{stdout}"
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! Which controllers (gloo, MPI) the real Horovod of an env can talk to, and the engine a run gets from that: mpirun
 //! for an MPI-only Horovod when no engine is named, a refusal naming the fix when the named engine cannot reach it.
 //!
-//! What a build talks to is read from its recipe and version: Horovod has a gloo controller from 0.19.0 on (before,
+//! What a build talks to is read from its recipe and version: Horovod has a gloo controller from 0.17.0 on (before,
 //! MPI is the only one and its build needs MPI), `HOROVOD_WITHOUT_GLOO`/`HOROVOD_WITH_MPI`/`HOROVOD_WITHOUT_MPI` in
 //! the build's variables say the rest. Once the env is built, the version is the one its `horovod-*.dist-info`
 //! names (so an unpinned `horovod` requirement is known too). Asking the build itself (`gloo_built()`) would mean
@@ -14,8 +14,10 @@ use hvd_lang::model::{EngineKind, Env, Project};
 
 use crate::options::RunOptions;
 
-/// The first Horovod release with a gloo controller (and `horovodrun --gloo`).
-pub const FIRST_GLOO: Version = Version([0, 19, 0]);
+/// The first Horovod release with a gloo controller: `horovod/common/gloo/` and `HOROVOD_WITH_GLOO` first appear in
+/// v0.17.0 ("Added Gloo controller", #1181), reading the same `HOROVOD_GLOO_RENDEZVOUS_ADDR`/`_PORT` and
+/// `HOROVOD_CONTROLLER` as 0.28.1.
+pub const FIRST_GLOO: Version = Version([0, 17, 0]);
 
 /// A Horovod release number (`major.minor.patch`; missing parts are 0, anything after them is ignored).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -257,7 +259,8 @@ mod tests {
     #[test]
     fn versions_and_requirements_are_read() {
         assert_eq!(Version::parse("0.13.11"), Some(Version([0, 13, 11])));
-        assert_eq!(Version::parse("0.19"), Some(Version([0, 19, 0])));
+        assert_eq!(Version::parse("0.17"), Some(Version([0, 17, 0])));
+        assert!(Version([0, 16, 4]) < FIRST_GLOO && FIRST_GLOO <= Version([0, 17, 0]));
         assert_eq!(Version::parse("0.28.1rc1"), Some(Version([0, 28, 1])));
         assert_eq!(Version::parse("x"), None);
         assert_eq!(requirement_name("Horovod[tensorflow]==0.13.11"), "horovod");
@@ -276,7 +279,7 @@ mod tests {
 
     #[test]
     fn the_recipe_and_version_say_which_controllers_a_build_has() {
-        // The recipe passes HOROVOD_WITH_GLOO to every version; before 0.19.0 Horovod has no gloo to build.
+        // The recipe passes HOROVOD_WITH_GLOO to every version; before 0.17.0 Horovod has no gloo to build.
         let old = HorovodBuild::of(
             &env(
                 "horovod==0.13.11",
