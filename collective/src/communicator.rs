@@ -431,19 +431,6 @@ pub(crate) mod check {
         Ok(())
     }
 
-    /// alltoallv: each counts vector describes its buffer.
-    pub(crate) fn alltoallv(
-        send: usize,
-        send_counts: &[usize],
-        recv: usize,
-        recv_counts: &[usize],
-        n: usize,
-        dtype: DType,
-    ) -> Result<()> {
-        counts("alltoall", send_counts, n, send, dtype)?;
-        counts("alltoall", recv_counts, n, recv, dtype)
-    }
-
     /// broadcast: `root` is a rank and the buffer holds whole elements.
     pub(crate) fn broadcast(bytes: usize, root: usize, n: usize, dtype: DType) -> Result<()> {
         if root >= n {

@@ -208,7 +208,10 @@ impl Header {
         dtype: DType,
     ) -> Call {
         let h = Header::new(0, Kind::Alltoall, dtype);
-        let local = check::alltoallv(send, send_counts, recv, recv_counts, n, dtype).err();
+        // Each counts vector describes its buffer.
+        let local = check::counts("alltoall", send_counts, n, send, dtype)
+            .and_then(|()| check::counts("alltoall", recv_counts, n, recv, dtype))
+            .err();
         (h, local)
     }
 
