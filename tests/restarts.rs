@@ -117,6 +117,37 @@ fn a_step_that_fails_once_succeeds_on_its_restart() {
 }
 
 #[test]
+fn a_launched_step_restarts_its_launcher_with_every_rank() {
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v mpirun"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("skipped: `mpirun` is not installed");
+        return;
+    }
+    let marker = marker();
+    let dir = failing_project("", "0", &marker);
+    let out = run(
+        dir.path(),
+        &["--engine", "mpi", "--max-restarts", "1", "--grace", "2"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("hvd: step `train` succeeded after 1 restart"),
+        "{stderr}"
+    );
+    for rank in 0..2 {
+        let seen = seen(dir.path(), rank);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[1][1..3], ["1", "1"], "{seen:?}");
+        assert_ne!(seen[0][4], seen[1][4], "one job token for two attempts");
+    }
+    assert_nothing_left(&marker);
+}
+
+#[test]
 fn without_restarts_the_first_failure_ends_the_run_as_before() {
     for args in [&[][..], &["--max-restarts", "0"][..]] {
         let marker = marker();
