@@ -119,13 +119,13 @@ impl Fixture {
     /// The cached metadata files the resolver kept for built sdists.
     fn built_metadata(&self) -> Vec<PathBuf> {
         let mut found = Vec::new();
-        let mut stack = vec![self.path("cache")];
+        let mut stack = vec![self.path("cache/v1/built-metadata")];
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
                 let path = entry.path();
                 if path.is_dir() {
                     stack.push(path);
-                } else if path.to_string_lossy().contains(".built-python") {
+                } else {
                     found.push(path);
                 }
             }

@@ -308,7 +308,10 @@ impl IndexClient {
 impl IndexClient {
     /// The metadata an sdist's build backend produced earlier for `python` (e.g. `3.11`), by the sdist's sha256.
     pub(crate) fn built_metadata(&self, sdist: &Sha256, python: &str) -> Option<Vec<u8>> {
-        self.cached_metadata(&built_metadata_key(sdist, python))
+        let path = self.cache_path(BUILT_METADATA, &built_metadata_key(sdist, python));
+        let bytes = fs_err::read(path).ok()?;
+        self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Some(bytes)
     }
 
     /// Keep what [`Self::built_metadata`] answers next time (an atomic write: a reader sees all of it or none).
@@ -319,14 +322,20 @@ impl IndexClient {
         bytes: &[u8],
     ) -> Result<(), IndexError> {
         let key = built_metadata_key(sdist, python);
-        write_atomic(&self.cache_path("metadata", &key), bytes)?;
+        write_atomic(&self.cache_path(BUILT_METADATA, &key), bytes)?;
         Ok(())
     }
 }
 
-/// A built sdist's metadata depends on the sdist's bytes and the interpreter its `setup.py` ran on.
+/// The cache kind (`v1/<kind>/`) of metadata built from sdists.
+pub(super) const BUILT_METADATA: &str = "built-metadata";
+
+/// A built sdist's metadata depends on the sdist's bytes and the interpreter its `setup.py` ran on; the file name
+/// is a digest of both (as every cache file name).
 fn built_metadata_key(sdist: &Sha256, python: &str) -> String {
-    format!("{}.built-python{python}", sdist.as_str())
+    hex::encode(sha2::Sha256::digest(
+        format!("built-metadata-v1\n{}\n{python}", sdist.as_str()).as_bytes(),
+    ))
 }
 
 fn check_digest(url: &str, expected: &Sha256, actual: &Sha256) -> Result<(), IndexError> {

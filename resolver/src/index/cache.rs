@@ -80,7 +80,7 @@ impl IndexClient {
             return 0;
         }
         let mut removed = 0;
-        for kind in ["http", "metadata"] {
+        for kind in ["http", "metadata", super::artifacts::BUILT_METADATA] {
             let Ok(buckets) = std::fs::read_dir(root.join(kind)) else {
                 continue;
             };

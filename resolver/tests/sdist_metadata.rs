@@ -1,0 +1,146 @@
+//! The resolver's side of building sdist metadata (issue 21 item 3): what it hands a `SourceMetadataProvider`,
+//! that it caches the answer by the sdist's sha256, and what it says without a provider. The builder's sandboxed
+//! provider itself is tested through the CLI (`tests/cli_sdist_metadata.rs`).
+
+use std::sync::{Arc, Mutex};
+
+use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
+use hvd_resolver::{
+    BoxError, LockOptions, SourceMetadataProvider, SourceMetadataRequest, lock_detailed,
+};
+
+/// One request as the provider saw it: (package, sdist file name, python, sorted `name==version` build packages).
+type Call = (String, String, String, Vec<String>);
+
+/// Answers as a backend would for the one sdist of these tests, and records each request.
+#[derive(Default)]
+struct Recorder {
+    calls: Mutex<Vec<Call>>,
+    fail: bool,
+}
+
+impl SourceMetadataProvider for Recorder {
+    fn metadata(&self, request: &SourceMetadataRequest<'_>) -> Result<Vec<u8>, BoxError> {
+        let mut build: Vec<String> = request
+            .build_packages
+            .iter()
+            .map(|p| format!("{}=={}", p.name, p.version))
+            .collect();
+        build.sort();
+        self.calls.lock().unwrap().push((
+            request.name.to_string(),
+            request.sdist.filename.clone(),
+            request.python.to_string(),
+            build,
+        ));
+        if self.fail {
+            return Err("the backend said no".into());
+        }
+        Ok(b"Metadata-Version: 2.1\nName: widget\nVersion: 1.0\nRequires-Dist: dep>=1\n".to_vec())
+    }
+}
+
+fn index() -> FixtureIndex {
+    FixtureIndex::start(
+        vec![
+            Dist::sdist("widget", "1.0")
+                .legacy_metadata()
+                .without_pyproject(),
+            Dist::wheel("dep", "1.0"),
+            Dist::wheel("setuptools", "69.0.0"),
+            Dist::wheel("wheel", "0.43.0"),
+        ],
+        FixtureOptions::default(),
+    )
+    .unwrap()
+}
+
+fn with_provider(options: LockOptions, provider: &Arc<Recorder>) -> LockOptions {
+    let provider: Arc<dyn SourceMetadataProvider> = provider.clone();
+    LockOptions {
+        source_metadata: Some(provider),
+        ..options
+    }
+}
+
+#[test]
+fn the_provider_gets_the_locked_build_requirements_and_its_answer_is_cached() {
+    let index = index();
+    let cache = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let options = with_provider(lock_options(&index, cache.path()), &recorder);
+    let locked = lock_detailed(&env_of(&["widget"]), &options).unwrap();
+    let names: Vec<&str> = locked
+        .lockfile
+        .packages
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(names, ["dep", "widget"]);
+    assert!(locked.warnings.is_empty(), "{:?}", locked.warnings);
+    assert_eq!(
+        *recorder.calls.lock().unwrap(),
+        [(
+            "widget".to_string(),
+            "widget-1.0.tar.gz".to_string(),
+            "3.11".to_string(),
+            vec![
+                "setuptools==69.0.0".to_string(),
+                "wheel==0.43.0".to_string()
+            ],
+        )]
+    );
+
+    // Another lock with the same cache: the built metadata comes from it, nothing is built again.
+    let again = lock_detailed(&env_of(&["widget"]), &options).unwrap();
+    assert_eq!(again.lockfile.packages, locked.lockfile.packages);
+    assert_eq!(recorder.calls.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn a_failing_provider_fails_the_lock_naming_the_package_and_keeping_the_cause() {
+    let index = index();
+    let cache = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder {
+        fail: true,
+        ..Recorder::default()
+    });
+    let options = with_provider(lock_options(&index, cache.path()), &recorder);
+    let err = lock_detailed(&env_of(&["widget"]), &options).unwrap_err();
+    assert!(err.to_string().contains("widget==1.0"), "{err}");
+    let mut chain = Vec::new();
+    let mut link: Option<&dyn std::error::Error> = Some(&err);
+    while let Some(e) = link {
+        chain.push(e.to_string());
+        link = e.source();
+    }
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("the backend said no"),
+        "{chain:?}"
+    );
+    // Not cached: the next lock asks again.
+    let _ = lock_detailed(&env_of(&["widget"]), &options);
+    assert_eq!(recorder.calls.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn without_a_provider_the_assumption_is_one_warning_for_the_caller() {
+    let index = index();
+    let cache = tempfile::tempdir().unwrap();
+    let locked = lock_detailed(&env_of(&["widget"]), &lock_options(&index, cache.path())).unwrap();
+    let names: Vec<&str> = locked
+        .lockfile
+        .packages
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(names, ["widget"]);
+    assert_eq!(locked.warnings.len(), 1, "{:?}", locked.warnings);
+    assert!(
+        locked.warnings[0].contains("widget==1.0")
+            && locked.warnings[0].contains("as if it had none"),
+        "{:?}",
+        locked.warnings
+    );
+}
