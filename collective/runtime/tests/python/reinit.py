@@ -13,6 +13,7 @@ for round_ in range(1, 6):
     if want and hvd._backend() != want:
         print("round {}: backend {} instead of {}".format(round_, hvd._backend(), want), file=sys.stderr)
         sys.exit(1)
+    backend = hvd._backend()
     got = hvd.allreduce(np.array([r + 1.0, round_], np.float64), op=hvd.Sum, name="round.{}".format(round_))
     expect = [n * (n + 1) / 2, round_ * n]
     if not np.array_equal(got, expect):
@@ -22,4 +23,4 @@ for round_ in range(1, 6):
     if hvd.is_initialized():
         print("round {}: still initialized after shutdown".format(round_), file=sys.stderr)
         sys.exit(1)
-print("ok reinit rank {} rounds 5".format(r))
+print("ok reinit rank {} rounds 5 backend {}".format(r, backend))
