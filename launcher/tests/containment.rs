@@ -6,38 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hvd_lang::model::{Env, Project, Resources, Step};
+use hvd_lang::model::{Project, Step};
 use hvd_launcher::{Interrupts, RunOptions, execute, plan};
 
+mod common;
+
 fn project(dir: &Path, run: &str) -> Project {
-    Project {
-        name: "containment".into(),
-        file: dir.join("train.hvd"),
-        env: Env {
-            python: "3.11".into(),
-            index: None,
-            toolchain: None,
-            packages: vec![],
-            variables: BTreeMap::new(),
-        },
-        resources: Resources {
-            gpus: 0,
-            cpus: None,
-            mem: None,
-        },
-        steps: vec![Step {
-            name: "escape".into(),
-            run: run.into(),
-            needs: vec![],
-            workers: None,
-            inputs: vec![],
-            outputs: vec![],
-            env: BTreeMap::new(),
-            timeout_ms: None,
-            restarts: None,
-        }],
-        cluster: None,
-    }
+    common::project(dir, "containment", vec![common::step("escape", run)])
 }
 
 /// Steps `(name, run, needs)`, each with `ESCAPE_TAG` set to `tag` in its environment.
@@ -46,15 +21,9 @@ fn project_of(dir: &Path, tag: &str, steps: &[(&str, &str, &[&str])]) -> Project
     project.steps = steps
         .iter()
         .map(|(name, run, needs)| Step {
-            name: (*name).into(),
-            run: (*run).into(),
             needs: needs.iter().map(|n| (*n).to_string()).collect(),
-            workers: None,
-            inputs: vec![],
-            outputs: vec![],
             env: BTreeMap::from([("ESCAPE_TAG".to_string(), tag.to_string())]),
-            timeout_ms: None,
-            restarts: None,
+            ..common::step(name, run)
         })
         .collect();
     project

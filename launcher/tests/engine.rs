@@ -5,44 +5,20 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use hvd_lang::model::{Env, Project, Resources, Step};
+use hvd_lang::model::{Project, Step};
 use hvd_launcher::{
     Cause, Event, Interrupts, LaunchError, RunOptions, RunReport, Stream, WorkerExit, execute, plan,
 };
 
-fn step(name: &str, run: &str) -> Step {
-    Step {
-        name: name.into(),
-        run: run.into(),
-        needs: vec![],
-        workers: None,
-        inputs: vec![],
-        outputs: vec![],
-        env: BTreeMap::new(),
-        timeout_ms: None,
-        restarts: None,
-    }
-}
+mod common;
+use common::step;
 
+/// The test project: two GPUs a worker, and `FROM_ENV_BLOCK=yes` from its env block.
 fn project(dir: &Path, steps: Vec<Step>) -> Project {
-    Project {
-        name: "test".into(),
-        file: dir.join("train.hvd"),
-        env: Env {
-            python: "3.11".into(),
-            index: None,
-            toolchain: None,
-            packages: vec![],
-            variables: BTreeMap::from([("FROM_ENV_BLOCK".into(), "yes".into())]),
-        },
-        resources: Resources {
-            gpus: 2,
-            cpus: None,
-            mem: None,
-        },
-        steps,
-        cluster: None,
-    }
+    let mut project = common::project(dir, "test", steps);
+    project.env.variables = BTreeMap::from([("FROM_ENV_BLOCK".into(), "yes".into())]);
+    project.resources.gpus = 2;
+    project
 }
 
 fn options() -> RunOptions {
