@@ -35,13 +35,7 @@ fn main() {
     assert!(built.success(), "cc failed");
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats {
-        let token = new_token().expect("read /dev/urandom");
-        let server = RendezvousServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            &token,
-            vec!["127.0.0.1".parse().unwrap()],
-        )
-        .expect("start the server");
+        let (token, server) = local_server();
         server.set_gloo_layout(&[("localhost".into(), workers)]);
         let started = Instant::now();
         let children: Vec<_> = (0..workers)
@@ -71,13 +65,7 @@ fn main() {
         ms(times[times.len() / 2]),
         ms(times[0])
     );
-    let token = new_token().expect("read /dev/urandom");
-    let server = RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        &token,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .expect("start the server");
+    let (token, server) = local_server();
     let kv = format!(
         "GET /kv/bench/k HTTP/1.1\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\n\r\n"
     );
@@ -92,6 +80,18 @@ fn main() {
             each[each.len() / 2].as_secs_f64() * 1e6
         );
     }
+}
+
+/// A fresh server on a free loopback port that admits loopback peers, with its new token.
+fn local_server() -> (String, RendezvousServer) {
+    let token = new_token().expect("read /dev/urandom");
+    let server = RendezvousServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        &token,
+        vec!["127.0.0.1".parse().unwrap()],
+    )
+    .expect("start the server");
+    (token, server)
 }
 
 /// One request on a fresh connection, answer read to the end.
