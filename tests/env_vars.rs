@@ -103,6 +103,22 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
     ("HVD_TEST_TORCH", "read by tests only"),
     ("HVD_TEST_JAX", "read by tests only"),
     ("HVD_TEST_TENSORFLOW", "read by tests only"),
+    (
+        "HOROVOD_WITH_GLOO",
+        "a Horovod build variable the launcher reads from the recipe's `build.env` (the model), not its environment",
+    ),
+    (
+        "HOROVOD_WITHOUT_GLOO",
+        "a Horovod build variable the launcher reads from the recipe's `build.env` (the model), not its environment",
+    ),
+    (
+        "HOROVOD_WITH_MPI",
+        "a Horovod build variable the launcher reads from the recipe's `build.env` (the model), not its environment",
+    ),
+    (
+        "HOROVOD_WITHOUT_MPI",
+        "a Horovod build variable the launcher reads from the recipe's `build.env` (the model), not its environment",
+    ),
 ];
 
 /// The names the C ABI declares (`collective/runtime/include/hvd.h`: `NAME = value` enum constants and `#define`s):
