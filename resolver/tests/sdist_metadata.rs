@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
 use hvd_resolver::{
-    BoxError, LockOptions, SourceMetadataProvider, SourceMetadataRequest, lock_detailed,
+    BoxError, LockOptions, Locked, SourceMetadataProvider, SourceMetadataRequest, lock_detailed,
 };
 
 /// One request as the provider saw it: (package, sdist file name, python, sorted `name==version` build packages).
@@ -55,6 +55,16 @@ fn index() -> FixtureIndex {
     .unwrap()
 }
 
+/// The locked runtime packages' names.
+fn names(locked: &Locked) -> Vec<&str> {
+    locked
+        .lockfile
+        .packages
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect()
+}
+
 fn with_provider(options: LockOptions, provider: &Arc<Recorder>) -> LockOptions {
     let provider: Arc<dyn SourceMetadataProvider> = provider.clone();
     LockOptions {
@@ -70,13 +80,7 @@ fn the_provider_gets_the_locked_build_requirements_and_its_answer_is_cached() {
     let recorder = Arc::new(Recorder::default());
     let options = with_provider(lock_options(&index, cache.path()), &recorder);
     let locked = lock_detailed(&env_of(&["widget"]), &options).unwrap();
-    let names: Vec<&str> = locked
-        .lockfile
-        .packages
-        .iter()
-        .map(|p| p.name.as_str())
-        .collect();
-    assert_eq!(names, ["dep", "widget"]);
+    assert_eq!(names(&locked), ["dep", "widget"]);
     assert!(locked.warnings.is_empty(), "{:?}", locked.warnings);
     assert_eq!(
         *recorder.calls.lock().unwrap(),
@@ -129,13 +133,7 @@ fn without_a_provider_the_assumption_is_one_warning_for_the_caller() {
     let index = index();
     let cache = tempfile::tempdir().unwrap();
     let locked = lock_detailed(&env_of(&["widget"]), &lock_options(&index, cache.path())).unwrap();
-    let names: Vec<&str> = locked
-        .lockfile
-        .packages
-        .iter()
-        .map(|p| p.name.as_str())
-        .collect();
-    assert_eq!(names, ["widget"]);
+    assert_eq!(names(&locked), ["widget"]);
     assert_eq!(locked.warnings.len(), 1, "{:?}", locked.warnings);
     assert!(
         locked.warnings[0].contains("widget==1.0")
