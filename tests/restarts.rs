@@ -303,3 +303,51 @@ fn sbatch_outside_an_allocation_refuses_restarts_clearly() {
     let out = run(dir.path(), &["--dry-run"]);
     assert!(out.status.success(), "{}", text(&out).1);
 }
+
+/// kubectl for [`a_jobset_run_reports_the_restarts_the_jobset_made`]: keeps what `apply` got, shows one finished
+/// pod, and a JobSet that completed after one restart (`status.restarts`).
+const KUBECTL: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+case "$1 $2" in
+  "apply -f") cat > "$d/applied.json" ;;
+  delete\ *) ;;
+  "get pods") printf '{"items": [{"metadata": {"name": "t-train-0-0-x", "labels": {"jobset.sigs.k8s.io/replicatedjob-name": "train", "batch.kubernetes.io/job-completion-index": "0"}}, "spec": {"nodeName": "n"}, "status": {"phase": "Succeeded", "containerStatuses": [{"name": "worker", "state": {"terminated": {"exitCode": 0}}}]}}]}' ;;
+  "get jobset") echo '{"status": {"restarts": 1, "conditions": [{"type": "Completed", "status": "True"}]}}' ;;
+  "logs -f") echo "train done" ;;
+  *) exit 1 ;;
+esac
+"#;
+
+#[test]
+fn a_jobset_run_reports_the_restarts_the_jobset_made() {
+    let dir = common::project(&K8S.replace("workers = 2", "workers = 1"));
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::write(bin.join("kubectl"), KUBECTL).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(bin.join("kubectl"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--max-restarts", "3"])
+        .env("PATH", path)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let applied: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bin.join("applied.json")).unwrap()).unwrap();
+    assert_eq!(applied["items"][1]["kind"], "JobSet");
+    assert_eq!(
+        applied["items"][1]["spec"]["failurePolicy"]["maxRestarts"],
+        3
+    );
+    assert!(
+        stderr.contains("hvd: step `train` succeeded after 1 restart"),
+        "{stderr}"
+    );
+}

@@ -575,6 +575,16 @@ pub fn run(
                 Ok(jobset) => {
                     errors = 0;
                     if let Some(outcome) = jobset_outcome(&jobset) {
+                        // The JobSet restarts every job together: each step ran that many more times.
+                        if let Some(n) = jobset["status"]["restarts"]
+                            .as_u64()
+                            .and_then(|n| u32::try_from(n).ok())
+                            .filter(|n| *n > 0)
+                        {
+                            for (step, _) in job.steps.values() {
+                                report.restarts.insert(step.clone(), n);
+                            }
+                        }
                         break Some((outcome, seen.values().cloned().collect::<Vec<_>>()));
                     }
                 }
