@@ -11,6 +11,16 @@ use hvd_launcher::rendezvous::RendezvousServer;
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
+/// The launcher's rendezvous server on loopback, as `hvd run` starts it for a local job.
+fn server() -> RendezvousServer {
+    RendezvousServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        TOKEN,
+        vec!["127.0.0.1".parse().unwrap()],
+    )
+    .unwrap()
+}
+
 fn job(rank: usize, rendezvous: &Rendezvous) -> JobEnv {
     JobEnv {
         rank,
@@ -48,12 +58,7 @@ fn both_join(rendezvous: &Rendezvous, backend: BackendChoice) {
 
 #[test]
 fn a_rank_of_round_2_never_reads_an_address_of_round_1() {
-    let server = RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        TOKEN,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .unwrap();
+    let server = server();
     let rendezvous = Rendezvous::Http {
         address: server.addr().to_string(),
         token: Some(TOKEN.into()),
@@ -94,12 +99,7 @@ fn a_rank_of_round_2_never_reads_an_address_of_round_1() {
 #[test]
 fn ranks_join_again_and_again_over_shm_and_tcp_keeping_one_round_of_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let server = RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        TOKEN,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .unwrap();
+    let server = server();
     for rendezvous in [
         Rendezvous::Http {
             address: server.addr().to_string(),
