@@ -70,22 +70,6 @@ pub trait Communicator: Send {
     fn size(&self) -> usize {
         self.topology().size
     }
-    /// Rank on this host.
-    fn local_rank(&self) -> usize {
-        self.topology().local_rank
-    }
-    /// Ranks on this host.
-    fn local_size(&self) -> usize {
-        self.topology().local_size
-    }
-    /// Index of this host.
-    fn cross_rank(&self) -> usize {
-        self.topology().cross_rank
-    }
-    /// Number of hosts.
-    fn cross_size(&self) -> usize {
-        self.topology().cross_size
-    }
 
     /// Reduces `data` elementwise over all ranks; every rank ends with the result.
     fn allreduce_in_place(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()>;
