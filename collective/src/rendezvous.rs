@@ -253,8 +253,16 @@ impl KeyValueClient {
                         self.job.as_deref().unwrap_or("")
                     )));
                 }
+                let rejoin = match self.round {
+                    Some(round) if round > Round::FIRST => format!(
+                        " This is join {} of the job by this rank: every rank must call init (and shutdown) the \
+                         same number of times.",
+                        round.number()
+                    ),
+                    _ => String::new(),
+                };
                 return Err(Error::Bootstrap(format!(
-                    "no rank stored `{key}` at the rendezvous within {timeout:?}; did every rank start?"
+                    "no rank stored `{key}` at the rendezvous within {timeout:?}; did every rank start?{rejoin}"
                 )));
             }
         }

@@ -80,7 +80,11 @@ fn a_rank_of_round_2_never_reads_an_address_of_round_1() {
     )
     .err()
     .expect("rank 0 joined round 2 without rank 1");
-    assert!(e.to_string().contains("no rank stored `r2.addr.1`"), "{e}");
+    assert!(
+        e.to_string().contains("no rank stored `r2.addr.1`")
+            && e.to_string().contains("join 2 of the job by this rank"),
+        "{e}"
+    );
     assert!(
         trap.accept().is_err(),
         "rank 0 connected to rank 1's address of round 1"
