@@ -102,7 +102,7 @@ pub struct Step {
     /// Wall-clock limit for the step, in milliseconds.
     pub timeout_ms: Option<u64>,
     /// `restarts = N`: start the step again, up to N times, when a rank fails (`hvd run --max-restarts` overrides).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarts: Option<u32>,
 }
 
