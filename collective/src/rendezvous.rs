@@ -125,18 +125,18 @@ impl KeyValueClient {
     }
 
     /// Begins this process's next [`Round`] as this client's rank of this rendezvous (the first, or the one after
-    /// the rank's previous join): the returned client's keys are that round's. The keys the rank stored in its
-    /// previous round are deleted first (best effort: every rank had read them before its previous join completed),
-    /// so the store keeps one round's keys per rank.
+    /// the rank's previous join): the returned client's keys are that round's. The keys the rank stored two rounds
+    /// ago are deleted first (best effort; no rank can still read them, see [`Round`]), so the store keeps at most
+    /// two rounds' keys per rank.
     pub fn next_round(self) -> KeyValueClient {
-        let (round, previous) = round::begin(&self.rendezvous, self.rank);
+        let (round, done) = round::begin(&self.rendezvous, self.rank);
         let raw = KeyValueClient {
             round: None,
             ..self.clone()
         };
-        for key in previous {
+        for key in done {
             if let Err(e) = raw.delete(&key) {
-                tracing::debug!(key, error = %e, "could not delete a key of the previous round");
+                tracing::debug!(key, error = %e, "could not delete a key of an earlier round");
             }
         }
         KeyValueClient {

@@ -1,5 +1,5 @@
 //! Rounds of the rendezvous: the n-th time this process joins its job as one rank, the namespace of that join's keys,
-//! and which keys a rank stored in its latest round (to delete them when it begins the next).
+//! and which keys a rank stored in its latest rounds (to delete them two rounds later).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -10,8 +10,8 @@ use super::Rendezvous;
 /// rank counts its own joins, and ranks join and leave in lockstep (Horovod's test suites call init in setUp and
 /// shutdown in tearDown around every test), so the ranks of one round agree on its number without asking anyone.
 /// A round's keys live under `r<n>.` ([`Round::key`]): a rank of round n never reads a key of an earlier round (a
-/// stale address, an old segment's name), and a rank beginning round n deletes what it stored in round n - 1, so the
-/// store holds one round's keys per rank, however often the job is joined.
+/// stale address, an old segment's name), and a rank beginning round n deletes what it stored in round n - 2, so the
+/// store holds at most two rounds' keys per rank, however often the job is joined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Round(u64);
 
@@ -44,10 +44,12 @@ impl std::fmt::Display for Round {
     }
 }
 
-/// This process's latest round as one rank of one rendezvous, and the (namespaced) keys it stored in it.
+/// This process's latest round as one rank of one rendezvous, and the (namespaced) keys it stored in it and in the
+/// round before.
 struct Latest {
     round: Round,
     stored: Vec<String>,
+    before: Vec<String>,
 }
 
 type Joins = HashMap<(Rendezvous, usize), Latest>;
@@ -60,16 +62,21 @@ fn with_joins<R>(f: impl FnOnce(&mut Joins) -> R) -> R {
     f(joins.get_or_insert_with(HashMap::new))
 }
 
-/// Begins this process's next round as `rank` of `rendezvous`: returns it and the keys the rank stored in its
-/// previous round, which nothing reads any more.
+/// Begins this process's next round n as `rank` of `rendezvous`: returns it and the keys the rank stored in round
+/// n - 2, which no rank reads any more. Round n - 1's may still be read: a rank's join can complete before another
+/// rank has read everything (across hosts, a rank that only meets the others through its host's leader), but no
+/// rank is in round n - 2 once this one begins round n: this rank's round n - 1 read every rank's key of round
+/// n - 1, which that rank stored once its round n - 2 was over.
 pub(super) fn begin(rendezvous: &Rendezvous, rank: usize) -> (Round, Vec<String>) {
     with_joins(|joins| {
         let latest = joins.entry((rendezvous.clone(), rank)).or_insert(Latest {
             round: Round(0),
             stored: Vec::new(),
+            before: Vec::new(),
         });
         latest.round = latest.round.next();
-        (latest.round, std::mem::take(&mut latest.stored))
+        let done = std::mem::replace(&mut latest.before, std::mem::take(&mut latest.stored));
+        (latest.round, done)
     })
 }
 
@@ -101,14 +108,13 @@ mod tests {
         stored(&a, 0, Round::FIRST, "r1.addr.0");
         stored(&a, 0, Round::FIRST, "r1.addr.0");
         assert_eq!(begin(&b, 0).0, Round::FIRST);
-        let (round, previous) = begin(&a, 0);
-        assert_eq!(
-            (round, previous),
-            (Round::new(2), vec!["r1.addr.0".to_string()])
-        );
-        // A late record of an earlier round is not kept for deletion twice.
+        // Round 1's keys are deleted when round 3 begins, not before.
+        assert_eq!(begin(&a, 0), (Round::new(2), Vec::new()));
+        stored(&a, 0, Round::new(2), "r2.addr.0");
+        // A late record of an earlier round is not kept.
         stored(&a, 0, Round::FIRST, "r1.shm.0");
-        assert_eq!(begin(&a, 0), (Round::new(3), Vec::new()));
+        assert_eq!(begin(&a, 0), (Round::new(3), vec!["r1.addr.0".to_string()]));
+        assert_eq!(begin(&a, 0), (Round::new(4), vec!["r2.addr.0".to_string()]));
         assert_eq!(Round::new(3).key("addr.0"), "r3.addr.0");
     }
 }
