@@ -38,8 +38,8 @@ fn assert_nothing_left(marker: &str) {
     assert!(left.is_empty(), "left running: {left:?}");
 }
 
-/// A 2-worker step `train` running `fail.sh` (rank 1 exits 3 on the attempts `fail.sh` is told to fail; rank 0 waits
-/// to be stopped), with `extra` lines in the step.
+/// A 2-worker step `train` running `fail.sh` (rank 1 exits 3 on the attempts `fail.sh` is told to fail, once rank 0
+/// has written down what it saw; rank 0 waits to be stopped), with `extra` lines in the step.
 fn failing_project(extra: &str, failing_attempts: &str, marker: &str) -> tempfile::TempDir {
     let dir = common::project(&format!(
         "step train {{\n  run = \"sh fail.sh\"\n  workers = 2\n  env = {{ HVD_TEST_MARKER = \"{marker}\" }}\n{extra}}}"
@@ -50,7 +50,10 @@ fn failing_project(extra: &str, failing_attempts: &str, marker: &str) -> tempfil
          >> seen.$HVD_RANK\n\
          case \" {failing_attempts} \" in\n\
          *\" $HVD_RESTART_COUNT \"*)\n\
-           if [ \"$HVD_RANK\" = 1 ]; then echo \"rank 1 fails on attempt $HVD_RESTART_COUNT\" >&2; exit 3; fi\n\
+           if [ \"$HVD_RANK\" = 1 ]; then\n\
+             while [ $(( $(cat seen.0 2>/dev/null | wc -l) )) -le \"$HVD_RESTART_COUNT\" ]; do sleep 0.01; done\n\
+             echo \"rank 1 fails on attempt $HVD_RESTART_COUNT\" >&2; exit 3\n\
+           fi\n\
            sleep 60 ;;\n\
          esac\n\
          echo \"rank $HVD_RANK done at restart $HVD_RESTART_COUNT\"\n"
