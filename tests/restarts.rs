@@ -211,6 +211,14 @@ fn restarts_in_the_file_run_every_attempt_then_fail_naming_them() {
         );
     }
     assert_nothing_left(&marker);
+    let out = run(dir.path(), &["--dry-run"]);
+    assert!(
+        text(&out)
+            .0
+            .contains("restarts: up to 2 (HVD_RESTART_COUNT)"),
+        "{}",
+        text(&out).0
+    );
 
     // `--max-restarts` wins over the file: one attempt.
     std::fs::remove_dir_all(dir.path().join(".hvd")).unwrap();

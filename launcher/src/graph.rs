@@ -271,6 +271,13 @@ impl Plan {
             if !step.outputs.is_empty() {
                 let _ = writeln!(out, "   outputs: {}", step.outputs.join(", "));
             }
+            if step.restarts > 0 {
+                let _ = writeln!(
+                    out,
+                    "   restarts: up to {} (HVD_RESTART_COUNT), after a rank fails",
+                    step.restarts
+                );
+            }
             if let Some(t) = step.timeout {
                 let _ = writeln!(out, "   timeout: {} s", t.as_secs_f64());
             }
