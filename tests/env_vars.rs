@@ -91,6 +91,14 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
         "the build driver's `HVD_WHEEL=<name>` line in the build log",
     ),
     (
+        "HVD_HOOK",
+        "the build driver's `HVD_HOOK=<hook> of <backend>` line in the build log (which hook failed)",
+    ),
+    (
+        "HVD_METADATA",
+        "the build driver's `HVD_METADATA=<name>.dist-info` line in the build log",
+    ),
+    (
         "MPI_THREAD_MULTIPLE",
         "an MPI thread level the python package names",
     ),
