@@ -58,12 +58,16 @@ impl SandboxedMetadata {
         let fetched = Fetcher::new(store.downloads_dir(), self.offline)
             .fetch_all(std::slice::from_ref(&sdist), &NoProgress)?;
         let _builders = store.lock_builders()?;
-        let build_dir = store.root().join(".build").join(format!(
+        let dir_name = format!(
             "{}-{}-metadata-{}",
             request.name,
             request.version,
             &request.sdist.sha256.as_str()[..16]
-        ));
+        );
+        // The same lock a derivation's build directory is held by: a second `hvd lock` of the same sdist waits
+        // instead of removing this directory under the running hook, and gc's sweep of `.build` skips it.
+        let _dir = store.lock_path(&dir_name)?;
+        let build_dir = store.root().join(".build").join(&dir_name);
         let env = Default::default();
         let source = SourceBuildRequest {
             name: request.name,
