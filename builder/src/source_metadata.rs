@@ -32,6 +32,9 @@ impl SandboxedMetadata {
 
     fn build(&self, request: &SourceMetadataRequest<'_>) -> crate::Result<Vec<u8>> {
         let store = Store::open(&self.store_root)?;
+        // Held (shared) from before the build env exists until the hook is done: gc (exclusive) cannot remove the
+        // build env, which no root names, in between.
+        let _builders = store.lock_builders()?;
         let options = BuildOptions {
             offline: self.offline,
             ..BuildOptions::default()
@@ -57,7 +60,6 @@ impl SandboxedMetadata {
         };
         let fetched = Fetcher::new(store.downloads_dir(), self.offline)
             .fetch_all(std::slice::from_ref(&sdist), &NoProgress)?;
-        let _builders = store.lock_builders()?;
         let dir_name = format!(
             "{}-{}-metadata-{}",
             request.name,

@@ -92,6 +92,9 @@ pub struct IndexSource {
     digests: Mutex<HashMap<String, (Sha256, u64)>>,
     /// What the caller should tell the user, each once (the library never prints).
     warnings: Mutex<BTreeSet<String>>,
+    /// Sdists whose metadata is being built (`name==version`): a build requirement that needs its own metadata
+    /// built from the same sdist is a cycle, refused instead of recursing without end.
+    building: Mutex<BTreeSet<String>>,
 }
 
 /// Turn a panic inside an index task into an error of that task. The futures are shared: a panic would poison
@@ -161,6 +164,7 @@ impl IndexSource {
             tried: Mutex::default(),
             digests: Mutex::default(),
             warnings: Mutex::default(),
+            building: Mutex::default(),
         }
     }
 
@@ -227,10 +231,21 @@ impl IndexSource {
         };
         let python = self.shared.target.to_lock().python;
         let (sha256, size) = self.artifact_digest(file)?;
-        if let Some(bytes) = self.shared.client.built_metadata(&sha256, &python) {
+        if let Some(bytes) = self.shared.client.built_metadata(file, &sha256, &python) {
             tracing::debug!(name, %version, "built metadata of the sdist from the cache");
             return Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)));
         }
+        let this = format!("{name}=={version}");
+        let _building = Building::enter(&self.building, &this).ok_or_else(|| {
+            SourceError::MetadataBuildRequirements {
+                name: name.to_string(),
+                version: version.to_string(),
+                message: format!(
+                    "building its metadata needs {this} itself among its build requirements (a cycle): \
+                     provide a wheel of one of them"
+                ),
+            }
+        })?;
         let requires: Vec<String> = self
             .runtime
             .block_on(self.shared.client.sdist_build_requires(file))
@@ -274,11 +289,26 @@ impl IndexSource {
                 version: version_text.clone(),
                 source,
             })?;
+        let metadata = CoreMetadata::parse(&String::from_utf8_lossy(&bytes));
+        let same_version = Version::from_str(&metadata.version).is_ok_and(|v| v == *version);
+        if crate::names::normalize_name(&metadata.name) != crate::names::normalize_name(name)
+            || !same_version
+        {
+            return Err(SourceError::SourceMetadata {
+                name: name.to_string(),
+                version: version_text,
+                source: format!(
+                    "its build backend wrote the metadata of `{} {}`, not of this sdist",
+                    metadata.name, metadata.version
+                )
+                .into(),
+            });
+        }
         self.shared
             .client
-            .store_built_metadata(&sha256, &python, &bytes)
+            .store_built_metadata(file, &sha256, &python, &bytes)
             .map_err(Arc::new)?;
-        Ok(CoreMetadata::parse(&String::from_utf8_lossy(&bytes)))
+        Ok(metadata)
     }
 
     /// The sha256 and size to lock for a file: what the index lists, or, for an index that lists no sha256, what
@@ -637,6 +667,35 @@ pub(crate) fn evaluate_files(
     ProjectVersions {
         candidates: Arc::new(candidates),
         artifacts,
+    }
+}
+
+/// `name==version` marked as having its metadata built for as long as this lives.
+struct Building<'a> {
+    set: &'a Mutex<BTreeSet<String>>,
+    key: String,
+}
+
+impl<'a> Building<'a> {
+    /// `None` when `key` is already being built further up this thread's (or another's) stack.
+    fn enter(set: &'a Mutex<BTreeSet<String>>, key: &str) -> Option<Building<'a>> {
+        let inserted = set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_string());
+        inserted.then(|| Building {
+            set,
+            key: key.to_string(),
+        })
+    }
+}
+
+impl Drop for Building<'_> {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
     }
 }
 

@@ -306,9 +306,19 @@ impl IndexClient {
 }
 
 impl IndexClient {
-    /// The metadata an sdist's build backend produced earlier for `python` (e.g. `3.11`), by the sdist's sha256.
-    pub(crate) fn built_metadata(&self, sdist: &Sha256, python: &str) -> Option<Vec<u8>> {
-        let path = self.cache_path(BUILT_METADATA, &built_metadata_key(sdist, python));
+    /// The metadata an sdist's build backend produced earlier for `python` (e.g. `3.11`): keyed like all index
+    /// metadata (this index, the file's URL, the listed digest) plus the sdist's sha256 and the python, so one
+    /// index's build (with its build requirements) never answers for another index.
+    pub(crate) fn built_metadata(
+        &self,
+        file: &IndexFile,
+        sdist: &Sha256,
+        python: &str,
+    ) -> Option<Vec<u8>> {
+        let path = self.cache_path(
+            BUILT_METADATA,
+            &self.built_metadata_key(file, sdist, python),
+        );
         let bytes = fs_err::read(path).ok()?;
         self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
         Some(bytes)
@@ -317,26 +327,25 @@ impl IndexClient {
     /// Keep what [`Self::built_metadata`] answers next time (an atomic write: a reader sees all of it or none).
     pub(crate) fn store_built_metadata(
         &self,
+        file: &IndexFile,
         sdist: &Sha256,
         python: &str,
         bytes: &[u8],
     ) -> Result<(), IndexError> {
-        let key = built_metadata_key(sdist, python);
+        let key = self.built_metadata_key(file, sdist, python);
         write_atomic(&self.cache_path(BUILT_METADATA, &key), bytes)?;
         Ok(())
+    }
+
+    /// A built sdist's metadata depends on where it came from (the index chose its build requirements), the
+    /// sdist's bytes and the interpreter its `setup.py` ran on.
+    fn built_metadata_key(&self, file: &IndexFile, sdist: &Sha256, python: &str) -> String {
+        self.metadata_key(file, &format!("built-v2\n{}\n{python}", sdist.as_str()))
     }
 }
 
 /// The cache kind (`v1/<kind>/`) of metadata built from sdists.
 pub(super) const BUILT_METADATA: &str = "built-metadata";
-
-/// A built sdist's metadata depends on the sdist's bytes and the interpreter its `setup.py` ran on; the file name
-/// is a digest of both (as every cache file name).
-fn built_metadata_key(sdist: &Sha256, python: &str) -> String {
-    hex::encode(sha2::Sha256::digest(
-        format!("built-metadata-v1\n{}\n{python}", sdist.as_str()).as_bytes(),
-    ))
-}
 
 fn check_digest(url: &str, expected: &Sha256, actual: &Sha256) -> Result<(), IndexError> {
     if expected == actual {
