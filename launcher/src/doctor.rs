@@ -213,7 +213,7 @@ fn slurm() -> Probe {
     match output("srun", &["--version"]) {
         Some(text) => match text.lines().find(|l| l.starts_with("slurm")) {
             Some(version) => {
-                let inside = std::env::var("SLURM_JOB_ID")
+                let inside = std::env::var(crate::env_vars::SLURM_JOB_ID)
                     .map(|id| format!(", inside allocation {id}"))
                     .unwrap_or_default();
                 probe("Slurm", true, format!("{}{inside}", version.trim()))

@@ -198,4 +198,6 @@ pub struct Plan {
     pub env_dir: Option<PathBuf>,
     /// The engine that runs the distributed steps (a step that runs once runs here, as with [`Local`]).
     pub engine: Arc<dyn SupervisedEngine>,
+    /// What the user should know before anything runs (why the engine is not the one asked for).
+    pub notes: Vec<String>,
 }

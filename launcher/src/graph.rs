@@ -174,6 +174,7 @@ pub fn plan(
         gpus_per_worker: project.resources.gpus,
         env_dir: options.env_dir.clone(),
         engine,
+        notes: Vec::new(),
     })
 }
 

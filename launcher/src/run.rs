@@ -46,14 +46,16 @@ pub enum Run {
 /// Chooses the engine (the one named, or the one the env's Horovod needs: [`crate::controller::choose`]) and readies
 /// the run: plans it, or has the engine write what it submits. Nothing runs yet.
 pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchError> {
-    let kind = crate::controller::choose(project, options)?.engine;
-    match start(kind, project, options)? {
+    let choice = crate::controller::choose(project, options)?;
+    match start(choice.engine, project, options)? {
         Engine::Supervised(_) if options.detach => Err(LaunchError::Engine(
             "`--detach` is for `--engine slurm` outside an allocation (the batch jobs run on without hvd)".into(),
         )),
-        Engine::Supervised(engine) => Ok(Run::Supervised(crate::graph::plan(
-            project, options, engine,
-        )?)),
+        Engine::Supervised(engine) => {
+            let mut plan = crate::graph::plan(project, options, engine)?;
+            plan.notes.extend(choice.note);
+            Ok(Run::Supervised(plan))
+        }
         Engine::Whole(engine) => Ok(Run::Whole(engine)),
     }
 }
@@ -74,7 +76,7 @@ impl Run {
     /// What the user should know before anything runs.
     pub fn notes(&self) -> Vec<String> {
         match self {
-            Run::Supervised(_) => Vec::new(),
+            Run::Supervised(plan) => plan.notes.clone(),
             Run::Whole(engine) => engine.notes(),
         }
     }

@@ -264,13 +264,7 @@ pub fn run(args: RunArgs) -> CommandResult {
             )
         };
     let options = options(&args, &project, env_dir, env_hash)?;
-    // Why the engine is not the one asked for (an MPI-only Horovod runs under mpirun); `prepare` refuses a mismatch.
-    if let Ok(hvd_launcher::controller::Choice {
-        note: Some(text), ..
-    }) = hvd_launcher::controller::choose(&project, &options)
-    {
-        note!("hvd: note: {text}");
-    }
+    // `prepare` chooses the engine (an MPI-only Horovod runs under mpirun, noted) or refuses a mismatch.
     let run = hvd_launcher::prepare(&project, &options).map_err(|e| not_prepared(&e))?;
     for text in run.notes() {
         note!("hvd: note: {text}");
