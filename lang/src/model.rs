@@ -91,8 +91,12 @@ pub struct Step {
     pub run: String,
     /// Names of steps that must finish first.
     pub needs: Vec<String>,
-    /// Number of workers; `None` means the step runs once, not distributed.
+    /// Number of workers; `None` means the step runs once, not distributed. For an elastic step
+    /// (`workers = { min = 2, max = 8 }`) the most workers, the number it starts with.
     pub workers: Option<u32>,
+    /// Elastic steps only: the fewest workers the step goes on with after losing some (`workers = { min = .. }`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_workers: Option<u32>,
     /// Input paths (files or directories, relative to the project directory) whose content feeds the step's hash.
     pub inputs: Vec<String>,
     /// Output paths the step produces.

@@ -89,6 +89,7 @@ fn step(name: &str, run: &str, workers: Option<u32>, needs: &[&str]) -> Step {
         run: run.into(),
         needs: needs.iter().map(|n| (*n).to_owned()).collect(),
         workers,
+        min_workers: None,
         inputs: vec![],
         outputs: vec![],
         env: BTreeMap::from([("STEP".to_string(), name.to_string())]),

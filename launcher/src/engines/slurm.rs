@@ -255,6 +255,7 @@ mod tests {
                 run: format!("echo {name}"),
                 needs: needs.iter().map(|n| (*n).to_owned()).collect(),
                 workers,
+                min_workers: None,
                 inputs: vec![],
                 outputs: vec![],
                 env: BTreeMap::new(),
@@ -348,6 +349,7 @@ mod tests {
             run: run.into(),
             needs: vec![],
             workers: None,
+            min_workers: None,
             inputs: vec![],
             outputs: vec![],
             env: BTreeMap::from([("X".to_string(), "a'b $(c)\nEOF".to_string())]),
@@ -358,6 +360,7 @@ mod tests {
             name: "train".into(),
             needs: vec!["once".into()],
             workers: Some(2),
+            min_workers: None,
             ..project.steps[0].clone()
         });
         let plan = crate::engines::sbatch::plan(&project, &RunOptions::default()).unwrap();

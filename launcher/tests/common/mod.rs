@@ -12,6 +12,7 @@ pub fn step(name: &str, run: &str) -> Step {
         run: run.into(),
         needs: vec![],
         workers: None,
+        min_workers: None,
         inputs: vec![],
         outputs: vec![],
         env: BTreeMap::new(),
