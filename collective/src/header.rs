@@ -14,42 +14,15 @@ pub const HEADER_LEN: usize = 40;
 /// buffer (a 4 KiB shm ring) with its header, because it is sent before the peer starts reading.
 pub(crate) const EAGER_MAX_BYTES: usize = 2048;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
-    Allreduce = 1,
-    Allgather = 2,
-    Broadcast = 3,
-    Alltoall = 4,
-    Reducescatter = 5,
-    Barrier = 6,
-}
-
-impl Kind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Allreduce => "allreduce",
-            Kind::Allgather => "allgather",
-            Kind::Broadcast => "broadcast",
-            Kind::Alltoall => "alltoall",
-            Kind::Reducescatter => "reducescatter",
-            Kind::Barrier => "barrier",
-        }
-    }
-    /// The kind whose [`name`](Self::name) is `name`.
-    pub fn named(name: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == name)
-    }
-    const ALL: [Kind; 6] = [
-        Kind::Allreduce,
-        Kind::Allgather,
-        Kind::Broadcast,
-        Kind::Alltoall,
-        Kind::Reducescatter,
-        Kind::Barrier,
-    ];
-    fn from_code(c: u8) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| *k as u8 == c)
+crate::wire_enum! {
+    /// Which collective a header announces.
+    pub enum Kind: u8 {
+        Allreduce = 1,
+        Allgather,
+        Broadcast,
+        Alltoall,
+        Reducescatter,
+        Barrier,
     }
 }
 
@@ -92,9 +65,9 @@ impl Header {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&self.seq.to_ne_bytes());
-        b[8] = self.kind as u8;
-        b[9] = self.dtype as u8;
-        b[10] = self.op.map_or(0, |o| o as u8);
+        b[8] = self.kind.code();
+        b[9] = self.dtype.code();
+        b[10] = self.op.map_or(0, ReduceOp::code);
         b[11] = u8::from(self.invalid) | (u8::from(self.eager) << 1);
         b[12..16].copy_from_slice(&self.root.to_ne_bytes());
         b[16..24].copy_from_slice(&self.count.to_ne_bytes());

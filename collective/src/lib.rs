@@ -49,6 +49,7 @@ pub mod tcp;
 pub mod testing;
 pub mod transport;
 pub mod types;
+pub mod wire_enum;
 
 pub use communicator::{Communicator, InPlace, Staged};
 pub use config::Thresholds;

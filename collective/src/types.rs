@@ -2,33 +2,21 @@
 
 use std::fmt;
 
-/// The element type of a buffer. Buffers are passed as raw bytes; the dtype says how to read them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum DType {
-    F16 = 1,
-    BF16 = 2,
-    F32 = 3,
-    F64 = 4,
-    I8 = 5,
-    U8 = 6,
-    I32 = 7,
-    I64 = 8,
+crate::wire_enum! {
+    /// The element type of a buffer. Buffers are passed as raw bytes; the dtype says how to read them.
+    pub enum DType: u8 {
+        F16 = 1,
+        BF16,
+        F32,
+        F64,
+        I8,
+        U8,
+        I32,
+        I64,
+    }
 }
 
 impl DType {
-    /// Every dtype, in wire-code order.
-    pub const ALL: [DType; 8] = [
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::I64,
-    ];
-
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
         match self {
@@ -43,24 +31,6 @@ impl DType {
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
-
-    /// The lowercase name (`f32`, `bf16`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-            DType::I8 => "i8",
-            DType::U8 => "u8",
-            DType::I32 => "i32",
-            DType::I64 => "i64",
-        }
-    }
-
-    pub(crate) fn from_code(code: u8) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| *d as u8 == code)
-    }
 }
 
 impl fmt::Display for DType {
@@ -73,51 +43,20 @@ impl std::str::FromStr for DType {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown dtype `{s}` (expected one of f16, bf16, f32, f64, i8, u8, i32, i64)"
-                )
-            })
+        DType::named(s).ok_or_else(|| {
+            format!("unknown dtype `{s}` (expected one of f16, bf16, f32, f64, i8, u8, i32, i64)")
+        })
     }
 }
 
-/// A reduction. `Average` is the sum divided by the number of ranks (integer division for integer types).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum ReduceOp {
-    Sum = 1,
-    Average = 2,
-    Min = 3,
-    Max = 4,
-    Product = 5,
-}
-
-impl ReduceOp {
-    /// Every reduction, in wire-code order.
-    pub const ALL: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Average,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Product,
-    ];
-
-    /// The lowercase name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Average => "average",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-            ReduceOp::Product => "product",
-        }
-    }
-
-    pub(crate) fn from_code(code: u8) -> Option<ReduceOp> {
-        ReduceOp::ALL.into_iter().find(|o| *o as u8 == code)
+crate::wire_enum! {
+    /// A reduction. `Average` is the sum divided by the number of ranks (integer division for integer types).
+    pub enum ReduceOp: u8 {
+        Sum = 1,
+        Average,
+        Min,
+        Max,
+        Product,
     }
 }
 

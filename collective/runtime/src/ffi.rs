@@ -462,8 +462,8 @@ pub struct HvdRequest {
 /// # Safety
 /// `r` follows the contract of `hvd_request_t` in hvd.h.
 unsafe fn convert(r: &HvdRequest) -> Result<Request, String> {
-    let kind =
-        OpKind::from_code(r.kind).ok_or_else(|| format!("unknown operation code {}", r.kind))?;
+    let kind = from_code(&OpKind::ALL, r.kind)
+        .ok_or_else(|| format!("unknown operation code {}", r.kind))?;
     let dtype =
         from_code(&DTYPES, r.dtype).ok_or_else(|| format!("unknown dtype code {}", r.dtype))?;
     let op = from_code(&OPS, r.op).ok_or_else(|| format!("unknown reduce op code {}", r.op))?;

@@ -7,75 +7,40 @@
 
 use hvd_collective::{DType, ReduceOp};
 
-/// What kind of collective a request is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum OpKind {
-    Allreduce = 0,
-    Allgather = 1,
-    Broadcast = 2,
-    Alltoall = 3,
-    Reducescatter = 4,
-    Barrier = 5,
-    Join = 6,
+hvd_collective::wire_enum! {
+    /// What kind of collective a request is. The codes are the wire codes and the C ABI's `enum hvd_op_kind`
+    /// (hvd.h): never renumber.
+    pub enum OpKind: u8 {
+        Allreduce = 0,
+        Allgather,
+        Broadcast,
+        Alltoall,
+        Reducescatter,
+        Barrier,
+        Join,
+    }
 }
 
-/// Every kind with its names, indexed by discriminant: `(kind, name, timeline activity, timeline negotiation
-/// phase)`. The discriminants are the wire codes and the C ABI's `enum hvd_op_kind` (hvd.h): never renumber.
-const KINDS: [(OpKind, &str, &str, &str); 7] = [
-    (
-        OpKind::Allreduce,
-        "allreduce",
-        "ALLREDUCE",
-        "NEGOTIATE_ALLREDUCE",
-    ),
-    (
-        OpKind::Allgather,
-        "allgather",
-        "ALLGATHER",
-        "NEGOTIATE_ALLGATHER",
-    ),
-    (
-        OpKind::Broadcast,
-        "broadcast",
-        "BROADCAST",
-        "NEGOTIATE_BROADCAST",
-    ),
-    (
-        OpKind::Alltoall,
-        "alltoall",
-        "ALLTOALL",
-        "NEGOTIATE_ALLTOALL",
-    ),
-    (
-        OpKind::Reducescatter,
-        "reducescatter",
-        "REDUCESCATTER",
-        "NEGOTIATE_REDUCESCATTER",
-    ),
-    (OpKind::Barrier, "barrier", "BARRIER", "NEGOTIATE_BARRIER"),
-    (OpKind::Join, "join", "JOIN", "NEGOTIATE_JOIN"),
+/// The timeline's names of each kind, indexed by code: `(activity, negotiation phase)`.
+const TIMELINE_NAMES: [(&str, &str); OpKind::ALL.len()] = [
+    ("ALLREDUCE", "NEGOTIATE_ALLREDUCE"),
+    ("ALLGATHER", "NEGOTIATE_ALLGATHER"),
+    ("BROADCAST", "NEGOTIATE_BROADCAST"),
+    ("ALLTOALL", "NEGOTIATE_ALLTOALL"),
+    ("REDUCESCATTER", "NEGOTIATE_REDUCESCATTER"),
+    ("BARRIER", "NEGOTIATE_BARRIER"),
+    ("JOIN", "NEGOTIATE_JOIN"),
 ];
 
 impl OpKind {
-    /// The kind whose code (discriminant, hvd.h `enum hvd_op_kind`) is `code`.
-    pub fn from_code(code: i32) -> Option<OpKind> {
-        let i = usize::try_from(code).ok()?;
-        KINDS.get(i).map(|k| k.0)
-    }
-
-    pub fn name(self) -> &'static str {
-        KINDS[self as usize].1
-    }
-
     /// Upper-case activity name used in the timeline.
     pub fn upper(self) -> &'static str {
-        KINDS[self as usize].2
+        TIMELINE_NAMES[self as usize].0
     }
 
     /// The timeline's name of this kind's negotiation phase.
     pub fn negotiate_name(self) -> &'static str {
-        KINDS[self as usize].3
+        TIMELINE_NAMES[self as usize].1
     }
 
     /// Whether the response for this kind may be cached (its parameters do not change from rank to rank).
@@ -199,11 +164,11 @@ impl Encoder {
         }
     }
     fn meta(&mut self, m: &RequestMeta) {
-        self.u8(m.kind as u8);
+        self.u8(m.kind.code());
         self.str(&m.name);
-        self.u8(m.dtype as u8);
+        self.u8(m.dtype.code());
         self.i64s(&m.shape);
-        self.u8(m.op as u8);
+        self.u8(m.op.code());
         self.u32(m.root as u32);
         self.f64(m.prescale);
         self.f64(m.postscale);
@@ -262,26 +227,13 @@ impl<'a> Decoder<'a> {
         let n = self.len(4)?;
         (0..n).map(|_| self.u32()).collect()
     }
-    /// The one of `all` whose collective wire code (`hvd-collective`'s discriminant, `code`) is the next byte.
-    fn code<T: Copy>(
-        &mut self,
-        all: &[T],
-        code: fn(T) -> u8,
-        what: &'static str,
-    ) -> Result<T, DecodeError> {
-        let c = self.u8()?;
-        all.iter()
-            .copied()
-            .find(|t| code(*t) == c)
-            .ok_or(DecodeError(what))
-    }
     fn meta(&mut self) -> Result<RequestMeta, DecodeError> {
         Ok(RequestMeta {
-            kind: OpKind::from_code(i32::from(self.u8()?)).ok_or(DecodeError("op kind"))?,
+            kind: OpKind::from_code(self.u8()?).ok_or(DecodeError("op kind"))?,
             name: self.str()?,
-            dtype: self.code(&DType::ALL, |d| d as u8, "dtype")?,
+            dtype: DType::from_code(self.u8()?).ok_or(DecodeError("dtype"))?,
             shape: self.i64s()?,
-            op: self.code(&ReduceOp::ALL, |o| o as u8, "reduce op")?,
+            op: ReduceOp::from_code(self.u8()?).ok_or(DecodeError("reduce op"))?,
             root: self.u32()? as i32,
             prescale: self.f64()?,
             postscale: self.f64()?,
@@ -462,15 +414,15 @@ mod tests {
         assert!(ResponseList::decode(&[255, 255, 255, 255]).is_err());
     }
 
-    /// The kind table is indexed by discriminant, which is also the code `from_code` reads back.
+    /// The codes are the C ABI's, and the timeline's names sit at each kind's code.
     #[test]
-    fn every_kind_sits_at_its_code_in_the_table() {
-        for (i, k) in KINDS.iter().enumerate() {
-            assert_eq!(k.0 as usize, i);
-            assert_eq!(OpKind::from_code(i as i32), Some(k.0));
-            assert!(k.3.ends_with(k.2) && k.1.to_uppercase() == k.2);
+    fn every_kind_sits_at_its_code() {
+        assert_eq!(OpKind::ALL.map(OpKind::code), [0, 1, 2, 3, 4, 5, 6]);
+        for k in OpKind::ALL {
+            assert_eq!(OpKind::from_code(k.code()), Some(k));
+            assert_eq!(k.upper(), k.name().to_uppercase());
+            assert_eq!(k.negotiate_name(), format!("NEGOTIATE_{}", k.upper()));
         }
         assert_eq!(OpKind::from_code(7), None);
-        assert_eq!(OpKind::from_code(-1), None);
     }
 }

@@ -58,26 +58,26 @@ impl From<hvd_collective::Error> for Stop {
     }
 }
 
-/// What kind of failure an error is, for callers that act on it: the C ABI reports it (`enum hvd_error_kind` in
-/// hvd.h, whose codes are these discriminants: never renumber) and the Python package raises one exception class
-/// per kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
-pub enum ErrorKind {
-    /// A bad argument or request, refused on this rank before anything ran.
-    InvalidArgument = 1,
-    /// The ranks' requests disagree: the operation failed on every rank, and the job goes on.
-    Mismatch = 2,
-    /// A peer died or left: the job cannot go on.
-    PeerLost = 3,
-    /// No progress from some rank within the collective timeout: the job cannot go on.
-    Timeout = 4,
-    /// A rank did not submit an operation the others wait for within `HVD_STALL_SHUTDOWN_TIME`.
-    Stalled = 5,
-    /// The engine is not running: not initialized, or shut down.
-    NotInitialized = 6,
-    /// Anything else that stops the job: a broken connection, an I/O error, a malformed message, a bug.
-    Internal = 7,
+hvd_collective::wire_enum! {
+    /// What kind of failure an error is, for callers that act on it: the C ABI reports it (`enum hvd_error_kind`
+    /// in hvd.h, whose codes are these discriminants: never renumber) and the Python package raises one exception
+    /// class per kind.
+    pub enum ErrorKind: i32 {
+        /// A bad argument or request, refused on this rank before anything ran.
+        InvalidArgument = 1,
+        /// The ranks' requests disagree: the operation failed on every rank, and the job goes on.
+        Mismatch,
+        /// A peer died or left: the job cannot go on.
+        PeerLost,
+        /// No progress from some rank within the collective timeout: the job cannot go on.
+        Timeout,
+        /// A rank did not submit an operation the others wait for within `HVD_STALL_SHUTDOWN_TIME`.
+        Stalled,
+        /// The engine is not running: not initialized, or shut down.
+        NotInitialized,
+        /// Anything else that stops the job: a broken connection, an I/O error, a malformed message, a bug.
+        Internal,
+    }
 }
 
 impl ErrorKind {
