@@ -42,6 +42,37 @@ pub fn staged_through<E>(
     Ok(())
 }
 
+/// The arguments of [`Communicator::allgatherv`]: rank `r` contributes `counts[r]` elements of `dtype` (its
+/// `send`); `counts` is the same on every rank and `recv` holds their sum, in rank order.
+pub struct Allgatherv<'a> {
+    pub send: &'a [u8],
+    pub recv: &'a mut [u8],
+    pub counts: &'a [usize],
+    pub dtype: DType,
+}
+
+/// The arguments of [`Communicator::alltoallv`]: `send_counts[j]` elements of `dtype` go to rank `j`,
+/// `recv_counts[i]` come from rank `i` (blocks packed in rank order). Rank `i`'s `send_counts[j]` must equal rank
+/// `j`'s `recv_counts[i]`.
+pub struct Alltoallv<'a> {
+    pub send: &'a [u8],
+    pub send_counts: &'a [usize],
+    pub recv: &'a mut [u8],
+    pub recv_counts: &'a [usize],
+    pub dtype: DType,
+}
+
+/// The arguments of [`Communicator::reducescatter`]: `send` (`counts` elements of `dtype` per rank, in rank order)
+/// is reduced with `op` over all ranks, and rank `r`'s `recv` gets its block, `counts[r]` elements. `counts` is the
+/// same on every rank.
+pub struct Reducescatter<'a> {
+    pub send: &'a [u8],
+    pub recv: &'a mut [u8],
+    pub counts: &'a [usize],
+    pub dtype: DType,
+    pub op: ReduceOp,
+}
+
 /// A member of a group of ranks that run collectives together.
 ///
 /// Buffers are raw bytes (any tensor memory); `dtype` says how to read them and every count is in elements.
@@ -111,7 +142,12 @@ pub trait Communicator: Send {
         check::allgather(send.len(), recv.len(), size, dtype)
             .map_err(|e| self.refuse("allgather", dtype, e))?;
         let counts = vec![send.len() / dtype.size(); size];
-        self.allgatherv(send, recv, &counts, dtype)
+        self.allgatherv(Allgatherv {
+            send,
+            recv,
+            counts: &counts,
+            dtype,
+        })
     }
 
     /// In-place allgather: this rank's block is already at `buf[rank * block..]`, `block = buf.len() / size`.
@@ -123,15 +159,8 @@ pub trait Communicator: Send {
         self.allgatherv_in_place(buf, &counts, dtype)
     }
 
-    /// Gathers blocks of different sizes: rank `r` contributes `counts[r]` elements; `counts` is the same on every
-    /// rank and `recv` holds their sum.
-    fn allgatherv(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-    ) -> Result<()>;
+    /// Gathers blocks of different sizes (see [`Allgatherv`]).
+    fn allgatherv(&mut self, call: Allgatherv<'_>) -> Result<()>;
 
     /// In-place allgatherv: this rank's block is already in place at its offset in `buf`. The default copies that
     /// block out and runs [`allgatherv`](Self::allgatherv) from the copy.
@@ -142,7 +171,12 @@ pub trait Communicator: Send {
         dtype: DType,
     ) -> Result<()> {
         let send = check::own_block(buf, counts, self.rank(), dtype.size());
-        self.allgatherv(&send, buf, counts, dtype)
+        self.allgatherv(Allgatherv {
+            send: &send,
+            recv: buf,
+            counts,
+            dtype,
+        })
     }
 
     /// Copies `root`'s `buf` into every other rank's `buf`.
@@ -168,7 +202,13 @@ pub trait Communicator: Send {
         check::alltoall(send.len(), recv.len(), size, dtype)
             .map_err(|e| self.refuse("alltoall", dtype, e))?;
         let counts = vec![send.len() / dtype.size() / size.max(1); size];
-        self.alltoallv(send, &counts, recv, &counts, dtype)
+        self.alltoallv(Alltoallv {
+            send,
+            send_counts: &counts,
+            recv,
+            recv_counts: &counts,
+            dtype,
+        })
     }
 
     /// In-place alltoall.
@@ -177,27 +217,12 @@ pub trait Communicator: Send {
         self.alltoall(&send, buf, dtype)
     }
 
-    /// Alltoall with per-peer counts: `send_counts[j]` elements go to rank `j`, `recv_counts[i]` come from rank `i`
-    /// (blocks packed in rank order). Rank `i`'s `send_counts[j]` must equal rank `j`'s `recv_counts[i]`.
-    fn alltoallv(
-        &mut self,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-        dtype: DType,
-    ) -> Result<()>;
+    /// Alltoall with per-peer counts (see [`Alltoallv`]).
+    fn alltoallv(&mut self, call: Alltoallv<'_>) -> Result<()>;
 
     /// Reduces `send` over all ranks and scatters the result: rank `r` gets `counts[r]` elements (the block at
-    /// offset `counts[..r].sum()`) in `recv`. `counts` is the same on every rank and sums to `send`'s length.
-    fn reducescatter(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()>;
+    /// offset `counts[..r].sum()`) in `recv`; `counts` sums to `send`'s length (see [`Reducescatter`]).
+    fn reducescatter(&mut self, call: Reducescatter<'_>) -> Result<()>;
 
     /// In-place reducescatter: this rank's reduced block ends at the start of `buf`.
     fn reducescatter_in_place(
@@ -210,7 +235,13 @@ pub trait Communicator: Send {
         let mine = check::own_fits(counts, self.rank(), buf.len(), dtype)
             .map_err(|e| self.refuse("reducescatter", dtype, e))?;
         let send = buf.to_vec();
-        self.reducescatter(&send, &mut buf[..mine], counts, dtype, op)
+        self.reducescatter(Reducescatter {
+            send: &send,
+            recv: &mut buf[..mine],
+            counts,
+            dtype,
+            op,
+        })
     }
 
     /// Returns once every rank has entered the barrier.
@@ -250,7 +281,7 @@ pub(crate) fn invalid(op: &'static str, detail: String) -> Error {
 pub(crate) mod check {
     use std::ops::Range;
 
-    use super::invalid;
+    use super::{Allgatherv, Reducescatter, invalid};
     use crate::error::Result;
     use crate::types::DType;
 
@@ -362,33 +393,28 @@ pub(crate) mod check {
     }
 
     /// allgatherv: `counts` describes `recv`, and this rank's `send` is its `counts[me]` elements.
-    pub(crate) fn allgatherv(
-        send: usize,
-        recv: usize,
-        counts_: &[usize],
-        n: usize,
-        me: usize,
-        dtype: DType,
-    ) -> Result<()> {
-        counts_and_mine(("allgather", recv), ("send", send), counts_, n, me, dtype)
+    pub(crate) fn allgatherv(call: &Allgatherv<'_>, n: usize, me: usize) -> Result<()> {
+        let (send, recv) = (call.send.len(), call.recv.len());
+        counts_and_mine(
+            ("allgather", recv),
+            ("send", send),
+            call.counts,
+            n,
+            me,
+            call.dtype,
+        )
     }
 
     /// reducescatter: `counts` describes `send`, and `recv` holds this rank's `counts[me]` elements.
-    pub(crate) fn reducescatter(
-        send: usize,
-        recv: usize,
-        counts_: &[usize],
-        n: usize,
-        me: usize,
-        dtype: DType,
-    ) -> Result<()> {
+    pub(crate) fn reducescatter(call: &Reducescatter<'_>, n: usize, me: usize) -> Result<()> {
+        let (send, recv) = (call.send.len(), call.recv.len());
         counts_and_mine(
             ("reducescatter", send),
             ("recv", recv),
-            counts_,
+            call.counts,
             n,
             me,
-            dtype,
+            call.dtype,
         )
     }
 

@@ -4,7 +4,7 @@
 //! Wire format (40 bytes, native endianness: all ranks of a job share a host architecture):
 //! `seq u64 | kind u8 | dtype u8 | op u8 | flags u8 (1 invalid, 2 eager) | root u32 | count u64 | digest u64 | pair u64`.
 
-use crate::communicator::check;
+use crate::communicator::{Allgatherv, Alltoallv, Reducescatter, check};
 use crate::error::Error;
 use crate::types::{DType, ReduceOp};
 
@@ -144,17 +144,10 @@ impl Header {
         (h, check::whole("allreduce", len, dtype).err())
     }
 
-    /// Rank `me`'s allgatherv of `counts` (one per rank of `n`).
-    pub(crate) fn allgatherv(
-        send: usize,
-        recv: usize,
-        counts: &[usize],
-        n: usize,
-        me: usize,
-        dtype: DType,
-    ) -> Call {
-        let h = Header::allgather(counts, me, dtype);
-        (h, check::allgatherv(send, recv, counts, n, me, dtype).err())
+    /// Rank `me`'s allgatherv (`counts` has one entry per rank of `n`).
+    pub(crate) fn allgatherv(call: &Allgatherv<'_>, n: usize, me: usize) -> Call {
+        let h = Header::allgather(call.counts, me, call.dtype);
+        (h, check::allgatherv(call, n, me).err())
     }
 
     /// The allgather(v) header of rank `me` (its own block's count, a digest of all).
@@ -172,40 +165,23 @@ impl Header {
         (h, check::broadcast(len, root, n, dtype).err())
     }
 
-    pub(crate) fn alltoallv(
-        send: usize,
-        send_counts: &[usize],
-        recv: usize,
-        recv_counts: &[usize],
-        n: usize,
-        dtype: DType,
-    ) -> Call {
+    pub(crate) fn alltoallv(call: &Alltoallv<'_>, n: usize) -> Call {
+        let dtype = call.dtype;
         let h = Header::new(0, Kind::Alltoall, dtype);
         // Each counts vector describes its buffer.
-        let local = check::counts("alltoall", send_counts, n, send, dtype)
-            .and_then(|()| check::counts("alltoall", recv_counts, n, recv, dtype))
+        let local = check::counts("alltoall", call.send_counts, n, call.send.len(), dtype)
+            .and_then(|()| check::counts("alltoall", call.recv_counts, n, call.recv.len(), dtype))
             .err();
         (h, local)
     }
 
-    /// Rank `me`'s reducescatter of `counts` (one per rank of `n`).
-    pub(crate) fn reducescatter(
-        send: usize,
-        recv: usize,
-        counts: &[usize],
-        n: usize,
-        me: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Call {
-        let mut h = Header::new(0, Kind::Reducescatter, dtype);
-        h.op = Some(op);
-        h.count = (send / dtype.size()) as u64;
-        h.digest = digest(counts);
-        (
-            h,
-            check::reducescatter(send, recv, counts, n, me, dtype).err(),
-        )
+    /// Rank `me`'s reducescatter (`counts` has one entry per rank of `n`).
+    pub(crate) fn reducescatter(call: &Reducescatter<'_>, n: usize, me: usize) -> Call {
+        let mut h = Header::new(0, Kind::Reducescatter, call.dtype);
+        h.op = Some(call.op);
+        h.count = (call.send.len() / call.dtype.size()) as u64;
+        h.digest = digest(call.counts);
+        (h, check::reducescatter(call, n, me).err())
     }
 }
 

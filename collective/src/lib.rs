@@ -51,7 +51,7 @@ pub mod transport;
 pub mod types;
 pub mod wire_enum;
 
-pub use communicator::{Communicator, InPlace, Staged};
+pub use communicator::{Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, Staged};
 pub use config::Thresholds;
 pub use error::{Error, Result};
 pub use types::{DType, ReduceOp, Topology};

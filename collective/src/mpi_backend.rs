@@ -36,6 +36,7 @@ mod imp {
     use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Equivalence, Root as _};
 
     use super::*;
+    use crate::communicator::{Allgatherv, Alltoallv, Reducescatter};
     use crate::header::{self, HEADER_LEN, Header, Kind};
     use crate::reduce::finish_average;
     use crate::types::{DType, ReduceOp, Topology, host_indices};
@@ -301,19 +302,13 @@ mod imp {
             self.call(move |w| reduce_any(w, unsafe { raw.slice() }, dtype, op))
         }
 
-        fn allgatherv(
-            &mut self,
-            send: &[u8],
-            recv: &mut [u8],
-            counts: &[usize],
-            dtype: DType,
-        ) -> Result<()> {
+        fn allgatherv(&mut self, call: Allgatherv<'_>) -> Result<()> {
             let n = self.topology.size;
             let me = self.topology.rank;
-            let (h, local) = Header::allgatherv(send.len(), recv.len(), counts, n, me, dtype);
+            let (h, local) = Header::allgatherv(&call, n, me);
             self.negotiate(h, local)?;
-            let (c, d) = byte_counts(counts, dtype.size())?;
-            let (s, r) = (Raw::of(send), Raw::of_mut(recv));
+            let (c, d) = byte_counts(call.counts, call.dtype.size())?;
+            let (s, r) = (Raw::of(call.send), Raw::of_mut(call.recv));
             self.call(move |w| {
                 // SAFETY: both buffers outlive the blocking call.
                 let (s, r) = unsafe { (s.slice(), r.slice()) };
@@ -333,21 +328,13 @@ mod imp {
             })
         }
 
-        fn alltoallv(
-            &mut self,
-            send: &[u8],
-            send_counts: &[usize],
-            recv: &mut [u8],
-            recv_counts: &[usize],
-            dtype: DType,
-        ) -> Result<()> {
+        fn alltoallv(&mut self, call: Alltoallv<'_>) -> Result<()> {
             let n = self.topology.size;
-            let (h, local) =
-                Header::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype);
+            let (h, local) = Header::alltoallv(&call, n);
             self.negotiate(h, local)?;
-            let (sc, sd) = byte_counts(send_counts, dtype.size())?;
-            let (rc, rd) = byte_counts(recv_counts, dtype.size())?;
-            let (s, r) = (Raw::of(send), Raw::of_mut(recv));
+            let (sc, sd) = byte_counts(call.send_counts, call.dtype.size())?;
+            let (rc, rd) = byte_counts(call.recv_counts, call.dtype.size())?;
+            let (s, r) = (Raw::of(call.send), Raw::of_mut(call.recv));
             self.call(move |w| {
                 // SAFETY: both buffers outlive the blocking call.
                 let (s, r) = unsafe { (s.slice(), r.slice()) };
@@ -357,25 +344,18 @@ mod imp {
             })
         }
 
-        fn reducescatter(
-            &mut self,
-            send: &[u8],
-            recv: &mut [u8],
-            counts: &[usize],
-            dtype: DType,
-            op: ReduceOp,
-        ) -> Result<()> {
+        fn reducescatter(&mut self, call: Reducescatter<'_>) -> Result<()> {
             let n = self.topology.size;
             let me = self.topology.rank;
-            let (h, local) =
-                Header::reducescatter(send.len(), recv.len(), counts, n, me, dtype, op);
+            let (h, local) = Header::reducescatter(&call, n, me);
             self.negotiate(h, local)?;
             // Uneven blocks: allreduce the whole buffer, keep this rank's block.
-            let mut all = send.to_vec();
+            let mut all = call.send.to_vec();
             let raw = Raw::of_mut(&mut all);
             // SAFETY: `all` outlives the blocking call.
-            self.call(move |w| reduce_any(w, unsafe { raw.slice() }, dtype, op))?;
-            recv.copy_from_slice(&all[check::block(counts, me, dtype.size())]);
+            self.call(move |w| reduce_any(w, unsafe { raw.slice() }, call.dtype, call.op))?;
+            call.recv
+                .copy_from_slice(&all[check::block(call.counts, me, call.dtype.size())]);
             Ok(())
         }
 

@@ -35,6 +35,7 @@ mod imp {
     use cudarc::nccl::sys;
 
     use super::*;
+    use crate::communicator::{Allgatherv, Alltoallv, Reducescatter};
     use crate::env_vars;
     use crate::header::{self, HEADER_LEN, Header, Kind};
     use crate::reduce::finish_average;
@@ -307,24 +308,18 @@ mod imp {
             Ok(())
         }
 
-        fn allgatherv(
-            &mut self,
-            send: &[u8],
-            recv: &mut [u8],
-            counts: &[usize],
-            dtype: DType,
-        ) -> Result<()> {
-            let (n, me, es) = (self.topology.size, self.topology.rank, dtype.size());
-            let (h, local) = Header::allgatherv(send.len(), recv.len(), counts, n, me, dtype);
+        fn allgatherv(&mut self, call: Allgatherv<'_>) -> Result<()> {
+            let (n, me, es) = (self.topology.size, self.topology.rank, call.dtype.size());
+            let (h, local) = Header::allgatherv(&call, n, me);
             self.negotiate(h, local)?;
             // NCCL has no allgatherv: one broadcast per rank into its block, grouped.
-            recv[check::block(counts, me, es)].copy_from_slice(send);
-            let mut d = self.up(recv)?;
+            call.recv[check::block(call.counts, me, es)].copy_from_slice(call.send);
+            let mut d = self.up(call.recv)?;
             {
                 let (base, _s) = d.device_ptr_mut(&self.stream);
                 nccl::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
                 let mut at = 0u64;
-                for (r, c) in counts.iter().enumerate() {
+                for (r, c) in call.counts.iter().enumerate() {
                     let p = base + at;
                     // SAFETY: each block lies inside the device buffer.
                     unsafe {
@@ -343,7 +338,7 @@ mod imp {
                 }
                 nccl::group_end().map_err(|e| nccl_err("ncclGroupEnd", e))?;
             }
-            self.down(&d, recv)
+            self.down(&d, call.recv)
         }
 
         fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
@@ -369,20 +364,12 @@ mod imp {
             self.down(&d, buf)
         }
 
-        fn alltoallv(
-            &mut self,
-            send: &[u8],
-            send_counts: &[usize],
-            recv: &mut [u8],
-            recv_counts: &[usize],
-            dtype: DType,
-        ) -> Result<()> {
-            let (n, es) = (self.topology.size, dtype.size());
-            let (h, local) =
-                Header::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype);
+        fn alltoallv(&mut self, call: Alltoallv<'_>) -> Result<()> {
+            let (n, es) = (self.topology.size, call.dtype.size());
+            let (h, local) = Header::alltoallv(&call, n);
             self.negotiate(h, local)?;
-            let ds = self.up(send)?;
-            let mut dr = self.up(recv)?;
+            let ds = self.up(call.send)?;
+            let mut dr = self.up(call.recv)?;
             {
                 let (sp, _a) = ds.device_ptr(&self.stream);
                 let (rp, _b) = dr.device_ptr_mut(&self.stream);
@@ -393,7 +380,7 @@ mod imp {
                     unsafe {
                         nccl::send(
                             (sp + so) as _,
-                            send_counts[j] * es,
+                            call.send_counts[j] * es,
                             nccl_type(DType::U8),
                             j as i32,
                             self.comm,
@@ -402,7 +389,7 @@ mod imp {
                         .map_err(|e| nccl_err("ncclSend", e))?;
                         nccl::recv(
                             (rp + ro) as _,
-                            recv_counts[j] * es,
+                            call.recv_counts[j] * es,
                             nccl_type(DType::U8),
                             j as i32,
                             self.comm,
@@ -410,34 +397,27 @@ mod imp {
                         )
                         .map_err(|e| nccl_err("ncclRecv", e))?;
                     }
-                    so += (send_counts[j] * es) as u64;
-                    ro += (recv_counts[j] * es) as u64;
+                    so += (call.send_counts[j] * es) as u64;
+                    ro += (call.recv_counts[j] * es) as u64;
                 }
                 nccl::group_end().map_err(|e| nccl_err("ncclGroupEnd", e))?;
             }
-            self.down(&dr, recv)
+            self.down(&dr, call.recv)
         }
 
-        fn reducescatter(
-            &mut self,
-            send: &[u8],
-            recv: &mut [u8],
-            counts: &[usize],
-            dtype: DType,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let (n, me, es) = (self.topology.size, self.topology.rank, dtype.size());
-            let (h, local) =
-                Header::reducescatter(send.len(), recv.len(), counts, n, me, dtype, op);
+        fn reducescatter(&mut self, call: Reducescatter<'_>) -> Result<()> {
+            let (n, me, es) = (self.topology.size, self.topology.rank, call.dtype.size());
+            let (h, local) = Header::reducescatter(&call, n, me);
             self.negotiate(h, local)?;
             // Blocks may differ in size: allreduce everything and keep this rank's block.
-            let mut d = self.up(send)?;
-            self.reduce_device(&mut d, send.len() / es, dtype, op)?;
-            let mut all = vec![0u8; send.len()];
+            let mut d = self.up(call.send)?;
+            self.reduce_device(&mut d, call.send.len() / es, call.dtype, call.op)?;
+            let mut all = vec![0u8; call.send.len()];
             self.down(&d, &mut all)?;
-            recv.copy_from_slice(&all[check::block(counts, me, es)]);
-            if op == ReduceOp::Average {
-                finish_average(recv, dtype, n);
+            call.recv
+                .copy_from_slice(&all[check::block(call.counts, me, es)]);
+            if call.op == ReduceOp::Average {
+                finish_average(call.recv, call.dtype, n);
             }
             Ok(())
         }

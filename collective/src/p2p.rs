@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::communicator::{Communicator, InPlace, Staged, check, staged_through};
+use crate::communicator::{
+    Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, Staged, check, staged_through,
+};
 use crate::config::Thresholds;
 use crate::error::{Error, Result};
 use crate::header::{self, EAGER_MAX_BYTES, HEADER_LEN, Header, Kind};
@@ -718,20 +720,14 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         })
     }
 
-    fn allgatherv(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-    ) -> Result<()> {
+    fn allgatherv(&mut self, call: Allgatherv<'_>) -> Result<()> {
         let me = self.topology.rank;
         let n = self.world.len();
-        let (h, local) = Header::allgatherv(send.len(), recv.len(), counts, n, me, dtype);
+        let (h, local) = Header::allgatherv(&call, n, me);
         if local.is_none() {
-            recv[check::block(counts, me, dtype.size())].copy_from_slice(send);
+            call.recv[check::block(call.counts, me, call.dtype.size())].copy_from_slice(call.send);
         }
-        self.gather_common(h, recv, counts, dtype, local)
+        self.gather_common(h, call.recv, call.counts, call.dtype, local)
     }
 
     fn allgatherv_in_place(
@@ -758,31 +754,24 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         })
     }
 
-    fn alltoallv(
-        &mut self,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-        dtype: DType,
-    ) -> Result<()> {
+    fn alltoallv(&mut self, call: Alltoallv<'_>) -> Result<()> {
         let n = self.world.len();
         let me = self.topology.rank;
-        let (mut h, local) =
-            Header::alltoallv(send.len(), send_counts, recv.len(), recv_counts, n, dtype);
+        let (mut h, local) = Header::alltoallv(&call, n);
         let seq = self.begin()?;
         h.seq = seq;
-        let sc: Vec<usize> = send_counts.to_vec();
+        let sc: Vec<usize> = call.send_counts.to_vec();
         let pair = move |j: usize| sc.get(j).copied().unwrap_or(0) as u64;
         self.run(h, local, &pair, |this, headers| {
             // Every pair checks the other's count; a second round shares the verdicts so that all ranks agree.
-            let mut verdict = Header::new(seq, Kind::Alltoall, dtype);
-            if let Some(j) = (0..n).find(|j| *j != me && headers[*j].pair != recv_counts[*j] as u64)
+            let mut verdict = Header::new(seq, Kind::Alltoall, call.dtype);
+            if let Some(j) =
+                (0..n).find(|j| *j != me && headers[*j].pair != call.recv_counts[*j] as u64)
             {
                 verdict.invalid = true;
                 verdict.root = j as u32;
                 verdict.count = headers[j].pair;
-                verdict.pair = recv_counts[j] as u64;
+                verdict.pair = call.recv_counts[j] as u64;
             }
             let verdicts = this.negotiate(verdict, &|_| verdict.pair)?;
             if let Some((i, v)) = verdicts.iter().enumerate().find(|(_, v)| v.invalid) {
@@ -795,13 +784,13 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                     ),
                 });
             }
-            let esize = dtype.size();
-            let soff = check::offsets(send_counts, esize);
-            let mut blocks = split_blocks(recv, recv_counts, esize);
-            blocks[me].copy_from_slice(&send[soff[me]..soff[me + 1]]);
+            let esize = call.dtype.size();
+            let soff = check::offsets(call.send_counts, esize);
+            let mut blocks = split_blocks(call.recv, call.recv_counts, esize);
+            blocks[me].copy_from_slice(&call.send[soff[me]..soff[me + 1]]);
             let mut sends: Vec<SendOp<'_>> = (0..n)
                 .filter(|j| *j != me)
-                .map(|j| SendOp::new(j, &send[soff[j]..soff[j + 1]]))
+                .map(|j| SendOp::new(j, &call.send[soff[j]..soff[j + 1]]))
                 .collect();
             let mut recvs: Vec<RecvOp<'_>> = blocks
                 .into_iter()
@@ -813,31 +802,23 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         })
     }
 
-    fn reducescatter(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    fn reducescatter(&mut self, call: Reducescatter<'_>) -> Result<()> {
         let n = self.world.len();
         let me = self.topology.rank;
-        let (mut h, local) =
-            Header::reducescatter(send.len(), recv.len(), counts, n, me, dtype, op);
+        let (mut h, local) = Header::reducescatter(&call, n, me);
         h.seq = self.begin()?;
         self.run(h, local, &|_| 0, |this, _| {
-            let sum_op = accumulated(op);
+            let sum_op = accumulated(call.op);
             let mut work = std::mem::take(&mut this.scratch);
             work.clear();
-            work.extend_from_slice(send);
+            work.extend_from_slice(call.send);
             let world = this.world.clone();
-            let r = this.reduce_scatter_ring(&mut work, counts, dtype, sum_op, &world);
+            let r = this.reduce_scatter_ring(&mut work, call.counts, call.dtype, sum_op, &world);
             if r.is_ok() {
-                let off = check::offsets(counts, dtype.size());
-                recv.copy_from_slice(&work[off[me]..off[me + 1]]);
-                if op == ReduceOp::Average {
-                    finish_average(recv, dtype, n);
+                let off = check::offsets(call.counts, call.dtype.size());
+                call.recv.copy_from_slice(&work[off[me]..off[me + 1]]);
+                if call.op == ReduceOp::Average {
+                    finish_average(call.recv, call.dtype, n);
                 }
             }
             this.scratch = work;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use hvd_collective::testing::{Backend, LocalJob};
-use hvd_collective::{Communicator, DType, Error, ReduceOp, Thresholds};
+use hvd_collective::{Alltoallv, Communicator, DType, Error, ReduceOp, Thresholds};
 
 mod common;
 use common::{LARGE, run_all};
@@ -299,7 +299,13 @@ fn mismatched_calls_fail_on_every_rank(backend: Backend) {
                 }
                 let send = vec![0u8; n];
                 let mut recv = vec![0u8; recv_counts.iter().sum()];
-                c.alltoallv(&send, &send_counts, &mut recv, &recv_counts, DType::U8)
+                c.alltoallv(Alltoallv {
+                    send: &send,
+                    send_counts: &send_counts,
+                    recv: &mut recv,
+                    recv_counts: &recv_counts,
+                    dtype: DType::U8,
+                })
             },
             "expects 2",
         ),

@@ -7,7 +7,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use hvd_collective::reduce::reduce_into;
-use hvd_collective::{Communicator, DType, Error, ReduceOp, Result};
+use hvd_collective::{
+    Allgatherv, Alltoallv, Communicator, DType, Error, ReduceOp, Reducescatter, Result,
+};
 
 pub use hvd_collective::Topology;
 
@@ -33,18 +35,23 @@ pub fn display_name(comm: &dyn Communicator) -> String {
 pub fn allgather_bytes(comm: &mut dyn Communicator, send: &[u8]) -> Result<Vec<Vec<u8>>> {
     let size = comm.topology().size;
     let mut lens = vec![0u8; 8 * size];
-    comm.allgatherv(
-        &(send.len() as u64).to_le_bytes(),
-        &mut lens,
-        &vec![8; size],
-        DType::U8,
-    )?;
+    comm.allgatherv(Allgatherv {
+        send: &(send.len() as u64).to_le_bytes(),
+        recv: &mut lens,
+        counts: &vec![8; size],
+        dtype: DType::U8,
+    })?;
     let counts: Vec<usize> = lens
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
         .collect();
     let mut all = vec![0u8; counts.iter().sum()];
-    comm.allgatherv(send, &mut all, &counts, DType::U8)?;
+    comm.allgatherv(Allgatherv {
+        send,
+        recv: &mut all,
+        counts: &counts,
+        dtype: DType::U8,
+    })?;
     let mut out = Vec::with_capacity(size);
     let mut at = 0;
     for c in counts {
@@ -210,20 +217,18 @@ impl Communicator for LocalTransport {
         Ok(())
     }
 
-    fn allgatherv(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-    ) -> Result<()> {
-        let all = self.exchange(send.to_vec())?;
+    fn allgatherv(&mut self, call: Allgatherv<'_>) -> Result<()> {
+        let all = self.exchange(call.send.to_vec())?;
         let mut at = 0;
-        for (rank, (piece, count)) in all.iter().zip(byte_counts(counts, dtype)).enumerate() {
+        for (rank, (piece, count)) in all
+            .iter()
+            .zip(byte_counts(call.counts, call.dtype))
+            .enumerate()
+        {
             if piece.len() != count {
                 return Err(mismatch("allgatherv", "count", rank, self.topology.rank));
             }
-            recv[at..at + count].copy_from_slice(piece);
+            call.recv[at..at + count].copy_from_slice(piece);
             at += count;
         }
         Ok(())
@@ -243,23 +248,14 @@ impl Communicator for LocalTransport {
         Ok(())
     }
 
-    fn alltoallv(
-        &mut self,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-        dtype: DType,
-    ) -> Result<()> {
-        let (send_counts, recv_counts) = (
-            byte_counts(send_counts, dtype),
-            byte_counts(recv_counts, dtype),
-        );
-        let mut msg = Vec::with_capacity(8 * send_counts.len() + send.len());
-        for c in &send_counts {
+    fn alltoallv(&mut self, call: Alltoallv<'_>) -> Result<()> {
+        let send_bytes = byte_counts(call.send_counts, call.dtype);
+        let recv_bytes = byte_counts(call.recv_counts, call.dtype);
+        let mut msg = Vec::with_capacity(8 * send_bytes.len() + call.send.len());
+        for c in &send_bytes {
             msg.extend_from_slice(&(*c as u64).to_le_bytes());
         }
-        msg.extend_from_slice(send);
+        msg.extend_from_slice(call.send);
         let all = self.exchange(msg)?;
         let me = self.topology.rank;
         let size = self.topology.size;
@@ -270,28 +266,23 @@ impl Communicator for LocalTransport {
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
                 .collect();
             let offset = 8 * size + counts[..me].iter().sum::<usize>();
-            if counts[me] != recv_counts[sender] {
+            if counts[me] != recv_bytes[sender] {
                 return Err(mismatch("alltoallv", "count", sender, me));
             }
-            recv[at..at + counts[me]].copy_from_slice(&piece[offset..offset + counts[me]]);
+            call.recv[at..at + counts[me]].copy_from_slice(&piece[offset..offset + counts[me]]);
             at += counts[me];
         }
         Ok(())
     }
 
     /// Reduces everything and keeps this rank's block.
-    fn reducescatter(
-        &mut self,
-        send: &[u8],
-        recv: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let mut all = send.to_vec();
-        self.allreduce_in_place(&mut all, dtype, op)?;
-        let start: usize = counts[..self.topology.rank].iter().sum::<usize>() * dtype.size();
-        recv.copy_from_slice(&all[start..start + recv.len()]);
+    fn reducescatter(&mut self, call: Reducescatter<'_>) -> Result<()> {
+        let mut all = call.send.to_vec();
+        self.allreduce_in_place(&mut all, call.dtype, call.op)?;
+        let start: usize =
+            call.counts[..self.topology.rank].iter().sum::<usize>() * call.dtype.size();
+        call.recv
+            .copy_from_slice(&all[start..start + call.recv.len()]);
         Ok(())
     }
 

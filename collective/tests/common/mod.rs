@@ -2,7 +2,7 @@
 
 #![allow(dead_code, reason = "each test binary uses part of the harness")]
 
-use hvd_collective::{Communicator, DType, ReduceOp};
+use hvd_collective::{Allgatherv, Alltoallv, Communicator, DType, ReduceOp, Reducescatter};
 
 pub const LARGE: usize = 70_001;
 
@@ -164,8 +164,14 @@ pub fn run_all(
             b
         } else {
             let mut b = vec![0u8; counts[me] * es];
-            comm.reducescatter(&send, &mut b, &counts, dtype, op)
-                .map_err(|e| format!("{}: {e}", tag("rs")))?;
+            comm.reducescatter(Reducescatter {
+                send: &send,
+                recv: &mut b,
+                counts: &counts,
+                dtype,
+                op,
+            })
+            .map_err(|e| format!("{}: {e}", tag("rs")))?;
             b
         };
         check(&tag(&format!("reducescatter {op}")), dtype, n, &got, &want)?;
@@ -201,8 +207,13 @@ pub fn run_all(
         comm.allgatherv_in_place(&mut out, &counts, dtype)
             .map_err(|e| format!("{}: {e}", tag("allgatherv")))?;
     } else {
-        comm.allgatherv(&mine, &mut out, &counts, dtype)
-            .map_err(|e| format!("{}: {e}", tag("allgatherv")))?;
+        comm.allgatherv(Allgatherv {
+            send: &mine,
+            recv: &mut out,
+            counts: &counts,
+            dtype,
+        })
+        .map_err(|e| format!("{}: {e}", tag("allgatherv")))?;
     }
     check(&tag("allgatherv"), dtype, n, &out, &want)?;
 
@@ -254,8 +265,14 @@ pub fn run_all(
         .flat_map(|r| decode(dtype, &block(r, me, c(r, me))))
         .collect();
     let mut out = vec![0u8; recv_counts.iter().sum::<usize>() * es];
-    comm.alltoallv(&send, &send_counts, &mut out, &recv_counts, dtype)
-        .map_err(|e| format!("{}: {e}", tag("alltoallv")))?;
+    comm.alltoallv(Alltoallv {
+        send: &send,
+        send_counts: &send_counts,
+        recv: &mut out,
+        recv_counts: &recv_counts,
+        dtype,
+    })
+    .map_err(|e| format!("{}: {e}", tag("alltoallv")))?;
     check(&tag("alltoallv"), dtype, n, &out, &want)?;
 
     comm.barrier()

@@ -7,7 +7,7 @@ use crate::fused::FusedIo;
 use crate::kernels::{elementwise, fill_identity, scale};
 use crate::message::{OpKind, RequestMeta};
 use crate::timeline::{EventName, Phase};
-use hvd_collective::DType;
+use hvd_collective::{Allgatherv, Alltoallv, DType, Reducescatter};
 
 impl Worker {
     pub(super) fn run_fused(&mut self, metas: &[RequestMeta]) -> Result<(), Stop> {
@@ -200,7 +200,12 @@ impl Worker {
                 let counts: Vec<usize> = dim0s.iter().map(|d| *d as usize * row_bytes).collect();
                 let mut recv = vec![0u8; counts.iter().sum()];
                 let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
-                t.allgatherv(send, &mut recv, &counts, DType::U8)?;
+                t.allgatherv(Allgatherv {
+                    send,
+                    recv: &mut recv,
+                    counts: &counts,
+                    dtype: DType::U8,
+                })?;
                 out.data = recv;
                 out.shape[0] = dim0s.iter().sum();
             }
@@ -221,7 +226,13 @@ impl Worker {
                     recv_rows.iter().map(|r| *r as usize * row_bytes).collect();
                 let mut recv = vec![0u8; recv_counts.iter().sum()];
                 let send = p.map(|p| input_slice(&p.request.input)).unwrap_or(&[]);
-                t.alltoallv(send, &send_counts, &mut recv, &recv_counts, DType::U8)?;
+                t.alltoallv(Alltoallv {
+                    send,
+                    send_counts: &send_counts,
+                    recv: &mut recv,
+                    recv_counts: &recv_counts,
+                    dtype: DType::U8,
+                })?;
                 out.data = recv;
                 out.shape[0] = recv_rows.iter().sum();
                 out.splits = recv_rows;
@@ -241,7 +252,13 @@ impl Worker {
                     None => fill_identity(&mut buf, meta.dtype, reduction),
                 }
                 let mut mine = vec![0u8; blocks[me] * esize];
-                t.reducescatter(&buf, &mut mine, &blocks, meta.dtype, reduction)?;
+                t.reducescatter(Reducescatter {
+                    send: &buf,
+                    recv: &mut mine,
+                    counts: &blocks,
+                    dtype: meta.dtype,
+                    op: reduction,
+                })?;
                 let post = meta.postscale * if average { 1.0 / size as f64 } else { 1.0 };
                 scale(&mut mine, meta.dtype, post);
                 out.data = mine;
