@@ -27,6 +27,15 @@ use crate::error::{Error, Result};
 mod round;
 pub use round::Round;
 
+/// An elastic job's round as the launcher's server hands it to one worker (`POST /elastic/v1/join`): the round
+/// and this worker's rank and the round's size, the same on every member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElasticSeat {
+    pub round: Round,
+    pub rank: usize,
+    pub size: usize,
+}
+
 const SCOPE: &str = "hvd";
 /// How long a client retries a busy or unreachable server unless told otherwise ([`KeyValueClient::with_retry_for`]).
 const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(30);
@@ -142,6 +151,91 @@ impl KeyValueClient {
         KeyValueClient {
             round: Some(round),
             ..self
+        }
+    }
+
+    /// Begins round `round` as the launcher's server gave it ([`KeyValueClient::elastic_join`]) instead of counting
+    /// this process's joins; deletes what the rank stored two joins ago, as [`KeyValueClient::next_round`] does.
+    pub fn in_round(self, round: Round) -> KeyValueClient {
+        let done = round::begin_at(&self.rendezvous, self.rank, round);
+        let raw = KeyValueClient {
+            round: None,
+            ..self.clone()
+        };
+        for key in done {
+            if let Err(e) = raw.delete(&key) {
+                tracing::debug!(key, error = %e, "could not delete a key of an earlier round");
+            }
+        }
+        KeyValueClient {
+            round: Some(round),
+            ..self
+        }
+    }
+
+    /// Asks the launcher's server of an elastic step for this worker's seat in the next round (the one after the
+    /// last this process was a member of), waiting up to `timeout` for the round to form: it forms once every live
+    /// worker has asked. This client's rank is the worker's slot (the `HVD_RANK` it was started with); the seat's
+    /// rank is its rank in the round.
+    pub fn elastic_join(&self, timeout: Duration) -> Result<ElasticSeat> {
+        let Rendezvous::Http { address, .. } = &self.rendezvous else {
+            return Err(Error::Bootstrap(format!(
+                "an elastic job needs the launcher's rendezvous server, not `{}=file:...`",
+                env_vars::HVD_RENDEZVOUS
+            )));
+        };
+        let after = round::latest(&self.rendezvous, self.rank).map_or(0, Round::number);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(60));
+            let path = format!(
+                "/elastic/v1/join?after={after}&wait_ms={}",
+                wait.as_millis()
+            );
+            let r = self.http("POST", &path, &[], wait + Duration::from_secs(15))?;
+            match r.status {
+                200 => {
+                    let text = String::from_utf8_lossy(&r.body);
+                    let mut parts = text.split_whitespace();
+                    let seat = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                        (Some("v1"), Some(round), Some(rank), Some(size)) => {
+                            match (
+                                round.parse::<u64>(),
+                                rank.parse::<usize>(),
+                                size.parse::<usize>(),
+                            ) {
+                                (Ok(round), Ok(rank), Ok(size)) if round > after && rank < size => {
+                                    Some(ElasticSeat {
+                                        round: Round::new(round),
+                                        rank,
+                                        size,
+                                    })
+                                }
+                                _ => None,
+                            }
+                        }
+                        _ => None,
+                    };
+                    return seat.ok_or_else(|| Error::Rendezvous {
+                        address: address.clone(),
+                        detail: format!(
+                            "the elastic join after round {after} was answered `{}`, not `v1 <round> <rank> <size>` \
+                             of a later round",
+                            text.trim()
+                        ),
+                    });
+                }
+                404 if Instant::now() < deadline => {}
+                404 => {
+                    return Err(Error::Bootstrap(format!(
+                        "no round of the elastic job formed within {timeout:?} after round {after}: some live \
+                         worker did not ask to join (every worker must call init again after a peer is lost)"
+                    )));
+                }
+                _ => return Err(self.refused(address, "POST", "/elastic/v1/join", &r)),
+            }
         }
     }
 

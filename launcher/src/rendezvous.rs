@@ -18,8 +18,11 @@
 //! - memory for a body grows with the bytes received, charged to a server-wide budget, never from `Content-Length`;
 //! - malformed input gets a 4xx; a panic in a connection's handler closes that connection and nothing else.
 //!
+//! A third, `/elastic/v1/join` (token-checked like `/kv/`), hands out the rounds of an elastic step ([`elastic`]).
+//!
 //! The wire format lives in [`http`], the stored state in [`store`], the socket-owner lookup in [`peer`].
 
+mod elastic;
 mod http;
 mod peer;
 mod store;
@@ -378,6 +381,41 @@ impl RendezvousServer {
         store.set_gloo_layout(sizes);
     }
 
+    /// Makes the job elastic: `workers` started workers (slots 0..workers) join rounds through `/elastic/v1/join`;
+    /// a round waits `window` (from the first request) for the live workers that have not asked yet.
+    pub fn set_elastic(&self, workers: u32, window: Duration) {
+        self.shared.lock().elastic = Some(elastic::Membership::new(workers, window));
+        self.shared.changed.notify_all();
+    }
+
+    /// Worker `slot` of an elastic job ended: rounds no longer wait for it. Returns how many workers are alive.
+    pub fn worker_gone(&self, slot: u32) -> usize {
+        let mut store = self.shared.lock();
+        let Some(membership) = store.elastic.as_mut() else {
+            return 0;
+        };
+        membership.gone(slot, Instant::now());
+        let alive = membership.alive();
+        self.shared.changed.notify_all();
+        alive
+    }
+
+    /// An elastic job's live workers that a round formed without (they did not ask in time): stop them.
+    pub fn elastic_dropped(&self) -> BTreeSet<u32> {
+        let store = self.shared.lock();
+        store
+            .elastic
+            .as_ref()
+            .map(|m| m.dropped().clone())
+            .unwrap_or_default()
+    }
+
+    /// An elastic job's latest round and its size (0, 0 before the first, and when the job is not elastic).
+    pub fn elastic_round(&self) -> (u64, u32) {
+        let store = self.shared.lock();
+        store.elastic.as_ref().map_or((0, 0), |m| m.latest())
+    }
+
     /// Stops accepting, wakes every long-poll, and waits for the accept thread. Idempotent.
     pub fn shutdown(&mut self) {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
@@ -546,7 +584,7 @@ fn handle(
     // Authorize from the head alone, so an unauthorized peer cannot make the launcher read or buffer anything.
     let segments: Vec<&str> = request.path.split('/').collect();
     match segments.as_slice() {
-        ["", "kv", _, _] => check_token(shared, &request)?,
+        ["", "kv", _, _] | ["", "elastic", "v1", "join"] => check_token(shared, &request)?,
         ["", _, _] => check_gloo_peer(shared, peer, owner)?,
         _ => return Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
@@ -566,6 +604,7 @@ fn handle(
     )?;
     match segments.as_slice() {
         ["", "kv", scope, key] => on_kv(shared, &request, [scope, key], body.bytes),
+        ["", "elastic", "v1", "join"] => on_elastic_join(shared, &request),
         ["", scope, key] => on_gloo(shared, &request, [scope, key], body.bytes),
         _ => Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
@@ -728,6 +767,86 @@ fn on_kv(shared: &Shared, request: &Request, [scope, key]: [&str; 2], body: Vec<
             Ok((200, Vec::new()))
         }
         _ => Err(HttpError::new(405, "method must be GET, PUT or DELETE")),
+    }
+}
+
+/// The worker (`X-Hvd-Rank`: its slot) asks for the round after `?after=<n>` (the last one it was a member of; 0 or
+/// absent: none), waiting up to `wait_ms` for it to form. 200 `v1 <round> <rank> <size>`; 404: not formed yet, ask
+/// again; 410: the round formed without this worker; 409: the step is not elastic.
+fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
+    if request.method != "POST" {
+        return Err(HttpError::new(405, "method must be POST"));
+    }
+    let slot: u32 = request
+        .rank
+        .as_deref()
+        .ok_or_else(|| HttpError::new(400, "an elastic join needs x-hvd-rank"))?
+        .parse()
+        .map_err(|_| HttpError::new(400, "x-hvd-rank must be a non-negative integer"))?;
+    let join = request.join.as_deref();
+    if join.is_some_and(|j| !valid_join(j)) {
+        return Err(HttpError::new(
+            400,
+            "x-hvd-join must be 1-64 characters of [A-Za-z0-9._-]",
+        ));
+    }
+    let mut after = 0u64;
+    for pair in request.query.split('&') {
+        if let Some(value) = pair.strip_prefix("after=") {
+            after = value
+                .parse()
+                .map_err(|_| HttpError::new(400, "after must be a non-negative integer"))?;
+        }
+    }
+    let deadline = Instant::now() + parse_wait(&request.query)?;
+    let mut store = shared.lock();
+    if store.join(slot, join).map_err(|e| store_error(&e))? {
+        shared.changed.notify_all();
+    }
+    loop {
+        let now = Instant::now();
+        let Some(membership) = store.elastic.as_mut() else {
+            return Err(HttpError::new(409, "this step is not elastic"));
+        };
+        let before = membership.latest().0;
+        let answer = membership
+            .join(slot, after, now)
+            .map_err(|e| HttpError(400, e.reason().into()))?;
+        if membership.latest().0 != before {
+            shared.changed.notify_all();
+        }
+        let until = match answer {
+            elastic::Joined::Member {
+                generation,
+                rank,
+                size,
+            } => return Ok((200, format!("v1 {generation} {rank} {size}\n").into_bytes())),
+            elastic::Joined::LeftOut { generation } => {
+                return Err(HttpError(
+                    410,
+                    format!(
+                        "round {generation} of this elastic step formed without worker {slot} (it did not ask \
+                         to join in time, or it was counted as gone)"
+                    )
+                    .into(),
+                ));
+            }
+            elastic::Joined::Wait { until } => until,
+        };
+        let wake = until.map_or(deadline, |u| u.min(deadline));
+        if now >= deadline || shared.stopping.load(Ordering::SeqCst) {
+            return Err(HttpError::new(
+                404,
+                "the round has not formed yet; ask again",
+            ));
+        }
+        store = match shared
+            .changed
+            .wait_timeout(store, wake.saturating_duration_since(now))
+        {
+            Ok((guard, _)) => guard,
+            Err(poisoned) => poisoned.into_inner().0,
+        };
     }
 }
 

@@ -1170,3 +1170,109 @@ fn gloo_requests_closed_by_another_local_user_before_the_answer_are_refused() {
         );
     }
 }
+
+/// `POST /elastic/v1/join?...` as worker `slot` with the join identity `join` (and the token unless `token` is
+/// false).
+fn elastic_join(
+    addr: SocketAddr,
+    slot: &str,
+    join: &str,
+    query: &str,
+    token: bool,
+) -> (u16, String) {
+    let auth = if token {
+        format!("Authorization: Bearer {TOKEN}\r\n")
+    } else {
+        String::new()
+    };
+    let (status, body) = raw(
+        addr,
+        format!(
+            "POST /elastic/v1/join?{query} HTTP/1.1\r\nX-Hvd-Rank: {slot}\r\nX-Hvd-Join: {join}\r\n{auth}\
+             Content-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[test]
+fn elastic_rounds_form_over_http_and_survivors_get_new_ranks() {
+    let server = server();
+    let addr = server.addr();
+    // Not elastic (yet): 409.
+    assert_eq!(elastic_join(addr, "0", "w0", "after=0", true).0, 409);
+    server.set_gloo_layout(&[("h".to_owned(), 3)]);
+    server.set_elastic(3, Duration::from_secs(30));
+    // The first round waits for all three.
+    let waiters: Vec<_> = (0..3)
+        .map(|slot| {
+            std::thread::spawn(move || {
+                elastic_join(
+                    addr,
+                    &slot.to_string(),
+                    &format!("w{slot}"),
+                    "after=0&wait_ms=20000",
+                    true,
+                )
+            })
+        })
+        .collect();
+    let answers: Vec<_> = waiters.into_iter().map(|t| t.join().unwrap()).collect();
+    for (slot, answer) in answers.iter().enumerate() {
+        assert_eq!(answer, &(200, format!("v1 1 {slot} 3\n")));
+    }
+    assert_eq!(server.elastic_round(), (1, 3));
+    // Slot 0 is lost; 1 and 2 form round 2 as its ranks 0 and 1.
+    assert_eq!(server.worker_gone(0), 2);
+    let late =
+        std::thread::spawn(move || elastic_join(addr, "2", "w2", "after=1&wait_ms=20000", true));
+    assert_eq!(
+        elastic_join(addr, "1", "w1", "after=1&wait_ms=20000", true),
+        (200, "v1 2 0 2\n".to_owned())
+    );
+    assert_eq!(late.join().unwrap(), (200, "v1 2 1 2\n".to_owned()));
+    // The lost worker, should it ask, is told it is out.
+    let (status, body) = elastic_join(addr, "0", "w0", "after=1", true);
+    assert_eq!(status, 410, "{body}");
+    assert!(body.contains("formed without worker 0"), "{body}");
+    // Nobody asked for round 3 yet: an immediate 404, ask again.
+    assert_eq!(
+        elastic_join(addr, "1", "w1", "after=2&wait_ms=0", true).0,
+        404
+    );
+}
+
+#[test]
+fn hostile_elastic_joins_are_refused_and_take_no_seat() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("h".to_owned(), 2)]);
+    server.set_elastic(2, Duration::from_secs(30));
+    // Without the token: 403, and no seat is taken.
+    assert_eq!(elastic_join(addr, "0", "thief", "after=0", false).0, 403);
+    // Not a worker of the step, a malformed slot or round, a round from the future, a wrong method.
+    assert_eq!(elastic_join(addr, "2", "w2", "after=0", true).0, 400);
+    assert_eq!(elastic_join(addr, "x", "w0", "after=0", true).0, 400);
+    assert_eq!(elastic_join(addr, "0", "w0", "after=-1", true).0, 400);
+    assert_eq!(elastic_join(addr, "0", "w0", "after=9", true).0, 400);
+    let (status, _) = raw(
+        addr,
+        format!("GET /elastic/v1/join HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Hvd-Rank: 0\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status, 405);
+    // Worker 0 asks (its identity binds the slot); another process posing as worker 0 is refused.
+    assert_eq!(
+        elastic_join(addr, "0", "w0", "after=0&wait_ms=0", true).0,
+        404
+    );
+    assert_eq!(elastic_join(addr, "0", "impostor", "after=0", true).0, 409);
+    // The round still forms for the real workers.
+    let w1 =
+        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=0&wait_ms=20000", true));
+    assert_eq!(
+        elastic_join(addr, "0", "w0", "after=0&wait_ms=20000", true),
+        (200, "v1 1 0 2\n".to_owned())
+    );
+    assert_eq!(w1.join().unwrap(), (200, "v1 1 1 2\n".to_owned()));
+}

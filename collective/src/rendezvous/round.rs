@@ -80,6 +80,26 @@ pub(super) fn begin(rendezvous: &Rendezvous, rank: usize) -> (Round, Vec<String>
     })
 }
 
+/// Begins round `round`, given by the launcher's server (an elastic job's rounds are the server's, not counted by
+/// each rank: ranks that joined later or were left out count differently): returns the keys the rank stored two
+/// joins ago, which no rank reads any more (every rank of `round` has finished the round before it).
+pub(super) fn begin_at(rendezvous: &Rendezvous, rank: usize, round: Round) -> Vec<String> {
+    with_joins(|joins| {
+        let latest = joins.entry((rendezvous.clone(), rank)).or_insert(Latest {
+            round: Round(0),
+            stored: Vec::new(),
+            before: Vec::new(),
+        });
+        latest.round = round;
+        std::mem::replace(&mut latest.before, std::mem::take(&mut latest.stored))
+    })
+}
+
+/// The latest round `rank` of `rendezvous` began in this process, if any.
+pub(super) fn latest(rendezvous: &Rendezvous, rank: usize) -> Option<Round> {
+    with_joins(|joins| joins.get(&(rendezvous.clone(), rank)).map(|l| l.round))
+}
+
 /// Records that `rank` stored `key` (already namespaced) in `round`, unless a later round has begun.
 pub(super) fn stored(rendezvous: &Rendezvous, rank: usize, round: Round, key: &str) {
     with_joins(|joins| {
@@ -116,5 +136,23 @@ mod tests {
         assert_eq!(begin(&a, 0), (Round::new(3), vec!["r1.addr.0".to_string()]));
         assert_eq!(begin(&a, 0), (Round::new(4), vec!["r2.addr.0".to_string()]));
         assert_eq!(Round::new(3).key("addr.0"), "r3.addr.0");
+    }
+
+    #[test]
+    fn a_round_given_by_the_server_replaces_the_count() {
+        let a = Rendezvous::Http {
+            address: "127.0.0.1:1".into(),
+            token: Some("round-at-test".into()),
+        };
+        assert_eq!(latest(&a, 0), None);
+        assert!(begin_at(&a, 0, Round::new(1)).is_empty());
+        stored(&a, 0, Round::new(1), "r1.addr.0");
+        // The server's next round for this worker may skip numbers (rounds it was not part of).
+        assert!(begin_at(&a, 0, Round::new(4)).is_empty());
+        assert_eq!(latest(&a, 0), Some(Round::new(4)));
+        assert_eq!(
+            begin_at(&a, 0, Round::new(5)),
+            vec!["r1.addr.0".to_string()]
+        );
     }
 }

@@ -57,6 +57,8 @@ pub(crate) struct Store {
     /// scope is cleared once that many ranks have DELETEd their key in it (Horovod's own server does the same).
     gloo_scope_sizes: BTreeMap<String, usize>,
     gloo_finished: BTreeMap<String, BTreeSet<usize>>,
+    /// An elastic step's membership (rounds, ranks); `None`: the job is not elastic.
+    pub(crate) elastic: Option<super::elastic::Membership>,
 }
 
 /// What one stored entry costs against the limit.
@@ -75,6 +77,7 @@ impl Store {
             joined: BTreeMap::new(),
             gloo_scope_sizes: BTreeMap::new(),
             gloo_finished: BTreeMap::new(),
+            elastic: None,
         }
     }
 

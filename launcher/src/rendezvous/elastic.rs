@@ -1,0 +1,288 @@
+//! Elastic membership: which of an elastic step's workers form each round of the job, and their ranks in it.
+//!
+//! Workers are named by their slot (the `HVD_RANK` they were started with, sent as `X-Hvd-Rank`). Every round
+//! (`hvd.init()`, and again after `hvd.shutdown()` when a peer was lost) a worker asks to join the round after the
+//! last one it was a member of. A round forms once every worker the launcher still counts as alive has asked, or
+//! `window` after the first one asked (a live worker that never comes back, e.g. stuck outside any collective, is
+//! then left out: [`Membership::dropped`] names it for the launcher to stop). Its members are numbered 0..n in
+//! slot order, so every member learns the same size and a distinct rank from the server.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// What a join request is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Joined {
+    /// The worker is rank `rank` of the `size` members of round `generation`.
+    Member {
+        generation: u64,
+        rank: u32,
+        size: u32,
+    },
+    /// Round `generation` formed without this worker (it asked too late, or the launcher counts it as gone).
+    LeftOut { generation: u64 },
+    /// No round for this worker yet; ask again (a window, if any, ends at the given instant).
+    Wait { until: Option<Instant> },
+}
+
+/// A refused join request, with the reason the worker is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MembershipError {
+    /// The slot is not one of the step's workers.
+    NotAWorker { slot: u32, workers: u32 },
+    /// The worker claims a round that has not formed.
+    Ahead { after: u64, generation: u64 },
+}
+
+impl MembershipError {
+    pub(crate) fn reason(&self) -> String {
+        match self {
+            MembershipError::NotAWorker { slot, workers } => {
+                format!(
+                    "x-hvd-rank {slot} is not a worker of this elastic step (workers are 0..{workers})"
+                )
+            }
+            MembershipError::Ahead { after, generation } => format!(
+                "asked for the round after {after}, but the job's latest round is {generation}"
+            ),
+        }
+    }
+}
+
+/// The membership of one elastic step.
+#[derive(Debug)]
+pub(crate) struct Membership {
+    workers: u32,
+    /// How long a round waits, from the first request, for the live workers that have not asked yet (not the first
+    /// round: every started worker is waited for, as `--start-timeout` says).
+    window: Duration,
+    alive: BTreeSet<u32>,
+    generation: u64,
+    /// The slots of the latest round, in rank order.
+    members: Vec<u32>,
+    /// Slots asking for the next round, and when the first of them asked.
+    pending: BTreeSet<u32>,
+    pending_since: Option<Instant>,
+    /// Live slots that a round formed without.
+    dropped: BTreeSet<u32>,
+}
+
+impl Membership {
+    /// `workers` started workers, slots 0..workers, all alive.
+    pub(crate) fn new(workers: u32, window: Duration) -> Membership {
+        Membership {
+            workers,
+            window,
+            alive: (0..workers).collect(),
+            generation: 0,
+            members: Vec::new(),
+            pending: BTreeSet::new(),
+            pending_since: None,
+            dropped: BTreeSet::new(),
+        }
+    }
+
+    /// Worker `slot`, last a member of round `after` (0: none), asks to join the next round.
+    pub(crate) fn join(
+        &mut self,
+        slot: u32,
+        after: u64,
+        now: Instant,
+    ) -> Result<Joined, MembershipError> {
+        if slot >= self.workers {
+            return Err(MembershipError::NotAWorker {
+                slot,
+                workers: self.workers,
+            });
+        }
+        if after > self.generation {
+            return Err(MembershipError::Ahead {
+                after,
+                generation: self.generation,
+            });
+        }
+        if self.generation > after {
+            return Ok(self.answer(slot));
+        }
+        if !self.alive.contains(&slot) {
+            return Ok(Joined::LeftOut {
+                generation: self.generation,
+            });
+        }
+        self.pending.insert(slot);
+        self.pending_since.get_or_insert(now);
+        self.try_form(now);
+        if self.generation > after {
+            return Ok(self.answer(slot));
+        }
+        Ok(Joined::Wait {
+            until: self.window_end(),
+        })
+    }
+
+    /// The answer for `slot` about the latest round.
+    fn answer(&self, slot: u32) -> Joined {
+        match self.members.iter().position(|s| *s == slot) {
+            Some(rank) => Joined::Member {
+                generation: self.generation,
+                rank: rank as u32,
+                size: self.members.len() as u32,
+            },
+            None => Joined::LeftOut {
+                generation: self.generation,
+            },
+        }
+    }
+
+    fn window_end(&self) -> Option<Instant> {
+        match (self.generation, self.pending_since) {
+            (0, _) | (_, None) => None,
+            (_, Some(since)) => Some(since + self.window),
+        }
+    }
+
+    /// Forms the next round when every live worker has asked, or the window is over. Returns whether it did.
+    pub(crate) fn try_form(&mut self, now: Instant) -> bool {
+        if self.pending.is_empty() {
+            return false;
+        }
+        let everyone = self.alive.iter().all(|s| self.pending.contains(s));
+        let window_over = self.window_end().is_some_and(|end| now >= end);
+        if !everyone && !window_over {
+            return false;
+        }
+        let left_out: Vec<u32> = self.alive.difference(&self.pending).copied().collect();
+        for slot in left_out {
+            self.alive.remove(&slot);
+            self.dropped.insert(slot);
+        }
+        self.members = std::mem::take(&mut self.pending).into_iter().collect();
+        self.pending_since = None;
+        self.generation += 1;
+        true
+    }
+
+    /// Worker `slot` ended (or was stopped): rounds no longer wait for it.
+    pub(crate) fn gone(&mut self, slot: u32, now: Instant) {
+        self.alive.remove(&slot);
+        self.pending.remove(&slot);
+        if self.pending.is_empty() {
+            self.pending_since = None;
+        }
+        self.try_form(now);
+    }
+
+    /// Workers still alive (started, not ended, not left out).
+    pub(crate) fn alive(&self) -> usize {
+        self.alive.len()
+    }
+
+    /// Live workers a round formed without: the launcher stops them.
+    pub(crate) fn dropped(&self) -> &BTreeSet<u32> {
+        &self.dropped
+    }
+
+    /// The latest round and its size (0, 0 before the first).
+    pub(crate) fn latest(&self) -> (u64, u32) {
+        (self.generation, self.members.len() as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(generation: u64, rank: u32, size: u32) -> Result<Joined, MembershipError> {
+        Ok(Joined::Member {
+            generation,
+            rank,
+            size,
+        })
+    }
+
+    #[test]
+    fn the_first_round_waits_for_every_worker_and_numbers_them_by_slot() {
+        let t = Instant::now();
+        let mut m = Membership::new(3, Duration::from_secs(1));
+        assert_eq!(m.join(2, 0, t), Ok(Joined::Wait { until: None }));
+        assert_eq!(m.join(0, 0, t), Ok(Joined::Wait { until: None }));
+        // No window in the first round: a slow starter is waited for.
+        assert!(!m.try_form(t + Duration::from_secs(60)));
+        assert_eq!(m.join(1, 0, t), member(1, 1, 3));
+        // The others' repeated requests get the same answer.
+        assert_eq!(m.join(2, 0, t), member(1, 2, 3));
+        assert_eq!(m.join(0, 0, t), member(1, 0, 3));
+    }
+
+    #[test]
+    fn after_a_loss_the_survivors_form_the_next_round_with_new_ranks() {
+        let t = Instant::now();
+        let mut m = Membership::new(4, Duration::from_secs(30));
+        for slot in 0..4 {
+            m.join(slot, 0, t).unwrap();
+        }
+        m.gone(1, t);
+        assert_eq!(m.alive(), 3);
+        assert!(matches!(
+            m.join(3, 1, t),
+            Ok(Joined::Wait { until: Some(_) })
+        ));
+        assert!(matches!(m.join(0, 1, t), Ok(Joined::Wait { .. })));
+        assert_eq!(m.join(2, 1, t), member(2, 1, 3));
+        assert_eq!(m.join(0, 1, t), member(2, 0, 3));
+        assert_eq!(m.join(3, 1, t), member(2, 2, 3));
+        assert_eq!(m.latest(), (2, 3));
+        // The dead worker is told it is out, should it ask.
+        assert_eq!(m.join(1, 1, t), Ok(Joined::LeftOut { generation: 2 }));
+    }
+
+    #[test]
+    fn a_worker_that_dies_while_others_wait_completes_the_round() {
+        let t = Instant::now();
+        let mut m = Membership::new(3, Duration::from_secs(30));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+        }
+        m.join(0, 1, t).unwrap();
+        m.join(1, 1, t).unwrap();
+        m.gone(2, t);
+        assert_eq!(m.join(0, 1, t), member(2, 0, 2));
+    }
+
+    #[test]
+    fn a_live_worker_that_does_not_come_back_within_the_window_is_left_out() {
+        let t = Instant::now();
+        let window = Duration::from_secs(5);
+        let mut m = Membership::new(3, window);
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+        }
+        m.join(0, 1, t).unwrap();
+        m.join(2, 1, t + Duration::from_secs(1)).unwrap();
+        assert!(!m.try_form(t + Duration::from_secs(4)));
+        assert!(m.try_form(t + window));
+        assert_eq!(m.join(2, 1, t), member(2, 1, 2));
+        assert_eq!(m.dropped().iter().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(m.join(1, 1, t), Ok(Joined::LeftOut { generation: 2 }));
+    }
+
+    #[test]
+    fn hostile_requests_are_refused() {
+        let t = Instant::now();
+        let mut m = Membership::new(2, Duration::from_secs(5));
+        assert_eq!(
+            m.join(2, 0, t),
+            Err(MembershipError::NotAWorker {
+                slot: 2,
+                workers: 2
+            })
+        );
+        assert_eq!(
+            m.join(0, 7, t),
+            Err(MembershipError::Ahead {
+                after: 7,
+                generation: 0
+            })
+        );
+    }
+}
