@@ -38,7 +38,7 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max", "Product",
     "HvdError", "InvalidArgumentError", "MismatchError", "NotInitializedError", "HorovodInternalError", "PeerLostError",
-    "CollectiveTimeoutError", "StallError", "Handle", "library_path", "BFloat16Bits",
+    "CollectiveTimeoutError", "StallError", "Handle", "library_path", "BFloat16Bits", "elastic", "HostsUpdatedInterrupt",
     "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled",
     "gloo_enabled", "mpi_threads_supported", "is_homogeneous",
 ]
@@ -122,6 +122,8 @@ def init(comm=None):
     if comm is not None:
         raise ValueError("hvd.init() takes no communicator: the job comes from the environment")
     _check(_l().hvd_init())
+    # A new job (or a new round of an elastic one) numbers its unnamed object collectives from 0 on every rank.
+    _object_counter.__dict__.clear()
     global _atexit_registered
     if not _atexit_registered:
         # Leaving without shutdown would look like a dead peer to the other ranks.
@@ -1052,7 +1054,7 @@ _SHARED_API = (
     "InvalidArgumentError", "MismatchError", "NotInitializedError", "HorovodInternalError", "PeerLostError",
     "CollectiveTimeoutError", "StallError", "allgather_object", "barrier", "broadcast_object", "cross_rank",
     "cross_size", "init", "is_initialized", "join", "local_rank", "local_size", "poll", "rank", "shutdown", "size",
-    "start_timeline", "stop_timeline", "synchronize",
+    "start_timeline", "stop_timeline", "synchronize", "elastic", "HostsUpdatedInterrupt",
 )
 # The tensor operations, taken over by the framework modules that do not define their own (hvd.jax, hvd.tensorflow).
 _TENSOR_API = (
@@ -1065,3 +1067,8 @@ def _reexport(namespace, tensor_ops=True):
     """Puts the shared API (and with ``tensor_ops`` the tensor operations) into a framework module's namespace."""
     names = _SHARED_API + (_TENSOR_API if tensor_ops else ())
     namespace.update((name, globals()[name]) for name in names)
+
+
+# Elastic training (Horovod's ``hvd.elastic``); imported last: it uses the names above.
+from . import elastic  # noqa: E402
+from .elastic import HostsUpdatedInterrupt  # noqa: E402
