@@ -163,14 +163,30 @@ fn crate_named(name: &str) -> &'static Crate {
         .unwrap_or_else(|| panic!("no crate {name}"))
 }
 
-/// `(identifier, value)` of every `pub const NAME: &str = "VALUE";` in a registry's text.
+/// `(identifier, value)` of every variable a registry's text declares in its `hvd_env_vars::env_vars!` block
+/// (`NAME;`, `NAME default "..";` or `NAME = "VALUE" ..;`: the value is the name unless written).
 fn declared_constants(text: &str) -> Vec<(String, String)> {
-    text.lines()
+    let Some((_, block)) = text.split_once("hvd_env_vars::env_vars! {") else {
+        return Vec::new();
+    };
+    block
+        .lines()
+        .take_while(|line| !line.starts_with('}'))
         .filter_map(|line| {
-            let rest = line.trim().strip_prefix("pub const ")?;
-            let (ident, rest) = rest.split_once(": &str = \"")?;
-            let (value, _) = rest.split_once("\";")?;
-            Some((ident.to_owned(), value.to_owned()))
+            let line = line.trim().strip_suffix(';')?;
+            let ident = line.split([' ', '=']).next()?;
+            if ident.is_empty()
+                || !ident
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return None;
+            }
+            let value = match line[ident.len()..].trim_start().strip_prefix("= \"") {
+                Some(rest) => rest.split_once('"')?.0.to_owned(),
+                None => ident.to_owned(),
+            };
+            Some((ident.to_owned(), value))
         })
         .collect()
 }

@@ -4,5 +4,4 @@
 //! The language reads no environment variable: a project's meaning never depends on the shell it is checked in
 //! (`env.variables` and a step's `env` are values of the model, set for other processes by the launcher).
 
-/// `(name, default or "" when unset means none/off, one-line meaning)` for every constant above.
-pub const ALL: &[(&str, &str, &str)] = &[];
+hvd_env_vars::env_vars! {}
