@@ -118,19 +118,7 @@ impl Fixture {
 
     /// The cached metadata files the resolver kept for built sdists.
     fn built_metadata(&self) -> Vec<PathBuf> {
-        let mut found = Vec::new();
-        let mut stack = vec![self.path("cache/v1/built-metadata")];
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    stack.push(path);
-                } else {
-                    found.push(path);
-                }
-            }
-        }
-        found
+        files_below(&self.path("cache/v1/built-metadata"))
     }
 }
 
@@ -236,4 +224,67 @@ fn a_failing_metadata_build_names_the_sdist_and_the_hook() {
         fixture.built_metadata().is_empty(),
         "a failure is not cached"
     );
+}
+
+/// A setup.py that floods its output and then never returns (waiting on a prompt, a loop): `hvd lock` kills it, with
+/// every process it started, at `HVD_METADATA_TIMEOUT`, says so and how to raise the limit, and the log it kept is
+/// bounded.
+#[test]
+fn a_metadata_build_that_never_ends_is_killed_at_its_deadline() {
+    let fixture = Fixture::new(
+        "import subprocess, sys\n\
+         subprocess.Popen(['sleep', '600'])\n\
+         sys.stdout.write('flood ' * 20_000_000)\n\
+         sys.stdout.flush()\n\
+         import time\n\
+         time.sleep(600)\n",
+    );
+    let file = fixture.path("app/train.hvd");
+    let out = common::hvd_with_store(
+        fixture.dir.path(),
+        &fixture.path("store"),
+        &["lock", &file.display().to_string()],
+    )
+    .env("HVD_CACHE_DIR", fixture.path("cache"))
+    .env("HOME", fixture.path("home"))
+    .env("HVD_METADATA_TIMEOUT", "5")
+    .env_remove("PIP_INDEX_URL")
+    .output()
+    .unwrap();
+    let (_, err) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    let flat = unwrapped(&err);
+    for part in ["widget-1.0.tar.gz", "within5s", "HVD_METADATA_TIMEOUT"] {
+        assert!(flat.contains(part), "`{part}` missing from:\n{err}");
+    }
+    let logs: Vec<PathBuf> = files_below(&fixture.path("store"))
+        .into_iter()
+        .filter(|path| path.file_name().is_some_and(|n| n == "build.log"))
+        .collect();
+    assert!(!logs.is_empty(), "no build.log kept");
+    for log in logs {
+        let len = std::fs::metadata(&log).unwrap().len();
+        assert!(len <= 65 << 20, "{} has {len} bytes", log.display());
+    }
+    assert!(
+        fixture.built_metadata().is_empty(),
+        "a killed build is not cached"
+    );
+}
+
+/// Every file below `root` (links not followed).
+fn files_below(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() && !path.is_symlink() {
+                stack.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
 }

@@ -36,4 +36,10 @@ hvd_env_vars::env_vars! {
     CC;
     /// Set for source builds with `env.toolchain = "gcc"`: the g++ next to that gcc.
     CXX;
+    /// The most seconds one source build's backend run (`build_wheel`) may take before it is killed with every
+    /// process it started.
+    HVD_BUILD_TIMEOUT default "3600";
+    /// The most seconds one sdist's metadata build (`prepare_metadata_for_build_wheel`, during `hvd lock`) may take
+    /// before it is killed with every process it started.
+    HVD_METADATA_TIMEOUT default "600";
 }

@@ -13,6 +13,8 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::toolchain::Toolchain;
 
+mod process;
+
 /// `SOURCE_DATE_EPOCH` for builds: 1980-01-01, the earliest time a zip (wheel) can record.
 pub const SOURCE_DATE_EPOCH: &str = "315532800";
 
@@ -264,6 +266,47 @@ pub struct SourceBuildRequest<'a> {
     pub toolchain: Option<&'a Toolchain>,
 }
 
+/// Which PEP 517 hook a backend run calls, and how long it may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    BuildWheel,
+    PrepareMetadata,
+}
+
+impl Hook {
+    fn code(self) -> &'static str {
+        match self {
+            Hook::BuildWheel => BUILD_WHEEL,
+            Hook::PrepareMetadata => PREPARE_METADATA,
+        }
+    }
+
+    fn timeout_variable(self) -> &'static str {
+        match self {
+            Hook::BuildWheel => crate::env_vars::HVD_BUILD_TIMEOUT,
+            Hook::PrepareMetadata => crate::env_vars::HVD_METADATA_TIMEOUT,
+        }
+    }
+
+    /// The run's limit: the variable's value in seconds where set (`HVD_BUILD_TIMEOUT`, default an hour;
+    /// `HVD_METADATA_TIMEOUT`, default ten minutes: `hvd lock` waits on it).
+    fn deadline(self) -> Result<std::time::Duration> {
+        let default = match self {
+            Hook::BuildWheel => 3600,
+            Hook::PrepareMetadata => 600,
+        };
+        let secs = hvd_resolver::deadline::positive_setting(
+            self.timeout_variable(),
+            std::env::var_os(self.timeout_variable()),
+            "expected a whole number of seconds, at least 1",
+            format!("{default} s"),
+        )
+        .map_err(|err| Error::Invalid(err.to_string()))?
+        .unwrap_or(default);
+        Ok(std::time::Duration::from_secs(secs))
+    }
+}
+
 /// The most of the build log hvd reads back (for the error's tail and the `HVD_WHEEL=` line).
 const LOG_TAIL_BYTES: u64 = 64 * 1024;
 
@@ -275,7 +318,7 @@ const LOG_TAIL_BYTES: u64 = 64 * 1024;
 /// through hvd's own descriptor) and `wheel/<name>.whl` (copied from `work/dist` through descriptors that never
 /// follow a link).
 pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result<PathBuf> {
-    let run = run_backend(request, build_dir, BUILD_WHEEL)?;
+    let run = run_backend(request, build_dir, Hook::BuildWheel)?;
     let reported = run
         .reported("HVD_WHEEL=")
         .ok_or_else(|| run.failed("the build backend reported no wheel".into()))?;
@@ -292,7 +335,7 @@ pub fn build_wheel(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result
 /// link (as [`copy_built_wheel`]).
 pub fn prepare_metadata(request: &SourceBuildRequest<'_>, build_dir: &Path) -> Result<Vec<u8>> {
     use std::io::Read;
-    let run = run_backend(request, build_dir, PREPARE_METADATA)?;
+    let run = run_backend(request, build_dir, Hook::PrepareMetadata)?;
     let reported = run
         .reported("HVD_METADATA=")
         .ok_or_else(|| run.failed("the build backend reported no metadata directory".into()))?;
@@ -365,8 +408,9 @@ impl BackendRun {
 fn run_backend(
     request: &SourceBuildRequest<'_>,
     build_dir: &Path,
-    hook: &str,
+    hook: Hook,
 ) -> Result<BackendRun> {
+    let deadline = hook.deadline()?;
     if fs_err::symlink_metadata(build_dir).is_ok() {
         crate::store::remove_tree(build_dir)?;
     }
@@ -389,7 +433,7 @@ fn run_backend(
     )?;
     let source = single_top_dir(&source_root)?;
     let driver = work.join("hvd_build_driver.py");
-    fs_err::write(&driver, format!("{DRIVER}{hook}"))?;
+    fs_err::write(&driver, format!("{DRIVER}{}", hook.code()))?;
 
     let mut path_entries = vec![request.build_env.join("bin")];
     if let Some(compiler_dir) = request
@@ -495,17 +539,14 @@ fn run_backend(
     }
     let log_path = build_dir.join("build.log");
     let mut log = crate::store::create_new_file(&log_path, 0o644)?;
-    command
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log.try_clone()?);
+    command.stdin(Stdio::null());
     die_with_parent(&mut command);
     tracing::info!(
         "building {} {} (isolation: {isolation:?})",
         request.name,
         request.version
     );
-    let status = command.status().map_err(|err| {
+    let ended = process::run(command, log.try_clone()?, Some(deadline)).map_err(|err| {
         std::io::Error::other(format!("failed to run `{}`: {err}", python.display()))
     })?;
     // Read back through hvd's own descriptor: whatever the build did to names, this is the file hvd created.
@@ -517,17 +558,23 @@ fn run_backend(
         name: request.name.to_string(),
         version: request.version.to_string(),
     };
-    if !status.success() {
-        let hook = run
-            .reported("HVD_HOOK=")
-            .unwrap_or("the build backend")
-            .to_string();
-        return Err(run.failed(format!(
-            "{hook} failed on `{}`: it exited with {status}",
+    let hook_name = run
+        .reported("HVD_HOOK=")
+        .unwrap_or("the build backend")
+        .to_string();
+    match ended {
+        process::Ended::Exited(status) if status.success() => Ok(run),
+        process::Ended::Exited(status) => Err(run.failed(format!(
+            "{hook_name} failed on `{}`: it exited with {status}",
             request.sdist_filename
-        )));
+        ))),
+        process::Ended::TimedOut => Err(run.failed(format!(
+            "{hook_name} did not finish on `{}` within {} s and was killed (raise the limit with {}=<seconds>)",
+            request.sdist_filename,
+            deadline.as_secs(),
+            hook.timeout_variable()
+        ))),
     }
-    Ok(run)
 }
 
 /// The last `limit` bytes of the file behind `file` (lossy UTF-8, starting at a line boundary when cut).

@@ -64,7 +64,8 @@ pub enum DeadlineExceeded {
     },
 }
 
-fn parse_setting(
+/// A setting that must be a positive whole number: `None` where unset or empty, an error naming it otherwise.
+pub fn positive_setting(
     name: &'static str,
     value: Option<std::ffi::OsString>,
     expected: &'static str,
@@ -100,7 +101,7 @@ impl HttpDeadlines {
     ) -> Result<HttpDeadlines, BadDeadlineSetting> {
         let default = HttpDeadlines::default();
         let mut out = default;
-        if let Some(secs) = parse_setting(
+        if let Some(secs) = positive_setting(
             HTTP_TIMEOUT_ENV,
             timeout,
             "expected a whole number of seconds, at least 1",
@@ -108,7 +109,7 @@ impl HttpDeadlines {
         )? {
             out.request = Duration::from_secs(secs);
         }
-        if let Some(rate) = parse_setting(
+        if let Some(rate) = positive_setting(
             DOWNLOAD_MIN_RATE_ENV,
             min_rate,
             "expected a whole number of bytes per second, at least 1",
