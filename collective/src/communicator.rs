@@ -42,6 +42,16 @@ pub fn staged_through<E>(
     Ok(())
 }
 
+/// The arguments of [`Communicator::allreduce_staged`]: an allreduce of `len` bytes of `dtype` with `op` whose input
+/// `io` reads and whose result `io` takes, range by range, with `scratch` for backends that need the whole buffer.
+pub struct StagedAllreduce<'a> {
+    pub len: usize,
+    pub dtype: DType,
+    pub op: ReduceOp,
+    pub io: &'a mut dyn Staged,
+    pub scratch: &'a mut Vec<u8>,
+}
+
 /// The arguments of [`Communicator::allgatherv`]: rank `r` contributes `counts[r]` elements of `dtype` (its
 /// `send`); `counts` is the same on every rank and `recv` holds their sum, in rank order.
 pub struct Allgatherv<'a> {
@@ -110,15 +120,9 @@ pub trait Communicator: Send {
     /// straight into their shared buffers and write out of them do (shm: the arenas, see `docs/collective.md`);
     /// the default goes through `scratch`: read it all, allreduce in place, write it all. Ranks must call it for
     /// the same operations (not `allreduce_in_place` on one rank and this on another).
-    fn allreduce_staged(
-        &mut self,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        io: &mut dyn Staged,
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
-        staged_through(len, io, scratch, |buf| {
+    fn allreduce_staged(&mut self, call: StagedAllreduce<'_>) -> Result<()> {
+        let (dtype, op) = (call.dtype, call.op);
+        staged_through(call.len, call.io, call.scratch, |buf| {
             self.allreduce_in_place(buf, dtype, op)
         })
     }

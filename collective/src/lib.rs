@@ -51,7 +51,9 @@ pub mod transport;
 pub mod types;
 pub mod wire_enum;
 
-pub use communicator::{Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, Staged};
+pub use communicator::{
+    Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, Staged, StagedAllreduce,
+};
 pub use config::Thresholds;
 pub use error::{Error, Result};
 pub use types::{DType, ReduceOp, Topology};

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::communicator::{
-    Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, Staged, check, staged_through,
+    Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, StagedAllreduce, check,
+    staged_through,
 };
 use crate::config::Thresholds;
 use crate::error::{Error, Result};
@@ -624,14 +625,14 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
     /// Through the arenas when the shm board serves the whole job (any rank count, unless the arenas are off):
     /// `io` reads straight into this rank's arena and writes straight out of every rank's, which saves the two
     /// copies through `scratch`. Small allreduces (the direct eager path) and Average go through `scratch`.
-    fn allreduce_staged(
-        &mut self,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        io: &mut dyn Staged,
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
+    fn allreduce_staged(&mut self, call: StagedAllreduce<'_>) -> Result<()> {
+        let StagedAllreduce {
+            len,
+            dtype,
+            op,
+            io,
+            scratch,
+        } = call;
         let n = self.world.len();
         let arenas = n > 1
             && self.thresholds.allreduce_arena_ranks > 0
@@ -728,17 +729,6 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             call.recv[check::block(call.counts, me, call.dtype.size())].copy_from_slice(call.send);
         }
         self.gather_common(h, call.recv, call.counts, call.dtype, local)
-    }
-
-    fn allgatherv_in_place(
-        &mut self,
-        buf: &mut [u8],
-        counts: &[usize],
-        dtype: DType,
-    ) -> Result<()> {
-        let h = Header::allgather(counts, self.topology.rank, dtype);
-        let local = check::counts("allgather", counts, self.world.len(), buf.len(), dtype).err();
-        self.gather_common(h, buf, counts, dtype, local)
     }
 
     fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use hvd_collective::testing::{Backend, LocalJob};
-use hvd_collective::{Alltoallv, Communicator, DType, Error, ReduceOp, Thresholds};
+use hvd_collective::{
+    Alltoallv, Communicator, DType, Error, ReduceOp, StagedAllreduce, Thresholds,
+};
 
 mod common;
 use common::{LARGE, run_all};
@@ -195,7 +197,13 @@ fn staged_allreduce_matches_the_reference(backend: Backend) {
                             let seed = k * 10 + op as usize;
                             let mut io = Pieces::new(&common::input(dtype, me, seed, count), dtype.size());
                             let tag = format!("staged {op} {dtype} x {count} on {n} ranks (rank {me}, arena={arena})");
-                            c.allreduce_staged(count * dtype.size(), dtype, op, &mut io, &mut scratch)
+                            c.allreduce_staged(StagedAllreduce {
+                                len: count * dtype.size(),
+                                dtype,
+                                op,
+                                io: &mut io,
+                                scratch: &mut scratch,
+                            })
                                 .map_err(|e| format!("{tag}: {e}"))?;
                             let want: Vec<f64> =
                                 (0..count).map(|i| common::reference(dtype, op, n, seed, i)).collect();
@@ -206,7 +214,13 @@ fn staged_allreduce_matches_the_reference(backend: Backend) {
                     if backend == Backend::Shm && arena > 0 && n > 1 {
                         let data = f32s(&[1.0; 1000]);
                         let r = if me == 1 {
-                            c.allreduce_staged(data.len(), DType::F32, ReduceOp::Sum, &mut Pieces::new(&data, 4), &mut scratch)
+                            c.allreduce_staged(StagedAllreduce {
+                                len: data.len(),
+                                dtype: DType::F32,
+                                op: ReduceOp::Sum,
+                                io: &mut Pieces::new(&data, 4),
+                                scratch: &mut scratch,
+                            })
                         } else {
                             c.allreduce_in_place(&mut data.clone(), DType::F32, ReduceOp::Sum)
                         };

@@ -7,7 +7,7 @@ use crate::fused::FusedIo;
 use crate::kernels::{elementwise, fill_identity, scale};
 use crate::message::{OpKind, RequestMeta};
 use crate::timeline::{EventName, Phase};
-use hvd_collective::{Allgatherv, Alltoallv, DType, Reducescatter};
+use hvd_collective::{Allgatherv, Alltoallv, DType, Reducescatter, StagedAllreduce};
 
 impl Worker {
     pub(super) fn run_fused(&mut self, metas: &[RequestMeta]) -> Result<(), Stop> {
@@ -75,13 +75,13 @@ impl Worker {
         if let Some(t) = &mut self.timeline {
             io.phases(t, lanes.clone(), activity);
         }
-        let result = self.transport.allreduce_staged(
-            total,
-            first.dtype,
-            reduction,
-            &mut io,
-            &mut self.fusion,
-        );
+        let result = self.transport.allreduce_staged(StagedAllreduce {
+            len: total,
+            dtype: first.dtype,
+            op: reduction,
+            io: &mut io,
+            scratch: &mut self.fusion,
+        });
         io.finish();
         self.mark(&lanes, Phase::End, None); // the operation
         result?;
