@@ -5,7 +5,10 @@
 # Usage: bench/allreduce.sh [MAX_BYTES]        (default 256 MiB)
 # Env:   HVD_BIN  the hvd binary (default: builds and uses target/release/hvd; a debug build is refused unless
 #                 ALLOW_DEBUG=1: its numbers mean nothing)
-#        BACKEND  hvd backend (default shm); EXTRA_4 = 1 also runs hvd with 4 ranks (oversubscribed check)
+#        BACKEND  hvd backend (default shm)
+#        EXTRA_4  1 (default) also runs 4 ranks on this machine, hvd and OpenMPI (`mpirun --oversubscribe -np 4`,
+#                 unbound, so OpenMPI yields when idle), and prints their times against each one's 2-rank time
+#                 (on a 2-core machine: ranks beyond cores); 0 skips them
 #        REPS     interleaved repetitions of every run (default 3); the table shows the median over them
 #        SETTLE   seconds to pause before each run (default 1)
 set -euo pipefail
@@ -34,7 +37,7 @@ mpicc -O2 -o "$work/allreduce_mpi" bench/allreduce_mpi.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "# machine: $(nproc) cores, load $load_before; hvd: $HVD_BIN; backend: $BACKEND; $REPS interleaved repetitions" >&2
-: > "$work/memcpy.json"; : > "$work/mpi.json"; : > "$work/hvd.json"; : > "$work/hvd4.json"
+: > "$work/memcpy.json"; : > "$work/mpi.json"; : > "$work/hvd.json"; : > "$work/hvd4.json"; : > "$work/mpi4.json"
 # Each run starts after a pause: mpirun's daemons take a moment to exit and would otherwise compete with the
 # first (smallest) sizes of the next run.
 settle() { sleep "${SETTLE:-1}"; }
@@ -44,9 +47,11 @@ for rep in $(seq "$REPS"); do
   mpirun -np 2 --bind-to core --oversubscribe --mca btl self,vader "$work/allreduce_mpi" "$MAX" >> "$work/mpi.json"
   settle
   "$HVD_BIN" bench allreduce --workers 2 --backend "$BACKEND" --max-bytes "$MAX" --json >> "$work/hvd.json"
-  if [ "${EXTRA_4:-0}" = 1 ]; then
+  if [ "${EXTRA_4:-1}" = 1 ]; then
     settle
     "$HVD_BIN" bench allreduce --workers 4 --backend "$BACKEND" --max-bytes "$MAX" --json >> "$work/hvd4.json"
+    settle
+    mpirun -np 4 --oversubscribe --mca btl self,vader "$work/allreduce_mpi" "$MAX" >> "$work/mpi4.json"
   fi
   echo "# repetition $rep done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 done
@@ -62,11 +67,12 @@ def by_size(rows):
                 "busbw_gbps": statistics.median(x["busbw_gbps"] for x in rs), "n": len(rs)}
             for b, rs in out.items()}
 mem = statistics.median(r["memcpy_gbps"] for r in load("memcpy.json"))
-mpi, hvd, hvd4 = by_size(load("mpi.json")), by_size(load("hvd.json")), by_size(load("hvd4.json"))
+mpi, hvd = by_size(load("mpi.json")), by_size(load("hvd.json"))
+hvd4, mpi4 = by_size(load("hvd4.json")), by_size(load("mpi4.json"))
 print(f"load before {before}, after {after}; medians over {min(r['n'] for r in hvd.values())} repetitions")
 print(f"memcpy (1 thread, 256 MiB): {mem:.2f} GB/s")
 hdr = f"{'size':>10} {'hvd_us':>10} {'mpi_us':>10} {'lat_ratio':>9} {'hvd_busbw':>10} {'mpi_busbw':>10} {'bw_ratio':>8}"
-if hvd4: hdr += f" {'hvd4_us':>10} {'4v2_per_byte':>12}"
+if hvd4: hdr += f" {'hvd4_us':>10} {'hvd_4v2':>8} {'mpi4_us':>10} {'mpi_4v2':>8} {'lat4_ratio':>10}"
 print(hdr)
 def size(b):
     for u, s in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
@@ -77,9 +83,13 @@ for b in sorted(hvd):
     if not m: continue
     line = (f"{size(b):>10} {h['median_us']:>10.2f} {m['median_us']:>10.2f} {h['median_us'] / m['median_us']:>9.2f} "
             f"{h['busbw_gbps']:>10.3f} {m['busbw_gbps']:>10.3f} {h['busbw_gbps'] / max(m['busbw_gbps'], 1e-12):>8.2f}")
-    if b in hvd4:
-        line += f" {hvd4[b]['median_us']:>10.2f} {hvd4[b]['median_us'] / h['median_us']:>12.2f}"
+    if b in hvd4 and b in mpi4:
+        h4, m4 = hvd4[b]["median_us"], mpi4[b]["median_us"]
+        line += f" {h4:>10.2f} {h4 / h['median_us']:>8.2f} {m4:>10.2f} {m4 / m['median_us']:>8.2f} {h4 / m4:>10.2f}"
     print(line)
 print("lat_ratio = hvd median / OpenMPI median (lower is better); bw_ratio = hvd busbw / OpenMPI busbw (higher is better)")
-if hvd4: print("4v2_per_byte = time of 4 ranks / time of 2 ranks for the same buffer (goal <= 3)")
+if hvd4:
+    print("hvd_4v2, mpi_4v2 = time of 4 ranks / time of 2 ranks for the same buffer, each against its own 2-rank time "
+          "(goal for hvd <= 3); lat4_ratio = hvd 4 ranks / OpenMPI 4 ranks")
+    print(f"4 ranks on {os.cpu_count()} cores: hvd as pinned threads (2 per core), OpenMPI as unbound processes")
 PY

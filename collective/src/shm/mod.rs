@@ -8,9 +8,10 @@
 //! Waiting spins (one pause per round), then yields, then sleeps on a futex in the rank's control line (with a
 //! short timeout, so liveness checks still run). A rank announces its sleep in that word; a publisher calls
 //! `FUTEX_WAKE` only when it sees the announcement, so the hot path makes no system call. With more ranks than
-//! cores (4 ranks on 2 cores) a waiter spins only a few rounds and yields a few times before it sleeps, and
-//! positions are published with a full fence so no wake-up is missed; with a core per rank the publish is a plain
-//! release store and a wake-up missed in a race costs at most one futex timeout.
+//! cores (4 ranks on 2 cores) a waiter spins only a few rounds and yields for at most 2 µs before it sleeps (a
+//! rank that keeps yielding while its core's other rank works slows that rank down: 4 ranks at 16-64 MiB took
+//! twice as long), and positions are published with a full fence so no wake-up is missed; with a core per rank
+//! the publish is a plain release store and a wake-up missed in a race costs at most one futex timeout.
 //!
 //! Liveness: a rank marks itself gone on drop (clean) or aborted; a rank whose process no longer exists
 //! (`kill(pid, 0)` fails with ESRCH) is dead. The first rank that gives up writes the culprit into the abort word,
@@ -39,9 +40,10 @@ pub use segment::ShmSegment;
 /// Fruitless polling rounds spent spinning before yielding, with a core per rank and with more ranks than cores.
 const SPIN: u32 = 4096;
 const SPIN_OVERSUBSCRIBED: u32 = 4;
-/// Rounds spent yielding before sleeping on the futex.
+/// Rounds spent yielding before sleeping on the futex, with a core per rank.
 const YIELDS: u32 = 512;
-const YIELDS_OVERSUBSCRIBED: u32 = 8;
+/// With more ranks than cores: how long a rank yields without progress before it sleeps on the futex.
+const YIELD_FOR_OVERSUBSCRIBED: Duration = Duration::from_micros(2);
 
 /// One rank's end of a shared memory segment (aligned so that in-process ranks never share a cache line).
 #[repr(align(128))]
@@ -52,13 +54,18 @@ pub struct ShmTransport {
     global: Vec<usize>,
     my_pid: u32,
     last_liveness: Instant,
-    /// Publish ring positions with a full fence, so a peer about to sleep never misses the wake-up. Needed when
-    /// ranks outnumber cores (they sleep often); otherwise a plain release store lets this rank go on without
-    /// waiting for the cache line, and a rare missed wake-up costs one futex timeout (the peer spins first).
-    strict_wake: bool,
-    /// Fruitless polling rounds to spin, then to yield, before sleeping on the futex.
+    /// More ranks than cores. Then positions are published with a full fence, so a peer about to sleep never
+    /// misses the wake-up (they sleep often); otherwise a plain release store lets this rank go on without waiting
+    /// for the cache line, and a rare missed wake-up costs one futex timeout (the peer spins first). And a waiter
+    /// yields for a time (`yield_for`) rather than a count before it sleeps.
+    oversubscribed: bool,
+    /// Fruitless polling rounds to spin, then to yield, before sleeping on the futex (with a core per rank).
     spin: u32,
     yields: u32,
+    /// With more ranks than cores: how long to yield without progress before sleeping on the futex.
+    yield_for: Duration,
+    /// When the current wait of `wait_inner` began to yield.
+    yielding_since: Option<Instant>,
     /// This rank's view of each outgoing ring, by local peer index.
     cursors: Vec<Cursor>,
     /// Arena steps this rank has completed (equal on every rank between operations).
@@ -96,23 +103,27 @@ impl ShmTransport {
         seg.attached().fetch_add(1, Ordering::AcqRel);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let oversubscribed = seg.ranks > cores;
+        let yields_set = env_u32(env_vars::HVD_SHM_YIELDS);
+        let yields = yields_set.unwrap_or(if oversubscribed { 0 } else { YIELDS });
         Ok(ShmTransport {
             seg,
             rank: local,
             global,
             my_pid,
             last_liveness: Instant::now(),
-            strict_wake: oversubscribed,
+            oversubscribed,
             spin: env_u32(env_vars::HVD_SHM_SPIN).unwrap_or(if oversubscribed {
                 SPIN_OVERSUBSCRIBED
             } else {
                 SPIN
             }),
-            yields: env_u32(env_vars::HVD_SHM_YIELDS).unwrap_or(if oversubscribed {
-                YIELDS_OVERSUBSCRIBED
-            } else {
-                YIELDS
-            }),
+            yields,
+            // An explicit count of yields applies to oversubscribed ranks too.
+            yield_for: match (oversubscribed, yields_set) {
+                (true, None) => YIELD_FOR_OVERSUBSCRIBED,
+                _ => Duration::ZERO,
+            },
+            yielding_since: None,
             cursors,
             arena_steps: 0,
         })
@@ -249,7 +260,7 @@ impl ShmTransport {
                     self.check_peer(r, true)?;
                 }
             }
-            if idle < self.spin + self.yields {
+            if idle < self.spin + self.yields || started.elapsed() < self.yield_for {
                 std::thread::yield_now();
                 continue;
             }
@@ -266,11 +277,22 @@ impl ShmTransport {
         }
     }
 
+    /// Whether the wait of `wait_inner` has yielded for less than `yield_for` so far.
+    fn yield_longer(&mut self) -> bool {
+        if self.yield_for.is_zero() {
+            return false;
+        }
+        self.yielding_since
+            .get_or_insert_with(Instant::now)
+            .elapsed()
+            < self.yield_for
+    }
+
     /// Stores `value` into this rank's published `word` and wakes sleeping ranks (full fence when ranks outnumber
-    /// cores, see `strict_wake`).
+    /// cores, see `oversubscribed`).
     fn publish(&self, word: &AtomicU64, value: u64) {
         let others = (0..self.seg.ranks).filter(|r| *r != self.rank);
-        if self.strict_wake {
+        if self.oversubscribed {
             word.store(value, Ordering::SeqCst);
             others.for_each(|r| self.seg.wake(r));
         } else {

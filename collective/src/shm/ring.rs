@@ -82,7 +82,7 @@ impl ShmTransport {
         op.finished = op.pos == total;
         self.cursors[to].head = head + k as u64;
         let head_a = self.seg.head(me, to);
-        if self.strict_wake {
+        if self.oversubscribed {
             head_a.store(head + k as u64, Ordering::SeqCst);
             self.seg.wake(to);
         } else {
@@ -140,7 +140,7 @@ impl ShmTransport {
         }
         op.pos += k;
         op.finished = op.pos == total;
-        if self.strict_wake {
+        if self.oversubscribed {
             tail_a.store(tail + k as u64, Ordering::SeqCst);
             self.seg.wake(from);
         } else {
@@ -170,7 +170,11 @@ impl ShmTransport {
             return self.check_abort();
         }
         self.check_abort()?;
-        if idle < spin + yields || !may_sleep {
+        if idle <= spin.max(1) {
+            self.yielding_since = None;
+        }
+        let yielding = idle < spin + yields || self.yield_longer();
+        if yielding || !may_sleep {
             std::thread::yield_now();
             if !idle.is_multiple_of(64) {
                 return Ok(());
@@ -193,7 +197,7 @@ impl ShmTransport {
         }
         // Sleep until a peer publishes something. Announce the sleep first, then re-check, so a peer that
         // publishes in between either is seen here or sees the flag and wakes us.
-        if !may_sleep || idle < spin + yields {
+        if !may_sleep || yielding {
             return Ok(());
         }
         let me = self.rank;
