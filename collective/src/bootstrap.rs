@@ -67,7 +67,49 @@ pub fn from_env() -> Result<Box<dyn Communicator>> {
         .unwrap_or_default()
         .parse()?;
     let job = JobEnv::from_env()?;
-    connect(&job, choice, timeout_from_env()?)
+    let timeout = timeout_from_env()?;
+    if std::env::var(env_vars::HVD_ELASTIC).is_ok_and(|v| v.trim() == "1") {
+        return connect_elastic(&job, choice, timeout);
+    }
+    connect(&job, choice, timeout)
+}
+
+/// Joins the next round of an elastic job (`HVD_ELASTIC=1`): `job.rank` is this worker's slot; its rank and the
+/// round's size come from the launcher's server ([`KeyValueClient::elastic_join`]), and the round's keys are in the
+/// server's round namespace. The server waits for the round up to the start-up timeout.
+fn connect_elastic(
+    job: &JobEnv,
+    choice: BackendChoice,
+    timeout: Duration,
+) -> Result<Box<dyn Communicator>> {
+    if matches!(choice, BackendChoice::Mpi | BackendChoice::Nccl) {
+        return Err(Error::Bootstrap(format!(
+            "an elastic job (`{}=1`) runs on hvd's own transports (shm, tcp, hierarchical), not on the {choice:?} \
+             backend, whose job is fixed when it starts",
+            env_vars::HVD_ELASTIC
+        )));
+    }
+    let Some(rendezvous) = &job.rendezvous else {
+        return Err(Error::Bootstrap(format!(
+            "an elastic job needs the launcher's rendezvous server (`{}`)",
+            env_vars::HVD_RENDEZVOUS
+        )));
+    };
+    let client = rendezvous.client(job.rank).with_retry_for(timeout);
+    let seat = client.elastic_join(timeout)?;
+    tracing::debug!(slot = job.rank, round = %seat.round, rank = seat.rank, size = seat.size, "elastic round");
+    let member = JobEnv {
+        rank: seat.rank,
+        size: seat.size,
+        ..job.clone()
+    };
+    connect_in(
+        &member,
+        choice,
+        timeout,
+        rendezvous,
+        client.in_round(seat.round),
+    )
 }
 
 /// Joins `job` with `choice`; `timeout` bounds the start-up and becomes the operation timeout.
@@ -94,6 +136,17 @@ pub fn connect(
         .client(job.rank)
         .with_retry_for(timeout)
         .next_round();
+    connect_in(job, choice, timeout, rendezvous, kv)
+}
+
+/// Joins `job` through `kv`, a client already in the round's namespace.
+fn connect_in(
+    job: &JobEnv,
+    choice: BackendChoice,
+    timeout: Duration,
+    rendezvous: &Rendezvous,
+    kv: KeyValueClient,
+) -> Result<Box<dyn Communicator>> {
     let ip = listen_ip(rendezvous, timeout)?;
     let listener = listen(ip)?;
     let addr = listener

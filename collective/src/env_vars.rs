@@ -36,6 +36,9 @@ hvd_env_vars::env_vars! {
     HVD_HOSTNAME;
     /// `host:port` of the launcher's rendezvous server, or `file:DIR` for a directory shared by all ranks.
     HVD_RENDEZVOUS;
+    /// `1` for the workers of an elastic step (set by `hvd run`): each join asks the launcher's rendezvous for this
+    /// worker's rank and the size of the job's next round.
+    HVD_ELASTIC;
     /// Token for the rendezvous server (`Authorization: Bearer`) and the tcp handshake.
     HVD_JOB_TOKEN;
     /// Names the job for a `file:` rendezvous (default `SLURM_JOB_ID.SLURM_STEP_ID` under Slurm, else none).

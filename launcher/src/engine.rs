@@ -183,6 +183,9 @@ pub struct PlannedStep {
     pub timeout: Option<Duration>,
     /// How many times the step starts again after a rank fails (`--max-restarts`, else `restarts`, else 0).
     pub restarts: u32,
+    /// `Some(min)`: an elastic step (`workers = { min, max }`, `--min-workers`): it starts `workers` and goes on
+    /// while at least `min` are alive (docs/running.md, Elastic steps).
+    pub min_workers: Option<u32>,
 }
 
 /// What `hvd run` will do.

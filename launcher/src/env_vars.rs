@@ -113,7 +113,7 @@ hvd_env_vars::env_vars! {
 /// documented in its table: the rendezvous and token, the rank variables, the host name, the tcp interface (ssh),
 /// and the spark driver's per-task `HVD_SPARK_*`.
 pub use hvd_collective::env_vars::{
-    HVD_CROSS_RANK, HVD_CROSS_SIZE, HVD_HOSTNAME, HVD_JOB_TOKEN, HVD_LOCAL_RANK, HVD_LOCAL_SIZE,
-    HVD_RANK, HVD_RENDEZVOUS, HVD_SIZE, HVD_SPARK_CROSS_RANK, HVD_SPARK_CROSS_SIZE,
+    HVD_CROSS_RANK, HVD_CROSS_SIZE, HVD_ELASTIC, HVD_HOSTNAME, HVD_JOB_TOKEN, HVD_LOCAL_RANK,
+    HVD_LOCAL_SIZE, HVD_RANK, HVD_RENDEZVOUS, HVD_SIZE, HVD_SPARK_CROSS_RANK, HVD_SPARK_CROSS_SIZE,
     HVD_SPARK_LOCAL_RANK, HVD_SPARK_LOCAL_SIZE, HVD_SPARK_RANK, HVD_SPARK_SIZE, HVD_TCP_INTERFACE,
 };

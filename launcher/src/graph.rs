@@ -130,12 +130,22 @@ pub fn plan(
     let project_dir = project_dir(&project.file);
     let mut steps = Vec::new();
     for step in selected {
-        let workers = match (step.workers, options.workers) {
+        let workers = match (step.workers, options.max_workers.or(options.workers)) {
             (Some(_), Some(n)) | (Some(n), None) => Some(n),
             (None, _) => None,
         };
         if workers == Some(0) {
             return Err(LaunchError::ZeroWorkers(step.name.clone()));
+        }
+        let min_workers = workers.and(options.min_workers.or(step.min_workers));
+        if let (Some(min), Some(max)) = (min_workers, workers)
+            && (min > max || min == 0)
+        {
+            return Err(LaunchError::ElasticRange {
+                step: step.name.clone(),
+                min,
+                max,
+            });
         }
         let mut env = project.env.variables.clone();
         env.extend(step.env.clone());
@@ -164,6 +174,7 @@ pub fn plan(
             outputs: step.outputs.clone(),
             timeout: step.timeout_ms.map(Duration::from_millis),
             restarts: restarts_of(step, options),
+            min_workers,
         });
     }
     Ok(Plan {
@@ -271,6 +282,12 @@ impl Plan {
             }
             if !step.outputs.is_empty() {
                 let _ = writeln!(out, "   outputs: {}", step.outputs.join(", "));
+            }
+            if let Some(min) = step.min_workers {
+                let _ = writeln!(
+                    out,
+                    "   elastic: goes on while at least {min} of its workers are alive (HVD_ELASTIC=1)"
+                );
             }
             if step.restarts > 0 {
                 let _ = writeln!(

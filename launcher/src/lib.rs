@@ -68,6 +68,11 @@ pub enum LaunchError {
     Engine(String),
     #[error("step `{0}` has 0 workers; use at least 1")]
     ZeroWorkers(String),
+    #[error(
+        "step `{step}` is elastic with a minimum of {min} workers but starts only {max}; the minimum must not \
+         exceed the workers it starts with (`--min-workers`, `--max-workers`, `workers = {{ min, max }}`)"
+    )]
+    ElasticRange { step: String, min: u32, max: u32 },
     #[error("failed to start rank {rank} of step `{step}`: cannot run `{program}`")]
     Spawn {
         step: String,

@@ -29,6 +29,14 @@ pub struct RunOptions {
     /// `--max-restarts N`: overrides every step's `restarts` (how many times a step starts again after a rank
     /// fails).
     pub max_restarts: Option<u32>,
+    /// `--min-workers N`: makes every distributed step elastic with this minimum (over the step's
+    /// `workers = { min }`).
+    pub min_workers: Option<u32>,
+    /// `--max-workers N`: the workers every distributed step starts with (as `--workers`, which it wins over).
+    pub max_workers: Option<u32>,
+    /// `--elastic-timeout`: how long a new round of an elastic step waits for its live workers to ask to join
+    /// (from the first that asked); one that does not is left out and stopped.
+    pub elastic_timeout: Duration,
     /// Where state and logs go; default `<project dir>/.hvd`.
     pub state_dir: Option<PathBuf>,
     /// `--engine`: overrides `cluster { engine }`.
@@ -61,6 +69,9 @@ impl Default for RunOptions {
             grace: Duration::from_secs(10),
             start_timeout: None,
             max_restarts: None,
+            min_workers: None,
+            max_workers: None,
+            elastic_timeout: Duration::from_secs(60),
             state_dir: None,
             engine: None,
             mpi: None,

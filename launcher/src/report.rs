@@ -114,6 +114,14 @@ pub enum Cause {
     StartTimeout { missing: Vec<u32>, after: Duration },
     /// `hvd run` got SIGINT/SIGTERM.
     Interrupted { signal: i32 },
+    /// An elastic step lost workers until fewer than its minimum were left; `rank` is the last one lost (its slot).
+    BelowMinimum {
+        rank: u32,
+        host: String,
+        exit: WorkerExit,
+        left: u32,
+        min: u32,
+    },
 }
 
 /// What the run's failure summary says.

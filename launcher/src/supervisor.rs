@@ -423,6 +423,11 @@ fn run_step(
         ] {
             attempt.env.insert(name.to_owned(), restart.to_string());
         }
+        if step.min_workers.is_some() && step.workers.is_some() {
+            attempt
+                .env
+                .insert(crate::env_vars::HVD_ELASTIC.to_owned(), "1".to_owned());
+        }
         let attempt_log = match restart {
             0 => log_dir.to_path_buf(),
             n => log_dir.join(format!("restart.{n}")),
@@ -469,6 +474,22 @@ fn run_attempt(
     let rendezvous = match step.workers {
         Some(_) => Some(start_rendezvous(engine, step)?),
         None => None,
+    };
+    // An elastic step: the server hands out each round's ranks, and a lost worker does not stop the others.
+    let elastic = match (step.min_workers, step.workers, &rendezvous) {
+        (Some(_), Some(_), _) if launcher.is_some() => {
+            return Err(LaunchError::Engine(format!(
+                "step `{}` is elastic, but the {} engine starts its ranks through one launcher process, which \
+                 cannot lose a rank and go on; run elastic steps on the local or ssh engine",
+                step.name,
+                engine.name()
+            )));
+        }
+        (Some(min), Some(n), Some((server, _))) => {
+            server.set_elastic(n, job.options.elastic_timeout);
+            Some(min)
+        }
+        _ => None,
     };
     let info = rendezvous.as_ref().map(|(s, t)| RendezvousInfo {
         addr: s.addr(),
@@ -639,6 +660,7 @@ fn run_attempt(
                 log_dir,
                 started,
                 restartable,
+                elastic,
             },
             &mut workers,
             &exit_rx,
@@ -713,7 +735,7 @@ fn complete_failures(job: &Job<'_>, step: &PlannedStep, workers: &[Worker], laun
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     for (_, failure) in failures.iter_mut().filter(|(_, f)| f.step == step.name) {
-        if let Cause::Worker { rank, .. } = failure.cause
+        if let Cause::Worker { rank, .. } | Cause::BelowMinimum { rank, .. } = failure.cause
             && let Some(worker) = workers.iter().find(|w| w.rank == rank)
         {
             let tail = worker
@@ -754,6 +776,8 @@ struct Attempt<'a> {
     started: Instant,
     /// A failing rank stops this attempt's workers only, and the step starts again.
     restartable: bool,
+    /// `Some(min)`: an elastic step; a lost worker does not stop the others while `min` are left.
+    elastic: Option<u32>,
 }
 
 /// Waits for the workers of one attempt of a step, stopping them when the job stops (or, `restartable`, when one
@@ -770,7 +794,12 @@ fn supervise(
         log_dir,
         started,
         restartable,
+        elastic,
     } = attempt;
+    // An elastic step's workers lost so far (failed, or left out of a round), by slot, and those being stopped
+    // because a round formed without them.
+    let mut lost = std::collections::BTreeSet::new();
+    let mut dropping: Vec<(usize, Instant)> = Vec::new();
     // A rank of a restartable attempt failed: stop this attempt's workers (not the job's).
     let mut restart = false;
     let size = workers.len() as u32;
@@ -788,6 +817,56 @@ fn supervise(
                 signal_group(worker.pgid, libc::SIGKILL);
                 if let Some(w) = &job.watchdog {
                     w.unwatch(worker.pgid);
+                }
+                if let (Some(min), Some(server)) = (elastic, rendezvous) {
+                    server.worker_gone(worker.rank);
+                    // Once the attempt is being stopped (to start again, or for good), exits are its doing.
+                    if exit != WorkerExit::Code(0) && !job.stopping() && !restart {
+                        lost.insert(worker.rank);
+                        let left = size - lost.len() as u32;
+                        if left >= min {
+                            job.events.event(Event::Note {
+                                text: format!(
+                                    "rank {} of step `{}` was lost ({exit}); {left} of its {size} workers go on \
+                                     (elastic, minimum {min})",
+                                    worker.rank, step.name
+                                ),
+                            });
+                            continue;
+                        }
+                        all_ok = false;
+                        let cause = Cause::BelowMinimum {
+                            rank: worker.rank,
+                            host: worker.host.clone(),
+                            exit,
+                            left,
+                            min,
+                        };
+                        let reason = format!(
+                            "rank {} of step `{}` was lost ({exit}): {left} of its workers are left, fewer than its \
+                             minimum of {min}; stopping the others (grace {} s)",
+                            worker.rank,
+                            step.name,
+                            job.options.grace.as_secs_f64()
+                        );
+                        if restartable {
+                            restart = true;
+                            job.events.event(Event::Stopping { reason });
+                        } else {
+                            job.fail(
+                                when,
+                                FailureSummary {
+                                    step: step.name.clone(),
+                                    cause,
+                                    exit_code: exit.code(),
+                                    stderr_tail: Vec::new(),
+                                    log_dir: log_dir.to_path_buf(),
+                                },
+                                reason,
+                            );
+                        }
+                        continue;
+                    }
                 }
                 if exit != WorkerExit::Code(0) && restartable && !job.stopping() {
                     all_ok = false;
@@ -827,6 +906,37 @@ fn supervise(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         job.check_interrupts(&step.name, log_dir);
+        // Live workers a round of an elastic step formed without (they did not ask to join in time): stop them;
+        // they count as lost.
+        if let (Some(_), Some(server)) = (elastic, rendezvous) {
+            for slot in server.elastic_dropped() {
+                if let Some(index) = workers
+                    .iter()
+                    .position(|w| w.rank == slot && w.exited.is_none())
+                    && !dropping.iter().any(|(i, _)| *i == index)
+                {
+                    dropping.push((index, Instant::now()));
+                    job.events.event(Event::Note {
+                        text: format!(
+                            "rank {slot} of step `{}` did not rejoin within {} s; stopping it (elastic)",
+                            step.name,
+                            job.options.elastic_timeout.as_secs_f64()
+                        ),
+                    });
+                    let w = &mut workers[index];
+                    match w.stdin.take() {
+                        Some(mut stdin) => crate::engine::send_stop(&mut stdin, libc::SIGTERM),
+                        None => signal_group(w.pgid, libc::SIGTERM),
+                    }
+                }
+            }
+            for (index, since) in &dropping {
+                let w = &workers[*index];
+                if w.exited.is_none() && since.elapsed() >= job.options.grace {
+                    signal_group(w.pgid, libc::SIGKILL);
+                }
+            }
+        }
         if let Some(limit) = step.timeout
             && started.elapsed() > limit
             && !job.stopping()

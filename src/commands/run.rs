@@ -55,6 +55,18 @@ pub struct RunArgs {
     /// first failure ends the run).
     #[arg(long, value_name = "N")]
     pub max_restarts: Option<u32>,
+    /// Make every distributed step elastic: it goes on while at least N of its workers are alive (overrides
+    /// `workers = { min }`; docs/running.md, Elastic steps).
+    #[arg(long, value_name = "N")]
+    pub min_workers: Option<u32>,
+    /// The workers every distributed step starts with (as `--workers`, which it overrides; an elastic step's
+    /// `max`).
+    #[arg(long, value_name = "N")]
+    pub max_workers: Option<u32>,
+    /// Seconds a new round of an elastic step waits for its live workers to rejoin after a loss (from the first
+    /// that rejoined); one that does not is left out and stopped.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub elastic_timeout: f64,
     /// Run in this already-built environment directory (its `bin/` first on PATH) instead of building the env.
     #[arg(long, value_name = "DIR", conflicts_with = "no_build")]
     pub env_dir: Option<PathBuf>,
@@ -345,6 +357,17 @@ fn options(
             .map(|s| seconds("start-timeout", s))
             .transpose()?,
         max_restarts: args.max_restarts,
+        min_workers: args.min_workers,
+        max_workers: args.max_workers,
+        elastic_timeout: match seconds("elastic-timeout", args.elastic_timeout)? {
+            // A round that waited for nobody would leave out every worker but the first to rejoin.
+            t if t.is_zero() => {
+                return Err(Failure::usage(
+                    "`--elastic-timeout` must be more than 0 seconds".to_owned(),
+                ));
+            }
+            t => t,
+        },
         state_dir: None,
         engine,
         mpi: args.mpi.clone(),
@@ -455,8 +478,19 @@ fn summary(failure: &FailureSummary) -> String {
                 hvd_launcher::process::signal_name(*signal)
             )
         }
+        Cause::BelowMinimum {
+            rank,
+            host,
+            exit,
+            left,
+            min,
+        } => format!(
+            "step `{}` failed: {left} of its workers are left, fewer than its minimum of {min} (elastic); the last \
+             one lost was rank {rank} on {host} ({exit})",
+            failure.step
+        ),
     };
-    if let Cause::Worker { rank, .. } = &failure.cause {
+    if let Cause::Worker { rank, .. } | Cause::BelowMinimum { rank, .. } = &failure.cause {
         if failure.stderr_tail.is_empty() {
             out.push_str(&format!("\n(rank {rank} wrote nothing to stderr)"));
         } else {

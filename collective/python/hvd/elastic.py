@@ -156,10 +156,22 @@ class TorchState(ObjectState):
         self._save_modules()
 
 
+# How many times a re-form is tried when another peer is lost while the new round is being joined.
+_RESET_ATTEMPTS = 3
+
+
 def _reset():
-    """Leaves the job and joins its next round (new ranks, new size, new communicators)."""
-    _hvd.shutdown()
-    _hvd.init()
+    """Leaves the job and joins its next round (new ranks, new size, new communicators). A peer lost while the
+    round is being joined (it died after asking to join) makes the next round form without it: joined again, up to
+    ``_RESET_ATTEMPTS`` times."""
+    for attempt in range(_RESET_ATTEMPTS):
+        _hvd.shutdown()
+        try:
+            _hvd.init()
+            return
+        except _hvd.PeerLostError:
+            if attempt + 1 == _RESET_ATTEMPTS:
+                raise
 
 
 def run(func):

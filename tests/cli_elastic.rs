@@ -1,0 +1,197 @@
+//! Elastic steps (issue #19 §2, §3) under a real `hvd run` on the local engine: workers of a numpy training script
+//! that uses `hvd.elastic` kill themselves (SIGKILL) at chosen steps; the survivors re-form the job and finish with
+//! every committed step counted once and the same state everywhere, or, below the minimum, the run fails saying so.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+mod common;
+
+use common::{allreduce_runtime, text};
+
+/// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation
+/// count, committed after each step; `ELASTIC_KILL` (`slot:step,...`) names the workers that send themselves
+/// `ELASTIC_SIGNAL` (default SIGKILL) when they begin a step. Every worker prints its re-forms and, at the end,
+/// what it finished with and whether every rank of the final round agrees.
+const TRAIN: &str = r#"
+import os
+import numpy as np
+import hvd
+
+steps = int(os.environ["ELASTIC_STEPS"])
+slot = int(os.environ["HVD_RANK"])
+kills = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_KILL", "").split(",") if k)
+signal = int(os.environ.get("ELASTIC_SIGNAL", "9"))
+
+hvd.init()
+print("slot %d starts as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)
+state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))
+state.register_reset_callbacks(
+    [lambda: print("slot %d re-formed as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)])
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < steps:
+        if kills.get(slot) == state.step:
+            os.kill(os.getpid(), signal)
+        g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
+        c = hvd.allreduce(np.array([1.0]), op=hvd.Sum, name="count")
+        state.w = state.w + g
+        # 1 when every member of the round took part in this step.
+        state.count += float(c[0]) / hvd.size()
+        state.step += 1
+        state.commit()
+
+
+train(state)
+final = hvd.allgather_object((state.step, state.count, state.w.tolist()))
+print("slot %d finished as rank %d of %d: step %d count %r w0 %r agree %s" % (
+    slot, hvd.rank(), hvd.size(), state.step, state.count, float(state.w[0]), all(f == final[0] for f in final)), flush=True)
+hvd.shutdown()
+"#;
+
+/// A unique marker every worker of one test carries (`HVD_TEST_MARKER`), to find what a run left behind.
+fn marker() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("elastic-{}-{nanos}", std::process::id())
+}
+
+/// A project whose step `train` runs the training script on `workers` (as written in the file).
+fn project(workers: &str, steps: u32, kill: &str, marker: &str) -> tempfile::TempDir {
+    project_with_signal(workers, steps, kill, 9, marker)
+}
+
+/// [`project`] whose killed workers send themselves `signal`.
+fn project_with_signal(
+    workers: &str,
+    steps: u32,
+    kill: &str,
+    signal: i32,
+    marker: &str,
+) -> tempfile::TempDir {
+    let (python, package, lib) = allreduce_runtime();
+    let dir = common::project(&format!(
+        "step train {{\n  run = \"{python} train.py\"\n  workers = {workers}\n  env = {{ PYTHONPATH = \"{}\", \
+         HVD_LIBRARY = \"{}\", ELASTIC_STEPS = \"{steps}\", ELASTIC_KILL = \"{kill}\", ELASTIC_SIGNAL = \
+         \"{signal}\", HVD_TEST_MARKER = \"{marker}\" }}\n}}",
+        package.display(),
+        lib.display()
+    ));
+    std::fs::write(dir.path().join("train.py"), TRAIN).unwrap();
+    dir
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    common::hvd_run_command(dir)
+        .args(["--no-build", "--grace", "2"])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+fn assert_nothing_left(marker: &str) {
+    let left = common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(20), || {
+        common::processes_with_env(&format!("HVD_TEST_MARKER={marker}"))
+    });
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+#[test]
+fn survivors_of_a_killed_rank_re_form_and_finish_every_committed_step_once() {
+    let marker = marker();
+    let steps = 24;
+    let dir = project("{ min = 2, max = 4 }", steps, "2:9", &marker);
+    let out = run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // `sh -c` reports its python's death as exit code 137.
+    assert!(
+        stderr
+            .contains("rank 2 of step `train` was lost (exit code 137); 3 of its 4 workers go on"),
+        "{stdout}\n{stderr}"
+    );
+    // The survivors, slots 0, 1 and 3, are ranks 0, 1 and 2 of a job of 3, and finish it with the same state:
+    // every step counted once, the weights the sum of every step's gradient.
+    let w0 = f64::from(steps * (steps + 1) / 2);
+    for (slot, rank) in [(0, 0), (1, 1), (3, 2)] {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
+            "slot {slot}:\n{stdout}\n{stderr}"
+        );
+        let want = format!(
+            "slot {slot} finished as rank {rank} of 3: step {steps} count {:?} w0 {w0:?} agree True",
+            f64::from(steps)
+        );
+        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    assert!(!stdout.contains("slot 2 finished"), "{stdout}");
+    assert_nothing_left(&marker);
+}
+
+#[test]
+fn an_elastic_step_below_its_minimum_fails_naming_the_reason() {
+    let marker = marker();
+    // `--min-workers` makes the step elastic from the command line; two of four workers die, one more than allowed.
+    let dir = project("4", 40, "2:3,3:3", &marker);
+    let out = run(dir.path(), &["--min-workers", "3"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(137), "{stdout}\n{stderr}");
+    // The summary, its lines joined (the renderer wraps them).
+    let flat = stderr
+        .replace('│', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        flat.contains(
+            "step `train` failed: 2 of its workers are left, fewer than its minimum of 3 (elastic); the last one \
+             lost was rank"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert_nothing_left(&marker);
+}
+
+#[test]
+fn an_elastic_range_above_the_workers_started_is_refused() {
+    let marker = marker();
+    let dir = project("{ min = 2, max = 4 }", 1, "", &marker);
+    let out = run(dir.path(), &["--max-workers", "1"]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("minimum of 2 workers but starts only 1"),
+        "{stdout}\n{stderr}"
+    );
+}
+
+/// Preemption (spot reclaim, Kubernetes eviction) arrives as SIGTERM: in an elastic step it is one more loss, not a
+/// failed run; the survivors resume from the last commit, which each of them holds.
+#[test]
+fn a_sigtermed_worker_of_an_elastic_step_is_a_loss_not_a_failed_run() {
+    let marker = marker();
+    let steps = 12;
+    let dir = project_with_signal("{ min = 2, max = 3 }", steps, "0:4", 15, &marker);
+    let out = run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr
+            .contains("rank 0 of step `train` was lost (exit code 143); 2 of its 3 workers go on"),
+        "{stdout}\n{stderr}"
+    );
+    for (slot, rank) in [(1, 0), (2, 1)] {
+        let want = format!(
+            "slot {slot} finished as rank {rank} of 2: step {steps} count {:?}",
+            f64::from(steps)
+        );
+        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    assert_nothing_left(&marker);
+}
