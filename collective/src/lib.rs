@@ -41,6 +41,8 @@ pub mod job;
 pub mod launch_env;
 pub mod mpi_backend;
 pub mod nccl;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+pub mod negotiated;
 pub mod p2p;
 pub mod reduce;
 pub mod rendezvous;

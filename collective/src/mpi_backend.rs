@@ -37,18 +37,21 @@ mod imp {
 
     use super::*;
     use crate::communicator::{Allgatherv, Alltoallv, Reducescatter};
-    use crate::header::{self, HEADER_LEN, Header, Kind};
+    use crate::header::HEADER_LEN;
+    use crate::negotiated::{Native, Negotiated};
     use crate::reduce::finish_average;
     use crate::types::{DType, ReduceOp, Topology, host_indices};
 
     type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
 
     /// A communicator over `MPI_COMM_WORLD`.
-    pub struct MpiCommunicator {
+    pub type MpiCommunicator = Negotiated<Mpi>;
+
+    /// `MPI_COMM_WORLD` through the MPI thread: the [`Native`] side of [`MpiCommunicator`].
+    pub struct Mpi {
         jobs: Option<Sender<Job>>,
         thread: Option<JoinHandle<()>>,
         topology: Topology,
-        seq: u64,
     }
 
     /// A raw buffer handed to the MPI thread; the caller blocks until the job is done, so it stays valid.
@@ -89,6 +92,12 @@ mod imp {
     impl MpiCommunicator {
         /// See [`connect`].
         pub fn new() -> Result<MpiCommunicator> {
+            Mpi::start().map(Negotiated::over)
+        }
+    }
+
+    impl Mpi {
+        fn start() -> Result<Mpi> {
             let (jobs, rx): (Sender<Job>, Receiver<Job>) = channel();
             let (init_tx, init_rx) = channel::<Result<(usize, Vec<String>)>>();
             let hostname = std::env::var(crate::env_vars::HVD_HOSTNAME)
@@ -137,11 +146,10 @@ mod imp {
             let (rank, names) = init_rx.recv().map_err(|_| {
                 Error::Bootstrap("the MPI thread died while initialising MPI".into())
             })??;
-            Ok(MpiCommunicator {
+            Ok(Mpi {
                 jobs: Some(jobs),
                 thread: Some(thread),
                 topology: Topology::from_hosts(rank, &host_indices(&names)),
-                seq: 0,
             })
         }
 
@@ -162,24 +170,9 @@ mod imp {
             rx.recv()
                 .map_err(|_| Error::Broken("the MPI thread died during a call".into()))
         }
-
-        /// Gathers every rank's header and checks them (the mismatch check of the other backends).
-        fn negotiate(&mut self, mut h: Header, local: Option<Error>) -> Result<()> {
-            self.seq += 1;
-            h.seq = self.seq;
-            h.invalid = local.is_some();
-            let n = self.topology.size;
-            let bytes = h.encode();
-            let all: Vec<u8> = self.call(move |w| {
-                let mut all = vec![0u8; HEADER_LEN * n];
-                w.all_gather_into(&bytes[..], &mut all[..]);
-                all
-            })?;
-            header::settle(&all, local)
-        }
     }
 
-    impl Drop for MpiCommunicator {
+    impl Drop for Mpi {
         fn drop(&mut self) {
             self.jobs = None;
             if let Some(t) = self.thread.take() {
@@ -280,33 +273,30 @@ mod imp {
         Ok((c, d))
     }
 
-    impl Communicator for MpiCommunicator {
+    impl Native for Mpi {
+        const NAME: &'static str = "mpi";
+
         fn topology(&self) -> Topology {
             self.topology
         }
 
-        fn backend(&self) -> &'static str {
-            "mpi"
+        fn all_gather_headers(&mut self, mine: &[u8]) -> Result<Vec<u8>> {
+            let n = self.topology.size;
+            let bytes = mine.to_vec();
+            self.call(move |w| {
+                let mut all = vec![0u8; HEADER_LEN * n];
+                w.all_gather_into(&bytes[..], &mut all[..]);
+                all
+            })
         }
 
-        fn allreduce_in_place(
-            &mut self,
-            data: &mut [u8],
-            dtype: DType,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let (h, local) = Header::allreduce(data.len(), dtype, op);
-            self.negotiate(h, local)?;
-            let raw = Raw::of_mut(data);
-            // SAFETY: `data` outlives the call, which blocks until the MPI thread is done with it.
+        fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+            let raw = Raw::of_mut(buf);
+            // SAFETY: `buf` outlives the call, which blocks until the MPI thread is done with it.
             self.call(move |w| reduce_any(w, unsafe { raw.slice() }, dtype, op))
         }
 
         fn allgatherv(&mut self, call: Allgatherv<'_>) -> Result<()> {
-            let n = self.topology.size;
-            let me = self.topology.rank;
-            let (h, local) = Header::allgatherv(&call, n, me);
-            self.negotiate(h, local)?;
             let (c, d) = byte_counts(call.counts, call.dtype.size())?;
             let (s, r) = (Raw::of(call.send), Raw::of_mut(call.recv));
             self.call(move |w| {
@@ -317,9 +307,7 @@ mod imp {
             })
         }
 
-        fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-            let (h, local) = Header::broadcast(buf.len(), root, self.topology.size, dtype);
-            self.negotiate(h, local)?;
+        fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
             let raw = Raw::of_mut(buf);
             self.call(move |w| {
                 // SAFETY: the buffer outlives the blocking call.
@@ -329,9 +317,6 @@ mod imp {
         }
 
         fn alltoallv(&mut self, call: Alltoallv<'_>) -> Result<()> {
-            let n = self.topology.size;
-            let (h, local) = Header::alltoallv(&call, n);
-            self.negotiate(h, local)?;
             let (sc, sd) = byte_counts(call.send_counts, call.dtype.size())?;
             let (rc, rd) = byte_counts(call.recv_counts, call.dtype.size())?;
             let (s, r) = (Raw::of(call.send), Raw::of_mut(call.recv));
@@ -345,10 +330,7 @@ mod imp {
         }
 
         fn reducescatter(&mut self, call: Reducescatter<'_>) -> Result<()> {
-            let n = self.topology.size;
             let me = self.topology.rank;
-            let (h, local) = Header::reducescatter(&call, n, me);
-            self.negotiate(h, local)?;
             // Uneven blocks: allreduce the whole buffer, keep this rank's block.
             let mut all = call.send.to_vec();
             let raw = Raw::of_mut(&mut all);
@@ -360,7 +342,6 @@ mod imp {
         }
 
         fn barrier(&mut self) -> Result<()> {
-            self.negotiate(Header::new(0, Kind::Barrier, DType::U8), None)?;
             self.call(|w| w.barrier())
         }
     }

@@ -37,7 +37,8 @@ mod imp {
     use super::*;
     use crate::communicator::{Allgatherv, Alltoallv, Reducescatter};
     use crate::env_vars;
-    use crate::header::{self, HEADER_LEN, Header, Kind};
+    use crate::header::HEADER_LEN;
+    use crate::negotiated::{Native, Negotiated};
     use crate::reduce::finish_average;
     use crate::types::{DType, ReduceOp, Topology};
 
@@ -75,15 +76,17 @@ mod imp {
     }
 
     /// A communicator over NCCL on one GPU.
-    pub struct NcclCommunicator {
+    pub type NcclCommunicator = Negotiated<Nccl>;
+
+    /// One GPU's NCCL communicator and stream: the [`Native`] side of [`NcclCommunicator`].
+    pub struct Nccl {
         comm: sys::ncclComm_t,
         stream: Arc<CudaStream>,
         topology: Topology,
-        seq: u64,
     }
 
     // SAFETY: the NCCL communicator handle may be used from any thread, one at a time (`&mut self`).
-    unsafe impl Send for NcclCommunicator {}
+    unsafe impl Send for Nccl {}
 
     fn env_num(name: &str) -> Option<usize> {
         std::env::var(name).ok()?.trim().parse().ok()
@@ -161,6 +164,12 @@ mod imp {
     impl NcclCommunicator {
         /// Joins the NCCL clique named by `id` on GPU `device`.
         pub fn new(topology: Topology, device: usize, id: [u8; 128]) -> Result<NcclCommunicator> {
+            Nccl::start(topology, device, id).map(Negotiated::over)
+        }
+    }
+
+    impl Nccl {
+        fn start(topology: Topology, device: usize, id: [u8; 128]) -> Result<Nccl> {
             available()?;
             let ctx = CudaContext::new(device)
                 .map_err(|e| unavailable(format!("open GPU {device}: {e:?}")))?;
@@ -181,11 +190,10 @@ mod imp {
             .map_err(|e| nccl_err("ncclCommInitRank", e))?;
             // SAFETY: initialised by the successful call above.
             let comm = unsafe { comm.assume_init() };
-            Ok(NcclCommunicator {
+            Ok(Nccl {
                 comm,
                 stream,
                 topology,
-                seq: 0,
             })
         }
 
@@ -219,12 +227,10 @@ mod imp {
             self.stream.cu_stream() as _
         }
 
-        fn negotiate(&mut self, mut h: Header, local: Option<Error>) -> Result<()> {
-            self.seq += 1;
-            h.seq = self.seq;
-            h.invalid = local.is_some();
+        /// Every rank's `mine` (`HEADER_LEN` bytes), in rank order.
+        fn all_gather_header_bytes(&self, mine: &[u8]) -> Result<Vec<u8>> {
             let n = self.topology.size;
-            let send = self.up(&h.encode())?;
+            let send = self.up(mine)?;
             let mut recv = self
                 .stream
                 .alloc_zeros::<u8>(HEADER_LEN * n)
@@ -247,7 +253,7 @@ mod imp {
             }
             let mut all = vec![0u8; HEADER_LEN * n];
             self.down(&recv, &mut all)?;
-            header::settle(&all, local)
+            Ok(all)
         }
 
         fn reduce_device(
@@ -275,43 +281,36 @@ mod imp {
         }
     }
 
-    impl Drop for NcclCommunicator {
+    impl Drop for Nccl {
         fn drop(&mut self) {
             // SAFETY: the handle came from ncclCommInitRank and is destroyed once.
             let _ = unsafe { nccl::comm_destroy(self.comm) };
         }
     }
 
-    impl Communicator for NcclCommunicator {
+    impl Native for Nccl {
+        const NAME: &'static str = "nccl";
+
         fn topology(&self) -> Topology {
             self.topology
         }
 
-        fn backend(&self) -> &'static str {
-            "nccl"
+        fn all_gather_headers(&mut self, mine: &[u8]) -> Result<Vec<u8>> {
+            self.all_gather_header_bytes(mine)
         }
 
-        fn allreduce_in_place(
-            &mut self,
-            data: &mut [u8],
-            dtype: DType,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let (h, local) = Header::allreduce(data.len(), dtype, op);
-            self.negotiate(h, local)?;
-            let mut d = self.up(data)?;
-            self.reduce_device(&mut d, data.len() / dtype.size(), dtype, op)?;
-            self.down(&d, data)?;
+        fn allreduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+            let mut d = self.up(buf)?;
+            self.reduce_device(&mut d, buf.len() / dtype.size(), dtype, op)?;
+            self.down(&d, buf)?;
             if op == ReduceOp::Average {
-                finish_average(data, dtype, self.topology.size);
+                finish_average(buf, dtype, self.topology.size);
             }
             Ok(())
         }
 
         fn allgatherv(&mut self, call: Allgatherv<'_>) -> Result<()> {
-            let (n, me, es) = (self.topology.size, self.topology.rank, call.dtype.size());
-            let (h, local) = Header::allgatherv(&call, n, me);
-            self.negotiate(h, local)?;
+            let (me, es) = (self.topology.rank, call.dtype.size());
             // NCCL has no allgatherv: one broadcast per rank into its block, grouped.
             call.recv[check::block(call.counts, me, es)].copy_from_slice(call.send);
             let mut d = self.up(call.recv)?;
@@ -341,9 +340,7 @@ mod imp {
             self.down(&d, call.recv)
         }
 
-        fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-            let (h, local) = Header::broadcast(buf.len(), root, self.topology.size, dtype);
-            self.negotiate(h, local)?;
+        fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
             let mut d = self.up(buf)?;
             {
                 let (p, _s) = d.device_ptr_mut(&self.stream);
@@ -366,8 +363,6 @@ mod imp {
 
         fn alltoallv(&mut self, call: Alltoallv<'_>) -> Result<()> {
             let (n, es) = (self.topology.size, call.dtype.size());
-            let (h, local) = Header::alltoallv(&call, n);
-            self.negotiate(h, local)?;
             let ds = self.up(call.send)?;
             let mut dr = self.up(call.recv)?;
             {
@@ -407,8 +402,6 @@ mod imp {
 
         fn reducescatter(&mut self, call: Reducescatter<'_>) -> Result<()> {
             let (n, me, es) = (self.topology.size, self.topology.rank, call.dtype.size());
-            let (h, local) = Header::reducescatter(&call, n, me);
-            self.negotiate(h, local)?;
             // Blocks may differ in size: allreduce everything and keep this rank's block.
             let mut d = self.up(call.send)?;
             self.reduce_device(&mut d, call.send.len() / es, call.dtype, call.op)?;
@@ -423,8 +416,7 @@ mod imp {
         }
 
         fn barrier(&mut self) -> Result<()> {
-            // The header all-gather completes only when every rank has joined it.
-            self.negotiate(Header::new(0, Kind::Barrier, DType::U8), None)?;
+            // The header all-gather before it completes only when every rank has joined it.
             self.stream
                 .synchronize()
                 .map_err(|e| nccl_err("synchronize", e))
