@@ -26,7 +26,8 @@ hvd_env_vars::env_vars! {
     HVD_SHM_RING_BYTES default "524288";
     /// Fruitless polling rounds a waiting shm rank spins before it yields (4 when ranks outnumber cores).
     HVD_SHM_SPIN default "4096";
-    /// Rounds a waiting shm rank yields before it sleeps on a futex (8 when ranks outnumber cores).
+    /// Rounds a waiting shm rank yields before it sleeps on a futex (when ranks outnumber cores: unless set, it
+    /// yields for up to 2 µs without progress instead).
     HVD_SHM_YIELDS default "512";
     /// Network interface whose address the tcp backend listens on (e.g. `eth0`).
     HVD_TCP_INTERFACE;
