@@ -195,3 +195,35 @@ fn a_sigtermed_worker_of_an_elastic_step_is_a_loss_not_a_failed_run() {
     }
     assert_nothing_left(&marker);
 }
+
+#[test]
+fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
+    let marker = marker();
+    let dir = project("{ min = 2, max = 4 }", 1, "", &marker);
+    let out = run(dir.path(), &["--dry-run"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("workers: 4 (local")
+            && stdout.contains("elastic: goes on while at least 2 of its workers are alive"),
+        "{stdout}"
+    );
+    // sbatch outside an allocation starts every rank at once: it cannot go on without one.
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--engine", "slurm", "--dry-run"])
+        .env("NO_COLOR", "1")
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let flat = stderr
+        .replace('│', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        flat.contains("step `train` is elastic, but the slurm engine submits the whole run"),
+        "{stderr}"
+    );
+}

@@ -56,7 +56,22 @@ pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchErr
             plan.notes.extend(choice.note);
             Ok(Run::Supervised(plan))
         }
-        Engine::Whole(engine) => Ok(Run::Whole(engine)),
+        Engine::Whole(engine) => {
+            // A whole-run engine (sbatch, a JobSet) starts every rank at once and cannot go on without one.
+            let elastic = project
+                .steps
+                .iter()
+                .find(|s| s.workers.is_some() && (s.min_workers.is_some() || options.min_workers.is_some()));
+            if let Some(step) = elastic {
+                return Err(LaunchError::Engine(format!(
+                    "step `{}` is elastic, but the {} engine submits the whole run, which cannot lose a rank and go \
+                     on; run elastic steps on the local or ssh engine",
+                    step.name,
+                    choice.engine
+                )));
+            }
+            Ok(Run::Whole(engine))
+        }
     }
 }
 
