@@ -70,4 +70,19 @@ pub trait Board {
         io: &mut dyn Staged,
         timeout: Duration,
     ) -> Result<()>;
+
+    /// Allreduces `buf` by reading the other ranks' buffers directly, with every rank of the board calling this
+    /// with the same arguments (the operation's header check comes first); `Ok(false)` on every rank alike when
+    /// this board does not (for this size, or at all: the ranks cannot read one another's memory), and nothing
+    /// was done.
+    fn allreduce_single_copy(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let _ = (buf, dtype, op, timeout);
+        Ok(false)
+    }
 }

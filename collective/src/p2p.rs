@@ -390,6 +390,14 @@ impl<T: Transport> P2pCommunicator<T> {
         if buf.len() <= self.thresholds.allreduce_small_bytes || count < n {
             return self.allreduce_recursive_doubling(buf, dtype, op, group);
         }
+        if group.len() == self.world.len() {
+            let timeout = self.timeout;
+            if let Some(board) = self.transport.shared_board()
+                && board.allreduce_single_copy(buf, dtype, op, timeout)?
+            {
+                return Ok(());
+            }
+        }
         // Ring reduce-scatter + allgather, segment by segment on one host: a segment's blocks are read, reduced
         // and sent on while they are still in cache, so each byte of `buf` crosses the memory bus about once each
         // way. Across hosts the network is the bottleneck and one segment saves synchronisations.

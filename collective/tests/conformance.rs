@@ -424,3 +424,131 @@ fn a_departed_peer_is_named(backend: Backend) {
         }
     }
 }
+
+mod log_capture;
+
+/// Set (to the log text the run must show) in a child of this test binary that runs [`single_copy_worker`].
+const SINGLE_COPY_WORKER: &str = "HVD_CONFORMANCE_SINGLE_COPY";
+
+/// Large shm allreduces (1 MiB and more, where ranks read one another's buffers with `process_vm_readv`) with the
+/// single copy on (the default) and forced off (`HVD_SHM_CMA=0`: the ring), each in a child process of this
+/// binary so that the setting reaches no other test; the child also checks in the library's log which path ran.
+#[test]
+fn shm_large_allreduces_with_and_without_the_single_copy() {
+    for (cma, path) in [
+        ("1", "large allreduces read peers' memory"),
+        ("0", "large allreduces use the ring"),
+    ] {
+        let exe = std::env::current_exe().expect("test binary path");
+        let out = std::process::Command::new(exe)
+            .args(["--exact", "single_copy_worker", "--nocapture"])
+            .args(["--test-threads=1"])
+            .env(SINGLE_COPY_WORKER, path)
+            .env("HVD_SHM_CMA", cma)
+            .output()
+            .expect("run the worker");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("SINGLE COPY CHECKED"),
+            "HVD_SHM_CMA={cma}: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The child side of [`shm_large_allreduces_with_and_without_the_single_copy`]; does nothing in a plain run.
+#[test]
+fn single_copy_worker() {
+    let Ok(path) = std::env::var(SINGLE_COPY_WORKER) else {
+        return;
+    };
+    log_capture::install();
+    large_allreduces_match_exactly();
+    assert!(
+        log_capture::logged(&path),
+        "the log never said `{path}`: {:?}",
+        log_capture::messages()
+    );
+    println!("SINGLE COPY CHECKED");
+}
+
+/// Every op on 2 ranks and sums on 3 (arenas off, else they take it) at sizes from just over 1 MiB, odd element
+/// counts so that blocks are uneven, in place and out of place, twice each, with a staged allreduce (arenas, same
+/// step counter) and a small one in between; every element exactly the reference (integer values).
+fn large_allreduces_match_exactly() {
+    for n in [2, 3] {
+        let th = Thresholds {
+            allreduce_arena_ranks: if n == 2 { 3 } else { 0 },
+            ..Thresholds::default()
+        };
+        let results = LocalJob::new(n, Backend::Shm)
+            .thresholds(th)
+            .timeout(Duration::from_secs(20))
+            .run(|mut comm| -> Result<(), String> {
+                let me = comm.rank();
+                let cases: &[(DType, usize, &[ReduceOp])] = if n == 2 {
+                    &[
+                        (DType::F32, 262_147, &ReduceOp::ALL),
+                        (DType::I32, 300_001, &ReduceOp::ALL),
+                        (DType::BF16, 524_291, &[ReduceOp::Sum]),
+                        (DType::F64, 131_075, &[ReduceOp::Max]),
+                        (DType::I8, 1_048_583, &[ReduceOp::Sum]),
+                    ]
+                } else {
+                    &[(DType::F32, 400_003, &[ReduceOp::Sum])]
+                };
+                for (k, &(dtype, count, ops)) in cases.iter().enumerate() {
+                    for (j, &op) in ops.iter().enumerate() {
+                        let seed = 3 * k + j;
+                        let want: Vec<f64> = (0..count)
+                            .map(|i| common::reference(dtype, op, n, seed, i))
+                            .collect();
+                        let tag = format!("{op} {dtype} x {count} on {n} ranks (rank {me})");
+                        let mine = common::input(dtype, me, seed, count);
+                        let mut buf = mine.clone();
+                        comm.allreduce_in_place(&mut buf, dtype, op)
+                            .map_err(|e| format!("{tag}: {e}"))?;
+                        exactly(&tag, dtype, &buf, &want)?;
+                        let mut out = vec![0u8; mine.len()];
+                        comm.allreduce(&mine, &mut out, dtype, op)
+                            .map_err(|e| format!("{tag}, out of place: {e}"))?;
+                        exactly(&tag, dtype, &out, &want)?;
+                        // In between: a small allreduce, and a staged one through the arenas (2 ranks).
+                        let mut small = f32s(&[1.0; 3]);
+                        comm.allreduce_in_place(&mut small, DType::F32, ReduceOp::Sum)
+                            .map_err(|e| format!("{tag}, small: {e}"))?;
+                        let mut staged = mine.clone();
+                        comm.allreduce_staged(StagedAllreduce {
+                            len: staged.len(),
+                            dtype,
+                            op,
+                            io: &mut hvd_collective::InPlace(&mut staged),
+                            scratch: &mut Vec::new(),
+                        })
+                        .map_err(|e| format!("{tag}, staged: {e}"))?;
+                        exactly(&format!("{tag}, staged"), dtype, &staged, &want)?;
+                    }
+                }
+                Ok(())
+            })
+            .expect("start the ranks");
+        for (r, res) in results.into_iter().enumerate() {
+            if let Err(e) = res {
+                panic!("shm n={n} rank {r}: {e}");
+            }
+        }
+    }
+}
+
+fn exactly(what: &str, dtype: DType, got: &[u8], want: &[f64]) -> Result<(), String> {
+    let got = common::decode(dtype, got);
+    match got.iter().zip(want).position(|(g, w)| g != w) {
+        Some(i) => Err(format!(
+            "{what}: element {i} is {}, expected {}",
+            got[i], want[i]
+        )),
+        None if got.len() != want.len() => Err(format!("{what}: {} elements", got.len())),
+        None => Ok(()),
+    }
+}

@@ -97,4 +97,17 @@ impl Board for ShmTransport {
     ) -> Result<()> {
         self.arena_allreduce(len, dtype, op, io, timeout)
     }
+
+    fn allreduce_single_copy(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<bool> {
+        if buf.len() < super::SINGLE_COPY_MIN_BYTES {
+            return Ok(false);
+        }
+        self.single_copy_allreduce(buf, dtype, op, timeout)
+    }
 }

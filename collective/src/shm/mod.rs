@@ -21,6 +21,7 @@ mod arena;
 mod board;
 mod ring;
 mod segment;
+mod single_copy;
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,9 +34,11 @@ use crate::error::{Error, Result};
 use crate::transport::{RecvOp, SendOp, Transport};
 use ring::Cursor;
 use segment::{STATE_ABORTED, STATE_ATTACHED, STATE_GONE, futex_wait};
+use single_copy::SingleCopy;
 
 pub use ring::{DEFAULT_RING_BYTES, ring_bytes_from_env};
 pub use segment::ShmSegment;
+pub(crate) use single_copy::SINGLE_COPY_MIN_BYTES;
 
 /// Fruitless polling rounds spent spinning before yielding, with a core per rank and with more ranks than cores.
 const SPIN: u32 = 4096;
@@ -68,8 +71,11 @@ pub struct ShmTransport {
     yielding_since: Option<Instant>,
     /// This rank's view of each outgoing ring, by local peer index.
     cursors: Vec<Cursor>,
-    /// Arena steps this rank has completed (equal on every rank between operations).
+    /// Arena steps this rank has completed (equal on every rank between operations; the single copy's count too).
     arena_steps: u64,
+    /// Whether large allreduces read peers' memory (`single_copy`), and the piece they read it into.
+    single_copy: SingleCopy,
+    copy_piece: Vec<u8>,
 }
 
 impl ShmTransport {
@@ -126,6 +132,8 @@ impl ShmTransport {
             yielding_since: None,
             cursors,
             arena_steps: 0,
+            single_copy: SingleCopy::Undecided,
+            copy_piece: Vec::new(),
         })
     }
 

@@ -317,6 +317,27 @@ impl ShmSegment {
     pub(super) fn arena_progress(&self, r: usize) -> &AtomicU64 {
         self.word(self.rank_line(r) + 8)
     }
+    /// Where rank `r`'s buffer of the current single-copy allreduce starts in its address space (`single_copy`).
+    #[inline]
+    pub(super) fn copy_addr(&self, r: usize) -> &AtomicU64 {
+        self.word(self.rank_line(r) + 16)
+    }
+    /// The length of that buffer.
+    #[inline]
+    pub(super) fn copy_len(&self, r: usize) -> &AtomicU64 {
+        self.word(self.rank_line(r) + 24)
+    }
+    /// Rank `r`'s vote on reading peers' memory with `process_vm_readv` (`single_copy::Vote`).
+    #[inline]
+    pub(super) fn copy_vote(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r) + 32)
+    }
+    /// Rank `r`'s outcome of probing its peers' memory (`single_copy::Vote`; a word of its own, as a rank may
+    /// publish its outcome while a slower peer still reads its vote).
+    #[inline]
+    pub(super) fn copy_probe(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r) + 36)
+    }
     /// Rank `r`'s board slot for operations of sequence number parity `parity`.
     #[inline]
     pub(super) fn slot(&self, r: usize, parity: u64) -> usize {
