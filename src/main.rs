@@ -40,6 +40,8 @@ enum Command {
     Lock(commands::lock::LockArgs),
     /// Build the locked env into the store.
     Build(commands::build::BuildArgs),
+    /// Binary caches: signing keys and pushing an env's closure (`hvd build --cache` substitutes from them).
+    Cache(commands::cache::CacheArgs),
     /// Open a shell inside the built env.
     Shell(commands::shell::ShellArgs),
     /// Run a command inside the built env.
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         Command::Fmt(args) => commands::fmt::run(args),
         Command::Lock(args) => commands::lock::run(args),
         Command::Build(args) => commands::build::run(args),
+        Command::Cache(args) => commands::cache::run(args),
         Command::Shell(args) => commands::shell::run(args),
         Command::Exec(args) => commands::exec::run(args),
         Command::Run(args) => commands::run::run(*args),

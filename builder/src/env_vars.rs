@@ -42,4 +42,25 @@ hvd_env_vars::env_vars! {
     /// The most seconds one sdist's metadata build (`prepare_metadata_for_build_wheel`, during `hvd lock`) may take
     /// before it is killed with every process it started.
     HVD_METADATA_TIMEOUT default "600";
+    /// Binary caches `hvd build` substitutes from (space-separated URLs: `file:///dir`, `http(s)://...`,
+    /// `s3://bucket/prefix`), asked after `--cache`.
+    HVD_CACHES;
+    /// Public keys whose signatures on cache records are trusted (space-separated key files or `NAME:BASE64`), with
+    /// `--trusted-key`.
+    HVD_TRUSTED_KEYS;
+    /// The endpoint of an S3-compatible server for `s3://` caches (e.g. `http://127.0.0.1:8333`), before
+    /// `AWS_ENDPOINT_URL`.
+    HVD_S3_ENDPOINT;
+    /// The endpoint of an S3-compatible server for `s3://` caches, when `HVD_S3_ENDPOINT` is unset.
+    AWS_ENDPOINT_URL;
+    /// The access key of `s3://` caches; without it (and `AWS_SECRET_ACCESS_KEY`) requests are unsigned.
+    AWS_ACCESS_KEY_ID;
+    /// The secret of `AWS_ACCESS_KEY_ID`.
+    AWS_SECRET_ACCESS_KEY;
+    /// A session token for temporary `s3://` credentials.
+    AWS_SESSION_TOKEN;
+    /// The region of `s3://` caches.
+    AWS_REGION default "us-east-1";
+    /// The region of `s3://` caches when `AWS_REGION` is unset.
+    AWS_DEFAULT_REGION;
 }

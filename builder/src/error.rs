@@ -73,6 +73,10 @@ pub enum Error {
     #[error("toolchain `{name}` not found on PATH; install it or change `env.toolchain`")]
     ToolchainNotFound { name: String },
 
+    /// A binary cache was unusable, or refused a path (which it names, with the cache).
+    #[error(transparent)]
+    Cache(#[from] crate::cache::CacheError),
+
     #[error("invalid build input: {0}")]
     Invalid(String),
 

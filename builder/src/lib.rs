@@ -17,6 +17,7 @@
 // A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod cache;
 pub mod derivation;
 pub mod env;
 pub mod env_vars;
@@ -41,6 +42,6 @@ pub use fetch::Artifact;
 pub use hvd_resolver::Sha256;
 pub use plan::{BuildOptions, EnvPlan, LocalPackage, PackagePlan, SourceBuildPlan};
 pub use progress::{NoProgress, Progress};
-pub use realize::{CheckOutcome, EnvBuild, PackageOutcome, build_env, check_env};
+pub use realize::{CheckOutcome, EnvBuild, PackageOutcome, build_env, build_env_with, check_env};
 pub use store::Store;
 pub use toolchain::Toolchain;

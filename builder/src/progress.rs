@@ -12,6 +12,8 @@ pub trait Progress: Send + Sync {
     fn step_started(&self, _what: &str, _name: &str, _version: &str) {}
     /// That store path is done.
     fn step_finished(&self, _what: &str, _name: &str, _version: &str) {}
+    /// Something the user should know that does not stop the work (a cache not used, and why).
+    fn warning(&self, _message: &str) {}
 }
 
 /// A [`Progress`] that ignores everything.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hvd_resolver::Sha256;
 
+use crate::cache::Substituter;
 use crate::derivation::{Derivation, DerivationKind, normalize_name};
 use crate::env;
 use crate::error::{Error, Result};
@@ -264,6 +265,18 @@ pub fn build_env(
     options: &BuildOptions,
     progress: &dyn Progress,
 ) -> Result<EnvBuild> {
+    build_env_with(store, plan, options, None, progress)
+}
+
+/// [`build_env`], substituting from binary caches first: the env with its closure when a cache has it (then
+/// nothing is downloaded or built), else every package and local path a cache has; the rest is built as usual.
+pub fn build_env_with(
+    store: &Store,
+    plan: &EnvPlan,
+    options: &BuildOptions,
+    substituter: Option<&Substituter>,
+    progress: &dyn Progress,
+) -> Result<EnvBuild> {
     let _builders = store.lock_builders()?;
     let mut planned = Planned::new(store, plan, options)?;
     let locals: Vec<(LocalPackage, Derivation)> = plan
@@ -289,6 +302,37 @@ pub fn build_env(
             env_built: false,
             isolation,
         });
+    }
+
+    if let Some(substituter) = substituter.filter(|s| !s.is_empty() && !options.rebuild) {
+        let package_paths = || {
+            plan.packages
+                .iter()
+                .map(|p| store.path_of(&planned.derivations[&key(p)]))
+        };
+        if substituter.substitute(store, &env_derivation, progress)?
+            && package_paths().all(|path| store.is_valid(&path))
+        {
+            let packages = plan
+                .packages
+                .iter()
+                .zip(package_paths())
+                .map(|(package, path)| outcome(package, path, false))
+                .collect();
+            return Ok(EnvBuild {
+                env: env_path,
+                packages,
+                env_built: false,
+                isolation,
+            });
+        }
+        let mut wanted: Vec<Derivation> = plan
+            .packages
+            .iter()
+            .map(|p| planned.derivations[&key(p)].clone())
+            .collect();
+        wanted.extend(locals.iter().map(|(_, derivation)| derivation.clone()));
+        substituter.substitute_all(store, &wanted, progress)?;
     }
 
     realizer.realize_wheels(&plan.packages)?;

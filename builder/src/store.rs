@@ -260,6 +260,19 @@ impl Store {
         replace: bool,
         build: impl FnOnce(&BuildTarget) -> Result<BuildOutput>,
     ) -> Result<Realized> {
+        self.realize_checked(derivation, replace, build, |_| Ok(()))
+    }
+
+    /// [`Store::realize`], with `check` run on the finished tree's metadata before the rename (a substituted
+    /// path's content hash against its signed record). A failed build or check leaves no path and removes its
+    /// temp directory.
+    pub fn realize_checked(
+        &self,
+        derivation: &Derivation,
+        replace: bool,
+        build: impl FnOnce(&BuildTarget) -> Result<BuildOutput>,
+        check: impl FnOnce(&PathInfo) -> Result<()>,
+    ) -> Result<Realized> {
         let name = derivation.path_name();
         let final_path = self.root.join(&name);
         if !replace && self.is_valid(&final_path) {
@@ -283,8 +296,21 @@ impl Store {
             out: out.clone(),
             final_path: final_path.clone(),
         };
-        let output = build(&target)?;
-        let info = finish_tree(&out, derivation, output.references, &output.file_hashes)?;
+        let finished = (|| {
+            let output = build(&target)?;
+            let info = finish_tree(&out, derivation, output.references, &output.file_hashes)?;
+            check(&info)?;
+            Ok(info)
+        })();
+        let info = match finished {
+            Ok(info) => info,
+            Err(err) => {
+                if let Err(cleanup) = remove_tree(&temp) {
+                    tracing::warn!("failed to remove `{}`: {cleanup}", temp.display());
+                }
+                return Err(err);
+            }
+        };
         tracing::debug!("built {name} with content hash {}", info.content_hash);
         if final_path.exists() {
             // A replaced (`--rebuild`) or invalid leftover path: move it aside first, then swap in the new one.

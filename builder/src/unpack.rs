@@ -84,6 +84,10 @@ pub struct Options<'a> {
     pub hash: bool,
     /// Maps normalized archive names to destination paths; `None` keeps them as they are.
     pub layout: Option<Layout<'a>>,
+    /// Links may point anywhere (absolute, or out of the tree): a store path's archive from a binary cache, whose
+    /// env links into the store and to its interpreter. They are still created last, so nothing is written
+    /// through them, and the caller checks the whole tree against its signed content hash.
+    pub links_anywhere: bool,
 }
 
 impl std::fmt::Debug for Options<'_> {
@@ -91,6 +95,7 @@ impl std::fmt::Debug for Options<'_> {
         f.debug_struct("Options")
             .field("limits", &self.limits)
             .field("hash", &self.hash)
+            .field("links_anywhere", &self.links_anywhere)
             .finish_non_exhaustive()
     }
 }
@@ -101,6 +106,7 @@ impl Default for Options<'_> {
             limits: Limits::default(),
             hash: true,
             layout: None,
+            links_anywhere: false,
         }
     }
 }
@@ -548,7 +554,10 @@ impl<'a> Extractor<'a> {
         let Some((normalized, dest)) = self.place(entry, false)? else {
             return Ok(());
         };
-        if target.is_empty() || target.starts_with('/') || target.contains('\0') {
+        if target.is_empty()
+            || target.contains('\0')
+            || (target.starts_with('/') && !self.options.links_anywhere)
+        {
             return Err(self.refuse(
                 entry,
                 format!(
@@ -659,7 +668,7 @@ impl<'a> Extractor<'a> {
     /// Create the links, now that the whole tree is known.
     fn finish(mut self) -> Result<Extracted> {
         let links = std::mem::take(&mut self.pending_links);
-        for (entry, dest, target) in &links {
+        for (entry, dest, target) in links.iter().filter(|_| !self.options.links_anywhere) {
             if let Err(why) = self.resolves_inside(dest, target) {
                 return Err(self.refuse(entry, format!("is a link to `{target}`, {why}")));
             }
@@ -771,6 +780,29 @@ pub(crate) fn unpack_tar_gz(
     dest: &Path,
     options: Options<'_>,
 ) -> Result<Extracted> {
+    unpack_tar(archive, dest, options, |file| {
+        Ok(Box::new(flate2::read::GzDecoder::new(file)))
+    })
+}
+
+/// A zstd-compressed tar (a binary cache's archive), with every check of [`unpack_tar_gz`].
+pub(crate) fn unpack_tar_zst(
+    archive: &Path,
+    dest: &Path,
+    options: Options<'_>,
+) -> Result<Extracted> {
+    unpack_tar(archive, dest, options, |file| {
+        Ok(Box::new(zstd::stream::read::Decoder::with_buffer(file)?))
+    })
+}
+
+/// A tar stream read through `decoder` (gzip, zstd).
+fn unpack_tar(
+    archive: &Path,
+    dest: &Path,
+    options: Options<'_>,
+    decoder: impl FnOnce(std::io::BufReader<fs_err::File>) -> std::io::Result<Box<dyn Read>>,
+) -> Result<Extracted> {
     let file = fs_err::File::open(archive)?;
     let mut extractor = Extractor::new(archive, dest, options)?;
     let limits = options.limits;
@@ -783,7 +815,7 @@ pub(crate) fn unpack_tar_gz(
     );
     let count = std::rc::Rc::new(std::cell::Cell::new(0));
     let reader = CountingReader {
-        inner: flate2::read::GzDecoder::new(std::io::BufReader::new(file)),
+        inner: decoder(std::io::BufReader::new(file)).map_err(|err| archive_error(archive, err))?,
         count: count.clone(),
         cap,
     };
@@ -871,6 +903,7 @@ pub fn unpack_sdist_with(
         limits,
         hash: false,
         layout: None,
+        links_anywhere: false,
     };
     if filename.ends_with(".zip") {
         unpack_zip(archive, dest, options).map(|_| ())

@@ -26,6 +26,8 @@ pub struct BuildArgs {
     /// Rebuild every source-built package in a temp location and compare with the store (exit 4 on a difference).
     #[arg(long)]
     pub check: bool,
+    #[command(flatten)]
+    pub caches: super::cache::CacheOptions,
 }
 
 /// How the lockfile is used; shared by `build`, `exec` and `shell`.
@@ -52,6 +54,8 @@ pub struct ReadyEnv {
     pub link: PathBuf,
     /// Keeps the env alive for as long as this process (or what it `exec`s) runs, whatever the link points at.
     pub temp_root: hvd_builder::gc::TempRoot,
+    /// Store paths installed from binary caches by this build.
+    pub substituted: usize,
 }
 
 impl ReadyEnv {
@@ -83,7 +87,13 @@ pub fn run(args: BuildArgs) -> CommandResult {
     if args.check {
         return check(&args);
     }
-    let ready = ensure_env(&args.file, args.lock, args.rebuild)?;
+    let ready = ensure_env_with(&args.file, args.lock, args.rebuild, &args.caches)?;
+    if ready.substituted > 0 {
+        eprintln!(
+            "substituted {} store path(s) from binary caches",
+            ready.substituted
+        );
+    }
     let built: Vec<_> = ready.build.packages.iter().filter(|p| p.built).collect();
     if !built.is_empty() {
         eprintln!(
@@ -158,8 +168,19 @@ fn check(args: &BuildArgs) -> CommandResult {
     Ok(status)
 }
 
-/// Load the file, get an up-to-date lock (per `mode`), build the env and keep the root link.
+/// Load the file, get an up-to-date lock (per `mode`), build the env and keep the root link. Substitutes from the
+/// caches of `HVD_CACHES`.
 pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv, Failure> {
+    ensure_env_with(file, mode, rebuild, &super::cache::CacheOptions::default())
+}
+
+/// [`ensure_env`], substituting from `caches` (the command line's) first.
+pub fn ensure_env_with(
+    file: &Path,
+    mode: LockMode,
+    rebuild: bool,
+    caches: &super::cache::CacheOptions,
+) -> Result<ReadyEnv, Failure> {
     let (project, lock) = load_and_lock(file, mode)?;
     let mut plan = plan(&project, &lock)?;
     // The worker runtime (`import hvd`) is part of every env, with the `horovod` package (runtime.rs says when);
@@ -174,11 +195,18 @@ pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv
         source: runtime.path().to_path_buf(),
     });
     let store = open_store()?;
+    let substituter = caches.substituter()?;
     let progress = TerminalProgress::new();
     // Held (shared) from before the build until both roots exist: `hvd gc` (exclusive) cannot run in between.
     let builders = store.lock_builders().map_err(build_failure)?;
-    let build = hvd_builder::build_env(&store, &plan, &options(mode, rebuild), &progress)
-        .map_err(build_failure)?;
+    let build = hvd_builder::build_env_with(
+        &store,
+        &plan,
+        &options(mode, rebuild),
+        substituter.as_ref(),
+        &progress,
+    )
+    .map_err(build_failure)?;
     progress.clear();
     let link = root_link(file);
     hvd_builder::gc::add_root(&store, &link, &build.env).map_err(build_failure)?;
@@ -192,6 +220,7 @@ pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv
         build,
         link,
         temp_root,
+        substituted: substituter.as_ref().map_or(0, |s| s.substituted()),
     })
 }
 
@@ -224,7 +253,7 @@ fn plan(
         .map_err(|err| Failure::from_error(Status::Usage, &err))
 }
 
-fn build_failure(err: hvd_builder::Error) -> Failure {
+pub(crate) fn build_failure(err: hvd_builder::Error) -> Failure {
     let help = match &err {
         hvd_builder::Error::HashMismatch { .. } => {
             "the file changed on the server or in transit; run `hvd lock` again if it was republished"
@@ -237,6 +266,10 @@ fn build_failure(err: hvd_builder::Error) -> Failure {
         }
         hvd_builder::Error::PythonNotFound { .. } => {
             "install that python (e.g. with pyenv) or set HVD_PYTHON"
+        }
+        hvd_builder::Error::Cache(_) => {
+            "the cache (or the network to it) served something its signed record does not vouch for: remove that \
+             path from the cache and push it again, or build without `--cache`"
         }
         _ => "run with -v for details",
     };
@@ -395,6 +428,15 @@ impl Progress for TerminalProgress {
             .remove(&id)
         {
             bar.finish_and_clear();
+        }
+    }
+
+    fn warning(&self, message: &str) {
+        match &self.bars {
+            Some(bars) => {
+                let _ = bars.println(format!("warning: {message}"));
+            }
+            None => eprintln!("warning: {message}"),
         }
     }
 

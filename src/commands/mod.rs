@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod build;
+pub mod cache;
 pub mod check;
 pub mod doctor;
 pub mod exec;

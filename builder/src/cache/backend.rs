@@ -1,0 +1,399 @@
+//! Where a binary cache lives: a directory (`file://` or an absolute path, read and write), HTTP(S) (read: any
+//! static server), S3-compatible object storage (`s3://bucket/prefix`, read and write, through `object_store`).
+//! Every read is bounded by the size the caller expects.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sha2::Digest;
+
+use hvd_resolver::Sha256;
+
+use super::CacheError;
+
+/// One cache, by the URL the user gave.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    url: String,
+    backend: Backend,
+}
+
+#[derive(Debug, Clone)]
+enum Backend {
+    Dir(PathBuf),
+    Http {
+        base: String,
+        client: reqwest::Client,
+    },
+    S3 {
+        store: std::sync::Arc<dyn object_store::ObjectStore>,
+        prefix: String,
+    },
+}
+
+/// An S3 client for `bucket` from the standard variables: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_SESSION_TOKEN`, `AWS_REGION` (or `AWS_DEFAULT_REGION`, default `us-east-1`), and the endpoint of an
+/// S3-compatible server from `HVD_S3_ENDPOINT` or `AWS_ENDPOINT_URL`. Without an access key requests are unsigned
+/// (a public bucket), never sent to a cloud metadata service.
+fn s3_client(bucket: &str) -> Result<std::sync::Arc<dyn object_store::ObjectStore>, String> {
+    use crate::env_vars as vars;
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let region = var(vars::AWS_REGION)
+        .or_else(|| var(vars::AWS_DEFAULT_REGION))
+        .unwrap_or_else(|| "us-east-1".into());
+    let mut builder = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(bucket)
+        .with_region(region)
+        .with_virtual_hosted_style_request(false);
+    if let Some(endpoint) = var(vars::HVD_S3_ENDPOINT).or_else(|| var(vars::AWS_ENDPOINT_URL)) {
+        builder = builder
+            .with_allow_http(endpoint.starts_with("http://"))
+            .with_endpoint(endpoint);
+    }
+    match (
+        var(vars::AWS_ACCESS_KEY_ID),
+        var(vars::AWS_SECRET_ACCESS_KEY),
+    ) {
+        (Some(id), Some(secret)) => {
+            builder = builder
+                .with_access_key_id(id)
+                .with_secret_access_key(secret);
+            if let Some(token) = var(vars::AWS_SESSION_TOKEN) {
+                builder = builder.with_token(token);
+            }
+        }
+        _ => builder = builder.with_skip_signature(true),
+    }
+    let store = builder.build().map_err(|err| err.to_string())?;
+    Ok(std::sync::Arc::new(store))
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Cache {
+    /// `file:///dir`, `/dir`, `http://host/prefix` or `https://host/prefix`.
+    pub fn parse(url: &str) -> Result<Cache, CacheError> {
+        let invalid = |message: &str| CacheError::Url {
+            url: url.to_string(),
+            message: message.to_string(),
+        };
+        let backend = if let Some(path) = url.strip_prefix("file://") {
+            if !path.starts_with('/') {
+                return Err(invalid(
+                    "a file:// cache needs an absolute path (file:///dir)",
+                ));
+            }
+            Backend::Dir(PathBuf::from(path))
+        } else if url.starts_with('/') {
+            Backend::Dir(PathBuf::from(url))
+        } else if url.starts_with("http://") || url.starts_with("https://") {
+            let client = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(30))
+                .read_timeout(Duration::from_secs(120))
+                .build()
+                .map_err(|err| invalid(&format!("no HTTP client: {err}")))?;
+            Backend::Http {
+                base: url.trim_end_matches('/').to_string(),
+                client,
+            }
+        } else if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(invalid(
+                    "an s3:// cache names its bucket: s3://bucket/prefix",
+                ));
+            }
+            Backend::S3 {
+                store: s3_client(bucket).map_err(|err| invalid(&err))?,
+                prefix: prefix.trim_matches('/').to_string(),
+            }
+        } else {
+            return Err(invalid(
+                "a cache URL starts with file://, http://, https://, s3:// or /",
+            ));
+        };
+        Ok(Cache {
+            url: url.to_string(),
+            backend,
+        })
+    }
+
+    /// The URL as given (for messages).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether this cache can be written (`hvd cache push`).
+    pub fn writable(&self) -> bool {
+        matches!(self.backend, Backend::Dir(_) | Backend::S3 { .. })
+    }
+
+    fn error(&self, key: &str, message: impl std::fmt::Display) -> CacheError {
+        CacheError::Backend {
+            cache: self.url.clone(),
+            key: key.to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    /// The object `key`, `None` when the cache does not have it; more than `limit` bytes is an error.
+    pub async fn get(&self, key: &str, limit: u64) -> Result<Option<Vec<u8>>, CacheError> {
+        let mut bytes = Vec::new();
+        let found = self
+            .stream(key, limit, |chunk| {
+                bytes.extend_from_slice(chunk);
+                Ok(())
+            })
+            .await?;
+        Ok(found.then_some(bytes))
+    }
+
+    /// Stream the object `key` into the new file `dest`, hashing it; `None` when the cache does not have it.
+    /// More than `limit` bytes is an error; `progress` gets each chunk's length.
+    pub async fn download(
+        &self,
+        key: &str,
+        dest: &Path,
+        limit: u64,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Option<(Sha256, u64)>, CacheError> {
+        let mut file = std::io::BufWriter::new(
+            fs_err::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(dest)?,
+        );
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        let found = self
+            .stream(key, limit, |chunk| {
+                use std::io::Write;
+                file.write_all(chunk)?;
+                hasher.update(chunk);
+                size += chunk.len() as u64;
+                progress(chunk.len() as u64);
+                Ok(())
+            })
+            .await?;
+        use std::io::Write;
+        file.flush()?;
+        Ok(found.then(|| (Sha256::from_hasher(hasher), size)))
+    }
+
+    /// Feed the object's bytes to `sink`; `false` when it does not exist.
+    async fn stream(
+        &self,
+        key: &str,
+        limit: u64,
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<bool, CacheError> {
+        let mut received = 0u64;
+        let mut count = |len: usize| -> Result<(), CacheError> {
+            received = received.saturating_add(len as u64);
+            if received > limit {
+                return Err(CacheError::TooLarge {
+                    cache: self.url.clone(),
+                    key: key.to_string(),
+                    limit,
+                });
+            }
+            Ok(())
+        };
+        match &self.backend {
+            Backend::Dir(root) => {
+                use std::io::Read;
+                use std::os::unix::fs::OpenOptionsExt;
+                let path = root.join(key);
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                    .open(&path);
+                let mut file = match file {
+                    Ok(file) => file,
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+                    Err(err) => return Err(self.error(key, err)),
+                };
+                let metadata = file.metadata().map_err(|err| self.error(key, err))?;
+                if !metadata.is_file() {
+                    return Err(self.error(key, "is not a regular file"));
+                }
+                let mut buffer = vec![0u8; 1 << 16];
+                loop {
+                    let n = file.read(&mut buffer).map_err(|err| self.error(key, err))?;
+                    if n == 0 {
+                        break;
+                    }
+                    count(n)?;
+                    sink(&buffer[..n])?;
+                }
+                Ok(true)
+            }
+            Backend::Http { base, client } => {
+                let url = format!("{base}/{key}");
+                let response = client
+                    .get(&url)
+                    .send()
+                    .await
+                    .map_err(|err| self.error(key, err))?;
+                if response.status() == reqwest::StatusCode::NOT_FOUND
+                    || response.status() == reqwest::StatusCode::FORBIDDEN
+                {
+                    return Ok(false);
+                }
+                if !response.status().is_success() {
+                    return Err(self.error(key, format!("answered {}", response.status())));
+                }
+                if let Some(length) = response.content_length()
+                    && length > limit
+                {
+                    return Err(CacheError::TooLarge {
+                        cache: self.url.clone(),
+                        key: key.to_string(),
+                        limit,
+                    });
+                }
+                let mut body = response.bytes_stream();
+                while let Some(chunk) = body.next().await {
+                    let chunk = chunk.map_err(|err| self.error(key, err))?;
+                    count(chunk.len())?;
+                    sink(&chunk)?;
+                }
+                Ok(true)
+            }
+            Backend::S3 { store, prefix } => {
+                let found = match store.get(&object_path(prefix, key)).await {
+                    Ok(found) => found,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(false),
+                    Err(err) => return Err(self.error(key, err)),
+                };
+                if found.meta.size > limit {
+                    return Err(CacheError::TooLarge {
+                        cache: self.url.clone(),
+                        key: key.to_string(),
+                        limit,
+                    });
+                }
+                let mut body = found.into_stream();
+                while let Some(chunk) = body.next().await {
+                    let chunk = chunk.map_err(|err| self.error(key, err))?;
+                    count(chunk.len())?;
+                    sink(&chunk)?;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Whether the cache has `key`.
+    pub async fn exists(&self, key: &str) -> Result<bool, CacheError> {
+        match &self.backend {
+            Backend::Dir(root) => Ok(fs_err::symlink_metadata(root.join(key)).is_ok()),
+            Backend::Http { base, client } => {
+                let response = client
+                    .head(format!("{base}/{key}"))
+                    .send()
+                    .await
+                    .map_err(|err| self.error(key, err))?;
+                Ok(response.status().is_success())
+            }
+            Backend::S3 { store, prefix } => match store.head(&object_path(prefix, key)).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(err) => Err(self.error(key, err)),
+            },
+        }
+    }
+
+    /// Store the file `source` as `key`: the object appears whole or not at all.
+    pub async fn put_file(&self, key: &str, source: &Path) -> Result<(), CacheError> {
+        match &self.backend {
+            Backend::Dir(root) => dir_put(root, key, |temp| fs_err::copy(source, temp).map(|_| ())),
+            Backend::Http { .. } => Err(self.read_only(key)),
+            Backend::S3 { store, prefix } => {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                // Large archives go up in parts (multipart upload); the object appears when the upload completes.
+                let mut writer =
+                    object_store::buffered::BufWriter::new(store.clone(), object_path(prefix, key));
+                let mut file = tokio::fs::File::open(source).await.map_err(|err| {
+                    std::io::Error::other(format!("failed to open `{}`: {err}", source.display()))
+                })?;
+                let mut buffer = vec![0u8; 1 << 20];
+                let written: std::io::Result<()> = async {
+                    loop {
+                        let n = file.read(&mut buffer).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        writer.write_all(&buffer[..n]).await?;
+                    }
+                    writer.shutdown().await
+                }
+                .await;
+                if let Err(err) = written {
+                    let _ = writer.abort().await;
+                    return Err(self.error(key, err));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Store `bytes` as `key` (see [`Cache::put_file`]).
+    pub async fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), CacheError> {
+        match &self.backend {
+            Backend::Dir(root) => dir_put(root, key, |temp| fs_err::write(temp, bytes)),
+            Backend::Http { .. } => Err(self.read_only(key)),
+            Backend::S3 { store, prefix } => store
+                .put(
+                    &object_path(prefix, key),
+                    object_store::PutPayload::from(bytes.to_vec()),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|err| self.error(key, err)),
+        }
+    }
+
+    fn read_only(&self, key: &str) -> CacheError {
+        self.error(
+            key,
+            "an HTTP cache is read-only; push to the directory it serves, or to an s3:// bucket",
+        )
+    }
+}
+
+/// The object path of `key` under `prefix`.
+fn object_path(prefix: &str, key: &str) -> object_store::path::Path {
+    if prefix.is_empty() {
+        object_store::path::Path::from(key)
+    } else {
+        object_store::path::Path::from(format!("{prefix}/{key}"))
+    }
+}
+
+/// Write `key` under `root` through a temp file in the same directory, renamed into place when complete.
+fn dir_put(
+    root: &Path,
+    key: &str,
+    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), CacheError> {
+    let dest = root.join(key);
+    let dir = dest.parent().unwrap_or(root);
+    fs_err::create_dir_all(dir)?;
+    let temp = dir.join(format!(
+        ".{}.{}.{}.part",
+        dest.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = fill(&temp)
+        .and_then(|_| fs_err::File::open(&temp)?.sync_all())
+        .and_then(|_| fs_err::rename(&temp, &dest));
+    if let Err(err) = written {
+        let _ = fs_err::remove_file(&temp);
+        return Err(err.into());
+    }
+    Ok(())
+}

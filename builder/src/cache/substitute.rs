@@ -1,0 +1,382 @@
+//! Substitution: a store path that is not valid locally is looked up in the caches in order, trusted only with a
+//! signature by a trusted key, its references substituted first, its archive downloaded and checked against the
+//! record's sha256, unpacked under the path's lock with the hardened extractor, canonicalized and re-hashed
+//! against the record's content hash, and renamed into place. Any mismatch refuses the path with it and the cache
+//! named, and leaves nothing of it behind.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::backend::Cache;
+use super::key::PublicKey;
+use super::record::{MAX_RECORD_BYTES, Record, Trust, archive_key, record_key};
+use super::{CACHE_INFO, CacheError, parse_cache_info};
+use crate::derivation::Derivation;
+use crate::error::{Error, Result};
+use crate::progress::Progress;
+use crate::store::{BuildOutput, Store};
+
+/// Paths substituted at the same time.
+const PARALLEL: usize = 4;
+/// How deep references may nest before it counts as a cycle.
+const MAX_DEPTH: usize = 64;
+/// Download ids of substitutions, apart from the fetcher's.
+const ID_BASE: usize = 1 << 40;
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(ID_BASE);
+
+/// The caches to substitute from and the keys to trust.
+pub struct Substituter {
+    caches: Vec<Cache>,
+    trusted: Vec<PublicKey>,
+    runtime: tokio::runtime::Runtime,
+    /// Per cache: whether it serves this store (checked once).
+    usable: Mutex<Vec<Option<bool>>>,
+    substituted: AtomicUsize,
+}
+
+impl std::fmt::Debug for Substituter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Substituter")
+            .field("caches", &self.caches)
+            .field("trusted", &self.trusted)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Substituter {
+    /// Caches by URL, in the order they are asked; at least one trusted key is needed.
+    pub fn new(urls: &[String], trusted: Vec<PublicKey>) -> Result<Substituter, CacheError> {
+        let caches = urls
+            .iter()
+            .map(|url| Cache::parse(url))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !caches.is_empty() && trusted.is_empty() {
+            return Err(CacheError::Key {
+                key: "(none)".into(),
+                message:
+                    "a cache is given but no trusted key: substitution needs --trusted-key (or \
+                          HVD_TRUSTED_KEYS) naming the public key that signed it"
+                        .into(),
+            });
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        Ok(Substituter {
+            usable: Mutex::new(vec![None; caches.len()]),
+            caches,
+            trusted,
+            runtime,
+            substituted: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.caches.is_empty()
+    }
+
+    /// How many paths this substituter installed so far.
+    pub fn substituted(&self) -> usize {
+        self.substituted.load(Ordering::Relaxed)
+    }
+
+    /// Make the paths of `derivations` valid from the caches where they have them (a few at a time); returns
+    /// which ones are valid afterwards. Not found anywhere is not an error; a refused path is.
+    pub fn substitute_all(
+        &self,
+        store: &Store,
+        derivations: &[Derivation],
+        progress: &dyn Progress,
+    ) -> Result<Vec<bool>> {
+        let items: Vec<(String, Option<&Derivation>)> = derivations
+            .iter()
+            .map(|d| (d.path_name(), Some(d)))
+            .collect();
+        self.substitute_many(store, &items, progress, 0)
+    }
+
+    /// [`Substituter::substitute_name`] for each item, [`PARALLEL`] at a time; stops taking new items after an
+    /// error (the first error is returned).
+    fn substitute_many(
+        &self,
+        store: &Store,
+        items: &[(String, Option<&Derivation>)],
+        progress: &dyn Progress,
+        depth: usize,
+    ) -> Result<Vec<bool>> {
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<Option<Result<bool>>>> =
+            Mutex::new((0..items.len()).map(|_| None).collect());
+        std::thread::scope(|scope| {
+            for _ in 0..PARALLEL.min(items.len()) {
+                scope.spawn(|| {
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((name, known)) = items.get(index) else {
+                            break;
+                        };
+                        let result = self.substitute_name(store, name, *known, progress, depth);
+                        let failed = result.is_err();
+                        results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                        if failed {
+                            next.store(items.len(), Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let mut valid = Vec::new();
+        for result in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            valid.push(result.transpose()?.unwrap_or(false));
+        }
+        Ok(valid)
+    }
+
+    /// Make the path of `derivation` valid from a cache; `false` when no cache has it (or none usably).
+    pub fn substitute(
+        &self,
+        store: &Store,
+        derivation: &Derivation,
+        progress: &dyn Progress,
+    ) -> Result<bool> {
+        self.substitute_name(
+            store,
+            &derivation.path_name(),
+            Some(derivation),
+            progress,
+            0,
+        )
+    }
+
+    fn substitute_name(
+        &self,
+        store: &Store,
+        name: &str,
+        known: Option<&Derivation>,
+        progress: &dyn Progress,
+        depth: usize,
+    ) -> Result<bool> {
+        if store.is_valid(&store.root().join(name)) {
+            return Ok(true);
+        }
+        if depth > MAX_DEPTH {
+            return Err(Error::Invalid(format!(
+                "the references of {name} in the caches nest deeper than {MAX_DEPTH} (a cycle?)"
+            )));
+        }
+        for (index, cache) in self.caches.iter().enumerate() {
+            if !self.usable(index, store, progress) {
+                continue;
+            }
+            let bytes = match self
+                .runtime
+                .block_on(cache.get(&record_key(name), MAX_RECORD_BYTES))
+            {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => continue,
+                Err(err) => {
+                    progress.warning(&format!("{err}; not using it for {name}"));
+                    continue;
+                }
+            };
+            let refuse = |message: String| CacheError::BadRecord {
+                cache: cache.url().to_string(),
+                name: name.to_string(),
+                message,
+            };
+            let record = Record::parse(&bytes).map_err(refuse)?;
+            if record.name != name {
+                return Err(refuse(format!("it answers for `{}`", record.name)).into());
+            }
+            if let Some(known) = known
+                && &record.derivation != known
+            {
+                return Err(
+                    refuse("its derivation is not the one this build computed".into()).into(),
+                );
+            }
+            match record.trust(&self.trusted) {
+                Trust::Trusted(key) => {
+                    tracing::debug!("{name} in {} is signed by {key}", cache.url());
+                }
+                Trust::Untrusted => {
+                    let signers: Vec<&str> =
+                        record.signatures.iter().map(|s| s.key.as_str()).collect();
+                    progress.warning(&format!(
+                        "{name} in cache `{}` is not signed by a trusted key (signed by: {}); not using it",
+                        cache.url(),
+                        if signers.is_empty() {
+                            "nobody".to_string()
+                        } else {
+                            signers.join(", ")
+                        }
+                    ));
+                    continue;
+                }
+                Trust::BadSignature(key) => {
+                    return Err(CacheError::BadSignature {
+                        cache: cache.url().to_string(),
+                        name: name.to_string(),
+                        key,
+                    }
+                    .into());
+                }
+            }
+            let references: Vec<(String, Option<&Derivation>)> = record
+                .references
+                .iter()
+                .filter(|r| *r != name)
+                .map(|r| (r.clone(), None))
+                .collect();
+            let valid = self.substitute_many(store, &references, progress, depth + 1)?;
+            if let Some(((missing, _), _)) = references.iter().zip(&valid).find(|(_, ok)| !**ok) {
+                progress.warning(&format!(
+                    "{name} in cache `{}` needs {missing}, which no cache has; not using it",
+                    cache.url()
+                ));
+                continue;
+            }
+            self.install(store, cache, &record, progress)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Whether cache `index` serves this store (its `hvd-cache-info` names the same store directory); says why
+    /// not once.
+    fn usable(&self, index: usize, store: &Store, progress: &dyn Progress) -> bool {
+        let mut usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = usable[index] {
+            return known;
+        }
+        let cache = &self.caches[index];
+        let checked = match self.runtime.block_on(cache.get(CACHE_INFO, 64 << 10)) {
+            Ok(Some(bytes)) => match parse_cache_info(&String::from_utf8_lossy(&bytes)) {
+                Ok(theirs) if std::path::Path::new(&theirs) == store.root() => Ok(()),
+                Ok(theirs) => Err(format!(
+                    "it holds paths of the store `{theirs}`, this store is `{}` (paths refer to their store's \
+                     directory, so it must be the same)",
+                    store.root().display()
+                )),
+                Err(message) => Err(format!("its `{CACHE_INFO}` is unreadable: {message}")),
+            },
+            Ok(None) => Err(format!(
+                "it has no `{CACHE_INFO}` (not an hvd cache, or empty)"
+            )),
+            Err(err) => Err(err.to_string()),
+        };
+        let ok = match checked {
+            Ok(()) => true,
+            Err(message) => {
+                progress.warning(&format!(
+                    "{}; not using it",
+                    CacheError::NotACache {
+                        cache: cache.url().to_string(),
+                        message
+                    }
+                ));
+                false
+            }
+        };
+        usable[index] = Some(ok);
+        ok
+    }
+
+    /// Download, verify and install one path whose references are valid.
+    fn install(
+        &self,
+        store: &Store,
+        cache: &Cache,
+        record: &Record,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let name = record.name.clone();
+        let version = record.derivation.version.clone();
+        progress.step_started("substitute", &record.derivation.name, &version);
+        let realized = store.realize_checked(
+            &record.derivation,
+            false,
+            |target| {
+                let temp = target.out.parent().unwrap_or(store.root());
+                let archive = temp.join("archive.tar.zst");
+                let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+                progress.download_started(id, &name, Some(record.archive.size));
+                let downloaded = self.runtime.block_on(cache.download(
+                    &archive_key(&record.archive.sha256),
+                    &archive,
+                    record.archive.size,
+                    &|bytes| progress.download_progress(id, bytes),
+                ));
+                progress.download_finished(id);
+                let mismatch = |actual: String, actual_size: u64| CacheError::ArchiveMismatch {
+                    cache: cache.url().to_string(),
+                    name: name.clone(),
+                    expected: record.archive.sha256.to_string(),
+                    expected_size: record.archive.size,
+                    actual,
+                    actual_size,
+                };
+                let (sha256, size) = match downloaded {
+                    Ok(Some(found)) => found,
+                    Ok(None) => {
+                        return Err(CacheError::Backend {
+                            cache: cache.url().to_string(),
+                            key: archive_key(&record.archive.sha256),
+                            message: format!("(the archive of {name}) is missing"),
+                        }
+                        .into());
+                    }
+                    Err(CacheError::TooLarge { .. }) => {
+                        return Err(mismatch(
+                            "(unknown: longer than the record says)".into(),
+                            record.archive.size + 1,
+                        )
+                        .into());
+                    }
+                    Err(err) => return Err(err.into()),
+                };
+                if sha256 != record.archive.sha256 || size != record.archive.size {
+                    return Err(mismatch(sha256.to_string(), size).into());
+                }
+                let file_hashes =
+                    super::archive::unpack(&archive, &target.out).map_err(|source| {
+                        CacheError::Unpack {
+                            cache: cache.url().to_string(),
+                            name: name.clone(),
+                            source: Box::new(source),
+                        }
+                    })?;
+                fs_err::remove_file(&archive)?;
+                Ok(BuildOutput {
+                    references: record.references.clone(),
+                    file_hashes,
+                })
+            },
+            |info| {
+                if info.content_hash != record.content_hash {
+                    return Err(CacheError::ContentMismatch {
+                        cache: cache.url().to_string(),
+                        name: name.clone(),
+                        expected: record.content_hash.to_string(),
+                        actual: info.content_hash.to_string(),
+                    }
+                    .into());
+                }
+                Ok(())
+            },
+        )?;
+        progress.step_finished("substitute", &record.derivation.name, &version);
+        if realized.built {
+            self.substituted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The caches' URLs, in order.
+    pub fn caches(&self) -> Vec<String> {
+        self.caches.iter().map(|c| c.url().to_string()).collect()
+    }
+}

@@ -1,0 +1,169 @@
+//! `hvd cache keygen` and `hvd cache push`: signing keys and uploading an env's closure to a binary cache; the
+//! caches and trusted keys `hvd build` substitutes from (`--cache`, `--trusted-key`, `HVD_CACHES`,
+//! `HVD_TRUSTED_KEYS`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use hvd_builder::cache::{Cache, PublicKey, SecretKey, Substituter};
+
+use super::build::{LockMode, TerminalProgress, build_failure, ensure_env_with};
+use crate::exit::{CommandResult, Failure, Status};
+
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    command: CacheCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CacheCommand {
+    /// Write a new signing key pair: `DIR/NAME.secret` (mode 0600, keep it private) and `DIR/NAME.public`.
+    Keygen(KeygenArgs),
+    /// Upload the closure of FILE's built env (the env and every path it references) into a cache, signed.
+    Push(PushArgs),
+}
+
+#[derive(Debug, Args)]
+struct KeygenArgs {
+    /// The key's name; signatures carry it (letters, digits, `.`, `_`, `-`).
+    name: String,
+    /// Where to write the two files.
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct PushArgs {
+    /// The .hvd file whose env to push (built first when needed).
+    #[arg(default_value = "train.hvd")]
+    file: PathBuf,
+    /// The cache: `file:///dir` or `/dir`, or `s3://bucket/prefix`; default: the first of `--cache` sources
+    /// (then `HVD_CACHES`).
+    #[arg(long, value_name = "URL")]
+    to: Option<String>,
+    /// The secret key file to sign with (`hvd cache keygen`).
+    #[arg(long, value_name = "SECRETKEYFILE")]
+    key: PathBuf,
+    #[command(flatten)]
+    lock: LockMode,
+    #[command(flatten)]
+    caches: CacheOptions,
+}
+
+/// Where `hvd build` (and `push`, when it builds) substitutes from.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CacheOptions {
+    /// A binary cache to substitute store paths from (`file:///dir`, `http(s)://...`, `s3://bucket/prefix`);
+    /// repeatable, asked in order, before those of `HVD_CACHES`.
+    #[arg(long = "cache", value_name = "URL")]
+    pub caches: Vec<String>,
+    /// A public key whose signatures are trusted: a key file, or `NAME:BASE64`; repeatable, with `HVD_TRUSTED_KEYS`.
+    #[arg(long = "trusted-key", value_name = "PUBKEYFILE|NAME:BASE64")]
+    pub trusted_keys: Vec<String>,
+}
+
+impl CacheOptions {
+    /// The cache URLs: the flags, then `HVD_CACHES` (space-separated).
+    pub fn urls(&self) -> Vec<String> {
+        let mut urls = self.caches.clone();
+        urls.extend(hvd_builder::cache::caches_from_env());
+        let mut seen = std::collections::BTreeSet::new();
+        urls.retain(|url| seen.insert(url.clone()));
+        urls
+    }
+
+    /// The substituter for these caches, `None` when there are none.
+    pub fn substituter(&self) -> Result<Option<Substituter>, Failure> {
+        let urls = self.urls();
+        if urls.is_empty() {
+            return Ok(None);
+        }
+        let mut keys = self.trusted_keys.clone();
+        keys.extend(hvd_builder::cache::trusted_keys_from_env());
+        let trusted = keys
+            .iter()
+            .map(|key| PublicKey::from_arg(key))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cache_usage)?;
+        Substituter::new(&urls, trusted)
+            .map(Some)
+            .map_err(cache_usage)
+    }
+}
+
+fn cache_usage(err: hvd_builder::cache::CacheError) -> Failure {
+    Failure::from_error_with_help(
+        Status::Usage,
+        "cannot use the binary caches",
+        &err,
+        "see `hvd cache --help` and docs/store.md (\"Binary cache\")",
+    )
+}
+
+pub fn run(args: CacheArgs) -> CommandResult {
+    match args.command {
+        CacheCommand::Keygen(args) => keygen(args),
+        CacheCommand::Push(args) => push(args),
+    }
+}
+
+fn keygen(args: KeygenArgs) -> CommandResult {
+    let (secret, public) =
+        hvd_builder::cache::key::write_key_pair(&args.name, &args.out).map_err(cache_usage)?;
+    eprintln!(
+        "wrote the secret key {} (keep it private: it signs what `hvd cache push` uploads) and the public key {} \
+         (give it to `hvd build --trusted-key`)",
+        secret.display(),
+        public.display()
+    );
+    println!("{}", public.display());
+    Ok(Status::Success)
+}
+
+fn push(args: PushArgs) -> CommandResult {
+    let key = SecretKey::read(&args.key).map_err(cache_usage)?;
+    let ready = ensure_env_with(&args.file, args.lock, false, &args.caches)?;
+    let url = match args
+        .to
+        .clone()
+        .or_else(|| args.caches.urls().into_iter().next())
+    {
+        Some(url) => url,
+        None => {
+            return Err(Failure::usage(
+                "no cache to push to: give `--to URL` (or `--cache URL`, or set HVD_CACHES)",
+            ));
+        }
+    };
+    let cache = Cache::parse(&url).map_err(cache_usage)?;
+    let store =
+        hvd_builder::Store::open(hvd_builder::Store::default_root()).map_err(build_failure)?;
+    let env_name = ready
+        .build
+        .env
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let progress = TerminalProgress::new();
+    let report =
+        hvd_builder::cache::push(&store, &[env_name], &cache, &key, &progress).map_err(|err| {
+            Failure::from_error_with_help(
+                Status::Failure,
+                format_args!("failed to push to `{url}`"),
+                &err,
+                "run with -v for details",
+            )
+        })?;
+    progress.clear();
+    eprintln!(
+        "pushed {} store path(s) to {url} ({} already there), signed by `{}`",
+        report.pushed.len(),
+        report.skipped.len(),
+        key.name()
+    );
+    for name in &report.pushed {
+        println!("{name}");
+    }
+    Ok(Status::Success)
+}

