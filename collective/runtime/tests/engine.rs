@@ -585,3 +585,89 @@ fn grouped_submissions_with_a_joined_rank_and_with_fusion_off() {
         }
     }
 }
+
+/// Rank 0's end of a two-rank job whose peer is lost in the data phase of the first float allreduce, after the
+/// ranks agreed on it (a survivor of a killed worker, as an elastic job sees it): the allreduce fails with the lost
+/// peer, and rank 0's own end stops too, so rank 1 fails as well.
+struct LosesPeerInData(LocalTransport);
+
+impl hvd_collective::Communicator for LosesPeerInData {
+    fn topology(&self) -> hvd_collective::Topology {
+        self.0.topology()
+    }
+    fn backend(&self) -> &'static str {
+        "loses-peer-in-data"
+    }
+    fn allreduce_in_place(
+        &mut self,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> hvd_collective::Result<()> {
+        // The engine's own control allreduce (the response cache's bits) is u8; the tensor's is f32.
+        if dtype == DType::F32 {
+            self.0.kill();
+            return Err(hvd_collective::Error::PeerLost {
+                rank: 1,
+                reason: "lost in the data phase".into(),
+            });
+        }
+        self.0.allreduce_in_place(data, dtype, op)
+    }
+    fn allgatherv(&mut self, call: hvd_collective::Allgatherv<'_>) -> hvd_collective::Result<()> {
+        self.0.allgatherv(call)
+    }
+    fn broadcast(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DType,
+        root: usize,
+    ) -> hvd_collective::Result<()> {
+        self.0.broadcast(buf, dtype, root)
+    }
+    fn alltoallv(&mut self, call: hvd_collective::Alltoallv<'_>) -> hvd_collective::Result<()> {
+        self.0.alltoallv(call)
+    }
+    fn reducescatter(
+        &mut self,
+        call: hvd_collective::Reducescatter<'_>,
+    ) -> hvd_collective::Result<()> {
+        self.0.reducescatter(call)
+    }
+    fn barrier(&mut self) -> hvd_collective::Result<()> {
+        self.0.barrier()
+    }
+}
+
+/// Before: the operation being executed was already out of the engine's pending table when its collective failed,
+/// so stopping the engine did not fail its handle and the waiter (`hvd.synchronize`) hung forever: a survivor of an
+/// elastic job never got to re-form.
+#[test]
+fn a_peer_lost_in_the_data_phase_fails_the_waiting_allreduce() {
+    let mut transports = LocalTransport::group(2, Duration::from_secs(10)).into_iter();
+    let ends: Vec<Box<dyn hvd_collective::Communicator>> = vec![
+        Box::new(LosesPeerInData(transports.next().unwrap())),
+        Box::new(transports.next().unwrap()),
+    ];
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (rank, end) in ends.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let e = Engine::start(end, EngineConfig::default()).unwrap();
+            let result = allreduce(&e, "x", &[1.0], ReduceOp::Sum);
+            e.shutdown();
+            let _ = tx.send((rank, result.map_err(|err| err.kind())));
+        });
+    }
+    let mut outcomes: Vec<_> = (0..2)
+        .map(|_| {
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("a rank's allreduce neither completed nor failed: its waiter hangs")
+        })
+        .collect();
+    outcomes.sort_by_key(|(rank, _)| *rank);
+    assert_eq!(
+        outcomes,
+        vec![(0, Err(ErrorKind::PeerLost)), (1, Err(ErrorKind::PeerLost))]
+    );
+}

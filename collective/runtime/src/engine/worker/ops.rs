@@ -124,7 +124,17 @@ impl Worker {
         let result = self.collective(meta, p.as_mut(), dim0s, splits);
         self.mark(&lanes, Phase::End, None);
         self.mark(&lanes, Phase::End, None);
-        let out = result?;
+        let out = match result {
+            Ok(out) => out,
+            Err(stop) => {
+                // Back among the pending, so that stopping the engine fails its handle: dropped here, its waiter
+                // would wait forever (a survivor of a lost peer hung in `synchronize`).
+                if let Some(p) = p {
+                    self.pending.insert(meta.name.clone(), p);
+                }
+                return Err(stop);
+            }
+        };
         if let Some(p) = p {
             self.complete(p.handle, Ok(out));
         }
