@@ -29,6 +29,7 @@ mod format;
 mod loader;
 mod lower;
 pub mod model;
+mod requires_python;
 pub mod stdlib;
 mod syntax;
 
@@ -167,6 +168,7 @@ fn load_inner(
         _ => PathBuf::from("."),
     };
     let out = evaluator.eval_main(main, &ast, canonical, Some(&dir));
+    let python_problems = requires_python::check(&out);
     let mut lowerer = lower::Lowerer {
         problems: Vec::new(),
     };
@@ -180,6 +182,7 @@ fn load_inner(
     );
     let mut problems = evaluator.problems;
     problems.extend(lowerer.problems);
+    problems.extend(python_problems);
     match project {
         Some(project) if problems.is_empty() => Ok(project),
         _ => {

@@ -65,7 +65,19 @@ fn horovod_build_follows_its_parameters() {
     let pkg = &p.env.packages[0];
     assert_eq!(pkg.requirement, "horovod==0.28.0");
     let build = pkg.build.as_ref().expect("horovod is built from source");
-    assert_eq!(build.requires, ["cmake<4", "setuptools", "wheel"]);
+    assert_eq!(
+        build.requires,
+        [
+            "cmake>=3.13,<4",
+            "cloudpickle",
+            "psutil",
+            "pyyaml",
+            "dataclasses; python_version < \"3.7\"",
+            "packaging",
+            "setuptools",
+            "wheel"
+        ]
+    );
     assert_eq!(build.against, ["torch", "tensorflow"]);
     assert!(build.no_build_isolation);
     let env: Vec<(&str, &str)> = build
