@@ -730,3 +730,34 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
     );
     assert_eq!(text(&run).0, "hello from greet", "{}", text(&run).1);
 }
+
+#[test]
+fn the_files_cluster_caches_feed_the_same_list_and_bad_ones_are_diagnosed() {
+    let p = Pushed::new();
+    let file = p.root.join("app/train.hvd");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let with = |cluster: &str| std::fs::write(&file, format!("{original}{cluster}\n")).unwrap();
+
+    // A misspelled field and a string that is no cache URL: the language's own diagnostics.
+    with("cluster {\n  cache = [\"s3://bucket\"]\n}");
+    let check = hvd(&p.root, &p.store, &["check", "app/train.hvd"]);
+    assert_says(&check, 2, &["cache", "caches"]);
+    with("cluster {\n  caches = [\"bucket/prefix\"]\n}");
+    let check = hvd(&p.root, &p.store, &["check", "app/train.hvd"]);
+    assert_says(
+        &check,
+        2,
+        &["`bucket/prefix` is not a cache URL", "s3://bucket/prefix"],
+    );
+
+    // The file names the cache, the command line only the key: substituted, nothing built or downloaded.
+    with(&format!(
+        "cluster {{\n  caches = [\"{}\"]\n}}",
+        p.cache_url()
+    ));
+    let out = p.build(&["--trusted-key", &p.public_key()]);
+    let (env, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(env, p.env);
+    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+}

@@ -43,7 +43,7 @@ hvd_env_vars::env_vars! {
     /// before it is killed with every process it started.
     HVD_METADATA_TIMEOUT default "600";
     /// Binary caches `hvd build` substitutes from (space-separated URLs: `file:///dir`, `http(s)://...`,
-    /// `s3://bucket/prefix`), asked after `--cache`.
+    /// `s3://bucket/prefix`), asked after `--cache` and before the file's `cluster { caches }`.
     HVD_CACHES;
     /// Public keys whose signatures on cache records are trusted (space-separated key files or `NAME:BASE64`), with
     /// `--trusted-key`.

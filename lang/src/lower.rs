@@ -17,7 +17,8 @@ const RESOURCE_FIELDS: [&str; 3] = ["gpus", "cpus", "mem"];
 const STEP_FIELDS: [&str; 8] = [
     "run", "needs", "workers", "inputs", "outputs", "env", "timeout", "restarts",
 ];
-const CLUSTER_FIELDS: [&str; 6] = [
+const CLUSTER_FIELDS: [&str; 7] = [
+    "caches",
     "engine",
     "hosts",
     "image",
@@ -421,6 +422,7 @@ impl Lowerer {
         let settings = get("settings")
             .map(|v| self.settings(v))
             .unwrap_or_default();
+        let caches = get("caches").map(|v| self.caches(v)).unwrap_or_default();
         Cluster {
             engine,
             hosts,
@@ -428,6 +430,7 @@ impl Lowerer {
             namespace,
             partition,
             settings,
+            caches,
         }
     }
 
@@ -687,6 +690,42 @@ impl Lowerer {
             (Some(lo), Some(hi)) if !bad => (Some(hi), Some(lo)),
             _ => (None, None),
         }
+    }
+
+    /// `cluster { caches = [...] }`: strings that look like cache URLs (the builder checks the rest).
+    fn caches(&mut self, v: &Sv) -> Vec<String> {
+        let Value::List(items) = &v.v else {
+            self.report(type_error(
+                v,
+                "a list of strings",
+                "write `caches = [\"s3://bucket/prefix\"]`",
+            ));
+            return Vec::new();
+        };
+        let mut caches = Vec::new();
+        for item in items.iter() {
+            let Some(url) = self.string(item, "each cache") else {
+                continue;
+            };
+            if ["file:///", "/", "http://", "https://", "s3://"]
+                .iter()
+                .any(|scheme| url.starts_with(scheme))
+            {
+                caches.push(url);
+            } else {
+                self.report(
+                    Problem::new(
+                        item.loc,
+                        format!("`{url}` is not a cache URL"),
+                        "not a cache URL",
+                    )
+                    .help(
+                        "a cache is `file:///dir`, `/dir`, `http(s)://host/path` or `s3://bucket/prefix`",
+                    ),
+                );
+            }
+        }
+        caches
     }
 
     fn string_list(&mut self, v: &Sv) -> Vec<String> {

@@ -124,6 +124,10 @@ pub struct Cluster {
     pub partition: Option<String>,
     /// `settings = { ... }`: the engines' settings, checked against [`SETTINGS`].
     pub settings: EngineSettings,
+    /// `caches = ["s3://bucket/prefix", ...]`: binary caches `hvd build` substitutes store paths from, after
+    /// `--cache` and `HVD_CACHES` (docs/store.md, "Binary cache").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<String>,
 }
 
 /// The type of an engine setting's value.

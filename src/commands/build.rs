@@ -169,7 +169,7 @@ fn check(args: &BuildArgs) -> CommandResult {
 }
 
 /// Load the file, get an up-to-date lock (per `mode`), build the env and keep the root link. Substitutes from the
-/// caches of `HVD_CACHES`.
+/// caches of `HVD_CACHES` and the file's `cluster { caches }`.
 pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv, Failure> {
     ensure_env_with(file, mode, rebuild, &super::cache::CacheOptions::default())
 }
@@ -195,7 +195,7 @@ pub fn ensure_env_with(
         source: runtime.path().to_path_buf(),
     });
     let store = open_store()?;
-    let substituter = caches.substituter()?;
+    let substituter = caches.substituter(&project)?;
     let progress = TerminalProgress::new();
     // Held (shared) from before the build until both roots exist: `hvd gc` (exclusive) cannot run in between.
     let builders = store.lock_builders().map_err(build_failure)?;

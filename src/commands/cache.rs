@@ -39,7 +39,7 @@ struct PushArgs {
     #[arg(default_value = "train.hvd")]
     file: PathBuf,
     /// The cache: `file:///dir` or `/dir`, or `s3://bucket/prefix`; default: the first of `--cache` sources
-    /// (then `HVD_CACHES`).
+    /// (then `HVD_CACHES`, then the file's `cluster { caches }`).
     #[arg(long, value_name = "URL")]
     to: Option<String>,
     /// The secret key file to sign with (`hvd cache keygen`).
@@ -55,7 +55,7 @@ struct PushArgs {
 #[derive(Debug, Clone, Default, Args)]
 pub struct CacheOptions {
     /// A binary cache to substitute store paths from (`file:///dir`, `http(s)://...`, `s3://bucket/prefix`);
-    /// repeatable, asked in order, before those of `HVD_CACHES`.
+    /// repeatable, asked in order, before those of `HVD_CACHES` and the file's `cluster { caches }`.
     #[arg(long = "cache", value_name = "URL")]
     pub caches: Vec<String>,
     /// A public key whose signatures are trusted: a key file, or `NAME:BASE64`; repeatable, with `HVD_TRUSTED_KEYS`.
@@ -64,18 +64,24 @@ pub struct CacheOptions {
 }
 
 impl CacheOptions {
-    /// The cache URLs: the flags, then `HVD_CACHES` (space-separated).
-    pub fn urls(&self) -> Vec<String> {
+    /// The cache URLs: the flags, then `HVD_CACHES` (space-separated), then the file's `cluster { caches }`.
+    pub fn urls(&self, project: &hvd_lang::model::Project) -> Vec<String> {
         let mut urls = self.caches.clone();
         urls.extend(hvd_builder::cache::caches_from_env());
+        if let Some(cluster) = &project.cluster {
+            urls.extend(cluster.caches.iter().cloned());
+        }
         let mut seen = std::collections::BTreeSet::new();
         urls.retain(|url| seen.insert(url.clone()));
         urls
     }
 
     /// The substituter for these caches, `None` when there are none.
-    pub fn substituter(&self) -> Result<Option<Substituter>, Failure> {
-        let urls = self.urls();
+    pub fn substituter(
+        &self,
+        project: &hvd_lang::model::Project,
+    ) -> Result<Option<Substituter>, Failure> {
+        let urls = self.urls(project);
         if urls.is_empty() {
             return Ok(None);
         }
@@ -127,12 +133,12 @@ fn push(args: PushArgs) -> CommandResult {
     let url = match args
         .to
         .clone()
-        .or_else(|| args.caches.urls().into_iter().next())
+        .or_else(|| args.caches.urls(&ready.project).into_iter().next())
     {
         Some(url) => url,
         None => {
             return Err(Failure::usage(
-                "no cache to push to: give `--to URL` (or `--cache URL`, or set HVD_CACHES)",
+                "no cache to push to: give `--to URL` (or `--cache URL`, HVD_CACHES or `cluster { caches }`)",
             ));
         }
     };
