@@ -13,7 +13,8 @@ use common::{allreduce_runtime, text};
 /// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation
 /// count, committed after each step; `ELASTIC_KILL` (`slot:step,...`) names the workers that send themselves
 /// `ELASTIC_SIGNAL` (default SIGKILL) when they begin a step. Every worker prints its re-forms and, at the end,
-/// what it finished with and whether every rank of the final round agrees.
+/// what it finished with and whether every rank of the final round agrees. With `ELASTIC_INTERRUPT`, every worker
+/// raises `HostsUpdatedInterrupt` once when it begins that step.
 const TRAIN: &str = r#"
 import os
 import numpy as np
@@ -23,6 +24,8 @@ steps = int(os.environ["ELASTIC_STEPS"])
 slot = int(os.environ["HVD_RANK"])
 kills = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_KILL", "").split(",") if k)
 signal = int(os.environ.get("ELASTIC_SIGNAL", "9"))
+interrupt = int(os.environ.get("ELASTIC_INTERRUPT", "-1"))
+interrupted = []
 
 hvd.init()
 print("slot %d starts as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)
@@ -36,6 +39,10 @@ def train(state):
     while state.step < steps:
         if kills.get(slot) == state.step:
             os.kill(os.getpid(), signal)
+        if state.step == interrupt and not interrupted:
+            # Every rank at the same committed step: re-form without restoring.
+            interrupted.append(True)
+            raise hvd.elastic.HostsUpdatedInterrupt()
         g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
         c = hvd.allreduce(np.array([1.0]), op=hvd.Sum, name="count")
         state.w = state.w + g
@@ -107,7 +114,13 @@ fn survivors_of_a_killed_rank_re_form_and_finish_every_committed_step_once() {
     let marker = marker();
     let steps = 24;
     let dir = project("{ min = 2, max = 4 }", steps, "2:9", &marker);
-    let out = run(dir.path(), &[]);
+    // Every worker also raises `HostsUpdatedInterrupt` at step 5: a re-form of all four, before the loss.
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2"])
+        .env("NO_COLOR", "1")
+        .env("ELASTIC_INTERRUPT", "5")
+        .output()
+        .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // `sh -c` reports its python's death as exit code 137.
@@ -119,6 +132,12 @@ fn survivors_of_a_killed_rank_re_form_and_finish_every_committed_step_once() {
     // The survivors, slots 0, 1 and 3, are ranks 0, 1 and 2 of a job of 3, and finish it with the same state:
     // every step counted once, the weights the sum of every step's gradient.
     let w0 = f64::from(steps * (steps + 1) / 2);
+    for slot in 0..4 {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {slot} of 4")),
+            "slot {slot}:\n{stdout}\n{stderr}"
+        );
+    }
     for (slot, rank) in [(0, 0), (1, 1), (3, 2)] {
         assert!(
             stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
