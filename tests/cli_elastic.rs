@@ -14,9 +14,11 @@ use common::{allreduce_runtime, text};
 /// count, committed after each step; `ELASTIC_KILL` (`slot:step,...`) names the workers that send themselves
 /// `ELASTIC_SIGNAL` (default SIGKILL) when they begin a step. Every worker prints its re-forms and, at the end,
 /// what it finished with and whether every rank of the final round agrees. With `ELASTIC_INTERRUPT`, every worker
-/// raises `HostsUpdatedInterrupt` once when it begins that step.
+/// raises `HostsUpdatedInterrupt` once when it begins that step; the worker `ELASTIC_STALL` does not come back after a
+/// loss (it sleeps).
 const TRAIN: &str = r#"
 import os
+import time
 import numpy as np
 import hvd
 
@@ -25,6 +27,7 @@ slot = int(os.environ["HVD_RANK"])
 kills = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_KILL", "").split(",") if k)
 signal = int(os.environ.get("ELASTIC_SIGNAL", "9"))
 interrupt = int(os.environ.get("ELASTIC_INTERRUPT", "-1"))
+stall = int(os.environ.get("ELASTIC_STALL", "-1"))
 interrupted = []
 
 hvd.init()
@@ -43,7 +46,13 @@ def train(state):
             # Every rank at the same committed step: re-form without restoring.
             interrupted.append(True)
             raise hvd.elastic.HostsUpdatedInterrupt()
-        g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
+        try:
+            g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
+        except hvd.HorovodInternalError:
+            if slot == stall:
+                # Alive but never back: the next round must form without it.
+                time.sleep(600)
+            raise
         c = hvd.allreduce(np.array([1.0]), op=hvd.Sum, name="count")
         state.w = state.w + g
         # 1 when every member of the round took part in this step.
@@ -245,4 +254,33 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
         flat.contains("step `train` is elastic, but the slurm engine submits the whole run"),
         "{stderr}"
     );
+}
+
+/// A live worker that does not rejoin (stuck outside any collective) is left out of the next round after
+/// `--elastic-timeout`, stopped, and counted as lost; the others go on.
+#[test]
+fn a_worker_that_does_not_rejoin_in_time_is_left_out_and_stopped() {
+    let marker = marker();
+    let steps = 16;
+    let dir = project("{ min = 2, max = 4 }", steps, "2:6", &marker);
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2", "--elastic-timeout", "1"])
+        .env("NO_COLOR", "1")
+        .env("ELASTIC_STALL", "3")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 3 of step `train` did not rejoin within 1 s; stopping it (elastic)"),
+        "{stdout}\n{stderr}"
+    );
+    for slot in 0..2 {
+        let want = format!(
+            "slot {slot} finished as rank {slot} of 2: step {steps} count {:?}",
+            f64::from(steps)
+        );
+        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    assert_nothing_left(&marker);
 }
