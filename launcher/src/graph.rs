@@ -139,7 +139,7 @@ pub fn plan(
         }
         let min_workers = workers.and(options.min_workers.or(step.min_workers));
         if let (Some(min), Some(max)) = (min_workers, workers)
-            && (min > max || min == 0)
+            && min > max
         {
             return Err(LaunchError::ElasticRange {
                 step: step.name.clone(),

@@ -57,7 +57,7 @@ pub struct RunArgs {
     pub max_restarts: Option<u32>,
     /// Make every distributed step elastic: it goes on while at least N of its workers are alive (overrides
     /// `workers = { min }`; docs/running.md, Elastic steps).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub min_workers: Option<u32>,
     /// The workers every distributed step starts with (as `--workers`, which it overrides; an elastic step's
     /// `max`).
