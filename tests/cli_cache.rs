@@ -314,6 +314,18 @@ fn a_cache_over_http_and_from_the_environment_substitutes_the_same() {
     let p = Pushed::new();
     let base = common::serve_files(p.cache.clone());
     let trusted = std::fs::read_to_string(p.public_key()).unwrap();
+    // `--offline` asks no HTTP cache: the build then needs the (unreachable) index, and says so.
+    let offline = common::hvd_with_store(
+        &p.root,
+        &p.store,
+        &["build", "app/train.hvd", "--locked", "--offline"],
+    )
+    .env("HVD_CACHES", &base)
+    .env("HVD_TRUSTED_KEYS", trusted.trim())
+    .output()
+    .unwrap();
+    assert_says(&offline, 1, &["`--offline` forbids the network"]);
+    assert!(!text(&offline).1.contains("substituted"));
     let out = common::hvd_with_store(&p.root, &p.store, &["build", "app/train.hvd", "--locked"])
         .env(
             "HVD_CACHES",

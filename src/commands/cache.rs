@@ -76,12 +76,22 @@ impl CacheOptions {
         urls
     }
 
-    /// The substituter for these caches, `None` when there are none.
+    /// The substituter for these caches, `None` when there are none; `offline` keeps only directory caches.
     pub fn substituter(
         &self,
         project: &hvd_lang::model::Project,
+        offline: bool,
     ) -> Result<Option<Substituter>, Failure> {
-        let urls = self.urls(project);
+        let mut urls = self.urls(project);
+        if offline {
+            urls.retain(|url| {
+                let local = url.starts_with("file://") || url.starts_with('/');
+                if !local {
+                    tracing::info!("--offline: not asking the cache {url}");
+                }
+                local
+            });
+        }
         if urls.is_empty() {
             return Ok(None);
         }
