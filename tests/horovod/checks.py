@@ -115,13 +115,20 @@ cases = [
      ["--workers", "4", "--engine", "mpi", "--hostfile", "hosts", "-v"], ["python", "t.py"]),
     (["-np", "2", "--timeline-filename", "tl.json", "-p", "2222", "--", "python", "-u", "t.py"],
      ["--workers", "2", "--ssh-port", "2222", "--timeline", "tl.json"], ["python", "-u", "t.py"]),
+    # Elastic: starts -np (else --max-np) workers and goes on down to --min-np.
+    (["-np", "4", "--min-np", "2", "--max-np", "8", "--elastic-timeout", "30", "python", "t.py"],
+     ["--workers", "4", "--min-workers", "2", "--max-workers", "4", "--elastic-timeout", "30"], ["python", "t.py"]),
+    (["--min-np=1", "--max-np=3", "python", "t.py"],
+     ["--workers", "3", "--min-workers", "1", "--max-workers", "3"], ["python", "t.py"]),
 ]
 for argv, options, command in cases:
     assert launch.translate(argv) == (options, command), (argv, launch.translate(argv))
 
 for argv, part in (
-    (["--min-np", "1", "-np", "2", "python", "t.py"], "`--min-np` (elastic training)"),
-    (["--host-discovery-script", "d.sh", "python", "t.py"], "`--host-discovery-script` (elastic training)"),
+    (["--min-np", "3", "-np", "2", "python", "t.py"], "--min-np 3 is above the 2 workers it starts"),
+    (["--max-np", "1", "-np", "2", "python", "t.py"], "--max-np 1 is below -np 2"),
+    (["--min-np", "x", "-np", "2", "python", "t.py"], "--min-np takes a positive number of workers, not `x`"),
+    (["--host-discovery-script", "d.sh", "python", "t.py"], "`--host-discovery-script` (elastic host discovery)"),
     (["-np", "2", "--fusion-threshold-mb", "32", "python", "t.py"], "unknown or unsupported flag `--fusion-threshold-mb`"),
     (["python", "t.py"], "-np N (the number of workers) is required"),
     (["-np", "0", "python"], "positive number of workers"),

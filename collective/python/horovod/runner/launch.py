@@ -23,12 +23,15 @@ _VALUED = {
     "-i": "--ssh-identity", "--ssh-identity-file": "--ssh-identity",
     "--network-interface": "--network-interface", "--network-interfaces": "--network-interface",
     "--start-timeout": "--start-timeout",
+    "--min-np": "--min-workers", "--max-np": "--max-workers", "--elastic-timeout": "--elastic-timeout",
 }
 # Flags without a value: `--gloo` and `--disable-cache` change nothing in hvd (its runtime is one transport of its
 # own, and it keeps no such cache).
 _SWITCHES = {"--gloo", "--mpi", "--verbose", "-v", "--disable-cache", "--check-build"}
-_ELASTIC = {"--min-np", "--max-np", "--host-discovery-script", "--slots-per-host", "--elastic-timeout",
-            "--reset-limit", "--cooldown-range", "--blacklist-cooldown-range"}
+# Elastic flags `hvd run` has no counterpart for yet: its elastic steps keep going on the workers they started with
+# (down to --min-np), but find no new hosts and keep no blacklist.
+_ELASTIC = {"--host-discovery-script", "--slots-per-host", "--reset-limit", "--cooldown-range",
+            "--blacklist-cooldown-range"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -82,8 +85,8 @@ def parse(argv):
             break
         if flag in _ELASTIC:
             raise UsageError(
-                "horovodrun: `{}` (elastic training) is not supported: hvd run has no elastic mode yet; run a fixed "
-                "number of workers with -np".format(flag)
+                "horovodrun: `{}` (elastic host discovery) is not supported: hvd run's elastic steps continue on the "
+                "workers they started with, down to --min-np, and find no new hosts; drop the flag".format(flag)
             )
         if flag in _VALUED:
             if inline:
@@ -112,12 +115,23 @@ def translate(argv):
     verbose = bool(switches & {"--verbose", "-v"})
     if not command:
         raise UsageError("horovodrun: no command to run, e.g. `horovodrun -np 2 python train.py`")
-    workers = values.pop("--workers", None)
+    for flag, key in (("-np", "--workers"), ("--min-np", "--min-workers"), ("--max-np", "--max-workers")):
+        value = values.get(key)
+        if value is not None and (not value.isdigit() or int(value) < 1):
+            raise UsageError("horovodrun: {} takes a positive number of workers, not `{}`".format(flag, value))
+    minimum, maximum = values.pop("--min-workers", None), values.pop("--max-workers", None)
+    # Horovod starts -np workers and may grow to --max-np through discovery; hvd finds no new hosts, so an elastic
+    # run starts (and stays at most) at -np, else at --max-np.
+    workers = values.pop("--workers", None) or maximum
     if workers is None:
         raise UsageError("horovodrun: -np N (the number of workers) is required")
-    if not workers.isdigit() or int(workers) < 1:
-        raise UsageError("horovodrun: -np takes a positive number of workers, not `{}`".format(workers))
+    if maximum is not None and int(maximum) < int(workers):
+        raise UsageError("horovodrun: --max-np {} is below -np {}".format(maximum, workers))
     options += ["--workers", workers]
+    if minimum is not None:
+        if int(minimum) > int(workers):
+            raise UsageError("horovodrun: --min-np {} is above the {} workers it starts".format(minimum, workers))
+        options += ["--min-workers", minimum, "--max-workers", workers]
     hosts = values.get("--hosts")
     if hosts is not None and all(_local(h.partition(":")[0]) for h in hosts.split(",")):
         del values["--hosts"]  # every slot is on this machine: the local engine, no ssh to ourselves
