@@ -11,43 +11,6 @@ use hvd_builder::cache::record::{Record, archive_key, record_key};
 use hvd_builder::cache::{SecretKey, archive};
 use hvd_resolver::lockfile::{LockedBuild, LockedPackage, Lockfile};
 
-/// The fixture wheels (greet needs helper) and an sdist whose build writes a random stamp (noisy).
-const MAKE_FIXTURES: &str = r#"
-import base64, hashlib, io, os, sys, tarfile, zipfile
-out = sys.argv[1]
-def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
-def wheel(name, files, requires=(), entry_points=None):
-    di = name + "-1.0.dist-info"
-    files = dict(files)
-    files[di + "/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % name + "".join("Requires-Dist: %s\n" % r for r in requires)).encode()
-    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    if entry_points: files[di + "/entry_points.txt"] = entry_points.encode()
-    rec = "".join("%s,sha256=%s,%d\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\n"
-    files[di + "/RECORD"] = rec.encode()
-    with zipfile.ZipFile(os.path.join(out, name + "-1.0-py3-none-any.whl"), "w") as z:
-        for p, d in files.items(): z.writestr(p, d)
-wheel("helper", {"helper.py": b"WORD = 'hello'\n"})
-wheel("greet", {"greet/__init__.py": b"from helper import WORD\ndef main():\n    print(WORD + ' from greet')\n"},
-      requires=["helper"], entry_points="[console_scripts]\ngreet = greet:main\n")
-backend = '''
-import base64, hashlib, os, zipfile
-def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    files = {"noisy.py": ("STAMP = %r\\n" % os.urandom(8).hex()).encode()}
-    di = "noisy-1.0.dist-info"
-    files[di + "/METADATA"] = b"Metadata-Version: 2.1\\nName: noisy\\nVersion: 1.0\\n"
-    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: fixture\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
-    files[di + "/RECORD"] = ("".join("%s,sha256=%s,%d\\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\\n").encode()
-    with zipfile.ZipFile(os.path.join(wheel_directory, "noisy-1.0-py3-none-any.whl"), "w") as z:
-        for p, d in files.items(): z.writestr(p, d)
-    return "noisy-1.0-py3-none-any.whl"
-'''
-with tarfile.open(os.path.join(out, "noisy-1.0.tar.gz"), "w:gz") as t:
-    for p, d in {"pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
-                 "backend.py": backend.encode()}.items():
-        info = tarfile.TarInfo("noisy-1.0/" + p); info.size = len(d); t.addfile(info, io.BytesIO(d))
-"#;
-
 /// The key name the tests push with.
 const KEY: &str = "test-cache-1";
 
@@ -90,7 +53,7 @@ impl Pushed {
         let root = dir.path().to_path_buf();
         let files = root.join("files");
         std::fs::create_dir(&files).unwrap();
-        common::make_fixtures(MAKE_FIXTURES, &files);
+        common::make_fixtures(common::GREET_AND_NOISY, &files);
         let base = common::serve_files(files.clone());
         let python = common::python_version();
         std::fs::create_dir_all(root.join("app")).unwrap();

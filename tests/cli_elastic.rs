@@ -4,7 +4,6 @@
 
 use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
 mod common;
 
@@ -70,11 +69,7 @@ hvd.shutdown()
 
 /// A unique marker every worker of one test carries (`HVD_TEST_MARKER`), to find what a run left behind.
 fn marker() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("elastic-{}-{nanos}", std::process::id())
+    common::unique_marker("elastic")
 }
 
 /// A project whose step `train` runs the training script on `workers` (as written in the file).
@@ -111,11 +106,17 @@ fn run(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn assert_nothing_left(marker: &str) {
-    let left = common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(20), || {
-        common::processes_with_env(&format!("HVD_TEST_MARKER={marker}"))
-    });
-    assert!(left.is_empty(), "left running: {left:?}");
+/// Asserts that each `(slot, rank)` of `survivors` printed that it finished as that rank of a job of
+/// `survivors.len()` at the last of `steps`, having counted every step once, followed by `then`.
+fn assert_finished(stdout: &str, stderr: &str, survivors: &[(u32, u32)], steps: u32, then: &str) {
+    let size = survivors.len();
+    for (slot, rank) in survivors {
+        let want = format!(
+            "slot {slot} finished as rank {rank} of {size}: step {steps} count {:?}{then}",
+            f64::from(steps)
+        );
+        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
 }
 
 #[test]
@@ -147,19 +148,17 @@ fn survivors_of_a_killed_rank_re_form_and_finish_every_committed_step_once() {
             "slot {slot}:\n{stdout}\n{stderr}"
         );
     }
-    for (slot, rank) in [(0, 0), (1, 1), (3, 2)] {
+    let survivors = [(0, 0), (1, 1), (3, 2)];
+    for (slot, rank) in survivors {
         assert!(
             stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
             "slot {slot}:\n{stdout}\n{stderr}"
         );
-        let want = format!(
-            "slot {slot} finished as rank {rank} of 3: step {steps} count {:?} w0 {w0:?} agree True",
-            f64::from(steps)
-        );
-        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
     }
+    let agreed = format!(" w0 {w0:?} agree True");
+    assert_finished(&stdout, &stderr, &survivors, steps, &agreed);
     assert!(!stdout.contains("slot 2 finished"), "{stdout}");
-    assert_nothing_left(&marker);
+    common::assert_nothing_left(&marker);
 }
 
 #[test]
@@ -183,7 +182,7 @@ fn an_elastic_step_below_its_minimum_fails_naming_the_reason() {
         ),
         "{stdout}\n{stderr}"
     );
-    assert_nothing_left(&marker);
+    common::assert_nothing_left(&marker);
 }
 
 #[test]
@@ -214,14 +213,8 @@ fn a_sigtermed_worker_of_an_elastic_step_is_a_loss_not_a_failed_run() {
             .contains("rank 0 of step `train` was lost (exit code 143); 2 of its 3 workers go on"),
         "{stdout}\n{stderr}"
     );
-    for (slot, rank) in [(1, 0), (2, 1)] {
-        let want = format!(
-            "slot {slot} finished as rank {rank} of 2: step {steps} count {:?}",
-            f64::from(steps)
-        );
-        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
-    }
-    assert_nothing_left(&marker);
+    assert_finished(&stdout, &stderr, &[(1, 0), (2, 1)], steps, "");
+    common::assert_nothing_left(&marker);
 }
 
 #[test]
@@ -275,12 +268,6 @@ fn a_worker_that_does_not_rejoin_in_time_is_left_out_and_stopped() {
         stderr.contains("rank 3 of step `train` did not rejoin within 1 s; stopping it (elastic)"),
         "{stdout}\n{stderr}"
     );
-    for slot in 0..2 {
-        let want = format!(
-            "slot {slot} finished as rank {slot} of 2: step {steps} count {:?}",
-            f64::from(steps)
-        );
-        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
-    }
-    assert_nothing_left(&marker);
+    assert_finished(&stdout, &stderr, &[(0, 0), (1, 1)], steps, "");
+    common::assert_nothing_left(&marker);
 }

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
 mod common;
 
@@ -12,11 +11,7 @@ use common::text;
 
 /// A unique marker every worker of one test carries (`HVD_TEST_MARKER`), to find what a run left behind.
 fn marker() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("restarts-{}-{nanos}", std::process::id())
+    common::unique_marker("restarts")
 }
 
 /// `hvd run --no-build PROJECT/train.hvd ARGS...`.
@@ -28,14 +23,6 @@ fn run(dir: &Path, args: &[&str]) -> Output {
         .env_remove("SLURM_JOB_ID")
         .output()
         .unwrap()
-}
-
-/// Asserts that nothing carrying `marker` is still running.
-fn assert_nothing_left(marker: &str) {
-    let left = common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(20), || {
-        common::processes_with_env(&format!("HVD_TEST_MARKER={marker}"))
-    });
-    assert!(left.is_empty(), "left running: {left:?}");
 }
 
 /// A 2-worker step `train` running `fail.sh` (rank 1 exits 3 on the attempts `fail.sh` is told to fail, once rank 0
@@ -116,7 +103,7 @@ fn a_step_that_fails_once_succeeds_on_its_restart() {
     assert!(first.contains("rank 1 fails on attempt 0"), "{first}");
     let second = std::fs::read_to_string(step_logs.join("restart.1/rank.1/stdout")).unwrap();
     assert!(second.contains("rank 1 done at restart 1"), "{second}");
-    assert_nothing_left(&marker);
+    common::assert_nothing_left(&marker);
 }
 
 #[test]
@@ -147,7 +134,7 @@ fn a_launched_step_restarts_its_launcher_with_every_rank() {
         assert_eq!(seen[1][1..3], ["1", "1"], "{seen:?}");
         assert_ne!(seen[0][4], seen[1][4], "one job token for two attempts");
     }
-    assert_nothing_left(&marker);
+    common::assert_nothing_left(&marker);
 }
 
 #[test]
@@ -168,7 +155,7 @@ fn without_restarts_the_first_failure_ends_the_run_as_before() {
         assert!(!stderr.contains("restart"), "{stderr}");
         assert_eq!(seen(dir.path(), 1).len(), 1);
         assert!(!run_dir(dir.path()).join("train/restart.1").exists());
-        assert_nothing_left(&marker);
+        common::assert_nothing_left(&marker);
     }
 }
 
@@ -210,7 +197,7 @@ fn restarts_in_the_file_run_every_attempt_then_fail_naming_them() {
             "{logs}: {stderr}"
         );
     }
-    assert_nothing_left(&marker);
+    common::assert_nothing_left(&marker);
     let out = run(dir.path(), &["--dry-run"]);
     assert!(
         text(&out)
@@ -228,7 +215,7 @@ fn restarts_in_the_file_run_every_attempt_then_fail_naming_them() {
     let out = run(dir.path(), &["--grace", "2", "--max-restarts", "0"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out).1);
     assert_eq!(seen(dir.path(), 1).len(), 1);
-    assert_nothing_left(&marker);
+    common::assert_nothing_left(&marker);
 }
 
 #[test]

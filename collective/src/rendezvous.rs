@@ -139,25 +139,18 @@ impl KeyValueClient {
     /// two rounds' keys per rank.
     pub fn next_round(self) -> KeyValueClient {
         let (round, done) = round::begin(&self.rendezvous, self.rank);
-        let raw = KeyValueClient {
-            round: None,
-            ..self.clone()
-        };
-        for key in done {
-            if let Err(e) = raw.delete(&key) {
-                tracing::debug!(key, error = %e, "could not delete a key of an earlier round");
-            }
-        }
-        KeyValueClient {
-            round: Some(round),
-            ..self
-        }
+        self.entering(round, done)
     }
 
     /// Begins round `round` as the launcher's server gave it ([`KeyValueClient::elastic_join`]) instead of counting
     /// this process's joins; deletes what the rank stored two joins ago, as [`KeyValueClient::next_round`] does.
     pub fn in_round(self, round: Round) -> KeyValueClient {
         let done = round::begin_at(&self.rendezvous, self.rank, round);
+        self.entering(round, done)
+    }
+
+    /// This client keyed by `round`, after deleting the keys `done` of an earlier round (best effort).
+    fn entering(self, round: Round, done: Vec<String>) -> KeyValueClient {
         let raw = KeyValueClient {
             round: None,
             ..self.clone()

@@ -15,6 +15,45 @@ use hvd_resolver::lockfile::{
 
 pub const HVD: &str = env!("CARGO_BIN_EXE_hvd");
 
+/// A fixture script for [`make_fixtures`]: wheels `helper 1.0` and `greet 1.0` (which needs helper and has a
+/// `greet` console script), and an sdist `noisy 1.0` whose in-tree backend writes a random stamp into its wheel (so
+/// two builds differ).
+pub const GREET_AND_NOISY: &str = r#"
+import base64, hashlib, io, os, sys, tarfile, zipfile
+out = sys.argv[1]
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def wheel(name, files, requires=(), entry_points=None):
+    di = name + "-1.0.dist-info"
+    files = dict(files)
+    files[di + "/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % name + "".join("Requires-Dist: %s\n" % r for r in requires)).encode()
+    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    if entry_points: files[di + "/entry_points.txt"] = entry_points.encode()
+    rec = "".join("%s,sha256=%s,%d\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\n"
+    files[di + "/RECORD"] = rec.encode()
+    with zipfile.ZipFile(os.path.join(out, name + "-1.0-py3-none-any.whl"), "w") as z:
+        for p, d in files.items(): z.writestr(p, d)
+wheel("helper", {"helper.py": b"WORD = 'hello'\n"})
+wheel("greet", {"greet/__init__.py": b"from helper import WORD\ndef main():\n    print(WORD + ' from greet')\n"},
+      requires=["helper"], entry_points="[console_scripts]\ngreet = greet:main\n")
+backend = '''
+import base64, hashlib, os, zipfile
+def h(d): return base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    files = {"noisy.py": ("STAMP = %r\\n" % os.urandom(8).hex()).encode()}
+    di = "noisy-1.0.dist-info"
+    files[di + "/METADATA"] = b"Metadata-Version: 2.1\\nName: noisy\\nVersion: 1.0\\n"
+    files[di + "/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: fixture\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    files[di + "/RECORD"] = ("".join("%s,sha256=%s,%d\\n" % (p, h(d), len(d)) for p, d in files.items()) + di + "/RECORD,,\\n").encode()
+    with zipfile.ZipFile(os.path.join(wheel_directory, "noisy-1.0-py3-none-any.whl"), "w") as z:
+        for p, d in files.items(): z.writestr(p, d)
+    return "noisy-1.0-py3-none-any.whl"
+'''
+with tarfile.open(os.path.join(out, "noisy-1.0.tar.gz"), "w:gz") as t:
+    for p, d in {"pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+                 "backend.py": backend.encode()}.items():
+        info = tarfile.TarInfo("noisy-1.0/" + p); info.size = len(d); t.addfile(info, io.BytesIO(d))
+"#;
+
 /// stdout and stderr of `out` as text.
 pub fn text(out: &Output) -> (String, String) {
     (
@@ -229,6 +268,26 @@ pub fn processes_with_env(entry: &str) -> Vec<(u32, String)> {
         }
     }
     found
+}
+
+/// A value for `HVD_TEST_MARKER` no other test run uses: `<prefix>-<pid>-<nanoseconds>`.
+pub fn unique_marker(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// Asserts that no process whose environment holds `HVD_TEST_MARKER=<marker>` is left (one killed a moment ago
+/// may take a little while to leave /proc: waits up to 10 s for that).
+pub fn assert_nothing_left(marker: &str) {
+    let left = wait_until_empty(
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(20),
+        || processes_with_env(&format!("HVD_TEST_MARKER={marker}")),
+    );
+    assert!(left.is_empty(), "left running: {left:?}");
 }
 
 /// Calls `left` every `pause` until it returns nothing or `limit` has passed; returns its last answer.
