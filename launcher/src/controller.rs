@@ -279,7 +279,8 @@ mod tests {
 
     #[test]
     fn the_recipe_and_version_say_which_controllers_a_build_has() {
-        // The recipe passes HOROVOD_WITH_GLOO to every version; before 0.17.0 Horovod has no gloo to build.
+        // A lock from an older std.horovod (or a hand-written recipe) may pass HOROVOD_WITH_GLOO to any version;
+        // before 0.17.0 Horovod has no gloo to build, whatever the variables say.
         let old = HorovodBuild::of(
             &env(
                 "horovod==0.13.11",
