@@ -187,14 +187,7 @@ fn hash_mismatch_fails_the_build_naming_the_url() {
 #[test]
 fn check_lists_the_differing_file_and_exits_4() {
     let p = project("{ requirement = \"noisy==1.0\", build = { requires = [], against = [] } }");
-    let build = LockedBuild {
-        package: "noisy".into(),
-        requires: vec![],
-        env: Default::default(),
-        against: vec![],
-        no_build_isolation: false,
-        packages: vec![],
-    };
+    let build = common::plain_build("noisy");
     p.lock(
         vec![p.package("noisy", "noisy-1.0.tar.gz", &[])],
         vec![build],

@@ -9,7 +9,7 @@ use std::process::Output;
 
 use hvd_builder::cache::record::{Record, archive_key, record_key};
 use hvd_builder::cache::{SecretKey, archive};
-use hvd_resolver::lockfile::{LockedBuild, LockedPackage, Lockfile};
+use hvd_resolver::lockfile::{LockedPackage, Lockfile};
 
 /// The key name the tests push with.
 const KEY: &str = "test-cache-1";
@@ -72,14 +72,7 @@ impl Pushed {
                 locked.artifact.url = format!("{base}/{filename}");
                 locked
             };
-            let build = LockedBuild {
-                package: "noisy".into(),
-                requires: vec![],
-                env: Default::default(),
-                against: vec![],
-                no_build_isolation: false,
-                packages: vec![],
-            };
+            let build = common::plain_build("noisy");
             common::lockfile(
                 &file,
                 &python,

@@ -170,11 +170,7 @@ fn an_elastic_step_below_its_minimum_fails_naming_the_reason() {
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(137), "{stdout}\n{stderr}");
     // The summary, its lines joined (the renderer wraps them).
-    let flat = stderr
-        .replace('│', " ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let flat = common::flat_stderr(&out);
     assert!(
         flat.contains(
             "step `train` failed: 2 of its workers are left, fewer than its minimum of 3 (elastic); the last one \
@@ -238,11 +234,7 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "{stdout}\n{stderr}");
-    let flat = stderr
-        .replace('│', " ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let flat = common::flat_stderr(&out);
     assert!(
         flat.contains("step `train` is elastic, but the slurm engine submits the whole run"),
         "{stderr}"

@@ -36,16 +36,6 @@ fn dry_run(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// stderr with miette's wrapping undone: one line, single spaces.
-fn flat(out: &Output) -> String {
-    let (_, stderr) = text(out);
-    stderr
-        .replace(['│', '×'], " ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn has_mpirun() -> bool {
     let found = Command::new("sh")
         .args(["-c", "command -v mpirun"])
@@ -93,7 +83,7 @@ fn a_named_engine_that_cannot_reach_an_mpi_only_horovod_is_refused_with_the_fix(
     let out = dry_run(dir.path(), &["--engine", "local"]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
-    let said = flat(&out);
+    let said = common::flat_stderr(&out);
     for part in [
         "`--engine local` cannot run this env's Horovod 0.13.11",
         "no gloo controller (gloo came with Horovod 0.17.0)",
@@ -113,7 +103,8 @@ fn a_named_engine_that_cannot_reach_an_mpi_only_horovod_is_refused_with_the_fix(
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        flat(&out).contains("`cluster { engine = \"ssh\" }` cannot run this env's Horovod 0.13.11"),
+        common::flat_stderr(&out)
+            .contains("`cluster { engine = \"ssh\" }` cannot run this env's Horovod 0.13.11"),
         "{stderr}"
     );
 }

@@ -43,22 +43,24 @@ fn horovod_build(python: &str, packages: &str) -> serde_json::Value {
     horovod["build"].clone()
 }
 
+/// What std.horovod 0.26-0.28 builds with.
+const LATEST_REQUIRES: &[&str] = &[
+    "cmake>=3.13,<4",
+    "cloudpickle",
+    "psutil",
+    "pyyaml",
+    "dataclasses; python_version < \"3.7\"",
+    "packaging",
+    "setuptools",
+    "wheel",
+];
+
 fn strings(v: &serde_json::Value) -> Vec<String> {
     v.as_array()
         .unwrap()
         .iter()
         .map(|s| s.as_str().unwrap().to_string())
         .collect()
-}
-
-/// stderr with miette's wrapping undone: one line, single spaces.
-fn flat(out: &Output) -> String {
-    let (_, stderr) = text(out);
-    stderr
-        .replace(['│', '×'], " ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// One row of the era table: python, framework, Horovod version, build requires, variables set to "1",
@@ -155,16 +157,7 @@ fn each_era_gets_its_requirements_and_variables() {
             "3.7",
             tf("1.15.5"),
             "0.28.1",
-            &[
-                "cmake>=3.13,<4",
-                "cloudpickle",
-                "psutil",
-                "pyyaml",
-                "dataclasses; python_version < \"3.7\"",
-                "packaging",
-                "setuptools",
-                "wheel",
-            ],
+            LATEST_REQUIRES,
             &["HOROVOD_WITH_GLOO", "HOROVOD_WITH_TENSORFLOW"],
             &["HOROVOD_WITH_MPI"],
         ),
@@ -172,16 +165,7 @@ fn each_era_gets_its_requirements_and_variables() {
             "3.8",
             "std.torch { version = \"1.13.1\" }".to_string(),
             "0.28.1",
-            &[
-                "cmake>=3.13,<4",
-                "cloudpickle",
-                "psutil",
-                "pyyaml",
-                "dataclasses; python_version < \"3.7\"",
-                "packaging",
-                "setuptools",
-                "wheel",
-            ],
+            LATEST_REQUIRES,
             &["HOROVOD_WITH_PYTORCH", "HOROVOD_WITHOUT_TENSORFLOW"],
             &[],
         ),
@@ -256,7 +240,7 @@ fn unsupported_combinations_fail_at_check_and_lock_naming_what_works() {
         let dir = project(python, packages);
         for command in ["check", "lock"] {
             let out = hvd(dir.path(), &[command]);
-            let stderr = flat(&out);
+            let stderr = common::flat_stderr(&out);
             assert_eq!(out.status.code(), Some(2), "{command} {packages}: {stderr}");
             assert!(
                 stderr.contains(message),

@@ -270,6 +270,28 @@ pub fn processes_with_env(entry: &str) -> Vec<(u32, String)> {
     found
 }
 
+/// stderr of `out` with miette's frame undone: one line, single spaces, no `×`/`│` marks.
+pub fn flat_stderr(out: &Output) -> String {
+    text(out)
+        .1
+        .replace(['│', '×'], " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The `[[build]]` entry of a source-built `package` with no build requirements, variables or `against` packages.
+pub fn plain_build(package: &str) -> LockedBuild {
+    LockedBuild {
+        package: package.into(),
+        requires: vec![],
+        env: Default::default(),
+        against: vec![],
+        no_build_isolation: false,
+        packages: vec![],
+    }
+}
+
 /// A value for `HVD_TEST_MARKER` no other test run uses: `<prefix>-<pid>-<nanoseconds>`.
 pub fn unique_marker(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
