@@ -65,41 +65,21 @@ fn strings(v: &serde_json::Value) -> Vec<String> {
 
 /// One row of the era table: python, framework, Horovod version, build requires, variables set to "1",
 /// variables that must be absent.
-struct Case {
-    python: &'static str,
-    framework: String,
-    version: &'static str,
-    requires: &'static [&'static str],
-    set: &'static [&'static str],
-    absent: &'static [&'static str],
-}
-
-impl Case {
-    fn new(
-        python: &'static str,
-        framework: String,
-        version: &'static str,
-        requires: &'static [&'static str],
-        set: &'static [&'static str],
-        absent: &'static [&'static str],
-    ) -> Self {
-        Case {
-            python,
-            framework,
-            version,
-            requires,
-            set,
-            absent,
-        }
-    }
-}
+struct Case(
+    &'static str,
+    String,
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static [&'static str],
+);
 
 #[test]
 fn each_era_gets_its_requirements_and_variables() {
     let tf = |v: &str| format!("std.tensorflow {{ version = \"{v}\", variant = \"gpu\" }}");
     let table = [
         // The seeds' era: MPI only, distutils build with cffi, no cmake, no gloo/MPI/MXNet variables.
-        Case::new(
+        Case(
             "3.6",
             tf("1.5.0"),
             "0.13.11",
@@ -112,7 +92,7 @@ fn each_era_gets_its_requirements_and_variables() {
                 "HOROVOD_WITHOUT_MXNET",
             ],
         ),
-        Case::new(
+        Case(
             "3.6",
             tf("1.5.0"),
             "0.16.4",
@@ -121,7 +101,7 @@ fn each_era_gets_its_requirements_and_variables() {
             &["HOROVOD_WITH_GLOO", "HOROVOD_WITHOUT_MPI"],
         ),
         // Gloo from 0.17.0: cmake builds it.
-        Case::new(
+        Case(
             "3.6",
             tf("1.5.0"),
             "0.17.0",
@@ -136,7 +116,7 @@ fn each_era_gets_its_requirements_and_variables() {
             &["HOROVOD_WITH_GLOO", "HOROVOD_WITHOUT_MPI"],
             &[],
         ),
-        Case::new(
+        Case(
             "3.6",
             tf("1.15.5"),
             "0.21.3",
@@ -153,7 +133,7 @@ fn each_era_gets_its_requirements_and_variables() {
             &[],
         ),
         // The failing case: 0.28.1 on python 3.7 needs `packaging` to run its setup.py.
-        Case::new(
+        Case(
             "3.7",
             tf("1.15.5"),
             "0.28.1",
@@ -161,7 +141,7 @@ fn each_era_gets_its_requirements_and_variables() {
             &["HOROVOD_WITH_GLOO", "HOROVOD_WITH_TENSORFLOW"],
             &["HOROVOD_WITH_MPI"],
         ),
-        Case::new(
+        Case(
             "3.8",
             "std.torch { version = \"1.13.1\" }".to_string(),
             "0.28.1",
@@ -170,15 +150,7 @@ fn each_era_gets_its_requirements_and_variables() {
             &[],
         ),
     ];
-    for Case {
-        python,
-        framework,
-        version,
-        requires,
-        set,
-        absent,
-    } in table
-    {
+    for Case(python, framework, version, requires, set, absent) in table {
         let packages = format!(
             "{framework}, std.horovod {{ version = \"{version}\", frameworks = [{framework}] }}"
         );

@@ -65,19 +65,14 @@ fn horovod_build_follows_its_parameters() {
     let pkg = &p.env.packages[0];
     assert_eq!(pkg.requirement, "horovod==0.28.0");
     let build = pkg.build.as_ref().expect("horovod is built from source");
-    assert_eq!(
-        build.requires,
-        [
-            "cmake>=3.13,<4",
-            "cloudpickle",
-            "psutil",
-            "pyyaml",
-            "dataclasses; python_version < \"3.7\"",
-            "packaging",
-            "setuptools",
-            "wheel"
-        ]
-    );
+    // tests/stdlib_horovod.rs checks the whole list of each era; here, that this is the 0.26+ era's.
+    for needed in ["cmake>=3.13,<4", "packaging", "setuptools", "wheel"] {
+        assert!(
+            build.requires.iter().any(|r| r == needed),
+            "{needed}: {:?}",
+            build.requires
+        );
+    }
     assert_eq!(build.against, ["torch", "tensorflow"]);
     assert!(build.no_build_isolation);
     let env: Vec<(&str, &str)> = build
