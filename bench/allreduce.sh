@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hvd's allreduce next to OpenMPI's MPI_Allreduce, measured in the same run on this machine, plus memcpy
-# bandwidth as the physical limit. Prints per-size medians, bus bandwidths and ratios (hvd / OpenMPI).
+# bandwidth as the physical limit. Prints per-size medians, bus bandwidths and ratios (hvd / OpenMPI), and from
+# 64 KiB up the single-thread memcpy bandwidth of the same size with hvd's algorithm bandwidth as a share of it.
 #
 # Usage: bench/allreduce.sh [MAX_BYTES]        (default 256 MiB)
 # Env:   HVD_BIN  the hvd binary (default: builds and uses target/release/hvd; a debug build is refused unless
@@ -42,7 +43,7 @@ echo "# machine: $(nproc) cores, load $load_before; hvd: $HVD_BIN; backend: $BAC
 # first (smallest) sizes of the next run.
 settle() { sleep "${SETTLE:-1}"; }
 for rep in $(seq "$REPS"); do
-  "$work/allreduce_mpi" --memcpy >> "$work/memcpy.json"
+  "$work/allreduce_mpi" --memcpy "$MAX" >> "$work/memcpy.json"
   settle
   mpirun -np 2 --bind-to core --oversubscribe --mca btl self,vader "$work/allreduce_mpi" "$MAX" >> "$work/mpi.json"
   settle
@@ -66,12 +67,18 @@ def by_size(rows):
     return {b: {"median_us": statistics.median(x["median_us"] for x in rs),
                 "busbw_gbps": statistics.median(x["busbw_gbps"] for x in rs), "n": len(rs)}
             for b, rs in out.items()}
-mem = statistics.median(r["memcpy_gbps"] for r in load("memcpy.json"))
+mem = statistics.median(r["memcpy_gbps"] for r in load("memcpy.json") if not r.get("per_size"))
+mem_at = {}
+for r in load("memcpy.json"):
+    if r.get("per_size"):
+        mem_at.setdefault(r["memcpy_bytes"], []).append(r["memcpy_gbps"])
+mem_at = {b: statistics.median(v) for b, v in mem_at.items()}
 mpi, hvd = by_size(load("mpi.json")), by_size(load("hvd.json"))
 hvd4, mpi4 = by_size(load("hvd4.json")), by_size(load("mpi4.json"))
 print(f"load before {before}, after {after}; medians over {min(r['n'] for r in hvd.values())} repetitions")
 print(f"memcpy (1 thread, 256 MiB): {mem:.2f} GB/s")
-hdr = f"{'size':>10} {'hvd_us':>10} {'mpi_us':>10} {'lat_ratio':>9} {'hvd_busbw':>10} {'mpi_busbw':>10} {'bw_ratio':>8}"
+hdr = (f"{'size':>10} {'hvd_us':>10} {'mpi_us':>10} {'lat_ratio':>9} {'hvd_busbw':>10} {'mpi_busbw':>10} {'bw_ratio':>8}"
+       f" {'memcpy':>8} {'hvd_%mem':>8}")
 if hvd4: hdr += f" {'hvd4_us':>10} {'hvd_4v2':>8} {'mpi4_us':>10} {'mpi_4v2':>8} {'lat4_ratio':>10}"
 print(hdr)
 def size(b):
@@ -83,11 +90,17 @@ for b in sorted(hvd):
     if not m: continue
     line = (f"{size(b):>10} {h['median_us']:>10.2f} {m['median_us']:>10.2f} {h['median_us'] / m['median_us']:>9.2f} "
             f"{h['busbw_gbps']:>10.3f} {m['busbw_gbps']:>10.3f} {h['busbw_gbps'] / max(m['busbw_gbps'], 1e-12):>8.2f}")
+    if b in mem_at:
+        # hvd's algorithm bandwidth (bytes / time) against copying the same bytes once with memcpy.
+        line += f" {mem_at[b]:>8.2f} {100 * b / h['median_us'] / 1e3 / mem_at[b]:>7.0f}%"
+    else:
+        line += f" {'':>8} {'':>8}"
     if b in hvd4 and b in mpi4:
         h4, m4 = hvd4[b]["median_us"], mpi4[b]["median_us"]
         line += f" {h4:>10.2f} {h4 / h['median_us']:>8.2f} {m4:>10.2f} {m4 / m['median_us']:>8.2f} {h4 / m4:>10.2f}"
     print(line)
 print("lat_ratio = hvd median / OpenMPI median (lower is better); bw_ratio = hvd busbw / OpenMPI busbw (higher is better)")
+print("memcpy = single-thread memcpy GB/s of the same size (same run); hvd_%mem = hvd algbw (bytes / median time) / memcpy")
 if hvd4:
     print("hvd_4v2, mpi_4v2 = time of 4 ranks / time of 2 ranks for the same buffer, each against its own 2-rank time "
           "(goal for hvd <= 3); lat4_ratio = hvd 4 ranks / OpenMPI 4 ranks")

@@ -1,6 +1,7 @@
 /* OpenMPI's MPI_Allreduce on f32, swept like `hvd bench allreduce`, for bench/allreduce.sh.
  * Prints one JSON object per size: median and p99 of the slowest rank per iteration, algbw, busbw.
- * `allreduce_mpi --memcpy` (no mpirun) prints the single-thread memcpy bandwidth of a 256 MiB buffer instead. */
+ * `allreduce_mpi --memcpy [MAX_BYTES]` (no mpirun) prints the single-thread memcpy bandwidth of a 256 MiB buffer
+ * instead, then of every sweep size from 64 KiB to MAX_BYTES. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,28 +19,44 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int memcpy_bandwidth(void) {
+/* Median bandwidth of 7 rounds of `reps` copies of `n` bytes between the same two buffers (as an allreduce
+ * benchmark reuses its buffers). */
+static double memcpy_gbps(char *a, char *b, size_t n, size_t reps) {
+    double t[7];
+    for (int i = 0; i < 7; i++) {
+        double s = now();
+        for (size_t r = 0; r < reps; r++) memcpy(r % 2 ? a : b, r % 2 ? b : a, n);
+        t[i] = (now() - s) / reps;
+        a[i] = b[n - 1 - i]; /* keep the copies observable */
+    }
+    qsort(t, 7, sizeof t[0], cmp);
+    return n / t[3] / 1e9;
+}
+
+/* The 256 MiB line, then one line per allreduce size from 64 KiB up to `max_bytes` (x4 steps, as the sweep). */
+static int memcpy_bandwidth(size_t max_bytes) {
     size_t n = (size_t)256 << 20;
+    if (max_bytes > n) n = max_bytes;
     char *a = malloc(n), *b = malloc(n);
     if (!a || !b) return 1;
     memset(a, 1, n);
     memset(b, 2, n);
-    double t[7];
-    for (int i = 0; i < 7; i++) {
-        double s = now();
-        memcpy(b, a, n);
-        t[i] = now() - s;
-        a[i] = b[n - 1 - i]; /* keep the copies observable */
+    printf("{\"memcpy_bytes\": %zu, \"memcpy_gbps\": %.3f}\n", (size_t)256 << 20,
+           memcpy_gbps(a, b, (size_t)256 << 20, 1));
+    for (size_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
+        if (bytes < ((size_t)64 << 10)) continue;
+        size_t reps = ((size_t)256 << 20) / bytes;
+        printf("{\"memcpy_bytes\": %zu, \"memcpy_gbps\": %.3f, \"per_size\": true}\n", bytes,
+               memcpy_gbps(a, b, bytes, reps < 1 ? 1 : reps));
     }
-    qsort(t, 7, sizeof t[0], cmp);
-    printf("{\"memcpy_bytes\": %zu, \"memcpy_gbps\": %.3f}\n", n, n / t[3] / 1e9);
     free(a);
     free(b);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--memcpy") == 0) return memcpy_bandwidth();
+    if (argc > 1 && strcmp(argv[1], "--memcpy") == 0)
+        return memcpy_bandwidth(argc > 2 ? strtoull(argv[2], NULL, 10) : (size_t)256 << 20);
     size_t max_bytes = (size_t)256 << 20;
     if (argc > 1) max_bytes = strtoull(argv[1], NULL, 10);
     MPI_Init(&argc, &argv);

@@ -29,8 +29,9 @@ hvd_env_vars::env_vars! {
     /// Rounds a waiting shm rank yields before it sleeps on a futex (when ranks outnumber cores: unless set, it
     /// yields for up to 2 µs without progress instead).
     HVD_SHM_YIELDS default "512";
-    /// `0`: large shm allreduces never read peers' memory directly (`process_vm_readv`), they use the ring.
-    HVD_SHM_CMA default "1";
+    /// Large shm allreduces read peers' buffers directly: `auto` when all ranks are threads of one process, `1`
+    /// also between processes (`process_vm_readv`), `0` never (the ring).
+    HVD_SHM_CMA default "auto";
     /// Network interface whose address the tcp backend listens on (e.g. `eth0`).
     HVD_TCP_INTERFACE;
     /// Address the tcp backend listens on and advertises (overrides the interface).

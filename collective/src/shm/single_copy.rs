@@ -1,34 +1,39 @@
-//! The single-copy allreduce: ranks read one another's buffers straight out of each other's address space with
-//! Linux cross-memory attach (`process_vm_readv`), so each byte crosses once instead of twice through the segment.
+//! The single-copy allreduce: ranks read one another's buffers straight out of each other's memory (plain loads
+//! between threads of one process, Linux cross-memory attach `process_vm_readv` between processes), so each byte
+//! crosses once instead of twice through the segment.
 //!
 //! Protocol, for one allreduce of `len` bytes on every rank (the header check came first, so `len`, dtype and op
 //! agree), all steps counted on the arena progress words like the arena allreduce's:
 //! 1. *posted*: each rank stores its buffer's address and length in its control line and publishes a step. From
-//!    then until 3. completes, the buffer stays where it is and only its owner writes it, and only its own block.
-//! 2. *reduced*: rank `r` reads block `r` of every peer's buffer (a piece at a time, into a scratch piece that
-//!    stays in cache) and reduces it into its own block `r`; then publishes a step. Peers read only their own
-//!    blocks of this rank's buffer, which this rank leaves alone until everyone has published 2.
-//! 3. *done*: once every rank has published 2, rank `r` reads every peer `p`'s reduced block `p` into its own
-//!    buffer, then publishes a step and waits for everyone's. Only then does it return, so a peer never reads a
-//!    buffer its owner has already given back.
+//!    then until the last step, the buffer stays where it is and only its owner writes it.
+//! 2. Segment by segment (`SEGMENT_BLOCK` bytes per rank): rank `r` reads block `r` of every peer's buffer (between
+//!    processes a piece at a time into a scratch piece that stays in cache) and reduces it into its own block `r`,
+//!    then publishes a step. Peers read only their own blocks of this rank's buffer, which this rank leaves alone.
+//!    After the step, it reads every peer `p`'s reduced block `p` of that segment into its own buffer (a peer
+//!    reads that range of this rank's buffer only before the step), then goes on with the next segment.
+//! 3. *done*: after the last segment's blocks it publishes a step and waits for everyone's. Only then does it
+//!    return, so a peer never reads a buffer its owner has already given back.
 //!
-//! The first time (and only then) step 1 carries each rank's vote (`HVD_SHM_CMA`, and whether it reads its peers
-//! at all) and a probe step follows it: every rank reads 8 bytes of each peer's posted buffer, publishes whether
-//! that worked, and all ranks go on with the single copy only when all of them could; otherwise every rank
-//! returns `false` and the caller uses the ring from then on. So ranks under different users, a sandbox without
-//! `ptrace` rights (Yama scope 2-3, seccomp) or a rank with `HVD_SHM_CMA=0` switch everyone to the ring together.
+//! The first time (and only then) step 1 carries each rank's vote (`HVD_SHM_CMA`) and a probe step follows it:
+//! every rank reads 8 bytes of each peer's posted buffer, publishes whether that worked, and all ranks go on with
+//! the single copy only when all of them could; otherwise every rank returns `false` and the caller uses the ring
+//! from then on. So ranks under different users, a sandbox without `ptrace` rights (Yama scope 2-3, seccomp) or a
+//! rank with `HVD_SHM_CMA=0` switch everyone to the ring together.
 //!
 //! A peer that dies mid-exchange: `process_vm_readv` fails with ESRCH (the process is gone) or the next wait
 //! finds it dead; either way the survivors get `PeerLost`. A peer that gives up (timeout, abort) may free its
-//! buffer while a rank still reads it: the read fails (EFAULT) or copies garbage into the reader's own buffer, and
-//! the reader's next wait sees the abort, so the garbage is never returned as a result.
+//! buffer while a rank still reads it: between processes the read fails (EFAULT) or copies garbage into the
+//! reader's own buffer, and the reader's next wait sees the abort, so the garbage is never returned as a result.
+//! (Threads of one process give up only by returning from the communicator call, which a rank does after an
+//! abort, and a peer that reads plain memory then reads at most stale data of a live allocation before its own
+//! wait fails; the communicator's caller owns the buffers and frees them after the call returns on every rank
+//! that used them.)
 
 use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::ShmTransport;
-use crate::config::env_usize;
 use crate::env_vars;
 use crate::error::{Error, Result};
 use crate::reduce::reduce_into;
@@ -40,6 +45,9 @@ pub(crate) const SINGLE_COPY_MIN_BYTES: usize = 1 << 20;
 
 /// The bytes of a peer's block read and reduced at a time in step 2 (stays in L2 between read and reduce).
 const PIECE: usize = 256 << 10;
+
+/// Each rank's block of one segment (a segment's blocks stay in the L3 between reduce-scatter and allgather).
+const SEGMENT_BLOCK: usize = 1 << 20;
 
 /// Votes in the segment's `copy_vote` and `copy_probe` words.
 const VOTE_WILLING: u32 = 1;
@@ -55,9 +63,18 @@ pub(super) enum SingleCopy {
     Off,
 }
 
-/// `HVD_SHM_CMA`: unset or non-zero lets this rank vote for the single copy; `0` votes against it.
-fn enabled_by_env() -> bool {
-    env_usize(env_vars::HVD_SHM_CMA) != Some(0)
+/// `HVD_SHM_CMA`: `0` never, `1` also between processes (`process_vm_readv`), else (`auto`) only when every rank
+/// is a thread of this process (then reads are plain loads: `process_vm_readv` copied at about half of memcpy's
+/// bandwidth on the 2-core VM it was measured on, which made the single copy slower than the ring there).
+fn willing(same_process: bool) -> bool {
+    match std::env::var(env_vars::HVD_SHM_CMA)
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => same_process,
+    }
 }
 
 impl ShmTransport {
@@ -82,15 +99,25 @@ impl ShmTransport {
         self.seg.copy_len(me).store(len as u64, Ordering::Relaxed);
         let deciding = self.single_copy == SingleCopy::Undecided;
         if deciding {
-            let vote = if enabled_by_env() {
+            let same_process =
+                (0..n).all(|p| self.seg.pid(p).load(Ordering::Relaxed) == self.my_pid);
+            let vote = if willing(same_process) {
                 VOTE_WILLING
             } else {
                 VOTE_UNWILLING
             };
             self.seg.copy_vote(me).store(vote, Ordering::Relaxed);
         }
-        // 1. posted (the release store publishes the words above).
-        self.step(timeout)?;
+        // 1. posted (the release store publishes the words above). A peer may read this buffer once it has seen
+        // everyone's post, so from here on a failure waits for in-process readers (`quiesce`).
+        if let Err(e) = self.step(timeout) {
+            let peers: Vec<(usize, u32, u64)> = (0..n)
+                .filter(|p| *p != me)
+                .map(|p| (p, self.seg.pid(p).load(Ordering::Relaxed), 0))
+                .collect();
+            self.quiesce(&e, &peers, u64::MAX, timeout);
+            return Err(e);
+        }
         let peers: Vec<(usize, u32, u64)> = (0..n)
             .filter(|p| *p != me)
             .map(|p| {
@@ -110,43 +137,141 @@ impl ShmTransport {
                 )));
             }
         }
-        if deciding && !self.decide(&peers, timeout)? {
+        let decided = match deciding {
+            true => self.decide(&peers, timeout),
+            false => Ok(true),
+        };
+        if let Err(e) = &decided {
+            self.quiesce(e, &peers, u64::MAX, timeout);
+        }
+        if !decided? {
             return Ok(false);
         }
+        // Segment by segment: the allgather of segment k reads blocks the peers reduced moments ago (still in the
+        // shared L3), and runs right before the reduce-scatter of segment k + 1, with one wait in between.
         let esize = dtype.size();
-        let counts = even_counts(len / esize, n);
-        let mut offsets = Vec::with_capacity(n + 1);
-        offsets.push(0);
-        for c in &counts {
-            offsets.push(offsets.last().copied().unwrap_or(0) + c * esize);
-        }
-        // 2. reduce-scatter: this rank's block from every peer, a piece at a time.
+        let seg_bytes = (SEGMENT_BLOCK / esize).max(1) * esize * n;
+        let last_step = self.arena_steps + len.div_ceil(seg_bytes) as u64 + 1;
         let mut piece = std::mem::take(&mut self.copy_piece);
-        let per_piece = (PIECE / esize).max(1) * esize;
-        piece.resize(per_piece, 0);
-        let mine = offsets[me]..offsets[me + 1];
-        let mut at = mine.start;
         let result = (|| {
-            while at < mine.end {
-                let plen = per_piece.min(mine.end - at);
-                for &(p, pid, addr) in &peers {
-                    self.read_peer(p, pid, addr + at as u64, &mut piece[..plen])?;
-                    reduce_into(&mut buf[at..at + plen], &piece[..plen], dtype, op);
+            let mut prev: Option<(usize, Vec<usize>)> = None;
+            let mut start = 0;
+            while start < len {
+                let seg_len = seg_bytes.min(len - start);
+                let counts = even_counts(seg_len / esize, n);
+                let mut offsets = Vec::with_capacity(n + 1);
+                offsets.push(start);
+                for c in &counts {
+                    offsets.push(offsets.last().copied().unwrap_or(start) + c * esize);
                 }
-                at += plen;
+                if let Some((_, o)) = prev.take() {
+                    self.gather(buf, &peers, &o)?;
+                }
+                self.scatter_reduce(buf, &peers, &offsets, dtype, op, &mut piece)?;
+                self.step(timeout)?;
+                prev = Some((start, offsets));
+                start += seg_len;
+            }
+            if let Some((_, o)) = prev {
+                self.gather(buf, &peers, &o)?;
             }
             Ok(())
         })();
         self.copy_piece = piece;
+        // Done: nobody reads this rank's buffer any more once everyone has published this.
+        let result = result.and_then(|()| self.step(timeout));
+        if let Err(e) = &result {
+            self.quiesce(e, &peers, last_step, timeout);
+        }
         result?;
-        self.step(timeout)?;
-        // 3. allgather: every peer's reduced block straight into this rank's buffer.
-        for &(p, pid, addr) in &peers {
+        Ok(true)
+    }
+
+    /// Step 2 for one segment (`offsets`: its blocks' bounds in `buf`): block `me` of every peer's buffer, reduced
+    /// into this rank's own, a piece at a time (threads of this process: straight out of the peer's memory).
+    fn scatter_reduce(
+        &mut self,
+        buf: &mut [u8],
+        peers: &[(usize, u32, u64)],
+        offsets: &[usize],
+        dtype: DType,
+        op: ReduceOp,
+        piece: &mut Vec<u8>,
+    ) -> Result<()> {
+        let per_piece = (PIECE / dtype.size()).max(1) * dtype.size();
+        let (mut at, end) = (offsets[self.rank], offsets[self.rank + 1]);
+        while at < end {
+            let plen = per_piece.min(end - at);
+            for &(p, pid, addr) in peers {
+                let theirs = addr + at as u64;
+                if pid == self.my_pid {
+                    // SAFETY: as in `read_peer`: a thread of this process published this range of its buffer and
+                    // leaves it alone until this rank publishes the next step; it is not this rank's memory.
+                    let theirs =
+                        unsafe { std::slice::from_raw_parts(theirs as usize as *const u8, plen) };
+                    reduce_into(&mut buf[at..at + plen], theirs, dtype, op);
+                } else {
+                    piece.resize(per_piece, 0);
+                    self.read_peer(p, pid, theirs, &mut piece[..plen])?;
+                    reduce_into(&mut buf[at..at + plen], &piece[..plen], dtype, op);
+                }
+            }
+            at += plen;
+        }
+        Ok(())
+    }
+
+    /// Step 3 for one segment: every peer `p`'s reduced block `p` straight into this rank's buffer.
+    fn gather(
+        &mut self,
+        buf: &mut [u8],
+        peers: &[(usize, u32, u64)],
+        offsets: &[usize],
+    ) -> Result<()> {
+        for &(p, pid, addr) in peers {
             let block = offsets[p]..offsets[p + 1];
             self.read_peer(p, pid, addr + block.start as u64, &mut buf[block])?;
         }
-        self.step(timeout)?;
-        Ok(true)
+        Ok(())
+    }
+
+    /// After a failed exchange, before the caller may free the buffer: tells the peers (the abort word) and waits,
+    /// at most `timeout`, until every peer that is a thread of this process (and so reads this buffer with plain
+    /// loads) has passed the last step, aborted or left. Peers in other processes read through the kernel, which
+    /// fails cleanly on freed memory.
+    fn quiesce(
+        &mut self,
+        e: &Error,
+        peers: &[(usize, u32, u64)],
+        last_step: u64,
+        timeout: Duration,
+    ) {
+        if peers.iter().all(|(_, pid, _)| *pid != self.my_pid) {
+            return;
+        }
+        let culprit = match e {
+            Error::PeerLost { rank, .. } => *rank,
+            Error::Timeout { ranks, .. } => {
+                ranks.first().copied().unwrap_or(self.global[self.rank])
+            }
+            _ => self.global[self.rank],
+        };
+        crate::transport::Transport::abort(self, culprit, &e.to_string());
+        let deadline = std::time::Instant::now() + timeout;
+        let settled = |t: &Self, p: usize| {
+            t.seg.arena_progress(p).load(Ordering::Acquire) >= last_step
+                || matches!(
+                    t.seg.state(p).load(Ordering::Acquire),
+                    super::STATE_ABORTED | super::STATE_GONE
+                )
+        };
+        while std::time::Instant::now() < deadline
+            && !peers
+                .iter()
+                .all(|(p, pid, _)| *pid != self.my_pid || settled(self, *p))
+        {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 
     /// Publishes the next arena step and waits for every rank to publish it too.
@@ -201,7 +326,8 @@ impl ShmTransport {
                 "shm: process_vm_readv of a peer failed; large allreduces use the ring"
             ),
             (false, None) => tracing::debug!(
-                "shm: a rank set HVD_SHM_CMA=0 or could not read a peer; large allreduces use the ring"
+                "shm: not every rank reads its peers (HVD_SHM_CMA=0, or ranks in several processes without \
+                 HVD_SHM_CMA=1, or a peer could not be read); large allreduces use the ring"
             ),
         }
         Ok(on)
@@ -209,6 +335,19 @@ impl ShmTransport {
 
     /// Reads `dst.len()` bytes at `addr` in peer `p`'s process `pid`; a peer that is gone is `PeerLost`.
     fn read_peer(&mut self, p: usize, pid: u32, addr: u64, dst: &mut [u8]) -> Result<()> {
+        if pid == self.my_pid {
+            // SAFETY: the peer is a thread of this process, so `addr` is in this address space; it published the
+            // buffer (Acquire in the step wait) and keeps it alive and unwritten in this range until this rank
+            // publishes the next step (the protocol above); `dst` is this rank's own memory, disjoint from it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    addr as usize as *const u8,
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                )
+            };
+            return Ok(());
+        }
         match cma_read(pid, addr, dst) {
             Ok(()) => Ok(()),
             Err(e) => {
