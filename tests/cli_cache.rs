@@ -728,4 +728,27 @@ fn the_files_cluster_caches_feed_the_same_list_and_bad_ones_are_diagnosed() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert_eq!(env, p.env);
     assert!(err.contains("substituted 5 store path(s)"), "{err}");
+
+    // A hostile file (say, from a pull request) naming its own cache: `hvd cache push` without `--to` refuses
+    // and writes nothing there, even with the store built and a key at hand.
+    let elsewhere = p.root.join("attacker-cache");
+    with(&format!(
+        "cluster {{\n  caches = [\"file://{}\"]\n}}",
+        elsewhere.display()
+    ));
+    let secret = p.keys.join(format!("{KEY}.secret")).display().to_string();
+    let push = hvd(
+        &p.root,
+        &p.store,
+        &[
+            "cache",
+            "push",
+            "app/train.hvd",
+            "--locked",
+            "--key",
+            &secret,
+        ],
+    );
+    assert_says(&push, 2, &["--to", "never a push destination"]);
+    assert!(!elsewhere.exists(), "the push wrote into the file's cache");
 }

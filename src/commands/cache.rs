@@ -38,8 +38,8 @@ struct PushArgs {
     /// The .hvd file whose env to push (built first when needed).
     #[arg(default_value = "train.hvd")]
     file: PathBuf,
-    /// The cache: `file:///dir` or `/dir`, or `s3://bucket/prefix`; default: the first of `--cache` sources
-    /// (then `HVD_CACHES`, then the file's `cluster { caches }`).
+    /// The cache: `file:///dir` or `/dir`, or `s3://bucket/prefix`; default: the first `--cache`, then the
+    /// first of `HVD_CACHES`; never the file's `cluster { caches }` (a project file does not choose where a push goes).
     #[arg(long, value_name = "URL")]
     to: Option<String>,
     /// The secret key file to sign with (`hvd cache keygen`).
@@ -139,19 +139,24 @@ fn keygen(args: KeygenArgs) -> CommandResult {
 
 fn push(args: PushArgs) -> CommandResult {
     let key = SecretKey::read(&args.key).map_err(cache_usage)?;
-    let ready = ensure_env_with(&args.file, args.lock, false, &args.caches)?;
-    let url = match args
-        .to
-        .clone()
-        .or_else(|| args.caches.urls(&ready.project).into_iter().next())
-    {
+    // The destination comes from the user's command line or environment only: a project file (perhaps from
+    // someone else's pull request) must not choose where the env and this key's signatures go.
+    let url = match args.to.clone().or_else(|| {
+        args.caches
+            .caches
+            .first()
+            .cloned()
+            .or_else(|| hvd_builder::cache::caches_from_env().into_iter().next())
+    }) {
         Some(url) => url,
         None => {
             return Err(Failure::usage(
-                "no cache to push to: give `--to URL` (or `--cache URL`, HVD_CACHES or `cluster { caches }`)",
+                "no cache to push to: give `--to URL` (or `--cache URL` or HVD_CACHES); \
+                 the file's `cluster { caches }` is never a push destination",
             ));
         }
     };
+    let ready = ensure_env_with(&args.file, args.lock, false, &args.caches)?;
     let cache = Cache::parse(&url).map_err(cache_usage)?;
     let store =
         hvd_builder::Store::open(hvd_builder::Store::default_root()).map_err(build_failure)?;
