@@ -309,7 +309,10 @@ impl Cache {
     /// Store the file `source` as `key`: the object appears whole or not at all.
     pub async fn put_file(&self, key: &str, source: &Path) -> Result<(), CacheError> {
         match &self.backend {
-            Backend::Dir(root) => dir_put(root, key, |temp| fs_err::copy(source, temp).map(|_| ())),
+            Backend::Dir(root) => dir_put(root, key, |temp| {
+                let mut from = fs_err::File::open(source)?;
+                std::io::copy(&mut from, temp).map(|_| ())
+            }),
             Backend::Http { .. } => Err(self.read_only(key)),
             Backend::S3 { store, prefix } => {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -343,7 +346,7 @@ impl Cache {
     /// Store `bytes` as `key` (see [`Cache::put_file`]).
     pub async fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), CacheError> {
         match &self.backend {
-            Backend::Dir(root) => dir_put(root, key, |temp| fs_err::write(temp, bytes)),
+            Backend::Dir(root) => dir_put(root, key, |temp| std::io::Write::write_all(temp, bytes)),
             Backend::Http { .. } => Err(self.read_only(key)),
             Backend::S3 { store, prefix } => store
                 .put(
@@ -373,27 +376,96 @@ fn object_path(prefix: &str, key: &str) -> object_store::path::Path {
     }
 }
 
-/// Write `key` under `root` through a temp file in the same directory, renamed into place when complete.
+/// Write `key` under `root` through a temp file in the same directory, renamed into place when complete. A shared
+/// cache directory may be writable by others: the temp file has an unpredictable name and is created new, never
+/// through a link another user planted (`O_CREAT|O_EXCL|O_NOFOLLOW`), and `fill` writes into that descriptor.
 fn dir_put(
     root: &Path,
     key: &str,
-    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
 ) -> Result<(), CacheError> {
     let dest = root.join(key);
     let dir = dest.parent().unwrap_or(root);
     fs_err::create_dir_all(dir)?;
-    let temp = dir.join(format!(
-        ".{}.{}.{}.part",
-        dest.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = fill(&temp)
-        .and_then(|_| fs_err::File::open(&temp)?.sync_all())
+    let base = dest.file_name().unwrap_or_default().to_string_lossy();
+    let mut attempt = 0;
+    let (temp, mut file) = loop {
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|err| {
+            std::io::Error::other(format!("no random bytes for a temp name: {err}"))
+        })?;
+        let temp = dir.join(format!(
+            ".{base}.{}.{}.{:016x}.part",
+            std::process::id(),
+            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed),
+            u64::from_le_bytes(random)
+        ));
+        match crate::store::create_new_file(&temp, 0o644) {
+            Ok(file) => break (temp, file),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => {
+                attempt += 1
+            }
+            Err(err) => return Err(err.into()),
+        }
+    };
+    let written = fill(&mut file)
+        .and_then(|_| file.sync_all())
         .and_then(|_| fs_err::rename(&temp, &dest));
     if let Err(err) = written {
         let _ = fs_err::remove_file(&temp);
         return Err(err.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another user of a shared cache directory plants links at the temp names a put would have used (the old
+    /// predictable `.<key>.<pid>.<n>.part`) pointing at the pusher's files: the put writes its object, the targets
+    /// stay untouched, and no link is followed or replaced.
+    #[test]
+    fn a_put_never_writes_through_a_link_planted_in_a_shared_cache_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cache");
+        std::fs::create_dir(&root).unwrap();
+        let victim = dir.path().join("bashrc");
+        std::fs::write(&victim, "the user's own file\n").unwrap();
+        let next = TEMP_COUNTER.load(Ordering::Relaxed);
+        let pid = std::process::id();
+        for key in ["x.info", "x.tar.zst"] {
+            for n in next..next + 64 {
+                std::os::unix::fs::symlink(&victim, root.join(format!(".{key}.{pid}.{n}.part")))
+                    .unwrap();
+            }
+        }
+        let source = dir.path().join("archive");
+        std::fs::write(&source, "archive bytes").unwrap();
+        let cache = Cache::parse(&root.display().to_string()).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(cache.put_bytes("x.info", b"record"))
+            .unwrap();
+        runtime
+            .block_on(cache.put_file("x.tar.zst", &source))
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "the user's own file\n"
+        );
+        assert_eq!(std::fs::read(root.join("x.info")).unwrap(), b"record");
+        assert_eq!(
+            std::fs::read(root.join("x.tar.zst")).unwrap(),
+            b"archive bytes"
+        );
+        let links = std::fs::read_dir(&root)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_symlink())
+            .count();
+        assert_eq!(links, 128, "a planted link was replaced or removed");
+    }
 }
