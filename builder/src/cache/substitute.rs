@@ -12,14 +12,14 @@ use super::key::PublicKey;
 use super::record::{MAX_RECORD_BYTES, Record, Trust, archive_key, record_key};
 use super::{CACHE_INFO, CacheError, parse_cache_info};
 use crate::derivation::Derivation;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::progress::Progress;
 use crate::store::{BuildOutput, Store};
 
 /// Paths substituted at the same time.
 const PARALLEL: usize = 4;
-/// How deep references may nest before it counts as a cycle.
-const MAX_DEPTH: usize = 64;
+/// The most paths one closure in the caches may have.
+const MAX_CLOSURE: usize = 1 << 16;
 /// Download ids of substitutions, apart from the fetcher's.
 const ID_BASE: usize = 1 << 40;
 
@@ -94,45 +94,19 @@ impl Substituter {
             .iter()
             .map(|d| (d.path_name(), Some(d)))
             .collect();
-        self.substitute_many(store, &items, progress, 0)
+        self.substitute_many(store, &items, progress)
     }
 
-    /// [`Substituter::substitute_name`] for each item, [`PARALLEL`] at a time; stops taking new items after an
-    /// error (the first error is returned).
+    /// [`Substituter::substitute_name`] for each item, [`PARALLEL`] at a time.
     fn substitute_many(
         &self,
         store: &Store,
         items: &[(String, Option<&Derivation>)],
         progress: &dyn Progress,
-        depth: usize,
     ) -> Result<Vec<bool>> {
-        let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<Result<bool>>>> =
-            Mutex::new((0..items.len()).map(|_| None).collect());
-        std::thread::scope(|scope| {
-            for _ in 0..PARALLEL.min(items.len()) {
-                scope.spawn(|| {
-                    loop {
-                        let index = next.fetch_add(1, Ordering::Relaxed);
-                        let Some((name, known)) = items.get(index) else {
-                            break;
-                        };
-                        let result = self.substitute_name(store, name, *known, progress, depth);
-                        let failed = result.is_err();
-                        results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
-                        if failed {
-                            next.store(items.len(), Ordering::Relaxed);
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-        let mut valid = Vec::new();
-        for result in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            valid.push(result.transpose()?.unwrap_or(false));
-        }
-        Ok(valid)
+        in_parallel(items, |(name, known)| {
+            self.substitute_name(store, name, *known, progress)
+        })
     }
 
     /// Make the path of `derivation` valid from a cache; `false` when no cache has it (or none usably).
@@ -142,31 +116,99 @@ impl Substituter {
         derivation: &Derivation,
         progress: &dyn Progress,
     ) -> Result<bool> {
-        self.substitute_name(
-            store,
-            &derivation.path_name(),
-            Some(derivation),
-            progress,
-            0,
-        )
+        self.substitute_name(store, &derivation.path_name(), Some(derivation), progress)
     }
 
+    /// Substitute `name` with its closure: the records are collected breadth-first over names (each fetched once,
+    /// so a shared reference or a cycle costs one look-up), then installed in dependency order, [`PARALLEL`] at a
+    /// time. `false` (nothing installed) when a path of the closure is in no cache.
     fn substitute_name(
         &self,
         store: &Store,
         name: &str,
         known: Option<&Derivation>,
         progress: &dyn Progress,
-        depth: usize,
     ) -> Result<bool> {
         if store.is_valid(&store.root().join(name)) {
             return Ok(true);
         }
-        if depth > MAX_DEPTH {
-            return Err(Error::Invalid(format!(
-                "the references of {name} in the caches nest deeper than {MAX_DEPTH} (a cycle?)"
-            )));
+        let mut found: Vec<(Record, usize)> = Vec::new();
+        let mut seen = std::collections::BTreeSet::from([name.to_string()]);
+        let mut queue = std::collections::VecDeque::from([(name.to_string(), known)]);
+        while let Some((current, known)) = queue.pop_front() {
+            if current != name && store.is_valid(&store.root().join(&current)) {
+                continue;
+            }
+            let Some((record, index)) = self.find_record(store, &current, known, progress)? else {
+                if current != name {
+                    progress.warning(&format!(
+                        "{name} needs {current}, which no cache has (signed by a trusted key); not \
+                         substituting it"
+                    ));
+                }
+                return Ok(false);
+            };
+            for reference in &record.references {
+                if seen.insert(reference.clone()) {
+                    if seen.len() > MAX_CLOSURE {
+                        return Err(CacheError::BadRecord {
+                            cache: self.caches[index].url().to_string(),
+                            name: current,
+                            message: format!(
+                                "the closure of {name} in the caches has more than {MAX_CLOSURE} paths"
+                            ),
+                        }
+                        .into());
+                    }
+                    queue.push_back((reference.clone(), None));
+                }
+            }
+            found.push((record, index));
         }
+        // Dependency order: a path is installed once every reference of it (other than itself) is.
+        let mut pending: Vec<(Record, usize)> = found;
+        let mut installed = std::collections::BTreeSet::new();
+        while !pending.is_empty() {
+            let names: std::collections::BTreeSet<String> =
+                pending.iter().map(|(r, _)| r.name.clone()).collect();
+            let (ready, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(record, _)| {
+                record
+                    .references
+                    .iter()
+                    .all(|r| *r == record.name || !names.contains(r) || installed.contains(r))
+            });
+            if let Some((record, index)) = rest.first()
+                && ready.is_empty()
+            {
+                return Err(CacheError::BadRecord {
+                    cache: self.caches[*index].url().to_string(),
+                    name: record.name.clone(),
+                    message: format!(
+                        "the references of {name} in the caches form a cycle through it"
+                    ),
+                }
+                .into());
+            }
+            in_parallel(&ready, |(record, index)| {
+                self.install(store, &self.caches[*index], record, progress)
+                    .map(|()| true)
+            })?;
+            installed.extend(ready.into_iter().map(|(r, _)| r.name));
+            pending = rest;
+        }
+        Ok(true)
+    }
+
+    /// The first trusted record for `name` among the usable caches, with the cache's index; `None` when no cache
+    /// has one. A record that is malformed, names another path or derivation, or has a bad signature by a trusted
+    /// key is an error naming the path and the cache.
+    fn find_record(
+        &self,
+        store: &Store,
+        name: &str,
+        known: Option<&Derivation>,
+        progress: &dyn Progress,
+    ) -> Result<Option<(Record, usize)>> {
         for (index, cache) in self.caches.iter().enumerate() {
             if !self.usable(index, store, progress) {
                 continue;
@@ -201,6 +243,7 @@ impl Substituter {
             match record.trust(&self.trusted) {
                 Trust::Trusted(key) => {
                     tracing::debug!("{name} in {} is signed by {key}", cache.url());
+                    return Ok(Some((record, index)));
                 }
                 Trust::Untrusted => {
                     let signers: Vec<&str> =
@@ -214,7 +257,6 @@ impl Substituter {
                             signers.join(", ")
                         }
                     ));
-                    continue;
                 }
                 Trust::BadSignature(key) => {
                     return Err(CacheError::BadSignature {
@@ -225,24 +267,8 @@ impl Substituter {
                     .into());
                 }
             }
-            let references: Vec<(String, Option<&Derivation>)> = record
-                .references
-                .iter()
-                .filter(|r| *r != name)
-                .map(|r| (r.clone(), None))
-                .collect();
-            let valid = self.substitute_many(store, &references, progress, depth + 1)?;
-            if let Some(((missing, _), _)) = references.iter().zip(&valid).find(|(_, ok)| !**ok) {
-                progress.warning(&format!(
-                    "{name} in cache `{}` needs {missing}, which no cache has; not using it",
-                    cache.url()
-                ));
-                continue;
-            }
-            self.install(store, cache, &record, progress)?;
-            return Ok(true);
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// Whether cache `index` serves this store (its `hvd-cache-info` names the same store directory); says why
@@ -379,4 +405,36 @@ impl Substituter {
     pub fn caches(&self) -> Vec<String> {
         self.caches.iter().map(|c| c.url().to_string()).collect()
     }
+}
+
+/// `run` for each item, [`PARALLEL`] at a time on a fixed set of threads; stops taking new items after an error (the
+/// first error is returned).
+fn in_parallel<T: Sync>(items: &[T], run: impl Fn(&T) -> Result<bool> + Sync) -> Result<Vec<bool>> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<bool>>>> =
+        Mutex::new((0..items.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL.min(items.len()) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(index) else {
+                        break;
+                    };
+                    let result = run(item);
+                    let failed = result.is_err();
+                    results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                    if failed {
+                        next.store(items.len(), Ordering::Relaxed);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let mut valid = Vec::new();
+    for result in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        valid.push(result.transpose()?.unwrap_or(false));
+    }
+    Ok(valid)
 }
