@@ -11,7 +11,7 @@ hvd_env_vars::env_vars! {
     /// `mpi`, `nccl`.
     HVD_COLLECTIVE_BACKEND default "auto";
     /// Allreduce messages up to this many bytes use recursive doubling, larger ones a ring.
-    HVD_ALLREDUCE_SMALL_BYTES default "65536";
+    HVD_ALLREDUCE_SMALL_BYTES default "32768";
     /// Allreduce messages with `bytes x (ranks - 1)` up to this go straight to every rank with the operation header
     ///.
     HVD_ALLREDUCE_DIRECT_BYTES default "16384";
