@@ -299,6 +299,72 @@ fn a_cache_over_http_and_from_the_environment_substitutes_the_same() {
         err.contains("is not usable: it has no `hvd-cache-info`"),
         "{err}"
     );
+
+    // A cache that answers `hvd-cache-info` and then trickles every record (a byte each 300 ms, well inside any
+    // read timeout): with HVD_HTTP_TIMEOUT=2 the record fetch stops, the cache is named, and the build goes on
+    // (to the unreachable index here) instead of hanging.
+    let stalling = trickling_cache(std::fs::read(p.cache.join("hvd-cache-info")).unwrap());
+    std::fs::rename(&p.store, p.root.join("second-store")).unwrap();
+    let out = common::hvd_with_store(&p.root, &p.store, &["build", "app/train.hvd", "--locked"])
+        .env("HVD_CACHES", &stalling)
+        .env("HVD_TRUSTED_KEYS", trusted.trim())
+        .env("HVD_HTTP_TIMEOUT", "2")
+        .output()
+        .unwrap();
+    assert_says(
+        &out,
+        1,
+        &[
+            &format!("cache `{stalling}`"),
+            "took too long",
+            "HVD_HTTP_TIMEOUT",
+        ],
+    );
+}
+
+/// An HTTP cache that serves `info` as `hvd-cache-info` and answers every other request with headers promising
+/// 1000 bytes, then one byte each 300 ms.
+fn trickling_cache(info: Vec<u8>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let info = info.clone();
+            std::thread::spawn(move || {
+                let mut request = Vec::new();
+                let mut byte = [0u8; 1];
+                while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    request.push(byte[0]);
+                }
+                let line = String::from_utf8_lossy(&request)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                if line.contains("/hvd-cache-info ") {
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        info.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                    let _ = stream.write_all(&info);
+                    return;
+                }
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n",
+                );
+                for _ in 0..1000 {
+                    if stream.write_all(b"x").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                }
+            });
+        }
+    });
+    base
 }
 
 #[test]

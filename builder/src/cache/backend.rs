@@ -10,6 +10,8 @@ use futures::StreamExt;
 use sha2::Digest;
 
 use hvd_resolver::Sha256;
+use hvd_resolver::deadline::{DeadlineExceeded, HttpDeadlines};
+use tokio::time::Instant;
 
 use super::CacheError;
 
@@ -18,6 +20,15 @@ use super::CacheError;
 pub struct Cache {
     url: String,
     backend: Backend,
+    /// `HVD_HTTP_TIMEOUT` bounds a whole record or `hvd-cache-info`; archives follow the least-rate rule.
+    deadlines: HttpDeadlines,
+}
+
+/// How long a read may take: a small object whole within the request deadline, an archive by the least-rate rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    Whole,
+    Download,
 }
 
 #[derive(Debug, Clone)]
@@ -43,7 +54,15 @@ fn s3_client(bucket: &str) -> Result<std::sync::Arc<dyn object_store::ObjectStor
     let region = var(vars::AWS_REGION)
         .or_else(|| var(vars::AWS_DEFAULT_REGION))
         .unwrap_or_else(|| "us-east-1".into());
-    let mut builder = object_store::aws::AmazonS3Builder::new()
+    // No per-request timeout (object_store's 30 s would cut off a large archive): hvd's own deadlines bound each
+    // read and write (`HVD_HTTP_TIMEOUT`, `HVD_DOWNLOAD_MIN_RATE`).
+    // (Set first: client options replace earlier ones such as `allow_http`.)
+    let mut builder = object_store::aws::AmazonS3Builder::new().with_client_options(
+        object_store::ClientOptions::new()
+            .with_timeout_disabled()
+            .with_connect_timeout(Duration::from_secs(30)),
+    );
+    builder = builder
         .with_bucket_name(bucket)
         .with_region(region)
         .with_virtual_hosted_style_request(false);
@@ -91,7 +110,6 @@ impl Cache {
         } else if url.starts_with("http://") || url.starts_with("https://") {
             let client = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(30))
-                .read_timeout(Duration::from_secs(120))
                 .build()
                 .map_err(|err| invalid(&format!("no HTTP client: {err}")))?;
             Backend::Http {
@@ -114,9 +132,11 @@ impl Cache {
                 "a cache URL starts with file://, http://, https://, s3:// or /",
             ));
         };
+        let deadlines = HttpDeadlines::from_env().map_err(|err| invalid(&err.to_string()))?;
         Ok(Cache {
             url: url.to_string(),
             backend,
+            deadlines,
         })
     }
 
@@ -142,7 +162,7 @@ impl Cache {
     pub async fn get(&self, key: &str, limit: u64) -> Result<Option<Vec<u8>>, CacheError> {
         let mut bytes = Vec::new();
         let found = self
-            .stream(key, limit, |chunk| {
+            .stream(key, limit, Pace::Whole, |chunk| {
                 bytes.extend_from_slice(chunk);
                 Ok(())
             })
@@ -168,7 +188,7 @@ impl Cache {
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
         let found = self
-            .stream(key, limit, |chunk| {
+            .stream(key, limit, Pace::Download, |chunk| {
                 use std::io::Write;
                 file.write_all(chunk)?;
                 hasher.update(chunk);
@@ -187,12 +207,13 @@ impl Cache {
         &self,
         key: &str,
         limit: u64,
+        pace: Pace,
         mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Result<bool, CacheError> {
         let mut received = 0u64;
-        let mut count = |len: usize| -> Result<(), CacheError> {
-            received = received.saturating_add(len as u64);
-            if received > limit {
+        let count = |received: &mut u64, len: usize| -> Result<(), CacheError> {
+            *received = received.saturating_add(len as u64);
+            if *received > limit {
                 return Err(CacheError::TooLarge {
                     cache: self.url.clone(),
                     key: key.to_string(),
@@ -225,17 +246,23 @@ impl Cache {
                     if n == 0 {
                         break;
                     }
-                    count(n)?;
+                    count(&mut received, n)?;
                     sink(&buffer[..n])?;
                 }
                 Ok(true)
             }
             Backend::Http { base, client } => {
                 let url = format!("{base}/{key}");
-                let response = client
-                    .get(&url)
-                    .send()
-                    .await
+                let started = Instant::now();
+                let response = self
+                    .within(
+                        key,
+                        self.deadlines.request_deadline(started),
+                        started,
+                        0,
+                        client.get(&url).send(),
+                    )
+                    .await?
                     .map_err(|err| self.error(key, err))?;
                 if response.status() == reqwest::StatusCode::NOT_FOUND
                     || response.status() == reqwest::StatusCode::FORBIDDEN
@@ -255,15 +282,34 @@ impl Cache {
                     });
                 }
                 let mut body = response.bytes_stream();
-                while let Some(chunk) = body.next().await {
+                while let Some(chunk) = self
+                    .within(
+                        key,
+                        self.next_deadline(pace, started, received),
+                        started,
+                        received,
+                        body.next(),
+                    )
+                    .await?
+                {
                     let chunk = chunk.map_err(|err| self.error(key, err))?;
-                    count(chunk.len())?;
+                    count(&mut received, chunk.len())?;
                     sink(&chunk)?;
                 }
                 Ok(true)
             }
             Backend::S3 { store, prefix } => {
-                let found = match store.get(&object_path(prefix, key)).await {
+                let started = Instant::now();
+                let found = match self
+                    .within(
+                        key,
+                        self.deadlines.request_deadline(started),
+                        started,
+                        0,
+                        store.get(&object_path(prefix, key)),
+                    )
+                    .await?
+                {
                     Ok(found) => found,
                     Err(object_store::Error::NotFound { .. }) => return Ok(false),
                     Err(err) => return Err(self.error(key, err)),
@@ -276,9 +322,18 @@ impl Cache {
                     });
                 }
                 let mut body = found.into_stream();
-                while let Some(chunk) = body.next().await {
+                while let Some(chunk) = self
+                    .within(
+                        key,
+                        self.next_deadline(pace, started, received),
+                        started,
+                        received,
+                        body.next(),
+                    )
+                    .await?
+                {
                     let chunk = chunk.map_err(|err| self.error(key, err))?;
-                    count(chunk.len())?;
+                    count(&mut received, chunk.len())?;
                     sink(&chunk)?;
                 }
                 Ok(true)
@@ -286,23 +341,75 @@ impl Cache {
         }
     }
 
+    /// When the next chunk of a read started at `started` must have arrived.
+    fn next_deadline(&self, pace: Pace, started: Instant, received: u64) -> Instant {
+        match pace {
+            Pace::Whole => self.deadlines.request_deadline(started),
+            Pace::Download => self.deadlines.download_deadline(started, received),
+        }
+    }
+
+    /// `work` unless `deadline` passes first: then an error naming the cache, the key and the limit.
+    async fn within<T>(
+        &self,
+        key: &str,
+        deadline: Instant,
+        started: Instant,
+        received: u64,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T, CacheError> {
+        tokio::time::timeout_at(deadline, work).await.map_err(|_| {
+            let reason = if received == 0 && deadline <= self.deadlines.request_deadline(started) {
+                DeadlineExceeded::Request {
+                    limit: self.deadlines.request,
+                }
+            } else {
+                self.deadlines.too_slow(started, received)
+            };
+            self.error(
+                key,
+                format!(
+                    "took too long: {reason}; the cache is stalling or the network is too slow"
+                ),
+            )
+        })
+    }
+
     /// Whether the cache has `key`.
     pub async fn exists(&self, key: &str) -> Result<bool, CacheError> {
         match &self.backend {
             Backend::Dir(root) => Ok(fs_err::symlink_metadata(root.join(key)).is_ok()),
             Backend::Http { base, client } => {
-                let response = client
-                    .head(format!("{base}/{key}"))
-                    .send()
-                    .await
+                let started = Instant::now();
+                let response = self
+                    .within(
+                        key,
+                        self.deadlines.request_deadline(started),
+                        started,
+                        0,
+                        client.head(format!("{base}/{key}")).send(),
+                    )
+                    .await?
                     .map_err(|err| self.error(key, err))?;
                 Ok(response.status().is_success())
             }
-            Backend::S3 { store, prefix } => match store.head(&object_path(prefix, key)).await {
-                Ok(_) => Ok(true),
-                Err(object_store::Error::NotFound { .. }) => Ok(false),
-                Err(err) => Err(self.error(key, err)),
-            },
+            Backend::S3 { store, prefix } => {
+                let started = Instant::now();
+                let head = self
+                    .within(
+                        key,
+                        self.deadlines.request_deadline(started),
+                        started,
+                        0,
+                        store.head(&object_path(prefix, key)),
+                    )
+                    .await?;
+                match head {
+                    Ok(_) => Ok(true),
+                    Err(object_store::Error::NotFound { .. }) => Ok(false),
+                    Err(err) => Err(self.error(key, err)),
+                }
+            }
         }
     }
 
@@ -323,7 +430,10 @@ impl Cache {
                     std::io::Error::other(format!("failed to open `{}`: {err}", source.display()))
                 })?;
                 let mut buffer = vec![0u8; 1 << 20];
-                let written: std::io::Result<()> = async {
+                // The whole upload gets the grace period plus its size at the least rate.
+                let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+                let deadline = self.deadlines.download_deadline(Instant::now(), size);
+                let upload = async {
                     loop {
                         let n = file.read(&mut buffer).await?;
                         if n == 0 {
@@ -332,8 +442,15 @@ impl Cache {
                         writer.write_all(&buffer[..n]).await?;
                     }
                     writer.shutdown().await
-                }
-                .await;
+                };
+                let written = tokio::time::timeout_at(deadline, upload)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            self.upload_too_slow(size),
+                        ))
+                    });
                 if let Err(err) = written {
                     let _ = writer.abort().await;
                     return Err(self.error(key, err));
@@ -348,15 +465,28 @@ impl Cache {
         match &self.backend {
             Backend::Dir(root) => dir_put(root, key, |temp| std::io::Write::write_all(temp, bytes)),
             Backend::Http { .. } => Err(self.read_only(key)),
-            Backend::S3 { store, prefix } => store
-                .put(
-                    &object_path(prefix, key),
-                    object_store::PutPayload::from(bytes.to_vec()),
-                )
-                .await
-                .map(|_| ())
-                .map_err(|err| self.error(key, err)),
+            Backend::S3 { store, prefix } => {
+                let deadline = self
+                    .deadlines
+                    .download_deadline(Instant::now(), bytes.len() as u64);
+                let path = object_path(prefix, key);
+                let put = store.put(&path, object_store::PutPayload::from(bytes.to_vec()));
+                match tokio::time::timeout_at(deadline, put).await {
+                    Ok(put) => put.map(|_| ()).map_err(|err| self.error(key, err)),
+                    Err(_) => Err(self.error(key, self.upload_too_slow(bytes.len() as u64))),
+                }
+            }
         }
+    }
+
+    /// Why an upload of `size` bytes was stopped.
+    fn upload_too_slow(&self, size: u64) -> String {
+        format!(
+            "took too long to upload: {size} bytes get {} s plus 1 s per {} bytes (raise HVD_HTTP_TIMEOUT or lower \
+             HVD_DOWNLOAD_MIN_RATE); nothing was stored",
+            self.deadlines.request.as_secs(),
+            self.deadlines.min_rate
+        )
     }
 
     fn read_only(&self, key: &str) -> CacheError {

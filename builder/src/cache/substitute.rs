@@ -274,8 +274,8 @@ impl Substituter {
     /// Whether cache `index` serves this store (its `hvd-cache-info` names the same store directory); says why
     /// not once.
     fn usable(&self, index: usize, store: &Store, progress: &dyn Progress) -> bool {
-        let mut usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(known) = usable[index] {
+        // The lock is not held across the fetch: a stalling cache must not stall the threads asking others.
+        if let Some(known) = self.usable.lock().unwrap_or_else(|e| e.into_inner())[index] {
             return known;
         }
         let cache = &self.caches[index];
@@ -294,6 +294,10 @@ impl Substituter {
             )),
             Err(err) => Err(err.to_string()),
         };
+        let mut usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = usable[index] {
+            return known; // another thread checked it meanwhile (and said why not)
+        }
         let ok = match checked {
             Ok(()) => true,
             Err(message) => {
@@ -358,7 +362,7 @@ impl Substituter {
                     Err(CacheError::TooLarge { .. }) => {
                         return Err(mismatch(
                             "(unknown: longer than the record says)".into(),
-                            record.archive.size + 1,
+                            record.archive.size.saturating_add(1),
                         )
                         .into());
                     }
