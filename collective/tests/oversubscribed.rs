@@ -8,6 +8,8 @@ use std::time::Duration;
 use hvd_collective::testing::{Backend, LocalJob, process_env};
 use hvd_collective::{DType, Error, ReduceOp, bootstrap};
 
+mod workers;
+
 const WORKER: &str = "HVD_OVERSUBSCRIBED_TEST_WORKER";
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -165,16 +167,7 @@ fn a_killed_peer_releases_oversubscribed_waiters() {
                     .expect("start a worker")
             })
             .collect();
-        let out: Vec<String> = children
-            .into_iter()
-            .map(|c| {
-                let o = c.wait_with_output().expect("wait for a worker");
-                String::from_utf8_lossy(&o.stdout)
-                    .split("RESULT ")
-                    .nth(1)
-                    .map_or("no result (killed?)".into(), |l| l.trim().to_string())
-            })
-            .collect();
+        let out = workers::results(children);
         assert_eq!(out[1], "no result (killed?)", "{scenario}");
         for r in [0, 2] {
             assert_eq!(out[r], "lost rank 1", "{scenario}: rank {r}");

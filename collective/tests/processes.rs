@@ -1,12 +1,13 @@
 //! Ranks as separate processes (this test binary re-run as workers), joined through the launcher's real
 //! rendezvous server or a shared directory: backend choice from host names, and a killed rank.
 
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use hvd_collective::{DType, Error, ReduceOp, bootstrap};
 use hvd_launcher::rendezvous::RendezvousServer;
+
+mod workers;
+use workers::results;
 
 const WORKER: &str = "HVD_COLLECTIVE_TEST_WORKER";
 
@@ -91,45 +92,6 @@ fn start(rank: usize, size: usize, env: &[(&str, String)], scenario: &str) -> Ch
         cmd.env(k, v);
     }
     cmd.spawn().expect("start a worker")
-}
-
-/// Waits for every worker (killing all after 60 s) and returns each one's RESULT line.
-fn results(children: Vec<Child>) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    children
-        .into_iter()
-        .map(|mut c| {
-            loop {
-                if c.try_wait().expect("wait for a worker").is_some() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    return "hung".to_string();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let mut out = String::new();
-            c.stdout
-                .take()
-                .expect("piped")
-                .read_to_string(&mut out)
-                .expect("read worker output");
-            let mut err = String::new();
-            c.stderr
-                .take()
-                .expect("piped")
-                .read_to_string(&mut err)
-                .expect("read worker errors");
-            out.lines()
-                .find_map(|l| l.strip_prefix("RESULT ").map(str::to_string))
-                .unwrap_or_else(|| {
-                    eprintln!("worker without result; stdout:\n{out}\nstderr:\n{err}");
-                    "no result (killed?)".to_string()
-                })
-        })
-        .collect()
 }
 
 fn server() -> (RendezvousServer, String) {
