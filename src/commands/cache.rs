@@ -87,7 +87,10 @@ impl CacheOptions {
             urls.retain(|url| {
                 let local = url.starts_with("file://") || url.starts_with('/');
                 if !local {
-                    tracing::info!("--offline: not asking the cache {url}");
+                    tracing::info!(
+                        "--offline: not asking the cache {}",
+                        hvd_builder::cache::backend::redact(url)
+                    );
                 }
                 local
             });
@@ -171,15 +174,16 @@ fn push(args: PushArgs) -> CommandResult {
         hvd_builder::cache::push(&store, &[env_name], &cache, &key, &progress).map_err(|err| {
             Failure::from_error_with_help(
                 Status::Failure,
-                format_args!("failed to push to `{url}`"),
+                format_args!("failed to push to `{}`", cache.url()),
                 &err,
                 "run with -v for details",
             )
         })?;
     progress.clear();
     eprintln!(
-        "pushed {} store path(s) to {url} ({} already there), signed by `{}`",
+        "pushed {} store path(s) to {} ({} already there), signed by `{}`",
         report.pushed.len(),
+        cache.url(),
         report.skipped.len(),
         key.name()
     );

@@ -95,7 +95,7 @@ impl Cache {
     /// `file:///dir`, `/dir`, `http://host/prefix` or `https://host/prefix`.
     pub fn parse(url: &str) -> Result<Cache, CacheError> {
         let invalid = |message: &str| CacheError::Url {
-            url: url.to_string(),
+            url: redact(url),
             message: message.to_string(),
         };
         let backend = if let Some(path) = url.strip_prefix("file://") {
@@ -134,13 +134,13 @@ impl Cache {
         };
         let deadlines = HttpDeadlines::from_env().map_err(|err| invalid(&err.to_string()))?;
         Ok(Cache {
-            url: url.to_string(),
+            url: redact(url),
             backend,
             deadlines,
         })
     }
 
-    /// The URL as given (for messages).
+    /// The URL as given, with any `user:password@` replaced by `***@` (for messages).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -263,7 +263,7 @@ impl Cache {
                         client.get(&url).send(),
                     )
                     .await?
-                    .map_err(|err| self.error(key, err))?;
+                    .map_err(|err| self.error(key, err.without_url()))?;
                 if response.status() == reqwest::StatusCode::NOT_FOUND
                     || response.status() == reqwest::StatusCode::FORBIDDEN
                 {
@@ -292,7 +292,7 @@ impl Cache {
                     )
                     .await?
                 {
-                    let chunk = chunk.map_err(|err| self.error(key, err))?;
+                    let chunk = chunk.map_err(|err| self.error(key, err.without_url()))?;
                     count(&mut received, chunk.len())?;
                     sink(&chunk)?;
                 }
@@ -390,7 +390,7 @@ impl Cache {
                         client.head(format!("{base}/{key}")).send(),
                     )
                     .await?
-                    .map_err(|err| self.error(key, err))?;
+                    .map_err(|err| self.error(key, err.without_url()))?;
                 Ok(response.status().is_success())
             }
             Backend::S3 { store, prefix } => {
@@ -497,6 +497,19 @@ impl Cache {
     }
 }
 
+/// `url` with the user information of its authority (`user:token@`) replaced by `***@`, so a credential in a cache
+/// URL is never printed.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
 /// The object path of `key` under `prefix`.
 fn object_path(prefix: &str, key: &str) -> object_store::path::Path {
     if prefix.is_empty() {
@@ -551,6 +564,20 @@ fn dir_put(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_cache_urls_are_never_shown() {
+        assert_eq!(redact("https://user:tok@host/p@x"), "https://***@host/p@x");
+        assert_eq!(redact("http://tok@host:8080"), "http://***@host:8080");
+        assert_eq!(redact("https://host/a@b"), "https://host/a@b");
+        assert_eq!(redact("/dir/a@b"), "/dir/a@b");
+        let cache = Cache::parse("https://me:secret@127.0.0.1:1/c").unwrap();
+        assert_eq!(cache.url(), "https://***@127.0.0.1:1/c");
+        let err = Cache::parse("ftp://me:secret@host/c")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("secret"), "{err}");
+    }
 
     /// Another user of a shared cache directory plants links at the temp names a put would have used (the old
     /// predictable `.<key>.<pid>.<n>.part`) pointing at the pusher's files: the put writes its object, the targets

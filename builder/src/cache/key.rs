@@ -40,7 +40,11 @@ pub struct PublicKey {
 pub fn check_key_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME {
         return Err(format!(
-            "a key name has 1 to {MAX_NAME} characters, `{name}` has {}",
+            "a key name has 1 to {MAX_NAME} characters, `{}` has {}",
+            name.chars()
+                .take(MAX_NAME)
+                .flat_map(char::escape_debug)
+                .collect::<String>(),
             name.len()
         ));
     }

@@ -198,6 +198,11 @@ impl Record {
                 self.signatures.len()
             ));
         }
+        for signature in &self.signatures {
+            // Key names are printed (who signed an untrusted record): no escapes, newlines or megabytes.
+            super::key::check_key_name(&signature.key)
+                .map_err(|err| format!("a signature has a bad key name: {err}"))?;
+        }
         Ok(())
     }
 
@@ -322,13 +327,25 @@ mod tests {
                 "hashes to",
             ),
             (Box::new(|r| r.format = 2), "format 2"),
+            (
+                Box::new(|r| r.signatures[0].key = "\x1b]0;owned\x07\nk".into()),
+                "bad key name",
+            ),
+            (
+                Box::new(|r| r.signatures[0].key = "k".repeat(1 << 20)),
+                "bad key name: a key name has 1 to 64",
+            ),
         ];
         for (change, reason) in cases {
             let mut record = record();
-            change(&mut record);
             record.sign(&key);
+            change(&mut record);
             let err = Record::parse(&record.to_bytes()).unwrap_err();
             assert!(err.contains(reason), "{err}");
+            assert!(
+                err.len() < 1024 && !err.contains('\x1b') && !err.contains('\n'),
+                "{err}"
+            );
         }
         assert!(Record::parse(b"{}").is_err());
         assert!(Record::parse(&vec![b' '; MAX_RECORD_BYTES as usize + 1]).is_err());
