@@ -14,7 +14,7 @@ use common::{allreduce_runtime, text};
 /// `ELASTIC_SIGNAL` (default SIGKILL) when they begin a step. Every worker prints its re-forms and, at the end,
 /// what it finished with and whether every rank of the final round agrees. With `ELASTIC_INTERRUPT`, every worker
 /// raises `HostsUpdatedInterrupt` once when it begins that step; the worker `ELASTIC_STALL` does not come back after a
-/// loss (it sleeps).
+/// loss (it sleeps); `ELASTIC_HANG` (`slot:step,...`) names workers that hang (sleep) when they begin a step.
 const TRAIN: &str = r#"
 import os
 import time
@@ -27,6 +27,7 @@ kills = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTI
 signal = int(os.environ.get("ELASTIC_SIGNAL", "9"))
 interrupt = int(os.environ.get("ELASTIC_INTERRUPT", "-1"))
 stall = int(os.environ.get("ELASTIC_STALL", "-1"))
+hangs = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_HANG", "").split(",") if k)
 interrupted = []
 
 hvd.init()
@@ -41,6 +42,9 @@ def train(state):
     while state.step < steps:
         if kills.get(slot) == state.step:
             os.kill(os.getpid(), signal)
+        if hangs.get(slot) == state.step:
+            # Alive but hung outside any collective: the others time out, and the next round forms without it.
+            time.sleep(600)
         if state.step == interrupt and not interrupted:
             # Every rank at the same committed step: re-form without restoring.
             interrupted.append(True)
@@ -258,6 +262,33 @@ fn a_worker_that_does_not_rejoin_in_time_is_left_out_and_stopped() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("rank 3 of step `train` did not rejoin within 1 s; stopping it (elastic)"),
+        "{stdout}\n{stderr}"
+    );
+    assert_finished(&stdout, &stderr, &[(0, 0), (1, 1)], steps, "");
+    common::assert_nothing_left(&marker);
+}
+
+/// A worker that hangs (alive, outside any collective) with the default relation of the timeouts (the round window
+/// above the collective timeout): the survivors stop on the stall, wait for the round past their own collective
+/// timeout, and go on without it; it is stopped as one that did not rejoin.
+#[test]
+fn a_hung_worker_is_dropped_when_the_round_window_exceeds_the_collective_timeout() {
+    let marker = marker();
+    let steps = 8;
+    let dir = project("{ min = 2, max = 3 }", steps, "", &marker);
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2", "--elastic-timeout", "6"])
+        .env("NO_COLOR", "1")
+        .env("HVD_COLLECTIVE_TIMEOUT", "1")
+        .env("HVD_STALL_CHECK_TIME", "1")
+        .env("HVD_STALL_SHUTDOWN_TIME", "1")
+        .env("ELASTIC_HANG", "2:4")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 2 of step `train` did not rejoin within 6 s; stopping it (elastic)"),
         "{stdout}\n{stderr}"
     );
     assert_finished(&stdout, &stderr, &[(0, 0), (1, 1)], steps, "");

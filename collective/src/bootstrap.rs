@@ -96,7 +96,7 @@ fn connect_elastic(
         )));
     };
     let client = rendezvous.client(job.rank).with_retry_for(timeout);
-    let seat = client.elastic_join(timeout)?;
+    let seat = client.elastic_join(elastic_join_wait(timeout, elastic_window_from_env()?))?;
     tracing::debug!(slot = job.rank, round = %seat.round, rank = seat.rank, size = seat.size, "elastic round");
     let member = JobEnv {
         rank: seat.rank,
@@ -110,6 +110,36 @@ fn connect_elastic(
         rendezvous,
         client.in_round(seat.round),
     )
+}
+
+/// The round window of an elastic step from `HVD_ELASTIC_TIMEOUT` (seconds, fractions allowed; set by `hvd run` from
+/// `--elastic-timeout`); `None` when unset.
+fn elastic_window_from_env() -> Result<Option<Duration>> {
+    let Ok(v) = std::env::var(env_vars::HVD_ELASTIC_TIMEOUT) else {
+        return Ok(None);
+    };
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+        .map(|s| Some(Duration::from_secs_f64(s)))
+        .ok_or_else(|| {
+            Error::Bootstrap(format!(
+                "`{}={v}` is not a positive number of seconds",
+                env_vars::HVD_ELASTIC_TIMEOUT
+            ))
+        })
+}
+
+/// How long an elastic join waits for its round: at least the operation `timeout`, and when the server's round
+/// `window` is known, that window plus a margin (the operation timeout, at least 10 s) for a survivor that noticed
+/// the loss later than the first one, whose request started the window. Shorter, a survivor would give up while the
+/// server still waits for a hung peer, and the whole step would fail instead of dropping that peer.
+fn elastic_join_wait(timeout: Duration, window: Option<Duration>) -> Duration {
+    match window {
+        None => timeout,
+        Some(window) => timeout.max(window + timeout.max(Duration::from_secs(10))),
+    }
 }
 
 /// Joins `job` with `choice`; `timeout` bounds the start-up and becomes the operation timeout.
@@ -313,5 +343,22 @@ fn listen_ip(rendezvous: &Rendezvous, timeout: Duration) -> Result<IpAddr> {
                 .map(|a| a.ip())
                 .map_err(|e| Error::io("read the local address", e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_elastic_join_outwaits_the_servers_round_window() {
+        let s = Duration::from_secs;
+        // Without a window: the operation timeout, as before.
+        assert_eq!(elastic_join_wait(s(30), None), s(30));
+        // The launcher's default window (60 s) above the default operation timeout (30 s): the window and a margin.
+        assert_eq!(elastic_join_wait(s(30), Some(s(60))), s(90));
+        // A 1 s operation timeout still outwaits a 3 s window by at least 10 s.
+        assert_eq!(elastic_join_wait(s(1), Some(s(3))), s(13));
+        assert!(elastic_join_wait(s(120), Some(s(1))) >= s(120));
     }
 }

@@ -43,6 +43,9 @@ hvd_env_vars::env_vars! {
     /// `1` for the workers of an elastic step (set by `hvd run`): each join asks the launcher's rendezvous for this
     /// worker's rank and the size of the job's next round.
     HVD_ELASTIC;
+    /// Seconds a round of an elastic step waits for live workers that have not asked to join (set by `hvd run` from
+    /// `--elastic-timeout`): a join waits at least this long, plus a margin, before giving up.
+    HVD_ELASTIC_TIMEOUT;
     /// Token for the rendezvous server (`Authorization: Bearer`) and the tcp handshake.
     HVD_JOB_TOKEN;
     /// Names the job for a `file:` rendezvous (default `SLURM_JOB_ID.SLURM_STEP_ID` under Slurm, else none).

@@ -427,6 +427,12 @@ fn run_step(
             attempt
                 .env
                 .insert(crate::env_vars::HVD_ELASTIC.to_owned(), "1".to_owned());
+            // The server's round window: a worker's join must wait at least this long, or a survivor gives up
+            // while the round still waits for a hung peer.
+            attempt.env.insert(
+                hvd_collective::env_vars::HVD_ELASTIC_TIMEOUT.to_owned(),
+                job.options.elastic_timeout.as_secs_f64().to_string(),
+            );
         }
         let attempt_log = match restart {
             0 => log_dir.to_path_buf(),
