@@ -800,6 +800,10 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
     }
     let deadline = Instant::now() + parse_wait(&request.query)?;
     let mut store = shared.lock();
+    // Before the slot is bound to this identity: a join to a step that is not elastic takes no seat.
+    if store.elastic.is_none() {
+        return Err(HttpError::new(409, "this step is not elastic"));
+    }
     if store.join(slot, join).map_err(|e| store_error(&e))? {
         shared.changed.notify_all();
     }

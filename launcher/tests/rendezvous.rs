@@ -1276,3 +1276,21 @@ fn hostile_elastic_joins_are_refused_and_take_no_seat() {
     );
     assert_eq!(w1.join().unwrap(), (200, "v1 1 1 2\n".to_owned()));
 }
+
+/// A hostile elastic join to a step that is not elastic is refused before it binds the slot: the real worker of
+/// that rank still gets its seat.
+#[test]
+fn an_elastic_join_to_a_step_that_is_not_elastic_takes_no_seat() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("a".into(), 2)]);
+    let (status, body) = elastic_join(addr, "0", "intruder", "after=0", true);
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("not elastic"), "{body}");
+    assert!(server.joined_ranks().is_empty());
+    assert_eq!(request_as_join(addr, 0, "worker").0, 404);
+    assert_eq!(
+        server.joined_ranks().into_iter().collect::<Vec<_>>(),
+        vec![0]
+    );
+}
