@@ -156,20 +156,22 @@ class TorchState(ObjectState):
         self._save_modules()
 
 
-# How many times a re-form is tried when another peer is lost while the new round is being joined.
+# How many times a re-form is tried when joining the new round fails.
 _RESET_ATTEMPTS = 3
 
 
 def _reset():
-    """Leaves the job and joins its next round (new ranks, new size, new communicators). A peer lost while the
-    round is being joined (it died after asking to join) makes the next round form without it: joined again, up to
-    ``_RESET_ATTEMPTS`` times."""
+    """Leaves the job and joins its next round (new ranks, new size, new communicators). A join that fails with
+    ``HorovodInternalError`` is tried again, up to ``_RESET_ATTEMPTS`` times: a peer that died after asking to join
+    (``PeerLostError`` from the round's connections, or a rendezvous timeout when it died before publishing its
+    address) makes the next round form without it. A worker the round formed without, or one below the step's
+    minimum, fails every attempt and raises."""
     for attempt in range(_RESET_ATTEMPTS):
         _hvd.shutdown()
         try:
             _hvd.init()
             return
-        except _hvd.PeerLostError:
+        except HorovodInternalError:
             if attempt + 1 == _RESET_ATTEMPTS:
                 raise
 
