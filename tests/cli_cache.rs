@@ -861,11 +861,19 @@ fn the_files_cluster_caches_feed_the_same_list_and_bad_ones_are_diagnosed() {
         &["`bucket/prefix` is not a cache URL", "s3://bucket/prefix"],
     );
 
-    // The file names the cache, the command line only the key: substituted, nothing built or downloaded.
     with(&format!(
         "cluster {{\n  caches = [\"{}\"]\n}}",
         p.cache_url()
     ));
+    // The file's caches without any trusted key: a warning and no substitution (here the build then needs the
+    // unreachable index), not a usage error.
+    let out = p.build(&[]);
+    assert_says(
+        &out,
+        1,
+        &["not using the caches of the file's", "no trusted key"],
+    );
+    // The file names the cache, the command line only the key: substituted, nothing built or downloaded.
     let out = p.build(&["--trusted-key", &p.public_key()]);
     let (env, err) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");

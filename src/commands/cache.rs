@@ -100,6 +100,23 @@ impl CacheOptions {
         }
         let mut keys = self.trusted_keys.clone();
         keys.extend(hvd_builder::cache::trusted_keys_from_env());
+        let from_user = self
+            .caches
+            .iter()
+            .chain(&hvd_builder::cache::caches_from_env())
+            .any(|url| urls.contains(url));
+        if keys.is_empty() && !from_user {
+            // Only the file names caches: the user did not ask for them, so no key is a reason to skip, not fail.
+            eprintln!(
+                "warning: not using the caches of the file's `cluster {{ caches }}` ({}): no trusted key is \
+                 configured (give --trusted-key or HVD_TRUSTED_KEYS)",
+                urls.iter()
+                    .map(|url| hvd_builder::cache::backend::redact(url))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return Ok(None);
+        }
         let trusted = keys
             .iter()
             .map(|key| PublicKey::from_arg(key))

@@ -108,6 +108,29 @@ impl SecretKey {
 
     /// Read a secret key file.
     pub fn read(path: &Path) -> Result<SecretKey, CacheError> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = fs_err::metadata(path)?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let refuse = |message: String| CacheError::Key {
+            key: path.display().to_string(),
+            message,
+        };
+        if metadata.uid() != me {
+            return Err(refuse(format!(
+                "the secret key file is owned by user {}, not by you (user {me}): someone else could have \
+                 replaced it; use your own key file (`chmod 600` it)",
+                metadata.uid()
+            )));
+        }
+        if metadata.mode() & 0o077 != 0 {
+            return Err(refuse(format!(
+                "the secret key file is readable or writable by others (mode {:o}): run `chmod 600 {}`, and make \
+                 a new key pair if others may have read it",
+                metadata.mode() & 0o777,
+                path.display()
+            )));
+        }
         let text = fs_err::read_to_string(path)?;
         SecretKey::parse(&text).map_err(|message| CacheError::Key {
             key: path.display().to_string(),
@@ -217,7 +240,11 @@ pub fn write_key_pair(
             )
         })?;
     file.write_all(format!("{}\n", key.to_text()).as_bytes())?;
-    fs_err::write(&public, format!("{}\n", key.public().to_text()))?;
+    crate::store::write_new_file(
+        &public,
+        format!("{}\n", key.public().to_text()).as_bytes(),
+        0o644,
+    )?;
     Ok((secret, public))
 }
 
@@ -265,5 +292,23 @@ mod tests {
             key.public()
         );
         assert!(write_key_pair("k", dir.path()).is_err());
+
+        // A secret key others can read is refused, naming the file and the fix.
+        fs_err::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = SecretKey::read(&secret).unwrap_err().to_string();
+        assert!(
+            err.contains(&secret.display().to_string()) && err.contains("chmod 600"),
+            "{err}"
+        );
+        fs_err::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(SecretKey::read(&secret).is_ok());
+
+        // A link planted at the public key's name is not written through.
+        let other = tempfile::tempdir().unwrap();
+        let victim = other.path().join("victim");
+        fs_err::write(&victim, "mine").unwrap();
+        std::os::unix::fs::symlink(&victim, other.path().join("j.public")).unwrap();
+        assert!(write_key_pair("j", other.path()).is_err());
+        assert_eq!(fs_err::read_to_string(&victim).unwrap(), "mine");
     }
 }
