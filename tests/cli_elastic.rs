@@ -14,7 +14,7 @@ use common::{allreduce_runtime, text};
 /// `ELASTIC_SIGNAL` (default SIGKILL) when they begin a step. Every worker prints its re-forms and, at the end,
 /// what it finished with and whether every rank of the final round agrees. With `ELASTIC_INTERRUPT`, every worker
 /// raises `HostsUpdatedInterrupt` once when it begins that step; the worker `ELASTIC_STALL` does not come back after a
-/// loss (it sleeps); `ELASTIC_HANG` (`slot:step,...`) names workers that hang (sleep) when they begin a step.
+/// loss (it sleeps); every worker raises `HorovodInternalError` at step `ELASTIC_RAISE`, every time; `ELASTIC_HANG` (`slot:step,...`) names workers that hang (sleep) when they begin a step.
 const TRAIN: &str = r#"
 import os
 import time
@@ -27,6 +27,7 @@ kills = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTI
 signal = int(os.environ.get("ELASTIC_SIGNAL", "9"))
 interrupt = int(os.environ.get("ELASTIC_INTERRUPT", "-1"))
 stall = int(os.environ.get("ELASTIC_STALL", "-1"))
+raise_at = int(os.environ.get("ELASTIC_RAISE", "-1"))
 hangs = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_HANG", "").split(",") if k)
 interrupted = []
 
@@ -42,6 +43,9 @@ def train(state):
     while state.step < steps:
         if kills.get(slot) == state.step:
             os.kill(os.getpid(), signal)
+        if state.step == raise_at:
+            # Every rank, every time: a failure no re-form cures.
+            raise hvd.HorovodInternalError("deterministic failure at step %d" % state.step)
         if hangs.get(slot) == state.step:
             # Alive but hung outside any collective: the others time out, and the next round forms without it.
             time.sleep(600)
@@ -292,5 +296,30 @@ fn a_hung_worker_is_dropped_when_the_round_window_exceeds_the_collective_timeout
         "{stdout}\n{stderr}"
     );
     assert_finished(&stdout, &stderr, &[(0, 0), (1, 1)], steps, "");
+    common::assert_nothing_left(&marker);
+}
+
+/// A failure that repeats after every re-form (here raised by every worker at the same step) ends the workers after
+/// `HVD_ELASTIC_RESET_LIMIT` re-forms in a row without a commit, instead of re-forming forever.
+#[test]
+fn re_forms_without_a_commit_stop_at_the_reset_limit() {
+    let marker = marker();
+    let dir = project("{ min = 1, max = 2 }", 4, "", &marker);
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2"])
+        .env("NO_COLOR", "1")
+        .env("ELASTIC_RAISE", "2")
+        .env("HVD_ELASTIC_RESET_LIMIT", "2")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let both = format!("{stdout}\n{stderr}");
+    assert!(
+        both.contains("2 re-forms in a row without a commit() (HVD_ELASTIC_RESET_LIMIT=2)"),
+        "{both}"
+    );
+    assert!(both.contains("deterministic failure at step 2"), "{both}");
+    assert_eq!(both.matches("slot 0 re-formed").count(), 2, "{both}");
     common::assert_nothing_left(&marker);
 }

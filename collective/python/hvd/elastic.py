@@ -24,6 +24,7 @@ What is lost in a failure is the work since the last ``commit()`` (docs/running.
 
 import copy
 import functools
+import os
 
 import hvd as _hvd
 
@@ -68,6 +69,7 @@ class State:
     def commit(self):
         """Saves the state (what a failure goes back to), then checks for host changes."""
         self.save()
+        self._hvd_commits = getattr(self, "_hvd_commits", 0) + 1
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -176,26 +178,50 @@ def _reset():
                 raise
 
 
+def _reset_limit():
+    """``HVD_ELASTIC_RESET_LIMIT``: how many re-forms in a row without a ``commit()`` ``run`` allows (default 10;
+    0: no limit)."""
+    value = os.environ.get("HVD_ELASTIC_RESET_LIMIT", "10").strip()
+    if not value.isdigit():
+        raise _hvd.InvalidArgumentError(
+            "HVD_ELASTIC_RESET_LIMIT={!r} is not a non-negative number of re-forms (0: no limit)".format(value))
+    return int(value)
+
+
 def run(func):
     """Decorates ``func(state, ...)``: syncs the state from rank 0 and calls it; when a collective fails with
     ``HorovodInternalError`` (a peer was lost), restores the state to its last commit, re-forms the job (shutdown,
     init), and calls it again. ``HostsUpdatedInterrupt`` re-forms without restoring. Other exceptions propagate, and
     so does a failure of ``hvd.init()`` itself (e.g. fewer workers than the step's minimum: the launcher ends the
-    run)."""
+    run). More than ``HVD_ELASTIC_RESET_LIMIT`` re-forms in a row without a ``commit()`` (default 10; 0: no limit;
+    Horovod's ``--reset-limit``) raise ``HorovodInternalError`` from the last failure: a failure that repeats every
+    time (a stall, a timeout) ends the worker instead of re-forming forever."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        limit = _reset_limit()
         skip_sync = False
+        resets = 0
+        commits = getattr(state, "_hvd_commits", 0)
         while True:
             try:
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
+            except HorovodInternalError as e:
                 state.restore()
                 skip_sync = False
+                failure = e
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
+                failure = e
+            if getattr(state, "_hvd_commits", 0) != commits:
+                commits, resets = getattr(state, "_hvd_commits", 0), 0
+            resets += 1
+            if limit and resets > limit:
+                raise HorovodInternalError(
+                    "hvd.elastic.run: {} re-forms in a row without a commit() (HVD_ELASTIC_RESET_LIMIT={}); the last "
+                    "failure: {}".format(resets - 1, limit, failure)) from failure
             _reset()
             state.on_reset()
 

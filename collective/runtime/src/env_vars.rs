@@ -40,4 +40,7 @@ hvd_env_vars::env_vars! {
     /// Python package: a cargo target directory searched (before the `target/` directories above the package) for a
     /// development build of the library.
     CARGO_TARGET_DIR;
+    /// Python package: re-forms in a row without a `commit()` that `hvd.elastic.run` allows before it raises
+    /// (0: no limit; Horovod's `--reset-limit`).
+    HVD_ELASTIC_RESET_LIMIT default "10";
 }
