@@ -802,8 +802,8 @@ fn supervise(
         restartable,
         elastic,
     } = attempt;
-    // An elastic step's workers lost so far (failed, or left out of a round), by slot, and those being stopped
-    // because a round formed without them.
+    // An elastic step's workers lost so far (failed, or left out of a round: counted when left out), by slot, and
+    // those being stopped because a round formed without them.
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
     // A rank of a restartable attempt failed: stop this attempt's workers (not the job's).
@@ -825,11 +825,13 @@ fn supervise(
                     w.unwatch(worker.pgid);
                 }
                 if let (Some(min), Some(server)) = (elastic, rendezvous) {
-                    server.worker_gone(worker.rank);
+                    // The membership's count: not the ones that ended (whatever their status) or were left out.
+                    let left = server.worker_gone(worker.rank) as u32;
+                    // A worker left out of a round is lost however it ends (a script may exit 0 on SIGTERM).
+                    let dropped = lost.contains(&worker.rank);
                     // Once the attempt is being stopped (to start again, or for good), exits are its doing.
-                    if exit != WorkerExit::Code(0) && !job.stopping() && !restart {
+                    if (exit != WorkerExit::Code(0) || dropped) && !job.stopping() && !restart {
                         lost.insert(worker.rank);
-                        let left = size - lost.len() as u32;
                         if left >= min {
                             job.events.event(Event::Note {
                                 text: format!(
@@ -922,6 +924,7 @@ fn supervise(
                     && !dropping.iter().any(|(i, _)| *i == index)
                 {
                     dropping.push((index, Instant::now()));
+                    lost.insert(slot);
                     job.events.event(Event::Note {
                         text: format!(
                             "rank {slot} of step `{}` did not rejoin within {} s; stopping it (elastic)",
