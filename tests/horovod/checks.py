@@ -120,6 +120,10 @@ cases = [
      ["--workers", "4", "--min-workers", "2", "--max-workers", "4", "--elastic-timeout", "30"], ["python", "t.py"]),
     (["--min-np=1", "--max-np=3", "python", "t.py"],
      ["--workers", "3", "--min-workers", "1", "--max-workers", "3"], ["python", "t.py"]),
+    # --reset-limit: each worker's HVD_ELASTIC_RESET_LIMIT, in the command every engine runs.
+    (["-np", "2", "--min-np", "1", "--reset-limit", "3", "python", "t.py"],
+     ["--workers", "2", "--min-workers", "1", "--max-workers", "2"],
+     ["env", "HVD_ELASTIC_RESET_LIMIT=3", "python", "t.py"]),
 ]
 for argv, options, command in cases:
     assert launch.translate(argv) == (options, command), (argv, launch.translate(argv))
@@ -129,6 +133,7 @@ for argv, part in (
     (["--max-np", "1", "-np", "2", "python", "t.py"], "--max-np 1 is below -np 2"),
     (["--min-np", "x", "-np", "2", "python", "t.py"], "--min-np takes a positive number of workers, not `x`"),
     (["--host-discovery-script", "d.sh", "python", "t.py"], "`--host-discovery-script` (elastic host discovery)"),
+    (["-np", "2", "--reset-limit", "-1", "python", "t.py"], "--reset-limit takes a non-negative number of resets"),
     (["-np", "2", "--fusion-threshold-mb", "32", "python", "t.py"], "unknown or unsupported flag `--fusion-threshold-mb`"),
     (["python", "t.py"], "-np N (the number of workers) is required"),
     (["-np", "0", "python"], "positive number of workers"),

@@ -24,14 +24,15 @@ _VALUED = {
     "--network-interface": "--network-interface", "--network-interfaces": "--network-interface",
     "--start-timeout": "--start-timeout",
     "--min-np": "--min-workers", "--max-np": "--max-workers", "--elastic-timeout": "--elastic-timeout",
+    # Not an option of `hvd run`: the workers' HVD_ELASTIC_RESET_LIMIT (what hvd.elastic.run reads).
+    "--reset-limit": "--reset-limit",
 }
 # Flags without a value: `--gloo` and `--disable-cache` change nothing in hvd (its runtime is one transport of its
 # own, and it keeps no such cache).
 _SWITCHES = {"--gloo", "--mpi", "--verbose", "-v", "--disable-cache", "--check-build"}
 # Elastic flags `hvd run` has no counterpart for yet: its elastic steps keep going on the workers they started with
 # (down to --min-np), but find no new hosts and keep no blacklist.
-_ELASTIC = {"--host-discovery-script", "--slots-per-host", "--reset-limit", "--cooldown-range",
-            "--blacklist-cooldown-range"}
+_ELASTIC = {"--host-discovery-script", "--slots-per-host", "--cooldown-range", "--blacklist-cooldown-range"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -120,6 +121,13 @@ def translate(argv):
         if value is not None and (not value.isdigit() or int(value) < 1):
             raise UsageError("horovodrun: {} takes a positive number of workers, not `{}`".format(flag, value))
     minimum, maximum = values.pop("--min-workers", None), values.pop("--max-workers", None)
+    reset_limit = values.pop("--reset-limit", None)
+    if reset_limit is not None:
+        if not reset_limit.isdigit():
+            raise UsageError("horovodrun: --reset-limit takes a non-negative number of resets, not `{}`".format(
+                reset_limit))
+        # Every engine runs the command as written: the limit travels in it to each worker's hvd.elastic.run.
+        command = ["env", "HVD_ELASTIC_RESET_LIMIT={}".format(int(reset_limit))] + command
     # Horovod starts -np workers and may grow to --max-np through discovery; hvd finds no new hosts, so an elastic
     # run starts (and stays at most) at -np, else at --max-np.
     workers = values.pop("--workers", None) or maximum
