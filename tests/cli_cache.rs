@@ -536,6 +536,23 @@ fn a_record_naming_another_or_an_escaping_path_is_refused_even_when_signed() {
     );
     p.assert_nothing_of(&helper);
 
+    // A record signed for another store directory (a cache relabeled by whoever can write it): refused, named.
+    let mut elsewhere = record.clone();
+    elsewhere.store = "/elsewhere/store".into();
+    elsewhere.signatures.clear();
+    elsewhere.sign(&secret);
+    p.write_record(&helper, &elsewhere);
+    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
+    assert_says(
+        &out,
+        1,
+        &[
+            &format!("refusing {helper}"),
+            "it was built for the store `/elsewhere/store`",
+        ],
+    );
+    p.assert_nothing_of(&helper);
+
     // A signed cycle (helper now references the env, which references helper): each record is fetched once, the
     // cycle is named, and nothing is installed.
     let env_name = Path::new(&p.env)

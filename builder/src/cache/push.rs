@@ -185,6 +185,7 @@ fn push_one(
         let archive_path: PathBuf = temp.join("archive.tar.zst");
         let archive = super::archive::pack(&path, &archive_path)?;
         let mut record = Record::new(
+            store.root(),
             info.derivation.clone(),
             info.content_hash.clone(),
             info.references.clone(),

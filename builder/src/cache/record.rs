@@ -1,8 +1,8 @@
 //! The signed record of one store path in a binary cache (`<cache>/<path-name>.info`, JSON): what it is, where
 //! its archive is, what it needs, and who vouches for it.
 //!
-//! A signature covers [`Record::fingerprint`]: the path name, the derivation hash, the content hash, the
-//! archive's sha256 and size, and the references. The derivation itself is bound through its hash (a record whose
+//! A signature covers [`Record::fingerprint`]: the path name, the store directory it was built for, the
+//! derivation hash, the content hash, the archive's sha256 and size, and the references. The derivation itself is bound through its hash (a record whose
 //! derivation does not hash to `derivation_hash`, or does not name the path, is refused).
 
 use std::collections::BTreeSet;
@@ -15,7 +15,7 @@ use super::key::{PublicKey, SecretKey};
 use crate::derivation::Derivation;
 
 /// The record format this hvd writes and reads.
-pub const RECORD_FORMAT: u32 = 1;
+pub const RECORD_FORMAT: u32 = 2;
 /// A record larger than this is refused unread (real ones are a few KB; an env's references dominate).
 pub const MAX_RECORD_BYTES: u64 = 4 << 20;
 /// Signatures one record may carry.
@@ -44,6 +44,8 @@ pub struct Record {
     pub format: u32,
     /// The store path's name, `<hash>-<name>-<version>`.
     pub name: String,
+    /// The store directory the path was built in (its files may name it: script lines, absolute links).
+    pub store: String,
     pub derivation_hash: String,
     pub derivation: Derivation,
     /// The tree's content hash ([`crate::hash::content_hash`]), checked after unpacking.
@@ -106,6 +108,7 @@ pub fn check_path_name(name: &str) -> Result<(), String> {
 impl Record {
     /// An unsigned record.
     pub fn new(
+        store: &std::path::Path,
         derivation: Derivation,
         content_hash: Sha256,
         references: BTreeSet<String>,
@@ -114,6 +117,7 @@ impl Record {
         Record {
             format: RECORD_FORMAT,
             name: derivation.path_name(),
+            store: store.display().to_string(),
             derivation_hash: derivation.hash(),
             derivation,
             content_hash,
@@ -126,9 +130,10 @@ impl Record {
     /// The bytes a signature covers, one field per line.
     pub fn fingerprint(&self) -> Vec<u8> {
         let mut text = format!(
-            "hvd-cache-record-v{}\nname {}\nderivation {}\ncontent {}\narchive {} {}\nreferences {}\n",
+            "hvd-cache-record-v{}\nname {}\nstore {}\nderivation {}\ncontent {}\narchive {} {}\nreferences {}\n",
             self.format,
             self.name,
+            self.store,
             self.derivation_hash,
             self.content_hash,
             self.archive.sha256,
@@ -175,6 +180,19 @@ impl Record {
             ));
         }
         check_path_name(&self.name).map_err(|err| format!("its name {err}"))?;
+        if !self.store.starts_with('/')
+            || self.store.len() > 4096
+            || self.store.chars().any(|c| c.is_control())
+        {
+            return Err(format!(
+                "its store directory `{}` is not an absolute path",
+                self.store
+                    .chars()
+                    .take(200)
+                    .flat_map(char::escape_debug)
+                    .collect::<String>()
+            ));
+        }
         for reference in &self.references {
             check_path_name(reference).map_err(|err| format!("its reference {err}"))?;
         }
@@ -246,6 +264,7 @@ mod tests {
         let reference =
             Derivation::new(DerivationKind::Wheel, "dep", "2.0").input("artifact.sha256", "cd");
         Record::new(
+            std::path::Path::new("/store"),
             derivation,
             Sha256::of_bytes(b"tree"),
             [reference.path_name()].into(),
@@ -286,6 +305,7 @@ mod tests {
             Box::new(|r| r.content_hash = Sha256::of_bytes(b"other")),
             Box::new(|r| r.archive.sha256 = Sha256::of_bytes(b"other")),
             Box::new(|r| r.archive.size += 1),
+            Box::new(|r| r.store = "/other-store".into()),
             Box::new(|r| {
                 r.references.clear();
             }),
@@ -326,7 +346,11 @@ mod tests {
                 Box::new(|r| r.derivation_hash = "0".repeat(32)),
                 "hashes to",
             ),
-            (Box::new(|r| r.format = 2), "format 2"),
+            (Box::new(|r| r.format = 1), "format 1"),
+            (
+                Box::new(|r| r.store = "relative\nx".into()),
+                "not an absolute path",
+            ),
             (
                 Box::new(|r| r.signatures[0].key = "\x1b]0;owned\x07\nk".into()),
                 "bad key name",

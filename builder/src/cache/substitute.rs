@@ -235,6 +235,16 @@ impl Substituter {
             if record.name != name {
                 return Err(refuse(format!("it answers for `{}`", record.name)).into());
             }
+            if std::path::Path::new(&record.store) != store.root() {
+                return Err(refuse(format!(
+                    "it was built for the store `{}`, this store is `{}` (its files may name their store's \
+                     directory, so it must be the same; the cache's `{CACHE_INFO}` says otherwise, so it was \
+                     relabeled or mixes stores)",
+                    record.store.escape_debug(),
+                    store.root().display()
+                ))
+                .into());
+            }
             if let Some(known) = known
                 && &record.derivation != known
             {
