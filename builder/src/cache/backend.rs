@@ -16,12 +16,21 @@ use tokio::time::Instant;
 use super::CacheError;
 
 /// One cache, by the URL the user gave.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Cache {
     url: String,
     backend: Backend,
     /// `HVD_HTTP_TIMEOUT` bounds a whole record or `hvd-cache-info`; archives follow the least-rate rule.
     deadlines: HttpDeadlines,
+}
+
+impl std::fmt::Debug for Cache {
+    /// The redacted URL only: the backend's base URL may hold `user:token@`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How long a read may take: a small object whole within the request deadline, an archive by the least-rate rule.
@@ -573,6 +582,7 @@ mod tests {
         assert_eq!(redact("/dir/a@b"), "/dir/a@b");
         let cache = Cache::parse("https://me:secret@127.0.0.1:1/c").unwrap();
         assert_eq!(cache.url(), "https://***@127.0.0.1:1/c");
+        assert!(!format!("{cache:?}").contains("secret"));
         let err = Cache::parse("ftp://me:secret@host/c")
             .unwrap_err()
             .to_string();
