@@ -14,6 +14,15 @@ use crate::error::Result;
 use crate::header::HEADER_LEN;
 use crate::types::{DType, ReduceOp};
 
+/// How a board's allreduce combines the ranks' data: the element type, the operation, and how long a rank waits
+/// for the others before failing.
+#[derive(Debug, Clone, Copy)]
+pub struct Combine {
+    pub dtype: DType,
+    pub op: ReduceOp,
+    pub timeout: Duration,
+}
+
 /// A board on which every rank of the job posts each operation's header, a word for each rank and eager data
 /// (at most `EAGER_MAX_BYTES`, 2 KiB), and reads everyone else's.
 ///
@@ -62,27 +71,14 @@ pub trait Board {
     /// Allreduces `len` bytes that `io` reads from and writes back to, through shared memory, with every rank
     /// of the board calling this with the same arguments (the operation's header check comes first). A rank
     /// that does not call it makes the others fail after `timeout`.
-    fn allreduce_arena(
-        &mut self,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        io: &mut dyn Staged,
-        timeout: Duration,
-    ) -> Result<()>;
+    fn allreduce_arena(&mut self, len: usize, io: &mut dyn Staged, how: Combine) -> Result<()>;
 
     /// Allreduces `buf` by reading the other ranks' buffers directly, with every rank of the board calling this
     /// with the same arguments (the operation's header check comes first); `Ok(false)` on every rank alike when
     /// this board does not (for this size, or at all: the ranks cannot read one another's memory), and nothing
     /// was done.
-    fn allreduce_single_copy(
-        &mut self,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<bool> {
-        let _ = (buf, dtype, op, timeout);
+    fn allreduce_single_copy(&mut self, buf: &mut [u8], how: Combine) -> Result<bool> {
+        let _ = (buf, how);
         Ok(false)
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::board::Combine;
 use crate::communicator::{
     Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, StagedAllreduce, check,
     staged_through,
@@ -382,18 +383,26 @@ impl<T: Transport> P2pCommunicator<T> {
         let count = buf.len() / esize;
         let arena = self.thresholds.allreduce_arena_ranks;
         if arena > 0 && n >= arena && group.len() == self.world.len() {
-            let timeout = self.timeout;
+            let how = Combine {
+                dtype,
+                op,
+                timeout: self.timeout,
+            };
             if let Some(board) = self.transport.shared_board() {
-                return board.allreduce_arena(buf.len(), dtype, op, &mut InPlace(buf), timeout);
+                return board.allreduce_arena(buf.len(), &mut InPlace(buf), how);
             }
         }
         if buf.len() <= self.thresholds.allreduce_small_bytes || count < n {
             return self.allreduce_recursive_doubling(buf, dtype, op, group);
         }
         if group.len() == self.world.len() {
-            let timeout = self.timeout;
+            let how = Combine {
+                dtype,
+                op,
+                timeout: self.timeout,
+            };
             if let Some(board) = self.transport.shared_board()
-                && board.allreduce_single_copy(buf, dtype, op, timeout)?
+                && board.allreduce_single_copy(buf, how)?
             {
                 return Ok(());
             }
@@ -658,9 +667,13 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         // Distinct from `allreduce_in_place`'s digest: a rank staging while another does not is a mismatch.
         h.digest = header::digest(&[self.allreduce_digest() as usize, STAGED]);
         self.run(h, local, &|_| 0, |this, _| {
-            let timeout = this.timeout;
+            let how = Combine {
+                dtype,
+                op,
+                timeout: this.timeout,
+            };
             match this.transport.shared_board() {
-                Some(board) => board.allreduce_arena(len, dtype, op, io, timeout),
+                Some(board) => board.allreduce_arena(len, io, how),
                 None => Err(Error::Broken("the shared-memory board went away".into())),
             }
         })

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use hvd_collective::board::Board;
+use hvd_collective::board::{Board, Combine};
 use hvd_collective::shm::{ShmSegment, ShmTransport};
 use hvd_collective::transport::Transport;
 use hvd_collective::{DType, InPlace, ReduceOp};
@@ -107,10 +107,12 @@ fn the_arena_allreduce_sums_every_rank_s_buffer() {
         board
             .allreduce_arena(
                 len,
-                DType::F32,
-                ReduceOp::Sum,
                 &mut InPlace(&mut buf),
-                TIMEOUT,
+                Combine {
+                    dtype: DType::F32,
+                    op: ReduceOp::Sum,
+                    timeout: TIMEOUT,
+                },
             )
             .unwrap();
         buf

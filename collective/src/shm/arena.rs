@@ -2,15 +2,14 @@
 //! (two waits per chunk whatever the rank count).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use super::ShmTransport;
 use super::segment::arena_half;
+use crate::board::Combine;
 use crate::communicator::Staged;
 use crate::error::Result;
 use crate::reduce::reduce_into;
 use crate::transport::even_counts;
-use crate::types::{DType, ReduceOp};
 
 /// The bytes an arena allreduce moves per chunk: with 2 ranks a whole half (a 100 x 4 KiB fused group in one
 /// chunk: 168 us per step against 176 us in two, medians of five interleaved runs of `bench/engine.py`'s grouped
@@ -36,11 +35,10 @@ impl ShmTransport {
     pub(super) fn arena_allreduce(
         &mut self,
         len: usize,
-        dtype: DType,
-        op: ReduceOp,
         io: &mut dyn Staged,
-        timeout: Duration,
+        how: Combine,
     ) -> Result<()> {
+        let Combine { dtype, op, timeout } = how;
         let n = self.seg.ranks;
         let me = self.rank;
         let esize = dtype.size();

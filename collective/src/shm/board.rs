@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use super::ShmTransport;
 use super::segment::PAIRS_AT;
-use crate::board::Board;
+use crate::board::{Board, Combine};
 use crate::communicator::Staged;
 use crate::error::Result;
 use crate::header::{EAGER_MAX_BYTES, HEADER_LEN};
-use crate::types::{DType, ReduceOp};
 
 impl ShmTransport {
     /// Where rank `r`'s slot for operation `seq` starts.
@@ -87,27 +86,14 @@ impl Board for ShmTransport {
         }
     }
 
-    fn allreduce_arena(
-        &mut self,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        io: &mut dyn Staged,
-        timeout: Duration,
-    ) -> Result<()> {
-        self.arena_allreduce(len, dtype, op, io, timeout)
+    fn allreduce_arena(&mut self, len: usize, io: &mut dyn Staged, how: Combine) -> Result<()> {
+        self.arena_allreduce(len, io, how)
     }
 
-    fn allreduce_single_copy(
-        &mut self,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<bool> {
+    fn allreduce_single_copy(&mut self, buf: &mut [u8], how: Combine) -> Result<bool> {
         if buf.len() < super::SINGLE_COPY_MIN_BYTES {
             return Ok(false);
         }
-        self.single_copy_allreduce(buf, dtype, op, timeout)
+        self.single_copy_allreduce(buf, how)
     }
 }

@@ -34,6 +34,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::ShmTransport;
+use crate::board::Combine;
 use crate::env_vars;
 use crate::error::{Error, Result};
 use crate::reduce::reduce_into;
@@ -80,13 +81,8 @@ fn willing(same_process: bool) -> bool {
 impl ShmTransport {
     /// Allreduces `buf` (the same length, dtype and op on every rank of the segment) by the single copy; `false`
     /// (on every rank alike) when the ranks cannot or will not read one another's memory, and nothing was done.
-    pub(super) fn single_copy_allreduce(
-        &mut self,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<bool> {
+    pub(super) fn single_copy_allreduce(&mut self, buf: &mut [u8], how: Combine) -> Result<bool> {
+        let Combine { dtype, op, timeout } = how;
         if self.single_copy == SingleCopy::Off {
             return Ok(false);
         }
