@@ -586,14 +586,15 @@ fn a_pruned_archive_or_a_garbage_record_is_built_instead_and_repaired_by_the_nex
     let archive = p.cache.join(archive_key(&p.record(&helper).archive.sha256));
     std::fs::remove_file(&archive).unwrap();
 
-    // The missing archive withholds helper like a missing record (a warning, then it has to be built: the index
-    // is unreachable here).
+    // The missing archive withholds helper like a missing record (a warning, the next cache is asked, then it has
+    // to be built: the index is unreachable here).
     let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
     let err = common::unwrapped(&text(&out).1);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains(&common::unwrapped(&format!(
-            "(the archive of {helper}) is missing; not substituting it"
+            "{helper} in cache `{}` has a record but not its archive; asking the next cache",
+            p.cache_url()
         ))),
         "{err}"
     );

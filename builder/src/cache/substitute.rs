@@ -255,7 +255,18 @@ impl Substituter {
             match record.trust(&self.trusted) {
                 Trust::Trusted(key) => {
                     tracing::debug!("{name} in {} is signed by {key}", cache.url());
-                    return Ok(Some((record, index)));
+                    // A pruned archive withholds the path here: the next cache is asked.
+                    match self
+                        .runtime
+                        .block_on(cache.exists(&archive_key(&record.archive.sha256)))
+                    {
+                        Ok(true) => return Ok(Some((record, index))),
+                        Ok(false) => progress.warning(&format!(
+                            "{name} in cache `{}` has a record but not its archive; asking the next cache",
+                            cache.url()
+                        )),
+                        Err(err) => progress.warning(&format!("{err}; not using it for {name}")),
+                    }
                 }
                 Trust::Untrusted => {
                     let signers: Vec<&str> =
