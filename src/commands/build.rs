@@ -27,7 +27,7 @@ pub struct BuildArgs {
     #[arg(long)]
     pub check: bool,
     #[command(flatten)]
-    pub caches: super::cache::CacheOptions,
+    pub caches: super::substitute::CacheOptions,
 }
 
 /// How the lockfile is used; shared by `build`, `exec` and `shell`.
@@ -171,7 +171,12 @@ fn check(args: &BuildArgs) -> CommandResult {
 /// Load the file, get an up-to-date lock (per `mode`), build the env and keep the root link. Substitutes from the
 /// caches of `HVD_CACHES` and the file's `cluster { caches }`.
 pub fn ensure_env(file: &Path, mode: LockMode, rebuild: bool) -> Result<ReadyEnv, Failure> {
-    ensure_env_with(file, mode, rebuild, &super::cache::CacheOptions::default())
+    ensure_env_with(
+        file,
+        mode,
+        rebuild,
+        &super::substitute::CacheOptions::default(),
+    )
 }
 
 /// [`ensure_env`], substituting from `caches` (the command line's) first.
@@ -179,7 +184,7 @@ pub fn ensure_env_with(
     file: &Path,
     mode: LockMode,
     rebuild: bool,
-    caches: &super::cache::CacheOptions,
+    caches: &super::substitute::CacheOptions,
 ) -> Result<ReadyEnv, Failure> {
     let (project, lock) = load_and_lock(file, mode)?;
     let mut plan = plan(&project, &lock)?;

@@ -14,4 +14,5 @@ pub mod init;
 pub mod lock;
 pub mod run;
 pub mod shell;
+pub mod substitute;
 pub mod why_depends;
