@@ -53,7 +53,19 @@ pub(crate) fn run(
         let _ = drain(reader, log, LOG_MAX_BYTES);
         let _ = done_tx.send(());
     });
-    let ended = wait_until(&mut child, deadline.map(|limit| started + limit))?;
+    // A limit past what an Instant can hold is no limit.
+    let ended = wait_until(
+        &mut child,
+        deadline.and_then(|limit| started.checked_add(limit)),
+    );
+    let ended = match ended {
+        Ok(ended) => ended,
+        Err(err) => {
+            kill_group(&mut child);
+            let _ = child.wait();
+            return Err(err);
+        }
+    };
     // Bounded: a process the build left running may keep the pipe open; then the log simply ends here.
     let _ = done_rx.recv_timeout(DRAIN_GRACE);
     Ok(ended)
@@ -61,8 +73,11 @@ pub(crate) fn run(
 
 fn wait_until(child: &mut Child, deadline: Option<Instant>) -> std::io::Result<Ended> {
     loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Ended::Exited(status));
+        if exited_unreaped(child)? {
+            // What the backend left running in its group (a daemon, a forgotten compiler) ends with it, and
+            // stops holding the log's pipe; killed before the child is reaped, so the group id is still its own.
+            kill_group_of(child.id());
+            return Ok(Ended::Exited(child.wait()?));
         }
         if deadline.is_some_and(|at| Instant::now() >= at) {
             kill_group(child);
@@ -73,16 +88,42 @@ fn wait_until(child: &mut Child, deadline: Option<Instant>) -> std::io::Result<E
     }
 }
 
+/// Whether the child has exited, without reaping it (`WNOWAIT`: its pid, and so its group's id, stay reserved).
+fn exited_unreaped(child: &Child) -> std::io::Result<bool> {
+    let pid: libc::id_t = child.id();
+    // SAFETY: `info` is a zeroed siginfo_t the call fills; the child is ours and not yet reaped.
+    let (r, info) = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let r = libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        (r, info)
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: waitid succeeded, so si_pid is valid to read (0 when nothing has exited yet).
+    Ok(unsafe { info.si_pid() } != 0)
+}
+
 /// SIGKILL the child's process group (it leads one: `process_group(0)`), then the child itself.
 fn kill_group(child: &mut Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: `kill` has no memory effects; a negative pid names the group the child leads (it has not been
-        // reaped yet, so the id cannot have been reused).
+    kill_group_of(child.id());
+    let _ = child.kill();
+}
+
+/// SIGKILL the process group `pgid` (the group the backend process led; called while that process is unreaped,
+/// so the id cannot name another group).
+fn kill_group_of(pgid: u32) {
+    if let Ok(pgid) = i32::try_from(pgid) {
+        // SAFETY: `kill` has no memory effects; a negative pid names a process group.
         unsafe {
-            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(-pgid, libc::SIGKILL);
         }
     }
-    let _ = child.kill();
 }
 
 /// Copy `from` into `log` until its end, keeping at most about `max` bytes: past that, only the last
@@ -92,6 +133,7 @@ fn drain(mut from: impl Read, mut log: impl Write, max: u64) -> std::io::Result<
     let mut written = 0u64;
     let mut tail: VecDeque<u8> = VecDeque::new();
     let mut dropped = 0u64;
+    let mut write_failed = None;
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match from.read(&mut buf) {
@@ -101,9 +143,13 @@ fn drain(mut from: impl Read, mut log: impl Write, max: u64) -> std::io::Result<
             Err(err) => return Err(err),
         };
         let mut chunk = &buf[..n];
-        if written < head_limit {
+        if written < head_limit && write_failed.is_none() {
             let take = chunk.len().min((head_limit - written) as usize);
-            log.write_all(&chunk[..take])?;
+            // A log that cannot be written (a full disk) must not stop the draining: the backend would block on
+            // its output until the deadline. The error is returned at the end.
+            if let Err(err) = log.write_all(&chunk[..take]) {
+                write_failed = Some(err);
+            }
             written += take as u64;
             chunk = &chunk[take..];
         }
@@ -113,6 +159,9 @@ fn drain(mut from: impl Read, mut log: impl Write, max: u64) -> std::io::Result<
             tail.drain(..excess);
             dropped += excess as u64;
         }
+    }
+    if let Some(err) = write_failed {
+        return Err(err);
     }
     if dropped > 0 {
         writeln!(
@@ -172,6 +221,43 @@ mod tests {
         );
         let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
         assert!(text.contains("started"), "{text:?}");
+    }
+
+    #[test]
+    fn what_a_backend_leaves_running_ends_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let marker = dir.path().join("left-behind-survived");
+        let mut command = Command::new("/bin/sh");
+        // The background child holds the log's pipe and would write the marker after its parent exited.
+        command
+            .arg("-c")
+            .arg(format!("(sleep 2; touch {}) & echo done", marker.display()));
+        command.stdin(std::process::Stdio::null());
+        let ended = run(command, log, Some(Duration::from_secs(60))).unwrap();
+        assert!(
+            matches!(ended, Ended::Exited(s) if s.success()),
+            "{ended:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2500));
+        assert!(
+            !marker.exists(),
+            "a process the backend left running outlived it"
+        );
+    }
+
+    #[test]
+    fn a_deadline_past_what_an_instant_holds_is_no_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let mut command = Command::new("/bin/sh");
+        command.arg("-c").arg("exit 0");
+        command.stdin(std::process::Stdio::null());
+        let ended = run(command, log, Some(Duration::from_secs(u64::MAX))).unwrap();
+        assert!(
+            matches!(ended, Ended::Exited(s) if s.success()),
+            "{ended:?}"
+        );
     }
 
     #[test]
