@@ -54,6 +54,10 @@ pub struct ShmSegment {
     pub(super) map: Arc<Mapping>,
     pub(super) ranks: usize,
     pub(super) ring_bytes: usize,
+    /// A memfd segment ([`ShmSegment::create_anonymous`]): every rank on it is a thread of this process, the only
+    /// case in which a rank may dereference an address another rank posted (the single copy's plain loads). On a
+    /// named segment a posted pid proves nothing (another pid namespace may share `/dev/shm`).
+    pub(super) private: bool,
 }
 
 impl std::fmt::Debug for ShmSegment {
@@ -128,7 +132,10 @@ impl ShmSegment {
         let r = Self::init_fd(fd, len, ranks, ring_bytes, "(memfd)", None);
         // SAFETY: fd is ours; the mapping keeps the memory alive.
         unsafe { libc::close(fd) };
-        r
+        r.map(|seg| ShmSegment {
+            private: true,
+            ..seg
+        })
     }
 
     /// Creates the named segment `/dev/shm/<name>` for `ranks` processes; the others [`open`](Self::open) it.
@@ -176,6 +183,7 @@ impl ShmSegment {
             map: Arc::new(Mapping { ptr, len, unlink }),
             ranks,
             ring_bytes,
+            private: false,
         };
         seg.word(8).store(ranks as u64, Ordering::Relaxed);
         seg.word(16).store(ring_bytes as u64, Ordering::Relaxed);
@@ -226,6 +234,7 @@ impl ShmSegment {
             }),
             ranks: 0,
             ring_bytes: 0,
+            private: false,
         };
         if probe.word(0).load(Ordering::Acquire) != MAGIC {
             return Ok(None);
@@ -241,6 +250,7 @@ impl ShmSegment {
             map: probe.map,
             ranks,
             ring_bytes,
+            private: false,
         }))
     }
 

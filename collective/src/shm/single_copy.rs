@@ -17,7 +17,7 @@
 //! The first time (and only then) step 1 carries each rank's vote (`HVD_SHM_CMA`) and a probe step follows it:
 //! every rank reads 8 bytes of each peer's posted buffer, publishes whether that worked, and all ranks go on with
 //! the single copy only when all of them could; otherwise every rank returns `false` and the caller uses the ring
-//! from then on. So ranks under different users, a sandbox without `ptrace` rights (Yama scope 2-3, seccomp) or a
+//! from then on. So ranks under different users, a sandbox without `ptrace` rights (Yama scope 1-3, seccomp) or a
 //! rank with `HVD_SHM_CMA=0` switch everyone to the ring together.
 //!
 //! A peer that dies mid-exchange: `process_vm_readv` fails with ESRCH (the process is gone) or the next wait
@@ -96,7 +96,7 @@ impl ShmTransport {
         let deciding = self.single_copy == SingleCopy::Undecided;
         if deciding {
             let same_process =
-                (0..n).all(|p| self.seg.pid(p).load(Ordering::Relaxed) == self.my_pid);
+                (0..n).all(|p| self.in_process(self.seg.pid(p).load(Ordering::Relaxed)));
             let vote = if willing(same_process) {
                 VOTE_WILLING
             } else {
@@ -200,7 +200,7 @@ impl ShmTransport {
             let plen = per_piece.min(end - at);
             for &(p, pid, addr) in peers {
                 let theirs = addr + at as u64;
-                if pid == self.my_pid {
+                if self.in_process(pid) {
                     // SAFETY: as in `read_peer`: a thread of this process published this range of its buffer and
                     // leaves it alone until this rank publishes the next step; it is not this rank's memory.
                     let theirs =
@@ -242,7 +242,7 @@ impl ShmTransport {
         last_step: u64,
         timeout: Duration,
     ) {
-        if peers.iter().all(|(_, pid, _)| *pid != self.my_pid) {
+        if peers.iter().all(|(_, pid, _)| !self.in_process(*pid)) {
             return;
         }
         let culprit = match e {
@@ -264,7 +264,7 @@ impl ShmTransport {
         while std::time::Instant::now() < deadline
             && !peers
                 .iter()
-                .all(|(p, pid, _)| *pid != self.my_pid || settled(self, *p))
+                .all(|(p, pid, _)| !self.in_process(*pid) || settled(self, *p))
         {
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -329,9 +329,16 @@ impl ShmTransport {
         Ok(on)
     }
 
+    /// Whether a peer that posted `pid` is a thread of this process, whose posted addresses this rank may
+    /// dereference: only on a memfd segment, which no other process maps (on a named one a pid proves nothing:
+    /// ranks in another pid namespace sharing `/dev/shm` may post the same number).
+    fn in_process(&self, pid: u32) -> bool {
+        self.seg.private && pid == self.my_pid
+    }
+
     /// Reads `dst.len()` bytes at `addr` in peer `p`'s process `pid`; a peer that is gone is `PeerLost`.
     fn read_peer(&mut self, p: usize, pid: u32, addr: u64, dst: &mut [u8]) -> Result<()> {
-        if pid == self.my_pid {
+        if self.in_process(pid) {
             // SAFETY: the peer is a thread of this process, so `addr` is in this address space; it published the
             // buffer (Acquire in the step wait) and keeps it alive and unwritten in this range until this rank
             // publishes the next step (the protocol above); `dst` is this rank's own memory, disjoint from it.
