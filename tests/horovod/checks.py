@@ -132,6 +132,7 @@ for argv, part in (
     (["--min-np", "3", "-np", "2", "python", "t.py"], "--min-np 3 is above the 2 workers it starts"),
     (["--max-np", "1", "-np", "2", "python", "t.py"], "--max-np 1 is below -np 2"),
     (["--min-np", "x", "-np", "2", "python", "t.py"], "--min-np takes a positive number of workers, not `x`"),
+    (["-np", "\u00b2", "python", "t.py"], "-np takes a positive number of workers"),
     (["--host-discovery-script", "d.sh", "python", "t.py"], "`--host-discovery-script` (elastic host discovery)"),
     (["-np", "2", "--reset-limit", "-1", "python", "t.py"], "--reset-limit takes a non-negative number of resets"),
     (["-np", "2", "--fusion-threshold-mb", "32", "python", "t.py"], "unknown or unsupported flag `--fusion-threshold-mb`"),

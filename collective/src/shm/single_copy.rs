@@ -199,7 +199,7 @@ impl ShmTransport {
         while at < end {
             let plen = per_piece.min(end - at);
             for &(p, pid, addr) in peers {
-                let theirs = addr + at as u64;
+                let theirs = addr.wrapping_add(at as u64);
                 if self.in_process(pid) {
                     // SAFETY: as in `read_peer`: a thread of this process published this range of its buffer and
                     // leaves it alone until this rank publishes the next step; it is not this rank's memory.
@@ -226,7 +226,12 @@ impl ShmTransport {
     ) -> Result<()> {
         for &(p, pid, addr) in peers {
             let block = offsets[p]..offsets[p + 1];
-            self.read_peer(p, pid, addr + block.start as u64, &mut buf[block])?;
+            self.read_peer(
+                p,
+                pid,
+                addr.wrapping_add(block.start as u64),
+                &mut buf[block],
+            )?;
         }
         Ok(())
     }
@@ -385,7 +390,7 @@ fn cma_read(pid: u32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
             iov_len: dst.len() - done,
         };
         let remote = libc::iovec {
-            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
             iov_len: dst.len() - done,
         };
         // SAFETY: the local iovec covers the rest of `dst`, which this function borrows mutably; the kernel checks

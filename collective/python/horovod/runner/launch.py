@@ -36,6 +36,11 @@ _ELASTIC = {"--host-discovery-script", "--slots-per-host", "--cooldown-range", "
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
+def _digits(text):
+    """Whether ``text`` is a plain ASCII number (``str.isdigit`` also takes ``"²"``, which ``int`` refuses)."""
+    return bool(text) and all(c in "0123456789" for c in text)
+
+
 class UsageError(Exception):
     """A command line horovodrun cannot map onto `hvd run`."""
 
@@ -118,12 +123,12 @@ def translate(argv):
         raise UsageError("horovodrun: no command to run, e.g. `horovodrun -np 2 python train.py`")
     for flag, key in (("-np", "--workers"), ("--min-np", "--min-workers"), ("--max-np", "--max-workers")):
         value = values.get(key)
-        if value is not None and (not value.isdigit() or int(value) < 1):
+        if value is not None and (not _digits(value) or int(value) < 1):
             raise UsageError("horovodrun: {} takes a positive number of workers, not `{}`".format(flag, value))
     minimum, maximum = values.pop("--min-workers", None), values.pop("--max-workers", None)
     reset_limit = values.pop("--reset-limit", None)
     if reset_limit is not None:
-        if not reset_limit.isdigit():
+        if not _digits(reset_limit):
             raise UsageError("horovodrun: --reset-limit takes a non-negative number of resets, not `{}`".format(
                 reset_limit))
         # Every engine runs the command as written: the limit travels in it to each worker's hvd.elastic.run.
