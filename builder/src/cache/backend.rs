@@ -290,21 +290,11 @@ impl Cache {
                         limit,
                     });
                 }
-                let mut body = response.bytes_stream();
-                while let Some(chunk) = self
-                    .within(
-                        key,
-                        self.next_deadline(pace, started, received),
-                        started,
-                        received,
-                        body.next(),
-                    )
-                    .await?
-                {
-                    let chunk = chunk.map_err(|err| self.error(key, err.without_url()))?;
-                    count(&mut received, chunk.len())?;
-                    sink(&chunk)?;
-                }
+                let body = response
+                    .bytes_stream()
+                    .map(|chunk| chunk.map_err(|err| self.error(key, err.without_url())));
+                self.drain(key, pace, started, body, count, &mut sink)
+                    .await?;
                 Ok(true)
             }
             Backend::S3 { store, prefix } => {
@@ -330,24 +320,44 @@ impl Cache {
                         limit,
                     });
                 }
-                let mut body = found.into_stream();
-                while let Some(chunk) = self
-                    .within(
-                        key,
-                        self.next_deadline(pace, started, received),
-                        started,
-                        received,
-                        body.next(),
-                    )
-                    .await?
-                {
-                    let chunk = chunk.map_err(|err| self.error(key, err))?;
-                    count(&mut received, chunk.len())?;
-                    sink(&chunk)?;
-                }
+                let body = found
+                    .into_stream()
+                    .map(|chunk| chunk.map_err(|err| self.error(key, err)));
+                self.drain(key, pace, started, body, count, &mut sink)
+                    .await?;
                 Ok(true)
             }
         }
+    }
+
+    /// Feed `body`'s chunks to `sink` (after `count` checked the running total), each chunk within the read's
+    /// deadline (`pace`, from `started`).
+    async fn drain<B: AsRef<[u8]>>(
+        &self,
+        key: &str,
+        pace: Pace,
+        started: Instant,
+        body: impl futures::Stream<Item = Result<B, CacheError>>,
+        count: impl Fn(&mut u64, usize) -> Result<(), CacheError>,
+        sink: &mut impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<(), CacheError> {
+        let mut body = std::pin::pin!(body);
+        let mut received = 0u64;
+        while let Some(chunk) = self
+            .within(
+                key,
+                self.next_deadline(pace, started, received),
+                started,
+                received,
+                body.next(),
+            )
+            .await?
+        {
+            let chunk = chunk?;
+            count(&mut received, chunk.as_ref().len())?;
+            sink(chunk.as_ref())?;
+        }
+        Ok(())
     }
 
     /// When the next chunk of a read started at `started` must have arrived.
