@@ -112,15 +112,7 @@ fn a_departed_peer_releases_oversubscribed_waiters() {
 /// The worker side of [`a_killed_peer_releases_oversubscribed_waiters`]: does nothing unless started by it.
 #[test]
 fn worker() {
-    let Ok(scenario) = std::env::var(WORKER) else {
-        return;
-    };
-    let line = match run_worker(&scenario) {
-        Ok(line) => line,
-        Err(e) => format!("error: {e}"),
-    };
-    println!("\nRESULT {line}");
-    std::process::exit(0);
+    workers::serve(WORKER, run_worker);
 }
 
 fn run_worker(scenario: &str) -> Result<String, Error> {

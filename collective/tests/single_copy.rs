@@ -22,16 +22,10 @@ const COUNT: usize = (1 << 20) + 3;
 /// The worker side: does nothing unless started by [`start`].
 #[test]
 fn worker() {
-    let Ok(scenario) = std::env::var(WORKER) else {
-        return;
-    };
-    log_capture::install();
-    let line = match run_worker(&scenario) {
-        Ok(line) => line,
-        Err(e) => format!("error: {e}"),
-    };
-    println!("\nRESULT {line}");
-    std::process::exit(0);
+    workers::serve(WORKER, |scenario| {
+        log_capture::install();
+        run_worker(scenario)
+    });
 }
 
 fn run_worker(scenario: &str) -> Result<String, Error> {

@@ -1,4 +1,6 @@
-//! Collecting what rank processes of a test printed: each worker ends with one `RESULT <line>`.
+//! Rank processes of a test: the worker side prints one `RESULT <line>` and exits; the test side collects them.
+
+#![allow(dead_code, reason = "each test binary uses part of this module")]
 
 use std::io::Read;
 use std::process::Child;
@@ -35,4 +37,19 @@ pub fn results(children: Vec<Child>) -> Vec<String> {
                 })
         })
         .collect()
+}
+
+/// The worker side, called from a `#[test] fn worker()`: nothing unless the environment variable `var` names a
+/// scenario (the test started this process as a rank); then `run(scenario)`'s line, or `error: ...`, is printed as
+/// `RESULT <line>` and the process exits 0.
+pub fn serve<E: std::fmt::Display>(var: &str, run: impl FnOnce(&str) -> Result<String, E>) {
+    let Ok(scenario) = std::env::var(var) else {
+        return;
+    };
+    let line = match run(&scenario) {
+        Ok(line) => line,
+        Err(e) => format!("error: {e}"),
+    };
+    println!("\nRESULT {line}");
+    std::process::exit(0);
 }
