@@ -455,14 +455,17 @@ fn build_and_job_introspection_answers_what_the_runtime_is() {
 }
 
 /// Horovod's test suites call `hvd.init()` in setUp and `hvd.shutdown()` in tearDown around every test, one process
-/// per rank: five rounds of init, allreduce, shutdown in the same processes must each join a fresh job, over shm and
-/// over tcp (each round meets under its own rendezvous keys, never an earlier round's address or segment).
+/// per rank: five rounds of init, allreduce, shutdown in the same processes must each join a fresh job, on 2 and 3
+/// ranks, over shm and over tcp (each round meets under its own rendezvous keys, never an earlier round's address or
+/// segment).
 #[test]
 fn init_after_shutdown_joins_again_five_times_over_shm_and_tcp() {
-    for backend in ["shm", "tcp"] {
-        assert_all_ok(
-            &run(2, "reinit.py", &[("HVD_COLLECTIVE_BACKEND", backend)]),
-            &format!("five init/shutdown rounds over {backend}"),
-        );
+    for size in [2, 3] {
+        for backend in ["shm", "tcp"] {
+            assert_all_ok(
+                &run(size, "reinit.py", &[("HVD_COLLECTIVE_BACKEND", backend)]),
+                &format!("five init/shutdown rounds of {size} ranks over {backend}"),
+            );
+        }
     }
 }
