@@ -58,6 +58,35 @@ with util.env(HOROVOD_CHECK_VALUE=3):
     assert os.environ["HOROVOD_CHECK_VALUE"] == "3"
 assert "HOROVOD_CHECK_VALUE" not in os.environ
 
+# util's version and op helpers, as Horovod's modules call them.
+assert util.is_version_greater_equal_than("2.15.0+cu132", "2.3") and not util.is_version_greater_equal_than("1.9", "1.12")
+assert util.is_version_greater_equal_than("2.3", "2.3.0")
+resolve = util.get_average_backwards_compatibility_fun(hvd)
+assert (resolve(None, None), resolve(None, True), resolve(None, False), resolve(hvd.Max, None)) == (
+    hvd.Average, hvd.Average, hvd.Sum, hvd.Max)
+try:
+    resolve(hvd.Sum, True)
+except ValueError:
+    pass
+else:
+    raise AssertionError("op and average were both accepted")
+assert util.check_installed_version("pytorch", "2.15.0") is None
+
+# horovod.runner.util.threads.in_thread (Horovod's test utilities import it): started, args passed, silent swallows.
+from horovod.runner.util.threads import in_thread
+
+got = []
+t = in_thread(got.append, ("x",))
+t.join()
+assert got == ["x"] and t.daemon
+in_thread(lambda: 1 / 0, silent=True).join()
+try:
+    in_thread(got.append, "x")
+except ValueError as e:
+    assert "tuple" in str(e), e
+else:
+    raise AssertionError("args that are not a tuple were accepted")
+
 # The framework modules are hvd's: without the framework, importing one fails with hvd's own message.
 for module, framework, message in (
     ("horovod.torch", "torch", "hvd.torch needs PyTorch"),
@@ -120,6 +149,13 @@ cases = [
      ["--workers", "4", "--min-workers", "2", "--max-workers", "4", "--elastic-timeout", "30"], ["python", "t.py"]),
     (["--min-np=1", "--max-np=3", "python", "t.py"],
      ["--workers", "3", "--min-workers", "1", "--max-workers", "3"], ["python", "t.py"]),
+    # --host-discovery-script: the script's slots start the step, up to --max-np, down to --min-np (else -np).
+    (["--host-discovery-script", "d.sh", "--min-np", "1", "--max-np", "4", "python", "t.py"],
+     ["--workers", "4", "--min-workers", "1", "--max-workers", "4", "--host-discovery-script",
+      os.path.abspath("d.sh")], ["python", "t.py"]),
+    (["-np", "2", "--host-discovery-script=d.sh", "python", "t.py"],
+     ["--workers", "2", "--min-workers", "2", "--max-workers", "2", "--host-discovery-script",
+      os.path.abspath("d.sh")], ["python", "t.py"]),
     # --reset-limit: each worker's HVD_ELASTIC_RESET_LIMIT, in the command every engine runs.
     (["-np", "2", "--min-np", "1", "--reset-limit", "3", "python", "t.py"],
      ["--workers", "2", "--min-workers", "1", "--max-workers", "2"],
@@ -133,7 +169,10 @@ for argv, part in (
     (["--max-np", "1", "-np", "2", "python", "t.py"], "--max-np 1 is below -np 2"),
     (["--min-np", "x", "-np", "2", "python", "t.py"], "--min-np takes a positive number of workers, not `x`"),
     (["-np", "\u00b2", "python", "t.py"], "-np takes a positive number of workers"),
-    (["--host-discovery-script", "d.sh", "python", "t.py"], "`--host-discovery-script` (elastic host discovery)"),
+    (["--slots-per-host", "2", "python", "t.py"], "`--slots-per-host` (elastic host discovery)"),
+    (["--host-discovery-script", "d.sh", "python", "t.py"], "--host-discovery-script needs --max-np (or -np)"),
+    (["--host-discovery-script", "d.sh", "--min-np", "3", "--max-np", "2", "python", "t.py"],
+     "--min-np 3 is above --max-np 2"),
     (["-np", "2", "--reset-limit", "-1", "python", "t.py"], "--reset-limit takes a non-negative number of resets"),
     (["-np", "2", "--fusion-threshold-mb", "32", "python", "t.py"], "unknown or unsupported flag `--fusion-threshold-mb`"),
     (["python", "t.py"], "-np N (the number of workers) is required"),

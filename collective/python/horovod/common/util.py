@@ -16,6 +16,88 @@ def gpu_available(ext_base_name, verbose=False):
     return bool(_hvd.cuda_built() or _hvd.rocm_built())
 
 
+def extension_available(ext_base_name, verbose=False):
+    """Horovod asks whether its compiled extension for a framework loads; hvd has none: every framework's module
+    is pure Python over the one runtime library, so this says whether that library loads."""
+    try:
+        _hvd.library_path()
+        _hvd.mpi_built()
+    except (OSError, ImportError):
+        return False
+    return True
+
+
+# Horovod's module-level build questions (``horovod.common.util.mpi_built()`` ...), answered by hvd's runtime
+# library as ``hvd.mpi_built()`` ... are (docs/horovod.md gives each answer's reason). ``verbose`` only made Horovod
+# print why an extension failed to load; there is no extension here.
+
+
+def mpi_built(verbose=False):
+    return _hvd.mpi_built()
+
+
+def gloo_built(verbose=False):
+    return _hvd.gloo_built()
+
+
+def nccl_built(verbose=False):
+    return _hvd.nccl_built()
+
+
+def ddl_built(verbose=False):
+    return _hvd.ddl_built()
+
+
+def ccl_built(verbose=False):
+    return _hvd.ccl_built()
+
+
+def cuda_built(verbose=False):
+    return _hvd.cuda_built()
+
+
+def rocm_built(verbose=False):
+    return _hvd.rocm_built()
+
+
+def get_average_backwards_compatibility_fun(reduce_ops):
+    """Horovod's helper that turns the old ``average=`` flag into an op: ``fn(op, average)``, refusing both."""
+
+    def resolve(op, average):
+        if op is not None:
+            if average is not None:
+                raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+            return op
+        if average is not None:
+            return reduce_ops.Average if average else reduce_ops.Sum
+        return reduce_ops.Average
+
+    return resolve
+
+
+def check_installed_version(name, version, exception=None):
+    """Horovod checks that a framework's version is the one its extension was compiled against; nothing here is
+    compiled against a framework, so any version passes (``exception``, if given, is re-raised as it was)."""
+    if exception is not None:
+        raise exception
+
+
+def is_version_greater_equal_than(ver, target):
+    """``ver >= target`` for dotted release versions (``"2.15.0" >= "2.3"``); a suffix after the numbers
+    (``+cpu``, ``rc1``) is ignored."""
+    import re
+
+    def parts(v):
+        m = re.match(r"\s*(\d+(?:\.\d+)*)", str(v))
+        if m is None:
+            raise ValueError("{!r} is not a version".format(v))
+        return [int(x) for x in m.group(1).split(".")]
+
+    a, b = parts(ver), parts(target)
+    n = max(len(a), len(b))
+    return a + [0] * (n - len(a)) >= b + [0] * (n - len(b))
+
+
 def is_iterable(x):
     try:
         iter(x)
