@@ -404,6 +404,21 @@ fn torch_distributed_optimizer_keeps_parameters_identical() {
     );
 }
 
+/// Horovod's torch API (`horovod.torch`, docs/horovod.md): alltoall's received splits, truncating integer scaling,
+/// int16, grouped allgather and reducescatter, duplicate names, Adasum refused, gradients, three init/shutdown
+/// rounds; on 2 and 3 ranks.
+#[test]
+#[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
+fn horovod_torch_collectives_behave_as_horovods() {
+    let python = opt_in_python("HVD_TEST_TORCH", "torch");
+    for size in [2, 3] {
+        assert_all_ok(
+            &run_with(&python, size, "horovod_torch.py", &[]),
+            &format!("horovod.torch on {size} ranks"),
+        );
+    }
+}
+
 #[test]
 #[ignore = "opt-in: needs jax; HVD_TEST_JAX=/path/to/python"]
 fn jax_pytrees_train_with_identical_parameters() {

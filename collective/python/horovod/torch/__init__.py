@@ -1,7 +1,38 @@
-"""``horovod.torch``: hvd.torch (PyTorch, CPU tensors through DLPack). Importing it imports torch, as hvd.torch
-does."""
+"""``horovod.torch``: Horovod's torch API. The collectives come from ``horovod.torch.mpi_ops`` (Horovod's signatures
+and semantics over hvd.torch: autograd, ``alltoall`` splits, truncating integer scaling, grouped allgather and
+reducescatter, duplicate-name errors); every other name (``DistributedOptimizer``, ``broadcast_parameters``, the
+introspection functions, ...) is hvd.torch's. Importing it imports torch, as hvd.torch does."""
 
 from horovod._reexport import reexport
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from horovod.common.process_sets import (  # noqa: F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from horovod.torch.mpi_ops import *  # noqa: F401,F403
+from horovod.torch.mpi_ops import Handle, __all__ as _ops  # noqa: F401
+
+
+def _with_process_set(fn):
+    """hvd's ``fn`` taking Horovod's ``process_set=`` (only the global set: hvd has no others yet)."""
+    from horovod.torch.mpi_ops import _global_only
+
+    def call(*args, process_set=global_process_set, **kwargs):
+        _global_only(process_set)
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+import hvd.torch as _ht  # noqa: E402
+
+broadcast_object = _with_process_set(_ht.broadcast_object)
+allgather_object = _with_process_set(_ht.allgather_object)
 
 reexport(globals(), "hvd.torch")
 del reexport
+__all__ = sorted(k for k, v in globals().items() if not k.startswith("_") and not isinstance(v, type(_ht)))
