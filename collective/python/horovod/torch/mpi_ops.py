@@ -31,7 +31,7 @@ __all__ = [
     "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
     "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_", "alltoall",
     "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "join", "barrier",
+    "join", "barrier", "sparse_allreduce_async", "DistributedOptimizer",
 ]
 
 
@@ -677,6 +677,52 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
         return list(_GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, compression, *tensors))
     return synchronize(_reducescatter_group_async(tensors, name, op, process_set, prescale_factor, postscale_factor,
                                                   compression))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sparse tensors and the optimizer
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Horovod's allreduce of a sparse COO tensor: every rank's indices and values are allgathered (the sum of
+    sparse tensors is their concatenation; duplicate indices add up when the result is coalesced or made dense).
+    Returns a function that waits and returns the sparse result (divided by size for ``Average``)."""
+    _global_only(process_set)
+    op = _resolve_op(None, op)
+    if op not in (Sum, Average):
+        raise ValueError("a sparse allreduce sums or averages; op {!r} is not one of them".format(op))
+    # Allgather concatenates along dimension 0, so the indices travel as (nnz, ndim).
+    indices = allgather_async(tensor._indices().transpose(0, 1).contiguous(), name="{}.indices".format(name))
+    values = allgather_async(tensor._values(), name="{}.values".format(name))
+
+    def wait():
+        v = synchronize(values)
+        i = synchronize(indices)
+        if op == Average:
+            v = v / _core.size()
+        try:
+            # Checked: the indices come from the other ranks, and out-of-range ones would crash later, not here.
+            return torch.sparse_coo_tensor(i.transpose(0, 1), v, tensor.size(), check_invariants=True)
+        except TypeError:  # torch < 2.0 has no check_invariants
+            return torch.sparse_coo_tensor(i.transpose(0, 1), v, tensor.size())
+
+    return wait
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=global_process_set):
+    """hvd.torch's DistributedOptimizer with Horovod's arguments: ``num_groups`` is hvd's ``groups=<number>``;
+    ``sparse_as_dense`` and other process sets than the global one are refused (hvd.torch reduces dense CPU
+    gradients only)."""
+    _global_only(process_set)
+    if sparse_as_dense:
+        raise NotImplementedError("hvd.torch's DistributedOptimizer does not reduce sparse gradients (sparse_as_dense "
+                                  "included): use dense parameters (e.g. nn.Embedding(sparse=False))")
+    if num_groups and groups is not None:
+        raise ValueError("pass num_groups or groups, not both")
+    return _ht.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
+                                    gradient_predivide_factor, groups if groups is not None else (num_groups or None))
 
 
 # ---------------------------------------------------------------------------------------------------------------

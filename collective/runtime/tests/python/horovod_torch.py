@@ -111,6 +111,21 @@ for round_ in range(3):  # Horovod's setUp/tearDown around each test
     hvd.reducescatter(e, op=hvd.Sum).sum().backward()
     check(e.grad.tolist() == [float(n)] * (2 * n), "reducescatter grad {}".format(e.grad))
 
+    # A sparse allreduce (allgathered indices and values) equals the dense one; Horovod's optimizer arguments.
+    sparse = torch.zeros(n + 1, 3)
+    sparse[r, 1] = r + 1.0
+    sparse[n, 0] = 1.0
+    got = hvd.sparse_allreduce_async(sparse.to_sparse(), name="sparse", op=hvd.Average)()
+    check(torch.allclose(got.to_dense(), hvd.allreduce(sparse)), "sparse allreduce {}".format(got))
+    model = torch.nn.Linear(2, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), num_groups=1)
+    model(torch.full((1, 2), float(r))).sum().backward()
+    opt.step()
+    check(torch.equal(model.weight.grad, hvd.allreduce(model.weight.grad)), "num_groups optimizer")
+    raises(NotImplementedError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                                 sparse_as_dense=True), "sparse_as_dense")
+
     hvd.barrier()
     hvd.shutdown()
     check(not hvd.is_initialized(), "shut down")
