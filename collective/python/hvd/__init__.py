@@ -27,7 +27,7 @@ import os
 import pickle
 import threading
 
-from . import _lib
+from . import _batch, _lib
 from ._dlpack import DLPackView
 
 __all__ = [
@@ -137,6 +137,7 @@ _atexit_registered = False
 def shutdown():
     """Leaves the job once every rank has called shutdown (meanwhile this rank acts as joined)."""
     _GROUPS.clear()  # the library forgets its prepared groups
+    _batch.flush()  # batched allreduces are submitted before this rank leaves
     if _lib._lib is not None:
         _check(_l().hvd_shutdown())
 
@@ -494,6 +495,7 @@ class Handle:
 
 
 _orphans = []
+_Batched = _batch.BatchedHandle
 
 
 def _sweep_orphans():
@@ -537,6 +539,8 @@ def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, pos
 
 
 def _submit(request, keep, finish, value=None):
+    if _batch._open is not None:
+        _batch.flush()  # a rank blocked in this operation must not hold back one that another rank waits for
     if _orphans:
         _sweep_orphans()
     kind, tensor, name, out_ptr, op, root, prescale, postscale, splits = request
@@ -621,6 +625,9 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce of a contiguous numpy array or DLPack tensor; ``synchronize`` returns the tensor."""
+    handle = _batch.allreduce_(tensor, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    if handle is not None:
+        return handle  # batched: no call into the library yet (hvd/_batch.py)
     t = _Tensor(tensor)
     if t.array is not None and (t.array is not _base(tensor) or not t.array.flags.writeable):
         raise ValueError("in-place operations need a writable, C-contiguous numpy array")
@@ -660,6 +667,8 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
     op = _resolve_op(average, op)
     tensors = list(tensors)
     n = len(tensors)
+    if _batch._open is not None:
+        _batch.flush()
     if _orphans:
         _sweep_orphans()
     params = (op, prescale_factor, postscale_factor)
@@ -968,6 +977,10 @@ def poll(handle):
     """True when the operation has completed (``synchronize`` will not block)."""
     if handle._done:
         return True
+    if type(handle) is _Batched:
+        return _batch.poll(handle)
+    if _batch._open is not None:
+        _batch.flush()
     if handle._group is not None:
         return _check(_l().hvd_poll_many(handle.id, handle._group)) == 1
     return _check(_l().hvd_poll(handle.id)) == 1
@@ -978,6 +991,10 @@ def synchronize(handle):
     if it failed."""
     if handle._done:
         return handle._result
+    if type(handle) is _Batched:
+        return _batch.synchronize(handle)
+    if _batch._open is not None:
+        _batch.flush()
     lib = _l()
     if handle._group is not None:
         handle._done = True

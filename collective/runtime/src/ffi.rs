@@ -662,6 +662,112 @@ pub unsafe extern "C" fn hvd_group_prepare(requests: *const HvdRequest, n: i32) 
             .iter()
             // SAFETY: as above.
             .map(|r| unsafe { convert(r) })
+/// Submits `n` in-place allreduces given in columns with one call: `data[i]` is request i's buffer (input and
+/// output), `dtypes[i]`, `ops[i]`, `prescale[i]` and `postscale[i]` its codes and factors, `ndims[i]` the number of
+/// its dimensions, which follow one another in `dims` (request after request), and `names` holds the `n` names as
+/// NUL-terminated strings back to back (an empty one: unnamed). Unlike `hvd_enqueue_many`, nothing is fused at
+/// submission: each request is negotiated on its own and fused by the engine, so ranks may batch the same tensors
+/// differently. Writes one handle (or -1) per request to `handles` and returns how many succeeded (-1 for bad
+/// arrays); `hvd_last_error` holds the last failure.
+///
+/// # Safety
+/// Each column has `n` valid elements (`dims` the sum of `ndims`), `names` holds `n` NUL-terminated strings, and
+/// the buffers follow the module's buffer contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_enqueue_allreduces(
+    n: i32,
+    data: *const *mut c_void,
+    dtypes: *const i32,
+    ndims: *const i32,
+    dims: *const i64,
+    names: *const c_char,
+    ops: *const i32,
+    prescale: *const f64,
+    postscale: *const f64,
+    handles: *mut i64,
+) -> i32 {
+    guard(-1, || {
+        let columns = [
+            data.cast::<u8>(),
+            dtypes.cast(),
+            ndims.cast(),
+            names.cast(),
+            ops.cast(),
+            prescale.cast(),
+            postscale.cast(),
+            handles.cast_const().cast(),
+        ];
+        if n < 0 || (n > 0 && columns.iter().any(|p| p.is_null())) {
+            return Err("invalid allreduce columns".into());
+        }
+        let e = engine()?;
+        let n = n as usize;
+        // SAFETY: `n` valid elements in every column per the contract.
+        let handles = unsafe { std::slice::from_raw_parts_mut(handles, n) };
+        let mut name = names;
+        let mut dim = 0usize;
+        let mut converted = Vec::with_capacity(n);
+        let mut slots = Vec::with_capacity(n);
+        for (i, slot) in handles.iter_mut().enumerate() {
+            // SAFETY: `i < n`, within every column; `name` points to the i-th of `n` NUL-terminated strings.
+            let (ndim, this_name) = unsafe { (*ndims.add(i), name) };
+            // SAFETY: as above; the next name starts after this one's NUL.
+            name = unsafe { name.add(CStr::from_ptr(name).to_bytes().len() + 1) };
+            let Ok(rank_count) = usize::try_from(ndim) else {
+                return Err(format!("request {i}: negative number of dimensions {ndim}").into());
+            };
+            if rank_count > 0 && dims.is_null() {
+                return Err("invalid allreduce columns: dims is a null pointer".into());
+            }
+            // SAFETY: as above; `dims` holds the sum of `ndims` values, of which these are request i's.
+            let request = unsafe {
+                let buffer = *data.add(i);
+                HvdRequest {
+                    kind: OpKind::Allreduce as i32,
+                    name: this_name,
+                    dtype: *dtypes.add(i),
+                    ndim,
+                    shape: if rank_count == 0 { dims } else { dims.add(dim) },
+                    input: buffer.cast_const(),
+                    output: buffer,
+                    op: *ops.add(i),
+                    root: 0,
+                    prescale: *prescale.add(i),
+                    postscale: *postscale.add(i),
+                    splits: std::ptr::null(),
+                    nsplits: 0,
+                }
+            };
+            dim += rank_count;
+            // SAFETY: the request's pointers come from the caller's columns, valid per the contract.
+            match unsafe { convert(&request) } {
+                Ok(r) => {
+                    converted.push(r);
+                    slots.push(i);
+                }
+                Err(msg) => {
+                    set_error(msg.into());
+                    *slot = -1;
+                }
+            }
+        }
+        let mut ok = 0;
+        for (i, result) in slots.into_iter().zip(e.enqueue_each(converted)) {
+            handles[i] = match result {
+                Ok(h) => {
+                    ok += 1;
+                    h as i64
+                }
+                Err(err) => {
+                    set_error(err.into());
+                    -1
+                }
+            };
+        }
+        Ok(ok)
+    })
+}
+
             .collect::<Result<Vec<_>, _>>()?;
         let group = e.prepare(converted)?;
         let id = NEXT_GROUP.fetch_add(1, Ordering::Relaxed);
@@ -799,6 +905,40 @@ pub unsafe extern "C" fn hvd_poll_many(handles: *const i64, n: i32) -> i32 {
             .map_err(Failure::from)
     })
 }
+/// Waits for `handles[i]` of a batch of operations whose results are in the caller's memory (e.g. the handles of
+/// one `hvd_enqueue_allreduces`) and releases it, then releases the handles after it that have completed
+/// successfully, up to the first that has not, marking each one 1 in `done` (`n` bytes, zero at first, shared by
+/// every wait on the batch): the caller skips the wait of a handle marked 1. A failed handle is left for its own
+/// wait. `handles[i]` itself is marked 1 (success) or -1 (failure); one already marked is not waited for again.
+/// 0 when `handles[i]` succeeded, -1 when it failed (`hvd_last_error`).
+///
+/// # Safety
+/// `handles` and `done` point to `n` values; `done` is written only by the library while calls are in flight.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_wait_batch(handles: *const i64, n: i32, i: i32, done: *mut i8) -> i32 {
+    guard(-1, || {
+        // SAFETY: per the function contract.
+        let handles = unsafe { handle_slice(handles, n) }?;
+        let Some(index) = usize::try_from(i).ok().filter(|i| *i < handles.len()) else {
+            return Err(format!("handle index {i} is not in 0..{n}").into());
+        };
+        if done.is_null() {
+            return Err("done is a null pointer".into());
+        }
+        // SAFETY: `n` bytes per the contract, shared only through atomics (AtomicI8 has the layout of i8) while
+        // the library may write them.
+        let done = unsafe {
+            std::slice::from_raw_parts(done.cast::<std::sync::atomic::AtomicI8>(), handles.len())
+        };
+        // Handles are positive; anything else is refused by the table as unknown.
+        let ids: Vec<u64> = handles.iter().map(|h| *h as u64).collect();
+        engine()?
+            .wait_batch(&ids, index, done)
+            .map(|()| 0)
+            .map_err(Failure::from)
+    })
+}
+
 
 /// 1 when the operation has completed (successfully or not), 0 when pending, -1 for an unknown handle.
 #[unsafe(no_mangle)]

@@ -484,3 +484,28 @@ fn init_after_shutdown_joins_again_five_times_over_shm_and_tcp() {
         }
     }
 }
+
+/// Per-tensor `allreduce_async_` of numpy arrays goes through the package's batch (`hvd/_batch.py`): many tensors
+/// submitted and waited in orders of each rank's own, batches sent at different points by different ranks, an
+/// operation another rank blocks on while this one blocks in an operation outside the batch, polled handles,
+/// errors that reach their own tensor's handle, dropped handles. Without the timer every case must complete through
+/// the sends that waits, polls and other submissions make; with it, a lone operation must complete while its rank
+/// waits outside hvd.
+#[test]
+fn batched_per_tensor_allreduces_complete_wherever_each_rank_sends_its_batch() {
+    for (size, timer, extra) in [
+        (2, "on", None),
+        (3, "on", Some(("HVD_FUSION_THRESHOLD", "0"))),
+        (2, "off", None),
+        (3, "off", Some(("HVD_COLLECTIVE_BACKEND", "tcp"))),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let dir_text = dir.path().to_str().unwrap();
+        let mut env = vec![("HVD_BATCHED_TIMER", timer), ("HVD_BATCHED_DIR", dir_text)];
+        env.extend(extra);
+        assert_all_ok(
+            &run(size, "batched.py", &env),
+            &format!("batched, {size} ranks, timer {timer}, {extra:?}"),
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! The [`Engine`] handle, called from user threads: submission, waiting and polling, shutdown, timeline switches.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -86,6 +86,47 @@ impl Engine {
             .next_handle
             .fetch_add(verdicts.len() as u64, Ordering::Relaxed);
         let submitted = parts.into_iter().map(|p| p.submitted(base)).collect();
+        let stopped = self.submit(submitted, true).err();
+        (base..)
+            .zip(verdicts)
+            .map(|(handle, v)| match (&stopped, v) {
+                (_, Err(e)) => Err(e),
+                (Some(e), Ok(())) => Err(e.clone()),
+                (None, Ok(())) => Ok(handle),
+            })
+            .collect()
+    }
+
+    /// Submits several operations at once, each on its own: one lock round and one wake-up of the engine thread,
+    /// as [`enqueue_many`](Self::enqueue_many), but nothing is fused at submission, so each is negotiated by its
+    /// name like a request from [`enqueue`](Self::enqueue) and fused by the engine with whatever every rank has
+    /// ready. For callers that batch per-tensor submissions at points of their own choosing (the Python package's
+    /// `allreduce_async_`): ranks may then batch differently without disagreeing on a fused group's name.
+    /// One result per request, in order.
+    pub fn enqueue_each(
+        &self,
+        requests: impl IntoIterator<Item = Request>,
+    ) -> Vec<Result<Handle, EngineError>> {
+        let mut verdicts = Vec::new();
+        let mut valid = Vec::new();
+        for mut request in requests {
+            self.name(&mut request);
+            let verdict = validate(&mut request, self.topology.size);
+            if verdict.is_ok() {
+                valid.push((verdicts.len(), request));
+            }
+            verdicts.push(verdict);
+        }
+        let base = self
+            .shared
+            .next_handle
+            .fetch_add(verdicts.len() as u64, Ordering::Relaxed);
+        let submitted = valid
+            .into_iter()
+            .map(|(i, r)| Submitted::single(r, base + i as u64))
+            .collect();
+        // Urgent: a batch reaches the library once its caller is done adding to it (it waits, or it is old
+        // enough), so waiting the cycle time for more would only delay it.
         let stopped = self.submit(submitted, true).err();
         (base..)
             .zip(verdicts)
@@ -251,6 +292,74 @@ impl Engine {
         drop(h);
         self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
         results
+    }
+
+    /// Blocks until `handles[index]` completes and releases it, then releases the handles after it that have
+    /// completed successfully, up to the first that has not (or failed), marking each one 1 in `done`: the
+    /// waits for a batch of per-tensor operations whose results are in the caller's memory, where most waits then
+    /// find their handle already released and need no call at all. A handle that failed is left for its own wait
+    /// (its error is its own). `handles[index]` is marked too: 1 on success, -1 on failure; one already marked is
+    /// not waited for again (1: `Ok`, another thread released it; -1: [`EngineError::UnknownHandle`], its error
+    /// went to the thread that waited first). `done` is shared by every thread waiting on the same batch and is
+    /// only written under the handle table's lock.
+    ///
+    /// # Panics
+    /// If `index` is out of bounds of `handles`, or `done` is shorter than `handles`.
+    pub fn wait_batch(
+        &self,
+        handles: &[Handle],
+        index: usize,
+        done: &[AtomicI8],
+    ) -> Result<(), EngineError> {
+        assert!(index < handles.len() && done.len() >= handles.len());
+        let handle = handles[index];
+        self.announce_waiter();
+        let spin_until = Instant::now() + self.spin;
+        let mut h = lock(&self.shared.handles);
+        let result = loop {
+            match done[index].load(Ordering::Relaxed) {
+                0 => {}
+                1 => break Ok(()),
+                _ => break Err(EngineError::UnknownHandle(handle)),
+            }
+            match h.slots.get(&handle) {
+                None => break Err(EngineError::UnknownHandle(handle)),
+                Some(Slot::Done(_)) => {
+                    let Some(Slot::Done(result)) = h.slots.remove(&handle) else {
+                        unreachable!("checked above")
+                    };
+                    done[index].store(if result.is_ok() { 1 } else { -1 }, Ordering::Relaxed);
+                    break result.map(drop);
+                }
+                Some(Slot::Pending) if Instant::now() < spin_until => {
+                    drop(h);
+                    std::thread::yield_now();
+                    h = lock(&self.shared.handles);
+                }
+                Some(Slot::Pending) => {
+                    h = self
+                        .shared
+                        .handles_cv
+                        .wait(h)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        };
+        // Only forward and only while they are done: waits in submission order then cost one pass over the batch
+        // in all, not one per wait.
+        for (next, mark) in handles[index + 1..].iter().zip(&done[index + 1..]) {
+            if mark.load(Ordering::Relaxed) != 0 {
+                continue;
+            }
+            if !matches!(h.slots.get(next), Some(Slot::Done(Ok(_)))) {
+                break;
+            }
+            h.slots.remove(next);
+            mark.store(1, Ordering::Relaxed);
+        }
+        drop(h);
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 
     /// Announces a blocked waiter: the engine then starts a cycle at once instead of after the cycle time.

@@ -1,0 +1,308 @@
+"""Per-tensor in-place allreduces batched in Python before they reach the library (#22 §3).
+
+``hvd.allreduce_async_`` of a plain numpy array (writable, C-contiguous, not empty, of a dtype seen before, with a
+str name or none and float scale factors) makes no call into the library: it appends the request to the open batch
+and returns a ``BatchedHandle``. One call into the library costs about as much as the Python around it, so a
+100-gradient step that made 200 of them (a submission and a wait per tensor) was bound by them, fused or not.
+
+The batch goes to the library in one call (``hvd_enqueue_allreduces``) as soon as this process could wait for
+another rank, so that no rank ever waits for a request that another keeps in its batch:
+
+- a ``synchronize`` or ``poll`` of any handle, any other submission (every blocking operation is one) and
+  ``shutdown``;
+- a batch of ``MAX_BATCH`` requests;
+- a timer thread: a batch older than ``FLUSH_AFTER`` goes out on the next tick. A rank that submits and then leaves
+  hvd for a while (computation, sleep, another channel) still lets the others complete the operation, as the
+  engine's cycle did for a submission made per call.
+
+Ranks thus send at different points. That is safe because the library submits each request of a batch on its own
+(no fusion at submission, unlike a grouped allreduce): the engine negotiates every tensor by its name and fuses
+whatever all ranks have ready, exactly as for requests submitted one call at a time.
+
+Waiting: ``hvd_wait_batch`` waits for one handle, then releases the handles after it that have completed and marks
+them in the batch's ``done`` bytes, so that the other waits of a step need no call. An error the engine reports for
+one tensor (a mismatch, a name submitted twice) reaches that tensor's handle only. A failure to submit (the engine
+stopped or shut down meanwhile) reaches each handle of the batch at its ``synchronize`` or ``poll``, not at
+``allreduce_async_``: the request was accepted before the library saw it.
+"""
+
+import array
+import copy
+import ctypes
+import itertools
+import os
+import sys
+import threading
+import time
+
+from . import _lib
+
+# How old a batch gets before the timer sends it (seconds). The engine's default cycle time: a request submitted
+# and then left alone starts about as soon as it did with a call per request.
+FLUSH_AFTER = 0.001
+# Requests per batch at most (bounds the memory and the delay of a loop that submits without ever waiting).
+MAX_BATCH = 1024
+# Ticks without a batch after which the timer thread sleeps until the next batch opens (an idle process does not
+# wake a thousand times a second).
+_IDLE_TICKS = 1000
+
+_addressof = ctypes.addressof
+_from_buffer = ctypes.c_char.from_buffer
+_chain = itertools.chain.from_iterable
+_monotonic = time.monotonic
+
+
+class _Batch:
+    """Requests appended since the last send; once sent, their handles (``ids``, -1 for a refused one) and the
+    ``done`` bytes that ``hvd_wait_batch`` marks."""
+
+    __slots__ = ("entries", "started", "n", "ids", "done", "error")
+
+    def __init__(self):
+        self.entries = []
+        self.started = _monotonic()
+        self.n = 0
+        self.ids = None
+        self.done = None
+        self.error = None
+
+
+class BatchedHandle:
+    """The handle of an ``allreduce_async_`` made through a batch (``hvd.poll`` and ``hvd.synchronize`` take it like
+    any other)."""
+
+    __slots__ = ("_batch", "_index", "_value", "_done", "_result")
+
+    def __init__(self, batch, index, value):
+        self._batch = batch
+        self._index = index
+        self._value = value
+        self._done = False
+        self._result = None
+
+    @property
+    def id(self):
+        """The library's handle (None until the batch has been sent; -1 if it was refused)."""
+        ids = self._batch.ids
+        return None if ids is None else ids[self._index]
+
+    def __repr__(self):
+        return "hvd.BatchedHandle({}{})".format(self.id, ", done" if self._done else "")
+
+    def __del__(self):
+        # Dropped while in flight: the library may still write into the array, which stays alive until the operation
+        # has completed (and its handle is released then).
+        if not self._done and _orphans is not None:
+            _orphans.append((self._batch, self._index, self._value))
+
+
+_lock = threading.Lock()
+_wake = threading.Condition(_lock)  # the timer thread sleeps on it while no batch is open for long
+_open = None  # the batch being filled
+_timer = None
+_timer_asleep = False
+_orphans = []
+_ndarray = None
+_codes = None  # numpy dtype -> hvd.h dtype code: the package's own table (hvd._NP_CODES), filled as dtypes are seen
+_hvd = None
+
+
+def _setup():
+    global _ndarray, _codes, _hvd
+    import numpy
+
+    _hvd = sys.modules[__name__.rpartition(".")[0]]
+    _codes = _hvd._NP_CODES
+    _ndarray = numpy.ndarray
+
+
+def allreduce_(tensor, name, op, prescale, postscale):
+    """Appends an in-place allreduce of ``tensor`` to the open batch and returns its handle; None when the request
+    is not one for a batch (the caller submits it the usual way, which also reports what is wrong with it)."""
+    if type(tensor) is not _ndarray:
+        if _ndarray is not None or "numpy" not in sys.modules:
+            return None
+        _setup()
+        if type(tensor) is not _ndarray:
+            return None
+    code = _codes.get(tensor.dtype)
+    if (code is None or type(prescale) is not float or type(postscale) is not float
+            or name is not None and (type(name) is not str or not name.isascii() or "\0" in name)):
+        return None
+    try:
+        ptr = _addressof(_from_buffer(tensor))  # refuses read-only, non-contiguous and empty arrays
+    except (TypeError, ValueError, BufferError):
+        return None
+    entry = (ptr, code, tensor.shape, name or "", op, prescale, postscale)
+    with _lock:
+        batch = _open
+        if batch is None:
+            batch = _start()
+            if batch is None:
+                return None
+        entries = batch.entries
+        entries.append(entry)
+        handle = BatchedHandle(batch, len(entries) - 1, tensor)
+        if len(entries) >= MAX_BATCH:
+            _send(batch)
+    return handle
+
+
+def _start():
+    """Opens a batch (the caller holds the lock); None when the library has no engine (the usual path then raises
+    NotInitializedError at once, as it always did)."""
+    global _open, _timer, _timer_asleep
+    lib = _lib._lib
+    if lib is None or not lib.hvd_is_initialized():
+        return None
+    _open = _Batch()
+    if _timer is None:
+        _timer = threading.Thread(target=_tick, name="hvd-batch-timer", daemon=True)
+        _timer.start()
+    elif _timer_asleep:
+        _timer_asleep = False
+        _wake.notify()
+    return _open
+
+
+def flush():
+    """Sends the open batch, if any, to the library."""
+    if _open is not None:
+        with _lock:
+            if _open is not None:
+                _send(_open)
+
+
+def _send(batch):
+    """Submits ``batch`` (the caller holds the lock). Never raises: what fails is kept for the batch's handles."""
+    global _open
+    if _open is batch:
+        _open = None
+    entries = batch.entries
+    batch.entries = None
+    n = len(entries)
+    batch.n = n
+    ids = (ctypes.c_int64 * n)()
+    done = (ctypes.c_int8 * n)()
+    try:
+        lib = _lib._lib
+        ok = lib.hvd_enqueue_allreduces(n, *_columns(entries), ids)
+        if ok != n:
+            batch.error = _hvd._error(lib)
+            if ok < 0:
+                ids[:] = [-1] * n
+    except BaseException as e:  # noqa: B036 - handed to every handle of the batch instead of lost in the timer thread
+        batch.error = e
+        ids[:] = [-1] * n
+    batch.done = done
+    batch.ids = ids  # last: a batch with ids is complete
+    if _orphans:
+        _sweep_orphans()
+
+
+_last = ([], None)  # the last batch's entries and their columns
+
+
+def _columns(entries):
+    """The arguments of ``hvd_enqueue_allreduces`` for ``entries`` (one request each: pointer, dtype code, shape,
+    name, op, scale factors), as arrays. A training loop sends the same batch every step: comparing it with the
+    last one costs about a fifth of building the arrays again, and the library copies what it needs, so the last
+    batch's arrays serve again (the caller holds the lock)."""
+    global _last
+    if entries == _last[0]:
+        return _last[1][0]
+    ptrs, codes, shapes, names, ops, pre, post = zip(*entries)
+    arrays = (array.array("q", ptrs), array.array("i", codes), array.array("i", map(len, shapes)),
+              array.array("q", _chain(shapes)))
+    rest = (array.array("i", ops), array.array("d", pre), array.array("d", post))
+    blob = "\0".join(names).encode("ascii") + b"\0"
+    args = tuple(a.buffer_info()[0] if len(a) else None for a in arrays) + (blob,) + tuple(
+        a.buffer_info()[0] for a in rest)
+    _last = (entries, (args, arrays, rest))
+    return args
+
+
+def synchronize(handle):
+    """``hvd.synchronize`` of a batched handle that is not done yet."""
+    batch = handle._batch
+    if batch.ids is None:
+        with _lock:
+            if batch.ids is None:
+                _send(batch)
+    i = handle._index
+    handle._done = True
+    if batch.done[i] != 1:
+        if batch.ids[i] < 0:
+            raise copy.copy(batch.error)
+        lib = _lib._lib
+        if lib.hvd_wait_batch(batch.ids, batch.n, i, batch.done) != 0:
+            raise _hvd._error(lib)
+    handle._result = handle._value
+    return handle._value
+
+
+def poll(handle):
+    """``hvd.poll`` of a batched handle that is not done yet."""
+    batch = handle._batch
+    if batch.ids is None:
+        with _lock:
+            if batch.ids is None:
+                _send(batch)
+    i = handle._index
+    if batch.done[i] or batch.ids[i] < 0:
+        return True
+    lib = _lib._lib
+    rc = lib.hvd_poll(batch.ids[i])
+    if rc < 0:
+        raise _hvd._error(lib)
+    return rc == 1
+
+
+def _sweep_orphans():
+    """Releases dropped handles whose operations have completed, and with them their arrays (the caller holds the
+    lock)."""
+    lib = _lib._lib
+    for _ in range(len(_orphans)):
+        batch, i, value = _orphans.pop(0)
+        if batch.ids is not None:
+            if batch.done[i] or batch.ids[i] < 0:
+                continue
+            if lib.hvd_poll(batch.ids[i]) == 1:
+                lib.hvd_wait_and_release(batch.ids[i])  # completed: returns at once
+                continue
+        _orphans.append((batch, i, value))
+
+
+def _tick():
+    """The timer thread: sends a batch older than FLUSH_AFTER; sleeps until the next batch after a long idle time."""
+    global _timer_asleep
+    idle = 0
+    while True:
+        time.sleep(FLUSH_AFTER)
+        with _lock:
+            batch = _open
+            if batch is None:
+                idle += 1
+                if idle >= _IDLE_TICKS:
+                    _timer_asleep = True
+                    while _timer_asleep:
+                        _wake.wait()
+                    idle = 0
+            else:
+                idle = 0
+                if _monotonic() - batch.started >= FLUSH_AFTER:
+                    _send(batch)
+
+
+def _after_fork():
+    # A child has no timer thread (nor the parent's engine): start afresh.
+    global _lock, _wake, _open, _timer, _timer_asleep
+    _lock = threading.Lock()
+    _wake = threading.Condition(_lock)
+    _open = None
+    _timer = None
+    _timer_asleep = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)

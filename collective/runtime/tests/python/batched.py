@@ -1,0 +1,163 @@
+"""Per-tensor ``allreduce_async_`` through the Python-side batch (hvd/_batch.py): ranks submit and wait in orders of
+their own, send their batches at different points, wait, poll or do nothing at all; every handle completes with the
+right data, and an error reaches the handle of its tensor only.
+
+``HVD_BATCHED_TIMER=off``: the timer thread never sends a batch, so every case but the lone operation (skipped
+then) must complete through the sends that waiting, polling and submitting make; with the timer on, the lone
+operation must complete through it.
+"""
+import gc
+import os
+import sys
+import time
+
+import numpy as np
+
+import hvd
+from hvd import _batch
+
+timer = os.environ.get("HVD_BATCHED_TIMER", "on") == "on"
+if not timer:
+    _batch.FLUSH_AFTER = 3600.0  # before the first batch starts the timer thread
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+rng = np.random.default_rng(1000 + r)
+
+
+def check(got, want, what):
+    if got.dtype != want.dtype or got.shape != want.shape or not np.array_equal(got, want):
+        sys.exit("rank {}: {}: got {!r}, want {!r}".format(r, what, got, want))
+
+
+def batched(h, what):
+    # The fast path must be the one under test: a silent fallback to a call per tensor would pass everything else.
+    if type(h) is not _batch.BatchedHandle:
+        sys.exit("rank {}: {} did not go through the batch: {!r}".format(r, what, h))
+
+
+DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16, np.uint8]
+SHAPES = [(), (1,), (7,), (3, 4), (2, 3, 5), (1024,)]
+for dtype in DTYPES:
+    np.ones(1, dtype).sum()
+    # A dtype's first array takes the per-call path, which teaches the package its code; then it is batched.
+    hvd.allreduce_(np.ones(1, dtype), op=hvd.Sum, name="warm.{}".format(np.dtype(dtype).name))
+
+# 1. Many tensors per step, submitted in an order of each rank's own and waited in another.
+count = 48
+for step in range(5):
+    arrays, want = {}, {}
+    for i in range(count):
+        dtype, shape = DTYPES[i % len(DTYPES)], SHAPES[i % len(SHAPES)]
+        values = (np.arange(int(np.prod(shape)), dtype=np.int64) % 5).reshape(shape)
+        arrays[i] = np.array(values + r + step, dtype)  # (np.array: a 0-d array stays an array)
+        want[i] = np.array(values * n + sum(range(n)) + step * n, dtype)
+    handles = {}
+    for i in rng.permutation(count):
+        handles[i] = hvd.allreduce_async_(arrays[i], op=hvd.Sum, name="step{}.t{}".format(step, i))
+        batched(handles[i], "tensor {}".format(i))
+    for i in rng.permutation(count):
+        got = hvd.synchronize(handles[i])
+        assert got is arrays[i]
+        check(got, want[i], "step {} tensor {}".format(step, i))
+        assert hvd.synchronize(handles[i]) is got and hvd.poll(handles[i])
+
+# 2. Batches sent at different points on every rank: rank 0 waits for each tensor right after submitting it (a
+# batch of one each), the last rank submits everything first and waits last, the others poll.
+xs = [np.full(5, r + i, np.float32) for i in range(30)]
+if r == 0:
+    for i, x in enumerate(xs):
+        hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="points.{}".format(i)))
+elif r == n - 1:
+    hs = [hvd.allreduce_async_(x, op=hvd.Sum, name="points.{}".format(i)) for i, x in enumerate(xs)]
+    for h in reversed(hs):
+        hvd.synchronize(h)
+else:
+    hs = [hvd.allreduce_async_(x, op=hvd.Sum, name="points.{}".format(i)) for i, x in enumerate(xs)]
+    while not all(hvd.poll(h) for h in hs):
+        pass
+for i, x in enumerate(xs):
+    check(x, np.full(5, sum(range(n)) + i * n, np.float32), "points {}".format(i))
+
+# 3. Another rank waits for a tensor before it submits the one this rank blocks in: the batch must go out before
+# this rank blocks in an operation that does not go through the batch (out of place, a broadcast, a barrier).
+a, b = np.full(3, r, np.float64), np.full(3, 10 * r, np.float64)
+if r == 0:
+    ha = hvd.allreduce_async_(a, op=hvd.Sum, name="dep.a")
+    batched(ha, "dep.a")
+    b = hvd.allreduce(b, op=hvd.Sum, name="dep.b")
+    hb = hvd.allreduce_async_(b, op=hvd.Sum, name="dep.c")
+    hvd.broadcast_(np.zeros(1), root_rank=n - 1, name="dep.d")
+    hvd.barrier()
+    hvd.synchronize(ha)
+    hvd.synchronize(hb)
+else:
+    hvd.allreduce_(a, op=hvd.Sum, name="dep.a")
+    b = hvd.allreduce(b, op=hvd.Sum, name="dep.b")
+    hvd.allreduce_(b, op=hvd.Sum, name="dep.c")
+    hvd.broadcast_(np.zeros(1), root_rank=n - 1, name="dep.d")
+    hvd.barrier()
+check(a, np.full(3, sum(range(n)), np.float64), "dep.a")
+check(b, np.full(3, 10 * sum(range(n)) * n, np.float64), "dep.c")
+
+# 4. A lone operation and nothing else: rank 0 submits and then waits outside hvd until every other rank has
+# received the result (which needs rank 0's request): only the timer can send rank 0's batch.
+flag = os.path.join(os.environ["HVD_BATCHED_DIR"], "lone.{}")
+lone = np.full(4, r + 1, np.int32)
+if not timer:
+    lone[:] = n * (n + 1) // 2
+elif r == 0:
+    h = hvd.allreduce_async_(lone, op=hvd.Sum, name="lone")
+    batched(h, "lone")
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(flag.format(k)) for k in range(1, n)):
+        if time.monotonic() > deadline:
+            sys.exit("rank 0: the other ranks never got the lone allreduce (the batch was not sent)")
+        time.sleep(0.01)
+    hvd.synchronize(h)
+else:
+    hvd.allreduce_(lone, op=hvd.Sum, name="lone")
+    open(flag.format(r), "w").close()
+check(lone, np.full(4, n * (n + 1) // 2, np.int32), "lone")
+
+# 5. Errors reach their own handle: tensor 3's shape differs on the last rank (a mismatch on every rank), tensor 6's
+# name is taken by tensor 5 of the same batch (refused where it is submitted twice: without the timer, the batch
+# cannot be sent between the two); the others are reduced.
+ys = [np.full(3 if (i == 3 and r == n - 1) else 2, r + i, np.float32) for i in range(8)]
+names = ["err.{}".format(5 if i == 6 and not timer else i) for i in range(8)]
+hs = [hvd.allreduce_async_(y, op=hvd.Sum, name=name) for y, name in zip(ys, names)]
+for i in rng.permutation(8):
+    try:
+        hvd.synchronize(hs[i])
+    except hvd.MismatchError as e:
+        if i != 3:
+            sys.exit("rank {}: tensor {} got tensor 3's mismatch: {}".format(r, i, e))
+    except hvd.InvalidArgumentError as e:
+        if i != 6 or timer or "err.5" not in str(e):
+            sys.exit("rank {}: tensor {} got the duplicate name's error: {}".format(r, i, e))
+    else:
+        if i == 3 or i == 6 and not timer:
+            sys.exit("rank {}: tensor {} should have failed".format(r, i))
+        check(ys[i], np.full(2, sum(range(n)) + i * n, np.float32), "err {}".format(i))
+
+# 6. Dropped handles: their arrays stay alive until the operations complete; later operations are not disturbed.
+for i in range(10):
+    hvd.allreduce_async_(np.full(100, r, np.float32), op=hvd.Sum, name="dropped.{}".format(i))
+gc.collect()
+hvd.barrier()
+check(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="after.drop"), np.full(2, n, np.float32), "after")
+
+# 7. Unnamed, batched: the library names them in submission order on every rank.
+zs = [np.full(2, r, np.int64) for _ in range(6)]
+for h in [hvd.allreduce_async_(z, op=hvd.Sum) for z in zs]:
+    hvd.synchronize(h)
+for z in zs:
+    check(z, np.full(2, sum(range(n)), np.int64), "unnamed")
+
+hvd.shutdown()
+# After shutdown the batch is not used: the call itself refuses, as it always did.
+try:
+    hvd.allreduce_async_(np.ones(2, np.float32), name="after.shutdown")
+    sys.exit("an allreduce_async_ after shutdown was accepted")
+except hvd.NotInitializedError:
+    pass
+print("ok batched rank {}".format(r))
