@@ -74,7 +74,16 @@ fn willing(same_process: bool) -> bool {
     {
         Ok("0") => false,
         Ok("1") => true,
-        _ => same_process,
+        Ok("auto" | "") | Err(_) => same_process,
+        Ok(other) => {
+            // As the thresholds do: a typo may not stop a job, but it may not pass unnoticed either.
+            tracing::warn!(
+                variable = env_vars::HVD_SHM_CMA,
+                value = other,
+                "ignoring a value that is not 0, 1 or auto (auto is used)"
+            );
+            same_process
+        }
     }
 }
 
