@@ -721,6 +721,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                   "included): use dense parameters (e.g. nn.Embedding(sparse=False))")
     if num_groups and groups is not None:
         raise ValueError("pass num_groups or groups, not both")
+    if named_parameters is not None:
+        # Horovod's checks, before anything is wrapped: (name, parameter) pairs, unique names, every parameter of
+        # the optimizer named (a gradient's name is what the ranks match it by).
+        named_parameters = list(named_parameters)
+        if not all(isinstance(p, tuple) and len(p) == 2 for p in named_parameters):
+            raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, as "
+                             "model.named_parameters() gives")
+        seen, duplicates = set(), set()
+        for n, _ in named_parameters:
+            (duplicates if n in seen else seen).add(n)
+        if duplicates:
+            raise ValueError("named_parameters has duplicate names: {}".format(", ".join(sorted(map(str, duplicates)))))
+        named = {id(p) for _, p in named_parameters}
+        unnamed = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in named]
+        if unnamed:
+            raise ValueError("named_parameters was given but names only some of the optimizer's parameters ({} "
+                             "unnamed): name all of them, or pass none".format(len(unnamed)))
     return _ht.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
                                     gradient_predivide_factor, groups if groups is not None else (num_groups or None))
 

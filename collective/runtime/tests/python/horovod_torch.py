@@ -125,6 +125,12 @@ for round_ in range(3):  # Horovod's setUp/tearDown around each test
     check(torch.equal(model.weight.grad, hvd.allreduce(model.weight.grad)), "num_groups optimizer")
     raises(NotImplementedError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                                                  sparse_as_dense=True), "sparse_as_dense")
+    twice = list(model.named_parameters()) + [("weight", torch.nn.Parameter(torch.ones(1)))]
+    raises(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in twice], lr=0.1),
+                                                        named_parameters=twice), "duplicate parameter names")
+    raises(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                        named_parameters=list(model.named_parameters())[:1]),
+           "unnamed parameters")
 
     hvd.barrier()
     hvd.shutdown()
