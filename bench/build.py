@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
 """Benchmark of `hvd build` (not a test): installing a locked env, next to `uv pip sync` of the same pins.
 
-    python3 bench/build.py [--package tensorflow-cpu==2.12.1] [--python 3.11] [--runs 5] [--hvd target/release/hvd]
+    python3 bench/build.py [--package tensorflow-cpu==2.12.1] [--python 3.11] [--runs 5] [--cold-runs 3]
+                           [--hvd target/release/hvd] [--compare OTHER_HVD]
 
-Measures, in one run on one machine (quote ratios, not absolute times):
+Measures, in one run on one machine, each hvd binary with its own store, interleaved with uv (quote ratios, not
+absolute times):
   1. warm store:          every package path exists, the env path does not  -> `hvd build --locked`
                           vs `uv pip sync` into a fresh venv with uv's cache warm
   2. warm download cache: no store paths, every artifact downloaded         -> `hvd build --locked --offline`
-                          (same uv numbers: uv's warm cache already holds unpacked wheels)
-  3. no-op:               nothing changed                                   -> `hvd build --locked` (goal < 100 ms)
-Needs network for the first lock and downloads, and uv (installed into a scratch venv when missing).
+                          (same uv numbers: uv's warm cache already holds unpacked wheels, which hvd's store paths
+                          are; here hvd unpacks, hashes and RECORD-checks every wheel again)
+  3. cold:                empty store and download cache, from the index    -> `hvd build --locked`
+                          vs `uv pip sync` with an empty cache
+  4. no-op:               nothing changed                                   -> `hvd build --locked` (goal < 100 ms)
+`--compare` runs a second hvd binary (e.g. a build from before a change) through the same steps, interleaved, and
+prints its ratios too. Needs network for the lock and the cold runs, and uv (installed into a scratch venv when
+missing). Prints the load average before and after.
 """
 import argparse, os, shutil, statistics, subprocess, sys, tempfile, time, tomllib
 from pathlib import Path
@@ -32,28 +39,76 @@ def median(xs):
     return statistics.median(xs)
 
 
+def remove(path):
+    if os.path.lexists(path):
+        subprocess.run(["chmod", "-R", "u+w", str(path)], check=False)
+        shutil.rmtree(path)
+
+
+class Subject:
+    """One hvd binary with its own store and its own copy of the project."""
+
+    def __init__(self, label, hvd, work, hvd_text, lock_text):
+        self.label, self.hvd = label, hvd
+        self.store = work / f"store-{label}"
+        project = work / f"app-{label}"
+        project.mkdir()
+        self.file = project / "train.hvd"
+        self.file.write_text(hvd_text)
+        (project / "train.hvd.lock").write_text(lock_text)
+        self.env_link = project / ".hvd/env"
+        self.env = dict(os.environ, HVD_STORE=str(self.store))
+        self.times = {"warm store": [], "warm download cache": [], "cold": [], "no-op": []}
+
+    def build(self, *flags):
+        return timed([self.hvd, "build", str(self.file), "--locked", *flags], env=self.env)
+
+    def store_paths(self):
+        return [p for p in self.store.iterdir() if not p.name.startswith(".")]
+
+    def warm_store(self):
+        remove(Path(os.readlink(self.env_link)))
+        self.times["warm store"].append(self.build())
+
+    def warm_download_cache(self):
+        for path in self.store_paths():
+            remove(path)
+        self.times["warm download cache"].append(self.build("--offline"))
+
+    def cold(self):
+        remove(self.store)
+        self.times["cold"].append(self.build())
+
+    def noop(self):
+        self.times["no-op"].append(self.build())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--package", default="tensorflow-cpu==2.12.1")
     ap.add_argument("--python", default="3.11")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cold-runs", type=int, default=3)
     ap.add_argument("--hvd", default=str(Path(__file__).resolve().parent.parent / "target/release/hvd"))
+    ap.add_argument("--compare", help="another hvd binary, measured the same way in the same run")
     args = ap.parse_args()
-    hvd = args.hvd
+    print(f"# load average before: {os.getloadavg()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="hvd-bench-build-"))
-    store = work / "store"
-    env = dict(os.environ, HVD_STORE=str(store))
-    project = work / "app"
-    project.mkdir()
-    hvd_file = project / "train.hvd"
-    hvd_file.write_text(f'project "bench"\nenv {{\n  python = "{args.python}"\n  packages = ["{args.package}"]\n}}\n')
-
+    hvd_text = f'project "bench"\nenv {{\n  python = "{args.python}"\n  packages = ["{args.package}"]\n}}\n'
+    lock_dir = work / "lock"
+    lock_dir.mkdir()
+    (lock_dir / "train.hvd").write_text(hvd_text)
     print(f"# locking {args.package} for python {args.python}", flush=True)
-    run([hvd, "lock", str(hvd_file)], env=env)
-    lock = tomllib.loads((project / "train.hvd.lock").read_text())
+    run([args.hvd, "lock", str(lock_dir / "train.hvd")], env=dict(os.environ, HVD_STORE=str(work / "lock-store")))
+    lock_text = (lock_dir / "train.hvd.lock").read_text()
+    lock = tomllib.loads(lock_text)
     pins = sorted(f"{p['name']}=={p['version']}" for p in lock.get("package", []))
     (work / "requirements.txt").write_text("\n".join(pins) + "\n")
     print(f"# {len(pins)} pinned packages")
+
+    subjects = [Subject("hvd", args.hvd, work, hvd_text, lock_text)]
+    if args.compare:
+        subjects.append(Subject("compare", args.compare, work, hvd_text, lock_text))
 
     uv = shutil.which("uv")
     if not uv:
@@ -62,42 +117,52 @@ def main():
         run([str(tools / "bin/pip"), "install", "-q", "uv"])
         uv = str(tools / "bin/uv")
     python = run([f"python{args.python}", "-c", "import sys; print(sys.executable)"]).strip()
-    uv_env = dict(os.environ, UV_CACHE_DIR=str(work / "uv-cache"))
+    uv_cache = work / "uv-cache"
+    uv_env = dict(os.environ, UV_CACHE_DIR=str(uv_cache))
+    uv_times = {"warm": [], "cold": []}
 
-    def uv_sync():
+    def uv_sync(kind=None):
         venv = work / "uv-venv"
-        shutil.rmtree(venv, ignore_errors=True)
+        remove(venv)
+        if kind == "cold":
+            remove(uv_cache)
         run([uv, "venv", "-q", "--python", python, str(venv)], env=uv_env)
-        return timed([uv, "pip", "sync", "-q", "--python", str(venv / "bin/python"), str(work / "requirements.txt")], env=uv_env)
+        took = timed([uv, "pip", "sync", "-q", "--python", str(venv / "bin/python"), str(work / "requirements.txt")],
+                     env=uv_env)
+        if kind:
+            uv_times[kind].append(took)
 
-    def store_paths():
-        return [p for p in store.iterdir() if not p.name.startswith(".")]
-
-    def remove(path):
-        subprocess.run(["chmod", "-R", "u+w", str(path)], check=False)
-        shutil.rmtree(path)
-
-    print("# cold build (downloads; not timed against uv)", flush=True)
-    run([hvd, "build", str(hvd_file), "--locked"], env=env)
+    print("# cold builds (downloads; the first of each is not counted)", flush=True)
+    for subject in subjects:
+        subject.build()
     uv_sync()  # warms uv's cache
 
-    env_link = project / ".hvd/env"
-    warm_store, warm_cache, uv_times, noop = [], [], [], []
     for _ in range(args.runs):
-        remove(Path(os.readlink(env_link)))
-        warm_store.append(timed([hvd, "build", str(hvd_file), "--locked"], env=env))
-        for path in store_paths():
-            remove(path)
-        warm_cache.append(timed([hvd, "build", str(hvd_file), "--locked", "--offline"], env=env))
-        uv_times.append(uv_sync())
+        for subject in subjects:
+            subject.warm_store()
+            subject.warm_download_cache()
+        uv_sync("warm")
+    for _ in range(args.cold_runs):
+        for subject in subjects:
+            subject.cold()
+        uv_sync("cold")
     for _ in range(max(10, args.runs)):
-        noop.append(timed([hvd, "build", str(hvd_file), "--locked"], env=env))
+        for subject in subjects:
+            subject.noop()
 
-    u = median(uv_times)
-    print(f"uv pip sync (warm cache)          median {u*1000:8.0f} ms")
-    print(f"hvd build, warm store             median {median(warm_store)*1000:8.0f} ms   ratio hvd/uv {median(warm_store)/u:.2f} (goal <= 1.0)")
-    print(f"hvd build, warm download cache    median {median(warm_cache)*1000:8.0f} ms   ratio hvd/uv {median(warm_cache)/u:.2f}")
-    print(f"hvd build --locked, no-op         median {median(noop)*1000:8.0f} ms   (goal < 100 ms)")
+    print(f"# load average after: {os.getloadavg()}")
+    warm, cold = median(uv_times["warm"]), median(uv_times["cold"])
+    print(f"uv pip sync, warm cache                median {warm*1000:8.0f} ms  (best {min(uv_times['warm'])*1000:.0f})")
+    print(f"uv pip sync, cold (empty cache)        median {cold*1000:8.0f} ms  (best {min(uv_times['cold'])*1000:.0f})")
+    peers = {"warm store": warm, "warm download cache": warm, "cold": cold}
+    for subject in subjects:
+        for scenario, times in subject.times.items():
+            line = f"{subject.label:8} {scenario:29} median {median(times)*1000:8.0f} ms  (best {min(times)*1000:.0f})"
+            if scenario in peers:
+                line += f"   ratio hvd/uv {median(times)/peers[scenario]:.2f} (goal <= 1.0)"
+            else:
+                line += "   (goal < 100 ms)"
+            print(line)
     remove(work)
 
 

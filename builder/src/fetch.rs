@@ -11,7 +11,7 @@
 //! download stopped there is not retried (a stalling host would stall again).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -80,10 +80,31 @@ impl Fetcher {
         artifacts: &[Artifact],
         progress: &dyn Progress,
     ) -> Result<Vec<PathBuf>> {
-        let missing: Vec<&Artifact> = artifacts
+        self.fetch_each(artifacts, progress, &AtomicBool::new(false), &|_| {})?;
+        Ok(artifacts
             .iter()
-            .filter(|a| !self.cached_path(&a.sha256).is_file())
-            .collect();
+            .map(|a| self.cached_path(&a.sha256))
+            .collect())
+    }
+
+    /// Fetch every artifact, calling `ready` with its index as soon as it is in the cache (at once for those
+    /// already there), so that the caller can start on it while the others download. No new download starts once
+    /// `stop` is set (the caller failed) or one failed; the first error is returned.
+    pub(crate) fn fetch_each(
+        &self,
+        artifacts: &[Artifact],
+        progress: &dyn Progress,
+        stop: &AtomicBool,
+        ready: &(dyn Fn(usize) + Sync),
+    ) -> Result<()> {
+        let mut missing: Vec<(usize, &Artifact)> = Vec::new();
+        for (index, artifact) in artifacts.iter().enumerate() {
+            if self.cached_path(&artifact.sha256).is_file() {
+                ready(index);
+            } else {
+                missing.push((index, artifact));
+            }
+        }
         if !missing.is_empty() {
             // Once per process: a build fetches many times into the same cache.
             hvd_resolver::temp_files::remove_stale_temps_once(
@@ -91,9 +112,9 @@ impl Fetcher {
                 PART_SUFFIX,
             );
             if self.offline
-                && let Some(first) = missing
+                && let Some((_, first)) = missing
                     .iter()
-                    .find(|a| !hvd_resolver::lockfile::is_local_url(&a.url))
+                    .find(|(_, a)| !hvd_resolver::lockfile::is_local_url(&a.url))
             {
                 return Err(Error::Offline {
                     url: first.url.clone(),
@@ -133,18 +154,27 @@ impl Fetcher {
                         url: String::new(),
                         message: err.to_string(),
                     })?;
+                let client = &client;
+                let deadlines = &deadlines;
                 let results: Vec<Result<()>> = futures::stream::iter(missing)
-                    .map(|artifact| self.fetch_one(&client, &deadlines, artifact, progress))
+                    .map(|(index, artifact)| async move {
+                        if stop.load(Ordering::Acquire) {
+                            return Ok(());
+                        }
+                        let fetched = self.fetch_one(client, deadlines, artifact, progress).await;
+                        match fetched {
+                            Ok(()) => ready(index),
+                            Err(_) => stop.store(true, Ordering::Release),
+                        }
+                        fetched
+                    })
                     .buffer_unordered(self.concurrency)
                     .collect()
                     .await;
                 results.into_iter().collect::<Result<Vec<()>>>()
             })?;
         }
-        Ok(artifacts
-            .iter()
-            .map(|a| self.cached_path(&a.sha256))
-            .collect())
+        Ok(())
     }
 
     async fn fetch_one(

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 
 use hvd_resolver::Sha256;
 
@@ -18,9 +18,9 @@ use crate::plan::{BuildOptions, EnvPlan, LocalPackage, PackagePlan};
 use crate::progress::Progress;
 use crate::python::Interpreter;
 use crate::source_build::{self, NetworkIsolation, SourceBuildRequest};
-use crate::store::{BuildOutput, Store};
+use crate::store::{BuildOutput, KnownTree, Store};
 use crate::toolchain::Toolchain;
-use crate::wheel;
+use crate::{unpack, wheel};
 
 /// What [`build_env`] produced.
 #[derive(Debug, Clone)]
@@ -482,36 +482,79 @@ impl<'a> Realizer<'a> {
         }
     }
 
-    /// Download everything missing, then install the missing wheels on a few threads.
+    /// Download everything missing and install the missing wheels on a few threads, each wheel as soon as it is
+    /// in the download cache (while the others still download), largest first. The first error stops the rest:
+    /// no new download or install starts; paths already made are complete (each is made atomically).
     fn realize_wheels(&self, roots: &[PackagePlan]) -> Result<()> {
         let mut missing = BTreeMap::new();
         self.missing(roots, &mut missing);
-        let artifacts: Vec<Artifact> = missing.values().map(|p| p.artifact.clone()).collect();
-        self.fetcher.fetch_all(&artifacts, self.progress)?;
-        let wheels: Vec<&PackagePlan> = missing.values().filter(|p| p.build.is_none()).collect();
-        let next = AtomicUsize::new(0);
+        let mut packages: Vec<&PackagePlan> = missing.values().collect();
+        // Largest first: the biggest wheel bounds the whole, so it must neither download nor install last.
+        packages.sort_by_key(|p| std::cmp::Reverse(p.artifact.size.unwrap_or(0)));
+        let artifacts: Vec<Artifact> = packages.iter().map(|p| p.artifact.clone()).collect();
+        let wheels = packages.iter().filter(|p| p.build.is_none()).count();
+        // Indexes into `packages` of wheels in the cache and not taken yet; whether downloads are still running.
+        let queue = Mutex::new((BTreeSet::<usize>::new(), true));
+        let wake = Condvar::new();
+        let stop = AtomicBool::new(false);
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
+        let fail = |err: Error| {
+            first_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(err);
+            stop.store(true, Ordering::Release);
+            let _queue = queue.lock().unwrap_or_else(|e| e.into_inner());
+            wake.notify_all();
+        };
         let threads = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2)
             .clamp(1, 8)
-            .min(wheels.len());
+            .min(wheels);
         std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| {
                     loop {
-                        let index = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(package) = wheels.get(index) else {
-                            break;
+                        let index = {
+                            let mut queue = queue.lock().unwrap_or_else(|e| e.into_inner());
+                            loop {
+                                if stop.load(Ordering::Acquire) {
+                                    return;
+                                }
+                                if let Some(index) = queue.0.pop_first() {
+                                    break index;
+                                }
+                                if !queue.1 {
+                                    return;
+                                }
+                                queue = wake.wait(queue).unwrap_or_else(|e| e.into_inner());
+                            }
                         };
-                        if let Err(err) = self.realize_package(package, false) {
-                            let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
-                            slot.get_or_insert(err);
-                            break;
+                        if let Err(err) = self.realize_package(packages[index], false) {
+                            fail(err);
+                            return;
                         }
                     }
                 });
             }
+            let fetched = self
+                .fetcher
+                .fetch_each(&artifacts, self.progress, &stop, &|index| {
+                    if packages[index].build.is_none() {
+                        queue
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0
+                            .insert(index);
+                        wake.notify_one();
+                    }
+                });
+            if let Err(err) = fetched {
+                fail(err);
+            }
+            queue.lock().unwrap_or_else(|e| e.into_inner()).1 = false;
+            wake.notify_all();
         });
         match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
             Some(err) => Err(err),
@@ -538,22 +581,25 @@ impl<'a> Realizer<'a> {
         };
         self.progress
             .step_started(what, &package.name, &package.version);
-        let realized = self.planned.store.realize(derivation, replace, |target| {
-            let file_hashes = match &package.build {
-                None => {
-                    let wheel = self
-                        .fetcher
-                        .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
-                    wheel::install_wheel(&wheel[0], &target.out)
-                        .map_err(|source| install_error(package, source))?
-                }
-                Some(_) => self.build_from_source(package, &target.out)?,
-            };
-            Ok(BuildOutput {
-                file_hashes,
-                ..BuildOutput::default()
-            })
-        })?;
+        let realized = self
+            .planned
+            .store
+            .realize_known(derivation, replace, |target| {
+                let manifest = match &package.build {
+                    None => {
+                        let wheel = self
+                            .fetcher
+                            .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
+                        wheel::install_wheel_for_store(&wheel[0], &target.out)
+                            .map_err(|source| install_error(package, source))?
+                    }
+                    Some(_) => self.build_from_source(package, &target.out)?,
+                };
+                Ok(KnownTree {
+                    manifest,
+                    ..KnownTree::default()
+                })
+            })?;
         self.progress
             .step_finished(what, &package.name, &package.version);
         if realized.built {
@@ -565,12 +611,9 @@ impl<'a> Realizer<'a> {
         Ok((realized.path, realized.built))
     }
 
-    /// Build `package` from its sdist and install the wheel into `out` (caller holds the path's lock).
-    fn build_from_source(
-        &self,
-        package: &PackagePlan,
-        out: &Path,
-    ) -> Result<BTreeMap<String, Sha256>> {
+    /// Build `package` from its sdist and install the wheel into `out` (caller holds the path's lock); the
+    /// manifest of what was installed, canonical already.
+    fn build_from_source(&self, package: &PackagePlan, out: &Path) -> Result<unpack::Manifest> {
         let (env_derivation, env_packages) = &self.planned.build_envs[&key(package)];
         self.realize_wheels(env_packages)?;
         let mut paths = Vec::new();
@@ -607,10 +650,10 @@ impl<'a> Realizer<'a> {
             toolchain: self.planned.toolchain.as_ref(),
         };
         let wheel_path = source_build::build_wheel(&request, &build_dir)?;
-        let file_hashes = wheel::install_wheel(&wheel_path, out)
+        let manifest = wheel::install_wheel_for_store(&wheel_path, out)
             .map_err(|source| install_error(package, source))?;
         crate::store::remove_tree(&build_dir)?;
-        Ok(file_hashes)
+        Ok(manifest)
     }
 }
 

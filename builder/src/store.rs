@@ -70,6 +70,24 @@ pub struct BuildOutput {
     pub file_hashes: std::collections::BTreeMap<String, Sha256>,
 }
 
+/// What a build that knows its whole tree hands back (an archive extraction that gave every entry the store's
+/// mode and mtime as it wrote it and hashed every file): the tree is then neither canonicalized nor walked again.
+#[derive(Debug, Default, Clone)]
+pub struct KnownTree {
+    /// Store path names the result refers to at run time.
+    pub references: BTreeSet<String>,
+    /// Every entry of the output, as [`hash::manifest`] of it would give.
+    pub manifest: crate::unpack::Manifest,
+}
+
+/// What a build function of [`Store::realize_tree`] returned.
+enum Built {
+    /// A tree to canonicalize and walk.
+    Walk(BuildOutput),
+    /// A canonical tree whose manifest is known.
+    Known(KnownTree),
+}
+
 /// The result of realizing one derivation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Realized {
@@ -273,6 +291,36 @@ impl Store {
         build: impl FnOnce(&BuildTarget) -> Result<BuildOutput>,
         check: impl FnOnce(&PathInfo) -> Result<()>,
     ) -> Result<Realized> {
+        self.realize_tree(
+            derivation,
+            replace,
+            |target| build(target).map(Built::Walk),
+            check,
+        )
+    }
+
+    /// [`Store::realize`] for a build that knows its whole tree, already canonical ([`KnownTree`]).
+    pub fn realize_known(
+        &self,
+        derivation: &Derivation,
+        replace: bool,
+        build: impl FnOnce(&BuildTarget) -> Result<KnownTree>,
+    ) -> Result<Realized> {
+        self.realize_tree(
+            derivation,
+            replace,
+            |target| build(target).map(Built::Known),
+            |_| Ok(()),
+        )
+    }
+
+    fn realize_tree(
+        &self,
+        derivation: &Derivation,
+        replace: bool,
+        build: impl FnOnce(&BuildTarget) -> Result<Built>,
+        check: impl FnOnce(&PathInfo) -> Result<()>,
+    ) -> Result<Realized> {
         let name = derivation.path_name();
         let final_path = self.root.join(&name);
         if !replace && self.is_valid(&final_path) {
@@ -297,8 +345,12 @@ impl Store {
             final_path: final_path.clone(),
         };
         let finished = (|| {
-            let output = build(&target)?;
-            let info = finish_tree(&out, derivation, output.references, &output.file_hashes)?;
+            let info = match build(&target)? {
+                Built::Walk(output) => {
+                    finish_tree(&out, derivation, output.references, &output.file_hashes)?
+                }
+                Built::Known(tree) => write_info(&out, derivation, tree.references, tree.manifest)?,
+            };
             check(&info)?;
             Ok(info)
         })();
@@ -339,6 +391,17 @@ pub(crate) fn finish_tree(
 ) -> Result<PathInfo> {
     canonicalize(out)?;
     let manifest = hash::manifest_with_known(out, file_hashes)?;
+    write_info(out, derivation, references, manifest)
+}
+
+/// Write the metadata of the canonical tree `out` whose manifest is `manifest` (the last write before the rename)
+/// and return it.
+fn write_info(
+    out: &Path,
+    derivation: &Derivation,
+    references: BTreeSet<String>,
+    manifest: crate::unpack::Manifest,
+) -> Result<PathInfo> {
     let info = PathInfo {
         schema: 1,
         derivation_hash: derivation.hash(),

@@ -20,6 +20,8 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -29,6 +31,7 @@ use sha2::Digest;
 use hvd_resolver::Sha256;
 
 use crate::error::{Error, Result};
+use crate::hash::ManifestEntry;
 
 /// Limits on what one archive may unpack to. The defaults are far above any real wheel or sdist (a CUDA build of
 /// torch unpacks to about 4 GiB in about 15 000 files; tensorflow to about 2 GiB in 25 000; pyspark's sdist to about
@@ -155,7 +158,7 @@ enum Node {
     /// A directory, named by an entry or made on the way to one (directories merge: two entries may name one).
     Dir,
     /// A regular file from the named archive entry.
-    File { entry: String },
+    File { entry: String, executable: bool },
     /// A link (created at the end) to `target`, from the named archive entry.
     Link { entry: String, target: String },
 }
@@ -168,55 +171,46 @@ enum Kind {
     HardLink { target: String },
 }
 
-struct Extractor<'a> {
+/// Every entry of an extracted tree (directories, files, links) by its path relative to the destination, as the
+/// store's content hash covers it ([`crate::hash::manifest`] of the same tree gives the same map).
+pub type Manifest = BTreeMap<String, ManifestEntry>;
+
+/// The bytes read and written at a time.
+const BUFFER_BYTES: usize = 256 << 10;
+/// A zip whose files declare at least this many bytes in all is written by several threads.
+const PARALLEL_FROM_BYTES: u64 = 16 << 20;
+/// Files at least this big are written first, largest first: the longest single stream bounds the whole.
+const BIG_FILE_BYTES: u64 = 1 << 20;
+
+/// The last directory a thread opened, by destination path (entries come grouped by directory).
+#[derive(Default)]
+struct DirCache {
+    open: Option<(String, OwnedFd)>,
+}
+
+/// What writing a file into the tree needs: shared (read-only but for two atomics) by the threads of a parallel
+/// zip extraction.
+struct Sink<'a> {
     archive: &'a Path,
     dest: &'a Path,
     root: OwnedFd,
-    options: Options<'a>,
+    limits: Limits,
     archive_len: u64,
-    nodes: HashMap<String, Node>,
-    /// Every normalized archive name seen, to refuse duplicates.
-    seen: HashSet<String>,
-    extracted: Extracted,
-    pending_links: Vec<(String, String, String)>,
-    written: u64,
-    entries: u64,
-    /// The last parent directory opened, by destination path (entries come grouped by directory).
-    cached_dir: Option<(String, OwnedFd)>,
-    buffer: Vec<u8>,
+    hash: bool,
+    /// Give each entry the store's mode and mtime as it is written (files when their bytes are in, links and
+    /// directories at the end), so that the store need not walk the tree again.
+    store_modes: bool,
+    /// Bytes of file content written so far, by every thread.
+    written: AtomicU64,
+    /// Set by the first thread that fails: the others stop at their next chunk.
+    failed: AtomicBool,
 }
 
 fn errno_error(path: &Path, what: &str, errno: Errno) -> Error {
     std::io::Error::other(format!("failed to {what} `{}`: {errno}", path.display())).into()
 }
 
-impl<'a> Extractor<'a> {
-    fn new(archive: &'a Path, dest: &'a Path, options: Options<'a>) -> Result<Self> {
-        let archive_len = fs_err::metadata(archive)?.len();
-        fs_err::create_dir_all(dest)?;
-        let root = nix::fcntl::open(
-            dest,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|errno| errno_error(dest, "open", errno))?;
-        Ok(Extractor {
-            archive,
-            dest,
-            root,
-            options,
-            archive_len,
-            nodes: HashMap::new(),
-            seen: HashSet::new(),
-            extracted: BTreeMap::new(),
-            pending_links: Vec::new(),
-            written: 0,
-            entries: 0,
-            cached_dir: None,
-            buffer: vec![0u8; 1 << 16],
-        })
-    }
-
+impl Sink<'_> {
     fn refuse(&self, entry: &str, reason: impl Into<String>) -> Error {
         Error::UnsafeArchiveEntry {
             archive: self.archive.to_path_buf(),
@@ -234,7 +228,7 @@ impl<'a> Extractor<'a> {
 
     /// Refuse when `total` unpacked bytes break the size or ratio limit.
     fn check_total(&self, entry: &str, total: u64) -> Result<()> {
-        let limits = &self.options.limits;
+        let limits = &self.limits;
         if total > limits.max_unpacked_bytes {
             return Err(self.refuse(
                 entry,
@@ -254,6 +248,233 @@ impl<'a> Extractor<'a> {
             ));
         }
         Ok(())
+    }
+
+    /// Open the directory `path` (relative to the destination) one component at a time, each with `O_NOFOLLOW |
+    /// O_DIRECTORY` relative to the one before, making missing ones: a link or a file on the way fails.
+    fn open_dir(&self, entry: &str, path: &str) -> Result<OwnedFd> {
+        let mut current: Option<OwnedFd> = None;
+        let mut so_far = 0;
+        for component in path.split('/') {
+            so_far += component.len() + usize::from(so_far > 0);
+            let dir = match &current {
+                Some(fd) => fd.as_fd(),
+                None => self.root.as_fd(),
+            };
+            let open = || {
+                nix::fcntl::openat(
+                    dir,
+                    component,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+            };
+            let opened = match open() {
+                Err(Errno::ENOENT) => {
+                    match nix::sys::stat::mkdirat(dir, component, Mode::from_bits_truncate(0o755)) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(errno) => {
+                            return Err(errno_error(
+                                &self.dest.join(&path[..so_far]),
+                                "create directory",
+                                errno,
+                            ));
+                        }
+                    }
+                    open()
+                }
+                other => other,
+            };
+            match opened {
+                Ok(fd) => current = Some(fd),
+                Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                    return Err(self.refuse(
+                        entry,
+                        format!(
+                            "goes through `{}`, which is not a directory: nothing is written through a link",
+                            &path[..so_far]
+                        ),
+                    ));
+                }
+                Err(errno) => {
+                    return Err(errno_error(&self.dest.join(&path[..so_far]), "open", errno));
+                }
+            }
+        }
+        current.ok_or_else(|| self.refuse(entry, "has an empty directory name"))
+    }
+
+    /// Open (making them as needed) the directories on the way to `dest` without following anything; returns the
+    /// parent's handle (kept in `dirs` for the next entry) and the last component.
+    fn open_parent<'d>(
+        &'d self,
+        dirs: &'d mut DirCache,
+        entry: &str,
+        dest: &'d str,
+    ) -> Result<(BorrowedFd<'d>, &'d str)> {
+        let (parent, last) = match dest.rfind('/') {
+            Some(index) => (&dest[..index], &dest[index + 1..]),
+            None => ("", dest),
+        };
+        if parent.is_empty() {
+            return Ok((self.root.as_fd(), last));
+        }
+        if dirs.open.as_ref().is_none_or(|(path, _)| path != parent) {
+            let fd = self.open_dir(entry, parent)?;
+            dirs.open = Some((parent.to_string(), fd));
+        }
+        let (_, fd) = dirs.open.as_ref().expect("opened above");
+        Ok((fd.as_fd(), last))
+    }
+
+    /// Create the file `dest` (never following or replacing anything), fill it from `reader` (counting the bytes
+    /// against the limits), set its mode (and the store's mtime); its sha256 when hashing.
+    fn write_file(
+        &self,
+        dirs: &mut DirCache,
+        buffer: &mut [u8],
+        entry: &str,
+        dest: &str,
+        executable: bool,
+        reader: &mut dyn Read,
+    ) -> Result<Option<Sha256>> {
+        let (parent, last) = self.open_parent(dirs, entry, dest)?;
+        let fd = nix::fcntl::openat(
+            parent,
+            last,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        );
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(Errno::EEXIST | Errno::ELOOP) => {
+                return Err(self.refuse(entry, format!("would replace `{dest}`, which exists")));
+            }
+            Err(errno) => return Err(errno_error(&self.dest.join(dest), "create", errno)),
+        };
+        let mut file = std::fs::File::from(fd);
+        let mut hasher = self.hash.then(sha2::Sha256::new);
+        loop {
+            if self.failed.load(Ordering::Acquire) {
+                return Err(self.io(entry, "stopped: another entry of the archive failed"));
+            }
+            let n = match reader.read(buffer) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(err) => return Err(self.io(entry, err)),
+            };
+            let total = self.written.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+            self.check_total(entry, total)?;
+            if let Some(hasher) = hasher.as_mut() {
+                hasher.update(&buffer[..n]);
+            }
+            file.write_all(&buffer[..n]).map_err(|err| {
+                std::io::Error::new(
+                    err.kind(),
+                    format!(
+                        "failed to write `{}`: {err}",
+                        self.dest.join(dest).display()
+                    ),
+                )
+            })?;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let mode = match (executable, self.store_modes) {
+            (true, true) => 0o555,
+            (false, true) => 0o444,
+            (true, false) => 0o755,
+            (false, false) => 0o644,
+        };
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        if self.store_modes {
+            nix::sys::stat::futimens(&file, &store_time(), &store_time())
+                .map_err(|errno| errno_error(&self.dest.join(dest), "set the mtime of", errno))?;
+        }
+        Ok(hasher.map(Sha256::from_hasher))
+    }
+}
+
+/// The mtime of every store entry.
+fn store_time() -> nix::sys::time::TimeSpec {
+    nix::sys::time::TimeSpec::new(crate::store::STORE_MTIME, 0)
+}
+
+struct Extractor<'a> {
+    sink: Sink<'a>,
+    options: Options<'a>,
+    nodes: HashMap<String, Node>,
+    /// Every normalized archive name seen, to refuse duplicates.
+    seen: HashSet<String>,
+    extracted: Extracted,
+    pending_links: Vec<(String, String, String)>,
+    entries: u64,
+    dirs: DirCache,
+    buffer: Vec<u8>,
+}
+
+/// What one thread of a parallel extraction wrote: index into the jobs and the file's sha256.
+type Written = Vec<(usize, Option<Sha256>)>;
+
+/// A file of a zip whose place is checked and claimed, waiting for its bytes.
+struct FileJob {
+    index: usize,
+    entry: String,
+    normalized: String,
+    dest: String,
+    executable: bool,
+    /// What the central directory says it unpacks to (only an ordering hint: the written bytes are counted).
+    size: u64,
+}
+
+impl<'a> Extractor<'a> {
+    fn new(
+        archive: &'a Path,
+        dest: &'a Path,
+        options: Options<'a>,
+        store_modes: bool,
+    ) -> Result<Self> {
+        let archive_len = fs_err::metadata(archive)?.len();
+        fs_err::create_dir_all(dest)?;
+        let root = nix::fcntl::open(
+            dest,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| errno_error(dest, "open", errno))?;
+        Ok(Extractor {
+            sink: Sink {
+                archive,
+                dest,
+                root,
+                limits: options.limits,
+                archive_len,
+                hash: options.hash,
+                store_modes,
+                written: AtomicU64::new(0),
+                failed: AtomicBool::new(false),
+            },
+            options,
+            nodes: HashMap::new(),
+            seen: HashSet::new(),
+            extracted: BTreeMap::new(),
+            pending_links: Vec::new(),
+            entries: 0,
+            dirs: DirCache::default(),
+            buffer: vec![0u8; BUFFER_BYTES],
+        })
+    }
+
+    fn refuse(&self, entry: &str, reason: impl Into<String>) -> Error {
+        self.sink.refuse(entry, reason)
+    }
+
+    fn io(&self, entry: &str, err: impl std::fmt::Display) -> Error {
+        self.sink.io(entry, err)
+    }
+
+    fn check_total(&self, entry: &str, total: u64) -> Result<()> {
+        self.sink.check_total(entry, total)
     }
 
     fn count_entry(&mut self, entry: &str) -> Result<()> {
@@ -343,7 +564,7 @@ impl<'a> Extractor<'a> {
                     format!("is a file or link, but `{dest}` is already a directory"),
                 ));
             }
-            Some(Node::File { entry: first } | Node::Link { entry: first, .. }) => {
+            Some(Node::File { entry: first, .. } | Node::Link { entry: first, .. }) => {
                 return Err(self.refuse(
                     entry,
                     format!("is a duplicate name: `{dest}` was already written by entry `{first}`"),
@@ -354,101 +575,24 @@ impl<'a> Extractor<'a> {
         Ok(())
     }
 
-    /// Open (making them as needed) the directories on the way to `dest` without following anything; returns the
-    /// parent's handle and the last component.
-    fn open_parent<'d>(&mut self, entry: &str, dest: &'d str) -> Result<(BorrowedFd<'_>, &'d str)> {
-        let (parent, last) = match dest.rfind('/') {
-            Some(index) => (&dest[..index], &dest[index + 1..]),
-            None => ("", dest),
-        };
-        if parent.is_empty() {
-            return Ok((self.root.as_fd(), last));
-        }
-        if self
-            .cached_dir
-            .as_ref()
-            .is_some_and(|(path, _)| path == parent)
-        {
-            let (_, fd) = self.cached_dir.as_ref().expect("checked above");
-            return Ok((fd.as_fd(), last));
-        }
-        let mut current: Option<OwnedFd> = None;
-        let mut so_far = 0;
-        for component in parent.split('/') {
-            so_far += component.len() + usize::from(so_far > 0);
-            let dir = match &current {
-                Some(fd) => fd.as_fd(),
-                None => self.root.as_fd(),
-            };
-            let open = || {
-                nix::fcntl::openat(
-                    dir,
-                    component,
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-            };
-            let opened = match open() {
-                Err(Errno::ENOENT) => {
-                    match nix::sys::stat::mkdirat(dir, component, Mode::from_bits_truncate(0o755)) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
-                        Err(errno) => {
-                            return Err(errno_error(
-                                &self.dest.join(&parent[..so_far]),
-                                "create directory",
-                                errno,
-                            ));
-                        }
-                    }
-                    open()
-                }
-                other => other,
-            };
-            match opened {
-                Ok(fd) => current = Some(fd),
-                Err(Errno::ELOOP | Errno::ENOTDIR) => {
-                    return Err(self.refuse(
-                        entry,
-                        format!(
-                            "goes through `{}`, which is not a directory: nothing is written through a link",
-                            &parent[..so_far]
-                        ),
-                    ));
-                }
-                Err(errno) => {
-                    return Err(errno_error(
-                        &self.dest.join(&parent[..so_far]),
-                        "open",
-                        errno,
-                    ));
-                }
-            }
-        }
-        let fd = current.expect("a non-empty parent has a component");
-        self.cached_dir = Some((parent.to_string(), fd));
-        let (_, fd) = self.cached_dir.as_ref().expect("just set");
-        Ok((fd.as_fd(), last))
-    }
-
     fn add_dir(&mut self, entry: &str) -> Result<()> {
         self.count_entry(entry)?;
         let Some((normalized, dest)) = self.place(entry, true)? else {
             return Ok(());
         };
         self.claim(entry, &normalized, &dest, Node::Dir)?;
-        let (parent, last) = self.open_parent(entry, &dest)?;
+        let (parent, last) = self.sink.open_parent(&mut self.dirs, entry, &dest)?;
         match nix::sys::stat::mkdirat(parent, last, Mode::from_bits_truncate(0o755)) {
             Ok(()) | Err(Errno::EEXIST) => Ok(()),
             Err(errno) => Err(errno_error(
-                &self.dest.join(&dest),
+                &self.sink.dest.join(&dest),
                 "create directory",
                 errno,
             )),
         }
     }
 
-    /// Create the file `dest` (never following or replacing anything), fill it from `reader`, and record it as
-    /// extracted under `normalized`.
+    /// Write the file `dest` from `reader` and record it as extracted under `normalized`.
     fn write_file(
         &mut self,
         entry: &str,
@@ -456,7 +600,14 @@ impl<'a> Extractor<'a> {
         executable: bool,
         reader: &mut dyn Read,
     ) -> Result<()> {
-        let sha256 = self.write_file_contents(entry, &dest, executable, reader)?;
+        let sha256 = self.sink.write_file(
+            &mut self.dirs,
+            &mut self.buffer,
+            entry,
+            &dest,
+            executable,
+            reader,
+        )?;
         self.extracted.insert(
             normalized,
             Unpacked {
@@ -468,85 +619,40 @@ impl<'a> Extractor<'a> {
         Ok(())
     }
 
-    fn write_file_contents(
+    /// [`Self::claim`] `dest` for a regular file of `entry`.
+    fn claim_file(
         &mut self,
         entry: &str,
+        normalized: &str,
         dest: &str,
         executable: bool,
-        reader: &mut dyn Read,
-    ) -> Result<Option<Sha256>> {
-        let (parent, last) = self.open_parent(entry, dest)?;
-        let fd = nix::fcntl::openat(
-            parent,
-            last,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        );
-        let fd = match fd {
-            Ok(fd) => fd,
-            Err(Errno::EEXIST | Errno::ELOOP) => {
-                return Err(self.refuse(entry, format!("would replace `{dest}`, which exists")));
-            }
-            Err(errno) => return Err(errno_error(&self.dest.join(dest), "create", errno)),
-        };
-        let mut file = std::fs::File::from(fd);
-        let mut hasher = self.options.hash.then(sha2::Sha256::new);
-        let mut buffer = std::mem::take(&mut self.buffer);
-        let result = (|| {
-            loop {
-                let n = match reader.read(&mut buffer) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(err) => return Err(self.io(entry, err)),
-                };
-                self.written += n as u64;
-                self.check_total(entry, self.written)?;
-                if let Some(hasher) = hasher.as_mut() {
-                    hasher.update(&buffer[..n]);
-                }
-                file.write_all(&buffer[..n]).map_err(|err| {
-                    std::io::Error::new(
-                        err.kind(),
-                        format!(
-                            "failed to write `{}`: {err}",
-                            self.dest.join(dest).display()
-                        ),
-                    )
-                })?;
-            }
-            Ok(())
-        })();
-        self.buffer = buffer;
-        result?;
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(std::fs::Permissions::from_mode(if executable {
-            0o755
-        } else {
-            0o644
-        }))?;
-        Ok(hasher.map(Sha256::from_hasher))
-    }
-
-    /// [`Self::claim`] `dest` for a regular file of `entry`.
-    fn claim_file(&mut self, entry: &str, normalized: &str, dest: &str) -> Result<()> {
+    ) -> Result<()> {
         self.claim(
             entry,
             normalized,
             dest,
             Node::File {
                 entry: entry.to_string(),
+                executable,
             },
         )
     }
 
-    fn add_file(&mut self, entry: &str, executable: bool, reader: &mut dyn Read) -> Result<()> {
+    /// Check and claim a regular file's place; `None` when it has none (never for a file: an error then).
+    fn plan_file(&mut self, entry: &str, executable: bool) -> Result<Option<(String, String)>> {
         self.count_entry(entry)?;
         let Some((normalized, dest)) = self.place(entry, false)? else {
+            return Ok(None);
+        };
+        self.claim_file(entry, &normalized, &dest, executable)?;
+        Ok(Some((normalized, dest)))
+    }
+
+    fn add_file(&mut self, entry: &str, executable: bool, reader: &mut dyn Read) -> Result<()> {
+        let Some(place) = self.plan_file(entry, executable)? else {
             return Ok(());
         };
-        self.claim_file(entry, &normalized, &dest)?;
-        self.write_file(entry, (normalized, dest), executable, reader)
+        self.write_file(entry, place, executable, reader)
     }
 
     fn add_symlink(&mut self, entry: &str, target: &str) -> Result<()> {
@@ -609,15 +715,15 @@ impl<'a> Extractor<'a> {
             Some(_) => return Err(refuse_target(self, "which is a link")),
             None => return Err(refuse_target(self, "which was not extracted before it")),
         };
-        self.claim_file(entry, &normalized, &dest)?;
-        let (parent, last) = self.open_parent(entry, &source.dest)?;
+        self.claim_file(entry, &normalized, &dest, false)?;
+        let (parent, last) = self.sink.open_parent(&mut self.dirs, entry, &source.dest)?;
         let fd = nix::fcntl::openat(
             parent,
             last,
             OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|errno| errno_error(&self.dest.join(&source.dest), "open", errno))?;
+        .map_err(|errno| errno_error(&self.sink.dest.join(&source.dest), "open", errno))?;
         let mut file = std::fs::File::from(fd);
         use std::os::unix::fs::PermissionsExt;
         let metadata = file.metadata()?;
@@ -625,7 +731,128 @@ impl<'a> Extractor<'a> {
             return Err(refuse_target(self, "which is not a regular file"));
         }
         let executable = metadata.permissions().mode() & 0o111 != 0;
+        self.nodes.insert(
+            dest.clone(),
+            Node::File {
+                entry: entry.to_string(),
+                executable,
+            },
+        );
         self.write_file(entry, (normalized, dest), executable, &mut file)
+    }
+
+    /// Write the files of `jobs` from `zip`, on up to `threads` threads, and record them as extracted. On an
+    /// error the first failure is returned and every thread stops at its next chunk.
+    fn write_zip_files(
+        &mut self,
+        zip: &zip::ZipArchive<SharedFile>,
+        jobs: Vec<FileJob>,
+        threads: usize,
+    ) -> Result<()> {
+        let threads = threads.clamp(1, jobs.len().max(1));
+        if threads == 1 {
+            let mut zip = zip.clone();
+            for job in jobs {
+                let mut reader = zip
+                    .by_index(job.index)
+                    .map_err(|err| archive_error(self.sink.archive, err))?;
+                self.write_file(
+                    &job.entry,
+                    (job.normalized, job.dest),
+                    job.executable,
+                    &mut reader,
+                )?;
+            }
+            return Ok(());
+        }
+        // Big files first, largest first; the rest in archive order, so a thread's entries share directories.
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_by_key(|&i| {
+            let size = jobs[i].size;
+            if size >= BIG_FILE_BYTES {
+                (false, std::cmp::Reverse(size), i)
+            } else {
+                (true, std::cmp::Reverse(0), i)
+            }
+        });
+        let next = AtomicUsize::new(0);
+        let first_error: Mutex<Option<Error>> = Mutex::new(None);
+        let sink = &self.sink;
+        let jobs = &jobs;
+        let order = &order;
+        let joined: Vec<std::thread::Result<Written>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut zip = zip.clone();
+                        let mut dirs = DirCache::default();
+                        let mut buffer = vec![0u8; BUFFER_BYTES];
+                        let mut done = Vec::new();
+                        while !sink.failed.load(Ordering::Acquire) {
+                            let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                                break;
+                            };
+                            let job = &jobs[i];
+                            let written = zip
+                                .by_index(job.index)
+                                .map_err(|err| archive_error(sink.archive, err))
+                                .and_then(|mut reader| {
+                                    sink.write_file(
+                                        &mut dirs,
+                                        &mut buffer,
+                                        &job.entry,
+                                        &job.dest,
+                                        job.executable,
+                                        &mut reader,
+                                    )
+                                });
+                            match written {
+                                Ok(sha256) => done.push((i, sha256)),
+                                Err(err) => {
+                                    // The error is in place before the others are told to stop, so theirs
+                                    // ("stopped") never replaces it.
+                                    first_error
+                                        .lock()
+                                        .unwrap_or_else(|e| e.into_inner())
+                                        .get_or_insert(err);
+                                    sink.failed.store(true, Ordering::Release);
+                                    break;
+                                }
+                            }
+                        }
+                        done
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|handle| handle.join()).collect()
+        });
+        if let Some(err) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(err);
+        }
+        let mut hashes: Vec<Option<Option<Sha256>>> = vec![None; jobs.len()];
+        for result in joined {
+            let done = result.map_err(|_| {
+                self.io(
+                    "(any)",
+                    "a thread writing the archive's files panicked; nothing was installed",
+                )
+            })?;
+            for (i, sha256) in done {
+                hashes[i] = Some(sha256);
+            }
+        }
+        for (job, sha256) in jobs.iter().zip(hashes) {
+            let sha256 = sha256.ok_or_else(|| self.io(&job.entry, "was not written"))?;
+            self.extracted.insert(
+                job.normalized.clone(),
+                Unpacked {
+                    dest: job.dest.clone(),
+                    sha256,
+                    is_link: false,
+                },
+            );
+        }
+        Ok(())
     }
 
     /// Whether a link at `dest` to `target` resolves inside the tree, following the tree's links as the kernel
@@ -665,21 +892,88 @@ impl<'a> Extractor<'a> {
         Ok(())
     }
 
-    /// Create the links, now that the whole tree is known.
-    fn finish(mut self) -> Result<Extracted> {
+    /// Create the links, now that the whole tree is known; with store modes, give links and directories their
+    /// mtime and directories their mode (deepest first: a directory is made read-only only once nothing more is
+    /// created in it). Returns what was extracted and, when hashing, the manifest of the whole tree.
+    fn finish(mut self) -> Result<(Extracted, Option<Manifest>)> {
         let links = std::mem::take(&mut self.pending_links);
         for (entry, dest, target) in links.iter().filter(|_| !self.options.links_anywhere) {
             if let Err(why) = self.resolves_inside(dest, target) {
                 return Err(self.refuse(entry, format!("is a link to `{target}`, {why}")));
             }
         }
-        let root = self.dest;
+        let root = self.sink.dest;
         for (entry, dest, target) in &links {
-            let (parent, last) = self.open_parent(entry, dest)?;
+            let (parent, last) = self.sink.open_parent(&mut self.dirs, entry, dest)?;
             nix::unistd::symlinkat(target.as_str(), parent, last)
                 .map_err(|errno| errno_error(&root.join(dest), "create link", errno))?;
+            if self.sink.store_modes {
+                nix::sys::stat::utimensat(
+                    parent,
+                    last,
+                    &store_time(),
+                    &store_time(),
+                    nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+                )
+                .map_err(|errno| errno_error(&root.join(dest), "set the mtime of", errno))?;
+            }
         }
-        Ok(self.extracted)
+        if self.sink.store_modes {
+            let mut dirs: Vec<&String> = self
+                .nodes
+                .iter()
+                .filter(|(_, node)| matches!(node, Node::Dir))
+                .map(|(path, _)| path)
+                .collect();
+            // Reverse byte order puts every directory before its parent (`a/b` sorts after `a`).
+            dirs.sort_unstable_by(|a, b| b.cmp(a));
+            for dir in dirs {
+                let (parent, last) = self.sink.open_parent(&mut self.dirs, dir, dir)?;
+                let fd = nix::fcntl::openat(
+                    parent,
+                    last,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|errno| errno_error(&root.join(dir), "open", errno))?;
+                nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(0o555))
+                    .map_err(|errno| errno_error(&root.join(dir), "set the mode of", errno))?;
+                nix::sys::stat::futimens(&fd, &store_time(), &store_time())
+                    .map_err(|errno| errno_error(&root.join(dir), "set the mtime of", errno))?;
+            }
+        }
+        let manifest = self.options.hash.then(|| self.manifest()).transpose()?;
+        Ok((self.extracted, manifest))
+    }
+
+    /// The tree as the store's content hash sees it, from what was written (every directory, file and link is
+    /// a node, and nothing else was written into the destination).
+    fn manifest(&self) -> Result<Manifest> {
+        let hashes: HashMap<&str, &Sha256> = self
+            .extracted
+            .values()
+            .filter(|unpacked| !unpacked.is_link)
+            .filter_map(|unpacked| Some((unpacked.dest.as_str(), unpacked.sha256.as_ref()?)))
+            .collect();
+        self.nodes
+            .iter()
+            .map(|(path, node)| {
+                let entry = match node {
+                    Node::Dir => ManifestEntry::Directory,
+                    Node::File { entry, executable } => ManifestEntry::File {
+                        executable: *executable,
+                        sha256: (*hashes
+                            .get(path.as_str())
+                            .ok_or_else(|| self.io(entry, "was not written"))?)
+                        .clone(),
+                    },
+                    Node::Link { target, .. } => ManifestEntry::Symlink {
+                        target: target.clone(),
+                    },
+                };
+                Ok((path.clone(), entry))
+            })
+            .collect()
     }
 }
 
@@ -695,12 +989,121 @@ const S_IFREG: u32 = 0o100000;
 const S_IFDIR: u32 = 0o040000;
 const S_IFLNK: u32 = 0o120000;
 
+/// An archive file read by position (`pread`), so that clones read independently: every thread of a parallel
+/// extraction has its own, sharing one descriptor and one parsed central directory. Buffered, and a seek keeps
+/// the buffer (the central directory is parsed field by field, entries are opened by seeking).
+pub(crate) struct SharedFile {
+    file: Arc<std::fs::File>,
+    len: u64,
+    pos: u64,
+    buffer: Vec<u8>,
+    /// The file offset of `buffer[0]` and how many bytes of it are valid.
+    buffer_at: u64,
+    buffered: usize,
+}
+
+impl SharedFile {
+    fn open(path: &Path) -> Result<SharedFile> {
+        let file = fs_err::File::open(path)?.into_parts().0;
+        let len = file.metadata()?.len();
+        Ok(SharedFile {
+            file: Arc::new(file),
+            len,
+            pos: 0,
+            buffer: vec![0u8; 64 << 10],
+            buffer_at: 0,
+            buffered: 0,
+        })
+    }
+}
+
+impl Clone for SharedFile {
+    fn clone(&self) -> Self {
+        SharedFile {
+            file: self.file.clone(),
+            len: self.len,
+            pos: self.pos,
+            buffer: vec![0u8; self.buffer.len()],
+            buffer_at: 0,
+            buffered: 0,
+        }
+    }
+}
+
+impl Read for SharedFile {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let in_buffer = self.pos >= self.buffer_at
+            && self.pos < self.buffer_at + self.buffered as u64
+            && self.buffered > 0;
+        if !in_buffer {
+            if out.len() >= self.buffer.len() {
+                let n = self.file.read_at(out, self.pos)?;
+                self.pos += n as u64;
+                return Ok(n);
+            }
+            self.buffered = self.file.read_at(&mut self.buffer, self.pos)?;
+            self.buffer_at = self.pos;
+            if self.buffered == 0 {
+                return Ok(0);
+            }
+        }
+        let start = (self.pos - self.buffer_at) as usize;
+        let n = out.len().min(self.buffered - start);
+        out[..n].copy_from_slice(&self.buffer[start..start + n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for SharedFile {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek out of range");
+        self.pos = match to {
+            std::io::SeekFrom::Start(n) => n,
+            std::io::SeekFrom::End(d) => self.len.checked_add_signed(d).ok_or_else(invalid)?,
+            std::io::SeekFrom::Current(d) => self.pos.checked_add_signed(d).ok_or_else(invalid)?,
+        };
+        Ok(self.pos)
+    }
+}
+
+/// A zip archive whose central directory is read once (the wheel installer looks at its names first).
+pub(crate) struct OpenZip<'p> {
+    path: &'p Path,
+    zip: zip::ZipArchive<SharedFile>,
+}
+
+impl<'p> OpenZip<'p> {
+    pub(crate) fn open(path: &'p Path) -> Result<OpenZip<'p>> {
+        let zip = zip::ZipArchive::new(SharedFile::open(path)?)
+            .map_err(|err| archive_error(path, err))?;
+        Ok(OpenZip { path, zip })
+    }
+
+    /// The entries' names as the archive spells them (not normalized, not checked).
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.zip.file_names()
+    }
+}
+
 /// Unpack a zip archive into `dest` (see the module documentation for what is refused).
 pub fn unpack_zip(archive: &Path, dest: &Path, options: Options<'_>) -> Result<Extracted> {
-    let file = fs_err::File::open(archive)?;
-    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file))
-        .map_err(|err| archive_error(archive, err))?;
-    let mut extractor = Extractor::new(archive, dest, options)?;
+    Ok(unpack_open_zip(OpenZip::open(archive)?, dest, options, false)?.0)
+}
+
+/// [`unpack_zip`] of an archive already open. With `store_modes`, every entry gets the store's mode and mtime
+/// as it is written and the manifest of the whole tree is returned (when hashing), so that the store neither
+/// canonicalizes nor walks the tree again. A big archive's files are written by several threads.
+pub(crate) fn unpack_open_zip(
+    open: OpenZip<'_>,
+    dest: &Path,
+    options: Options<'_>,
+    store_modes: bool,
+) -> Result<(Extracted, Option<Manifest>)> {
+    let OpenZip { path: archive, zip } = open;
+    let mut zip = zip;
+    let mut extractor = Extractor::new(archive, dest, options, store_modes)?;
     if zip.len() as u64 > options.limits.max_entries {
         return Err(extractor.refuse(
             "(central directory)",
@@ -711,16 +1114,27 @@ pub fn unpack_zip(archive: &Path, dest: &Path, options: Options<'_>) -> Result<E
             ),
         ));
     }
+    // Every name, kind and place is checked and claimed first (links' targets are read); then the files' bytes.
+    let mut jobs = Vec::new();
     for index in 0..zip.len() {
-        let mut entry = zip
-            .by_index(index)
-            .map_err(|err| archive_error(archive, err))?;
-        let name = entry.name().to_string();
-        let mode = entry.unix_mode();
+        let (name, mode, is_dir, size) = {
+            let entry = zip
+                .by_index_raw(index)
+                .map_err(|err| archive_error(archive, err))?;
+            (
+                entry.name().to_string(),
+                entry.unix_mode(),
+                entry.is_dir(),
+                entry.size(),
+            )
+        };
         let kind = match mode.map(|mode| mode & S_IFMT) {
-            _ if entry.is_dir() => Kind::Dir,
+            _ if is_dir => Kind::Dir,
             Some(S_IFDIR) => Kind::Dir,
             Some(S_IFLNK) => {
+                let mut entry = zip
+                    .by_index(index)
+                    .map_err(|err| archive_error(archive, err))?;
                 let mut target = Vec::new();
                 (&mut entry)
                     .take(MAX_LINK_TARGET + 1)
@@ -745,11 +1159,29 @@ pub fn unpack_zip(archive: &Path, dest: &Path, options: Options<'_>) -> Result<E
         };
         match kind {
             Kind::Dir => extractor.add_dir(&name)?,
-            Kind::File { executable } => extractor.add_file(&name, executable, &mut entry)?,
+            Kind::File { executable } => {
+                if let Some((normalized, dest)) = extractor.plan_file(&name, executable)? {
+                    jobs.push(FileJob {
+                        index,
+                        entry: name,
+                        normalized,
+                        dest,
+                        executable,
+                        size,
+                    });
+                }
+            }
             Kind::Symlink { target } => extractor.add_symlink(&name, &target)?,
             Kind::HardLink { target } => extractor.add_hard_link(&name, &target)?,
         }
     }
+    let declared: u64 = jobs.iter().map(|job| job.size).sum();
+    let threads = if declared >= PARALLEL_FROM_BYTES {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+    } else {
+        1
+    };
+    extractor.write_zip_files(&zip, jobs, threads)?;
     extractor.finish()
 }
 
@@ -804,14 +1236,14 @@ fn unpack_tar(
     decoder: impl FnOnce(std::io::BufReader<fs_err::File>) -> std::io::Result<Box<dyn Read>>,
 ) -> Result<Extracted> {
     let file = fs_err::File::open(archive)?;
-    let mut extractor = Extractor::new(archive, dest, options)?;
+    let mut extractor = Extractor::new(archive, dest, options, false)?;
     let limits = options.limits;
     // The stream may not exceed what the size and ratio limits allow (this also bounds the memory the tar reader
     // spends on long names and pax headers).
     let cap = limits.max_unpacked_bytes.min(
         limits
             .ratio_floor
-            .max(extractor.archive_len.saturating_mul(limits.max_ratio)),
+            .max(extractor.sink.archive_len.saturating_mul(limits.max_ratio)),
     );
     let count = std::rc::Rc::new(std::cell::Cell::new(0));
     let reader = CountingReader {
@@ -884,7 +1316,7 @@ fn unpack_tar(
         result?;
         extractor.check_total(&name, count.get())?;
     }
-    extractor.finish()
+    Ok(extractor.finish()?.0)
 }
 
 /// Unpack an sdist by its file name (`.tar.gz`, `.tgz` or `.zip`) with the default limits.
@@ -938,6 +1370,36 @@ mod tests {
         }
         writer.finish().unwrap();
         (dir, path)
+    }
+
+    /// Each clone has its own position and buffer over one descriptor; a seek keeps the buffer, reads across its
+    /// end and bigger than it are whole.
+    #[test]
+    fn shared_file_clones_read_and_seek_independently() {
+        use std::io::{Seek, SeekFrom};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        fs_err::write(&path, &data).unwrap();
+        let mut a = SharedFile::open(&path).unwrap();
+        let mut b = a.clone();
+        let mut read = |file: &mut SharedFile, n: usize| {
+            let mut out = vec![0u8; n];
+            file.read_exact(&mut out).unwrap();
+            out
+        };
+        a.seek(SeekFrom::Start(100_000)).unwrap();
+        assert_eq!(read(&mut a, 10), data[100_000..100_010]);
+        assert_eq!(b.seek(SeekFrom::End(-5)).unwrap(), 299_995);
+        let mut tail = Vec::new();
+        b.read_to_end(&mut tail).unwrap();
+        assert_eq!(tail, data[299_995..]);
+        a.seek(SeekFrom::Current(-10)).unwrap();
+        assert_eq!(read(&mut a, 70_000), data[100_000..170_000]);
+        assert_eq!(read(&mut a, 100_000), data[170_000..270_000]);
+        let mut c = a.clone();
+        assert_eq!(read(&mut c, 30_000), data[270_000..]);
+        assert!(c.seek(SeekFrom::Current(-400_000)).is_err());
     }
 
     #[test]

@@ -29,11 +29,38 @@ const MAX_RECORD_BYTES: u64 = 64 << 20;
 /// listed path must exist; only RECORD and its signatures may be missing. On any error `out` must be discarded.
 /// Returns the sha256 of the installed files by path relative to `out` (for the store's content hash).
 pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256>> {
+    let (extracted, _) = install(wheel, out, false)?;
+    Ok(extracted
+        .into_values()
+        .filter(|entry| !entry.is_link)
+        .filter_map(|entry| Some((entry.dest, entry.sha256?)))
+        .collect())
+}
+
+/// [`install_wheel`] into a store path being built: every entry gets the store's mode and mtime as it is written,
+/// and the manifest of the whole tree (hashed while it was written) is returned, so that the store neither
+/// canonicalizes nor walks the tree again. The checks are the same.
+pub(crate) fn install_wheel_for_store(wheel: &Path, out: &Path) -> Result<unpack::Manifest> {
+    let (_, manifest) = install(wheel, out, true)?;
+    manifest.ok_or_else(|| Error::InvalidWheel {
+        wheel: wheel.to_path_buf(),
+        message: "was unpacked without hashes".into(),
+    })
+}
+
+/// The installation behind [`install_wheel`] and [`install_wheel_for_store`]: the archive is opened (its central
+/// directory read) once.
+fn install(
+    wheel: &Path,
+    out: &Path,
+    store_modes: bool,
+) -> Result<(unpack::Extracted, Option<unpack::Manifest>)> {
     let invalid = |message: String| Error::InvalidWheel {
         wheel: wheel.to_path_buf(),
         message,
     };
-    let (dist_info, data_dir) = wheel_dirs(wheel)?;
+    let zip = unpack::OpenZip::open(wheel)?;
+    let (dist_info, data_dir) = wheel_dirs(wheel, &zip)?;
     let project = dist_info.split('-').next().unwrap_or_default().to_string();
     // The name part of `<name>-<version>.dist-info` becomes `include/<name>/`: it must be a distribution name (PEP 427
     // escapes it to letters, digits, `_` and `.`), not `..` or anything else that means a place.
@@ -80,7 +107,7 @@ pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256
         layout: Some(&layout),
         ..unpack::Options::default()
     };
-    let extracted = unpack::unpack_zip(wheel, out, options)?;
+    let (extracted, manifest) = unpack::unpack_open_zip(zip, out, options, store_modes)?;
 
     let record_name = format!("{dist_info}/RECORD");
     let record_path = match extracted.get(&record_name) {
@@ -158,27 +185,17 @@ pub fn install_wheel(wheel: &Path, out: &Path) -> Result<BTreeMap<String, Sha256
             "RECORD lists `{path}`, which the wheel does not contain"
         )));
     }
-    Ok(extracted
-        .into_values()
-        .filter(|entry| !entry.is_link)
-        .filter_map(|entry| Some((entry.dest, entry.sha256?)))
-        .collect())
+    Ok((extracted, manifest))
 }
 
 /// The wheel's `.dist-info` directory (exactly one) and `.data` directory (at most one), from its zip listing.
-fn wheel_dirs(wheel: &Path) -> Result<(String, Option<String>)> {
+fn wheel_dirs(wheel: &Path, zip: &unpack::OpenZip<'_>) -> Result<(String, Option<String>)> {
     let invalid = |message: String| Error::InvalidWheel {
         wheel: wheel.to_path_buf(),
         message,
     };
-    let file = fs_err::File::open(wheel)?;
-    let zip =
-        zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|err| Error::Archive {
-            archive: wheel.to_path_buf(),
-            message: err.to_string(),
-        })?;
     let (mut dist_infos, mut datas) = (BTreeSet::new(), BTreeSet::new());
-    for name in zip.file_names() {
+    for name in zip.names() {
         // Bad names are refused (with their reason) by the extraction itself.
         let Ok(name) = unpack::normalize(name) else {
             continue;
