@@ -137,6 +137,19 @@ impl SupervisedEngine for Local {
     fn name(&self) -> &'static str {
         "local engine"
     }
+
+    /// The env's wheels run on this machine's glibc (a lock made on a machine with a newer one may pick wheels that
+    /// do not).
+    fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
+        let Some(env) = plan.env_dir.as_deref() else {
+            return Ok(());
+        };
+        let need = crate::closure::EnvIdentity::local(env)?.and_then(|identity| identity.glibc);
+        match need.and_then(|need| need.problem(crate::glibc::host(), "this machine")) {
+            Some(problem) => Err(LaunchError::Engine(problem)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// An engine that owns the whole run (a batch system, a cluster's scheduler): it submits the steps and follows

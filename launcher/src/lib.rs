@@ -28,12 +28,14 @@
 // A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub(crate) mod closure;
 pub mod controller;
 pub mod doctor;
 pub mod engine;
 pub mod engines;
 pub mod env;
 pub mod env_vars;
+pub mod glibc;
 pub mod graph;
 pub mod options;
 pub mod process;

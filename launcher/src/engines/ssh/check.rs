@@ -1,12 +1,13 @@
 //! Checking the hosts before a run of the ssh engine: ssh reaches each one, the project directory is there, and so
-//! is the env, by content hash with every store path it references (copied with `--ssh-copy-env`), all hosts at once.
+//! is the env, by content hash with every store path it references (copied with `--ssh-copy-env`), and the host's
+//! glibc is as new as the env's wheels need, all hosts at once.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use super::{SshSetup, engine_error};
 use crate::LaunchError;
+use crate::closure::{EnvIdentity, is_store_path_name, printable};
 use crate::engines::shell::{self, quote};
 
 impl SshSetup {
@@ -108,6 +109,12 @@ impl SshSetup {
                     ));
                 }
             }
+            if let Some(problem) = local
+                .and_then(|identity| identity.glibc.as_ref())
+                .and_then(|need| need.problem(report.glibc, &format!("host `{host}`")))
+            {
+                problems.push(problem);
+            }
             if report.no_python && !report.no_env {
                 problems.push(format!(
                     "the env's Python ({}/bin/python, a link to the interpreter it was built with) does not run on \
@@ -197,6 +204,10 @@ impl SshSetup {
                 .filter(|h| expected.as_ref().is_some_and(|e| e != h)),
             content_hash,
             missing,
+            glibc: stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("hvd-check:glibc glibc "))
+                .and_then(crate::glibc::parse_version),
         })
     }
 
@@ -267,6 +278,8 @@ struct CheckReport {
     differs: Option<String>,
     /// Store paths the env references that are missing there.
     missing: Vec<String>,
+    /// The host's glibc (`getconf GNU_LIBC_VERSION`); `None` when it has none or did not say.
+    glibc: Option<(u64, u64)>,
 }
 
 impl CheckReport {
@@ -282,50 +295,9 @@ impl CheckReport {
     }
 }
 
-/// What identifies a built env: its store path name, its content hash and its closure (the store paths it
-/// references, and theirs, from each one's `.hvd-path.json` here).
-#[derive(Debug, Clone)]
-struct EnvIdentity {
-    /// The env's own store path name.
-    name: String,
-    content_hash: String,
-    store: PathBuf,
-    /// Every store path the env needs, the env excluded; each name checked with [`is_store_path_name`].
-    closure: BTreeSet<String>,
-}
-
 /// The most a host's answer to the env check may be (stdout; stderr is cut there too): a few lines per store path of
 /// the closure and the env's `.hvd-path.json`, far below this.
 pub const CHECK_ANSWER_LIMIT: usize = 4 << 20;
-
-/// Whether `name` is a store path name: `<32 lowercase hex digits>-<name>-<version>` (see builder's
-/// `Derivation::path_name`), the rest made of ASCII letters, digits and `-._+`, without `..`. So it has no `/`, does
-/// not start with `-` and is never `.` or `..`: safe as an argument and as a path below the store.
-pub fn is_store_path_name(name: &str) -> bool {
-    let Some((hash, rest)) = name.split_once('-') else {
-        return false;
-    };
-    hash.len() == 32
-        && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        && !rest.is_empty()
-        && rest
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._+".contains(&b))
-        && !rest.contains("..")
-}
-
-/// `text` as a message may show it: at most 100 characters, control characters escaped.
-fn printable(text: &str) -> String {
-    let mut out: String = text
-        .chars()
-        .take(100)
-        .flat_map(char::escape_debug)
-        .collect();
-    if text.chars().nth(100).is_some() {
-        out.push_str("...");
-    }
-    format!("`{out}`")
-}
 
 /// What [`bounded_output`] read.
 struct BoundedOutput {
@@ -374,97 +346,6 @@ fn bounded_output(command: &mut Command, limit: usize) -> std::io::Result<Bounde
     })
 }
 
-impl EnvIdentity {
-    /// `None` inside: the env is not a store path (`--env-dir` of a plain venv), so only its presence is checked.
-    fn local(env: &Path) -> Result<Option<EnvIdentity>, LaunchError> {
-        let file = env.join(".hvd-path.json");
-        let text = match fs_err::read_to_string(&file) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(LaunchError::Io { path: file, source }),
-        };
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            engine_error(format!(
-                "{} is not valid JSON ({e}); rebuild the env with `hvd build`",
-                file.display()
-            ))
-        })?;
-        let Some(content_hash) = value["content_hash"].as_str() else {
-            return Err(engine_error(format!(
-                "{} has no `content_hash`; rebuild the env with `hvd build`",
-                file.display()
-            )));
-        };
-        let name = env
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if !is_store_path_name(&name) {
-            return Err(engine_error(format!(
-                "{} has a `.hvd-path.json` but its name is not a store path name (`<hash>-<name>-<version>`); \
-                 use the env hvd built (`hvd build`)",
-                env.display()
-            )));
-        }
-        let store = env.parent().unwrap_or(Path::new("/")).to_path_buf();
-        let closure = closure(&store, &name, &value)?;
-        Ok(Some(EnvIdentity {
-            name,
-            content_hash: content_hash.to_owned(),
-            store,
-            closure,
-        }))
-    }
-}
-
-/// The names in the `references` of a `.hvd-path.json` (`info`, of store path `of`), each checked.
-fn references_of(of: &str, info: &serde_json::Value) -> Result<Vec<String>, LaunchError> {
-    let mut out = Vec::new();
-    for reference in info["references"].as_array().into_iter().flatten() {
-        match reference.as_str() {
-            Some(r) if is_store_path_name(r) => out.push(r.to_owned()),
-            _ => {
-                return Err(engine_error(format!(
-                    "store path {of} lists {} as a reference, which is not a store path name; its                      `.hvd-path.json` is damaged: rebuild the env with `hvd build --rebuild`",
-                    printable(&reference.to_string())
-                )));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Every store path that env `name` (whose `.hvd-path.json` is `info`) needs, read here: its references, theirs, and
-/// so on. The env itself is not in it.
-fn closure(
-    store: &Path,
-    name: &str,
-    info: &serde_json::Value,
-) -> Result<BTreeSet<String>, LaunchError> {
-    let mut closure = BTreeSet::new();
-    let mut queue: Vec<String> = references_of(name, info)?;
-    while let Some(next) = queue.pop() {
-        if next == name || !closure.insert(next.clone()) {
-            continue;
-        }
-        let file = store.join(&next).join(".hvd-path.json");
-        let text = fs_err::read_to_string(&file).map_err(|e| {
-            engine_error(format!(
-                "store path {next}, which the env needs, is not valid here ({e}); rebuild the env with \
-                 `hvd build`"
-            ))
-        })?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            engine_error(format!(
-                "{} is not valid JSON ({e}); rebuild the env with `hvd build --rebuild`",
-                file.display()
-            ))
-        })?;
-        queue.extend(references_of(&next, &value)?);
-    }
-    Ok(closure)
-}
-
 /// The remote half of [`SshSetup::check_hosts`]: prints `hvd-check:` lines and ends with `hvd-check:done`.
 fn check_script(dir: &Path, env: Option<&Path>, local: Option<&EnvIdentity>) -> String {
     let q = |p: &Path| quote(&p.display().to_string());
@@ -486,6 +367,9 @@ fn check_script(dir: &Path, env: Option<&Path>, local: Option<&EnvIdentity>) -> 
                 quote(&format!("hvd-check:expect {}", identity.content_hash)),
                 q(env)
             ));
+            if identity.glibc.is_some() {
+                s.push_str("echo \"hvd-check:glibc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; ");
+            }
             for name in &identity.closure {
                 let path = identity.store.join(name);
                 s.push_str(&format!(
@@ -502,6 +386,9 @@ fn check_script(dir: &Path, env: Option<&Path>, local: Option<&EnvIdentity>) -> 
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+    use std::path::PathBuf;
+
     use super::*;
     use crate::engines::ssh::tests::setup;
 
@@ -702,6 +589,54 @@ mod tests {
             .copy_store_paths("evil", &store, &["--checkpoint-action=exec=true"])
             .unwrap_err();
         assert!(err.contains("not a store path name"), "{err}");
+    }
+
+    /// Writes wheel store path `name` built from `wheel` (its `.hvd-path.json` as the builder writes one).
+    fn wheel_path(store: &Path, name: &str, wheel: &str) {
+        let path = store.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        let json = serde_json::json!({"schema": 1, "content_hash": "cw", "references": [],
+            "derivation": {"kind": "wheel", "inputs": {"artifact.filename": wheel}}});
+        std::fs::write(path.join(".hvd-path.json"), json.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_host_whose_glibc_is_older_than_a_wheel_needs_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![fake_ssh(d).display().to_string()];
+        s.hosts = vec![("a".into(), 1)];
+        for (store, needs) in [
+            ("store", "manylinux_2_999_x86_64"),
+            ("store-a", "manylinux_2_999_x86_64"),
+        ] {
+            store_path(&d.join(store), E1, "c1", &[P1]);
+            wheel_path(
+                &d.join(store),
+                P1,
+                &format!("x-2.0-cp311-cp311-{needs}.whl"),
+            );
+        }
+        let env = d.join("store").join(E1);
+        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
+        assert!(err.contains("host `a` has glibc 2."), "{err}");
+        assert!(
+            err.contains("wheel `x-2.0-cp311-cp311-manylinux_2_999_x86_64.whl` needs glibc 2.999"),
+            "{err}"
+        );
+        // The same env with a wheel of the oldest manylinux passes; the local engine checks this machine alike.
+        for store in ["store", "store-a"] {
+            std::fs::remove_dir_all(d.join(store).join(P1)).unwrap();
+            wheel_path(
+                &d.join(store),
+                P1,
+                "x-2.0-cp311-cp311-manylinux1_x86_64.whl",
+            );
+        }
+        s.check_hosts(d, Some(&env)).unwrap();
+        let identity = EnvIdentity::local(&env).unwrap().unwrap();
+        assert_eq!(identity.glibc.unwrap().version, (2, 5));
     }
 
     #[test]

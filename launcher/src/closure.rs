@@ -1,0 +1,150 @@
+//! What identifies a built env here: its store path, content hash and closure (every store path it references,
+//! read from each one's `.hvd-path.json`), checked by the engines before any rank starts.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::LaunchError;
+use crate::glibc::GlibcNeed;
+
+/// What identifies a built env: its store path name, its content hash and its closure (the store paths it
+/// references, and theirs, from each one's `.hvd-path.json` here).
+#[derive(Debug, Clone)]
+pub(crate) struct EnvIdentity {
+    /// The env's own store path name.
+    pub name: String,
+    pub content_hash: String,
+    pub store: PathBuf,
+    /// Every store path the env needs, the env excluded; each name checked with [`is_store_path_name`].
+    pub closure: BTreeSet<String>,
+    /// The newest glibc a wheel of the closure needs (`None`: no wheel has a manylinux tag).
+    pub glibc: Option<GlibcNeed>,
+}
+
+/// Whether `name` is a store path name: `<32 lowercase hex digits>-<name>-<version>` (see builder's
+/// `Derivation::path_name`), the rest made of ASCII letters, digits and `-._+`, without `..`. So it has no `/`, does
+/// not start with `-` and is never `.` or `..`: safe as an argument and as a path below the store.
+pub fn is_store_path_name(name: &str) -> bool {
+    let Some((hash, rest)) = name.split_once('-') else {
+        return false;
+    };
+    hash.len() == 32
+        && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._+".contains(&b))
+        && !rest.contains("..")
+}
+
+/// `text` as a message may show it: at most 100 characters, control characters escaped.
+pub(crate) fn printable(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .take(100)
+        .flat_map(char::escape_debug)
+        .collect();
+    if text.chars().nth(100).is_some() {
+        out.push_str("...");
+    }
+    format!("`{out}`")
+}
+
+impl EnvIdentity {
+    /// `None` inside: the env is not a store path (`--env-dir` of a plain venv), so only its presence is checked.
+    pub(crate) fn local(env: &Path) -> Result<Option<EnvIdentity>, LaunchError> {
+        let file = env.join(".hvd-path.json");
+        let text = match fs_err::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(LaunchError::Io { path: file, source }),
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            LaunchError::Engine(format!(
+                "{} is not valid JSON ({e}); rebuild the env with `hvd build`",
+                file.display()
+            ))
+        })?;
+        let Some(content_hash) = value["content_hash"].as_str() else {
+            return Err(LaunchError::Engine(format!(
+                "{} has no `content_hash`; rebuild the env with `hvd build`",
+                file.display()
+            )));
+        };
+        let name = env
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if !is_store_path_name(&name) {
+            return Err(LaunchError::Engine(format!(
+                "{} has a `.hvd-path.json` but its name is not a store path name (`<hash>-<name>-<version>`); \
+                 use the env hvd built (`hvd build`)",
+                env.display()
+            )));
+        }
+        let store = env.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let (closure, glibc) = closure(&store, &name, &value)?;
+        Ok(Some(EnvIdentity {
+            name,
+            content_hash: content_hash.to_owned(),
+            store,
+            closure,
+            glibc,
+        }))
+    }
+}
+
+/// The names in the `references` of a `.hvd-path.json` (`info`, of store path `of`), each checked.
+fn references_of(of: &str, info: &serde_json::Value) -> Result<Vec<String>, LaunchError> {
+    let mut out = Vec::new();
+    for reference in info["references"].as_array().into_iter().flatten() {
+        match reference.as_str() {
+            Some(r) if is_store_path_name(r) => out.push(r.to_owned()),
+            _ => {
+                return Err(LaunchError::Engine(format!(
+                    "store path {of} lists {} as a reference, which is not a store path name; its \
+                     `.hvd-path.json` is damaged: rebuild the env with `hvd build --rebuild`",
+                    printable(&reference.to_string())
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every store path that env `name` (whose `.hvd-path.json` is `info`) needs, read here: its references, theirs, and
+/// so on (the env itself is not in it); and the newest glibc a wheel among them needs.
+fn closure(
+    store: &Path,
+    name: &str,
+    info: &serde_json::Value,
+) -> Result<(BTreeSet<String>, Option<GlibcNeed>), LaunchError> {
+    let mut closure = BTreeSet::new();
+    let mut glibc: Option<GlibcNeed> = None;
+    let mut queue: Vec<String> = references_of(name, info)?;
+    while let Some(next) = queue.pop() {
+        if next == name || !closure.insert(next.clone()) {
+            continue;
+        }
+        let file = store.join(&next).join(".hvd-path.json");
+        let text = fs_err::read_to_string(&file).map_err(|e| {
+            LaunchError::Engine(format!(
+                "store path {next}, which the env needs, is not valid here ({e}); rebuild the env with \
+                 `hvd build`"
+            ))
+        })?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            LaunchError::Engine(format!(
+                "{} is not valid JSON ({e}); rebuild the env with `hvd build --rebuild`",
+                file.display()
+            ))
+        })?;
+        queue.extend(references_of(&next, &value)?);
+        if let Some(need) = GlibcNeed::of_path(&value)
+            && glibc.as_ref().is_none_or(|g| need.version > g.version)
+        {
+            glibc = Some(need);
+        }
+    }
+    Ok((closure, glibc))
+}
