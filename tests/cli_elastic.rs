@@ -29,7 +29,28 @@ interrupt = int(os.environ.get("ELASTIC_INTERRUPT", "-1"))
 stall = int(os.environ.get("ELASTIC_STALL", "-1"))
 raise_at = int(os.environ.get("ELASTIC_RAISE", "-1"))
 hangs = dict(tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_HANG", "").split(",") if k)
+# Keep training past `steps` until this holds on some rank (`size:N`: the round has N members; `file:PATH:N`: the
+# number in PATH is at least N), checking every step with an allreduce; at most 4000 steps in all.
+until = os.environ.get("ELASTIC_UNTIL", "")
+# `slot:step:PATH:TEXT`: that worker writes TEXT into PATH when it begins that step (a discovery script reads it).
+grow = os.environ.get("ELASTIC_GROW", "")
 interrupted = []
+
+
+def until_met():
+    if not until:
+        return True
+    kind, _, arg = until.partition(":")
+    if kind == "size":
+        mine = hvd.size() >= int(arg)
+    else:
+        path, _, n = arg.rpartition(":")
+        try:
+            mine = int(open(path).read().strip() or 0) >= int(n)
+        except (OSError, ValueError):
+            mine = False
+    time.sleep(0.02)
+    return hvd.allreduce(np.array([1.0 if mine else 0.0]), op=hvd.Max, name="until")[0] > 0
 
 hvd.init()
 print("slot %d starts as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)
@@ -40,7 +61,11 @@ state.register_reset_callbacks(
 
 @hvd.elastic.run
 def train(state):
-    while state.step < steps:
+    while state.step < 4000 and (state.step < steps or not until_met()):
+        if grow and int(grow.split(":")[0]) == slot and int(grow.split(":")[1]) == state.step:
+            _, _, path, text = grow.split(":", 3)
+            with open(path, "w") as f:
+                f.write(text + "\n")
         if kills.get(slot) == state.step:
             os.kill(os.getpid(), signal)
         if state.step == raise_at:
@@ -68,7 +93,11 @@ def train(state):
         state.commit()
 
 
-train(state)
+try:
+    train(state)
+except hvd.elastic.Preempted:
+    print("slot %d left after committing step %d" % (slot, state.step), flush=True)
+    raise
 final = hvd.allgather_object((state.step, state.count, state.w.tolist()))
 print("slot %d finished as rank %d of %d: step %d count %r w0 %r agree %s" % (
     slot, hvd.rank(), hvd.size(), state.step, state.count, float(state.w[0]), all(f == final[0] for f in final)), flush=True)
@@ -202,22 +231,201 @@ fn an_elastic_range_above_the_workers_started_is_refused() {
     );
 }
 
-/// Preemption (spot reclaim, Kubernetes eviction) arrives as SIGTERM: in an elastic step it is one more loss, not a
-/// failed run; the survivors resume from the last commit, which each of them holds.
+/// Preemption (spot reclaim, Kubernetes eviction) arrives as SIGTERM: in an elastic step the worker finishes its step,
+/// commits, hands over and leaves (exit 0); the others re-form at that commit without restoring anything, so every
+/// committed step counts once, and the run reports the worker as preempted, not failed.
 #[test]
-fn a_sigtermed_worker_of_an_elastic_step_is_a_loss_not_a_failed_run() {
+fn a_preempted_worker_commits_hands_over_and_leaves() {
     let marker = marker();
     let steps = 12;
-    let dir = project_with_signal("{ min = 2, max = 3 }", steps, "0:4", 15, &marker);
+    let dir = project_with_signal("{ min = 2, max = 4 }", steps, "2:5", 15, &marker);
     let out = run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // It began step 5 when SIGTERM came, finished it, and left at that step's commit.
+    assert!(
+        stdout.contains("slot 2 left after committing step 6"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "rank 2 of step `train` was preempted: it committed, handed over and left; 3 of its 4 workers go on"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains("step `train`: rank 2 preempted (SIGTERM): committed, handed over and left; not a failure"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("was lost"), "{stderr}");
+    // A hand-over, not a failure: no collective failed on the survivors.
+    assert!(!stderr.contains("PeerLostError"), "{stderr}");
+    let w0 = f64::from(steps * (steps + 1) / 2);
+    let survivors = [(0, 0), (1, 1), (3, 2)];
+    for (slot, rank) in survivors {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
+            "slot {slot}:\n{stdout}\n{stderr}"
+        );
+    }
+    assert_finished(
+        &stdout,
+        &stderr,
+        &survivors,
+        steps,
+        &format!(" w0 {w0:?} agree True"),
+    );
+    assert!(!stdout.contains("slot 2 finished"), "{stdout}");
+    common::assert_nothing_left(&marker);
+}
+
+/// A SIGTERM'd worker that reaches no commit within `HVD_PREEMPT_GRACE` (here it hangs) ends as SIGTERM would have
+/// ended it: a lost worker, and the others go on from their last commit.
+#[test]
+fn a_sigtermed_worker_without_a_commit_within_the_grace_is_a_loss() {
+    let marker = marker();
+    let steps = 10;
+    let dir = project_with_signal("{ min = 2, max = 3 }", steps, "1:3", 15, &marker);
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2"])
+        .env("NO_COLOR", "1")
+        .env("HVD_PREEMPT_GRACE", "1")
+        .env("ELASTIC_HANG", "1:3")
+        .output()
+        .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr
-            .contains("rank 0 of step `train` was lost (exit code 143); 2 of its 3 workers go on"),
+            .contains("no commit within HVD_PREEMPT_GRACE=1 s of SIGTERM: ending as a lost worker"),
         "{stdout}\n{stderr}"
     );
-    assert_finished(&stdout, &stderr, &[(1, 0), (2, 1)], steps, "");
+    assert!(
+        stderr
+            .contains("rank 1 of step `train` was lost (exit code 143); 2 of its 3 workers go on"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stderr.contains("preempted (SIGTERM)"), "{stderr}");
+    assert_finished(&stdout, &stderr, &[(0, 0), (2, 1)], steps, "");
+    common::assert_nothing_left(&marker);
+}
+
+/// Writes an executable discovery script into `dir`.
+fn discovery_script(dir: &Path, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("discover.sh");
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Host discovery adds a slot mid-run: the launcher starts a third worker, which joins at the others' next commit
+/// (they re-form and sync the state from rank 0); the final state is the same everywhere, every step counted once.
+#[test]
+fn a_slot_found_by_discovery_mid_run_joins_at_a_commit() {
+    let marker = marker();
+    let steps = 6;
+    let dir = project("{ min = 1, max = 4 }", steps, "", &marker);
+    std::fs::write(dir.path().join("slots"), "localhost:2\n").unwrap();
+    let script = discovery_script(dir.path(), "cat slots");
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2", "--host-discovery-script"])
+        .arg(&script)
+        .env("NO_COLOR", "1")
+        // Slot 0 writes a third slot at step 3; training goes on until the round has 3 members.
+        .env("ELASTIC_GROW", "0:3:slots:localhost:3")
+        .env("ELASTIC_UNTIL", "size:3")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("slot 0 starts as rank 0 of 2")
+            && stdout.contains("slot 1 starts as rank 1 of 2"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("host discovery found 3 slots for step `train`: started rank 2"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("slot 2 starts as rank 2 of 3"),
+        "{stdout}\n{stderr}"
+    );
+    // Every slot finished at the same step with the same state; each step counted once.
+    let line = |slot: u32| {
+        stdout
+            .lines()
+            .find(|l| l.contains(&format!("slot {slot} finished as rank {slot} of 3: ")))
+            .unwrap_or_else(|| panic!("slot {slot} did not finish:\n{stdout}\n{stderr}"))
+            .split_once("finished as")
+            .unwrap()
+            .1
+            .split_once(": ")
+            .unwrap()
+            .1
+            .to_owned()
+    };
+    let first = line(0);
+    assert_eq!(line(1), first);
+    assert_eq!(line(2), first);
+    let step: u32 = first.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(step > 3, "{first}");
+    let want = format!(
+        "step {step} count {:?} w0 {:?} agree True",
+        f64::from(step),
+        f64::from(step * (step + 1) / 2)
+    );
+    assert_eq!(first, want, "{stdout}");
+    common::assert_nothing_left(&marker);
+}
+
+/// A discovery script that prints garbage, exits 1 or hangs is named in a warning each time, and the step keeps its
+/// workers and completes.
+#[test]
+fn a_failing_discovery_script_is_named_and_the_step_keeps_its_workers() {
+    let marker = marker();
+    let dir = project("{ min = 1, max = 3 }", 4, "", &marker);
+    let script = discovery_script(
+        dir.path(),
+        "n=$(cat runs 2>/dev/null || echo 0); n=$((n+1)); echo $n > runs\n\
+         case $n in\n  1) echo localhost:2 ;;\n  2) echo 'this is no host line' ;;\n  3) echo 'no hosts today' >&2; \
+         exit 1 ;;\n  4) sleep 600 ;;\n  *) echo localhost:2 ;;\nesac",
+    );
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2", "--host-discovery-script"])
+        .arg(&script)
+        .env("NO_COLOR", "1")
+        .env("HVD_DISCOVERY_TIMEOUT", "1")
+        // Train until the script has started a 5th time: runs 2-4 (the bad ones) have been reported by then.
+        .env("ELASTIC_UNTIL", "file:runs:5")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    let named = format!("host discovery script `{}`", script.display());
+    for want in [
+        format!(
+            "{named} printed line 1 \"this is no host line\", which is not `host:slots`; keeping the current hosts"
+        ),
+        format!("{named} failed (exit status: 1): no hosts today; keeping the current hosts"),
+        format!("{named} did not finish within 1 s (killed); keeping the current hosts"),
+    ] {
+        assert!(flat.contains(&want), "want `{want}`:\n{stderr}");
+    }
+    let finished: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" finished as rank "))
+        .collect();
+    assert_eq!(finished.len(), 2, "{stdout}\n{stderr}");
+    assert!(
+        finished
+            .iter()
+            .all(|l| l.contains(" of 2: ") && l.ends_with("agree True")),
+        "{stdout}"
+    );
     common::assert_nothing_left(&marker);
 }
 

@@ -232,6 +232,35 @@ impl KeyValueClient {
         }
     }
 
+    /// Tells the launcher's server of an elastic step that this worker leaves on its own (preempted, after its last
+    /// commit): the next round does not wait for it, and the launcher reports it as preempted rather than lost. The
+    /// server takes it only from the process that joined as this slot (this process's `X-Hvd-Join`). Returns how
+    /// many workers are left alive.
+    pub fn elastic_leave(&self) -> Result<usize> {
+        let Rendezvous::Http { address, .. } = &self.rendezvous else {
+            return Err(Error::Bootstrap(format!(
+                "an elastic job needs the launcher's rendezvous server, not `{}=file:...`",
+                env_vars::HVD_RENDEZVOUS
+            )));
+        };
+        let r = self.http("POST", "/elastic/v1/leave", &[], Duration::from_secs(15))?;
+        if r.status != 200 {
+            return Err(self.refused(address, "POST", "/elastic/v1/leave", &r));
+        }
+        let text = String::from_utf8_lossy(&r.body);
+        match text.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["v1", alive] => alive.parse().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| Error::Rendezvous {
+            address: address.clone(),
+            detail: format!(
+                "the elastic leave was answered `{}`, not `v1 <workers left>`",
+                text.trim()
+            ),
+        })
+    }
+
     /// The round this client's keys belong to, if any.
     pub fn round(&self) -> Option<Round> {
         self.round

@@ -6,6 +6,9 @@
 //! `hvd-collective`'s (its `env_vars` and [`hvd_collective::launch_env`]).
 
 hvd_env_vars::env_vars! {
+    /// Seconds one run of `--host-discovery-script` may take before it is killed and counted as failed (the step
+    /// keeps its hosts).
+    HVD_DISCOVERY_TIMEOUT default "10";
     /// `off`: no cgroups, the subreaper fallback alone; empty or `auto` (the default): a cgroup per run where the
     /// machine allows it; anything else is an error naming the variable.
     HVD_CGROUPS default "auto";

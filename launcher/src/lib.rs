@@ -30,6 +30,7 @@
 
 pub(crate) mod closure;
 pub mod controller;
+pub mod discovery;
 pub mod doctor;
 pub mod engine;
 pub mod engines;

@@ -37,6 +37,9 @@ pub struct RunOptions {
     /// `--elastic-timeout`: how long a new round of an elastic step waits for its live workers to ask to join
     /// (from the first that asked); one that does not is left out and stopped.
     pub elastic_timeout: Duration,
+    /// `--host-discovery-script`: an elastic step's hosts come from this script (Horovod's contract: it prints
+    /// `host:slots` lines), run at the start and every second while the step runs; new slots start new workers.
+    pub host_discovery_script: Option<PathBuf>,
     /// Where state and logs go; default `<project dir>/.hvd`.
     pub state_dir: Option<PathBuf>,
     /// `--engine`: overrides `cluster { engine }`.
@@ -72,6 +75,7 @@ impl Default for RunOptions {
             min_workers: None,
             max_workers: None,
             elastic_timeout: Duration::from_secs(60),
+            host_discovery_script: None,
             state_dir: None,
             engine: None,
             mpi: None,

@@ -18,7 +18,9 @@
 //! - memory for a body grows with the bytes received, charged to a server-wide budget, never from `Content-Length`;
 //! - malformed input gets a 4xx; a panic in a connection's handler closes that connection and nothing else.
 //!
-//! A third, `/elastic/v1/join` (token-checked like `/kv/`), hands out the rounds of an elastic step ([`elastic`]).
+//! A third family, `/elastic/v1/` (token-checked like `/kv/`), runs an elastic step's membership ([`elastic`]):
+//! `POST join` hands out the rounds, `POST leave` takes a preempted worker out (only from the process that joined as
+//! that slot: its `X-Hvd-Join`), `GET round` tells members whether new workers wait to join.
 //!
 //! The wire format lives in [`http`], the stored state in [`store`], the socket-owner lookup in [`peer`].
 
@@ -388,6 +390,27 @@ impl RendezvousServer {
         self.shared.changed.notify_all();
     }
 
+    /// An elastic job gets one more worker (started by the launcher, e.g. for a slot host discovery found): returns
+    /// its slot, the next after every slot so far. It joins the round after the members' next re-form. `None`: the
+    /// job is not elastic.
+    pub fn add_elastic_worker(&self) -> Option<u32> {
+        let mut store = self.shared.lock();
+        let slot = store.elastic.as_mut()?.add_worker();
+        self.shared.changed.notify_all();
+        Some(slot)
+    }
+
+    /// An elastic job's workers that left on their own (`/elastic/v1/leave`: preempted after their last commit), and
+    /// how many workers were alive right after each left.
+    pub fn elastic_left(&self) -> BTreeMap<u32, usize> {
+        let store = self.shared.lock();
+        store
+            .elastic
+            .as_ref()
+            .map(|m| m.left().clone())
+            .unwrap_or_default()
+    }
+
     /// Worker `slot` of an elastic job ended: rounds no longer wait for it. Returns how many workers are alive.
     pub fn worker_gone(&self, slot: u32) -> usize {
         let mut store = self.shared.lock();
@@ -584,7 +607,9 @@ fn handle(
     // Authorize from the head alone, so an unauthorized peer cannot make the launcher read or buffer anything.
     let segments: Vec<&str> = request.path.split('/').collect();
     match segments.as_slice() {
-        ["", "kv", _, _] | ["", "elastic", "v1", "join"] => check_token(shared, &request)?,
+        ["", "kv", _, _] | ["", "elastic", "v1", "join" | "leave" | "round"] => {
+            check_token(shared, &request)?
+        }
         ["", _, _] => check_gloo_peer(shared, peer, owner)?,
         _ => return Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
@@ -605,6 +630,8 @@ fn handle(
     match segments.as_slice() {
         ["", "kv", scope, key] => on_kv(shared, &request, [scope, key], body.bytes),
         ["", "elastic", "v1", "join"] => on_elastic_join(shared, &request),
+        ["", "elastic", "v1", "leave"] => on_elastic_leave(shared, &request),
+        ["", "elastic", "v1", "round"] => on_elastic_round(shared, &request),
         ["", scope, key] => on_gloo(shared, &request, [scope, key], body.bytes),
         _ => Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
@@ -852,6 +879,72 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
             Err(poisoned) => poisoned.into_inner().0,
         };
     }
+}
+
+/// The worker (`X-Hvd-Rank`: its slot) leaves the elastic step on its own (preempted, after its last commit): rounds
+/// stop waiting for it and the launcher reports it as preempted. Only the process that joined as that slot may: the
+/// request must carry the same `X-Hvd-Join` identity (403 otherwise, and for a slot that never joined). 200
+/// `v1 <workers left alive>`; 410: the worker is not alive (ended, left, left out); 409: the step is not elastic.
+fn on_elastic_leave(shared: &Shared, request: &Request) -> Reply {
+    if request.method != "POST" {
+        return Err(HttpError::new(405, "method must be POST"));
+    }
+    let slot: u32 = request
+        .rank
+        .as_deref()
+        .ok_or_else(|| HttpError::new(400, "an elastic leave needs x-hvd-rank"))?
+        .parse()
+        .map_err(|_| HttpError::new(400, "x-hvd-rank must be a non-negative integer"))?;
+    let join = request
+        .join
+        .as_deref()
+        .filter(|j| valid_join(j))
+        .ok_or_else(|| {
+            HttpError::new(
+                400,
+                "an elastic leave needs x-hvd-join (1-64 characters of [A-Za-z0-9._-]): the identity the worker \
+                 joined with",
+            )
+        })?;
+    let mut store = shared.lock();
+    if store.elastic.is_none() {
+        return Err(HttpError::new(409, "this step is not elastic"));
+    }
+    if store.identity(slot) != Some(Some(join)) {
+        return Err(HttpError(
+            403,
+            format!(
+                "worker {slot} did not join from this process (no join as that slot with this x-hvd-join): only a \
+                 worker may leave, and only its own slot"
+            )
+            .into(),
+        ));
+    }
+    let Some(membership) = store.elastic.as_mut() else {
+        return Err(HttpError::new(409, "this step is not elastic"));
+    };
+    let alive = membership
+        .leave(slot, Instant::now())
+        .map_err(|e| match e {
+            elastic::MembershipError::NotAlive { .. } => HttpError(410, e.reason().into()),
+            _ => HttpError(400, e.reason().into()),
+        })?;
+    shared.changed.notify_all();
+    Ok((200, format!("v1 {alive}\n").into_bytes()))
+}
+
+/// The latest round of an elastic step, for its members to check at a commit: 200 `v1 <round> <size> <waiting>`,
+/// `waiting` being the new workers (host discovery) asking to join the next round.
+fn on_elastic_round(shared: &Shared, request: &Request) -> Reply {
+    if request.method != "GET" {
+        return Err(HttpError::new(405, "method must be GET"));
+    }
+    let store = shared.lock();
+    let Some(membership) = store.elastic.as_ref() else {
+        return Err(HttpError::new(409, "this step is not elastic"));
+    };
+    let (round, size, waiting) = membership.status();
+    Ok((200, format!("v1 {round} {size} {waiting}\n").into_bytes()))
 }
 
 fn parse_wait(query: &str) -> Result<Duration, HttpError> {

@@ -150,6 +150,9 @@ pub struct RunReport {
     pub detached: bool,
     /// Steps started again after a rank failed (`restarts`, `--max-restarts`), and how many times.
     pub restarts: std::collections::BTreeMap<String, u32>,
+    /// Workers (slots) of elastic steps that were preempted (SIGTERM, then their last commit and a hand-over), by
+    /// step: not failures.
+    pub preempted: std::collections::BTreeMap<String, Vec<u32>>,
 }
 
 /// A sortable id for a run: UTC time and the launcher's pid.

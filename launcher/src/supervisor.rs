@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::LaunchError;
+use crate::discovery::{Blacklist, Discovery, DiscoveryError, HostSlots};
 use crate::engine::{Local, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
-use crate::env::{RendezvousInfo, STEP_MARKER_VAR};
+use crate::env::{RendezvousInfo, STEP_MARKER_VAR, Slot};
 use crate::options::RunOptions;
 use crate::process::{
     Interrupts, RunCgroup, Watchdog, configure_worker_in, signal_group, signal_name,
@@ -68,6 +69,8 @@ struct Job<'a> {
     kill_now: AtomicBool,
     /// Steps started again after a rank failed, and how many times.
     restarts: Mutex<BTreeMap<String, u32>>,
+    /// Workers of elastic steps that were preempted (committed and left), by step.
+    preempted: Mutex<BTreeMap<String, Vec<u32>>>,
 }
 
 impl Job<'_> {
@@ -142,6 +145,18 @@ pub fn execute(
     if plan.steps.iter().any(|s| s.workers.is_some()) {
         plan.engine.prepare(plan)?;
     }
+    if let Some(script) = &options.host_discovery_script
+        && !plan
+            .steps
+            .iter()
+            .any(|s| s.workers.is_some() && s.min_workers.is_some())
+    {
+        return Err(LaunchError::Engine(format!(
+            "`--host-discovery-script {}` needs an elastic step (`workers = {{ min = .., max = .. }}` or \
+             `--min-workers`): no step of this run is elastic",
+            script.display()
+        )));
+    }
     let run_id = new_run_id();
     let log_dir = plan.state_dir.join("runs").join(&run_id);
     fs_err::create_dir_all(&log_dir).map_err(|source| LaunchError::Io {
@@ -188,6 +203,7 @@ pub fn execute(
         failures: Mutex::new(Vec::new()),
         kill_now: AtomicBool::new(false),
         restarts: Mutex::new(BTreeMap::new()),
+        preempted: Mutex::new(BTreeMap::new()),
     };
     let mut report = RunReport {
         run_id,
@@ -197,6 +213,7 @@ pub fn execute(
         failure: None,
         detached: false,
         restarts: BTreeMap::new(),
+        preempted: BTreeMap::new(),
     };
     let mut outputs: BTreeMap<String, String> = BTreeMap::new();
     let mut pending: Vec<&PlannedStep> = plan.steps.iter().collect();
@@ -320,6 +337,10 @@ pub fn execute(
     report.failure = failures.into_iter().next().map(|(_, f)| f);
     report.restarts = job
         .restarts
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    report.preempted = job
+        .preempted
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok(report)
@@ -481,6 +502,8 @@ fn run_attempt(
         Some(_) => Some(start_rendezvous(engine, step)?),
         None => None,
     };
+    let mut discovery: Option<Discovery> = None;
+    let mut first_workers: Option<u32> = None;
     // An elastic step: the server hands out each round's ranks, and a lost worker does not stop the others.
     let elastic = match (step.min_workers, step.workers, &rendezvous) {
         (Some(_), Some(_), _) if launcher.is_some() => {
@@ -492,7 +515,25 @@ fn run_attempt(
             )));
         }
         (Some(min), Some(n), Some((server, _))) => {
-            server.set_elastic(n, job.options.elastic_timeout);
+            // With host discovery, the first run of the script says how many workers start.
+            if let Some(script) = &job.options.host_discovery_script {
+                if !engine.name().starts_with("local") {
+                    return Err(LaunchError::Engine(format!(
+                        "step `{}`: host discovery (`--host-discovery-script`) runs elastic steps on the local engine \
+                         only, not on the {} (its hosts are its host list)",
+                        step.name,
+                        engine.name()
+                    )));
+                }
+                let d = Discovery::new(
+                    script.clone(),
+                    plan.project_dir.clone(),
+                    discovery_timeout()?,
+                );
+                first_workers = Some(first_discovery(job, step, &d, min, n)?);
+                discovery = Some(d);
+            }
+            server.set_elastic(first_workers.unwrap_or(n), job.options.elastic_timeout);
             Some(min)
         }
         _ => None,
@@ -528,134 +569,140 @@ fn run_attempt(
     });
     let result = std::thread::scope(|scope| -> Result<Outcome, LaunchError> {
         let mut spawn_error = None;
-        // A step an engine launches (mpirun) is one process, supervised in place of its ranks (as rank 0).
+        // A step an engine launches (mpirun) is one process, supervised in place of its ranks (as rank 0); an
+        // elastic step with host discovery starts as many as the script found slots, and more as it finds them.
         let slots = match &launcher {
             Some(_) => &step.layout.slots[..step.layout.slots.len().min(1)],
-            None => &step.layout.slots[..],
+            None => {
+                let n = first_workers.map_or(step.layout.slots.len(), |n| n as usize);
+                &step.layout.slots[..n.min(step.layout.slots.len())]
+            }
         };
         let tagged = launcher.is_some();
-        for slot in slots {
-            let rank_dir = log_dir.join(format!("rank.{}", slot.rank));
-            fs_err::create_dir_all(&rank_dir).map_err(|source| LaunchError::Io {
-                path: rank_dir.clone(),
-                source,
-            })?;
-            let open = |name: &str| {
-                let path = rank_dir.join(name);
-                fs_err::File::create(&path).map_err(|source| LaunchError::Io { path, source })
-            };
-            let (stdout_file, stderr_file) = (open("stdout")?, open("stderr")?);
-            let start = RankStart {
-                plan,
-                step,
-                slot,
-                rendezvous: info.as_ref(),
-                master_port,
-                marker: &step_marker,
-            };
-            let RankCommand {
-                mut command,
-                remote,
-            } = match &launcher {
-                Some(argv) => launcher_command(&start, argv),
-                None => engine.rank_command(&start)?,
-            };
-            command.current_dir(&plan.project_dir);
-            command
-                .stdin(if remote {
-                    Stdio::piped()
-                } else {
-                    Stdio::null()
-                })
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            command.env(STEP_MARKER_VAR, &step_marker);
-            configure_worker_in(&mut command, step_cgroup.as_ref());
-            let mut child = match command.spawn() {
-                Ok(c) => c,
-                Err(source) => {
-                    spawn_error = Some(LaunchError::Spawn {
-                        step: step.name.clone(),
-                        rank: slot.rank,
-                        program: command.get_program().to_string_lossy().into_owned(),
-                        source,
-                    });
-                    break;
-                }
-            };
-            let pgid = child.id();
-            // A remote rank's wrapper reads the job token from the first line of its stdin.
-            let mut stdin = child.stdin.take();
-            if let (Some(pipe), Some(info)) = (stdin.as_mut(), info.as_ref()) {
-                use std::io::Write as _;
-                let _ = writeln!(pipe, "{}", info.token);
-            }
-            if let Some(w) = &job.watchdog {
-                w.watch(pgid);
-            }
-            let tail = Arc::new(Mutex::new(VecDeque::new()));
-            let host: Arc<str> = Arc::from(slot.host.as_str());
-            let pipes = [
-                (
-                    child.stdout.take().map(OwnedFd::from),
-                    stdout_file,
-                    Stream::Stdout,
-                    None,
-                ),
-                (
-                    child.stderr.take().map(OwnedFd::from),
-                    stderr_file,
-                    Stream::Stderr,
-                    Some(tail.clone()),
-                ),
-            ];
-            for (pipe, file, stream, tail) in pipes {
-                let Some(pipe) = pipe else { continue };
-                pumps.live.fetch_add(1, Ordering::SeqCst);
-                let (step, host, rank) = (step_name.clone(), host.clone(), slot.rank);
-                let events = job.events;
-                scope.spawn(move || {
-                    let line = LineSource {
-                        step: &step,
-                        host: &host,
-                        rank,
-                        stream,
-                        tagged,
-                    };
-                    pump(
-                        std::fs::File::from(pipe),
-                        pumps,
-                        file,
-                        &line,
-                        events,
-                        tail.as_deref(),
-                    )
-                });
-            }
-            let index = workers.len();
-            let tx = exit_tx.clone();
-            scope.spawn(move || {
-                use std::os::unix::process::ExitStatusExt;
-                let exit = match child.wait() {
-                    Ok(status) => match (status.code(), status.signal()) {
-                        (Some(c), _) => WorkerExit::Code(c),
-                        (None, Some(s)) => WorkerExit::Signal(s),
-                        (None, None) => WorkerExit::Code(1),
-                    },
-                    Err(_) => WorkerExit::Code(1),
+        let exit_tx = exit_tx;
+        let mut spawn_worker =
+            |slot: &Slot, workers: &mut Vec<Worker>| -> Result<(), LaunchError> {
+                let rank_dir = log_dir.join(format!("rank.{}", slot.rank));
+                fs_err::create_dir_all(&rank_dir).map_err(|source| LaunchError::Io {
+                    path: rank_dir.clone(),
+                    source,
+                })?;
+                let open = |name: &str| {
+                    let path = rank_dir.join(name);
+                    fs_err::File::create(&path).map_err(|source| LaunchError::Io { path, source })
                 };
-                let _ = tx.send((index, exit, Instant::now()));
-            });
-            workers.push(Worker {
-                rank: slot.rank,
-                host: slot.host.clone(),
-                pgid,
-                exited: None,
-                stderr_tail: tail,
-                stdin,
-            });
+                let (stdout_file, stderr_file) = (open("stdout")?, open("stderr")?);
+                let start = RankStart {
+                    plan,
+                    step,
+                    slot,
+                    rendezvous: info.as_ref(),
+                    master_port,
+                    marker: &step_marker,
+                };
+                let RankCommand {
+                    mut command,
+                    remote,
+                } = match &launcher {
+                    Some(argv) => launcher_command(&start, argv),
+                    None => engine.rank_command(&start)?,
+                };
+                command.current_dir(&plan.project_dir);
+                command
+                    .stdin(if remote {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                command.env(STEP_MARKER_VAR, &step_marker);
+                configure_worker_in(&mut command, step_cgroup.as_ref());
+                let mut child = command.spawn().map_err(|source| LaunchError::Spawn {
+                    step: step.name.clone(),
+                    rank: slot.rank,
+                    program: command.get_program().to_string_lossy().into_owned(),
+                    source,
+                })?;
+                let pgid = child.id();
+                // A remote rank's wrapper reads the job token from the first line of its stdin.
+                let mut stdin = child.stdin.take();
+                if let (Some(pipe), Some(info)) = (stdin.as_mut(), info.as_ref()) {
+                    use std::io::Write as _;
+                    let _ = writeln!(pipe, "{}", info.token);
+                }
+                if let Some(w) = &job.watchdog {
+                    w.watch(pgid);
+                }
+                let tail = Arc::new(Mutex::new(VecDeque::new()));
+                let host: Arc<str> = Arc::from(slot.host.as_str());
+                let pipes = [
+                    (
+                        child.stdout.take().map(OwnedFd::from),
+                        stdout_file,
+                        Stream::Stdout,
+                        None,
+                    ),
+                    (
+                        child.stderr.take().map(OwnedFd::from),
+                        stderr_file,
+                        Stream::Stderr,
+                        Some(tail.clone()),
+                    ),
+                ];
+                for (pipe, file, stream, tail) in pipes {
+                    let Some(pipe) = pipe else { continue };
+                    pumps.live.fetch_add(1, Ordering::SeqCst);
+                    let (step, host, rank) = (step_name.clone(), host.clone(), slot.rank);
+                    let events = job.events;
+                    scope.spawn(move || {
+                        let line = LineSource {
+                            step: &step,
+                            host: &host,
+                            rank,
+                            stream,
+                            tagged,
+                        };
+                        pump(
+                            std::fs::File::from(pipe),
+                            pumps,
+                            file,
+                            &line,
+                            events,
+                            tail.as_deref(),
+                        )
+                    });
+                }
+                let index = workers.len();
+                let tx = exit_tx.clone();
+                scope.spawn(move || {
+                    use std::os::unix::process::ExitStatusExt;
+                    let exit = match child.wait() {
+                        Ok(status) => match (status.code(), status.signal()) {
+                            (Some(c), _) => WorkerExit::Code(c),
+                            (None, Some(s)) => WorkerExit::Signal(s),
+                            (None, None) => WorkerExit::Code(1),
+                        },
+                        Err(_) => WorkerExit::Code(1),
+                    };
+                    let _ = tx.send((index, exit, Instant::now()));
+                });
+                workers.push(Worker {
+                    rank: slot.rank,
+                    host: slot.host.clone(),
+                    pgid,
+                    exited: None,
+                    stderr_tail: tail,
+                    stdin,
+                });
+                Ok(())
+            };
+        for slot in slots {
+            if let Err(e) = spawn_worker(slot, &mut workers) {
+                spawn_error = Some(e);
+                break;
+            }
         }
-        drop(exit_tx);
         if spawn_error.is_some() {
             job.kill_now.store(true, Ordering::SeqCst);
         }
@@ -671,6 +718,10 @@ fn run_attempt(
             &mut workers,
             &exit_rx,
             rendezvous.as_ref().map(|(s, _)| s),
+            discovery.as_mut().map(|d| Growth {
+                discovery: d,
+                spawn: &mut spawn_worker,
+            }),
         );
         // Whatever a worker started that left its process group (setsid, daemons) ends with the step too: the
         // step's cgroup holds all of it; without one, the orphans the launcher adopted as their subreaper that are
@@ -700,6 +751,127 @@ fn run_attempt(
         });
     }
     result
+}
+
+/// `HVD_DISCOVERY_TIMEOUT`: seconds one run of the discovery script may take (default 10).
+fn discovery_timeout() -> Result<Duration, LaunchError> {
+    let name = crate::env_vars::HVD_DISCOVERY_TIMEOUT;
+    match std::env::var(name) {
+        Err(_) => Ok(Duration::from_secs(10)),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                LaunchError::Engine(format!(
+                    "{name}={v:?} is not a number of seconds above 0 (at most 3600)"
+                ))
+            }),
+    }
+}
+
+/// The slots the script found on this machine (the local engine runs every worker here) and not blacklisted. Other
+/// hosts are named once (`ignored` remembers them).
+fn local_slots(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    hosts: &[HostSlots],
+    blacklist: &Blacklist,
+    ignored: &mut std::collections::BTreeSet<String>,
+) -> u32 {
+    let here = step.layout.slots.first().map_or("", |s| s.host.as_str());
+    let now = Instant::now();
+    let mut slots = 0u32;
+    for h in hosts {
+        if !crate::discovery::is_this_machine(&h.host, here) {
+            if ignored.insert(h.host.clone()) {
+                job.events.event(Event::Note {
+                    text: format!(
+                        "warning: host discovery found host `{}` for step `{}`, but the local engine runs every \
+                         worker on this machine ({here}); ignored",
+                        h.host, step.name
+                    ),
+                });
+            }
+            continue;
+        }
+        if !blacklist.blocked(&h.host, now) {
+            slots = slots.saturating_add(h.slots);
+        }
+    }
+    slots
+}
+
+/// The warning for a run of the script that gave no hosts.
+fn discovery_warning(e: &DiscoveryError) -> String {
+    let mut text = format!("warning: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text.push_str("; keeping the current hosts");
+    text
+}
+
+/// The first run(s) of the discovery script of an elastic step: how many workers it starts (the slots found, at most
+/// `max`). Runs it every second until it finds at least `min` slots, for up to `--elastic-timeout`.
+fn first_discovery(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    discovery: &Discovery,
+    min: u32,
+    max: u32,
+) -> Result<u32, LaunchError> {
+    let started = Instant::now();
+    let mut ignored = std::collections::BTreeSet::new();
+    let mut last: Option<String> = None;
+    loop {
+        let found = match discovery.run_now() {
+            Ok(hosts) => {
+                let n = local_slots(job, step, &hosts, &Blacklist::default(), &mut ignored);
+                if n >= min {
+                    return Ok(n.min(max));
+                }
+                format!(
+                    "host discovery found {n} slots for step `{}`, fewer than its minimum of {min}; waiting",
+                    step.name
+                )
+            }
+            Err(e) => discovery_warning(&e),
+        };
+        if last.as_deref() != Some(found.as_str()) {
+            job.events.event(Event::Note {
+                text: found.clone(),
+            });
+        }
+        last = Some(found);
+        if started.elapsed() >= job.options.elastic_timeout
+            || job.stopping()
+            || job.interrupts.get().0 > 0
+        {
+            return Err(LaunchError::Engine(format!(
+                "step `{}` did not start: host discovery (`{}`) found no {min} slots within {} s (--elastic-timeout); \
+                 the last run: {}",
+                step.name,
+                discovery.script().display(),
+                job.options.elastic_timeout.as_secs_f64(),
+                last.unwrap_or_default()
+            )));
+        }
+        std::thread::sleep(crate::discovery::INTERVAL);
+    }
+}
+
+/// Starts the worker of one slot and adds it to the attempt's workers.
+type SpawnWorker<'a> = dyn FnMut(&Slot, &mut Vec<Worker>) -> Result<(), LaunchError> + 'a;
+
+/// An elastic step's growth through host discovery: the script, and how to start one more worker.
+struct Growth<'a> {
+    discovery: &'a mut Discovery,
+    spawn: &'a mut SpawnWorker<'a>,
 }
 
 /// Starts a distributed step's rendezvous where its engine says, with a fresh token.
@@ -791,9 +963,10 @@ struct Attempt<'a> {
 fn supervise(
     job: &Job<'_>,
     attempt: Attempt<'_>,
-    workers: &mut [Worker],
+    workers: &mut Vec<Worker>,
     exits: &mpsc::Receiver<(usize, WorkerExit, Instant)>,
     rendezvous: Option<&RendezvousServer>,
+    mut growth: Option<Growth<'_>>,
 ) -> Outcome {
     let Attempt {
         step,
@@ -813,10 +986,15 @@ fn supervise(
     let mut killed = false;
     let mut all_ok = true;
     let mut remaining = workers.len();
+    // Host discovery: hosts whose workers failed repeatedly, hosts the local engine ignores, the last warning.
+    let mut blacklist = Blacklist::default();
+    let mut ignored = std::collections::BTreeSet::new();
+    let mut last_warning: Option<String> = None;
     while remaining > 0 {
         match exits.recv_timeout(Duration::from_millis(20)) {
             Ok((index, exit, when)) => {
                 remaining -= 1;
+                let size = workers_started(workers);
                 let worker = &mut workers[index];
                 worker.exited = Some(exit);
                 // Whatever the worker left behind in its group goes with it.
@@ -826,23 +1004,66 @@ fn supervise(
                 }
                 if let (Some(min), Some(server)) = (elastic, rendezvous) {
                     // The membership's count: not the ones that ended (whatever their status) or were left out.
-                    let left = server.worker_gone(worker.rank) as u32;
+                    let mut left = server.worker_gone(worker.rank) as u32;
                     // A worker left out of a round is lost however it ends (a script may exit 0 on SIGTERM).
                     let dropped = lost.contains(&worker.rank);
+                    // Preempted: it committed, told the rendezvous it leaves, and exited 0 (hvd.elastic on SIGTERM).
+                    // What counts is who was alive when it left (the others may have finished since).
+                    let handed_over = server.elastic_left().get(&worker.rank).copied();
+                    let preempted =
+                        exit == WorkerExit::Code(0) && !dropped && handed_over.is_some();
+                    if preempted && let Some(after) = handed_over {
+                        left = after as u32;
+                    }
                     // Once the attempt is being stopped (to start again, or for good), exits are its doing.
-                    if (exit != WorkerExit::Code(0) || dropped) && !job.stopping() && !restart {
-                        lost.insert(worker.rank);
+                    if (exit != WorkerExit::Code(0) || dropped || preempted)
+                        && !job.stopping()
+                        && !restart
+                    {
+                        let what = match preempted {
+                            true => {
+                                job.preempted
+                                    .lock()
+                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                    .entry(step.name.clone())
+                                    .or_default()
+                                    .push(worker.rank);
+                                "was preempted: it committed, handed over and left".to_owned()
+                            }
+                            false => {
+                                lost.insert(worker.rank);
+                                if growth.is_some()
+                                    && let Some(cooldown) = blacklist.failed(&worker.host, when)
+                                {
+                                    job.events.event(Event::Note {
+                                        text: format!(
+                                            "host {} is blacklisted for {} s: {} of its workers were lost; host \
+                                             discovery starts no new workers there until then",
+                                            worker.host,
+                                            cooldown.as_secs(),
+                                            crate::discovery::BLACKLIST_FAILURES
+                                        ),
+                                    });
+                                }
+                                format!("was lost ({exit})")
+                            }
+                        };
                         if left >= min {
                             job.events.event(Event::Note {
                                 text: format!(
-                                    "rank {} of step `{}` was lost ({exit}); {left} of its {size} workers go on \
-                                     (elastic, minimum {min})",
+                                    "rank {} of step `{}` {what}; {left} of its {size} workers go on (elastic, \
+                                     minimum {min})",
                                     worker.rank, step.name
                                 ),
                             });
                             continue;
                         }
                         all_ok = false;
+                        // A preempted worker ends the step as the SIGTERM that preempted it would have.
+                        let exit = match preempted {
+                            true => WorkerExit::Signal(libc::SIGTERM),
+                            false => exit,
+                        };
                         let cause = Cause::BelowMinimum {
                             rank: worker.rank,
                             host: worker.host.clone(),
@@ -851,8 +1072,8 @@ fn supervise(
                             min,
                         };
                         let reason = format!(
-                            "rank {} of step `{}` was lost ({exit}): {left} of its workers are left, fewer than its \
-                             minimum of {min}; stopping the others (grace {} s)",
+                            "rank {} of step `{}` {what}: {left} of its workers are left, fewer than its minimum of \
+                             {min}; stopping the others (grace {} s)",
                             worker.rank,
                             step.name,
                             job.options.grace.as_secs_f64()
@@ -914,6 +1135,64 @@ fn supervise(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         job.check_interrupts(&step.name, log_dir);
+        // Host discovery: new slots on this machine start new workers (up to the step's maximum), which join at the
+        // members' next commit; a run that fails keeps the current workers, with a warning (once per message).
+        if let (Some(g), Some(server)) = (growth.as_mut(), rendezvous)
+            && !job.stopping()
+            && !restart
+            && let Some(result) = g.discovery.poll()
+        {
+            match result {
+                Ok(hosts) => {
+                    last_warning = None;
+                    let found = local_slots(job, step, &hosts, &blacklist, &mut ignored) as usize;
+                    let cap = step.layout.slots.len();
+                    let mut live = workers
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, w)| {
+                            w.exited.is_none() && !dropping.iter().any(|(d, _)| d == i)
+                        })
+                        .count();
+                    while live < found.min(cap) && workers.len() < cap {
+                        let Some(slot) = server.add_elastic_worker() else {
+                            break;
+                        };
+                        match (g.spawn)(&step.layout.slots[slot as usize], workers) {
+                            Ok(()) => {
+                                remaining += 1;
+                                live += 1;
+                                job.events.event(Event::Note {
+                                    text: format!(
+                                        "host discovery found {found} slots for step `{}`: started rank {slot}; it \
+                                         joins at the workers' next commit",
+                                        step.name
+                                    ),
+                                });
+                            }
+                            Err(e) => {
+                                server.worker_gone(slot);
+                                job.events.event(Event::Note {
+                                    text: format!(
+                                        "warning: could not start rank {slot} of step `{}` for a slot host \
+                                         discovery found: {e}",
+                                        step.name
+                                    ),
+                                });
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    let text = discovery_warning(&e);
+                    if last_warning.as_deref() != Some(text.as_str()) {
+                        job.events.event(Event::Note { text: text.clone() });
+                    }
+                    last_warning = Some(text);
+                }
+            }
+        }
         // Live workers a round of an elastic step formed without (they did not ask to join in time): stop them;
         // they count as lost.
         if let (Some(_), Some(server)) = (elastic, rendezvous) {
@@ -1015,6 +1294,11 @@ fn supervise(
         (false, true) => Outcome::Restart,
         (false, false) => Outcome::Failed,
     }
+}
+
+/// How many workers an attempt has started so far (an elastic step's discovery may add some).
+fn workers_started(workers: &[Worker]) -> usize {
+    workers.len()
 }
 
 /// Where a pumped line comes from: the step, the worker's host and rank, the stream; `tagged`: the lines carry the

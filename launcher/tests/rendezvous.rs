@@ -1294,3 +1294,189 @@ fn an_elastic_join_to_a_step_that_is_not_elastic_takes_no_seat() {
         vec![0]
     );
 }
+
+/// `POST /elastic/v1/leave` as worker `slot` with the join identity `join` (none when empty; the token unless `token`
+/// is false).
+fn elastic_leave(addr: SocketAddr, slot: &str, join: &str, token: bool) -> (u16, String) {
+    let auth = if token {
+        format!("Authorization: Bearer {TOKEN}\r\n")
+    } else {
+        String::new()
+    };
+    let join = if join.is_empty() {
+        String::new()
+    } else {
+        format!("X-Hvd-Join: {join}\r\n")
+    };
+    let (status, body) = raw(
+        addr,
+        format!(
+            "POST /elastic/v1/leave HTTP/1.1\r\nX-Hvd-Rank: {slot}\r\n{join}{auth}Content-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `GET /elastic/v1/round` with the token.
+fn elastic_round(addr: SocketAddr) -> (u16, String) {
+    let (status, body) = raw(
+        addr,
+        format!("GET /elastic/v1/round HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n")
+            .as_bytes(),
+    );
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A preempted worker leaves over HTTP: the survivors' next round forms at once without it, and the launcher sees it
+/// as having left.
+#[test]
+fn a_preempted_worker_leaves_over_http_and_the_survivors_re_form_without_it() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("h".to_owned(), 3)]);
+    server.set_elastic(3, Duration::from_secs(30));
+    let first: Vec<_> = (0..3)
+        .map(|slot| {
+            std::thread::spawn(move || {
+                elastic_join(
+                    addr,
+                    &slot.to_string(),
+                    &format!("w{slot}"),
+                    "after=0&wait_ms=20000",
+                    true,
+                )
+            })
+        })
+        .collect();
+    for j in first {
+        assert_eq!(j.join().unwrap().0, 200);
+    }
+    assert_eq!(elastic_round(addr), (200, "v1 1 3 0\n".to_owned()));
+    let survivors: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|slot| {
+            std::thread::spawn(move || {
+                elastic_join(
+                    addr,
+                    &slot.to_string(),
+                    &format!("w{slot}"),
+                    "after=1&wait_ms=20000",
+                    true,
+                )
+            })
+        })
+        .collect();
+    assert_eq!(
+        elastic_leave(addr, "1", "w1", true),
+        (200, "v1 2\n".to_owned())
+    );
+    let seats: Vec<_> = survivors.into_iter().map(|j| j.join().unwrap()).collect();
+    assert_eq!(
+        seats,
+        vec![
+            (200, "v1 2 0 2\n".to_owned()),
+            (200, "v1 2 1 2\n".to_owned())
+        ]
+    );
+    assert_eq!(
+        server.elastic_left().into_iter().collect::<Vec<_>>(),
+        vec![(1, 2)]
+    );
+    assert!(server.elastic_dropped().is_empty());
+    // Leaving again: it is no longer a live worker.
+    assert_eq!(elastic_leave(addr, "1", "w1", true).0, 410);
+}
+
+/// A leave is heard only from the process that joined as that slot, with the token: a peer cannot take another
+/// worker out of the job.
+#[test]
+fn hostile_elastic_leaves_are_refused_and_remove_nobody() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("h".to_owned(), 2)]);
+    // Not elastic: 409.
+    assert_eq!(elastic_leave(addr, "0", "w0", true).0, 409);
+    server.set_elastic(2, Duration::from_secs(30));
+    let w1 =
+        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=0&wait_ms=20000", true));
+    assert_eq!(
+        elastic_join(addr, "0", "w0", "after=0&wait_ms=20000", true).0,
+        200
+    );
+    assert_eq!(w1.join().unwrap().0, 200);
+    // Without the token, even with the right identity.
+    assert_eq!(elastic_leave(addr, "1", "w1", false).0, 403);
+    // Worker 0 asks to take worker 1 out (its own identity, another slot), or someone without an identity.
+    let (status, body) = elastic_leave(addr, "1", "w0", true);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("only its own slot"), "{body}");
+    assert_eq!(elastic_leave(addr, "1", "", true).0, 400);
+    assert_eq!(elastic_leave(addr, "1", "bad identity!", true).0, 400);
+    // A slot that never joined, one that is no worker, a malformed one, a wrong method.
+    assert_eq!(elastic_leave(addr, "7", "w7", true).0, 403);
+    assert_eq!(elastic_leave(addr, "x", "w0", true).0, 400);
+    let (status, _) = raw(
+        addr,
+        format!(
+            "GET /elastic/v1/leave HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Hvd-Rank: 1\r\nX-Hvd-Join: w1\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 405);
+    // The round status needs the token too.
+    let (status, _) = raw(addr, b"GET /elastic/v1/round HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 403);
+    // Nobody left: both workers still form the next round.
+    assert!(server.elastic_left().is_empty());
+    let w1 =
+        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=1&wait_ms=20000", true));
+    assert_eq!(
+        elastic_join(addr, "0", "w0", "after=1&wait_ms=20000", true),
+        (200, "v1 2 0 2\n".to_owned())
+    );
+    assert_eq!(w1.join().unwrap(), (200, "v1 2 1 2\n".to_owned()));
+}
+
+/// A worker the launcher adds (host discovery) waits for the members' next re-form, which `GET /elastic/v1/round`
+/// tells them to do; the next round takes it in.
+#[test]
+fn an_added_worker_joins_the_round_after_the_members_re_form() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("h".to_owned(), 3)]);
+    server.set_elastic(2, Duration::from_millis(200));
+    // Slot 2 is no worker yet.
+    assert_eq!(elastic_join(addr, "2", "w2", "after=0", true).0, 400);
+    let w1 =
+        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=0&wait_ms=20000", true));
+    assert_eq!(
+        elastic_join(addr, "0", "w0", "after=0&wait_ms=20000", true).0,
+        200
+    );
+    assert_eq!(w1.join().unwrap().0, 200);
+    assert_eq!(server.add_elastic_worker(), Some(2));
+    let w2 =
+        std::thread::spawn(move || elastic_join(addr, "2", "w2", "after=0&wait_ms=20000", true));
+    // Wait until the new worker's request is in (the members learn of it from the round status).
+    let mut waiting = String::new();
+    for _ in 0..500 {
+        waiting = elastic_round(addr).1;
+        if waiting == "v1 1 2 1\n" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(waiting, "v1 1 2 1\n");
+    // Far past the round window: the members training are not left out.
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(server.elastic_dropped().is_empty());
+    let w1 =
+        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=1&wait_ms=20000", true));
+    assert_eq!(
+        elastic_join(addr, "0", "w0", "after=1&wait_ms=20000", true),
+        (200, "v1 2 0 3\n".to_owned())
+    );
+    assert_eq!(w1.join().unwrap(), (200, "v1 2 1 3\n".to_owned()));
+    assert_eq!(w2.join().unwrap(), (200, "v1 2 2 3\n".to_owned()));
+}

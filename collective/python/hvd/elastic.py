@@ -20,23 +20,37 @@ member its new rank and the round's size), broadcasts the state from the new ran
     train(state)
 
 What is lost in a failure is the work since the last ``commit()`` (docs/running.md, Elastic steps).
+
+In an elastic step (``HVD_ELASTIC=1``) every ``commit()`` ends with a tiny agreement among the members (one allreduce,
+``check_host_updates``): whether a member was preempted, and whether new workers wait to join. Preemption (SIGTERM:
+spot reclaim, Kubernetes eviction) is a hand-over, not a loss: ``run`` installs a SIGTERM handler that only marks the
+worker; at its next ``commit()`` the worker saves, the others learn it leaves and re-form at once without it, and it
+tells the launcher's rendezvous it leaves (``hvd_elastic_leave``) and exits 0. Nothing committed is lost or counted
+twice. A worker that reaches no commit within ``HVD_PREEMPT_GRACE`` seconds (default 30) of the SIGTERM ends with code
+143, as SIGTERM would have ended it: a lost worker. A second SIGTERM ends it at once, the same way. New workers (host
+discovery) join at a commit the same way: the members re-form and sync the state from rank 0.
 """
 
 import copy
 import functools
 import os
+import signal
+import sys
+import threading
+import time
 
 import hvd as _hvd
 
-__all__ = ["run", "State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "HorovodInternalError"]
+__all__ = ["run", "State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "HorovodInternalError", "Preempted"]
 
 HorovodInternalError = _hvd.HorovodInternalError
 
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Horovod's signal that the job's hosts changed: ``hvd.elastic.run`` re-forms the job without restoring the
-    state (it is current: raised at a commit). With ``skip_sync`` the state is not broadcast again either. hvd's
-    launcher adds no hosts to a running job yet, so hvd raises it only where a script does."""
+    state (it is current: raised at a commit). With ``skip_sync`` the state is not broadcast again either (only
+    members left: they all hold it). ``commit()`` raises it on every member at once when a member was preempted or
+    new workers wait to join."""
 
     def __init__(self, skip_sync=False):
         super().__init__("the job's hosts changed")
@@ -64,17 +78,33 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp=None, update_res=None):
-        """Horovod's notification hook; hvd's launcher sends no host updates, so nothing calls it."""
+        """Horovod's notification hook; hvd's members learn of changes in ``check_host_updates``, so nothing calls
+        it."""
 
     def commit(self):
-        """Saves the state (what a failure goes back to), then checks for host changes."""
+        """Saves the state (what a failure goes back to), then checks for host changes (``check_host_updates``): a
+        preempted worker leaves here, and the others re-form without it or with new workers."""
         self.save()
         self._hvd_commits = getattr(self, "_hvd_commits", 0) + 1
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Raises ``HostsUpdatedInterrupt`` when the job's hosts changed. hvd's launcher adds no hosts to a running
-        job (losses arrive as ``HorovodInternalError`` from the collective in flight), so this returns."""
+        """In an elastic step under ``hvd run``: every member says whether it was preempted (SIGTERM) and whether
+        the launcher has new workers waiting to join (one allreduce, named ``hvd.elastic.commit``, so every member
+        must call it at the same commit, as ``commit()`` does). A preempted worker then leaves the job and exits 0
+        (``SystemExit``); the others raise ``HostsUpdatedInterrupt``, which ``run`` answers with a re-form without
+        restoring (the state was just committed), syncing from rank 0 only when new workers join. Outside an elastic
+        step it returns."""
+        if not _elastic() or not _hvd.is_initialized():
+            return
+        np = _hvd._np()
+        leaving = 1 if _preemption.marked is not None else 0
+        joining = 1 if _new_workers_waiting() else 0
+        agreed = _hvd.allreduce(np.array([leaving, joining], np.int64), op=_hvd.Max, name="hvd.elastic.commit")
+        if leaving:
+            _leave()
+        if int(agreed[0]) or int(agreed[1]):
+            raise HostsUpdatedInterrupt(skip_sync=not int(agreed[1]))
 
     def save(self):
         raise NotImplementedError
@@ -188,6 +218,177 @@ def _reset_limit():
     return int(value)
 
 
+def _elastic():
+    return os.environ.get("HVD_ELASTIC", "").strip() == "1"
+
+
+def _preempt_grace():
+    """``HVD_PREEMPT_GRACE``: seconds a SIGTERM'd worker has to reach its next commit (default 30)."""
+    value = os.environ.get("HVD_PREEMPT_GRACE", "30").strip()
+    try:
+        grace = float(value)
+    except ValueError:
+        grace = -1.0
+    if not 0 <= grace < 1e9:
+        raise _hvd.InvalidArgumentError(
+            "HVD_PREEMPT_GRACE={!r} is not a non-negative number of seconds".format(value))
+    return grace
+
+
+class _Preemption:
+    """The SIGTERM handler ``run`` installs in an elastic step, and what it marked."""
+
+    def __init__(self):
+        self.marked = None  # time.monotonic() of the first SIGTERM
+        self.previous = None  # the handler it replaced
+        self.depth = 0  # nested run() calls
+        self.timer = None
+        self.grace = 30.0
+
+    def install(self):
+        self.depth += 1
+        if self.depth > 1:
+            return
+        self.grace = _preempt_grace()
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+            # Ignored on purpose (nohup-like): stay ignored. Another thread: signals are the main thread's.
+            if previous is signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
+                self.previous = None
+                return
+            signal.signal(signal.SIGTERM, self.handle)
+            self.previous = previous
+        except (ValueError, OSError):
+            self.previous = None
+
+    def uninstall(self):
+        """The outermost ``run`` returns: the previous handler comes back; a SIGTERM that found no commit since is
+        delivered to it now (by default: the process ends with 143, a lost worker)."""
+        self.depth -= 1
+        if self.depth > 0 or self.previous is None:
+            return
+        previous, self.previous = self.previous, None
+        signal.signal(signal.SIGTERM, previous)
+        if self.marked is not None:
+            self.cancel()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def handle(self, signum, frame):
+        if self.marked is not None:
+            # A second SIGTERM: end now, as SIGTERM would.
+            self.end("a second SIGTERM")
+        self.marked = time.monotonic()
+        sys.stderr.write(
+            "hvd.elastic: SIGTERM: this worker (slot {}) commits, hands over and leaves at its next commit (within "
+            "HVD_PREEMPT_GRACE={:g} s)\n".format(os.environ.get("HVD_RANK", "?"), self.grace))
+        sys.stderr.flush()
+        self.timer = threading.Timer(self.grace, self.end, args=("no commit within HVD_PREEMPT_GRACE={:g} s of "
+                                                                  "SIGTERM".format(self.grace),))
+        self.timer.daemon = True
+        self.timer.start()
+        previous = self.previous
+        # Chain a handler of the script's own (it may log, flush, save); the default action is what this replaces.
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+
+    def cancel(self):
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    @staticmethod
+    def end(why):
+        """Ends the process as SIGTERM would have (code 143): the launcher counts it as a lost worker."""
+        try:
+            sys.stderr.write("hvd.elastic: {}: ending as a lost worker (exit code 143)\n".format(why))
+            sys.stderr.flush()
+        finally:
+            os._exit(128 + signal.SIGTERM)
+
+
+_preemption = _Preemption()
+
+
+class Preempted(SystemExit):
+    """Raised by ``commit()`` in a preempted worker once it has committed, handed over and left the job: the
+    process exits 0 (it is a ``SystemExit``), which the launcher reports as preempted."""
+
+    def __init__(self, message):
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+def _leave():
+    """The preempted worker's hand-over, after its last commit and the members' agreement: leave the job (the
+    others shut down too, to re-form), tell the launcher's rendezvous, end with ``Preempted``."""
+    _hvd.shutdown()
+    lib = _hvd._l()
+    leave = lib.hvd_elastic_leave
+    leave.restype, leave.argtypes = _ctypes_i32(), []
+    left = leave()
+    _preemption.cancel()
+    # Handed over: the SIGTERM is answered, so leaving run() does not deliver it again.
+    _preemption.marked = None
+    if left < 0:
+        sys.stderr.write("hvd.elastic: preempted, but the launcher was not told ({}); exiting anyway\n".format(
+            _hvd._error(lib)))
+    else:
+        sys.stderr.write("hvd.elastic: preempted: committed and left the job; {} workers go on\n".format(left))
+    sys.stderr.flush()
+    raise Preempted("hvd.elastic: this worker was preempted (SIGTERM) and left the job after its last commit")
+
+
+def _ctypes_i32():
+    import ctypes
+
+    return ctypes.c_int32
+
+
+# How often (seconds) a member asks the launcher whether new workers wait to join; commits in between reuse the answer.
+_JOIN_CHECK_INTERVAL = 1.0
+_join_check = {"at": None, "waiting": False, "warned": False}
+
+
+def _new_workers_waiting():
+    """Whether the launcher's rendezvous has new workers (host discovery) waiting to join the next round:
+    ``GET /elastic/v1/round`` at most every ``_JOIN_CHECK_INTERVAL`` seconds. A failed request counts as no."""
+    now = time.monotonic()
+    if _join_check["at"] is not None and now - _join_check["at"] < _JOIN_CHECK_INTERVAL:
+        return _join_check["waiting"]
+    _join_check["at"] = now
+    address = os.environ.get("HVD_RENDEZVOUS", "")
+    token = os.environ.get("HVD_JOB_TOKEN", "")
+    waiting = False
+    if address and not address.startswith("file:") and ":" in address:
+        import http.client
+
+        host, _, port = address.rpartition(":")
+        try:
+            conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=5)
+            try:
+                conn.request("GET", "/elastic/v1/round", headers={"Authorization": "Bearer " + token})
+                answer = conn.getresponse()
+                body = answer.read(256).decode("ascii", "replace").split()
+            finally:
+                conn.close()
+            if answer.status == 200 and len(body) == 4 and body[0] == "v1" and body[3].isdigit():
+                waiting = int(body[3]) > 0
+            elif not _join_check["warned"]:
+                _join_check["warned"] = True
+                sys.stderr.write("hvd.elastic: the rendezvous answered {} {} to GET /elastic/v1/round; new workers "
+                                 "cannot join\n".format(answer.status, " ".join(body)))
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            if not _join_check["warned"]:
+                _join_check["warned"] = True
+                sys.stderr.write("hvd.elastic: cannot ask the rendezvous {} for new workers ({}); going on\n".format(
+                    address, e))
+    _join_check["waiting"] = waiting
+    return waiting
+
+
 def run(func):
     """Decorates ``func(state, ...)``: syncs the state from rank 0 and calls it; when a collective fails with
     ``HorovodInternalError`` (a peer was lost), restores the state to its last commit, re-forms the job (shutdown,
@@ -199,6 +400,15 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        if not _elastic():
+            return _run(state, *args, **kwargs)
+        _preemption.install()
+        try:
+            return _run(state, *args, **kwargs)
+        finally:
+            _preemption.uninstall()
+
+    def _run(state, *args, **kwargs):
         limit = _reset_limit()
         skip_sync = False
         resets = 0

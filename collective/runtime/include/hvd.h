@@ -73,6 +73,9 @@ typedef struct hvd_request {
 int hvd_init(void);
 int hvd_shutdown(void);
 int hvd_is_initialized(void);
+/* An elastic step's worker leaves on its own (preempted, after its last commit and hvd_shutdown): the launcher's
+ * rendezvous stops waiting for it and reports it as preempted. Returns the workers left alive, or -1. */
+int hvd_elastic_leave(void);
 const char *hvd_last_error(void);
 const char *hvd_version(void);
 

@@ -43,4 +43,7 @@ hvd_env_vars::env_vars! {
     /// Python package: re-forms in a row without a `commit()` that `hvd.elastic.run` allows before it raises
     /// (0: no limit; Horovod's `--reset-limit`).
     HVD_ELASTIC_RESET_LIMIT default "10";
+    /// Python package: seconds a worker of an elastic step has, after a SIGTERM, to reach its next `commit()` and
+    /// hand over (leave the job cleanly); past it the worker ends with code 143, a lost worker.
+    HVD_PREEMPT_GRACE default "30";
 }

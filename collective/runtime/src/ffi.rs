@@ -304,6 +304,29 @@ pub extern "C" fn hvd_shutdown() -> i32 {
     })
 }
 
+/// A worker of an elastic step leaves the job on its own (preempted, after its last commit and `hvd_shutdown`): the
+/// launcher's rendezvous stops waiting for it in the next round and reports it as preempted, not lost. Only the
+/// process that joined as its slot is heard (its join identity). Returns how many workers are left alive, or -1 (not
+/// started by `hvd run`, or refused: `hvd_last_error` says why). Needs no `hvd_init`.
+#[unsafe(no_mangle)]
+pub extern "C" fn hvd_elastic_leave() -> i32 {
+    guard(-1, || {
+        let job = hvd_collective::bootstrap::JobEnv::from_env()
+            .map_err(|e| Failure::collective("cannot leave the elastic job", &e))?;
+        let Some(rendezvous) = &job.rendezvous else {
+            return Err(Failure::new(
+                ErrorKind::InvalidArgument,
+                "cannot leave the elastic job: no rendezvous (`HVD_RENDEZVOUS`); run under `hvd run`",
+            ));
+        };
+        let alive = rendezvous
+            .client(job.rank)
+            .elastic_leave()
+            .map_err(|e| Failure::collective("failed to leave the elastic job", &e))?;
+        Ok(i32::try_from(alive).unwrap_or(i32::MAX))
+    })
+}
+
 /// Starts writing a Chrome-trace timeline to `path` (rank 0 writes it; `{rank}` in the path: every rank its own
 /// file), replacing one being written; `mark_cycles` != 0 marks engine cycles. Every rank calls it. 0, or -1 (not
 /// initialized, the file cannot be created).

@@ -470,6 +470,7 @@ pub fn run(
         failure: None,
         detached: false,
         restarts: BTreeMap::new(),
+        preempted: BTreeMap::new(),
     };
     let mut followers: BTreeMap<String, Follower> = BTreeMap::new();
     let mut seen: BTreeMap<String, Pod> = BTreeMap::new();

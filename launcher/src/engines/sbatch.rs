@@ -146,6 +146,7 @@ impl WholeRunEngine for Sbatch {
             failure: None,
             detached: true,
             restarts: BTreeMap::new(),
+            preempted: BTreeMap::new(),
         })
     }
 }
@@ -673,6 +674,7 @@ pub fn follow(
         failure: None,
         detached: false,
         restarts: BTreeMap::new(),
+        preempted: BTreeMap::new(),
     };
     let mut outputs = submission.skipped_outputs.clone();
     let mut cancelled = false;

@@ -6,8 +6,14 @@
 //! `window` after the first one asked (a live worker that never comes back, e.g. stuck outside any collective, is
 //! then left out: [`Membership::dropped`] names it for the launcher to stop). Its members are numbered 0..n in
 //! slot order, so every member learns the same size and a distinct rank from the server.
+//!
+//! Workers come and go between rounds: a worker preempted at a commit tells the server it leaves
+//! ([`Membership::leave`]; rounds no longer wait for it, and the launcher reports it as preempted, not lost), and the
+//! launcher may start new workers (host discovery: [`Membership::add_worker`]). A new worker asks to join while the
+//! others train; it waits, without starting any round's window, until the members re-form at a commit boundary
+//! (they see it through [`Membership::status`]), and the next round takes it in.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// What a join request is answered.
@@ -32,6 +38,8 @@ pub(crate) enum MembershipError {
     NotAWorker { slot: u32, workers: u32 },
     /// The worker claims a round that has not formed.
     Ahead { after: u64, generation: u64 },
+    /// A leave from a worker that is not alive (it ended, left already, or a round formed without it).
+    NotAlive { slot: u32 },
 }
 
 impl MembershipError {
@@ -44,6 +52,9 @@ impl MembershipError {
             }
             MembershipError::Ahead { after, generation } => format!(
                 "asked for the round after {after}, but the job's latest round is {generation}"
+            ),
+            MembershipError::NotAlive { slot } => format!(
+                "worker {slot} is not a live worker of this elastic step (it ended, left, or was left out)"
             ),
         }
     }
@@ -65,6 +76,10 @@ pub(crate) struct Membership {
     pending_since: Option<Instant>,
     /// Live slots that a round formed without.
     dropped: BTreeSet<u32>,
+    /// Slots that were a member of some round (a worker that never was asks as a newcomer).
+    were_members: BTreeSet<u32>,
+    /// Slots that left on their own (preempted, at a commit), and how many workers were alive after each left.
+    left: BTreeMap<u32, usize>,
 }
 
 impl Membership {
@@ -79,7 +94,26 @@ impl Membership {
             pending: BTreeSet::new(),
             pending_since: None,
             dropped: BTreeSet::new(),
+            were_members: BTreeSet::new(),
+            left: BTreeMap::new(),
         }
+    }
+
+    /// The launcher started one more worker: its slot (the next after every slot so far), alive from now on.
+    pub(crate) fn add_worker(&mut self) -> u32 {
+        let slot = self.workers;
+        self.workers += 1;
+        self.alive.insert(slot);
+        slot
+    }
+
+    /// Whether `slot` joins as a newcomer: a live worker, never a member, asking while a round runs without it.
+    fn newcomer(&self, slot: u32, after: u64) -> bool {
+        after == 0
+            && self.generation > 0
+            && self.alive.contains(&slot)
+            && !self.were_members.contains(&slot)
+            && !self.members.contains(&slot)
     }
 
     /// Worker `slot`, last a member of round `after` (0: none), asks to join the next round.
@@ -101,7 +135,8 @@ impl Membership {
                 generation: self.generation,
             });
         }
-        if self.generation > after {
+        let newcomer = self.newcomer(slot, after);
+        if self.generation > after && !newcomer {
             return Ok(self.answer(slot));
         }
         if !self.alive.contains(&slot) {
@@ -109,9 +144,20 @@ impl Membership {
                 generation: self.generation,
             });
         }
+        let before = self.generation;
         self.pending.insert(slot);
-        self.pending_since.get_or_insert(now);
+        // A newcomer waits for the members' next re-form: its request starts no window (which would leave out the
+        // members, busy training).
+        if !newcomer {
+            self.pending_since.get_or_insert(now);
+        }
         self.try_form(now);
+        if newcomer {
+            return Ok(match self.generation > before {
+                true => self.answer(slot),
+                false => Joined::Wait { until: None },
+            });
+        }
         if self.generation > after {
             return Ok(self.answer(slot));
         }
@@ -157,6 +203,7 @@ impl Membership {
             self.dropped.insert(slot);
         }
         self.members = std::mem::take(&mut self.pending).into_iter().collect();
+        self.were_members.extend(self.members.iter().copied());
         self.pending_since = None;
         self.generation += 1;
         true
@@ -170,6 +217,42 @@ impl Membership {
             self.pending_since = None;
         }
         self.try_form(now);
+    }
+
+    /// Worker `slot` leaves on its own (preempted, after its last commit): rounds no longer wait for it, and
+    /// [`Membership::left`] names it. Returns how many workers are alive.
+    pub(crate) fn leave(&mut self, slot: u32, now: Instant) -> Result<usize, MembershipError> {
+        if slot >= self.workers {
+            return Err(MembershipError::NotAWorker {
+                slot,
+                workers: self.workers,
+            });
+        }
+        if !self.alive.contains(&slot) {
+            return Err(MembershipError::NotAlive { slot });
+        }
+        self.gone(slot, now);
+        self.left.insert(slot, self.alive.len());
+        Ok(self.alive.len())
+    }
+
+    /// Workers that left on their own (preempted), and how many were alive right after each left.
+    pub(crate) fn left(&self) -> &BTreeMap<u32, usize> {
+        &self.left
+    }
+
+    /// The latest round, its size, and how many new workers wait to join the next one (the members should re-form
+    /// at their next commit to take them in).
+    pub(crate) fn status(&self) -> (u64, u32, u32) {
+        let waiting = match self.generation {
+            0 => 0,
+            _ => self
+                .pending
+                .iter()
+                .filter(|s| !self.were_members.contains(s))
+                .count() as u32,
+        };
+        (self.generation, self.members.len() as u32, waiting)
     }
 
     /// Workers still alive (started, not ended, not left out).
@@ -264,6 +347,54 @@ mod tests {
         assert_eq!(m.join(2, 1, t), member(2, 1, 2));
         assert_eq!(m.dropped().iter().copied().collect::<Vec<_>>(), vec![1]);
         assert_eq!(m.join(1, 1, t), Ok(Joined::LeftOut { generation: 2 }));
+    }
+
+    #[test]
+    fn a_preempted_worker_leaves_and_the_round_forms_without_it() {
+        let t = Instant::now();
+        let mut m = Membership::new(3, Duration::from_secs(30));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+        }
+        // The survivors ask first; the leave completes the round at once (no window).
+        assert!(matches!(m.join(0, 1, t), Ok(Joined::Wait { .. })));
+        assert!(matches!(m.join(2, 1, t), Ok(Joined::Wait { .. })));
+        assert_eq!(m.leave(1, t), Ok(2));
+        assert_eq!(m.join(0, 1, t), member(2, 0, 2));
+        assert_eq!(m.join(2, 1, t), member(2, 1, 2));
+        assert_eq!(m.left().get(&1), Some(&2));
+        assert!(m.dropped().is_empty());
+        // Leaving twice, or a slot that is no worker, is refused.
+        assert_eq!(m.leave(1, t), Err(MembershipError::NotAlive { slot: 1 }));
+        assert_eq!(
+            m.leave(3, t),
+            Err(MembershipError::NotAWorker {
+                slot: 3,
+                workers: 3
+            })
+        );
+    }
+
+    #[test]
+    fn a_new_worker_waits_for_the_members_next_re_form_without_starting_a_window() {
+        let t = Instant::now();
+        let window = Duration::from_secs(5);
+        let mut m = Membership::new(2, window);
+        for slot in 0..2 {
+            m.join(slot, 0, t).unwrap();
+        }
+        assert_eq!(m.status(), (1, 2, 0));
+        assert_eq!(m.add_worker(), 2);
+        // It asks while the members train: it waits, and no window starts (the members are not left out).
+        assert_eq!(m.join(2, 0, t), Ok(Joined::Wait { until: None }));
+        assert!(!m.try_form(t + window * 10));
+        assert_eq!(m.status(), (1, 2, 1));
+        // The members see it at a commit and re-form: the next round takes it in.
+        assert!(matches!(m.join(0, 1, t), Ok(Joined::Wait { .. })));
+        assert_eq!(m.join(1, 1, t), member(2, 1, 3));
+        assert_eq!(m.join(2, 0, t), member(2, 2, 3));
+        assert_eq!(m.join(0, 1, t), member(2, 0, 3));
+        assert_eq!(m.status(), (2, 3, 0));
     }
 
     #[test]

@@ -142,6 +142,11 @@ impl Store {
         }
     }
 
+    /// The `X-Hvd-Join` identity `rank` joined with (`Some(None)`: a client that sent none; `None`: not joined).
+    pub(crate) fn identity(&self, rank: u32) -> Option<Option<&str>> {
+        self.joined.get(&rank).map(Option::as_deref)
+    }
+
     pub(crate) fn joined(&self) -> BTreeSet<u32> {
         self.joined.keys().copied().collect()
     }

@@ -1,0 +1,413 @@
+//! Host discovery for elastic steps (`--host-discovery-script`, Horovod's contract): runs the user's script under a
+//! deadline, reads the `host:slots` lines it prints, and keeps the blacklist of hosts whose workers failed.
+//!
+//! The script is the user's, but what it prints (and whether it ends) is not trusted: a script that fails, hangs past
+//! the deadline (its process group is killed) or prints a line that is not `host:slots` yields a
+//! [`DiscoveryError`] naming the script and the line, and the caller keeps the hosts it has.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How often a running step's script is run again.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+/// The most output read from one run; more is an error.
+const MAX_OUTPUT: usize = 64 * 1024;
+/// The longest line shown in a warning.
+const SHOWN: usize = 120;
+/// Failures of a host's workers that blacklist it, and its first cooldown (doubled each time it is blacklisted
+/// again, up to [`MAX_COOLDOWN`]).
+pub const BLACKLIST_FAILURES: u32 = 2;
+pub const FIRST_COOLDOWN: Duration = Duration::from_secs(60);
+pub const MAX_COOLDOWN: Duration = Duration::from_secs(600);
+
+/// One line of the script's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSlots {
+    pub host: String,
+    pub slots: u32,
+}
+
+/// Why one run of the script gave no hosts.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("host discovery script `{script}` could not be started")]
+    Start {
+        script: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("host discovery script `{script}` did not finish within {} s (killed)", .timeout.as_secs_f64())]
+    Timeout { script: PathBuf, timeout: Duration },
+    #[error("host discovery script `{script}` failed ({status}){}", stderr_text(.stderr))]
+    Failed {
+        script: PathBuf,
+        status: String,
+        stderr: String,
+    },
+    #[error(
+        "host discovery script `{script}` printed line {line} {text:?}, which is not `host:slots`"
+    )]
+    BadLine {
+        script: PathBuf,
+        line: usize,
+        text: String,
+    },
+    #[error("host discovery script `{script}` printed more than {} KiB", MAX_OUTPUT / 1024)]
+    TooLong { script: PathBuf },
+}
+
+fn stderr_text(stderr: &str) -> String {
+    match stderr.trim() {
+        "" => String::new(),
+        s => format!(": {}", clip(s.lines().last().unwrap_or(s))),
+    }
+}
+
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
+/// Parses the script's output: one `host:slots` per line (blank lines skipped; the host may not be empty or hold
+/// white space, the slots are ASCII digits).
+pub fn parse(script: &Path, output: &str) -> Result<Vec<HostSlots>, DiscoveryError> {
+    let mut hosts = Vec::new();
+    for (i, raw) in output.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = || DiscoveryError::BadLine {
+            script: script.to_path_buf(),
+            line: i + 1,
+            text: clip(raw),
+        };
+        let (host, slots) = line.rsplit_once(':').ok_or_else(bad)?;
+        let digits = !slots.is_empty() && slots.bytes().all(|b| b.is_ascii_digit());
+        let host_ok = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| !c.is_whitespace() && !c.is_control() && c != '/');
+        let slots: u32 = match (digits, host_ok) {
+            (true, true) => slots.parse().map_err(|_| bad())?,
+            _ => return Err(bad()),
+        };
+        hosts.push(HostSlots {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            slots,
+        });
+    }
+    Ok(hosts)
+}
+
+/// Runs `script` once in `dir` (its own process group, no stdin) and parses what it prints; past `timeout` its
+/// process group is killed.
+pub fn run_script(
+    script: &Path,
+    dir: &Path,
+    timeout: Duration,
+) -> Result<Vec<HostSlots>, DiscoveryError> {
+    let mut child = Command::new(script)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| DiscoveryError::Start {
+            script: script.to_path_buf(),
+            source,
+        })?;
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(pipe) = pipe {
+                let _ = pipe.take(MAX_OUTPUT as u64 + 1).read_to_end(&mut out);
+            }
+            let _ = tx.send(out);
+        });
+        rx
+    };
+    let stdout = read(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = read(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + timeout;
+    let pgid = child.id() as i32;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => break None,
+        }
+    };
+    // What the script left in its group (a background `sleep` holding the pipe) goes with it.
+    // SAFETY: kill has no memory preconditions; the group is the script's own (process_group(0)).
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let Some(status) = status else {
+        let _ = child.wait();
+        return Err(DiscoveryError::Timeout {
+            script: script.to_path_buf(),
+            timeout,
+        });
+    };
+    let grace = Duration::from_secs(1);
+    let out = stdout.recv_timeout(grace).unwrap_or_default();
+    let err = stderr.recv_timeout(grace).unwrap_or_default();
+    // Too much output first: the reader stopped, so the script may have died of SIGPIPE.
+    if out.len() > MAX_OUTPUT {
+        return Err(DiscoveryError::TooLong {
+            script: script.to_path_buf(),
+        });
+    }
+    if !status.success() {
+        return Err(DiscoveryError::Failed {
+            script: script.to_path_buf(),
+            status: status.to_string(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+        });
+    }
+    parse(script, &String::from_utf8_lossy(&out))
+}
+
+/// The script of a running step: run every [`INTERVAL`] on a thread of its own, so a slow run never holds up the
+/// supervisor; [`Discovery::poll`] hands out each finished run.
+#[derive(Debug)]
+pub struct Discovery {
+    script: PathBuf,
+    dir: PathBuf,
+    timeout: Duration,
+    next: Instant,
+    running: Option<mpsc::Receiver<Result<Vec<HostSlots>, DiscoveryError>>>,
+}
+
+impl Discovery {
+    pub fn new(script: PathBuf, dir: PathBuf, timeout: Duration) -> Discovery {
+        Discovery {
+            script,
+            dir,
+            timeout,
+            next: Instant::now() + INTERVAL,
+            running: None,
+        }
+    }
+
+    pub fn script(&self) -> &Path {
+        &self.script
+    }
+
+    /// Runs the script now, on this thread.
+    pub fn run_now(&self) -> Result<Vec<HostSlots>, DiscoveryError> {
+        run_script(&self.script, &self.dir, self.timeout)
+    }
+
+    /// Starts a run when one is due; returns the result of a run that finished since the last call.
+    pub fn poll(&mut self) -> Option<Result<Vec<HostSlots>, DiscoveryError>> {
+        if let Some(rx) = &self.running {
+            return match rx.try_recv() {
+                Ok(result) => {
+                    self.running = None;
+                    self.next = Instant::now() + INTERVAL;
+                    Some(result)
+                }
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.running = None;
+                    self.next = Instant::now() + INTERVAL;
+                    None
+                }
+            };
+        }
+        if Instant::now() >= self.next {
+            let (tx, rx) = mpsc::channel();
+            let (script, dir, timeout) = (self.script.clone(), self.dir.clone(), self.timeout);
+            let spawned = std::thread::Builder::new()
+                .name("hvd-discovery".into())
+                .spawn(move || {
+                    let _ = tx.send(run_script(&script, &dir, timeout));
+                });
+            match spawned {
+                Ok(_) => self.running = Some(rx),
+                Err(_) => self.next = Instant::now() + INTERVAL,
+            }
+        }
+        None
+    }
+}
+
+/// Whether `host` names this machine (the local engine runs every worker here).
+pub fn is_this_machine(host: &str, hostname: &str) -> bool {
+    let host = host.trim_end_matches('.');
+    host.eq_ignore_ascii_case("localhost")
+        || host == "127.0.0.1"
+        || host == "::1"
+        || host.eq_ignore_ascii_case(hostname)
+}
+
+/// Hosts whose workers failed repeatedly, each out of use until its cooldown ends (Horovod's blacklist, with a
+/// cooldown that doubles each time a host is blacklisted again).
+#[derive(Debug, Default)]
+pub struct Blacklist {
+    hosts: BTreeMap<String, HostRecord>,
+}
+
+#[derive(Debug, Default)]
+struct HostRecord {
+    failures: u32,
+    times: u32,
+    until: Option<Instant>,
+}
+
+impl Blacklist {
+    /// A worker on `host` was lost. Returns the cooldown when this blacklists the host.
+    pub fn failed(&mut self, host: &str, now: Instant) -> Option<Duration> {
+        let record = self.hosts.entry(host.to_owned()).or_default();
+        record.failures += 1;
+        if record.failures < BLACKLIST_FAILURES {
+            return None;
+        }
+        record.failures = 0;
+        let cooldown = FIRST_COOLDOWN
+            .saturating_mul(1 << record.times.min(16))
+            .min(MAX_COOLDOWN);
+        record.times += 1;
+        record.until = Some(now + cooldown);
+        Some(cooldown)
+    }
+
+    /// Whether `host` is out of use at `now`.
+    pub fn blocked(&self, host: &str, now: Instant) -> bool {
+        self.hosts
+            .get(host)
+            .and_then(|r| r.until)
+            .is_some_and(|until| now < until)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn script() -> PathBuf {
+        PathBuf::from("discover.sh")
+    }
+
+    #[test]
+    fn host_slots_lines_are_parsed_and_anything_else_is_named() {
+        let hosts = parse(&script(), "localhost:2\n\n  node-1:4  \n[::1]:1\n").unwrap();
+        assert_eq!(
+            hosts,
+            vec![
+                HostSlots {
+                    host: "localhost".into(),
+                    slots: 2
+                },
+                HostSlots {
+                    host: "node-1".into(),
+                    slots: 4
+                },
+                HostSlots {
+                    host: "::1".into(),
+                    slots: 1
+                },
+            ]
+        );
+        for bad in [
+            "localhost",
+            "localhost:",
+            ":3",
+            "localhost:two",
+            "local host:2",
+            "localhost:-1",
+            "localhost:99999999999",
+            "localhost:²",
+        ] {
+            let e = parse(&script(), &format!("a:1\n{bad}\n")).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("discover.sh") && text.contains("line 2") && text.contains(bad),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_script_that_fails_hangs_or_floods_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, body: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path
+        };
+        let t = Duration::from_secs(5);
+        let ok = write("ok.sh", "echo localhost:3");
+        assert_eq!(run_script(&ok, dir.path(), t).unwrap()[0].slots, 3);
+        let failing = write("fail.sh", "echo no hosts today >&2; exit 1");
+        let e = run_script(&failing, dir.path(), t).unwrap_err().to_string();
+        assert!(
+            e.contains("fail.sh") && e.contains("exit status: 1") && e.contains("no hosts today"),
+            "{e}"
+        );
+        // It hangs, holding its output pipe open through a child: killed with its group at the deadline.
+        let hang = write("hang.sh", "echo localhost:1; sleep 600 & wait");
+        let e = run_script(&hang, dir.path(), Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hang.sh") && e.contains("did not finish"), "{e}");
+        let flood = write("flood.sh", "yes localhost:1 | head -c 200000");
+        let e = run_script(&flood, dir.path(), t).unwrap_err().to_string();
+        assert!(e.contains("flood.sh") && e.contains("more than"), "{e}");
+        let missing = dir.path().join("missing.sh");
+        let e = run_script(&missing, dir.path(), t).unwrap_err().to_string();
+        assert!(
+            e.contains("missing.sh") && e.contains("could not be started"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_host_that_fails_repeatedly_is_blacklisted_for_a_growing_cooldown() {
+        let t = Instant::now();
+        let mut b = Blacklist::default();
+        assert_eq!(b.failed("a", t), None);
+        assert!(!b.blocked("a", t));
+        assert_eq!(b.failed("a", t), Some(FIRST_COOLDOWN));
+        assert!(b.blocked("a", t) && !b.blocked("b", t));
+        assert!(!b.blocked("a", t + FIRST_COOLDOWN));
+        b.failed("a", t);
+        assert_eq!(b.failed("a", t), Some(FIRST_COOLDOWN * 2));
+        for _ in 0..20 {
+            b.failed("a", t);
+        }
+        assert_eq!(b.failed("a", t).or(b.failed("a", t)), Some(MAX_COOLDOWN));
+    }
+
+    #[test]
+    fn this_machine_goes_by_several_names() {
+        for name in ["localhost", "LOCALHOST", "127.0.0.1", "::1", "box", "box."] {
+            assert!(is_this_machine(name, "box"), "{name}");
+        }
+        assert!(!is_this_machine("other", "box"));
+    }
+}
