@@ -26,13 +26,14 @@ _VALUED = {
     "--min-np": "--min-workers", "--max-np": "--max-workers", "--elastic-timeout": "--elastic-timeout",
     # Not an option of `hvd run`: the workers' HVD_ELASTIC_RESET_LIMIT (what hvd.elastic.run reads).
     "--reset-limit": "--reset-limit",
+    "--host-discovery-script": "--host-discovery-script",
 }
 # Flags without a value: `--gloo` and `--disable-cache` change nothing in hvd (its runtime is one transport of its
 # own, and it keeps no such cache).
 _SWITCHES = {"--gloo", "--mpi", "--verbose", "-v", "--disable-cache", "--check-build"}
-# Elastic flags `hvd run` has no counterpart for yet: its elastic steps keep going on the workers they started with
-# (down to --min-np), but find no new hosts and keep no blacklist.
-_ELASTIC = {"--host-discovery-script", "--slots-per-host", "--cooldown-range", "--blacklist-cooldown-range"}
+# Elastic flags `hvd run` has no counterpart for yet: its discovery script must print `host:slots` lines, and its
+# blacklist has a cooldown of its own (docs/running.md, Host discovery).
+_ELASTIC = {"--slots-per-host", "--cooldown-range", "--blacklist-cooldown-range"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -91,8 +92,9 @@ def parse(argv):
             break
         if flag in _ELASTIC:
             raise UsageError(
-                "horovodrun: `{}` (elastic host discovery) is not supported: hvd run's elastic steps continue on the "
-                "workers they started with, down to --min-np, and find no new hosts; drop the flag".format(flag)
+                "horovodrun: `{}` (elastic host discovery) is not supported: hvd run's --host-discovery-script must "
+                "print `host:slots` lines, and hosts whose workers fail are blacklisted with hvd's own cooldown; drop "
+                "the flag".format(flag)
             )
         if flag in _VALUED:
             if inline:
@@ -133,14 +135,29 @@ def translate(argv):
                 reset_limit))
         # Every engine runs the command as written: the limit travels in it to each worker's hvd.elastic.run.
         command = ["env", "HVD_ELASTIC_RESET_LIMIT={}".format(int(reset_limit))] + command
-    # Horovod starts -np workers and may grow to --max-np through discovery; hvd finds no new hosts, so an elastic
-    # run starts (and stays at most) at -np, else at --max-np.
-    workers = values.pop("--workers", None) or maximum
-    if workers is None:
-        raise UsageError("horovodrun: -np N (the number of workers) is required")
-    if maximum is not None and int(maximum) < int(workers):
-        raise UsageError("horovodrun: --max-np {} is below -np {}".format(maximum, workers))
-    options += ["--workers", workers]
+    discovery = values.pop("--host-discovery-script", None)
+    if discovery is not None:
+        # The script's slots decide how many start; the step grows up to --max-np (else -np) and goes on down to
+        # --min-np (else -np, as in Horovod).
+        most = maximum or values.pop("--workers", None)
+        if most is None:
+            raise UsageError("horovodrun: --host-discovery-script needs --max-np (or -np): the most workers to run")
+        values.pop("--workers", None)
+        least = minimum or most
+        if int(least) > int(most):
+            raise UsageError("horovodrun: --min-np {} is above --max-np {}".format(least, most))
+        options += ["--workers", most, "--min-workers", least, "--max-workers", most,
+                    "--host-discovery-script", os.path.abspath(discovery)]
+        minimum = None
+        workers = most
+    else:
+        # Without discovery an elastic run starts (and stays at most) at -np, else at --max-np.
+        workers = values.pop("--workers", None) or maximum
+        if workers is None:
+            raise UsageError("horovodrun: -np N (the number of workers) is required")
+        if maximum is not None and int(maximum) < int(workers):
+            raise UsageError("horovodrun: --max-np {} is below -np {}".format(maximum, workers))
+        options += ["--workers", workers]
     if minimum is not None:
         if int(minimum) > int(workers):
             raise UsageError("horovodrun: --min-np {} is above the {} workers it starts".format(minimum, workers))
