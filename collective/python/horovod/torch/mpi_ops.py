@@ -31,7 +31,7 @@ __all__ = [
     "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
     "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_", "alltoall",
     "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "join", "barrier", "sparse_allreduce_async", "DistributedOptimizer",
+    "join", "barrier", "sparse_allreduce_async", "DistributedOptimizer", "broadcast_optimizer_state",
 ]
 
 
@@ -740,6 +740,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                              "unnamed): name all of them, or pass none".format(len(unnamed)))
     return _ht.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
                                     gradient_predivide_factor, groups if groups is not None else (num_groups or None))
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Makes every rank's optimizer state equal to root's (hvd.torch's), first giving an optimizer that has no state
+    yet the state one step creates, as Horovod does: every parameter that requires a gradient gets a zero gradient
+    and the wrapped optimizer steps once (without allreducing), so that momentum buffers and step counts exist on
+    every rank before root's are sent."""
+    _global_only(process_set)
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast the state of torch.optim.LBFGS (its step needs a closure)")
+    if len(optimizer.state_dict()["state"]) == 0:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        if hasattr(optimizer, "_hvd_setup"):
+            super(optimizer.__class__, optimizer).step()  # hvd.torch's wrapper: the base class's step, no allreduce
+        else:
+            optimizer.step()
+    _ht.broadcast_optimizer_state(optimizer, root_rank)
 
 
 # ---------------------------------------------------------------------------------------------------------------

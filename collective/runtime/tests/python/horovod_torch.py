@@ -125,6 +125,14 @@ for round_ in range(3):  # Horovod's setUp/tearDown around each test
     check(torch.equal(model.weight.grad, hvd.allreduce(model.weight.grad)), "num_groups optimizer")
     raises(NotImplementedError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                                                  sparse_as_dense=True), "sparse_as_dense")
+    # Horovod's broadcast_optimizer_state gives a stateless optimizer its first step's state, then root's.
+    fresh = torch.nn.Linear(2, 1)
+    momentum = hvd.DistributedOptimizer(torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9),
+                                        named_parameters=fresh.named_parameters())
+    momentum.param_groups[0]["lr"] = 0.1 * (r + 1)
+    hvd.broadcast_optimizer_state(momentum, root_rank=0)
+    check(momentum.param_groups[0]["lr"] == 0.1 and fresh.weight.grad is not None
+          and "momentum_buffer" in momentum.state[fresh.weight], "broadcast_optimizer_state")
     twice = list(model.named_parameters()) + [("weight", torch.nn.Parameter(torch.ones(1)))]
     raises(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in twice], lr=0.1),
                                                         named_parameters=twice), "duplicate parameter names")
