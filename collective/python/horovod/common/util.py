@@ -41,7 +41,30 @@ def gloo_built(verbose=False):
 
 
 def nccl_built(verbose=False):
-    return _hvd.nccl_built()
+    """Horovod's answer is the NCCL version it was compiled against (an int such as 2708 for 2.7.8; 0 without NCCL),
+    and scripts and tests compare it (``nccl_built() < 2700``). hvd's runtime loads NCCL at run time, so this is the
+    version of the NCCL library the nccl backend would load here when the runtime was built with it, and 0 when it
+    was not or when no NCCL library loads on this machine (its nccl backend cannot run then)."""
+    if not _hvd.nccl_built():
+        return 0
+    return _nccl_version()
+
+
+def _nccl_version():
+    import ctypes
+
+    for name in ("libnccl.so.2", "libnccl.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int(0)
+        try:
+            if lib.ncclGetVersion(ctypes.byref(version)) == 0:
+                return version.value
+        except AttributeError:
+            continue
+    return 0
 
 
 def ddl_built(verbose=False):

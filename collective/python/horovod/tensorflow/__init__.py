@@ -1,6 +1,7 @@
 """``horovod.tensorflow``: hvd.tensorflow. Importing it imports TensorFlow, as hvd.tensorflow does."""
 
 from horovod._reexport import reexport
+from horovod.common.util import nccl_built  # noqa: F401 - Horovod's answer is a version number
 
 reexport(globals(), "hvd.tensorflow")
 del reexport

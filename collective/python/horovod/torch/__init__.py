@@ -5,6 +5,7 @@ introspection functions, ...) is hvd.torch's. Importing it imports torch, as hvd
 
 from horovod._reexport import reexport
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from horovod.common.util import nccl_built  # noqa: F401 - Horovod's answer is a version number
 from horovod.common.process_sets import (  # noqa: F401
     ProcessSet,
     add_process_set,

@@ -30,8 +30,12 @@ def raises(cls, fn, what):
 
 
 # The build questions are hvd's answers, from every module a Horovod script asks.
-for name in ("mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built"):
+for name in ("mpi_built", "gloo_built", "ddl_built", "ccl_built"):
     check(getattr(hvd, name)() == getattr(core, name)() == getattr(util, name)(), name)
+# nccl_built is Horovod's version number: 0 without the nccl feature (or without a loadable NCCL), else >= 2700.
+nccl = hvd.nccl_built()
+usable = nccl == 0 if not core.nccl_built() else (nccl == 0 or nccl >= 2700)
+check(type(nccl) is int and nccl == util.nccl_built() and usable, "nccl_built {!r}".format(nccl))
 check(hvd.cuda_built() is False and hvd.rocm_built() is False, "cuda/rocm built")
 check(HorovodInternalError is core.HorovodInternalError and hvd.HorovodInternalError is HorovodInternalError,
       "HorovodInternalError")
