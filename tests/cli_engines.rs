@@ -71,6 +71,53 @@ fn worker_env_maps_openmpi_and_slurm_ranks() {
     common::assert_exit_saying(&out, 2, "OMPI_COMM_WORLD_RANK");
 }
 
+#[test]
+fn worker_env_refuses_a_node_whose_glibc_is_older_than_the_env_needs() {
+    // An env in a store whose wheel needs glibc 2.999, as a lock made on a far newer machine would pick.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let env = store.join("0123456789abcdef0123456789abcdef-train-env");
+    let wheel = store.join("11111111111111111111111111111111-x-2.0");
+    for (path, json) in [
+        (
+            &env,
+            serde_json::json!({"schema": 1, "content_hash": "c1", "references": [wheel.file_name().unwrap().to_str()]}),
+        ),
+        (
+            &wheel,
+            serde_json::json!({"schema": 1, "content_hash": "c2", "references": [],
+            "derivation": {"kind": "wheel", "inputs": {"artifact.filename": "x-2.0-cp311-cp311-manylinux_2_999_x86_64.whl"}}}),
+        ),
+    ] {
+        std::fs::create_dir_all(path).unwrap();
+        std::fs::write(path.join(".hvd-path.json"), json.to_string()).unwrap();
+    }
+    let run = |venv: &Path| {
+        Command::new(HVD)
+            .args(["worker-env", "--", "echo", "started"])
+            .env("OMPI_COMM_WORLD_RANK", "0")
+            .env("OMPI_COMM_WORLD_SIZE", "1")
+            .env("VIRTUAL_ENV", venv)
+            .output()
+            .unwrap()
+    };
+    let out = run(&env);
+    let (stdout, _) = text(&out);
+    let stderr = common::flat_stderr(&out);
+    assert!(
+        !out.status.success() && !stdout.contains("started"),
+        "{stdout}{stderr}"
+    );
+    assert!(stderr.contains("has glibc 2."), "{stderr}");
+    assert!(
+        stderr.contains("manylinux_2_999_x86_64.whl` needs glibc 2.999"),
+        "{stderr}"
+    );
+    // A plain venv (not a store path) is not checked.
+    let out = run(dir.path());
+    assert!(out.status.success(), "{}", text(&out).1);
+}
+
 const RANKS: &str = r#"step train {
   run = "case $HVD_RENDEZVOUS in 127.0.0.1:*) r=yes;; esac; echo rank=$HVD_RANK/$HVD_SIZE torch=$RANK/$WORLD_SIZE rdv=$r x=$X"
   workers = 2

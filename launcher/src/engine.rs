@@ -144,11 +144,7 @@ impl SupervisedEngine for Local {
         let Some(env) = plan.env_dir.as_deref() else {
             return Ok(());
         };
-        let need = crate::closure::EnvIdentity::local(env)?.and_then(|identity| identity.glibc);
-        match need.and_then(|need| need.problem(crate::glibc::host(), "this machine")) {
-            Some(problem) => Err(LaunchError::Engine(problem)),
-            None => Ok(()),
-        }
+        crate::glibc::check_env_here(env, "this machine")
     }
 }
 
