@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// that rejoined); one that does not is left out and stopped.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub elastic_timeout: f64,
+    /// An elastic step's hosts come from this program (Horovod's contract: it prints `host:slots` lines), run at the
+    /// start and every second; new slots start new workers, which join at a commit (local engine).
+    #[arg(long, value_name = "PROGRAM")]
+    pub host_discovery_script: Option<PathBuf>,
     /// Run in this already-built environment directory (its `bin/` first on PATH) instead of building the env.
     #[arg(long, value_name = "DIR", conflicts_with = "no_build")]
     pub env_dir: Option<PathBuf>,
@@ -374,6 +378,20 @@ fn options(
             }
             t => t,
         },
+        host_discovery_script: match &args.host_discovery_script {
+            None => None,
+            Some(script) => {
+                let path = std::path::absolute(script).unwrap_or_else(|_| script.clone());
+                if !path.is_file() {
+                    return Err(Failure::usage(format!(
+                        "`--host-discovery-script {}`: no such file (give the path of an executable that prints \
+                         `host:slots` lines)",
+                        script.display()
+                    )));
+                }
+                Some(path)
+            }
+        },
         state_dir: None,
         engine,
         mpi: args.mpi.clone(),
@@ -414,6 +432,13 @@ fn options(
 fn finish(report: hvd_launcher::RunReport) -> CommandResult {
     if report.detached {
         return Ok(Status::Success);
+    }
+    for (step, slots) in &report.preempted {
+        let ranks: Vec<String> = slots.iter().map(u32::to_string).collect();
+        note!(
+            "hvd: step `{step}`: rank {} preempted (SIGTERM): committed, handed over and left; not a failure",
+            ranks.join(", ")
+        );
     }
     match report.failure {
         None => {
