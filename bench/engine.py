@@ -17,6 +17,8 @@ Usage: bench/engine.py [--ranks N] [--steps S (default 50; at least half a secon
        [--library PATH] [--env KEY=VALUE ...] [--horovod-python PYTHON]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
+Issue 22 §3: the same 5x through the per-tensor API; the line "per-tensor step / grouped step" shows what the
+per-tensor API costs over one call per step in the same round (1.0x: nothing).
 With --horovod-python PYTHON (an env with Horovod built against TensorFlow, e.g. the one `hvd build
 examples/tensorflow-horovod/train.hvd` assembles), the same workloads run through Horovod in the same rounds, and
 the ratios to Horovod are printed too.
@@ -397,6 +399,11 @@ def main():
               paired("fusion off", "fusion on", "small"), paired("fusion off", "fusion on", "grouped")))
     print("fusion speed-up, 100 x 4 KiB..4 MiB: {:.2f}x per-tensor, {:.2f}x grouped".format(
         paired("fusion off", "fusion on", "mixed"), paired("fusion off", "fusion on", "mixed_grouped")))
+    # What the per-tensor API costs over one call per step (its submissions and waits), whatever the fusion factor
+    # of the run: the same round's per-tensor step over its grouped step, fusion on (#22 §3).
+    print("per-tensor step / grouped step, fusion on (median of rounds): {:.2f}x 100 x 4 KiB, {:.2f}x 4 KiB..4 MiB"
+          .format(statistics.median(r["small"] / r["grouped"] for r in rounds["fusion on"]),
+                  statistics.median(r["mixed"] / r["mixed_grouped"] for r in rounds["fusion on"])))
 
     def cost(config, key):
         pairs = [p for r in rounds[config] for p in r[key + "_timeline"]]
