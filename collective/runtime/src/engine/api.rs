@@ -467,3 +467,121 @@ impl Drop for Engine {
         self.shutdown();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicI8, Ordering};
+    use std::time::Duration;
+
+    use super::Engine;
+    use crate::config::EngineConfig;
+    use crate::engine::{EngineError, Request, meta};
+    use crate::message::OpKind;
+    use crate::transport::LocalTransport;
+    use hvd_collective::{DType, ReduceOp};
+
+    const TENSORS: usize = 12;
+    /// Its length differs on rank 1: a mismatch for this tensor only.
+    const BAD: usize = 7;
+
+    fn len(rank: usize, i: usize) -> usize {
+        if i == BAD && rank == 1 { 3 } else { i + 1 }
+    }
+
+    /// Ranks that submit the same per-tensor allreduces in batches split differently (rank 0 all at once, rank 1 in
+    /// three batches, the last first) get every result, and the waits of a batch release what has completed after
+    /// the waited handle, so most waits find their handle marked; the mismatched tensor's error is its own.
+    #[test]
+    fn batches_split_differently_on_each_rank_complete_and_keep_errors_apart() {
+        let transports = LocalTransport::group(2, Duration::from_secs(10));
+        let results: Vec<_> = std::thread::scope(|s| {
+            let threads: Vec<_> = transports
+                .into_iter()
+                .enumerate()
+                .map(|(rank, t)| {
+                    s.spawn(move || {
+                        let e = Engine::start(Box::new(t), EngineConfig::default()).unwrap();
+                        let mut bufs: Vec<Vec<f32>> = (0..TENSORS)
+                            .map(|i| vec![(rank * 100 + i) as f32; len(rank, i)])
+                            .collect();
+                        let request = |i: usize, b: &mut Vec<f32>| {
+                            let m = meta(
+                                OpKind::Allreduce,
+                                &format!("t.{i}"),
+                                DType::F32,
+                                vec![b.len() as i64],
+                                ReduceOp::Sum,
+                            );
+                            let p = b.as_mut_ptr().cast::<u8>();
+                            // SAFETY: every buffer outlives the waits below and is not touched meanwhile.
+                            unsafe { Request::in_caller_memory(m, p, p, b.len() * 4) }
+                        };
+                        let batches: Vec<Vec<usize>> = if rank == 0 {
+                            vec![(0..TENSORS).collect()]
+                        } else {
+                            vec![(8..12).collect(), (4..8).collect(), (0..4).collect()]
+                        };
+                        let mut requests: Vec<Vec<Request>> = Vec::new();
+                        for batch in &batches {
+                            requests
+                                .push(batch.iter().map(|&i| request(i, &mut bufs[i])).collect());
+                        }
+                        let mut outcomes = vec![None; TENSORS];
+                        for (batch, requests) in batches.iter().zip(requests) {
+                            let handles: Vec<u64> = e
+                                .enqueue_each(requests)
+                                .into_iter()
+                                .map(Result::unwrap)
+                                .collect();
+                            let done: Vec<AtomicI8> =
+                                handles.iter().map(|_| AtomicI8::new(0)).collect();
+                            for (k, &i) in batch.iter().enumerate() {
+                                let marked = done[k].load(Ordering::Relaxed);
+                                let r = e.wait_batch(&handles, k, &done);
+                                outcomes[i] = Some((marked, r.map_err(|e| e.to_string())));
+                                assert_ne!(done[k].load(Ordering::Relaxed), 0);
+                            }
+                            // Waited again: an already released success answers at once.
+                            if let Some(k) = batch.iter().position(|&i| i != BAD) {
+                                assert!(e.wait_batch(&handles, k, &done).is_ok());
+                            }
+                            if let Some(k) = batch.iter().position(|&i| i == BAD) {
+                                assert!(matches!(
+                                    e.wait_batch(&handles, k, &done),
+                                    Err(EngineError::UnknownHandle(_))
+                                ));
+                            }
+                        }
+                        e.shutdown();
+                        (bufs, outcomes)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (rank, (bufs, outcomes)) in results.into_iter().enumerate() {
+            let mut found_marked = false;
+            for (i, outcome) in outcomes.into_iter().enumerate() {
+                let (marked, result) = outcome.unwrap();
+                found_marked |= marked == 1;
+                if i == BAD {
+                    let msg = result.unwrap_err();
+                    assert!(msg.contains("t.7"), "rank {rank}: {msg}");
+                    assert_eq!(bufs[i], vec![(rank * 100 + i) as f32; len(rank, i)]);
+                } else {
+                    result.unwrap();
+                    assert_eq!(
+                        bufs[i],
+                        vec![(100 + 2 * i) as f32; i + 1],
+                        "rank {rank} t.{i}"
+                    );
+                }
+            }
+            // Rank 0's one batch completes in one fused operation (the mismatched tensor aside): after its first
+            // wait, later handles are found released.
+            if rank == 0 {
+                assert!(found_marked, "no wait found its handle released");
+            }
+        }
+    }
+}
