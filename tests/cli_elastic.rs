@@ -340,6 +340,7 @@ fn a_slot_found_by_discovery_mid_run_joins_at_a_commit() {
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("step `train` on 2 worker(s)"), "{stderr}");
     assert!(
         stdout.contains("slot 0 starts as rank 0 of 2")
             && stdout.contains("slot 1 starts as rank 1 of 2"),
@@ -529,5 +530,40 @@ fn re_forms_without_a_commit_stop_at_the_reset_limit() {
     );
     assert!(both.contains("deterministic failure at step 2"), "{both}");
     assert_eq!(both.matches("slot 0 re-formed").count(), 2, "{both}");
+    common::assert_nothing_left(&marker);
+}
+
+/// `--host-discovery-script` needs an elastic step and an existing program; both are refused naming the flag.
+#[test]
+fn host_discovery_needs_an_elastic_step_and_an_existing_script() {
+    let marker = marker();
+    let dir = project("2", 1, "", &marker);
+    let script = discovery_script(dir.path(), "echo localhost:2");
+    let out = run(
+        dir.path(),
+        &["--host-discovery-script", script.to_str().unwrap()],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains("needs an elastic step") && flat.contains("no step of this run is elastic"),
+        "{stderr}"
+    );
+    let out = run(
+        dir.path(),
+        &[
+            "--min-workers",
+            "1",
+            "--host-discovery-script",
+            "no-such.sh",
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("`--host-discovery-script no-such.sh`: no such file"),
+        "{stderr}"
+    );
     common::assert_nothing_left(&marker);
 }

@@ -545,7 +545,8 @@ fn run_attempt(
     let master_port = crate::env::free_port().unwrap_or(29500);
     job.events.event(Event::StepStarted {
         step: step.name.clone(),
-        workers: step.workers,
+        // With host discovery, the workers its first run found slots for.
+        workers: first_workers.or(step.workers),
         rendezvous: info.as_ref().map(|i| i.addr),
     });
 
