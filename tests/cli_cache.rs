@@ -266,6 +266,64 @@ fn an_empty_store_builds_the_env_purely_from_the_cache_with_the_index_unreachabl
 }
 
 #[test]
+fn a_node_pulls_the_env_by_name_without_project_lock_or_index() {
+    let p = Pushed::new();
+    let key = p.public_key();
+    let cache = p.cache_url();
+    let name = Path::new(&p.env)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    // A node has only hvd, the store directory and the cache: no project file, lock or index.
+    let node = tempfile::tempdir().unwrap();
+    let pull = |what: &str| {
+        hvd(
+            node.path(),
+            &p.store,
+            &[
+                "cache",
+                "pull",
+                what,
+                "--cache",
+                &cache,
+                "--trusted-key",
+                &key,
+            ],
+        )
+    };
+    let out = pull(&name);
+    let (stdout, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(stdout, p.env, "prints the store path");
+    let greet = std::process::Command::new(p.store.join(&name).join("bin/greet"))
+        .output()
+        .unwrap();
+    assert_eq!(text(&greet).0, "hello from greet", "{}", text(&greet).1);
+    // Valid already: nothing to do; the full path in this store is accepted too.
+    let again = pull(&p.env);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again).1);
+    // Names that are not store path names, paths of another store, and paths no cache has.
+    for hostile in ["..", "x", &format!("{name}\n")] {
+        assert_says(&pull(hostile), 2, &["not a store path name"]);
+    }
+    for escaping in ["../../etc", "0123456789abcdef0123456789abcdef-x/../../y"] {
+        assert_says(&pull(escaping), 2, &["is not a path in this store"]);
+    }
+    assert_says(
+        &pull(&format!("/elsewhere/{name}")),
+        2,
+        &["is not a path in this store"],
+    );
+    assert_says(
+        &pull("0123456789abcdef0123456789abcdef-absent-1.0"),
+        1,
+        &["0123456789abcdef0123456789abcdef-absent-1.0 is in none of the caches"],
+    );
+    p.assert_nothing_of("0123456789abcdef0123456789abcdef-absent-1.0");
+}
+
+#[test]
 fn a_cache_over_http_and_from_the_environment_substitutes_the_same() {
     let p = Pushed::new();
     let base = common::serve_files(p.cache.clone());

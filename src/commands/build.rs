@@ -200,7 +200,7 @@ pub fn ensure_env_with(
         source: runtime.path().to_path_buf(),
     });
     let store = open_store()?;
-    let substituter = caches.substituter(&project, mode.offline)?;
+    let substituter = caches.substituter(Some(&project), mode.offline)?;
     let progress = TerminalProgress::new();
     // Held (shared) from before the build until both roots exist: `hvd gc` (exclusive) cannot run in between.
     let builders = store.lock_builders().map_err(build_failure)?;

@@ -21,6 +21,9 @@ enum CacheCommand {
     Keygen(KeygenArgs),
     /// Upload the closure of FILE's built env (the env and every path it references) into a cache, signed.
     Push(PushArgs),
+    /// Make store paths valid here from the caches, by name, with everything they reference (what a node does before
+    /// its ranks start: no project file, lock or package index needed). Prints each path.
+    Pull(PullArgs),
 }
 
 #[derive(Debug, Args)]
@@ -50,11 +53,78 @@ struct PushArgs {
     caches: CacheOptions,
 }
 
+#[derive(Debug, Args)]
+struct PullArgs {
+    /// Store paths to get: a name (`<hash>-<name>-<version>`) or a path in this store (`$HVD_STORE/<name>`).
+    #[arg(required = true, value_name = "PATH")]
+    paths: Vec<String>,
+    #[command(flatten)]
+    caches: CacheOptions,
+}
+
 pub fn run(args: CacheArgs) -> CommandResult {
     match args.command {
         CacheCommand::Keygen(args) => keygen(args),
         CacheCommand::Push(args) => push(args),
+        CacheCommand::Pull(args) => pull(args),
     }
+}
+
+fn pull(args: PullArgs) -> CommandResult {
+    let store =
+        hvd_builder::Store::open(hvd_builder::Store::default_root()).map_err(build_failure)?;
+    let mut names = Vec::new();
+    for given in &args.paths {
+        let path = std::path::Path::new(given);
+        let name = if path.components().count() > 1 {
+            if path.parent() != Some(store.root()) {
+                return Err(Failure::usage(format!(
+                    "`{given}` is not a path in this store ({}); give the store path's name, or set HVD_STORE to                      the store it belongs to (a store path is only valid at the store directory it was built for)",
+                    store.root().display()
+                )));
+            }
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            given.clone()
+        };
+        hvd_builder::cache::record::check_path_name(&name).map_err(|message| {
+            Failure::usage(format!(
+                "`hvd cache pull`: not a store path name: {message}"
+            ))
+        })?;
+        names.push(name);
+    }
+    let Some(substituter) = args.caches.substituter(None, false)? else {
+        return Err(Failure::usage(
+            "no cache to pull from: give `--cache URL` (or HVD_CACHES) and `--trusted-key` (or HVD_TRUSTED_KEYS)",
+        ));
+    };
+    let progress = TerminalProgress::new();
+    for name in &names {
+        let found = substituter
+            .substitute_path_name(&store, name, &progress)
+            .map_err(build_failure)?;
+        if !found {
+            let caches: Vec<String> = substituter
+                .caches()
+                .iter()
+                .map(|url| hvd_builder::cache::backend::redact(url))
+                .collect();
+            return Err(Failure::new(
+                Status::Failure,
+                miette::miette!(
+                    "{name} is in none of the caches ({}) with a signature by a trusted key, nor is everything it \
+                     references: push it from a machine that has it (`hvd cache push`), or check --cache and \
+                     --trusted-key",
+                    caches.join(", ")
+                ),
+            ));
+        }
+        println!("{}", store.root().join(name).display());
+    }
+    Ok(Status::Success)
 }
 
 fn keygen(args: KeygenArgs) -> CommandResult {

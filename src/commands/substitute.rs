@@ -20,11 +20,12 @@ pub struct CacheOptions {
 }
 
 impl CacheOptions {
-    /// The cache URLs: the flags, then `HVD_CACHES` (space-separated), then the file's `cluster { caches }`.
-    pub fn urls(&self, project: &hvd_lang::model::Project) -> Vec<String> {
+    /// The cache URLs: the flags, then `HVD_CACHES` (space-separated), then the file's `cluster { caches }` (when
+    /// there is a file).
+    pub fn urls(&self, project: Option<&hvd_lang::model::Project>) -> Vec<String> {
         let mut urls = self.caches.clone();
         urls.extend(hvd_builder::cache::caches_from_env());
-        if let Some(cluster) = &project.cluster {
+        if let Some(cluster) = project.and_then(|p| p.cluster.as_ref()) {
             urls.extend(cluster.caches.iter().cloned());
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -35,7 +36,7 @@ impl CacheOptions {
     /// The substituter for these caches, `None` when there are none; `offline` keeps only directory caches.
     pub fn substituter(
         &self,
-        project: &hvd_lang::model::Project,
+        project: Option<&hvd_lang::model::Project>,
         offline: bool,
     ) -> Result<Option<Substituter>, Failure> {
         let mut urls = self.urls(project);

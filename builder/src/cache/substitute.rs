@@ -119,6 +119,19 @@ impl Substituter {
         self.substitute_name(store, &derivation.path_name(), Some(derivation), progress)
     }
 
+    /// Make store path `name` (`<hash>-<name>-<version>`, e.g. an env's) valid with its closure from the caches, by
+    /// its name alone: for a node that has no project, lock or index (`hvd cache pull`). `false` when no cache has it
+    /// (or a path of its closure) signed by a trusted key; the caller checks the name first
+    /// ([`super::record::check_path_name`]).
+    pub fn substitute_path_name(
+        &self,
+        store: &Store,
+        name: &str,
+        progress: &dyn Progress,
+    ) -> Result<bool> {
+        self.substitute_name(store, name, None, progress)
+    }
+
     /// Substitute `name` with its closure: the records are collected breadth-first over names (each fetched once,
     /// so a shared reference or a cycle costs one look-up), then installed in dependency order, [`PARALLEL`] at a
     /// time. `false` (nothing installed) when a path of the closure is in no cache.
