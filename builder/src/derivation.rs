@@ -25,6 +25,8 @@ pub enum DerivationKind {
     Local,
     /// A venv-layout environment linking package paths.
     Env,
+    /// A compiler toolchain assembled from pinned packages (a gcc from Debian's archive, `debian/`).
+    Toolchain,
 }
 
 /// Every input of one store path.

@@ -2,8 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use hvd_resolver::lockfile::{ArtifactKind, LockedBuild, LockedPackage, Lockfile};
+use hvd_resolver::lockfile::{ArtifactKind, LockedBuild, LockedPackage, Lockfile, ToolchainPin};
 
+use crate::debian::{DebPlan, DebianGcc};
 use crate::error::Result;
 use crate::fetch::Artifact;
 use crate::plan::{EnvPlan, PackagePlan, SourceBuildPlan};
@@ -21,21 +22,7 @@ pub fn plan_from_lockfile(lock: &Lockfile, name: &str) -> Result<EnvPlan> {
         .iter()
         .map(|package| package_plan(package, builds.get(package.name.as_str()).copied()))
         .collect::<Result<Vec<_>>>()?;
-    let toolchain = lock.toolchain.as_ref().map(|pin| {
-        let tool = pin
-            .tools
-            .iter()
-            .find(|t| t.command == pin.name)
-            .or(pin.tools.first());
-        Toolchain {
-            name: pin.name.clone(),
-            version: tool
-                .map(|t| t.version.clone())
-                .unwrap_or_else(|| pin.requested.clone()),
-            sha256: tool.map(|t| t.sha256.clone()),
-            path: None,
-        }
-    });
+    let toolchain = lock.toolchain.as_ref().map(toolchain_from_pin);
     Ok(EnvPlan {
         name: name.to_string(),
         python: lock.target.python.clone(),
@@ -43,6 +30,43 @@ pub fn plan_from_lockfile(lock: &Lockfile, name: &str) -> Result<EnvPlan> {
         toolchain,
         local_packages: Vec::new(),
     })
+}
+
+/// The builder's toolchain for a lock's pin: the host's compiler as identified at lock time, or a gcc from Debian
+/// (its `.deb` URLs are the archive joined with each `Filename`).
+pub fn toolchain_from_pin(pin: &ToolchainPin) -> Toolchain {
+    let tool = pin
+        .tools
+        .iter()
+        .find(|t| t.command == pin.name)
+        .or(pin.tools.first());
+    let debian = pin.debian.as_ref().map(|source| DebianGcc {
+        major: pin.requested.clone(),
+        version: source.version.clone(),
+        suite: source.suite.clone(),
+        debs: pin
+            .debs
+            .iter()
+            .map(|deb| DebPlan {
+                name: deb.name.clone(),
+                version: deb.version.clone(),
+                url: format!("{}/{}", source.archive.trim_end_matches('/'), deb.filename),
+                sha256: deb.sha256.clone(),
+                size: deb.size,
+            })
+            .collect(),
+    });
+    Toolchain {
+        name: pin.name.clone(),
+        version: match (&debian, tool) {
+            (Some(gcc), _) => gcc.version.clone(),
+            (None, Some(t)) => t.version.clone(),
+            (None, None) => pin.requested.clone(),
+        },
+        sha256: tool.map(|t| t.sha256.clone()),
+        path: None,
+        debian,
+    }
 }
 
 pub(crate) fn package_plan(

@@ -92,16 +92,11 @@ impl<'a> Planned<'a> {
         let python = Interpreter::find(&plan.python)?;
         let any_source_build = plan.packages.iter().any(|p| p.build.is_some());
         let toolchain = if any_source_build {
-            let name = plan
-                .toolchain
-                .as_ref()
-                .map(|t| t.name.as_str())
-                .unwrap_or("gcc");
-            let host = Toolchain::detect(name)?;
-            if let (true, Some(pin)) = (options.locked, &plan.toolchain) {
-                host.check_against(pin)?;
-            }
-            Some(host)
+            Some(Toolchain::for_build(
+                store,
+                plan.toolchain.as_ref(),
+                options,
+            )?)
         } else {
             None
         };

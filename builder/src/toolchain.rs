@@ -1,11 +1,16 @@
-//! The C/C++ toolchain of source builds: what is on this machine, and the check against the lock's pin.
+//! The C/C++ toolchain of source builds: what is on this machine, the check against the lock's pin, and a gcc
+//! the lock pinned from Debian (realized into the store by [`crate::debian`]).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use hvd_resolver::Sha256;
 
+use crate::debian::DebianGcc;
 use crate::error::{Error, Result};
+use crate::plan::BuildOptions;
+use crate::progress::NoProgress;
+use crate::store::Store;
 
 /// A compiler as found on this machine or as pinned in a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +23,8 @@ pub struct Toolchain {
     pub sha256: Option<Sha256>,
     /// The compiler's absolute path (host only; not part of a pin).
     pub path: Option<PathBuf>,
+    /// A gcc pinned from Debian's archive instead of the host's (the host lacked the version).
+    pub debian: Option<DebianGcc>,
 }
 
 impl Toolchain {
@@ -41,11 +48,45 @@ impl Toolchain {
             version,
             sha256: Some(Sha256::of_file(&real)?),
             path: Some(path),
+            debian: None,
         })
+    }
+
+    /// The compiler of source builds for `pin` (the lock's; `None`: the host's gcc): a Debian pin is realized into
+    /// `store` and used from there; otherwise the host's compiler, checked against the pin when `options.locked`.
+    pub fn for_build(
+        store: &Store,
+        pin: Option<&Toolchain>,
+        options: &BuildOptions,
+    ) -> Result<Toolchain> {
+        if let Some(pin) = pin
+            && let Some(debian) = &pin.debian
+        {
+            let path = debian.realize(store, options.offline, &NoProgress)?;
+            return Ok(Toolchain {
+                path: Some(path.join("bin").join(&pin.name)),
+                ..pin.clone()
+            });
+        }
+        let host = Toolchain::detect(pin.map(|t| t.name.as_str()).unwrap_or("gcc"))?;
+        if let (true, Some(pin)) = (options.locked, pin) {
+            host.check_against(pin)?;
+        }
+        Ok(host)
     }
 
     /// The identity that goes into derivations.
     pub fn identity(&self) -> String {
+        if let Some(debian) = &self.debian {
+            // The store path's hash covers every package's sha256.
+            return format!(
+                "{} {} debian {} {}",
+                self.name,
+                self.version,
+                debian.suite,
+                debian.derivation().hash()
+            );
+        }
         match &self.sha256 {
             Some(hash) => format!("{} {} sha256:{hash}", self.name, self.version),
             None => format!("{} {}", self.name, self.version),
@@ -88,12 +129,14 @@ mod tests {
             version: "12.2.0".into(),
             sha256: Some(Sha256::of_bytes(b"a")),
             path: None,
+            debian: None,
         };
         let pin = Toolchain {
             name: "gcc".into(),
             version: "12".into(),
             sha256: None,
             path: None,
+            debian: None,
         };
         host.check_against(&pin).unwrap();
         let other = Toolchain {

@@ -1228,6 +1228,16 @@ pub(crate) fn unpack_tar_zst(
     })
 }
 
+/// An uncompressed tar (the Debian packages of a toolchain, merged by `debian::deb`), with every check of
+/// [`unpack_tar_gz`].
+pub(crate) fn unpack_tar_plain(
+    archive: &Path,
+    dest: &Path,
+    options: Options<'_>,
+) -> Result<Extracted> {
+    unpack_tar(archive, dest, options, |file| Ok(Box::new(file)))
+}
+
 /// A tar stream read through `decoder` (gzip, zstd).
 fn unpack_tar(
     archive: &Path,

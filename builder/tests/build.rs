@@ -368,6 +368,7 @@ fn source_build_follows_the_framework_and_reverting_is_a_cache_hit() {
         version: "1.2.3".into(),
         sha256: None,
         path: None,
+        debian: None,
     });
     let locked = BuildOptions {
         locked: true,

@@ -9,6 +9,12 @@ hvd_env_vars::env_vars! {
     HVD_DOWNLOAD_MIN_RATE default "32768";
     /// The cache of index pages and metadata.
     HVD_CACHE_DIR default "<user cache dir>/hvd";
+    /// The Debian archive (base URL, the folder holding `dists/` and `pool/`) a gcc the host lacks is pinned from;
+    /// default: the `deb` sources with component `main` of the machine's apt configuration.
+    HVD_DEBIAN_ARCHIVE;
+    /// Comma-separated Debian suites searched for `gcc-N`, in order; default: the machine's apt suite, then the
+    /// older Debian releases, then the newer ones.
+    HVD_DEBIAN_SUITES;
     /// The index to lock against, before pip's configuration files (pip's own variable).
     PIP_INDEX_URL;
     /// A pip configuration file read after the global, user and site ones (`os.devnull`: none).

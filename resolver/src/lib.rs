@@ -21,6 +21,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod deadline;
+pub mod debian;
 pub mod digest;
 pub mod env_vars;
 pub mod index;

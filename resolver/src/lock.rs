@@ -78,6 +78,9 @@ pub enum ResolveError {
     BadRequirement(#[from] BadRequirement),
     #[error("{0}")]
     Toolchain(String),
+    /// Pinning a gcc from Debian's archive failed (network, a bad index).
+    #[error("failed to pin a toolchain from Debian")]
+    Debian(#[source] crate::debian::DebianError),
     #[error("failed to start the async runtime")]
     Runtime(#[source] std::io::Error),
     #[error("the index gave an artifact hvd will not lock: {0}")]
@@ -299,7 +302,13 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
     }
 
     let toolchain = match (&env.toolchain, options.skip_toolchain) {
-        (Some(t), false) => Some(pin_toolchain(&t.name, &t.version)?),
+        (Some(t), false) => Some(pin_host_or_debian(
+            &t.name,
+            &t.version,
+            target.platform.glibc,
+            options,
+            &runtime,
+        )?),
         _ => None,
     };
     let mut lockfile = Lockfile {
@@ -501,6 +510,47 @@ fn compiler_version(path: &Path) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The host's compiler when it matches (the default); else, for gcc, the existing lock's Debian pin or a new one
+/// from the machine's Debian archive (`crate::debian`).
+fn pin_host_or_debian(
+    name: &str,
+    requested: &str,
+    host_glibc: Option<(u64, u64)>,
+    options: &LockOptions,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<ToolchainPin, ResolveError> {
+    let host_error = match pin_toolchain(name, requested) {
+        Ok(pin) => return Ok(pin),
+        Err(e) if name == "gcc" => e,
+        Err(e) => return Err(e),
+    };
+    if let Some(existing) = options.existing.as_ref().and_then(|l| l.toolchain.as_ref())
+        && existing.name == name
+        && existing.requested == requested
+        && existing.debian.is_some()
+    {
+        return Ok(existing.clone());
+    }
+    let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let archives = crate::debian::Archives::discover();
+    runtime
+        .block_on(crate::debian::pin_gcc(
+            requested,
+            &archives,
+            host_glibc,
+            &cache_dir,
+            options.offline,
+        ))
+        .map_err(|e| match e {
+            crate::debian::DebianError::NotFound { .. }
+            | crate::debian::DebianError::GlibcTooOld { .. }
+            | crate::debian::DebianError::NoArchive => {
+                ResolveError::Toolchain(format!("{host_error}. Nor from Debian: {e}"))
+            }
+            other => ResolveError::Debian(other),
+        })
+}
+
 /// Find the compilers of a toolchain on PATH, check their version, and record path, version and sha256.
 pub(crate) fn pin_toolchain(name: &str, requested: &str) -> Result<ToolchainPin, ResolveError> {
     let commands: Vec<&str> = match name {
@@ -550,6 +600,8 @@ pub(crate) fn pin_toolchain(name: &str, requested: &str) -> Result<ToolchainPin,
         name: name.to_string(),
         requested: requested.to_string(),
         tools,
+        debian: None,
+        debs: Vec::new(),
     })
 }
 

@@ -128,8 +128,40 @@ pub struct ToolchainPin {
     pub name: String,
     /// `env.toolchain.version` as requested, e.g. `"12"`.
     pub requested: String,
-    /// The compilers found on PATH (e.g. `gcc` and `g++`), sorted by command.
+    /// The compilers found on PATH (e.g. `gcc` and `g++`), sorted by command; empty for a toolchain from Debian.
     pub tools: Vec<ToolPin>,
+    /// Where a toolchain the host lacks comes from (docs/eras.md, "Toolchains"); absent for the host's compiler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debian: Option<DebianSource>,
+    /// The `.deb`s of a toolchain from Debian, sorted by name; empty for the host's compiler.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub debs: Vec<DebPin>,
+}
+
+/// The Debian archive and suite a toolchain was pinned from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DebianSource {
+    /// The archive's base URL (the folder holding `dists/` and `pool/`), from the machine's apt sources.
+    pub archive: String,
+    /// e.g. `"bullseye"`.
+    pub suite: String,
+    /// The compiler's upstream version, e.g. `"10.2.1"`.
+    pub version: String,
+}
+
+/// One Debian package of a toolchain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DebPin {
+    pub name: String,
+    /// The Debian version, e.g. `"10.2.1-6"`.
+    pub version: String,
+    /// Its path in the archive, e.g. `"pool/main/g/gcc-10/gcc-10_10.2.1-6_amd64.deb"`.
+    pub filename: String,
+    /// From the suite's `Packages` index.
+    pub sha256: Sha256,
+    pub size: u64,
 }
 
 /// One compiler binary.
@@ -277,6 +309,7 @@ impl Lockfile {
         }
         if let Some(t) = &mut self.toolchain {
             t.tools.sort_by(|a, b| a.command.cmp(&b.command));
+            t.debs.sort_by(|a, b| a.name.cmp(&b.name));
         }
     }
 }

@@ -60,6 +60,9 @@ impl Lockfile {
                 })?;
             }
         }
+        if let Some(t) = &self.toolchain {
+            validate_debian(t).map_err(|e| format!("[toolchain]: {e}"))?;
+        }
         Ok(())
     }
 
@@ -107,6 +110,57 @@ fn validate_url(what: &str, url: &str) -> Result<(), String> {
         )),
         Err(e) => Err(format!("{what} `{}` is not a URL: {e}", url.escape_debug())),
     }
+}
+
+/// A toolchain from Debian: an http(s) archive, Debian package names and versions, files under `pool/`.
+fn validate_debian(t: &super::ToolchainPin) -> Result<(), String> {
+    let plain = |text: &str, extra: &str| {
+        !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+    };
+    if let Some(d) = &t.debian {
+        if !(d.archive.starts_with("http://") || d.archive.starts_with("https://")) {
+            return Err(format!(
+                "debian archive `{}` is not an http(s) URL",
+                d.archive.escape_debug()
+            ));
+        }
+        validate_url("debian archive", &d.archive)?;
+        if !plain(&t.requested, ".") {
+            return Err(format!(
+                "requested version `{}` of a Debian toolchain is not digits and dots",
+                t.requested.escape_debug()
+            ));
+        }
+        if !plain(&d.suite, "-._") || !plain(&d.version, ".+~-") {
+            return Err("debian suite or version has characters outside `[A-Za-z0-9.+~_-]`".into());
+        }
+    } else if !t.debs.is_empty() {
+        return Err("`debs` without a `debian` source".into());
+    }
+    for deb in &t.debs {
+        if !plain(&deb.name, "+.-") || !plain(&deb.version, ".+~:-") {
+            return Err(format!(
+                "deb `{}` {}: not a Debian package name and version",
+                deb.name.escape_debug(),
+                deb.version.escape_debug()
+            ));
+        }
+        let f = &deb.filename;
+        let parts_ok = f
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+        if !f.starts_with("pool/") || !f.ends_with(".deb") || !parts_ok || !plain(f, "/._+~-") {
+            return Err(format!(
+                "deb `{}`: filename `{}` is not a `.deb` path under `pool/`",
+                deb.name,
+                f.escape_debug()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn validate_package(p: &LockedPackage) -> Result<(), String> {

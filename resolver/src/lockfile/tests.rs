@@ -89,6 +89,8 @@ fn lock() -> Lockfile {
                 version: "12.2.0".into(),
                 sha256: "cd".repeat(32).parse().unwrap(),
             }],
+            debian: None,
+            debs: Vec::new(),
         }),
         packages: vec![package("zz", "1.0"), package("aa", "2.0")],
         builds: vec![LockedBuild {
@@ -375,4 +377,78 @@ fn lock_path_appends_suffix() {
         Lockfile::path_for(Path::new("a/train.hvd")),
         PathBuf::from("a/train.hvd.lock")
     );
+}
+
+/// A lock whose gcc comes from Debian.
+fn debian_lock() -> Lockfile {
+    let mut l = lock();
+    l.toolchain = Some(ToolchainPin {
+        name: "gcc".into(),
+        requested: "10".into(),
+        tools: Vec::new(),
+        debian: Some(super::DebianSource {
+            archive: "http://127.0.0.1:1/debian".into(),
+            suite: "bullseye".into(),
+            version: "10.2.1".into(),
+        }),
+        debs: vec![super::DebPin {
+            name: "gcc-10".into(),
+            version: "10.2.1-6".into(),
+            filename: "pool/main/g/gcc-10/gcc-10_10.2.1-6_amd64.deb".into(),
+            sha256: "ef".repeat(32).parse().unwrap(),
+            size: 16990272,
+        }],
+    });
+    l
+}
+
+#[test]
+fn a_debian_toolchain_round_trips_and_hostile_fields_are_refused() {
+    let text = debian_lock().to_toml();
+    assert!(
+        text.contains("debian = { archive = \"http://127.0.0.1:1/debian\", suite = \"bullseye\", version = \"10.2.1\" }"),
+        "{text}"
+    );
+    let back = Lockfile::parse(&text, Path::new("x.lock")).unwrap();
+    let mut want = debian_lock();
+    want.canonicalize();
+    assert_eq!(back, want);
+    assert_eq!(back.to_toml(), text);
+    // A lock without the new fields reads as before (they are optional).
+    assert!(!lock().to_toml().contains("debs"));
+    for (from, to, expect) in [
+        (
+            "pool/main/g/gcc-10/gcc-10",
+            "pool/../../etc/gcc-10",
+            "not a `.deb` path under `pool/`",
+        ),
+        (
+            "pool/main/g/gcc-10/gcc-10_10.2.1-6_amd64.deb",
+            "/etc/passwd",
+            "not a `.deb` path",
+        ),
+        (
+            "http://127.0.0.1:1/debian",
+            "ftp://x/debian",
+            "not an http(s) URL",
+        ),
+        (
+            "requested = \"10\"",
+            "requested = \"../10\"",
+            "not digits and dots",
+        ),
+        (
+            "name = \"gcc-10\"",
+            "name = \"gcc 10\"",
+            "not a Debian package name",
+        ),
+        ("sha256 = \"efef", "sha256 = \"zzef", "sha256"),
+    ] {
+        let bad = text.replacen(from, to, 1);
+        assert_ne!(bad, text, "{from}");
+        let err = Lockfile::parse(&bad, Path::new("x.lock"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expect), "{from}: {err}");
+    }
 }

@@ -89,6 +89,28 @@ impl Lockfile {
                 let _ = writeln!(w, "  {},", inline_table(&fields));
             }
             w.push_str("]\n");
+            if let Some(d) = &tc.debian {
+                let fields = [
+                    ("archive", quote(&d.archive)),
+                    ("suite", quote(&d.suite)),
+                    ("version", quote(&d.version)),
+                ];
+                line(w, "debian", &inline_table(&fields));
+            }
+            if !tc.debs.is_empty() {
+                w.push_str("debs = [\n");
+                for deb in &tc.debs {
+                    let fields = [
+                        ("name", quote(&deb.name)),
+                        ("version", quote(&deb.version)),
+                        ("filename", quote(&deb.filename)),
+                        ("sha256", quote(deb.sha256.as_str())),
+                        ("size", deb.size.to_string()),
+                    ];
+                    let _ = writeln!(w, "  {},", inline_table(&fields));
+                }
+                w.push_str("]\n");
+            }
         }
 
         for p in &lock.packages {

@@ -1,0 +1,346 @@
+//! Debian binary packages (`.deb`): the `ar` container, its data member's tar, and several packages merged into
+//! one tree through the store's hardened extractor.
+//!
+//! A package is hostile input (its sha256 only says it is the one the lock names), so:
+//! - the `ar` headers are parsed strictly (magic, sizes within the file, at most a few members);
+//! - the data member is decompressed (xz, zstd, gzip or none) into a scratch file under a size cap;
+//! - every entry's name is normalized like the extractor does (`..`, absolute names refused);
+//! - an absolute link target (Debian policy makes links across top-level directories absolute, e.g.
+//!   `usr/lib/gcc/.../libgcc_s.so -> /lib/.../libgcc_s.so.1`) is re-rooted into the tree as a relative link, so it
+//!   names the toolchain's own file and never the host's; a target with `..` is refused;
+//! - a file that two packages both ship is refused (dpkg would refuse it too); directories merge;
+//! - devices, fifos and anything else than files, directories and links are refused;
+//! - the merged tar is then written by [`crate::unpack`]'s extractor, with all of its rules (no writes through links,
+//!   link targets resolved against the final tree must stay inside, size and entry limits).
+
+use std::collections::HashMap;
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::unpack::{self, Limits, Options};
+
+/// `ar`'s global header.
+const AR_MAGIC: &[u8; 8] = b"!<arch>\n";
+/// A `.deb` has three members (`debian-binary`, `control.tar.*`, `data.tar.*`); a few more are tolerated.
+const MAX_MEMBERS: usize = 8;
+
+/// One package to merge: its name (for messages) and its verified file.
+#[derive(Debug, Clone)]
+pub struct Deb {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+/// Unpack `debs` into `dest` (a fresh directory) as one tree, using `scratch` (a fresh directory) for the
+/// decompressed members and the merged tar. Returns the package that wrote each file and link, by path.
+pub fn unpack_debs(debs: &[Deb], scratch: &Path, dest: &Path) -> Result<HashMap<String, String>> {
+    let merged_path = scratch.join("merged.tar");
+    let mut merged =
+        tar::Builder::new(std::io::BufWriter::new(fs_err::File::create(&merged_path)?));
+    merged.mode(tar::HeaderMode::Deterministic);
+    // Which package wrote each name, and whether it is a directory.
+    let mut owners: HashMap<String, (String, bool)> = HashMap::new();
+    for (index, deb) in debs.iter().enumerate() {
+        let data = scratch.join(format!("{index}.tar"));
+        decompress_data(&deb.path, &data)?;
+        merge(deb, &data, &mut merged, &mut owners)?;
+        fs_err::remove_file(&data)?;
+    }
+    merged
+        .into_inner()
+        .and_then(|mut w| w.flush())
+        .map_err(|err| archive_error(&merged_path, err))?;
+    unpack::unpack_tar_plain(
+        &merged_path,
+        dest,
+        Options {
+            hash: false,
+            ..Options::default()
+        },
+    )?;
+    fs_err::remove_file(&merged_path)?;
+    Ok(owners
+        .into_iter()
+        .filter(|(_, (_, is_dir))| !is_dir)
+        .map(|(path, (owner, _))| (path, owner))
+        .collect())
+}
+
+fn archive_error(archive: &Path, err: impl std::fmt::Display) -> Error {
+    Error::Archive {
+        archive: archive.to_path_buf(),
+        message: err.to_string(),
+    }
+}
+
+/// The data member of a `.deb`: its name, offset and size.
+fn data_member(deb: &Path) -> Result<(String, u64, u64)> {
+    let bad = |message: String| archive_error(deb, format!("not a Debian package: {message}"));
+    let mut file = fs_err::File::open(deb)?;
+    let len = file.metadata()?.len();
+    let mut magic = [0u8; 8];
+    file.read_exact(&mut magic)
+        .map_err(|_| bad("shorter than an ar header".into()))?;
+    if &magic != AR_MAGIC {
+        return Err(bad("no `!<arch>` magic".into()));
+    }
+    let mut offset = 8u64;
+    for _ in 0..MAX_MEMBERS {
+        if offset + 60 > len {
+            break;
+        }
+        let mut header = [0u8; 60];
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(&mut header)?;
+        if &header[58..60] != b"`\n" {
+            return Err(bad(format!(
+                "a member header at byte {offset} is malformed"
+            )));
+        }
+        let field = |range: std::ops::Range<usize>| -> String {
+            String::from_utf8_lossy(&header[range])
+                .trim_end()
+                .to_string()
+        };
+        let name = field(0..16);
+        let name = name.strip_suffix('/').unwrap_or(&name).to_string();
+        let size: u64 = field(48..58)
+            .parse()
+            .map_err(|_| bad(format!("member `{name}` has no decimal size")))?;
+        let start = offset + 60;
+        if size > len - start {
+            return Err(bad(format!(
+                "member `{name}` claims {size} bytes, more than the file holds"
+            )));
+        }
+        if name.starts_with("data.tar") {
+            return Ok((name, start, size));
+        }
+        offset = start + size + (size & 1);
+    }
+    Err(bad("no data.tar member".into()))
+}
+
+/// A writer that refuses to grow past `cap` bytes.
+struct Capped<W> {
+    inner: W,
+    written: u64,
+    cap: u64,
+}
+
+impl<W: Write> Write for Capped<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.written += buf.len() as u64;
+        if self.written > self.cap {
+            return Err(std::io::Error::other(format!(
+                "the data member decompresses to more than {} bytes",
+                self.cap
+            )));
+        }
+        self.inner.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Decompress the data member of `deb` into `out`, within the extractor's size and ratio limits.
+fn decompress_data(deb: &Path, out: &Path) -> Result<()> {
+    let (name, start, size) = data_member(deb)?;
+    let limits = Limits::default();
+    let cap = limits.max_unpacked_bytes.min(
+        limits
+            .ratio_floor
+            .max(size.saturating_mul(limits.max_ratio)),
+    );
+    let mut file = fs_err::File::open(deb)?;
+    file.seek(SeekFrom::Start(start))?;
+    let mut input = BufReader::new(file.take(size));
+    let mut output = Capped {
+        inner: std::io::BufWriter::new(fs_err::File::create(out)?),
+        written: 0,
+        cap,
+    };
+    let member =
+        |err: &dyn std::fmt::Display| archive_error(deb, format!("member `{name}`: {err}"));
+    match name.as_str() {
+        "data.tar.xz" => lzma_rs::xz_decompress(&mut input, &mut output).map_err(|e| member(&e))?,
+        "data.tar.zst" => {
+            let mut decoder =
+                zstd::stream::read::Decoder::with_buffer(input).map_err(|e| member(&e))?;
+            std::io::copy(&mut decoder, &mut output).map_err(|e| member(&e))?;
+        }
+        "data.tar.gz" => {
+            let mut decoder = flate2::read::GzDecoder::new(input);
+            std::io::copy(&mut decoder, &mut output).map_err(|e| member(&e))?;
+        }
+        "data.tar" => {
+            std::io::copy(&mut input, &mut output).map_err(|e| member(&e))?;
+        }
+        other => {
+            return Err(archive_error(
+                deb,
+                format!(
+                    "member `{other}` has a compression hvd does not read (xz, zst, gz or none)"
+                ),
+            ));
+        }
+    }
+    output.flush().map_err(|e| member(&e))?;
+    Ok(())
+}
+
+/// The relative form of an absolute link target, as seen from the link `name` (both inside one tree).
+fn reroot(name: &str, target: &str) -> std::result::Result<String, &'static str> {
+    let inside = unpack::normalize(target.trim_start_matches('/'))?;
+    let depth = name.matches('/').count();
+    let mut relative = "../".repeat(depth);
+    relative.push_str(&inside);
+    if relative.is_empty() {
+        relative.push('.');
+    }
+    Ok(relative)
+}
+
+/// Append the entries of one package's data tar to the merged tar.
+fn merge(
+    deb: &Deb,
+    data: &Path,
+    merged: &mut tar::Builder<impl Write>,
+    owners: &mut HashMap<String, (String, bool)>,
+) -> Result<()> {
+    let refuse = |entry: &str, reason: String| Error::UnsafeArchiveEntry {
+        archive: deb.path.clone(),
+        entry: entry.to_string(),
+        reason,
+    };
+    let mut archive = tar::Archive::new(BufReader::new(fs_err::File::open(data)?));
+    let entries = archive
+        .entries()
+        .map_err(|err| archive_error(&deb.path, err))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|err| archive_error(&deb.path, err))?;
+        let raw = entry.path_bytes().into_owned();
+        let name = String::from_utf8(raw).map_err(|raw| {
+            refuse(
+                &String::from_utf8_lossy(raw.as_bytes()),
+                "has a name that is not UTF-8".into(),
+            )
+        })?;
+        let kind = entry.header().entry_type();
+        if matches!(
+            kind,
+            tar::EntryType::XGlobalHeader | tar::EntryType::XHeader
+        ) {
+            continue;
+        }
+        let normalized = unpack::normalize(&name).map_err(|why| refuse(&name, why.into()))?;
+        let is_dir = kind == tar::EntryType::Directory;
+        if normalized.is_empty() && is_dir {
+            continue;
+        }
+        match owners.get(&normalized) {
+            Some((_, true)) if is_dir => continue,
+            Some((owner, _)) => {
+                return Err(refuse(
+                    &name,
+                    format!(
+                        "is also shipped by `{owner}`: two packages of a toolchain may not write one path"
+                    ),
+                ));
+            }
+            None => {
+                owners.insert(normalized.clone(), (deb.name.clone(), is_dir));
+            }
+        }
+        let link_target = |entry: &tar::Entry<'_, _>| -> Result<String> {
+            let target = entry
+                .link_name_bytes()
+                .ok_or_else(|| refuse(&name, "is a link without a target".into()))?;
+            String::from_utf8(target.into_owned())
+                .map_err(|_| refuse(&name, "is a link whose target is not UTF-8".into()))
+        };
+        let mut header = tar::Header::new_gnu();
+        header.set_mtime(0);
+        header.set_uid(0);
+        header.set_gid(0);
+        let append =
+            |merged: &mut tar::Builder<_>, header: &mut tar::Header, data: &mut dyn Read| {
+                merged
+                    .append_data(header, &normalized, data)
+                    .map_err(|err| archive_error(&deb.path, err))
+            };
+        match kind {
+            tar::EntryType::Directory => {
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_mode(0o755);
+                header.set_size(0);
+                append(merged, &mut header, &mut std::io::empty())?;
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let executable = entry.header().mode().unwrap_or(0o644) & 0o111 != 0;
+                header.set_entry_type(tar::EntryType::Regular);
+                header.set_mode(if executable { 0o755 } else { 0o644 });
+                header.set_size(entry.size());
+                append(merged, &mut header, &mut entry)?;
+            }
+            tar::EntryType::Symlink => {
+                let target = link_target(&entry)?;
+                let target = if target.starts_with('/') {
+                    reroot(&normalized, &target).map_err(|why| {
+                        refuse(&name, format!("is a link to `{target}`, whose path {why}"))
+                    })?
+                } else {
+                    target
+                };
+                header.set_entry_type(tar::EntryType::Symlink);
+                header.set_mode(0o777);
+                header.set_size(0);
+                merged
+                    .append_link(&mut header, &normalized, &target)
+                    .map_err(|err| archive_error(&deb.path, err))?;
+            }
+            tar::EntryType::Link => {
+                let target = link_target(&entry)?;
+                let target = unpack::normalize(&target).map_err(|why| {
+                    refuse(&name, format!("is a hard link to `{target}`, which {why}"))
+                })?;
+                header.set_entry_type(tar::EntryType::Link);
+                header.set_mode(0o644);
+                header.set_size(0);
+                merged
+                    .append_link(&mut header, &normalized, &target)
+                    .map_err(|err| archive_error(&deb.path, err))?;
+            }
+            other => {
+                return Err(refuse(
+                    &name,
+                    format!("has type {other:?}: only files, directories and links are allowed"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_targets_become_relative_inside() {
+        assert_eq!(
+            reroot(
+                "usr/lib/gcc/x86_64-linux-gnu/10/libgcc_s.so",
+                "/lib/x86_64-linux-gnu/libgcc_s.so.1"
+            )
+            .unwrap(),
+            "../../../../../lib/x86_64-linux-gnu/libgcc_s.so.1"
+        );
+        assert_eq!(reroot("cc", "/usr/bin/gcc").unwrap(), "usr/bin/gcc");
+        assert!(reroot("usr/bin/x", "/../../etc/passwd").is_err());
+    }
+}

@@ -1,0 +1,960 @@
+//! A gcc the host lacks, pinned from Debian's archive: which archive (the machine's apt sources), which suite has
+//! `gcc-N`, the suite's `Packages` index (checked against its `InRelease`), and the closure of `.deb`s that
+//! compiles and links C and C++, each recorded with its sha256 (docs/eras.md, "Toolchains").
+//!
+//! Everything read here is hostile input: the `InRelease` and `Packages` texts are parsed within size limits, the
+//! `Packages` file must have the sha256 `InRelease` lists, and a `Filename` that is not a plain relative path
+//! under `pool/` ending in `.deb` is refused before it reaches a lockfile.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::digest::Sha256;
+use crate::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_SUITES};
+use crate::lockfile::{DebPin, DebianSource, ToolchainPin};
+
+/// Debian's releases, oldest first: the suites searched after the machine's own (its suite, then older ones, then
+/// newer ones: an older suite's compiler runs on a newer glibc, not the other way round).
+pub const RELEASES: &[&str] = &[
+    "stretch", "buster", "bullseye", "bookworm", "trixie", "forky", "sid",
+];
+
+/// Packages not followed in a closure: `libc-dev-bin` (ldd and friends) and `libnsl-dev` (NIS/RPC, and through
+/// `libtirpc` all of Kerberos) are `libc6-dev` dependencies a C/C++ compile never uses.
+const NOT_FOLLOWED: &[&str] = &["libc-dev-bin", "libnsl-dev"];
+
+/// The most bytes of an `InRelease` file (Debian's are about 150 KB).
+const MAX_RELEASE_BYTES: u64 = 16 << 20;
+/// The most bytes of a compressed `Packages` file (Debian's are about 15 MB) and of its decompressed text.
+const MAX_PACKAGES_BYTES: u64 = 256 << 20;
+const MAX_PACKAGES_TEXT: u64 = 1 << 30;
+
+/// Why a toolchain could not be pinned from Debian.
+#[derive(Debug, thiserror::Error)]
+pub enum DebianError {
+    #[error(
+        "no Debian archive configured: no `deb` source with component `main` in /etc/apt/sources.list or \
+         /etc/apt/sources.list.d/, and HVD_DEBIAN_ARCHIVE is not set"
+    )]
+    NoArchive,
+    #[error("failed to fetch `{url}`: {message}")]
+    Fetch { url: String, message: String },
+    #[error(
+        "`{url}` is not in hvd's cache and `--offline` forbids the network; run once without `--offline`"
+    )]
+    Offline { url: String },
+    #[error("`{url}`: {message}")]
+    Invalid { url: String, message: String },
+    #[error(
+        "no suite of the Debian archive `{archive}` has `gcc-{version}` (looked in {searched}); \
+         install gcc {version} on this machine or choose a version one of them has{found}"
+    )]
+    NotFound {
+        archive: String,
+        version: String,
+        searched: String,
+        found: String,
+    },
+    #[error(
+        "gcc {version} from Debian {suite} needs glibc {needs} to run, and this machine has glibc {host}; \
+         install gcc {version} on this machine or use an older gcc"
+    )]
+    GlibcTooOld {
+        version: String,
+        suite: String,
+        needs: String,
+        host: String,
+    },
+    #[error("gcc {version} from Debian {suite}: {message}")]
+    Closure {
+        version: String,
+        suite: String,
+        message: String,
+    },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Where to look: archive base URLs (each without a trailing `/`) and suites, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Archives {
+    pub urls: Vec<String>,
+    pub suites: Vec<String>,
+}
+
+impl Archives {
+    /// From `HVD_DEBIAN_ARCHIVE` / `HVD_DEBIAN_SUITES`, else the machine's apt sources.
+    pub fn discover() -> Archives {
+        Archives::discover_in(Path::new("/etc/apt"))
+    }
+
+    fn discover_in(apt: &Path) -> Archives {
+        let sources = read_apt_sources(apt);
+        let urls = match std::env::var(HVD_DEBIAN_ARCHIVE) {
+            Ok(url) if !url.trim().is_empty() => vec![url.trim().trim_end_matches('/').to_string()],
+            _ => {
+                let mut urls = Vec::new();
+                for (url, _) in &sources {
+                    if !urls.contains(url) {
+                        urls.push(url.clone());
+                    }
+                }
+                urls
+            }
+        };
+        let suites = match std::env::var(HVD_DEBIAN_SUITES) {
+            Ok(list) if !list.trim().is_empty() => list
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            _ => search_order(sources.iter().map(|(_, suite)| suite.as_str())),
+        };
+        Archives { urls, suites }
+    }
+}
+
+/// The machine's suites that are Debian releases, then the older releases (newest first), then the newer ones.
+fn search_order<'a>(host_suites: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let host: Vec<usize> = host_suites
+        .filter_map(|s| RELEASES.iter().position(|r| *r == s))
+        .collect();
+    let start = host.iter().copied().max().unwrap_or(RELEASES.len() - 1);
+    let mut order: Vec<usize> = vec![start];
+    order.extend((0..start).rev());
+    order.extend(start + 1..RELEASES.len());
+    order.into_iter().map(|i| RELEASES[i].to_string()).collect()
+}
+
+/// `(URI, suite)` of every `deb` source with component `main`: one-line `sources.list` files and deb822 `.sources`.
+fn read_apt_sources(apt: &Path) -> Vec<(String, String)> {
+    let mut files = vec![apt.join("sources.list")];
+    if let Ok(dir) = std::fs::read_dir(apt.join("sources.list.d")) {
+        let mut more: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        more.sort();
+        files.extend(more);
+    }
+    let mut out = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        match file.extension().and_then(|e| e.to_str()) {
+            Some("sources") => out.extend(deb822_sources(&text)),
+            Some("list") | None => out.extend(one_line_sources(&text)),
+            _ => {}
+        }
+    }
+    out.retain(|(url, _)| url.starts_with("http://") || url.starts_with("https://"));
+    out
+}
+
+fn one_line_sources(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let mut words = line.split_whitespace();
+        if words.next() != Some("deb") {
+            continue;
+        }
+        let mut rest: Vec<&str> = words.collect();
+        if rest.first().is_some_and(|w| w.starts_with('[')) {
+            let end = rest.iter().position(|w| w.ends_with(']')).unwrap_or(0);
+            rest.drain(..=end);
+        }
+        if let [uri, suite, components @ ..] = rest.as_slice()
+            && components.contains(&"main")
+        {
+            out.push((uri.trim_end_matches('/').to_string(), suite.to_string()));
+        }
+    }
+    out
+}
+
+fn deb822_sources(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for stanza in stanzas(text) {
+        let get = |key: &str| {
+            stanza
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(key))
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("")
+        };
+        if !get("Types").split_whitespace().any(|t| t == "deb")
+            || !get("Components").split_whitespace().any(|c| c == "main")
+            || get("Enabled").trim().eq_ignore_ascii_case("no")
+        {
+            continue;
+        }
+        for uri in get("URIs").split_whitespace() {
+            for suite in get("Suites").split_whitespace() {
+                out.push((uri.trim_end_matches('/').to_string(), suite.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Control-file stanzas (`Key: value` with continuation lines; `#` comments), each as its fields in order.
+fn stanzas(text: &str) -> Vec<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let mut current: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            if !current.is_empty() {
+                out.push(std::mem::take(&mut current));
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        if line.starts_with([' ', '\t']) {
+            if let Some((_, value)) = current.last_mut() {
+                value.push('\n');
+                value.push_str(line.trim());
+            }
+            continue;
+        }
+        if let Some((key, value)) = line.split_once(':') {
+            current.push((key.trim().to_string(), value.trim().to_string()));
+        }
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// The signed text of a clearsigned `InRelease` (or a plain `Release`).
+fn release_body(text: &str) -> &str {
+    let Some(rest) = text.strip_prefix("-----BEGIN PGP SIGNED MESSAGE-----") else {
+        return text;
+    };
+    // Armor headers end at the first empty line.
+    let body = rest.split_once("\n\n").map(|(_, b)| b).unwrap_or("");
+    body.split("\n-----BEGIN PGP SIGNATURE-----")
+        .next()
+        .unwrap_or("")
+}
+
+/// The `SHA256` entries of a Release file: path -> (sha256, size).
+fn release_sha256(body: &str) -> HashMap<String, (String, u64)> {
+    let mut out = HashMap::new();
+    for stanza in stanzas(body) {
+        for (key, value) in stanza {
+            if key != "SHA256" {
+                continue;
+            }
+            for line in value.lines() {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                if let [hash, size, path] = words.as_slice()
+                    && let Ok(size) = size.parse()
+                {
+                    out.insert(path.to_string(), (hash.to_ascii_lowercase(), size));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One binary package of a `Packages` index.
+#[derive(Debug, Clone)]
+struct Package {
+    name: String,
+    version: String,
+    depends: String,
+    provides: Vec<String>,
+    filename: String,
+    size: u64,
+    sha256: String,
+}
+
+/// Parse a `Packages` index: each package's newest version; provides map.
+fn parse_packages(text: &str) -> HashMap<String, Package> {
+    let mut out: HashMap<String, Package> = HashMap::new();
+    for stanza in stanzas(text) {
+        let get = |key: &str| {
+            stanza
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let mut depends = get("Pre-Depends");
+        let more = get("Depends");
+        if !more.is_empty() {
+            if !depends.is_empty() {
+                depends.push_str(", ");
+            }
+            depends.push_str(&more);
+        }
+        let package = Package {
+            name: get("Package"),
+            version: get("Version"),
+            depends,
+            provides: get("Provides")
+                .split(',')
+                .map(|p| p.split_whitespace().next().unwrap_or("").to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+            filename: get("Filename"),
+            size: get("Size").parse().unwrap_or(0),
+            sha256: get("SHA256").to_ascii_lowercase(),
+        };
+        if package.name.is_empty() {
+            continue;
+        }
+        match out.get(&package.name) {
+            Some(old) if compare_versions(&old.version, &package.version).is_ge() => {}
+            _ => {
+                out.insert(package.name.clone(), package);
+            }
+        }
+    }
+    out
+}
+
+/// dpkg's version order (`epoch:upstream-revision`, `~` before everything, letters before other characters).
+pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    fn split(v: &str) -> (u64, &str, &str) {
+        let (epoch, rest) = match v.split_once(':') {
+            Some((e, r)) if e.chars().all(|c| c.is_ascii_digit()) => (e.parse().unwrap_or(0), r),
+            _ => (0, v),
+        };
+        match rest.rsplit_once('-') {
+            Some((up, rev)) => (epoch, up, rev),
+            None => (epoch, rest, ""),
+        }
+    }
+    fn order(c: Option<u8>) -> i32 {
+        match c {
+            None => 0,
+            Some(b'~') => -1,
+            Some(c) if c.is_ascii_alphabetic() => c as i32,
+            Some(c) => c as i32 + 256,
+        }
+    }
+    fn part(a: &str, b: &str) -> std::cmp::Ordering {
+        let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
+        while !a.is_empty() || !b.is_empty() {
+            // Non-digit prefixes, character by character.
+            loop {
+                let ca = a.first().copied().filter(|c| !c.is_ascii_digit());
+                let cb = b.first().copied().filter(|c| !c.is_ascii_digit());
+                if ca.is_none() && cb.is_none() {
+                    break;
+                }
+                let (oa, ob) = (order(ca), order(cb));
+                if oa != ob {
+                    return oa.cmp(&ob);
+                }
+                a = &a[1..];
+                b = &b[1..];
+            }
+            let digits = |s: &[u8]| s.iter().take_while(|c| c.is_ascii_digit()).count();
+            let (na, nb) = (digits(a), digits(b));
+            let trim =
+                |s: &[u8]| -> Vec<u8> { s.iter().copied().skip_while(|c| *c == b'0').collect() };
+            let (da, db) = (trim(&a[..na]), trim(&b[..nb]));
+            let ord = da.len().cmp(&db.len()).then(da.cmp(&db));
+            if ord.is_ne() {
+                return ord;
+            }
+            a = &a[na..];
+            b = &b[nb..];
+        }
+        std::cmp::Ordering::Equal
+    }
+    let (ea, ua, ra) = split(a);
+    let (eb, ub, rb) = split(b);
+    ea.cmp(&eb).then(part(ua, ub)).then(part(ra, rb))
+}
+
+/// Does `version` satisfy `op wanted` (`<<`, `<=`, `=`, `>=`, `>>`)?
+fn satisfies(version: &str, op: &str, wanted: &str) -> bool {
+    let ord = compare_versions(version, wanted);
+    match op {
+        "<<" | "<" => ord.is_lt(),
+        "<=" => ord.is_le(),
+        "=" => ord.is_eq(),
+        ">=" => ord.is_ge(),
+        ">>" | ">" => ord.is_gt(),
+        _ => false,
+    }
+}
+
+/// One alternative of a dependency: name, and an optional `(op, version)`.
+fn parse_alternative(text: &str) -> Option<(String, Option<(String, String)>)> {
+    let text = text.trim();
+    let (name, constraint) = match text.split_once('(') {
+        Some((n, c)) => (n.trim(), Some(c.trim_end_matches(')').trim())),
+        None => (text.split_whitespace().next().unwrap_or(""), None),
+    };
+    // Architecture qualifiers (`:any`) and restriction lists (`[amd64]`, `<!nocheck>`) do not matter here.
+    let name = name.split([':', ' ', '[', '<']).next()?.to_string();
+    if name.is_empty() {
+        return None;
+    }
+    let constraint = constraint.and_then(|c| {
+        let op: String = c.chars().take_while(|c| "<=>".contains(*c)).collect();
+        let version = c[op.len()..].trim().to_string();
+        (!op.is_empty() && !version.is_empty()).then_some((op, version))
+    });
+    Some((name, constraint))
+}
+
+/// A `Filename` hvd will fetch: relative, under `pool/`, plain components, ending in `.deb`.
+fn check_filename(filename: &str) -> Result<(), &'static str> {
+    if !filename.starts_with("pool/") || !filename.ends_with(".deb") {
+        return Err("is not a `.deb` under `pool/`");
+    }
+    if filename
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return Err("has an empty, `.` or `..` component");
+    }
+    if !filename
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._+-~".contains(c))
+    {
+        return Err("has characters outside `[A-Za-z0-9/._+~-]`");
+    }
+    Ok(())
+}
+
+/// The closure of `roots` in `index`: every package (by name) a C/C++ compile with gcc needs.
+fn closure(
+    index: &HashMap<String, Package>,
+    roots: &[String],
+) -> Result<BTreeMap<String, Package>, String> {
+    let mut providers: HashMap<&str, Vec<&Package>> = HashMap::new();
+    for package in index.values() {
+        for name in &package.provides {
+            providers.entry(name.as_str()).or_default().push(package);
+        }
+    }
+    for list in providers.values_mut() {
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    let mut chosen: BTreeMap<String, Package> = BTreeMap::new();
+    let mut stack: Vec<(String, String)> = roots
+        .iter()
+        .map(|r| (r.clone(), "(requested)".to_string()))
+        .collect();
+    let mut pending_roots: BTreeSet<String> = roots.iter().cloned().collect();
+    while let Some((name, _)) = stack.pop() {
+        if chosen.contains_key(&name) {
+            continue;
+        }
+        let package = index
+            .get(&name)
+            .ok_or_else(|| format!("the suite has no package `{name}`"))?;
+        pending_roots.remove(&name);
+        chosen.insert(name.clone(), package.clone());
+        for dependency in package.depends.split(',').filter(|d| !d.trim().is_empty()) {
+            let alternatives: Vec<_> = dependency
+                .split('|')
+                .filter_map(parse_alternative)
+                .collect();
+            if alternatives
+                .iter()
+                .any(|(n, _)| NOT_FOLLOWED.contains(&n.as_str()))
+            {
+                continue;
+            }
+            let ok = |p: &Package, constraint: &Option<(String, String)>| match constraint {
+                Some((op, v)) => satisfies(&p.version, op, v),
+                None => true,
+            };
+            let mut pick = None;
+            for (alt, constraint) in &alternatives {
+                if let Some(p) = chosen.get(alt).or_else(|| index.get(alt))
+                    && ok(p, constraint)
+                {
+                    pick = Some(p.name.clone());
+                    break;
+                }
+                // A virtual package: any provider (an unversioned Provides satisfies no versioned dependency).
+                if constraint.is_none()
+                    && let Some(p) = providers.get(alt.as_str()).and_then(|l| l.first())
+                {
+                    pick = Some(p.name.clone());
+                    break;
+                }
+            }
+            let pick = pick.ok_or_else(|| {
+                format!(
+                    "`{}` depends on `{}`, which no package of the suite satisfies",
+                    package.name,
+                    dependency.trim()
+                )
+            })?;
+            stack.push((pick, package.name.clone()));
+        }
+    }
+    Ok(chosen)
+}
+
+/// Upstream part of a Debian version: `2:2.31-13+deb11u1` -> `2.31`.
+fn upstream(version: &str) -> &str {
+    let v = version.split_once(':').map(|(_, r)| r).unwrap_or(version);
+    v.rsplit_once('-').map(|(u, _)| u).unwrap_or(v)
+}
+
+/// An error with its causes, joined by `: ` (reqwest keeps the useful part in the sources).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Reads the archive over HTTP with a cache of `Packages` files by sha256.
+struct Reader {
+    http: reqwest::Client,
+    cache: PathBuf,
+    offline: bool,
+}
+
+impl Reader {
+    fn new(cache_dir: &Path, offline: bool) -> Result<Reader, DebianError> {
+        let mut builder = reqwest::Client::builder();
+        if let Some(bundle) = crate::lock::discover_ca_bundle() {
+            let pem = fs_err::read(&bundle)?;
+            if let Ok(certs) = reqwest::Certificate::from_pem_bundle(&pem) {
+                for cert in certs {
+                    builder = builder.add_root_certificate(cert);
+                }
+            }
+        }
+        let http = builder
+            .user_agent(concat!("hvd/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(15))
+            .read_timeout(Duration::from_secs(60))
+            .timeout(Duration::from_secs(600))
+            .build()
+            .map_err(|err| DebianError::Fetch {
+                url: String::new(),
+                message: error_chain(&err),
+            })?;
+        Ok(Reader {
+            http,
+            cache: cache_dir.join("debian"),
+            offline,
+        })
+    }
+
+    /// GET `url` within `limit` bytes; `Ok(None)` on 404/410.
+    async fn get(&self, url: &str, limit: u64) -> Result<Option<Vec<u8>>, DebianError> {
+        let fail = |message: String| DebianError::Fetch {
+            url: url.to_string(),
+            message,
+        };
+        if self.offline {
+            return Err(DebianError::Offline {
+                url: url.to_string(),
+            });
+        }
+        let mut response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| fail(error_chain(&e)))?;
+        if matches!(response.status().as_u16(), 404 | 410) {
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            return Err(fail(format!("HTTP {}", response.status())));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| fail(error_chain(&e)))? {
+            body.extend_from_slice(&chunk);
+            if body.len() as u64 > limit {
+                return Err(fail(format!("the answer is larger than {limit} bytes")));
+            }
+        }
+        Ok(Some(body))
+    }
+
+    /// The `Release` body of a suite (InRelease, else Release); `None` when the archive does not have the suite.
+    async fn release(&self, archive: &str, suite: &str) -> Result<Option<String>, DebianError> {
+        for name in ["InRelease", "Release"] {
+            let url = format!("{archive}/dists/{suite}/{name}");
+            if let Some(bytes) = self.get(&url, MAX_RELEASE_BYTES).await? {
+                let text = String::from_utf8(bytes).map_err(|_| DebianError::Invalid {
+                    url: url.clone(),
+                    message: "is not UTF-8".into(),
+                })?;
+                return Ok(Some(release_body(&text).to_string()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The suite's `main` `Packages` text for `arch`, checked against the release's sha256 and size.
+    async fn packages(
+        &self,
+        archive: &str,
+        suite: &str,
+        release: &str,
+        arch: &str,
+    ) -> Result<String, DebianError> {
+        let hashes = release_sha256(release);
+        let path = format!("main/binary-{arch}/Packages.gz");
+        let url = format!("{archive}/dists/{suite}/{path}");
+        let (sha256, size) = hashes.get(&path).ok_or_else(|| DebianError::Invalid {
+            url: format!("{archive}/dists/{suite}/InRelease"),
+            message: format!("lists no SHA256 for `{path}`"),
+        })?;
+        let sha256 = sha256.parse::<Sha256>().map_err(|e| DebianError::Invalid {
+            url: url.clone(),
+            message: format!("its listed SHA256 is not one: {e}"),
+        })?;
+        let cached = self.cache.join(sha256.as_str());
+        let compressed = match std::fs::read(&cached) {
+            Ok(bytes) if Sha256::of_bytes(&bytes) == sha256 => bytes,
+            _ => {
+                let bytes = self
+                    .get(&url, MAX_PACKAGES_BYTES.min(*size))
+                    .await?
+                    .ok_or_else(|| DebianError::Fetch {
+                        url: url.clone(),
+                        message: "not found (HTTP 404), though InRelease lists it".into(),
+                    })?;
+                let actual = Sha256::of_bytes(&bytes);
+                if actual != sha256 || bytes.len() as u64 != *size {
+                    return Err(DebianError::Invalid {
+                        url,
+                        message: format!(
+                            "has sha256 {actual} and {} bytes, but InRelease lists {sha256} and {size} bytes",
+                            bytes.len()
+                        ),
+                    });
+                }
+                fs_err::create_dir_all(&self.cache)?;
+                let temp =
+                    self.cache
+                        .join(format!(".{}.{}.tmp", sha256.as_str(), std::process::id()));
+                fs_err::write(&temp, &bytes)?;
+                fs_err::rename(&temp, &cached)?;
+                bytes
+            }
+        };
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(compressed.as_slice())
+            .take(MAX_PACKAGES_TEXT)
+            .read_to_string(&mut text)
+            .map_err(|e| DebianError::Invalid {
+                url: url.clone(),
+                message: format!("does not decompress to text: {e}"),
+            })?;
+        Ok(text)
+    }
+}
+
+/// Pin `gcc-<version>` from the first suite of `archives` that has it: the closure of `gcc-N`, `g++-N` and
+/// `libc6-dev` (glibc's headers and startup files, the sysroot the wrapper links against), with every `.deb`'s
+/// sha256. `host_glibc` is the machine's glibc: the compiler runs on it, so the suite's glibc may not be newer.
+pub async fn pin_gcc(
+    version: &str,
+    archives: &Archives,
+    host_glibc: Option<(u64, u64)>,
+    cache_dir: &Path,
+    offline: bool,
+) -> Result<ToolchainPin, DebianError> {
+    let reader = Reader::new(cache_dir, offline)?;
+    let arch = "amd64";
+    let root = format!("gcc-{version}");
+    let Some(archive) = archives.urls.first() else {
+        return Err(DebianError::NoArchive);
+    };
+    let mut searched = Vec::new();
+    let mut found = Vec::new();
+    for archive in &archives.urls {
+        for suite in &archives.suites {
+            let Some(release) = reader.release(archive, suite).await? else {
+                continue;
+            };
+            searched.push(suite.clone());
+            let index = parse_packages(&reader.packages(archive, suite, &release, arch).await?);
+            if !index.contains_key(&root) {
+                let mut here: Vec<&str> = index
+                    .keys()
+                    .filter_map(|k| k.strip_prefix("gcc-"))
+                    .filter(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()))
+                    .collect();
+                here.sort_by_key(|v| v.parse::<u64>().unwrap_or(0));
+                if !here.is_empty() {
+                    found.push(format!("{suite} has gcc {}", here.join(", ")));
+                }
+                continue;
+            }
+            return pin_from_index(version, archive, suite, &index, host_glibc);
+        }
+    }
+    Err(DebianError::NotFound {
+        archive: archive.clone(),
+        version: version.to_string(),
+        searched: if searched.is_empty() {
+            format!("none of {} answered", archives.suites.join(", "))
+        } else {
+            searched.join(", ")
+        },
+        found: if found.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", found.join("; "))
+        },
+    })
+}
+
+fn pin_from_index(
+    version: &str,
+    archive: &str,
+    suite: &str,
+    index: &HashMap<String, Package>,
+    host_glibc: Option<(u64, u64)>,
+) -> Result<ToolchainPin, DebianError> {
+    let closure_error = |message: String| DebianError::Closure {
+        version: version.to_string(),
+        suite: suite.to_string(),
+        message,
+    };
+    let roots = vec![
+        format!("gcc-{version}"),
+        format!("g++-{version}"),
+        "libc6-dev".to_string(),
+    ];
+    let chosen = closure(index, &roots).map_err(closure_error)?;
+    if let Some(libc) = chosen.get("libc6") {
+        let needs = upstream(&libc.version).to_string();
+        let host = host_glibc.map(|(a, b)| format!("{a}.{b}"));
+        let runs = host
+            .as_deref()
+            .is_some_and(|h| compare_versions(h, &needs).is_ge());
+        if !runs {
+            return Err(DebianError::GlibcTooOld {
+                version: version.to_string(),
+                suite: suite.to_string(),
+                needs,
+                host: host.unwrap_or_else(|| "none".into()),
+            });
+        }
+    }
+    let mut debs = Vec::new();
+    for package in chosen.values() {
+        check_filename(&package.filename).map_err(|why| {
+            closure_error(format!(
+                "the Packages index names the file `{}` for `{}`, which {why}; hvd will not fetch it",
+                package.filename.escape_debug(),
+                package.name
+            ))
+        })?;
+        let sha256 = package.sha256.parse::<Sha256>().map_err(|e| {
+            closure_error(format!(
+                "the Packages index lists no valid SHA256 for `{}`: {e}",
+                package.name
+            ))
+        })?;
+        debs.push(DebPin {
+            name: package.name.clone(),
+            version: package.version.clone(),
+            filename: package.filename.clone(),
+            sha256,
+            size: package.size,
+        });
+    }
+    let gcc = &chosen[&format!("gcc-{version}")];
+    Ok(ToolchainPin {
+        name: "gcc".into(),
+        requested: version.to_string(),
+        tools: Vec::new(),
+        debian: Some(DebianSource {
+            archive: archive.to_string(),
+            suite: suite.to_string(),
+            version: upstream(&gcc.version).to_string(),
+        }),
+        debs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dpkg_version_order() {
+        use std::cmp::Ordering::*;
+        for (a, b, want) in [
+            ("1.0", "1.0", Equal),
+            ("1.0~rc1", "1.0", Less),
+            ("2:1.0", "10.0", Greater),
+            ("10.2.1-6", "10.2.1-10", Less),
+            ("2.31-13+deb11u11", "2.31", Greater),
+            ("1.0a", "1.0+", Less),
+            ("2.36", "2.31", Greater),
+        ] {
+            assert_eq!(compare_versions(a, b), want, "{a} vs {b}");
+        }
+        assert_eq!(upstream("2:6.2.1+dfsg-1+deb11u1"), "6.2.1+dfsg");
+    }
+
+    #[test]
+    fn apt_sources_both_formats() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sources.list.d")).unwrap();
+        std::fs::write(
+            dir.path().join("sources.list"),
+            "# c\ndeb [arch=amd64] http://a.invalid/debian/ bullseye main contrib\ndeb-src http://b.invalid/x bullseye main\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("sources.list.d/d.sources"),
+            "Types: deb\nURIs: http://c.invalid/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\nTypes: deb\nURIs: http://d.invalid/\nSuites: x\nComponents: contrib\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_apt_sources(dir.path()),
+            vec![
+                ("http://a.invalid/debian".into(), "bullseye".into()),
+                ("http://c.invalid/debian".into(), "bookworm".into()),
+                ("http://c.invalid/debian".into(), "bookworm-updates".into()),
+            ]
+        );
+        assert_eq!(
+            search_order(["bookworm", "bookworm-updates"].into_iter()),
+            [
+                "bookworm", "bullseye", "buster", "stretch", "trixie", "forky", "sid"
+            ]
+        );
+    }
+
+    #[test]
+    fn filenames_outside_the_pool_are_refused() {
+        assert!(check_filename("pool/main/g/gcc-10/gcc-10_10.2.1-6_amd64.deb").is_ok());
+        for bad in [
+            "pool/../../etc/passwd.deb",
+            "/pool/x.deb",
+            "pool/main/x.tar",
+            "pool//x.deb",
+            "pool/x y.deb",
+            "dists/x.deb",
+        ] {
+            assert!(check_filename(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn stanza(name: &str, version: &str, depends: &str, provides: &str) -> String {
+        format!(
+            "Package: {name}\nVersion: {version}\nArchitecture: amd64\nDepends: {depends}\nProvides: {provides}\n\
+             Description: x\n continued line\nFilename: pool/main/{name}_{version}_amd64.deb\nSize: 10\n\
+             SHA256: {}\n\n",
+            Sha256::of_bytes(name.as_bytes())
+        )
+    }
+
+    #[test]
+    fn closure_follows_alternatives_versions_and_provides() {
+        let text = [
+            stanza(
+                "gcc-9",
+                "9.3-1",
+                "cpp-9 (= 9.3-1), binutils (>= 2.30) | foo, libc6 (>= 2.14)",
+                "",
+            ),
+            stanza("g++-9", "9.3-1", "gcc-9 (= 9.3-1), libstdc++-dev", ""),
+            stanza("libstdc++-9-dev", "9.3-1", "libc6-dev", "libstdc++-dev"),
+            stanza("cpp-9", "9.3-1", "", ""),
+            stanza("cpp-9", "9.2-1", "never-there", ""),
+            stanza("binutils", "2.35", "libc6", ""),
+            stanza("libc6", "2.31-1", "", ""),
+            stanza(
+                "libc6-dev",
+                "2.31-1",
+                "libc6 (= 2.31-1), libc-dev-bin, libnsl-dev",
+                "",
+            ),
+        ]
+        .concat();
+        let index = parse_packages(&text);
+        let pin =
+            pin_from_index("9", "http://x.invalid", "bullseye", &index, Some((2, 36))).unwrap();
+        let names: Vec<&str> = pin.debs.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "binutils",
+                "cpp-9",
+                "g++-9",
+                "gcc-9",
+                "libc6",
+                "libc6-dev",
+                "libstdc++-9-dev"
+            ]
+        );
+        assert_eq!(pin.debian.as_ref().unwrap().version, "9.3");
+        // The compiler needs a newer glibc than the host has.
+        let err = pin_from_index("9", "http://x.invalid", "bullseye", &index, Some((2, 28)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("needs glibc 2.31") && err.contains("has glibc 2.28"),
+            "{err}"
+        );
+        // An unsatisfiable versioned dependency names the package and the dependency.
+        let broken = parse_packages(
+            &[
+                stanza("gcc-9", "9.3-1", "cpp-9 (>= 10)", ""),
+                stanza("cpp-9", "9.3-1", "", ""),
+            ]
+            .concat(),
+        );
+        let err = closure(&broken, &["gcc-9".to_string()]).unwrap_err();
+        assert!(err.contains("cpp-9 (>= 10)"), "{err}");
+    }
+
+    #[test]
+    fn hostile_filename_in_index_is_refused() {
+        let text = stanza("gcc-9", "9.3-1", "", "").replace(
+            "Filename: pool/main/gcc-9_9.3-1_amd64.deb",
+            "Filename: pool/../../../etc/shadow.deb",
+        );
+        let index = parse_packages(
+            &[
+                text,
+                stanza("libc6-dev", "2.31", "", ""),
+                stanza("g++-9", "9.3-1", "", ""),
+            ]
+            .concat(),
+        );
+        let err = pin_from_index("9", "http://x.invalid", "s", &index, Some((2, 36)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("etc/shadow") && err.contains("will not fetch"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn release_bodies_and_hashes() {
+        let signed = "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\nOrigin: Debian\nSHA256:\n 0123 10 main/binary-amd64/Packages.gz\n-----BEGIN PGP SIGNATURE-----\nxyz\n-----END PGP SIGNATURE-----\n";
+        let body = release_body(signed);
+        assert!(body.starts_with("Origin: Debian") && !body.contains("SIGNATURE"));
+        assert_eq!(
+            release_sha256(body).get("main/binary-amd64/Packages.gz"),
+            Some(&("0123".to_string(), 10))
+        );
+    }
+}
