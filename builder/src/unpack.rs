@@ -1393,7 +1393,7 @@ mod tests {
         fs_err::write(&path, &data).unwrap();
         let mut a = SharedFile::open(&path).unwrap();
         let mut b = a.clone();
-        let mut read = |file: &mut SharedFile, n: usize| {
+        let read = |file: &mut SharedFile, n: usize| {
             let mut out = vec![0u8; n];
             file.read_exact(&mut out).unwrap();
             out
