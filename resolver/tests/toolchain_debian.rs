@@ -1,0 +1,157 @@
+//! `env.toolchain = std.gcc { version = "N" }` when the host has no gcc N: `lock()` pins it from a fixture Debian
+//! archive (an `InRelease` and a `Packages.gz` served over real HTTP on 127.0.0.1), a relock keeps that pin
+//! without asking the archive, and a version no suite has is refused naming what each suite has.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+
+use hvd_lang::model::Toolchain;
+use hvd_resolver::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_SUITES};
+use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
+use hvd_resolver::{LockOptions, Lockfile, ResolveError, Sha256, lock};
+
+/// A static file server on 127.0.0.1 for `root`; returns its base URL.
+fn serve(root: PathBuf) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+            }
+            let path = request
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("/")
+                .trim_start_matches('/');
+            let response = match std::fs::read(root.join(path)) {
+                Ok(body) if !path.contains("..") => {
+                    let mut head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    head.extend(body);
+                    head
+                }
+                _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_vec(),
+            };
+            let _ = stream.write_all(&response);
+        }
+    });
+    base
+}
+
+/// `dists/fixture/` of an archive with gcc 97 (the packages' files are never fetched by a lock).
+fn publish(root: &Path) {
+    let stanza = |name: &str, version: &str, depends: &str| {
+        format!(
+            "Package: {name}\nVersion: {version}\nArchitecture: amd64\nDepends: {depends}\n\
+             Filename: pool/main/{name}_{version}_amd64.deb\nSize: 100\nSHA256: {}\n\n",
+            Sha256::of_bytes(name.as_bytes())
+        )
+    };
+    let text = [
+        stanza("gcc-97", "97.2.0-1", "libc6 (>= 2.14)"),
+        stanza("g++-97", "97.2.0-1", "gcc-97 (= 97.2.0-1)"),
+        stanza("libc6", "2.30-1", ""),
+        stanza("libc6-dev", "2.30-1", "libc6 (= 2.30-1)"),
+    ]
+    .concat();
+    let dists = root.join("dists/fixture");
+    std::fs::create_dir_all(dists.join("main/binary-amd64")).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(text.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    std::fs::write(dists.join("main/binary-amd64/Packages.gz"), &gz).unwrap();
+    std::fs::write(
+        dists.join("Release"),
+        format!(
+            "Suite: fixture\nSHA256:\n {} {} main/binary-amd64/Packages.gz\n",
+            Sha256::of_bytes(&gz),
+            gz.len()
+        ),
+    )
+    .unwrap();
+}
+
+fn env(version: &str) -> hvd_lang::model::Env {
+    let mut env = env_of(&["lib"]);
+    env.toolchain = Some(Toolchain {
+        name: "gcc".into(),
+        version: version.into(),
+    });
+    env
+}
+
+#[test]
+fn a_gcc_the_host_lacks_is_locked_from_debian_and_kept_on_relock() {
+    let archive = tempfile::tempdir().unwrap();
+    publish(archive.path());
+    let url = serve(archive.path().to_path_buf());
+    // SAFETY: set before this test starts any thread that reads the environment; nextest runs each test in its own
+    // process, and this binary has this one test.
+    unsafe {
+        std::env::set_var(HVD_DEBIAN_ARCHIVE, &url);
+        std::env::set_var(HVD_DEBIAN_SUITES, "nosuch,fixture");
+    }
+    let index =
+        FixtureIndex::start(vec![Dist::wheel("lib", "1.0")], FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let options = lock_options(&index, cache.path());
+    let locked = lock(&env("97"), &options).unwrap();
+    let pin = locked.toolchain.clone().unwrap();
+    let debian = pin.debian.clone().unwrap();
+    assert_eq!(
+        (
+            debian.archive.as_str(),
+            debian.suite.as_str(),
+            debian.version.as_str()
+        ),
+        (url.as_str(), "fixture", "97.2.0")
+    );
+    let names: Vec<&str> = pin.debs.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["g++-97", "gcc-97", "libc6", "libc6-dev"]);
+    assert!(pin.tools.is_empty());
+    let text = locked.to_toml();
+    assert_eq!(Lockfile::parse(&text, Path::new("t.lock")).unwrap(), locked);
+
+    // A relock keeps the pin without asking the archive (it is gone now).
+    unsafe_set(HVD_DEBIAN_ARCHIVE, "http://127.0.0.1:9");
+    let relocked = lock(
+        &env("97"),
+        &LockOptions {
+            existing: Some(locked.clone()),
+            ..lock_options(&index, cache.path())
+        },
+    )
+    .unwrap();
+    assert_eq!(relocked.to_toml(), text);
+    // Without the existing lock the archive is asked, and its failure is named.
+    let err = lock(&env("97"), &options).unwrap_err();
+    assert!(matches!(err, ResolveError::Debian(_)), "{err}");
+
+    // A version no suite has: the host's and the archive's answers, and what the suite has.
+    unsafe_set(HVD_DEBIAN_ARCHIVE, &url);
+    let err = lock(&env("96"), &options).unwrap_err().to_string();
+    assert!(
+        err.contains("gcc 96")
+            && err.contains("Nor from Debian")
+            && err.contains("fixture has gcc 97"),
+        "{err}"
+    );
+}
+
+fn unsafe_set(name: &str, value: &str) {
+    // SAFETY: see the test: one test per process; the lock's threads have ended (`lock` returned).
+    unsafe { std::env::set_var(name, value) }
+}
