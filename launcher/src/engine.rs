@@ -208,6 +208,9 @@ pub struct Plan {
     pub steps: Vec<PlannedStep>,
     pub gpus_per_worker: u32,
     pub env_dir: Option<PathBuf>,
+    /// Binary caches and trusted keys (`NAME:BASE64`) the nodes get the env from ([`crate::RunOptions::caches`]).
+    pub caches: Vec<String>,
+    pub trusted_keys: Vec<String>,
     /// The engine that runs the distributed steps (a step that runs once runs here, as with [`Local`]).
     pub engine: Arc<dyn SupervisedEngine>,
     /// What the user should know before anything runs (why the engine is not the one asked for).

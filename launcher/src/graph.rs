@@ -184,6 +184,8 @@ pub fn plan(
         steps,
         gpus_per_worker: project.resources.gpus,
         env_dir: options.env_dir.clone(),
+        caches: options.caches.clone(),
+        trusted_keys: options.trusted_keys.clone(),
         engine,
         notes: Vec::new(),
     })

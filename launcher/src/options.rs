@@ -42,6 +42,11 @@ pub struct RunOptions {
     pub host_discovery_script: Option<PathBuf>,
     /// Where state and logs go; default `<project dir>/.hvd`.
     pub state_dir: Option<PathBuf>,
+    /// Binary caches the nodes substitute the env from before their ranks start (`--cache`, `HVD_CACHES`, the file's
+    /// `cluster { caches }`); engines whose nodes may lack the env pull it (`hvd cache pull`).
+    pub caches: Vec<String>,
+    /// The public keys (`NAME:BASE64`) the nodes trust for [`RunOptions::caches`].
+    pub trusted_keys: Vec<String>,
     /// `--engine`: overrides `cluster { engine }`.
     pub engine: Option<EngineKind>,
     /// `--mpi openmpi|mpich` (else `cluster { settings { mpi } }`, else detected from `mpirun --version`).
@@ -77,6 +82,8 @@ impl Default for RunOptions {
             elastic_timeout: Duration::from_secs(60),
             host_discovery_script: None,
             state_dir: None,
+            caches: Vec::new(),
+            trusted_keys: Vec::new(),
             engine: None,
             mpi: None,
             mpirun: None,

@@ -123,6 +123,8 @@ pub struct RunArgs {
     pub detach: bool,
     #[command(flatten)]
     pub lock: super::build::LockMode,
+    #[command(flatten)]
+    pub caches: super::substitute::CacheOptions,
 }
 
 /// `hvd run` options of the `spark` engine (boxed: they are rarely given).
@@ -276,7 +278,7 @@ pub fn run(args: RunArgs) -> CommandResult {
                 .map_err(|d| Failure::new(Status::Usage, miette::Report::new(d)))?;
             (project, args.env_dir.clone(), None, None)
         } else {
-            let ready = super::build::ensure_env(&args.file, args.lock, false)?;
+            let ready = super::build::ensure_env_with(&args.file, args.lock, false, &args.caches)?;
             let env_hash = ready.lock.env_hash.clone();
             (
                 ready.project,
@@ -393,6 +395,13 @@ fn options(
             }
         },
         state_dir: None,
+        caches: args.caches.urls(Some(project)),
+        // Keys matter only with caches (a bad HVD_TRUSTED_KEYS without any cache stops nothing, as in `hvd build`).
+        trusted_keys: if args.caches.urls(Some(project)).is_empty() {
+            Vec::new()
+        } else {
+            args.caches.trusted_key_texts()?
+        },
         engine,
         mpi: args.mpi.clone(),
         mpirun: args.mpirun.clone(),

@@ -85,6 +85,19 @@ impl CacheOptions {
     }
 }
 
+impl CacheOptions {
+    /// The trusted keys (flags, then `HVD_TRUSTED_KEYS`) as `NAME:BASE64` texts, for commands that run elsewhere (a
+    /// key file here may not exist on a node).
+    pub fn trusted_key_texts(&self) -> Result<Vec<String>, Failure> {
+        let mut keys = self.trusted_keys.clone();
+        keys.extend(hvd_builder::cache::trusted_keys_from_env());
+        keys.iter()
+            .map(|key| PublicKey::from_arg(key).map(|k| k.to_text()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cache_usage)
+    }
+}
+
 pub fn cache_usage(err: hvd_builder::cache::CacheError) -> Failure {
     Failure::from_error_with_help(
         Status::Usage,

@@ -18,6 +18,34 @@ pub mod spark;
 pub mod ssh;
 
 /// Parses `host:slots` (slots default 1).
+/// The command a node runs before its ranks start to get the plan's env from the binary caches into its own store
+/// (`hvd cache pull ENV --cache URL... --trusted-key KEY...`, with `HVD_STORE` set to the env's store directory:
+/// a store path is valid only at the directory it was built for). `None` when there is no env, its name is not a
+/// store path's, or no cache is given. The env need not be here: a login node that only submits may lack it.
+pub fn pull_argv(plan: &crate::Plan, shim: &std::path::Path) -> Option<Vec<String>> {
+    let env = plan.env_dir.as_deref()?;
+    let store = env.parent()?;
+    let name = env.file_name()?.to_str()?;
+    if plan.caches.is_empty() || !crate::closure::is_store_path_name(name) {
+        return None;
+    }
+    let mut argv = vec![
+        "env".to_owned(),
+        format!("HVD_STORE={}", store.display()),
+        shim.display().to_string(),
+        "cache".to_owned(),
+        "pull".to_owned(),
+        name.to_owned(),
+    ];
+    for url in &plan.caches {
+        argv.extend(["--cache".to_owned(), url.clone()]);
+    }
+    for key in &plan.trusted_keys {
+        argv.extend(["--trusted-key".to_owned(), key.clone()]);
+    }
+    Some(argv)
+}
+
 pub fn parse_host(entry: &str) -> Result<(String, u32), LaunchError> {
     let bad = || {
         LaunchError::Engine(format!(

@@ -190,6 +190,19 @@ pub fn batch_steps(
         for (k, v) in &step.env {
             let _ = writeln!(s, "export {k}={}", quote(v));
         }
+        if let Some(pull) = crate::engines::pull_argv(plan, shim) {
+            // Every node of the job gets the env into its own store before any rank starts; one that cannot ends
+            // the job naming itself.
+            let _ = writeln!(
+                s,
+                "srun --ntasks-per-node=1 --ntasks={step_nodes} /bin/sh -c {}",
+                quote(&format!(
+                    "{} >/dev/null || {{ echo \"hvd: node $(hostname) could not get the env from the binary \
+                     caches (above)\" >&2; exit 1; }}",
+                    shell::line(&pull)
+                ))
+            );
+        }
         match step.workers {
             Some(n) => {
                 // torch's env:// meets at the first node; the port is spread by job id.
@@ -332,6 +345,63 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.to_string().contains("`true` or `false`"), "{err}");
+    }
+
+    /// With caches, each job first gets the env onto every node of it (`hvd cache pull` into the env's store
+    /// directory), then starts the ranks; without caches, or an env that is not a store path, it does not.
+    #[test]
+    fn batch_scripts_pull_the_env_onto_every_node_first_when_caches_are_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = dir
+            .path()
+            .join("store/0123456789abcdef0123456789abcdef-t-env");
+        let project = project(false);
+        let scripts = |env: &Path, caches: &[&str]| {
+            let options = RunOptions {
+                env_dir: Some(env.to_path_buf()),
+                caches: caches.iter().map(|c| (*c).to_owned()).collect(),
+                trusted_keys: vec!["k1:AAAA".into()],
+                ..RunOptions::default()
+            };
+            let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
+            batch_steps(&project, &plan, Path::new("/bin/hvd"))
+                .unwrap()
+                .into_iter()
+                .map(|s| s.script)
+                .collect::<Vec<_>>()
+        };
+        let with = scripts(&env, &["s3://b/p", "file:///c d"]);
+        let store = dir.path().join("store").display().to_string();
+        for script in &with {
+            let pull = script
+                .lines()
+                .find(|l| l.starts_with("srun --ntasks-per-node=1"))
+                .unwrap_or_else(|| panic!("no pull in {script}"));
+            assert!(
+                pull.contains(&format!(
+                    "env HVD_STORE={store} /bin/hvd cache pull 0123456789abcdef0123456789abcdef-t-env --cache \
+                     s3://b/p --cache '\\''file:///c d'\\'' --trusted-key k1:AAAA"
+                )),
+                "{pull}"
+            );
+            // Before the ranks, after the step's variables.
+            let at = |part: &str| script.find(part).unwrap_or(usize::MAX);
+            assert!(
+                at("cache pull") < at("worker-env").min(at("/bin/sh -c 'echo")),
+                "{script}"
+            );
+        }
+        assert!(
+            with[2].contains("srun --ntasks-per-node=1 --ntasks=1 "),
+            "{}",
+            with[2]
+        );
+        for script in scripts(&env, &[])
+            .iter()
+            .chain(&scripts(Path::new("/envs/e1"), &["s3://b/p"]))
+        {
+            assert!(!script.contains("cache pull"), "{script}");
+        }
     }
 
     /// A `run` with a line `EOF`, quotes and command substitutions: the printed submission hands every batch script
