@@ -133,9 +133,6 @@ int hvd_group_release(int64_t group);
 /* Submits a prepared group as one operation: returns one handle (> 0) for all of its requests (wait with
  * hvd_wait_and_release), 0 when the group was not fused into one operation (use hvd_group_enqueue), -1 on error. */
 int64_t hvd_group_submit(int64_t group);
-
-/* Timeline at run time (Horovod's start_timeline/stop_timeline), like HVD_TIMELINE: every rank calls them; rank 0
- * writes the file ({rank} in the path: every rank its own). Start replaces a timeline being written; when stop
 /* Per-tensor in-place allreduces batched by the caller, in columns: data[i] (input and output), dtypes[i], ops[i],
  * prescale[i], postscale[i]; ndims[i] dimensions each, one request after another in dims; names: n NUL-terminated
  * names back to back ("" = unnamed). Nothing is fused at submission (each is negotiated alone and fused by the
@@ -144,6 +141,9 @@ int64_t hvd_group_submit(int64_t group);
 int hvd_enqueue_allreduces(int n, void *const *data, const int32_t *dtypes, const int32_t *ndims,
                            const int64_t *dims, const char *names, const int32_t *ops, const double *prescale,
                            const double *postscale, int64_t *handles);
+
+/* Timeline at run time (Horovod's start_timeline/stop_timeline), like HVD_TIMELINE: every rank calls them; rank 0
+ * writes the file ({rank} in the path: every rank its own). Start replaces a timeline being written; when stop
  * returns, the file is complete. 0, or -1 (hvd_last_error). */
 int hvd_start_timeline(const char *path, int mark_cycles);
 int hvd_stop_timeline(void);
@@ -161,15 +161,15 @@ int hvd_wait_and_release(int64_t handle);
  * are done, 0 when any is pending, -1 for an unknown handle. */
 int hvd_wait_many(const int64_t *handles, int n);
 int hvd_poll_many(const int64_t *handles, int n);
-
-/* Results of a successfully waited handle, until hvd_release. */
-int hvd_result_ndim(int64_t handle);
 /* One wait of a batch (e.g. the handles of one hvd_enqueue_allreduces; done: n bytes, zero at first, shared by
  * every wait on the batch): waits for handles[i] and releases it, then releases the handles after it that have
  * completed successfully, up to the first that has not, and marks each 1 in done (skip the wait of a handle marked
  * 1). handles[i] is marked 1 or -1 (failed); a failed handle is left for its own wait. 0 when handles[i]
  * succeeded, -1 when it failed (hvd_last_error). */
 int hvd_wait_batch(const int64_t *handles, int n, int i, int8_t *done);
+
+/* Results of a successfully waited handle, until hvd_release. */
+int hvd_result_ndim(int64_t handle);
 int hvd_result_shape(int64_t handle, int64_t *shape);
 int64_t hvd_result_nbytes(int64_t handle);
 int hvd_result_copy(int64_t handle, void *dst, int64_t nbytes);

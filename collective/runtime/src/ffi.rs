@@ -662,29 +662,6 @@ pub unsafe extern "C" fn hvd_enqueue_many(
     })
 }
 
-/// Prepares `n` requests for repeated submission with `hvd_group_enqueue` (a training loop's gradients): they are
-/// checked and fused once (as `hvd_enqueue_many` does on every call). Returns a group id > 0, or -1 when a request
-/// is invalid (`hvd_last_error` names it). The buffers must stay valid until the group is released.
-///
-/// # Safety
-/// `requests` points to `n` valid elements whose buffers follow the module's buffer contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hvd_group_prepare(requests: *const HvdRequest, n: i32) -> i64 {
-    guard(-1, || {
-        if n < 0 || (n > 0 && requests.is_null()) {
-            return Err("invalid request array".into());
-        }
-        let e = engine()?;
-        let requests: &[HvdRequest] = if n == 0 {
-            &[]
-        } else {
-            // SAFETY: `n` valid elements per the contract.
-            unsafe { std::slice::from_raw_parts(requests, n as usize) }
-        };
-        let converted = requests
-            .iter()
-            // SAFETY: as above.
-            .map(|r| unsafe { convert(r) })
 /// Submits `n` in-place allreduces given in columns with one call: `data[i]` is request i's buffer (input and
 /// output), `dtypes[i]`, `ops[i]`, `prescale[i]` and `postscale[i]` its codes and factors, `ndims[i]` the number of
 /// its dimensions, which follow one another in `dims` (request after request), and `names` holds the `n` names as
@@ -791,6 +768,29 @@ pub unsafe extern "C" fn hvd_enqueue_allreduces(
     })
 }
 
+/// Prepares `n` requests for repeated submission with `hvd_group_enqueue` (a training loop's gradients): they are
+/// checked and fused once (as `hvd_enqueue_many` does on every call). Returns a group id > 0, or -1 when a request
+/// is invalid (`hvd_last_error` names it). The buffers must stay valid until the group is released.
+///
+/// # Safety
+/// `requests` points to `n` valid elements whose buffers follow the module's buffer contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_group_prepare(requests: *const HvdRequest, n: i32) -> i64 {
+    guard(-1, || {
+        if n < 0 || (n > 0 && requests.is_null()) {
+            return Err("invalid request array".into());
+        }
+        let e = engine()?;
+        let requests: &[HvdRequest] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: `n` valid elements per the contract.
+            unsafe { std::slice::from_raw_parts(requests, n as usize) }
+        };
+        let converted = requests
+            .iter()
+            // SAFETY: as above.
+            .map(|r| unsafe { convert(r) })
             .collect::<Result<Vec<_>, _>>()?;
         let group = e.prepare(converted)?;
         let id = NEXT_GROUP.fetch_add(1, Ordering::Relaxed);
@@ -905,29 +905,6 @@ pub unsafe extern "C" fn hvd_wait_many(handles: *const i64, n: i32) -> i32 {
     })
 }
 
-/// 1 when all `n` operations have completed, 0 when any is pending, -1 for an unknown handle.
-///
-/// # Safety
-/// `handles` points to `n` readable values.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hvd_poll_many(handles: *const i64, n: i32) -> i32 {
-    guard(-1, || {
-        // SAFETY: per the function contract.
-        let handles = unsafe { handle_slice(handles, n) }?;
-        let ids: Vec<u64> = {
-            let results = lock(&RESULTS);
-            handles
-                .iter()
-                .filter(|h| **h > 0 && !results.as_ref().is_some_and(|r| r.contains_key(h)))
-                .map(|h| *h as u64)
-                .collect()
-        };
-        engine()?
-            .poll_all(&ids)
-            .map(i32::from)
-            .map_err(Failure::from)
-    })
-}
 /// Waits for `handles[i]` of a batch of operations whose results are in the caller's memory (e.g. the handles of
 /// one `hvd_enqueue_allreduces`) and releases it, then releases the handles after it that have completed
 /// successfully, up to the first that has not, marking each one 1 in `done` (`n` bytes, zero at first, shared by
@@ -962,6 +939,29 @@ pub unsafe extern "C" fn hvd_wait_batch(handles: *const i64, n: i32, i: i32, don
     })
 }
 
+/// 1 when all `n` operations have completed, 0 when any is pending, -1 for an unknown handle.
+///
+/// # Safety
+/// `handles` points to `n` readable values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_poll_many(handles: *const i64, n: i32) -> i32 {
+    guard(-1, || {
+        // SAFETY: per the function contract.
+        let handles = unsafe { handle_slice(handles, n) }?;
+        let ids: Vec<u64> = {
+            let results = lock(&RESULTS);
+            handles
+                .iter()
+                .filter(|h| **h > 0 && !results.as_ref().is_some_and(|r| r.contains_key(h)))
+                .map(|h| *h as u64)
+                .collect()
+        };
+        engine()?
+            .poll_all(&ids)
+            .map(i32::from)
+            .map_err(Failure::from)
+    })
+}
 
 /// 1 when the operation has completed (successfully or not), 0 when pending, -1 for an unknown handle.
 #[unsafe(no_mangle)]
