@@ -107,6 +107,10 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
         "HVD_RUN_ARGS",
         "read by the benchmark scripts under bench/ only",
     ),
+    (
+        "HVD_HOROVOD_TESTS",
+        "read by the opt-in harness scripts/horovod_suites.py only (a local copy of Horovod's test suites)",
+    ),
     ("HVD_TEST_PYTHON", "read by tests only"),
     ("HVD_TEST_TORCH", "read by tests only"),
     ("HVD_TEST_JAX", "read by tests only"),

@@ -58,6 +58,10 @@ struct PullArgs {
     /// Store paths to get: a name (`<hash>-<name>-<version>`) or a path in this store (`$HVD_STORE/<name>`).
     #[arg(required = true, value_name = "PATH")]
     paths: Vec<String>,
+    /// The store to pull into (default `HVD_STORE`, else the user's data dir): a store path is valid only in the
+    /// store directory it was built for.
+    #[arg(long, value_name = "DIR")]
+    store: Option<std::path::PathBuf>,
     #[command(flatten)]
     caches: CacheOptions,
 }
@@ -71,8 +75,11 @@ pub fn run(args: CacheArgs) -> CommandResult {
 }
 
 fn pull(args: PullArgs) -> CommandResult {
-    let store =
-        hvd_builder::Store::open(hvd_builder::Store::default_root()).map_err(build_failure)?;
+    let root = args
+        .store
+        .clone()
+        .unwrap_or_else(hvd_builder::Store::default_root);
+    let store = hvd_builder::Store::open(root).map_err(build_failure)?;
     let mut names = Vec::new();
     for given in &args.paths {
         let path = std::path::Path::new(given);

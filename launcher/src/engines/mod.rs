@@ -19,8 +19,8 @@ pub mod ssh;
 
 /// Parses `host:slots` (slots default 1).
 /// The command a node runs before its ranks start to get the plan's env from the binary caches into its own store
-/// (`hvd cache pull ENV --cache URL... --trusted-key KEY...`, with `HVD_STORE` set to the env's store directory:
-/// a store path is valid only at the directory it was built for). `None` when there is no env, its name is not a
+/// (`hvd cache pull --store STORE ENV --cache URL... --trusted-key KEY...`, into the env's store directory: a store
+/// path is valid only at the directory it was built for). `None` when there is no env, its name is not a
 /// store path's, or no cache is given. The env need not be here: a login node that only submits may lack it.
 pub fn pull_argv(plan: &crate::Plan, shim: &std::path::Path) -> Option<Vec<String>> {
     let env = plan.env_dir.as_deref()?;
@@ -30,11 +30,11 @@ pub fn pull_argv(plan: &crate::Plan, shim: &std::path::Path) -> Option<Vec<Strin
         return None;
     }
     let mut argv = vec![
-        "env".to_owned(),
-        format!("HVD_STORE={}", store.display()),
         shim.display().to_string(),
         "cache".to_owned(),
         "pull".to_owned(),
+        "--store".to_owned(),
+        store.display().to_string(),
         name.to_owned(),
     ];
     for url in &plan.caches {

@@ -379,7 +379,7 @@ mod tests {
                 .unwrap_or_else(|| panic!("no pull in {script}"));
             assert!(
                 pull.contains(&format!(
-                    "env HVD_STORE={store} /bin/hvd cache pull 0123456789abcdef0123456789abcdef-t-env --cache \
+                    "/bin/hvd cache pull --store {store} 0123456789abcdef0123456789abcdef-t-env --cache \
                      s3://b/p --cache '\\''file:///c d'\\'' --trusted-key k1:AAAA"
                 )),
                 "{pull}"
