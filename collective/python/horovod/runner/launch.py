@@ -139,11 +139,11 @@ def translate(argv):
     if discovery is not None:
         # The script's slots decide how many start; the step grows up to --max-np (else -np) and goes on down to
         # --min-np (else -np, as in Horovod).
-        most = maximum or values.pop("--workers", None)
+        np = values.pop("--workers", None)
+        most = maximum or np
         if most is None:
             raise UsageError("horovodrun: --host-discovery-script needs --max-np (or -np): the most workers to run")
-        values.pop("--workers", None)
-        least = minimum or most
+        least = minimum or np or most
         if int(least) > int(most):
             raise UsageError("horovodrun: --min-np {} is above --max-np {}".format(least, most))
         options += ["--workers", most, "--min-workers", least, "--max-workers", most,
