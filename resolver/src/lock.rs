@@ -510,8 +510,8 @@ fn compiler_version(path: &Path) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The host's compiler when it matches (the default); else, for gcc, the existing lock's Debian pin or a new one
-/// from the machine's Debian archive (`crate::debian`).
+/// The existing lock's Debian pin when it answers the same request (unless upgrading); else the host's compiler when
+/// it matches (the default); else, for gcc, a new pin from the machine's Debian archive (`crate::debian`).
 fn pin_host_or_debian(
     name: &str,
     requested: &str,
@@ -519,18 +519,21 @@ fn pin_host_or_debian(
     options: &LockOptions,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<ToolchainPin, ResolveError> {
-    let host_error = match pin_toolchain(name, requested) {
-        Ok(pin) => return Ok(pin),
-        Err(e) if name == "gcc" => e,
-        Err(e) => return Err(e),
-    };
-    if let Some(existing) = options.existing.as_ref().and_then(|l| l.toolchain.as_ref())
+    // An existing Debian pin for the same request is kept before the host is asked: a teammate whose gcc N is on
+    // PATH must not flip the lock to their driver's path (`--upgrade` asks again).
+    if !options.upgrade
+        && let Some(existing) = options.existing.as_ref().and_then(|l| l.toolchain.as_ref())
         && existing.name == name
         && existing.requested == requested
         && existing.debian.is_some()
     {
         return Ok(existing.clone());
     }
+    let host_error = match pin_toolchain(name, requested) {
+        Ok(pin) => return Ok(pin),
+        Err(e) if name == "gcc" => e,
+        Err(e) => return Err(e),
+    };
     let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let archives = crate::debian::Archives::discover();
     runtime

@@ -1,6 +1,6 @@
 //! `env.toolchain = std.gcc { version = "N" }` when the host has no gcc N: `lock()` pins it from a fixture Debian
 //! archive (an `InRelease` and a `Packages.gz` served over real HTTP on 127.0.0.1), a relock keeps that pin
-//! without asking the archive, and a version no suite has is refused naming what each suite has.
+//! without asking the archive (even where the host has that gcc), and a version no suite has is refused naming what each suite has.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -136,6 +136,43 @@ fn a_gcc_the_host_lacks_is_locked_from_debian_and_kept_on_relock() {
     )
     .unwrap();
     assert_eq!(relocked.to_toml(), text);
+    // A teammate with gcc 97 on PATH relocks: the Debian pin is kept, not flipped to their driver; only
+    // `--upgrade` asks the host again.
+    let bin = tempfile::tempdir().unwrap();
+    for tool in ["gcc-97", "g++-97"] {
+        let path = bin.path().join(tool);
+        std::fs::write(&path, "#!/bin/sh\necho 97.1.0\n").unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+    }
+    let old_path = std::env::var("PATH").unwrap_or_default();
+    unsafe_set("PATH", &format!("{}:{old_path}", bin.path().display()));
+    let teammate = lock(
+        &env("97"),
+        &LockOptions {
+            existing: Some(locked.clone()),
+            ..lock_options(&index, cache.path())
+        },
+    )
+    .unwrap();
+    assert_eq!(teammate.to_toml(), text);
+    let upgraded = lock(
+        &env("97"),
+        &LockOptions {
+            existing: Some(locked.clone()),
+            upgrade: true,
+            ..lock_options(&index, cache.path())
+        },
+    )
+    .unwrap();
+    let host = upgraded.toolchain.unwrap();
+    assert!(
+        host.debian.is_none() && host.tools[0].version == "97.1.0",
+        "{host:?}"
+    );
+    unsafe_set("PATH", &old_path);
+
     // Without the existing lock the archive is asked, and its failure is named.
     let err = lock(&env("97"), &options).unwrap_err();
     assert!(matches!(err, ResolveError::Debian(_)), "{err}");
