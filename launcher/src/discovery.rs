@@ -264,9 +264,12 @@ pub fn is_this_machine(host: &str, hostname: &str) -> bool {
 }
 
 /// Hosts whose workers failed repeatedly, each out of use until its cooldown ends (Horovod's blacklist, with a
-/// cooldown that doubles each time a host is blacklisted again).
+/// cooldown that doubles each time a host is blacklisted again). Every name of this machine (`localhost`,
+/// `127.0.0.1`, `::1`, its hostname in any case) is one host: failures are recorded under the worker's host and
+/// asked about under the script's spelling.
 #[derive(Debug, Default)]
 pub struct Blacklist {
+    hostname: String,
     hosts: BTreeMap<String, HostRecord>,
 }
 
@@ -278,9 +281,26 @@ struct HostRecord {
 }
 
 impl Blacklist {
+    /// An empty blacklist on the machine named `hostname`.
+    pub fn new(hostname: &str) -> Blacklist {
+        Blacklist {
+            hostname: hostname.to_owned(),
+            hosts: BTreeMap::new(),
+        }
+    }
+
+    /// The one key of `host`: this machine's hostname for any of its names, else the name in lower case.
+    fn key(&self, host: &str) -> String {
+        match is_this_machine(host, &self.hostname) {
+            true => self.hostname.to_ascii_lowercase(),
+            false => host.trim_end_matches('.').to_ascii_lowercase(),
+        }
+    }
+
     /// A worker on `host` was lost. Returns the cooldown when this blacklists the host.
     pub fn failed(&mut self, host: &str, now: Instant) -> Option<Duration> {
-        let record = self.hosts.entry(host.to_owned()).or_default();
+        let key = self.key(host);
+        let record = self.hosts.entry(key).or_default();
         record.failures += 1;
         if record.failures < BLACKLIST_FAILURES {
             return None;
@@ -297,7 +317,7 @@ impl Blacklist {
     /// Whether `host` is out of use at `now`.
     pub fn blocked(&self, host: &str, now: Instant) -> bool {
         self.hosts
-            .get(host)
+            .get(&self.key(host))
             .and_then(|r| r.until)
             .is_some_and(|until| now < until)
     }
@@ -401,6 +421,21 @@ mod tests {
             b.failed("a", t);
         }
         assert_eq!(b.failed("a", t).or(b.failed("a", t)), Some(MAX_COOLDOWN));
+    }
+
+    #[test]
+    fn failures_recorded_under_the_hostname_block_every_name_of_this_machine() {
+        let t = Instant::now();
+        let mut b = Blacklist::new("Box");
+        b.failed("Box", t);
+        assert_eq!(b.failed("box", t), Some(FIRST_COOLDOWN));
+        for name in ["localhost", "LOCALHOST", "127.0.0.1", "::1", "box", "BOX."] {
+            assert!(b.blocked(name, t), "{name}");
+        }
+        assert!(!b.blocked("other", t));
+        b.failed("Node-1", t);
+        b.failed("node-1.", t);
+        assert!(b.blocked("NODE-1", t));
     }
 
     #[test]

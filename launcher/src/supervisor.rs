@@ -988,7 +988,7 @@ fn supervise(
     let mut all_ok = true;
     let mut remaining = workers.len();
     // Host discovery: hosts whose workers failed repeatedly, hosts the local engine ignores, the last warning.
-    let mut blacklist = Blacklist::default();
+    let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()));
     let mut ignored = std::collections::BTreeSet::new();
     let mut last_warning: Option<String> = None;
     while remaining > 0 {
