@@ -22,13 +22,17 @@ pub(crate) struct EnvIdentity {
 }
 
 /// Whether `name` is a store path name: `<32 lowercase hex digits>-<name>-<version>` (see builder's
-/// `Derivation::path_name`), the rest made of ASCII letters, digits and `-._+`, without `..`. So it has no `/`, does
+/// `Derivation::path_name`), the rest made of ASCII letters, digits and `-._+`, without `..`, at most 200
+/// characters. So it has no `/`, does
 /// not start with `-` and is never `.` or `..`: safe as an argument and as a path below the store.
 pub fn is_store_path_name(name: &str) -> bool {
     let Some((hash, rest)) = name.split_once('-') else {
         return false;
     };
-    hash.len() == 32
+    // At most 200 characters, as the cache's records allow (`record::check_path_name`), so a name the launcher
+    // writes is one a node's `hvd cache pull` takes.
+    name.len() <= 200
+        && hash.len() == 32
         && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
         && !rest.is_empty()
         && rest

@@ -86,7 +86,8 @@ fn pull(args: PullArgs) -> CommandResult {
         let name = if path.components().count() > 1 {
             if path.parent() != Some(store.root()) {
                 return Err(Failure::usage(format!(
-                    "`{given}` is not a path in this store ({}); give the store path's name, or set HVD_STORE to                      the store it belongs to (a store path is only valid at the store directory it was built for)",
+                    "`{given}` is not a path in this store ({}); give the store path's name, or set HVD_STORE to \
+                     the store it belongs to (a store path is only valid at the store directory it was built for)",
                     store.root().display()
                 )));
             }

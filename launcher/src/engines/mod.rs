@@ -17,35 +17,82 @@ pub mod slurm;
 pub mod spark;
 pub mod ssh;
 
-/// Parses `host:slots` (slots default 1).
 /// The command a node runs before its ranks start to get the plan's env from the binary caches into its own store
-/// (`hvd cache pull --store STORE ENV --cache URL... --trusted-key KEY...`, into the env's store directory: a store
-/// path is valid only at the directory it was built for). `None` when there is no env, its name is not a
-/// store path's, or no cache is given. The env need not be here: a login node that only submits may lack it.
-pub fn pull_argv(plan: &crate::Plan, shim: &std::path::Path) -> Option<Vec<String>> {
-    let env = plan.env_dir.as_deref()?;
-    let store = env.parent()?;
-    let name = env.file_name()?.to_str()?;
+/// (`hvd cache pull --store STORE ENV --cache=URL... --trusted-key=KEY...`, into the env's store directory: a store
+/// path is valid only at the directory it was built for). `None` when there is no env, its name is not a store
+/// path's, or no cache is given. The env need not be here: a login node that only submits may lack it.
+///
+/// The command line ends up in batch scripts, the scheduler's records and every node's process list, so a cache
+/// URL carrying credentials (`https://user:token@...`) is refused: credentials come from the environment (S3's
+/// `AWS_*`, which `sbatch` exports), never from a written command.
+pub fn pull_argv(
+    plan: &crate::Plan,
+    shim: &std::path::Path,
+) -> Result<Option<Vec<String>>, LaunchError> {
+    let Some(env) = plan.env_dir.as_deref() else {
+        return Ok(None);
+    };
+    let (Some(store), Some(name)) = (env.parent(), env.file_name().and_then(|n| n.to_str())) else {
+        return Ok(None);
+    };
     if plan.caches.is_empty() || !crate::closure::is_store_path_name(name) {
-        return None;
+        return Ok(None);
     }
+    let (Some(store), Some(shim)) = (store.to_str(), shim.to_str()) else {
+        return Err(LaunchError::Engine(format!(
+            "the env's store directory {} or the hvd binary {} is not UTF-8; a batch script cannot name it",
+            store.display(),
+            shim.display()
+        )));
+    };
     let mut argv = vec![
-        shim.display().to_string(),
+        shim.to_owned(),
         "cache".to_owned(),
         "pull".to_owned(),
-        "--store".to_owned(),
-        store.display().to_string(),
+        format!("--store={store}"),
         name.to_owned(),
     ];
     for url in &plan.caches {
-        argv.extend(["--cache".to_owned(), url.clone()]);
+        if has_credentials(url) {
+            return Err(LaunchError::Engine(format!(
+                "the cache `{}` carries credentials in its URL; hvd does not write them into batch scripts or \
+                 command lines: give the URL without them and the credentials through the environment (e.g. \
+                 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for S3)",
+                redact(url)
+            )));
+        }
+        argv.push(format!("--cache={url}"));
     }
     for key in &plan.trusted_keys {
-        argv.extend(["--trusted-key".to_owned(), key.clone()]);
+        argv.push(format!("--trusted-key={key}"));
     }
-    Some(argv)
+    Ok(Some(argv))
 }
 
+/// Whether `url` has a user-info part (`scheme://user[:secret]@host...`).
+fn has_credentials(url: &str) -> bool {
+    url.split_once("://")
+        .map(|(_, rest)| {
+            rest.split(['/', '?', '#'])
+                .next()
+                .unwrap_or("")
+                .contains('@')
+        })
+        .unwrap_or(false)
+}
+
+/// `url` with its user-info part replaced by `***`.
+fn redact(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) if has_credentials(url) => {
+            let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+            format!("{scheme}://***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Parses `host:slots` (slots default 1).
 pub fn parse_host(entry: &str) -> Result<(String, u32), LaunchError> {
     let bad = || {
         LaunchError::Engine(format!(

@@ -190,7 +190,7 @@ pub fn batch_steps(
         for (k, v) in &step.env {
             let _ = writeln!(s, "export {k}={}", quote(v));
         }
-        if let Some(pull) = crate::engines::pull_argv(plan, shim) {
+        if let Some(pull) = crate::engines::pull_argv(plan, shim)? {
             // Every node of the job gets the env into its own store before any rank starts; one that cannot ends
             // the job naming itself.
             let _ = writeln!(
@@ -379,8 +379,8 @@ mod tests {
                 .unwrap_or_else(|| panic!("no pull in {script}"));
             assert!(
                 pull.contains(&format!(
-                    "/bin/hvd cache pull --store {store} 0123456789abcdef0123456789abcdef-t-env --cache \
-                     s3://b/p --cache '\\''file:///c d'\\'' --trusted-key k1:AAAA"
+                    "/bin/hvd cache pull --store={store} 0123456789abcdef0123456789abcdef-t-env \
+                     --cache=s3://b/p '\\''--cache=file:///c d'\\'' --trusted-key=k1:AAAA"
                 )),
                 "{pull}"
             );
@@ -396,6 +396,22 @@ mod tests {
             "{}",
             with[2]
         );
+        // A URL with credentials is refused, naming it without them: they would be in the script, the scheduler's
+        // records and every node's process list.
+        let options = RunOptions {
+            env_dir: Some(env.clone()),
+            caches: vec!["https://user:s3cr3t@cache.example/p".into()],
+            ..RunOptions::default()
+        };
+        let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
+        let err = batch_steps(&project, &plan, Path::new("/bin/hvd"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`https://***@cache.example/p` carries credentials"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cr3t"), "{err}");
         for script in scripts(&env, &[])
             .iter()
             .chain(&scripts(Path::new("/envs/e1"), &["s3://b/p"]))
