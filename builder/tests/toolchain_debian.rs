@@ -555,6 +555,56 @@ fn hostile_debs_are_refused() {
 }
 
 #[test]
+fn the_size_and_entry_limits_hold_for_all_packages_together() {
+    use hvd_builder::debian::deb::{Deb, unpack_debs_with};
+    use hvd_builder::unpack::Limits;
+    let dir = tempfile::tempdir().unwrap();
+    let body = vec![b'x'; 12_000];
+    let names = ["a", "b", "c"];
+    let debs: Vec<Deb> = names
+        .iter()
+        .map(|name| {
+            let path = dir.path().join(format!("{name}.deb"));
+            let file = format!("./usr/share/{name}");
+            std::fs::write(&path, make_deb(&[Entry::File(&file, &body, 0o644)], "gz")).unwrap();
+            Deb {
+                name: name.to_string(),
+                path,
+            }
+        })
+        .collect();
+    let run = |limits: Limits| {
+        let scratch = tempfile::tempdir().unwrap();
+        let dest = dir.path().join(format!("out-{}", limits.max_entries));
+        unpack_debs_with(&debs, scratch.path(), &dest, limits)
+    };
+    let limits = Limits {
+        max_unpacked_bytes: 30_000,
+        ..Limits::default()
+    };
+    // One package alone is far under the limit; two fit; three together are past it.
+    let err = run(limits).unwrap_err().to_string();
+    assert!(
+        err.contains("limit of 30000 bytes for all packages"),
+        "{err}"
+    );
+    unpack_debs_with(
+        &debs[..2],
+        tempfile::tempdir().unwrap().path(),
+        &dir.path().join("two"),
+        limits,
+    )
+    .unwrap();
+    let err = run(Limits {
+        max_entries: 2,
+        ..Limits::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("limit of 2 entries for all packages"), "{err}");
+}
+
+#[test]
 fn an_absolute_link_to_the_host_stays_inside() {
     // `/etc/passwd` becomes the toolchain's own `etc/passwd` (missing): nothing reads the host's file through it.
     let deb = make_deb(

@@ -3,7 +3,8 @@
 //!
 //! A package is hostile input (its sha256 only says it is the one the lock names), so:
 //! - the `ar` headers are parsed strictly (magic, sizes within the file, at most a few members);
-//! - the data member is decompressed (xz, zstd, gzip or none) into a scratch file under a size cap;
+//! - the data member is decompressed (xz, zstd, gzip or none) into a scratch file under a size cap, and the size
+//!   and entry limits hold for all packages together (what reaches the scratch directory is bounded, not each one);
 //! - every entry's name is normalized like the extractor does (`..`, absolute names refused);
 //! - an absolute link target (Debian policy makes links across top-level directories absolute, e.g.
 //!   `usr/lib/gcc/.../libgcc_s.so -> /lib/.../libgcc_s.so.1`) is re-rooted into the tree as a relative link, so it
@@ -35,6 +36,31 @@ pub struct Deb {
 /// Unpack `debs` into `dest` (a fresh directory) as one tree, using `scratch` (a fresh directory) for the
 /// decompressed members and the merged tar. Returns the package that wrote each file and link, by path.
 pub fn unpack_debs(debs: &[Deb], scratch: &Path, dest: &Path) -> Result<HashMap<String, String>> {
+    unpack_debs_with(debs, scratch, dest, Limits::default())
+}
+
+/// What all packages of one toolchain may still write to the scratch directory together: the `limits` hold for
+/// the sum over every package (decompressed data members, merged entries and file bytes), not for each one.
+struct Budget {
+    limits: Limits,
+    decompressed: u64,
+    entries: u64,
+    bytes: u64,
+}
+
+/// [`unpack_debs`] under `limits`, which bound all packages together.
+pub fn unpack_debs_with(
+    debs: &[Deb],
+    scratch: &Path,
+    dest: &Path,
+    limits: Limits,
+) -> Result<HashMap<String, String>> {
+    let mut budget = Budget {
+        limits,
+        decompressed: 0,
+        entries: 0,
+        bytes: 0,
+    };
     let merged_path = scratch.join("merged.tar");
     let mut merged =
         tar::Builder::new(std::io::BufWriter::new(fs_err::File::create(&merged_path)?));
@@ -43,8 +69,8 @@ pub fn unpack_debs(debs: &[Deb], scratch: &Path, dest: &Path) -> Result<HashMap<
     let mut owners: HashMap<String, (String, bool)> = HashMap::new();
     for (index, deb) in debs.iter().enumerate() {
         let data = scratch.join(format!("{index}.tar"));
-        decompress_data(&deb.path, &data)?;
-        merge(deb, &data, &mut merged, &mut owners)?;
+        budget.decompressed += decompress_data(&deb.path, &data, &budget)?;
+        merge(deb, &data, &mut merged, &mut owners, &mut budget)?;
         fs_err::remove_file(&data)?;
     }
     merged
@@ -56,6 +82,7 @@ pub fn unpack_debs(debs: &[Deb], scratch: &Path, dest: &Path) -> Result<HashMap<
         dest,
         Options {
             hash: false,
+            limits,
             ..Options::default()
         },
     )?;
@@ -127,6 +154,8 @@ struct Capped<W> {
     inner: W,
     written: u64,
     cap: u64,
+    /// Why the cap is what it is (for the error).
+    why: String,
 }
 
 impl<W: Write> Write for Capped<W> {
@@ -134,8 +163,8 @@ impl<W: Write> Write for Capped<W> {
         self.written += buf.len() as u64;
         if self.written > self.cap {
             return Err(std::io::Error::other(format!(
-                "the data member decompresses to more than {} bytes",
-                self.cap
+                "the data member decompresses to more than {} bytes ({})",
+                self.cap, self.why
             )));
         }
         self.inner.write_all(buf)?;
@@ -147,15 +176,19 @@ impl<W: Write> Write for Capped<W> {
     }
 }
 
-/// Decompress the data member of `deb` into `out`, within the extractor's size and ratio limits.
-fn decompress_data(deb: &Path, out: &Path) -> Result<()> {
+/// Decompress the data member of `deb` into `out`, within the ratio limit and what the budget has left of the size
+/// limit; returns the bytes written.
+fn decompress_data(deb: &Path, out: &Path, budget: &Budget) -> Result<u64> {
     let (name, start, size) = data_member(deb)?;
-    let limits = Limits::default();
-    let cap = limits.max_unpacked_bytes.min(
-        limits
-            .ratio_floor
-            .max(size.saturating_mul(limits.max_ratio)),
-    );
+    let limits = budget.limits;
+    let cap = limits
+        .max_unpacked_bytes
+        .saturating_sub(budget.decompressed)
+        .min(
+            limits
+                .ratio_floor
+                .max(size.saturating_mul(limits.max_ratio)),
+        );
     let mut file = fs_err::File::open(deb)?;
     file.seek(SeekFrom::Start(start))?;
     let mut input = BufReader::new(file.take(size));
@@ -163,6 +196,11 @@ fn decompress_data(deb: &Path, out: &Path) -> Result<()> {
         inner: std::io::BufWriter::new(fs_err::File::create(out)?),
         written: 0,
         cap,
+        why: format!(
+            "what is left of the limit of {} bytes for all packages of the toolchain together, or {} times its \
+             compressed size",
+            limits.max_unpacked_bytes, limits.max_ratio
+        ),
     };
     let member =
         |err: &dyn std::fmt::Display| archive_error(deb, format!("member `{name}`: {err}"));
@@ -190,7 +228,7 @@ fn decompress_data(deb: &Path, out: &Path) -> Result<()> {
         }
     }
     output.flush().map_err(|e| member(&e))?;
-    Ok(())
+    Ok(output.written)
 }
 
 /// The relative form of an absolute link target, as seen from the link `name` (both inside one tree).
@@ -211,6 +249,7 @@ fn merge(
     data: &Path,
     merged: &mut tar::Builder<impl Write>,
     owners: &mut HashMap<String, (String, bool)>,
+    budget: &mut Budget,
 ) -> Result<()> {
     let refuse = |entry: &str, reason: String| Error::UnsafeArchiveEntry {
         archive: deb.path.clone(),
@@ -241,6 +280,26 @@ fn merge(
         let is_dir = kind == tar::EntryType::Directory;
         if normalized.is_empty() && is_dir {
             continue;
+        }
+        budget.entries += 1;
+        budget.bytes = budget.bytes.saturating_add(entry.size());
+        if budget.entries > budget.limits.max_entries {
+            return Err(refuse(
+                &name,
+                format!(
+                    "is past the limit of {} entries for all packages of the toolchain together",
+                    budget.limits.max_entries
+                ),
+            ));
+        }
+        if budget.bytes > budget.limits.max_unpacked_bytes {
+            return Err(refuse(
+                &name,
+                format!(
+                    "is past the limit of {} bytes for all packages of the toolchain together",
+                    budget.limits.max_unpacked_bytes
+                ),
+            ));
         }
         match owners.get(&normalized) {
             Some((_, true)) if is_dir => continue,
