@@ -128,6 +128,14 @@ fn validate_debian(t: &super::ToolchainPin) -> Result<(), String> {
             ));
         }
         validate_url("debian archive", &d.archive)?;
+        // The builder names the compiler `<root>/usr/bin/<name>-<version>`: any other name could make CC a host
+        // binary (`/usr/bin/x` joined onto the root replaces it).
+        if t.name != "gcc" {
+            return Err(format!(
+                "name `{}` with a `debian` source: only gcc comes from Debian",
+                t.name.escape_debug()
+            ));
+        }
         if !plain(&t.requested, ".") {
             return Err(format!(
                 "requested version `{}` of a Debian toolchain is not digits and dots",
@@ -146,6 +154,12 @@ fn validate_debian(t: &super::ToolchainPin) -> Result<(), String> {
                 "deb `{}` {}: not a Debian package name and version",
                 deb.name.escape_debug(),
                 deb.version.escape_debug()
+            ));
+        }
+        if deb.size == 0 {
+            return Err(format!(
+                "deb `{}` has size 0: the size bounds its download, so it must be the archive's size",
+                deb.name.escape_debug()
             ));
         }
         let f = &deb.filename;

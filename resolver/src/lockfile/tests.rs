@@ -443,6 +443,14 @@ fn a_debian_toolchain_round_trips_and_hostile_fields_are_refused() {
             "not a Debian package name",
         ),
         ("sha256 = \"efef", "sha256 = \"zzef", "sha256"),
+        // A name the builder would join onto the toolchain's root: CC would be a host binary.
+        (
+            "name = \"gcc\"",
+            "name = \"/usr/bin/x\"",
+            "only gcc comes from Debian",
+        ),
+        // Size 0 would lift the bound on the download.
+        ("size = 16990272", "size = 0", "has size 0"),
     ] {
         let bad = text.replacen(from, to, 1);
         assert_ne!(bad, text, "{from}");
