@@ -98,6 +98,10 @@ try:
 except hvd.elastic.Preempted:
     print("slot %d left after committing step %d" % (slot, state.step), flush=True)
     raise
+finally:
+    # `ELASTIC_FINALLY` (a directory): each worker leaves `finally.<slot>` there when it unwinds.
+    if os.environ.get("ELASTIC_FINALLY"):
+        open(os.path.join(os.environ["ELASTIC_FINALLY"], "finally.%d" % slot), "w").close()
 final = hvd.allgather_object((state.step, state.count, state.w.tolist()))
 print("slot %d finished as rank %d of %d: step %d count %r w0 %r agree %s" % (
     slot, hvd.rank(), hvd.size(), state.step, state.count, float(state.w[0]), all(f == final[0] for f in final)), flush=True)
@@ -215,6 +219,38 @@ fn an_elastic_step_below_its_minimum_fails_naming_the_reason() {
         ),
         "{stdout}\n{stderr}"
     );
+    common::assert_nothing_left(&marker);
+}
+
+/// When `hvd run` stops an elastic step (here: a loss below the minimum), its SIGTERM is a stop, not a preemption:
+/// the round status says so before the signal, and the survivors end at once, unwinding (their `finally` blocks
+/// run), instead of training on to a commit and being killed after `--grace`.
+#[test]
+fn a_stopped_elastic_step_ends_its_workers_at_once_and_their_finally_blocks_run() {
+    let marker = marker();
+    let dir = project("3", 400, "2:3", &marker);
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "5", "--min-workers", "3"])
+        .env("NO_COLOR", "1")
+        .env("ELASTIC_FINALLY", dir.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(137), "{stdout}\n{stderr}");
+    for slot in [0, 1] {
+        assert!(
+            dir.path().join(format!("finally.{slot}")).exists(),
+            "slot {slot} did not unwind:\n{stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!(
+                "SIGTERM: hvd run is stopping the step; this worker (slot {slot}) ends now"
+            )),
+            "{stdout}\n{stderr}"
+        );
+    }
+    assert!(!stdout.contains("left after committing"), "{stdout}");
+    assert!(!stderr.contains("SIGKILL"), "{stderr}");
     common::assert_nothing_left(&marker);
 }
 

@@ -433,6 +433,14 @@ impl RendezvousServer {
             .unwrap_or_default()
     }
 
+    /// The launcher stops an elastic job (before it signals the workers): `GET /elastic/v1/round` says so, and a
+    /// worker's SIGTERM handler ends it at once instead of handing over at its next commit. No-op when not elastic.
+    pub fn stop_elastic(&self) {
+        if let Some(membership) = self.shared.lock().elastic.as_mut() {
+            membership.stop();
+        }
+    }
+
     /// An elastic job's latest round and its size (0, 0 before the first, and when the job is not elastic).
     pub fn elastic_round(&self) -> (u64, u32) {
         let store = self.shared.lock();
@@ -933,8 +941,9 @@ fn on_elastic_leave(shared: &Shared, request: &Request) -> Reply {
     Ok((200, format!("v1 {alive}\n").into_bytes()))
 }
 
-/// The latest round of an elastic step, for its members to check at a commit: 200 `v1 <round> <size> <waiting>`,
-/// `waiting` being the new workers (host discovery) asking to join the next round.
+/// The latest round of an elastic step, for its members to check at a commit: 200
+/// `v1 <round> <size> <waiting> <stopping>`, `waiting` being the new workers (host discovery) asking to join the next
+/// round, `stopping` 1 once the launcher stops the step (a worker's SIGTERM handler asks: a stop, not a preemption).
 fn on_elastic_round(shared: &Shared, request: &Request) -> Reply {
     if request.method != "GET" {
         return Err(HttpError::new(405, "method must be GET"));
@@ -944,7 +953,11 @@ fn on_elastic_round(shared: &Shared, request: &Request) -> Reply {
         return Err(HttpError::new(409, "this step is not elastic"));
     };
     let (round, size, waiting) = membership.status();
-    Ok((200, format!("v1 {round} {size} {waiting}\n").into_bytes()))
+    let stopping = u8::from(membership.stopping());
+    Ok((
+        200,
+        format!("v1 {round} {size} {waiting} {stopping}\n").into_bytes(),
+    ))
 }
 
 fn parse_wait(query: &str) -> Result<Duration, HttpError> {

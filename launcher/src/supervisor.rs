@@ -1273,10 +1273,16 @@ fn supervise(
         {
             all_ok = false;
             terminated_at = Some(Instant::now());
+            // Before the signal: an elastic worker's SIGTERM handler asks, and stops rather than hands over.
+            if let Some(server) = rendezvous {
+                server.stop_elastic();
+            }
             for w in workers.iter_mut().filter(|w| w.exited.is_none()) {
                 match w.stdin.take() {
                     // ssh exits once the remote wrapper has stopped the rank; SIGKILL after the grace period.
                     Some(mut stdin) => crate::engine::send_stop(&mut stdin, signal),
+                    // An elastic worker unwinds on SIGTERM (hvd.elastic): its `sh -c` wrapper must outlive it.
+                    None if elastic.is_some() => signal_past_wrapper(w.pgid, signal),
                     None => signal_group(w.pgid, signal),
                 }
             }
@@ -1295,6 +1301,47 @@ fn supervise(
         (false, true) => Outcome::Restart,
         (false, false) => Outcome::Failed,
     }
+}
+
+/// Signals a local worker's process group, except its leader when that is the `/bin/sh -c` wrapper of the rank's
+/// command: the wrapper ends with the command (with its exit status) instead of dying first, which would end the
+/// worker (its group is killed once the worker's process exits) before it unwinds. A group that is only the leader,
+/// or led by anything else, gets the signal whole.
+fn signal_past_wrapper(pgid: u32, signal: i32) {
+    let leader_is_sh = std::fs::read_link(format!("/proc/{pgid}/exe"))
+        .ok()
+        .zip(std::fs::canonicalize("/bin/sh").ok())
+        .is_some_and(|(exe, sh)| exe == sh);
+    let members: Vec<u32> = match leader_is_sh {
+        true => std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != pgid && process_group(pid) == Some(pgid))
+            .collect(),
+        false => Vec::new(),
+    };
+    if members.is_empty() {
+        signal_group(pgid, signal);
+        return;
+    }
+    for pid in members {
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // SAFETY: plain syscall with integer arguments, to a member of the worker's own process group.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+}
+
+/// The process group of `pid` (`/proc/PID/stat`, the field after the parent's pid), `None` when it is gone.
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: the fields after it follow the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// How many workers an attempt has started so far (an elastic step's discovery may add some).

@@ -1352,7 +1352,7 @@ fn a_preempted_worker_leaves_over_http_and_the_survivors_re_form_without_it() {
     for j in first {
         assert_eq!(j.join().unwrap().0, 200);
     }
-    assert_eq!(elastic_round(addr), (200, "v1 1 3 0\n".to_owned()));
+    assert_eq!(elastic_round(addr), (200, "v1 1 3 0 0\n".to_owned()));
     let survivors: Vec<_> = [0, 2]
         .into_iter()
         .map(|slot| {
@@ -1462,12 +1462,12 @@ fn an_added_worker_joins_the_round_after_the_members_re_form() {
     let mut waiting = String::new();
     for _ in 0..500 {
         waiting = elastic_round(addr).1;
-        if waiting == "v1 1 2 1\n" {
+        if waiting == "v1 1 2 1 0\n" {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(waiting, "v1 1 2 1\n");
+    assert_eq!(waiting, "v1 1 2 1 0\n");
     // Far past the round window: the members training are not left out.
     std::thread::sleep(Duration::from_millis(400));
     assert!(server.elastic_dropped().is_empty());
@@ -1479,4 +1479,8 @@ fn an_added_worker_joins_the_round_after_the_members_re_form() {
     );
     assert_eq!(w1.join().unwrap(), (200, "v1 2 1 3\n".to_owned()));
     assert_eq!(w2.join().unwrap(), (200, "v1 2 2 3\n".to_owned()));
+    // The launcher stops the step: the round status says so before any SIGTERM is sent.
+    assert_eq!(elastic_round(addr).1, "v1 2 3 0 0\n");
+    server.stop_elastic();
+    assert_eq!(elastic_round(addr).1, "v1 2 3 0 1\n");
 }

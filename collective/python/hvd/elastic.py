@@ -277,6 +277,16 @@ class _Preemption:
         if self.marked is not None:
             # A second SIGTERM: end now, as SIGTERM would.
             self.end("a second SIGTERM")
+        previous = self.previous
+        if _launcher_stopping():
+            # `hvd run` stops the step (a failure, below the minimum, an interrupt): no hand-over to wait for. End
+            # now, unwinding (finally blocks and atexit run), with the code SIGTERM would have given.
+            sys.stderr.write("hvd.elastic: SIGTERM: hvd run is stopping the step; this worker (slot {}) ends now "
+                             "(exit code 143)\n".format(os.environ.get("HVD_RANK", "?")))
+            sys.stderr.flush()
+            if callable(previous) and previous is not signal.default_int_handler:
+                previous(signum, frame)
+            raise SystemExit(128 + signal.SIGTERM)
         self.marked = time.monotonic()
         sys.stderr.write(
             "hvd.elastic: SIGTERM: this worker (slot {}) commits, hands over and leaves at its next commit (within "
@@ -286,7 +296,6 @@ class _Preemption:
                                                                   "SIGTERM".format(self.grace),))
         self.timer.daemon = True
         self.timer.start()
-        previous = self.previous
         # Chain a handler of the script's own (it may log, flush, save); the default action is what this replaces.
         if callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)
@@ -352,6 +361,38 @@ _JOIN_CHECK_INTERVAL = 1.0
 _join_check = {"at": None, "waiting": False, "warned": False}
 
 
+def _round_status(timeout):
+    """The launcher's answer to ``GET /elastic/v1/round``: ``(status, words)``, ``words`` being
+    ``v1 <round> <size> <waiting> [<stopping>]`` on a 200. ``None`` when there is no HTTP rendezvous. Raises
+    ``OSError``, ``ValueError`` or ``http.client.HTTPException`` when it cannot be asked."""
+    import http.client
+
+    address = os.environ.get("HVD_RENDEZVOUS", "")
+    token = os.environ.get("HVD_JOB_TOKEN", "")
+    if not address or address.startswith("file:") or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+    try:
+        conn.request("GET", "/elastic/v1/round", headers={"Authorization": "Bearer " + token})
+        answer = conn.getresponse()
+        return answer.status, answer.read(256).decode("ascii", "replace").split()
+    finally:
+        conn.close()
+
+
+def _launcher_stopping():
+    """Whether ``hvd run`` is stopping the step (it says so in the round status before it sends SIGTERM): then a
+    SIGTERM is a stop, not a preemption. A rendezvous that cannot be asked (within 2 s) counts as no: a preemption."""
+    import http.client
+
+    try:
+        answer = _round_status(2)
+    except (OSError, ValueError, http.client.HTTPException):
+        return False
+    return answer is not None and answer[0] == 200 and len(answer[1]) >= 5 and answer[1][4] == "1"
+
+
 def _new_workers_waiting():
     """Whether the launcher's rendezvous has new workers (host discovery) waiting to join the next round:
     ``GET /elastic/v1/round`` at most every ``_JOIN_CHECK_INTERVAL`` seconds. A failed request counts as no."""
@@ -359,32 +400,24 @@ def _new_workers_waiting():
     if _join_check["at"] is not None and now - _join_check["at"] < _JOIN_CHECK_INTERVAL:
         return _join_check["waiting"]
     _join_check["at"] = now
-    address = os.environ.get("HVD_RENDEZVOUS", "")
-    token = os.environ.get("HVD_JOB_TOKEN", "")
     waiting = False
-    if address and not address.startswith("file:") and ":" in address:
-        import http.client
+    import http.client
 
-        host, _, port = address.rpartition(":")
-        try:
-            conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=5)
-            try:
-                conn.request("GET", "/elastic/v1/round", headers={"Authorization": "Bearer " + token})
-                answer = conn.getresponse()
-                body = answer.read(256).decode("ascii", "replace").split()
-            finally:
-                conn.close()
-            if answer.status == 200 and len(body) == 4 and body[0] == "v1" and body[3].isdigit():
-                waiting = int(body[3]) > 0
-            elif not _join_check["warned"]:
-                _join_check["warned"] = True
-                sys.stderr.write("hvd.elastic: the rendezvous answered {} {} to GET /elastic/v1/round; new workers "
-                                 "cannot join\n".format(answer.status, " ".join(body)))
-        except (OSError, ValueError, http.client.HTTPException) as e:
-            if not _join_check["warned"]:
-                _join_check["warned"] = True
-                sys.stderr.write("hvd.elastic: cannot ask the rendezvous {} for new workers ({}); going on\n".format(
-                    address, e))
+    try:
+        answer = _round_status(5)
+        if answer is None:
+            pass
+        elif answer[0] == 200 and len(answer[1]) >= 4 and answer[1][0] == "v1" and answer[1][3].isdigit():
+            waiting = int(answer[1][3]) > 0
+        elif not _join_check["warned"]:
+            _join_check["warned"] = True
+            sys.stderr.write("hvd.elastic: the rendezvous answered {} {} to GET /elastic/v1/round; new workers "
+                             "cannot join\n".format(answer[0], " ".join(answer[1])))
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        if not _join_check["warned"]:
+            _join_check["warned"] = True
+            sys.stderr.write("hvd.elastic: cannot ask the rendezvous {} for new workers ({}); going on\n".format(
+                os.environ.get("HVD_RENDEZVOUS", ""), e))
     _join_check["waiting"] = waiting
     return waiting
 

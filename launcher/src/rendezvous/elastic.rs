@@ -80,6 +80,9 @@ pub(crate) struct Membership {
     were_members: BTreeSet<u32>,
     /// Slots that left on their own (preempted, at a commit), and how many workers were alive after each left.
     left: BTreeMap<u32, usize>,
+    /// The launcher is stopping the step (a failure, the minimum, an interrupt): a SIGTERM now means stop, not
+    /// preemption.
+    stopping: bool,
 }
 
 impl Membership {
@@ -96,6 +99,7 @@ impl Membership {
             dropped: BTreeSet::new(),
             were_members: BTreeSet::new(),
             left: BTreeMap::new(),
+            stopping: false,
         }
     }
 
@@ -239,6 +243,16 @@ impl Membership {
     /// Workers that left on their own (preempted), and how many were alive right after each left.
     pub(crate) fn left(&self) -> &BTreeMap<u32, usize> {
         &self.left
+    }
+
+    /// The launcher stops the step: the SIGTERMs it sends next are a stop, not a preemption.
+    pub(crate) fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Whether the launcher is stopping the step.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping
     }
 
     /// The latest round, its size, and how many new workers wait to join the next one (the members should re-form
