@@ -44,6 +44,7 @@ pub fn toolchain_from_pin(pin: &ToolchainPin) -> Toolchain {
         major: pin.requested.clone(),
         version: source.version.clone(),
         suite: source.suite.clone(),
+        arch: source.arch().to_string(),
         debs: pin
             .debs
             .iter()

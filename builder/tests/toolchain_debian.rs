@@ -393,6 +393,18 @@ fn fixture_gcc_is_pinned_fetched_unpacked_and_wrapped() {
     // Realizing again reuses the path.
     let again = Toolchain::for_build(&store, Some(&toolchain), &locked()).unwrap();
     assert_eq!(again.path, built.path);
+
+    // The pin records this machine's Debian arch; a lock made on a machine of another arch is refused, naming both.
+    assert_eq!(debian.arch.as_deref(), Some("amd64"));
+    let mut other = pin.clone();
+    other.debian.as_mut().unwrap().arch = Some("arm64".into());
+    let err = Toolchain::for_build(&store, Some(&toolchain_from_pin(&other)), &locked())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is for arm64, and this machine is amd64"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -31,6 +31,53 @@ const MAX_RELEASE_BYTES: u64 = 16 << 20;
 const MAX_PACKAGES_BYTES: u64 = 256 << 20;
 const MAX_PACKAGES_TEXT: u64 = 1 << 30;
 
+/// A machine architecture as Debian names it (`Packages` of `binary-<name>`) and its multiarch triplet (the folder
+/// of its libraries, `usr/lib/<triplet>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebianArch {
+    pub name: &'static str,
+    pub triplet: &'static str,
+    /// `std::env::consts::ARCH` of a machine of this architecture.
+    pub rust: &'static str,
+}
+
+/// The architectures hvd takes a gcc from Debian for.
+pub const DEBIAN_ARCHES: &[DebianArch] = &[
+    DebianArch {
+        name: "amd64",
+        triplet: "x86_64-linux-gnu",
+        rust: "x86_64",
+    },
+    DebianArch {
+        name: "arm64",
+        triplet: "aarch64-linux-gnu",
+        rust: "aarch64",
+    },
+];
+
+impl DebianArch {
+    /// The Debian architecture of a machine whose `std::env::consts::ARCH` is `rust`.
+    pub fn of_rust(rust: &str) -> Result<DebianArch, DebianError> {
+        DEBIAN_ARCHES
+            .iter()
+            .find(|a| a.rust == rust)
+            .copied()
+            .ok_or_else(|| DebianError::UnsupportedArch {
+                arch: rust.to_string(),
+            })
+    }
+
+    /// This machine's.
+    pub fn host() -> Result<DebianArch, DebianError> {
+        DebianArch::of_rust(std::env::consts::ARCH)
+    }
+
+    /// The architecture Debian calls `name` (`amd64`, `arm64`).
+    pub fn named(name: &str) -> Option<DebianArch> {
+        DEBIAN_ARCHES.iter().find(|a| a.name == name).copied()
+    }
+}
+
 /// Why a toolchain could not be pinned from Debian.
 #[derive(Debug, thiserror::Error)]
 pub enum DebianError {
@@ -73,6 +120,11 @@ pub enum DebianError {
         suite: String,
         message: String,
     },
+    #[error(
+        "hvd takes a gcc from Debian only for x86_64 (amd64) and aarch64 (arm64) machines, and this one is {arch}; \
+         install the gcc version on this machine"
+    )]
+    UnsupportedArch { arch: String },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -673,8 +725,8 @@ pub async fn pin_gcc(
     cache_dir: &Path,
     offline: bool,
 ) -> Result<ToolchainPin, DebianError> {
+    let arch = DebianArch::host()?.name;
     let reader = Reader::new(cache_dir, offline)?;
-    let arch = "amd64";
     let root = format!("gcc-{version}");
     let Some(archive) = archives.urls.first() else {
         return Err(DebianError::NoArchive);
@@ -700,7 +752,7 @@ pub async fn pin_gcc(
                 }
                 continue;
             }
-            return pin_from_index(version, archive, suite, &index, host_glibc);
+            return pin_from_index(version, archive, suite, arch, &index, host_glibc);
         }
     }
     Err(DebianError::NotFound {
@@ -723,6 +775,7 @@ fn pin_from_index(
     version: &str,
     archive: &str,
     suite: &str,
+    arch: &str,
     index: &HashMap<String, Package>,
     host_glibc: Option<(u64, u64)>,
 ) -> Result<ToolchainPin, DebianError> {
@@ -784,6 +837,7 @@ fn pin_from_index(
             archive: archive.to_string(),
             suite: suite.to_string(),
             version: upstream(&gcc.version).to_string(),
+            arch: Some(arch.to_string()),
         }),
         debs,
     })
@@ -792,6 +846,18 @@ fn pin_from_index(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_arches_map_to_debian_names_and_triplets() {
+        let amd64 = DebianArch::of_rust("x86_64").unwrap();
+        assert_eq!((amd64.name, amd64.triplet), ("amd64", "x86_64-linux-gnu"));
+        let arm64 = DebianArch::of_rust("aarch64").unwrap();
+        assert_eq!((arm64.name, arm64.triplet), ("arm64", "aarch64-linux-gnu"));
+        assert_eq!(DebianArch::named("arm64"), Some(arm64));
+        let err = DebianArch::of_rust("riscv64").unwrap_err().to_string();
+        assert!(err.contains("this one is riscv64"), "{err}");
+        assert_eq!(DebianArch::named("i386"), None);
+    }
 
     #[test]
     fn dpkg_version_order() {
@@ -888,8 +954,15 @@ mod tests {
         ]
         .concat();
         let index = parse_packages(&text);
-        let pin =
-            pin_from_index("9", "http://x.invalid", "bullseye", &index, Some((2, 36))).unwrap();
+        let pin = pin_from_index(
+            "9",
+            "http://x.invalid",
+            "bullseye",
+            "amd64",
+            &index,
+            Some((2, 36)),
+        )
+        .unwrap();
         let names: Vec<&str> = pin.debs.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
             names,
@@ -905,9 +978,16 @@ mod tests {
         );
         assert_eq!(pin.debian.as_ref().unwrap().version, "9.3");
         // The compiler needs a newer glibc than the host has.
-        let err = pin_from_index("9", "http://x.invalid", "bullseye", &index, Some((2, 28)))
-            .unwrap_err()
-            .to_string();
+        let err = pin_from_index(
+            "9",
+            "http://x.invalid",
+            "bullseye",
+            "amd64",
+            &index,
+            Some((2, 28)),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("needs glibc 2.31") && err.contains("has glibc 2.28"),
             "{err}"
@@ -938,7 +1018,7 @@ mod tests {
             ]
             .concat(),
         );
-        let err = pin_from_index("9", "http://x.invalid", "s", &index, Some((2, 36)))
+        let err = pin_from_index("9", "http://x.invalid", "s", "amd64", &index, Some((2, 36)))
             .unwrap_err()
             .to_string();
         assert!(

@@ -5,7 +5,9 @@
 //!
 //! ```text
 //! <store>/<hash>-gcc-10.2.1/
-//!   root/        the packages' files (usr/bin/gcc-10, usr/lib/gcc/x86_64-linux-gnu/10/, usr/include, lib/...)
+//!   root/        the packages' files (usr/bin/gcc-10, usr/lib/gcc/<triplet>/10/, usr/include, lib/...), for the
+//!                locked Debian arch (amd64: triplet x86_64-linux-gnu; arm64: aarch64-linux-gnu), which must be
+//!                this machine's
 //!   run-libs/    links to the shared libraries the compiler's programs load (cc1 needs libisl, libmpc, ...);
 //!                glibc's own (package `libc6`) are left out: the compiler runs on the host's glibc
 //!   bin/         gcc, g++, cc, c++, cpp: shell wrappers
@@ -21,6 +23,7 @@ pub mod deb;
 use std::path::{Path, PathBuf};
 
 use hvd_resolver::Sha256;
+use hvd_resolver::debian::DebianArch;
 
 use crate::derivation::{Derivation, DerivationKind};
 use crate::error::{Error, Result};
@@ -50,6 +53,8 @@ pub struct DebianGcc {
     /// The upstream version, e.g. `10.2.1`.
     pub version: String,
     pub suite: String,
+    /// Debian's name of the architecture the packages are for (`amd64`, `arm64`).
+    pub arch: String,
     pub debs: Vec<DebPlan>,
 }
 
@@ -59,7 +64,8 @@ impl DebianGcc {
         let mut derivation = Derivation::new(DerivationKind::Toolchain, "gcc", &self.version)
             .input("assembler", ASSEMBLER)
             .input("major", &self.major)
-            .input("suite", &self.suite);
+            .input("suite", &self.suite)
+            .input("arch", &self.arch);
         for deb in &self.debs {
             derivation.inputs.insert(
                 format!("deb.{}", deb.name),
@@ -76,6 +82,7 @@ impl DebianGcc {
         offline: bool,
         progress: &dyn Progress,
     ) -> Result<PathBuf> {
+        let arch = self.host_arch()?;
         let derivation = self.derivation();
         let realized = store.realize(&derivation, false, |target| {
             let artifacts: Vec<Artifact> = self
@@ -113,11 +120,24 @@ impl DebianGcc {
                 .filter(|(_, owner)| *owner == "libc6")
                 .filter_map(|(path, _)| path.rsplit('/').next().map(str::to_string))
                 .collect();
-            link_run_libs(&root, &target.out.join("run-libs"), &glibc)?;
+            link_run_libs(&root, &target.out.join("run-libs"), &glibc, arch.triplet)?;
             self.write_wrappers(&root, &target.out.join("bin"), &target.final_path)?;
             Ok(BuildOutput::default())
         })?;
         Ok(realized.path)
+    }
+
+    /// This machine's architecture, which must be the one the packages were locked for.
+    fn host_arch(&self) -> Result<DebianArch> {
+        let host = DebianArch::host().map_err(|e| Error::Invalid(e.to_string()))?;
+        if host.name != self.arch {
+            return Err(Error::Invalid(format!(
+                "the lock's gcc {} from Debian {} is for {}, and this machine is {} ({}); relock on this machine \
+                 (`hvd lock --upgrade`) or build on a {} one",
+                self.version, self.suite, self.arch, host.name, host.rust, self.arch
+            )));
+        }
+        Ok(host)
     }
 
     fn write_wrappers(&self, root: &Path, bin: &Path, final_path: &Path) -> Result<()> {
@@ -164,10 +184,10 @@ fn shell_quote(path: &Path) -> String {
 }
 
 /// `run-libs/`: a relative link to every shared library in the tree's library folders but glibc's.
-fn link_run_libs(root: &Path, run_libs: &Path, glibc: &[String]) -> Result<()> {
+fn link_run_libs(root: &Path, run_libs: &Path, glibc: &[String], triplet: &str) -> Result<()> {
     fs_err::create_dir_all(run_libs)?;
-    for dir in ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu"] {
-        let Ok(entries) = fs_err::read_dir(root.join(dir)) else {
+    for dir in [format!("lib/{triplet}"), format!("usr/lib/{triplet}")] {
+        let Ok(entries) = fs_err::read_dir(root.join(&dir)) else {
             continue;
         };
         let mut names: Vec<String> = entries

@@ -148,6 +148,17 @@ pub struct DebianSource {
     pub suite: String,
     /// The compiler's upstream version, e.g. `"10.2.1"`.
     pub version: String,
+    /// Debian's name of the machine architecture the packages are for (`"amd64"`, `"arm64"`); absent in locks
+    /// written before it was recorded, which means `"amd64"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+}
+
+impl DebianSource {
+    /// [`Self::arch`], `"amd64"` when absent.
+    pub fn arch(&self) -> &str {
+        self.arch.as_deref().unwrap_or("amd64")
+    }
 }
 
 /// One Debian package of a toolchain.

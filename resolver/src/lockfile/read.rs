@@ -142,6 +142,12 @@ fn validate_debian(t: &super::ToolchainPin) -> Result<(), String> {
                 t.requested.escape_debug()
             ));
         }
+        if crate::debian::DebianArch::named(d.arch()).is_none() {
+            return Err(format!(
+                "debian arch `{}` is not one hvd takes a gcc from Debian for (amd64, arm64)",
+                d.arch().escape_debug()
+            ));
+        }
         if !plain(&d.suite, "-._") || !plain(&d.version, ".+~-") {
             return Err("debian suite or version has characters outside `[A-Za-z0-9.+~_-]`".into());
         }

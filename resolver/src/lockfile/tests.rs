@@ -390,6 +390,7 @@ fn debian_lock() -> Lockfile {
             archive: "http://127.0.0.1:1/debian".into(),
             suite: "bullseye".into(),
             version: "10.2.1".into(),
+            arch: Some("amd64".into()),
         }),
         debs: vec![super::DebPin {
             name: "gcc-10".into(),
@@ -406,9 +407,13 @@ fn debian_lock() -> Lockfile {
 fn a_debian_toolchain_round_trips_and_hostile_fields_are_refused() {
     let text = debian_lock().to_toml();
     assert!(
-        text.contains("debian = { archive = \"http://127.0.0.1:1/debian\", suite = \"bullseye\", version = \"10.2.1\" }"),
+        text.contains("debian = { archive = \"http://127.0.0.1:1/debian\", suite = \"bullseye\", version = \"10.2.1\", arch = \"amd64\" }"),
         "{text}"
     );
+    // A lock from before `arch` was recorded reads as amd64.
+    let old =
+        Lockfile::parse(&text.replace(", arch = \"amd64\"", ""), Path::new("x.lock")).unwrap();
+    assert_eq!(old.toolchain.unwrap().debian.unwrap().arch(), "amd64");
     let back = Lockfile::parse(&text, Path::new("x.lock")).unwrap();
     let mut want = debian_lock();
     want.canonicalize();
@@ -451,6 +456,7 @@ fn a_debian_toolchain_round_trips_and_hostile_fields_are_refused() {
         ),
         // Size 0 would lift the bound on the download.
         ("size = 16990272", "size = 0", "has size 0"),
+        ("arch = \"amd64\"", "arch = \"../x\"", "debian arch `../x`"),
     ] {
         let bad = text.replacen(from, to, 1);
         assert_ne!(bad, text, "{from}");

@@ -90,11 +90,14 @@ impl Lockfile {
             }
             w.push_str("]\n");
             if let Some(d) = &tc.debian {
-                let fields = [
+                let mut fields = vec![
                     ("archive", quote(&d.archive)),
                     ("suite", quote(&d.suite)),
                     ("version", quote(&d.version)),
                 ];
+                if let Some(arch) = &d.arch {
+                    fields.push(("arch", quote(arch)));
+                }
                 line(w, "debian", &inline_table(&fields));
             }
             if !tc.debs.is_empty() {
