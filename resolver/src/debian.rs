@@ -733,27 +733,69 @@ pub async fn pin_gcc(
     };
     let mut searched = Vec::new();
     let mut found = Vec::new();
+    let mut failed: Vec<DebianError> = Vec::new();
+    let mut answered = 0usize;
+    // Sources whose Release says `Origin: Debian` first, in order; the others after, in order.
+    let mut others: Vec<(&String, &String, String)> = Vec::new();
+    let skip = |archive: &str, suite: &str, err: DebianError, failed: &mut Vec<DebianError>| {
+        tracing::warn!("Debian source {archive} {suite} skipped: {err}");
+        failed.push(err);
+    };
     for archive in &archives.urls {
         for suite in &archives.suites {
-            let Some(release) = reader.release(archive, suite).await? else {
-                continue;
-            };
-            searched.push(suite.clone());
-            let index = parse_packages(&reader.packages(archive, suite, &release, arch).await?);
-            if !index.contains_key(&root) {
-                let mut here: Vec<&str> = index
-                    .keys()
-                    .filter_map(|k| k.strip_prefix("gcc-"))
-                    .filter(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()))
-                    .collect();
-                here.sort_by_key(|v| v.parse::<u64>().unwrap_or(0));
-                if !here.is_empty() {
-                    found.push(format!("{suite} has gcc {}", here.join(", ")));
+            let release = match reader.release(archive, suite).await {
+                Ok(Some(release)) => release,
+                Ok(None) => continue,
+                Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
+                Err(err) => {
+                    skip(archive, suite, err, &mut failed);
+                    continue;
                 }
+            };
+            if release_origin(&release) != Some("Debian") {
+                others.push((archive, suite, release));
                 continue;
             }
-            return pin_from_index(version, archive, suite, arch, &index, host_glibc);
+            searched.push(suite.clone());
+            match reader.packages(archive, suite, &release, arch).await {
+                Ok(text) => {
+                    answered += 1;
+                    let index = parse_packages(&text);
+                    if index.contains_key(&root) {
+                        return pin_from_index(version, archive, suite, arch, &index, host_glibc);
+                    }
+                    found.extend(gcc_versions(suite, &index));
+                }
+                Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
+                Err(err) => skip(archive, suite, err, &mut failed),
+            }
         }
+    }
+    for (archive, suite, release) in others {
+        searched.push(suite.clone());
+        match reader.packages(archive, suite, &release, arch).await {
+            Ok(text) => {
+                answered += 1;
+                let index = parse_packages(&text);
+                if index.contains_key(&root) {
+                    return pin_from_index(version, archive, suite, arch, &index, host_glibc);
+                }
+                found.extend(gcc_versions(suite, &index));
+            }
+            Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
+            Err(err) => skip(archive, suite, err, &mut failed),
+        }
+    }
+    // No source gave a Packages index: the first failure says why.
+    if answered == 0 && !failed.is_empty() {
+        return Err(failed.remove(0));
+    }
+    if !failed.is_empty() {
+        found.push(format!(
+            "{} source(s) skipped, the first: {}",
+            failed.len(),
+            failed[0]
+        ));
     }
     Err(DebianError::NotFound {
         archive: archive.clone(),
@@ -769,6 +811,29 @@ pub async fn pin_gcc(
             format!(" ({})", found.join("; "))
         },
     })
+}
+
+/// `"<suite> has gcc A, B"` for the `gcc-<digits>` packages of an index, if any.
+fn gcc_versions(suite: &str, index: &HashMap<String, Package>) -> Option<String> {
+    let mut here: Vec<&str> = index
+        .keys()
+        .filter_map(|k| k.strip_prefix("gcc-"))
+        .filter(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    here.sort_by_key(|v| v.parse::<u64>().unwrap_or(0));
+    (!here.is_empty()).then(|| format!("{suite} has gcc {}", here.join(", ")))
+}
+
+/// The `Origin` field of a Release body.
+fn release_origin(body: &str) -> Option<&str> {
+    body.lines()
+        .take_while(|line| !line.trim().is_empty())
+        .find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case("Origin")
+                .then(|| value.trim())
+        })
 }
 
 fn pin_from_index(

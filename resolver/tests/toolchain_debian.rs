@@ -7,12 +7,18 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 
 use hvd_lang::model::Toolchain;
+use hvd_resolver::debian::{Archives, pin_gcc};
 use hvd_resolver::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_SUITES};
 use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
 use hvd_resolver::{LockOptions, Lockfile, ResolveError, Sha256, lock};
 
 /// A static file server on 127.0.0.1 for `root`; returns its base URL.
 fn serve(root: PathBuf) -> String {
+    serve_with(root, None)
+}
+
+/// [`serve`], answering every request with `status` (and no body) when it is set.
+fn serve_with(root: PathBuf, status: Option<&'static str>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -32,6 +38,13 @@ fn serve(root: PathBuf) -> String {
                 .nth(1)
                 .unwrap_or("/")
                 .trim_start_matches('/');
+            if let Some(status) = status {
+                let _ = stream.write_all(
+                    format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                );
+                continue;
+            }
             let response = match std::fs::read(root.join(path)) {
                 Ok(body) if !path.contains("..") => {
                     let mut head = format!(
@@ -53,6 +66,12 @@ fn serve(root: PathBuf) -> String {
 
 /// `dists/fixture/` of an archive with gcc 97 (the packages' files are never fetched by a lock).
 fn publish(root: &Path) {
+    publish_with(root, "", "97.2.0-1", "Packages.gz");
+}
+
+/// [`publish`] with `origin` as the Release's first lines, gcc-97 at `gcc_version`, and the Release listing the
+/// index as `listed` (`Packages.xz`: a name hvd does not read).
+fn publish_with(root: &Path, origin: &str, gcc_version: &str, listed: &str) {
     let stanza = |name: &str, version: &str, depends: &str| {
         format!(
             "Package: {name}\nVersion: {version}\nArchitecture: amd64\nDepends: {depends}\n\
@@ -61,8 +80,8 @@ fn publish(root: &Path) {
         )
     };
     let text = [
-        stanza("gcc-97", "97.2.0-1", "libc6 (>= 2.14)"),
-        stanza("g++-97", "97.2.0-1", "gcc-97 (= 97.2.0-1)"),
+        stanza("gcc-97", gcc_version, "libc6 (>= 2.14)"),
+        stanza("g++-97", gcc_version, &format!("gcc-97 (= {gcc_version})")),
         stanza("libc6", "2.30-1", ""),
         stanza("libc6-dev", "2.30-1", "libc6 (= 2.30-1)"),
     ]
@@ -76,9 +95,9 @@ fn publish(root: &Path) {
     std::fs::write(
         dists.join("Release"),
         format!(
-            "Suite: fixture\nSHA256:\n {} {} main/binary-amd64/Packages.gz\n",
+            "{origin}Suite: fixture\nSHA256:\n {} {} main/binary-amd64/{listed}\n",
             Sha256::of_bytes(&gz),
-            gz.len()
+            gz.len(),
         ),
     )
     .unwrap();
@@ -99,7 +118,7 @@ fn a_gcc_the_host_lacks_is_locked_from_debian_and_kept_on_relock() {
     publish(archive.path());
     let url = serve(archive.path().to_path_buf());
     // SAFETY: set before this test starts any thread that reads the environment; nextest runs each test in its own
-    // process, and this binary has this one test.
+    // process, and no other test of this binary reads these variables.
     unsafe {
         std::env::set_var(HVD_DEBIAN_ARCHIVE, &url);
         std::env::set_var(HVD_DEBIAN_SUITES, "nosuch,fixture");
@@ -191,4 +210,81 @@ fn a_gcc_the_host_lacks_is_locked_from_debian_and_kept_on_relock() {
 fn unsafe_set(name: &str, value: &str) {
     // SAFETY: see the test: one test per process; the lock's threads have ended (`lock` returned).
     unsafe { std::env::set_var(name, value) }
+}
+
+#[test]
+fn a_failing_source_is_skipped_and_debian_origin_sources_come_first() {
+    // In order: a source that answers 403, one that lists only Packages.xz, a third-party one with gcc 97, and a
+    // Debian one with gcc 97. Pinning skips the first two and prefers the Debian one.
+    let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    publish_with(
+        dirs[1].path(),
+        "Origin: Debian\n",
+        "97.2.0-1",
+        "Packages.xz",
+    );
+    publish_with(
+        dirs[2].path(),
+        "Origin: Someone\n",
+        "97.9.0-1",
+        "Packages.gz",
+    );
+    publish_with(
+        dirs[3].path(),
+        "Origin: Debian\n",
+        "97.2.0-1",
+        "Packages.gz",
+    );
+    let urls = vec![
+        serve_with(dirs[0].path().to_path_buf(), Some("403 Forbidden")),
+        serve(dirs[1].path().to_path_buf()),
+        serve(dirs[2].path().to_path_buf()),
+        serve(dirs[3].path().to_path_buf()),
+    ];
+    let archives = Archives {
+        urls: urls.clone(),
+        suites: vec!["fixture".into()],
+    };
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pin = runtime
+        .block_on(pin_gcc("97", &archives, Some((2, 36)), cache.path(), false))
+        .unwrap();
+    let debian = pin.debian.unwrap();
+    assert_eq!(
+        (debian.archive.as_str(), debian.version.as_str()),
+        (urls[3].as_str(), "97.2.0")
+    );
+    // Without the Debian one, the third-party source is used.
+    let pin = runtime
+        .block_on(pin_gcc(
+            "97",
+            &Archives {
+                urls: urls[..3].to_vec(),
+                suites: vec!["fixture".into()],
+            },
+            Some((2, 36)),
+            cache.path(),
+            false,
+        ))
+        .unwrap();
+    assert_eq!(pin.debian.unwrap().version, "97.9.0");
+    // Only failing sources: the first failure is the error.
+    let err = runtime
+        .block_on(pin_gcc(
+            "97",
+            &Archives {
+                urls: urls[..2].to_vec(),
+                suites: vec!["fixture".into()],
+            },
+            Some((2, 36)),
+            cache.path(),
+            false,
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("403"), "{err}");
 }
