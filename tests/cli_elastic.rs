@@ -52,6 +52,12 @@ def until_met():
     time.sleep(0.02)
     return hvd.allreduce(np.array([1.0 if mine else 0.0]), op=hvd.Max, name="until")[0] > 0
 
+# `slot:seconds`: that worker's `hvd.shutdown()` sleeps once the engine is down (the rest of a slow teardown).
+slow = os.environ.get("ELASTIC_SLOW_SHUTDOWN", "")
+if slow and int(slow.split(":")[0]) == slot:
+    _shutdown = hvd.shutdown
+    hvd.shutdown = lambda: (_shutdown(), time.sleep(float(slow.split(":")[1])))[0]
+
 hvd.init()
 print("slot %d starts as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)
 state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))
@@ -313,6 +319,33 @@ fn a_preempted_worker_commits_hands_over_and_leaves() {
         &format!(" w0 {w0:?} agree True"),
     );
     assert!(!stdout.contains("slot 2 finished"), "{stdout}");
+    common::assert_nothing_left(&marker);
+}
+
+/// A preempted worker whose teardown is slow (its `hvd.shutdown()` goes on past the round window after its engine
+/// released the others) still hands over: it tells the rendezvous it leaves before it shuts down, so the survivors' next round does not form without
+/// it first (which would refuse its leave and count it as lost).
+#[test]
+fn a_preempted_worker_with_a_slow_shutdown_leaves_before_the_round_forms() {
+    let marker = marker();
+    let steps = 8;
+    let dir = project_with_signal("{ min = 2, max = 3 }", steps, "2:3", 15, &marker);
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2", "--elastic-timeout", "1"])
+        .env("NO_COLOR", "1")
+        .env("ELASTIC_SLOW_SHUTDOWN", "2:3")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "rank 2 of step `train` was preempted: it committed, handed over and left; 2 of its 3 workers go on"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stderr.contains("was lost"), "{stderr}");
+    assert_finished(&stdout, &stderr, &[(0, 0), (1, 1)], steps, "");
     common::assert_nothing_left(&marker);
 }
 

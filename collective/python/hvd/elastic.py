@@ -332,12 +332,14 @@ class Preempted(SystemExit):
 
 def _leave():
     """The preempted worker's hand-over, after its last commit and the members' agreement: leave the job (the
-    others shut down too, to re-form), tell the launcher's rendezvous, end with ``Preempted``."""
-    _hvd.shutdown()
+    others shut down too, to re-form), tell the launcher's rendezvous, end with ``Preempted``. The leave goes first
+    (it needs no engine): a teardown slower than the round window would otherwise let the next round form without
+    this worker, refuse its leave, and count it as lost."""
     lib = _hvd._l()
     leave = lib.hvd_elastic_leave
     leave.restype, leave.argtypes = _ctypes_i32(), []
     left = leave()
+    _hvd.shutdown()
     _preemption.cancel()
     # Handed over: the SIGTERM is answered, so leaving run() does not deliver it again.
     _preemption.marked = None
