@@ -649,7 +649,7 @@ fn an_absolute_link_to_the_host_stays_inside() {
 #[test]
 #[ignore = "downloads about 60 MB from the Debian archive of the machine's apt sources"]
 fn real_gcc_from_the_configured_archive() {
-    let archives = Archives::discover();
+    let archives = Archives::discover().unwrap();
     let glibc = hvd_resolver::tags::Platform::host().glibc;
     let cache = tempfile::tempdir().unwrap();
     let on_path = |name: &str| {

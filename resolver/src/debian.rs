@@ -125,6 +125,12 @@ pub enum DebianError {
          install the gcc version on this machine"
     )]
     UnsupportedArch { arch: String },
+    #[error("{name}=`{value}`: {message}; fix or unset it")]
+    BadVariable {
+        name: String,
+        value: String,
+        message: String,
+    },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -137,16 +143,37 @@ pub struct Archives {
 }
 
 impl Archives {
-    /// From `HVD_DEBIAN_ARCHIVE` / `HVD_DEBIAN_SUITES`, else the machine's apt sources.
-    pub fn discover() -> Archives {
-        Archives::discover_in(Path::new("/etc/apt"))
+    /// From `HVD_DEBIAN_ARCHIVE` / `HVD_DEBIAN_SUITES` (checked like the lock reader checks `[toolchain] debian`),
+    /// else the machine's apt sources for this machine's architecture.
+    pub fn discover() -> Result<Archives, DebianError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        Archives::discover_in(
+            Path::new("/etc/apt"),
+            var(HVD_DEBIAN_ARCHIVE),
+            var(HVD_DEBIAN_SUITES),
+            DebianArch::host()?.name,
+        )
     }
 
-    fn discover_in(apt: &Path) -> Archives {
-        let sources = read_apt_sources(apt);
-        let urls = match std::env::var(HVD_DEBIAN_ARCHIVE) {
-            Ok(url) if !url.trim().is_empty() => vec![url.trim().trim_end_matches('/').to_string()],
-            _ => {
+    fn discover_in(
+        apt: &Path,
+        archive_var: Option<String>,
+        suites_var: Option<String>,
+        arch: &str,
+    ) -> Result<Archives, DebianError> {
+        let bad = |name: &str, value: &str, message: String| DebianError::BadVariable {
+            name: name.to_string(),
+            value: value.to_string(),
+            message,
+        };
+        let sources = read_apt_sources(apt, arch);
+        let urls = match archive_var {
+            Some(url) => {
+                let url = url.trim().trim_end_matches('/').to_string();
+                check_archive(&url).map_err(|m| bad(HVD_DEBIAN_ARCHIVE, &url, m))?;
+                vec![url]
+            }
+            None => {
                 let mut urls = Vec::new();
                 for (url, _) in &sources {
                     if !urls.contains(url) {
@@ -156,16 +183,50 @@ impl Archives {
                 urls
             }
         };
-        let suites = match std::env::var(HVD_DEBIAN_SUITES) {
-            Ok(list) if !list.trim().is_empty() => list
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect(),
-            _ => search_order(sources.iter().map(|(_, suite)| suite.as_str())),
+        let suites = match suites_var {
+            Some(list) => {
+                let suites: Vec<String> = list
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                for suite in &suites {
+                    check_suite(suite).map_err(|m| bad(HVD_DEBIAN_SUITES, &list, m))?;
+                }
+                suites
+            }
+            None => search_order(sources.iter().map(|(_, suite)| suite.as_str())),
         };
-        Archives { urls, suites }
+        Ok(Archives { urls, suites })
     }
+}
+
+/// An archive URL as a lock may name it: `http(s)://`, a URL.
+pub(crate) fn check_archive(url: &str) -> Result<(), String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!(
+            "debian archive `{}` is not an http(s) URL",
+            url.escape_debug()
+        ));
+    }
+    reqwest::Url::parse(url)
+        .map(|_| ())
+        .map_err(|e| format!("debian archive `{}` is not a URL: {e}", url.escape_debug()))
+}
+
+/// A suite name as a lock may hold it: `[A-Za-z0-9._-]`, not empty.
+pub(crate) fn check_suite(suite: &str) -> Result<(), String> {
+    if suite.is_empty()
+        || !suite
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+    {
+        return Err(format!(
+            "debian suite `{}` has characters outside `[A-Za-z0-9._-]`",
+            suite.escape_debug()
+        ));
+    }
+    Ok(())
 }
 
 /// The machine's suites that are Debian releases, then the older releases (newest first), then the newer ones.
@@ -180,8 +241,9 @@ fn search_order<'a>(host_suites: impl Iterator<Item = &'a str>) -> Vec<String> {
     order.into_iter().map(|i| RELEASES[i].to_string()).collect()
 }
 
-/// `(URI, suite)` of every `deb` source with component `main`: one-line `sources.list` files and deb822 `.sources`.
-fn read_apt_sources(apt: &Path) -> Vec<(String, String)> {
+/// `(URI, suite)` of every `deb` source with component `main` for `arch`: `sources.list` and the `*.list`
+/// (one-line) and `*.sources` (deb822) files of `sources.list.d/`; other files there are ignored, as apt does.
+fn read_apt_sources(apt: &Path, arch: &str) -> Vec<(String, String)> {
     let mut files = vec![apt.join("sources.list")];
     if let Ok(dir) = std::fs::read_dir(apt.join("sources.list.d")) {
         let mut more: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -190,33 +252,57 @@ fn read_apt_sources(apt: &Path) -> Vec<(String, String)> {
     }
     let mut out = Vec::new();
     for file in files {
+        let format = file.extension().and_then(|e| e.to_str());
+        if !matches!(format, Some("list" | "sources")) {
+            continue;
+        }
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue;
         };
-        match file.extension().and_then(|e| e.to_str()) {
-            Some("sources") => out.extend(deb822_sources(&text)),
-            Some("list") | None => out.extend(one_line_sources(&text)),
-            _ => {}
+        if format == Some("sources") {
+            out.extend(deb822_sources(&text, arch));
+        } else {
+            out.extend(one_line_sources(&text, arch));
         }
     }
     out.retain(|(url, _)| url.starts_with("http://") || url.starts_with("https://"));
     out
 }
 
-fn one_line_sources(text: &str) -> Vec<(String, String)> {
+/// Whether a source with `arch=` (`only`) and `arch-=` (`removed`) option values serves `arch`.
+fn serves_arch(only: Option<&str>, removed: Option<&str>, arch: &str) -> bool {
+    let has = |list: &str| list.split([',', ' ', '\t']).any(|a| a == arch);
+    only.is_none_or(has) && !removed.is_some_and(has)
+}
+
+fn one_line_sources(text: &str, arch: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for line in text.lines() {
         let line = line.split('#').next().unwrap_or("").trim();
-        let mut words = line.split_whitespace();
-        if words.next() != Some("deb") {
+        let Some(rest) = line
+            .strip_prefix("deb")
+            .filter(|r| r.starts_with([' ', '\t']))
+        else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let (options, rest) = match rest.strip_prefix('[') {
+            Some(inner) => match inner.split_once(']') {
+                Some((options, rest)) => (options, rest),
+                None => continue,
+            },
+            None => ("", rest),
+        };
+        let option = |key: &str| {
+            options
+                .split_whitespace()
+                .find_map(|o| o.strip_prefix(key)?.strip_prefix('='))
+        };
+        if !serves_arch(option("arch"), option("arch-"), arch) {
             continue;
         }
-        let mut rest: Vec<&str> = words.collect();
-        if rest.first().is_some_and(|w| w.starts_with('[')) {
-            let end = rest.iter().position(|w| w.ends_with(']')).unwrap_or(0);
-            rest.drain(..=end);
-        }
-        if let [uri, suite, components @ ..] = rest.as_slice()
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        if let [uri, suite, components @ ..] = words.as_slice()
             && components.contains(&"main")
         {
             out.push((uri.trim_end_matches('/').to_string(), suite.to_string()));
@@ -225,19 +311,20 @@ fn one_line_sources(text: &str) -> Vec<(String, String)> {
     out
 }
 
-fn deb822_sources(text: &str) -> Vec<(String, String)> {
+fn deb822_sources(text: &str, arch: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for stanza in stanzas(text) {
-        let get = |key: &str| {
+        let field = |key: &str| {
             stanza
                 .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case(key))
                 .map(|(_, v)| v.as_str())
-                .unwrap_or("")
         };
+        let get = |key: &str| field(key).unwrap_or("");
         if !get("Types").split_whitespace().any(|t| t == "deb")
             || !get("Components").split_whitespace().any(|c| c == "main")
             || get("Enabled").trim().eq_ignore_ascii_case("no")
+            || !serves_arch(field("Architectures"), field("Architectures-Remove"), arch)
         {
             continue;
         }
@@ -955,14 +1042,75 @@ mod tests {
             "Types: deb\nURIs: http://c.invalid/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\nTypes: deb\nURIs: http://d.invalid/\nSuites: x\nComponents: contrib\n",
         )
         .unwrap();
+        // Not read: a file without `.list`/`.sources` (apt ignores it too), sources for another arch.
+        std::fs::write(
+            dir.path().join("sources.list.d/old-mirror"),
+            "deb http://e.invalid/debian bullseye main\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("sources.list.d/ports.list"),
+            "deb [ arch=arm64,armhf signed-by=/k.gpg ] http://f.invalid/ports bullseye main\n\
+             deb [arch-=amd64] http://g.invalid/x bullseye main\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("sources.list.d/p.sources"),
+            "Types: deb\nURIs: http://h.invalid/debian\nSuites: sid\nComponents: main\nArchitectures: arm64\n",
+        )
+        .unwrap();
         assert_eq!(
-            read_apt_sources(dir.path()),
+            read_apt_sources(dir.path(), "amd64"),
             vec![
                 ("http://a.invalid/debian".into(), "bullseye".into()),
                 ("http://c.invalid/debian".into(), "bookworm".into()),
                 ("http://c.invalid/debian".into(), "bookworm-updates".into()),
             ]
         );
+        assert_eq!(
+            read_apt_sources(dir.path(), "arm64"),
+            vec![
+                ("http://c.invalid/debian".into(), "bookworm".into()),
+                ("http://c.invalid/debian".into(), "bookworm-updates".into()),
+                ("http://h.invalid/debian".into(), "sid".into()),
+                ("http://f.invalid/ports".into(), "bullseye".into()),
+                ("http://g.invalid/x".into(), "bullseye".into()),
+            ]
+        );
+        // The variables are checked when read, naming themselves.
+        let discover = |archive: Option<&str>, suites: Option<&str>| {
+            Archives::discover_in(
+                dir.path(),
+                archive.map(str::to_string),
+                suites.map(str::to_string),
+                "amd64",
+            )
+        };
+        let ok = discover(Some("http://x.invalid/debian/"), Some("a, b-c")).unwrap();
+        assert_eq!(
+            (ok.urls, ok.suites),
+            (
+                vec!["http://x.invalid/debian".to_string()],
+                vec!["a".to_string(), "b-c".to_string()]
+            )
+        );
+        for (archive, suites, expect) in [
+            (
+                Some("ftp://x/debian"),
+                None,
+                "HVD_DEBIAN_ARCHIVE=`ftp://x/debian`",
+            ),
+            (Some("file:///etc"), None, "not an http(s) URL"),
+            (
+                None,
+                Some("bullseye,../x"),
+                "HVD_DEBIAN_SUITES=`bullseye,../x`",
+            ),
+            (None, Some("a/b"), "outside"),
+        ] {
+            let err = discover(archive, suites).unwrap_err().to_string();
+            assert!(err.contains(expect), "{err}");
+        }
         assert_eq!(
             search_order(["bookworm", "bookworm-updates"].into_iter()),
             [

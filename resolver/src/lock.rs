@@ -535,7 +535,7 @@ fn pin_host_or_debian(
         Err(e) => return Err(e),
     };
     let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let archives = crate::debian::Archives::discover();
+    let archives = crate::debian::Archives::discover().map_err(ResolveError::Debian)?;
     runtime
         .block_on(crate::debian::pin_gcc(
             requested,

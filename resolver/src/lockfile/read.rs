@@ -121,13 +121,7 @@ fn validate_debian(t: &super::ToolchainPin) -> Result<(), String> {
                 .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
     };
     if let Some(d) = &t.debian {
-        if !(d.archive.starts_with("http://") || d.archive.starts_with("https://")) {
-            return Err(format!(
-                "debian archive `{}` is not an http(s) URL",
-                d.archive.escape_debug()
-            ));
-        }
-        validate_url("debian archive", &d.archive)?;
+        crate::debian::check_archive(&d.archive)?;
         // The builder names the compiler `<root>/usr/bin/<name>-<version>`: any other name could make CC a host
         // binary (`/usr/bin/x` joined onto the root replaces it).
         if t.name != "gcc" {
@@ -148,8 +142,9 @@ fn validate_debian(t: &super::ToolchainPin) -> Result<(), String> {
                 d.arch().escape_debug()
             ));
         }
-        if !plain(&d.suite, "-._") || !plain(&d.version, ".+~-") {
-            return Err("debian suite or version has characters outside `[A-Za-z0-9.+~_-]`".into());
+        crate::debian::check_suite(&d.suite)?;
+        if !plain(&d.version, ".+~-") {
+            return Err("debian version has characters outside `[A-Za-z0-9.+~-]`".into());
         }
     } else if !t.debs.is_empty() {
         return Err("`debs` without a `debian` source".into());
