@@ -349,6 +349,48 @@ fn a_preempted_worker_with_a_slow_shutdown_leaves_before_the_round_forms() {
     common::assert_nothing_left(&marker);
 }
 
+/// A rendezvous that accepts and never answers (blackholed) costs one timed-out ask at a commit, not one per commit:
+/// after a failed `GET /elastic/v1/round` the members do not ask again for `_JOIN_CHECK_BACKOFF` seconds.
+#[test]
+fn a_rendezvous_that_does_not_answer_is_not_asked_again_at_every_commit() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    // The attacker: takes every connection and says nothing (the streams are kept open).
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    let (python, package, lib) = allreduce_runtime();
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import hvd.elastic as e\n\
+             e._JOIN_CHECK_INTERVAL = 0\n\
+             e._JOIN_CHECK_TIMEOUT = 0.3\n\
+             print([e._new_workers_waiting() for _ in range(4)])",
+        ])
+        .env("PYTHONPATH", &package)
+        .env("HVD_LIBRARY", &lib)
+        .env("HVD_RENDEZVOUS", addr.to_string())
+        .env("HVD_JOB_TOKEN", "t")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "[False, False, False, False]", "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot ask the rendezvous {addr} for new workers")),
+        "{stderr}"
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "{stderr}");
+}
+
 /// A SIGTERM'd worker that reaches no commit within `HVD_PREEMPT_GRACE` (here it hangs) ends as SIGTERM would have
 /// ended it: a lost worker, and the others go on from their last commit.
 #[test]

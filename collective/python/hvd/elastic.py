@@ -360,7 +360,11 @@ def _ctypes_i32():
 
 # How often (seconds) a member asks the launcher whether new workers wait to join; commits in between reuse the answer.
 _JOIN_CHECK_INTERVAL = 1.0
-_join_check = {"at": None, "waiting": False, "warned": False}
+# How long one ask may take, and how long commits skip asking after one failed (a rendezvous that does not answer
+# would otherwise stall every commit for the whole timeout).
+_JOIN_CHECK_TIMEOUT = 5.0
+_JOIN_CHECK_BACKOFF = 30.0
+_join_check = {"at": None, "waiting": False, "warned": False, "failed_at": None}
 
 
 def _round_status(timeout):
@@ -397,25 +401,31 @@ def _launcher_stopping():
 
 def _new_workers_waiting():
     """Whether the launcher's rendezvous has new workers (host discovery) waiting to join the next round:
-    ``GET /elastic/v1/round`` at most every ``_JOIN_CHECK_INTERVAL`` seconds. A failed request counts as no."""
+    ``GET /elastic/v1/round`` at most every ``_JOIN_CHECK_INTERVAL`` seconds. A failed request counts as no, and
+    the next ``_JOIN_CHECK_BACKOFF`` seconds do not ask."""
     now = time.monotonic()
     if _join_check["at"] is not None and now - _join_check["at"] < _JOIN_CHECK_INTERVAL:
         return _join_check["waiting"]
+    if _join_check["failed_at"] is not None and now - _join_check["failed_at"] < _JOIN_CHECK_BACKOFF:
+        return False
     _join_check["at"] = now
     waiting = False
     import http.client
 
     try:
-        answer = _round_status(5)
+        answer = _round_status(_JOIN_CHECK_TIMEOUT)
         if answer is None:
             pass
         elif answer[0] == 200 and len(answer[1]) >= 4 and answer[1][0] == "v1" and answer[1][3].isdigit():
             waiting = int(answer[1][3]) > 0
-        elif not _join_check["warned"]:
-            _join_check["warned"] = True
-            sys.stderr.write("hvd.elastic: the rendezvous answered {} {} to GET /elastic/v1/round; new workers "
-                             "cannot join\n".format(answer[0], " ".join(answer[1])))
+        else:
+            _join_check["failed_at"] = time.monotonic()
+            if not _join_check["warned"]:
+                _join_check["warned"] = True
+                sys.stderr.write("hvd.elastic: the rendezvous answered {} {} to GET /elastic/v1/round; new workers "
+                                 "cannot join\n".format(answer[0], " ".join(answer[1])))
     except (OSError, ValueError, http.client.HTTPException) as e:
+        _join_check["failed_at"] = time.monotonic()
         if not _join_check["warned"]:
             _join_check["warned"] = True
             sys.stderr.write("hvd.elastic: cannot ask the rendezvous {} for new workers ({}); going on\n".format(
