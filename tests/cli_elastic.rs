@@ -97,6 +97,10 @@ def train(state):
         state.count += float(c[0]) / hvd.size()
         state.step += 1
         state.commit()
+    if os.environ.get("ELASTIC_TERM_AT_END") == str(slot):
+        # SIGTERM after the last commit, as the training returns: nothing is left to hand over.
+        os.kill(os.getpid(), 15)
+        time.sleep(0.1)
 
 
 try:
@@ -389,6 +393,31 @@ fn a_rendezvous_that_does_not_answer_is_not_asked_again_at_every_commit() {
         "{stderr}"
     );
     assert_eq!(accepted.load(Ordering::SeqCst), 1, "{stderr}");
+}
+
+/// A worker SIGTERM'd after its last commit, as its training returns, has nothing left to hand over: it finishes
+/// like the others (the run's last collective included) and exits 0, not as a lost worker.
+#[test]
+fn a_sigterm_after_the_last_commit_lets_the_worker_finish_normally() {
+    let marker = marker();
+    let steps = 3;
+    let dir = project("{ min = 1, max = 2 }", steps, "", &marker);
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "2"])
+        .env("NO_COLOR", "1")
+        .env("ELASTIC_TERM_AT_END", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr
+            .contains("the training finished before another commit; this worker (slot 1) goes on"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stderr.contains("was lost"), "{stderr}");
+    assert_finished(&stdout, &stderr, &[(0, 0), (1, 1)], steps, "");
+    common::assert_nothing_left(&marker);
 }
 
 /// A SIGTERM'd worker that reaches no commit within `HVD_PREEMPT_GRACE` (here it hangs) ends as SIGTERM would have

@@ -261,9 +261,11 @@ class _Preemption:
         except (ValueError, OSError):
             self.previous = None
 
-    def uninstall(self):
-        """The outermost ``run`` returns: the previous handler comes back; a SIGTERM that found no commit since is
-        delivered to it now (by default: the process ends with 143, a lost worker)."""
+    def uninstall(self, finished):
+        """The outermost ``run`` ends: the previous handler comes back. A SIGTERM that found no commit since is
+        answered when the training ``finished`` (``run`` returned: the worker's work is done, and the script goes on
+        to exit normally); when ``run`` ends with an exception it is delivered to the previous handler now (by
+        default: the process ends with 143, a lost worker), as it would have been without ``run``."""
         self.depth -= 1
         if self.depth > 0 or self.previous is None:
             return
@@ -271,7 +273,13 @@ class _Preemption:
         signal.signal(signal.SIGTERM, previous)
         if self.marked is not None:
             self.cancel()
-            os.kill(os.getpid(), signal.SIGTERM)
+            self.marked = None
+            if finished:
+                sys.stderr.write("hvd.elastic: SIGTERM: the training finished before another commit; this worker "
+                                 "(slot {}) goes on to exit normally\n".format(os.environ.get("HVD_RANK", "?")))
+                sys.stderr.flush()
+            else:
+                os.kill(os.getpid(), signal.SIGTERM)
 
     def handle(self, signum, frame):
         if self.marked is not None:
@@ -448,10 +456,13 @@ def run(func):
         if not _elastic():
             return _run(state, *args, **kwargs)
         _preemption.install()
+        finished = False
         try:
-            return _run(state, *args, **kwargs)
+            result = _run(state, *args, **kwargs)
+            finished = True
+            return result
         finally:
-            _preemption.uninstall()
+            _preemption.uninstall(finished)
 
     def _run(state, *args, **kwargs):
         limit = _reset_limit()
