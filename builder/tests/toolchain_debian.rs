@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::FileServer;
 use hvd_builder::lockfile::toolchain_from_pin;
@@ -124,11 +124,81 @@ fn make_deb(entries: &[Entry<'_>], compression: &str) -> Vec<u8> {
 /// The fake compiler: prints its version, or its arguments and library path.
 const FAKE_GCC: &[u8] = b"#!/bin/sh\ncase \"$*\" in *-dumpfullversion) echo 99.1.0; exit 0;; esac\necho \"args: $*\"\necho \"libs: $LD_LIBRARY_PATH\"\n";
 
-/// A fixture archive: `dists/<suite>/{InRelease,main/binary-amd64/Packages.gz}` and the packages under `pool/`.
+/// An OpenPGP key of the test's own (gpg in a temporary home) that signs Release files as an archive does, and the
+/// keyring holding it.
+struct Signer {
+    home: tempfile::TempDir,
+    keyring: PathBuf,
+}
+
+impl Signer {
+    fn new() -> Signer {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            home.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        let signer = Signer {
+            keyring: home.path().join("keyring.gpg"),
+            home,
+        };
+        signer.gpg(&[
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            "hvd fixture <fixture@hvd.invalid>",
+            "ed25519",
+            "sign",
+            "never",
+        ]);
+        let keyring = signer.keyring.display().to_string();
+        signer.gpg(&["--export", "-o", &keyring]);
+        signer
+    }
+
+    fn gpg(&self, args: &[&str]) -> Vec<u8> {
+        let out = std::process::Command::new("gpg")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--batch", "--quiet", "--yes"])
+            .args(args)
+            .output()
+            .expect("gpg (the tests sign their fixture archives with it)");
+        assert!(
+            out.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// `text` clearsigned: an `InRelease`.
+    fn clearsign(&self, text: &str) -> Vec<u8> {
+        let input = self.home.path().join("release");
+        std::fs::write(&input, text).unwrap();
+        self.gpg(&["--clearsign", "-o", "-", &input.display().to_string()])
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        // The key's agent: ended with its home.
+        let _ = std::process::Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--kill", "gpg-agent"])
+            .output();
+    }
+}
+
+/// A fixture archive: `dists/<suite>/{InRelease,main/binary-amd64/Packages.gz}` and the packages under `pool/`,
+/// its `InRelease` signed by a key of its own.
 struct Archive {
     _dir: tempfile::TempDir,
     server: FileServer,
     stanzas: String,
+    signer: Signer,
 }
 
 impl Archive {
@@ -139,6 +209,7 @@ impl Archive {
             _dir: dir,
             server,
             stanzas: String::new(),
+            signer: Signer::new(),
         }
     }
 
@@ -181,11 +252,10 @@ impl Archive {
             .unwrap_or_else(|| Sha256::of_bytes(&gz).to_string());
         std::fs::write(
             dists.join("InRelease"),
-            format!(
-                "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\nOrigin: Fixture\nSuite: {suite}\nSHA256:\n \
-                 {sha} {} main/binary-amd64/Packages.gz\n-----BEGIN PGP SIGNATURE-----\n\nnone\n-----END PGP SIGNATURE-----\n",
+            self.signer.clearsign(&format!(
+                "Origin: Fixture\nSuite: {suite}\nSHA256:\n {sha} {} main/binary-amd64/Packages.gz\n",
                 gz.len()
-            ),
+            )),
         )
         .unwrap();
     }
@@ -194,6 +264,7 @@ impl Archive {
         Archives {
             urls: vec![self.server.base.clone()],
             suites: suites.iter().map(|s| s.to_string()).collect(),
+            keyrings: [(self.server.base.clone(), self.signer.keyring.clone())].into(),
         }
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::digest::Sha256;
-use crate::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_SUITES};
+use crate::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_KEYRING, HVD_DEBIAN_SUITES};
 use crate::lockfile::{DebPin, DebianSource, ToolchainPin};
 
 /// Debian's releases, oldest first: the suites searched after the machine's own (its suite, then older ones, then
@@ -24,6 +24,9 @@ pub const RELEASES: &[&str] = &[
 /// Packages not followed in a closure: `libc-dev-bin` (ldd and friends) and `libnsl-dev` (NIS/RPC, and through
 /// `libtirpc` all of Kerberos) are `libc6-dev` dependencies a C/C++ compile never uses.
 const NOT_FOLLOWED: &[&str] = &["libc-dev-bin", "libnsl-dev"];
+
+/// The keyring an archive's `InRelease` must be signed by when its source names none (`Signed-By`).
+pub const DEFAULT_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 /// The most bytes of an `InRelease` file (Debian's are about 150 KB).
 const MAX_RELEASE_BYTES: u64 = 16 << 20;
@@ -140,6 +143,9 @@ pub enum DebianError {
 pub struct Archives {
     pub urls: Vec<String>,
     pub suites: Vec<String>,
+    /// The keyring each archive's `InRelease` must be signed by (its source's `Signed-By`); [`DEFAULT_KEYRING`] for
+    /// one not listed.
+    pub keyrings: HashMap<String, PathBuf>,
 }
 
 impl Archives {
@@ -147,12 +153,28 @@ impl Archives {
     /// else the machine's apt sources for this machine's architecture.
     pub fn discover() -> Result<Archives, DebianError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        Archives::discover_in(
+        let mut archives = Archives::discover_in(
             Path::new("/etc/apt"),
             var(HVD_DEBIAN_ARCHIVE),
             var(HVD_DEBIAN_SUITES),
             DebianArch::host()?.name,
-        )
+        )?;
+        if let (Some(url), Some(keyring)) = (archives.urls.first(), var(HVD_DEBIAN_KEYRING))
+            && var(HVD_DEBIAN_ARCHIVE).is_some()
+        {
+            archives
+                .keyrings
+                .insert(url.clone(), PathBuf::from(keyring));
+        }
+        Ok(archives)
+    }
+
+    /// The keyring `url`'s `InRelease` must be signed by.
+    pub fn keyring(&self, url: &str) -> PathBuf {
+        self.keyrings
+            .get(url)
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_KEYRING))
     }
 
     fn discover_in(
@@ -175,7 +197,7 @@ impl Archives {
             }
             None => {
                 let mut urls = Vec::new();
-                for (url, _) in &sources {
+                for (url, _, _) in &sources {
                     if !urls.contains(url) {
                         urls.push(url.clone());
                     }
@@ -195,9 +217,19 @@ impl Archives {
                 }
                 suites
             }
-            None => search_order(sources.iter().map(|(_, suite)| suite.as_str())),
+            None => search_order(sources.iter().map(|(_, suite, _)| suite.as_str())),
         };
-        Ok(Archives { urls, suites })
+        let mut keyrings = HashMap::new();
+        for (url, _, signed_by) in sources {
+            if let Some(keyring) = signed_by {
+                keyrings.entry(url).or_insert(keyring);
+            }
+        }
+        Ok(Archives {
+            urls,
+            suites,
+            keyrings,
+        })
     }
 }
 
@@ -243,7 +275,8 @@ fn search_order<'a>(host_suites: impl Iterator<Item = &'a str>) -> Vec<String> {
 
 /// `(URI, suite)` of every `deb` source with component `main` for `arch`: `sources.list` and the `*.list`
 /// (one-line) and `*.sources` (deb822) files of `sources.list.d/`; other files there are ignored, as apt does.
-fn read_apt_sources(apt: &Path, arch: &str) -> Vec<(String, String)> {
+/// Each with its `Signed-By` keyring when that names a file.
+fn read_apt_sources(apt: &Path, arch: &str) -> Vec<(String, String, Option<PathBuf>)> {
     let mut files = vec![apt.join("sources.list")];
     if let Ok(dir) = std::fs::read_dir(apt.join("sources.list.d")) {
         let mut more: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -265,7 +298,7 @@ fn read_apt_sources(apt: &Path, arch: &str) -> Vec<(String, String)> {
             out.extend(one_line_sources(&text, arch));
         }
     }
-    out.retain(|(url, _)| url.starts_with("http://") || url.starts_with("https://"));
+    out.retain(|(url, _, _)| url.starts_with("http://") || url.starts_with("https://"));
     out
 }
 
@@ -275,7 +308,13 @@ fn serves_arch(only: Option<&str>, removed: Option<&str>, arch: &str) -> bool {
     only.is_none_or(has) && !removed.is_some_and(has)
 }
 
-fn one_line_sources(text: &str, arch: &str) -> Vec<(String, String)> {
+/// A `Signed-By` value that names a keyring file (an inline key block is not read: the default keyring applies).
+fn keyring_path(value: Option<&str>) -> Option<PathBuf> {
+    let value = value?.trim();
+    (value.starts_with('/') && !value.contains(char::is_whitespace)).then(|| PathBuf::from(value))
+}
+
+fn one_line_sources(text: &str, arch: &str) -> Vec<(String, String, Option<PathBuf>)> {
     let mut out = Vec::new();
     for line in text.lines() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -305,13 +344,17 @@ fn one_line_sources(text: &str, arch: &str) -> Vec<(String, String)> {
         if let [uri, suite, components @ ..] = words.as_slice()
             && components.contains(&"main")
         {
-            out.push((uri.trim_end_matches('/').to_string(), suite.to_string()));
+            out.push((
+                uri.trim_end_matches('/').to_string(),
+                suite.to_string(),
+                keyring_path(option("signed-by")),
+            ));
         }
     }
     out
 }
 
-fn deb822_sources(text: &str, arch: &str) -> Vec<(String, String)> {
+fn deb822_sources(text: &str, arch: &str) -> Vec<(String, String, Option<PathBuf>)> {
     let mut out = Vec::new();
     for stanza in stanzas(text) {
         let field = |key: &str| {
@@ -330,7 +373,11 @@ fn deb822_sources(text: &str, arch: &str) -> Vec<(String, String)> {
         }
         for uri in get("URIs").split_whitespace() {
             for suite in get("Suites").split_whitespace() {
-                out.push((uri.trim_end_matches('/').to_string(), suite.to_string()));
+                out.push((
+                    uri.trim_end_matches('/').to_string(),
+                    suite.to_string(),
+                    keyring_path(field("Signed-By")),
+                ));
             }
         }
     }
@@ -663,6 +710,8 @@ struct Reader {
     http: reqwest::Client,
     cache: PathBuf,
     offline: bool,
+    /// `gpgv` on PATH: when present, every Release must carry a valid signature from its source's keyring.
+    gpgv: Option<PathBuf>,
 }
 
 impl Reader {
@@ -686,10 +735,21 @@ impl Reader {
                 url: String::new(),
                 message: error_chain(&err),
             })?;
+        let gpgv = std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("gpgv"))
+                .find(|p| p.is_file())
+        });
+        if gpgv.is_none() {
+            tracing::warn!(
+                "gpgv is not on PATH: the Debian archive's Release files are used without checking their signatures"
+            );
+        }
         Ok(Reader {
             http,
             cache: cache_dir.join("debian"),
             offline,
+            gpgv,
         })
     }
 
@@ -726,19 +786,144 @@ impl Reader {
         Ok(Some(body))
     }
 
-    /// The `Release` body of a suite (InRelease, else Release); `None` when the archive does not have the suite.
-    async fn release(&self, archive: &str, suite: &str) -> Result<Option<String>, DebianError> {
-        for name in ["InRelease", "Release"] {
-            let url = format!("{archive}/dists/{suite}/{name}");
-            if let Some(bytes) = self.get(&url, MAX_RELEASE_BYTES).await? {
-                let text = String::from_utf8(bytes).map_err(|_| DebianError::Invalid {
-                    url: url.clone(),
-                    message: "is not UTF-8".into(),
-                })?;
-                return Ok(Some(release_body(&text).to_string()));
+    /// The `Release` body of a suite (InRelease, else Release with Release.gpg), its signature checked with `gpgv`
+    /// against `keyring` when gpgv is on PATH, and its `Valid-Until` (if any) not past; `None` when the archive does
+    /// not have the suite.
+    async fn release(
+        &self,
+        archive: &str,
+        suite: &str,
+        keyring: &Path,
+    ) -> Result<Option<String>, DebianError> {
+        let utf8 = |url: &str, bytes: Vec<u8>| {
+            String::from_utf8(bytes).map_err(|_| DebianError::Invalid {
+                url: url.to_string(),
+                message: "is not UTF-8".into(),
+            })
+        };
+        let in_release = format!("{archive}/dists/{suite}/InRelease");
+        let (url, body) = if let Some(bytes) = self.get(&in_release, MAX_RELEASE_BYTES).await? {
+            let body = match &self.gpgv {
+                Some(gpgv) => self.verify(gpgv, keyring, &in_release, &bytes, None)?,
+                None => release_body(&utf8(&in_release, bytes)?).to_string(),
+            };
+            (in_release, body)
+        } else {
+            let url = format!("{archive}/dists/{suite}/Release");
+            let Some(bytes) = self.get(&url, MAX_RELEASE_BYTES).await? else {
+                return Ok(None);
+            };
+            if let Some(gpgv) = &self.gpgv {
+                let signature_url = format!("{url}.gpg");
+                let signature = self
+                    .get(&signature_url, MAX_RELEASE_BYTES)
+                    .await?
+                    .ok_or_else(|| DebianError::Invalid {
+                        url: url.clone(),
+                        message: "has no InRelease and no Release.gpg beside it: it is not signed"
+                            .into(),
+                    })?;
+                self.verify(gpgv, keyring, &url, &signature, Some(&bytes))?;
+            }
+            let body = utf8(&url, bytes)?;
+            (url, body)
+        };
+        if let Some(until) = valid_until(&body) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
+            match until {
+                Some(until) if until >= now => {}
+                Some(_) => {
+                    return Err(DebianError::Invalid {
+                        url,
+                        message: "is past its Valid-Until: the archive (or whoever answers for it) serves an \
+                                  expired Release"
+                            .into(),
+                    });
+                }
+                None => {
+                    return Err(DebianError::Invalid {
+                        url,
+                        message: "has a Valid-Until that is not a date".into(),
+                    });
+                }
             }
         }
-        Ok(None)
+        Ok(Some(body))
+    }
+
+    /// Check `signed` (a clearsigned file, or the detached signature of `data`) with gpgv against `keyring`:
+    /// accepted when gpgv reports a `VALIDSIG` and no `BADSIG` (its exit status is not used: it is 2 when some
+    /// signatures are from keys not in the keyring, even with a valid one). Returns the signed text gpgv printed.
+    fn verify(
+        &self,
+        gpgv: &Path,
+        keyring: &Path,
+        url: &str,
+        signed: &[u8],
+        data: Option<&[u8]>,
+    ) -> Result<String, DebianError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self
+            .cache
+            .join(format!(".gpgv.{}.{n}.tmp", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        fs_err::create_dir_all(&dir)?;
+        let result = (|| {
+            let signed_path = dir.join("signed");
+            fs_err::write(&signed_path, signed)?;
+            let mut command = std::process::Command::new(gpgv);
+            command
+                .arg("--status-fd")
+                .arg("1")
+                .arg("--keyring")
+                .arg(keyring);
+            let output_path = dir.join("text");
+            match data {
+                Some(data) => {
+                    let data_path = dir.join("data");
+                    fs_err::write(&data_path, data)?;
+                    command.arg(&signed_path).arg(&data_path);
+                }
+                None => {
+                    command.arg("--output").arg(&output_path).arg(&signed_path);
+                }
+            }
+            let out = command.stdin(std::process::Stdio::null()).output()?;
+            let status = String::from_utf8_lossy(&out.stdout);
+            let has = |what: &str| {
+                status
+                    .lines()
+                    .any(|l| l.starts_with(&format!("[GNUPG:] {what} ")))
+            };
+            if !has("VALIDSIG") || has("BADSIG") {
+                let said = String::from_utf8_lossy(&out.stderr);
+                return Err(DebianError::Invalid {
+                    url: url.to_string(),
+                    message: format!(
+                        "has no valid signature from the keyring {} (gpgv: {}); if the source is trusted, name its \
+                         keyring with `Signed-By` in its apt source (or HVD_DEBIAN_KEYRING with HVD_DEBIAN_ARCHIVE)",
+                        keyring.display(),
+                        said.trim().lines().last().unwrap_or("no output")
+                    ),
+                });
+            }
+            match data {
+                Some(data) => Ok(String::from_utf8_lossy(data).into_owned()),
+                None => {
+                    let text = fs_err::read(&output_path)?;
+                    String::from_utf8(text).map_err(|_| DebianError::Invalid {
+                        url: url.to_string(),
+                        message: "is not UTF-8".into(),
+                    })
+                }
+            }
+        })();
+        let _ = std::fs::remove_dir_all(&dir);
+        result
     }
 
     /// The suite's `main` `Packages` text for `arch`, checked against the release's sha256 and size.
@@ -830,7 +1015,10 @@ pub async fn pin_gcc(
     };
     for archive in &archives.urls {
         for suite in &archives.suites {
-            let release = match reader.release(archive, suite).await {
+            let release = match reader
+                .release(archive, suite, &archives.keyring(archive))
+                .await
+            {
                 Ok(Some(release)) => release,
                 Ok(None) => continue,
                 Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
@@ -909,6 +1097,57 @@ fn gcc_versions(suite: &str, index: &HashMap<String, Package>) -> Option<String>
         .collect();
     here.sort_by_key(|v| v.parse::<u64>().unwrap_or(0));
     (!here.is_empty()).then(|| format!("{suite} has gcc {}", here.join(", ")))
+}
+
+/// The `Valid-Until` field of a Release body: `None` when absent, `Some(None)` when it is not a date, else its
+/// seconds since the epoch.
+fn valid_until(body: &str) -> Option<Option<i64>> {
+    let value = body
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case("Valid-Until")
+                .then(|| value.trim())
+        })?;
+    Some(parse_release_date(value))
+}
+
+/// A Release date (`Sat, 09 Jan 2027 14:22:06 UTC`, RFC 2822 in UTC) as seconds since the epoch.
+fn parse_release_date(value: &str) -> Option<i64> {
+    let words: Vec<&str> = value.split_whitespace().collect();
+    let [_, day, month, year, time, zone] = words.as_slice() else {
+        return None;
+    };
+    if !matches!(*zone, "UTC" | "GMT" | "+0000" | "Z") {
+        return None;
+    }
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = MONTHS.iter().position(|m| m == month)? as i64 + 1;
+    let day: i64 = day.parse().ok()?;
+    let year: i64 = year.parse().ok()?;
+    let hms: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let [h, m, sec] = hms.as_slice() else {
+        return None;
+    };
+    if !(1..=31).contains(&day) || *h > 23 || *m > 59 || *sec > 60 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3600 + m * 60 + sec)
 }
 
 /// The `Origin` field of a Release body.
@@ -1012,6 +1251,29 @@ mod tests {
     }
 
     #[test]
+    fn release_dates() {
+        assert_eq!(
+            parse_release_date("Sat, 14 Aug 2021 07:50:33 UTC"),
+            Some(1_628_927_433)
+        );
+        assert_eq!(parse_release_date("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        for bad in [
+            "Sat, 14 Aug 2021 07:50:33 CEST",
+            "14 Aug 2021",
+            "Sat, 32 Aug 2021 07:50:33 UTC",
+            "Sat, 14 Foo 2021 07:50:33 UTC",
+        ] {
+            assert_eq!(parse_release_date(bad), None, "{bad}");
+        }
+        assert_eq!(
+            valid_until("Origin: Debian\nValid-Until: Thu, 01 Jan 1970 00:00:10 UTC\n"),
+            Some(Some(10))
+        );
+        assert_eq!(valid_until("Origin: Debian\n"), None);
+        assert_eq!(valid_until("Valid-Until: soon\n"), Some(None));
+    }
+
+    #[test]
     fn dpkg_version_order() {
         use std::cmp::Ordering::*;
         for (a, b, want) in [
@@ -1059,8 +1321,14 @@ mod tests {
             "Types: deb\nURIs: http://h.invalid/debian\nSuites: sid\nComponents: main\nArchitectures: arm64\n",
         )
         .unwrap();
+        let pairs = |arch: &str| -> Vec<(String, String)> {
+            read_apt_sources(dir.path(), arch)
+                .into_iter()
+                .map(|(url, suite, _)| (url, suite))
+                .collect()
+        };
         assert_eq!(
-            read_apt_sources(dir.path(), "amd64"),
+            pairs("amd64"),
             vec![
                 ("http://a.invalid/debian".into(), "bullseye".into()),
                 ("http://c.invalid/debian".into(), "bookworm".into()),
@@ -1068,7 +1336,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            read_apt_sources(dir.path(), "arm64"),
+            pairs("arm64"),
             vec![
                 ("http://c.invalid/debian".into(), "bookworm".into()),
                 ("http://c.invalid/debian".into(), "bookworm-updates".into()),
@@ -1086,6 +1354,13 @@ mod tests {
                 "amd64",
             )
         };
+        // The ports source names its keyring (`signed-by=`); the others get the default.
+        let arm = Archives::discover_in(dir.path(), None, None, "arm64").unwrap();
+        assert_eq!(arm.keyring("http://f.invalid/ports"), Path::new("/k.gpg"));
+        assert_eq!(
+            arm.keyring("http://c.invalid/debian"),
+            Path::new(DEFAULT_KEYRING)
+        );
         let ok = discover(Some("http://x.invalid/debian/"), Some("a, b-c")).unwrap();
         assert_eq!(
             (ok.urls, ok.suites),

@@ -15,6 +15,9 @@ hvd_env_vars::env_vars! {
     /// Comma-separated Debian suites searched for `gcc-N`, in order; default: the machine's apt suite, then the
     /// older Debian releases, then the newer ones.
     HVD_DEBIAN_SUITES;
+    /// The keyring (`.gpg`) the `InRelease` of `HVD_DEBIAN_ARCHIVE` must be signed by when gpgv is on PATH;
+    /// default: /usr/share/keyrings/debian-archive-keyring.gpg.
+    HVD_DEBIAN_KEYRING;
     /// The index to lock against, before pip's configuration files (pip's own variable).
     PIP_INDEX_URL;
     /// A pip configuration file read after the global, user and site ones (`os.devnull`: none).

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use hvd_lang::model::Toolchain;
 use hvd_resolver::debian::{Archives, pin_gcc};
-use hvd_resolver::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_SUITES};
+use hvd_resolver::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_KEYRING, HVD_DEBIAN_SUITES};
 use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
 use hvd_resolver::{LockOptions, Lockfile, ResolveError, Sha256, lock};
 
@@ -64,14 +64,82 @@ fn serve_with(root: PathBuf, status: Option<&'static str>) -> String {
     base
 }
 
+/// An OpenPGP key of the test's own (gpg in a temporary home) that signs Release files as an archive does, and the
+/// keyring holding it.
+struct Signer {
+    home: tempfile::TempDir,
+    keyring: PathBuf,
+}
+
+impl Signer {
+    fn new() -> Signer {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            home.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        let signer = Signer {
+            keyring: home.path().join("keyring.gpg"),
+            home,
+        };
+        signer.gpg(&[
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            "hvd fixture <fixture@hvd.invalid>",
+            "ed25519",
+            "sign",
+            "never",
+        ]);
+        let keyring = signer.keyring.display().to_string();
+        signer.gpg(&["--export", "-o", &keyring]);
+        signer
+    }
+
+    fn gpg(&self, args: &[&str]) -> Vec<u8> {
+        let out = std::process::Command::new("gpg")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--batch", "--quiet", "--yes"])
+            .args(args)
+            .output()
+            .expect("gpg (the tests sign their fixture archives with it)");
+        assert!(
+            out.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// `text` clearsigned: an `InRelease`.
+    fn clearsign(&self, text: &str) -> Vec<u8> {
+        let input = self.home.path().join("release");
+        std::fs::write(&input, text).unwrap();
+        self.gpg(&["--clearsign", "-o", "-", &input.display().to_string()])
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        // The key's agent: ended with its home.
+        let _ = std::process::Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--kill", "gpg-agent"])
+            .output();
+    }
+}
+
 /// `dists/fixture/` of an archive with gcc 97 (the packages' files are never fetched by a lock).
-fn publish(root: &Path) {
-    publish_with(root, "", "97.2.0-1", "Packages.gz");
+fn publish(root: &Path, signer: &Signer) {
+    publish_with(root, signer, "", "97.2.0-1", "Packages.gz");
 }
 
 /// [`publish`] with `origin` as the Release's first lines, gcc-97 at `gcc_version`, and the Release listing the
 /// index as `listed` (`Packages.xz`: a name hvd does not read).
-fn publish_with(root: &Path, origin: &str, gcc_version: &str, listed: &str) {
+fn publish_with(root: &Path, signer: &Signer, origin: &str, gcc_version: &str, listed: &str) {
     let stanza = |name: &str, version: &str, depends: &str| {
         format!(
             "Package: {name}\nVersion: {version}\nArchitecture: amd64\nDepends: {depends}\n\
@@ -93,12 +161,12 @@ fn publish_with(root: &Path, origin: &str, gcc_version: &str, listed: &str) {
     let gz = gz.finish().unwrap();
     std::fs::write(dists.join("main/binary-amd64/Packages.gz"), &gz).unwrap();
     std::fs::write(
-        dists.join("Release"),
-        format!(
+        dists.join("InRelease"),
+        signer.clearsign(&format!(
             "{origin}Suite: fixture\nSHA256:\n {} {} main/binary-amd64/{listed}\n",
             Sha256::of_bytes(&gz),
             gz.len(),
-        ),
+        )),
     )
     .unwrap();
 }
@@ -115,13 +183,15 @@ fn env(version: &str) -> hvd_lang::model::Env {
 #[test]
 fn a_gcc_the_host_lacks_is_locked_from_debian_and_kept_on_relock() {
     let archive = tempfile::tempdir().unwrap();
-    publish(archive.path());
+    let signer = Signer::new();
+    publish(archive.path(), &signer);
     let url = serve(archive.path().to_path_buf());
     // SAFETY: set before this test starts any thread that reads the environment; nextest runs each test in its own
     // process, and no other test of this binary reads these variables.
     unsafe {
         std::env::set_var(HVD_DEBIAN_ARCHIVE, &url);
         std::env::set_var(HVD_DEBIAN_SUITES, "nosuch,fixture");
+        std::env::set_var(HVD_DEBIAN_KEYRING, &signer.keyring);
     }
     let index =
         FixtureIndex::start(vec![Dist::wheel("lib", "1.0")], FixtureOptions::default()).unwrap();
@@ -217,20 +287,24 @@ fn a_failing_source_is_skipped_and_debian_origin_sources_come_first() {
     // In order: a source that answers 403, one that lists only Packages.xz, a third-party one with gcc 97, and a
     // Debian one with gcc 97. Pinning skips the first two and prefers the Debian one.
     let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let signer = Signer::new();
     publish_with(
         dirs[1].path(),
+        &signer,
         "Origin: Debian\n",
         "97.2.0-1",
         "Packages.xz",
     );
     publish_with(
         dirs[2].path(),
+        &signer,
         "Origin: Someone\n",
         "97.9.0-1",
         "Packages.gz",
     );
     publish_with(
         dirs[3].path(),
+        &signer,
         "Origin: Debian\n",
         "97.2.0-1",
         "Packages.gz",
@@ -241,10 +315,15 @@ fn a_failing_source_is_skipped_and_debian_origin_sources_come_first() {
         serve(dirs[2].path().to_path_buf()),
         serve(dirs[3].path().to_path_buf()),
     ];
-    let archives = Archives {
-        urls: urls.clone(),
+    let signed = |urls: &[String]| Archives {
+        urls: urls.to_vec(),
         suites: vec!["fixture".into()],
+        keyrings: urls
+            .iter()
+            .map(|u| (u.clone(), signer.keyring.clone()))
+            .collect(),
     };
+    let archives = signed(&urls);
     let cache = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -262,10 +341,7 @@ fn a_failing_source_is_skipped_and_debian_origin_sources_come_first() {
     let pin = runtime
         .block_on(pin_gcc(
             "97",
-            &Archives {
-                urls: urls[..3].to_vec(),
-                suites: vec!["fixture".into()],
-            },
+            &signed(&urls[..3]),
             Some((2, 36)),
             cache.path(),
             false,
@@ -276,10 +352,7 @@ fn a_failing_source_is_skipped_and_debian_origin_sources_come_first() {
     let err = runtime
         .block_on(pin_gcc(
             "97",
-            &Archives {
-                urls: urls[..2].to_vec(),
-                suites: vec!["fixture".into()],
-            },
+            &signed(&urls[..2]),
             Some((2, 36)),
             cache.path(),
             false,
@@ -287,4 +360,86 @@ fn a_failing_source_is_skipped_and_debian_origin_sources_come_first() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("403"), "{err}");
+}
+
+#[test]
+fn release_files_must_be_signed_by_the_keyring_and_current() {
+    // Each archive but the first is refused; the error names why.
+    let signer = Signer::new();
+    let stranger = Signer::new();
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let try_pin = |root: &Path| {
+        let url = serve(root.to_path_buf());
+        let archives = Archives {
+            urls: vec![url.clone()],
+            suites: vec!["fixture".into()],
+            keyrings: [(url, signer.keyring.clone())].into(),
+        };
+        runtime
+            .block_on(pin_gcc("97", &archives, Some((2, 36)), cache.path(), false))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let case = |name: &str| {
+        let root = dir.path().join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        root
+    };
+    let good = case("good");
+    publish(&good, &signer);
+    try_pin(&good).unwrap();
+
+    // Signed by a key not in the source's keyring.
+    let other = case("other");
+    publish(&other, &stranger);
+    let err = try_pin(&other).unwrap_err();
+    assert!(err.contains("no valid signature from the keyring"), "{err}");
+
+    // Changed after signing.
+    let changed = case("changed");
+    publish(&changed, &signer);
+    let in_release = changed.join("dists/fixture/InRelease");
+    let text = std::fs::read_to_string(&in_release).unwrap();
+    std::fs::write(
+        &in_release,
+        text.replacen("Suite: fixture", "Suite: fixturf", 1),
+    )
+    .unwrap();
+    let err = try_pin(&changed).unwrap_err();
+    assert!(err.contains("no valid signature"), "{err}");
+
+    // Not signed: a Release without Release.gpg.
+    let unsigned = case("unsigned");
+    publish(&unsigned, &signer);
+    let dists = unsigned.join("dists/fixture");
+    let signed = std::fs::read_to_string(dists.join("InRelease")).unwrap();
+    let body = signed
+        .split_once("\n\n")
+        .unwrap()
+        .1
+        .split("-----BEGIN PGP SIGNATURE-----")
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::remove_file(dists.join("InRelease")).unwrap();
+    std::fs::write(dists.join("Release"), body).unwrap();
+    let err = try_pin(&unsigned).unwrap_err();
+    assert!(err.contains("it is not signed"), "{err}");
+
+    // Signed, but expired: an old Release replayed.
+    let expired = case("expired");
+    publish_with(
+        &expired,
+        &signer,
+        "Valid-Until: Sat, 14 Aug 2021 07:50:33 UTC\n",
+        "97.2.0-1",
+        "Packages.gz",
+    );
+    let err = try_pin(&expired).unwrap_err();
+    assert!(err.contains("past its Valid-Until"), "{err}");
 }
