@@ -678,6 +678,29 @@ fn the_size_and_entry_limits_hold_for_all_packages_together() {
         limits,
     )
     .unwrap();
+    // An xz member whose block is larger than what is left is refused from its chunk headers, before lzma-rs
+    // (which holds a block in memory) decodes it.
+    let xz_path = dir.path().join("xz.deb");
+    std::fs::write(
+        &xz_path,
+        make_deb(&[Entry::File("./usr/share/big", &body, 0o644)], "xz"),
+    )
+    .unwrap();
+    let err = unpack_debs_with(
+        &[Deb {
+            name: "big".into(),
+            path: xz_path,
+        }],
+        tempfile::tempdir().unwrap().path(),
+        &dir.path().join("xz"),
+        Limits {
+            max_unpacked_bytes: 10_000,
+            ..Limits::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("an xz block decompresses to"), "{err}");
     let err = run(Limits {
         max_entries: 2,
         ..Limits::default()

@@ -3,7 +3,8 @@
 //!
 //! A package is hostile input (its sha256 only says it is the one the lock names), so:
 //! - the `ar` headers are parsed strictly (magic, sizes within the file, at most a few members);
-//! - the data member is decompressed (xz, zstd, gzip or none) into a scratch file under a size cap, and the size
+//! - the data member is decompressed (xz, zstd, gzip or none) into a scratch file under a size cap (an xz block's
+//!   size is read from its chunk headers before decoding: lzma-rs holds a block in memory), and the size
 //!   and entry limits hold for all packages together (what reaches the scratch directory is bounded, not each one);
 //! - every entry's name is normalized like the extractor does (`..`, absolute names refused);
 //! - an absolute link target (Debian policy makes links across top-level directories absolute, e.g.
@@ -205,7 +206,22 @@ fn decompress_data(deb: &Path, out: &Path, budget: &Budget) -> Result<u64> {
     let member =
         |err: &dyn std::fmt::Display| archive_error(deb, format!("member `{name}`: {err}"));
     match name.as_str() {
-        "data.tar.xz" => lzma_rs::xz_decompress(&mut input, &mut output).map_err(|e| member(&e))?,
+        "data.tar.xz" => {
+            // lzma-rs keeps each xz block's whole output in memory (it has no memory limit for xz): the block sizes
+            // are read from the LZMA2 chunk headers first, and a block larger than the bound is refused undecoded.
+            let mut scan = fs_err::File::open(deb)?;
+            scan.seek(SeekFrom::Start(start))?;
+            let bound = cap.min(XZ_MAX_BLOCK);
+            let largest = xz_largest_block(&mut BufReader::new(scan.take(size)), bound)
+                .map_err(|e| member(&e))?;
+            if largest > bound {
+                return Err(member(&format!(
+                    "an xz block decompresses to {largest} bytes, more than {bound} (the decoder holds a block \
+                     in memory)"
+                )));
+            }
+            lzma_rs::xz_decompress(&mut input, &mut output).map_err(|e| member(&e))?
+        }
         "data.tar.zst" => {
             let mut decoder =
                 zstd::stream::read::Decoder::with_buffer(input).map_err(|e| member(&e))?;
@@ -229,6 +245,87 @@ fn decompress_data(deb: &Path, out: &Path, budget: &Budget) -> Result<u64> {
     }
     output.flush().map_err(|e| member(&e))?;
     Ok(output.written)
+}
+
+/// The most bytes one xz block may decompress to: lzma-rs holds a block's output in memory, and Debian's packages
+/// (one block each, `dpkg-deb` runs xz single-threaded) stay far below it (the largest of a gcc's are about 100 MB).
+const XZ_MAX_BLOCK: u64 = 1 << 30;
+
+/// The decompressed size of the largest block of an xz stream, from its LZMA2 chunk headers (no decoding); stops
+/// counting past `bound`. Reads the stream header, then each block: its header, its chunks (control byte, sizes,
+/// skipped data), its padding and check; stops at the index.
+fn xz_largest_block(input: &mut impl Read, bound: u64) -> std::io::Result<u64> {
+    let bad = |what: &str| std::io::Error::other(format!("not an xz stream hvd reads: {what}"));
+    let byte = |input: &mut dyn Read| -> std::io::Result<u8> {
+        let mut b = [0u8; 1];
+        input.read_exact(&mut b)?;
+        Ok(b[0])
+    };
+    let u16_be = |input: &mut dyn Read| -> std::io::Result<u64> {
+        let mut b = [0u8; 2];
+        input.read_exact(&mut b)?;
+        Ok(u16::from_be_bytes(b) as u64)
+    };
+    let skip = |input: &mut dyn Read, n: u64| -> std::io::Result<()> {
+        let skipped = std::io::copy(&mut input.take(n), &mut std::io::sink())?;
+        if skipped != n {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the xz stream ends inside a block",
+            ));
+        }
+        Ok(())
+    };
+    let mut header = [0u8; 12];
+    input.read_exact(&mut header)?;
+    if &header[..6] != b"\xFD7zXZ\x00" {
+        return Err(bad("no xz magic"));
+    }
+    let check = match header[7] & 0x0F {
+        0 => 0,
+        1 => 4,
+        4 => 8,
+        10 => 32,
+        _ => return Err(bad("an unknown check type")),
+    };
+    let mut largest = 0u64;
+    loop {
+        let header_size = byte(input)?;
+        if header_size == 0 {
+            return Ok(largest);
+        }
+        let header_len = (header_size as u64 + 1) * 4;
+        skip(input, header_len - 1)?;
+        let mut compressed = header_len;
+        let mut unpacked = 0u64;
+        loop {
+            let control = byte(input)?;
+            compressed += 1;
+            match control {
+                0 => break,
+                1 | 2 => {
+                    let size = u16_be(input)? + 1;
+                    skip(input, size)?;
+                    unpacked += size;
+                    compressed += 2 + size;
+                }
+                0x80..=0xFF => {
+                    let size = (((control & 0x1F) as u64) << 16 | u16_be(input)?) + 1;
+                    let packed = u16_be(input)? + 1;
+                    let props = u64::from((control >> 5) & 3 >= 2);
+                    skip(input, props + packed)?;
+                    unpacked += size;
+                    compressed += 4 + props + packed;
+                }
+                _ => return Err(bad("an LZMA2 chunk with an invalid control byte")),
+            }
+            if unpacked > bound {
+                return Ok(unpacked);
+            }
+        }
+        largest = largest.max(unpacked);
+        skip(input, (4 - compressed % 4) % 4 + check)?;
+    }
 }
 
 /// The relative form of an absolute link target, as seen from the link `name` (both inside one tree).
@@ -388,6 +485,46 @@ fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `head -c 3000000 /dev/zero | xz -6`: two LZMA2 chunks of compressed data (xz 5 made it).
+    const ZEROS_XZ: &str = concat!(
+        "fd377a585a000004e6d6b4460200210116000000742fe5a3ffff11016c5d00006ffdffffa3b7ff473e481572396151b89228",
+        "e6a38607f9eee41e82d32fc53a3c014bb17ec98a8a4d2fa30dd97fa6e38c231153e05918c5758ae277f8b6947f0c6ac0de74",
+        "4964e2e95c53b204d8f7440cab5f0d6d46e9e5c37688b79657acb64de1691d6ffb4b88106c42cb883f5c008fd04eaf262894",
+        "711f3d8f24e1709ea7235fec28cb85d195988a7e2a91f22775f719c006984d98fdd8afd5900fc42553f8f591363105a5b0ee",
+        "6fc1704d470cd19111aaad601dbaceb127185c5986e9665258bee976ac59e4e55b0508f9c7daadfcfb522b74cd1e5b2042f9",
+        "dd533df82964093b80cb2a6cdfb53bf0c4bd2e5faa0f3e4b664290130eff1093f8717859f80bcdff9528460fa9fc7cdefb9a",
+        "302e56c08f85f38381c065c42553f8f591363105a5b0ee6fc1704d470cd19111aaad601dbaceb127185c5986e9665258bee9",
+        "76ac59e4e55b0508f9c7daadfcfb522b74cd1e5b2042f9dd533df82964093b80cb2a6cdfb53bf0c4bc4827e6588dc7ad0084",
+        "00ec7353a7fdbeae7c311a9fb78d316e709ea7235fec28cb85d195988a7e2a91f22775f719c006984d98fdd8afd5900fc425",
+        "53f8f591363105a5b0ee6fc1704d470cd19111aaad601dbaceb127185c5986e9665258bee976ac59e4e55b0508f9c7daadfc",
+        "fb522b74cd1e5b2042f9dd533df82964093b80cb2a6cdfb53bf0c4bd14792d5d000000009f0399b9c886fd2200019204c08d",
+        "b70169ab5825b1c467fb020000000004595a",
+    );
+
+    #[test]
+    fn xz_block_sizes_come_from_the_chunk_headers() {
+        let bytes: Vec<u8> = (0..ZEROS_XZ.len() / 2)
+            .map(|i| u8::from_str_radix(&ZEROS_XZ[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(
+            xz_largest_block(&mut bytes.as_slice(), u64::MAX).unwrap(),
+            3_000_000
+        );
+        // Counting stops past the bound.
+        assert!(xz_largest_block(&mut bytes.as_slice(), 1 << 20).unwrap() > 1 << 20);
+        // lzma-rs's own encoder (uncompressed chunks).
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut xz = Vec::new();
+        lzma_rs::xz_compress(&mut data.as_slice(), &mut xz).unwrap();
+        assert_eq!(
+            xz_largest_block(&mut xz.as_slice(), u64::MAX).unwrap(),
+            100_000
+        );
+        // Cut short, or not xz: an error, not a panic.
+        assert!(xz_largest_block(&mut &bytes[..100], u64::MAX).is_err());
+        assert!(xz_largest_block(&mut &b"PK\x03\x04 not xz at all"[..], u64::MAX).is_err());
+    }
 
     #[test]
     fn absolute_targets_become_relative_inside() {
