@@ -56,8 +56,8 @@ pub fn pull_argv(
         if has_credentials(url) {
             return Err(LaunchError::Engine(format!(
                 "the cache `{}` carries credentials in its URL; hvd does not write them into batch scripts or \
-                 command lines: give the URL without them and the credentials through the environment (e.g. \
-                 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for S3)",
+                 command lines: give the URL without them and the credentials through the environment (for S3 \
+                 the AWS variables, which sbatch exports)",
                 redact(url)
             )));
         }
