@@ -17,15 +17,11 @@ The SIGTERM comes at the start of a step, so the time includes the rest of that 
 commit). Times are wall-clock (`time.time()`), comparable across the processes of one machine.
 """
 
-import argparse
-import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _elastic_common import parse_args, run_elastic_step
 
 WORKER = r"""
 import os, signal, time
@@ -61,40 +57,18 @@ hvd.shutdown()
 
 
 def run_once(hvd, python, size):
-    with tempfile.TemporaryDirectory() as d:
-        with open(os.path.join(d, "w.py"), "w") as f:
-            f.write(WORKER)
-        lib = os.environ.get("HVD_LIBRARY") or os.path.join(os.path.dirname(os.path.abspath(hvd)), "libhvd_runtime.so")
-        with open(os.path.join(d, "train.hvd"), "w") as f:
-            f.write(
-                'project "bench"\nenv {\n  python = "3.11"\n  packages = []\n}\n'
-                'step train {\n  run = "%s w.py"\n  workers = { min = 2, max = %d }\n'
-                '  env = { PYTHONPATH = "%s", HVD_LIBRARY = "%s" }\n}\n'
-                % (python, size, os.path.join(ROOT, "collective", "python"), lib)
-            )
-        try:
-            out = subprocess.run(
-                [hvd, "run", os.path.join(d, "train.hvd"), "--no-build", "--grace", "2"],
-                capture_output=True, text=True, env=dict(os.environ, NO_COLOR="1"), timeout=120,
-            )
-        except subprocess.TimeoutExpired as e:
-            sys.exit("hvd run did not end within 120 s:\n%s\n%s" % (e.stdout, e.stderr))
-        if out.returncode != 0 or "preempted" not in out.stderr:
-            sys.exit("hvd run failed (%d) or reported no preemption:\n%s\n%s" % (out.returncode, out.stdout, out.stderr))
-        term = [float(m) for m in re.findall(r"TERM ([0-9.]+)", out.stdout)]
-        done = [tuple(float(v) for v in m) for m in re.findall(r"HANDOVER \d+ ([0-9.]+) ([0-9.]+) (\d+)", out.stdout)]
-        if len(term) != 1 or len(done) != size - 1 or any(int(r[2]) != size - 1 for r in done):
-            sys.exit("unexpected output:\n%s\n%s" % (out.stdout, out.stderr))
-        return max(r[0] for r in done) - term[0], max(r[1] for r in done) - term[0]
+    out = run_elastic_step(hvd, python, size, WORKER)
+    if out.returncode != 0 or "preempted" not in out.stderr:
+        sys.exit("hvd run failed (%d) or reported no preemption:\n%s\n%s" % (out.returncode, out.stdout, out.stderr))
+    term = [float(m) for m in re.findall(r"TERM ([0-9.]+)", out.stdout)]
+    done = [tuple(float(v) for v in m) for m in re.findall(r"HANDOVER \d+ ([0-9.]+) ([0-9.]+) (\d+)", out.stdout)]
+    if len(term) != 1 or len(done) != size - 1 or any(int(r[2]) != size - 1 for r in done):
+        sys.exit("unexpected output:\n%s\n%s" % (out.stdout, out.stderr))
+    return max(r[0] for r in done) - term[0], max(r[1] for r in done) - term[0]
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hvd", default=os.path.join(ROOT, "target", "debug", "hvd"))
-    p.add_argument("--python", default=sys.executable)
-    p.add_argument("--sizes", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--repeat", type=int, default=3)
-    a = p.parse_args()
+    a = parse_args(__doc__)
     print("%-6s %-20s %-22s %s" % ("ranks", "joined (ms) median", "handover (ms) median", "all handovers (ms)"))
     for size in a.sizes:
         runs = [run_once(a.hvd, a.python, size) for _ in range(a.repeat)]
