@@ -1196,6 +1196,42 @@ fn elastic_join(
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// Worker `slot` (join identity `w{slot}`, with the token) asks for the round after `after`, waiting up to 20 s.
+fn join_after(addr: SocketAddr, slot: u32, after: u32) -> (u16, String) {
+    elastic_join(
+        addr,
+        &slot.to_string(),
+        &format!("w{slot}"),
+        &format!("after={after}&wait_ms=20000"),
+        true,
+    )
+}
+
+/// [`join_after`] for each of `slots` at once, each from a thread of its own.
+fn spawn_joins(
+    addr: SocketAddr,
+    slots: &[u32],
+    after: u32,
+) -> Vec<std::thread::JoinHandle<(u16, String)>> {
+    slots
+        .iter()
+        .map(|&slot| std::thread::spawn(move || join_after(addr, slot, after)))
+        .collect()
+}
+
+/// The answers of [`spawn_joins`], in the order of `slots`.
+fn join_round(addr: SocketAddr, slots: &[u32], after: u32) -> Vec<(u16, String)> {
+    spawn_joins(addr, slots, after)
+        .into_iter()
+        .map(|j| j.join().unwrap())
+        .collect()
+}
+
+/// The answers (200) that hand out `seats`, in order.
+fn seated(seats: &[&str]) -> Vec<(u16, String)> {
+    seats.iter().map(|s| (200, format!("{s}\n"))).collect()
+}
+
 #[test]
 fn elastic_rounds_form_over_http_and_survivors_get_new_ranks() {
     let server = server();
@@ -1205,33 +1241,17 @@ fn elastic_rounds_form_over_http_and_survivors_get_new_ranks() {
     server.set_gloo_layout(&[("h".to_owned(), 3)]);
     server.set_elastic(3, Duration::from_secs(30));
     // The first round waits for all three.
-    let waiters: Vec<_> = (0..3)
-        .map(|slot| {
-            std::thread::spawn(move || {
-                elastic_join(
-                    addr,
-                    &slot.to_string(),
-                    &format!("w{slot}"),
-                    "after=0&wait_ms=20000",
-                    true,
-                )
-            })
-        })
-        .collect();
-    let answers: Vec<_> = waiters.into_iter().map(|t| t.join().unwrap()).collect();
-    for (slot, answer) in answers.iter().enumerate() {
-        assert_eq!(answer, &(200, format!("v1 1 {slot} 3\n")));
-    }
+    assert_eq!(
+        join_round(addr, &[0, 1, 2], 0),
+        seated(&["v1 1 0 3", "v1 1 1 3", "v1 1 2 3"])
+    );
     assert_eq!(server.elastic_round(), (1, 3));
     // Slot 0 is lost; 1 and 2 form round 2 as its ranks 0 and 1.
     assert_eq!(server.worker_gone(0), 2);
-    let late =
-        std::thread::spawn(move || elastic_join(addr, "2", "w2", "after=1&wait_ms=20000", true));
     assert_eq!(
-        elastic_join(addr, "1", "w1", "after=1&wait_ms=20000", true),
-        (200, "v1 2 0 2\n".to_owned())
+        join_round(addr, &[1, 2], 1),
+        seated(&["v1 2 0 2", "v1 2 1 2"])
     );
-    assert_eq!(late.join().unwrap(), (200, "v1 2 1 2\n".to_owned()));
     // The lost worker, should it ask, is told it is out.
     let (status, body) = elastic_join(addr, "0", "w0", "after=1", true);
     assert_eq!(status, 410, "{body}");
@@ -1268,13 +1288,10 @@ fn hostile_elastic_joins_are_refused_and_take_no_seat() {
     );
     assert_eq!(elastic_join(addr, "0", "impostor", "after=0", true).0, 409);
     // The round still forms for the real workers.
-    let w1 =
-        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=0&wait_ms=20000", true));
     assert_eq!(
-        elastic_join(addr, "0", "w0", "after=0&wait_ms=20000", true),
-        (200, "v1 1 0 2\n".to_owned())
+        join_round(addr, &[0, 1], 0),
+        seated(&["v1 1 0 2", "v1 1 1 2"])
     );
-    assert_eq!(w1.join().unwrap(), (200, "v1 1 1 2\n".to_owned()));
 }
 
 /// A hostile elastic join to a step that is not elastic is refused before it binds the slot: the real worker of
@@ -1336,49 +1353,17 @@ fn a_preempted_worker_leaves_over_http_and_the_survivors_re_form_without_it() {
     let addr = server.addr();
     server.set_gloo_layout(&[("h".to_owned(), 3)]);
     server.set_elastic(3, Duration::from_secs(30));
-    let first: Vec<_> = (0..3)
-        .map(|slot| {
-            std::thread::spawn(move || {
-                elastic_join(
-                    addr,
-                    &slot.to_string(),
-                    &format!("w{slot}"),
-                    "after=0&wait_ms=20000",
-                    true,
-                )
-            })
-        })
-        .collect();
-    for j in first {
-        assert_eq!(j.join().unwrap().0, 200);
+    for (status, body) in join_round(addr, &[0, 1, 2], 0) {
+        assert_eq!(status, 200, "{body}");
     }
     assert_eq!(elastic_round(addr), (200, "v1 1 3 0 0\n".to_owned()));
-    let survivors: Vec<_> = [0, 2]
-        .into_iter()
-        .map(|slot| {
-            std::thread::spawn(move || {
-                elastic_join(
-                    addr,
-                    &slot.to_string(),
-                    &format!("w{slot}"),
-                    "after=1&wait_ms=20000",
-                    true,
-                )
-            })
-        })
-        .collect();
+    let survivors = spawn_joins(addr, &[0, 2], 1);
     assert_eq!(
         elastic_leave(addr, "1", "w1", true),
         (200, "v1 2\n".to_owned())
     );
     let seats: Vec<_> = survivors.into_iter().map(|j| j.join().unwrap()).collect();
-    assert_eq!(
-        seats,
-        vec![
-            (200, "v1 2 0 2\n".to_owned()),
-            (200, "v1 2 1 2\n".to_owned())
-        ]
-    );
+    assert_eq!(seats, seated(&["v1 2 0 2", "v1 2 1 2"]));
     assert_eq!(
         server.elastic_left().into_iter().collect::<Vec<_>>(),
         vec![(1, 2)]
@@ -1398,13 +1383,9 @@ fn hostile_elastic_leaves_are_refused_and_remove_nobody() {
     // Not elastic: 409.
     assert_eq!(elastic_leave(addr, "0", "w0", true).0, 409);
     server.set_elastic(2, Duration::from_secs(30));
-    let w1 =
-        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=0&wait_ms=20000", true));
-    assert_eq!(
-        elastic_join(addr, "0", "w0", "after=0&wait_ms=20000", true).0,
-        200
-    );
-    assert_eq!(w1.join().unwrap().0, 200);
+    for (status, body) in join_round(addr, &[0, 1], 0) {
+        assert_eq!(status, 200, "{body}");
+    }
     // Without the token, even with the right identity.
     assert_eq!(elastic_leave(addr, "1", "w1", false).0, 403);
     // Worker 0 asks to take worker 1 out (its own identity, another slot), or someone without an identity.
@@ -1429,13 +1410,10 @@ fn hostile_elastic_leaves_are_refused_and_remove_nobody() {
     assert_eq!(status, 403);
     // Nobody left: both workers still form the next round.
     assert!(server.elastic_left().is_empty());
-    let w1 =
-        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=1&wait_ms=20000", true));
     assert_eq!(
-        elastic_join(addr, "0", "w0", "after=1&wait_ms=20000", true),
-        (200, "v1 2 0 2\n".to_owned())
+        join_round(addr, &[0, 1], 1),
+        seated(&["v1 2 0 2", "v1 2 1 2"])
     );
-    assert_eq!(w1.join().unwrap(), (200, "v1 2 1 2\n".to_owned()));
 }
 
 /// A worker the launcher adds (host discovery) waits for the members' next re-form, which `GET /elastic/v1/round`
@@ -1448,16 +1426,11 @@ fn an_added_worker_joins_the_round_after_the_members_re_form() {
     server.set_elastic(2, Duration::from_millis(200));
     // Slot 2 is no worker yet.
     assert_eq!(elastic_join(addr, "2", "w2", "after=0", true).0, 400);
-    let w1 =
-        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=0&wait_ms=20000", true));
-    assert_eq!(
-        elastic_join(addr, "0", "w0", "after=0&wait_ms=20000", true).0,
-        200
-    );
-    assert_eq!(w1.join().unwrap().0, 200);
+    for (status, body) in join_round(addr, &[0, 1], 0) {
+        assert_eq!(status, 200, "{body}");
+    }
     assert_eq!(server.add_elastic_worker(), Some(2));
-    let w2 =
-        std::thread::spawn(move || elastic_join(addr, "2", "w2", "after=0&wait_ms=20000", true));
+    let w2 = std::thread::spawn(move || join_after(addr, 2, 0));
     // Wait until the new worker's request is in (the members learn of it from the round status).
     let mut waiting = String::new();
     for _ in 0..500 {
@@ -1471,13 +1444,10 @@ fn an_added_worker_joins_the_round_after_the_members_re_form() {
     // Far past the round window: the members training are not left out.
     std::thread::sleep(Duration::from_millis(400));
     assert!(server.elastic_dropped().is_empty());
-    let w1 =
-        std::thread::spawn(move || elastic_join(addr, "1", "w1", "after=1&wait_ms=20000", true));
     assert_eq!(
-        elastic_join(addr, "0", "w0", "after=1&wait_ms=20000", true),
-        (200, "v1 2 0 3\n".to_owned())
+        join_round(addr, &[0, 1], 1),
+        seated(&["v1 2 0 3", "v1 2 1 3"])
     );
-    assert_eq!(w1.join().unwrap(), (200, "v1 2 1 3\n".to_owned()));
     assert_eq!(w2.join().unwrap(), (200, "v1 2 2 3\n".to_owned()));
     // The launcher stops the step: the round status says so before any SIGTERM is sent.
     assert_eq!(elastic_round(addr).1, "v1 2 3 0 0\n");
