@@ -148,13 +148,37 @@ fn project_with_signal(
     dir
 }
 
-fn run(dir: &Path, args: &[&str]) -> Output {
-    common::hvd_run_command(dir)
-        .args(["--no-build", "--grace", "2"])
+/// `hvd run --no-build --grace 2 <args>` in `dir` with the variables `env` set: its output, stdout and stderr.
+fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (Output, String, String) {
+    run_graced(dir, 2, args, env)
+}
+
+/// [`run`] with `--grace <grace>`.
+fn run_graced(
+    dir: &Path,
+    grace: u32,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, String, String) {
+    let out = common::hvd_run_command(dir)
+        .args(["--no-build", "--grace", &grace.to_string()])
         .args(args)
         .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
         .output()
-        .unwrap()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    (out, stdout, stderr)
+}
+
+/// Asserts that each `(slot, rank)` of `members` printed that it re-formed as that rank of a job of `size`.
+fn assert_re_formed(stdout: &str, stderr: &str, members: &[(u32, u32)], size: usize) {
+    for (slot, rank) in members {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {rank} of {size}")),
+            "slot {slot}:\n{stdout}\n{stderr}"
+        );
+    }
 }
 
 /// Asserts that each `(slot, rank)` of `survivors` printed that it finished as that rank of a job of
@@ -176,13 +200,7 @@ fn survivors_of_a_killed_rank_re_form_and_finish_every_committed_step_once() {
     let steps = 24;
     let dir = project("{ min = 2, max = 4 }", steps, "2:9", &marker);
     // Every worker also raises `HostsUpdatedInterrupt` at step 5: a re-form of all four, before the loss.
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2"])
-        .env("NO_COLOR", "1")
-        .env("ELASTIC_INTERRUPT", "5")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(dir.path(), &[], &[("ELASTIC_INTERRUPT", "5")]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // `sh -c` reports its python's death as exit code 137.
     assert!(
@@ -193,19 +211,9 @@ fn survivors_of_a_killed_rank_re_form_and_finish_every_committed_step_once() {
     // The survivors, slots 0, 1 and 3, are ranks 0, 1 and 2 of a job of 3, and finish it with the same state:
     // every step counted once, the weights the sum of every step's gradient.
     let w0 = f64::from(steps * (steps + 1) / 2);
-    for slot in 0..4 {
-        assert!(
-            stdout.contains(&format!("slot {slot} re-formed as rank {slot} of 4")),
-            "slot {slot}:\n{stdout}\n{stderr}"
-        );
-    }
+    assert_re_formed(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2), (3, 3)], 4);
     let survivors = [(0, 0), (1, 1), (3, 2)];
-    for (slot, rank) in survivors {
-        assert!(
-            stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
-            "slot {slot}:\n{stdout}\n{stderr}"
-        );
-    }
+    assert_re_formed(&stdout, &stderr, &survivors, 3);
     let agreed = format!(" w0 {w0:?} agree True");
     assert_finished(&stdout, &stderr, &survivors, steps, &agreed);
     assert!(!stdout.contains("slot 2 finished"), "{stdout}");
@@ -217,8 +225,7 @@ fn an_elastic_step_below_its_minimum_fails_naming_the_reason() {
     let marker = marker();
     // `--min-workers` makes the step elastic from the command line; two of four workers die, one more than allowed.
     let dir = project("4", 40, "2:3,3:3", &marker);
-    let out = run(dir.path(), &["--min-workers", "3"]);
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(dir.path(), &["--min-workers", "3"], &[]);
     assert_eq!(out.status.code(), Some(137), "{stdout}\n{stderr}");
     // The summary, its lines joined (the renderer wraps them).
     let flat = common::flat_stderr(&out);
@@ -239,13 +246,12 @@ fn an_elastic_step_below_its_minimum_fails_naming_the_reason() {
 fn a_stopped_elastic_step_ends_its_workers_at_once_and_their_finally_blocks_run() {
     let marker = marker();
     let dir = project("3", 400, "2:3", &marker);
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "5", "--min-workers", "3"])
-        .env("NO_COLOR", "1")
-        .env("ELASTIC_FINALLY", dir.path())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run_graced(
+        dir.path(),
+        5,
+        &["--min-workers", "3"],
+        &[("ELASTIC_FINALLY", dir.path().to_str().unwrap())],
+    );
     assert_eq!(out.status.code(), Some(137), "{stdout}\n{stderr}");
     for slot in [0, 1] {
         assert!(
@@ -268,8 +274,7 @@ fn a_stopped_elastic_step_ends_its_workers_at_once_and_their_finally_blocks_run(
 fn an_elastic_range_above_the_workers_started_is_refused() {
     let marker = marker();
     let dir = project("{ min = 2, max = 4 }", 1, "", &marker);
-    let out = run(dir.path(), &["--max-workers", "1"]);
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(dir.path(), &["--max-workers", "1"], &[]);
     assert!(!out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("minimum of 2 workers but starts only 1"),
@@ -285,8 +290,7 @@ fn a_preempted_worker_commits_hands_over_and_leaves() {
     let marker = marker();
     let steps = 12;
     let dir = project_with_signal("{ min = 2, max = 4 }", steps, "2:5", 15, &marker);
-    let out = run(dir.path(), &[]);
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(dir.path(), &[], &[]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // It began step 5 when SIGTERM came, finished it, and left at that step's commit.
     assert!(
@@ -309,12 +313,7 @@ fn a_preempted_worker_commits_hands_over_and_leaves() {
     assert!(!stderr.contains("PeerLostError"), "{stderr}");
     let w0 = f64::from(steps * (steps + 1) / 2);
     let survivors = [(0, 0), (1, 1), (3, 2)];
-    for (slot, rank) in survivors {
-        assert!(
-            stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
-            "slot {slot}:\n{stdout}\n{stderr}"
-        );
-    }
+    assert_re_formed(&stdout, &stderr, &survivors, 3);
     assert_finished(
         &stdout,
         &stderr,
@@ -334,13 +333,11 @@ fn a_preempted_worker_with_a_slow_shutdown_leaves_before_the_round_forms() {
     let marker = marker();
     let steps = 8;
     let dir = project_with_signal("{ min = 2, max = 3 }", steps, "2:3", 15, &marker);
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2", "--elastic-timeout", "1"])
-        .env("NO_COLOR", "1")
-        .env("ELASTIC_SLOW_SHUTDOWN", "2:3")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--elastic-timeout", "1"],
+        &[("ELASTIC_SLOW_SHUTDOWN", "2:3")],
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(
@@ -402,13 +399,7 @@ fn a_sigterm_after_the_last_commit_lets_the_worker_finish_normally() {
     let marker = marker();
     let steps = 3;
     let dir = project("{ min = 1, max = 2 }", steps, "", &marker);
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2"])
-        .env("NO_COLOR", "1")
-        .env("ELASTIC_TERM_AT_END", "1")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(dir.path(), &[], &[("ELASTIC_TERM_AT_END", "1")]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr
@@ -427,14 +418,11 @@ fn a_sigtermed_worker_without_a_commit_within_the_grace_is_a_loss() {
     let marker = marker();
     let steps = 10;
     let dir = project_with_signal("{ min = 2, max = 3 }", steps, "1:3", 15, &marker);
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2"])
-        .env("NO_COLOR", "1")
-        .env("HVD_PREEMPT_GRACE", "1")
-        .env("ELASTIC_HANG", "1:3")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[],
+        &[("HVD_PREEMPT_GRACE", "1"), ("ELASTIC_HANG", "1:3")],
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr
@@ -469,16 +457,15 @@ fn a_slot_found_by_discovery_mid_run_joins_at_a_commit() {
     let dir = project("{ min = 1, max = 4 }", steps, "", &marker);
     std::fs::write(dir.path().join("slots"), "localhost:2\n").unwrap();
     let script = discovery_script(dir.path(), "cat slots");
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2", "--host-discovery-script"])
-        .arg(&script)
-        .env("NO_COLOR", "1")
-        // Slot 0 writes a third slot at step 3; training goes on until the round has 3 members.
-        .env("ELASTIC_GROW", "0:3:slots:localhost:3")
-        .env("ELASTIC_UNTIL", "size:3")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    // Slot 0 writes a third slot at step 3; training goes on until the round has 3 members.
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--host-discovery-script", script.to_str().unwrap()],
+        &[
+            ("ELASTIC_GROW", "0:3:slots:localhost:3"),
+            ("ELASTIC_UNTIL", "size:3"),
+        ],
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("step `train` on 2 worker(s)"), "{stderr}");
     assert!(
@@ -534,16 +521,15 @@ fn a_failing_discovery_script_is_named_and_the_step_keeps_its_workers() {
          case $n in\n  1) echo localhost:2 ;;\n  2) echo 'this is no host line' ;;\n  3) echo 'no hosts today' >&2; \
          exit 1 ;;\n  4) sleep 600 ;;\n  *) echo localhost:2 ;;\nesac",
     );
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2", "--host-discovery-script"])
-        .arg(&script)
-        .env("NO_COLOR", "1")
-        .env("HVD_DISCOVERY_TIMEOUT", "1")
-        // Train until the script has started a 5th time: runs 2-4 (the bad ones) have been reported by then.
-        .env("ELASTIC_UNTIL", "file:runs:5")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    // Train until the script has started a 5th time: runs 2-4 (the bad ones) have been reported by then.
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--host-discovery-script", script.to_str().unwrap()],
+        &[
+            ("HVD_DISCOVERY_TIMEOUT", "1"),
+            ("ELASTIC_UNTIL", "file:runs:5"),
+        ],
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let flat = common::flat_stderr(&out);
     let named = format!("host discovery script `{}`", script.display());
@@ -574,8 +560,7 @@ fn a_failing_discovery_script_is_named_and_the_step_keeps_its_workers() {
 fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
     let marker = marker();
     let dir = project("{ min = 2, max = 4 }", 1, "", &marker);
-    let out = run(dir.path(), &["--dry-run"]);
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stdout.contains("workers: 4 (local")
@@ -605,13 +590,11 @@ fn a_worker_that_does_not_rejoin_in_time_is_left_out_and_stopped() {
     let marker = marker();
     let steps = 16;
     let dir = project("{ min = 2, max = 4 }", steps, "2:6", &marker);
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2", "--elastic-timeout", "1"])
-        .env("NO_COLOR", "1")
-        .env("ELASTIC_STALL", "3")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--elastic-timeout", "1"],
+        &[("ELASTIC_STALL", "3")],
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("rank 3 of step `train` did not rejoin within 1 s; stopping it (elastic)"),
@@ -629,16 +612,16 @@ fn a_hung_worker_is_dropped_when_the_round_window_exceeds_the_collective_timeout
     let marker = marker();
     let steps = 8;
     let dir = project("{ min = 2, max = 3 }", steps, "", &marker);
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2", "--elastic-timeout", "6"])
-        .env("NO_COLOR", "1")
-        .env("HVD_COLLECTIVE_TIMEOUT", "1")
-        .env("HVD_STALL_CHECK_TIME", "1")
-        .env("HVD_STALL_SHUTDOWN_TIME", "1")
-        .env("ELASTIC_HANG", "2:4")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--elastic-timeout", "6"],
+        &[
+            ("HVD_COLLECTIVE_TIMEOUT", "1"),
+            ("HVD_STALL_CHECK_TIME", "1"),
+            ("HVD_STALL_SHUTDOWN_TIME", "1"),
+            ("ELASTIC_HANG", "2:4"),
+        ],
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("rank 2 of step `train` did not rejoin within 6 s; stopping it (elastic)"),
@@ -654,14 +637,11 @@ fn a_hung_worker_is_dropped_when_the_round_window_exceeds_the_collective_timeout
 fn re_forms_without_a_commit_stop_at_the_reset_limit() {
     let marker = marker();
     let dir = project("{ min = 1, max = 2 }", 4, "", &marker);
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--grace", "2"])
-        .env("NO_COLOR", "1")
-        .env("ELASTIC_RAISE", "2")
-        .env("HVD_ELASTIC_RESET_LIMIT", "2")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[],
+        &[("ELASTIC_RAISE", "2"), ("HVD_ELASTIC_RESET_LIMIT", "2")],
+    );
     assert!(!out.status.success(), "{stdout}\n{stderr}");
     let both = format!("{stdout}\n{stderr}");
     assert!(
@@ -679,18 +659,18 @@ fn host_discovery_needs_an_elastic_step_and_an_existing_script() {
     let marker = marker();
     let dir = project("2", 1, "", &marker);
     let script = discovery_script(dir.path(), "echo localhost:2");
-    let out = run(
+    let (out, stdout, stderr) = run(
         dir.path(),
         &["--host-discovery-script", script.to_str().unwrap()],
+        &[],
     );
-    let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "{stdout}\n{stderr}");
     let flat = common::flat_stderr(&out);
     assert!(
         flat.contains("needs an elastic step") && flat.contains("no step of this run is elastic"),
         "{stderr}"
     );
-    let out = run(
+    let (out, stdout, stderr) = run(
         dir.path(),
         &[
             "--min-workers",
@@ -698,8 +678,8 @@ fn host_discovery_needs_an_elastic_step_and_an_existing_script() {
             "--host-discovery-script",
             "no-such.sh",
         ],
+        &[],
     );
-    let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("`--host-discovery-script no-such.sh`: no such file"),
