@@ -1,13 +1,13 @@
 //! The [`Engine`] handle, called from user threads: submission, waiting and polling, shutdown, timeline switches.
 
 use std::sync::atomic::{AtomicI8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::error::{EngineError, Stop};
 use super::fusion::{self, Part, PreparedGroup};
-use super::handles::{Handle, Shared, Slot, Submitted, TimelineSwap, lock};
+use super::handles::{Handle, Handles, Shared, Slot, Submitted, TimelineSwap, lock};
 use super::request::{NONAME, Output, Request, validate};
 use super::worker::{Worker, open_timeline};
 use crate::config::EngineConfig;
@@ -275,18 +275,7 @@ impl Engine {
                     };
                     results.push(result);
                 }
-                Some(Slot::Pending) if Instant::now() < spin_until => {
-                    drop(h);
-                    std::thread::yield_now();
-                    h = lock(&self.shared.handles);
-                }
-                Some(Slot::Pending) => {
-                    h = self
-                        .shared
-                        .handles_cv
-                        .wait(h)
-                        .unwrap_or_else(|e| e.into_inner());
-                }
+                Some(Slot::Pending) => h = self.await_completion(h, spin_until),
             }
         }
         drop(h);
@@ -331,18 +320,7 @@ impl Engine {
                     done[index].store(if result.is_ok() { 1 } else { -1 }, Ordering::Relaxed);
                     break result.map(drop);
                 }
-                Some(Slot::Pending) if Instant::now() < spin_until => {
-                    drop(h);
-                    std::thread::yield_now();
-                    h = lock(&self.shared.handles);
-                }
-                Some(Slot::Pending) => {
-                    h = self
-                        .shared
-                        .handles_cv
-                        .wait(h)
-                        .unwrap_or_else(|e| e.into_inner());
-                }
+                Some(Slot::Pending) => h = self.await_completion(h, spin_until),
             }
         };
         // Only forward and only while they are done: waits in submission order then cost one pass over the batch
@@ -360,6 +338,26 @@ impl Engine {
         drop(h);
         self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
         result
+    }
+
+    /// Gives up the handle table until a completion may have come: yields the thread while `spin_until` lies
+    /// ahead (small operations finish within tens of microseconds), then sleeps on `handles_cv`. Returns the
+    /// table locked again.
+    fn await_completion<'a>(
+        &'a self,
+        h: MutexGuard<'a, Handles>,
+        spin_until: Instant,
+    ) -> MutexGuard<'a, Handles> {
+        if Instant::now() < spin_until {
+            drop(h);
+            std::thread::yield_now();
+            lock(&self.shared.handles)
+        } else {
+            self.shared
+                .handles_cv
+                .wait(h)
+                .unwrap_or_else(|e| e.into_inner())
+        }
     }
 
     /// Announces a blocked waiter: the engine then starts a cycle at once instead of after the cycle time.
