@@ -605,6 +605,29 @@ pub unsafe extern "C" fn hvd_enqueue(request: *const HvdRequest) -> i64 {
     })
 }
 
+/// Writes a batch's submission results to `handles`: result k belongs to request `slots[k]`, which gets its handle,
+/// or -1 with the error in `hvd_last_error`. Returns how many succeeded.
+fn record_handles(
+    handles: &mut [i64],
+    slots: Vec<usize>,
+    results: Vec<Result<u64, EngineError>>,
+) -> i32 {
+    let mut ok = 0;
+    for (i, result) in slots.into_iter().zip(results) {
+        handles[i] = match result {
+            Ok(h) => {
+                ok += 1;
+                h as i64
+            }
+            Err(err) => {
+                set_error(err.into());
+                -1
+            }
+        };
+    }
+    ok
+}
+
 /// Submits `n` operations with one call (one entry of `handles` each, -1 for those that failed). They reach the
 /// engine together (one lock round, one wake-up), so they run in the same cycle and fuse.
 /// Returns the number submitted successfully; `hvd_last_error` holds the last failure.
@@ -645,20 +668,7 @@ pub unsafe extern "C" fn hvd_enqueue_many(
                 }
             }
         }
-        let mut ok = 0;
-        for (i, result) in slots.into_iter().zip(e.enqueue_many(converted)) {
-            handles[i] = match result {
-                Ok(h) => {
-                    ok += 1;
-                    h as i64
-                }
-                Err(err) => {
-                    set_error(err.into());
-                    -1
-                }
-            };
-        }
-        Ok(ok)
+        Ok(record_handles(handles, slots, e.enqueue_many(converted)))
     })
 }
 
@@ -751,20 +761,7 @@ pub unsafe extern "C" fn hvd_enqueue_allreduces(
                 }
             }
         }
-        let mut ok = 0;
-        for (i, result) in slots.into_iter().zip(e.enqueue_each(converted)) {
-            handles[i] = match result {
-                Ok(h) => {
-                    ok += 1;
-                    h as i64
-                }
-                Err(err) => {
-                    set_error(err.into());
-                    -1
-                }
-            };
-        }
-        Ok(ok)
+        Ok(record_handles(handles, slots, e.enqueue_each(converted)))
     })
 }
 
