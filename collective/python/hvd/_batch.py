@@ -222,13 +222,19 @@ def _columns(entries):
     return args
 
 
-def synchronize(handle):
-    """``hvd.synchronize`` of a batched handle that is not done yet."""
+def _sent(handle):
+    """The batch of ``handle``, submitted first if it has not been yet."""
     batch = handle._batch
     if batch.ids is None:
         with _lock:
             if batch.ids is None:
                 _send(batch)
+    return batch
+
+
+def synchronize(handle):
+    """``hvd.synchronize`` of a batched handle that is not done yet."""
+    batch = _sent(handle)
     i = handle._index
     handle._done = True
     if batch.done[i] != 1:
@@ -243,11 +249,7 @@ def synchronize(handle):
 
 def poll(handle):
     """``hvd.poll`` of a batched handle that is not done yet."""
-    batch = handle._batch
-    if batch.ids is None:
-        with _lock:
-            if batch.ids is None:
-                _send(batch)
+    batch = _sent(handle)
     i = handle._index
     if batch.done[i] or batch.ids[i] < 0:
         return True
