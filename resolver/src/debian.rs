@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::digest::Sha256;
 use crate::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_KEYRING, HVD_DEBIAN_SUITES};
+use crate::index::error_chain;
 use crate::lockfile::{DebPin, DebianSource, ToolchainPin};
 
 /// Debian's releases, oldest first: the suites searched after the machine's own (its suite, then older ones, then
@@ -693,18 +694,6 @@ fn upstream(version: &str) -> &str {
     v.rsplit_once('-').map(|(u, _)| u).unwrap_or(v)
 }
 
-/// An error with its causes, joined by `: ` (reqwest keeps the useful part in the sources).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// Reads the archive over HTTP with a cache of `Packages` files by sha256.
 struct Reader {
     http: reqwest::Client,
@@ -716,19 +705,12 @@ struct Reader {
 
 impl Reader {
     fn new(cache_dir: &Path, offline: bool) -> Result<Reader, DebianError> {
-        let mut builder = reqwest::Client::builder();
+        let mut roots = Vec::new();
         if let Some(bundle) = crate::lock::discover_ca_bundle() {
             let pem = fs_err::read(&bundle)?;
-            if let Ok(certs) = reqwest::Certificate::from_pem_bundle(&pem) {
-                for cert in certs {
-                    builder = builder.add_root_certificate(cert);
-                }
-            }
+            roots = reqwest::Certificate::from_pem_bundle(&pem).unwrap_or_default();
         }
-        let http = builder
-            .user_agent(concat!("hvd/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(15))
-            .read_timeout(Duration::from_secs(60))
+        let http = crate::index::client_builder(roots)
             .timeout(Duration::from_secs(600))
             .build()
             .map_err(|err| DebianError::Fetch {
@@ -999,20 +981,22 @@ pub async fn pin_gcc(
 ) -> Result<ToolchainPin, DebianError> {
     let arch = DebianArch::host()?.name;
     let reader = Reader::new(cache_dir, offline)?;
-    let root = format!("gcc-{version}");
     let Some(archive) = archives.urls.first() else {
         return Err(DebianError::NoArchive);
     };
-    let mut searched = Vec::new();
-    let mut found = Vec::new();
-    let mut failed: Vec<DebianError> = Vec::new();
-    let mut answered = 0usize;
+    let mut search = Search {
+        reader: &reader,
+        version,
+        root: format!("gcc-{version}"),
+        arch,
+        host_glibc,
+        searched: Vec::new(),
+        found: Vec::new(),
+        failed: Vec::new(),
+        answered: 0,
+    };
     // Sources whose Release says `Origin: Debian` first, in order; the others after, in order.
     let mut others: Vec<(&String, &String, String)> = Vec::new();
-    let skip = |archive: &str, suite: &str, err: DebianError, failed: &mut Vec<DebianError>| {
-        tracing::warn!("Debian source {archive} {suite} skipped: {err}");
-        failed.push(err);
-    };
     for archive in &archives.urls {
         for suite in &archives.suites {
             let release = match reader
@@ -1023,7 +1007,7 @@ pub async fn pin_gcc(
                 Ok(None) => continue,
                 Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
                 Err(err) => {
-                    skip(archive, suite, err, &mut failed);
+                    search.skip(archive, suite, err);
                     continue;
                 }
             };
@@ -1031,36 +1015,23 @@ pub async fn pin_gcc(
                 others.push((archive, suite, release));
                 continue;
             }
-            searched.push(suite.clone());
-            match reader.packages(archive, suite, &release, arch).await {
-                Ok(text) => {
-                    answered += 1;
-                    let index = parse_packages(&text);
-                    if index.contains_key(&root) {
-                        return pin_from_index(version, archive, suite, arch, &index, host_glibc);
-                    }
-                    found.extend(gcc_versions(suite, &index));
-                }
-                Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
-                Err(err) => skip(archive, suite, err, &mut failed),
+            if let Some(pin) = search.suite(archive, suite, &release).await? {
+                return Ok(pin);
             }
         }
     }
     for (archive, suite, release) in others {
-        searched.push(suite.clone());
-        match reader.packages(archive, suite, &release, arch).await {
-            Ok(text) => {
-                answered += 1;
-                let index = parse_packages(&text);
-                if index.contains_key(&root) {
-                    return pin_from_index(version, archive, suite, arch, &index, host_glibc);
-                }
-                found.extend(gcc_versions(suite, &index));
-            }
-            Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
-            Err(err) => skip(archive, suite, err, &mut failed),
+        if let Some(pin) = search.suite(archive, suite, &release).await? {
+            return Ok(pin);
         }
     }
+    let Search {
+        searched,
+        mut found,
+        mut failed,
+        answered,
+        ..
+    } = search;
     // No source gave a Packages index: the first failure says why.
     if answered == 0 && !failed.is_empty() {
         return Err(failed.remove(0));
@@ -1086,6 +1057,63 @@ pub async fn pin_gcc(
             format!(" ({})", found.join("; "))
         },
     })
+}
+
+/// One search of [`pin_gcc`]: what it looks for, and the suites asked, the gcc versions they have and the sources
+/// skipped so far.
+struct Search<'a> {
+    reader: &'a Reader,
+    version: &'a str,
+    root: String,
+    arch: &'a str,
+    host_glibc: Option<(u64, u64)>,
+    searched: Vec<String>,
+    found: Vec<String>,
+    failed: Vec<DebianError>,
+    answered: usize,
+}
+
+impl Search<'_> {
+    /// `suite`'s `Packages` index searched for `gcc-<version>`: its pin where it has it, `None` where it has not or
+    /// the source was skipped (noted), an error that ends the search (offline, local I/O).
+    async fn suite(
+        &mut self,
+        archive: &str,
+        suite: &str,
+        release: &str,
+    ) -> Result<Option<ToolchainPin>, DebianError> {
+        self.searched.push(suite.to_string());
+        match self
+            .reader
+            .packages(archive, suite, release, self.arch)
+            .await
+        {
+            Ok(text) => {
+                self.answered += 1;
+                let index = parse_packages(&text);
+                if index.contains_key(&self.root) {
+                    return pin_from_index(
+                        self.version,
+                        archive,
+                        suite,
+                        self.arch,
+                        &index,
+                        self.host_glibc,
+                    )
+                    .map(Some);
+                }
+                self.found.extend(gcc_versions(suite, &index));
+            }
+            Err(err @ (DebianError::Offline { .. } | DebianError::Io(_))) => return Err(err),
+            Err(err) => self.skip(archive, suite, err),
+        }
+        Ok(None)
+    }
+
+    fn skip(&mut self, archive: &str, suite: &str, err: DebianError) {
+        tracing::warn!("Debian source {archive} {suite} skipped: {err}");
+        self.failed.push(err);
+    }
 }
 
 /// `"<suite> has gcc A, B"` for the `gcc-<digits>` packages of an index, if any.

@@ -152,6 +152,19 @@ pub struct IndexClient {
     pub stats: Arc<Stats>,
 }
 
+/// An HTTP client as hvd's fetchers share it: `roots` trusted besides the system's certificates, hvd's user agent,
+/// and the connect and read timeouts; each caller adds what is its own.
+pub(crate) fn client_builder(roots: Vec<reqwest::Certificate>) -> reqwest::ClientBuilder {
+    let mut builder = reqwest::Client::builder();
+    for cert in roots {
+        builder = builder.add_root_certificate(cert);
+    }
+    builder
+        .user_agent(concat!("hvd/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(15))
+        .read_timeout(Duration::from_secs(60))
+}
+
 impl IndexClient {
     pub fn new(options: IndexOptions) -> Result<IndexClient, IndexError> {
         let mut options = options;
@@ -160,22 +173,16 @@ impl IndexClient {
         }
         Url::parse(&options.index_url)
             .map_err(|_| IndexError::BadUrl(options.index_url.clone()))?;
-        let mut builder = reqwest::Client::builder();
+        let mut roots = Vec::new();
         if let Some(bundle) = &options.ca_bundle {
             let pem = fs_err::read(bundle)?;
-            let certs =
+            roots =
                 reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| IndexError::Http {
                     url: bundle.display().to_string(),
                     source,
                 })?;
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
         }
-        let http = builder
-            .user_agent(concat!("hvd/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(15))
-            .read_timeout(Duration::from_secs(60))
+        let http = client_builder(roots)
             .pool_max_idle_per_host(64)
             .build()
             .map_err(|source| IndexError::Http {
