@@ -380,23 +380,19 @@ fn merge(
         }
         budget.entries += 1;
         budget.bytes = budget.bytes.saturating_add(entry.size());
-        if budget.entries > budget.limits.max_entries {
-            return Err(refuse(
+        let past = |limit: u64, what: &str| {
+            refuse(
                 &name,
                 format!(
-                    "is past the limit of {} entries for all packages of the toolchain together",
-                    budget.limits.max_entries
+                    "is past the limit of {limit} {what} for all packages of the toolchain together"
                 ),
-            ));
+            )
+        };
+        if budget.entries > budget.limits.max_entries {
+            return Err(past(budget.limits.max_entries, "entries"));
         }
         if budget.bytes > budget.limits.max_unpacked_bytes {
-            return Err(refuse(
-                &name,
-                format!(
-                    "is past the limit of {} bytes for all packages of the toolchain together",
-                    budget.limits.max_unpacked_bytes
-                ),
-            ));
+            return Err(past(budget.limits.max_unpacked_bytes, "bytes"));
         }
         match owners.get(&normalized) {
             Some((_, true)) if is_dir => continue,
