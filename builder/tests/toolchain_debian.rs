@@ -8,13 +8,14 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::FileServer;
 use hvd_builder::lockfile::toolchain_from_pin;
 use hvd_builder::{BuildOptions, Error, Sha256, Store, Toolchain};
 use hvd_resolver::debian::{Archives, DebianError, pin_gcc};
 use hvd_resolver::lockfile::ToolchainPin;
+use hvd_resolver::testing::debian::Signer;
 
 /// One entry of a fixture package's data tar.
 enum Entry<'a> {
@@ -123,74 +124,6 @@ fn make_deb(entries: &[Entry<'_>], compression: &str) -> Vec<u8> {
 
 /// The fake compiler: prints its version, or its arguments and library path.
 const FAKE_GCC: &[u8] = b"#!/bin/sh\ncase \"$*\" in *-dumpfullversion) echo 99.1.0; exit 0;; esac\necho \"args: $*\"\necho \"libs: $LD_LIBRARY_PATH\"\n";
-
-/// An OpenPGP key of the test's own (gpg in a temporary home) that signs Release files as an archive does, and the
-/// keyring holding it.
-struct Signer {
-    home: tempfile::TempDir,
-    keyring: PathBuf,
-}
-
-impl Signer {
-    fn new() -> Signer {
-        let home = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            home.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .unwrap();
-        let signer = Signer {
-            keyring: home.path().join("keyring.gpg"),
-            home,
-        };
-        signer.gpg(&[
-            "--passphrase",
-            "",
-            "--quick-gen-key",
-            "hvd fixture <fixture@hvd.invalid>",
-            "ed25519",
-            "sign",
-            "never",
-        ]);
-        let keyring = signer.keyring.display().to_string();
-        signer.gpg(&["--export", "-o", &keyring]);
-        signer
-    }
-
-    fn gpg(&self, args: &[&str]) -> Vec<u8> {
-        let out = std::process::Command::new("gpg")
-            .arg("--homedir")
-            .arg(self.home.path())
-            .args(["--batch", "--quiet", "--yes"])
-            .args(args)
-            .output()
-            .expect("gpg (the tests sign their fixture archives with it)");
-        assert!(
-            out.status.success(),
-            "gpg {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    }
-
-    /// `text` clearsigned: an `InRelease`.
-    fn clearsign(&self, text: &str) -> Vec<u8> {
-        let input = self.home.path().join("release");
-        std::fs::write(&input, text).unwrap();
-        self.gpg(&["--clearsign", "-o", "-", &input.display().to_string()])
-    }
-}
-
-impl Drop for Signer {
-    fn drop(&mut self) {
-        // The key's agent: ended with its home.
-        let _ = std::process::Command::new("gpgconf")
-            .arg("--homedir")
-            .arg(self.home.path())
-            .args(["--kill", "gpg-agent"])
-            .output();
-    }
-}
 
 /// A fixture archive: `dists/<suite>/{InRelease,main/binary-amd64/Packages.gz}` and the packages under `pool/`,
 /// its `InRelease` signed by a key of its own.

@@ -17,6 +17,8 @@
 //! no hash at all, serve hand-made bytes for a file ([`FixtureIndex::add_raw`]), or serve PEP 658 metadata that
 //! differs from the wheel's ([`FixtureIndex::serve_metadata`]), or trickle an answer a few bytes at a time
 //! ([`FixtureIndex::trickle`]).
+//!
+//! [`debian`] signs fixture Debian archives; [`file_server`] serves a directory as it is.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,6 +29,9 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::names::normalize_name;
+
+pub mod debian;
+pub mod file_server;
 
 /// What kind of file a fixture distribution is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,135 +2,16 @@
 //! archive (an `InRelease` and a `Packages.gz` served over real HTTP on 127.0.0.1), a relock keeps that pin
 //! without asking the archive (even where the host has that gcc), and a version no suite has is refused naming what each suite has.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 
 use hvd_lang::model::Toolchain;
 use hvd_resolver::debian::{Archives, pin_gcc};
 use hvd_resolver::env_vars::{HVD_DEBIAN_ARCHIVE, HVD_DEBIAN_KEYRING, HVD_DEBIAN_SUITES};
+use hvd_resolver::testing::debian::Signer;
+use hvd_resolver::testing::file_server::serve_dir;
 use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions, env_of, lock_options};
 use hvd_resolver::{LockOptions, Lockfile, ResolveError, Sha256, lock};
-
-/// A static file server on 127.0.0.1 for `root`; returns its base URL.
-fn serve(root: PathBuf) -> String {
-    serve_with(root, None)
-}
-
-/// [`serve`], answering every request with `status` (and no body) when it is set.
-fn serve_with(root: PathBuf, status: Option<&'static str>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut request = String::new();
-            let _ = reader.read_line(&mut request);
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-            }
-            let path = request
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or("/")
-                .trim_start_matches('/');
-            if let Some(status) = status {
-                let _ = stream.write_all(
-                    format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                        .as_bytes(),
-                );
-                continue;
-            }
-            let response = match std::fs::read(root.join(path)) {
-                Ok(body) if !path.contains("..") => {
-                    let mut head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    )
-                    .into_bytes();
-                    head.extend(body);
-                    head
-                }
-                _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_vec(),
-            };
-            let _ = stream.write_all(&response);
-        }
-    });
-    base
-}
-
-/// An OpenPGP key of the test's own (gpg in a temporary home) that signs Release files as an archive does, and the
-/// keyring holding it.
-struct Signer {
-    home: tempfile::TempDir,
-    keyring: PathBuf,
-}
-
-impl Signer {
-    fn new() -> Signer {
-        let home = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            home.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .unwrap();
-        let signer = Signer {
-            keyring: home.path().join("keyring.gpg"),
-            home,
-        };
-        signer.gpg(&[
-            "--passphrase",
-            "",
-            "--quick-gen-key",
-            "hvd fixture <fixture@hvd.invalid>",
-            "ed25519",
-            "sign",
-            "never",
-        ]);
-        let keyring = signer.keyring.display().to_string();
-        signer.gpg(&["--export", "-o", &keyring]);
-        signer
-    }
-
-    fn gpg(&self, args: &[&str]) -> Vec<u8> {
-        let out = std::process::Command::new("gpg")
-            .arg("--homedir")
-            .arg(self.home.path())
-            .args(["--batch", "--quiet", "--yes"])
-            .args(args)
-            .output()
-            .expect("gpg (the tests sign their fixture archives with it)");
-        assert!(
-            out.status.success(),
-            "gpg {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    }
-
-    /// `text` clearsigned: an `InRelease`.
-    fn clearsign(&self, text: &str) -> Vec<u8> {
-        let input = self.home.path().join("release");
-        std::fs::write(&input, text).unwrap();
-        self.gpg(&["--clearsign", "-o", "-", &input.display().to_string()])
-    }
-}
-
-impl Drop for Signer {
-    fn drop(&mut self) {
-        // The key's agent: ended with its home.
-        let _ = std::process::Command::new("gpgconf")
-            .arg("--homedir")
-            .arg(self.home.path())
-            .args(["--kill", "gpg-agent"])
-            .output();
-    }
-}
 
 /// `dists/fixture/` of an archive with gcc 97 (the packages' files are never fetched by a lock).
 fn publish(root: &Path, signer: &Signer) {
@@ -185,7 +66,7 @@ fn a_gcc_the_host_lacks_is_locked_from_debian_and_kept_on_relock() {
     let archive = tempfile::tempdir().unwrap();
     let signer = Signer::new();
     publish(archive.path(), &signer);
-    let url = serve(archive.path().to_path_buf());
+    let url = serve_dir(archive.path().to_path_buf(), None);
     // SAFETY: set before this test starts any thread that reads the environment; nextest runs each test in its own
     // process, and no other test of this binary reads these variables.
     unsafe {
@@ -310,10 +191,10 @@ fn a_failing_source_is_skipped_and_debian_origin_sources_come_first() {
         "Packages.gz",
     );
     let urls = vec![
-        serve_with(dirs[0].path().to_path_buf(), Some("403 Forbidden")),
-        serve(dirs[1].path().to_path_buf()),
-        serve(dirs[2].path().to_path_buf()),
-        serve(dirs[3].path().to_path_buf()),
+        serve_dir(dirs[0].path().to_path_buf(), Some("403 Forbidden")),
+        serve_dir(dirs[1].path().to_path_buf(), None),
+        serve_dir(dirs[2].path().to_path_buf(), None),
+        serve_dir(dirs[3].path().to_path_buf(), None),
     ];
     let signed = |urls: &[String]| Archives {
         urls: urls.to_vec(),
@@ -374,7 +255,7 @@ fn release_files_must_be_signed_by_the_keyring_and_current() {
         .unwrap();
     let cache = tempfile::tempdir().unwrap();
     let try_pin = |root: &Path| {
-        let url = serve(root.to_path_buf());
+        let url = serve_dir(root.to_path_buf(), None);
         let archives = Archives {
             urls: vec![url.clone()],
             suites: vec!["fixture".into()],

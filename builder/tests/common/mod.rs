@@ -1,7 +1,6 @@
 //! Fixtures for the builder's tests: wheels and sdists made on the fly, served over real HTTP on 127.0.0.1.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use hvd_builder::{Artifact, PackagePlan, Sha256};
@@ -14,47 +13,7 @@ pub struct FileServer {
 
 impl FileServer {
     pub fn start(root: &Path) -> FileServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let served = root.to_path_buf();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let served = served.clone();
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut request = String::new();
-                    if reader.read_line(&mut request).is_err() {
-                        return;
-                    }
-                    loop {
-                        let mut line = String::new();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                            break;
-                        }
-                    }
-                    let path = request
-                        .split_whitespace()
-                        .nth(1)
-                        .unwrap_or("/")
-                        .trim_start_matches('/')
-                        .to_string();
-                    let response = match std::fs::read(served.join(&path)) {
-                        Ok(body) if !path.contains("..") => {
-                            let mut head = format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                body.len()
-                            )
-                            .into_bytes();
-                            head.extend(body);
-                            head
-                        }
-                        _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
-                    };
-                    let _ = stream.write_all(&response);
-                });
-            }
-        });
+        let base = hvd_resolver::testing::file_server::serve_dir(root.to_path_buf(), None);
         FileServer {
             root: root.to_path_buf(),
             base,
