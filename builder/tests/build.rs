@@ -1,5 +1,6 @@
 //! End-to-end builder tests over real HTTP, real archives, a real interpreter and a real C compiler.
 
+#[allow(dead_code)] // each test binary uses part of the shared fixtures
 mod common;
 
 use std::collections::BTreeMap;
@@ -211,13 +212,7 @@ fn hash_mismatch_names_url_and_hashes_and_installs_nothing() {
     let actual = package.artifact.sha256.to_string();
     package.artifact.sha256 = hvd_builder::Sha256::of_bytes(b"something else");
     let expected = package.artifact.sha256.to_string();
-    let err = build_env(
-        &f.store,
-        &plan(vec![package.clone()]),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err();
+    let err = build_default(&f.store, &plan(vec![package.clone()])).unwrap_err();
     let message = err.to_string();
     assert!(matches!(err, Error::HashMismatch { .. }), "{message}");
     assert!(
@@ -243,11 +238,9 @@ fn wheel_with_path_traversal_is_refused() {
         &[("../../escaped.py", b"x")],
         None,
     );
-    let err = build_env(
+    let err = build_default(
         &f.store,
         &plan(vec![f.server.wheel_plan("evil", "1.0", &filename)]),
-        &BuildOptions::default(),
-        &NoProgress,
     )
     .unwrap_err();
     // The refusal names the package (`Error::Install`), with the archive's own reason as its cause.
@@ -537,12 +530,7 @@ fn kill_helper() {
     let fwk = f
         .server
         .wheel_plan("fwk", "1.0", "fwk-1.0-py3-none-any.whl");
-    let _ = build_env(
-        &f.store,
-        &plan(vec![fwk, blocking_sdist(&f, "victim")]),
-        &BuildOptions::default(),
-        &NoProgress,
-    );
+    let _ = build_default(&f.store, &plan(vec![fwk, blocking_sdist(&f, "victim")]));
 }
 
 #[test]
@@ -984,13 +972,7 @@ fn a_hostile_build_backend_cannot_write_outside_read_home_or_reach_the_network()
         secret_name = secret.file_name().unwrap().to_string_lossy().to_string(),
     );
     let hostile = ext_sdist(&f, "hostile", &prelude);
-    let err = build_env(
-        &f.store,
-        &plan(vec![fwk_plan, hostile]),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err();
+    let err = build_default(&f.store, &plan(vec![fwk_plan, hostile])).unwrap_err();
     let Error::BuildFailed { tail, .. } = &err else {
         panic!("expected the hostile build to fail on purpose: {err}");
     };
@@ -1160,11 +1142,9 @@ fn a_build_cannot_make_hvd_read_files_through_its_folder() {
     );
     let stolen = outside.path().join(stolen);
     let run = |name: &str, prelude: String| {
-        build_env(
+        build_default(
             &f.store,
             &plan(vec![fwk_plan.clone(), ext_sdist(&f, name, &prelude)]),
-            &BuildOptions::default(),
-            &NoProgress,
         )
     };
 

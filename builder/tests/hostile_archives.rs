@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use common::{FileServer, host_python, record_hash};
+use common::{FileServer, append_to_zip, host_python, record_hash};
 use hvd_builder::unpack::{Limits, unpack_sdist_with};
 use hvd_builder::wheel::install_wheel;
 use hvd_builder::{BuildOptions, EnvPlan, NoProgress, SourceBuildPlan, Store, build_env};
@@ -417,18 +417,7 @@ fn wheel_record_must_list_every_file_with_its_sha256() {
     f.assert_nothing_installed();
     // A file RECORD does not list (here: a `.pth` file, which python would run at startup).
     let archive = wheel(&f.server.root, vec![file("evil/a.py", b"a")], |text| text);
-    let mut zip = zip::ZipWriter::new_append(
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&archive)
-            .unwrap(),
-    )
-    .unwrap();
-    zip.start_file("evil.pth", zip::write::SimpleFileOptions::default())
-        .unwrap();
-    zip.write_all(b"import os; os.system('id')\n").unwrap();
-    zip.finish().unwrap();
+    append_to_zip(&archive, "evil.pth", b"import os; os.system('id')\n");
     let err = f.install(&archive);
     assert!(err.contains("`evil.pth` is not listed in RECORD"), "{err}");
     f.assert_nothing_installed();
@@ -453,21 +442,7 @@ fn wheel_record_must_list_every_file_with_its_sha256() {
         ],
         |text| text,
     );
-    let mut zip = zip::ZipWriter::new_append(
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&archive)
-            .unwrap(),
-    )
-    .unwrap();
-    zip.start_file(
-        format!("{dist_info}/RECORD.jws"),
-        zip::write::SimpleFileOptions::default(),
-    )
-    .unwrap();
-    zip.write_all(b"{}").unwrap();
-    zip.finish().unwrap();
+    append_to_zip(&archive, &format!("{dist_info}/RECORD.jws"), b"{}");
     let out = f.outside.join("honest");
     std::fs::create_dir(&out).unwrap();
     let hashes = install_wheel(&archive, &out).unwrap();

@@ -5,12 +5,11 @@
 #[allow(dead_code)]
 mod common;
 
-use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::{FileServer, host_python, make_wheel};
-use hvd_builder::{BuildOptions, EnvPlan, Error, NoProgress, PackagePlan, Store, build_env};
+use common::{FileServer, append_to_zip, build_default, host_python, make_wheel};
+use hvd_builder::{EnvPlan, Error, PackagePlan, Store};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -118,28 +117,15 @@ fn a_bad_wheel_among_many_is_named_and_the_others_are_whole() {
     }
     // In the middle by size (installs go largest first): a file RECORD does not list, a `.pth` python would run.
     let evil = wheel_of(&f.server.root, "evil", &modules("evil", 20, 2000));
-    let mut zip = zip::ZipWriter::new_append(
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(f.server.root.join(&evil))
-            .unwrap(),
-    )
-    .unwrap();
-    zip.start_file("evil.pth", zip::write::SimpleFileOptions::default())
-        .unwrap();
-    zip.write_all(b"import os; os.system('id')\n").unwrap();
-    zip.finish().unwrap();
+    append_to_zip(
+        &f.server.root.join(&evil),
+        "evil.pth",
+        b"import os; os.system('id')\n",
+    );
     let mut with_evil = packages.clone();
     with_evil.insert(3, f.server.wheel_plan("evil", "1.0", &evil));
 
-    let err = build_env(
-        &f.store,
-        &plan(with_evil),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err();
+    let err = build_default(&f.store, &plan(with_evil)).unwrap_err();
     let message = hvd_resolver::index::error_chain(&err);
     match &err {
         Error::Install { name, .. } => assert_eq!(name, "evil", "{message}"),
@@ -165,13 +151,7 @@ fn a_bad_wheel_among_many_is_named_and_the_others_are_whole() {
     }
 
     // Without it, the env builds and reuses those paths.
-    let built = build_env(
-        &f.store,
-        &plan(packages.clone()),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let built = build_default(&f.store, &plan(packages.clone())).unwrap();
     for package in &built.packages {
         assert_whole_and_canonical(&f.store, &package.path);
     }
@@ -187,13 +167,7 @@ fn a_bad_wheel_among_many_is_named_and_the_others_are_whole() {
     bad.artifact.sha256 = hvd_builder::Sha256::of_bytes(b"not these bytes");
     let mut with_bad = packages;
     with_bad.insert(2, bad.clone());
-    let err = build_env(
-        &f.store,
-        &plan(with_bad),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err();
+    let err = build_default(&f.store, &plan(with_bad)).unwrap_err();
     assert!(
         matches!(err, Error::HashMismatch { .. }) && err.to_string().contains(&bad.artifact.url),
         "{err}"
@@ -231,11 +205,9 @@ fn a_big_wheel_written_by_several_threads_is_the_tree_a_walk_sees() {
     let f = fixture();
     // 3 x 7 MiB: above the size from which a wheel's files are written in parallel.
     let filename = big_wheel(&f.server.root, "bigpkg", 3, 7 << 20);
-    let built = build_env(
+    let built = build_default(
         &f.store,
         &plan(vec![f.server.wheel_plan("bigpkg", "1.0", &filename)]),
-        &BuildOptions::default(),
-        &NoProgress,
     )
     .unwrap();
     let path = &built.packages[0].path;
@@ -273,11 +245,9 @@ fn a_corrupt_or_bombing_big_wheel_stops_every_thread_and_installs_nothing() {
     bytes[at] ^= 0x55;
     bytes[at + 1] ^= 0x55;
     std::fs::write(&archive, &bytes).unwrap();
-    let err = build_env(
+    let err = build_default(
         &f.store,
         &plan(vec![f.server.wheel_plan("evil", "1.0", &filename)]),
-        &BuildOptions::default(),
-        &NoProgress,
     )
     .unwrap_err();
     let message = hvd_resolver::index::error_chain(&err);
@@ -293,11 +263,9 @@ fn a_corrupt_or_bombing_big_wheel_stops_every_thread_and_installs_nothing() {
     let bomb = big_wheel(&f.server.root, "evil", 4, 20 << 20);
     let size = std::fs::metadata(f.server.root.join(&bomb)).unwrap().len();
     assert!(size * 100 < 64 << 20, "not dense enough: {size} bytes");
-    let err = build_env(
+    let err = build_default(
         &f.store,
         &plan(vec![f.server.wheel_plan("evil", "1.0", &bomb)]),
-        &BuildOptions::default(),
-        &NoProgress,
     )
     .unwrap_err();
     let message = hvd_resolver::index::error_chain(&err);

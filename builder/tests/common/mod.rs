@@ -216,3 +216,33 @@ pub fn run_python(python: &Path, code: &str) -> String {
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// Builds `plan` in `store` with the default options and no progress output.
+pub fn build_default(
+    store: &hvd_builder::Store,
+    plan: &hvd_builder::EnvPlan,
+) -> Result<hvd_builder::EnvBuild, hvd_builder::Error> {
+    hvd_builder::build_env(
+        store,
+        plan,
+        &hvd_builder::BuildOptions::default(),
+        &hvd_builder::NoProgress,
+    )
+}
+
+/// Appends a member `name` holding `data` to the zip archive (a wheel) at `archive`, after its RECORD was written:
+/// a member RECORD does not list.
+pub fn append_to_zip(archive: &Path, name: &str, data: &[u8]) {
+    let mut zip = zip::ZipWriter::new_append(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(archive)
+            .unwrap(),
+    )
+    .unwrap();
+    zip.start_file(name, zip::write::SimpleFileOptions::default())
+        .unwrap();
+    zip.write_all(data).unwrap();
+    zip.finish().unwrap();
+}
