@@ -286,13 +286,18 @@ def _allreduce_group_async(tensors, average, name, op, prescale_factor, postscal
     return _submit(names if name is not None else [], submit, finish)
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
-    """Starts an allreduce (default: average); ``synchronize`` returns a new tensor."""
-    h = _allreduce_group_async([tensor], average, name, op, prescale_factor, postscale_factor, process_set, False)
+def _allreduce_one_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set, in_place):
+    """The handle of a one-tensor allreduce, whose ``synchronize`` returns that tensor's result alone."""
+    h = _allreduce_group_async([tensor], average, name, op, prescale_factor, postscale_factor, process_set, in_place)
     finish = h._finish
     h._finish = lambda results: finish(results)[0]
     return h
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Starts an allreduce (default: average); ``synchronize`` returns a new tensor."""
+    return _allreduce_one_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set, False)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -324,10 +329,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """In place: ``synchronize`` writes the result into ``tensor`` and returns it."""
-    h = _allreduce_group_async([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True)
-    finish = h._finish
-    h._finish = lambda results: finish(results)[0]
-    return h
+    return _allreduce_one_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set, True)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
