@@ -87,14 +87,7 @@ impl Engine {
             .fetch_add(verdicts.len() as u64, Ordering::Relaxed);
         let submitted = parts.into_iter().map(|p| p.submitted(base)).collect();
         let stopped = self.submit(submitted, true).err();
-        (base..)
-            .zip(verdicts)
-            .map(|(handle, v)| match (&stopped, v) {
-                (_, Err(e)) => Err(e),
-                (Some(e), Ok(())) => Err(e.clone()),
-                (None, Ok(())) => Ok(handle),
-            })
-            .collect()
+        batch_results(base, verdicts, stopped)
     }
 
     /// Submits several operations at once, each on its own: one lock round and one wake-up of the engine thread,
@@ -128,14 +121,7 @@ impl Engine {
         // Urgent: a batch reaches the library once its caller is done adding to it (it waits, or it is old
         // enough), so waiting the cycle time for more would only delay it.
         let stopped = self.submit(submitted, true).err();
-        (base..)
-            .zip(verdicts)
-            .map(|(handle, v)| match (&stopped, v) {
-                (_, Err(e)) => Err(e),
-                (Some(e), Ok(())) => Err(e.clone()),
-                (None, Ok(())) => Ok(handle),
-            })
-            .collect()
+        batch_results(base, verdicts, stopped)
     }
 
     /// Validates `requests` and fuses them like [`enqueue_many`](Self::enqueue_many) once, for submission again
@@ -464,6 +450,23 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// One result per request of a batch whose handles start at `base`: its handle, or its verdict's error when it was
+/// invalid, or `stopped` when the engine refused the submission.
+fn batch_results(
+    base: Handle,
+    verdicts: Vec<Result<(), EngineError>>,
+    stopped: Option<EngineError>,
+) -> Vec<Result<Handle, EngineError>> {
+    (base..)
+        .zip(verdicts)
+        .map(|(handle, v)| match (&stopped, v) {
+            (_, Err(e)) => Err(e),
+            (Some(e), Ok(())) => Err(e.clone()),
+            (None, Ok(())) => Ok(handle),
+        })
+        .collect()
 }
 
 #[cfg(test)]
