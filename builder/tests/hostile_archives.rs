@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use common::{FileServer, append_to_zip, host_python, record_hash};
+use common::{FileServer, append_to_zip, host_python, record_hash, served_store};
 use hvd_builder::unpack::{Limits, unpack_sdist_with};
 use hvd_builder::wheel::install_wheel;
 use hvd_builder::{BuildOptions, EnvPlan, NoProgress, SourceBuildPlan, Store, build_env};
@@ -28,14 +28,10 @@ const VICTIM: &str = "victim.txt";
 const VICTIM_BYTES: &[u8] = b"the victim's own bytes\n";
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let files = dir.path().join("files");
-    std::fs::create_dir(&files).unwrap();
+    let (dir, server, store) = served_store();
     let outside = dir.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     std::fs::write(outside.join(VICTIM), VICTIM_BYTES).unwrap();
-    let server = FileServer::start(&files);
-    let store = Store::open(dir.path().join("store")).unwrap();
     Fixture {
         _dir: dir,
         server,

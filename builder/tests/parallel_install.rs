@@ -8,7 +8,7 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::{FileServer, append_to_zip, build_default, host_python, make_wheel};
+use common::{FileServer, append_to_zip, build_default, host_python, make_wheel, served_store};
 use hvd_builder::{EnvPlan, Error, PackagePlan, Store};
 
 struct Fixture {
@@ -18,11 +18,7 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let files = dir.path().join("files");
-    std::fs::create_dir(&files).unwrap();
-    let server = FileServer::start(&files);
-    let store = Store::open(dir.path().join("store")).unwrap();
+    let (dir, server, store) = served_store();
     Fixture {
         _dir: dir,
         server,

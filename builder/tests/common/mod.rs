@@ -246,3 +246,14 @@ pub fn append_to_zip(archive: &Path, name: &str, data: &[u8]) {
     zip.write_all(data).unwrap();
     zip.finish().unwrap();
 }
+
+/// A temporary directory whose `files/` is served over HTTP and whose `store/` holds an empty store. The
+/// directory must outlive both.
+pub fn served_store() -> (tempfile::TempDir, FileServer, hvd_builder::Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    let server = FileServer::start(&files);
+    let store = hvd_builder::Store::open(dir.path().join("store")).unwrap();
+    (dir, server, store)
+}
