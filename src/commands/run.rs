@@ -356,6 +356,18 @@ fn options(
         }
         n => n.map(i32::unsigned_abs),
     };
+    // What nodes pull the env from: the caches, only with trusted keys (without one nothing in a cache is trusted,
+    // so a node's pull could only fail; the nodes then use the env where it is, as `hvd build` skips such caches).
+    // Keys matter only with caches: a bad HVD_TRUSTED_KEYS without any cache stops nothing, as in `hvd build`.
+    let mut caches = args.caches.urls(Some(project));
+    let trusted_keys = if caches.is_empty() {
+        Vec::new()
+    } else {
+        args.caches.trusted_key_texts()?
+    };
+    if trusted_keys.is_empty() {
+        caches.clear();
+    }
     Ok(RunOptions {
         step: args.step.clone(),
         workers,
@@ -395,13 +407,8 @@ fn options(
             }
         },
         state_dir: None,
-        caches: args.caches.urls(Some(project)),
-        // Keys matter only with caches (a bad HVD_TRUSTED_KEYS without any cache stops nothing, as in `hvd build`).
-        trusted_keys: if args.caches.urls(Some(project)).is_empty() {
-            Vec::new()
-        } else {
-            args.caches.trusted_key_texts()?
-        },
+        caches,
+        trusted_keys,
         engine,
         mpi: args.mpi.clone(),
         mpirun: args.mpirun.clone(),
