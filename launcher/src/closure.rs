@@ -152,3 +152,13 @@ fn closure(
     }
     Ok((closure, glibc))
 }
+
+/// Checks that this machine's glibc is as new as the wheels of the env at `env` need (`where_` names this machine in
+/// the message). An env that is not a store path (a plain venv given with `--env-dir`) is not checked.
+pub fn check_env_here(env: &std::path::Path, where_: &str) -> Result<(), crate::LaunchError> {
+    let need = EnvIdentity::local(env)?.and_then(|identity| identity.glibc);
+    match need.and_then(|need| need.problem(crate::glibc::host(), where_)) {
+        Some(problem) => Err(crate::LaunchError::Engine(problem)),
+        None => Ok(()),
+    }
+}

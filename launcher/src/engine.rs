@@ -144,7 +144,7 @@ impl SupervisedEngine for Local {
         let Some(env) = plan.env_dir.as_deref() else {
             return Ok(());
         };
-        crate::glibc::check_env_here(env, "this machine")
+        crate::closure::check_env_here(env, "this machine")
     }
 }
 

@@ -90,16 +90,6 @@ pub fn parse_version(text: &str) -> Option<(u64, u64)> {
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
-/// Checks that this machine's glibc is as new as the wheels of the env at `env` need (`where_` names this machine in
-/// the message). An env that is not a store path (a plain venv given with `--env-dir`) is not checked.
-pub fn check_env_here(env: &std::path::Path, where_: &str) -> Result<(), crate::LaunchError> {
-    let need = crate::closure::EnvIdentity::local(env)?.and_then(|identity| identity.glibc);
-    match need.and_then(|need| need.problem(host(), where_)) {
-        Some(problem) => Err(crate::LaunchError::Engine(problem)),
-        None => Ok(()),
-    }
-}
-
 /// This machine's glibc, from the C library this process runs on.
 pub fn host() -> Option<(u64, u64)> {
     // SAFETY: gnu_get_libc_version takes no arguments and returns a pointer to a static NUL-terminated string.

@@ -28,7 +28,7 @@
 // A library reports through its errors and `tracing`; only the `hvd` binary writes to the terminal.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
-pub(crate) mod closure;
+pub mod closure;
 pub mod controller;
 pub mod discovery;
 pub mod doctor;

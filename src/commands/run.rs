@@ -168,7 +168,7 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     // On a node the launcher does not reach itself: the env's wheels must run on this node's glibc.
     if let Some(venv) = env("VIRTUAL_ENV") {
         let here = format!("node `{}`", hvd_launcher::env::local_hostname());
-        hvd_launcher::glibc::check_env_here(std::path::Path::new(&venv), &here)
+        hvd_launcher::closure::check_env_here(std::path::Path::new(&venv), &here)
             .map_err(|e| Failure::from_error_in(Status::Failure, "hvd worker-env", &e))?;
     }
     // Rank 0 of a job without a launcher-side rendezvous (Kubernetes) serves it while its worker runs.
