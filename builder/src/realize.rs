@@ -95,7 +95,8 @@ impl<'a> Planned<'a> {
             Some(Toolchain::for_build(
                 store,
                 plan.toolchain.as_ref(),
-                options,
+                options.offline,
+                options.locked,
             )?)
         } else {
             None

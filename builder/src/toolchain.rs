@@ -8,7 +8,6 @@ use hvd_resolver::Sha256;
 
 use crate::debian::DebianGcc;
 use crate::error::{Error, Result};
-use crate::plan::BuildOptions;
 use crate::progress::NoProgress;
 use crate::store::Store;
 
@@ -53,23 +52,25 @@ impl Toolchain {
     }
 
     /// The compiler of source builds for `pin` (the lock's; `None`: the host's gcc): a Debian pin is realized into
-    /// `store` and used from there; otherwise the host's compiler, checked against the pin when `options.locked`.
+    /// `store` (without the network when `offline`) and used from there; otherwise the host's compiler, checked
+    /// against the pin when `locked`.
     pub fn for_build(
         store: &Store,
         pin: Option<&Toolchain>,
-        options: &BuildOptions,
+        offline: bool,
+        locked: bool,
     ) -> Result<Toolchain> {
         if let Some(pin) = pin
             && let Some(debian) = &pin.debian
         {
-            let path = debian.realize(store, options.offline, &NoProgress)?;
+            let path = debian.realize(store, offline, &NoProgress)?;
             return Ok(Toolchain {
                 path: Some(path.join("bin").join(&pin.name)),
                 ..pin.clone()
             });
         }
         let host = Toolchain::detect(pin.map(|t| t.name.as_str()).unwrap_or("gcc"))?;
-        if let (true, Some(pin)) = (options.locked, pin) {
+        if let (true, Some(pin)) = (locked, pin) {
             host.check_against(pin)?;
         }
         Ok(host)

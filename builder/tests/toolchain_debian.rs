@@ -12,7 +12,7 @@ use std::path::Path;
 
 use common::FileServer;
 use hvd_builder::lockfile::toolchain_from_pin;
-use hvd_builder::{BuildOptions, Error, Sha256, Store, Toolchain};
+use hvd_builder::{Error, Sha256, Store, Toolchain};
 use hvd_resolver::debian::{Archives, DebianError, pin_gcc};
 use hvd_resolver::lockfile::ToolchainPin;
 use hvd_resolver::testing::debian::Signer;
@@ -298,13 +298,6 @@ fn pin(archive: &Archive, suites: &[&str], cache: &Path) -> Result<ToolchainPin,
     ))
 }
 
-fn locked() -> BuildOptions {
-    BuildOptions {
-        locked: true,
-        ..BuildOptions::default()
-    }
-}
-
 #[test]
 fn fixture_gcc_is_pinned_fetched_unpacked_and_wrapped() {
     let archive = gcc_archive();
@@ -334,7 +327,7 @@ fn fixture_gcc_is_pinned_fetched_unpacked_and_wrapped() {
     let store_dir = tempfile::tempdir().unwrap();
     let store = Store::open(store_dir.path().join("store")).unwrap();
     let toolchain = toolchain_from_pin(&pin);
-    let built = Toolchain::for_build(&store, Some(&toolchain), &locked()).unwrap();
+    let built = Toolchain::for_build(&store, Some(&toolchain), false, true).unwrap();
     let gcc = built.path.clone().unwrap();
     let top = gcc.parent().unwrap().parent().unwrap().to_path_buf();
     assert!(top.starts_with(store.root()), "{}", gcc.display());
@@ -395,14 +388,14 @@ fn fixture_gcc_is_pinned_fetched_unpacked_and_wrapped() {
     assert_eq!(std::fs::read(&link).unwrap(), b"gcc_s");
 
     // Realizing again reuses the path.
-    let again = Toolchain::for_build(&store, Some(&toolchain), &locked()).unwrap();
+    let again = Toolchain::for_build(&store, Some(&toolchain), false, true).unwrap();
     assert_eq!(again.path, built.path);
 
     // The pin records this machine's Debian arch; a lock made on a machine of another arch is refused, naming both.
     assert_eq!(debian.arch.as_deref(), Some("amd64"));
     let mut other = pin.clone();
     other.debian.as_mut().unwrap().arch = Some("arm64".into());
-    let err = Toolchain::for_build(&store, Some(&toolchain_from_pin(&other)), &locked())
+    let err = Toolchain::for_build(&store, Some(&toolchain_from_pin(&other)), false, true)
         .unwrap_err()
         .to_string();
     assert!(
@@ -504,7 +497,7 @@ fn build_with(
     }
     let store_dir = tempfile::tempdir().unwrap();
     let store = Store::open(store_dir.path().join("store")).unwrap();
-    let result = Toolchain::for_build(&store, Some(&toolchain_from_pin(&pin)), &locked());
+    let result = Toolchain::for_build(&store, Some(&toolchain_from_pin(&pin)), false, true);
     if result.is_err() {
         // Nothing of a refused toolchain is left in the store.
         let left: Vec<_> = std::fs::read_dir(store.root())
@@ -695,7 +688,7 @@ fn real_gcc_from_the_configured_archive() {
     let store_dir = tempfile::tempdir().unwrap();
     let store = Store::open(store_dir.path().join("store")).unwrap();
     let started = std::time::Instant::now();
-    let built = Toolchain::for_build(&store, Some(&toolchain_from_pin(&pin)), &locked()).unwrap();
+    let built = Toolchain::for_build(&store, Some(&toolchain_from_pin(&pin)), false, true).unwrap();
     eprintln!(
         "gcc {} from {}: {} packages, realized in {:.1} s",
         built.version,
