@@ -1,0 +1,539 @@
+//! Watching one attempt of a step: its workers' exits, stopping them (SIGTERM, a grace period, SIGKILL), and an
+//! elastic step's rounds, preemption and growth through host discovery.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::{Job, Outcome, Worker};
+use crate::LaunchError;
+use crate::discovery::{Blacklist, Discovery, DiscoveryError, HostSlots};
+use crate::engine::PlannedStep;
+use crate::env::Slot;
+use crate::process::signal_group;
+use crate::rendezvous::RendezvousServer;
+use crate::report::{Cause, Event, FailureSummary, TIMEOUT_EXIT_CODE, WorkerExit};
+
+/// `HVD_DISCOVERY_TIMEOUT`: seconds one run of the discovery script may take (default 10).
+pub(super) fn discovery_timeout() -> Result<Duration, LaunchError> {
+    let name = crate::env_vars::HVD_DISCOVERY_TIMEOUT;
+    match std::env::var(name) {
+        Err(_) => Ok(Duration::from_secs(10)),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                LaunchError::Engine(format!(
+                    "{name}={v:?} is not a number of seconds above 0 (at most 3600)"
+                ))
+            }),
+    }
+}
+
+/// The slots the script found on this machine (the local engine runs every worker here) and not blacklisted. Other
+/// hosts are named once (`ignored` remembers them).
+fn local_slots(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    hosts: &[HostSlots],
+    blacklist: &Blacklist,
+    ignored: &mut std::collections::BTreeSet<String>,
+) -> u32 {
+    let here = step.layout.slots.first().map_or("", |s| s.host.as_str());
+    let now = Instant::now();
+    let mut slots = 0u32;
+    for h in hosts {
+        if !crate::discovery::is_this_machine(&h.host, here) {
+            if ignored.insert(h.host.clone()) {
+                job.events.event(Event::Note {
+                    text: format!(
+                        "warning: host discovery found host `{}` for step `{}`, but the local engine runs every \
+                         worker on this machine ({here}); ignored",
+                        h.host, step.name
+                    ),
+                });
+            }
+            continue;
+        }
+        if !blacklist.blocked(&h.host, now) {
+            slots = slots.saturating_add(h.slots);
+        }
+    }
+    slots
+}
+
+/// The warning for a run of the script that gave no hosts.
+fn discovery_warning(e: &DiscoveryError) -> String {
+    let mut text = format!("warning: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text.push_str("; keeping the current hosts");
+    text
+}
+
+/// The first run(s) of the discovery script of an elastic step: how many workers it starts (the slots found, at most
+/// `max`). Runs it every second until it finds at least `min` slots, for up to `--elastic-timeout`.
+pub(super) fn first_discovery(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    discovery: &Discovery,
+    min: u32,
+    max: u32,
+) -> Result<u32, LaunchError> {
+    let started = Instant::now();
+    let mut ignored = std::collections::BTreeSet::new();
+    let mut last: Option<String> = None;
+    loop {
+        let found = match discovery.run_now() {
+            Ok(hosts) => {
+                let n = local_slots(job, step, &hosts, &Blacklist::default(), &mut ignored);
+                if n >= min {
+                    return Ok(n.min(max));
+                }
+                format!(
+                    "host discovery found {n} slots for step `{}`, fewer than its minimum of {min}; waiting",
+                    step.name
+                )
+            }
+            Err(e) => discovery_warning(&e),
+        };
+        if last.as_deref() != Some(found.as_str()) {
+            job.events.event(Event::Note {
+                text: found.clone(),
+            });
+        }
+        last = Some(found);
+        if started.elapsed() >= job.options.elastic_timeout
+            || job.stopping()
+            || job.interrupts.get().0 > 0
+        {
+            return Err(LaunchError::Engine(format!(
+                "step `{}` did not start: host discovery (`{}`) found no {min} slots within {} s (--elastic-timeout); \
+                 the last run: {}",
+                step.name,
+                discovery.script().display(),
+                job.options.elastic_timeout.as_secs_f64(),
+                last.unwrap_or_default()
+            )));
+        }
+        std::thread::sleep(crate::discovery::INTERVAL);
+    }
+}
+
+/// Starts the worker of one slot and adds it to the attempt's workers.
+pub(super) type SpawnWorker<'a> =
+    dyn FnMut(&Slot, &mut Vec<Worker>) -> Result<(), LaunchError> + 'a;
+
+/// An elastic step's growth through host discovery: the script, and how to start one more worker.
+pub(super) struct Growth<'a> {
+    pub(super) discovery: &'a mut Discovery,
+    pub(super) spawn: &'a mut SpawnWorker<'a>,
+}
+
+/// One attempt of a step, as [`supervise`] watches it.
+pub(super) struct Attempt<'a> {
+    pub(super) step: &'a PlannedStep,
+    pub(super) log_dir: &'a Path,
+    pub(super) started: Instant,
+    /// A failing rank stops this attempt's workers only, and the step starts again.
+    pub(super) restartable: bool,
+    /// `Some(min)`: an elastic step; a lost worker does not stop the others while `min` are left.
+    pub(super) elastic: Option<u32>,
+}
+
+/// Waits for the workers of one attempt of a step, stopping them when the job stops (or, `restartable`, when one
+/// of them fails).
+pub(super) fn supervise(
+    job: &Job<'_>,
+    attempt: Attempt<'_>,
+    workers: &mut Vec<Worker>,
+    exits: &mpsc::Receiver<(usize, WorkerExit, Instant)>,
+    rendezvous: Option<&RendezvousServer>,
+    mut growth: Option<Growth<'_>>,
+) -> Outcome {
+    let Attempt {
+        step,
+        log_dir,
+        started,
+        restartable,
+        elastic,
+    } = attempt;
+    // An elastic step's workers lost so far (failed, or left out of a round: counted when left out), by slot, and
+    // those being stopped because a round formed without them.
+    let mut lost = std::collections::BTreeSet::new();
+    let mut dropping: Vec<(usize, Instant)> = Vec::new();
+    // A rank of a restartable attempt failed: stop this attempt's workers (not the job's).
+    let mut restart = false;
+    let size = workers.len() as u32;
+    let mut terminated_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut all_ok = true;
+    let mut remaining = workers.len();
+    // Host discovery: hosts whose workers failed repeatedly, hosts the local engine ignores, the last warning.
+    let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()));
+    let mut ignored = std::collections::BTreeSet::new();
+    let mut last_warning: Option<String> = None;
+    while remaining > 0 {
+        match exits.recv_timeout(Duration::from_millis(20)) {
+            Ok((index, exit, when)) => {
+                remaining -= 1;
+                let size = workers_started(workers);
+                let worker = &mut workers[index];
+                worker.exited = Some(exit);
+                // Whatever the worker left behind in its group goes with it.
+                signal_group(worker.pgid, libc::SIGKILL);
+                if let Some(w) = &job.watchdog {
+                    w.unwatch(worker.pgid);
+                }
+                if let (Some(min), Some(server)) = (elastic, rendezvous) {
+                    // The membership's count: not the ones that ended (whatever their status) or were left out.
+                    let mut left = server.worker_gone(worker.rank) as u32;
+                    // A worker left out of a round is lost however it ends (a script may exit 0 on SIGTERM).
+                    let dropped = lost.contains(&worker.rank);
+                    // Preempted: it committed, told the rendezvous it leaves, and exited 0 (hvd.elastic on SIGTERM).
+                    // What counts is who was alive when it left (the others may have finished since).
+                    let handed_over = server.elastic_left().get(&worker.rank).copied();
+                    let preempted =
+                        exit == WorkerExit::Code(0) && !dropped && handed_over.is_some();
+                    if preempted && let Some(after) = handed_over {
+                        left = after as u32;
+                    }
+                    // Once the attempt is being stopped (to start again, or for good), exits are its doing.
+                    if (exit != WorkerExit::Code(0) || dropped || preempted)
+                        && !job.stopping()
+                        && !restart
+                    {
+                        let what = match preempted {
+                            true => {
+                                job.preempted
+                                    .lock()
+                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                    .entry(step.name.clone())
+                                    .or_default()
+                                    .push(worker.rank);
+                                "was preempted: it committed, handed over and left".to_owned()
+                            }
+                            false => {
+                                lost.insert(worker.rank);
+                                if growth.is_some()
+                                    && let Some(cooldown) = blacklist.failed(&worker.host, when)
+                                {
+                                    job.events.event(Event::Note {
+                                        text: format!(
+                                            "host {} is blacklisted for {} s: {} of its workers were lost; host \
+                                             discovery starts no new workers there until then",
+                                            worker.host,
+                                            cooldown.as_secs(),
+                                            crate::discovery::BLACKLIST_FAILURES
+                                        ),
+                                    });
+                                }
+                                format!("was lost ({exit})")
+                            }
+                        };
+                        if left >= min {
+                            job.events.event(Event::Note {
+                                text: format!(
+                                    "rank {} of step `{}` {what}; {left} of its {size} workers go on (elastic, \
+                                     minimum {min})",
+                                    worker.rank, step.name
+                                ),
+                            });
+                            continue;
+                        }
+                        all_ok = false;
+                        // A preempted worker ends the step as the SIGTERM that preempted it would have.
+                        let exit = match preempted {
+                            true => WorkerExit::Signal(libc::SIGTERM),
+                            false => exit,
+                        };
+                        let cause = Cause::BelowMinimum {
+                            rank: worker.rank,
+                            host: worker.host.clone(),
+                            exit,
+                            left,
+                            min,
+                        };
+                        let reason = format!(
+                            "rank {} of step `{}` {what}: {left} of its workers are left, fewer than its minimum of \
+                             {min}; stopping the others (grace {} s)",
+                            worker.rank,
+                            step.name,
+                            job.options.grace.as_secs_f64()
+                        );
+                        if restartable {
+                            restart = true;
+                            job.events.event(Event::Stopping { reason });
+                        } else {
+                            job.fail(
+                                when,
+                                FailureSummary {
+                                    step: step.name.clone(),
+                                    cause,
+                                    exit_code: exit.code(),
+                                    stderr_tail: Vec::new(),
+                                    log_dir: log_dir.to_path_buf(),
+                                },
+                                reason,
+                            );
+                        }
+                        continue;
+                    }
+                }
+                if exit != WorkerExit::Code(0) && restartable && !job.stopping() {
+                    all_ok = false;
+                    if !restart {
+                        restart = true;
+                        job.events.event(Event::Stopping {
+                            reason: format!(
+                                "rank {} of step `{}` failed ({exit}); stopping the other workers (grace {} s) to \
+                                 start the step again",
+                                worker.rank,
+                                step.name,
+                                job.options.grace.as_secs_f64()
+                            ),
+                        });
+                    }
+                } else if exit != WorkerExit::Code(0) {
+                    all_ok = false;
+                    job.fail(
+                        when,
+                        FailureSummary {
+                            step: step.name.clone(),
+                            cause: Cause::Worker { rank: worker.rank, host: worker.host.clone(), exit },
+                            exit_code: exit.code(),
+                            stderr_tail: Vec::new(),
+                            log_dir: log_dir.to_path_buf(),
+                        },
+                        format!(
+                            "rank {} of step `{}` failed ({exit}); stopping the other workers (grace {} s)",
+                            worker.rank,
+                            step.name,
+                            job.options.grace.as_secs_f64()
+                        ),
+                    );
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        job.check_interrupts(&step.name, log_dir);
+        // Host discovery: new slots on this machine start new workers (up to the step's maximum), which join at the
+        // members' next commit; a run that fails keeps the current workers, with a warning (once per message).
+        if let (Some(g), Some(server)) = (growth.as_mut(), rendezvous)
+            && !job.stopping()
+            && !restart
+            && let Some(result) = g.discovery.poll()
+        {
+            match result {
+                Ok(hosts) => {
+                    last_warning = None;
+                    let found = local_slots(job, step, &hosts, &blacklist, &mut ignored) as usize;
+                    let cap = step.layout.slots.len();
+                    let mut live = workers
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, w)| {
+                            w.exited.is_none() && !dropping.iter().any(|(d, _)| d == i)
+                        })
+                        .count();
+                    while live < found.min(cap) && workers.len() < cap {
+                        let Some(slot) = server.add_elastic_worker() else {
+                            break;
+                        };
+                        match (g.spawn)(&step.layout.slots[slot as usize], workers) {
+                            Ok(()) => {
+                                remaining += 1;
+                                live += 1;
+                                job.events.event(Event::Note {
+                                    text: format!(
+                                        "host discovery found {found} slots for step `{}`: started rank {slot}; it \
+                                         joins at the workers' next commit",
+                                        step.name
+                                    ),
+                                });
+                            }
+                            Err(e) => {
+                                server.worker_gone(slot);
+                                job.events.event(Event::Note {
+                                    text: format!(
+                                        "warning: could not start rank {slot} of step `{}` for a slot host \
+                                         discovery found: {e}",
+                                        step.name
+                                    ),
+                                });
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    let text = discovery_warning(&e);
+                    if last_warning.as_deref() != Some(text.as_str()) {
+                        job.events.event(Event::Note { text: text.clone() });
+                    }
+                    last_warning = Some(text);
+                }
+            }
+        }
+        // Live workers a round of an elastic step formed without (they did not ask to join in time): stop them;
+        // they count as lost.
+        if let (Some(_), Some(server)) = (elastic, rendezvous) {
+            for slot in server.elastic_dropped() {
+                if let Some(index) = workers
+                    .iter()
+                    .position(|w| w.rank == slot && w.exited.is_none())
+                    && !dropping.iter().any(|(i, _)| *i == index)
+                {
+                    dropping.push((index, Instant::now()));
+                    lost.insert(slot);
+                    job.events.event(Event::Note {
+                        text: format!(
+                            "rank {slot} of step `{}` did not rejoin within {} s; stopping it (elastic)",
+                            step.name,
+                            job.options.elastic_timeout.as_secs_f64()
+                        ),
+                    });
+                    let w = &mut workers[index];
+                    match w.stdin.take() {
+                        Some(mut stdin) => crate::engine::send_stop(&mut stdin, libc::SIGTERM),
+                        None => signal_group(w.pgid, libc::SIGTERM),
+                    }
+                }
+            }
+            for (index, since) in &dropping {
+                let w = &workers[*index];
+                if w.exited.is_none() && since.elapsed() >= job.options.grace {
+                    signal_group(w.pgid, libc::SIGKILL);
+                }
+            }
+        }
+        if let Some(limit) = step.timeout
+            && started.elapsed() > limit
+            && !job.stopping()
+        {
+            all_ok = false;
+            job.fail(
+                Instant::now(),
+                FailureSummary {
+                    step: step.name.clone(),
+                    cause: Cause::Timeout { after: limit },
+                    exit_code: TIMEOUT_EXIT_CODE,
+                    stderr_tail: Vec::new(),
+                    log_dir: log_dir.to_path_buf(),
+                },
+                format!(
+                    "step `{}` ran past its timeout of {} s; stopping it",
+                    step.name,
+                    limit.as_secs_f64()
+                ),
+            );
+        }
+        if let (Some(limit), Some(server)) = (job.options.start_timeout, rendezvous)
+            && started.elapsed() > limit
+            && !job.stopping()
+        {
+            let joined = server.joined_ranks();
+            let missing: Vec<u32> = (0..size).filter(|r| !joined.contains(r)).collect();
+            if !missing.is_empty() {
+                all_ok = false;
+                job.fail(
+                    Instant::now(),
+                    FailureSummary {
+                        step: step.name.clone(),
+                        cause: Cause::StartTimeout { missing: missing.clone(), after: limit },
+                        exit_code: TIMEOUT_EXIT_CODE,
+                        stderr_tail: Vec::new(),
+                        log_dir: log_dir.to_path_buf(),
+                    },
+                    format!("ranks {missing:?} of step `{}` did not join the rendezvous in time; stopping", step.name),
+                );
+            }
+        }
+        if let Some(signal) = job.stop_signal().or(restart.then_some(libc::SIGTERM))
+            && terminated_at.is_none()
+        {
+            all_ok = false;
+            terminated_at = Some(Instant::now());
+            // Before the signal: an elastic worker's SIGTERM handler asks, and stops rather than hands over.
+            if let Some(server) = rendezvous {
+                server.stop_elastic();
+            }
+            for w in workers.iter_mut().filter(|w| w.exited.is_none()) {
+                match w.stdin.take() {
+                    // ssh exits once the remote wrapper has stopped the rank; SIGKILL after the grace period.
+                    Some(mut stdin) => crate::engine::send_stop(&mut stdin, signal),
+                    // An elastic worker unwinds on SIGTERM (hvd.elastic): its `sh -c` wrapper must outlive it.
+                    None if elastic.is_some() => signal_past_wrapper(w.pgid, signal),
+                    None => signal_group(w.pgid, signal),
+                }
+            }
+        }
+        let grace_over = terminated_at.is_some_and(|t| t.elapsed() >= job.options.grace);
+        if !killed && (grace_over || job.kill_now.load(Ordering::SeqCst)) {
+            killed = true;
+            terminated_at.get_or_insert_with(Instant::now);
+            for w in workers.iter().filter(|w| w.exited.is_none()) {
+                signal_group(w.pgid, libc::SIGKILL);
+            }
+        }
+    }
+    match (all_ok, restart && !job.stopping()) {
+        (true, _) => Outcome::Succeeded,
+        (false, true) => Outcome::Restart,
+        (false, false) => Outcome::Failed,
+    }
+}
+
+/// Signals a local worker's process group, except its leader when that is the `/bin/sh -c` wrapper of the rank's
+/// command: the wrapper ends with the command (with its exit status) instead of dying first, which would end the
+/// worker (its group is killed once the worker's process exits) before it unwinds. A group that is only the leader,
+/// or led by anything else, gets the signal whole.
+fn signal_past_wrapper(pgid: u32, signal: i32) {
+    let leader_is_sh = std::fs::read_link(format!("/proc/{pgid}/exe"))
+        .ok()
+        .zip(std::fs::canonicalize("/bin/sh").ok())
+        .is_some_and(|(exe, sh)| exe == sh);
+    let members: Vec<u32> = match leader_is_sh {
+        true => std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != pgid && process_group(pid) == Some(pgid))
+            .collect(),
+        false => Vec::new(),
+    };
+    if members.is_empty() {
+        signal_group(pgid, signal);
+        return;
+    }
+    for pid in members {
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // SAFETY: plain syscall with integer arguments, to a member of the worker's own process group.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+}
+
+/// The process group of `pid` (`/proc/PID/stat`, the field after the parent's pid), `None` when it is gone.
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: the fields after it follow the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// How many workers an attempt has started so far (an elastic step's discovery may add some).
+fn workers_started(workers: &[Worker]) -> usize {
+    workers.len()
+}
