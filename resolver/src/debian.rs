@@ -599,7 +599,7 @@ struct Reader {
 impl Reader {
     fn new(cache_dir: &Path, offline: bool) -> Result<Reader, DebianError> {
         let mut roots = Vec::new();
-        if let Some(bundle) = crate::lock::discover_ca_bundle() {
+        if let Some(bundle) = crate::pip_config::discover_ca_bundle() {
             let pem = fs_err::read(&bundle)?;
             roots = reqwest::Certificate::from_pem_bundle(&pem).unwrap_or_default();
         }

@@ -29,6 +29,7 @@ pub mod lock;
 pub mod lockfile;
 pub mod metadata;
 pub mod names;
+mod pip_config;
 pub mod solver;
 pub mod source;
 pub mod tags;
