@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -32,6 +32,11 @@ use hvd_resolver::Sha256;
 
 use crate::error::{Error, Result};
 use crate::hash::ManifestEntry;
+
+mod zip_archive;
+
+pub use zip_archive::unpack_zip;
+pub(crate) use zip_archive::{OpenZip, SharedFile, unpack_open_zip};
 
 /// Limits on what one archive may unpack to. The defaults are far above any real wheel or sdist (a CUDA build of
 /// torch unpacks to about 4 GiB in about 15 000 files; tensorflow to about 2 GiB in 25 000; pyspark's sdist to about
@@ -984,207 +989,6 @@ fn archive_error(archive: &Path, err: impl std::fmt::Display) -> Error {
     }
 }
 
-const S_IFMT: u32 = 0o170000;
-const S_IFREG: u32 = 0o100000;
-const S_IFDIR: u32 = 0o040000;
-const S_IFLNK: u32 = 0o120000;
-
-/// An archive file read by position (`pread`), so that clones read independently: every thread of a parallel
-/// extraction has its own, sharing one descriptor and one parsed central directory. Buffered, and a seek keeps
-/// the buffer (the central directory is parsed field by field, entries are opened by seeking).
-pub(crate) struct SharedFile {
-    file: Arc<std::fs::File>,
-    len: u64,
-    pos: u64,
-    buffer: Vec<u8>,
-    /// The file offset of `buffer[0]` and how many bytes of it are valid.
-    buffer_at: u64,
-    buffered: usize,
-}
-
-impl SharedFile {
-    fn open(path: &Path) -> Result<SharedFile> {
-        let file = fs_err::File::open(path)?.into_parts().0;
-        let len = file.metadata()?.len();
-        Ok(SharedFile {
-            file: Arc::new(file),
-            len,
-            pos: 0,
-            buffer: vec![0u8; 64 << 10],
-            buffer_at: 0,
-            buffered: 0,
-        })
-    }
-}
-
-impl Clone for SharedFile {
-    fn clone(&self) -> Self {
-        SharedFile {
-            file: self.file.clone(),
-            len: self.len,
-            pos: self.pos,
-            buffer: vec![0u8; self.buffer.len()],
-            buffer_at: 0,
-            buffered: 0,
-        }
-    }
-}
-
-impl Read for SharedFile {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        use std::os::unix::fs::FileExt;
-        let in_buffer = self.pos >= self.buffer_at
-            && self.pos < self.buffer_at + self.buffered as u64
-            && self.buffered > 0;
-        if !in_buffer {
-            if out.len() >= self.buffer.len() {
-                let n = self.file.read_at(out, self.pos)?;
-                self.pos += n as u64;
-                return Ok(n);
-            }
-            self.buffered = self.file.read_at(&mut self.buffer, self.pos)?;
-            self.buffer_at = self.pos;
-            if self.buffered == 0 {
-                return Ok(0);
-            }
-        }
-        let start = (self.pos - self.buffer_at) as usize;
-        let n = out.len().min(self.buffered - start);
-        out[..n].copy_from_slice(&self.buffer[start..start + n]);
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-impl std::io::Seek for SharedFile {
-    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
-        let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek out of range");
-        self.pos = match to {
-            std::io::SeekFrom::Start(n) => n,
-            std::io::SeekFrom::End(d) => self.len.checked_add_signed(d).ok_or_else(invalid)?,
-            std::io::SeekFrom::Current(d) => self.pos.checked_add_signed(d).ok_or_else(invalid)?,
-        };
-        Ok(self.pos)
-    }
-}
-
-/// A zip archive whose central directory is read once (the wheel installer looks at its names first).
-pub(crate) struct OpenZip<'p> {
-    path: &'p Path,
-    zip: zip::ZipArchive<SharedFile>,
-}
-
-impl<'p> OpenZip<'p> {
-    pub(crate) fn open(path: &'p Path) -> Result<OpenZip<'p>> {
-        let zip = zip::ZipArchive::new(SharedFile::open(path)?)
-            .map_err(|err| archive_error(path, err))?;
-        Ok(OpenZip { path, zip })
-    }
-
-    /// The entries' names as the archive spells them (not normalized, not checked).
-    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
-        self.zip.file_names()
-    }
-}
-
-/// Unpack a zip archive into `dest` (see the module documentation for what is refused).
-pub fn unpack_zip(archive: &Path, dest: &Path, options: Options<'_>) -> Result<Extracted> {
-    Ok(unpack_open_zip(OpenZip::open(archive)?, dest, options, false)?.0)
-}
-
-/// [`unpack_zip`] of an archive already open. With `store_modes`, every entry gets the store's mode and mtime
-/// as it is written and the manifest of the whole tree is returned (when hashing), so that the store neither
-/// canonicalizes nor walks the tree again. A big archive's files are written by several threads.
-pub(crate) fn unpack_open_zip(
-    open: OpenZip<'_>,
-    dest: &Path,
-    options: Options<'_>,
-    store_modes: bool,
-) -> Result<(Extracted, Option<Manifest>)> {
-    let OpenZip { path: archive, zip } = open;
-    let mut zip = zip;
-    let mut extractor = Extractor::new(archive, dest, options, store_modes)?;
-    if zip.len() as u64 > options.limits.max_entries {
-        return Err(extractor.refuse(
-            "(central directory)",
-            format!(
-                "lists {} entries, more than the {} an archive may have",
-                zip.len(),
-                options.limits.max_entries
-            ),
-        ));
-    }
-    // Every name, kind and place is checked and claimed first (links' targets are read); then the files' bytes.
-    let mut jobs = Vec::new();
-    for index in 0..zip.len() {
-        let (name, mode, is_dir, size) = {
-            let entry = zip
-                .by_index_raw(index)
-                .map_err(|err| archive_error(archive, err))?;
-            (
-                entry.name().to_string(),
-                entry.unix_mode(),
-                entry.is_dir(),
-                entry.size(),
-            )
-        };
-        let kind = match mode.map(|mode| mode & S_IFMT) {
-            _ if is_dir => Kind::Dir,
-            Some(S_IFDIR) => Kind::Dir,
-            Some(S_IFLNK) => {
-                let mut entry = zip
-                    .by_index(index)
-                    .map_err(|err| archive_error(archive, err))?;
-                let mut target = Vec::new();
-                (&mut entry)
-                    .take(MAX_LINK_TARGET + 1)
-                    .read_to_end(&mut target)
-                    .map_err(|err| extractor.io(&name, err))?;
-                if target.len() as u64 > MAX_LINK_TARGET {
-                    return Err(extractor.refuse(&name, "is a link with an overlong target"));
-                }
-                let target = String::from_utf8(target)
-                    .map_err(|_| extractor.refuse(&name, "is a link whose target is not UTF-8"))?;
-                Kind::Symlink { target }
-            }
-            None | Some(0) | Some(S_IFREG) => Kind::File {
-                executable: mode.is_some_and(|mode| mode & 0o111 != 0),
-            },
-            Some(other) => {
-                return Err(extractor.refuse(
-                    &name,
-                    format!("has file type {other:o} (a device, fifo or socket): only files, directories and links are allowed"),
-                ));
-            }
-        };
-        match kind {
-            Kind::Dir => extractor.add_dir(&name)?,
-            Kind::File { executable } => {
-                if let Some((normalized, dest)) = extractor.plan_file(&name, executable)? {
-                    jobs.push(FileJob {
-                        index,
-                        entry: name,
-                        normalized,
-                        dest,
-                        executable,
-                        size,
-                    });
-                }
-            }
-            Kind::Symlink { target } => extractor.add_symlink(&name, &target)?,
-            Kind::HardLink { target } => extractor.add_hard_link(&name, &target)?,
-        }
-    }
-    let declared: u64 = jobs.iter().map(|job| job.size).sum();
-    let threads = if declared >= PARALLEL_FROM_BYTES {
-        std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-    } else {
-        1
-    };
-    extractor.write_zip_files(&zip, jobs, threads)?;
-    extractor.finish()
-}
-
 /// Counts (and caps) the decompressed bytes of a tar stream, headers and padding included.
 struct CountingReader<R> {
     inner: R,
@@ -1360,6 +1164,7 @@ pub fn unpack_sdist_with(
 
 #[cfg(test)]
 mod tests {
+    use super::zip_archive::{S_IFLNK, S_IFMT};
     use super::*;
     use std::path::PathBuf;
 
@@ -1380,36 +1185,6 @@ mod tests {
         }
         writer.finish().unwrap();
         (dir, path)
-    }
-
-    /// Each clone has its own position and buffer over one descriptor; a seek keeps the buffer, reads across its
-    /// end and bigger than it are whole.
-    #[test]
-    fn shared_file_clones_read_and_seek_independently() {
-        use std::io::{Seek, SeekFrom};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("data");
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        fs_err::write(&path, &data).unwrap();
-        let mut a = SharedFile::open(&path).unwrap();
-        let mut b = a.clone();
-        let read = |file: &mut SharedFile, n: usize| {
-            let mut out = vec![0u8; n];
-            file.read_exact(&mut out).unwrap();
-            out
-        };
-        a.seek(SeekFrom::Start(100_000)).unwrap();
-        assert_eq!(read(&mut a, 10), data[100_000..100_010]);
-        assert_eq!(b.seek(SeekFrom::End(-5)).unwrap(), 299_995);
-        let mut tail = Vec::new();
-        b.read_to_end(&mut tail).unwrap();
-        assert_eq!(tail, data[299_995..]);
-        a.seek(SeekFrom::Current(-10)).unwrap();
-        assert_eq!(read(&mut a, 70_000), data[100_000..170_000]);
-        assert_eq!(read(&mut a, 100_000), data[170_000..270_000]);
-        let mut c = a.clone();
-        assert_eq!(read(&mut c, 30_000), data[270_000..]);
-        assert!(c.seek(SeekFrom::Current(-400_000)).is_err());
     }
 
     #[test]
