@@ -24,8 +24,8 @@ use crate::derivation::Derivation;
 use crate::error::{Error, Result};
 use crate::hash::{self, PATH_INFO_FILE};
 
-/// Modification time every store entry gets (seconds since the epoch), as Nix does.
-pub const STORE_MTIME: i64 = 1;
+/// Modification time every store entry gets (defined with the extractor that writes most of them).
+pub use crate::unpack::STORE_MTIME;
 
 /// What `.hvd-path.json` records about a store path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

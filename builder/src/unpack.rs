@@ -400,9 +400,12 @@ impl Sink<'_> {
     }
 }
 
+/// Modification time every store entry gets (seconds since the epoch), as Nix does; the store re-exports it.
+pub const STORE_MTIME: i64 = 1;
+
 /// The mtime of every store entry.
 fn store_time() -> nix::sys::time::TimeSpec {
-    nix::sys::time::TimeSpec::new(crate::store::STORE_MTIME, 0)
+    nix::sys::time::TimeSpec::new(STORE_MTIME, 0)
 }
 
 struct Extractor<'a> {
