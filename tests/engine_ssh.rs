@@ -120,6 +120,17 @@ impl Hosts {
     /// As [`Hosts::start`]; with `compromised`, the second host's sshd runs that command for every login instead of
     /// the one asked for (`ForceCommand`; the asked one is in `SSH_ORIGINAL_COMMAND`): a host that answers as it likes.
     fn start_with(tag: &str, compromised: Option<&str>) -> Hosts {
+        Self::start_inner(tag, compromised, None)
+    }
+
+    /// As [`Hosts::start`], but each host's sshd (and so every login there) runs in a mount namespace of its own with
+    /// an empty tmpfs over `private`: what the launcher keeps under it (the store, the project) is not on the hosts,
+    /// and what a host writes there (its own store, its cache home `XDG_CACHE_HOME=private/home-cache`) is its own.
+    fn start_private(tag: &str, private: &Path) -> Hosts {
+        Self::start_inner(tag, None, Some(private))
+    }
+
+    fn start_inner(tag: &str, compromised: Option<&str>, private: Option<&Path>) -> Hosts {
         require_tools();
         let prefix = format!("hvd{tag}{}", std::process::id());
         let mut hosts = Hosts {
@@ -215,10 +226,31 @@ impl Hosts {
             if let (1, Some(command)) = (i, compromised) {
                 config.push_str(&format!("ForceCommand {command}\n"));
             }
+            if let Some(private) = private {
+                config.push_str(&format!(
+                    "SetEnv XDG_CACHE_HOME={}/home-cache\n",
+                    private.display()
+                ));
+            }
             std::fs::write(&conf, config).unwrap();
             let log = d.join(format!("sshd.{i}.log"));
-            let child = Command::new(tool("ip"))
-                .args(["netns", "exec", &hosts.namespaces[i + 1]])
+            let mut command = Command::new(tool("ip"));
+            command.args(["netns", "exec", &hosts.namespaces[i + 1]]);
+            if let Some(private) = private {
+                // unshare and sh exec, so the listener keeps the pid of the child started here.
+                command
+                    .args([
+                        "unshare",
+                        "--mount",
+                        "--propagation",
+                        "private",
+                        "/bin/sh",
+                        "-c",
+                    ])
+                    .arg("mount -t tmpfs hvd-host \"$0\" && exec \"$@\"")
+                    .arg(private);
+            }
+            let child = command
                 .arg(&sshd)
                 .args(["-D", "-e", "-f"])
                 .arg(&conf)
@@ -622,5 +654,214 @@ fn a_compromised_host_cannot_run_commands_here_or_obtain_other_store_paths() {
             "{hostile}: a rank or copy was started"
         );
     }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// A project whose env (fixture wheels `greet` and `helper`, and hvd's worker runtime) is built into `root/store`
+/// from a local index and pushed, signed, into the directory cache `cache`; its step runs `job.py` (a file of the
+/// project) on 4 ranks: a barrier over every rank, then a line with what the rank sees.
+struct Delivered {
+    project: PathBuf,
+    env: PathBuf,
+    cache: PathBuf,
+    public_key: PathBuf,
+}
+
+impl Delivered {
+    fn new(root: &Path, cache: &Path) -> Delivered {
+        let files = cache.with_extension("files");
+        std::fs::create_dir_all(&files).unwrap();
+        common::make_fixtures(common::GREET_AND_NOISY, &files);
+        let base = common::serve_files(files.clone());
+        let python = common::python_version();
+        let project = root.join("app");
+        std::fs::create_dir_all(&project).unwrap();
+        let file = project.join("train.hvd");
+        std::fs::write(
+            &file,
+            format!(
+                "project \"app\"\nenv {{\n  python = \"{python}\"\n  packages = [\"greet==1.0\"]\n}}\n\
+                 step train {{\n  run = \"greet && python job.py\"\n  workers = 4\n}}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            project.join("job.py"),
+            "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
+             print(f\"job rank={hvd.rank()} size={hvd.size()} word={helper.WORD} cwd={os.getcwd()}\", flush=True)\n",
+        )
+        .unwrap();
+        let package = |name: &str, filename: &str, deps: &[&str]| {
+            common::locked_file(name, &base, &files.join(filename), deps)
+        };
+        common::lockfile(
+            &file,
+            &python,
+            vec![
+                package("greet", "greet-1.0-py3-none-any.whl", &["helper"]),
+                package("helper", "helper-1.0-py3-none-any.whl", &[]),
+            ],
+            vec![],
+        )
+        .write(&hvd_resolver::lockfile::Lockfile::path_for(&file))
+        .unwrap();
+        let store = root.join("store");
+        let hvd = |args: &[&str]| {
+            let out = common::hvd_with_store(root, &store, args)
+                .env_remove("HVD_CACHES")
+                .env_remove("HVD_TRUSTED_KEYS")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "hvd {args:?}: {}", text(&out).1);
+            text(&out).0.trim().to_owned()
+        };
+        let env = PathBuf::from(hvd(&["build", "app/train.hvd", "--locked"]));
+        let keys = cache.with_extension("keys");
+        let keys_arg = keys.display().to_string();
+        hvd(&["cache", "keygen", "ssh-test", "--out", &keys_arg]);
+        let to = format!("file://{}", cache.display());
+        let secret = keys.join("ssh-test.secret").display().to_string();
+        hvd(&[
+            "cache",
+            "push",
+            "app/train.hvd",
+            "--locked",
+            "--to",
+            &to,
+            "--key",
+            &secret,
+        ]);
+        Delivered {
+            project,
+            env,
+            cache: cache.to_path_buf(),
+            public_key: keys.join("ssh-test.public"),
+        }
+    }
+
+    /// `hvd run` of the project on the hosts with the env at `--env-dir` and `args`.
+    fn run(&self, hosts: &Hosts, args: &[&str]) -> Output {
+        let env = self.env.display().to_string();
+        let mut all = vec!["--grace", "2", "--env-dir", &env];
+        all.extend(args);
+        hosts
+            .hvd_command(&self.project, &all)
+            .env_remove("HVD_CACHES")
+            .env_remove("HVD_TRUSTED_KEYS")
+            .output()
+            .unwrap()
+    }
+
+    /// Asserts that every rank ran on its host in a work directory (not the project directory, which the hosts
+    /// lack), with the env's packages and console script.
+    fn assert_ran_everywhere(&self, out: &Output) {
+        let (stdout, stderr) = text(out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        for rank in 0..4u32 {
+            let host = HOSTS[(rank / 2) as usize];
+            let line = stdout
+                .lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "[train {host}:{rank}] job rank={rank} size=4 word=hello cwd="
+                    ))
+                })
+                .unwrap_or_else(|| {
+                    panic!("rank {rank} on {host} did not report:\n{stdout}\n{stderr}")
+                });
+            assert!(line.contains("/home-cache/hvd/work/"), "{line}");
+            assert!(
+                stdout.contains(&format!("[train {host}:{rank}] hello from greet")),
+                "{stdout}"
+            );
+        }
+    }
+}
+
+/// Serves `dir` over HTTP from the launcher's namespace (a static server, `python3 -m http.server`) on
+/// `10.77.0.1:8077`; the hosts reach it, the test's own namespace does not.
+fn serve_in_launcher_namespace(hosts: &Hosts, dir: &Path) -> (Child, String) {
+    let mut child = Command::new(tool("ip"))
+        .args([
+            "netns",
+            "exec",
+            &hosts.namespaces[0],
+            "python3",
+            "-u",
+            "-m",
+            "http.server",
+        ])
+        .args(["8077", "--bind", LAUNCHER_ADDR, "--directory"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.contains("Serving HTTP"), "{first}");
+    (child, format!("http://{LAUNCHER_ADDR}:8077"))
+}
+
+#[test]
+fn hosts_with_empty_private_stores_pull_the_env_from_an_http_cache_and_run_in_a_work_dir() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = Delivered::new(root.path(), &outside.path().join("cache"));
+    let hosts = Hosts::start_private("e", root.path());
+    let (mut server, url) = serve_in_launcher_namespace(&hosts, &p.cache);
+    let key = p.public_key.display().to_string();
+    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
+    let _ = server.kill();
+    let _ = server.wait();
+    p.assert_ran_everywhere(&out);
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+#[test]
+fn a_tampered_cache_stops_the_run_before_any_rank_and_a_direct_copy_runs_without_one() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = Delivered::new(root.path(), &outside.path().join("cache"));
+    let hosts = Hosts::start_private("f", root.path());
+    // One flipped byte in the archive of `helper`, which the env needs.
+    let helper = std::fs::read_dir(root.path().join("store"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with("-helper-1.0"))
+        .unwrap();
+    use hvd_builder::cache::record::{Record, archive_key, record_key};
+    let record = Record::parse(&std::fs::read(p.cache.join(record_key(&helper))).unwrap()).unwrap();
+    let archive = p.cache.join(archive_key(&record.archive.sha256));
+    let mut bytes = std::fs::read(&archive).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&archive, &bytes).unwrap();
+    let url = format!("file://{}", p.cache.display());
+    let key = p.public_key.display().to_string();
+    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let words = common::unwrapped(&stderr);
+    for host in HOSTS {
+        assert!(
+            words.contains(&common::unwrapped(&format!(
+                "host `{host}` could not get the env"
+            ))),
+            "{stderr}"
+        );
+    }
+    assert!(
+        words.contains(&common::unwrapped(&format!("refusing {helper}"))),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("[train"), "a rank ran:\n{stdout}");
+    // Without a cache, the launcher copies the env's paths over ssh; the hosts verify and run.
+    let out = p.run(&hosts, &["--ssh-copy-env"]);
+    p.assert_ran_everywhere(&out);
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }

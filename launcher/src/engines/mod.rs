@@ -45,14 +45,27 @@ pub fn pull_argv(
             shim.display()
         )));
     };
+    pull_command(shim, store, name, &plan.caches, &plan.trusted_keys).map(Some)
+}
+
+/// `PROGRAM cache pull --store=STORE NAME --cache=URL... --trusted-key=KEY...`: what a node runs to get store path
+/// `NAME` (with its closure) from the caches, verified, into `STORE`. A cache URL with credentials is refused (see
+/// [`pull_argv`]); the keys are `NAME:BASE64` texts, which are public.
+pub fn pull_command(
+    program: &str,
+    store: &str,
+    name: &str,
+    caches: &[String],
+    trusted_keys: &[String],
+) -> Result<Vec<String>, LaunchError> {
     let mut argv = vec![
-        shim.to_owned(),
+        program.to_owned(),
         "cache".to_owned(),
         "pull".to_owned(),
         format!("--store={store}"),
         name.to_owned(),
     ];
-    for url in &plan.caches {
+    for url in caches {
         if has_credentials(url) {
             return Err(LaunchError::Engine(format!(
                 "the cache `{}` carries credentials in its URL; hvd does not write them into batch scripts or \
@@ -63,10 +76,10 @@ pub fn pull_argv(
         }
         argv.push(format!("--cache={url}"));
     }
-    for key in &plan.trusted_keys {
+    for key in trusted_keys {
         argv.push(format!("--trusted-key={key}"));
     }
-    Ok(Some(argv))
+    Ok(argv)
 }
 
 /// Whether `url` has a user-info part (`scheme://user[:secret]@host...`).

@@ -23,9 +23,9 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hvd_lang::model::Project;
@@ -38,6 +38,7 @@ use crate::env::{RendezvousInfo, Slot, WorkerLayout};
 use crate::options::RunOptions;
 
 mod check;
+mod deliver;
 
 /// Everything the ssh engine needs for every distributed step of a plan.
 #[derive(Debug, Clone)]
@@ -56,6 +57,15 @@ pub struct SshSetup {
     pub grace: Duration,
     /// Copy the env's store paths to hosts that lack them (tar over ssh) before the check fails.
     pub copy_env: bool,
+    /// Binary caches each host pulls the env's closure from (`hvd cache pull` there), with the trusted keys
+    /// (`NAME:BASE64`); empty: no pulling.
+    pub caches: Vec<String>,
+    pub trusted_keys: Vec<String>,
+    /// The launcher's own `hvd` binary: the path tried first on a host that pulls the env (then `hvd` on its PATH).
+    pub hvd: Option<PathBuf>,
+    /// Hosts without the project directory -> the work directory with the project's files there, where their ranks
+    /// run (filled by the host check).
+    pub work_dirs: Arc<Mutex<BTreeMap<String, PathBuf>>>,
 }
 
 /// Whether `name` can be a variable name for `env NAME=VALUE` and the shell.
@@ -120,7 +130,15 @@ impl SupervisedEngine for SshSetup {
     }
 
     fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
-        self.check_hosts(&plan.project_dir, plan.env_dir.as_deref())
+        // The files the distributed steps need on a host without the project directory: their `inputs`, or all of
+        // it when one of them declares none.
+        let distributed = plan.steps.iter().filter(|s| s.workers.is_some());
+        let inputs: Vec<String> = if distributed.clone().any(|s| s.inputs.is_empty()) {
+            Vec::new()
+        } else {
+            distributed.flat_map(|s| s.inputs.iter().cloned()).collect()
+        };
+        self.check_hosts(&plan.project_dir, plan.env_dir.as_deref(), &inputs)
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
@@ -230,6 +248,10 @@ impl SshSetup {
             host_addrs,
             grace: options.grace,
             copy_env: ssh_options.copy_env || settings.copy_env == Some(true),
+            caches: options.caches.clone(),
+            trusted_keys: options.trusted_keys.clone(),
+            hvd: options.shim.clone(),
+            work_dirs: Arc::default(),
         })
     }
 
@@ -355,7 +377,14 @@ impl SshSetup {
         vars: &[(String, String)],
         rendezvous: IpAddr,
     ) -> Result<Vec<String>, LaunchError> {
-        let remote = self.wrapper(vars, &step.command, &plan.project_dir, rendezvous)?;
+        let work_dir = self
+            .work_dirs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&slot.host)
+            .cloned();
+        let dir = work_dir.as_deref().unwrap_or(&plan.project_dir);
+        let remote = self.wrapper(vars, &step.command, dir, rendezvous)?;
         Ok(self.argv(&slot.host, &remote))
     }
 
@@ -455,6 +484,10 @@ pub(super) mod tests {
             host_addrs: vec!["10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()],
             grace: Duration::from_secs(2),
             copy_env: false,
+            caches: Vec::new(),
+            trusted_keys: Vec::new(),
+            hvd: None,
+            work_dirs: Arc::default(),
         }
     }
 

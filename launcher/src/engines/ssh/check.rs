@@ -1,22 +1,42 @@
-//! Checking the hosts before a run of the ssh engine: ssh reaches each one, the project directory is there, and so
-//! is the env, by content hash with every store path it references (copied with `--ssh-copy-env`), and the host's
-//! glibc is as new as the env's wheels need, all hosts at once.
+//! Checking the hosts before a run of the ssh engine: ssh reaches each one, the project directory is there (else its
+//! files go to a work directory there), and so is the env, by content hash with every store path it references
+//! (pulled from the caches, or copied with `--ssh-copy-env`), and the host's glibc is as new as the env's wheels
+//! need, all hosts at once.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use super::deliver::WorkFiles;
 use super::{SshSetup, engine_error};
 use crate::LaunchError;
 use crate::closure::{EnvIdentity, is_store_path_name, printable};
 use crate::engines::shell::{self, quote};
 
 impl SshSetup {
-    /// Checks every host before anything starts, all at once: ssh reaches it, the project directory exists there,
-    /// and so does the env (`env_dir`): for a store path, with the same content hash and every store path it
-    /// references.
-    pub fn check_hosts(&self, dir: &Path, env_dir: Option<&Path>) -> Result<(), LaunchError> {
+    /// Checks every host before anything starts, all at once: ssh reaches it, the project directory exists there
+    /// (else the project's files, `inputs` of the distributed steps or the whole directory, go to a work directory
+    /// there, where its ranks then run), and so does the env (`env_dir`): for a store path, with the same content
+    /// hash and every store path it references, pulled from the caches or copied when it is not.
+    pub fn check_hosts(
+        &self,
+        dir: &Path,
+        env_dir: Option<&Path>,
+        inputs: &[String],
+    ) -> Result<(), LaunchError> {
         let local = env_dir.map(EnvIdentity::local).transpose()?.flatten();
-        let script = check_script(dir, env_dir, local.as_ref());
+        let delivering = local.is_some() && (self.copy_env || !self.caches.is_empty());
+        let probe = Probe {
+            store: delivering
+                .then(|| local.as_ref().map(|l| l.store.as_path()))
+                .flatten(),
+            hvd: (local.is_some() && !self.caches.is_empty()).then_some(self.hvd.as_deref()),
+        };
+        let script = check_script(dir, env_dir, local.as_ref(), &probe);
+        // The project's files, read (and hashed) once, when the first host lacks the directory.
+        let work = &WorkSource {
+            inputs,
+            files: std::sync::OnceLock::new(),
+        };
         let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .hosts
@@ -24,7 +44,7 @@ impl SshSetup {
                 .map(|(host, _)| {
                     let script = &script;
                     let local = local.as_ref();
-                    scope.spawn(move || self.check_host(host, script, dir, env_dir, local))
+                    scope.spawn(move || self.check_host(host, script, dir, env_dir, local, work))
                 })
                 .collect();
             handles
@@ -50,12 +70,42 @@ impl SshSetup {
         dir: &Path,
         env_dir: Option<&Path>,
         local: Option<&EnvIdentity>,
+        work: &WorkSource<'_>,
     ) -> Result<(), String> {
         let report = self.run_check(host, script, local)?;
-        let copyable =
-            self.copy_env && report.differs.is_none() && !report.env_problems().is_empty();
+        let deliverable = report.differs.is_none() && !report.env_problems().is_empty();
+        if deliverable
+            && local.is_some()
+            && (self.copy_env || !self.caches.is_empty())
+            && report.no_store
+        {
+            let store = local
+                .map(|l| l.store.display().to_string())
+                .unwrap_or_default();
+            return Err(format!(
+                "the store directory {store} does not exist on host `{host}` and cannot be created there: a store \
+                 path is valid only at the directory it was built in (it holds absolute links into it), so the \
+                 store path prefix must be equal on every host; give every host a writable {store}, or build \
+                 the env in a store directory every host has (e.g. /opt/hvd/store; docs/store.md)"
+            ));
+        }
         let report = match (env_dir, local) {
-            (Some(_), Some(identity)) if copyable => {
+            (Some(_), Some(identity)) if deliverable && !self.caches.is_empty() => {
+                let Some(hvd) = &report.hvd else {
+                    return Err(format!(
+                        "hvd is not installed on host `{host}` (neither {} nor `hvd` on its PATH): each host pulls the \
+                         env from the caches with `hvd cache pull`; install hvd there (at that path or on PATH), or \
+                         run without caches and let hvd copy the env (`--ssh-copy-env`)",
+                        self.hvd
+                            .as_deref()
+                            .map_or("the launcher's path".into(), |p| p.display().to_string())
+                    ));
+                };
+                tracing::info!(host, "pulling the env from the caches");
+                self.pull_env(host, hvd, &identity.store, &identity.name)?;
+                self.run_check(host, script, local)?
+            }
+            (Some(_), Some(identity)) if deliverable && self.copy_env => {
                 // Only the launcher's own names are copied: what the host said is missing selected them from the
                 // closure computed here (`run_check` refused any other name).
                 let mut names: Vec<&str> = report.missing.iter().map(String::as_str).collect();
@@ -70,11 +120,24 @@ impl SshSetup {
         };
         let mut problems = Vec::new();
         if report.no_dir {
-            problems.push(format!(
-                "the project directory {} does not exist on host `{host}`: the ssh engine runs every rank in the \
-                 same directory on every host (share it, e.g. over NFS, or copy the project there)",
-                dir.display()
-            ));
+            // The ranks there run in a work directory with the project's files.
+            match work
+                .files
+                .get_or_init(|| WorkFiles::collect(dir, work.inputs))
+                .as_ref().map_err(String::clone).and_then(|w| self.send_work(host, w)) {
+                Ok(work_dir) => {
+                    tracing::info!(host, dir = %work_dir.display(), "the project's files are in a work directory");
+                    self.work_dirs
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(host.to_owned(), work_dir);
+                }
+                Err(e) => problems.push(format!(
+                    "the project directory {} does not exist on host `{host}`, and its files could not be copied to \
+                     a work directory there: {e}",
+                    dir.display()
+                )),
+            }
         }
         if let Some(env) = env_dir {
             let what_to_do = "the ssh engine runs every rank in the same env (store path) on every host: share \
@@ -208,6 +271,13 @@ impl SshSetup {
                 .lines()
                 .find_map(|l| l.strip_prefix("hvd-check:glibc glibc "))
                 .and_then(crate::glibc::parse_version),
+            no_store: has("hvd-check:no-store"),
+            // The host names the program it runs itself; only an absolute, printable path is taken.
+            hvd: stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("hvd-check:hvd "))
+                .filter(|p| p.starts_with('/') && !p.chars().any(char::is_control))
+                .map(str::to_owned),
         })
     }
 
@@ -266,6 +336,13 @@ impl SshSetup {
     }
 }
 
+/// The project's files for hosts without the project directory: the steps' `inputs`, read and hashed once, by the
+/// first host that needs them.
+struct WorkSource<'a> {
+    inputs: &'a [String],
+    files: std::sync::OnceLock<Result<WorkFiles, String>>,
+}
+
 /// What a host said to the check script.
 #[derive(Debug, Clone, Default)]
 struct CheckReport {
@@ -280,6 +357,17 @@ struct CheckReport {
     missing: Vec<String>,
     /// The host's glibc (`getconf GNU_LIBC_VERSION`); `None` when it has none or did not say.
     glibc: Option<(u64, u64)>,
+    /// The env's store directory is not there and cannot be made (asked only when the env is to be delivered).
+    no_store: bool,
+    /// The `hvd` program there (asked only when the env is to be pulled from caches).
+    hvd: Option<String>,
+}
+
+/// What the check script asks a host besides the env: whether the store directory is there or can be made, and
+/// where its `hvd` is (the launcher's own path first, then `hvd` on its PATH).
+struct Probe<'a> {
+    store: Option<&'a Path>,
+    hvd: Option<Option<&'a Path>>,
 }
 
 impl CheckReport {
@@ -300,17 +388,20 @@ impl CheckReport {
 pub const CHECK_ANSWER_LIMIT: usize = 4 << 20;
 
 /// What [`bounded_output`] read.
-struct BoundedOutput {
-    status: std::process::ExitStatus,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+pub(super) struct BoundedOutput {
+    pub status: std::process::ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
     /// stdout had more than the limit (the rest was read and dropped).
-    stdout_overflow: bool,
+    pub stdout_overflow: bool,
 }
 
 /// Runs `command` with stdin closed and keeps at most `limit` bytes of each of its stdout and stderr, reading and
 /// dropping the rest (so the child never blocks on a full pipe).
-fn bounded_output(command: &mut Command, limit: usize) -> std::io::Result<BoundedOutput> {
+pub(super) fn bounded_output(
+    command: &mut Command,
+    limit: usize,
+) -> std::io::Result<BoundedOutput> {
     fn keep(mut from: impl std::io::Read, limit: usize) -> (Vec<u8>, bool) {
         let mut kept = Vec::new();
         let mut buf = [0u8; 16 << 10];
@@ -347,9 +438,28 @@ fn bounded_output(command: &mut Command, limit: usize) -> std::io::Result<Bounde
 }
 
 /// The remote half of [`SshSetup::check_hosts`]: prints `hvd-check:` lines and ends with `hvd-check:done`.
-fn check_script(dir: &Path, env: Option<&Path>, local: Option<&EnvIdentity>) -> String {
+fn check_script(
+    dir: &Path,
+    env: Option<&Path>,
+    local: Option<&EnvIdentity>,
+    probe: &Probe<'_>,
+) -> String {
     let q = |p: &Path| quote(&p.display().to_string());
     let mut s = format!("cd {} 2>/dev/null || echo hvd-check:no-dir; ", q(dir));
+    if let Some(store) = probe.store {
+        s.push_str(&format!(
+            "mkdir -p {s} 2>/dev/null; [ -d {s} ] && [ -w {s} ] || echo hvd-check:no-store; ",
+            // `STORE/.`: the same directory, written so that a test's stand-in for ssh can map it per host.
+            s = q(&store.join("."))
+        ));
+    }
+    if let Some(hvd) = probe.hvd {
+        let own = hvd.map(&q).unwrap_or_default();
+        s.push_str(&format!(
+            "for h in {own} hvd; do p=$(command -v \"$h\" 2>/dev/null) && [ -x \"$p\" ] && \
+             {{ echo \"hvd-check:hvd $p\"; break; }}; done; "
+        ));
+    }
     if let Some(env) = env {
         s.push_str(&format!(
             "test -d {}/bin || echo hvd-check:no-env; ",
@@ -438,14 +548,14 @@ mod tests {
         let mut s = setup(Some("lo"));
         s.ssh = vec![fake_ssh(d).display().to_string()];
         s.hosts = vec![("a".into(), 1)];
-        s.check_hosts(d, Some(&env)).unwrap();
+        s.check_hosts(d, Some(&env), &[]).unwrap();
         s.hosts = vec![
             ("a".into(), 1),
             ("b".into(), 1),
             ("c".into(), 1),
             ("down".into(), 1),
         ];
-        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
+        let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
         assert!(!err.contains("host `a`"), "{err}");
         assert!(
             err.contains("differs on host `b` (content hash `c2` there, c1 here)"),
@@ -467,7 +577,7 @@ mod tests {
         // never overwritten.
         s.copy_env = true;
         s.hosts = vec![("c".into(), 1)];
-        s.check_hosts(d, Some(&env)).unwrap();
+        s.check_hosts(d, Some(&env), &[]).unwrap();
         for name in [E1, P1, P2] {
             assert!(d.join(format!("store-c/{name}/.hvd-path.json")).is_file());
         }
@@ -476,7 +586,7 @@ mod tests {
             0
         );
         s.hosts = vec![("b".into(), 1)];
-        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
+        let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
         assert!(err.contains("differs on host `b`"), "{err}");
         assert!(
             !d.join(format!("store-b/{P1}")).exists(),
@@ -485,10 +595,36 @@ mod tests {
         // The project directory must exist on every host too.
         s.hosts = vec![("a".into(), 1)];
         let err = s
-            .check_hosts(&d.join("store/gone"), None)
+            .check_hosts(&d.join("store/gone"), None, &[])
             .unwrap_err()
             .to_string();
         assert!(err.contains("does not exist on host `a`"), "{err}");
+    }
+
+    /// With caches, a host pulls the env with its own `hvd`: a host without one, or whose store directory is not
+    /// there and cannot be made (the prefix must be the same everywhere), fails the start naming the host and why.
+    #[test]
+    fn a_host_without_hvd_or_the_store_directory_cannot_pull_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let env = store_path(&d.join("store"), E1, "c1", &[]);
+        std::fs::create_dir_all(d.join("store-c")).unwrap();
+        // Host d's store directory is a file: `mkdir -p` fails there.
+        std::fs::write(d.join("store-d"), "not a directory").unwrap();
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![fake_ssh(d).display().to_string()];
+        s.caches = vec!["file:///nowhere".into()];
+        s.trusted_keys = vec!["k:AAAA".into()];
+        s.hvd = Some(d.join("no-such-hvd"));
+        s.hosts = vec![("c".into(), 1), ("d".into(), 1)];
+        let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
+        assert!(err.contains("hvd is not installed on host `c`"), "{err}");
+        assert!(err.contains("no-such-hvd"), "{err}");
+        assert!(
+            err.contains("does not exist on host `d` and cannot be created there")
+                && err.contains("store path prefix must be equal on every host"),
+            "{err}"
+        );
     }
 
     /// A compromised host answers the env check as it likes: its `ssh` here is a script that prints the answer in
@@ -531,7 +667,7 @@ mod tests {
             answer.push_str("hvd-check:done\n");
             std::fs::write(d.join("answer"), answer).unwrap();
             let _ = std::fs::remove_file(d.join("received.tar"));
-            s.check_hosts(d, Some(&env)).unwrap_err().to_string()
+            s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string()
         };
         let hostile = [
             format!(
@@ -564,7 +700,7 @@ mod tests {
             format!("hvd-check:missing {P1}\n").repeat(CHECK_ANSWER_LIMIT / 40 + 10),
         )
         .unwrap();
-        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
+        let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
         assert!(
             err.contains("host `evil` answered the env check with more than"),
             "{err}"
@@ -619,7 +755,7 @@ mod tests {
             );
         }
         let env = d.join("store").join(E1);
-        let err = s.check_hosts(d, Some(&env)).unwrap_err().to_string();
+        let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
         assert!(err.contains("host `a` has glibc 2."), "{err}");
         assert!(
             err.contains("wheel `x-2.0-cp311-cp311-manylinux_2_999_x86_64.whl` needs glibc 2.999"),
@@ -634,7 +770,7 @@ mod tests {
                 "x-2.0-cp311-cp311-manylinux1_x86_64.whl",
             );
         }
-        s.check_hosts(d, Some(&env)).unwrap();
+        s.check_hosts(d, Some(&env), &[]).unwrap();
         let identity = EnvIdentity::local(&env).unwrap().unwrap();
         assert_eq!(identity.glibc.unwrap().version, (2, 5));
     }

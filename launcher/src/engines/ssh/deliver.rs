@@ -1,0 +1,300 @@
+//! Delivering a run to ssh hosts that share no file system with the launcher: the env's closure substituted on each
+//! host from the binary caches (`hvd cache pull` over ssh, verified there), and the project's files (the distributed
+//! steps' `inputs`, else the project directory) as a content-addressed work directory on each host.
+
+use std::collections::BTreeSet;
+use std::io::Read as _;
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sha2::{Digest as _, Sha256};
+
+use super::SshSetup;
+use super::check::bounded_output;
+use crate::closure::printable;
+use crate::engines::shell::quote;
+
+/// The most bytes of project files hvd sends to a host without declared `inputs` (a data set in the project
+/// directory should not travel by accident): past it, the user declares the steps' `inputs`.
+pub const WORK_FILES_LIMIT: u64 = 512 << 20;
+/// The most entries (files, links) of a work directory.
+pub const WORK_ENTRIES_LIMIT: usize = 50_000;
+
+/// The project's files the ranks need on a host without the project directory: paths relative to the project
+/// directory (regular files and symbolic links, in sorted order) and their content hash, which names the host's work
+/// directory (`${XDG_CACHE_HOME:-$HOME/.cache}/hvd/work/<hash>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkFiles {
+    pub root: PathBuf,
+    pub files: Vec<PathBuf>,
+    /// sha256 over every entry's path, kind, executable bit and content (a link's target), hex.
+    pub hash: String,
+}
+
+impl WorkFiles {
+    /// The files of `inputs` (relative paths: files or directories) below `root`, or, when `inputs` is empty, of
+    /// the whole project directory but its `.hvd/` and `.git/`. An input that leaves the project directory is
+    /// refused; more than [`WORK_FILES_LIMIT`] bytes or [`WORK_ENTRIES_LIMIT`] entries too (declare `inputs`).
+    pub fn collect(root: &Path, inputs: &[String]) -> Result<WorkFiles, String> {
+        let mut found: BTreeSet<PathBuf> = BTreeSet::new();
+        let starts: Vec<PathBuf> = if inputs.is_empty() {
+            vec![PathBuf::new()]
+        } else {
+            let mut starts = Vec::new();
+            for input in inputs {
+                let path = Path::new(input);
+                if path.is_absolute()
+                    || path
+                        .components()
+                        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+                {
+                    return Err(format!(
+                        "the step input {} is not a path inside the project directory; the ssh engine sends only \
+                         the project's own files to a host",
+                        printable(input)
+                    ));
+                }
+                starts.push(path.to_path_buf());
+            }
+            starts
+        };
+        let mut bytes = 0u64;
+        let mut stack = starts;
+        while let Some(rel) = stack.pop() {
+            let full = root.join(&rel);
+            let meta = match fs_err::symlink_metadata(&full) {
+                Ok(meta) => meta,
+                // A declared input the step has not made yet (an output of an earlier step): nothing to send.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound && !rel.as_os_str().is_empty() =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            if meta.is_dir() {
+                let top = rel.as_os_str().is_empty();
+                for entry in fs_err::read_dir(&full).map_err(|e| e.to_string())? {
+                    let entry = entry.map_err(|e| e.to_string())?;
+                    let name = entry.file_name();
+                    if inputs.is_empty() && top && (name == ".hvd" || name == ".git") {
+                        continue;
+                    }
+                    stack.push(rel.join(name));
+                }
+            } else if meta.is_file() || meta.file_type().is_symlink() {
+                bytes += meta.len();
+                found.insert(rel);
+            }
+            if bytes > WORK_FILES_LIMIT || found.len() > WORK_ENTRIES_LIMIT {
+                return Err(format!(
+                    "the project directory {} holds more than {} MiB or {} files; the ssh engine copies the files \
+                     the ranks need to hosts without it: declare them as the distributed steps' `inputs` (or share \
+                     the directory at the same path on every host)",
+                    root.display(),
+                    WORK_FILES_LIMIT >> 20,
+                    WORK_ENTRIES_LIMIT
+                ));
+            }
+        }
+        let files: Vec<PathBuf> = found.into_iter().collect();
+        let mut hasher = Sha256::new();
+        for rel in &files {
+            let full = root.join(rel);
+            let meta = fs_err::symlink_metadata(&full).map_err(|e| e.to_string())?;
+            hasher.update(rel.as_os_str().as_encoded_bytes());
+            hasher.update([0]);
+            if meta.file_type().is_symlink() {
+                let target = fs_err::read_link(&full).map_err(|e| e.to_string())?;
+                hasher.update(b"link\0");
+                hasher.update(target.as_os_str().as_encoded_bytes());
+            } else {
+                use std::os::unix::fs::PermissionsExt as _;
+                let exec = meta.permissions().mode() & 0o111 != 0;
+                hasher.update(if exec { b"exec\0" } else { b"file\0" });
+                hasher.update(meta.len().to_le_bytes());
+                let mut file = fs_err::File::open(&full).map_err(|e| e.to_string())?;
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = file.read(&mut buf).map_err(|e| e.to_string())?;
+                    if n == 0 {
+                        break;
+                    }
+                    hasher.update(&buf[..n]);
+                }
+            }
+            hasher.update([0]);
+        }
+        let hash = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(WorkFiles {
+            root: root.to_path_buf(),
+            files,
+            hash,
+        })
+    }
+}
+
+/// The shell words of a host's work directory for `hash` (expanded by the host's shell).
+fn work_dir_words(hash: &str) -> String {
+    format!("\"${{XDG_CACHE_HOME:-$HOME/.cache}}/hvd/work/{hash}\"")
+}
+
+impl SshSetup {
+    /// Makes the project's `work` files a work directory on `host` (sent as a tar over ssh, unpacked into a temp
+    /// directory and renamed into place whole; one that is complete already is kept) and returns its path there.
+    pub(super) fn send_work(&self, host: &str, work: &WorkFiles) -> Result<PathBuf, String> {
+        let w = work_dir_words(&work.hash);
+        let script = format!(
+            "w={w}; if [ -f \"$w/.hvd-work\" ]; then cat >/dev/null; else mkdir -p \"${{w%/*}}\" || exit 1; \
+             t=\"$w.tmp.$$\"; rm -rf \"$t\"; mkdir \"$t\" && tar -C \"$t\" --no-same-owner -xf - && \
+             : > \"$t/.hvd-work\" || {{ rm -rf \"$t\"; exit 1; }}; mv -T \"$t\" \"$w\" 2>/dev/null || rm -rf \"$t\"; \
+             [ -f \"$w/.hvd-work\" ] || exit 1; fi; echo \"hvd-work:$w\""
+        );
+        // Names come from a file list on stdin, verbatim (a name starting with `-` is a name, not an option), each
+        // below `./`.
+        let mut tar = Command::new("tar")
+            .arg("-C")
+            .arg(&work.root)
+            .args([
+                "--null",
+                "--no-recursion",
+                "--verbatim-files-from",
+                "-T",
+                "-",
+                "-cf",
+                "-",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("failed to run tar: {e}"))?;
+        let mut list = Vec::new();
+        for file in &work.files {
+            list.extend_from_slice(b"./");
+            list.extend_from_slice(file.as_os_str().as_encoded_bytes());
+            list.push(0);
+        }
+        let names = tar.stdin.take();
+        let feeder = std::thread::spawn(move || {
+            if let Some(mut stdin) = names {
+                let _ = std::io::Write::write_all(&mut stdin, &list);
+            }
+        });
+        let Some(archive) = tar.stdout.take() else {
+            return Err("tar has no output pipe".into());
+        };
+        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(&script)));
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(archive)
+            .output()
+            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
+        let _ = feeder.join();
+        let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
+        let out = out?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let dir = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("hvd-work:"))
+            .map(PathBuf::from);
+        match dir {
+            Some(dir)
+                if tar_out.status.success()
+                    && out.status.success()
+                    && dir.is_absolute()
+                    && !dir
+                        .as_os_str()
+                        .as_encoded_bytes()
+                        .iter()
+                        .any(u8::is_ascii_control) =>
+            {
+                Ok(dir)
+            }
+            _ => Err(format!(
+                "copying the project's files ({} files) to a work directory on host `{host}` failed: {}{}",
+                work.files.len(),
+                String::from_utf8_lossy(&tar_out.stderr).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+        }
+    }
+
+    /// Runs `hvd cache pull` (program `hvd` there) on `host` for the env `name` into `store`: the host fetches the
+    /// env's closure from the caches and verifies every path (signature by a trusted key, archive sha256, content
+    /// hash) before it becomes valid there. Fails naming the host and what `hvd cache pull` said.
+    pub(super) fn pull_env(
+        &self,
+        host: &str,
+        hvd: &str,
+        store: &Path,
+        name: &str,
+    ) -> Result<(), String> {
+        let store_text = store.to_str().ok_or_else(|| {
+            format!(
+                "the store directory {} is not UTF-8; hosts cannot be told to pull into it",
+                store.display()
+            )
+        })?;
+        let pull =
+            crate::engines::pull_command(hvd, store_text, name, &self.caches, &self.trusted_keys)
+                .map_err(|e| e.to_string())?;
+        let remote = format!(
+            "exec {}",
+            pull.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+        );
+        let argv = self.argv(host, &remote);
+        let out = bounded_output(Command::new(&argv[0]).args(&argv[1..]), 1 << 20)
+            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // The last lines say why (progress and warnings come first).
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(12)..].join("\n    ");
+        Err(format!(
+            "host `{host}` could not get the env {name} from the caches (`hvd cache pull` there, {}):\n    {tail}",
+            out.status
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_files_are_the_inputs_or_the_project_and_hash_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join(".hvd/runs")).unwrap();
+        std::fs::create_dir_all(d.join("src")).unwrap();
+        std::fs::write(d.join(".hvd/runs/log"), "x").unwrap();
+        std::fs::write(d.join("train.py"), "print(1)").unwrap();
+        std::fs::write(d.join("src/a.py"), "a").unwrap();
+        std::fs::write(d.join("-n"), "dash").unwrap();
+        let all = WorkFiles::collect(d, &[]).unwrap();
+        let names: Vec<String> = all.files.iter().map(|f| f.display().to_string()).collect();
+        assert_eq!(names, ["-n", "src/a.py", "train.py"]);
+        let some = WorkFiles::collect(d, &["src".into(), "missing-yet".into()]).unwrap();
+        assert_eq!(some.files, [PathBuf::from("src/a.py")]);
+        assert_ne!(some.hash, all.hash);
+        // Content, not time, names the work directory.
+        let again = WorkFiles::collect(d, &[]).unwrap();
+        assert_eq!(again.hash, all.hash);
+        std::fs::write(d.join("src/a.py"), "b").unwrap();
+        assert_ne!(WorkFiles::collect(d, &[]).unwrap().hash, all.hash);
+        for bad in ["../etc", "/etc", "src/../../x"] {
+            let err = WorkFiles::collect(d, &[bad.into()]).unwrap_err();
+            assert!(
+                err.contains("not a path inside the project directory"),
+                "{err}"
+            );
+        }
+    }
+}
