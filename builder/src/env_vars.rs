@@ -36,6 +36,12 @@ hvd_env_vars::env_vars! {
     CC;
     /// Set for source builds with `env.toolchain = "gcc"`: the g++ next to that gcc.
     CXX;
+    /// Set for source builds with a CUDA toolkit (`std.cuda`, docs/store.md): the toolkit's store path.
+    CUDA_HOME;
+    /// Set for source builds with a CUDA toolkit: the toolkit's store path (CMake's FindCUDAToolkit reads it).
+    CUDA_PATH;
+    /// Set for source builds with a CUDA toolkit: its `bin/nvcc` (CMake's CUDA compiler).
+    CUDACXX;
     /// The most seconds one source build's backend run (`build_wheel`) may take before it is killed with every
     /// process it started.
     HVD_BUILD_TIMEOUT default "3600";

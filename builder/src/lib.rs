@@ -18,6 +18,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod cache;
+pub mod cuda;
 pub mod debian;
 pub mod derivation;
 pub mod env;

@@ -10,6 +10,7 @@ use hvd_resolver::Sha256;
 
 use crate::cache::Substituter;
 use crate::derivation::{Derivation, DerivationKind, normalize_name};
+use crate::cuda;
 use crate::env;
 use crate::error::{Error, Result};
 use crate::fetch::{Artifact, Fetcher};
@@ -181,13 +182,22 @@ impl<'a> Planned<'a> {
                         .insert(format!("env.{name}"), value.clone());
                 }
                 let mut env_packages: Vec<PackagePlan> = Vec::new();
+                let mut cuda_parts = Vec::new();
                 for requirement in &build.requires {
                     let hash = self.derive(requirement, depth + 1)?.hash();
                     derivation.input_derivations.insert(
                         format!("requires.{}", normalize_name(&requirement.name)),
-                        hash,
+                        hash.clone(),
                     );
+                    cuda_parts.push(cuda::Part {
+                        name: requirement.name.clone(),
+                        version: requirement.version.clone(),
+                        hash,
+                    });
                     env_packages.push(requirement.clone());
+                }
+                if let Some(toolkit) = cuda::derivation(&cuda_parts) {
+                    derivation.inputs.insert("cuda".into(), toolkit.hash());
                 }
                 let against = self.closure(&build.against)?;
                 for runtime in against {
@@ -632,6 +642,25 @@ impl<'a> Realizer<'a> {
             .build
             .as_ref()
             .ok_or_else(|| Error::Invalid("not a source build".into()))?;
+        // Build requirements come first among the build env's packages (`Planned::derive`).
+        let requirements: Vec<(cuda::Part, PathBuf)> = build
+            .requires
+            .iter()
+            .zip(&paths)
+            .map(|(requirement, path)| {
+                let part = cuda::Part {
+                    name: requirement.name.clone(),
+                    version: requirement.version.clone(),
+                    hash: self.planned.derivations[&key(requirement)].hash(),
+                };
+                (part, path.clone())
+            })
+            .collect();
+        let toolkit = cuda::CudaToolkit::for_build(store, &requirements)?;
+        if let Some(toolkit) = &toolkit {
+            toolkit.check_compiler(self.planned.toolchain.as_ref())?;
+        }
+        let variables = cuda::substitute_variables(&package.name, &build.env, toolkit.as_ref())?;
         let name = self.planned.derivations[&key(package)].path_name();
         // A fixed directory per derivation: paths compiled into the output are the same on every rebuild.
         let build_dir = store.root().join(".build").join(&name);
@@ -641,9 +670,10 @@ impl<'a> Realizer<'a> {
             sdist: &sdist[0],
             sdist_filename: &package.artifact.filename,
             build_env: &build_env.path,
-            env: &build.env,
+            env: &variables,
             store: store.root(),
             toolchain: self.planned.toolchain.as_ref(),
+            cuda: toolkit.as_ref(),
         };
         let wheel_path = source_build::build_wheel(&request, &build_dir)?;
         let manifest = wheel::install_wheel_for_store(&wheel_path, out)

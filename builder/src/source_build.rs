@@ -264,6 +264,9 @@ pub struct SourceBuildRequest<'a> {
     /// The store root (visible read-only inside the sandbox).
     pub store: &'a Path,
     pub toolchain: Option<&'a Toolchain>,
+    /// The CUDA toolkit of a build with `nvidia-cuda-nvcc` among its requirements (`cuda.rs`): its `bin/` goes on
+    /// `PATH` after the compiler's, its variables are set.
+    pub cuda: Option<&'a crate::cuda::CudaToolkit>,
 }
 
 /// Which PEP 517 hook a backend run calls, and how long it may take.
@@ -443,6 +446,7 @@ fn run_backend(
     {
         path_entries.push(compiler_dir.to_path_buf());
     }
+    path_entries.extend(request.cuda.map(|cuda| cuda.bin()));
     path_entries.extend(["/usr/local/bin", "/usr/bin", "/bin"].map(PathBuf::from));
     let path =
         std::env::join_paths(&path_entries).map_err(|err| Error::Invalid(err.to_string()))?;
@@ -469,6 +473,9 @@ fn run_backend(
     {
         set("CC", gcc.as_os_str());
         set("CXX", gcc.with_file_name("g++").as_os_str());
+    }
+    for (key, value) in request.cuda.map(|c| c.variables()).unwrap_or_default() {
+        set(key, &value);
     }
     for (key, value) in request.env {
         check_variable(request.name, key, value)?;

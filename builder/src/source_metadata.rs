@@ -80,6 +80,7 @@ impl SandboxedMetadata {
             env: &env,
             store: store.root(),
             toolchain: None,
+            cuda: None,
         };
         let metadata = source_build::prepare_metadata(&source, &build_dir)?;
         crate::store::remove_tree(&build_dir)?;

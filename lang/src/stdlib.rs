@@ -14,4 +14,5 @@ pub const FILES: &[(&str, &str)] = &[
     ("gcc.hvd", include_str!("../../stdlib/gcc.hvd")),
     ("cmake.hvd", include_str!("../../stdlib/cmake.hvd")),
     ("nccl.hvd", include_str!("../../stdlib/nccl.hvd")),
+    ("cuda.hvd", include_str!("../../stdlib/cuda.hvd")),
 ];

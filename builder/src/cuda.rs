@@ -1,0 +1,389 @@
+//! A CUDA toolkit for source builds, assembled as a store path from NVIDIA's wheels among a build's locked
+//! requirements (`std.cuda`): nvcc, the CUDA headers and libraries and NCCL in one `CUDA_HOME`-like tree.
+//!
+//! A source build gets a toolkit when one of its build requirements is `nvidia-cuda-nvcc` (CUDA 13 on; the CUDA 12
+//! wheel `nvidia-cuda-nvcc-cu12` ships `ptxas` but no `nvcc`). Every build requirement named `nvidia-*` then
+//! contributes its `site-packages/nvidia/cu13/` and `site-packages/nvidia/nccl/` to the tree:
+//!
+//! ```text
+//! <store>/<hash>-cuda-13.0.88/
+//!   bin/       a link to each program (nvcc, nvcc.profile, ptxas, fatbinary, ...); nvcc finds its tree as
+//!              `bin/..` of the path it was started as, so it sees this tree, not one wheel's
+//!   include/   the headers of every wheel (cuda_runtime.h, crt/, cccl/, nccl.h, ...)
+//!   lib/       the libraries, plus the development links the wheels lack (libcudart.so -> libcudart.so.13,
+//!              libnccl.so -> libnccl.so.2)
+//!   lib64 -> lib
+//!   nvvm/      cicc and libdevice
+//! ```
+//!
+//! Directories at the top level are real; below, a directory only one wheel has is a link to it, one several
+//! wheels have is merged the same way. When two wheels have the same file, the wheel whose name sorts first wins.
+//! The links point into the wheels' store paths, which the toolkit references (gc keeps them).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use hvd_resolver::names::normalize_name;
+
+use crate::derivation::{Derivation, DerivationKind};
+use crate::error::{Error, Result};
+use crate::store::{BuildOutput, Store};
+use crate::toolchain::Toolchain;
+
+/// Bump when the layout changes: part of the derivation (and so of every build that uses the toolkit).
+const ASSEMBLER: &str = "hvd-cuda-1";
+
+/// The build requirement whose presence gives a build a toolkit.
+pub const NVCC_PACKAGE: &str = "nvidia-cuda-nvcc";
+
+/// The folders of a wheel's `site-packages` that make up the toolkit.
+const ROOTS: [&str; 2] = ["nvidia/cu13", "nvidia/nccl"];
+
+/// What a recipe variable's value may contain to name the toolkit (e.g. `HOROVOD_CUDA_HOME = "@CUDA_HOME@"`);
+/// replaced by the toolkit's path when the build runs. The derivation keeps the placeholder, so the hash does
+/// not depend on where the store is.
+pub const PLACEHOLDER: &str = "@CUDA_HOME@";
+
+/// Files a wheel's `nvidia/` folders hold that are not part of a toolkit.
+const SKIPPED: [&str; 3] = ["__init__.py", "__pycache__", ".metadata"];
+
+/// How deep the merge of the wheels' trees goes before it is refused (the real wheels need 4).
+const MAX_DEPTH: usize = 16;
+
+/// One build requirement as the toolkit sees it.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// Its normalized name, e.g. `nvidia-cuda-runtime`.
+    pub name: String,
+    pub version: String,
+    /// Its derivation hash.
+    pub hash: String,
+}
+
+/// The toolkit's derivation for a build with these requirements (`None`: no `nvidia-cuda-nvcc` among them): its
+/// inputs are the derivation hashes of every `nvidia-*` requirement.
+pub fn derivation(requirements: &[Part]) -> Option<Derivation> {
+    let nvcc = requirements
+        .iter()
+        .find(|p| normalize_name(&p.name) == NVCC_PACKAGE)?;
+    let mut derivation = Derivation::new(DerivationKind::Toolchain, "cuda", &nvcc.version)
+        .input("assembler", ASSEMBLER);
+    for part in parts(requirements) {
+        derivation.input_derivations.insert(
+            format!("wheel.{}", normalize_name(&part.name)),
+            part.hash.clone(),
+        );
+    }
+    Some(derivation)
+}
+
+/// The requirements that contribute to a toolkit, by name.
+fn parts(requirements: &[Part]) -> Vec<&Part> {
+    let mut parts: Vec<&Part> = requirements
+        .iter()
+        .filter(|p| normalize_name(&p.name).starts_with("nvidia-"))
+        .collect();
+    parts.sort_by_key(|p| normalize_name(&p.name));
+    parts
+}
+
+/// A realized toolkit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaToolkit {
+    /// Its store path (the `CUDA_HOME`).
+    pub path: PathBuf,
+    /// nvcc's wheel version, e.g. `13.0.88`.
+    pub version: String,
+}
+
+impl CudaToolkit {
+    /// Assemble the toolkit of a build whose requirements are `requirements`, each with its realized store path
+    /// (nothing when the path exists; `None` when no requirement is `nvidia-cuda-nvcc`).
+    pub fn for_build(
+        store: &Store,
+        requirements: &[(Part, PathBuf)],
+    ) -> Result<Option<CudaToolkit>> {
+        let parts_only: Vec<Part> = requirements.iter().map(|(p, _)| p.clone()).collect();
+        let Some(derivation) = derivation(&parts_only) else {
+            return Ok(None);
+        };
+        let mut sources: Vec<(&str, &Path)> = requirements
+            .iter()
+            .filter(|(p, _)| normalize_name(&p.name).starts_with("nvidia-"))
+            .map(|(p, path)| (p.name.as_str(), path.as_path()))
+            .collect();
+        sources.sort_by_key(|(name, _)| normalize_name(name));
+        let realized = store.realize(&derivation, false, |target| {
+            assemble(&target.out, &sources)?;
+            Ok(BuildOutput {
+                references: sources
+                    .iter()
+                    .filter_map(|(_, path)| path.file_name()?.to_str().map(str::to_string))
+                    .collect(),
+                ..BuildOutput::default()
+            })
+        })?;
+        Ok(Some(CudaToolkit {
+            path: realized.path,
+            version: derivation.version,
+        }))
+    }
+
+    /// `bin/` (goes on the build's `PATH`).
+    pub fn bin(&self) -> PathBuf {
+        self.path.join("bin")
+    }
+
+    /// The variables a build sees: `CUDA_HOME` and `CUDA_PATH` (which CMake's FindCUDAToolkit reads) are the
+    /// toolkit, `CUDACXX` (CMake's CUDA compiler) its nvcc.
+    pub fn variables(&self) -> Vec<(&'static str, OsString)> {
+        let home = self.path.clone().into_os_string();
+        vec![
+            (crate::env_vars::CUDA_HOME, home.clone()),
+            (crate::env_vars::CUDA_PATH, home),
+            (
+                crate::env_vars::CUDACXX,
+                self.bin().join("nvcc").into_os_string(),
+            ),
+        ]
+    }
+
+    /// The largest gcc major version nvcc accepts as its host compiler, from the toolkit's
+    /// `include/crt/host_config.h` (`#if __GNUC__ > 15` ... `#error -- unsupported GNU version!`); `None` when the
+    /// header says nothing readable.
+    pub fn max_gcc(&self) -> Option<u32> {
+        let text = fs_err::read_to_string(self.path.join("include/crt/host_config.h")).ok()?;
+        max_gcc_in(&text)
+    }
+
+    /// Refuses a host compiler nvcc does not accept, naming both and what to do.
+    pub fn check_compiler(&self, toolchain: Option<&Toolchain>) -> Result<()> {
+        let Some(toolchain) = toolchain.filter(|t| t.name == "gcc") else {
+            return Ok(());
+        };
+        let (Some(max), Some(major)) = (self.max_gcc(), gcc_major(&toolchain.version)) else {
+            return Ok(());
+        };
+        if major > max {
+            return Err(Error::Invalid(format!(
+                "nvcc {} (std.cuda) accepts gcc {max} or older as its host compiler, and this build's compiler is \
+                 gcc {}; pin an older one with `toolchain = std.gcc {{ version = \"{max}\" }}`",
+                self.version, toolchain.version
+            )));
+        }
+        Ok(())
+    }
+
+    /// `value` with every [`PLACEHOLDER`] replaced by the toolkit's path.
+    pub fn substitute(&self, value: &str) -> String {
+        value.replace(PLACEHOLDER, &self.path.display().to_string())
+    }
+}
+
+/// The recipe's variables for a build with `toolkit`: placeholders replaced; a placeholder without a toolkit is an
+/// error naming the package and the variable.
+pub fn substitute_variables(
+    package: &str,
+    variables: &BTreeMap<String, String>,
+    toolkit: Option<&CudaToolkit>,
+) -> Result<BTreeMap<String, String>> {
+    variables
+        .iter()
+        .map(|(name, value)| match toolkit {
+            Some(toolkit) => Ok((name.clone(), toolkit.substitute(value))),
+            None if value.contains(PLACEHOLDER) => Err(Error::Invalid(format!(
+                "the recipe variable {name} of `{package}` names the CUDA toolkit ({PLACEHOLDER}), but the build \
+                 has no `{NVCC_PACKAGE}` among its requirements; add `std.cuda` to the recipe"
+            ))),
+            None => Ok((name.clone(), value.clone())),
+        })
+        .collect()
+}
+
+/// The major version of a gcc version (`12.2.0` -> 12, `14` -> 14).
+fn gcc_major(version: &str) -> Option<u32> {
+    version.split('.').next()?.parse().ok()
+}
+
+/// The `N` of the first `#if __GNUC__ > N` in host_config.h.
+fn max_gcc_in(text: &str) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix("#if")?.trim();
+        let n = rest.strip_prefix("__GNUC__")?.trim().strip_prefix('>')?;
+        n.trim().parse().ok()
+    })
+}
+
+/// Fill `out` from the wheels' store paths `sources` (in priority order).
+fn assemble(out: &Path, sources: &[(&str, &Path)]) -> Result<()> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for (_, path) in sources {
+        for root in ROOTS {
+            let dir = path.join("site-packages").join(root);
+            if fs_err::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                roots.push(dir);
+            }
+        }
+    }
+    if !roots.iter().any(|r| r.join("bin").join("nvcc").is_file()) {
+        return Err(Error::Invalid(format!(
+            "the CUDA wheels have no `bin/nvcc` under `{}`: `{NVCC_PACKAGE}` of CUDA 13 or later ships it",
+            ROOTS[0]
+        )));
+    }
+    // Top-level directories are always real (so lib/ can take the development links).
+    let mut top: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for root in &roots {
+        for (name, path) in entries(root)? {
+            top.entry(name).or_default().push(path);
+        }
+    }
+    for (name, paths) in &top {
+        let target = out.join(name);
+        if paths.iter().all(|p| is_real_dir(p)) {
+            fs_err::create_dir(&target)?;
+            merge(&target, paths, 1)?;
+        } else {
+            std::os::unix::fs::symlink(&paths[0], &target)?;
+        }
+    }
+    let lib = out.join("lib");
+    if lib.is_dir() {
+        development_links(&lib)?;
+        if fs_err::symlink_metadata(out.join("lib64")).is_err() {
+            std::os::unix::fs::symlink("lib", out.join("lib64"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The entries of `dir` a toolkit takes, by name.
+fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in fs_err::read_dir(dir)? {
+        let entry = entry?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if SKIPPED.contains(&name.as_str()) {
+            continue;
+        }
+        out.push((name, entry.path()));
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn is_real_dir(path: &Path) -> bool {
+    fs_err::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+/// Link into `target` each entry of the directories `sources`: a name only one source has (or a file) as a link
+/// to the first source's entry, a directory several have as a real directory merged again.
+fn merge(target: &Path, sources: &[PathBuf], depth: usize) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(Error::Invalid(format!(
+            "the CUDA wheels' folders nest deeper than {MAX_DEPTH} levels at `{}`",
+            target.display()
+        )));
+    }
+    let mut names: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for source in sources {
+        for (name, path) in entries(source)? {
+            names.entry(name).or_default().push(path);
+        }
+    }
+    for (name, paths) in &names {
+        let at = target.join(name);
+        let dirs: Vec<PathBuf> = paths.iter().filter(|p| is_real_dir(p)).cloned().collect();
+        if dirs.len() > 1 && dirs.len() == paths.len() {
+            fs_err::create_dir(&at)?;
+            merge(&at, &dirs, depth + 1)?;
+        } else {
+            std::os::unix::fs::symlink(&paths[0], &at)?;
+        }
+    }
+    Ok(())
+}
+
+/// `libX.so -> libX.so.N` for each `libX.so.N...` in `lib` without a `libX.so` (the wheels ship only the runtime
+/// names, and `-lX` looks for `libX.so`). The link goes to the name with the fewest version parts.
+fn development_links(lib: &Path) -> Result<()> {
+    let names: Vec<String> = entries(lib)?.into_iter().map(|(name, _)| name).collect();
+    let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+    for name in &names {
+        let Some((stem, version)) = name.split_once(".so.") else {
+            continue;
+        };
+        if stem.is_empty() || !version.split('.').all(|p| p.parse::<u32>().is_ok()) {
+            continue;
+        }
+        let dev = format!("{stem}.so");
+        if names.contains(&dev) {
+            continue;
+        }
+        let shorter = wanted
+            .get(&dev)
+            .is_none_or(|current| name.len() < current.len());
+        if shorter {
+            wanted.insert(dev, name.clone());
+        }
+    }
+    for (dev, name) in wanted {
+        std::os::unix::fs::symlink(&name, lib.join(dev))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gcc_limit_is_read_from_host_config() {
+        let header = "#if defined(__GNUC__)\n\n#if __GNUC__ > 15\n\n#error -- unsupported GNU version!\n#endif\n";
+        assert_eq!(max_gcc_in(header), Some(15));
+        assert_eq!(max_gcc_in("#if __GNUC__ < 6\n"), None);
+        assert_eq!(gcc_major("12.2.0"), Some(12));
+        assert_eq!(gcc_major("14"), Some(14));
+    }
+
+    #[test]
+    fn a_placeholder_without_a_toolkit_names_the_variable() {
+        let vars = BTreeMap::from([("HOROVOD_CUDA_HOME".to_string(), PLACEHOLDER.to_string())]);
+        let err = substitute_variables("horovod", &vars, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("HOROVOD_CUDA_HOME") && err.contains("nvidia-cuda-nvcc"),
+            "{err}"
+        );
+        let toolkit = CudaToolkit {
+            path: PathBuf::from("/s/abc-cuda-13.0.88"),
+            version: "13.0.88".into(),
+        };
+        let done = substitute_variables("horovod", &vars, Some(&toolkit)).unwrap();
+        assert_eq!(done["HOROVOD_CUDA_HOME"], "/s/abc-cuda-13.0.88");
+    }
+
+    #[test]
+    fn no_nvcc_no_toolkit() {
+        let part = |name: &str| Part {
+            name: name.into(),
+            version: "1".into(),
+            hash: format!("h-{name}"),
+        };
+        assert!(derivation(&[part("nvidia-cuda-runtime"), part("cmake")]).is_none());
+        let d = derivation(&[
+            part("cmake"),
+            part("nvidia-cuda-nvcc"),
+            part("nvidia-nccl-cu13"),
+        ])
+        .unwrap();
+        assert_eq!(
+            d.input_derivations.keys().collect::<Vec<_>>(),
+            ["wheel.nvidia-cuda-nvcc", "wheel.nvidia-nccl-cu13"]
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! `std.cuda` and `std.horovod { gpu_ops = "nccl", cuda = ... }` through the CLI: `hvd check --json` gives the
+//! CUDA wheels as Horovod's build requirements and the variables of its era, and `hvd check` / `hvd lock` refuse
+//! what cannot work (CUDA 12 from wheels, a gcc newer than nvcc accepts, python 2, `cuda` without `gpu_ops`) before
+//! any index is asked (exit 2). The toolkit itself is built in builder/tests/cuda_toolkit.rs.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+
+use common::{HVD, text};
+
+/// A project with `python`, an `extra` env line and `packages` (the text inside the list) in a fresh directory.
+fn project(python: &str, extra: &str, packages: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let hvd = format!(
+        "project \"cuda\"\nimport std\nenv {{\n  python = \"{python}\"\n  {extra}\n  packages = [{packages}]\n}}\n"
+    );
+    std::fs::write(dir.path().join("train.hvd"), hvd).unwrap();
+    dir
+}
+
+fn hvd(dir: &Path, args: &[&str]) -> Output {
+    Command::new(HVD)
+        .args(args)
+        .arg(dir.join("train.hvd"))
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+/// Horovod's `build` in `hvd check --json`.
+fn horovod_build(python: &str, packages: &str) -> serde_json::Value {
+    let dir = project(python, "", packages);
+    let out = hvd(dir.path(), &["check", "--json"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{packages} on {python}: {stderr}");
+    let model: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    model["env"]["packages"][0]["build"].clone()
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn gpu_ops_with_cuda_adds_the_wheels_and_the_era_variables() {
+    let build = horovod_build(
+        "3.11",
+        "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda { version = \"13.0\", nccl = \"2.28.9\" } }",
+    );
+    let requires = strings(&build["requires"]);
+    let cuda: Vec<&str> = requires
+        .iter()
+        .map(String::as_str)
+        .filter(|r| r.starts_with("nvidia-"))
+        .collect();
+    assert_eq!(
+        cuda,
+        [
+            "nvidia-cuda-nvcc==13.0.*",
+            "nvidia-cuda-crt==13.0.*",
+            "nvidia-nvvm==13.0.*",
+            "nvidia-cuda-runtime==13.0.*",
+            "nvidia-cuda-cccl==13.0.*",
+            "nvidia-nccl-cu13==2.28.9",
+        ]
+    );
+    let env = &build["env"];
+    assert_eq!(env["HOROVOD_GPU_OPERATIONS"], "NCCL");
+    assert_eq!(env["HOROVOD_CUDA_HOME"], "@CUDA_HOME@");
+    assert_eq!(env["HOROVOD_NCCL_HOME"], "@CUDA_HOME@");
+    assert_eq!(env["HOROVOD_NCCL_LINK"], "SHARED");
+    assert!(env.get("HOROVOD_GPU_ALLREDUCE").is_none(), "{env}");
+
+    // Before 0.20.0 setup.py reads HOROVOD_GPU_ALLREDUCE, not HOROVOD_GPU_OPERATIONS.
+    let build = horovod_build(
+        "3.6",
+        "std.horovod { version = \"0.13.11\", gpu_ops = \"nccl\", cuda = std.cuda { version = \"13\" } }",
+    );
+    let env = &build["env"];
+    assert_eq!(env["HOROVOD_GPU_ALLREDUCE"], "NCCL");
+    assert!(env.get("HOROVOD_GPU_OPERATIONS").is_none(), "{env}");
+    assert!(strings(&build["requires"]).contains(&"nvidia-cuda-nvcc==13.*".to_string()));
+
+    // Without `cuda`: the variable only, nothing of CUDA locked (the host's CUDA, as before std.cuda).
+    let build = horovod_build("3.11", "std.horovod { gpu_ops = \"nccl\" }");
+    assert_eq!(build["env"]["HOROVOD_GPU_OPERATIONS"], "NCCL");
+    assert!(build["env"].get("HOROVOD_CUDA_HOME").is_none());
+    assert!(
+        !strings(&build["requires"])
+            .iter()
+            .any(|r| r.starts_with("nvidia-"))
+    );
+}
+
+#[test]
+fn combinations_that_cannot_work_are_refused_at_check_and_lock() {
+    let gpu = |cuda: &str| format!("std.horovod {{ gpu_ops = \"nccl\", cuda = {cuda} }}");
+    let cases = [
+        (
+            "3.11",
+            String::new(),
+            gpu("std.cuda { version = \"12.9\" }"),
+            "the CUDA 12 ones have no nvcc",
+            "use version = \"13\"",
+        ),
+        (
+            "3.11",
+            String::new(),
+            gpu("std.cuda { version = \"11.8\" }"),
+            "std.cuda knows CUDA 13",
+            "found \"11.8\"",
+        ),
+        (
+            "3.11",
+            "toolchain = std.gcc { version = \"16\" }".to_string(),
+            "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda { version = \"13.0\" }, toolchain = std.gcc { version = \"16\" } }".to_string(),
+            "nvcc of CUDA 13.0 (std.cuda) accepts gcc 6 to 15 as its host compiler, and the toolchain is gcc 16",
+            "std.gcc { version = \"15\" }",
+        ),
+        (
+            "2.7",
+            String::new(),
+            "std.horovod { version = \"0.19.5\", gpu_ops = \"nccl\", cuda = std.cuda {} }".to_string(),
+            "needs python >= 3.0; this env has python 2.7",
+            "NVIDIA's CUDA wheels (std.cuda) are for Python 3 only",
+        ),
+        (
+            "3.11",
+            String::new(),
+            "std.horovod { cuda = std.cuda {} }".to_string(),
+            "`cuda` of std.horovod is for `gpu_ops = \"nccl\"`",
+            "drop `cuda`",
+        ),
+        (
+            "3.11",
+            String::new(),
+            gpu("\"13.0\""),
+            "`cuda` of std.horovod is a `std.cuda { ... }` value",
+            "std.cuda",
+        ),
+    ];
+    for (python, extra, packages, message, instead) in cases {
+        let dir = project(python, &extra, &packages);
+        for command in ["check", "lock"] {
+            let out = hvd(dir.path(), &[command]);
+            let stderr = common::flat_stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{command} {packages}: {stderr}");
+            assert!(
+                stderr.contains(message),
+                "{command}: {message} not in {stderr}"
+            );
+            assert!(
+                stderr.contains(instead),
+                "{command}: {instead} not in {stderr}"
+            );
+        }
+        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(
+            files.len(),
+            1,
+            "nothing but train.hvd after refusing {packages}"
+        );
+    }
+    // The newest series accept gcc 16 (host_config.h of nvidia-cuda-crt 13.4 and 13.5).
+    let dir = project(
+        "3.11",
+        "",
+        "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda { version = \"13.5\" }, toolchain = std.gcc { version = \"16\" } }",
+    );
+    let out = hvd(dir.path(), &["check"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+}
