@@ -14,8 +14,16 @@ use crate::syntax::ast::BlockKind;
 
 const ENV_FIELDS: [&str; 5] = ["python", "index", "toolchain", "packages", "variables"];
 const RESOURCE_FIELDS: [&str; 3] = ["gpus", "cpus", "mem"];
-const STEP_FIELDS: [&str; 8] = [
-    "run", "needs", "workers", "inputs", "outputs", "env", "timeout", "restarts",
+const STEP_FIELDS: [&str; 9] = [
+    "run",
+    "needs",
+    "workers",
+    "inputs",
+    "outputs",
+    "env",
+    "timeout",
+    "restarts",
+    "checkpoints",
 ];
 const CLUSTER_FIELDS: [&str; 7] = [
     "caches",
@@ -517,6 +525,7 @@ impl Lowerer {
                 }
             });
             let restarts = get("restarts").and_then(|v| self.count(v, 0));
+            let checkpoints = get("checkpoints").and_then(|v| self.checkpoints(v));
             if let Some(run) = run {
                 out.push(Step {
                     name: step.name.clone(),
@@ -529,6 +538,7 @@ impl Lowerer {
                     env,
                     timeout_ms,
                     restarts,
+                    checkpoints,
                 });
             }
         }
@@ -608,6 +618,50 @@ impl Lowerer {
                 self.report(type_error(v, "a string", &format!("{what} is a string")));
                 None
             }
+        }
+    }
+
+    /// `checkpoints = "ckpt/"`: a directory (relative to the project, or absolute) or a `file://` URL of one.
+    fn checkpoints(&mut self, v: &Sv) -> Option<String> {
+        let dir = self.string(v, "the checkpoint directory")?;
+        let problem = if dir.trim().is_empty() {
+            Some((
+                "an empty path",
+                "name a directory, e.g. `checkpoints = \"ckpt/\"`",
+            ))
+        } else if dir.contains('\0') {
+            Some((
+                "a path with a NUL byte",
+                "name a directory, e.g. `checkpoints = \"ckpt/\"`",
+            ))
+        } else if let Some((scheme, _)) = dir.split_once("://")
+            && scheme != "file"
+        {
+            Some((
+                "a URL hvd cannot keep checkpoints at",
+                "checkpoints go to a directory or a `file://` URL (shared storage mounted on every host); a binary \
+                 cache (`s3://`, `http://`) is not supported for checkpoints yet",
+            ))
+        } else if dir
+            .strip_prefix("file://")
+            .is_some_and(|p| !p.starts_with('/'))
+        {
+            Some((
+                "a `file://` URL without an absolute path",
+                "write `file:///absolute/dir`, or a plain path relative to the project",
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some((what, help)) => {
+                self.report(
+                    Problem::new(v.loc, format!("`checkpoints` is {what}"), "this value")
+                        .help(help),
+                );
+                None
+            }
+            None => Some(dir),
         }
     }
 

@@ -33,6 +33,12 @@ hvd_env_vars::env_vars! {
     HVD_RESTART_COUNT default "0";
     /// torchrun's name for `HVD_RESTART_COUNT`, set with it.
     TORCHELASTIC_RESTART_COUNT default "0";
+    /// Set for the workers of a step with `checkpoints` (or under `hvd run --checkpoints`): the absolute directory
+    /// `hvd.elastic`'s `state.checkpoint()` writes to and a new run resumes from.
+    HVD_CHECKPOINT_DIR;
+    /// Set with `HVD_CHECKPOINT_DIR`: the file (in the attempt's log directory) rank 0 writes `commit N` into when it
+    /// resumed from a checkpoint, which `hvd run` reads.
+    HVD_CHECKPOINT_REPORT;
     /// Set for workers with `--timeline FILE`: the runtime's timeline.
     HVD_TIMELINE;
     /// Horovod's spelling of `HVD_TIMELINE`, set with it.

@@ -158,6 +158,12 @@ pub fn plan(
             env.insert(HVD_TIMELINE.into(), timeline.display().to_string());
             env.insert(HOROVOD_TIMELINE.into(), timeline.display().to_string());
         }
+        if let Some(dir) = checkpoint_dir(step, options, &project_dir) {
+            env.insert(
+                crate::env_vars::HVD_CHECKPOINT_DIR.into(),
+                dir.display().to_string(),
+            );
+        }
         steps.push(PlannedStep {
             name: step.name.clone(),
             command: step.run.clone(),
@@ -304,6 +310,22 @@ impl Plan {
         }
         out
     }
+}
+
+/// Where `step`'s workers keep their checkpoints (`HVD_CHECKPOINT_DIR`), absolute: `--checkpoints DIR` (relative to
+/// the current directory) over the step's `checkpoints` (relative to the project directory; a `file://` URL is its
+/// path).
+pub fn checkpoint_dir(step: &Step, options: &RunOptions, project_dir: &Path) -> Option<PathBuf> {
+    if let Some(dir) = &options.checkpoints {
+        return Some(if dir.is_absolute() {
+            dir.clone()
+        } else {
+            cwd().join(dir)
+        });
+    }
+    let dir = step.checkpoints.as_deref()?;
+    let dir = Path::new(dir.strip_prefix("file://").unwrap_or(dir));
+    Some(project_dir.join(dir))
 }
 
 /// How many times `step` starts again after a rank fails: `--max-restarts` over the step's `restarts`, else 0.

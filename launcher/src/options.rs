@@ -40,6 +40,9 @@ pub struct RunOptions {
     /// `--host-discovery-script`: an elastic step's hosts come from this script (Horovod's contract: it prints
     /// `host:slots` lines), run at the start and every second while the step runs; new slots start new workers.
     pub host_discovery_script: Option<PathBuf>,
+    /// `--checkpoints DIR`: where every step's workers keep `hvd.elastic` checkpoints (`HVD_CHECKPOINT_DIR`), over
+    /// the steps' `checkpoints`.
+    pub checkpoints: Option<PathBuf>,
     /// Where state and logs go; default `<project dir>/.hvd`.
     pub state_dir: Option<PathBuf>,
     /// Binary caches the nodes substitute the env from before their ranks start (`--cache`, `HVD_CACHES`, the file's
@@ -81,6 +84,7 @@ impl Default for RunOptions {
             max_workers: None,
             elastic_timeout: Duration::from_secs(60),
             host_discovery_script: None,
+            checkpoints: None,
             state_dir: None,
             caches: Vec::new(),
             trusted_keys: Vec::new(),

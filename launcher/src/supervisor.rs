@@ -72,6 +72,9 @@ struct Job<'a> {
     restarts: Mutex<BTreeMap<String, u32>>,
     /// Workers of elastic steps that were preempted (committed and left), by step.
     preempted: Mutex<BTreeMap<String, Vec<u32>>>,
+    /// Steps whose rank 0 resumed from a checkpoint (`HVD_CHECKPOINT_REPORT`), and the commit, of the last attempt
+    /// that said so.
+    resumed: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Job<'_> {
@@ -205,6 +208,7 @@ pub fn execute(
         kill_now: AtomicBool::new(false),
         restarts: Mutex::new(BTreeMap::new()),
         preempted: Mutex::new(BTreeMap::new()),
+        resumed: Mutex::new(BTreeMap::new()),
     };
     let mut report = RunReport {
         run_id,
@@ -327,6 +331,16 @@ pub fn execute(
     // Every step has ended: orphans no running step of this process claims (no marker, e.g. `env -i`, left while
     // other steps ran) end with the run.
     crate::process::end_run();
+    for (step, commit) in job
+        .resumed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+    {
+        events.event(Event::Note {
+            text: format!("step `{step}` resumed from checkpoint at commit {commit}"),
+        });
+    }
     if let Some(e) = error {
         return Err(e);
     }
@@ -460,8 +474,27 @@ fn run_step(
             0 => log_dir.to_path_buf(),
             n => log_dir.join(format!("restart.{n}")),
         };
+        let report = attempt
+            .env
+            .contains_key(crate::env_vars::HVD_CHECKPOINT_DIR)
+            .then(|| {
+                let file = std::path::absolute(attempt_log.join(CHECKPOINT_REPORT))
+                    .unwrap_or_else(|_| attempt_log.join(CHECKPOINT_REPORT));
+                attempt.env.insert(
+                    crate::env_vars::HVD_CHECKPOINT_REPORT.to_owned(),
+                    file.display().to_string(),
+                );
+                file
+            });
         let restartable = restart < step.restarts;
-        match run_attempt(job, plan, &attempt, &attempt_log, restartable)? {
+        let outcome = run_attempt(job, plan, &attempt, &attempt_log, restartable);
+        if let Some(commit) = report.as_deref().and_then(resumed_commit) {
+            job.resumed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(step.name.clone(), commit);
+        }
+        match outcome? {
             Outcome::Succeeded => return Ok(true),
             Outcome::Restart if !job.stopping() => {
                 restart += 1;
@@ -481,6 +514,31 @@ fn run_step(
             Outcome::Failed | Outcome::Restart => return Ok(false),
         }
     }
+}
+
+/// The file in an attempt's log directory where its rank 0 says it resumed from a checkpoint (`commit N`).
+const CHECKPOINT_REPORT: &str = "checkpoint.resumed";
+
+/// The commit rank 0 reported resuming from in `file` (`HVD_CHECKPOINT_REPORT`): `commit N`. Written by the job,
+/// so read as untrusted: a link is not followed, at most 64 bytes are read, anything else is no report.
+fn resumed_commit(file: &Path) -> Option<u64> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut text = String::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(file)
+        .ok()?
+        .take(64)
+        .read_to_string(&mut text)
+        .ok()?;
+    let commit = text.trim().strip_prefix("commit ")?;
+    if commit.is_empty() || !commit.bytes().all(|b| b.is_ascii_digit()) {
+        tracing::warn!("{}: not `commit N`: {text:?}", file.display());
+        return None;
+    }
+    commit.parse().ok()
 }
 
 /// Runs one attempt of a step to the end; `restartable`: a failing rank stops only this attempt's workers

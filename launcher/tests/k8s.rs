@@ -95,6 +95,7 @@ fn step(name: &str, run: &str, workers: Option<u32>, needs: &[&str]) -> Step {
         env: BTreeMap::from([("STEP".to_string(), name.to_string())]),
         timeout_ms: None,
         restarts: None,
+        checkpoints: None,
     }
 }
 

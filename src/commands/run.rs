@@ -71,6 +71,10 @@ pub struct RunArgs {
     /// start and every second; new slots start new workers, which join at a commit (local engine).
     #[arg(long, value_name = "PROGRAM")]
     pub host_discovery_script: Option<PathBuf>,
+    /// Where every step's workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from (overrides
+    /// the steps' `checkpoints`; docs/running.md, Checkpoints).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoints: Option<PathBuf>,
     /// Run in this already-built environment directory (its `bin/` first on PATH) instead of building the env.
     #[arg(long, value_name = "DIR", conflicts_with = "no_build")]
     pub env_dir: Option<PathBuf>,
@@ -405,6 +409,15 @@ fn options(
                 }
                 Some(path)
             }
+        },
+        checkpoints: match &args.checkpoints {
+            Some(dir) if dir.as_os_str().is_empty() => {
+                return Err(Failure::usage(
+                    "`--checkpoints` needs a directory".to_owned(),
+                ));
+            }
+            Some(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
+            None => None,
         },
         state_dir: None,
         caches,

@@ -29,19 +29,37 @@ tells the launcher's rendezvous it leaves (``hvd_elastic_leave``) and exits 0. N
 twice. A worker that reaches no commit within ``HVD_PREEMPT_GRACE`` seconds (default 30) of the SIGTERM ends with code
 143, as SIGTERM would have ended it: a lost worker. A second SIGTERM ends it at once, the same way. New workers (host
 discovery) join at a commit the same way: the members re-form and sync the state from rank 0.
+
+Checkpoints beyond the process: in a step with ``checkpoints = "ckpt/"`` (or under ``hvd run --checkpoints DIR``) the
+workers get ``HVD_CHECKPOINT_DIR``; ``state.checkpoint()`` writes the last commit there (rank 0 writes: a temporary
+directory, every file fsynced, a manifest with the commit number and each file's size and SHA-256 last, then one
+rename), keeping the latest ``keep`` (default 3). ``hvd.elastic.run`` first loads the latest complete checkpoint on
+rank 0 (a torn, corrupt or refused one is skipped with a warning, never loaded) and syncs it to every rank, so a new
+``hvd run`` after the whole job died goes on from there. The format holds no pickle: ``ObjectState`` values must be
+plain (None, bool, int, float, str, list, tuple, dict, numpy arrays and scalars of non-object dtypes: JSON and a
+``.npz`` read with ``allow_pickle=False``); ``TorchState``'s model and optimizer go through ``torch.save`` and
+``torch.load(weights_only=True)``.
 """
 
 import copy
 import functools
+import hashlib
+import io
+import json
+import math
 import os
+import re
+import shutil
 import signal
+import stat
 import sys
 import threading
 import time
 
 import hvd as _hvd
 
-__all__ = ["run", "State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "HorovodInternalError", "Preempted"]
+__all__ = ["run", "State", "ObjectState", "TorchState", "HostsUpdatedInterrupt", "HorovodInternalError", "Preempted",
+           "CheckpointError"]
 
 HorovodInternalError = _hvd.HorovodInternalError
 
@@ -55,6 +73,11 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync=False):
         super().__init__("the job's hosts changed")
         self.skip_sync = skip_sync
+
+
+class CheckpointError(RuntimeError):
+    """``state.checkpoint()`` could not write the checkpoint (on rank 0; every rank raises it), or a value of the
+    state cannot go into one."""
 
 
 class State:
@@ -115,6 +138,64 @@ class State:
     def sync(self):
         raise NotImplementedError
 
+    def checkpoint(self, keep=3):
+        """Writes the last commit to ``HVD_CHECKPOINT_DIR`` (a step's ``checkpoints``, ``hvd run --checkpoints``) as
+        ``ckpt-<commit>``, atomically, and keeps the latest ``keep`` checkpoints. Every rank calls it at the same
+        point: rank 0 writes, then one allreduce (``hvd.elastic.checkpoint``) tells every rank whether it succeeded;
+        on failure every rank raises ``CheckpointError``. Returns the checkpoint's path on rank 0 (else None); without
+        ``HVD_CHECKPOINT_DIR`` it does nothing and returns None."""
+        if type(keep) is not int or keep < 1:
+            raise ValueError("keep={!r}: keep at least 1 checkpoint".format(keep))
+        directory = _checkpoint_dir()
+        if directory is None:
+            return None
+        commit = getattr(self, "_hvd_commits", 0)
+        path, error = None, None
+        if _rank() == 0:
+            try:
+                path = _write_checkpoint(directory, commit, self._checkpoint_files(), keep)
+            except (OSError, TypeError, ValueError) as e:
+                error = e
+        if _hvd.is_initialized() and _hvd.size() > 1:
+            np = _hvd._np()
+            ok = _hvd.allreduce(np.array([0 if error else 1], np.int64), op=_hvd.Min, name="hvd.elastic.checkpoint")
+            if not int(ok[0]) and error is None:
+                raise CheckpointError("rank 0 could not write the checkpoint of commit {} to {} (its error is in its "
+                                      "log)".format(commit, directory))
+        if error is not None:
+            raise CheckpointError("cannot write the checkpoint of commit {} to {}: {}".format(
+                commit, directory, error)) from error
+        return path
+
+    def load_checkpoint(self):
+        """Loads the latest complete checkpoint of ``HVD_CHECKPOINT_DIR`` into this rank's state, as its last commit
+        (and the live values): returns its commit number, or None when there is none (or no ``HVD_CHECKPOINT_DIR``).
+        One that is torn, corrupt, or names a file outside itself is skipped with a warning on stderr, and an older
+        one is tried; nothing of it is loaded. ``hvd.elastic.run`` calls it on rank 0 before its first sync."""
+        directory = _checkpoint_dir()
+        if directory is None:
+            return None
+        skipped = 0
+        for name, commit, files in _complete_checkpoints(directory):
+            try:
+                self._checkpoint_load(files)
+            except _Refused as e:
+                _warn_skipped(directory, name, e)
+                skipped += 1
+                continue
+            self._hvd_commits = commit
+            return commit
+        return None
+
+    def _checkpoint_files(self):
+        """The files of a checkpoint of the last commit: ``{name: bytes}``."""
+        raise NotImplementedError
+
+    def _checkpoint_load(self, files):
+        """Takes a verified checkpoint's files as the last commit (all or nothing); ``_Refused`` when they do not fit
+        this state."""
+        raise NotImplementedError
+
     def reset(self):
         """Called after each re-form, before the reset callbacks."""
 
@@ -136,14 +217,53 @@ class ObjectState(State):
         self._set_attrs()
 
     def sync(self):
-        if self._saved_state:
-            # A fixed name: ranks of a new round may have made different numbers of unnamed object broadcasts.
-            self._saved_state = self._bcast_object(self._saved_state, root_rank=0, name="hvd.elastic.sync")
-            self._set_attrs()
+        # A fixed name: ranks of a new round may have made different numbers of unnamed object broadcasts. The commit
+        # count goes along: a checkpoint's number is rank 0's count, and rank 0 may have resumed from one.
+        saved, commits = self._bcast_object((self._saved_state, getattr(self, "_hvd_commits", 0)), root_rank=0,
+                                            name="hvd.elastic.sync")
+        self._saved_state, self._hvd_commits = saved, commits
+        self._set_attrs()
 
     def _set_attrs(self):
         for attr, value in self._saved_state.items():
             setattr(self, attr, copy.deepcopy(value))
+
+    def _checkpoint_files(self):
+        arrays = {}
+        attrs = {}
+        for attr, value in self._saved_state.items():
+            try:
+                attrs[attr] = _encode(value, arrays)
+            except TypeError as e:
+                raise TypeError("state.{}: {}".format(attr, e)) from None
+        files = {_STATE_FILE: json.dumps({"attrs": attrs}, allow_nan=False, sort_keys=True).encode("utf-8")}
+        if arrays:
+            np = _hvd._np()
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            files[_ARRAYS_FILE] = buf.getvalue()
+        return files
+
+    def _checkpoint_load(self, files):
+        if _STATE_FILE not in files:
+            raise _Refused("it has no {}".format(_STATE_FILE))
+        try:
+            doc = json.loads(files[_STATE_FILE].decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise _Refused("{} is not JSON ({})".format(_STATE_FILE, e)) from None
+        attrs = doc.get("attrs") if isinstance(doc, dict) else None
+        if not isinstance(attrs, dict):
+            raise _Refused("{} has no attributes".format(_STATE_FILE))
+        if set(attrs) != set(self._saved_state):
+            raise _Refused("it holds the attributes {} but this state has {}".format(
+                sorted(attrs), sorted(self._saved_state)))
+        arrays = _load_arrays(files.get(_ARRAYS_FILE))
+        try:
+            saved = {attr: _decode(value, arrays) for attr, value in attrs.items()}
+        except (TypeError, ValueError, KeyError, RecursionError) as e:
+            raise _Refused("{} does not decode ({})".format(_STATE_FILE, e)) from None
+        self._saved_state = saved
+        self._set_attrs()
 
 
 class TorchState(ObjectState):
@@ -186,6 +306,349 @@ class TorchState(ObjectState):
             self._torch.broadcast_optimizer_state(self.optimizer, root_rank=0)
         super().sync()
         self._save_modules()
+
+    def _checkpoint_files(self):
+        import torch
+
+        files = super()._checkpoint_files()
+        buf = io.BytesIO()
+        torch.save({"model": self._saved_model, "optimizer": self._saved_optimizer}, buf)
+        files[_TORCH_FILE] = buf.getvalue()
+        return files
+
+    def _checkpoint_load(self, files):
+        import torch
+
+        if _TORCH_FILE not in files:
+            raise _Refused("it has no {} (not a TorchState's checkpoint)".format(_TORCH_FILE))
+        try:
+            # weights_only: tensors and plain containers, no code from the file.
+            modules = torch.load(io.BytesIO(files[_TORCH_FILE]), map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises many kinds (UnpicklingError, RuntimeError, ...) for a bad file
+            raise _Refused("{} does not load with weights_only=True ({})".format(_TORCH_FILE, e)) from None
+        if not isinstance(modules, dict) or set(modules) != {"model", "optimizer"}:
+            raise _Refused("{} is not a model and an optimizer".format(_TORCH_FILE))
+        if (modules["model"] is None) != (self.model is None) or \
+                (modules["optimizer"] is None) != (self.optimizer is None):
+            raise _Refused("{} does not hold the same model and optimizer as this state".format(_TORCH_FILE))
+        before = self._saved_state
+        super()._checkpoint_load(files)
+        try:
+            if self.model is not None:
+                self.model.load_state_dict(modules["model"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(modules["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            # All or nothing: back to the last commit, which the model may have partly left.
+            self._saved_state = before
+            self.restore()
+            raise _Refused("{} does not fit the model or optimizer ({})".format(_TORCH_FILE, e)) from None
+        self._save_modules()
+
+
+# Checkpoints: `ckpt-<12-digit commit>` directories in HVD_CHECKPOINT_DIR, each with these files and a manifest.
+_CKPT_NAME = re.compile(r"ckpt-([0-9]{12})\Z")
+_CKPT_TEMP = ".tmp-ckpt-"
+_MANIFEST = "MANIFEST.json"
+_MANIFEST_FORMAT = "hvd-checkpoint"
+_MANIFEST_LIMIT = 1 << 20
+_STATE_FILE = "state.json"
+_ARRAYS_FILE = "arrays.npz"
+_TORCH_FILE = "torch.pt"
+# The only names a manifest may list: a name from the checkpoint never becomes a path of its own.
+_CKPT_FILES = (_STATE_FILE, _ARRAYS_FILE, _TORCH_FILE)
+_ARRAY_ENTRY = re.compile(r"a[0-9]{1,9}\.npy\Z")
+
+
+class _Refused(Exception):
+    """Why a checkpoint is skipped (torn, corrupt, hostile, or not this state's)."""
+
+
+def _checkpoint_dir():
+    value = os.environ.get("HVD_CHECKPOINT_DIR", "")
+    return value or None
+
+
+def _rank():
+    if _hvd.is_initialized():
+        return _hvd.rank()
+    value = os.environ.get("HVD_RANK", "0").strip()
+    return int(value) if value.isdigit() else 0
+
+
+def _warn_skipped(directory, name, why):
+    sys.stderr.write("hvd.elastic: warning: checkpoint {} skipped: {}; trying an older one\n".format(
+        os.path.join(directory, name), why))
+    sys.stderr.flush()
+
+
+def _encode(value, arrays):
+    """A JSON value for ``value``; numpy arrays go into ``arrays``. Every object in the JSON is a one-key tag:
+    ``a`` an array, ``s`` a numpy scalar, ``t`` a tuple, ``d`` a dict (pairs), ``f`` a float that JSON lacks."""
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else {"f": repr(value)}
+    if kind is list:
+        return [_encode(v, arrays) for v in value]
+    if kind is tuple:
+        return {"t": [_encode(v, arrays) for v in value]}
+    if kind is dict:
+        return {"d": [[_encode(k, arrays), _encode(v, arrays)] for k, v in value.items()]}
+    np = sys.modules.get("numpy")
+    if np is not None and kind is np.ndarray:
+        if value.dtype.hasobject:
+            raise TypeError("a numpy array of Python objects cannot go into a checkpoint (no pickle)")
+        name = "a{}".format(len(arrays))
+        arrays[name] = value
+        return {"a": name}
+    if np is not None and isinstance(value, np.generic) and not value.dtype.hasobject:
+        name = "a{}".format(len(arrays))
+        arrays[name] = np.asarray(value)
+        return {"s": name}
+    raise TypeError("a {} cannot go into a checkpoint: use None, bool, int, float, str, list, tuple, dict and numpy "
+                    "arrays (TorchState for a torch model)".format(kind.__name__))
+
+
+def _decode(value, arrays):
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value) is list:
+        return [_decode(v, arrays) for v in value]
+    if type(value) is not dict or len(value) != 1:
+        raise ValueError("not a value of a checkpoint")
+    (tag, inner), = value.items()
+    if tag == "a" and type(inner) is str:
+        return arrays[inner].copy()
+    if tag == "s" and type(inner) is str:
+        return arrays[inner][()]
+    if tag == "t" and type(inner) is list:
+        return tuple(_decode(v, arrays) for v in inner)
+    if tag == "f" and inner in ("nan", "inf", "-inf"):
+        return float(inner)
+    if tag == "d" and type(inner) is list:
+        out = {}
+        for pair in inner:
+            if type(pair) is not list or len(pair) != 2:
+                raise ValueError("a dict entry is not a pair")
+            out[_decode(pair[0], arrays)] = _decode(pair[1], arrays)
+        return out
+    raise ValueError("unknown tag {!r}".format(tag))
+
+
+def _load_arrays(data):
+    """The arrays of ``arrays.npz`` by name; ``{}`` without one. Only stored (uncompressed) ``a<n>.npy`` entries are
+    read, with ``allow_pickle=False``: no code, no decompression bomb."""
+    if data is None:
+        return {}
+    import zipfile
+
+    np = _hvd._np()
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for info in archive.infolist():
+                if not _ARRAY_ENTRY.match(info.filename) or info.compress_type != zipfile.ZIP_STORED or \
+                        info.file_size != info.compress_size:
+                    raise _Refused("{} holds {!r}, which no checkpoint writes".format(_ARRAYS_FILE, info.filename))
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise _Refused("{} does not load ({})".format(_ARRAYS_FILE, e)) from None
+
+
+def _open_in(dir_fd, name, flags):
+    return os.open(name, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+
+
+def _read_in(dir_fd, name, limit):
+    """A regular file's bytes, at most ``limit`` + 1 of them; never through a link, never blocking on a FIFO."""
+    fd = _open_in(dir_fd, name, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Refused("{} is not a regular file".format(name))
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _listed(root_fd):
+    """``(name, commit)`` of the ``ckpt-<commit>`` entries of the checkpoint directory, newest first."""
+    found = []
+    for name in os.listdir(root_fd):
+        match = _CKPT_NAME.match(name)
+        if match:
+            found.append((name, int(match.group(1))))
+    found.sort(key=lambda entry: entry[1], reverse=True)
+    return found
+
+
+def _verified(root_fd, name, commit):
+    """The files of checkpoint ``name``, each checked against the manifest (names, sizes, SHA-256); ``_Refused``
+    otherwise."""
+    try:
+        fd = _open_in(root_fd, name, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise _Refused("it is not a directory one can open without following a link ({})".format(e)) from None
+    try:
+        try:
+            raw = _read_in(fd, _MANIFEST, _MANIFEST_LIMIT)
+        except OSError as e:
+            raise _Refused("no readable {} ({}): torn or incomplete".format(_MANIFEST, e)) from None
+        if len(raw) > _MANIFEST_LIMIT:
+            raise _Refused("{} is larger than {} bytes".format(_MANIFEST, _MANIFEST_LIMIT))
+        try:
+            manifest = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise _Refused("{} is not JSON ({}): torn or corrupt".format(_MANIFEST, e)) from None
+        if not isinstance(manifest, dict) or manifest.get("format") != _MANIFEST_FORMAT or \
+                manifest.get("version") != 1:
+            raise _Refused("{} is not an hvd checkpoint manifest of version 1".format(_MANIFEST))
+        if type(manifest.get("commit")) is not int or manifest["commit"] != commit:
+            raise _Refused("{} names commit {!r}, not {}".format(_MANIFEST, manifest.get("commit"), commit))
+        entries = manifest.get("files")
+        if type(entries) is not list or len(entries) > len(_CKPT_FILES):
+            raise _Refused("{} has no valid file list".format(_MANIFEST))
+        files = {}
+        for entry in entries:
+            if type(entry) is not dict:
+                raise _Refused("{} has no valid file list".format(_MANIFEST))
+            file, size, digest = entry.get("name"), entry.get("size"), entry.get("sha256")
+            if file not in _CKPT_FILES:
+                raise _Refused("{} names the file {!r}, which is not one of {} (refused: no name from a checkpoint "
+                               "becomes a path)".format(_MANIFEST, file, ", ".join(_CKPT_FILES)))
+            if file in files or type(size) is not int or size < 0 or type(digest) is not str:
+                raise _Refused("{} lists {} twice or without a size and a hash".format(_MANIFEST, file))
+            try:
+                data = _read_in(fd, file, size)
+            except OSError as e:
+                raise _Refused("{} cannot be read ({})".format(file, e)) from None
+            if len(data) != size:
+                raise _Refused("{} has {} bytes where the manifest says {}: torn".format(
+                    file, len(data) if len(data) <= size else "more", size))
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise _Refused("{} does not match its SHA-256 in the manifest: corrupt".format(file))
+            files[file] = data
+        return files
+    finally:
+        os.close(fd)
+
+
+def _complete_checkpoints(directory):
+    """``(name, commit, files)`` of each verified checkpoint in ``directory``, newest first; each skipped one is
+    named in a warning."""
+    try:
+        root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        sys.stderr.write("hvd.elastic: warning: cannot read the checkpoint directory {} ({}); starting without "
+                         "a checkpoint\n".format(directory, e))
+        return
+    try:
+        for name, commit in _listed(root):
+            try:
+                files = _verified(root, name, commit)
+            except _Refused as e:
+                _warn_skipped(directory, name, e)
+                continue
+            yield name, commit, files
+    finally:
+        os.close(root)
+
+
+def _write_in(dir_fd, name, data):
+    fd = _open_in(dir_fd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_entry(directory, root_fd, name):
+    """Removes ``name`` (a directory tree, or a link itself, never what it points to) from the checkpoint
+    directory."""
+    try:
+        st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(os.path.join(directory, name))
+    else:
+        os.unlink(name, dir_fd=root_fd)
+
+
+def _write_checkpoint(directory, commit, files, keep):
+    """Writes ``files`` as checkpoint ``ckpt-<commit>`` of ``directory``: into a temporary directory, every file
+    fsynced, the manifest last, then renamed into place and the directory fsynced. Checkpoints at this or a later
+    commit (a history this run did not resume from: e.g. a torn one it skipped) are replaced; the latest ``keep``
+    stay. Returns the checkpoint's path."""
+    os.makedirs(directory, exist_ok=True)
+    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        temp = "{}{:012d}-{}".format(_CKPT_TEMP, commit, os.getpid())
+        for name in os.listdir(root):
+            # What a writer killed mid-way left, and an earlier try of this one.
+            if name.startswith(_CKPT_TEMP):
+                _remove_entry(directory, root, name)
+        os.mkdir(temp, 0o700, dir_fd=root)
+        fd = _open_in(root, temp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            entries = []
+            for name in sorted(files):
+                _write_in(fd, name, files[name])
+                entries.append({"name": name, "size": len(files[name]),
+                                "sha256": hashlib.sha256(files[name]).hexdigest()})
+            manifest = {"format": _MANIFEST_FORMAT, "version": 1, "commit": commit, "written": time.time(),
+                        "files": entries}
+            _write_in(fd, _MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        final = "ckpt-{:012d}".format(commit)
+        for name, number in _listed(root):
+            if number >= commit:
+                _remove_entry(directory, root, name)
+        os.rename(temp, final, src_dir_fd=root, dst_dir_fd=root)
+        os.fsync(root)
+        for name, _ in _listed(root)[keep:]:
+            _remove_entry(directory, root, name)
+        return os.path.join(directory, final)
+    finally:
+        os.close(root)
+
+
+def _resume(state):
+    """Once per state, before ``run``'s first sync: rank 0 loads the latest complete checkpoint (the sync then gives
+    it to every rank), says so on stderr and tells ``hvd run`` (``HVD_CHECKPOINT_REPORT``)."""
+    if getattr(state, "_hvd_resume_tried", False):
+        return
+    state._hvd_resume_tried = True
+    if _checkpoint_dir() is None or _rank() != 0:
+        return
+    commit = state.load_checkpoint()
+    if commit is None:
+        return
+    sys.stderr.write("hvd.elastic: resumed from checkpoint at commit {} ({})\n".format(
+        commit, os.path.join(_checkpoint_dir(), "ckpt-{:012d}".format(commit))))
+    sys.stderr.flush()
+    report = os.environ.get("HVD_CHECKPOINT_REPORT", "")
+    if report:
+        try:
+            with open(report, "w") as f:
+                f.write("commit {}\n".format(commit))
+        except OSError as e:
+            sys.stderr.write("hvd.elastic: warning: cannot tell hvd run that it resumed ({}: {})\n".format(report, e))
 
 
 # How many times a re-form is tried when joining the new round fails.
@@ -453,6 +916,7 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        _resume(state)
         if not _elastic():
             return _run(state, *args, **kwargs)
         _preemption.install()

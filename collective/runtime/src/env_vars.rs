@@ -46,4 +46,10 @@ hvd_env_vars::env_vars! {
     /// Python package: seconds a worker of an elastic step has, after a SIGTERM, to reach its next `commit()` and
     /// hand over (leave the job cleanly); past it the worker ends with code 143, a lost worker.
     HVD_PREEMPT_GRACE default "30";
+    /// Python package: the directory `hvd.elastic`'s `state.checkpoint()` writes to and `load_checkpoint()` (and
+    /// `run`) resume from (set by `hvd run` for a step with `checkpoints`).
+    HVD_CHECKPOINT_DIR;
+    /// Python package: the file rank 0 writes `commit N` into when `hvd.elastic.run` resumed from a checkpoint (set
+    /// by `hvd run`, which reports it).
+    HVD_CHECKPOINT_REPORT;
 }

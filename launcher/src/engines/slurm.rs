@@ -274,6 +274,7 @@ mod tests {
                 env: BTreeMap::new(),
                 timeout_ms,
                 restarts: None,
+                checkpoints: None,
             }
         };
         Project {
@@ -441,6 +442,7 @@ mod tests {
             env: BTreeMap::from([("X".to_string(), "a'b $(c)\nEOF".to_string())]),
             timeout_ms: None,
             restarts: None,
+            checkpoints: None,
         }];
         project.steps.push(hvd_lang::model::Step {
             name: "train".into(),

@@ -18,6 +18,7 @@ pub fn step(name: &str, run: &str) -> Step {
         env: BTreeMap::new(),
         timeout_ms: None,
         restarts: None,
+        checkpoints: None,
     }
 }
 
