@@ -556,6 +556,65 @@ fn a_failing_discovery_script_is_named_and_the_step_keeps_its_workers() {
     common::assert_nothing_left(&marker);
 }
 
+/// Two workers on this machine are lost: the machine is blacklisted for the cooldown, so host discovery, which still
+/// finds 4 slots there (2 of them free, below the step's maximum of 6), starts no new workers; the two survivors go
+/// on and finish. The training goes on until the script has run 3 times after slot 0 saw the loss (it writes `mark`
+/// two steps later), so discovery had its chances.
+#[test]
+fn a_host_whose_workers_fail_repeatedly_is_blacklisted_and_the_others_go_on() {
+    let marker = marker();
+    let dir = project("{ min = 1, max = 6 }", 6, "2:3,3:3", &marker);
+    let script = discovery_script(
+        dir.path(),
+        "if [ -f mark ]; then n=$(cat runs 2>/dev/null || echo 0); echo $((n+1)) > runs; fi\necho localhost:4",
+    );
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--host-discovery-script", script.to_str().unwrap()],
+        &[
+            ("ELASTIC_GROW", "0:5:mark:x"),
+            ("ELASTIC_UNTIL", "file:runs:3"),
+        ],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("step `train` on 4 worker(s)"), "{stderr}");
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains(
+            "is blacklisted for 60 s: 2 of its workers were lost; host discovery starts no new workers there until \
+             then"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("host discovery found"), "{stderr}");
+    assert!(
+        std::fs::read_to_string(dir.path().join("runs"))
+            .is_ok_and(|n| n.trim().parse::<u32>().is_ok_and(|n| n >= 3)),
+        "{stderr}"
+    );
+    let finished: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" finished as rank "))
+        .collect();
+    assert_eq!(finished.len(), 2, "{stdout}\n{stderr}");
+    for (slot, line) in finished.iter().enumerate() {
+        let step: u32 = line
+            .split("step ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        // Every step counted once: its participation count is 1 per step, its gradient sum 1 + 2 + ... + step.
+        let want = format!(
+            "slot {slot} finished as rank {slot} of 2: step {step} count {:?} w0 {:?} agree True",
+            f64::from(step),
+            f64::from(step * (step + 1) / 2)
+        );
+        assert!(line.ends_with(&want), "want `{want}`:\n{stdout}");
+    }
+    common::assert_nothing_left(&marker);
+}
+
 #[test]
 fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
     let marker = marker();
