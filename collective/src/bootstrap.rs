@@ -169,6 +169,46 @@ pub fn connect(
     connect_in(job, choice, timeout, rendezvous, kv)
 }
 
+/// Joins a group of the job's ranks among themselves while the job runs (a process set): `job` is this process as
+/// it joined the job (its slot identifies it to the rendezvous), `member` its position among the group's ranks and
+/// `size` their number; `tag` names this join of the group, the same on every member and unique in the job's
+/// round. The keys live in the job's current round under `tag`, so they meet neither the job's nor another
+/// group's. The backend comes from `HVD_COLLECTIVE_BACKEND` (auto: as for the job, from the members' hosts); the
+/// mpi and nccl backends, whose communicator is fixed when the job starts, are refused.
+pub fn connect_group(
+    job: &JobEnv,
+    member: usize,
+    size: usize,
+    tag: &str,
+) -> Result<Box<dyn Communicator>> {
+    let choice: BackendChoice = std::env::var(env_vars::HVD_COLLECTIVE_BACKEND)
+        .unwrap_or_default()
+        .parse()?;
+    if matches!(choice, BackendChoice::Mpi | BackendChoice::Nccl) {
+        return Err(Error::Bootstrap(format!(
+            "a group of the job's ranks (a process set) runs on hvd's own transports (shm, tcp, hierarchical), \
+             not on the {choice:?} backend"
+        )));
+    }
+    let Some(rendezvous) = &job.rendezvous else {
+        return Err(Error::Bootstrap(format!(
+            "a group of the job's ranks needs the job's rendezvous (`{}`)",
+            env_vars::HVD_RENDEZVOUS
+        )));
+    };
+    let timeout = timeout_from_env()?;
+    let kv = rendezvous
+        .client(job.rank)
+        .with_retry_for(timeout)
+        .in_group(tag)?;
+    let member = JobEnv {
+        rank: member,
+        size,
+        ..job.clone()
+    };
+    connect_in(&member, choice, timeout, rendezvous, kv)
+}
+
 /// Joins `job` through `kv`, a client already in the round's namespace.
 fn connect_in(
     job: &JobEnv,

@@ -95,6 +95,7 @@ impl Rendezvous {
             retry_for: DEFAULT_RETRY_FOR,
             job: job.as_deref().map(job_id),
             round: None,
+            group: None,
         }
     }
 }
@@ -110,6 +111,8 @@ pub struct KeyValueClient {
     job: Option<String>,
     /// The round whose namespace the keys are in ([`KeyValueClient::next_round`]); none: keys as given.
     round: Option<Round>,
+    /// A namespace inside the round ([`KeyValueClient::in_group`]): a process set's own join.
+    group: Option<String>,
 }
 
 struct HttpResponse {
@@ -147,6 +150,20 @@ impl KeyValueClient {
     pub fn in_round(self, round: Round) -> KeyValueClient {
         let done = round::begin_at(&self.rendezvous, self.rank, round);
         self.entering(round, done)
+    }
+
+    /// This client in the round this process is in as its rank (the latest it began), with its keys under `tag`
+    /// inside it: a group of the job's ranks (a process set) joining among themselves while the job runs, whose keys
+    /// meet neither the job's nor another group's (`tag` is unique in the round). The keys are deleted with the
+    /// round's, two rounds later.
+    pub fn in_group(self, tag: &str) -> Result<KeyValueClient> {
+        check_key(tag)?;
+        let round = round::latest(&self.rendezvous, self.rank);
+        Ok(KeyValueClient {
+            round,
+            group: Some(tag.to_string()),
+            ..self
+        })
     }
 
     /// This client keyed by `round`, after deleting the keys `done` of an earlier round (best effort).
@@ -269,9 +286,13 @@ impl KeyValueClient {
     /// `key` as stored: in this client's round's namespace.
     fn scoped(&self, key: &str) -> Result<String> {
         check_key(key)?;
-        Ok(match self.round {
-            Some(round) => round.key(key),
+        let key = match &self.group {
+            Some(group) => format!("{group}.{key}"),
             None => key.to_string(),
+        };
+        Ok(match self.round {
+            Some(round) => round.key(&key),
+            None => key,
         })
     }
 
@@ -715,6 +736,29 @@ fn check_key(key: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group's keys (a process set's join) live in the job's current round under the group's tag: the same key
+    /// of the job and of the group are two values.
+    #[test]
+    fn a_group_keys_its_values_inside_the_round_apart_from_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let rdv = Rendezvous::Directory(dir.path().join("rdv"));
+        let job = rdv.client(0).next_round();
+        let round = job.round().unwrap();
+        job.put("addr.0", b"job").unwrap();
+        let group = rdv.client(0).in_group("ps1-ab").unwrap();
+        assert_eq!(group.round(), Some(round));
+        group.put("addr.0", b"group").unwrap();
+        let t = Duration::from_millis(100);
+        assert_eq!(job.get("addr.0", t).unwrap(), b"job");
+        assert_eq!(group.get("addr.0", t).unwrap(), b"group");
+        let raw = rdv.client(0);
+        assert_eq!(
+            raw.get(&format!("{round}.ps1-ab.addr.0"), t).unwrap(),
+            b"group"
+        );
+        assert!(rdv.client(0).in_group("bad/tag").is_err());
+    }
 
     #[test]
     fn response_parsing() {

@@ -35,17 +35,28 @@ for run in (horovod.run, horovod.runner.run):
     else:
         raise AssertionError("horovod.run ran")
 
-# Process sets: the global set is the whole job; making a set is refused, saying why.
+# Process sets are hvd's: the global set (id 0) is the whole job; a set of ranks keeps them sorted, refuses what is
+# not a rank, and cannot be added before init (a ValueError, as in Horovod); removing a set never added is False.
+assert process_sets.ProcessSet is hvd.ProcessSet and process_sets.global_process_set is hvd.global_process_set
 assert process_sets.global_process_set.process_set_id == 0
 assert process_sets.global_process_set.included()
-for refused in (lambda: process_sets.ProcessSet([0]), lambda: process_sets.add_process_set([0]),
-                lambda: process_sets.remove_process_set(1)):
+made = process_sets.ProcessSet([2, 0])
+assert made.ranks == [0, 2] and made.process_set_id is None and made.size() is None and made.rank() is None
+for bad in ([0, "1"], [True], 3):
     try:
-        refused()
-    except NotImplementedError as e:
-        assert "process sets" in str(e), e
+        process_sets.ProcessSet(bad)
+    except ValueError:
+        pass
     else:
-        raise AssertionError("a process set was made")
+        raise AssertionError("ProcessSet({!r}) was made".format(bad))
+try:
+    process_sets.add_process_set([0])
+except ValueError as e:
+    assert "init" in str(e), e
+else:
+    raise AssertionError("a process set was added before init")
+assert process_sets.remove_process_set(made) is False
+assert process_sets.remove_process_set(process_sets.global_process_set) is False
 
 # util
 assert util.split_list([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]

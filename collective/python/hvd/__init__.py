@@ -40,7 +40,8 @@ __all__ = [
     "HvdError", "InvalidArgumentError", "MismatchError", "NotInitializedError", "HorovodInternalError", "PeerLostError",
     "CollectiveTimeoutError", "StallError", "Handle", "library_path", "BFloat16Bits", "elastic", "HostsUpdatedInterrupt",
     "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled",
-    "gloo_enabled", "mpi_threads_supported", "is_homogeneous",
+    "gloo_enabled", "mpi_threads_supported", "is_homogeneous", "ProcessSet", "global_process_set", "add_process_set",
+    "remove_process_set",
 ]
 
 # Reduce operations (hvd.h enum hvd_reduce_op).
@@ -117,11 +118,27 @@ def library_path():
     return str(_lib.path())
 
 
-def init(comm=None):
-    """Joins the job described by the environment (``hvd run``, mpirun, srun; none: a job of one rank)."""
+def init(comm=None, process_sets=None):
+    """Joins the job described by the environment (``hvd run``, mpirun, srun; none: a job of one rank). With
+    ``process_sets`` (a list of ``ProcessSet``), adds each as ``add_process_set`` does, in order (every rank passes
+    the same list); one with the ranks of an earlier one in the list is left without an id, as in Horovod."""
     if comm is not None:
         raise ValueError("hvd.init() takes no communicator: the job comes from the environment")
     _check(_l().hvd_init())
+    global_process_set.ranks = list(range(size()))
+    if process_sets:
+        if isinstance(process_sets, ProcessSet):
+            process_sets = [process_sets]
+        seen = set()
+        for ps in process_sets:
+            if not isinstance(ps, ProcessSet):
+                ps = ProcessSet(ps)
+            key = tuple(ps.ranks or ())
+            if key in seen or ps is global_process_set or key == tuple(global_process_set.ranks):
+                ps._invalidate()
+                continue
+            seen.add(key)
+            add_process_set(ps)
     # A new job (or a new round of an elastic one) numbers its unnamed object collectives from 0 on every rank.
     _object_counter.__dict__.clear()
     global _atexit_registered
@@ -135,8 +152,12 @@ _atexit_registered = False
 
 
 def shutdown():
-    """Leaves the job once every rank has called shutdown (meanwhile this rank acts as joined)."""
+    """Leaves the job once every rank has called shutdown (meanwhile this rank acts as joined); every process set
+    is removed with it."""
     _GROUPS.clear()  # the library forgets its prepared groups
+    for ps in list(_SETS.values()):
+        ps._invalidate()
+    _SETS.clear()
     _batch.flush()  # batched allreduces are submitted before this rank leaves
     if _lib._lib is not None:
         _check(_l().hvd_shutdown())
@@ -519,6 +540,112 @@ def _sweep_orphans():
         _orphans.append((hid, group, keep))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Process sets
+
+
+class ProcessSet:
+    """Horovod's process set: some of the job's ranks (global ranks, kept sorted), which run collectives among
+    themselves once added (``add_process_set``, or ``init(process_sets=...)``): pass it as ``process_set=`` to a
+    collective, which only its members call. ``process_set_id`` is None until added."""
+
+    process_set_id = None
+    ranks = None
+
+    def __init__(self, ranks):
+        try:
+            ranks = sorted(ranks)
+        except TypeError:
+            raise ValueError("ProcessSet takes a list of ranks (hvd has no MPI communicators), not {!r}".format(ranks))
+        if any(isinstance(r, bool) or not isinstance(r, int) for r in ranks):
+            raise ValueError("ProcessSet takes a list of integer ranks, not {!r}".format(ranks))
+        self.ranks = ranks
+
+    def _invalidate(self):
+        self.process_set_id = None
+
+    def size(self):
+        """The number of ranks, or None before the set is added."""
+        if self.process_set_id is None:
+            return None
+        return _check(_l().hvd_process_set_size(self.process_set_id))
+
+    def rank(self):
+        """This rank's rank in the set (its position among the set's ranks), or None before the set is added; a
+        ValueError when this rank is not a member. (A broadcast's root is still a global rank.)"""
+        if self.process_set_id is None:
+            return None
+        return _check(_l().hvd_process_set_rank(self.process_set_id))
+
+    def included(self):
+        """Whether this rank is a member (None without ranks)."""
+        if self.process_set_id == 0:
+            return True
+        if self.ranks is None:
+            return None
+        return rank() in self.ranks
+
+    def __str__(self):
+        return "ProcessSet(process_set_id={}, ranks={})".format(self.process_set_id, self.ranks)
+
+    __repr__ = __str__
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+# Added sets by id, until removed or shutdown.
+_SETS = {}
+
+
+def add_process_set(process_set):
+    """Adds a process set (a ``ProcessSet`` or a list of global ranks) and returns it with its id. Every rank of the
+    job calls it with the same ranks, in the same order as its other adds. Refused with a ValueError: duplicate
+    ranks, ranks outside the job, every rank, or the ranks of a set that exists already."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    ranks = process_set.ranks
+    arr = (ctypes.c_int64 * max(len(ranks), 1))(*ranks)
+    lib = _l()
+    ps_id = lib.hvd_add_process_set(arr, len(ranks))
+    if ps_id < 0:
+        raise _error(lib)
+    process_set.process_set_id = ps_id
+    _SETS[ps_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes an added set (every member calls it; its id is forgotten). Returns whether a set was removed: False
+    for the global set or a set that was never added (or already removed)."""
+    ps_id = process_set.process_set_id
+    if ps_id is None or ps_id == 0 or not is_initialized():
+        return False
+    process_set._invalidate()
+    _SETS.pop(ps_id, None)
+    return _l().hvd_remove_process_set(ps_id) == 0
+
+
+def _set_id(process_set):
+    """The library's id of ``process_set`` (None: the global set)."""
+    if process_set is None:
+        return 0
+    ps_id = getattr(process_set, "process_set_id", None)
+    if ps_id is None:
+        raise ValueError("{} has not been added (hvd.add_process_set) or was removed".format(process_set))
+    return ps_id
+
+
+def _set_rank(process_set, global_rank, what):
+    """``global_rank``'s rank in set ``ps_id`` (a broadcast's root)."""
+    ranks = process_set.ranks
+    if process_set.process_set_id == 0 or not ranks:
+        return global_rank
+    try:
+        return ranks.index(global_rank)
+    except ValueError:
+        raise InvalidArgumentError("the {} rank {} is not a member of {}".format(what, global_rank, process_set))
+
+
 _tls = threading.local()
 _MAX_NDIM = 64
 
@@ -538,7 +665,7 @@ def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, pos
     return (kind, tensor, name, out_ptr, op, root, prescale, postscale, splits), []
 
 
-def _submit(request, keep, finish, value=None):
+def _submit(request, keep, finish, value=None, ps_id=0):
     if _batch._open is not None:
         _batch.flush()  # a rank blocked in this operation must not hold back one that another rank waits for
     if _orphans:
@@ -572,7 +699,7 @@ def _submit(request, keep, finish, value=None):
     else:
         req.splits = (ctypes.c_int64 * max(len(splits), 1))(*[int(s) for s in splits])
         req.nsplits = len(splits)
-    hid = _l().hvd_enqueue(_byref(req))
+    hid = _l().hvd_enqueue(_byref(req)) if ps_id == 0 else _l().hvd_enqueue_ps(_byref(req), ps_id)
     if hid < 0:
         _check(hid)
     return Handle(hid, keep, finish, value)
@@ -609,23 +736,30 @@ def _owned_result(t):
     return finish
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Starts an allreduce (default: average over ranks); ``synchronize`` returns a new tensor."""
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=None):
+    """Starts an allreduce (default: average over the ranks, of ``process_set`` when given); ``synchronize`` returns
+    a new tensor."""
+    ps_id = _set_id(process_set)
     t = _Tensor(tensor)
     out = t.empty(t.shape)
     req, keep = _request(_ALLREDUCE, t, name, _np_ptr(out), _resolve_op(average, op), 0, prescale_factor,
                          postscale_factor)
     keep += [t, out]
-    return _submit(req, keep, lambda hid: t.wrap(out))
+    return _submit(req, keep, lambda hid: t.wrap(out), None, ps_id)
 
 
-def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=None):
     """In-place allreduce of a contiguous numpy array or DLPack tensor; ``synchronize`` returns the tensor."""
-    handle = _batch.allreduce_(tensor, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    ps_id = _set_id(process_set)
+    handle = None
+    if ps_id == 0:
+        handle = _batch.allreduce_(tensor, name, _resolve_op(average, op), prescale_factor, postscale_factor)
     if handle is not None:
         return handle  # batched: no call into the library yet (hvd/_batch.py)
     t = _Tensor(tensor)
@@ -634,11 +768,11 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     req, keep = _request(_ALLREDUCE, t, name, t.ptr, _resolve_op(average, op), 0, prescale_factor,
                          postscale_factor)
     keep.append(t)
-    return _submit(req, keep, None, tensor)
+    return _submit(req, keep, None, tensor, ps_id)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 _REQUEST_DTYPE = None
@@ -660,7 +794,7 @@ def _request_dtype():
     return _REQUEST_DTYPE
 
 
-def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, in_place):
+def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, in_place, ps_id=0):
     """Submits the allreduces of ``tensors`` with one call (one engine cycle, fused) and returns one handle for the
     group. numpy arrays take a fast path: a buffer-protocol pointer and no per-tensor ctypes objects."""
     np = _np()
@@ -672,7 +806,7 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
     if _orphans:
         _sweep_orphans()
     params = (op, prescale_factor, postscale_factor)
-    cached = _GROUPS.get(name) if in_place and name else None
+    cached = _GROUPS.get(name) if in_place and name and ps_id == 0 else None
     if (cached is not None and cached[0] == params and len(cached[1]) == n
             and all(map(_is, tensors, cached[1])) and list(map(_shape, tensors)) == cached[2]
             and (all(map(_is, map(_dtype, tensors), cached[3]))
@@ -703,7 +837,7 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
             names, offsets = _group_names(np, name, n)
             reqs["name"] = np.uint64(names.ctypes.data) + offsets
     keep += [tensors, outs, reqs, shapes, names]
-    if in_place and name and fast is not None:
+    if in_place and name and fast is not None and ps_id == 0:
         # Only plain numpy arrays are remembered: their data pointers cannot move while we hold a reference
         # (resize() refuses), unlike a framework tensor's storage.
         if len(_GROUPS) >= 64:
@@ -716,7 +850,7 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
         _GROUPS[name] = [params, tensors, list(map(_shape, tensors)), list(map(_dtype, tensors)), reqs, keep, None,
                          None]
     finish = None if in_place else (lambda hid: [o if w is None else w.wrap(o) for o, w in zip(outs, wraps)])
-    return _enqueue_group(reqs, n, keep, tensors, finish, in_place)
+    return _enqueue_group(reqs, n, keep, tensors, finish, in_place, ps_id)
 
 
 # In-place groups of numpy arrays by name: [params, tensors, shapes, dtypes, requests, keep, library group id,
@@ -762,10 +896,11 @@ def _release_group(entry):
         _lib._lib.hvd_group_release(gid)
 
 
-def _enqueue_group(reqs, n, keep, tensors, finish, in_place):
+def _enqueue_group(reqs, n, keep, tensors, finish, in_place, ps_id=0):
     ids = (ctypes.c_int64 * max(n, 1))()
     lib = _l()
-    ok = lib.hvd_enqueue_many(reqs.ctypes.data_as(ctypes.POINTER(_lib.HvdRequest)), n, ids)
+    requests = reqs.ctypes.data_as(ctypes.POINTER(_lib.HvdRequest))
+    ok = lib.hvd_enqueue_many(requests, n, ids) if ps_id == 0 else lib.hvd_enqueue_many_ps(requests, n, ids, ps_id)
     if ok != n:
         error = _error(lib)
         lib.hvd_wait_many(ids, n)  # the accepted ones still run on the other ranks: wait for them
@@ -862,69 +997,84 @@ def _any_group(np, tensors, in_place):
     return ptrs, out_ptrs, codes, ndims, dims, outs, wraps, keep
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=None):
     """Allreduces a list of tensors submitted with one call into the library, so that they run in one engine cycle
     and fuse; returns one handle whose ``synchronize`` returns the list of results (one wait for the group).
     With ``name``, tensor i is named ``name.i``."""
-    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, False)
+    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, False,
+                              _set_id(process_set))
 
 
-def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
+def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=None):
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
+                                               process_set))
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=None):
     """In-place grouped allreduce of C-contiguous numpy arrays or DLPack tensors; ``synchronize`` returns the list
     of tensors."""
-    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, True)
+    return _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_factor, True,
+                              _set_id(process_set))
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=None):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
 
 
-def allgather_async(tensor, name=None):
-    """Concatenates every rank's tensor along dimension 0 (ranks may differ in that dimension)."""
+def allgather_async(tensor, name=None, process_set=None):
+    """Concatenates every rank's tensor along dimension 0 (ranks may differ in that dimension), in rank order."""
+    ps_id = _set_id(process_set)
     t = _Tensor(tensor)
     req, keep = _request(_ALLGATHER, t, name)
     keep.append(t)
-    return _submit(req, keep, _owned_result(t))
+    return _submit(req, keep, _owned_result(t), None, ps_id)
 
 
-def allgather(tensor, name=None):
-    return synchronize(allgather_async(tensor, name))
+def allgather(tensor, name=None, process_set=None):
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
-def broadcast_async(tensor, root_rank, name=None):
-    """Rank ``root_rank``'s tensor, as a new tensor on every rank."""
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Rank ``root_rank``'s tensor, as a new tensor on every rank (of ``process_set``: ``root_rank`` is still a
+    global rank, a member of the set)."""
+    ps_id = _set_id(process_set)
+    root = root_rank if ps_id == 0 else _set_rank(process_set, root_rank, "root")
     t = _Tensor(tensor)
     out = t.empty(t.shape)
-    req, keep = _request(_BROADCAST, t, name, _np_ptr(out), root=root_rank)
+    req, keep = _request(_BROADCAST, t, name, _np_ptr(out), root=root)
     keep += [t, out]
-    return _submit(req, keep, lambda hid: t.wrap(out))
+    return _submit(req, keep, lambda hid: t.wrap(out), None, ps_id)
 
 
-def broadcast(tensor, root_rank, name=None):
-    return synchronize(broadcast_async(tensor, root_rank, name))
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """In-place broadcast into a contiguous numpy array or DLPack tensor."""
+    ps_id = _set_id(process_set)
+    root = root_rank if ps_id == 0 else _set_rank(process_set, root_rank, "root")
     t = _Tensor(tensor)
     if t.array is not None and (t.array is not _base(tensor) or not t.array.flags.writeable):
         raise ValueError("in-place operations need a writable, C-contiguous numpy array")
-    req, keep = _request(_BROADCAST, t, name, t.ptr, root=root_rank)
+    req, keep = _request(_BROADCAST, t, name, t.ptr, root=root)
     keep.append(t)
-    return _submit(req, keep, None, tensor)
+    return _submit(req, keep, None, tensor, ps_id)
 
 
-def broadcast_(tensor, root_rank, name=None):
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def alltoall_async(tensor, splits=None, name=None):
-    """Sends rows ``splits[j]`` of dimension 0 to rank j (default: equal parts); ``synchronize`` returns
-    ``(received tensor, received splits)``."""
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Sends rows ``splits[j]`` of dimension 0 to rank j (default: equal parts; j counts the ranks of
+    ``process_set`` when given); ``synchronize`` returns ``(received tensor, received splits)``."""
+    ps_id = _set_id(process_set)
     t = _Tensor(tensor)
     if splits is not None:
         splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
@@ -934,36 +1084,42 @@ def alltoall_async(tensor, splits=None, name=None):
 
     def finish(hid):
         out = owned(hid)
-        n = _l().hvd_size()
+        n = _l().hvd_process_set_size(ps_id)
         arr = (ctypes.c_int64 * max(n, 1))()
         _check(_l().hvd_result_splits(hid, arr))
         return out, [arr[i] for i in range(n)]
 
-    return _submit(req, keep, finish)
+    return _submit(req, keep, finish, None, ps_id)
 
 
-def alltoall(tensor, splits=None, name=None, return_received_splits=False):
-    out, received = synchronize(alltoall_async(tensor, splits, name))
+def alltoall(tensor, splits=None, name=None, return_received_splits=False, process_set=None):
+    out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
     return (out, received) if return_received_splits else out
 
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Reduces over ranks and leaves rank r its block of dimension 0 (the first ``dim0 % size`` ranks get one row
-    more)."""
+    more; r and size those of ``process_set`` when given)."""
+    ps_id = _set_id(process_set)
     t = _Tensor(tensor)
     req, keep = _request(_REDUCESCATTER, t, name, op=_resolve_op(None, op), prescale=prescale_factor,
                          postscale=postscale_factor)
     keep.append(t)
-    return _submit(req, keep, _owned_result(t))
+    return _submit(req, keep, _owned_result(t), None, ps_id)
 
 
-def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def barrier(name=None):
+def barrier(name=None, process_set=None):
+    """Returns once every rank (of ``process_set`` when given; Horovod's ``barrier(process_set)`` positionally
+    works too) has called it."""
+    if isinstance(name, ProcessSet):
+        name, process_set = None, name
+    ps_id = _set_id(process_set)
     req, keep = _request(_BARRIER, None, name)
-    synchronize(_submit(req, keep, lambda hid: None))
+    synchronize(_submit(req, keep, lambda hid: None, None, ps_id))
 
 
 def join():
@@ -1036,24 +1192,24 @@ def _object_name(kind, name):
     return "{}.{}".format(kind, n)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
-    """A picklable object of rank ``root_rank``, on every rank."""
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """A picklable object of rank ``root_rank``, on every rank (of ``process_set``)."""
     np = _np()
     name = _object_name("broadcast_object", name)
     data = pickle.dumps(obj) if rank() == root_rank else b""
-    length = broadcast(np.array([len(data)], np.int64), root_rank, name + ".len")
+    length = broadcast(np.array([len(data)], np.int64), root_rank, name + ".len", process_set)
     buf = np.frombuffer(data, np.uint8).copy() if rank() == root_rank else np.zeros(int(length[0]), np.uint8)
-    buf = broadcast(buf, root_rank, name + ".data")
+    buf = broadcast(buf, root_rank, name + ".data", process_set)
     return pickle.loads(buf.tobytes())
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=None):
     """Every rank's picklable object, in rank order."""
     np = _np()
     name = _object_name("allgather_object", name)
     data = np.frombuffer(pickle.dumps(obj), np.uint8)
-    lengths = allgather(np.array([len(data)], np.int64), name + ".len")
-    blob = allgather(data, name + ".data").tobytes()
+    lengths = allgather(np.array([len(data)], np.int64), name + ".len", process_set)
+    blob = allgather(data, name + ".data", process_set).tobytes()
     out, at = [], 0
     for n in lengths.tolist():
         out.append(pickle.loads(blob[at:at + n]))
@@ -1071,7 +1227,8 @@ _SHARED_API = (
     "InvalidArgumentError", "MismatchError", "NotInitializedError", "HorovodInternalError", "PeerLostError",
     "CollectiveTimeoutError", "StallError", "allgather_object", "barrier", "broadcast_object", "cross_rank",
     "cross_size", "init", "is_initialized", "join", "local_rank", "local_size", "poll", "rank", "shutdown", "size",
-    "start_timeline", "stop_timeline", "synchronize", "elastic", "HostsUpdatedInterrupt",
+    "start_timeline", "stop_timeline", "synchronize", "elastic", "HostsUpdatedInterrupt", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set",
 )
 # The tensor operations, taken over by the framework modules that do not define their own (hvd.jax, hvd.tensorflow).
 _TENSOR_API = (

@@ -162,7 +162,8 @@ class _DistributedOptimizer:
     backward produces it."""
 
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                   groups):
+                   groups, process_set=None):
+        self._process_set = process_set
         self._compression = compression
         self._op = op
         self._predivide = gradient_predivide_factor
@@ -187,6 +188,8 @@ class _DistributedOptimizer:
         # step() after `synchronize(); clip_grad_norm_(...)`) then does nothing instead of reducing again.
         self._synchronized = False
         self._hooks = []
+        if process_set is not None and not process_set.included():
+            return  # as in Horovod: a rank outside the set steps on its own gradients
         for p in self._trainable:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook()))
 
@@ -224,7 +227,8 @@ class _DistributedOptimizer:
     def _submit(self, p):
         compressed, ctx = self._compression.compress(_grad_or_zeros(p).detach().contiguous())
         prescale, postscale = self._scales()
-        h = _core.allreduce_async_(compressed, None, "grad." + self._names[id(p)], self._op, prescale, postscale)
+        h = _core.allreduce_async_(compressed, None, "grad." + self._names[id(p)], self._op, prescale, postscale,
+                                   self._process_set)
         return h, compressed, ctx
 
     def _submit_group(self, i):
@@ -236,7 +240,7 @@ class _DistributedOptimizer:
         prescale, postscale = self._scales()
         # (A space: no parameter name from named_parameters() has one, so no gradient's name can be the same.)
         h = _core.grouped_allreduce_async_([c for _, c, _ in members], None, "grad group {}".format(i), self._op,
-                                           prescale, postscale)
+                                           prescale, postscale, self._process_set)
         self._group_handles[i] = (h, members)
 
     def synchronize(self):
@@ -248,6 +252,9 @@ class _DistributedOptimizer:
         same operations instead of the others waiting for this one. Parameters frozen since the optimizer was
         wrapped (``requires_grad`` now False) are left out, unless they belong to a group."""
         if self._synchronized:
+            return
+        if self._process_set is not None and not self._process_set.included():
+            self._synchronized = True
             return
         failure = None
         try:
@@ -361,8 +368,9 @@ def _gradient_groups(groups, trainable, params):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-                         op=Average, gradient_predivide_factor=1.0, groups=None):
-    """Wraps a torch optimizer so that ``step()`` uses gradients averaged over every rank.
+                         op=Average, gradient_predivide_factor=1.0, groups=None, process_set=None):
+    """Wraps a torch optimizer so that ``step()`` uses gradients averaged over every rank (over the ranks of
+    ``process_set`` when given; on a rank outside it, ``step()`` uses the rank's own gradients, as in Horovod).
 
     ``groups`` (as in Horovod): a number of groups, or a list of lists of parameters; the gradients of a group are
     allreduced together once backward has produced all of them (one grouped allreduce, fused by the engine), instead
@@ -372,5 +380,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                       groups)
+                       groups, process_set)
     return wrapped

@@ -123,6 +123,23 @@ const char *hvd_backend(void);
  * negotiated tensor: every rank must submit the same group. */
 int64_t hvd_enqueue(const hvd_request_t *request);
 int hvd_enqueue_many(const hvd_request_t *requests, int n, int64_t *handles);
+/* Process sets (Horovod's): groups of the job's ranks that run collectives among themselves, each with its own
+ * negotiation (names, fusion, response cache, stall inspection) and communicator. hvd_add_process_set is collective
+ * over the job: every rank calls it with the same n global ranks (any order; no duplicates, all in the job, not
+ * every rank, not an existing set), in the same order as its other adds; returns the set's id (> 0, the same on
+ * every rank) or -1 (HVD_ERROR_INVALID_ARGUMENT: refused ranks; HVD_ERROR_MISMATCH: the ranks asked for different
+ * sets). hvd_remove_process_set: every member calls it (0, or -1: unknown set, or the global set 0).
+ * hvd_process_set_rank: this rank's position among the set's ranks (-1 when not a member); hvd_process_set_size;
+ * hvd_process_set_ranks writes up to capacity ranks (ascending) and returns how many the set has. Id 0 is the
+ * global set. hvd_enqueue_ps / hvd_enqueue_many_ps submit over a set this rank is a member of (a broadcast's root
+ * is the root's rank in the set); their handles are waited for like any other. hvd_shutdown removes every set. */
+int hvd_add_process_set(const int64_t *ranks, int n);
+int hvd_remove_process_set(int id);
+int hvd_process_set_rank(int id);
+int hvd_process_set_size(int id);
+int hvd_process_set_ranks(int id, int64_t *ranks, int capacity);
+int64_t hvd_enqueue_ps(const hvd_request_t *request, int process_set);
+int hvd_enqueue_many_ps(const hvd_request_t *requests, int n, int64_t *handles, int process_set);
 /* The same requests again and again (a training loop's gradients): hvd_group_prepare checks and fuses them once and
  * returns a group id > 0 (-1: a request is invalid); hvd_group_enqueue submits the group, writes its n handles and
  * returns n (-1 on error); hvd_group_release forgets it (0, or -1 for an unknown id). The buffers must stay valid

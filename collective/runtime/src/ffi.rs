@@ -20,7 +20,10 @@ use crate::engine::{
 };
 use crate::env_vars;
 use crate::message::{OpKind, RequestMeta};
+use crate::process_set::{ProcessSetError, ProcessSets};
 use hvd_collective::{DType, ReduceOp};
+
+mod process_sets;
 
 static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
 /// Results waited for one by one, until `hvd_release` (keys are handles, so they hash like the engine's).
@@ -32,12 +35,21 @@ static GROUPS: Mutex<Option<HashMap<i64, PreparedGroup>>> = Mutex::new(None);
 static NEXT_GROUP: AtomicI64 = AtomicI64::new(1);
 /// What `hvd_init` learned about the job besides the topology, until `hvd_shutdown`.
 static JOB: Mutex<Option<JobInfo>> = Mutex::new(None);
+/// The job's process sets besides the global one, until `hvd_shutdown`.
+static SETS: Mutex<Option<ProcessSets>> = Mutex::new(None);
+
+/// A handle of a process set's engine carries the set's id above this bit; the job's own (set 0) are the engine's.
+const SET_SHIFT: u32 = 40;
+/// Process set ids stay below this, so that every handle is positive.
+const MAX_SETS: i32 = 1 << 22;
 
 struct JobInfo {
     /// The communicator's name as the transport gives it (`SHM`, `TCP`, `HIERARCHICAL`, `MPI`, `NCCL`, `LOCAL`).
     backend: CString,
     /// Every host runs the same number of ranks (from every rank's local size, gathered at init).
     homogeneous: bool,
+    /// The engine's settings, which the engines of process sets share.
+    config: EngineConfig,
 }
 
 /// `hvd_build_features` bits (hvd.h `HVD_BUILT_*`). Never renumber.
@@ -117,6 +129,16 @@ impl From<&str> for Failure {
     }
 }
 
+impl From<ProcessSetError> for Failure {
+    fn from(e: ProcessSetError) -> Failure {
+        Failure {
+            kind: e.kind(),
+            rank: e.collective().and_then(lost_peer),
+            message: chain(&e),
+        }
+    }
+}
+
 impl From<EngineError> for Failure {
     fn from(e: EngineError) -> Failure {
         Failure {
@@ -191,6 +213,41 @@ fn engine() -> Result<Arc<Engine>, Failure> {
     lock(&ENGINE).clone().ok_or_else(not_initialized)
 }
 
+/// The engine of process set `set` (0: the job's); a set this rank is not a member of is refused.
+fn engine_of(set: i32) -> Result<Arc<Engine>, Failure> {
+    if set == crate::process_set::GLOBAL {
+        return engine();
+    }
+    let sets = lock(&SETS);
+    let sets = sets.as_ref().ok_or_else(not_initialized)?;
+    let ps = sets.get(set)?;
+    match ps.engine() {
+        Some(e) => Ok(e.clone()),
+        None => {
+            let rank = engine()?.topology().rank;
+            Err(ProcessSetError::NotMember {
+                rank,
+                id: set,
+                ranks: ps.ranks().to_vec(),
+            }
+            .into())
+        }
+    }
+}
+
+/// The C handle of handle `h` of set `set`'s engine.
+fn set_handle(set: i32, h: u64) -> i64 {
+    (i64::from(set) << SET_SHIFT) | h as i64
+}
+
+/// A C handle's set and the handle of that set's engine.
+fn split_handle(handle: i64) -> (i32, u64) {
+    (
+        (handle >> SET_SHIFT) as i32,
+        (handle as u64) & ((1u64 << SET_SHIFT) - 1),
+    )
+}
+
 fn init_logging() {
     let level = std::env::var(env_vars::HVD_LOG_LEVEL).unwrap_or_else(|_| "warn".to_string());
     let filter = tracing_subscriber::EnvFilter::try_new(format!(
@@ -216,17 +273,21 @@ pub extern "C" fn hvd_init() -> i32 {
         let config = EngineConfig::from_env().map_err(|e| EngineError::Config(Arc::new(e)))?;
         let mut transport =
             connect_from_env().map_err(|e| Failure::collective("failed to join the job", &e))?;
-        let info = job_info(transport.as_mut())?;
+        let info = job_info(transport.as_mut(), config.clone())?;
         let engine = Engine::start(transport, config)?;
         *slot = Some(Arc::new(engine));
         *lock(&JOB) = Some(info);
+        *lock(&SETS) = Some(ProcessSets::new());
         Ok(0)
     })
 }
 
 /// The backend's name and whether the job is homogeneous: one allgather of every rank's local size, the first
 /// collective of the job (every rank runs it in `hvd_init`, before the engine owns the transport).
-fn job_info(transport: &mut dyn hvd_collective::Communicator) -> Result<JobInfo, Failure> {
+fn job_info(
+    transport: &mut dyn hvd_collective::Communicator,
+    config: EngineConfig,
+) -> Result<JobInfo, Failure> {
     let topology = transport.topology();
     let sizes =
         crate::transport::allgather_bytes(transport, &(topology.local_size as u64).to_le_bytes())
@@ -251,6 +312,7 @@ fn job_info(transport: &mut dyn hvd_collective::Communicator) -> Result<JobInfo,
     Ok(JobInfo {
         backend: CString::new(name).unwrap_or_default(),
         homogeneous,
+        config,
     })
 }
 
@@ -293,6 +355,11 @@ pub extern "C" fn hvd_backend() -> *const c_char {
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_shutdown() -> i32 {
     guard(-1, || {
+        // The sets first, in id order on every rank: each shutdown waits for the set's other members.
+        let sets = lock(&SETS).take();
+        if let Some(mut sets) = sets {
+            sets.shutdown();
+        }
         let engine = lock(&ENGINE).take();
         if let Some(e) = engine {
             e.shutdown();
@@ -592,15 +659,26 @@ fn shape_bytes(meta: &RequestMeta) -> Result<usize, String> {
 /// `request` points to a valid `hvd_request_t` whose buffers follow the module's buffer contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hvd_enqueue(request: *const HvdRequest) -> i64 {
+    // SAFETY: per the function contract.
+    unsafe { hvd_enqueue_ps(request, crate::process_set::GLOBAL) }
+}
+
+/// `hvd_enqueue` over process set `process_set` (0: every rank; else an id from `hvd_add_process_set`, of which
+/// this rank must be a member). A broadcast's `root` is the root's rank in the set.
+///
+/// # Safety
+/// As `hvd_enqueue`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_enqueue_ps(request: *const HvdRequest, process_set: i32) -> i64 {
     guard(-1, || {
         if request.is_null() {
             return Err("request is a null pointer".into());
         }
         // SAFETY: non-null and valid per the function contract.
         let r = unsafe { convert(&*request) }?;
-        engine()?
+        engine_of(process_set)?
             .enqueue(r)
-            .map(|h| h as i64)
+            .map(|h| set_handle(process_set, h))
             .map_err(Failure::from)
     })
 }
@@ -611,13 +689,14 @@ fn record_handles(
     handles: &mut [i64],
     slots: Vec<usize>,
     results: Vec<Result<u64, EngineError>>,
+    set: i32,
 ) -> i32 {
     let mut ok = 0;
     for (i, result) in slots.into_iter().zip(results) {
         handles[i] = match result {
             Ok(h) => {
                 ok += 1;
-                h as i64
+                set_handle(set, h)
             }
             Err(err) => {
                 set_error(err.into());
@@ -640,11 +719,26 @@ pub unsafe extern "C" fn hvd_enqueue_many(
     n: i32,
     handles: *mut i64,
 ) -> i32 {
+    // SAFETY: per the function contract.
+    unsafe { hvd_enqueue_many_ps(requests, n, handles, crate::process_set::GLOBAL) }
+}
+
+/// `hvd_enqueue_many` over process set `process_set` (as `hvd_enqueue_ps`).
+///
+/// # Safety
+/// As `hvd_enqueue_many`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hvd_enqueue_many_ps(
+    requests: *const HvdRequest,
+    n: i32,
+    handles: *mut i64,
+    process_set: i32,
+) -> i32 {
     guard(-1, || {
         if n < 0 || (n > 0 && (requests.is_null() || handles.is_null())) {
             return Err("invalid request array".into());
         }
-        let e = engine()?;
+        let e = engine_of(process_set)?;
         let n = n as usize;
         // SAFETY: `n` elements of both arrays are valid per the contract.
         let (requests, handles) = unsafe {
@@ -668,7 +762,12 @@ pub unsafe extern "C" fn hvd_enqueue_many(
                 }
             }
         }
-        Ok(record_handles(handles, slots, e.enqueue_many(converted)))
+        Ok(record_handles(
+            handles,
+            slots,
+            e.enqueue_many(converted),
+            process_set,
+        ))
     })
 }
 
@@ -761,7 +860,12 @@ pub unsafe extern "C" fn hvd_enqueue_allreduces(
                 }
             }
         }
-        Ok(record_handles(handles, slots, e.enqueue_each(converted)))
+        Ok(record_handles(
+            handles,
+            slots,
+            e.enqueue_each(converted),
+            crate::process_set::GLOBAL,
+        ))
     })
 }
 
@@ -889,17 +993,43 @@ pub unsafe extern "C" fn hvd_wait_many(handles: *const i64, n: i32) -> i32 {
                 handles
                     .iter()
                     .filter(|h| **h > 0 && r.remove(h).is_none())
-                    .map(|h| *h as u64),
+                    .copied(),
             );
         } else {
-            ids.extend(handles.iter().filter(|h| **h > 0).map(|h| *h as u64));
+            ids.extend(handles.iter().filter(|h| **h > 0).copied());
         }
-        let results = engine()?.wait_all(&ids);
-        match results.into_iter().find_map(Result::err) {
-            Some(e) => Err(e.into()),
+        let mut first: Option<Failure> = None;
+        for (set, ids) in by_set(&ids) {
+            let failed = match engine_of(set) {
+                Ok(e) => e
+                    .wait_all(&ids)
+                    .into_iter()
+                    .find_map(Result::err)
+                    .map(Failure::from),
+                Err(f) => Some(f),
+            };
+            if first.is_none() {
+                first = failed;
+            }
+        }
+        match first {
+            Some(f) => Err(f),
             None => Ok(0),
         }
     })
+}
+
+/// `handles` (positive C handles) grouped by process set, in order of first appearance, as each set's engine's.
+fn by_set(handles: &[i64]) -> Vec<(i32, Vec<u64>)> {
+    let mut groups: Vec<(i32, Vec<u64>)> = Vec::new();
+    for &h in handles {
+        let (set, local) = split_handle(h);
+        match groups.iter_mut().find(|(s, _)| *s == set) {
+            Some((_, ids)) => ids.push(local),
+            None => groups.push((set, vec![local])),
+        }
+    }
+    groups
 }
 
 /// Waits for `handles[i]` of a batch of operations whose results are in the caller's memory (e.g. the handles of
@@ -927,9 +1057,10 @@ pub unsafe extern "C" fn hvd_wait_batch(handles: *const i64, n: i32, i: i32, don
         let done = unsafe {
             std::slice::from_raw_parts(done.cast::<std::sync::atomic::AtomicI8>(), handles.len())
         };
-        // Handles are positive; anything else is refused by the table as unknown.
-        let ids: Vec<u64> = handles.iter().map(|h| *h as u64).collect();
-        engine()?
+        // Handles are positive; anything else is refused by the table as unknown. A batch is one set's.
+        let (set, _) = split_handle(handles[index]);
+        let ids: Vec<u64> = handles.iter().map(|h| split_handle(*h).1).collect();
+        engine_of(set)?
             .wait_batch(&ids, index, done)
             .map(|()| 0)
             .map_err(Failure::from)
@@ -945,18 +1076,20 @@ pub unsafe extern "C" fn hvd_poll_many(handles: *const i64, n: i32) -> i32 {
     guard(-1, || {
         // SAFETY: per the function contract.
         let handles = unsafe { handle_slice(handles, n) }?;
-        let ids: Vec<u64> = {
+        let ids: Vec<i64> = {
             let results = lock(&RESULTS);
             handles
                 .iter()
                 .filter(|h| **h > 0 && !results.as_ref().is_some_and(|r| r.contains_key(h)))
-                .map(|h| *h as u64)
+                .copied()
                 .collect()
         };
-        engine()?
-            .poll_all(&ids)
-            .map(i32::from)
-            .map_err(Failure::from)
+        for (set, ids) in by_set(&ids) {
+            if !engine_of(set)?.poll_all(&ids)? {
+                return Ok(0);
+            }
+        }
+        Ok(1)
     })
 }
 
@@ -970,8 +1103,9 @@ pub extern "C" fn hvd_poll(handle: i64) -> i32 {
         {
             return Ok(1);
         }
-        engine()?
-            .poll(handle as u64)
+        let (set, local) = split_handle(handle);
+        engine_of(set)?
+            .poll(local)
             .map(i32::from)
             .map_err(Failure::from)
     })
@@ -988,7 +1122,8 @@ pub extern "C" fn hvd_wait(handle: i64) -> i32 {
         {
             return Ok(0);
         }
-        let out = engine()?.wait(handle as u64)?;
+        let (set, local) = split_handle(handle);
+        let out = engine_of(set)?.wait(local)?;
         lock(&RESULTS)
             .get_or_insert_with(ResultMap::default)
             .insert(handle, out);
@@ -1006,8 +1141,9 @@ pub extern "C" fn hvd_wait_and_release(handle: i64) -> i32 {
         {
             return Ok(0);
         }
-        engine()?
-            .wait(handle as u64)
+        let (set, local) = split_handle(handle);
+        engine_of(set)?
+            .wait(local)
             .map(|_| 0)
             .map_err(Failure::from)
     })
@@ -1205,7 +1341,7 @@ mod tests {
                     .map(|c| {
                         s.spawn(move || {
                             let mut t = c;
-                            let info = job_info(&mut *t).unwrap();
+                            let info = job_info(&mut *t, EngineConfig::default()).unwrap();
                             (
                                 info.homogeneous,
                                 info.backend.to_string_lossy().into_owned(),

@@ -29,6 +29,7 @@ pub mod ffi;
 mod fused;
 pub mod kernels;
 pub mod message;
+pub mod process_set;
 pub mod timeline;
 pub mod transport;
 

@@ -509,3 +509,18 @@ fn batched_per_tensor_allreduces_complete_wherever_each_rank_sends_its_batch() {
         );
     }
 }
+
+/// Process sets on 4 ranks (`process_sets.py`), over shm and tcp: sets {0,1} and {1,2,3} (rank 1 in both, one thread
+/// each) allreduce, allgather, broadcast, alltoall, reducescatter and barrier at the same time with different
+/// values, each member getting its set's result; non-members, roots outside the set, duplicate, outside and
+/// existing sets refused with a ValueError; a mismatch in one set fails there alone; remove, re-add, and sets again
+/// after shutdown and init.
+#[test]
+fn process_sets_run_their_collectives_among_their_members() {
+    for backend in ["shm", "tcp"] {
+        assert_all_ok(
+            &run(4, "process_sets.py", &[("HVD_COLLECTIVE_BACKEND", backend)]),
+            &format!("process sets over {backend}"),
+        );
+    }
+}

@@ -17,12 +17,11 @@ from horovod.torch.mpi_ops import Handle, __all__ as _ops  # noqa: F401
 
 
 def _with_process_set(fn):
-    """hvd's ``fn`` taking Horovod's ``process_set=`` (only the global set: hvd has no others yet)."""
-    from horovod.torch.mpi_ops import _global_only
+    """hvd's ``fn`` taking Horovod's ``process_set=`` (global by default)."""
+    from horovod.torch.mpi_ops import _ps
 
     def call(*args, process_set=global_process_set, **kwargs):
-        _global_only(process_set)
-        return fn(*args, **kwargs)
+        return fn(*args, process_set=_ps(process_set), **kwargs)
 
     call.__name__ = call.__qualname__ = fn.__name__
     call.__doc__ = fn.__doc__

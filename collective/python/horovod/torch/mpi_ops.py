@@ -39,12 +39,19 @@ __all__ = [
 # Arguments
 
 
-def _global_only(process_set):
+def _ps(process_set):
+    """hvd's ``process_set=`` for Horovod's: None for the global set."""
     if process_set is None or process_set is global_process_set or getattr(process_set, "process_set_id", None) == 0:
-        return
-    raise NotImplementedError(
-        "hvd does not implement Horovod's process sets yet: pass no process_set (every collective runs over all "
-        "ranks); docs/horovod.md lists what works")
+        return None
+    return process_set
+
+
+def _set_rank(ps):
+    return _core.rank() if ps is None else ps.rank()
+
+
+def _set_size(ps):
+    return _core.size() if ps is None else ps.size()
 
 
 def _resolve_op(average, op):
@@ -222,10 +229,8 @@ def synchronize(handle):
 
 
 def init(comm=None, process_sets=None):
-    """Joins the job (``hvd.init``). Horovod's ``process_sets`` other than none are refused: hvd has none yet."""
-    if process_sets:
-        _global_only(process_sets if not isinstance(process_sets, (list, tuple)) else process_sets[0])
-    _core.init(comm)
+    """Joins the job (``hvd.init``), adding ``process_sets`` in order as Horovod does."""
+    _core.init(comm, process_sets)
 
 
 def shutdown():
@@ -253,7 +258,7 @@ def _allreduce_group_async(tensors, average, name, op, prescale_factor, postscal
                            compression=Compression.none):
     """The allreduces of ``tensors`` (one name each: ``name`` for one tensor, ``name.i`` in a group) as one Handle.
     Tensors that reduce alike go as one hvd grouped allreduce (one engine cycle, fused)."""
-    _global_only(process_set)
+    ps = _ps(process_set)
     op = _resolve_op(average, op)
     plans, contexts = [], []
     for t in tensors:
@@ -267,11 +272,11 @@ def _allreduce_group_async(tensors, average, name, op, prescale_factor, postscal
         handles = []
         if len({p.key() for p in plans}) <= 1 and len(plans) > 1:
             o, pre, post = plans[0].key()
-            handles.append(_core.grouped_allreduce_async([p.tensor for p in plans], None, name, o, pre, post))
+            handles.append(_core.grouped_allreduce_async([p.tensor for p in plans], None, name, o, pre, post, ps))
         else:
             for p, n in zip(plans, names):
                 o, pre, post = p.key()
-                handles.append(_core.allreduce_async(p.tensor, None, n, o, pre, post))
+                handles.append(_core.allreduce_async(p.tensor, None, n, o, pre, post, ps))
         return handles
 
     def finish(results):
@@ -302,25 +307,25 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, compression):
-        ctx.args = average, op, prescale_factor, postscale_factor
-        h = _allreduce_group_async([tensor], average, name, op, prescale_factor, postscale_factor, None, False,
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, compression, process_set):
+        ctx.args = average, op, prescale_factor, postscale_factor, process_set
+        h = _allreduce_group_async([tensor], average, name, op, prescale_factor, postscale_factor, process_set, False,
                                    compression)
         return synchronize(h)[0]
 
     @staticmethod
     def backward(ctx, grad):
-        average, op, pre, post = ctx.args
-        return allreduce(grad, average=average, op=op, prescale_factor=pre, postscale_factor=post), \
-            None, None, None, None, None, None
+        average, op, pre, post, ps = ctx.args
+        return allreduce(grad, average=average, op=op, prescale_factor=pre, postscale_factor=post,
+                         process_set=ps), None, None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
     """The allreduce of ``tensor`` over every rank (default: average); differentiable."""
-    _global_only(process_set)
     if _needs_grad([tensor]):
-        return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, compression)
+        return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, compression,
+                                process_set)
     h = _allreduce_group_async([tensor], average, name, op, prescale_factor, postscale_factor, process_set, False,
                                compression)
     return synchronize(h)[0]
@@ -345,25 +350,24 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, average, name, op, prescale_factor, postscale_factor, compression, *tensors):
-        ctx.args = average, op, prescale_factor, postscale_factor
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, compression, process_set, *tensors):
+        ctx.args = average, op, prescale_factor, postscale_factor, process_set
         return tuple(synchronize(_allreduce_group_async(list(tensors), average, name, op, prescale_factor,
-                                                        postscale_factor, None, False, compression)))
+                                                        postscale_factor, process_set, False, compression)))
 
     @staticmethod
     def backward(ctx, *grads):
-        average, op, pre, post = ctx.args
-        return (None,) * 6 + tuple(grouped_allreduce(list(grads), average=average, op=op, prescale_factor=pre,
-                                                     postscale_factor=post))
+        average, op, pre, post, ps = ctx.args
+        return (None,) * 7 + tuple(grouped_allreduce(list(grads), average=average, op=op, prescale_factor=pre,
+                                                     postscale_factor=post, process_set=ps))
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set):
-    _global_only(process_set)
     tensors = list(tensors)
     if _needs_grad(tensors):
         return list(_GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, compression,
-                                            *tensors))
+                                            process_set, *tensors))
     return synchronize(_allreduce_group_async(tensors, average, name, op, prescale_factor, postscale_factor,
                                               process_set, False, compression))
 
@@ -385,12 +389,12 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 def _allgather_group_async(tensors, name, process_set):
-    _global_only(process_set)
+    ps = _ps(process_set)
     names = [name] if len(tensors) == 1 else _names(name, len(tensors))
     dtypes = [t.dtype for t in tensors]
 
     def submit():
-        return [_core.allgather_async(_to_wire(_ht._cpu(t)), n) for t, n in zip(tensors, names)]
+        return [_core.allgather_async(_to_wire(_ht._cpu(t)), n, ps) for t, n in zip(tensors, names)]
 
     def finish(results):
         return [_from_wire(r, d) for r, d in zip(results, dtypes)]
@@ -406,32 +410,32 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return h
 
 
-def _own_rows(grad_reduced, dims):
-    """This rank's rows of a gathered gradient, given every rank's first dimension."""
-    r = _core.rank()
+def _own_rows(grad_reduced, dims, process_set=None):
+    """This rank's rows of a gathered gradient, given every rank's first dimension (of the set's ranks)."""
+    r = _set_rank(_ps(process_set))
     offset = int(sum(dims[:r]))
     return grad_reduced.narrow(0, offset, int(dims[r]))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0]
-        return synchronize(allgather_async(tensor, name))
+        ctx.ps = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
         # Horovod's gradient: the average of every rank's gradient of the gathered tensor, this rank's rows of it.
-        reduced = allreduce(grad, average=True)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64)).tolist()
-        return _own_rows(reduced, dims), None
+        reduced = allreduce(grad, average=True, process_set=ctx.ps)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.ps).tolist()
+        return _own_rows(reduced, dims, ctx.ps), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
-    _global_only(process_set)
     if _needs_grad([tensor]):
-        return _Allgather.apply(tensor, name)
-    return synchronize(allgather_async(tensor, name))
+        return _Allgather.apply(tensor, name, process_set)
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -442,23 +446,23 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
+    def forward(ctx, name, process_set, *tensors):
         ctx.dims = [t.shape[0] for t in tensors]
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name)))
+        ctx.ps = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
-        reduced = grouped_allreduce(list(grads), average=True)
-        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims])
-        return (None,) + tuple(_own_rows(g, d.tolist()) for g, d in zip(reduced, dims))
+        reduced = grouped_allreduce(list(grads), average=True, process_set=ctx.ps)
+        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims], process_set=ctx.ps)
+        return (None, None) + tuple(_own_rows(g, d.tolist(), ctx.ps) for g, d in zip(reduced, dims))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    _global_only(process_set)
     tensors = list(tensors)
     if _needs_grad(tensors):
-        return list(_GroupedAllgather.apply(name, *tensors))
-    return synchronize(grouped_allgather_async(tensors, name))
+        return list(_GroupedAllgather.apply(name, process_set, *tensors))
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -466,11 +470,11 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 
 def _broadcast_async(tensor, root_rank, name, process_set, in_place):
-    _global_only(process_set)
+    ps = _ps(process_set)
     dtype = tensor.dtype
 
     def submit():
-        return [_core.broadcast_async(_to_wire(_ht._cpu(tensor)), root_rank, name)]
+        return [_core.broadcast_async(_to_wire(_ht._cpu(tensor)), root_rank, name, ps)]
 
     def finish(results):
         out = _from_wire(results[0], dtype)
@@ -488,24 +492,24 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
+    def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+        ctx.ps = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
         # Horovod's gradient: the average over ranks, on the root only.
-        reduced = allreduce(grad, average=True)
+        reduced = allreduce(grad, average=True, process_set=ctx.ps)
         if _core.rank() != ctx.root_rank:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    _global_only(process_set)
     if _needs_grad([tensor]):
-        return _Broadcast.apply(tensor, root_rank, name)
-    return synchronize(broadcast_async(tensor, root_rank, name))
+        return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -537,13 +541,13 @@ def _split_list(splits):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; ``synchronize`` returns ``(tensor, received_splits)`` (an int32 tensor, or of the splits
     tensor's dtype)."""
-    _global_only(process_set)
+    ps = _ps(process_set)
     dtype = tensor.dtype
     split_list = None if splits is None else _split_list(splits)
     splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
 
     def submit():
-        return [_core.alltoall_async(_to_wire(_ht._cpu(tensor)), split_list, name)]
+        return [_core.alltoall_async(_to_wire(_ht._cpu(tensor)), split_list, name, ps)]
 
     def finish(results):
         out, received = results[0]
@@ -554,9 +558,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, received = synchronize(alltoall_async(tensor, splits, name))
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
+        ctx.ps = process_set
         if splits is None:
             return out
         ctx.mark_non_differentiable(received)
@@ -565,17 +570,16 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, *unused):
         # Horovod's gradient: the output's gradient sent back where each row came from.
-        back, _ = alltoall(grad, splits=ctx.received)
-        return back, None, None
+        back, _ = alltoall(grad, splits=ctx.received, process_set=ctx.ps)
+        return back, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends rows ``splits[j]`` of dimension 0 to rank j (default: equal parts). Returns the received tensor, and
     with ``splits`` given ``(tensor, received_splits)``, as Horovod does; differentiable."""
-    _global_only(process_set)
     if _needs_grad([tensor]):
-        return _Alltoall.apply(tensor, splits, name)
-    out, received = synchronize(alltoall_async(tensor, splits, name))
+        return _Alltoall.apply(tensor, splits, name, process_set)
+    out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
     return out if splits is None else (out, received)
 
 
@@ -585,7 +589,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def _reducescatter_group_async(tensors, name, op, process_set, prescale_factor, postscale_factor,
                                compression=Compression.none):
-    _global_only(process_set)
+    ps = _ps(process_set)
     if op == Adasum:
         raise NotImplementedError("hvd does not implement the Adasum reduction (Horovod's reducescatter refuses it "
                                   "too): use op=Average or op=Sum")
@@ -604,7 +608,7 @@ def _reducescatter_group_async(tensors, name, op, process_set, prescale_factor, 
         out = []
         for p, n in zip(plans, names):
             o, pre, post = p.key()
-            out.append(_core.reducescatter_async(p.tensor, n, o, pre, post))
+            out.append(_core.reducescatter_async(p.tensor, n, o, pre, post, ps))
         return out
 
     def finish(results):
@@ -625,29 +629,29 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression):
-        ctx.args = op, prescale_factor, postscale_factor
-        h = _reducescatter_group_async([tensor], name, op, None, prescale_factor, postscale_factor, compression)
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression, process_set):
+        ctx.args = op, prescale_factor, postscale_factor, process_set
+        h = _reducescatter_group_async([tensor], name, op, process_set, prescale_factor, postscale_factor,
+                                       compression)
         return synchronize(h)[0]
 
     @staticmethod
     def backward(ctx, grad):
-        return _reducescatter_grad([grad], *ctx.args)[0], None, None, None, None, None
+        return _reducescatter_grad([grad], *ctx.args)[0], None, None, None, None, None, None
 
 
-def _reducescatter_grad(grads, op, prescale, postscale):
+def _reducescatter_grad(grads, op, prescale, postscale, process_set=None):
     """Horovod's gradient of a reducescatter: each block's gradient (times size for a Sum, times the scale factors)
     gathered back to the full tensor."""
-    factor = (_core.size() if op == Sum else 1) * prescale * postscale
+    factor = (_set_size(_ps(process_set)) if op == Sum else 1) * prescale * postscale
     grads = [g * factor if factor != 1 else g for g in grads]
-    return grouped_allgather(grads)
+    return grouped_allgather(grads, process_set=process_set)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
-    _global_only(process_set)
     if _needs_grad([tensor]):
-        return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
+        return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
     h = _reducescatter_group_async([tensor], name, op, process_set, prescale_factor, postscale_factor, compression)
     return synchronize(h)[0]
 
@@ -661,22 +665,22 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, compression, *tensors):
-        ctx.args = op, prescale_factor, postscale_factor
-        return tuple(synchronize(_reducescatter_group_async(list(tensors), name, op, None, prescale_factor,
+    def forward(ctx, name, op, prescale_factor, postscale_factor, compression, process_set, *tensors):
+        ctx.args = op, prescale_factor, postscale_factor, process_set
+        return tuple(synchronize(_reducescatter_group_async(list(tensors), name, op, process_set, prescale_factor,
                                                             postscale_factor, compression)))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None,) * 5 + tuple(_reducescatter_grad(list(grads), *ctx.args))
+        return (None,) * 6 + tuple(_reducescatter_grad(list(grads), *ctx.args))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    _global_only(process_set)
     tensors = list(tensors)
     if _needs_grad(tensors):
-        return list(_GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, compression, *tensors))
+        return list(_GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, compression, process_set,
+                                                *tensors))
     return synchronize(_reducescatter_group_async(tensors, name, op, process_set, prescale_factor, postscale_factor,
                                                   compression))
 
@@ -689,19 +693,19 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Horovod's allreduce of a sparse COO tensor: every rank's indices and values are allgathered (the sum of
     sparse tensors is their concatenation; duplicate indices add up when the result is coalesced or made dense).
     Returns a function that waits and returns the sparse result (divided by size for ``Average``)."""
-    _global_only(process_set)
     op = _resolve_op(None, op)
     if op not in (Sum, Average):
         raise ValueError("a sparse allreduce sums or averages; op {!r} is not one of them".format(op))
     # Allgather concatenates along dimension 0, so the indices travel as (nnz, ndim).
-    indices = allgather_async(tensor._indices().transpose(0, 1).contiguous(), name="{}.indices".format(name))
-    values = allgather_async(tensor._values(), name="{}.values".format(name))
+    indices = allgather_async(tensor._indices().transpose(0, 1).contiguous(), name="{}.indices".format(name),
+                              process_set=process_set)
+    values = allgather_async(tensor._values(), name="{}.values".format(name), process_set=process_set)
 
     def wait():
         v = synchronize(values)
         i = synchronize(indices)
         if op == Average:
-            v = v / _core.size()
+            v = v / _set_size(_ps(process_set))
         try:
             # Checked: the indices come from the other ranks, and out-of-range ones would crash later, not here.
             return torch.sparse_coo_tensor(i.transpose(0, 1), v, tensor.size(), check_invariants=True)
@@ -715,9 +719,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set):
     """hvd.torch's DistributedOptimizer with Horovod's arguments: ``num_groups`` is hvd's ``groups=<number>``;
-    ``sparse_as_dense`` and other process sets than the global one are refused (hvd.torch reduces dense CPU
-    gradients only)."""
-    _global_only(process_set)
+    ``sparse_as_dense`` is refused (hvd.torch reduces dense CPU gradients only)."""
     if sparse_as_dense:
         raise NotImplementedError("hvd.torch's DistributedOptimizer does not reduce sparse gradients (sparse_as_dense "
                                   "included): use dense parameters (e.g. nn.Embedding(sparse=False))")
@@ -741,15 +743,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             raise ValueError("named_parameters was given but names only some of the optimizer's parameters ({} "
                              "unnamed): name all of them, or pass none".format(len(unnamed)))
     return _ht.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                                    gradient_predivide_factor, groups if groups is not None else (num_groups or None))
+                                    gradient_predivide_factor, groups if groups is not None else (num_groups or None),
+                                    _ps(process_set))
 
 
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Makes every rank's optimizer state equal to root's (hvd.torch's), first giving an optimizer that has no state
     yet the state one step creates, as Horovod does: every parameter that requires a gradient gets a zero gradient
     and the wrapped optimizer steps once (without allreducing), so that momentum buffers and step counts exist on
-    every rank before root's are sent."""
-    _global_only(process_set)
+    every rank before root's are sent. Over the global set only: another process set is refused
+    (NotImplementedError)."""
+    if _ps(process_set) is not None:
+        raise NotImplementedError("hvd's broadcast_optimizer_state runs over every rank; a process set is not "
+                                  "implemented for it (broadcast the state with broadcast_object(process_set=...))")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast the state of torch.optim.LBFGS (its step needs a closure)")
     if len(optimizer.state_dict()["state"]) == 0:
@@ -777,6 +783,5 @@ def join(device=-1):
 
 
 def barrier(process_set=global_process_set):
-    _global_only(process_set)
-    _core.barrier()
+    _core.barrier(process_set=_ps(process_set))
     _sweep()

@@ -1,0 +1,236 @@
+//! Process sets with in-process ranks: sets added collectively through the job's engine, each run by its own
+//! engine over its own communicator (in-process transports standing for the rendezvous join), concurrently.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hvd_collective::Communicator;
+use hvd_runtime::process_set::{ProcessSetError, ProcessSets};
+use hvd_runtime::{DType, Engine, EngineConfig, ErrorKind, LocalTransport, ReduceOp, Request};
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// The communicators of a set's members, handed out by position, as the rendezvous join would connect them.
+struct Joins {
+    members: Mutex<Vec<Option<Box<dyn Communicator>>>>,
+    tags: Mutex<Vec<String>>,
+}
+
+impl Joins {
+    fn new(size: usize) -> Joins {
+        Joins {
+            members: Mutex::new(
+                LocalTransport::group(size, Duration::from_secs(10))
+                    .into_iter()
+                    .map(|t| Some(Box::new(t) as Box<dyn Communicator>))
+                    .collect(),
+            ),
+            tags: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn connect(
+        &self,
+        member: usize,
+        size: usize,
+        tag: &str,
+    ) -> Result<Box<dyn Communicator>, hvd_collective::Error> {
+        self.tags.lock().unwrap().push(tag.to_string());
+        let mut members = self.members.lock().unwrap();
+        assert_eq!(members.len(), size);
+        Ok(members[member].take().expect("each member joins once"))
+    }
+}
+
+/// Runs `body(rank, job engine)` on `size` in-process ranks.
+fn job<T: Send>(size: usize, body: impl Fn(usize, &Engine) -> T + Sync) -> Vec<T> {
+    let transports = LocalTransport::group(size, Duration::from_secs(10));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = transports
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                let body = &body;
+                s.spawn(move || {
+                    let engine = Engine::start(Box::new(t), EngineConfig::default()).unwrap();
+                    let out = body(rank, &engine);
+                    engine.shutdown();
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn allreduce(engine: &Engine, name: &str, values: &[f32]) -> Vec<f32> {
+    let r = Request::allreduce(
+        name,
+        DType::F32,
+        vec![values.len() as i64],
+        ReduceOp::Sum,
+        f32s(values),
+    );
+    let h = engine.enqueue(r).unwrap();
+    to_f32s(&engine.wait(h).unwrap().data)
+}
+
+/// Sets {0,1} and {1,2,3} on 4 ranks: the same tensor name in both, different values; rank 1 runs both at once.
+/// Each member gets its own set's sum, the sets get ids 1 and 2 on every rank, and the job's engine still works.
+#[test]
+fn two_overlapping_sets_reduce_concurrently_each_over_its_members() {
+    let pair = Joins::new(2);
+    let trio = Joins::new(3);
+    let results = job(4, |rank, global| {
+        let mut sets = ProcessSets::new();
+        let config = EngineConfig::default();
+        let a = sets
+            .add(global, &[1, 0], &config, &|m, n, t| pair.connect(m, n, t))
+            .unwrap();
+        let b = sets
+            .add(global, &[3, 2, 1], &config, &|m, n, t| {
+                trio.connect(m, n, t)
+            })
+            .unwrap();
+        assert_eq!((a, b), (1, 2));
+        assert_eq!(sets.get(b).unwrap().ranks(), &[1, 2, 3]);
+        assert_eq!(sets.get(b).unwrap().rank_of(rank), rank.checked_sub(1));
+        let in_a = sets.get(a).unwrap().engine().cloned();
+        let in_b = sets.get(b).unwrap().engine().cloned();
+        assert_eq!(in_a.is_some(), rank <= 1);
+        assert_eq!(in_b.is_some(), rank >= 1);
+        let (sum_a, sum_b) = std::thread::scope(|s| {
+            let ta = in_a
+                .as_ref()
+                .map(|e| s.spawn(move || allreduce(e, "x", &[10.0 * (rank + 1) as f32; 3])));
+            let tb = in_b
+                .as_ref()
+                .map(|e| s.spawn(move || allreduce(e, "x", &[rank as f32; 3])));
+            (ta.map(|t| t.join().unwrap()), tb.map(|t| t.join().unwrap()))
+        });
+        let global_sum = allreduce(global, "g", &[1.0]);
+        sets.shutdown();
+        (sum_a, sum_b, global_sum)
+    });
+    for (rank, (a, b, g)) in results.into_iter().enumerate() {
+        assert_eq!(a, (rank <= 1).then(|| vec![30.0; 3]), "rank {rank}");
+        assert_eq!(b, (rank >= 1).then(|| vec![6.0; 3]), "rank {rank}");
+        assert_eq!(g, vec![4.0]);
+    }
+    // Every member joined under one tag per set, the same on all of them, and the two sets' tags differ.
+    for joins in [&pair, &trio] {
+        let tags = joins.tags.lock().unwrap();
+        assert!(tags.iter().all(|t| *t == tags[0]), "{tags:?}");
+    }
+    assert_ne!(pair.tags.lock().unwrap()[0], trio.tags.lock().unwrap()[0]);
+}
+
+/// Ranks that ask for different sets all get the same refusal (nobody joins anything), a refused set spends its id
+/// on every rank alike, and the next add works.
+#[test]
+fn ranks_that_disagree_are_all_refused_and_stay_in_step() {
+    let never =
+        |_: usize, _: usize, _: &str| -> Result<Box<dyn Communicator>, hvd_collective::Error> {
+            panic!("a refused set must not join")
+        };
+    let results = job(3, |rank, global| {
+        let mut sets = ProcessSets::new();
+        let config = EngineConfig::default();
+        let asked: &[i64] = if rank == 2 { &[0, 2] } else { &[0, 1] };
+        let disagree = sets.add(global, asked, &config, &never).unwrap_err();
+        let duplicate = sets.add(global, &[1, 1], &config, &never).unwrap_err();
+        let everyone = sets.add(global, &[0, 1, 2], &config, &never).unwrap_err();
+        // A set of one rank needs no join.
+        let single = sets.add(global, &[rank as i64], &config, &never);
+        let single_disagrees = single.is_err();
+        let alone = sets.add(global, &[1], &config, &never).unwrap();
+        let sum = sets
+            .get(alone)
+            .unwrap()
+            .engine()
+            .map(|e| allreduce(e, "x", &[5.0]));
+        sets.shutdown();
+        (disagree, duplicate, everyone, single_disagrees, alone, sum)
+    });
+    for (rank, (disagree, duplicate, everyone, single_disagrees, alone, sum)) in
+        results.into_iter().enumerate()
+    {
+        assert!(
+            matches!(disagree, ProcessSetError::Disagree(_)),
+            "{disagree}"
+        );
+        assert_eq!(disagree.kind(), ErrorKind::Mismatch);
+        assert!(
+            duplicate.to_string().contains("appears twice"),
+            "{duplicate}"
+        );
+        assert!(
+            matches!(everyone, ProcessSetError::Existing(_)),
+            "{everyone}"
+        );
+        assert!(
+            single_disagrees,
+            "rank {rank}: ranks asking for their own rank disagree"
+        );
+        // Ids 1 and 2 were spent by the agreed but refused adds (not by the disagreements): alike on every rank.
+        assert_eq!(alone, 3);
+        assert_eq!(sum, (rank == 1).then(|| vec![5.0]));
+    }
+}
+
+/// A mismatch inside one set fails that set's operation on its members; the other set and the job go on.
+#[test]
+fn a_mismatch_in_one_set_leaves_the_others_running() {
+    let trio = Joins::new(3);
+    let results = job(4, |rank, global| {
+        let mut sets = ProcessSets::new();
+        let config = EngineConfig::default();
+        let b = sets
+            .add(global, &[1, 2, 3], &config, &|m, n, t| {
+                trio.connect(m, n, t)
+            })
+            .unwrap();
+        let a = sets
+            .add(global, &[0], &config, &|_, _, _| unreachable!())
+            .unwrap();
+        let mut failed = None;
+        if let Some(e) = sets.get(b).unwrap().engine() {
+            let len = if rank == 3 { 3 } else { 2 };
+            let r = Request::allreduce(
+                "bad",
+                DType::F32,
+                vec![len],
+                ReduceOp::Sum,
+                f32s(&vec![1.0; len as usize]),
+            );
+            let h = e.enqueue(r).unwrap();
+            failed = Some(e.wait(h).unwrap_err().kind());
+            assert_eq!(allreduce(e, "good", &[1.0]), vec![3.0]);
+        }
+        if let Some(e) = sets.get(a).unwrap().engine() {
+            assert_eq!(allreduce(e, "x", &[2.0]), vec![2.0]);
+        }
+        let g = allreduce(global, "g", &[1.0]);
+        sets.remove(b).unwrap();
+        assert!(matches!(sets.remove(b), Err(ProcessSetError::Unknown(_))));
+        assert!(matches!(sets.remove(0), Err(ProcessSetError::RemoveGlobal)));
+        sets.shutdown();
+        (failed, g)
+    });
+    for (rank, (failed, g)) in results.into_iter().enumerate() {
+        assert_eq!(
+            failed,
+            (rank >= 1).then_some(ErrorKind::Mismatch),
+            "rank {rank}"
+        );
+        assert_eq!(g, vec![4.0]);
+    }
+}
