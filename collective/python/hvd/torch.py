@@ -8,6 +8,7 @@
 """
 
 import contextlib
+import warnings
 
 try:
     import torch
@@ -303,6 +304,12 @@ class _DistributedOptimizer:
 
     def step(self, closure=None):
         if not getattr(self, "_skip_synchronize", False):
+            if self._synchronized:
+                # Horovod's warning; hvd then does not reduce again (synchronize() below does nothing).
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.")
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
