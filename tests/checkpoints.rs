@@ -198,8 +198,9 @@ fn a_run_after_the_whole_job_was_killed_resumes_from_the_last_checkpoint() {
 }
 
 /// The attacker owns the checkpoint directory: the newest checkpoint is torn (a file truncated), the next names a
-/// path outside itself in its manifest, and a `ckpt-` entry is a link to a valid checkpoint elsewhere. Each is
-/// skipped with a warning naming it and why; the run resumes from the oldest, and removing the link left its target.
+/// path outside itself in its manifest, a `ckpt-` entry is a link to a valid checkpoint elsewhere, and a killed
+/// writer's temporary directory holds a newer one. Each is skipped (the first three with a warning naming it and
+/// why); the run resumes from the oldest, and its writes remove the link, not its target, and the leftover.
 #[test]
 fn torn_hostile_and_linked_checkpoints_are_skipped() {
     let marker = marker();
@@ -224,6 +225,12 @@ fn torn_hostile_and_linked_checkpoints_are_skipped() {
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(&manifest, text.replace("\"commit\": 6", "\"commit\": 99")).unwrap();
     std::os::unix::fs::symlink(&linked, ckpt.join("ckpt-000000000099")).unwrap();
+    // What a writer killed before its rename leaves: a whole-looking checkpoint under its temporary name.
+    let leftover = ckpt.join(".tmp-ckpt-000000000007-1");
+    copy_dir(&ckpt.join("ckpt-000000000006"), &leftover);
+    let manifest = leftover.join("MANIFEST.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("\"commit\": 6", "\"commit\": 7")).unwrap();
     // Torn: the newest real one loses the end of its state.
     let state = ckpt.join("ckpt-000000000006/state.json");
     let len = std::fs::metadata(&state).unwrap().len();
@@ -274,6 +281,7 @@ fn torn_hostile_and_linked_checkpoints_are_skipped() {
         ]
     );
     assert!(linked.join("MANIFEST.json").is_file());
+    assert!(!leftover.exists());
     common::assert_nothing_left(&marker);
 }
 
