@@ -234,3 +234,52 @@ fn a_mismatch_in_one_set_leaves_the_others_running() {
         assert_eq!(g, vec![4.0]);
     }
 }
+
+/// A stall inside one set (rank 3 never submits what ranks 1 and 2 wait for) is that set's: its stall shutdown
+/// fails the operation there, while the job's engine and the other set keep running.
+#[test]
+fn a_stall_in_one_set_does_not_hang_the_others() {
+    let trio = Joins::new(3);
+    let results = job(4, |rank, global| {
+        let mut sets = ProcessSets::new();
+        let config = EngineConfig {
+            stall_check_time: Some(Duration::from_millis(100)),
+            stall_shutdown_time: Some(Duration::from_millis(300)),
+            ..EngineConfig::default()
+        };
+        let b = sets
+            .add(global, &[1, 2, 3], &config, &|m, n, t| {
+                trio.connect(m, n, t)
+            })
+            .unwrap();
+        let a = sets
+            .add(global, &[0], &config, &|_, _, _| unreachable!())
+            .unwrap();
+        let alone = sets
+            .get(a)
+            .unwrap()
+            .engine()
+            .map(|e| allreduce(e, "x", &[2.0]));
+        let stalled = match sets.get(b).unwrap().engine() {
+            Some(e) if rank != 3 => {
+                let r =
+                    Request::allreduce("late", DType::F32, vec![1], ReduceOp::Sum, f32s(&[1.0]));
+                let h = e.enqueue(r).unwrap();
+                Some(e.wait(h).unwrap_err().kind())
+            }
+            _ => None,
+        };
+        let g = allreduce(global, "g", &[1.0]);
+        sets.shutdown();
+        (stalled, g, alone)
+    });
+    for (rank, (stalled, g, alone)) in results.into_iter().enumerate() {
+        assert_eq!(alone, (rank == 0).then(|| vec![2.0]));
+        assert_eq!(
+            stalled,
+            (rank == 1 || rank == 2).then_some(ErrorKind::Stalled),
+            "rank {rank}"
+        );
+        assert_eq!(g, vec![4.0]);
+    }
+}
