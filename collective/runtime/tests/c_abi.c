@@ -51,6 +51,18 @@ int main(void) {
   hvd_release(h);
   CHECK(y[0] == 2.0f && y[1] == 4.0f && y[2] == 6.0f);
 
+  /* Process sets in a job of one rank: the global set is id 0 (over it, hvd_enqueue_ps is hvd_enqueue); a set of
+   * every rank exists already; an unknown set is refused. */
+  int64_t every[1] = {0}, members[2] = {-1, -1};
+  CHECK(hvd_process_set_size(0) == 1 && hvd_process_set_rank(0) == 0);
+  CHECK(hvd_process_set_ranks(0, members, 2) == 1 && members[0] == 0 && members[1] == -1);
+  CHECK(hvd_add_process_set(every, 1) == -1 && hvd_last_error_kind() == HVD_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(hvd_last_error(), "exists already") != NULL);
+  CHECK(hvd_process_set_size(7) == -1 && hvd_last_error_kind() == HVD_ERROR_INVALID_ARGUMENT);
+  CHECK(hvd_remove_process_set(0) == -1 && hvd_enqueue_ps(&r, 7) == -1);
+  h = hvd_enqueue_ps(&r, 0);
+  CHECK(h > 0 && hvd_wait_and_release(h) == 0);
+
   /* A group: one submission call, one wait. */
   float a[2] = {1.0f, 2.0f}, b[1] = {5.0f};
   int64_t sa[1] = {2}, sb[1] = {1};
