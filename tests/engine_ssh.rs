@@ -669,73 +669,22 @@ struct Delivered {
 
 impl Delivered {
     fn new(root: &Path, cache: &Path) -> Delivered {
-        let files = cache.with_extension("files");
-        std::fs::create_dir_all(&files).unwrap();
-        common::make_fixtures(common::GREET_AND_NOISY, &files);
-        let base = common::serve_files(files.clone());
-        let python = common::python_version();
-        let project = root.join("app");
-        std::fs::create_dir_all(&project).unwrap();
-        let file = project.join("train.hvd");
+        let pushed = common::pushed_fixture_env(
+            root,
+            cache,
+            "step train {\n  run = \"greet && python job.py\"\n  workers = 4\n}\n",
+        );
         std::fs::write(
-            &file,
-            format!(
-                "project \"app\"\nenv {{\n  python = \"{python}\"\n  packages = [\"greet==1.0\"]\n}}\n\
-                 step train {{\n  run = \"greet && python job.py\"\n  workers = 4\n}}\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            project.join("job.py"),
+            pushed.project.join("job.py"),
             "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
              print(f\"job rank={hvd.rank()} size={hvd.size()} word={helper.WORD} cwd={os.getcwd()}\", flush=True)\n",
         )
         .unwrap();
-        let package = |name: &str, filename: &str, deps: &[&str]| {
-            common::locked_file(name, &base, &files.join(filename), deps)
-        };
-        common::lockfile(
-            &file,
-            &python,
-            vec![
-                package("greet", "greet-1.0-py3-none-any.whl", &["helper"]),
-                package("helper", "helper-1.0-py3-none-any.whl", &[]),
-            ],
-            vec![],
-        )
-        .write(&hvd_resolver::lockfile::Lockfile::path_for(&file))
-        .unwrap();
-        let store = root.join("store");
-        let hvd = |args: &[&str]| {
-            let out = common::hvd_with_store(root, &store, args)
-                .env_remove("HVD_CACHES")
-                .env_remove("HVD_TRUSTED_KEYS")
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "hvd {args:?}: {}", text(&out).1);
-            text(&out).0.trim().to_owned()
-        };
-        let env = PathBuf::from(hvd(&["build", "app/train.hvd", "--locked"]));
-        let keys = cache.with_extension("keys");
-        let keys_arg = keys.display().to_string();
-        hvd(&["cache", "keygen", "ssh-test", "--out", &keys_arg]);
-        let to = format!("file://{}", cache.display());
-        let secret = keys.join("ssh-test.secret").display().to_string();
-        hvd(&[
-            "cache",
-            "push",
-            "app/train.hvd",
-            "--locked",
-            "--to",
-            &to,
-            "--key",
-            &secret,
-        ]);
         Delivered {
-            project,
-            env,
-            cache: cache.to_path_buf(),
-            public_key: keys.join("ssh-test.public"),
+            project: pushed.project,
+            env: pushed.env,
+            cache: pushed.cache,
+            public_key: pushed.public_key,
         }
     }
 

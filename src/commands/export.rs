@@ -33,6 +33,12 @@ pub struct K8sArgs {
     /// `jobset` or `mpijob`.
     #[arg(long, value_name = "FLAVOUR", default_value = "jobset")]
     pub flavour: String,
+    #[command(flatten)]
+    pub lock: super::build::LockMode,
+    /// With a cache and a trusted key, the env is built here and the JobSet's pods pull it from the caches at start
+    /// (`hvd worker-env --pull`): the image needs only `hvd` and glibc.
+    #[command(flatten)]
+    pub caches: super::substitute::CacheOptions,
 }
 
 pub fn run(args: ExportArgs) -> CommandResult {
@@ -50,7 +56,8 @@ pub fn run(args: ExportArgs) -> CommandResult {
                 .out
                 .clone()
                 .unwrap_or_else(|| args.file.parent().unwrap_or(Path::new("")).join("k8s"));
-            let files = write_k8s(&project, flavour, &out)?;
+            let delivery = delivery(&args, &project)?;
+            let files = write_k8s(&project, flavour, delivery.as_ref(), &out)?;
             for file in files {
                 println!("{}", file.display());
             }
@@ -59,15 +66,39 @@ pub fn run(args: ExportArgs) -> CommandResult {
     }
 }
 
+/// With caches and trusted keys (flags, `HVD_CACHES`/`HVD_TRUSTED_KEYS`, the file's `cluster { caches }`): the env,
+/// built here (from the caches where they have it), and where the pods pull it from. Caches without any trusted key
+/// deliver nothing (the pods would trust nothing): the image must then have the env, as before.
+fn delivery(
+    args: &K8sArgs,
+    project: &hvd_lang::model::Project,
+) -> Result<Option<k8s::Delivery>, Failure> {
+    let caches = args.caches.urls(Some(project));
+    if caches.is_empty() {
+        return Ok(None);
+    }
+    let trusted_keys = args.caches.trusted_key_texts()?;
+    if trusted_keys.is_empty() {
+        return Ok(None);
+    }
+    let ready = super::build::ensure_env_with(&args.file, args.lock, false, &args.caches)?;
+    Ok(Some(k8s::Delivery {
+        env: ready.build.env,
+        caches,
+        trusted_keys,
+    }))
+}
+
 /// Writes the manifests of `project` into `out`; returns the files written. Notes about steps that do not fit go
 /// to stderr.
 fn write_k8s(
     project: &hvd_lang::model::Project,
     flavour: Flavour,
+    delivery: Option<&k8s::Delivery>,
     out: &Path,
 ) -> Result<Vec<PathBuf>, Failure> {
-    let export =
-        k8s::export(project, flavour).map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    let export = k8s::export_with(project, flavour, delivery)
+        .map_err(|e| Failure::from_error(Status::Usage, &e))?;
     for note in &export.notes {
         let _ = writeln!(std::io::stderr().lock(), "hvd: note: {note}");
     }

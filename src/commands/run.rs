@@ -156,6 +156,20 @@ pub struct WorkerEnvArgs {
     /// (the mpi engine sets it).
     #[arg(long)]
     pub whole_lines: bool,
+    /// Before anything else, make this env (a store path) valid here from `--cache` (trusting `--trusted-key`),
+    /// verified, as `hvd cache pull` does, and run CMD in it (`VIRTUAL_ENV`, its `bin` first on PATH): a pod whose
+    /// image has only `hvd` and glibc (Kubernetes).
+    #[arg(long, value_name = "ENV")]
+    pub pull: Option<PathBuf>,
+    /// A binary cache for `--pull` (repeatable).
+    #[arg(long = "cache", value_name = "URL", requires = "pull")]
+    pub caches: Vec<String>,
+    /// A public key (`NAME:BASE64`) whose signatures `--pull` trusts (repeatable).
+    #[arg(long = "trusted-key", value_name = "NAME:BASE64", requires = "pull")]
+    pub trusted_keys: Vec<String>,
+    /// A step that runs once: no rank variables, only `--pull`, then exec CMD.
+    #[arg(long)]
+    pub once: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, num_args = 1.., value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
@@ -168,9 +182,37 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     let usage = |e: &(dyn std::error::Error + 'static)| {
         Failure::from_error_in(Status::Usage, "hvd worker-env", e)
     };
+    // The env first (a pod that starts from a bare image): before a rank serves or joins anything.
+    let pulled = match &args.pull {
+        Some(env_path) => Some(pull_env(env_path, &args.caches, &args.trusted_keys)?),
+        None => None,
+    };
+    if args.once {
+        let Some((program, rest)) = args.command.split_first() else {
+            return Err(Failure::usage(
+                "hvd worker-env: give the command after `--`",
+            ));
+        };
+        let mut command = std::process::Command::new(program);
+        command.args(rest).envs(pulled.iter().flatten().cloned());
+        let err = command.exec();
+        return Err(Failure::from_error_in(
+            Status::Failure,
+            format_args!(
+                "hvd worker-env: failed to start `{}`",
+                program.to_string_lossy()
+            ),
+            &err,
+        ));
+    }
     let (slot, _) = shim::slot_from_env(&env).map_err(|e| usage(&e))?;
     // On a node the launcher does not reach itself: the env's wheels must run on this node's glibc.
-    if let Some(venv) = env("VIRTUAL_ENV") {
+    let venv = args
+        .pull
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .or_else(|| env("VIRTUAL_ENV"));
+    if let Some(venv) = venv {
         let here = format!("node `{}`", hvd_launcher::env::local_hostname());
         hvd_launcher::closure::check_env_here(std::path::Path::new(&venv), &here)
             .map_err(|e| Failure::from_error_in(Status::Failure, "hvd worker-env", &e))?;
@@ -196,7 +238,10 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
     let mut command = std::process::Command::new(program);
-    command.args(rest).envs(vars);
+    command
+        .args(rest)
+        .envs(vars)
+        .envs(pulled.iter().flatten().cloned());
     let start_failed = |err: std::io::Error| {
         Failure::from_error_in(
             Status::Failure,
@@ -262,6 +307,71 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
         Ok(code) => Status::Worker(code),
         Err(_) => Status::Failure,
     })
+}
+
+/// `hvd worker-env --pull ENV`: runs `hvd cache pull` (this binary) for the env's store path into its own store
+/// directory, with the given caches and keys; returns the variables that put the worker in it (`VIRTUAL_ENV`, `PATH`
+/// with its `bin` first). A node that cannot get it fails here, naming itself and the env, before any rank runs.
+fn pull_env(
+    env: &std::path::Path,
+    caches: &[String],
+    trusted_keys: &[String],
+) -> Result<Vec<(String, String)>, Failure> {
+    // A pod's name (what `kubectl get pods` shows), else the kernel's.
+    let node = std::env::var("HOSTNAME").unwrap_or_else(|_| hvd_launcher::env::local_hostname());
+    let (Some(store), Some(name)) = (
+        env.parent().and_then(|s| s.to_str()),
+        env.file_name().and_then(|n| n.to_str()),
+    ) else {
+        return Err(Failure::usage(format!(
+            "hvd worker-env: `--pull {}` is not a store path (`<store>/<hash>-<name>-<version>`)",
+            env.display()
+        )));
+    };
+    if caches.is_empty() || trusted_keys.is_empty() {
+        return Err(Failure::usage(
+            "hvd worker-env: `--pull` needs `--cache URL` and `--trusted-key KEY` (nothing in a cache is trusted \
+             without a key)",
+        ));
+    }
+    let program = std::env::current_exe().map_err(|e| {
+        Failure::from_error_in(Status::Failure, "hvd worker-env: this program's path", &e)
+    })?;
+    let argv = hvd_launcher::engines::pull_command(
+        &program.to_string_lossy(),
+        store,
+        name,
+        caches,
+        trusted_keys,
+    )
+    .map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    let status = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| {
+            Failure::from_error_in(Status::Failure, "hvd worker-env: `hvd cache pull`", &e)
+        })?;
+    if !status.success() {
+        return Err(Failure::new(
+            Status::Failure,
+            miette::miette!(
+                "hvd worker-env: node `{node}` could not get the env {name} from the caches ({}): `hvd cache pull` \
+                 said why above; no worker started",
+                caches
+                    .iter()
+                    .map(|url| hvd_builder::cache::backend::redact(url))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    Ok(vec![
+        ("VIRTUAL_ENV".to_owned(), env.display().to_string()),
+        ("PATH".to_owned(), format!("{}/bin:{path}", env.display())),
+    ])
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {

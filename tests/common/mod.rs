@@ -184,6 +184,7 @@ pub fn lockfile(
             arch: std::env::consts::ARCH.into(),
             glibc: None,
             platforms: vec![],
+            installation: None,
         },
         toolchain: None,
         packages,
@@ -393,4 +394,84 @@ pub fn wait_for_path(path: &Path, limit: std::time::Duration) {
         if path.exists() { vec![] } else { vec![()] }
     });
     assert!(missing.is_empty(), "{} never appeared", path.display());
+}
+
+/// A project built and pushed by [`pushed_fixture_env`].
+pub struct PushedEnv {
+    /// The project directory (`root/app`, with `train.hvd` and its lock).
+    pub project: PathBuf,
+    /// The env's store path in `root/store`.
+    pub env: PathBuf,
+    /// The directory cache it was pushed to.
+    pub cache: PathBuf,
+    /// The public key file whose secret key signed the push.
+    pub public_key: PathBuf,
+}
+
+/// A project `root/app/train.hvd` whose env (fixture wheels `greet` and `helper` from a local index, and hvd's
+/// worker runtime) is built into `root/store` and pushed, signed by a fresh key (`cache.keys/`), into the directory
+/// cache `cache`; `rest` follows the env in the file (steps, a cluster block). The cache and the keys sit outside
+/// `root`, so a test can hide `root` from its hosts.
+pub fn pushed_fixture_env(root: &Path, cache: &Path, rest: &str) -> PushedEnv {
+    let files = cache.with_extension("files");
+    std::fs::create_dir_all(&files).unwrap();
+    make_fixtures(GREET_AND_NOISY, &files);
+    let base = serve_files(files.clone());
+    let python = python_version();
+    let project = root.join("app");
+    std::fs::create_dir_all(&project).unwrap();
+    let file = project.join("train.hvd");
+    std::fs::write(
+        &file,
+        format!(
+            "project \"app\"\nenv {{\n  python = \"{python}\"\n  packages = [\"greet==1.0\"]\n}}\n{rest}"
+        ),
+    )
+    .unwrap();
+    let package = |name: &str, filename: &str, deps: &[&str]| {
+        locked_file(name, &base, &files.join(filename), deps)
+    };
+    lockfile(
+        &file,
+        &python,
+        vec![
+            package("greet", "greet-1.0-py3-none-any.whl", &["helper"]),
+            package("helper", "helper-1.0-py3-none-any.whl", &[]),
+        ],
+        vec![],
+    )
+    .write(&Lockfile::path_for(&file))
+    .unwrap();
+    let store = root.join("store");
+    let hvd = |args: &[&str]| {
+        let out = hvd_with_store(root, &store, args)
+            .env_remove("HVD_CACHES")
+            .env_remove("HVD_TRUSTED_KEYS")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "hvd {args:?}: {}", text(&out).1);
+        text(&out).0.trim().to_owned()
+    };
+    let env = PathBuf::from(hvd(&["build", "app/train.hvd", "--locked"]));
+    let keys = cache.with_extension("keys");
+    let keys_arg = keys.display().to_string();
+    hvd(&["cache", "keygen", "fixture", "--out", &keys_arg]);
+    let to = format!("file://{}", cache.display());
+    let secret = keys.join("fixture.secret").display().to_string();
+    hvd(&[
+        "cache",
+        "push",
+        "app/train.hvd",
+        "--locked",
+        "--to",
+        &to,
+        "--key",
+        &secret,
+    ]);
+    PushedEnv {
+        project,
+        env,
+        cache: cache.to_path_buf(),
+        public_key: keys.join("fixture.public"),
+    }
 }

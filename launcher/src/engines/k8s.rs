@@ -3,6 +3,11 @@
 //! rank runs `hvd worker-env -- /bin/sh -c COMMAND` (the image must have `hvd` on its PATH), which maps the Indexed
 //! Job's `JOB_COMPLETION_INDEX` (JobSet) or MPI's variables (MPIJob) to the worker contract.
 //!
+//! With a [`Delivery`] (the env's store path, binary caches and trusted keys), no env is baked into the image: each
+//! JobSet pod's `hvd worker-env --pull ENV --cache URL --trusted-key KEY` substitutes the env's closure from the caches
+//! (verified, into the env's own store directory) before its worker starts, so any image with `hvd` and glibc runs
+//! it.
+//!
 //! Every export also writes a Secret (`<name>-hvd-token`) with a fresh random job token; the ranks get it through
 //! `secretKeyRef` and their pod IP through the downward API (`status.podIP`): rank 0's shim serves the rendezvous on
 //! that address only, and answers only the token.
@@ -195,8 +200,61 @@ fn image(project: &Project) -> Result<String, LaunchError> {
         })
 }
 
+/// Where the pods get the env from when the image does not have it: the env's store path (its directory must be
+/// the same in the pods: a store path is valid only at the store directory it was built in), the binary caches
+/// holding its closure, and the public keys (`NAME:BASE64`) whose signatures the pods trust.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub env: std::path::PathBuf,
+    pub caches: Vec<String>,
+    pub trusted_keys: Vec<String>,
+}
+
+impl Delivery {
+    /// The arguments of `hvd worker-env` that pull the env (`--pull=ENV --cache=URL... --trusted-key=KEY...`); a
+    /// cache URL with credentials, or an env that is not a store path, is refused (a manifest is read by whoever can
+    /// list pods).
+    pub fn worker_env_args(&self) -> Result<Vec<String>, LaunchError> {
+        let env = self.env.to_str().ok_or_else(|| {
+            LaunchError::Engine(format!(
+                "the env's path {} is not UTF-8; a manifest cannot name it",
+                self.env.display()
+            ))
+        })?;
+        let (Some(store), Some(name)) = (
+            self.env.parent().and_then(|s| s.to_str()),
+            self.env.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return Err(LaunchError::Engine(format!(
+                "the env {env} is not a store path; pods pull only store paths"
+            )));
+        };
+        if !crate::closure::is_store_path_name(name) {
+            return Err(LaunchError::Engine(format!(
+                "the env {env} is not a store path (`<store>/<hash>-<name>-<version>`); pods pull only store paths: \
+                 build it with `hvd build`"
+            )));
+        }
+        // The same checks (credentials in a URL) as every node's pull command.
+        let pull = super::pull_command("hvd", store, name, &self.caches, &self.trusted_keys)?;
+        let mut args = vec![format!("--pull={env}")];
+        args.extend(pull.into_iter().skip(5));
+        Ok(args)
+    }
+}
+
 /// The manifests for every step of `project`.
 pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError> {
+    export_with(project, flavour, None)
+}
+
+/// The manifests for every step of `project`; with `delivery`, the JobSet's pods pull the env at start.
+pub fn export_with(
+    project: &Project,
+    flavour: Flavour,
+    delivery: Option<&Delivery>,
+) -> Result<Export, LaunchError> {
+    let pull_args = delivery.map(Delivery::worker_env_args).transpose()?;
     let graph = StepGraph::new(project)?;
     let steps = graph.selection(None)?;
     let image = image(project)?;
@@ -243,7 +301,22 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                             format!("{name}-{job}-0-0.{name}:{RENDEZVOUS_PORT}"),
                         );
                         env.insert(super::shim::SERVE_VAR.into(), "1".into());
-                        json!(["hvd", "worker-env", "--", "/bin/sh", "-c", step.run])
+                        let mut argv = vec!["hvd".to_owned(), "worker-env".to_owned()];
+                        argv.extend(pull_args.iter().flatten().cloned());
+                        argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), step.run.clone()]);
+                        json!(argv)
+                    }
+                    // A step that runs once needs the env too: the shim pulls it and starts the command without
+                    // rank variables.
+                    None if pull_args.is_some() => {
+                        let mut argv = vec![
+                            "hvd".to_owned(),
+                            "worker-env".to_owned(),
+                            "--once".to_owned(),
+                        ];
+                        argv.extend(pull_args.iter().flatten().cloned());
+                        argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), step.run.clone()]);
+                        json!(argv)
                     }
                     None => json!(["/bin/sh", "-c", step.run]),
                 };
@@ -319,6 +392,13 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
                 .and_then(MpiFlavour::parse)
                 .unwrap_or(MpiFlavour::OpenMpi);
             let mut manifests = vec![secret_manifest];
+            if delivery.is_some() {
+                notes.push(
+                    "MPIJobs do not pull the env at pod start (mpirun starts the ranks): their image must have the \
+                     env at its store path (use --flavour jobset to pull it from the caches)"
+                        .into(),
+                );
+            }
             for step in &steps {
                 let Some(n) = step.workers else {
                     notes.push(format!(

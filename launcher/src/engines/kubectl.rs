@@ -240,7 +240,17 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
             .join(".hvd")
             .join("k8s"),
     };
-    let export = k8s::export(&project, Flavour::JobSet)?;
+    // With caches (and keys), the pods pull the built env instead of needing it in their image.
+    let delivery = options
+        .env_dir
+        .as_ref()
+        .filter(|_| !options.caches.is_empty())
+        .map(|env| k8s::Delivery {
+            env: env.clone(),
+            caches: options.caches.clone(),
+            trusted_keys: options.trusted_keys.clone(),
+        });
+    let export = k8s::export_with(&project, Flavour::JobSet, delivery.as_ref())?;
     let files = k8s::write_manifests(&export, &dir)?;
     let job = KubeJob::from_files(&project, &files)?;
     Ok(Engine::Whole(Box::new(Kubectl {
