@@ -36,12 +36,10 @@ static NEXT_GROUP: AtomicI64 = AtomicI64::new(1);
 /// What `hvd_init` learned about the job besides the topology, until `hvd_shutdown`.
 static JOB: Mutex<Option<JobInfo>> = Mutex::new(None);
 /// The job's process sets besides the global one, until `hvd_shutdown`.
-static SETS: Mutex<Option<ProcessSets>> = Mutex::new(None);
+static SETS: Mutex<Option<Arc<ProcessSets>>> = Mutex::new(None);
 
 /// A handle of a process set's engine carries the set's id above this bit; the job's own (set 0) are the engine's.
 const SET_SHIFT: u32 = 40;
-/// Process set ids stay below this, so that every handle is positive.
-const MAX_SETS: i32 = 1 << 22;
 
 struct JobInfo {
     /// The communicator's name as the transport gives it (`SHM`, `TCP`, `HIERARCHICAL`, `MPI`, `NCCL`, `LOCAL`).
@@ -218,9 +216,7 @@ fn engine_of(set: i32) -> Result<Arc<Engine>, Failure> {
     if set == crate::process_set::GLOBAL {
         return engine();
     }
-    let sets = lock(&SETS);
-    let sets = sets.as_ref().ok_or_else(not_initialized)?;
-    let ps = sets.get(set)?;
+    let ps = sets()?.get(set)?;
     match ps.engine() {
         Some(e) => Ok(e.clone()),
         None => {
@@ -235,7 +231,12 @@ fn engine_of(set: i32) -> Result<Arc<Engine>, Failure> {
     }
 }
 
-/// The C handle of handle `h` of set `set`'s engine.
+/// The job's process sets (the table locks itself; this lock is held only to take it).
+fn sets() -> Result<Arc<ProcessSets>, Failure> {
+    lock(&SETS).clone().ok_or_else(not_initialized)
+}
+
+/// The C handle of handle `h` of set `set`'s engine (ids stay below `process_set::MAX_ID`: handles are positive).
 fn set_handle(set: i32, h: u64) -> i64 {
     (i64::from(set) << SET_SHIFT) | h as i64
 }
@@ -277,7 +278,7 @@ pub extern "C" fn hvd_init() -> i32 {
         let engine = Engine::start(transport, config)?;
         *slot = Some(Arc::new(engine));
         *lock(&JOB) = Some(info);
-        *lock(&SETS) = Some(ProcessSets::new());
+        *lock(&SETS) = Some(Arc::new(ProcessSets::new()));
         Ok(0)
     })
 }
@@ -357,7 +358,7 @@ pub extern "C" fn hvd_shutdown() -> i32 {
     guard(-1, || {
         // The sets first, in id order on every rank: each shutdown waits for the set's other members.
         let sets = lock(&SETS).take();
-        if let Some(mut sets) = sets {
+        if let Some(sets) = sets {
             sets.shutdown();
         }
         let engine = lock(&ENGINE).take();

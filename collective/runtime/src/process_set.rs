@@ -10,7 +10,7 @@
 //! members).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use hvd_collective::{Communicator, DType};
@@ -22,6 +22,8 @@ use crate::transport::LocalTransport;
 
 /// The global process set's id: every rank of the job, the job's own engine.
 pub const GLOBAL: i32 = 0;
+/// Set ids stay below this (the C ABI carries a set's id in its handles' high bits).
+pub const MAX_ID: i32 = 1 << 22;
 
 /// Why a process set could not be added, removed or used.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,8 @@ pub enum ProcessSetError {
     Unknown(i32),
     #[error("the global process set (id 0) cannot be removed")]
     RemoveGlobal,
+    #[error("too many process sets added (ids reach {MAX_ID})")]
+    TooMany,
     #[error("rank {rank} is not a member of process set {id} (ranks {ranks:?})")]
     NotMember {
         rank: usize,
@@ -71,6 +75,7 @@ impl ProcessSetError {
             | ProcessSetError::Existing(_)
             | ProcessSetError::Unknown(_)
             | ProcessSetError::RemoveGlobal
+            | ProcessSetError::TooMany
             | ProcessSetError::NotMember { .. } => ErrorKind::InvalidArgument,
             ProcessSetError::Disagree(_) => ErrorKind::Mismatch,
             ProcessSetError::Agree(e) | ProcessSetError::Start { source: e, .. } => e.kind(),
@@ -89,6 +94,7 @@ impl ProcessSetError {
 }
 
 /// One process set as this rank knows it.
+#[derive(Clone)]
 pub struct ProcessSet {
     ranks: Vec<usize>,
     /// This rank's engine for the set; none when this rank is not a member.
@@ -116,32 +122,54 @@ impl ProcessSet {
 pub type Connect<'a> =
     dyn Fn(usize, usize, &str) -> Result<Box<dyn Communicator>, hvd_collective::Error> + 'a;
 
-/// The process sets of one join of the job (ids from 1; id 0 is the job itself), until shutdown.
-#[derive(Default)]
+/// The process sets of one join of the job (ids from 1; id 0 is the job itself), until shutdown. Shared by the
+/// rank's threads: the table is locked only to look a set up or change it, never while a set is joined, agreed on
+/// or shut down, so a thread using one set never waits for another set's add or remove.
 pub struct ProcessSets {
-    sets: BTreeMap<i32, ProcessSet>,
+    sets: Mutex<BTreeMap<i32, ProcessSet>>,
+    /// Held through a whole add (adds are collective and numbered: one at a time on a rank).
+    adding: Mutex<Adds>,
+}
+
+struct Adds {
     /// The id the next added set gets, the same on every rank (sets are added collectively, in order).
     next_id: i32,
     /// Collective adds so far, naming each one's agreement.
-    adds: u64,
+    count: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Default for ProcessSets {
+    fn default() -> ProcessSets {
+        ProcessSets::new()
+    }
 }
 
 impl ProcessSets {
     pub fn new() -> ProcessSets {
         ProcessSets {
-            sets: BTreeMap::new(),
-            next_id: 1,
-            adds: 0,
+            sets: Mutex::new(BTreeMap::new()),
+            adding: Mutex::new(Adds {
+                next_id: 1,
+                count: 0,
+            }),
         }
     }
 
-    pub fn get(&self, id: i32) -> Result<&ProcessSet, ProcessSetError> {
-        self.sets.get(&id).ok_or(ProcessSetError::Unknown(id))
+    /// Set `id` (its ranks and this rank's engine for it).
+    pub fn get(&self, id: i32) -> Result<ProcessSet, ProcessSetError> {
+        lock(&self.sets)
+            .get(&id)
+            .cloned()
+            .ok_or(ProcessSetError::Unknown(id))
     }
 
     /// The ids of the sets, ascending.
     pub fn ids(&self) -> Vec<i32> {
-        self.sets.keys().copied().collect()
+        lock(&self.sets).keys().copied().collect()
     }
 
     /// Adds the set of `requested` global ranks, collectively: every rank of the job (whose engine is `global`)
@@ -149,21 +177,22 @@ impl ProcessSets {
     /// the members of a set of more than one rank; `config` is the set engine's (its timeline is never written:
     /// the job's engine writes the job's).
     pub fn add(
-        &mut self,
+        &self,
         global: &Engine,
         requested: &[i64],
         config: &EngineConfig,
         connect: &Connect<'_>,
     ) -> Result<i32, ProcessSetError> {
         let topology = global.topology();
-        self.adds += 1;
-        let id = self.next_id;
+        let mut adds = lock(&self.adding);
+        adds.count += 1;
+        let id = adds.next_id;
         let nonce = if topology.rank == 0 { nonce() } else { 0 };
         let mine = [digest(requested) as i64, i64::from(id), nonce as i64];
         let data: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
         let request = Request::owned(
             OpKind::Allgather,
-            &format!("hvd.add_process_set.{}", self.adds),
+            &format!("hvd.add_process_set.{}", adds.count),
             DType::I64,
             vec![3],
             data,
@@ -198,13 +227,13 @@ impl ProcessSets {
             )));
         }
         // Agreed: the id is spent whatever follows, on every rank alike.
-        self.next_id += 1;
+        if id >= MAX_ID {
+            return Err(ProcessSetError::TooMany);
+        }
+        adds.next_id += 1;
         let tag = format!("ps{id}-{:x}", all[2] as u64);
         let ranks = validate(requested, topology.size)?;
-        if ranks.len() == topology.size {
-            return Err(ProcessSetError::Existing(ranks));
-        }
-        if self.sets.values().any(|s| s.ranks == ranks) {
+        if ranks.len() == topology.size || lock(&self.sets).values().any(|s| s.ranks == ranks) {
             return Err(ProcessSetError::Existing(ranks));
         }
         let engine = match ranks.binary_search(&topology.rank) {
@@ -230,17 +259,19 @@ impl ProcessSets {
                 Some(Arc::new(engine))
             }
         };
-        self.sets.insert(id, ProcessSet { ranks, engine });
+        lock(&self.sets).insert(id, ProcessSet { ranks, engine });
         Ok(id)
     }
 
     /// Removes set `id`: its members shut its engine down (collectively among them, as `hvd_shutdown` does for
     /// the job).
-    pub fn remove(&mut self, id: i32) -> Result<(), ProcessSetError> {
+    pub fn remove(&self, id: i32) -> Result<(), ProcessSetError> {
         if id == GLOBAL {
             return Err(ProcessSetError::RemoveGlobal);
         }
-        let set = self.sets.remove(&id).ok_or(ProcessSetError::Unknown(id))?;
+        let set = lock(&self.sets)
+            .remove(&id)
+            .ok_or(ProcessSetError::Unknown(id))?;
         if let Some(engine) = set.engine {
             engine.shutdown();
         }
@@ -248,8 +279,9 @@ impl ProcessSets {
     }
 
     /// Shuts every set's engine down (before the job's), in id order: the same on every rank.
-    pub fn shutdown(&mut self) {
-        for (_, set) in std::mem::take(&mut self.sets) {
+    pub fn shutdown(&self) {
+        let sets = std::mem::take(&mut *lock(&self.sets));
+        for (_, set) in sets {
             if let Some(engine) = set.engine {
                 engine.shutdown();
             }

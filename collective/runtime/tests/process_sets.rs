@@ -90,7 +90,7 @@ fn two_overlapping_sets_reduce_concurrently_each_over_its_members() {
     let pair = Joins::new(2);
     let trio = Joins::new(3);
     let results = job(4, |rank, global| {
-        let mut sets = ProcessSets::new();
+        let sets = ProcessSets::new();
         let config = EngineConfig::default();
         let a = sets
             .add(global, &[1, 0], &config, &|m, n, t| pair.connect(m, n, t))
@@ -142,7 +142,7 @@ fn ranks_that_disagree_are_all_refused_and_stay_in_step() {
             panic!("a refused set must not join")
         };
     let results = job(3, |rank, global| {
-        let mut sets = ProcessSets::new();
+        let sets = ProcessSets::new();
         let config = EngineConfig::default();
         let asked: &[i64] = if rank == 2 { &[0, 2] } else { &[0, 1] };
         let disagree = sets.add(global, asked, &config, &never).unwrap_err();
@@ -191,7 +191,7 @@ fn ranks_that_disagree_are_all_refused_and_stay_in_step() {
 fn a_mismatch_in_one_set_leaves_the_others_running() {
     let trio = Joins::new(3);
     let results = job(4, |rank, global| {
-        let mut sets = ProcessSets::new();
+        let sets = ProcessSets::new();
         let config = EngineConfig::default();
         let b = sets
             .add(global, &[1, 2, 3], &config, &|m, n, t| {
@@ -241,7 +241,7 @@ fn a_mismatch_in_one_set_leaves_the_others_running() {
 fn a_stall_in_one_set_does_not_hang_the_others() {
     let trio = Joins::new(3);
     let results = job(4, |rank, global| {
-        let mut sets = ProcessSets::new();
+        let sets = ProcessSets::new();
         let config = EngineConfig {
             stall_check_time: Some(Duration::from_millis(100)),
             stall_shutdown_time: Some(Duration::from_millis(300)),

@@ -1,7 +1,7 @@
 //! The C ABI of process sets (hvd.h): adding and removing them, and what a rank knows of one. Submitting over a
 //! set (`hvd_enqueue_ps`) and routing handles to a set's engine stay with the other submissions in `ffi.rs`.
 
-use super::{Failure, JOB, MAX_SETS, SETS, engine, guard, lock, not_initialized};
+use super::{Failure, JOB, engine, guard, lock, not_initialized, sets};
 use crate::process_set::{GLOBAL, ProcessSetError};
 
 /// Adds a process set of the `n` global ranks at `ranks` (any order; no duplicates, all in the job, not every rank,
@@ -28,11 +28,7 @@ pub unsafe extern "C" fn hvd_add_process_set(ranks: *const i64, n: i32) -> i32 {
             .as_ref()
             .map(|j| j.config.clone())
             .ok_or_else(not_initialized)?;
-        let mut sets = lock(&SETS);
-        let sets = sets.as_mut().ok_or_else(not_initialized)?;
-        if sets.ids().last().is_some_and(|id| *id + 1 >= MAX_SETS) {
-            return Err(format!("too many process sets (ids reach {MAX_SETS})").into());
-        }
+        let sets = sets()?;
         let job = hvd_collective::bootstrap::JobEnv::from_env()
             .map_err(|e| Failure::collective("cannot join a process set", &e));
         let connect = |member: usize, size: usize, tag: &str| match &job {
@@ -48,9 +44,7 @@ pub unsafe extern "C" fn hvd_add_process_set(ranks: *const i64, n: i32) -> i32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_remove_process_set(id: i32) -> i32 {
     guard(-1, || {
-        let mut sets = lock(&SETS);
-        let sets = sets.as_mut().ok_or_else(not_initialized)?;
-        sets.remove(id)?;
+        sets()?.remove(id)?;
         Ok(0)
     })
 }
@@ -64,8 +58,7 @@ pub extern "C" fn hvd_process_set_rank(id: i32) -> i32 {
         if id == GLOBAL {
             return Ok(rank as i32);
         }
-        let sets = lock(&SETS);
-        let set = sets.as_ref().ok_or_else(not_initialized)?.get(id)?;
+        let set = sets()?.get(id)?;
         match set.rank_of(rank) {
             Some(r) => Ok(r as i32),
             None => Err(ProcessSetError::NotMember {
@@ -85,8 +78,7 @@ pub extern "C" fn hvd_process_set_size(id: i32) -> i32 {
         if id == GLOBAL {
             return Ok(engine()?.topology().size as i32);
         }
-        let sets = lock(&SETS);
-        let set = sets.as_ref().ok_or_else(not_initialized)?.get(id)?;
+        let set = sets()?.get(id)?;
         Ok(set.ranks().len() as i32)
     })
 }
@@ -105,12 +97,7 @@ pub unsafe extern "C" fn hvd_process_set_ranks(id: i32, ranks: *mut i64, capacit
         let members: Vec<usize> = if id == GLOBAL {
             (0..engine()?.topology().size).collect()
         } else {
-            let sets = lock(&SETS);
-            sets.as_ref()
-                .ok_or_else(not_initialized)?
-                .get(id)?
-                .ranks()
-                .to_vec()
+            sets()?.get(id)?.ranks().to_vec()
         };
         for (i, r) in members.iter().take(capacity as usize).enumerate() {
             // SAFETY: room for `capacity` values per the contract.

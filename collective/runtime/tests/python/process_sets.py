@@ -4,6 +4,7 @@ that set alone; sets go away with remove and shutdown, and are added again after
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -148,6 +149,27 @@ if r in b.ranks:
 if r in a.ranks:
     check(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after", process_set=a).tolist() == [2.0], "a after b's error")
 check(hvd.allreduce(np.ones(1), op=hvd.Sum, name="global").tolist() == [4.0], "global after b's error")
+
+# An add on one thread does not hold up another thread's collective over an existing set: rank 1 adds while its
+# second thread submits set a's allreduce, which rank 0 waits for before it adds (a cycle if the add blocked it).
+if r == 1:
+    out = {}
+
+    def late_z():
+        time.sleep(0.3)  # the add has begun by now
+        out["z"] = hvd.allreduce(np.ones(1), op=hvd.Sum, name="z", process_set=a)
+
+    t = threading.Thread(target=guarded(late_z))
+    t.start()
+    e = hvd.add_process_set([2, 3])
+    t.join()
+    check(not errors and out.get("z") is not None and out["z"].tolist() == [2.0], "z: {} {!r}".format(out, errors))
+else:
+    if r == 0:
+        check(hvd.allreduce(np.ones(1), op=hvd.Sum, name="z", process_set=a).tolist() == [2.0], "z on rank 0")
+    e = hvd.add_process_set([2, 3])
+if r in e.ranks:
+    check(hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=e).tolist() == [2.0], "e's allreduce")
 
 # remove: the members forget the set; its id is refused afterwards.
 check(hvd.remove_process_set(b) is True, "remove b")
