@@ -615,7 +615,7 @@ def add_process_set(process_set):
 
 
 def remove_process_set(process_set):
-    """Removes an added set (every member calls it; its id is forgotten). Returns whether a set was removed: False
+    """Removes an added set (every rank calls it, as in Horovod; its id is forgotten). Returns whether a set was removed: False
     for the global set or a set that was never added (or already removed)."""
     ps_id = process_set.process_set_id
     if ps_id is None or ps_id == 0 or not is_initialized():

@@ -216,14 +216,17 @@ impl ProcessSets {
             .enumerate()
             .find(|(_, v)| v[0] != mine[0] || v[1] != mine[1])
         {
+            let what = if theirs[0] != mine[0] {
+                "other ranks".to_string()
+            } else {
+                format!(
+                    "them as set {} (it has added a different number of sets)",
+                    theirs[1]
+                )
+            };
             return Err(ProcessSetError::Disagree(format!(
-                "rank {} asked for ranks {requested:?} as set {id}; rank {rank} asked for other ranks{}",
-                topology.rank,
-                if theirs[1] != mine[1] {
-                    format!(" as set {} (its sets differ from this rank's)", theirs[1])
-                } else {
-                    String::new()
-                }
+                "rank {} asked for ranks {requested:?} as set {id}; rank {rank} asked for {what}",
+                topology.rank
             )));
         }
         // Agreed: the id is spent whatever follows, on every rank alike.
@@ -263,8 +266,8 @@ impl ProcessSets {
         Ok(id)
     }
 
-    /// Removes set `id`: its members shut its engine down (collectively among them, as `hvd_shutdown` does for
-    /// the job).
+    /// Removes set `id` (every rank of the job calls it, as in Horovod): its members shut its engine down
+    /// (collectively among them, as `hvd_shutdown` does for the job), the others forget it.
     pub fn remove(&self, id: i32) -> Result<(), ProcessSetError> {
         if id == GLOBAL {
             return Err(ProcessSetError::RemoveGlobal);

@@ -39,8 +39,8 @@ pub unsafe extern "C" fn hvd_add_process_set(ranks: *const i64, n: i32) -> i32 {
     })
 }
 
-/// Removes process set `id` (its members shut its engine down together, as `hvd_shutdown` does for the job; every
-/// member calls it). 0, or -1 (an unknown set, the global set).
+/// Removes process set `id` (every rank calls it: its members shut its engine down together, as `hvd_shutdown`
+/// does for the job, the others forget it). 0, or -1 (an unknown set, the global set).
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_remove_process_set(id: i32) -> i32 {
     guard(-1, || {
