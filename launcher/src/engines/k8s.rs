@@ -530,3 +530,49 @@ pub fn write_manifests(
     }
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(env: &str, cache: &str) -> Delivery {
+        Delivery {
+            env: env.into(),
+            caches: vec![cache.into()],
+            trusted_keys: vec!["k1:AAAA".into()],
+        }
+    }
+
+    /// The pull arguments name the env, every cache and key; a URL with credentials (a manifest is read by whoever
+    /// can list pods) and an env that is not a store path are refused before any manifest is written.
+    #[test]
+    fn pods_pull_arguments_name_env_caches_and_keys_and_refuse_credentials() {
+        let env = "/opt/hvd/store/0123456789abcdef0123456789abcdef-app-env";
+        let args = delivery(env, "s3://bucket/cache")
+            .worker_env_args()
+            .unwrap();
+        assert_eq!(
+            args,
+            [
+                format!("--pull={env}"),
+                "--cache=s3://bucket/cache".into(),
+                "--trusted-key=k1:AAAA".into()
+            ]
+        );
+        let err = delivery(env, "https://user:s3cr3t@cache.example/p")
+            .worker_env_args()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("carries credentials") && !err.contains("s3cr3t"),
+            "{err}"
+        );
+        for bad in ["/opt/venv", "/", "/opt/hvd/store/../etc"] {
+            let err = delivery(bad, "file:///c")
+                .worker_env_args()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("is not a store path"), "{bad}: {err}");
+        }
+    }
+}

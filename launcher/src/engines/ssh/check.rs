@@ -90,7 +90,12 @@ impl SshSetup {
             ));
         }
         let report = match (env_dir, local) {
-            (Some(_), Some(identity)) if deliverable && !self.caches.is_empty() => {
+            // A host without `hvd` gets the copy instead when `--ssh-copy-env` is given too.
+            (Some(_), Some(identity))
+                if deliverable
+                    && !self.caches.is_empty()
+                    && (report.hvd.is_some() || !self.copy_env) =>
+            {
                 let Some(hvd) = &report.hvd else {
                     return Err(format!(
                         "hvd is not installed on host `{host}` (neither {} nor `hvd` on its PATH): each host pulls the \
@@ -625,6 +630,11 @@ mod tests {
                 && err.contains("store path prefix must be equal on every host"),
             "{err}"
         );
+        // With `--ssh-copy-env` too, a host without hvd gets the env copied instead.
+        s.copy_env = true;
+        s.hosts = vec![("c".into(), 1)];
+        s.check_hosts(d, Some(&env), &[]).unwrap();
+        assert!(d.join(format!("store-c/{E1}/.hvd-path.json")).is_file());
     }
 
     /// A compromised host answers the env check as it likes: its `ssh` here is a script that prints the answer in
