@@ -131,6 +131,18 @@ fn build_exec_why_depends_locked_and_gc() {
         p.hvd(&["why-depends", &file, "numpy"]).status.code(),
         Some(1)
     );
+    // The env references its interpreter, a store path of its own (#18 §1).
+    let why_python = text(&p.hvd(&["why-depends", &file, "python"])).0;
+    let env_name = Path::new(&env)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        why_python.starts_with(&format!("{env_name} -> python 3."))
+            && why_python.contains("-python-3."),
+        "{why_python}"
+    );
 
     // A changed request makes `--locked` fail with the lock's own code, naming the field.
     p.write_file("\"greet==1.0\", \"helper\"");
@@ -151,10 +163,10 @@ fn build_exec_why_depends_locked_and_gc() {
     );
     std::fs::remove_dir_all(p.root.join("app/.hvd")).unwrap();
     let gc = p.hvd(&["gc"]);
-    // The env, its two packages and the worker runtime (`hvd`) that every env gets.
+    // The env, its two packages, the worker runtime (`hvd`) that every env gets and its interpreter.
     let removed = text(&gc).0;
-    assert_eq!(removed.lines().count(), 4, "{removed}");
-    for name in ["-app-env", "-greet-1.0", "-helper-1.0", "-hvd-"] {
+    assert_eq!(removed.lines().count(), 5, "{removed}");
+    for name in ["-app-env", "-greet-1.0", "-helper-1.0", "-hvd-", "-python-"] {
         assert!(
             removed.contains(name),
             "gc did not remove the path of {name}: {removed}"

@@ -27,6 +27,8 @@ pub enum DerivationKind {
     Env,
     /// A compiler toolchain assembled from pinned packages (a gcc from Debian's archive, `debian/`).
     Toolchain,
+    /// A base interpreter's own installation copied from the host and relocated (`interpreter.rs`).
+    Interpreter,
 }
 
 /// Every input of one store path.

@@ -1,8 +1,9 @@
 //! Assembling a venv-layout environment from package store paths.
 //!
 //! ```text
-//! <env>/pyvenv.cfg                              home = <base interpreter dir>, include-system-site-packages = false
-//! <env>/bin/python -> <base interpreter>        python3, pythonX.Y -> python
+//! <env>/pyvenv.cfg                              home = <interpreter path>/bin, include-system-site-packages = false
+//! <env>/bin/python -> <interpreter path>/bin/pythonX.Y   (the interpreter's store path, `interpreter.rs`)
+//!                                               python3, pythonX.Y -> python
 //! <env>/bin/<script>                            console scripts and `.data/scripts`, shebang = <env>/bin/python
 //! <env>/lib/pythonX.Y/site-packages/<entry>     symlinks into package paths; directories two packages share
 //!                                               (namespace packages) become real directories, merged recursively
@@ -157,6 +158,18 @@ fn python2_layout(out: &Path, python: &Interpreter, packages: &[PathBuf]) -> Res
         })?;
     let executable = fs_err::read(&python.executable)?;
     hvd_file(&out.join("bin/python"), &executable, 0o755, packages)?;
+    // The copy's RUNPATH is `$ORIGIN/../lib` (relocated in the interpreter's store path): the env's `lib/` links
+    // the interpreter's shared libpython.
+    if let Some(prefix_lib) = stdlib.parent() {
+        let mut libraries: Vec<_> = fs_err::read_dir(prefix_lib)?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("libpython"))
+            .collect();
+        libraries.sort_by_key(|e| e.file_name());
+        for library in libraries {
+            symlink(&library.path(), &out.join("lib").join(library.file_name()))?;
+        }
+    }
     let env_stdlib = out
         .join("lib")
         .join(format!("python{}", python.short_version));

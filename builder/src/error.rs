@@ -73,6 +73,19 @@ pub enum Error {
     #[error("toolchain `{name}` not found on PATH; install it or change `env.toolchain`")]
     ToolchainNotFound { name: String },
 
+    /// The lock pins the interpreter's store path by content hash and this machine's interpreter of that version
+    /// has other content (or the lock was edited).
+    #[error(
+        "the lock pins python {version} with content hash {expected}, but python {version} at `{executable}` copied \
+         into the store has content hash {found}"
+    )]
+    InterpreterMismatch {
+        version: String,
+        executable: PathBuf,
+        expected: String,
+        found: String,
+    },
+
     /// A binary cache was unusable, or refused a path (which it names, with the cache).
     #[error(transparent)]
     Cache(#[from] crate::cache::CacheError),

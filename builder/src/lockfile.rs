@@ -26,6 +26,12 @@ pub fn plan_from_lockfile(lock: &Lockfile, name: &str) -> Result<EnvPlan> {
     Ok(EnvPlan {
         name: name.to_string(),
         python: lock.target.python.clone(),
+        interpreter: lock.target.installation.as_ref().map(|pin| {
+            crate::interpreter::InterpreterPin {
+                version: pin.version.clone(),
+                content_hash: pin.content_hash.clone(),
+            }
+        }),
         packages,
         toolchain,
         local_packages: Vec::new(),

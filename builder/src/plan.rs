@@ -14,6 +14,9 @@ pub struct EnvPlan {
     pub name: String,
     /// Requested interpreter, e.g. `3.11`.
     pub python: String,
+    /// The lock's pin of the interpreter's store path (exact version and content hash); `None` for a lock written
+    /// before interpreters were store paths: then the host's interpreter for `python` is copied in unchecked.
+    pub interpreter: Option<crate::interpreter::InterpreterPin>,
     /// Runtime packages.
     pub packages: Vec<PackagePlan>,
     /// The lock's toolchain pin for source builds.

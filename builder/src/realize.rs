@@ -9,12 +9,13 @@ use std::sync::{Condvar, Mutex};
 use hvd_resolver::Sha256;
 
 use crate::cache::Substituter;
-use crate::derivation::{Derivation, DerivationKind, normalize_name};
 use crate::cuda;
+use crate::derivation::{Derivation, DerivationKind, normalize_name};
 use crate::env;
 use crate::error::{Error, Result};
 use crate::fetch::{Artifact, Fetcher};
 use crate::hash;
+use crate::interpreter::{self, StoredPython};
 use crate::plan::{BuildOptions, EnvPlan, LocalPackage, PackagePlan};
 use crate::progress::Progress;
 use crate::python::Interpreter;
@@ -60,6 +61,8 @@ pub struct CheckOutcome {
 struct Planned<'a> {
     store: &'a Store,
     plan: &'a EnvPlan,
+    /// The interpreter's store path; `python` is its executable there.
+    stored_python: StoredPython,
     python: Interpreter,
     toolchain: Option<Toolchain>,
     /// Derivation by the package plan's identity (name, version, artifact sha256).
@@ -89,8 +92,15 @@ impl<'a> Planned<'a> {
         )
     }
 
-    fn new(store: &'a Store, plan: &'a EnvPlan, options: &BuildOptions) -> Result<Planned<'a>> {
-        let python = Interpreter::find(&plan.python)?;
+    fn new(
+        store: &'a Store,
+        plan: &'a EnvPlan,
+        options: &BuildOptions,
+        substituter: Option<&Substituter>,
+        progress: &dyn Progress,
+    ) -> Result<Planned<'a>> {
+        let stored_python = stored_interpreter(store, plan, substituter, progress)?;
+        let python = stored_python.interpreter();
         let any_source_build = plan.packages.iter().any(|p| p.build.is_some());
         let toolchain = if any_source_build {
             Some(Toolchain::for_build(
@@ -105,6 +115,7 @@ impl<'a> Planned<'a> {
         let mut planned = Planned {
             store,
             plan,
+            stored_python,
             python,
             toolchain,
             derivations: HashMap::new(),
@@ -233,7 +244,8 @@ impl<'a> Planned<'a> {
             .input("python", self.python_identity())
             // 2: console scripts run their entry point only as `__main__` (multiprocessing's spawn re-imports them).
             // 3: the pycache `.pth` line works on every python (a no-op plus no bytecode before 3.8); python 2 layout.
-            .input("layout", "hvd-venv-3")
+            // 4: the interpreter is a store path the env references (interpreter.rs).
+            .input("layout", "hvd-venv-4")
             .input(
                 "pycache",
                 self.store.root().join(".pycache").display().to_string(),
@@ -246,6 +258,14 @@ impl<'a> Planned<'a> {
                 hash,
             );
         }
+        derivation.input_derivations.insert(
+            "interpreter".into(),
+            crate::interpreter::derivation(
+                &self.stored_python.version,
+                &self.stored_python.content_hash,
+            )
+            .hash(),
+        );
         for (local, local_derivation) in locals {
             derivation.input_derivations.insert(
                 format!("local.{}", normalize_name(&local.name)),
@@ -254,6 +274,46 @@ impl<'a> Planned<'a> {
         }
         Ok(derivation)
     }
+}
+
+/// The env's interpreter as a store path. With the lock's pin: the pinned path when it is valid or a cache has it
+/// (the host's interpreter is then never looked at), else this machine's interpreter of exactly that version,
+/// copied in, whose content hash must equal the pin's. Without a pin: the host's interpreter for `plan.python`.
+fn stored_interpreter(
+    store: &Store,
+    plan: &EnvPlan,
+    substituter: Option<&Substituter>,
+    progress: &dyn Progress,
+) -> Result<StoredPython> {
+    let Some(pin) = &plan.interpreter else {
+        return interpreter::import(store, &Interpreter::find(&plan.python)?);
+    };
+    let derivation = interpreter::derivation(&pin.version, &pin.content_hash);
+    let path = store.path_of(&derivation);
+    if !store.is_valid(&path)
+        && let Some(substituter) = substituter.filter(|s| !s.is_empty())
+    {
+        substituter.substitute(store, &derivation, progress)?;
+    }
+    if store.is_valid(&path) {
+        return StoredPython::from_path(store, &path);
+    }
+    let host = Interpreter::find(&pin.version)?;
+    if host.version != pin.version {
+        return Err(Error::PythonNotFound {
+            version: pin.version.clone(),
+        });
+    }
+    let stored = interpreter::import(store, &host)?;
+    if stored.content_hash != pin.content_hash {
+        return Err(Error::InterpreterMismatch {
+            version: pin.version.clone(),
+            executable: host.executable,
+            expected: pin.content_hash.to_string(),
+            found: stored.content_hash.to_string(),
+        });
+    }
+    Ok(stored)
 }
 
 fn local_derivation(local: &LocalPackage) -> Result<Derivation> {
@@ -284,7 +344,7 @@ pub fn build_env_with(
     progress: &dyn Progress,
 ) -> Result<EnvBuild> {
     let _builders = store.lock_builders()?;
-    let mut planned = Planned::new(store, plan, options)?;
+    let mut planned = Planned::new(store, plan, options, substituter, progress)?;
     let locals: Vec<(LocalPackage, Derivation)> = plan
         .local_packages
         .iter()
@@ -365,11 +425,12 @@ pub fn build_env_with(
     let mut all_paths: Vec<PathBuf> = packages.iter().map(|p| p.path.clone()).collect();
     all_paths.extend(local_paths);
     let python = planned.python.clone();
+    let python_path = planned.stored_python.path.clone();
     progress.step_started("env", &plan.name, "");
     let env = store.realize(&env_derivation, false, |target| {
         env::assemble_env(target, &python, &all_paths, &store.root().join(".pycache"))?;
         Ok(BuildOutput {
-            references: references(&all_paths),
+            references: references(&all_paths, &python_path),
             ..BuildOutput::default()
         })
     })?;
@@ -390,7 +451,7 @@ pub fn check_env(
     progress: &dyn Progress,
 ) -> Result<Vec<CheckOutcome>> {
     let _builders = store.lock_builders()?;
-    let planned = Planned::new(store, plan, options)?;
+    let planned = Planned::new(store, plan, options, None, progress)?;
     let realizer = Realizer::new(&planned, store, options, progress);
     let mut outcomes = Vec::new();
     for package in plan.packages.iter().filter(|p| p.build.is_some()) {
@@ -431,9 +492,12 @@ fn outcome(package: &PackagePlan, path: PathBuf, built: bool) -> PackageOutcome 
     }
 }
 
-fn references(paths: &[PathBuf]) -> BTreeSet<String> {
+/// The store path names an env over `paths` with the interpreter at `python` needs at run time.
+fn references(paths: &[PathBuf], python: &Path) -> BTreeSet<String> {
     paths
         .iter()
+        .map(PathBuf::as_path)
+        .chain([python])
         .filter_map(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .collect()
@@ -631,7 +695,7 @@ impl<'a> Realizer<'a> {
         let build_env = store.realize(env_derivation, false, |target| {
             env::assemble_env(target, python, &paths, &store.root().join(".pycache"))?;
             Ok(BuildOutput {
-                references: references(&paths),
+                references: references(&paths, &self.planned.stored_python.path),
                 ..BuildOutput::default()
             })
         })?;

@@ -47,6 +47,7 @@ impl SandboxedMetadata {
         let plan = EnvPlan {
             name: format!("{}-metadata-build-env", request.name),
             python: request.python.to_string(),
+            interpreter: None,
             packages,
             toolchain: None,
             local_packages: Vec::new(),

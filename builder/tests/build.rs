@@ -60,6 +60,7 @@ fn plan(packages: Vec<PackagePlan>) -> EnvPlan {
     EnvPlan {
         name: "demo".into(),
         python: host_python(),
+        interpreter: None,
         packages,
         toolchain: None,
         local_packages: Vec::new(),
@@ -221,7 +222,8 @@ fn hash_mismatch_names_url_and_hashes_and_installs_nothing() {
             && message.contains(&actual),
         "{message}"
     );
-    assert!(f.store.list_paths().unwrap().is_empty());
+    // The env's interpreter is copied into the store before any package is fetched.
+    assert!(paths_besides_interpreters(&f.store).is_empty());
     let cached: Vec<_> = std::fs::read_dir(f.store.downloads_dir().join("sha256"))
         .unwrap()
         .collect();
@@ -254,7 +256,8 @@ fn wheel_with_path_traversal_is_refused() {
         }
         other => panic!("expected Error::Install, got {other}"),
     }
-    assert!(f.store.list_paths().unwrap().is_empty());
+    // The env's interpreter is copied into the store before any package is fetched.
+    assert!(paths_besides_interpreters(&f.store).is_empty());
     assert!(
         !f.store.root().join(".tmp/escaped.py").exists()
             && !f.store.root().join("escaped.py").exists()
@@ -632,14 +635,18 @@ fn gc_removes_what_no_root_reaches() {
     assert_eq!(dry.dead.len(), 2, "{:?}", dry.dead);
     assert_eq!(
         f.store.list_paths().unwrap().len(),
-        4,
-        "a dry run removes nothing"
+        5,
+        "a dry run removes nothing (2 packages, 2 envs, the interpreter)"
     );
 
     let report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
     assert_eq!(report.dead, dry.dead);
     let left = f.store.list_paths().unwrap();
-    assert_eq!(left.len(), 2, "{left:?}");
+    assert_eq!(
+        left.len(),
+        3,
+        "the kept env, its package and interpreter: {left:?}"
+    );
     assert!(
         left.iter().any(|p| p.ends_with("-kept-1.0"))
             && left.iter().any(|p| p.ends_with("-demo-env"))
@@ -797,7 +804,12 @@ fn store_paths_are_read_only_all_the_way_down() {
 
     // gc can still remove read-only paths.
     let report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
-    assert_eq!(report.dead.len(), 2, "{:?}", report.dead);
+    assert_eq!(
+        report.dead.len(),
+        3,
+        "package, env, interpreter: {:?}",
+        report.dead
+    );
     assert!(!package.exists() && !built.env.exists());
 }
 
@@ -898,7 +910,11 @@ fn running_env_survives_gc_and_a_dead_ones_root_does_not() {
     assert_eq!(report.stale_temp_roots, 2, "{report:?}");
     assert_eq!(report.temp_roots, 0, "{report:?}");
     let report = hvd_builder::gc::collect_garbage(&f.store, false).unwrap();
-    assert_eq!(report.dead.len(), 2, "{report:?}");
+    assert_eq!(
+        report.dead.len(),
+        3,
+        "package, env, interpreter: {report:?}"
+    );
     assert!(!built.env.exists());
     assert_eq!(std::fs::read_dir(&roots).unwrap().count(), 0);
 }

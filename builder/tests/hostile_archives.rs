@@ -87,6 +87,7 @@ impl Fixture {
         let plan = EnvPlan {
             name: "victim".into(),
             python: host_python(),
+            interpreter: None,
             packages: vec![package],
             toolchain: None,
             local_packages: Vec::new(),

@@ -30,6 +30,7 @@ fn plan(packages: Vec<PackagePlan>) -> EnvPlan {
     EnvPlan {
         name: "many".into(),
         python: host_python(),
+        interpreter: None,
         packages,
         toolchain: None,
         local_packages: Vec::new(),

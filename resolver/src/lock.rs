@@ -321,6 +321,16 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         packages,
         builds,
     };
+    // The interpreter's store path is pinned by the caller (it needs the store); a relock keeps the old pin while
+    // it is for the same python.
+    lockfile.target.installation = options
+        .existing
+        .as_ref()
+        .and_then(|l| l.target.installation.clone())
+        .filter(|pin| {
+            pin.version
+                .starts_with(&format!("{}.", lockfile.target.python))
+        });
     lockfile.canonicalize();
     // Never write a lockfile that the reader would refuse (e.g. a file name of another package from a hostile page).
     lockfile.validate().map_err(ResolveError::Unlockable)?;

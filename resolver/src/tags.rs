@@ -134,6 +134,7 @@ impl TargetSpec {
             arch: self.platform.arch.clone(),
             glibc: self.platform.glibc.map(|(a, b)| format!("{a}.{b}")),
             platforms: self.platform_summary(),
+            installation: None,
         }
     }
 

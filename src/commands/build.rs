@@ -272,6 +272,10 @@ pub(crate) fn build_failure(err: hvd_builder::Error) -> Failure {
         hvd_builder::Error::PythonNotFound { .. } => {
             "install that python (e.g. with pyenv) or set HVD_PYTHON"
         }
+        hvd_builder::Error::InterpreterMismatch { .. } => {
+            "the lock pins another build of this python (a lock from another machine, or edited): run `hvd lock` to \
+             pin this machine's, or substitute the pinned one from a cache (`--cache URL --trusted-key KEY`)"
+        }
         hvd_builder::Error::Cache(_) => {
             "the cache (or the network to it) served something its signed record does not vouch for: remove that \
              path from the cache and push it again, or build without `--cache`"
@@ -279,7 +283,9 @@ pub(crate) fn build_failure(err: hvd_builder::Error) -> Failure {
         _ => "run with -v for details",
     };
     let status = match &err {
-        hvd_builder::Error::PythonNotFound { .. } | hvd_builder::Error::Invalid(_) => Status::Usage,
+        hvd_builder::Error::PythonNotFound { .. }
+        | hvd_builder::Error::InterpreterMismatch { .. }
+        | hvd_builder::Error::Invalid(_) => Status::Usage,
         _ => Status::Failure,
     };
     Failure::from_error_with_help(status, "failed to build the env", &err, help)
@@ -358,6 +364,8 @@ fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Res
             &err,
         )
     })?;
+    let mut lock = lock;
+    pin_interpreter(&mut lock, false)?;
     lock.write(&lock_path).map_err(|err| {
         Failure::from_error_in(
             Status::Failure,
@@ -365,6 +373,61 @@ fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Res
             &err,
         )
     })?;
+    Ok(())
+}
+
+/// Pin the interpreter's store path in `lock` (`[target] installation`: full version and content hash), copying
+/// this machine's interpreter for `target.python` into the store. A pin the lock already has is kept (unless
+/// `repin`) when its path is in this store or this machine has no such interpreter; otherwise this machine's
+/// interpreter is pinned in its place, so relocking fixes a pin this machine cannot satisfy. Without an
+/// interpreter of that version here (or one that cannot be copied) the lock stays unpinned, with a warning: the
+/// build then copies in whichever interpreter the building machine has.
+pub(crate) fn pin_interpreter(lock: &mut Lockfile, repin: bool) -> Result<(), Failure> {
+    let store = open_store()?;
+    let _builders = store.lock_builders().map_err(build_failure)?;
+    let existing = lock.target.installation.clone();
+    if let Some(pin) = &existing
+        && !repin
+    {
+        let path = store.path_of(&hvd_builder::interpreter::derivation(
+            &pin.version,
+            &pin.content_hash,
+        ));
+        if store.is_valid(&path) {
+            return Ok(());
+        }
+    }
+    let host = match hvd_builder::python::Interpreter::find(&lock.target.python) {
+        Ok(host) => host,
+        Err(err) => {
+            if existing.is_none() {
+                eprintln!("warning: the lock does not pin the interpreter: {err}");
+            }
+            return Ok(());
+        }
+    };
+    match hvd_builder::interpreter::import(&store, &host) {
+        Ok(stored) => {
+            let pin = hvd_resolver::lockfile::InstallationPin {
+                version: stored.version,
+                content_hash: stored.content_hash,
+            };
+            if let Some(old) = existing.filter(|old| *old != pin) {
+                eprintln!(
+                    "note: the lock pinned python {} with content hash {}, which this store does not have; it now \
+                     pins this machine's python {} (content hash {})",
+                    old.version, old.content_hash, pin.version, pin.content_hash
+                );
+            }
+            lock.target.installation = Some(pin);
+        }
+        Err(err) => eprintln!(
+            "warning: the lock does not pin the interpreter: python {} at `{}` cannot be copied into the store: \
+             {err}",
+            host.version,
+            host.executable.display()
+        ),
+    }
     Ok(())
 }
 

@@ -89,7 +89,8 @@ pub fn run(args: LockArgs) -> CommandResult {
     if let Some(bar) = &progress {
         bar.finish_and_clear();
     }
-    let locked = result.map_err(resolve_failure)?;
+    let mut locked = result.map_err(resolve_failure)?;
+    super::build::pin_interpreter(&mut locked.lockfile, args.upgrade)?;
     let text = locked.lockfile.to_toml();
     let unchanged = std::fs::read_to_string(&lock_path).is_ok_and(|old| old == text);
     if !unchanged {

@@ -257,3 +257,20 @@ pub fn served_store() -> (tempfile::TempDir, FileServer, hvd_builder::Store) {
     let store = hvd_builder::Store::open(dir.path().join("store")).unwrap();
     (dir, server, store)
 }
+
+/// The store's valid paths except interpreter paths (every env build copies its interpreter in first).
+pub fn paths_besides_interpreters(store: &hvd_builder::Store) -> Vec<String> {
+    store
+        .list_paths()
+        .unwrap()
+        .into_iter()
+        .filter(|name| {
+            store
+                .path_info(&store.root().join(name))
+                .unwrap()
+                .derivation
+                .kind
+                != hvd_builder::derivation::DerivationKind::Interpreter
+        })
+        .collect()
+}

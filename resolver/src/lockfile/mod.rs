@@ -118,6 +118,21 @@ pub struct Target {
     /// The platform tags accepted, best first. `manylinux_X_Y` tags older than `glibc` (and the
     /// `manylinux1/2010/2014` aliases) are accepted too; they are implied, not listed.
     pub platforms: Vec<String>,
+    /// The interpreter's store path, pinned exactly (docs/store.md, "The interpreter"); absent in locks written
+    /// before interpreters were store paths, or when no interpreter of `python` was found at lock time: the build
+    /// then copies in the host's interpreter unchecked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installation: Option<InstallationPin>,
+}
+
+/// The interpreter's store path: its full version and the content hash of its (relocated) tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct InstallationPin {
+    /// `major.minor.micro`, e.g. `"3.11.7"`.
+    pub version: String,
+    /// The store path's content hash.
+    pub content_hash: Sha256,
 }
 
 /// The compiler pinned at lock time.

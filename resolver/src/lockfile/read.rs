@@ -63,6 +63,10 @@ impl Lockfile {
         if let Some(t) = &self.toolchain {
             validate_debian(t).map_err(|e| format!("[toolchain]: {e}"))?;
         }
+        if let Some(pin) = &self.target.installation {
+            validate_installation(&self.target.python, &pin.version)
+                .map_err(|e| format!("[target] installation: {e}"))?;
+        }
         Ok(())
     }
 
@@ -226,6 +230,26 @@ fn validate_package(p: &LockedPackage) -> Result<(), String> {
             "artifact url `{}` is a local file but the package's index `{}` is not local; only a local index serves local files",
             a.url.escape_debug(),
             p.index.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// The pinned interpreter's version names a store path: three decimal numbers (`3.11.7`), of `target.python`.
+fn validate_installation(python: &str, version: &str) -> Result<(), String> {
+    let parts: Vec<&str> = version.split('.').collect();
+    let numeric = |p: &&str| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit());
+    if parts.len() != 3 || !parts.iter().all(numeric) {
+        return Err(format!(
+            "version `{}` is not a full interpreter version like `3.11.7`",
+            version.escape_debug()
+        ));
+    }
+    if !version.starts_with(&format!("{python}.")) {
+        return Err(format!(
+            "version `{}` is not a python `{}`",
+            version.escape_debug(),
+            python.escape_debug()
         ));
     }
     Ok(())

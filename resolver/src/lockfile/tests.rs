@@ -79,6 +79,7 @@ fn lock() -> Lockfile {
             arch: "x86_64".into(),
             glibc: Some("2.36".into()),
             platforms: vec!["manylinux_2_36_x86_64".into(), "linux_x86_64".into()],
+            installation: None,
         },
         toolchain: Some(ToolchainPin {
             name: "gcc".into(),

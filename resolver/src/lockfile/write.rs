@@ -73,6 +73,13 @@ impl Lockfile {
             line(w, "glibc", &quote(g));
         }
         line(w, "platforms", &inline_list(&t.platforms));
+        if let Some(pin) = &t.installation {
+            let fields = [
+                ("version", quote(&pin.version)),
+                ("content-hash", quote(pin.content_hash.as_str())),
+            ];
+            line(w, "installation", &inline_table(&fields));
+        }
 
         if let Some(tc) = &lock.toolchain {
             w.push_str("\n[toolchain]\n");

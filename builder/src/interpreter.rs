@@ -1,0 +1,710 @@
+//! The base interpreter as a store path: its own installation (no third-party packages) copied from the host,
+//! relocated (`RUNPATH` rewritten to `$ORIGIN`-relative) and content-hashed, so an env's closure carries it.
+//!
+//! ```text
+//! <store>/<hash>-python-3.11.7/bin/python3.11            the executable (a copy; RUNPATH $ORIGIN/../lib)
+//!                             /lib/python3.11/...         the standard library: no site-packages contents, no
+//!                                                         test/, no __pycache__, no static libpython*.a
+//!                             /lib/libpython3.11.so*      the shared libpython, when the build has one
+//!                             /include/python3.11/        headers (source builds compile against them)
+//!                             /lib/hvd-host-libraries     sonames it needs from the host beyond itself (one a line)
+//! ```
+//! The path is named by a derivation of the version and the tree's content hash, so a lock that pins both names
+//! it without looking at the host. The copy is made once per store and interpreter; a fingerprint of the source
+//! files' metadata (`<store>/.interpreters/<fingerprint>`) finds it again without reading or hashing anything.
+
+pub mod elf;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use sha2::Digest;
+
+use hvd_resolver::Sha256;
+
+use crate::derivation::{Derivation, DerivationKind};
+use crate::error::{Error, Result};
+use crate::hash::ManifestEntry;
+use crate::python::Interpreter;
+use crate::store::{KnownTree, Store};
+
+/// Part of every interpreter derivation: bump when what is copied or how it is relocated changes.
+const LAYOUT: &str = "hvd-python-1";
+
+/// The file in an interpreter path listing the shared libraries it needs from the host (one soname a line).
+pub const HOST_LIBRARIES: &str = "lib/hvd-host-libraries";
+
+/// The sonames every Linux host has with its C library; not listed in [`HOST_LIBRARIES`].
+const GLIBC_SONAMES: &[&str] = &[
+    "libc.so.6",
+    "libm.so.6",
+    "libpthread.so.0",
+    "libdl.so.2",
+    "librt.so.1",
+    "libutil.so.1",
+    "libcrypt.so.1",
+    "libnsl.so.1",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
+];
+
+/// What a lock pins of the interpreter: exactly this version with exactly this content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterpreterPin {
+    /// Full version, e.g. `3.11.7`.
+    pub version: String,
+    /// Content hash of the interpreter's store path.
+    pub content_hash: Sha256,
+}
+
+/// An interpreter that is a store path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPython {
+    pub path: PathBuf,
+    pub version: String,
+    pub short_version: String,
+    pub content_hash: Sha256,
+}
+
+impl StoredPython {
+    /// `<path>/bin/pythonX.Y`.
+    pub fn executable(&self) -> PathBuf {
+        self.path
+            .join("bin")
+            .join(format!("python{}", self.short_version))
+    }
+
+    /// What a lock records of it.
+    pub fn pin(&self) -> InterpreterPin {
+        InterpreterPin {
+            version: self.version.clone(),
+            content_hash: self.content_hash.clone(),
+        }
+    }
+
+    /// The interpreter an env is layered on.
+    pub(crate) fn interpreter(&self) -> Interpreter {
+        Interpreter {
+            executable: self.executable(),
+            version: self.version.clone(),
+            short_version: self.short_version.clone(),
+        }
+    }
+
+    /// The interpreter path at `path` (valid, and made by [`import`]).
+    pub fn from_path(store: &Store, path: &Path) -> Result<StoredPython> {
+        let info = store.path_info(path)?;
+        if info.derivation.kind != DerivationKind::Interpreter {
+            return Err(Error::Invalid(format!(
+                "`{}` is not an interpreter store path",
+                path.display()
+            )));
+        }
+        let version = info.derivation.version.clone();
+        Ok(StoredPython {
+            path: path.to_path_buf(),
+            short_version: short_version(&version),
+            version,
+            content_hash: info.content_hash,
+        })
+    }
+}
+
+fn short_version(version: &str) -> String {
+    version.split('.').take(2).collect::<Vec<_>>().join(".")
+}
+
+/// The derivation of the interpreter path with this version and content.
+pub fn derivation(version: &str, content_hash: &Sha256) -> Derivation {
+    Derivation::new(DerivationKind::Interpreter, "python", version)
+        .input("content", content_hash.as_str())
+        .input("layout", LAYOUT)
+}
+
+/// One entry to copy: where it goes in the store path and what it is.
+#[derive(Debug, Clone)]
+enum Item {
+    Dir,
+    /// A regular file (a link leaving the copied tree is copied as the file it points at).
+    File(PathBuf),
+    /// A relative link that stays inside the copied tree, kept as it is.
+    Link(PathBuf),
+    /// A bytecode file `pyc` of the source file `py` (python 2): copied only when valid for it, with the source
+    /// mtime it records set to the store's.
+    Bytecode {
+        pyc: PathBuf,
+        py: PathBuf,
+    },
+    /// An empty regular file named `__pycache__`, so no bytecode is read or written beside the sources (python 3).
+    Blocker,
+}
+
+/// What of an installation is copied: destination (relative) -> item, and where the installation lies.
+struct Selection {
+    prefix: PathBuf,
+    short_version: String,
+    items: BTreeMap<PathBuf, Item>,
+}
+
+/// The prefix of an interpreter's installation: the directory above its executable's `bin/` that holds
+/// `lib/pythonX.Y/os.py` (pyenv's `~/.pyenv/versions/3.11.7`, Debian's `/usr`).
+fn installation(python: &Interpreter) -> Result<(PathBuf, PathBuf)> {
+    let executable = fs_err::canonicalize(&python.executable)?;
+    let prefix = executable
+        .parent()
+        .and_then(Path::parent)
+        .filter(|prefix| {
+            prefix
+                .join("lib")
+                .join(format!("python{}", python.short_version))
+                .join("os.py")
+                .is_file()
+        })
+        .map(Path::to_path_buf)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "python {} at `{}`: its standard library (<prefix>/lib/python{}/os.py next to bin/) was not \
+                 found, so it cannot be copied into the store; use a python installed with its prefix layout \
+                 (pyenv's, /usr)",
+                python.version,
+                python.executable.display(),
+                python.short_version
+            ))
+        })?;
+    Ok((prefix, executable))
+}
+
+fn select(python: &Interpreter) -> Result<Selection> {
+    let (prefix, executable) = installation(python)?;
+    let short = &python.short_version;
+    let mut items = BTreeMap::new();
+    items.insert(PathBuf::from("bin"), Item::Dir);
+    items.insert(
+        PathBuf::from("bin").join(format!("python{short}")),
+        Item::File(executable),
+    );
+    items.insert(PathBuf::from("lib"), Item::Dir);
+    let stdlib = PathBuf::from("lib").join(format!("python{short}"));
+    add_tree(&prefix, &stdlib, &mut items, &|relative: &Path| {
+        // Relative to lib/pythonX.Y: third-party packages, the test suite, bytecode and the static library are
+        // not the interpreter (site-packages itself is kept, empty).
+        let mut components = relative.components();
+        let first = components.next().map(|c| c.as_os_str().to_os_string());
+        let name = relative
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        let top = first.as_deref().map(|f| f.to_string_lossy().into_owned());
+        let nested = components.next().is_some();
+        !(top.as_deref() == Some("site-packages") && nested
+            || top.as_deref() == Some("test")
+            || top.as_deref().is_some_and(|t| t.starts_with("config"))
+                && name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("libpython") && n.ends_with(".a")))
+    })?;
+    // The shared libpython (pyenv's builds link the executable against it).
+    if let Ok(entries) = fs_err::read_dir(prefix.join("lib")) {
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("libpython") && name.contains(".so") {
+                add_entry(&prefix, &PathBuf::from("lib").join(&name), &mut items)?;
+            }
+        }
+    }
+    // Headers: include/pythonX.Y (3.6 and 3.7: include/pythonX.Ym).
+    if let Ok(entries) = fs_err::read_dir(prefix.join("include")) {
+        let mut any = false;
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if (name == format!("python{short}") || name == format!("python{short}m"))
+                && entry.path().is_dir()
+            {
+                if !any {
+                    items.insert(PathBuf::from("include"), Item::Dir);
+                    any = true;
+                }
+                add_tree(
+                    &prefix,
+                    &PathBuf::from("include").join(&name),
+                    &mut items,
+                    &|_| true,
+                )?;
+            }
+        }
+    }
+    resolve_links(&prefix, &mut items);
+    bytecode(short, &mut items);
+    Ok(Selection {
+        prefix,
+        short_version: short.clone(),
+        items,
+    })
+}
+
+/// Bytecode. Python 3: none of the installation's is copied (which `.pyc` files a host has changes whenever a
+/// process compiles a module, which would change the copy's content hash); instead every directory of the
+/// standard library gets an empty regular *file* named `__pycache__`, so the interpreter can neither read nor
+/// write bytecode beside the sources (creating `__pycache__/<module>.pyc` fails, which importlib ignores): modules
+/// imported before `site` runs (and before an env's `.pth` points `sys.pycache_prefix` at the store's cache) are
+/// compiled in memory, and a root process cannot write into the store path. Python 2 (no `pycache_prefix`; its
+/// `.pyc` lies beside the source and root could replace it) keeps the installation's `<module>.pyc` files that
+/// are valid for their source, as [`Item::Bytecode`], their recorded mtime rewritten to the store's.
+fn bytecode(short: &str, items: &mut BTreeMap<PathBuf, Item>) {
+    let python2 = short.starts_with("2.");
+    let bytecode: Vec<PathBuf> = items
+        .keys()
+        .filter(|dest| {
+            let name = dest.to_string_lossy();
+            name.ends_with(".pyc")
+                || name.ends_with(".pyo")
+                || dest.file_name() == Some("__pycache__".as_ref())
+                || dest
+                    .parent()
+                    .and_then(Path::file_name)
+                    .is_some_and(|parent| parent == "__pycache__")
+        })
+        .cloned()
+        .collect();
+    for dest in bytecode {
+        let Some(Item::File(pyc)) = items.remove(&dest) else {
+            continue;
+        };
+        if python2 && dest.extension().is_some_and(|e| e == "pyc") {
+            let py = dest.with_extension("py");
+            if let Some(Item::File(source)) = items.get(&py) {
+                let source = source.clone();
+                items.insert(dest, Item::Bytecode { pyc, py: source });
+            }
+        }
+    }
+    if python2 {
+        return;
+    }
+    let stdlib = PathBuf::from("lib").join(format!("python{short}"));
+    let with_sources: BTreeSet<PathBuf> = items
+        .keys()
+        .filter(|dest| dest.starts_with(&stdlib) && dest.extension().is_some_and(|e| e == "py"))
+        .filter_map(|dest| dest.parent().map(Path::to_path_buf))
+        .collect();
+    for dir in with_sources {
+        items.insert(dir.join("__pycache__"), Item::Blocker);
+    }
+}
+
+/// A kept link whose target is not part of the copy becomes a copy of the file it points at (or is left out).
+fn resolve_links(prefix: &Path, items: &mut BTreeMap<PathBuf, Item>) {
+    let dangling: Vec<PathBuf> = items
+        .iter()
+        .filter_map(|(dest, item)| match item {
+            Item::Link(target) => {
+                let resolved = dest.parent().and_then(|dir| normalize(&dir.join(target)));
+                (!resolved.is_some_and(|r| items.contains_key(&r))).then(|| dest.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    for dest in dangling {
+        let source = prefix.join(&dest);
+        if fs_err::metadata(&source).is_ok_and(|m| m.is_file()) {
+            items.insert(dest, Item::File(source));
+        } else {
+            items.remove(&dest);
+        }
+    }
+}
+
+/// Add `relative` (a directory under `prefix`) and everything below it that `keep` accepts (given the path
+/// relative to `relative`).
+fn add_tree(
+    prefix: &Path,
+    relative: &Path,
+    items: &mut BTreeMap<PathBuf, Item>,
+    keep: &dyn Fn(&Path) -> bool,
+) -> Result<()> {
+    let root = prefix.join(relative);
+    items.insert(relative.to_path_buf(), Item::Dir);
+    let walk = walkdir::WalkDir::new(&root)
+        .follow_links(false)
+        .min_depth(1)
+        .into_iter()
+        .filter_entry(|entry| keep(entry.path().strip_prefix(&root).unwrap_or(entry.path())));
+    for entry in walk {
+        let entry = entry.map_err(|err| {
+            std::io::Error::other(format!("failed to walk `{}`: {err}", root.display()))
+        })?;
+        let inner = entry.path().strip_prefix(prefix).unwrap_or(entry.path());
+        add_entry(prefix, inner, items)?;
+    }
+    Ok(())
+}
+
+/// Add one entry of the installation: directories and files as they are; a relative link whose target stays
+/// inside the copied tree as a link; any other link as the file it points at (a link to a directory outside, or a
+/// dangling one, is left out).
+fn add_entry(prefix: &Path, relative: &Path, items: &mut BTreeMap<PathBuf, Item>) -> Result<()> {
+    let source = prefix.join(relative);
+    let metadata = fs_err::symlink_metadata(&source)?;
+    if metadata.is_dir() {
+        items.insert(relative.to_path_buf(), Item::Dir);
+    } else if metadata.file_type().is_symlink() {
+        let target = fs_err::read_link(&source)?;
+        let inside = target.is_relative()
+            && relative
+                .parent()
+                .and_then(|dir| normalize(&dir.join(&target)))
+                .is_some();
+        match fs_err::metadata(&source) {
+            // Kept as a link for now; `resolve_links` turns it into a copy when its target is not copied.
+            Ok(_) if inside => {
+                items.insert(relative.to_path_buf(), Item::Link(target));
+            }
+            Ok(followed) if followed.is_file() => {
+                items.insert(relative.to_path_buf(), Item::File(source));
+            }
+            _ => tracing::debug!(
+                "leaving out `{}` (a link out of the installation)",
+                source.display()
+            ),
+        }
+    } else if metadata.is_file() {
+        items.insert(relative.to_path_buf(), Item::File(source));
+    }
+    Ok(())
+}
+
+/// `path` with `.` and `..` resolved lexically; `None` when it climbs above its start.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => out.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+impl Selection {
+    /// A digest of everything the copy depends on that a `stat` can see: each entry's destination, kind, source
+    /// path, size, mtime and ctime (ns), inode and mode, and each kept link's target. A file changed in any way
+    /// changes its ctime.
+    fn fingerprint(&self, version: &str) -> Result<String> {
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(format!("{LAYOUT}\n{version}\n{}\n", self.prefix.display()));
+        for (dest, item) in &self.items {
+            hasher.update(dest.as_os_str().as_encoded_bytes());
+            match item {
+                Item::Dir => hasher.update(b"\0dir\n"),
+                Item::Blocker => hasher.update(b"\0blocker\n"),
+                Item::Link(target) => {
+                    hasher.update(b"\0link ");
+                    hasher.update(target.as_os_str().as_encoded_bytes());
+                    hasher.update(b"\n");
+                }
+                Item::File(source) | Item::Bytecode { pyc: source, .. } => {
+                    let m = fs_err::metadata(source)?;
+                    hasher.update(b"\0file ");
+                    hasher.update(source.as_os_str().as_encoded_bytes());
+                    hasher.update(
+                        format!(
+                            " {} {}.{} {}.{} {} {} {:o}\n",
+                            m.len(),
+                            m.mtime(),
+                            m.mtime_nsec(),
+                            m.ctime(),
+                            m.ctime_nsec(),
+                            m.dev(),
+                            m.ino(),
+                            m.mode()
+                        )
+                        .as_bytes(),
+                    );
+                }
+            }
+        }
+        Ok(Sha256::from_hasher(hasher).as_str().to_string())
+    }
+
+    /// Copy the selection into `out`, relocating ELF files, and return the manifest of the canonical tree.
+    fn copy(&self, out: &Path) -> Result<crate::unpack::Manifest> {
+        let mut manifest = BTreeMap::new();
+        let mut host_libraries = BTreeSet::new();
+        let mut provided = BTreeSet::new();
+        for (dest, item) in &self.items {
+            let path = out.join(dest);
+            let key = dest.to_string_lossy().into_owned();
+            match item {
+                Item::Dir => {
+                    fs_err::create_dir_all(&path)?;
+                    manifest.insert(key, ManifestEntry::Directory);
+                }
+                Item::Link(target) => {
+                    std::os::unix::fs::symlink(target, &path).map_err(|err| {
+                        std::io::Error::other(format!("failed to link `{}`: {err}", path.display()))
+                    })?;
+                    if let Some(name) = dest.file_name() {
+                        provided.insert(name.to_string_lossy().into_owned());
+                    }
+                    manifest.insert(
+                        key,
+                        ManifestEntry::Symlink {
+                            target: target.to_string_lossy().into_owned(),
+                        },
+                    );
+                }
+                Item::Blocker => {
+                    fs_err::write(&path, b"")?;
+                    manifest.insert(
+                        key,
+                        ManifestEntry::File {
+                            executable: false,
+                            sha256: Sha256::of_bytes(b""),
+                        },
+                    );
+                }
+                Item::Bytecode { pyc, py } => {
+                    let Some(bytes) = store_bytecode(&self.short_version, pyc, py)? else {
+                        continue;
+                    };
+                    fs_err::write(&path, &bytes)?;
+                    manifest.insert(
+                        key,
+                        ManifestEntry::File {
+                            executable: false,
+                            sha256: Sha256::of_bytes(&bytes),
+                        },
+                    );
+                }
+                Item::File(source) => {
+                    let mut bytes = fs_err::read(source)?;
+                    if elf::is_elf(&bytes) {
+                        let needed = self.relocate(dest, &mut bytes).map_err(|err| {
+                            Error::Invalid(format!(
+                                "cannot copy the interpreter file `{}` into the store: {err}",
+                                source.display()
+                            ))
+                        })?;
+                        host_libraries.extend(needed);
+                    }
+                    if let Some(name) = dest.file_name() {
+                        provided.insert(name.to_string_lossy().into_owned());
+                    }
+                    let executable = fs_err::metadata(source)?.permissions().mode() & 0o111 != 0;
+                    fs_err::write(&path, &bytes)?;
+                    fs_err::set_permissions(
+                        &path,
+                        std::fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 }),
+                    )?;
+                    manifest.insert(
+                        key,
+                        ManifestEntry::File {
+                            executable,
+                            sha256: Sha256::of_bytes(&bytes),
+                        },
+                    );
+                }
+            }
+        }
+        let list: Vec<String> = host_libraries
+            .into_iter()
+            .filter(|soname| {
+                !provided.contains(soname) && !GLIBC_SONAMES.contains(&soname.as_str())
+            })
+            .collect();
+        let mut text = list.join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        fs_err::write(out.join(HOST_LIBRARIES), text.as_bytes())?;
+        manifest.insert(
+            HOST_LIBRARIES.to_string(),
+            ManifestEntry::File {
+                executable: false,
+                sha256: Sha256::of_bytes(text.as_bytes()),
+            },
+        );
+        crate::store::canonicalize(out)?;
+        Ok(manifest)
+    }
+
+    /// Rewrite every `RPATH`/`RUNPATH` directory of `bytes` (the file `dest` of the copy) that lies in the
+    /// installation into `$ORIGIN`-relative form; return the file's `DT_NEEDED` sonames. A path that would grow
+    /// (a very short prefix) is left as it is, with a warning: the copy then still looks there first.
+    fn relocate(
+        &self,
+        dest: &Path,
+        bytes: &mut [u8],
+    ) -> std::result::Result<Vec<String>, elf::ElfError> {
+        let dynamic = match elf::read_dynamic(bytes) {
+            Ok(dynamic) => dynamic,
+            Err(elf::ElfError::Unsupported(what)) => {
+                tracing::warn!("not relocating `{}`: {what}", dest.display());
+                return Ok(Vec::new());
+            }
+            Err(err) => return Err(err),
+        };
+        let from = dest.parent().unwrap_or(Path::new(""));
+        for path in &dynamic.search_paths {
+            let rewritten: Vec<String> = path
+                .value
+                .split(':')
+                .map(|dir| match Path::new(dir).strip_prefix(&self.prefix) {
+                    Ok(inside) => origin_relative(from, inside),
+                    Err(_) => dir.to_string(),
+                })
+                .collect();
+            let new = rewritten.join(":");
+            if new == path.value {
+                continue;
+            }
+            match elf::set_search_path(bytes, path, &new) {
+                Ok(()) => {}
+                Err(elf::ElfError::TooLong { old, new }) => tracing::warn!(
+                    "`{}`: cannot rewrite its search path `{old}` to `{new}` in place; it keeps the host's path",
+                    dest.display()
+                ),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(dynamic.needed)
+    }
+}
+
+/// The bytes of `pyc` with the source mtime it records set to the store's, when it is valid for the source `py`
+/// (the mtime and, from 3.3, the size it records are the source's; from 3.7 its flags say timestamp-based);
+/// `None` otherwise (the interpreter then compiles that module, as it would have on the host).
+fn store_bytecode(short: &str, pyc: &Path, py: &Path) -> Result<Option<Vec<u8>>> {
+    let mut bytes = fs_err::read(pyc)?;
+    let source = fs_err::metadata(py)?;
+    let mut numbers = short.split('.').map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    let (mtime_at, size_at) = if version >= (3, 7) {
+        if bytes.get(4..8) != Some(&[0, 0, 0, 0][..]) {
+            return Ok(None);
+        }
+        (8, Some(12))
+    } else if version >= (3, 3) {
+        (4, Some(8))
+    } else {
+        (4, None)
+    };
+    let word = |at: usize| -> Option<u32> {
+        bytes
+            .get(at..at + 4)
+            .and_then(|w| w.try_into().ok())
+            .map(u32::from_le_bytes)
+    };
+    let valid = word(mtime_at) == Some(source.mtime() as u32)
+        && size_at.is_none_or(|at| word(at) == Some(source.len() as u32));
+    if !valid {
+        return Ok(None);
+    }
+    bytes[mtime_at..mtime_at + 4]
+        .copy_from_slice(&(crate::store::STORE_MTIME as u32).to_le_bytes());
+    Ok(Some(bytes))
+}
+
+/// `$ORIGIN/<path from the directory `from` to `to`>`, both relative to the store path's root.
+fn origin_relative(from: &Path, to: &Path) -> String {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["$ORIGIN".into()];
+    parts.extend(std::iter::repeat_n("..".to_string(), from.len() - common));
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}
+
+/// The store path of `python`'s installation, copying it in when this store has none for its current files.
+pub fn import(store: &Store, python: &Interpreter) -> Result<StoredPython> {
+    let selection = select(python)?;
+    let fingerprint = selection.fingerprint(&python.version)?;
+    let cache_dir = store.root().join(".interpreters");
+    fs_err::create_dir_all(&cache_dir)?;
+    let cache = cache_dir.join(&fingerprint);
+    let cached = || -> Option<StoredPython> {
+        let name = std::fs::read_to_string(&cache).ok()?;
+        let name = name.trim();
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return None;
+        }
+        let path = store.root().join(name);
+        if !store.is_valid(&path) {
+            return None;
+        }
+        StoredPython::from_path(store, &path).ok()
+    };
+    if let Some(found) = cached() {
+        return Ok(found);
+    }
+    let lock_name = format!("python-import-{}", &fingerprint[..32]);
+    let _lock = store.lock_path(&lock_name)?;
+    if let Some(found) = cached() {
+        return Ok(found);
+    }
+    let temp = store.temp_dir(&lock_name)?;
+    let result = (|| {
+        let out = temp.join("out");
+        let manifest = selection.copy(&out)?;
+        let content_hash = crate::hash::content_hash(&manifest);
+        let derivation = derivation(&python.version, &content_hash);
+        let realized = store.realize_known(&derivation, false, |target| {
+            fs_err::remove_dir(&target.out)?;
+            // Moving a directory to another parent rewrites its `..`: it must be writable for a non-root owner.
+            fs_err::set_permissions(&out, std::fs::Permissions::from_mode(0o755))?;
+            fs_err::rename(&out, &target.out)?;
+            Ok(KnownTree {
+                manifest,
+                ..KnownTree::default()
+            })
+        })?;
+        let name = derivation.path_name();
+        let partial = cache_dir.join(format!(".{fingerprint}.{}", std::process::id()));
+        fs_err::write(&partial, format!("{name}\n"))?;
+        fs_err::rename(&partial, &cache)?;
+        StoredPython::from_path(store, &realized.path)
+    })();
+    crate::store::remove_tree(&temp)?;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origin_relative_paths() {
+        assert_eq!(
+            origin_relative(Path::new("bin"), Path::new("lib")),
+            "$ORIGIN/../lib"
+        );
+        assert_eq!(
+            origin_relative(Path::new("lib"), Path::new("lib")),
+            "$ORIGIN"
+        );
+        assert_eq!(
+            origin_relative(Path::new("lib/python3.11/lib-dynload"), Path::new("lib")),
+            "$ORIGIN/../.."
+        );
+    }
+
+    #[test]
+    fn normalize_refuses_climbing_out() {
+        assert_eq!(
+            normalize(Path::new("lib/../bin/x")),
+            Some(PathBuf::from("bin/x"))
+        );
+        assert_eq!(normalize(Path::new("lib/../../x")), None);
+    }
+}

@@ -1,0 +1,362 @@
+//! The interpreter as a store path (#18 §1): pyenv's python copied in without its third-party packages, relocated
+//! (`RUNPATH` `$ORIGIN/../lib`), content-hashed and referenced by the env; an env runs with the host's
+//! installation hidden; the lock's pin is checked; gc keeps the interpreter while an env references it.
+
+#[allow(dead_code)] // each test binary uses part of the shared fixtures
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use hvd_builder::interpreter::{self, HOST_LIBRARIES, InterpreterPin, elf};
+use hvd_builder::python::Interpreter;
+use hvd_builder::{BuildOptions, EnvPlan, Error, NoProgress, Store, build_env};
+
+/// pyenv's 3.11 (every machine hvd is tested on has it, docs: FACTS); `None` prints a loud skip.
+fn pyenv_311(test: &str) -> Option<Interpreter> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".pyenv")))?;
+    let versions = std::fs::read_dir(root.join("versions")).ok()?;
+    let mut found: Vec<PathBuf> = versions
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("bin/python3.11"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    let found = found.pop().and_then(|p| Interpreter::probe(&p));
+    if found.is_none() {
+        eprintln!(
+            "\n\n!!! SKIPPED {test}: no pyenv python 3.11; the interpreter store path is NOT tested !!!\n\n"
+        );
+    }
+    found
+}
+
+fn plan(version: &str, pin: Option<InterpreterPin>) -> EnvPlan {
+    EnvPlan {
+        name: "pinned".into(),
+        python: version.into(),
+        interpreter: pin,
+        packages: Vec::new(),
+        toolchain: None,
+        local_packages: Vec::new(),
+    }
+}
+
+/// Total bytes of regular files under `dir` (links not followed).
+fn size_of(dir: &Path) -> u64 {
+    walk(dir)
+        .iter()
+        .filter_map(|p| std::fs::symlink_metadata(p).ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()) {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(walk(&path));
+        }
+        out.push(path);
+    }
+    out
+}
+
+#[test]
+fn pyenv_python_becomes_a_slim_relocated_store_path_found_again_by_fingerprint() {
+    let Some(python) = pyenv_311("pyenv_python_becomes_a_slim_relocated_store_path") else {
+        return;
+    };
+    let prefix = python
+        .executable
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let start = Instant::now();
+    let stored = interpreter::import(&store, &python).unwrap();
+    let first = start.elapsed();
+    let start = Instant::now();
+    let again = interpreter::import(&store, &python).unwrap();
+    let second = start.elapsed();
+    eprintln!(
+        "import of python {} into an empty store: {first:?}; again (fingerprint hit): {second:?}; {} MB",
+        python.version,
+        size_of(&stored.path) >> 20
+    );
+    assert_eq!(again, stored);
+    let name = stored
+        .path
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.ends_with(&format!("-python-{}", python.version)),
+        "{name}"
+    );
+    assert_eq!(stored.version, python.version);
+
+    // The recorded content hash is a fresh walk's, and the path is named by version and content hash alone.
+    let manifest = hvd_builder::hash::manifest(&stored.path).unwrap();
+    assert_eq!(
+        hvd_builder::hash::content_hash(&manifest),
+        stored.content_hash
+    );
+    assert_eq!(
+        store.path_of(&interpreter::derivation(
+            &stored.version,
+            &stored.content_hash
+        )),
+        stored.path
+    );
+
+    // The interpreter's own installation, not the third-party packages beside it.
+    let stdlib = stored.path.join("lib/python3.11");
+    assert!(stdlib.join("os.py").is_file());
+    assert!(stdlib.join("lib-dynload").is_dir());
+    assert!(stored.path.join("include/python3.11/Python.h").is_file());
+    let site = std::fs::read_dir(stdlib.join("site-packages"))
+        .unwrap()
+        .count();
+    assert_eq!(site, 0, "site-packages is copied empty");
+    assert!(!stdlib.join("test").exists(), "the test suite is left out");
+    // No bytecode is copied; a `__pycache__` file beside the sources keeps bytecode from being written there.
+    assert!(stdlib.join("__pycache__").is_file());
+    assert!(stdlib.join("json/__pycache__").is_file());
+    assert!(
+        walk(&stored.path)
+            .iter()
+            .all(|p| !p.to_string_lossy().ends_with(".pyc")),
+        "no bytecode"
+    );
+    assert!(
+        walk(&stored.path)
+            .iter()
+            .all(|p| !p.to_string_lossy().ends_with(".a")),
+        "no static library"
+    );
+    let size = size_of(&stored.path);
+    assert!(size < 150 << 20, "{} MB is not slim", size >> 20);
+
+    // Relocated: no search path of the executable (or of any ELF file) names the host's prefix.
+    let exe = std::fs::read(stored.executable()).unwrap();
+    let dynamic = elf::read_dynamic(&exe).unwrap();
+    let host_prefix = prefix.to_string_lossy().into_owned();
+    for path in walk(&stored.path) {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        if elf::is_elf(&bytes) {
+            for search in elf::read_dynamic(&bytes).unwrap().search_paths {
+                assert!(
+                    !search.value.contains(&host_prefix),
+                    "{}: {}",
+                    path.display(),
+                    search.value
+                );
+            }
+        }
+    }
+    if dynamic.needed.iter().any(|n| n.starts_with("libpython")) {
+        assert_eq!(dynamic.search_paths[0].value, "$ORIGIN/../lib");
+    }
+    // What it still needs from the host beyond glibc is listed (pyenv's _ssl needs libssl).
+    let host_libraries = std::fs::read_to_string(stored.path.join(HOST_LIBRARIES)).unwrap();
+    assert!(
+        host_libraries.lines().any(|l| l.starts_with("libssl")),
+        "{host_libraries}"
+    );
+    assert!(!host_libraries.lines().any(|l| l == "libc.so.6"));
+
+    // Read-only all the way down, like every store path.
+    for path in walk(&stored.path) {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        if !meta.file_type().is_symlink() {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(meta.permissions().mode() & 0o222, 0, "{}", path.display());
+        }
+    }
+}
+
+#[test]
+fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
+    let Some(python) = pyenv_311("an_env_runs_from_the_store_with_the_hosts_installation_hidden")
+    else {
+        return;
+    };
+    let prefix = python
+        .executable
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let built = build_env(
+        &store,
+        &plan(&python.version, None),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    let stored = interpreter::import(&store, &python).unwrap();
+    let cfg = std::fs::read_to_string(built.env.join("pyvenv.cfg")).unwrap();
+    assert!(
+        cfg.contains(&format!("home = {}", stored.path.join("bin").display())),
+        "{cfg}"
+    );
+    assert_eq!(
+        std::fs::read_link(built.env.join("bin/python")).unwrap(),
+        stored.executable()
+    );
+    // The env references its interpreter: closures (push, pull, substitution) and gc follow references.
+    let info = store.path_info(&built.env).unwrap();
+    let python_name = stored
+        .path
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        info.references.contains(&python_name),
+        "{:?}",
+        info.references
+    );
+
+    // Hide the host's installation under an empty tmpfs in a private mount namespace and run the env there.
+    let code = "import sys, ssl, ctypes, sqlite3, json, decimal, hashlib, zlib; \
+                print(sys.base_prefix); print(ssl.OPENSSL_VERSION.split()[0])";
+    let script = format!(
+        "mount -t tmpfs none {prefix} && test ! -e {exe} && exec {python} -c '{code}'",
+        prefix = prefix.display(),
+        exe = python.executable.display(),
+        python = built.env.join("bin/python").display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env_remove("PYTHONPATH")
+        .env_remove("PYTHONHOME")
+        .output()
+        .unwrap();
+    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unshare failed") {
+        eprintln!(
+            "\n\n!!! SKIPPED the hidden-host part of an_env_runs_from_the_store_with_the_hosts_installation_hidden: \
+             no mount namespaces here ({}) !!!\n\n",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some(stored.path.to_str().unwrap()));
+    assert_eq!(lines.next(), Some("OpenSSL"));
+}
+
+#[test]
+fn the_locks_pin_names_the_path_and_a_tampered_hash_is_refused() {
+    let Some(python) = pyenv_311("the_locks_pin_names_the_path_and_a_tampered_hash_is_refused")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let stored = interpreter::import(&store, &python).unwrap();
+
+    // The pin as `hvd lock` writes it builds an env over exactly that path.
+    let built = build_env(
+        &store,
+        &plan(&python.short_version, Some(stored.pin())),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::read_link(built.env.join("bin/python")).unwrap(),
+        stored.executable()
+    );
+
+    // A lock from a pull request pins other content for the same version: refused, naming both hashes.
+    let tampered = hvd_builder::Sha256::of_bytes(b"someone else's python");
+    let err = build_env(
+        &store,
+        &plan(
+            &python.short_version,
+            Some(InterpreterPin {
+                version: python.version.clone(),
+                content_hash: tampered.clone(),
+            }),
+        ),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err();
+    match &err {
+        Error::InterpreterMismatch {
+            version,
+            expected,
+            found,
+            ..
+        } => {
+            assert_eq!(version, &python.version);
+            assert_eq!(expected, tampered.as_str());
+            assert_eq!(found, stored.content_hash.as_str());
+        }
+        other => panic!("expected an interpreter mismatch, got {other}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains(tampered.as_str()) && message.contains(stored.content_hash.as_str()));
+    // Nothing was built under the tampered pin's name.
+    let forged = store.path_of(&interpreter::derivation(&python.version, &tampered));
+    assert!(!forged.exists());
+}
+
+#[test]
+fn gc_keeps_the_interpreter_while_an_env_references_it() {
+    let Some(python) = pyenv_311("gc_keeps_the_interpreter_while_an_env_references_it") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let built = build_env(
+        &store,
+        &plan(&python.version, None),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    let stored = interpreter::import(&store, &python).unwrap();
+    let link = dir.path().join("project/.hvd/env");
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    hvd_builder::gc::add_root(&store, &link, &built.env).unwrap();
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    assert!(
+        store.is_valid(&stored.path),
+        "kept through the env's reference"
+    );
+    std::fs::remove_file(&link).unwrap();
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    assert!(!built.env.exists());
+    assert!(
+        !stored.path.exists(),
+        "collected with the last env that referenced it"
+    );
+    // The fingerprint cache names a path that is gone: the next import copies it in again.
+    let again = interpreter::import(&store, &python).unwrap();
+    assert_eq!(again.path, stored.path);
+    assert!(store.is_valid(&again.path));
+}

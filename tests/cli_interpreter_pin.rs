@@ -1,0 +1,125 @@
+//! The lock pins the interpreter's store path (#18 §1): `hvd build` without a lock writes `[target] installation`
+//! (full version and content hash) naming the path the env links; a lock whose pinned hash was changed (a pull
+//! request) is refused naming the interpreter, both hashes and the fix, and relocking fixes it; a pin that is not
+//! a version is refused when the lock is read.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use hvd_resolver::lockfile::Lockfile;
+use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).trim().to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[test]
+fn the_lock_pins_the_interpreter_and_a_changed_pin_is_refused_until_relocked() {
+    let index =
+        FixtureIndex::start(vec![Dist::wheel("alpha", "1.0")], FixtureOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let app = dir.path().join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let file = app.join("train.hvd");
+    std::fs::write(
+        &file,
+        format!(
+            "project \"app\"\nenv {{\n  python = \"{}\"\n  index = \"{}\"\n  packages = [\"alpha\"]\n}}\n",
+            common::python_version(),
+            index.url()
+        ),
+    )
+    .unwrap();
+    let file_arg = file.display().to_string();
+    let hvd = |args: &[&str]| {
+        common::hvd_with_store(dir.path(), &store, args)
+            .output()
+            .unwrap()
+    };
+
+    let built = hvd(&["build", &file_arg]);
+    let (env, err) = text(&built);
+    assert_eq!(built.status.code(), Some(0), "{err}");
+    let lock_path = Lockfile::path_for(&file);
+    let lock = Lockfile::read(&lock_path).unwrap();
+    let pin = lock
+        .target
+        .installation
+        .clone()
+        .expect("the lock pins the interpreter");
+    assert!(pin.version.starts_with(&format!("{}.", lock.target.python)));
+    let python_path = std::fs::canonicalize(&store)
+        .unwrap()
+        .join(hvd_builder::interpreter::derivation(&pin.version, &pin.content_hash).path_name());
+    assert_eq!(
+        std::fs::read_link(Path::new(&env).join("bin/python")).unwrap(),
+        python_path
+            .join("bin")
+            .join(format!("python{}", lock.target.python)),
+        "the env's python is the pinned store path"
+    );
+    let recorded = hvd_builder::Store::open(&store)
+        .unwrap()
+        .path_info(&python_path)
+        .unwrap()
+        .content_hash;
+    assert_eq!(recorded, pin.content_hash);
+    let written = std::fs::read_to_string(&lock_path).unwrap();
+    assert!(
+        written.contains(&format!(
+            "installation = {{ version = \"{}\", content-hash = \"{}\" }}",
+            pin.version, pin.content_hash
+        )),
+        "{written}"
+    );
+
+    // A pull request changes the pinned hash: the build is refused naming the interpreter, both hashes and the fix.
+    let forged = hvd_builder::Sha256::of_bytes(b"a python from somewhere else");
+    std::fs::write(
+        &lock_path,
+        written.replace(pin.content_hash.as_str(), forged.as_str()),
+    )
+    .unwrap();
+    let refused = hvd(&["build", &file_arg, "--locked"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused).1);
+    let message = common::unwrapped(&text(&refused).1);
+    for part in [
+        format!("python{}", pin.version),
+        forged.to_string(),
+        pin.content_hash.to_string(),
+        "hvdlock".to_string(),
+        "--cache".to_string(),
+    ] {
+        assert!(message.contains(&part), "`{part}` missing: {message}");
+    }
+
+    // Relocking pins this machine's interpreter again; the build is the same env as before.
+    let relocked = hvd(&["lock", &file_arg]);
+    assert_eq!(relocked.status.code(), Some(0), "{}", text(&relocked).1);
+    assert_eq!(
+        Lockfile::read(&lock_path).unwrap().target.installation,
+        Some(pin.clone())
+    );
+    let again = hvd(&["build", &file_arg, "--locked"]);
+    assert_eq!(text(&again).0, env, "{}", text(&again).1);
+
+    // A pinned version that is not a version (it names the store path) is refused when the lock is read.
+    std::fs::write(
+        &lock_path,
+        written.replace(
+            &format!("version = \"{}\"", pin.version),
+            "version = \"../../etc\"",
+        ),
+    )
+    .unwrap();
+    let hostile = hvd(&["build", &file_arg, "--locked"]);
+    assert_eq!(hostile.status.code(), Some(2), "{}", text(&hostile).1);
+    let message = common::unwrapped(&text(&hostile).1);
+    assert!(message.contains("installation"), "{message}");
+}
