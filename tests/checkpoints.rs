@@ -24,7 +24,9 @@ steps = int(os.environ["CKPT_STEPS"])
 fail_at = int(os.environ.get("CKPT_FAIL_AT", "-1"))
 hold_at = int(os.environ.get("CKPT_HOLD_AT", "-1"))
 hvd.init()
-state = hvd.elastic.ObjectState(step=0, seen=[], w=np.zeros(3))
+# `CKPT_BAD`: the state holds a value no checkpoint can hold (a set).
+extra = {"bad": {1}} if os.environ.get("CKPT_BAD") else {}
+state = hvd.elastic.ObjectState(step=0, seen=[], w=np.zeros(3), **extra)
 
 
 @hvd.elastic.run
@@ -293,6 +295,33 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A value that cannot go into a checkpoint fails `state.checkpoint()` on rank 0, naming the attribute, and every
+/// rank raises (the allreduce after the write tells them); nothing is left in the directory.
+#[test]
+fn a_state_that_cannot_be_checkpointed_fails_naming_the_attribute() {
+    let marker = marker();
+    let dir = project("2", "  checkpoints = \"ckpt/\"\n", &marker);
+    let (out, stdout, stderr) = run(dir.path(), &[], &[("CKPT_STEPS", "3"), ("CKPT_BAD", "1")]);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let ckpt = dir.path().join("ckpt");
+    assert!(
+        stderr.contains(&format!(
+            "hvd.elastic.CheckpointError: cannot write the checkpoint of commit 1 to {}: state.bad: a set cannot go \
+             into a checkpoint",
+            ckpt.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::read_dir(&ckpt)
+            .map(|entries| entries.count() == 0)
+            .unwrap_or(true),
+        "{:?}",
+        std::fs::read_dir(&ckpt).map(|e| e.map(|e| e.unwrap().file_name()).collect::<Vec<_>>())
+    );
+    common::assert_nothing_left(&marker);
+}
+
 /// The plan shows where a step's checkpoints go (relative to the project, or `--checkpoints` relative to the current
 /// directory); a URL hvd cannot keep checkpoints at is an error of the file, with its place.
 #[test]
@@ -312,6 +341,23 @@ fn the_checkpoint_directory_is_planned_and_a_bad_one_is_named() {
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("HVD_CHECKPOINT_DIR=/abs/where"), "{stdout}");
+
+    let dir = common::project(
+        "step train {\n  run = \"true\"\n  workers = 2\n  checkpoints = \"file:///abs/url\"\n}",
+    );
+    let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("HVD_CHECKPOINT_DIR=/abs/url\n"), "{stdout}");
+
+    let dir = common::project(
+        "step train {\n  run = \"true\"\n  workers = 2\n  checkpoints = \"file://relative\"\n}",
+    );
+    let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("`checkpoints` is a `file://` URL without an absolute path"),
+        "{stderr}"
+    );
 
     let dir = common::project(
         "step train {\n  run = \"true\"\n  workers = 2\n  checkpoints = \"s3://bucket/ckpt\"\n}",

@@ -317,15 +317,12 @@ impl Plan {
 /// path).
 pub fn checkpoint_dir(step: &Step, options: &RunOptions, project_dir: &Path) -> Option<PathBuf> {
     if let Some(dir) = &options.checkpoints {
-        return Some(if dir.is_absolute() {
-            dir.clone()
-        } else {
-            cwd().join(dir)
-        });
+        return Some(cwd().join(dir).components().collect());
     }
     let dir = step.checkpoints.as_deref()?;
     let dir = Path::new(dir.strip_prefix("file://").unwrap_or(dir));
-    Some(project_dir.join(dir))
+    // `ckpt/` and `./ckpt` name the same directory: one spelling for the workers and the messages.
+    Some(project_dir.join(dir).components().collect())
 }
 
 /// How many times `step` starts again after a rank fails: `--max-restarts` over the step's `restarts`, else 0.
