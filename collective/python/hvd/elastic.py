@@ -420,7 +420,8 @@ def _decode(value, arrays):
         raise ValueError("not a value of a checkpoint")
     (tag, inner), = value.items()
     if tag == "a" and type(inner) is str:
-        return arrays[inner].copy()
+        # Each name is one array of its own (the loader made it); a second reference to a name shares it.
+        return arrays[inner]
     if tag == "s" and type(inner) is str:
         return arrays[inner][()]
     if tag == "t" and type(inner) is list:
