@@ -172,6 +172,53 @@ fn jobset_pods_pull_the_env_at_start_and_a_tampered_cache_stops_them_before_the_
     );
     assert_eq!(exported.container("train")["image"], "example/bare:1");
 
+    // `hvd run --engine kubernetes` writes the same pull into the JobSet it applies (a stand-in kubectl that
+    // reaches no cluster stops the run once the manifests are written).
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(
+        bin.join("kubectl"),
+        "#!/bin/sh\necho 'no cluster here' >&2\nexit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(bin.join("kubectl"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = common::hvd_with_store(
+        root.path(),
+        &store,
+        &[
+            "run",
+            "app/train.hvd",
+            "--locked",
+            "--cache",
+            &url,
+            "--trusted-key",
+            &key,
+        ],
+    )
+    .env_remove("HVD_CACHES")
+    .env_remove("HVD_TRUSTED_KEYS")
+    .env(
+        "PATH",
+        format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    )
+    .output()
+    .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(
+        !out.status.success() && stderr.contains("no cluster here"),
+        "{stderr}"
+    );
+    let applied = Exported::read(&p.project.join(".hvd/k8s"));
+    assert_eq!(
+        applied.command("train")[..5],
+        ["hvd", "worker-env", &pull[0], &pull[1], &pull[2]]
+    );
+
     // The pods' store is empty (the built one moved aside), at the same directory.
     std::fs::rename(&store, root.path().join("built-store")).unwrap();
     let port = free_port();
