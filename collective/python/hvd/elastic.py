@@ -554,7 +554,13 @@ def _complete_checkpoints(directory):
                          "a checkpoint\n".format(directory, e))
         return
     try:
-        for name, commit in _listed(root):
+        try:
+            listed = _listed(root)
+        except OSError as e:
+            sys.stderr.write("hvd.elastic: warning: cannot list the checkpoint directory {} ({}); starting without "
+                             "a checkpoint\n".format(directory, e))
+            return
+        for name, commit in listed:
             try:
                 files = _verified(root, name, commit)
             except _Refused as e:
