@@ -287,7 +287,9 @@ impl SshSetup {
     }
 
     /// Copies store paths `names` from `store` here to the same store on `host` (`tar | ssh host tar`), each moved
-    /// into place whole (from `.tmp/` in that store), and only where the host does not have it yet.
+    /// into place whole (from `.tmp/` in that store), and only where the host does not have it yet. The archive
+    /// carries the sha256 of every regular file (`sha256sum`, made here), which the host checks (`sha256sum -c`) before
+    /// any path is moved into place: a copy that arrived damaged leaves nothing.
     ///
     /// `names` are the launcher's own (the env and its closure, [`EnvIdentity`]); each is checked against the store
     /// path grammar again here, and `tar` gets them after `--`, relative to the store (`-C STORE`), so no name can be
@@ -305,14 +307,21 @@ impl SshSetup {
         let s = quote(&store.display().to_string());
         let list = names.iter().map(|n| quote(n)).collect::<Vec<_>>().join(" ");
         let script = format!(
-            "set -e; t={s}/.tmp/hvd-ssh-copy.$$; mkdir -p \"$t\"; tar -C \"$t\" -xf -; for n in {list}; do \
+            "set -e; t={s}/.tmp/hvd-ssh-copy.$$; mkdir -p \"$t\"; tar -C \"$t\" -xf -; \
+             if ! (cd \"$t\" && sha256sum --quiet --strict -c {CHECKSUMS} >&2); then chmod -R u+w \"$t\"; \
+             rm -rf \"$t\"; echo 'hvd: the copied store paths do not match their sha256 (see above): nothing was \
+             installed' >&2; exit 1; fi; for n in {list}; do \
              [ -e {s}/\"$n\" ] || mv \"$t/$n\" {s}/\"$n\"; done; chmod -R u+w \"$t\"; rm -rf \"$t\""
         );
+        let checksums = Checksums::of(store, names)?;
         let mut tar = Command::new("tar")
-            .arg("-C")
-            .arg(store)
             .arg("-cf")
             .arg("-")
+            .arg("-C")
+            .arg(&checksums.dir)
+            .arg(CHECKSUMS)
+            .arg("-C")
+            .arg(store)
             .arg("--")
             .args(names)
             .stdout(Stdio::piped())
@@ -346,6 +355,52 @@ impl SshSetup {
 struct WorkSource<'a> {
     inputs: &'a [String],
     files: std::sync::OnceLock<Result<WorkFiles, String>>,
+}
+
+/// The name of the checksum list in a copy's archive (not a store path name, so never one of the copied paths).
+const CHECKSUMS: &str = "hvd-copy.sha256";
+
+/// The sha256 of every regular file of some store paths, as `sha256sum` writes them (`HASH  NAME/PATH`), in a
+/// private temporary directory (removed on drop).
+struct Checksums {
+    dir: std::path::PathBuf,
+}
+
+impl Checksums {
+    fn of(store: &Path, names: &[&str]) -> Result<Checksums, String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("hvd-ssh-copy-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir)
+            .map_err(|e| format!("failed to create {}: {e}", dir.display()))?;
+        let checksums = Checksums { dir };
+        let file = std::fs::File::create_new(checksums.dir.join(CHECKSUMS))
+            .map_err(|e| format!("failed to create the checksum list: {e}"))?;
+        // Names are store path names (checked): never an option of `find`.
+        let out = Command::new("/bin/sh")
+            .arg("-c")
+            .arg("cd \"$0\" && find \"$@\" -type f -print0 | xargs -0r sha256sum --")
+            .arg(store)
+            .args(names)
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("failed to run sha256sum: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "failed to hash the store paths to copy: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(checksums)
+    }
+}
+
+impl Drop for Checksums {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// What a host said to the check script.
@@ -729,12 +784,53 @@ mod tests {
             .lines()
             .map(|l| l.split('/').next().unwrap_or(l))
             .collect();
-        assert_eq!(tops, BTreeSet::from([E1, P1]), "{listing}");
+        assert_eq!(tops, BTreeSet::from([CHECKSUMS, E1, P1]), "{listing}");
         // The copy itself refuses a name that is not a store path name, whoever gives it.
         let err = s
             .copy_store_paths("evil", &store, &["--checkpoint-action=exec=true"])
             .unwrap_err();
         assert!(err.contains("not a store path name"), "{err}");
+    }
+
+    /// A copy that arrives damaged (a stand-in ssh changes a file of the archive on the way) is refused by the
+    /// host's checksum check: nothing is moved into its store, and the error names the host.
+    #[test]
+    fn a_copy_damaged_on_the_way_installs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let env = store_path(&d.join("store"), E1, "c1", &[P1]);
+        store_path(&d.join("store"), P1, "cx", &[]);
+        std::fs::create_dir_all(d.join("store-c")).unwrap();
+        let ssh = d.join("damaging-ssh");
+        std::fs::write(
+            &ssh,
+            "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
+             cmd=$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\n\
+             case \"$cmd\" in *hvd-copy.sha256*) t=$(mktemp -d); tar -C \"$t\" -xf -; \
+             for f in \"$t\"/*/.hvd-path.json; do chmod -R u+w \"$t\"; echo damaged >> \"$f\"; done; \
+             tar -C \"$t\" -cf - . | /bin/sh -c \"$cmd\"; c=$?; rm -rf \"$t\"; exit $c;; esac\n\
+             exec /bin/sh -c \"$cmd\"\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![ssh.display().to_string()];
+        s.copy_env = true;
+        s.hosts = vec![("c".into(), 1)];
+        let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
+        assert!(err.contains("copying the env to host `c` failed"), "{err}");
+        assert!(err.contains("do not match their sha256"), "{err}");
+        for name in [E1, P1] {
+            assert!(
+                !d.join("store-c").join(name).exists(),
+                "{name} was installed"
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(d.join("store-c/.tmp")).unwrap().count(),
+            0
+        );
     }
 
     /// Writes wheel store path `name` built from `wheel` (its `.hvd-path.json` as the builder writes one).
