@@ -287,6 +287,115 @@ fn torn_hostile_and_linked_checkpoints_are_skipped() {
     common::assert_nothing_left(&marker);
 }
 
+/// Hostile checkpoints, one of each kind, in a directory with one good checkpoint below them: a JSON nesting bomb as
+/// manifest, file lists that are not one, negative and huge sizes, a compressed (bomb-shaped) and a pickled `.npz`
+/// entry, unknown tags and a nesting bomb in the state, an array name that is not there, a commit that is not a
+/// number, a FIFO as a checkpoint and as a manifest. `load_checkpoint()` (a real Python process with the `hvd`
+/// package) skips each with its reason, without a traceback or a hang, and loads the good one.
+const HOSTILE: &str = r#"
+import hashlib, io, json, os, shutil, zipfile
+import numpy as np
+import hvd
+
+root = os.environ["HVD_CHECKPOINT_DIR"]
+s = hvd.elastic.ObjectState(step=7, w=np.arange(3.0))
+s.commit()
+s.checkpoint(keep=10)
+base = os.path.join(root, "ckpt-000000000001")
+
+
+def clone(n, manifest=None, files=None):
+    d = os.path.join(root, "ckpt-%012d" % n)
+    shutil.copytree(base, d)
+    m = json.load(open(os.path.join(d, "MANIFEST.json")))
+    m["commit"] = n
+    for name, data in (files or {}).items():
+        open(os.path.join(d, name), "wb").write(data)
+        for e in m["files"]:
+            if e["name"] == name:
+                e["size"], e["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    raw = manifest(m) if manifest else m
+    open(os.path.join(d, "MANIFEST.json"), "w").write(raw if isinstance(raw, str) else json.dumps(raw))
+
+
+clone(2, lambda m: "[" * 100000 + "]" * 100000)
+clone(3, lambda m: dict(m, files=["state.json"]))
+clone(4, lambda m: dict(m, files=[dict(m["files"][0], size=-5)]))
+clone(5, lambda m: dict(m, files=[dict(m["files"][0], size=10 ** 18)]))
+bomb = io.BytesIO()
+with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr("a0.npy", b"\0" * (1 << 20))
+clone(6, files={"arrays.npz": bomb.getvalue()})
+pickled = io.BytesIO()
+np.savez(pickled, a0=np.array([{"x": 1}], dtype=object), allow_pickle=True)
+clone(7, files={"arrays.npz": pickled.getvalue()})
+clone(8, files={"state.json": json.dumps({"attrs": {"step": {"x": 1}, "w": {"a": "a0"}}}).encode()})
+clone(9, files={"state.json": ('{"attrs": {"step": ' + "[" * 50000 + "]" * 50000 + ', "w": {"a": "a0"}}}').encode()})
+clone(10, files={"state.json": json.dumps({"attrs": {"step": 1, "w": {"a": "missing"}}}).encode()})
+clone(11, lambda m: dict(m, commit=True))
+os.mkfifo(os.path.join(root, "ckpt-000000000012"))
+os.makedirs(os.path.join(root, "ckpt-000000000013"))
+os.mkfifo(os.path.join(root, "ckpt-000000000013", "MANIFEST.json"))
+t = hvd.elastic.ObjectState(step=0, w=np.zeros(3))
+print("loaded commit %s: step %d w %s" % (t.load_checkpoint(), t.step, t.w.tolist()))
+"#;
+
+#[test]
+fn hostile_manifests_and_archives_are_refused_without_loading_anything() {
+    let (python, package, _) = allreduce_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let out = std::process::Command::new(python)
+        .args(["-c", HOSTILE])
+        .env("PYTHONPATH", &package)
+        .env("HVD_CHECKPOINT_DIR", &ckpt)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout, "loaded commit 1: step 7 w [0.0, 1.0, 2.0]\n",
+        "{stderr}"
+    );
+    for (n, why) in [
+        (13, "MANIFEST.json is not a regular file"),
+        (
+            12,
+            "it is not a directory one can open without following a link",
+        ),
+        (11, "MANIFEST.json names commit True, not 11"),
+        (10, "state.json does not decode ('missing')"),
+        (
+            9,
+            "state.json is not JSON (maximum recursion depth exceeded",
+        ),
+        (8, "state.json does not decode (unknown tag 'x')"),
+        (
+            7,
+            "arrays.npz does not load (Object arrays cannot be loaded when allow_pickle=False)",
+        ),
+        (6, "arrays.npz holds 'a0.npy' compressed ("),
+        (5, "bytes where the manifest says 1000000000000000000: torn"),
+        (
+            4,
+            "MANIFEST.json lists arrays.npz twice or without a size and a hash",
+        ),
+        (3, "MANIFEST.json has no valid file list"),
+        (
+            2,
+            "MANIFEST.json is not JSON (maximum recursion depth exceeded",
+        ),
+    ] {
+        let want = format!("checkpoint {}/ckpt-{n:012} skipped: ", ckpt.display());
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(&want))
+            .unwrap_or_else(|| panic!("no warning for {n}:\n{stderr}"));
+        assert!(line.contains(why), "want `{why}` in: {line}");
+    }
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {

@@ -449,9 +449,12 @@ def _load_arrays(data):
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             for info in archive.infolist():
-                if not _ARRAY_ENTRY.match(info.filename) or info.compress_type != zipfile.ZIP_STORED or \
-                        info.file_size != info.compress_size:
-                    raise _Refused("{} holds {!r}, which no checkpoint writes".format(_ARRAYS_FILE, info.filename))
+                if not _ARRAY_ENTRY.match(info.filename):
+                    raise _Refused("{} holds {!r}, a name no checkpoint writes".format(_ARRAYS_FILE, info.filename))
+                if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                    raise _Refused("{} holds {!r} compressed ({} bytes for {}); a checkpoint stores its arrays "
+                                   "as they are".format(_ARRAYS_FILE, info.filename, info.compress_size,
+                                                        info.file_size))
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
