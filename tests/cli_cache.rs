@@ -115,13 +115,13 @@ impl Pushed {
         let pushed = hvd(&root, &store, &push);
         let (out, err) = text(&pushed);
         assert_eq!(pushed.status.code(), Some(0), "{err}");
-        // The env, greet, helper, noisy and the worker runtime `hvd`.
-        assert_eq!(out.lines().count(), 5, "{out}");
-        assert!(err.contains("pushed 5 store path(s)"), "{err}");
+        // The env, greet, helper, noisy, the worker runtime `hvd` and the interpreter.
+        assert_eq!(out.lines().count(), 6, "{out}");
+        assert!(err.contains("pushed 6 store path(s)"), "{err}");
         let again = hvd(&root, &store, &push);
         assert!(
             text(&again).1.contains("pushed 0 store path(s)")
-                && text(&again).1.contains("5 already there"),
+                && text(&again).1.contains("6 already there"),
             "{}",
             text(&again).1
         );
@@ -240,8 +240,8 @@ fn an_empty_store_builds_the_env_purely_from_the_cache_with_the_index_unreachabl
         assert_eq!(info(&p.store), info(&p.first), "{name}");
     }
     assert_eq!(
-        paths, 5,
-        "the env's closure and nothing else (no build env)"
+        paths, 6,
+        "the env's closure (its interpreter included) and nothing else (no build env)"
     );
     let run = hvd(
         &p.root,
@@ -865,7 +865,7 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
     let pushed = push.output().unwrap();
     assert_eq!(pushed.status.code(), Some(0), "{}", text(&pushed).1);
     assert!(
-        text(&pushed).1.contains("pushed 5 store path(s)"),
+        text(&pushed).1.contains("pushed 6 store path(s)"),
         "{}",
         text(&pushed).1
     );

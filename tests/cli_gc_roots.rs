@@ -122,10 +122,10 @@ fn gc_keeps_the_env_of_a_running_exec_and_frees_it_after() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello");
 
-    // Its process is gone: the next gc collects the env, its package and the worker runtime.
+    // Its process is gone: the next gc collects the env, its package, the worker runtime and the interpreter.
     let gc = p.hvd(&["gc"]);
     let removed = String::from_utf8_lossy(&gc.stdout).to_string();
-    assert_eq!(removed.lines().count(), 3, "{removed}");
+    assert_eq!(removed.lines().count(), 4, "{removed}");
     assert!(!Path::new(&env).exists());
     let roots = std::fs::read_dir(p.store.join(".temproots"))
         .unwrap()

@@ -7,7 +7,8 @@
 //!                                                         test/, no __pycache__, no static libpython*.a
 //!                             /lib/libpython3.11.so*      the shared libpython, when the build has one
 //!                             /include/python3.11/        headers (source builds compile against them)
-//!                             /lib/hvd-host-libraries     sonames it needs from the host beyond itself (one a line)
+//!                             /lib/hvd-host-libraries     sonames it needs from the host beyond glibc and itself,
+//!                                                         one a line: `<soname> <file that needs it>...`
 //! ```
 //! The path is named by a derivation of the version and the tree's content hash, so a lock that pins both names
 //! it without looking at the host. The copy is made once per store and interpreter; a fingerprint of the source
@@ -32,7 +33,9 @@ use crate::store::{KnownTree, Store};
 /// Part of every interpreter derivation: bump when what is copied or how it is relocated changes.
 const LAYOUT: &str = "hvd-python-1";
 
-/// The file in an interpreter path listing the shared libraries it needs from the host (one soname a line).
+/// The file in an interpreter path listing the shared libraries it needs from the host beyond glibc and itself:
+/// one line per soname, `<soname> <file>...` naming the files of the path that need it (`bin/python3.11`,
+/// `lib/python3.11/lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so`), sorted.
 pub const HOST_LIBRARIES: &str = "lib/hvd-host-libraries";
 
 /// The sonames every Linux host has with its C library; not listed in [`HOST_LIBRARIES`].
@@ -435,7 +438,7 @@ impl Selection {
     /// Copy the selection into `out`, relocating ELF files, and return the manifest of the canonical tree.
     fn copy(&self, out: &Path) -> Result<crate::unpack::Manifest> {
         let mut manifest = BTreeMap::new();
-        let mut host_libraries = BTreeSet::new();
+        let mut host_libraries: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut provided = BTreeSet::new();
         for (dest, item) in &self.items {
             let path = out.join(dest);
@@ -491,7 +494,12 @@ impl Selection {
                                 source.display()
                             ))
                         })?;
-                        host_libraries.extend(needed);
+                        for soname in needed {
+                            host_libraries
+                                .entry(soname)
+                                .or_default()
+                                .insert(key.clone());
+                        }
                     }
                     if let Some(name) = dest.file_name() {
                         provided.insert(name.to_string_lossy().into_owned());
@@ -512,14 +520,16 @@ impl Selection {
                 }
             }
         }
-        let list: Vec<String> = host_libraries
-            .into_iter()
-            .filter(|soname| {
-                !provided.contains(soname) && !GLIBC_SONAMES.contains(&soname.as_str())
-            })
-            .collect();
-        let mut text = list.join("\n");
-        if !text.is_empty() {
+        let mut text = String::new();
+        for (soname, files) in host_libraries {
+            if provided.contains(&soname) || GLIBC_SONAMES.contains(&soname.as_str()) {
+                continue;
+            }
+            text.push_str(&soname);
+            for file in files {
+                text.push(' ');
+                text.push_str(&file);
+            }
             text.push('\n');
         }
         fs_err::write(out.join(HOST_LIBRARIES), text.as_bytes())?;

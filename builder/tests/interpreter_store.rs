@@ -93,6 +93,11 @@ fn pyenv_python_becomes_a_slim_relocated_store_path_found_again_by_fingerprint()
         size_of(&stored.path) >> 20
     );
     assert_eq!(again, stored);
+    // Deterministic: another store copies the same tree (a lock's pin names it on every machine with it).
+    let other = Store::open(dir.path().join("other-store")).unwrap();
+    let copied = interpreter::import(&other, &python).unwrap();
+    assert_eq!(copied.content_hash, stored.content_hash);
+    assert_eq!(copied.path.file_name(), stored.path.file_name());
     let name = stored
         .path
         .file_name()
@@ -359,4 +364,69 @@ fn gc_keeps_the_interpreter_while_an_env_references_it() {
     let again = interpreter::import(&store, &python).unwrap();
     assert_eq!(again.path, stored.path);
     assert!(store.is_valid(&again.path));
+}
+
+#[test]
+fn debians_usr_python_is_assembled_from_usr_bin_and_usr_lib_without_dist_packages() {
+    let executable = Path::new("/usr/bin/python3.11");
+    let Some(python) =
+        Interpreter::probe(executable).filter(|_| Path::new("/usr/lib/python3.11/os.py").is_file())
+    else {
+        eprintln!(
+            "\n\n!!! SKIPPED debians_usr_python_is_assembled_from_usr_bin_and_usr_lib_without_dist_packages: no \
+             Debian python3.11 in /usr !!!\n\n"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let stored = interpreter::import(&store, &python).unwrap();
+    assert!(stored.executable().is_file());
+    assert!(stored.path.join("lib/python3.11/os.py").is_file());
+    assert!(stored.path.join("lib/python3.11/lib-dynload").is_dir());
+    // Debian's third-party packages live in /usr/lib/python3/dist-packages: not part of the interpreter.
+    assert!(!stored.path.join("lib/python3").exists());
+    assert!(
+        walk(&stored.path)
+            .iter()
+            .all(|p| !p.to_string_lossy().contains("dist-packages")),
+        "nothing of dist-packages"
+    );
+    // Debian's executable links libexpat and libz itself: the interpreter needs them to start.
+    let host_libraries = std::fs::read_to_string(stored.path.join(HOST_LIBRARIES)).unwrap();
+    assert!(
+        host_libraries
+            .lines()
+            .any(|l| l.starts_with("libz.so.1 ") && l.contains("bin/python3.11")),
+        "{host_libraries}"
+    );
+
+    // An env over it (pinned, so no interpreter is looked up) runs with /usr/lib/python3.11 hidden.
+    let mut plan = plan(&python.short_version, Some(stored.pin()));
+    plan.name = "debian".into();
+    let built = build_env(&store, &plan, &BuildOptions::default(), &NoProgress).unwrap();
+    let script = format!(
+        "mount -t tmpfs none /usr/lib/python3.11 && exec {} -c 'import sys, ssl, ctypes, sqlite3, json; \
+         print(sys.base_prefix)'",
+        built.env.join("bin/python").display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env_remove("PYTHONPATH")
+        .env_remove("PYTHONHOME")
+        .output()
+        .unwrap();
+    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unshare failed") {
+        eprintln!("\n\n!!! SKIPPED the hidden-host part: no mount namespaces here !!!\n\n");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        stored.path.to_str().unwrap()
+    );
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::LaunchError;
-use crate::glibc::GlibcNeed;
+use crate::glibc::{GlibcNeed, HostLibrary};
 
 /// What identifies a built env: its store path name, its content hash and its closure (the store paths it
 /// references, and theirs, from each one's `.hvd-path.json` here).
@@ -19,6 +19,8 @@ pub(crate) struct EnvIdentity {
     pub closure: BTreeSet<String>,
     /// The newest glibc a wheel of the closure needs (`None`: no wheel has a manylinux tag).
     pub glibc: Option<GlibcNeed>,
+    /// The shared libraries beyond glibc that the closure's interpreter loads from the host.
+    pub host_libraries: Vec<HostLibrary>,
 }
 
 /// Whether `name` is a store path name: `<32 lowercase hex digits>-<name>-<version>` (see builder's
@@ -88,12 +90,14 @@ impl EnvIdentity {
         }
         let store = env.parent().unwrap_or(Path::new("/")).to_path_buf();
         let (closure, glibc) = closure(&store, &name, &value)?;
+        let host_libraries = host_libraries(&store, &closure)?;
         Ok(Some(EnvIdentity {
             name,
             content_hash: content_hash.to_owned(),
             store,
             closure,
             glibc,
+            host_libraries,
         }))
     }
 }
@@ -153,12 +157,99 @@ fn closure(
     Ok((closure, glibc))
 }
 
-/// Checks that this machine's glibc is as new as the wheels of the env at `env` need (`where_` names this machine in
-/// the message). An env that is not a store path (a plain venv given with `--env-dir`) is not checked.
+/// The host libraries the interpreter paths of `closure` list (`lib/hvd-host-libraries`, written by the builder
+/// when it copied the interpreter in; a path without the file needs none).
+fn host_libraries(
+    store: &Path,
+    closure: &BTreeSet<String>,
+) -> Result<Vec<HostLibrary>, LaunchError> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    for name in closure {
+        let list = store.join(name).join("lib/hvd-host-libraries");
+        let file = match std::fs::File::open(&list) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(LaunchError::Io { path: list, source }),
+        };
+        let mut text = String::new();
+        file.take(crate::glibc::MAX_HOST_LIBRARIES_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|source| LaunchError::Io {
+                path: list.clone(),
+                source,
+            })?;
+        out.extend(HostLibrary::parse(name, &text));
+    }
+    Ok(out)
+}
+
+/// Checks that this machine's glibc is as new as the wheels of the env at `env` need, and that it has the shared
+/// libraries the env's interpreter needs to start (`where_` names this machine in the message; a library only an
+/// extension module needs is a warning). An env that is not a store path (a plain venv given with `--env-dir`) is
+/// not checked.
 pub fn check_env_here(env: &std::path::Path, where_: &str) -> Result<(), crate::LaunchError> {
-    let need = EnvIdentity::local(env)?.and_then(|identity| identity.glibc);
-    match need.and_then(|need| need.problem(crate::glibc::host(), where_)) {
+    let Some(identity) = EnvIdentity::local(env)? else {
+        return Ok(());
+    };
+    if let Some(problem) = identity
+        .glibc
+        .and_then(|need| need.problem(crate::glibc::host(), where_))
+    {
+        return Err(crate::LaunchError::Engine(problem));
+    }
+    let missing = crate::glibc::missing_here(&identity.host_libraries);
+    match crate::glibc::host_library_problem(&missing, where_) {
         Some(problem) => Err(crate::LaunchError::Engine(problem)),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store with an env referencing an interpreter path whose list names `libraries`.
+    fn store_with(libraries: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let python = "0123456789abcdef0123456789abcdef-python-3.11.7";
+        let env = "fedcba9876543210fedcba9876543210-app-env";
+        let write_info = |name: &str, kind: &str, references: &[&str]| {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.join("lib")).unwrap();
+            let info = serde_json::json!({
+                "content_hash": "00",
+                "references": references,
+                "derivation": { "kind": kind, "inputs": {} },
+            });
+            std::fs::write(path.join(".hvd-path.json"), info.to_string()).unwrap();
+        };
+        write_info(python, "interpreter", &[]);
+        write_info(env, "env", &[python]);
+        std::fs::write(
+            dir.path().join(python).join("lib/hvd-host-libraries"),
+            libraries,
+        )
+        .unwrap();
+        let env = dir.path().join(env);
+        (dir, env)
+    }
+
+    #[test]
+    fn an_interpreter_that_needs_a_library_this_machine_lacks_is_refused_before_a_run() {
+        let (_dir, env) = store_with("libhvd-missing-for-test.so.3 bin/python3.11\n");
+        let err = check_env_here(&env, "this machine")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("this machine lacks the shared library `libhvd-missing-for-test.so.3`"),
+            "{err}"
+        );
+        assert!(err.contains("-python-3.11.7"), "{err}");
+        // Only a module needs it: a warning, the run goes on; libraries this machine has pass.
+        let (_dir, env) = store_with(
+            "libhvd-missing-for-test.so.3 lib/python3.11/lib-dynload/_x.so\nlibm.so.6 bin/python3.11\n",
+        );
+        check_env_here(&env, "this machine").unwrap();
     }
 }

@@ -1,6 +1,10 @@
 //! What a closure still needs from the host's C library: the newest glibc that one of its wheels' `manylinux` tags
 //! asks for, checked against the glibc of every host before a rank starts there (the lock is made for the glibc of
-//! the machine that locked it, and a cluster's nodes may be older).
+//! the machine that locked it, and a cluster's nodes may be older); and the shared libraries beyond glibc that its
+//! interpreter loads from the host (`lib/hvd-host-libraries` of the interpreter's store path), looked up where the
+//! dynamic linker looks.
+
+use std::path::{Path, PathBuf};
 
 /// The glibc a wheel needs, and which wheel: the newest among an env's closure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,9 +101,158 @@ pub fn host() -> Option<(u64, u64)> {
     parse_version(version.to_str().ok()?)
 }
 
+/// A shared library that an interpreter of the closure loads from the host, and which of its files need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLibrary {
+    /// e.g. `libssl.so.3`.
+    pub soname: String,
+    /// Files of the interpreter's store path that need it, e.g. `lib/python3.11/lib-dynload/_ssl....so`.
+    pub needed_by: Vec<String>,
+    /// The interpreter's store path name.
+    pub interpreter: String,
+}
+
+/// Read at most this much of an interpreter path's list.
+pub(crate) const MAX_HOST_LIBRARIES_BYTES: u64 = 1 << 20;
+
+impl HostLibrary {
+    /// The list of the interpreter path `interpreter` (`<soname> <file>...` a line). A line whose soname is not a
+    /// plain file name (`/`, `..`, control characters, empty) is skipped: it could not name a library anyway.
+    pub fn parse(interpreter: &str, text: &str) -> Vec<HostLibrary> {
+        text.lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let soname = fields.next()?;
+                let plain = !soname.contains('/')
+                    && soname != ".."
+                    && soname != "."
+                    && soname.len() <= 255
+                    && soname.bytes().all(|b| b.is_ascii_graphic());
+                plain.then(|| HostLibrary {
+                    soname: soname.to_owned(),
+                    needed_by: fields.map(str::to_owned).collect(),
+                    interpreter: interpreter.to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the interpreter itself needs it (its executable or libpython): without it nothing starts. Otherwise
+    /// only the extension modules that need it fail to import.
+    pub fn essential(&self) -> bool {
+        self.needed_by
+            .iter()
+            .any(|file| file.starts_with("bin/") || file.starts_with("lib/libpython"))
+    }
+}
+
+/// The directories the dynamic linker searches on this machine without `LD_LIBRARY_PATH` or a `RUNPATH`: those
+/// of `/etc/ld.so.conf` and `/etc/ld.so.conf.d/*.conf`, then the default and multiarch ones.
+pub fn library_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let mut configs = vec![PathBuf::from("/etc/ld.so.conf")];
+    if let Ok(entries) = std::fs::read_dir("/etc/ld.so.conf.d") {
+        let mut more: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "conf"))
+            .collect();
+        more.sort();
+        configs.extend(more);
+    }
+    for config in configs {
+        let Ok(text) = std::fs::read_to_string(&config) else {
+            continue;
+        };
+        dirs.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| line.starts_with('/'))
+                .map(PathBuf::from),
+        );
+    }
+    let multiarch = format!("{}-linux-gnu", std::env::consts::ARCH);
+    for dir in ["/lib", "/usr/lib", "/lib64", "/usr/lib64"] {
+        dirs.push(Path::new(dir).join(&multiarch));
+        dirs.push(PathBuf::from(dir));
+    }
+    dirs
+}
+
+/// Of `needs`, those no directory of [`library_dirs`] has.
+pub fn missing_here(needs: &[HostLibrary]) -> Vec<&HostLibrary> {
+    let dirs = library_dirs();
+    needs
+        .iter()
+        .filter(|need| !dirs.iter().any(|dir| dir.join(&need.soname).exists()))
+        .collect()
+}
+
+/// The problem with `missing` libraries on `where_`: an error when the interpreter itself needs one (it cannot
+/// start); a warning (logged) naming the modules that will not import otherwise.
+pub fn host_library_problem(missing: &[&HostLibrary], where_: &str) -> Option<String> {
+    let mut problems = Vec::new();
+    for need in missing {
+        let files = need.needed_by.join(", ");
+        if need.essential() {
+            problems.push(format!(
+                "{where_} lacks the shared library `{}` that the env's interpreter {} needs to start ({files}): \
+                 install it (the system package that ships it), or run on hosts that have it",
+                need.soname, need.interpreter
+            ));
+        } else {
+            tracing::warn!(
+                "{where_} lacks the shared library `{}` that the env's interpreter {} loads for {files}: those \
+                 modules will fail to import there",
+                need.soname,
+                need.interpreter
+            );
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("\n"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_libraries_parse_find_and_tell_essential_from_optional() {
+        let text = "libssl.so.3 lib/python3.11/lib-dynload/_ssl.so\n\
+                    libhvd-no-such-library.so.7 bin/python3.11\n\
+                    libhvd-no-such-module-library.so.1 lib/python3.11/lib-dynload/_x.so\n\
+                    ../../etc/passwd bin/python3.11\n\
+                    libm.so.6 lib/libpython3.11.so.1.0\n";
+        let needs = HostLibrary::parse("abc-python-3.11.7", text);
+        assert_eq!(
+            needs.len(),
+            4,
+            "the line that is a path is skipped: {needs:?}"
+        );
+        assert!(!needs[0].essential());
+        assert!(needs[1].essential());
+        assert!(needs[3].essential(), "libpython needs it");
+        let missing = missing_here(&needs);
+        let names: Vec<&str> = missing.iter().map(|m| m.soname.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "libhvd-no-such-library.so.7",
+                "libhvd-no-such-module-library.so.1"
+            ],
+            "libm (glibc) is found where the dynamic linker looks"
+        );
+        let problem = host_library_problem(&missing, "host `a`").unwrap();
+        assert!(
+            problem.contains("host `a` lacks the shared library `libhvd-no-such-library.so.7`")
+        );
+        assert!(problem.contains("abc-python-3.11.7") && problem.contains("bin/python3.11"));
+        assert!(
+            !problem.contains("no-such-module"),
+            "a module's library only warns: {problem}"
+        );
+        assert_eq!(host_library_problem(&missing[1..], "host `a`"), None);
+    }
 
     #[test]
     fn a_wheel_needs_the_oldest_glibc_of_its_tags() {
