@@ -693,12 +693,16 @@ impl Delivered {
         let env = self.env.display().to_string();
         let mut all = vec!["--grace", "2", "--env-dir", &env];
         all.extend(args);
-        hosts
+        let started = std::time::Instant::now();
+        let out = hosts
             .hvd_command(&self.project, &all)
             .env_remove("HVD_CACHES")
             .env_remove("HVD_TRUSTED_KEYS")
             .output()
-            .unwrap()
+            .unwrap();
+        // For the log only (a measurement, never asserted): the whole run, hosts' delivery included.
+        eprintln!("hvd run {args:?}: {:.1} s", started.elapsed().as_secs_f64());
+        out
     }
 
     /// Asserts that every rank ran on its host in a work directory (not the project directory, which the hosts
