@@ -8,7 +8,8 @@
 //!
 //! The remote wrapper (a POSIX `sh` one-liner, [`WRAPPER`]; the command line: [`SshSetup::wrapper`]):
 //! 1. reads the job token from the first line of its stdin (so it never appears on a command line), `cd`s to the
-//!    project directory, and (without `--network-interface`) finds the interface that reaches the rendezvous;
+//!    project directory (on a host without it: the work directory the host check made there with the project's
+//!    files, `ssh/deliver.rs`), and (without `--network-interface`) finds the interface that reaches the rendezvous;
 //! 2. starts the step's command with `setsid env VARS /bin/sh -c COMMAND` in a session of its own, with SIGINT and
 //!    SIGQUIT at their defaults (`env --default-signal`, where supported);
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
