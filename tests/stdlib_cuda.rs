@@ -140,6 +140,13 @@ fn combinations_that_cannot_work_are_refused_at_check_and_lock() {
         (
             "3.11",
             String::new(),
+            "std.horovod { frameworks = [std.tensorflow { version = \"2.12.1\" }], gpu_ops = \"nccl\", cuda = std.cuda {} }".to_string(),
+            "tensorflow-cpu has none (the built library would not load)",
+            "variant = \"gpu\"",
+        ),
+        (
+            "3.11",
+            String::new(),
             gpu("\"13.0\""),
             "`cuda` of std.horovod is a `std.cuda { ... }` value",
             "std.cuda",
