@@ -396,6 +396,59 @@ fn hostile_manifests_and_archives_are_refused_without_loading_anything() {
     assert!(!stderr.contains("Traceback"), "{stderr}");
 }
 
+/// Checkpoints in an S3 bucket (a real S3 server): a run whose rank fails at step 4 leaves commits 2-4 named in the
+/// bucket's INDEX; an attacker then rewrites INDEX with a path and a checkpoint that is not there; the next run
+/// ignores the path, skips the missing one with a warning, and resumes from commit 4.
+#[test]
+fn checkpoints_in_an_s3_bucket_survive_the_job() {
+    let marker = marker();
+    let s3 = common::s3::S3Server::start("ckpt");
+    let dir = project("2", "  checkpoints = \"s3://ckpt/runs/train\"\n", &marker);
+    let env: Vec<(&str, String)> = s3.env().into_iter().collect();
+    let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
+        env.iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .chain(extra.iter().copied())
+            .collect()
+    };
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[],
+        &with(&[("CKPT_STEPS", "8"), ("CKPT_FAIL_AT", "4")]),
+    );
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    // The attacker's INDEX, written with the workers' own client.
+    let (python, package, _) = allreduce_runtime();
+    let hostile = "import hvd\nstore = hvd.elastic._S3.of('s3://ckpt/runs/train')\n\
+                   print(store.get('INDEX', 4096).decode(), end='')\n\
+                   store.put('INDEX', b'../../../etc\\nckpt-000000000003\\nckpt-000000000004\\nckpt-000000000099\\n')\n";
+    let out = std::process::Command::new(&python)
+        .args(["-c", hostile])
+        .env("PYTHONPATH", &package)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let (index, said) = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(
+        index,
+        "ckpt-000000000002\nckpt-000000000003\nckpt-000000000004\n"
+    );
+
+    let (out, stdout, stderr) = run(dir.path(), &[], &with(&[("CKPT_STEPS", "8")]));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        common::flat_stderr(&out).contains(
+            "checkpoint s3://ckpt/runs/train/ckpt-000000000099 skipped: no readable MANIFEST.json \
+             (s3://ckpt/runs/train/ckpt-000000000099/MANIFEST.json is not there)"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("etc"), "{stderr}");
+    assert_resumed_and_finished(&stdout, &stderr, 4, 8);
+    common::assert_nothing_left(&marker);
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
@@ -472,10 +525,40 @@ fn the_checkpoint_directory_is_planned_and_a_bad_one_is_named() {
         "step train {\n  run = \"true\"\n  workers = 2\n  checkpoints = \"s3://bucket/ckpt\"\n}",
     );
     let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
-    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("`checkpoints` is a URL hvd cannot keep checkpoints at")
-            && stderr.contains("train.hvd:"),
-        "{stderr}"
+        stdout.contains("HVD_CHECKPOINT_DIR=s3://bucket/ckpt\n"),
+        "{stdout}"
     );
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--dry-run", "--checkpoints", "s3://other/x"],
+        &[],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("HVD_CHECKPOINT_DIR=s3://other/x\n"),
+        "{stdout}"
+    );
+
+    for (value, says) in [
+        (
+            "https://cache.example/ckpt",
+            "`checkpoints` is a URL hvd cannot keep checkpoints at",
+        ),
+        (
+            "s3:///ckpt",
+            "`checkpoints` is an `s3://` URL without a bucket",
+        ),
+    ] {
+        let dir = common::project(&format!(
+            "step train {{\n  run = \"true\"\n  workers = 2\n  checkpoints = \"{value}\"\n}}"
+        ));
+        let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
+        assert!(!out.status.success(), "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("train.hvd:"),
+            "{stderr}"
+        );
+    }
 }

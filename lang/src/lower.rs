@@ -621,7 +621,8 @@ impl Lowerer {
         }
     }
 
-    /// `checkpoints = "ckpt/"`: a directory (relative to the project, or absolute) or a `file://` URL of one.
+    /// `checkpoints = "ckpt/"`: a directory (relative to the project, or absolute), a `file://` URL of one, or an
+    /// `s3://bucket/prefix` URL.
     fn checkpoints(&mut self, v: &Sv) -> Option<String> {
         let dir = self.string(v, "the checkpoint directory")?;
         let problem = if dir.trim().is_empty() {
@@ -636,11 +637,20 @@ impl Lowerer {
             ))
         } else if let Some((scheme, _)) = dir.split_once("://")
             && scheme != "file"
+            && scheme != "s3"
         {
             Some((
                 "a URL hvd cannot keep checkpoints at",
-                "checkpoints go to a directory or a `file://` URL (shared storage mounted on every host); a binary \
-                 cache (`s3://`, `http://`) is not supported for checkpoints yet",
+                "checkpoints go to a directory, a `file://` URL (shared storage mounted on every host) or an \
+                 `s3://bucket/prefix` URL; an `http(s)://` cache is read-only",
+            ))
+        } else if dir
+            .strip_prefix("s3://")
+            .is_some_and(|rest| rest.split('/').next().is_none_or(str::is_empty))
+        {
+            Some((
+                "an `s3://` URL without a bucket",
+                "write `s3://bucket/prefix`",
             ))
         } else if dir
             .strip_prefix("file://")

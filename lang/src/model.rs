@@ -108,7 +108,8 @@ pub struct Step {
     /// `restarts = N`: start the step again, up to N times, when a rank fails (`hvd run --max-restarts` overrides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarts: Option<u32>,
-    /// `checkpoints = "ckpt/"`: the directory (relative to the project directory, or absolute; or a `file://` URL)
+    /// `checkpoints = "ckpt/"`: the directory (relative to the project directory, or absolute; or a `file://` URL;
+    /// or an `s3://bucket/prefix` URL)
     /// the step's workers save `hvd.elastic` checkpoints in and resume from (`HVD_CHECKPOINT_DIR`; `hvd run
     /// --checkpoints` overrides).
     #[serde(default, skip_serializing_if = "Option::is_none")]

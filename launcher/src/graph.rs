@@ -314,12 +314,19 @@ impl Plan {
 
 /// Where `step`'s workers keep their checkpoints (`HVD_CHECKPOINT_DIR`), absolute: `--checkpoints DIR` (relative to
 /// the current directory) over the step's `checkpoints` (relative to the project directory; a `file://` URL is its
-/// path).
+/// path); an `s3://bucket/prefix` URL as it is.
 pub fn checkpoint_dir(step: &Step, options: &RunOptions, project_dir: &Path) -> Option<PathBuf> {
     if let Some(dir) = &options.checkpoints {
-        return Some(cwd().join(dir).components().collect());
+        return Some(match dir.to_str().filter(|d| d.starts_with("s3://")) {
+            Some(url) => PathBuf::from(url),
+            None => cwd().join(dir).components().collect(),
+        });
     }
     let dir = step.checkpoints.as_deref()?;
+    if dir.starts_with("s3://") {
+        // The workers write to the bucket themselves (hvd.elastic); nothing to resolve here.
+        return Some(PathBuf::from(dir));
+    }
     let dir = Path::new(dir.strip_prefix("file://").unwrap_or(dir));
     // `ckpt/` and `./ckpt` name the same directory: one spelling for the workers and the messages.
     Some(project_dir.join(dir).components().collect())

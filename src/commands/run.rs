@@ -71,8 +71,8 @@ pub struct RunArgs {
     /// start and every second; new slots start new workers, which join at a commit (local engine).
     #[arg(long, value_name = "PROGRAM")]
     pub host_discovery_script: Option<PathBuf>,
-    /// Where every step's workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from (overrides
-    /// the steps' `checkpoints`; docs/running.md, Checkpoints).
+    /// Where every step's workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from: a directory
+    /// or `s3://bucket/prefix` (overrides the steps' `checkpoints`; docs/running.md, Checkpoints).
     #[arg(long, value_name = "DIR")]
     pub checkpoints: Option<PathBuf>,
     /// Run in this already-built environment directory (its `bin/` first on PATH) instead of building the env.
@@ -526,6 +526,7 @@ fn options(
                     "`--checkpoints` needs a directory".to_owned(),
                 ));
             }
+            Some(dir) if dir.to_str().is_some_and(|d| d.starts_with("s3://")) => Some(dir.clone()),
             Some(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
             None => None,
         },

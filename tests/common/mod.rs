@@ -4,6 +4,8 @@
     reason = "each test binary uses a different part of this module"
 )]
 
+pub mod s3;
+
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -30,8 +30,8 @@ twice. A worker that reaches no commit within ``HVD_PREEMPT_GRACE`` seconds (def
 143, as SIGTERM would have ended it: a lost worker. A second SIGTERM ends it at once, the same way. New workers (host
 discovery) join at a commit the same way: the members re-form and sync the state from rank 0.
 
-Checkpoints beyond the process: in a step with ``checkpoints = "ckpt/"`` (or under ``hvd run --checkpoints DIR``) the
-workers get ``HVD_CHECKPOINT_DIR``; ``state.checkpoint()`` writes the last commit there (rank 0 writes: a temporary
+Checkpoints beyond the process: in a step with ``checkpoints = "ckpt/"`` or ``"s3://bucket/prefix"`` (or under
+``hvd run --checkpoints``) the workers get ``HVD_CHECKPOINT_DIR``; ``state.checkpoint()`` writes the last commit there (rank 0 writes: a temporary
 directory, every file fsynced, a manifest with the commit number and each file's size and SHA-256 last, then one
 rename), keeping the latest ``keep`` (default 3). ``hvd.elastic.run`` first loads the latest complete checkpoint on
 rank 0 (a torn, corrupt or refused one is skipped with a warning, never loaded) and syncs it to every rank, so a new
@@ -377,8 +377,8 @@ def _rank():
 
 
 def _warn_skipped(directory, name, why):
-    sys.stderr.write("hvd.elastic: warning: checkpoint {} skipped: {}; trying an older one\n".format(
-        os.path.join(directory, name), why))
+    sys.stderr.write("hvd.elastic: warning: checkpoint {}/{} skipped: {}; trying an older one\n".format(
+        directory.rstrip("/"), name, why))
     sys.stderr.flush()
 
 
@@ -495,59 +495,73 @@ def _listed(root_fd):
 
 
 def _verified(root_fd, name, commit):
-    """The files of checkpoint ``name``, each checked against the manifest (names, sizes, SHA-256); ``_Refused``
-    otherwise."""
+    """The files of checkpoint ``name`` of a directory, each checked against the manifest (names, sizes, SHA-256);
+    ``_Refused`` otherwise."""
     try:
         fd = _open_in(root_fd, name, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
         raise _Refused("it is not a directory one can open without following a link ({})".format(e)) from None
     try:
-        try:
-            raw = _read_in(fd, _MANIFEST, _MANIFEST_LIMIT)
-        except OSError as e:
-            raise _Refused("no readable {} ({}): torn or incomplete".format(_MANIFEST, e)) from None
-        if len(raw) > _MANIFEST_LIMIT:
-            raise _Refused("{} is larger than {} bytes".format(_MANIFEST, _MANIFEST_LIMIT))
-        try:
-            manifest = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise _Refused("{} is not JSON ({}): torn or corrupt".format(_MANIFEST, e)) from None
-        if not isinstance(manifest, dict) or manifest.get("format") != _MANIFEST_FORMAT or \
-                manifest.get("version") != 1:
-            raise _Refused("{} is not an hvd checkpoint manifest of version 1".format(_MANIFEST))
-        if type(manifest.get("commit")) is not int or manifest["commit"] != commit:
-            raise _Refused("{} names commit {!r}, not {}".format(_MANIFEST, manifest.get("commit"), commit))
-        entries = manifest.get("files")
-        if type(entries) is not list or len(entries) > len(_CKPT_FILES):
-            raise _Refused("{} has no valid file list".format(_MANIFEST))
-        files = {}
-        for entry in entries:
-            if type(entry) is not dict:
-                raise _Refused("{} has no valid file list".format(_MANIFEST))
-            file, size, digest = entry.get("name"), entry.get("size"), entry.get("sha256")
-            if file not in _CKPT_FILES:
-                raise _Refused("{} names the file {!r}, which is not one of {} (refused: no name from a checkpoint "
-                               "becomes a path)".format(_MANIFEST, file, ", ".join(_CKPT_FILES)))
-            if file in files or type(size) is not int or size < 0 or type(digest) is not str:
-                raise _Refused("{} lists {} twice or without a size and a hash".format(_MANIFEST, file))
-            try:
-                data = _read_in(fd, file, size)
-            except OSError as e:
-                raise _Refused("{} cannot be read ({})".format(file, e)) from None
-            if len(data) != size:
-                raise _Refused("{} has {} bytes where the manifest says {}: torn".format(
-                    file, len(data) if len(data) <= size else "more", size))
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise _Refused("{} does not match its SHA-256 in the manifest: corrupt".format(file))
-            files[file] = data
-        return files
+        return _verify(lambda file, limit: _read_in(fd, file, limit), commit)
     finally:
         os.close(fd)
 
 
+def _verify(read, commit):
+    """The files of the checkpoint of ``commit`` that ``read(name, limit)`` (at most ``limit`` + 1 bytes; ``OSError``
+    when it cannot) reads, each checked against the manifest; ``_Refused`` otherwise."""
+    try:
+        raw = read(_MANIFEST, _MANIFEST_LIMIT)
+    except OSError as e:
+        raise _Refused("no readable {} ({}): torn or incomplete".format(_MANIFEST, e)) from None
+    if len(raw) > _MANIFEST_LIMIT:
+        raise _Refused("{} is larger than {} bytes".format(_MANIFEST, _MANIFEST_LIMIT))
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _Refused("{} is not JSON ({}): torn or corrupt".format(_MANIFEST, e)) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != _MANIFEST_FORMAT or \
+            manifest.get("version") != 1:
+        raise _Refused("{} is not an hvd checkpoint manifest of version 1".format(_MANIFEST))
+    if type(manifest.get("commit")) is not int or manifest["commit"] != commit:
+        raise _Refused("{} names commit {!r}, not {}".format(_MANIFEST, manifest.get("commit"), commit))
+    entries = manifest.get("files")
+    if type(entries) is not list or len(entries) > len(_CKPT_FILES):
+        raise _Refused("{} has no valid file list".format(_MANIFEST))
+    files = {}
+    for entry in entries:
+        if type(entry) is not dict:
+            raise _Refused("{} has no valid file list".format(_MANIFEST))
+        file, size, digest = entry.get("name"), entry.get("size"), entry.get("sha256")
+        if file not in _CKPT_FILES:
+            raise _Refused("{} names the file {!r}, which is not one of {} (refused: no name from a checkpoint "
+                           "becomes a path)".format(_MANIFEST, file, ", ".join(_CKPT_FILES)))
+        if file in files or type(size) is not int or size < 0 or type(digest) is not str:
+            raise _Refused("{} lists {} twice or without a size and a hash".format(_MANIFEST, file))
+        try:
+            data = read(file, size)
+        except OSError as e:
+            raise _Refused("{} cannot be read ({})".format(file, e)) from None
+        if len(data) != size:
+            raise _Refused("{} has {} bytes where the manifest says {}: torn".format(
+                file, len(data) if len(data) <= size else "more", size))
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise _Refused("{} does not match its SHA-256 in the manifest: corrupt".format(file))
+        files[file] = data
+    return files
+
+
 def _complete_checkpoints(directory):
-    """``(name, commit, files)`` of each verified checkpoint in ``directory``, newest first; each skipped one is
-    named in a warning."""
+    """``(name, commit, files)`` of each verified checkpoint in ``directory`` (or ``s3://`` URL), newest first; each
+    skipped one is named in a warning."""
+    if directory.startswith("s3://"):
+        try:
+            store = _S3.of(directory)
+        except ValueError as e:
+            sys.stderr.write("hvd.elastic: warning: {}; starting without a checkpoint\n".format(e))
+            return
+        yield from store.complete_checkpoints()
+        return
     try:
         root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -602,7 +616,9 @@ def _write_checkpoint(directory, commit, files, keep):
     """Writes ``files`` as checkpoint ``ckpt-<commit>`` of ``directory``: into a temporary directory, every file
     fsynced, the manifest last, then renamed into place and the directory fsynced. Checkpoints at this or a later
     commit (a history this run did not resume from: e.g. a torn one it skipped) are replaced; the latest ``keep``
-    stay. Returns the checkpoint's path."""
+    stay. Returns the checkpoint's path. An ``s3://`` URL: see ``_S3.write``."""
+    if directory.startswith("s3://"):
+        return _S3.of(directory).write(commit, files, keep)
     os.makedirs(directory, exist_ok=True)
     root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -638,6 +654,170 @@ def _write_checkpoint(directory, commit, files, keep):
         os.close(root)
 
 
+# What one request to an S3 server may take, and the most an index of checkpoints may hold.
+_S3_TIMEOUT = 120.0
+_S3_INDEX = "INDEX"
+_S3_INDEX_LIMIT = 64 << 10
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
+_S3_SEGMENT = re.compile(r"[A-Za-z0-9._=+-]{1,255}\Z")
+
+
+class _S3:
+    """Checkpoints in an S3 bucket (``s3://bucket/prefix``; any S3-compatible server at ``HVD_S3_ENDPOINT`` or
+    ``AWS_ENDPOINT_URL``, path-style, requests signed with AWS Signature V4 from ``AWS_ACCESS_KEY_ID`` /
+    ``AWS_SECRET_ACCESS_KEY`` [/ ``AWS_SESSION_TOKEN``], ``AWS_REGION``; unsigned without a key). Objects are
+    ``<prefix>/ckpt-<commit>/<file>`` and ``<prefix>/INDEX``, the names of the complete checkpoints, one a line: a
+    checkpoint is complete once INDEX names it, which is written after its files and manifest. What the server
+    answers is read as untrusted: bounded reads, names from INDEX only when they are ``ckpt-<12 digits>``."""
+
+    def __init__(self, url, endpoint, region, key_id, secret, token):
+        self.url = url
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        segments = [p for p in prefix.split("/") if p]
+        if not _S3_BUCKET.match(bucket) or not all(_S3_SEGMENT.match(p) and p not in (".", "..") for p in segments):
+            raise ValueError("{} is not s3://bucket/prefix (a bucket name, then path segments of [A-Za-z0-9._=+-])"
+                             .format(url))
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError("the S3 endpoint {!r} is not an http(s)://host[:port] URL".format(endpoint))
+        self.https = parts.scheme == "https"
+        self.host = parts.netloc
+        self.base = "/" + "/".join([p for p in parts.path.split("/") if p] + [bucket] + segments)
+        self.region, self.key_id, self.secret, self.token = region, key_id, secret, token
+
+    @classmethod
+    def of(cls, url):
+        env = os.environ.get
+        region = env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
+        endpoint = env("HVD_S3_ENDPOINT") or env("AWS_ENDPOINT_URL") or "https://s3.{}.amazonaws.com".format(region)
+        return cls(url, endpoint, region, env("AWS_ACCESS_KEY_ID") or "", env("AWS_SECRET_ACCESS_KEY") or "",
+                   env("AWS_SESSION_TOKEN") or "")
+
+    def _request(self, method, key, body=b"", limit=0):
+        """``(status, body)``: at most ``limit`` + 1 bytes of the answer's body are read."""
+        import hmac
+        import http.client
+        import urllib.parse
+
+        path = urllib.parse.quote(self.base + "/" + key, safe="/-_.~")
+        payload = hashlib.sha256(body).hexdigest()
+        now = time.gmtime()
+        stamp, day = time.strftime("%Y%m%dT%H%M%SZ", now), time.strftime("%Y%m%d", now)
+        headers = {"host": self.host, "x-amz-content-sha256": payload, "x-amz-date": stamp}
+        if self.token:
+            headers["x-amz-security-token"] = self.token
+        if self.key_id and self.secret:
+            names = sorted(headers)
+            canonical = "\n".join([method, path, "", "".join("{}:{}\n".format(n, headers[n]) for n in names),
+                                   ";".join(names), payload])
+            scope = "{}/{}/s3/aws4_request".format(day, self.region)
+            to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+            signing = ("AWS4" + self.secret).encode()
+            for part in (day, self.region, "s3", "aws4_request"):
+                signing = hmac.new(signing, part.encode(), hashlib.sha256).digest()
+            signature = hmac.new(signing, to_sign.encode(), hashlib.sha256).hexdigest()
+            headers["authorization"] = "AWS4-HMAC-SHA256 Credential={}/{}, SignedHeaders={}, Signature={}".format(
+                self.key_id, scope, ";".join(names), signature)
+        connection = (http.client.HTTPSConnection if self.https else http.client.HTTPConnection)(
+            self.host, timeout=_S3_TIMEOUT)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            answer = connection.getresponse()
+            chunks, left = [], limit + 1
+            while left > 0:
+                chunk = answer.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            return answer.status, b"".join(chunks)
+        except (http.client.HTTPException, ValueError) as e:
+            raise OSError("{} {}: {}".format(method, self.where(key), e)) from None
+        finally:
+            connection.close()
+
+    def where(self, key):
+        return "{}/{}".format(self.url.rstrip("/"), key)
+
+    def get(self, key, limit):
+        """The object's bytes (at most ``limit`` + 1), or None when there is none; ``OSError`` otherwise."""
+        status, body = self._request("GET", key, limit=limit)
+        if status == 404:
+            return None
+        if status != 200:
+            raise OSError("GET {}: HTTP {}: {}".format(self.where(key), status, body[:200].decode("utf-8", "replace")))
+        return body
+
+    def put(self, key, data):
+        status, body = self._request("PUT", key, body=data, limit=4096)
+        if status not in (200, 201, 204):
+            raise OSError("PUT {}: HTTP {}: {}".format(self.where(key), status, body[:200].decode("utf-8", "replace")))
+
+    def delete(self, key):
+        status, body = self._request("DELETE", key, limit=4096)
+        if status not in (200, 202, 204, 404):
+            raise OSError("DELETE {}: HTTP {}: {}".format(self.where(key), status,
+                                                          body[:200].decode("utf-8", "replace")))
+
+    def index(self):
+        """``(name, commit)`` of the checkpoints INDEX names, newest first."""
+        raw = self.get(_S3_INDEX, _S3_INDEX_LIMIT) or b""
+        if len(raw) > _S3_INDEX_LIMIT:
+            raise OSError("{} is larger than {} bytes".format(self.where(_S3_INDEX), _S3_INDEX_LIMIT))
+        found = {}
+        for line in raw.decode("ascii", "replace").split("\n"):
+            match = _CKPT_NAME.match(line.strip())
+            if match:
+                found[line.strip()] = int(match.group(1))
+        return sorted(found.items(), key=lambda entry: entry[1], reverse=True)
+
+    def complete_checkpoints(self):
+        try:
+            listed = self.index()
+        except OSError as e:
+            sys.stderr.write("hvd.elastic: warning: cannot read the checkpoints at {} ({}); starting without a "
+                             "checkpoint\n".format(self.url, e))
+            return
+        for name, commit in listed:
+
+            def read(file, limit, name=name):
+                data = self.get("{}/{}".format(name, file), limit)
+                if data is None:
+                    raise OSError("{} is not there".format(self.where("{}/{}".format(name, file))))
+                return data
+
+            try:
+                files = _verify(read, commit)
+            except _Refused as e:
+                _warn_skipped(self.url, name, e)
+                continue
+            yield name, commit, files
+
+    def write(self, commit, files, keep):
+        """Uploads the checkpoint (its files, then its manifest), then names it in INDEX with the latest ``keep``
+        (checkpoints at this or a later commit leave INDEX, as in a directory), then deletes the objects of those
+        INDEX no longer names."""
+        final = "ckpt-{:012d}".format(commit)
+        entries = []
+        for name in sorted(files):
+            self.put("{}/{}".format(final, name), files[name])
+            entries.append({"name": name, "size": len(files[name]), "sha256": hashlib.sha256(files[name]).hexdigest()})
+        manifest = {"format": _MANIFEST_FORMAT, "version": 1, "commit": commit, "written": time.time(),
+                    "files": entries}
+        self.put("{}/{}".format(final, _MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+        before = self.index()
+        kept = [(final, commit)] + [(n, c) for n, c in before if c < commit]
+        kept = kept[:keep]
+        self.put(_S3_INDEX, "".join(n + "\n" for n, _ in reversed(kept)).encode("ascii"))
+        for name, _ in before:
+            if name not in dict(kept):
+                for file in (_MANIFEST,) + _CKPT_FILES:
+                    self.delete("{}/{}".format(name, file))
+        return self.where(final)
+
+
 def _resume(state):
     """Once per state, before ``run``'s first sync: rank 0 loads the latest complete checkpoint (the sync then gives
     it to every rank), says so on stderr and tells ``hvd run`` (``HVD_CHECKPOINT_REPORT``)."""
@@ -649,8 +829,8 @@ def _resume(state):
     commit = state.load_checkpoint()
     if commit is None:
         return
-    sys.stderr.write("hvd.elastic: resumed from checkpoint at commit {} ({})\n".format(
-        commit, os.path.join(_checkpoint_dir(), "ckpt-{:012d}".format(commit))))
+    sys.stderr.write("hvd.elastic: resumed from checkpoint at commit {} ({}/ckpt-{:012d})\n".format(
+        commit, _checkpoint_dir().rstrip("/"), commit))
     sys.stderr.flush()
     report = os.environ.get("HVD_CHECKPOINT_REPORT", "")
     if report:

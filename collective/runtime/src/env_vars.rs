@@ -52,4 +52,18 @@ hvd_env_vars::env_vars! {
     /// Python package: the file rank 0 writes `commit N` into when `hvd.elastic.run` resumed from a checkpoint (set
     /// by `hvd run`, which reports it).
     HVD_CHECKPOINT_REPORT;
+    /// Python package: the endpoint of the S3-compatible server of `s3://` checkpoints, before `AWS_ENDPOINT_URL`.
+    HVD_S3_ENDPOINT;
+    /// Python package: the endpoint of `s3://` checkpoints when `HVD_S3_ENDPOINT` is unset (else AWS's).
+    AWS_ENDPOINT_URL;
+    /// Python package: the access key that signs `s3://` checkpoint requests (unsigned without it).
+    AWS_ACCESS_KEY_ID;
+    /// Python package: the secret of `AWS_ACCESS_KEY_ID`.
+    AWS_SECRET_ACCESS_KEY;
+    /// Python package: a session token for temporary `s3://` credentials.
+    AWS_SESSION_TOKEN;
+    /// Python package: the region `s3://` checkpoint requests are signed for.
+    AWS_REGION default "us-east-1";
+    /// Python package: the region when `AWS_REGION` is unset.
+    AWS_DEFAULT_REGION;
 }
