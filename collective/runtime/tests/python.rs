@@ -405,8 +405,8 @@ fn torch_distributed_optimizer_keeps_parameters_identical() {
 }
 
 /// Horovod's torch API (`horovod.torch`, docs/horovod.md): alltoall's received splits, truncating integer scaling,
-/// int16, grouped allgather and reducescatter, duplicate names, Adasum refused, gradients, three init/shutdown
-/// rounds; on 2 and 3 ranks.
+/// int16, grouped allgather and reducescatter, duplicate names (per process set), Adasum refused, gradients, three
+/// init/shutdown rounds; on 2 and 3 ranks.
 #[test]
 #[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
 fn horovod_torch_collectives_behave_as_horovods() {

@@ -46,6 +46,14 @@ def _ps(process_set):
     return process_set
 
 
+def _keys(names, ps):
+    """The in-flight keys of ``names`` (names are per process set, as in Horovod: the same name may be in flight in
+    two sets at once)."""
+    if ps is None:
+        return names
+    return ["{} [process set {}]".format(n, ps.process_set_id) if n else n for n in names]
+
+
 def _set_rank(ps):
     return _core.rank() if ps is None else ps.rank()
 
@@ -288,7 +296,7 @@ def _allreduce_group_async(tensors, average, name, op, prescale_factor, postscal
             return list(tensors)
         return outs
 
-    return _submit(names if name is not None else [], submit, finish)
+    return _submit(_keys(names, ps) if name is not None else [], submit, finish)
 
 
 def _allreduce_one_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set, in_place):
@@ -399,7 +407,7 @@ def _allgather_group_async(tensors, name, process_set):
     def finish(results):
         return [_from_wire(r, d) for r, d in zip(results, dtypes)]
 
-    return _submit(names, submit, finish)
+    return _submit(_keys(names, ps), submit, finish)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -483,7 +491,7 @@ def _broadcast_async(tensor, root_rank, name, process_set, in_place):
             return tensor
         return out
 
-    return _submit([name], submit, finish)
+    return _submit(_keys([name], ps), submit, finish)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -553,7 +561,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         out, received = results[0]
         return _from_wire(out, dtype), torch.tensor(received, dtype=splits_dtype)
 
-    return _submit([name], submit, finish)
+    return _submit(_keys([name], ps), submit, finish)
 
 
 class _Alltoall(torch.autograd.Function):
@@ -614,7 +622,7 @@ def _reducescatter_group_async(tensors, name, op, process_set, prescale_factor, 
     def finish(results):
         return [compression.decompress(p.finish(r), c) for p, r, c in zip(plans, results, contexts)]
 
-    return _submit(names, submit, finish)
+    return _submit(_keys(names, ps), submit, finish)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,

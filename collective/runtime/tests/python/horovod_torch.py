@@ -95,6 +95,16 @@ for round_ in range(3):  # Horovod's setUp/tearDown around each test
     raises(ValueError, lambda: hvd.allreduce_async(torch.ones(3), name="dup"), "duplicate name")
     check(hvd.synchronize(h).tolist() == [1.0, 1.0, 1.0], "first dup")
     check(hvd.allreduce(torch.ones(1), name="dup").tolist() == [1.0], "name free after synchronize")
+    # Names are per process set: the same name in flight in the job and in a set of this rank's.
+    even = hvd.add_process_set([rk for rk in range(n) if rk % 2 == 0])
+    odd = hvd.add_process_set([rk for rk in range(n) if rk % 2 == 1])
+    mine = even if r % 2 == 0 else odd
+    h = hvd.allreduce_async(torch.ones(3), name="dup")
+    hs = hvd.allreduce_async(torch.ones(3), name="dup", process_set=mine, op=hvd.Sum)
+    raises(ValueError, lambda: hvd.allreduce_async(torch.ones(3), name="dup", process_set=mine), "dup in a set")
+    check(hvd.synchronize(hs).tolist() == [float(mine.size())] * 3, "the set's dup")
+    check(hvd.synchronize(h).tolist() == [1.0, 1.0, 1.0], "the job's dup")
+    check(hvd.remove_process_set(odd) and hvd.remove_process_set(even), "remove the sets")
 
     # Gradients as Horovod's ops register them.
     a = torch.ones(4, requires_grad=True)
