@@ -430,3 +430,62 @@ fn debians_usr_python_is_assembled_from_usr_bin_and_usr_lib_without_dist_package
         stored.path.to_str().unwrap()
     );
 }
+
+#[test]
+fn a_pinned_interpreter_comes_from_a_cache_without_reading_the_hosts() {
+    let Some(python) =
+        pyenv_311("a_pinned_interpreter_comes_from_a_cache_without_reading_the_hosts")
+    else {
+        return;
+    };
+    use hvd_builder::cache::{Cache, SecretKey, Substituter, push};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let stored = interpreter::import(&store, &python).unwrap();
+    let pinned = plan(&python.short_version, Some(stored.pin()));
+    let built = build_env(&store, &pinned, &BuildOptions::default(), &NoProgress).unwrap();
+    let key = SecretKey::generate("interpreter-test").unwrap();
+    let url = format!("file://{}", dir.path().join("cache").display());
+    let env_name = built
+        .env
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    push(
+        &store,
+        &[env_name],
+        &Cache::parse(&url).unwrap(),
+        &key,
+        &NoProgress,
+    )
+    .unwrap();
+
+    // The store loses everything (no root), and the record of which host installation was copied where.
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    assert!(!stored.path.exists() && !built.env.exists());
+    hvd_builder::store::remove_tree(&store.root().join(".interpreters")).unwrap();
+
+    let substituter = Substituter::new(&[url], vec![key.public()]).unwrap();
+    let again = hvd_builder::build_env_with(
+        &store,
+        &pinned,
+        &BuildOptions::default(),
+        Some(&substituter),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(again.env, built.env);
+    assert!(
+        store.is_valid(&stored.path),
+        "the pinned interpreter is back"
+    );
+    assert!(
+        substituter.substituted() >= 2,
+        "the interpreter and the env came from the cache"
+    );
+    assert!(
+        !store.root().join(".interpreters").exists(),
+        "the host's installation was not looked at (nothing was copied from it)"
+    );
+}
