@@ -20,7 +20,7 @@
 //! wheels have is merged the same way. When two wheels have the same file, the wheel whose name sorts first wins.
 //! The links point into the wheels' store paths, which the toolkit references (gc keeps them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -173,6 +173,45 @@ impl CudaToolkit {
             )));
         }
         Ok(())
+    }
+
+    /// Whether a file (or link) under `tree` holds the toolkit's path, e.g. a RUNPATH CMake wrote for the shared
+    /// NCCL: the build's output then needs the toolkit at run time and references it, so gc keeps it and a cache
+    /// closure carries it.
+    pub fn referenced_in(&self, tree: &Path) -> Result<bool> {
+        let needle = self.path.as_os_str().as_encoded_bytes();
+        for entry in walkdir::WalkDir::new(tree).follow_links(false) {
+            let entry =
+                entry.map_err(|e| Error::Invalid(format!("reading {}: {e}", tree.display())))?;
+            let found = if entry.path_is_symlink() {
+                fs_err::read_link(entry.path())?
+                    .as_os_str()
+                    .as_encoded_bytes()
+                    .windows(needle.len())
+                    .any(|w| w == needle)
+            } else if entry.file_type().is_file() {
+                fs_err::read(entry.path())?
+                    .windows(needle.len())
+                    .any(|w| w == needle)
+            } else {
+                false
+            };
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The store path names a build's output `tree` refers to: the toolkit's when [`Self::referenced_in`].
+    pub fn references(&self, tree: &Path) -> Result<BTreeSet<String>> {
+        let mut references = BTreeSet::new();
+        if self.referenced_in(tree)?
+            && let Some(name) = self.path.file_name().and_then(|n| n.to_str())
+        {
+            references.insert(name.to_string());
+        }
+        Ok(references)
     }
 
     /// `value` with every [`PLACEHOLDER`] replaced by the toolkit's path.

@@ -655,19 +655,20 @@ impl<'a> Realizer<'a> {
             .planned
             .store
             .realize_known(derivation, replace, |target| {
-                let manifest = match &package.build {
+                let (manifest, references) = match &package.build {
                     None => {
                         let wheel = self
                             .fetcher
                             .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
-                        wheel::install_wheel_for_store(&wheel[0], &target.out)
-                            .map_err(|source| install_error(package, source))?
+                        let manifest = wheel::install_wheel_for_store(&wheel[0], &target.out)
+                            .map_err(|source| install_error(package, source))?;
+                        (manifest, BTreeSet::new())
                     }
                     Some(_) => self.build_from_source(package, &target.out)?,
                 };
                 Ok(KnownTree {
                     manifest,
-                    ..KnownTree::default()
+                    references,
                 })
             })?;
         self.progress
@@ -683,7 +684,12 @@ impl<'a> Realizer<'a> {
 
     /// Build `package` from its sdist and install the wheel into `out` (caller holds the path's lock); the
     /// manifest of what was installed, canonical already.
-    fn build_from_source(&self, package: &PackagePlan, out: &Path) -> Result<unpack::Manifest> {
+    /// Also the store paths the output refers to (the CUDA toolkit, when the build wrote its path into it).
+    fn build_from_source(
+        &self,
+        package: &PackagePlan,
+        out: &Path,
+    ) -> Result<(unpack::Manifest, BTreeSet<String>)> {
         let (env_derivation, env_packages) = &self.planned.build_envs[&key(package)];
         self.realize_wheels(env_packages)?;
         let mut paths = Vec::new();
@@ -743,7 +749,11 @@ impl<'a> Realizer<'a> {
         let manifest = wheel::install_wheel_for_store(&wheel_path, out)
             .map_err(|source| install_error(package, source))?;
         crate::store::remove_tree(&build_dir)?;
-        Ok(manifest)
+        let references = match &toolkit {
+            Some(toolkit) => toolkit.references(out)?,
+            None => BTreeSet::new(),
+        };
+        Ok((manifest, references))
     }
 }
 

@@ -272,9 +272,9 @@ fn link(path: &Path) -> String {
         .to_string()
 }
 
-/// What the probe's build recorded, as Python's repr of a dict.
-fn facts(store: &Store) -> String {
-    let path = std::fs::read_dir(store.root())
+/// The probe's store path.
+fn probe_path(store: &Store) -> PathBuf {
+    std::fs::read_dir(store.root())
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| {
@@ -282,8 +282,18 @@ fn facts(store: &Store) -> String {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.ends_with("-cudaprobe-1.0"))
         })
-        .expect("the probe's store path");
-    std::fs::read_to_string(path.join("site-packages/cudaprobe/facts.py")).unwrap()
+        .expect("the probe's store path")
+}
+
+/// The probe's `.hvd-path.json`.
+fn probe_metadata(store: &Store) -> serde_json::Value {
+    let text = std::fs::read_to_string(probe_path(store).join(".hvd-path.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// What the probe's build recorded, as Python's repr of a dict.
+fn facts(store: &Store) -> String {
+    std::fs::read_to_string(probe_path(store).join("site-packages/cudaprobe/facts.py")).unwrap()
 }
 
 #[test]
@@ -326,6 +336,18 @@ fn a_build_with_the_cuda_wheels_sees_one_toolkit_tree() {
     let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
     let references = meta["references"].as_array().unwrap();
     assert_eq!(references.len(), 6, "{references:?}");
+
+    // The probe's output holds the toolkit's path (its facts do), so it references the toolkit: gc keeps it and a
+    // cache closure carries it.
+    let probe_meta = probe_metadata(&store);
+    assert!(
+        probe_meta["references"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| toolkit.ends_with(r.as_str().unwrap())),
+        "{probe_meta}"
+    );
 
     // What the build saw.
     let facts = facts(&store);
@@ -372,6 +394,8 @@ fn without_nvcc_there_is_no_toolkit_and_the_placeholder_is_refused() {
         "{facts}"
     );
     assert_eq!(toolkits(&store), Vec::<String>::new());
+    let meta = probe_metadata(&store);
+    assert_eq!(meta["references"], serde_json::json!([]), "{meta}");
 }
 
 #[test]
