@@ -280,15 +280,23 @@ fn assemble(out: &Path, sources: &[(&str, &Path)]) -> Result<()> {
     }
     for (name, paths) in &top {
         let target = out.join(name);
-        if paths.iter().all(|p| is_real_dir(p)) {
+        // A wheel's top-level folder may be a link (`lib -> lib64`): it is still merged into a real directory
+        // of the toolkit, so nothing below is ever written through a link into a wheel's read-only store path.
+        let mut dirs = Vec::with_capacity(paths.len());
+        for path in paths {
+            if let Some(dir) = top_level_dir(path)? {
+                dirs.push(dir);
+            }
+        }
+        if !dirs.is_empty() && dirs.len() == paths.len() {
             fs_err::create_dir(&target)?;
-            merge(&target, paths, 1)?;
+            merge(&target, &dirs, 1)?;
         } else {
             std::os::unix::fs::symlink(&paths[0], &target)?;
         }
     }
     let lib = out.join("lib");
-    if lib.is_dir() {
+    if is_real_dir(&lib) {
         development_links(&lib)?;
         if fs_err::symlink_metadata(out.join("lib64")).is_err() {
             std::os::unix::fs::symlink("lib", out.join("lib64"))?;
@@ -312,6 +320,34 @@ fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// `path` (a top-level entry of a wheel's CUDA root) as the directory it is or links to, or `None` when it is not
+/// a directory. A link must stay inside its root: a wheel is hostile input, and a link to `/usr/lib` would make
+/// the toolkit a view of the build machine.
+fn top_level_dir(path: &Path) -> Result<Option<PathBuf>> {
+    let meta = fs_err::symlink_metadata(path)?;
+    if meta.is_dir() {
+        return Ok(Some(path.to_path_buf()));
+    }
+    if !meta.file_type().is_symlink() {
+        return Ok(None);
+    }
+    let root = path.parent().unwrap_or(path);
+    let (Ok(resolved), Ok(root)) = (fs_err::canonicalize(path), fs_err::canonicalize(root)) else {
+        return Err(Error::Invalid(format!(
+            "the CUDA wheel link `{}` does not resolve: reinstall the wheel",
+            path.display()
+        )));
+    };
+    if !resolved.starts_with(&root) {
+        return Err(Error::Invalid(format!(
+            "the CUDA wheel link `{}` points outside its wheel (to `{}`): refusing the wheel",
+            path.display(),
+            resolved.display()
+        )));
+    }
+    Ok(resolved.is_dir().then_some(resolved))
 }
 
 fn is_real_dir(path: &Path) -> bool {
@@ -404,6 +440,73 @@ mod tests {
         };
         let done = substitute_variables("horovod", &vars, Some(&toolkit)).unwrap();
         assert_eq!(done["HOROVOD_CUDA_HOME"], "/s/abc-cuda-13.0.88");
+    }
+
+    /// A wheel's store path whose `lib` is a link to `lib64`, made read-only as the store makes it.
+    fn linked_lib_wheel(dir: &Path, lib_target: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let wheel = dir.join("wheel");
+        let root = wheel.join("site-packages/nvidia/cu13");
+        fs_err::create_dir_all(root.join("bin")).unwrap();
+        fs_err::create_dir_all(root.join("lib64")).unwrap();
+        fs_err::write(root.join("bin/nvcc"), "").unwrap();
+        fs_err::write(root.join("lib64/libcudart.so.13"), "").unwrap();
+        std::os::unix::fs::symlink(lib_target, root.join("lib")).unwrap();
+        for d in [root.join("bin"), root.join("lib64"), root.clone()] {
+            fs_err::set_permissions(&d, std::fs::Permissions::from_mode(0o555)).unwrap();
+        }
+        wheel
+    }
+
+    #[test]
+    fn a_wheel_whose_lib_is_a_link_gets_a_real_lib_and_stays_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = linked_lib_wheel(dir.path(), Path::new("lib64"));
+        let out = dir.path().join("out");
+        fs_err::create_dir(&out).unwrap();
+        assemble(&out, &[("nvidia-cuda-nvcc", &wheel)]).unwrap();
+        assert!(
+            is_real_dir(&out.join("lib")),
+            "lib must be a real directory"
+        );
+        let dev = out.join("lib/libcudart.so");
+        assert_eq!(
+            fs_err::read_link(&dev).unwrap(),
+            Path::new("libcudart.so.13")
+        );
+        assert!(dev.is_file(), "the development link resolves");
+        let lib64 = wheel.join("site-packages/nvidia/cu13/lib64");
+        assert!(
+            fs_err::symlink_metadata(lib64.join("libcudart.so")).is_err(),
+            "nothing may be written into the wheel"
+        );
+        writable(&wheel);
+    }
+
+    #[test]
+    fn a_wheel_link_out_of_the_wheel_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("host-lib");
+        fs_err::create_dir(&outside).unwrap();
+        fs_err::write(outside.join("libhost.so.1"), "").unwrap();
+        let wheel = linked_lib_wheel(dir.path(), &outside);
+        let out = dir.path().join("out");
+        fs_err::create_dir(&out).unwrap();
+        let err = assemble(&out, &[("nvidia-cuda-nvcc", &wheel)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("points outside its wheel"), "{err}");
+        assert!(fs_err::symlink_metadata(outside.join("libhost.so")).is_err());
+        writable(&wheel);
+    }
+
+    /// Lets the temporary directory be removed again.
+    fn writable(wheel: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let root = wheel.join("site-packages/nvidia/cu13");
+        for d in [root.clone(), root.join("bin"), root.join("lib64")] {
+            fs_err::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
     }
 
     #[test]
