@@ -483,7 +483,8 @@ fn dry_run_prints_the_ssh_commands() {
             .unwrap();
         assert!(check.status.success(), "{line}\n{}", text(&check).1);
         assert!(line.starts_with(
-            "ssh -T -o BatchMode=yes -o ConnectTimeout=30 -p 2222 -i /keys/id 10.77.0."
+            "ssh -T -o BatchMode=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 -o \
+             ServerAliveCountMax=4 -p 2222 -i /keys/id 10.77.0."
         ));
     }
     // Every variable travels as `env NAME=VALUE`: a name a shell cannot take is refused before anything runs.

@@ -67,6 +67,32 @@ pub struct SshSetup {
     /// Hosts without the project directory -> the work directory with the project's files there, where their ranks
     /// run (filled by the host check).
     pub work_dirs: Arc<Mutex<BTreeMap<String, PathBuf>>>,
+    /// How long each phase before the ranks start may take on a host; past it the ssh is killed and the run fails.
+    pub deadlines: Deadlines,
+}
+
+/// The longest each ssh phase before the ranks start may take on one host (the host check, copying the project's
+/// files or the env, pulling the env from the caches): `--start-timeout` when given, else a default; pulling gets at
+/// least an hour (an env can be gigabytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    pub check: Duration,
+    pub copy: Duration,
+    pub pull: Duration,
+}
+
+impl Deadlines {
+    pub const CHECK: Duration = Duration::from_secs(120);
+    pub const COPY: Duration = Duration::from_secs(1800);
+    pub const PULL: Duration = Duration::from_secs(3600);
+
+    pub fn new(start_timeout: Option<Duration>) -> Deadlines {
+        Deadlines {
+            check: start_timeout.unwrap_or(Self::CHECK),
+            copy: start_timeout.unwrap_or(Self::COPY),
+            pull: start_timeout.map_or(Self::PULL, |t| t.max(Self::PULL)),
+        }
+    }
 }
 
 /// Whether `name` can be a variable name for `env NAME=VALUE` and the shell.
@@ -253,6 +279,7 @@ impl SshSetup {
             trusted_keys: options.trusted_keys.clone(),
             hvd: options.shim.clone(),
             work_dirs: Arc::default(),
+            deadlines: Deadlines::new(options.start_timeout),
         })
     }
 
@@ -412,7 +439,8 @@ impl SshSetup {
     }
 }
 
-/// `ssh` with the options every connection uses: never prompt (BatchMode), no terminal, a connect timeout.
+/// `ssh` with the options every connection uses: never prompt (BatchMode), no terminal, a connect timeout, and a
+/// connection whose peer stops answering for a minute is dropped (ServerAlive).
 fn ssh_argv(port: Option<u16>, identity: Option<&Path>, config: Option<&Path>) -> Vec<String> {
     let mut argv: Vec<String> = [
         "ssh",
@@ -421,6 +449,10 @@ fn ssh_argv(port: Option<u16>, identity: Option<&Path>, config: Option<&Path>) -
         "BatchMode=yes",
         "-o",
         "ConnectTimeout=30",
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ServerAliveCountMax=4",
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -489,6 +521,7 @@ pub(super) mod tests {
             trusted_keys: Vec::new(),
             hvd: None,
             work_dirs: Arc::default(),
+            deadlines: Deadlines::new(None),
         }
     }
 
@@ -516,7 +549,7 @@ pub(super) mod tests {
         assert!(!wrapper.contains("secret"));
         let argv = s.argv("h2", &wrapper);
         assert_eq!(
-            argv[..12],
+            argv[..16],
             [
                 "ssh",
                 "-T",
@@ -524,6 +557,10 @@ pub(super) mod tests {
                 "BatchMode=yes",
                 "-o",
                 "ConnectTimeout=30",
+                "-o",
+                "ServerAliveInterval=15",
+                "-o",
+                "ServerAliveCountMax=4",
                 "-F",
                 "/k/cfg",
                 "-p",
@@ -532,8 +569,8 @@ pub(super) mod tests {
                 "/k/id"
             ]
         );
-        assert_eq!(argv[12..14], ["h2", "--"]);
-        assert_eq!(argv[14], wrapper);
+        assert_eq!(argv[16..18], ["h2", "--"]);
+        assert_eq!(argv[18], wrapper);
         assert!(wrapper.ends_with(" /bin/sh -c 'python t.py'"), "{wrapper}");
         assert!(!WRAPPER.contains('\''));
         // Without an interface, each host finds the one that reaches the rendezvous.

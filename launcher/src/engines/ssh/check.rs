@@ -208,8 +208,16 @@ impl SshSetup {
         local: Option<&EnvIdentity>,
     ) -> Result<CheckReport, String> {
         let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(script)));
-        let out = bounded_output(Command::new(&argv[0]).args(&argv[1..]), CHECK_ANSWER_LIMIT)
-            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
+        let out = bounded_output(
+            Command::new(&argv[0]).args(&argv[1..]),
+            None,
+            CHECK_ANSWER_LIMIT,
+            self.deadlines.check,
+        )
+        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
+        if out.timed_out {
+            return Err(timed_out(host, "the host check", self.deadlines.check));
+        }
         if out.stdout_overflow {
             return Err(format!(
                 "host `{host}` answered the env check with more than {} bytes; hvd stopped reading and copies \
@@ -220,12 +228,11 @@ impl SshSetup {
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
         if !stdout.contains("hvd-check:done") {
-            let stderr = String::from_utf8_lossy(&out.stderr);
             return Err(format!(
                 "cannot run commands on host `{host}` over ssh ({}): {}\n  (check `{} {host} true`; the ssh engine \
                  needs key-based login without prompts: BatchMode)",
                 out.status,
-                stderr.trim(),
+                host_text(&out.stderr),
                 shell::line(&self.ssh)
             ));
         }
@@ -332,22 +339,65 @@ impl SshSetup {
             return Err("tar has no output pipe".into());
         };
         let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(&script)));
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(archive)
-            .output()
-            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
+        let out = bounded_output(
+            Command::new(&argv[0]).args(&argv[1..]),
+            Some(archive.into()),
+            1 << 20,
+            self.deadlines.copy,
+        )
+        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
+        if out.as_ref().is_ok_and(|o| o.timed_out) {
+            let _ = tar.kill();
+        }
         let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
         let out = out?;
+        if out.timed_out {
+            return Err(timed_out(host, "copying the env", self.deadlines.copy));
+        }
         if !tar_out.status.success() || !out.status.success() {
             return Err(format!(
                 "copying the env to host `{host}` failed: {}{}",
-                String::from_utf8_lossy(&tar_out.stderr).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
+                host_text(&tar_out.stderr),
+                host_text(&out.stderr)
             ));
         }
         Ok(())
     }
+}
+
+/// What a host (or a local tool) wrote to stderr, as a message may show it: the last 40 lines at most 200
+/// characters each, control characters (but line ends) escaped, so a host cannot move the cursor or rewrite the
+/// terminal the launcher runs in.
+pub(super) fn host_text(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(40)..]
+        .iter()
+        .map(|line| {
+            let mut out = String::new();
+            for c in line.chars().take(200) {
+                if c.is_control() && c != '\t' {
+                    out.extend(c.escape_default());
+                } else {
+                    out.push(c);
+                }
+            }
+            if line.chars().nth(200).is_some() {
+                out.push_str("...");
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("\n    ")
+}
+
+/// The error of a phase on `host` that ran past its `deadline`.
+pub(super) fn timed_out(host: &str, phase: &str, deadline: std::time::Duration) -> String {
+    format!(
+        "{phase} on host `{host}` did not finish within {} s and was stopped: the host stalls (or the network to \
+         it); check `ssh {host} true` and the host's load, or give more time (`--start-timeout`)",
+        deadline.as_secs()
+    )
 }
 
 /// The project's files for hosts without the project directory: the steps' `inputs`, read and hashed once, by the
@@ -454,14 +504,20 @@ pub(super) struct BoundedOutput {
     pub stderr: Vec<u8>,
     /// stdout had more than the limit (the rest was read and dropped).
     pub stdout_overflow: bool,
+    /// The command ran past its deadline and was killed (with its process group).
+    pub timed_out: bool,
 }
 
-/// Runs `command` with stdin closed and keeps at most `limit` bytes of each of its stdout and stderr, reading and
-/// dropping the rest (so the child never blocks on a full pipe).
+/// Runs `command` with `stdin` (closed when `None`) in a process group of its own, and keeps at most `limit` bytes
+/// of each of its stdout and stderr, reading and dropping the rest (so the child never blocks on a full pipe). Past
+/// `deadline` the whole group is killed (a host that authenticates and then stalls cannot hold the launcher).
 pub(super) fn bounded_output(
     command: &mut Command,
+    stdin: Option<Stdio>,
     limit: usize,
+    deadline: std::time::Duration,
 ) -> std::io::Result<BoundedOutput> {
+    use std::os::unix::process::CommandExt as _;
     fn keep(mut from: impl std::io::Read, limit: usize) -> (Vec<u8>, bool) {
         let mut kept = Vec::new();
         let mut buf = [0u8; 16 << 10];
@@ -478,22 +534,39 @@ pub(super) fn bounded_output(
         }
     }
     let mut child = command
-        .stdin(Stdio::null())
+        .stdin(stdin.unwrap_or_else(Stdio::null))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()?;
+    let pgid = child.id() as libc::pid_t;
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    let ((stdout, stdout_overflow), (stderr, _)) = std::thread::scope(|scope| {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let ((stdout, stdout_overflow), (stderr, _), timed_out) = std::thread::scope(|scope| {
+        let watchdog = scope.spawn(move || {
+            let expired = matches!(
+                finished.recv_timeout(deadline),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            );
+            if expired {
+                // SAFETY: kill(2) on the child's own process group (the child is not reaped yet: its id is ours).
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            }
+            expired
+        });
         let err = scope.spawn(move || stderr.map_or((Vec::new(), false), |e| keep(e, limit)));
         let out = stdout.map_or((Vec::new(), false), |o| keep(o, limit));
-        (out, err.join().unwrap_or((Vec::new(), false)))
+        let err = err.join().unwrap_or((Vec::new(), false));
+        let _ = done.send(());
+        (out, err, watchdog.join().unwrap_or(false))
     });
     Ok(BoundedOutput {
         status: child.wait()?,
         stdout,
         stderr,
         stdout_overflow,
+        timed_out,
     })
 }
 
@@ -831,6 +904,63 @@ mod tests {
             std::fs::read_dir(d.join("store-c/.tmp")).unwrap().count(),
             0
         );
+    }
+
+    #[test]
+    fn a_host_that_stalls_is_stopped_at_the_deadline_naming_the_phase() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // Authenticates, then answers nothing and never exits (with a child holding the output pipe).
+        let ssh = d.join("stalling-ssh");
+        std::fs::write(
+            &ssh,
+            "#!/bin/sh
+sleep 600 & sleep 600
+",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![ssh.display().to_string()];
+        s.hosts = vec![("slow".into(), 1)];
+        s.deadlines.check = std::time::Duration::from_secs(1);
+        let err = s.check_hosts(d, None, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("the host check on host `slow` did not finish within 1 s"),
+            "{err}"
+        );
+        // Copying the project's files to a host that stalls while reading them stops too.
+        std::fs::write(&ssh, "#!/bin/sh
+case \"$*\" in *hvd-check:done*) echo hvd-check:no-dir; echo hvd-check:done;; *) sleep 600;; esac\n").unwrap();
+        s.deadlines.copy = std::time::Duration::from_secs(1);
+        std::fs::write(d.join("train.py"), "print(1)").unwrap();
+        let err = s.check_hosts(d, None, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("copying the project's files on host `slow` did not finish within 1 s"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn what_a_host_writes_to_stderr_cannot_drive_the_terminal() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ssh = d.join("noisy-ssh");
+        std::fs::write(
+            &ssh,
+            "#!/bin/sh\nprintf 'denied\\033[2J\\033]0;owned\\007\\rfake ok\\n' >&2; exit 255\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![ssh.display().to_string()];
+        s.hosts = vec![("h".into(), 1)];
+        let err = s.check_hosts(d, None, &[]).unwrap_err().to_string();
+        assert!(!err.chars().any(|c| c.is_control() && c != '\n'), "{err:?}");
+        assert!(err.contains("denied\\u{1b}[2J"), "{err}");
+        assert!(err.contains("\\rfake ok"), "{err}");
     }
 
     /// Writes wheel store path `name` built from `wheel` (its `.hvd-path.json` as the builder writes one).

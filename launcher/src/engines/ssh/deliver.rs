@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use sha2::{Digest as _, Sha256};
 
 use super::SshSetup;
-use super::check::bounded_output;
+use super::check::{bounded_output, host_text, timed_out};
 use crate::closure::printable;
 use crate::engines::shell::quote;
 
@@ -189,14 +189,26 @@ impl SshSetup {
             return Err("tar has no output pipe".into());
         };
         let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(&script)));
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(archive)
-            .output()
-            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
+        let out = bounded_output(
+            Command::new(&argv[0]).args(&argv[1..]),
+            Some(archive.into()),
+            1 << 20,
+            self.deadlines.copy,
+        )
+        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
+        if out.as_ref().is_ok_and(|o| o.timed_out) {
+            let _ = tar.kill();
+        }
         let _ = feeder.join();
         let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
         let out = out?;
+        if out.timed_out {
+            return Err(timed_out(
+                host,
+                "copying the project's files",
+                self.deadlines.copy,
+            ));
+        }
         let stdout = String::from_utf8_lossy(&out.stdout);
         let dir = stdout
             .lines()
@@ -218,8 +230,8 @@ impl SshSetup {
             _ => Err(format!(
                 "copying the project's files ({} files) to a work directory on host `{host}` failed: {}{}",
                 work.files.len(),
-                String::from_utf8_lossy(&tar_out.stderr).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
+                host_text(&tar_out.stderr),
+                host_text(&out.stderr)
             )),
         }
     }
@@ -248,15 +260,25 @@ impl SshSetup {
             pull.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
         );
         let argv = self.argv(host, &remote);
-        let out = bounded_output(Command::new(&argv[0]).args(&argv[1..]), 1 << 20)
-            .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
+        let out = bounded_output(
+            Command::new(&argv[0]).args(&argv[1..]),
+            None,
+            1 << 20,
+            self.deadlines.pull,
+        )
+        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
+        if out.timed_out {
+            return Err(timed_out(
+                host,
+                "pulling the env from the caches (`hvd cache pull`)",
+                self.deadlines.pull,
+            ));
+        }
         if out.status.success() {
             return Ok(());
         }
-        let stderr = String::from_utf8_lossy(&out.stderr);
         // The last lines say why (progress and warnings come first).
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(12)..].join("\n    ");
+        let tail = host_text(&out.stderr);
         Err(format!(
             "host `{host}` could not get the env {name} from the caches (`hvd cache pull` there, {}):\n    {tail}",
             out.status
