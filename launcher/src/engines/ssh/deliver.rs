@@ -54,6 +54,7 @@ impl WorkFiles {
                         printable(input)
                     ));
                 }
+                inside_project(root, path, input)?;
                 starts.push(path.to_path_buf());
             }
             starts
@@ -135,6 +136,29 @@ impl WorkFiles {
             files,
             hash,
         })
+    }
+}
+
+/// Refuses `input` (relative to `root`) when a directory on its way is a symbolic link that leads out of the project
+/// directory: `tar` and the hashing follow such links, so `data/x` with `data -> /home/me` would send `/home/me/x`.
+/// The input itself may be a link: it travels as a link, never as what it points to.
+fn inside_project(root: &Path, input: &Path, text: &str) -> Result<(), String> {
+    let Some(parent) = input.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let real_root = fs_err::canonicalize(root).map_err(|e| e.to_string())?;
+    match std::fs::canonicalize(root.join(parent)) {
+        Ok(real) if real.starts_with(&real_root) => Ok(()),
+        // Not there yet (an output of an earlier step): nothing to send.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(real) => Err(format!(
+            "the step input {} leads out of the project directory through a symbolic link (to {}); the ssh engine \
+             sends only the project's own files to a host: declare the files inside the project, or share the \
+             directory at the same path on every host",
+            printable(text),
+            printable(&real.display().to_string())
+        )),
+        Err(e) => Err(format!("the step input {}: {e}", printable(text))),
     }
 }
 
@@ -311,6 +335,26 @@ mod tests {
         assert_eq!(again.hash, all.hash);
         std::fs::write(d.join("src/a.py"), "b").unwrap();
         assert_ne!(WorkFiles::collect(d, &[]).unwrap().hash, all.hash);
+        // A directory on the way that is a link out of the project: refused, naming the input.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "s").unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.join("data")).unwrap();
+        let err = WorkFiles::collect(d, &["data/secret".into()]).unwrap_err();
+        assert!(
+            err.contains("`data/secret` leads out of the project"),
+            "{err}"
+        );
+        std::fs::create_dir(d.join("real")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.join("real/up")).unwrap();
+        let err = WorkFiles::collect(d, &["real/up/secret".into()]).unwrap_err();
+        assert!(err.contains("leads out of the project"), "{err}");
+        // A link inside the project is followed; a link as the input itself travels as a link.
+        std::os::unix::fs::symlink("src", d.join("code")).unwrap();
+        let via = WorkFiles::collect(d, &["code/a.py".into(), "data".into()]).unwrap();
+        assert_eq!(
+            via.files,
+            [PathBuf::from("code/a.py"), PathBuf::from("data")]
+        );
         for bad in ["../etc", "/etc", "src/../../x"] {
             let err = WorkFiles::collect(d, &[bad.into()]).unwrap_err();
             assert!(
