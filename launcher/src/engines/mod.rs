@@ -23,7 +23,7 @@ pub mod ssh;
 /// path's, or no cache is given. The env need not be here: a login node that only submits may lack it.
 ///
 /// The command line ends up in batch scripts, the scheduler's records and every node's process list, so a cache
-/// URL carrying credentials (`https://user:token@...`) is refused: credentials come from the environment (S3's
+/// URL carrying credentials (`https://user:token@...`, `?token=...`) is refused: credentials come from the environment (S3's
 /// `AWS_*`, which `sbatch` exports), never from a written command.
 pub fn pull_argv(
     plan: &crate::Plan,
@@ -68,9 +68,10 @@ pub fn pull_command(
     for url in caches {
         if has_credentials(url) {
             return Err(LaunchError::Engine(format!(
-                "the cache `{}` carries credentials in its URL; hvd does not write them into batch scripts or \
-                 command lines: give the URL without them and the credentials through the environment (for S3 \
-                 the AWS variables, which sbatch exports)",
+                "the cache `{}` carries credentials in its URL (user info, or a query string such as a token or \
+                 a presigned signature); hvd does not write them into batch scripts, manifests or command lines: \
+                 give the URL without them and the credentials through the environment (for S3 the AWS \
+                 variables, which sbatch exports)",
                 redact(url)
             )));
         }
@@ -82,24 +83,35 @@ pub fn pull_command(
     Ok(argv)
 }
 
-/// Whether `url` has a user-info part (`scheme://user[:secret]@host...`).
+/// Whether `url` may carry a secret: a user-info part (`scheme://user[:secret]@host...`), or a query string or
+/// fragment (`?token=...`, a presigned `?X-Amz-Signature=...`), which a cache URL never needs (hvd appends object
+/// names to it).
 fn has_credentials(url: &str) -> bool {
     url.split_once("://")
         .map(|(_, rest)| {
-            rest.split(['/', '?', '#'])
-                .next()
-                .unwrap_or("")
-                .contains('@')
+            rest.contains(['?', '#'])
+                || rest
+                    .split(['/', '?', '#'])
+                    .next()
+                    .unwrap_or("")
+                    .contains('@')
         })
         .unwrap_or(false)
 }
 
-/// `url` with its user-info part replaced by `***`.
+/// `url` with its user-info part replaced by `***` and its query string or fragment by `?***`.
 fn redact(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) if has_credentials(url) => {
-            let host = rest.split_once('@').map_or(rest, |(_, host)| host);
-            format!("{scheme}://***@{host}")
+            let (rest, query) = match rest.find(['?', '#']) {
+                Some(at) => (&rest[..at], "?***"),
+                None => (rest, ""),
+            };
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((_, host)) => format!("{scheme}://***@{host}{path}{query}"),
+                None => format!("{scheme}://{rest}{query}"),
+            }
         }
         _ => url.to_owned(),
     }
@@ -310,6 +322,43 @@ mod tests {
         );
         let err = parse_hostfile("h1 slots=four").unwrap_err();
         assert!(err.to_string().contains("line 1"), "{err}");
+    }
+
+    /// Secrets a cache URL can carry (user info, a token or presigned signature in the query string) never reach a
+    /// command line, batch script or manifest, nor the error that refuses them.
+    #[test]
+    fn cache_urls_with_user_info_or_a_query_string_are_refused_without_showing_it() {
+        let pull = |url: &str| pull_command("hvd", "/s", "n", &[url.to_owned()], &[]);
+        for (url, shown) in [
+            (
+                "https://me:s3cr3t@cache.example/p",
+                "https://***@cache.example/p",
+            ),
+            (
+                "https://cache.example/p?token=s3cr3t",
+                "https://cache.example/p?***",
+            ),
+            (
+                "https://b.s3.example/c?X-Amz-Algorithm=A&X-Amz-Signature=s3cr3t",
+                "https://b.s3.example/c?***",
+            ),
+            ("s3://bucket/c#s3cr3t", "s3://bucket/c?***"),
+            ("http://u@h:1/a@b?x=s3cr3t", "http://***@h:1/a@b?***"),
+        ] {
+            let err = pull(url).unwrap_err().to_string();
+            assert!(err.contains("carries credentials"), "{url}: {err}");
+            assert!(err.contains(shown), "{url}: {err}");
+            assert!(!err.contains("s3cr3t"), "{url}: {err}");
+        }
+        for url in [
+            "https://cache.example/a@b",
+            "s3://bucket/c",
+            "/dir/a?b",
+            "file:///c",
+        ] {
+            let argv = pull(url).unwrap();
+            assert_eq!(argv.last().unwrap(), &format!("--cache={url}"));
+        }
     }
 
     #[test]
