@@ -122,4 +122,57 @@ fn the_lock_pins_the_interpreter_and_a_changed_pin_is_refused_until_relocked() {
     assert_eq!(hostile.status.code(), Some(2), "{}", text(&hostile).1);
     let message = common::unwrapped(&text(&hostile).1);
     assert!(message.contains("installation"), "{message}");
+
+    // Every fingerprint entry names another version's interpreter path (stale after the host's python changed, or
+    // planted): relocking ignores it, pins this machine's python again, and the lock it writes reads back.
+    let planted = {
+        let opened = hvd_builder::Store::open(&store).unwrap();
+        let claimed = hvd_builder::Sha256::of_bytes(b"planted");
+        let derivation = hvd_builder::interpreter::derivation("2.7.18", &claimed);
+        let realized = opened
+            .realize_known(&derivation, false, |target| {
+                std::fs::write(target.out.join("marker"), b"").unwrap();
+                let mut manifest = hvd_builder::unpack::Manifest::new();
+                manifest.insert(
+                    "marker".into(),
+                    hvd_builder::hash::ManifestEntry::File {
+                        executable: false,
+                        sha256: hvd_builder::Sha256::of_bytes(b""),
+                    },
+                );
+                Ok(hvd_builder::store::KnownTree {
+                    manifest,
+                    ..Default::default()
+                })
+            })
+            .unwrap();
+        realized
+            .path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut entries = 0;
+    for entry in std::fs::read_dir(store.join(".interpreters")).unwrap() {
+        let entry = entry.unwrap().path();
+        if !entry
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with('.')
+        {
+            std::fs::write(&entry, format!("{planted}\n")).unwrap();
+            entries += 1;
+        }
+    }
+    assert!(entries > 0, "no fingerprint entry to plant");
+    let relocked = hvd(&["lock", &file_arg]);
+    assert_eq!(relocked.status.code(), Some(0), "{}", text(&relocked).1);
+    assert_eq!(
+        Lockfile::read(&lock_path).unwrap().target.installation,
+        Some(pin.clone()),
+        "{}",
+        text(&relocked).1
+    );
 }

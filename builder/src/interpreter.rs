@@ -257,16 +257,7 @@ fn bytecode(short: &str, items: &mut BTreeMap<PathBuf, Item>) {
     let python2 = short.starts_with("2.");
     let bytecode: Vec<PathBuf> = items
         .keys()
-        .filter(|dest| {
-            let name = dest.to_string_lossy();
-            name.ends_with(".pyc")
-                || name.ends_with(".pyo")
-                || dest.file_name() == Some("__pycache__".as_ref())
-                || dest
-                    .parent()
-                    .and_then(Path::file_name)
-                    .is_some_and(|parent| parent == "__pycache__")
-        })
+        .filter(|dest| is_bytecode(dest))
         .cloned()
         .collect();
     for dest in bytecode {
@@ -331,15 +322,52 @@ fn add_tree(
         .follow_links(false)
         .min_depth(1)
         .into_iter()
-        .filter_entry(|entry| keep(entry.path().strip_prefix(&root).unwrap_or(entry.path())));
+        // No `__pycache__` is copied (see `bytecode`), and a running interpreter writes `<module>.pyc.<id>` files
+        // into it that vanish a moment later: it is not walked at all.
+        .filter_entry(|entry| {
+            entry.file_name() != "__pycache__"
+                && keep(entry.path().strip_prefix(&root).unwrap_or(entry.path()))
+        });
     for entry in walk {
-        let entry = entry.map_err(|err| {
-            std::io::Error::other(format!("failed to walk `{}`: {err}", root.display()))
-        })?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(err) if vanished_bytecode(&err) => continue,
+            Err(err) => {
+                return Err(std::io::Error::other(format!(
+                    "failed to walk `{}`: {err}",
+                    root.display()
+                ))
+                .into());
+            }
+        };
         let inner = entry.path().strip_prefix(prefix).unwrap_or(entry.path());
-        add_entry(prefix, inner, items)?;
+        match add_entry(prefix, inner, items) {
+            Err(Error::Io(err))
+                if err.kind() == std::io::ErrorKind::NotFound && is_bytecode(inner) => {}
+            other => other?,
+        }
     }
     Ok(())
+}
+
+/// A path of compiled bytecode, or of an interpreter's temporary file while it writes one
+/// (`<module>.pyc.<id>`): python 3 writes and renames these while the installation is walked.
+fn is_bytecode(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.components().any(|c| c.as_os_str() == "__pycache__")
+        || name.ends_with(".pyc")
+        || name.ends_with(".pyo")
+        || name.contains(".pyc.")
+}
+
+/// A walk error for an entry of bytecode that vanished between listing its directory and reading it.
+fn vanished_bytecode(err: &walkdir::Error) -> bool {
+    err.io_error()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+        && err.path().is_some_and(is_bytecode)
 }
 
 /// Add one entry of the installation: directories and files as they are; a relative link whose target stays
@@ -641,8 +669,24 @@ pub fn import(store: &Store, python: &Interpreter) -> Result<StoredPython> {
     let selection = select(python)?;
     let fingerprint = selection.fingerprint(&python.version)?;
     let cache_dir = store.root().join(".interpreters");
-    fs_err::create_dir_all(&cache_dir)?;
+    if !cache_dir.is_dir() {
+        // Whoever can write an entry chooses the interpreter of every env built from these files.
+        use std::os::unix::fs::DirBuilderExt;
+        let created = std::fs::DirBuilder::new().mode(0o755).create(&cache_dir);
+        if let Err(err) = created
+            && err.kind() != std::io::ErrorKind::AlreadyExists
+        {
+            return Err(std::io::Error::other(format!(
+                "failed to create `{}`: {err}",
+                cache_dir.display()
+            ))
+            .into());
+        }
+    }
     let cache = cache_dir.join(&fingerprint);
+    // An entry is only a hint: it is taken when it names a valid interpreter path of exactly this version, named
+    // by its own content (a stale or planted entry naming another version, or any other path, is ignored, and the
+    // copy that follows overwrites it).
     let cached = || -> Option<StoredPython> {
         let name = std::fs::read_to_string(&cache).ok()?;
         let name = name.trim();
@@ -653,7 +697,12 @@ pub fn import(store: &Store, python: &Interpreter) -> Result<StoredPython> {
         if !store.is_valid(&path) {
             return None;
         }
-        StoredPython::from_path(store, &path).ok()
+        let stored = StoredPython::from_path(store, &path).ok()?;
+        let expected = derivation(&python.version, &stored.content_hash);
+        (stored.version == python.version
+            && expected.path_name() == name
+            && store.path_of(&expected) == path)
+            .then_some(stored)
     };
     if let Some(found) = cached() {
         return Ok(found);

@@ -489,3 +489,140 @@ fn a_pinned_interpreter_comes_from_a_cache_without_reading_the_hosts() {
         "the host's installation was not looked at (nothing was copied from it)"
     );
 }
+
+/// Plant `<store>/<name>` as a valid interpreter path of `version` holding one empty file (an attacker's or a
+/// stale entry's target); returns its name.
+fn plant_interpreter_path(store: &Store, version: &str, claimed: &hvd_builder::Sha256) -> String {
+    let derivation = interpreter::derivation(version, claimed);
+    let realized = store
+        .realize_known(&derivation, false, |target| {
+            std::fs::write(target.out.join("marker"), b"").unwrap();
+            let mut manifest = hvd_builder::unpack::Manifest::new();
+            manifest.insert(
+                "marker".into(),
+                hvd_builder::hash::ManifestEntry::File {
+                    executable: false,
+                    sha256: hvd_builder::Sha256::of_bytes(b""),
+                },
+            );
+            Ok(hvd_builder::store::KnownTree {
+                manifest,
+                ..Default::default()
+            })
+        })
+        .unwrap();
+    realized
+        .path
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn a_planted_or_stale_fingerprint_entry_is_ignored_and_overwritten() {
+    let Some(python) = pyenv_311("a_planted_or_stale_fingerprint_entry_is_ignored_and_overwritten")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let stored = interpreter::import(&store, &python).unwrap();
+    let entries = store.root().join(".interpreters");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&entries).unwrap().permissions(),
+    );
+    assert_eq!(
+        mode & 0o022,
+        0,
+        "`.interpreters` is writable by others: {mode:o}"
+    );
+    let entry: Vec<PathBuf> = std::fs::read_dir(&entries)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .collect();
+    let [entry] = &entry[..] else {
+        panic!("one fingerprint entry expected: {entry:?}")
+    };
+    let name = stored
+        .path
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(std::fs::read_to_string(entry).unwrap().trim(), name);
+
+    // Another version's interpreter path (a stale entry after the host's python changed version, or a planted
+    // one); a path of this version whose name is not its content's; a path that is not an interpreter.
+    let hash = hvd_builder::Sha256::of_bytes(b"planted");
+    let older = plant_interpreter_path(&store, "3.10.13", &hash);
+    let misnamed = plant_interpreter_path(&store, &python.version, &hash);
+    for planted in [older.as_str(), misnamed.as_str(), "../store"] {
+        std::fs::write(entry, format!("{planted}\n")).unwrap();
+        let again = interpreter::import(&store, &python).unwrap();
+        assert_eq!(again, stored, "the entry naming `{planted}` was trusted");
+        assert_eq!(
+            std::fs::read_to_string(entry).unwrap().trim(),
+            name,
+            "the entry naming `{planted}` was not overwritten"
+        );
+    }
+}
+
+#[test]
+fn bytecode_written_and_removed_during_the_walk_neither_fails_nor_changes_the_copy() {
+    // A small installation whose `__pycache__` a running interpreter keeps writing `<module>.pyc.<id>` files
+    // into and renaming away (other processes on the host importing the standard library).
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("prefix");
+    let stdlib = prefix.join("lib/python3.11");
+    let cache = stdlib.join("json/__pycache__");
+    std::fs::create_dir_all(prefix.join("bin")).unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::copy("/bin/true", prefix.join("bin/python3.11")).unwrap();
+    std::fs::write(stdlib.join("os.py"), b"# os\n").unwrap();
+    std::fs::write(stdlib.join("json/__init__.py"), b"# json\n").unwrap();
+    let python = Interpreter {
+        executable: prefix.join("bin/python3.11"),
+        version: "3.11.7".into(),
+        short_version: "3.11".into(),
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            let mut round = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let names: Vec<PathBuf> = (0..64)
+                    .map(|i| cache.join(format!("m{i}.cpython-311.pyc.{round}")))
+                    .collect();
+                for name in &names {
+                    std::fs::write(name, b"bytecode").unwrap();
+                }
+                for name in &names {
+                    std::fs::remove_file(name).unwrap();
+                }
+                round += 1;
+            }
+        })
+    };
+    let mut hashes = std::collections::BTreeSet::new();
+    for i in 0..60 {
+        let store = Store::open(dir.path().join(format!("store-{i}"))).unwrap();
+        let stored = interpreter::import(&store, &python);
+        let stored = match stored {
+            Ok(stored) => stored,
+            Err(err) => {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("import {i} failed: {err}");
+            }
+        };
+        assert!(!stored.path.join("lib/python3.11/json/__pycache__").is_dir());
+        hashes.insert(stored.content_hash.as_str().to_string());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+    assert_eq!(hashes.len(), 1, "the copies differ: {hashes:?}");
+}

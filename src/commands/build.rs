@@ -365,7 +365,7 @@ fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Res
         )
     })?;
     let mut lock = lock;
-    pin_interpreter(&mut lock, false)?;
+    pin_interpreter(&mut lock, &lock_path, false)?;
     lock.write(&lock_path).map_err(|err| {
         Failure::from_error_in(
             Status::Failure,
@@ -382,7 +382,28 @@ fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Res
 /// interpreter is pinned in its place, so relocking fixes a pin this machine cannot satisfy. Without an
 /// interpreter of that version here (or one that cannot be copied) the lock stays unpinned, with a warning: the
 /// build then copies in whichever interpreter the building machine has.
-pub(crate) fn pin_interpreter(lock: &mut Lockfile, repin: bool) -> Result<(), Failure> {
+/// The pinned lock is checked with the lockfile reader before it is returned: a pin its own reader would refuse
+/// is never written.
+pub(crate) fn pin_interpreter(
+    lock: &mut Lockfile,
+    lock_path: &Path,
+    repin: bool,
+) -> Result<(), Failure> {
+    set_pin(lock, repin)?;
+    Lockfile::parse(&lock.to_toml(), lock_path).map_err(|err| {
+        Failure::from_error_in(
+            Status::Failure,
+            format_args!(
+                "refusing to write `{}`: the lock with its interpreter pinned fails the lockfile reader",
+                lock_path.display()
+            ),
+            &err,
+        )
+    })?;
+    Ok(())
+}
+
+fn set_pin(lock: &mut Lockfile, repin: bool) -> Result<(), Failure> {
     let store = open_store()?;
     let _builders = store.lock_builders().map_err(build_failure)?;
     let existing = lock.target.installation.clone();

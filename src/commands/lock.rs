@@ -90,7 +90,7 @@ pub fn run(args: LockArgs) -> CommandResult {
         bar.finish_and_clear();
     }
     let mut locked = result.map_err(resolve_failure)?;
-    super::build::pin_interpreter(&mut locked.lockfile, args.upgrade)?;
+    super::build::pin_interpreter(&mut locked.lockfile, &lock_path, args.upgrade)?;
     let text = locked.lockfile.to_toml();
     let unchanged = std::fs::read_to_string(&lock_path).is_ok_and(|old| old == text);
     if !unchanged {
