@@ -315,6 +315,10 @@ impl SshSetup {
         let list = names.iter().map(|n| quote(n)).collect::<Vec<_>>().join(" ");
         let script = format!(
             "set -e; t={s}/.tmp/hvd-ssh-copy.$$; mkdir -p \"$t\"; tar -C \"$t\" -xf -; \
+             if ! (cd \"$t\" && find . -mindepth 1 ! -path ./{CHECKSUMS} ! -path ./{ENTRIES} \
+             -printf '%y %P -> %l\\0' | LC_ALL=C sort -z | cmp -s - {ENTRIES}); then chmod -R u+w \"$t\"; \
+             rm -rf \"$t\"; echo 'hvd: the copied store paths hold entries (files, links, directories) that are \
+             not in the list sent with them: nothing was installed' >&2; exit 1; fi; \
              if ! (cd \"$t\" && sha256sum --quiet --strict -c {CHECKSUMS} >&2); then chmod -R u+w \"$t\"; \
              rm -rf \"$t\"; echo 'hvd: the copied store paths do not match their sha256 (see above): nothing was \
              installed' >&2; exit 1; fi; for n in {list}; do \
@@ -325,8 +329,9 @@ impl SshSetup {
             .arg("-cf")
             .arg("-")
             .arg("-C")
-            .arg(&checksums.dir)
+            .arg(checksums.dir.path())
             .arg(CHECKSUMS)
+            .arg(ENTRIES)
             .arg("-C")
             .arg(store)
             .arg("--")
@@ -349,6 +354,7 @@ impl SshSetup {
         if out.as_ref().is_ok_and(|o| o.timed_out) {
             let _ = tar.kill();
         }
+        drop(checksums);
         let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
         let out = out?;
         if out.timed_out {
@@ -410,21 +416,43 @@ struct WorkSource<'a> {
 /// The name of the checksum list in a copy's archive (not a store path name, so never one of the copied paths).
 const CHECKSUMS: &str = "hvd-copy.sha256";
 
-/// The sha256 of every regular file of some store paths, as `sha256sum` writes them (`HASH  NAME/PATH`), in a
-/// private temporary directory (removed on drop).
+/// The name of the entry list in a copy's archive: every file, link (with its target) and directory of the copied
+/// store paths (`find -printf '%y %P -> %l\0'`, sorted bytewise), which the host compares with what it unpacked.
+const ENTRIES: &str = "hvd-copy.entries";
+
+/// The sha256 of every regular file of some store paths, as `sha256sum` writes them (`HASH  NAME/PATH`), and the list
+/// of all their entries ([`ENTRIES`]), in a private temporary directory (random name, mode 0700, removed on drop).
 struct Checksums {
-    dir: std::path::PathBuf,
+    dir: tempfile::TempDir,
 }
 
 impl Checksums {
     fn of(store: &Path, names: &[&str]) -> Result<Checksums, String> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("hvd-ssh-copy-{}-{n}", std::process::id()));
-        std::fs::create_dir(&dir)
-            .map_err(|e| format!("failed to create {}: {e}", dir.display()))?;
+        let dir = tempfile::Builder::new()
+            .prefix("hvd-ssh-copy-")
+            .tempdir()
+            .map_err(|e| format!("failed to create a temporary directory: {e}"))?;
         let checksums = Checksums { dir };
-        let file = std::fs::File::create_new(checksums.dir.join(CHECKSUMS))
+        let entries = std::fs::File::create_new(checksums.dir.path().join(ENTRIES))
+            .map_err(|e| format!("failed to create the entry list: {e}"))?;
+        // Names are store path names (checked): never an option of `find`.
+        let out = Command::new("/bin/sh")
+            .arg("-c")
+            .arg("cd \"$0\" && find \"$@\" -printf '%y %p -> %l\\0' | LC_ALL=C sort -z")
+            .arg(store)
+            .args(names)
+            .stdin(Stdio::null())
+            .stdout(entries)
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("failed to run find: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "failed to list the store paths to copy: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let file = std::fs::File::create_new(checksums.dir.path().join(CHECKSUMS))
             .map_err(|e| format!("failed to create the checksum list: {e}"))?;
         // Names are store path names (checked): never an option of `find`.
         let out = Command::new("/bin/sh")
@@ -444,12 +472,6 @@ impl Checksums {
             ));
         }
         Ok(checksums)
-    }
-}
-
-impl Drop for Checksums {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -857,7 +879,11 @@ mod tests {
             .lines()
             .map(|l| l.split('/').next().unwrap_or(l))
             .collect();
-        assert_eq!(tops, BTreeSet::from([CHECKSUMS, E1, P1]), "{listing}");
+        assert_eq!(
+            tops,
+            BTreeSet::from([CHECKSUMS, ENTRIES, E1, P1]),
+            "{listing}"
+        );
         // The copy itself refuses a name that is not a store path name, whoever gives it.
         let err = s
             .copy_store_paths("evil", &store, &["--checkpoint-action=exec=true"])
@@ -904,6 +930,67 @@ mod tests {
             std::fs::read_dir(d.join("store-c/.tmp")).unwrap().count(),
             0
         );
+    }
+
+    /// Whatever rewrites the copy on its way: a file or a link added to a store path (with the checksum list, which
+    /// covers only the files it names, left as it was) installs nothing.
+    #[test]
+    fn entries_added_to_a_copy_on_the_way_install_nothing() {
+        for (what, tamper) in [
+            ("a file", "echo planted > \"$t/$n/bin/extra\""),
+            ("a link", "ln -s /etc/shadow \"$t/$n/bin/shadow\""),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path();
+            let env = store_path(&d.join("store"), E1, "c1", &[P1]);
+            store_path(&d.join("store"), P1, "cx", &[]);
+            std::fs::create_dir_all(d.join("store-c")).unwrap();
+            let ssh = d.join("tampering-ssh");
+            std::fs::write(
+                &ssh,
+                format!(
+                    "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
+                     cmd=$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\n\
+                     case \"$cmd\" in *hvd-copy.sha256*) t=$(mktemp -d); tar -C \"$t\" -xf -; chmod -R u+w \"$t\"; \
+                     for n in $(cd \"$t\" && ls -d *-*); do {tamper}; done; \
+                     tar -C \"$t\" -cf - . | /bin/sh -c \"$cmd\"; c=$?; rm -rf \"$t\"; exit $c;; esac\n\
+                     exec /bin/sh -c \"$cmd\"\n"
+                ),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let mut s = setup(Some("lo"));
+            s.ssh = vec![ssh.display().to_string()];
+            s.copy_env = true;
+            s.hosts = vec![("c".into(), 1)];
+            let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
+            assert!(
+                err.contains("not in the list sent with them"),
+                "{what}: {err}"
+            );
+            for name in [E1, P1] {
+                assert!(
+                    !d.join("store-c").join(name).exists(),
+                    "{what}: {name} was installed"
+                );
+            }
+        }
+        // Untouched, the same copy installs (the lists made here and there agree).
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let env = store_path(&d.join("store"), E1, "c1", &[P1]);
+        store_path(&d.join("store"), P1, "cx", &[]);
+        std::os::unix::fs::symlink("../bin", env.join("lib")).unwrap();
+        std::fs::write(env.join("bin/python"), "x").unwrap();
+        std::fs::create_dir_all(d.join("store-c")).unwrap();
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![fake_ssh(d).display().to_string()];
+        s.copy_env = true;
+        s.hosts = vec![("c".into(), 1)];
+        let _ = s.check_hosts(d, Some(&env), &[]);
+        assert!(d.join("store-c").join(E1).join("bin/python").exists());
+        assert!(d.join("store-c").join(P1).join(".hvd-path.json").exists());
     }
 
     #[test]
