@@ -604,9 +604,17 @@ def add_process_set(process_set):
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     ranks = process_set.ranks
-    arr = (ctypes.c_int64 * max(len(ranks), 1))(*ranks)
     lib = _l()
+    job_size = _check(lib.hvd_size())
+    # A rank outside the job (one past int64 would be truncated by ctypes) goes to the library as -1: the add is
+    # still agreed on by every rank (a rank raising alone would leave the others waiting), all fail alike, and the
+    # error names the rank as given.
+    bad = [rk for rk in ranks if not 0 <= rk < job_size]
+    arr = (ctypes.c_int64 * max(len(ranks), 1))(*[rk if 0 <= rk < job_size else -1 for rk in ranks])
     ps_id = lib.hvd_add_process_set(arr, len(ranks))
+    if bad:
+        raise InvalidArgumentError("invalid process set {}: rank {} is not a rank of the job (ranks are 0..{})".format(
+            ranks, bad[0], job_size))
     if ps_id < 0:
         raise _error(lib)
     process_set.process_set_id = ps_id
@@ -615,14 +623,25 @@ def add_process_set(process_set):
 
 
 def remove_process_set(process_set):
-    """Removes an added set (every rank calls it, as in Horovod; its id is forgotten). Returns whether a set was removed: False
-    for the global set or a set that was never added (or already removed)."""
+    """Removes an added set: every rank calls it with the same set, in the same order as its other adds and removes
+    (as in Horovod; its id is forgotten). Returns whether a set was removed: False for the global set or a set that
+    was never added (or already removed). Ranks that remove different sets all get a MismatchError and keep them; a
+    StallError when the set's engine did not stop in time (the set is forgotten)."""
     ps_id = process_set.process_set_id
     if ps_id is None or ps_id == 0 or not is_initialized():
         return False
-    process_set._invalidate()
-    _SETS.pop(ps_id, None)
-    return _l().hvd_remove_process_set(ps_id) == 0
+    lib = _l()
+    if lib.hvd_remove_process_set(ps_id) == 0:
+        process_set._invalidate()
+        _SETS.pop(ps_id, None)
+        return True
+    e = _error(lib)
+    if isinstance(e, InvalidArgumentError):
+        return False
+    if not isinstance(e, MismatchError):
+        process_set._invalidate()
+        _SETS.pop(ps_id, None)
+    raise e
 
 
 def _set_id(process_set):

@@ -128,7 +128,11 @@ int hvd_enqueue_many(const hvd_request_t *requests, int n, int64_t *handles);
  * over the job: every rank calls it with the same n global ranks (any order; no duplicates, all in the job, not
  * every rank, not an existing set), in the same order as its other adds; returns the set's id (> 0, the same on
  * every rank) or -1 (HVD_ERROR_INVALID_ARGUMENT: refused ranks; HVD_ERROR_MISMATCH: the ranks asked for different
- * sets). hvd_remove_process_set: every rank calls it (0, or -1: unknown set, or the global set 0).
+ * sets). hvd_remove_process_set is collective the same way: every rank calls it with the same id, in the same
+ * order as its adds and removes (0, or -1: HVD_ERROR_MISMATCH when the ranks asked to remove different sets or one
+ * asked to add, HVD_ERROR_INVALID_ARGUMENT for an unknown set or the global set 0, HVD_ERROR_STALLED when the
+ * set's engine did not stop within 60 s; hvd_shutdown reports the same). The order of a set's ranks is not part of
+ * it: [1, 0] and [0, 1] are one set (as in Horovod, which sorts them).
  * hvd_process_set_rank: this rank's position among the set's ranks (-1 when not a member); hvd_process_set_size;
  * hvd_process_set_ranks writes up to capacity ranks (ascending) and returns how many the set has. Id 0 is the
  * global set. hvd_enqueue_ps / hvd_enqueue_many_ps submit over a set this rank is a member of (a broadcast's root

@@ -357,10 +357,9 @@ pub extern "C" fn hvd_backend() -> *const c_char {
 pub extern "C" fn hvd_shutdown() -> i32 {
     guard(-1, || {
         // The sets first, in id order on every rank: each shutdown waits for the set's other members.
+        // A set whose engine does not stop in time is reported, after the job's engine has stopped.
         let sets = lock(&SETS).take();
-        if let Some(sets) = sets {
-            sets.shutdown();
-        }
+        let stopped = sets.map_or(Ok(()), |sets| sets.shutdown());
         let engine = lock(&ENGINE).take();
         if let Some(e) = engine {
             e.shutdown();
@@ -368,6 +367,7 @@ pub extern "C" fn hvd_shutdown() -> i32 {
         lock(&RESULTS).take();
         lock(&GROUPS).take();
         lock(&JOB).take();
+        stopped?;
         Ok(0)
     })
 }

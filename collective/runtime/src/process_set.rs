@@ -6,8 +6,9 @@
 //! through the job's engine, on what is added (an allgather of each rank's request, so ranks that disagree all get
 //! the same error) and on a tag unique to this join of the set; then the members join among themselves through the
 //! job's rendezvous under that tag ([`hvd_collective::bootstrap::connect_group`]), ranked by their position in the
-//! sorted member list. A set of one rank needs no peer. Removing a set shuts its engine down (collective over its
-//! members).
+//! sorted member list. A set of one rank needs no peer. Removing a set is agreed on the same way (every rank
+//! removes the same set at the same point: ranks that disagree all get a MISMATCH error, never a hang), then its
+//! members shut its engine down among themselves, bounded by [`ProcessSets::shutdown_timeout`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -24,6 +25,12 @@ use crate::transport::LocalTransport;
 pub const GLOBAL: i32 = 0;
 /// Set ids stay below this (the C ABI carries a set's id in its handles' high bits).
 pub const MAX_ID: i32 = 1 << 22;
+/// How long removing a set (or shutting the sets down) waits for the set's engine to stop, by default.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What an agreement is about (the first value each rank contributes).
+const ADD: i64 = 1;
+const REMOVE: i64 = 2;
 
 /// Why a process set could not be added, removed or used.
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +42,13 @@ pub enum ProcessSetError {
     )]
     Existing(Vec<usize>),
     #[error(
-        "the ranks disagree on the process set to add (every rank must add the same sets in the same order): {0}"
+        "the ranks disagree on the process set to add or remove (every rank must add and remove the same sets in the same order): {0}"
     )]
     Disagree(String),
+    #[error(
+        "process set {id}'s engine did not stop within {timeout:?} (a member has not removed the set, or an operation on it is stuck): the set is forgotten, its engine left running"
+    )]
+    ShutdownTimeout { id: i32, timeout: Duration },
     #[error("unknown process set {0} (removed, never added, or added before a shutdown)")]
     Unknown(i32),
     #[error("the global process set (id 0) cannot be removed")]
@@ -50,7 +61,7 @@ pub enum ProcessSetError {
         id: i32,
         ranks: Vec<usize>,
     },
-    #[error("failed to agree on the process set to add")]
+    #[error("failed to agree on the process set to add or remove")]
     Agree(#[source] EngineError),
     #[error("failed to join process set {id} (ranks {ranks:?})")]
     Connect {
@@ -78,6 +89,7 @@ impl ProcessSetError {
             | ProcessSetError::TooMany
             | ProcessSetError::NotMember { .. } => ErrorKind::InvalidArgument,
             ProcessSetError::Disagree(_) => ErrorKind::Mismatch,
+            ProcessSetError::ShutdownTimeout { .. } => ErrorKind::Stalled,
             ProcessSetError::Agree(e) | ProcessSetError::Start { source: e, .. } => e.kind(),
             ProcessSetError::Connect { source, .. } => ErrorKind::of_collective(source),
         }
@@ -127,14 +139,16 @@ pub type Connect<'a> =
 /// or shut down, so a thread using one set never waits for another set's add or remove.
 pub struct ProcessSets {
     sets: Mutex<BTreeMap<i32, ProcessSet>>,
-    /// Held through a whole add (adds are collective and numbered: one at a time on a rank).
+    /// Held through a whole add or remove (they are collective and numbered: one at a time on a rank).
     adding: Mutex<Adds>,
+    /// How long a set's engine may take to stop.
+    shutdown_timeout: Duration,
 }
 
 struct Adds {
     /// The id the next added set gets, the same on every rank (sets are added collectively, in order).
     next_id: i32,
-    /// Collective adds so far, naming each one's agreement.
+    /// Collective adds and removes so far, naming each one's agreement.
     count: u64,
 }
 
@@ -156,7 +170,21 @@ impl ProcessSets {
                 next_id: 1,
                 count: 0,
             }),
+            shutdown_timeout: SHUTDOWN_TIMEOUT,
         }
+    }
+
+    /// The same, waiting at most `timeout` for a set's engine to stop (on remove and shutdown).
+    pub fn with_shutdown_timeout(timeout: Duration) -> ProcessSets {
+        ProcessSets {
+            shutdown_timeout: timeout,
+            ..ProcessSets::new()
+        }
+    }
+
+    /// How long a set's engine may take to stop before remove or shutdown gives up on it with an error.
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout
     }
 
     /// Set `id` (its ranks and this rank's engine for it).
@@ -185,56 +213,20 @@ impl ProcessSets {
     ) -> Result<i32, ProcessSetError> {
         let topology = global.topology();
         let mut adds = lock(&self.adding);
-        adds.count += 1;
         let id = adds.next_id;
         let nonce = if topology.rank == 0 { nonce() } else { 0 };
-        let mine = [digest(requested) as i64, i64::from(id), nonce as i64];
-        let data: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let request = Request::owned(
-            OpKind::Allgather,
-            &format!("hvd.add_process_set.{}", adds.count),
-            DType::I64,
-            vec![3],
-            data,
-        );
-        let handle = global.enqueue(request).map_err(ProcessSetError::Agree)?;
-        let out = global.wait(handle).map_err(ProcessSetError::Agree)?;
-        let all: Vec<i64> = out
-            .data
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
-            .collect();
-        if all.len() != 3 * topology.size {
-            return Err(ProcessSetError::Disagree(format!(
-                "the agreement carried {} values, expected {}",
-                all.len(),
-                3 * topology.size
-            )));
-        }
-        if let Some((rank, theirs)) = all
-            .chunks_exact(3)
-            .enumerate()
-            .find(|(_, v)| v[0] != mine[0] || v[1] != mine[1])
-        {
-            let what = if theirs[0] != mine[0] {
-                "other ranks".to_string()
-            } else {
-                format!(
-                    "them as set {} (it has added a different number of sets)",
-                    theirs[1]
-                )
-            };
-            return Err(ProcessSetError::Disagree(format!(
-                "rank {} asked for ranks {requested:?} as set {id}; rank {rank} asked for {what}",
-                topology.rank
-            )));
-        }
+        let all = agree(
+            global,
+            &mut adds,
+            [ADD, digest(requested) as i64, i64::from(id), nonce as i64],
+            &format!("to add ranks {requested:?} as set {id}"),
+        )?;
         // Agreed: the id is spent whatever follows, on every rank alike.
         if id >= MAX_ID {
             return Err(ProcessSetError::TooMany);
         }
         adds.next_id += 1;
-        let tag = format!("ps{id}-{:x}", all[2] as u64);
+        let tag = format!("ps{id}-{:x}", all[0][3] as u64);
         let ranks = validate(requested, topology.size)?;
         if ranks.len() == topology.size || lock(&self.sets).values().any(|s| s.ranks == ranks) {
             return Err(ProcessSetError::Existing(ranks));
@@ -266,30 +258,120 @@ impl ProcessSets {
         Ok(id)
     }
 
-    /// Removes set `id` (every rank of the job calls it, as in Horovod): its members shut its engine down
-    /// (collectively among them, as `hvd_shutdown` does for the job), the others forget it.
-    pub fn remove(&self, id: i32) -> Result<(), ProcessSetError> {
+    /// Removes set `id`, collectively: every rank of the job (whose engine is `global`) calls it with the same id,
+    /// in the same order as its other adds and removes (ranks that disagree all get [`ProcessSetError::Disagree`]
+    /// and keep the set). Its members then shut its engine down (collectively among them, as `hvd_shutdown` does
+    /// for the job, waiting at most [`ProcessSets::shutdown_timeout`]); the others forget it.
+    pub fn remove(&self, global: &Engine, id: i32) -> Result<(), ProcessSetError> {
+        let mut adds = lock(&self.adding);
+        agree(
+            global,
+            &mut adds,
+            [REMOVE, i64::from(id), 0, 0],
+            &format!("to remove set {id}"),
+        )?;
+        drop(adds);
         if id == GLOBAL {
             return Err(ProcessSetError::RemoveGlobal);
         }
         let set = lock(&self.sets)
             .remove(&id)
             .ok_or(ProcessSetError::Unknown(id))?;
-        if let Some(engine) = set.engine {
-            engine.shutdown();
+        match set.engine {
+            Some(engine) => stop(id, engine, self.shutdown_timeout),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// Shuts every set's engine down (before the job's), in id order: the same on every rank.
-    pub fn shutdown(&self) {
+    /// Shuts every set's engine down (before the job's), in id order: the same on every rank. Each waits at most
+    /// [`ProcessSets::shutdown_timeout`]; the first that does not stop is the error (the others are still tried).
+    pub fn shutdown(&self) -> Result<(), ProcessSetError> {
         let sets = std::mem::take(&mut *lock(&self.sets));
-        for (_, set) in sets {
+        let mut first = Ok(());
+        for (id, set) in sets {
             if let Some(engine) = set.engine {
-                engine.shutdown();
+                let stopped = stop(id, engine, self.shutdown_timeout);
+                if first.is_ok() {
+                    first = stopped;
+                }
             }
         }
+        first
     }
+}
+
+/// Agrees with every rank, through the job's engine, on one add or remove: an allgather of each rank's
+/// `[kind, what, id, nonce]` (the first three must be equal everywhere). `mine` describes this rank's request for
+/// the error. Returns every rank's values.
+fn agree(
+    global: &Engine,
+    adds: &mut Adds,
+    values: [i64; 4],
+    mine: &str,
+) -> Result<Vec<[i64; 4]>, ProcessSetError> {
+    let topology = global.topology();
+    adds.count += 1;
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let request = Request::owned(
+        OpKind::Allgather,
+        &format!("hvd.process_set.{}", adds.count),
+        DType::I64,
+        vec![4],
+        data,
+    );
+    let handle = global.enqueue(request).map_err(ProcessSetError::Agree)?;
+    let out = global.wait(handle).map_err(ProcessSetError::Agree)?;
+    let all: Vec<[i64; 4]> = out
+        .data
+        .chunks_exact(32)
+        .map(|c| {
+            let mut v = [0i64; 4];
+            for (x, b) in v.iter_mut().zip(c.chunks_exact(8)) {
+                *x = i64::from_le_bytes(b.try_into().unwrap_or_default());
+            }
+            v
+        })
+        .collect();
+    if all.len() != topology.size || out.data.len() != 32 * topology.size {
+        return Err(ProcessSetError::Disagree(format!(
+            "the agreement carried {} bytes, expected {}",
+            out.data.len(),
+            32 * topology.size
+        )));
+    }
+    if let Some((rank, theirs)) = all.iter().enumerate().find(|(_, v)| v[..3] != values[..3]) {
+        let what = match theirs[0] {
+            REMOVE => format!("to remove set {}", theirs[1]),
+            ADD if values[0] == ADD && theirs[1] == values[1] => format!(
+                "to add them as set {} (it has added a different number of sets)",
+                theirs[2]
+            ),
+            ADD => format!("to add other ranks as set {}", theirs[2]),
+            _ => "something else".to_string(),
+        };
+        return Err(ProcessSetError::Disagree(format!(
+            "rank {} asked {mine}; rank {rank} asked {what}",
+            topology.rank
+        )));
+    }
+    Ok(all)
+}
+
+/// Shuts set `id`'s engine down, waiting at most `timeout` (past it the engine is left to stop on its own thread).
+fn stop(id: i32, engine: Arc<Engine>, timeout: Duration) -> Result<(), ProcessSetError> {
+    let (done, stopped) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name(format!("hvd-ps{id}-shutdown"))
+        .spawn(move || {
+            engine.shutdown();
+            let _ = done.send(());
+        });
+    if spawned.is_err() {
+        return Err(ProcessSetError::ShutdownTimeout { id, timeout });
+    }
+    stopped
+        .recv_timeout(timeout)
+        .map_err(|_| ProcessSetError::ShutdownTimeout { id, timeout })
 }
 
 /// `requested` as ascending global ranks of a job of `size`: no duplicates, none outside the job, not empty.
@@ -319,13 +401,15 @@ pub fn validate(requested: &[i64], size: usize) -> Result<Vec<usize>, ProcessSet
     Ok(ranks)
 }
 
-/// FNV-1a over the requested ranks as given (order included: ranks that list a set differently disagree).
+/// FNV-1a over the requested ranks, sorted (as Horovod sorts a set's ranks: `[1, 0]` and `[0, 1]` are one set).
 fn digest(requested: &[i64]) -> u64 {
+    let mut sorted = requested.to_vec();
+    sorted.sort_unstable();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in (requested.len() as u64)
+    for b in (sorted.len() as u64)
         .to_le_bytes()
         .into_iter()
-        .chain(requested.iter().flat_map(|r| r.to_le_bytes()))
+        .chain(sorted.iter().flat_map(|r| r.to_le_bytes()))
     {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
@@ -370,7 +454,12 @@ mod tests {
 
     #[test]
     fn the_digest_tells_lists_apart() {
-        assert_ne!(digest(&[0, 1]), digest(&[1, 0]));
+        assert_eq!(
+            digest(&[0, 1]),
+            digest(&[1, 0]),
+            "the order of ranks is not part of a set"
+        );
+        assert_ne!(digest(&[0, 1]), digest(&[0, 2]));
         assert_ne!(digest(&[0, 1]), digest(&[0, 1, 2]));
         assert_eq!(digest(&[2, 3]), digest(&[2, 3]));
     }

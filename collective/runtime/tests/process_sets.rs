@@ -117,7 +117,7 @@ fn two_overlapping_sets_reduce_concurrently_each_over_its_members() {
             (ta.map(|t| t.join().unwrap()), tb.map(|t| t.join().unwrap()))
         });
         let global_sum = allreduce(global, "g", &[1.0]);
-        sets.shutdown();
+        sets.shutdown().unwrap();
         (sum_a, sum_b, global_sum)
     });
     for (rank, (a, b, g)) in results.into_iter().enumerate() {
@@ -157,7 +157,7 @@ fn ranks_that_disagree_are_all_refused_and_stay_in_step() {
             .unwrap()
             .engine()
             .map(|e| allreduce(e, "x", &[5.0]));
-        sets.shutdown();
+        sets.shutdown().unwrap();
         (disagree, duplicate, everyone, single_disagrees, alone, sum)
     });
     for (rank, (disagree, duplicate, everyone, single_disagrees, alone, sum)) in
@@ -219,10 +219,16 @@ fn a_mismatch_in_one_set_leaves_the_others_running() {
             assert_eq!(allreduce(e, "x", &[2.0]), vec![2.0]);
         }
         let g = allreduce(global, "g", &[1.0]);
-        sets.remove(b).unwrap();
-        assert!(matches!(sets.remove(b), Err(ProcessSetError::Unknown(_))));
-        assert!(matches!(sets.remove(0), Err(ProcessSetError::RemoveGlobal)));
-        sets.shutdown();
+        sets.remove(global, b).unwrap();
+        assert!(matches!(
+            sets.remove(global, b),
+            Err(ProcessSetError::Unknown(_))
+        ));
+        assert!(matches!(
+            sets.remove(global, 0),
+            Err(ProcessSetError::RemoveGlobal)
+        ));
+        sets.shutdown().unwrap();
         (failed, g)
     });
     for (rank, (failed, g)) in results.into_iter().enumerate() {
@@ -270,7 +276,7 @@ fn a_stall_in_one_set_does_not_hang_the_others() {
             _ => None,
         };
         let g = allreduce(global, "g", &[1.0]);
-        sets.shutdown();
+        sets.shutdown().unwrap();
         (stalled, g, alone)
     });
     for (rank, (stalled, g, alone)) in results.into_iter().enumerate() {
@@ -281,5 +287,99 @@ fn a_stall_in_one_set_does_not_hang_the_others() {
             "rank {rank}"
         );
         assert_eq!(g, vec![4.0]);
+    }
+}
+
+/// Removes are agreed on like adds: ranks that remove two overlapping sets in different orders all get a MISMATCH
+/// (nobody shuts an engine down the others are not shutting down, so nothing hangs) and keep both sets; removing
+/// them in one order then works; a rank that removes while the others add is refused the same way.
+#[test]
+fn removes_in_different_orders_are_a_mismatch_not_a_hang() {
+    let pair = Joins::new(2);
+    let other = Joins::new(2);
+    let results = job(3, |rank, global| {
+        let sets = ProcessSets::new();
+        let config = EngineConfig::default();
+        let a = sets
+            .add(global, &[0, 1], &config, &|m, n, t| pair.connect(m, n, t))
+            .unwrap();
+        // Listed in another order on rank 0: the same set (ranks are sorted, as Horovod does).
+        let asked: &[i64] = if rank == 0 { &[2, 1] } else { &[1, 2] };
+        let b = sets
+            .add(global, asked, &config, &|m, n, t| other.connect(m, n, t))
+            .unwrap();
+        let (first, second) = if rank == 1 { (b, a) } else { (a, b) };
+        let swapped = sets.remove(global, first).unwrap_err();
+        let still = (sets.get(a).is_ok(), sets.get(b).is_ok());
+        let add_vs_remove = if rank == 2 {
+            sets.add(global, &[0], &config, &|_, _, _| unreachable!())
+                .unwrap_err()
+        } else {
+            sets.remove(global, second).unwrap_err()
+        };
+        sets.remove(global, a).unwrap();
+        sets.remove(global, b).unwrap();
+        let gone = sets.ids();
+        let g = allreduce(global, "g", &[1.0]);
+        sets.shutdown().unwrap();
+        (swapped, still, add_vs_remove, gone, g)
+    });
+    for (rank, (swapped, still, add_vs_remove, gone, g)) in results.into_iter().enumerate() {
+        for e in [&swapped, &add_vs_remove] {
+            assert!(
+                matches!(e, ProcessSetError::Disagree(_)),
+                "rank {rank}: {e}"
+            );
+            assert_eq!(e.kind(), ErrorKind::Mismatch);
+        }
+        assert!(swapped.to_string().contains("to remove set"), "{swapped}");
+        assert_eq!(
+            still,
+            (true, true),
+            "rank {rank}: a refused remove keeps the sets"
+        );
+        assert!(gone.is_empty(), "rank {rank}: {gone:?}");
+        assert_eq!(g, vec![3.0]);
+    }
+}
+
+/// A member that never stops the set's engine (it has not reached the shutdown) does not hang the other's
+/// shutdown: it gives up after the timeout with an error naming the set, and the job's engine still works.
+#[test]
+fn a_set_shutdown_a_member_never_joins_is_bounded() {
+    let pair = Joins::new(2);
+    let first_done = std::sync::Barrier::new(2);
+    let results = job(3, |rank, global| {
+        let sets = ProcessSets::with_shutdown_timeout(Duration::from_millis(300));
+        let config = EngineConfig::default();
+        let a = sets
+            .add(global, &[0, 1], &config, &|m, n, t| pair.connect(m, n, t))
+            .unwrap();
+        let out = if rank == 0 {
+            let e = sets.shutdown().unwrap_err();
+            first_done.wait();
+            Some(e)
+        } else if rank == 2 {
+            sets.shutdown().unwrap();
+            None
+        } else {
+            // Rank 1 holds the set until rank 0 has given up, then stops it (which lets rank 0's engine stop too).
+            first_done.wait();
+            assert!(sets.get(a).is_ok());
+            sets.shutdown().unwrap();
+            None
+        };
+        let g = allreduce(global, "g", &[1.0]);
+        (out, g)
+    });
+    let e = results[0].0.as_ref().unwrap();
+    assert!(
+        matches!(e, ProcessSetError::ShutdownTimeout { id: 1, .. }),
+        "{e}"
+    );
+    assert_eq!(e.kind(), ErrorKind::Stalled);
+    assert!(e.to_string().contains("did not stop within"), "{e}");
+    for (_, g) in &results {
+        assert_eq!(*g, vec![3.0]);
     }
 }

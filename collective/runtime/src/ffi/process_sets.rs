@@ -39,12 +39,16 @@ pub unsafe extern "C" fn hvd_add_process_set(ranks: *const i64, n: i32) -> i32 {
     })
 }
 
-/// Removes process set `id` (every rank calls it: its members shut its engine down together, as `hvd_shutdown`
-/// does for the job, the others forget it). 0, or -1 (an unknown set, the global set).
+/// Removes process set `id`, collectively: every rank of the job calls it with the same id, in the same order as
+/// its other adds and removes (agreed through the job's engine like an add); its members then shut its engine
+/// down together, as `hvd_shutdown` does for the job, the others forget it. 0, or -1 (`HVD_ERROR_MISMATCH`: the
+/// ranks asked to remove different sets, or one asked to add; `HVD_ERROR_INVALID_ARGUMENT`: an unknown set, the
+/// global set; `HVD_ERROR_STALLED`: the set's engine did not stop in time).
 #[unsafe(no_mangle)]
 pub extern "C" fn hvd_remove_process_set(id: i32) -> i32 {
     guard(-1, || {
-        sets()?.remove(id)?;
+        let global = engine()?;
+        sets()?.remove(&global, id)?;
         Ok(0)
     })
 }

@@ -58,6 +58,8 @@ refused(lambda: hvd.add_process_set(hvd.ProcessSet(a_ranks)), ValueError, "a set
 # Bad sets are refused on every rank alike (and the ranks stay in step for the next add).
 refused(lambda: hvd.add_process_set([0, 0, 1]), ValueError, "a duplicate rank", "twice")
 refused(lambda: hvd.add_process_set([0, 4]), ValueError, "a rank outside the job", "not a rank of the job")
+# A rank past int64 is refused by name on every rank alike (ctypes would truncate it to a valid rank).
+refused(lambda: hvd.add_process_set([0, 2**64 + 1]), ValueError, "a rank past int64", "rank 18446744073709551617")
 refused(lambda: hvd.add_process_set([0, 1, 2, 3]), ValueError, "a set of every rank", "exists")
 refused(lambda: hvd.ProcessSet([0, "x"]), ValueError, "a rank that is no integer")
 
@@ -171,6 +173,10 @@ else:
 if r in e.ranks:
     check(hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=e).tolist() == [2.0], "e's allreduce")
 
+# remove is agreed on: ranks that remove different sets all get a MismatchError and keep both sets.
+refused(lambda: hvd.remove_process_set(b if r == 0 else e), hvd.MismatchError, "removes of different sets",
+        "to remove set")
+check(b.process_set_id is not None and e.process_set_id is not None, "a refused remove forgot a set")
 # remove: the members forget the set; its id is refused afterwards.
 check(hvd.remove_process_set(b) is True, "remove b")
 check(b.process_set_id is None, "b still has an id after remove")
