@@ -31,7 +31,8 @@ impl SshSetup {
                 .flatten(),
             hvd: (local.is_some() && !self.caches.is_empty()).then_some(self.hvd.as_deref()),
         };
-        let script = check_script(dir, env_dir, local.as_ref(), &probe);
+        let markers = super::deliver::project_markers(dir, inputs);
+        let script = check_script(dir, &markers, env_dir, local.as_ref(), &probe);
         // The project's files, read (and hashed) once, when the first host lacks the directory.
         let work = &WorkSource {
             inputs,
@@ -593,14 +594,25 @@ pub(super) fn bounded_output(
 }
 
 /// The remote half of [`SshSetup::check_hosts`]: prints `hvd-check:` lines and ends with `hvd-check:done`.
+///
+/// The project directory counts as there when it holds every name of `markers` (an empty directory made at the
+/// project's path, by a checkpoint for example, does not).
 fn check_script(
     dir: &Path,
+    markers: &[String],
     env: Option<&Path>,
     local: Option<&EnvIdentity>,
     probe: &Probe<'_>,
 ) -> String {
     let q = |p: &Path| quote(&p.display().to_string());
-    let mut s = format!("cd {} 2>/dev/null || echo hvd-check:no-dir; ", q(dir));
+    let tests: String = markers
+        .iter()
+        .map(|m| format!("{{ [ -e {m} ] || [ -L {m} ]; }} && ", m = quote(m)))
+        .collect();
+    let mut s = format!(
+        "if cd {} 2>/dev/null && {tests}:; then :; else echo hvd-check:no-dir; fi; ",
+        q(dir)
+    );
     if let Some(store) = probe.store {
         s.push_str(&format!(
             "mkdir -p {s} 2>/dev/null; [ -d {s} ] && [ -w {s} ] || echo hvd-check:no-store; ",
@@ -991,6 +1003,72 @@ mod tests {
         let _ = s.check_hosts(d, Some(&env), &[]);
         assert!(d.join("store-c").join(E1).join("bin/python").exists());
         assert!(d.join("store-c").join(P1).join(".hvd-path.json").exists());
+    }
+
+    /// A host sees the project at `<dir>-host` (missing at first) and keeps its cache in `<dir>-cache`: each run
+    /// gets a fresh directory made from the read-only cached copy, so outputs never leak into the next run, and an
+    /// empty directory at the project's path (a checkpoint's makedirs) is not taken for the project.
+    #[test]
+    fn each_run_gets_a_fresh_work_dir_and_an_empty_project_path_is_not_the_project() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let proj = d.join("proj");
+        std::fs::create_dir_all(proj.join("src")).unwrap();
+        std::fs::write(proj.join("train.py"), "print(1)").unwrap();
+        std::fs::write(proj.join("src/a.py"), "a").unwrap();
+        let ssh = d.join("elsewhere-ssh");
+        std::fs::write(
+            &ssh,
+            format!(
+                "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift\nexport XDG_CACHE_HOME={cache}\n\
+                 exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#{p}#{p}-host#g\")\"\n",
+                cache = quote(&d.join("cache").display().to_string()),
+                p = proj.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let run = || {
+            let mut s = setup(Some("lo"));
+            s.ssh = vec![ssh.display().to_string()];
+            s.hosts = vec![("a".into(), 1)];
+            s.check_hosts(&proj, None, &[]).unwrap();
+            let dirs = s.work_dirs.lock().unwrap().clone();
+            dirs.get("a").cloned()
+        };
+        let first = run().expect("delivered");
+        assert!(first.starts_with(d.join("cache/hvd/work")), "{first:?}");
+        assert_eq!(
+            std::fs::read_to_string(first.join("src/a.py")).unwrap(),
+            "a"
+        );
+        // Read-only (mode bits: the tests may run as root, whom they do not stop).
+        let mode = std::fs::metadata(first.join("train.py"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o222, 0, "the cached copy is writable: {mode:o}");
+        std::fs::write(first.join("out.txt"), "run 1").unwrap();
+        let second = run().expect("delivered");
+        assert_ne!(first, second);
+        assert!(
+            !second.join("out.txt").exists(),
+            "run 1's output is in run 2's directory"
+        );
+        assert_eq!(
+            std::fs::read_to_string(second.join("train.py")).unwrap(),
+            "print(1)"
+        );
+        // A directory made at the project's path on the host is not the project...
+        std::fs::create_dir_all(d.join("proj-host/checkpoints")).unwrap();
+        assert!(
+            run().is_some(),
+            "an empty project path was taken for the project"
+        );
+        // ...one with the project's files is.
+        std::fs::write(d.join("proj-host/train.py"), "print(1)").unwrap();
+        assert!(run().is_none(), "the host's project directory was not used");
     }
 
     #[test]

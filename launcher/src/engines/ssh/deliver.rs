@@ -162,6 +162,41 @@ fn inside_project(root: &Path, input: &Path, text: &str) -> Result<(), String> {
     }
 }
 
+/// The most names [`project_markers`] gives.
+const MARKERS_LIMIT: usize = 64;
+
+/// Names (relative to the project directory `root`) that a host's directory at the project's path must hold to be
+/// taken as the project: the top of each declared input that exists here, else the project directory's top-level
+/// regular files (its scripts and .hvd file; not its directories, which are often a run's outputs), at most
+/// [`MARKERS_LIMIT`], UTF-8 names only. The host's files are not compared with these (docs/engines.md).
+pub(super) fn project_markers(root: &Path, inputs: &[String]) -> Vec<String> {
+    let mut names: BTreeSet<String> = BTreeSet::new();
+    if inputs.is_empty() {
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for entry in entries.flatten() {
+                let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+                if let (true, Ok(name)) = (is_file, entry.file_name().into_string()) {
+                    names.insert(name);
+                }
+            }
+        }
+    } else {
+        for input in inputs {
+            let Some(Component::Normal(top)) = Path::new(input)
+                .components()
+                .find(|c| !matches!(c, Component::CurDir))
+            else {
+                continue;
+            };
+            if let (Ok(_), Some(top)) = (std::fs::symlink_metadata(root.join(input)), top.to_str())
+            {
+                names.insert(top.to_owned());
+            }
+        }
+    }
+    names.into_iter().take(MARKERS_LIMIT).collect()
+}
+
 /// The shell words of a host's work directory for `hash` (expanded by the host's shell).
 fn work_dir_words(hash: &str) -> String {
     format!("\"${{XDG_CACHE_HOME:-$HOME/.cache}}/hvd/work/{hash}\"")
@@ -169,14 +204,19 @@ fn work_dir_words(hash: &str) -> String {
 
 impl SshSetup {
     /// Makes the project's `work` files a work directory on `host` (sent as a tar over ssh, unpacked into a temp
-    /// directory and renamed into place whole; one that is complete already is kept) and returns its path there.
+    /// directory and renamed into place whole, its files read-only; one that is complete already is kept), and
+    /// returns the path there of a fresh directory for this run made from it (`<hash>.run.XXXXXXXX`, hard links).
     pub(super) fn send_work(&self, host: &str, work: &WorkFiles) -> Result<PathBuf, String> {
         let w = work_dir_words(&work.hash);
+        // The cached copy's files are read-only; each run gets a directory of its own with hard links to them, so one
+        // run's outputs never show up in another's, and two runs never share a working directory.
         let script = format!(
             "w={w}; if [ -f \"$w/.hvd-work\" ]; then cat >/dev/null; else mkdir -p \"${{w%/*}}\" || exit 1; \
              t=\"$w.tmp.$$\"; rm -rf \"$t\"; mkdir \"$t\" && tar -C \"$t\" --no-same-owner -xf - && \
+             find \"$t\" -type f -exec chmod a-w {{}} + && \
              : > \"$t/.hvd-work\" || {{ rm -rf \"$t\"; exit 1; }}; mv -T \"$t\" \"$w\" 2>/dev/null || rm -rf \"$t\"; \
-             [ -f \"$w/.hvd-work\" ] || exit 1; fi; echo \"hvd-work:$w\""
+             [ -f \"$w/.hvd-work\" ] || exit 1; fi; r=$(mktemp -d \"$w.run.XXXXXXXX\") && \
+             cp -al \"$w/.\" \"$r/\" && rm -f \"$r/.hvd-work\" || exit 1; echo \"hvd-work:$r\""
         );
         // Names come from a file list on stdin, verbatim (a name starting with `-` is a name, not an option), each
         // below `./`.
