@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::collective::connect_from_env;
@@ -38,8 +38,14 @@ static JOB: Mutex<Option<JobInfo>> = Mutex::new(None);
 /// The job's process sets besides the global one, until `hvd_shutdown`.
 static SETS: Mutex<Option<Arc<ProcessSets>>> = Mutex::new(None);
 
-/// A handle of a process set's engine carries the set's id above this bit; the job's own (set 0) are the engine's.
+/// A C handle carries its set's id above this bit (the job's own set is 0) and, below it, the engine's handle plus
+/// [`HANDLE_BASE`].
 const SET_SHIFT: u32 = 40;
+/// What this `hvd_init`'s handles are offset by (below the set bits): the highest handle issued before it, so a
+/// handle from before a shutdown never names an operation of the engines started since.
+static HANDLE_BASE: AtomicU64 = AtomicU64::new(0);
+/// The highest handle (below the set bits) issued so far, by any engine of any `hvd_init`.
+static HANDLE_HIGH: AtomicU64 = AtomicU64::new(0);
 
 struct JobInfo {
     /// The communicator's name as the transport gives it (`SHM`, `TCP`, `HIERARCHICAL`, `MPI`, `NCCL`, `LOCAL`).
@@ -237,16 +243,36 @@ fn sets() -> Result<Arc<ProcessSets>, Failure> {
 }
 
 /// The C handle of handle `h` of set `set`'s engine (ids stay below `process_set::MAX_ID`: handles are positive).
-fn set_handle(set: i32, h: u64) -> i64 {
-    (i64::from(set) << SET_SHIFT) | h as i64
+/// Refused, rather than read back as another set's, once the handles of this process reach 2^40.
+fn set_handle(set: i32, h: u64) -> Result<i64, Failure> {
+    let low = HANDLE_BASE
+        .load(Ordering::SeqCst)
+        .checked_add(h)
+        .filter(|low| *low < 1u64 << SET_SHIFT)
+        .ok_or_else(|| {
+            Failure::new(
+                ErrorKind::Internal,
+                "this process has issued 2^40 operation handles, more than a handle can carry: restart it",
+            )
+        })?;
+    HANDLE_HIGH.fetch_max(low, Ordering::SeqCst);
+    Ok((i64::from(set) << SET_SHIFT) | low as i64)
 }
 
-/// A C handle's set and the handle of that set's engine.
-fn split_handle(handle: i64) -> (i32, u64) {
-    (
-        (handle >> SET_SHIFT) as i32,
-        (handle as u64) & ((1u64 << SET_SHIFT) - 1),
-    )
+/// A C handle's set and the handle of that set's engine; a handle from before the last `hvd_init` is refused.
+fn split_handle(handle: i64) -> Result<(i32, u64), Failure> {
+    let set = (handle >> SET_SHIFT) as i32;
+    let low = (handle as u64) & ((1u64 << SET_SHIFT) - 1);
+    let base = HANDLE_BASE.load(Ordering::SeqCst);
+    if handle > 0 && low <= base {
+        return Err(Failure::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "handle {handle} is from before the last hvd_shutdown (an earlier hvd_init's): its operation is gone"
+            ),
+        ));
+    }
+    Ok((set, low.saturating_sub(base)))
 }
 
 fn init_logging() {
@@ -276,6 +302,8 @@ pub extern "C" fn hvd_init() -> i32 {
             connect_from_env().map_err(|e| Failure::collective("failed to join the job", &e))?;
         let info = job_info(transport.as_mut(), config.clone())?;
         let engine = Engine::start(transport, config)?;
+        // This init's handles start above every earlier one's (a stale handle is refused, not another operation).
+        HANDLE_BASE.store(HANDLE_HIGH.load(Ordering::SeqCst), Ordering::SeqCst);
         *slot = Some(Arc::new(engine));
         *lock(&JOB) = Some(info);
         *lock(&SETS) = Some(Arc::new(ProcessSets::new()));
@@ -679,8 +707,8 @@ pub unsafe extern "C" fn hvd_enqueue_ps(request: *const HvdRequest, process_set:
         let r = unsafe { convert(&*request) }?;
         engine_of(process_set)?
             .enqueue(r)
-            .map(|h| set_handle(process_set, h))
             .map_err(Failure::from)
+            .and_then(|h| set_handle(process_set, h))
     })
 }
 
@@ -695,10 +723,16 @@ fn record_handles(
     let mut ok = 0;
     for (i, result) in slots.into_iter().zip(results) {
         handles[i] = match result {
-            Ok(h) => {
-                ok += 1;
-                set_handle(set, h)
-            }
+            Ok(h) => match set_handle(set, h) {
+                Ok(h) => {
+                    ok += 1;
+                    h
+                }
+                Err(f) => {
+                    set_error(f);
+                    -1
+                }
+            },
             Err(err) => {
                 set_error(err.into());
                 -1
@@ -929,8 +963,9 @@ pub unsafe extern "C" fn hvd_group_enqueue(group: i64, handles: *mut i64) -> i32
         }
         let base = e.enqueue_prepared(g)?;
         for i in 0..g.len() {
+            let h = set_handle(crate::process_set::GLOBAL, base + i as u64)?;
             // SAFETY: room for `g.len()` values per the contract.
-            unsafe { *handles.add(i) = (base + i as u64) as i64 };
+            unsafe { *handles.add(i) = h };
         }
         Ok(g.len() as i32)
     })
@@ -945,9 +980,10 @@ pub extern "C" fn hvd_group_submit(group: i64) -> i64 {
         let e = engine()?;
         let groups = lock(&GROUPS);
         let g = prepared(&groups, group)?;
-        Ok(e.enqueue_prepared_whole(g)
-            .map_err(Failure::from)?
-            .map_or(0, |h| h as i64))
+        match e.enqueue_prepared_whole(g).map_err(Failure::from)? {
+            Some(h) => set_handle(crate::process_set::GLOBAL, h),
+            None => Ok(0),
+        }
     })
 }
 
@@ -1000,7 +1036,7 @@ pub unsafe extern "C" fn hvd_wait_many(handles: *const i64, n: i32) -> i32 {
             ids.extend(handles.iter().filter(|h| **h > 0).copied());
         }
         let mut first: Option<Failure> = None;
-        for (set, ids) in by_set(&ids) {
+        for (set, ids) in by_set(&ids)? {
             let failed = match engine_of(set) {
                 Ok(e) => e
                     .wait_all(&ids)
@@ -1021,16 +1057,16 @@ pub unsafe extern "C" fn hvd_wait_many(handles: *const i64, n: i32) -> i32 {
 }
 
 /// `handles` (positive C handles) grouped by process set, in order of first appearance, as each set's engine's.
-fn by_set(handles: &[i64]) -> Vec<(i32, Vec<u64>)> {
+fn by_set(handles: &[i64]) -> Result<Vec<(i32, Vec<u64>)>, Failure> {
     let mut groups: Vec<(i32, Vec<u64>)> = Vec::new();
     for &h in handles {
-        let (set, local) = split_handle(h);
+        let (set, local) = split_handle(h)?;
         match groups.iter_mut().find(|(s, _)| *s == set) {
             Some((_, ids)) => ids.push(local),
             None => groups.push((set, vec![local])),
         }
     }
-    groups
+    Ok(groups)
 }
 
 /// Waits for `handles[i]` of a batch of operations whose results are in the caller's memory (e.g. the handles of
@@ -1059,8 +1095,11 @@ pub unsafe extern "C" fn hvd_wait_batch(handles: *const i64, n: i32, i: i32, don
             std::slice::from_raw_parts(done.cast::<std::sync::atomic::AtomicI8>(), handles.len())
         };
         // Handles are positive; anything else is refused by the table as unknown. A batch is one set's.
-        let (set, _) = split_handle(handles[index]);
-        let ids: Vec<u64> = handles.iter().map(|h| split_handle(*h).1).collect();
+        let (set, _) = split_handle(handles[index])?;
+        let ids = handles
+            .iter()
+            .map(|h| split_handle(*h).map(|(_, local)| local))
+            .collect::<Result<Vec<u64>, Failure>>()?;
         engine_of(set)?
             .wait_batch(&ids, index, done)
             .map(|()| 0)
@@ -1085,7 +1124,7 @@ pub unsafe extern "C" fn hvd_poll_many(handles: *const i64, n: i32) -> i32 {
                 .copied()
                 .collect()
         };
-        for (set, ids) in by_set(&ids) {
+        for (set, ids) in by_set(&ids)? {
             if !engine_of(set)?.poll_all(&ids)? {
                 return Ok(0);
             }
@@ -1104,7 +1143,7 @@ pub extern "C" fn hvd_poll(handle: i64) -> i32 {
         {
             return Ok(1);
         }
-        let (set, local) = split_handle(handle);
+        let (set, local) = split_handle(handle)?;
         engine_of(set)?
             .poll(local)
             .map(i32::from)
@@ -1123,7 +1162,7 @@ pub extern "C" fn hvd_wait(handle: i64) -> i32 {
         {
             return Ok(0);
         }
-        let (set, local) = split_handle(handle);
+        let (set, local) = split_handle(handle)?;
         let out = engine_of(set)?.wait(local)?;
         lock(&RESULTS)
             .get_or_insert_with(ResultMap::default)
@@ -1142,7 +1181,7 @@ pub extern "C" fn hvd_wait_and_release(handle: i64) -> i32 {
         {
             return Ok(0);
         }
-        let (set, local) = split_handle(handle);
+        let (set, local) = split_handle(handle)?;
         engine_of(set)?
             .wait(local)
             .map(|_| 0)
@@ -1279,6 +1318,20 @@ mod tests {
 
     /// A shape whose element count or byte size overflows is refused with its name, before anything reads the
     /// buffers (and before the engine is even needed); it neither wraps into a small length nor panics.
+    #[test]
+    fn handles_past_the_set_bits_are_refused_not_read_as_a_set() {
+        // A handle of the job's engine past 2^40 would read as set 1's: refused instead.
+        let e = set_handle(crate::process_set::GLOBAL, 1 << SET_SHIFT).unwrap_err();
+        assert!(e.message.contains("2^40"), "{}", e.message);
+        assert_eq!(e.kind, ErrorKind::Internal);
+        let e = set_handle(7, u64::MAX).unwrap_err();
+        assert!(e.message.contains("2^40"), "{}", e.message);
+        // Below it, the set and the engine's handle come back as they went in.
+        let h = set_handle(3, 5).unwrap();
+        let (set, local) = split_handle(h).unwrap();
+        assert_eq!((set, local), (3, 5));
+    }
+
     #[test]
     fn an_overflowing_shape_is_refused() {
         for shape in [

@@ -184,16 +184,31 @@ check(hvd.remove_process_set(b) is False, "removing b twice")
 check(hvd.remove_process_set(hvd.global_process_set) is False, "removing the global set")
 c = hvd.add_process_set([1, 2, 3])  # the same ranks again, now that b is gone
 check(c.process_set_id not in (None, 1), "c: {}".format(c))
+stale = []  # handles (waited for) of this init, which must mean nothing to the next
 if r in c.ranks:
-    check(hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=c).tolist() == [3.0], "c's allreduce")
+    h = hvd.allreduce_async(np.ones(1), op=hvd.Sum, process_set=c)
+    check(hvd.synchronize(h).tolist() == [3.0], "c's allreduce")
+    stale.append(h.id)
+h = hvd.allreduce_async(np.ones(1), op=hvd.Sum, name="before shutdown")
+hvd.synchronize(h)
+stale.append(h.id)
 hvd.shutdown()
 check(c.process_set_id is None, "c keeps its id after shutdown")
 
 # A new job (Horovod's tearDown/setUp): sets are added again, under new keys.
 hvd.init()
 d = hvd.add_process_set([0, 2])
+c2 = hvd.add_process_set([1, 2, 3])  # c's ranks again, so an old id may name a live set
 if r in d.ranks:
     check(hvd.allreduce(np.full(1, r, np.float64), op=hvd.Sum, process_set=d).tolist() == [2.0], "d after reinit")
+if r in c2.ranks:
+    check(hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=c2).tolist() == [3.0], "c2 after reinit")
+check(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after init").tolist() == [4.0], "global after reinit")
+# A handle from before the shutdown is refused by name, not read as one of the new engines' operations.
+for old in stale:
+    lib = hvd._l()
+    check(lib.hvd_poll(old) == -1 and lib.hvd_wait(old) == -1, "stale handle {} accepted".format(old))
+    check("before the last hvd_shutdown" in hvd._error(lib).args[0], "stale handle {}: {}".format(old, hvd._error(lib)))
 hvd.barrier()
 hvd.shutdown()
 print("ok process sets rank {} backend {}".format(r, backend or "auto"))
