@@ -4,7 +4,9 @@
 //! Only what relocation needs: 64-bit little-endian files (x86_64, aarch64). The dynamic section is found through
 //! the program headers (`PT_DYNAMIC`), its string table's address is mapped to a file offset through the `PT_LOAD`
 //! segments. A search path is rewritten by overwriting its bytes in `.dynstr` with a string that is not longer,
-//! padded with NULs: no offset, size or address in the file changes. Every read is bounds-checked: a truncated or
+//! padded with NULs: no offset, size or address in the file changes. `DT_RPATH` and `DT_RUNPATH` naming one string
+//! are one search path; a search path whose bytes another dynamic string shares (the linker merges a string into
+//! another's tail) is refused ([`ElfError::Shared`]). Every read is bounds-checked: a truncated or
 //! hostile file is an [`ElfError`], never a panic or a read outside the buffer.
 
 /// Why a file could not be read or edited as ELF.
@@ -24,6 +26,12 @@ pub enum ElfError {
     /// The replacement contains a NUL byte.
     #[error("a search path cannot contain a NUL byte")]
     Nul,
+    /// Another dynamic string (a `DT_NEEDED`, `DT_SONAME`, ...) shares bytes with the search path (the linker
+    /// merged one into the other's tail), so rewriting the path would change it too.
+    #[error(
+        "the search path `{0}` shares its bytes with another dynamic string; it cannot be edited in place"
+    )]
+    Shared(String),
 }
 
 const PT_LOAD: u32 = 1;
@@ -32,6 +40,12 @@ const DT_NULL: i64 = 0;
 const DT_NEEDED: i64 = 1;
 const DT_STRTAB: i64 = 5;
 const DT_STRSZ: i64 = 10;
+const DT_SONAME: i64 = 14;
+const DT_CONFIG: i64 = 0x6fff_fefa;
+const DT_DEPAUDIT: i64 = 0x6fff_fefb;
+const DT_AUDIT: i64 = 0x6fff_fefc;
+const DT_AUXILIARY: i64 = 0x7fff_fffd;
+const DT_FILTER: i64 = 0x7fff_ffff;
 const DT_RPATH: i64 = 15;
 const DT_RUNPATH: i64 = 29;
 /// A dynamic section longer than this many entries is refused (real ones have a few dozen).
@@ -52,6 +66,8 @@ pub struct SearchPath {
     offset: usize,
     /// The string (without its NUL), `:`-separated directories.
     pub value: String,
+    /// Whether another dynamic string lies (partly) in its bytes: it is then not rewritten.
+    shared: bool,
 }
 
 /// What the dynamic section of a file says.
@@ -123,6 +139,8 @@ pub fn read_dynamic(bytes: &[u8]) -> Result<Dynamic, ElfError> {
     let mut strsz = None;
     let mut needed = Vec::new();
     let mut paths = Vec::new();
+    // Every other string offset of the dynamic section (`DT_NEEDED` included).
+    let mut others = Vec::new();
     for index in 0..entries {
         let at = dyn_offset
             .checked_add(index * 16)
@@ -133,7 +151,13 @@ pub fn read_dynamic(bytes: &[u8]) -> Result<Dynamic, ElfError> {
             DT_NULL => break,
             DT_STRTAB => strtab = Some(value),
             DT_STRSZ => strsz = Some(value),
-            DT_NEEDED => needed.push(value),
+            DT_NEEDED => {
+                needed.push(value);
+                others.push(value);
+            }
+            DT_SONAME | DT_CONFIG | DT_DEPAUDIT | DT_AUDIT | DT_AUXILIARY | DT_FILTER => {
+                others.push(value)
+            }
             DT_RPATH => paths.push((SearchPathKind::Rpath, value)),
             DT_RUNPATH => paths.push((SearchPathKind::Runpath, value)),
             _ => {}
@@ -173,16 +197,35 @@ pub fn read_dynamic(bytes: &[u8]) -> Result<Dynamic, ElfError> {
         .into_iter()
         .map(|offset| string_at(offset).map(|(_, name)| name))
         .collect::<Result<_, _>>()?;
-    let search_paths = paths
+    // The file ranges (NUL included) of every other string; a search path is shared when one overlaps it.
+    let mut ranges = Vec::new();
+    for offset in others {
+        let (at, text) = string_at(offset)?;
+        ranges.push((at, at + text.len()));
+    }
+    let paths = paths
         .into_iter()
-        .map(|(kind, offset)| {
-            string_at(offset).map(|(offset, value)| SearchPath {
-                kind,
-                offset,
-                value,
-            })
-        })
-        .collect::<Result<_, _>>()?;
+        .map(|(kind, offset)| string_at(offset).map(|(offset, value)| (kind, offset, value)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut search_paths: Vec<SearchPath> = Vec::new();
+    for (index, (kind, offset, value)) in paths.iter().enumerate() {
+        // `DT_RPATH` and `DT_RUNPATH` naming the same string: it is one string, rewritten once.
+        if search_paths.iter().any(|p| p.offset == *offset) {
+            continue;
+        }
+        let end = offset + value.len();
+        let overlaps = |(start, stop): (usize, usize)| start <= end && *offset <= stop;
+        let shared = ranges.iter().any(|range| overlaps(*range))
+            || paths.iter().enumerate().any(|(other, (_, at, text))| {
+                other != index && at != offset && overlaps((*at, at + text.len()))
+            });
+        search_paths.push(SearchPath {
+            kind: *kind,
+            offset: *offset,
+            value: value.clone(),
+            shared,
+        });
+    }
     Ok(Dynamic {
         needed,
         search_paths,
@@ -193,6 +236,9 @@ pub fn read_dynamic(bytes: &[u8]) -> Result<Dynamic, ElfError> {
 pub fn set_search_path(bytes: &mut [u8], path: &SearchPath, new: &str) -> Result<(), ElfError> {
     if new.as_bytes().contains(&0) {
         return Err(ElfError::Nul);
+    }
+    if path.shared {
+        return Err(ElfError::Shared(path.value.clone()));
     }
     if new.len() > path.value.len() {
         return Err(ElfError::TooLong {
@@ -248,16 +294,22 @@ mod tests {
     /// A minimal 64-bit little-endian ELF: one PT_LOAD covering the file at vaddr 0x1000, one PT_DYNAMIC with
     /// DT_NEEDED "libfoo.so.1", DT_RUNPATH "/opt/old/prefix/lib", DT_STRTAB and DT_STRSZ.
     fn sample() -> Vec<u8> {
-        let strings = b"\0libfoo.so.1\0/opt/old/prefix/lib\0";
+        elf_with(
+            b"\0libfoo.so.1\0/opt/old/prefix/lib\0",
+            &[(DT_NEEDED, 1), (DT_RUNPATH, 13)],
+        )
+    }
+
+    /// The same layout with these `strings` and dynamic entries (before DT_STRTAB, DT_STRSZ and DT_NULL).
+    fn elf_with(strings: &[u8], tags: &[(i64, u64)]) -> Vec<u8> {
         let ph_off = 64usize;
         let dyn_off = ph_off + 2 * 56;
-        let dyn_entries: [(i64, u64); 5] = [
-            (DT_NEEDED, 1),
-            (DT_RUNPATH, 13),
+        let mut dyn_entries: Vec<(i64, u64)> = tags.to_vec();
+        dyn_entries.extend([
             (DT_STRTAB, 0),
             (DT_STRSZ, strings.len() as u64),
             (DT_NULL, 0),
-        ];
+        ]);
         let str_off = dyn_off + dyn_entries.len() * 16;
         let total = str_off + strings.len();
         let mut b = vec![0u8; total];
@@ -275,7 +327,13 @@ mod tests {
             b[at + 32..at + 40].copy_from_slice(&size.to_le_bytes());
         };
         ph(0, PT_LOAD, 0, 0x1000, total as u64);
-        ph(1, PT_DYNAMIC, dyn_off as u64, 0x1000 + dyn_off as u64, 80);
+        ph(
+            1,
+            PT_DYNAMIC,
+            dyn_off as u64,
+            0x1000 + dyn_off as u64,
+            dyn_entries.len() as u64 * 16,
+        );
         for (index, (tag, value)) in dyn_entries.iter().enumerate() {
             let at = dyn_off + index * 16;
             let value = if *tag == DT_STRTAB {
@@ -380,6 +438,56 @@ mod tests {
             set_search_path(&mut other, &dynamic.search_paths[0], "$ORIGIN"),
             Err(ElfError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn rpath_and_runpath_naming_one_string_are_rewritten_once() {
+        let mut bytes = elf_with(
+            b"\0libfoo.so.1\0/opt/old/prefix/lib\0",
+            &[(DT_NEEDED, 1), (DT_RPATH, 13), (DT_RUNPATH, 13)],
+        );
+        let dynamic = read_dynamic(&bytes).unwrap();
+        assert_eq!(dynamic.search_paths.len(), 1, "{dynamic:?}");
+        for path in &dynamic.search_paths {
+            set_search_path(&mut bytes, path, "$ORIGIN/../lib").unwrap();
+        }
+        let again = read_dynamic(&bytes).unwrap();
+        assert_eq!(again.search_paths[0].value, "$ORIGIN/../lib");
+        assert_eq!(again.needed, ["libfoo.so.1"]);
+    }
+
+    #[test]
+    fn a_search_path_sharing_bytes_with_another_string_is_refused() {
+        // The linker merged the soname `lib.so` into the tail of the run path `/opt/x/lib.so` (offset 1 + 7).
+        let strings = b"\0/opt/x/lib.so\0";
+        for tag in [DT_NEEDED, DT_SONAME, DT_FILTER] {
+            let mut bytes = elf_with(strings, &[(tag, 8), (DT_RUNPATH, 1)]);
+            let before = bytes.clone();
+            let dynamic = read_dynamic(&bytes).unwrap();
+            assert_eq!(
+                set_search_path(&mut bytes, &dynamic.search_paths[0], "$ORIGIN"),
+                Err(ElfError::Shared("/opt/x/lib.so".into()))
+            );
+            assert_eq!(bytes, before, "nothing was written");
+        }
+        // A DT_RPATH that is the tail of the DT_RUNPATH: neither is rewritten.
+        let mut bytes = elf_with(strings, &[(DT_RPATH, 8), (DT_RUNPATH, 1)]);
+        let dynamic = read_dynamic(&bytes).unwrap();
+        assert_eq!(dynamic.search_paths.len(), 2);
+        for path in &dynamic.search_paths {
+            assert!(matches!(
+                set_search_path(&mut bytes, path, "$ORIGIN"),
+                Err(ElfError::Shared(_))
+            ));
+        }
+        // A string next to it (not overlapping) does not stop the rewrite.
+        let mut bytes = elf_with(
+            b"\0/opt/x/lib\0libfoo.so.1\0",
+            &[(DT_NEEDED, 12), (DT_RUNPATH, 1)],
+        );
+        let dynamic = read_dynamic(&bytes).unwrap();
+        set_search_path(&mut bytes, &dynamic.search_paths[0], "$ORIGIN").unwrap();
+        assert_eq!(read_dynamic(&bytes).unwrap().needed, ["libfoo.so.1"]);
     }
 
     #[test]
