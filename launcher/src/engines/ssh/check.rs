@@ -527,20 +527,23 @@ pub(super) struct BoundedOutput {
     pub stderr: Vec<u8>,
     /// stdout had more than the limit (the rest was read and dropped).
     pub stdout_overflow: bool,
-    /// The command ran past its deadline and was killed (with its process group).
+    /// The command ran past its deadline and was killed.
     pub timed_out: bool,
 }
 
-/// Runs `command` with `stdin` (closed when `None`) in a process group of its own, and keeps at most `limit` bytes
-/// of each of its stdout and stderr, reading and dropping the rest (so the child never blocks on a full pipe). Past
-/// `deadline` the whole group is killed (a host that authenticates and then stalls cannot hold the launcher).
+/// Runs `command` with `stdin` (closed when `None`) and keeps at most `limit` bytes of each of its stdout and stderr,
+/// reading and dropping the rest (so the child never blocks on a full pipe). Past `deadline` the child is killed (a
+/// host that authenticates and then stalls cannot hold the launcher); what it started and still holds the pipes is
+/// waited for [`AFTER_KILL`] at most. The child stays in the launcher's process group, so a Ctrl-C at the terminal
+/// still reaches it at once.
 pub(super) fn bounded_output(
     command: &mut Command,
     stdin: Option<Stdio>,
     limit: usize,
     deadline: std::time::Duration,
 ) -> std::io::Result<BoundedOutput> {
-    use std::os::unix::process::CommandExt as _;
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    use std::time::Instant;
     fn keep(mut from: impl std::io::Read, limit: usize) -> (Vec<u8>, bool) {
         let mut kept = Vec::new();
         let mut buf = [0u8; 16 << 10];
@@ -556,42 +559,71 @@ pub(super) fn bounded_output(
             }
         }
     }
+    let started = Instant::now();
     let mut child = command
         .stdin(stdin.unwrap_or_else(Stdio::null))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .spawn()?;
-    let pgid = child.id() as libc::pid_t;
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let (done, finished) = std::sync::mpsc::channel::<()>();
-    let ((stdout, stdout_overflow), (stderr, _), timed_out) = std::thread::scope(|scope| {
-        let watchdog = scope.spawn(move || {
-            let expired = matches!(
-                finished.recv_timeout(deadline),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-            );
-            if expired {
-                // SAFETY: kill(2) on the child's own process group (the child is not reaped yet: its id is ours).
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let (sender, read) = channel::<(bool, (Vec<u8>, bool))>();
+    if let Some(stdout) = child.stdout.take() {
+        let sender = sender.clone();
+        std::thread::spawn(move || sender.send((true, keep(stdout, limit))));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        std::thread::spawn(move || sender.send((false, keep(stderr, limit))));
+    } else {
+        drop(sender);
+    }
+    let mut stdout = (Vec::new(), false);
+    let mut stderr = (Vec::new(), false);
+    let mut timed_out = false;
+    let kill = |child: &mut std::process::Child, timed_out: &mut bool| {
+        if !*timed_out {
+            let _ = child.kill();
+            *timed_out = true;
+        }
+    };
+    for _ in 0..2 {
+        let wait = if timed_out {
+            AFTER_KILL
+        } else {
+            deadline.saturating_sub(started.elapsed())
+        };
+        let got = match read.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) if !timed_out => {
+                kill(&mut child, &mut timed_out);
+                read.recv_timeout(AFTER_KILL)
             }
-            expired
-        });
-        let err = scope.spawn(move || stderr.map_or((Vec::new(), false), |e| keep(e, limit)));
-        let out = stdout.map_or((Vec::new(), false), |o| keep(o, limit));
-        let err = err.join().unwrap_or((Vec::new(), false));
-        let _ = done.send(());
-        (out, err, watchdog.join().unwrap_or(false))
-    });
+            other => other,
+        };
+        match got {
+            Ok((true, out)) => stdout = out,
+            Ok((false, err)) => stderr = err,
+            Err(_) => break,
+        }
+    }
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() >= deadline {
+            kill(&mut child, &mut timed_out);
+            break child.wait()?;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     Ok(BoundedOutput {
-        status: child.wait()?,
-        stdout,
-        stderr,
-        stdout_overflow,
+        status,
+        stdout: stdout.0,
+        stderr: stderr.0,
+        stdout_overflow: stdout.1,
         timed_out,
     })
 }
+
+/// How long [`bounded_output`] waits for the output pipes after it killed a command past its deadline.
+const AFTER_KILL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The remote half of [`SshSetup::check_hosts`]: prints `hvd-check:` lines and ends with `hvd-check:done`.
 ///
@@ -1075,15 +1107,9 @@ mod tests {
     fn a_host_that_stalls_is_stopped_at_the_deadline_naming_the_phase() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        // Authenticates, then answers nothing and never exits (with a child holding the output pipe).
+        // Authenticates, then answers nothing and never exits.
         let ssh = d.join("stalling-ssh");
-        std::fs::write(
-            &ssh,
-            "#!/bin/sh
-sleep 600 & sleep 600
-",
-        )
-        .unwrap();
+        std::fs::write(&ssh, "#!/bin/sh\nexec sleep 600\n").unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut s = setup(Some("lo"));
@@ -1096,8 +1122,12 @@ sleep 600 & sleep 600
             "{err}"
         );
         // Copying the project's files to a host that stalls while reading them stops too.
-        std::fs::write(&ssh, "#!/bin/sh
-case \"$*\" in *hvd-check:done*) echo hvd-check:no-dir; echo hvd-check:done;; *) sleep 600;; esac\n").unwrap();
+        std::fs::write(
+            &ssh,
+            "#!/bin/sh\ncase \"$*\" in *hvd-check:done*) echo hvd-check:no-dir; echo hvd-check:done;; \
+             *) exec sleep 600;; esac\n",
+        )
+        .unwrap();
         s.deadlines.copy = std::time::Duration::from_secs(1);
         std::fs::write(d.join("train.py"), "print(1)").unwrap();
         let err = s.check_hosts(d, None, &[]).unwrap_err().to_string();
