@@ -109,6 +109,7 @@ fn connect_elastic(
         timeout,
         rendezvous,
         client.in_round(seat.round),
+        None,
     )
 }
 
@@ -166,7 +167,7 @@ pub fn connect(
         .client(job.rank)
         .with_retry_for(timeout)
         .next_round();
-    connect_in(job, choice, timeout, rendezvous, kv)
+    connect_in(job, choice, timeout, rendezvous, kv, None)
 }
 
 /// Joins a group of the job's ranks among themselves while the job runs (a process set): `job` is this process as
@@ -206,16 +207,20 @@ pub fn connect_group(
         size,
         ..job.clone()
     };
-    connect_in(&member, choice, timeout, rendezvous, kv)
+    // The handshake proves the group's key, not the job's: a rank of another group of the same size (or of an
+    // earlier join of this one) holding the job's token is refused.
+    connect_in(&member, choice, timeout, rendezvous, kv, Some(tag))
 }
 
-/// Joins `job` through `kv`, a client already in the round's namespace.
+/// Joins `job` through `kv`, a client already in the round's namespace; `group` is the tag of a group's join,
+/// whose tcp handshakes then prove a key of that join ([`JobKey::for_group`]).
 fn connect_in(
     job: &JobEnv,
     choice: BackendChoice,
     timeout: Duration,
     rendezvous: &Rendezvous,
     kv: KeyValueClient,
+    group: Option<&str>,
 ) -> Result<Box<dyn Communicator>> {
     let ip = listen_ip(rendezvous, timeout)?;
     let listener = listen(ip)?;
@@ -272,7 +277,7 @@ fn connect_in(
     let th = Thresholds::from_env();
     let comm: Box<dyn Communicator> = match choice {
         BackendChoice::Tcp => {
-            let key = JobKey::for_job(rendezvous, &kv, job.rank, timeout)?;
+            let key = group_key(JobKey::for_job(rendezvous, &kv, job.rank, timeout)?, group);
             let t = TcpTransport::connect(job.rank, &listener, &addrs, &key, timeout)?;
             boxed(P2pCommunicator::new(t, "tcp", hosts, timeout), th)
         }
@@ -287,7 +292,7 @@ fn connect_in(
         }
         _ => {
             let (seg, _, _, name) = host_segment(&kv, job.rank, &hosts, timeout)?;
-            let key = JobKey::for_job(rendezvous, &kv, job.rank, timeout)?;
+            let key = group_key(JobKey::for_job(rendezvous, &kv, job.rank, timeout)?, group);
             let t =
                 MixedTransport::connect(job.rank, &hosts, seg, &listener, &addrs, &key, timeout)?;
             if let Some(name) = name {
@@ -298,6 +303,13 @@ fn connect_in(
     };
     tracing::debug!(rank = job.rank, backend = comm.backend(), "joined the job");
     Ok(comm)
+}
+
+fn group_key(key: JobKey, group: Option<&str>) -> JobKey {
+    match group {
+        Some(tag) => key.for_group(tag),
+        None => key,
+    }
 }
 
 fn boxed<T: crate::transport::Transport + 'static>(

@@ -25,6 +25,8 @@ const CHALLENGE_LEN: usize = 16 + NONCE_LEN + MAC_LEN;
 const PROOF_LEN: usize = 16 + MAC_LEN;
 /// Domain separation of the handshake's proofs.
 const CONTEXT: &[u8] = b"hvd tcp handshake v1\0";
+/// What a group's key is derived for (domain separation from the handshake's own MACs).
+const GROUP_CONTEXT: &[u8] = b"hvd group key v1\0";
 /// The longest an accepted connection may take to prove itself (a real rank needs a round trip).
 pub const HANDSHAKE_STAGE: Duration = Duration::from_secs(10);
 /// The most accepted, not vouched connections being authenticated at once (see the module documentation); a new
@@ -105,6 +107,21 @@ impl JobKey {
             )));
         }
         JobKey::new(&hex)
+    }
+
+    /// The key of one join of a group of the job's ranks (a process set), named by `tag` (which carries the set's id
+    /// and the join's nonce): HMAC of the tag under the job's key. The handshake's MAC covers rank, size and
+    /// direction; under this key it covers the group too, so a rank of another group of the same size, or of an
+    /// earlier join of this one, is refused although it holds the job's token.
+    pub fn for_group(&self, tag: &str) -> JobKey {
+        let derived = self.mac(&[
+            GROUP_CONTEXT,
+            &(tag.len() as u64).to_le_bytes(),
+            tag.as_bytes(),
+        ]);
+        let mut block = [0u8; 64];
+        block[..MAC_LEN].copy_from_slice(&derived);
+        JobKey { block }
     }
 
     /// HMAC-SHA256 (RFC 2104) of the concatenated `parts`.
@@ -674,5 +691,53 @@ impl TcpTransport {
             }
         }
         Ok(TcpTransport::from_peers(rank, peers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::listen;
+    use std::net::Ipv4Addr;
+
+    /// A rank of another process set of the same size, holding the job's token, dials a member of this set: the
+    /// handshake fails both ways (the group's key is in its MAC), and neither joins the other's set.
+    #[test]
+    fn a_rank_of_another_set_of_the_same_size_is_refused() {
+        let job = JobKey::new(b"the job token").unwrap();
+        let (ours, theirs) = (job.for_group("ps1-5eed"), job.for_group("ps2-5eed"));
+        let later = job.for_group("ps1-0the");
+        assert_ne!(ours.block, theirs.block);
+        assert_ne!(
+            ours.block, later.block,
+            "another join of the same set has another key"
+        );
+        assert_eq!(ours.block, job.for_group("ps1-5eed").block);
+        let ls: Vec<TcpListener> = (0..2)
+            .map(|_| listen(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap())
+            .collect();
+        let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+        let connect = Duration::from_secs(3);
+        let (r0, r1) = std::thread::scope(|s| {
+            let r0 = s.spawn(|| TcpTransport::connect(0, &ls[0], &addrs, &ours, connect));
+            let r1 = s.spawn(|| TcpTransport::connect(1, &ls[1], &addrs, &theirs, connect));
+            (r0.join().unwrap(), r1.join().unwrap())
+        });
+        let e0 = r0
+            .err()
+            .expect("the member must not accept another set's rank");
+        let e1 = r1
+            .err()
+            .expect("the other set's rank must not accept the member's proof");
+        assert!(e0.to_string().contains("refused"), "{e0}");
+        assert!(e1.to_string().contains("not a rank of this job"), "{e1}");
+        // The same two ranks with the same group's key join.
+        let (r0, r1) = std::thread::scope(|s| {
+            let r0 = s.spawn(|| TcpTransport::connect(0, &ls[0], &addrs, &ours, connect));
+            let r1 = s.spawn(|| TcpTransport::connect(1, &ls[1], &addrs, &ours, connect));
+            (r0.join().unwrap(), r1.join().unwrap())
+        });
+        r0.expect("member 0 joins");
+        r1.expect("member 1 joins");
     }
 }
