@@ -31,7 +31,7 @@ use crate::python::Interpreter;
 use crate::store::{KnownTree, Store};
 
 /// Part of every interpreter derivation: bump when what is copied or how it is relocated changes.
-const LAYOUT: &str = "hvd-python-1";
+const LAYOUT: &str = "hvd-python-2";
 
 /// The file in an interpreter path listing the shared libraries it needs from the host beyond glibc and itself:
 /// one line per soname, `<soname> <file>...` naming the files of the path that need it (`bin/python3.11`,
@@ -573,7 +573,8 @@ impl Selection {
     }
 
     /// Rewrite every `RPATH`/`RUNPATH` directory of `bytes` (the file `dest` of the copy) that lies in the
-    /// installation into `$ORIGIN`-relative form; return the file's `DT_NEEDED` sonames. A path that would grow
+    /// copied part of the installation into `$ORIGIN`-relative form, leaving out those in the rest of it; return
+    /// the file's `DT_NEEDED` sonames. A path that would grow
     /// (a very short prefix) is left as it is, with a warning: the copy then still looks there first.
     fn relocate(
         &self,
@@ -590,15 +591,27 @@ impl Selection {
         };
         let from = dest.parent().unwrap_or(Path::new(""));
         for path in &dynamic.search_paths {
+            // A directory of the installation that is copied becomes `$ORIGIN`-relative; one that is not (pyenv's
+            // `<prefix>/openssl/lib`) is left out: the libraries found there are not copied, so they are listed in
+            // `HOST_LIBRARIES` and come from the host's default search path.
             let rewritten: Vec<String> = path
                 .value
                 .split(':')
-                .map(|dir| match Path::new(dir).strip_prefix(&self.prefix) {
-                    Ok(inside) => origin_relative(from, inside),
-                    Err(_) => dir.to_string(),
+                .filter_map(|dir| match Path::new(dir).strip_prefix(&self.prefix) {
+                    Ok(inside) => {
+                        let copied = inside.as_os_str().is_empty()
+                            || matches!(self.items.get(inside), Some(Item::Dir));
+                        copied.then(|| origin_relative(from, inside))
+                    }
+                    Err(_) => Some(dir.to_string()),
                 })
                 .collect();
-            let new = rewritten.join(":");
+            // Never an empty search path: ld.so reads an empty entry as the working directory.
+            let new = if rewritten.is_empty() {
+                "$ORIGIN".to_string()
+            } else {
+                rewritten.join(":")
+            };
             if new == path.value {
                 continue;
             }

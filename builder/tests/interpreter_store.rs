@@ -609,7 +609,7 @@ fn bytecode_written_and_removed_during_the_walk_neither_fails_nor_changes_the_co
         })
     };
     let mut hashes = std::collections::BTreeSet::new();
-    for i in 0..60 {
+    for i in 0..40 {
         let store = Store::open(dir.path().join(format!("store-{i}"))).unwrap();
         let stored = interpreter::import(&store, &python);
         let stored = match stored {
@@ -625,4 +625,76 @@ fn bytecode_written_and_removed_during_the_walk_neither_fails_nor_changes_the_co
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     churn.join().unwrap();
     assert_eq!(hashes.len(), 1, "the copies differ: {hashes:?}");
+}
+
+#[test]
+fn a_search_path_into_an_uncopied_part_of_the_installation_is_left_out_and_its_libraries_are_host_libraries()
+ {
+    // pyenv builds against its own OpenSSL in `<prefix>/openssl/lib`, which is not copied: a RUNPATH entry there
+    // would be rewritten to an `$ORIGIN` path that points nowhere.
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("prefix");
+    let openssl = prefix.join("openssl/lib");
+    std::fs::create_dir_all(prefix.join("bin")).unwrap();
+    std::fs::create_dir_all(&openssl).unwrap();
+    std::fs::create_dir_all(prefix.join("lib/python3.11")).unwrap();
+    std::fs::write(prefix.join("lib/python3.11/os.py"), b"# os\n").unwrap();
+    let source = dir.path().join("x.c");
+    std::fs::write(&source, "int hvd_fake(void) { return 0; }\n").unwrap();
+    let cc = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new("cc").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&[
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        "-Wl,-soname,libhvdfake.so.1".as_ref(),
+        "-o".as_ref(),
+        openssl.join("libhvdfake.so.1").as_os_str(),
+        source.as_os_str(),
+    ]);
+    let main = dir.path().join("main.c");
+    std::fs::write(
+        &main,
+        "int hvd_fake(void);\nint main(void) { return hvd_fake(); }\n",
+    )
+    .unwrap();
+    let runpath = format!(
+        "-Wl,--enable-new-dtags,-rpath,{}:{}:/opt/hvd-elsewhere/lib",
+        openssl.display(),
+        prefix.join("lib").display()
+    );
+    cc(&[
+        "-o".as_ref(),
+        prefix.join("bin/python3.11").as_os_str(),
+        main.as_os_str(),
+        runpath.as_ref(),
+        openssl.join("libhvdfake.so.1").as_os_str(),
+    ]);
+    let python = Interpreter {
+        executable: prefix.join("bin/python3.11"),
+        version: "3.11.7".into(),
+        short_version: "3.11".into(),
+    };
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let stored = interpreter::import(&store, &python).unwrap();
+    let copied = std::fs::read(stored.executable()).unwrap();
+    let dynamic = elf::read_dynamic(&copied).unwrap();
+    let paths: Vec<&str> = dynamic
+        .search_paths
+        .iter()
+        .map(|p| p.value.as_str())
+        .collect();
+    assert_eq!(paths, ["$ORIGIN/../lib:/opt/hvd-elsewhere/lib"]);
+    let listed = std::fs::read_to_string(stored.path.join(HOST_LIBRARIES)).unwrap();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l == "libhvdfake.so.1 bin/python3.11"),
+        "{listed}"
+    );
 }
