@@ -89,8 +89,8 @@ impl EnvIdentity {
             )));
         }
         let store = env.parent().unwrap_or(Path::new("/")).to_path_buf();
-        let (closure, glibc) = closure(&store, &name, &value)?;
-        let host_libraries = host_libraries(&store, &closure)?;
+        let (closure, glibc, interpreters) = closure(&store, &name, &value)?;
+        let host_libraries = host_libraries(&store, &interpreters)?;
         Ok(Some(EnvIdentity {
             name,
             content_hash: content_hash.to_owned(),
@@ -120,14 +120,15 @@ fn references_of(of: &str, info: &serde_json::Value) -> Result<Vec<String>, Laun
     Ok(out)
 }
 
+/// A closure's store paths, the newest glibc its wheels need, and its interpreter paths.
+type Closure = (BTreeSet<String>, Option<GlibcNeed>, BTreeSet<String>);
+
 /// Every store path that env `name` (whose `.hvd-path.json` is `info`) needs, read here: its references, theirs, and
-/// so on (the env itself is not in it); and the newest glibc a wheel among them needs.
-fn closure(
-    store: &Path,
-    name: &str,
-    info: &serde_json::Value,
-) -> Result<(BTreeSet<String>, Option<GlibcNeed>), LaunchError> {
+/// so on (the env itself is not in it); the newest glibc a wheel among them needs; and those of them whose
+/// `.hvd-path.json` records the kind `interpreter`.
+fn closure(store: &Path, name: &str, info: &serde_json::Value) -> Result<Closure, LaunchError> {
     let mut closure = BTreeSet::new();
+    let mut interpreters = BTreeSet::new();
     let mut glibc: Option<GlibcNeed> = None;
     let mut queue: Vec<String> = references_of(name, info)?;
     while let Some(next) = queue.pop() {
@@ -148,24 +149,28 @@ fn closure(
             ))
         })?;
         queue.extend(references_of(&next, &value)?);
+        if value["derivation"]["kind"].as_str() == Some("interpreter") {
+            interpreters.insert(next.clone());
+        }
         if let Some(need) = GlibcNeed::of_path(&value)
             && glibc.as_ref().is_none_or(|g| need.version > g.version)
         {
             glibc = Some(need);
         }
     }
-    Ok((closure, glibc))
+    Ok((closure, glibc, interpreters))
 }
 
-/// The host libraries the interpreter paths of `closure` list (`lib/hvd-host-libraries`, written by the builder
-/// when it copied the interpreter in; a path without the file needs none).
+/// The host libraries the interpreter paths of a closure list (`lib/hvd-host-libraries`, written by the builder
+/// when it copied the interpreter in; a path without the file needs none). Only paths of the kind `interpreter`
+/// are read: a wheel's files are its authors', and a list in one means nothing.
 fn host_libraries(
     store: &Path,
-    closure: &BTreeSet<String>,
+    interpreters: &BTreeSet<String>,
 ) -> Result<Vec<HostLibrary>, LaunchError> {
     use std::io::Read as _;
     let mut out = Vec::new();
-    for name in closure {
+    for name in interpreters {
         let list = store.join(name).join("lib/hvd-host-libraries");
         let file = match std::fs::File::open(&list) {
             Ok(file) => file,
@@ -211,6 +216,11 @@ mod tests {
 
     /// A store with an env referencing an interpreter path whose list names `libraries`.
     fn store_with(libraries: &str) -> (tempfile::TempDir, PathBuf) {
+        store_of_kind("interpreter", libraries)
+    }
+
+    /// A store with an env referencing a path of `kind` (named like an interpreter) whose list names `libraries`.
+    fn store_of_kind(kind: &str, libraries: &str) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let python = "0123456789abcdef0123456789abcdef-python-3.11.7";
         let env = "fedcba9876543210fedcba9876543210-app-env";
@@ -224,7 +234,7 @@ mod tests {
             });
             std::fs::write(path.join(".hvd-path.json"), info.to_string()).unwrap();
         };
-        write_info(python, "interpreter", &[]);
+        write_info(python, kind, &[]);
         write_info(env, "env", &[python]);
         std::fs::write(
             dir.path().join(python).join("lib/hvd-host-libraries"),
@@ -250,6 +260,13 @@ mod tests {
         let (_dir, env) = store_with(
             "libhvd-missing-for-test.so.3 lib/python3.11/lib-dynload/_x.so\nlibm.so.6 bin/python3.11\n",
         );
+        check_env_here(&env, "this machine").unwrap();
+    }
+
+    #[test]
+    fn a_host_library_list_in_a_path_that_is_not_an_interpreter_is_not_read() {
+        // A wheel shipping `lib/hvd-host-libraries` (its authors' file) cannot make every run refused.
+        let (_dir, env) = store_of_kind("wheel", "libhvd-missing-for-test.so.3 bin/python3.11\n");
         check_env_here(&env, "this machine").unwrap();
     }
 }
