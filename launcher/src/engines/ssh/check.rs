@@ -139,8 +139,8 @@ impl SshSetup {
                         .insert(host.to_owned(), work_dir);
                 }
                 Err(e) => problems.push(format!(
-                    "the project directory {} does not exist on host `{host}`, and its files could not be copied to \
-                     a work directory there: {e}",
+                    "the project directory {} does not exist on host `{host}` (or lacks the project's top-level \
+                     files there), and its files could not be copied to a work directory there: {e}",
                     dir.display()
                 )),
             }
