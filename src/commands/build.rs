@@ -258,6 +258,16 @@ fn plan(
         .map_err(|err| Failure::from_error(Status::Usage, &err))
 }
 
+/// Metadata of sdists without static metadata, built by their backend in the build sandbox of the default store.
+pub fn sdist_metadata_builder(
+    offline: bool,
+) -> std::sync::Arc<dyn hvd_resolver::SourceMetadataProvider> {
+    std::sync::Arc::new(hvd_builder::source_metadata::SandboxedMetadata::new(
+        hvd_builder::Store::default_root(),
+        offline,
+    ))
+}
+
 pub(crate) fn build_failure(err: hvd_builder::Error) -> Failure {
     let help = match &err {
         hvd_builder::Error::HashMismatch { .. } => {
@@ -348,7 +358,7 @@ fn relock(file: &Path, project: &hvd_lang::model::Project, offline: bool) -> Res
     let options = hvd_resolver::LockOptions {
         offline,
         existing: Lockfile::read(&lock_path).ok(),
-        source_metadata: Some(super::lock::sdist_metadata_builder(offline)),
+        source_metadata: Some(sdist_metadata_builder(offline)),
         ..hvd_resolver::LockOptions::default()
     };
     eprintln!("locking {}", file.display());

@@ -82,7 +82,7 @@ pub fn run(args: LockArgs) -> CommandResult {
         upgrade_packages: args.upgrade_package.clone(),
         existing: existing.clone(),
         on_fetch,
-        source_metadata: Some(sdist_metadata_builder(args.offline)),
+        source_metadata: Some(super::build::sdist_metadata_builder(args.offline)),
         ..LockOptions::default()
     };
     let result = hvd_resolver::lock_detailed(&project.env, &options);
@@ -202,14 +202,6 @@ fn check(
 }
 
 /// `+ name version`, `- name version`, `~ name old -> new` between two locks.
-/// Metadata of sdists without static metadata, built by their backend in the build sandbox of the default store.
-pub fn sdist_metadata_builder(offline: bool) -> Arc<dyn hvd_resolver::SourceMetadataProvider> {
-    Arc::new(hvd_builder::source_metadata::SandboxedMetadata::new(
-        hvd_builder::Store::default_root(),
-        offline,
-    ))
-}
-
 fn pin_changes(old: Option<&Lockfile>, new: &Lockfile) -> Vec<String> {
     let Some(old) = old else { return Vec::new() };
     let mut out = Vec::new();
