@@ -40,6 +40,7 @@ use crate::options::RunOptions;
 
 mod check;
 mod deliver;
+mod remote;
 
 /// Everything the ssh engine needs for every distributed step of a plan.
 #[derive(Debug, Clone)]

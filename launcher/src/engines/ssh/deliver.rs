@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use sha2::{Digest as _, Sha256};
 
 use super::SshSetup;
-use super::check::{bounded_output, host_text, timed_out};
+use super::remote::{bounded_output, host_text, timed_out};
 use crate::closure::printable;
 use crate::engines::shell::quote;
 
