@@ -7,41 +7,9 @@ use hvd_runtime::{
     Request, meta,
 };
 
-fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
+mod common;
 
-fn to_f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-/// Runs `body(rank, engine)` on `size` in-process ranks and returns each rank's result.
-fn ranks<T: Send>(
-    size: usize,
-    config: EngineConfig,
-    body: impl Fn(usize, &Engine) -> T + Sync,
-) -> Vec<T> {
-    let transports = LocalTransport::group(size, Duration::from_secs(10));
-    std::thread::scope(|s| {
-        let handles: Vec<_> = transports
-            .into_iter()
-            .enumerate()
-            .map(|(rank, t)| {
-                let config = config.clone();
-                let body = &body;
-                s.spawn(move || {
-                    let engine = Engine::start(Box::new(t), config).unwrap();
-                    let out = body(rank, &engine);
-                    engine.shutdown();
-                    out
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
+use common::{f32s, ranks, to_f32s};
 
 fn allreduce(e: &Engine, name: &str, v: &[f32], op: ReduceOp) -> Result<Vec<f32>, EngineError> {
     let h = e.enqueue(Request::allreduce(

@@ -8,15 +8,9 @@ use hvd_collective::Communicator;
 use hvd_runtime::process_set::{ProcessSetError, ProcessSets};
 use hvd_runtime::{DType, Engine, EngineConfig, ErrorKind, LocalTransport, ReduceOp, Request};
 
-fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
+mod common;
 
-fn to_f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
+use common::{f32s, ranks, to_f32s};
 
 /// The communicators of a set's members, handed out by position, as the rendezvous join would connect them.
 struct Joins {
@@ -48,27 +42,22 @@ impl Joins {
         assert_eq!(members.len(), size);
         Ok(members[member].take().expect("each member joins once"))
     }
+
+    /// Adds the set `requested` to `sets` through `global`, its members joined through these communicators.
+    fn add(
+        &self,
+        sets: &ProcessSets,
+        global: &Engine,
+        requested: &[i64],
+        config: &EngineConfig,
+    ) -> Result<i32, ProcessSetError> {
+        sets.add(global, requested, config, &|m, n, t| self.connect(m, n, t))
+    }
 }
 
 /// Runs `body(rank, job engine)` on `size` in-process ranks.
 fn job<T: Send>(size: usize, body: impl Fn(usize, &Engine) -> T + Sync) -> Vec<T> {
-    let transports = LocalTransport::group(size, Duration::from_secs(10));
-    std::thread::scope(|s| {
-        let handles: Vec<_> = transports
-            .into_iter()
-            .enumerate()
-            .map(|(rank, t)| {
-                let body = &body;
-                s.spawn(move || {
-                    let engine = Engine::start(Box::new(t), EngineConfig::default()).unwrap();
-                    let out = body(rank, &engine);
-                    engine.shutdown();
-                    out
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    ranks(size, EngineConfig::default(), body)
 }
 
 fn allreduce(engine: &Engine, name: &str, values: &[f32]) -> Vec<f32> {
@@ -92,14 +81,8 @@ fn two_overlapping_sets_reduce_concurrently_each_over_its_members() {
     let results = job(4, |rank, global| {
         let sets = ProcessSets::new();
         let config = EngineConfig::default();
-        let a = sets
-            .add(global, &[1, 0], &config, &|m, n, t| pair.connect(m, n, t))
-            .unwrap();
-        let b = sets
-            .add(global, &[3, 2, 1], &config, &|m, n, t| {
-                trio.connect(m, n, t)
-            })
-            .unwrap();
+        let a = pair.add(&sets, global, &[1, 0], &config).unwrap();
+        let b = trio.add(&sets, global, &[3, 2, 1], &config).unwrap();
         assert_eq!((a, b), (1, 2));
         assert_eq!(sets.get(b).unwrap().ranks(), &[1, 2, 3]);
         assert_eq!(sets.get(b).unwrap().rank_of(rank), rank.checked_sub(1));
@@ -193,11 +176,7 @@ fn a_mismatch_in_one_set_leaves_the_others_running() {
     let results = job(4, |rank, global| {
         let sets = ProcessSets::new();
         let config = EngineConfig::default();
-        let b = sets
-            .add(global, &[1, 2, 3], &config, &|m, n, t| {
-                trio.connect(m, n, t)
-            })
-            .unwrap();
+        let b = trio.add(&sets, global, &[1, 2, 3], &config).unwrap();
         let a = sets
             .add(global, &[0], &config, &|_, _, _| unreachable!())
             .unwrap();
@@ -253,11 +232,7 @@ fn a_stall_in_one_set_does_not_hang_the_others() {
             stall_shutdown_time: Some(Duration::from_millis(300)),
             ..EngineConfig::default()
         };
-        let b = sets
-            .add(global, &[1, 2, 3], &config, &|m, n, t| {
-                trio.connect(m, n, t)
-            })
-            .unwrap();
+        let b = trio.add(&sets, global, &[1, 2, 3], &config).unwrap();
         let a = sets
             .add(global, &[0], &config, &|_, _, _| unreachable!())
             .unwrap();
@@ -300,14 +275,10 @@ fn removes_in_different_orders_are_a_mismatch_not_a_hang() {
     let results = job(3, |rank, global| {
         let sets = ProcessSets::new();
         let config = EngineConfig::default();
-        let a = sets
-            .add(global, &[0, 1], &config, &|m, n, t| pair.connect(m, n, t))
-            .unwrap();
+        let a = pair.add(&sets, global, &[0, 1], &config).unwrap();
         // Listed in another order on rank 0: the same set (ranks are sorted, as Horovod does).
         let asked: &[i64] = if rank == 0 { &[2, 1] } else { &[1, 2] };
-        let b = sets
-            .add(global, asked, &config, &|m, n, t| other.connect(m, n, t))
-            .unwrap();
+        let b = other.add(&sets, global, asked, &config).unwrap();
         let (first, second) = if rank == 1 { (b, a) } else { (a, b) };
         let swapped = sets.remove(global, first).unwrap_err();
         let still = (sets.get(a).is_ok(), sets.get(b).is_ok());
@@ -352,9 +323,7 @@ fn a_set_shutdown_a_member_never_joins_is_bounded() {
     let results = job(3, |rank, global| {
         let sets = ProcessSets::with_shutdown_timeout(Duration::from_millis(300));
         let config = EngineConfig::default();
-        let a = sets
-            .add(global, &[0, 1], &config, &|m, n, t| pair.connect(m, n, t))
-            .unwrap();
+        let a = pair.add(&sets, global, &[0, 1], &config).unwrap();
         let out = if rank == 0 {
             let e = sets.shutdown().unwrap_err();
             first_done.wait();
