@@ -273,7 +273,7 @@ fn torn_hostile_and_linked_checkpoints_are_skipped() {
         assert!(flat.contains(&want), "want `{want}`:\n{stderr}");
     }
     assert_resumed_and_finished(&stdout, &stderr, 4, 8);
-    // Writing commit 5 replaced everything at or above it, the link itself, not what it points to.
+    // Writing commit 5 moved everything at or above it aside (`.old-ckpt-*`), the link itself, not what it points to.
     assert_eq!(
         checkpoints(&ckpt),
         [
@@ -375,7 +375,10 @@ fn hostile_manifests_and_archives_are_refused_without_loading_anything() {
             "arrays.npz does not load (Object arrays cannot be loaded when allow_pickle=False)",
         ),
         (6, "arrays.npz holds 'a0.npy' compressed ("),
-        (5, "bytes where the manifest says 1000000000000000000: torn"),
+        (
+            5,
+            "MANIFEST.json claims 1000000000000000000 bytes of files, more than this machine's memory",
+        ),
         (
             4,
             "MANIFEST.json lists arrays.npz twice or without a size and a hash",
@@ -541,6 +544,32 @@ fn the_checkpoint_directory_is_planned_and_a_bad_one_is_named() {
         "{stdout}"
     );
 
+    // `--checkpoints` for several steps: a subdirectory each; two steps naming one place: refused, both named.
+    let two = "step a {\n  run = \"true\"\n  workers = 2\n  checkpoints = \"ckpt/\"\n}\n\
+               step b {\n  run = \"true\"\n  workers = 2\n  checkpoints = \"./ckpt\"\n}";
+    let dir = common::project(two);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--dry-run", "--checkpoints", "/abs/where"],
+        &[],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("HVD_CHECKPOINT_DIR=/abs/where/a\n")
+            && stdout.contains("HVD_CHECKPOINT_DIR=/abs/where/b\n"),
+        "{stdout}"
+    );
+    let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains("steps `a` and `b` keep their checkpoints at the same place")
+            && flat
+                .replace(' ', "")
+                .contains(&format!("`{}`", dir.path().join("ckpt").display())),
+        "{stderr}"
+    );
+
     for (value, says) in [
         (
             "https://cache.example/ckpt",
@@ -561,4 +590,166 @@ fn the_checkpoint_directory_is_planned_and_a_bad_one_is_named() {
             "{stderr}"
         );
     }
+}
+
+/// What the reviewer's failures and attackers do, each in one real Python process with the `hvd` package: a fresh
+/// start (a state that no checkpoint fits) writes its own checkpoints and moves the older history aside, never deleting
+/// it; a writer holding the directory's lock keeps its temporary directory; sparse files and a manifest that claims
+/// more than the machine's memory are refused before anything is read; the resume report through a link leaves the
+/// link's target alone; a torch older than 2.6 never loads `torch.pt`; an S3 server that drips its answer fails the
+/// load within the deadline, naming the URL.
+const FAILURES: &str = r#"
+import fcntl, http.server, json, os, shutil, sys, threading, time, types
+import hvd
+
+E = hvd.elastic
+root = os.environ["HVD_CHECKPOINT_DIR"]
+a = E.ObjectState(step=0)
+for i in range(1, 6):
+    a.step = i
+    a.commit()
+    a.checkpoint(keep=10)
+E._lineages.clear()  # what a new process knows
+b = E.ObjectState(step=0, extra=1)
+print("fresh start loads", b.load_checkpoint())
+for i in range(1, 4):
+    b.step = i
+    b.commit()
+    b.checkpoint(keep=2)
+print("listed", sorted(n for n in os.listdir(root) if not n.startswith(".old-")))
+aside = sorted(n for n in os.listdir(root) if n.startswith(".old-"))
+print("aside", [n[:len(".old-ckpt-000000000001")] for n in aside])
+print("aside intact", all(E._verified(os.open(root, os.O_RDONLY), n, int(n[10:22]))[0] for n in aside))
+
+lock = os.open(os.path.join(root, ".hvd-checkpoint.lock"), os.O_RDWR)
+fcntl.flock(lock, fcntl.LOCK_EX)
+other = os.path.join(root, ".tmp-ckpt-000000000009-1")
+os.mkdir(other)
+done = []
+b.step = 4
+b.commit()
+writer = threading.Thread(target=lambda: done.append(b.checkpoint(keep=2)))
+writer.start()
+writer.join(1.0)
+print("while locked: writing", writer.is_alive(), "other's temp", os.path.isdir(other))
+fcntl.flock(lock, fcntl.LOCK_UN)
+writer.join()
+print("unlocked: wrote", os.path.basename(done[0]), "other's temp", os.path.isdir(other))
+
+root2 = root + "2"
+os.environ["HVD_CHECKPOINT_DIR"] = root2
+c = E.ObjectState(step=1)
+c.commit()
+c.checkpoint()
+base = os.path.join(root2, "ckpt-000000000001")
+for n in (60, 61):
+    d = os.path.join(root2, "ckpt-%012d" % n)
+    shutil.copytree(base, d)
+    m = json.load(open(os.path.join(d, "MANIFEST.json")))
+    m["commit"] = n
+    if n == 61:
+        m["files"][0]["size"] = 2 * E._memory()
+    json.dump(m, open(os.path.join(d, "MANIFEST.json"), "w"))
+os.truncate(os.path.join(root2, "ckpt-000000000060", "state.json"), 64 << 30)
+print("sparse loads", E.ObjectState(step=0).load_checkpoint())
+
+tmp = os.path.dirname(root)
+victim = os.path.join(tmp, "victim")
+open(victim, "w").write("keep")
+os.symlink(victim, os.path.join(tmp, "report"))
+os.environ["HVD_CHECKPOINT_REPORT"] = os.path.join(tmp, "report")
+E._resume(E.ObjectState(step=0))
+print("victim holds", open(victim).read())
+
+torch = types.ModuleType("torch")
+torch.__version__ = "2.5.1+cu121"
+torch.load = lambda *a, **k: open(os.path.join(tmp, "torch-loaded"), "w").close()
+sys.modules["torch"] = torch
+try:
+    E.TorchState._checkpoint_load(None, {"torch.pt": b"code"})
+except E._Refused as e:
+    print("old torch refused:", e)
+print("torch.load called", os.path.exists(os.path.join(tmp, "torch-loaded")))
+
+
+class Drip(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        try:
+            for _ in range(100000):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+server.daemon_threads = True
+threading.Thread(target=server.serve_forever, daemon=True).start()
+os.environ["HVD_S3_ENDPOINT"] = "http://127.0.0.1:%d" % server.server_address[1]
+os.environ["HVD_CHECKPOINT_DIR"] = "s3://bucket/drip"
+E._S3_TIMEOUT = 1.0
+print("dripping S3 loads", E.ObjectState(step=0).load_checkpoint())
+"#;
+
+#[test]
+fn fresh_starts_lock_holders_sparse_files_links_old_torch_and_slow_servers_lose_nothing() {
+    let (python, package, _) = allreduce_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let out = std::process::Command::new(python)
+        .args(["-c", FAILURES])
+        .env("PYTHONPATH", &package)
+        .env("HVD_CHECKPOINT_DIR", &ckpt)
+        .env_remove("HVD_CHECKPOINT_REPORT")
+        .env_remove("HVD_RANK")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let want = [
+        "fresh start loads None",
+        // Commit 1 of the fresh start: its own, pruned below the latest 2 it wrote.
+        "listed ['.hvd-checkpoint.lock', 'ckpt-000000000002', 'ckpt-000000000003']",
+        "aside ['.old-ckpt-000000000001', '.old-ckpt-000000000002', '.old-ckpt-000000000003', \
+         '.old-ckpt-000000000004', '.old-ckpt-000000000005']",
+        "aside intact True",
+        "while locked: writing True other's temp True",
+        "unlocked: wrote ckpt-000000000004 other's temp False",
+        "sparse loads 1",
+        "victim holds keep",
+        "old torch refused: torch 2.5.1+cu121 is older than 2.6, where torch.load(weights_only=True) can still run \
+         code from the file (CVE-2025-32434): torch.pt is not loaded; upgrade torch to resume from it",
+        "torch.load called False",
+        "dripping S3 loads None",
+    ];
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), want, "{stderr}");
+    let flat = stderr.replace('\n', " ");
+    for says in [
+        format!(
+            "{}/ckpt-000000000005 is at or above commit 1 and not what this run resumed from: moved aside as \
+             .old-ckpt-000000000005-",
+            ckpt.display()
+        ),
+        format!(
+            "checkpoint {}2/ckpt-000000000061 skipped: MANIFEST.json claims ",
+            ckpt.display()
+        ),
+        format!(
+            "checkpoint {}2/ckpt-000000000060 skipped: state.json has 68719476736 bytes where at most ",
+            ckpt.display()
+        ),
+        "cannot tell hvd run that it resumed (".to_string(),
+        "cannot read the checkpoints at s3://bucket/drip (GET s3://bucket/drip/INDEX: no whole answer within 1.0 s)"
+            .to_string(),
+    ] {
+        assert!(flat.contains(&says), "want `{says}`:\n{stderr}");
+    }
+    assert!(!stderr.contains("Traceback"), "{stderr}");
 }

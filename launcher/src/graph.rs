@@ -128,6 +128,9 @@ pub fn plan(
     let selected = graph.selection(options.step.as_deref())?;
     let names: BTreeSet<&str> = selected.iter().map(|s| s.name.as_str()).collect();
     let project_dir = project_dir(&project.file);
+    // `--checkpoints DIR` for several steps: one subdirectory each (writers of one directory prune each other's).
+    let per_step = selected.len() > 1;
+    let mut checkpoint_owners: BTreeMap<PathBuf, String> = BTreeMap::new();
     let mut steps = Vec::new();
     for step in selected {
         let workers = match (step.workers, options.max_workers.or(options.workers)) {
@@ -158,7 +161,14 @@ pub fn plan(
             env.insert(HVD_TIMELINE.into(), timeline.display().to_string());
             env.insert(HOROVOD_TIMELINE.into(), timeline.display().to_string());
         }
-        if let Some(dir) = checkpoint_dir(step, options, &project_dir) {
+        if let Some(dir) = checkpoint_dir(step, options, &project_dir, per_step) {
+            if let Some(first) = checkpoint_owners.insert(dir.clone(), step.name.clone()) {
+                return Err(LaunchError::SharedCheckpoints {
+                    dir,
+                    first,
+                    second: step.name.clone(),
+                });
+            }
             env.insert(
                 crate::env_vars::HVD_CHECKPOINT_DIR.into(),
                 dir.display().to_string(),
@@ -313,12 +323,22 @@ impl Plan {
 }
 
 /// Where `step`'s workers keep their checkpoints (`HVD_CHECKPOINT_DIR`), absolute: `--checkpoints DIR` (relative to
-/// the current directory) over the step's `checkpoints` (relative to the project directory; a `file://` URL is its
-/// path); an `s3://bucket/prefix` URL as it is.
-pub fn checkpoint_dir(step: &Step, options: &RunOptions, project_dir: &Path) -> Option<PathBuf> {
+/// the current directory; with `per_step`, when it applies to several steps, `DIR/<step name>`) over the step's
+/// `checkpoints` (relative to the project directory; a `file://` URL is its path); an `s3://bucket/prefix` URL as it
+/// is.
+pub fn checkpoint_dir(
+    step: &Step,
+    options: &RunOptions,
+    project_dir: &Path,
+    per_step: bool,
+) -> Option<PathBuf> {
     if let Some(dir) = &options.checkpoints {
         return Some(match dir.to_str().filter(|d| d.starts_with("s3://")) {
+            Some(url) if per_step => {
+                PathBuf::from(format!("{}/{}", url.trim_end_matches('/'), step.name))
+            }
             Some(url) => PathBuf::from(url),
+            None if per_step => cwd().join(dir).join(&step.name).components().collect(),
             None => cwd().join(dir).components().collect(),
         });
     }

@@ -76,6 +76,15 @@ pub enum LaunchError {
          exceed the workers it starts with (`--min-workers`, `--max-workers`, `workers = {{ min, max }}`)"
     )]
     ElasticRange { step: String, min: u32, max: u32 },
+    #[error(
+        "steps `{first}` and `{second}` keep their checkpoints at the same place, `{}`: each step's writes would \
+         prune the other's; give each step its own `checkpoints`", dir.display()
+    )]
+    SharedCheckpoints {
+        dir: PathBuf,
+        first: String,
+        second: String,
+    },
     #[error("failed to start rank {rank} of step `{step}`: cannot run `{program}`")]
     Spawn {
         step: String,

@@ -49,8 +49,8 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -176,7 +176,7 @@ class State:
         if directory is None:
             return None
         skipped = 0
-        for name, commit, files in _complete_checkpoints(directory):
+        for name, commit, files, lineage in _complete_checkpoints(directory):
             try:
                 self._checkpoint_load(files)
             except _Refused as e:
@@ -184,6 +184,8 @@ class State:
                 skipped += 1
                 continue
             self._hvd_commits = commit
+            # This process now continues that history: its writes prune it (one without a lineage: a new one).
+            _lineages[directory] = lineage or _new_lineage()
             return commit
         return None
 
@@ -321,6 +323,10 @@ class TorchState(ObjectState):
 
         if _TORCH_FILE not in files:
             raise _Refused("it has no {} (not a TorchState's checkpoint)".format(_TORCH_FILE))
+        if not _torch_loads_safely(torch.__version__):
+            raise _Refused("torch {} is older than 2.6, where torch.load(weights_only=True) can still run code from "
+                           "the file (CVE-2025-32434): {} is not loaded; upgrade torch to resume from it".format(
+                               torch.__version__, _TORCH_FILE))
         try:
             # weights_only: tensors and plain containers, no code from the file.
             modules = torch.load(io.BytesIO(files[_TORCH_FILE]), map_location="cpu", weights_only=True)
@@ -358,6 +364,21 @@ _TORCH_FILE = "torch.pt"
 # The only names a manifest may list: a name from the checkpoint never becomes a path of its own.
 _CKPT_FILES = (_STATE_FILE, _ARRAYS_FILE, _TORCH_FILE)
 _ARRAY_ENTRY = re.compile(r"a[0-9]{1,9}\.npy\Z")
+# A run's lineage (in each manifest): the checkpoints one history wrote, across the processes that resumed it. A run
+# prunes only its own lineage's checkpoints; any other one at or above its commit is moved aside (`.old-ckpt-*`).
+_LINEAGE_HEX = 16
+_LINEAGE = re.compile(r"[0-9a-f]{16}\Z")
+_CKPT_ASIDE = ".old-"
+_CKPT_LOCK = ".hvd-checkpoint.lock"
+# Per checkpoint directory (or URL): the lineage this process writes (what it resumed from, or a new one).
+_lineages = {}
+
+
+def _torch_loads_safely(version):
+    """Whether torch ``version`` (``"2.6.0+cu124"``) has a ``torch.load(weights_only=True)`` that runs no code from
+    the file: 2.6 and later (CVE-2025-32434). A version that does not parse counts as too old."""
+    match = re.match(r"([0-9]+)\.([0-9]+)", str(version))
+    return bool(match) and (int(match.group(1)), int(match.group(2))) >= (2, 6)
 
 
 class _Refused(Exception):
@@ -466,12 +487,16 @@ def _open_in(dir_fd, name, flags):
 
 
 def _read_in(dir_fd, name, limit):
-    """A regular file's bytes, at most ``limit`` + 1 of them; never through a link, never blocking on a FIFO."""
+    """A regular file's bytes, at most ``limit`` + 1 of them (never more than the file holds, so a sparse file's
+    claimed size is never allocated); never through a link, never blocking on a FIFO."""
     fd = _open_in(dir_fd, name, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise _Refused("{} is not a regular file".format(name))
-        chunks, left = [], limit + 1
+        if st.st_size > limit:
+            raise _Refused("{} has {} bytes where at most {} are expected".format(name, st.st_size, limit))
+        chunks, left = [], st.st_size + 1
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 20))
             if not chunk:
@@ -507,9 +532,19 @@ def _verified(root_fd, name, commit):
         os.close(fd)
 
 
+def _memory():
+    """This machine's memory in bytes (what the files of one checkpoint may hold at most), or None."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
 def _verify(read, commit):
-    """The files of the checkpoint of ``commit`` that ``read(name, limit)`` (at most ``limit`` + 1 bytes; ``OSError``
-    when it cannot) reads, each checked against the manifest; ``_Refused`` otherwise."""
+    """``(files, lineage)``: the files of the checkpoint of ``commit`` that ``read(name, limit)`` (at most ``limit``
+    + 1 bytes; ``OSError`` when it cannot) reads, each checked against the manifest, and the manifest's ``lineage``
+    (None without one); ``_Refused`` otherwise. Sizes that add up to more than this machine's memory are refused
+    before anything is read."""
     try:
         raw = read(_MANIFEST, _MANIFEST_LIMIT)
     except OSError as e:
@@ -528,6 +563,14 @@ def _verify(read, commit):
     entries = manifest.get("files")
     if type(entries) is not list or len(entries) > len(_CKPT_FILES):
         raise _Refused("{} has no valid file list".format(_MANIFEST))
+    claimed = sum(e.get("size") for e in entries if type(e) is dict and type(e.get("size")) is int and e["size"] > 0)
+    memory = _memory()
+    if memory is not None and claimed > memory:
+        raise _Refused("{} claims {} bytes of files, more than this machine's memory ({} bytes)".format(
+            _MANIFEST, claimed, memory))
+    lineage = manifest.get("lineage")
+    if lineage is not None and (type(lineage) is not str or not _LINEAGE.match(lineage)):
+        raise _Refused("{} has a lineage that is not {} hex digits".format(_MANIFEST, _LINEAGE_HEX))
     files = {}
     for entry in entries:
         if type(entry) is not dict:
@@ -548,7 +591,7 @@ def _verify(read, commit):
         if hashlib.sha256(data).hexdigest() != digest:
             raise _Refused("{} does not match its SHA-256 in the manifest: corrupt".format(file))
         files[file] = data
-    return files
+    return files, lineage
 
 
 def _complete_checkpoints(directory):
@@ -579,11 +622,11 @@ def _complete_checkpoints(directory):
             return
         for name, commit in listed:
             try:
-                files = _verified(root, name, commit)
+                files, lineage = _verified(root, name, commit)
             except _Refused as e:
                 _warn_skipped(directory, name, e)
                 continue
-            yield name, commit, files
+            yield name, commit, files, lineage
     finally:
         os.close(root)
 
@@ -599,62 +642,118 @@ def _write_in(dir_fd, name, data):
         os.close(fd)
 
 
-def _remove_entry(directory, root_fd, name):
-    """Removes ``name`` (a directory tree, or a link itself, never what it points to) from the checkpoint
-    directory."""
+def _new_lineage():
+    return os.urandom(_LINEAGE_HEX // 2).hex()
+
+
+def _lineage_of(directory):
+    """The lineage this process writes into ``directory``: the one it resumed from, else a new one."""
+    if directory not in _lineages:
+        _lineages[directory] = _new_lineage()
+    return _lineages[directory]
+
+
+def _remove_entry(root_fd, name):
+    """Removes ``name`` (a directory tree, or a link itself, never what it points to) from the directory ``root_fd``:
+    every step relative to an open directory, never through a link."""
     try:
         st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(os.path.join(directory, name))
-    else:
+    if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=root_fd)
+        return
+    fd = _open_in(root_fd, name, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for entry in os.listdir(fd):
+            _remove_entry(fd, entry)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=root_fd)
+
+
+def _lineage_in(root_fd, name):
+    """The lineage in the manifest of checkpoint ``name`` of a directory, or None (no readable manifest, none)."""
+    try:
+        fd = _open_in(root_fd, name, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        manifest = json.loads(_read_in(fd, _MANIFEST, _MANIFEST_LIMIT).decode("utf-8"))
+    except (OSError, _Refused, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+    lineage = manifest.get("lineage") if isinstance(manifest, dict) else None
+    return lineage if type(lineage) is str and _LINEAGE.match(lineage) else None
+
+
+def _manifest(commit, files, lineage):
+    entries = [{"name": name, "size": len(files[name]), "sha256": hashlib.sha256(files[name]).hexdigest()}
+               for name in sorted(files)]
+    manifest = {"format": _MANIFEST_FORMAT, "version": 1, "commit": commit, "written": time.time(),
+                "lineage": lineage, "files": entries}
+    return json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
 
 
 def _write_checkpoint(directory, commit, files, keep):
     """Writes ``files`` as checkpoint ``ckpt-<commit>`` of ``directory``: into a temporary directory, every file
-    fsynced, the manifest last, then renamed into place and the directory fsynced. Checkpoints at this or a later
-    commit (a history this run did not resume from: e.g. a torn one it skipped) are replaced; the latest ``keep``
-    stay. Returns the checkpoint's path. An ``s3://`` URL: see ``_S3.write``."""
+    fsynced, the manifest last, then renamed into place and the directory fsynced, all under an exclusive lock on
+    ``.hvd-checkpoint.lock`` there (writers never sweep each other's temporary directories). A checkpoint at this or a
+    later commit (a history this run did not resume from, or a torn one it skipped) is moved aside as
+    ``.old-ckpt-<commit>-<time>``, never deleted; of this run's lineage the latest ``keep`` stay, and no other
+    checkpoint is removed. Returns the checkpoint's path. An ``s3://`` URL: see ``_S3.write``."""
     if directory.startswith("s3://"):
         return _S3.of(directory).write(commit, files, keep)
+    import fcntl
+
+    lineage = _lineage_of(directory)
     os.makedirs(directory, exist_ok=True)
     root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
+        lock = _open_in(root, _CKPT_LOCK, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
+    except OSError:
+        os.close(root)
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(lock).st_mode):
+            raise OSError("{}/{} is not a regular file".format(directory.rstrip("/"), _CKPT_LOCK))
+        fcntl.flock(lock, fcntl.LOCK_EX)
         temp = "{}{:012d}-{}".format(_CKPT_TEMP, commit, os.getpid())
         for name in os.listdir(root):
-            # What a writer killed mid-way left, and an earlier try of this one.
+            # What a writer killed mid-way left, and an earlier try of this one (a live writer holds the lock).
             if name.startswith(_CKPT_TEMP):
-                _remove_entry(directory, root, name)
+                _remove_entry(root, name)
         os.mkdir(temp, 0o700, dir_fd=root)
         fd = _open_in(root, temp, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            entries = []
             for name in sorted(files):
                 _write_in(fd, name, files[name])
-                entries.append({"name": name, "size": len(files[name]),
-                                "sha256": hashlib.sha256(files[name]).hexdigest()})
-            manifest = {"format": _MANIFEST_FORMAT, "version": 1, "commit": commit, "written": time.time(),
-                        "files": entries}
-            _write_in(fd, _MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+            _write_in(fd, _MANIFEST, _manifest(commit, files, lineage))
             os.fsync(fd)
         finally:
             os.close(fd)
         final = "ckpt-{:012d}".format(commit)
         for name, number in _listed(root):
             if number >= commit:
-                _remove_entry(directory, root, name)
+                aside = "{}{}-{}".format(_CKPT_ASIDE, name, time.time_ns())
+                os.rename(name, aside, src_dir_fd=root, dst_dir_fd=root)
+                sys.stderr.write("hvd.elastic: warning: {}/{} is at or above commit {} and not what this run "
+                                 "resumed from: moved aside as {}\n".format(directory.rstrip("/"), name, commit,
+                                                                          aside))
         os.rename(temp, final, src_dir_fd=root, dst_dir_fd=root)
         os.fsync(root)
-        for name, _ in _listed(root)[keep:]:
-            _remove_entry(directory, root, name)
+        ours = [name for name, _ in _listed(root) if _lineage_in(root, name) == lineage]
+        for name in ours[keep:]:
+            _remove_entry(root, name)
         return os.path.join(directory, final)
     finally:
+        os.close(lock)
         os.close(root)
 
 
-# What one request to an S3 server may take, and the most an index of checkpoints may hold.
+# What one request to an S3 server may take in all (connect, send, the whole answer), and the most an index of
+# checkpoints may hold.
 _S3_TIMEOUT = 120.0
 _S3_INDEX = "INDEX"
 _S3_INDEX_LIMIT = 64 << 10
@@ -722,20 +821,49 @@ class _S3:
                 self.key_id, scope, ";".join(names), signature)
         connection = (http.client.HTTPSConnection if self.https else http.client.HTTPConnection)(
             self.host, timeout=_S3_TIMEOUT)
+        # The whole request (connect, send, answer) ends by the deadline: a server that drips its answer byte by byte
+        # (each read within the socket's timeout) has the connection shut under it then.
+        late = threading.Event()
+        opened = []
+
+        def expire():
+            late.set()
+            # The socket itself, not `connection.sock`: the connection lets go of it once the answer is the last.
+            for sock in opened:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(_S3_TIMEOUT, expire)
+        timer.daemon = True
+        timer.start()
         try:
+            connection.connect()
+            opened.append(connection.sock)
+            if late.is_set():
+                expire()
             connection.request(method, path, body=body, headers=headers)
             answer = connection.getresponse()
             chunks, left = [], limit + 1
-            while left > 0:
-                chunk = answer.read(min(left, 1 << 20))
+            while left > 0 and not late.is_set():
+                chunk = answer.read(min(left, 1 << 16))
                 if not chunk:
                     break
                 chunks.append(chunk)
                 left -= len(chunk)
+            if late.is_set():
+                raise OSError("{} {}: no whole answer within {} s".format(method, self.where(key), _S3_TIMEOUT))
             return answer.status, b"".join(chunks)
-        except (http.client.HTTPException, ValueError) as e:
+        except (http.client.HTTPException, ValueError, OSError) as e:
+            if late.is_set():
+                raise OSError("{} {}: no whole answer within {} s".format(method, self.where(key), _S3_TIMEOUT)) \
+                    from None
+            if isinstance(e, OSError):
+                raise
             raise OSError("{} {}: {}".format(method, self.where(key), e)) from None
         finally:
+            timer.cancel()
             connection.close()
 
     def where(self, key):
@@ -789,32 +917,45 @@ class _S3:
                 return data
 
             try:
-                files = _verify(read, commit)
+                files, lineage = _verify(read, commit)
             except _Refused as e:
                 _warn_skipped(self.url, name, e)
                 continue
-            yield name, commit, files
+            yield name, commit, files, lineage
+
+    def lineage(self, name):
+        """The lineage in the manifest of checkpoint ``name``, or None (none, or not readable)."""
+        try:
+            raw = self.get("{}/{}".format(name, _MANIFEST), _MANIFEST_LIMIT)
+            manifest = json.loads(raw.decode("utf-8")) if raw and len(raw) <= _MANIFEST_LIMIT else None
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return None
+        lineage = manifest.get("lineage") if isinstance(manifest, dict) else None
+        return lineage if type(lineage) is str and _LINEAGE.match(lineage) else None
 
     def write(self, commit, files, keep):
-        """Uploads the checkpoint (its files, then its manifest), then names it in INDEX with the latest ``keep``
-        (checkpoints at this or a later commit leave INDEX, as in a directory), then deletes the objects of those
-        INDEX no longer names."""
+        """Uploads the checkpoint (its files, then its manifest), then names it in INDEX. A checkpoint INDEX names at
+        this or a later commit leaves INDEX (its objects stay: moved aside, as in a directory); of this run's lineage
+        the latest ``keep`` stay in INDEX and the objects of the others are deleted; every other checkpoint stays. An
+        INDEX that cannot be read fails the write (``OSError``) before anything is removed."""
+        lineage = _lineage_of(self.url)
         final = "ckpt-{:012d}".format(commit)
-        entries = []
         for name in sorted(files):
             self.put("{}/{}".format(final, name), files[name])
-            entries.append({"name": name, "size": len(files[name]), "sha256": hashlib.sha256(files[name]).hexdigest()})
-        manifest = {"format": _MANIFEST_FORMAT, "version": 1, "commit": commit, "written": time.time(),
-                    "files": entries}
-        self.put("{}/{}".format(final, _MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-        before = self.index()
-        kept = [(final, commit)] + [(n, c) for n, c in before if c < commit]
-        kept = kept[:keep]
+        self.put("{}/{}".format(final, _MANIFEST), _manifest(commit, files, lineage))
+        before = [(n, c) for n, c in self.index() if n != final]
+        for name, number in before:
+            if number >= commit:
+                sys.stderr.write("hvd.elastic: warning: {} is at or above commit {} and not what this run resumed "
+                                 "from: left out of INDEX (its objects stay)\n".format(self.where(name), commit))
+        older = [(n, c, self.lineage(n) == lineage) for n, c in before if c < commit]
+        ours = [n for n, _, mine in older if mine]
+        pruned = set(ours[max(keep - 1, 0):])
+        kept = [(final, commit)] + [(n, c) for n, c, _ in older if n not in pruned]
         self.put(_S3_INDEX, "".join(n + "\n" for n, _ in reversed(kept)).encode("ascii"))
-        for name, _ in before:
-            if name not in dict(kept):
-                for file in (_MANIFEST,) + _CKPT_FILES:
-                    self.delete("{}/{}".format(name, file))
+        for name in sorted(pruned):
+            for file in (_MANIFEST,) + _CKPT_FILES:
+                self.delete("{}/{}".format(name, file))
         return self.where(final)
 
 
@@ -835,8 +976,13 @@ def _resume(state):
     report = os.environ.get("HVD_CHECKPOINT_REPORT", "")
     if report:
         try:
-            with open(report, "w") as f:
-                f.write("commit {}\n".format(commit))
+            # Never through a link (the report's directory is the launcher's, but what is in it may not be).
+            fd = os.open(report, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                         0o600)
+            try:
+                os.write(fd, "commit {}\n".format(commit).encode("ascii"))
+            finally:
+                os.close(fd)
         except OSError as e:
             sys.stderr.write("hvd.elastic: warning: cannot tell hvd run that it resumed ({}: {})\n".format(report, e))
 
