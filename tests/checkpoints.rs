@@ -449,6 +449,29 @@ fn checkpoints_in_an_s3_bucket_survive_the_job() {
     );
     assert!(!stderr.contains("etc"), "{stderr}");
     assert_resumed_and_finished(&stdout, &stderr, 4, 8);
+    // A fresh start (a state no checkpoint fits) writes its commit 1: INDEX names only it, and the older history's
+    // objects stay.
+    let fresh = "import hvd\nE = hvd.elastic\ns = E.ObjectState(step=0, extra=1)\nprint(s.load_checkpoint())\n\
+                 s.commit()\ns.checkpoint()\nstore = E._S3.of('s3://ckpt/runs/train')\n\
+                 print(store.get('INDEX', 4096).decode(), end='')\n\
+                 print(store.get('ckpt-000000000008/MANIFEST.json', 1 << 20) is not None)\n";
+    let out = std::process::Command::new(&python)
+        .args(["-c", fresh])
+        .env("PYTHONPATH", &package)
+        .env("HVD_CHECKPOINT_DIR", "s3://ckpt/runs/train")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let (said, warned) = text(&out);
+    assert!(out.status.success(), "{said}\n{warned}");
+    assert_eq!(said, "None\nckpt-000000000001\nTrue\n", "{warned}");
+    assert!(
+        warned.contains(
+            "s3://ckpt/runs/train/ckpt-000000000008 is at or above commit 1 and not what this run resumed from: \
+             left out of INDEX (its objects stay)"
+        ),
+        "{warned}"
+    );
     common::assert_nothing_left(&marker);
 }
 

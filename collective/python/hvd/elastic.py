@@ -653,9 +653,10 @@ def _lineage_of(directory):
     return _lineages[directory]
 
 
-def _remove_entry(root_fd, name):
+def _remove_entry(root_fd, name, depth=0):
     """Removes ``name`` (a directory tree, or a link itself, never what it points to) from the directory ``root_fd``:
-    every step relative to an open directory, never through a link."""
+    every step relative to an open directory, never through a link. A checkpoint is one level deep: a deeper tree is
+    left, with an ``OSError``."""
     try:
         st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -663,10 +664,12 @@ def _remove_entry(root_fd, name):
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=root_fd)
         return
+    if depth > 1:
+        raise OSError("{} holds directories within directories, which no checkpoint writes: not removed".format(name))
     fd = _open_in(root_fd, name, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for entry in os.listdir(fd):
-            _remove_entry(fd, entry)
+            _remove_entry(fd, entry, depth + 1)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=root_fd)
