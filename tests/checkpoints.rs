@@ -582,6 +582,16 @@ fn the_checkpoint_directory_is_planned_and_a_bad_one_is_named() {
             && stdout.contains("HVD_CHECKPOINT_DIR=/abs/where/b\n"),
         "{stdout}"
     );
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--dry-run", "--checkpoints", "/abs/where", "--step", "b"],
+        &[],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("HVD_CHECKPOINT_DIR=/abs/where/b\n"),
+        "{stdout}"
+    );
     let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
     assert!(!out.status.success(), "{stdout}\n{stderr}");
     let flat = common::flat_stderr(&out);

@@ -128,8 +128,9 @@ pub fn plan(
     let selected = graph.selection(options.step.as_deref())?;
     let names: BTreeSet<&str> = selected.iter().map(|s| s.name.as_str()).collect();
     let project_dir = project_dir(&project.file);
-    // `--checkpoints DIR` for several steps: one subdirectory each (writers of one directory prune each other's).
-    let per_step = selected.len() > 1;
+    // `--checkpoints DIR` for a file of several steps: one subdirectory each (writers of one directory prune each
+    // other's), the same whichever steps `--step` selects, so a later run of one step resumes its own.
+    let per_step = project.steps.len() > 1;
     let mut checkpoint_owners: BTreeMap<PathBuf, String> = BTreeMap::new();
     let mut steps = Vec::new();
     for step in selected {
