@@ -345,17 +345,7 @@ impl SshSetup {
         let Some(archive) = tar.stdout.take() else {
             return Err("tar has no output pipe".into());
         };
-        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(&script)));
-        let out = bounded_output(
-            Command::new(&argv[0]).args(&argv[1..]),
-            Some(archive.into()),
-            1 << 20,
-            self.deadlines.copy,
-        )
-        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
-        if out.as_ref().is_ok_and(|o| o.timed_out) {
-            let _ = tar.kill();
-        }
+        let out = self.unpack_on(host, &script, archive, &mut tar);
         drop(checksums);
         let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
         let out = out?;
@@ -402,44 +392,53 @@ impl Checksums {
         let checksums = Checksums { dir };
         let entries = std::fs::File::create_new(checksums.dir.path().join(ENTRIES))
             .map_err(|e| format!("failed to create the entry list: {e}"))?;
-        // Names are store path names (checked): never an option of `find`.
-        let out = Command::new("/bin/sh")
-            .arg("-c")
-            .arg("cd \"$0\" && find \"$@\" -printf '%y %p -> %l\\0' | LC_ALL=C sort -z")
-            .arg(store)
-            .args(names)
-            .stdin(Stdio::null())
-            .stdout(entries)
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(|e| format!("failed to run find: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "failed to list the store paths to copy: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        over_store_paths(
+            store,
+            names,
+            "find \"$@\" -printf '%y %p -> %l\\0' | LC_ALL=C sort -z",
+            entries,
+            ("find", "list"),
+        )?;
         let file = std::fs::File::create_new(checksums.dir.path().join(CHECKSUMS))
             .map_err(|e| format!("failed to create the checksum list: {e}"))?;
-        // Names are store path names (checked): never an option of `find`.
-        let out = Command::new("/bin/sh")
-            .arg("-c")
-            .arg("cd \"$0\" && find \"$@\" -type f -print0 | xargs -0r sha256sum --")
-            .arg(store)
-            .args(names)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(|e| format!("failed to run sha256sum: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "failed to hash the store paths to copy: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        over_store_paths(
+            store,
+            names,
+            "find \"$@\" -type f -print0 | xargs -0r sha256sum --",
+            file,
+            ("sha256sum", "hash"),
+        )?;
         Ok(checksums)
     }
+}
+
+/// Runs `script` in `store` with the store path `names` as its arguments, its stdout into `out`; `(tool, verb)` name
+/// the failures ("failed to run {tool}", "failed to {verb} the store paths to copy").
+fn over_store_paths(
+    store: &Path,
+    names: &[&str],
+    script: &str,
+    out: std::fs::File,
+    (tool, verb): (&str, &str),
+) -> Result<(), String> {
+    // Names are store path names (checked): never an option of `find`.
+    let done = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("cd \"$0\" && {script}"))
+        .arg(store)
+        .args(names)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("failed to run {tool}: {e}"))?;
+    if !done.status.success() {
+        return Err(format!(
+            "failed to {verb} the store paths to copy: {}",
+            String::from_utf8_lossy(&done.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 /// What a host said to the check script.

@@ -252,17 +252,7 @@ impl SshSetup {
         let Some(archive) = tar.stdout.take() else {
             return Err("tar has no output pipe".into());
         };
-        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(&script)));
-        let out = bounded_output(
-            Command::new(&argv[0]).args(&argv[1..]),
-            Some(archive.into()),
-            1 << 20,
-            self.deadlines.copy,
-        )
-        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
-        if out.as_ref().is_ok_and(|o| o.timed_out) {
-            let _ = tar.kill();
-        }
+        let out = self.unpack_on(host, &script, archive, &mut tar);
         let _ = feeder.join();
         let tar_out = tar.wait_with_output().map_err(|e| format!("tar: {e}"))?;
         let out = out?;

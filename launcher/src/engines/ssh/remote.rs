@@ -1,7 +1,10 @@
 //! Running a command on a host (or a local tool) within a deadline and bounded output, and showing what it wrote:
 //! the pieces the host check and the project delivery share.
 
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use super::SshSetup;
+use crate::engines::shell::quote;
 
 /// What a host (or a local tool) wrote to stderr, as a message may show it: the last 40 lines at most 200
 /// characters each, control characters (but line ends) escaped, so a host cannot move the cursor or rewrite the
@@ -142,3 +145,28 @@ pub(super) fn bounded_output(
 
 /// How long [`bounded_output`] waits for the output pipes after it killed a command past its deadline.
 const AFTER_KILL: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl SshSetup {
+    /// Runs `script` on `host` with `archive` (the stdout of the local `tar`) as its stdin, within the copy deadline,
+    /// keeping 1 MiB of its output; past the deadline `tar` is killed too. The caller waits for `tar`.
+    pub(super) fn unpack_on(
+        &self,
+        host: &str,
+        script: &str,
+        archive: ChildStdout,
+        tar: &mut Child,
+    ) -> Result<BoundedOutput, String> {
+        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(script)));
+        let out = bounded_output(
+            Command::new(&argv[0]).args(&argv[1..]),
+            Some(archive.into()),
+            1 << 20,
+            self.deadlines.copy,
+        )
+        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]));
+        if out.as_ref().is_ok_and(|o| o.timed_out) {
+            let _ = tar.kill();
+        }
+        out
+    }
+}
