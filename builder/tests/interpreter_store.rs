@@ -13,6 +13,25 @@ use hvd_builder::interpreter::{self, HOST_LIBRARIES, InterpreterPin, elf};
 use hvd_builder::python::Interpreter;
 use hvd_builder::{BuildOptions, EnvPlan, Error, NoProgress, Store, build_env};
 
+/// pyenv's 3.11 (see `pyenv_311`), a fresh directory and a store in it.
+fn pyenv_store(test: &str) -> Option<(Interpreter, tempfile::TempDir, Store)> {
+    let python = pyenv_311(test)?;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    Some((python, dir, store))
+}
+
+/// The installation prefix of `python` (the parent of its `bin`).
+fn prefix_of(python: &Interpreter) -> PathBuf {
+    python
+        .executable
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
 /// pyenv's 3.11 (every machine hvd is tested on has it, docs: FACTS); `None` prints a loud skip.
 fn pyenv_311(test: &str) -> Option<Interpreter> {
     let root = std::env::var_os("PYENV_ROOT")
@@ -69,18 +88,12 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn pyenv_python_becomes_a_slim_relocated_store_path_found_again_by_fingerprint() {
-    let Some(python) = pyenv_311("pyenv_python_becomes_a_slim_relocated_store_path") else {
+    let Some((python, dir, store)) =
+        pyenv_store("pyenv_python_becomes_a_slim_relocated_store_path")
+    else {
         return;
     };
-    let prefix = python
-        .executable
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("store")).unwrap();
+    let prefix = prefix_of(&python);
     let start = Instant::now();
     let stored = interpreter::import(&store, &python).unwrap();
     let first = start.elapsed();
@@ -194,19 +207,12 @@ fn pyenv_python_becomes_a_slim_relocated_store_path_found_again_by_fingerprint()
 
 #[test]
 fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
-    let Some(python) = pyenv_311("an_env_runs_from_the_store_with_the_hosts_installation_hidden")
+    let Some((python, _dir, store)) =
+        pyenv_store("an_env_runs_from_the_store_with_the_hosts_installation_hidden")
     else {
         return;
     };
-    let prefix = python
-        .executable
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("store")).unwrap();
+    let prefix = prefix_of(&python);
     let built = build_env(
         &store,
         &plan(&python.version, None),
@@ -274,12 +280,11 @@ fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
 
 #[test]
 fn the_locks_pin_names_the_path_and_a_tampered_hash_is_refused() {
-    let Some(python) = pyenv_311("the_locks_pin_names_the_path_and_a_tampered_hash_is_refused")
+    let Some((python, _dir, store)) =
+        pyenv_store("the_locks_pin_names_the_path_and_a_tampered_hash_is_refused")
     else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("store")).unwrap();
     let stored = interpreter::import(&store, &python).unwrap();
 
     // The pin as `hvd lock` writes it builds an env over exactly that path.
@@ -332,11 +337,11 @@ fn the_locks_pin_names_the_path_and_a_tampered_hash_is_refused() {
 
 #[test]
 fn gc_keeps_the_interpreter_while_an_env_references_it() {
-    let Some(python) = pyenv_311("gc_keeps_the_interpreter_while_an_env_references_it") else {
+    let Some((python, dir, store)) =
+        pyenv_store("gc_keeps_the_interpreter_while_an_env_references_it")
+    else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("store")).unwrap();
     let built = build_env(
         &store,
         &plan(&python.version, None),
@@ -433,14 +438,12 @@ fn debians_usr_python_is_assembled_from_usr_bin_and_usr_lib_without_dist_package
 
 #[test]
 fn a_pinned_interpreter_comes_from_a_cache_without_reading_the_hosts() {
-    let Some(python) =
-        pyenv_311("a_pinned_interpreter_comes_from_a_cache_without_reading_the_hosts")
+    use hvd_builder::cache::{Cache, SecretKey, Substituter, push};
+    let Some((python, dir, store)) =
+        pyenv_store("a_pinned_interpreter_comes_from_a_cache_without_reading_the_hosts")
     else {
         return;
     };
-    use hvd_builder::cache::{Cache, SecretKey, Substituter, push};
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("store")).unwrap();
     let stored = interpreter::import(&store, &python).unwrap();
     let pinned = plan(&python.short_version, Some(stored.pin()));
     let built = build_env(&store, &pinned, &BuildOptions::default(), &NoProgress).unwrap();
@@ -521,12 +524,11 @@ fn plant_interpreter_path(store: &Store, version: &str, claimed: &hvd_builder::S
 
 #[test]
 fn a_planted_or_stale_fingerprint_entry_is_ignored_and_overwritten() {
-    let Some(python) = pyenv_311("a_planted_or_stale_fingerprint_entry_is_ignored_and_overwritten")
+    let Some((python, _dir, store)) =
+        pyenv_store("a_planted_or_stale_fingerprint_entry_is_ignored_and_overwritten")
     else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("store")).unwrap();
     let stored = interpreter::import(&store, &python).unwrap();
     let entries = store.root().join(".interpreters");
     let mode = std::os::unix::fs::PermissionsExt::mode(
