@@ -7,7 +7,6 @@
 //! compiles and links a `.cu` file with the store's nvcc.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use hvd_builder::{EnvPlan, PackagePlan, SourceBuildPlan, Store};
@@ -15,47 +14,11 @@ use hvd_builder::{EnvPlan, PackagePlan, SourceBuildPlan, Store};
 #[allow(dead_code)] // each test binary uses part of the shared fixtures
 mod common;
 
-use common::{FileServer, build_default, host_python, make_sdist, record_hash, served_store};
+use common::{FileServer, build_default, host_python, make_sdist, served_store, write_wheel};
 
 /// Write a wheel `name`-`version` (py3-none-any) into `dir`; `files` are (path, bytes, executable).
 fn cuda_wheel(dir: &Path, name: &str, version: &str, files: &[(&str, &[u8], bool)]) -> String {
-    let dist = name.replace('-', "_");
-    let filename = format!("{dist}-{version}-py3-none-any.whl");
-    let dist_info = format!("{dist}-{version}.dist-info");
-    let mut all: Vec<(String, Vec<u8>, bool)> = files
-        .iter()
-        .map(|(p, d, x)| (p.to_string(), d.to_vec(), *x))
-        .collect();
-    all.push((
-        format!("{dist_info}/METADATA"),
-        format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").into_bytes(),
-        false,
-    ));
-    all.push((
-        format!("{dist_info}/WHEEL"),
-        b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-            .to_vec(),
-        false,
-    ));
-    let mut record: String = all
-        .iter()
-        .map(|(p, d, _)| format!("{p},sha256={},{}\n", record_hash(d), d.len()))
-        .collect();
-    record.push_str(&format!("{dist_info}/RECORD,,\n"));
-    all.push((format!("{dist_info}/RECORD"), record.into_bytes(), false));
-    let mut writer = zip::ZipWriter::new(std::fs::File::create(dir.join(&filename)).unwrap());
-    for (path, data, executable) in all {
-        let mode = if executable { 0o755 } else { 0o644 };
-        writer
-            .start_file(
-                path,
-                zip::write::SimpleFileOptions::default().unix_permissions(mode),
-            )
-            .unwrap();
-        writer.write_all(&data).unwrap();
-    }
-    writer.finish().unwrap();
-    filename
+    write_wheel(dir, &name.replace('-', "_"), name, version, files, None)
 }
 
 /// The fixture nvcc: checks the toolkit around the path it was started as (as the real nvcc finds its tree
@@ -178,12 +141,29 @@ fn cuda_wheels(server: &FileServer, host_config: &str) -> Vec<PackagePlan> {
 
 const GCC_15: &str = "#if defined(__GNUC__)\n#if __GNUC__ > 15\n#error -- unsupported GNU version!\n#endif\n#endif\n";
 
-/// A backend whose build runs `nvcc` from PATH and records what it printed and the variables it saw in
-/// `cudaprobe/facts.py` of the wheel.
-const BACKEND: &str = r#"
+/// The start of both probe backends: imports and `_facts_wheel`, which writes the wheel `<project>-1.0` whose
+/// `<project>/facts.py` holds `FACTS`.
+const FACTS_WHEEL: &str = r#"
 import base64, hashlib, os, subprocess, zipfile
 def _hash(data):
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+def _facts_wheel(wheel_directory, project, facts):
+    files = {project + "/__init__.py": b"", project + "/facts.py": ("FACTS = %r\n" % facts).encode()}
+    dist = project + "-1.0.dist-info"
+    files[dist + "/METADATA"] = ("Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % project).encode()
+    files[dist + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = "".join("%s,sha256=%s,%d\n" % (p, _hash(d), len(d)) for p, d in sorted(files.items()))
+    files[dist + "/RECORD"] = (record + dist + "/RECORD,,\n").encode()
+    name = project + "-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for path, data in sorted(files.items()):
+            z.writestr(zipfile.ZipInfo(path, (1980, 1, 1, 0, 0, 0)), data)
+    return name
+"#;
+
+/// A backend whose build runs `nvcc` from PATH and records what it printed and the variables it saw in
+/// `cudaprobe/facts.py` of the wheel.
+const BACKEND: &str = r#"
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     names = ["CUDA_HOME", "CUDA_PATH", "CUDACXX", "HOROVOD_CUDA_HOME", "PATH"]
     facts = {n: os.environ.get(n) for n in names}
@@ -195,17 +175,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         if nvcc.returncode != 0:
             raise SystemExit("nvcc failed: " + nvcc.stderr)
         facts["nvcc"] = nvcc.stdout.strip()
-    files = {"cudaprobe/__init__.py": b"", "cudaprobe/facts.py": ("FACTS = %r\n" % facts).encode()}
-    dist = "cudaprobe-1.0.dist-info"
-    files[dist + "/METADATA"] = b"Metadata-Version: 2.1\nName: cudaprobe\nVersion: 1.0\n"
-    files[dist + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = "".join("%s,sha256=%s,%d\n" % (p, _hash(d), len(d)) for p, d in sorted(files.items()))
-    files[dist + "/RECORD"] = (record + dist + "/RECORD,,\n").encode()
-    name = "cudaprobe-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
-        for path, data in sorted(files.items()):
-            z.writestr(zipfile.ZipInfo(path, (1980, 1, 1, 0, 0, 0)), data)
-    return name
+    return _facts_wheel(wheel_directory, "cudaprobe", facts)
 "#;
 
 const PYPROJECT: &str =
@@ -219,7 +189,10 @@ fn probe(server: &FileServer, requires: Vec<PackagePlan>) -> PackagePlan {
         "1.0",
         &[
             ("pyproject.toml", PYPROJECT.as_bytes()),
-            ("probe_backend.py", BACKEND.as_bytes()),
+            (
+                "probe_backend.py",
+                format!("{FACTS_WHEEL}{BACKEND}").as_bytes(),
+            ),
         ],
     );
     PackagePlan {
@@ -475,9 +448,6 @@ int main() {
 /// the toolkit's nvcc.profile gives its include/ and lib64/), runs it with the toolkit's lib/ and records the
 /// output, nvcc's version and the program's NEEDED libraries.
 const CU_BACKEND: &str = r#"
-import base64, hashlib, os, subprocess, zipfile
-def _hash(data):
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
     built = subprocess.run(["nvcc", "probe.cu", "-o", "probe", "-lcudart", "-lnccl"], capture_output=True, text=True)
@@ -488,17 +458,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     needed = subprocess.run(["readelf", "-d", "probe"], capture_output=True, text=True).stdout
     needed = sorted(l.split("[")[1].split("]")[0] for l in needed.splitlines() if "(NEEDED)" in l)
     facts = {"version": version, "ran": ran.strip(), "needed": needed}
-    files = {"cuprobe/__init__.py": b"", "cuprobe/facts.py": ("FACTS = %r\n" % facts).encode()}
-    dist = "cuprobe-1.0.dist-info"
-    files[dist + "/METADATA"] = b"Metadata-Version: 2.1\nName: cuprobe\nVersion: 1.0\n"
-    files[dist + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = "".join("%s,sha256=%s,%d\n" % (p, _hash(d), len(d)) for p, d in sorted(files.items()))
-    files[dist + "/RECORD"] = (record + dist + "/RECORD,,\n").encode()
-    name = "cuprobe-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
-        for path, data in sorted(files.items()):
-            z.writestr(zipfile.ZipInfo(path, (1980, 1, 1, 0, 0, 0)), data)
-    return name
+    return _facts_wheel(wheel_directory, "cuprobe", facts)
 "#;
 
 /// Opt-in (`--run-ignored only`; downloads about 410 MB from the configured package index): `std.cuda { version
@@ -547,7 +507,10 @@ fn real_cuda_wheels_compile_and_link_a_cu_file() {
         "1.0",
         &[
             ("pyproject.toml", PYPROJECT.as_bytes()),
-            ("probe_backend.py", CU_BACKEND.as_bytes()),
+            (
+                "probe_backend.py",
+                format!("{FACTS_WHEEL}{CU_BACKEND}").as_bytes(),
+            ),
             ("probe.cu", CU.as_bytes()),
         ],
     );

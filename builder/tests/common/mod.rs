@@ -55,40 +55,56 @@ pub fn make_wheel(
     files: &[(&str, &[u8])],
     entry_points: Option<&str>,
 ) -> String {
-    let filename = format!("{name}-{version}-py3-none-any.whl");
-    let dist_info = format!("{name}-{version}.dist-info");
-    let mut all: Vec<(String, Vec<u8>)> = files
+    let files: Vec<(&str, &[u8], bool)> = files
         .iter()
-        .map(|(p, d)| (p.to_string(), d.to_vec()))
+        .map(|(p, d)| (*p, *d, p.contains(".data/scripts/")))
+        .collect();
+    write_wheel(dir, name, name, version, &files, entry_points)
+}
+
+/// Write `<dist>-<version>-py3-none-any.whl` of the project `name` into `dir` (METADATA, WHEEL, RECORD and, when
+/// given, entry_points.txt); `files` are (path, bytes, executable).
+pub fn write_wheel(
+    dir: &Path,
+    dist: &str,
+    name: &str,
+    version: &str,
+    files: &[(&str, &[u8], bool)],
+    entry_points: Option<&str>,
+) -> String {
+    let filename = format!("{dist}-{version}-py3-none-any.whl");
+    let dist_info = format!("{dist}-{version}.dist-info");
+    let mut all: Vec<(String, Vec<u8>, bool)> = files
+        .iter()
+        .map(|(p, d, x)| (p.to_string(), d.to_vec(), *x))
         .collect();
     all.push((
         format!("{dist_info}/METADATA"),
         format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").into_bytes(),
+        false,
     ));
     all.push((
         format!("{dist_info}/WHEEL"),
         b"Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
             .to_vec(),
+        false,
     ));
     if let Some(entry_points) = entry_points {
         all.push((
             format!("{dist_info}/entry_points.txt"),
             entry_points.as_bytes().to_vec(),
+            false,
         ));
     }
     let mut record: String = all
         .iter()
-        .map(|(p, d)| format!("{p},sha256={},{}\n", record_hash(d), d.len()))
+        .map(|(p, d, _)| format!("{p},sha256={},{}\n", record_hash(d), d.len()))
         .collect();
     record.push_str(&format!("{dist_info}/RECORD,,\n"));
-    all.push((format!("{dist_info}/RECORD"), record.into_bytes()));
+    all.push((format!("{dist_info}/RECORD"), record.into_bytes(), false));
     let mut writer = zip::ZipWriter::new(std::fs::File::create(dir.join(&filename)).unwrap());
-    for (path, data) in all {
-        let mode = if path.contains(".data/scripts/") {
-            0o755
-        } else {
-            0o644
-        };
+    for (path, data, executable) in all {
+        let mode = if executable { 0o755 } else { 0o644 };
         writer
             .start_file(
                 path,
