@@ -365,14 +365,6 @@ impl Drop for Slurm {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Slurm {
     fn conf(&self) -> std::path::PathBuf {
         self.dir.path().join("slurm.conf")
@@ -427,8 +419,8 @@ impl Slurm {
              SlurmctldPidFile={p}/run/slurmctld.pid\nSlurmdPidFile={p}/run/slurmd.pid\n\
              SlurmctldLogFile={p}/log/slurmctld.log\nSlurmdLogFile={p}/log/slurmd.log\n{node}\n\
              PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
-            free_port(),
-            free_port(),
+            common::free_port(),
+            common::free_port(),
             host = host.trim(),
         );
         std::fs::write(d.join("slurm.conf"), conf).unwrap();
@@ -1124,7 +1116,7 @@ fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
     let (secret, jobset) = (read("t.secret.json"), read("t.jobset.json"));
     let pod = &jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let port = free_port();
+    let port = common::free_port();
     let pod_env = |rank: u32| -> Vec<(String, String)> {
         let pod_ip = format!("127.0.0.{}", 2 + rank);
         let mut vars = Vec::new();

@@ -98,14 +98,6 @@ impl Exported {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn assert_ok(out: &Output, what: &str) -> String {
     let (stdout, stderr) = text(out);
     assert!(out.status.success(), "{what}: {stdout}\n{stderr}");
@@ -133,24 +125,22 @@ fn jobset_pods_pull_the_env_at_start_and_a_tampered_cache_stops_them_before_the_
     let url = format!("file://{}", p.cache.display());
     let key = p.public_key.display().to_string();
     let k8s = root.path().join("k8s");
-    let out = common::hvd_with_store(
-        root.path(),
-        &store,
-        &[
-            "export",
-            "k8s",
-            "app/train.hvd",
-            "--locked",
-            "--out",
-            &k8s.display().to_string(),
-            "--cache",
-            &url,
-            "--trusted-key",
-            &key,
-        ],
-    )
-    .env_remove("HVD_CACHES")
-    .env_remove("HVD_TRUSTED_KEYS")
+    let with_cache = |args: &[&str]| {
+        let mut command = common::hvd_with_store(root.path(), &store, args);
+        command
+            .args(["--cache", &url, "--trusted-key", &key])
+            .env_remove("HVD_CACHES")
+            .env_remove("HVD_TRUSTED_KEYS");
+        command
+    };
+    let out = with_cache(&[
+        "export",
+        "k8s",
+        "app/train.hvd",
+        "--locked",
+        "--out",
+        &k8s.display().to_string(),
+    ])
     .output()
     .unwrap();
     assert_ok(&out, "export");
@@ -183,31 +173,17 @@ fn jobset_pods_pull_the_env_at_start_and_a_tampered_cache_stops_them_before_the_
     .unwrap();
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(bin.join("kubectl"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = common::hvd_with_store(
-        root.path(),
-        &store,
-        &[
-            "run",
-            "app/train.hvd",
-            "--locked",
-            "--cache",
-            &url,
-            "--trusted-key",
-            &key,
-        ],
-    )
-    .env_remove("HVD_CACHES")
-    .env_remove("HVD_TRUSTED_KEYS")
-    .env(
-        "PATH",
-        format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        ),
-    )
-    .output()
-    .unwrap();
+    let out = with_cache(&["run", "app/train.hvd", "--locked"])
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .unwrap();
     let (_, stderr) = text(&out);
     assert!(
         !out.status.success() && stderr.contains("no cluster here"),
@@ -221,7 +197,7 @@ fn jobset_pods_pull_the_env_at_start_and_a_tampered_cache_stops_them_before_the_
 
     // The pods' store is empty (the built one moved aside), at the same directory.
     std::fs::rename(&store, root.path().join("built-store")).unwrap();
-    let port = free_port();
+    let port = common::free_port();
     let prep = exported
         .start("prep", 0, port, &p.project)
         .wait_with_output()
@@ -268,7 +244,7 @@ fn jobset_pods_pull_the_env_at_start_and_a_tampered_cache_stops_them_before_the_
     bytes[middle] ^= 0x20;
     std::fs::write(&archive, &bytes).unwrap();
     let out = exported
-        .start("train", 0, free_port(), &p.project)
+        .start("train", 0, common::free_port(), &p.project)
         .wait_with_output()
         .unwrap();
     let (stdout, stderr) = text(&out);

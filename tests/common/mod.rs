@@ -478,3 +478,12 @@ pub fn pushed_fixture_env(root: &Path, cache: &Path, rest: &str) -> PushedEnv {
         public_key: keys.join("fixture.public"),
     }
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
