@@ -17,6 +17,11 @@ const HOSTS: [&str; 2] = ["10.77.0.2", "10.77.0.3"];
 const LAUNCHER_ADDR: &str = "10.77.0.1";
 const SSH_PORT: &str = "2222";
 
+/// The job's four ranks with their hosts, by slot: ranks 0-1 on the first host, 2-3 on the second.
+fn by_slot() -> impl Iterator<Item = (u32, &'static str)> {
+    (0..4u32).map(|rank| (rank, HOSTS[(rank / 2) as usize]))
+}
+
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
@@ -367,8 +372,7 @@ fn the_allreduce_worker_runs_on_two_hosts_over_ssh() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // By slot: ranks 0-1 on the first host, 2-3 on the second; each host finds the interface that reaches the
     // launcher (`hvd0` in every namespace here).
-    for rank in 0..4u32 {
-        let host = HOSTS[(rank / 2) as usize];
+    for (rank, host) in by_slot() {
         let want = format!(
             "[train {host}:{rank}] allreduce rank={rank} size=4 sum=10.0 ok=True host={host} local={}/2 cross={}/2 \
              nccl=hvd0",
@@ -405,12 +409,8 @@ fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
     let hostfile = dir.path().join("hosts");
     std::fs::write(&hostfile, "# two hosts\nh1 slots=2\nh2 slots=2\n").unwrap();
     let out = hosts.hvd_run(dir.path(), &["--hostfile", hostfile.to_str().unwrap()]);
-    let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
-    assert!(
-        stderr.contains("rank 2 on h2 ended first (exit code 3)"),
-        "{stderr}"
-    );
+    common::assert_exit_saying(&out, 3, "rank 2 on h2 ended first (exit code 3)");
+    let (_, stderr) = text(&out);
     assert!(stderr.contains("boom-2"), "{stderr}");
     // Every other rank had started its `sleep 30` (rank 2 waited for them) and was stopped.
     for rank in [0, 1, 3] {
@@ -549,8 +549,7 @@ fn ctrl_c_reaches_every_remote_rank_as_sigint() {
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
     // Each rank's shell got SIGINT (its trap ran), not SIGTERM or SIGKILL.
-    for rank in 0..4u32 {
-        let host = HOSTS[(rank / 2) as usize];
+    for (rank, host) in by_slot() {
         assert!(
             stdout.contains(&format!("[train {host}:{rank}] got-int-{rank}-hvd0-hvd0")),
             "rank {rank}:\n{stdout}\n{stderr}"
@@ -711,8 +710,7 @@ impl Delivered {
     fn assert_ran_everywhere(&self, out: &Output) {
         let (stdout, stderr) = text(out);
         assert!(out.status.success(), "{stdout}\n{stderr}");
-        for rank in 0..4u32 {
-            let host = HOSTS[(rank / 2) as usize];
+        for (rank, host) in by_slot() {
             let line = stdout
                 .lines()
                 .find(|l| {
