@@ -33,7 +33,7 @@ discovery) join at a commit the same way: the members re-form and sync the state
 Checkpoints beyond the process: in a step with ``checkpoints = "ckpt/"`` or ``"s3://bucket/prefix"`` (or under
 ``hvd run --checkpoints``) the workers get ``HVD_CHECKPOINT_DIR``; ``state.checkpoint()`` writes the last commit there (rank 0 writes: a temporary
 directory, every file fsynced, a manifest with the commit number and each file's size and SHA-256 last, then one
-rename), keeping the latest ``keep`` (default 3). ``hvd.elastic.run`` first loads the latest complete checkpoint on
+rename), keeping the latest ``keep`` (default 3) of the run's own history; older histories are never deleted. ``hvd.elastic.run`` first loads the latest complete checkpoint on
 rank 0 (a torn, corrupt or refused one is skipped with a warning, never loaded) and syncs it to every rank, so a new
 ``hvd run`` after the whole job died goes on from there. The format holds no pickle: ``ObjectState`` values must be
 plain (None, bool, int, float, str, list, tuple, dict, numpy arrays and scalars of non-object dtypes: JSON and a
@@ -140,7 +140,8 @@ class State:
 
     def checkpoint(self, keep=3):
         """Writes the last commit to ``HVD_CHECKPOINT_DIR`` (a step's ``checkpoints``, ``hvd run --checkpoints``) as
-        ``ckpt-<commit>``, atomically, and keeps the latest ``keep`` checkpoints. Every rank calls it at the same
+        ``ckpt-<commit>``, atomically, and keeps the latest ``keep`` checkpoints of this run's lineage (others are
+        never deleted; one at or above this commit is moved aside as ``.old-ckpt-*``). Every rank calls it at the same
         point: rank 0 writes, then one allreduce (``hvd.elastic.checkpoint``) tells every rank whether it succeeded;
         on failure every rank raises ``CheckpointError``. Returns the checkpoint's path on rank 0 (else None); without
         ``HVD_CHECKPOINT_DIR`` it does nothing and returns None."""
