@@ -560,21 +560,24 @@ mod tests {
 
     use super::*;
     use crate::engines::ssh::tests::setup;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    /// Writes the script `text` at `path`, executable.
+    fn executable(path: PathBuf, text: impl AsRef<[u8]>) -> PathBuf {
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
 
     /// A stand-in for ssh that runs the remote command here, with `/store/` read as `/store-HOST/` so that every
     /// "host" has a store of its own; host `down` is unreachable.
     fn fake_ssh(dir: &Path) -> PathBuf {
-        let path = dir.join("fake-ssh");
-        std::fs::write(
-            &path,
+        executable(
+            dir.join("fake-ssh"),
             "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
              [ \"$host\" = down ] && { echo 'ssh: connect to host down port 22: Connection refused' >&2; exit 255; }\n\
              exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\"\n",
         )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
     }
 
     /// Writes a store path `NAME` with its `.hvd-path.json` into `store`.
@@ -694,19 +697,14 @@ mod tests {
     /// A compromised host answers the env check as it likes: its `ssh` here is a script that prints the answer in
     /// `answer` for the check, and for a copy keeps the archive it is sent in `received.tar`.
     fn hostile_ssh(dir: &Path) -> PathBuf {
-        let path = dir.join("hostile-ssh");
-        std::fs::write(
-            &path,
+        executable(
+            dir.join("hostile-ssh"),
             format!(
                 "#!/bin/sh\nd={}\ncase \"$*\" in\n  *hvd-check:done*) cat \"$d/answer\";;\n  \
                  *) cat > \"$d/received.tar\";;\nesac\n",
                 quote(&dir.display().to_string())
             ),
         )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
     }
 
     #[test]
@@ -804,19 +802,15 @@ mod tests {
         let env = store_path(&d.join("store"), E1, "c1", &[P1]);
         store_path(&d.join("store"), P1, "cx", &[]);
         std::fs::create_dir_all(d.join("store-c")).unwrap();
-        let ssh = d.join("damaging-ssh");
-        std::fs::write(
-            &ssh,
+        let ssh = executable(
+            d.join("damaging-ssh"),
             "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
              cmd=$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\n\
              case \"$cmd\" in *hvd-copy.sha256*) t=$(mktemp -d); tar -C \"$t\" -xf -; \
              for f in \"$t\"/*/.hvd-path.json; do chmod -R u+w \"$t\"; echo damaged >> \"$f\"; done; \
              tar -C \"$t\" -cf - . | /bin/sh -c \"$cmd\"; c=$?; rm -rf \"$t\"; exit $c;; esac\n\
              exec /bin/sh -c \"$cmd\"\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let mut s = setup(Some("lo"));
         s.ssh = vec![ssh.display().to_string()];
         s.copy_env = true;
@@ -849,9 +843,8 @@ mod tests {
             let env = store_path(&d.join("store"), E1, "c1", &[P1]);
             store_path(&d.join("store"), P1, "cx", &[]);
             std::fs::create_dir_all(d.join("store-c")).unwrap();
-            let ssh = d.join("tampering-ssh");
-            std::fs::write(
-                &ssh,
+            let ssh = executable(
+                d.join("tampering-ssh"),
                 format!(
                     "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
                      cmd=$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\n\
@@ -860,10 +853,7 @@ mod tests {
                      tar -C \"$t\" -cf - . | /bin/sh -c \"$cmd\"; c=$?; rm -rf \"$t\"; exit $c;; esac\n\
                      exec /bin/sh -c \"$cmd\"\n"
                 ),
-            )
-            .unwrap();
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+            );
             let mut s = setup(Some("lo"));
             s.ssh = vec![ssh.display().to_string()];
             s.copy_env = true;
@@ -908,19 +898,15 @@ mod tests {
         std::fs::create_dir_all(proj.join("src")).unwrap();
         std::fs::write(proj.join("train.py"), "print(1)").unwrap();
         std::fs::write(proj.join("src/a.py"), "a").unwrap();
-        let ssh = d.join("elsewhere-ssh");
-        std::fs::write(
-            &ssh,
+        let ssh = executable(
+            d.join("elsewhere-ssh"),
             format!(
                 "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift\nexport XDG_CACHE_HOME={cache}\n\
                  exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#{p}#{p}-host#g\")\"\n",
                 cache = quote(&d.join("cache").display().to_string()),
                 p = proj.display()
             ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let run = || {
             let mut s = setup(Some("lo"));
             s.ssh = vec![ssh.display().to_string()];
@@ -968,10 +954,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         // Authenticates, then answers nothing and never exits.
-        let ssh = d.join("stalling-ssh");
-        std::fs::write(&ssh, "#!/bin/sh\nexec sleep 600\n").unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ssh = executable(d.join("stalling-ssh"), "#!/bin/sh\nexec sleep 600\n");
         let mut s = setup(Some("lo"));
         s.ssh = vec![ssh.display().to_string()];
         s.hosts = vec![("slow".into(), 1)];
@@ -1001,14 +984,10 @@ mod tests {
     fn what_a_host_writes_to_stderr_cannot_drive_the_terminal() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let ssh = d.join("noisy-ssh");
-        std::fs::write(
-            &ssh,
+        let ssh = executable(
+            d.join("noisy-ssh"),
             "#!/bin/sh\nprintf 'denied\\033[2J\\033]0;owned\\007\\rfake ok\\n' >&2; exit 255\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let mut s = setup(Some("lo"));
         s.ssh = vec![ssh.display().to_string()];
         s.hosts = vec![("h".into(), 1)];
