@@ -71,8 +71,9 @@ pub struct RunArgs {
     /// start and every second; new slots start new workers, which join at a commit (local engine).
     #[arg(long, value_name = "PROGRAM")]
     pub host_discovery_script: Option<PathBuf>,
-    /// Where every step's workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from: a directory
-    /// or `s3://bucket/prefix` (overrides the steps' `checkpoints`; docs/running.md, Checkpoints).
+    /// Where the steps' workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from: a directory
+    /// or `s3://bucket/prefix`, with a subdirectory per step when the file has several (overrides the steps'
+    /// `checkpoints`; docs/running.md, Checkpoints).
     #[arg(long, value_name = "DIR")]
     pub checkpoints: Option<PathBuf>,
     /// Run in this already-built environment directory (its `bin/` first on PATH) instead of building the env.
