@@ -580,6 +580,14 @@ mod tests {
         )
     }
 
+    /// An env to copy: `d/store` holds env `E1` and its one package `P1`; host `c`'s store (`d/store-c`) is empty.
+    fn copy_source(d: &Path) -> PathBuf {
+        let env = store_path(&d.join("store"), E1, "c1", &[P1]);
+        store_path(&d.join("store"), P1, "cx", &[]);
+        std::fs::create_dir_all(d.join("store-c")).unwrap();
+        env
+    }
+
     /// Writes a store path `NAME` with its `.hvd-path.json` into `store`.
     fn store_path(store: &Path, name: &str, content_hash: &str, references: &[&str]) -> PathBuf {
         let path = store.join(name);
@@ -799,9 +807,7 @@ mod tests {
     fn a_copy_damaged_on_the_way_installs_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let env = store_path(&d.join("store"), E1, "c1", &[P1]);
-        store_path(&d.join("store"), P1, "cx", &[]);
-        std::fs::create_dir_all(d.join("store-c")).unwrap();
+        let env = copy_source(d);
         let ssh = executable(
             d.join("damaging-ssh"),
             "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
@@ -840,9 +846,7 @@ mod tests {
         ] {
             let dir = tempfile::tempdir().unwrap();
             let d = dir.path();
-            let env = store_path(&d.join("store"), E1, "c1", &[P1]);
-            store_path(&d.join("store"), P1, "cx", &[]);
-            std::fs::create_dir_all(d.join("store-c")).unwrap();
+            let env = copy_source(d);
             let ssh = executable(
                 d.join("tampering-ssh"),
                 format!(
@@ -873,11 +877,9 @@ mod tests {
         // Untouched, the same copy installs (the lists made here and there agree).
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let env = store_path(&d.join("store"), E1, "c1", &[P1]);
-        store_path(&d.join("store"), P1, "cx", &[]);
+        let env = copy_source(d);
         std::os::unix::fs::symlink("../bin", env.join("lib")).unwrap();
         std::fs::write(env.join("bin/python"), "x").unwrap();
-        std::fs::create_dir_all(d.join("store-c")).unwrap();
         let mut s = setup(Some("lo"));
         s.ssh = vec![fake_ssh(d).display().to_string()];
         s.copy_env = true;
