@@ -17,6 +17,14 @@ const HOSTS: [&str; 2] = ["10.77.0.2", "10.77.0.3"];
 const LAUNCHER_ADDR: &str = "10.77.0.1";
 const SSH_PORT: &str = "2222";
 
+/// A project whose step `train` runs `run` (a shell command line without double quotes) on four ranks.
+fn four_ranks(run: &str) -> tempfile::TempDir {
+    assert!(!run.contains('"'), "{run}");
+    project(&format!(
+        "step train {{\n  run = \"{run}\"\n  workers = 4\n}}"
+    ))
+}
+
 /// The job's four ranks with their hosts, by slot: ranks 0-1 on the first host, 2-3 on the second.
 fn by_slot() -> impl Iterator<Item = (u32, &'static str)> {
     (0..4u32).map(|rank| (rank, HOSTS[(rank / 2) as usize]))
@@ -396,15 +404,12 @@ fn the_allreduce_worker_runs_on_two_hosts_over_ssh() {
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
 
-const FAILS: &str = r#"step train {
-  run = "if [ $HVD_RANK = 2 ]; then i=0; while [ $(ls started.* 2>/dev/null | wc -l) -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo boom-$HVD_RANK >&2; exit 3; fi; [ $HVD_RANK = 0 ] && setsid sleep 60 & touch started.$HVD_RANK; sleep 30 & wait"
-  workers = 4
-}"#;
+const FAILS: &str = r#"if [ $HVD_RANK = 2 ]; then i=0; while [ $(ls started.* 2>/dev/null | wc -l) -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo boom-$HVD_RANK >&2; exit 3; fi; [ $HVD_RANK = 0 ] && setsid sleep 60 & touch started.$HVD_RANK; sleep 30 & wait"#;
 
 #[test]
 fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
     let hosts = Hosts::start("b");
-    let dir = project(FAILS);
+    let dir = four_ranks(FAILS);
     // Hosts by ssh config alias (h1 -> 10.77.0.2, h2 -> 10.77.0.3), from a hostfile.
     let hostfile = dir.path().join("hosts");
     std::fs::write(&hostfile, "# two hosts\nh1 slots=2\nh2 slots=2\n").unwrap();
@@ -423,7 +428,7 @@ fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
     // `setsid sleep 60`, which left the rank's session.
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
     // A host where the project directory does not exist fails before anything starts, saying what to do.
-    let other = project(FAILS);
+    let other = four_ranks(FAILS);
     let no_env = hosts.dir.path().join("no-such-env");
     let out = hosts
         .hvd_command(other.path(), &["--env-dir", &no_env.display().to_string()])
@@ -512,15 +517,12 @@ fn dry_run_prints_the_ssh_commands() {
     common::assert_exit_saying(&out, 2, "--hosts h1:4,h2:4");
 }
 
-const INTERRUPTED: &str = r#"step train {
-  run = "trap 'echo got-int-$HVD_RANK-$NCCL_SOCKET_IFNAME-$GLOO_SOCKET_IFNAME; exit 5' INT; touch started.$HVD_RANK; sleep 30 & wait"
-  workers = 4
-}"#;
+const INTERRUPTED: &str = r#"trap 'echo got-int-$HVD_RANK-$NCCL_SOCKET_IFNAME-$GLOO_SOCKET_IFNAME; exit 5' INT; touch started.$HVD_RANK; sleep 30 & wait"#;
 
 #[test]
 fn ctrl_c_reaches_every_remote_rank_as_sigint() {
     let hosts = Hosts::start("c");
-    let dir = project(INTERRUPTED);
+    let dir = four_ranks(INTERRUPTED);
     let child = hosts
         .hvd_command(
             dir.path(),
@@ -595,7 +597,7 @@ fn a_compromised_host_cannot_run_commands_here_or_obtain_other_store_paths() {
     store_path(&store, package, &[]);
     store_path(&store, other, &[]);
     let pwned = d.join("pwned");
-    let project = project("step train {\n  run = \"true\"\n  workers = 4\n}");
+    let project = four_ranks("true");
     for hostile in [
         format!(
             "--checkpoint=1 --checkpoint-action=exec=touch {}",
