@@ -102,16 +102,8 @@ impl Pushed {
 
         let cache = root.join("cache");
         let to = format!("file://{}", cache.display());
-        let push = [
-            "cache",
-            "push",
-            "app/train.hvd",
-            "--locked",
-            "--to",
-            &to,
-            "--key",
-            &secret.display().to_string(),
-        ];
+        let secret_arg = secret.display().to_string();
+        let push = common::push_args("--locked", &to, &secret_arg);
         let pushed = hvd(&root, &store, &push);
         let (out, err) = text(&pushed);
         assert_eq!(pushed.status.code(), Some(0), "{err}");
@@ -667,16 +659,7 @@ fn a_pruned_archive_or_a_garbage_record_is_built_instead_and_repaired_by_the_nex
     let push = hvd(
         &p.root,
         &p.store,
-        &[
-            "cache",
-            "push",
-            "app/train.hvd",
-            "--locked",
-            "--to",
-            &to,
-            "--key",
-            &secret,
-        ],
+        &common::push_args("--locked", &to, &secret),
     );
     let (out, err) = text(&push);
     assert_eq!(push.status.code(), Some(0), "{err}");
@@ -712,16 +695,7 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
     let mut push = common::hvd_with_store(
         &p.root,
         &p.store,
-        &[
-            "cache",
-            "push",
-            "app/train.hvd",
-            "--frozen",
-            "--to",
-            &url,
-            "--key",
-            &secret,
-        ],
+        &common::push_args("--frozen", &url, &secret),
     );
     s3_env(&s3, &mut push);
     let pushed = push.output().unwrap();

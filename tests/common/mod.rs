@@ -461,16 +461,7 @@ pub fn pushed_fixture_env(root: &Path, cache: &Path, rest: &str) -> PushedEnv {
     hvd(&["cache", "keygen", "fixture", "--out", &keys_arg]);
     let to = format!("file://{}", cache.display());
     let secret = keys.join("fixture.secret").display().to_string();
-    hvd(&[
-        "cache",
-        "push",
-        "app/train.hvd",
-        "--locked",
-        "--to",
-        &to,
-        "--key",
-        &secret,
-    ]);
+    hvd(&push_args("--locked", &to, &secret));
     PushedEnv {
         project,
         env,
@@ -486,4 +477,18 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// `hvd cache push app/train.hvd LOCK --to TO --key SECRET`'s arguments (LOCK: `--locked` or `--frozen`).
+pub fn push_args<'a>(lock: &'a str, to: &'a str, secret: &'a str) -> [&'a str; 8] {
+    [
+        "cache",
+        "push",
+        "app/train.hvd",
+        lock,
+        "--to",
+        to,
+        "--key",
+        secret,
+    ]
 }
