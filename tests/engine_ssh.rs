@@ -495,9 +495,7 @@ fn dry_run_prints_the_ssh_commands() {
     // Every variable travels as `env NAME=VALUE`: a name a shell cannot take is refused before anything runs.
     let bad =
         project("step train {\n  run = \"true\"\n  workers = 2\n  env = { \"A-B\" = \"1\" }\n}");
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(bad.path().join("train.hvd"))
+    let out = common::hvd_run_command(bad.path())
         .args([
             "--no-build",
             "--dry-run",
