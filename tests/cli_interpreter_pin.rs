@@ -4,6 +4,8 @@
 //! a version is refused when the lock is read.
 
 mod common;
+#[path = "../builder/tests/common/planted.rs"]
+mod planted;
 
 use std::path::Path;
 use std::process::Output;
@@ -128,30 +130,7 @@ fn the_lock_pins_the_interpreter_and_a_changed_pin_is_refused_until_relocked() {
     let planted = {
         let opened = hvd_builder::Store::open(&store).unwrap();
         let claimed = hvd_builder::Sha256::of_bytes(b"planted");
-        let derivation = hvd_builder::interpreter::derivation("2.7.18", &claimed);
-        let realized = opened
-            .realize_known(&derivation, false, |target| {
-                std::fs::write(target.out.join("marker"), b"").unwrap();
-                let mut manifest = hvd_builder::unpack::Manifest::new();
-                manifest.insert(
-                    "marker".into(),
-                    hvd_builder::hash::ManifestEntry::File {
-                        executable: false,
-                        sha256: hvd_builder::Sha256::of_bytes(b""),
-                    },
-                );
-                Ok(hvd_builder::store::KnownTree {
-                    manifest,
-                    ..Default::default()
-                })
-            })
-            .unwrap();
-        realized
-            .path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned()
+        planted::plant_interpreter_path(&opened, "2.7.18", &claimed)
     };
     let mut entries = 0;
     for entry in std::fs::read_dir(store.join(".interpreters")).unwrap() {

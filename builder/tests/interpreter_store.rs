@@ -13,6 +13,11 @@ use hvd_builder::interpreter::{self, HOST_LIBRARIES, InterpreterPin, elf};
 use hvd_builder::python::Interpreter;
 use hvd_builder::{BuildOptions, EnvPlan, Error, NoProgress, Store, build_env};
 
+#[path = "common/planted.rs"]
+mod planted;
+
+use planted::plant_interpreter_path;
+
 /// pyenv's 3.11 (see `pyenv_311`), a fresh directory and a store in it.
 fn pyenv_store(test: &str) -> Option<(Interpreter, tempfile::TempDir, Store)> {
     let python = pyenv_311(test)?;
@@ -491,35 +496,6 @@ fn a_pinned_interpreter_comes_from_a_cache_without_reading_the_hosts() {
         !store.root().join(".interpreters").exists(),
         "the host's installation was not looked at (nothing was copied from it)"
     );
-}
-
-/// Plant `<store>/<name>` as a valid interpreter path of `version` holding one empty file (an attacker's or a
-/// stale entry's target); returns its name.
-fn plant_interpreter_path(store: &Store, version: &str, claimed: &hvd_builder::Sha256) -> String {
-    let derivation = interpreter::derivation(version, claimed);
-    let realized = store
-        .realize_known(&derivation, false, |target| {
-            std::fs::write(target.out.join("marker"), b"").unwrap();
-            let mut manifest = hvd_builder::unpack::Manifest::new();
-            manifest.insert(
-                "marker".into(),
-                hvd_builder::hash::ManifestEntry::File {
-                    executable: false,
-                    sha256: hvd_builder::Sha256::of_bytes(b""),
-                },
-            );
-            Ok(hvd_builder::store::KnownTree {
-                manifest,
-                ..Default::default()
-            })
-        })
-        .unwrap();
-    realized
-        .path
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
 }
 
 #[test]
