@@ -37,6 +37,38 @@ fn prefix_of(python: &Interpreter) -> PathBuf {
         .to_path_buf()
 }
 
+/// The env of `plan(python.version)` without a pin, built with the default options.
+fn build_unpinned(store: &Store, python: &Interpreter) -> hvd_builder::EnvBuild {
+    build_env(
+        store,
+        &plan(&python.version, None),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap()
+}
+
+/// `sh -c script` in a private mount namespace (PYTHONPATH and PYTHONHOME unset); `Err` with what `unshare` said
+/// where this machine has no mount namespaces.
+fn in_mount_namespace(script: &str) -> Result<std::process::Output, String> {
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env_remove("PYTHONPATH")
+        .env_remove("PYTHONHOME")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() && said.contains("unshare failed") {
+        return Err(said);
+    }
+    Ok(out)
+}
+
+/// The file name of a store path.
+fn name_of(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
 /// pyenv's 3.11 (every machine hvd is tested on has it, docs: FACTS); `None` prints a loud skip.
 fn pyenv_311(test: &str) -> Option<Interpreter> {
     let root = std::env::var_os("PYENV_ROOT")
@@ -116,12 +148,7 @@ fn pyenv_python_becomes_a_slim_relocated_store_path_found_again_by_fingerprint()
     let copied = interpreter::import(&other, &python).unwrap();
     assert_eq!(copied.content_hash, stored.content_hash);
     assert_eq!(copied.path.file_name(), stored.path.file_name());
-    let name = stored
-        .path
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let name = name_of(&stored.path);
     assert!(
         name.ends_with(&format!("-python-{}", python.version)),
         "{name}"
@@ -218,13 +245,7 @@ fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
         return;
     };
     let prefix = prefix_of(&python);
-    let built = build_env(
-        &store,
-        &plan(&python.version, None),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let built = build_unpinned(&store, &python);
     let stored = interpreter::import(&store, &python).unwrap();
     let cfg = std::fs::read_to_string(built.env.join("pyvenv.cfg")).unwrap();
     assert!(
@@ -237,12 +258,7 @@ fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
     );
     // The env references its interpreter: closures (push, pull, substitution) and gc follow references.
     let info = store.path_info(&built.env).unwrap();
-    let python_name = stored
-        .path
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let python_name = name_of(&stored.path);
     assert!(
         info.references.contains(&python_name),
         "{:?}",
@@ -258,20 +274,17 @@ fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
         exe = python.executable.display(),
         python = built.env.join("bin/python").display(),
     );
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .env_remove("PYTHONPATH")
-        .env_remove("PYTHONHOME")
-        .output()
-        .unwrap();
-    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unshare failed") {
-        eprintln!(
-            "\n\n!!! SKIPPED the hidden-host part of an_env_runs_from_the_store_with_the_hosts_installation_hidden: \
-             no mount namespaces here ({}) !!!\n\n",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        return;
-    }
+    let out = match in_mount_namespace(&script) {
+        Ok(out) => out,
+        Err(said) => {
+            eprintln!(
+                "\n\n!!! SKIPPED the hidden-host part of an_env_runs_from_the_store_with_the_hosts_installation_hidden: \
+                 no mount namespaces here ({}) !!!\n\n",
+                said.trim()
+            );
+            return;
+        }
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -347,13 +360,7 @@ fn gc_keeps_the_interpreter_while_an_env_references_it() {
     else {
         return;
     };
-    let built = build_env(
-        &store,
-        &plan(&python.version, None),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let built = build_unpinned(&store, &python);
     let stored = interpreter::import(&store, &python).unwrap();
     let link = dir.path().join("project/.hvd/env");
     std::fs::create_dir_all(link.parent().unwrap()).unwrap();
@@ -420,16 +427,13 @@ fn debians_usr_python_is_assembled_from_usr_bin_and_usr_lib_without_dist_package
          print(sys.base_prefix)'",
         built.env.join("bin/python").display()
     );
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .env_remove("PYTHONPATH")
-        .env_remove("PYTHONHOME")
-        .output()
-        .unwrap();
-    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unshare failed") {
-        eprintln!("\n\n!!! SKIPPED the hidden-host part: no mount namespaces here !!!\n\n");
-        return;
-    }
+    let out = match in_mount_namespace(&script) {
+        Ok(out) => out,
+        Err(_) => {
+            eprintln!("\n\n!!! SKIPPED the hidden-host part: no mount namespaces here !!!\n\n");
+            return;
+        }
+    };
     assert!(
         out.status.success(),
         "{}",
@@ -523,12 +527,7 @@ fn a_planted_or_stale_fingerprint_entry_is_ignored_and_overwritten() {
     let [entry] = &entry[..] else {
         panic!("one fingerprint entry expected: {entry:?}")
     };
-    let name = stored
-        .path
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let name = name_of(&stored.path);
     assert_eq!(std::fs::read_to_string(entry).unwrap().trim(), name);
 
     // Another version's interpreter path (a stale entry after the host's python changed version, or a planted
