@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::stdlib::{check_json, hvd, strings};
+use common::stdlib::{assert_refused, check_json, hvd, strings};
 use common::text;
 
 /// A project with `python`, an `extra` env line and `packages` (the text inside the list) in a fresh directory.
@@ -125,25 +125,7 @@ fn combinations_that_cannot_work_are_refused_at_check_and_lock() {
     ];
     for (python, extra, packages, message, instead) in cases {
         let dir = project(python, &extra, &packages);
-        for command in ["check", "lock"] {
-            let out = hvd(dir.path(), &[command]);
-            let stderr = common::flat_stderr(&out);
-            assert_eq!(out.status.code(), Some(2), "{command} {packages}: {stderr}");
-            assert!(
-                stderr.contains(message),
-                "{command}: {message} not in {stderr}"
-            );
-            assert!(
-                stderr.contains(instead),
-                "{command}: {instead} not in {stderr}"
-            );
-        }
-        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(
-            files.len(),
-            1,
-            "nothing but train.hvd after refusing {packages}"
-        );
+        assert_refused(dir.path(), &packages, message, instead);
     }
     // The newest series accept gcc 16 (host_config.h of nvidia-cuda-crt 13.4 and 13.5).
     let dir = project(

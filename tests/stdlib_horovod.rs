@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::stdlib::{check_json, hvd, strings};
+use common::stdlib::{assert_refused, check_json, strings};
 
 /// A project with `python` and `packages` (the text inside the list) in a fresh directory.
 fn project(python: &str, packages: &str) -> tempfile::TempDir {
@@ -181,24 +181,6 @@ fn unsupported_combinations_fail_at_check_and_lock_naming_what_works() {
     ];
     for (python, packages, message, instead) in cases {
         let dir = project(python, packages);
-        for command in ["check", "lock"] {
-            let out = hvd(dir.path(), &[command]);
-            let stderr = common::flat_stderr(&out);
-            assert_eq!(out.status.code(), Some(2), "{command} {packages}: {stderr}");
-            assert!(
-                stderr.contains(message),
-                "{command}: {message} not in {stderr}"
-            );
-            assert!(
-                stderr.contains(instead),
-                "{command}: {instead} not in {stderr}"
-            );
-        }
-        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(
-            files.len(),
-            1,
-            "nothing but train.hvd after refusing {packages}"
-        );
+        assert_refused(dir.path(), packages, message, instead);
     }
 }

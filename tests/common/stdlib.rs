@@ -48,3 +48,27 @@ pub fn strings(v: &serde_json::Value) -> Vec<String> {
         .map(|s| s.as_str().unwrap().to_string())
         .collect()
 }
+
+/// `hvd check` and `hvd lock` of the project in `dir` (with `packages`) both exit 2 saying `message` and `instead`,
+/// and leave nothing but train.hvd.
+pub fn assert_refused(dir: &Path, packages: &str, message: &str, instead: &str) {
+    for command in ["check", "lock"] {
+        let out = hvd(dir, &[command]);
+        let stderr = super::flat_stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{command} {packages}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{command}: {message} not in {stderr}"
+        );
+        assert!(
+            stderr.contains(instead),
+            "{command}: {instead} not in {stderr}"
+        );
+    }
+    let files: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
+    assert_eq!(
+        files.len(),
+        1,
+        "nothing but train.hvd after refusing {packages}"
+    );
+}
