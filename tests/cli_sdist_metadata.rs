@@ -183,14 +183,23 @@ fn lock_builds_the_metadata_of_a_setup_py_sdist_in_the_sandbox_once() {
     assert!(!metadata.contains("LEAKED"), "{metadata}");
     assert!(metadata.contains("Requires-Dist: dep"), "{metadata}");
 
-    // The second lock answers from the cache: it never opens the store, which a build would need (here the store
-    // path is a plain file, so any build would fail), and the cached file is not rewritten.
+    // The second lock answers from the cache: it builds nothing, which would need the store (here the store path
+    // is a plain file, so any build would fail), and the cached file is not rewritten. Without a store the lock
+    // cannot pin the interpreter (#18 §1): it says so and stays unpinned.
     let modified = std::fs::metadata(&cached[0]).unwrap().modified().unwrap();
     std::fs::remove_file(Lockfile::path_for(&fixture.path("app/train.hvd"))).unwrap();
     let not_a_store = fixture.path("not-a-store");
     std::fs::write(&not_a_store, "").unwrap();
     let again = fixture.lock(&not_a_store);
     assert_eq!(again.status.code(), Some(0), "{}", text(&again).1);
+    assert!(
+        text(&again)
+            .1
+            .contains("the lock does not pin the interpreter: the store"),
+        "{}",
+        text(&again).1
+    );
+    assert!(fixture.lockfile().target.installation.is_none());
     assert_eq!(
         fixture
             .lockfile()

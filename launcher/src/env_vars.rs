@@ -33,6 +33,9 @@ hvd_env_vars::env_vars! {
     HVD_RESTART_COUNT default "0";
     /// torchrun's name for `HVD_RESTART_COUNT`, set with it.
     TORCHELASTIC_RESTART_COUNT default "0";
+    /// Set to `C` for the `sort` of the ssh engine's copy check on a host, so its listing sorts bytewise like the list
+    /// sent with the copy.
+    LC_ALL default "C";
     /// Set for the workers of a step with `checkpoints` (or under `hvd run --checkpoints`): the absolute directory
     /// `hvd.elastic`'s `state.checkpoint()` writes to and a new run resumes from.
     HVD_CHECKPOINT_DIR;

@@ -414,9 +414,25 @@ pub(crate) fn pin_interpreter(
 }
 
 fn set_pin(lock: &mut Lockfile, repin: bool) -> Result<(), Failure> {
-    let store = open_store()?;
-    let _builders = store.lock_builders().map_err(build_failure)?;
     let existing = lock.target.installation.clone();
+    // A lock needs no store: when the store cannot be opened, the lock keeps the pin it has (or stays unpinned,
+    // which a build accepts and copies this machine's interpreter unchecked), and says why.
+    let opened = Store::open(Store::default_root()).and_then(|store| {
+        let builders = store.lock_builders()?;
+        Ok((store, builders))
+    });
+    let (store, _builders) = match opened {
+        Ok(opened) => opened,
+        Err(err) => {
+            if existing.is_none() {
+                eprintln!(
+                    "warning: the lock does not pin the interpreter: the store `{}` cannot be opened: {err}",
+                    Store::default_root().display()
+                );
+            }
+            return Ok(());
+        }
+    };
     if let Some(pin) = &existing
         && !repin
     {
