@@ -772,7 +772,7 @@ static CGROUPS: AtomicU32 = AtomicU32::new(0);
 const CGROUP_PREFIX: &str = "hvd-run-";
 
 /// The cgroup v2 directory this process is in, if v2 is mounted.
-fn own_cgroup_v2() -> Result<PathBuf, String> {
+pub fn own_cgroup_v2() -> Result<PathBuf, String> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
     // Fields: ... mount-point(5th) ... " - " fstype source options.

@@ -211,6 +211,9 @@ fn escapees_of_a_launcher_killed_with_its_watchdog_end_at_the_next_start() {
         eprintln!("no cgroups here; skipping");
         return;
     }
+    // Every launcher start ends the runs its dead predecessors left in its own cgroup's parent: a launcher that
+    // another test starts meanwhile would end these escapees before the start below could show that it does.
+    let _private = PrivateCgroup::enter();
     let dir = tempfile::tempdir().unwrap();
     let tag = unique_tag(3);
     let mut launcher = start_helper(dir.path(), &tag);
@@ -232,6 +235,33 @@ fn escapees_of_a_launcher_killed_with_its_watchdog_end_at_the_next_start() {
         Vec::<u32>::new(),
         "the next start left escapees running"
     );
+}
+
+/// This test process in a cgroup of its own below the one it was in (launchers started here, and the helper
+/// launcher it starts, then sweep only that one); moved back and removed on drop.
+struct PrivateCgroup {
+    own: PathBuf,
+    private: PathBuf,
+}
+
+impl PrivateCgroup {
+    fn enter() -> PrivateCgroup {
+        let own = hvd_launcher::process::own_cgroup_v2().unwrap();
+        let private = own.join(format!("hvd-test-private-{}", std::process::id()));
+        std::fs::create_dir(&private).unwrap();
+        std::fs::write(private.join("cgroup.procs"), std::process::id().to_string()).unwrap();
+        PrivateCgroup { own, private }
+    }
+}
+
+impl Drop for PrivateCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(
+            self.own.join("cgroup.procs"),
+            std::process::id().to_string(),
+        );
+        let _ = std::fs::remove_dir(&self.private);
+    }
 }
 
 fn kill_group(pgid: i32) -> i32 {
