@@ -340,18 +340,26 @@ t = hvd.elastic.ObjectState(step=0, w=np.zeros(3))
 print("loaded commit %s: step %d w %s" % (t.load_checkpoint(), t.step, t.w.tolist()))
 "#;
 
-#[test]
-fn hostile_manifests_and_archives_are_refused_without_loading_anything() {
+/// Runs a Python script (one process, no job) with this checkout's `hvd` package and `HVD_CHECKPOINT_DIR=ckpt`.
+fn run_script(script: &str, ckpt: &Path) -> (std::process::Output, String, String) {
     let (python, package, _) = allreduce_runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
     let out = std::process::Command::new(python)
-        .args(["-c", HOSTILE])
+        .args(["-c", script])
         .env("PYTHONPATH", &package)
-        .env("HVD_CHECKPOINT_DIR", &ckpt)
+        .env("HVD_CHECKPOINT_DIR", ckpt)
+        .env_remove("HVD_CHECKPOINT_REPORT")
+        .env_remove("HVD_RANK")
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
+    (out, stdout, stderr)
+}
+
+#[test]
+fn hostile_manifests_and_archives_are_refused_without_loading_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let (out, stdout, stderr) = run_script(HOSTILE, &ckpt);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert_eq!(
         stdout, "loaded commit 1: step 7 w [0.0, 1.0, 2.0]\n",
@@ -733,18 +741,9 @@ print("dripping S3 loads", E.ObjectState(step=0).load_checkpoint())
 
 #[test]
 fn fresh_starts_lock_holders_sparse_files_links_old_torch_and_slow_servers_lose_nothing() {
-    let (python, package, _) = allreduce_runtime();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    let out = std::process::Command::new(python)
-        .args(["-c", FAILURES])
-        .env("PYTHONPATH", &package)
-        .env("HVD_CHECKPOINT_DIR", &ckpt)
-        .env_remove("HVD_CHECKPOINT_REPORT")
-        .env_remove("HVD_RANK")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run_script(FAILURES, &ckpt);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let want = [
         "fresh start loads None",
