@@ -342,10 +342,11 @@ print("loaded commit %s: step %d w %s" % (t.load_checkpoint(), t.step, t.w.tolis
 
 /// Runs a Python script (one process, no job) with this checkout's `hvd` package and `HVD_CHECKPOINT_DIR=ckpt`.
 fn run_script(script: &str, ckpt: &Path) -> (std::process::Output, String, String) {
-    let (python, package, _) = allreduce_runtime();
+    let (python, package, lib) = allreduce_runtime();
     let out = std::process::Command::new(python)
         .args(["-c", script])
         .env("PYTHONPATH", &package)
+        .env("HVD_LIBRARY", &lib)
         .env("HVD_CHECKPOINT_DIR", ckpt)
         .env_remove("HVD_CHECKPOINT_REPORT")
         .env_remove("HVD_RANK")
@@ -429,13 +430,14 @@ fn checkpoints_in_an_s3_bucket_survive_the_job() {
     );
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
     // The attacker's INDEX, written with the workers' own client.
-    let (python, package, _) = allreduce_runtime();
+    let (python, package, lib) = allreduce_runtime();
     let hostile = "import hvd\nstore = hvd.elastic._S3.of('s3://ckpt/runs/train')\n\
                    print(store.get('INDEX', 4096).decode(), end='')\n\
                    store.put('INDEX', b'../../../etc\\nckpt-000000000003\\nckpt-000000000004\\nckpt-000000000099\\n')\n";
     let out = std::process::Command::new(&python)
         .args(["-c", hostile])
         .env("PYTHONPATH", &package)
+        .env("HVD_LIBRARY", &lib)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .unwrap();
@@ -466,6 +468,7 @@ fn checkpoints_in_an_s3_bucket_survive_the_job() {
     let out = std::process::Command::new(&python)
         .args(["-c", fresh])
         .env("PYTHONPATH", &package)
+        .env("HVD_LIBRARY", &lib)
         .env("HVD_CHECKPOINT_DIR", "s3://ckpt/runs/train")
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()

@@ -18,6 +18,7 @@ fn python_with_package(args: &[&str]) -> Output {
     Command::new("python3")
         .args(args)
         .env("PYTHONPATH", package_dir())
+        .env("HVD_LIBRARY", common::allreduce_runtime().2)
         .output()
         .expect("python3")
 }
