@@ -5,3 +5,5 @@ from horovod.common.util import nccl_built  # noqa: F401 - Horovod's answer is a
 
 reexport(globals(), "hvd.tensorflow")
 del reexport
+
+from horovod.tensorflow import util  # noqa: E402,F401 - Horovod's tests reach it as hvd.util
