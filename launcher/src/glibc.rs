@@ -146,12 +146,16 @@ impl HostLibrary {
     }
 }
 
+/// The dynamic linker's configuration: this file, then every `*.conf` of [`LD_SO_CONF_DIR`].
+pub const LD_SO_CONF: &str = "/etc/ld.so.conf";
+/// See [`LD_SO_CONF`].
+pub const LD_SO_CONF_DIR: &str = "/etc/ld.so.conf.d";
+
 /// The directories the dynamic linker searches on this machine without `LD_LIBRARY_PATH` or a `RUNPATH`: those
-/// of `/etc/ld.so.conf` and `/etc/ld.so.conf.d/*.conf`, then the default and multiarch ones.
+/// of [`LD_SO_CONF`] and `LD_SO_CONF_DIR/*.conf`, then the default and multiarch ones ([`library_dirs_from`]).
 pub fn library_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let mut configs = vec![PathBuf::from("/etc/ld.so.conf")];
-    if let Ok(entries) = std::fs::read_dir("/etc/ld.so.conf.d") {
+    let mut configs = vec![PathBuf::from(LD_SO_CONF)];
+    if let Ok(entries) = std::fs::read_dir(LD_SO_CONF_DIR) {
         let mut more: Vec<PathBuf> = entries
             .filter_map(|e| e.ok())
             .map(|e| e.path())
@@ -160,18 +164,31 @@ pub fn library_dirs() -> Vec<PathBuf> {
         more.sort();
         configs.extend(more);
     }
-    for config in configs {
-        let Ok(text) = std::fs::read_to_string(&config) else {
-            continue;
-        };
-        dirs.extend(
-            text.lines()
-                .map(str::trim)
-                .filter(|line| line.starts_with('/'))
-                .map(PathBuf::from),
-        );
-    }
+    let texts: Vec<String> = configs
+        .iter()
+        .filter_map(|config| std::fs::read_to_string(config).ok())
+        .collect();
+    library_dirs_from(texts.iter().flat_map(|t| t.lines()))
+}
+
+/// The directories the dynamic linker searches on a machine whose configuration files (see [`LD_SO_CONF`]) hold
+/// `lines`, in order: every line that is an absolute path, then the default and multiarch directories. The one rule
+/// for this machine ([`library_dirs`]) and for ssh hosts, whose configuration the host check reads there.
+pub fn library_dirs_from<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = lines
+        .into_iter()
+        .map(str::trim)
+        .filter(|line| line.starts_with('/'))
+        .map(PathBuf::from)
+        .collect();
+    dirs.extend(default_library_dirs());
+    dirs
+}
+
+/// The directories the dynamic linker searches whatever its configuration: the multiarch and plain `lib` ones.
+pub fn default_library_dirs() -> Vec<PathBuf> {
     let multiarch = format!("{}-linux-gnu", std::env::consts::ARCH);
+    let mut dirs = Vec::new();
     for dir in ["/lib", "/usr/lib", "/lib64", "/usr/lib64"] {
         dirs.push(Path::new(dir).join(&multiarch));
         dirs.push(PathBuf::from(dir));
@@ -181,10 +198,18 @@ pub fn library_dirs() -> Vec<PathBuf> {
 
 /// Of `needs`, those no directory of [`library_dirs`] has.
 pub fn missing_here(needs: &[HostLibrary]) -> Vec<&HostLibrary> {
-    let dirs = library_dirs();
+    missing_among(needs, &library_dirs(), |path| path.exists())
+}
+
+/// Of `needs`, those that no directory of `dirs` has, as `exists` tells for `<dir>/<soname>`.
+pub fn missing_among<'a>(
+    needs: &'a [HostLibrary],
+    dirs: &[PathBuf],
+    exists: impl Fn(&Path) -> bool,
+) -> Vec<&'a HostLibrary> {
     needs
         .iter()
-        .filter(|need| !dirs.iter().any(|dir| dir.join(&need.soname).exists()))
+        .filter(|need| !dirs.iter().any(|dir| exists(&dir.join(&need.soname))))
         .collect()
 }
 

@@ -185,6 +185,10 @@ impl SshSetup {
             {
                 problems.push(problem);
             }
+            if let Some(problem) = local.and_then(|identity| report.library_problem(identity, host))
+            {
+                problems.push(problem);
+            }
             if report.no_python && !report.no_env {
                 problems.push(format!(
                     "the env's Python ({}/bin/python, a link to the interpreter it was built with) does not run on \
@@ -286,6 +290,16 @@ impl SshSetup {
                 .find_map(|l| l.strip_prefix("hvd-check:glibc glibc "))
                 .and_then(crate::glibc::parse_version),
             no_store: has("hvd-check:no-store"),
+            ld_conf: stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("hvd-check:ld-conf "))
+                .map(str::to_owned)
+                .collect(),
+            libraries: stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("hvd-check:lib "))
+                .map(std::path::PathBuf::from)
+                .collect(),
             // The host names the program it runs itself; only an absolute, printable path is taken.
             hvd: stdout
                 .lines()
@@ -459,6 +473,12 @@ struct CheckReport {
     no_store: bool,
     /// The `hvd` program there (asked only when the env is to be pulled from caches).
     hvd: Option<String>,
+    /// The lines of the dynamic linker's configuration there (asked only when the env's interpreter needs host
+    /// libraries).
+    ld_conf: Vec<String>,
+    /// Where the host has the libraries the env's interpreter needs: `<dir>/<soname>` for every directory that the
+    /// configuration names or the linker searches by default and that holds one.
+    libraries: std::collections::BTreeSet<std::path::PathBuf>,
 }
 
 /// What the check script asks a host besides the env: whether the store directory is there or can be made, and
@@ -469,6 +489,21 @@ struct Probe<'a> {
 }
 
 impl CheckReport {
+    /// The problem with the host libraries the env's interpreter needs on this host, by the same rule as on this
+    /// machine ([`crate::glibc::library_dirs_from`], [`crate::glibc::host_library_problem`]): a library the
+    /// executable or libpython needs and no directory the host's dynamic linker searches has fails the start; one
+    /// only extension modules need is a warning.
+    fn library_problem(&self, identity: &EnvIdentity, host: &str) -> Option<String> {
+        if identity.host_libraries.is_empty() {
+            return None;
+        }
+        let dirs = crate::glibc::library_dirs_from(self.ld_conf.iter().map(String::as_str));
+        let missing = crate::glibc::missing_among(&identity.host_libraries, &dirs, |path| {
+            self.libraries.contains(path)
+        });
+        crate::glibc::host_library_problem(&missing, &format!("host `{host}`"))
+    }
+
     fn env_problems(&self) -> Vec<&'static str> {
         let mut p = Vec::new();
         if self.no_env || self.content_hash.is_none() {
@@ -539,6 +574,7 @@ fn check_script(
             if identity.glibc.is_some() {
                 s.push_str("echo \"hvd-check:glibc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; ");
             }
+            s.push_str(&library_probe(identity));
             for name in &identity.closure {
                 let path = identity.store.join(name);
                 s.push_str(&format!(
@@ -551,6 +587,38 @@ fn check_script(
     }
     s.push_str("echo hvd-check:done");
     s
+}
+
+/// The part of the check script that reports what [`CheckReport::library_problem`] decides on: the lines of the
+/// host's dynamic linker configuration (`hvd-check:ld-conf LINE`), and `hvd-check:lib DIR/SONAME` for each library
+/// the env's interpreter needs that is in a directory named there (any absolute word: a superset of what
+/// [`crate::glibc::library_dirs_from`] takes) or searched by default. Empty when the interpreter needs none.
+fn library_probe(identity: &EnvIdentity) -> String {
+    let mut sonames: Vec<&str> = identity
+        .host_libraries
+        .iter()
+        .map(|l| l.soname.as_str())
+        .collect();
+    sonames.sort_unstable();
+    sonames.dedup();
+    if sonames.is_empty() {
+        return String::new();
+    }
+    let sonames: Vec<String> = sonames.into_iter().map(quote).collect();
+    let defaults: Vec<String> = crate::glibc::default_library_dirs()
+        .iter()
+        .map(|d| quote(&d.display().to_string()))
+        .collect();
+    format!(
+        "c=$(cat {conf} {conf_dir}/*.conf 2>/dev/null | head -c 1048576); \
+         [ -n \"$c\" ] && printf '%s\\n' \"$c\" | sed 's/^/hvd-check:ld-conf /'; \
+         (set -f; for d in $c {defaults}; do case $d in /*) for s in {sonames}; do \
+         [ -e \"$d/$s\" ] && printf 'hvd-check:lib %s/%s\\n' \"$d\" \"$s\"; done;; esac; done); ",
+        conf = quote(crate::glibc::LD_SO_CONF),
+        conf_dir = quote(crate::glibc::LD_SO_CONF_DIR),
+        defaults = defaults.join(" "),
+        sonames = sonames.join(" "),
+    )
 }
 
 #[cfg(test)]
@@ -1045,6 +1113,80 @@ mod tests {
         s.check_hosts(d, Some(&env), &[]).unwrap();
         let identity = EnvIdentity::local(&env).unwrap().unwrap();
         assert_eq!(identity.glibc.unwrap().version, (2, 5));
+    }
+
+    /// A stand-in for ssh like [`fake_ssh`] that also reads `/etc/ld.so.conf` (and `.d/`) as `etc-HOST/ld.so.conf`:
+    /// each host has a dynamic linker configuration of its own.
+    fn fake_ssh_with_ld_conf(dir: &Path) -> PathBuf {
+        executable(
+            dir.join("fake-ssh-ld"),
+            format!(
+                "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\n\
+                 exec /bin/sh -c \"$(printf '%s' \"$*\" | sed -e \"s#/store/#/store-$host/#g\" \
+                 -e \"s#/etc/ld.so.conf#{}/etc-$host/ld.so.conf#g\")\"\n",
+                dir.display()
+            ),
+        )
+    }
+
+    /// Host libraries are checked on each host by the rule of this machine's check (`closure::check_env_here`), on
+    /// the host's own linker configuration: a library the interpreter's executable needs that a host lacks fails
+    /// the start naming the host and the library; one only an extension module needs does not.
+    #[test]
+    fn a_host_without_a_library_the_interpreter_needs_is_refused_naming_both() {
+        const PY: &str = "33333333333333333333333333333333-python-3.11.7";
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let libs = d.join("libs");
+        std::fs::create_dir_all(&libs).unwrap();
+        std::fs::write(libs.join("libhvd-only-on-a.so.1"), "").unwrap();
+        // Host a's linker searches `libs/`, b's does not (its configuration names a directory without it).
+        for (host, conf) in [("a", libs.clone()), ("b", d.join("empty"))] {
+            std::fs::create_dir_all(d.join(format!("etc-{host}/ld.so.conf.d"))).unwrap();
+            std::fs::write(
+                d.join(format!("etc-{host}/ld.so.conf")),
+                "include /etc/ld.so.conf.d/*.conf\n",
+            )
+            .unwrap();
+            std::fs::write(
+                d.join(format!("etc-{host}/ld.so.conf.d/test.conf")),
+                format!("# for the test\n{}\n", conf.display()),
+            )
+            .unwrap();
+        }
+        let write_env = |libraries: &str| {
+            for store in ["store", "store-a", "store-b"] {
+                let store = d.join(store);
+                let _ = std::fs::remove_dir_all(&store);
+                store_path(&store, E1, "c1", &[PY]);
+                let python = store.join(PY);
+                std::fs::create_dir_all(python.join("lib")).unwrap();
+                let json = serde_json::json!({"schema": 1, "content_hash": "cp", "references": [],
+                    "derivation": {"kind": "interpreter", "inputs": {}}});
+                std::fs::write(python.join(".hvd-path.json"), json.to_string()).unwrap();
+                std::fs::write(python.join("lib/hvd-host-libraries"), libraries).unwrap();
+            }
+            d.join("store").join(E1)
+        };
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![fake_ssh_with_ld_conf(d).display().to_string()];
+        s.hosts = vec![("a".into(), 1), ("b".into(), 1)];
+        let env =
+            write_env("libhvd-only-on-a.so.1 bin/python3.11\nlibm.so.6 lib/libpython3.11.so.1.0\n");
+        let err = s.check_hosts(d, Some(&env), &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("host `b` lacks the shared library `libhvd-only-on-a.so.1`"),
+            "{err}"
+        );
+        assert!(err.contains(PY) && err.contains("bin/python3.11"), "{err}");
+        assert!(!err.contains("host `a`"), "host a's linker finds it: {err}");
+        assert!(!err.contains("libm.so.6"), "every host has libm: {err}");
+        // Only an extension module needs it: a warning, both hosts pass; so does a host that has it.
+        let env = write_env("libhvd-only-on-a.so.1 lib/python3.11/lib-dynload/_x.so\n");
+        s.check_hosts(d, Some(&env), &[]).unwrap();
+        s.hosts = vec![("a".into(), 1)];
+        let env = write_env("libhvd-only-on-a.so.1 bin/python3.11\n");
+        s.check_hosts(d, Some(&env), &[]).unwrap();
     }
 
     #[test]
