@@ -155,3 +155,75 @@ fn the_lock_pins_the_interpreter_and_a_changed_pin_is_refused_until_relocked() {
         text(&relocked).1
     );
 }
+
+/// `hvd lock` pins the interpreter without copying it (#18): in a fresh store it leaves no interpreter path (nor any
+/// other store path or temp directory), and the pin names exactly the path `hvd build` then copies in.
+#[test]
+fn the_lock_pins_the_interpreter_without_copying_it_and_the_build_copies_exactly_that() {
+    let index =
+        FixtureIndex::start(vec![Dist::wheel("alpha", "1.0")], FixtureOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let app = dir.path().join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let file = app.join("train.hvd");
+    std::fs::write(
+        &file,
+        format!(
+            "project \"app\"\nenv {{\n  python = \"{}\"\n  index = \"{}\"\n  packages = [\"alpha\"]\n}}\n",
+            common::python_version(),
+            index.url()
+        ),
+    )
+    .unwrap();
+    let file_arg = file.display().to_string();
+    let hvd = |args: &[&str]| {
+        common::hvd_with_store(dir.path(), &store, args)
+            .output()
+            .unwrap()
+    };
+    let locked = hvd(&["lock", &file_arg]);
+    assert_eq!(locked.status.code(), Some(0), "{}", text(&locked).1);
+    let pin = Lockfile::read(&Lockfile::path_for(&file))
+        .unwrap()
+        .target
+        .installation
+        .expect("the lock pins the interpreter");
+    let store_paths = |store: &Path| -> Vec<String> {
+        std::fs::read_dir(store)
+            .map(|entries| {
+                entries
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|name| !name.starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        store_paths(&store),
+        Vec::<String>::new(),
+        "the lock wrote a store path"
+    );
+    let temp: Vec<_> = std::fs::read_dir(store.join(".tmp"))
+        .map(|entries| entries.collect())
+        .unwrap_or_default();
+    assert!(temp.is_empty(), "the lock left temp directories: {temp:?}");
+
+    let built = hvd(&["build", &file_arg, "--locked"]);
+    assert_eq!(built.status.code(), Some(0), "{}", text(&built).1);
+    let python = hvd_builder::interpreter::derivation(&pin.version, &pin.content_hash).path_name();
+    assert!(
+        store_paths(&store).contains(&python),
+        "the build copied the pinned interpreter {python}: {:?}",
+        store_paths(&store)
+    );
+    let recorded = hvd_builder::Store::open(&store)
+        .unwrap()
+        .path_info(&store.join(&python))
+        .unwrap()
+        .content_hash;
+    assert_eq!(
+        recorded, pin.content_hash,
+        "the copy has the hash the lock computed"
+    );
+}

@@ -463,23 +463,33 @@ impl Selection {
         Ok(Sha256::from_hasher(hasher).as_str().to_string())
     }
 
-    /// Copy the selection into `out`, relocating ELF files, and return the manifest of the canonical tree.
-    fn copy(&self, out: &Path) -> Result<crate::unpack::Manifest> {
+    /// Copy the selection into `out`, relocating ELF files, and return the manifest of the canonical tree. With
+    /// `out` `None`, nothing is written: the same walk, relocation and hashing give the manifest the copy would
+    /// have (what `hvd lock` pins, [`pin`]).
+    fn copy(&self, out: Option<&Path>) -> Result<crate::unpack::Manifest> {
         let mut manifest = BTreeMap::new();
         let mut host_libraries: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut provided = BTreeSet::new();
         for (dest, item) in &self.items {
-            let path = out.join(dest);
+            let path = out.map(|out| out.join(dest));
+            let path = path.as_deref();
             let key = dest.to_string_lossy().into_owned();
             match item {
                 Item::Dir => {
-                    fs_err::create_dir_all(&path)?;
+                    if let Some(path) = path {
+                        fs_err::create_dir_all(path)?;
+                    }
                     manifest.insert(key, ManifestEntry::Directory);
                 }
                 Item::Link(target) => {
-                    std::os::unix::fs::symlink(target, &path).map_err(|err| {
-                        std::io::Error::other(format!("failed to link `{}`: {err}", path.display()))
-                    })?;
+                    if let Some(path) = path {
+                        std::os::unix::fs::symlink(target, path).map_err(|err| {
+                            std::io::Error::other(format!(
+                                "failed to link `{}`: {err}",
+                                path.display()
+                            ))
+                        })?;
+                    }
                     if let Some(name) = dest.file_name() {
                         provided.insert(name.to_string_lossy().into_owned());
                     }
@@ -491,7 +501,9 @@ impl Selection {
                     );
                 }
                 Item::Blocker => {
-                    fs_err::write(&path, b"")?;
+                    if let Some(path) = path {
+                        fs_err::write(path, b"")?;
+                    }
                     manifest.insert(
                         key,
                         ManifestEntry::File {
@@ -504,7 +516,9 @@ impl Selection {
                     let Some(bytes) = store_bytecode(&self.short_version, pyc, py)? else {
                         continue;
                     };
-                    fs_err::write(&path, &bytes)?;
+                    if let Some(path) = path {
+                        fs_err::write(path, &bytes)?;
+                    }
                     manifest.insert(
                         key,
                         ManifestEntry::File {
@@ -533,11 +547,13 @@ impl Selection {
                         provided.insert(name.to_string_lossy().into_owned());
                     }
                     let executable = fs_err::metadata(source)?.permissions().mode() & 0o111 != 0;
-                    fs_err::write(&path, &bytes)?;
-                    fs_err::set_permissions(
-                        &path,
-                        std::fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 }),
-                    )?;
+                    if let Some(path) = path {
+                        fs_err::write(path, &bytes)?;
+                        fs_err::set_permissions(
+                            path,
+                            std::fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 }),
+                        )?;
+                    }
                     manifest.insert(
                         key,
                         ManifestEntry::File {
@@ -560,7 +576,9 @@ impl Selection {
             }
             text.push('\n');
         }
-        fs_err::write(out.join(HOST_LIBRARIES), text.as_bytes())?;
+        if let Some(out) = out {
+            fs_err::write(out.join(HOST_LIBRARIES), text.as_bytes())?;
+        }
         manifest.insert(
             HOST_LIBRARIES.to_string(),
             ManifestEntry::File {
@@ -568,7 +586,9 @@ impl Selection {
                 sha256: Sha256::of_bytes(text.as_bytes()),
             },
         );
-        crate::store::canonicalize(out)?;
+        if let Some(out) = out {
+            crate::store::canonicalize(out)?;
+        }
         Ok(manifest)
     }
 
@@ -677,6 +697,44 @@ fn origin_relative(from: &Path, to: &Path) -> String {
     parts.join("/")
 }
 
+/// What a lock pins of `python`'s installation: its version and the content hash its store path has, or would have,
+/// without copying it: the path this store already made from these files ([`import`]'s fingerprint entry) when it is
+/// valid, else the selection is read, relocated and hashed in memory, one file at a time, and nothing is written.
+pub fn pin(store: &Store, python: &Interpreter) -> Result<InterpreterPin> {
+    let selection = select(python)?;
+    let fingerprint = selection.fingerprint(&python.version)?;
+    if let Some(found) = imported(store, python, &fingerprint) {
+        return Ok(found.pin());
+    }
+    let manifest = selection.copy(None)?;
+    Ok(InterpreterPin {
+        version: python.version.clone(),
+        content_hash: crate::hash::content_hash(&manifest),
+    })
+}
+
+/// The interpreter path that `<store>/.interpreters/<fingerprint>` names, when it is valid, of exactly `python`'s
+/// version and named by its own content. The entry is only a hint: a stale or planted entry (naming another version,
+/// or any other path) gives `None`.
+fn imported(store: &Store, python: &Interpreter, fingerprint: &str) -> Option<StoredPython> {
+    let name =
+        std::fs::read_to_string(store.root().join(".interpreters").join(fingerprint)).ok()?;
+    let name = name.trim();
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return None;
+    }
+    let path = store.root().join(name);
+    if !store.is_valid(&path) {
+        return None;
+    }
+    let stored = StoredPython::from_path(store, &path).ok()?;
+    let expected = derivation(&python.version, &stored.content_hash);
+    (stored.version == python.version
+        && expected.path_name() == name
+        && store.path_of(&expected) == path)
+        .then_some(stored)
+}
+
 /// The store path of `python`'s installation, copying it in when this store has none for its current files.
 pub fn import(store: &Store, python: &Interpreter) -> Result<StoredPython> {
     let selection = select(python)?;
@@ -697,26 +755,8 @@ pub fn import(store: &Store, python: &Interpreter) -> Result<StoredPython> {
         }
     }
     let cache = cache_dir.join(&fingerprint);
-    // An entry is only a hint: it is taken when it names a valid interpreter path of exactly this version, named
-    // by its own content (a stale or planted entry naming another version, or any other path, is ignored, and the
-    // copy that follows overwrites it).
-    let cached = || -> Option<StoredPython> {
-        let name = std::fs::read_to_string(&cache).ok()?;
-        let name = name.trim();
-        if name.is_empty() || name.contains('/') || name.starts_with('.') {
-            return None;
-        }
-        let path = store.root().join(name);
-        if !store.is_valid(&path) {
-            return None;
-        }
-        let stored = StoredPython::from_path(store, &path).ok()?;
-        let expected = derivation(&python.version, &stored.content_hash);
-        (stored.version == python.version
-            && expected.path_name() == name
-            && store.path_of(&expected) == path)
-            .then_some(stored)
-    };
+    // An entry is only a hint (see [`imported`]); the copy that follows a stale or planted one overwrites it.
+    let cached = || imported(store, python, &fingerprint);
     if let Some(found) = cached() {
         return Ok(found);
     }
@@ -728,7 +768,7 @@ pub fn import(store: &Store, python: &Interpreter) -> Result<StoredPython> {
     let temp = store.temp_dir(&lock_name)?;
     let result = (|| {
         let out = temp.join("out");
-        let manifest = selection.copy(&out)?;
+        let manifest = selection.copy(Some(&out))?;
         let content_hash = crate::hash::content_hash(&manifest);
         let derivation = derivation(&python.version, &content_hash);
         let realized = store.realize_known(&derivation, false, |target| {

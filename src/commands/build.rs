@@ -453,11 +453,12 @@ fn set_pin(lock: &mut Lockfile, repin: bool) -> Result<(), Failure> {
             return Ok(());
         }
     };
-    match hvd_builder::interpreter::import(&store, &host) {
-        Ok(stored) => {
+    // The pin is computed without copying the interpreter into the store: `hvd build` copies it.
+    match hvd_builder::interpreter::pin(&store, &host) {
+        Ok(pinned) => {
             let pin = hvd_resolver::lockfile::InstallationPin {
-                version: stored.version,
-                content_hash: stored.content_hash,
+                version: pinned.version,
+                content_hash: pinned.content_hash,
             };
             if let Some(old) = existing.filter(|old| *old != pin) {
                 eprintln!(
@@ -469,8 +470,8 @@ fn set_pin(lock: &mut Lockfile, repin: bool) -> Result<(), Failure> {
             lock.target.installation = Some(pin);
         }
         Err(err) => eprintln!(
-            "warning: the lock does not pin the interpreter: python {} at `{}` cannot be copied into the store: \
-             {err}",
+            "warning: the lock does not pin the interpreter: python {} at `{}` cannot be read for its content \
+             hash: {err}",
             host.version,
             host.executable.display()
         ),
