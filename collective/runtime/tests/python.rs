@@ -444,6 +444,29 @@ fn tensorflow_gradient_tape_trains_with_identical_variables() {
     );
 }
 
+/// The numpy side of hvd.tensorflow's ops (no framework): Horovod's dtypes (int16, uint16, bool) through every op,
+/// 16-bit sums that wrap, integer averages and scale factors that truncate, mixed-dtype lists, received splits,
+/// reducescatter blocks, and bad requests refused alike on every rank.
+#[test]
+fn tensorflow_numpy_side_keeps_horovods_dtypes_and_integer_semantics() {
+    assert_all_ok(&run(2, "tf_numpy.py", &[]), "hvd._tf_numpy on 2 ranks");
+}
+
+#[test]
+#[ignore = "opt-in: needs tensorflow; HVD_TEST_TENSORFLOW=/path/to/python"]
+fn tensorflow_collectives_in_graph_mode_and_eager() {
+    let python = opt_in_python("HVD_TEST_TENSORFLOW", "tensorflow");
+    assert_all_ok(
+        &run_with(
+            &python,
+            2,
+            "tf_graph.py",
+            &[("TF_CPP_MIN_LOG_LEVEL", "2"), ("CUDA_VISIBLE_DEVICES", "")],
+        ),
+        "hvd.tensorflow graph mode on 2 ranks",
+    );
+}
+
 /// Horovod's build and job introspection answers what this runtime is: the compiled backends (also before init),
 /// no Gloo/CUDA/ROCm/DDL/oneCCL, MPI not enabled over shm/tcp/hierarchical (and mpi_threads_supported refusing,
 /// as Horovod does), and is_homogeneous from every rank's local size: 2 ranks on one host, 2 hosts of 1, and

@@ -1,5 +1,5 @@
-"""``horovod.tensorflow.elastic``: hvd's elastic training for tensorflow once hvd has it; until then the import fails
-saying so."""
+"""``horovod.tensorflow.elastic``: hvd.tensorflow.elastic (hvd's elastic training: ``run``, ``State``,
+``ObjectState``, ``TensorFlowState``, ...)."""
 
 from horovod._reexport import reexport_elastic
 

@@ -7,6 +7,7 @@ registers for its ops (``tf.custom_gradient``). What cannot work this way: XLA (
 a ``numpy_function``, and tensors are copied through host memory (hvd's collectives take CPU buffers).
 """
 
+import os
 import re
 
 try:
@@ -20,8 +21,17 @@ except ImportError as e:
 import numpy as np
 
 import hvd as _core
+from hvd import _tf_numpy as _tfnp
 
 _core._reexport(globals(), tensor_ops=False)
+
+# A collective node holds one of TensorFlow's inter-op threads until every rank has submitted it. With as many
+# threads as cores (TensorFlow's default: 2 on a 2-core host), two ranks that start different collectives of one
+# graph first would wait for each other forever; with 64 the ready collectives of any ordinary graph all start.
+# TensorFlow reads the variable when it makes its first thread pool (this import comes before it in a Horovod
+# script); a value the user set wins.
+_INTEROP_THREADS = 64
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(_INTEROP_THREADS, os.cpu_count() or 1)))
 
 
 
@@ -88,53 +98,9 @@ def _resolve_op(op, average, default=_core.Average):
     return op
 
 
-def _ps(process_set):
-    """None for the global set (the core's default), else the set."""
-    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
-        return None
-    return process_set
-
-
-def _set_size(process_set):
-    ps = _ps(process_set)
-    return _core.size() if ps is None else ps.size()
-
-
-def _set_rank(process_set):
-    ps = _ps(process_set)
-    return _core.rank() if ps is None else ps.rank()
-
-
-# numpy dtypes hvd's library does not carry, and what they travel as: 2-byte integers are reinterpreted as float16
-# where only bytes move (gather, broadcast, alltoall), widened to int32 where values are combined (and wrapped back,
-# as a 16-bit reduction wraps).
-_TWO_BYTE = (np.dtype(np.int16), np.dtype(np.uint16))
-
-
-def _to_wire(arr, reducing):
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype in _TWO_BYTE:
-        return arr.astype(np.int32) if reducing else arr.view(np.float16)
-    if arr.dtype == np.bool_ and reducing:
-        raise TypeError("hvd cannot reduce bool tensors; cast them to an integer type")
-    return arr
-
-
-def _from_wire(arr, dtype, reducing):
-    if arr.dtype == dtype:
-        return arr
-    if reducing:
-        return arr.astype(dtype)
-    return np.ascontiguousarray(arr).view(dtype)
-
-
-def _is_integer(dtype):
-    return np.issubdtype(dtype, np.integer)
-
-
-def _truncate(values, dtype):
-    """Float64 values as integers of ``dtype``, truncated toward zero (Horovod scales integers in double)."""
-    return np.trunc(values).astype(dtype)
+_ps = _tfnp._ps
+_set_size = _tfnp.set_size
+_set_rank = _tfnp.set_rank
 
 
 def _tf_error(e):
@@ -150,118 +116,6 @@ def _tf_error(e):
     if isinstance(e, NotImplementedError):
         return tf.errors.UnimplementedError(None, None, message)
     return tf.errors.UnknownError(None, None, "{}: {}".format(type(e).__name__, message))
-
-
-def _guard(fn):
-    """``fn`` with hvd's exceptions raised as TensorFlow's (a ``numpy_function`` keeps a raised OpError's class)."""
-
-    def run(*args):
-        try:
-            return fn(*args)
-        except tf.errors.OpError:
-            raise
-        except Exception as e:  # noqa: BLE001 - every failure becomes the op's error
-            raise _tf_error(e) from e
-
-    return run
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# numpy-level collectives (run when the op runs; lists of arrays in and out)
-
-
-def _np_allreduce(arrays, name, op, prescale, postscale, process_set):
-    ps = _ps(process_set)
-    wires, plans = [], []
-    for a in arrays:
-        w = _to_wire(a, True)
-        if _is_integer(a.dtype) and (op == _core.Average or prescale != 1.0 or postscale != 1.0):
-            # Horovod scales integers in double and truncates; hvd's library would round.
-            if prescale != 1.0:
-                w = _truncate(w.astype(np.float64) * prescale, w.dtype)
-            post = postscale / (_set_size(ps) if op == _core.Average else 1)
-            plans.append((_core.Sum if op == _core.Average else op, 1.0, 1.0, post))
-        else:
-            plans.append((op, prescale, postscale, None))
-        wires.append(w)
-    same = len(set((p[0], p[1], p[2]) for p in plans)) == 1 and len(set(w.dtype for w in wires)) == 1
-    if len(wires) > 1 and same:
-        p = plans[0]
-        outs = _core.grouped_allreduce(wires, name=name, op=p[0], prescale_factor=p[1], postscale_factor=p[2],
-                                       process_set=ps)
-    else:
-        handles = [
-            _core.allreduce_async(w, name=None if name is None else (name if len(wires) == 1 else
-                                                                      "{}.{}".format(name, i)),
-                                  op=p[0], prescale_factor=p[1], postscale_factor=p[2], process_set=ps)
-            for i, (w, p) in enumerate(zip(wires, plans))
-        ]
-        outs = [_core.synchronize(h) for h in handles]
-    result = []
-    for a, out, p in zip(arrays, outs, plans):
-        if p[3] is not None and p[3] != 1.0:
-            out = _truncate(out.astype(np.float64) * p[3], out.dtype)
-        result.append(_from_wire(out, a.dtype, True))
-    return result
-
-
-def _member_names(name, n):
-    if name is None:
-        return [None] * n
-    return [name] if n == 1 else ["{}.{}".format(name, i) for i in range(n)]
-
-
-def _np_allgather(arrays, name, process_set):
-    ps = _ps(process_set)
-    handles = [_core.allgather_async(_to_wire(a, False), name=nm, process_set=ps)
-               for a, nm in zip(arrays, _member_names(name, len(arrays)))]
-    return [_from_wire(_core.synchronize(h), a.dtype, False) for a, h in zip(arrays, handles)]
-
-
-def _np_broadcast(arrays, root_rank, name, process_set):
-    ps = _ps(process_set)
-    handles = [_core.broadcast_async(_to_wire(a, False), root_rank, name=nm, process_set=ps)
-               for a, nm in zip(arrays, _member_names(name, len(arrays)))]
-    return [_from_wire(_core.synchronize(h), a.dtype, False) for a, h in zip(arrays, handles)]
-
-
-def _np_alltoall(array, splits, name, process_set):
-    ps = _ps(process_set)
-    wire = _to_wire(array, False)
-    if splits is not None:
-        splits = [int(s) for s in np.asarray(splits).reshape(-1)]
-        if any(s < 0 for s in splits):
-            raise _core.InvalidArgumentError("alltoall splits must be non-negative, got {}".format(splits))
-        if sum(splits) > (wire.shape[0] if wire.ndim else 0):
-            raise _core.InvalidArgumentError(
-                "alltoall splits sum to {} but the tensor has {} rows".format(sum(splits), wire.shape[0]))
-    out, received = _core.synchronize(_core.alltoall_async(wire, splits, name=name, process_set=ps))
-    return [_from_wire(out, array.dtype, False), np.asarray(received, np.int32)]
-
-
-def _np_reducescatter(arrays, name, op, prescale, postscale, process_set):
-    ps = _ps(process_set)
-    wires, afters = [], []
-    for a in arrays:
-        w = _to_wire(a, True)
-        core_op, pre, post, after = op, prescale, postscale, None
-        if _is_integer(a.dtype) and (op == _core.Average or prescale != 1.0 or postscale != 1.0):
-            if prescale != 1.0:
-                w = _truncate(w.astype(np.float64) * prescale, w.dtype)
-            core_op, pre, post = (_core.Sum if op == _core.Average else op), 1.0, 1.0
-            after = postscale / (_set_size(ps) if op == _core.Average else 1)
-        wires.append((w, core_op, pre, post))
-        afters.append(after)
-    handles = [_core.reducescatter_async(w, name=nm, op=o, prescale_factor=pre, postscale_factor=post,
-                                         process_set=ps)
-               for (w, o, pre, post), nm in zip(wires, _member_names(name, len(arrays)))]
-    result = []
-    for a, h, after in zip(arrays, handles, afters):
-        out = _core.synchronize(h)
-        if after is not None and after != 1.0:
-            out = _truncate(out.astype(np.float64) * after, out.dtype)
-        result.append(_from_wire(out, a.dtype, True))
-    return result
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -293,12 +147,29 @@ def _run(kind, fn, tensors, touts, name, ignore_name_scope=False):
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     cell = []
     node_name = _op_name(kind, tensors, name, ignore_name_scope)
-    guarded = _guard(lambda *arrays: fn(cell[0], *arrays))
-    outs = tf.numpy_function(guarded, list(tensors), list(touts), name=node_name, stateful=True)
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
-    cell.append(outs[0].op.name if outs else node_name)
-    return list(outs)
+    np_types = [tf.as_dtype(d).as_numpy_dtype for d in touts]
+
+    def run(*arrays):
+        # A numpy_function fails with the class TensorFlow maps the Python exception to (ValueError and TypeError,
+        # so hvd's InvalidArgumentError: InvalidArgumentError; others: UnknownError), never FailedPreconditionError:
+        # a disagreement between the ranks comes back as a message in the last output.
+        try:
+            return list(fn(cell[0], *arrays)) + [np.bytes_(b"")]
+        except (_core.MismatchError, _core.NotInitializedError) as e:
+            message = "{}: {}".format(type(e).__name__, e).encode("utf-8", "replace")
+            return [np.zeros(0, t) for t in np_types] + [np.bytes_(message)]
+
+    outs = tf.numpy_function(run, list(tensors), list(touts) + [tf.string], name=node_name, stateful=True)
+    outs, failure = list(outs[:-1]), outs[-1]
+    cell.append(failure.op.name)
+    # Raises the message as FailedPreconditionError, as Horovod's ops do: reading a file below /dev/null fails with
+    # ENOTDIR, which TensorFlow reports as FailedPrecondition with the path (the message) in its text; nothing is
+    # read or written.
+    check = tf.cond(tf.equal(failure, b""), lambda: tf.constant(0),
+                    lambda: tf.strings.length(tf.io.read_file(tf.strings.join(["/dev/null/hvd collective failed: ",
+                                                                               failure]))))
+    with tf.control_dependencies([check]):
+        return [tf.identity(o) for o in outs]
 
 
 def _tensor(x):
@@ -325,7 +196,7 @@ def _grouped_allreduce(tensors, name=None, op=_core.Sum, prescale_factor=1.0, po
     @tf.custom_gradient
     def reduce(*xs):
         def fn(hvd_name, *arrays):
-            return _np_allreduce(list(arrays), hvd_name, op, prescale_factor, postscale_factor, process_set)
+            return _tfnp.allreduce(list(arrays), hvd_name, op, prescale_factor, postscale_factor, process_set)
 
         ys = _run(kind, fn, xs, dtypes, name, ignore_name_scope)
         for x, y in zip(xs, ys):
@@ -355,7 +226,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
     @tf.custom_gradient
     def gather(*xs):
         def fn(hvd_name, *arrays):
-            return _np_allgather(list(arrays), hvd_name, process_set)
+            return _tfnp.allgather(list(arrays), hvd_name, process_set)
 
         ys = _run(kind, fn, xs, dtypes, name, ignore_name_scope)
         for x, y in zip(xs, ys):
@@ -389,7 +260,7 @@ def _grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False, p
     @tf.custom_gradient
     def bcast(*xs):
         def fn(hvd_name, *arrays):
-            return _np_broadcast(list(arrays), root_rank, hvd_name, process_set)
+            return _tfnp.broadcast(list(arrays), root_rank, hvd_name, process_set)
 
         ys = _run(kind, fn, xs, dtypes, name, ignore_name_scope)
         for x, y in zip(xs, ys):
@@ -418,7 +289,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     @tf.custom_gradient
     def exchange(x, s):
         def fn(hvd_name, array, split_array):
-            return _np_alltoall(array, split_array if given else None, hvd_name, process_set)
+            return _tfnp.alltoall(array, split_array if given else None, hvd_name, process_set)
 
         out, received = _run("Alltoall", fn, [x, s], [x.dtype, tf.int32], name, ignore_name_scope)
         if x.shape.rank is not None:
@@ -449,7 +320,7 @@ def _grouped_reducescatter(tensors, name=None, op=_core.Sum, ignore_name_scope=F
     @tf.custom_gradient
     def scatter(*xs):
         def fn(hvd_name, *arrays):
-            return _np_reducescatter(list(arrays), hvd_name, op, prescale_factor, postscale_factor, process_set)
+            return _tfnp.reducescatter(list(arrays), hvd_name, op, prescale_factor, postscale_factor, process_set)
 
         ys = _run(kind, fn, xs, dtypes, name, ignore_name_scope)
         for x, y in zip(xs, ys):
@@ -576,7 +447,7 @@ def _scalar_op(value, name):
     """An int32 scalar computed when the graph runs (at once in eager mode)."""
     if tf.executing_eagerly():
         return tf.constant(value(), dtype=tf.int32)
-    out = tf.numpy_function(_guard(lambda: np.int32(value())), [], tf.int32, name=name, stateful=True)
+    out = tf.numpy_function(lambda: np.int32(value()), [], tf.int32, name=name, stateful=True)
     out.set_shape([])
     return out
 
@@ -673,17 +544,6 @@ def allgather_object(obj, session=None, name=None, process_set=None):
 # Gradients: DistributedGradientTape, DistributedOptimizer
 
 
-def _split(items, n):
-    """``items`` in ``n`` consecutive parts of near-equal length."""
-    size, extra = divmod(len(items), n)
-    out, at = [], 0
-    for i in range(n):
-        k = size + (1 if i < extra else 0)
-        out.append(items[at:at + k])
-        at += k
-    return [part for part in out if part]
-
-
 def _make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set):
     """The function that reduces a list of gradients (None entries stay None) for a tape or an optimizer."""
     if op == Adasum:
@@ -716,7 +576,7 @@ def _make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_f
                     parts.append(part)
             parts += [[i] for i in present if i in by_ref.values()]
         elif isinstance(groups, int) and groups > 0:
-            parts = _split(present, groups)
+            parts = _tfnp.split(present, groups)
         else:
             parts = [present] if present else []
         for part in parts:
@@ -915,3 +775,7 @@ if hasattr(tf.compat.v1.train, "SessionRunHook"):
 
         def after_create_session(self, session, coord):
             session.run(self.bcast_op)
+
+
+# Horovod's ``hvd.tensorflow.elastic`` (hvd.elastic plus TensorFlowState); imported last: it uses the names above.
+from hvd.tensorflow import elastic  # noqa: E402
