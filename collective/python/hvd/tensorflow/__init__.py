@@ -777,5 +777,35 @@ if hasattr(tf.compat.v1.train, "SessionRunHook"):
             session.run(self.bcast_op)
 
 
+
+def _sync_batch_normalization_class():
+    base = tf.keras.layers.BatchNormalization
+
+    class SyncBatchNormalization(base):
+        """Keras batch normalization whose batch statistics, in training, are those of every rank's batch together
+        (the ranks' means and means of squares averaged; variance = E[x^2] - E[x]^2). ``fused`` is refused."""
+
+        def __init__(self, fused=False, **kwargs):
+            if fused in (True, None):
+                raise ValueError("SyncBatchNormalization does not support fused=True.")
+            kwargs.setdefault("name", None)
+            if not kwargs["name"]:
+                kwargs["name"] = "sync_batch_normalization"
+            super().__init__(fused=fused, **kwargs)
+
+        def _moments(self, inputs, *args, **kwargs):
+            mean, variance = super()._moments(inputs, *args, **kwargs)
+            if _core.size() == 1:
+                return mean, variance
+            mean_of_square = variance + tf.math.square(mean)
+            mean, mean_of_square = _grouped_allreduce([mean, mean_of_square], op=_core.Average)
+            return mean, mean_of_square - tf.math.square(mean)
+
+    return SyncBatchNormalization
+
+
+if hasattr(tf, "keras") and hasattr(tf.keras.layers.BatchNormalization, "_moments"):
+    SyncBatchNormalization = _sync_batch_normalization_class()
+
 # Horovod's ``hvd.tensorflow.elastic`` (hvd.elastic plus TensorFlowState); imported last: it uses the names above.
 from hvd.tensorflow import elastic  # noqa: E402
