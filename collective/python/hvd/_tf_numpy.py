@@ -148,6 +148,9 @@ def alltoall(array, splits, name, process_set):
 
 
 def reducescatter(arrays, name, op, prescale, postscale, process_set):
+    if any(np.ndim(a) == 0 for a in arrays):
+        # Refused before any member is submitted, so every rank fails alike and nothing is left in flight.
+        raise _core.InvalidArgumentError("reducescatter needs tensors of at least one dimension, not a scalar")
     ps = _ps(process_set)
     wires, afters = [], []
     for a in arrays:

@@ -69,7 +69,9 @@ check("reducescatter sum", tfnp.reducescatter([x], "rs", hvd.Sum, 1.0, 1.0, None
 # Refusals come before any submission: every rank raises alike and the job goes on.
 for bad, what in ((lambda: tfnp.allreduce([np.ones(2, np.bool_)], "bool", hvd.Sum, 1.0, 1.0, None), TypeError),
                   (lambda: tfnp.alltoall(np.ones(4), [-1, 5][:n] + [0] * (n - 2), "neg", None), ValueError),
-                  (lambda: tfnp.alltoall(np.ones(2), [2] * n, "long", None), ValueError)):
+                  (lambda: tfnp.alltoall(np.ones(2), [2] * n, "long", None), ValueError),
+                  (lambda: tfnp.reducescatter([np.ones([2, 1]), np.float32(r)], "scalar", hvd.Sum, 1.0, 1.0, None),
+                   ValueError)):
     try:
         bad()
     except what:
