@@ -209,4 +209,36 @@ text = launch.hvd_file(["python", "-c", 'print("$HOME")'], "2", "/tmp/a b")
 assert "workers = 2" in text, text
 assert 'run = "cd \'/tmp/a b\' && exec python -c \'print(\\"\\$HOME\\")\'"' in text, text
 
+# The learning-rate arithmetic of the Keras callbacks (hvd._lr_schedule; the callbacks need Keras, this does not).
+from hvd import _lr_schedule as lrs
+
+decay = lrs.schedule_multiplier(0.1, 5)
+assert abs(decay(5) - 1.0) < 1e-12 and abs(decay(7) - 0.01) < 1e-12
+linear = lrs.schedule_multiplier(lambda epoch: epoch, 15)
+assert linear(17) == 17
+assert lrs.in_schedule(5, 5, 10) and not lrs.in_schedule(10, 5, 10) and lrs.in_schedule(99, 15, None)
+assert not lrs.in_schedule(4, 5, None)
+assert lrs.schedule_epoch(3, 0, True, None) == 3 and lrs.schedule_epoch(3, 1, True, None) is None
+assert lrs.schedule_epoch(3, 2, False, 8) == 3.25
+try:
+    lrs.schedule_epoch(3, 2, False, None)
+except ValueError:
+    pass
+else:
+    raise AssertionError("a smooth schedule without steps_per_epoch was accepted")
+# Warmup on 4 ranks over 2 epochs of 10 batches: 1/4 of the rate at the start (one batch in), the full rate at the
+# end of the last warmup epoch; 1 rank has nothing to warm up.
+assert abs(lrs.warmup_multiplier(-0.1, 4, 2, 10) - 0.25) < 1e-12
+assert abs(lrs.warmup_multiplier(1.9, 4, 2, 10) - 1.0) < 1e-12
+assert abs(lrs.warmup_multiplier(0.9, 4, 2, 10) - 0.625) < 1e-12
+assert lrs.warmup_multiplier(0.5, 1, 2, 10) == 1.0
+assert lrs.steps_per_epoch_of({"steps": 7}, "cb") == 7
+assert lrs.steps_per_epoch_of({"samples": 100, "batch_size": 32}, "cb") == 3
+try:
+    lrs.steps_per_epoch_of({}, "LearningRateWarmupCallback")
+except ValueError as e:
+    assert "steps_per_epoch" in str(e) and "LearningRateWarmupCallback" in str(e), e
+else:
+    raise AssertionError("no steps per epoch was accepted")
+
 print("ok")

@@ -444,6 +444,24 @@ fn tensorflow_gradient_tape_trains_with_identical_variables() {
     );
 }
 
+/// Horovod's Keras API (`horovod.tensorflow.keras`, docs/horovod.md "Keras"): collectives of Keras values, the
+/// DistributedOptimizer's reduced gradients (dense, sparse, fp16, predivide, Sum), `model.fit` with the callbacks and
+/// local aggregation leaving every rank the same weights, `load_model`, `KerasState`. Needs Keras 2 (TF <= 2.15).
+#[test]
+#[ignore = "opt-in: needs tensorflow; HVD_TEST_TENSORFLOW=/path/to/python"]
+fn horovod_keras_trains_with_identical_weights() {
+    let python = opt_in_python("HVD_TEST_TENSORFLOW", "tensorflow");
+    assert_all_ok(
+        &run_with(
+            &python,
+            2,
+            "keras_train.py",
+            &[("TF_CPP_MIN_LOG_LEVEL", "2"), ("CUDA_VISIBLE_DEVICES", "")],
+        ),
+        "horovod.tensorflow.keras on 2 ranks",
+    );
+}
+
 /// The numpy side of hvd.tensorflow's ops (no framework): Horovod's dtypes (int16, uint16, bool) through every op,
 /// 16-bit sums that wrap, integer averages and scale factors that truncate, mixed-dtype lists, received splits,
 /// reducescatter blocks, and bad requests refused alike on every rank.

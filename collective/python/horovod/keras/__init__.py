@@ -1,7 +1,9 @@
-"""``horovod.keras``: the same module as ``horovod.tensorflow.keras`` (Keras on TensorFlow)."""
+"""``horovod.keras``: the same API as ``horovod.tensorflow.keras`` (hvd.keras: Keras on TensorFlow)."""
 
 from horovod._reexport import reexport
 from horovod.common.util import nccl_built  # noqa: F401 - Horovod's answer is a version number
 
-reexport(globals(), "hvd.keras", "hvd.tensorflow.keras", "hvd.tensorflow")
+reexport(globals(), "hvd.keras")
 del reexport
+
+from horovod.keras import callbacks, elastic  # noqa: E402,F401 - Horovod's submodules

@@ -1,8 +1,10 @@
-"""``horovod.tensorflow.keras``: hvd's Keras module when it has one, else hvd.tensorflow (the collectives and
-``init``/``rank``/``size``; names hvd lacks, such as Keras callbacks, raise AttributeError naming docs/horovod.md)."""
+"""``horovod.tensorflow.keras``: hvd.keras (Keras on TensorFlow: DistributedOptimizer, callbacks, elastic state,
+collectives of Keras values). Importing it imports TensorFlow."""
 
 from horovod._reexport import reexport
 from horovod.common.util import nccl_built  # noqa: F401 - Horovod's answer is a version number
 
-reexport(globals(), "hvd.tensorflow.keras", "hvd.tensorflow")
+reexport(globals(), "hvd.keras")
 del reexport
+
+from horovod.tensorflow.keras import callbacks, elastic  # noqa: E402,F401 - Horovod's submodules

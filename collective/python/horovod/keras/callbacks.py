@@ -1,0 +1,6 @@
+"""``horovod.keras.callbacks``: hvd.keras.callbacks."""
+
+from horovod._reexport import reexport
+
+reexport(globals(), "hvd.keras.callbacks")
+del reexport
