@@ -179,9 +179,17 @@ impl Pushed {
                 !self.store.join(name).exists(),
                 "{name} was installed although refused"
             );
+            // `.tmp/archives/` holds partial downloads to resume: a refused path leaves none.
             let debris: Vec<_> = std::fs::read_dir(self.store.join(".tmp"))
                 .unwrap()
                 .map(|e| e.unwrap().file_name())
+                .filter(|name| name != "archives")
+                .chain(
+                    std::fs::read_dir(self.store.join(".tmp/archives"))
+                        .into_iter()
+                        .flatten()
+                        .map(|e| e.unwrap().file_name()),
+                )
                 .collect();
             assert!(debris.is_empty(), "temp debris left: {debris:?}");
         }

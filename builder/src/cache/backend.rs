@@ -171,55 +171,179 @@ impl Cache {
     pub async fn get(&self, key: &str, limit: u64) -> Result<Option<Vec<u8>>, CacheError> {
         let mut bytes = Vec::new();
         let found = self
-            .stream(key, limit, Pace::Whole, |chunk| {
-                bytes.extend_from_slice(chunk);
+            .stream(key, limit, Pace::Whole, 0, |piece| {
+                match piece {
+                    Piece::Start(_) => bytes.clear(),
+                    Piece::Bytes(chunk) => bytes.extend_from_slice(chunk),
+                }
                 Ok(())
             })
             .await?;
         Ok(found.then_some(bytes))
     }
 
-    /// Stream the object `key` into the new file `dest`, hashing it; `None` when the cache does not have it.
-    /// More than `limit` bytes is an error; `progress` gets each chunk's length.
+    /// Stream the object `key`, whose sha256 and size should be `expected`, into the file `partial`, resuming after
+    /// the bytes it already holds (a ranged read: HTTP `Range`, S3's ranged GET, a seek in a directory) and hashing
+    /// all of it; `None` when the cache does not have it. A connection that breaks after bytes arrived is resumed
+    /// at once, [`MAX_ATTEMPTS`] times at most; what arrived stays in `partial` for a later call when it gives up.
+    /// A partial that does not belong to the object (the hash at the end differs after a resume, the cache
+    /// refuses the range or answers another one) is discarded and the object read whole once more. Returns the
+    /// hash and size of what `partial` holds at the end, which the caller compares with the record (after a
+    /// mismatch `partial` holds bytes that are not the object: remove it). More than `expected`'s size is an error
+    /// (and discards the partial); `progress` gets each chunk's length (what a resume starts from first).
     pub async fn download(
         &self,
         key: &str,
-        dest: &Path,
-        limit: u64,
+        partial: &Path,
+        expected: (&Sha256, u64),
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Option<(Sha256, u64)>, CacheError> {
-        let mut file = std::io::BufWriter::new(
-            fs_err::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(dest)?,
-        );
-        let mut hasher = sha2::Sha256::new();
-        let mut size = 0u64;
-        let found = self
-            .stream(key, limit, Pace::Download, |chunk| {
-                use std::io::Write;
-                file.write_all(chunk)?;
-                hasher.update(chunk);
-                size += chunk.len() as u64;
-                progress(chunk.len() as u64);
-                Ok(())
-            })
-            .await?;
-        use std::io::Write;
-        file.flush()?;
-        Ok(found.then(|| (Sha256::from_hasher(hasher), size)))
+        use std::io::{Read, Seek, SeekFrom, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        let (expected_sha256, limit) = expected;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(partial)
+            .map_err(|err| {
+                std::io::Error::other(format!("failed to open `{}`: {err}", partial.display()))
+            })?;
+        if !file.metadata()?.is_file() {
+            return Err(std::io::Error::other(format!(
+                "`{}` is not a regular file",
+                partial.display()
+            ))
+            .into());
+        }
+        // Whether the whole object was read once more after a partial turned out not to be its start.
+        let mut restarted = false;
+        for attempt in 1..=MAX_ATTEMPTS {
+            let mut offset = file.metadata()?.len();
+            if offset > limit {
+                file.set_len(0)?;
+                offset = 0;
+            }
+            let mut hasher = sha2::Sha256::new();
+            file.seek(SeekFrom::Start(0))?;
+            let mut buffer = vec![0u8; 1 << 20];
+            let mut left = offset;
+            while left > 0 {
+                let n = file.read(&mut buffer[..left.min(1 << 20) as usize])?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buffer[..n]);
+                left -= n as u64;
+            }
+            let offset = offset - left;
+            if offset > 0 && offset == limit {
+                let sha256 = Sha256::from_hasher(hasher.clone());
+                if &sha256 == expected_sha256 {
+                    progress(offset);
+                    return Ok(Some((sha256, offset)));
+                }
+                tracing::info!(
+                    "discarding `{}`: not the archive it is named for",
+                    partial.display()
+                );
+                file.set_len(0)?;
+                restarted = true;
+                continue;
+            }
+            file.set_len(offset)?;
+            file.seek(SeekFrom::Start(offset))?;
+            progress(offset);
+            // Where this attempt's bytes start (the cache may answer a ranged read whole) and how many arrived.
+            let mut start = offset;
+            let mut arrived = 0u64;
+            let mut reset = false;
+            let streamed = self
+                .stream(key, limit, Pace::Download, offset, |piece| match piece {
+                    Piece::Start(at) if at == offset => Ok(()),
+                    Piece::Start(at) => {
+                        file.set_len(0)?;
+                        file.seek(SeekFrom::Start(0))?;
+                        hasher = sha2::Sha256::new();
+                        start = 0;
+                        reset = true;
+                        if at == 0 {
+                            Ok(())
+                        } else {
+                            Err(std::io::Error::other(format!(
+                                "answered a read from byte {offset} with bytes from {at}"
+                            )))
+                        }
+                    }
+                    Piece::Bytes(chunk) => {
+                        file.write_all(chunk)?;
+                        hasher.update(chunk);
+                        arrived += chunk.len() as u64;
+                        progress(chunk.len() as u64);
+                        Ok(())
+                    }
+                })
+                .await;
+            match streamed {
+                Ok(false) => return Ok(None),
+                Ok(true) => {
+                    let size = start + arrived;
+                    let sha256 = Sha256::from_hasher(hasher);
+                    let resumed = start > 0 || attempt > 1;
+                    if (&sha256 == expected_sha256 && size == limit) || !resumed || restarted {
+                        return Ok(Some((sha256, size)));
+                    }
+                    tracing::info!(
+                        "discarding `{}`: the resumed archive is not the one its record names; reading it whole",
+                        partial.display()
+                    );
+                    file.set_len(0)?;
+                    restarted = true;
+                }
+                Err(err @ CacheError::TooLarge { .. }) => {
+                    file.set_len(0)?;
+                    return Err(err);
+                }
+                // A ranged read refused before any byte (a range past the object's end, an error): once from
+                // the start.
+                Err(err) if offset > 0 && arrived == 0 && !restarted => {
+                    tracing::info!(
+                        "cache `{}`: reading `{key}` from byte {offset} failed ({err}); reading it whole",
+                        self.url
+                    );
+                    file.set_len(0)?;
+                    restarted = true;
+                }
+                Err(err) if (arrived > 0 || reset) && attempt < MAX_ATTEMPTS => {
+                    tracing::info!(
+                        "cache `{}`: reading `{key}` broke off after {} bytes ({err}); resuming",
+                        self.url,
+                        start + arrived
+                    );
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Err(self.error(
+            key,
+            format!("could not be read whole in {MAX_ATTEMPTS} attempts; what arrived is kept to resume from"),
+        ))
     }
 
-    /// Feed the object's bytes to `sink`; `false` when it does not exist.
+    /// Feed the object's bytes to `sink`, from byte `from` when the cache can read from there (else from the
+    /// start): first [`Piece::Start`] with where its bytes start, then the bytes; `false` when it does not exist.
+    /// More than `limit` bytes in all (counting from byte 0) is an error.
     async fn stream(
         &self,
         key: &str,
         limit: u64,
         pace: Pace,
-        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+        from: u64,
+        mut sink: impl FnMut(Piece<'_>) -> std::io::Result<()>,
     ) -> Result<bool, CacheError> {
-        let mut received = 0u64;
         let count = |received: &mut u64, len: usize| -> Result<(), CacheError> {
             *received = received.saturating_add(len as u64);
             if *received > limit {
@@ -231,9 +355,14 @@ impl Cache {
             }
             Ok(())
         };
+        let too_large = || CacheError::TooLarge {
+            cache: self.url.clone(),
+            key: key.to_string(),
+            limit,
+        };
         match &self.backend {
             Backend::Dir(root) => {
-                use std::io::Read;
+                use std::io::{Read, Seek};
                 use std::os::unix::fs::OpenOptionsExt;
                 let path = root.join(key);
                 let file = std::fs::OpenOptions::new()
@@ -249,6 +378,11 @@ impl Cache {
                 if !metadata.is_file() {
                     return Err(self.error(key, "is not a regular file"));
                 }
+                let start = if from <= metadata.len() { from } else { 0 };
+                file.seek(std::io::SeekFrom::Start(start))
+                    .map_err(|err| self.error(key, err))?;
+                sink(Piece::Start(start))?;
+                let mut received = start;
                 let mut buffer = vec![0u8; 1 << 16];
                 loop {
                     let n = file.read(&mut buffer).map_err(|err| self.error(key, err))?;
@@ -256,56 +390,82 @@ impl Cache {
                         break;
                     }
                     count(&mut received, n)?;
-                    sink(&buffer[..n])?;
+                    sink(Piece::Bytes(&buffer[..n]))?;
                 }
                 Ok(true)
             }
             Backend::Http { base, client } => {
                 let url = format!("{base}/{key}");
                 let started = Instant::now();
+                let mut request = client.get(&url);
+                if from > 0 {
+                    // Byte offsets are the stored object's: never a re-encoded body.
+                    request = request
+                        .header(reqwest::header::RANGE, format!("bytes={from}-"))
+                        .header(reqwest::header::ACCEPT_ENCODING, "identity");
+                }
                 let response = self
                     .within(
                         key,
                         self.deadlines.request_deadline(started),
                         started,
                         0,
-                        client.get(&url).send(),
+                        request.send(),
                     )
                     .await?
                     .map_err(|err| self.error(key, err.without_url()))?;
-                if response.status() == reqwest::StatusCode::NOT_FOUND
-                    || response.status() == reqwest::StatusCode::FORBIDDEN
+                let status = response.status();
+                if status == reqwest::StatusCode::NOT_FOUND
+                    || status == reqwest::StatusCode::FORBIDDEN
                 {
                     return Ok(false);
                 }
-                if !response.status().is_success() {
-                    return Err(self.error(key, format!("answered {}", response.status())));
-                }
+                let start = if status == reqwest::StatusCode::PARTIAL_CONTENT {
+                    let range = response
+                        .headers()
+                        .get(reqwest::header::CONTENT_RANGE)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(content_range_start);
+                    match range {
+                        Some(start) if from > 0 => start,
+                        _ => {
+                            return Err(self.error(
+                                key,
+                                "answered 206 without a usable Content-Range for the range asked",
+                            ));
+                        }
+                    }
+                } else if status.is_success() {
+                    0
+                } else {
+                    return Err(self.error(key, format!("answered {status}")));
+                };
                 if let Some(length) = response.content_length()
-                    && length > limit
+                    && start.saturating_add(length) > limit
                 {
-                    return Err(CacheError::TooLarge {
-                        cache: self.url.clone(),
-                        key: key.to_string(),
-                        limit,
-                    });
+                    return Err(too_large());
                 }
+                sink(Piece::Start(start))?;
                 let body = response
                     .bytes_stream()
                     .map(|chunk| chunk.map_err(|err| self.error(key, err.without_url())));
-                self.drain(key, pace, started, body, count, &mut sink)
+                self.drain(key, pace, started, start, body, count, &mut sink)
                     .await?;
                 Ok(true)
             }
             Backend::S3 { store, prefix } => {
                 let started = Instant::now();
+                let options = object_store::GetOptions {
+                    range: (from > 0).then_some(object_store::GetRange::Offset(from)),
+                    ..object_store::GetOptions::default()
+                };
                 let found = match self
                     .within(
                         key,
                         self.deadlines.request_deadline(started),
                         started,
                         0,
-                        store.get(&object_path(prefix, key)),
+                        store.get_opts(&object_path(prefix, key), options),
                     )
                     .await?
                 {
@@ -314,16 +474,14 @@ impl Cache {
                     Err(err) => return Err(self.error(key, err)),
                 };
                 if found.meta.size > limit {
-                    return Err(CacheError::TooLarge {
-                        cache: self.url.clone(),
-                        key: key.to_string(),
-                        limit,
-                    });
+                    return Err(too_large());
                 }
+                let start = found.range.start;
+                sink(Piece::Start(start))?;
                 let body = found
                     .into_stream()
                     .map(|chunk| chunk.map_err(|err| self.error(key, err)));
-                self.drain(key, pace, started, body, count, &mut sink)
+                self.drain(key, pace, started, start, body, count, &mut sink)
                     .await?;
                 Ok(true)
             }
@@ -332,17 +490,21 @@ impl Cache {
 
     /// Feed `body`'s chunks to `sink` (after `count` checked the running total), each chunk within the read's
     /// deadline (`pace`, from `started`).
+    #[allow(clippy::too_many_arguments)]
     async fn drain<B: AsRef<[u8]>>(
         &self,
         key: &str,
         pace: Pace,
         started: Instant,
+        start: u64,
         body: impl futures::Stream<Item = Result<B, CacheError>>,
         count: impl Fn(&mut u64, usize) -> Result<(), CacheError>,
-        sink: &mut impl FnMut(&[u8]) -> std::io::Result<()>,
+        sink: &mut impl FnMut(Piece<'_>) -> std::io::Result<()>,
     ) -> Result<(), CacheError> {
         let mut body = std::pin::pin!(body);
         let mut received = 0u64;
+        // The object's bytes so far, counted against the limit from byte 0.
+        let mut total = start;
         while let Some(chunk) = self
             .within(
                 key,
@@ -354,8 +516,9 @@ impl Cache {
             .await?
         {
             let chunk = chunk?;
-            count(&mut received, chunk.as_ref().len())?;
-            sink(chunk.as_ref())?;
+            received += chunk.as_ref().len() as u64;
+            count(&mut total, chunk.as_ref().len())?;
+            sink(Piece::Bytes(chunk.as_ref()))?;
         }
         Ok(())
     }
@@ -514,6 +677,25 @@ impl Cache {
             "an HTTP cache is read-only; push to the directory it serves, or to an s3:// bucket",
         )
     }
+}
+
+/// How often [`Cache::download`] reads an archive whose connection broke off before it gives up (each attempt
+/// after the first resumes where the last one stopped).
+pub const MAX_ATTEMPTS: u32 = 4;
+
+/// What a read feeds its sink: where the object's bytes start (first, once), then the bytes.
+enum Piece<'a> {
+    Start(u64),
+    Bytes(&'a [u8]),
+}
+
+/// The first byte of an HTTP `Content-Range: bytes START-END/TOTAL` (TOTAL may be `*`).
+fn content_range_start(value: &str) -> Option<u64> {
+    let (start, rest) = value.trim().strip_prefix("bytes ")?.split_once('-')?;
+    let (end, _total) = rest.split_once('/')?;
+    let start: u64 = start.trim().parse().ok()?;
+    let end: u64 = end.trim().parse().ok()?;
+    (start <= end).then_some(start)
 }
 
 /// `url` with the user information of its authority (`user:token@`) replaced by `***@`, so a credential in a cache

@@ -368,17 +368,27 @@ impl Substituter {
             &record.derivation,
             false,
             |target| {
-                let temp = target.out.parent().unwrap_or(store.root());
-                let archive = temp.join("archive.tar.zst");
+                // The archive goes to `.tmp/archives/<sha256>.part`, kept when a download stops short so that the
+                // next one resumes it; one download of an archive at a time.
+                let partials = partial_dir(store)?;
+                let sha256 = record.archive.sha256.as_str();
+                let _archive_lock = store.lock_path(&format!("archive-{sha256}"))?;
+                let archive = partials.join(format!("{sha256}.part"));
                 let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
                 progress.download_started(id, &name, Some(record.archive.size));
                 let downloaded = self.runtime.block_on(cache.download(
                     &archive_key(&record.archive.sha256),
                     &archive,
-                    record.archive.size,
+                    (&record.archive.sha256, record.archive.size),
                     &|bytes| progress.download_progress(id, bytes),
                 ));
                 progress.download_finished(id);
+                // Nothing arrived (a missing archive, a refused read): no partial to resume from.
+                if !matches!(downloaded, Ok(Some(_)))
+                    && fs_err::metadata(&archive).is_ok_and(|m| m.len() == 0)
+                {
+                    let _ = fs_err::remove_file(&archive);
+                }
                 let mismatch = |actual: String, actual_size: u64| CacheError::ArchiveMismatch {
                     cache: cache.url().to_string(),
                     name: name.clone(),
@@ -399,6 +409,7 @@ impl Substituter {
                         .into());
                     }
                     Err(CacheError::TooLarge { .. }) => {
+                        let _ = fs_err::remove_file(&archive);
                         return Err(mismatch(
                             "(unknown: longer than the record says)".into(),
                             record.archive.size.saturating_add(1),
@@ -408,6 +419,8 @@ impl Substituter {
                     Err(err) => return Err(err.into()),
                 };
                 if sha256 != record.archive.sha256 || size != record.archive.size {
+                    // Not the archive: nothing of it is kept to resume from.
+                    let _ = fs_err::remove_file(&archive);
                     return Err(mismatch(sha256.to_string(), size).into());
                 }
                 let file_hashes =
@@ -457,6 +470,39 @@ impl Substituter {
     pub fn caches(&self) -> Vec<String> {
         self.caches.iter().map(|c| c.url().to_string()).collect()
     }
+}
+
+/// How long a partial archive nobody appends to is kept for a download to resume.
+const PARTIAL_KEPT: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// `<store>/.tmp/archives/`, where archives are downloaded (`<sha256>.part`). The first call of a process removes
+/// the partial archives untouched for [`PARTIAL_KEPT`] (abandoned downloads).
+fn partial_dir(store: &Store) -> Result<std::path::PathBuf> {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let dir = store.root().join(".tmp").join("archives");
+    fs_err::create_dir_all(&dir)?;
+    SWEPT.call_once(|| {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > PARTIAL_KEPT);
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            let Some(sha256) = file_name.strip_suffix(".part") else {
+                continue;
+            };
+            // Never under a download that resumes it.
+            if old && let Ok(Some(_lock)) = store.try_lock_path(&format!("archive-{sha256}")) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    });
+    Ok(dir)
 }
 
 /// `run` for each item, [`PARALLEL`] at a time on a fixed set of threads; stops taking new items after an error (the

@@ -1,0 +1,322 @@
+//! Resumable substitution (#18): an archive download cut off mid-body resumes from where it stopped (HTTP `Range`),
+//! within one substitution and across runs (the partial archive kept under `<store>/.tmp/archives/`); a partial that
+//! is not the archive's start (planted, or a cache that answers the resumed read with other bytes) is discarded and
+//! the archive read whole, verified by its full hash; nothing half-installed either way.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use hvd_builder::cache::{Cache, SecretKey, Substituter, push};
+use hvd_builder::derivation::{Derivation, DerivationKind};
+use hvd_builder::store::BuildOutput;
+use hvd_builder::{NoProgress, Store};
+
+/// How the test server answers a request for an archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every read (whole or ranged) sends at most `n` bytes of its body, then closes the connection.
+    CutAfter(usize),
+    /// Whole reads are cut after `n` bytes; ranged reads are served.
+    CutWholeOnly(usize),
+    /// Ranged reads get other bytes (as many as asked); whole reads are served.
+    ForgeRanges,
+    /// Everything is served.
+    Serve,
+}
+
+/// The requests a [`Server`] saw: `METHOD PATH` and the first byte a `Range` header asked for.
+type Log = Arc<Mutex<Vec<(String, Option<u64>)>>>;
+
+/// A static server of `root` whose archive reads follow `mode`; records each request (`METHOD PATH`) and the first
+/// byte its `Range` header asks for.
+struct Server {
+    base: String,
+    mode: Arc<Mutex<Mode>>,
+    log: Log,
+}
+
+fn serve(root: PathBuf, mode: Mode) -> Server {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let mode = Arc::new(Mutex::new(mode));
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let (m, l) = (mode.clone(), log.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            let mut range = None;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) <= 2 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(value) = lower.strip_prefix("range: bytes=") {
+                    range = value.trim().trim_end_matches('-').parse::<u64>().ok();
+                }
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+            let head = request.starts_with("HEAD");
+            let method = request.split_whitespace().next().unwrap_or("").to_string();
+            l.lock().unwrap().push((format!("{method} {path}"), range));
+            let mode = *m.lock().unwrap();
+            let Ok(body) = std::fs::read(root.join(path.trim_start_matches('/'))) else {
+                let _ = stream.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+                continue;
+            };
+            let archive = path.contains("/archives/");
+            let (status, from, mut bytes) = match range {
+                Some(from) if archive && (from as usize) < body.len() => {
+                    let mut rest = body[from as usize..].to_vec();
+                    if mode == Mode::ForgeRanges {
+                        rest.iter_mut().for_each(|b| *b = !*b);
+                    }
+                    ("206 Partial Content", Some(from), rest)
+                }
+                _ => ("200 OK", None, body.clone()),
+            };
+            let total = body.len();
+            let mut out = format!(
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
+                bytes.len()
+            );
+            if let Some(from) = from {
+                out.push_str(&format!(
+                    "Content-Range: bytes {from}-{}/{total}\r\n",
+                    total - 1
+                ));
+            }
+            out.push_str("\r\n");
+            let cut = match mode {
+                Mode::CutAfter(n) if archive => Some(n),
+                Mode::CutWholeOnly(n) if archive && from.is_none() => Some(n),
+                _ => None,
+            };
+            if let Some(n) = cut {
+                bytes.truncate(n.min(bytes.len().saturating_sub(1)));
+            }
+            let _ = stream.write_all(out.as_bytes());
+            if !head {
+                let _ = stream.write_all(&bytes);
+            }
+            let _ = stream.flush();
+            // Closing with the body short: the client sees the connection drop mid-body.
+        }
+    });
+    Server { base, mode, log }
+}
+
+/// A store with one pushed path (`noise`: 2 MiB that do not compress, so the archive is about as large), its
+/// directory cache, and the path's name; the path is then removed from the store (gc: no root keeps it).
+fn pushed(dir: &Path) -> (Store, PathBuf, String, SecretKey) {
+    let store = Store::open(dir.join("store")).unwrap();
+    let derivation = Derivation::new(DerivationKind::Local, "noise", "1.0").input("test", "resume");
+    let realized = store
+        .realize(&derivation, false, |target| {
+            let mut bytes = vec![0u8; 2 << 20];
+            // A simple generator: deterministic, incompressible enough for zstd.
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            for b in bytes.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            std::fs::create_dir_all(target.out.join("data")).unwrap();
+            std::fs::write(target.out.join("data/noise.bin"), &bytes).unwrap();
+            Ok(BuildOutput::default())
+        })
+        .unwrap();
+    let name = realized
+        .path
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let key = SecretKey::generate("resume-test").unwrap();
+    let cache_dir = dir.join("cache");
+    push(
+        &store,
+        std::slice::from_ref(&name),
+        &Cache::parse(&cache_dir.display().to_string()).unwrap(),
+        &key,
+        &NoProgress,
+    )
+    .unwrap();
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    assert!(!realized.path.exists());
+    (store, cache_dir, name, key)
+}
+
+/// The archive's file in the cache and its size.
+fn archive_of(cache: &Path) -> (PathBuf, u64) {
+    let entry = std::fs::read_dir(cache.join("archives"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let size = std::fs::metadata(&entry).unwrap().len();
+    (entry, size)
+}
+
+fn partials(store: &Store) -> Vec<(PathBuf, u64)> {
+    std::fs::read_dir(store.root().join(".tmp/archives"))
+        .map(|entries| {
+            entries
+                .map(|e| {
+                    let path = e.unwrap().path();
+                    let len = std::fs::metadata(&path).unwrap().len();
+                    (path, len)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The ranged reads of the archive the server saw: their first bytes.
+fn ranges(server: &Server) -> Vec<u64> {
+    server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(path, _)| path.contains("/archives/"))
+        .filter_map(|(_, range)| *range)
+        .collect()
+}
+
+fn substitute(
+    store: &Store,
+    server: &Server,
+    name: &str,
+    key: &SecretKey,
+) -> hvd_builder::Result<bool> {
+    let substituter =
+        Substituter::new(std::slice::from_ref(&server.base), vec![key.public()]).unwrap();
+    substituter.substitute_path_name(store, name, &NoProgress)
+}
+
+#[test]
+fn an_archive_cut_off_mid_body_resumes_where_it_stopped_in_the_same_run_and_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, cache, name, key) = pushed(dir.path());
+    let (_, size) = archive_of(&cache);
+    assert!(size > 1 << 20, "the archive is {size} bytes");
+    let half = (size / 2) as usize;
+
+    // The first read breaks off after half the archive: the substitution resumes it at once, from about there.
+    let server = serve(cache.clone(), Mode::CutWholeOnly(half));
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert!(store.is_valid(&store.root().join(&name)));
+    let resumed = ranges(&server);
+    assert_eq!(resumed.len(), 1, "{:?}", server.log.lock().unwrap());
+    assert!(
+        resumed[0] > 0 && resumed[0] <= half as u64,
+        "resumed from {resumed:?}"
+    );
+    assert!(partials(&store).is_empty(), "{:?}", partials(&store));
+
+    // Every read breaks off: the run gives up, keeping what arrived; the next run resumes from there.
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    *server.mode.lock().unwrap() = Mode::CutAfter(200_000);
+    server.log.lock().unwrap().clear();
+    let err = substitute(&store, &server, &name, &key)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&server.base), "{err}");
+    assert!(!store.root().join(&name).exists(), "nothing half-installed");
+    let kept = partials(&store);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(
+        kept[0].1 >= 400_000,
+        "each attempt resumed the last: {kept:?}"
+    );
+    *server.mode.lock().unwrap() = Mode::Serve;
+    server.log.lock().unwrap().clear();
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert_eq!(
+        ranges(&server),
+        [kept[0].1],
+        "the next run read only the rest"
+    );
+    assert!(store.is_valid(&store.root().join(&name)));
+    assert!(partials(&store).is_empty());
+}
+
+/// The attacker: a cache that answers the resumed read with other bytes, and a partial archive planted in the store.
+/// Either is caught by the full hash, discarded, and the archive read whole; a cache whose whole archive is wrong
+/// too is refused naming the path, with nothing installed and nothing kept.
+#[test]
+fn a_partial_that_is_not_the_archives_start_is_discarded_and_the_archive_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, cache, name, key) = pushed(dir.path());
+    let (archive, size) = archive_of(&cache);
+    let sha256 = archive
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .replace(".tar.zst", "");
+    let partial = store
+        .root()
+        .join(".tmp/archives")
+        .join(format!("{sha256}.part"));
+
+    // A correct first half from an earlier run; the cache forges what follows.
+    std::fs::create_dir_all(partial.parent().unwrap()).unwrap();
+    let bytes = std::fs::read(&archive).unwrap();
+    std::fs::write(&partial, &bytes[..bytes.len() / 2]).unwrap();
+    let server = serve(cache.clone(), Mode::ForgeRanges);
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert_eq!(ranges(&server), [size / 2], "it resumed first");
+    let whole = server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(line, range)| {
+            line.starts_with("GET ") && line.contains("/archives/") && range.is_none()
+        })
+        .count();
+    assert_eq!(whole, 1, "then read it whole");
+    assert!(store.is_valid(&store.root().join(&name)));
+    assert!(partials(&store).is_empty());
+
+    // A planted partial as long as the archive, of other bytes: discarded without a ranged read.
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    std::fs::create_dir_all(partial.parent().unwrap()).unwrap();
+    std::fs::write(&partial, vec![7u8; size as usize]).unwrap();
+    server.log.lock().unwrap().clear();
+    *server.mode.lock().unwrap() = Mode::Serve;
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert!(ranges(&server).is_empty());
+    assert!(partials(&store).is_empty());
+
+    // The cache's archive itself is another one: refused naming the path, nothing installed, nothing kept.
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    let mut forged = bytes.clone();
+    let middle = forged.len() / 2;
+    forged[middle + 200] ^= 1;
+    std::fs::set_permissions(
+        &archive,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::write(&archive, &forged).unwrap();
+    std::fs::write(&partial, &bytes[..middle + 100]).unwrap();
+    let err = substitute(&store, &server, &name, &key)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&name) && err.contains("nothing was installed"),
+        "{err}"
+    );
+    assert!(!store.root().join(&name).exists());
+    assert!(partials(&store).is_empty(), "{:?}", partials(&store));
+}
