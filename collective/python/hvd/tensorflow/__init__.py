@@ -681,9 +681,13 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
 
     def __init__(self, optimizer, name=None, use_locking=False, compression=Compression.none,
                  sparse_as_dense=False, op=_core.Average, gradient_predivide_factor=1.0, groups=None,
-                 process_set=None, scale_local_gradients=True):
+                 process_set=None, scale_local_gradients=True, backward_passes_per_step=1,
+                 average_aggregated_gradients=False):
         super().__init__(name=name or "Distributed{}".format(type(optimizer).__name__), use_locking=use_locking)
         self._optimizer = optimizer
+        self._passes = backward_passes_per_step
+        self._average_aggregated = average_aggregated_gradients
+        self._counter = None
         self._allreduce_grads = _make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_factor,
                                                       groups, process_set)
         self._local_vars = set()
@@ -698,6 +702,12 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
+        if self._passes > 1:
+            return list(zip(self._aggregate(grads, variables), variables))
+        return list(zip(self._reduce(grads, variables), variables))
+
+    def _reduce(self, grads, variables):
+        grads = list(grads)
         shared = [i for i, v in enumerate(variables) if v.ref() not in self._local_vars]
         reduced = self._allreduce_grads([grads[i] for i in shared], [variables[i] for i in shared])
         for i, r in zip(shared, reduced):
@@ -707,10 +717,65 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             for i, v in enumerate(variables):
                 if v.ref() in self._local_vars and grads[i] is not None:
                     grads[i] = _scale_local(grads[i], n)
-        return list(zip(grads, variables))
+        return grads
+
+    def _aggregate(self, grads, variables):
+        """``backward_passes_per_step`` (graph mode): each call adds the gradients to local sums; every
+        ``backward_passes_per_step``-th call reduces the sums (divided by the passes with
+        ``average_aggregated_gradients``) and ``apply_gradients`` applies them; the calls between apply nothing."""
+        local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
+        self._counter = tf.compat.v1.Variable(0, dtype=tf.int32, trainable=False, collections=local,
+                                              name="aggregation_counter")
+        dense = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        sums = [None if g is None else tf.compat.v1.Variable(tf.zeros_like(g), trainable=False, collections=local,
+                                                             name="aggregated_gradient")
+                for g in dense]
+        present = [(g, a) for g, a in zip(dense, sums) if g is not None]
+        cleared = tf.cond(tf.equal(self._counter, 0),
+                          lambda: tf.group(*[a.assign(tf.zeros_like(a)) for _, a in present]), tf.no_op)
+        with tf.control_dependencies([cleared]):
+            added = [a.assign_add(g) for g, a in present]
+        with tf.control_dependencies(added):
+            counted = self._counter.assign_add(1)
+
+        def reduce_sums():
+            values = [None if a is None else a.read_value() for a in sums]
+            if self._average_aggregated:
+                values = [None if v is None else v / tf.cast(self._passes, v.dtype) for v in values]
+            reduced = self._reduce(values, variables)
+            with tf.control_dependencies([r for r in reduced if r is not None]):
+                reset = self._counter.assign(0)
+            with tf.control_dependencies([reset]):
+                return [tf.identity(r) for r in reduced if r is not None]
+
+        def keep_sums():
+            return [a.read_value() for a in sums if a is not None]
+
+        with tf.control_dependencies([counted]):
+            out = tf.cond(tf.equal(counted, self._passes), reduce_sums, keep_sums)
+        out = iter(out if isinstance(out, (list, tuple)) else [out])
+        return [None if g is None else next(out) for g in dense]
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        if self._counter is None:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        grads_and_vars = list(grads_and_vars)
+
+        def apply():
+            op = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+            with tf.control_dependencies([op]):
+                return tf.constant(True)
+
+        def skip():
+            if global_step is None:
+                return tf.constant(False)
+            with tf.control_dependencies([global_step.assign_add(1)]):
+                return tf.constant(False)
+
+        # The counter is read once this step's gradients are made (the reduction resets it to 0).
+        with tf.control_dependencies([g for g, _ in grads_and_vars if g is not None]):
+            due = tf.equal(self._counter.read_value(), 0)
+        return tf.cond(due, apply, skip).op
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)
@@ -745,11 +810,12 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         raise NotImplementedError("hvd does not implement the Adasum reduction (DistributedOptimizer op=Adasum)")
     groups = _check_gradient_options(op, gradient_predivide_factor, num_groups, groups)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        if backward_passes_per_step != 1:
-            raise NotImplementedError("hvd's DistributedOptimizer for tf.compat.v1 optimizers has no "
-                                      "backward_passes_per_step > 1; accumulate the gradients in the script")
+        if backward_passes_per_step > 1 and tf.executing_eagerly():
+            raise ValueError("backward_passes_per_step > 1 is not yet supported for _LegacyOptimizer with eager "
+                             "execution.")
         return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense, op,
-                                     gradient_predivide_factor, groups, process_set, scale_local_gradients)
+                                     gradient_predivide_factor, groups, process_set, scale_local_gradients,
+                                     backward_passes_per_step, average_aggregated_gradients)
     return _keras_module().DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
         sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor,

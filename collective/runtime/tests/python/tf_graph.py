@@ -2,7 +2,8 @@
 a session and eagerly. Collectives return tf.Tensors with static shapes, gradients are Horovod's (allreduce,
 allgather, broadcast, alltoall), tf.IndexedSlices are allgathered, a disagreement between the ranks is a
 FailedPreconditionError and the job goes on, many collectives of one graph run in whatever order each rank picks,
-*_op functions run when the graph runs, broadcast_global_variables and DistributedOptimizer (tf.compat.v1)."""
+*_op functions run when the graph runs, broadcast_global_variables and DistributedOptimizer (tf.compat.v1,
+also with backward_passes_per_step)."""
 import sys
 
 import numpy as np
@@ -84,6 +85,21 @@ with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
     sess.run(step)
     if not np.allclose(sess.run(w), [-sum(range(1, n + 1)) / n]):
         fail("graph: DistributedOptimizer step {}".format(sess.run(w)))
+    # backward_passes_per_step=4: rank r's gradient is r; every 4th step applies the average of the 4 passes' mean.
+    a = tf.compat.v1.Variable([0.0])
+    steps = tf.compat.v1.Variable(0, dtype=tf.int64, trainable=False)
+    agg = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(-1.0), backward_passes_per_step=4,
+                                   average_aggregated_gradients=True)
+    apply = agg.apply_gradients(agg.compute_gradients(tf.reduce_sum(a * float(r)), var_list=[a]), global_step=steps)
+    sess.run([tf.compat.v1.variables_initializer([a, steps]), tf.compat.v1.local_variables_initializer()])
+    seen = []
+    for _ in range(9):
+        sess.run(apply)
+        seen.append((float(sess.run(a)[0]), int(sess.run(steps))))
+    mean = sum(range(n)) / n
+    want = [(mean * ((k + 1) // 4), k + 1) for k in range(9)]
+    if not np.allclose(seen, want):
+        fail("graph: backward_passes_per_step {} want {}".format(seen, want))
 
 
 def eager_grad(f, x):
