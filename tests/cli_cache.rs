@@ -749,11 +749,55 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
     );
     p.assert_nothing_of(&env_name);
 
-    let out = build(&p.public_key());
+    // Every archive has a partial download of other bytes in the store: each is resumed with a ranged GET (which
+    // S3 answers from the offset asked), fails the full hash, is discarded and read whole.
+    let partials = p.store.join(".tmp/archives");
+    std::fs::create_dir_all(&partials).unwrap();
+    let mut planted = 0;
+    for record in std::fs::read_dir(&p.cache).unwrap() {
+        let record = record.unwrap().path();
+        if record.extension().is_none_or(|e| e != "info") {
+            continue;
+        }
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        if p.store.join(record["name"].as_str().unwrap()).exists() {
+            continue; // not substituted (the interpreter, copied from this machine by the refused build)
+        }
+        let sha256 = record["archive"]["sha256"].as_str().unwrap();
+        let archive = p.cache.join(format!("archives/{sha256}.tar.zst"));
+        let bytes = std::fs::read(&archive).unwrap();
+        let other: Vec<u8> = bytes[..bytes.len() / 2].iter().map(|b| !b).collect();
+        std::fs::write(partials.join(format!("{sha256}.part")), other).unwrap();
+        planted += 1;
+    }
+    assert_eq!(planted, 5);
+    let out = {
+        let mut command = common::hvd_with_store(
+            &p.root,
+            &p.store,
+            &[
+                "build",
+                "app/train.hvd",
+                "--locked",
+                "--cache",
+                &url,
+                "--trusted-key",
+                &p.public_key(),
+            ],
+        );
+        s3_env(&s3, &mut command);
+        command.env("HVD_LOG", "hvd_builder=info").output().unwrap()
+    };
     let (env, err) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert_eq!(env, p.env);
     assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    assert!(
+        err.contains("the resumed archive is not the one its record names; reading it whole"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&partials).unwrap().count(), 0);
     let run = hvd(
         &p.root,
         &p.store,
