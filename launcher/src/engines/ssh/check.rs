@@ -1008,6 +1008,39 @@ mod tests {
             std::fs::read_to_string(second.join("train.py")).unwrap(),
             "print(1)"
         );
+        // The cached copy changed on the host (a rank running as root wrote through a hard link, a file was added):
+        // it is not trusted by its name, but replaced by the files sent.
+        let name = first.file_name().unwrap().to_string_lossy().into_owned();
+        let cached = first.with_file_name(name.split_once(".run.").unwrap().0);
+        assert!(cached.join(".hvd-work").is_file(), "{cached:?}");
+        let changed = cached.join("src/a.py");
+        std::fs::set_permissions(&changed, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&changed, "tampered").unwrap();
+        std::fs::write(cached.join("src/extra.py"), "x").unwrap();
+        let third = run().expect("delivered");
+        assert_eq!(
+            std::fs::read_to_string(third.join("src/a.py")).unwrap(),
+            "a"
+        );
+        assert!(!third.join("src/extra.py").exists());
+        assert_eq!(std::fs::read_to_string(&changed).unwrap(), "a");
+        assert!(!cached.join("src/extra.py").exists());
+        // An executable bit that differs is a change too.
+        std::fs::set_permissions(
+            cached.join("train.py"),
+            std::fs::Permissions::from_mode(0o555),
+        )
+        .unwrap();
+        let fourth = run().expect("delivered");
+        let mode = std::fs::metadata(fourth.join("train.py"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o111,
+            0,
+            "the stale executable bit was kept: {mode:o}"
+        );
         // A directory made at the project's path on the host is not the project...
         std::fs::create_dir_all(d.join("proj-host/checkpoints")).unwrap();
         assert!(

@@ -204,18 +204,31 @@ fn work_dir_words(hash: &str) -> String {
 
 impl SshSetup {
     /// Makes the project's `work` files a work directory on `host` (sent as a tar over ssh, unpacked into a temp
-    /// directory and renamed into place whole, its files read-only; one that is complete already is kept), and
-    /// returns the path there of a fresh directory for this run made from it (`<hash>.run.XXXXXXXX`, hard links).
+    /// directory, its files read-only, and renamed into place whole), and returns the path there of a fresh
+    /// directory for this run made from it (`<hash>.run.XXXXXXXX`, hard links). A work directory already there is
+    /// kept only when it has exactly the files sent (names, kinds, executable bits, contents, link targets): one
+    /// that is stale or was changed (a rank running as root writes through the hard links, a user edits it) is
+    /// replaced.
     pub(super) fn send_work(&self, host: &str, work: &WorkFiles) -> Result<PathBuf, String> {
         let w = work_dir_words(&work.hash);
         // The cached copy's files are read-only; each run gets a directory of its own with hard links to them, so one
-        // run's outputs never show up in another's, and two runs never share a working directory.
+        // run's outputs never show up in another's, and two runs never share a working directory. `same A B`: the
+        // two trees have the same entries (kind, executable bit, name) and contents (`diff -r --no-dereference`:
+        // file bytes and link targets); where `diff` cannot tell, the copy is replaced.
         let script = format!(
-            "w={w}; if [ -f \"$w/.hvd-work\" ]; then cat >/dev/null; else mkdir -p \"${{w%/*}}\" || exit 1; \
+            "w={w}; same() {{ diff -r --no-dereference -q \"$1\" \"$2\" >/dev/null 2>&1 && \
+             [ \"$(cd \"$1\" && find . \\( -type f -perm -u+x -printf 'x %P\\n' \\) -o -printf '%y %P\\n' | \
+             LC_ALL=C sort)\" = \"$(cd \"$2\" && find . \\( -type f -perm -u+x -printf 'x %P\\n' \\) -o \
+             -printf '%y %P\\n' | LC_ALL=C sort)\" ]; }}; mkdir -p \"${{w%/*}}\" || exit 1; \
              t=\"$w.tmp.$$\"; rm -rf \"$t\"; mkdir \"$t\" && tar -C \"$t\" --no-same-owner -xf - && \
              find \"$t\" -type f -exec chmod a-w {{}} + && \
-             : > \"$t/.hvd-work\" || {{ rm -rf \"$t\"; exit 1; }}; mv -T \"$t\" \"$w\" 2>/dev/null || rm -rf \"$t\"; \
-             [ -f \"$w/.hvd-work\" ] || exit 1; fi; r=$(mktemp -d \"$w.run.XXXXXXXX\") && \
+             : > \"$t/.hvd-work\" || {{ rm -rf \"$t\"; exit 1; }}; \
+             if [ -f \"$w/.hvd-work\" ] && same \"$t\" \"$w\"; then rm -rf \"$t\"; else \
+             if [ -e \"$w\" ] || [ -L \"$w\" ]; then o=\"$w.stale.$$\"; mv -T \"$w\" \"$o\" && \
+             {{ chmod -R u+w \"$o\" 2>/dev/null; rm -rf \"$o\"; }} || \
+             {{ echo \"hvd: cannot replace the stale work directory $w\" >&2; rm -rf \"$t\"; exit 1; }}; fi; \
+             mv -T \"$t\" \"$w\" 2>/dev/null || rm -rf \"$t\"; fi; \
+             [ -f \"$w/.hvd-work\" ] || exit 1; r=$(mktemp -d \"$w.run.XXXXXXXX\") && \
              cp -al \"$w/.\" \"$r/\" && rm -f \"$r/.hvd-work\" || exit 1; echo \"hvd-work:$r\""
         );
         // Names come from a file list on stdin, verbatim (a name starting with `-` is a name, not an option), each
