@@ -61,6 +61,18 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
     fn dry_run_rank(&self, _plan: &Plan, _step: &PlannedStep, _slot: &Slot) -> Option<String> {
         None
     }
+
+    /// Whether the hosts an elastic step's discovery script names are hosts of their own, each made ready with
+    /// [`SupervisedEngine::reach_host`] (ssh); `false`: every worker runs on this machine, other hosts are ignored.
+    fn remote_hosts(&self) -> bool {
+        false
+    }
+
+    /// Makes `host`, named by host discovery, ready for the ranks of `plan` (the checks and delivery the engine does
+    /// for its own hosts before a run); blocking, called on a thread of its own. An error names the host and why.
+    fn reach_host(&self, _plan: &Plan, _host: &str) -> Result<(), LaunchError> {
+        Ok(())
+    }
 }
 
 /// What the supervisor knows when it starts one rank (or an engine's launcher, as rank 0).

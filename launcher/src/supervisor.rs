@@ -26,6 +26,7 @@ use crate::report::{
 use crate::state;
 
 mod attempt;
+mod placement;
 use attempt::{Attempt, Growth, discovery_timeout, first_discovery, supervise};
 
 /// `off` runs without cgroups, contained by the subreaper fallback alone (as on a machine without them); unset,
@@ -561,8 +562,8 @@ fn run_attempt(
         Some(_) => Some(start_rendezvous(engine, step)?),
         None => None,
     };
-    let mut discovery: Option<Discovery> = None;
-    let mut first_workers: Option<u32> = None;
+    let mut discovery: Option<(Discovery, placement::Hosts)> = None;
+    let mut first_slots: Option<Vec<Slot>> = None;
     // An elastic step: the server hands out each round's ranks, and a lost worker does not stop the others.
     let elastic = match (step.min_workers, step.workers, &rendezvous) {
         (Some(_), Some(_), _) if launcher.is_some() => {
@@ -576,10 +577,10 @@ fn run_attempt(
         (Some(min), Some(n), Some((server, _))) => {
             // With host discovery, the first run of the script says how many workers start.
             if let Some(script) = &job.options.host_discovery_script {
-                if !engine.name().starts_with("local") {
+                if !engine.name().starts_with("local") && !engine.remote_hosts() {
                     return Err(LaunchError::Engine(format!(
-                        "step `{}`: host discovery (`--host-discovery-script`) runs elastic steps on the local engine \
-                         only, not on the {} (its hosts are its host list)",
+                        "step `{}`: host discovery (`--host-discovery-script`) runs elastic steps on the local and \
+                         ssh engines only, not on the {} (its hosts are its host list)",
                         step.name,
                         engine.name()
                     )));
@@ -589,10 +590,12 @@ fn run_attempt(
                     plan.project_dir.clone(),
                     discovery_timeout()?,
                 );
-                first_workers = Some(first_discovery(job, step, &d, min, n)?);
-                discovery = Some(d);
+                let mut hosts = placement::Hosts::new(plan, step);
+                first_slots = Some(first_discovery(job, step, &d, &mut hosts, min, n)?);
+                discovery = Some((d, hosts));
             }
-            server.set_elastic(first_workers.unwrap_or(n), job.options.elastic_timeout);
+            let first = first_slots.as_ref().map_or(n, |s| s.len() as u32);
+            server.set_elastic(first, job.options.elastic_timeout);
             Some(min)
         }
         _ => None,
@@ -605,7 +608,10 @@ fn run_attempt(
     job.events.event(Event::StepStarted {
         step: step.name.clone(),
         // With host discovery, the workers its first run found slots for.
-        workers: first_workers.or(step.workers),
+        workers: first_slots
+            .as_ref()
+            .map(|s| s.len() as u32)
+            .or(step.workers),
         rendezvous: info.as_ref().map(|i| i.addr),
     });
 
@@ -631,12 +637,10 @@ fn run_attempt(
         let mut spawn_error = None;
         // A step an engine launches (mpirun) is one process, supervised in place of its ranks (as rank 0); an
         // elastic step with host discovery starts as many as the script found slots, and more as it finds them.
-        let slots = match &launcher {
-            Some(_) => &step.layout.slots[..step.layout.slots.len().min(1)],
-            None => {
-                let n = first_workers.map_or(step.layout.slots.len(), |n| n as usize);
-                &step.layout.slots[..n.min(step.layout.slots.len())]
-            }
+        let slots = match (&launcher, &first_slots) {
+            (Some(_), _) => &step.layout.slots[..step.layout.slots.len().min(1)],
+            (None, Some(placed)) => &placed[..],
+            (None, None) => &step.layout.slots[..],
         };
         let tagged = launcher.is_some();
         let exit_tx = exit_tx;
@@ -778,8 +782,9 @@ fn run_attempt(
             &mut workers,
             &exit_rx,
             rendezvous.as_ref().map(|(s, _)| s),
-            discovery.as_mut().map(|d| Growth {
+            discovery.as_mut().map(|(d, hosts)| Growth {
                 discovery: d,
+                hosts,
                 spawn: &mut spawn_worker,
             }),
         );

@@ -158,15 +158,33 @@ impl SupervisedEngine for SshSetup {
     }
 
     fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
-        // The files the distributed steps need on a host without the project directory: their `inputs`, or all of
-        // it when one of them declares none.
-        let distributed = plan.steps.iter().filter(|s| s.workers.is_some());
-        let inputs: Vec<String> = if distributed.clone().any(|s| s.inputs.is_empty()) {
-            Vec::new()
-        } else {
-            distributed.flat_map(|s| s.inputs.iter().cloned()).collect()
+        self.check_hosts(
+            &plan.project_dir,
+            plan.env_dir.as_deref(),
+            &work_inputs(plan),
+        )
+    }
+
+    fn remote_hosts(&self) -> bool {
+        true
+    }
+
+    /// A host that host discovery names: one of the run's hosts was checked before the run; any other gets the same
+    /// host check and delivery now (a name ssh would read as an option, or that a shell would split, is refused).
+    fn reach_host(&self, plan: &Plan, host: &str) -> Result<(), LaunchError> {
+        if self.hosts.iter().any(|(h, _)| h == host) {
+            return Ok(());
+        }
+        check_host_name(host)?;
+        let one = SshSetup {
+            hosts: vec![(host.to_owned(), 1)],
+            ..self.clone()
         };
-        self.check_hosts(&plan.project_dir, plan.env_dir.as_deref(), &inputs)
+        one.check_hosts(
+            &plan.project_dir,
+            plan.env_dir.as_deref(),
+            &work_inputs(plan),
+        )
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
@@ -200,6 +218,28 @@ fn engine_error(message: String) -> LaunchError {
     LaunchError::Engine(message)
 }
 
+/// Refuses a host name that ssh would read as an option (`-oProxyCommand=...` runs a command here) or that a shell
+/// would split.
+fn check_host_name(host: &str) -> Result<(), LaunchError> {
+    match host.starts_with('-') || host.bytes().any(|b| b.is_ascii_whitespace()) {
+        true => Err(engine_error(format!(
+            "host `{host}` is not a host name for ssh (it starts with `-` or contains white space)"
+        ))),
+        false => Ok(()),
+    }
+}
+
+/// The files the distributed steps of `plan` need on a host without the project directory: their `inputs`, or all
+/// of it (empty) when one of them declares none.
+fn work_inputs(plan: &Plan) -> Vec<String> {
+    let distributed = plan.steps.iter().filter(|s| s.workers.is_some());
+    if distributed.clone().any(|s| s.inputs.is_empty()) {
+        Vec::new()
+    } else {
+        distributed.flat_map(|s| s.inputs.iter().cloned()).collect()
+    }
+}
+
 impl SshSetup {
     /// Reads hosts and options for the ssh engine: `--hosts`/`--hostfile` (else `cluster { hosts }`), resolves every
     /// host (through `ssh -G`, so ssh config aliases work) and chooses the rendezvous address.
@@ -226,13 +266,8 @@ impl SshSetup {
                     .into(),
             ));
         }
-        if let Some((bad, _)) = hosts
-            .iter()
-            .find(|(h, _)| h.starts_with('-') || h.bytes().any(|b| b.is_ascii_whitespace()))
-        {
-            return Err(engine_error(format!(
-                "host `{bad}` is not a host name for ssh (it starts with `-` or contains white space)"
-            )));
+        for (host, _) in &hosts {
+            check_host_name(host)?;
         }
         // Every variable reaches a remote rank as `env NAME=VALUE`: refuse a bad name before anything starts.
         let names = project

@@ -6,9 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::placement::Hosts;
 use super::{Job, Outcome, Worker};
 use crate::LaunchError;
-use crate::discovery::{Blacklist, Discovery, DiscoveryError, HostSlots};
+use crate::discovery::{Blacklist, Discovery, DiscoveryError};
 use crate::engine::PlannedStep;
 use crate::env::Slot;
 use crate::process::signal_group;
@@ -34,38 +35,6 @@ pub(super) fn discovery_timeout() -> Result<Duration, LaunchError> {
     }
 }
 
-/// The slots the script found on this machine (the local engine runs every worker here) and not blacklisted. Other
-/// hosts are named once (`ignored` remembers them).
-fn local_slots(
-    job: &Job<'_>,
-    step: &PlannedStep,
-    hosts: &[HostSlots],
-    blacklist: &Blacklist,
-    ignored: &mut std::collections::BTreeSet<String>,
-) -> u32 {
-    let here = step.layout.slots.first().map_or("", |s| s.host.as_str());
-    let now = Instant::now();
-    let mut slots = 0u32;
-    for h in hosts {
-        if !crate::discovery::is_this_machine(&h.host, here) {
-            if ignored.insert(h.host.clone()) {
-                job.events.event(Event::Note {
-                    text: format!(
-                        "warning: host discovery found host `{}` for step `{}`, but the local engine runs every \
-                         worker on this machine ({here}); ignored",
-                        h.host, step.name
-                    ),
-                });
-            }
-            continue;
-        }
-        if !blacklist.blocked(&h.host, now) {
-            slots = slots.saturating_add(h.slots);
-        }
-    }
-    slots
-}
-
 /// The warning for a run of the script that gave no hosts.
 fn discovery_warning(e: &DiscoveryError) -> String {
     let mut text = format!("warning: {e}");
@@ -78,24 +47,37 @@ fn discovery_warning(e: &DiscoveryError) -> String {
     text
 }
 
-/// The first run(s) of the discovery script of an elastic step: how many workers it starts (the slots found, at most
-/// `max`). Runs it every second until it finds at least `min` slots, for up to `--elastic-timeout`.
+/// The first run(s) of the discovery script of an elastic step: the slots of the workers it starts (at most `max`,
+/// on the hosts the script found, made ready first where the engine reaches other hosts). Runs it every second until
+/// it finds at least `min` usable slots, for up to `--elastic-timeout`.
 pub(super) fn first_discovery(
     job: &Job<'_>,
     step: &PlannedStep,
     discovery: &Discovery,
+    hosts: &mut Hosts,
     min: u32,
     max: u32,
-) -> Result<u32, LaunchError> {
+) -> Result<Vec<Slot>, LaunchError> {
     let started = Instant::now();
-    let mut ignored = std::collections::BTreeSet::new();
     let mut last: Option<String> = None;
     loop {
         let found = match discovery.run_now() {
-            Ok(hosts) => {
-                let n = local_slots(job, step, &hosts, &Blacklist::default(), &mut ignored);
+            Ok(found) => {
+                let usable = hosts.usable(job, step, &found, &Blacklist::new(hosts.here()), true);
+                let n: u32 = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                 if n >= min {
-                    return Ok(n.min(max));
+                    let mut placed: Vec<Slot> = Vec::new();
+                    for host in Hosts::place(&usable, &[], n.min(max) as usize) {
+                        let local = placed.iter().filter(|s| s.host == host).count() as u32;
+                        placed.push(hosts.slot_on(
+                            step,
+                            placed.len() as u32,
+                            &host,
+                            &usable,
+                            local,
+                        ));
+                    }
+                    return Ok(placed);
                 }
                 format!(
                     "host discovery found {n} slots for step `{}`, fewer than its minimum of {min}; waiting",
@@ -131,9 +113,10 @@ pub(super) fn first_discovery(
 pub(super) type SpawnWorker<'a> =
     dyn FnMut(&Slot, &mut Vec<Worker>) -> Result<(), LaunchError> + 'a;
 
-/// An elastic step's growth through host discovery: the script, and how to start one more worker.
+/// An elastic step's growth through host discovery: the script, its hosts, and how to start one more worker.
 pub(super) struct Growth<'a> {
     pub(super) discovery: &'a mut Discovery,
+    pub(super) hosts: &'a mut Hosts,
     pub(super) spawn: &'a mut SpawnWorker<'a>,
 }
 
@@ -176,9 +159,8 @@ pub(super) fn supervise(
     let mut killed = false;
     let mut all_ok = true;
     let mut remaining = workers.len();
-    // Host discovery: hosts whose workers failed repeatedly, hosts the local engine ignores, the last warning.
+    // Host discovery: hosts whose workers failed repeatedly, the last warning.
     let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()));
-    let mut ignored = std::collections::BTreeSet::new();
     let mut last_warning: Option<String> = None;
     while remaining > 0 {
         match exits.recv_timeout(Duration::from_millis(20)) {
@@ -333,29 +315,38 @@ pub(super) fn supervise(
             && let Some(result) = g.discovery.poll()
         {
             match result {
-                Ok(hosts) => {
+                Ok(found) => {
                     last_warning = None;
-                    let found = local_slots(job, step, &hosts, &blacklist, &mut ignored) as usize;
+                    let usable = g.hosts.usable(job, step, &found, &blacklist, false);
+                    let total = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                     let cap = step.layout.slots.len();
-                    let mut live = workers
+                    let mut live: Vec<String> = workers
                         .iter()
                         .enumerate()
                         .filter(|(i, w)| {
                             w.exited.is_none() && !dropping.iter().any(|(d, _)| d == i)
                         })
-                        .count();
-                    while live < found.min(cap) && workers.len() < cap {
+                        .map(|(_, w)| w.host.clone())
+                        .collect();
+                    let refs: Vec<&str> = live.iter().map(String::as_str).collect();
+                    let placed = Hosts::place(&usable, &refs, cap.saturating_sub(live.len()));
+                    for host in placed {
+                        if workers.len() >= cap {
+                            break;
+                        }
                         let Some(slot) = server.add_elastic_worker() else {
                             break;
                         };
-                        match (g.spawn)(&step.layout.slots[slot as usize], workers) {
+                        let local = live.iter().filter(|h| **h == host).count() as u32;
+                        let new = g.hosts.slot_on(step, slot, &host, &usable, local);
+                        match (g.spawn)(&new, workers) {
                             Ok(()) => {
                                 remaining += 1;
-                                live += 1;
+                                live.push(host.clone());
                                 job.events.event(Event::Note {
                                     text: format!(
-                                        "host discovery found {found} slots for step `{}`: started rank {slot}; it \
-                                         joins at the workers' next commit",
+                                        "host discovery found {total} slots for step `{}`: started rank {slot} on \
+                                         {host}; it joins at the workers' next commit",
                                         step.name
                                     ),
                                 });

@@ -1,0 +1,247 @@
+//! Elastic steps (issue #19 §2) on the `ssh` engine across hosts that are network namespaces (`common::nshosts`):
+//! a whole host is lost mid-run (its sshd and every process in it killed) and the survivors on the other host re-form
+//! and finish; a host that the discovery script names mid-run is checked over ssh and its workers join at the next
+//! commit, while hosts that cannot be reached are named and skipped.
+//!
+//! Like tests/engine_ssh.rs, these need root, iproute2 and OpenSSH, and fail saying so where one is missing.
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::nshosts::{HOSTS, Hosts};
+use common::text;
+
+/// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation count,
+/// committed after each step. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
+/// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
+/// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. Every worker prints its start and re-forms and,
+/// at the end, what it finished with and whether every rank of the final round agrees.
+const TRAIN: &str = r#"
+import os
+import time
+import numpy as np
+import hvd
+
+steps = int(os.environ["ELASTIC_STEPS"])
+slot = int(os.environ["HVD_RANK"])
+pause = int(os.environ.get("ELASTIC_PAUSE", "-1"))
+grow = os.environ.get("ELASTIC_GROW", "")
+until = int(os.environ.get("ELASTIC_UNTIL", "0"))
+paused = []
+
+hvd.init()
+print("slot %d starts as rank %d of %d on %s" % (slot, hvd.rank(), hvd.size(), os.environ["HVD_HOSTNAME"]), flush=True)
+state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))
+state.register_reset_callbacks(
+    [lambda: print("slot %d re-formed as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)])
+
+
+def big_enough():
+    if not until:
+        return True
+    time.sleep(0.02)
+    return hvd.allreduce(np.array([1.0 if hvd.size() >= until else 0.0]), op=hvd.Max, name="until")[0] > 0
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 400 and (state.step < steps or not big_enough()):
+        if slot == 0 and state.step == pause and not paused:
+            paused.append(True)
+            open("paused", "w").close()
+            while not os.path.exists("go"):
+                time.sleep(0.02)
+        if slot == 0 and grow and int(grow) == state.step and os.path.exists("grown"):
+            os.replace("grown", "slots")
+        g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
+        c = hvd.allreduce(np.array([1.0]), op=hvd.Sum, name="count")
+        state.w = state.w + g
+        # 1 when every member of the round took part in this step.
+        state.count += float(c[0]) / hvd.size()
+        state.step += 1
+        state.commit()
+
+
+train(state)
+final = hvd.allgather_object((state.step, state.count, state.w.tolist()))
+print("slot %d finished as rank %d of %d: step %d count %r w0 %r agree %s" % (
+    slot, hvd.rank(), hvd.size(), state.step, state.count, float(state.w[0]), all(f == final[0] for f in final)),
+    flush=True)
+hvd.shutdown()
+"#;
+
+/// A project whose step `train` runs the training script on `workers` (as written in the file) with `env` (more
+/// `NAME = "VALUE"` entries).
+fn project(workers: &str, steps: u32, env: &str) -> tempfile::TempDir {
+    let (python, package, lib) = common::allreduce_runtime();
+    let dir = common::project(&format!(
+        "step train {{\n  run = \"{python} train.py\"\n  workers = {workers}\n  env = {{ PYTHONPATH = \"{}\", \
+         HVD_LIBRARY = \"{}\", ELASTIC_STEPS = \"{steps}\"{env} }}\n}}",
+        package.display(),
+        lib.display()
+    ));
+    std::fs::write(dir.path().join("train.py"), TRAIN).unwrap();
+    dir
+}
+
+/// The part after `finished as rank R of N: ` of each slot's last line, by slot.
+fn finished(stdout: &str, slots: &[u32], size: usize) -> Vec<String> {
+    slots
+        .iter()
+        .map(|slot| {
+            let line = stdout
+                .lines()
+                .find(|l| l.contains(&format!("] slot {slot} finished as rank ")))
+                .unwrap_or_else(|| panic!("slot {slot} did not finish:\n{stdout}"));
+            let (head, tail) = line.split_once(": step ").unwrap();
+            assert!(head.ends_with(&format!(" of {size}")), "{line}");
+            format!("step {tail}")
+        })
+        .collect()
+}
+
+/// What a finished slot says after `step S` when every step of the run was counted once on every rank.
+fn counted_once(step: u32) -> String {
+    format!(
+        "step {step} count {:?} w0 {:?} agree True",
+        f64::from(step),
+        f64::from(step * (step + 1) / 2)
+    )
+}
+
+/// `words` of `stderr` unwrapped (the report boxes wrap to the terminal).
+fn says(out: &Output, part: &str) -> bool {
+    common::unwrapped(&text(out).1).contains(&common::unwrapped(part))
+}
+
+#[test]
+fn a_lost_host_leaves_the_survivors_to_re_form_and_finish_every_committed_step_once() {
+    let mut hosts = Hosts::start("la");
+    let steps = 12;
+    let dir = project("{ min = 2, max = 4 }", steps, ", ELASTIC_PAUSE = \"5\"");
+    let mut child = hosts
+        .hvd_command(dir.path(), &["--no-build", "--grace", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("paused").exists() {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            let (stdout, stderr) = text(&out);
+            panic!("slot 0 did not reach the pause:\n{stdout}\n{stderr}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The second host is lost: its sshd, the sessions of the ranks there and the ranks themselves, all at once.
+    hosts.lose(1);
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for slot in [2, 3] {
+        assert!(
+            says(&out, &format!("rank {slot} of step `train` was lost")),
+            "slot {slot}:\n{stdout}\n{stderr}"
+        );
+        assert!(
+            !stdout.contains(&format!("slot {slot} finished")),
+            "{stdout}"
+        );
+    }
+    for slot in [0, 1] {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {slot} of 2")),
+            "{stdout}\n{stderr}"
+        );
+    }
+    // Both survivors end at the last step with the same state, every step counted once.
+    for line in finished(&stdout, &[0, 1], 2) {
+        assert_eq!(line, counted_once(steps), "{stdout}\n{stderr}");
+    }
+    // Nothing is left on the surviving host (the lost one has nothing running at all).
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+#[test]
+fn a_host_found_by_discovery_mid_run_is_checked_over_ssh_and_joins_at_a_commit() {
+    let hosts = Hosts::start("lb");
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        4,
+        ", ELASTIC_UNTIL = \"4\", ELASTIC_GROW = \"3\"",
+    );
+    let d = dir.path();
+    // The run knows only the first host; the script names it, then (written by slot 0 at step 3) three more: one
+    // whose name ssh would read as an option, the launcher's own address (no sshd there), and the second host.
+    // (The discovery parser refuses a `/` in a host, so the command names a file in the launcher's working directory.)
+    let pwned = std::env::current_dir()
+        .unwrap()
+        .join(format!("hvd-pwned-{}", std::process::id()));
+    let hostile = format!(
+        "-oProxyCommand=touch${{IFS}}{}",
+        pwned.file_name().unwrap().to_str().unwrap()
+    );
+    let grown = format!("{}:2\n{hostile}:1\n10.77.0.1:1\n{}:2\n", HOSTS[0], HOSTS[1]);
+    std::fs::write(d.join("grown"), grown).unwrap();
+    std::fs::write(d.join("slots"), format!("{}:2\n", HOSTS[0])).unwrap();
+    std::fs::write(d.join("hostfile"), format!("{} slots=2\n", HOSTS[0])).unwrap();
+    let script = d.join("discover.sh");
+    std::fs::write(&script, "#!/bin/sh\ncat slots\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let started = Instant::now();
+    let out = hosts.hvd_run(
+        d,
+        &[
+            "--hostfile",
+            d.join("hostfile").to_str().unwrap(),
+            "--host-discovery-script",
+            script.to_str().unwrap(),
+        ],
+    );
+    // For the log only (never asserted).
+    eprintln!("run: {:.1} s", started.elapsed().as_secs_f64());
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for slot in [0, 1] {
+        assert!(
+            stdout.contains(&format!(
+                "slot {slot} starts as rank {slot} of 2 on {}",
+                HOSTS[0]
+            )),
+            "{stdout}\n{stderr}"
+        );
+    }
+    // The new host's workers started there (slots 2 and 3) and joined.
+    for slot in [2, 3] {
+        assert!(
+            stdout.contains(&format!(
+                "[train {}:{slot}] slot {slot} starts as rank ",
+                HOSTS[1]
+            )),
+            "{stdout}\n{stderr}"
+        );
+    }
+    // The hosts that cannot be used are named, and nothing ran for the hostile one.
+    assert!(
+        says(&out, &format!("host `{hostile}`")) && says(&out, "is not a host name for ssh"),
+        "{stderr}"
+    );
+    assert!(
+        !pwned.exists(),
+        "ssh ran the hostile host name's ProxyCommand"
+    );
+    assert!(says(&out, "host `10.77.0.1`"), "{stderr}");
+    let lines = finished(&stdout, &[0, 1, 2, 3], 4);
+    let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(step > 3, "{}", lines[0]);
+    for line in &lines {
+        assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
+    }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
