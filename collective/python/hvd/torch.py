@@ -163,8 +163,12 @@ class _DistributedOptimizer:
     backward produces it."""
 
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                   groups, process_set=None):
+                   groups, process_set=None, sparse_as_dense=False):
         self._process_set = process_set
+        self._sparse_as_dense = sparse_as_dense
+        # id(parameter) -> sparse_dim() of its last sparse gradient: a rank whose backward did not produce that
+        # gradient submits an empty sparse one, so that every rank runs the same operations.
+        self._sparse_dims = {}
         self._compression = compression
         self._op = op
         self._predivide = gradient_predivide_factor
@@ -178,6 +182,9 @@ class _DistributedOptimizer:
         else:
             names = {}
         self._names = {id(p): names.get(id(p), "param.{}".format(i)) for i, p in enumerate(params)}
+        # Horovod's attribute (parameter -> the name its gradient is reduced under), which scripts and Horovod's
+        # tests read: the same names on every rank.
+        self._parameter_names = {p: self._names[id(p)] for p in params}
         self._trainable = [p for p in params if p.requires_grad]
         self._groups = _gradient_groups(groups, self._trainable, params)
         self._group_of = {id(p): i for i, g in enumerate(self._groups) for p in g}
@@ -225,8 +232,20 @@ class _DistributedOptimizer:
             prescale /= self.backward_passes_per_step
         return prescale, self._predivide
 
+    def _gradient(self, p):
+        """``p``'s gradient to reduce: dense (a sparse one made dense with ``sparse_as_dense``), or sparse."""
+        grad = _grad_or_zeros(p, self._sparse_dims.get(id(p)))
+        if grad.is_sparse:
+            self._sparse_dims[id(p)] = grad.sparse_dim()
+            if self._sparse_as_dense:
+                return grad.detach().to_dense()
+        return grad.detach()
+
     def _submit(self, p):
-        compressed, ctx = self._compression.compress(_grad_or_zeros(p).detach().contiguous())
+        grad = self._gradient(p)
+        if grad.is_sparse:
+            return _SparseReduction(self, p, grad), None, None
+        compressed, ctx = self._compression.compress(grad.contiguous())
         prescale, postscale = self._scales()
         h = _core.allreduce_async_(compressed, None, "grad." + self._names[id(p)], self._op, prescale, postscale,
                                    self._process_set)
@@ -236,7 +255,11 @@ class _DistributedOptimizer:
         """One grouped allreduce for group ``i`` (fused by the engine at submission)."""
         members = []
         for p in self._groups[i]:
-            compressed, ctx = self._compression.compress(_grad_or_zeros(p).detach().contiguous())
+            grad = self._gradient(p)
+            if grad.is_sparse:
+                raise ValueError("parameter {!r} has a sparse gradient, which a grouped allreduce cannot reduce: "
+                                 "pass sparse_as_dense=True, or leave it out of groups".format(self._names[id(p)]))
+            compressed, ctx = self._compression.compress(grad.contiguous())
             members.append((p, compressed, ctx))
         prescale, postscale = self._scales()
         # (A space: no parameter name from named_parameters() has one, so no gradient's name can be the same.)
@@ -277,6 +300,9 @@ class _DistributedOptimizer:
         self._reset_counts()
         for h, members in waits:
             try:
+                if isinstance(h, _SparseReduction):
+                    members[0][0].grad = h.wait()
+                    continue
                 _core.synchronize(h)
                 for p, compressed, ctx in members:
                     _write_grad(p, self._compression.decompress(compressed, ctx))
@@ -323,18 +349,64 @@ class _DistributedOptimizer:
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
-def _grad_or_zeros(p):
-    """``p.grad``, or zeros where backward did not produce one (kept as the gradient of a trainable parameter)."""
+class _SparseReduction:
+    """Horovod's reduction of a sparse gradient: every rank's indices and values are allgathered (the sum of sparse
+    tensors is their concatenation) and the result coalesced, so duplicate indices add up; scaled as a dense
+    gradient would be (divided by the number of ranks for ``Average``)."""
+
+    def __init__(self, opt, p, grad):
+        if opt._op not in (_core.Sum, _core.Average):
+            raise ValueError("parameter {!r} has a sparse gradient, which can only be summed or averaged (op={!r}); "
+                             "pass sparse_as_dense=True".format(opt._names[id(p)], opt._op))
+        grad = grad.coalesce()
+        prescale, postscale = opt._scales()
+        ps = opt._process_set
+        self._factor = prescale * postscale / ((ps.size() if ps is not None else _core.size())
+                                               if opt._op == _core.Average else 1)
+        self._shape = grad.shape
+        name = "grad." + opt._names[id(p)]
+        # (Allgather concatenates dimension 0: the indices travel as (nnz, sparse_dim).)
+        self._indices = _core.allgather_async(grad.indices().transpose(0, 1).contiguous(), name + " indices", ps)
+        self._values = _core.allgather_async(grad.values().contiguous(), name + " values", ps)
+
+    def wait(self):
+        indices = _core.synchronize(self._indices)
+        values = _core.synchronize(self._values)
+        if self._factor != 1:
+            values = values * self._factor
+        # The indices come from other ranks: checked here, rather than crash in the optimizer's step.
+        return _sparse_coo(indices.transpose(0, 1), values, self._shape).coalesce()
+
+
+def _sparse_coo(indices, values, shape):
+    """A sparse COO tensor whose invariants (indices in range) are checked."""
+    try:
+        return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True)
+    except TypeError:  # torch < 2.0 has no check_invariants
+        return torch.sparse_coo_tensor(indices, values, shape)
+
+
+def _grad_or_zeros(p, sparse_dim=None):
+    """``p.grad``, or zeros where backward did not produce one (kept as the gradient of a trainable parameter):
+    an empty sparse tensor with ``sparse_dim`` sparse dimensions when given (a parameter whose gradients are sparse),
+    else dense zeros."""
     if p.grad is not None:
         return p.grad
-    zeros = torch.zeros_like(p)
+    if sparse_dim is not None:
+        zeros = _sparse_coo(torch.zeros((sparse_dim, 0), dtype=torch.long),
+                            p.detach().new_zeros((0,) + tuple(p.shape[sparse_dim:])), p.shape)
+    else:
+        zeros = torch.zeros_like(p)
     if p.requires_grad:
         p.grad = zeros
     return zeros
 
 
 def _write_grad(p, out):
-    if p.grad is not None and out.data_ptr() != p.grad.data_ptr():
+    if p.grad is not None and p.grad.is_sparse:
+        # sparse_as_dense: the optimizer (e.g. SparseAdam) still gets a sparse gradient, as in Horovod.
+        p.grad = out.to_sparse(p.grad.sparse_dim())
+    elif p.grad is not None and out.data_ptr() != p.grad.data_ptr():
         p.grad.copy_(out)
 
 
@@ -375,9 +447,18 @@ def _gradient_groups(groups, trainable, params):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-                         op=Average, gradient_predivide_factor=1.0, groups=None, process_set=None):
+                         op=Average, gradient_predivide_factor=1.0, groups=None, process_set=None,
+                         sparse_as_dense=False):
     """Wraps a torch optimizer so that ``step()`` uses gradients averaged over every rank (over the ranks of
     ``process_set`` when given; on a rank outside it, ``step()`` uses the rank's own gradients, as in Horovod).
+
+    Sparse gradients (``nn.Embedding(sparse=True)``) are reduced as Horovod does: every rank's indices and values
+    allgathered, the optimizer stepping on the coalesced sum (or average); with ``sparse_as_dense`` they are
+    allreduced as dense tensors and handed back sparse. Either way they take ``op`` Sum or Average only, and a
+    parameter whose gradient is sparse cannot be in ``groups`` unless ``sparse_as_dense``. (As in Horovod, a rank
+    whose first backward produces no gradient for such a parameter submits dense
+    zeros, which do not match the other ranks' operations: once a rank has seen a sparse gradient for a parameter,
+    it submits an empty sparse one for it when backward produced none.)
 
     ``groups`` (as in Horovod): a number of groups, or a list of lists of parameters; the gradients of a group are
     allreduced together once backward has produced all of them (one grouped allreduce, fused by the engine), instead
@@ -387,5 +468,116 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                       groups, process_set)
+                       groups, process_set, sparse_as_dense)
     return wrapped
+
+
+def _set_or_none(process_set):
+    """hvd's ``process_set=`` (None: every rank) from hvd's or Horovod's set object."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return None
+    return process_set
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    """Batch normalization over the batches of every rank: the forward pass gathers each rank's count, mean and sum
+    of squared deviations (combined exactly, in float64, whatever a rank's count), the backward pass sums the two
+    per-channel reductions the input's gradient needs. The statistics travel through the CPU (they are a few numbers
+    per channel), so the input may live on any device."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, process_set, name):
+        dims = [0] + list(range(2, x.dim()))
+        channels = x.size(1)
+        count = x.numel() // channels if channels else 0
+        local = torch.zeros(1, 2 * channels + 1, dtype=torch.float64)
+        local[0, -1] = count
+        if count:
+            var, mean = torch.var_mean(x.detach(), dims, unbiased=False)
+            local[0, :channels] = mean.to("cpu", torch.float64)
+            local[0, channels:2 * channels] = var.to("cpu", torch.float64) * count
+        every = _core.allgather(local, name + ".stats", process_set)
+        counts, means, m2s = every[:, -1:], every[:, :channels], every[:, channels:2 * channels]
+        total = float(counts.sum())
+        if total == 0:
+            raise ValueError("SyncBatchNorm got no samples on any rank (every batch was empty)")
+        mean = (counts * means).sum(0) / total
+        var = (m2s + counts * (means - mean) ** 2).sum(0) / total  # biased: what normalizes the batch
+        if running_mean is not None:
+            unbiased = var * total / (total - 1) if total > 1 else var
+            running_mean.mul_(1 - momentum).add_(mean.to(running_mean), alpha=momentum)
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var), alpha=momentum)
+        invstd = (var + eps).rsqrt()
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        mean = mean.to(x.device, x.dtype).reshape(shape)
+        invstd = invstd.to(x.device, x.dtype).reshape(shape)
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.total, ctx.dims, ctx.process_set, ctx.name = total, dims, process_set, name
+        ctx.has_bias = bias is not None
+        out = (x - mean) * invstd
+        if weight is not None:
+            out = out * weight.reshape(shape) + bias.reshape(shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, invstd = ctx.saved_tensors
+        dims, shape = ctx.dims, mean.shape
+        xmu = x - mean
+        sum_dy = dy.sum(dims)
+        sum_dy_xmu = (dy * xmu).sum(dims)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            # The input's gradient depends on every rank's batch through these two sums; the parameters' gradients
+            # stay local (the DistributedOptimizer averages them, as for any parameter).
+            local = torch.cat([sum_dy, sum_dy_xmu]).to("cpu", torch.float64)
+            sums = _core.allreduce(local, None, ctx.name + ".grad", _core.Sum, 1.0, 1.0, ctx.process_set)
+            channels = x.size(1)
+            mean_dy = (sums[:channels] / ctx.total).to(dy.device, dy.dtype).reshape(shape)
+            mean_dy_xmu = (sums[channels:] / ctx.total).to(dy.device, dy.dtype).reshape(shape)
+            scale = invstd if weight is None else invstd * weight.reshape(shape)
+            grad_x = (dy - mean_dy - xmu * invstd * invstd * mean_dy_xmu) * scale
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_weight = sum_dy_xmu * invstd.reshape(-1)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = sum_dy
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """Horovod's ``SyncBatchNorm``: batch normalization whose statistics, in training, are those of the batches of
+    every rank together (or of ``process_set``'s ranks), forward and backward; in evaluation it uses the running
+    statistics, as ``BatchNorm`` does, and communicates nothing. Any input of at least two dimensions ``(N, C, ...)``
+    on CPU or on a device (its per-channel statistics travel through the CPU). Every rank of the set must run each
+    training forward (and backward) of the layer, in the same order (each call completes before it returns, so
+    every layer's operations can share one ``name``)."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 process_set=None, name="sync_batch_norm", **kwargs):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, **kwargs)
+        self.process_set = process_set
+        self.name = name
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError("expected at least 2D input (got {}D input)".format(input.dim()))
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative moving average
+                momentum = 1.0 / float(self.num_batches_tracked)
+        if not self.training and self.track_running_stats:
+            return torch.nn.functional.batch_norm(input, self.running_mean, self.running_var, self.weight,
+                                                  self.bias, False, momentum, self.eps)
+        ps = _set_or_none(self.process_set)
+        if (ps.size() if ps is not None else _core.size()) == 1:
+            return torch.nn.functional.batch_norm(input, self.running_mean, self.running_var, self.weight,
+                                                  self.bias, True, momentum, self.eps)
+        running = self.training and self.track_running_stats
+        return _SyncBatchNormFunction.apply(input, self.weight, self.bias,
+                                            self.running_mean if running else None,
+                                            self.running_var if running else None, self.eps, momentum, ps,
+                                            self.name)

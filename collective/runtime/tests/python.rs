@@ -419,6 +419,67 @@ fn horovod_torch_collectives_behave_as_horovods() {
     }
 }
 
+/// hvd.torch's DistributedOptimizer with sparse gradients (`torch_sparse.py`): allgathered or `sparse_as_dense`,
+/// Average and Sum, a rank without a gradient, two passes, SparseAdam, refusals; `_parameter_names`; on 2 and 3 ranks.
+#[test]
+#[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
+fn torch_sparse_gradients_reduce_as_horovods() {
+    let python = opt_in_python("HVD_TEST_TORCH", "torch");
+    for size in [2, 3] {
+        assert_all_ok(
+            &run_with(&python, size, "torch_sparse.py", &[]),
+            &format!("sparse gradients on {size} ranks"),
+        );
+    }
+}
+
+/// `SyncBatchNorm` (`torch_sync_batch_norm.py`): output, running statistics and gradients equal torch's BatchNorm
+/// over every rank's batch (uneven and empty batches, 2-D to 4-D, no affine, cumulative average, eval, a process
+/// set); on 2 and 3 ranks.
+#[test]
+#[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
+fn torch_sync_batch_norm_normalizes_over_every_ranks_batch() {
+    let python = opt_in_python("HVD_TEST_TORCH", "torch");
+    for size in [2, 3] {
+        assert_all_ok(
+            &run_with(&python, size, "torch_sync_batch_norm.py", &[]),
+            &format!("SyncBatchNorm on {size} ranks"),
+        );
+    }
+}
+
+/// `hvd.torch.elastic.TorchState`'s checkpoints with real torch (`torch_checkpoint.py`, torch >= 2.6): a model and
+/// an optimizer with momentum checkpointed, loaded on rank 0 into fresh ones and synced; a `torch.pt` that would run
+/// code, a garbage one and another model's refused, all or nothing.
+#[test]
+#[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
+fn torch_state_checkpoints_load_into_a_fresh_model_and_refuse_hostile_files() {
+    let python = opt_in_python("HVD_TEST_TORCH", "torch");
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    std::fs::create_dir(&checkpoints).unwrap();
+    assert_all_ok(
+        &run_with(
+            &python,
+            2,
+            "torch_checkpoint.py",
+            &[("HVD_CHECKPOINT_DIR", checkpoints.to_str().unwrap())],
+        ),
+        "TorchState checkpoints on 2 ranks",
+    );
+    let pwned = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("pwned")
+        })
+        .count();
+    assert_eq!(pwned, 0, "the hostile torch.pt ran its code");
+}
+
 #[test]
 #[ignore = "opt-in: needs jax; HVD_TEST_JAX=/path/to/python"]
 fn jax_pytrees_train_with_identical_parameters() {

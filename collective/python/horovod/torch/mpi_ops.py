@@ -726,11 +726,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set):
-    """hvd.torch's DistributedOptimizer with Horovod's arguments: ``num_groups`` is hvd's ``groups=<number>``;
-    ``sparse_as_dense`` is refused (hvd.torch reduces dense CPU gradients only)."""
-    if sparse_as_dense:
-        raise NotImplementedError("hvd.torch's DistributedOptimizer does not reduce sparse gradients (sparse_as_dense "
-                                  "included): use dense parameters (e.g. nn.Embedding(sparse=False))")
+    """hvd.torch's DistributedOptimizer with Horovod's arguments: ``num_groups`` is hvd's ``groups=<number>``; sparse
+    gradients are allgathered (indices and values), or with ``sparse_as_dense`` allreduced dense, as in Horovod."""
     if num_groups and groups is not None:
         raise ValueError("pass num_groups or groups, not both")
     if named_parameters is not None:
@@ -752,7 +749,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                              "unnamed): name all of them, or pass none".format(len(unnamed)))
     return _ht.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
                                     gradient_predivide_factor, groups if groups is not None else (num_groups or None),
-                                    _ps(process_set))
+                                    _ps(process_set), sparse_as_dense)
 
 
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):

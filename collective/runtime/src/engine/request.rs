@@ -248,6 +248,8 @@ pub(super) fn validate(request: &mut Request, size: usize) -> Result<(), EngineE
 pub(super) fn input_slice(input: &Input) -> &[u8] {
     match input {
         Input::None | Input::Gather(..) => &[],
+        // An empty tensor's data pointer may be null (torch's is), which `from_raw_parts` does not allow.
+        Input::Raw(_, 0) => &[],
         // SAFETY: the submitter guarantees `len` readable bytes until the operation completes.
         Input::Raw(ptr, len) => unsafe { std::slice::from_raw_parts(*ptr, *len) },
         Input::Owned(v) => v,

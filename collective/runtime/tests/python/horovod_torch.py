@@ -137,8 +137,12 @@ for round_ in range(3):  # Horovod's setUp/tearDown around each test
     model(torch.full((1, 2), float(r))).sum().backward()
     opt.step()
     check(torch.equal(model.weight.grad, hvd.allreduce(model.weight.grad)), "num_groups optimizer")
-    raises(NotImplementedError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                                                 sparse_as_dense=True), "sparse_as_dense")
+    # sparse_as_dense is accepted (sparse gradients: torch_sparse.py); dense gradients are reduced as before.
+    dense = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sparse_as_dense=True)
+    dense.zero_grad()
+    model(torch.full((1, 2), float(r))).sum().backward()
+    dense.synchronize()
+    check(torch.equal(model.weight.grad, hvd.allreduce(model.weight.grad)), "sparse_as_dense optimizer")
     # Horovod's broadcast_optimizer_state gives a stateless optimizer its first step's state, then root's.
     fresh = torch.nn.Linear(2, 1)
     momentum = hvd.DistributedOptimizer(torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9),

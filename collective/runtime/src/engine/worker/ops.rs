@@ -180,8 +180,13 @@ impl Worker {
                                 )));
                             }
                         };
-                        // SAFETY: caller memory validated to be `len` bytes and live until completion, or our Vec.
-                        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                        let buf: &mut [u8] = if len == 0 {
+                            &mut [] // (an empty tensor's data pointer may be null)
+                        } else {
+                            // SAFETY: caller memory validated to be `len` bytes and live until completion, or our
+                            // Vec.
+                            unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+                        };
                         if !std::ptr::eq(input.as_ptr(), buf.as_ptr()) {
                             buf.copy_from_slice(input);
                         }
