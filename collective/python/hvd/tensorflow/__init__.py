@@ -874,4 +874,7 @@ if hasattr(tf, "keras") and hasattr(tf.keras.layers.BatchNormalization, "_moment
     SyncBatchNormalization = _sync_batch_normalization_class()
 
 # Horovod's ``hvd.tensorflow.elastic`` (hvd.elastic plus TensorFlowState); imported last: it uses the names above.
-from hvd.tensorflow import elastic  # noqa: E402
+# (Not `from hvd.tensorflow import elastic`: that would find the name hvd.elastic already has here.)
+import importlib as _importlib  # noqa: E402
+
+elastic = _importlib.import_module("hvd.tensorflow.elastic")

@@ -3,7 +3,7 @@ a session and eagerly. Collectives return tf.Tensors with static shapes, gradien
 allgather, broadcast, alltoall), tf.IndexedSlices are allgathered, a disagreement between the ranks is a
 FailedPreconditionError and the job goes on, many collectives of one graph run in whatever order each rank picks,
 *_op functions run when the graph runs, broadcast_global_variables and DistributedOptimizer (tf.compat.v1,
-also with backward_passes_per_step)."""
+also with backward_passes_per_step), elastic.TensorFlowState."""
 import sys
 
 import numpy as np
@@ -118,5 +118,15 @@ try:
     fail("eager: broadcast_global_variables did not refuse")
 except RuntimeError:
     pass
+# hvd.elastic.TensorFlowState (Horovod's tests reach it through the module): sync takes rank 0's variables and
+# attributes, restore puts the last commit back.
+state_vars = [tf.Variable([float(r), float(r)])]
+state = hvd.elastic.TensorFlowState(state_vars, epoch=10 + r)
+state.sync()
+state_vars[0].assign([5.0, 5.0])
+state.epoch = 99
+state.restore()
+if not np.allclose(state_vars[0].numpy(), [0.0, 0.0]) or state.epoch != 10:
+    fail("eager: TensorFlowState {} {}".format(state_vars[0].numpy(), state.epoch))
 hvd.shutdown()
 print("ok tensorflow graph rank {}".format(r))
