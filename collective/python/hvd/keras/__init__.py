@@ -153,8 +153,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
                legacy_opts=False):
     """``tf.keras.models.load_model`` with the saved optimizer wrapped in ``DistributedOptimizer`` (every Keras
     optimizer class by name, plus ``custom_optimizers``; ``custom_objects`` as Keras takes them)."""
-    return _ops.load_model(filepath, lambda opt: DistributedOptimizer(opt, compression=compression),
-                           custom_optimizers, custom_objects, legacy_opts)
+    settings = _ops.Settings(name=None, compression=compression, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                             op=_core.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                             process_set=None, scale_local_gradients=True)
+    return _ops.load_model(filepath, settings, custom_optimizers, custom_objects, legacy_opts)
 
 
 # hvd's shared API brought ``elastic`` (hvd.elastic): this module's own comes instead (it builds on that one).

@@ -258,7 +258,9 @@ class LocalAggregation:
 
     def _sum_variable(self, i, grad, var):
         if i not in self.sums:
-            shape = var.shape if var is not None and var.shape.is_fully_defined() else grad.shape
+            shape = tf.TensorShape(var.shape) if var is not None else grad.shape
+            if not shape.is_fully_defined():
+                shape = grad.shape
             with tf.init_scope():
                 self.sums[i] = tf.Variable(tf.zeros(shape, grad.dtype), trainable=False,
                                            name="hvd_aggregated_gradient_{}".format(i))
@@ -323,6 +325,11 @@ class LocalAggregation:
         return tf.cond(tf.equal(self.counter, 0), applied, counted)
 
 
+def _key(var):
+    """A hashable identity of a variable (``tf.Variable.ref()``; Keras 3 variables have no ``ref``)."""
+    return var.ref() if hasattr(var, "ref") else id(var)
+
+
 class _CallableList(list):
     """The optimizer's variables as a list that may also be called (``opt.variables()``, Horovod's callbacks and
     older scripts) where Keras made ``variables`` a property."""
@@ -341,14 +348,16 @@ class _DistributedMixin:
     """The methods a DistributedOptimizer adds to the optimizer's own class (before it in the MRO)."""
 
     _hvd_settings = None
+    _hvd_keras3 = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         s = self._hvd_settings
-        self._hvd_name = s.name or "Distributed{}".format(type(self).__mro__[2].__name__)
+        self._hvd_name = s.name or "Distributed{}".format(type(self).__name__)
         self._hvd_local_vars = set()
         self._hvd_steps = 0
         self._agg_helper = None
+        self._hvd_reduced = False
         if s.backward_passes_per_step > 1:
             self._agg_helper = LocalAggregation(s.backward_passes_per_step, s.average_aggregated_gradients,
                                                 s.sparse_as_dense)
@@ -356,12 +365,12 @@ class _DistributedMixin:
     def register_local_var(self, var):
         """Marks ``var`` as local to this rank: its gradient is not reduced (divided by the number of ranks when
         ``scale_local_gradients``)."""
-        self._hvd_local_vars.add(var.ref())
+        self._hvd_local_vars.add(_key(var))
 
     def _hvd_reduce(self, grads, variables):
         s = self._hvd_settings
         grads = list(grads)
-        shared = [i for i, v in enumerate(variables) if v.ref() not in self._hvd_local_vars]
+        shared = [i for i, v in enumerate(variables) if _key(v) not in self._hvd_local_vars]
         op, prescale, postscale = s.op, 1.0, 1.0
         if s.op == _core.Average and s.gradient_predivide_factor != 1.0:
             size = _set_id_size(s.process_set)
@@ -376,7 +385,7 @@ class _DistributedMixin:
         if s.scale_local_gradients and self._hvd_local_vars:
             size = float(_set_id_size(s.process_set))
             for i, (g, v) in enumerate(zip(grads, variables)):
-                if g is None or v.ref() not in self._hvd_local_vars:
+                if g is None or _key(v) not in self._hvd_local_vars:
                     continue
                 if isinstance(g, tf.IndexedSlices):
                     out[i] = tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
@@ -399,12 +408,21 @@ class _DistributedMixin:
         tape = tf.GradientTape() if tape is None else tape
         if hasattr(base, "_compute_gradients"):
             grads_and_vars = base._compute_gradients(loss, var_list, grad_loss, tape=tape)
-        else:
+        elif hasattr(base, "compute_gradients"):
             grads_and_vars = base.compute_gradients(loss, var_list, tape=tape)
+        else:  # Keras 3 optimizers compute no gradients: the tape does
+            var_list = list(var_list)
+            if callable(loss):
+                with tape:
+                    loss = loss()
+            grads_and_vars = zip(tape.gradient(loss, var_list, output_gradients=grad_loss), var_list)
         grads_and_vars = list(grads_and_vars)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
-        return list(zip(self._hvd_allreduce(grads, variables), variables))
+        reduced = self._hvd_allreduce(grads, variables)
+        # Keras 3's apply_gradients goes through apply(), which reduces what was not reduced here.
+        self._hvd_reduced = self._hvd_keras3
+        return list(zip(reduced, variables))
 
     def get_gradients(self, loss, params):
         """The graph-mode path of legacy optimizers: the gradients, reduced."""
@@ -412,11 +430,34 @@ class _DistributedMixin:
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         base = super()
-        if self._agg_helper is None:
+        if self._agg_helper is None or self._hvd_keras3:
             return base.apply_gradients(grads_and_vars, *args, **kwargs)
         grads_and_vars = list(grads_and_vars)
         return self._agg_helper.apply_gradients(lambda: base.apply_gradients(grads_and_vars, *args, **kwargs),
                                                 self)
+
+
+class _Keras3Mixin:
+    """Keras 3: ``model.fit`` computes the gradients with its own tape and calls ``apply_gradients``, which calls
+    ``apply``: the gradients are reduced there (unless ``_compute_gradients`` already did)."""
+
+    _hvd_keras3 = True
+
+    def apply(self, grads, trainable_variables=None):
+        base = super()
+        grads = list(grads)
+        variables = list(trainable_variables) if trainable_variables is not None else list(
+            self._trainable_variables)
+        if self._hvd_reduced:
+            self._hvd_reduced = False
+        else:
+            grads = self._hvd_allreduce(grads, variables)
+        if self._agg_helper is None:
+            return base.apply(grads, variables)
+        if not self.built:
+            with tf.init_scope():
+                self.build(variables)
+        return self._agg_helper.apply_gradients(lambda: base.apply(grads, variables), self)
 
 
 def _variables_property(cls):
@@ -431,36 +472,36 @@ def _variables_property(cls):
     return {}
 
 
+def wrapper_class(cls, settings):
+    """The subclass of the Keras optimizer class ``cls`` (same name) whose gradients are reduced as ``settings``
+    say; its ``from_config`` makes a distributed optimizer (what ``load_model`` needs)."""
+    namespace = {"_hvd_settings": settings, "__module__": cls.__module__}
+    namespace.update(_variables_property(cls))
+    keras3 = not any(hasattr(cls, m) for m in ("compute_gradients", "_compute_gradients", "get_gradients"))
+    bases = (_Keras3Mixin, _DistributedMixin, cls) if keras3 else (_DistributedMixin, cls)
+    return type(cls.__name__, bases, namespace)
+
+
 def wrap_optimizer(optimizer, settings):
     """A new optimizer of a subclass of ``optimizer``'s class (same name) made from its config, whose gradients are
     reduced as ``settings`` say."""
     cls = type(optimizer)
     if isinstance(optimizer, _DistributedMixin):
         raise ValueError("{} is already a DistributedOptimizer".format(cls.__name__))
-    if not hasattr(optimizer, "get_config") or not (hasattr(optimizer, "apply_gradients")):
+    if not hasattr(optimizer, "get_config") or not hasattr(optimizer, "apply_gradients"):
         raise ValueError("DistributedOptimizer wraps a Keras optimizer, not {!r}".format(cls))
-    namespace = {"_hvd_settings": settings, "__module__": cls.__module__}
-    namespace.update(_variables_property(cls))
-    wrapper = type(cls.__name__, (_DistributedMixin, cls), namespace)
-    return wrapper.from_config(optimizer.get_config())
+    return wrapper_class(cls, settings).from_config(optimizer.get_config())
 
 
-def load_model(filepath, wrap, custom_optimizers, custom_objects, legacy_opts):
+def load_model(filepath, settings, custom_optimizers, custom_objects, legacy_opts):
     keras = tf.keras
     base = keras.optimizers.legacy.Optimizer if legacy_opts else keras.optimizers.Optimizer
-
-    def wrapping(cls):
-        def make(**config):
-            return wrap(cls(**config))
-
-        make.from_config = lambda config, custom_objects=None: make(**config)
-        return make
-
     objects = {}
     for cls in base.__subclasses__():
-        objects[cls.__name__] = wrapping(cls)
-        objects[cls.__name__.lower()] = wrapping(cls)
+        if issubclass(cls, _DistributedMixin):
+            continue
+        objects[cls.__name__] = objects[cls.__name__.lower()] = wrapper_class(cls, settings)
     for cls in custom_optimizers or []:
-        objects[cls.__name__] = wrapping(cls)
+        objects[cls.__name__] = wrapper_class(cls, settings)
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)

@@ -55,20 +55,21 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def register_local_var(self, var):
         """``var`` keeps this rank's value."""
-        self._local_vars.add(var.ref())
+        self._local_vars.add(_ops._key(var))
 
     def on_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
         if tf.executing_eagerly():
-            model_vars = [v for v in self.model.variables if v.ref() not in self._local_vars]
+            model_vars = [v for v in self.model.variables if _ops._key(v) not in self._local_vars]
             _ops.broadcast_variables(model_vars, root_rank=self.root_rank)
             optimizer = getattr(self.model, "optimizer", None)
             if optimizer is not None:
-                opt_vars = [v for v in _ops.optimizer_variables(optimizer) if v.ref() not in self._local_vars]
+                opt_vars = [v for v in _ops.optimizer_variables(optimizer)
+                            if _ops._key(v) not in self._local_vars]
                 _ops.broadcast_variables(opt_vars, root_rank=self.root_rank)
         else:
-            variables = [v for v in tf.compat.v1.global_variables() if v.ref() not in self._local_vars]
+            variables = [v for v in tf.compat.v1.global_variables() if _ops._key(v) not in self._local_vars]
             op = _ops.broadcast_variables_op(variables, self.root_rank, "BroadcastGlobalVariablesCallback")
             tf.compat.v1.keras.backend.get_session().run(op)
         self.broadcast_done = True
