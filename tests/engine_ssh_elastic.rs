@@ -16,7 +16,8 @@ use common::text;
 /// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation count,
 /// committed after each step. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
 /// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
-/// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. Every worker prints its start and re-forms and,
+/// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. `ELASTIC_KILL`
+/// (`slot:step`) names a worker that SIGKILLs itself when it begins that step. Every worker prints its start and re-forms and,
 /// at the end, what it finished with and whether every rank of the final round agrees.
 const TRAIN: &str = r#"
 import os
@@ -28,6 +29,7 @@ steps = int(os.environ["ELASTIC_STEPS"])
 slot = int(os.environ["HVD_RANK"])
 pause = int(os.environ.get("ELASTIC_PAUSE", "-1"))
 grow = os.environ.get("ELASTIC_GROW", "")
+kill = os.environ.get("ELASTIC_KILL", "")
 until = int(os.environ.get("ELASTIC_UNTIL", "0"))
 paused = []
 
@@ -53,6 +55,8 @@ def train(state):
             open("paused", "w").close()
             while not os.path.exists("go"):
                 time.sleep(0.02)
+        if kill and kill == "%d:%d" % (slot, state.step):
+            os.kill(os.getpid(), 9)
         if slot == 0 and grow and int(grow) == state.step and os.path.exists("grown"):
             os.replace("grown", "slots")
         g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
@@ -243,5 +247,60 @@ fn a_host_found_by_discovery_mid_run_is_checked_over_ssh_and_joins_at_a_commit()
     for line in &lines {
         assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
     }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// Writes an executable discovery script `discover.sh` into `dir` that prints the file `slots` there.
+fn slots_script(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let script = dir.join("discover.sh");
+    std::fs::write(&script, "#!/bin/sh\ncat slots\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// A lost worker's slot is filled again while host discovery still names it: a replacement starts there in a new
+/// slot (4, past the step's 0..3) and joins at the next commit; the job is back to 4 and finishes with every step
+/// counted once.
+#[test]
+fn a_lost_workers_slot_found_again_gets_a_replacement_in_a_new_slot() {
+    let hosts = Hosts::start("lc");
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        6,
+        ", ELASTIC_UNTIL = \"4\", ELASTIC_KILL = \"3:3\"",
+    );
+    let d = dir.path();
+    std::fs::write(d.join("slots"), format!("{}:2\n{}:2\n", HOSTS[0], HOSTS[1])).unwrap();
+    let script = slots_script(d);
+    let out = hosts.hvd_run(d, &["--host-discovery-script", script.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        says(&out, "rank 3 of step `train` was lost"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        says(
+            &out,
+            &format!(
+                "host discovery found 4 slots for step `train`: started rank 4 on {}",
+                HOSTS[1]
+            )
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("[train {}:4] slot 4 starts as rank ", HOSTS[1])),
+        "{stdout}\n{stderr}"
+    );
+    let lines = finished(&stdout, &[0, 1, 2, 4], 4);
+    let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(step > 3, "{}", lines[0]);
+    for line in &lines {
+        assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
+    }
+    // No second replacement: the step never had more than 4 live workers.
+    assert!(!stdout.contains("slot 5 "), "{stdout}");
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }

@@ -391,11 +391,13 @@ impl RendezvousServer {
     }
 
     /// An elastic job gets one more worker (started by the launcher, e.g. for a slot host discovery found): returns
-    /// its slot, the next after every slot so far. It joins the round after the members' next re-form. `None`: the
-    /// job is not elastic.
+    /// its slot, the next after every slot so far (a replacement for a lost worker may be past the step's size: the
+    /// job's ranks then reach to it, as every slot so far is below it). It joins the round after the members' next
+    /// re-form. `None`: the job is not elastic.
     pub fn add_elastic_worker(&self) -> Option<u32> {
         let mut store = self.shared.lock();
         let slot = store.elastic.as_mut()?.add_worker();
+        store.set_size(slot + 1);
         self.shared.changed.notify_all();
         Some(slot)
     }

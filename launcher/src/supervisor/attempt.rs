@@ -152,6 +152,7 @@ pub(super) fn supervise(
     // those being stopped because a round formed without them.
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
+    let mut finishing = false;
     // A rank of a restartable attempt failed: stop this attempt's workers (not the job's).
     let mut restart = false;
     let size = workers.len() as u32;
@@ -169,6 +170,11 @@ pub(super) fn supervise(
                 let size = workers_started(workers);
                 let worker = &mut workers[index];
                 worker.exited = Some(exit);
+                // A worker that ended well, neither left out nor handing over, finished its training: the step is
+                // ending, and discovery starts no worker in its place.
+                finishing |= exit == WorkerExit::Code(0)
+                    && !lost.contains(&worker.rank)
+                    && rendezvous.is_none_or(|s| !s.elastic_left().contains_key(&worker.rank));
                 // Whatever the worker left behind in its group goes with it.
                 signal_group(worker.pgid, libc::SIGKILL);
                 if let Some(w) = &job.watchdog {
@@ -312,6 +318,7 @@ pub(super) fn supervise(
         if let (Some(g), Some(server)) = (growth.as_mut(), rendezvous)
             && !job.stopping()
             && !restart
+            && !finishing
             && let Some(result) = g.discovery.poll()
         {
             match result {
@@ -329,11 +336,9 @@ pub(super) fn supervise(
                         .map(|(_, w)| w.host.clone())
                         .collect();
                     let refs: Vec<&str> = live.iter().map(String::as_str).collect();
+                    // Up to `max` live workers; a lost one's replacement gets a new slot past every earlier one.
                     let placed = Hosts::place(&usable, &refs, cap.saturating_sub(live.len()));
                     for host in placed {
-                        if workers.len() >= cap {
-                            break;
-                        }
                         let Some(slot) = server.add_elastic_worker() else {
                             break;
                         };

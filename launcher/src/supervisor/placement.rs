@@ -178,6 +178,8 @@ impl Hosts {
         usable: &[(String, u32)],
         local: u32,
     ) -> Slot {
+        // A replacement past the step's size: `HVD_SIZE` reaches to it (`HVD_RANK` must be below it), with this
+        // machine's numbers until the engine's own below.
         let mut slot = step
             .layout
             .slots
@@ -185,10 +187,10 @@ impl Hosts {
             .cloned()
             .unwrap_or_else(|| Slot {
                 rank,
-                size: step.layout.slots.len() as u32,
-                host: String::new(),
-                local_rank: 0,
-                local_size: 1,
+                size: rank + 1,
+                host: self.here.clone(),
+                local_rank: local,
+                local_size: local + 1,
                 cross_rank: 0,
                 cross_size: 1,
             });
