@@ -1,6 +1,7 @@
 //! `std.cuda` and `std.horovod { gpu_ops = "nccl", cuda = ... }` through the CLI: `hvd check --json` gives the
 //! CUDA wheels as Horovod's build requirements and the variables of its era, and `hvd check` / `hvd lock` refuse
-//! what cannot work (CUDA 12 from wheels, a gcc newer than nvcc accepts, python 2, `cuda` without `gpu_ops`) before
+//! what cannot work (CUDA 12 from wheels, a gcc newer than nvcc accepts, python 2, `cuda` without `gpu_ops`, a bad
+//! `cuda_cc`) before
 //! any index is asked (exit 2). The toolkit itself is built in builder/tests/cuda_toolkit.rs.
 
 mod common;
@@ -58,6 +59,9 @@ fn gpu_ops_with_cuda_adds_the_wheels_and_the_era_variables() {
     assert!(env.get("HOROVOD_GPU_OPERATIONS").is_none(), "{env}");
     assert!(strings(&build["requires"]).contains(&"nvidia-cuda-nvcc==13.*".to_string()));
 
+    // No `cuda_cc`: no HOROVOD_BUILD_CUDA_CC_LIST (Horovod compiles for every architecture nvcc knows).
+    assert!(env.get("HOROVOD_BUILD_CUDA_CC_LIST").is_none(), "{env}");
+
     // Without `cuda`: the variable only, nothing of CUDA locked (the host's CUDA, as before std.cuda).
     let build = horovod_build("3.11", "std.horovod { gpu_ops = \"nccl\" }");
     assert_eq!(build["env"]["HOROVOD_GPU_OPERATIONS"], "NCCL");
@@ -67,6 +71,59 @@ fn gpu_ops_with_cuda_adds_the_wheels_and_the_era_variables() {
             .iter()
             .any(|r| r.starts_with("nvidia-"))
     );
+}
+
+#[test]
+fn cuda_cc_chooses_the_architectures_horovods_kernels_are_compiled_for() {
+    let build = horovod_build(
+        "3.11",
+        "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda { version = \"13.0\" }, cuda_cc = [\"80\", \"90\"] }",
+    );
+    assert_eq!(build["env"]["HOROVOD_BUILD_CUDA_CC_LIST"], "80,90");
+    // With the host's CUDA older architectures are the host nvcc's business.
+    let build = horovod_build(
+        "3.11",
+        "std.horovod { version = \"0.20.0\", gpu_ops = \"nccl\", cuda_cc = [\"60\", \"121\"] }",
+    );
+    assert_eq!(build["env"]["HOROVOD_BUILD_CUDA_CC_LIST"], "60,121");
+    assert_eq!(build["env"]["HOROVOD_GPU_OPERATIONS"], "NCCL");
+
+    let cases = [
+        (
+            "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda {}, cuda_cc = [\"8.0\"] }",
+            "compute capabilities as strings without the dot",
+            "[\"80\", \"90\"]",
+        ),
+        (
+            "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda {}, cuda_cc = [80] }",
+            "compute capabilities as strings without the dot",
+            "known: 30, 32",
+        ),
+        (
+            "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda {}, cuda_cc = [] }",
+            "a non-empty list",
+            "e.g. [\"80\", \"90\"]",
+        ),
+        (
+            "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda { version = \"13.0\" }, cuda_cc = [\"70\", \"80\"] }",
+            "nvcc of CUDA 13.0 (std.cuda) compiles for compute capability 7.5 and newer",
+            "keep \"75\" and newer",
+        ),
+        (
+            "std.horovod { version = \"0.19.5\", gpu_ops = \"nccl\", cuda_cc = [\"80\"] }",
+            "Horovod 0.19.5 compiles no CUDA kernels of its own",
+            "drop it",
+        ),
+        (
+            "std.horovod { cuda_cc = [\"80\"] }",
+            "`cuda_cc` of std.horovod is for `gpu_ops = \"nccl\"`",
+            "drop `cuda_cc`",
+        ),
+    ];
+    for (packages, message, instead) in cases {
+        let dir = project("3.11", "", packages);
+        assert_refused(dir.path(), packages, message, instead);
+    }
 }
 
 #[test]
