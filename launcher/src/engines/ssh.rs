@@ -175,7 +175,7 @@ impl SupervisedEngine for SshSetup {
         if self.hosts.iter().any(|(h, _)| h == host) {
             return Ok(());
         }
-        check_host_name(host)?;
+        check_discovered_name(host)?;
         let one = SshSetup {
             hosts: vec![(host.to_owned(), 1)],
             ..self.clone()
@@ -226,6 +226,22 @@ fn check_host_name(host: &str) -> Result<(), LaunchError> {
             "host `{host}` is not a host name for ssh (it starts with `-` or contains white space)"
         ))),
         false => Ok(()),
+    }
+}
+
+/// Refuses a host name from host discovery (hostile input) that is not a plain host name or address: ASCII letters,
+/// digits, `.`, `-`, `_` and `:` (IPv6), not starting with `-`. ssh would read `-...` as an option, and a shell
+/// character could reach a shell through the user's ssh config (`ProxyCommand ... %h`).
+fn check_discovered_name(host: &str) -> Result<(), LaunchError> {
+    check_host_name(host)?;
+    match host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
+    {
+        true => Ok(()),
+        false => Err(engine_error(format!(
+            "host `{host}` is not a host name for ssh (letters, digits, `.`, `-`, `_` and `:` only)"
+        ))),
     }
 }
 
@@ -782,6 +798,27 @@ pub(super) mod tests {
             "{:?}",
             ssh.ssh
         );
+    }
+
+    /// What host discovery prints is hostile: only plain host names and addresses are taken.
+    #[test]
+    fn discovered_host_names_are_plain_names_or_addresses() {
+        for ok in ["node-1", "node_2.example", "10.0.0.2", "fe80::1", "H3"] {
+            assert!(check_discovered_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "-oProxyCommand=touch${IFS}x",
+            "h;touch${IFS}x",
+            "h$(id)",
+            "`id`",
+            "user@h",
+            "h%h",
+            "a\tb",
+            "-F",
+        ] {
+            let e = check_discovered_name(bad).unwrap_err().to_string();
+            assert!(e.contains("is not a host name for ssh"), "{bad}: {e}");
+        }
     }
 
     /// A host name that ssh would read as an option (`-oProxyCommand=...` runs a command here) or that a shell would
