@@ -156,18 +156,19 @@ def _run(kind, fn, tensors, touts, name, ignore_name_scope=False):
         try:
             return list(fn(cell[0], *arrays)) + [np.bytes_(b"")]
         except (_core.MismatchError, _core.NotInitializedError) as e:
-            message = "{}: {}".format(type(e).__name__, e).encode("utf-8", "replace")
+            text = "{}: {}".format(type(e).__name__, e).replace("/", "|")
+            message = "/hvd collective failed: {}".format(text).encode("utf-8", "replace")
             return [np.zeros(0, t) for t in np_types] + [np.bytes_(message)]
 
     outs = tf.numpy_function(run, list(tensors), list(touts) + [tf.string], name=node_name, stateful=True)
     outs, failure = list(outs[:-1]), outs[-1]
     cell.append(failure.op.name)
-    # Raises the message as FailedPreconditionError, as Horovod's ops do: reading a file below /dev/null fails with
-    # ENOTDIR, which TensorFlow reports as FailedPrecondition with the path (the message) in its text; nothing is
-    # read or written.
-    check = tf.cond(tf.equal(failure, b""), lambda: tf.constant(0),
-                    lambda: tf.strings.length(tf.io.read_file(tf.strings.join(["/dev/null/hvd collective failed: ",
-                                                                               failure]))))
+    # Raises the message as FailedPreconditionError, as Horovod's ops do: the node writes nothing to /dev/null when
+    # the collective succeeded, else to a path below it, which fails with ENOTDIR, and TensorFlow reports that as
+    # FailedPrecondition with the path (the message) in its text. A write, because only a stateful node keeps its
+    # control edge (grappler drops those of a read); no tf.cond, because every cond adds two functions to the graph,
+    # which each session run of a growing graph processes again.
+    check = tf.io.write_file(tf.strings.join(["/dev/null", failure]), "")
     with tf.control_dependencies([check]):
         return [tf.identity(o) for o in outs]
 
