@@ -80,6 +80,10 @@ impl Transport for MixedTransport {
         }
     }
 
+    fn flush(&mut self) -> Result<bool> {
+        self.tcp.flush()
+    }
+
     fn wait(&mut self, send_peers: &[usize], recv_peers: &[usize], idle: u32) -> Result<()> {
         let split = |peers: &[usize], local: bool| -> Vec<usize> {
             peers

@@ -73,6 +73,12 @@ pub trait Transport: Send {
     fn progress_send(&mut self, op: &mut SendOp<'_>) -> Result<bool>;
     /// Moves `op` forward without blocking; returns whether anything moved. Sets `op.finished` when done.
     fn progress_recv(&mut self, op: &mut RecvOp<'_>) -> Result<bool>;
+    /// Writes out what [`progress_send`](Self::progress_send) staged instead of sending at once (small messages to
+    /// one peer gathered into one system call); returns whether nothing staged is left. [`exchange`] calls it once
+    /// per round, after the sends.
+    fn flush(&mut self) -> Result<bool> {
+        Ok(true)
+    }
     /// Waits a little for progress to become possible; `idle` counts fruitless rounds so far (spin, then yield,
     /// then sleep). Also checks that peers are alive and returns their loss as an error.
     /// `send_peers`/`recv_peers` are the peers of the unfinished transfers.
@@ -126,6 +132,9 @@ pub fn exchange<T: Transport + ?Sized>(
                 pending = true;
                 busy.insert(s.peer);
             }
+        }
+        if !t.flush()? {
+            pending = true;
         }
         busy.clear();
         for r in recvs.iter_mut().filter(|r| !r.finished) {

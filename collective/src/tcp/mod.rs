@@ -60,6 +60,14 @@ const ABORT: u32 = 3;
 /// Fruitless rounds a waiting rank spins before it blocks in `poll(2)`.
 const SPIN_ROUNDS: u32 = 32;
 const SCRATCH: usize = 256 << 10;
+/// A data frame up to this size (header included) is staged, not written at once: the frames staged for a peer in
+/// one round of an exchange leave in one `write` (an operation's header and its eager data, one segment).
+const STAGE_FRAME_MAX: usize = 4 << 10;
+/// Most bytes staged for one peer before they are written.
+const STAGE_MAX: usize = 64 << 10;
+/// A read that wants fewer bytes than this reads up to this many into the peer's receive buffer instead, so a small
+/// frame's header, its payload and the frames behind it cost one system call.
+const RECV_BATCH: usize = 16 << 10;
 /// Most bytes read ahead from an idle peer that hung up (to find its `BYE` or `ABORT` behind data it sent); beyond
 /// that the rest waits in the socket for the operation that reads it.
 const READAHEAD_MAX: usize = 64 << 20;
@@ -85,9 +93,16 @@ fn parse_at(b: &[u8]) -> Option<(u32, u64)> {
 
 struct Peer {
     stream: TcpStream,
-    /// Bytes read ahead while checking a hung-up idle peer, consumed before the socket.
+    /// Bytes read ahead while checking a hung-up idle peer, consumed first.
     pending: Vec<u8>,
     pending_pos: usize,
+    /// Bytes of a batched read (see [`RECV_BATCH`]), consumed after `pending` and before the socket.
+    inbuf: Box<[u8]>,
+    in_pos: usize,
+    in_end: usize,
+    /// Small frames staged for this peer (see [`STAGE_FRAME_MAX`]), whole frames only; `out_pos` of them written.
+    out: Vec<u8>,
+    out_pos: usize,
     /// The read-ahead reached [`READAHEAD_MAX`]: stop watching this peer for a hang-up until it is consumed.
     readahead_full: bool,
     /// The peer said `BYE`.
@@ -111,7 +126,62 @@ impl Peer {
             }
             return Ok(n);
         }
+        if self.in_pos == self.in_end && dst.len() < RECV_BATCH {
+            let n = self.stream.read(&mut self.inbuf)?;
+            (self.in_pos, self.in_end) = (0, n);
+        }
+        if self.in_pos < self.in_end {
+            let n = dst.len().min(self.in_end - self.in_pos);
+            dst[..n].copy_from_slice(&self.inbuf[self.in_pos..self.in_pos + n]);
+            self.in_pos += n;
+            return Ok(n);
+        }
         self.stream.read(dst)
+    }
+
+    /// Whether bytes this peer sent wait in this process (read ahead or batched), not in the socket.
+    fn buffered(&self) -> bool {
+        self.pending_pos < self.pending.len() || self.in_pos < self.in_end
+    }
+
+    /// Writes what is staged for this peer without blocking; returns (whether anything moved, whether all is out).
+    fn flush(&mut self, j: usize) -> Result<(bool, bool)> {
+        let mut moved = false;
+        while self.out_pos < self.out.len() {
+            match self.stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => return Err(eof_error(j)),
+                Ok(n) => {
+                    self.out_pos += n;
+                    moved = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((moved, false)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::PeerLost {
+                        rank: j,
+                        reason: format!("sending to it failed: {e}"),
+                    });
+                }
+            }
+        }
+        self.out.clear();
+        self.out_pos = 0;
+        Ok((moved, true))
+    }
+
+    /// Writes what is staged for this peer, blocking for at most a second (before an abort or goodbye notice,
+    /// which must follow whole frames); returns whether all of it went out.
+    fn flush_blocking(&mut self) -> bool {
+        if self.out_pos < self.out.len() {
+            let _ = self.stream.set_nonblocking(false);
+            let _ = self.stream.set_write_timeout(Some(Duration::from_secs(1)));
+            if self.stream.write_all(&self.out[self.out_pos..]).is_err() {
+                return false;
+            }
+        }
+        self.out.clear();
+        self.out_pos = 0;
+        true
     }
 }
 
@@ -151,6 +221,9 @@ impl TcpTransport {
             p.pending.drain(..p.pending_pos);
             p.pending_pos = 0;
         }
+        // Batched bytes came after `pending` and before the socket: keep that order.
+        p.pending.extend_from_slice(&p.inbuf[p.in_pos..p.in_end]);
+        (p.in_pos, p.in_end) = (0, 0);
         let mut eof = false;
         let mut chunk = [0u8; 64 << 10];
         while p.pending.len() < READAHEAD_MAX {
@@ -228,6 +301,11 @@ fn new_peer(stream: TcpStream, j: usize) -> Result<Peer> {
         stream,
         pending: Vec::new(),
         pending_pos: 0,
+        inbuf: vec![0; RECV_BATCH].into_boxed_slice(),
+        in_pos: 0,
+        in_end: 0,
+        out: Vec::new(),
+        out_pos: 0,
         readahead_full: false,
         departed: false,
         send_partial: false,
@@ -292,7 +370,25 @@ impl Transport for TcpTransport {
         let p = self.peer(j)?;
         let hdr = frame(DATA, op.data.len() as u64);
         let total = 16 + op.data.len();
-        let mut moved = false;
+        if op.pos == 0 && total <= STAGE_FRAME_MAX && p.out.len() + total <= STAGE_MAX {
+            p.out.extend_from_slice(&hdr);
+            p.out.extend_from_slice(op.data);
+            op.pos = total;
+            op.finished = true;
+            return Ok(true);
+        }
+        // Frames staged earlier go first; a frame is staged or written whole, never both.
+        let (mut moved, flushed) = p.flush(j)?;
+        if !flushed {
+            return Ok(moved);
+        }
+        if op.pos == 0 && total <= STAGE_FRAME_MAX {
+            p.out.extend_from_slice(&hdr);
+            p.out.extend_from_slice(op.data);
+            op.pos = total;
+            op.finished = true;
+            return Ok(true);
+        }
         while op.pos < total {
             let r = if op.pos < 16 {
                 p.stream
@@ -389,6 +485,17 @@ impl Transport for TcpTransport {
         Ok(moved)
     }
 
+    fn flush(&mut self) -> Result<bool> {
+        let mut done = true;
+        for (j, p) in self.peers.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
+            if p.out_pos < p.out.len() && !p.closed {
+                done &= p.flush(j)?.1;
+            }
+        }
+        Ok(done)
+    }
+
     fn spin_rounds(&self) -> u32 {
         SPIN_ROUNDS
     }
@@ -402,7 +509,7 @@ impl Transport for TcpTransport {
         let mut who: Vec<usize> = Vec::new();
         for (j, p) in self.peers.iter().enumerate() {
             let Some(p) = p else { continue };
-            if p.closed || (p.departed && p.pending_pos >= p.pending.len()) {
+            if p.closed || (p.departed && !p.buffered()) {
                 continue;
             }
             let mut events: libc::c_short = 0;
@@ -411,7 +518,7 @@ impl Transport for TcpTransport {
             } else if !p.readahead_full {
                 events |= libc::POLLRDHUP;
             }
-            if send_peers.contains(&j) {
+            if send_peers.contains(&j) || p.out_pos < p.out.len() {
                 events |= libc::POLLOUT;
             }
             if events == 0 {
@@ -446,6 +553,13 @@ impl Transport for TcpTransport {
         tracing::debug!(culprit, reason, "aborting tcp connections");
         for p in self.peers.iter_mut().flatten() {
             if p.closed {
+                continue;
+            }
+            if !p.flush_blocking() {
+                // A staged frame is half written: the stream cannot carry a notice any more.
+                let _ = p.stream.shutdown(Shutdown::Write);
+                drain(&mut p.stream);
+                p.closed = true;
                 continue;
             }
             if p.send_partial && p.send_remaining <= 64 << 20 {
@@ -493,7 +607,7 @@ fn drain(stream: &mut TcpStream) {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         for p in self.peers.iter_mut().flatten() {
-            if p.closed || p.send_partial {
+            if p.closed || p.send_partial || !p.flush_blocking() {
                 continue;
             }
             let _ = p.stream.set_nonblocking(false);
