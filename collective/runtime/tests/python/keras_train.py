@@ -118,16 +118,15 @@ if not np.isclose(history.history["lr"][-1], 0.05 * n):
 if int(opt.iterations.numpy()) != 3 * 8:
     fail("iterations {}".format(opt.iterations.numpy()))
 
-# load_model wraps the saved optimizer again (Keras 2: with Keras 3 the loaded optimizer refuses the model's
-# variables, docs/horovod.md).
-if hasattr(tf.keras.optimizers.Optimizer, "compute_gradients"):  # Keras 2
-    path = os.path.join(tempfile.mkdtemp(), "model.h5")
-    model.save(path)
-    loaded = hvd.load_model(path)
-    if not hasattr(loaded.optimizer, "register_local_var") or type(loaded.optimizer).__name__ != "SGD":
-        fail("load_model gave {}".format(type(loaded.optimizer).__mro__))
-    loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    same_everywhere(loaded.get_weights(), "weights after fitting the loaded model")
+# load_model wraps the saved optimizer again (Keras 3 saves `.keras` files only).
+keras2 = hasattr(tf.keras.optimizers.Optimizer, "compute_gradients")
+path = os.path.join(tempfile.mkdtemp(), "model.h5" if keras2 else "model.keras")
+model.save(path)
+loaded = hvd.load_model(path)
+if not hasattr(loaded.optimizer, "register_local_var") or type(loaded.optimizer).__name__ != "SGD":
+    fail("load_model gave {}".format(type(loaded.optimizer).__mro__))
+loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+same_everywhere(loaded.get_weights(), "weights after fitting the loaded model")
 
 # KerasState: sync gives rank 0's weights, restore goes back to the commit.
 state = hvd.elastic.KerasState(model, batch=r, epoch=10 + r)
