@@ -507,7 +507,7 @@ fn tensorflow_gradient_tape_trains_with_identical_variables() {
 
 /// Horovod's Keras API (`horovod.tensorflow.keras`, docs/horovod.md "Keras"): collectives of Keras values, the
 /// DistributedOptimizer's reduced gradients (dense, sparse, fp16, predivide, Sum), `model.fit` with the callbacks and
-/// local aggregation leaving every rank the same weights, `load_model`, `KerasState`. Needs Keras 2 (TF <= 2.15).
+/// local aggregation leaving every rank the same weights, `load_model`, `KerasState`. Keras 2 or 3.
 #[test]
 #[ignore = "opt-in: needs tensorflow; HVD_TEST_TENSORFLOW=/path/to/python"]
 fn horovod_keras_trains_with_identical_weights() {
