@@ -409,6 +409,8 @@ fn skip_check(
 struct Worker {
     rank: u32,
     host: String,
+    /// Its local rank on `host` (its GPUs): a replacement takes one no live worker there holds.
+    local_rank: u32,
     pgid: u32,
     exited: Option<WorkerExit>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
@@ -754,6 +756,7 @@ fn run_attempt(
                 workers.push(Worker {
                     rank: slot.rank,
                     host: slot.host.clone(),
+                    local_rank: slot.local_rank,
                     pgid,
                     exited: None,
                     stderr_tail: tail,

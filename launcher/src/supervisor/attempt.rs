@@ -327,27 +327,30 @@ pub(super) fn supervise(
                     let usable = g.hosts.usable(job, step, &found, &blacklist, false);
                     let total = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                     let cap = step.layout.slots.len();
-                    let mut live: Vec<String> = workers
+                    // The live workers' hosts and local ranks.
+                    let mut live: Vec<(String, u32)> = workers
                         .iter()
                         .enumerate()
                         .filter(|(i, w)| {
                             w.exited.is_none() && !dropping.iter().any(|(d, _)| d == i)
                         })
-                        .map(|(_, w)| w.host.clone())
+                        .map(|(_, w)| (w.host.clone(), w.local_rank))
                         .collect();
-                    let refs: Vec<&str> = live.iter().map(String::as_str).collect();
+                    let refs: Vec<&str> = live.iter().map(|(h, _)| h.as_str()).collect();
                     // Up to `max` live workers; a lost one's replacement gets a new slot past every earlier one.
                     let placed = Hosts::place(&usable, &refs, cap.saturating_sub(live.len()));
                     for host in placed {
                         let Some(slot) = server.add_elastic_worker() else {
                             break;
                         };
-                        let local = live.iter().filter(|h| **h == host).count() as u32;
+                        let held: Vec<(&str, u32)> =
+                            live.iter().map(|(h, l)| (h.as_str(), *l)).collect();
+                        let local = Hosts::free_local_rank(&held, &host);
                         let new = g.hosts.slot_on(step, slot, &host, &usable, local);
                         match (g.spawn)(&new, workers) {
                             Ok(()) => {
                                 remaining += 1;
-                                live.push(host.clone());
+                                live.push((host.clone(), local));
                                 job.events.event(Event::Note {
                                     text: format!(
                                         "host discovery found {total} slots for step `{}`: started rank {slot} on \

@@ -168,8 +168,23 @@ impl Hosts {
         placed
     }
 
-    /// Slot `rank` of `step` on `host`, with `local` live workers there before it: the layout's slot, with the host
-    /// and its local and cross numbers as host discovery found them when the engine reaches other hosts.
+    /// The local rank for one more worker on `host`: the smallest that no live worker there holds (`live`: their
+    /// hosts and local ranks). A lost worker leaves a gap, and its replacement takes it: a count of the live ones
+    /// would give a live worker's local rank, so its GPU (`CUDA_VISIBLE_DEVICES`, NCCL's device) to a second one.
+    pub(super) fn free_local_rank(live: &[(&str, u32)], host: &str) -> u32 {
+        let held: BTreeSet<u32> = live
+            .iter()
+            .filter(|(h, _)| *h == host)
+            .map(|(_, l)| *l)
+            .collect();
+        // Of the first `held.len() + 1` local ranks one is free.
+        (0..=held.len() as u32)
+            .find(|l| !held.contains(l))
+            .unwrap_or(held.len() as u32)
+    }
+
+    /// Slot `rank` of `step` on `host`, with local rank `local` there (see [`Hosts::free_local_rank`]): the layout's
+    /// slot, with the host and its cross numbers as host discovery found them when the engine reaches other hosts.
     pub(super) fn slot_on(
         &self,
         step: &PlannedStep,
@@ -194,9 +209,10 @@ impl Hosts {
                 cross_rank: 0,
                 cross_size: 1,
             });
+        slot.local_rank = local;
+        slot.local_size = slot.local_size.max(local + 1);
         if self.engine.remote_hosts() {
             slot.host = host.to_owned();
-            slot.local_rank = local;
             slot.local_size = usable
                 .iter()
                 .find(|(h, _)| h == host)
@@ -224,5 +240,21 @@ mod tests {
         );
         // Workers on a host the script no longer names take no slot of another.
         assert_eq!(Hosts::place(&usable, &["c", "c"], 1), ["a"]);
+    }
+
+    #[test]
+    fn a_replacement_takes_the_smallest_local_rank_no_live_worker_holds() {
+        // Local ranks 0 and 1 on `a`; 0 died: its replacement takes 0, not 1 (a count of the live ones), which the
+        // live worker's GPU is.
+        assert_eq!(Hosts::free_local_rank(&[("a", 1)], "a"), 0);
+        // Local ranks 0-3, 1 died.
+        assert_eq!(
+            Hosts::free_local_rank(&[("a", 0), ("a", 2), ("a", 3)], "a"),
+            1
+        );
+        // Other hosts' workers hold nothing here; no gap: the next one.
+        assert_eq!(Hosts::free_local_rank(&[("b", 0), ("a", 0)], "a"), 1);
+        assert_eq!(Hosts::free_local_rank(&[("b", 0)], "a"), 0);
+        assert_eq!(Hosts::free_local_rank(&[("a", 1), ("a", 0)], "a"), 2);
     }
 }
