@@ -199,26 +199,8 @@ impl Cache {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Option<(Sha256, u64)>, CacheError> {
         use std::io::{Read, Seek, SeekFrom, Write};
-        use std::os::unix::fs::OpenOptionsExt;
         let (expected_sha256, limit) = expected;
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(partial)
-            .map_err(|err| {
-                std::io::Error::other(format!("failed to open `{}`: {err}", partial.display()))
-            })?;
-        if !file.metadata()?.is_file() {
-            return Err(std::io::Error::other(format!(
-                "`{}` is not a regular file",
-                partial.display()
-            ))
-            .into());
-        }
+        let mut file = open_partial(partial)?;
         // Whether the whole object was read once more after a partial turned out not to be its start.
         let mut restarted = false;
         for attempt in 1..=MAX_ATTEMPTS {
@@ -679,6 +661,41 @@ impl Cache {
     }
 }
 
+/// Open the partial archive `path` to resume it, or create it (mode 0600); never through a symbolic link.
+fn open_partial(path: &Path) -> Result<std::fs::File, CacheError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refused = |what, source| CacheError::Partial {
+        path: path.to_path_buf(),
+        what,
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| {
+            if source.raw_os_error() == Some(libc::ELOOP) {
+                refused("is a symbolic link (not followed); remove it", source)
+            } else {
+                refused("could not be opened", source)
+            }
+        })?;
+    let metadata = file
+        .metadata()
+        .map_err(|source| refused("could not be examined", source))?;
+    if !metadata.is_file() {
+        return Err(refused(
+            "is not a regular file; remove it",
+            std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        ));
+    }
+    Ok(file)
+}
+
 /// How often [`Cache::download`] reads an archive whose connection broke off before it gives up (each attempt
 /// after the first resumes where the last one stopped).
 pub const MAX_ATTEMPTS: u32 = 4;
@@ -826,5 +843,37 @@ mod tests {
             .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_symlink())
             .count();
         assert_eq!(links, 128, "a planted link was replaced or removed");
+    }
+
+    /// A symbolic link planted as the partial archive: refused saying so, with the operating system's error kept as
+    /// the source, and its target untouched.
+    #[test]
+    fn a_partial_archive_that_is_a_symbolic_link_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cache");
+        std::fs::create_dir_all(root.join("archives")).unwrap();
+        std::fs::write(root.join("archives/a"), "archive").unwrap();
+        let victim = dir.path().join("bashrc");
+        std::fs::write(&victim, "the user's own file\n").unwrap();
+        let partial = dir.path().join("a.part");
+        std::os::unix::fs::symlink(&victim, &partial).unwrap();
+        let cache = Cache::parse(&root.display().to_string()).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let sha256 = Sha256::from_hasher(sha2::Sha256::new_with_prefix(b"archive"));
+        let err = runtime
+            .block_on(cache.download("archives/a", &partial, (&sha256, 7), &|_| {}))
+            .unwrap_err();
+        assert!(err.to_string().contains("is a symbolic link"), "{err}");
+        let source = std::error::Error::source(&err)
+            .and_then(|source| source.downcast_ref::<std::io::Error>())
+            .map(|source| source.raw_os_error());
+        assert_eq!(source, Some(Some(libc::ELOOP)), "{err:?}");
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "the user's own file\n"
+        );
     }
 }

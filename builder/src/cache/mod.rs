@@ -106,6 +106,15 @@ pub enum CacheError {
 
     #[error("cannot push {name}: {message}")]
     Push { name: String, message: String },
+
+    /// The partial archive a download resumes (`<store>/.tmp/archives/<sha256>.part`) cannot be used.
+    #[error("partial archive `{path}` {what}")]
+    Partial {
+        path: std::path::PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The cache URLs of `HVD_CACHES` (space-separated), in order.
