@@ -1041,6 +1041,32 @@ mod tests {
             0,
             "the stale executable bit was kept: {mode:o}"
         );
+        // A stale copy that is a symbolic link (to another tree: a running run's hard links, say) is removed as a
+        // link: the tree it points at keeps its files, read-only.
+        let victim = d.join("victim");
+        std::fs::create_dir_all(victim.join("sub")).unwrap();
+        for name in ["sub/v.txt", ".hvd-work"] {
+            std::fs::write(victim.join(name), "v").unwrap();
+            std::fs::set_permissions(victim.join(name), std::fs::Permissions::from_mode(0o444))
+                .unwrap();
+        }
+        std::fs::remove_dir_all(&cached).unwrap();
+        std::os::unix::fs::symlink(&victim, &cached).unwrap();
+        let fifth = run().expect("delivered");
+        assert_eq!(
+            std::fs::read_to_string(fifth.join("train.py")).unwrap(),
+            "print(1)"
+        );
+        assert!(!cached.is_symlink() && cached.join("train.py").is_file());
+        let mode = std::fs::metadata(victim.join("sub/v.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o222,
+            0,
+            "the linked tree's file was made writable: {mode:o}"
+        );
         // A directory made at the project's path on the host is not the project...
         std::fs::create_dir_all(d.join("proj-host/checkpoints")).unwrap();
         assert!(

@@ -214,7 +214,9 @@ impl SshSetup {
         // The cached copy's files are read-only; each run gets a directory of its own with hard links to them, so one
         // run's outputs never show up in another's, and two runs never share a working directory. `same A B`: the
         // two trees have the same entries (kind, executable bit, name) and contents (`diff -r --no-dereference`:
-        // file bytes and link targets); where `diff` cannot tell, the copy is replaced.
+        // file bytes and link targets); where `diff` cannot tell, the copy is replaced. A stale copy is removed after making its directories
+        // writable (all `rm -rf` needs): not followed when it is a symbolic link, and its files (hard links a running
+        // run may share) are left read-only.
         let script = format!(
             "w={w}; same() {{ diff -r --no-dereference -q \"$1\" \"$2\" >/dev/null 2>&1 && \
              [ \"$(cd \"$1\" && find . \\( -type f -perm -u+x -printf 'x %P\\n' \\) -o -printf '%y %P\\n' | \
@@ -225,7 +227,8 @@ impl SshSetup {
              : > \"$t/.hvd-work\" || {{ rm -rf \"$t\"; exit 1; }}; \
              if [ -f \"$w/.hvd-work\" ] && same \"$t\" \"$w\"; then rm -rf \"$t\"; else \
              if [ -e \"$w\" ] || [ -L \"$w\" ]; then o=\"$w.stale.$$\"; mv -T \"$w\" \"$o\" && \
-             {{ chmod -R u+w \"$o\" 2>/dev/null; rm -rf \"$o\"; }} || \
+             {{ [ -L \"$o\" ] || find \"$o\" -type d ! -perm -u+w -exec chmod u+w {{}} + 2>/dev/null; \
+             rm -rf \"$o\"; }} || \
              {{ echo \"hvd: cannot replace the stale work directory $w\" >&2; rm -rf \"$t\"; exit 1; }}; fi; \
              mv -T \"$t\" \"$w\" 2>/dev/null || rm -rf \"$t\"; fi; \
              [ -f \"$w/.hvd-work\" ] || exit 1; r=$(mktemp -d \"$w.run.XXXXXXXX\") && \
