@@ -1078,6 +1078,56 @@ mod tests {
         assert!(run().is_none(), "the host's project directory was not used");
     }
 
+    /// A host whose `find` has no `-printf` (busybox) cannot list names, kinds and executable bits: its cached copy
+    /// is replaced on every run, not kept because two empty listings are equal.
+    #[test]
+    fn a_host_whose_find_has_no_printf_gets_its_cached_copy_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let proj = d.join("proj");
+        std::fs::create_dir_all(&proj).unwrap();
+        std::fs::write(proj.join("train.py"), "print(1)").unwrap();
+        std::fs::create_dir_all(d.join("bin")).unwrap();
+        executable(
+            d.join("bin/find"),
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -printf ] && { echo 'find: unrecognized: -printf' >&2; \
+             exit 1; }; done\nexec /usr/bin/find \"$@\"\n",
+        );
+        let ssh = executable(
+            d.join("busybox-ssh"),
+            format!(
+                "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift\nexport XDG_CACHE_HOME={cache}\n\
+                 export PATH={bin}:$PATH\nexec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#{p}#{p}-host#g\")\"\n",
+                cache = quote(&d.join("cache").display().to_string()),
+                bin = quote(&d.join("bin").display().to_string()),
+                p = proj.display()
+            ),
+        );
+        let run = || {
+            let mut s = setup(Some("lo"));
+            s.ssh = vec![ssh.display().to_string()];
+            s.hosts = vec![("a".into(), 1)];
+            s.check_hosts(&proj, None, &[]).unwrap();
+            let dirs = s.work_dirs.lock().unwrap().clone();
+            dirs.get("a").cloned().expect("delivered")
+        };
+        let first = run();
+        let name = first.file_name().unwrap().to_string_lossy().into_owned();
+        let cached = first.with_file_name(name.split_once(".run.").unwrap().0);
+        // An executable bit `diff` does not see: only the listing would.
+        std::fs::set_permissions(
+            cached.join("train.py"),
+            std::fs::Permissions::from_mode(0o555),
+        )
+        .unwrap();
+        let second = run();
+        let mode = std::fs::metadata(second.join("train.py"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o111, 0, "the changed copy was kept: {mode:o}");
+    }
+
     #[test]
     fn a_host_that_stalls_is_stopped_at_the_deadline_naming_the_phase() {
         let dir = tempfile::tempdir().unwrap();

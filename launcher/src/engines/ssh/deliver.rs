@@ -214,11 +214,13 @@ impl SshSetup {
         // The cached copy's files are read-only; each run gets a directory of its own with hard links to them, so one
         // run's outputs never show up in another's, and two runs never share a working directory. `same A B`: the
         // two trees have the same entries (kind, executable bit, name) and contents (`diff -r --no-dereference`:
-        // file bytes and link targets); where `diff` cannot tell, the copy is replaced. A stale copy is removed after making its directories
+        // file bytes and link targets); where `diff` cannot tell, or `find` has no `-printf` (busybox: both listings
+        // would be empty, so equal), the copy is replaced. A stale copy is removed after making its directories
         // writable (all `rm -rf` needs): not followed when it is a symbolic link, and its files (hard links a running
         // run may share) are left read-only.
         let script = format!(
-            "w={w}; same() {{ diff -r --no-dereference -q \"$1\" \"$2\" >/dev/null 2>&1 && \
+            "w={w}; same() {{ find . -maxdepth 0 -printf '' >/dev/null 2>&1 || return 1; \
+             diff -r --no-dereference -q \"$1\" \"$2\" >/dev/null 2>&1 && \
              [ \"$(cd \"$1\" && find . \\( -type f -perm -u+x -printf 'x %P\\n' \\) -o -printf '%y %P\\n' | \
              LC_ALL=C sort)\" = \"$(cd \"$2\" && find . \\( -type f -perm -u+x -printf 'x %P\\n' \\) -o \
              -printf '%y %P\\n' | LC_ALL=C sort)\" ]; }}; mkdir -p \"${{w%/*}}\" || exit 1; \
