@@ -21,6 +21,10 @@ enum Mode {
     CutWholeOnly(usize),
     /// Ranged reads get other bytes (as many as asked); whole reads are served.
     ForgeRanges,
+    /// Every archive read is answered `503 Service Unavailable`.
+    Unavailable,
+    /// Ranged archive reads are answered `416 Range Not Satisfiable`; whole reads are served.
+    RefuseRanges,
     /// Everything is served.
     Serve,
 }
@@ -33,6 +37,8 @@ type Log = Arc<Mutex<Vec<(String, Option<u64>)>>>;
 struct Server {
     base: String,
     mode: Arc<Mutex<Mode>>,
+    /// Modes for the next archive reads, one each, before `mode` applies again.
+    script: Arc<Mutex<std::collections::VecDeque<Mode>>>,
     log: Log,
 }
 
@@ -41,7 +47,8 @@ fn serve(root: PathBuf, mode: Mode) -> Server {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let mode = Arc::new(Mutex::new(mode));
     let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let (m, l) = (mode.clone(), log.clone());
+    let script = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+    let (m, l, sc) = (mode.clone(), log.clone(), script.clone());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
@@ -63,14 +70,33 @@ fn serve(root: PathBuf, mode: Mode) -> Server {
             let head = request.starts_with("HEAD");
             let method = request.split_whitespace().next().unwrap_or("").to_string();
             l.lock().unwrap().push((format!("{method} {path}"), range));
-            let mode = *m.lock().unwrap();
+            let archive = path.contains("/archives/");
+            let scripted = if archive && !head {
+                sc.lock().unwrap().pop_front()
+            } else {
+                None
+            };
+            let mode = scripted.unwrap_or(*m.lock().unwrap());
             let Ok(body) = std::fs::read(root.join(path.trim_start_matches('/'))) else {
                 let _ = stream.write_all(
                     b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
                 );
                 continue;
             };
-            let archive = path.contains("/archives/");
+            let refusal = match mode {
+                Mode::Unavailable if archive && !head => Some("503 Service Unavailable"),
+                Mode::RefuseRanges if archive && !head && range.is_some() => {
+                    Some("416 Range Not Satisfiable")
+                }
+                _ => None,
+            };
+            if let Some(status) = refusal {
+                let _ = stream.write_all(
+                    format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                );
+                continue;
+            }
             let (status, from, mut bytes) = match range {
                 Some(from) if archive && (from as usize) < body.len() => {
                     let mut rest = body[from as usize..].to_vec();
@@ -109,7 +135,12 @@ fn serve(root: PathBuf, mode: Mode) -> Server {
             // Closing with the body short: the client sees the connection drop mid-body.
         }
     });
-    Server { base, mode, log }
+    Server {
+        base,
+        mode,
+        script,
+        log,
+    }
 }
 
 /// A store with one pushed path (`noise`: 2 MiB that do not compress, so the archive is about as large), its
@@ -271,7 +302,7 @@ fn a_partial_that_is_not_the_archives_start_is_discarded_and_the_archive_read_wh
     // A correct first half from an earlier run; the cache forges what follows.
     std::fs::create_dir_all(partial.parent().unwrap()).unwrap();
     let bytes = std::fs::read(&archive).unwrap();
-    std::fs::write(&partial, &bytes[..bytes.len() / 2]).unwrap();
+    plant(&partial, &bytes[..bytes.len() / 2]);
     let server = serve(cache.clone(), Mode::ForgeRanges);
     assert!(substitute(&store, &server, &name, &key).unwrap());
     assert_eq!(ranges(&server), [size / 2], "it resumed first");
@@ -291,7 +322,7 @@ fn a_partial_that_is_not_the_archives_start_is_discarded_and_the_archive_read_wh
     // A planted partial as long as the archive, of other bytes: discarded without a ranged read.
     hvd_builder::gc::collect_garbage(&store, false).unwrap();
     std::fs::create_dir_all(partial.parent().unwrap()).unwrap();
-    std::fs::write(&partial, vec![7u8; size as usize]).unwrap();
+    plant(&partial, &vec![7u8; size as usize]);
     server.log.lock().unwrap().clear();
     *server.mode.lock().unwrap() = Mode::Serve;
     assert!(substitute(&store, &server, &name, &key).unwrap());
@@ -309,7 +340,7 @@ fn a_partial_that_is_not_the_archives_start_is_discarded_and_the_archive_read_wh
     )
     .unwrap();
     std::fs::write(&archive, &forged).unwrap();
-    std::fs::write(&partial, &bytes[..middle + 100]).unwrap();
+    plant(&partial, &bytes[..middle + 100]);
     let err = substitute(&store, &server, &name, &key)
         .unwrap_err()
         .to_string();
@@ -319,4 +350,116 @@ fn a_partial_that_is_not_the_archives_start_is_discarded_and_the_archive_read_wh
     );
     assert!(!store.root().join(&name).exists());
     assert!(partials(&store).is_empty(), "{:?}", partials(&store));
+}
+
+/// Write `bytes` to `partial` as hvd would have (mode 0600).
+fn plant(partial: &Path, bytes: &[u8]) {
+    let _ = std::fs::remove_file(partial);
+    std::fs::write(partial, bytes).unwrap();
+    std::fs::set_permissions(partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+}
+
+/// The partial archive of `cache`'s archive in `store`, its directory created.
+fn partial_of(store: &Store, cache: &Path) -> PathBuf {
+    let (archive, _) = archive_of(cache);
+    let sha256 = archive
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .replace(".tar.zst", "");
+    let dir = store.root().join(".tmp/archives");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{sha256}.part"))
+}
+
+/// The flaky network resuming exists for: a cache that fails the resumed read before any byte (`503`) keeps the
+/// partial for the next run, which resumes from it; a cache that refuses the range (`416`) gets the archive read
+/// whole.
+#[test]
+#[ignore = "fails until the next commit keeps the partial"]
+fn a_failed_resumed_read_keeps_the_partial_and_a_refused_range_reads_the_archive_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, cache, name, key) = pushed(dir.path());
+    let (archive, _) = archive_of(&cache);
+    let partial = partial_of(&store, &cache);
+    let bytes = std::fs::read(&archive).unwrap();
+    let half = bytes.len() / 2;
+    plant(&partial, &bytes[..half]);
+    std::fs::set_permissions(
+        &partial,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+
+    let server = serve(cache.clone(), Mode::Unavailable);
+    let err = substitute(&store, &server, &name, &key)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("503"), "{err}");
+    assert_eq!(partials(&store), [(partial.clone(), half as u64)], "kept");
+    *server.mode.lock().unwrap() = Mode::Serve;
+    server.log.lock().unwrap().clear();
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert_eq!(ranges(&server), [half as u64], "the next run resumed it");
+    assert!(store.is_valid(&store.root().join(&name)));
+
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    plant(&partial, &bytes[..half]);
+    *server.mode.lock().unwrap() = Mode::RefuseRanges;
+    server.log.lock().unwrap().clear();
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    let reads: Vec<_> = server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(line, _)| line.starts_with("GET ") && line.contains("/archives/"))
+        .map(|(_, range)| *range)
+        .collect();
+    assert_eq!(reads, [Some(half as u64), None], "refused, then read whole");
+    assert!(store.is_valid(&store.root().join(&name)));
+    assert!(partials(&store).is_empty());
+}
+
+/// The attacker: a hard link to another file of the user's, planted as the partial archive (with the archive's
+/// true start, so resuming would append to it). The partial is replaced by a new file; the other file is untouched.
+#[test]
+fn a_partial_archive_that_is_a_hard_link_is_replaced_never_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, cache, name, key) = pushed(dir.path());
+    let (archive, _) = archive_of(&cache);
+    let partial = partial_of(&store, &cache);
+    let bytes = std::fs::read(&archive).unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::set_permissions(&victim, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::hard_link(&victim, &partial).unwrap();
+
+    let server = serve(cache.clone(), Mode::Serve);
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert!(store.is_valid(&store.root().join(&name)));
+    assert!(
+        std::fs::read(&victim).unwrap() == bytes[..bytes.len() / 2],
+        "the other file was written through the link"
+    );
+    assert!(
+        ranges(&server).is_empty(),
+        "not resumed from the planted file"
+    );
+    assert!(partials(&store).is_empty());
+
+    // Group- or world-writable: not resumed either.
+    hvd_builder::gc::collect_garbage(&store, false).unwrap();
+    plant(&partial, &bytes[..bytes.len() / 2]);
+    std::fs::set_permissions(
+        &partial,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    server.log.lock().unwrap().clear();
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert!(
+        ranges(&server).is_empty(),
+        "not resumed from a writable file"
+    );
 }

@@ -661,7 +661,9 @@ impl Cache {
     }
 }
 
-/// Open the partial archive `path` to resume it, or create it (mode 0600); never through a symbolic link.
+/// Open the partial archive `path` to resume it, or create it (mode 0600); never through a symbolic link. One
+/// that is not this user's file alone (another owner, more than one link, group or world access) is removed and
+/// created anew (`O_CREAT|O_EXCL`): resuming writes into it and unpacks what it holds.
 fn open_partial(path: &Path) -> Result<std::fs::File, CacheError> {
     use std::os::unix::fs::OpenOptionsExt;
     let refused = |what, source| CacheError::Partial {
@@ -693,7 +695,25 @@ fn open_partial(path: &Path) -> Result<std::fs::File, CacheError> {
             std::io::Error::from(std::io::ErrorKind::InvalidInput),
         ));
     }
-    Ok(file)
+    // Resumed only when it is this user's file alone: not a hard link to another file (its other name would be
+    // written through), not another user's, not one others may write (their bytes would be unpacked).
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if metadata.uid() == me && metadata.nlink() == 1 && metadata.mode() & 0o077 == 0 {
+        return Ok(file);
+    }
+    tracing::info!(
+        "discarding `{}`: not this user's file alone (owner {}, {} links, mode {:o}); starting anew",
+        path.display(),
+        metadata.uid(),
+        metadata.nlink(),
+        metadata.mode() & 0o7777
+    );
+    drop(file);
+    std::fs::remove_file(path).map_err(|source| refused("could not be removed", source))?;
+    crate::store::create_new_file(path, 0o600)
+        .map_err(|source| refused("could not be created anew", source))
 }
 
 /// How often [`Cache::download`] reads an archive whose connection broke off before it gives up (each attempt
