@@ -122,6 +122,8 @@ pub enum Cause {
         left: u32,
         min: u32,
     },
+    /// Host discovery of an elastic step would have started more workers in one attempt than its cap.
+    StartCap { cap: u32 },
 }
 
 /// What the run's failure summary says.

@@ -661,6 +661,11 @@ fn summary(failure: &FailureSummary) -> String {
              one lost was rank {rank} on {host} ({exit})",
             failure.step
         ),
+        Cause::StartCap { cap } => format!(
+            "step `{}` failed: host discovery started {cap} workers in one attempt, its cap (8 per slot of the \
+             step's maximum), and would start more: its workers are lost too often",
+            failure.step
+        ),
     };
     if let Cause::Worker { rank, .. } | Cause::BelowMinimum { rank, .. } = &failure.cause {
         if failure.stderr_tail.is_empty() {

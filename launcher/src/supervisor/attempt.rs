@@ -109,6 +109,36 @@ pub(super) fn first_discovery(
     }
 }
 
+/// How many workers host discovery may start in one attempt of an elastic step past its first ones (new slots and
+/// replacements), per slot of the step's maximum: each takes a slot number, a `rank.N` log directory and a
+/// supervised entry for the rest of the attempt, and makes `HVD_SIZE` grow.
+pub(super) const STARTS_PER_SLOT: usize = 8;
+
+/// The workers host discovery started in one attempt, against its cap ([`STARTS_PER_SLOT`] per slot of `max`).
+#[derive(Debug)]
+pub(super) struct Starts {
+    started: usize,
+    cap: usize,
+}
+
+impl Starts {
+    pub(super) fn new(max: usize) -> Starts {
+        Starts {
+            started: 0,
+            cap: max.max(1).saturating_mul(STARTS_PER_SLOT),
+        }
+    }
+
+    /// Counts one more worker; `Err(cap)` when the attempt has started as many as its cap already.
+    pub(super) fn take(&mut self) -> Result<(), usize> {
+        if self.started >= self.cap {
+            return Err(self.cap);
+        }
+        self.started += 1;
+        Ok(())
+    }
+}
+
 /// Starts the worker of one slot and adds it to the attempt's workers.
 pub(super) type SpawnWorker<'a> =
     dyn FnMut(&Slot, &mut Vec<Worker>) -> Result<(), LaunchError> + 'a;
@@ -163,6 +193,7 @@ pub(super) fn supervise(
     // Host discovery: hosts whose workers failed repeatedly, the last warning.
     let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()));
     let mut last_warning: Option<String> = None;
+    let mut starts = Starts::new(step.layout.slots.len());
     while remaining > 0 {
         match exits.recv_timeout(Duration::from_millis(20)) {
             Ok((index, exit, when)) => {
@@ -340,6 +371,28 @@ pub(super) fn supervise(
                     // Up to `max` live workers; a lost one's replacement gets a new slot past every earlier one.
                     let placed = Hosts::place(&usable, &refs, cap.saturating_sub(live.len()));
                     for host in placed {
+                        if let Err(cap) = starts.take() {
+                            all_ok = false;
+                            job.fail(
+                                Instant::now(),
+                                FailureSummary {
+                                    step: step.name.clone(),
+                                    cause: Cause::StartCap { cap: cap as u32 },
+                                    exit_code: 1,
+                                    stderr_tail: Vec::new(),
+                                    log_dir: log_dir.to_path_buf(),
+                                },
+                                format!(
+                                    "host discovery has started {cap} workers for step `{}` in this attempt, its \
+                                     cap ({STARTS_PER_SLOT} per slot of its maximum of {}), and would start one \
+                                     more; stopping the step (grace {} s)",
+                                    step.name,
+                                    step.layout.slots.len(),
+                                    job.options.grace.as_secs_f64()
+                                ),
+                            );
+                            break;
+                        }
                         let Some(slot) = server.add_elastic_worker() else {
                             break;
                         };
@@ -535,4 +588,22 @@ fn process_group(pid: u32) -> Option<u32> {
 /// How many workers an attempt has started so far (an elastic step's discovery may add some).
 fn workers_started(workers: &[Worker]) -> usize {
     workers.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_discovery_starts_at_most_eight_workers_per_slot_of_the_maximum_in_an_attempt() {
+        let mut starts = Starts::new(2);
+        for _ in 0..16 {
+            assert_eq!(starts.take(), Ok(()));
+        }
+        assert_eq!(starts.take(), Err(16));
+        assert_eq!(starts.take(), Err(16));
+        // A step without slots still has one's worth.
+        let mut starts = Starts::new(0);
+        assert_eq!((0..9).filter(|_| starts.take().is_ok()).count(), 8);
+    }
 }
