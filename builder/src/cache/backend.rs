@@ -185,9 +185,11 @@ impl Cache {
     /// Stream the object `key`, whose sha256 and size should be `expected`, into the file `partial`, resuming after
     /// the bytes it already holds (a ranged read: HTTP `Range`, S3's ranged GET, a seek in a directory) and hashing
     /// all of it; `None` when the cache does not have it. A connection that breaks after bytes arrived is resumed
-    /// at once, [`MAX_ATTEMPTS`] times at most; what arrived stays in `partial` for a later call when it gives up.
-    /// A partial that does not belong to the object (the hash at the end differs after a resume, the cache
-    /// refuses the range or answers another one) is discarded and the object read whole once more. Returns the
+    /// at once, [`MAX_ATTEMPTS`] times at most; what arrived stays in `partial` for a later call when it gives up,
+    /// and so does the partial when a read fails before its first byte (a connection refused, a timeout, `503`).
+    /// A partial shown not to belong to the object (the hash at the end differs after a resume, the cache
+    /// refuses the range as past the object's end (`416`) or answers another one) is discarded and the object read
+    /// whole once more. Returns the
     /// hash and size of what `partial` holds at the end, which the caller compares with the record (after a
     /// mismatch `partial` holds bytes that are not the object: remove it). More than `expected`'s size is an error
     /// (and discards the partial); `progress` gets each chunk's length (what a resume starts from first).
@@ -289,16 +291,6 @@ impl Cache {
                     file.set_len(0)?;
                     return Err(err);
                 }
-                // A ranged read refused before any byte (a range past the object's end, an error): once from
-                // the start.
-                Err(err) if offset > 0 && arrived == 0 && !restarted => {
-                    tracing::info!(
-                        "cache `{}`: reading `{key}` from byte {offset} failed ({err}); reading it whole",
-                        self.url
-                    );
-                    file.set_len(0)?;
-                    restarted = true;
-                }
                 Err(err) if (arrived > 0 || reset) && attempt < MAX_ATTEMPTS => {
                     tracing::info!(
                         "cache `{}`: reading `{key}` broke off after {} bytes ({err}); resuming",
@@ -306,6 +298,7 @@ impl Cache {
                         start + arrived
                     );
                 }
+                // Nothing arrived (a connection refused, a timeout, `503`): the partial is kept for a later call.
                 Err(err) => return Err(err),
             }
         }
@@ -378,24 +371,37 @@ impl Cache {
             }
             Backend::Http { base, client } => {
                 let url = format!("{base}/{key}");
-                let started = Instant::now();
-                let mut request = client.get(&url);
-                if from > 0 {
-                    // Byte offsets are the stored object's: never a re-encoded body.
-                    request = request
-                        .header(reqwest::header::RANGE, format!("bytes={from}-"))
-                        .header(reqwest::header::ACCEPT_ENCODING, "identity");
-                }
-                let response = self
-                    .within(
-                        key,
-                        self.deadlines.request_deadline(started),
-                        started,
-                        0,
-                        request.send(),
-                    )
-                    .await?
-                    .map_err(|err| self.error(key, err.without_url()))?;
+                let mut from = from;
+                let (started, response) = loop {
+                    let started = Instant::now();
+                    let mut request = client.get(&url);
+                    if from > 0 {
+                        // Byte offsets are the stored object's: never a re-encoded body.
+                        request = request
+                            .header(reqwest::header::RANGE, format!("bytes={from}-"))
+                            .header(reqwest::header::ACCEPT_ENCODING, "identity");
+                    }
+                    let response = self
+                        .within(
+                            key,
+                            self.deadlines.request_deadline(started),
+                            started,
+                            0,
+                            request.send(),
+                        )
+                        .await?
+                        .map_err(|err| self.error(key, err.without_url()))?;
+                    // The range is past the object's end: what the caller has is not its start; the object whole.
+                    if from > 0 && response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
+                        tracing::info!(
+                            "cache `{}`: `{key}` has no byte {from}; reading it whole",
+                            self.url
+                        );
+                        from = 0;
+                        continue;
+                    }
+                    break (started, response);
+                };
                 let status = response.status();
                 if status == reqwest::StatusCode::NOT_FOUND
                     || status == reqwest::StatusCode::FORBIDDEN
