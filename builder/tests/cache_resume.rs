@@ -462,3 +462,29 @@ fn a_partial_archive_that_is_a_hard_link_is_replaced_never_written_through() {
         "not resumed from a writable file"
     );
 }
+
+/// Reads that break off use up every attempt but the last, and the last completes with bytes that are not the
+/// archive's: the partial is discarded and the archive still read whole (that read has attempts of its own).
+#[test]
+fn a_resume_found_wrong_on_the_last_attempt_still_reads_the_archive_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, cache, name, key) = pushed(dir.path());
+    let (archive, _) = archive_of(&cache);
+    let partial = partial_of(&store, &cache);
+    let bytes = std::fs::read(&archive).unwrap();
+    let step = 100_000;
+    plant(&partial, &bytes[..step]);
+    let server = serve(cache.clone(), Mode::Serve);
+    let mut script =
+        vec![Mode::CutAfter(step); hvd_builder::cache::backend::MAX_ATTEMPTS as usize - 1];
+    script.push(Mode::ForgeRanges);
+    *server.script.lock().unwrap() = script.into();
+
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    let expected: Vec<u64> = (1..=hvd_builder::cache::backend::MAX_ATTEMPTS as u64)
+        .map(|n| n * step as u64)
+        .collect();
+    assert_eq!(ranges(&server), expected);
+    assert!(store.is_valid(&store.root().join(&name)));
+    assert!(partials(&store).is_empty());
+}

@@ -189,7 +189,7 @@ impl Cache {
     /// and so does the partial when a read fails before its first byte (a connection refused, a timeout, `503`).
     /// A partial shown not to belong to the object (the hash at the end differs after a resume, the cache
     /// refuses the range as past the object's end (`416`) or answers another one) is discarded and the object read
-    /// whole once more. Returns the
+    /// whole once more, with [`MAX_ATTEMPTS`] reads of its own. Returns the
     /// hash and size of what `partial` holds at the end, which the caller compares with the record (after a
     /// mismatch `partial` holds bytes that are not the object: remove it). More than `expected`'s size is an error
     /// (and discards the partial); `progress` gets each chunk's length (what a resume starts from first).
@@ -205,7 +205,10 @@ impl Cache {
         let mut file = open_partial(partial)?;
         // Whether the whole object was read once more after a partial turned out not to be its start.
         let mut restarted = false;
-        for attempt in 1..=MAX_ATTEMPTS {
+        // Reads since the partial was last discarded: the whole read after a discard gets attempts of its own.
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
             let mut offset = file.metadata()?.len();
             if offset > limit {
                 file.set_len(0)?;
@@ -226,7 +229,8 @@ impl Cache {
             let offset = offset - left;
             if offset > 0 && offset == limit {
                 let sha256 = Sha256::from_hasher(hasher.clone());
-                if &sha256 == expected_sha256 {
+                // After a discard the caller gets what the whole read brought, to report the mismatch.
+                if &sha256 == expected_sha256 || restarted {
                     progress(offset);
                     return Ok(Some((sha256, offset)));
                 }
@@ -236,6 +240,7 @@ impl Cache {
                 );
                 file.set_len(0)?;
                 restarted = true;
+                attempt = 0;
                 continue;
             }
             file.set_len(offset)?;
@@ -286,6 +291,7 @@ impl Cache {
                     );
                     file.set_len(0)?;
                     restarted = true;
+                    attempt = 0;
                 }
                 Err(err @ CacheError::TooLarge { .. }) => {
                     file.set_len(0)?;
@@ -302,10 +308,6 @@ impl Cache {
                 Err(err) => return Err(err),
             }
         }
-        Err(self.error(
-            key,
-            format!("could not be read whole in {MAX_ATTEMPTS} attempts; what arrived is kept to resume from"),
-        ))
     }
 
     /// Feed the object's bytes to `sink`, from byte `from` when the cache can read from there (else from the
@@ -723,7 +725,7 @@ fn open_partial(path: &Path) -> Result<std::fs::File, CacheError> {
 }
 
 /// How often [`Cache::download`] reads an archive whose connection broke off before it gives up (each attempt
-/// after the first resumes where the last one stopped).
+/// after the first resumes where the last one stopped); a read whole after a partial was discarded counts anew.
 pub const MAX_ATTEMPTS: u32 = 4;
 
 /// What a read feeds its sink: where the object's bytes start (first, once), then the bytes.
