@@ -63,7 +63,13 @@ pub(super) fn first_discovery(
     loop {
         let found = match discovery.run_now() {
             Ok(found) => {
-                let usable = hosts.usable(job, step, &found, &Blacklist::new(hosts.here()), true);
+                let usable = hosts.usable(
+                    job,
+                    step,
+                    &found,
+                    &Blacklist::new(hosts.here()),
+                    Some(started + job.options.elastic_timeout),
+                );
                 let n: u32 = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                 if n >= min {
                     let mut placed: Vec<Slot> = Vec::new();
@@ -355,7 +361,7 @@ pub(super) fn supervise(
             match result {
                 Ok(found) => {
                     last_warning = None;
-                    let usable = g.hosts.usable(job, step, &found, &blacklist, false);
+                    let usable = g.hosts.usable(job, step, &found, &blacklist, None);
                     let total = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                     let cap = step.layout.slots.len();
                     // The live workers' hosts and local ranks.

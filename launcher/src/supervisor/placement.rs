@@ -5,46 +5,84 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Job;
 use crate::LaunchError;
 use crate::discovery::{Blacklist, HostSlots, is_this_machine};
-use crate::engine::{Plan, PlannedStep, SupervisedEngine};
+use crate::engine::{Plan, PlannedStep};
 use crate::env::Slot;
 use crate::report::Event;
 
+/// How many hosts the engine makes ready at once (each a thread, and an ssh connection or more).
+const IN_FLIGHT: usize = 8;
+/// How many distinct hosts one attempt considers: this many per slot of the step's maximum, at least
+/// [`HOSTS_AT_LEAST`]; the script's hosts past them are ignored (named in a warning, once).
+const HOSTS_PER_SLOT: usize = 4;
+const HOSTS_AT_LEAST: usize = 64;
+
 /// Whether a host the script found can take workers.
 enum Reach {
-    Ready,
+    /// Not started yet: [`IN_FLIGHT`] hosts were being made ready.
+    Queued,
     /// The engine is making it ready, on a thread of its own.
     Pending(mpsc::Receiver<Result<(), LaunchError>>),
+    Ready,
     /// It could not be made ready (named in a warning); skipped for the rest of the attempt.
     Failed,
 }
+
+/// The engine's [`crate::engine::SupervisedEngine::reach_host`] for the step's plan.
+type ReachHost = Arc<dyn Fn(&str) -> Result<(), LaunchError> + Send + Sync>;
 
 /// The hosts of one attempt of an elastic step with host discovery.
 pub(super) struct Hosts {
     /// This machine, as the step's layout names it (the local engine runs every worker here).
     here: String,
-    engine: Arc<dyn SupervisedEngine>,
-    plan: Plan,
+    /// Whether the engine reaches other hosts (and makes each ready first).
+    remote: bool,
+    engine_name: &'static str,
+    reach_host: ReachHost,
+    /// Every host considered so far, at most `limit`.
     reach: BTreeMap<String, Reach>,
+    limit: usize,
+    /// Whether the warning about hosts past `limit` was given.
+    capped: bool,
     /// Hosts the local engine ignores (named once).
     ignored: BTreeSet<String>,
 }
 
 impl Hosts {
     pub(super) fn new(plan: &Plan, step: &PlannedStep) -> Hosts {
-        Hosts {
-            here: step
-                .layout
+        let (engine, plan) = (plan.engine.clone(), plan.clone());
+        Hosts::with(
+            step.layout
                 .slots
                 .first()
                 .map_or_else(String::new, |s| s.host.clone()),
-            engine: plan.engine.clone(),
-            plan: plan.clone(),
+            engine.remote_hosts(),
+            engine.name(),
+            Arc::new(move |host: &str| engine.reach_host(&plan, host)),
+            step.layout.slots.len(),
+        )
+    }
+
+    /// [`Hosts::new`] from its parts: a step of at most `max` workers.
+    fn with(
+        here: String,
+        remote: bool,
+        engine_name: &'static str,
+        reach_host: ReachHost,
+        max: usize,
+    ) -> Hosts {
+        Hosts {
+            here,
+            remote,
+            engine_name,
+            reach_host,
             reach: BTreeMap::new(),
+            limit: max.saturating_mul(HOSTS_PER_SLOT).max(HOSTS_AT_LEAST),
+            capped: false,
             ignored: BTreeSet::new(),
         }
     }
@@ -56,100 +94,165 @@ impl Hosts {
 
     /// The hosts of `found` (one run of the script) that can take workers now, with their slots, in the script's
     /// order: on the local engine this machine alone (its names merged; other hosts named once and ignored), on an
-    /// engine that reaches other hosts each ready host by name. A host not seen before is made ready first: with
-    /// `wait`, here, to the end; else on a thread of its own, and it counts from a later call on. Blacklisted hosts
-    /// count for nothing.
+    /// engine that reaches other hosts each ready host by name. A host not seen before is made ready first, on a
+    /// thread of its own, [`IN_FLIGHT`] at a time (the others queued), and counts from a later call on; with `wait`,
+    /// this call waits for this run's hosts until that deadline (or the job stops), and a host not ready by then
+    /// counts from a later call on. Blacklisted hosts count for nothing.
     pub(super) fn usable(
         &mut self,
         job: &Job<'_>,
         step: &PlannedStep,
         found: &[HostSlots],
         blacklist: &Blacklist,
-        wait: bool,
+        wait: Option<Instant>,
+    ) -> Vec<(String, u32)> {
+        let mut notes = Vec::new();
+        let give_up = || job.stopping() || job.interrupts.get().0 > 0;
+        let usable = self.usable_noting(&step.name, found, blacklist, wait, &give_up, &mut notes);
+        for text in notes {
+            job.events.event(Event::Note { text });
+        }
+        usable
+    }
+
+    /// [`Hosts::usable`], its warnings added to `notes`; `give_up`: whether to stop waiting.
+    fn usable_noting(
+        &mut self,
+        step: &str,
+        found: &[HostSlots],
+        blacklist: &Blacklist,
+        wait: Option<Instant>,
+        give_up: &dyn Fn() -> bool,
+        notes: &mut Vec<String>,
     ) -> Vec<(String, u32)> {
         let now = Instant::now();
-        let remote = self.engine.remote_hosts();
-        let mut usable: Vec<(String, u32)> = Vec::new();
+        let mut named: Vec<(String, u32)> = Vec::new();
         for h in found {
-            let host = match (remote, is_this_machine(&h.host, &self.here)) {
+            let host = match (self.remote, is_this_machine(&h.host, &self.here)) {
                 (false, true) => self.here.clone(),
                 (false, false) => {
                     if self.ignored.insert(h.host.clone()) {
-                        job.events.event(Event::Note {
-                            text: format!(
-                                "warning: host discovery found host `{}` for step `{}`, but the {} runs every \
-                                 worker on this machine ({}); ignored",
-                                h.host,
-                                step.name,
-                                self.engine.name(),
-                                self.here
-                            ),
-                        });
+                        notes.push(format!(
+                            "warning: host discovery found host `{}` for step `{step}`, but the {} runs every \
+                             worker on this machine ({}); ignored",
+                            h.host, self.engine_name, self.here
+                        ));
                     }
                     continue;
                 }
                 (true, _) => h.host.clone(),
             };
-            if blacklist.blocked(&h.host, now) || !self.ready(job, step, &host, wait) {
+            if !blacklist.blocked(&h.host, now) {
+                named.push((host, h.slots));
+            }
+        }
+        if self.remote {
+            for (host, _) in &named {
+                self.consider(step, host, notes);
+            }
+            loop {
+                self.settle(step, notes);
+                self.start_queued(step, &named, notes);
+                let settled = named.iter().all(|(h, _)| {
+                    !matches!(self.reach.get(h), Some(Reach::Queued | Reach::Pending(_)))
+                });
+                match wait {
+                    Some(deadline) if !settled && Instant::now() < deadline && !give_up() => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let mut usable: Vec<(String, u32)> = Vec::new();
+        for (host, slots) in named {
+            if self.remote && !matches!(self.reach.get(&host), Some(Reach::Ready)) {
                 continue;
             }
             match usable.iter_mut().find(|(u, _)| *u == host) {
-                Some((_, n)) => *n = n.saturating_add(h.slots),
-                None => usable.push((host, h.slots)),
+                Some((_, n)) => *n = n.saturating_add(slots),
+                None => usable.push((host, slots)),
             }
         }
         usable
     }
 
-    /// Whether `host` is ready for workers; starts making it ready when it is new (see [`Hosts::usable`]).
-    fn ready(&mut self, job: &Job<'_>, step: &PlannedStep, host: &str, wait: bool) -> bool {
-        if !self.engine.remote_hosts() {
-            return true;
+    /// Queues `host` to be made ready when it is new, unless the attempt has considered its limit of hosts already.
+    fn consider(&mut self, step: &str, host: &str, notes: &mut Vec<String>) {
+        if self.reach.contains_key(host) {
+            return;
         }
-        let reach = self.reach.remove(host).unwrap_or_else(|| {
-            let (tx, rx) = mpsc::channel();
-            let (engine, plan, name) = (self.engine.clone(), self.plan.clone(), host.to_owned());
-            let work = move || {
-                let _ = tx.send(engine.reach_host(&plan, &name));
-            };
-            match wait {
-                true => work(),
-                false => {
-                    let spawned = std::thread::Builder::new()
-                        .name("hvd-reach-host".into())
-                        .spawn(work);
-                    if let Err(e) = spawned {
-                        let (tx, rx) = mpsc::channel();
-                        let _ = tx.send(Err(LaunchError::Engine(format!(
-                            "no thread to check it: {e}"
-                        ))));
-                        return Reach::Pending(rx);
-                    }
-                }
+        if self.reach.len() >= self.limit {
+            if !self.capped {
+                self.capped = true;
+                notes.push(format!(
+                    "warning: host discovery found more than {} distinct hosts for step `{step}` ({HOSTS_PER_SLOT} \
+                     per slot of its maximum, at least {HOSTS_AT_LEAST}); the others (`{host}` first) are ignored",
+                    self.limit
+                ));
             }
-            Reach::Pending(rx)
-        });
-        let reach = match reach {
-            Reach::Pending(rx) => match rx.try_recv() {
+            return;
+        }
+        self.reach.insert(host.to_owned(), Reach::Queued);
+    }
+
+    /// Takes in the hosts whose making ready has ended.
+    fn settle(&mut self, step: &str, notes: &mut Vec<String>) {
+        for (host, reach) in self.reach.iter_mut() {
+            let Reach::Pending(rx) = reach else { continue };
+            *reach = match rx.try_recv() {
                 Ok(Ok(())) => Reach::Ready,
                 Ok(Err(e)) => {
-                    job.events.event(Event::Note {
-                        text: format!(
-                            "warning: host discovery found host `{host}` for step `{}`, but it cannot run workers: \
-                             {e}; skipped",
-                            step.name
-                        ),
-                    });
+                    notes.push(format!(
+                        "warning: host discovery found host `{host}` for step `{step}`, but it cannot run workers: \
+                         {e}; skipped"
+                    ));
                     Reach::Failed
                 }
-                Err(mpsc::TryRecvError::Empty) => Reach::Pending(rx),
+                Err(mpsc::TryRecvError::Empty) => continue,
                 Err(mpsc::TryRecvError::Disconnected) => Reach::Failed,
-            },
-            other => other,
-        };
-        let ready = matches!(reach, Reach::Ready);
-        self.reach.insert(host.to_owned(), reach);
-        ready
+            };
+        }
+    }
+
+    /// Starts making ready the queued hosts of `named`, in its order, up to [`IN_FLIGHT`] at a time.
+    fn start_queued(&mut self, step: &str, named: &[(String, u32)], notes: &mut Vec<String>) {
+        let mut in_flight = self
+            .reach
+            .values()
+            .filter(|r| matches!(r, Reach::Pending(_)))
+            .count();
+        for (host, _) in named {
+            if in_flight >= IN_FLIGHT {
+                return;
+            }
+            let Some(reach) = self.reach.get_mut(host) else {
+                continue;
+            };
+            if !matches!(reach, Reach::Queued) {
+                continue;
+            }
+            let (tx, rx) = mpsc::channel();
+            let (reach_host, name) = (self.reach_host.clone(), host.clone());
+            let spawned = std::thread::Builder::new()
+                .name("hvd-reach-host".into())
+                .spawn(move || {
+                    let _ = tx.send(reach_host(&name));
+                });
+            *reach = match spawned {
+                Ok(_) => {
+                    in_flight += 1;
+                    Reach::Pending(rx)
+                }
+                Err(e) => {
+                    notes.push(format!(
+                        "warning: host discovery found host `{host}` for step `{step}`, but it cannot run workers: \
+                         no thread to check it: {e}; skipped"
+                    ));
+                    Reach::Failed
+                }
+            };
+        }
     }
 
     /// The hosts of up to `want` more workers: each usable host filled up to its slots, counting the live workers
@@ -211,7 +314,7 @@ impl Hosts {
             });
         slot.local_rank = local;
         slot.local_size = slot.local_size.max(local + 1);
-        if self.engine.remote_hosts() {
+        if self.remote {
             slot.host = host.to_owned();
             slot.local_size = usable
                 .iter()
@@ -227,6 +330,140 @@ impl Hosts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A stand-in for the engine's host check: counts the checks running at once (and the most so far), and holds
+    /// each until `open`; hosts named `bad*` then fail.
+    #[derive(Default)]
+    struct Gate {
+        running: AtomicUsize,
+        most: AtomicUsize,
+        open: AtomicBool,
+    }
+
+    fn gated(gate: &Arc<Gate>) -> ReachHost {
+        let gate = gate.clone();
+        Arc::new(move |host: &str| {
+            let now = gate.running.fetch_add(1, Ordering::SeqCst) + 1;
+            gate.most.fetch_max(now, Ordering::SeqCst);
+            while !gate.open.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            gate.running.fetch_sub(1, Ordering::SeqCst);
+            match host.starts_with("bad") {
+                true => Err(LaunchError::Engine("unreachable".into())),
+                false => Ok(()),
+            }
+        })
+    }
+
+    fn found(hosts: impl IntoIterator<Item = String>) -> Vec<HostSlots> {
+        hosts
+            .into_iter()
+            .map(|host| HostSlots { host, slots: 1 })
+            .collect()
+    }
+
+    /// Calls `usable` until `done` holds of its answer (at most 30 s).
+    fn until(
+        hosts: &mut Hosts,
+        found: &[HostSlots],
+        notes: &mut Vec<String>,
+        done: impl Fn(&[(String, u32)]) -> bool,
+    ) -> Vec<(String, u32)> {
+        let bl = Blacklist::new("here");
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let usable = hosts.usable_noting("train", found, &bl, None, &|| false, notes);
+            if done(&usable) || Instant::now() > end {
+                return usable;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn at_most_eight_hosts_are_checked_at_once_the_others_wait_their_turn() {
+        let gate = Arc::new(Gate::default());
+        let mut hosts = Hosts::with("here".into(), true, "ssh engine", gated(&gate), 4);
+        let found = found((0..20).map(|i| format!("h{i}")));
+        let mut notes = Vec::new();
+        let bl = Blacklist::new("here");
+        // Found twice while every check is held: 8 run, none more.
+        for _ in 0..2 {
+            let usable = hosts.usable_noting("train", &found, &bl, None, &|| false, &mut notes);
+            assert!(usable.is_empty());
+        }
+        let end = Instant::now() + Duration::from_secs(30);
+        while gate.running.load(Ordering::SeqCst) < IN_FLIGHT && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(gate.running.load(Ordering::SeqCst), IN_FLIGHT);
+        gate.open.store(true, Ordering::SeqCst);
+        let usable = until(&mut hosts, &found, &mut notes, |u| u.len() == 20);
+        assert_eq!(usable.len(), 20, "{usable:?}");
+        assert_eq!(gate.most.load(Ordering::SeqCst), IN_FLIGHT);
+        assert!(notes.is_empty(), "{notes:?}");
+    }
+
+    #[test]
+    fn hosts_past_the_limit_are_ignored_with_one_warning() {
+        let gate = Arc::new(Gate::default());
+        gate.open.store(true, Ordering::SeqCst);
+        // A step of at most 2 workers considers 64 hosts (4 per slot, at least 64); of 100, 36 are ignored.
+        let mut hosts = Hosts::with("here".into(), true, "ssh engine", gated(&gate), 2);
+        let found = found((0..100).map(|i| format!("h{i:03}")));
+        let mut notes = Vec::new();
+        let usable = until(&mut hosts, &found, &mut notes, |u| u.len() >= 64);
+        assert_eq!(usable.len(), 64, "{usable:?}");
+        assert_eq!(usable[63].0, "h063");
+        let more = until(&mut hosts, &found, &mut notes, |_| true);
+        assert_eq!(more.len(), 64);
+        assert_eq!(hosts.reach.len(), 64);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("more than 64 distinct hosts for step `train`")
+                && notes[0].contains("(`h064` first) are ignored"),
+            "{notes:?}"
+        );
+        // A larger step considers more.
+        let hosts = Hosts::with("here".into(), true, "ssh engine", gated(&gate), 40);
+        assert_eq!(hosts.limit, 160);
+    }
+
+    /// The first run's hosts are checked at once, not one after another, and waited for until the deadline only:
+    /// hosts whose check hangs leave the others usable.
+    #[test]
+    fn the_first_runs_hosts_are_checked_at_once_until_the_deadline() {
+        let gate = Arc::new(Gate::default());
+        let hang = gate.clone();
+        let reach: ReachHost = Arc::new(move |host: &str| match host.starts_with("hang") {
+            true => gated(&hang)(host),
+            false => Ok(()),
+        });
+        let mut hosts = Hosts::with("here".into(), true, "ssh engine", reach, 4);
+        let found = found(["hang1", "hang2", "hang3", "a", "b"].map(String::from));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut notes = Vec::new();
+            let deadline = Instant::now() + Duration::from_millis(500);
+            let bl = Blacklist::new("here");
+            let usable =
+                hosts.usable_noting("train", &found, &bl, Some(deadline), &|| false, &mut notes);
+            let _ = tx.send(usable);
+        });
+        // Checked one after another, the first would never end.
+        let usable = rx.recv_timeout(Duration::from_secs(30));
+        // All three hanging checks run at once (each is held until the gate opens).
+        let end = Instant::now() + Duration::from_secs(30);
+        while gate.running.load(Ordering::SeqCst) < 3 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        gate.open.store(true, Ordering::SeqCst);
+        let usable = usable.expect("the first run waited past its deadline");
+        assert_eq!(usable, [("a".to_owned(), 1), ("b".to_owned(), 1)]);
+        assert_eq!(gate.most.load(Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn workers_fill_each_host_up_to_its_slots_in_the_scripts_order() {
