@@ -488,3 +488,40 @@ fn a_resume_found_wrong_on_the_last_attempt_still_reads_the_archive_whole() {
     assert!(store.is_valid(&store.root().join(&name)));
     assert!(partials(&store).is_empty());
 }
+
+/// Progress counts each byte of the archive once, however many reads it took (a planted start, two reads that break
+/// off, then the rest).
+#[test]
+fn download_progress_counts_each_byte_once_across_resumed_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, cache, _name, _key) = pushed(dir.path());
+    let (archive, size) = archive_of(&cache);
+    let partial = partial_of(&store, &cache);
+    let bytes = std::fs::read(&archive).unwrap();
+    plant(&partial, &bytes[..100_000]);
+    let server = serve(cache.clone(), Mode::Serve);
+    *server.script.lock().unwrap() = vec![Mode::CutAfter(300_000); 2].into();
+    let sha256 = hvd_resolver::Sha256::of_file(&archive).unwrap();
+    let key = format!(
+        "archives/{}",
+        archive.file_name().unwrap().to_string_lossy()
+    );
+    let reported = std::sync::atomic::AtomicU64::new(0);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let found = runtime
+        .block_on(Cache::parse(&server.base).unwrap().download(
+            &key,
+            &partial,
+            (&sha256, size),
+            &|n| {
+                reported.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            },
+        ))
+        .unwrap();
+    assert_eq!(found, Some((sha256, size)));
+    assert_eq!(ranges(&server), [100_000, 400_000, 700_000]);
+    assert_eq!(reported.into_inner(), size);
+}

@@ -192,7 +192,8 @@ impl Cache {
     /// whole once more, with [`MAX_ATTEMPTS`] reads of its own. Returns the
     /// hash and size of what `partial` holds at the end, which the caller compares with the record (after a
     /// mismatch `partial` holds bytes that are not the object: remove it). More than `expected`'s size is an error
-    /// (and discards the partial); `progress` gets each chunk's length (what a resume starts from first).
+    /// (and discards the partial); `progress` gets how many bytes more the file holds than it was last told, so
+    /// each byte of the object is counted once over all reads (what a resume starts from first).
     pub async fn download(
         &self,
         key: &str,
@@ -207,6 +208,14 @@ impl Cache {
         let mut restarted = false;
         // Reads since the partial was last discarded: the whole read after a discard gets attempts of its own.
         let mut attempt = 0u32;
+        // How far `progress` was told: each byte of the object is reported once, over all reads.
+        let shown = std::cell::Cell::new(0u64);
+        let show = |at: u64| {
+            if at > shown.get() {
+                progress(at - shown.get());
+                shown.set(at);
+            }
+        };
         loop {
             attempt += 1;
             let mut offset = file.metadata()?.len();
@@ -231,7 +240,7 @@ impl Cache {
                 let sha256 = Sha256::from_hasher(hasher.clone());
                 // After a discard the caller gets what the whole read brought, to report the mismatch.
                 if &sha256 == expected_sha256 || restarted {
-                    progress(offset);
+                    show(offset);
                     return Ok(Some((sha256, offset)));
                 }
                 tracing::info!(
@@ -245,7 +254,7 @@ impl Cache {
             }
             file.set_len(offset)?;
             file.seek(SeekFrom::Start(offset))?;
-            progress(offset);
+            show(offset);
             // Where this attempt's bytes start (the cache may answer a ranged read whole) and how many arrived.
             let mut start = offset;
             let mut arrived = 0u64;
@@ -271,7 +280,7 @@ impl Cache {
                         file.write_all(chunk)?;
                         hasher.update(chunk);
                         arrived += chunk.len() as u64;
-                        progress(chunk.len() as u64);
+                        show(start + arrived);
                         Ok(())
                     }
                 })
