@@ -525,3 +525,27 @@ fn download_progress_counts_each_byte_once_across_resumed_reads() {
     assert_eq!(ranges(&server), [100_000, 400_000, 700_000]);
     assert_eq!(reported.into_inner(), size);
 }
+
+/// The sweep of abandoned partials looks only at `<sha256>.part` names: an old one is removed (under its archive's
+/// lock), another name gets no lock file and is left alone.
+#[test]
+fn the_sweep_of_old_partials_takes_only_sha256_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, cache, name, key) = pushed(dir.path());
+    let partials_dir = store.root().join(".tmp/archives");
+    std::fs::create_dir_all(&partials_dir).unwrap();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(8 * 24 * 3600);
+    let abandoned = partials_dir.join(format!("{}.part", "ab".repeat(32)));
+    let other = partials_dir.join("foo.part");
+    for path in [&abandoned, &other] {
+        std::fs::File::create(path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let server = serve(cache.clone(), Mode::Serve);
+    assert!(substitute(&store, &server, &name, &key).unwrap());
+    assert!(!abandoned.exists());
+    assert!(other.exists());
+    assert!(!store.root().join(".locks/archive-foo.lock").exists());
+}

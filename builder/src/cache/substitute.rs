@@ -476,7 +476,7 @@ impl Substituter {
 const PARTIAL_KEPT: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// `<store>/.tmp/archives/`, where archives are downloaded (`<sha256>.part`). The first call of a process removes
-/// the partial archives untouched for [`PARTIAL_KEPT`] (abandoned downloads).
+/// the partial archives untouched for [`PARTIAL_KEPT`] (abandoned downloads); other names there are left alone.
 fn partial_dir(store: &Store) -> Result<std::path::PathBuf> {
     static SWEPT: std::sync::Once = std::sync::Once::new();
     let dir = store.root().join(".tmp").join("archives");
@@ -493,7 +493,11 @@ fn partial_dir(store: &Store) -> Result<std::path::PathBuf> {
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > PARTIAL_KEPT);
             let file_name = entry.file_name().to_string_lossy().into_owned();
-            let Some(sha256) = file_name.strip_suffix(".part") else {
+            // Only hvd's own names: a lock file is made for each one looked at.
+            let Some(sha256) = file_name.strip_suffix(".part").filter(|name| {
+                name.parse::<hvd_resolver::Sha256>()
+                    .is_ok_and(|s| s.as_str() == *name)
+            }) else {
                 continue;
             };
             // Never under a download that resumes it.
