@@ -521,7 +521,8 @@ fn download_progress_counts_each_byte_once_across_resumed_reads() {
             },
         ))
         .unwrap();
-    assert_eq!(found, Some((sha256, size)));
+    let (found, found_size, _) = found.unwrap();
+    assert_eq!((found, found_size), (sha256, size));
     assert_eq!(ranges(&server), [100_000, 400_000, 700_000]);
     assert_eq!(reported.into_inner(), size);
 }

@@ -190,7 +190,8 @@ impl Cache {
     /// A partial shown not to belong to the object (the hash at the end differs after a resume, the cache
     /// refuses the range as past the object's end (`416`) or answers another one) is discarded and the object read
     /// whole once more, with [`MAX_ATTEMPTS`] reads of its own. Returns the
-    /// hash and size of what `partial` holds at the end, which the caller compares with the record (after a
+    /// hash and size of what `partial` holds at the end, and the open file they were computed from (to read it
+    /// from, not from its name), which the caller compares with the record (after a
     /// mismatch `partial` holds bytes that are not the object: remove it). More than `expected`'s size is an error
     /// (and discards the partial); `progress` gets how many bytes more the file holds than it was last told, so
     /// each byte of the object is counted once over all reads (what a resume starts from first).
@@ -200,7 +201,7 @@ impl Cache {
         partial: &Path,
         expected: (&Sha256, u64),
         progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<Option<(Sha256, u64)>, CacheError> {
+    ) -> Result<Option<(Sha256, u64, std::fs::File)>, CacheError> {
         use std::io::{Read, Seek, SeekFrom, Write};
         let (expected_sha256, limit) = expected;
         let mut file = open_partial(partial)?;
@@ -241,7 +242,7 @@ impl Cache {
                 // After a discard the caller gets what the whole read brought, to report the mismatch.
                 if &sha256 == expected_sha256 || restarted {
                     show(offset);
-                    return Ok(Some((sha256, offset)));
+                    return Ok(Some((sha256, offset, file)));
                 }
                 tracing::info!(
                     "discarding `{}`: not the archive it is named for",
@@ -292,7 +293,7 @@ impl Cache {
                     let sha256 = Sha256::from_hasher(hasher);
                     let resumed = start > 0 || attempt > 1;
                     if (&sha256 == expected_sha256 && size == limit) || !resumed || restarted {
-                        return Ok(Some((sha256, size)));
+                        return Ok(Some((sha256, size, file)));
                     }
                     tracing::info!(
                         "discarding `{}`: the resumed archive is not the one its record names; reading it whole",

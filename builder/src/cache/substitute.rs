@@ -397,7 +397,7 @@ impl Substituter {
                     actual,
                     actual_size,
                 };
-                let (sha256, size) = match downloaded {
+                let (sha256, size, verified) = match downloaded {
                     Ok(Some(found)) => found,
                     Ok(None) => {
                         archive_missing.store(true, Ordering::Relaxed);
@@ -423,14 +423,26 @@ impl Substituter {
                     let _ = fs_err::remove_file(&archive);
                     return Err(mismatch(sha256.to_string(), size).into());
                 }
+                // Unpacked from the file that was hashed, through its descriptor: a name swapped since is not
+                // read (the descriptor's own path under /proc; the file's name where /proc is not mounted).
+                let by_descriptor = std::path::PathBuf::from(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&verified)
+                ));
+                let source = if by_descriptor.exists() {
+                    by_descriptor
+                } else {
+                    archive.clone()
+                };
                 let file_hashes =
-                    super::archive::unpack(&archive, &target.out).map_err(|source| {
+                    super::archive::unpack(&source, &target.out).map_err(|source| {
                         CacheError::Unpack {
                             cache: cache.url().to_string(),
                             name: name.clone(),
                             source: Box::new(source),
                         }
                     })?;
+                drop(verified);
                 fs_err::remove_file(&archive)?;
                 Ok(BuildOutput {
                     references: record.references.clone(),
