@@ -569,10 +569,10 @@ def _make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_f
             return out
         present = [i for i, g in enumerate(grads) if g is not None]
         if isinstance(groups, list) and variables is not None:
-            by_ref = {v.ref(): i for i, v in enumerate(variables) if grads[i] is not None}
+            by_ref = {_ref(v): i for i, v in enumerate(variables) if grads[i] is not None}
             parts = []
             for group in groups:
-                part = [by_ref.pop(v.ref()) for v in group if v.ref() in by_ref]
+                part = [by_ref.pop(_ref(v)) for v in group if _ref(v) in by_ref]
                 if part:
                     parts.append(part)
             parts += [[i] for i in present if i in by_ref.values()]
@@ -586,6 +586,17 @@ def _make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_f
         return out
 
     return allreduce_grads
+
+
+def _ref(variable):
+    """A hashable key of a variable: ``tf.Variable.ref()``; a Keras 3 variable (no ``ref``) by the TensorFlow
+    variable it holds."""
+    if hasattr(variable, "ref"):
+        return variable.ref()
+    inner = getattr(variable, "value", None)
+    if inner is not None and hasattr(inner, "ref"):
+        return inner.ref()
+    return id(variable)
 
 
 def _check_gradient_options(op, gradient_predivide_factor, num_groups, groups):
@@ -612,7 +623,7 @@ class _DistributedGradientTape(tf.GradientTape):
         single = not isinstance(sources, (list, tuple))
         source_list = [sources] if single else list(sources)
         grads = super().gradient(target, source_list, output_gradients, **kwargs)
-        shared = [i for i, s in enumerate(source_list) if s.ref() not in self._hvd_local]
+        shared = [i for i, s in enumerate(source_list) if _ref(s) not in self._hvd_local]
         reduced = self._hvd_allreduce([grads[i] for i in shared], [source_list[i] for i in shared])
         grads = list(grads)
         for i, r in zip(shared, reduced):
@@ -620,19 +631,19 @@ class _DistributedGradientTape(tf.GradientTape):
         if self._hvd_scale_local and self._hvd_local:
             n = _set_size(self._hvd_process_set)
             for i, s in enumerate(source_list):
-                if s.ref() in self._hvd_local and grads[i] is not None:
+                if _ref(s) in self._hvd_local and grads[i] is not None:
                     grads[i] = _scale_local(grads[i], n)
         return grads[0] if single else grads
 
     def register_local_source(self, source):
         """Gradients of ``source`` are not reduced (a rank-local variable)."""
-        self._hvd_local.add(source.ref())
+        self._hvd_local.add(_ref(source))
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
         grads = self.gradient(target, sources, output_gradients)
         local, shared = [], []
         for s, g in zip(sources, grads):
-            (local if s.ref() in self._hvd_local else shared).append((s, g))
+            (local if _ref(s) in self._hvd_local else shared).append((s, g))
         return local, shared
 
 
@@ -697,7 +708,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
 
     def register_local_var(self, var):
         """Gradients of ``var`` are not reduced."""
-        self._local_vars.add(var.ref())
+        self._local_vars.add(_ref(var))
 
     def compute_gradients(self, *args, **kwargs):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
@@ -709,14 +720,14 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
 
     def _reduce(self, grads, variables):
         grads = list(grads)
-        shared = [i for i, v in enumerate(variables) if v.ref() not in self._local_vars]
+        shared = [i for i, v in enumerate(variables) if _ref(v) not in self._local_vars]
         reduced = self._allreduce_grads([grads[i] for i in shared], [variables[i] for i in shared])
         for i, r in zip(shared, reduced):
             grads[i] = r
         if self._scale_local and self._local_vars:
             n = _set_size(self._process_set)
             for i, v in enumerate(variables):
-                if v.ref() in self._local_vars and grads[i] is not None:
+                if _ref(v) in self._local_vars and grads[i] is not None:
                     grads[i] = _scale_local(grads[i], n)
         return grads
 
@@ -846,7 +857,13 @@ if hasattr(tf.compat.v1.train, "SessionRunHook"):
 
 
 def _sync_batch_normalization_class():
+    global _KERAS_BN_FUSED
     base = tf.keras.layers.BatchNormalization
+    # Keras 2's layer takes `fused`; Keras 3's has no fused kernel and refuses the argument.
+    import inspect
+
+    _KERAS_BN_FUSED = any("fused" in inspect.signature(cls.__init__).parameters
+                          for cls in base.__mro__ if "__init__" in vars(cls))
 
     class SyncBatchNormalization(base):
         """Keras batch normalization whose batch statistics, in training, are those of every rank's batch together
@@ -858,7 +875,9 @@ def _sync_batch_normalization_class():
             kwargs.setdefault("name", None)
             if not kwargs["name"]:
                 kwargs["name"] = "sync_batch_normalization"
-            super().__init__(fused=fused, **kwargs)
+            if _KERAS_BN_FUSED:
+                kwargs["fused"] = fused
+            super().__init__(**kwargs)
 
         def _moments(self, inputs, *args, **kwargs):
             mean, variance = super()._moments(inputs, *args, **kwargs)
@@ -871,6 +890,7 @@ def _sync_batch_normalization_class():
     return SyncBatchNormalization
 
 
+_KERAS_BN_FUSED = False
 if hasattr(tf, "keras") and hasattr(tf.keras.layers.BatchNormalization, "_moments"):
     SyncBatchNormalization = _sync_batch_normalization_class()
 
