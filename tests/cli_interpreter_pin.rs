@@ -209,6 +209,56 @@ fn the_lock_pins_the_interpreter_without_copying_it_and_the_build_copies_exactly
         .unwrap_or_default();
     assert!(temp.is_empty(), "the lock left temp directories: {temp:?}");
 
+    // The pin is kept as a hint for these files: the next lock takes it instead of hashing the interpreter again.
+    let hints: Vec<_> = std::fs::read_dir(store.join(".interpreters"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "pin"))
+        .collect();
+    assert_eq!(hints.len(), 1, "{hints:?}");
+    let hint = &hints[0];
+    assert_eq!(
+        std::fs::read_to_string(hint).unwrap(),
+        format!("{}\n{}\n", pin.version, pin.content_hash)
+    );
+    let relock = |file_arg: &str| {
+        let output = common::hvd_with_store(dir.path(), &store, &["lock", file_arg])
+            .env("HVD_LOG", "hvd_builder::interpreter=debug")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output).1);
+        let pinned = Lockfile::read(&Lockfile::path_for(&file))
+            .unwrap()
+            .target
+            .installation;
+        (pinned, text(&output).1)
+    };
+    let (pinned, log) = relock(&file_arg);
+    assert_eq!(pinned.as_ref(), Some(&pin));
+    assert!(log.contains("interpreter pin from the hint"), "{log}");
+    // A hostile hint (not a hash, another version, bytes that are not text, a FIFO) is ignored: hashed again.
+    let fifo = hint.with_extension("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for planted in [
+        format!("{}\n../../etc\n", pin.version).into_bytes(),
+        format!("2.7.18\n{}\n", pin.content_hash).into_bytes(),
+        vec![0xff; 100_000],
+    ] {
+        std::fs::write(hint, planted).unwrap();
+        let (pinned, log) = relock(&file_arg);
+        assert_eq!(pinned.as_ref(), Some(&pin));
+        assert!(!log.contains("interpreter pin from the hint"), "{log}");
+    }
+    std::fs::remove_file(hint).unwrap();
+    std::fs::rename(&fifo, hint).unwrap();
+    let (pinned, log) = relock(&file_arg);
+    assert_eq!(pinned.as_ref(), Some(&pin));
+    assert!(!log.contains("interpreter pin from the hint"), "{log}");
+
     let built = hvd(&["build", &file_arg, "--locked"]);
     assert_eq!(built.status.code(), Some(0), "{}", text(&built).1);
     let python = hvd_builder::interpreter::derivation(&pin.version, &pin.content_hash).path_name();

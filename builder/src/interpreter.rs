@@ -699,18 +699,111 @@ fn origin_relative(from: &Path, to: &Path) -> String {
 
 /// What a lock pins of `python`'s installation: its version and the content hash its store path has, or would have,
 /// without copying it: the path this store already made from these files ([`import`]'s fingerprint entry) when it is
-/// valid, else the selection is read, relocated and hashed in memory, one file at a time, and nothing is written.
+/// valid, else the pin an earlier `pin` of the same files computed (`<store>/.interpreters/<fingerprint>.pin`), else
+/// the selection is read, relocated and hashed in memory, one file at a time, and only that pin file is written.
+/// The pin file is a hint like the fingerprint entry: the build's copy checks the hash it computes against the pin.
 pub fn pin(store: &Store, python: &Interpreter) -> Result<InterpreterPin> {
     let selection = select(python)?;
     let fingerprint = selection.fingerprint(&python.version)?;
     if let Some(found) = imported(store, python, &fingerprint) {
         return Ok(found.pin());
     }
+    let hint = store
+        .root()
+        .join(".interpreters")
+        .join(format!("{fingerprint}.pin"));
+    if let Some(pinned) = read_pin_hint(&hint, &python.version) {
+        tracing::debug!(
+            "interpreter pin from the hint `{}`: {} {}",
+            hint.display(),
+            pinned.version,
+            pinned.content_hash
+        );
+        return Ok(pinned);
+    }
     let manifest = selection.copy(None)?;
-    Ok(InterpreterPin {
+    let pinned = InterpreterPin {
         version: python.version.clone(),
         content_hash: crate::hash::content_hash(&manifest),
+    };
+    // Only a hint: a failure to write it costs the next lock a hash, nothing else.
+    if let Err(err) = write_pin_hint(store, &hint, &pinned) {
+        tracing::debug!("no interpreter pin hint `{}`: {err}", hint.display());
+    }
+    Ok(pinned)
+}
+
+/// The pin a hint file holds (`VERSION\nCONTENT-HASH\n`), when it is a regular file of at most 4 KiB holding exactly
+/// `version` and a sha256; anything else (planted, stale, cut short) gives `None`.
+fn read_pin_hint(hint: &Path, version: &str) -> Option<InterpreterPin> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(hint)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(4096).read_to_string(&mut text).ok()?;
+    let mut lines = text.lines();
+    let (found, hash) = (lines.next()?, lines.next()?);
+    if found != version || lines.next().is_some() {
+        return None;
+    }
+    let content_hash: Sha256 = hash.parse().ok()?;
+    Some(InterpreterPin {
+        version: version.to_string(),
+        content_hash,
     })
+}
+
+/// Write the hint file `hint` for `pinned`: a temp file renamed into place (created new, mode 0644).
+fn write_pin_hint(store: &Store, hint: &Path, pinned: &InterpreterPin) -> Result<()> {
+    let dir = store.root().join(".interpreters");
+    interpreters_dir(&dir)?;
+    let mut random = [0u8; 8];
+    getrandom::fill(&mut random)
+        .map_err(|err| std::io::Error::other(format!("no random bytes for a temp name: {err}")))?;
+    let temp = dir.join(format!(
+        ".pin.{}.{:016x}",
+        std::process::id(),
+        u64::from_le_bytes(random)
+    ));
+    let written = crate::store::create_new_file(&temp, 0o644)
+        .and_then(|mut file| {
+            std::io::Write::write_all(
+                &mut file,
+                format!("{}\n{}\n", pinned.version, pinned.content_hash).as_bytes(),
+            )
+        })
+        .and_then(|_| std::fs::rename(&temp, hint));
+    if let Err(err) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(err.into());
+    }
+    Ok(())
+}
+
+/// Create `<store>/.interpreters` (mode 0755) unless it exists.
+fn interpreters_dir(cache_dir: &Path) -> Result<()> {
+    if !cache_dir.is_dir() {
+        // Whoever can write an entry chooses the interpreter of every env built from these files.
+        use std::os::unix::fs::DirBuilderExt;
+        let created = std::fs::DirBuilder::new().mode(0o755).create(cache_dir);
+        if let Err(err) = created
+            && err.kind() != std::io::ErrorKind::AlreadyExists
+        {
+            return Err(std::io::Error::other(format!(
+                "failed to create `{}`: {err}",
+                cache_dir.display()
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// The interpreter path that `<store>/.interpreters/<fingerprint>` names, when it is valid, of exactly `python`'s
@@ -740,20 +833,7 @@ pub fn import(store: &Store, python: &Interpreter) -> Result<StoredPython> {
     let selection = select(python)?;
     let fingerprint = selection.fingerprint(&python.version)?;
     let cache_dir = store.root().join(".interpreters");
-    if !cache_dir.is_dir() {
-        // Whoever can write an entry chooses the interpreter of every env built from these files.
-        use std::os::unix::fs::DirBuilderExt;
-        let created = std::fs::DirBuilder::new().mode(0o755).create(&cache_dir);
-        if let Err(err) = created
-            && err.kind() != std::io::ErrorKind::AlreadyExists
-        {
-            return Err(std::io::Error::other(format!(
-                "failed to create `{}`: {err}",
-                cache_dir.display()
-            ))
-            .into());
-        }
-    }
+    interpreters_dir(&cache_dir)?;
     let cache = cache_dir.join(&fingerprint);
     // An entry is only a hint (see [`imported`]); the copy that follows a stale or planted one overwrites it.
     let cached = || imported(store, python, &fingerprint);
