@@ -680,7 +680,7 @@ impl Cache {
 }
 
 /// Open the partial archive `path` to resume it, or create it (mode 0600); never through a symbolic link. One
-/// that is not this user's file alone (another owner, more than one link, group or world access) is removed and
+/// that is not this user's file alone (another owner, more than one link, writable by group or others) is removed and
 /// created anew (`O_CREAT|O_EXCL`): resuming writes into it and unpacks what it holds.
 fn open_partial(path: &Path) -> Result<std::fs::File, CacheError> {
     use std::os::unix::fs::OpenOptionsExt;
@@ -718,7 +718,7 @@ fn open_partial(path: &Path) -> Result<std::fs::File, CacheError> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    if metadata.uid() == me && metadata.nlink() == 1 && metadata.mode() & 0o077 == 0 {
+    if metadata.uid() == me && metadata.nlink() == 1 && metadata.mode() & 0o022 == 0 {
         return Ok(file);
     }
     tracing::info!(
