@@ -110,6 +110,11 @@ fn cuda_cc_chooses_the_architectures_horovods_kernels_are_compiled_for() {
             "keep \"75\" and newer",
         ),
         (
+            "std.horovod { gpu_ops = \"nccl\", cuda = std.cuda { version = \"13.0\" }, cuda_cc = [\"90\", \"101\"] }",
+            "CUDA 13 (std.cuda 13.0) calls compute capability 10.1 11.0",
+            "write \"110\" in `cuda_cc` instead of \"101\"",
+        ),
+        (
             "std.horovod { version = \"0.19.5\", gpu_ops = \"nccl\", cuda_cc = [\"80\"] }",
             "Horovod 0.19.5 compiles no CUDA kernels of its own",
             "drop it",
