@@ -20,30 +20,54 @@ fn text(output: &Output) -> (String, String) {
     )
 }
 
-#[test]
-fn the_lock_pins_the_interpreter_and_a_changed_pin_is_refused_until_relocked() {
-    let index =
-        FixtureIndex::start(vec![Dist::wheel("alpha", "1.0")], FixtureOptions::default()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let app = dir.path().join("app");
-    std::fs::create_dir_all(&app).unwrap();
-    let file = app.join("train.hvd");
-    std::fs::write(
-        &file,
-        format!(
-            "project \"app\"\nenv {{\n  python = \"{}\"\n  index = \"{}\"\n  packages = [\"alpha\"]\n}}\n",
-            common::python_version(),
-            index.url()
-        ),
-    )
-    .unwrap();
-    let file_arg = file.display().to_string();
-    let hvd = |args: &[&str]| {
-        common::hvd_with_store(dir.path(), &store, args)
+/// A project `app/train.hvd` with one package from a fixture index, and a store, in a fresh directory.
+struct Project {
+    _index: FixtureIndex,
+    dir: tempfile::TempDir,
+    store: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+impl Project {
+    fn new() -> Self {
+        let index =
+            FixtureIndex::start(vec![Dist::wheel("alpha", "1.0")], FixtureOptions::default())
+                .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let app = dir.path().join("app");
+        std::fs::create_dir_all(&app).unwrap();
+        let file = app.join("train.hvd");
+        std::fs::write(
+            &file,
+            format!(
+                "project \"app\"\nenv {{\n  python = \"{}\"\n  index = \"{}\"\n  packages = [\"alpha\"]\n}}\n",
+                common::python_version(),
+                index.url()
+            ),
+        )
+        .unwrap();
+        Project {
+            _index: index,
+            dir,
+            store,
+            file,
+        }
+    }
+
+    fn hvd(&self, args: &[&str]) -> Output {
+        common::hvd_with_store(self.dir.path(), &self.store, args)
             .output()
             .unwrap()
-    };
+    }
+}
+
+#[test]
+fn the_lock_pins_the_interpreter_and_a_changed_pin_is_refused_until_relocked() {
+    let project = Project::new();
+    let (store, file) = (project.store.clone(), project.file.clone());
+    let file_arg = file.display().to_string();
+    let hvd = |args: &[&str]| project.hvd(args);
 
     let built = hvd(&["build", &file_arg]);
     let (env, err) = text(&built);
@@ -160,28 +184,10 @@ fn the_lock_pins_the_interpreter_and_a_changed_pin_is_refused_until_relocked() {
 /// other store path or temp directory), and the pin names exactly the path `hvd build` then copies in.
 #[test]
 fn the_lock_pins_the_interpreter_without_copying_it_and_the_build_copies_exactly_that() {
-    let index =
-        FixtureIndex::start(vec![Dist::wheel("alpha", "1.0")], FixtureOptions::default()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let app = dir.path().join("app");
-    std::fs::create_dir_all(&app).unwrap();
-    let file = app.join("train.hvd");
-    std::fs::write(
-        &file,
-        format!(
-            "project \"app\"\nenv {{\n  python = \"{}\"\n  index = \"{}\"\n  packages = [\"alpha\"]\n}}\n",
-            common::python_version(),
-            index.url()
-        ),
-    )
-    .unwrap();
+    let project = Project::new();
+    let (dir, store, file) = (&project.dir, project.store.clone(), project.file.clone());
     let file_arg = file.display().to_string();
-    let hvd = |args: &[&str]| {
-        common::hvd_with_store(dir.path(), &store, args)
-            .output()
-            .unwrap()
-    };
+    let hvd = |args: &[&str]| project.hvd(args);
     let locked = hvd(&["lock", &file_arg]);
     assert_eq!(locked.status.code(), Some(0), "{}", text(&locked).1);
     let pin = Lockfile::read(&Lockfile::path_for(&file))
