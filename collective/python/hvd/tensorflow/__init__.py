@@ -158,6 +158,9 @@ def _run(kind, fn, tensors, touts, name, ignore_name_scope=False):
         except (_core.MismatchError, _core.NotInitializedError) as e:
             text = "{}: {}".format(type(e).__name__, e).replace("/", "|")
             message = "/hvd collective failed: {}".format(text).encode("utf-8", "replace")
+            # Kept under PATH_MAX (4096), past which the write fails with ENAMETOOLONG (InvalidArgument) instead.
+            if len(message) > _FAILURE_BYTES:
+                message = message[:_FAILURE_BYTES].decode("utf-8", "ignore").encode("utf-8") + b"..."
             return [np.zeros(0, t) for t in np_types] + [np.bytes_(message)]
 
     outs = tf.numpy_function(run, list(tensors), list(touts) + [tf.string], name=node_name, stateful=True)
@@ -171,6 +174,10 @@ def _run(kind, fn, tensors, touts, name, ignore_name_scope=False):
     check = tf.io.write_file(tf.strings.join(["/dev/null", failure]), "")
     with tf.control_dependencies([check]):
         return [tf.identity(o) for o in outs]
+
+
+# The most bytes of a failure's message a graph-mode collective raises (see `_run`).
+_FAILURE_BYTES = 3000
 
 
 def _tensor(x):
