@@ -19,33 +19,24 @@ except ImportError as e:
     ) from e
 
 import hvd as _core
+from hvd import _compression
 from hvd import Average, broadcast_object, synchronize
 
 _core._reexport(globals(), tensor_ops=False)
 
 
+class _TorchCastCompressor(_compression.CastCompressor):
+    is_floating = staticmethod(lambda dtype: dtype.is_floating_point)
+    cast = staticmethod(lambda tensor, dtype: tensor.to(dtype))
+
+
 class Compression:
     """Gradient compression for allreduce: ``none`` or ``fp16`` (floating tensors travel as float16)."""
 
-    class none:
-        @staticmethod
-        def compress(tensor):
-            return tensor, None
+    none = _compression.NoneCompressor
 
-        @staticmethod
-        def decompress(tensor, ctx):
-            return tensor
-
-    class fp16:
-        @staticmethod
-        def compress(tensor):
-            if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
-                return tensor.to(torch.float16), tensor.dtype
-            return tensor, None
-
-        @staticmethod
-        def decompress(tensor, ctx):
-            return tensor if ctx is None else tensor.to(ctx)
+    class fp16(_TorchCastCompressor):
+        dtype = torch.float16
 
 
 def _cpu(tensor):

@@ -5,6 +5,7 @@ aggregation, and the optimizer wrapper."""
 import tensorflow as tf
 
 import hvd as _core
+from hvd import _compression
 import hvd.tensorflow as _hvd_tf
 
 # hvd has no Adasum; a value unlike the five reduce ops, the same as horovod.torch's, so a script may name it and
@@ -12,32 +13,9 @@ import hvd.tensorflow as _hvd_tf
 Adasum = getattr(_hvd_tf, "Adasum", 101)
 
 
-class _NoneCompressor:
-    """No compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor:
-    """Floating-point tensors travel as ``dtype`` and come back in their own dtype; others are left as they are."""
-
-    dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != cls.dtype:
-            return tf.cast(tensor, cls.dtype), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+class _CastCompressor(_compression.CastCompressor):
+    is_floating = staticmethod(lambda dtype: dtype.is_floating)
+    cast = staticmethod(tf.cast)
 
 
 class _FP16Compressor(_CastCompressor):
@@ -52,7 +30,7 @@ class _Compression:
     """Horovod's ``Compression``: ``none``, ``fp16`` (and ``bf16``), each with ``compress(t) -> (t, ctx)`` and
     ``decompress(t, ctx)``. hvd.tensorflow's own is used when it has one."""
 
-    none = _NoneCompressor
+    none = _compression.NoneCompressor
     fp16 = _FP16Compressor
     bf16 = _BF16Compressor
 
