@@ -648,6 +648,33 @@ mod tests {
         )
     }
 
+    /// A stand-in ssh (`d/elsewhere-ssh`) for a host that sees the project at `<proj>-host` and keeps its cache in
+    /// `d/cache`; with `path_first`, the host's commands are looked up there first.
+    fn elsewhere_ssh(d: &Path, proj: &Path, path_first: Option<&Path>) -> PathBuf {
+        let path = path_first
+            .map(|bin| format!("export PATH={}:$PATH\n", quote(&bin.display().to_string())))
+            .unwrap_or_default();
+        executable(
+            d.join("elsewhere-ssh"),
+            format!(
+                "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift\nexport XDG_CACHE_HOME={cache}\n\
+                 {path}exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#{p}#{p}-host#g\")\"\n",
+                cache = quote(&d.join("cache").display().to_string()),
+                p = proj.display()
+            ),
+        )
+    }
+
+    /// Checks host `a` through `ssh` for the project `proj`: the work directory it was given, if the project was sent.
+    fn delivered_work_dir(ssh: &Path, proj: &Path) -> Option<PathBuf> {
+        let mut s = setup(Some("lo"));
+        s.ssh = vec![ssh.display().to_string()];
+        s.hosts = vec![("a".into(), 1)];
+        s.check_hosts(proj, None, &[]).unwrap();
+        let dirs = s.work_dirs.lock().unwrap().clone();
+        dirs.get("a").cloned()
+    }
+
     /// An env to copy: `d/store` holds env `E1` and its one package `P1`; host `c`'s store (`d/store-c`) is empty.
     fn copy_source(d: &Path) -> PathBuf {
         let env = store_path(&d.join("store"), E1, "c1", &[P1]);
@@ -968,23 +995,8 @@ mod tests {
         std::fs::create_dir_all(proj.join("src")).unwrap();
         std::fs::write(proj.join("train.py"), "print(1)").unwrap();
         std::fs::write(proj.join("src/a.py"), "a").unwrap();
-        let ssh = executable(
-            d.join("elsewhere-ssh"),
-            format!(
-                "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift\nexport XDG_CACHE_HOME={cache}\n\
-                 exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#{p}#{p}-host#g\")\"\n",
-                cache = quote(&d.join("cache").display().to_string()),
-                p = proj.display()
-            ),
-        );
-        let run = || {
-            let mut s = setup(Some("lo"));
-            s.ssh = vec![ssh.display().to_string()];
-            s.hosts = vec![("a".into(), 1)];
-            s.check_hosts(&proj, None, &[]).unwrap();
-            let dirs = s.work_dirs.lock().unwrap().clone();
-            dirs.get("a").cloned()
-        };
+        let ssh = elsewhere_ssh(d, &proj, None);
+        let run = || delivered_work_dir(&ssh, &proj);
         let first = run().expect("delivered");
         assert!(first.starts_with(d.join("cache/hvd/work")), "{first:?}");
         assert_eq!(
@@ -1093,24 +1105,8 @@ mod tests {
             "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -printf ] && { echo 'find: unrecognized: -printf' >&2; \
              exit 1; }; done\nexec /usr/bin/find \"$@\"\n",
         );
-        let ssh = executable(
-            d.join("busybox-ssh"),
-            format!(
-                "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift\nexport XDG_CACHE_HOME={cache}\n\
-                 export PATH={bin}:$PATH\nexec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#{p}#{p}-host#g\")\"\n",
-                cache = quote(&d.join("cache").display().to_string()),
-                bin = quote(&d.join("bin").display().to_string()),
-                p = proj.display()
-            ),
-        );
-        let run = || {
-            let mut s = setup(Some("lo"));
-            s.ssh = vec![ssh.display().to_string()];
-            s.hosts = vec![("a".into(), 1)];
-            s.check_hosts(&proj, None, &[]).unwrap();
-            let dirs = s.work_dirs.lock().unwrap().clone();
-            dirs.get("a").cloned().expect("delivered")
-        };
+        let ssh = elsewhere_ssh(d, &proj, Some(&d.join("bin")));
+        let run = || delivered_work_dir(&ssh, &proj).expect("delivered");
         let first = run();
         let name = first.file_name().unwrap().to_string_lossy().into_owned();
         let cached = first.with_file_name(name.split_once(".run.").unwrap().0);
