@@ -60,28 +60,13 @@ fn marker() -> String {
 /// A project whose 2-worker step `train` (`workers` as written in the file) runs the training script, with `extra`
 /// lines in the step.
 fn project(workers: &str, extra: &str, marker: &str) -> tempfile::TempDir {
-    let (python, package, lib) = allreduce_runtime();
-    let dir = common::project(&format!(
-        "step train {{\n  run = \"{python} train.py\"\n  workers = {workers}\n  env = {{ PYTHONPATH = \"{}\", \
-         HVD_LIBRARY = \"{}\", HVD_TEST_MARKER = \"{marker}\" }}\n{extra}}}",
-        package.display(),
-        lib.display()
-    ));
-    std::fs::write(dir.path().join("train.py"), TRAIN).unwrap();
-    dir
+    let env = format!(", HVD_TEST_MARKER = \"{marker}\"");
+    common::train_project(workers, &env, extra, TRAIN)
 }
 
 /// `hvd run --no-build --grace 2 <args>` in `dir` with `env`: its output, stdout and stderr.
 fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (Output, String, String) {
-    let out = common::hvd_run_command(dir)
-        .args(["--no-build", "--grace", "2"])
-        .args(args)
-        .env("NO_COLOR", "1")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    (out, stdout, stderr)
+    common::hvd_run_graced(dir, 2, args, env)
 }
 
 /// The checkpoints in `dir`, oldest first.

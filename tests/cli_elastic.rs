@@ -136,39 +136,16 @@ fn project_with_signal(
     signal: i32,
     marker: &str,
 ) -> tempfile::TempDir {
-    let (python, package, lib) = allreduce_runtime();
-    let dir = common::project(&format!(
-        "step train {{\n  run = \"{python} train.py\"\n  workers = {workers}\n  env = {{ PYTHONPATH = \"{}\", \
-         HVD_LIBRARY = \"{}\", ELASTIC_STEPS = \"{steps}\", ELASTIC_KILL = \"{kill}\", ELASTIC_SIGNAL = \
-         \"{signal}\", HVD_TEST_MARKER = \"{marker}\" }}\n}}",
-        package.display(),
-        lib.display()
-    ));
-    std::fs::write(dir.path().join("train.py"), TRAIN).unwrap();
-    dir
+    let env = format!(
+        ", ELASTIC_STEPS = \"{steps}\", ELASTIC_KILL = \"{kill}\", ELASTIC_SIGNAL = \"{signal}\", \
+         HVD_TEST_MARKER = \"{marker}\""
+    );
+    common::train_project(workers, &env, "", TRAIN)
 }
 
 /// `hvd run --no-build --grace 2 <args>` in `dir` with the variables `env` set: its output, stdout and stderr.
 fn run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (Output, String, String) {
-    run_graced(dir, 2, args, env)
-}
-
-/// [`run`] with `--grace <grace>`.
-fn run_graced(
-    dir: &Path,
-    grace: u32,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> (Output, String, String) {
-    let out = common::hvd_run_command(dir)
-        .args(["--no-build", "--grace", &grace.to_string()])
-        .args(args)
-        .env("NO_COLOR", "1")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    (out, stdout, stderr)
+    common::hvd_run_graced(dir, 2, args, env)
 }
 
 /// Asserts that each `(slot, rank)` of `members` printed that it re-formed as that rank of a job of `size`.
@@ -246,7 +223,7 @@ fn an_elastic_step_below_its_minimum_fails_naming_the_reason() {
 fn a_stopped_elastic_step_ends_its_workers_at_once_and_their_finally_blocks_run() {
     let marker = marker();
     let dir = project("3", 400, "2:3", &marker);
-    let (out, stdout, stderr) = run_graced(
+    let (out, stdout, stderr) = common::hvd_run_graced(
         dir.path(),
         5,
         &["--min-workers", "3"],

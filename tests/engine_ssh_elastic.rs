@@ -79,15 +79,8 @@ hvd.shutdown()
 /// A project whose step `train` runs the training script on `workers` (as written in the file) with `env` (more
 /// `NAME = "VALUE"` entries).
 fn project(workers: &str, steps: u32, env: &str) -> tempfile::TempDir {
-    let (python, package, lib) = common::allreduce_runtime();
-    let dir = common::project(&format!(
-        "step train {{\n  run = \"{python} train.py\"\n  workers = {workers}\n  env = {{ PYTHONPATH = \"{}\", \
-         HVD_LIBRARY = \"{}\", ELASTIC_STEPS = \"{steps}\"{env} }}\n}}",
-        package.display(),
-        lib.display()
-    ));
-    std::fs::write(dir.path().join("train.py"), TRAIN).unwrap();
-    dir
+    let env = format!(", ELASTIC_STEPS = \"{steps}\"{env}");
+    common::train_project(workers, &env, "", TRAIN)
 }
 
 /// The part after `finished as rank R of N: ` of each slot's last line, by slot.

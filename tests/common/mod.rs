@@ -109,6 +109,39 @@ pub fn allreduce_step_env(package: &Path, lib: &Path) -> String {
     )
 }
 
+/// A project whose step `train` runs `script` (written as train.py) with the allreduce runtime on `workers` (as
+/// written in the file): `env` follows the step's PYTHONPATH and HVD_LIBRARY entries (`, NAME = "VALUE"` each) and
+/// `extra` is more lines of the step.
+pub fn train_project(workers: &str, env: &str, extra: &str, script: &str) -> tempfile::TempDir {
+    let (python, package, lib) = allreduce_runtime();
+    let dir = project(&format!(
+        "step train {{\n  run = \"{python} train.py\"\n  workers = {workers}\n  env = {{ PYTHONPATH = \"{}\", \
+         HVD_LIBRARY = \"{}\"{env} }}\n{extra}}}",
+        package.display(),
+        lib.display()
+    ));
+    std::fs::write(dir.path().join("train.py"), script).unwrap();
+    dir
+}
+
+/// `hvd run --no-build --grace <grace> <args>` in `dir` with the variables `env` set: its output, stdout and stderr.
+pub fn hvd_run_graced(
+    dir: &Path,
+    grace: u32,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, String, String) {
+    let out = hvd_run_command(dir)
+        .args(["--no-build", "--grace", &grace.to_string()])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    (out, stdout, stderr)
+}
+
 /// Serves the files under `root` over HTTP on 127.0.0.1 (one request per connection, 404 for what is missing);
 /// returns the base URL.
 pub fn serve_files(root: PathBuf) -> String {
