@@ -172,6 +172,15 @@ impl Pushed {
         SecretKey::read(&self.keys.join(format!("{KEY}.secret"))).unwrap()
     }
 
+    /// `hvd build` from the cache trusting `key` refuses `name` from the cache, saying `reason`, and leaves nothing
+    /// of it.
+    fn assert_refused(&self, key: &str, name: &str, reason: &str) {
+        let out = self.build(&["--cache", &self.cache_url(), "--trusted-key", key]);
+        let refusing = format!("refusing {name} from cache `{}`", self.cache_url());
+        assert_says(&out, 1, &[&refusing, reason]);
+        self.assert_nothing_of(name);
+    }
+
     /// Nothing of a refused path: no store path for `name` (valid or not) and no temp debris.
     fn assert_nothing_of(&self, name: &str) {
         if self.store.exists() {
@@ -457,16 +466,11 @@ fn untrusted_and_wrongly_signed_records_are_refused_naming_path_and_cache() {
 
     // Another key under the trusted name: the signature does not verify, which is an error.
     let impostor = SecretKey::generate(KEY).unwrap().public().to_text();
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &impostor]);
-    assert_says(
-        &out,
-        1,
-        &[
-            &format!("refusing {env_name} from cache `{}`", p.cache_url()),
-            "trusted key `test-cache-1` does not verify",
-        ],
+    p.assert_refused(
+        &impostor,
+        &env_name,
+        "trusted key `test-cache-1` does not verify",
     );
-    p.assert_nothing_of(&env_name);
 
     // A cache but no trusted key at all is a usage error.
     let out = p.build(&["--cache", &p.cache_url()]);
@@ -487,31 +491,22 @@ fn tampered_archives_and_records_are_refused_and_leave_nothing() {
     let middle = flipped.len() / 2;
     flipped[middle] ^= 0x20;
     std::fs::write(&archive_path, &flipped).unwrap();
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    assert_says(
-        &out,
-        1,
-        &[
-            &format!("refusing {helper} from cache `{}`", p.cache_url()),
-            &format!("the signed record says {}", record.archive.sha256),
-        ],
+    p.assert_refused(
+        &key,
+        &helper,
+        &format!("the signed record says {}", record.archive.sha256),
     );
-    p.assert_nothing_of(&helper);
     std::fs::write(&archive_path, &original).unwrap();
 
     // A record whose content hash or references changed without a new signature.
     let mut changed = record.clone();
     changed.content_hash = hvd_builder::Sha256::of_bytes(b"other tree");
     p.write_record(&helper, &changed);
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    assert_says(&out, 1, &[&format!("refusing {helper}"), "does not verify"]);
-    p.assert_nothing_of(&helper);
+    p.assert_refused(&key, &helper, "does not verify");
     let mut changed = record.clone();
     changed.references.insert(p.path_name("-greet-1.0"));
     p.write_record(&helper, &changed);
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    assert_says(&out, 1, &[&format!("refusing {helper}"), "does not verify"]);
-    p.assert_nothing_of(&helper);
+    p.assert_refused(&key, &helper, "does not verify");
 
     // Even the key's holder cannot make a store path differ from its content hash: a repacked archive with a
     // changed file, correctly described and signed, is refused after unpacking.
@@ -541,16 +536,11 @@ fn tampered_archives_and_records_are_refused_and_leave_nothing() {
     evil.signatures.clear();
     evil.sign(&p.secret_key());
     p.write_record(&helper, &evil);
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    assert_says(
-        &out,
-        1,
-        &[
-            &format!("refusing {helper}"),
-            &format!("the signed record says {}", record.content_hash),
-        ],
+    p.assert_refused(
+        &key,
+        &helper,
+        &format!("the signed record says {}", record.content_hash),
     );
-    p.assert_nothing_of(&helper);
 
     // Restored, the same cache serves the build.
     p.write_record(&helper, &record);
@@ -570,29 +560,18 @@ fn a_record_naming_another_or_an_escaping_path_is_refused_even_when_signed() {
     escaping.name = "../x".into();
     escaping.sign(&secret);
     p.write_record(&helper, &escaping);
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    assert_says(
-        &out,
-        1,
-        &[
-            &format!("refusing {helper} from cache `{}`", p.cache_url()),
-            "`../x` does not start with a 32-digit derivation hash",
-        ],
+    p.assert_refused(
+        &key,
+        &helper,
+        "`../x` does not start with a 32-digit derivation hash",
     );
-    p.assert_nothing_of(&helper);
     assert!(!p.root.join("x").exists() && !p.store.with_file_name("x").exists());
 
     let mut escaping = record.clone();
     escaping.references.insert("../../etc".into());
     escaping.sign(&secret);
     p.write_record(&helper, &escaping);
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    assert_says(
-        &out,
-        1,
-        &[&format!("refusing {helper}"), "its reference `../../etc`"],
-    );
-    p.assert_nothing_of(&helper);
+    p.assert_refused(&key, &helper, "its reference `../../etc`");
 
     // A record signed for another store directory (a cache relabeled by whoever can write it): refused, named.
     let mut elsewhere = record.clone();
@@ -600,16 +579,11 @@ fn a_record_naming_another_or_an_escaping_path_is_refused_even_when_signed() {
     elsewhere.signatures.clear();
     elsewhere.sign(&secret);
     p.write_record(&helper, &elsewhere);
-    let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    assert_says(
-        &out,
-        1,
-        &[
-            &format!("refusing {helper}"),
-            "it was built for the store `/elsewhere/store`",
-        ],
+    p.assert_refused(
+        &key,
+        &helper,
+        "it was built for the store `/elsewhere/store`",
     );
-    p.assert_nothing_of(&helper);
 
     // A signed cycle (helper now references the env, which references helper): each record is fetched once, the
     // cycle is named, and nothing is installed.
