@@ -17,21 +17,8 @@ cd "$(dirname "$0")/.."
 MAX=${1:-268435456}
 BACKEND=${BACKEND:-shm}
 REPS=${REPS:-3}
-HVD_BIN=${HVD_BIN:-}
-if [ -z "$HVD_BIN" ]; then
-  echo "# cargo build --release -p hvd (a no-op when up to date)" >&2
-  cargo build --release -p hvd >&2
-  HVD_BIN=target/release/hvd
-fi
-[ -x "$HVD_BIN" ] || { echo "no hvd binary at $HVD_BIN" >&2; exit 2; }
-case "$(readlink -f "$HVD_BIN")" in
-  */debug/*)
-    if [ "${ALLOW_DEBUG:-0}" != 1 ]; then
-      echo "$HVD_BIN is a debug build: benchmark a release build (cargo build --release -p hvd) or set ALLOW_DEBUG=1" >&2
-      exit 2
-    fi ;;
-esac
-command -v mpicc >/dev/null || { echo "mpicc not found: install OpenMPI (libopenmpi-dev)" >&2; exit 2; }
+. bench/lib.sh
+hvd_release_bin_and_mpicc
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpicc -O2 -o "$work/allreduce_mpi" bench/allreduce_mpi.c

@@ -27,22 +27,9 @@ MAX=${1:-268435456}
 HOSTS_MAX=${HOSTS_MAX:-67108864}
 REPS=${REPS:-3}
 WHAT=${WHAT:-loopback hosts}
-HVD_BIN=${HVD_BIN:-}
-if [ -z "$HVD_BIN" ]; then
-  echo "# cargo build --release -p hvd (a no-op when up to date)" >&2
-  cargo build --release -p hvd >&2
-  HVD_BIN=target/release/hvd
-fi
+. bench/lib.sh
+hvd_release_bin_and_mpicc
 HVD_BIN=$(readlink -f "$HVD_BIN")
-[ -x "$HVD_BIN" ] || { echo "no hvd binary at $HVD_BIN" >&2; exit 2; }
-case "$HVD_BIN" in
-  */debug/*)
-    if [ "${ALLOW_DEBUG:-0}" != 1 ]; then
-      echo "$HVD_BIN is a debug build: benchmark a release build or set ALLOW_DEBUG=1" >&2
-      exit 2
-    fi ;;
-esac
-command -v mpicc >/dev/null || { echo "mpicc not found: install OpenMPI (libopenmpi-dev)" >&2; exit 2; }
 work=$(mktemp -d)
 chmod 700 "$work"
 ns_a=hvdb$$a ns_b=hvdb$$b
