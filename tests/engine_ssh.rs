@@ -126,6 +126,15 @@ fn one_failing_rank_stops_every_host_and_leaves_nothing_behind() {
     assert!(stderr.contains("share the store"), "{stderr}");
 }
 
+/// `hvd run --no-build --dry-run --engine ssh <args>` of the project in `dir`.
+fn ssh_dry_run(dir: &Path, args: &[&str]) -> Command {
+    let mut command = common::hvd_run_command(dir);
+    command
+        .args(["--no-build", "--dry-run", "--engine", "ssh"])
+        .args(args);
+    command
+}
+
 #[test]
 fn dry_run_prints_the_ssh_commands() {
     // No namespaces needed: hosts given as addresses and `--network-interface lo` make the output independent of
@@ -133,12 +142,9 @@ fn dry_run_prints_the_ssh_commands() {
     let dir = project(
         "step prep {\n  run = \"echo prep\"\n}\nstep train {\n  run = \"python train.py --lr 0.1\"\n  workers = 3\n  needs = [\"prep\"]\n  env = { X = \"it's x\" }\n}",
     );
-    let out = common::hvd_run_command(dir.path())
-        .args([
-            "--no-build",
-            "--dry-run",
-            "--engine",
-            "ssh",
+    let out = ssh_dry_run(
+        dir.path(),
+        &[
             "--hosts",
             // A host named twice is one host with both entries' slots.
             "10.77.0.2:1,10.77.0.3:2,10.77.0.2:1",
@@ -148,11 +154,12 @@ fn dry_run_prints_the_ssh_commands() {
             "/keys/id",
             "--network-interface",
             "lo",
-        ])
-        .env("PATH", "/usr/bin:/bin")
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .unwrap();
+        ],
+    )
+    .env("PATH", "/usr/bin:/bin")
+    .env("OMP_NUM_THREADS", "1")
+    .output()
+    .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     let got = stdout.replace(&dir.path().display().to_string(), "@DIR@");
@@ -177,23 +184,12 @@ fn dry_run_prints_the_ssh_commands() {
     // Every variable travels as `env NAME=VALUE`: a name a shell cannot take is refused before anything runs.
     let bad =
         project("step train {\n  run = \"true\"\n  workers = 2\n  env = { \"A-B\" = \"1\" }\n}");
-    let out = common::hvd_run_command(bad.path())
-        .args([
-            "--no-build",
-            "--dry-run",
-            "--engine",
-            "ssh",
-            "--hosts",
-            "127.0.0.1:2",
-        ])
+    let out = ssh_dry_run(bad.path(), &["--hosts", "127.0.0.1:2"])
         .output()
         .unwrap();
     common::assert_exit_saying(&out, 2, "variable `A-B` is not a valid");
     // Without hosts: a usage error that says how to give them.
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--dry-run", "--engine", "ssh"])
-        .output()
-        .unwrap();
+    let out = ssh_dry_run(dir.path(), &[]).output().unwrap();
     common::assert_exit_saying(&out, 2, "--hosts h1:4,h2:4");
 }
 
