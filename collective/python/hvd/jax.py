@@ -1,12 +1,9 @@
 """JAX helpers (CPU arrays through DLPack). JAX arrays are immutable: every operation returns a new array."""
 
-try:
-    import jax
-    import jax.numpy as jnp
-except ImportError as e:
-    raise ImportError(
-        "hvd.jax needs JAX, which is not installed in this environment; add jax to the environment's packages"
-    ) from e
+from hvd import _frameworks
+
+jax = _frameworks.require("jax", "hvd.jax", "JAX", "jax")
+import jax.numpy as jnp
 
 import hvd as _core
 

@@ -10,13 +10,9 @@
 import contextlib
 import warnings
 
-try:
-    import torch
-except ImportError as e:
-    raise ImportError(
-        "hvd.torch needs PyTorch, which is not installed in this environment; add torch to the environment's "
-        "packages (or use hvd / hvd.numpy directly)"
-    ) from e
+from hvd import _frameworks
+
+torch = _frameworks.require("torch", "hvd.torch", "PyTorch", "torch", " (or use hvd / hvd.numpy directly)")
 
 import hvd as _core
 from hvd import _compression
