@@ -689,6 +689,7 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
     );
     std::fs::rename(&p.store, &p.first).unwrap();
 
+    // `hvd build` from the S3 cache trusting `trusted`.
     let build = |trusted: &str| {
         let mut command = common::hvd_with_store(
             &p.root,
@@ -704,11 +705,11 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
             ],
         );
         s3_env(&s3, &mut command);
-        command.output().unwrap()
+        command
     };
     // The wrong key first: refused, nothing installed.
     let stranger = SecretKey::generate("stranger").unwrap().public().to_text();
-    let refused = build(&stranger);
+    let refused = build(&stranger).output().unwrap();
     let env_name = Path::new(&p.env)
         .file_name()
         .unwrap()
@@ -746,23 +747,10 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
         planted += 1;
     }
     assert_eq!(planted, 5);
-    let out = {
-        let mut command = common::hvd_with_store(
-            &p.root,
-            &p.store,
-            &[
-                "build",
-                "app/train.hvd",
-                "--locked",
-                "--cache",
-                &url,
-                "--trusted-key",
-                &p.public_key(),
-            ],
-        );
-        s3_env(&s3, &mut command);
-        command.env("HVD_LOG", "hvd_builder=info").output().unwrap()
-    };
+    let out = build(&p.public_key())
+        .env("HVD_LOG", "hvd_builder=info")
+        .output()
+        .unwrap();
     let (env, err) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert_eq!(env, p.env);
