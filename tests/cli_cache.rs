@@ -181,6 +181,16 @@ impl Pushed {
         self.assert_nothing_of(name);
     }
 
+    /// `out` is a build that printed the pushing store's env path, having substituted its 5 store paths from a
+    /// cache: its stderr.
+    fn assert_substituted_env(&self, out: &Output) -> String {
+        let (env, err) = text(out);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert_eq!(env, self.env, "the same env path as the pushing store");
+        assert!(err.contains("substituted 5 store path(s)"), "{err}");
+        err
+    }
+
     /// Nothing of a refused path: no store path for `name` (valid or not) and no temp debris.
     fn assert_nothing_of(&self, name: &str) {
         if self.store.exists() {
@@ -221,10 +231,7 @@ fn an_empty_store_builds_the_env_purely_from_the_cache_with_the_index_unreachabl
     let p = Pushed::new();
     let key = p.public_key();
     let out = p.build(&["--cache", &p.cache_url(), "--trusted-key", &key]);
-    let (env, err) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert_eq!(env, p.env, "the same env path as the pushing store");
-    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    let err = p.assert_substituted_env(&out);
     assert!(!err.contains("building noisy"), "{err}");
     // The source build was substituted, not rebuilt: its random stamp is the pushed one.
     let noisy = p.path_name("-noisy-1.0");
@@ -357,11 +364,8 @@ fn a_cache_over_http_and_from_the_environment_substitutes_the_same() {
         .env("HVD_TRUSTED_KEYS", trusted.trim())
         .output()
         .unwrap();
-    let (env, err) = text(&out);
     // The first cache does not exist: a warning, then the HTTP one serves everything.
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert_eq!(env, p.env);
-    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    let err = p.assert_substituted_env(&out);
     assert!(
         err.contains("is not usable: it has no `hvd-cache-info`"),
         "{err}"
@@ -751,10 +755,7 @@ fn an_s3_cache_takes_a_push_and_substitutes_into_an_empty_store() {
         .env("HVD_LOG", "hvd_builder=info")
         .output()
         .unwrap();
-    let (env, err) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert_eq!(env, p.env);
-    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    let err = p.assert_substituted_env(&out);
     assert!(
         err.contains("the resumed archive is not the one its record names; reading it whole"),
         "{err}"
@@ -801,10 +802,7 @@ fn the_files_cluster_caches_feed_the_same_list_and_bad_ones_are_diagnosed() {
     );
     // The file names the cache, the command line only the key: substituted, nothing built or downloaded.
     let out = p.build(&["--trusted-key", &p.public_key()]);
-    let (env, err) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert_eq!(env, p.env);
-    assert!(err.contains("substituted 5 store path(s)"), "{err}");
+    p.assert_substituted_env(&out);
 
     // A hostile file (say, from a pull request) naming its own cache: `hvd cache push` without `--to` refuses
     // and writes nothing there, even with the store built and a key at hand.
