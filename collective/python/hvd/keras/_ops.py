@@ -13,9 +13,7 @@ import hvd.tensorflow as _hvd_tf
 Adasum = getattr(_hvd_tf, "Adasum", 101)
 
 
-class _CastCompressor(_compression.CastCompressor):
-    is_floating = staticmethod(lambda dtype: dtype.is_floating)
-    cast = staticmethod(tf.cast)
+_CastCompressor = _hvd_tf._CastCompressor
 
 
 class _FP16Compressor(_CastCompressor):

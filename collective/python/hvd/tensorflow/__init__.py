@@ -10,17 +10,14 @@ a ``numpy_function``, and tensors are copied through host memory (hvd's collecti
 import os
 import re
 
-try:
-    import tensorflow as tf
-except ImportError as e:
-    raise ImportError(
-        "hvd.tensorflow needs TensorFlow, which is not installed in this environment; add tensorflow to the "
-        "environment's packages"
-    ) from e
+from hvd import _frameworks
+
+tf = _frameworks.require("tensorflow", "hvd.tensorflow", "TensorFlow", "tensorflow")
 
 import numpy as np
 
 import hvd as _core
+from hvd import _compression
 from hvd import _tf_numpy as _tfnp
 
 _core._reexport(globals(), tensor_ops=False)
@@ -35,36 +32,23 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(_INTEROP_THREADS, os.cpu
 
 
 
-class _NoneCompressor:
-    """Sends tensors as they are."""
+class _CastCompressor(_compression.CastCompressor):
+    """Floating-point tensors travel as a subclass's ``dtype`` and come back in their own dtype."""
 
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+    is_floating = staticmethod(lambda dtype: dtype.is_floating)
+    cast = staticmethod(tf.cast)
 
 
-class _FP16Compressor:
+class _FP16Compressor(_CastCompressor):
     """Sends floating-point tensors as float16 and casts results back."""
 
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+    dtype = tf.float16
 
 
 class Compression:
     """Gradient compression for the reductions: ``none`` or ``fp16``."""
 
-    none = _NoneCompressor
+    none = _compression.NoneCompressor
     fp16 = _FP16Compressor
 
 # Not an hvd.h reduce op: hvd has no Adasum, so every collective refuses it with NotImplementedError (as Horovod's
