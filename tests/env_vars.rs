@@ -108,6 +108,10 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
         "read by the benchmark scripts under bench/ only",
     ),
     (
+        "HVD_HOSTS_ENV",
+        "read by bench/allreduce_hosts.sh only (extra environment of its ranks across namespaces)",
+    ),
+    (
         "HVD_HOROVOD_TESTS",
         "read by the opt-in harness scripts/horovod_suites.py only (a local copy of Horovod's test suites)",
     ),
