@@ -8,7 +8,7 @@ use std::process::Output;
 
 mod common;
 
-use common::{allreduce_runtime, text};
+use common::text;
 
 /// `CKPT_STEPS` steps of an allreduce, each committed and checkpointed (keeping 3). `CKPT_FAIL_AT`: rank 1 exits 3
 /// when it begins that step; `CKPT_HOLD_AT`: at that step rank 0 writes `held` and every rank sleeps (the test kills
@@ -327,11 +327,8 @@ print("loaded commit %s: step %d w %s" % (t.load_checkpoint(), t.step, t.w.tolis
 
 /// Runs a Python script (one process, no job) with this checkout's `hvd` package and `HVD_CHECKPOINT_DIR=ckpt`.
 fn run_script(script: &str, ckpt: &Path) -> (std::process::Output, String, String) {
-    let (python, package, lib) = allreduce_runtime();
-    let out = std::process::Command::new(python)
+    let out = common::hvd_python()
         .args(["-c", script])
-        .env("PYTHONPATH", &package)
-        .env("HVD_LIBRARY", &lib)
         .env("HVD_CHECKPOINT_DIR", ckpt)
         .env_remove("HVD_CHECKPOINT_REPORT")
         .env_remove("HVD_RANK")
@@ -415,14 +412,11 @@ fn checkpoints_in_an_s3_bucket_survive_the_job() {
     );
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
     // The attacker's INDEX, written with the workers' own client.
-    let (python, package, lib) = allreduce_runtime();
     let hostile = "import hvd\nstore = hvd.elastic._S3.of('s3://ckpt/runs/train')\n\
                    print(store.get('INDEX', 4096).decode(), end='')\n\
                    store.put('INDEX', b'../../../etc\\nckpt-000000000003\\nckpt-000000000004\\nckpt-000000000099\\n')\n";
-    let out = std::process::Command::new(&python)
+    let out = common::hvd_python()
         .args(["-c", hostile])
-        .env("PYTHONPATH", &package)
-        .env("HVD_LIBRARY", &lib)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .unwrap();
@@ -450,10 +444,8 @@ fn checkpoints_in_an_s3_bucket_survive_the_job() {
                  s.commit()\ns.checkpoint()\nstore = E._S3.of('s3://ckpt/runs/train')\n\
                  print(store.get('INDEX', 4096).decode(), end='')\n\
                  print(store.get('ckpt-000000000008/MANIFEST.json', 1 << 20) is not None)\n";
-    let out = std::process::Command::new(&python)
+    let out = common::hvd_python()
         .args(["-c", fresh])
-        .env("PYTHONPATH", &package)
-        .env("HVD_LIBRARY", &lib)
         .env("HVD_CHECKPOINT_DIR", "s3://ckpt/runs/train")
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()

@@ -7,7 +7,7 @@ use std::process::Output;
 
 mod common;
 
-use common::{allreduce_runtime, text};
+use common::text;
 
 /// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation
 /// count, committed after each step; `ELASTIC_KILL` (`slot:step,...`) names the workers that send themselves
@@ -344,8 +344,7 @@ fn a_rendezvous_that_does_not_answer_is_not_asked_again_at_every_commit() {
             held.push(stream);
         }
     });
-    let (python, package, lib) = allreduce_runtime();
-    let out = std::process::Command::new(python)
+    let out = common::hvd_python()
         .args([
             "-c",
             "import hvd.elastic as e\n\
@@ -353,8 +352,6 @@ fn a_rendezvous_that_does_not_answer_is_not_asked_again_at_every_commit() {
              e._JOIN_CHECK_TIMEOUT = 0.3\n\
              print([e._new_workers_waiting() for _ in range(4)])",
         ])
-        .env("PYTHONPATH", &package)
-        .env("HVD_LIBRARY", &lib)
         .env("HVD_RENDEZVOUS", addr.to_string())
         .env("HVD_JOB_TOKEN", "t")
         .output()

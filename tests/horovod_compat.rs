@@ -10,17 +10,8 @@ use std::process::{Command, Output};
 
 use common::{HVD, text};
 
-fn package_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("collective/python")
-}
-
 fn python_with_package(args: &[&str]) -> Output {
-    Command::new("python3")
-        .args(args)
-        .env("PYTHONPATH", package_dir())
-        .env("HVD_LIBRARY", common::allreduce_runtime().2)
-        .output()
-        .expect("python3")
+    common::hvd_python().args(args).output().expect("python3")
 }
 
 #[test]

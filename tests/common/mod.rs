@@ -100,6 +100,15 @@ pub fn allreduce_runtime() -> (String, PathBuf, PathBuf) {
     (python, package, lib)
 }
 
+/// `python3` (with numpy) set up to import this checkout's `hvd` package outside `hvd run`: PYTHONPATH and
+/// HVD_LIBRARY (on a fresh clone the runtime library is only in `deps/`, where the package does not look).
+pub fn hvd_python() -> Command {
+    let (python, package, lib) = allreduce_runtime();
+    let mut command = Command::new(python);
+    command.env("PYTHONPATH", package).env("HVD_LIBRARY", lib);
+    command
+}
+
 /// The `env = { ... }` entry of a step that runs the allreduce worker outside an env.
 pub fn allreduce_step_env(package: &Path, lib: &Path) -> String {
     format!(
