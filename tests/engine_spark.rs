@@ -1,8 +1,10 @@
 //! End-to-end tests of the `spark` engine with the built binary: a barrier job of 2 tasks in pyspark's
 //! `local-cluster[2,1,1024]` (a master, 2 workers and 2 executor JVMs on this machine, Java 17) runs the Python `hvd`
-//! package's allreduce on every rank; one rank failing ends the job with its code and leaves no process behind; and
-//! `--dry-run` shows the driver command. pyspark and Java come from scripts/install-deps: without them these tests
-//! fail, saying so. A Spark start costs 10-25 s (more on a busy machine), so there are two Spark jobs in all.
+//! package's allreduce on every rank; one rank failing ends the job with its code and leaves no process behind;
+//! executors with empty stores pull the env from a binary cache before any rank starts; and `--dry-run` shows the
+//! driver command. pyspark and Java come from scripts/install-deps: without them these tests fail, saying so. A Spark
+//! start costs 10-25 s (more on a busy machine), so there are three Spark jobs in all. The cache test mounts a tmpfs
+//! in a mount namespace of its own (root, as the namespace-host tests).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -202,4 +204,150 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+}
+
+/// A script that runs `python3 ARGS` in a mount namespace of its own with an empty tmpfs over `store`: as
+/// `PYSPARK_PYTHON`, each executor's Python workers (and so its tasks and ranks) see a node-local store that starts
+/// empty, at the same directory as the launcher's.
+fn python_with_an_empty_store(dir: &Path, python: &Path, store: &Path) -> PathBuf {
+    let script = dir.join("python-on-a-bare-node");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c \
+             'mount -t tmpfs -o mode=0755 executor-store \"$0\" && exec \"$@\"' '{}' '{}' \"$@\"\n",
+            store.display(),
+            python.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[test]
+fn executors_with_empty_stores_pull_the_env_before_any_rank_and_a_tampered_archive_is_refused() {
+    let python = spark_python();
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = common::pushed_fixture_env(
+        root.path(),
+        &outside.path().join("cache"),
+        "step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
+    );
+    let store = root.path().join("store");
+    // Only the launcher's store has this file: a rank that sees it is not on a bare node.
+    std::fs::write(store.join("launcher-only"), "").unwrap();
+    std::fs::write(
+        p.project.join("job.py"),
+        format!(
+            "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
+             print(f\"job rank={{hvd.rank()}} size={{hvd.size()}} word={{helper.WORD}} \
+             launcher-store={{os.path.exists('{}')}} env={{os.environ['VIRTUAL_ENV']}}\")\n",
+            store.join("launcher-only").display()
+        ),
+    )
+    .unwrap();
+    let url = format!("file://{}", p.cache.display());
+    let key = p.public_key.display().to_string();
+    let with_cache = |args: &[&str]| {
+        let mut command = common::hvd_with_store(root.path(), &store, args);
+        command
+            .args(["--engine", "spark", "--spark-master", MASTER])
+            .arg("--spark-python")
+            .arg(&python)
+            .args(["--cache", &url, "--trusted-key", &key])
+            .env_remove("HVD_CACHES")
+            .env_remove("HVD_TRUSTED_KEYS")
+            .env("NO_COLOR", "1");
+        command
+    };
+    let mark = format!("pull-{}", std::process::id());
+    let out = with_cache(&["run", "app/train.hvd", "--locked", "--grace", "2"])
+        .env(
+            "PYSPARK_PYTHON",
+            python_with_an_empty_store(root.path(), &python, &store),
+        )
+        .env("HVD_TEST_MARK", &mark)
+        .output()
+        .unwrap();
+    // Each executor pulled the env into its own empty store; the ranks ran in it.
+    common::assert_every_rank_says(&out, 2, |rank| {
+        format!(
+            ":{rank}] job rank={rank} size=2 word=hello launcher-store=False env={}",
+            p.env.display()
+        )
+    });
+    assert_nothing_left(&mark);
+
+    // The driver's command line names the env, the cache and the key's public text, nothing secret.
+    let env_arg = p.env.display().to_string();
+    let out = with_cache(&["run", "app/train.hvd", "--dry-run", "--env-dir", &env_arg])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let driver = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("spark:"))
+        .unwrap_or_else(|| panic!("no driver line: {stdout}"))
+        .trim()
+        .to_owned();
+    let name = p.env.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        driver.contains(&format!(
+            "--pull 'cache pull --store={} {name} --cache={url} --trusted-key=fixture:",
+            store.display()
+        )),
+        "{driver}"
+    );
+
+    // A tampered archive of `helper` in the cache: what a task runs first on its executor (the driver's own
+    // `pull_env` with the `--pull` it was given) fails naming the path, into an empty store at the same directory.
+    let helper = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with("-helper-1.0"))
+        .unwrap();
+    use hvd_builder::cache::record::{Record, archive_key, record_key};
+    let record = Record::parse(&std::fs::read(p.cache.join(record_key(&helper))).unwrap()).unwrap();
+    let archive = p.cache.join(archive_key(&record.archive.sha256));
+    let mut bytes = std::fs::read(&archive).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&archive, &bytes).unwrap();
+    std::fs::rename(&store, root.path().join("built-store")).unwrap();
+    let check = r#"
+import importlib.util, shlex, sys
+spec = importlib.util.spec_from_file_location("d", sys.argv[1])
+d = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(d)
+args = d.parse_args(shlex.split(sys.argv[2])[2:])
+failure = d.pull_env(args.shim, args.pull, None)
+assert failure is not None, "the pull of a tampered archive succeeded"
+code, tail = failure
+print(code)
+for line in tail:
+    print(line.decode())
+"#;
+    let driver_file = root.path().join("driver.py");
+    std::fs::write(&driver_file, hvd_launcher::engines::spark::DRIVER_SOURCE).unwrap();
+    let out = Command::new(&python)
+        .args(["-c", check])
+        .arg(&driver_file)
+        .arg(&driver)
+        .env("HVD_STORE", &store)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        common::unwrapped(&stdout).contains(&format!("refusing{helper}")),
+        "{stdout}"
+    );
+    // Nothing half-installed: no env, no helper.
+    for path in [&name, &helper] {
+        assert!(!store.join(path).exists(), "{path} is in the store");
+    }
 }

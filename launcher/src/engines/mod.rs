@@ -29,13 +29,28 @@ pub fn pull_argv(
     plan: &crate::Plan,
     shim: &std::path::Path,
 ) -> Result<Option<Vec<String>>, LaunchError> {
-    let Some(env) = plan.env_dir.as_deref() else {
+    pull_argv_for(
+        plan.env_dir.as_deref(),
+        &plan.caches,
+        &plan.trusted_keys,
+        shim,
+    )
+}
+
+/// [`pull_argv`] from the env, caches and keys themselves (an engine that reads them from the run's options).
+pub fn pull_argv_for(
+    env: Option<&std::path::Path>,
+    caches: &[String],
+    trusted_keys: &[String],
+    shim: &std::path::Path,
+) -> Result<Option<Vec<String>>, LaunchError> {
+    let Some(env) = env else {
         return Ok(None);
     };
     let (Some(store), Some(name)) = (env.parent(), env.file_name().and_then(|n| n.to_str())) else {
         return Ok(None);
     };
-    if plan.caches.is_empty() || !crate::closure::is_store_path_name(name) {
+    if caches.is_empty() || !crate::closure::is_store_path_name(name) {
         return Ok(None);
     }
     let (Some(store), Some(shim)) = (store.to_str(), shim.to_str()) else {
@@ -45,7 +60,7 @@ pub fn pull_argv(
             shim.display()
         )));
     };
-    pull_command(shim, store, name, &plan.caches, &plan.trusted_keys).map(Some)
+    pull_command(shim, store, name, caches, trusted_keys).map(Some)
 }
 
 /// `PROGRAM cache pull --store=STORE NAME --cache=URL... --trusted-key=KEY...`: what a node runs to get store path

@@ -4,7 +4,8 @@
 //! `parallelize(range(N), N).barrier().mapPartitions(task)`, and each task runs `hvd worker-env -- /bin/sh -c
 //! COMMAND` with its rank, local rank and host from `BarrierTaskContext` in `HVD_SPARK_*` (read by the shim). The
 //! ranks' output comes back to the driver over TCP and is printed as `[R] line` (the tag `hvd run` reads); the first
-//! failing rank ends the job with `hvd spark: rank R failed (exit status: N)` and its code.
+//! failing rank ends the job with `hvd spark: rank R failed (exit status: N)` and its code. With binary caches, each
+//! task first runs `hvd cache pull` on its executor and the ranks start only once every executor has the env.
 
 use std::path::{Path, PathBuf};
 
@@ -50,12 +51,24 @@ pub struct SparkSetup {
     /// Where a step's rendezvous binds when the executors run on other machines ([`SparkSetup::rendezvous_bind`]);
     /// `None`: 127.0.0.1.
     pub bind: Option<IpAddr>,
+    /// `cache pull --store=STORE ENV --cache=URL... --trusted-key=KEY...` (the arguments after the hvd binary):
+    /// what every task runs on its executor before any rank starts, when caches and the env are given
+    /// ([`super::pull_argv`]).
+    pub pull: Option<Vec<String>>,
 }
 
 /// The `spark` engine: a distributed step is one barrier-mode Spark job run by the driver program.
 pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
     let state_dir = crate::graph::state_dir(project, options);
     let mut setup = SparkSetup::new(project, options, &state_dir)?;
+    // Refused here (a cache URL with credentials), so a dry run says so too.
+    setup.pull = super::pull_argv_for(
+        options.env_dir.as_deref(),
+        &options.caches,
+        &options.trusted_keys,
+        &setup.shim,
+    )?
+    .map(|argv| argv[1..].to_vec());
     let network_interface = options.ssh.network_interface.clone().or_else(|| {
         project
             .cluster
@@ -174,6 +187,7 @@ impl SparkSetup {
             state_dir: state_dir.to_path_buf(),
             conf,
             bind: None,
+            pull: None,
         })
     }
 
@@ -234,6 +248,10 @@ impl SparkSetup {
         ];
         if let Some(t) = self.slots_timeout {
             argv.extend(["--slots-timeout".into(), t.to_string()]);
+        }
+        if let Some(pull) = &self.pull {
+            // One argument, split by the driver like a shell would (no secret in it: `pull_argv` refuses those).
+            argv.extend(["--pull".into(), super::shell::line(pull)]);
         }
         for (k, v) in &self.conf {
             argv.extend(["--conf".into(), format!("{k}={v}")]);
@@ -308,6 +326,7 @@ mod tests {
             conf: vec![("spark.executor.memory".into(), "2g".into())],
             slots_timeout: None,
             bind: None,
+            pull: None,
         }
     }
 
@@ -329,6 +348,41 @@ mod tests {
         assert!(argv[11].ends_with(",VIRTUAL_ENV,X"), "{}", argv[11]);
     }
 
+    #[test]
+    fn with_caches_every_task_pulls_the_env_and_credentials_are_refused() {
+        let env = std::path::Path::new("/s/0123456789abcdef0123456789abcdef-t-env");
+        let keys = ["k1:AAAA".to_owned()];
+        let pull = |cache: &str| {
+            crate::engines::pull_argv_for(
+                Some(env),
+                &[cache.to_owned()],
+                &keys,
+                "/bin/hvd".as_ref(),
+            )
+        };
+        let setup = SparkSetup {
+            pull: pull("file:///c d").unwrap().map(|argv| argv[1..].to_vec()),
+            ..setup(Some("local[2]"))
+        };
+        let argv = setup.argv(2, &[], "true");
+        assert_eq!(
+            shell::line(&argv[12..14]),
+            "--pull 'cache pull --store=/s 0123456789abcdef0123456789abcdef-t-env '\\''--cache=file:///c d'\\'' \
+             --trusted-key=k1:AAAA'"
+        );
+        // A URL with user info or a token is never written into the driver's command line.
+        for url in ["https://u:secret@h/c", "s3://b/p?X-Amz-Signature=secret"] {
+            let e = pull(url).unwrap_err().to_string();
+            assert!(e.contains("credentials") && !e.contains("secret"), "{e}");
+        }
+        // Without caches there is nothing to pull.
+        assert!(
+            crate::engines::pull_argv_for(Some(env), &[], &keys, "/bin/hvd".as_ref())
+                .unwrap()
+                .is_none()
+        );
+    }
+
     /// The driver's pure helpers, run by python3 (no pyspark needed: it is imported only inside functions).
     #[test]
     fn driver_helpers_split_lines_and_derive_the_layout() {
@@ -346,6 +400,12 @@ assert (lines, rest, cr) == ([b"xy"], b"", True), (lines, rest, cr)
 assert d.split_lines(b"", True, b"\nz\n") == ([b"z"], b"", False)
 assert d.layout(["a", "b", "a", "c"]) == [(0, 2, 0, 3), (0, 1, 1, 3), (1, 2, 0, 3), (0, 1, 2, 3)]
 assert [d.known_slots(m) for m in ["local", "local[3]", "local-cluster[2,2,1024]", "spark://h:7077"]] == [1, 3, 4, None]
+a = d.parse_args(["--master", "m", "--workers", "2", "--shim", "/h", "--state-dir", "/s", "--pull",
+                  "cache pull '--cache=file:///c d' --trusted-key=k:A", "--", "true"])
+assert a.pull == ["cache", "pull", "--cache=file:///c d", "--trusted-key=k:A"], a.pull
+assert d.pull_env("/bin/true", [], None) is None
+code, tail = d.pull_env("/bin/sh", ["-c", "echo fine; echo refusing x-helper >&2; exit 3"], None)
+assert (code, tail) == (3, [b"refusing x-helper"]), (code, tail)
 print("ok")
 "#;
         let out = std::process::Command::new("python3")

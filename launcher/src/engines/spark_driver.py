@@ -4,13 +4,16 @@
 # local rank and cross rank. Every task runs `hvd worker-env -- COMMAND` (the shim reads the HVD_SPARK_* variables
 # set here) and streams its output back to this driver over a TCP connection; the driver prints each line as
 # `[RANK] line` on its own stdout/stderr, where `hvd run` reads the rank from the tag. The first rank to fail ends the
-# job: the driver says `hvd spark: rank R failed (exit status: N); ending the job` and exits with N.
+# job: the driver says `hvd spark: rank R failed (exit status: N); ending the job` and exits with N. With `--pull`
+# (binary caches), every task first runs `hvd cache pull` on its executor and all tasks meet at a barrier before any
+# rank starts: an executor that cannot get the env ends the job naming itself, and no rank runs anywhere.
 #
 # Only the standard library and pyspark: this file runs in the driver and, pickled, in the executors' Python.
 
 import argparse
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -36,6 +39,12 @@ def parse_args(argv):
     p.add_argument("--export", default="", help="comma-separated variables the ranks get from this process")
     p.add_argument("--conf", action="append", default=[], help="KEY=VALUE Spark settings")
     p.add_argument("--slots-timeout", type=float, help="seconds to wait for enough task slots")
+    p.add_argument(
+        "--pull",
+        type=shlex.split,
+        default=[],
+        help="the shim's arguments that get the env from the binary caches on an executor (one shell-quoted line)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -125,8 +134,29 @@ def split_lines(buf, after_cr, data):
     return lines, buf + data[start:], after_cr
 
 
-def make_task(command, shim, exported, cwd, driver_addr, token):
-    """The barrier task (pickled to the executors): runs one rank and reports its output and exit status."""
+def pull_env(shim, pull, env, child_setup=None):
+    """Runs `SHIM PULL...` (`hvd cache pull ...`) here: None when the env is in this executor's store now, else its
+    exit status and the last lines it wrote (which name the path and the reason)."""
+    import subprocess
+
+    proc = subprocess.run(
+        [shim, *pull],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=child_setup,
+    )
+    if proc.returncode == 0:
+        return None
+    code = proc.returncode if proc.returncode > 0 else 128 - proc.returncode
+    lines = [line for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+    return code, [line.encode() for line in lines[-20:]]
+
+
+def make_task(command, shim, exported, cwd, driver_addr, token, pull):
+    """The barrier task (pickled to the executors): gets the env from the caches when `pull` is given, waits for
+    every task to have it, then runs one rank and reports its output and exit status."""
 
     def task(_partition):
         import ctypes
@@ -170,6 +200,19 @@ def make_task(command, shim, exported, cwd, driver_addr, token):
                 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
             except (OSError, AttributeError):
                 pass
+
+        if pull:
+            failure = pull_env(shim, pull, env, child_setup)
+            if failure is not None:
+                code, tail = failure
+                for line in tail:
+                    send(b"E", line)
+                host = f"{hosts[rank]} ({socket.gethostname()})"
+                send(b"F", b"%d " % code + host.encode())
+                conn.close()
+                raise RuntimeError(f"hvd spark: executor {host} could not get the env from the binary caches")
+            # No rank starts before every executor has the env (a failed pull above fails this barrier).
+            ctx.barrier()
 
         proc = subprocess.Popen(
             [shim, "worker-env", "--", *command],
@@ -221,6 +264,7 @@ class Collector:
         self.token = token
         self.lock = threading.Lock()
         self.failed = None  # (rank, code)
+        self.pull_failed = None  # (rank, code, host): an executor that could not get the env
         self.done = threading.Event()
         self.failure = threading.Event()
         self.readers = []
@@ -247,11 +291,19 @@ class Collector:
             for line in stream:
                 kind, rank, text = line.rstrip(b"\n").split(b" ", 2)
                 rank = int(rank)
+                if kind == b"F":
+                    code, _, host = text.partition(b" ")
+                    with self.lock:
+                        if self.failed is None and self.pull_failed is None:
+                            self.pull_failed = (rank, int(code), host.decode("utf-8", "replace"))
+                            self.failure.set()
+                            self.done.set()
+                    continue
                 if kind == b"X":
                     code = int(text)
                     if code != 0:
                         with self.lock:
-                            if self.failed is None:
+                            if self.failed is None and self.pull_failed is None:
                                 self.failed = (rank, code)
                                 self.failure.set()
                                 self.done.set()
@@ -355,7 +407,7 @@ def main():
     collector = Collector(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)
     names = [n for n in args.export.split(",") if n]
     exported = {n: os.environ[n] for n in names if n in os.environ}
-    task = make_task(args.command, args.shim, exported, os.getcwd(), collector.addr, token)
+    task = make_task(args.command, args.shim, exported, os.getcwd(), collector.addr, token, args.pull)
 
     outcome = {}
 
@@ -373,18 +425,19 @@ def main():
     if "error" in outcome:
         # A failing rank's task reports its code, then raises: the job's failure can arrive first.
         collector.failure.wait(5)
+    if collector.pull_failed is not None:
+        rank, code, host = collector.pull_failed
+        name = os.path.basename(args.pull[args.pull.index("pull") + 2]) if "pull" in args.pull else "?"
+        sys.stderr.write(
+            f"hvd spark: executor {host} (the task of rank {rank}) could not get the env {name} from the binary "
+            f"caches (`hvd cache pull` exit status {code}; its last lines above); no rank started, ending the job\n"
+        )
+        end_job(sc, job, collector, 1)
     failed = collector.failed
     if failed is not None:
         rank, code = failed
         sys.stderr.write(f"[{rank}] hvd spark: rank {rank} failed (exit status: {code}); ending the job\n")
-        sys.stderr.flush()
-        # What Spark says while the job is torn down (killed tasks, executors leaving) is noise after this.
-        sc.setLogLevel("OFF")
-        sc.cancelAllJobs()
-        job.join(30)
-        collector.drain(5)
-        stop(sc)
-        os._exit(code if 0 < code < 256 else 1)
+        end_job(sc, job, collector, code if 0 < code < 256 else 1)
     if "error" in outcome:
         message = str(outcome["error"]).strip().splitlines()
         sys.stderr.write("hvd spark: the Spark job failed: " + (message[0] if message else "") + "\n")
@@ -396,6 +449,18 @@ def main():
     collector.drain(30)
     stop(sc)
     os._exit(0)
+
+
+def end_job(sc, job, collector, code):
+    """Cancels the job (Spark kills the other tasks, and with them their ranks), stops Spark and exits with `code`."""
+    sys.stderr.flush()
+    # What Spark says while the job is torn down (killed tasks, executors leaving) is noise after this.
+    sc.setLogLevel("OFF")
+    sc.cancelAllJobs()
+    job.join(30)
+    collector.drain(5)
+    stop(sc)
+    os._exit(code)
 
 
 def stop(sc):
