@@ -19,6 +19,7 @@
 
 mod arena;
 mod board;
+mod region;
 mod ring;
 mod segment;
 mod single_copy;
@@ -36,6 +37,7 @@ use ring::Cursor;
 use segment::{STATE_ABORTED, STATE_ATTACHED, STATE_GONE, futex_wait};
 use single_copy::SingleCopy;
 
+pub use region::SharedBuffer;
 pub use ring::{DEFAULT_RING_BYTES, ring_bytes_from_env};
 pub use segment::ShmSegment;
 pub(crate) use single_copy::SINGLE_COPY_MIN_BYTES;
@@ -76,6 +78,11 @@ pub struct ShmTransport {
     /// Whether large allreduces read peers' memory (`single_copy`), and the piece they read it into.
     single_copy: SingleCopy,
     copy_piece: Vec<u8>,
+    /// Peers' shared buffers mapped so far, by local peer index (`region`), and whether a failure to map one was
+    /// logged already, and whether reading them was.
+    peer_regions: Vec<Vec<region::PeerRegion>>,
+    map_failure_logged: bool,
+    shared_logged: bool,
 }
 
 impl ShmTransport {
@@ -98,6 +105,7 @@ impl ShmTransport {
             )));
         }
         let my_pid = std::process::id();
+        let ranks = seg.ranks;
         let cursors = (0..seg.ranks)
             .map(|to| Cursor {
                 head: seg.head(local, to).load(Ordering::Acquire),
@@ -134,6 +142,9 @@ impl ShmTransport {
             arena_steps: 0,
             single_copy: SingleCopy::Undecided,
             copy_piece: Vec::new(),
+            peer_regions: (0..ranks).map(|_| Vec::new()).collect(),
+            map_failure_logged: false,
+            shared_logged: false,
         })
     }
 

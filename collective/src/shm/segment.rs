@@ -348,6 +348,22 @@ impl ShmSegment {
     pub(super) fn copy_probe(&self, r: usize) -> &AtomicU32 {
         self.word32(self.rank_line(r) + 36)
     }
+    /// The token of the shared buffer (`region`) holding rank `r`'s buffer of the current single-copy allreduce;
+    /// 0 when it lies in none.
+    #[inline]
+    pub(super) fn copy_token(&self, r: usize) -> &AtomicU64 {
+        self.word(self.rank_line(r) + 40)
+    }
+    /// Where that buffer starts in the shared buffer.
+    #[inline]
+    pub(super) fn copy_offset(&self, r: usize) -> &AtomicU64 {
+        self.word(self.rank_line(r) + 48)
+    }
+    /// Rank `r`'s outcome of mapping its peers' shared buffers for the current allreduce.
+    #[inline]
+    pub(super) fn copy_mapped(&self, r: usize) -> &AtomicU32 {
+        self.word32(self.rank_line(r) + 56)
+    }
     /// Rank `r`'s board slot for operations of sequence number parity `parity`.
     #[inline]
     pub(super) fn slot(&self, r: usize, parity: u64) -> usize {

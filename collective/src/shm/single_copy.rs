@@ -33,7 +33,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::ShmTransport;
+use super::{ShmTransport, region};
 use crate::board::Combine;
 use crate::env_vars;
 use crate::error::{Error, Result};
@@ -87,12 +87,25 @@ fn willing(same_process: bool) -> bool {
     }
 }
 
+/// A peer as the single copy reads it: its local index, its pid (`process_vm_readv`), and where its buffer is:
+/// `direct` when this rank reads it with plain loads at `addr` (a thread of this process, or a shared buffer this
+/// rank mapped, then `addr` is in that mapping), else `addr` is in the peer's address space.
+#[derive(Clone, Copy)]
+struct Peer {
+    p: usize,
+    pid: u32,
+    addr: u64,
+    direct: bool,
+}
+
 impl ShmTransport {
     /// Allreduces `buf` (the same length, dtype and op on every rank of the segment) by the single copy; `false`
     /// (on every rank alike) when the ranks cannot or will not read one another's memory, and nothing was done.
     pub(super) fn single_copy_allreduce(&mut self, buf: &mut [u8], how: Combine) -> Result<bool> {
-        let Combine { dtype, op, timeout } = how;
-        if self.single_copy == SingleCopy::Off {
+        let timeout = how.timeout;
+        // Threads of one process that said no never read each other; ranks in several processes still post, as
+        // every allreduce may find all buffers in shared buffers (`region`).
+        if self.single_copy == SingleCopy::Off && self.seg.private {
             return Ok(false);
         }
         let n = self.seg.ranks;
@@ -102,6 +115,12 @@ impl ShmTransport {
             .copy_addr(me)
             .store(buf.as_ptr() as u64, Ordering::Relaxed);
         self.seg.copy_len(me).store(len as u64, Ordering::Relaxed);
+        let (token, offset) = match self.seg.private {
+            true => (0, 0),
+            false => region::lookup(buf.as_ptr(), len).unwrap_or((0, 0)),
+        };
+        self.seg.copy_token(me).store(token, Ordering::Relaxed);
+        self.seg.copy_offset(me).store(offset, Ordering::Relaxed);
         let deciding = self.single_copy == SingleCopy::Undecided;
         if deciding {
             let same_process =
@@ -116,35 +135,54 @@ impl ShmTransport {
         // 1. posted (the release store publishes the words above). A peer may read this buffer once it has seen
         // everyone's post, so from here on a failure waits for in-process readers (`quiesce`).
         if let Err(e) = self.step(timeout) {
-            let peers: Vec<(usize, u32, u64)> = (0..n)
+            let peers: Vec<Peer> = (0..n)
                 .filter(|p| *p != me)
-                .map(|p| (p, self.seg.pid(p).load(Ordering::Relaxed), 0))
+                .map(|p| Peer {
+                    p,
+                    pid: self.seg.pid(p).load(Ordering::Relaxed),
+                    addr: 0,
+                    direct: false,
+                })
                 .collect();
             self.quiesce(&e, &peers, u64::MAX, timeout);
             return Err(e);
         }
-        let peers: Vec<(usize, u32, u64)> = (0..n)
+        let mut peers: Vec<Peer> = (0..n)
             .filter(|p| *p != me)
             .map(|p| {
-                (
+                let pid = self.seg.pid(p).load(Ordering::Relaxed);
+                Peer {
                     p,
-                    self.seg.pid(p).load(Ordering::Relaxed),
-                    self.seg.copy_addr(p).load(Ordering::Relaxed),
-                )
+                    pid,
+                    addr: self.seg.copy_addr(p).load(Ordering::Relaxed),
+                    direct: self.in_process(pid),
+                }
             })
             .collect();
-        for &(p, _, _) in &peers {
-            let theirs = self.seg.copy_len(p).load(Ordering::Relaxed);
+        for peer in &peers {
+            let theirs = self.seg.copy_len(peer.p).load(Ordering::Relaxed);
             if theirs != len as u64 {
                 return Err(Error::Broken(format!(
                     "rank {} posted a {theirs}-byte single-copy allreduce, this rank {len} bytes",
-                    self.global[p]
+                    self.global[peer.p]
                 )));
             }
         }
-        let decided = match deciding {
-            true => self.decide(&peers, timeout),
-            false => Ok(true),
+        // Every rank's buffer in a shared buffer (ranks in several processes): map the peers' and read them with
+        // plain loads, when every rank could map every peer's.
+        let all_shared = !self.seg.private
+            && (0..n).all(|p| self.seg.copy_token(p).load(Ordering::Relaxed) != 0);
+        if all_shared {
+            if !self.map_peers(&mut peers, len, timeout)? {
+                return Ok(false);
+            }
+            self.run_single_copy(buf, &peers, how)?;
+            return Ok(true);
+        }
+        let decided = match (deciding, self.single_copy) {
+            (true, _) => self.decide(&peers, timeout),
+            (false, SingleCopy::On) => Ok(true),
+            (false, _) => Ok(false),
         };
         if let Err(e) = &decided {
             self.quiesce(e, &peers, u64::MAX, timeout);
@@ -152,6 +190,84 @@ impl ShmTransport {
         if !decided? {
             return Ok(false);
         }
+        self.run_single_copy(buf, &peers, how)?;
+        Ok(true)
+    }
+
+    /// Maps every peer's posted shared buffer (cached across allreduces), publishes whether all worked, and
+    /// returns whether every rank could (the same on every rank). The first failure is logged once with its
+    /// reason; that allreduce and any other that fails to map take the ring.
+    fn map_peers(&mut self, peers: &mut [Peer], len: usize, timeout: Duration) -> Result<bool> {
+        let me = self.rank;
+        let mut failure = None;
+        for peer in peers.iter_mut() {
+            let token = self.seg.copy_token(peer.p).load(Ordering::Relaxed);
+            let offset = self.seg.copy_offset(peer.p).load(Ordering::Relaxed);
+            let Some(need) = offset.checked_add(len as u64) else {
+                failure = Some((peer.p, io::Error::other("offset past the address space")));
+                break;
+            };
+            match self.peer_region(peer.p, token, need) {
+                Ok(base) => {
+                    peer.addr = base + offset;
+                    peer.direct = true;
+                }
+                Err(e) => {
+                    failure = Some((peer.p, e));
+                    break;
+                }
+            }
+        }
+        let mine = match failure {
+            None => VOTE_PROBE_OK,
+            Some(_) => VOTE_PROBE_FAILED,
+        };
+        self.seg.copy_mapped(me).store(mine, Ordering::Relaxed);
+        self.step(timeout)?;
+        let all = (0..self.seg.ranks)
+            .all(|p| self.seg.copy_mapped(p).load(Ordering::Relaxed) == VOTE_PROBE_OK);
+        if let Some((p, e)) = failure
+            && !self.map_failure_logged
+        {
+            self.map_failure_logged = true;
+            tracing::warn!(
+                peer = self.global[p],
+                error = %e,
+                "shm: could not map a peer's shared buffer; large allreduces in shared buffers use the ring"
+            );
+        }
+        if all && !self.shared_logged {
+            self.shared_logged = true;
+            tracing::debug!("shm: large allreduces read peers' shared buffers");
+        }
+        Ok(all)
+    }
+
+    /// The address of peer `p`'s shared buffer `token` in this rank's mapping of it, mapping it on first use and
+    /// dropping mappings of that peer's buffers that their owner has freed.
+    fn peer_region(&mut self, p: usize, token: u64, need: u64) -> io::Result<u64> {
+        let cached = &mut self.peer_regions[p];
+        if let Some(r) = cached.iter().find(|r| r.token == token) {
+            if r.len as u64 >= need {
+                return Ok(r.ptr as u64);
+            }
+            return Err(io::Error::other(format!(
+                "the peer posted {need} bytes of a {}-byte shared buffer",
+                r.len
+            )));
+        }
+        cached.retain(|r| r.owner_alive());
+        let r = region::PeerRegion::open(token, need)?;
+        let at = r.ptr as u64;
+        cached.push(r);
+        Ok(at)
+    }
+
+    /// Steps 2 and 3 segment by segment, then *done*: on failure, waits for in-process readers (`quiesce`).
+    fn run_single_copy(&mut self, buf: &mut [u8], peers: &[Peer], how: Combine) -> Result<()> {
+        let Combine { dtype, op, timeout } = how;
+        let n = self.seg.ranks;
+        let len = buf.len();
         // Segment by segment: the allgather of segment k reads blocks the peers reduced moments ago (still in the
         // shared L3), and runs right before the reduce-scatter of segment k + 1, with one wait in between.
         let esize = dtype.size();
@@ -159,7 +275,7 @@ impl ShmTransport {
         let last_step = self.arena_steps + len.div_ceil(seg_bytes) as u64 + 1;
         let mut piece = std::mem::take(&mut self.copy_piece);
         let result = (|| {
-            let mut prev: Option<(usize, Vec<usize>)> = None;
+            let mut prev: Option<Vec<usize>> = None;
             let mut start = 0;
             while start < len {
                 let seg_len = seg_bytes.min(len - start);
@@ -169,16 +285,16 @@ impl ShmTransport {
                 for c in &counts {
                     offsets.push(offsets.last().copied().unwrap_or(start) + c * esize);
                 }
-                if let Some((_, o)) = prev.take() {
-                    self.gather(buf, &peers, &o)?;
+                if let Some(o) = prev.take() {
+                    self.gather(buf, peers, &o)?;
                 }
-                self.scatter_reduce(buf, &peers, &offsets, dtype, op, &mut piece)?;
+                self.scatter_reduce(buf, peers, &offsets, dtype, op, &mut piece)?;
                 self.step(timeout)?;
-                prev = Some((start, offsets));
+                prev = Some(offsets);
                 start += seg_len;
             }
-            if let Some((_, o)) = prev {
-                self.gather(buf, &peers, &o)?;
+            if let Some(o) = prev {
+                self.gather(buf, peers, &o)?;
             }
             Ok(())
         })();
@@ -186,10 +302,9 @@ impl ShmTransport {
         // Done: nobody reads this rank's buffer any more once everyone has published this.
         let result = result.and_then(|()| self.step(timeout));
         if let Err(e) = &result {
-            self.quiesce(e, &peers, last_step, timeout);
+            self.quiesce(e, peers, last_step, timeout);
         }
-        result?;
-        Ok(true)
+        result
     }
 
     /// Step 2 for one segment (`offsets`: its blocks' bounds in `buf`): block `me` of every peer's buffer, reduced
@@ -197,7 +312,7 @@ impl ShmTransport {
     fn scatter_reduce(
         &mut self,
         buf: &mut [u8],
-        peers: &[(usize, u32, u64)],
+        peers: &[Peer],
         offsets: &[usize],
         dtype: DType,
         op: ReduceOp,
@@ -207,17 +322,30 @@ impl ShmTransport {
         let (mut at, end) = (offsets[self.rank], offsets[self.rank + 1]);
         while at < end {
             let plen = per_piece.min(end - at);
-            for &(p, pid, addr) in peers {
+            for &Peer {
+                p,
+                pid,
+                addr,
+                direct,
+            } in peers
+            {
                 let theirs = addr.wrapping_add(at as u64);
-                if self.in_process(pid) {
-                    // SAFETY: as in `read_peer`: a thread of this process published this range of its buffer and
-                    // leaves it alone until this rank publishes the next step; it is not this rank's memory.
+                if direct {
+                    // SAFETY: as in `read_peer`: a thread of this process (or a process whose shared buffer this
+                    // rank mapped at `addr`) published this range of its buffer and leaves it alone until this rank
+                    // publishes the next step; it is not this rank's memory.
                     let theirs =
                         unsafe { std::slice::from_raw_parts(theirs as usize as *const u8, plen) };
                     reduce_into(&mut buf[at..at + plen], theirs, dtype, op);
                 } else {
                     piece.resize(per_piece, 0);
-                    self.read_peer(p, pid, theirs, &mut piece[..plen])?;
+                    let from = Peer {
+                        p,
+                        pid,
+                        addr: theirs,
+                        direct,
+                    };
+                    self.read_peer(from, &mut piece[..plen])?;
                     reduce_into(&mut buf[at..at + plen], &piece[..plen], dtype, op);
                 }
             }
@@ -227,20 +355,14 @@ impl ShmTransport {
     }
 
     /// Step 3 for one segment: every peer `p`'s reduced block `p` straight into this rank's buffer.
-    fn gather(
-        &mut self,
-        buf: &mut [u8],
-        peers: &[(usize, u32, u64)],
-        offsets: &[usize],
-    ) -> Result<()> {
-        for &(p, pid, addr) in peers {
-            let block = offsets[p]..offsets[p + 1];
-            self.read_peer(
-                p,
-                pid,
-                addr.wrapping_add(block.start as u64),
-                &mut buf[block],
-            )?;
+    fn gather(&mut self, buf: &mut [u8], peers: &[Peer], offsets: &[usize]) -> Result<()> {
+        for &peer in peers {
+            let block = offsets[peer.p]..offsets[peer.p + 1];
+            let at = Peer {
+                addr: peer.addr.wrapping_add(block.start as u64),
+                ..peer
+            };
+            self.read_peer(at, &mut buf[block])?;
         }
         Ok(())
     }
@@ -249,14 +371,8 @@ impl ShmTransport {
     /// at most `timeout`, until every peer that is a thread of this process (and so reads this buffer with plain
     /// loads) has passed the last step, aborted or left. Peers in other processes read through the kernel, which
     /// fails cleanly on freed memory.
-    fn quiesce(
-        &mut self,
-        e: &Error,
-        peers: &[(usize, u32, u64)],
-        last_step: u64,
-        timeout: Duration,
-    ) {
-        if peers.iter().all(|(_, pid, _)| !self.in_process(*pid)) {
+    fn quiesce(&mut self, e: &Error, peers: &[Peer], last_step: u64, timeout: Duration) {
+        if peers.iter().all(|peer| !self.in_process(peer.pid)) {
             return;
         }
         let culprit = match e {
@@ -278,7 +394,7 @@ impl ShmTransport {
         while std::time::Instant::now() < deadline
             && !peers
                 .iter()
-                .all(|(p, pid, _)| !self.in_process(*pid) || settled(self, *p))
+                .all(|peer| !self.in_process(peer.pid) || settled(self, peer.p))
         {
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -296,15 +412,15 @@ impl ShmTransport {
 
     /// The first single-copy allreduce: every rank probes its peers (when all voted for it) and publishes the
     /// outcome; all ranks then decide alike, and log it once.
-    fn decide(&mut self, peers: &[(usize, u32, u64)], timeout: Duration) -> Result<bool> {
+    fn decide(&mut self, peers: &[Peer], timeout: Duration) -> Result<bool> {
         let me = self.rank;
         let all_willing = peers
             .iter()
-            .all(|(p, _, _)| self.seg.copy_vote(*p).load(Ordering::Relaxed) == VOTE_WILLING)
+            .all(|peer| self.seg.copy_vote(peer.p).load(Ordering::Relaxed) == VOTE_WILLING)
             && self.seg.copy_vote(me).load(Ordering::Relaxed) == VOTE_WILLING;
         let mut failure = None;
         if all_willing {
-            for &(p, pid, addr) in peers {
+            for &Peer { p, pid, addr, .. } in peers {
                 let mut probe = [0u8; 8];
                 let want = probe
                     .len()
@@ -323,7 +439,7 @@ impl ShmTransport {
         self.step(timeout)?;
         let on = peers
             .iter()
-            .all(|(p, _, _)| self.seg.copy_probe(*p).load(Ordering::Relaxed) == VOTE_PROBE_OK)
+            .all(|peer| self.seg.copy_probe(peer.p).load(Ordering::Relaxed) == VOTE_PROBE_OK)
             && outcome == VOTE_PROBE_OK;
         self.single_copy = if on { SingleCopy::On } else { SingleCopy::Off };
         match (on, failure) {
@@ -351,10 +467,16 @@ impl ShmTransport {
     }
 
     /// Reads `dst.len()` bytes at `addr` in peer `p`'s process `pid`; a peer that is gone is `PeerLost`.
-    fn read_peer(&mut self, p: usize, pid: u32, addr: u64, dst: &mut [u8]) -> Result<()> {
-        if self.in_process(pid) {
-            // SAFETY: the peer is a thread of this process, so `addr` is in this address space; it published the
-            // buffer (Acquire in the step wait) and keeps it alive and unwritten in this range until this rank
+    fn read_peer(&mut self, peer: Peer, dst: &mut [u8]) -> Result<()> {
+        let Peer {
+            p,
+            pid,
+            addr,
+            direct,
+        } = peer;
+        if direct {
+            // SAFETY: the peer is a thread of this process, so `addr` is in this address space, or `addr` is in this
+            // rank's mapping of the peer's shared buffer (kept in `peer_regions`); it published the buffer (Acquire in the step wait) and keeps it alive and unwritten in this range until this rank
             // publishes the next step (the protocol above); `dst` is this rank's own memory, disjoint from it.
             unsafe {
                 std::ptr::copy_nonoverlapping(

@@ -1,0 +1,484 @@
+//! Buffers every rank on this host can map ([`SharedBuffer`]: a file under `/dev/shm` that this process created
+//! 0600, named by a random token), the process-wide registry that tells the single copy whether a buffer lies in
+//! one, and a peer's checked, cached, read-only mapping of another rank's buffer ([`PeerRegion`]).
+//!
+//! Trust: the name a rank posts comes from the job's own segment, but the file behind it is only a name in a
+//! directory every local user can write. A peer therefore opens it with `O_NOFOLLOW` (a symlink is refused), and
+//! maps it only when it is a regular file owned by this user, with no group or other permission bits and at least
+//! as large as the range it will read; anything else is refused and the ranks take the ring. The owner creates
+//! it with `O_CREAT | O_EXCL` (a planted file makes the creation fail and another name is drawn), and `/dev/shm`'s
+//! sticky bit keeps other users from replacing it afterwards.
+
+use std::ffi::CString;
+use std::io;
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+/// Where shared buffers live (tmpfs on Linux).
+const DIR: &str = "/dev/shm";
+
+/// Names tried before giving up when the drawn ones exist already (someone planted them).
+const CREATE_TRIES: usize = 8;
+
+/// A shared buffer's address range in this process and its token (0: a private fallback allocation).
+struct Registered {
+    base: usize,
+    len: usize,
+    token: u64,
+}
+
+/// Every live [`SharedBuffer`] of this process.
+static REGISTRY: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+
+fn path_of(token: u64) -> CString {
+    // A hex number and a fixed prefix: never contains a NUL.
+    CString::new(format!("{DIR}/hvd-buf-{token:016x}")).unwrap_or_default()
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+fn random_token() -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    // SAFETY: writes at most 8 bytes into `b`.
+    let r = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if r != 8 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(b) | 1)
+}
+
+/// The token and offset of `[ptr, ptr + len)` when it lies inside one shared buffer of this process.
+pub(crate) fn lookup(ptr: *const u8, len: usize) -> Option<(u64, u64)> {
+    let at = ptr as usize;
+    let reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    reg.iter()
+        .find(|r| r.token != 0 && at >= r.base && at + len <= r.base + r.len)
+        .map(|r| (r.token, (at - r.base) as u64))
+}
+
+/// Memory that the other ranks on this host can map and read with plain loads, so that a large allreduce in it
+/// copies each byte once (the single copy between processes). Freed (unmapped, its file removed) on drop; a peer
+/// that mapped it keeps its own mapping, so a buffer given back mid-operation is never read after it is gone.
+pub struct SharedBuffer {
+    ptr: *mut u8,
+    len: usize,
+    map_len: usize,
+    token: u64,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; access goes through `&`/`&mut self`.
+unsafe impl Send for SharedBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for SharedBuffer {}
+
+impl std::fmt::Debug for SharedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBuffer")
+            .field("len", &self.len)
+            .field("shared", &self.is_shared())
+            .finish()
+    }
+}
+
+impl SharedBuffer {
+    /// `len` zeroed bytes in a new file under `/dev/shm`, mapped here and registered; an error says why (no
+    /// `/dev/shm`, its size limit, mapping refused).
+    pub fn new(len: usize) -> Result<SharedBuffer> {
+        let page = page_size();
+        let map_len = len.max(1).div_ceil(page) * page;
+        let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+        for _ in 0..CREATE_TRIES {
+            let token = random_token().map_err(|e| Error::io("draw a shared buffer's name", e))?;
+            let path = path_of(token);
+            // SAFETY: path is NUL-terminated; the fd is closed below.
+            let fd = unsafe {
+                libc::open(
+                    path.as_ptr(),
+                    libc::O_RDWR
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_NOFOLLOW
+                        | libc::O_CLOEXEC,
+                    0o600 as libc::c_uint,
+                )
+            };
+            if fd < 0 {
+                last = io::Error::last_os_error();
+                if last.kind() == io::ErrorKind::AlreadyExists {
+                    continue;
+                }
+                break;
+            }
+            let made = Self::size_and_map(fd, map_len);
+            // SAFETY: fd is ours; the mapping keeps the memory alive.
+            unsafe { libc::close(fd) };
+            return match made {
+                Ok(ptr) => {
+                    REGISTRY
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Registered {
+                            base: ptr as usize,
+                            len: map_len,
+                            token,
+                        });
+                    Ok(SharedBuffer {
+                        ptr,
+                        len,
+                        map_len,
+                        token,
+                    })
+                }
+                Err(e) => {
+                    // SAFETY: path is NUL-terminated; the file is the one created above.
+                    unsafe { libc::unlink(path.as_ptr()) };
+                    Err(Error::io(
+                        format!("allocate a {len}-byte shared buffer in {DIR}"),
+                        e,
+                    ))
+                }
+            };
+        }
+        Err(Error::io(
+            format!("create a shared buffer file in {DIR}"),
+            last,
+        ))
+    }
+
+    /// `len` zeroed bytes of private memory (an anonymous mapping), for a caller that wants memory either way
+    /// when [`SharedBuffer::new`] failed: allreduces in it take the ring.
+    pub fn private(len: usize) -> Result<SharedBuffer> {
+        let map_len = len.max(1).div_ceil(page_size()) * page_size();
+        // SAFETY: a fresh anonymous mapping.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::io(
+                format!("allocate {len} bytes"),
+                io::Error::last_os_error(),
+            ));
+        }
+        REGISTRY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Registered {
+                base: ptr as usize,
+                len: map_len,
+                token: 0,
+            });
+        Ok(SharedBuffer {
+            ptr: ptr.cast(),
+            len,
+            map_len,
+            token: 0,
+        })
+    }
+
+    /// Reserves the file's pages (so a full `/dev/shm` fails here, not with SIGBUS on first touch) and maps it.
+    fn size_and_map(fd: i32, map_len: usize) -> io::Result<*mut u8> {
+        // SAFETY: fd is a file this process just created.
+        let r = unsafe { libc::posix_fallocate(fd, 0, map_len as libc::off_t) };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        // SAFETY: a fresh shared mapping of a file of at least map_len bytes.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ptr.cast())
+    }
+
+    /// Whether the buffer is shared (false: the private fallback of [`SharedBuffer::private`]).
+    pub fn is_shared(&self) -> bool {
+        self.token != 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The file a peer maps (tests use it to act as an attacker replacing it).
+    pub fn path(&self) -> Option<std::path::PathBuf> {
+        self.is_shared()
+            .then(|| std::path::PathBuf::from(format!("{DIR}/hvd-buf-{:016x}", self.token)))
+    }
+
+    /// Takes the buffer apart without freeing it (a C caller frees it with [`SharedBuffer::free_raw`]).
+    pub fn into_raw(self) -> *mut u8 {
+        let p = self.ptr;
+        std::mem::forget(self);
+        p
+    }
+
+    /// Frees a buffer that [`SharedBuffer::into_raw`] returned; `false` (nothing done) for any other pointer.
+    ///
+    /// # Safety
+    /// No reference into the buffer may be used after this call.
+    pub unsafe fn free_raw(ptr: *mut u8) -> bool {
+        let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(i) = reg.iter().position(|r| r.base == ptr as usize) else {
+            return false;
+        };
+        let r = reg.swap_remove(i);
+        drop(reg);
+        // SAFETY: the range came from `new` or `private`, and the caller gives it back once.
+        unsafe { release(r.base as *mut u8, r.len, r.token) };
+        true
+    }
+}
+
+impl std::ops::Deref for SharedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is mapped for map_len >= len bytes while self lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for SharedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for SharedBuffer {
+    fn drop(&mut self) {
+        let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        reg.retain(|r| r.base != self.ptr as usize);
+        drop(reg);
+        // SAFETY: ptr/map_len are this value's own mapping, released once.
+        unsafe { release(self.ptr, self.map_len, self.token) };
+    }
+}
+
+/// Unmaps a buffer and removes its file (shared ones).
+unsafe fn release(ptr: *mut u8, map_len: usize, token: u64) {
+    // SAFETY: the caller's contract: a mapping of map_len bytes, released once.
+    unsafe { libc::munmap(ptr.cast(), map_len) };
+    if token != 0 {
+        // SAFETY: path is NUL-terminated.
+        unsafe { libc::unlink(path_of(token).as_ptr()) };
+    }
+}
+
+/// A peer's shared buffer as mapped (read-only) by this rank.
+pub(crate) struct PeerRegion {
+    pub(crate) token: u64,
+    pub(crate) ptr: *const u8,
+    pub(crate) len: usize,
+}
+
+// SAFETY: a read-only mapping owned by this value.
+unsafe impl Send for PeerRegion {}
+
+impl Drop for PeerRegion {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are this value's own mapping.
+        unsafe { libc::munmap(self.ptr.cast_mut().cast(), self.len) };
+    }
+}
+
+impl PeerRegion {
+    /// Opens and maps the shared buffer `token` of a peer, refusing anything but a regular file of this user, mode
+    /// 0600 or stricter, of at least `need` bytes (see the module's trust note).
+    pub(crate) fn open(token: u64, need: u64) -> io::Result<PeerRegion> {
+        let path = path_of(token);
+        // SAFETY: path is NUL-terminated; the fd is closed below.
+        let fd = unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let r = Self::check_and_map(fd, token, need);
+        // SAFETY: fd is ours.
+        unsafe { libc::close(fd) };
+        r
+    }
+
+    fn check_and_map(fd: i32, token: u64, need: u64) -> io::Result<PeerRegion> {
+        // SAFETY: a zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open; st is writable.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let refuse = |why: String| Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return refuse("not a regular file".into());
+        }
+        if st.st_uid != me {
+            return refuse(format!("owned by uid {}, not this user ({me})", st.st_uid));
+        }
+        if st.st_mode & 0o077 != 0 {
+            return refuse(format!("mode {:o} lets other users in", st.st_mode & 0o777));
+        }
+        let size = st.st_size.max(0) as u64;
+        if size < need || size == 0 {
+            return refuse(format!("{size} bytes, the peer posted {need}"));
+        }
+        // SAFETY: a fresh read-only shared mapping of `size` bytes of a checked regular file.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(PeerRegion {
+            token,
+            ptr: ptr.cast(),
+            len: size as usize,
+        })
+    }
+
+    /// Whether the owner still has the buffer (its file exists); mappings of freed buffers are dropped.
+    pub(crate) fn owner_alive(&self) -> bool {
+        // SAFETY: a zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: path is NUL-terminated; st is writable.
+        unsafe { libc::lstat(path_of(self.token).as_ptr(), &mut st) == 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn token_path(token: u64) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("{DIR}/hvd-buf-{token:016x}"))
+    }
+
+    #[test]
+    fn a_buffer_is_registered_mapped_by_a_peer_and_gone_when_dropped() {
+        let mut b = SharedBuffer::new(10_000).expect("shared buffer");
+        b[9_999] = 7;
+        let (token, off) = lookup(b.as_ptr().wrapping_add(100), 50).expect("registered");
+        assert_eq!(off, 100);
+        assert!(lookup(b.as_ptr(), 1 << 30).is_none(), "past its end");
+        let peer = PeerRegion::open(token, 10_000).expect("map");
+        // SAFETY: the mapping is at least 10_000 bytes.
+        assert_eq!(unsafe { *peer.ptr.add(9_999) }, 7);
+        let path = b.path().expect("path");
+        drop(b);
+        assert!(!path.exists());
+        assert!(!peer.owner_alive());
+        // The peer's mapping still reads the last contents.
+        // SAFETY: as above; the peer's own mapping keeps the pages.
+        assert_eq!(unsafe { *peer.ptr.add(9_999) }, 7);
+    }
+
+    #[test]
+    fn an_attackers_file_is_never_mapped() {
+        let token = random_token().expect("token");
+        let path = token_path(token);
+        // Another user's file.
+        std::fs::write(&path, vec![0u8; 8192]).expect("plant");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let c = path_of(token);
+        // SAFETY: chown of a file this test created; c is NUL-terminated.
+        let chowned = unsafe { libc::chown(c.as_ptr(), 65534, 65534) } == 0;
+        if chowned {
+            let e = PeerRegion::open(token, 4096).err().expect("refused");
+            assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        }
+        std::fs::remove_file(&path).expect("remove");
+        // A symlink to a file of this user.
+        let target = std::env::temp_dir().join(format!("hvd-region-target-{token:x}"));
+        std::fs::write(&target, vec![0u8; 8192]).expect("target");
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        symlink(&target, &path).expect("symlink");
+        let e = PeerRegion::open(token, 4096).err().expect("refused");
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        std::fs::remove_file(&path).expect("remove");
+        std::fs::remove_file(&target).expect("remove");
+        // Readable by others, or too small for what the peer posted.
+        std::fs::write(&path, vec![0u8; 8192]).expect("plant");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = PeerRegion::open(token, 4096).err().expect("refused");
+        assert!(e.to_string().contains("mode 644"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let e = PeerRegion::open(token, 1 << 20).err().expect("refused");
+        assert!(e.to_string().contains("8192 bytes"), "{e}");
+        assert!(
+            PeerRegion::open(token, 8192).is_ok(),
+            "this user's file of the right size"
+        );
+        std::fs::remove_file(&path).expect("remove");
+    }
+
+    #[test]
+    fn a_buffer_file_is_this_users_regular_file_mode_0600() {
+        let b = SharedBuffer::new(64).expect("buffer");
+        let p = b.path().expect("path");
+        let meta = std::fs::symlink_metadata(&p).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(meta.file_type().is_file());
+    }
+
+    #[test]
+    fn private_and_raw_buffers_are_freed_once() {
+        let p = SharedBuffer::private(100).expect("private");
+        assert!(!p.is_shared());
+        assert!(lookup(p.as_ptr(), 10).is_none());
+        drop(p);
+        let raw = SharedBuffer::private(100).expect("private").into_raw();
+        // SAFETY: raw came from into_raw and is not used after.
+        assert!(unsafe { SharedBuffer::free_raw(raw) });
+        let raw = SharedBuffer::new(100).expect("shared").into_raw();
+        assert!(lookup(raw, 100).is_some());
+        // SAFETY: raw came from into_raw and is not used after.
+        assert!(unsafe { SharedBuffer::free_raw(raw) });
+        assert!(lookup(raw, 100).is_none());
+        // SAFETY: an unknown pointer is refused without touching it.
+        assert!(!unsafe { SharedBuffer::free_raw(raw) });
+    }
+}

@@ -1,0 +1,170 @@
+//! The single copy between rank processes whose buffers lie in shared buffers (`shm::SharedBuffer`): 2 and 3
+//! processes (this test binary re-run as workers, joined through the launcher's real rendezvous server) read one
+//! another's buffers with plain loads and sum exactly at sizes around the segment boundaries; a rank whose buffer is
+//! not shared, or whose shared buffer a peer refuses to map (replaced by another user's file), takes everyone to the
+//! ring, with exact sums still.
+
+use std::process::{Child, Command, Stdio};
+
+use hvd_collective::shm::SharedBuffer;
+use hvd_collective::{Communicator, DType, Error, ReduceOp, bootstrap};
+use hvd_launcher::rendezvous::RendezvousServer;
+
+mod log_capture;
+mod workers;
+
+const WORKER: &str = "HVD_SHARED_BUFFERS_TEST_WORKER";
+const SHARED: &str = "large allreduces read peers' shared buffers";
+const REFUSED: &str = "could not map a peer's shared buffer";
+
+/// f32 counts: just past the single copy's 1 MiB, a 2-rank segment (2 MiB) plus 3, odd over 4 MiB (uneven blocks).
+const COUNTS: [usize; 3] = [(1 << 18) + 1, (1 << 19) + 3, (1 << 20) + 7];
+
+/// Bytes before the allreduce's range inside its shared buffer (the offset every rank posts).
+const OFFSET: usize = 12;
+
+#[test]
+fn worker() {
+    workers::serve(WORKER, |scenario| {
+        log_capture::install();
+        run_worker(scenario)
+    });
+}
+
+/// Fills `buf` with this rank's values and checks the sum after the allreduce; an error line names the first
+/// wrong element.
+fn allreduce_checked(
+    comm: &mut dyn Communicator,
+    buf: &mut [u8],
+    what: &str,
+) -> Result<Option<String>, Error> {
+    let (rank, size) = (comm.rank(), comm.size());
+    for (i, c) in buf.chunks_exact_mut(4).enumerate() {
+        c.copy_from_slice(&((i % 1000) as f32 + rank as f32).to_ne_bytes());
+    }
+    comm.allreduce_in_place(buf, DType::F32, ReduceOp::Sum)?;
+    for (i, c) in buf.chunks_exact(4).enumerate() {
+        let want = (size * (i % 1000)) as f32 + (size * (size - 1) / 2) as f32;
+        let got = f32::from_ne_bytes(c.try_into().unwrap_or_default());
+        if got != want {
+            return Ok(Some(format!(
+                "{what}: element {i} is {got}, expected {want}"
+            )));
+        }
+    }
+    Ok(None)
+}
+
+fn run_worker(scenario: &str) -> Result<String, Error> {
+    let mut comm = bootstrap::from_env()?;
+    let rank = comm.rank();
+    for count in COUNTS {
+        let bytes = count * 4;
+        // A new shared buffer each size: peers map it on first use and drop their mapping of the freed one.
+        let shared = !(scenario == "mixed" && rank == 1);
+        let mut sb = match shared {
+            true => SharedBuffer::new(OFFSET + bytes)?,
+            false => SharedBuffer::private(OFFSET + bytes)?,
+        };
+        if scenario == "planted" && rank == 1 {
+            plant_another_users_file(&sb);
+        }
+        for round in 0..2 {
+            let what = format!("{count} floats, round {round}");
+            if let Some(bad) =
+                allreduce_checked(comm.as_mut(), &mut sb[OFFSET..OFFSET + bytes], &what)?
+            {
+                return Ok(bad);
+            }
+        }
+        // An ordinary buffer in between (everyone takes the ring or the default path), same step counters.
+        let mut plain = vec![0u8; bytes];
+        if let Some(bad) = allreduce_checked(comm.as_mut(), &mut plain, "plain")? {
+            return Ok(bad);
+        }
+    }
+    let path = match log_capture::logged(SHARED) {
+        true => "shared buffers",
+        false => "ring",
+    };
+    let refused = match log_capture::logged(REFUSED) {
+        true => ", a peer's refused",
+        false => "",
+    };
+    Ok(format!("exact via {path}{refused}"))
+}
+
+/// Acts as another local user: replaces this rank's shared buffer file with one of the same size owned by uid
+/// 65534 (this rank's own mapping stays), so the peer finds a file it must not trust under the posted name.
+fn plant_another_users_file(sb: &SharedBuffer) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = sb.path().expect("a shared buffer has a file");
+    std::fs::remove_file(&path).expect("remove own file");
+    std::fs::write(&path, vec![0u8; sb.len()]).expect("plant");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: chown of the file just written.
+    let r = unsafe { libc::chown(c.as_ptr(), 65534, 65534) };
+    if r != 0 {
+        // Not root: make it a symlink instead, which the peer must refuse just the same.
+        std::fs::remove_file(&path).expect("remove");
+        std::os::unix::fs::symlink("/proc/self/mem", &path).expect("symlink");
+    }
+}
+
+/// Runs `n` workers on one host (shm) and returns each one's RESULT line.
+fn run_job(n: usize, scenario: &str) -> Vec<String> {
+    let token = "0123456789abcdef".to_string();
+    let srv = RendezvousServer::start(
+        "127.0.0.1:0".parse().expect("address"),
+        &token,
+        vec!["127.0.0.1".parse().expect("address")],
+    )
+    .expect("start the rendezvous server");
+    let exe = std::env::current_exe().expect("test binary path");
+    let children: Vec<Child> = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .env(WORKER, scenario)
+                .env("HVD_RANK", r.to_string())
+                .env("HVD_SIZE", n.to_string())
+                .env("HVD_HOSTNAME", "h")
+                .env("HVD_COLLECTIVE_TIMEOUT", "10")
+                .env("HVD_RENDEZVOUS", srv.addr().to_string())
+                .env("HVD_JOB_TOKEN", &token)
+                // Three ranks would take the arenas otherwise (they are on from 3 ranks).
+                .env("HVD_ALLREDUCE_ARENA_RANKS", "0")
+                .env_remove("HVD_COLLECTIVE_BACKEND")
+                .env_remove("HVD_SHM_CMA")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a worker")
+        })
+        .collect();
+    workers::results(children)
+}
+
+#[test]
+fn two_processes_read_each_others_shared_buffers() {
+    assert_eq!(run_job(2, "ok"), ["exact via shared buffers"; 2]);
+}
+
+#[test]
+fn three_processes_read_each_others_shared_buffers() {
+    assert_eq!(run_job(3, "ok"), ["exact via shared buffers"; 3]);
+}
+
+#[test]
+fn a_rank_without_a_shared_buffer_takes_everyone_to_the_ring() {
+    assert_eq!(run_job(2, "mixed"), ["exact via ring"; 2]);
+}
+
+#[test]
+fn a_file_replaced_by_another_user_is_refused_and_everyone_takes_the_ring() {
+    let out = run_job(2, "planted");
+    // Rank 0 could not map rank 1's (planted) file and says so; rank 1 mapped rank 0's, but both took the ring
+    // for the planted sizes. Later sizes (new, untouched buffers) are planted too, so no size read shared memory.
+    assert_eq!(out, ["exact via ring, a peer's refused", "exact via ring"]);
+}
