@@ -34,6 +34,19 @@ const LATEST_REQUIRES: &[&str] = &[
     "wheel",
 ];
 
+/// What std.horovod 0.26-0.28 builds with against torch: setuptools with pkg_resources, which torch's
+/// cpp_extension imports.
+const LATEST_TORCH_REQUIRES: &[&str] = &[
+    "cmake>=3.13,<4",
+    "cloudpickle",
+    "psutil",
+    "pyyaml",
+    "dataclasses; python_version < \"3.7\"",
+    "packaging",
+    "setuptools<82",
+    "wheel",
+];
+
 /// One row of the era table: python, framework, Horovod version, build requires, variables set to "1",
 /// variables that must be absent.
 struct Case(
@@ -116,7 +129,16 @@ fn each_era_gets_its_requirements_and_variables() {
             "3.8",
             "std.torch { version = \"1.13.1\" }".to_string(),
             "0.28.1",
-            LATEST_REQUIRES,
+            LATEST_TORCH_REQUIRES,
+            &["HOROVOD_WITH_PYTORCH", "HOROVOD_WITHOUT_TENSORFLOW"],
+            &[],
+        ),
+        // The newest torch any Horovod release builds against (2.1 on needs C++17: refused below).
+        Case(
+            "3.11",
+            "std.torch { version = \"2.0.1\" }".to_string(),
+            "0.28.1",
+            LATEST_TORCH_REQUIRES,
             &["HOROVOD_WITH_PYTORCH", "HOROVOD_WITHOUT_TENSORFLOW"],
             &[],
         ),
@@ -165,6 +187,18 @@ fn unsupported_combinations_fail_at_check_and_lock_naming_what_works() {
             "std.horovod { version = \"0.25.0\", frameworks = [std.torch { version = \"1.4.0\" }] }",
             "Horovod 0.25.0 builds against torch 1.5.0 or later, found 1.4.0",
             "Horovod 0.24.3 builds against torch 1.2.0",
+        ),
+        (
+            "3.11",
+            "std.horovod { version = \"0.28.1\", frameworks = [std.torch { version = \"2.1.0\" }] }",
+            "Horovod 0.28.1 compiles its torch extension as C++14 and torch 2.1 on needs C++17",
+            "use torch 2.0.1",
+        ),
+        (
+            "3.11",
+            "std.horovod { version = \"0.28.1\", frameworks = [std.torch { version = \"2.10.0\" }] }",
+            "no Horovod release builds against torch 2.10.0",
+            "use torch 2.0.1",
         ),
         (
             "3.6",
