@@ -221,6 +221,8 @@ pub struct GcReport {
     pub temp_roots: usize,
     /// Temporary roots whose processes have ended (removed unless dry run).
     pub stale_temp_roots: usize,
+    /// Lock files under `.locks/` no one held (removed unless dry run; `gc.lock` stays).
+    pub free_locks: usize,
 }
 
 /// Remove every store path that no root reaches (`dry_run`: only report).
@@ -282,7 +284,29 @@ pub fn collect_garbage(store: &Store, dry_run: bool) -> Result<GcReport> {
             }
         }
     }
+    report.free_locks = remove_free_locks(store, dry_run)?;
     Ok(report)
+}
+
+/// Removes (`dry_run`: counts) the lock files under `.locks/` no one holds now: one is made for every path and
+/// every cache archive (`archive-<sha256>.lock`) ever locked, so they pile up. `gc.lock` stays (gc holds it).
+fn remove_free_locks(store: &Store, dry_run: bool) -> Result<usize> {
+    let mut removed = 0;
+    for entry in fs_err::read_dir(store.root().join(".locks"))? {
+        let file_name = entry?.file_name();
+        let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".lock")) else {
+            continue;
+        };
+        if name == "gc" || name.is_empty() {
+            continue;
+        }
+        if dry_run {
+            removed += usize::from(store.try_lock_path(name)?.is_some());
+        } else if store.remove_lock_if_free(name)? {
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 fn tree_size(path: &Path) -> u64 {

@@ -5,7 +5,9 @@
 //!   and the store paths it references. A directory without that file is never treated as valid.
 //! - `<root>/.tmp/<path-name>.<pid>.<n>/` builds in progress; created and used only while holding the path's lock,
 //!   so any such directory found by the next lock holder is the debris of a killed build and is removed.
-//! - `<root>/.locks/<path-name>.lock` flock files; `.locks/gc.lock` is held shared by builders, exclusive by gc.
+//! - `<root>/.locks/<path-name>.lock` flock files; `.locks/gc.lock` is held shared by builders, exclusive by gc. gc
+//!   unlinks the others while it holds them; a lock is held only once its file is still at its path (see
+//!   `Store::lock_file`).
 //! - `<root>/.roots/` links to the project links (`.hvd/env`) that keep paths alive.
 //! - `<root>/.temproots/<random>` store path names a running process uses, flock-ed while it runs (see gc).
 //! - `<root>/.downloads/sha256/<hex>` the download cache; `<root>/.pycache/` bytecode written by envs.
@@ -177,22 +179,57 @@ impl Store {
         Ok(names)
     }
 
+    fn lock_path_of(&self, name: &str) -> PathBuf {
+        self.root.join(".locks").join(format!("{name}.lock"))
+    }
+
+    /// Flocks `.locks/<name>.lock`; `None` when `arg` does not wait and another holds it.
+    ///
+    /// gc unlinks lock files it holds ([`Store::remove_lock_if_free`]): whoever opened such a file before the
+    /// unlink gets its flock afterwards on a file no one else will open, which excludes no one. So the lock counts
+    /// only when the path still names the locked file (same device and inode) once the flock is held; otherwise it
+    /// is dropped and taken again on the file now at the path.
     fn lock_file(&self, name: &str, arg: FlockArg) -> Result<Option<StoreLock>> {
-        let path = self.root.join(".locks").join(format!("{name}.lock"));
-        let file = fs_err::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)?;
-        match Flock::lock(file.into_parts().0, arg) {
-            Ok(lock) => Ok(Some(StoreLock { _lock: lock })),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-            Err((_, errno)) => Err(std::io::Error::other(format!(
-                "failed to lock `{}`: {errno}",
-                path.display()
-            ))
-            .into()),
+        use std::os::unix::fs::MetadataExt;
+        let path = self.lock_path_of(name);
+        loop {
+            let file = fs_err::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)?;
+            let lock = match Flock::lock(file.into_parts().0, arg) {
+                Ok(lock) => lock,
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
+                Err((_, errno)) => {
+                    return Err(std::io::Error::other(format!(
+                        "failed to lock `{}`: {errno}",
+                        path.display()
+                    ))
+                    .into());
+                }
+            };
+            let held = lock.metadata()?;
+            match fs_err::metadata(&path) {
+                Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {
+                    return Ok(Some(StoreLock { _lock: lock }));
+                }
+                // Unlinked (and maybe made again) since it was opened: take the one there now.
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+    }
+
+    /// Unlinks `.locks/<name>.lock` if no one holds it (taking it without waiting, unlinking, releasing); `true`
+    /// when it was removed. Safe against every other locker: see [`Store::lock_file`].
+    pub(crate) fn remove_lock_if_free(&self, name: &str) -> Result<bool> {
+        let Some(_lock) = self.lock_file(name, FlockArg::LockExclusiveNonblock)? else {
+            return Ok(false);
+        };
+        fs_err::remove_file(self.lock_path_of(name))?;
+        Ok(true)
     }
 
     /// Block until this process holds the exclusive lock for a path name.
