@@ -186,7 +186,7 @@ class _DistributedOptimizer:
         if process_set is not None and not process_set.included():
             return  # as in Horovod: a rank outside the set steps on its own gradients
         for p in self._trainable:
-            self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook()))
+            self._hooks.append(_after_accumulate(p, self._make_hook()))
 
     def _make_hook(self):
         def hook(p):
@@ -334,6 +334,17 @@ class _DistributedOptimizer:
         self._reset_counts()
         self._synchronized = False
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def _after_accumulate(p, hook):
+    """Calls ``hook(p)`` each time backward has accumulated ``p``'s gradient into ``p.grad``: torch >= 2.1's
+    post-accumulate-grad hook, else (torch <= 2.0, which has none) a hook on the node that accumulates it, as
+    Horovod does; that node is kept alive beside its hook's handle."""
+    if hasattr(p, "register_post_accumulate_grad_hook"):
+        return p.register_post_accumulate_grad_hook(hook)
+    with torch.enable_grad():  # (the optimizer may be wrapped under no_grad)
+        accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+    return accumulator, accumulator.register_hook(lambda *_: hook(p))
 
 
 class _SparseReduction:

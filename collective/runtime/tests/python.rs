@@ -404,6 +404,18 @@ fn torch_distributed_optimizer_keeps_parameters_identical() {
     );
 }
 
+/// DistributedOptimizer without torch's post-accumulate-grad hooks (torch <= 2.0; hidden on a newer torch): the hooks
+/// on the gradient accumulators submit each gradient during backward, step after step (`torch_accumulate_hook.py`).
+#[test]
+#[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
+fn torch_distributed_optimizer_works_without_post_accumulate_grad_hooks() {
+    let python = opt_in_python("HVD_TEST_TORCH", "torch");
+    assert_all_ok(
+        &run_with(&python, 2, "torch_accumulate_hook.py", &[]),
+        "accumulator hooks on 2 ranks",
+    );
+}
+
 /// Horovod's torch API (`horovod.torch`, docs/horovod.md): alltoall's received splits, truncating integer scaling,
 /// int16, grouped allgather and reducescatter, duplicate names (per process set), Adasum refused, gradients, three
 /// init/shutdown rounds; on 2 and 3 ranks.
