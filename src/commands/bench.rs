@@ -3,13 +3,18 @@
 //! `hvd bench allreduce` sweeps f32 allreduce sizes on N ranks and prints, per size, the median and p99 latency
 //! (the slowest rank of each iteration counts) and the algorithm and bus bandwidth (busbw = algbw x 2(n-1)/n).
 //! Ranks are threads of this process unless the environment says this process is one rank of a job (`hvd run`,
-//! `mpirun`, `srun`): then every rank joins the job and rank 0 prints.
+//! `mpirun`, `srun`): then every rank joins the job and rank 0 prints. `--processes` starts the ranks as worker
+//! processes of this binary instead (joined through a rendezvous server of its own, each pinned to a CPU), and
+//! `--shared-buffers` allocates every rank's buffers as shared buffers (`hvd_collective::shm::SharedBuffer`, what
+//! `hvd_alloc` and `hvd.empty` return), which ranks in several processes read one another's with plain loads.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use hvd_collective::bootstrap::{self, BackendChoice, JobEnv};
+use hvd_collective::env_vars as cenv;
+use hvd_collective::shm::SharedBuffer;
 use hvd_collective::testing::{Backend, LocalJob};
 use hvd_collective::{Communicator, DType, ReduceOp};
 
@@ -50,6 +55,17 @@ pub struct AllreduceArgs {
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Run the ranks as worker processes of this binary on this host (each pinned to a CPU unless `--no-pin`)
+    /// instead of threads.
+    #[arg(long)]
+    pub processes: bool,
+    /// Allocate the buffers as shared buffers (`hvd_alloc`, `hvd.empty`): between processes the single copy then
+    /// reads the peers' buffers with plain loads.
+    #[arg(long)]
+    pub shared_buffers: bool,
+    /// (Set by `--processes` for its workers) the CPU index to pin this process to.
+    #[arg(long, hide = true)]
+    pub pin_cpu: Option<usize>,
 }
 
 pub fn run(args: BenchArgs) -> CommandResult {
@@ -103,25 +119,36 @@ fn sweep(
     comm: &mut dyn Communicator,
     sizes: &[usize],
     fixed: Option<usize>,
+    shared: bool,
 ) -> Result<Vec<Row>, hvd_collective::Error> {
     let mut rows = Vec::new();
     let n = comm.size();
     for &bytes in sizes {
         let iters = iterations(bytes, fixed);
-        let mut buf = vec![0u8; bytes];
+        let (mut own, mut in_shared);
+        let buf: &mut [u8] = match shared {
+            true => {
+                in_shared = SharedBuffer::new(bytes)?;
+                &mut in_shared
+            }
+            false => {
+                own = vec![0u8; bytes];
+                &mut own
+            }
+        };
         for c in buf.chunks_exact_mut(4) {
             c.copy_from_slice(&1.0f32.to_ne_bytes());
         }
         // Warm up long enough for small sizes (the first one runs right after the ranks start).
         let warmup = (iters / 5).clamp(1, 200);
         for _ in 0..warmup {
-            comm.allreduce_in_place(&mut buf, DType::F32, ReduceOp::Sum)?;
+            comm.allreduce_in_place(buf, DType::F32, ReduceOp::Sum)?;
         }
         comm.barrier()?;
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = Instant::now();
-            comm.allreduce_in_place(&mut buf, DType::F32, ReduceOp::Sum)?;
+            comm.allreduce_in_place(buf, DType::F32, ReduceOp::Sum)?;
             times.push(t.elapsed().as_secs_f64());
         }
         // Max over ranks, per iteration.
@@ -157,12 +184,24 @@ fn human(bytes: usize) -> String {
     }
 }
 
-fn print_rows(rows: &[Row], n: usize, backend: &str, json: bool) {
+/// How the ranks ran, for the output.
+struct Mode {
+    processes: bool,
+    shared: bool,
+}
+
+fn print_rows(rows: &[Row], n: usize, backend: &str, json: bool, mode: &Mode) {
     let mut out = std::io::stdout().lock();
+    let ranks_are = if mode.processes {
+        "processes"
+    } else {
+        "threads"
+    };
+    let buffers = if mode.shared { "shared" } else { "private" };
     if !json {
         let _ = writeln!(
             out,
-            "# hvd allreduce f32, backend {backend}, {n} ranks (median/p99 of the slowest rank)"
+            "# hvd allreduce f32, backend {backend}, {n} ranks as {ranks_are}, {buffers} buffers (median/p99 of the slowest rank)"
         );
         let _ = writeln!(
             out,
@@ -180,7 +219,8 @@ fn print_rows(rows: &[Row], n: usize, backend: &str, json: bool) {
         let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
         if json {
             let v = serde_json::json!({
-                "backend": backend, "ranks": n, "bytes": r.bytes, "iters": r.iters,
+                "backend": backend, "ranks": n, "ranks_are": ranks_are, "buffers": buffers,
+                "bytes": r.bytes, "iters": r.iters,
                 "median_us": secs * 1e6, "p99_us": r.p99.as_secs_f64() * 1e6,
                 "algbw_gbps": algbw, "busbw_gbps": busbw,
             });
@@ -217,6 +257,16 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
         .backend
         .parse()
         .map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    if a.processes && JobEnv::from_env().is_err() {
+        return run_processes(&a);
+    }
+    if let Some(cpu) = a.pin_cpu {
+        pin_to_cpu(cpu);
+    }
+    let mode = Mode {
+        processes: a.processes || JobEnv::from_env().is_ok(),
+        shared: a.shared_buffers,
+    };
     let launched = JobEnv::from_env().is_ok();
     if launched || matches!(choice, BackendChoice::Mpi | BackendChoice::Nccl) {
         // One rank of a job: join it, measure, rank 0 prints.
@@ -229,9 +279,9 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
             bootstrap::connect(&job, choice, timeout)
         }
         .map_err(failed)?;
-        let rows = sweep(comm.as_mut(), &sizes, a.iters).map_err(failed)?;
+        let rows = sweep(comm.as_mut(), &sizes, a.iters, a.shared_buffers).map_err(failed)?;
         if comm.rank() == 0 {
-            print_rows(&rows, comm.size(), comm.backend(), a.json);
+            print_rows(&rows, comm.size(), comm.backend(), a.json, &mode);
         }
         return Ok(Status::Success);
     }
@@ -245,13 +295,119 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
     }
     let results = LocalJob::new(a.workers, backend)
         .pin_threads(!a.no_pin)
-        .run(|mut comm| sweep(comm.as_mut(), &sizes, a.iters).map(|rows| (rows, comm.backend())))
+        .run(|mut comm| {
+            sweep(comm.as_mut(), &sizes, a.iters, a.shared_buffers)
+                .map(|rows| (rows, comm.backend()))
+        })
         .map_err(failed)?;
     let (rows, name) = results
         .into_iter()
         .next()
         .unwrap_or_else(|| Ok((Vec::new(), "")))
         .map_err(failed)?;
-    print_rows(&rows, a.workers, name, a.json);
+    print_rows(&rows, a.workers, name, a.json, &mode);
     Ok(Status::Success)
+}
+
+/// `--processes`: starts `workers` copies of this command as the ranks of a one-host job (a rendezvous server of
+/// this process on loopback, a fresh token), waits for all and fails when one did. Rank 0 prints.
+fn run_processes(a: &AllreduceArgs) -> CommandResult {
+    if a.workers == 0 {
+        return Err(Failure::usage("`--workers` must be at least 1"));
+    }
+    let mut secret = [0u8; 16];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom")
+            .map_err(|e| Failure::from_error_in(Status::Failure, "open /dev/urandom", &e))?,
+        &mut secret,
+    )
+    .map_err(|e| Failure::from_error_in(Status::Failure, "read /dev/urandom", &e))?;
+    let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let loopback = std::net::Ipv4Addr::LOCALHOST;
+    let server = hvd_launcher::rendezvous::RendezvousServer::start(
+        (loopback, 0).into(),
+        &token,
+        vec![loopback.into()],
+    )
+    .map_err(|e| {
+        Failure::from_error_in(
+            Status::Failure,
+            "start the benchmark's rendezvous server",
+            &e,
+        )
+    })?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::from_error_in(Status::Failure, "find this program", &e))?;
+    let mut args: Vec<String> = vec![
+        "bench".into(),
+        "allreduce".into(),
+        "--backend".into(),
+        a.backend.clone(),
+        "--min-bytes".into(),
+        a.min_bytes.clone(),
+        "--max-bytes".into(),
+        a.max_bytes.clone(),
+        "--processes".into(),
+    ];
+    if let Some(i) = a.iters {
+        args.extend(["--iters".into(), i.to_string()]);
+    }
+    if a.json {
+        args.push("--json".into());
+    }
+    if a.shared_buffers {
+        args.push("--shared-buffers".into());
+    }
+    let mut children = Vec::with_capacity(a.workers);
+    for rank in 0..a.workers {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(&args)
+            .env(cenv::HVD_RANK, rank.to_string())
+            .env(cenv::HVD_SIZE, a.workers.to_string())
+            .env(cenv::HVD_RENDEZVOUS, server.addr().to_string())
+            .env(cenv::HVD_JOB_TOKEN, &token)
+            .env(cenv::HVD_HOSTNAME, "bench");
+        if !a.no_pin {
+            cmd.args(["--pin-cpu", &rank.to_string()]);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| Failure::from_error_in(Status::Failure, "start a benchmark worker", &e))?;
+        children.push(child);
+    }
+    let mut failed_ranks = Vec::new();
+    for (rank, mut c) in children.into_iter().enumerate() {
+        match c.wait() {
+            Ok(s) if s.success() => {}
+            _ => failed_ranks.push(rank),
+        }
+    }
+    drop(server);
+    match failed_ranks.is_empty() {
+        true => Ok(Status::Success),
+        false => Err(Failure::new(
+            Status::Failure,
+            miette::miette!("benchmark workers {failed_ranks:?} failed (their errors are above)"),
+        )),
+    }
+}
+
+/// Best effort: binds this process to the `index`-th CPU it may run on (as `mpirun --bind-to core`).
+fn pin_to_cpu(index: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity read/write it for this process (pid 0).
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
+            return;
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|c| libc::CPU_ISSET(*c, &allowed))
+            .collect();
+        if cpus.is_empty() {
+            return;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus[index % cpus.len()], &mut one);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
+    }
 }

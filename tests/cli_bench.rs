@@ -1,0 +1,40 @@
+//! `hvd bench allreduce --processes --shared-buffers`: the ranks run as worker processes of the binary (their own
+//! rendezvous server) on shared buffers, and rank 0 prints one JSON line per size saying so.
+
+use std::process::Command;
+
+#[test]
+fn allreduce_runs_worker_processes_on_shared_buffers() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvd"))
+        .args([
+            "bench",
+            "allreduce",
+            "--processes",
+            "--shared-buffers",
+            "--json",
+        ])
+        .args(["--min-bytes", "1MiB", "--max-bytes", "1MiB", "--iters", "2"])
+        .env_remove("HVD_RANK")
+        .env_remove("HVD_SIZE")
+        .env_remove("HVD_RENDEZVOUS")
+        .output()
+        .expect("run hvd bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one size, printed by rank 0 only: {stdout}");
+    let row = &lines[0];
+    assert_eq!(row["ranks"], 2);
+    assert_eq!(row["ranks_are"], "processes");
+    assert_eq!(row["buffers"], "shared");
+    assert_eq!(row["bytes"], 1 << 20);
+}
