@@ -553,6 +553,8 @@ fn submitted_job(stderr: &str, step: &str) -> String {
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
 #[test]
@@ -570,6 +572,229 @@ fn slurm_engine_runs_srun_in_an_allocation() {
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
     assert!(stderr.contains("boom-1"), "{stderr}");
     assert!(stderr.contains("rank 1 on "), "{stderr}");
+}
+
+/// The `hvd.elastic` training script of tests/cli_elastic.rs (its `TRAIN`, read from that file so both run the same
+/// script): `ELASTIC_STEPS` committed steps of allreduces; `ELASTIC_KILL` (`slot:step`) SIGKILLs a worker when it
+/// begins a step, `ELASTIC_HANG` (`slot:step`) has one sleep there; each worker prints its re-forms and what it
+/// finished with.
+fn elastic_train_py() -> &'static str {
+    let source = include_str!("cli_elastic.rs");
+    let start = "const TRAIN: &str = r#\"";
+    let from = source
+        .find(start)
+        .expect("tests/cli_elastic.rs has `const TRAIN`")
+        + start.len();
+    let len = source[from..].find("\"#;").expect("`TRAIN` ends");
+    &source[from..from + len]
+}
+
+/// A 4-worker elastic step (`{ min = 2, max = 4 }`) of [`elastic_train_py`] with `env` (`, NAME = "VALUE"...`).
+fn elastic_project(steps: u32, env: &str, marker: &str) -> tempfile::TempDir {
+    common::train_project(
+        "{ min = 2, max = 4 }",
+        &format!(", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\"{env}"),
+        "",
+        elastic_train_py(),
+    )
+}
+
+impl Slurm {
+    /// `salloc -n4 --overcommit sh -c 'hvd run FILE --no-build --engine slurm --grace 2'`, started; once hvd ends,
+    /// the job's remaining steps (`squeue -s`) are written to `steps.txt` in `dir`, from inside the allocation,
+    /// after waiting up to 30 s for them to go (a cancelled step is listed while Slurm completes it).
+    fn spawn_elastic(&self, dir: &Path) -> std::process::Child {
+        let script = format!(
+            "{HVD} run {} --no-build --engine slurm --grace 2; s=$?; i=0; while [ $i -lt 150 ] && [ -n \
+             \"$(squeue -h -s -j \"$SLURM_JOB_ID\")\" ]; do i=$((i + 1)); sleep 0.2; done; \
+             squeue -h -s -j \"$SLURM_JOB_ID\" -o '%i %j' > {}/steps.txt; exit $s",
+            dir.join("train.hvd").display(),
+            dir.display()
+        );
+        Command::new("salloc")
+            .args(["-n4", "--overcommit", "sh", "-c", &script])
+            .env("SLURM_CONF", self.conf())
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
+/// Asserts that slots 0, 1 and 3 finished as ranks 0-2 of 3 at `steps` with every step counted once and the same
+/// weights, that no worker process and no job step is left, and that no job is queued.
+fn assert_survivors_finished(slurm: &Slurm, dir: &Path, out: &Output, steps: u32, marker: &str) {
+    let (stdout, stderr) = text(out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let w0 = f64::from(steps * (steps + 1) / 2);
+    for (slot, rank) in [(0, 0), (1, 1), (3, 2)] {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
+            "{stdout}\n{stderr}"
+        );
+        let want = format!(
+            "slot {slot} finished as rank {rank} of 3: step {steps} count {:?} w0 {w0:?} agree True",
+            f64::from(steps)
+        );
+        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    assert!(!stdout.contains("slot 2 finished"), "{stdout}");
+    common::assert_nothing_left(marker);
+    let steps_left = std::fs::read_to_string(dir.join("steps.txt")).unwrap();
+    assert_eq!(steps_left.trim(), "", "job steps left in the allocation");
+    assert_eq!(slurm.queued(), "");
+}
+
+/// An elastic step inside an allocation: each rank is its own job step, so when one rank SIGKILLs itself its step
+/// ends alone and the survivors re-form and finish every committed step once.
+#[test]
+fn slurm_elastic_step_survives_a_rank_that_kills_itself() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-elastic");
+    let steps = 16;
+    let dir = elastic_project(steps, ", ELASTIC_KILL = \"2:5\"", &marker);
+    let out = slurm.spawn_elastic(dir.path()).wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stderr.contains("rank 2 of step `train` was lost"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("3 of its 4 workers go on"), "{stderr}");
+    assert_survivors_finished(&slurm, dir.path(), &out, steps, &marker);
+}
+
+/// Killing a rank's srun the way the supervisor does after the grace period (SIGKILL to its whole process group)
+/// ends the rank's job step and kills its task on the node: srun's shepherd, in a session of its own, cancels the
+/// step. The survivors then re-form and finish.
+#[test]
+fn killing_a_slurm_ranks_srun_group_kills_its_task_and_the_others_go_on() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-elastic-srun");
+    let steps = 8;
+    // Slot 2 hangs (sleeps) when it begins step 3: alive, until its srun is killed.
+    let dir = elastic_project(steps, ", ELASTIC_HANG = \"2:3\"", &marker);
+    let mut child = slurm.spawn_elastic(dir.path());
+    // Once slot 2 has joined the first round (a job of 4), its loss is a re-form of the others.
+    let (joined_tx, joined) = std::sync::mpsc::channel();
+    let reader = {
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok)
+            {
+                if line.contains("slot 2 starts as rank 2 of 4") {
+                    let _ = joined_tx.send(());
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        })
+    };
+    if joined
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .is_err()
+    {
+        let _ = child.kill();
+        panic!(
+            "slot 2 never joined:\n{}",
+            text(&child.wait_with_output().unwrap()).1
+        );
+    }
+    // The task: the rank's processes on the node (they have the rank's variables in their environment).
+    let task: Vec<u32> = common::processes_with_env(&format!("HVD_TEST_MARKER={marker}"))
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == b"HVD_RANK=2"))
+        })
+        .collect();
+    assert!(!task.is_empty(), "rank 2 has no task");
+    // The rank's process on this side: the child of `hvd run` with the rank's variables on its command line.
+    let leader = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    stat.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                });
+            args.contains(&format!("HVD_TEST_MARKER={marker}").as_bytes())
+                && args.contains(&&b"HVD_RANK=2"[..])
+                && parent.is_some_and(|p| {
+                    std::fs::read_to_string(format!("/proc/{p}/comm"))
+                        .is_ok_and(|c| c.trim() == "hvd")
+                })
+        })
+        .expect("rank 2's process under hvd run");
+    // SAFETY: plain syscall; the group is the one the supervisor started for rank 2.
+    assert_eq!(unsafe { libc_kill(-leader, 9) }, 0);
+    let left = common::wait_until_empty(
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_millis(50),
+        || {
+            task.iter()
+                .copied()
+                .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+                .collect::<Vec<_>>()
+        },
+    );
+    for pid in &left {
+        // Not left to hang the run: the test fails below.
+        // SAFETY: plain syscall, to a process of this test's rank 2.
+        unsafe { libc_kill(*pid as i32, 9) };
+    }
+    let mut out = child.wait_with_output().unwrap();
+    out.stdout = reader.join().unwrap().into_bytes();
+    assert!(
+        left.is_empty(),
+        "rank 2's task outlived its srun:\n{}",
+        text(&out).1
+    );
+    assert_survivors_finished(&slurm, dir.path(), &out, steps, &marker);
+}
+
+/// The engines that start a step's ranks as one unit refuse an elastic step before anything runs, saying why: mpirun
+/// ends every rank when one dies, a Spark barrier stage fails whole.
+#[test]
+fn mpi_and_spark_refuse_an_elastic_step_saying_why() {
+    let dir = project("step train {\n  run = \"true\"\n  workers = 2\n}");
+    for (engine, why) in [
+        ("mpi", "mpirun ends every rank when one dies"),
+        (
+            "spark",
+            "its ranks are the tasks of one barrier stage, which Spark fails whole",
+        ),
+    ] {
+        let out = hvd_run(
+            dir.path(),
+            &["--engine", engine, "--min-workers", "1", "--dry-run"],
+        );
+        assert!(!out.status.success(), "{engine}: {}", text(&out).1);
+        let flat = common::flat_stderr(&out);
+        assert!(
+            flat.contains(&format!(
+                "step `train` is elastic, but the {engine} engine starts its ranks through one launcher process: {why}"
+            )) && flat.contains("or on the slurm engine inside an allocation"),
+            "{engine}: {flat}"
+        );
+    }
 }
 
 /// What `ar.py` ([`common::write_allreduce_py`]) prints after its allreduce.

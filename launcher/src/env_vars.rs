@@ -103,8 +103,11 @@ hvd_env_vars::env_vars! {
     MASTER_PORT;
     /// Read to tell whether hvd runs inside a Slurm allocation; read by the batch scripts of sbatch.
     SLURM_JOB_ID;
-    /// Read by the batch scripts of sbatch: the allocation's nodes (the first is `MASTER_ADDR`).
+    /// Read by the batch scripts of sbatch: the allocation's nodes (the first is `MASTER_ADDR`); read by the slurm
+    /// engine inside an allocation for an elastic step's nodes.
     SLURM_JOB_NODELIST;
+    /// Read by the slurm engine inside an allocation for an elastic step: how many tasks each node has.
+    SLURM_TASKS_PER_NODE;
     /// Set to `1` for the `mpirun` of `hvd doctor`, which may run as root in a container.
     OMPI_ALLOW_RUN_AS_ROOT default "1";
     /// Set to `1` with `OMPI_ALLOW_RUN_AS_ROOT`.

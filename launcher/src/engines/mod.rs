@@ -14,6 +14,7 @@ pub mod sbatch;
 pub mod shell;
 pub mod shim;
 pub mod slurm;
+pub mod slurm_steps;
 pub mod spark;
 pub mod ssh;
 

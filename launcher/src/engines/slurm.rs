@@ -1,16 +1,20 @@
 //! The `slurm` engine. Inside an allocation (`SLURM_JOB_ID` set) a distributed step is one `srun` (supervised by
 //! the local engine like mpirun): `srun --kill-on-bad-exit=1 --ntasks=N ... hvd worker-env -- /bin/sh -c COMMAND`,
-//! the shim reading `SLURM_*`. Outside one, [`batch_steps`] writes one batch script per step, which the sbatch
+//! the shim reading `SLURM_*`; an elastic step's ranks are each a job step of their own (`engines/slurm_steps.rs`).
+//! Outside one, [`batch_steps`] writes one batch script per step, which the sbatch
 //! engine (`engines/sbatch.rs`) submits with `sbatch --parsable`, chained with `--dependency=afterok`, and follows.
 
 use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
 use hvd_lang::model::Project;
 
 use crate::LaunchError;
-use crate::engine::{Engine, Plan, PlannedStep, SupervisedEngine};
+use crate::engine::{Engine, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
 use crate::engines::shell::{self, quote};
+use crate::engines::slurm_steps::{Allocation, RankSrun};
+use crate::env::{RendezvousInfo, Slot, WorkerLayout};
 use crate::options::RunOptions;
 
 /// What srun needs besides the step.
@@ -19,6 +23,10 @@ pub struct SlurmSetup {
     pub shim: std::path::PathBuf,
     pub cpus_per_task: Option<u32>,
     pub gpus_per_task: u32,
+    /// `Some` when the run has an elastic step: the allocation its ranks are spread over, one job step each. The
+    /// run's distributed steps then take their layout from it and their rendezvous listens where its nodes reach
+    /// it; `None` (no elastic step): one srun per step, its ranks meeting on this machine's loopback, as always.
+    pub allocation: Option<Allocation>,
 }
 
 /// Whether this process runs inside a Slurm allocation.
@@ -37,6 +45,19 @@ impl SlurmSetup {
             })?,
             cpus_per_task: project.resources.cpus,
             gpus_per_task: project.resources.gpus,
+            allocation: match has_elastic_step(project, options) {
+                true => Some(Allocation::from_env(options.grace)?),
+                false => None,
+            },
+        })
+    }
+
+    /// How an elastic step's rank is started, when the run has one.
+    fn rank_srun(&self) -> Option<RankSrun<'_>> {
+        self.allocation.as_ref().map(|allocation| RankSrun {
+            allocation,
+            cpus_per_task: self.cpus_per_task,
+            gpus_per_task: self.gpus_per_task,
         })
     }
 
@@ -66,7 +87,16 @@ impl SlurmSetup {
     }
 }
 
-/// The `slurm` engine inside an allocation: a distributed step is one srun, which starts the ranks.
+/// Whether a distributed step of `project` is elastic (`workers = { min, max }`, or `--min-workers`).
+fn has_elastic_step(project: &Project, options: &RunOptions) -> bool {
+    project
+        .steps
+        .iter()
+        .any(|s| s.workers.is_some() && (s.min_workers.is_some() || options.min_workers.is_some()))
+}
+
+/// The `slurm` engine inside an allocation: a distributed step is one srun, which starts the ranks; an elastic
+/// step's ranks are one srun each.
 pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
     Ok(Engine::Supervised(std::sync::Arc::new(SlurmSetup::new(
         project, options,
@@ -78,12 +108,65 @@ impl SupervisedEngine for SlurmSetup {
         "slurm engine"
     }
 
+    fn layout(&self, workers: Option<u32>) -> WorkerLayout {
+        match (&self.allocation, workers) {
+            (Some(allocation), Some(n)) => allocation.layout(n),
+            _ => WorkerLayout::local(&crate::env::local_hostname(), workers.unwrap_or(1)),
+        }
+    }
+
+    fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
+        match &self.allocation {
+            Some(allocation) => (allocation.bind_ip, allocation.peers.clone()),
+            None => {
+                let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+                (loopback, vec![loopback])
+            }
+        }
+    }
+
+    /// An elastic step has no launcher: the supervisor starts each rank ([`SupervisedEngine::rank_command`]), so it
+    /// can lose one and go on.
     fn launcher(&self, _plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
-        Some(self.srun_argv(workers, &step.command))
+        match step.min_workers {
+            Some(_) => None,
+            None => Some(self.srun_argv(workers, &step.command)),
+        }
     }
 
     fn launcher_label(&self) -> &'static str {
         "srun:"
+    }
+
+    fn rank_command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
+        match self.rank_srun() {
+            Some(srun) => srun.command(rank),
+            None => Ok(RankCommand::local(rank)),
+        }
+    }
+
+    /// An elastic step's rank: its srun line (the ports and the run id, chosen when the step starts, shown as
+    /// `<port>`, `<master-port>` and `<run id>`).
+    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
+        let srun = self.rank_srun().filter(|_| step.min_workers.is_some())?;
+        let ip = srun.allocation.bind_ip;
+        let rendezvous = RendezvousInfo {
+            addr: std::net::SocketAddr::new(ip, 0),
+            token: String::new(),
+        };
+        let marker = format!("<run id>/{}", step.name);
+        let mut vars = srun.vars(plan, step, slot, &rendezvous, "<master-port>", &marker);
+        for (k, v) in &mut vars {
+            match k.as_str() {
+                "HVD_RENDEZVOUS" => *v = format!("{ip}:<port>"),
+                "HOROVOD_GLOO_RENDEZVOUS_PORT" => *v = "<port>".into(),
+                _ => {}
+            }
+        }
+        Some(format!(
+            "srun: {}",
+            shell::line(&srun.argv(plan, step, slot, &vars, ip))
+        ))
     }
 }
 
@@ -128,6 +211,7 @@ pub fn batch_steps(
         shim: shim.to_path_buf(),
         cpus_per_task: project.resources.cpus,
         gpus_per_task: project.resources.gpus,
+        allocation: None,
     };
     let name = crate::engines::k8s::dns_label(&project.name);
     let out_dir = output_dir(plan).display().to_string();
@@ -501,6 +585,7 @@ mod tests {
             shim: "/bin/hvd".into(),
             cpus_per_task: Some(2),
             gpus_per_task: 1,
+            allocation: None,
         };
         assert_eq!(
             shell::line(&setup.srun_argv(4, "python t.py")),

@@ -97,7 +97,7 @@ impl Deadlines {
 }
 
 /// Whether `name` can be a variable name for `env NAME=VALUE` and the shell.
-fn valid_var_name(name: &str) -> bool {
+pub(crate) fn valid_var_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with(|c: char| c.is_ascii_digit())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')

@@ -1,0 +1,414 @@
+//! The slurm engine's elastic steps inside an allocation: each rank is a job step of its own (one `srun` per rank,
+//! on the node the allocation's layout gives it), so a lost rank ends its own step and not the others'.
+//!
+//! A rank's command is `setsid --fork --wait setpriv --pdeathsig KILL srun --ntasks=1 --nodes=1 --nodelist=NODE
+//! --exact --mem=0 ... /bin/sh -c WRAPPER ...`, with the ssh engine's remote wrapper ([`ssh::WRAPPER`]) as the task:
+//! the job token travels on stdin (srun forwards it to the task), stopping the rank is writing the signal's name
+//! there, and the wrapper kills what the rank's command left. srun runs in a session of its own with a parent-death
+//! signal: when the supervisor kills the rank's process group (SIGKILL after the grace period), `setsid` dies, the
+//! kernel kills srun, and srun's own shepherd process, left alive in srun's session, cancels the job step, which
+//! kills the task on its node. (Had srun and its shepherd died together, the task and its step would run on.)
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::LaunchError;
+use crate::engine::{Plan, PlannedStep, RankCommand, RankStart};
+use crate::engines::net::{resolve_host, route_source};
+use crate::engines::ssh::{INTERFACE_VARS, WRAPPER, valid_var_name};
+use crate::env::{RendezvousInfo, Slot, WorkerLayout};
+
+/// What an elastic step needs from the allocation: where its ranks go and where their rendezvous listens.
+#[derive(Debug, Clone)]
+pub struct Allocation {
+    /// The allocation's nodes and how many tasks each has (`SLURM_JOB_NODELIST`, expanded by `scontrol show
+    /// hostnames`, with `SLURM_TASKS_PER_NODE`), in the allocation's order.
+    pub nodes: Vec<(String, u32)>,
+    /// The address the rendezvous server binds: loopback when every node is this machine, else the local address
+    /// whose route reaches the first other node.
+    pub bind_ip: IpAddr,
+    /// The nodes' addresses (and `bind_ip`): the only peers answered on the token-less endpoints.
+    pub peers: Vec<IpAddr>,
+    /// Tenths of a second the rank's wrapper waits after the stop signal before SIGKILL (the launcher's `--grace`).
+    pub grace_ticks: u128,
+}
+
+impl Allocation {
+    /// Reads the allocation this process runs in from its `SLURM_*` variables (hostile input: a value that is not
+    /// what Slurm writes is an error naming the variable).
+    pub fn from_env(grace: Duration) -> Result<Self, LaunchError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let list = var(crate::env_vars::SLURM_JOB_NODELIST).ok_or_else(|| {
+            LaunchError::Engine(format!(
+                "an elastic step on the slurm engine needs the allocation's nodes, but `{}` is not set: run `hvd \
+                 run` inside the allocation (salloc, or an sbatch script)",
+                crate::env_vars::SLURM_JOB_NODELIST
+            ))
+        })?;
+        let tasks = var(crate::env_vars::SLURM_TASKS_PER_NODE).ok_or_else(|| {
+            LaunchError::Engine(format!(
+                "an elastic step on the slurm engine needs `{}` (how many tasks each node of the allocation has), \
+                 which is not set",
+                crate::env_vars::SLURM_TASKS_PER_NODE
+            ))
+        })?;
+        let out = Command::new("scontrol")
+            .args(["show", "hostnames", &list])
+            .output()
+            .map_err(|e| {
+                LaunchError::Engine(format!(
+                    "cannot run `scontrol show hostnames` for the allocation's nodes ({e}); is Slurm's scontrol on \
+                     PATH?"
+                ))
+            })?;
+        if !out.status.success() {
+            return Err(LaunchError::Engine(format!(
+                "`scontrol show hostnames {list}` failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let names = node_names(&String::from_utf8_lossy(&out.stdout))?;
+        let counts = tasks_per_node(&tasks)?;
+        if counts.len() != names.len() {
+            return Err(LaunchError::Engine(format!(
+                "`{}` is `{tasks}` ({} nodes) but `{}` names {} nodes",
+                crate::env_vars::SLURM_TASKS_PER_NODE,
+                counts.len(),
+                crate::env_vars::SLURM_JOB_NODELIST,
+                names.len()
+            )));
+        }
+        let nodes: Vec<(String, u32)> = names.into_iter().zip(counts).collect();
+        let mut remote = Vec::new();
+        for (name, _) in &nodes {
+            if !is_this_machine(name) {
+                remote.push(resolve_host(name)?);
+            }
+        }
+        let bind_ip = match remote.first() {
+            None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Some(peer) => route_source(*peer)?,
+        };
+        let mut peers = remote;
+        if !peers.contains(&bind_ip) {
+            peers.push(bind_ip);
+        }
+        Ok(Allocation {
+            nodes,
+            bind_ip,
+            peers,
+            grace_ticks: (grace.as_millis() / 100).max(1),
+        })
+    }
+
+    /// `workers` ranks over the nodes, each node's tasks in order (block distribution, as one srun places them).
+    pub fn layout(&self, workers: u32) -> WorkerLayout {
+        WorkerLayout::spread(&self.nodes, workers)
+    }
+}
+
+/// The node names `scontrol show hostnames` printed, one a line; a name with characters no host name has is refused.
+pub fn node_names(text: &str) -> Result<Vec<String>, LaunchError> {
+    let names: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if let Some(bad) = names.iter().find(|n| {
+        n.starts_with('-')
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    }) {
+        return Err(LaunchError::Engine(format!(
+            "the allocation's node list names `{}`, which is not a host name",
+            bad.escape_default()
+        )));
+    }
+    if names.is_empty() {
+        return Err(LaunchError::Engine(
+            "the allocation's node list (`scontrol show hostnames`) is empty".into(),
+        ));
+    }
+    Ok(names)
+}
+
+/// `SLURM_TASKS_PER_NODE` (`2(x3),1`: two tasks on each of three nodes, then one) as one count per node.
+pub fn tasks_per_node(value: &str) -> Result<Vec<u32>, LaunchError> {
+    let bad = || {
+        LaunchError::Engine(format!(
+            "`{}` is `{}`, not Slurm's `N` / `N(xM)` list",
+            crate::env_vars::SLURM_TASKS_PER_NODE,
+            value.escape_default()
+        ))
+    };
+    let mut counts = Vec::new();
+    for part in value.trim().split(',') {
+        let (n, repeat) = match part.split_once("(x") {
+            Some((n, rest)) => (n, rest.strip_suffix(')').ok_or_else(bad)?),
+            None => (part, "1"),
+        };
+        let n: u32 = n.parse().map_err(|_| bad())?;
+        let repeat: u32 = repeat.parse().map_err(|_| bad())?;
+        // More nodes than any allocation has is not a list Slurm wrote.
+        if repeat == 0 || counts.len() + repeat as usize > 1 << 16 {
+            return Err(bad());
+        }
+        counts.extend(std::iter::repeat_n(n, repeat as usize));
+    }
+    Ok(counts)
+}
+
+/// Whether node `name` is the machine `hvd run` runs on (its host name, or a name that resolves to an address of
+/// this machine).
+fn is_this_machine(name: &str) -> bool {
+    let here = crate::env::local_hostname();
+    if name == here || here.split('.').next() == Some(name) {
+        return true;
+    }
+    resolve_host(name)
+        .is_ok_and(|ip| ip.is_loopback() || std::net::TcpListener::bind((ip, 0)).is_ok())
+}
+
+/// How one rank of an elastic step is started (see the module docs).
+#[derive(Debug, Clone)]
+pub struct RankSrun<'a> {
+    pub allocation: &'a Allocation,
+    pub cpus_per_task: Option<u32>,
+    pub gpus_per_task: u32,
+}
+
+impl RankSrun<'_> {
+    /// The rank's variables on its node: the local engine's (the same contract, [`crate::env::worker_env`]) with
+    /// `MASTER_PORT` and the step marker, without the token (it travels on stdin), with `MASTER_ADDR` rank 0's node,
+    /// the interface variables left to the wrapper (it finds the interface that reaches the rendezvous) and, when
+    /// Slurm gives each rank its GPUs (`--gpus-per-task`), `CUDA_VISIBLE_DEVICES` left to Slurm.
+    pub fn vars(
+        &self,
+        plan: &Plan,
+        step: &PlannedStep,
+        slot: &Slot,
+        rendezvous: &RendezvousInfo,
+        master_port: &str,
+        marker: &str,
+    ) -> Vec<(String, String)> {
+        let mut vars: std::collections::BTreeMap<String, String> = crate::env::worker_env(
+            &step.env,
+            slot,
+            Some(rendezvous),
+            plan.gpus_per_worker,
+            plan.env_dir.as_deref(),
+        )
+        .into_iter()
+        .collect();
+        vars.insert(crate::env_vars::MASTER_PORT.into(), master_port.to_owned());
+        vars.insert(crate::env::STEP_MARKER_VAR.into(), marker.to_owned());
+        vars.remove("HVD_JOB_TOKEN");
+        let rank0 = step.layout.slots.first().unwrap_or(slot);
+        vars.insert(crate::env_vars::MASTER_ADDR.into(), rank0.host.clone());
+        for name in INTERFACE_VARS {
+            vars.remove(name);
+        }
+        if self.gpus_per_task > 0 {
+            vars.remove("CUDA_VISIBLE_DEVICES");
+        }
+        vars.into_iter().collect()
+    }
+
+    /// The argv of one rank (see the module docs); `vars` from [`RankSrun::vars`], `rendezvous` the address the
+    /// wrapper finds the interface for.
+    pub fn argv(
+        &self,
+        plan: &Plan,
+        step: &PlannedStep,
+        slot: &Slot,
+        vars: &[(String, String)],
+        rendezvous: IpAddr,
+    ) -> Vec<String> {
+        let mut argv: Vec<String> = [
+            "setsid",
+            "--fork",
+            "--wait",
+            "setpriv",
+            "--pdeathsig",
+            "KILL",
+            "srun",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        argv.extend([
+            "--ntasks=1".to_owned(),
+            "--nodes=1".into(),
+            format!("--nodelist={}", slot.host),
+            // Only what one task asks for (so ranks on a node get distinct GPUs), and memory shared within the job.
+            "--exact".into(),
+            "--mem=0".into(),
+            "--kill-on-bad-exit=1".into(),
+            format!("--job-name={}.{}", step.name, slot.rank),
+        ]);
+        if let Some(c) = self.cpus_per_task {
+            argv.push(format!("--cpus-per-task={c}"));
+        }
+        if self.gpus_per_task > 0 {
+            argv.push(format!("--gpus-per-task={}", self.gpus_per_task));
+        }
+        argv.extend([
+            "/bin/sh".to_owned(),
+            "-c".into(),
+            WRAPPER.into(),
+            "hvd-rank".into(),
+            plan.project_dir.display().to_string(),
+            self.allocation.grace_ticks.to_string(),
+            rendezvous.to_string(),
+        ]);
+        argv.extend(vars.iter().map(|(k, v)| format!("{k}={v}")));
+        argv.extend(["/bin/sh".into(), "-c".into(), step.command.clone()]);
+        argv
+    }
+
+    /// The rank's process: its srun, stopped through its stdin like an ssh rank ([`RankCommand::remote`]).
+    pub fn command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
+        let Some(rendezvous) = rank.rendezvous else {
+            return Ok(RankCommand::local(rank));
+        };
+        let port = rank.master_port.to_string();
+        let vars = self.vars(
+            rank.plan,
+            rank.step,
+            rank.slot,
+            rendezvous,
+            &port,
+            rank.marker,
+        );
+        if let Some((name, _)) = vars.iter().find(|(k, _)| !valid_var_name(k)) {
+            return Err(LaunchError::Engine(format!(
+                "variable `{name}` is not a valid environment variable name for a rank's srun (letters, digits, `_`)"
+            )));
+        }
+        let argv = self.argv(rank.plan, rank.step, rank.slot, &vars, rendezvous.addr.ip());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
+        Ok(RankCommand {
+            command,
+            remote: true,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_per_node_expands_slurms_repeats_and_refuses_anything_else() {
+        assert_eq!(tasks_per_node("4").unwrap(), vec![4]);
+        assert_eq!(tasks_per_node("2(x3),1").unwrap(), vec![2, 2, 2, 1]);
+        for bad in ["", "2(x3", "x", "2(x0)", "2(x99999999)", "-1", "2,,1"] {
+            let err = tasks_per_node(bad).unwrap_err().to_string();
+            assert!(err.contains("SLURM_TASKS_PER_NODE"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn node_names_refuse_what_is_not_a_host_name() {
+        assert_eq!(
+            node_names("n1\nn2.cluster\n\n").unwrap(),
+            vec!["n1".to_owned(), "n2.cluster".to_owned()]
+        );
+        for bad in ["-oProxyCommand=x\n", "n1\nn 2\n", "a\u{1b}[2J\n", "\n"] {
+            assert!(node_names(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// The rank's srun runs in its own session with a parent-death signal, on its node, with one task's resources;
+    /// the wrapper gets the directory, the grace and the rendezvous address; the token is not on the command line.
+    #[test]
+    fn a_rank_is_one_srun_on_its_node_under_the_remote_wrapper() {
+        let allocation = Allocation {
+            nodes: vec![("n1".into(), 2), ("n2".into(), 2)],
+            bind_ip: "10.0.0.1".parse().unwrap(),
+            peers: vec![],
+            grace_ticks: 20,
+        };
+        let layout = allocation.layout(3);
+        assert_eq!(
+            layout
+                .slots
+                .iter()
+                .map(|s| (s.host.as_str(), s.local_rank))
+                .collect::<Vec<_>>(),
+            [("n1", 0), ("n1", 1), ("n2", 0)]
+        );
+        let srun = RankSrun {
+            allocation: &allocation,
+            cpus_per_task: Some(2),
+            gpus_per_task: 1,
+        };
+        let step = PlannedStep {
+            name: "train".into(),
+            command: "python t.py".into(),
+            needs: vec![],
+            workers: Some(3),
+            layout: layout.clone(),
+            env: Default::default(),
+            inputs: vec![],
+            outputs: vec![],
+            timeout: None,
+            restarts: 0,
+            min_workers: Some(2),
+        };
+        let plan = Plan {
+            project: "p".into(),
+            project_dir: "/work/p".into(),
+            state_dir: "/work/p/.hvd".into(),
+            steps: vec![step.clone()],
+            gpus_per_worker: 1,
+            env_dir: None,
+            caches: vec![],
+            trusted_keys: vec![],
+            engine: std::sync::Arc::new(crate::engine::Local),
+            notes: vec![],
+        };
+        let rendezvous = RendezvousInfo {
+            addr: "10.0.0.1:5000".parse().unwrap(),
+            token: "s3cr3t".into(),
+        };
+        let slot = &layout.slots[2];
+        let vars = srun.vars(&plan, &step, slot, &rendezvous, "6000", "run/train/0");
+        let argv = srun.argv(&plan, &step, slot, &vars, rendezvous.addr.ip());
+        let line = crate::engines::shell::line(&argv);
+        assert!(
+            line.starts_with(
+                "setsid --fork --wait setpriv --pdeathsig KILL srun --ntasks=1 --nodes=1 --nodelist=n2 --exact \
+                 --mem=0 --kill-on-bad-exit=1 --job-name=train.2 --cpus-per-task=2 --gpus-per-task=1 /bin/sh -c "
+            ),
+            "{line}"
+        );
+        let wrapper_args = &argv[argv.iter().position(|a| a == "hvd-rank").unwrap()..];
+        assert_eq!(wrapper_args[1..4], ["/work/p", "20", "10.0.0.1"]);
+        assert_eq!(argv[argv.len() - 3..], ["/bin/sh", "-c", "python t.py"]);
+        for want in [
+            "HVD_RANK=2",
+            "HVD_RENDEZVOUS=10.0.0.1:5000",
+            "MASTER_ADDR=n1",
+            "MASTER_PORT=6000",
+            "HVD_RUN_STEP=run/train/0",
+        ] {
+            assert!(argv.iter().any(|a| a == want), "{want}: {line}");
+        }
+        assert!(!line.contains("s3cr3t"), "{line}");
+        for left_out in [
+            "CUDA_VISIBLE_DEVICES=",
+            "NCCL_SOCKET_IFNAME=",
+            "HVD_JOB_TOKEN=",
+        ] {
+            assert!(
+                !argv.iter().any(|a| a.starts_with(left_out)),
+                "{left_out}: {line}"
+            );
+        }
+    }
+}
