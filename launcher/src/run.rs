@@ -53,6 +53,21 @@ pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchErr
         )),
         Engine::Supervised(engine) => {
             let mut plan = crate::graph::plan(project, options, engine)?;
+            // An engine that starts a step's ranks through one launcher process (mpirun, a Spark driver) cannot
+            // lose one rank and keep the others.
+            if let Some(step) = plan.steps.iter().find(|s| {
+                s.min_workers.is_some()
+                    && s.workers
+                        .is_some_and(|n| plan.engine.launcher(&plan, s, n).is_some())
+            }) {
+                return Err(LaunchError::Engine(format!(
+                    "step `{}` is elastic, but the {} engine starts its ranks through one launcher process: {}; {}",
+                    step.name,
+                    choice.engine,
+                    no_elastic_reason(choice.engine),
+                    ELASTIC_ENGINES
+                )));
+            }
             plan.notes.extend(choice.note);
             Ok(Run::Supervised(plan))
         }
@@ -65,13 +80,40 @@ pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchErr
             if let Some(step) = elastic {
                 return Err(LaunchError::Engine(format!(
                     "step `{}` is elastic, but the {} engine submits the whole run, which cannot lose a rank and go \
-                     on; run elastic steps on the local or ssh engine",
+                     on: {}; {}",
                     step.name,
-                    choice.engine
+                    choice.engine,
+                    no_elastic_reason(choice.engine),
+                    ELASTIC_ENGINES
                 )));
             }
             Ok(Run::Whole(engine))
         }
+    }
+}
+
+/// Where elastic steps run (docs/running.md, Elastic steps).
+const ELASTIC_ENGINES: &str = concat!(
+    "run elastic steps on the local or ssh engine, or on the slurm engine inside an allocation (salloc, or `hvd ",
+    "run` in an sbatch script)"
+);
+
+/// Why engine `kind` cannot run an elastic step (when it starts a step's ranks as one unit).
+fn no_elastic_reason(kind: EngineKind) -> &'static str {
+    match kind {
+        EngineKind::Mpi => {
+            "mpirun ends every rank when one dies (an MPI job cannot lose a process and go on)"
+        }
+        EngineKind::Slurm => {
+            "each step is one batch job whose srun ends every task when one fails (Slurm's --kill-on-bad-exit)"
+        }
+        EngineKind::Spark => {
+            "its ranks are the tasks of one barrier stage, which Spark fails whole when one task fails"
+        }
+        EngineKind::Kubernetes => {
+            "a JobSet's pods are one job that fails (or restarts, with `restarts`) as a whole when one pod fails"
+        }
+        EngineKind::Local | EngineKind::Ssh => "it starts every rank as one unit",
     }
 }
 
