@@ -29,6 +29,7 @@ import threading
 
 from . import _batch, _lib
 from ._dlpack import DLPackView
+from ._shared import empty
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
@@ -41,7 +42,7 @@ __all__ = [
     "CollectiveTimeoutError", "StallError", "Handle", "library_path", "BFloat16Bits", "elastic", "HostsUpdatedInterrupt",
     "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled",
     "gloo_enabled", "mpi_threads_supported", "is_homogeneous", "ProcessSet", "global_process_set", "add_process_set",
-    "remove_process_set",
+    "remove_process_set", "empty",
 ]
 
 # Reduce operations (hvd.h enum hvd_reduce_op).

@@ -19,6 +19,7 @@
 #ifndef HVD_H
 #define HVD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -116,6 +117,17 @@ enum hvd_build_feature {
 int hvd_build_features(void);
 int hvd_is_homogeneous(void);
 const char *hvd_backend(void);
+
+/* Shared buffers (docs/collective.md, "Single-copy allreduce"): hvd_alloc returns bytes zeroed, page-aligned bytes
+ * that the other ranks on this host can map (a 0600 file under /dev/shm of this process), so that an allreduce of
+ * 1 MiB or more whose buffer lies in one on every rank of a shm job reads the peers' buffers with plain loads (one
+ * copy per byte instead of two through the segment). Where that fails (no /dev/shm, its size limit, a sandbox) it
+ * returns private memory, logs why once, and such allreduces take the ring; NULL only when no memory could be had.
+ * hvd_free gives it back (0; -1 for another pointer or a second free): no operation may still use it. Neither
+ * needs hvd_init. hvd_alloc_is_shared: 1 shared, 0 the private fallback, -1 not from hvd_alloc. */
+void *hvd_alloc(size_t bytes);
+int hvd_free(void *ptr);
+int hvd_alloc_is_shared(const void *ptr);
 
 /* Submission: a handle > 0, or -1. hvd_enqueue_many submits n requests with one call (they reach the engine
  * together, so they run in one cycle and fuse), writes one handle (or -1) per request and returns how many

@@ -25,6 +25,7 @@ use hvd_collective::{DType, ReduceOp};
 
 mod completion;
 mod process_sets;
+mod shared_buffers;
 
 static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
 /// Results waited for one by one, until `hvd_release` (keys are handles, so they hash like the engine's).

@@ -285,6 +285,22 @@ fn large_tensors_bypassing_the_fusion_buffer_are_reduced() {
     assert_all_ok(&run(2, "big.py", &[]), "large tensors");
 }
 
+/// `hvd.empty` arrays allreduced between 2 processes take the single copy over shared buffers (the debug log says
+/// so on every rank), exactly, and are freed with their last view (shared_empty.py).
+#[test]
+fn shared_arrays_from_hvd_empty_are_read_by_peers_directly() {
+    let results = run(2, "shared_empty.py", &[("HVD_LOG_LEVEL", "debug")]);
+    assert_all_ok(&results, "hvd.empty");
+    for (rank, r) in results.iter().enumerate() {
+        assert!(
+            r.stderr
+                .contains("large allreduces read peers' shared buffers"),
+            "rank {rank} did not take the single copy:\n{}",
+            r.stderr
+        );
+    }
+}
+
 #[test]
 fn dlpack_tensors_are_read_through_their_capsule() {
     assert_all_ok(&run(2, "dlpack.py", &[]), "dlpack");

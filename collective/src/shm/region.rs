@@ -245,6 +245,14 @@ impl SharedBuffer {
         p
     }
 
+    /// For a pointer that [`SharedBuffer::into_raw`] returned: whether that buffer is shared (`None`: not one).
+    pub fn raw_is_shared(ptr: *const u8) -> Option<bool> {
+        let reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        reg.iter()
+            .find(|r| r.base == ptr as usize)
+            .map(|r| r.token != 0)
+    }
+
     /// Frees a buffer that [`SharedBuffer::into_raw`] returned; `false` (nothing done) for any other pointer.
     ///
     /// # Safety
