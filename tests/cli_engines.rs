@@ -656,6 +656,40 @@ fn slurm_elastic_step_survives_a_rank_that_kills_itself() {
     let marker = common::unique_marker("slurm-elastic");
     let steps = 16;
     let dir = elastic_project(steps, ", ELASTIC_KILL = \"2:5\"", &marker);
+    // The plan: one srun per rank, on the allocation's nodes; allocation variables Slurm would not write are refused.
+    let dry_run = |tasks: &str| {
+        common::hvd_run_command(dir.path())
+            .args(["--no-build", "--engine", "slurm", "--dry-run"])
+            .env("SLURM_CONF", slurm.conf())
+            .env("SLURM_JOB_ID", "7")
+            // Names that resolve anywhere (both this machine): the plan resolves the nodes.
+            .env("SLURM_JOB_NODELIST", "127.0.0.[1-2]")
+            .env("SLURM_TASKS_PER_NODE", tasks)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    };
+    let out = dry_run("3,1");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    for (rank, node) in [(0, "127.0.0.1"), (2, "127.0.0.1"), (3, "127.0.0.2")] {
+        assert!(
+            stdout.contains(&format!(
+                "srun: setsid --fork --wait setpriv --pdeathsig KILL srun --ntasks=1 --nodes=1 --nodelist={node} \
+                 --exact --mem=0 --kill-on-bad-exit=1 --job-name=train.{rank} "
+            )),
+            "{stdout}"
+        );
+    }
+    let out = dry_run("2(x3)");
+    assert!(!out.status.success());
+    assert!(
+        common::flat_stderr(&out).contains(
+            "`SLURM_TASKS_PER_NODE` is `2(x3)` (3 nodes) but `SLURM_JOB_NODELIST` names 2 nodes"
+        ),
+        "{}",
+        text(&out).1
+    );
     let out = slurm.spawn_elastic(dir.path()).wait_with_output().unwrap();
     let (stdout, stderr) = text(&out);
     assert!(
