@@ -396,10 +396,35 @@ impl RendezvousServer {
     /// re-form. `None`: the job is not elastic.
     pub fn add_elastic_worker(&self) -> Option<u32> {
         let mut store = self.shared.lock();
-        let slot = store.elastic.as_mut()?.add_worker();
+        let slot = store.elastic.as_mut()?.add_worker(Instant::now());
         store.set_size(slot + 1);
         self.shared.changed.notify_all();
         Some(slot)
+    }
+
+    /// An elastic job's rounds form with at least `min` members: below it the workers that asked wait for more (the
+    /// launcher starts replacements, or stops the step). No-op when not elastic.
+    pub fn set_elastic_minimum(&self, min: u32) {
+        if let Some(membership) = self.shared.lock().elastic.as_mut() {
+            membership.set_minimum(min);
+        }
+        self.shared.changed.notify_all();
+    }
+
+    /// An elastic job's new workers asking to join its next round (never members of one yet), by slot.
+    pub fn elastic_newcomers_waiting(&self) -> BTreeSet<u32> {
+        let store = self.shared.lock();
+        store
+            .elastic
+            .as_ref()
+            .map(|m| m.newcomers_waiting())
+            .unwrap_or_default()
+    }
+
+    /// An elastic job's live workers (started, not ended, not left, not left out); 0 when not elastic.
+    pub fn elastic_alive(&self) -> usize {
+        let store = self.shared.lock();
+        store.elastic.as_ref().map_or(0, |m| m.alive())
     }
 
     /// An elastic job's workers that left on their own (`/elastic/v1/leave`: preempted after their last commit), and
@@ -441,6 +466,17 @@ impl RendezvousServer {
         if let Some(membership) = self.shared.lock().elastic.as_mut() {
             membership.stop();
         }
+    }
+
+    /// After the launcher signalled the workers of an elastic job it stops ([`RendezvousServer::stop_elastic`]
+    /// first): a worker waiting for a round is answered at once that none forms (410), so that it gets back to its
+    /// signal handler instead of waiting out its join. After the signal, so that the handler runs first. No-op when
+    /// not elastic.
+    pub fn close_elastic_joins(&self) {
+        if let Some(membership) = self.shared.lock().elastic.as_mut() {
+            membership.close();
+        }
+        self.shared.changed.notify_all();
     }
 
     /// An elastic job's latest round and its size (0, 0 before the first, and when the job is not elastic).
@@ -849,6 +885,12 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
         let Some(membership) = store.elastic.as_mut() else {
             return Err(HttpError::new(409, "this step is not elastic"));
         };
+        if membership.closed() {
+            return Err(HttpError::new(
+                410,
+                "the launcher is stopping this elastic step: no round forms any more",
+            ));
+        }
         let before = membership.latest().0;
         let answer = membership
             .join(slot, after, now)

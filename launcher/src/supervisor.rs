@@ -564,7 +564,9 @@ fn run_attempt(
         Some(_) => Some(start_rendezvous(engine, step)?),
         None => None,
     };
-    let mut discovery: Option<(Discovery, placement::Hosts)> = None;
+    let mut discovery: Option<Discovery> = None;
+    // Where an elastic step's new workers may run (replacements, and hosts discovery finds).
+    let mut hosts: Option<placement::Hosts> = None;
     let mut first_slots: Option<Vec<Slot>> = None;
     // An elastic step: the server hands out each round's ranks, and a lost worker does not stop the others.
     let elastic = match (step.min_workers, step.workers, &rendezvous) {
@@ -577,9 +579,14 @@ fn run_attempt(
             )));
         }
         (Some(min), Some(n), Some((server, _))) => {
+            // Replacements run where the engine starts each rank itself: this machine, or hosts it reaches (ssh).
+            let replaces = engine.name().starts_with("local") || engine.remote_hosts();
+            if replaces {
+                hosts = Some(placement::Hosts::new(plan, step));
+            }
             // With host discovery, the first run of the script says how many workers start.
             if let Some(script) = &job.options.host_discovery_script {
-                if !engine.name().starts_with("local") && !engine.remote_hosts() {
+                if !replaces {
                     return Err(LaunchError::Engine(format!(
                         "step `{}`: host discovery (`--host-discovery-script`) runs elastic steps on the local and \
                          ssh engines only, not on the {} (its hosts are its host list)",
@@ -592,12 +599,15 @@ fn run_attempt(
                     plan.project_dir.clone(),
                     discovery_timeout()?,
                 );
-                let mut hosts = placement::Hosts::new(plan, step);
-                first_slots = Some(first_discovery(job, step, &d, &mut hosts, min, n)?);
-                discovery = Some((d, hosts));
+                let mut found = placement::Hosts::new(plan, step);
+                first_slots = Some(first_discovery(job, step, &d, &mut found, min, n)?);
+                hosts = Some(found);
+                discovery = Some(d);
             }
             let first = first_slots.as_ref().map_or(n, |s| s.len() as u32);
             server.set_elastic(first, job.options.elastic_timeout);
+            // Below the minimum no round forms: the survivors wait for replacements, or for the step to end.
+            server.set_elastic_minimum(min);
             Some(min)
         }
         _ => None,
@@ -785,8 +795,8 @@ fn run_attempt(
             &mut workers,
             &exit_rx,
             rendezvous.as_ref().map(|(s, _)| s),
-            discovery.as_mut().map(|(d, hosts)| Growth {
-                discovery: d,
+            hosts.as_mut().map(|hosts| Growth {
+                discovery: discovery.as_mut(),
                 hosts,
                 spawn: &mut spawn_worker,
             }),

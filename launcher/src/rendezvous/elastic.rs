@@ -12,6 +12,11 @@
 //! launcher may start new workers (host discovery: [`Membership::add_worker`]). A new worker asks to join while the
 //! others train; it waits, without starting any round's window, until the members re-form at a commit boundary
 //! (they see it through [`Membership::status`]), and the next round takes it in.
+//!
+//! A round never forms with fewer members than the step's minimum ([`Membership::set_minimum`]): below it the
+//! members that asked wait (the launcher starts replacements, or ends the step after its timeout). A new worker that
+//! has not asked yet is waited for up to the window, but never left out for being slow to start: it joins a later
+//! round.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -83,6 +88,10 @@ pub(crate) struct Membership {
     /// The launcher is stopping the step (a failure, the minimum, an interrupt): a SIGTERM now means stop, not
     /// preemption.
     stopping: bool,
+    /// The fewest members a round forms with (1 unless [`Membership::set_minimum`] says more).
+    min: u32,
+    /// The launcher has signalled the workers it stops: a worker waiting for a round is answered that none forms.
+    closed: bool,
 }
 
 impl Membership {
@@ -100,14 +109,25 @@ impl Membership {
             were_members: BTreeSet::new(),
             left: BTreeMap::new(),
             stopping: false,
+            min: 1,
+            closed: false,
         }
     }
 
-    /// The launcher started one more worker: its slot (the next after every slot so far), alive from now on.
-    pub(crate) fn add_worker(&mut self) -> u32 {
+    /// Rounds form with at least `min` members; fewer wait for more workers (or for the launcher to stop the step).
+    pub(crate) fn set_minimum(&mut self, min: u32) {
+        self.min = min.max(1);
+    }
+
+    /// The launcher started one more worker: its slot (the next after every slot so far), alive from now on. A round
+    /// being formed gets a new window from `now`, so that the new worker has the time to ask.
+    pub(crate) fn add_worker(&mut self, now: Instant) -> u32 {
         let slot = self.workers;
         self.workers += 1;
         self.alive.insert(slot);
+        if !self.pending.is_empty() && self.pending_since.is_some() {
+            self.pending_since = Some(now);
+        }
         slot
     }
 
@@ -165,8 +185,9 @@ impl Membership {
         if self.generation > after {
             return Ok(self.answer(slot));
         }
+        // A window already over (the round waits below the minimum) is no instant to wake at.
         Ok(Joined::Wait {
-            until: self.window_end(),
+            until: self.window_end().filter(|end| *end > now),
         })
     }
 
@@ -201,10 +222,20 @@ impl Membership {
         if !everyone && !window_over {
             return false;
         }
-        let left_out: Vec<u32> = self.alive.difference(&self.pending).copied().collect();
+        // Past the window: the members that did not ask are left out; a new worker still starting is not (it joins
+        // a later round).
+        let left_out: Vec<u32> = self
+            .alive
+            .difference(&self.pending)
+            .filter(|s| self.were_members.contains(s))
+            .copied()
+            .collect();
         for slot in left_out {
             self.alive.remove(&slot);
             self.dropped.insert(slot);
+        }
+        if (self.pending.len() as u32) < self.min {
+            return false;
         }
         self.members = std::mem::take(&mut self.pending).into_iter().collect();
         self.were_members.extend(self.members.iter().copied());
@@ -250,6 +281,16 @@ impl Membership {
         self.stopping = true;
     }
 
+    /// The launcher has signalled the workers it stops (after [`Membership::stop`]): no round forms any more.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// Whether no round forms any more.
+    pub(crate) fn closed(&self) -> bool {
+        self.closed
+    }
+
     /// Whether the launcher is stopping the step.
     pub(crate) fn stopping(&self) -> bool {
         self.stopping
@@ -267,6 +308,19 @@ impl Membership {
                 .count() as u32,
         };
         (self.generation, self.members.len() as u32, waiting)
+    }
+
+    /// New workers asking to join the next round (never a member of one yet), by slot.
+    pub(crate) fn newcomers_waiting(&self) -> BTreeSet<u32> {
+        match self.generation {
+            0 => BTreeSet::new(),
+            _ => self
+                .pending
+                .iter()
+                .filter(|s| !self.were_members.contains(s))
+                .copied()
+                .collect(),
+        }
     }
 
     /// Workers still alive (started, not ended, not left out).
@@ -389,6 +443,45 @@ mod tests {
         );
     }
 
+    /// Below the minimum the survivors wait (their requests answer "not yet", with no past instant to wake at); a
+    /// replacement started then gets a new window, and the round forms once it asks. A replacement still starting when
+    /// the window ends is not left out: the round forms without it, and it joins a later one.
+    #[test]
+    fn below_the_minimum_no_round_forms_until_a_replacement_asks() {
+        let t = Instant::now();
+        let window = Duration::from_secs(5);
+        let mut m = Membership::new(3, window);
+        m.set_minimum(3);
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+        }
+        m.gone(2, t);
+        assert!(matches!(m.join(0, 1, t), Ok(Joined::Wait { .. })));
+        let late = t + window * 2;
+        assert_eq!(m.join(1, 1, late), Ok(Joined::Wait { until: None }));
+        assert!(!m.try_form(late));
+        assert_eq!(m.latest(), (1, 3));
+        // A replacement: a new window from its start; it asks and the round of 3 forms.
+        assert_eq!(m.add_worker(late), 3);
+        assert!(matches!(
+            m.join(0, 1, late),
+            Ok(Joined::Wait { until: Some(end) }) if end == late + window
+        ));
+        assert_eq!(m.join(3, 0, late), member(2, 2, 3));
+        assert_eq!(m.join(1, 1, late), member(2, 1, 3));
+        // Minimum 2 of 3; slot 1 dies and its replacement (4) never asks: past the window, the round forms without
+        // it, and it is not left out.
+        m.set_minimum(2);
+        m.gone(1, late);
+        assert_eq!(m.add_worker(late), 4);
+        m.join(0, 2, late).unwrap();
+        m.join(3, 2, late).unwrap();
+        assert!(m.try_form(late + window));
+        assert_eq!(m.latest(), (3, 2));
+        assert!(m.dropped().is_empty());
+        assert_eq!(m.alive(), 3);
+    }
+
     #[test]
     fn a_new_worker_waits_for_the_members_next_re_form_without_starting_a_window() {
         let t = Instant::now();
@@ -398,7 +491,7 @@ mod tests {
             m.join(slot, 0, t).unwrap();
         }
         assert_eq!(m.status(), (1, 2, 0));
-        assert_eq!(m.add_worker(), 2);
+        assert_eq!(m.add_worker(t), 2);
         // It asks while the members train: it waits, and no window starts (the members are not left out).
         assert_eq!(m.join(2, 0, t), Ok(Joined::Wait { until: None }));
         assert!(!m.try_form(t + window * 10));

@@ -1,5 +1,6 @@
 //! Watching one attempt of a step: its workers' exits, stopping them (SIGTERM, a grace period, SIGKILL), and an
-//! elastic step's rounds, preemption and growth through host discovery.
+//! elastic step's rounds, preemption, replacements for lost workers, its wait below the minimum, and its growth and
+//! shrinking through host discovery.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::placement::Hosts;
 use super::{Job, Outcome, Worker};
 use crate::LaunchError;
-use crate::discovery::{Blacklist, Discovery, DiscoveryError};
+use crate::discovery::{Blacklist, Discovery, DiscoveryError, HostSlots};
 use crate::engine::PlannedStep;
 use crate::env::Slot;
 use crate::process::signal_group;
@@ -115,12 +116,12 @@ pub(super) fn first_discovery(
     }
 }
 
-/// How many workers host discovery may start in one attempt of an elastic step past its first ones (new slots and
-/// replacements), per slot of the step's maximum: each takes a slot number, a `rank.N` log directory and a
+/// How many workers an attempt of an elastic step may start past its first ones (replacements for lost workers, and
+/// new slots host discovery finds), per slot of the step's maximum: each takes a slot number, a `rank.N` log directory and a
 /// supervised entry for the rest of the attempt, and makes `HVD_SIZE` grow.
 pub(super) const STARTS_PER_SLOT: usize = 8;
 
-/// The workers host discovery started in one attempt, against its cap ([`STARTS_PER_SLOT`] per slot of `max`).
+/// The workers started in one attempt past its first ones, against its cap ([`STARTS_PER_SLOT`] per slot of `max`).
 #[derive(Debug)]
 pub(super) struct Starts {
     started: usize,
@@ -149,9 +150,11 @@ impl Starts {
 pub(super) type SpawnWorker<'a> =
     dyn FnMut(&Slot, &mut Vec<Worker>) -> Result<(), LaunchError> + 'a;
 
-/// An elastic step's growth through host discovery: the script, its hosts, and how to start one more worker.
+/// Where an elastic step's new workers come from: replacements for lost workers on the step's own hosts and slots,
+/// or, with host discovery, the slots the script finds; and how to start one more worker.
 pub(super) struct Growth<'a> {
-    pub(super) discovery: &'a mut Discovery,
+    /// The discovery script; `None`: replacements only, on the step's own hosts and slots.
+    pub(super) discovery: Option<&'a mut Discovery>,
     pub(super) hosts: &'a mut Hosts,
     pub(super) spawn: &'a mut SpawnWorker<'a>,
 }
@@ -165,6 +168,79 @@ pub(super) struct Attempt<'a> {
     pub(super) restartable: bool,
     /// `Some(min)`: an elastic step; a lost worker does not stop the others while `min` are left.
     pub(super) elastic: Option<u32>,
+}
+
+/// An elastic step below its minimum, waiting up to `--elastic-timeout` for workers to come back: since when, and
+/// the last worker lost (its slot, host, how it ended).
+#[derive(Debug, Clone)]
+struct Below {
+    since: Instant,
+    rank: u32,
+    host: String,
+    exit: WorkerExit,
+}
+
+/// The reason an attempt that stayed below its minimum for `--elastic-timeout` ends.
+fn below_minimum_reason(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    below: &Below,
+    left: u32,
+    min: u32,
+) -> String {
+    format!(
+        "step `{}` has {left} workers, fewer than its minimum of {min}, and no workers came back within {} s \
+         (--elastic-timeout); the last one lost was rank {} ({}); stopping the others (grace {} s)",
+        step.name,
+        job.options.elastic_timeout.as_secs_f64(),
+        below.rank,
+        below.exit,
+        job.options.grace.as_secs_f64()
+    )
+}
+
+/// Ends an attempt below its minimum for `reason`: a restart when `restartable`, else the step fails with the last
+/// lost worker's exit code.
+fn below_minimum_for_good(
+    job: &Job<'_>,
+    attempt: (&PlannedStep, &Path, bool),
+    below: &Below,
+    (left, min): (u32, u32),
+    reason: String,
+    restart: &mut bool,
+) {
+    let (step, log_dir, restartable) = attempt;
+    if restartable {
+        *restart = true;
+        job.events.event(Event::Stopping { reason });
+        return;
+    }
+    job.fail(
+        Instant::now(),
+        FailureSummary {
+            step: step.name.clone(),
+            cause: Cause::BelowMinimum {
+                rank: below.rank,
+                host: below.host.clone(),
+                exit: below.exit,
+                left,
+                min,
+            },
+            exit_code: below.exit.code(),
+            stderr_tail: Vec::new(),
+            log_dir: log_dir.to_path_buf(),
+        },
+        reason,
+    );
+}
+
+/// Signals worker `w` of an elastic step: a remote one through its stdin, a local one past its `sh -c` wrapper (so
+/// that it can unwind, or hand over at its next commit).
+fn signal_worker(w: &mut Worker, signal: i32) {
+    match w.stdin.take() {
+        Some(mut stdin) => crate::engine::send_stop(&mut stdin, signal),
+        None => signal_past_wrapper(w.pgid, signal),
+    }
 }
 
 /// Waits for the workers of one attempt of a step, stopping them when the job stops (or, `restartable`, when one
@@ -188,6 +264,16 @@ pub(super) fn supervise(
     // those being stopped because a round formed without them.
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
+    // Workers on slots host discovery no longer lists, asked to leave at their next commit (SIGTERM), by slot.
+    let mut unlisted = Removing::default();
+    // New workers still waiting to join when the training finished: stopped, not counted as lost.
+    let mut unneeded = std::collections::BTreeSet::new();
+    // Lost workers not replaced yet (without host discovery a replacement only fills a lost worker's place).
+    let mut vacancies = 0usize;
+    // Below the minimum: waiting for workers to come back since then.
+    let mut below: Option<Below> = None;
+    // Without host discovery: the step's own hosts and slots, where replacements run.
+    let own: Vec<HostSlots> = super::placement::Hosts::own(step);
     let mut finishing = false;
     // A rank of a restartable attempt failed: stop this attempt's workers (not the job's).
     let mut restart = false;
@@ -224,19 +310,35 @@ pub(super) fn supervise(
                     let dropped = lost.contains(&worker.rank);
                     // Preempted: it committed, told the rendezvous it leaves, and exited 0 (hvd.elastic on SIGTERM).
                     // What counts is who was alive when it left (the others may have finished since).
-                    let handed_over = server.elastic_left().get(&worker.rank).copied();
-                    let preempted =
-                        exit == WorkerExit::Code(0) && !dropped && handed_over.is_some();
-                    if preempted && let Some(after) = handed_over {
+                    let handed_over = server
+                        .elastic_left()
+                        .get(&worker.rank)
+                        .copied()
+                        .filter(|_| exit == WorkerExit::Code(0) && !dropped);
+                    if let Some(after) = handed_over {
                         left = after as u32;
                     }
+                    // Asked to leave because host discovery no longer lists its slot: however it ended, not a loss.
+                    let removed = unlisted.removing.contains(&worker.rank) && !dropped;
+                    if unneeded.contains(&worker.rank) {
+                        continue;
+                    }
+                    let preempted = handed_over.is_some() && !removed;
                     // Once the attempt is being stopped (to start again, or for good), exits are its doing.
-                    if (exit != WorkerExit::Code(0) || dropped || preempted)
+                    if (exit != WorkerExit::Code(0) || dropped || preempted || removed)
                         && !job.stopping()
                         && !restart
                     {
-                        let what = match preempted {
-                            true => {
+                        let what = match (removed, preempted) {
+                            (true, _) => match handed_over {
+                                Some(_) => "left: host discovery no longer lists its slot (it committed and \
+                                            handed over)"
+                                    .to_owned(),
+                                None => {
+                                    format!("left: host discovery no longer lists its slot ({exit})")
+                                }
+                            },
+                            (false, true) => {
                                 job.preempted
                                     .lock()
                                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -245,15 +347,16 @@ pub(super) fn supervise(
                                     .push(worker.rank);
                                 "was preempted: it committed, handed over and left".to_owned()
                             }
-                            false => {
+                            (false, false) => {
                                 lost.insert(worker.rank);
+                                vacancies += 1;
                                 if growth.is_some()
                                     && let Some(cooldown) = blacklist.failed(&worker.host, when)
                                 {
                                     job.events.event(Event::Note {
                                         text: format!(
-                                            "host {} is blacklisted for {} s: {} of its workers were lost; host \
-                                             discovery starts no new workers there until then",
+                                            "host {} is blacklisted for {} s: {} of its workers were lost; no new \
+                                             workers start there until then",
                                             worker.host,
                                             cooldown.as_secs(),
                                             crate::discovery::BLACKLIST_FAILURES
@@ -273,42 +376,53 @@ pub(super) fn supervise(
                             });
                             continue;
                         }
-                        all_ok = false;
                         // A preempted worker ends the step as the SIGTERM that preempted it would have.
                         let exit = match preempted {
                             true => WorkerExit::Signal(libc::SIGTERM),
                             false => exit,
                         };
-                        let cause = Cause::BelowMinimum {
+                        let last = Below {
+                            since: below.as_ref().map_or(when, |b| b.since),
                             rank: worker.rank,
                             host: worker.host.clone(),
                             exit,
-                            left,
-                            min,
                         };
-                        let reason = format!(
-                            "rank {} of step `{}` {what}: {left} of its workers are left, fewer than its minimum of \
-                             {min}; stopping the others (grace {} s)",
-                            worker.rank,
-                            step.name,
-                            job.options.grace.as_secs_f64()
-                        );
-                        if restartable {
-                            restart = true;
-                            job.events.event(Event::Stopping { reason });
-                        } else {
-                            job.fail(
-                                when,
-                                FailureSummary {
-                                    step: step.name.clone(),
-                                    cause,
-                                    exit_code: exit.code(),
-                                    stderr_tail: Vec::new(),
-                                    log_dir: log_dir.to_path_buf(),
-                                },
-                                reason,
+                        // An engine that starts no new workers: nothing can come back, the step ends at once.
+                        if growth.is_none() {
+                            all_ok = false;
+                            let reason = format!(
+                                "rank {} of step `{}` {what}: {left} of its workers are left, fewer than its \
+                                 minimum of {min}; stopping the others (grace {} s)",
+                                worker.rank,
+                                step.name,
+                                job.options.grace.as_secs_f64()
                             );
+                            below_minimum_for_good(
+                                job,
+                                (step, log_dir, restartable),
+                                &last,
+                                (left, min),
+                                reason,
+                                &mut restart,
+                            );
+                            continue;
                         }
+                        // Below the minimum no round forms (the survivors wait in their join): replacements, or
+                        // slots host discovery finds, may bring the step back within `--elastic-timeout`.
+                        below = Some(last);
+                        job.events.event(Event::Note {
+                            text: format!(
+                                "rank {} of step `{}` {what}: {left} of its workers are left, fewer than its minimum \
+                                 of {min}; waiting up to {} s (--elastic-timeout) for {} (elastic)",
+                                worker.rank,
+                                step.name,
+                                job.options.elastic_timeout.as_secs_f64(),
+                                match job.options.host_discovery_script.is_some() {
+                                    false => "replacements",
+                                    true => "host discovery to find slots",
+                                }
+                            ),
+                        });
                         continue;
                     }
                 }
@@ -350,17 +464,35 @@ pub(super) fn supervise(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         job.check_interrupts(&step.name, log_dir);
-        // Host discovery: new slots on this machine start new workers (up to the step's maximum), which join at the
-        // members' next commit; a run that fails keeps the current workers, with a warning (once per message).
-        if let (Some(g), Some(server)) = (growth.as_mut(), rendezvous)
-            && !job.stopping()
-            && !restart
-            && !finishing
-            && let Some(result) = g.discovery.poll()
+        // New workers: without host discovery a replacement for each lost worker, on the step's own hosts and slots;
+        // with it, new slots start new workers (up to the step's maximum) and workers on slots it no longer lists
+        // leave. They join at the members' next commit (or the re-form under way); a run of the script that fails
+        // keeps the current workers, with a warning (once per message).
+        let polled = match growth.as_mut() {
+            _ if job.stopping() || restart || finishing => None,
+            Some(Growth {
+                discovery: Some(d), ..
+            }) => d.poll(),
+            Some(_) if vacancies > 0 => Some(Ok(own.clone())),
+            _ => None,
+        };
+        if let (Some(g), Some(server), Some(min), Some(result)) =
+            (growth.as_mut(), rendezvous, elastic, polled)
         {
+            let discovered = g.discovery.is_some();
             match result {
                 Ok(found) => {
                     last_warning = None;
+                    if discovered {
+                        remove_unlisted(
+                            job,
+                            step,
+                            workers,
+                            (&dropping, &mut unlisted),
+                            &g.hosts.listed(&found),
+                            min,
+                        );
+                    }
                     let usable = g.hosts.usable(job, step, &found, &blacklist, None);
                     let total = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                     let cap = step.layout.slots.len();
@@ -369,13 +501,19 @@ pub(super) fn supervise(
                         .iter()
                         .enumerate()
                         .filter(|(i, w)| {
-                            w.exited.is_none() && !dropping.iter().any(|(d, _)| d == i)
+                            w.exited.is_none()
+                                && !dropping.iter().any(|(d, _)| d == i)
+                                && !unlisted.removing.contains(&w.rank)
                         })
                         .map(|(_, w)| (w.host.clone(), w.local_rank))
                         .collect();
                     let refs: Vec<&str> = live.iter().map(|(h, _)| h.as_str()).collect();
                     // Up to `max` live workers; a lost one's replacement gets a new slot past every earlier one.
-                    let placed = Hosts::place(&usable, &refs, cap.saturating_sub(live.len()));
+                    let want = match discovered {
+                        true => cap.saturating_sub(live.len()),
+                        false => cap.saturating_sub(live.len()).min(vacancies),
+                    };
+                    let placed = Hosts::place(&usable, &refs, want);
                     for host in placed {
                         if let Err(cap) = starts.take() {
                             all_ok = false;
@@ -389,9 +527,13 @@ pub(super) fn supervise(
                                     log_dir: log_dir.to_path_buf(),
                                 },
                                 format!(
-                                    "host discovery has started {cap} workers for step `{}` in this attempt, its \
-                                     cap ({STARTS_PER_SLOT} per slot of its maximum of {}), and would start one \
-                                     more; stopping the step (grace {} s)",
+                                    "{} has started {cap} workers for step `{}` in this attempt, its cap \
+                                     ({STARTS_PER_SLOT} per slot of its maximum of {}), and would start one more; \
+                                     stopping the step (grace {} s)",
+                                    match discovered {
+                                        true => "host discovery",
+                                        false => "replacing lost workers",
+                                    },
                                     step.name,
                                     step.layout.slots.len(),
                                     job.options.grace.as_secs_f64()
@@ -409,21 +551,29 @@ pub(super) fn supervise(
                         match (g.spawn)(&new, workers) {
                             Ok(()) => {
                                 remaining += 1;
+                                vacancies = vacancies.saturating_sub(1);
                                 live.push((host.clone(), local));
                                 job.events.event(Event::Note {
-                                    text: format!(
-                                        "host discovery found {total} slots for step `{}`: started rank {slot} on \
-                                         {host}; it joins at the workers' next commit",
-                                        step.name
-                                    ),
+                                    text: match discovered {
+                                        true => format!(
+                                            "host discovery found {total} slots for step `{}`: started rank {slot} \
+                                             on {host}; it joins at the workers' next commit",
+                                            step.name
+                                        ),
+                                        false => format!(
+                                            "started rank {slot} of step `{}` on {host} in place of a lost worker; \
+                                             it joins the workers' next round",
+                                            step.name
+                                        ),
+                                    },
                                 });
                             }
                             Err(e) => {
                                 server.worker_gone(slot);
                                 job.events.event(Event::Note {
                                     text: format!(
-                                        "warning: could not start rank {slot} of step `{}` for a slot host \
-                                         discovery found: {e}",
+                                        "warning: could not start rank {slot} of step `{}` for a free slot on \
+                                         {host}: {e}",
                                         step.name
                                     ),
                                 });
@@ -471,6 +621,52 @@ pub(super) fn supervise(
                 if w.exited.is_none() && since.elapsed() >= job.options.grace {
                     signal_group(w.pgid, libc::SIGKILL);
                 }
+            }
+        }
+        // The training finished (a worker ended well): new workers still waiting to join will never be taken in.
+        if let (true, Some(server)) = (finishing, rendezvous) {
+            for slot in server.elastic_newcomers_waiting() {
+                if let Some(w) = workers
+                    .iter()
+                    .find(|w| w.rank == slot && w.exited.is_none())
+                    && unneeded.insert(slot)
+                {
+                    job.events.event(Event::Note {
+                        text: format!(
+                            "rank {slot} of step `{}` was waiting to join, but the training finished; stopping it",
+                            step.name
+                        ),
+                    });
+                    signal_group(w.pgid, libc::SIGKILL);
+                }
+            }
+        }
+        // Below the minimum: back to it (replacements, discovered slots), or still below after `--elastic-timeout`.
+        if let (Some(min), Some(server), Some(b)) = (elastic, rendezvous, below.as_ref())
+            && !job.stopping()
+            && !restart
+        {
+            let alive = server.elastic_alive() as u32;
+            if alive >= min {
+                job.events.event(Event::Note {
+                    text: format!(
+                        "step `{}` is back to {alive} workers (minimum {min}); it goes on (elastic)",
+                        step.name
+                    ),
+                });
+                below = None;
+            } else if b.since.elapsed() >= job.options.elastic_timeout {
+                all_ok = false;
+                let reason = below_minimum_reason(job, step, b, alive, min);
+                below_minimum_for_good(
+                    job,
+                    (step, log_dir, restartable),
+                    b,
+                    (alive, min),
+                    reason,
+                    &mut restart,
+                );
+                below = None;
             }
         }
         if let Some(limit) = step.timeout
@@ -533,6 +729,10 @@ pub(super) fn supervise(
                     None => signal_group(w.pgid, signal),
                 }
             }
+            // Survivors waiting below the minimum for a round are answered now, their SIGTERM pending.
+            if let Some(server) = rendezvous {
+                server.close_elastic_joins();
+            }
         }
         let grace_over = terminated_at.is_some_and(|t| t.elapsed() >= job.options.grace);
         if !killed && (grace_over || job.kill_now.load(Ordering::SeqCst)) {
@@ -543,10 +743,108 @@ pub(super) fn supervise(
             }
         }
     }
+    // Every worker ended while the step was below its minimum, and none came back: it failed.
+    if let (Some(min), Some(b)) = (elastic, below.as_ref())
+        && !job.stopping()
+        && !restart
+    {
+        all_ok = false;
+        let alive = rendezvous.map_or(0, |s| s.elastic_alive() as u32);
+        let reason = format!(
+            "every worker of step `{}` ended while it was below its minimum of {min}; the last one lost was rank {} \
+             ({})",
+            step.name, b.rank, b.exit
+        );
+        below_minimum_for_good(
+            job,
+            (step, log_dir, restartable),
+            b,
+            (alive, min),
+            reason,
+            &mut restart,
+        );
+    }
     match (all_ok, restart && !job.stopping()) {
         (true, _) => Outcome::Succeeded,
         (false, true) => Outcome::Restart,
         (false, false) => Outcome::Failed,
+    }
+}
+
+/// An elastic step's workers on slots host discovery no longer lists: those asked to leave, and those that stay
+/// because the step would fall below its minimum (said once each), by slot.
+#[derive(Debug, Default)]
+struct Removing {
+    removing: std::collections::BTreeSet<u32>,
+    kept: std::collections::BTreeSet<u32>,
+}
+
+/// Asks the live workers of an elastic step on slots host discovery no longer lists (`listed`: its hosts and their
+/// slots) to leave at their next commit (SIGTERM: they hand over, as a preempted worker does), the highest slots of a
+/// host first, never so many that fewer than `min` would be left (those stay, said once). `gone`: the workers being
+/// stopped (left out of a round), and those already asked to leave.
+fn remove_unlisted(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    workers: &mut [Worker],
+    gone: (&[(usize, Instant)], &mut Removing),
+    listed: &[(String, u32)],
+    min: u32,
+) {
+    let (dropping, Removing { removing, kept }) = gone;
+    let live: Vec<usize> = (0..workers.len())
+        .filter(|i| {
+            workers[*i].exited.is_none()
+                && !dropping.iter().any(|(d, _)| d == i)
+                && !removing.contains(&workers[*i].rank)
+        })
+        .collect();
+    let mut spare = live.len().saturating_sub(min as usize);
+    let mut hosts: Vec<String> = Vec::new();
+    for i in &live {
+        if !hosts.contains(&workers[*i].host) {
+            hosts.push(workers[*i].host.clone());
+        }
+    }
+    for host in hosts {
+        let slots = listed
+            .iter()
+            .find(|(h, _)| *h == host)
+            .map_or(0, |(_, n)| *n as usize);
+        let mut here: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|i| workers[*i].host == host)
+            .collect();
+        // The highest slots (the newest workers) leave first.
+        here.sort_by_key(|i| std::cmp::Reverse(workers[*i].rank));
+        let excess = here.len().saturating_sub(slots);
+        for &i in here.iter().take(excess) {
+            if spare == 0 {
+                if !kept.insert(workers[i].rank) {
+                    break;
+                }
+                job.events.event(Event::Note {
+                    text: format!(
+                        "host discovery no longer lists the slot of rank {} of step `{}` on {host}, but it stays: \
+                         fewer than the step's minimum of {min} would be left",
+                        workers[i].rank, step.name
+                    ),
+                });
+                break;
+            }
+            spare -= 1;
+            let w = &mut workers[i];
+            removing.insert(w.rank);
+            job.events.event(Event::Note {
+                text: format!(
+                    "host discovery no longer lists the slot of rank {} of step `{}` on {host}: it leaves at its next \
+                     commit (elastic)",
+                    w.rank, step.name
+                ),
+            });
+            signal_worker(w, libc::SIGTERM);
+        }
     }
 }
 

@@ -255,6 +255,40 @@ impl Hosts {
         }
     }
 
+    /// The slots each host has in `found` (one run of the script), merged by name as [`Hosts::usable`] merges them,
+    /// blacklisted hosts and hosts not ready yet included: what the script still lists, for removing the workers on
+    /// slots it no longer does. The local engine's other hosts are left out (they run nothing).
+    pub(super) fn listed(&self, found: &[HostSlots]) -> Vec<(String, u32)> {
+        let mut listed: Vec<(String, u32)> = Vec::new();
+        for h in found {
+            let host = match (self.remote, is_this_machine(&h.host, &self.here)) {
+                (false, true) => self.here.clone(),
+                (false, false) => continue,
+                (true, _) => h.host.clone(),
+            };
+            match listed.iter_mut().find(|(l, _)| *l == host) {
+                Some((_, n)) => *n = n.saturating_add(h.slots),
+                None => listed.push((host, h.slots)),
+            }
+        }
+        listed
+    }
+
+    /// The step's own hosts and their slots (its layout, in order): where replacements run without host discovery.
+    pub(super) fn own(step: &PlannedStep) -> Vec<HostSlots> {
+        let mut own: Vec<HostSlots> = Vec::new();
+        for slot in &step.layout.slots {
+            match own.iter_mut().find(|h| h.host == slot.host) {
+                Some(h) => h.slots += 1,
+                None => own.push(HostSlots {
+                    host: slot.host.clone(),
+                    slots: 1,
+                }),
+            }
+        }
+        own
+    }
+
     /// The hosts of up to `want` more workers: each usable host filled up to its slots, counting the live workers
     /// there (`live`: their hosts), in the script's order.
     pub(super) fn place(usable: &[(String, u32)], live: &[&str], want: usize) -> Vec<String> {
