@@ -35,7 +35,8 @@ pub struct RunOptions {
     /// `--max-workers N`: the workers every distributed step starts with (as `--workers`, which it wins over).
     pub max_workers: Option<u32>,
     /// `--elastic-timeout`: how long a new round of an elastic step waits for its live workers to ask to join
-    /// (from the first that asked); one that does not is left out and stopped.
+    /// (from the first that asked; one that does not is left out and stopped), and how long an elastic step below
+    /// its minimum waits for replacements or discovered slots before it fails.
     pub elastic_timeout: Duration,
     /// `--host-discovery-script`: an elastic step's hosts come from this script (Horovod's contract: it prints
     /// `host:slots` lines), run at the start and every second while the step runs; new slots start new workers.

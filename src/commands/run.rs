@@ -64,7 +64,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub max_workers: Option<u32>,
     /// Seconds a new round of an elastic step waits for its live workers to rejoin after a loss (from the first
-    /// that rejoined); one that does not is left out and stopped.
+    /// that rejoined; one that does not is left out and stopped), and an elastic step below its minimum waits for
+    /// replacements or discovered slots before it fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub elastic_timeout: f64,
     /// An elastic step's hosts come from this program (Horovod's contract: it prints `host:slots` lines), run at the
