@@ -9,7 +9,11 @@
 //! - `torch1_13_...`: python 3.8, torch 1.13.1, Horovod 0.28.1 through gloo;
 //! - `nccl_...`: python 3.11, TensorFlow 2.12.1 (the GPU wheel), Horovod 0.28.1 with `gpu_ops = "nccl"` compiled
 //!   against the store's CUDA 13 toolkit (`std.cuda`); its library must need `libnccl.so.2`, and with the toolkit's
-//!   `lib/` Horovod must say `nccl_built()`. Running NCCL needs a GPU (none here): only the build is checked.
+//!   `lib/` Horovod must say `nccl_built()`. Running NCCL needs a GPU (none here): only the build is checked;
+//! - `nccl_..._torch_...`: python 3.11, torch 2.0.1 (CUDA 11.7 wheels), Horovod 0.28.1 with `gpu_ops = "nccl"`
+//!   against the same toolkit (`cuda_cc = ["80"]`): `horovod/torch/mpi_lib_v2*.so` must need `libnccl.so.2` through
+//!   a RUNPATH into the toolkit's store path (readelf, ldd), `horovod.torch.nccl_built()` must be true after `import
+//!   torch`, and `hvd build --locked --check` must find the build reproducible.
 //!
 //! The other rows of the matrix are tests of their own: python 3.6 + TF 1.5.0 + Horovod 0.13.11 (MPI only) in
 //! tests/controller.rs (`the_default_run_of_an_mpi_only_horovod_is_one_world_of_size_2`), python 3.11 + TF 2.12.1 +
@@ -127,6 +131,62 @@ fn built_horovod(dir: &Path) -> std::path::PathBuf {
     std::fs::canonicalize(site.join("horovod")).unwrap()
 }
 
+/// The one file in `folder` whose name starts with `prefix` and ends with `.so`.
+fn library(folder: &Path, prefix: &str) -> std::path::PathBuf {
+    std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".so"))
+        })
+        .unwrap_or_else(|| panic!("{}/{prefix}*.so", folder.display()))
+}
+
+/// `readelf -d` of `library`.
+fn dynamic_section(library: &Path) -> String {
+    let readelf = std::process::Command::new("readelf")
+        .arg("-d")
+        .arg(library)
+        .output()
+        .unwrap();
+    assert!(readelf.status.success(), "readelf -d {}", library.display());
+    String::from_utf8_lossy(&readelf.stdout).into_owned()
+}
+
+/// The CUDA toolkit the build used: the store's `<hash>-cuda-13.0.*` path next to the project's env.
+fn store_toolkit(dir: &Path) -> std::path::PathBuf {
+    let store = std::fs::canonicalize(dir.join(".hvd/env"))
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split_once('-'))
+                .is_some_and(|(_, rest)| rest.starts_with("cuda-13.0."))
+        })
+        .expect("the CUDA toolkit's store path")
+}
+
+/// Runs `code` with the project's env python; must succeed; gives stdout.
+fn env_python(dir: &Path, code: &str, library_path: Option<&Path>) -> String {
+    let mut command = std::process::Command::new(dir.join(".hvd/env/bin/python"));
+    command.args(["-c", code]);
+    if let Some(path) = library_path {
+        command.env("LD_LIBRARY_PATH", path);
+    }
+    let out = command.output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    stdout
+}
+
 #[test]
 #[ignore = "opt-in: needs the real package index, downloads the CUDA 13 wheels (410 MB) and TF, and builds Horovod with nvcc (minutes); run with --run-ignored only"]
 fn nccl_horovod_compiles_against_the_store_cuda_toolkit() {
@@ -139,50 +199,84 @@ fn nccl_horovod_compiles_against_the_store_cuda_toolkit() {
     );
     lock_and_build(dir.path());
     let horovod = built_horovod(dir.path());
-    let library = std::fs::read_dir(horovod.join("tensorflow"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("mpi_lib") && n.ends_with(".so"))
-        })
-        .expect("horovod/tensorflow/mpi_lib*.so");
-    let readelf = std::process::Command::new("readelf")
-        .arg("-d")
+    let dynamic = dynamic_section(&library(&horovod.join("tensorflow"), "mpi_lib"));
+    assert!(dynamic.contains("[libnccl.so.2]"), "{dynamic}");
+    let toolkit = store_toolkit(dir.path());
+    let stdout = env_python(
+        dir.path(),
+        "import horovod.tensorflow as hvd; print('nccl_built', hvd.nccl_built())",
+        Some(&toolkit.join("lib")),
+    );
+    assert!(
+        stdout.contains("nccl_built True") || stdout.contains("nccl_built 2"),
+        "{stdout}"
+    );
+}
+
+/// Prints `nccl_built` and `cuda_built` of `horovod.torch`, then `libnccl` and each library whose name holds
+/// "cudart" as the process mapped them (which files the dynamic loader chose).
+const TORCH_NCCL_SCRIPT: &str = "import torch\nimport horovod.torch as hvd\n\
+    print('nccl_built', hvd.nccl_built(), 'cuda_built', hvd.cuda_built())\n\
+    maps = {l.split()[-1] for l in open('/proc/self/maps') if 'libnccl' in l or 'cudart' in l}\n\
+    print('\\n'.join('mapped ' + m for m in sorted(maps)))\n";
+
+#[test]
+#[ignore = "opt-in: needs the real package index, downloads torch 2.0.1 with its CUDA 11.7 libraries and the CUDA 13 wheels (GBs), and builds Horovod with nvcc (minutes); run with --run-ignored only"]
+fn nccl_horovod_compiles_against_torch_and_the_store_cuda_toolkit() {
+    // torch 2.0.1 is the newest any Horovod builds against (docs/eras.md); its triton needs cmake and its CUDA
+    // wheels setuptools, which the env would take newest: the pins let Horovod's build (cmake<4, setuptools<82)
+    // share the env's versions.
+    let dir = project(
+        "3.11",
+        "let torch = std.torch { version = \"2.0.1\" }",
+        "torch, \"cmake<4\", \"setuptools<82\", std.horovod { frameworks = [torch], gpu_ops = \"nccl\", \
+         cuda = std.cuda { version = \"13.0\" }, cuda_cc = [\"80\"], toolchain = std.gcc { version = \"12\" } }",
+        "",
+    );
+    lock_and_build(dir.path());
+    let horovod = built_horovod(dir.path());
+    let library = library(&horovod.join("torch"), "mpi_lib_v2");
+    let toolkit = store_toolkit(dir.path());
+    let dynamic = dynamic_section(&library);
+    assert!(dynamic.contains("[libnccl.so.2]"), "{dynamic}");
+    // The RUNPATH leads into the toolkit's store path, and the loader finds NCCL there for the library alone.
+    let toolkit_lib = toolkit.join("lib");
+    assert!(
+        dynamic.contains(&format!("{}", toolkit_lib.display())),
+        "no RUNPATH into {}:\n{dynamic}",
+        toolkit_lib.display()
+    );
+    // The library alone (ldd): NCCL and the CUDA 13 runtime from the toolkit's store path. (torch's own CUDA 11
+    // libraries are not found this way: torch preloads them when imported.)
+    let ldd = std::process::Command::new("ldd")
         .arg(&library)
         .output()
         .unwrap();
-    let dynamic = String::from_utf8_lossy(&readelf.stdout);
-    assert!(dynamic.contains("[libnccl.so.2]"), "{dynamic}");
-    // The toolkit the build used: the store's `<hash>-cuda-13.0.*` path next to the env.
-    let store = std::fs::canonicalize(dir.path().join(".hvd/env"))
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let toolkit = std::fs::read_dir(&store)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.split_once('-'))
-                .is_some_and(|(_, rest)| rest.starts_with("cuda-13.0."))
-        })
-        .expect("the CUDA toolkit's store path");
-    let out = std::process::Command::new(dir.path().join(".hvd/env/bin/python"))
-        .args([
-            "-c",
-            "import horovod.tensorflow as hvd; print('nccl_built', hvd.nccl_built())",
-        ])
-        .env("LD_LIBRARY_PATH", toolkit.join("lib"))
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
+    let ldd = String::from_utf8_lossy(&ldd.stdout).into_owned();
+    eprintln!("ldd {}:\n{ldd}", library.display());
+    for name in ["libnccl.so.2", "libcudart.so.13"] {
+        let line = ldd
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in ldd:\n{ldd}"));
+        assert!(
+            line.contains(&format!("=> {}/{name}", toolkit_lib.display())),
+            "{line}"
+        );
+    }
+    // In a process that imported torch first, NCCL is the one torch loaded (same soname): still a store path.
+    let stdout = env_python(dir.path(), TORCH_NCCL_SCRIPT, None);
+    eprintln!("{stdout}");
+    assert!(stdout.contains("nccl_built 2"), "{stdout}");
+    let store = toolkit.parent().unwrap().display().to_string();
+    let nccl: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("mapped "))
+        .filter(|m| m.contains("libnccl"))
+        .collect();
     assert!(
-        stdout.contains("nccl_built True") || stdout.contains("nccl_built 2"),
-        "{stdout}{stderr}"
+        nccl.len() == 1 && nccl[0].starts_with(&store),
+        "one libnccl from the store: {nccl:?}"
     );
+    assert_build_reproduces(dir.path());
 }
