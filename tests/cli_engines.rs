@@ -643,7 +643,18 @@ fn assert_survivors_finished(slurm: &Slurm, dir: &Path, out: &Output, steps: u32
     common::assert_nothing_left(marker);
     let steps_left = std::fs::read_to_string(dir.join("steps.txt")).unwrap();
     assert_eq!(steps_left.trim(), "", "job steps left in the allocation");
-    assert_eq!(slurm.queued(), "");
+    // The allocation itself is listed (COMPLETING) for a moment after salloc returns.
+    let queued = common::wait_until_empty(
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_millis(100),
+        || {
+            Some(slurm.queued())
+                .filter(|q| !q.is_empty())
+                .into_iter()
+                .collect()
+        },
+    );
+    assert!(queued.is_empty(), "{queued:?}");
 }
 
 /// An elastic step inside an allocation: each rank is its own job step, so when one rank SIGKILLs itself its step
