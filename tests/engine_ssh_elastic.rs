@@ -1,7 +1,8 @@
 //! Elastic steps (issue #19 §2) on the `ssh` engine across hosts that are network namespaces (`common::nshosts`):
 //! a whole host is lost mid-run (its sshd and every process in it killed) and the survivors on the other host re-form
 //! and finish; a host that the discovery script names mid-run is checked over ssh and its workers join at the next
-//! commit, while hosts that cannot be reached are named and skipped.
+//! commit, while hosts that cannot be reached are named and skipped; without discovery, a lost worker is replaced on
+//! the step's own host.
 //!
 //! Like tests/engine_ssh.rs, these need root, iproute2 and OpenSSH, and fail saying so where one is missing.
 
@@ -294,6 +295,48 @@ fn a_lost_workers_slot_found_again_gets_a_replacement_in_a_new_slot() {
         assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
     }
     // No second replacement: the step never had more than 4 live workers.
+    assert!(!stdout.contains("slot 5 "), "{stdout}");
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// Without host discovery a lost worker is replaced on the step's own hosts: slot 3 (on the second host, 2 slots per
+/// host) kills itself, and a replacement starts there in a new slot (4), joins at a commit, and the job of 4 finishes
+/// with every step counted once.
+#[test]
+fn a_lost_worker_is_replaced_on_the_steps_own_host_without_discovery() {
+    let hosts = Hosts::start("ld");
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        6,
+        ", ELASTIC_UNTIL = \"4\", ELASTIC_KILL = \"3:3\"",
+    );
+    let out = hosts.hvd_run(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        says(&out, "rank 3 of step `train` was lost"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        says(
+            &out,
+            &format!(
+                "started rank 4 of step `train` on {} in place of a lost worker",
+                HOSTS[1]
+            )
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("[train {}:4] slot 4 starts as rank ", HOSTS[1])),
+        "{stdout}\n{stderr}"
+    );
+    let lines = finished(&stdout, &[0, 1, 2, 4], 4);
+    let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(step > 3, "{}", lines[0]);
+    for line in &lines {
+        assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
+    }
     assert!(!stdout.contains("slot 5 "), "{stdout}");
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
