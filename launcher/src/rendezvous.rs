@@ -396,7 +396,7 @@ impl RendezvousServer {
     /// re-form. `None`: the job is not elastic.
     pub fn add_elastic_worker(&self) -> Option<u32> {
         let mut store = self.shared.lock();
-        let slot = store.elastic.as_mut()?.add_worker(Instant::now());
+        let slot = store.elastic.as_mut()?.add_worker();
         store.set_size(slot + 1);
         self.shared.changed.notify_all();
         Some(slot)

@@ -15,8 +15,7 @@
 //!
 //! A round never forms with fewer members than the step's minimum ([`Membership::set_minimum`]): below it the
 //! members that asked wait (the launcher starts replacements, or ends the step after its timeout). A new worker that
-//! has not asked yet is waited for up to the window, but never left out for being slow to start: it joins a later
-//! round.
+//! has not asked yet is not waited for, nor left out for being slow to start: it joins a later round.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -119,15 +118,11 @@ impl Membership {
         self.min = min.max(1);
     }
 
-    /// The launcher started one more worker: its slot (the next after every slot so far), alive from now on. A round
-    /// being formed gets a new window from `now`, so that the new worker has the time to ask.
-    pub(crate) fn add_worker(&mut self, now: Instant) -> u32 {
+    /// The launcher started one more worker: its slot (the next after every slot so far), alive from now on.
+    pub(crate) fn add_worker(&mut self) -> u32 {
         let slot = self.workers;
         self.workers += 1;
         self.alive.insert(slot);
-        if !self.pending.is_empty() && self.pending_since.is_some() {
-            self.pending_since = Some(now);
-        }
         slot
     }
 
@@ -217,13 +212,18 @@ impl Membership {
         if self.pending.is_empty() {
             return false;
         }
-        let everyone = self.alive.iter().all(|s| self.pending.contains(s));
+        // Every live worker the round needs: all of them for the first round, then the members of earlier rounds
+        // (a new worker that has not asked yet is not waited for: it joins a later round).
+        let everyone = self
+            .alive
+            .iter()
+            .filter(|s| self.generation == 0 || self.were_members.contains(s))
+            .all(|s| self.pending.contains(s));
         let window_over = self.window_end().is_some_and(|end| now >= end);
         if !everyone && !window_over {
             return false;
         }
-        // Past the window: the members that did not ask are left out; a new worker still starting is not (it joins
-        // a later round).
+        // Past the window: the members that did not ask are left out.
         let left_out: Vec<u32> = self
             .alive
             .difference(&self.pending)
@@ -443,9 +443,9 @@ mod tests {
         );
     }
 
-    /// Below the minimum the survivors wait (their requests answer "not yet", with no past instant to wake at); a
-    /// replacement started then gets a new window, and the round forms once it asks. A replacement still starting when
-    /// the window ends is not left out: the round forms without it, and it joins a later one.
+    /// Below the minimum the survivors wait (their requests answer "not yet", with no past instant to wake at), and
+    /// the round forms once a replacement asks. At or above it, a replacement still starting is not waited for, nor
+    /// left out: the round forms without it, and it joins a later one.
     #[test]
     fn below_the_minimum_no_round_forms_until_a_replacement_asks() {
         let t = Instant::now();
@@ -461,25 +461,23 @@ mod tests {
         assert_eq!(m.join(1, 1, late), Ok(Joined::Wait { until: None }));
         assert!(!m.try_form(late));
         assert_eq!(m.latest(), (1, 3));
-        // A replacement: a new window from its start; it asks and the round of 3 forms.
-        assert_eq!(m.add_worker(late), 3);
-        assert!(matches!(
-            m.join(0, 1, late),
-            Ok(Joined::Wait { until: Some(end) }) if end == late + window
-        ));
+        // A replacement asks and the round of 3 forms.
+        assert_eq!(m.add_worker(), 3);
+        assert_eq!(m.join(0, 1, late), Ok(Joined::Wait { until: None }));
         assert_eq!(m.join(3, 0, late), member(2, 2, 3));
         assert_eq!(m.join(1, 1, late), member(2, 1, 3));
-        // Minimum 2 of 3; slot 1 dies and its replacement (4) never asks: past the window, the round forms without
-        // it, and it is not left out.
+        // Minimum 2 of 3; slot 1 dies and its replacement (4) has not asked: the round of the other two forms at
+        // once, and the replacement is not left out, even past the window.
         m.set_minimum(2);
         m.gone(1, late);
-        assert_eq!(m.add_worker(late), 4);
-        m.join(0, 2, late).unwrap();
-        m.join(3, 2, late).unwrap();
-        assert!(m.try_form(late + window));
-        assert_eq!(m.latest(), (3, 2));
+        assert_eq!(m.add_worker(), 4);
+        assert!(matches!(m.join(0, 2, late), Ok(Joined::Wait { .. })));
+        assert_eq!(m.join(3, 2, late), member(3, 1, 2));
+        assert!(!m.try_form(late + window * 2));
         assert!(m.dropped().is_empty());
         assert_eq!(m.alive(), 3);
+        assert_eq!(m.join(4, 0, late), Ok(Joined::Wait { until: None }));
+        assert_eq!(m.status(), (3, 2, 1));
     }
 
     #[test]
@@ -491,7 +489,7 @@ mod tests {
             m.join(slot, 0, t).unwrap();
         }
         assert_eq!(m.status(), (1, 2, 0));
-        assert_eq!(m.add_worker(t), 2);
+        assert_eq!(m.add_worker(), 2);
         // It asks while the members train: it waits, and no window starts (the members are not left out).
         assert_eq!(m.join(2, 0, t), Ok(Joined::Wait { until: None }));
         assert!(!m.try_form(t + window * 10));
