@@ -12,6 +12,9 @@ the first allreduce of the new job completed. Reported per run (seconds):
 
     python3 bench/elastic.py [--hvd target/debug/hvd] [--sizes 4 8] [--repeat 3]
 
+The launcher starts a replacement for the killed worker (docs/running.md, Elastic steps): the re-form does not wait for
+it, and as these workers never commit it never joins; it is stopped once the survivors finish.
+
 Times are wall-clock (`time.time()`), comparable across the processes of one machine.
 """
 
