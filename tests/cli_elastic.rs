@@ -450,6 +450,28 @@ fn a_preempted_worker_commits_hands_over_and_leaves() {
     common::assert_nothing_left(&marker);
 }
 
+/// A preemption that leaves fewer workers than the minimum fails the step (exit code 143, as the SIGTERM): without
+/// host discovery a preempted worker gets no replacement (its capacity is going away), so nothing can come back and
+/// the step does not wait.
+#[test]
+fn a_preemption_below_the_minimum_without_discovery_fails_at_once() {
+    let marker = marker();
+    let dir = project_with_signal("{ min = 3, max = 3 }", 40, "2:3", 15, &marker);
+    let (out, stdout, stderr) = run(dir.path(), &[], &[]);
+    assert_eq!(out.status.code(), Some(143), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains(
+            "rank 2 of step `train` was preempted: it committed, handed over and left: 2 of its workers are left, \
+             fewer than its minimum of 3; stopping the others"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!flat.contains("waiting up to"), "{stderr}");
+    assert!(!flat.contains("in place of a lost worker"), "{stderr}");
+    common::assert_nothing_left(&marker);
+}
+
 /// A preempted worker whose teardown is slow (its `hvd.shutdown()` goes on past the round window after its engine
 /// released the others) still hands over: it tells the rendezvous it leaves before it shuts down, so the survivors' next round does not form without
 /// it first (which would refuse its leave and count it as lost).

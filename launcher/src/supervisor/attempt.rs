@@ -387,8 +387,10 @@ pub(super) fn supervise(
                             host: worker.host.clone(),
                             exit,
                         };
-                        // An engine that starts no new workers: nothing can come back, the step ends at once.
-                        if growth.is_none() {
+                        // Nothing can come back (an engine that starts no new workers, or, without host discovery,
+                        // no lost worker to replace: a preempted one is not): the step ends at once.
+                        let discovered = growth.as_ref().is_some_and(|g| g.discovery.is_some());
+                        if growth.is_none() || (!discovered && vacancies == 0) {
                             all_ok = false;
                             let reason = format!(
                                 "rank {} of step `{}` {what}: {left} of its workers are left, fewer than its \
