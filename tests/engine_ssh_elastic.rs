@@ -340,3 +340,88 @@ fn a_lost_worker_is_replaced_on_the_steps_own_host_without_discovery() {
     assert!(!stdout.contains("slot 5 "), "{stdout}");
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
+
+/// The worker of `bench/elastic.py` (its `WORKER`): the last slot SIGKILLs itself after 20 allreduces (printing
+/// `KILL <time>`), and every survivor prints `REFORM <slot> <detected> <joined> <first collective> <size>`.
+fn re_form_worker() -> &'static str {
+    let source = include_str!("../bench/elastic.py");
+    let start = "WORKER = r\"\"\"";
+    let from = source.find(start).expect("bench/elastic.py has `WORKER`") + start.len();
+    let len = source[from..].find("\"\"\"").expect("`WORKER` ends");
+    &source[from..from + len]
+}
+
+/// Not a check but the cross-host re-form benchmark (issue #19): `bench/elastic.py`'s worker across the two network
+/// namespace hosts, 2 and 4 slots each (4 and 8 ranks), 5 runs each; prints, per size, the median and range of
+/// *detected* (the kill -> the first and the last survivor's failed collective) and *re-form* (the first detection ->
+/// the last survivor's first completed collective of the new job), in ms. Needs root, like the tests above:
+/// `cargo nextest run -p hvd --all-features --test engine_ssh_elastic --run-ignored only --no-capture`.
+#[test]
+#[ignore = "a benchmark: run it on its own (--run-ignored only --no-capture)"]
+fn cross_host_re_form_time() {
+    let hosts = Hosts::start("le");
+    for per_host in [2u32, 4] {
+        let size = 2 * per_host as usize;
+        let mut runs: Vec<(f64, f64, f64)> = Vec::new();
+        for _ in 0..5 {
+            let dir = common::train_project(
+                &format!("{{ min = 2, max = {size} }}"),
+                "",
+                "",
+                re_form_worker(),
+            );
+            let hostfile = dir.path().join("hostfile");
+            std::fs::write(
+                &hostfile,
+                format!(
+                    "{} slots={per_host}\n{} slots={per_host}\n",
+                    HOSTS[0], HOSTS[1]
+                ),
+            )
+            .unwrap();
+            let out = hosts.hvd_run(dir.path(), &["--hostfile", hostfile.to_str().unwrap()]);
+            let (stdout, stderr) = text(&out);
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+            let after = |l: &str, tag: &str| l.split_once(tag).map(|(_, rest)| rest.to_owned());
+            let kill: Vec<f64> = stdout
+                .lines()
+                .filter_map(|l| after(l, "KILL "))
+                .filter_map(|t| t.trim().parse().ok())
+                .collect();
+            let reforms: Vec<Vec<f64>> = stdout
+                .lines()
+                .filter_map(|l| after(l, "REFORM "))
+                .map(|r| {
+                    r.split_whitespace()
+                        .filter_map(|v| v.parse().ok())
+                        .collect()
+                })
+                .collect();
+            assert!(
+                kill.len() == 1
+                    && reforms.len() == size - 1
+                    && reforms
+                        .iter()
+                        .all(|r| r.len() == 5 && r[4] as usize == size - 1),
+                "{stdout}\n{stderr}"
+            );
+            let detects: Vec<f64> = reforms.iter().map(|r| r[1]).collect();
+            let first = detects.iter().copied().fold(f64::INFINITY, f64::min);
+            let last = detects.iter().copied().fold(0.0, f64::max);
+            let done = reforms.iter().map(|r| r[3]).fold(0.0, f64::max);
+            runs.push((first - kill[0], last - kill[0], done - first));
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2] * 1e3, v[0] * 1e3, v[v.len() - 1] * 1e3)
+        };
+        let (first, _, _) = median(runs.iter().map(|r| r.0).collect());
+        let (last, _, _) = median(runs.iter().map(|r| r.1).collect());
+        let (reform, low, high) = median(runs.iter().map(|r| r.2).collect());
+        println!(
+            "cross-host re-form, {size} ranks ({per_host} per host): detected {first:.0} / {last:.0} ms, re-form \
+             {reform:.0} ms ({low:.0}-{high:.0})"
+        );
+    }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
