@@ -18,8 +18,7 @@ wheel, strace, the network for uv, and about 6 GB of disk. Steps, in one run:
      of the lock (Horovod has no wheels: uv compiles it, as any installer does),
 and prints medians, bests and the ratio hvd/uv (goal <= 1.0), with the load average before and after.
 
-`hosts` (NOT RUN YET: written on 2026-12-02 but not measured before the deadline; expect to debug it on first use):
-start-to-first-allreduce of a 2-host x 2-rank job of that env through the ssh engine, each host a network
+`hosts`: start-to-first-allreduce of a 2-host x 2-rank job of that env through the ssh engine, each host a network
 namespace whose sshd (and so every login) runs in a mount namespace of its own with an empty tmpfs over the store
 directory (an empty host store; the project and the hvd binary are shared), the S3 server in the launcher's
 namespace (the hosts get its endpoint and identity from their sshd, `SetEnv`): `--runs` times each, interleaved,
@@ -202,7 +201,7 @@ print(f"FIRST_ALLREDUCE {time.time():.6f} rank={hvd.rank()} size={hvd.size()}", 
 def measure_hosts(hvd, file, env, runs, work, store):
     """Start-to-first-allreduce, 2 hosts x 2 ranks with empty host stores, with the cache and with a direct copy."""
     project = work / "hosts-project"
-    shutil.copytree(file.parent, project)
+    shutil.copytree(file.parent, project, ignore=shutil.ignore_patterns(".hvd"))
     text = (project / file.name).read_text()
     text = text[: text.index("step train")] + 'step first {\n  workers = 4\n  run = "python first.py"\n}\n'
     (project / "train.hvd").write_text(text)
