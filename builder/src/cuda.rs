@@ -7,8 +7,9 @@
 //!
 //! ```text
 //! <store>/<hash>-cuda-13.0.88/
-//!   bin/       a link to each program (nvcc, nvcc.profile, ptxas, fatbinary, ...); nvcc finds its tree as
-//!              `bin/..` of the path it was started as, so it sees this tree, not one wheel's
+//!   bin/       a link to each program (nvcc.profile, ptxas, fatbinary, ...); nvcc finds its tree as `bin/..` of
+//!              the path it was started as, so it sees this tree, not one wheel's
+//!   bin/nvcc   a script that starts the wheel's nvcc (`bin/.nvcc-real`) with deterministic output (below)
 //!   include/   the headers of every wheel (cuda_runtime.h, crt/, cccl/, nccl.h, ...)
 //!   lib/       the libraries, plus the development links the wheels lack (libcudart.so -> libcudart.so.13,
 //!              libnccl.so -> libnccl.so.2)
@@ -19,6 +20,15 @@
 //! Directories at the top level are real; below, a directory only one wheel has is a link to it, one several
 //! wheels have is merged the same way. When two wheels have the same file, the wheel whose name sorts first wins.
 //! The links point into the wheels' store paths, which the toolkit references (gc keeps them).
+//!
+//! nvcc left alone compiles the same source to different bytes in two builds: the intermediate files are named
+//! `tmpxft_<pid>_...` in `TMPDIR` and that name lands in the object, and the module id (in the names of kernels in
+//! anonymous namespaces and `__module_id_str`) hashes the source's absolute path, which holds the build
+//! directory. So `bin/nvcc` adds, unless the caller chose its own: `--objdir-as-tempdir` when it compiles
+//! (`-c`/`-dc`/`-dw`: intermediate files named after the object), `-Xcudafe --orig_src_path_name=<the source
+//! relative to the working directory>` for a single `.cu` input, and `-frandom-seed=<a checksum of the object's
+//! file name and that relative path>` (nvcc's and the host compiler's own random names; a different seed per
+//! file, as nvcc asks).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -32,7 +42,7 @@ use crate::store::{BuildOutput, Store};
 use crate::toolchain::Toolchain;
 
 /// Bump when the layout changes: part of the derivation (and so of every build that uses the toolkit).
-const ASSEMBLER: &str = "hvd-cuda-1";
+const ASSEMBLER: &str = "hvd-cuda-2";
 
 /// The build requirement whose presence gives a build a toolkit.
 pub const NVCC_PACKAGE: &str = "nvidia-cuda-nvcc";
@@ -47,6 +57,57 @@ pub const PLACEHOLDER: &str = "@CUDA_HOME@";
 
 /// Files a wheel's `nvidia/` folders hold that are not part of a toolkit.
 const SKIPPED: [&str; 3] = ["__init__.py", "__pycache__", ".metadata"];
+
+/// The name under `bin/` of the wheel's nvcc, which [`NVCC_WRAPPER`] starts (nvcc reads its tree from the path it
+/// was started as: `bin/..`, this toolkit).
+const NVCC_REAL: &str = ".nvcc-real";
+
+/// `bin/nvcc`: the wheel's nvcc with deterministic output (see the module's documentation); `@REAL@` is the
+/// quoted path of [`NVCC_REAL`]. POSIX sh and coreutils only: it runs inside the build sandbox.
+const NVCC_WRAPPER: &str = r#"#!/bin/sh
+# hvd: nvcc with reproducible output (hvd's builder/src/cuda.rs). It adds what the caller did not choose:
+# --objdir-as-tempdir when compiling, the source's path relative to the working directory as its module id
+# path, and -frandom-seed from the object's name and that path.
+real=@REAL@
+seed=1 objtemp= compile= srcpath=1 out= src= sources=0 prev=
+for arg in "$@"; do
+  case $prev in
+    -o|--output-file) out=$arg ;;
+    -Xcudafe|--cudafe-options) case $arg in *orig_src_path_name*) srcpath= ;; esac ;;
+  esac
+  case $arg in
+    -frandom-seed*|--frandom-seed*) seed= ;;
+    -objtemp|--objdir-as-tempdir) objtemp=given ;;
+    -c|--compile|-dc|--device-c|-dw|--device-w) compile=1 ;;
+    -o=*|--output-file=*) out=${arg#*=} ;;
+    -Xcudafe=*orig_src_path_name*|--cudafe-options=*orig_src_path_name*) srcpath= ;;
+    -*) ;;
+    *.cu) sources=$((sources + 1)); src=$arg ;;
+  esac
+  prev=$arg
+done
+if [ "$sources" -ne 1 ]; then
+  srcpath= rel=
+else
+  case $src in
+    /*) rel=$(realpath -s -m --relative-to="$(pwd)" -- "$src" 2>/dev/null) || rel=${src##*/} ;;
+    *) rel=$src ;;
+  esac
+  # -Xcudafe splits its value at commas.
+  case $rel in *,*|*" "*|"") srcpath= ;; esac
+fi
+if [ -n "$compile" ] && [ -z "$objtemp" ]; then
+  set -- --objdir-as-tempdir "$@"
+fi
+if [ -n "$srcpath" ]; then
+  set -- -Xcudafe "--orig_src_path_name=$rel" "$@"
+fi
+if [ -n "$seed" ]; then
+  sum=$(printf '%s\n%s\n' "${out##*/}" "$rel" | cksum) || exit 1
+  set -- "-frandom-seed=${sum%% *}" "$@"
+fi
+exec "$real" "$@"
+"#;
 
 /// How deep the merge of the wheels' trees goes before it is refused (the real wheels need 4).
 const MAX_DEPTH: usize = 16;
@@ -115,7 +176,7 @@ impl CudaToolkit {
             .collect();
         sources.sort_by_key(|(name, _)| normalize_name(name));
         let realized = store.realize(&derivation, false, |target| {
-            assemble(&target.out, &sources)?;
+            assemble(&target.out, &target.final_path, &sources)?;
             Ok(BuildOutput {
                 references: sources
                     .iter()
@@ -254,8 +315,8 @@ fn max_gcc_in(text: &str) -> Option<u32> {
     })
 }
 
-/// Fill `out` from the wheels' store paths `sources` (in priority order).
-fn assemble(out: &Path, sources: &[(&str, &Path)]) -> Result<()> {
+/// Fill `out` (to become the store path `final_path`) from the wheels' store paths `sources` (in priority order).
+fn assemble(out: &Path, final_path: &Path, sources: &[(&str, &Path)]) -> Result<()> {
     let mut roots: Vec<PathBuf> = Vec::new();
     for (_, path) in sources {
         for root in ROOTS {
@@ -302,6 +363,34 @@ fn assemble(out: &Path, sources: &[(&str, &Path)]) -> Result<()> {
             std::os::unix::fs::symlink("lib", out.join("lib64"))?;
         }
     }
+    wrap_nvcc(&out.join("bin"), &final_path.join("bin"))
+}
+
+/// Replace the link `bin/nvcc` by [`NVCC_WRAPPER`], which starts the wheel's nvcc as `bin/.nvcc-real` of the
+/// toolkit at `final_bin` (its path once in the store).
+fn wrap_nvcc(bin: &Path, final_bin: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let nvcc = bin.join("nvcc");
+    let meta = fs_err::symlink_metadata(&nvcc)?;
+    if !is_real_dir(bin) || !meta.file_type().is_symlink() {
+        return Err(Error::Invalid(format!(
+            "the CUDA wheels' `bin/nvcc` did not become a link in a directory of the toolkit at `{}`",
+            nvcc.display()
+        )));
+    }
+    let real = fs_err::read_link(&nvcc)?;
+    std::os::unix::fs::symlink(&real, bin.join(NVCC_REAL))?;
+    fs_err::remove_file(&nvcc)?;
+    let real_path = final_bin.join(NVCC_REAL);
+    let Some(real_path) = real_path.to_str() else {
+        return Err(Error::Invalid(format!(
+            "the store path `{}` is not UTF-8; nvcc's wrapper cannot name it",
+            final_bin.display()
+        )));
+    };
+    let quoted = format!("'{}'", real_path.replace('\'', r"'\''"));
+    fs_err::write(&nvcc, NVCC_WRAPPER.replace("@REAL@", &quoted))?;
+    fs_err::set_permissions(&nvcc, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }
 
@@ -464,7 +553,7 @@ mod tests {
         let wheel = linked_lib_wheel(dir.path(), Path::new("lib64"));
         let out = dir.path().join("out");
         fs_err::create_dir(&out).unwrap();
-        assemble(&out, &[("nvidia-cuda-nvcc", &wheel)]).unwrap();
+        assemble(&out, &out, &[("nvidia-cuda-nvcc", &wheel)]).unwrap();
         assert!(
             is_real_dir(&out.join("lib")),
             "lib must be a real directory"
@@ -492,7 +581,7 @@ mod tests {
         let wheel = linked_lib_wheel(dir.path(), &outside);
         let out = dir.path().join("out");
         fs_err::create_dir(&out).unwrap();
-        let err = assemble(&out, &[("nvidia-cuda-nvcc", &wheel)])
+        let err = assemble(&out, &out, &[("nvidia-cuda-nvcc", &wheel)])
             .unwrap_err()
             .to_string();
         assert!(err.contains("points outside its wheel"), "{err}");
@@ -507,6 +596,124 @@ mod tests {
         for d in [root.clone(), root.join("bin"), root.join("lib64")] {
             fs_err::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
+    }
+
+    /// A toolkit whose wheel's `nvcc` is a program that prints how it was started: `$0`, then each argument.
+    fn echo_toolkit(dir: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let wheel = dir.join("wheel");
+        let bin = wheel.join("site-packages/nvidia/cu13/bin");
+        fs_err::create_dir_all(&bin).unwrap();
+        fs_err::write(
+            bin.join("nvcc"),
+            "#!/bin/sh\nprintf '%s\\n' \"$0\"\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n",
+        )
+        .unwrap();
+        fs_err::set_permissions(bin.join("nvcc"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = dir.join("toolkit");
+        fs_err::create_dir(&out).unwrap();
+        assemble(&out, &out, &[("nvidia-cuda-nvcc", &wheel)]).unwrap();
+        out
+    }
+
+    /// What the wheel's nvcc received when the toolkit's `bin/nvcc` ran in `cwd` with `args`.
+    fn nvcc_argv(toolkit: &Path, cwd: &Path, args: &[&str]) -> Vec<String> {
+        let out = std::process::Command::new(toolkit.join("bin/nvcc"))
+            .args(args)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Two builds of one project in two build directories (hvd's differ by its pid), laid out alike.
+    fn build_dirs(dir: &Path) -> [(PathBuf, PathBuf); 2] {
+        ["build.101.0", "build.202.0"].map(|name| {
+            let src = dir.join(name).join("src/ops/cuda");
+            let cwd = dir.join(name).join("src/build/temp");
+            fs_err::create_dir_all(&src).unwrap();
+            fs_err::create_dir_all(&cwd).unwrap();
+            (cwd, src.join("cuda_kernels.cu"))
+        })
+    }
+
+    #[test]
+    fn the_toolkit_nvcc_makes_compiles_independent_of_the_build_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolkit = echo_toolkit(dir.path());
+        let [(cwd_a, src_a), (cwd_b, src_b)] = build_dirs(dir.path());
+        let compile = |cwd: &Path, src: &Path| {
+            let src = src.to_str().unwrap();
+            nvcc_argv(&toolkit, cwd, &["-x", "cu", "-c", src, "-o", "k.cu.o"])
+        };
+        let a = compile(&cwd_a, &src_a);
+        // The wheel's nvcc runs as `bin/.nvcc-real` of the toolkit, so it finds the toolkit's tree as `bin/..`.
+        assert_eq!(a[0], toolkit.join("bin/.nvcc-real").to_str().unwrap());
+        let seed = a.iter().find(|x| x.starts_with("-frandom-seed=")).unwrap();
+        assert!(
+            seed["-frandom-seed=".len()..].parse::<u64>().is_ok(),
+            "{seed}"
+        );
+        assert!(a.contains(&"--objdir-as-tempdir".to_string()), "{a:?}");
+        let at = a.iter().position(|x| x == "-Xcudafe").unwrap();
+        assert_eq!(
+            a[at + 1],
+            "--orig_src_path_name=../../ops/cuda/cuda_kernels.cu"
+        );
+        assert!(a.ends_with(&[
+            "-x".into(),
+            "cu".into(),
+            "-c".into(),
+            src_a.to_str().unwrap().into(),
+            "-o".into(),
+            "k.cu.o".into()
+        ]));
+        // The other build directory: only the source's absolute path differs.
+        let b = compile(&cwd_b, &src_b);
+        let replaced: Vec<String> = a
+            .iter()
+            .map(|x| x.replace("build.101.0", "build.202.0"))
+            .collect();
+        assert_eq!(b, replaced);
+        // Another file gets another seed.
+        let other = nvcc_argv(
+            &toolkit,
+            &cwd_a,
+            &["-c", "../../ops/cuda/other.cu", "-o", "o.o"],
+        );
+        assert!(!other.contains(seed), "{other:?}");
+        assert!(other.contains(&"--orig_src_path_name=../../ops/cuda/other.cu".to_string()));
+    }
+
+    #[test]
+    fn the_toolkit_nvcc_keeps_what_the_caller_chose() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolkit = echo_toolkit(dir.path());
+        let args = [
+            "-c",
+            "-frandom-seed=7",
+            "-objtemp",
+            "-Xcudafe",
+            "--orig_src_path_name=mine.cu",
+            "k.cu",
+        ];
+        let argv = nvcc_argv(&toolkit, dir.path(), &args);
+        assert_eq!(argv[1..], args.map(String::from));
+        // No compile step: nothing about intermediate files; several sources: no single module id path.
+        let argv = nvcc_argv(&toolkit, dir.path(), &["a.cu", "b.cu", "-o", "app"]);
+        assert_eq!(argv.len(), 1 + 1 + 4, "{argv:?}");
+        assert!(argv[1].starts_with("-frandom-seed="), "{argv:?}");
+        // A path nvcc's -Xcudafe would split at its comma is left alone.
+        let argv = nvcc_argv(&toolkit, dir.path(), &["-c", "a,b.cu"]);
+        assert!(
+            !argv.iter().any(|a| a.contains("orig_src_path_name")),
+            "{argv:?}"
+        );
     }
 
     #[test]

@@ -282,7 +282,15 @@ fn a_build_with_the_cuda_wheels_sees_one_toolkit_tree() {
         let meta = std::fs::symlink_metadata(toolkit.join(dir)).unwrap();
         assert!(meta.is_dir(), "{dir} is a real directory");
     }
-    assert!(link(&toolkit.join("bin/nvcc")).ends_with("site-packages/nvidia/cu13/bin/nvcc"));
+    // bin/nvcc is the toolkit's script (builder/src/cuda.rs), which starts the wheel's nvcc as bin/.nvcc-real;
+    // "fixture nvcc ok" below is the build running it through the script in the sandbox.
+    assert!(link(&toolkit.join("bin/.nvcc-real")).ends_with("site-packages/nvidia/cu13/bin/nvcc"));
+    let script = std::fs::read_to_string(toolkit.join("bin/nvcc")).unwrap();
+    assert!(
+        script.starts_with("#!/bin/sh\n")
+            && script.contains(&format!("real='{home}/bin/.nvcc-real'")),
+        "{script}"
+    );
     assert!(
         link(&toolkit.join("include/nccl.h")).ends_with("site-packages/nvidia/nccl/include/nccl.h")
     );
