@@ -62,6 +62,15 @@ if slow and int(slow.split(":")[0]) == slot:
     _shutdown = hvd.shutdown
     hvd.shutdown = lambda: (_shutdown(), time.sleep(float(slow.split(":")[1])))[0]
 
+# `slot:PATH`: that worker waits until PATH exists, and 1 s more, before it joins (a replacement that asks late).
+await_ = os.environ.get("ELASTIC_AWAIT", "")
+if await_ and int(await_.split(":")[0]) == slot:
+    for _ in range(6000):
+        if os.path.exists(await_.split(":", 1)[1]):
+            break
+        time.sleep(0.05)
+    time.sleep(1)
+
 hvd.init()
 print("slot %d starts as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)
 state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))
@@ -395,6 +404,39 @@ fn workers_on_slots_discovery_no_longer_lists_leave_at_a_commit() {
     common::assert_nothing_left(&marker);
 }
 
+/// A replacement that asks to join only after the training finished (slot 2 waits until the survivor, slot 0, has
+/// left its training loop) never joins: once the survivor ends well, every live worker that never was a member is
+/// stopped, and the membership answers it that it is left out. Minimum 1: it would otherwise form a round alone and
+/// train again from its initial state.
+#[test]
+fn a_replacement_that_asks_after_the_training_finished_never_trains() {
+    let marker = marker();
+    let dir = project("{ min = 1, max = 2 }", 6, "1:3", &marker);
+    let finally = dir.path().join("finally.0");
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[],
+        &[
+            ("ELASTIC_FINALLY", dir.path().to_str().unwrap()),
+            ("ELASTIC_AWAIT", &format!("2:{}", finally.display())),
+        ],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("started rank 2 of step `train` on "),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "rank 2 of step `train` never joined, and the training finished; stopping it"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stdout.contains("slot 2 starts"), "{stdout}\n{stderr}");
+    assert_finished(&stdout, &stderr, &[(0, 0)], 6, " w0 21.0 agree True");
+    common::assert_nothing_left(&marker);
+}
+
 #[test]
 fn an_elastic_range_above_the_workers_started_is_refused() {
     let marker = marker();
@@ -659,8 +701,9 @@ fn a_slot_found_by_discovery_mid_run_joins_at_a_commit() {
     common::assert_nothing_left(&marker);
 }
 
-/// A discovery script that prints garbage, exits 1 or hangs is named in a warning each time, and the step keeps its
-/// workers and completes.
+/// A discovery script that prints garbage, exits 1, hangs or prints nothing (exit 0) is named in a warning each time,
+/// and the step keeps its workers and completes (an empty list would otherwise remove every worker above the
+/// minimum).
 #[test]
 fn a_failing_discovery_script_is_named_and_the_step_keeps_its_workers() {
     let marker = marker();
@@ -669,15 +712,15 @@ fn a_failing_discovery_script_is_named_and_the_step_keeps_its_workers() {
         dir.path(),
         "n=$(cat runs 2>/dev/null || echo 0); n=$((n+1)); echo $n > runs\n\
          case $n in\n  1) echo localhost:2 ;;\n  2) echo 'this is no host line' ;;\n  3) echo 'no hosts today' >&2; \
-         exit 1 ;;\n  4) sleep 600 ;;\n  *) echo localhost:2 ;;\nesac",
+         exit 1 ;;\n  4) sleep 600 ;;\n  5) ;;\n  *) echo localhost:2 ;;\nesac",
     );
-    // Train until the script has started a 5th time: runs 2-4 (the bad ones) have been reported by then.
+    // Train until the script has started a 6th time: runs 2-5 (the bad ones) have been reported by then.
     let (out, stdout, stderr) = run(
         dir.path(),
         &["--host-discovery-script", script.to_str().unwrap()],
         &[
             ("HVD_DISCOVERY_TIMEOUT", "1"),
-            ("ELASTIC_UNTIL", "file:runs:5"),
+            ("ELASTIC_UNTIL", "file:runs:6"),
         ],
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -689,6 +732,7 @@ fn a_failing_discovery_script_is_named_and_the_step_keeps_its_workers() {
         ),
         format!("{named} failed (exit status: 1): no hosts today; keeping the current hosts"),
         format!("{named} did not finish within 1 s (killed); keeping the current hosts"),
+        format!("{named} printed no `host:slots` line; keeping the current hosts"),
     ] {
         assert!(flat.contains(&want), "want `{want}`:\n{stderr}");
     }

@@ -59,6 +59,10 @@ pub enum DiscoveryError {
     },
     #[error("host discovery script `{script}` printed more than {} KiB", MAX_OUTPUT / 1024)]
     TooLong { script: PathBuf },
+    /// Exit 0 with no `host:slots` line: taken for a failed run (a script that lost its source of hosts), not for
+    /// "no hosts any more", which would remove every worker above the minimum.
+    #[error("host discovery script `{script}` printed no `host:slots` line")]
+    NoHosts { script: PathBuf },
 }
 
 fn stderr_text(stderr: &str) -> String {
@@ -76,7 +80,7 @@ fn clip(s: &str) -> String {
 }
 
 /// Parses the script's output: one `host:slots` per line (blank lines skipped; the host may not be empty or hold
-/// white space, the slots are ASCII digits).
+/// white space, the slots are ASCII digits). Output without any such line is an error ([`DiscoveryError::NoHosts`]).
 pub fn parse(script: &Path, output: &str) -> Result<Vec<HostSlots>, DiscoveryError> {
     let mut hosts = Vec::new();
     for (i, raw) in output.lines().enumerate() {
@@ -105,6 +109,11 @@ pub fn parse(script: &Path, output: &str) -> Result<Vec<HostSlots>, DiscoveryErr
                 .trim_end_matches(']')
                 .to_owned(),
             slots,
+        });
+    }
+    if hosts.is_empty() {
+        return Err(DiscoveryError::NoHosts {
+            script: script.to_path_buf(),
         });
     }
     Ok(hosts)
@@ -366,6 +375,15 @@ mod tests {
             assert!(
                 text.contains("discover.sh") && text.contains("line 2") && text.contains(bad),
                 "{text}"
+            );
+        }
+        // No host at all is a failed run, not "every host is gone".
+        for empty in ["", "\n", "  \n\n"] {
+            let e = parse(&script(), empty).unwrap_err();
+            assert!(matches!(e, DiscoveryError::NoHosts { .. }), "{e:?}");
+            assert!(
+                e.to_string().contains("printed no `host:slots` line"),
+                "{e}"
             );
         }
     }

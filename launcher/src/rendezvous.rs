@@ -411,13 +411,27 @@ impl RendezvousServer {
         self.shared.changed.notify_all();
     }
 
-    /// An elastic job's new workers asking to join its next round (never members of one yet), by slot.
-    pub fn elastic_newcomers_waiting(&self) -> BTreeSet<u32> {
+    /// Worker `slot` of an elastic job ended well: when it was a member of a round its training is over, and no
+    /// worker that was never a member joins any more (it is answered 410). Returns whether the training is over;
+    /// false when not elastic.
+    pub fn finish_elastic(&self, slot: u32) -> bool {
+        let mut store = self.shared.lock();
+        let finished = store
+            .elastic
+            .as_mut()
+            .is_some_and(|m| m.finish(slot, Instant::now()));
+        self.shared.changed.notify_all();
+        finished
+    }
+
+    /// Once an elastic job's training is over ([`RendezvousServer::finish_elastic`]): its live workers that were
+    /// never members of a round, whether they asked to join or not (the launcher stops them). Empty before.
+    pub fn elastic_never_members(&self) -> BTreeSet<u32> {
         let store = self.shared.lock();
         store
             .elastic
             .as_ref()
-            .map(|m| m.newcomers_waiting())
+            .map(|m| m.never_members())
             .unwrap_or_default()
     }
 

@@ -16,6 +16,10 @@
 //! A round never forms with fewer members than the step's minimum ([`Membership::set_minimum`]): below it the
 //! members that asked wait (the launcher starts replacements, or ends the step after its timeout). A new worker that
 //! has not asked yet is not waited for, nor left out for being slow to start: it joins a later round.
+//!
+//! Once a member has finished its training ([`Membership::finish`]) no worker that was never a member joins any
+//! more: it would train alone, from its initial state, or wait for members that will not re-form. It is answered
+//! that it is left out, and the launcher stops it ([`Membership::never_members`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -91,6 +95,8 @@ pub(crate) struct Membership {
     min: u32,
     /// The launcher has signalled the workers it stops: a worker waiting for a round is answered that none forms.
     closed: bool,
+    /// A member finished its training: workers that were never members are left out of every later round.
+    finished: bool,
 }
 
 impl Membership {
@@ -110,6 +116,7 @@ impl Membership {
             stopping: false,
             min: 1,
             closed: false,
+            finished: false,
         }
     }
 
@@ -155,6 +162,11 @@ impl Membership {
             });
         }
         let newcomer = self.newcomer(slot, after);
+        if self.finished && !self.were_members.contains(&slot) {
+            return Ok(Joined::LeftOut {
+                generation: self.generation,
+            });
+        }
         if self.generation > after && !newcomer {
             return Ok(self.answer(slot));
         }
@@ -271,6 +283,31 @@ impl Membership {
         Ok(self.alive.len())
     }
 
+    /// Worker `slot` ended well. When it was a member of a round, its training is over: from now on no worker that
+    /// was never a member joins (those waiting are taken off the next round, and later requests are left out).
+    /// Returns whether the training is over.
+    pub(crate) fn finish(&mut self, slot: u32, now: Instant) -> bool {
+        if self.were_members.contains(&slot) && !self.finished {
+            self.finished = true;
+            let members = &self.were_members;
+            self.pending.retain(|s| members.contains(s));
+            if self.pending.is_empty() {
+                self.pending_since = None;
+            }
+            self.try_form(now);
+        }
+        self.finished
+    }
+
+    /// Live workers that were never a member of a round, once a member finished its training (none before): the
+    /// launcher stops them, whether they asked to join or not.
+    pub(crate) fn never_members(&self) -> BTreeSet<u32> {
+        match self.finished {
+            false => BTreeSet::new(),
+            true => self.alive.difference(&self.were_members).copied().collect(),
+        }
+    }
+
     /// Workers that left on their own (preempted), and how many were alive right after each left.
     pub(crate) fn left(&self) -> &BTreeMap<u32, usize> {
         &self.left
@@ -308,19 +345,6 @@ impl Membership {
                 .count() as u32,
         };
         (self.generation, self.members.len() as u32, waiting)
-    }
-
-    /// New workers asking to join the next round (never a member of one yet), by slot.
-    pub(crate) fn newcomers_waiting(&self) -> BTreeSet<u32> {
-        match self.generation {
-            0 => BTreeSet::new(),
-            _ => self
-                .pending
-                .iter()
-                .filter(|s| !self.were_members.contains(s))
-                .copied()
-                .collect(),
-        }
     }
 
     /// Workers still alive (started, not ended, not left out).
@@ -500,6 +524,34 @@ mod tests {
         assert_eq!(m.join(2, 0, t), member(2, 2, 3));
         assert_eq!(m.join(0, 1, t), member(2, 0, 3));
         assert_eq!(m.status(), (2, 3, 0));
+    }
+
+    /// Once a member finished, a replacement that never was a member is left out whether it asked before or after,
+    /// and no round forms with it (min 1: it would train alone from its initial state).
+    #[test]
+    fn after_a_member_finished_no_worker_that_never_was_one_joins() {
+        let t = Instant::now();
+        let mut m = Membership::new(2, Duration::from_secs(5));
+        for slot in 0..2 {
+            m.join(slot, 0, t).unwrap();
+        }
+        m.gone(1, t);
+        assert_eq!(m.join(0, 1, t), member(2, 0, 1));
+        assert_eq!(m.add_worker(), 2);
+        assert_eq!(m.add_worker(), 3);
+        // Slot 2 asks while slot 0 trains; slot 3 has not asked yet.
+        assert_eq!(m.join(2, 0, t), Ok(Joined::Wait { until: None }));
+        assert!(m.never_members().is_empty());
+        // A worker that never was a member ending well says nothing about the training.
+        assert!(!m.finish(3, t));
+        assert!(m.finish(0, t));
+        m.gone(0, t);
+        assert_eq!(m.never_members(), BTreeSet::from([2, 3]));
+        assert_eq!(m.latest(), (2, 1));
+        assert_eq!(m.join(2, 0, t), Ok(Joined::LeftOut { generation: 2 }));
+        assert_eq!(m.join(3, 0, t), Ok(Joined::LeftOut { generation: 2 }));
+        assert!(!m.try_form(t + Duration::from_secs(60)));
+        assert_eq!(m.latest(), (2, 1));
     }
 
     #[test]

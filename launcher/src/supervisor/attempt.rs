@@ -295,9 +295,15 @@ pub(super) fn supervise(
                 worker.exited = Some(exit);
                 // A worker that ended well, neither left out nor handing over, finished its training: the step is
                 // ending, and discovery starts no worker in its place.
-                finishing |= exit == WorkerExit::Code(0)
+                let ended_well = exit == WorkerExit::Code(0)
                     && !lost.contains(&worker.rank)
                     && rendezvous.is_none_or(|s| !s.elastic_left().contains_key(&worker.rank));
+                finishing |= ended_well;
+                // A member that finished: no worker that never was one joins from now on (the membership answers
+                // it 410; the launcher stops it below).
+                if let (true, Some(_), Some(server)) = (ended_well, elastic, rendezvous) {
+                    server.finish_elastic(worker.rank);
+                }
                 // Whatever the worker left behind in its group goes with it.
                 signal_group(worker.pgid, libc::SIGKILL);
                 if let Some(w) = &job.watchdog {
@@ -625,9 +631,10 @@ pub(super) fn supervise(
                 }
             }
         }
-        // The training finished (a worker ended well): new workers still waiting to join will never be taken in.
+        // The training finished (a member ended well): new workers that never were members will never be taken
+        // in, whether they asked to join or are still starting; they have no state to hand over.
         if let (true, Some(server)) = (finishing, rendezvous) {
-            for slot in server.elastic_newcomers_waiting() {
+            for slot in server.elastic_never_members() {
                 if let Some(w) = workers
                     .iter()
                     .find(|w| w.rank == slot && w.exited.is_none())
@@ -635,7 +642,7 @@ pub(super) fn supervise(
                 {
                     job.events.event(Event::Note {
                         text: format!(
-                            "rank {slot} of step `{}` was waiting to join, but the training finished; stopping it",
+                            "rank {slot} of step `{}` never joined, and the training finished; stopping it",
                             step.name
                         ),
                     });
