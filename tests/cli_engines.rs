@@ -381,6 +381,9 @@ impl Slurm {
             "sinfo",
         ] {
             if !have(program) {
+                eprintln!(
+                    "skipped: the test Slurm needs `{program}` (scripts/install-deps installs Slurm and munge)"
+                );
                 return None;
             }
         }
@@ -657,30 +660,50 @@ fn assert_survivors_finished(slurm: &Slurm, dir: &Path, out: &Output, steps: u32
     assert!(queued.is_empty(), "{queued:?}");
 }
 
-/// An elastic step inside an allocation: each rank is its own job step, so when one rank SIGKILLs itself its step
-/// ends alone and the survivors re-form and finish every committed step once.
+/// The plan of an elastic step inside an allocation: one srun per rank, on the allocation's nodes; allocation
+/// variables Slurm would not write are refused, and so is a step with more workers than the allocation has tasks
+/// (its extra `srun --exact` would wait for a free task while the others time out). Needs only `scontrol` (to
+/// expand the node list) and a slurm.conf for it, no Slurm daemons; the refusals before scontrol need nothing.
 #[test]
-fn slurm_elastic_step_survives_a_rank_that_kills_itself() {
-    let Some(slurm) = Slurm::start() else {
-        return;
-    };
-    let marker = common::unique_marker("slurm-elastic");
-    let steps = 16;
-    let dir = elastic_project(steps, ", ELASTIC_KILL = \"2:5\"", &marker);
-    // The plan: one srun per rank, on the allocation's nodes; allocation variables Slurm would not write are refused.
-    let dry_run = |tasks: &str| {
+fn slurm_elastic_plan_is_one_srun_per_rank_within_the_allocations_tasks() {
+    let dir = elastic_project(16, "", "slurm-elastic-plan");
+    let conf = tempfile::tempdir().unwrap();
+    std::fs::write(
+        conf.path().join("slurm.conf"),
+        "ClusterName=hvdtest\nSlurmctldHost=localhost\n",
+    )
+    .unwrap();
+    let dry_run = |nodes: &str, tasks: &str, extra: &[&str]| {
         common::hvd_run_command(dir.path())
             .args(["--no-build", "--engine", "slurm", "--dry-run"])
-            .env("SLURM_CONF", slurm.conf())
+            .args(extra)
+            .env("SLURM_CONF", conf.path().join("slurm.conf"))
             .env("SLURM_JOB_ID", "7")
-            // Names that resolve anywhere (both this machine): the plan resolves the nodes.
-            .env("SLURM_JOB_NODELIST", "127.0.0.[1-2]")
+            .env("SLURM_JOB_NODELIST", nodes)
             .env("SLURM_TASKS_PER_NODE", tasks)
             .env("NO_COLOR", "1")
             .output()
             .unwrap()
     };
-    let out = dry_run("3,1");
+    let refused = |out: &Output, part: &str| {
+        assert!(!out.status.success(), "{}", text(out).0);
+        assert!(
+            common::flat_stderr(out).contains(part),
+            "`{part}` missing: {}",
+            text(out).1
+        );
+    };
+    // A node list that would be an option of scontrol is refused before scontrol runs.
+    refused(
+        &dry_run("--help", "4", &[]),
+        "`SLURM_JOB_NODELIST` is `--help`, not a Slurm node list",
+    );
+    if !have("scontrol") {
+        eprintln!("skipped: the rest of this test expands the node list with Slurm's `scontrol`");
+        return;
+    }
+    // Names that resolve anywhere (both this machine): the plan resolves the nodes.
+    let out = dry_run("127.0.0.[1-2]", "3,1", &[]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     for (rank, node) in [(0, "127.0.0.1"), (2, "127.0.0.1"), (3, "127.0.0.2")] {
@@ -692,15 +715,29 @@ fn slurm_elastic_step_survives_a_rank_that_kills_itself() {
             "{stdout}"
         );
     }
-    let out = dry_run("2(x3)");
-    assert!(!out.status.success());
-    assert!(
-        common::flat_stderr(&out).contains(
-            "`SLURM_TASKS_PER_NODE` is `2(x3)` (3 nodes) but `SLURM_JOB_NODELIST` names 2 nodes"
-        ),
-        "{}",
-        text(&out).1
+    refused(
+        &dry_run("127.0.0.[1-2]", "2(x3)", &[]),
+        "`SLURM_TASKS_PER_NODE` is `2(x3)` (3 nodes) but `SLURM_JOB_NODELIST` names 2 nodes",
     );
+    // Three tasks for four workers: refused, naming both; three workers fit.
+    refused(
+        &dry_run("127.0.0.[1-2]", "2,1", &[]),
+        "elastic step `train` has 4 workers, but the allocation has 3 tasks (`SLURM_TASKS_PER_NODE` is `2,1`)",
+    );
+    let out = dry_run("127.0.0.[1-2]", "2,1", &["--max-workers", "3"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+}
+
+/// An elastic step inside an allocation: each rank is its own job step, so when one rank SIGKILLs itself its step
+/// ends alone and the survivors re-form and finish every committed step once.
+#[test]
+fn slurm_elastic_step_survives_a_rank_that_kills_itself() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-elastic");
+    let steps = 16;
+    let dir = elastic_project(steps, ", ELASTIC_KILL = \"2:5\"", &marker);
     let out = slurm.spawn_elastic(dir.path()).wait_with_output().unwrap();
     let (stdout, stderr) = text(&out);
     assert!(

@@ -36,6 +36,15 @@ pub fn in_allocation() -> bool {
 
 impl SlurmSetup {
     pub fn new(project: &Project, options: &RunOptions) -> Result<Self, LaunchError> {
+        let allocation = match has_elastic_step(project, options) {
+            true => Some(Allocation::from_env(options.grace)?),
+            false => None,
+        };
+        if let Some(allocation) = &allocation {
+            for (step, workers) in elastic_workers(project, options)? {
+                allocation.check_workers(&step, workers)?;
+            }
+        }
         Ok(SlurmSetup {
             shim: options.shim.clone().ok_or_else(|| {
                 LaunchError::Engine(
@@ -45,10 +54,7 @@ impl SlurmSetup {
             })?,
             cpus_per_task: project.resources.cpus,
             gpus_per_task: project.resources.gpus,
-            allocation: match has_elastic_step(project, options) {
-                true => Some(Allocation::from_env(options.grace)?),
-                false => None,
-            },
+            allocation,
         })
     }
 
@@ -93,6 +99,26 @@ fn has_elastic_step(project: &Project, options: &RunOptions) -> bool {
         .steps
         .iter()
         .any(|s| s.workers.is_some() && (s.min_workers.is_some() || options.min_workers.is_some()))
+}
+
+/// The elastic steps this run starts (`--step` selects them and what they need) and how many workers each has (the
+/// most: `--max-workers`, else `--workers`, else the step's), as the plan ([`crate::graph::plan`]) sizes them.
+fn elastic_workers(
+    project: &Project,
+    options: &RunOptions,
+) -> Result<Vec<(String, u32)>, LaunchError> {
+    let graph = crate::graph::StepGraph::new(project)?;
+    let selected = graph.selection(options.step.as_deref())?;
+    Ok(selected
+        .into_iter()
+        .filter(|s| s.min_workers.is_some() || options.min_workers.is_some())
+        .filter_map(|s| {
+            let workers = s
+                .workers
+                .map(|n| options.max_workers.or(options.workers).unwrap_or(n))?;
+            Some((s.name.clone(), workers))
+        })
+        .collect())
 }
 
 /// The `slurm` engine inside an allocation: a distributed step is one srun, which starts the ranks; an elastic

@@ -53,8 +53,9 @@ impl Allocation {
                 crate::env_vars::SLURM_TASKS_PER_NODE
             ))
         })?;
+        let list = node_list(&list)?;
         let out = Command::new("scontrol")
-            .args(["show", "hostnames", &list])
+            .args(["show", "hostnames", list])
             .output()
             .map_err(|e| {
                 LaunchError::Engine(format!(
@@ -103,9 +104,72 @@ impl Allocation {
     }
 
     /// `workers` ranks over the nodes, each node's tasks in order (block distribution, as one srun places them).
+    /// More ranks than tasks wrap around the nodes: [`Allocation::check_workers`] refuses such a step first.
     pub fn layout(&self, workers: u32) -> WorkerLayout {
         WorkerLayout::spread(&self.nodes, workers)
     }
+
+    /// How many tasks the allocation has (the sum of `SLURM_TASKS_PER_NODE`).
+    pub fn tasks(&self) -> u64 {
+        self.nodes.iter().map(|(_, n)| u64::from(*n)).sum()
+    }
+
+    /// Refuses elastic step `step` on `workers` ranks when the allocation has fewer tasks: a rank is an `srun
+    /// --exact` of one task, and one past the allocation's tasks would wait for a free one ("Requested nodes are
+    /// busy") while the others time out at a rendezvous that never forms.
+    pub fn check_workers(&self, step: &str, workers: u32) -> Result<(), LaunchError> {
+        let tasks = self.tasks();
+        if u64::from(workers) > tasks {
+            return Err(LaunchError::Engine(format!(
+                "elastic step `{step}` has {workers} workers, but the allocation has {tasks} tasks (`{}` is `{}`): \
+                 each rank is a job step of one task, and one past the allocation's tasks would never start; ask \
+                 salloc/sbatch for at least {workers} tasks, or run fewer workers (`--max-workers`)",
+                crate::env_vars::SLURM_TASKS_PER_NODE,
+                self.tasks_per_node_text()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The allocation's tasks per node in `SLURM_TASKS_PER_NODE`'s form (`2(x3),1`).
+    fn tasks_per_node_text(&self) -> String {
+        let mut parts: Vec<(u32, u32)> = Vec::new();
+        for (_, n) in &self.nodes {
+            match parts.last_mut() {
+                Some((m, repeat)) if m == n => *repeat += 1,
+                _ => parts.push((*n, 1)),
+            }
+        }
+        parts
+            .iter()
+            .map(|(n, repeat)| match repeat {
+                1 => n.to_string(),
+                _ => format!("{n}(x{repeat})"),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// `SLURM_JOB_NODELIST` when it is a Slurm host list (`n[1-3,5],gpu-07.cluster`: names, bracketed ranges, commas)
+/// that cannot be read as an option of `scontrol`; anything else is refused naming the variable.
+pub fn node_list(value: &str) -> Result<&str, LaunchError> {
+    let value = value.trim();
+    let ok = !value.is_empty()
+        && value.len() <= 1 << 16
+        && !value.starts_with(['-', ',', '['])
+        && value.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'[' | b']' | b',')
+        });
+    if !ok {
+        return Err(LaunchError::Engine(format!(
+            "`{}` is `{}`, not a Slurm node list (host names and `[1-3]` ranges, separated by commas); run `hvd run` \
+             inside the allocation as Slurm sets it",
+            crate::env_vars::SLURM_JOB_NODELIST,
+            value.escape_default()
+        )));
+    }
+    Ok(value)
 }
 
 /// The node names `scontrol show hostnames` printed, one a line; a name with characters no host name has is refused.
@@ -310,6 +374,49 @@ mod tests {
             let err = tasks_per_node(bad).unwrap_err().to_string();
             assert!(err.contains("SLURM_TASKS_PER_NODE"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn node_list_is_a_slurm_host_list_and_never_an_option() {
+        for good in ["n1", "n[1-3,5],gpu-07.cluster", "127.0.0.[1-2]", "a_b"] {
+            assert_eq!(node_list(good).unwrap(), good);
+        }
+        for bad in [
+            "",
+            "-oProxyCommand=x",
+            "--help",
+            " -x",
+            "n1 n2",
+            "n1;rm",
+            "n$(id)",
+            ",n1",
+            "[1-2]",
+            "n1\n-x",
+        ] {
+            let err = node_list(bad).unwrap_err().to_string();
+            assert!(err.contains("SLURM_JOB_NODELIST"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_step_with_more_workers_than_the_allocations_tasks_is_refused() {
+        let allocation = Allocation {
+            nodes: vec![("n1".into(), 2), ("n2".into(), 2), ("n3".into(), 1)],
+            bind_ip: "10.0.0.1".parse().unwrap(),
+            peers: vec![],
+            grace_ticks: 20,
+        };
+        assert_eq!(allocation.tasks(), 5);
+        allocation.check_workers("train", 5).unwrap();
+        let err = allocation
+            .check_workers("train", 6)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("elastic step `train` has 6 workers, but the allocation has 5 tasks")
+                && err.contains("`SLURM_TASKS_PER_NODE` is `2(x2),1`"),
+            "{err}"
+        );
     }
 
     #[test]
