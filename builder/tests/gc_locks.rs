@@ -69,32 +69,35 @@ fn a_lock_excludes_every_other_holder_while_gc_unlinks_lock_files() {
     let removed = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        for _ in 0..3 {
-            scope.spawn(|| {
-                for _ in 0..150 {
-                    let _lock = store.lock_path(&name).unwrap();
-                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                        overlaps.fetch_add(1, Ordering::SeqCst);
+        let lockers: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    for _ in 0..150 {
+                        let _lock = store.lock_path(&name).unwrap();
+                        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        entries.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        std::thread::yield_now();
                     }
-                    entries.fetch_add(1, Ordering::SeqCst);
-                    std::thread::sleep(std::time::Duration::from_micros(200));
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    std::thread::yield_now();
-                }
-            });
-        }
+                })
+            })
+            .collect();
         scope.spawn(|| {
             while !stop.load(Ordering::SeqCst) {
                 let report = collect_garbage(&store, false).unwrap();
                 removed.fetch_add(report.free_locks, Ordering::SeqCst);
             }
         });
-        // The lockers end on their own; then gc stops.
-        while entries.load(Ordering::SeqCst) < 450 {
+        // The lockers end on their own (all 450 entries, or a panic, which the scope then raises); then gc stops.
+        while !lockers.iter().all(|l| l.is_finished()) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         stop.store(true, Ordering::SeqCst);
     });
+    assert_eq!(entries.load(Ordering::SeqCst), 450);
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
     assert!(
         removed.load(Ordering::SeqCst) > 0,
