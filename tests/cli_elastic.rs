@@ -258,8 +258,8 @@ fn a_lost_worker_is_replaced_and_the_job_finishes_every_committed_step_once() {
 }
 
 /// Below its minimum an elastic step waits (up to `--elastic-timeout`) for workers to come back; the survivors wait
-/// in their join meanwhile. Here a worker of 3 (minimum 3) dies: its replacement brings the step back to 3, then dies
-/// too (the machine is blacklisted after 2 lost workers, so no more start), and after the timeout the run fails
+/// in their join meanwhile. Here a worker of 3 (minimum 3) dies: its replacement joins, the round of 3 that forms
+/// brings the step back to 3 (said then, not when the replacement starts), then the replacement dies too (the machine is blacklisted after 2 lost workers, so no more start), and after the timeout the run fails
 /// naming the reason. Its SIGTERM is a stop, not a preemption: the survivors, waiting in their join, end at once and
 /// unwind (their `finally` blocks run), without the SIGKILL after `--grace`.
 #[test]
@@ -307,6 +307,34 @@ fn below_its_minimum_a_step_waits_for_replacements_then_fails_naming_the_reason(
     }
     assert!(!stdout.contains("left after committing"), "{stdout}");
     assert!(!stderr.contains("SIGKILL"), "{stderr}");
+    common::assert_nothing_left(&marker);
+}
+
+/// A replacement that hangs before it joins does not bring the step back to its minimum: only a round formed with
+/// `min` members does. Slot 2 of 3 (minimum 3) dies; its replacement (slot 3) starts but never asks to join; after
+/// `--elastic-timeout` the run fails naming the reason, as if nothing had started.
+#[test]
+fn below_its_minimum_a_replacement_that_never_joins_does_not_end_the_wait() {
+    let marker = marker();
+    let dir = project("3", 40, "2:3", &marker);
+    let never = dir.path().join("never");
+    let (out, stdout, stderr) = common::hvd_run_graced(
+        dir.path(),
+        2,
+        &["--min-workers", "3", "--elastic-timeout", "2"],
+        &[("ELASTIC_AWAIT", &format!("3:{}", never.display()))],
+    );
+    assert_eq!(out.status.code(), Some(137), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    for want in [
+        "started rank 3 of step `train` on ",
+        "step `train` has 2 workers, fewer than its minimum of 3, and no workers came back within 2 s \
+         (--elastic-timeout); the last one lost was rank 2 (exit code 137)",
+    ] {
+        assert!(flat.contains(want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    assert!(!flat.contains("is back to"), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("slot 3 starts"), "{stdout}\n{stderr}");
     common::assert_nothing_left(&marker);
 }
 

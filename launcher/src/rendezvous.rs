@@ -441,6 +441,13 @@ impl RendezvousServer {
         store.elastic.as_ref().map_or(0, |m| m.alive())
     }
 
+    /// An elastic job's live workers that were members of a round (not the new ones still starting or waiting to
+    /// join); 0 when not elastic.
+    pub fn elastic_alive_members(&self) -> usize {
+        let store = self.shared.lock();
+        store.elastic.as_ref().map_or(0, |m| m.alive_members())
+    }
+
     /// An elastic job's workers that left on their own (`/elastic/v1/leave`: preempted after their last commit), and
     /// how many workers were alive right after each left.
     pub fn elastic_left(&self) -> BTreeMap<u32, usize> {

@@ -352,6 +352,14 @@ impl Membership {
         self.alive.len()
     }
 
+    /// Live workers that were members of a round (before the first round: every live worker, as it waits for all).
+    pub(crate) fn alive_members(&self) -> usize {
+        match self.generation {
+            0 => self.alive.len(),
+            _ => self.alive.intersection(&self.were_members).count(),
+        }
+    }
+
     /// Live workers a round formed without: the launcher stops them.
     pub(crate) fn dropped(&self) -> &BTreeSet<u32> {
         &self.dropped

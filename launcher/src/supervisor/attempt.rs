@@ -170,11 +170,13 @@ pub(super) struct Attempt<'a> {
     pub(super) elastic: Option<u32>,
 }
 
-/// An elastic step below its minimum, waiting up to `--elastic-timeout` for workers to come back: since when, and
-/// the last worker lost (its slot, host, how it ended).
+/// An elastic step below its minimum, waiting up to `--elastic-timeout` for workers to come back: since when, the
+/// latest round then (the step is back once a later one forms: no round forms below the minimum), and the last worker
+/// lost (its slot, host, how it ended).
 #[derive(Debug, Clone)]
 struct Below {
     since: Instant,
+    round: u64,
     rank: u32,
     host: String,
     exit: WorkerExit,
@@ -310,8 +312,10 @@ pub(super) fn supervise(
                     w.unwatch(worker.pgid);
                 }
                 if let (Some(min), Some(server)) = (elastic, rendezvous) {
-                    // The membership's count: not the ones that ended (whatever their status) or were left out.
-                    let mut left = server.worker_gone(worker.rank) as u32;
+                    // The membership's count: not the ones that ended (whatever their status) or were left out,
+                    // nor new workers that have not joined a round yet (one may hang before it joins).
+                    server.worker_gone(worker.rank);
+                    let mut left = server.elastic_alive_members() as u32;
                     // A worker left out of a round is lost however it ends (a script may exit 0 on SIGTERM).
                     let dropped = lost.contains(&worker.rank);
                     // Preempted: it committed, told the rendezvous it leaves, and exited 0 (hvd.elastic on SIGTERM).
@@ -389,6 +393,9 @@ pub(super) fn supervise(
                         };
                         let last = Below {
                             since: below.as_ref().map_or(when, |b| b.since),
+                            round: below
+                                .as_ref()
+                                .map_or_else(|| server.elastic_round().0, |b| b.round),
                             rank: worker.rank,
                             host: worker.host.clone(),
                             exit,
@@ -650,16 +657,19 @@ pub(super) fn supervise(
                 }
             }
         }
-        // Below the minimum: back to it (replacements, discovered slots), or still below after `--elastic-timeout`.
+        // Below the minimum: back to it once a round forms (it has at least `min` members: replacements or discovered
+        // slots joined; a worker merely started may hang before it joins), or still below after `--elastic-timeout`.
         if let (Some(min), Some(server), Some(b)) = (elastic, rendezvous, below.as_ref())
             && !job.stopping()
             && !restart
         {
-            let alive = server.elastic_alive() as u32;
-            if alive >= min {
+            let (round, members) = server.elastic_round();
+            // The workers that count: members of a round, alive (not the new ones still starting).
+            let alive = server.elastic_alive_members() as u32;
+            if round > b.round && members >= min {
                 job.events.event(Event::Note {
                     text: format!(
-                        "step `{}` is back to {alive} workers (minimum {min}); it goes on (elastic)",
+                        "step `{}` is back to {members} workers (minimum {min}); it goes on (elastic)",
                         step.name
                     ),
                 });
