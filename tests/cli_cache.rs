@@ -339,6 +339,147 @@ fn a_node_pulls_the_env_by_name_without_project_lock_or_index() {
     p.assert_nothing_of("0123456789abcdef0123456789abcdef-absent-1.0");
 }
 
+/// `hvd gc` during `hvd cache pull`: the pull holds the store's builders lock (shared) as a build does, so gc
+/// (exclusive) waits, and never deletes a reference the pull installed before the path that needs it. The cache
+/// holds back the env's archive (the last path installed: every reference is in place by then) until the test has
+/// checked the lock and started a real `hvd gc`.
+#[test]
+fn gc_waits_for_a_pull_and_never_leaves_a_pulled_path_without_its_references() {
+    let p = Pushed::new();
+    let name = Path::new(&p.env)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let record = p.record(&name);
+    let (base, requested, release) = held_back_cache(
+        p.cache.clone(),
+        format!("/{}", archive_key(&record.archive.sha256)),
+    );
+    let node = tempfile::tempdir().unwrap();
+    let key = p.public_key();
+    let pull = common::hvd_with_store(
+        node.path(),
+        &p.store,
+        &[
+            "cache",
+            "pull",
+            &name,
+            "--cache",
+            &base,
+            "--trusted-key",
+            &key,
+        ],
+    )
+    .env_remove("HVD_CACHES")
+    .env_remove("HVD_TRUSTED_KEYS")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    requested
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the pull asks for the env's archive");
+    let references: Vec<&String> = record.references.iter().filter(|r| **r != name).collect();
+    assert!(!references.is_empty());
+    for reference in &references {
+        assert!(
+            p.store.join(reference).exists(),
+            "{reference} installed first"
+        );
+    }
+    // gc's lock cannot be taken while the pull runs (flock(1), a real process, as gc would take it).
+    let gc_lock = p.store.join(".locks/gc.lock");
+    let probe = std::process::Command::new("flock")
+        .args(["--exclusive", "--nonblock"])
+        .arg(&gc_lock)
+        .arg("true")
+        .output()
+        .unwrap();
+    assert_eq!(
+        probe.status.code(),
+        Some(1),
+        "gc could take its lock during a pull: {}",
+        text(&probe).1
+    );
+    let gc = common::hvd_with_store(node.path(), &p.store, &["gc"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    release.send(()).unwrap();
+    let pulled = pull.wait_with_output().unwrap();
+    assert_eq!(pulled.status.code(), Some(0), "{}", text(&pulled).1);
+    assert_eq!(text(&pulled).0, p.env);
+    let collected = gc.wait_with_output().unwrap();
+    assert_eq!(collected.status.code(), Some(0), "{}", text(&collected).1);
+    // Nothing roots the pulled env, so gc (after the pull) may remove it, but never a part of it alone.
+    if p.store.join(&name).exists() {
+        for reference in &references {
+            assert!(
+                p.store.join(reference).exists(),
+                "gc left {name} without {reference}"
+            );
+        }
+    }
+}
+
+/// An HTTP cache serving `root` that holds back the download (`GET`; a `HEAD` is answered) of `held` (a URL path):
+/// it reports the request on the returned receiver and answers it once the test sends on the returned sender.
+fn held_back_cache(
+    root: PathBuf,
+    held: String,
+) -> (
+    String,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (requested_tx, requested) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = std::sync::Arc::new(std::sync::Mutex::new(release_rx));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let (root, held) = (root.clone(), held.clone());
+            let (requested_tx, release_rx) = (requested_tx.clone(), release_rx.clone());
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let mut request = String::new();
+                let _ = reader.read_line(&mut request);
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                    line.clear();
+                }
+                let path = request.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                if path == held && request.starts_with("GET ") {
+                    let _ = requested_tx.send(());
+                    let _ = release_rx.lock().unwrap().recv();
+                }
+                let response = match std::fs::read(root.join(path.trim_start_matches('/'))) {
+                    Ok(body) => {
+                        let mut out = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .into_bytes();
+                        out.extend(body);
+                        out
+                    }
+                    Err(_) => {
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .to_vec()
+                    }
+                };
+                let _ = stream.write_all(&response);
+            });
+        }
+    });
+    (base, requested, release)
+}
+
 #[test]
 fn a_cache_over_http_and_from_the_environment_substitutes_the_same() {
     let p = Pushed::new();

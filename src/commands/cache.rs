@@ -110,6 +110,9 @@ fn pull(args: PullArgs) -> CommandResult {
         ));
     };
     let progress = TerminalProgress::new();
+    // Held (shared) for the whole pull, as a build holds it: `hvd gc` (exclusive) waits until every printed path is
+    // installed with its closure, instead of deleting a reference installed first (nothing roots it yet).
+    let _builders = store.lock_builders().map_err(build_failure)?;
     for name in &names {
         let found = substituter
             .substitute_path_name(&store, name, &progress)

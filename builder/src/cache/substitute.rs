@@ -122,13 +122,16 @@ impl Substituter {
     /// Make store path `name` (`<hash>-<name>-<version>`, e.g. an env's) valid with its closure from the caches, by
     /// its name alone: for a node that has no project, lock or index (`hvd cache pull`). `false` when no cache has it
     /// (or a path of its closure) signed by a trusted key; the caller checks the name first
-    /// ([`super::record::check_path_name`]).
+    /// ([`super::record::check_path_name`]). Holds the store's builders lock ([`Store::lock_builders`]) while it
+    /// installs, as a build does, so `hvd gc` cannot delete a reference installed before the path that needs it:
+    /// nothing roots them until the caller does.
     pub fn substitute_path_name(
         &self,
         store: &Store,
         name: &str,
         progress: &dyn Progress,
     ) -> Result<bool> {
+        let _builders = store.lock_builders()?;
         self.substitute_name(store, name, None, progress)
     }
 
