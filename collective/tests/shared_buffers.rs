@@ -2,7 +2,9 @@
 //! processes (this test binary re-run as workers, joined through the launcher's real rendezvous server) read one
 //! another's buffers with plain loads and sum exactly at sizes around the segment boundaries; a rank whose buffer is
 //! not shared, or whose shared buffer a peer refuses to map (replaced by another user's file), takes everyone to the
-//! ring, with exact sums still.
+//! ring, with exact sums still. A rank process killed while it holds a shared buffer leaves the file, which the next
+//! process's first allocation removes, leaving alone what is not such a leftover (a file of a live process, one
+//! still locked, another user's file, a symlink).
 
 use std::process::{Child, Command, Stdio};
 
@@ -56,6 +58,22 @@ fn allreduce_checked(
 }
 
 fn run_worker(scenario: &str) -> Result<String, Error> {
+    match scenario {
+        // A rank that is killed while it holds a shared buffer (it says where the file is, then waits).
+        "hold" => {
+            let sb = SharedBuffer::new(4096)?;
+            // On a line of its own: the test harness has printed "test worker ... " without a newline.
+            println!("\nPATH {}", sb.path().expect("shared").display());
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            return Ok("not killed".into());
+        }
+        // The next process: its first allocation sweeps.
+        "allocate" => {
+            let sb = SharedBuffer::new(4096)?;
+            return Ok(format!("allocated, shared: {}", sb.is_shared()));
+        }
+        _ => {}
+    }
     let mut comm = bootstrap::from_env()?;
     let rank = comm.rank();
     for count in COUNTS {
@@ -162,9 +180,99 @@ fn a_rank_without_a_shared_buffer_takes_everyone_to_the_ring() {
 }
 
 #[test]
+fn among_three_ranks_one_without_a_shared_buffer_takes_everyone_to_the_ring() {
+    // Rank 1 posts no shared buffer and goes on to the ring without waiting; ranks 0 and 2 learn it from the posts.
+    assert_eq!(run_job(3, "mixed"), ["exact via ring"; 3]);
+}
+
+#[test]
 fn a_file_replaced_by_another_user_is_refused_and_everyone_takes_the_ring() {
     let out = run_job(2, "planted");
     // Rank 0 could not map rank 1's (planted) file and says so; rank 1 mapped rank 0's, but both took the ring
     // for the planted sizes. Later sizes (new, untouched buffers) are planted too, so no size read shared memory.
     assert_eq!(out, ["exact via ring, a peer's refused", "exact via ring"]);
+}
+
+/// This test binary re-run as a worker of `scenario` that needs no job.
+fn solo(scenario: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("test binary path"));
+    c.args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+        .env(WORKER, scenario)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    c
+}
+
+fn allocate_in_a_new_process() {
+    let child = solo("allocate").spawn().expect("start a worker");
+    assert_eq!(workers::results(vec![child]), ["allocated, shared: true"]);
+}
+
+#[test]
+fn a_killed_processs_buffer_file_is_removed_by_the_next_allocation_and_nothing_else() {
+    use std::io::BufRead;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    let mut holder = solo("hold").spawn().expect("start the holder");
+    let out = std::io::BufReader::new(holder.stdout.take().expect("stdout"));
+    let path = out
+        .lines()
+        .find_map(|l| l.ok()?.strip_prefix("PATH ").map(std::path::PathBuf::from))
+        .expect("the holder's buffer file");
+    // Held locked by this test until it looks (a sweep of another test's process leaves a locked file alone).
+    let lock = std::fs::File::open(&path).expect("open the holder's file");
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH) }, 0);
+    holder.kill().expect("SIGKILL the holder");
+    holder.wait().expect("reap the holder");
+    assert!(path.exists(), "a killed process leaves its file behind");
+
+    // What a sweep must leave alone, named like buffers: a live process's file (this test's), another user's file
+    // and a symlink to a file of this user, both under the dead holder's pid.
+    let dead = holder.id();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64
+        | 1;
+    let named = |pid: u32, k: u64| {
+        std::path::PathBuf::from(format!("/dev/shm/hvd-buf-{pid}-{:016x}", stamp ^ (k << 60)))
+    };
+    let live = named(std::process::id(), 1);
+    std::fs::write(&live, [0u8; 64]).expect("plant a live process's file");
+    let theirs = named(dead, 2);
+    std::fs::write(&theirs, [0u8; 64]).expect("plant");
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let c = std::ffi::CString::new(theirs.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: chown of the file just written.
+    let another_user = unsafe { libc::chown(c.as_ptr(), 65534, 65534) } == 0;
+    if !another_user {
+        eprintln!("not root: no file of another user planted");
+        std::fs::remove_file(&theirs).expect("remove");
+    }
+    let target = std::env::temp_dir().join(format!("hvd-sweep-target-{stamp:x}"));
+    std::fs::write(&target, [0u8; 64]).expect("target");
+    let link = named(dead, 3);
+    symlink(&target, &link).expect("plant a symlink");
+
+    // The holder's pid is gone but its file is locked (as a live owner in another pid namespace holds it): kept.
+    allocate_in_a_new_process();
+    assert!(path.exists(), "a locked file was removed");
+    drop(lock);
+    allocate_in_a_new_process();
+    assert!(!path.exists(), "the killed process's file is still there");
+
+    assert!(live.exists(), "a live process's file was removed");
+    assert_eq!(
+        another_user,
+        theirs.exists(),
+        "another user's file was removed"
+    );
+    let meta = std::fs::symlink_metadata(&link).expect("the symlink is still there");
+    assert!(meta.file_type().is_symlink());
+    assert!(target.exists(), "the symlink was followed");
+    for p in [&live, &theirs, &link, &target] {
+        let _ = std::fs::remove_file(p);
+    }
 }

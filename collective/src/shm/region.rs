@@ -1,6 +1,7 @@
 //! Buffers every rank on this host can map ([`SharedBuffer`]: a file under `/dev/shm` that this process created
-//! 0600, named by a random token), the process-wide registry that tells the single copy whether a buffer lies in
-//! one, and a peer's checked, cached, read-only mapping of another rank's buffer ([`PeerRegion`]).
+//! 0600, named by its pid and a random token), the process-wide registry that tells the single copy whether a
+//! buffer lies in one, a peer's checked, cached, read-only mapping of another rank's buffer ([`PeerRegion`]), and
+//! the sweep that removes the files of killed processes ([`sweep_stale`]).
 //!
 //! Trust: the name a rank posts comes from the job's own segment, but the file behind it is only a name in a
 //! directory every local user can write. A peer therefore opens it with `O_NOFOLLOW` (a symlink is refused), and
@@ -8,6 +9,14 @@
 //! as large as the range it will read; anything else is refused and the ranks take the ring. The owner creates
 //! it with `O_CREAT | O_EXCL` (a planted file makes the creation fail and another name is drawn), and `/dev/shm`'s
 //! sticky bit keeps other users from replacing it afterwards.
+//!
+//! Leaks: a process killed before it frees its buffers leaves their files behind (tmpfs memory that outlives the
+//! job). The owner holds a shared `flock` on each file while it lives (the kernel drops it when the process dies),
+//! and the first allocation of every process sweeps the files named `hvd-buf-<pid>-<token>` whose pid no longer
+//! exists (`kill(pid, 0)` is ESRCH) and that nobody holds locked (a live owner in another pid namespace whose pid
+//! means nothing here keeps its lock). A file is removed only after it was opened with `O_NOFOLLOW` and found to be
+//! a regular file of this user, and the name still leads to that same file: a symlink, another user's file or a
+//! name in any other format is left alone.
 
 use std::ffi::CString;
 use std::io;
@@ -21,19 +30,119 @@ const DIR: &str = "/dev/shm";
 /// Names tried before giving up when the drawn ones exist already (someone planted them).
 const CREATE_TRIES: usize = 8;
 
-/// A shared buffer's address range in this process and its token (0: a private fallback allocation).
+/// A shared buffer's address range in this process, its name (token 0: a private fallback allocation) and the
+/// descriptor that holds its lock (-1 for a private one).
 struct Registered {
     base: usize,
     len: usize,
+    pid: u32,
     token: u64,
+    fd: i32,
 }
 
 /// Every live [`SharedBuffer`] of this process.
 static REGISTRY: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
 
-fn path_of(token: u64) -> CString {
-    // A hex number and a fixed prefix: never contains a NUL.
-    CString::new(format!("{DIR}/hvd-buf-{token:016x}")).unwrap_or_default()
+/// The file of buffer `token` that process `pid` created.
+fn path_of(pid: u32, token: u64) -> CString {
+    // Numbers and a fixed prefix: never contains a NUL.
+    CString::new(format!("{DIR}/{}", name_of(pid, token))).unwrap_or_default()
+}
+
+fn name_of(pid: u32, token: u64) -> String {
+    format!("hvd-buf-{pid}-{token:016x}")
+}
+
+/// The pid and token of a name in exactly the format [`name_of`] writes (decimal pid without sign or leading zero,
+/// 16 lowercase hex digits); `None` for anything else.
+fn parse_name(name: &[u8]) -> Option<(u32, u64)> {
+    let rest = name.strip_prefix(b"hvd-buf-")?;
+    let dash = rest.iter().position(|b| *b == b'-')?;
+    let (pid, token) = (&rest[..dash], &rest[dash + 1..]);
+    let digits = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
+    if pid.is_empty() || pid.len() > 10 || pid[0] == b'0' || !digits(pid) {
+        return None;
+    }
+    let hex = |s: &[u8]| {
+        s.iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    };
+    if token.len() != 16 || !hex(token) {
+        return None;
+    }
+    let pid: u32 = std::str::from_utf8(pid).ok()?.parse().ok()?;
+    let token = u64::from_str_radix(std::str::from_utf8(token).ok()?, 16).ok()?;
+    (pid <= i32::MAX as u32 && token != 0).then_some((pid, token))
+}
+
+/// Removes the buffer files that processes of this user left behind when they were killed (see the module's note
+/// on leaks) and returns how many; an unreadable `/dev/shm` is an error, a file that cannot be checked is skipped.
+fn sweep_stale() -> io::Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(DIR)? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name();
+        let Some((pid, _)) = parse_name(name.as_encoded_bytes()) else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let gone = unsafe { libc::kill(pid as libc::pid_t, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && remove_if_stale(&name) {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes `/dev/shm/<name>` when it is a regular file of this user that no process holds locked, checked through
+/// a descriptor opened without following a symlink, and the name still leads to that file.
+fn remove_if_stale(name: &std::ffi::OsStr) -> bool {
+    let Ok(path) = CString::new(format!("{DIR}/{}", name.to_string_lossy())) else {
+        return false;
+    };
+    // SAFETY: path is NUL-terminated; the fd is closed below.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: zeroed stats are valid out-parameters; fd is open, path NUL-terminated.
+    let stale = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let mut named: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0
+            && st.st_mode & libc::S_IFMT == libc::S_IFREG
+            && st.st_uid == libc::geteuid()
+            && libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0
+            && libc::lstat(path.as_ptr(), &mut named) == 0
+            && (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino)
+    };
+    // SAFETY: path is NUL-terminated; the name leads to the file checked above, which only this user may remove or
+    // replace in the sticky /dev/shm.
+    let removed = stale && unsafe { libc::unlink(path.as_ptr()) } == 0;
+    // SAFETY: fd is ours (closing it drops the lock).
+    unsafe { libc::close(fd) };
+    removed
+}
+
+/// Sweeps once per process, before its first shared buffer; a failure only means nothing was swept.
+fn sweep_once() {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| match sweep_stale() {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(
+            removed = n,
+            "shm: removed shared buffer files of killed processes"
+        ),
+        Err(e) => {
+            tracing::debug!(error = %e, "shm: could not sweep {DIR} for stale shared buffers")
+        }
+    });
 }
 
 fn page_size() -> usize {
@@ -68,7 +177,9 @@ pub struct SharedBuffer {
     ptr: *mut u8,
     len: usize,
     map_len: usize,
+    pid: u32,
     token: u64,
+    fd: i32,
 }
 
 // SAFETY: the buffer is plain memory owned by this value; access goes through `&`/`&mut self`.
@@ -89,13 +200,15 @@ impl SharedBuffer {
     /// `len` zeroed bytes in a new file under `/dev/shm`, mapped here and registered; an error says why (no
     /// `/dev/shm`, its size limit, mapping refused).
     pub fn new(len: usize) -> Result<SharedBuffer> {
+        sweep_once();
         let page = page_size();
         let map_len = len.max(1).div_ceil(page) * page;
+        let pid = std::process::id();
         let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
         for _ in 0..CREATE_TRIES {
             let token = random_token().map_err(|e| Error::io("draw a shared buffer's name", e))?;
-            let path = path_of(token);
-            // SAFETY: path is NUL-terminated; the fd is closed below.
+            let path = path_of(pid, token);
+            // SAFETY: path is NUL-terminated; the fd stays open (holding the lock) until the buffer is released.
             let fd = unsafe {
                 libc::open(
                     path.as_ptr(),
@@ -114,9 +227,12 @@ impl SharedBuffer {
                 }
                 break;
             }
-            let made = Self::size_and_map(fd, map_len);
-            // SAFETY: fd is ours; the mapping keeps the memory alive.
-            unsafe { libc::close(fd) };
+            // The lock says "alive" to other processes' sweeps until this process frees the buffer or dies.
+            // SAFETY: fd is the file just created.
+            let made = match unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } {
+                0 => Self::size_and_map(fd, map_len),
+                _ => Err(io::Error::last_os_error()),
+            };
             return match made {
                 Ok(ptr) => {
                     REGISTRY
@@ -125,18 +241,25 @@ impl SharedBuffer {
                         .push(Registered {
                             base: ptr as usize,
                             len: map_len,
+                            pid,
                             token,
+                            fd,
                         });
                     Ok(SharedBuffer {
                         ptr,
                         len,
                         map_len,
+                        pid,
                         token,
+                        fd,
                     })
                 }
                 Err(e) => {
-                    // SAFETY: path is NUL-terminated; the file is the one created above.
-                    unsafe { libc::unlink(path.as_ptr()) };
+                    // SAFETY: path is NUL-terminated; the file is the one created above, fd is ours.
+                    unsafe {
+                        libc::unlink(path.as_ptr());
+                        libc::close(fd);
+                    }
                     Err(Error::io(
                         format!("allocate a {len}-byte shared buffer in {DIR}"),
                         e,
@@ -177,13 +300,17 @@ impl SharedBuffer {
             .push(Registered {
                 base: ptr as usize,
                 len: map_len,
+                pid: 0,
                 token: 0,
+                fd: -1,
             });
         Ok(SharedBuffer {
             ptr: ptr.cast(),
             len,
             map_len,
+            pid: 0,
             token: 0,
+            fd: -1,
         })
     }
 
@@ -235,7 +362,7 @@ impl SharedBuffer {
     /// The file a peer maps (tests use it to act as an attacker replacing it).
     pub fn path(&self) -> Option<std::path::PathBuf> {
         self.is_shared()
-            .then(|| std::path::PathBuf::from(format!("{DIR}/hvd-buf-{:016x}", self.token)))
+            .then(|| std::path::Path::new(DIR).join(name_of(self.pid, self.token)))
     }
 
     /// Takes the buffer apart without freeing it (a C caller frees it with [`SharedBuffer::free_raw`]).
@@ -265,7 +392,7 @@ impl SharedBuffer {
         let r = reg.swap_remove(i);
         drop(reg);
         // SAFETY: the range came from `new` or `private`, and the caller gives it back once.
-        unsafe { release(r.base as *mut u8, r.len, r.token) };
+        unsafe { release(r.base as *mut u8, r.len, r.pid, r.token, r.fd) };
         true
     }
 }
@@ -291,22 +418,27 @@ impl Drop for SharedBuffer {
         reg.retain(|r| r.base != self.ptr as usize);
         drop(reg);
         // SAFETY: ptr/map_len are this value's own mapping, released once.
-        unsafe { release(self.ptr, self.map_len, self.token) };
+        unsafe { release(self.ptr, self.map_len, self.pid, self.token, self.fd) };
     }
 }
 
-/// Unmaps a buffer and removes its file (shared ones).
-unsafe fn release(ptr: *mut u8, map_len: usize, token: u64) {
+/// Unmaps a buffer, removes its file and closes the descriptor that held its lock (shared ones).
+unsafe fn release(ptr: *mut u8, map_len: usize, pid: u32, token: u64, fd: i32) {
     // SAFETY: the caller's contract: a mapping of map_len bytes, released once.
     unsafe { libc::munmap(ptr.cast(), map_len) };
     if token != 0 {
-        // SAFETY: path is NUL-terminated.
-        unsafe { libc::unlink(path_of(token).as_ptr()) };
+        // SAFETY: path is NUL-terminated; fd is the buffer's own, closed once (after the unlink, so that no sweep
+        // finds the file unlocked while it still has its name).
+        unsafe {
+            libc::unlink(path_of(pid, token).as_ptr());
+            libc::close(fd);
+        }
     }
 }
 
 /// A peer's shared buffer as mapped (read-only) by this rank.
 pub(crate) struct PeerRegion {
+    pub(crate) pid: u32,
     pub(crate) token: u64,
     pub(crate) ptr: *const u8,
     pub(crate) len: usize,
@@ -323,10 +455,10 @@ impl Drop for PeerRegion {
 }
 
 impl PeerRegion {
-    /// Opens and maps the shared buffer `token` of a peer, refusing anything but a regular file of this user, mode
-    /// 0600 or stricter, of at least `need` bytes (see the module's trust note).
-    pub(crate) fn open(token: u64, need: u64) -> io::Result<PeerRegion> {
-        let path = path_of(token);
+    /// Opens and maps the shared buffer `token` of the peer whose process is `pid`, refusing anything but a regular
+    /// file of this user, mode 0600 or stricter, of at least `need` bytes (see the module's trust note).
+    pub(crate) fn open(pid: u32, token: u64, need: u64) -> io::Result<PeerRegion> {
+        let path = path_of(pid, token);
         // SAFETY: path is NUL-terminated; the fd is closed below.
         let fd = unsafe {
             libc::open(
@@ -337,13 +469,13 @@ impl PeerRegion {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        let r = Self::check_and_map(fd, token, need);
+        let r = Self::check_and_map(fd, pid, token, need);
         // SAFETY: fd is ours.
         unsafe { libc::close(fd) };
         r
     }
 
-    fn check_and_map(fd: i32, token: u64, need: u64) -> io::Result<PeerRegion> {
+    fn check_and_map(fd: i32, pid: u32, token: u64, need: u64) -> io::Result<PeerRegion> {
         // SAFETY: a zeroed stat is a valid out-parameter.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open; st is writable.
@@ -382,6 +514,7 @@ impl PeerRegion {
             return Err(io::Error::last_os_error());
         }
         Ok(PeerRegion {
+            pid,
             token,
             ptr: ptr.cast(),
             len: size as usize,
@@ -393,7 +526,7 @@ impl PeerRegion {
         // SAFETY: a zeroed stat is a valid out-parameter.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: path is NUL-terminated; st is writable.
-        unsafe { libc::lstat(path_of(self.token).as_ptr(), &mut st) == 0 }
+        unsafe { libc::lstat(path_of(self.pid, self.token).as_ptr(), &mut st) == 0 }
     }
 }
 
@@ -402,8 +535,34 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{PermissionsExt, symlink};
 
-    fn token_path(token: u64) -> std::path::PathBuf {
-        std::path::PathBuf::from(format!("{DIR}/hvd-buf-{token:016x}"))
+    fn token_path(pid: u32, token: u64) -> std::path::PathBuf {
+        std::path::Path::new(DIR).join(name_of(pid, token))
+    }
+
+    #[test]
+    fn only_names_in_the_exact_format_are_parsed() {
+        assert_eq!(
+            parse_name(b"hvd-buf-123-00000000000000ff"),
+            Some((123, 0xff))
+        );
+        assert_eq!(
+            parse_name(name_of(7, 0xdead_beef).as_bytes()),
+            Some((7, 0xdead_beef))
+        );
+        for bad in [
+            &b"hvd-buf-00000000000000ff"[..],
+            b"hvd-buf-0123-00000000000000ff",
+            b"hvd-buf-+12-00000000000000ff",
+            b"hvd-buf-12-00000000000000FF",
+            b"hvd-buf-12-00000000000000ff0",
+            b"hvd-buf-12-0000000000000000",
+            b"hvd-buf-99999999999-00000000000000ff",
+            b"hvd-buf-12-00000000000000ff/x",
+            b"hvd-buf--00000000000000ff",
+            b"hvd-17786-r2-18ed4a5b97141b48",
+        ] {
+            assert_eq!(parse_name(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]
@@ -413,7 +572,7 @@ mod tests {
         let (token, off) = lookup(b.as_ptr().wrapping_add(100), 50).expect("registered");
         assert_eq!(off, 100);
         assert!(lookup(b.as_ptr(), 1 << 30).is_none(), "past its end");
-        let peer = PeerRegion::open(token, 10_000).expect("map");
+        let peer = PeerRegion::open(std::process::id(), token, 10_000).expect("map");
         // SAFETY: the mapping is at least 10_000 bytes.
         assert_eq!(unsafe { *peer.ptr.add(9_999) }, 7);
         let path = b.path().expect("path");
@@ -428,15 +587,17 @@ mod tests {
     #[test]
     fn an_attackers_file_is_never_mapped() {
         let token = random_token().expect("token");
-        let path = token_path(token);
+        // This live process's pid: other processes' sweeps leave the planted files alone.
+        let pid = std::process::id();
+        let path = token_path(pid, token);
         // Another user's file.
         std::fs::write(&path, vec![0u8; 8192]).expect("plant");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        let c = path_of(token);
+        let c = path_of(pid, token);
         // SAFETY: chown of a file this test created; c is NUL-terminated.
         let chowned = unsafe { libc::chown(c.as_ptr(), 65534, 65534) } == 0;
         if chowned {
-            let e = PeerRegion::open(token, 4096).err().expect("refused");
+            let e = PeerRegion::open(pid, token, 4096).err().expect("refused");
             assert!(e.to_string().contains("owned by uid 65534"), "{e}");
         }
         std::fs::remove_file(&path).expect("remove");
@@ -445,20 +606,22 @@ mod tests {
         std::fs::write(&target, vec![0u8; 8192]).expect("target");
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         symlink(&target, &path).expect("symlink");
-        let e = PeerRegion::open(token, 4096).err().expect("refused");
+        let e = PeerRegion::open(pid, token, 4096).err().expect("refused");
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
         std::fs::remove_file(&path).expect("remove");
         std::fs::remove_file(&target).expect("remove");
         // Readable by others, or too small for what the peer posted.
         std::fs::write(&path, vec![0u8; 8192]).expect("plant");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-        let e = PeerRegion::open(token, 4096).err().expect("refused");
+        let e = PeerRegion::open(pid, token, 4096).err().expect("refused");
         assert!(e.to_string().contains("mode 644"), "{e}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        let e = PeerRegion::open(token, 1 << 20).err().expect("refused");
+        let e = PeerRegion::open(pid, token, 1 << 20)
+            .err()
+            .expect("refused");
         assert!(e.to_string().contains("8192 bytes"), "{e}");
         assert!(
-            PeerRegion::open(token, 8192).is_ok(),
+            PeerRegion::open(pid, token, 8192).is_ok(),
             "this user's file of the right size"
         );
         std::fs::remove_file(&path).expect("remove");

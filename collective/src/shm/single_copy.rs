@@ -14,6 +14,12 @@
 //! 3. *done*: after the last segment's blocks it publishes a step and waits for everyone's. Only then does it
 //!    return, so a peer never reads a buffer its owner has already given back.
 //!
+//! Ranks in several processes post (step 1) on every allreduce, as any of them may find every rank's buffer in a
+//! shared buffer (`region`): a rank that posts one waits for the others' posts and, only when all posted one,
+//! maps theirs and publishes whether it could (one more step: the mapping verdict). A rank that posts none, once
+//! the ranks have decided against `process_vm_readv`, already knows that the ring follows: it publishes its post
+//! without waiting for anyone's, so ranks with ordinary buffers pay no wait for the single copy.
+//!
 //! The first time (and only then) step 1 carries each rank's vote (`HVD_SHM_CMA`) and a probe step follows it:
 //! every rank reads 8 bytes of each peer's posted buffer, publishes whether that worked, and all ranks go on with
 //! the single copy only when all of them could; otherwise every rank returns `false` and the caller uses the ring
@@ -131,6 +137,16 @@ impl ShmTransport {
                 VOTE_UNWILLING
             };
             self.seg.copy_vote(me).store(vote, Ordering::Relaxed);
+        }
+        // A rank whose buffer is not in a shared buffer, once the ranks have decided against reading one another's
+        // memory otherwise, already knows the outcome (not every rank posts a shared buffer: all take the ring). It
+        // publishes its post for the ranks that wait to learn that, and goes on without waiting for theirs. Its words
+        // stay until its next post, which comes after the ring: every peer joins the ring only after reading them,
+        // and this rank's ring cannot finish before every peer has joined.
+        if token == 0 && !deciding && self.single_copy == SingleCopy::Off {
+            self.arena_steps += 1;
+            self.publish(self.seg.arena_progress(me), self.arena_steps);
+            return Ok(false);
         }
         // 1. posted (the release store publishes the words above). A peer may read this buffer once it has seen
         // everyone's post, so from here on a failure waits for in-process readers (`quiesce`).
@@ -257,7 +273,8 @@ impl ShmTransport {
             )));
         }
         cached.retain(|r| r.owner_alive());
-        let r = region::PeerRegion::open(token, need)?;
+        let pid = self.seg.pid(p).load(Ordering::Relaxed);
+        let r = region::PeerRegion::open(pid, token, need)?;
         let at = r.ptr as u64;
         cached.push(r);
         Ok(at)
