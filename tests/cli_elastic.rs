@@ -37,6 +37,11 @@ until = os.environ.get("ELASTIC_UNTIL", "")
 # `slot:step:PATH:TEXT`: that worker writes TEXT into PATH when it begins that step (a discovery script reads it).
 grow = os.environ.get("ELASTIC_GROW", "")
 interrupted = []
+# `slot:step:DIR`: that worker, beginning that step, puts files named `rank.3` .. `rank.63` into the step's log
+# directory under DIR (the project), so that the launcher cannot create a new worker's log directory: its start fails.
+block = os.environ.get("ELASTIC_BLOCK_LOGS", "")
+# Seconds each step sleeps (a training long enough for the launcher to act meanwhile).
+step_sleep = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 
 
 def until_met():
@@ -71,6 +76,10 @@ if await_ and int(await_.split(":")[0]) == slot:
         time.sleep(0.05)
     time.sleep(1)
 
+# `slot:-1` in ELASTIC_KILL: that worker dies before it ever asks the rendezvous.
+if kills.get(slot) == -1:
+    os.kill(os.getpid(), signal)
+
 hvd.init()
 print("slot %d starts as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)
 state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))
@@ -85,6 +94,12 @@ def train(state):
             _, _, path, text = grow.split(":", 3)
             with open(path, "w") as f:
                 f.write(text + "\n")
+        if block and int(block.split(":")[0]) == slot and int(block.split(":")[1]) == state.step:
+            import glob
+            for d in glob.glob(os.path.join(block.split(":", 2)[2], ".hvd", "runs", "*", "train")):
+                for n in range(3, 64):
+                    open(os.path.join(d, "rank.%d" % n), "w").close()
+        time.sleep(step_sleep)
         if kills.get(slot) == state.step:
             os.kill(os.getpid(), signal)
         if state.step == raise_at:
@@ -259,8 +274,9 @@ fn a_lost_worker_is_replaced_and_the_job_finishes_every_committed_step_once() {
 
 /// Below its minimum an elastic step waits (up to `--elastic-timeout`) for workers to come back; the survivors wait
 /// in their join meanwhile. Here a worker of 3 (minimum 3) dies: its replacement joins, the round of 3 that forms
-/// brings the step back to 3 (said then, not when the replacement starts), then the replacement dies too (the machine is blacklisted after 2 lost workers, so no more start), and after the timeout the run fails
-/// naming the reason. Its SIGTERM is a stop, not a preemption: the survivors, waiting in their join, end at once and
+/// brings the step back to 3 (said then, not when the replacement starts), then the replacement dies too: the machine
+/// is blacklisted after 2 lost workers, past the timeout, so none can start, and the run fails at once naming the
+/// reason. Its SIGTERM is a stop, not a preemption: the survivors, waiting in their join, end at once and
 /// unwind (their `finally` blocks run), without the SIGKILL after `--grace`.
 #[test]
 fn below_its_minimum_a_step_waits_for_replacements_then_fails_naming_the_reason() {
@@ -281,8 +297,11 @@ fn below_its_minimum_a_step_waits_for_replacements_then_fails_naming_the_reason(
         "started rank 3 of step `train` on ",
         "step `train` is back to 3 workers (minimum 3); it goes on (elastic)",
         "no new workers start there until then",
-        "step `train` has 2 workers, fewer than its minimum of 3, and no workers came back within 2 s \
-         (--elastic-timeout); the last one lost was rank 3 (exit code 137)",
+        // Without host discovery replacements start only on this machine, blacklisted for 60 s: the step fails at
+        // once rather than wait out a timeout nothing can come back within.
+        "step `train` has 2 workers, fewer than its minimum of 3, and none can come back within 2 s \
+         (--elastic-timeout): every host where a replacement could start (",
+        ") is blacklisted past it; the last one lost was rank 3 (exit code 137)",
         // The summary, its lines joined (the renderer wraps them).
         "step `train` failed: 2 of its workers are left, fewer than its minimum of 3 (elastic); the last one lost \
          was rank 3",
@@ -462,6 +481,75 @@ fn a_replacement_that_asks_after_the_training_finished_never_trains() {
     );
     assert!(!stdout.contains("slot 2 starts"), "{stdout}\n{stderr}");
     assert_finished(&stdout, &stderr, &[(0, 0)], 6, " w0 21.0 agree True");
+    common::assert_nothing_left(&marker);
+}
+
+/// A replacement that cannot be started (its log directory cannot be created) is tried again only after a wait, and
+/// its host (this machine) is blacklisted after 2 failures (the lost worker and the failed start): the survivors go
+/// on and finish, instead of the launcher retrying every few milliseconds until the start cap fails the step.
+#[test]
+fn a_replacement_that_cannot_start_is_retried_after_a_wait_and_blacklists_its_host() {
+    let marker = marker();
+    let dir = project("{ min = 1, max = 3 }", 24, "2:3", &marker);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[],
+        &[
+            (
+                "ELASTIC_BLOCK_LOGS",
+                &format!("2:2:{}", dir.path().display()),
+            ),
+            ("ELASTIC_STEP_SLEEP", "0.1"),
+        ],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    for want in [
+        "warning: could not start rank 3 of step `train` for a free slot on ",
+        "; trying again in 1 s at the earliest",
+        "2 of its workers were lost or could not start; no new workers start there until then",
+    ] {
+        assert!(flat.contains(want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    assert!(
+        !flat.contains("could not start rank 4 "),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!flat.contains("its cap"), "{stdout}\n{stderr}");
+    assert_finished(
+        &stdout,
+        &stderr,
+        &[(0, 0), (1, 1)],
+        24,
+        " w0 300.0 agree True",
+    );
+    common::assert_nothing_left(&marker);
+}
+
+/// `--start-timeout` does not fail a healthy elastic step because one of its workers died before its first request:
+/// slot 2 of 3 (minimum 2) dies before `hvd.init()`, the others (with its replacement) train on past the timeout.
+#[test]
+fn a_worker_lost_before_it_joined_does_not_trip_the_start_timeout() {
+    let marker = marker();
+    let dir = project("{ min = 2, max = 3 }", 30, "2:-1", &marker);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--start-timeout", "2"],
+        &[("ELASTIC_STEP_SLEEP", "0.1")],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 2 of step `train` was lost"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("did not join the rendezvous in time"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("slot 0 finished as rank 0 of "),
+        "{stdout}\n{stderr}"
+    );
     common::assert_nothing_left(&marker);
 }
 

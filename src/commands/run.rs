@@ -663,8 +663,9 @@ fn summary(failure: &FailureSummary) -> String {
             failure.step
         ),
         Cause::StartCap { cap } => format!(
-            "step `{}` failed: host discovery started {cap} workers in one attempt, its cap (8 per slot of the \
-             step's maximum), and would start more: its workers are lost too often",
+            "step `{}` failed: it tried to start {cap} new workers (replacements, discovered slots) in one attempt, \
+             its cap (8 per slot of the step's maximum), and would try more: its workers are lost, or fail to start, \
+             too often",
             failure.step
         ),
     };

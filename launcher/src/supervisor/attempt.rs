@@ -146,6 +146,40 @@ impl Starts {
     }
 }
 
+/// When an elastic step may try to start a new worker again after starts failed: [`crate::discovery::INTERVAL`]
+/// after the first failure, doubled after each one in a row, at most [`SPAWN_BACKOFF_MAX`]; a start that works resets
+/// it.
+#[derive(Debug, Default)]
+pub(super) struct SpawnBackoff {
+    failures: u32,
+    until: Option<Instant>,
+}
+
+/// The longest wait between two tries to start a new worker after failed starts.
+pub(super) const SPAWN_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+impl SpawnBackoff {
+    /// A start failed at `now`: returns how long no new worker is tried.
+    pub(super) fn failed(&mut self, now: Instant) -> Duration {
+        let wait = crate::discovery::INTERVAL
+            .saturating_mul(1 << self.failures.min(16))
+            .min(SPAWN_BACKOFF_MAX);
+        self.failures += 1;
+        self.until = Some(now + wait);
+        wait
+    }
+
+    /// A start worked.
+    pub(super) fn started(&mut self) {
+        *self = SpawnBackoff::default();
+    }
+
+    /// Whether a new worker may be tried at `now`.
+    pub(super) fn ready(&self, now: Instant) -> bool {
+        self.until.is_none_or(|until| now >= until)
+    }
+}
+
 /// Starts the worker of one slot and adds it to the attempt's workers.
 pub(super) type SpawnWorker<'a> =
     dyn FnMut(&Slot, &mut Vec<Worker>) -> Result<(), LaunchError> + 'a;
@@ -199,6 +233,34 @@ fn below_minimum_reason(
         below.exit,
         job.options.grace.as_secs_f64()
     )
+}
+
+/// The reason an attempt below its minimum without host discovery (`own_only`) ends at once: every one of the step's
+/// own hosts, where its replacements start, is blacklisted past the end of the wait. `None`: one may come back.
+fn every_host_blacklisted(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    below: &Below,
+    (left, min): (u32, u32),
+    (own, blacklist): (&[HostSlots], &Blacklist),
+    own_only: bool,
+) -> Option<String> {
+    let deadline = below.since + job.options.elastic_timeout;
+    if !own_only || own.is_empty() || !own.iter().all(|h| blacklist.blocked(&h.host, deadline)) {
+        return None;
+    }
+    let hosts: Vec<&str> = own.iter().map(|h| h.host.as_str()).collect();
+    Some(format!(
+        "step `{}` has {left} workers, fewer than its minimum of {min}, and none can come back within {} s \
+         (--elastic-timeout): every host where a replacement could start ({}) is blacklisted past it; the last one \
+         lost was rank {} ({}); stopping the others (grace {} s)",
+        step.name,
+        job.options.elastic_timeout.as_secs_f64(),
+        hosts.join(", "),
+        below.rank,
+        below.exit,
+        job.options.grace.as_secs_f64()
+    ))
 }
 
 /// Ends an attempt below its minimum for `reason`: a restart when `restartable`, else the step fails with the last
@@ -288,6 +350,7 @@ pub(super) fn supervise(
     let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()));
     let mut last_warning: Option<String> = None;
     let mut starts = Starts::new(step.layout.slots.len());
+    let mut backoff = SpawnBackoff::default();
     while remaining > 0 {
         match exits.recv_timeout(Duration::from_millis(20)) {
             Ok((index, exit, when)) => {
@@ -488,7 +551,7 @@ pub(super) fn supervise(
             Some(Growth {
                 discovery: Some(d), ..
             }) => d.poll(),
-            Some(_) if vacancies > 0 => Some(Ok(own.clone())),
+            Some(_) if vacancies > 0 && backoff.ready(Instant::now()) => Some(Ok(own.clone())),
             _ => None,
         };
         if let (Some(g), Some(server), Some(min), Some(result)) =
@@ -525,6 +588,7 @@ pub(super) fn supervise(
                     let refs: Vec<&str> = live.iter().map(|(h, _)| h.as_str()).collect();
                     // Up to `max` live workers; a lost one's replacement gets a new slot past every earlier one.
                     let want = match discovered {
+                        _ if !backoff.ready(Instant::now()) => 0,
                         true => cap.saturating_sub(live.len()),
                         false => cap.saturating_sub(live.len()).min(vacancies),
                     };
@@ -542,8 +606,8 @@ pub(super) fn supervise(
                                     log_dir: log_dir.to_path_buf(),
                                 },
                                 format!(
-                                    "{} has started {cap} workers for step `{}` in this attempt, its cap \
-                                     ({STARTS_PER_SLOT} per slot of its maximum of {}), and would start one more; \
+                                    "{} has tried to start {cap} workers for step `{}` in this attempt, its cap \
+                                     ({STARTS_PER_SLOT} per slot of its maximum of {}), and would try one more; \
                                      stopping the step (grace {} s)",
                                     match discovered {
                                         true => "host discovery",
@@ -565,6 +629,7 @@ pub(super) fn supervise(
                         let new = g.hosts.slot_on(step, slot, &host, &usable, local);
                         match (g.spawn)(&new, workers) {
                             Ok(()) => {
+                                backoff.started();
                                 remaining += 1;
                                 vacancies = vacancies.saturating_sub(1);
                                 live.push((host.clone(), local));
@@ -585,13 +650,27 @@ pub(super) fn supervise(
                             }
                             Err(e) => {
                                 server.worker_gone(slot);
+                                let now = Instant::now();
+                                let wait = backoff.failed(now);
                                 job.events.event(Event::Note {
                                     text: format!(
                                         "warning: could not start rank {slot} of step `{}` for a free slot on \
-                                         {host}: {e}",
-                                        step.name
+                                         {host}: {e}; trying again in {} s at the earliest",
+                                        step.name,
+                                        wait.as_secs()
                                     ),
                                 });
+                                // A host where workers cannot start is blacklisted as one where they are lost.
+                                if let Some(cooldown) = blacklist.failed(&host, now) {
+                                    job.events.event(Event::Note {
+                                        text: format!(
+                                            "host {host} is blacklisted for {} s: {} of its workers were lost or \
+                                             could not start; no new workers start there until then",
+                                            cooldown.as_secs(),
+                                            crate::discovery::BLACKLIST_FAILURES
+                                        ),
+                                    });
+                                }
                                 break;
                             }
                         }
@@ -674,6 +753,26 @@ pub(super) fn supervise(
                     ),
                 });
                 below = None;
+            } else if let Some(reason) = every_host_blacklisted(
+                job,
+                step,
+                b,
+                (alive, min),
+                (&own, &blacklist),
+                growth.as_ref().is_some_and(|g| g.discovery.is_none()),
+            ) {
+                // Without host discovery, replacements start only on the step's own hosts: when every one of them
+                // is blacklisted past the deadline, none can come back in time.
+                all_ok = false;
+                below_minimum_for_good(
+                    job,
+                    (step, log_dir, restartable),
+                    b,
+                    (alive, min),
+                    reason,
+                    &mut restart,
+                );
+                below = None;
             } else if b.since.elapsed() >= job.options.elastic_timeout {
                 all_ok = false;
                 let reason = below_minimum_reason(job, step, b, alive, min);
@@ -714,7 +813,19 @@ pub(super) fn supervise(
             && !job.stopping()
         {
             let joined = server.joined_ranks();
-            let missing: Vec<u32> = (0..size).filter(|r| !joined.contains(r)).collect();
+            // An elastic step does without the workers it lost (one may die before it asks) and, once its first
+            // round formed, without any that never joined: rounds and `--elastic-timeout` deal with them.
+            let missing: Vec<u32> = match elastic {
+                Some(_) if server.elastic_round().0 > 0 => Vec::new(),
+                Some(_) => (0..size)
+                    .filter(|r| {
+                        !joined.contains(r)
+                            && !lost.contains(r)
+                            && workers.iter().any(|w| w.rank == *r && w.exited.is_none())
+                    })
+                    .collect(),
+                None => (0..size).filter(|r| !joined.contains(r)).collect(),
+            };
             if !missing.is_empty() {
                 all_ok = false;
                 job.fail(
@@ -928,5 +1039,24 @@ mod tests {
         // A step without slots still has one's worth.
         let mut starts = Starts::new(0);
         assert_eq!((0..9).filter(|_| starts.take().is_ok()).count(), 8);
+    }
+
+    #[test]
+    fn failed_starts_wait_a_growing_interval_before_the_next_try() {
+        let t = Instant::now();
+        let mut b = SpawnBackoff::default();
+        assert!(b.ready(t));
+        assert_eq!(b.failed(t), crate::discovery::INTERVAL);
+        assert!(!b.ready(t));
+        assert!(b.ready(t + crate::discovery::INTERVAL));
+        assert_eq!(b.failed(t), crate::discovery::INTERVAL * 2);
+        assert_eq!(b.failed(t), crate::discovery::INTERVAL * 4);
+        for _ in 0..20 {
+            b.failed(t);
+        }
+        assert_eq!(b.failed(t), SPAWN_BACKOFF_MAX);
+        b.started();
+        assert!(b.ready(t));
+        assert_eq!(b.failed(t), crate::discovery::INTERVAL);
     }
 }
