@@ -141,6 +141,15 @@ pub fn send_stop(stdin: &mut impl std::io::Write, signal: i32) {
     let _ = stdin.flush();
 }
 
+/// Asks a remote rank ([`RankCommand::remote`]) to hand over (an elastic worker removed at its next commit): writes
+/// `PREEMPT TICKS` to its ssh's stdin; the host's wrapper sends SIGTERM to the rank's processes past its `/bin/sh -c`
+/// leader and SIGKILL after `within` (TICKS tenths of a second), not after `--grace`.
+pub fn send_preempt(stdin: &mut impl std::io::Write, within: std::time::Duration) {
+    let ticks = (within.as_millis() / 100).clamp(1, u128::from(u32::MAX));
+    let _ = writeln!(stdin, "PREEMPT {ticks}");
+    let _ = stdin.flush();
+}
+
 /// The local engine: every rank is a process on this machine.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Local;

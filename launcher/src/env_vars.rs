@@ -9,6 +9,10 @@ hvd_env_vars::env_vars! {
     /// Seconds one run of `--host-discovery-script` may take before it is killed and counted as failed (the step
     /// keeps its hosts).
     HVD_DISCOVERY_TIMEOUT default "10";
+    /// Read (the step's, else the launcher's own) to time how long an elastic worker on the ssh engine asked to
+    /// leave (host discovery no longer lists its slot) has to hand over before the host's wrapper kills it: this
+    /// plus 10 s. The workers read it too (the python package: docs/running.md, Preemption).
+    HVD_PREEMPT_GRACE default "30";
     /// `off`: no cgroups, the subreaper fallback alone; empty or `auto` (the default): a cgroup per run where the
     /// machine allows it; anything else is an error naming the variable.
     HVD_CGROUPS default "auto";

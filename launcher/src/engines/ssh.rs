@@ -14,7 +14,9 @@
 //!    SIGQUIT at their defaults (`env --default-signal`, where supported);
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
-//!    command's process group, then SIGKILL after the grace period;
+//!    command's process group, then SIGKILL after the grace period; a line `PREEMPT TICKS` (an elastic worker asked to
+//!    hand over at its next commit) sends SIGTERM past the `/bin/sh -c` leader of the group (to the rank's processes
+//!    only, so that the leader ends with the rank's own status) and SIGKILL after TICKS tenths of a second;
 //! 4. waits for the command, kills both sessions' leftovers and every process that still carries the rank's
 //!    `HVD_RUN_STEP` and `HVD_RANK` in its environment (escaped with `setsid`), and exits with the command's code,
 //!    which ssh passes on.
@@ -115,7 +117,8 @@ pub const INTERFACE_VARS: [&str; 5] = [
 /// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... /bin/sh -c COMMAND`): reads the token,
 /// `cd`s, finds the interface that reaches IP (when given), starts the command in a session of its own with
 /// SIGINT/SIGQUIT at their defaults, and a watcher (`$W`, in another session) that stops the command's process group
-/// when stdin says so or ends (TICKS tenths of a second before SIGKILL). When the command has ended it kills what is
+/// when stdin says so or ends (TICKS tenths of a second before SIGKILL; `PREEMPT N`: SIGTERM past a `/bin/sh` leader,
+/// N tenths before SIGKILL). When the command has ended it kills what is
 /// left of both sessions, and every process whose environment still carries the rank's `HVD_RUN_STEP` and `HVD_RANK`
 /// (what left the command's session: `setsid`, daemons; GNU grep's `-z`). It has no single quotes, so it stays
 /// readable when quoted twice (`--dry-run`).
@@ -127,8 +130,16 @@ pub const WRAPPER: &str = concat!(
     r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; m=; r=; for a; do case $a in "#,
     r#"HVD_RUN_STEP=*) [ -n "$m" ] || m=$a;; HVD_RANK=*) [ -n "$r" ] || r=$a;; esac; done; "#,
     r#"d=; env --default-signal=INT true 2>/dev/null && d=--default-signal=INT,QUIT; "#,
-    r#"W="IFS= read -r s; case \$s in INT|TERM|KILL) ;; *) s=TERM;; esac; kill -\$s -\$1 2>/dev/null || exit 0; "#,
-    r#"i=0; while kill -0 -\$1 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$2 ]; then kill -KILL -\$1 2>/dev/null; "#,
+    r#"W="g=\$1; n=\$2; IFS= read -r s; case \$s in INT|TERM|KILL|PREEMPT|PREEMPT\ *) ;; *) s=TERM;; esac; "#,
+    r#"if [ \"\${s%% *}\" = PREEMPT ]; then x=\${s#PREEMPT}; x=\${x# }; "#,
+    r#"case \$x in \"\"|*[!0-9]*) ;; *) n=\$x;; esac; "#,
+    r#"if [ \"\$(readlink /proc/\$g/exe 2>/dev/null)\" = \"\$(readlink -f /bin/sh)\" ]; then k=; "#,
+    r#"for f in /proc/[0-9]*/stat; do p=\${f#/proc/}; p=\${p%/stat}; [ \"\$p\" = \"\$g\" ] && continue; "#,
+    r#"l=; read -r l < \$f || continue; l=\${l##*) }; set -- \$l; "#,
+    r#"[ \"\$3\" = \"\$g\" ] && kill -TERM \$p 2>/dev/null && k=1; done; "#,
+    r#"[ -n \"\$k\" ] || kill -TERM \$g 2>/dev/null || exit 0; else kill -TERM -\$g 2>/dev/null || exit 0; fi; "#,
+    r#"else kill -\$s -\$g 2>/dev/null || exit 0; fi; "#,
+    r#"i=0; while kill -0 -\$g 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$n ]; then kill -KILL -\$g 2>/dev/null; "#,
     r#"exit 0; fi; sleep 0.1; done"; "#,
     r#"exec 3<&0 </dev/null; setsid env $d "$@" 3<&- & w=$!; "#,
     r#"setsid /bin/sh -c "$W" hvd-watch "$w" "$t" <&3 >/dev/null 2>&1 3<&- & g=$!; exec 3<&-; "#,
@@ -675,6 +686,34 @@ pub(super) mod tests {
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
         )
+    }
+
+    /// `PREEMPT TICKS` on stdin: SIGTERM reaches the rank's processes past the `/bin/sh -c` leader, which outlives
+    /// them and ends with the rank's own status (a hand-over, exit 0), instead of dying first with the whole group.
+    #[test]
+    fn a_preempt_line_terms_the_rank_past_its_shell_and_lets_it_hand_over() {
+        use std::io::BufRead;
+        let s = setup(Some("lo"));
+        let dir = tempfile::tempdir().unwrap();
+        let vars = s.remote_vars(&[], "h1");
+        // A compound command: the leader is sh; the rank (an inner sh) hands over on SIGTERM.
+        let command = "/bin/sh -c 'trap \"echo handed-over; exit 0\" TERM; echo ready; \
+                       while :; do sleep 0.05; done'; c=$?; echo leader-after $c; exit $c";
+        let wrapper = s.wrapper(&vars, command, dir.path(), s.bind_ip).unwrap();
+        let mut child = spawn_wrapper(&wrapper);
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(b"tok\n").unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        crate::engine::send_preempt(&mut input, Duration::from_secs(5));
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        let status = child.wait().unwrap();
+        drop(input);
+        assert!(rest.contains("handed-over\nleader-after 0\n"), "{rest}");
+        assert_eq!(status.code(), Some(0), "{rest}");
     }
 
     #[test]

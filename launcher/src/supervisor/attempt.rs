@@ -298,12 +298,28 @@ fn below_minimum_for_good(
     );
 }
 
-/// Signals worker `w` of an elastic step: a remote one through its stdin, a local one past its `sh -c` wrapper (so
-/// that it can unwind, or hand over at its next commit).
-fn signal_worker(w: &mut Worker, signal: i32) {
+/// How long a worker asked to hand over may take before the ssh engine's wrapper kills it: its
+/// `HVD_PREEMPT_GRACE` (the step's, else this process's; default 30 s), plus a margin for its commit and shutdown.
+fn preempt_kill_after(step: &PlannedStep) -> Duration {
+    let name = crate::env_vars::HVD_PREEMPT_GRACE;
+    let grace = step
+        .env
+        .get(name)
+        .cloned()
+        .or_else(|| std::env::var(name).ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+        .map_or(Duration::from_secs(30), Duration::from_secs_f64);
+    grace + Duration::from_secs(10)
+}
+
+/// Asks worker `w` of an elastic step to hand over at its next commit (SIGTERM to the rank, not its `sh -c`
+/// wrapper): a remote one through its stdin (`PREEMPT`: the host's wrapper kills it after `kill_after`, not after
+/// `--grace`), a local one directly.
+fn preempt_worker(w: &mut Worker, kill_after: Duration) {
     match w.stdin.take() {
-        Some(mut stdin) => crate::engine::send_stop(&mut stdin, signal),
-        None => signal_past_wrapper(w.pgid, signal),
+        Some(mut stdin) => crate::engine::send_preempt(&mut stdin, kill_after),
+        None => signal_past_wrapper(w.pgid, libc::SIGTERM),
     }
 }
 
@@ -973,7 +989,7 @@ fn remove_unlisted(
                     w.rank, step.name
                 ),
             });
-            signal_worker(w, libc::SIGTERM);
+            preempt_worker(w, preempt_kill_after(step));
         }
     }
 }
