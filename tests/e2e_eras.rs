@@ -13,8 +13,8 @@
 //! - `nccl_..._torch_...`: python 3.11, torch 2.0.1 (CUDA 11.7 wheels), Horovod 0.28.1 with `gpu_ops = "nccl"`
 //!   against the same toolkit (`cuda_cc = ["80"]`): `horovod/torch/mpi_lib_v2*.so` must need `libnccl.so.2` through
 //!   a RUNPATH into the toolkit's store path (readelf, ldd), `horovod.torch.nccl_built()` must be true after `import
-//!   torch`. Not asserted: `hvd build --locked --check`, which found `mpi_lib_v2*.so` NOT reproducible (two builds
-//!   differ; cause not found yet, docs/eras.md): add `assert_build_reproduces` back once it is.
+//!   torch`, and `hvd build --locked --check` must find it reproducible (it did not before the toolkit's `bin/nvcc`
+//!   took nvcc's temporary file names and the build directory out of the objects: docs/eras.md).
 //!
 //! The other rows of the matrix are tests of their own: python 3.6 + TF 1.5.0 + Horovod 0.13.11 (MPI only) in
 //! tests/controller.rs (`the_default_run_of_an_mpi_only_horovod_is_one_world_of_size_2`), python 3.11 + TF 2.12.1 +
@@ -279,4 +279,5 @@ fn nccl_horovod_compiles_against_torch_and_the_store_cuda_toolkit() {
         nccl.len() == 1 && nccl[0].starts_with(&store),
         "one libnccl from the store: {nccl:?}"
     );
+    assert_build_reproduces(dir.path());
 }
