@@ -13,7 +13,10 @@ the first allreduce of the new job completed. Reported per run (seconds):
     python3 bench/elastic.py [--hvd target/debug/hvd] [--sizes 4 8] [--repeat 3]
 
 The launcher starts a replacement for the killed worker (docs/running.md, Elastic steps): the re-form does not wait for
-it, and as these workers never commit it never joins; it is stopped once the survivors finish.
+it, but it could join the re-form if it asked in time (the round would then have N members, and it would run the
+training loop while the survivors run their first collective). So the victim leaves a file `victim.killed` in the
+working directory before it dies, and a worker that starts when the file exists (the replacement) exits 0 at once,
+before it asks to join: the re-formed job is always the N - 1 survivors.
 
 Times are wall-clock (`time.time()`), comparable across the processes of one machine.
 """
@@ -31,11 +34,15 @@ import hvd
 
 slot = int(os.environ["HVD_RANK"])
 victim = int(os.environ["HVD_SIZE"]) - 1
+if os.path.exists("victim.killed"):
+    # The killed worker's replacement: not part of the measured re-form.
+    sys.exit(0)
 hvd.init()
 x = np.ones(16, np.float32)
 try:
     for step in range(1000000):
         if slot == victim and step == 20:
+            open("victim.killed", "w").close()
             print("KILL %.6f" % time.time(), flush=True)
             os.kill(os.getpid(), 9)
         hvd.allreduce(x, name="x")

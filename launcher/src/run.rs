@@ -93,7 +93,7 @@ pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchErr
 }
 
 /// Where elastic steps run (docs/running.md, Elastic steps).
-const ELASTIC_ENGINES: &str = concat!(
+pub(crate) const ELASTIC_ENGINES: &str = concat!(
     "run elastic steps on the local or ssh engine, or on the slurm engine inside an allocation (salloc, or `hvd ",
     "run` in an sbatch script)"
 );

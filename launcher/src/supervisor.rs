@@ -139,6 +139,12 @@ impl Job<'_> {
     }
 }
 
+/// Whether `engine` starts each rank itself on this machine or on hosts it reaches (local, ssh), so that an elastic
+/// step may start new workers (replacements, discovered slots) there.
+fn starts_workers_anywhere(engine: &dyn SupervisedEngine) -> bool {
+    engine.name().starts_with("local") || engine.remote_hosts()
+}
+
 /// Runs `plan`. Returns when every started process has ended; nothing is left running.
 pub fn execute(
     plan: &Plan,
@@ -146,21 +152,30 @@ pub fn execute(
     events: &dyn EventSink,
     interrupts: Interrupts,
 ) -> Result<RunReport, LaunchError> {
-    // The engine's checks and files (ssh: the hosts; spark: its driver), when a step is distributed.
-    if plan.steps.iter().any(|s| s.workers.is_some()) {
-        plan.engine.prepare(plan)?;
-    }
-    if let Some(script) = &options.host_discovery_script
-        && !plan
+    if let Some(script) = &options.host_discovery_script {
+        if !plan
             .steps
             .iter()
             .any(|s| s.workers.is_some() && s.min_workers.is_some())
-    {
-        return Err(LaunchError::Engine(format!(
-            "`--host-discovery-script {}` needs an elastic step (`workers = {{ min = .., max = .. }}` or \
-             `--min-workers`): no step of this run is elastic",
-            script.display()
-        )));
+        {
+            return Err(LaunchError::Engine(format!(
+                "`--host-discovery-script {}` needs an elastic step (`workers = {{ min = .., max = .. }}` or \
+                 `--min-workers`): no step of this run is elastic",
+                script.display()
+            )));
+        }
+        // Before anything runs: host discovery starts workers where the engine starts each rank itself.
+        if !starts_workers_anywhere(plan.engine.as_ref()) {
+            return Err(LaunchError::Engine(format!(
+                "host discovery (`--host-discovery-script`) runs elastic steps on the local and ssh engines only, \
+                 not on the {} (its hosts are its allocation or host list)",
+                plan.engine.name()
+            )));
+        }
+    }
+    // The engine's checks and files (ssh: the hosts; spark: its driver), when a step is distributed.
+    if plan.steps.iter().any(|s| s.workers.is_some()) {
+        plan.engine.prepare(plan)?;
     }
     let run_id = new_run_id();
     let log_dir = plan.state_dir.join("runs").join(&run_id);
@@ -573,27 +588,23 @@ fn run_attempt(
         (Some(_), Some(_), _) if launcher.is_some() => {
             return Err(LaunchError::Engine(format!(
                 "step `{}` is elastic, but the {} engine starts its ranks through one launcher process, which \
-                 cannot lose a rank and go on; run elastic steps on the local or ssh engine",
+                 cannot lose a rank and go on; {}",
                 step.name,
-                engine.name()
+                engine.name(),
+                crate::run::ELASTIC_ENGINES
             )));
         }
         (Some(min), Some(n), Some((server, _))) => {
             // Replacements run where the engine starts each rank itself: this machine, or hosts it reaches (ssh).
-            let replaces = engine.name().starts_with("local") || engine.remote_hosts();
+            let replaces = starts_workers_anywhere(engine);
             if replaces {
                 hosts = Some(placement::Hosts::new(plan, step));
             }
             // With host discovery, the first run of the script says how many workers start.
-            if let Some(script) = &job.options.host_discovery_script {
-                if !replaces {
-                    return Err(LaunchError::Engine(format!(
-                        "step `{}`: host discovery (`--host-discovery-script`) runs elastic steps on the local and \
-                         ssh engines only, not on the {} (its hosts are its host list)",
-                        step.name,
-                        engine.name()
-                    )));
-                }
+            // `execute` refused host discovery on an engine that does not start workers itself.
+            if let Some(script) = &job.options.host_discovery_script
+                && replaces
+            {
                 let d = Discovery::new(
                     script.clone(),
                     plan.project_dir.clone(),

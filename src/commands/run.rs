@@ -69,7 +69,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub elastic_timeout: f64,
     /// An elastic step's hosts come from this program (Horovod's contract: it prints `host:slots` lines), run at the
-    /// start and every second; new slots start new workers, which join at a commit (local engine).
+    /// start and every second; new slots start new workers, which join at a commit, and workers on slots it no
+    /// longer lists leave at their next commit (local and ssh engines).
     #[arg(long, value_name = "PROGRAM")]
     pub host_discovery_script: Option<PathBuf>,
     /// Where the steps' workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from: a directory
