@@ -45,7 +45,9 @@ def big_enough():
     if not until:
         return True
     time.sleep(0.02)
-    return hvd.allreduce(np.array([1.0 if hvd.size() >= until else 0.0]), op=hvd.Max, name="until")[0] > 0
+    # A negative `until`: at most that many members.
+    mine = hvd.size() >= until if until > 0 else hvd.size() <= -until
+    return hvd.allreduce(np.array([1.0 if mine else 0.0]), op=hvd.Max, name="until")[0] > 0
 
 
 @hvd.elastic.run
@@ -338,6 +340,68 @@ fn a_lost_worker_is_replaced_on_the_steps_own_host_without_discovery() {
         assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
     }
     assert!(!stdout.contains("slot 5 "), "{stdout}");
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// Host discovery stops listing the second host (slot 0 rewrites the list at step 3): its workers (slots 2 and 3)
+/// are asked to leave through their ssh's stdin (`PREEMPT`), and hand over at their next commit even though the
+/// step's command is a compound shell command (`cd . && python ...`, whose `sh` leader outlives the rank): they are
+/// reported as having left, not lost, and the other two finish with every step counted once.
+#[test]
+fn workers_on_a_host_discovery_no_longer_lists_hand_over_over_ssh() {
+    let hosts = Hosts::start("lf");
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        4,
+        ", ELASTIC_UNTIL = \"-2\", ELASTIC_GROW = \"3\"",
+    );
+    let d = dir.path();
+    // The step's command, compound: `sh -c` stays the leader of the rank's process group.
+    for entry in std::fs::read_dir(d).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "hvd") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let text = text.replacen("run = \"", "run = \"cd . && ", 1);
+            std::fs::write(&path, text).unwrap();
+        }
+    }
+    std::fs::write(d.join("slots"), format!("{}:2\n{}:2\n", HOSTS[0], HOSTS[1])).unwrap();
+    std::fs::write(d.join("grown"), format!("{}:2\n", HOSTS[0])).unwrap();
+    std::fs::write(
+        d.join("hostfile"),
+        format!("{} slots=2\n{} slots=2\n", HOSTS[0], HOSTS[1]),
+    )
+    .unwrap();
+    let script = slots_script(d);
+    let out = hosts.hvd_run(
+        d,
+        &[
+            "--hostfile",
+            d.join("hostfile").to_str().unwrap(),
+            "--host-discovery-script",
+            script.to_str().unwrap(),
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for slot in [2, 3] {
+        assert!(
+            says(
+                &out,
+                &format!(
+                    "rank {slot} of step `train` left: host discovery no longer lists its slot (it committed and \
+                     handed over)"
+                )
+            ),
+            "{stdout}\n{stderr}"
+        );
+    }
+    assert!(!says(&out, "was lost"), "{stdout}\n{stderr}");
+    let lines = finished(&stdout, &[0, 1], 2);
+    let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    for line in &lines {
+        assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
+    }
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
 
