@@ -239,9 +239,16 @@ fn a_killed_processs_buffer_file_is_removed_by_the_next_allocation_and_nothing_e
     let named = |pid: u32, k: u64| {
         std::path::PathBuf::from(format!("/dev/shm/hvd-buf-{pid}-{:016x}", stamp ^ (k << 60)))
     };
-    let live = named(std::process::id(), 1);
+    let (live, theirs, link) = (named(std::process::id(), 1), named(dead, 2), named(dead, 3));
+    let target = std::env::temp_dir().join(format!("hvd-sweep-target-{stamp:x}"));
+    let _cleanup = Removed(vec![
+        path.clone(),
+        live.clone(),
+        theirs.clone(),
+        link.clone(),
+        target.clone(),
+    ]);
     std::fs::write(&live, [0u8; 64]).expect("plant a live process's file");
-    let theirs = named(dead, 2);
     std::fs::write(&theirs, [0u8; 64]).expect("plant");
     std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let c = std::ffi::CString::new(theirs.as_os_str().as_encoded_bytes()).expect("path");
@@ -251,9 +258,7 @@ fn a_killed_processs_buffer_file_is_removed_by_the_next_allocation_and_nothing_e
         eprintln!("not root: no file of another user planted");
         std::fs::remove_file(&theirs).expect("remove");
     }
-    let target = std::env::temp_dir().join(format!("hvd-sweep-target-{stamp:x}"));
     std::fs::write(&target, [0u8; 64]).expect("target");
-    let link = named(dead, 3);
     symlink(&target, &link).expect("plant a symlink");
 
     // The holder's pid is gone but its file is locked (as a live owner in another pid namespace holds it): kept.
@@ -272,7 +277,15 @@ fn a_killed_processs_buffer_file_is_removed_by_the_next_allocation_and_nothing_e
     let meta = std::fs::symlink_metadata(&link).expect("the symlink is still there");
     assert!(meta.file_type().is_symlink());
     assert!(target.exists(), "the symlink was followed");
-    for p in [&live, &theirs, &link, &target] {
-        let _ = std::fs::remove_file(p);
+}
+
+/// Files a test planted, removed when it ends (also when it fails).
+struct Removed(Vec<std::path::PathBuf>);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
