@@ -422,7 +422,9 @@ impl Drop for SharedBuffer {
     }
 }
 
-/// Unmaps a buffer, removes its file and closes the descriptor that held its lock (shared ones).
+/// Unmaps a buffer, removes its file and closes the descriptor that held its lock (shared ones). The file is
+/// removed only by the process that made it: a forked child that drops an inherited buffer leaves the parent's
+/// live file alone.
 unsafe fn release(ptr: *mut u8, map_len: usize, pid: u32, token: u64, fd: i32) {
     // SAFETY: the caller's contract: a mapping of map_len bytes, released once.
     unsafe { libc::munmap(ptr.cast(), map_len) };
@@ -430,7 +432,9 @@ unsafe fn release(ptr: *mut u8, map_len: usize, pid: u32, token: u64, fd: i32) {
         // SAFETY: path is NUL-terminated; fd is the buffer's own, closed once (after the unlink, so that no sweep
         // finds the file unlocked while it still has its name).
         unsafe {
-            libc::unlink(path_of(pid, token).as_ptr());
+            if std::process::id() == pid {
+                libc::unlink(path_of(pid, token).as_ptr());
+            }
             libc::close(fd);
         }
     }
@@ -572,6 +576,10 @@ mod tests {
         let (token, off) = lookup(b.as_ptr().wrapping_add(100), 50).expect("registered");
         assert_eq!(off, 100);
         assert!(lookup(b.as_ptr(), 1 << 30).is_none(), "past its end");
+        assert!(
+            lookup(b.as_ptr(), usize::MAX).is_none(),
+            "a length that overflows"
+        );
         let peer = PeerRegion::open(std::process::id(), token, 10_000).expect("map");
         // SAFETY: the mapping is at least 10_000 bytes.
         assert_eq!(unsafe { *peer.ptr.add(9_999) }, 7);
@@ -582,6 +590,28 @@ mod tests {
         // The peer's mapping still reads the last contents.
         // SAFETY: as above; the peer's own mapping keeps the pages.
         assert_eq!(unsafe { *peer.ptr.add(9_999) }, 7);
+    }
+
+    #[test]
+    fn a_forked_child_dropping_an_inherited_buffer_leaves_the_file() {
+        let b = SharedBuffer::new(4096).expect("shared buffer");
+        let path = b.path().expect("path");
+        // SAFETY: the child only drops the buffer (this test thread is the only one holding the registry) and
+        // exits without running destructors or atexit hooks.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", io::Error::last_os_error());
+        if child == 0 {
+            drop(b);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(path.exists(), "the child removed the parent's live file");
+        drop(b);
+        assert!(!path.exists());
     }
 
     #[test]
