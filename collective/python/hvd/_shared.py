@@ -2,13 +2,36 @@
 large allreduce of them between worker processes copies each byte once (docs/collective.md, "Single-copy
 allreduce")."""
 
+import atexit
 import ctypes
 import math
+import operator
 import weakref
 
 from . import _lib
 
 _declared = None
+# The buffers still alive: address -> a weak reference to the ctypes array over it, whose callback frees the buffer
+# once that array is collected. Not ``weakref.finalize``: its exit hook, registered at the first ``hvd.empty`` and
+# so after ``hvd.init`` registered ``shutdown``, would free them before ``shutdown`` drained the operations in
+# flight. ``_free_left`` frees what is left at exit; it is registered when this module is imported, before
+# ``hvd.init`` can register ``shutdown``, so it runs after it.
+_live = {}
+
+
+def _track(raw, ptr, free):
+    def gone(_ref):
+        if _live.pop(ptr, None) is not None:
+            free(ptr)
+
+    _live[ptr] = weakref.ref(raw, gone)
+
+
+@atexit.register
+def _free_left():
+    while _live:
+        ptr, _ = _live.popitem()
+        _alloc_fns()[1](ptr)
 
 
 def _alloc_fns():
@@ -34,7 +57,10 @@ def empty(shape, dtype="float32"):
     import numpy as np
 
     dt = np.dtype(dtype)
-    dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        dims = tuple(operator.index(d) for d in shape)
     if any(d < 0 for d in dims):
         raise ValueError("hvd.empty: negative dimension in shape {!r}".format(shape))
     nbytes = math.prod(dims) * dt.itemsize
@@ -45,10 +71,10 @@ def empty(shape, dtype="float32"):
 
         raise _error()
     try:
-        # The ctypes array owns nothing; the finalizer frees the buffer once the ctypes array (the base of the
+        # The ctypes array owns nothing; `_track` frees the buffer once the ctypes array (the base of the
         # numpy array and of all its views) is collected.
         raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr)
-        weakref.finalize(raw, free, ptr)
+        _track(raw, ptr, free)
     except BaseException:
         free(ptr)
         raise

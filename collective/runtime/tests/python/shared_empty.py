@@ -1,8 +1,10 @@
 """hvd.empty: arrays in shared buffers, allreduced in place between rank processes (exact sums at sizes around the
 single copy's 1 MiB threshold and its segments), a dtype and shape as asked, zeroed, and the memory (its /dev/shm
-file) freed only once the array and every view of it are gone."""
+file) freed only once the array and every view of it are gone, and a buffer still alive at exit only after the hooks
+registered after hvd was imported (hvd.init's shutdown, which drains operations in flight) ran."""
 import gc
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -70,6 +72,36 @@ del view
 gc.collect()
 if os.path.exists(path):
     fail("the buffer outlived its last array")
+
+# Shapes given as numpy integers.
+z = hvd.empty((np.int64(2), np.int32(3)), np.int8)
+if z.shape != (2, 3) or hvd.empty(np.int64(4)).shape != (4,):
+    fail("hvd.empty with numpy integer shapes gave {}".format(z.shape))
+del z
+
+# At exit, a live buffer outlasts every hook registered after hvd was imported (as hvd.init registers shutdown),
+# and is freed after them. The child calls no hvd.init (hvd.empty needs none), so it joins no job.
+child = r"""
+import atexit, os, sys
+import hvd
+path = []
+def check():
+    if not os.path.exists(path[0]):
+        print("freed before a later exit hook ran", file=sys.stderr)
+        os._exit(2)
+atexit.register(check)
+x = hvd.empty(1 << 16, "uint8")
+x[:] = 1
+with open("/proc/self/maps") as f:
+    path.append(next(l.split()[5] for l in f if l.split()[0].startswith(format(x.ctypes.data, "x") + "-")))
+print(path[0])
+"""
+out = subprocess.run([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+if out.returncode != 0:
+    fail("exit-order child failed ({}): {}".format(out.returncode, out.stderr.decode(errors="replace")))
+left = out.stdout.decode().strip()
+if not left.startswith("/dev/shm/hvd-buf-") or os.path.exists(left):
+    fail("the buffer alive at exit was not freed after the exit hooks: {!r}".format(left))
 
 hvd.shutdown()
 print("rank {} ok".format(r))
