@@ -166,7 +166,11 @@ pub(crate) fn lookup(ptr: *const u8, len: usize) -> Option<(u64, u64)> {
     let at = ptr as usize;
     let reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     reg.iter()
-        .find(|r| r.token != 0 && at >= r.base && at + len <= r.base + r.len)
+        .find(|r| {
+            r.token != 0
+                && at >= r.base
+                && at.checked_add(len).is_some_and(|end| end <= r.base + r.len)
+        })
         .map(|r| (r.token, (at - r.base) as u64))
 }
 
