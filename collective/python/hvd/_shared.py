@@ -49,8 +49,9 @@ def _alloc_fns():
 
 def empty(shape, dtype="float32"):
     """A C-contiguous numpy array of ``shape`` and ``dtype`` (zeroed) in a shared buffer. Allreduce it in place
-    (``hvd.allreduce_``) on every rank: from 1 MiB, ranks in several processes on one host then read one another's
-    arrays directly instead of copying through the shared segment twice. Where shared memory is unavailable it is
+    (``hvd.allreduce_``) on every rank: when it is allreduced alone and is at least 1 MiB, ranks in several processes
+    on one host then read one another's arrays directly instead of copying through the shared segment twice (arrays
+    fused into one group with others go through the shared segment as any array). Where shared memory is unavailable it is
     private memory (the library logs why once) and allreduces take the ring as for any array. The memory is freed
     when the array and every view of it are gone (an operation in flight holds the array, so it is never freed
     under one). Needs no ``hvd.init()``."""
