@@ -26,7 +26,8 @@
 //! anonymous namespaces and `__module_id_str`) hashes the source's absolute path, which holds the build
 //! directory. So `bin/nvcc` adds, unless the caller chose its own: `--objdir-as-tempdir` when it compiles
 //! (`-c`/`-dc`/`-dw`: intermediate files named after the object), `-Xcudafe --orig_src_path_name=<the source
-//! relative to the working directory>` for a single `.cu` input, and `-frandom-seed=<a checksum of the object's
+//! relative to the working directory, both with links resolved>` for a single `.cu` input (none when that path
+//! cannot be worked out), and `-frandom-seed=<a checksum of the object's
 //! file name and that relative path>` (nvcc's and the host compiler's own random names; a different seed per
 //! file, as nvcc asks).
 
@@ -34,6 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use hvd_resolver::Sha256;
 use hvd_resolver::names::normalize_name;
 
 use crate::derivation::{Derivation, DerivationKind};
@@ -41,7 +43,8 @@ use crate::error::{Error, Result};
 use crate::store::{BuildOutput, Store};
 use crate::toolchain::Toolchain;
 
-/// Bump when the layout changes: part of the derivation (and so of every build that uses the toolkit).
+/// Bump when the layout changes: part of the derivation (and so of every build that uses the toolkit). The text of
+/// [`NVCC_WRAPPER`] is an input of its own (its sha256), so an edit of it needs no bump.
 const ASSEMBLER: &str = "hvd-cuda-2";
 
 /// The build requirement whose presence gives a build a toolkit.
@@ -66,8 +69,8 @@ const NVCC_REAL: &str = ".nvcc-real";
 /// quoted path of [`NVCC_REAL`]. POSIX sh and coreutils only: it runs inside the build sandbox.
 const NVCC_WRAPPER: &str = r#"#!/bin/sh
 # hvd: nvcc with reproducible output (hvd's builder/src/cuda.rs). It adds what the caller did not choose:
-# --objdir-as-tempdir when compiling, the source's path relative to the working directory as its module id
-# path, and -frandom-seed from the object's name and that path.
+# --objdir-as-tempdir when compiling, the source's path relative to the working directory (both physical, links
+# resolved; none when that fails) as its module id path, and -frandom-seed from the object's name and that path.
 real=@REAL@
 seed=1 objtemp= compile= srcpath=1 out= src= sources=0 prev=
 for arg in "$@"; do
@@ -90,7 +93,7 @@ if [ "$sources" -ne 1 ]; then
   srcpath= rel=
 else
   case $src in
-    /*) rel=$(realpath -s -m --relative-to="$(pwd)" -- "$src" 2>/dev/null) || rel=${src##*/} ;;
+    /*) rel=$(realpath --relative-to="$(pwd -P)" -- "$src" 2>/dev/null) || rel= ;;
     *) rel=$src ;;
   esac
   # -Xcudafe splits its value at commas.
@@ -129,7 +132,11 @@ pub fn derivation(requirements: &[Part]) -> Option<Derivation> {
         .iter()
         .find(|p| normalize_name(&p.name) == NVCC_PACKAGE)?;
     let mut derivation = Derivation::new(DerivationKind::Toolchain, "cuda", &nvcc.version)
-        .input("assembler", ASSEMBLER);
+        .input("assembler", ASSEMBLER)
+        .input(
+            "nvcc-wrapper",
+            Sha256::of_bytes(NVCC_WRAPPER.as_bytes()).as_str(),
+        );
     for part in parts(requirements) {
         derivation.input_derivations.insert(
             format!("wheel.{}", normalize_name(&part.name)),
@@ -606,7 +613,7 @@ mod tests {
         fs_err::create_dir_all(&bin).unwrap();
         fs_err::write(
             bin.join("nvcc"),
-            "#!/bin/sh\nprintf '%s\\n' \"$0\"\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n",
+            "#!/bin/sh\nprintf '%s\\n' \"$0\"\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\nexit \"${FIXTURE_EXIT:-0}\"\n",
         )
         .unwrap();
         fs_err::set_permissions(bin.join("nvcc"), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -713,6 +720,81 @@ mod tests {
         assert!(
             !argv.iter().any(|a| a.contains("orig_src_path_name")),
             "{argv:?}"
+        );
+    }
+
+    #[test]
+    fn the_toolkit_nvcc_passes_every_argument_intact_and_returns_the_exit_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolkit = echo_toolkit(dir.path());
+        let args = [
+            "-DNAME=a b",
+            "",
+            "-DQ='x' \"y\"",
+            "-DD=$HOME ${PATH} `id` $(id)",
+            "-o",
+            "out dir/k.o",
+            "--",
+            "*",
+        ];
+        let out = std::process::Command::new(toolkit.join("bin/nvcc"))
+            .args(args)
+            .env("FIXTURE_EXIT", "3")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        let argv: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        // The seed goes first; the caller's arguments follow unchanged.
+        assert!(argv[1].starts_with("-frandom-seed="), "{argv:?}");
+        assert_eq!(argv[2..], args.map(String::from), "{argv:?}");
+    }
+
+    #[test]
+    fn a_source_whose_physical_path_cannot_be_worked_out_gets_no_module_id_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolkit = echo_toolkit(dir.path());
+        // A working directory reached through a link: the relative path is computed between physical paths.
+        let real = dir.path().join("real/build");
+        fs_err::create_dir_all(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("via")).unwrap();
+        let src = dir.path().join("real/k.cu");
+        let argv = nvcc_argv(
+            &toolkit,
+            &dir.path().join("via"),
+            &["-c", src.to_str().unwrap()],
+        );
+        assert!(
+            argv.contains(&"--orig_src_path_name=../k.cu".to_string()),
+            "{argv:?}"
+        );
+        // A source in a directory that does not resolve (a loop of links): realpath fails, and no bare file name
+        // (which two sources of one name would share) is given instead.
+        std::os::unix::fs::symlink("b", dir.path().join("a")).unwrap();
+        std::os::unix::fs::symlink("a", dir.path().join("b")).unwrap();
+        let src = dir.path().join("a/k.cu");
+        let argv = nvcc_argv(&toolkit, dir.path(), &["-c", src.to_str().unwrap()]);
+        assert!(
+            !argv.iter().any(|a| a.contains("orig_src_path_name")),
+            "{argv:?}"
+        );
+    }
+
+    #[test]
+    fn the_nvcc_wrapper_text_is_an_input_of_the_toolkit() {
+        let part = |name: &str| Part {
+            name: name.into(),
+            version: "1".into(),
+            hash: format!("h-{name}"),
+        };
+        let d = derivation(&[part("nvidia-cuda-nvcc")]).unwrap();
+        assert_eq!(
+            d.inputs.get("nvcc-wrapper").map(String::as_str),
+            Some(Sha256::of_bytes(NVCC_WRAPPER.as_bytes()).as_str())
         );
     }
 
