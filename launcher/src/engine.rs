@@ -16,6 +16,12 @@ use crate::env::{RendezvousInfo, Slot, WorkerLayout, worker_env};
 use crate::process::Interrupts;
 use crate::report::{EventSink, RunReport};
 
+/// Where elastic steps run (docs/running.md, Elastic steps).
+pub(crate) const ELASTIC_ENGINES: &str = concat!(
+    "run elastic steps on the local or ssh engine, or on the slurm engine inside an allocation (salloc, or `hvd ",
+    "run` in an sbatch script)"
+);
+
 /// An engine whose ranks the local supervisor starts and stops. Every method but [`SupervisedEngine::name`] has the
 /// local engine's answer as its default; the supervisor asks only about distributed steps (a step that runs once
 /// always runs here, with [`Local`]).

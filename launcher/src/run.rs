@@ -65,7 +65,7 @@ pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchErr
                     step.name,
                     choice.engine,
                     no_elastic_reason(choice.engine),
-                    ELASTIC_ENGINES
+                    crate::engine::ELASTIC_ENGINES
                 )));
             }
             plan.notes.extend(choice.note);
@@ -84,19 +84,13 @@ pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchErr
                     step.name,
                     choice.engine,
                     no_elastic_reason(choice.engine),
-                    ELASTIC_ENGINES
+                    crate::engine::ELASTIC_ENGINES
                 )));
             }
             Ok(Run::Whole(engine))
         }
     }
 }
-
-/// Where elastic steps run (docs/running.md, Elastic steps).
-pub(crate) const ELASTIC_ENGINES: &str = concat!(
-    "run elastic steps on the local or ssh engine, or on the slurm engine inside an allocation (salloc, or `hvd ",
-    "run` in an sbatch script)"
-);
 
 /// Why engine `kind` cannot run an elastic step (when it starts a step's ranks as one unit).
 fn no_elastic_reason(kind: EngineKind) -> &'static str {

@@ -591,7 +591,7 @@ fn run_attempt(
                  cannot lose a rank and go on; {}",
                 step.name,
                 engine.name(),
-                crate::run::ELASTIC_ENGINES
+                crate::engine::ELASTIC_ENGINES
             )));
         }
         (Some(min), Some(n), Some((server, _))) => {
