@@ -78,51 +78,20 @@ def _truncate(values, dtype):
 
 
 
-def _allreduce_plan(a, op, prescale, postscale, ps):
-    """The wire array of ``a`` and how to reduce it: (wire, (op, prescale, postscale, scale after or None))."""
-    w = _to_wire(a, True)
-    if _is_integer(a.dtype) and (op == _core.Average or prescale != 1.0 or postscale != 1.0):
-        # Horovod scales integers in double and truncates; hvd's library would round.
-        if prescale != 1.0:
-            w = _truncate(w.astype(np.float64) * prescale, w.dtype)
-        post = postscale / (set_size(ps) if op == _core.Average else 1)
-        return w, (_core.Sum if op == _core.Average else op, 1.0, 1.0, post)
-    return w, (op, prescale, postscale, None)
-
-
-def _allreduce_result(dtype, out, plan):
-    """The reduced wire array ``out`` as the result of a ``dtype`` array planned as ``plan``."""
-    if plan[3] is not None and plan[3] != 1.0:
-        out = _truncate(out.astype(np.float64) * plan[3], out.dtype)
-    return _from_wire(out, dtype, True)
-
-
-def allreduce_submit(array, name, op, prescale, postscale, process_set):
-    """Starts the allreduce of one array (Horovod's semantics, as ``allreduce``) without waiting: an in-place
-    allreduce of a private copy, which the package batches with the other submissions of the moment (hvd/_batch.py).
-    Returns what ``allreduce_finish`` takes."""
-    a = np.asarray(array)
-    w, plan = _allreduce_plan(a, op, prescale, postscale, _ps(process_set))
-    if np.may_share_memory(w, a) or not w.flags.writeable:
-        w = w.copy()  # the input is the caller's (a TensorFlow tensor's buffer): never reduced in place
-    handle = _core.allreduce_async_(w, name=name, op=plan[0], prescale_factor=float(plan[1]),
-                                    postscale_factor=float(plan[2]), process_set=_ps(process_set))
-    return a.dtype, handle, plan
-
-
-def allreduce_finish(pending):
-    """Waits for an ``allreduce_submit`` and returns its result."""
-    dtype, handle, plan = pending
-    return _allreduce_result(dtype, _core.synchronize(handle), plan)
-
-
 def allreduce(arrays, name, op, prescale, postscale, process_set):
     ps = _ps(process_set)
     wires, plans = [], []
     for a in arrays:
-        w, plan = _allreduce_plan(a, op, prescale, postscale, ps)
+        w = _to_wire(a, True)
+        if _is_integer(a.dtype) and (op == _core.Average or prescale != 1.0 or postscale != 1.0):
+            # Horovod scales integers in double and truncates; hvd's library would round.
+            if prescale != 1.0:
+                w = _truncate(w.astype(np.float64) * prescale, w.dtype)
+            post = postscale / (set_size(ps) if op == _core.Average else 1)
+            plans.append((_core.Sum if op == _core.Average else op, 1.0, 1.0, post))
+        else:
+            plans.append((op, prescale, postscale, None))
         wires.append(w)
-        plans.append(plan)
     same = len(set((p[0], p[1], p[2]) for p in plans)) == 1 and len(set(w.dtype for w in wires)) == 1
     if len(wires) > 1 and same:
         p = plans[0]
@@ -136,7 +105,12 @@ def allreduce(arrays, name, op, prescale, postscale, process_set):
             for i, (w, p) in enumerate(zip(wires, plans))
         ]
         outs = [_core.synchronize(h) for h in handles]
-    return [_allreduce_result(a.dtype, out, p) for a, out, p in zip(arrays, outs, plans)]
+    result = []
+    for a, out, p in zip(arrays, outs, plans):
+        if p[3] is not None and p[3] != 1.0:
+            out = _truncate(out.astype(np.float64) * p[3], out.dtype)
+        result.append(_from_wire(out, a.dtype, True))
+    return result
 
 
 def _member_names(name, n):

@@ -574,24 +574,6 @@ fn tensorflow_collectives_in_graph_mode_and_eager() {
     );
 }
 
-/// hvd.tensorflow's gradient reduction in graph mode overlaps backward (docs/horovod.md, "Performance against
-/// Horovod 0.28.1"): a submitting node per gradient that needs only its own gradient, one waiting node, and the
-/// results of the eager reduction (options, IndexedSlices, process set, a mismatch as FailedPreconditionError).
-#[test]
-#[ignore = "opt-in: needs tensorflow; HVD_TEST_TENSORFLOW=/path/to/python"]
-fn tensorflow_gradient_reduction_overlaps_backward_in_graph_mode() {
-    let python = opt_in_python("HVD_TEST_TENSORFLOW", "tensorflow");
-    assert_all_ok(
-        &run_with(
-            &python,
-            2,
-            "tf_overlap.py",
-            &[("TF_CPP_MIN_LOG_LEVEL", "2"), ("CUDA_VISIBLE_DEVICES", "")],
-        ),
-        "hvd.tensorflow overlapped gradient reduction on 2 ranks",
-    );
-}
-
 /// Horovod's build and job introspection answers what this runtime is: the compiled backends (also before init),
 /// no Gloo/CUDA/ROCm/DDL/oneCCL, MPI not enabled over shm/tcp/hierarchical (and mpi_threads_supported refusing,
 /// as Horovod does), and is_homogeneous from every rank's local size: 2 ranks on one host, 2 hosts of 1, and

@@ -7,7 +7,6 @@ registers for its ops (``tf.custom_gradient``). What cannot work this way: XLA (
 a ``numpy_function``, and tensors are copied through host memory (hvd's collectives take CPU buffers).
 """
 
-import itertools
 import os
 import re
 
@@ -169,74 +168,6 @@ def _tensor(x):
     if isinstance(x, tf.IndexedSlices):
         return x
     return tf.convert_to_tensor(x)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Overlapped reduction of gradients (graph mode)
-
-# Submitted reductions a wait node has not taken yet, by token (an int64 that travels from the submitting node to the
-# waiting one); an entry is the pending reduction, or the HvdError its submission raised.
-_PENDING = {}
-_TOKENS = itertools.count(1)
-
-
-def _submitted_allreduce(tensors, op, prescale_factor, postscale_factor, process_set):
-    """Graph mode: ``_grouped_allreduce`` of ``tensors`` as a submitting node per tensor and one waiting node.
-
-    A submitting node starts its tensor's allreduce and returns at once (hvd/_batch.py sends what is submitted
-    together to the library), so it runs as soon as its gradient exists and the reductions overlap the rest of
-    backward, as Horovod's asynchronous ops do; the engine fuses what every rank has ready. Its hvd name is its node's
-    name (Horovod's ``HorovodAllreduce_<input>``), so ranks may submit in any order. The waiting node takes every
-    token and is the only one that blocks an inter-op thread, once all of this rank's submissions are made: no
-    submission waits behind a blocked thread, so two ranks cannot hold each other's threads (a wait per tensor could:
-    each rank's threads all waiting for tensors the other has not reached). A ``tf.function`` runs stateful nodes in
-    the order they were made: the submitting nodes are made in reverse, the order backward makes gradients."""
-    op = _resolve_op(op, None)
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    dtypes = [t.dtype for t in tensors]
-
-    @tf.custom_gradient
-    def reduce(*xs):
-        tokens = [None] * len(xs)
-        for i in reversed(range(len(xs))):
-            tokens[i] = _submit_node(xs[i], op, prescale_factor, postscale_factor, process_set)
-
-        def wait(_hvd_name, *arrays):
-            pending = [_PENDING.pop(int(t)) for t in arrays]
-            for p in pending:
-                if isinstance(p, BaseException):
-                    raise p
-            return [_tfnp.allreduce_finish(p) for p in pending]
-
-        ys = _run("AllreduceWait", wait, tokens, dtypes, "HorovodAllreduceWait")
-        for x, y in zip(xs, ys):
-            y.set_shape(x.shape)
-
-        def grad(*dys):
-            return _grouped_allreduce(list(dys), None, op, prescale_factor, postscale_factor, process_set)
-
-        return ys, grad
-
-    return list(reduce(*tensors))
-
-
-def _submit_node(x, op, prescale_factor, postscale_factor, process_set):
-    """The node that starts the allreduce of ``x`` and returns its token (see ``_submitted_allreduce``)."""
-    cell = []
-
-    def submit(array):
-        token = next(_TOKENS)
-        try:
-            _PENDING[token] = _tfnp.allreduce_submit(array, cell[0], op, prescale_factor, postscale_factor,
-                                                     process_set)
-        except (_core.MismatchError, _core.NotInitializedError) as e:
-            _PENDING[token] = e  # raised by the waiting node, which reports it as FailedPreconditionError
-        return np.int64(token)
-
-    token = tf.numpy_function(submit, [x], tf.int64, name=_op_name("Allreduce", [x], None), stateful=True)
-    token.set_shape([])
-    cell.append(token.op.name)
-    return token
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -640,16 +571,6 @@ def _make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_f
             parts = _tfnp.split(present, groups)
         else:
             parts = [present] if present else []
-            if not tf.executing_eagerly():
-                # Per gradient, overlapping backward (the sparse ones are gathered as before).
-                dense = [i for i in present if not isinstance(grads[i], tf.IndexedSlices)]
-                parts = [[i for i in present if isinstance(grads[i], tf.IndexedSlices)]]
-                if dense:
-                    compressed, ctxs = zip(*[compression.compress(tf.convert_to_tensor(grads[i])) for i in dense])
-                    reduced = _submitted_allreduce(list(compressed), op, prescale, postscale, process_set)
-                    for i, r, ctx in zip(dense, reduced, ctxs):
-                        out[i] = compression.decompress(r, ctx)
-                parts = [part for part in parts if part]
         for part in parts:
             for i, r in zip(part, reduce_group([grads[i] for i in part])):
                 out[i] = r
