@@ -458,21 +458,7 @@ fn held_back_cache(
                     let _ = requested_tx.send(());
                     let _ = release_rx.lock().unwrap().recv();
                 }
-                let response = match std::fs::read(root.join(path.trim_start_matches('/'))) {
-                    Ok(body) => {
-                        let mut out = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                            body.len()
-                        )
-                        .into_bytes();
-                        out.extend(body);
-                        out
-                    }
-                    Err(_) => {
-                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                            .to_vec()
-                    }
-                };
+                let response = common::file_response(&root, &path);
                 let _ = stream.write_all(&response);
             });
         }

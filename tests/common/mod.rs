@@ -167,25 +167,29 @@ pub fn serve_files(root: PathBuf) -> String {
                 line.clear();
             }
             let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let response = match std::fs::read(root.join(path.trim_start_matches('/'))) {
-                Ok(body) => {
-                    let mut out = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    )
-                    .into_bytes();
-                    out.extend(body);
-                    out
-                }
-                Err(_) => {
-                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                        .to_vec()
-                }
-            };
+            let response = file_response(&root, path);
             let _ = stream.write_all(&response);
         }
     });
     base
+}
+
+/// The HTTP response that serves `path` (a request target) from under `root`: 200 with the file, or 404.
+pub fn file_response(root: &Path, path: &str) -> Vec<u8> {
+    match std::fs::read(root.join(path.trim_start_matches('/'))) {
+        Ok(body) => {
+            let mut out = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            out.extend(body);
+            out
+        }
+        Err(_) => {
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()
+        }
+    }
 }
 
 /// `MAJOR.MINOR` of the `python3` on PATH.
