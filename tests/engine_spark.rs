@@ -305,18 +305,7 @@ fn executors_with_empty_stores_pull_the_env_before_any_rank_and_a_tampered_archi
 
     // A tampered archive of `helper` in the cache: what a task runs first on its executor (the driver's own
     // `pull_env` with the `--pull` it was given) fails naming the path, into an empty store at the same directory.
-    let helper = std::fs::read_dir(&store)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .find(|n| n.ends_with("-helper-1.0"))
-        .unwrap();
-    use hvd_builder::cache::record::{Record, archive_key, record_key};
-    let record = Record::parse(&std::fs::read(p.cache.join(record_key(&helper))).unwrap()).unwrap();
-    let archive = p.cache.join(archive_key(&record.archive.sha256));
-    let mut bytes = std::fs::read(&archive).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x20;
-    std::fs::write(&archive, &bytes).unwrap();
+    let helper = common::tamper_cached_archive(&store, &p.cache, "-helper-1.0");
     std::fs::rename(&store, root.path().join("built-store")).unwrap();
     let check = r#"
 import importlib.util, shlex, sys

@@ -459,18 +459,7 @@ fn a_tampered_cache_stops_the_run_before_any_rank_and_a_direct_copy_runs_without
     let p = Delivered::new(root.path(), &outside.path().join("cache"));
     let hosts = Hosts::start_private("f", root.path());
     // One flipped byte in the archive of `helper`, which the env needs.
-    let helper = std::fs::read_dir(root.path().join("store"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .find(|n| n.ends_with("-helper-1.0"))
-        .unwrap();
-    use hvd_builder::cache::record::{Record, archive_key, record_key};
-    let record = Record::parse(&std::fs::read(p.cache.join(record_key(&helper))).unwrap()).unwrap();
-    let archive = p.cache.join(archive_key(&record.archive.sha256));
-    let mut bytes = std::fs::read(&archive).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x20;
-    std::fs::write(&archive, &bytes).unwrap();
+    let helper = common::tamper_cached_archive(&root.path().join("store"), &p.cache, "-helper-1.0");
     let url = format!("file://{}", p.cache.display());
     let key = p.public_key.display().to_string();
     let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);

@@ -539,3 +539,21 @@ pub fn push_args<'a>(lock: &'a str, to: &'a str, secret: &'a str) -> [&'a str; 8
         secret,
     ]
 }
+
+/// Flips one byte in the middle of the cached archive (in the file cache at `cache`) of the package whose store
+/// directory under `store` ends with `suffix` (e.g. `-helper-1.0`); returns that directory's name.
+pub fn tamper_cached_archive(store: &Path, cache: &Path, suffix: &str) -> String {
+    use hvd_builder::cache::record::{Record, archive_key, record_key};
+    let name = std::fs::read_dir(store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(suffix))
+        .unwrap();
+    let record = Record::parse(&std::fs::read(cache.join(record_key(&name))).unwrap()).unwrap();
+    let archive = cache.join(archive_key(&record.archive.sha256));
+    let mut bytes = std::fs::read(&archive).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&archive, &bytes).unwrap();
+    name
+}
