@@ -270,35 +270,11 @@ fn a_lost_workers_slot_found_again_gets_a_replacement_in_a_new_slot() {
     std::fs::write(d.join("slots"), format!("{}:2\n{}:2\n", HOSTS[0], HOSTS[1])).unwrap();
     let script = slots_script(d);
     let out = hosts.hvd_run(d, &["--host-discovery-script", script.to_str().unwrap()]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        says(&out, "rank 3 of step `train` was lost"),
-        "{stdout}\n{stderr}"
+    let started = format!(
+        "host discovery found 4 slots for step `train`: started rank 4 on {}",
+        HOSTS[1]
     );
-    assert!(
-        says(
-            &out,
-            &format!(
-                "host discovery found 4 slots for step `train`: started rank 4 on {}",
-                HOSTS[1]
-            )
-        ),
-        "{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains(&format!("[train {}:4] slot 4 starts as rank ", HOSTS[1])),
-        "{stdout}\n{stderr}"
-    );
-    let lines = finished(&stdout, &[0, 1, 2, 4], 4);
-    let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(step > 3, "{}", lines[0]);
-    for line in &lines {
-        assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
-    }
-    // No second replacement: the step never had more than 4 live workers.
-    assert!(!stdout.contains("slot 5 "), "{stdout}");
-    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+    lost_slot_3_replaced_by_slot_4(&hosts, &out, &started);
 }
 
 /// Without host discovery a lost worker is replaced on the step's own hosts: slot 3 (on the second host, 2 slots per
@@ -313,22 +289,24 @@ fn a_lost_worker_is_replaced_on_the_steps_own_host_without_discovery() {
         ", ELASTIC_UNTIL = \"4\", ELASTIC_KILL = \"3:3\"",
     );
     let out = hosts.hvd_run(dir.path(), &[]);
-    let (stdout, stderr) = text(&out);
+    let started = format!(
+        "started rank 4 of step `train` on {} in place of a lost worker",
+        HOSTS[1]
+    );
+    lost_slot_3_replaced_by_slot_4(&hosts, &out, &started);
+}
+
+/// Checks a run where slot 3 (rank 3, on the second host) was lost and one replacement, slot 4, started there
+/// (`started` is the line that says so): the job of 4 (ranks 0, 1, 2, 4) finished past step 3 with every step
+/// counted once, no second replacement was started, and the hosts are clean.
+fn lost_slot_3_replaced_by_slot_4(hosts: &Hosts, out: &Output, started: &str) {
+    let (stdout, stderr) = text(out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        says(&out, "rank 3 of step `train` was lost"),
+        says(out, "rank 3 of step `train` was lost"),
         "{stdout}\n{stderr}"
     );
-    assert!(
-        says(
-            &out,
-            &format!(
-                "started rank 4 of step `train` on {} in place of a lost worker",
-                HOSTS[1]
-            )
-        ),
-        "{stdout}\n{stderr}"
-    );
+    assert!(says(out, started), "{stdout}\n{stderr}");
     assert!(
         stdout.contains(&format!("[train {}:4] slot 4 starts as rank ", HOSTS[1])),
         "{stdout}\n{stderr}"
@@ -339,6 +317,7 @@ fn a_lost_worker_is_replaced_on_the_steps_own_host_without_discovery() {
     for line in &lines {
         assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
     }
+    // No second replacement: the step never had more than 4 live workers.
     assert!(!stdout.contains("slot 5 "), "{stdout}");
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
