@@ -238,26 +238,7 @@ impl SharedBuffer {
                 _ => Err(io::Error::last_os_error()),
             };
             return match made {
-                Ok(ptr) => {
-                    REGISTRY
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(Registered {
-                            base: ptr as usize,
-                            len: map_len,
-                            pid,
-                            token,
-                            fd,
-                        });
-                    Ok(SharedBuffer {
-                        ptr,
-                        len,
-                        map_len,
-                        pid,
-                        token,
-                        fd,
-                    })
-                }
+                Ok(ptr) => Ok(Self::registered(ptr, len, map_len, pid, token, fd)),
                 Err(e) => {
                     // SAFETY: path is NUL-terminated; the file is the one created above, fd is ours.
                     unsafe {
@@ -298,24 +279,37 @@ impl SharedBuffer {
                 io::Error::last_os_error(),
             ));
         }
+        Ok(Self::registered(ptr.cast(), len, map_len, 0, 0, -1))
+    }
+
+    /// The buffer of `len` bytes mapped at `ptr` (`map_len` bytes), entered in [`REGISTRY`]: `pid`/`token`/`fd`
+    /// name its file, or are 0/0/-1 for private memory.
+    fn registered(
+        ptr: *mut u8,
+        len: usize,
+        map_len: usize,
+        pid: u32,
+        token: u64,
+        fd: i32,
+    ) -> SharedBuffer {
         REGISTRY
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Registered {
                 base: ptr as usize,
                 len: map_len,
-                pid: 0,
-                token: 0,
-                fd: -1,
+                pid,
+                token,
+                fd,
             });
-        Ok(SharedBuffer {
-            ptr: ptr.cast(),
+        SharedBuffer {
+            ptr,
             len,
             map_len,
-            pid: 0,
-            token: 0,
-            fd: -1,
-        })
+            pid,
+            token,
+            fd,
+        }
     }
 
     /// Reserves the file's pages (so a full `/dev/shm` fails here, not with SIGBUS on first touch) and maps it.
