@@ -776,22 +776,15 @@ pub(super) fn supervise(
                 (alive, min),
                 (&own, &blacklist),
                 growth.as_ref().is_some_and(|g| g.discovery.is_none()),
-            ) {
-                // Without host discovery, replacements start only on the step's own hosts: when every one of them
-                // is blacklisted past the deadline, none can come back in time.
+            )
+            // Without host discovery, replacements start only on the step's own hosts: when every one of them is
+            // blacklisted past the deadline, none can come back in time; else the step is below for good once
+            // `--elastic-timeout` has passed.
+            .or_else(|| {
+                (b.since.elapsed() >= job.options.elastic_timeout)
+                    .then(|| below_minimum_reason(job, step, b, alive, min))
+            }) {
                 all_ok = false;
-                below_minimum_for_good(
-                    job,
-                    (step, log_dir, restartable),
-                    b,
-                    (alive, min),
-                    reason,
-                    &mut restart,
-                );
-                below = None;
-            } else if b.since.elapsed() >= job.options.elastic_timeout {
-                all_ok = false;
-                let reason = below_minimum_reason(job, step, b, alive, min);
                 below_minimum_for_good(
                     job,
                     (step, log_dir, restartable),
