@@ -233,8 +233,9 @@ impl LocalJob {
     }
 }
 
-/// Best effort: binds the calling thread to the `index`-th CPU it may run on.
-fn pin_to_cpu(index: usize) {
+/// Best effort: binds the calling thread to the `index`-th CPU it may run on (as `mpirun --bind-to core`; in a
+/// single-threaded process, the process).
+pub fn pin_to_cpu(index: usize) {
     // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity read/write it for the calling thread (pid 0).
     unsafe {
         let mut allowed: libc::cpu_set_t = std::mem::zeroed();

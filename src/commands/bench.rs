@@ -15,7 +15,7 @@ use clap::{Args, Subcommand};
 use hvd_collective::bootstrap::{self, BackendChoice, JobEnv};
 use hvd_collective::env_vars as cenv;
 use hvd_collective::shm::SharedBuffer;
-use hvd_collective::testing::{Backend, LocalJob};
+use hvd_collective::testing::{Backend, LocalJob, pin_to_cpu};
 use hvd_collective::{Communicator, DType, ReduceOp};
 
 use crate::exit::{CommandResult, Failure, Status};
@@ -389,25 +389,5 @@ fn run_processes(a: &AllreduceArgs) -> CommandResult {
             Status::Failure,
             miette::miette!("benchmark workers {failed_ranks:?} failed (their errors are above)"),
         )),
-    }
-}
-
-/// Best effort: binds this process to the `index`-th CPU it may run on (as `mpirun --bind-to core`).
-fn pin_to_cpu(index: usize) {
-    // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity read/write it for this process (pid 0).
-    unsafe {
-        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
-            return;
-        }
-        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-            .filter(|c| libc::CPU_ISSET(*c, &allowed))
-            .collect();
-        if cpus.is_empty() {
-            return;
-        }
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpus[index % cpus.len()], &mut one);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
     }
 }
