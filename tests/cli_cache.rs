@@ -434,7 +434,7 @@ fn held_back_cache(
     std::sync::mpsc::Receiver<()>,
     std::sync::mpsc::Sender<()>,
 ) {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (requested_tx, requested) = std::sync::mpsc::channel();
@@ -446,13 +446,7 @@ fn held_back_cache(
             let (root, held) = (root.clone(), held.clone());
             let (requested_tx, release_rx) = (requested_tx.clone(), release_rx.clone());
             std::thread::spawn(move || {
-                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
-                let mut request = String::new();
-                let _ = reader.read_line(&mut request);
-                let mut line = String::new();
-                while reader.read_line(&mut line).unwrap_or(0) > 2 {
-                    line.clear();
-                }
+                let request = common::read_request(&stream);
                 let path = request.split_whitespace().nth(1).unwrap_or("/").to_owned();
                 if path == held && request.starts_with("GET ") {
                     let _ = requested_tx.send(());

@@ -159,19 +159,25 @@ pub fn serve_files(root: PathBuf) -> String {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
-            let mut request = String::new();
-            let _ = reader.read_line(&mut request);
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 2 {
-                line.clear();
-            }
+            let request = read_request(&stream);
             let path = request.split_whitespace().nth(1).unwrap_or("/");
             let response = file_response(&root, path);
             let _ = stream.write_all(&response);
         }
     });
     base
+}
+
+/// Reads one HTTP request's head from `stream`: returns its request line, skips its headers.
+pub fn read_request(stream: &std::net::TcpStream) -> String {
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut request = String::new();
+    let _ = reader.read_line(&mut request);
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 2 {
+        line.clear();
+    }
+    request
 }
 
 /// The HTTP response that serves `path` (a request target) from under `root`: 200 with the file, or 404.
