@@ -238,7 +238,15 @@ impl SharedBuffer {
                 _ => Err(io::Error::last_os_error()),
             };
             return match made {
-                Ok(ptr) => Ok(Self::registered(ptr, len, map_len, pid, token, fd)),
+                Ok(ptr) => Ok(SharedBuffer {
+                    ptr,
+                    len,
+                    map_len,
+                    pid,
+                    token,
+                    fd,
+                }
+                .registered()),
                 Err(e) => {
                     // SAFETY: path is NUL-terminated; the file is the one created above, fd is ours.
                     unsafe {
@@ -279,37 +287,30 @@ impl SharedBuffer {
                 io::Error::last_os_error(),
             ));
         }
-        Ok(Self::registered(ptr.cast(), len, map_len, 0, 0, -1))
+        Ok(SharedBuffer {
+            ptr: ptr.cast(),
+            len,
+            map_len,
+            pid: 0,
+            token: 0,
+            fd: -1,
+        }
+        .registered())
     }
 
-    /// The buffer of `len` bytes mapped at `ptr` (`map_len` bytes), entered in [`REGISTRY`]: `pid`/`token`/`fd`
-    /// name its file, or are 0/0/-1 for private memory.
-    fn registered(
-        ptr: *mut u8,
-        len: usize,
-        map_len: usize,
-        pid: u32,
-        token: u64,
-        fd: i32,
-    ) -> SharedBuffer {
+    /// This buffer, entered in [`REGISTRY`].
+    fn registered(self) -> SharedBuffer {
         REGISTRY
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Registered {
-                base: ptr as usize,
-                len: map_len,
-                pid,
-                token,
-                fd,
+                base: self.ptr as usize,
+                len: self.map_len,
+                pid: self.pid,
+                token: self.token,
+                fd: self.fd,
             });
-        SharedBuffer {
-            ptr,
-            len,
-            map_len,
-            pid,
-            token,
-            fd,
-        }
+        self
     }
 
     /// Reserves the file's pages (so a full `/dev/shm` fails here, not with SIGBUS on first touch) and maps it.
