@@ -117,7 +117,10 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
     ),
     ("HVD_TEST_PYTHON", "read by tests only"),
     ("HVD_TEST_TORCH", "read by tests only"),
-    ("HVD_TEST_REAL_STORE", "read by tests only: the opt-in era tests reuse this store (docs/eras.md)"),
+    (
+        "HVD_TEST_REAL_STORE",
+        "read by tests only: the opt-in era tests reuse this store (docs/eras.md)",
+    ),
     ("HVD_TEST_JAX", "read by tests only"),
     ("HVD_TEST_TENSORFLOW", "read by tests only"),
     (
