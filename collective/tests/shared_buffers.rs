@@ -4,7 +4,8 @@
 //! not shared, or whose shared buffer a peer refuses to map (replaced by another user's file), takes everyone to the
 //! ring, with exact sums still. A rank process killed while it holds a shared buffer leaves the file, which the next
 //! process's first allocation removes, leaving alone what is not such a leftover (a file of a live process, one
-//! still locked, another user's file, a symlink).
+//! still locked, another user's file, a symlink). Buffers hold no descriptor: a process holds hundreds under a
+//! descriptor limit of 64, and the sweep still leaves the file of a live owner alone (held by its mapping's lock).
 
 use std::process::{Child, Command, Stdio};
 
@@ -67,6 +68,9 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
             std::thread::sleep(std::time::Duration::from_secs(60));
             return Ok("not killed".into());
         }
+        // Many buffers under a descriptor limit below their number; then one of them is renamed as if its owner
+        // were the dead process `<pid>` (a live owner whose pid means nothing to the sweeper), and it waits.
+        _ if scenario.starts_with("many ") => return many_buffers(&scenario[5..]),
         // The next process: its first allocation sweeps.
         "allocate" => {
             let sb = SharedBuffer::new(4096)?;
@@ -110,6 +114,55 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
         false => "",
     };
     Ok(format!("exact via {path}{refused}"))
+}
+
+/// Buffers held at once by the `many` worker, and the descriptor limit it sets first (far below: a buffer that
+/// kept a descriptor fails with EMFILE at about the limit's count).
+const MANY: usize = 300;
+const NOFILE: u64 = 64;
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+fn many_buffers(dead_pid: &str) -> Result<String, Error> {
+    let limit = libc::rlimit {
+        rlim_cur: NOFILE,
+        rlim_max: NOFILE,
+    };
+    // SAFETY: setrlimit with a valid struct; lowers this worker process's own limit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+        return Ok(format!("setrlimit: {}", std::io::Error::last_os_error()));
+    }
+    let before = open_descriptors();
+    let mut held = Vec::with_capacity(MANY);
+    for i in 0..MANY {
+        let mut sb = SharedBuffer::new(4096)?;
+        if !sb.is_shared() {
+            return Ok(format!("buffer {i} is not shared"));
+        }
+        sb[4095] = i as u8;
+        held.push(sb);
+    }
+    if let Some(i) = (0..MANY).find(|i| held[*i][4095] != *i as u8) {
+        return Ok(format!("buffer {i} lost its contents"));
+    }
+    let added = open_descriptors().saturating_sub(before);
+    let path = held[0].path().expect("shared");
+    let name = path
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let token = name.rsplit('-').next().expect("token");
+    let renamed = path.with_file_name(format!("hvd-buf-{dead_pid}-{token}"));
+    if let Err(e) = std::fs::rename(&path, &renamed) {
+        return Ok(format!("rename {}: {e}", path.display()));
+    }
+    // On lines of their own: the test harness has printed "test worker ... " without a newline.
+    println!("\nFDS {added}\nPATH {}", renamed.display());
+    std::thread::sleep(std::time::Duration::from_secs(60));
+    Ok("not killed".into())
 }
 
 /// Acts as another local user: replaces this rank's shared buffer file with one of the same size owned by uid
@@ -277,6 +330,65 @@ fn a_killed_processs_buffer_file_is_removed_by_the_next_allocation_and_nothing_e
     let meta = std::fs::symlink_metadata(&link).expect("the symlink is still there");
     assert!(meta.file_type().is_symlink());
     assert!(target.exists(), "the symlink was followed");
+}
+
+#[test]
+fn many_buffers_hold_no_descriptors_and_a_live_owners_file_is_never_swept() {
+    use std::io::BufRead;
+
+    // A pid that is gone: a finished worker's.
+    let done = solo("allocate").spawn().expect("start a worker");
+    let dead = done.id();
+    assert_eq!(workers::results(vec![done]), ["allocated, shared: true"]);
+
+    let mut owner = solo(&format!("many {dead}"))
+        .spawn()
+        .expect("start the owner");
+    let owner_pid = owner.id();
+    let out = std::io::BufReader::new(owner.stdout.take().expect("stdout"));
+    let mut fds = None;
+    let mut path = None;
+    let mut seen = Vec::new();
+    for line in out.lines().map_while(|l| l.ok()) {
+        if let Some(n) = line.strip_prefix("FDS ") {
+            fds = n.parse::<usize>().ok();
+        } else if let Some(p) = line.strip_prefix("PATH ") {
+            path = Some(std::path::PathBuf::from(p));
+            break;
+        }
+        seen.push(line);
+    }
+    let Some(path) = path else {
+        let _ = owner.kill();
+        let _ = owner.wait();
+        panic!("the owner did not hold {MANY} buffers under RLIMIT_NOFILE {NOFILE}: {seen:?}");
+    };
+    let _cleanup = Removed(vec![path.clone()]);
+    // A few for the allocator's own work at most (the sweep's directory handle is closed again), not one each.
+    assert!(
+        fds.is_some_and(|n| n < 8),
+        "{fds:?} descriptors held for {MANY} buffers"
+    );
+
+    // The renamed file's pid is gone, but its live owner's mapping holds the lock: another process's sweep
+    // leaves it.
+    allocate_in_a_new_process();
+    assert!(path.exists(), "a live owner's file was removed");
+    owner.kill().expect("SIGKILL the owner");
+    owner.wait().expect("reap the owner");
+    allocate_in_a_new_process();
+    assert!(!path.exists(), "the killed owner's file is still there");
+    let prefix = format!("hvd-buf-{owner_pid}-");
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .expect("list /dev/shm")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "{} files of the killed owner left",
+        left.len()
+    );
 }
 
 /// Files a test planted, removed when it ends (also when it fails).

@@ -11,8 +11,12 @@
 //! sticky bit keeps other users from replacing it afterwards.
 //!
 //! Leaks: a process killed before it frees its buffers leaves their files behind (tmpfs memory that outlives the
-//! job). The owner holds a shared `flock` on each file while it lives (the kernel drops it when the process dies),
-//! and the first allocation of every process sweeps the files named `hvd-buf-<pid>-<token>` whose pid no longer
+//! job). The owner holds a shared `flock` on each file while it lives (the kernel drops it when the process dies)
+//! through the buffer's mapping alone: the descriptor that took the lock is closed once the file is mapped, and
+//! Linux drops a `flock` only when the last reference to its open file description goes, which the mapping holds
+//! until it is unmapped. So a live buffer costs no descriptor (thousands of buffers stay clear of
+//! `RLIMIT_NOFILE`; each is one mapping of `vm.max_map_count`, 65530 by default), nor does a peer's mapping of it.
+//! The first allocation of every process sweeps the files named `hvd-buf-<pid>-<token>` whose pid no longer
 //! exists (`kill(pid, 0)` is ESRCH) and that nobody holds locked (a live owner in another pid namespace whose pid
 //! means nothing here keeps its lock). A file is removed only after it was opened with `O_NOFOLLOW` and found to be
 //! a regular file of this user, and the name still leads to that same file: a symlink, another user's file or a
@@ -30,14 +34,12 @@ const DIR: &str = "/dev/shm";
 /// Names tried before giving up when the drawn ones exist already (someone planted them).
 const CREATE_TRIES: usize = 8;
 
-/// A shared buffer's address range in this process, its name (token 0: a private fallback allocation) and the
-/// descriptor that holds its lock (-1 for a private one).
+/// A shared buffer's address range in this process and its name (token 0: a private fallback allocation).
 struct Registered {
     base: usize,
     len: usize,
     pid: u32,
     token: u64,
-    fd: i32,
 }
 
 /// Every live [`SharedBuffer`] of this process.
@@ -183,7 +185,6 @@ pub struct SharedBuffer {
     map_len: usize,
     pid: u32,
     token: u64,
-    fd: i32,
 }
 
 // SAFETY: the buffer is plain memory owned by this value; access goes through `&`/`&mut self`.
@@ -212,7 +213,7 @@ impl SharedBuffer {
         for _ in 0..CREATE_TRIES {
             let token = random_token().map_err(|e| Error::io("draw a shared buffer's name", e))?;
             let path = path_of(pid, token);
-            // SAFETY: path is NUL-terminated; the fd stays open (holding the lock) until the buffer is released.
+            // SAFETY: path is NUL-terminated; the fd is closed below, once the mapping holds the lock.
             let fd = unsafe {
                 libc::open(
                     path.as_ptr(),
@@ -231,12 +232,16 @@ impl SharedBuffer {
                 }
                 break;
             }
-            // The lock says "alive" to other processes' sweeps until this process frees the buffer or dies.
+            // The lock says "alive" to other processes' sweeps until this process frees the buffer or dies. It
+            // belongs to the open file description, which the mapping keeps after the descriptor is closed (see the
+            // module's note on leaks), so it lasts exactly as long as the mapping.
             // SAFETY: fd is the file just created.
             let made = match unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } {
                 0 => Self::size_and_map(fd, map_len),
                 _ => Err(io::Error::last_os_error()),
             };
+            // SAFETY: fd is ours; closed once.
+            unsafe { libc::close(fd) };
             return match made {
                 Ok(ptr) => Ok(SharedBuffer {
                     ptr,
@@ -244,15 +249,11 @@ impl SharedBuffer {
                     map_len,
                     pid,
                     token,
-                    fd,
                 }
                 .registered()),
                 Err(e) => {
-                    // SAFETY: path is NUL-terminated; the file is the one created above, fd is ours.
-                    unsafe {
-                        libc::unlink(path.as_ptr());
-                        libc::close(fd);
-                    }
+                    // SAFETY: path is NUL-terminated; the file is the one created above.
+                    unsafe { libc::unlink(path.as_ptr()) };
                     Err(Error::io(
                         format!("allocate a {len}-byte shared buffer in {DIR}"),
                         e,
@@ -293,7 +294,6 @@ impl SharedBuffer {
             map_len,
             pid: 0,
             token: 0,
-            fd: -1,
         }
         .registered())
     }
@@ -308,7 +308,6 @@ impl SharedBuffer {
                 len: self.map_len,
                 pid: self.pid,
                 token: self.token,
-                fd: self.fd,
             });
         self
     }
@@ -391,7 +390,7 @@ impl SharedBuffer {
         let r = reg.swap_remove(i);
         drop(reg);
         // SAFETY: the range came from `new` or `private`, and the caller gives it back once.
-        unsafe { release(r.base as *mut u8, r.len, r.pid, r.token, r.fd) };
+        unsafe { release(r.base as *mut u8, r.len, r.pid, r.token) };
         true
     }
 }
@@ -417,26 +416,21 @@ impl Drop for SharedBuffer {
         reg.retain(|r| r.base != self.ptr as usize);
         drop(reg);
         // SAFETY: ptr/map_len are this value's own mapping, released once.
-        unsafe { release(self.ptr, self.map_len, self.pid, self.token, self.fd) };
+        unsafe { release(self.ptr, self.map_len, self.pid, self.token) };
     }
 }
 
-/// Unmaps a buffer, removes its file and closes the descriptor that held its lock (shared ones). The file is
-/// removed only by the process that made it: a forked child that drops an inherited buffer leaves the parent's
-/// live file alone.
-unsafe fn release(ptr: *mut u8, map_len: usize, pid: u32, token: u64, fd: i32) {
+/// Removes a buffer's file (shared ones) and unmaps it, which drops its lock. The file is removed only by the
+/// process that made it: a forked child that drops an inherited buffer leaves the parent's live file alone (the
+/// parent's mapping still holds the lock).
+unsafe fn release(ptr: *mut u8, map_len: usize, pid: u32, token: u64) {
+    if token != 0 && std::process::id() == pid {
+        // SAFETY: path is NUL-terminated. Removed before the unmap drops the lock, so that no sweep finds the file
+        // unlocked while it still has its name.
+        unsafe { libc::unlink(path_of(pid, token).as_ptr()) };
+    }
     // SAFETY: the caller's contract: a mapping of map_len bytes, released once.
     unsafe { libc::munmap(ptr.cast(), map_len) };
-    if token != 0 {
-        // SAFETY: path is NUL-terminated; fd is the buffer's own, closed once (after the unlink, so that no sweep
-        // finds the file unlocked while it still has its name).
-        unsafe {
-            if std::process::id() == pid {
-                libc::unlink(path_of(pid, token).as_ptr());
-            }
-            libc::close(fd);
-        }
-    }
 }
 
 /// A peer's shared buffer as mapped (read-only) by this rank.
