@@ -38,7 +38,9 @@ rank 0 (a torn, corrupt or refused one is skipped with a warning, never loaded) 
 ``hvd run`` after the whole job died goes on from there. The format holds no pickle: ``ObjectState`` values must be
 plain (None, bool, int, float, str, list, tuple, dict, numpy arrays and scalars of non-object dtypes: JSON and a
 ``.npz`` read with ``allow_pickle=False``); ``TorchState``'s model and optimizer go through ``torch.save`` and
-``torch.load(weights_only=True)``.
+``torch.load(weights_only=True)``; ``KerasState``'s and ``TensorFlowState``'s variables go into npz files of
+plain arrays (``model.npz``, ``optimizer.npz``, ``variables.npz``), each checked against the state's variables
+(number, shapes, dtypes) before anything is assigned.
 """
 
 import copy
@@ -362,8 +364,13 @@ _MANIFEST_LIMIT = 1 << 20
 _STATE_FILE = "state.json"
 _ARRAYS_FILE = "arrays.npz"
 _TORCH_FILE = "torch.pt"
+# Variables of TensorFlow states (hvd.keras.elastic.KerasState, hvd.tensorflow.elastic.TensorFlowState): one array
+# per variable, in the variables' order (``_variables_file``).
+_MODEL_FILE = "model.npz"
+_OPTIMIZER_FILE = "optimizer.npz"
+_VARIABLES_FILE = "variables.npz"
 # The only names a manifest may list: a name from the checkpoint never becomes a path of its own.
-_CKPT_FILES = (_STATE_FILE, _ARRAYS_FILE, _TORCH_FILE)
+_CKPT_FILES = (_STATE_FILE, _ARRAYS_FILE, _TORCH_FILE, _MODEL_FILE, _OPTIMIZER_FILE, _VARIABLES_FILE)
 _ARRAY_ENTRY = re.compile(r"a[0-9]{1,9}\.npy\Z")
 # A run's lineage (in each manifest): the checkpoints one history wrote, across the processes that resumed it. A run
 # prunes only its own lineage's checkpoints; any other one at or above its commit is moved aside (`.old-ckpt-*`).
@@ -481,6 +488,45 @@ def _load_arrays(data):
             return {name: npz[name] for name in npz.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise _Refused("{} does not load ({})".format(_ARRAYS_FILE, e)) from None
+
+
+def _variables_file(values):
+    """A checkpoint file of a list of variable values (numpy arrays, in order): ``a0.npy``, ``a1.npy``, ... in an
+    uncompressed npz, which ``_variables_from`` reads back."""
+    np = _hvd._np()
+    buf = io.BytesIO()
+    arrays = {}
+    for i, value in enumerate(values):
+        value = np.asarray(value)
+        if value.dtype.hasobject or value.dtype.kind == "V":
+            raise TypeError("variable {} has the dtype {}, which cannot go into a checkpoint".format(i, value.dtype))
+        arrays["a{}".format(i)] = value
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _variables_from(files, name, like):
+    """The variable values in checkpoint file ``name`` (``_variables_file``), checked against ``like`` (the current
+    values, or None to take any number of them): the same number, and each the same shape and dtype. ``_Refused``
+    names the file and the first variable that does not fit; nothing is assigned here."""
+    if name not in files:
+        raise _Refused("it has no {}".format(name))
+    arrays = _load_arrays(files[name])
+    expected = ["a{}".format(i) for i in range(len(arrays))]
+    if sorted(arrays) != sorted(expected):
+        raise _Refused("{} does not hold the arrays a0 to a{} (one per variable)".format(name, len(arrays) - 1))
+    values = [arrays[key] for key in expected]
+    if like is None:
+        return values
+    if len(values) != len(like):
+        raise _Refused("{} holds {} variables where this state has {}".format(name, len(values), len(like)))
+    np = _hvd._np()
+    for i, (value, current) in enumerate(zip(values, like)):
+        current = np.asarray(current)
+        if value.shape != current.shape or value.dtype != current.dtype:
+            raise _Refused("{}: variable {} is {} {} where this state's is {} {}".format(
+                name, i, value.dtype, list(value.shape), current.dtype, list(current.shape)))
+    return values
 
 
 def _open_in(dir_fd, name, flags):

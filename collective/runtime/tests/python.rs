@@ -508,6 +508,99 @@ fn torch_state_checkpoints_load_into_a_fresh_model_and_refuse_hostile_files() {
     assert_eq!(pwned, 0, "the hostile torch.pt ran its code");
 }
 
+/// The framework-free part of `KerasState`'s and `TensorFlowState`'s checkpoints (`checkpoint_variables.py`): variable
+/// values in `model.npz`-style files come back only when they fit the state's variables; pickled, compressed, foreign
+/// and gapped archives are refused without running anything; an altered `model.npz` is skipped for an older checkpoint.
+#[test]
+fn variable_checkpoint_files_load_only_when_they_fit_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    std::fs::create_dir(&checkpoints).unwrap();
+    assert_all_ok(
+        &run(
+            1,
+            "checkpoint_variables.py",
+            &[("HVD_CHECKPOINT_DIR", checkpoints.to_str().unwrap())],
+        ),
+        "variable checkpoint files",
+    );
+    let pwned = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("pwned")
+        })
+        .count();
+    assert_eq!(pwned, 0, "the pickled object array ran its code");
+}
+
+/// `KerasState.checkpoint()` across a killed job (`keras_checkpoint.py`), with Adam and with a legacy SGD with
+/// momentum: the first job checkpoints at commit 3, trains on and is killed (SIGKILL, every rank); a second job with
+/// fresh models resumes through `hvd.elastic.run` with the checkpoint's weights and optimizer variables exactly, and
+/// training on gives the first job's weights. `TensorFlowState`'s checkpoints too.
+#[test]
+#[ignore = "opt-in: needs tensorflow; HVD_TEST_TENSORFLOW=/path/to/python"]
+fn keras_state_checkpoints_resume_a_killed_job_with_equal_weights() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let python = opt_in_python("HVD_TEST_TENSORFLOW", "tensorflow");
+    for optimizer in ["adam", "legacy"] {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoints = dir.path().join("checkpoints");
+        let expect = dir.path().join("expect.npz");
+        let env = |phase| {
+            vec![
+                (
+                    "HVD_CHECKPOINT_DIR",
+                    checkpoints.to_str().unwrap().to_string(),
+                ),
+                ("HVD_TEST_EXPECT", expect.to_str().unwrap().to_string()),
+                ("HVD_TEST_PHASE", String::from(phase)),
+                ("HVD_TEST_OPTIMIZER", optimizer.to_string()),
+                ("TF_CPP_MIN_LOG_LEVEL", "2".to_string()),
+                ("CUDA_VISIBLE_DEVICES", String::new()),
+            ]
+        };
+        let first = env("first");
+        let first: Vec<(&str, &str)> = first.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        for (rank, r) in run_with(&python, 2, "keras_checkpoint.py", &first)
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(
+                r.status.signal(),
+                Some(9),
+                "{optimizer}: rank {rank} of the first job was not killed as planned ({}):\n{}\n{}",
+                r.status,
+                r.stdout,
+                r.stderr
+            );
+        }
+        let ckpt = checkpoints.join("ckpt-000000000003");
+        for file in ["MANIFEST.json", "model.npz", "optimizer.npz", "state.json"] {
+            assert!(
+                ckpt.join(file).is_file(),
+                "{optimizer}: the first job left no {}",
+                ckpt.join(file).display()
+            );
+        }
+        let resume = env("resume");
+        let resume: Vec<(&str, &str)> = resume.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let results = run_with(&python, 2, "keras_checkpoint.py", &resume);
+        assert_all_ok(&results, &format!("{optimizer}: the resumed job"));
+        assert!(
+            results[0]
+                .stderr
+                .contains("resumed from checkpoint at commit 3"),
+            "{optimizer}: rank 0 did not say it resumed: {}",
+            results[0].stderr
+        );
+    }
+}
+
 #[test]
 #[ignore = "opt-in: needs jax; HVD_TEST_JAX=/path/to/python"]
 fn jax_pytrees_train_with_identical_parameters() {

@@ -13,7 +13,8 @@ keras = tf.keras
 class KerasState(_elastic.ObjectState):
     """``ObjectState`` plus a Keras model and its optimizer (``optimizer`` defaults to the model's): ``commit()``
     copies their weights, ``restore()`` puts the copies back, ``sync()`` gives every rank rank 0's. Other keyword
-    arguments (``epoch=0, batch=0``) are attributes, as in ``ObjectState``."""
+    arguments (``epoch=0, batch=0``) are attributes, as in ``ObjectState``. ``checkpoint()`` writes the last commit's
+    model weights (``model.npz``), optimizer variables (``optimizer.npz``) and attributes (hvd.elastic's format)."""
 
     def __init__(self, model, optimizer=None, **kwargs):
         self.model = model
@@ -27,6 +28,29 @@ class KerasState(_elastic.ObjectState):
         if self.optimizer is None:
             return []
         return _ops.optimizer_variables(self.optimizer)
+
+    def _legacy_optimizer(self):
+        return hasattr(self.optimizer, "_create_all_weights")  # tf.keras.optimizers.legacy.*
+
+    def _optimizer_built(self):
+        """Whether the optimizer has its slots: Keras creates them at the first step (the new Keras 2 optimizers and
+        Keras 3's have their step counter before that)."""
+        if self.optimizer is None:
+            return False
+        if self._legacy_optimizer():
+            return bool(self._optimizer_variables())
+        return bool(getattr(self.optimizer, "built", False) or getattr(self.optimizer, "_built", False))
+
+    def _build_optimizer(self):
+        """Creates the optimizer's variables (its step counter and slots for the model's trainable variables) as its
+        first step would, so that a checkpoint's or rank 0's values have somewhere to go."""
+        if self.optimizer is None:
+            return
+        trainable = list(self.model.trainable_variables)
+        if self._legacy_optimizer():
+            self.optimizer._create_all_weights(trainable)  # gets or creates each slot
+        elif not self._optimizer_built():
+            self.optimizer.build(trainable)
 
     def _save_weights(self):
         self._saved_model = [v.numpy() for v in self.model.variables]
@@ -47,16 +71,36 @@ class KerasState(_elastic.ObjectState):
 
     def sync(self):
         _ops.broadcast_variables(list(self.model.variables), root_rank=0)
-        _ops.broadcast_variables(self._optimizer_variables(), root_rank=0)
+        # A rank that has made no step yet (a new worker, or every rank but 0 after rank 0 resumed from a checkpoint)
+        # has no optimizer slots: it creates them when rank 0 has them, so that every rank broadcasts the same list.
+        # (Rank 0 without them: no rank's optimizer is synced; they are as a step has never been made on rank 0.)
+        if self._bcast_object(self._optimizer_built(), root_rank=0, name="hvd.keras.elastic.optimizer"):
+            self._build_optimizer()
+            _ops.broadcast_variables(self._optimizer_variables(), root_rank=0)
         super().sync()
         self._save_weights()
 
     def _checkpoint_files(self):
-        raise NotImplementedError("KerasState.checkpoint() is not implemented yet: checkpoint the model with "
-                                  "model.save_weights on rank 0, or use ObjectState for what must survive the job")
+        files = super()._checkpoint_files()
+        files[_elastic._MODEL_FILE] = _elastic._variables_file(self._saved_model)
+        files[_elastic._OPTIMIZER_FILE] = _elastic._variables_file(self._saved_optimizer)
+        return files
 
     def _checkpoint_load(self, files):
-        raise _elastic._Refused("KerasState has no checkpoints (a checkpoint found is not loaded)")
+        # Everything is checked before anything is assigned: a refused checkpoint leaves the state as it was (but
+        # the optimizer's slots may have been created, with the values a first step starts from).
+        model = _elastic._variables_from(files, _elastic._MODEL_FILE, self._saved_model)
+        optimizer = _elastic._variables_from(files, _elastic._OPTIMIZER_FILE, None)
+        if len(optimizer) != len(self._optimizer_variables()):
+            self._build_optimizer()  # the checkpoint was committed after a step, this optimizer has made none
+        optimizer = _elastic._variables_from(files, _elastic._OPTIMIZER_FILE,
+                                             [v.numpy() for v in self._optimizer_variables()])
+        super()._checkpoint_load(files)
+        for v, value in zip(self.model.variables, model):
+            v.assign(value)
+        for v, value in zip(self._optimizer_variables(), optimizer):
+            v.assign(value)
+        self._save_weights()
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -13,7 +13,8 @@ import hvd.tensorflow as _hvd_tf
 class TensorFlowState(ObjectState):
     """``ObjectState`` plus TensorFlow variables (default: the graph's global variables): their values are copied
     at each commit and assigned back on restore; ``sync`` broadcasts rank 0's. In graph mode (tf.compat.v1) the
-    values are read and written in ``session`` (default: the default session when the state is made)."""
+    values are read and written in ``session`` (default: the default session when the state is made). ``checkpoint()``
+    writes the last commit's values (``variables.npz``) and attributes (hvd.elastic's format)."""
 
     def __init__(self, variables=None, session=None, **kwargs):
         self.variables = list(variables) if variables is not None else tf.compat.v1.global_variables()
@@ -52,6 +53,18 @@ class TensorFlowState(ObjectState):
             self.session.run(self._bcast_op)
         self._save_variables()
         super().sync()
+
+    def _checkpoint_files(self):
+        files = super()._checkpoint_files()
+        files[_elastic._VARIABLES_FILE] = _elastic._variables_file(self._values)
+        return files
+
+    def _checkpoint_load(self, files):
+        # Checked against the variables (number, shapes, dtypes) before anything is assigned.
+        values = _elastic._variables_from(files, _elastic._VARIABLES_FILE, self._values)
+        super()._checkpoint_load(files)
+        self._values = values
+        self._load_variables()
 
 
 __all__ = list(_elastic.__all__) + ["TensorFlowState"]
