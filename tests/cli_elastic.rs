@@ -926,6 +926,127 @@ fn a_host_whose_workers_fail_repeatedly_is_blacklisted_and_the_others_go_on() {
     common::assert_nothing_left(&marker);
 }
 
+/// `--slots-per-host 2` (horovodrun's flag): the discovery script prints host names alone, each worth 2 slots. The
+/// step starts on `localhost`'s 2, and when the script also names `127.0.0.1` (this machine again: 4 slots, the
+/// step's maximum 3) a third worker starts and joins at a commit; every step counted once, the same state everywhere.
+/// Without the flag the same script's bare name is refused, naming the line, and the step never starts.
+#[test]
+fn bare_host_names_from_discovery_get_the_slots_per_host() {
+    let marker = marker();
+    let steps = 6;
+    let dir = project("{ min = 1, max = 3 }", steps, "", &marker);
+    let script = discovery_script(dir.path(), "echo localhost\ncat extra 2>/dev/null || true");
+    let discover = ["--host-discovery-script", script.to_str().unwrap()];
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[&discover[..], &["--slots-per-host", "2"]].concat(),
+        &[
+            ("ELASTIC_GROW", "0:3:extra:127.0.0.1"),
+            ("ELASTIC_UNTIL", "size:3"),
+        ],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("step `train` on 2 worker(s)"), "{stderr}");
+    assert!(
+        stderr.contains("host discovery found 4 slots for step `train`: started rank 2"),
+        "{stdout}\n{stderr}"
+    );
+    let step = assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2)]);
+    assert!(step >= steps, "{stdout}");
+    common::assert_nothing_left(&marker);
+
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[&discover[..], &["--elastic-timeout", "2"]].concat(),
+        &[],
+    );
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    for want in [
+        format!(
+            "host discovery script `{}` printed line 1 \"localhost\", which is not `host:slots`; keeping the \
+             current hosts",
+            script.display()
+        ),
+        "step `train` did not start: host discovery".to_owned(),
+    ] {
+        assert!(flat.contains(&want), "want `{want}`:\n{stderr}");
+    }
+    assert!(!stdout.contains(" starts as rank "), "{stdout}");
+    common::assert_nothing_left(&marker);
+}
+
+/// `--blacklist-cooldown-range 1 1`: this machine, blacklisted once two of its workers are lost, is out for 1 s
+/// instead of the default 60; then host discovery, which still finds 4 slots, starts new workers again, and the step
+/// is back to 4 with every step counted once.
+#[test]
+fn a_blacklisted_host_comes_back_after_the_cooldown_range_given() {
+    let marker = marker();
+    let dir = project("{ min = 1, max = 4 }", 6, "2:3,3:3", &marker);
+    let script = discovery_script(dir.path(), "echo localhost:4");
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[
+            "--host-discovery-script",
+            script.to_str().unwrap(),
+            "--blacklist-cooldown-range",
+            "1",
+            "1",
+        ],
+        &[("ELASTIC_UNTIL", "size:4")],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains("is blacklisted for 1 s: 2 of its workers were lost"),
+        "{stderr}"
+    );
+    // The lost slots 2 and 3 are replaced by new slots 4 and 5 (one may have started between the two losses).
+    assert!(
+        stderr.contains("host discovery found 4 slots for step `train`: started rank 5"),
+        "{stdout}\n{stderr}"
+    );
+    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2), (5, 3)]);
+    common::assert_nothing_left(&marker);
+}
+
+/// The new flags' values are checked before anything runs, each refusal naming the flag.
+#[test]
+fn slots_per_host_and_the_cooldown_range_are_checked() {
+    let marker = marker();
+    let dir = project("{ min = 1, max = 2 }", 1, "", &marker);
+    let script = discovery_script(dir.path(), "echo localhost");
+    let script = script.to_str().unwrap();
+    for (args, want) in [
+        (&["--slots-per-host", "2"][..], "--host-discovery-script"),
+        (
+            &["--host-discovery-script", script, "--slots-per-host", "0"][..],
+            "--slots-per-host",
+        ),
+        (
+            &["--blacklist-cooldown-range", "5"][..],
+            "--blacklist-cooldown-range",
+        ),
+        (
+            &["--blacklist-cooldown-range", "0", "10"][..],
+            "`--blacklist-cooldown-range 0 10`: each bound is a number of seconds from 1 to 3600",
+        ),
+        (
+            &["--blacklist-cooldown-range", "30", "10"][..],
+            "`--blacklist-cooldown-range 30 10`: the first number (the shortest cooldown) is above the second",
+        ),
+    ] {
+        let (out, stdout, stderr) = run(dir.path(), args, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stdout}\n{stderr}");
+        assert!(
+            common::flat_stderr(&out).contains(want),
+            "{args:?}: want `{want}`:\n{stderr}"
+        );
+        assert!(!stdout.contains(" starts as rank "), "{stdout}");
+    }
+    common::assert_nothing_left(&marker);
+}
+
 #[test]
 fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
     let marker = marker();

@@ -27,8 +27,8 @@ fn the_package_behaves_as_documented() {
 fn horovodrun_refuses_what_it_cannot_map_naming_the_flag() {
     for (args, part) in [
         (
-            &["--slots-per-host", "2", "-np", "2", "python", "t.py"][..],
-            "`--slots-per-host` (elastic host discovery) is not supported",
+            &["--slots-per-host", "none", "-np", "2", "python", "t.py"][..],
+            "--slots-per-host takes a positive number of slots, not `none`",
         ),
         (
             &["-np", "2", "--autotune", "python", "t.py"][..],

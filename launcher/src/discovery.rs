@@ -1,9 +1,10 @@
 //! Host discovery for elastic steps (`--host-discovery-script`, Horovod's contract): runs the user's script under a
-//! deadline, reads the `host:slots` lines it prints, and keeps the blacklist of hosts whose workers failed.
+//! deadline, reads the `host:slots` lines it prints (or bare host names, given `--slots-per-host`), and keeps the
+//! blacklist of hosts whose workers failed, with its cooldown range (`--blacklist-cooldown-range`).
 //!
 //! The script is the user's, but what it prints (and whether it ends) is not trusted: a script that fails, hangs past
-//! the deadline (its process group is killed) or prints a line that is not `host:slots` yields a
-//! [`DiscoveryError`] naming the script and the line, and the caller keeps the hosts it has.
+//! the deadline (its process group is killed) or prints a line that is not `host:slots` (nor, with slots per host, a
+//! host name) yields a [`DiscoveryError`] naming the script and the line, and the caller keeps the hosts it has.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -19,11 +20,57 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 const MAX_OUTPUT: usize = 64 * 1024;
 /// The longest line shown in a warning.
 const SHOWN: usize = 120;
-/// Failures of a host's workers that blacklist it, and its first cooldown (doubled each time it is blacklisted
-/// again, up to [`MAX_COOLDOWN`]).
+/// Failures of a host's workers that blacklist it, and the default cooldown range ([`Cooldown`]): 60 s the first
+/// time, doubled each time it is blacklisted again, at most 10 min.
 pub const BLACKLIST_FAILURES: u32 = 2;
 pub const FIRST_COOLDOWN: Duration = Duration::from_secs(60);
 pub const MAX_COOLDOWN: Duration = Duration::from_secs(600);
+/// The bounds of `--blacklist-cooldown-range` in seconds (Horovod's: at least 1 s, at most an hour).
+pub const COOLDOWN_BOUNDS: (u64, u64) = (1, 3600);
+
+/// How long a blacklisted host stays out (`--blacklist-cooldown-range MIN MAX`, Horovod's flag): `min` the first
+/// time, doubled each time the host is blacklisted again, at most `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cooldown {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Default for Cooldown {
+    fn default() -> Self {
+        Cooldown {
+            min: FIRST_COOLDOWN,
+            max: MAX_COOLDOWN,
+        }
+    }
+}
+
+impl Cooldown {
+    /// The range `min`..`max` seconds, checked: whole seconds within [`COOLDOWN_BOUNDS`], `min` at most `max`.
+    pub fn from_seconds(min: u64, max: u64) -> Result<Cooldown, String> {
+        let (low, high) = COOLDOWN_BOUNDS;
+        if min < low || max > high {
+            return Err(format!(
+                "`--blacklist-cooldown-range {min} {max}`: each bound is a number of seconds from {low} to {high}"
+            ));
+        }
+        if min > max {
+            return Err(format!(
+                "`--blacklist-cooldown-range {min} {max}`: the first number (the shortest cooldown) is above the \
+                 second (the longest)"
+            ));
+        }
+        Ok(Cooldown {
+            min: Duration::from_secs(min),
+            max: Duration::from_secs(max),
+        })
+    }
+
+    /// The cooldown of a host's `times`-th blacklisting after its first (0: the first).
+    fn nth(&self, times: u32) -> Duration {
+        self.min.saturating_mul(1 << times.min(16)).min(self.max)
+    }
+}
 
 /// One line of the script's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,12 +97,15 @@ pub enum DiscoveryError {
         stderr: String,
     },
     #[error(
-        "host discovery script `{script}` printed line {line} {text:?}, which is not `host:slots`"
+        "host discovery script `{script}` printed line {line} {text:?}, which is not `host:slots`{}",
+        match .bare { true => " or a host name", false => "" }
     )]
     BadLine {
         script: PathBuf,
         line: usize,
         text: String,
+        /// Whether bare host names were taken too (`--slots-per-host`).
+        bare: bool,
     },
     #[error("host discovery script `{script}` printed more than {} KiB", MAX_OUTPUT / 1024)]
     TooLong { script: PathBuf },
@@ -80,8 +130,14 @@ fn clip(s: &str) -> String {
 }
 
 /// Parses the script's output: one `host:slots` per line (blank lines skipped; the host may not be empty or hold
-/// white space, the slots are ASCII digits). Output without any such line is an error ([`DiscoveryError::NoHosts`]).
-pub fn parse(script: &Path, output: &str) -> Result<Vec<HostSlots>, DiscoveryError> {
+/// white space, the slots are ASCII digits). With `slots_per_host` (`--slots-per-host`, Horovod's `--slots`) a line
+/// may also be a host name alone (an IPv6 address in brackets, `[::1]`), which gets that many slots. Output without
+/// any such line is an error ([`DiscoveryError::NoHosts`]).
+pub fn parse(
+    script: &Path,
+    output: &str,
+    slots_per_host: Option<u32>,
+) -> Result<Vec<HostSlots>, DiscoveryError> {
     let mut hosts = Vec::new();
     for (i, raw) in output.lines().enumerate() {
         let line = raw.trim();
@@ -92,8 +148,16 @@ pub fn parse(script: &Path, output: &str) -> Result<Vec<HostSlots>, DiscoveryErr
             script: script.to_path_buf(),
             line: i + 1,
             text: clip(raw),
+            bare: slots_per_host.is_some(),
         };
-        let (host, slots) = line.rsplit_once(':').ok_or_else(bad)?;
+        let bare = !line.contains(':') || (line.starts_with('[') && line.ends_with(']'));
+        let (host, slots) = match (bare, slots_per_host) {
+            (true, Some(n)) => (line, n.to_string()),
+            _ => line
+                .rsplit_once(':')
+                .map(|(h, s)| (h, s.to_owned()))
+                .ok_or_else(bad)?,
+        };
         let digits = !slots.is_empty() && slots.bytes().all(|b| b.is_ascii_digit());
         let host_ok = !host.is_empty()
             && host
@@ -119,12 +183,13 @@ pub fn parse(script: &Path, output: &str) -> Result<Vec<HostSlots>, DiscoveryErr
     Ok(hosts)
 }
 
-/// Runs `script` once in `dir` (its own process group, no stdin) and parses what it prints; past `timeout` its
-/// process group is killed.
+/// Runs `script` once in `dir` (its own process group, no stdin) and parses what it prints ([`parse`], with
+/// `slots_per_host`); past `timeout` its process group is killed.
 pub fn run_script(
     script: &Path,
     dir: &Path,
     timeout: Duration,
+    slots_per_host: Option<u32>,
 ) -> Result<Vec<HostSlots>, DiscoveryError> {
     let mut child = Command::new(script)
         .current_dir(dir)
@@ -195,7 +260,7 @@ pub fn run_script(
             stderr: String::from_utf8_lossy(&err).into_owned(),
         });
     }
-    parse(script, &String::from_utf8_lossy(&out))
+    parse(script, &String::from_utf8_lossy(&out), slots_per_host)
 }
 
 /// The script of a running step: run every [`INTERVAL`] on a thread of its own, so a slow run never holds up the
@@ -224,13 +289,17 @@ impl Discovery {
         &self.script
     }
 
-    /// Runs the script now, on this thread.
-    pub fn run_now(&self) -> Result<Vec<HostSlots>, DiscoveryError> {
-        run_script(&self.script, &self.dir, self.timeout)
+    /// Runs the script now, on this thread; bare host names get `slots_per_host` ([`parse`]).
+    pub fn run_now(&self, slots_per_host: Option<u32>) -> Result<Vec<HostSlots>, DiscoveryError> {
+        run_script(&self.script, &self.dir, self.timeout, slots_per_host)
     }
 
-    /// Starts a run when one is due; returns the result of a run that finished since the last call.
-    pub fn poll(&mut self) -> Option<Result<Vec<HostSlots>, DiscoveryError>> {
+    /// Starts a run when one is due; returns the result of a run that finished since the last call. Bare host names
+    /// get `slots_per_host` ([`parse`]).
+    pub fn poll(
+        &mut self,
+        slots_per_host: Option<u32>,
+    ) -> Option<Result<Vec<HostSlots>, DiscoveryError>> {
         if let Some(rx) = &self.running {
             return match rx.try_recv() {
                 Ok(result) => {
@@ -252,7 +321,7 @@ impl Discovery {
             let spawned = std::thread::Builder::new()
                 .name("hvd-discovery".into())
                 .spawn(move || {
-                    let _ = tx.send(run_script(&script, &dir, timeout));
+                    let _ = tx.send(run_script(&script, &dir, timeout, slots_per_host));
                 });
             match spawned {
                 Ok(_) => self.running = Some(rx),
@@ -273,12 +342,13 @@ pub fn is_this_machine(host: &str, hostname: &str) -> bool {
 }
 
 /// Hosts whose workers failed repeatedly, each out of use until its cooldown ends (Horovod's blacklist, with a
-/// cooldown that doubles each time a host is blacklisted again). Every name of this machine (`localhost`,
-/// `127.0.0.1`, `::1`, its hostname in any case) is one host: failures are recorded under the worker's host and
-/// asked about under the script's spelling.
+/// cooldown that doubles each time a host is blacklisted again, within its [`Cooldown`] range). Every name of this
+/// machine (`localhost`, `127.0.0.1`, `::1`, its hostname in any case) is one host: failures are recorded under the
+/// worker's host and asked about under the script's spelling.
 #[derive(Debug, Default)]
 pub struct Blacklist {
     hostname: String,
+    cooldown: Cooldown,
     hosts: BTreeMap<String, HostRecord>,
 }
 
@@ -294,8 +364,14 @@ impl Blacklist {
     pub fn new(hostname: &str) -> Blacklist {
         Blacklist {
             hostname: hostname.to_owned(),
+            cooldown: Cooldown::default(),
             hosts: BTreeMap::new(),
         }
+    }
+
+    /// This blacklist with the cooldown range `cooldown` (the default: [`Cooldown::default`]).
+    pub fn with_cooldown(self, cooldown: Cooldown) -> Blacklist {
+        Blacklist { cooldown, ..self }
     }
 
     /// The one key of `host`: this machine's hostname for any of its names, else the name in lower case.
@@ -315,9 +391,7 @@ impl Blacklist {
             return None;
         }
         record.failures = 0;
-        let cooldown = FIRST_COOLDOWN
-            .saturating_mul(1 << record.times.min(16))
-            .min(MAX_COOLDOWN);
+        let cooldown = self.cooldown.nth(record.times);
         record.times += 1;
         record.until = Some(now + cooldown);
         Some(cooldown)
@@ -342,7 +416,7 @@ mod tests {
 
     #[test]
     fn host_slots_lines_are_parsed_and_anything_else_is_named() {
-        let hosts = parse(&script(), "localhost:2\n\n  node-1:4  \n[::1]:1\n").unwrap();
+        let hosts = parse(&script(), "localhost:2\n\n  node-1:4  \n[::1]:1\n", None).unwrap();
         assert_eq!(
             hosts,
             vec![
@@ -370,7 +444,7 @@ mod tests {
             "localhost:99999999999",
             "localhost:²",
         ] {
-            let e = parse(&script(), &format!("a:1\n{bad}\n")).unwrap_err();
+            let e = parse(&script(), &format!("a:1\n{bad}\n"), None).unwrap_err();
             let text = e.to_string();
             assert!(
                 text.contains("discover.sh") && text.contains("line 2") && text.contains(bad),
@@ -379,13 +453,52 @@ mod tests {
         }
         // No host at all is a failed run, not "every host is gone".
         for empty in ["", "\n", "  \n\n"] {
-            let e = parse(&script(), empty).unwrap_err();
+            let e = parse(&script(), empty, None).unwrap_err();
             assert!(matches!(e, DiscoveryError::NoHosts { .. }), "{e:?}");
             assert!(
                 e.to_string().contains("printed no `host:slots` line"),
                 "{e}"
             );
         }
+    }
+
+    /// With `--slots-per-host N` a line may be a host name alone, which gets N slots; a `host:slots` line keeps its
+    /// own count (Horovod's rule). Without it a bare name is refused as before, and so is, with it, a line that is
+    /// neither.
+    #[test]
+    fn bare_host_names_get_the_slots_per_host_and_are_refused_without_it() {
+        let out = "node-1\nnode-2:3\n\n[::1]\n[fe80::1]:2\n";
+        let hosts = parse(&script(), out, Some(4)).unwrap();
+        let got: Vec<(&str, u32)> = hosts.iter().map(|h| (h.host.as_str(), h.slots)).collect();
+        assert_eq!(
+            got,
+            [("node-1", 4), ("node-2", 3), ("::1", 4), ("fe80::1", 2)]
+        );
+        let e = parse(&script(), out, None).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1 \"node-1\", which is not `host:slots`") && !e.contains("host name"),
+            "{e}"
+        );
+        for bad in [
+            "local host",
+            "node/1",
+            "node-1:",
+            "node-1:x",
+            ":3",
+            "a\u{7}b",
+        ] {
+            let e = parse(&script(), &format!("a\n{bad}\n"), Some(2))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("line 2") && e.contains("which is not `host:slots` or a host name"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(matches!(
+            parse(&script(), "\n \n", Some(2)),
+            Err(DiscoveryError::NoHosts { .. })
+        ));
     }
 
     #[test]
@@ -400,24 +513,30 @@ mod tests {
         };
         let t = Duration::from_secs(5);
         let ok = write("ok.sh", "echo localhost:3");
-        assert_eq!(run_script(&ok, dir.path(), t).unwrap()[0].slots, 3);
+        assert_eq!(run_script(&ok, dir.path(), t, None).unwrap()[0].slots, 3);
         let failing = write("fail.sh", "echo no hosts today >&2; exit 1");
-        let e = run_script(&failing, dir.path(), t).unwrap_err().to_string();
+        let e = run_script(&failing, dir.path(), t, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("fail.sh") && e.contains("exit status: 1") && e.contains("no hosts today"),
             "{e}"
         );
         // It hangs, holding its output pipe open through a child: killed with its group at the deadline.
         let hang = write("hang.sh", "echo localhost:1; sleep 600 & wait");
-        let e = run_script(&hang, dir.path(), Duration::from_millis(300))
+        let e = run_script(&hang, dir.path(), Duration::from_millis(300), None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("hang.sh") && e.contains("did not finish"), "{e}");
         let flood = write("flood.sh", "yes localhost:1 | head -c 200000");
-        let e = run_script(&flood, dir.path(), t).unwrap_err().to_string();
+        let e = run_script(&flood, dir.path(), t, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("flood.sh") && e.contains("more than"), "{e}");
         let missing = dir.path().join("missing.sh");
-        let e = run_script(&missing, dir.path(), t).unwrap_err().to_string();
+        let e = run_script(&missing, dir.path(), t, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("missing.sh") && e.contains("could not be started"),
             "{e}"
@@ -439,6 +558,45 @@ mod tests {
             b.failed("a", t);
         }
         assert_eq!(b.failed("a", t).or(b.failed("a", t)), Some(MAX_COOLDOWN));
+    }
+
+    /// `--blacklist-cooldown-range MIN MAX`: MIN the first time, doubled at each blacklisting after it, never past
+    /// MAX; the host is out exactly until then (times given, no clock read).
+    #[test]
+    fn a_cooldown_range_sets_the_first_cooldown_and_bounds_its_growth() {
+        let range = Cooldown::from_seconds(5, 30).unwrap();
+        let t = Instant::now();
+        let mut b = Blacklist::new("box").with_cooldown(range);
+        let secs = Duration::from_secs;
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            assert_eq!(b.failed("n1", t), None);
+            got.push(b.failed("n1", t).unwrap());
+        }
+        assert_eq!(got, [secs(5), secs(10), secs(20), secs(30), secs(30)]);
+        assert!(b.blocked("n1", t + secs(29)) && !b.blocked("n1", t + secs(30)));
+        // The same range at both ends: a fixed cooldown.
+        let mut fixed = Blacklist::new("box").with_cooldown(Cooldown::from_seconds(7, 7).unwrap());
+        for _ in 0..3 {
+            fixed.failed("n1", t);
+            assert_eq!(fixed.failed("n1", t), Some(secs(7)));
+        }
+        // The default is the fixed policy of old: 60 s, doubled, at most 10 min.
+        assert_eq!(
+            Cooldown::default(),
+            Cooldown::from_seconds(60, 600).unwrap()
+        );
+        for (min, max, why) in [
+            (0, 10, "from 1 to 3600"),
+            (1, 3601, "from 1 to 3600"),
+            (20, 10, "is above the second"),
+        ] {
+            let e = Cooldown::from_seconds(min, max).unwrap_err();
+            assert!(
+                e.contains(&format!("`--blacklist-cooldown-range {min} {max}`")) && e.contains(why),
+                "{e}"
+            );
+        }
     }
 
     #[test]

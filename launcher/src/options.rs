@@ -41,6 +41,11 @@ pub struct RunOptions {
     /// `--host-discovery-script`: an elastic step's hosts come from this script (Horovod's contract: it prints
     /// `host:slots` lines), run at the start and every second while the step runs; new slots start new workers.
     pub host_discovery_script: Option<PathBuf>,
+    /// `--slots-per-host N` (horovodrun's `--slots-per-host`): the discovery script may print a host name alone,
+    /// which gets N slots; `None`: every line must be `host:slots`.
+    pub slots_per_host: Option<u32>,
+    /// `--blacklist-cooldown-range MIN MAX`: how long a host whose workers were lost stays blacklisted.
+    pub blacklist_cooldown: crate::discovery::Cooldown,
     /// `--checkpoints DIR`: where every step's workers keep `hvd.elastic` checkpoints (`HVD_CHECKPOINT_DIR`), over
     /// the steps' `checkpoints`.
     pub checkpoints: Option<PathBuf>,
@@ -85,6 +90,8 @@ impl Default for RunOptions {
             max_workers: None,
             elastic_timeout: Duration::from_secs(60),
             host_discovery_script: None,
+            slots_per_host: None,
+            blacklist_cooldown: crate::discovery::Cooldown::default(),
             checkpoints: None,
             state_dir: None,
             caches: Vec::new(),

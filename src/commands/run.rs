@@ -73,6 +73,14 @@ pub struct RunArgs {
     /// longer lists leave at their next commit (local and ssh engines).
     #[arg(long, value_name = "PROGRAM")]
     pub host_discovery_script: Option<PathBuf>,
+    /// With `--host-discovery-script`: the script may print a host name alone (no `:slots`), which gets N slots
+    /// (horovodrun's `--slots-per-host`); a `host:slots` line keeps its own.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), requires = "host_discovery_script")]
+    pub slots_per_host: Option<u32>,
+    /// How long a host on which an elastic step lost 2 workers is blacklisted: MIN seconds the first time, doubled
+    /// each time again, at most MAX (1 to 3600; default 60 600; horovodrun's flag of the same name).
+    #[arg(long, num_args = 2, value_names = ["MIN", "MAX"])]
+    pub blacklist_cooldown_range: Option<Vec<u64>>,
     /// Where the steps' workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from: a directory
     /// or `s3://bucket/prefix`, with a subdirectory per step when the file has several (overrides the steps'
     /// `checkpoints`; docs/running.md, Checkpoints).
@@ -523,14 +531,25 @@ fn options(
                 Some(path)
             }
         },
+        slots_per_host: args.slots_per_host,
+        blacklist_cooldown: match args.blacklist_cooldown_range.as_deref() {
+            None => hvd_launcher::discovery::Cooldown::default(),
+            Some(&[min, max]) => {
+                hvd_launcher::discovery::Cooldown::from_seconds(min, max).map_err(Failure::usage)?
+            }
+            Some(other) => {
+                return Err(Failure::usage(format!(
+                    "`--blacklist-cooldown-range` takes two numbers of seconds (MIN MAX), not {other:?}"
+                )));
+            }
+        },
         checkpoints: match &args.checkpoints {
             Some(dir) if dir.as_os_str().is_empty() => {
                 return Err(Failure::usage(
                     "`--checkpoints` needs a directory".to_owned(),
                 ));
             }
-            Some(dir) if dir.to_str().is_some_and(|d| d.starts_with("s3://")) => Some(dir.clone()),
-            Some(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
+            Some(dir) => Some(checkpoints_arg(dir)?),
             None => None,
         },
         state_dir: None,

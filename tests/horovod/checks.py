@@ -170,6 +170,19 @@ cases = [
     (["-np", "2", "--host-discovery-script=d.sh", "python", "t.py"],
      ["--workers", "2", "--min-workers", "2", "--max-workers", "2", "--host-discovery-script",
       os.path.abspath("d.sh")], ["python", "t.py"]),
+    # --slots-per-host (or argparse's prefix `--slots`): the slots of a host the discovery script names alone;
+    # --blacklist-cooldown-range MIN MAX: the blacklist's cooldown, as two words.
+    (["-np", "2", "--max-np", "4", "--host-discovery-script", "d.sh", "--slots-per-host", "2",
+      "--blacklist-cooldown-range", "10", "120", "python", "t.py"],
+     ["--workers", "4", "--min-workers", "2", "--max-workers", "4", "--host-discovery-script",
+      os.path.abspath("d.sh"), "--slots-per-host", "2", "--blacklist-cooldown-range", "10", "120"], ["python", "t.py"]),
+    (["--slots=3", "--host-discovery-script", "d.sh", "--max-np", "4", "python", "t.py"],
+     ["--workers", "4", "--min-workers", "4", "--max-workers", "4", "--host-discovery-script",
+      os.path.abspath("d.sh"), "--slots-per-host", "3"], ["python", "t.py"]),
+    # Without a discovery script Horovod ignores --slots-per-host; the cooldown applies to replacements too.
+    (["-np", "4", "--min-np", "2", "--slots-per-host", "2", "--blacklist-cooldown-range", "5", "5", "python", "t.py"],
+     ["--workers", "4", "--min-workers", "2", "--max-workers", "4", "--blacklist-cooldown-range", "5", "5"],
+     ["python", "t.py"]),
     # --reset-limit: each worker's HVD_ELASTIC_RESET_LIMIT, in the command every engine runs.
     (["-np", "2", "--min-np", "1", "--reset-limit", "3", "python", "t.py"],
      ["--workers", "2", "--min-workers", "1", "--max-workers", "2"],
@@ -183,7 +196,12 @@ for argv, part in (
     (["--max-np", "1", "-np", "2", "python", "t.py"], "--max-np 1 is below -np 2"),
     (["--min-np", "x", "-np", "2", "python", "t.py"], "--min-np takes a positive number of workers, not `x`"),
     (["-np", "\u00b2", "python", "t.py"], "-np takes a positive number of workers"),
-    (["--slots-per-host", "2", "python", "t.py"], "`--slots-per-host` (elastic host discovery)"),
+    (["-np", "2", "--slots-per-host", "0", "python", "t.py"], "--slots-per-host takes a positive number of slots"),
+    (["-np", "2", "--blacklist-cooldown-range", "60", "python", "t.py"],
+     "--blacklist-cooldown-range takes two whole numbers of seconds (MIN MAX), not `60 python`"),
+    (["-np", "2", "--blacklist-cooldown-range", "60"], "`--blacklist-cooldown-range` needs two values"),
+    (["-np", "2", "--blacklist-cooldown-range=60", "300", "python"], "`--blacklist-cooldown-range` needs two values"),
+    (["-np", "2", "--cooldown-range", "1", "2", "python"], "unknown or unsupported flag `--cooldown-range`"),
     (["--host-discovery-script", "d.sh", "python", "t.py"], "--host-discovery-script needs --max-np (or -np)"),
     (["--host-discovery-script", "d.sh", "--min-np", "3", "--max-np", "2", "python", "t.py"],
      "--min-np 3 is above --max-np 2"),

@@ -62,7 +62,7 @@ pub(super) fn first_discovery(
     let started = Instant::now();
     let mut last: Option<String> = None;
     loop {
-        let found = match discovery.run_now() {
+        let found = match discovery.run_now(job.options.slots_per_host) {
             Ok(found) => {
                 let usable = hosts.usable(
                     job,
@@ -363,7 +363,8 @@ pub(super) fn supervise(
     let mut all_ok = true;
     let mut remaining = workers.len();
     // Host discovery: hosts whose workers failed repeatedly, the last warning.
-    let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()));
+    let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()))
+        .with_cooldown(job.options.blacklist_cooldown);
     let mut last_warning: Option<String> = None;
     let mut starts = Starts::new(step.layout.slots.len());
     let mut backoff = SpawnBackoff::default();
@@ -566,7 +567,7 @@ pub(super) fn supervise(
             _ if job.stopping() || restart || finishing => None,
             Some(Growth {
                 discovery: Some(d), ..
-            }) => d.poll(),
+            }) => d.poll(job.options.slots_per_host),
             Some(_) if vacancies > 0 && backoff.ready(Instant::now()) => Some(Ok(own.clone())),
             _ => None,
         };

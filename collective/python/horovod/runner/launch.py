@@ -27,13 +27,14 @@ _VALUED = {
     # Not an option of `hvd run`: the workers' HVD_ELASTIC_RESET_LIMIT (what hvd.elastic.run reads).
     "--reset-limit": "--reset-limit",
     "--host-discovery-script": "--host-discovery-script",
+    # With --host-discovery-script: the slots of a host the script names alone (`--slots` is argparse's prefix of it).
+    "--slots-per-host": "--slots-per-host", "--slots": "--slots-per-host",
 }
+# Flags taking two values: Horovod's spelling -> the `hvd run` option.
+_PAIRS = {"--blacklist-cooldown-range": "--blacklist-cooldown-range"}
 # Flags without a value: `--gloo` and `--disable-cache` change nothing in hvd (its runtime is one transport of its
 # own, and it keeps no such cache).
 _SWITCHES = {"--gloo", "--mpi", "--verbose", "-v", "--disable-cache", "--check-build"}
-# Elastic flags `hvd run` has no counterpart for yet: its discovery script must print `host:slots` lines, and its
-# blacklist has a cooldown of its own (docs/running.md, Host discovery).
-_ELASTIC = {"--slots-per-host", "--cooldown-range", "--blacklist-cooldown-range"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -90,13 +91,12 @@ def parse(argv):
         i += 1
         if flag == "--":
             break
-        if flag in _ELASTIC:
-            raise UsageError(
-                "horovodrun: `{}` (elastic host discovery) is not supported: hvd run's --host-discovery-script must "
-                "print `host:slots` lines, and hosts whose workers fail are blacklisted with hvd's own cooldown; drop "
-                "the flag".format(flag)
-            )
-        if flag in _VALUED:
+        if flag in _PAIRS:
+            if inline or i + 2 > len(argv):
+                raise UsageError("horovodrun: `{}` needs two values, e.g. `{} 60 300`".format(flag, flag))
+            values[_PAIRS[flag]] = (argv[i], argv[i + 1])
+            i += 2
+        elif flag in _VALUED:
             if inline:
                 value = inline
             elif i < len(argv):
@@ -135,6 +135,15 @@ def translate(argv):
                 reset_limit))
         # Every engine runs the command as written: the limit travels in it to each worker's hvd.elastic.run.
         command = ["env", "HVD_ELASTIC_RESET_LIMIT={}".format(int(reset_limit))] + command
+    # Without --host-discovery-script Horovod ignores it (-H and --hostfile give their slots), and so does this.
+    slots = values.pop("--slots-per-host", None)
+    if slots is not None and (not _digits(slots) or int(slots) < 1):
+        raise UsageError("horovodrun: --slots-per-host takes a positive number of slots, not `{}`".format(slots))
+    cooldown = values.pop("--blacklist-cooldown-range", None)
+    if cooldown is not None:
+        if not all(_digits(v) for v in cooldown):
+            raise UsageError("horovodrun: --blacklist-cooldown-range takes two whole numbers of seconds (MIN MAX), "
+                             "not `{} {}`".format(*cooldown))
     discovery = values.pop("--host-discovery-script", None)
     if discovery is not None:
         # The script's slots decide how many start; the step grows up to --max-np (else -np) and goes on down to
@@ -148,6 +157,8 @@ def translate(argv):
             raise UsageError("horovodrun: --min-np {} is above --max-np {}".format(least, most))
         options += ["--workers", most, "--min-workers", least, "--max-workers", most,
                     "--host-discovery-script", os.path.abspath(discovery)]
+        if slots is not None:
+            options += ["--slots-per-host", str(int(slots))]
         minimum = None
         workers = most
     else:
@@ -162,6 +173,9 @@ def translate(argv):
         if int(minimum) > int(workers):
             raise UsageError("horovodrun: --min-np {} is above the {} workers it starts".format(minimum, workers))
         options += ["--min-workers", minimum, "--max-workers", workers]
+    if cooldown is not None:
+        # `hvd run` checks the range itself (1 to 3600 s, MIN at most MAX) and names the flag.
+        options += ["--blacklist-cooldown-range", str(int(cooldown[0])), str(int(cooldown[1]))]
     hosts = values.get("--hosts")
     if hosts is not None and all(_local(h.partition(":")[0]) for h in hosts.split(",")):
         del values["--hosts"]  # every slot is on this machine: the local engine, no ssh to ourselves
