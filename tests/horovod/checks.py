@@ -98,6 +98,50 @@ except ValueError as e:
 else:
     raise AssertionError("args that are not a tuple were accepted")
 
+# horovod.runner.common.util.env.get_env_rank_and_size (Horovod's process-set suites call it before init): the first
+# launcher pair set (hvd run's, Horovod's names, Open MPI's, PMI's), None without one, an error for half a pair.
+import contextlib
+
+from horovod.runner.common.util.env import get_env_rank_and_size
+
+
+@contextlib.contextmanager
+def hvd_env(**values):
+    """Sets (a string) or unsets (None) variables for the block, then puts them back."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_PAIR_VARS = ("HVD_RANK", "HVD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+              "PMI_RANK", "PMI_SIZE")
+with hvd_env(**{k: None for k in _PAIR_VARS}):
+    assert get_env_rank_and_size() is None
+    with hvd_env(PMI_RANK="3", PMI_SIZE="4", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2"):
+        assert get_env_rank_and_size() == (1, 2)
+        with hvd_env(HVD_RANK="0", HVD_SIZE="8"):
+            assert get_env_rank_and_size() == (0, 8)
+    for half, bad in (({"HOROVOD_RANK": "1"}, "HOROVOD_SIZE"), ({"PMI_SIZE": "2"}, "PMI_RANK"),
+                      ({"HVD_RANK": "x", "HVD_SIZE": "2"}, "not numbers")):
+        with hvd_env(**half):
+            try:
+                get_env_rank_and_size()
+            except RuntimeError as e:
+                assert bad in str(e), e
+            else:
+                raise AssertionError("{} was accepted".format(half))
+
 # The framework modules are hvd's: without the framework, importing one fails with hvd's own message.
 for module, framework, message in (
     ("horovod.torch", "torch", "hvd.torch needs PyTorch"),

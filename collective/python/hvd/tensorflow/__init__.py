@@ -164,6 +164,18 @@ def _run(kind, fn, tensors, touts, name, ignore_name_scope=False):
 _FAILURE_BYTES = 3000
 
 
+def _check_set(process_set):
+    """Refuses, when the op is made, a process set that is not one of the job's (never added, removed, or an id set
+    by hand) with a ``ValueError``, as Horovod's ops do (its ``process_set.size()`` does)."""
+    if process_set is None:
+        return
+    ps_id = getattr(process_set, "process_set_id", None)
+    if ps_id == 0 or (ps_id is not None and ps_id in _core._SETS):
+        return
+    raise ValueError("{} is not a process set of this job (never added, removed, or its id set by hand): add it "
+                     "with hvd.add_process_set or hvd.init(process_sets=...)".format(process_set))
+
+
 def _tensor(x):
     if isinstance(x, tf.IndexedSlices):
         return x
@@ -182,6 +194,7 @@ def _allreduce(tensor, name=None, op=_core.Sum, prescale_factor=1.0, postscale_f
 
 def _grouped_allreduce(tensors, name=None, op=_core.Sum, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=None, ignore_name_scope=False, kind="GroupedAllreduce"):
+    _check_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     dtypes = [t.dtype for t in tensors]
 
@@ -210,6 +223,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None, kind="GroupedAllgather"):
     """``allgather`` of each tensor, submitted together."""
+    _check_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -246,6 +260,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 def _grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False, process_set=None,
                        kind="GroupedBroadcast"):
+    _check_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     dtypes = [t.dtype for t in tensors]
 
@@ -272,6 +287,7 @@ def _grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False, p
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
     """Sends ``splits[j]`` rows of dimension 0 to rank j (default: equal parts). Returns the received tensor, and
     with ``splits`` given also the received splits (int32), as Horovod does."""
+    _check_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     given = splits is not None
     splits_t = tf.convert_to_tensor(splits) if given else tf.constant([], dtype=tf.int32)
@@ -306,6 +322,7 @@ def _reducescatter(tensor, name=None, op=_core.Sum, ignore_name_scope=False, pro
 
 def _grouped_reducescatter(tensors, name=None, op=_core.Sum, ignore_name_scope=False, process_set=None,
                            prescale_factor=1.0, postscale_factor=1.0, kind="GroupedReducescatter"):
+    _check_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     dtypes = [t.dtype for t in tensors]
 

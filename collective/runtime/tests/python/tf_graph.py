@@ -2,8 +2,9 @@
 a session and eagerly. Collectives return tf.Tensors with static shapes, gradients are Horovod's (allreduce,
 allgather, broadcast, alltoall), tf.IndexedSlices are allgathered, a disagreement between the ranks is a
 FailedPreconditionError and the job goes on, many collectives of one graph run in whatever order each rank picks,
-*_op functions run when the graph runs, broadcast_global_variables and DistributedOptimizer (tf.compat.v1,
-also with backward_passes_per_step), elastic.TensorFlowState."""
+*_op functions run when the graph runs, a process set that is not the job's is refused (ValueError),
+broadcast_global_variables and DistributedOptimizer (tf.compat.v1, also with backward_passes_per_step),
+elastic.TensorFlowState."""
 import sys
 
 import numpy as np
@@ -40,6 +41,22 @@ def checks(run, mode):
         pass
     if run(hvd.size_op()) != n or run(hvd.rank_op()) != r:
         fail("{}: size_op/rank_op".format(mode))
+    # A process set that is not one of the job's (never added, or an id set by hand): ValueError when the op is made.
+    fake = hvd.ProcessSet([0])
+    for ps_id in (None, 1000):
+        fake.process_set_id = ps_id
+        for what, make in (("allreduce", lambda: hvd.allreduce(tf.ones(2), process_set=fake)),
+                           ("allgather", lambda: hvd.allgather(tf.ones(2), process_set=fake)),
+                           ("broadcast", lambda: hvd.broadcast(tf.ones(2), 0, process_set=fake)),
+                           ("alltoall", lambda: hvd.alltoall(tf.ones(2), process_set=fake)),
+                           ("reducescatter", lambda: hvd.reducescatter(tf.ones(2), process_set=fake))):
+            try:
+                make()
+            except ValueError as e:
+                if "not a process set of this job" not in str(e):
+                    fail("{}: {} with process set id {}: another ValueError: {}".format(mode, what, ps_id, e))
+            else:
+                fail("{}: {} with process set id {} was not refused".format(mode, what, ps_id))
     # IndexedSlices: values and indices gathered, averaged values divided by the size.
     sl = hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]) * (r + 1), tf.constant([r])), op=hvd.Average)
     values, indices = run([sl.values, sl.indices])

@@ -1,0 +1,1 @@
+"""``horovod.runner.common``: the helpers of Horovod's launcher package that its test suites import."""
