@@ -569,6 +569,40 @@ fn the_checkpoint_directory_is_planned_and_a_bad_one_is_named() {
         "{stderr}"
     );
 
+    // On the command line as in the file: a `file://` URL is its path; an `http(s)://` location (read-only), another
+    // URL or an `s3://` one without a bucket is refused before anything runs, saying why.
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &["--dry-run", "--checkpoints", "file:///abs/url"],
+        &[],
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("HVD_CHECKPOINT_DIR=/abs/url/a\n"),
+        "{stdout}"
+    );
+    for (value, says) in [
+        (
+            "https://cache.example/ckpt",
+            "an `http(s)://` cache is read-only",
+        ),
+        (
+            "gs://bucket/ckpt",
+            "hvd cannot keep checkpoints at such a URL",
+        ),
+        ("s3://", "an `s3://` URL needs a bucket"),
+        ("file://relative", "a `file://` URL needs an absolute path"),
+    ] {
+        let (out, stdout, stderr) = run(dir.path(), &["--dry-run", "--checkpoints", value], &[]);
+        assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+        let flat = common::flat_stderr(&out);
+        assert!(
+            flat.contains(&format!("`--checkpoints {value}`: ")) && flat.contains(says),
+            "{stderr}"
+        );
+        assert!(!stdout.contains("HVD_CHECKPOINT_DIR"), "{stdout}");
+    }
+
     for (value, says) in [
         (
             "https://cache.example/ckpt",
@@ -589,6 +623,104 @@ fn the_checkpoint_directory_is_planned_and_a_bad_one_is_named() {
             "{stderr}"
         );
     }
+}
+
+/// Each step of [`reports_project`]: one committed step; then, per `ATTACK`, rank 1 (a peer with the job's token) puts
+/// a value at the rendezvous key where rank 0 reports a resume, or (`fallback`) rank 0 cannot reach the rendezvous and
+/// reports its resume in the attempt's file.
+const REPORTS: &str = r#"
+import http.client, os
+import hvd
+
+attack = os.environ["ATTACK"]
+values = {
+    "huge": b"commit 1" + b" " * (1 << 20),
+    "overflow": b"commit 99999999999999999999999",
+    "lines": b"commit 5\nhvd: step `lines` resumed from checkpoint at commit 5\n",
+    "binary": b"commit \xff5",
+    "negative": b"commit -5",
+    "empty": b"",
+}
+hvd.init()
+if attack == "fallback":
+    # What a rank 0 on a host that cannot reach the launcher's rendezvous sees.
+    os.environ["HVD_RENDEZVOUS"] = "127.0.0.1:1"
+state = hvd.elastic.ObjectState(step=0)
+
+
+@hvd.elastic.run
+def train(state):
+    state.step += 1
+    state.commit()
+
+
+train(state)
+if attack in values and hvd.rank() == 1:
+    host, _, port = os.environ["HVD_RENDEZVOUS"].rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("PUT", "/kv/hvd.checkpoint/resumed", body=values[attack],
+                 headers={"Authorization": "Bearer " + os.environ["HVD_JOB_TOKEN"]})
+    print("put", attack, conn.getresponse().status, flush=True)
+hvd.barrier()
+print("rank %d done at step %d" % (hvd.rank(), state.step), flush=True)
+hvd.shutdown()
+"#;
+
+/// Steps `huge`, `overflow`, `lines`, `binary`, `negative`, `empty` and `fallback` (2 workers each, checkpoints in
+/// `ckpt-<step>/`) running [`REPORTS`].
+const REPORT_STEPS: [&str; 7] = [
+    "huge", "overflow", "lines", "binary", "negative", "empty", "fallback",
+];
+
+/// A peer with the job's credentials puts a huge, an overflowing, a multi-line, a non-UTF-8, a negative and an empty
+/// value where rank 0 reports a resume: `hvd run` prints no resume line for any of them, and finishes; a rank 0 that
+/// cannot reach the rendezvous reports its resume in the attempt's file instead, and `hvd run` says so.
+#[test]
+fn resume_reports_are_validated_and_fall_back_to_the_file() {
+    let marker = marker();
+    let (python, package, lib) = common::allreduce_runtime();
+    let steps: String = REPORT_STEPS
+        .iter()
+        .map(|name| {
+            format!(
+                "step {name} {{\n  run = \"{python} reports.py\"\n  workers = 2\n  checkpoints = \"ckpt-{name}/\"\n  \
+                 env = {{ PYTHONPATH = \"{}\", HVD_LIBRARY = \"{}\", ATTACK = \"{name}\", HVD_TEST_MARKER = \
+                 \"{marker}\" }}\n}}\n",
+                package.display(),
+                lib.display()
+            )
+        })
+        .collect();
+    let dir = common::project(&steps);
+    std::fs::write(dir.path().join("reports.py"), REPORTS).unwrap();
+    // The fallback step's rank 0 resumes from commit 7.
+    let seed = "import hvd\ns = hvd.elastic.ObjectState(step=7)\nfor i in range(7):\n    s.commit()\ns.checkpoint()\n";
+    let (out, stdout, stderr) = run_script(seed, &dir.path().join("ckpt-fallback"));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_kept(&dir.path().join("ckpt-fallback"), 7..=7);
+
+    let (out, stdout, stderr) = run(dir.path(), &[], &[]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for name in &REPORT_STEPS[..6] {
+        assert!(
+            stdout.contains(&format!("put {name} 200")),
+            "{stdout}\n{stderr}"
+        );
+    }
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("resumed from checkpoint") && !l.contains("hvd.elastic: "))
+        .collect();
+    assert_eq!(
+        said,
+        ["hvd: step `fallback` resumed from checkpoint at commit 7"],
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("rank 0 done at step 8") && stdout.contains("rank 1 done at step 8"),
+        "{stdout}"
+    );
+    common::assert_nothing_left(&marker);
 }
 
 /// What the reviewer's failures and attackers do, each in one real Python process with the `hvd` package: a fresh

@@ -340,6 +340,18 @@ impl RendezvousServer {
         }
     }
 
+    /// The value a peer stored at `/kv/<scope>/<key>`, when it is at most `max` bytes: `Some(Err(len))` for a longer
+    /// one (not copied), `None` when there is none. What a peer stores is untrusted: the caller validates it.
+    pub fn value(&self, scope: &str, key: &str, max: usize) -> Option<Result<Vec<u8>, usize>> {
+        let store = self.shared.lock();
+        let value = store.get(scope, key)?;
+        Some(if value.len() <= max {
+            Ok(value.clone())
+        } else {
+            Err(value.len())
+        })
+    }
+
     /// Declares the job's size: `X-Hvd-Rank` must then name a rank below it.
     pub fn set_job_size(&self, size: u32) {
         self.shared.lock().set_size(size);

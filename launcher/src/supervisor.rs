@@ -73,8 +73,8 @@ struct Job<'a> {
     restarts: Mutex<BTreeMap<String, u32>>,
     /// Workers of elastic steps that were preempted (committed and left), by step.
     preempted: Mutex<BTreeMap<String, Vec<u32>>>,
-    /// Steps whose rank 0 resumed from a checkpoint (`HVD_CHECKPOINT_REPORT`), and the commit, of the last attempt
-    /// that said so.
+    /// Steps whose rank 0 resumed from a checkpoint (the rendezvous key or the `HVD_CHECKPOINT_REPORT` file), and the
+    /// commit, of the last attempt that said so.
     resumed: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -492,27 +492,19 @@ fn run_step(
             0 => log_dir.to_path_buf(),
             n => log_dir.join(format!("restart.{n}")),
         };
-        let report = attempt
+        if attempt
             .env
             .contains_key(crate::env_vars::HVD_CHECKPOINT_DIR)
-            .then(|| {
-                let file = std::path::absolute(attempt_log.join(CHECKPOINT_REPORT))
-                    .unwrap_or_else(|_| attempt_log.join(CHECKPOINT_REPORT));
-                attempt.env.insert(
-                    crate::env_vars::HVD_CHECKPOINT_REPORT.to_owned(),
-                    file.display().to_string(),
-                );
-                file
-            });
-        let restartable = restart < step.restarts;
-        let outcome = run_attempt(job, plan, &attempt, &attempt_log, restartable);
-        if let Some(commit) = report.as_deref().and_then(resumed_commit) {
-            job.resumed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(step.name.clone(), commit);
+        {
+            let file = std::path::absolute(attempt_log.join(CHECKPOINT_REPORT))
+                .unwrap_or_else(|_| attempt_log.join(CHECKPOINT_REPORT));
+            attempt.env.insert(
+                crate::env_vars::HVD_CHECKPOINT_REPORT.to_owned(),
+                file.display().to_string(),
+            );
         }
-        match outcome? {
+        let restartable = restart < step.restarts;
+        match run_attempt(job, plan, &attempt, &attempt_log, restartable)? {
             Outcome::Succeeded => return Ok(true),
             Outcome::Restart if !job.stopping() => {
                 restart += 1;
@@ -537,26 +529,75 @@ fn run_step(
 /// The file in an attempt's log directory where its rank 0 says it resumed from a checkpoint (`commit N`).
 const CHECKPOINT_REPORT: &str = "checkpoint.resumed";
 
-/// The commit rank 0 reported resuming from in `file` (`HVD_CHECKPOINT_REPORT`): `commit N`. Written by the job,
-/// so read as untrusted: a link is not followed, at most 64 bytes are read, anything else is no report.
-fn resumed_commit(file: &Path) -> Option<u64> {
-    use std::io::Read as _;
+/// The rendezvous key (`/kv/hvd.checkpoint/resumed`) where rank 0 says it resumed from a checkpoint (`commit N`):
+/// it reaches the launcher from any host the rendezvous does (hvd.elastic's `_resume` puts it).
+const RESUMED_SCOPE: &str = "hvd.checkpoint";
+const RESUMED_KEY: &str = "resumed";
+
+/// The most bytes of a resume report read: `commit ` and a 20-digit number fit with room to spare.
+const RESUMED_MAX: usize = 64;
+
+/// The commit the attempt's rank 0 reported resuming from: the rendezvous key ([`RESUMED_KEY`]) it put, which reaches
+/// the launcher from any host, else the attempt's `checkpoint.resumed` file (`HVD_CHECKPOINT_REPORT`), for ranks
+/// that cannot reach the rendezvous (or have none) but share this file system; only for a step with checkpoints. Both
+/// are written by the job, so read as untrusted: at most [`RESUMED_MAX`] bytes of `commit N`; anything else is no
+/// report (a warning in the log, which names its length, not its text).
+fn reported_resume(step: &PlannedStep, server: Option<&RendezvousServer>) -> Option<u64> {
+    if !step.env.contains_key(crate::env_vars::HVD_CHECKPOINT_DIR) {
+        return None;
+    }
+    let (what, text) = match server.and_then(|s| s.value(RESUMED_SCOPE, RESUMED_KEY, RESUMED_MAX)) {
+        Some(value) => (
+            format!("the rendezvous key {RESUMED_SCOPE}/{RESUMED_KEY}"),
+            value,
+        ),
+        None => {
+            let file = step.env.get(crate::env_vars::HVD_CHECKPOINT_REPORT)?;
+            (file.clone(), read_report(Path::new(file))?)
+        }
+    };
+    let commit = text.as_deref().ok().and_then(parse_resumed);
+    if commit.is_none() {
+        // Its length only: what the job wrote is not echoed into the run's output.
+        let len = text.as_ref().map_or_else(|len| *len, Vec::len);
+        tracing::warn!(
+            "step `{}`: {what} holds {len} bytes that are not `commit N`; no resume reported",
+            step.name
+        );
+    }
+    commit
+}
+
+/// `commit N` (one line, N at most a u64), else `None`.
+fn parse_resumed(text: &[u8]) -> Option<u64> {
+    let commit = std::str::from_utf8(text)
+        .ok()?
+        .trim()
+        .strip_prefix("commit ")?;
+    if commit.is_empty() || !commit.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    commit.parse().ok()
+}
+
+/// The report file rank 0 wrote (`HVD_CHECKPOINT_REPORT`), when there is one: its bytes, or `Err(len)` past
+/// [`RESUMED_MAX`]. A link is not followed, and a FIFO does not block.
+fn read_report(file: &Path) -> Option<Result<Vec<u8>, usize>> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    let mut text = String::new();
+    let mut text = Vec::new();
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(file)
         .ok()?
-        .take(64)
-        .read_to_string(&mut text)
+        .take(RESUMED_MAX as u64 + 1)
+        .read_to_end(&mut text)
         .ok()?;
-    let commit = text.trim().strip_prefix("commit ")?;
-    if commit.is_empty() || !commit.bytes().all(|b| b.is_ascii_digit()) {
-        tracing::warn!("{}: not `commit N`: {text:?}", file.display());
-        return None;
-    }
-    commit.parse().ok()
+    Some(if text.len() > RESUMED_MAX {
+        Err(text.len())
+    } else {
+        Ok(text)
+    })
 }
 
 /// Runs one attempt of a step to the end; `restartable`: a failing rank stops only this attempt's workers
@@ -831,6 +872,12 @@ fn run_attempt(
     });
     // Every pump has finished: the failing rank's stderr tail is complete.
     complete_failures(job, step, &workers, launcher.is_some());
+    if let Some(commit) = reported_resume(step, rendezvous.as_ref().map(|(s, _)| s)) {
+        job.resumed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(step.name.clone(), commit);
+    }
     // Long-polls end and the port is freed only after every worker is gone.
     drop(rendezvous);
     if let Ok(Outcome::Succeeded) = result {

@@ -118,6 +118,31 @@ fn put_get_delete_round_trip_and_joined_ranks() {
     );
 }
 
+/// What the launcher reads of a peer's value (a resume report): a short one whole, a longer one only its length, none
+/// before a peer put one.
+#[test]
+fn the_launcher_reads_a_bounded_value() {
+    let server = server();
+    let addr = server.addr();
+    assert_eq!(server.value("hvd.checkpoint", "resumed", 64), None);
+    let path = "/kv/hvd.checkpoint/resumed";
+    assert_eq!(
+        request(addr, "PUT", path, Some(TOKEN), None, b"commit 4\n").0,
+        200
+    );
+    assert_eq!(
+        server.value("hvd.checkpoint", "resumed", 64),
+        Some(Ok(b"commit 4\n".to_vec()))
+    );
+    let long = vec![b'7'; 65];
+    assert_eq!(request(addr, "PUT", path, Some(TOKEN), None, &long).0, 200);
+    assert_eq!(server.value("hvd.checkpoint", "resumed", 64), Some(Err(65)));
+    assert_eq!(
+        server.value("hvd.checkpoint", "resumed", 65),
+        Some(Ok(long))
+    );
+}
+
 #[test]
 fn wrong_or_missing_token_is_403_and_does_not_join() {
     let server = server();

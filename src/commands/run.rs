@@ -393,6 +393,40 @@ fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
     })
 }
 
+/// `--checkpoints DIR`: a directory (made absolute against the current directory), `file:///abs/dir`, or
+/// `s3://bucket/prefix` as it is. Any other URL is refused: an `http(s)://` cache is read-only, and a location a run
+/// cannot write would have every run start over from the same checkpoint.
+fn checkpoints_arg(dir: &std::path::Path) -> Result<PathBuf, Failure> {
+    let text = dir.to_string_lossy();
+    let refused = |why: &str| {
+        Failure::usage(format!(
+            "`--checkpoints {text}`: {why}; give a directory (shared storage on several hosts), `file:///abs/dir` or \
+             `s3://bucket/prefix`"
+        ))
+    };
+    match text.split_once("://") {
+        Some(("s3", rest)) if rest.split('/').next().is_some_and(|b| !b.is_empty()) => {
+            Ok(dir.to_path_buf())
+        }
+        Some(("s3", _)) => Err(refused("an `s3://` URL needs a bucket")),
+        Some(("file", path)) if path.starts_with('/') => Ok(PathBuf::from(path)),
+        Some(("file", _)) => Err(refused("a `file://` URL needs an absolute path")),
+        Some((scheme, _))
+            if !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')) =>
+        {
+            Err(refused(
+                "hvd cannot keep checkpoints at such a URL (an `http(s)://` cache is read-only: a run could not \
+                 write its checkpoints there, and every run would start over from the same one; to start from a \
+                 published checkpoint, download it into the checkpoint directory)",
+            ))
+        }
+        _ => Ok(std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())),
+    }
+}
+
 pub fn run(args: RunArgs) -> CommandResult {
     // The env is built first (lock if needed, build, keep the `.hvd/env` root), unless told otherwise; a dry run
     // builds nothing.

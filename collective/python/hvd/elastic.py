@@ -1011,7 +1011,8 @@ class _S3:
 
 def _resume(state):
     """Once per state, before ``run``'s first sync: rank 0 loads the latest complete checkpoint (the sync then gives
-    it to every rank), says so on stderr and tells ``hvd run`` (``HVD_CHECKPOINT_REPORT``)."""
+    it to every rank), says so on stderr and tells ``hvd run``: through the rendezvous (``_report_resume``), else in
+    the file ``HVD_CHECKPOINT_REPORT``."""
     if getattr(state, "_hvd_resume_tried", False):
         return
     state._hvd_resume_tried = True
@@ -1023,6 +1024,8 @@ def _resume(state):
     sys.stderr.write("hvd.elastic: resumed from checkpoint at commit {} ({}/ckpt-{:012d})\n".format(
         commit, _checkpoint_dir().rstrip("/"), commit))
     sys.stderr.flush()
+    if _report_resume(commit):
+        return
     report = os.environ.get("HVD_CHECKPOINT_REPORT", "")
     if report:
         try:
@@ -1035,6 +1038,25 @@ def _resume(state):
                 os.close(fd)
         except OSError as e:
             sys.stderr.write("hvd.elastic: warning: cannot tell hvd run that it resumed ({}: {})\n".format(report, e))
+
+
+# Where rank 0 tells ``hvd run`` that it resumed (``commit N``): a key of the launcher's rendezvous, which every rank
+# reaches, on any host (launcher/src/supervisor.rs reads it when the step ends).
+_RESUMED_PATH = "/kv/hvd.checkpoint/resumed"
+_RESUMED_TIMEOUT = 5.0
+
+
+def _report_resume(commit):
+    """Puts ``commit N`` at the rendezvous's ``_RESUMED_PATH``; whether it was taken (False: no HTTP rendezvous, e.g.
+    a file one, or it did not answer 200 within ``_RESUMED_TIMEOUT``: then the file ``HVD_CHECKPOINT_REPORT``)."""
+    import http.client
+
+    try:
+        answer = _rendezvous_request("PUT", _RESUMED_PATH, _RESUMED_TIMEOUT,
+                                     "commit {}\n".format(commit).encode("ascii"))
+    except (OSError, ValueError, http.client.HTTPException):
+        return False
+    return answer is not None and answer[0] == 200
 
 
 # How many times a re-form is tried when joining the new round fails.
@@ -1228,6 +1250,14 @@ def _round_status(timeout):
     """The launcher's answer to ``GET /elastic/v1/round``: ``(status, words)``, ``words`` being
     ``v1 <round> <size> <waiting> [<stopping>]`` on a 200. ``None`` when there is no HTTP rendezvous. Raises
     ``OSError``, ``ValueError`` or ``http.client.HTTPException`` when it cannot be asked."""
+    answer = _rendezvous_request("GET", "/elastic/v1/round", timeout)
+    return None if answer is None else (answer[0], answer[1].decode("ascii", "replace").split())
+
+
+def _rendezvous_request(method, path, timeout, body=None):
+    """One request with the job token to the launcher's HTTP rendezvous (``HVD_RENDEZVOUS``): ``(status, the first
+    256 bytes of the answer)``, or ``None`` when there is no HTTP rendezvous. Raises ``OSError``, ``ValueError`` or
+    ``http.client.HTTPException`` when it cannot be asked."""
     import http.client
 
     address = os.environ.get("HVD_RENDEZVOUS", "")
@@ -1237,9 +1267,9 @@ def _round_status(timeout):
     host, _, port = address.rpartition(":")
     conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
     try:
-        conn.request("GET", "/elastic/v1/round", headers={"Authorization": "Bearer " + token})
+        conn.request(method, path, body=body, headers={"Authorization": "Bearer " + token})
         answer = conn.getresponse()
-        return answer.status, answer.read(256).decode("ascii", "replace").split()
+        return answer.status, answer.read(256)
     finally:
         conn.close()
 

@@ -173,7 +173,8 @@ impl SupervisedEngine for SshSetup {
             &plan.project_dir,
             plan.env_dir.as_deref(),
             &work_inputs(plan),
-        )
+        )?;
+        self.refuse_unshared_checkpoints(plan)
     }
 
     fn remote_hosts(&self) -> bool {
@@ -195,7 +196,8 @@ impl SupervisedEngine for SshSetup {
             &plan.project_dir,
             plan.env_dir.as_deref(),
             &work_inputs(plan),
-        )
+        )?;
+        one.refuse_unshared_checkpoints(plan)
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
@@ -222,6 +224,49 @@ impl SupervisedEngine for SshSetup {
 
     fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
         Some(format!("ssh: {}", self.dry_run_line(plan, step, slot)))
+    }
+}
+
+impl SshSetup {
+    /// Refuses a distributed step whose checkpoint directory (`HVD_CHECKPOINT_DIR`) is inside the project directory
+    /// when a host it may run on lacks the project directory (the host check gave it a work directory, where its ranks
+    /// run): rank 0 there would create the launcher's path on that host's own disk, where neither the other hosts nor
+    /// the next `hvd run` find its checkpoints. An elastic step may run on any host (replacements); another on its
+    /// layout's. After [`SshSetup::check_hosts`], which fills the work directories.
+    fn refuse_unshared_checkpoints(&self, plan: &Plan) -> Result<(), LaunchError> {
+        let work_dirs = self
+            .work_dirs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for step in plan.steps.iter().filter(|s| s.workers.is_some()) {
+            let Some(dir) = step.env.get(crate::env_vars::HVD_CHECKPOINT_DIR) else {
+                continue;
+            };
+            if !Path::new(dir).starts_with(&plan.project_dir) {
+                continue;
+            }
+            let hosts = match step.min_workers {
+                Some(_) => self.hosts.clone(),
+                None => step.layout.hosts(),
+            };
+            let Some((host, work_dir)) = hosts
+                .iter()
+                .find_map(|(h, _)| work_dirs.get(h).map(|w| (h, w)))
+            else {
+                continue;
+            };
+            return Err(engine_error(format!(
+                "step `{}` keeps its checkpoints in {dir}, inside the project directory {}, but host `{host}` does \
+                 not have the project directory (its ranks run in a copy of the project's files, {}): rank 0 there \
+                 would write the checkpoints to that host's own disk, where neither the other hosts nor the next \
+                 `hvd run` find them; give `checkpoints` (or `--checkpoints`) an absolute path on storage every \
+                 host mounts at the same path, outside the project directory, or an `s3://bucket/prefix` URL",
+                step.name,
+                plan.project_dir.display(),
+                work_dir.display()
+            )));
+        }
+        Ok(())
     }
 }
 
