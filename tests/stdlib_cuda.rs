@@ -2,12 +2,18 @@
 //! CUDA wheels as Horovod's build requirements and the variables of its era, and `hvd check` / `hvd lock` refuse
 //! what cannot work (CUDA 12 from wheels, a gcc newer than nvcc accepts, python 2, `cuda` without `gpu_ops`, a bad
 //! `cuda_cc`) before
-//! any index is asked (exit 2). The toolkit itself is built in builder/tests/cuda_toolkit.rs.
+//! any index is asked (exit 2). `hvd lock` of torch + NCCL Horovod against the fixture index on 127.0.0.1 needs no
+//! pin of the user's (the recipe's build requirements bind the packages the build shares with the env), and a pin
+//! that contradicts one is named with who asked. The toolkit itself is built in builder/tests/cuda_toolkit.rs.
 
 mod common;
 
+use std::path::Path;
+use std::process::{Command, Output};
+
 use common::stdlib::{assert_refused, check_json, hvd, strings};
 use common::text;
+use hvd_resolver::testing::{Dist, FixtureIndex, FixtureOptions};
 
 /// A project with `python`, an `extra` env line and `packages` (the text inside the list) in a fresh directory.
 fn project(python: &str, extra: &str, packages: &str) -> tempfile::TempDir {
@@ -197,4 +203,134 @@ fn combinations_that_cannot_work_are_refused_at_check_and_lock() {
     );
     let out = hvd(dir.path(), &["check"]);
     assert!(out.status.success(), "{}", text(&out).1);
+}
+
+/// The index's torch 2.0.1 reduced to what Horovod's build shares with the env (its CUDA 11.7 wheels depend on
+/// setuptools, its triton on cmake, without versions), Horovod's sdist, and every build requirement of
+/// `std.horovod { frameworks = [torch], gpu_ops = "nccl", cuda = std.cuda { version = "13.0" } }` as wheels.
+fn torch_nccl_index() -> FixtureIndex {
+    let manylinux = "py3-none-manylinux_2_17_x86_64";
+    let mut dists = vec![
+        Dist::wheel("torch", "2.0.1")
+            .tag("cp311-cp311-manylinux1_x86_64")
+            .requires(&["nvidia-nccl-cu11==2.14.3", "triton==2.0.0"]),
+        Dist::wheel("nvidia-nccl-cu11", "2.14.3")
+            .tag("py3-none-manylinux1_x86_64")
+            .requires(&["setuptools", "wheel"]),
+        Dist::wheel("triton", "2.0.0")
+            .tag("cp311-cp311-manylinux2014_x86_64")
+            .requires(&["cmake"]),
+        Dist::wheel("setuptools", "81.0.0"),
+        Dist::wheel("setuptools", "84.2.1"),
+        Dist::wheel("cmake", "3.31.6").tag(manylinux),
+        Dist::wheel("cmake", "4.1.0").tag(manylinux),
+        Dist::sdist("horovod", "0.28.1").requires(&[
+            "cloudpickle",
+            "psutil",
+            "pyyaml",
+            "packaging",
+        ]),
+        Dist::wheel("nvidia-nccl-cu13", "2.28.9").tag(manylinux),
+    ];
+    for name in ["cloudpickle", "psutil", "pyyaml", "packaging", "wheel"] {
+        dists.push(Dist::wheel(name, "1.0"));
+    }
+    for name in [
+        "nvidia-cuda-nvcc",
+        "nvidia-cuda-crt",
+        "nvidia-nvvm",
+        "nvidia-cuda-runtime",
+        "nvidia-cuda-cccl",
+    ] {
+        dists.push(Dist::wheel(name, "13.0.88").tag(manylinux));
+    }
+    FixtureIndex::start(dists, FixtureOptions::default()).unwrap()
+}
+
+/// `hvd lock` of the project in `dir` with its own cache and no pip configuration of the machine's.
+fn lock(dir: &Path, cache: &Path) -> Output {
+    Command::new(common::HVD)
+        .arg("lock")
+        .arg(dir.join("train.hvd"))
+        .env("HVD_CACHE_DIR", cache)
+        .env("NO_COLOR", "1")
+        .env_remove("PIP_INDEX_URL")
+        .env_remove("PIP_CONFIG_FILE")
+        .output()
+        .unwrap()
+}
+
+/// `name==version` of each locked package.
+fn pins(lock: &hvd_resolver::Lockfile) -> Vec<String> {
+    lock.packages
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect()
+}
+
+#[test]
+fn torch_nccl_horovod_locks_without_pins_of_the_users() {
+    let index = torch_nccl_index();
+    let cache = tempfile::tempdir().unwrap();
+    let torch = "std.torch { version = \"2.0.1\" }";
+    let horovod = format!(
+        "std.horovod {{ frameworks = [{torch}], gpu_ops = \"nccl\", cuda = std.cuda {{ version = \"13.0\" }}, cuda_cc = [\"80\"] }}"
+    );
+    let index_line = format!("index = \"{}\"", index.url());
+    let dir = project("3.11", &index_line, &format!("{torch}, {horovod}"));
+    let out = lock(dir.path(), cache.path());
+    assert!(out.status.success(), "{}", text(&out).1);
+    let path = dir.path().join("train.hvd.lock");
+    let locked =
+        hvd_resolver::Lockfile::parse(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    // Horovod's build installs torch's closure at the env's versions, so the recipe's `setuptools<82` (torch
+    // 2.0.1's cpp_extension imports pkg_resources) and `cmake>=3.13,<4` choose the env's.
+    let env = pins(&locked);
+    for pin in [
+        "setuptools==81.0.0",
+        "cmake==3.31.6",
+        "torch==2.0.1",
+        "horovod==0.28.1",
+    ] {
+        assert!(env.contains(&pin.to_string()), "{pin} not in {env:?}");
+    }
+    let build = locked
+        .builds
+        .iter()
+        .find(|b| b.package == "horovod")
+        .unwrap();
+    assert!(
+        build.requires.contains(&"setuptools<82".to_string()),
+        "{:?}",
+        build.requires
+    );
+    let build_pins: Vec<String> = build
+        .packages
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect();
+    assert!(
+        build_pins.contains(&"nvidia-cuda-nvcc==13.0.88".to_string())
+            && !build_pins
+                .iter()
+                .any(|p| p.starts_with("setuptools") || p.starts_with("cmake")),
+        "the CUDA wheels are the build's own, setuptools and cmake the env's: {build_pins:?}"
+    );
+
+    // A pin of the user's that Horovod's build cannot share: both requirements named, with who asked.
+    let dir = project(
+        "3.11",
+        &index_line,
+        &format!("{torch}, \"setuptools==84.2.1\", {horovod}"),
+    );
+    let out = lock(dir.path(), cache.path());
+    let stderr = common::flat_stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for part in [
+        "no version of setuptools satisfies `setuptools==84.2.1` (asked by the env's packages) and `setuptools<82` (asked by `horovod`'s build, which installs torch and what it needs at the env's versions)",
+        "change or drop one of those requirements",
+    ] {
+        assert!(stderr.contains(part), "`{part}` not in {stderr}");
+    }
+    assert!(!stderr.contains('∅'), "{stderr}");
 }

@@ -17,7 +17,7 @@ use crate::lockfile::{
 };
 use crate::names::{normalize_name, normalize_requirement};
 pub use crate::pip_config::discover_ca_bundle;
-use crate::solver::{self, BadRequirement, Resolution, SolveError};
+use crate::solver::{self, Asked, BadRequirement, Resolution, SolveError};
 use crate::source::{FetchCallback, IndexSource, SourceError, SourceMetadataProvider};
 use crate::tags::{Platform, TargetError, TargetSpec};
 
@@ -188,6 +188,7 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
     );
     let words = target.describe();
     let roots: Vec<String> = env.packages.iter().map(|p| p.requirement.clone()).collect();
+    let asked = Asked::all(&roots, "the env's packages");
     // Start every root page (and, speculatively, the graph below it) at once; the solver finds them in flight.
     for req in roots
         .iter()
@@ -206,7 +207,28 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
     for (name, version) in &preferences {
         source.prefetch(name, Some(pubgrub::Ranges::singleton(version.clone())));
     }
-    let resolution = solver::solve(&source, &roots, &target.markers, &preferences, &words)?;
+    // A build with `against` installs the env's versions of the `against` packages' closure, so its requirements
+    // on packages of that closure bind the env too: solve again with each one the solution breaks as a constraint
+    // (each is added once, so this ends).
+    let mut constraints: Vec<Asked> = Vec::new();
+    let resolution = loop {
+        let resolution = solver::solve(
+            &source,
+            &asked,
+            &constraints,
+            &target.markers,
+            &preferences,
+            &words,
+        )?;
+        let broken = shared_build_requirements(env, &resolution, &target.markers)
+            .into_iter()
+            .filter(|c| !constraints.contains(c))
+            .collect::<Vec<_>>();
+        if broken.is_empty() {
+            break resolution;
+        }
+        constraints.extend(broken);
+    };
     let packages = source.locked_packages(&resolution)?;
 
     let mut builds = Vec::new();
@@ -218,7 +240,10 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
             continue;
         };
         let normalized = RequestedBuild::from_source_build(build);
-        let mut build_roots = normalized.requires.clone();
+        let mut build_roots = Asked::all(
+            &normalized.requires,
+            &format!("`{name}`'s build requirements"),
+        );
         for against in &normalized.against {
             if !resolution.packages.contains_key(against) {
                 return Err(ResolveError::NoSolution(format!(
@@ -231,7 +256,13 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         let closure = runtime_closure(&resolution, &normalized.against);
         for package in &closure {
             if let Some((v, _)) = resolution.packages.get(package) {
-                build_roots.push(format!("{package}=={v}"));
+                build_roots.push(Asked {
+                    requirement: format!("{package}=={v}"),
+                    by: format!(
+                        "the env's lock, since `{name}`'s build installs {} and what it needs at the env's versions",
+                        normalized.against.join(", ")
+                    ),
+                });
             }
         }
         let prefs: HashMap<String, Version> = build_preferences
@@ -240,14 +271,14 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
             .map(|((_, p), v)| (p.clone(), v.clone()))
             .collect();
         let build_resolution =
-            solver::solve(&source, &build_roots, &target.markers, &prefs, &words).map_err(|e| {
-                match ResolveError::from(e) {
+            solver::solve(&source, &build_roots, &[], &target.markers, &prefs, &words).map_err(
+                |e| match ResolveError::from(e) {
                     ResolveError::NoSolution(t) => ResolveError::NoSolution(format!(
                         "the build requirements of `{name}` have no solution:\n{t}"
                     )),
                     other => other,
-                }
-            })?;
+                },
+            )?;
         let mut locked = source.locked_packages(&build_resolution)?;
         locked.retain(|p| !closure.contains(&p.name));
         builds.push(LockedBuild {
@@ -285,7 +316,8 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
             .filter(|((b, _), _)| b == &name)
             .map(|((_, p), v)| (p.clone(), v.clone()))
             .collect();
-        let build_resolution = solver::solve(&source, &requires, &target.markers, &prefs, &words)
+        let asked = Asked::all(&requires, &format!("`{name}`'s pyproject.toml"));
+        let build_resolution = solver::solve(&source, &asked, &[], &target.markers, &prefs, &words)
             .map_err(|e| match ResolveError::from(e) {
                 ResolveError::NoSolution(t) => ResolveError::NoSolution(format!(
                     "the build requirements of `{name}` (from its sdist's pyproject.toml) have no solution:\n{t}"
@@ -350,6 +382,37 @@ pub fn lock_detailed(env: &Env, options: &LockOptions) -> Result<Locked, Resolve
         index_url,
         warnings,
     })
+}
+
+/// The build requirements `resolution` breaks on packages a build shares with the env: a build with `against`
+/// installs those packages and their closure at the env's versions (e.g. horovod's `setuptools<82` against torch
+/// 2.0.1, whose CUDA wheels depend on setuptools), so the env must satisfy its requirements on them.
+fn shared_build_requirements(
+    env: &Env,
+    resolution: &Resolution,
+    markers: &pep508_rs::MarkerEnvironment,
+) -> Vec<Asked> {
+    let mut broken = Vec::new();
+    for request in &env.packages {
+        let (Some(build), Some(name)) = (&request.build, requirement_name(&request.requirement))
+        else {
+            continue;
+        };
+        let normalized = RequestedBuild::from_source_build(build);
+        let closure = runtime_closure(resolution, &normalized.against);
+        for requirement in &normalized.requires {
+            if solver::breaks(resolution, requirement, markers, |n| closure.contains(n)) {
+                broken.push(Asked {
+                    requirement: requirement.clone(),
+                    by: format!(
+                        "`{name}`'s build, which installs {} and what it needs at the env's versions",
+                        normalized.against.join(", ")
+                    ),
+                });
+            }
+        }
+    }
+    broken
 }
 
 /// `roots` and every package reachable from them through the resolution's dependency edges.

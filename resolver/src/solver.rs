@@ -64,6 +64,28 @@ impl fmt::Display for Node {
     }
 }
 
+/// A requirement and who asked for it, in words that finish "asked by" in a conflict's explanation ("the env's
+/// packages", "`horovod`'s build requirements").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asked {
+    /// A PEP 508 requirement, e.g. `setuptools<82`.
+    pub requirement: String,
+    pub by: String,
+}
+
+impl Asked {
+    /// Each of `requirements`, asked by `by`.
+    pub fn all(requirements: &[String], by: &str) -> Vec<Asked> {
+        requirements
+            .iter()
+            .map(|r| Asked {
+                requirement: r.clone(),
+                by: by.to_string(),
+            })
+            .collect()
+    }
+}
+
 /// An edge of the resolution graph (for the lockfile).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Edge {
@@ -103,6 +125,8 @@ type Range = Ranges<Version>;
 /// One parsed, marker-filtered requirement.
 #[derive(Debug, Clone)]
 struct Parsed {
+    /// The requirement as written.
+    text: String,
     name: String,
     extras: Vec<String>,
     range: Range,
@@ -142,6 +166,7 @@ fn active_requirements(
         let mut extras: Vec<String> = req.extras.iter().map(ToString::to_string).collect();
         extras.sort();
         out.push(Parsed {
+            text: text.clone(),
             name: req.name.to_string(),
             extras,
             range,
@@ -154,7 +179,10 @@ fn active_requirements(
 struct Provider<'a, S: PackageSource> {
     source: &'a S,
     markers: &'a MarkerEnvironment,
-    roots: Vec<String>,
+    roots: &'a [Asked],
+    /// Ranges that bind a package (by name) wherever something depends on it, without making anything depend on
+    /// it (pip's constraints), with who asked.
+    constraints: HashMap<String, Vec<(Range, Asked)>>,
     /// Preferred versions (existing pins), used when still allowed.
     preferences: &'a HashMap<String, Version>,
     /// Edges recorded per (package, version) for the lockfile.
@@ -178,12 +206,29 @@ impl<S: PackageSource> Provider<'_, S> {
         }
     }
 
-    fn constraints(&self, parsed: Vec<Parsed>, out: &mut Vec<(Node, Range)>) -> Vec<Edge> {
+    /// Adds `parsed`, asked by `by`, to `out`, with the constraints on each package; returns their edges.
+    fn constraints(&self, parsed: Vec<Parsed>, by: &str, out: &mut Vec<Dependency>) -> Vec<Edge> {
         let mut edges = Vec::new();
         for p in parsed {
-            out.push((Node::Package(p.name.clone()), p.range.clone()));
+            let asked = Asked {
+                requirement: p.text.clone(),
+                by: by.to_string(),
+            };
+            out.push((
+                Node::Package(p.name.clone()),
+                p.range.clone(),
+                asked.clone(),
+            ));
+            // The extras' nodes are pinned to the package's version: constraining the package binds them too.
             for extra in &p.extras {
-                out.push((Node::Extra(p.name.clone(), extra.clone()), p.range.clone()));
+                out.push((
+                    Node::Extra(p.name.clone(), extra.clone()),
+                    p.range.clone(),
+                    asked.clone(),
+                ));
+            }
+            for (range, asked) in self.constraints.get(&p.name).into_iter().flatten() {
+                out.push((Node::Package(p.name.clone()), range.clone(), asked.clone()));
             }
             edges.push(Edge {
                 name: p.name,
@@ -195,18 +240,52 @@ impl<S: PackageSource> Provider<'_, S> {
     }
 }
 
-fn merge(constraints: Vec<(Node, Range)>, own: &Node) -> DependencyConstraints<Node, Range> {
-    let mut merged: BTreeMap<Node, Range> = BTreeMap::new();
-    for (node, range) in constraints {
+/// A dependency of a node: the package, the range asked for and who asked.
+type Dependency = (Node, Range, Asked);
+
+/// The dependencies of `own`, one range per package; or, when the requirements on some package allow no version in
+/// common, the words saying which requirements those are and who asked for each.
+fn merge(
+    dependencies: Vec<Dependency>,
+    own: &Node,
+) -> Result<DependencyConstraints<Node, Range>, String> {
+    let mut merged: BTreeMap<Node, (Range, Vec<Asked>)> = BTreeMap::new();
+    for (node, range, asked) in dependencies {
         if &node == own {
             continue;
         }
-        merged
+        let (merged_range, askers) = merged
             .entry(node)
-            .and_modify(|r| *r = r.intersection(&range))
-            .or_insert(range);
+            .or_insert_with(|| (Range::full(), Vec::new()));
+        *merged_range = merged_range.intersection(&range);
+        if range != Range::full() && !askers.contains(&asked) {
+            askers.push(asked);
+        }
     }
-    merged.into_iter().collect()
+    let conflicts: Vec<String> = merged
+        .iter()
+        .filter(|(node, (range, _))| matches!(node, Node::Package(_)) && range.is_empty())
+        .map(|(node, (_, askers))| {
+            let each: Vec<String> = askers
+                .iter()
+                .map(|a| format!("`{}` (asked by {})", a.requirement, a.by))
+                .collect();
+            format!("no version of {node} satisfies {}", join_words(&each))
+        })
+        .collect();
+    if !conflicts.is_empty() {
+        return Err(conflicts.join("; "));
+    }
+    Ok(merged.into_iter().map(|(n, (r, _))| (n, r)).collect())
+}
+
+/// "a", "a and b", "a, b and c".
+fn join_words(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
@@ -262,16 +341,24 @@ impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
         package: &Node,
         version: &Version,
     ) -> Result<Dependencies<Node, Range, String>, Self::Err> {
-        let mut constraints = Vec::new();
+        let mut constraints: Vec<Dependency> = Vec::new();
         let fail = |e: (String, Option<String>, String)| {
             *self.bad_requirement.borrow_mut() = Some(e);
             ProviderError::BadRequirement
         };
         match package {
             Node::Root => {
-                let parsed =
-                    active_requirements(&self.roots, self.markers, &[], None).map_err(fail)?;
-                self.constraints(parsed, &mut constraints);
+                // Each root requirement with who asked for it.
+                for asked in self.roots {
+                    let parsed = active_requirements(
+                        std::slice::from_ref(&asked.requirement),
+                        self.markers,
+                        &[],
+                        None,
+                    )
+                    .map_err(fail)?;
+                    self.constraints(parsed, &asked.by, &mut constraints);
+                }
             }
             Node::Package(name) => {
                 let requires = self
@@ -281,7 +368,7 @@ impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
                 let context = format!("{name}=={version}");
                 let parsed = active_requirements(&requires, self.markers, &[], Some(&context))
                     .map_err(fail)?;
-                let edges = self.constraints(parsed, &mut constraints);
+                let edges = self.constraints(parsed, &context, &mut constraints);
                 self.edges
                     .borrow_mut()
                     .entry((name.clone(), version.clone()))
@@ -292,6 +379,10 @@ impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
                 constraints.push((
                     Node::Package(name.clone()),
                     Range::singleton(version.clone()),
+                    Asked {
+                        requirement: format!("{name}=={version}"),
+                        by: format!("{name}[{extra}]"),
+                    },
                 ));
                 let requires = self
                     .source
@@ -314,7 +405,7 @@ impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
                         })
                     })
                     .collect();
-                let edges = self.constraints(added, &mut constraints);
+                let edges = self.constraints(added, &context, &mut constraints);
                 self.edges
                     .borrow_mut()
                     .entry((name.clone(), version.clone()))
@@ -322,22 +413,49 @@ impl<S: PackageSource> DependencyProvider for Provider<'_, S> {
                     .extend(edges);
             }
         }
-        Ok(Dependencies::Available(merge(constraints, package)))
+        Ok(match merge(constraints, package) {
+            Ok(merged) => Dependencies::Available(merged),
+            // The root's conflict is the whole explanation (see `explain`); a package's reads after pubgrub's
+            // "dependencies of NAME at version V are unavailable".
+            Err(conflict) if package == &Node::Root => Dependencies::Unavailable(conflict),
+            Err(conflict) => Dependencies::Unavailable(format!("because {conflict}")),
+        })
     }
 }
 
-/// Solve `roots` (PEP 508 strings) for `markers`.
+/// Solve `roots` for `markers`, with `constraints` binding any package that is part of the solution (a package
+/// only constrained is not added).
 pub fn solve<S: PackageSource>(
     source: &S,
-    roots: &[String],
+    roots: &[Asked],
+    constraints: &[Asked],
     markers: &MarkerEnvironment,
     preferences: &HashMap<String, Version>,
     target_words: &str,
 ) -> Result<Resolution, SolveError<S::Error>> {
+    let mut by_name: HashMap<String, Vec<(Range, Asked)>> = HashMap::new();
+    for asked in constraints {
+        let parsed =
+            active_requirements(std::slice::from_ref(&asked.requirement), markers, &[], None)
+                .map_err(|(requirement, _, message)| {
+                    SolveError::BadRequirement(BadRequirement {
+                        requirement,
+                        context: Some(asked.by.clone()),
+                        message,
+                    })
+                })?;
+        for p in parsed {
+            by_name
+                .entry(p.name)
+                .or_default()
+                .push((p.range, asked.clone()));
+        }
+    }
     let provider = Provider {
         source,
         markers,
-        roots: roots.to_vec(),
+        roots,
+        constraints: by_name,
         preferences,
         edges: RefCell::default(),
         bad_requirement: RefCell::default(),
@@ -383,6 +501,27 @@ pub fn solve<S: PackageSource>(
     }
 }
 
+/// Whether `resolution` breaks `requirement` for `markers` on a package `in_scope` admits: its marker holds and the
+/// resolution has the package at a version outside its range. A requirement that does not parse breaks nothing here
+/// (solving it reports it).
+pub(crate) fn breaks(
+    resolution: &Resolution,
+    requirement: &str,
+    markers: &MarkerEnvironment,
+    in_scope: impl Fn(&str) -> bool,
+) -> bool {
+    let Ok(parsed) = active_requirements(&[requirement.to_string()], markers, &[], None) else {
+        return false;
+    };
+    parsed.iter().any(|p| {
+        in_scope(&p.name)
+            && resolution
+                .packages
+                .get(&p.name)
+                .is_some_and(|(version, _)| !p.range.contains(version))
+    })
+}
+
 fn collect_no_versions(tree: &DerivationTree<Node, Range, String>, out: &mut Vec<(String, Range)>) {
     match tree {
         DerivationTree::External(External::NoVersions(
@@ -399,12 +538,27 @@ fn collect_no_versions(tree: &DerivationTree<Node, Range, String>, out: &mut Vec
     }
 }
 
-/// The PubGrub report, then plain-words notes on versions that exist but cannot be used, and suggestions.
+/// The words of a conflict among the root's own requirements (from `merge`), when that is why there is no solution.
+fn root_conflict(tree: &DerivationTree<Node, Range, String>) -> Option<&str> {
+    match tree {
+        DerivationTree::External(External::Custom(Node::Root, _, conflict)) => Some(conflict),
+        DerivationTree::External(_) => None,
+        DerivationTree::Derived(d) => root_conflict(&d.cause1).or_else(|| root_conflict(&d.cause2)),
+    }
+}
+
+/// The PubGrub report, then plain-words notes on versions that exist but cannot be used, and suggestions; or, when
+/// the root's own requirements conflict, which ones and who asked for each.
 fn explain<S: PackageSource>(
     tree: &DerivationTree<Node, Range, String>,
     source: &S,
     target: &str,
 ) -> String {
+    if let Some(conflict) = root_conflict(tree) {
+        return format!(
+            "{conflict}\nhelp: change or drop one of those requirements so that one version satisfies all of them"
+        );
+    }
     // The root's version is an artifact of PubGrub; say "the env", not "the env 0".
     let mut text = DefaultStringReporter::report(tree).replace("the env 0", "the env");
     let mut missing = Vec::new();
@@ -496,6 +650,11 @@ mod tests {
             let v = version.release()[0];
             Ok(Arc::new(self.packages[name][&v].clone()))
         }
+    }
+
+    /// `roots` asked by the env.
+    fn env(roots: &[String]) -> Vec<Asked> {
+        Asked::all(roots, "the env's packages")
     }
 
     fn markers() -> MarkerEnvironment {
@@ -606,7 +765,7 @@ mod tests {
         #[test]
         fn solver_agrees_with_brute_force((universe, roots) in universe_strategy()) {
             let m = markers();
-            let result = solve(&universe, &roots, &m, &HashMap::new(), "cp311");
+            let result = solve(&universe, &env(&roots), &[], &m, &HashMap::new(), "cp311");
             let exists = brute_force(&universe, &roots);
             match result {
                 Ok(resolution) => {
@@ -639,9 +798,17 @@ mod tests {
             u.packages.insert(n.into(), BTreeMap::from([(1, vec![])]));
         }
         let m = markers();
-        let r = solve(&u, &["a".into()], &m, &HashMap::new(), "cp311").unwrap();
+        let r = solve(&u, &env(&["a".into()]), &[], &m, &HashMap::new(), "cp311").unwrap();
         assert_eq!(r.packages.keys().collect::<Vec<_>>(), ["a", "c"]);
-        let r = solve(&u, &["a[x]".into()], &m, &HashMap::new(), "cp311").unwrap();
+        let r = solve(
+            &u,
+            &env(&["a[x]".into()]),
+            &[],
+            &m,
+            &HashMap::new(),
+            "cp311",
+        )
+        .unwrap();
         assert_eq!(r.packages.keys().collect::<Vec<_>>(), ["a", "c", "d"]);
         let edges: Vec<&str> = r.packages["a"].1.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(edges, ["c", "d"]);
@@ -656,9 +823,127 @@ mod tests {
         );
         let m = markers();
         let prefs = HashMap::from([("a".to_string(), Version::new([2]))]);
-        let r = solve(&u, &["a".into()], &m, &prefs, "cp311").unwrap();
+        let r = solve(&u, &env(&["a".into()]), &[], &m, &prefs, "cp311").unwrap();
         assert_eq!(r.packages["a"].0, Version::new([2]));
-        let r = solve(&u, &["a>2".into()], &m, &prefs, "cp311").unwrap();
+        let r = solve(&u, &env(&["a>2".into()]), &[], &m, &prefs, "cp311").unwrap();
         assert_eq!(r.packages["a"].0, Version::new([3]));
+    }
+
+    /// A universe of `(name, version, requirements)`.
+    fn universe(packages: &[(&str, u64, &[&str])]) -> Universe {
+        let mut u = Universe::default();
+        for (name, version, requires) in packages {
+            u.packages
+                .entry(name.to_string())
+                .or_default()
+                .insert(*version, requires.iter().map(|r| r.to_string()).collect());
+        }
+        u
+    }
+
+    #[test]
+    fn constraints_bind_only_packages_in_the_solution() {
+        let u = universe(&[
+            ("a", 1, &["b"]),
+            ("b", 1, &[]),
+            ("b", 2, &[]),
+            ("b", 3, &[]),
+            ("c", 1, &[]),
+        ]);
+        let constraints = Asked::all(&["b<3".into(), "c>5".into()], "`x`'s build requirements");
+        let r = solve(
+            &u,
+            &env(&["a".into()]),
+            &constraints,
+            &markers(),
+            &HashMap::new(),
+            "cp311",
+        )
+        .unwrap();
+        assert_eq!(r.packages["b"].0, Version::new([2]));
+        assert_eq!(
+            r.packages.keys().collect::<Vec<_>>(),
+            ["a", "b"],
+            "a constraint adds nothing"
+        );
+    }
+
+    #[test]
+    fn conflicting_requirements_name_each_and_who_asked() {
+        let u = universe(&[("a", 1, &["b"]), ("b", 1, &[]), ("b", 3, &[])]);
+        let constraints = Asked::all(&["b<2".into()], "`x`'s build requirements");
+        let roots = env(&["a".into(), "b==3".into()]);
+        let Err(SolveError::NoSolution(text)) = solve(
+            &u,
+            &roots,
+            &constraints,
+            &markers(),
+            &HashMap::new(),
+            "cp311",
+        ) else {
+            panic!("b==3 and b<2 have no solution");
+        };
+        assert!(
+            text.contains("no version of b satisfies `b==3` (asked by the env's packages) and `b<2` (asked by `x`'s build requirements)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("help: change or drop one of those requirements"),
+            "{text}"
+        );
+        assert!(!text.contains('∅'), "{text}");
+
+        // Two requirements of the env itself.
+        let Err(SolveError::NoSolution(text)) = solve(
+            &u,
+            &env(&["b>2".into(), "b<2".into()]),
+            &[],
+            &markers(),
+            &HashMap::new(),
+            "cp311",
+        ) else {
+            panic!("b>2 and b<2 have no solution");
+        };
+        assert!(
+            text.contains(
+                "`b>2` (asked by the env's packages) and `b<2` (asked by the env's packages)"
+            ),
+            "{text}"
+        );
+
+        // A package version whose own requirements conflict is not chosen; asked for, the report names them.
+        let u = universe(&[
+            ("a", 1, &[]),
+            ("a", 2, &["b>2", "b<2"]),
+            ("b", 1, &[]),
+            ("b", 3, &[]),
+        ]);
+        let r = solve(
+            &u,
+            &env(&["a".into()]),
+            &[],
+            &markers(),
+            &HashMap::new(),
+            "cp311",
+        )
+        .unwrap();
+        assert_eq!(r.packages["a"].0, Version::new([1]));
+        let Err(SolveError::NoSolution(text)) = solve(
+            &u,
+            &env(&["a==2".into()]),
+            &[],
+            &markers(),
+            &HashMap::new(),
+            "cp311",
+        ) else {
+            panic!("a 2's requirements conflict");
+        };
+        assert!(
+            text.contains(
+                "no version of b satisfies `b>2` (asked by a==2) and `b<2` (asked by a==2)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains('∅'), "{text}");
     }
 }

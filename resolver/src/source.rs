@@ -255,16 +255,16 @@ impl IndexSource {
             .collect();
         let words = self.shared.target.describe();
         let markers = &self.shared.target.markers;
-        let resolution = solver::solve(self, &requires, markers, &HashMap::new(), &words).map_err(
-            |e| match e {
+        let asked = solver::Asked::all(&requires, &format!("`{this}`'s pyproject.toml"));
+        let resolution = solver::solve(self, &asked, &[], markers, &HashMap::new(), &words)
+            .map_err(|e| match e {
                 SolveError::Source(e) => e,
                 other => SourceError::MetadataBuildRequirements {
                     name: name.to_string(),
                     version: version.to_string(),
                     message: other.to_string(),
                 },
-            },
-        )?;
+            })?;
         let build_packages = self.locked_packages(&resolution)?;
         let sdist = Artifact {
             kind: ArtifactKind::Sdist,

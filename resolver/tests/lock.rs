@@ -486,3 +486,107 @@ fn sdists_without_pyproject_get_the_pep517_default_build_requirements() {
         other => panic!("expected no solution, got {other:?}"),
     }
 }
+
+/// torch 2.0.1 as the index has it, reduced to what a Horovod build shares with the env: its CUDA wheels depend on
+/// setuptools and its triton on cmake, without versions, so the env alone would take the newest of each.
+fn torch_2_0_1_universe() -> Vec<Dist> {
+    vec![
+        Dist::sdist("horovod", "0.28.1").requires(&["cloudpickle"]),
+        Dist::wheel("cloudpickle", "3.0.0"),
+        Dist::wheel("torch", "2.0.1")
+            .tag("cp311-cp311-manylinux1_x86_64")
+            .requires(&["nvidia-cudnn-cu11==8.5.0.96", "triton==2.0.0"]),
+        Dist::wheel("nvidia-cudnn-cu11", "8.5.0.96")
+            .tag("py3-none-manylinux1_x86_64")
+            .requires(&["setuptools", "wheel"]),
+        Dist::wheel("triton", "2.0.0")
+            .tag("cp311-cp311-manylinux2014_x86_64")
+            .requires(&["cmake"]),
+        Dist::wheel("setuptools", "81.0.0"),
+        Dist::wheel("setuptools", "84.2.1"),
+        Dist::wheel("cmake", "3.31.6").tag("py3-none-manylinux_2_17_x86_64"),
+        Dist::wheel("cmake", "4.1.0").tag("py3-none-manylinux_2_17_x86_64"),
+        Dist::wheel("wheel", "0.43.0"),
+    ]
+}
+
+/// `packages` and horovod built against torch with std.horovod's requirements for it.
+fn torch_horovod_env(packages: &[&str]) -> hvd_lang::model::Env {
+    let mut e = env_of(packages);
+    e.packages.push(PackageRequest {
+        requirement: "horovod==0.28.1".into(),
+        build: Some(SourceBuild {
+            requires: vec![
+                "cmake>=3.13,<4".into(),
+                "setuptools<82".into(),
+                "wheel".into(),
+            ],
+            env: BTreeMap::new(),
+            against: vec!["torch".into()],
+            no_build_isolation: true,
+        }),
+    });
+    e
+}
+
+#[test]
+fn build_requirements_on_packages_shared_through_against_bind_the_env() {
+    let index = FixtureIndex::start(torch_2_0_1_universe(), FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    // No pin of the user's: the build's `setuptools<82` and `cmake>=3.13,<4` choose the env's versions, which the
+    // build then installs.
+    let e = torch_horovod_env(&["torch==2.0.1"]);
+    let locked = lock(&e, &lock_options(&index, cache.path())).unwrap();
+    assert_eq!(
+        versions(&locked),
+        [
+            "cloudpickle==3.0.0",
+            "cmake==3.31.6",
+            "horovod==0.28.1",
+            "nvidia-cudnn-cu11==8.5.0.96",
+            "setuptools==81.0.0",
+            "torch==2.0.1",
+            "triton==2.0.0",
+            "wheel==0.43.0",
+        ]
+    );
+    // Everything the build needs is in torch's closure: nothing of its own.
+    assert_eq!(locked.builds.len(), 1);
+    assert!(
+        locked.builds[0].packages.is_empty(),
+        "{:?}",
+        locked.builds[0]
+    );
+    locked.check_against(&e).unwrap();
+
+    // Without a build against torch the env takes the newest (the constraint binds only what is shared).
+    let plain = lock(
+        &env_of(&["torch==2.0.1"]),
+        &lock_options(&index, cache.path()),
+    )
+    .unwrap();
+    assert!(versions(&plain).contains(&"setuptools==84.2.1".to_string()));
+    assert!(versions(&plain).contains(&"cmake==4.1.0".to_string()));
+}
+
+#[test]
+fn a_pin_that_conflicts_with_a_shared_build_requirement_names_both() {
+    let index = FixtureIndex::start(torch_2_0_1_universe(), FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let e = torch_horovod_env(&["torch==2.0.1", "setuptools==84.2.1"]);
+    let err = lock(&e, &lock_options(&index, cache.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "no version of setuptools satisfies `setuptools==84.2.1` (asked by the env's packages) and \
+             `setuptools<82` (asked by `horovod`'s build, which installs torch and what it needs at the env's versions)"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("help: change or drop one of those requirements"),
+        "{err}"
+    );
+    assert!(!err.contains('∅'), "{err}");
+}
