@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use common::{HVD, text};
@@ -223,41 +223,360 @@ fn jobset_pods_pull_the_env_at_start_and_a_tampered_cache_stops_them_before_the_
 
     // A tampered archive of `helper` in the cache: a pod with an empty store fails naming itself and the path, and
     // its worker never starts.
-    std::fs::remove_dir_all(&store).unwrap_or_else(|_| {
-        // The store's paths are read-only: make them writable to remove them.
-        let _ = Command::new("chmod")
-            .args(["-R", "u+w"])
-            .arg(&store)
-            .status();
-        std::fs::remove_dir_all(&store).unwrap();
-    });
-    let helper = std::fs::read_dir(root.path().join("built-store"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .find(|n| n.ends_with("-helper-1.0"))
-        .unwrap();
-    use hvd_builder::cache::record::{Record, archive_key, record_key};
-    let record = Record::parse(&std::fs::read(p.cache.join(record_key(&helper))).unwrap()).unwrap();
-    let archive: PathBuf = p.cache.join(archive_key(&record.archive.sha256));
-    let mut bytes = std::fs::read(&archive).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x20;
-    std::fs::write(&archive, &bytes).unwrap();
+    remove_store(&store);
+    let helper =
+        common::tamper_cached_archive(&root.path().join("built-store"), &p.cache, "-helper-1.0");
     let out = exported
         .start("train", 0, common::free_port(), &p.project)
         .wait_with_output()
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    let words = common::unwrapped(&stderr);
+    assert_refused(&stderr, "app-train-0-0", &helper);
+    assert!(!stdout.contains("job rank"), "the worker ran: {stdout}");
+}
+
+/// Removes a store whose paths are read-only (made writable first).
+fn remove_store(store: &Path) {
+    if std::fs::remove_dir_all(store).is_err() {
+        let _ = Command::new("chmod")
+            .args(["-R", "u+w"])
+            .arg(store)
+            .status();
+        std::fs::remove_dir_all(store).unwrap();
+    }
+}
+
+/// `stderr` says that node `node` could not get the env because the archive of `path` was refused.
+fn assert_refused(stderr: &str, node: &str, path: &str) {
+    let words = common::unwrapped(stderr);
     for part in [
-        "node `app-train-0-0` could not get the env".to_owned(),
-        format!("refusing {helper}"),
+        format!("node `{node}` could not get the env"),
+        format!("refusing {path}"),
     ] {
         assert!(
             words.contains(&common::unwrapped(&part)),
             "{part}: {stderr}"
         );
     }
-    assert!(!stdout.contains("job rank"), "the worker ran: {stdout}");
+}
+
+/// The environment a container of an MPIJob defines (values as written, the token from the Secret), plus what
+/// Kubernetes and a bare image add (`HOSTNAME`, a `PATH` with `hvd` from `bin` and no Python package of the env),
+/// with rank 0's rendezvous at `127.0.0.1:port`.
+fn mpijob_env(
+    container: &serde_json::Value,
+    secret: &serde_json::Value,
+    host: &str,
+    bin: &Path,
+    port: u16,
+) -> Vec<(String, String)> {
+    let mut vars = Vec::new();
+    for entry in container["env"].as_array().unwrap() {
+        let name = entry["name"].as_str().unwrap().to_owned();
+        let value = if let Some(v) = entry["value"].as_str() {
+            v.to_owned()
+        } else if let Some(r) = entry["valueFrom"]["secretKeyRef"].as_object() {
+            assert_eq!(r["name"], secret["metadata"]["name"], "{entry}");
+            secret["stringData"][r["key"].as_str().unwrap()]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        } else {
+            panic!("a variable this test cannot provide: {entry}");
+        };
+        let value = if name == "HVD_RENDEZVOUS" {
+            format!("127.0.0.1:{port}")
+        } else {
+            value
+        };
+        vars.push((name, value));
+    }
+    vars.extend([
+        ("HOSTNAME".into(), host.into()),
+        ("PATH".into(), format!("{}:/usr/bin:/bin", bin.display())),
+        ("HVD_RENDEZVOUS_WAIT".into(), "30".into()),
+    ]);
+    vars
+}
+
+fn strings(value: &serde_json::Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Runs `command` (a container's, `hvd` or `mpirun` first, found on `vars`' PATH) in `dir` with exactly `vars`.
+fn run_container(command: &[String], vars: &[(String, String)], dir: &Path) -> Output {
+    let path = &vars.iter().find(|(k, _)| k == "PATH").unwrap().1;
+    let program = path
+        .split(':')
+        .map(|d| Path::new(d).join(&command[0]))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("`{}` is not on {path}", command[0]));
+    Command::new(program)
+        .args(&command[1..])
+        .current_dir(dir)
+        .env_clear()
+        .envs(vars.iter().cloned())
+        .output()
+        .unwrap()
+}
+
+/// Whether `mpirun` on PATH is OpenMPI's (the MPIJob's `mpiImplementation` here); says so when not.
+fn have_openmpi() -> bool {
+    let found = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI"));
+    if !found {
+        eprintln!("skipped the launcher's mpirun: `mpirun` is not OpenMPI's");
+    }
+    found
+}
+
+/// `hvd export k8s --flavour mpijob` with a cache: each worker pod pulls the env in an init container into a volume
+/// mounted at the store directory in both of its containers, the launcher waits for ready workers, and each rank's
+/// shim gets the same pull. Pod-like processes with exactly the containers' commands and env: the init containers
+/// pull into an empty store, then the launcher's mpirun starts the ranks, which run the env's Python (a package only
+/// the env has) and meet at rank 0's rendezvous. With a tampered archive the init container fails naming its pod
+/// and the path, nothing of the env is installed, and even a launcher started anyway runs no rank's command.
+#[test]
+fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_rank() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = common::pushed_fixture_env(
+        root.path(),
+        &outside.path().join("cache"),
+        "cluster {\n  engine = \"kubernetes\"\n  image = \"example/bare:1\"\n  settings = { mpi = \"openmpi\" }\n}\n\
+         step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
+    );
+    std::fs::write(
+        p.project.join("job.py"),
+        "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
+         print(f\"job rank={hvd.rank()} size={hvd.size()} word={helper.WORD} venv={os.environ['VIRTUAL_ENV']}\")\n",
+    )
+    .unwrap();
+    let store = root.path().join("store");
+    let url = format!("file://{}", p.cache.display());
+    let key = p.public_key.display().to_string();
+    let k8s = root.path().join("k8s");
+    let out = common::hvd_with_store(
+        root.path(),
+        &store,
+        &["export", "k8s", "app/train.hvd", "--locked"],
+    )
+    .args(["--flavour", "mpijob", "--out", &k8s.display().to_string()])
+    .args(["--cache", &url, "--trusted-key", &key])
+    .env_remove("HVD_CACHES")
+    .env_remove("HVD_TRUSTED_KEYS")
+    .output()
+    .unwrap();
+    let (_, stderr) = text(&out);
+    assert_ok(&out, "export");
+    assert!(!stderr.contains("do not pull"), "{stderr}");
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(k8s.join(name)).unwrap()).unwrap()
+    };
+    let (mpijob, secret) = (read("app-train.mpijob.json"), read("app.secret.json"));
+    let key_text = std::fs::read_to_string(&p.public_key).unwrap();
+    let pull = [
+        format!("--pull={}", p.env.display()),
+        format!("--cache={url}"),
+        format!("--trusted-key={}", key_text.trim()),
+    ];
+    let spec = &mpijob["spec"];
+    assert_eq!(spec["launcherCreationPolicy"], "WaitForWorkersReady");
+    let launcher = &spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0];
+    let worker_pod = &spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"];
+    let init = &worker_pod["initContainers"][0];
+    let mpirun = strings(&launcher["command"]);
+    let shim = mpirun.iter().position(|a| a == "worker-env").unwrap();
+    assert_eq!(
+        mpirun[shim + 1..shim + 5],
+        [&pull[..], &["--whole-lines".to_owned()]].concat()
+    );
+    assert_eq!(
+        strings(&init["command"]),
+        [
+            &["hvd".to_owned(), "worker-env".into(), "--once".into()],
+            &pull[..]
+        ]
+        .concat()
+    );
+    assert_eq!(init["image"], "example/bare:1");
+    let store_dir = p.env.parent().unwrap().display().to_string();
+    let mount = serde_json::json!([{ "name": "hvd-store", "mountPath": store_dir }]);
+    assert_eq!(init["volumeMounts"], mount);
+    assert_eq!(worker_pod["containers"][0]["volumeMounts"], mount);
+    assert_eq!(
+        worker_pod["volumes"],
+        serde_json::json!([{ "name": "hvd-store", "emptyDir": {} }])
+    );
+
+    // The pods' store is empty (the built one moved aside), at the same directory; `hvd` is on the image's PATH.
+    std::fs::rename(&store, root.path().join("built-store")).unwrap();
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(common::HVD, bin.join("hvd")).unwrap();
+    let init_env =
+        |pod: u32| mpijob_env(init, &secret, &format!("app-train-worker-{pod}"), &bin, 9);
+    let pulls: Vec<_> = (0..2)
+        .map(|pod| {
+            let (command, vars, dir) =
+                (strings(&init["command"]), init_env(pod), p.project.clone());
+            std::thread::spawn(move || run_container(&command, &vars, &dir))
+        })
+        .collect();
+    for (pod, pull) in pulls.into_iter().enumerate() {
+        assert_ok(
+            &pull.join().unwrap(),
+            &format!("worker {pod}'s init container"),
+        );
+    }
+    assert!(
+        p.env.join("bin/python").exists(),
+        "the init containers did not pull the env"
+    );
+
+    // The launcher's mpirun (its exact command and env; root here needs OpenMPI's consent, as in such images).
+    let launcher_env = |port: u16| {
+        let mut vars = mpijob_env(launcher, &secret, "app-train-launcher", &bin, port);
+        vars.extend([
+            ("OMPI_ALLOW_RUN_AS_ROOT".into(), "1".into()),
+            ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM".into(), "1".into()),
+        ]);
+        vars
+    };
+    if have_openmpi() {
+        let out = run_container(&mpirun, &launcher_env(common::free_port()), &p.project);
+        let stdout = assert_ok(&out, "the launcher's mpirun");
+        for rank in 0..2 {
+            let line = format!("job rank={rank} size=2 word=hello venv={}", p.env.display());
+            assert!(stdout.contains(&line), "rank {rank}: {stdout}");
+        }
+    }
+
+    // A tampered archive of `helper`: the init container of a pod with an empty store fails naming the pod and the
+    // path, and leaves no env (its worker container, so sshd and every rank, never starts).
+    remove_store(&store);
+    let helper =
+        common::tamper_cached_archive(&root.path().join("built-store"), &p.cache, "-helper-1.0");
+    let out = run_container(&strings(&init["command"]), &init_env(1), &p.project);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert_refused(&stderr, "app-train-worker-1", &helper);
+    assert!(
+        !p.env.exists() && !store.join(&helper).exists(),
+        "half-installed"
+    );
+    // A launcher started anyway (not waiting for ready workers): each rank's own pull refuses the same, and no
+    // rank's command runs.
+    if have_openmpi() {
+        let out = run_container(&mpirun, &launcher_env(common::free_port()), &p.project);
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{stdout}\n{stderr}");
+        // mpirun tags every line a rank writes (`[1,R]<stderr>:`).
+        let untagged: String = stderr
+            .lines()
+            .map(|l| l.split_once("<stderr>:").map_or(l, |(_, rest)| rest))
+            .collect();
+        assert!(
+            common::unwrapped(&untagged)
+                .contains(&common::unwrapped(&format!("refusing {helper}"))),
+            "{stderr}"
+        );
+        assert!(!stdout.contains("job rank"), "a rank ran: {stdout}");
+    }
+}
+
+/// `hvd worker-env --pull` roots the env it pulled until its worker has ended: `hvd gc` running in a loop on the
+/// node while the shim pulls into an empty store and starts the rank (which waits until gc has run twice more after
+/// it started) never removes the env, and the rank imports from it; once the rank has ended, gc removes the env
+/// (nothing else roots it: without the shim's temporary root it would have gone).
+#[test]
+fn a_pulled_env_survives_gc_running_in_a_loop_until_its_worker_ends() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = common::pushed_fixture_env(root.path(), &outside.path().join("cache"), "");
+    let store = root.path().join("store");
+    std::fs::rename(&store, root.path().join("built-store")).unwrap();
+    std::fs::create_dir_all(&store).unwrap();
+    let key_text = std::fs::read_to_string(&p.public_key).unwrap();
+    let gc = |store: &Path| {
+        let out = common::hvd_with_store(root.path(), store, &["gc"])
+            .output()
+            .unwrap();
+        assert_ok(&out, "hvd gc")
+    };
+    let stop = AtomicBool::new(false);
+    let runs = AtomicUsize::new(0);
+    let work = root.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    /// Ends the gc loop however the scope ends (a failed assertion must not leave it looping).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let shim = std::thread::scope(|scope| {
+        let _stop = Stop(&stop);
+        let looping = scope.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                gc(&store);
+                runs.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        // gc has run before the pull starts.
+        while runs.load(Ordering::SeqCst) == 0 {
+            assert!(!looping.is_finished(), "the gc loop failed");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let child = Command::new(HVD)
+            .arg("worker-env")
+            .arg(format!("--pull={}", p.env.display()))
+            .arg(format!("--cache=file://{}", p.cache.display()))
+            .arg(format!("--trusted-key={}", key_text.trim()))
+            .args(["--", "/bin/sh", "-c"])
+            .arg(
+                "touch started; while [ ! -e go ]; do sleep 0.05; done; \
+                 exec python -c 'import helper, sys; print(\"word=\" + helper.WORD, sys.prefix)'",
+            )
+            .current_dir(&work)
+            .env_clear()
+            .envs([
+                ("PATH", "/usr/bin:/bin"),
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", "1"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+                ("HVD_RENDEZVOUS", "127.0.0.1:9"),
+                ("HVD_JOB_TOKEN", "t"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        common::wait_for_path(&work.join("started"), std::time::Duration::from_secs(120));
+        // Two whole gc runs between the rank's start and its use of the env.
+        let seen = runs.load(Ordering::SeqCst);
+        while runs.load(Ordering::SeqCst) < seen + 2 {
+            assert!(!looping.is_finished(), "the gc loop failed");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        std::fs::write(work.join("go"), "").unwrap();
+        child.wait_with_output().unwrap()
+    });
+    let stdout = assert_ok(&shim, "the rank");
+    assert!(
+        stdout.contains(&format!("word=hello {}", p.env.display())),
+        "{stdout}"
+    );
+    // The rank has ended: its root is stale, and gc (the loop's last run, or this one) takes the env.
+    gc(&store);
+    assert!(!p.env.exists(), "gc kept an env nothing roots");
 }

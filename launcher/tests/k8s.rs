@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use hvd_lang::model::{Cluster, Env, Project, Resources, Step};
-use hvd_launcher::engines::k8s::{Flavour, export};
+use hvd_launcher::engines::k8s::{Delivery, Flavour, export, export_with};
 use serde_json::Value;
 
 fn data(name: &str) -> PathBuf {
@@ -199,6 +199,55 @@ fn mpijob_per_distributed_step_fits_the_crd() {
     let train = &out.manifests[1].content;
     assert_eq!(train["spec"]["mpiImplementation"], "MPICH");
     golden("my-project-train.mpijob.json", train);
+}
+
+/// With caches and a key, each MPIJob's worker pods pull the env in an init container into a store volume both
+/// containers mount, the launcher waits for ready workers and every rank's shim gets the same pull; the manifests fit
+/// the CRD. A cache URL with credentials is refused (a manifest is read by whoever can list pods).
+#[test]
+fn mpijob_workers_pull_the_env_in_an_init_container_and_fit_the_crd() {
+    let env = "/opt/hvd/store/0123456789abcdef0123456789abcdef-my-project-env";
+    let delivery = |cache: &str| Delivery {
+        env: env.into(),
+        caches: vec![cache.into()],
+        trusted_keys: vec!["k1:AAAA".into()],
+    };
+    let project = project(cluster(&[("mpi", "openmpi")]));
+    let out = export_with(
+        &project,
+        Flavour::MpiJob,
+        Some(&delivery("s3://bucket/cache")),
+    )
+    .unwrap();
+    assert!(
+        !out.notes.iter().any(|n| n.contains("pull")),
+        "{:?}",
+        out.notes
+    );
+    for m in &out.manifests[1..] {
+        let problems = problems("kubeflow.org_mpijobs.v2beta1.schema.json", &m.content);
+        assert!(problems.is_empty(), "{}: {problems:#?}", m.file);
+        let worker = &m.content["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"];
+        assert_eq!(
+            worker["initContainers"][0]["command"][3],
+            format!("--pull={env}")
+        );
+    }
+    golden(
+        "my-project-train.pulling.mpijob.json",
+        &out.manifests[1].content,
+    );
+    let err = export_with(
+        &project,
+        Flavour::MpiJob,
+        Some(&delivery("https://user:s3cr3t@cache.example/c")),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("carries credentials") && !err.contains("s3cr3t"),
+        "{err}"
+    );
 }
 
 #[test]

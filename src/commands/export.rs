@@ -35,8 +35,8 @@ pub struct K8sArgs {
     pub flavour: String,
     #[command(flatten)]
     pub lock: super::build::LockMode,
-    /// With a cache and a trusted key, the env is built here and the JobSet's pods pull it from the caches at start
-    /// (`hvd worker-env --pull`): the image needs only `hvd` and glibc.
+    /// With a cache and a trusted key, the env is built here and the pods pull it from the caches at start (`hvd
+    /// worker-env --pull`; an MPIJob's workers in an init container): the image needs only `hvd` and glibc.
     #[command(flatten)]
     pub caches: super::substitute::CacheOptions,
 }

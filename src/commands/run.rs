@@ -178,11 +178,12 @@ pub struct WorkerEnvArgs {
     /// A public key (`NAME:BASE64`) whose signatures `--pull` trusts (repeatable).
     #[arg(long = "trusted-key", value_name = "NAME:BASE64", requires = "pull")]
     pub trusted_keys: Vec<String>,
-    /// A step that runs once: no rank variables, only `--pull`, then exec CMD.
+    /// A step that runs once: no rank variables, only `--pull`, then exec CMD. Without CMD, only the pull (an MPIJob
+    /// worker's init container).
     #[arg(long)]
     pub once: bool,
     /// The command and its arguments.
-    #[arg(trailing_var_arg = true, required = true, num_args = 1.., value_name = "CMD")]
+    #[arg(trailing_var_arg = true, required_unless_present = "once", num_args = 1.., value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
 }
 
@@ -193,19 +194,27 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     let usage = |e: &(dyn std::error::Error + 'static)| {
         Failure::from_error_in(Status::Usage, "hvd worker-env", e)
     };
-    // The env first (a pod that starts from a bare image): before a rank serves or joins anything.
+    // The env first (a pod that starts from a bare image): before a rank serves or joins anything. Its temporary
+    // root keeps it from `hvd gc` for as long as the worker (or anything that inherits the root's descriptor) runs.
     let pulled = match &args.pull {
         Some(env_path) => Some(pull_env(env_path, &args.caches, &args.trusted_keys)?),
         None => None,
     };
     if args.once {
         let Some((program, rest)) = args.command.split_first() else {
-            return Err(Failure::usage(
-                "hvd worker-env: give the command after `--`",
-            ));
+            return match pulled {
+                // `--once --pull ENV` alone: the pull of an init container, whose worker starts in another one.
+                Some(pulled) => {
+                    check_here(&pulled.env)?;
+                    Ok(Status::Success)
+                }
+                None => Err(Failure::usage(
+                    "hvd worker-env: give the command after `--`",
+                )),
+            };
         };
         let mut command = std::process::Command::new(program);
-        command.args(rest).envs(pulled.iter().flatten().cloned());
+        command.args(rest).envs(pulled_vars(&pulled));
         let err = command.exec();
         return Err(Failure::from_error_in(
             Status::Failure,
@@ -224,9 +233,7 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
         .map(|p| p.display().to_string())
         .or_else(|| env("VIRTUAL_ENV"));
     if let Some(venv) = venv {
-        let here = format!("node `{}`", hvd_launcher::env::local_hostname());
-        hvd_launcher::closure::check_env_here(std::path::Path::new(&venv), &here)
-            .map_err(|e| Failure::from_error_in(Status::Failure, "hvd worker-env", &e))?;
+        check_here(std::path::Path::new(&venv))?;
     }
     // Rank 0 of a job without a launcher-side rendezvous (Kubernetes) serves it while its worker runs.
     let server = shim::serve_if_rank_zero(&env, &slot).map_err(|e| usage(&e))?;
@@ -249,10 +256,7 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
     let mut command = std::process::Command::new(program);
-    command
-        .args(rest)
-        .envs(vars)
-        .envs(pulled.iter().flatten().cloned());
+    command.args(rest).envs(vars).envs(pulled_vars(&pulled));
     let start_failed = |err: std::io::Error| {
         Failure::from_error_in(
             Status::Failure,
@@ -320,17 +324,47 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     })
 }
 
+/// An env `hvd worker-env --pull` made valid here: the variables that put the worker in it, and the temporary gc
+/// root that keeps it (with its closure) from `hvd gc` while the worker runs.
+struct PulledEnv {
+    env: std::path::PathBuf,
+    vars: Vec<(String, String)>,
+    root: hvd_builder::gc::TempRoot,
+}
+
+/// The variables of `pulled` (none without a pull), after letting its root's descriptor survive `exec`: the worker,
+/// and every child that inherits the descriptor, holds the root once this process is gone.
+fn pulled_vars(pulled: &Option<PulledEnv>) -> Vec<(String, String)> {
+    let Some(pulled) = pulled else {
+        return Vec::new();
+    };
+    if let Err(err) = pulled.root.keep_across_exec() {
+        // Still rooted while this process lives (a shim that stays the worker's parent); say what is lost.
+        eprintln!("hvd worker-env: warning: {err}; the env is not rooted once this shim is gone");
+    }
+    pulled.vars.clone()
+}
+
+/// Checks that the env's wheels and interpreter run on this node (glibc, host libraries).
+fn check_here(env: &std::path::Path) -> Result<(), Failure> {
+    let here = format!("node `{}`", hvd_launcher::env::local_hostname());
+    hvd_launcher::closure::check_env_here(env, &here)
+        .map_err(|e| Failure::from_error_in(Status::Failure, "hvd worker-env", &e))
+}
+
 /// `hvd worker-env --pull ENV`: runs `hvd cache pull` (this binary) for the env's store path into its own store
-/// directory, with the given caches and keys; returns the variables that put the worker in it (`VIRTUAL_ENV`, `PATH`
-/// with its `bin` first). A node that cannot get it fails here, naming itself and the env, before any rank runs.
+/// directory, with the given caches and keys, and roots it ([`PulledEnv`]). A node that cannot get it fails here,
+/// naming itself and the env, before any rank runs. The store's builders lock (shared) is taken before the pull and
+/// released only once the temporary root exists, so an `hvd gc` on this node (exclusive) runs before the pull or
+/// after the root, never in between (where nothing roots the pulled paths).
 fn pull_env(
     env: &std::path::Path,
     caches: &[String],
     trusted_keys: &[String],
-) -> Result<Vec<(String, String)>, Failure> {
+) -> Result<PulledEnv, Failure> {
     // A pod's name (what `kubectl get pods` shows), else the kernel's.
     let node = std::env::var("HOSTNAME").unwrap_or_else(|_| hvd_launcher::env::local_hostname());
-    let (Some(store), Some(name)) = (
+    let (Some(store_dir), Some(name)) = (
         env.parent().and_then(|s| s.to_str()),
         env.file_name().and_then(|n| n.to_str()),
     ) else {
@@ -350,12 +384,21 @@ fn pull_env(
     })?;
     let argv = hvd_launcher::engines::pull_command(
         &program.to_string_lossy(),
-        store,
+        store_dir,
         name,
         caches,
         trusted_keys,
     )
     .map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    let store_failure = |e: &(dyn std::error::Error + 'static)| {
+        Failure::from_error_in(
+            Status::Failure,
+            format_args!("hvd worker-env: node `{node}`: the store {store_dir}"),
+            e,
+        )
+    };
+    let store = hvd_builder::Store::open(store_dir).map_err(|e| store_failure(&e))?;
+    let builders = store.lock_builders().map_err(|e| store_failure(&e))?;
     let status = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(std::process::Stdio::null())
@@ -378,11 +421,18 @@ fn pull_env(
             ),
         ));
     }
+    let root = hvd_builder::gc::TempRoot::create(&store, &[&store.root().join(name)])
+        .map_err(|e| store_failure(&e))?;
+    drop(builders);
     let path = std::env::var("PATH").unwrap_or_default();
-    Ok(vec![
-        ("VIRTUAL_ENV".to_owned(), env.display().to_string()),
-        ("PATH".to_owned(), format!("{}/bin:{path}", env.display())),
-    ])
+    Ok(PulledEnv {
+        env: env.to_path_buf(),
+        vars: vec![
+            ("VIRTUAL_ENV".to_owned(), env.display().to_string()),
+            ("PATH".to_owned(), format!("{}/bin:{path}", env.display())),
+        ],
+        root,
+    })
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {

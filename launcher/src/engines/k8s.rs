@@ -6,7 +6,8 @@
 //! With a [`Delivery`] (the env's store path, binary caches and trusted keys), no env is baked into the image: each
 //! JobSet pod's `hvd worker-env --pull ENV --cache URL --trusted-key KEY` substitutes the env's closure from the caches
 //! (verified, into the env's own store directory) before its worker starts, so any image with `hvd` and glibc runs
-//! it.
+//! it. An MPIJob's worker pods pull the same way in an init container (the store in a volume both containers mount),
+//! the launcher is created once they are ready, and each rank's shim gets the same `--pull` (finding the env there).
 //!
 //! Every export also writes a Secret (`<name>-hvd-token`) with a fresh random job token; the ranks get it through
 //! `secretKeyRef` and their pod IP through the downward API (`status.podIP`): rank 0's shim serves the rendezvous on
@@ -248,7 +249,8 @@ pub fn export(project: &Project, flavour: Flavour) -> Result<Export, LaunchError
     export_with(project, flavour, None)
 }
 
-/// The manifests for every step of `project`; with `delivery`, the JobSet's pods pull the env at start.
+/// The manifests for every step of `project`; with `delivery`, the pods pull the env at start (a JobSet's in their
+/// worker's shim, an MPIJob's workers in an init container before mpirun reaches them).
 pub fn export_with(
     project: &Project,
     flavour: Flavour,
@@ -392,13 +394,6 @@ pub fn export_with(
                 .and_then(MpiFlavour::parse)
                 .unwrap_or(MpiFlavour::OpenMpi);
             let mut manifests = vec![secret_manifest];
-            if delivery.is_some() {
-                notes.push(
-                    "MPIJobs do not pull the env at pod start (mpirun starts the ranks): their image must have the \
-                     env at its store path (use --flavour jobset to pull it from the caches)"
-                        .into(),
-                );
-            }
             for step in &steps {
                 let Some(n) = step.workers else {
                     notes.push(format!(
@@ -436,6 +431,9 @@ pub fn export_with(
                         hosts: &[],
                         export: &export,
                         shim: std::path::Path::new("hvd"),
+                        // Each rank's shim makes sure of the env its pod's init container pulled (a no-op when it
+                        // is there: nothing fetched) and roots it, then starts the rank in it.
+                        shim_args: pull_args.as_deref().unwrap_or_default(),
                         command: &step.run,
                         cores: u32::MAX,
                         root: false,
@@ -457,7 +455,11 @@ pub fn export_with(
                     }
                     c
                 };
-                let mpijob = json!({
+                let mut worker = json!({ "containers": [container("worker", None)] });
+                if let (Some(delivery), Some(pull)) = (delivery, &pull_args) {
+                    worker = pulling_worker(worker, delivery, pull, &image, &env)?;
+                }
+                let mut mpijob = json!({
                     "apiVersion": "kubeflow.org/v2beta1",
                     "kind": "MPIJob",
                     "metadata": metadata(&job, project),
@@ -474,11 +476,15 @@ pub fn export_with(
                             "Worker": {
                                 "replicas": n,
                                 "restartPolicy": "Never",
-                                "template": { "spec": { "containers": [container("worker", None)] } },
+                                "template": { "spec": worker },
                             },
                         },
                     },
                 });
+                if delivery.is_some() {
+                    // The launcher (and so mpirun) starts once every worker pod is ready: after its pull.
+                    mpijob["spec"]["launcherCreationPolicy"] = json!("WaitForWorkersReady");
+                }
                 manifests.push(Manifest {
                     file: format!("{job}.mpijob.json"),
                     content: mpijob,
@@ -488,6 +494,46 @@ pub fn export_with(
         }
     }
 }
+
+/// The name of the volume an MPIJob worker's store lives in (shared by its init container and its worker).
+pub const STORE_VOLUME: &str = "hvd-store";
+
+/// An MPIJob's worker pod spec `worker` with the env pulled before mpirun reaches it: an init container (the same
+/// image, the worker's env) runs `hvd worker-env --once --pull=ENV --cache=URL... --trusted-key=KEY...` with no
+/// command (`pull`), which substitutes the closure, verified, into an `emptyDir` mounted at the env's store
+/// directory in both containers. A pod whose pull fails never runs its worker container (no sshd, so no rank), and
+/// the launcher waits for ready workers.
+fn pulling_worker(
+    mut worker: Value,
+    delivery: &Delivery,
+    pull: &[String],
+    image: &str,
+    env: &BTreeMap<String, String>,
+) -> Result<Value, LaunchError> {
+    let store = delivery
+        .env
+        .parent()
+        .and_then(|s| s.to_str())
+        .ok_or(LaunchError::Internal("a checked store path has a parent"))?;
+    let mounts = json!([{ "name": STORE_VOLUME, "mountPath": store }]);
+    let mut command = vec![
+        "hvd".to_owned(),
+        "worker-env".to_owned(),
+        "--once".to_owned(),
+    ];
+    command.extend(pull.iter().cloned());
+    worker["initContainers"] = json!([{
+        "name": "hvd-pull",
+        "image": image,
+        "command": command,
+        "env": env_list(env),
+        "volumeMounts": mounts,
+    }]);
+    worker["containers"][0]["volumeMounts"] = mounts;
+    worker["volumes"] = json!([{ "name": STORE_VOLUME, "emptyDir": {} }]);
+    Ok(worker)
+}
+
 /// Writes `export`'s manifests into `dir` (created), one pretty JSON file each, and returns their paths. The token
 /// Secret is readable by its owner only (as `kubectl` keeps a kubeconfig): a new file is created 0600, an old one is
 /// made so before the token is written.

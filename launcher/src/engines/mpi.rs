@@ -132,6 +132,8 @@ pub struct MpiStep<'a> {
     pub export: &'a [String],
     /// The hvd binary (the shim is `hvd worker-env`).
     pub shim: &'a Path,
+    /// More arguments of the shim, before its own (an MPIJob's `--pull=ENV --cache=URL --trusted-key=KEY`).
+    pub shim_args: &'a [String],
     /// The step's shell command.
     pub command: &'a str,
     /// Cores on this machine (more ranks per host than this oversubscribes).
@@ -181,11 +183,9 @@ pub fn argv(mpirun: &Mpirun, step: &MpiStep<'_>) -> Vec<String> {
         }
     }
     // mpirun tags each piece it reads from a rank: the shim passes output on in whole lines.
-    argv.extend([
-        step.shim.display().to_string(),
-        "worker-env".into(),
-        "--whole-lines".into(),
-    ]);
+    argv.extend([step.shim.display().to_string(), "worker-env".into()]);
+    argv.extend(step.shim_args.iter().cloned());
+    argv.push("--whole-lines".into());
     if mpirun.flavour == MpiFlavour::Mpich {
         // Hydra ends the job when a rank dies of a signal, but waits for every rank after a plain non-zero exit.
         argv.push("--kill-on-failure".into());
@@ -256,6 +256,7 @@ impl MpiSetup {
                 hosts: &self.hosts,
                 export,
                 shim: &self.shim,
+                shim_args: &[],
                 command,
                 cores: self.cores,
                 root: self.root,
@@ -302,6 +303,7 @@ mod tests {
             hosts,
             export,
             shim: Path::new("/bin/hvd"),
+            shim_args: &[],
             command: "python train.py",
             cores,
             root: true,
