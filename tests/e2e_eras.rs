@@ -9,7 +9,8 @@
 //! - `torch1_13_...`: python 3.8, torch 1.13.1, Horovod 0.28.1 through gloo;
 //! - `nccl_...`: python 3.11, TensorFlow 2.12.1 (the GPU wheel), Horovod 0.28.1 with `gpu_ops = "nccl"` compiled
 //!   against the store's CUDA 13 toolkit (`std.cuda`); its library must need `libnccl.so.2`, and with the toolkit's
-//!   `lib/` Horovod must say `nccl_built()`. Running NCCL needs a GPU (none here): only the build is checked;
+//!   `lib/` Horovod must say `nccl_built()`, and `hvd build --locked --check` must find it reproducible. Running
+//!   NCCL needs a GPU (none here): only the build is checked;
 //! - `nccl_..._torch_...`: python 3.11, torch 2.0.1 (CUDA 11.7 wheels), Horovod 0.28.1 with `gpu_ops = "nccl"`
 //!   against the same toolkit (`cuda_cc = ["80"]`): `horovod/torch/mpi_lib_v2*.so` must need `libnccl.so.2` through
 //!   a RUNPATH into the toolkit's store path (readelf, ldd), `horovod.torch.nccl_built()` must be true after `import
@@ -77,12 +78,25 @@ fn run_allreduce(dir: &Path) {
     }
 }
 
-fn assert_build_reproduces(dir: &Path) {
+/// `hvd build --locked --check` rebuilds the source builds and must say `package version: reproducible` for each
+/// of `packages` (e.g. "horovod 0.28.1").
+fn assert_build_reproduces(dir: &Path, packages: &[&str]) {
+    let started = Instant::now();
     let out = hvd(dir, &["build", "train.hvd", "--locked", "--check"]);
+    let (stdout, stderr) = text(&out);
     assert!(
         out.status.success(),
-        "hvd build --locked --check failed: {}",
-        text(&out).1
+        "hvd build --locked --check failed: {stdout}{stderr}"
+    );
+    for package in packages {
+        assert!(
+            stderr.contains(&format!("{package}: reproducible")),
+            "no `{package}: reproducible` in\n{stderr}"
+        );
+    }
+    eprintln!(
+        "hvd build --locked --check: {:.0} s",
+        started.elapsed().as_secs_f64()
     );
 }
 
@@ -102,7 +116,7 @@ fn tf1_15_on_python_3_7_with_horovod_0_28_1_through_gloo() {
     );
     lock_and_build(dir.path());
     run_allreduce(dir.path());
-    assert_build_reproduces(dir.path());
+    assert_build_reproduces(dir.path(), &["horovod 0.28.1", "gast 0.2.2"]);
 }
 
 #[test]
@@ -118,7 +132,7 @@ fn torch1_13_on_python_3_8_with_horovod_0_28_1_through_gloo() {
     );
     lock_and_build(dir.path());
     run_allreduce(dir.path());
-    assert_build_reproduces(dir.path());
+    assert_build_reproduces(dir.path(), &["horovod 0.28.1"]);
 }
 
 /// Horovod's package folder in the project's built env, resolved into its store path.
@@ -212,6 +226,7 @@ fn nccl_horovod_compiles_against_the_store_cuda_toolkit() {
         stdout.contains("nccl_built True") || stdout.contains("nccl_built 2"),
         "{stdout}"
     );
+    assert_build_reproduces(dir.path(), &["horovod 0.28.1"]);
 }
 
 /// Prints `nccl_built` and `cuda_built` of `horovod.torch`, then `libnccl` and each library whose name holds
@@ -225,12 +240,12 @@ const TORCH_NCCL_SCRIPT: &str = "import torch\nimport horovod.torch as hvd\n\
 #[ignore = "opt-in: needs the real package index, downloads torch 2.0.1 with its CUDA 11.7 libraries and the CUDA 13 wheels (GBs), and builds Horovod with nvcc (minutes); run with --run-ignored only"]
 fn nccl_horovod_compiles_against_torch_and_the_store_cuda_toolkit() {
     // torch 2.0.1 is the newest any Horovod builds against (docs/eras.md); its triton needs cmake and its CUDA
-    // wheels setuptools, which the env would take newest: the pins let Horovod's build (cmake<4, setuptools<82)
-    // share the env's versions.
+    // wheels setuptools, which Horovod's build shares with the env: the recipe's `cmake>=3.13,<4` and
+    // `setuptools<82` choose the env's versions, with no pin here.
     let dir = project(
         "3.11",
         "let torch = std.torch { version = \"2.0.1\" }",
-        "torch, \"cmake<4\", \"setuptools<82\", std.horovod { frameworks = [torch], gpu_ops = \"nccl\", \
+        "torch, std.horovod { frameworks = [torch], gpu_ops = \"nccl\", \
          cuda = std.cuda { version = \"13.0\" }, cuda_cc = [\"80\"], toolchain = std.gcc { version = \"12\" } }",
         "",
     );
@@ -279,5 +294,5 @@ fn nccl_horovod_compiles_against_torch_and_the_store_cuda_toolkit() {
         nccl.len() == 1 && nccl[0].starts_with(&store),
         "one libnccl from the store: {nccl:?}"
     );
-    assert_build_reproduces(dir.path());
+    assert_build_reproduces(dir.path(), &["horovod 0.28.1"]);
 }
