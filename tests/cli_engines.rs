@@ -625,22 +625,42 @@ impl Slurm {
     }
 }
 
-/// Asserts that slots 0, 1 and 3 finished as ranks 0-2 of 3 at `steps` with every step counted once and the same
-/// weights, that no worker process and no job step is left, and that no job is queued.
-fn assert_survivors_finished(slurm: &Slurm, dir: &Path, out: &Output, steps: u32, marker: &str) {
+/// Asserts that each `(slot, rank)` of `members` finished as that rank of a job of `members.len()`, all at the same
+/// step (at least `steps`) with every step counted once and the same weights; that slot 2 (the lost one) did not
+/// finish, no worker process and no job step is left, and no job is queued.
+fn assert_finished_together(
+    slurm: &Slurm,
+    dir: &Path,
+    out: &Output,
+    (members, steps): (&[(u32, u32)], u32),
+    marker: &str,
+) {
     let (stdout, stderr) = text(out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    let w0 = f64::from(steps * (steps + 1) / 2);
-    for (slot, rank) in [(0, 0), (1, 1), (3, 2)] {
-        assert!(
-            stdout.contains(&format!("slot {slot} re-formed as rank {rank} of 3")),
-            "{stdout}\n{stderr}"
-        );
-        let want = format!(
-            "slot {slot} finished as rank {rank} of 3: step {steps} count {:?} w0 {w0:?} agree True",
-            f64::from(steps)
-        );
-        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
+    let size = members.len();
+    let ends: Vec<&str> = members
+        .iter()
+        .map(|(slot, rank)| {
+            let prefix = format!("slot {slot} finished as rank {rank} of {size}: ");
+            stdout
+                .lines()
+                .find_map(|l| l.split_once(prefix.as_str()).map(|(_, end)| end))
+                .unwrap_or_else(|| panic!("no `{prefix}`:\n{stdout}\n{stderr}"))
+        })
+        .collect();
+    let step: u32 = ends[0]
+        .strip_prefix("step ")
+        .and_then(|e| e.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", ends[0]));
+    assert!(step >= steps, "{stdout}");
+    let want = format!(
+        "step {step} count {:?} w0 {:?} agree True",
+        f64::from(step),
+        f64::from(step * (step + 1) / 2)
+    );
+    for end in &ends {
+        assert_eq!(*end, want, "{stdout}\n{stderr}");
     }
     assert!(!stdout.contains("slot 2 finished"), "{stdout}");
     common::assert_nothing_left(marker);
@@ -726,18 +746,36 @@ fn slurm_elastic_plan_is_one_srun_per_rank_within_the_allocations_tasks() {
     );
     let out = dry_run("127.0.0.[1-2]", "2,1", &["--max-workers", "3"]);
     assert!(out.status.success(), "{}", text(&out).1);
+    // Host discovery: the allocation's nodes are the step's hosts (lost ranks are replaced on them without it).
+    let script = dir.path().join("discover.sh");
+    std::fs::write(&script, "#!/bin/sh\necho localhost:4\n").unwrap();
+    refused(
+        &dry_run(
+            "127.0.0.[1-2]",
+            "3,1",
+            &["--host-discovery-script", script.to_str().unwrap()],
+        ),
+        "runs elastic steps on the local and ssh engines only, not on the slurm engine: its hosts are the \
+         allocation's nodes",
+    );
 }
 
 /// An elastic step inside an allocation: each rank is its own job step, so when one rank SIGKILLs itself its step
-/// ends alone and the survivors re-form and finish every committed step once.
+/// ends alone and the survivors re-form; the lost rank is replaced by a new job step (`srun --exact`, slot 4) on the
+/// allocation's node with the free task, which joins at a commit (training goes on until the job is back to 4), and
+/// the four finish every committed step once with the same weights; no job step is left.
 #[test]
-fn slurm_elastic_step_survives_a_rank_that_kills_itself() {
+fn slurm_elastic_step_replaces_a_rank_that_kills_itself() {
     let Some(slurm) = Slurm::start() else {
         return;
     };
     let marker = common::unique_marker("slurm-elastic");
     let steps = 16;
-    let dir = elastic_project(steps, ", ELASTIC_KILL = \"2:5\"", &marker);
+    let dir = elastic_project(
+        steps,
+        ", ELASTIC_KILL = \"2:5\", ELASTIC_UNTIL = \"size:4\"",
+        &marker,
+    );
     let out = slurm.spawn_elastic(dir.path()).wait_with_output().unwrap();
     let (stdout, stderr) = text(&out);
     assert!(
@@ -745,12 +783,28 @@ fn slurm_elastic_step_survives_a_rank_that_kills_itself() {
         "{stdout}\n{stderr}"
     );
     assert!(stderr.contains("3 of its 4 workers go on"), "{stderr}");
-    assert_survivors_finished(&slurm, dir.path(), &out, steps, &marker);
+    assert!(
+        stderr.contains("started rank 4 of step `train` on ")
+            && stderr.contains(" in place of a lost worker; it joins the workers' next round"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("slot 4 starts as rank 3 of 4"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("slot 3 re-formed as rank 2 of 3"),
+        "{stdout}\n{stderr}"
+    );
+    // One replacement: no sixth slot.
+    assert!(!stdout.contains("slot 5 "), "{stdout}");
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1), (3, 2), (4, 3)];
+    assert_finished_together(&slurm, dir.path(), &out, (members, steps), &marker);
 }
 
 /// Killing a rank's srun the way the supervisor does after the grace period (SIGKILL to its whole process group)
 /// ends the rank's job step and kills its task on the node: srun's shepherd, in a session of its own, cancels the
-/// step. The survivors then re-form and finish.
+/// step. The survivors then re-form, the rank's replacement joins them, and the four finish.
 #[test]
 fn killing_a_slurm_ranks_srun_group_kills_its_task_and_the_others_go_on() {
     let Some(slurm) = Slurm::start() else {
@@ -758,8 +812,13 @@ fn killing_a_slurm_ranks_srun_group_kills_its_task_and_the_others_go_on() {
     };
     let marker = common::unique_marker("slurm-elastic-srun");
     let steps = 8;
-    // Slot 2 hangs (sleeps) when it begins step 3: alive, until its srun is killed.
-    let dir = elastic_project(steps, ", ELASTIC_HANG = \"2:3\"", &marker);
+    // Slot 2 hangs (sleeps) when it begins step 3: alive, until its srun is killed. Training goes on until its
+    // replacement has joined.
+    let dir = elastic_project(
+        steps,
+        ", ELASTIC_HANG = \"2:3\", ELASTIC_UNTIL = \"size:4\"",
+        &marker,
+    );
     let mut child = slurm.spawn_elastic(dir.path());
     // Once slot 2 has joined the first round (a job of 4), its loss is a re-form of the others.
     let (joined_tx, joined) = std::sync::mpsc::channel();
@@ -849,7 +908,8 @@ fn killing_a_slurm_ranks_srun_group_kills_its_task_and_the_others_go_on() {
         "rank 2's task outlived its srun:\n{}",
         text(&out).1
     );
-    assert_survivors_finished(&slurm, dir.path(), &out, steps, &marker);
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1), (3, 2), (4, 3)];
+    assert_finished_together(&slurm, dir.path(), &out, (members, steps), &marker);
 }
 
 /// The engines that start a step's ranks as one unit refuse an elastic step before anything runs, saying why: mpirun

@@ -68,16 +68,24 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         None
     }
 
-    /// Whether the hosts an elastic step's discovery script names are hosts of their own, each made ready with
-    /// [`SupervisedEngine::reach_host`] (ssh); `false`: every worker runs on this machine, other hosts are ignored.
+    /// Whether the engine starts an elastic step's new workers (replacements, and slots host discovery finds) on
+    /// hosts of their own, by name, each made ready first with [`SupervisedEngine::reach_host`] (ssh; slurm inside an
+    /// allocation, on its nodes); `false`: every worker runs on this machine, other hosts are ignored.
     fn remote_hosts(&self) -> bool {
         false
     }
 
-    /// Makes `host`, named by host discovery, ready for the ranks of `plan` (the checks and delivery the engine does
-    /// for its own hosts before a run); blocking, called on a thread of its own. An error names the host and why.
+    /// Makes `host` (named by host discovery, or where a replacement goes) ready for the ranks of `plan` (the checks
+    /// and delivery the engine does for its own hosts before a run); blocking, called on a thread of its own. An
+    /// error names the host and why.
     fn reach_host(&self, _plan: &Plan, _host: &str) -> Result<(), LaunchError> {
         Ok(())
+    }
+
+    /// Where an elastic step's lost workers are replaced without host discovery: hosts and how many live workers
+    /// each may hold. `None`: the step's own layout (its ranks per host); slurm: the allocation's nodes and tasks.
+    fn replacement_hosts(&self) -> Option<Vec<(String, u32)>> {
+        None
     }
 }
 

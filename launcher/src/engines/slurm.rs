@@ -40,6 +40,14 @@ impl SlurmSetup {
             true => Some(Allocation::from_env(options.grace)?),
             false => None,
         };
+        if let (Some(_), Some(script)) = (&allocation, &options.host_discovery_script) {
+            return Err(LaunchError::Engine(format!(
+                "host discovery (`--host-discovery-script {}`) runs elastic steps on the local and ssh engines only, \
+                 not on the slurm engine: its hosts are the allocation's nodes, where lost workers are replaced \
+                 without it",
+                script.display()
+            )));
+        }
         if let Some(allocation) = &allocation {
             for (step, workers) in elastic_workers(project, options)? {
                 allocation.check_workers(&step, workers)?;
@@ -149,6 +157,29 @@ impl SupervisedEngine for SlurmSetup {
                 (loopback, vec![loopback])
             }
         }
+    }
+
+    /// Inside an allocation with an elastic step: its ranks, and their replacements, run on the allocation's nodes.
+    fn remote_hosts(&self) -> bool {
+        self.allocation.is_some()
+    }
+
+    /// A host where a replacement goes: one of the allocation's nodes (an `srun --nodelist` elsewhere would wait for
+    /// a node the job does not have).
+    fn reach_host(&self, _plan: &Plan, host: &str) -> Result<(), LaunchError> {
+        match &self.allocation {
+            Some(a) if a.nodes.iter().any(|(n, _)| n == host) => Ok(()),
+            _ => Err(LaunchError::Engine(format!(
+                "`{host}` is not a node of this Slurm allocation (`{}`)",
+                crate::env_vars::SLURM_JOB_NODELIST
+            ))),
+        }
+    }
+
+    /// A lost rank is replaced by a new `srun --exact` on a node of the allocation with a free task: its nodes and
+    /// their tasks (`SLURM_JOB_NODELIST`, `SLURM_TASKS_PER_NODE`).
+    fn replacement_hosts(&self) -> Option<Vec<(String, u32)>> {
+        self.allocation.as_ref().map(|a| a.nodes.clone())
     }
 
     /// An elastic step has no launcher: the supervisor starts each rank ([`SupervisedEngine::rank_command`]), so it

@@ -352,8 +352,11 @@ pub(super) fn supervise(
     let mut vacancies = 0usize;
     // Below the minimum: waiting for workers to come back since then.
     let mut below: Option<Below> = None;
-    // Without host discovery: the step's own hosts and slots, where replacements run.
-    let own: Vec<HostSlots> = super::placement::Hosts::own(step);
+    // Without host discovery: where replacements run (the step's own hosts and slots; slurm: the allocation's).
+    let own: Vec<HostSlots> = growth.as_ref().map_or_else(
+        || Hosts::own(step),
+        |g| g.hosts.replacement_hosts().to_vec(),
+    );
     let mut finishing = false;
     // A rank of a restartable attempt failed: stop this attempt's workers (not the job's).
     let mut restart = false;

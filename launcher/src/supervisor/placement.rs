@@ -50,21 +50,33 @@ pub(super) struct Hosts {
     capped: bool,
     /// Hosts the local engine ignores (named once).
     ignored: BTreeSet<String>,
+    /// Where lost workers are replaced without host discovery, and how many live workers each may hold.
+    own: Vec<HostSlots>,
 }
 
 impl Hosts {
     pub(super) fn new(plan: &Plan, step: &PlannedStep) -> Hosts {
         let (engine, plan) = (plan.engine.clone(), plan.clone());
-        Hosts::with(
-            step.layout
-                .slots
-                .first()
-                .map_or_else(String::new, |s| s.host.clone()),
-            engine.remote_hosts(),
-            engine.name(),
-            Arc::new(move |host: &str| engine.reach_host(&plan, host)),
-            step.layout.slots.len(),
-        )
+        let own = match engine.replacement_hosts() {
+            Some(hosts) => hosts
+                .into_iter()
+                .map(|(host, slots)| HostSlots { host, slots })
+                .collect(),
+            None => Hosts::own(step),
+        };
+        Hosts {
+            own,
+            ..Hosts::with(
+                step.layout
+                    .slots
+                    .first()
+                    .map_or_else(String::new, |s| s.host.clone()),
+                engine.remote_hosts(),
+                engine.name(),
+                Arc::new(move |host: &str| engine.reach_host(&plan, host)),
+                step.layout.slots.len(),
+            )
+        }
     }
 
     /// [`Hosts::new`] from its parts: a step of at most `max` workers.
@@ -84,6 +96,7 @@ impl Hosts {
             limit: max.saturating_mul(HOSTS_PER_SLOT).max(HOSTS_AT_LEAST),
             capped: false,
             ignored: BTreeSet::new(),
+            own: Vec::new(),
         }
     }
 
@@ -272,6 +285,12 @@ impl Hosts {
             }
         }
         listed
+    }
+
+    /// Where the engine replaces lost workers without host discovery, with how many live workers each host may
+    /// hold: [`Hosts::own`], or the engine's own hosts ([`crate::engine::SupervisedEngine::replacement_hosts`]).
+    pub(super) fn replacement_hosts(&self) -> &[HostSlots] {
+        &self.own
     }
 
     /// The step's own hosts and their slots (its layout, in order): where replacements run without host discovery.
