@@ -210,12 +210,17 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
 /// `PYSPARK_PYTHON`, each executor's Python workers (and so its tasks and ranks) see a node-local store that starts
 /// empty, at the same directory as the launcher's.
 fn python_with_an_empty_store(dir: &Path, python: &Path, store: &Path) -> PathBuf {
+    bare_node_python(dir, python, store, "")
+}
+
+/// [`python_with_an_empty_store`], plus `extra` (a shell command) run in the namespace after the mount.
+fn bare_node_python(dir: &Path, python: &Path, store: &Path, extra: &str) -> PathBuf {
     let script = dir.join("python-on-a-bare-node");
     std::fs::write(
         &script,
         format!(
             "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c \
-             'mount -t tmpfs -o mode=0755 executor-store \"$0\" && exec \"$@\"' '{}' '{}' \"$@\"\n",
+             'mount -t tmpfs -o mode=0755 executor-store \"$0\" && {extra} exec \"$@\"' '{}' '{}' \"$@\"\n",
             store.display(),
             python.display()
         ),
@@ -224,6 +229,28 @@ fn python_with_an_empty_store(dir: &Path, python: &Path, store: &Path) -> PathBu
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     script
+}
+
+/// `hvd ARGS` on the spark engine (local cluster, `python`) with the store `store` and the cache `url` trusted by
+/// `key`, as a user gives them (none from the environment).
+fn with_cache(
+    root: &Path,
+    store: &Path,
+    python: &Path,
+    url: &str,
+    key: &str,
+    args: &[&str],
+) -> Command {
+    let mut command = common::hvd_with_store(root, store, args);
+    command
+        .args(["--engine", "spark", "--spark-master", MASTER])
+        .arg("--spark-python")
+        .arg(python)
+        .args(["--cache", url, "--trusted-key", key])
+        .env_remove("HVD_CACHES")
+        .env_remove("HVD_TRUSTED_KEYS")
+        .env("NO_COLOR", "1");
+    command
 }
 
 #[test]
@@ -251,18 +278,7 @@ fn executors_with_empty_stores_pull_the_env_before_any_rank_and_a_tampered_archi
     .unwrap();
     let url = format!("file://{}", p.cache.display());
     let key = p.public_key.display().to_string();
-    let with_cache = |args: &[&str]| {
-        let mut command = common::hvd_with_store(root.path(), &store, args);
-        command
-            .args(["--engine", "spark", "--spark-master", MASTER])
-            .arg("--spark-python")
-            .arg(&python)
-            .args(["--cache", &url, "--trusted-key", &key])
-            .env_remove("HVD_CACHES")
-            .env_remove("HVD_TRUSTED_KEYS")
-            .env("NO_COLOR", "1");
-        command
-    };
+    let with_cache = |args: &[&str]| with_cache(root.path(), &store, &python, &url, &key, args);
     let mark = format!("pull-{}", std::process::id());
     let out = with_cache(&["run", "app/train.hvd", "--locked", "--grace", "2"])
         .env(
@@ -339,4 +355,105 @@ for line in tail:
     for path in [&name, &helper] {
         assert!(!store.join(path).exists(), "{path} is in the store");
     }
+}
+
+/// One executor cannot get the env inside the running job: the first executor to start its Python sees a copy of
+/// the cache with a flipped byte in `helper`'s archive (bind-mounted over the cache in its mount namespace), the
+/// other the good cache. The run fails with the driver's message naming the executor (its address and host), the
+/// rank of its task, the env and the pull's reason (`refusing <helper>`), and no rank's command starts anywhere.
+#[test]
+fn one_executor_whose_pull_fails_inside_the_job_ends_it_naming_the_executor_before_any_rank() {
+    let python = spark_python();
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = common::pushed_fixture_env(
+        root.path(),
+        &outside.path().join("cache"),
+        "step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
+    );
+    let store = root.path().join("store");
+    std::fs::write(
+        p.project.join("job.py"),
+        "import os\nopen(f\"rank-started-{os.getpid()}\", \"w\").close()\nprint(\"job rank started\")\n",
+    )
+    .unwrap();
+    // The tampered copy of the cache, and the marker the first executor's Python takes.
+    let tampered = outside.path().join("tampered-cache");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&p.cache)
+        .arg(&tampered)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let helper = common::tamper_cached_archive(&store, &tampered, "-helper-1.0");
+    let first = root.path().join("first-executor");
+    let python_wrapper = bare_node_python(
+        root.path(),
+        &python,
+        &store,
+        &format!(
+            "if mkdir {} 2>/dev/null; then mount --bind {} {}; fi &&",
+            first.display(),
+            tampered.display(),
+            p.cache.display()
+        ),
+    );
+    let url = format!("file://{}", p.cache.display());
+    let key = p.public_key.display().to_string();
+    let mark = format!("pull-fails-{}", std::process::id());
+    let out = with_cache(
+        root.path(),
+        &store,
+        &python,
+        &url,
+        &key,
+        &["run", "app/train.hvd", "--locked", "--grace", "2"],
+    )
+    .env("PYSPARK_PYTHON", &python_wrapper)
+    .env("HVD_TEST_MARK", &mark)
+    .output()
+    .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        first.is_dir(),
+        "no executor took the tampered cache: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    // The pull's own lines, as the ranks' output on stderr: `[train HOST:R] ...`, tag left out.
+    let untagged: String = stderr
+        .lines()
+        .map(|l| match l.strip_prefix("[train ") {
+            Some(tagged) => tagged.split_once(']').map_or(l, |(_, rest)| rest),
+            None => l,
+        })
+        .collect();
+    let words = common::unwrapped(&untagged);
+    let name = p.env.file_name().unwrap().to_string_lossy().into_owned();
+    // `executor 127.0.0.1:PORT (HOST) (the task of rank R) could not get the env NAME`.
+    let said = common::unwrapped(&stderr);
+    let at = said
+        .find(&common::unwrapped("hvd spark: executor 127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no executor named: {stderr}"));
+    let rest = &said[at..];
+    assert!(
+        rest.contains(&common::unwrapped(&format!(
+            "({}) (the task of rank",
+            hvd_launcher::env::local_hostname()
+        ))) && rest.contains(&common::unwrapped(&format!("could not get the env {name}"))),
+        "{stderr}"
+    );
+    assert!(
+        words.contains(&common::unwrapped(&format!("refusing {helper}"))),
+        "{stderr}"
+    );
+    // No rank's command ran, on either executor.
+    assert!(!stdout.contains("job rank started"), "{stdout}");
+    let started: Vec<_> = std::fs::read_dir(&p.project)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rank-started"))
+        .collect();
+    assert!(started.is_empty(), "ranks ran: {started:?}");
+    assert_nothing_left(&mark);
 }

@@ -5,7 +5,8 @@
 //! COMMAND` with its rank, local rank and host from `BarrierTaskContext` in `HVD_SPARK_*` (read by the shim). The
 //! ranks' output comes back to the driver over TCP and is printed as `[R] line` (the tag `hvd run` reads); the first
 //! failing rank ends the job with `hvd spark: rank R failed (exit status: N)` and its code. With binary caches, each
-//! task first runs `hvd cache pull` on its executor and the ranks start only once every executor has the env.
+//! task first runs `hvd cache pull` on its executor and the ranks start only once every executor has the env, each
+//! through `hvd worker-env --pull` (which finds the env and roots it against `hvd gc` while the rank runs).
 
 use std::path::{Path, PathBuf};
 

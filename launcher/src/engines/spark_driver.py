@@ -6,7 +6,8 @@
 # `[RANK] line` on its own stdout/stderr, where `hvd run` reads the rank from the tag. The first rank to fail ends the
 # job: the driver says `hvd spark: rank R failed (exit status: N); ending the job` and exits with N. With `--pull`
 # (binary caches), every task first runs `hvd cache pull` on its executor and all tasks meet at a barrier before any
-# rank starts: an executor that cannot get the env ends the job naming itself, and no rank runs anywhere.
+# rank starts: an executor that cannot get the env ends the job naming itself (its address), and no rank runs
+# anywhere; each rank then starts as `hvd worker-env --pull=ENV ...`, which finds the env and roots it against `hvd gc`.
 #
 # Only the standard library and pyspark: this file runs in the driver and, pickled, in the executors' Python.
 
@@ -154,6 +155,16 @@ def pull_env(shim, pull, env, child_setup=None):
     return code, [line.encode() for line in lines[-20:]]
 
 
+def worker_env_pull(pull):
+    """The shim's `--pull=ENV --cache=URL... --trusted-key=KEY...` for the env `pull` (`cache pull --store=STORE NAME
+    --cache=... --trusted-key=...`) made valid: the shim finds it there (or pulls it again) and holds a temporary gc
+    root on it for as long as the rank runs, so an `hvd gc` on the executor between the pull and the rank cannot
+    remove it."""
+    store = next(a[len("--store=") :] for a in pull if a.startswith("--store="))
+    name = pull[pull.index("pull") + 2]
+    return [f"--pull={store}/{name}", *(a for a in pull if a.startswith(("--cache=", "--trusted-key=")))]
+
+
 def make_task(command, shim, exported, cwd, driver_addr, token, pull):
     """The barrier task (pickled to the executors): gets the env from the caches when `pull` is given, waits for
     every task to have it, then runs one rank and reports its output and exit status."""
@@ -207,7 +218,8 @@ def make_task(command, shim, exported, cwd, driver_addr, token, pull):
                 code, tail = failure
                 for line in tail:
                     send(b"E", line)
-                host = f"{hosts[rank]} ({socket.gethostname()})"
+                # The executor's address (host:port): several executors may share a host.
+                host = f"{infos[rank].address} ({socket.gethostname()})"
                 send(b"F", b"%d " % code + host.encode())
                 conn.close()
                 raise RuntimeError(f"hvd spark: executor {host} could not get the env from the binary caches")
@@ -215,7 +227,7 @@ def make_task(command, shim, exported, cwd, driver_addr, token, pull):
             ctx.barrier()
 
         proc = subprocess.Popen(
-            [shim, "worker-env", "--", *command],
+            [shim, "worker-env", *(worker_env_pull(pull) if pull else []), "--", *command],
             cwd=cwd if os.path.isdir(cwd) else None,
             env=env,
             stdin=subprocess.DEVNULL,
