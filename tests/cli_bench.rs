@@ -1,5 +1,6 @@
 //! `hvd bench allreduce --processes --shared-buffers`: the ranks run as worker processes of the binary (their own
-//! rendezvous server) on shared buffers, and rank 0 prints one JSON line per size saying so.
+//! rendezvous server) on shared buffers, and rank 0 prints one JSON line per size saying so; `--tensors` runs each
+//! size as a fused group of that many tensors.
 
 use std::process::Command;
 
@@ -37,4 +38,40 @@ fn allreduce_runs_worker_processes_on_shared_buffers() {
     assert_eq!(row["ranks_are"], "processes");
     assert_eq!(row["buffers"], "shared");
     assert_eq!(row["bytes"], 1 << 20);
+}
+
+#[test]
+fn allreduce_runs_a_fused_group_of_tensors() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvd"))
+        .args([
+            "bench",
+            "allreduce",
+            "--processes",
+            "--tensors",
+            "5",
+            "--json",
+        ])
+        .args(["--min-bytes", "1MiB", "--max-bytes", "1MiB", "--iters", "2"])
+        .env_remove("HVD_RANK")
+        .env_remove("HVD_SIZE")
+        .env_remove("HVD_RENDEZVOUS")
+        .output()
+        .expect("run hvd bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(row["tensors"], 5);
+    assert_eq!(row["buffers"], "private");
+    assert_eq!(row["bytes"], 1 << 20);
+    let zero = Command::new(env!("CARGO_BIN_EXE_hvd"))
+        .args(["bench", "allreduce", "--tensors", "0"])
+        .output()
+        .expect("run hvd bench");
+    assert!(!zero.status.success());
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("--tensors"));
 }

@@ -7,6 +7,8 @@
 //! processes of this binary instead (joined through a rendezvous server of its own, each pinned to a CPU), and
 //! `--shared-buffers` allocates every rank's buffers as shared buffers (`hvd_collective::shm::SharedBuffer`, what
 //! `hvd_alloc` and `hvd.empty` return), which ranks in several processes read one another's with plain loads.
+//! `--tensors N` splits each size into N tensors of private memory allreduced as one fused group (what the
+//! engine does with a group of small gradients: `Communicator::allreduce_staged`).
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use hvd_collective::bootstrap::{self, BackendChoice, JobEnv};
 use hvd_collective::env_vars as cenv;
 use hvd_collective::shm::SharedBuffer;
 use hvd_collective::testing::{Backend, LocalJob, pin_to_cpu};
-use hvd_collective::{Communicator, DType, ReduceOp};
+use hvd_collective::{Communicator, DType, ReduceOp, StagedAllreduce};
 
 use crate::exit::{CommandResult, Failure, Status};
 
@@ -63,6 +65,10 @@ pub struct AllreduceArgs {
     /// reads the peers' buffers with plain loads.
     #[arg(long)]
     pub shared_buffers: bool,
+    /// Split each size into this many tensors (of private memory) allreduced as one fused group, as the engine
+    /// fuses a group of small gradients (1: one buffer).
+    #[arg(long, default_value_t = 1)]
+    pub tensors: usize,
     /// (Set by `--processes` for its workers) the CPU index to pin this process to.
     #[arg(long, hide = true)]
     pub pin_cpu: Option<usize>,
@@ -119,14 +125,17 @@ fn sweep(
     comm: &mut dyn Communicator,
     sizes: &[usize],
     fixed: Option<usize>,
-    shared: bool,
+    mode: &Mode,
 ) -> Result<Vec<Row>, hvd_collective::Error> {
     let mut rows = Vec::new();
-    let n = comm.size();
     for &bytes in sizes {
         let iters = iterations(bytes, fixed);
+        if mode.tensors > 1 {
+            rows.push(sweep_group(comm, bytes, iters, mode.tensors)?);
+            continue;
+        }
         let (mut own, mut in_shared);
-        let buf: &mut [u8] = match shared {
+        let buf: &mut [u8] = match mode.shared {
             true => {
                 in_shared = SharedBuffer::new(bytes)?;
                 &mut in_shared
@@ -151,28 +160,113 @@ fn sweep(
             comm.allreduce_in_place(buf, DType::F32, ReduceOp::Sum)?;
             times.push(t.elapsed().as_secs_f64());
         }
-        // Max over ranks, per iteration.
-        let mine: Vec<u8> = times.iter().flat_map(|t| t.to_ne_bytes()).collect();
-        let mut all = vec![0u8; mine.len() * n];
-        comm.allgather(&mine, &mut all, DType::F64)?;
-        let mut worst = vec![0f64; iters];
-        for rank_times in all.chunks_exact(mine.len().max(1)) {
-            for (w, c) in worst.iter_mut().zip(rank_times.chunks_exact(8)) {
-                *w = w.max(f64::from_ne_bytes(c.try_into().unwrap_or([0; 8])));
-            }
-        }
-        worst.sort_by(f64::total_cmp);
-        let q = |p: f64| {
-            Duration::from_secs_f64(worst[((worst.len() - 1) as f64 * p).round() as usize])
-        };
-        rows.push(Row {
-            bytes,
-            iters,
-            median: q(0.5),
-            p99: q(0.99),
-        });
+        rows.push(slowest(comm, bytes, times)?);
     }
     Ok(rows)
+}
+
+/// The row of one size from this rank's times: per iteration the slowest rank's time counts.
+fn slowest(
+    comm: &mut dyn Communicator,
+    bytes: usize,
+    times: Vec<f64>,
+) -> Result<Row, hvd_collective::Error> {
+    let n = comm.size();
+    let iters = times.len();
+    let mine: Vec<u8> = times.iter().flat_map(|t| t.to_ne_bytes()).collect();
+    let mut all = vec![0u8; mine.len() * n];
+    comm.allgather(&mine, &mut all, DType::F64)?;
+    let mut worst = vec![0f64; iters];
+    for rank_times in all.chunks_exact(mine.len().max(1)) {
+        for (w, c) in worst.iter_mut().zip(rank_times.chunks_exact(8)) {
+            *w = w.max(f64::from_ne_bytes(c.try_into().unwrap_or([0; 8])));
+        }
+    }
+    worst.sort_by(f64::total_cmp);
+    let q =
+        |p: f64| Duration::from_secs_f64(worst[((worst.len() - 1) as f64 * p).round() as usize]);
+    Ok(Row {
+        bytes,
+        iters,
+        median: q(0.5),
+        p99: q(0.99),
+    })
+}
+
+/// Tensors of one fused group, in place (their own memory, back to back in the group's order).
+struct Group(Vec<Vec<u8>>);
+
+impl Group {
+    /// Calls `f` with each tensor's part of the group's bytes `offset..offset + len` and that part's range in the
+    /// caller's slice.
+    fn each(
+        &mut self,
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(&mut [u8], std::ops::Range<usize>),
+    ) {
+        let mut at = 0;
+        for t in &mut self.0 {
+            let (start, end) = (offset.max(at), (offset + len).min(at + t.len()));
+            if start < end {
+                f(&mut t[start - at..end - at], start - offset..end - offset);
+            }
+            at += t.len();
+        }
+    }
+}
+
+impl hvd_collective::Staged for Group {
+    fn read(&mut self, offset: usize, dst: &mut [u8]) {
+        self.each(offset, dst.len(), |t, r| dst[r].copy_from_slice(t));
+    }
+
+    fn write(&mut self, offset: usize, src: &[u8]) {
+        self.each(offset, src.len(), |t, r| t.copy_from_slice(&src[r]));
+    }
+}
+
+/// One size as `tensors` f32 tensors (the last takes the remainder) allreduced as one fused group.
+fn sweep_group(
+    comm: &mut dyn Communicator,
+    bytes: usize,
+    iters: usize,
+    tensors: usize,
+) -> Result<Row, hvd_collective::Error> {
+    let elems = bytes / 4;
+    let per = (elems / tensors).max(1);
+    let mut group = Group(Vec::with_capacity(tensors));
+    let mut left = elems;
+    while left > 0 {
+        let take = if group.0.len() + 1 == tensors {
+            left
+        } else {
+            per.min(left)
+        };
+        group.0.push(1.0f32.to_ne_bytes().repeat(take));
+        left -= take;
+    }
+    let mut scratch = Vec::new();
+    let mut once = |comm: &mut dyn Communicator| {
+        comm.allreduce_staged(StagedAllreduce {
+            len: elems * 4,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+            io: &mut group,
+            scratch: &mut scratch,
+        })
+    };
+    for _ in 0..(iters / 5).clamp(1, 200) {
+        once(comm)?;
+    }
+    comm.barrier()?;
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        once(comm)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    slowest(comm, elems * 4, times)
 }
 
 fn human(bytes: usize) -> String {
@@ -188,6 +282,7 @@ fn human(bytes: usize) -> String {
 struct Mode {
     processes: bool,
     shared: bool,
+    tensors: usize,
 }
 
 fn print_rows(rows: &[Row], n: usize, backend: &str, json: bool, mode: &Mode) {
@@ -197,11 +292,15 @@ fn print_rows(rows: &[Row], n: usize, backend: &str, json: bool, mode: &Mode) {
     } else {
         "threads"
     };
-    let buffers = if mode.shared { "shared" } else { "private" };
+    let buffers = match (mode.tensors, mode.shared) {
+        (t, _) if t > 1 => format!("{t} tensors fused"),
+        (_, true) => "shared buffers".into(),
+        (_, false) => "private buffers".into(),
+    };
     if !json {
         let _ = writeln!(
             out,
-            "# hvd allreduce f32, backend {backend}, {n} ranks as {ranks_are}, {buffers} buffers (median/p99 of the slowest rank)"
+            "# hvd allreduce f32, backend {backend}, {n} ranks as {ranks_are}, {buffers} (median/p99 of the slowest rank)"
         );
         let _ = writeln!(
             out,
@@ -219,7 +318,8 @@ fn print_rows(rows: &[Row], n: usize, backend: &str, json: bool, mode: &Mode) {
         let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
         if json {
             let v = serde_json::json!({
-                "backend": backend, "ranks": n, "ranks_are": ranks_are, "buffers": buffers,
+                "backend": backend, "ranks": n, "ranks_are": ranks_are,
+                "buffers": if mode.shared { "shared" } else { "private" }, "tensors": mode.tensors,
                 "bytes": r.bytes, "iters": r.iters,
                 "median_us": secs * 1e6, "p99_us": r.p99.as_secs_f64() * 1e6,
                 "algbw_gbps": algbw, "busbw_gbps": busbw,
@@ -257,6 +357,9 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
         .backend
         .parse()
         .map_err(|e| Failure::from_error(Status::Usage, &e))?;
+    if a.tensors == 0 {
+        return Err(Failure::usage("`--tensors` must be at least 1"));
+    }
     if a.processes && JobEnv::from_env().is_err() {
         return run_processes(&a);
     }
@@ -266,6 +369,7 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
     let mode = Mode {
         processes: a.processes || JobEnv::from_env().is_ok(),
         shared: a.shared_buffers,
+        tensors: a.tensors,
     };
     let launched = JobEnv::from_env().is_ok();
     if launched || matches!(choice, BackendChoice::Mpi | BackendChoice::Nccl) {
@@ -279,7 +383,7 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
             bootstrap::connect(&job, choice, timeout)
         }
         .map_err(failed)?;
-        let rows = sweep(comm.as_mut(), &sizes, a.iters, a.shared_buffers).map_err(failed)?;
+        let rows = sweep(comm.as_mut(), &sizes, a.iters, &mode).map_err(failed)?;
         if comm.rank() == 0 {
             print_rows(&rows, comm.size(), comm.backend(), a.json, &mode);
         }
@@ -296,8 +400,7 @@ fn allreduce(a: AllreduceArgs) -> CommandResult {
     let results = LocalJob::new(a.workers, backend)
         .pin_threads(!a.no_pin)
         .run(|mut comm| {
-            sweep(comm.as_mut(), &sizes, a.iters, a.shared_buffers)
-                .map(|rows| (rows, comm.backend()))
+            sweep(comm.as_mut(), &sizes, a.iters, &mode).map(|rows| (rows, comm.backend()))
         })
         .map_err(failed)?;
     let (rows, name) = results
@@ -358,6 +461,7 @@ fn run_processes(a: &AllreduceArgs) -> CommandResult {
     if a.shared_buffers {
         args.push("--shared-buffers".into());
     }
+    args.extend(["--tensors".into(), a.tensors.to_string()]);
     let mut children = Vec::with_capacity(a.workers);
     for rank in 0..a.workers {
         let mut cmd = std::process::Command::new(&exe);
