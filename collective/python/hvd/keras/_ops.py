@@ -45,6 +45,14 @@ def _set_id_size(process_set):
     return size
 
 
+def _reduces_over(process_set):
+    """Whether this rank's gradients are reduced over ``process_set``: as in Horovod, a rank outside the set (or a
+    set of one rank) keeps its own gradients."""
+    if process_set is None or process_set is _core.global_process_set:
+        return _core.size() > 1
+    return bool(process_set.included()) and _set_id_size(process_set) > 1
+
+
 def _name(name, default):
     return name if name else default
 
@@ -352,9 +360,12 @@ class _DistributedMixin:
             size = _set_id_size(s.process_set)
             op, prescale, postscale = _core.Sum, 1.0 / s.gradient_predivide_factor, \
                 s.gradient_predivide_factor / size
-        reduced = reduce_gradients([grads[i] for i in shared], self._hvd_name + ".grads", op, s.compression,
-                                   s.sparse_as_dense, prescale, postscale, s.process_set,
-                                   average_sparse=s.op == _core.Average)
+        if _reduces_over(s.process_set):
+            reduced = reduce_gradients([grads[i] for i in shared], self._hvd_name + ".grads", op, s.compression,
+                                       s.sparse_as_dense, prescale, postscale, s.process_set,
+                                       average_sparse=s.op == _core.Average)
+        else:
+            reduced = [grads[i] for i in shared]
         out = list(grads)
         for i, g in zip(shared, reduced):
             out[i] = g

@@ -95,6 +95,15 @@ for kwargs, scale in ((dict(), (n + 1) / 2.0), (dict(op=hvd.Sum), n * (n + 1) / 
     if ("sparse_as_dense" in kwargs) == isinstance(grads[e.ref()], tf.IndexedSlices):
         fail("sparse_as_dense={} gave {}".format("sparse_as_dense" in kwargs, type(grads[e.ref()])))
 
+# A process set: a rank outside it, or in a set of one rank, keeps its own gradients (Horovod's _allreduce_cond).
+ps = hvd.add_process_set([0])
+opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), process_set=ps)
+x = tf.Variable([0.0])
+(g, _), = opt._compute_gradients(lambda: tf.reduce_sum(x) * (r + 1), [x])
+if not np.allclose(tf.convert_to_tensor(g).numpy(), [r + 1]):
+    fail("gradient with a process set this rank is {}in: {}".format("" if r == 0 else "not ", g))
+hvd.remove_process_set(ps)
+
 # model.fit: different data and initial weights on every rank; after the callbacks' broadcast and averaged
 # gradients every rank holds the same weights, and the averaged metrics are the same everywhere.
 rng = np.random.default_rng(r)
