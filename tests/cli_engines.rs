@@ -802,6 +802,39 @@ fn slurm_elastic_step_replaces_a_rank_that_kills_itself() {
     assert_finished_together(&slurm, dir.path(), &out, (members, steps), &marker);
 }
 
+/// Below its minimum a slurm elastic step waits for the lost rank's replacement (before replacements on slurm it failed
+/// at once): 4 workers, minimum 4, one SIGKILLs itself; the new job step joins, the step is back to 4 and all four
+/// finish with every committed step once.
+#[test]
+fn a_slurm_elastic_step_below_its_minimum_is_brought_back_by_the_replacement() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-elastic-min");
+    let steps = 12;
+    let dir = common::train_project(
+        "{ min = 4, max = 4 }",
+        &format!(
+            ", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\", ELASTIC_KILL = \"2:5\""
+        ),
+        "",
+        elastic_train_py(),
+    );
+    let out = slurm.spawn_elastic(dir.path()).wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    let flat = common::flat_stderr(&out);
+    for want in [
+        "rank 2 of step `train` was lost (exit code 137): 3 of its workers are left, fewer than its minimum of 4; \
+         waiting up to 60 s (--elastic-timeout) for replacements (elastic)",
+        "started rank 4 of step `train` on ",
+        "step `train` is back to 4 workers (minimum 4); it goes on (elastic)",
+    ] {
+        assert!(flat.contains(want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1), (3, 2), (4, 3)];
+    assert_finished_together(&slurm, dir.path(), &out, (members, steps), &marker);
+}
+
 /// Killing a rank's srun the way the supervisor does after the grace period (SIGKILL to its whole process group)
 /// ends the rank's job step and kills its task on the node: srun's shepherd, in a session of its own, cancels the
 /// step. The survivors then re-form, the rank's replacement joins them, and the four finish.

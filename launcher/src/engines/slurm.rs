@@ -445,6 +445,39 @@ mod tests {
         }
     }
 
+    /// Inside an allocation an elastic step's replacements go to the allocation's nodes, up to each node's tasks, and
+    /// nowhere else; without one (no elastic step) the engine starts no new workers.
+    #[test]
+    fn replacements_go_to_the_allocations_nodes_only() {
+        let allocation = Allocation {
+            nodes: vec![("n1".into(), 2), ("n2".into(), 1)],
+            bind_ip: "10.0.0.1".parse().unwrap(),
+            peers: vec![],
+            grace_ticks: 20,
+        };
+        let setup = |allocation: Option<Allocation>| SlurmSetup {
+            shim: "/bin/hvd".into(),
+            cpus_per_task: None,
+            gpus_per_task: 0,
+            allocation,
+        };
+        let plan = crate::engines::sbatch::plan(&project(false), &RunOptions::default()).unwrap();
+        let inside = setup(Some(allocation));
+        assert!(inside.remote_hosts());
+        assert_eq!(
+            inside.replacement_hosts(),
+            Some(vec![("n1".to_owned(), 2), ("n2".to_owned(), 1)])
+        );
+        inside.reach_host(&plan, "n2").unwrap();
+        let err = inside.reach_host(&plan, "n3").unwrap_err().to_string();
+        assert!(
+            err.contains("`n3` is not a node of this Slurm allocation"),
+            "{err}"
+        );
+        let outside = setup(None);
+        assert!(!outside.remote_hosts() && outside.replacement_hosts().is_none());
+    }
+
     #[test]
     fn batch_scripts_carry_time_overcommit_env_and_a_multi_step_dependency() {
         let project = project(true);
