@@ -139,8 +139,9 @@ impl Job<'_> {
     }
 }
 
-/// Whether `engine` starts each rank itself on this machine or on hosts it reaches (local, ssh), so that an elastic
-/// step may start new workers (replacements, discovered slots) there.
+/// Whether `engine` starts each rank itself on this machine or on hosts it reaches (local, ssh, slurm inside an
+/// allocation: one job step per rank), so that an elastic step may start new workers (replacements; discovered slots
+/// on local and ssh, as the slurm engine refuses discovery itself) there.
 fn starts_workers_anywhere(engine: &dyn SupervisedEngine) -> bool {
     engine.name().starts_with("local") || engine.remote_hosts()
 }
@@ -636,7 +637,8 @@ fn run_attempt(
             )));
         }
         (Some(min), Some(n), Some((server, _))) => {
-            // Replacements run where the engine starts each rank itself: this machine, or hosts it reaches (ssh).
+            // Replacements run where the engine starts each rank itself: this machine, hosts it reaches (ssh), or the
+            // allocation's nodes (slurm: `SupervisedEngine::replacement_hosts`).
             let replaces = starts_workers_anywhere(engine);
             if replaces {
                 hosts = Some(placement::Hosts::new(plan, step));
