@@ -587,7 +587,8 @@ class ProcessSet:
         return rank() in self.ranks
 
     def __str__(self):
-        return "ProcessSet(process_set_id={}, ranks={})".format(self.process_set_id, self.ranks)
+        # Horovod's form; hvd's sets have no MPI communicator.
+        return "ProcessSet(process_set_id={}, ranks={}, mpi_comm=None)".format(self.process_set_id, self.ranks)
 
     __repr__ = __str__
 

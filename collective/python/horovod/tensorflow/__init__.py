@@ -7,3 +7,4 @@ reexport(globals(), "hvd.tensorflow")
 del reexport
 
 from horovod.tensorflow import util  # noqa: E402,F401 - Horovod's tests reach it as hvd.util
+from horovod.tensorflow import mpi_ops  # noqa: E402,F401 - Horovod's tests reach it as hvd.mpi_ops

@@ -48,7 +48,8 @@ if E._variables_from({"optimizer.npz": E._variables_file([])}, "optimizer.npz", 
 
 # Values that do not fit the state's variables: refused, naming the file and the variable.
 refused("fewer variables", files, "model.npz", values + [np.zeros(1)], "holds 5 variables where this state has 6")
-refused("another shape", files, "model.npz", [np.zeros((3, 2), np.float32)] + values[1:], "variable 0 is float32 [2, 3]")
+refused("another shape", files, "model.npz", [np.zeros((3, 2), np.float32)] + values[1:],
+        "variable 0 is float32 [2, 3]")
 refused("another dtype", files, "model.npz", values[:1] + [np.array(7, np.int32)] + values[2:], "variable 1 is int64")
 refused("a missing file", files, "optimizer.npz", [], "it has no optimizer.npz")
 

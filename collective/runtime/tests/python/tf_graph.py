@@ -4,7 +4,7 @@ allgather, broadcast, alltoall), tf.IndexedSlices are allgathered, a disagreemen
 FailedPreconditionError and the job goes on, many collectives of one graph run in whatever order each rank picks,
 *_op functions run when the graph runs, a process set that is not the job's is refused (ValueError),
 broadcast_global_variables and DistributedOptimizer (tf.compat.v1, also with backward_passes_per_step),
-elastic.TensorFlowState."""
+elastic.TensorFlowState, horovod.tensorflow.mpi_ops."""
 import sys
 
 import numpy as np
@@ -145,5 +145,20 @@ state.epoch = 99
 state.restore()
 if not np.allclose(state_vars[0].numpy(), [0.0, 0.0]) or state.epoch != 10:
     fail("eager: TensorFlowState {} {}".format(state_vars[0].numpy(), state.epoch))
+# horovod.tensorflow.mpi_ops: the ops under Horovod's module name, and the sets the runtime knows, by id.
+import horovod.tensorflow as horovod_tf  # noqa: E402
+
+if horovod_tf.mpi_ops.allreduce is not hvd.allreduce:
+    fail("horovod.tensorflow.mpi_ops.allreduce is not hvd.tensorflow's")
+known = horovod_tf.mpi_ops._basics._get_process_set_ids_and_ranks
+added = hvd.add_process_set([n - 1])
+if known() != {0: list(range(n)), added.process_set_id: [n - 1]}:
+    fail("process sets known after an add: {}".format(known()))
+want = "ProcessSet(process_set_id={}, ranks=[{}], mpi_comm=None)".format(added.process_set_id, n - 1)
+if str(added) != want:
+    fail("str of a process set: {}".format(added))
+hvd.remove_process_set(added)
+if known() != {0: list(range(n))}:
+    fail("process sets known after the remove: {}".format(known()))
 hvd.shutdown()
 print("ok tensorflow graph rank {}".format(r))
