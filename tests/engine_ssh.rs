@@ -337,7 +337,8 @@ fn a_compromised_host_cannot_run_commands_here_or_obtain_other_store_paths() {
 
 /// A project whose env (fixture wheels `greet` and `helper`, and hvd's worker runtime) is built into `root/store`
 /// from a local index and pushed, signed, into the directory cache `cache`; its step runs `job.py` (a file of the
-/// project) on 4 ranks: a barrier over every rank, then a line with what the rank sees.
+/// project) on 4 ranks: a barrier over every rank, then a line with what the rank sees (after `greet`; with
+/// [`Delivered::running_first`], after another command).
 struct Delivered {
     project: PathBuf,
     env: PathBuf,
@@ -347,10 +348,18 @@ struct Delivered {
 
 impl Delivered {
     fn new(root: &Path, cache: &Path) -> Delivered {
+        Self::running_first(root, cache, "true")
+    }
+
+    /// [`Delivered::new`] whose ranks run `first` (a shell command without double quotes) before anything else.
+    fn running_first(root: &Path, cache: &Path, first: &str) -> Delivered {
+        assert!(!first.contains('"'), "{first}");
         let pushed = common::pushed_fixture_env(
             root,
             cache,
-            "step train {\n  run = \"greet && python job.py\"\n  workers = 4\n}\n",
+            &format!(
+                "step train {{\n  run = \"{first} && greet && python job.py\"\n  workers = 4\n}}\n"
+            ),
         );
         std::fs::write(
             pushed.project.join("job.py"),
@@ -483,4 +492,70 @@ fn a_tampered_cache_stops_the_run_before_any_rank_and_a_direct_copy_runs_without
     let out = p.run(&hosts, &["--ssh-copy-env"]);
     p.assert_ran_everywhere(&out);
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// An `hvd gc` running in a loop on every host (in its own mount namespace, on its private store) through the whole
+/// run cannot remove the env the run pulled there before its ranks use it: the host check pulls and checks the env
+/// under the root of `hvd worker-env --once --pull`, and each rank starts through the same pull (which finds the
+/// env, or pulls it again when gc removed it after the check) and holds that root until it ends; every rank waits
+/// until gc has run twice more on both hosts after it started, then runs `greet` and imports from the env. Once the
+/// run has ended, nothing roots the env there and gc removes it (without the ranks' roots it would have gone).
+#[test]
+fn envs_pulled_on_the_hosts_survive_gc_running_there_in_a_loop_until_their_ranks_end() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let counters = outside.path().join("gc-runs");
+    std::fs::create_dir(&counters).unwrap();
+    let wait = format!(
+        "a=$(cat {c}/1) b=$(cat {c}/2); while [ $(cat {c}/1) -lt $((a + 2)) ] || [ $(cat {c}/2) -lt $((b + 2)) ]; \
+         do sleep 0.05; done",
+        c = counters.display()
+    );
+    let p = Delivered::running_first(root.path(), &outside.path().join("cache"), &wait);
+    let hosts = Hosts::start_private("g", root.path());
+    let store = root.path().join("store");
+    // `hvd gc` on host `i` (1 or 2): in its sshd's mount namespace, where `root` is that host's own tmpfs.
+    let gc_on = |i: usize| {
+        let (pid, store) = (hosts.sshds[i - 1].1, store.clone());
+        move || {
+            let mut command = Command::new(tool("nsenter"));
+            command
+                .arg(format!("--target={pid}"))
+                .args(["--mount", "--", HVD, "gc"])
+                .env("HVD_STORE", &store)
+                .current_dir("/");
+            command
+        }
+    };
+    let mut loops: Vec<common::GcLoop> = (1..=2)
+        .map(|i| common::GcLoop::start(gc_on(i), Some(counters.join(i.to_string()))))
+        .collect();
+    for looping in &mut loops {
+        looping.wait_runs(1);
+    }
+    let (mut server, url) = serve_in_launcher_namespace(&hosts, &p.cache);
+    let key = p.public_key.display().to_string();
+    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
+    let _ = server.kill();
+    let _ = server.wait();
+    for looping in loops {
+        looping.stop();
+    }
+    p.assert_ran_everywhere(&out);
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+    // The ranks have ended: their roots are stale, and gc takes the env on each host.
+    for i in 1..=2 {
+        let out = gc_on(i)().output().unwrap();
+        assert!(out.status.success(), "{}", text(&out).1);
+        let exists = Command::new(tool("nsenter"))
+            .arg(format!("--target={}", hosts.sshds[i - 1].1))
+            .args(["--mount", "--", "test", "-e"])
+            .arg(&p.env)
+            .status()
+            .unwrap();
+        assert!(
+            !exists.success(),
+            "gc kept an env nothing roots on host {i}"
+        );
+    }
 }

@@ -499,7 +499,6 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
 /// (nothing else roots it: without the shim's temporary root it would have gone).
 #[test]
 fn a_pulled_env_survives_gc_running_in_a_loop_until_its_worker_ends() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let p = common::pushed_fixture_env(root.path(), &outside.path().join("cache"), "");
@@ -507,76 +506,52 @@ fn a_pulled_env_survives_gc_running_in_a_loop_until_its_worker_ends() {
     std::fs::rename(&store, root.path().join("built-store")).unwrap();
     std::fs::create_dir_all(&store).unwrap();
     let key_text = std::fs::read_to_string(&p.public_key).unwrap();
-    let gc = |store: &Path| {
-        let out = common::hvd_with_store(root.path(), store, &["gc"])
-            .output()
-            .unwrap();
-        assert_ok(&out, "hvd gc")
+    let gc = {
+        let (dir, store) = (root.path().to_path_buf(), store.clone());
+        move || common::hvd_with_store(&dir, &store, &["gc"])
     };
-    let stop = AtomicBool::new(false);
-    let runs = AtomicUsize::new(0);
     let work = root.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    /// Ends the gc loop however the scope ends (a failed assertion must not leave it looping).
-    struct Stop<'a>(&'a AtomicBool);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-    let shim = std::thread::scope(|scope| {
-        let _stop = Stop(&stop);
-        let looping = scope.spawn(|| {
-            while !stop.load(Ordering::SeqCst) {
-                gc(&store);
-                runs.fetch_add(1, Ordering::SeqCst);
-            }
-        });
-        // gc has run before the pull starts.
-        while runs.load(Ordering::SeqCst) == 0 {
-            assert!(!looping.is_finished(), "the gc loop failed");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let child = Command::new(HVD)
-            .arg("worker-env")
-            .arg(format!("--pull={}", p.env.display()))
-            .arg(format!("--cache=file://{}", p.cache.display()))
-            .arg(format!("--trusted-key={}", key_text.trim()))
-            .args(["--", "/bin/sh", "-c"])
-            .arg(
-                "touch started; while [ ! -e go ]; do sleep 0.05; done; \
-                 exec python -c 'import helper, sys; print(\"word=\" + helper.WORD, sys.prefix)'",
-            )
-            .current_dir(&work)
-            .env_clear()
-            .envs([
-                ("PATH", "/usr/bin:/bin"),
-                ("OMPI_COMM_WORLD_RANK", "0"),
-                ("OMPI_COMM_WORLD_SIZE", "1"),
-                ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
-                ("HVD_RENDEZVOUS", "127.0.0.1:9"),
-                ("HVD_JOB_TOKEN", "t"),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        common::wait_for_path(&work.join("started"), std::time::Duration::from_secs(120));
-        // Two whole gc runs between the rank's start and its use of the env.
-        let seen = runs.load(Ordering::SeqCst);
-        while runs.load(Ordering::SeqCst) < seen + 2 {
-            assert!(!looping.is_finished(), "the gc loop failed");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        std::fs::write(work.join("go"), "").unwrap();
-        child.wait_with_output().unwrap()
-    });
+    let mut looping = common::GcLoop::start(gc.clone(), None);
+    // gc has run before the pull starts.
+    looping.wait_runs(1);
+    let child = Command::new(HVD)
+        .arg("worker-env")
+        .arg(format!("--pull={}", p.env.display()))
+        .arg(format!("--cache=file://{}", p.cache.display()))
+        .arg(format!("--trusted-key={}", key_text.trim()))
+        .args(["--", "/bin/sh", "-c"])
+        .arg(
+            "touch started; while [ ! -e go ]; do sleep 0.05; done; \
+             exec python -c 'import helper, sys; print(\"word=\" + helper.WORD, sys.prefix)'",
+        )
+        .current_dir(&work)
+        .env_clear()
+        .envs([
+            ("PATH", "/usr/bin:/bin"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("HVD_RENDEZVOUS", "127.0.0.1:9"),
+            ("HVD_JOB_TOKEN", "t"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_for_path(&work.join("started"), std::time::Duration::from_secs(120));
+    // Two whole gc runs between the rank's start and its use of the env.
+    let seen = looping.runs();
+    looping.wait_runs(seen + 2);
+    std::fs::write(work.join("go"), "").unwrap();
+    let shim = child.wait_with_output().unwrap();
+    looping.stop();
     let stdout = assert_ok(&shim, "the rank");
     assert!(
         stdout.contains(&format!("word=hello {}", p.env.display())),
         "{stdout}"
     );
     // The rank has ended: its root is stale, and gc (the loop's last run, or this one) takes the env.
-    gc(&store);
+    assert_ok(&gc().output().unwrap(), "hvd gc");
     assert!(!p.env.exists(), "gc kept an env nothing roots");
 }

@@ -563,3 +563,78 @@ pub fn tamper_cached_archive(store: &Path, cache: &Path, suffix: &str) -> String
     std::fs::write(&archive, &bytes).unwrap();
     name
 }
+
+/// `hvd gc` (whatever command `gc` makes) run again and again on a thread until dropped, as an attacker on a node
+/// would run it: every run must succeed (a failed one ends the loop, and the next wait fails with its output).
+/// With `counter`, the number of finished runs is written there after each run (whole, through a rename), so a
+/// process the test does not control (a rank) can wait for gc too.
+pub struct GcLoop {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl GcLoop {
+    pub fn start(gc: impl Fn() -> Command + Send + 'static, counter: Option<PathBuf>) -> GcLoop {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stopped, counted) = (stop.clone(), runs.clone());
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                let out = gc().output().map_err(|e| e.to_string())?;
+                if !out.status.success() {
+                    let (stdout, stderr) = text(&out);
+                    return Err(format!("gc failed ({}): {stdout}\n{stderr}", out.status));
+                }
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                if let Some(counter) = &counter {
+                    let part = counter.with_extension("part");
+                    std::fs::write(&part, n.to_string()).map_err(|e| e.to_string())?;
+                    std::fs::rename(&part, counter).map_err(|e| e.to_string())?;
+                }
+            }
+            Ok(())
+        });
+        GcLoop {
+            stop,
+            runs,
+            thread: Some(thread),
+        }
+    }
+
+    /// The runs finished so far.
+    pub fn runs(&self) -> usize {
+        self.runs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until `n` runs have finished; fails the test when the loop has ended (a run failed) before.
+    pub fn wait_runs(&mut self, n: usize) {
+        while self.runs() < n {
+            if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                let result = self.thread.take().map(|t| t.join());
+                panic!("the gc loop ended after {} runs: {result:?}", self.runs());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Stops the loop after its current run; fails the test when a run failed.
+    pub fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let result = thread.join().expect("the gc loop panicked");
+            assert!(result.is_ok(), "{result:?}");
+        }
+    }
+}
+
+impl Drop for GcLoop {
+    /// Ends the loop however the test ends (a failed assertion must not leave it running).
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

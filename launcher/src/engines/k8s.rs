@@ -238,9 +238,10 @@ impl Delivery {
         }
         // The same checks (credentials in a URL) as every node's pull command.
         let pull = super::pull_command("hvd", store, name, &self.caches, &self.trusted_keys)?;
-        let mut args = vec![format!("--pull={env}")];
-        args.extend(pull.into_iter().skip(5));
-        Ok(args)
+        Ok(super::worker_pull_argv(&pull, env, false)
+            .into_iter()
+            .skip(2)
+            .collect())
     }
 }
 

@@ -99,6 +99,24 @@ pub fn pull_command(
     Ok(argv)
 }
 
+/// `PROGRAM worker-env [--once] --pull=ENV --cache=URL... --trusted-key=KEY...`, from a node's pull command `pull`
+/// ([`pull_command`] or [`pull_argv`], for the env `env`): the shim pulls the env (or finds it, pulled already) and
+/// keeps a temporary gc root on it across `exec`, so an `hvd gc` on the node cannot remove it before or while the
+/// command after it (`-- CMD`, the caller's) runs. `once`: a command that is not a rank (no rank variables).
+pub fn worker_pull_argv(pull: &[String], env: &str, once: bool) -> Vec<String> {
+    let mut argv = vec![
+        pull.first().cloned().unwrap_or_default(),
+        "worker-env".to_owned(),
+    ];
+    if once {
+        argv.push("--once".to_owned());
+    }
+    argv.push(format!("--pull={env}"));
+    // After `PROGRAM cache pull --store=STORE NAME`: the caches and keys.
+    argv.extend(pull.iter().skip(5).cloned());
+    argv
+}
+
 /// Whether `url` may carry a secret: a user-info part (`scheme://user[:secret]@host...`), or a query string or
 /// fragment (`?token=...`, a presigned `?X-Amz-Signature=...`), which a cache URL never needs (hvd appends object
 /// names to it).

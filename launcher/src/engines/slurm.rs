@@ -331,7 +331,8 @@ pub fn batch_steps(
         for (k, v) in &step.env {
             let _ = writeln!(s, "export {k}={}", quote(v));
         }
-        if let Some(pull) = crate::engines::pull_argv(plan, shim)? {
+        let pull = crate::engines::pull_argv(plan, shim)?;
+        if let Some(pull) = &pull {
             // Every node of the job gets the env into its own store before any rank starts; one that cannot ends
             // the job naming itself.
             let _ = writeln!(
@@ -340,10 +341,18 @@ pub fn batch_steps(
                 quote(&format!(
                     "{} >/dev/null || {{ echo \"hvd: node $(hostname) could not get the env from the binary \
                      caches (above)\" >&2; exit 1; }}",
-                    shell::line(&pull)
+                    shell::line(pull)
                 ))
             );
         }
+        // Each command then starts through `hvd worker-env --pull`, which finds the pulled env (or pulls it again
+        // if an `hvd gc` on the node removed it meanwhile) and roots it until the command has ended.
+        let worker_pull = |once: bool| match (&pull, &plan.env_dir) {
+            (Some(pull), Some(env)) => {
+                crate::engines::worker_pull_argv(pull, &env.display().to_string(), once)
+            }
+            _ => Vec::new(),
+        };
         match step.workers {
             Some(n) => {
                 // torch's env:// meets at the first node; the port is spread by job id.
@@ -353,7 +362,10 @@ pub fn batch_steps(
                 );
                 let _ = writeln!(s, "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))");
                 let _ = writeln!(s, "rdv={}/rdv-\"$SLURM_JOB_ID\"", quote(&out_dir));
-                let argv = setup.srun_argv(n, &step.command);
+                let mut argv = setup.srun_argv(n, &step.command);
+                // srun ... hvd worker-env [--pull=ENV --cache=URL... --trusted-key=KEY...] -- /bin/sh -c COMMAND
+                let at = argv.len() - 4;
+                argv.splice(at..at, worker_pull(false).into_iter().skip(2));
                 // srun ... hvd worker-env -- [env HVD_RENDEZVOUS=file:DIR] /bin/sh -c COMMAND
                 let split = argv.len() - 3;
                 let _ = writeln!(s, "status=0");
@@ -367,11 +379,12 @@ pub fn batch_steps(
                 let _ = writeln!(s, "exit \"$status\"");
             }
             None => {
-                let _ = writeln!(
-                    s,
-                    "{}",
-                    shell::line(&["/bin/sh".into(), "-c".into(), step.command.clone()])
-                );
+                let mut argv = worker_pull(true);
+                if !argv.is_empty() {
+                    argv.push("--".into());
+                }
+                argv.extend(["/bin/sh".into(), "-c".into(), step.command.clone()]);
+                let _ = writeln!(s, "{}", shell::line(&argv));
             }
         }
         steps.push(BatchStep {
@@ -565,6 +578,18 @@ mod tests {
                 at("cache pull") < at("worker-env").min(at("/bin/sh -c 'echo")),
                 "{script}"
             );
+            // Each command starts through the shim's pull, which roots the env (against `hvd gc` on the node) until
+            // the command has ended: a rank as a rank, a step without workers once.
+            let shim_pull = format!(
+                "--pull={} --cache=s3://b/p '--cache=file:///c d' --trusted-key=k1:AAAA -- ",
+                env.display()
+            );
+            let command = script.lines().rev().find(|l| l.contains("echo ")).unwrap();
+            let expected = match command.starts_with("srun --kill-on-bad-exit=1") {
+                true => format!("/bin/hvd worker-env {shim_pull}env \"HVD_RENDEZVOUS=file:$rdv\""),
+                false => format!("/bin/hvd worker-env --once {shim_pull}/bin/sh -c 'echo "),
+            };
+            assert!(command.contains(&expected), "{command}");
         }
         assert!(
             with[2].contains("srun --ntasks-per-node=1 --ntasks=1 "),
@@ -592,6 +617,7 @@ mod tests {
             .chain(&scripts(Path::new("/envs/e1"), &["s3://b/p"]))
         {
             assert!(!script.contains("cache pull"), "{script}");
+            assert!(!script.contains("--pull"), "{script}");
         }
     }
 

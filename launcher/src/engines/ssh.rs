@@ -70,6 +70,9 @@ pub struct SshSetup {
     /// Hosts without the project directory -> the work directory with the project's files there, where their ranks
     /// run (filled by the host check).
     pub work_dirs: Arc<Mutex<BTreeMap<String, PathBuf>>>,
+    /// Hosts that get the env from the caches -> their `hvd` (filled by the host check): each rank there starts
+    /// through `hvd worker-env --once --pull`, which roots the env against an `hvd gc` on that host until it ends.
+    pub pulling_hvds: Arc<Mutex<BTreeMap<String, String>>>,
     /// How long each phase before the ranks start may take on a host; past it the ssh is killed and the run fails.
     pub deadlines: Deadlines,
 }
@@ -387,6 +390,7 @@ impl SshSetup {
             trusted_keys: options.trusted_keys.clone(),
             hvd: options.shim.clone(),
             work_dirs: Arc::default(),
+            pulling_hvds: Arc::default(),
             deadlines: Deadlines::new(options.start_timeout),
         })
     }
@@ -442,6 +446,19 @@ impl SshSetup {
         dir: &Path,
         rendezvous_ip: IpAddr,
     ) -> Result<String, LaunchError> {
+        self.wrapper_through(vars, &[], command, dir, rendezvous_ip)
+    }
+
+    /// [`SshSetup::wrapper`] with `through` (words of a program that execs the rest, `hvd worker-env --once
+    /// --pull=ENV ... --`) before `/bin/sh -c COMMAND`.
+    pub fn wrapper_through(
+        &self,
+        vars: &[(String, String)],
+        through: &[String],
+        command: &str,
+        dir: &Path,
+        rendezvous_ip: IpAddr,
+    ) -> Result<String, LaunchError> {
         let detect = match self.interface {
             None => rendezvous_ip.to_string(),
             Some(_) => String::new(),
@@ -461,6 +478,10 @@ impl SshSetup {
             }
             s.push(' ');
             s.push_str(&quote(&format!("{k}={v}")));
+        }
+        for word in through {
+            s.push(' ');
+            s.push_str(&quote(word));
         }
         s.push_str(" /bin/sh -c ");
         s.push_str(&quote(command));
@@ -513,6 +534,29 @@ impl SshSetup {
         vars: &[(String, String)],
         rendezvous: IpAddr,
     ) -> Result<Vec<String>, LaunchError> {
+        let hvd = self.pulling_hvd(&slot.host);
+        self.rank_argv_via(plan, step, slot, vars, rendezvous, hvd.as_deref())
+    }
+
+    /// The `hvd` whose `worker-env --pull` starts the ranks on `host` (see [`SshSetup::pulling_hvds`]).
+    fn pulling_hvd(&self, host: &str) -> Option<String> {
+        self.pulling_hvds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(host)
+            .cloned()
+    }
+
+    /// [`SshSetup::rank_argv`] with the host's `hvd` that pulls (`None`: the rank starts without a pull).
+    fn rank_argv_via(
+        &self,
+        plan: &Plan,
+        step: &PlannedStep,
+        slot: &Slot,
+        vars: &[(String, String)],
+        rendezvous: IpAddr,
+        hvd: Option<&str>,
+    ) -> Result<Vec<String>, LaunchError> {
         let work_dir = self
             .work_dirs
             .lock()
@@ -520,8 +564,32 @@ impl SshSetup {
             .get(&slot.host)
             .cloned();
         let dir = work_dir.as_deref().unwrap_or(&plan.project_dir);
-        let remote = self.wrapper(vars, &step.command, dir, rendezvous)?;
+        let through = match hvd {
+            Some(hvd) => self.pull_through(plan.env_dir.as_deref(), hvd)?,
+            None => Vec::new(),
+        };
+        let remote = self.wrapper_through(vars, &through, &step.command, dir, rendezvous)?;
         Ok(self.argv(&slot.host, &remote))
+    }
+
+    /// `HVD worker-env --once --pull=ENV --cache=URL... --trusted-key=KEY... --` for a host that gets the env from the
+    /// caches (its `hvd` is `hvd`): a rank's shim finds the env the host check pulled (or pulls it again, verified,
+    /// when an `hvd gc` there removed it since) and holds a temporary gc root on it until the rank has ended. Empty
+    /// without caches or an env that is not a store path.
+    pub(crate) fn pull_through(
+        &self,
+        env: Option<&Path>,
+        hvd: &str,
+    ) -> Result<Vec<String>, LaunchError> {
+        let pull = super::pull_argv_for(env, &self.caches, &self.trusted_keys, Path::new(hvd))?;
+        Ok(match (pull, env) {
+            (Some(pull), Some(env)) => {
+                let mut argv = super::worker_pull_argv(&pull, &env.display().to_string(), true);
+                argv.push("--".into());
+                argv
+            }
+            _ => Vec::new(),
+        })
     }
 
     /// The line `hvd run --dry-run` shows for rank `slot` of `step`: the ports and the run id, chosen when the step
@@ -540,7 +608,16 @@ impl SshSetup {
                 _ => {}
             }
         }
-        match self.rank_argv(plan, step, slot, &vars, self.bind_ip) {
+        // With caches, the host check (not run for a dry run) pulls the env with the host's `hvd`: the launcher's
+        // path there, else `hvd` on its PATH.
+        let hvd = self.pulling_hvd(&slot.host).or_else(|| {
+            (!self.caches.is_empty()).then(|| {
+                self.hvd
+                    .as_deref()
+                    .map_or("hvd".into(), |p| p.display().to_string())
+            })
+        });
+        match self.rank_argv_via(plan, step, slot, &vars, self.bind_ip, hvd.as_deref()) {
             Ok(argv) => shell::line(&argv),
             Err(e) => format!("(cannot run: {e})"),
         }
@@ -629,6 +706,7 @@ pub(super) mod tests {
             trusted_keys: Vec::new(),
             hvd: None,
             work_dirs: Arc::default(),
+            pulling_hvds: Arc::default(),
             deadlines: Deadlines::new(None),
         }
     }
@@ -695,6 +773,56 @@ pub(super) mod tests {
         assert!(wrapper.contains(" hvd-rank /p 20 10.0.0.1 "), "{wrapper}");
         let bad = vec![("A-B".to_string(), "1".to_string())];
         assert!(s.wrapper(&bad, "true", Path::new("/p"), s.bind_ip).is_err());
+    }
+
+    /// With caches, a rank on a host that pulls starts through that host's `hvd worker-env --once --pull` (which
+    /// roots the env until the rank ends); the words come before `/bin/sh -c COMMAND` and exec it.
+    #[test]
+    fn a_pulling_hosts_ranks_start_through_the_shims_pull() {
+        let mut s = setup(Some("lo"));
+        let env = Path::new("/s/0123456789abcdef0123456789abcdef-t-env");
+        assert_eq!(
+            s.pull_through(Some(env), "/opt/hvd").unwrap(),
+            Vec::<String>::new()
+        );
+        s.caches = vec!["file:///c d".into()];
+        s.trusted_keys = vec!["k:AAAA".into()];
+        assert_eq!(
+            s.pull_through(Some(env), "/opt/hvd").unwrap(),
+            [
+                "/opt/hvd",
+                "worker-env",
+                "--once",
+                "--pull=/s/0123456789abcdef0123456789abcdef-t-env",
+                "--cache=file:///c d",
+                "--trusted-key=k:AAAA",
+                "--"
+            ]
+        );
+        // Not a store path (an env hvd did not build): nothing to pull.
+        assert!(
+            s.pull_through(Some(Path::new("/envs/e1")), "/opt/hvd")
+                .unwrap()
+                .is_empty()
+        );
+        s.caches = vec!["https://u:secret@c.example/p".into()];
+        assert!(s.pull_through(Some(env), "/opt/hvd").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let through = ["/usr/bin/env".to_owned(), "THROUGH=it ran".to_owned()];
+        let wrapper = s
+            .wrapper_through(&[], &through, "echo \"$THROUGH\"", dir.path(), s.bind_ip)
+            .unwrap();
+        assert!(
+            wrapper.ends_with(" /usr/bin/env 'THROUGH=it ran' /bin/sh -c 'echo \"$THROUGH\"'"),
+            "{wrapper}"
+        );
+        let mut child = spawn_wrapper(&wrapper);
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(b"tok\n").unwrap();
+        // Open while the rank runs, as ssh's stdin is (its end would stop the rank).
+        let out = child.wait_with_output().unwrap();
+        drop(input);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "it ran\n");
     }
 
     /// Starts the wrapper here as ssh would start it on a host, with stdin and stdout piped.

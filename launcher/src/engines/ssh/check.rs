@@ -75,6 +75,17 @@ impl SshSetup {
         work: &WorkSource<'_>,
     ) -> Result<(), String> {
         let report = self.run_check(host, script, local)?;
+        // With caches, each rank there starts through this `hvd`'s `worker-env --pull` (which roots the env); not
+        // where the store cannot be written (no lock or root can be taken there).
+        if !self.caches.is_empty()
+            && !report.no_store
+            && let Some(hvd) = &report.hvd
+        {
+            self.pulling_hvds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(host.to_owned(), hvd.clone());
+        }
         let deliverable = report.differs.is_none() && !report.env_problems().is_empty();
         if deliverable
             && local.is_some()
@@ -109,8 +120,13 @@ impl SshSetup {
                     ));
                 };
                 tracing::info!(host, "pulling the env from the caches");
-                self.pull_env(host, hvd, &identity.store, &identity.name)?;
-                self.run_check(host, script, local)?
+                self.pull_and_check(
+                    host,
+                    hvd,
+                    &identity.store.join(&identity.name),
+                    script,
+                    local,
+                )?
             }
             (Some(_), Some(identity)) if deliverable && self.copy_env => {
                 // Only the launcher's own names are copied: what the host said is missing selected them from the
@@ -213,16 +229,44 @@ impl SshSetup {
         script: &str,
         local: Option<&EnvIdentity>,
     ) -> Result<CheckReport, String> {
-        let argv = self.argv(host, &format!("exec /bin/sh -c {}", quote(script)));
+        self.read_check(
+            host,
+            &format!("exec /bin/sh -c {}", quote(script)),
+            local,
+            None,
+        )
+    }
+
+    /// [`SshSetup::run_check`] of the remote command `remote`, which runs the check script; `pulling`: the env's
+    /// name when `remote` first pulls it (`hvd worker-env --once --pull ... -- /bin/sh -c SCRIPT`, with the pull's
+    /// deadline), so a failure without the check's answer is the pull's, said with its own last lines.
+    pub(super) fn read_check(
+        &self,
+        host: &str,
+        remote: &str,
+        local: Option<&EnvIdentity>,
+        pulling: Option<&str>,
+    ) -> Result<CheckReport, String> {
+        let argv = self.argv(host, remote);
+        let deadline = match pulling {
+            Some(_) => self.deadlines.pull,
+            None => self.deadlines.check,
+        };
         let out = bounded_output(
             Command::new(&argv[0]).args(&argv[1..]),
             None,
             CHECK_ANSWER_LIMIT,
-            self.deadlines.check,
+            deadline,
         )
         .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
         if out.timed_out {
-            return Err(timed_out(host, "the host check", self.deadlines.check));
+            let phase = match pulling {
+                Some(_) => {
+                    "pulling the env from the caches (`hvd worker-env --pull`) and checking it"
+                }
+                None => "the host check",
+            };
+            return Err(timed_out(host, phase, deadline));
         }
         if out.stdout_overflow {
             return Err(format!(
@@ -233,6 +277,17 @@ impl SshSetup {
             ));
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
+        if let Some(name) = pulling
+            && !stdout.contains("hvd-check:done")
+        {
+            // The last lines say why (progress and warnings come first).
+            return Err(format!(
+                "host `{host}` could not get the env {name} from the caches (`hvd worker-env --pull` there, {}):\n    \
+                 {}",
+                out.status,
+                host_text(&out.stderr)
+            ));
+        }
         if !stdout.contains("hvd-check:done") {
             return Err(format!(
                 "cannot run commands on host `{host}` over ssh ({}): {}\n  (check `{} {host} true`; the ssh engine \
@@ -457,7 +512,7 @@ fn over_store_paths(
 
 /// What a host said to the check script.
 #[derive(Debug, Clone, Default)]
-struct CheckReport {
+pub(super) struct CheckReport {
     no_dir: bool,
     no_env: bool,
     no_python: bool,

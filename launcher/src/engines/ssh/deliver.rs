@@ -10,8 +10,9 @@ use std::process::{Command, Stdio};
 use sha2::{Digest as _, Sha256};
 
 use super::SshSetup;
-use super::remote::{bounded_output, host_text, timed_out};
-use crate::closure::printable;
+use super::check::CheckReport;
+use super::remote::{host_text, timed_out};
+use crate::closure::{EnvIdentity, printable};
 use crate::engines::shell::quote;
 
 /// The most bytes of project files hvd sends to a host without declared `inputs` (a data set in the project
@@ -308,53 +309,36 @@ impl SshSetup {
         }
     }
 
-    /// Runs `hvd cache pull` (program `hvd` there) on `host` for the env `name` into `store`: the host fetches the
-    /// env's closure from the caches and verifies every path (signature by a trusted key, archive sha256, content
-    /// hash) before it becomes valid there. Fails naming the host and what `hvd cache pull` said.
-    pub(super) fn pull_env(
+    /// Pulls the env `env` (a store path) on `host` with its `hvd` there, `hvd worker-env --once --pull=ENV
+    /// --cache=URL... --trusted-key=KEY... -- /bin/sh -c SCRIPT`: the host fetches the env's closure from the caches
+    /// and verifies every path (signature by a trusted key, archive sha256, content hash) before it becomes valid
+    /// there, then runs the check script `script` while the shim's temporary gc root holds the env (an `hvd gc`
+    /// there cannot remove it between the pull and the check). Fails naming the host and what the pull said.
+    pub(super) fn pull_and_check(
         &self,
         host: &str,
         hvd: &str,
-        store: &Path,
-        name: &str,
-    ) -> Result<(), String> {
-        let store_text = store.to_str().ok_or_else(|| {
-            format!(
-                "the store directory {} is not UTF-8; hosts cannot be told to pull into it",
-                store.display()
-            )
-        })?;
-        let pull =
-            crate::engines::pull_command(hvd, store_text, name, &self.caches, &self.trusted_keys)
-                .map_err(|e| e.to_string())?;
+        env: &Path,
+        script: &str,
+        local: Option<&EnvIdentity>,
+    ) -> Result<CheckReport, String> {
+        let name = env
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let through = self
+            .pull_through(Some(env), hvd)
+            .map_err(|e| e.to_string())?;
         let remote = format!(
-            "exec {}",
-            pull.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+            "exec {} /bin/sh -c {}",
+            through
+                .iter()
+                .map(|w| quote(w))
+                .collect::<Vec<_>>()
+                .join(" "),
+            quote(script)
         );
-        let argv = self.argv(host, &remote);
-        let out = bounded_output(
-            Command::new(&argv[0]).args(&argv[1..]),
-            None,
-            1 << 20,
-            self.deadlines.pull,
-        )
-        .map_err(|e| format!("failed to run `{}`: {e}", argv[0]))?;
-        if out.timed_out {
-            return Err(timed_out(
-                host,
-                "pulling the env from the caches (`hvd cache pull`)",
-                self.deadlines.pull,
-            ));
-        }
-        if out.status.success() {
-            return Ok(());
-        }
-        // The last lines say why (progress and warnings come first).
-        let tail = host_text(&out.stderr);
-        Err(format!(
-            "host `{host}` could not get the env {name} from the caches (`hvd cache pull` there, {}):\n    {tail}",
-            out.status
-        ))
+        self.read_check(host, &remote, local, Some(&name))
     }
 }
 
