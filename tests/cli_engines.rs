@@ -489,11 +489,18 @@ impl Slurm {
 
     /// `hvd run FILE --no-build --engine slurm ARGS` from outside any allocation (no `SLURM_*` but `SLURM_CONF`).
     fn submit(&self, dir: &Path, args: &[&str]) -> Output {
+        let mut all = vec!["--no-build"];
+        all.extend(args);
+        self.submit_with(dir, &all)
+    }
+
+    /// [`Slurm::submit`] with `args` alone after `--engine slurm` (e.g. `--env-dir ENV` instead of `--no-build`).
+    fn submit_with(&self, dir: &Path, args: &[&str]) -> Output {
         let mut command = Command::new(HVD);
         command
             .arg("run")
             .arg(dir.join("train.hvd"))
-            .args(["--no-build", "--engine", "slurm"])
+            .args(["--engine", "slurm"])
             .args(args)
             .env("SLURM_CONF", self.conf())
             .env("NO_COLOR", "1");
@@ -1613,4 +1620,70 @@ fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
         words.contains("did not accept connections within") && words.contains("is rank 0 running"),
         "{stderr}"
     );
+}
+
+/// The Slurm batch chain with a binary cache and an empty node store (issue #18), while `hvd gc` runs in a loop on
+/// that store: each job's per-node `hvd cache pull` gets the env, and its commands (a step without workers, then 2
+/// ranks) start through `hvd worker-env --pull`, which roots it; every command waits until gc has run twice more
+/// after it started, then uses the env (`greet`, an import). Once the jobs have ended nothing roots the env and gc
+/// removes it (without the shims' roots the loop would have removed it before the commands used it).
+#[test]
+fn slurm_batch_jobs_pull_the_env_into_an_empty_store_and_hold_it_against_gc() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let counter = outside.path().join("gc-runs");
+    let wait = format!(
+        "a=$(cat {c}); while [ $(cat {c}) -lt $((a + 2)) ]; do sleep 0.05; done",
+        c = counter.display()
+    );
+    let p = common::pushed_fixture_env(
+        root.path(),
+        &outside.path().join("cache"),
+        &format!(
+            "step prepare {{\n  run = \"{wait} && greet\"\n}}\nstep train {{\n  run = \"{wait} && python -c \
+             'import helper, sys; print(helper.WORD, sys.prefix)'\"\n  workers = 2\n  needs = [\"prepare\"]\n}}\n"
+        ),
+    );
+    // The node's store starts empty (the built one moves away).
+    let store = root.path().join("store");
+    std::fs::rename(&store, root.path().join("built-store")).unwrap();
+    std::fs::create_dir_all(&store).unwrap();
+    let gc = {
+        let (dir, store) = (root.path().to_path_buf(), store.clone());
+        move || common::hvd_with_store(&dir, &store, &["gc"])
+    };
+    let mut looping = common::GcLoop::start(gc.clone(), Some(counter));
+    looping.wait_runs(1);
+    let (env, cache) = (p.env.display().to_string(), p.cache.display().to_string());
+    let key = p.public_key.display().to_string();
+    let out = slurm.submit_with(
+        &p.project,
+        &[
+            "--env-dir",
+            &env,
+            "--cache",
+            &format!("file://{cache}"),
+            "--trusted-key",
+            &key,
+            "--grace",
+            "2",
+        ],
+    );
+    looping.stop();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("hello from greet"), "{stdout}");
+    assert_eq!(
+        stdout.matches(&format!("hello {env}")).count(),
+        2,
+        "{stdout}"
+    );
+    assert_eq!(slurm.queued(), "");
+    // The jobs have ended: their roots are stale, and gc takes the env.
+    let out = gc().output().unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(!p.env.exists(), "gc kept an env nothing roots");
 }
