@@ -283,7 +283,7 @@ fn connect_in(
         }
         BackendChoice::Shm => {
             let (seg, local, global, name) = host_segment(&kv, job.rank, &hosts, timeout)?;
-            let t = ShmTransport::attach_mapped(seg, local, global)?;
+            let mut t = ShmTransport::attach_mapped(seg, local, global)?;
             t.wait_attached(timeout)?;
             if let Some(name) = name {
                 ShmSegment::unlink(&name);

@@ -37,7 +37,7 @@ impl MixedTransport {
         let local: Vec<bool> = hosts.iter().map(|h| *h == hosts[rank]).collect();
         let global: Vec<usize> = (0..hosts.len()).filter(|r| local[*r]).collect();
         let me = global.iter().position(|r| *r == rank).unwrap_or(0);
-        let shm = ShmTransport::attach_mapped(seg, me, global)?;
+        let mut shm = ShmTransport::attach_mapped(seg, me, global)?;
         let remote: Vec<Option<SocketAddr>> = addrs
             .iter()
             .enumerate()

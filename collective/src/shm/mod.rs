@@ -113,30 +113,19 @@ impl ShmTransport {
             })
             .collect();
         seg.pid(local).store(my_pid, Ordering::Relaxed);
+        seg.cpus(local).store(allowed_cpus(), Ordering::Relaxed);
         seg.state(local).store(STATE_ATTACHED, Ordering::Release);
         seg.attached().fetch_add(1, Ordering::AcqRel);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let oversubscribed = seg.ranks > cores;
-        let yields_set = env_u32(env_vars::HVD_SHM_YIELDS);
-        let yields = yields_set.unwrap_or(if oversubscribed { 0 } else { YIELDS });
-        Ok(ShmTransport {
+        let mut t = ShmTransport {
             seg,
             rank: local,
             global,
             my_pid,
             last_liveness: Instant::now(),
-            oversubscribed,
-            spin: env_u32(env_vars::HVD_SHM_SPIN).unwrap_or(if oversubscribed {
-                SPIN_OVERSUBSCRIBED
-            } else {
-                SPIN
-            }),
-            yields,
-            // An explicit count of yields applies to oversubscribed ranks too.
-            yield_for: match (oversubscribed, yields_set) {
-                (true, None) => YIELD_FOR_OVERSUBSCRIBED,
-                _ => Duration::ZERO,
-            },
+            oversubscribed: false,
+            spin: SPIN,
+            yields: YIELDS,
+            yield_for: Duration::ZERO,
             yielding_since: None,
             cursors,
             arena_steps: 0,
@@ -145,11 +134,48 @@ impl ShmTransport {
             peer_regions: (0..ranks).map(|_| Vec::new()).collect(),
             map_failure_logged: false,
             shared_logged: false,
-        })
+        };
+        // Until every rank has attached (`wait_attached`), the CPUs this process may run on count as the ranks'.
+        t.set_cores(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        Ok(t)
     }
 
-    /// Waits until all ranks of the segment have attached.
-    pub fn wait_attached(&self, timeout: Duration) -> Result<()> {
+    /// How this rank waits, for `cores` cores among the segment's ranks (see `oversubscribed`); the settings of
+    /// `HVD_SHM_SPIN` and `HVD_SHM_YIELDS` win.
+    fn set_cores(&mut self, cores: usize) {
+        let oversubscribed = self.seg.ranks > cores;
+        let yields_set = env_u32(env_vars::HVD_SHM_YIELDS);
+        self.oversubscribed = oversubscribed;
+        self.spin = env_u32(env_vars::HVD_SHM_SPIN).unwrap_or(if oversubscribed {
+            SPIN_OVERSUBSCRIBED
+        } else {
+            SPIN
+        });
+        self.yields = yields_set.unwrap_or(if oversubscribed { 0 } else { YIELDS });
+        // An explicit count of yields applies to oversubscribed ranks too.
+        self.yield_for = match (oversubscribed, yields_set) {
+            (true, None) => YIELD_FOR_OVERSUBSCRIBED,
+            _ => Duration::ZERO,
+        };
+    }
+
+    /// The cores the segment's ranks run on, once all have attached: when they may run on different sets of CPUs
+    /// (a launcher bound each rank to its own core: `mpirun --bind-to core`, Slurm's `--cpu-bind`, `hvd bench
+    /// --processes`), the CPUs of all sets together; `None` when every rank has the same set (then this process's
+    /// count stands, which also heeds a CPU quota) or one set could not be read.
+    fn cores_of_all_ranks(&self) -> Option<usize> {
+        let sets: Vec<u64> = (0..self.seg.ranks)
+            .map(|r| self.seg.cpus(r).load(Ordering::Relaxed))
+            .collect();
+        if sets.iter().any(|s| *s == u64::MAX || *s == 0) || sets.iter().all(|s| *s == sets[0]) {
+            return None;
+        }
+        Some(sets.iter().fold(0, |all, s| all | s).count_ones() as usize)
+    }
+
+    /// Waits until all ranks of the segment have attached, then counts the cores they run on (a rank bound to one
+    /// core alone is not oversubscribed when its peers are bound to others).
+    pub fn wait_attached(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while (self.seg.attached().load(Ordering::Acquire) as usize) < self.seg.ranks {
             if Instant::now() > deadline {
@@ -164,6 +190,14 @@ impl ShmTransport {
                 });
             }
             std::thread::sleep(Duration::from_micros(200));
+        }
+        if let Some(cores) = self.cores_of_all_ranks() {
+            tracing::debug!(
+                cores,
+                ranks = self.seg.ranks,
+                "shm: the ranks are bound to different CPUs"
+            );
+            self.set_cores(cores);
         }
         Ok(())
     }
@@ -321,6 +355,27 @@ impl ShmTransport {
     }
 }
 
+/// The CPUs the calling thread may run on, as [`ShmSegment::cpus`] publishes them.
+fn allowed_cpus() -> u64 {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes it for the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return u64::MAX;
+        }
+        let mut mask = 0u64;
+        for c in 0..libc::CPU_SETSIZE as usize {
+            if libc::CPU_ISSET(c, &set) {
+                if c >= 64 {
+                    return u64::MAX;
+                }
+                mask |= 1 << c;
+            }
+        }
+        mask
+    }
+}
+
 /// A killed process stays a zombie until its parent reaps it; it will never run again.
 fn is_zombie(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -398,6 +453,67 @@ impl Drop for ShmTransport {
         }
         for r in 0..self.seg.ranks {
             self.seg.wake(r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPUs this process may run on.
+    fn allowed() -> Vec<usize> {
+        let mask = allowed_cpus();
+        (0..64).filter(|c| mask & (1 << c) != 0).collect()
+    }
+
+    /// Binds the calling thread to CPU `cpu`.
+    fn bind(cpu: usize) {
+        // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it for the calling thread (pid 0).
+        unsafe {
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            assert_eq!(
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one),
+                0
+            );
+        }
+    }
+
+    /// Whether each of two ranks, attached from threads bound to `cpus` (as worker processes bound by a launcher
+    /// are), waits as an oversubscribed rank.
+    fn oversubscribed_when_bound(cpus: [usize; 2]) -> Vec<bool> {
+        let seg = ShmSegment::create_anonymous(2, 4096).expect("segment");
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = cpus
+                .iter()
+                .enumerate()
+                .map(|(r, &cpu)| {
+                    let seg = seg.clone();
+                    s.spawn(move || {
+                        bind(cpu);
+                        let mut t = ShmTransport::attach(seg, r).expect("attach");
+                        t.wait_attached(Duration::from_secs(10)).expect("attached");
+                        t.oversubscribed
+                    })
+                })
+                .collect();
+            ranks
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn ranks_bound_to_cores_of_their_own_are_not_oversubscribed() {
+        let cpus = allowed();
+        assert!(!cpus.is_empty(), "no CPU below 64 to run on");
+        // Both on one core: oversubscribed (each alone sees one CPU, as before).
+        assert_eq!(oversubscribed_when_bound([cpus[0], cpus[0]]), [true, true]);
+        // A core each: each alone sees one CPU, but together they have two.
+        if let [a, b, ..] = cpus[..] {
+            assert_eq!(oversubscribed_when_bound([a, b]), [false, false]);
         }
     }
 }

@@ -301,6 +301,12 @@ impl ShmSegment {
     pub(super) fn state(&self, r: usize) -> &AtomicU32 {
         self.word32(self.rank_line(r) + 4)
     }
+    /// The CPUs rank `r` may run on, published when it attaches: bit `c` for CPU `c` below 64, every bit when it
+    /// may also run on a CPU from 64 up or its set could not be read (`ShmTransport::wait_attached`).
+    #[inline]
+    pub(super) fn cpus(&self, r: usize) -> &AtomicU64 {
+        self.word(self.rank_line(r) + 72)
+    }
     #[inline]
     pub(super) fn sleeping(&self, r: usize) -> &AtomicU32 {
         self.word32(self.rank_line(r) + 64)
