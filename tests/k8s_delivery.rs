@@ -395,15 +395,17 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
     let init = &worker_pod["initContainers"][0];
     let mpirun = strings(&launcher["command"]);
     let shim = mpirun.iter().position(|a| a == "worker-env").unwrap();
+    let note = "--pull-failure-note".to_owned();
     assert_eq!(
-        mpirun[shim + 1..shim + 5],
-        [&pull[..], &["--whole-lines".to_owned()]].concat()
+        mpirun[shim + 1..shim + 6],
+        [&pull[..], &[note.clone(), "--whole-lines".to_owned()]].concat()
     );
     assert_eq!(
         strings(&init["command"]),
         [
             &["hvd".to_owned(), "worker-env".into(), "--once".into()],
-            &pull[..]
+            &pull[..],
+            &[note]
         ]
         .concat()
     );
@@ -460,21 +462,25 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
         }
     }
 
-    // A tampered archive of `helper`: the init container of a pod with an empty store fails naming the pod and the
-    // path, and leaves no env (its worker container, so sshd and every rank, never starts).
+    // A tampered archive of `helper`: the init container of a pod with an empty store says why naming the pod and
+    // the path, leaves no env, and ends with success (a pod stuck in its init container would hold the MPIJob and
+    // the other workers forever: the launcher is created only once every worker is ready) with the reason noted in
+    // the store volume.
     remove_store(&store);
     let helper =
         common::tamper_cached_archive(&root.path().join("built-store"), &p.cache, "-helper-1.0");
     let out = run_container(&strings(&init["command"]), &init_env(1), &p.project);
     let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert_refused(&stderr, "app-train-worker-1", &helper);
     assert!(
         !p.env.exists() && !store.join(&helper).exists(),
         "half-installed"
     );
-    // A launcher started anyway (not waiting for ready workers): each rank's own pull refuses the same, and no
-    // rank's command runs.
+    let noted = std::fs::read_to_string(store.join(".hvd-pull-failed")).unwrap();
+    assert_refused(&noted, "app-train-worker-1", &helper);
+    // The launcher (its workers now ready): each rank's shim refuses with the note's reason, naming the pod and the
+    // path, before any pull or rank; mpirun fails, so the launcher Job (and the MPIJob) fails with the reason.
     if have_openmpi() {
         let out = run_container(&mpirun, &launcher_env(common::free_port()), &p.project);
         let (stdout, stderr) = text(&out);
@@ -483,13 +489,17 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
         let untagged: String = stderr
             .lines()
             .map(|l| l.split_once("<stderr>:").map_or(l, |(_, rest)| rest))
-            .collect();
+            .collect::<Vec<_>>()
+            .join("\n");
         assert!(
-            common::unwrapped(&untagged)
-                .contains(&common::unwrapped(&format!("refusing {helper}"))),
+            common::unwrapped(&untagged).contains(&common::unwrapped(
+                "this pod's init container could not get the env"
+            )),
             "{stderr}"
         );
+        assert_refused(&untagged, "app-train-worker-1", &helper);
         assert!(!stdout.contains("job rank"), "a rank ran: {stdout}");
+        assert!(!p.env.exists(), "a rank's shim pulled despite the note");
     }
 }
 

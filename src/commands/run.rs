@@ -182,6 +182,12 @@ pub struct WorkerEnvArgs {
     /// worker's init container).
     #[arg(long)]
     pub once: bool,
+    /// The store directory is this pod's own (an MPIJob worker's volume). With `--once` and no CMD (the init
+    /// container): a failed pull writes its reason into the store directory (`.hvd-pull-failed`) and exits 0, so
+    /// that the pod starts instead of holding the job forever. Otherwise (each rank's shim): such a note is refused
+    /// with its reason before anything runs, which fails mpirun and so the job.
+    #[arg(long, requires = "pull")]
+    pub pull_failure_note: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required_unless_present = "once", num_args = 1.., value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
@@ -196,22 +202,42 @@ pub fn worker_env(args: WorkerEnvArgs) -> CommandResult {
     };
     // The env first (a pod that starts from a bare image): before a rank serves or joins anything. Its temporary
     // root keeps it from `hvd gc` for as long as the worker (or anything that inherits the root's descriptor) runs.
+    let init_container = args.once && args.command.is_empty();
+    let note = args.pull_failure_note;
     let pulled = match &args.pull {
-        Some(env_path) => Some(pull_env(env_path, &args.caches, &args.trusted_keys)?),
+        // `--once --pull ENV` alone: the pull of an init container, whose worker starts in another one.
+        Some(env_path) if init_container => {
+            let pulled = pull_env(env_path, &args.caches, &args.trusted_keys, note)
+                .and_then(|pulled| check_here(&pulled.env));
+            return match pulled {
+                Err(failure) if note => note_pull_failure(env_path, &failure),
+                pulled => pulled.map(|()| Status::Success),
+            };
+        }
+        Some(env_path) => {
+            let pulled = match note {
+                true => refuse_noted_failure(env_path),
+                false => Ok(()),
+            }
+            .and_then(|()| pull_env(env_path, &args.caches, &args.trusted_keys, false));
+            match pulled {
+                Ok(pulled) => Some(pulled),
+                // MPICH's mpiexec ends the job only when a rank dies of a signal.
+                Err(failure) if args.kill_on_failure => {
+                    note!("{:?}", failure.report);
+                    shim::die_by_signal();
+                    return Err(failure);
+                }
+                Err(failure) => return Err(failure),
+            }
+        }
         None => None,
     };
     if args.once {
         let Some((program, rest)) = args.command.split_first() else {
-            return match pulled {
-                // `--once --pull ENV` alone: the pull of an init container, whose worker starts in another one.
-                Some(pulled) => {
-                    check_here(&pulled.env)?;
-                    Ok(Status::Success)
-                }
-                None => Err(Failure::usage(
-                    "hvd worker-env: give the command after `--`",
-                )),
-            };
+            return Err(Failure::usage(
+                "hvd worker-env: give the command after `--`",
+            ));
         };
         let mut command = std::process::Command::new(program);
         command.args(rest).envs(pulled_vars(&pulled));
@@ -345,6 +371,96 @@ fn pulled_vars(pulled: &Option<PulledEnv>) -> Vec<(String, String)> {
     pulled.vars.clone()
 }
 
+/// The note `hvd worker-env --pull-failure-note` leaves in a pod's store directory when its init container could not
+/// get the env.
+const PULL_FAILURE_NOTE: &str = ".hvd-pull-failed";
+
+/// The most of a note that is written or read (the tail of the pull's output is where its reason is).
+const PULL_FAILURE_NOTE_MAX: usize = 8 * 1024;
+
+/// An init container's failed pull (`failure`): its reason goes into `<store>/.hvd-pull-failed` (written whole, by
+/// rename) for the ranks' shims to refuse, and the init container ends with success so that the pod starts (an
+/// MPIJob's launcher is created only once every worker pod is ready; a pod stuck in its init container would hold
+/// the other workers forever).
+fn note_pull_failure(env: &std::path::Path, failure: &Failure) -> CommandResult {
+    let reason: Vec<String> = failure.report.chain().map(|e| e.to_string()).collect();
+    let reason = reason.join(": ");
+    let reason = reason.strip_prefix("hvd worker-env: ").unwrap_or(&reason);
+    note!("{:?}", failure.report);
+    let store = env.parent().unwrap_or(std::path::Path::new("/"));
+    let path = store.join(PULL_FAILURE_NOTE);
+    let temporary = store.join(format!("{PULL_FAILURE_NOTE}.{}", std::process::id()));
+    let written = std::fs::create_dir_all(store)
+        .and_then(|()| std::fs::write(&temporary, tail(reason, PULL_FAILURE_NOTE_MAX)))
+        .and_then(|()| std::fs::rename(&temporary, &path));
+    match written {
+        Ok(()) => {
+            note!(
+                "hvd worker-env: the reason is in {}; this pod's ranks refuse to start with it, which ends the job",
+                path.display()
+            );
+            Ok(Status::Success)
+        }
+        // No note, no refusal: fail as a plain pull does.
+        Err(err) => Err(Failure::from_error_in(
+            Status::Failure,
+            format_args!("hvd worker-env: writing {}", path.display()),
+            &err,
+        )),
+    }
+}
+
+/// A rank's shim in a pod whose init container could not get `env`: refused with the note's reason (hostile text:
+/// its first [`PULL_FAILURE_NOTE_MAX`] bytes, control characters shown as `?`).
+fn refuse_noted_failure(env: &std::path::Path) -> Result<(), Failure> {
+    use std::io::Read as _;
+    let path = env
+        .parent()
+        .unwrap_or(std::path::Path::new("/"))
+        .join(PULL_FAILURE_NOTE);
+    let reason = match std::fs::symlink_metadata(&path) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => format!("the note cannot be read: {err}"),
+        Ok(meta) if !meta.is_file() => "the note is not a file".to_owned(),
+        Ok(_) => {
+            let mut bytes = Vec::new();
+            match std::fs::File::open(&path)
+                .and_then(|f| f.take(PULL_FAILURE_NOTE_MAX as u64).read_to_end(&mut bytes))
+            {
+                Ok(_) => String::from_utf8_lossy(&bytes)
+                    .chars()
+                    .map(|c| match c {
+                        '\n' => c,
+                        c if c.is_control() => '?',
+                        c => c,
+                    })
+                    .collect::<String>()
+                    .trim()
+                    .to_owned(),
+                Err(err) => format!("the note cannot be read: {err}"),
+            }
+        }
+    };
+    Err(Failure::new(
+        Status::Failure,
+        miette::miette!(
+            "hvd worker-env: this pod's init container could not get the env {} (its note {}): {reason}; no rank \
+             started, the job ends",
+            env.display(),
+            path.display()
+        ),
+    ))
+}
+
+/// The last `max` bytes of `text` (at a character boundary).
+fn tail(text: &str, max: usize) -> &str {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
 /// Checks that the env's wheels and interpreter run on this node (glibc, host libraries).
 fn check_here(env: &std::path::Path) -> Result<(), Failure> {
     let here = format!("node `{}`", hvd_launcher::env::local_hostname());
@@ -357,10 +473,12 @@ fn check_here(env: &std::path::Path) -> Result<(), Failure> {
 /// naming itself and the env, before any rank runs. The store's builders lock (shared) is taken before the pull and
 /// released only once the temporary root exists, so an `hvd gc` on this node (exclusive) runs before the pull or
 /// after the root, never in between (where nothing roots the pulled paths).
+/// `keep_reason`: the pull's own output (its reason) is also kept in the failure's message (for a note).
 fn pull_env(
     env: &std::path::Path,
     caches: &[String],
     trusted_keys: &[String],
+    keep_reason: bool,
 ) -> Result<PulledEnv, Failure> {
     // A pod's name (what `kubectl get pods` shows), else the kernel's.
     let node = std::env::var("HOSTNAME").unwrap_or_else(|_| hvd_launcher::env::local_hostname());
@@ -399,20 +517,48 @@ fn pull_env(
     };
     let store = hvd_builder::Store::open(store_dir).map_err(|e| store_failure(&e))?;
     let builders = store.lock_builders().map_err(|e| store_failure(&e))?;
-    let status = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut pull = std::process::Command::new(&argv[0]);
+    pull.args(&argv[1..])
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .status()
-        .map_err(|e| {
-            Failure::from_error_in(Status::Failure, "hvd worker-env: `hvd cache pull`", &e)
-        })?;
+        .stdout(std::process::Stdio::null());
+    if keep_reason {
+        pull.stderr(std::process::Stdio::piped());
+    }
+    let start_failed = |e: std::io::Error| {
+        Failure::from_error_in(Status::Failure, "hvd worker-env: `hvd cache pull`", &e)
+    };
+    let mut child = pull.spawn().map_err(start_failed)?;
+    // Its output still goes to stderr as it comes; a copy of it is kept.
+    let output = child.stderr.take().map(|mut from| {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let mut buffer = [0u8; 8192];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut from, &mut buffer) {
+                let _ = std::io::stderr().lock().write_all(&buffer[..n]);
+                kept.extend_from_slice(&buffer[..n]);
+                let over = kept.len().saturating_sub(PULL_FAILURE_NOTE_MAX);
+                kept.drain(..over);
+            }
+            // The note is read inside another report: without the frame of this one.
+            String::from_utf8_lossy(&kept)
+                .lines()
+                .map(|l| l.trim_start_matches([' ', '│']))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+    });
+    let status = child.wait().map_err(start_failed)?;
+    let said = output.and_then(|t| t.join().ok()).unwrap_or_default();
     if !status.success() {
+        let why = match said.trim() {
+            "" => "`hvd cache pull` said why above".to_owned(),
+            said => format!("`hvd cache pull` said:\n{said}"),
+        };
         return Err(Failure::new(
             Status::Failure,
             miette::miette!(
-                "hvd worker-env: node `{node}` could not get the env {name} from the caches ({}): `hvd cache pull` \
-                 said why above; no worker started",
+                "hvd worker-env: node `{node}` could not get the env {name} from the caches ({}); no worker \
+                 started. {why}",
                 caches
                     .iter()
                     .map(|url| hvd_builder::cache::backend::redact(url))

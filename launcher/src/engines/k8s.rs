@@ -422,6 +422,17 @@ pub fn export_with(
                 env.insert(super::shim::SERVE_VAR.into(), "1".into());
                 let mut export: Vec<String> = env.keys().cloned().collect();
                 export.push("HVD_JOB_TOKEN".into());
+                // Each rank's shim makes sure of the env its pod's init container pulled (a no-op when it is
+                // there: nothing fetched) and roots it, then starts the rank in it; it refuses (ending mpirun, so the
+                // launcher Job and the MPIJob) when the init container left a note that its pull failed.
+                let shim_args: Vec<String> = match &pull_args {
+                    Some(pull) => pull
+                        .iter()
+                        .cloned()
+                        .chain([PULL_FAILURE_NOTE_FLAG.to_owned()])
+                        .collect(),
+                    None => Vec::new(),
+                };
                 let argv = super::mpi::argv(
                     &Mpirun {
                         program: "mpirun".into(),
@@ -432,9 +443,7 @@ pub fn export_with(
                         hosts: &[],
                         export: &export,
                         shim: std::path::Path::new("hvd"),
-                        // Each rank's shim makes sure of the env its pod's init container pulled (a no-op when it
-                        // is there: nothing fetched) and roots it, then starts the rank in it.
-                        shim_args: pull_args.as_deref().unwrap_or_default(),
+                        shim_args: &shim_args,
                         command: &step.run,
                         cores: u32::MAX,
                         root: false,
@@ -499,11 +508,19 @@ pub fn export_with(
 /// The name of the volume an MPIJob worker's store lives in (shared by its init container and its worker).
 pub const STORE_VOLUME: &str = "hvd-store";
 
+/// The flag of `hvd worker-env` by which an MPIJob worker's init container notes a failed pull in the pod's store
+/// volume (and exits 0), and each rank's shim refuses such a note.
+pub const PULL_FAILURE_NOTE_FLAG: &str = "--pull-failure-note";
+
 /// An MPIJob's worker pod spec `worker` with the env pulled before mpirun reaches it: an init container (the same
-/// image, the worker's env) runs `hvd worker-env --once --pull=ENV --cache=URL... --trusted-key=KEY...` with no
-/// command (`pull`), which substitutes the closure, verified, into an `emptyDir` mounted at the env's store
-/// directory in both containers. A pod whose pull fails never runs its worker container (no sshd, so no rank), and
-/// the launcher waits for ready workers.
+/// image, the worker's env) runs `hvd worker-env --once --pull=ENV --cache=URL... --trusted-key=KEY...
+/// --pull-failure-note` with no command (`pull`), which substitutes the closure, verified, into an `emptyDir`
+/// mounted at the env's store directory in both containers. The launcher waits for ready workers. A failed pull
+/// must end the job, not hold it: mpi-operator creates the launcher only once every worker is ready and fails the
+/// MPIJob only when its launcher Job fails (or a worker is evicted), so a pod stuck in `Init:Error` would hold the
+/// other workers forever. So the init container writes the pull's reason into the volume and exits 0; the worker
+/// starts (sshd), the launcher's mpirun starts each rank's shim, and the shims on that pod refuse with the reason:
+/// mpirun fails, the launcher Job fails, and the MPIJob is Failed with the reason in the launcher's log.
 fn pulling_worker(
     mut worker: Value,
     delivery: &Delivery,
@@ -523,6 +540,7 @@ fn pulling_worker(
         "--once".to_owned(),
     ];
     command.extend(pull.iter().cloned());
+    command.push(PULL_FAILURE_NOTE_FLAG.to_owned());
     worker["initContainers"] = json!([{
         "name": "hvd-pull",
         "image": image,
