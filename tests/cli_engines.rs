@@ -799,8 +799,11 @@ fn slurm_elastic_step_replaces_a_rank_that_kills_itself() {
         stdout.contains("slot 4 starts as rank 3 of 4"),
         "{stdout}\n{stderr}"
     );
+    // Slot 3 (rank 3 before) takes the lost rank's place: in a round of the 3 survivors, or, when the replacement
+    // asked to join before the survivors re-formed, in the round it joins (either is a correct re-form).
     assert!(
-        stdout.contains("slot 3 re-formed as rank 2 of 3"),
+        stdout.contains("slot 3 re-formed as rank 2 of 3")
+            || stdout.contains("slot 3 re-formed as rank 2 of 4"),
         "{stdout}\n{stderr}"
     );
     // One replacement: no sixth slot.

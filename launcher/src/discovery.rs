@@ -131,7 +131,9 @@ fn clip(s: &str) -> String {
 
 /// Parses the script's output: one `host:slots` per line (blank lines skipped; the host may not be empty or hold
 /// white space, the slots are ASCII digits). With `slots_per_host` (`--slots-per-host`, Horovod's `--slots`) a line
-/// may also be a host name alone (an IPv6 address in brackets, `[::1]`), which gets that many slots. Output without
+/// may also be a host name alone, which gets that many slots. An IPv6 address is written in brackets (`[::1]`,
+/// `[::1]:2`): a host name with `:` once the slots are split off, an empty one, or unbalanced brackets, is refused
+/// naming the line. Output without
 /// any such line is an error ([`DiscoveryError::NoHosts`]).
 pub fn parse(
     script: &Path,
@@ -159,19 +161,24 @@ pub fn parse(
                 .ok_or_else(bad)?,
         };
         let digits = !slots.is_empty() && slots.bytes().all(|b| b.is_ascii_digit());
-        let host_ok = !host.is_empty()
-            && host
-                .chars()
-                .all(|c| !c.is_whitespace() && !c.is_control() && c != '/');
-        let slots: u32 = match (digits, host_ok) {
-            (true, true) => slots.parse().map_err(|_| bad())?,
+        // An IPv6 address only in brackets, balanced: an unbracketed host holding `:` once the slots are split
+        // off (`fe80::1` taken as `fe80:` with 1 slot) is no host.
+        let host = match host.strip_prefix('[') {
+            Some(inner) => inner.strip_suffix(']'),
+            None if host.contains(':') || host.contains(']') => None,
+            None => Some(host),
+        };
+        let host = host.filter(|h| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| !c.is_whitespace() && !c.is_control() && !matches!(c, '/' | '[' | ']'))
+        });
+        let (slots, host) = match (digits, host) {
+            (true, Some(host)) => (slots.parse::<u32>().map_err(|_| bad())?, host),
             _ => return Err(bad()),
         };
         hosts.push(HostSlots {
-            host: host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned(),
+            host: host.to_owned(),
             slots,
         });
     }
@@ -443,6 +450,11 @@ mod tests {
             "localhost:-1",
             "localhost:99999999999",
             "localhost:²",
+            "[]:3",
+            "[::1:3",
+            "::1]:3",
+            "[a]b]:3",
+            "fe80::1:3",
         ] {
             let e = parse(&script(), &format!("a:1\n{bad}\n"), None).unwrap_err();
             let text = e.to_string();
@@ -486,6 +498,12 @@ mod tests {
             "node-1:x",
             ":3",
             "a\u{7}b",
+            "[",
+            "]",
+            "[]",
+            "[[]]",
+            "fe80::1",
+            "[fe80::1",
         ] {
             let e = parse(&script(), &format!("a\n{bad}\n"), Some(2))
                 .unwrap_err()

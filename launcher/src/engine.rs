@@ -75,11 +75,22 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         false
     }
 
-    /// Makes `host` (named by host discovery, or where a replacement goes) ready for the ranks of `plan` (the checks
-    /// and delivery the engine does for its own hosts before a run); blocking, called on a thread of its own. An
-    /// error names the host and why.
-    fn reach_host(&self, _plan: &Plan, _host: &str) -> Result<(), LaunchError> {
+    /// Makes `host` (named by host discovery, or where a replacement goes) ready for the ranks of `step` of `plan`
+    /// (the checks and delivery the engine does for its own hosts before a run); blocking, called on a thread of its
+    /// own unless [`SupervisedEngine::reaches_at_once`]. An error names the host and why.
+    fn reach_host(
+        &self,
+        _plan: &Plan,
+        _step: &PlannedStep,
+        _host: &str,
+    ) -> Result<(), LaunchError> {
         Ok(())
+    }
+
+    /// Whether [`SupervisedEngine::reach_host`] answers at once (a look-up, no connection): it is then called
+    /// inline, not on a thread of its own.
+    fn reaches_at_once(&self) -> bool {
+        false
     }
 
     /// Where an elastic step's lost workers are replaced without host discovery: hosts and how many live workers

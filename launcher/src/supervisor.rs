@@ -550,7 +550,7 @@ fn reported_resume(step: &PlannedStep, server: Option<&RendezvousServer>) -> Opt
     let (what, text) = match server.and_then(|s| s.value(RESUMED_SCOPE, RESUMED_KEY, RESUMED_MAX)) {
         Some(value) => (
             format!("the rendezvous key {RESUMED_SCOPE}/{RESUMED_KEY}"),
-            value,
+            value.map_err(|len| len.to_string()),
         ),
         None => {
             let file = step.env.get(crate::env_vars::HVD_CHECKPOINT_REPORT)?;
@@ -560,7 +560,9 @@ fn reported_resume(step: &PlannedStep, server: Option<&RendezvousServer>) -> Opt
     let commit = text.as_deref().ok().and_then(parse_resumed);
     if commit.is_none() {
         // Its length only: what the job wrote is not echoed into the run's output.
-        let len = text.as_ref().map_or_else(|len| *len, Vec::len);
+        let len = text
+            .as_ref()
+            .map_or_else(String::clone, |t| t.len().to_string());
         tracing::warn!(
             "step `{}`: {what} holds {len} bytes that are not `commit N`; no resume reported",
             step.name
@@ -581,21 +583,31 @@ fn parse_resumed(text: &[u8]) -> Option<u64> {
     commit.parse().ok()
 }
 
-/// The report file rank 0 wrote (`HVD_CHECKPOINT_REPORT`), when there is one: its bytes, or `Err(len)` past
-/// [`RESUMED_MAX`]. A link is not followed, and a FIFO does not block.
-fn read_report(file: &Path) -> Option<Result<Vec<u8>, usize>> {
+/// The report file rank 0 wrote (`HVD_CHECKPOINT_REPORT`), when there is one: its bytes, or past [`RESUMED_MAX`]
+/// `Err` with its length (a regular file's, from the open descriptor; "more than 64" for anything else). A link is
+/// not followed, and a FIFO does not block.
+fn read_report(file: &Path) -> Option<Result<Vec<u8>, String>> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut text = Vec::new();
-    std::fs::OpenOptions::new()
+    let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(file)
-        .ok()?
+        .ok()?;
+    let size = opened
+        .metadata()
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .map(|m| m.len());
+    opened
         .take(RESUMED_MAX as u64 + 1)
         .read_to_end(&mut text)
         .ok()?;
     Some(if text.len() > RESUMED_MAX {
-        Err(text.len())
+        Err(match size {
+            Some(len) if len > RESUMED_MAX as u64 => len.to_string(),
+            _ => format!("more than {RESUMED_MAX}"),
+        })
     } else {
         Ok(text)
     })
@@ -641,7 +653,7 @@ fn run_attempt(
             // allocation's nodes (slurm: `SupervisedEngine::replacement_hosts`).
             let replaces = starts_workers_anywhere(engine);
             if replaces {
-                hosts = Some(placement::Hosts::new(plan, step));
+                hosts = Some(placement::Hosts::new(plan, step, false));
             }
             // With host discovery, the first run of the script says how many workers start.
             // `execute` refused host discovery on an engine that does not start workers itself.
@@ -653,7 +665,7 @@ fn run_attempt(
                     plan.project_dir.clone(),
                     discovery_timeout()?,
                 );
-                let mut found = placement::Hosts::new(plan, step);
+                let mut found = placement::Hosts::new(plan, step, true);
                 first_slots = Some(first_discovery(job, step, &d, &mut found, min, n)?);
                 hosts = Some(found);
                 discovery = Some(d);
@@ -1052,3 +1064,23 @@ struct Pumps {
 
 /// How long output pumps may keep reading after every worker of a step ended.
 const PUMP_DRAIN: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report file past the limit is refused with its real length (the warning names it), not the bytes read.
+    #[test]
+    fn an_oversized_report_file_is_refused_with_its_real_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("checkpoint.resumed");
+        std::fs::write(&file, vec![b'x'; 1000]).unwrap();
+        assert_eq!(read_report(&file), Some(Err("1000".to_owned())));
+        std::fs::write(&file, "commit 7\n").unwrap();
+        let text = read_report(&file).unwrap().unwrap();
+        assert_eq!(parse_resumed(&text), Some(7));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_report(&link), None);
+    }
+}

@@ -166,7 +166,7 @@ impl SupervisedEngine for SlurmSetup {
 
     /// A host where a replacement goes: one of the allocation's nodes (an `srun --nodelist` elsewhere would wait for
     /// a node the job does not have).
-    fn reach_host(&self, _plan: &Plan, host: &str) -> Result<(), LaunchError> {
+    fn reach_host(&self, _plan: &Plan, _step: &PlannedStep, host: &str) -> Result<(), LaunchError> {
         match &self.allocation {
             Some(a) if a.nodes.iter().any(|(n, _)| n == host) => Ok(()),
             _ => Err(LaunchError::Engine(format!(
@@ -174,6 +174,11 @@ impl SupervisedEngine for SlurmSetup {
                 crate::env_vars::SLURM_JOB_NODELIST
             ))),
         }
+    }
+
+    /// Its [`SupervisedEngine::reach_host`] only looks the node up in the allocation.
+    fn reaches_at_once(&self) -> bool {
+        true
     }
 
     /// A lost rank is replaced by a new `srun --exact` on a node of the allocation with a free task: its nodes and
@@ -481,8 +486,12 @@ mod tests {
             inside.replacement_hosts(),
             Some(vec![("n1".to_owned(), 2), ("n2".to_owned(), 1)])
         );
-        inside.reach_host(&plan, "n2").unwrap();
-        let err = inside.reach_host(&plan, "n3").unwrap_err().to_string();
+        let step = &plan.steps[0];
+        inside.reach_host(&plan, step, "n2").unwrap();
+        let err = inside
+            .reach_host(&plan, step, "n3")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("`n3` is not a node of this Slurm allocation"),
             "{err}"

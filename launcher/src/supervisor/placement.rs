@@ -43,8 +43,12 @@ pub(super) struct Hosts {
     remote: bool,
     engine_name: &'static str,
     reach_host: ReachHost,
+    /// Whether `reach_host` answers at once (called inline, not on a thread).
+    at_once: bool,
     /// Every host considered so far, at most `limit`.
     reach: BTreeMap<String, Reach>,
+    /// With host discovery, [`HOSTS_PER_SLOT`] per slot of the step's maximum, at least [`HOSTS_AT_LEAST`]; without
+    /// (replacements on the engine's own hosts, e.g. a Slurm allocation's nodes), no limit: the list is the user's.
     limit: usize,
     /// Whether the warning about hosts past `limit` was given.
     capped: bool,
@@ -55,8 +59,9 @@ pub(super) struct Hosts {
 }
 
 impl Hosts {
-    pub(super) fn new(plan: &Plan, step: &PlannedStep) -> Hosts {
-        let (engine, plan) = (plan.engine.clone(), plan.clone());
+    /// The hosts of `step` of `plan`; `discovery`: they come from a host discovery script (hostile input, capped).
+    pub(super) fn new(plan: &Plan, step: &PlannedStep, discovery: bool) -> Hosts {
+        let (engine, plan, growing) = (plan.engine.clone(), plan.clone(), step.clone());
         let own = match engine.replacement_hosts() {
             Some(hosts) => hosts
                 .into_iter()
@@ -64,18 +69,27 @@ impl Hosts {
                 .collect(),
             None => Hosts::own(step),
         };
+        let at_once = engine.reaches_at_once();
+        let hosts = Hosts::with(
+            step.layout
+                .slots
+                .first()
+                .map_or_else(String::new, |s| s.host.clone()),
+            engine.remote_hosts(),
+            engine.name(),
+            Arc::new(move |host: &str| engine.reach_host(&plan, &growing, host)),
+            step.layout.slots.len(),
+        );
+        Hosts { own, ..hosts }.sourced(discovery, at_once)
+    }
+
+    /// These hosts from a discovery script (`discovery`: capped at `limit`, with a warning past it) or the engine's
+    /// own (no cap); `at_once`: the engine's `reach_host` is a look-up, called inline.
+    fn sourced(self, discovery: bool, at_once: bool) -> Hosts {
         Hosts {
-            own,
-            ..Hosts::with(
-                step.layout
-                    .slots
-                    .first()
-                    .map_or_else(String::new, |s| s.host.clone()),
-                engine.remote_hosts(),
-                engine.name(),
-                Arc::new(move |host: &str| engine.reach_host(&plan, host)),
-                step.layout.slots.len(),
-            )
+            at_once,
+            limit: if discovery { self.limit } else { usize::MAX },
+            ..self
         }
     }
 
@@ -92,6 +106,7 @@ impl Hosts {
             remote,
             engine_name,
             reach_host,
+            at_once: false,
             reach: BTreeMap::new(),
             limit: max.saturating_mul(HOSTS_PER_SLOT).max(HOSTS_AT_LEAST),
             capped: false,
@@ -166,6 +181,9 @@ impl Hosts {
             loop {
                 self.settle(step, notes);
                 self.start_queued(step, &named, notes);
+                if self.at_once {
+                    self.settle(step, notes);
+                }
                 let settled = named.iter().all(|(h, _)| {
                     !matches!(self.reach.get(h), Some(Reach::Queued | Reach::Pending(_)))
                 });
@@ -243,6 +261,13 @@ impl Hosts {
                 continue;
             };
             if !matches!(reach, Reach::Queued) {
+                continue;
+            }
+            if self.at_once {
+                // A look-up (a Slurm allocation's nodes): no thread, settled now.
+                let (tx, rx) = mpsc::channel();
+                let _ = tx.send((self.reach_host)(host));
+                *reach = Reach::Pending(rx);
                 continue;
             }
             let (tx, rx) = mpsc::channel();
@@ -482,6 +507,43 @@ mod tests {
         // A larger step considers more.
         let hosts = Hosts::with("here".into(), true, "ssh engine", gated(&gate), 40);
         assert_eq!(hosts.limit, 160);
+    }
+
+    /// Replacement hosts without host discovery (a 128-node Slurm allocation) are not capped and draw no discovery
+    /// warning; an engine whose reach_host is a look-up answers inline, so every host is usable on the first call.
+    #[test]
+    fn an_engines_own_hosts_are_not_capped_and_a_look_up_needs_no_thread() {
+        let caller = std::thread::current().id();
+        let elsewhere = Arc::new(AtomicUsize::new(0));
+        let counted = elsewhere.clone();
+        let reach: ReachHost = Arc::new(move |_: &str| {
+            if std::thread::current().id() != caller {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        });
+        let mut hosts =
+            Hosts::with("n000".into(), true, "slurm engine", reach, 2).sourced(false, true);
+        let nodes = found((0..128).map(|i| format!("n{i:03}")));
+        let mut notes = Vec::new();
+        let bl = Blacklist::new("n000");
+        let usable = hosts.usable_noting("train", &nodes, &bl, None, &|| false, &mut notes);
+        assert_eq!(usable.len(), 128, "{usable:?}");
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(elsewhere.load(Ordering::SeqCst), 0);
+        // The same hosts from a discovery script are capped, with the warning.
+        let gate = Arc::new(Gate::default());
+        gate.open.store(true, Ordering::SeqCst);
+        let mut hosts =
+            Hosts::with("here".into(), true, "ssh engine", gated(&gate), 2).sourced(true, false);
+        let usable = until(&mut hosts, &nodes, &mut notes, |u| u.len() >= 64);
+        assert_eq!(usable.len(), 64);
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("more than 64 distinct hosts")),
+            "{notes:?}"
+        );
     }
 
     /// The first run's hosts are checked at once, not one after another, and waited for until the deadline only:

@@ -24,6 +24,19 @@ impl SshSetup {
         env_dir: Option<&Path>,
         inputs: &[String],
     ) -> Result<(), LaunchError> {
+        self.check_hosts_refusing(dir, env_dir, inputs, &|_| None)
+    }
+
+    /// [`SshSetup::check_hosts`], where `refuse_no_dir(host)` says why a host without the project directory must
+    /// not run the ranks: such a host is refused as soon as its check says so, before any file is sent or the env
+    /// delivered there.
+    pub fn check_hosts_refusing(
+        &self,
+        dir: &Path,
+        env_dir: Option<&Path>,
+        inputs: &[String],
+        refuse_no_dir: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> Result<(), LaunchError> {
         let local = env_dir.map(EnvIdentity::local).transpose()?.flatten();
         let delivering = local.is_some() && (self.copy_env || !self.caches.is_empty());
         let probe = Probe {
@@ -38,6 +51,7 @@ impl SshSetup {
         let work = &WorkSource {
             inputs,
             files: std::sync::OnceLock::new(),
+            refuse_no_dir,
         };
         let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self
@@ -75,6 +89,11 @@ impl SshSetup {
         work: &WorkSource<'_>,
     ) -> Result<(), String> {
         let report = self.run_check(host, script, local)?;
+        if report.no_dir
+            && let Some(refusal) = (work.refuse_no_dir)(host)
+        {
+            return Err(refusal);
+        }
         // With caches, each rank there starts through this `hvd`'s `worker-env --pull` (which roots the env); not
         // where the store cannot be written (no lock or root can be taken there).
         if !self.caches.is_empty()
@@ -437,6 +456,8 @@ impl SshSetup {
 struct WorkSource<'a> {
     inputs: &'a [String],
     files: std::sync::OnceLock<Result<WorkFiles, String>>,
+    /// Why a host without the project directory must not run the ranks ([`SshSetup::check_hosts_refusing`]).
+    refuse_no_dir: &'a (dyn Fn(&str) -> Option<String> + Sync),
 }
 
 /// The name of the checksum list in a copy's archive (not a store path name, so never one of the copied paths).
