@@ -251,9 +251,9 @@ fn torn_hostile_and_linked_checkpoints_are_skipped() {
 }
 
 /// Hostile checkpoints, one of each kind, in a directory with one good checkpoint below them: a JSON nesting bomb as
-/// manifest, file lists that are not one, negative and huge sizes, a compressed (bomb-shaped) and a pickled `.npz`
-/// entry, unknown tags and a nesting bomb in the state, an array name that is not there, a commit that is not a
-/// number, a FIFO as a checkpoint and as a manifest. `load_checkpoint()` (a real Python process with the `hvd`
+/// manifest, file lists that are not one, negative and huge sizes, a compressed (bomb-shaped), a pickled and a lying
+/// (a header declaring 1.2 TB over 8 bytes) `.npz` entry, unknown tags and a nesting bomb in the state, an array name
+/// that is not there, a commit that is not a number, a FIFO as a checkpoint and as a manifest. `load_checkpoint()` (a real Python process with the `hvd`
 /// package) skips each with its reason, without a traceback or a hang, and loads the good one.
 const HOSTILE: &str = r#"
 import hashlib, io, json, os, shutil, zipfile
@@ -299,6 +299,14 @@ clone(11, lambda m: dict(m, commit=True))
 os.mkfifo(os.path.join(root, "ckpt-000000000012"))
 os.makedirs(os.path.join(root, "ckpt-000000000013"))
 os.mkfifo(os.path.join(root, "ckpt-000000000013", "MANIFEST.json"))
+# An a0.npy whose header declares 1.2 TB over 8 bytes (numpy allocates the declared array before it reads).
+npy = io.BytesIO()
+np.lib.format.write_array_header_1_0(npy, {"descr": "<f4", "fortran_order": False, "shape": (3 * 10 ** 11,)})
+npy.write(b"\0" * 8)
+lying = io.BytesIO()
+with zipfile.ZipFile(lying, "w", zipfile.ZIP_STORED) as z:
+    z.writestr("a0.npy", npy.getvalue())
+clone(14, files={"arrays.npz": lying.getvalue()})
 t = hvd.elastic.ObjectState(step=0, w=np.zeros(3))
 print("loaded commit %s: step %d w %s" % (t.load_checkpoint(), t.step, t.w.tolist()))
 "#;
@@ -327,6 +335,10 @@ fn hostile_manifests_and_archives_are_refused_without_loading_anything() {
         "{stderr}"
     );
     for (n, why) in [
+        (
+            14,
+            "arrays.npz holds 'a0.npy' declaring float32 [300000000000] (1200000000000 bytes) in 8 bytes of data",
+        ),
         (13, "MANIFEST.json is not a regular file"),
         (
             12,

@@ -467,9 +467,11 @@ def _decode(value, arrays):
     raise ValueError("unknown tag {!r}".format(tag))
 
 
-def _load_arrays(data):
-    """The arrays of ``arrays.npz`` by name; ``{}`` without one. Only stored (uncompressed) ``a<n>.npy`` entries are
-    read, with ``allow_pickle=False``: no code, no decompression bomb."""
+def _load_arrays(data, name=None):
+    """The arrays of the npz file ``name`` (``arrays.npz`` unless named) by name; ``{}`` without one. Only stored
+    (uncompressed) ``a<n>.npy`` entries are read, with ``allow_pickle=False``, and only when each entry's header
+    declares exactly the bytes the entry holds: no code, no decompression bomb, no array larger than the file."""
+    name = name or _ARRAYS_FILE
     if data is None:
         return {}
     import zipfile
@@ -479,15 +481,45 @@ def _load_arrays(data):
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             for info in archive.infolist():
                 if not _ARRAY_ENTRY.match(info.filename):
-                    raise _Refused("{} holds {!r}, a name no checkpoint writes".format(_ARRAYS_FILE, info.filename))
+                    raise _Refused("{} holds {!r}, a name no checkpoint writes".format(name, info.filename))
                 if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
                     raise _Refused("{} holds {!r} compressed ({} bytes for {}); a checkpoint stores its arrays "
-                                   "as they are".format(_ARRAYS_FILE, info.filename, info.compress_size,
-                                                        info.file_size))
+                                   "as they are".format(name, info.filename, info.compress_size, info.file_size))
+                with archive.open(info) as entry:
+                    _check_npy_header(np, entry, info.file_size, name, info.filename)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-        raise _Refused("{} does not load ({})".format(_ARRAYS_FILE, e)) from None
+            return {key: npz[key] for key in npz.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, MemoryError, OverflowError) as e:
+        # MemoryError and OverflowError: a backstop behind the header check (an array numpy cannot allocate).
+        raise _Refused("{} does not load ({})".format(name, e)) from None
+
+
+def _check_npy_header(np, entry, size, name, entry_name):
+    """Refuses the ``.npy`` entry ``entry_name`` of ``name`` (``size`` bytes, read from ``entry``) unless its header
+    parses and its shape and dtype account for exactly the bytes after the header: numpy allocates the declared
+    array before it reads the data, so a header of a few bytes could otherwise ask for any amount of memory."""
+    fmt = np.lib.format
+    version = fmt.read_magic(entry)
+    if version == (1, 0):
+        shape, _, dtype = fmt.read_array_header_1_0(entry)
+    elif version in ((2, 0), (3, 0)):
+        # 3.0 (structured dtypes with non-latin-1 field names) differs from 2.0 only in the names' encoding: read as
+        # latin-1 they come out mangled, but the shape and the item size are the same.
+        shape, _, dtype = fmt.read_array_header_2_0(entry)
+    else:
+        raise _Refused("{} holds {!r} in .npy version {}.{}, which no checkpoint writes".format(
+            name, entry_name, *version))
+    if dtype.hasobject:
+        return  # np.load refuses it (allow_pickle=False), naming why
+    if any(n < 0 for n in shape):
+        raise _Refused("{} holds {!r} with the shape {}".format(name, entry_name, list(shape)))
+    declared = dtype.itemsize
+    for n in shape:
+        declared *= n
+    held = size - entry.tell()
+    if declared != held:
+        raise _Refused("{} holds {!r} declaring {} {} ({} bytes) in {} bytes of data".format(
+            name, entry_name, dtype, list(shape), declared, held))
 
 
 def _variables_file(values):
@@ -511,7 +543,7 @@ def _variables_from(files, name, like):
     names the file and the first variable that does not fit; nothing is assigned here."""
     if name not in files:
         raise _Refused("it has no {}".format(name))
-    arrays = _load_arrays(files[name])
+    arrays = _load_arrays(files[name], name)
     expected = ["a{}".format(i) for i in range(len(arrays))]
     if sorted(arrays) != sorted(expected):
         raise _Refused("{} does not hold the arrays a0 to a{} (one per variable)".format(name, len(arrays) - 1))
@@ -527,6 +559,20 @@ def _variables_from(files, name, like):
             raise _Refused("{}: variable {} is {} {} where this state's is {} {}".format(
                 name, i, value.dtype, list(value.shape), current.dtype, list(current.shape)))
     return values
+
+
+def _variables_count(files, name):
+    """How many variables checkpoint file ``name`` (``_variables_file``) holds, from its zip directory alone (nothing
+    is decoded: ``_variables_from`` checks the values); ``_Refused`` without the file or when it is not a zip."""
+    if name not in files:
+        raise _Refused("it has no {}".format(name))
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(files[name])) as archive:
+            return len(archive.infolist())
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise _Refused("{} does not load ({})".format(name, e)) from None
 
 
 def _open_in(dir_fd, name, flags):

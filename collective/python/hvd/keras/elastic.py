@@ -90,8 +90,7 @@ class KerasState(_elastic.ObjectState):
         # Everything is checked before anything is assigned: a refused checkpoint leaves the state as it was (but
         # the optimizer's slots may have been created, with the values a first step starts from).
         model = _elastic._variables_from(files, _elastic._MODEL_FILE, self._saved_model)
-        optimizer = _elastic._variables_from(files, _elastic._OPTIMIZER_FILE, None)
-        if len(optimizer) != len(self._optimizer_variables()):
+        if _elastic._variables_count(files, _elastic._OPTIMIZER_FILE) != len(self._optimizer_variables()):
             self._build_optimizer()  # the checkpoint was committed after a step, this optimizer has made none
         optimizer = _elastic._variables_from(files, _elastic._OPTIMIZER_FILE,
                                              [v.numpy() for v in self._optimizer_variables()])

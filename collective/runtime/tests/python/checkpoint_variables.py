@@ -63,6 +63,47 @@ refused("a foreign entry", {"model.npz": buf.getvalue()}, "model.npz", None, "a 
 buf = io.BytesIO()
 np.savez_compressed(buf, a0=np.zeros(1000))
 refused("a compressed entry", {"model.npz": buf.getvalue()}, "model.npz", None, "compressed")
+refused("a compressed entry in optimizer.npz (named as such)", {"optimizer.npz": buf.getvalue()}, "optimizer.npz",
+        None, "optimizer.npz holds 'a0.npy' compressed")
+
+
+def lying(shape, descr="<f4", data=b"\0" * 8, version=(1, 0)):
+    """An npz whose a0.npy's header declares ``shape`` over ``data``: numpy would allocate the declared array."""
+    npy = io.BytesIO()
+    header = {"descr": descr, "fortran_order": False, "shape": shape}
+    if version == (1, 0):
+        np.lib.format.write_array_header_1_0(npy, header)
+    else:
+        np.lib.format.write_array_header_2_0(npy, header)
+    npy.write(data)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("a0.npy", npy.getvalue())
+    return out.getvalue()
+
+
+# 1.2 TB declared in 8 bytes (a MemoryError, uncaught, before the header was checked); one byte short; negative
+# dimensions; a 2.0 header; each refused naming the file and the entry, nothing allocated.
+refused("a header declaring 1.2 TB", {"model.npz": lying((3 * 10 ** 11,))}, "model.npz", None,
+        "model.npz holds 'a0.npy' declaring float32 [300000000000] (1200000000000 bytes) in 8 bytes of data")
+refused("a header declaring one byte more", {"variables.npz": lying((3,), "|u1", b"\0\0")}, "variables.npz", None,
+        "variables.npz holds 'a0.npy' declaring uint8 [3] (3 bytes) in 2 bytes of data")
+refused("negative dimensions", {"optimizer.npz": lying((-2, -1), "<f4")}, "optimizer.npz", None,
+        "optimizer.npz holds 'a0.npy' with the shape [-2, -1]")
+refused("a 2.0 header declaring 8 EB", {"model.npz": lying((1 << 60,), "<f8", version=(2, 0))}, "model.npz", None,
+        "model.npz holds 'a0.npy' declaring float64")
+if len(E._load_arrays(lying((2,)))["a0"]) != 2:
+    fail("an entry whose header fits its data does not load")
+# KerasState counts the optimizer's variables from the zip's directory, without decoding them.
+if E._variables_count({"optimizer.npz": data}, "optimizer.npz") != len(values):
+    fail("_variables_count does not count the variables")
+try:
+    E._variables_count({"optimizer.npz": b"not a zip"}, "optimizer.npz")
+except E._Refused as e:
+    if "optimizer.npz does not load" not in str(e):
+        fail("a broken optimizer.npz is refused for another reason: {}".format(e))
+else:
+    fail("a broken optimizer.npz was counted")
 marker = os.path.join(os.environ["HVD_CHECKPOINT_DIR"], "..", "pwned-{}".format(os.getpid()))
 
 
