@@ -94,8 +94,23 @@ impl SshSetup {
         {
             return Err(refusal);
         }
-        // With caches, each rank there starts through this `hvd`'s `worker-env --pull` (which roots the env); not
-        // where the store cannot be written (no lock or root can be taken there).
+        // With caches, each rank there starts through this `hvd`'s `worker-env --once --pull` (which roots the env);
+        // an older `hvd` without those flags would fail every rank with its argument parser's error.
+        if !self.caches.is_empty()
+            && !report.no_store
+            && let Some(hvd) = report.hvd.as_ref().filter(|_| report.hvd_old)
+        {
+            return Err(format!(
+                "the hvd on host `{host}` ({hvd}) is an older build without `hvd worker-env --once --pull`: with \
+                 caches, the host pulls the env and starts each rank through it (which holds the env against `hvd \
+                 gc` there while the rank runs); install this hvd ({}) on that host, at the same path or first on \
+                 its PATH, or run without caches (`--ssh-copy-env`)",
+                self.hvd
+                    .as_deref()
+                    .map_or("the launcher's version".into(), |p| p.display().to_string())
+            ));
+        }
+        // Not where the store cannot be written (no lock or root can be taken there).
         if !self.caches.is_empty()
             && !report.no_store
             && let Some(hvd) = &report.hvd
@@ -374,6 +389,7 @@ impl SshSetup {
                 .filter_map(|l| l.strip_prefix("hvd-check:lib "))
                 .map(std::path::PathBuf::from)
                 .collect(),
+            hvd_old: has("hvd-check:hvd-old"),
             // The host names the program it runs itself; only an absolute, printable path is taken.
             hvd: stdout
                 .lines()
@@ -549,6 +565,8 @@ pub(super) struct CheckReport {
     no_store: bool,
     /// The `hvd` program there (asked only when the env is to be pulled from caches).
     hvd: Option<String>,
+    /// That `hvd`'s `worker-env --help` names no `--once` or no `--pull`: an older build that cannot start ranks.
+    hvd_old: bool,
     /// The lines of the dynamic linker's configuration there (asked only when the env's interpreter needs host
     /// libraries).
     ld_conf: Vec<String>,
@@ -624,10 +642,15 @@ fn check_script(
         ));
     }
     if let Some(hvd) = probe.hvd {
+        // Looked up from `/`, not the project directory, and only an absolute path is taken: a relative PATH entry
+        // (`.`) must not let a project's `./hvd` start every rank. Its `worker-env --help` says whether it has the
+        // flags the ranks start with.
         let own = hvd.map(&q).unwrap_or_default();
         s.push_str(&format!(
-            "for h in {own} hvd; do p=$(command -v \"$h\" 2>/dev/null) && [ -x \"$p\" ] && \
-             {{ echo \"hvd-check:hvd $p\"; break; }}; done; "
+            "for h in {own} hvd; do p=$(cd / && command -v \"$h\" 2>/dev/null) && case $p in /*) [ -x \"$p\" ] && \
+             {{ echo \"hvd-check:hvd $p\"; u=$(\"$p\" worker-env --help 2>&1 </dev/null | head -c 65536); \
+             case $u in *--once*) case $u in *--pull*) ;; *) echo hvd-check:hvd-old;; esac;; \
+             *) echo hvd-check:hvd-old;; esac; break; }};; esac; done; "
         ));
     }
     if let Some(env) = env {
@@ -871,6 +894,94 @@ mod tests {
         s.hosts = vec![("c".into(), 1)];
         s.check_hosts(d, Some(&env), &[]).unwrap();
         assert!(d.join(format!("store-c/{E1}/.hvd-path.json")).is_file());
+    }
+
+    /// A stand-in ssh (`d/path-ssh`) as [`fake_ssh`] whose host's PATH is `path` (`:` separated) then the usual.
+    fn path_ssh(d: &Path, path: &str) -> PathBuf {
+        executable(
+            d.join("path-ssh"),
+            format!(
+                "#!/bin/sh\nwhile [ \"$1\" != -- ]; do host=$1; shift; done; shift\nexport PATH={}:$PATH\n\
+                 exec /bin/sh -c \"$(printf '%s' \"$*\" | sed \"s#/store/#/store-$host/#g\")\"\n",
+                quote(path)
+            ),
+        )
+    }
+
+    /// A stand-in `hvd` at `path` whose `worker-env --help` prints `help`; any other use writes `path.ran`.
+    fn stub_hvd(path: PathBuf, help: &str) -> PathBuf {
+        executable(
+            path.clone(),
+            format!(
+                "#!/bin/sh\nif [ \"$1 $2\" = 'worker-env --help' ]; then printf '%s\\n' {}; exit 0; fi\n\
+                 echo \"$@\" >> \"$0.ran\"; echo \"error: unexpected argument '--once' found\" >&2; exit 2\n",
+                quote(help)
+            ),
+        )
+    }
+
+    /// With caches, each rank on a host starts through the host's `hvd worker-env --once --pull`, even where the env
+    /// is there already: a host whose `hvd` (the launcher's path missing there, found on its PATH) is an older build
+    /// without those flags fails the check, naming the host, that hvd and what to do, instead of every rank failing
+    /// on an unknown argument; one that has them is taken. A project's own `./hvd`, found through a relative PATH
+    /// entry (`.`) from the project directory, is never taken or run; the real one after it is.
+    #[test]
+    fn a_host_whose_hvd_cannot_start_ranks_fails_the_check_and_a_projects_hvd_is_never_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let env = store_path(&d.join("store"), E1, "c1", &[]);
+        store_path(&d.join("store-a"), E1, "c1", &[]);
+        let project = d.join("project");
+        std::fs::create_dir_all(&project).unwrap();
+        let (old, new) = (d.join("old-bin"), d.join("new-bin"));
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::create_dir_all(&new).unwrap();
+        let old_hvd = stub_hvd(
+            old.join("hvd"),
+            "Usage: hvd worker-env [OPTIONS] [CMD]...\n      --kill-on-failure\n      --whole-lines",
+        );
+        let new_hvd = stub_hvd(
+            new.join("hvd"),
+            "Usage: hvd worker-env [OPTIONS] [CMD]...\n      --pull <ENV>\n      --once",
+        );
+        let planted = stub_hvd(project.join("hvd"), "      --pull <ENV>\n      --once");
+        let mut s = setup(Some("lo"));
+        s.caches = vec!["file:///nowhere".into()];
+        s.trusted_keys = vec!["k:AAAA".into()];
+        s.hvd = Some(d.join("no-such-hvd"));
+        s.hosts = vec![("a".into(), 1)];
+        s.ssh = vec![
+            path_ssh(d, &old.display().to_string())
+                .display()
+                .to_string(),
+        ];
+        let err = s
+            .check_hosts(&project, Some(&env), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "the hvd on host `a` ({}) is an older build without `hvd worker-env --once --pull`",
+                old_hvd.display()
+            )) && err.contains("install this hvd")
+                && err.contains("no-such-hvd"),
+            "{err}"
+        );
+        assert!(s.pulling_hvds.lock().unwrap().is_empty());
+        // `.` first on the host's PATH, then a current hvd: that one starts the ranks, the project's is never run.
+        s.ssh = vec![
+            path_ssh(d, &format!(".:{}", new.display()))
+                .display()
+                .to_string(),
+        ];
+        s.check_hosts(&project, Some(&env), &[]).unwrap();
+        assert_eq!(
+            s.pulling_hvds.lock().unwrap().get("a"),
+            Some(&new_hvd.display().to_string())
+        );
+        assert!(!planted.with_extension("ran").exists());
+        assert!(!d.join("project/hvd.ran").exists());
+        assert!(!d.join("new-bin/hvd.ran").exists());
     }
 
     /// A compromised host answers the env check as it likes: its `ssh` here is a script that prints the answer in
