@@ -477,9 +477,12 @@ pub fn solve<S: PackageSource>(
             }
             Ok(resolution)
         }
-        Err(PubGrubError::NoSolution(tree)) => {
-            Err(SolveError::NoSolution(explain(&tree, source, target_words)))
-        }
+        Err(PubGrubError::NoSolution(tree)) => Err(SolveError::NoSolution(explain(
+            &tree,
+            source,
+            target_words,
+            &provider.constraints,
+        ))),
         Err(
             PubGrubError::ErrorRetrievingDependencies { source: e, .. }
             | PubGrubError::ErrorChoosingVersion { source: e, .. }
@@ -549,10 +552,15 @@ fn root_conflict(tree: &DerivationTree<Node, Range, String>) -> Option<&str> {
 
 /// The PubGrub report, then plain-words notes on versions that exist but cannot be used, and suggestions; or, when
 /// the root's own requirements conflict, which ones and who asked for each.
+///
+/// A constraint (`constraints`, e.g. a build's `setuptools<82`) narrows every requirement on its package, so PubGrub's
+/// report shows it as part of whatever dependent it met first ("X depends on setuptools <82" where X asked only
+/// `setuptools`): a note names the constraint and who asked, and a version is suggested only within it.
 fn explain<S: PackageSource>(
     tree: &DerivationTree<Node, Range, String>,
     source: &S,
     target: &str,
+    constraints: &HashMap<String, Vec<(Range, Asked)>>,
 ) -> String {
     if let Some(conflict) = root_conflict(tree) {
         return format!(
@@ -576,6 +584,14 @@ fn explain<S: PackageSource>(
                 "\n- `{name}` does not exist on the package index; check the spelling"
             ));
             continue;
+        }
+        let narrowing: &[(Range, Asked)] = constraints.get(&name).map_or(&[], Vec::as_slice);
+        for (_, asked) in narrowing {
+            text.push_str(&format!(
+                "\n- `{}` (asked by {}) narrows every requirement on {name}: a package the report shows depending \
+                 on {name} in that range may have asked for less",
+                asked.requirement, asked.by
+            ));
         }
         let blocked: Vec<&Unusable> = candidates
             .unusable
@@ -603,9 +619,20 @@ fn explain<S: PackageSource>(
                 "\nhelp: `python = \"{major}.{minor}\"` has wheels for {name} in that range"
             ));
         }
-        if let Some(newest) = candidates.usable.first() {
+        let allowed = |v: &&Version| narrowing.iter().all(|(r, _)| r.contains(v));
+        if let Some(newest) = candidates.usable.iter().find(allowed) {
             text.push_str(&format!(
                 "\nhelp: the newest {name} usable for {target} is {newest}; try `{name}=={newest}`"
+            ));
+        } else if !narrowing.is_empty() && !candidates.usable.is_empty() {
+            let asked: Vec<String> = narrowing
+                .iter()
+                .map(|(_, a)| format!("`{}` (asked by {})", a.requirement, a.by))
+                .collect();
+            text.push_str(&format!(
+                "\nhelp: no {name} usable for {target} satisfies {}; change that requirement where it is asked, or \
+                 publish a {name} in its range",
+                asked.join(" and ")
             ));
         } else if blocked.is_empty()
             && candidates.usable.is_empty()

@@ -590,3 +590,37 @@ fn a_pin_that_conflicts_with_a_shared_build_requirement_names_both() {
     );
     assert!(!err.contains('∅'), "{err}");
 }
+
+/// The build's `setuptools<82` narrows what torch's CUDA wheel asks (`setuptools`, any version) and the index has only
+/// setuptools 84.2.1: PubGrub's report shows the dependent as asking `<82`, so the error names the constraint and who
+/// asked it, and suggests no pin outside it (`setuptools==84.2.1` would fail the same way).
+#[test]
+fn a_shared_build_requirement_no_version_meets_is_named_with_who_asked_and_no_pin_outside_it() {
+    let universe: Vec<Dist> = torch_2_0_1_universe()
+        .into_iter()
+        .filter(|d| !(d.name == "setuptools" && d.version == "81.0.0"))
+        .collect();
+    let index = FixtureIndex::start(universe, FixtureOptions::default()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let e = torch_horovod_env(&["torch==2.0.1"]);
+    let err = lock(&e, &lock_options(&index, cache.path()))
+        .unwrap_err()
+        .to_string();
+    let words = err.split_whitespace().collect::<Vec<_>>().join(" ");
+    let by = "`horovod`'s build, which installs torch and what it needs at the env's versions";
+    assert!(
+        words.contains(&format!(
+            "- `setuptools<82` (asked by {by}) narrows every requirement on setuptools: a package the report shows \
+             depending on setuptools in that range may have asked for less"
+        )),
+        "{err}"
+    );
+    assert!(
+        words.contains(&format!(
+            "help: no setuptools usable for cp311 on manylinux x86_64 satisfies `setuptools<82` (asked by {by}); \
+             change that requirement where it is asked"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("setuptools==84.2.1"), "{err}");
+}
