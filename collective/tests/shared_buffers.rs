@@ -332,14 +332,32 @@ fn a_killed_processs_buffer_file_is_removed_by_the_next_allocation_and_nothing_e
     assert!(target.exists(), "the symlink was followed");
 }
 
+/// Whether no process has `pid` (`kill(pid, 0)` is ESRCH).
+fn pid_is_free(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it only checks whether the pid exists.
+    let sent = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    sent == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// A pid no process has, from the top of the pid range (`kernel.pid_max`), which new processes reach last.
+fn unused_pid() -> u32 {
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    (2..max)
+        .rev()
+        .find(|&pid| pid_is_free(pid))
+        .expect("a free pid")
+}
+
 #[test]
 fn many_buffers_hold_no_descriptors_and_a_live_owners_file_is_never_swept() {
     use std::io::BufRead;
 
-    // A pid that is gone: a finished worker's.
-    let done = solo("allocate").spawn().expect("start a worker");
-    let dead = done.id();
-    assert_eq!(workers::results(vec![done]), ["allocated, shared: true"]);
+    // A pid no process has: with a finished worker's, a new process could take it (pid reuse), and the sweep would
+    // then keep the file for that process instead of for its owner's lock.
+    let dead = unused_pid();
 
     let mut owner = solo(&format!("many {dead}"))
         .spawn()
@@ -374,6 +392,10 @@ fn many_buffers_hold_no_descriptors_and_a_live_owners_file_is_never_swept() {
     // leaves it.
     allocate_in_a_new_process();
     assert!(path.exists(), "a live owner's file was removed");
+    assert!(
+        pid_is_free(dead),
+        "pid {dead} was taken during the test: the sweep's decision proves nothing"
+    );
     owner.kill().expect("SIGKILL the owner");
     owner.wait().expect("reap the owner");
     allocate_in_a_new_process();
