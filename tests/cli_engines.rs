@@ -1638,10 +1638,7 @@ fn slurm_batch_jobs_pull_the_env_into_an_empty_store_and_hold_it_against_gc() {
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let counter = outside.path().join("gc-runs");
-    let wait = format!(
-        "a=$(cat {c}); while [ $(cat {c}) -lt $((a + 2)) ]; do sleep 0.05; done",
-        c = counter.display()
-    );
+    let wait = common::gc_wait_script(&[&counter], 2);
     let p = common::pushed_fixture_env(
         root.path(),
         &outside.path().join("cache"),

@@ -506,11 +506,7 @@ fn envs_pulled_on_the_hosts_survive_gc_running_there_in_a_loop_until_their_ranks
     let outside = tempfile::tempdir().unwrap();
     let counters = outside.path().join("gc-runs");
     std::fs::create_dir(&counters).unwrap();
-    let wait = format!(
-        "a=$(cat {c}/1) b=$(cat {c}/2); while [ $(cat {c}/1) -lt $((a + 2)) ] || [ $(cat {c}/2) -lt $((b + 2)) ]; \
-         do sleep 0.05; done",
-        c = counters.display()
-    );
+    let wait = common::gc_wait_script(&[&counters.join("1"), &counters.join("2")], 2);
     let p = Delivered::running_first(root.path(), &outside.path().join("cache"), &wait);
     let hosts = Hosts::start_private("g", root.path());
     let store = root.path().join("store");

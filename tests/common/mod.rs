@@ -564,6 +564,26 @@ pub fn tamper_cached_archive(store: &Path, cache: &Path, suffix: &str) -> String
     name
 }
 
+/// A shell command (no double quotes) that waits until each [`GcLoop`] counting into `counters` has finished `runs`
+/// more runs; it fails (exit 1, saying why on stderr) when a loop has failed (`COUNTER.failed`) or after 600 s
+/// without them, never spinning forever.
+pub fn gc_wait_script(counters: &[&Path], runs: usize) -> String {
+    let (mut start, mut short, mut failed) = (String::new(), Vec::new(), String::new());
+    for (i, c) in counters.iter().enumerate() {
+        let c = c.display();
+        start.push_str(&format!("a{i}=$(cat {c}); "));
+        short.push(format!("[ $(cat {c}) -lt $((a{i} + {runs})) ]"));
+        failed.push_str(&format!(
+            "[ -e {c}.failed ] && {{ echo hvd-test: the gc loop failed >&2; exit 1; }}; "
+        ));
+    }
+    format!(
+        "{start}i=0; while {}; do {failed}i=$((i + 1)); [ $i -lt 12000 ] || {{ echo hvd-test: no gc run for 600 s \
+         >&2; exit 1; }}; sleep 0.05; done",
+        short.join(" || ")
+    )
+}
+
 /// `hvd gc` (whatever command `gc` makes) run again and again on a thread until dropped, as an attacker on a node
 /// would run it: every run must succeed (a failed one ends the loop, and the next wait fails with its output).
 /// With `counter`, the number of finished runs is written there after each run (whole, through a rename), so a
@@ -581,20 +601,27 @@ impl GcLoop {
         let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (stopped, counted) = (stop.clone(), runs.clone());
         let thread = std::thread::spawn(move || {
-            while !stopped.load(Ordering::SeqCst) {
-                let out = gc().output().map_err(|e| e.to_string())?;
-                if !out.status.success() {
-                    let (stdout, stderr) = text(&out);
-                    return Err(format!("gc failed ({}): {stdout}\n{stderr}", out.status));
+            let result = (|| {
+                while !stopped.load(Ordering::SeqCst) {
+                    let out = gc().output().map_err(|e| e.to_string())?;
+                    if !out.status.success() {
+                        let (stdout, stderr) = text(&out);
+                        return Err(format!("gc failed ({}): {stdout}\n{stderr}", out.status));
+                    }
+                    let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                    if let Some(counter) = &counter {
+                        let part = counter.with_extension("part");
+                        std::fs::write(&part, n.to_string()).map_err(|e| e.to_string())?;
+                        std::fs::rename(&part, counter).map_err(|e| e.to_string())?;
+                    }
                 }
-                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
-                if let Some(counter) = &counter {
-                    let part = counter.with_extension("part");
-                    std::fs::write(&part, n.to_string()).map_err(|e| e.to_string())?;
-                    std::fs::rename(&part, counter).map_err(|e| e.to_string())?;
-                }
+                Ok(())
+            })();
+            // A waiting rank ([`gc_wait_script`]) stops waiting for runs that will never come.
+            if let (Err(e), Some(counter)) = (&result, &counter) {
+                let _ = std::fs::write(counter.with_extension("failed"), e);
             }
-            Ok(())
+            result
         });
         GcLoop {
             stop,
