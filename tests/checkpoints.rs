@@ -657,6 +657,25 @@ hvd.init()
 if attack == "fallback":
     # What a rank 0 on a host that cannot reach the launcher's rendezvous sees.
     os.environ["HVD_RENDEZVOUS"] = "127.0.0.1:1"
+heard = []
+if attack == "foreign" and hvd.rank() == 0:
+    # Under mpirun: HVD_RENDEZVOUS is 127.0.0.1:PORT, on rank 0's host another process's port that answers 200 to
+    # anything; hvd run does not say that rank 0 reaches its rendezvous.
+    import http.server, threading
+
+    class Foreign(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):
+            heard.append(self.headers.get("Authorization", ""))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    foreign = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Foreign)
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    os.environ["HVD_RENDEZVOUS"] = "127.0.0.1:%d" % foreign.server_address[1]
+    assert os.environ.pop("HVD_CHECKPOINT_REPORT_RENDEZVOUS") == "1"
 state = hvd.elastic.ObjectState(step=0)
 
 
@@ -673,15 +692,17 @@ if attack in values and hvd.rank() == 1:
     conn.request("PUT", "/kv/hvd.checkpoint/resumed", body=values[attack],
                  headers={"Authorization": "Bearer " + os.environ["HVD_JOB_TOKEN"]})
     print("put", attack, conn.getresponse().status, flush=True)
+if attack == "foreign" and hvd.rank() == 0:
+    print("the foreign listener heard %d requests" % len(heard), flush=True)
 hvd.barrier()
 print("rank %d done at step %d" % (hvd.rank(), state.step), flush=True)
 hvd.shutdown()
 "#;
 
-/// Steps `huge`, `overflow`, `lines`, `binary`, `negative`, `empty` and `fallback` (2 workers each, checkpoints in
-/// `ckpt-<step>/`) running [`REPORTS`].
-const REPORT_STEPS: [&str; 7] = [
-    "huge", "overflow", "lines", "binary", "negative", "empty", "fallback",
+/// Steps `huge`, `overflow`, `lines`, `binary`, `negative`, `empty`, `fallback` and `foreign` (2 workers each,
+/// checkpoints in `ckpt-<step>/`) running [`REPORTS`].
+const REPORT_STEPS: [&str; 8] = [
+    "huge", "overflow", "lines", "binary", "negative", "empty", "fallback", "foreign",
 ];
 
 /// A peer with the job's credentials puts a huge, an overflowing, a multi-line, a non-UTF-8, a negative and an empty
@@ -705,11 +726,14 @@ fn resume_reports_are_validated_and_fall_back_to_the_file() {
         .collect();
     let dir = common::project(&steps);
     std::fs::write(dir.path().join("reports.py"), REPORTS).unwrap();
-    // The fallback step's rank 0 resumes from commit 7.
+    // The fallback and foreign steps' rank 0 resumes from commit 7.
     let seed = "import hvd\ns = hvd.elastic.ObjectState(step=7)\nfor i in range(7):\n    s.commit()\ns.checkpoint()\n";
-    let (out, stdout, stderr) = run_script(seed, &dir.path().join("ckpt-fallback"));
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert_kept(&dir.path().join("ckpt-fallback"), 7..=7);
+    for name in ["fallback", "foreign"] {
+        let ckpt = dir.path().join(format!("ckpt-{name}"));
+        let (out, stdout, stderr) = run_script(seed, &ckpt);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert_kept(&ckpt, 7..=7);
+    }
 
     let (out, stdout, stderr) = run(dir.path(), &[], &[]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -723,10 +747,19 @@ fn resume_reports_are_validated_and_fall_back_to_the_file() {
         .lines()
         .filter(|l| l.contains("resumed from checkpoint") && !l.contains("hvd.elastic: "))
         .collect();
+    // The foreign listener got no request (so not the job's token), and its 200 did not stand for the report: the
+    // file did.
     assert_eq!(
         said,
-        ["hvd: step `fallback` resumed from checkpoint at commit 7"],
+        [
+            "hvd: step `fallback` resumed from checkpoint at commit 7",
+            "hvd: step `foreign` resumed from checkpoint at commit 7"
+        ],
         "{stderr}"
+    );
+    assert!(
+        stdout.contains("the foreign listener heard 0 requests"),
+        "{stdout}"
     );
     assert!(
         stdout.contains("rank 0 done at step 8") && stdout.contains("rank 1 done at step 8"),

@@ -46,6 +46,13 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         (loopback, vec![loopback])
     }
 
+    /// Whether a rank 0 on any host the engine runs ranks on reaches the rendezvous at `HVD_RENDEZVOUS` (its address
+    /// is the launcher's, not a loopback address on rank 0's own host): then it reports a resume there
+    /// (`HVD_CHECKPOINT_REPORT_RENDEZVOUS`), else only in the file. Not under mpirun (127.0.0.1, ranks on any host).
+    fn rank_zero_reaches_rendezvous(&self) -> bool {
+        true
+    }
+
     /// `Some(argv)`: a distributed step on `workers` is this one process (mpirun, srun, a Spark driver), which starts
     /// every rank itself and tags each output line with its rank; the supervisor runs it in place of the ranks (as
     /// rank 0). `None`: the supervisor starts each rank with [`SupervisedEngine::rank_command`].

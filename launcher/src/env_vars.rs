@@ -46,6 +46,10 @@ hvd_env_vars::env_vars! {
     /// Set with `HVD_CHECKPOINT_DIR`: the file (in the attempt's log directory) rank 0 writes `commit N` into when it
     /// resumed from a checkpoint, which `hvd run` reads.
     HVD_CHECKPOINT_REPORT;
+    /// Set to `1` with `HVD_CHECKPOINT_REPORT` where rank 0 surely reaches the launcher's rendezvous (local, ssh,
+    /// spark, slurm in a run with an elastic step): rank 0 then reports its resume there first (`HVD_RENDEZVOUS`);
+    /// without it (mpi, slurm's srun otherwise: 127.0.0.1, maybe on another host) only in the file.
+    HVD_CHECKPOINT_REPORT_RENDEZVOUS;
     /// Set for workers with `--timeline FILE`: the runtime's timeline.
     HVD_TIMELINE;
     /// Horovod's spelling of `HVD_TIMELINE`, set with it.

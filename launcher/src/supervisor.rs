@@ -503,6 +503,15 @@ fn run_step(
                 crate::env_vars::HVD_CHECKPOINT_REPORT.to_owned(),
                 file.display().to_string(),
             );
+            // Rank 0 puts its report at the rendezvous only where it surely reaches the launcher's. Under mpirun
+            // (or srun without an elastic step) `HVD_RENDEZVOUS` is 127.0.0.1, on rank 0's host perhaps another
+            // process's port, whose listener must not get the token (nor its 200 stand for the report).
+            if step.workers.is_some() && plan.engine.rank_zero_reaches_rendezvous() {
+                attempt.env.insert(
+                    crate::env_vars::HVD_CHECKPOINT_REPORT_RENDEZVOUS.to_owned(),
+                    "1".to_owned(),
+                );
+            }
         }
         let restartable = restart < step.restarts;
         match run_attempt(job, plan, &attempt, &attempt_log, restartable)? {

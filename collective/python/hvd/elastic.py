@@ -1086,22 +1086,38 @@ def _resume(state):
             sys.stderr.write("hvd.elastic: warning: cannot tell hvd run that it resumed ({}: {})\n".format(report, e))
 
 
-# Where rank 0 tells ``hvd run`` that it resumed (``commit N``): a key of the launcher's rendezvous, which every rank
-# reaches, on any host (launcher/src/supervisor.rs reads it when the step ends).
+# Where rank 0 tells ``hvd run`` that it resumed (``commit N``): a key of the launcher's rendezvous, which rank 0
+# reaches on any host when the launcher started every rank itself (it says so: ``HVD_CHECKPOINT_REPORT_RENDEZVOUS=1``;
+# launcher/src/supervisor.rs reads the key when the step ends). Under mpirun or srun ``HVD_RENDEZVOUS`` may be a
+# loopback address on another host than the launcher's, where whatever listens must not get the job's token.
 _RESUMED_PATH = "/kv/hvd.checkpoint/resumed"
 _RESUMED_TIMEOUT = 5.0
 
 
 def _report_resume(commit):
-    """Puts ``commit N`` at the rendezvous's ``_RESUMED_PATH``; whether it was taken (False: no HTTP rendezvous, e.g.
-    a file one, or it did not answer 200 within ``_RESUMED_TIMEOUT``: then the file ``HVD_CHECKPOINT_REPORT``)."""
+    """Puts ``commit N`` at the rendezvous's ``_RESUMED_PATH``; whether it was taken (False: the launcher did not say
+    its rendezvous is reachable for this, there is no HTTP rendezvous, or it did not answer 200 within
+    ``_RESUMED_TIMEOUT`` in all: then the file ``HVD_CHECKPOINT_REPORT``)."""
     import http.client
+    import threading
 
-    try:
-        answer = _rendezvous_request("PUT", _RESUMED_PATH, _RESUMED_TIMEOUT,
-                                     "commit {}\n".format(commit).encode("ascii"))
-    except (OSError, ValueError, http.client.HTTPException):
+    if os.environ.get("HVD_CHECKPOINT_REPORT_RENDEZVOUS", "").strip() != "1":
         return False
+    answers = []
+
+    def put():
+        try:
+            answers.append(_rendezvous_request("PUT", _RESUMED_PATH, _RESUMED_TIMEOUT,
+                                               "commit {}\n".format(commit).encode("ascii")))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+
+    # One deadline for the whole request (the socket's timeout is per operation: a server that trickles its answer
+    # would hold rank 0 far longer); a late answer is ignored, the file says it instead.
+    request = threading.Thread(target=put, name="hvd-report-resume", daemon=True)
+    request.start()
+    request.join(_RESUMED_TIMEOUT)
+    answer = answers[0] if answers else None
     return answer is not None and answer[0] == 200
 
 

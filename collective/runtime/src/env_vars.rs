@@ -52,6 +52,9 @@ hvd_env_vars::env_vars! {
     /// Python package: the file rank 0 writes `commit N` into when `hvd.elastic.run` resumed from a checkpoint (set
     /// by `hvd run`, which reports it).
     HVD_CHECKPOINT_REPORT;
+    /// Python package: `1` (set by `hvd run` where rank 0 surely reaches its rendezvous): `hvd.elastic.run` puts the
+    /// resume report at the rendezvous before the file; otherwise only the file.
+    HVD_CHECKPOINT_REPORT_RENDEZVOUS;
     /// Python package: the endpoint of the S3-compatible server of `s3://` checkpoints, before `AWS_ENDPOINT_URL`.
     HVD_S3_ENDPOINT;
     /// Python package: the endpoint of `s3://` checkpoints when `HVD_S3_ENDPOINT` is unset (else AWS's).

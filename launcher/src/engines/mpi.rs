@@ -275,6 +275,11 @@ impl SupervisedEngine for MpiSetup {
         "mpi engine"
     }
 
+    /// The rendezvous is on 127.0.0.1 here, and mpirun may put rank 0 on another host.
+    fn rank_zero_reaches_rendezvous(&self) -> bool {
+        false
+    }
+
     fn layout(&self, workers: Option<u32>) -> WorkerLayout {
         match self.hosts.is_empty() {
             false => WorkerLayout::spread(&self.hosts, workers.unwrap_or(1)),

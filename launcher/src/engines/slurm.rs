@@ -159,6 +159,12 @@ impl SupervisedEngine for SlurmSetup {
         }
     }
 
+    /// Only inside an allocation with an elastic step (the rendezvous on an address the nodes reach); else it is on
+    /// 127.0.0.1 and srun may put rank 0 on another node.
+    fn rank_zero_reaches_rendezvous(&self) -> bool {
+        self.allocation.is_some()
+    }
+
     /// Inside an allocation with an elastic step: its ranks, and their replacements, run on the allocation's nodes.
     fn remote_hosts(&self) -> bool {
         self.allocation.is_some()
