@@ -555,3 +555,55 @@ fn envs_pulled_on_the_hosts_survive_gc_running_there_in_a_loop_until_their_ranks
         );
     }
 }
+
+/// With caches, each rank starts through the host's `hvd worker-env --once --pull` even where the env is there: on
+/// hosts that have the env (copied by a first run) and whose `hvd` is an older build without those flags (the
+/// launcher's path hidden there, a stand-in `hvd` first on root's PATH, in each host's own mount namespace), the host
+/// check fails naming the host, that hvd and what to do, and no rank starts (not every rank failing on an unknown
+/// argument).
+#[test]
+fn hosts_whose_hvd_lacks_worker_env_pull_fail_the_check_naming_it() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = Delivered::new(root.path(), &outside.path().join("cache"));
+    let hosts = Hosts::start_private("o", root.path());
+    let launcher_dir = Path::new(HVD).parent().unwrap().display().to_string();
+    let stub = "#!/bin/sh\nif [ \"$1 $2\" = 'worker-env --help' ]; then echo 'Usage: hvd worker-env [OPTIONS] \
+                [CMD]...'; exit 0; fi\necho \"error: unexpected argument '--once' found\" >&2; exit 2\n";
+    for (_, pid) in &hosts.sshds {
+        let plant = format!(
+            "mount -t tmpfs hvd-old /usr/local/sbin && printf '%s' \"$0\" > /usr/local/sbin/hvd && \
+             chmod 755 /usr/local/sbin/hvd && mount -t tmpfs hvd-hidden {}",
+            launcher_dir
+        );
+        let out = Command::new(tool("nsenter"))
+            .arg(format!("--target={pid}"))
+            .args(["--mount", "--", "/bin/sh", "-c", &plant, stub])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out).1);
+    }
+    // The env is there already (copied over ssh, which needs no hvd on the hosts).
+    p.assert_ran_everywhere(&p.run(&hosts, &["--ssh-copy-env"]));
+    let url = format!("file://{}", p.cache.display());
+    let key = p.public_key.display().to_string();
+    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let words = common::unwrapped(&stderr);
+    for host in HOSTS {
+        assert!(
+            words.contains(&common::unwrapped(&format!(
+                "the hvd on host `{host}` (/usr/local/sbin/hvd) is an older build without `hvd worker-env --once \
+                 --pull`"
+            ))),
+            "{stderr}"
+        );
+    }
+    assert!(
+        words.contains(&common::unwrapped("install this hvd")),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("[train"), "a rank ran:\n{stdout}");
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
