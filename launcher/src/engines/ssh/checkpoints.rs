@@ -13,7 +13,12 @@ impl SshSetup {
     /// on that host's own disk, where neither the other hosts nor the next `hvd run` find its checkpoints. An elastic
     /// step may run on any host (replacements); another on its layout's. The host check asks as soon as it knows the
     /// host lacks the directory, before it sends files or delivers the env there.
-    pub(super) fn unshared_checkpoints(&self, plan: &Plan, only: Option<&str>, host: &str) -> Option<String> {
+    pub(super) fn unshared_checkpoints(
+        &self,
+        plan: &Plan,
+        only: Option<&str>,
+        host: &str,
+    ) -> Option<String> {
         let project = resolved(&plan.project_dir);
         plan.steps
             .iter()
