@@ -4,29 +4,32 @@
 
 use std::process::Command;
 
-#[test]
-fn allreduce_runs_worker_processes_on_shared_buffers() {
+/// Runs `hvd bench allreduce --processes --json` on one 1 MiB size with `args` added, outside any launcher's
+/// environment, asserts it succeeded and returns its stdout.
+fn bench_processes_json(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_hvd"))
-        .args([
-            "bench",
-            "allreduce",
-            "--processes",
-            "--shared-buffers",
-            "--json",
-        ])
+        .args(["bench", "allreduce", "--processes"])
+        .args(args)
+        .arg("--json")
         .args(["--min-bytes", "1MiB", "--max-bytes", "1MiB", "--iters", "2"])
         .env_remove("HVD_RANK")
         .env_remove("HVD_SIZE")
         .env_remove("HVD_RENDEZVOUS")
         .output()
         .expect("run hvd bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{}\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn allreduce_runs_worker_processes_on_shared_buffers() {
+    let stdout = bench_processes_json(&["--shared-buffers"]);
     let lines: Vec<serde_json::Value> = stdout
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -42,28 +45,7 @@ fn allreduce_runs_worker_processes_on_shared_buffers() {
 
 #[test]
 fn allreduce_runs_a_fused_group_of_tensors() {
-    let out = Command::new(env!("CARGO_BIN_EXE_hvd"))
-        .args([
-            "bench",
-            "allreduce",
-            "--processes",
-            "--tensors",
-            "5",
-            "--json",
-        ])
-        .args(["--min-bytes", "1MiB", "--max-bytes", "1MiB", "--iters", "2"])
-        .env_remove("HVD_RANK")
-        .env_remove("HVD_SIZE")
-        .env_remove("HVD_RENDEZVOUS")
-        .output()
-        .expect("run hvd bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = bench_processes_json(&["--tensors", "5"]);
     let row: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
     assert_eq!(row["tensors"], 5);
     assert_eq!(row["buffers"], "private");
