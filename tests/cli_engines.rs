@@ -33,18 +33,16 @@ fn have(program: &str) -> bool {
 
 #[test]
 fn worker_env_maps_openmpi_and_slurm_ranks() {
-    let out = Command::new(HVD)
-        .args(["worker-env", "--", "sh", "-c"])
-        .arg("echo $HVD_RANK $HVD_SIZE $HVD_LOCAL_RANK $HOROVOD_RANK $RANK $WORLD_SIZE $HVD_RENDEZVOUS")
-        .env("OMPI_COMM_WORLD_RANK", "2")
-        .env("OMPI_COMM_WORLD_SIZE", "3")
-        .env("OMPI_COMM_WORLD_LOCAL_RANK", "0")
-        .env("HVD_RENDEZVOUS", "127.0.0.1:9")
-        .env("HVD_JOB_TOKEN", "t")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
+    let (stdout, _) = common::succeeded(
+        Command::new(HVD)
+            .args(["worker-env", "--", "sh", "-c"])
+            .arg("echo $HVD_RANK $HVD_SIZE $HVD_LOCAL_RANK $HOROVOD_RANK $RANK $WORLD_SIZE $HVD_RENDEZVOUS")
+            .env("OMPI_COMM_WORLD_RANK", "2")
+            .env("OMPI_COMM_WORLD_SIZE", "3")
+            .env("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+            .env("HVD_RENDEZVOUS", "127.0.0.1:9")
+            .env("HVD_JOB_TOKEN", "t"),
+    );
     assert_eq!(stdout.trim(), "2 3 0 2 2 3 127.0.0.1:9");
     let out = Command::new(HVD)
         .args([
@@ -1525,22 +1523,7 @@ fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
     let port = common::free_port();
     let pod_env = |rank: u32| -> Vec<(String, String)> {
         let pod_ip = format!("127.0.0.{}", 2 + rank);
-        let mut vars = Vec::new();
-        for entry in container["env"].as_array().unwrap() {
-            let name = entry["name"].as_str().unwrap().to_owned();
-            let value = if let Some(v) = entry["value"].as_str() {
-                v.to_owned()
-            } else if let Some(r) = entry["valueFrom"]["secretKeyRef"].as_object() {
-                assert_eq!(r["name"], secret["metadata"]["name"], "{entry}");
-                let key = r["key"].as_str().unwrap();
-                secret["stringData"][key].as_str().unwrap().to_owned()
-            } else if entry["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP" {
-                pod_ip.clone()
-            } else {
-                panic!("a variable this test cannot provide: {entry}");
-            };
-            vars.push((name, value));
-        }
+        let mut vars = common::container_env(container, &secret, Some(&pod_ip));
         for (name, value) in &mut vars {
             match name.as_str() {
                 // Cluster DNS: the pod name of rank 0 is its IP here.
@@ -1614,11 +1597,7 @@ fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
     let (_, stderr) = text(&out);
     assert!(!out.status.success(), "{stderr}");
     // The report is wrapped to the terminal's width: compare its words.
-    let words = stderr
-        .split_whitespace()
-        .filter(|w| *w != "│")
-        .collect::<Vec<_>>()
-        .join(" ");
+    let words = common::flat_stderr(&out);
     assert!(
         words.contains("did not accept connections within") && words.contains("is rank 0 running"),
         "{stderr}"

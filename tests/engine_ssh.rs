@@ -142,26 +142,24 @@ fn dry_run_prints_the_ssh_commands() {
     let dir = project(
         "step prep {\n  run = \"echo prep\"\n}\nstep train {\n  run = \"python train.py --lr 0.1\"\n  workers = 3\n  needs = [\"prep\"]\n  env = { X = \"it's x\" }\n}",
     );
-    let out = ssh_dry_run(
-        dir.path(),
-        &[
-            "--hosts",
-            // A host named twice is one host with both entries' slots.
-            "10.77.0.2:1,10.77.0.3:2,10.77.0.2:1",
-            "--ssh-port",
-            "2222",
-            "--ssh-identity",
-            "/keys/id",
-            "--network-interface",
-            "lo",
-        ],
-    )
-    .env("PATH", "/usr/bin:/bin")
-    .env("OMP_NUM_THREADS", "1")
-    .output()
-    .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
+    let (stdout, _) = common::succeeded(
+        ssh_dry_run(
+            dir.path(),
+            &[
+                "--hosts",
+                // A host named twice is one host with both entries' slots.
+                "10.77.0.2:1,10.77.0.3:2,10.77.0.2:1",
+                "--ssh-port",
+                "2222",
+                "--ssh-identity",
+                "/keys/id",
+                "--network-interface",
+                "lo",
+            ],
+        )
+        .env("PATH", "/usr/bin:/bin")
+        .env("OMP_NUM_THREADS", "1"),
+    );
     let got = stdout.replace(&dir.path().display().to_string(), "@DIR@");
     common::assert_golden("ssh-dry-run.txt", &got);
     // Each ssh line is one valid shell command line, and the job token is on none of them.
@@ -305,11 +303,7 @@ fn a_compromised_host_cannot_run_commands_here_or_obtain_other_store_paths() {
         let (stdout, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(1), "{hostile}: {stdout}\n{stderr}");
         // The report is wrapped to the terminal's width: compare its words.
-        let words = stderr
-            .split_whitespace()
-            .filter(|w| *w != "│")
-            .collect::<Vec<_>>()
-            .join(" ");
+        let words = common::flat_stderr(&out);
         assert!(
             words.contains(&format!(
                 "host `{}` answered the env check with store paths that are not in the env's closure",
@@ -392,6 +386,43 @@ impl Delivered {
         out
     }
 
+    /// [`Delivered::run`] with the cache at `url` and the env's signing key trusted.
+    fn run_from_cache(&self, hosts: &Hosts, url: &str) -> Output {
+        let key = self.public_key.display().to_string();
+        self.run(hosts, &["--cache", url, "--trusted-key", &key])
+    }
+
+    /// [`Delivered::run_from_cache`] with the cache directory as a `file://` URL.
+    fn run_from_file_cache(&self, hosts: &Hosts) -> Output {
+        self.run_from_cache(hosts, &format!("file://{}", self.cache.display()))
+    }
+
+    /// [`Delivered::run_from_cache`] with the cache served over HTTP from the launcher's namespace
+    /// ([`serve_in_launcher_namespace`]), which the hosts pull from; the server is stopped when the run ends.
+    fn run_from_http_cache(&self, hosts: &Hosts) -> Output {
+        let (mut server, url) = serve_in_launcher_namespace(hosts, &self.cache);
+        let out = self.run_from_cache(hosts, &url);
+        let _ = server.kill();
+        let _ = server.wait();
+        out
+    }
+
+    /// Asserts that the run failed (exit code 1) before any rank ran, its stderr naming each host with
+    /// `per_host(host)` and saying `also`.
+    fn assert_stopped_before_any_rank(out: &Output, per_host: impl Fn(&str) -> String, also: &str) {
+        let (stdout, stderr) = text(out);
+        assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+        let words = common::unwrapped(&stderr);
+        for host in HOSTS {
+            assert!(
+                words.contains(&common::unwrapped(&per_host(host))),
+                "{stderr}"
+            );
+        }
+        assert!(words.contains(&common::unwrapped(also)), "{stderr}");
+        assert!(!stdout.contains("[train"), "a rank ran:\n{stdout}");
+    }
+
     /// Asserts that every rank ran on its host in a work directory (not the project directory, which the hosts
     /// lack), with the env's packages and console script.
     fn assert_ran_everywhere(&self, out: &Output) {
@@ -452,11 +483,7 @@ fn hosts_with_empty_private_stores_pull_the_env_from_an_http_cache_and_run_in_a_
     let outside = tempfile::tempdir().unwrap();
     let p = Delivered::new(root.path(), &outside.path().join("cache"));
     let hosts = Hosts::start_private("e", root.path());
-    let (mut server, url) = serve_in_launcher_namespace(&hosts, &p.cache);
-    let key = p.public_key.display().to_string();
-    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
-    let _ = server.kill();
-    let _ = server.wait();
+    let out = p.run_from_http_cache(&hosts);
     p.assert_ran_everywhere(&out);
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
@@ -469,25 +496,11 @@ fn a_tampered_cache_stops_the_run_before_any_rank_and_a_direct_copy_runs_without
     let hosts = Hosts::start_private("f", root.path());
     // One flipped byte in the archive of `helper`, which the env needs.
     let helper = common::tamper_cached_archive(&root.path().join("store"), &p.cache, "-helper-1.0");
-    let url = format!("file://{}", p.cache.display());
-    let key = p.public_key.display().to_string();
-    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
-    let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    let words = common::unwrapped(&stderr);
-    for host in HOSTS {
-        assert!(
-            words.contains(&common::unwrapped(&format!(
-                "host `{host}` could not get the env"
-            ))),
-            "{stderr}"
-        );
-    }
-    assert!(
-        words.contains(&common::unwrapped(&format!("refusing {helper}"))),
-        "{stderr}"
+    Delivered::assert_stopped_before_any_rank(
+        &p.run_from_file_cache(&hosts),
+        |host| format!("host `{host}` could not get the env"),
+        &format!("refusing {helper}"),
     );
-    assert!(!stdout.contains("[train"), "a rank ran:\n{stdout}");
     // Without a cache, the launcher copies the env's paths over ssh; the hosts verify and run.
     let out = p.run(&hosts, &["--ssh-copy-env"]);
     p.assert_ran_everywhere(&out);
@@ -529,11 +542,7 @@ fn envs_pulled_on_the_hosts_survive_gc_running_there_in_a_loop_until_their_ranks
     for looping in &mut loops {
         looping.wait_runs(1);
     }
-    let (mut server, url) = serve_in_launcher_namespace(&hosts, &p.cache);
-    let key = p.public_key.display().to_string();
-    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
-    let _ = server.kill();
-    let _ = server.wait();
+    let out = p.run_from_http_cache(&hosts);
     for looping in loops {
         looping.stop();
     }
@@ -585,25 +594,15 @@ fn hosts_whose_hvd_lacks_worker_env_pull_fail_the_check_naming_it() {
     }
     // The env is there already (copied over ssh, which needs no hvd on the hosts).
     p.assert_ran_everywhere(&p.run(&hosts, &["--ssh-copy-env"]));
-    let url = format!("file://{}", p.cache.display());
-    let key = p.public_key.display().to_string();
-    let out = p.run(&hosts, &["--cache", &url, "--trusted-key", &key]);
-    let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    let words = common::unwrapped(&stderr);
-    for host in HOSTS {
-        assert!(
-            words.contains(&common::unwrapped(&format!(
+    Delivered::assert_stopped_before_any_rank(
+        &p.run_from_file_cache(&hosts),
+        |host| {
+            format!(
                 "the hvd on host `{host}` (/usr/local/sbin/hvd) is an older build without `hvd worker-env --once \
                  --pull`"
-            ))),
-            "{stderr}"
-        );
-    }
-    assert!(
-        words.contains(&common::unwrapped("install this hvd")),
-        "{stderr}"
+            )
+        },
+        "install this hvd",
     );
-    assert!(!stdout.contains("[train"), "a rank ran:\n{stdout}");
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }

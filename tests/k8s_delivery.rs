@@ -51,26 +51,13 @@ impl Exported {
     /// MASTER_ADDR, pod names, become rank 0's IP and `port`), plus what Kubernetes and a bare image add.
     fn pod_env(&self, job: &str, index: u32, port: u16) -> Vec<(String, String)> {
         let pod_ip = format!("127.0.0.{}", 2 + index);
-        let mut vars = Vec::new();
-        for entry in self.container(job)["env"].as_array().unwrap() {
-            let name = entry["name"].as_str().unwrap().to_owned();
-            let value = if let Some(v) = entry["value"].as_str() {
-                v.to_owned()
-            } else if let Some(r) = entry["valueFrom"]["secretKeyRef"].as_object() {
-                assert_eq!(r["name"], self.secret["metadata"]["name"], "{entry}");
-                let key = r["key"].as_str().unwrap();
-                self.secret["stringData"][key].as_str().unwrap().to_owned()
-            } else if entry["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP" {
-                pod_ip.clone()
-            } else {
-                panic!("a variable this test cannot provide: {entry}");
-            };
-            let value = match name.as_str() {
-                "HVD_RENDEZVOUS" => format!("127.0.0.2:{port}"),
-                "MASTER_ADDR" => "127.0.0.2".into(),
-                _ => value,
-            };
-            vars.push((name, value));
+        let mut vars = common::container_env(self.container(job), &self.secret, Some(&pod_ip));
+        for (name, value) in &mut vars {
+            match name.as_str() {
+                "HVD_RENDEZVOUS" => *value = format!("127.0.0.2:{port}"),
+                "MASTER_ADDR" => *value = "127.0.0.2".into(),
+                _ => {}
+            }
         }
         vars.extend([
             ("JOB_COMPLETION_INDEX".into(), index.to_string()),
@@ -98,6 +85,19 @@ impl Exported {
     }
 }
 
+/// [`common::pushed_fixture_env`] of the project `hvd_file` whose steps may run `job.py`: a barrier over every rank,
+/// then a line with what the rank sees (its rank, the env's `helper.WORD` and its `VIRTUAL_ENV`).
+fn pushed_job(root: &Path, cache: &Path, hvd_file: &str) -> common::PushedEnv {
+    let p = common::pushed_fixture_env(root, cache, hvd_file);
+    std::fs::write(
+        p.project.join("job.py"),
+        "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
+         print(f\"job rank={hvd.rank()} size={hvd.size()} word={helper.WORD} venv={os.environ['VIRTUAL_ENV']}\")\n",
+    )
+    .unwrap();
+    p
+}
+
 fn assert_ok(out: &Output, what: &str) -> String {
     let (stdout, stderr) = text(out);
     assert!(out.status.success(), "{what}: {stdout}\n{stderr}");
@@ -108,19 +108,13 @@ fn assert_ok(out: &Output, what: &str) -> String {
 fn jobset_pods_pull_the_env_at_start_and_a_tampered_cache_stops_them_before_the_worker() {
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
-    let p = common::pushed_fixture_env(
+    let p = pushed_job(
         root.path(),
         &outside.path().join("cache"),
         "cluster {\n  engine = \"kubernetes\"\n  image = \"example/bare:1\"\n}\n\
          step prep {\n  run = \"greet > prep.out\"\n}\n\
          step train {\n  run = \"python job.py\"\n  workers = 2\n  needs = [\"prep\"]\n}\n",
     );
-    std::fs::write(
-        p.project.join("job.py"),
-        "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
-         print(f\"job rank={hvd.rank()} size={hvd.size()} word={helper.WORD} venv={os.environ['VIRTUAL_ENV']}\")\n",
-    )
-    .unwrap();
     let store = root.path().join("store");
     let url = format!("file://{}", p.cache.display());
     let key = p.public_key.display().to_string();
@@ -271,26 +265,11 @@ fn mpijob_env(
     bin: &Path,
     port: u16,
 ) -> Vec<(String, String)> {
-    let mut vars = Vec::new();
-    for entry in container["env"].as_array().unwrap() {
-        let name = entry["name"].as_str().unwrap().to_owned();
-        let value = if let Some(v) = entry["value"].as_str() {
-            v.to_owned()
-        } else if let Some(r) = entry["valueFrom"]["secretKeyRef"].as_object() {
-            assert_eq!(r["name"], secret["metadata"]["name"], "{entry}");
-            secret["stringData"][r["key"].as_str().unwrap()]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        } else {
-            panic!("a variable this test cannot provide: {entry}");
-        };
-        let value = if name == "HVD_RENDEZVOUS" {
-            format!("127.0.0.1:{port}")
-        } else {
-            value
-        };
-        vars.push((name, value));
+    let mut vars = common::container_env(container, secret, None);
+    for (name, value) in &mut vars {
+        if name == "HVD_RENDEZVOUS" {
+            *value = format!("127.0.0.1:{port}");
+        }
     }
     vars.extend([
         ("HOSTNAME".into(), host.into()),
@@ -348,18 +327,12 @@ fn have_openmpi() -> bool {
 fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_rank() {
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
-    let p = common::pushed_fixture_env(
+    let p = pushed_job(
         root.path(),
         &outside.path().join("cache"),
         "cluster {\n  engine = \"kubernetes\"\n  image = \"example/bare:1\"\n  settings = { mpi = \"openmpi\" }\n}\n\
          step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
     );
-    std::fs::write(
-        p.project.join("job.py"),
-        "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
-         print(f\"job rank={hvd.rank()} size={hvd.size()} word={helper.WORD} venv={os.environ['VIRTUAL_ENV']}\")\n",
-    )
-    .unwrap();
     let store = root.path().join("store");
     let url = format!("file://{}", p.cache.display());
     let key = p.public_key.display().to_string();

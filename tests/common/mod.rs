@@ -66,6 +66,44 @@ pub fn text(out: &Output) -> (String, String) {
     )
 }
 
+/// Runs `command` to its end, asserts that it succeeded (showing its stderr if not) and returns its stdout and
+/// stderr as text.
+pub fn succeeded(command: &mut Command) -> (String, String) {
+    let out = command.output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    (stdout, stderr)
+}
+
+/// The environment a Kubernetes `container` (of an exported manifest) defines, as its pod gets it: values as
+/// written, a Secret key's value from `secret` (which the entry must name), the pod's IP for `status.podIP` where
+/// `pod_ip` gives one; any other source fails the test, saying so.
+pub fn container_env(
+    container: &serde_json::Value,
+    secret: &serde_json::Value,
+    pod_ip: Option<&str>,
+) -> Vec<(String, String)> {
+    let mut vars = Vec::new();
+    for entry in container["env"].as_array().unwrap() {
+        let name = entry["name"].as_str().unwrap().to_owned();
+        let value = if let Some(v) = entry["value"].as_str() {
+            v.to_owned()
+        } else if let Some(r) = entry["valueFrom"]["secretKeyRef"].as_object() {
+            assert_eq!(r["name"], secret["metadata"]["name"], "{entry}");
+            let key = r["key"].as_str().unwrap();
+            secret["stringData"][key].as_str().unwrap().to_owned()
+        } else if let Some(ip) = pod_ip
+            && entry["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        {
+            ip.to_owned()
+        } else {
+            panic!("a variable this test cannot provide: {entry}");
+        };
+        vars.push((name, value));
+    }
+    vars
+}
+
 /// A temporary project whose train.hvd holds an env with no packages and `step`.
 pub fn project(step: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
