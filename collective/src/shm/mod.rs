@@ -19,6 +19,7 @@
 
 mod arena;
 mod board;
+mod cores;
 mod region;
 mod ring;
 mod segment;
@@ -136,14 +137,15 @@ impl ShmTransport {
             shared_logged: false,
         };
         // Until every rank has attached (`wait_attached`), the CPUs this process may run on count as the ranks'.
-        t.set_cores(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        t.set_oversubscribed(
+            t.seg.ranks > std::thread::available_parallelism().map_or(1, |n| n.get()),
+        );
         Ok(t)
     }
 
-    /// How this rank waits, for `cores` cores among the segment's ranks (see `oversubscribed`); the settings of
+    /// How this rank waits, `oversubscribed` or with a core per rank (see `oversubscribed`); the settings of
     /// `HVD_SHM_SPIN` and `HVD_SHM_YIELDS` win.
-    fn set_cores(&mut self, cores: usize) {
-        let oversubscribed = self.seg.ranks > cores;
+    fn set_oversubscribed(&mut self, oversubscribed: bool) {
         let yields_set = env_u32(env_vars::HVD_SHM_YIELDS);
         self.oversubscribed = oversubscribed;
         self.spin = env_u32(env_vars::HVD_SHM_SPIN).unwrap_or(if oversubscribed {
@@ -159,18 +161,22 @@ impl ShmTransport {
         };
     }
 
-    /// The cores the segment's ranks run on, once all have attached: when they may run on different sets of CPUs
-    /// (a launcher bound each rank to its own core: `mpirun --bind-to core`, Slurm's `--cpu-bind`, `hvd bench
-    /// --processes`), the CPUs of all sets together; `None` when every rank has the same set (then this process's
-    /// count stands, which also heeds a CPU quota) or one set could not be read.
-    fn cores_of_all_ranks(&self) -> Option<usize> {
+    /// Whether the segment's ranks are oversubscribed, once all have attached, when they may run on different sets
+    /// of CPUs (a launcher bound each rank to its own core: `mpirun --bind-to core`, Slurm's `--cpu-bind`, `hvd
+    /// bench --processes`): when they cannot each have a CPU of their own set or outnumber this process's CPU quota
+    /// (`cores::oversubscribed`); `None` when every rank has the same set (then this process's count stands, which
+    /// also heeds a CPU quota) or one set could not be read.
+    fn oversubscribed_by_sets(&self) -> Option<bool> {
         let sets: Vec<u64> = (0..self.seg.ranks)
             .map(|r| self.seg.cpus(r).load(Ordering::Relaxed))
             .collect();
-        if sets.iter().any(|s| *s == u64::MAX || *s == 0) || sets.iter().all(|s| *s == sets[0]) {
-            return None;
+        if sets.contains(&u64::MAX) {
+            tracing::debug!(
+                ranks = self.seg.ranks,
+                "shm: a rank may run on a CPU from 64 up or its CPU set was unreadable; counting this process's CPUs"
+            );
         }
-        Some(sets.iter().fold(0, |all, s| all | s).count_ones() as usize)
+        cores::oversubscribed(&sets, cores::quota_cpus())
     }
 
     /// Waits until all ranks of the segment have attached, then counts the cores they run on (a rank bound to one
@@ -191,13 +197,13 @@ impl ShmTransport {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        if let Some(cores) = self.cores_of_all_ranks() {
+        if let Some(oversubscribed) = self.oversubscribed_by_sets() {
             tracing::debug!(
-                cores,
+                oversubscribed,
                 ranks = self.seg.ranks,
                 "shm: the ranks are bound to different CPUs"
             );
-            self.set_cores(cores);
+            self.set_oversubscribed(oversubscribed);
         }
         Ok(())
     }
@@ -511,9 +517,10 @@ mod tests {
         assert!(!cpus.is_empty(), "no CPU below 64 to run on");
         // Both on one core: oversubscribed (each alone sees one CPU, as before).
         assert_eq!(oversubscribed_when_bound([cpus[0], cpus[0]]), [true, true]);
-        // A core each: each alone sees one CPU, but together they have two.
+        // A core each: each alone sees one CPU, but together they have two (unless a CPU quota allows fewer).
         if let [a, b, ..] = cpus[..] {
-            assert_eq!(oversubscribed_when_bound([a, b]), [false, false]);
+            let over = cores::quota_cpus().is_some_and(|q| q < 2);
+            assert_eq!(oversubscribed_when_bound([a, b]), [over, over]);
         }
     }
 }
