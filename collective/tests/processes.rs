@@ -96,12 +96,7 @@ fn start(rank: usize, size: usize, env: &[(&str, String)], scenario: &str) -> Ch
 
 fn server() -> (RendezvousServer, String) {
     let token = "0123456789abcdef".to_string();
-    let s = RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        &token,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .expect("start the rendezvous server");
+    let s = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
     (s, token)
 }
 

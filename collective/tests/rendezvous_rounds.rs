@@ -13,12 +13,7 @@ const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
 /// The launcher's rendezvous server on loopback, as `hvd run` starts it for a local job.
 fn server() -> RendezvousServer {
-    RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        TOKEN,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .unwrap()
+    RendezvousServer::start_on_loopback(TOKEN).unwrap()
 }
 
 fn job(rank: usize, rendezvous: &Rendezvous) -> JobEnv {

@@ -186,12 +186,7 @@ fn plant_another_users_file(sb: &SharedBuffer) {
 /// Runs `n` workers on one host (shm) and returns each one's RESULT line.
 fn run_job(n: usize, scenario: &str) -> Vec<String> {
     let token = "0123456789abcdef".to_string();
-    let srv = RendezvousServer::start(
-        "127.0.0.1:0".parse().expect("address"),
-        &token,
-        vec!["127.0.0.1".parse().expect("address")],
-    )
-    .expect("start the rendezvous server");
+    let srv = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
     let exe = std::env::current_exe().expect("test binary path");
     let children: Vec<Child> = (0..n)
         .map(|r| {

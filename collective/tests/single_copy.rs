@@ -159,12 +159,7 @@ fn start(rank: usize, env: &[(&str, String)], scenario: &str) -> Child {
 /// that gives none in 60 s is killed and reported as hung).
 fn run_pair(scenario: &str, both_env: &[(&str, &str)], rank1_env: &[(&str, &str)]) -> Vec<String> {
     let token = "0123456789abcdef".to_string();
-    let srv = RendezvousServer::start(
-        "127.0.0.1:0".parse().expect("address"),
-        &token,
-        vec!["127.0.0.1".parse().expect("address")],
-    )
-    .expect("start the rendezvous server");
+    let srv = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
     let children: Vec<Child> = (0..2)
         .map(|r| {
             let mut env = vec![

@@ -85,12 +85,7 @@ fn main() {
 /// A fresh server on a free loopback port that admits loopback peers, with its new token.
 fn local_server() -> (String, RendezvousServer) {
     let token = new_token().expect("read /dev/urandom");
-    let server = RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        &token,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .expect("start the server");
+    let server = RendezvousServer::start_on_loopback(&token).expect("start the server");
     (token, server)
 }
 

@@ -255,6 +255,13 @@ impl RendezvousServer {
         Self::start_with_limits(bind, token, allowed_hosts, Limits::default())
     }
 
+    /// [`RendezvousServer::start`] on a free port of 127.0.0.1 that answers token-less requests from this machine
+    /// only: what a job whose ranks all run here needs (`hvd bench`, tests).
+    pub fn start_on_loopback(token: &str) -> Result<Self, RendezvousError> {
+        let loopback = std::net::Ipv4Addr::LOCALHOST;
+        Self::start((loopback, 0).into(), token, vec![loopback.into()])
+    }
+
     /// [`RendezvousServer::start`] with other limits and deadlines.
     pub fn start_with_limits(
         bind: SocketAddr,
@@ -1095,12 +1102,7 @@ mod tests {
     /// closed, its slot freed, and the server (its store lock poisoned by the panic) keeps answering.
     #[test]
     fn a_panicking_handler_closes_its_connection_and_the_server_keeps_serving() {
-        let server = RendezvousServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            "token",
-            vec!["127.0.0.1".parse().unwrap()],
-        )
-        .unwrap();
+        let server = RendezvousServer::start_on_loopback("token").unwrap();
         let shared = &server.shared;
         let client = TcpStream::connect(server.addr()).unwrap();
         // Wait for the server to take the connection, then run a panicking handler in its place.

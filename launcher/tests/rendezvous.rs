@@ -12,12 +12,7 @@ use hvd_launcher::rendezvous::{Limits, MAX_HEAD_BYTES, MAX_VALUE_BYTES, Rendezvo
 const TOKEN: &str = "0123456789abcdef";
 
 fn server() -> RendezvousServer {
-    RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        TOKEN,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .unwrap()
+    RendezvousServer::start_on_loopback(TOKEN).unwrap()
 }
 
 /// Sends raw bytes, returns (status, body).

@@ -426,19 +426,14 @@ fn run_processes(a: &AllreduceArgs) -> CommandResult {
     )
     .map_err(|e| Failure::from_error_in(Status::Failure, "read /dev/urandom", &e))?;
     let token: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-    let loopback = std::net::Ipv4Addr::LOCALHOST;
-    let server = hvd_launcher::rendezvous::RendezvousServer::start(
-        (loopback, 0).into(),
-        &token,
-        vec![loopback.into()],
-    )
-    .map_err(|e| {
-        Failure::from_error_in(
-            Status::Failure,
-            "start the benchmark's rendezvous server",
-            &e,
-        )
-    })?;
+    let server =
+        hvd_launcher::rendezvous::RendezvousServer::start_on_loopback(&token).map_err(|e| {
+            Failure::from_error_in(
+                Status::Failure,
+                "start the benchmark's rendezvous server",
+                &e,
+            )
+        })?;
     let exe = std::env::current_exe()
         .map_err(|e| Failure::from_error_in(Status::Failure, "find this program", &e))?;
     let mut args: Vec<String> = vec![

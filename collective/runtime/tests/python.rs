@@ -44,12 +44,7 @@ fn run(size: usize, name: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
 /// [`run`] with a given interpreter.
 fn run_with(python: &str, size: usize, name: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
     let token = "0123456789abcdef";
-    let server = RendezvousServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        token,
-        vec!["127.0.0.1".parse().unwrap()],
-    )
-    .expect("start the rendezvous server");
+    let server = RendezvousServer::start_on_loopback(token).expect("start the rendezvous server");
     let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
     let lib = library();
     let dir = tempfile::tempdir().unwrap();
