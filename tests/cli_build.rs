@@ -372,15 +372,10 @@ fn real_index_tensorflow_horovod_builds_imports_and_passes_check() {
     let file = file.display().to_string();
     let built = hvd(&["build", &file]);
     assert_eq!(built.status.code(), Some(0), "{}", text(&built).1);
-    let import = hvd(&[
-        "exec",
+    let import = hvd(&common::exec_locked_python(
         &file,
-        "--locked",
-        "--",
-        "python",
-        "-c",
         "import horovod.tensorflow as h; print(h.__name__)",
-    ]);
+    ));
     assert_eq!(
         text(&import).0.lines().last(),
         Some("horovod.tensorflow"),

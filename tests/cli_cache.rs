@@ -268,15 +268,7 @@ fn an_empty_store_builds_the_env_purely_from_the_cache_with_the_index_unreachabl
     let python = hvd(
         &p.root,
         &p.store,
-        &[
-            "exec",
-            "app/train.hvd",
-            "--locked",
-            "--",
-            "python",
-            "-c",
-            "import noisy, helper; print(helper.WORD)",
-        ],
+        &common::exec_locked_python("app/train.hvd", "import noisy, helper; print(helper.WORD)"),
     );
     assert_eq!(text(&python).0, "hello", "{}", text(&python).1);
 }

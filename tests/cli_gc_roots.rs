@@ -87,15 +87,7 @@ fn gc_keeps_the_env_of_a_running_exec_and_frees_it_after() {
     let env = String::from_utf8_lossy(&build.stdout).trim().to_string();
 
     let running = p
-        .command(&[
-            "exec",
-            &file,
-            "--locked",
-            "--",
-            "python",
-            "-c",
-            WAIT_THEN_IMPORT,
-        ])
+        .command(&common::exec_locked_python(&file, WAIT_THEN_IMPORT))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

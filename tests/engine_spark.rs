@@ -231,22 +231,31 @@ fn bare_node_python(dir: &Path, python: &Path, store: &Path, extra: &str) -> Pat
     script
 }
 
-/// `hvd ARGS` on the spark engine (local cluster, `python`) with the store `store` and the cache `url` trusted by
-/// `key`, as a user gives them (none from the environment).
-fn with_cache(
-    root: &Path,
-    store: &Path,
-    python: &Path,
-    url: &str,
-    key: &str,
-    args: &[&str],
-) -> Command {
-    let mut command = common::hvd_with_store(root, store, args);
+/// The fixture env ([`common::pushed_fixture_env`], the store `root/store`) of a project whose step `train` runs
+/// `python job.py` (the test writes it) on 2 ranks, pushed to the cache `outside/cache`.
+fn pushed_two_ranks(root: &Path, outside: &Path) -> common::PushedEnv {
+    common::pushed_fixture_env(
+        root,
+        &outside.join("cache"),
+        "step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
+    )
+}
+
+/// The cache of `p` as a `file://` URL.
+fn cache_url(p: &common::PushedEnv) -> String {
+    format!("file://{}", p.cache.display())
+}
+
+/// `hvd ARGS` on the spark engine (local cluster, `python`) with the store `root/store` and the cache of `p`
+/// ([`cache_url`]) trusted by its key, as a user gives them (none from the environment).
+fn with_cache(root: &Path, python: &Path, p: &common::PushedEnv, args: &[&str]) -> Command {
+    let mut command = common::hvd_with_store(root, &root.join("store"), args);
     command
         .args(["--engine", "spark", "--spark-master", MASTER])
         .arg("--spark-python")
         .arg(python)
-        .args(["--cache", url, "--trusted-key", key])
+        .args(["--cache", &cache_url(p), "--trusted-key"])
+        .arg(&p.public_key)
         .env_remove("HVD_CACHES")
         .env_remove("HVD_TRUSTED_KEYS")
         .env("NO_COLOR", "1");
@@ -258,11 +267,7 @@ fn executors_with_empty_stores_pull_the_env_before_any_rank_and_a_tampered_archi
     let python = spark_python();
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
-    let p = common::pushed_fixture_env(
-        root.path(),
-        &outside.path().join("cache"),
-        "step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
-    );
+    let p = pushed_two_ranks(root.path(), outside.path());
     let store = root.path().join("store");
     // Only the launcher's store has this file: a rank that sees it is not on a bare node.
     std::fs::write(store.join("launcher-only"), "").unwrap();
@@ -276,9 +281,8 @@ fn executors_with_empty_stores_pull_the_env_before_any_rank_and_a_tampered_archi
         ),
     )
     .unwrap();
-    let url = format!("file://{}", p.cache.display());
-    let key = p.public_key.display().to_string();
-    let with_cache = |args: &[&str]| with_cache(root.path(), &store, &python, &url, &key, args);
+    let url = cache_url(&p);
+    let with_cache = |args: &[&str]| with_cache(root.path(), &python, &p, args);
     let mark = format!("pull-{}", std::process::id());
     let out = with_cache(&["run", "app/train.hvd", "--locked", "--grace", "2"])
         .env(
@@ -366,11 +370,7 @@ fn one_executor_whose_pull_fails_inside_the_job_ends_it_naming_the_executor_befo
     let python = spark_python();
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
-    let p = common::pushed_fixture_env(
-        root.path(),
-        &outside.path().join("cache"),
-        "step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
-    );
+    let p = pushed_two_ranks(root.path(), outside.path());
     let store = root.path().join("store");
     std::fs::write(
         p.project.join("job.py"),
@@ -399,15 +399,11 @@ fn one_executor_whose_pull_fails_inside_the_job_ends_it_naming_the_executor_befo
             p.cache.display()
         ),
     );
-    let url = format!("file://{}", p.cache.display());
-    let key = p.public_key.display().to_string();
     let mark = format!("pull-fails-{}", std::process::id());
     let out = with_cache(
         root.path(),
-        &store,
         &python,
-        &url,
-        &key,
+        &p,
         &["run", "app/train.hvd", "--locked", "--grace", "2"],
     )
     .env("PYSPARK_PYTHON", &python_wrapper)

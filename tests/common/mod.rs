@@ -570,6 +570,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `hvd exec FILE --locked -- python -c CODE`'s arguments: `CODE` run by the Python of FILE's env, as locked.
+pub fn exec_locked_python<'a>(file: &'a str, code: &'a str) -> [&'a str; 7] {
+    ["exec", file, "--locked", "--", "python", "-c", code]
+}
+
 /// `hvd cache push app/train.hvd LOCK --to TO --key SECRET`'s arguments (LOCK: `--locked` or `--frozen`).
 pub fn push_args<'a>(lock: &'a str, to: &'a str, secret: &'a str) -> [&'a str; 8] {
     [
