@@ -210,20 +210,9 @@ fn combinations_that_cannot_work_are_refused_at_check_and_lock() {
 /// `std.horovod { frameworks = [torch], gpu_ops = "nccl", cuda = std.cuda { version = "13.0" } }` as wheels.
 fn torch_nccl_index() -> FixtureIndex {
     let manylinux = "py3-none-manylinux_2_17_x86_64";
-    let mut dists = vec![
-        Dist::wheel("torch", "2.0.1")
-            .tag("cp311-cp311-manylinux1_x86_64")
-            .requires(&["nvidia-nccl-cu11==2.14.3", "triton==2.0.0"]),
-        Dist::wheel("nvidia-nccl-cu11", "2.14.3")
-            .tag("py3-none-manylinux1_x86_64")
-            .requires(&["setuptools", "wheel"]),
-        Dist::wheel("triton", "2.0.0")
-            .tag("cp311-cp311-manylinux2014_x86_64")
-            .requires(&["cmake"]),
-        Dist::wheel("setuptools", "81.0.0"),
-        Dist::wheel("setuptools", "84.2.1"),
-        Dist::wheel("cmake", "3.31.6").tag(manylinux),
-        Dist::wheel("cmake", "4.1.0").tag(manylinux),
+    let mut dists =
+        hvd_resolver::testing::torch_2_0_1_sharing_build_tools("nvidia-nccl-cu11", "2.14.3");
+    dists.extend([
         Dist::sdist("horovod", "0.28.1").requires(&[
             "cloudpickle",
             "psutil",
@@ -231,7 +220,7 @@ fn torch_nccl_index() -> FixtureIndex {
             "packaging",
         ]),
         Dist::wheel("nvidia-nccl-cu13", "2.28.9").tag(manylinux),
-    ];
+    ]);
     for name in ["cloudpickle", "psutil", "pyyaml", "packaging", "wheel"] {
         dists.push(Dist::wheel(name, "1.0"));
     }

@@ -592,6 +592,28 @@ impl Drop for FixtureIndex {
     }
 }
 
+/// torch 2.0.1 as the index has it, reduced to what a Horovod build shares with the env: torch, its CUDA wheel
+/// `cuda` at `cuda_version`, which depends on setuptools and wheel, and its triton, which depends on cmake,
+/// without versions; two of setuptools and of cmake, so the env alone would take the newest of each.
+pub fn torch_2_0_1_sharing_build_tools(cuda: &str, cuda_version: &str) -> Vec<Dist> {
+    let manylinux = "py3-none-manylinux_2_17_x86_64";
+    vec![
+        Dist::wheel("torch", "2.0.1")
+            .tag("cp311-cp311-manylinux1_x86_64")
+            .requires(&[&format!("{cuda}=={cuda_version}"), "triton==2.0.0"]),
+        Dist::wheel(cuda, cuda_version)
+            .tag("py3-none-manylinux1_x86_64")
+            .requires(&["setuptools", "wheel"]),
+        Dist::wheel("triton", "2.0.0")
+            .tag("cp311-cp311-manylinux2014_x86_64")
+            .requires(&["cmake"]),
+        Dist::wheel("setuptools", "81.0.0"),
+        Dist::wheel("setuptools", "84.2.1"),
+        Dist::wheel("cmake", "3.31.6").tag(manylinux),
+        Dist::wheel("cmake", "4.1.0").tag(manylinux),
+    ]
+}
+
 /// An env on python 3.11 asking for `packages` (requirement strings), nothing else.
 pub fn env_of(packages: &[&str]) -> hvd_lang::model::Env {
     hvd_lang::model::Env {

@@ -6,6 +6,7 @@ use hvd_lang::model::{PackageRequest, SourceBuild};
 use hvd_resolver::lockfile::ArtifactKind;
 use hvd_resolver::testing::{
     Dist, FixtureIndex, FixtureOptions, env_of, lock_options, lock_options_at,
+    torch_2_0_1_sharing_build_tools,
 };
 use hvd_resolver::{LockOptions, Lockfile, ResolveError, lock, lock_detailed};
 
@@ -490,24 +491,16 @@ fn sdists_without_pyproject_get_the_pep517_default_build_requirements() {
 /// torch 2.0.1 as the index has it, reduced to what a Horovod build shares with the env: its CUDA wheels depend on
 /// setuptools and its triton on cmake, without versions, so the env alone would take the newest of each.
 fn torch_2_0_1_universe() -> Vec<Dist> {
-    vec![
+    let mut dists = vec![
         Dist::sdist("horovod", "0.28.1").requires(&["cloudpickle"]),
         Dist::wheel("cloudpickle", "3.0.0"),
-        Dist::wheel("torch", "2.0.1")
-            .tag("cp311-cp311-manylinux1_x86_64")
-            .requires(&["nvidia-cudnn-cu11==8.5.0.96", "triton==2.0.0"]),
-        Dist::wheel("nvidia-cudnn-cu11", "8.5.0.96")
-            .tag("py3-none-manylinux1_x86_64")
-            .requires(&["setuptools", "wheel"]),
-        Dist::wheel("triton", "2.0.0")
-            .tag("cp311-cp311-manylinux2014_x86_64")
-            .requires(&["cmake"]),
-        Dist::wheel("setuptools", "81.0.0"),
-        Dist::wheel("setuptools", "84.2.1"),
-        Dist::wheel("cmake", "3.31.6").tag("py3-none-manylinux_2_17_x86_64"),
-        Dist::wheel("cmake", "4.1.0").tag("py3-none-manylinux_2_17_x86_64"),
-        Dist::wheel("wheel", "0.43.0"),
-    ]
+    ];
+    dists.extend(torch_2_0_1_sharing_build_tools(
+        "nvidia-cudnn-cu11",
+        "8.5.0.96",
+    ));
+    dists.push(Dist::wheel("wheel", "0.43.0"));
+    dists
 }
 
 /// `packages` and horovod built against torch with std.horovod's requirements for it.
