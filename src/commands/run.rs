@@ -390,9 +390,24 @@ fn note_pull_failure(env: &std::path::Path, failure: &Failure) -> CommandResult 
     let store = env.parent().unwrap_or(std::path::Path::new("/"));
     let path = store.join(PULL_FAILURE_NOTE);
     let temporary = store.join(format!("{PULL_FAILURE_NOTE}.{}", std::process::id()));
+    // An init container's pid is often the same on every start: a temporary file (or link) a killed one left is
+    // removed, and the new one is created, never followed or overwritten.
     let written = std::fs::create_dir_all(store)
-        .and_then(|()| std::fs::write(&temporary, tail(reason, PULL_FAILURE_NOTE_MAX)))
+        .and_then(|()| match std::fs::remove_file(&temporary) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
+            _ => Ok(()),
+        })
+        .and_then(|()| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temporary)
+        })
+        .and_then(|mut file| file.write_all(cut_note(reason, PULL_FAILURE_NOTE_MAX).as_bytes()))
         .and_then(|()| std::fs::rename(&temporary, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
     match written {
         Ok(()) => {
             note!(
@@ -414,30 +429,44 @@ fn note_pull_failure(env: &std::path::Path, failure: &Failure) -> CommandResult 
 /// its first [`PULL_FAILURE_NOTE_MAX`] bytes, control characters shown as `?`).
 fn refuse_noted_failure(env: &std::path::Path) -> Result<(), Failure> {
     use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let path = env
         .parent()
         .unwrap_or(std::path::Path::new("/"))
         .join(PULL_FAILURE_NOTE);
-    let reason = match std::fs::symlink_metadata(&path) {
+    // Opened without following a link or waiting for a writer (a FIFO), then the handle itself must be a file: what
+    // was checked is what is read.
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path);
+    let reason = match opened {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) if err.raw_os_error() == Some(libc::ELOOP) => {
+            "the note is a symbolic link, not a file".to_owned()
+        }
         Err(err) => format!("the note cannot be read: {err}"),
-        Ok(meta) if !meta.is_file() => "the note is not a file".to_owned(),
-        Ok(_) => {
+        Ok(file) => {
             let mut bytes = Vec::new();
-            match std::fs::File::open(&path)
-                .and_then(|f| f.take(PULL_FAILURE_NOTE_MAX as u64).read_to_end(&mut bytes))
-            {
-                Ok(_) => String::from_utf8_lossy(&bytes)
-                    .chars()
-                    .map(|c| match c {
-                        '\n' => c,
-                        c if c.is_control() => '?',
-                        c => c,
-                    })
-                    .collect::<String>()
-                    .trim()
-                    .to_owned(),
+            match file.metadata().map(|m| m.is_file()) {
+                Ok(false) => "the note is not a file".to_owned(),
                 Err(err) => format!("the note cannot be read: {err}"),
+                Ok(true) => match file
+                    .take(PULL_FAILURE_NOTE_MAX as u64)
+                    .read_to_end(&mut bytes)
+                {
+                    Ok(_) => String::from_utf8_lossy(&bytes)
+                        .chars()
+                        .map(|c| match c {
+                            '\n' => c,
+                            c if c.is_control() => '?',
+                            c => c,
+                        })
+                        .collect::<String>()
+                        .trim()
+                        .to_owned(),
+                    Err(err) => format!("the note cannot be read: {err}"),
+                },
             }
         }
     };
@@ -450,6 +479,26 @@ fn refuse_noted_failure(env: &std::path::Path) -> Result<(), Failure> {
             path.display()
         ),
     ))
+}
+
+/// `text` in at most `max` bytes: whole if it fits, else its first line (what failed, where: itself cut to half of
+/// `max`) and the end of the rest (the pull's own last words), with a line saying that the middle was cut.
+fn cut_note(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    const CUT: &str = "\n[...]\n";
+    if text.len() <= max {
+        return text.into();
+    }
+    let (head, rest) = text.split_once('\n').unwrap_or((text, ""));
+    let mut end = head.len().min(max / 2);
+    while !head.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &head[..end];
+    format!(
+        "{head}{CUT}{}",
+        tail(rest, max.saturating_sub(head.len() + CUT.len()))
+    )
+    .into()
 }
 
 /// The last `max` bytes of `text` (at a character boundary).
@@ -473,7 +522,8 @@ fn check_here(env: &std::path::Path) -> Result<(), Failure> {
 /// naming itself and the env, before any rank runs. The store's builders lock (shared) is taken before the pull and
 /// released only once the temporary root exists, so an `hvd gc` on this node (exclusive) runs before the pull or
 /// after the root, never in between (where nothing roots the pulled paths).
-/// `keep_reason`: the pull's own output (its reason) is also kept in the failure's message (for a note).
+/// `keep_reason`: the pull's own output (its reason) is also kept in the failure's message (for a note), and an
+/// earlier note in the store directory is removed first (under the lock).
 fn pull_env(
     env: &std::path::Path,
     caches: &[String],
@@ -517,6 +567,24 @@ fn pull_env(
     };
     let store = hvd_builder::Store::open(store_dir).map_err(|e| store_failure(&e))?;
     let builders = store.lock_builders().map_err(|e| store_failure(&e))?;
+    if keep_reason {
+        // A note an earlier init container left in a reused store (a hostPath, a restarted pod) goes before this
+        // pull: kept, it would refuse every later rank even once the env is here.
+        let stale = std::path::Path::new(store_dir).join(PULL_FAILURE_NOTE);
+        match std::fs::remove_file(&stale) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Failure::from_error_in(
+                    Status::Failure,
+                    format_args!(
+                        "hvd worker-env: node `{node}`: removing the earlier note {}",
+                        stale.display()
+                    ),
+                    &err,
+                ));
+            }
+            _ => {}
+        }
+    }
     let mut pull = std::process::Command::new(&argv[0]);
     pull.args(&argv[1..])
         .stdin(std::process::Stdio::null())
@@ -1016,5 +1084,27 @@ impl Console {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A note over the limit keeps its first line (what failed, on which node) and the end of the pull's output.
+    #[test]
+    fn a_long_note_keeps_its_first_line_and_the_end() {
+        let head = "node `app-train-worker-1` could not get the env x from the caches";
+        let text = format!("{head}\n{}\nthe last word", "é middle\n".repeat(2000));
+        let cut = cut_note(&text, PULL_FAILURE_NOTE_MAX);
+        assert!(cut.len() <= PULL_FAILURE_NOTE_MAX, "{}", cut.len());
+        assert!(cut.starts_with(&format!("{head}\n[...]\n")), "{cut}");
+        assert!(cut.ends_with("é middle\n\nthe last word"), "{cut}");
+        assert_eq!(cut_note("short\nnote", 10), "short\nnote");
+        // One line over the limit: its first half, then its end.
+        let line = "ab".repeat(PULL_FAILURE_NOTE_MAX);
+        let cut = cut_note(&line, PULL_FAILURE_NOTE_MAX);
+        assert!(cut.len() <= PULL_FAILURE_NOTE_MAX, "{}", cut.len());
+        assert!(cut.starts_with(&line[..PULL_FAILURE_NOTE_MAX / 2]), "{cut}");
     }
 }

@@ -100,6 +100,21 @@ impl SshSetup {
             && !report.no_store
             && let Some(hvd) = report.hvd.as_ref().filter(|_| report.hvd_old)
         {
+            if let Some((rc, said)) = &report.hvd_failed {
+                return Err(format!(
+                    "the hvd on host `{host}` ({hvd}) did not run: `{hvd} worker-env --help` there ended with exit \
+                     status {rc}{} and said {said}; with caches, the host pulls the env and starts each rank through \
+                     it: repair or reinstall it there (this hvd: {}), or run without caches (`--ssh-copy-env`)",
+                    if rc == "124" {
+                        " (no answer within 10 s)"
+                    } else {
+                        ""
+                    },
+                    self.hvd
+                        .as_deref()
+                        .map_or("the launcher's version".into(), |p| p.display().to_string())
+                ));
+            }
             return Err(format!(
                 "the hvd on host `{host}` ({hvd}) is an older build without `hvd worker-env --once --pull`: with \
                  caches, the host pulls the env and starts each rank through it (which holds the env against `hvd \
@@ -390,6 +405,20 @@ impl SshSetup {
                 .map(std::path::PathBuf::from)
                 .collect(),
             hvd_old: has("hvd-check:hvd-old"),
+            hvd_failed: stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("hvd-check:hvd-rc "))
+                .map(|rc| {
+                    let said = stdout
+                        .lines()
+                        .find_map(|l| l.strip_prefix("hvd-check:hvd-said "))
+                        .unwrap_or_default();
+                    let rc = rc.trim();
+                    let rc = rc
+                        .parse::<u8>()
+                        .map_or_else(|_| printable(rc), |n| n.to_string());
+                    (rc, printable(said.trim()))
+                }),
             // The host names the program it runs itself; only an absolute, printable path is taken.
             hvd: stdout
                 .lines()
@@ -567,6 +596,9 @@ pub(super) struct CheckReport {
     hvd: Option<String>,
     /// That `hvd`'s `worker-env --help` names no `--once` or no `--pull`: an older build that cannot start ranks.
     hvd_old: bool,
+    /// That `hvd worker-env --help` did not run at all: it ended with a failure and no usage text (its exit status
+    /// and the first line it wrote, as [`printable`] shows it).
+    hvd_failed: Option<(String, String)>,
     /// The lines of the dynamic linker's configuration there (asked only when the env's interpreter needs host
     /// libraries).
     ld_conf: Vec<String>,
@@ -643,14 +675,20 @@ fn check_script(
     }
     if let Some(hvd) = probe.hvd {
         // Looked up from `/`, not the project directory, and only an absolute path is taken: a relative PATH entry
-        // (`.`) must not let a project's `./hvd` start every rank. Its `worker-env --help` says whether it has the
-        // flags the ranks start with.
+        // (`.`) must not let a project's `./hvd` start every rank. Its `worker-env --help` (for at most 10 s where
+        // the host has `timeout`) says whether it has the flags the ranks start with; one that ends with a failure
+        // and no usage text did not run at all (`hvd-rc`, with the first line it wrote).
         let own = hvd.map(&q).unwrap_or_default();
         s.push_str(&format!(
             "for h in {own} hvd; do p=$(cd / && command -v \"$h\" 2>/dev/null) && case $p in /*) [ -x \"$p\" ] && \
-             {{ echo \"hvd-check:hvd $p\"; u=$(\"$p\" worker-env --help 2>&1 </dev/null | head -c 65536); \
+             {{ echo \"hvd-check:hvd $p\"; t=; command -v timeout >/dev/null 2>&1 && t='timeout 10'; \
+             u=$( ($t \"$p\" worker-env --help 2>&1 </dev/null; echo \"hvd-check:rc $?\") | head -c 65536); \
              case $u in *--once*) case $u in *--pull*) ;; *) echo hvd-check:hvd-old;; esac;; \
-             *) echo hvd-check:hvd-old;; esac; break; }};; esac; done; "
+             *) echo hvd-check:hvd-old;; esac; \
+             case $u in *Usage*|*'hvd-check:rc 0') ;; *'hvd-check:rc '*) \
+             echo \"hvd-check:hvd-rc ${{u##*hvd-check:rc }}\"; \
+             printf '%s\\n' \"${{u%hvd-check:rc *}}\" | head -n 1 | sed 's/^/hvd-check:hvd-said /';; esac; \
+             break; }};; esac; done; "
         ));
     }
     if let Some(env) = env {
@@ -982,6 +1020,62 @@ mod tests {
         assert!(!planted.with_extension("ran").exists());
         assert!(!d.join("project/hvd.ran").exists());
         assert!(!d.join("new-bin/hvd.ran").exists());
+    }
+
+    /// A host whose `hvd` does not run at all (a broken interpreter line, a crash that writes control characters,
+    /// one that never answers) fails the check with that hvd's exit status and first line (escaped), not as an
+    /// older build; one that hangs is stopped by the host's `timeout` (exit status 124).
+    #[test]
+    fn a_host_whose_hvd_does_not_run_fails_the_check_with_its_exit_status_and_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let env = store_path(&d.join("store"), E1, "c1", &[]);
+        store_path(&d.join("store-a"), E1, "c1", &[]);
+        let project = d.join("project");
+        std::fs::create_dir_all(&project).unwrap();
+        let mut s = setup(Some("lo"));
+        s.caches = vec!["file:///nowhere".into()];
+        s.trusted_keys = vec!["k:AAAA".into()];
+        s.hvd = Some(d.join("no-such-hvd"));
+        s.hosts = vec![("a".into(), 1)];
+        for (script, rc, said) in [
+            ("#!/no/such/interpreter\n", "127", "bin-127/hvd"),
+            (
+                "#!/bin/sh\nprintf '\\033[31mboom\\rbang\\n' >&2; exit 3\n",
+                "3",
+                "`\\u{1b}[31mboom\\rbang`",
+            ),
+            (
+                "#!/bin/sh\nexec sleep 30\n",
+                "124 (no answer within 10 s)",
+                "``",
+            ),
+        ] {
+            // A directory of its own for each (a file being written is not run while another test forks).
+            let bin = d.join(format!("bin-{}", rc.split(' ').next().unwrap()));
+            std::fs::create_dir_all(&bin).unwrap();
+            let hvd = executable(bin.join("hvd"), script);
+            s.ssh = vec![
+                path_ssh(d, &bin.display().to_string())
+                    .display()
+                    .to_string(),
+            ];
+            let err = s
+                .check_hosts(&project, Some(&env), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "the hvd on host `a` ({}) did not run: `{0} worker-env --help` there ended with exit status \
+                     {rc}",
+                    hvd.display()
+                )) && err.split_once(" and said ").is_some_and(|(_, after)| after.contains(said))
+                    && !err.contains("older build"),
+                "{err}"
+            );
+            assert!(!err.chars().any(char::is_control), "{err:?}");
+            assert!(s.pulling_hvds.lock().unwrap().is_empty());
+        }
     }
 
     /// A compromised host answers the env check as it likes: its `ssh` here is a script that prints the answer in
