@@ -116,6 +116,26 @@ pub struct Step {
     pub checkpoints: Option<String>,
 }
 
+impl Step {
+    /// A step named `name` that runs `run` once: no needs, inputs, outputs, variables, time limit, restarts or
+    /// checkpoints (set those with struct update syntax).
+    pub fn new(name: &str, run: &str) -> Step {
+        Step {
+            name: name.into(),
+            run: run.into(),
+            needs: vec![],
+            workers: None,
+            min_workers: None,
+            inputs: vec![],
+            outputs: vec![],
+            env: BTreeMap::new(),
+            timeout_ms: None,
+            restarts: None,
+            checkpoints: None,
+        }
+    }
+}
+
 /// The optional `cluster { ... }` block: which engine runs distributed steps, and its settings.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Cluster {

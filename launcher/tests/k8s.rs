@@ -85,17 +85,10 @@ fn problems(schema_file: &str, doc: &Value) -> Vec<String> {
 
 fn step(name: &str, run: &str, workers: Option<u32>, needs: &[&str]) -> Step {
     Step {
-        name: name.into(),
-        run: run.into(),
         needs: needs.iter().map(|n| (*n).to_owned()).collect(),
         workers,
-        min_workers: None,
-        inputs: vec![],
-        outputs: vec![],
         env: BTreeMap::from([("STEP".to_string(), name.to_string())]),
-        timeout_ms: None,
-        restarts: None,
-        checkpoints: None,
+        ..Step::new(name, run)
     }
 }
 

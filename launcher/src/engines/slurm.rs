@@ -429,17 +429,10 @@ mod tests {
     fn project(overcommit: bool) -> Project {
         let step = |name: &str, workers: Option<u32>, needs: &[&str], timeout_ms: Option<u64>| {
             hvd_lang::model::Step {
-                name: name.into(),
-                run: format!("echo {name}"),
                 needs: needs.iter().map(|n| (*n).to_owned()).collect(),
                 workers,
-                min_workers: None,
-                inputs: vec![],
-                outputs: vec![],
-                env: BTreeMap::new(),
                 timeout_ms,
-                restarts: None,
-                checkpoints: None,
+                ..hvd_lang::model::Step::new(name, &format!("echo {name}"))
             }
         };
         Project {
@@ -647,17 +640,8 @@ mod tests {
         let mut project = project(false);
         project.file = d.join("train.hvd");
         project.steps = vec![hvd_lang::model::Step {
-            name: "once".into(),
-            run: run.into(),
-            needs: vec![],
-            workers: None,
-            min_workers: None,
-            inputs: vec![],
-            outputs: vec![],
             env: BTreeMap::from([("X".to_string(), "a'b $(c)\nEOF".to_string())]),
-            timeout_ms: None,
-            restarts: None,
-            checkpoints: None,
+            ..hvd_lang::model::Step::new("once", run)
         }];
         project.steps.push(hvd_lang::model::Step {
             name: "train".into(),

@@ -7,19 +7,7 @@ use hvd_lang::model::{Env, Project, Resources, Step};
 
 /// A step named `name` that runs `run` on one worker, needing nothing.
 pub fn step(name: &str, run: &str) -> Step {
-    Step {
-        name: name.into(),
-        run: run.into(),
-        needs: vec![],
-        workers: None,
-        min_workers: None,
-        inputs: vec![],
-        outputs: vec![],
-        env: BTreeMap::new(),
-        timeout_ms: None,
-        restarts: None,
-        checkpoints: None,
-    }
+    Step::new(name, run)
 }
 
 /// Project `name` with `steps`, its file in `dir`, no packages, no GPUs and no cluster.
