@@ -308,6 +308,14 @@ fn below_its_minimum_a_step_waits_for_replacements_then_fails_naming_the_reason(
     ] {
         assert!(flat.contains(want), "want `{want}`:\n{stdout}\n{stderr}");
     }
+    // The step was back before its replacement was lost, said in that order even when the launcher looks late (a
+    // loaded machine: the replacement joined, its round formed and it died before the launcher saw the round).
+    let back = flat.find("step `train` is back to 3 workers");
+    let lost = flat.find("rank 3 of step `train` was lost");
+    assert!(
+        back.zip(lost).is_some_and(|(b, l)| b < l),
+        "{stdout}\n{stderr}"
+    );
     assert!(
         stdout.contains("slot 3 starts as rank 2 of 3"),
         "{stdout}\n{stderr}"

@@ -216,6 +216,28 @@ struct Below {
     exit: WorkerExit,
 }
 
+/// Whether an elastic step below its minimum since `below` is back to it: a round of at least `min` members formed
+/// after the one it was below in (no round forms below the minimum). Says so when it is.
+fn back_to_minimum(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    server: &RendezvousServer,
+    below: &Below,
+    min: u32,
+) -> bool {
+    let (round, members) = server.elastic_round();
+    if round <= below.round || members < min {
+        return false;
+    }
+    job.events.event(Event::Note {
+        text: format!(
+            "step `{}` is back to {members} workers (minimum {min}); it goes on (elastic)",
+            step.name
+        ),
+    });
+    true
+}
+
 /// The reason an attempt that stayed below its minimum for `--elastic-timeout` ends.
 fn below_minimum_reason(
     job: &Job<'_>,
@@ -399,6 +421,16 @@ pub(super) fn supervise(
                     // nor new workers that have not joined a round yet (one may hang before it joins).
                     server.worker_gone(worker.rank);
                     let mut left = server.elastic_alive_members() as u32;
+                    // Below the minimum, a round of `min` may have formed since this loop last looked, up to this
+                    // worker's end (a replacement joined, its round formed, and it was lost before then: a loaded
+                    // machine): the step was back, and this loss begins a new wait, not one begun before that round.
+                    if let Some(b) = below.as_ref()
+                        && !job.stopping()
+                        && !restart
+                        && back_to_minimum(job, step, server, b, min)
+                    {
+                        below = None;
+                    }
                     // A worker left out of a round is lost however it ends (a script may exit 0 on SIGTERM).
                     let dropped = lost.contains(&worker.rank);
                     // Preempted: it committed, told the rendezvous it leaves, and exited 0 (hvd.elastic on SIGTERM).
@@ -762,16 +794,9 @@ pub(super) fn supervise(
             && !job.stopping()
             && !restart
         {
-            let (round, members) = server.elastic_round();
             // The workers that count: members of a round, alive (not the new ones still starting).
             let alive = server.elastic_alive_members() as u32;
-            if round > b.round && members >= min {
-                job.events.event(Event::Note {
-                    text: format!(
-                        "step `{}` is back to {members} workers (minimum {min}); it goes on (elastic)",
-                        step.name
-                    ),
-                });
+            if back_to_minimum(job, step, server, b, min) {
                 below = None;
             } else if let Some(reason) = every_host_blacklisted(
                 job,
