@@ -152,7 +152,8 @@ fn a_built_env_names_the_version_of_an_unpinned_horovod() {
 }
 
 /// The seeds' era, built for real: python 3.6, TensorFlow 1.5.0 and Horovod 0.13.11 (MPI only) compiled against it.
-/// The default `hvd run --workers 2` must give one world of size 2 (through mpirun), never two worlds of size 1.
+/// The default `hvd run --workers 2` must give one world of size 2 (through mpirun), never two worlds of size 1, and
+/// `hvd build --locked --check` must find the Horovod build reproducible.
 #[test]
 #[ignore = "opt-in: needs the real package index, python 3.6 and mpirun, and builds Horovod 0.13.11 (minutes); run with --run-ignored only"]
 fn the_default_run_of_an_mpi_only_horovod_is_one_world_of_size_2() {
@@ -170,14 +171,15 @@ fn the_default_run_of_an_mpi_only_horovod_is_one_world_of_size_2() {
          print('rank %d/%d: allreduce sum %.1f' % (hvd.rank(), hvd.size(), total[0]))\n",
     )
     .unwrap();
+    let real_store = |command: &mut Command| {
+        if let Some(store) = std::env::var_os("HVD_TEST_REAL_STORE") {
+            command.env("HVD_STORE", store);
+        }
+    };
     let run = common::hvd_logged(
         dir.path(),
         &["run", "train.hvd", "--workers", "2"],
-        |command| {
-            if let Some(store) = std::env::var_os("HVD_TEST_REAL_STORE") {
-                command.env("HVD_STORE", store);
-            }
-        },
+        real_store,
     );
     let (stdout, stderr) = text(&run);
     assert!(run.status.success(), "hvd run failed: {:?}", run.status);
@@ -192,4 +194,16 @@ fn the_default_run_of_an_mpi_only_horovod_is_one_world_of_size_2() {
             "rank {rank} did not report `{line}`:\n{stdout}"
         );
     }
+    // The era's Horovod rebuilt from its locked inputs must come out bit for bit the same.
+    let check = common::hvd_logged(
+        dir.path(),
+        &["build", "train.hvd", "--locked", "--check"],
+        real_store,
+    );
+    let (_, stderr) = text(&check);
+    assert!(check.status.success(), "hvd build --locked --check failed");
+    assert!(
+        stderr.contains("horovod 0.13.11: reproducible"),
+        "no `horovod 0.13.11: reproducible` in\n{stderr}"
+    );
 }

@@ -197,6 +197,17 @@ fn interpreter_prefix(build_env: &Path) -> Option<PathBuf> {
     Some(executable.parent()?.parent()?.to_path_buf())
 }
 
+/// Whether `lib` holds a shared libpython (`libpython3.6m.so`, `libpython3.11.so.1.0`).
+fn has_shared_libpython(lib: &Path) -> bool {
+    fs_err::read_dir(lib).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("libpython") && name.contains(".so")
+        })
+    })
+}
+
 const DRIVER: &str = r#"
 import importlib, os, sys
 # The sandbox's `bwrap --chdir` sets PWD; the build's environment is only what hvd chose.
@@ -473,6 +484,15 @@ fn run_backend(
     {
         set("CC", gcc.as_os_str());
         set("CXX", gcc.with_file_name("g++").as_os_str());
+    }
+    // Python before 3.8 links extensions against a shared libpython (`-lpython3.6m`), with `-L` naming the
+    // prefix it was configured with (pyenv's), which the sandbox does not show: the linker finds it in the
+    // interpreter's own `lib/` (its store path) instead.
+    if let Some(lib) = interpreter_prefix(request.build_env)
+        .map(|prefix| prefix.join("lib"))
+        .filter(|lib| has_shared_libpython(lib))
+    {
+        set(crate::env_vars::LIBRARY_PATH, lib.as_os_str());
     }
     for (key, value) in request.cuda.map(|c| c.variables()).unwrap_or_default() {
         set(key, &value);
