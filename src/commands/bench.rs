@@ -235,7 +235,7 @@ fn sweep_group(
 ) -> Result<Row, hvd_collective::Error> {
     let elems = bytes / 4;
     let per = (elems / tensors).max(1);
-    let mut group = Group(Vec::with_capacity(tensors));
+    let mut group = Group(Vec::with_capacity(tensors.min(elems.max(1))));
     let mut left = elems;
     while left > 0 {
         let take = if group.0.len() + 1 == tensors {

@@ -486,7 +486,7 @@ def _load_arrays(data, name=None):
                     raise _Refused("{} holds {!r} compressed ({} bytes for {}); a checkpoint stores its arrays "
                                    "as they are".format(name, info.filename, info.compress_size, info.file_size))
                 with archive.open(info) as entry:
-                    _check_npy_header(np, entry, info.file_size, name, info.filename)
+                    _check_npy_header(np, _CountingReader(entry), info.file_size, name, info.filename)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             return {key: npz[key] for key in npz.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, MemoryError, OverflowError) as e:
@@ -494,8 +494,22 @@ def _load_arrays(data, name=None):
         raise _Refused("{} does not load ({})".format(name, e)) from None
 
 
+class _CountingReader(object):
+    """A reader that counts the bytes read through it (a zip entry has no ``tell()`` before python 3.7)."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self.count = 0
+
+    def read(self, size=-1):
+        data = self._raw.read(size)
+        self.count += len(data)
+        return data
+
+
 def _check_npy_header(np, entry, size, name, entry_name):
-    """Refuses the ``.npy`` entry ``entry_name`` of ``name`` (``size`` bytes, read from ``entry``) unless its header
+    """Refuses the ``.npy`` entry ``entry_name`` of ``name`` (``size`` bytes, read from ``entry``, a
+    ``_CountingReader``) unless its header
     parses and its shape and dtype account for exactly the bytes after the header: numpy allocates the declared
     array before it reads the data, so a header of a few bytes could otherwise ask for any amount of memory."""
     fmt = np.lib.format
@@ -516,7 +530,7 @@ def _check_npy_header(np, entry, size, name, entry_name):
     declared = dtype.itemsize
     for n in shape:
         declared *= n
-    held = size - entry.tell()
+    held = size - entry.count
     if declared != held:
         raise _Refused("{} holds {!r} declaring {} {} ({} bytes) in {} bytes of data".format(
             name, entry_name, dtype, list(shape), declared, held))

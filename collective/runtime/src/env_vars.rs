@@ -43,6 +43,11 @@ hvd_env_vars::env_vars! {
     /// Python package: re-forms in a row without a `commit()` that `hvd.elastic.run` allows before it raises
     /// (0: no limit; Horovod's `--reset-limit`).
     HVD_ELASTIC_RESET_LIMIT default "10";
+    /// Python package: Horovod's rank, which `horovod.runner.common.util.env.get_env_rank_and_size` reads (after
+    /// `HVD_RANK`) before `init`, as Horovod's process-set test suites do.
+    HOROVOD_RANK;
+    /// Python package: Horovod's size, read with `HOROVOD_RANK`.
+    HOROVOD_SIZE;
     /// Python package: seconds a worker of an elastic step has, after a SIGTERM, to reach its next `commit()` and
     /// hand over (leave the job cleanly); past it the worker ends with code 143, a lost worker.
     HVD_PREEMPT_GRACE default "30";
@@ -65,6 +70,10 @@ hvd_env_vars::env_vars! {
     AWS_SECRET_ACCESS_KEY;
     /// Python package: a session token for temporary `s3://` credentials.
     AWS_SESSION_TOKEN;
+    /// Python package: TensorFlow's inter-op thread count, which `import hvd.tensorflow` sets to at least 64 (the
+    /// CPU count when larger) unless already set, so that collectives of one graph never wait on each other for a
+    /// thread (docs/horovod.md).
+    TF_NUM_INTEROP_THREADS default "64";
     /// Python package: the region `s3://` checkpoint requests are signed for.
     AWS_REGION default "us-east-1";
     /// Python package: the region when `AWS_REGION` is unset.
