@@ -5,18 +5,19 @@
 use std::path::{Component, Path, PathBuf};
 
 /// Whether the ranks whose CPU sets are `sets` (bit `c` for CPU `c`, as `ShmSegment::cpus` holds them) are
-/// oversubscribed, given a CPU quota of `quota` whole CPUs (`None`: no quota). `None` when the sets do not decide:
+/// oversubscribed, given a CPU quota of `quota()` whole CPUs (`None`: no quota; asked only when the sets decide).
+/// `None` when the sets do not decide:
 /// all alike (then this process's own count stands, which heeds the quota), or one could not be read (`0`, or
 /// `u64::MAX`: it may run on a CPU from 64 up).
 ///
 /// Oversubscribed when the ranks outnumber the quota, or when they cannot each have a CPU of their own set:
 /// `{0},{0},{0-3}` is, though its union has 4 CPUs for 3 ranks (ranks 0 and 1 share CPU 0).
-pub(super) fn oversubscribed(sets: &[u64], quota: Option<usize>) -> Option<bool> {
+pub(super) fn oversubscribed(sets: &[u64], quota: impl FnOnce() -> Option<usize>) -> Option<bool> {
     let first = *sets.first()?;
     if sets.iter().any(|s| *s == u64::MAX || *s == 0) || sets.iter().all(|s| *s == first) {
         return None;
     }
-    Some(quota.is_some_and(|q| sets.len() > q) || !core_each(sets))
+    Some(quota().is_some_and(|q| sets.len() > q) || !core_each(sets))
 }
 
 /// Whether each rank can have a CPU of its own set, no two the same (a perfect matching of ranks to CPUs, found by
@@ -134,40 +135,40 @@ mod tests {
     fn a_quota_below_the_ranks_oversubscribes_ranks_bound_to_cores_of_their_own() {
         // 8 ranks bound one per core (`mpirun --bind-to core`) in a pod limited to 2 CPUs.
         let bound: Vec<u64> = (0..8).map(|c| 1 << c).collect();
-        assert_eq!(oversubscribed(&bound, Some(2)), Some(true));
-        assert_eq!(oversubscribed(&bound, Some(8)), Some(false));
-        assert_eq!(oversubscribed(&bound, None), Some(false));
+        assert_eq!(oversubscribed(&bound, || Some(2)), Some(true));
+        assert_eq!(oversubscribed(&bound, || Some(8)), Some(false));
+        assert_eq!(oversubscribed(&bound, || None), Some(false));
     }
 
     #[test]
     fn ranks_that_must_share_a_core_are_oversubscribed_whatever_the_union() {
         // {0},{0},{0-3}: 4 CPUs for 3 ranks, but ranks 0 and 1 share CPU 0.
-        assert_eq!(oversubscribed(&[0b1, 0b1, 0b1111], None), Some(true));
+        assert_eq!(oversubscribed(&[0b1, 0b1, 0b1111], || None), Some(true));
         // {0},{0-1},{0-2}: each has one of its own (0, 1, 2).
-        assert_eq!(oversubscribed(&[0b1, 0b11, 0b111], None), Some(false));
+        assert_eq!(oversubscribed(&[0b1, 0b11, 0b111], || None), Some(false));
         // {0-1},{0-1},{0-1},{2-7}: three ranks on two CPUs, though the union has 8.
         assert_eq!(
-            oversubscribed(&[0b11, 0b11, 0b11, 0b1111_1100], None),
+            oversubscribed(&[0b11, 0b11, 0b11, 0b1111_1100], || None),
             Some(true)
         );
         // Found only by moving rank 0 off CPU 0: {0-1},{0}.
-        assert_eq!(oversubscribed(&[0b11, 0b1], None), Some(false));
+        assert_eq!(oversubscribed(&[0b11, 0b1], || None), Some(false));
     }
 
     #[test]
     fn distinct_singletons_are_not_oversubscribed() {
         assert_eq!(
-            oversubscribed(&[1 << 0, 1 << 5, 1 << 63], None),
+            oversubscribed(&[1 << 0, 1 << 5, 1 << 63], || None),
             Some(false)
         );
     }
 
     #[test]
     fn sets_alike_or_unreadable_leave_the_own_count_standing() {
-        assert_eq!(oversubscribed(&[0b11, 0b11], Some(1)), None);
-        assert_eq!(oversubscribed(&[0b1, u64::MAX], None), None);
-        assert_eq!(oversubscribed(&[0b1, 0], None), None);
-        assert_eq!(oversubscribed(&[], None), None);
+        assert_eq!(oversubscribed(&[0b11, 0b11], || Some(1)), None);
+        assert_eq!(oversubscribed(&[0b1, u64::MAX], || None), None);
+        assert_eq!(oversubscribed(&[0b1, 0], || None), None);
+        assert_eq!(oversubscribed(&[], || None), None);
     }
 
     #[test]

@@ -176,7 +176,7 @@ impl ShmTransport {
                 "shm: a rank may run on a CPU from 64 up or its CPU set was unreadable; counting this process's CPUs"
             );
         }
-        cores::oversubscribed(&sets, cores::quota_cpus())
+        cores::oversubscribed(&sets, cores::quota_cpus)
     }
 
     /// Waits until all ranks of the segment have attached, then counts the cores they run on (a rank bound to one
