@@ -38,6 +38,19 @@ const LAYOUT: &str = "hvd-python-2";
 /// `lib/python3.11/lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so`), sorted.
 pub const HOST_LIBRARIES: &str = "lib/hvd-host-libraries";
 
+/// The names of the shared libpython files in an interpreter's `lib` (`libpython3.6m.so`, `libpython3.11.so.1.0`);
+/// empty when it has none or `lib` cannot be read.
+pub fn shared_libpythons(lib: &Path) -> Vec<String> {
+    let Ok(entries) = fs_err::read_dir(lib) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("libpython") && name.contains(".so"))
+        .collect()
+}
+
 /// The sonames every Linux host has with its C library; not listed in [`HOST_LIBRARIES`].
 const GLIBC_SONAMES: &[&str] = &[
     "libc.so.6",
@@ -207,13 +220,8 @@ fn select(python: &Interpreter) -> Result<Selection> {
                     .is_some_and(|n| n.starts_with("libpython") && n.ends_with(".a")))
     })?;
     // The shared libpython (pyenv's builds link the executable against it).
-    if let Ok(entries) = fs_err::read_dir(prefix.join("lib")) {
-        for entry in entries.filter_map(|e| e.ok()) {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("libpython") && name.contains(".so") {
-                add_entry(&prefix, &PathBuf::from("lib").join(&name), &mut items)?;
-            }
-        }
+    for name in shared_libpythons(&prefix.join("lib")) {
+        add_entry(&prefix, &PathBuf::from("lib").join(&name), &mut items)?;
     }
     // Headers: include/pythonX.Y (3.6 and 3.7: include/pythonX.Ym).
     if let Ok(entries) = fs_err::read_dir(prefix.join("include")) {

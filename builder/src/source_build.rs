@@ -197,17 +197,6 @@ fn interpreter_prefix(build_env: &Path) -> Option<PathBuf> {
     Some(executable.parent()?.parent()?.to_path_buf())
 }
 
-/// Whether `lib` holds a shared libpython (`libpython3.6m.so`, `libpython3.11.so.1.0`).
-fn has_shared_libpython(lib: &Path) -> bool {
-    fs_err::read_dir(lib).is_ok_and(|entries| {
-        entries.flatten().any(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("libpython") && name.contains(".so")
-        })
-    })
-}
-
 const DRIVER: &str = r#"
 import importlib, os, sys
 # The sandbox's `bwrap --chdir` sets PWD; the build's environment is only what hvd chose.
@@ -490,7 +479,7 @@ fn run_backend(
     // interpreter's own `lib/` (its store path) instead.
     if let Some(lib) = interpreter_prefix(request.build_env)
         .map(|prefix| prefix.join("lib"))
-        .filter(|lib| has_shared_libpython(lib))
+        .filter(|lib| !crate::interpreter::shared_libpythons(lib).is_empty())
     {
         set(crate::env_vars::LIBRARY_PATH, lib.as_os_str());
     }
