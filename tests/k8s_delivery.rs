@@ -317,29 +317,15 @@ fn have_openmpi() -> bool {
     found
 }
 
-/// `hvd export k8s --flavour mpijob` with a cache: each worker pod pulls the env in an init container into a volume
-/// mounted at the store directory in both of its containers, the launcher waits for ready workers, and each rank's
-/// shim gets the same pull. Pod-like processes with exactly the containers' commands and env: the init containers
-/// pull into an empty store, then the launcher's mpirun starts the ranks, which run the env's Python (a package only
-/// the env has) and meet at rank 0's rendezvous. With a tampered archive the init container fails naming its pod
-/// and the path, nothing of the env is installed, and even a launcher started anyway runs no rank's command.
-#[test]
-fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_rank() {
-    let root = tempfile::tempdir().unwrap();
-    let outside = tempfile::tempdir().unwrap();
-    let p = pushed_job(
-        root.path(),
-        &outside.path().join("cache"),
-        "cluster {\n  engine = \"kubernetes\"\n  image = \"example/bare:1\"\n  settings = { mpi = \"openmpi\" }\n}\n\
-         step train {\n  run = \"python job.py\"\n  workers = 2\n}\n",
-    );
-    let store = root.path().join("store");
+/// `hvd export k8s --flavour mpijob` of `p`'s project (its env in `root/store`) with `p`'s cache and key: the MPIJob
+/// of step `train` and the token Secret.
+fn export_mpijob(root: &Path, p: &common::PushedEnv) -> (serde_json::Value, serde_json::Value) {
     let url = format!("file://{}", p.cache.display());
     let key = p.public_key.display().to_string();
-    let k8s = root.path().join("k8s");
+    let k8s = root.join("k8s");
     let out = common::hvd_with_store(
-        root.path(),
-        &store,
+        root,
+        &root.join("store"),
         &["export", "k8s", "app/train.hvd", "--locked"],
     )
     .args(["--flavour", "mpijob", "--out", &k8s.display().to_string()])
@@ -354,7 +340,53 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
     let read = |name: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(k8s.join(name)).unwrap()).unwrap()
     };
-    let (mpijob, secret) = (read("app-train.mpijob.json"), read("app.secret.json"));
+    (read("app-train.mpijob.json"), read("app.secret.json"))
+}
+
+/// A project with one 2-worker step `train` for an MPIJob (OpenMPI).
+const MPIJOB_PROJECT: &str = "cluster {\n  engine = \"kubernetes\"\n  image = \"example/bare:1\"\n  settings = { mpi = \"openmpi\" }\n}\n\
+                              step train {\n  run = \"python job.py\"\n  workers = 2\n}\n";
+
+/// The pods' store is empty (the built one moved aside to `root/built-store`), at the same directory, and `hvd` is on
+/// the image's PATH: the directory `root/bin` returned.
+fn empty_pod_store(root: &Path) -> std::path::PathBuf {
+    std::fs::rename(root.join("store"), root.join("built-store")).unwrap();
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(common::HVD, bin.join("hvd")).unwrap();
+    bin
+}
+
+/// The environment of the MPIJob's launcher container (its rendezvous port `port`); root here needs OpenMPI's
+/// consent, as in such images.
+fn launcher_env(
+    launcher: &serde_json::Value,
+    secret: &serde_json::Value,
+    bin: &Path,
+    port: u16,
+) -> Vec<(String, String)> {
+    let mut vars = mpijob_env(launcher, secret, "app-train-launcher", bin, port);
+    vars.extend([
+        ("OMPI_ALLOW_RUN_AS_ROOT".into(), "1".into()),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM".into(), "1".into()),
+    ]);
+    vars
+}
+
+/// `hvd export k8s --flavour mpijob` with a cache: each worker pod pulls the env in an init container into a volume
+/// mounted at the store directory in both of its containers, the launcher waits for ready workers, and each rank's
+/// shim gets the same pull. Pod-like processes with exactly the containers' commands and env: the init containers
+/// pull into an empty store, then the launcher's mpirun starts the ranks, which run the env's Python (a package only
+/// the env has) and meet at rank 0's rendezvous. With a tampered archive the init container fails naming its pod
+/// and the path, nothing of the env is installed, and even a launcher started anyway runs no rank's command.
+#[test]
+fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_rank() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = pushed_job(root.path(), &outside.path().join("cache"), MPIJOB_PROJECT);
+    let store = root.path().join("store");
+    let url = format!("file://{}", p.cache.display());
+    let (mpijob, secret) = export_mpijob(root.path(), &p);
     let key_text = std::fs::read_to_string(&p.public_key).unwrap();
     let pull = [
         format!("--pull={}", p.env.display()),
@@ -373,17 +405,27 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
         mpirun[shim + 1..shim + 6],
         [&pull[..], &[note.clone(), "--whole-lines".to_owned()]].concat()
     );
+    // The pull runs under the shell guard, which notes a pull that died without a note itself.
+    let store_dir = p.env.parent().unwrap().display().to_string();
+    let init_command = strings(&init["command"]);
+    assert_eq!(init_command[..2], ["/bin/sh", "-c"]);
     assert_eq!(
-        strings(&init["command"]),
+        init_command[3..],
         [
-            &["hvd".to_owned(), "worker-env".into(), "--once".into()],
+            &[
+                "hvd-pull".to_owned(),
+                format!("{store_dir}/.hvd-pull-failed"),
+                p.env.display().to_string(),
+                "hvd".to_owned(),
+                "worker-env".into(),
+                "--once".into()
+            ],
             &pull[..],
             &[note]
         ]
         .concat()
     );
     assert_eq!(init["image"], "example/bare:1");
-    let store_dir = p.env.parent().unwrap().display().to_string();
     let mount = serde_json::json!([{ "name": "hvd-store", "mountPath": store_dir }]);
     assert_eq!(init["volumeMounts"], mount);
     assert_eq!(worker_pod["containers"][0]["volumeMounts"], mount);
@@ -392,11 +434,7 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
         serde_json::json!([{ "name": "hvd-store", "emptyDir": {} }])
     );
 
-    // The pods' store is empty (the built one moved aside), at the same directory; `hvd` is on the image's PATH.
-    std::fs::rename(&store, root.path().join("built-store")).unwrap();
-    let bin = root.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(common::HVD, bin.join("hvd")).unwrap();
+    let bin = empty_pod_store(root.path());
     let init_env =
         |pod: u32| mpijob_env(init, &secret, &format!("app-train-worker-{pod}"), &bin, 9);
     let pulls: Vec<_> = (0..2)
@@ -417,17 +455,10 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
         "the init containers did not pull the env"
     );
 
-    // The launcher's mpirun (its exact command and env; root here needs OpenMPI's consent, as in such images).
-    let launcher_env = |port: u16| {
-        let mut vars = mpijob_env(launcher, &secret, "app-train-launcher", &bin, port);
-        vars.extend([
-            ("OMPI_ALLOW_RUN_AS_ROOT".into(), "1".into()),
-            ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM".into(), "1".into()),
-        ]);
-        vars
-    };
+    // The launcher's mpirun (its exact command and env).
+    let launcher_vars = |port: u16| launcher_env(launcher, &secret, &bin, port);
     if have_openmpi() {
-        let out = run_container(&mpirun, &launcher_env(common::free_port()), &p.project);
+        let out = run_container(&mpirun, &launcher_vars(common::free_port()), &p.project);
         let stdout = assert_ok(&out, "the launcher's mpirun");
         for rank in 0..2 {
             let line = format!("job rank={rank} size=2 word=hello venv={}", p.env.display());
@@ -454,26 +485,176 @@ fn mpijob_workers_pull_the_env_before_mpirun_and_a_tampered_cache_stops_every_ra
     assert_refused(&noted, "app-train-worker-1", &helper);
     // The launcher (its workers now ready): each rank's shim refuses with the note's reason, naming the pod and the
     // path, before any pull or rank; mpirun fails, so the launcher Job (and the MPIJob) fails with the reason.
+    let why = format!("refusing {helper}");
+    assert_every_rank_refuses(
+        &mpirun,
+        &launcher_vars(common::free_port()),
+        &p.project,
+        &why,
+    );
+    assert!(!p.env.exists(), "a rank's shim pulled despite the note");
+}
+
+/// The processes whose parent is `pid` (from `/proc/*/stat`: the field after the name, which may hold anything).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// Every rank's shim (the launcher's `hvd worker-env ...` with the rank's OpenMPI variables, run directly so that no
+/// rank can be stopped by mpirun before it says why) refuses with the init container's note, which names the pod and
+/// `why`; then the launcher's mpirun, where it is OpenMPI's, fails with the same reason and no rank ran.
+fn assert_every_rank_refuses(mpirun: &[String], vars: &[(String, String)], dir: &Path, why: &str) {
+    let shim = mpirun.iter().position(|a| a == "worker-env").unwrap() - 1;
+    let says = |text: &str| {
+        let words = common::unwrapped(text);
+        [
+            "this pod's init container could not get the env",
+            "node `app-train-worker-1` could not get the env",
+            why,
+        ]
+        .iter()
+        .all(|part| words.contains(&common::unwrapped(part)))
+    };
+    for rank in ["0", "1"] {
+        let mut rank_vars = vars.to_vec();
+        rank_vars.extend(
+            [
+                ("OMPI_COMM_WORLD_RANK", rank),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        let out = run_container(&mpirun[shim..], &rank_vars, dir);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "rank {rank}: {stdout}\n{stderr}"
+        );
+        assert!(says(&stderr), "rank {rank}: {stderr}");
+        assert!(!stdout.contains("job rank"), "rank {rank} ran: {stdout}");
+    }
     if have_openmpi() {
-        let out = run_container(&mpirun, &launcher_env(common::free_port()), &p.project);
+        let out = run_container(mpirun, vars, dir);
         let (stdout, stderr) = text(&out);
         assert!(!out.status.success(), "{stdout}\n{stderr}");
-        // mpirun tags every line a rank writes (`[1,R]<stderr>:`).
         let untagged: String = stderr
             .lines()
             .map(|l| l.split_once("<stderr>:").map_or(l, |(_, rest)| rest))
             .collect::<Vec<_>>()
             .join("\n");
-        assert!(
-            common::unwrapped(&untagged).contains(&common::unwrapped(
-                "this pod's init container could not get the env"
-            )),
-            "{stderr}"
-        );
-        assert_refused(&untagged, "app-train-worker-1", &helper);
+        assert!(says(&untagged), "{stderr}");
         assert!(!stdout.contains("job rank"), "a rank ran: {stdout}");
-        assert!(!p.env.exists(), "a rank's shim pulled despite the note");
     }
+}
+
+/// An MPIJob worker's init container whose pull dies without writing its note (killed by SIGKILL, as the OOM killer
+/// does; an `hvd` in the image that is not executable) still ends with 0, so the pod starts instead of holding the
+/// MPIJob pending forever, and its shell guard's note names the pod and the exit status: every rank's shim refuses
+/// with it. Pod-like processes with the init container's exact command and env; the pull is held at the store's gc
+/// lock (as `hvd gc` holds it) until it is killed.
+#[test]
+fn mpijob_init_containers_that_die_without_a_note_still_end_the_job() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = pushed_job(root.path(), &outside.path().join("cache"), MPIJOB_PROJECT);
+    let (mpijob, secret) = export_mpijob(root.path(), &p);
+    let spec = &mpijob["spec"]["mpiReplicaSpecs"];
+    let init = &spec["Worker"]["template"]["spec"]["initContainers"][0];
+    let launcher = &spec["Launcher"]["template"]["spec"]["containers"][0];
+    let (init_command, mpirun) = (strings(&init["command"]), strings(&launcher["command"]));
+    let bin = empty_pod_store(root.path());
+    let store = root.path().join("store");
+    std::fs::create_dir_all(store.join(".locks")).unwrap();
+    let init_env = mpijob_env(init, &secret, "app-train-worker-1", &bin, 9);
+    let launcher_vars = launcher_env(launcher, &secret, &bin, common::free_port());
+    let note = store.join(".hvd-pull-failed");
+    let noted = |why: &str| {
+        let text = std::fs::read_to_string(&note).unwrap();
+        let head = format!(
+            "node `app-train-worker-1` could not get the env {}: ",
+            p.env.display()
+        );
+        assert!(text.starts_with(&head) && text.contains(why), "{text}");
+    };
+
+    // SIGKILL: the pull waits for the gc lock this test holds, and is killed there.
+    let lock = std::fs::File::create(store.join(".locks/gc.lock")).unwrap();
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: flock on a descriptor this test owns (closed when `lock` drops, which releases it).
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let program = Path::new(&init_command[0]);
+    let mut pod = Command::new(program)
+        .args(&init_command[1..])
+        .current_dir(&p.project)
+        .env_clear()
+        .envs(init_env.iter().cloned())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let hvd = std::fs::canonicalize(common::HVD).unwrap();
+    let pull = loop {
+        let pull = children(pod.id()).into_iter().find(|child| {
+            std::fs::read_link(format!("/proc/{child}/exe")).is_ok_and(|exe| exe == hvd)
+        });
+        if let Some(pull) = pull {
+            break pull;
+        }
+        assert!(
+            pod.try_wait().unwrap().is_none(),
+            "{:?}",
+            pod.wait_with_output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let pull = i32::try_from(pull).unwrap();
+    // SAFETY: kill with integer arguments, to the pull the init container this test started runs as its child.
+    assert_eq!(unsafe { libc::kill(pull, libc::SIGKILL) }, 0);
+    let out = pod.wait_with_output().unwrap();
+    drop(lock);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    noted("exit status 137: killed (OOM or SIGKILL)");
+    assert!(!p.env.exists(), "half-installed");
+    assert_every_rank_refuses(
+        &mpirun,
+        &launcher_vars,
+        &p.project,
+        "exit status 137: killed (OOM or SIGKILL)",
+    );
+
+    // An `hvd` that is not executable: the init container's shell cannot start it.
+    std::fs::remove_file(&note).unwrap();
+    std::fs::remove_file(bin.join("hvd")).unwrap();
+    std::fs::write(bin.join("hvd"), "not a program\n").unwrap();
+    let out = run_container(&init_command, &init_env, &p.project);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    // (dash ends 127 for a file on PATH that it cannot execute, bash 126: both say that hvd could not be run.)
+    noted("hvd could not be run");
+    // In an image whose `hvd` cannot run, the launcher's mpirun cannot start the ranks' shims either: it fails.
+    if have_openmpi() {
+        let out = run_container(&mpirun, &launcher_vars, &p.project);
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{stdout}\n{stderr}");
+        assert!(!stdout.contains("job rank"), "a rank ran: {stdout}");
+    }
+    // Ranks whose `hvd` runs (an ssh login's PATH may differ from the container's) refuse with the note.
+    std::fs::remove_file(bin.join("hvd")).unwrap();
+    std::os::unix::fs::symlink(common::HVD, bin.join("hvd")).unwrap();
+    assert_every_rank_refuses(&mpirun, &launcher_vars, &p.project, "hvd could not be run");
 }
 
 /// `hvd worker-env --pull` roots the env it pulled until its worker has ended: `hvd gc` running in a loop on the

@@ -371,9 +371,9 @@ fn pulled_vars(pulled: &Option<PulledEnv>) -> Vec<(String, String)> {
     pulled.vars.clone()
 }
 
-/// The note `hvd worker-env --pull-failure-note` leaves in a pod's store directory when its init container could not
-/// get the env.
-const PULL_FAILURE_NOTE: &str = ".hvd-pull-failed";
+// The note `hvd worker-env --pull-failure-note` leaves in a pod's store directory when its init container could not
+// get the env (the init container's shell guard writes one too when the pull dies without it).
+use hvd_launcher::engines::k8s::PULL_FAILURE_NOTE;
 
 /// The most of a note that is written or read (the tail of the pull's output is where its reason is).
 const PULL_FAILURE_NOTE_MAX: usize = 8 * 1024;

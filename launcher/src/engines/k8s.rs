@@ -512,15 +512,62 @@ pub const STORE_VOLUME: &str = "hvd-store";
 /// volume (and exits 0), and each rank's shim refuses such a note.
 pub const PULL_FAILURE_NOTE_FLAG: &str = "--pull-failure-note";
 
+/// The note (in the store directory) that an MPIJob worker's init container leaves when it could not get the env.
+pub const PULL_FAILURE_NOTE: &str = ".hvd-pull-failed";
+
+/// The name of an MPIJob worker's init container (also `$0` of [`PULL_GUARD`], which names it in the note).
+pub const PULL_CONTAINER: &str = "hvd-pull";
+
+/// The init container's command is `/bin/sh -c PULL_GUARD hvd-pull NOTE ENV hvd worker-env --once ...`: it runs the
+/// pull (`"$@"`) as its child and, when that did not end with 0, writes a note itself (naming the pod, the env and
+/// the exit status) and still exits 0. `hvd worker-env` notes the failures it sees, but not its own end: a pull
+/// killed by the OOM killer or SIGKILL, an `hvd` that is missing from the image or not executable, a panic. Exiting
+/// non-zero there would leave the pod in `Init:Error` and the MPIJob pending forever; with the note, the ranks'
+/// shims refuse and the job ends. Its status replaces any note there (a non-zero end means the pull wrote none of
+/// its own; what is there is an earlier pod's). The text is constant: every value (note path, env, command) is a
+/// positional parameter, never part of the script, and is written with `printf %s`; the note is created anew
+/// (`set -C`: no existing file or link is followed) and renamed into place. A pod's name is `$HOSTNAME` (what
+/// Kubernetes sets), else the kernel's host name, as `hvd worker-env` names it.
+pub const PULL_GUARD: &str = r#"note=$1 env=$2
+shift 2
+"$@"
+status=$?
+[ "$status" -eq 0 ] && exit 0
+case $status in
+101) why='hvd panicked' ;;
+126) why='hvd could not be run: it is not executable in this image' ;;
+127) why='hvd could not be run: it is not on the PATH of this image, or not executable there' ;;
+137) why='killed (OOM or SIGKILL)' ;;
+*) if [ "$status" -gt 128 ]; then why="killed by signal $((status - 128))"; else why='it wrote no note'; fi ;;
+esac
+pod=${HOSTNAME:-$(cat /proc/sys/kernel/hostname 2>/dev/null)}
+text="node \`$pod\` could not get the env $env: its init container's \`hvd worker-env --once --pull\` ended with exit status $status: $why (its log: \`kubectl logs $pod -c $0\`)"
+printf '%s: %s
+' "$0" "$text" >&2
+tmp=$note.$$.sh
+rm -f "$tmp" 2>/dev/null
+if [ ! -d "$note" ] && (set -C && printf '%s
+' "$text" >"$tmp") 2>/dev/null && mv -f "$tmp" "$note"; then
+  printf '%s: noted in %s; this pod'"'"'s ranks refuse to start with it, which ends the job
+' "$0" "$note" >&2
+else
+  rm -f "$tmp" 2>/dev/null
+  printf '%s: could not write %s; this pod'"'"'s ranks pull the env themselves
+' "$0" "$note" >&2
+fi
+exit 0
+"#;
+
 /// An MPIJob's worker pod spec `worker` with the env pulled before mpirun reaches it: an init container (the same
 /// image, the worker's env) runs `hvd worker-env --once --pull=ENV --cache=URL... --trusted-key=KEY...
-/// --pull-failure-note` with no command (`pull`), which substitutes the closure, verified, into an `emptyDir`
+/// --pull-failure-note` with no command (`pull`) under [`PULL_GUARD`], which substitutes the closure, verified, into an `emptyDir`
 /// mounted at the env's store directory in both containers. The launcher waits for ready workers. A failed pull
 /// must end the job, not hold it: mpi-operator creates the launcher only once every worker is ready and fails the
 /// MPIJob only when its launcher Job fails (or a worker is evicted), so a pod stuck in `Init:Error` would hold the
 /// other workers forever. So the init container writes the pull's reason into the volume and exits 0; the worker
 /// starts (sshd), the launcher's mpirun starts each rank's shim, and the shims on that pod refuse with the reason:
-/// mpirun fails, the launcher Job fails, and the MPIJob is Failed with the reason in the launcher's log.
+/// mpirun fails, the launcher Job fails, and the MPIJob is Failed with the reason in the launcher's log. A pull that
+/// dies without its note gets one from the guard.
 fn pulling_worker(
     mut worker: Value,
     delivery: &Delivery,
@@ -533,16 +580,28 @@ fn pulling_worker(
         .parent()
         .and_then(|s| s.to_str())
         .ok_or(LaunchError::Internal("a checked store path has a parent"))?;
+    let env_path = delivery
+        .env
+        .to_str()
+        .ok_or(LaunchError::Internal("a checked store path is text"))?;
     let mounts = json!([{ "name": STORE_VOLUME, "mountPath": store }]);
-    let mut command = vec![
-        "hvd".to_owned(),
-        "worker-env".to_owned(),
-        "--once".to_owned(),
-    ];
+    let mut command: Vec<String> = [
+        "/bin/sh",
+        "-c",
+        PULL_GUARD,
+        PULL_CONTAINER,
+        &format!("{store}/{PULL_FAILURE_NOTE}"),
+        env_path,
+        "hvd",
+        "worker-env",
+        "--once",
+    ]
+    .map(str::to_owned)
+    .into();
     command.extend(pull.iter().cloned());
     command.push(PULL_FAILURE_NOTE_FLAG.to_owned());
     worker["initContainers"] = json!([{
-        "name": "hvd-pull",
+        "name": PULL_CONTAINER,
         "image": image,
         "command": command,
         "env": env_list(env),
@@ -638,6 +697,84 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("is not a store path"), "{bad}: {err}");
+        }
+    }
+
+    /// Runs [`PULL_GUARD`] with the real `/bin/sh` as the init container does (`$0` the container, then the note, the
+    /// env and the pull's command) with `HOSTNAME` set to `pod`, in the note's store's parent directory.
+    fn guard(note: &std::path::Path, env: &str, pod: &str, pull: &[&str]) -> std::process::Output {
+        std::process::Command::new("/bin/sh")
+            .current_dir(note.parent().and_then(|s| s.parent()).unwrap())
+            .args(["-c", PULL_GUARD, PULL_CONTAINER])
+            .arg(note)
+            .arg(env)
+            .args(pull)
+            .env("HOSTNAME", pod)
+            .output()
+            .unwrap()
+    }
+
+    /// A pull that dies without a note (here: SIGKILL) still ends the init container with 0 and a note naming the
+    /// pod, the env and the status, written at the exact path; hostile values (a pod name, an env and a note path
+    /// with quotes, `$(...)`, backticks and a newline) are text in the note, never shell code; an earlier pod's note
+    /// is replaced and a link in its place is replaced, not followed.
+    #[test]
+    fn the_pull_guard_notes_a_pull_that_died_and_runs_nothing_it_was_given_as_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let canary = dir.path().join("canary");
+        let store = dir.path().join("st'ore $(touch canary) `touch canary`");
+        std::fs::create_dir(&store).unwrap();
+        let note = store.join(PULL_FAILURE_NOTE);
+        let env = format!("{}/abc-env\"$(touch canary)", store.display());
+        let pod = "pod-1`touch canary`$(touch canary)\nsecond";
+        let out = guard(&note, &env, pod, &["sh", "-c", "kill -9 $$"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let text = std::fs::read_to_string(&note).unwrap();
+        assert!(
+            text.starts_with(&format!("node `{pod}` could not get the env {env}: ")),
+            "{text}"
+        );
+        assert!(
+            text.contains("exit status 137: killed (OOM or SIGKILL)")
+                && text.contains(&format!("kubectl logs {pod} -c hvd-pull")),
+            "{text}"
+        );
+        assert!(!canary.exists(), "a value ran as shell code");
+        let left: Vec<_> = std::fs::read_dir(&store).unwrap().collect();
+        assert_eq!(left.len(), 1, "a temporary file is left: {left:?}");
+
+        // An earlier pod's note as a link to a file outside: the link is replaced, the file untouched.
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "kept").unwrap();
+        std::fs::remove_file(&note).unwrap();
+        std::os::unix::fs::symlink(&outside, &note).unwrap();
+        let out = guard(&note, &env, "pod-2", &["sh", "-c", "exit 3"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
+        assert!(!std::fs::symlink_metadata(&note).unwrap().is_symlink());
+        let text = std::fs::read_to_string(&note).unwrap();
+        assert!(text.contains("exit status 3: it wrote no note"), "{text}");
+
+        // A pull that works leaves the note to the pull (which removes an earlier one itself) and exits 0.
+        std::fs::remove_file(&note).unwrap();
+        let out = guard(&note, &env, "pod-3", &["true"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert!(!note.exists() && out.stderr.is_empty(), "{out:?}");
+        // A missing `hvd` (127) and one that is not executable (126) are named.
+        for (program, why) in [
+            (
+                "no-such-hvd-program",
+                "exit status 127: hvd could not be run: it is not on the PATH",
+            ),
+            (
+                outside.to_str().unwrap(),
+                "exit status 126: hvd could not be run: it is not executable",
+            ),
+        ] {
+            let out = guard(&note, &env, "pod-4", &[program, "worker-env"]);
+            assert_eq!(out.status.code(), Some(0), "{out:?}");
+            let text = std::fs::read_to_string(&note).unwrap();
+            assert!(text.contains(why), "{program}: {text}");
         }
     }
 }
