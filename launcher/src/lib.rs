@@ -12,6 +12,7 @@
 //! - [`rendezvous`]: the key-value server every job's workers meet at (protocol in docs/rendezvous.md).
 //! - [`process`]: process groups, parent-death handling, the watchdog, the launcher's own signals.
 //! - [`state`]: input hashing for skipping unchanged steps.
+//! - [`untrusted`]: small files someone else wrote (a rank's report, a pod's note), read as hostile.
 //! - [`doctor`]: what this machine offers (`hvd doctor`).
 //!
 //! ```no_run
@@ -45,6 +46,7 @@ pub mod report;
 pub mod run;
 pub mod state;
 pub mod supervisor;
+pub mod untrusted;
 
 pub use engine::{Plan, PlannedStep};
 pub use graph::StepGraph;

@@ -596,29 +596,18 @@ fn parse_resumed(text: &[u8]) -> Option<u64> {
 /// `Err` with its length (a regular file's, from the open descriptor; "more than 64" for anything else). A link is
 /// not followed, and a FIFO does not block.
 fn read_report(file: &Path) -> Option<Result<Vec<u8>, String>> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut text = Vec::new();
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(file)
-        .ok()?;
-    let size = opened
-        .metadata()
-        .ok()
-        .filter(std::fs::Metadata::is_file)
-        .map(|m| m.len());
-    opened
-        .take(RESUMED_MAX as u64 + 1)
-        .read_to_end(&mut text)
-        .ok()?;
-    Some(if text.len() > RESUMED_MAX {
-        Err(match size {
+    use crate::untrusted::{Small, read_small};
+    let Ok(Small::Read { bytes, file_len }) = read_small(file, RESUMED_MAX as u64 + 1, false)
+    else {
+        return None;
+    };
+    Some(if bytes.len() > RESUMED_MAX {
+        Err(match file_len {
             Some(len) if len > RESUMED_MAX as u64 => len.to_string(),
             _ => format!("more than {RESUMED_MAX}"),
         })
     } else {
-        Ok(text)
+        Ok(bytes)
     })
 }
 

@@ -428,47 +428,29 @@ fn note_pull_failure(env: &std::path::Path, failure: &Failure) -> CommandResult 
 /// A rank's shim in a pod whose init container could not get `env`: refused with the note's reason (hostile text:
 /// its first [`PULL_FAILURE_NOTE_MAX`] bytes, control characters shown as `?`).
 fn refuse_noted_failure(env: &std::path::Path) -> Result<(), Failure> {
-    use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
+    use hvd_launcher::untrusted::{Small, read_small};
     let path = env
         .parent()
         .unwrap_or(std::path::Path::new("/"))
         .join(PULL_FAILURE_NOTE);
-    // Opened without following a link or waiting for a writer (a FIFO), then the handle itself must be a file: what
-    // was checked is what is read.
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path);
-    let reason = match opened {
+    // Not through a link, not waiting on a FIFO, and only a regular file is read.
+    let reason = match read_small(&path, PULL_FAILURE_NOTE_MAX as u64, true) {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(err) if err.raw_os_error() == Some(libc::ELOOP) => {
             "the note is a symbolic link, not a file".to_owned()
         }
         Err(err) => format!("the note cannot be read: {err}"),
-        Ok(file) => {
-            let mut bytes = Vec::new();
-            match file.metadata().map(|m| m.is_file()) {
-                Ok(false) => "the note is not a file".to_owned(),
-                Err(err) => format!("the note cannot be read: {err}"),
-                Ok(true) => match file
-                    .take(PULL_FAILURE_NOTE_MAX as u64)
-                    .read_to_end(&mut bytes)
-                {
-                    Ok(_) => String::from_utf8_lossy(&bytes)
-                        .chars()
-                        .map(|c| match c {
-                            '\n' => c,
-                            c if c.is_control() => '?',
-                            c => c,
-                        })
-                        .collect::<String>()
-                        .trim()
-                        .to_owned(),
-                    Err(err) => format!("the note cannot be read: {err}"),
-                },
-            }
-        }
+        Ok(Small::NotAFile) => "the note is not a file".to_owned(),
+        Ok(Small::Read { bytes, .. }) => String::from_utf8_lossy(&bytes)
+            .chars()
+            .map(|c| match c {
+                '\n' => c,
+                c if c.is_control() => '?',
+                c => c,
+            })
+            .collect::<String>()
+            .trim()
+            .to_owned(),
     };
     Err(Failure::new(
         Status::Failure,

@@ -1,0 +1,82 @@
+//! Small files that someone else wrote where hvd reads them (a rank's checkpoint report, the note a pod's init
+//! container left): their place, kind and size are hostile input.
+
+use std::io::Read as _;
+use std::path::Path;
+
+/// What [`read_small`] found.
+#[derive(Debug)]
+pub enum Small {
+    /// The first bytes, at most the `max` asked for, and the length when it is a regular file.
+    Read {
+        bytes: Vec<u8>,
+        file_len: Option<u64>,
+    },
+    /// Not a regular file (a FIFO, a directory, a device), and only files were asked for: nothing was read.
+    NotAFile,
+}
+
+/// Reads at most `max` bytes of `path`. It is opened without following a link (a link fails with `ELOOP`) or
+/// waiting for a FIFO's writer (`O_NONBLOCK`), and the open descriptor's own metadata says what it is, so what was
+/// checked is what is read. `only_files`: anything but a regular file is [`Small::NotAFile`] (and a failed `fstat`
+/// an error); otherwise it is read whatever it is (an empty FIFO without a writer reads as empty).
+pub fn read_small(path: &Path, max: u64, only_files: bool) -> std::io::Result<Small> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let metadata = file.metadata();
+    let file_len = match metadata {
+        Ok(m) if m.is_file() => Some(m.len()),
+        Ok(_) if only_files => return Ok(Small::NotAFile),
+        Err(err) if only_files => return Err(err),
+        _ => None,
+    };
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok(Small::Read { bytes, file_len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link is refused (`ELOOP`) without reading its target; a FIFO with no writer neither blocks the open nor
+    /// the read; a directory is not a file; a long file is cut at `max` and its length told.
+    #[test]
+    fn links_fifos_directories_and_long_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "0123456789").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        for only_files in [true, false] {
+            let err = read_small(&link, 64, only_files).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        }
+        match read_small(&target, 4, true).unwrap() {
+            Small::Read { bytes, file_len } => {
+                assert_eq!((bytes.as_slice(), file_len), (&b"0123"[..], Some(10)));
+            }
+            other => panic!("{other:?}"),
+        }
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(matches!(read_small(&fifo, 4, true), Ok(Small::NotAFile)));
+        match read_small(&fifo, 4, false).unwrap() {
+            Small::Read { bytes, file_len } => assert!(bytes.is_empty() && file_len.is_none()),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            read_small(dir.path(), 4, true),
+            Ok(Small::NotAFile)
+        ));
+        let missing = read_small(&dir.path().join("missing"), 4, true).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
+}
