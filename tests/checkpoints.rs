@@ -921,3 +921,47 @@ fn fresh_starts_lock_holders_sparse_files_links_old_torch_and_slow_servers_lose_
     }
     assert!(!stderr.contains("Traceback"), "{stderr}");
 }
+
+/// Under mpirun `HVD_RENDEZVOUS` is 127.0.0.1 on whichever host each rank runs, perhaps another process's port, so
+/// the mpi engine must leave `HVD_CHECKPOINT_REPORT_RENDEZVOUS` unset in the ranks' environment (docs/runtime.md:
+/// rank 0 then reports a resume in the file only), while they still get the report file. The local engine, whose
+/// rank 0 reaches the launcher's rendezvous, sets it through the same attempt environment, so a leak would show.
+/// The mpi half is skipped, saying so, without OpenMPI's `mpirun.openmpi`.
+#[test]
+fn the_mpi_engine_leaves_the_rendezvous_report_gate_unset() {
+    let dir = common::project(
+        "step train {\n  run = \"echo rank=$HVD_RANK gate=$(printenv HVD_CHECKPOINT_REPORT_RENDEZVOUS || echo unset) \
+         report=$HVD_CHECKPOINT_REPORT\"\n  workers = 2\n  checkpoints = \"ckpt/\"\n}",
+    );
+    let openmpi = std::process::Command::new("sh")
+        .args(["-c", "command -v mpirun.openmpi"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    for (engine, gate) in [("local", "1"), ("mpi", "unset")] {
+        if engine == "mpi" && !openmpi {
+            eprintln!("skipped the mpi engine: `mpirun.openmpi` is not installed");
+            continue;
+        }
+        let args: &[&str] = match engine {
+            "mpi" => &["--engine", "mpi", "--mpi", "openmpi"],
+            _ => &["--engine", engine],
+        };
+        let (out, stdout, stderr) = run(dir.path(), args, &[]);
+        assert!(out.status.success(), "{engine}: {stdout}\n{stderr}");
+        for rank in 0..2 {
+            let said = format!("rank={rank} gate=");
+            let line = stdout
+                .lines()
+                .find(|l| l.contains(&said))
+                .unwrap_or_else(|| {
+                    panic!("{engine}: rank {rank} said nothing:\n{stdout}\n{stderr}")
+                });
+            let (_, rest) = line.split_once(&said).unwrap();
+            assert!(
+                rest.starts_with(&format!("{gate} report=/"))
+                    && rest.ends_with("/checkpoint.resumed"),
+                "{engine}, rank {rank}: {line}"
+            );
+        }
+    }
+}
