@@ -47,6 +47,7 @@ __all__ = [
 
 # Reduce operations (hvd.h enum hvd_reduce_op).
 Sum, Average, Min, Max, Product = 0, 1, 2, 3, 4
+_OPS = (Sum, Average, Min, Max, Product)
 
 _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _BARRIER, _JOIN = range(7)
 
@@ -736,7 +737,7 @@ def _resolve_op(average, op, default=Average):
         if average is None:
             return default
         return Average if average else Sum
-    if op not in (Sum, Average, Min, Max, Product):
+    if op not in _OPS:
         raise ValueError("unknown op {!r}: use hvd.Sum, hvd.Average, hvd.Min, hvd.Max or hvd.Product".format(op))
     return op
 
@@ -777,12 +778,13 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=None):
     """In-place allreduce of a contiguous numpy array or DLPack tensor; ``synchronize`` returns the tensor."""
+    if process_set is None or _set_id(process_set) == 0:
+        # (The per-tensor path: an op given alone needs no call to _resolve_op, the global set none to _set_id.)
+        resolved = op if average is None and op in _OPS else _resolve_op(average, op)
+        handle = _batch.allreduce_(tensor, name, resolved, prescale_factor, postscale_factor)
+        if handle is not None:
+            return handle  # batched: no call into the library yet (hvd/_batch.py)
     ps_id = _set_id(process_set)
-    handle = None
-    if ps_id == 0:
-        handle = _batch.allreduce_(tensor, name, _resolve_op(average, op), prescale_factor, postscale_factor)
-    if handle is not None:
-        return handle  # batched: no call into the library yet (hvd/_batch.py)
     t = _Tensor(tensor)
     if t.array is not None and (t.array is not _base(tensor) or not t.array.flags.writeable):
         raise ValueError("in-place operations need a writable, C-contiguous numpy array")
@@ -1155,6 +1157,9 @@ def poll(handle):
     if handle._done:
         return True
     if type(handle) is _Batched:
+        done = handle._batch.done
+        if done is not None and done[handle._index]:
+            return True  # released by an earlier wait of its batch (1), or failed there (255)
         return _batch.poll(handle)
     if _batch._open is not None:
         _batch.flush()
@@ -1169,6 +1174,13 @@ def synchronize(handle):
     if handle._done:
         return handle._result
     if type(handle) is _Batched:
+        batch = handle._batch
+        done = batch.done
+        if done is not None and done[handle._index] == 1:
+            # Released by an earlier wait of its batch (the usual case: one wait per batch makes a call).
+            handle._done = True
+            handle._result = value = batch.values[handle._index]
+            return value
         return _batch.synchronize(handle)
     if _batch._open is not None:
         _batch.flush()

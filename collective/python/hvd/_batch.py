@@ -53,30 +53,44 @@ _monotonic = time.monotonic
 
 
 class _Batch:
-    """Requests appended since the last send; once sent, their handles (``ids``, -1 for a refused one) and the
-    ``done`` bytes that ``hvd_wait_batch`` marks."""
+    """Requests appended since the last send and their arrays (``values``); once sent, their handles (``ids``, -1
+    for a refused one) and the ``done`` bytes that ``hvd_wait_batch`` marks (a bytearray, read without a call;
+    ``done_c`` is the same memory for the library).
 
-    __slots__ = ("entries", "started", "n", "ids", "done", "error")
+    The batch, not each handle, keeps the arrays alive: the handles refer to it, so it lives while any of them
+    does; when the last one goes, ``__del__`` hands the arrays of operations still in flight to ``_orphans``, which
+    keeps them until the library has finished with them (one finalizer per batch instead of one per handle)."""
+
+    __slots__ = ("entries", "values", "started", "n", "ids", "done", "done_c", "error")
 
     def __init__(self):
         self.entries = []
+        self.values = []
         self.started = _monotonic()
         self.n = 0
         self.ids = None
         self.done = None
+        self.done_c = None
         self.error = None
+
+    def __del__(self):
+        ids, done = self.ids, self.done
+        if ids is None or _orphans is None or 0 not in done:
+            return  # never sent (a forked child's), or every operation waited for
+        pending = [(i, v) for i, v in enumerate(self.values) if not done[i] and ids[i] >= 0]
+        if pending:
+            _orphans.append((ids, done, pending))
 
 
 class BatchedHandle:
     """The handle of an ``allreduce_async_`` made through a batch (``hvd.poll`` and ``hvd.synchronize`` take it like
     any other)."""
 
-    __slots__ = ("_batch", "_index", "_value", "_done", "_result")
+    __slots__ = ("_batch", "_index", "_done", "_result")
 
-    def __init__(self, batch, index, value):
+    def __init__(self, batch, index):
         self._batch = batch
         self._index = index
-        self._value = value
         self._done = False
         self._result = None
 
@@ -89,19 +103,15 @@ class BatchedHandle:
     def __repr__(self):
         return "hvd.BatchedHandle({}{})".format(self.id, ", done" if self._done else "")
 
-    def __del__(self):
-        # Dropped while in flight: the library may still write into the array, which stays alive until the operation
-        # has completed (and its handle is released then).
-        if not self._done and _orphans is not None:
-            _orphans.append((self._batch, self._index, self._value))
-
 
 _lock = threading.Lock()
 _wake = threading.Condition(_lock)  # the timer thread sleeps on it while no batch is open for long
 _open = None  # the batch being filled
 _timer = None
 _timer_asleep = False
-_orphans = []
+_acquire = _lock.acquire
+_release = _lock.release
+_orphans = []  # (ids, done, [(index, array)]) of dropped batches with operations in flight
 _ndarray = None
 _codes = None  # numpy dtype -> hvd.h dtype code: the package's own table (hvd._NP_CODES), filled as dtypes are seen
 _hvd = None
@@ -134,7 +144,8 @@ def allreduce_(tensor, name, op, prescale, postscale):
     except (TypeError, ValueError, BufferError):
         return None
     entry = (ptr, code, tensor.shape, name or "", op, prescale, postscale)
-    with _lock:
+    _acquire()  # (not `with`: this is the per-tensor path, and acquire/release cost half as much)
+    try:
         batch = _open
         if batch is None:
             batch = _start()
@@ -142,9 +153,12 @@ def allreduce_(tensor, name, op, prescale, postscale):
                 return None
         entries = batch.entries
         entries.append(entry)
-        handle = BatchedHandle(batch, len(entries) - 1, tensor)
+        batch.values.append(tensor)
+        handle = BatchedHandle(batch, len(entries) - 1)
         if len(entries) >= MAX_BATCH:
             _send(batch)
+    finally:
+        _release()
     return handle
 
 
@@ -183,7 +197,7 @@ def _send(batch):
     n = len(entries)
     batch.n = n
     ids = (ctypes.c_int64 * n)()
-    done = (ctypes.c_int8 * n)()
+    done = bytearray(n)
     try:
         lib = _lib._lib
         ok = lib.hvd_enqueue_allreduces(n, *_columns(entries), ids)
@@ -194,6 +208,7 @@ def _send(batch):
     except BaseException as e:  # noqa: B036 - handed to every handle of the batch instead of lost in the timer thread
         batch.error = e
         ids[:] = [-1] * n
+    batch.done_c = (ctypes.c_int8 * n).from_buffer(done)
     batch.done = done
     batch.ids = ids  # last: a batch with ids is complete
     if _orphans:
@@ -233,7 +248,8 @@ def _sent(handle):
 
 
 def synchronize(handle):
-    """``hvd.synchronize`` of a batched handle that is not done yet."""
+    """``hvd.synchronize`` of a batched handle that is not done yet (``hvd.synchronize`` itself returns at once
+    when the batch's ``done`` byte says that an earlier wait released it)."""
     batch = _sent(handle)
     i = handle._index
     handle._done = True
@@ -241,10 +257,10 @@ def synchronize(handle):
         if batch.ids[i] < 0:
             raise copy.copy(batch.error)
         lib = _lib._lib
-        if lib.hvd_wait_batch(batch.ids, batch.n, i, batch.done) != 0:
+        if lib.hvd_wait_batch(batch.ids, batch.n, i, batch.done_c) != 0:
             raise _hvd._error(lib)
-    handle._result = handle._value
-    return handle._value
+    handle._result = value = batch.values[i]
+    return value
 
 
 def poll(handle):
@@ -261,18 +277,19 @@ def poll(handle):
 
 
 def _sweep_orphans():
-    """Releases dropped handles whose operations have completed, and with them their arrays (the caller holds the
-    lock)."""
+    """Releases the operations of dropped batches that have completed, and with them their arrays (the caller holds
+    the lock)."""
     lib = _lib._lib
     for _ in range(len(_orphans)):
-        batch, i, value = _orphans.pop(0)
-        if batch.ids is not None:
-            if batch.done[i] or batch.ids[i] < 0:
-                continue
-            if lib.hvd_poll(batch.ids[i]) == 1:
-                lib.hvd_wait_and_release(batch.ids[i])  # completed: returns at once
-                continue
-        _orphans.append((batch, i, value))
+        ids, done, pending = _orphans.pop(0)
+        left = []
+        for i, value in pending:
+            if lib.hvd_poll(ids[i]) == 1:
+                lib.hvd_wait_and_release(ids[i])  # completed: returns at once
+            else:
+                left.append((i, value))
+        if left:
+            _orphans.append((ids, done, left))
 
 
 def _tick():
@@ -298,8 +315,9 @@ def _tick():
 
 def _after_fork():
     # A child has no timer thread (nor the parent's engine): start afresh.
-    global _lock, _wake, _open, _timer, _timer_asleep
+    global _lock, _acquire, _release, _wake, _open, _timer, _timer_asleep
     _lock = threading.Lock()
+    _acquire, _release = _lock.acquire, _lock.release
     _wake = threading.Condition(_lock)
     _open = None
     _timer = None

@@ -10,6 +10,7 @@ import gc
 import os
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -152,6 +153,41 @@ for h in [hvd.allreduce_async_(z, op=hvd.Sum) for z in zs]:
     hvd.synchronize(h)
 for z in zs:
     check(z, np.full(2, sum(range(n)), np.int64), "unnamed")
+
+# 8. The batch, not each handle, keeps the arrays alive: once every handle of a sent batch is gone, the array of an
+# operation still in flight (the other ranks submit it only later) stays alive until it completes, and is let go
+# after that (a later send releases it).
+flag = os.path.join(os.environ["HVD_BATCHED_DIR"], "alive.{}")
+if r == 0:
+    a, x = np.full(3, 1.0, np.float32), np.full(3, 1.0, np.float32)
+    ha = hvd.allreduce_async_(a, op=hvd.Sum, name="alive.a")
+    hx = hvd.allreduce_async_(x, op=hvd.Sum, name="alive.x")
+    batched(hx, "alive.x")
+    alive = weakref.ref(x)
+    del x, hx
+    hvd.synchronize(ha)  # sends the batch; alive.x cannot complete yet
+    del ha
+    gc.collect()
+    if alive() is None:
+        sys.exit("rank 0: the array of an operation in flight was freed with its batch's handles")
+    open(flag.format(0), "w").close()
+else:
+    hvd.allreduce_(np.full(3, 1.0, np.float32), op=hvd.Sum, name="alive.a")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(flag.format(0)):
+        if time.monotonic() > deadline:
+            sys.exit("rank {}: rank 0 never checked its in-flight array".format(r))
+        time.sleep(0.01)
+    hvd.allreduce_(np.full(3, 1.0, np.float32), op=hvd.Sum, name="alive.x")
+for k in range(3000):
+    # Each step sends a batch (which releases the completed operations of dropped batches), then asks rank 0
+    # whether the array has been let go.
+    hvd.synchronize(hvd.allreduce_async_(np.ones(1, np.float32), op=hvd.Sum, name="alive.tick.{}".format(k)))
+    released = np.array([1 if r == 0 and alive() is None else 0], np.int32)
+    if hvd.allreduce(released, op=hvd.Sum, name="alive.released.{}".format(k))[0]:
+        break
+else:
+    sys.exit("rank {}: the completed operation of a dropped batch was never released".format(r))
 
 hvd.shutdown()
 # After shutdown the batch is not used: the call itself refuses, as it always did.
