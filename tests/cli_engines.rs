@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 mod common;
 
+use common::slurm::{Slurm, assert_finished_together, elastic_project, elastic_train_py, have};
 use common::{HVD, allreduce_runtime, project, text};
 
 fn hvd_run(dir: &Path, args: &[&str]) -> Output {
@@ -18,17 +19,6 @@ fn hvd_run(dir: &Path, args: &[&str]) -> Output {
         .env("NO_COLOR", "1")
         .output()
         .unwrap()
-}
-
-fn have(program: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("skipped: `{program}` is not installed");
-    }
-    found
 }
 
 #[test]
@@ -347,197 +337,6 @@ fn slurm_dry_run_prints_chained_sbatch_scripts() {
     common::assert_exit_saying(&out, 2, "sbatch, scontrol, scancel not on PATH");
 }
 
-/// A single-node Slurm (munged, slurmctld, slurmd) in a temporary directory with its own ports (FACTS.md); the
-/// daemons are killed when it is dropped.
-struct Slurm {
-    dir: tempfile::TempDir,
-    daemons: Vec<std::process::Child>,
-}
-
-impl Drop for Slurm {
-    fn drop(&mut self) {
-        for child in self.daemons.iter_mut().rev() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Slurm {
-    fn conf(&self) -> std::path::PathBuf {
-        self.dir.path().join("slurm.conf")
-    }
-
-    /// `None` (saying why) where Slurm is not installed or this is not root (the daemons run as root here).
-    fn start() -> Option<Slurm> {
-        for program in [
-            "munged",
-            "mungekey",
-            "slurmctld",
-            "slurmd",
-            "salloc",
-            "sinfo",
-        ] {
-            if !have(program) {
-                eprintln!(
-                    "skipped: the test Slurm needs `{program}` (scripts/install-deps installs Slurm and munge)"
-                );
-                return None;
-            }
-        }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc_geteuid() } != 0 {
-            eprintln!("skipped: the test Slurm runs its daemons as root");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        for sub in ["state", "spool", "run", "log", "munge"] {
-            std::fs::create_dir_all(d.join(sub)).unwrap();
-        }
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(d.join("munge"), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let key = d.join("munge/key");
-        let ok = Command::new("mungekey")
-            .arg("-c")
-            .arg("-k")
-            .arg(&key)
-            .output()
-            .unwrap();
-        assert!(ok.status.success(), "{}", text(&ok).1);
-        let node = Command::new("slurmd").arg("-C").output().unwrap();
-        let node = text(&node).0.lines().next().unwrap_or_default().to_owned();
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-        let p = d.display();
-        let conf = format!(
-            "ClusterName=hvdtest\nSlurmctldHost={host}\nAuthType=auth/munge\nAuthInfo=socket={p}/munge/sock\n\
-             CredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\nProctrackType=proctrack/linuxproc\n\
-             TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
-             AccountingStorageType=accounting_storage/none\nSelectType=select/cons_tres\n\
-             SelectTypeParameters=CR_Core\nMpiDefault=none\nMailProg=/bin/true\nReturnToService=2\n\
-             SlurmctldPort={}\nSlurmdPort={}\nStateSaveLocation={p}/state\nSlurmdSpoolDir={p}/spool\n\
-             SlurmctldPidFile={p}/run/slurmctld.pid\nSlurmdPidFile={p}/run/slurmd.pid\n\
-             SlurmctldLogFile={p}/log/slurmctld.log\nSlurmdLogFile={p}/log/slurmd.log\n{node}\n\
-             PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
-            common::free_port(),
-            common::free_port(),
-            host = host.trim(),
-        );
-        std::fs::write(d.join("slurm.conf"), conf).unwrap();
-        let mut slurm = Slurm {
-            dir,
-            daemons: Vec::new(),
-        };
-        let d = slurm.dir.path().to_path_buf();
-        let daemon = |args: &[&str]| {
-            Command::new("setsid")
-                .args(args)
-                .env("SLURM_CONF", d.join("slurm.conf"))
-                .stdout(std::process::Stdio::null())
-                .stderr(std::fs::File::create(d.join(format!("log/{}.err", args[0]))).unwrap())
-                .spawn()
-                .unwrap()
-        };
-        let sock = format!("--socket={}/munge/sock", d.display());
-        let keyfile = format!("--key-file={}", key.display());
-        let pid = format!("--pid-file={}/run/munged.pid", d.display());
-        let seed = format!("--seed-file={}/munge/seed", d.display());
-        let log = format!("--log-file={}/log/munged.log", d.display());
-        slurm.daemons.push(daemon(&[
-            "munged", "-F", &sock, &keyfile, &pid, &seed, &log,
-        ]));
-        let socket = d.join("munge/sock");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !socket.exists() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        slurm.daemons.push(daemon(&["slurmctld", "-D", "-i"]));
-        slurm.daemons.push(daemon(&["slurmd", "-D"]));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        loop {
-            let out = Command::new("sinfo")
-                .args(["-h", "-o", "%t"])
-                .env("SLURM_CONF", slurm.conf())
-                .output()
-                .unwrap();
-            if text(&out).0.contains("idle") {
-                return Some(slurm);
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the test Slurm did not become idle; logs in {}",
-                d.display()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-    }
-
-    /// `salloc -n2 --overcommit hvd run FILE --no-build --engine slurm`.
-    fn run(&self, dir: &Path) -> Output {
-        Command::new("salloc")
-            .args(["-n2", "--overcommit", HVD, "run"])
-            .arg(dir.join("train.hvd"))
-            .args(["--no-build", "--engine", "slurm", "--grace", "2"])
-            .env("SLURM_CONF", self.conf())
-            .env("NO_COLOR", "1")
-            .output()
-            .unwrap()
-    }
-
-    /// `hvd run FILE --no-build --engine slurm ARGS` from outside any allocation (no `SLURM_*` but `SLURM_CONF`).
-    fn submit(&self, dir: &Path, args: &[&str]) -> Output {
-        let mut all = vec!["--no-build"];
-        all.extend(args);
-        self.submit_with(dir, &all)
-    }
-
-    /// [`Slurm::submit`] with `args` alone after `--engine slurm` (e.g. `--env-dir ENV` instead of `--no-build`).
-    fn submit_with(&self, dir: &Path, args: &[&str]) -> Output {
-        let mut command = Command::new(HVD);
-        command
-            .arg("run")
-            .arg(dir.join("train.hvd"))
-            .args(["--engine", "slurm"])
-            .args(args)
-            .env("SLURM_CONF", self.conf())
-            .env("NO_COLOR", "1");
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("SLURM_") {
-                command.env_remove(name);
-            }
-        }
-        command.env("SLURM_CONF", self.conf());
-        command.output().unwrap()
-    }
-
-    /// `scontrol -o show job ID`.
-    fn job(&self, id: &str) -> String {
-        let out = Command::new("scontrol")
-            .args(["-o", "show", "job", id])
-            .env("SLURM_CONF", self.conf())
-            .output()
-            .unwrap();
-        text(&out).0
-    }
-
-    /// Ids of the jobs `squeue` still lists (pending, running or completing).
-    /// Asserts that Slurm says job `id` is in `state` (`COMPLETED`, `CANCELLED`, ...).
-    fn assert_state(&self, id: &str, state: &str) {
-        let job = self.job(id);
-        assert!(job.contains(&format!("JobState={state}")), "{id}: {job}");
-    }
-
-    fn queued(&self) -> String {
-        let out = Command::new("squeue")
-            .args(["-h", "-o", "%i %T %r"])
-            .env("SLURM_CONF", self.conf())
-            .output()
-            .unwrap();
-        text(&out).0.trim().to_owned()
-    }
-}
-
 /// A project whose step `first` runs `run` and whose 2-worker step `train` (`echo never`) needs it.
 fn step_then_train(first: &str, run: &str) -> tempfile::TempDir {
     project(&format!(
@@ -559,8 +358,6 @@ fn submitted_job(stderr: &str, step: &str) -> String {
 }
 
 unsafe extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
     #[link_name = "kill"]
     fn libc_kill(pid: i32, signal: i32) -> i32;
 }
@@ -580,109 +377,6 @@ fn slurm_engine_runs_srun_in_an_allocation() {
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
     assert!(stderr.contains("boom-1"), "{stderr}");
     assert!(stderr.contains("rank 1 on "), "{stderr}");
-}
-
-/// The `hvd.elastic` training script of tests/cli_elastic.rs (its `TRAIN`, read from that file so both run the same
-/// script): `ELASTIC_STEPS` committed steps of allreduces; `ELASTIC_KILL` (`slot:step`) SIGKILLs a worker when it
-/// begins a step, `ELASTIC_HANG` (`slot:step`) has one sleep there; each worker prints its re-forms and what it
-/// finished with.
-fn elastic_train_py() -> &'static str {
-    let source = include_str!("cli_elastic.rs");
-    let start = "const TRAIN: &str = r#\"";
-    let from = source
-        .find(start)
-        .expect("tests/cli_elastic.rs has `const TRAIN`")
-        + start.len();
-    let len = source[from..].find("\"#;").expect("`TRAIN` ends");
-    &source[from..from + len]
-}
-
-/// A 4-worker elastic step (`{ min = 2, max = 4 }`) of [`elastic_train_py`] with `env` (`, NAME = "VALUE"...`).
-fn elastic_project(steps: u32, env: &str, marker: &str) -> tempfile::TempDir {
-    common::train_project(
-        "{ min = 2, max = 4 }",
-        &format!(", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\"{env}"),
-        "",
-        elastic_train_py(),
-    )
-}
-
-impl Slurm {
-    /// `salloc -n4 --overcommit sh -c 'hvd run FILE --no-build --engine slurm --grace 2'`, started; once hvd ends,
-    /// the job's remaining steps (`squeue -s`) are written to `steps.txt` in `dir`, from inside the allocation,
-    /// after waiting up to 30 s for them to go (a cancelled step is listed while Slurm completes it).
-    fn spawn_elastic(&self, dir: &Path) -> std::process::Child {
-        let script = format!(
-            "{HVD} run {} --no-build --engine slurm --grace 2; s=$?; i=0; while [ $i -lt 150 ] && [ -n \
-             \"$(squeue -h -s -j \"$SLURM_JOB_ID\")\" ]; do i=$((i + 1)); sleep 0.2; done; \
-             squeue -h -s -j \"$SLURM_JOB_ID\" -o '%i %j' > {}/steps.txt; exit $s",
-            dir.join("train.hvd").display(),
-            dir.display()
-        );
-        Command::new("salloc")
-            .args(["-n4", "--overcommit", "sh", "-c", &script])
-            .env("SLURM_CONF", self.conf())
-            .env("NO_COLOR", "1")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-}
-
-/// Asserts that each `(slot, rank)` of `members` finished as that rank of a job of `members.len()`, all at the same
-/// step (at least `steps`) with every step counted once and the same weights; that slot 2 (the lost one) did not
-/// finish, no worker process and no job step is left, and no job is queued.
-fn assert_finished_together(
-    slurm: &Slurm,
-    dir: &Path,
-    out: &Output,
-    (members, steps): (&[(u32, u32)], u32),
-    marker: &str,
-) {
-    let (stdout, stderr) = text(out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let size = members.len();
-    let ends: Vec<&str> = members
-        .iter()
-        .map(|(slot, rank)| {
-            let prefix = format!("slot {slot} finished as rank {rank} of {size}: ");
-            stdout
-                .lines()
-                .find_map(|l| l.split_once(prefix.as_str()).map(|(_, end)| end))
-                .unwrap_or_else(|| panic!("no `{prefix}`:\n{stdout}\n{stderr}"))
-        })
-        .collect();
-    let step: u32 = ends[0]
-        .strip_prefix("step ")
-        .and_then(|e| e.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{}", ends[0]));
-    assert!(step >= steps, "{stdout}");
-    let want = format!(
-        "step {step} count {:?} w0 {:?} agree True",
-        f64::from(step),
-        f64::from(step * (step + 1) / 2)
-    );
-    for end in &ends {
-        assert_eq!(*end, want, "{stdout}\n{stderr}");
-    }
-    assert!(!stdout.contains("slot 2 finished"), "{stdout}");
-    common::assert_nothing_left(marker);
-    let steps_left = std::fs::read_to_string(dir.join("steps.txt")).unwrap();
-    assert_eq!(steps_left.trim(), "", "job steps left in the allocation");
-    // The allocation itself is listed (COMPLETING) for a moment after salloc returns.
-    let queued = common::wait_until_empty(
-        std::time::Duration::from_secs(30),
-        std::time::Duration::from_millis(100),
-        || {
-            Some(slurm.queued())
-                .filter(|q| !q.is_empty())
-                .into_iter()
-                .collect()
-        },
-    );
-    assert!(queued.is_empty(), "{queued:?}");
 }
 
 /// The plan of an elastic step inside an allocation: one srun per rank, on the allocation's nodes; allocation

@@ -6,6 +6,7 @@
 
 pub mod nshosts;
 pub mod s3;
+pub mod slurm;
 pub mod stdlib;
 
 use std::io::{BufRead, Write};

@@ -70,14 +70,85 @@ impl Drop for Hosts {
             let _ = child.kill();
             let _ = child.wait();
         }
-        for ns in &self.namespaces {
-            // Whatever is still running in a namespace of this test (a failed test's leftovers) is killed by pid.
-            for pid in netns_pids(ns) {
-                // SAFETY: kill with integer arguments; these processes were started by this test.
-                unsafe { libc_kill(pid as i32, 9) };
-            }
-            let _ = Command::new(tool("ip")).args(["netns", "del", ns]).output();
+        remove_namespaces(&self.namespaces);
+    }
+}
+
+/// Kills whatever still runs in `namespaces` (a failed test's leftovers, by pid) and deletes them.
+pub fn remove_namespaces(namespaces: &[String]) {
+    for ns in namespaces {
+        for pid in netns_pids(ns) {
+            // SAFETY: kill with integer arguments; these processes were started by this test.
+            unsafe { libc_kill(pid as i32, 9) };
         }
+        let _ = Command::new(tool("ip")).args(["netns", "del", ns]).output();
+    }
+}
+
+/// Adds the namespaces `PREFIX-l` (the launcher's machine, [`LAUNCHER_ADDR`] on a bridge), `PREFIX-h1` and
+/// `PREFIX-h2` (the hosts, [`HOSTS`], each a veth pair to the bridge) to `namespaces` as it creates them, so that
+/// their owner removes what exists if a later one fails.
+pub fn add_namespaces(prefix: &str, namespaces: &mut Vec<String>) {
+    let launcher = format!("{prefix}-l");
+    for ns in [
+        launcher.clone(),
+        format!("{prefix}-h1"),
+        format!("{prefix}-h2"),
+    ] {
+        // A namespace left by a killed earlier run of this process id would make `add` fail.
+        let _ = Command::new(tool("ip"))
+            .args(["netns", "del", &ns])
+            .output();
+        run_ok("ip", &["netns", "add", &ns]);
+        namespaces.push(ns.clone());
+        run_ok("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+    }
+    run_ok(
+        "ip",
+        &["-n", &launcher, "link", "add", "hvd0", "type", "bridge"],
+    );
+    run_ok(
+        "ip",
+        &[
+            "-n",
+            &launcher,
+            "addr",
+            "add",
+            &format!("{LAUNCHER_ADDR}/24"),
+            "dev",
+            "hvd0",
+        ],
+    );
+    run_ok("ip", &["-n", &launcher, "link", "set", "hvd0", "up"]);
+    for (i, addr) in HOSTS.iter().enumerate() {
+        let ns = namespaces[i + 1].clone();
+        let port = format!("v{}", i + 1);
+        run_ok(
+            "ip",
+            &[
+                "link", "add", &port, "netns", &launcher, "type", "veth", "peer", "name", "hvd0",
+                "netns", &ns,
+            ],
+        );
+        run_ok(
+            "ip",
+            &[
+                "-n", &launcher, "link", "set", &port, "master", "hvd0", "up",
+            ],
+        );
+        run_ok(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "hvd0",
+            ],
+        );
+        run_ok("ip", &["-n", &ns, "link", "set", "hvd0", "up"]);
     }
 }
 
@@ -133,67 +204,7 @@ impl Hosts {
             namespaces: Vec::new(),
             sshds: Vec::new(),
         };
-        let launcher = format!("{prefix}-l");
-        for ns in [
-            launcher.clone(),
-            format!("{prefix}-h1"),
-            format!("{prefix}-h2"),
-        ] {
-            // A namespace left by a killed earlier run of this process id would make `add` fail.
-            let _ = Command::new(tool("ip"))
-                .args(["netns", "del", &ns])
-                .output();
-            run_ok("ip", &["netns", "add", &ns]);
-            hosts.namespaces.push(ns.clone());
-            run_ok("ip", &["-n", &ns, "link", "set", "lo", "up"]);
-        }
-        run_ok(
-            "ip",
-            &["-n", &launcher, "link", "add", "hvd0", "type", "bridge"],
-        );
-        run_ok(
-            "ip",
-            &[
-                "-n",
-                &launcher,
-                "addr",
-                "add",
-                &format!("{LAUNCHER_ADDR}/24"),
-                "dev",
-                "hvd0",
-            ],
-        );
-        run_ok("ip", &["-n", &launcher, "link", "set", "hvd0", "up"]);
-        for (i, addr) in HOSTS.iter().enumerate() {
-            let ns = hosts.namespaces[i + 1].clone();
-            let port = format!("v{}", i + 1);
-            run_ok(
-                "ip",
-                &[
-                    "link", "add", &port, "netns", &launcher, "type", "veth", "peer", "name",
-                    "hvd0", "netns", &ns,
-                ],
-            );
-            run_ok(
-                "ip",
-                &[
-                    "-n", &launcher, "link", "set", &port, "master", "hvd0", "up",
-                ],
-            );
-            run_ok(
-                "ip",
-                &[
-                    "-n",
-                    &ns,
-                    "addr",
-                    "add",
-                    &format!("{addr}/24"),
-                    "dev",
-                    "hvd0",
-                ],
-            );
-            run_ok("ip", &["-n", &ns, "link", "set", "hvd0", "up"]);
-        }
+        add_namespaces(&prefix, &mut hosts.namespaces);
         let d = hosts.dir.path().to_path_buf();
         for key in ["hostkey", "id"] {
             let file = d.join(key);

@@ -1,0 +1,309 @@
+//! The slurm engine on two nodes: a test Slurm whose slurmds run in two network namespaces (tests/common/slurm.rs),
+//! each with its own host name, and the controller and `hvd run` in a third. An elastic step across both nodes loses a
+//! rank, then a whole node; the batch chain substitutes the env into node-local stores from a binary cache. Skipped,
+//! saying why, where Slurm, iproute2 or root is missing.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+mod common;
+
+use common::slurm::{
+    NODES, Slurm, assert_finished_together, assert_nothing_left_in_slurm, assert_trained_together,
+    elastic_project,
+};
+use common::text;
+
+/// `salloc` of two tasks on each node.
+const TWO_BY_TWO: &[&str] = &["--nodes=2", "--ntasks-per-node=2"];
+
+/// Asserts that slot `slot` started on node `node` (its lines carry the node's host name).
+fn assert_started_on(stdout: &str, slot: u32, node: &str) {
+    assert!(
+        stdout.contains(&format!(
+            "[train {node}:{slot}] slot {slot} starts as rank {slot} of 4"
+        )),
+        "slot {slot} did not start on {node}:\n{stdout}"
+    );
+}
+
+/// Asserts that nothing but the slurmds runs on the nodes (waiting up to 10 s for exiting processes).
+fn assert_nodes_clean(slurm: &Slurm, out: &Output) {
+    let left = common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(50), || {
+        slurm.leftovers()
+    });
+    assert!(
+        left.is_empty(),
+        "left on the nodes: {left:#?}\n{}",
+        text(out).1
+    );
+}
+
+/// 4 elastic workers, 2 on each node (minimum 2): rank 2, on the second node, SIGKILLs itself at step 5. Its job step
+/// ends alone; the three survivors (on both nodes) re-form, the lost rank is replaced by a new job step on the node
+/// with the free task (the second), which joins; the four finish with every committed step counted once and the same
+/// weights, and nothing is left: no job step, no job, no process on either node.
+#[test]
+fn an_elastic_step_on_two_slurm_nodes_replaces_a_rank_lost_on_the_second() {
+    let Some(slurm) = Slurm::start_two_nodes("sr", [&[], &[]]) else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-nodes-rank");
+    let steps = 16;
+    let dir = elastic_project(
+        steps,
+        ", ELASTIC_KILL = \"2:5\", ELASTIC_UNTIL = \"size:4\"",
+        &marker,
+    );
+    let out = slurm
+        .spawn_elastic_with(dir.path(), TWO_BY_TWO, "")
+        .wait_with_output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    for (slot, node) in [(0, NODES[0]), (1, NODES[0]), (2, NODES[1]), (3, NODES[1])] {
+        assert_started_on(&stdout, slot, node);
+    }
+    assert!(
+        stderr
+            .contains("rank 2 of step `train` was lost (exit code 137); 3 of its 4 workers go on"),
+        "{}",
+        logs()
+    );
+    assert!(
+        stderr.contains(&format!(
+            "started rank 4 of step `train` on {} in place of a lost worker",
+            NODES[1]
+        )),
+        "{}",
+        logs()
+    );
+    assert!(
+        stdout.contains(&format!(
+            "[train {}:4] slot 4 starts as rank 3 of 4",
+            NODES[1]
+        )),
+        "{}",
+        logs()
+    );
+    // Slot 3 (on the second node) takes the lost rank's place.
+    assert!(
+        stdout.contains("slot 3 re-formed as rank 2 of 3")
+            || stdout.contains("slot 3 re-formed as rank 2 of 4"),
+        "{}",
+        logs()
+    );
+    assert!(!stdout.contains("slot 5 "), "{stdout}");
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1), (3, 2), (4, 3)];
+    assert_finished_together(&slurm, dir.path(), &out, (members, steps), &marker);
+    assert_nodes_clean(&slurm, &out);
+}
+
+/// 4 elastic workers, 2 on each node (minimum 2), in an allocation that survives a node failure (`salloc
+/// --no-kill`): once all four train, the second node is lost (its slurmd, the steps' slurmstepds and the ranks all
+/// SIGKILLed at once) and Slurm is told it is down (`scontrol update state=down`, what a health check or
+/// `SlurmdTimeout` does). The two survivors on the first node re-form as a job of 2 and train on until they have
+/// (`ELASTIC_UNTIL=atmost:2`: the loss cannot come after the end), finishing with every committed step counted once
+/// and the same weights. The lost ranks' sruns end ("Node failure"; their job steps stay listed until the allocation
+/// ends, and only theirs); then nothing is queued and nothing but the first node's slurmd is left.
+///
+/// Not checked, because it does not hold today: that hvd names ranks 2 and 3 as lost. Slurm 22.05's srun exits 0
+/// after "Node failure", so the launcher takes those ranks for finished (docs/engines.md, test notes).
+#[test]
+fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
+    let Some(mut slurm) = Slurm::start_two_nodes("sn", [&[], &[]]) else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-nodes-lost");
+    let steps = 12;
+    let dir = elastic_project(steps, ", ELASTIC_UNTIL = \"atmost:2\"", &marker);
+    let salloc = ["--no-kill", TWO_BY_TWO[0], TWO_BY_TWO[1]];
+    let mut child = slurm.spawn_elastic_with(dir.path(), &salloc, NODES[0]);
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let reader = {
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut all = String::new();
+            let mut seen = 0;
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok)
+            {
+                if line.contains(" starts as rank ") {
+                    seen += 1;
+                    if seen == 4 {
+                        let _ = started_tx.send(());
+                    }
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        })
+    };
+    if started.recv_timeout(Duration::from_secs(120)).is_err() {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "the four workers never started:\n{}\n{}\n{}",
+            reader.join().unwrap(),
+            text(&out).1,
+            slurm.logs()
+        );
+    }
+    slurm.lose_node(1);
+    let down = slurm
+        .command("scontrol")
+        .args([
+            "update",
+            &format!("nodename={}", NODES[1]),
+            "state=down",
+            "reason=lost",
+        ])
+        .output()
+        .unwrap();
+    assert!(down.status.success(), "{}", text(&down).1);
+    let mut out = child.wait_with_output().unwrap();
+    out.stdout = reader.join().unwrap().into_bytes();
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert_started_on(&stdout, 2, NODES[1]);
+    assert!(
+        stderr.contains(&format!("srun: error: Node failure on {}", NODES[1])),
+        "{}",
+        logs()
+    );
+    for slot in [0, 1] {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {slot} of 2")),
+            "{}",
+            logs()
+        );
+    }
+    assert!(!stdout.contains("slot 3 finished"), "{}", logs());
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1)];
+    assert_trained_together(&out, (members, steps));
+    // The lost ranks' job steps may stay listed while the allocation lives (a DOWN node reports nothing; seen
+    // here every time), but only theirs: every step on the first node has ended.
+    let all = std::fs::read_to_string(dir.path().join("all-steps.txt")).unwrap();
+    let lost: Vec<String> = all
+        .lines()
+        .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+        .collect();
+    let want = [
+        format!("train.2 {}", NODES[1]),
+        format!("train.3 {}", NODES[1]),
+    ];
+    assert!(lost.iter().all(|l| want.contains(l)), "{all}");
+    assert_nothing_left_in_slurm(&slurm, dir.path(), &marker);
+    assert_nodes_clean(&slurm, &out);
+}
+
+/// The step of [`batch_project`]: 4 ranks, each saying where it runs and with which env, and whether it sees the
+/// launcher's store (it must not: the node's store is its own).
+fn batch_step(store: &Path) -> String {
+    format!(
+        "cluster {{\n  engine = \"slurm\"\n  partition = \"debug\"\n  settings = {{ nodes = \"2\" }}\n}}\nstep train \
+         {{\n  run = \"test -e {}/launcher-only && echo sees-the-launchers-store; python -c 'import helper, socket, \
+         sys; print(helper.WORD, sys.prefix, socket.gethostname())'\"\n  workers = 4\n}}\n",
+        store.display()
+    )
+}
+
+/// `hvd run --engine slurm --env-dir ENV --cache file://CACHE --trusted-key KEY` of `project` from outside an
+/// allocation, with the download cache home under `root` (private to each node with the store).
+fn submit_with_cache(slurm: &Slurm, p: &common::PushedEnv, root: &Path) -> Output {
+    let (env, cache) = (p.env.display().to_string(), p.cache.display().to_string());
+    let key = p.public_key.display().to_string();
+    let mut command = slurm.command(common::HVD);
+    command
+        .arg("run")
+        .arg(p.project.join("train.hvd"))
+        .args(["--engine", "slurm", "--env-dir", &env, "--grace", "2"])
+        .args(["--cache", &format!("file://{cache}"), "--trusted-key", &key])
+        .env("XDG_CACHE_HOME", root.join("home-cache"))
+        .env("NO_COLOR", "1")
+        .env_remove("HVD_CACHES")
+        .env_remove("HVD_TRUSTED_KEYS");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SLURM_") {
+            command.env_remove(name);
+        }
+    }
+    command.env("SLURM_CONF", slurm.conf());
+    command.output().unwrap()
+}
+
+/// The batch chain on two nodes whose stores are their own (an empty tmpfs over the store and the download cache
+/// home on each, while the launcher's machine has the built env there): the job substitutes the env from a signed
+/// file cache into each node's store before srun, and the 4 ranks (2 a node) run with it, none seeing the launcher's
+/// store. Then the same with the cache hidden from the second node: the job fails naming that node before any rank
+/// runs.
+#[test]
+fn the_slurm_batch_chain_substitutes_the_env_into_each_nodes_own_store() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let store = root.path().join("store");
+    let home = root.path().join("home-cache");
+    std::fs::create_dir_all(&home).unwrap();
+    let p = common::pushed_fixture_env(
+        root.path(),
+        &outside.path().join("cache"),
+        &batch_step(&store),
+    );
+    std::fs::write(store.join("launcher-only"), "").unwrap();
+    let private: &[&Path] = &[&store, &home];
+    {
+        let Some(slurm) = Slurm::start_two_nodes("sb", [private, private]) else {
+            return;
+        };
+        let out = submit_with_cache(&slurm, &p, root.path());
+        let (stdout, stderr) = text(&out);
+        let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+        assert!(out.status.success(), "{}", logs());
+        assert!(!stdout.contains("sees-the-launchers-store"), "{}", logs());
+        for node in NODES {
+            assert_eq!(
+                stdout
+                    .matches(&format!("hello {} {node}\n", p.env.display()))
+                    .count(),
+                2,
+                "{}",
+                logs()
+            );
+        }
+        assert_eq!(slurm.queued(), "");
+        assert_nodes_clean(&slurm, &out);
+    }
+    // The launcher's store is as it was: the nodes wrote into their own.
+    assert!(store.join("launcher-only").exists());
+    // The second node cannot read the cache (an empty tmpfs over it there). The new Slurm numbers its jobs from 1
+    // again: the first run's output files (`.hvd/slurm/NAME-STEP-ID.out`) go, or the second run could read the first
+    // job's lines from the file its own job 1 has not yet truncated.
+    std::fs::remove_dir_all(p.project.join(".hvd/slurm")).unwrap();
+    let hidden: &[&Path] = &[&store, &home, &p.cache];
+    let Some(slurm) = Slurm::start_two_nodes("sf", [private, hidden]) else {
+        return;
+    };
+    let out = submit_with_cache(&slurm, &p, root.path());
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert!(!out.status.success(), "{}", logs());
+    assert!(
+        stderr.contains(&format!(
+            "hvd: node {} could not get the env from the binary caches",
+            NODES[1]
+        )),
+        "{}",
+        logs()
+    );
+    assert!(
+        !stderr.contains(&format!("node {} could not", NODES[0])),
+        "{}",
+        logs()
+    );
+    // No rank ran.
+    assert!(!stdout.contains("hello "), "{}", logs());
+    assert_eq!(slurm.queued(), "");
+    assert_nodes_clean(&slurm, &out);
+}
