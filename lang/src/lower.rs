@@ -12,6 +12,8 @@ use crate::model::{
 };
 use crate::syntax::ast::BlockKind;
 
+mod elastic;
+
 const ENV_FIELDS: [&str; 5] = ["python", "index", "toolchain", "packages", "variables"];
 const RESOURCE_FIELDS: [&str; 3] = ["gpus", "cpus", "mem"];
 const STEP_FIELDS: [&str; 9] = [
@@ -502,9 +504,9 @@ impl Lowerer {
                     )),
                 }
             }
-            let (workers, min_workers) = match get("workers") {
+            let (workers, min_workers, elastic) = match get("workers") {
                 Some(v) => self.workers(v),
-                None => (None, None),
+                None => (None, None, Default::default()),
             };
             let inputs = get("inputs")
                 .map(|v| self.string_list(v))
@@ -533,6 +535,7 @@ impl Lowerer {
                     needs,
                     workers,
                     min_workers,
+                    elastic,
                     inputs,
                     outputs,
                     env,
@@ -690,69 +693,6 @@ impl Lowerer {
                 self.report(type_error(v, "an integer", "counts are whole numbers"));
                 None
             }
-        }
-    }
-
-    /// `workers = N`, or an elastic range `workers = { min = a, max = b }`: (workers, min workers).
-    fn workers(&mut self, v: &Sv) -> (Option<u32>, Option<u32>) {
-        let Value::Attrs(map) = &v.v else {
-            return match v.v {
-                Value::Int(_) => (self.count(v, 1), None),
-                _ => {
-                    self.report(type_error(
-                        v,
-                        "an integer or `{ min = .., max = .. }`",
-                        "write `workers = 4`, or `workers = { min = 2, max = 8 }` for an elastic step",
-                    ));
-                    (None, None)
-                }
-            };
-        };
-        let mut min = None;
-        let mut max = None;
-        let mut bad = false;
-        for (key, item) in map.iter() {
-            match key.as_str() {
-                "min" => min = self.count(item, 1),
-                "max" => max = self.count(item, 1),
-                _ => {
-                    bad = true;
-                    let help = suggestion(key, ["min", "max"])
-                        .unwrap_or_else(|| "an elastic range has `min` and `max`".to_owned());
-                    self.report(
-                        Problem::new(
-                            item.loc,
-                            format!("unknown field `{key}` in `workers`"),
-                            "unknown field",
-                        )
-                        .help(help),
-                    );
-                }
-            }
-        }
-        for (name, value) in [("min", min), ("max", max)] {
-            if value.is_none() && !map.contains_key(name) {
-                bad = true;
-                self.report(
-                    Problem::new(v.loc, format!("`workers` has no `{name}`"), "this range")
-                        .help("an elastic range needs both: `workers = { min = 2, max = 8 }`"),
-                );
-            }
-        }
-        match (min, max) {
-            (Some(lo), Some(hi)) if lo > hi => {
-                self.report(
-                    Problem::new(
-                        v.loc,
-                        format!("`workers` has `min = {lo}` above `max = {hi}`"),
-                        "an empty range",
-                    )
-                    .help("the step starts with `max` workers and goes on while `min` are alive"),
-                );
-                (None, None)
-            }
-            (Some(lo), Some(hi)) if !bad => (Some(hi), Some(lo)),
-            _ => (None, None),
         }
     }
 

@@ -97,6 +97,9 @@ pub struct Step {
     /// Elastic steps only: the fewest workers the step goes on with after losing some (`workers = { min = .. }`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_workers: Option<u32>,
+    /// Elastic steps only: the rest of the elastic configuration (`workers = { min, max, discovery, .. }`).
+    #[serde(default, skip_serializing_if = "Elastic::is_empty")]
+    pub elastic: Elastic,
     /// Input paths (files or directories, relative to the project directory) whose content feeds the step's hash.
     pub inputs: Vec<String>,
     /// Output paths the step produces.
@@ -126,6 +129,7 @@ impl Step {
             needs: vec![],
             workers: None,
             min_workers: None,
+            elastic: Elastic::default(),
             inputs: vec![],
             outputs: vec![],
             env: BTreeMap::new(),
@@ -133,6 +137,38 @@ impl Step {
             restarts: None,
             checkpoints: None,
         }
+    }
+}
+
+/// The bounds of a blacklist cooldown in whole seconds (`workers = { cooldown }`, `hvd run
+/// --blacklist-cooldown-range`; Horovod's: at least 1 s, at most an hour).
+pub const COOLDOWN_SECONDS: (u64, u64) = (1, 3600);
+
+/// An elastic step's settings besides its range, from `workers = { min = 2, max = 8, discovery = "./discover.sh",
+/// slots_per_host = 4, elastic_timeout = 60s, cooldown = [60s, 10m] }`. Each is optional; `hvd run`'s flag of the
+/// same meaning overrides it (docs/running.md, Elastic steps).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Elastic {
+    /// `discovery`: the host discovery program (`--host-discovery-script`), a path relative to the .hvd file's
+    /// directory (or absolute), as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<String>,
+    /// `slots_per_host`: the slots of a host the discovery program names alone (`--slots-per-host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots_per_host: Option<u32>,
+    /// `elastic_timeout`, in milliseconds (`--elastic-timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic_timeout_ms: Option<u64>,
+    /// `cooldown = [MIN, MAX]`: the blacklist cooldown range in whole seconds, within [`COOLDOWN_SECONDS`], MIN at
+    /// most MAX (`--blacklist-cooldown-range`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown_seconds: Option<(u64, u64)>,
+}
+
+impl Elastic {
+    /// Whether no setting is given (the step's serialized form then has no `elastic`).
+    pub fn is_empty(&self) -> bool {
+        *self == Elastic::default()
     }
 }
 
