@@ -297,8 +297,8 @@ fn below_its_minimum_a_step_waits_for_replacements_then_fails_naming_the_reason(
         "started rank 3 of step `train` on ",
         "step `train` is back to 3 workers (minimum 3); it goes on (elastic)",
         "no new workers start there until then",
-        // Without host discovery replacements start only on this machine, blacklisted for 60 s: the step fails at
-        // once rather than wait out a timeout nothing can come back within.
+        // Without host discovery replacements start only on this machine, blacklisted for at least 60 s: the step
+        // fails at once rather than wait out a timeout nothing can come back within.
         "step `train` has 2 workers, fewer than its minimum of 3, and none can come back within 2 s \
          (--elastic-timeout): every host where a replacement could start (",
         ") is blacklisted past it; the last one lost was rank 3 (exit code 137)",
@@ -896,13 +896,20 @@ fn a_host_whose_workers_fail_repeatedly_is_blacklisted_and_the_others_go_on() {
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("step `train` on 4 worker(s)"), "{stderr}");
+    // The default range's first cooldown: 60 s and its random part, less than a quarter more.
     let flat = common::flat_stderr(&out);
-    assert!(
-        flat.contains(
-            "is blacklisted for 60 s: 2 of its workers were lost; no new workers start there until then"
-        ),
-        "{stderr}"
-    );
+    let cooldown: u32 = flat
+        .split("is blacklisted for ")
+        .nth(1)
+        .and_then(|rest| {
+            let (n, tail) = rest.split_once(" s: ")?;
+            tail.starts_with("2 of its workers were lost; no new workers start there until then")
+                .then_some(n)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no blacklisting:\n{stderr}"));
+    assert!((60..=75).contains(&cooldown), "{cooldown}:\n{stderr}");
     assert!(!stderr.contains("host discovery found"), "{stderr}");
     assert!(
         std::fs::read_to_string(dir.path().join("runs"))
@@ -1010,6 +1017,113 @@ fn a_blacklisted_host_comes_back_after_the_cooldown_range_given() {
         "{stderr}"
     );
     // The lost slots 2 and 3 are replaced by new slots 4 and 5 (one may have started between the two losses).
+    assert!(
+        stderr.contains("host discovery found 4 slots for step `train`: started rank 5"),
+        "{stdout}\n{stderr}"
+    );
+    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2), (5, 3)]);
+    common::assert_nothing_left(&marker);
+}
+
+/// Writes an executable program `name` into `dir` that prints `lines`.
+fn program(dir: &Path, name: &str, lines: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\nprintf '{lines}\\n'\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// An elastic step's settings in the file (`workers = { .., discovery, slots_per_host, elastic_timeout }`) take
+/// effect in `hvd run`, each flag overriding its setting. `hvd run` runs from the test's directory, not the
+/// project's: the file's `discovery = "discover.sh"` is found next to the .hvd file.
+#[test]
+fn an_elastic_steps_settings_in_the_file_take_effect_and_the_flags_override_them() {
+    let marker = marker();
+    let dir = project(
+        "{ min = 1, max = 3, discovery = \"discover.sh\", slots_per_host = 2, elastic_timeout = 2s }",
+        2,
+        "",
+        &marker,
+    );
+    // A host name alone: 2 slots by the file's `slots_per_host`.
+    program(dir.path(), "discover.sh", "localhost");
+    let bad = program(dir.path(), "bad.sh", "not a host line!");
+    let bad = bad.to_str().unwrap();
+    assert_ne!(std::env::current_dir().unwrap(), dir.path());
+
+    let (out, stdout, stderr) = run(dir.path(), &[], &[]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("step `train` on 2 worker(s)"), "{stderr}");
+    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]);
+    common::assert_nothing_left(&marker);
+
+    // `--slots-per-host` over `slots_per_host`.
+    let (out, stdout, stderr) = run(dir.path(), &["--slots-per-host", "3"], &[]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("step `train` on 3 worker(s)"), "{stderr}");
+    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2)]);
+    common::assert_nothing_left(&marker);
+
+    // `--host-discovery-script` over `discovery`; the file's `elastic_timeout` (2 s, not the default 60) still
+    // bounds the wait for slots, and `--elastic-timeout` over it.
+    for (args, within) in [
+        (&["--host-discovery-script", bad][..], "2"),
+        (
+            &["--host-discovery-script", bad, "--elastic-timeout", "1"][..],
+            "1",
+        ),
+    ] {
+        let (out, stdout, stderr) = run(dir.path(), args, &[]);
+        assert!(!out.status.success(), "{args:?}: {stdout}\n{stderr}");
+        let want = format!(
+            "step `train` did not start: host discovery (`{bad}`) found no 1 slots within {within} s"
+        );
+        assert!(
+            common::flat_stderr(&out).contains(&want),
+            "{args:?}: want `{want}`:\n{stderr}"
+        );
+        assert!(!stdout.contains(" starts as rank "), "{stdout}");
+    }
+    // A `discovery` program that is not there is refused before anything runs, naming it.
+    let missing = project(
+        "{ min = 1, max = 2, discovery = \"missing.sh\" }",
+        1,
+        "",
+        &marker,
+    );
+    let (out, stdout, stderr) = run(missing.path(), &[], &[]);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    // (The path, absolute, may be wrapped anywhere.)
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains("step `train`: its host discovery program (`workers = { discovery }`)")
+            && flat.contains("missing.sh` is not a file"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains(" starts as rank "), "{stdout}");
+    common::assert_nothing_left(&marker);
+}
+
+/// The file's `cooldown = [1s, 1s]`: as `--blacklist-cooldown-range 1 1` (below), this machine, blacklisted once
+/// two of its workers are lost, is out for 1 s instead of the default 60 (an exact cooldown: MIN = MAX leaves its
+/// random part no room), and discovery starts new workers again.
+#[test]
+fn a_cooldown_in_the_file_sets_the_blacklists_range() {
+    let marker = marker();
+    let dir = project(
+        "{ min = 1, max = 4, discovery = \"discover.sh\", cooldown = [1s, 1s] }",
+        6,
+        "2:3,3:3",
+        &marker,
+    );
+    program(dir.path(), "discover.sh", "localhost:4");
+    let (out, stdout, stderr) = run(dir.path(), &[], &[("ELASTIC_UNTIL", "size:4")]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        common::flat_stderr(&out).contains("is blacklisted for 1 s: 2 of its workers were lost"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("host discovery found 4 slots for step `train`: started rank 5"),
         "{stdout}\n{stderr}"

@@ -21,15 +21,20 @@ const MAX_OUTPUT: usize = 64 * 1024;
 /// The longest line shown in a warning.
 const SHOWN: usize = 120;
 /// Failures of a host's workers that blacklist it, and the default cooldown range ([`Cooldown`]): 60 s the first
-/// time, doubled each time it is blacklisted again, at most 10 min.
+/// time, doubled each time it is blacklisted again, at most 10 min (before [`Cooldown::jittered`]).
 pub const BLACKLIST_FAILURES: u32 = 2;
 pub const FIRST_COOLDOWN: Duration = Duration::from_secs(60);
 pub const MAX_COOLDOWN: Duration = Duration::from_secs(600);
-/// The bounds of `--blacklist-cooldown-range` in seconds (Horovod's: at least 1 s, at most an hour).
-pub const COOLDOWN_BOUNDS: (u64, u64) = (1, 3600);
+/// The bounds of `--blacklist-cooldown-range` (and the file's `workers = { cooldown }`) in seconds (Horovod's: at
+/// least 1 s, at most an hour).
+pub const COOLDOWN_BOUNDS: (u64, u64) = hvd_lang::model::COOLDOWN_SECONDS;
+/// The random part of a cooldown: up to this fraction (1/JITTER_PART) of it ([`Cooldown::jittered`]).
+pub const JITTER_PART: u32 = 4;
 
-/// How long a blacklisted host stays out (`--blacklist-cooldown-range MIN MAX`, Horovod's flag): `min` the first
-/// time, doubled each time the host is blacklisted again, at most `max`.
+/// How long a blacklisted host stays out (`--blacklist-cooldown-range MIN MAX`, Horovod's flag; the file's
+/// `workers = { cooldown = [MIN, MAX] }`): `min` the first time, doubled each time the host is blacklisted again, at
+/// most `max`, with a random part ([`Cooldown::jittered`]) so that hosts blacklisted together do not all come back at
+/// the same instant; never shorter than `min` nor longer than `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cooldown {
     pub min: Duration,
@@ -66,10 +71,46 @@ impl Cooldown {
         })
     }
 
-    /// The cooldown of a host's `times`-th blacklisting after its first (0: the first).
+    /// The cooldown of a host's `times`-th blacklisting after its first (0: the first), before its random part.
     fn nth(&self, times: u32) -> Duration {
         self.min.saturating_mul(1 << times.min(16)).min(self.max)
     }
+
+    /// The cooldown of a host's `times`-th blacklisting, with `random` (any `u64`, uniform) for its random part:
+    /// `d` = [`Cooldown::nth`] lengthened by `random`'s share of `d` / [`JITTER_PART`]; a length past `max` is taken
+    /// off `max` instead (reflected there: a host at `max` comes back from 3/4 `max` to `max`), and none is below
+    /// `min`. So every cooldown is from `min` to `max`, `min == max` is exact, and `random` = 0 gives `d` itself.
+    /// (Horovod adds up to one `min` and then cuts at its upper limit, where hosts meet again.)
+    pub fn jittered(&self, times: u32, random: u64) -> Duration {
+        let d = self.nth(times);
+        let spread = d.as_nanos() / u128::from(JITTER_PART);
+        // random / 2^64 of the spread: below the spread, never past it.
+        let extra = (spread * u128::from(random)) >> 64;
+        let longer = d.as_nanos() + extra;
+        let max = self.max.as_nanos();
+        let nanos = match longer > max {
+            true => max.saturating_sub(longer - max),
+            false => longer,
+        };
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            .max(self.min)
+            .min(self.max)
+    }
+}
+
+/// A random `u64` from the OS (`getrandom(2)`); should that fail, one from the standard library's per-process
+/// random hash keys, which is random enough for spreading cooldowns.
+pub fn os_random() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is a valid buffer of `b.len()` bytes for the kernel to fill.
+    let r = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if usize::try_from(r).is_ok_and(|n| n == b.len()) {
+        return u64::from_ne_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
 }
 
 /// One line of the script's output.
@@ -352,11 +393,19 @@ pub fn is_this_machine(host: &str, hostname: &str) -> bool {
 /// cooldown that doubles each time a host is blacklisted again, within its [`Cooldown`] range). Every name of this
 /// machine (`localhost`, `127.0.0.1`, `::1`, its hostname in any case) is one host: failures are recorded under the
 /// worker's host and asked about under the script's spelling.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Blacklist {
     hostname: String,
     cooldown: Cooldown,
+    /// Where a cooldown's random part comes from ([`os_random`]; tests give their own).
+    random: fn() -> u64,
     hosts: BTreeMap<String, HostRecord>,
+}
+
+impl Default for Blacklist {
+    fn default() -> Self {
+        Blacklist::new("")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -372,8 +421,14 @@ impl Blacklist {
         Blacklist {
             hostname: hostname.to_owned(),
             cooldown: Cooldown::default(),
+            random: os_random,
             hosts: BTreeMap::new(),
         }
+    }
+
+    /// This blacklist with its cooldowns' random part from `random` instead of the OS ([`Cooldown::jittered`]).
+    pub fn with_random(self, random: fn() -> u64) -> Blacklist {
+        Blacklist { random, ..self }
     }
 
     /// This blacklist with the cooldown range `cooldown` (the default: [`Cooldown::default`]).
@@ -389,7 +444,7 @@ impl Blacklist {
         }
     }
 
-    /// A worker on `host` was lost. Returns the cooldown when this blacklists the host.
+    /// A worker on `host` was lost. Returns the cooldown (with its random part) when this blacklists the host.
     pub fn failed(&mut self, host: &str, now: Instant) -> Option<Duration> {
         let key = self.key(host);
         let record = self.hosts.entry(key).or_default();
@@ -398,7 +453,7 @@ impl Blacklist {
             return None;
         }
         record.failures = 0;
-        let cooldown = self.cooldown.nth(record.times);
+        let cooldown = self.cooldown.jittered(record.times, (self.random)());
         record.times += 1;
         record.until = Some(now + cooldown);
         Some(cooldown)
@@ -561,10 +616,15 @@ mod tests {
         );
     }
 
+    /// A random part of 0: the cooldowns are exactly the schedule before it ([`Cooldown::jittered`]).
+    fn no_jitter() -> u64 {
+        0
+    }
+
     #[test]
     fn a_host_that_fails_repeatedly_is_blacklisted_for_a_growing_cooldown() {
         let t = Instant::now();
-        let mut b = Blacklist::default();
+        let mut b = Blacklist::default().with_random(no_jitter);
         assert_eq!(b.failed("a", t), None);
         assert!(!b.blocked("a", t));
         assert_eq!(b.failed("a", t), Some(FIRST_COOLDOWN));
@@ -579,12 +639,14 @@ mod tests {
     }
 
     /// `--blacklist-cooldown-range MIN MAX`: MIN the first time, doubled at each blacklisting after it, never past
-    /// MAX; the host is out exactly until then (times given, no clock read).
+    /// MAX; the host is out exactly until then (times given, no clock read; a random part of 0).
     #[test]
     fn a_cooldown_range_sets_the_first_cooldown_and_bounds_its_growth() {
         let range = Cooldown::from_seconds(5, 30).unwrap();
         let t = Instant::now();
-        let mut b = Blacklist::new("box").with_cooldown(range);
+        let mut b = Blacklist::new("box")
+            .with_cooldown(range)
+            .with_random(no_jitter);
         let secs = Duration::from_secs;
         let mut got = Vec::new();
         for _ in 0..5 {
@@ -593,7 +655,7 @@ mod tests {
         }
         assert_eq!(got, [secs(5), secs(10), secs(20), secs(30), secs(30)]);
         assert!(b.blocked("n1", t + secs(29)) && !b.blocked("n1", t + secs(30)));
-        // The same range at both ends: a fixed cooldown.
+        // The same range at both ends: a fixed cooldown, whatever the random part.
         let mut fixed = Blacklist::new("box").with_cooldown(Cooldown::from_seconds(7, 7).unwrap());
         for _ in 0..3 {
             fixed.failed("n1", t);
@@ -617,10 +679,90 @@ mod tests {
         }
     }
 
+    /// The random part of a cooldown, for random values from 0 to the largest: every cooldown is from MIN to MAX;
+    /// below MAX it is the schedule's `d` lengthened by less than `d`/4; where that would pass MAX it is reflected
+    /// there (at least 3/4 MAX); 0 gives `d`; MIN = MAX is exact; a larger random value never gives a shorter
+    /// cooldown below the reflection.
+    #[test]
+    fn a_cooldowns_random_part_stays_within_its_range() {
+        let secs = Duration::from_secs;
+        let randoms = [
+            0,
+            1,
+            1 << 32,
+            u64::MAX / 3,
+            u64::MAX / 2,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for (min, max) in [
+            (60, 600),
+            (5, 30),
+            (7, 7),
+            (1, 3600),
+            (1, 1),
+            (500, 600),
+            (3599, 3600),
+        ] {
+            let range = Cooldown::from_seconds(min, max).unwrap();
+            for times in 0..20 {
+                let d = range.nth(times);
+                let mut last = Duration::ZERO;
+                for random in randoms {
+                    let c = range.jittered(times, random);
+                    let at = format!("{min}..{max}, blacklisting {times}, random {random}: {c:?}");
+                    assert!(c >= secs(min) && c <= secs(max), "{at}");
+                    if random == 0 {
+                        assert_eq!(c, d, "{at}");
+                    }
+                    if d + d / JITTER_PART <= secs(max) {
+                        assert!(
+                            c >= d && c < d + d / JITTER_PART + Duration::from_nanos(1),
+                            "{at}"
+                        );
+                        assert!(c >= last, "{at}");
+                        last = c;
+                    } else {
+                        assert!(c >= secs(max) * 3 / 4, "{at}");
+                    }
+                    if min == max {
+                        assert_eq!(c, secs(min), "{at}");
+                    }
+                }
+            }
+        }
+        // The first cooldown of the default range: 60 s, and close to 75 s with the largest random value.
+        let first = Cooldown::default().jittered(0, u64::MAX);
+        assert!(first > secs(74) && first < secs(75), "{first:?}");
+        // At the cap (600 s) the random part shortens it instead, by less than a quarter.
+        let capped = Cooldown::default().jittered(10, u64::MAX);
+        assert!(capped > secs(450) && capped < secs(451), "{capped:?}");
+        // Hosts blacklisted at the same moment with different random values come back at different instants.
+        assert_ne!(
+            Cooldown::default().jittered(0, u64::MAX / 3),
+            Cooldown::default().jittered(0, u64::MAX / 2)
+        );
+    }
+
+    /// The blacklist takes its random part from its source: the OS by default, what a test gives here.
+    #[test]
+    fn the_blacklist_lengthens_a_cooldown_by_its_random_part() {
+        let t = Instant::now();
+        let mut b = Blacklist::new("box").with_random(|| u64::MAX / 2);
+        b.failed("n1", t);
+        let cooldown = b.failed("n1", t).unwrap();
+        assert_eq!(cooldown, Cooldown::default().jittered(0, u64::MAX / 2));
+        assert!(cooldown > FIRST_COOLDOWN);
+        assert!(b.blocked("n1", t + FIRST_COOLDOWN) && !b.blocked("n1", t + cooldown));
+        // The OS's: 8 draws are not all the same.
+        let draws: Vec<u64> = (0..8).map(|_| os_random()).collect();
+        assert!(draws.iter().any(|d| *d != draws[0]), "{draws:?}");
+    }
+
     #[test]
     fn failures_recorded_under_the_hostname_block_every_name_of_this_machine() {
         let t = Instant::now();
-        let mut b = Blacklist::new("Box");
+        let mut b = Blacklist::new("Box").with_random(no_jitter);
         b.failed("Box", t);
         assert_eq!(b.failed("box", t), Some(FIRST_COOLDOWN));
         for name in ["localhost", "LOCALHOST", "127.0.0.1", "::1", "box", "BOX."] {

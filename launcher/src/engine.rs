@@ -248,6 +248,8 @@ pub struct PlannedStep {
     /// `Some(min)`: an elastic step (`workers = { min, max }`, `--min-workers`): it starts `workers` and goes on
     /// while at least `min` are alive (docs/running.md, Elastic steps).
     pub min_workers: Option<u32>,
+    /// An elastic step's settings (its flags over the file's `workers = { .. }`); the defaults for any other step.
+    pub elastic: crate::options::ElasticSettings,
 }
 
 /// What `hvd run` will do.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::LaunchError;
 use crate::engine::{Plan, PlannedStep, SupervisedEngine};
 use crate::env_vars::{HOROVOD_TIMELINE, HVD_TIMELINE};
-use crate::options::RunOptions;
+use crate::options::{ELASTIC_TIMEOUT, ElasticSettings, RunOptions};
 
 /// The steps of a project as a dependency graph (edge: needed step -> step that needs it).
 #[derive(Debug)]
@@ -118,6 +118,47 @@ impl StepGraph {
     }
 }
 
+/// An elastic step's settings: each `hvd run` flag over the step's `workers = { .. }` in the file, over the default.
+/// The file's discovery program is a path relative to the file's directory, and must exist.
+fn elastic_settings(
+    step: &Step,
+    options: &RunOptions,
+    project_dir: &Path,
+) -> Result<ElasticSettings, LaunchError> {
+    let file = &step.elastic;
+    let discovery = match (&options.host_discovery_script, &file.discovery) {
+        (Some(flag), _) => Some(flag.clone()),
+        (None, Some(path)) => {
+            let path = project_dir.join(path);
+            if !path.is_file() {
+                return Err(LaunchError::Engine(format!(
+                    "step `{}`: its host discovery program (`workers = {{ discovery }}`) `{}` is not a file (a path \
+                     relative to the .hvd file's directory, of an executable that prints `host:slots` lines)",
+                    step.name,
+                    path.display()
+                )));
+            }
+            Some(path)
+        }
+        (None, None) => None,
+    };
+    let cooldown = match (options.blacklist_cooldown, file.cooldown_seconds) {
+        (Some(flag), _) => flag,
+        (None, Some((min, max))) => crate::discovery::Cooldown::from_seconds(min, max)
+            .map_err(|e| LaunchError::Engine(format!("step `{}`: {e}", step.name)))?,
+        (None, None) => crate::discovery::Cooldown::default(),
+    };
+    Ok(ElasticSettings {
+        timeout: options
+            .elastic_timeout
+            .or(file.elastic_timeout_ms.map(Duration::from_millis))
+            .unwrap_or(ELASTIC_TIMEOUT),
+        discovery,
+        slots_per_host: options.slots_per_host.or(file.slots_per_host),
+        cooldown,
+    })
+}
+
 /// Builds the plan for `project` with `engine` running its distributed steps.
 pub fn plan(
     project: &Project,
@@ -191,6 +232,10 @@ pub fn plan(
             outputs: step.outputs.clone(),
             timeout: step.timeout_ms.map(Duration::from_millis),
             restarts: restarts_of(step, options),
+            elastic: match min_workers {
+                Some(_) => elastic_settings(step, options, &project_dir)?,
+                None => ElasticSettings::default(),
+            },
             min_workers,
         });
     }

@@ -34,18 +34,14 @@ pub struct RunOptions {
     pub min_workers: Option<u32>,
     /// `--max-workers N`: the workers every distributed step starts with (as `--workers`, which it wins over).
     pub max_workers: Option<u32>,
-    /// `--elastic-timeout`: how long a new round of an elastic step waits for its live workers to ask to join
-    /// (from the first that asked; one that does not is left out and stopped), and how long an elastic step below
-    /// its minimum waits for replacements or discovered slots before it fails.
-    pub elastic_timeout: Duration,
-    /// `--host-discovery-script`: an elastic step's hosts come from this script (Horovod's contract: it prints
-    /// `host:slots` lines), run at the start and every second while the step runs; new slots start new workers.
+    /// `--elastic-timeout` (over each elastic step's `elastic_timeout`; [`ElasticSettings::timeout`]).
+    pub elastic_timeout: Option<Duration>,
+    /// `--host-discovery-script` (over each elastic step's `discovery`; [`ElasticSettings::discovery`]).
     pub host_discovery_script: Option<PathBuf>,
-    /// `--slots-per-host N` (horovodrun's `--slots-per-host`): the discovery script may print a host name alone,
-    /// which gets N slots; `None`: every line must be `host:slots`.
+    /// `--slots-per-host N` (over each elastic step's `slots_per_host`; [`ElasticSettings::slots_per_host`]).
     pub slots_per_host: Option<u32>,
-    /// `--blacklist-cooldown-range MIN MAX`: how long a host whose workers were lost stays blacklisted.
-    pub blacklist_cooldown: crate::discovery::Cooldown,
+    /// `--blacklist-cooldown-range MIN MAX` (over each elastic step's `cooldown`; [`ElasticSettings::cooldown`]).
+    pub blacklist_cooldown: Option<crate::discovery::Cooldown>,
     /// `--checkpoints DIR`: where every step's workers keep `hvd.elastic` checkpoints (`HVD_CHECKPOINT_DIR`), over
     /// the steps' `checkpoints`.
     pub checkpoints: Option<PathBuf>,
@@ -88,10 +84,10 @@ impl Default for RunOptions {
             max_restarts: None,
             min_workers: None,
             max_workers: None,
-            elastic_timeout: Duration::from_secs(60),
+            elastic_timeout: None,
             host_discovery_script: None,
             slots_per_host: None,
-            blacklist_cooldown: crate::discovery::Cooldown::default(),
+            blacklist_cooldown: None,
             checkpoints: None,
             state_dir: None,
             caches: Vec::new(),
@@ -104,6 +100,39 @@ impl Default for RunOptions {
             spark: SparkOptions::default(),
             ssh: SshOptions::default(),
             detach: false,
+        }
+    }
+}
+
+/// An elastic step's settings as it runs: `hvd run`'s flag, else the step's `workers = { .. }` in the file, else
+/// the default (docs/running.md, Elastic steps).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElasticSettings {
+    /// How long a new round waits for the live workers to ask to join (from the first that asked; one that does
+    /// not is left out and stopped), and how long the step below its minimum waits for replacements or discovered
+    /// slots before it fails (`--elastic-timeout`, `elastic_timeout`; 60 s).
+    pub timeout: Duration,
+    /// The step's hosts come from this program (Horovod's contract: it prints `host:slots` lines), run at the start
+    /// and every second while the step runs; new slots start new workers (`--host-discovery-script`, absolute
+    /// against the current directory; `discovery`, against the .hvd file's directory).
+    pub discovery: Option<PathBuf>,
+    /// The discovery program may print a host name alone, which gets N slots; `None`: every line must be
+    /// `host:slots` (`--slots-per-host`, `slots_per_host`).
+    pub slots_per_host: Option<u32>,
+    /// How long a host whose workers were lost stays blacklisted (`--blacklist-cooldown-range`, `cooldown`).
+    pub cooldown: crate::discovery::Cooldown,
+}
+
+/// The elastic timeout without a flag or a setting.
+pub const ELASTIC_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Default for ElasticSettings {
+    fn default() -> Self {
+        ElasticSettings {
+            timeout: ELASTIC_TIMEOUT,
+            discovery: None,
+            slots_per_host: None,
+            cooldown: crate::discovery::Cooldown::default(),
         }
     }
 }

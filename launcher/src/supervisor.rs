@@ -153,26 +153,31 @@ pub fn execute(
     events: &dyn EventSink,
     interrupts: Interrupts,
 ) -> Result<RunReport, LaunchError> {
-    if let Some(script) = &options.host_discovery_script {
-        if !plan
+    if let Some(script) = &options.host_discovery_script
+        && !plan
             .steps
             .iter()
             .any(|s| s.workers.is_some() && s.min_workers.is_some())
-        {
-            return Err(LaunchError::Engine(format!(
-                "`--host-discovery-script {}` needs an elastic step (`workers = {{ min = .., max = .. }}` or \
-                 `--min-workers`): no step of this run is elastic",
-                script.display()
-            )));
-        }
-        // Before anything runs: host discovery starts workers where the engine starts each rank itself.
-        if !starts_workers_anywhere(plan.engine.as_ref()) {
-            return Err(LaunchError::Engine(format!(
-                "host discovery (`--host-discovery-script`) runs elastic steps on the local and ssh engines only, \
-                 not on the {} (its hosts are its allocation or host list)",
-                plan.engine.name()
-            )));
-        }
+    {
+        return Err(LaunchError::Engine(format!(
+            "`--host-discovery-script {}` needs an elastic step (`workers = {{ min = .., max = .. }}` or \
+             `--min-workers`): no step of this run is elastic",
+            script.display()
+        )));
+    }
+    // Before anything runs: host discovery (the flag's, or a step's `workers = { discovery }`) starts workers where
+    // the engine starts each rank itself.
+    if plan
+        .steps
+        .iter()
+        .any(|s| s.elastic.discovery.is_some() && s.min_workers.is_some())
+        && !starts_workers_anywhere(plan.engine.as_ref())
+    {
+        return Err(LaunchError::Engine(format!(
+            "host discovery (`--host-discovery-script`, `workers = {{ discovery }}`) runs elastic steps on the local \
+             and ssh engines only, not on the {} (its hosts are its allocation or host list)",
+            plan.engine.name()
+        )));
     }
     // The engine's checks and files (ssh: the hosts; spark: its driver), when a step is distributed.
     if plan.steps.iter().any(|s| s.workers.is_some()) {
@@ -486,7 +491,7 @@ fn run_step(
             // while the round still waits for a hung peer.
             attempt.env.insert(
                 hvd_collective::env_vars::HVD_ELASTIC_TIMEOUT.to_owned(),
-                job.options.elastic_timeout.as_secs_f64().to_string(),
+                step.elastic.timeout.as_secs_f64().to_string(),
             );
         }
         let attempt_log = match restart {
@@ -655,7 +660,7 @@ fn run_attempt(
             }
             // With host discovery, the first run of the script says how many workers start.
             // `execute` refused host discovery on an engine that does not start workers itself.
-            if let Some(script) = &job.options.host_discovery_script
+            if let Some(script) = &step.elastic.discovery
                 && replaces
             {
                 let d = Discovery::new(
@@ -669,7 +674,7 @@ fn run_attempt(
                 discovery = Some(d);
             }
             let first = first_slots.as_ref().map_or(n, |s| s.len() as u32);
-            server.set_elastic(first, job.options.elastic_timeout);
+            server.set_elastic(first, step.elastic.timeout);
             // Below the minimum no round forms: the survivors wait for replacements, or for the step to end.
             server.set_elastic_minimum(min);
             Some(min)

@@ -65,20 +65,21 @@ pub struct RunArgs {
     pub max_workers: Option<u32>,
     /// Seconds a new round of an elastic step waits for its live workers to rejoin after a loss (from the first
     /// that rejoined; one that does not is left out and stopped), and an elastic step below its minimum waits for
-    /// replacements or discovered slots before it fails.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
-    pub elastic_timeout: f64,
+    /// replacements or discovered slots before it fails (default 60; overrides `workers = { elastic_timeout }`).
+    #[arg(long, value_name = "SECONDS")]
+    pub elastic_timeout: Option<f64>,
     /// An elastic step's hosts come from this program (Horovod's contract: it prints `host:slots` lines), run at the
     /// start and every second; new slots start new workers, which join at a commit, and workers on slots it no
-    /// longer lists leave at their next commit (local and ssh engines).
+    /// longer lists leave at their next commit (local and ssh engines; overrides `workers = { discovery }`).
     #[arg(long, value_name = "PROGRAM")]
     pub host_discovery_script: Option<PathBuf>,
-    /// With `--host-discovery-script`: the script may print a host name alone (no `:slots`), which gets N slots
-    /// (horovodrun's `--slots-per-host`); a `host:slots` line keeps its own.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), requires = "host_discovery_script")]
+    /// With host discovery: the program may print a host name alone (no `:slots`), which gets N slots
+    /// (horovodrun's `--slots-per-host`; overrides `workers = { slots_per_host }`); a `host:slots` line keeps its own.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub slots_per_host: Option<u32>,
     /// How long a host on which an elastic step lost 2 workers is blacklisted: MIN seconds the first time, doubled
-    /// each time again, at most MAX (1 to 3600; default 60 600; horovodrun's flag of the same name).
+    /// each time again, at most MAX, with a random part of up to a quarter that keeps it within MIN..MAX (1 to 3600;
+    /// default 60 600; horovodrun's flag of the same name; overrides `workers = { cooldown }`).
     #[arg(long, num_args = 2, value_names = ["MIN", "MAX"])]
     pub blacklist_cooldown_range: Option<Vec<u64>>,
     /// Where the steps' workers keep `hvd.elastic` checkpoints (`state.checkpoint()`) and resume from: a directory
@@ -788,14 +789,14 @@ fn options(
         max_restarts: args.max_restarts,
         min_workers: args.min_workers,
         max_workers: args.max_workers,
-        elastic_timeout: match seconds("elastic-timeout", args.elastic_timeout)? {
+        elastic_timeout: match args.elastic_timeout.map(|t| seconds("elastic-timeout", t)) {
             // A round that waited for nobody would leave out every worker but the first to rejoin.
-            t if t.is_zero() => {
+            Some(Ok(t)) if t.is_zero() => {
                 return Err(Failure::usage(
                     "`--elastic-timeout` must be more than 0 seconds".to_owned(),
                 ));
             }
-            t => t,
+            t => t.transpose()?,
         },
         host_discovery_script: match &args.host_discovery_script {
             None => None,
@@ -811,12 +812,26 @@ fn options(
                 Some(path)
             }
         },
-        slots_per_host: args.slots_per_host,
-        blacklist_cooldown: match args.blacklist_cooldown_range.as_deref() {
-            None => hvd_launcher::discovery::Cooldown::default(),
-            Some(&[min, max]) => {
-                hvd_launcher::discovery::Cooldown::from_seconds(min, max).map_err(Failure::usage)?
+        slots_per_host: match args.slots_per_host {
+            // Names alone need a program that prints them: the flag's, or a step's in the file.
+            Some(_)
+                if args.host_discovery_script.is_none()
+                    && project.steps.iter().all(|s| s.elastic.discovery.is_none()) =>
+            {
+                return Err(Failure::usage(
+                    "`--slots-per-host` is for host discovery: give `--host-discovery-script PROGRAM` too, or \
+                     `discovery` in an elastic step's `workers = { .. }`"
+                        .to_owned(),
+                ));
             }
+            n => n,
+        },
+        blacklist_cooldown: match args.blacklist_cooldown_range.as_deref() {
+            None => None,
+            Some(&[min, max]) => Some(
+                hvd_launcher::discovery::Cooldown::from_seconds(min, max)
+                    .map_err(Failure::usage)?,
+            ),
             Some(other) => {
                 return Err(Failure::usage(format!(
                     "`--blacklist-cooldown-range` takes two numbers of seconds (MIN MAX), not {other:?}"

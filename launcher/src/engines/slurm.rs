@@ -40,12 +40,21 @@ impl SlurmSetup {
             true => Some(Allocation::from_env(options.grace)?),
             false => None,
         };
-        if let (Some(_), Some(script)) = (&allocation, &options.host_discovery_script) {
+        // Host discovery: the flag's, or an elastic step's `workers = { discovery }` in the file.
+        let discovery = options
+            .host_discovery_script
+            .as_ref()
+            .map(|script| format!("`--host-discovery-script {}`", script.display()))
+            .or_else(|| {
+                project.steps.iter().find_map(|s| {
+                    let script = s.elastic.discovery.as_ref()?;
+                    Some(format!("`discovery = {script:?}` of step `{}`", s.name))
+                })
+            });
+        if let (Some(_), Some(discovery)) = (&allocation, discovery) {
             return Err(LaunchError::Engine(format!(
-                "host discovery (`--host-discovery-script {}`) runs elastic steps on the local and ssh engines only, \
-                 not on the slurm engine: its hosts are the allocation's nodes, where lost workers are replaced \
-                 without it",
-                script.display()
+                "host discovery ({discovery}) runs elastic steps on the local and ssh engines only, not on the slurm \
+                 engine: its hosts are the allocation's nodes, where lost workers are replaced without it"
             )));
         }
         if let Some(allocation) = &allocation {

@@ -466,6 +466,7 @@ mod tests {
             timeout: None,
             restarts: 0,
             min_workers: Some(2),
+            elastic: Default::default(),
         };
         let plan = Plan {
             project: "p".into(),

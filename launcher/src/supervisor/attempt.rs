@@ -62,14 +62,14 @@ pub(super) fn first_discovery(
     let started = Instant::now();
     let mut last: Option<String> = None;
     loop {
-        let found = match discovery.run_now(job.options.slots_per_host) {
+        let found = match discovery.run_now(step.elastic.slots_per_host) {
             Ok(found) => {
                 let usable = hosts.usable(
                     job,
                     step,
                     &found,
                     &Blacklist::new(hosts.here()),
-                    Some(started + job.options.elastic_timeout),
+                    Some(started + step.elastic.timeout),
                 );
                 let n: u32 = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                 if n >= min {
@@ -99,16 +99,14 @@ pub(super) fn first_discovery(
             });
         }
         last = Some(found);
-        if started.elapsed() >= job.options.elastic_timeout
-            || job.stopping()
-            || job.interrupts.get().0 > 0
+        if started.elapsed() >= step.elastic.timeout || job.stopping() || job.interrupts.get().0 > 0
         {
             return Err(LaunchError::Engine(format!(
                 "step `{}` did not start: host discovery (`{}`) found no {min} slots within {} s (--elastic-timeout); \
                  the last run: {}",
                 step.name,
                 discovery.script().display(),
-                job.options.elastic_timeout.as_secs_f64(),
+                step.elastic.timeout.as_secs_f64(),
                 last.unwrap_or_default()
             )));
         }
@@ -250,7 +248,7 @@ fn below_minimum_reason(
         "step `{}` has {left} workers, fewer than its minimum of {min}, and no workers came back within {} s \
          (--elastic-timeout); the last one lost was rank {} ({}); stopping the others (grace {} s)",
         step.name,
-        job.options.elastic_timeout.as_secs_f64(),
+        step.elastic.timeout.as_secs_f64(),
         below.rank,
         below.exit,
         job.options.grace.as_secs_f64()
@@ -267,7 +265,7 @@ fn every_host_blacklisted(
     (own, blacklist): (&[HostSlots], &Blacklist),
     own_only: bool,
 ) -> Option<String> {
-    let deadline = below.since + job.options.elastic_timeout;
+    let deadline = below.since + step.elastic.timeout;
     if !own_only || own.is_empty() || !own.iter().all(|h| blacklist.blocked(&h.host, deadline)) {
         return None;
     }
@@ -277,7 +275,7 @@ fn every_host_blacklisted(
          (--elastic-timeout): every host where a replacement could start ({}) is blacklisted past it; the last one \
          lost was rank {} ({}); stopping the others (grace {} s)",
         step.name,
-        job.options.elastic_timeout.as_secs_f64(),
+        step.elastic.timeout.as_secs_f64(),
         hosts.join(", "),
         below.rank,
         below.exit,
@@ -389,7 +387,7 @@ pub(super) fn supervise(
     let mut remaining = workers.len();
     // Host discovery: hosts whose workers failed repeatedly, the last warning.
     let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()))
-        .with_cooldown(job.options.blacklist_cooldown);
+        .with_cooldown(step.elastic.cooldown);
     let mut last_warning: Option<String> = None;
     let mut starts = Starts::new(step.layout.slots.len());
     let mut backoff = SpawnBackoff::default();
@@ -483,7 +481,7 @@ pub(super) fn supervise(
                                             "host {} is blacklisted for {} s: {} of its workers were lost; no new \
                                              workers start there until then",
                                             worker.host,
-                                            cooldown.as_secs(),
+                                            cooldown.as_secs_f64().round(),
                                             crate::discovery::BLACKLIST_FAILURES
                                         ),
                                     });
@@ -546,8 +544,8 @@ pub(super) fn supervise(
                                  of {min}; waiting up to {} s (--elastic-timeout) for {} (elastic)",
                                 worker.rank,
                                 step.name,
-                                job.options.elastic_timeout.as_secs_f64(),
-                                match job.options.host_discovery_script.is_some() {
+                                step.elastic.timeout.as_secs_f64(),
+                                match step.elastic.discovery.is_some() {
                                     false => "replacements",
                                     true => "host discovery to find slots",
                                 }
@@ -602,7 +600,7 @@ pub(super) fn supervise(
             _ if job.stopping() || restart || finishing => None,
             Some(Growth {
                 discovery: Some(d), ..
-            }) => d.poll(job.options.slots_per_host),
+            }) => d.poll(step.elastic.slots_per_host),
             Some(_) if vacancies > 0 && backoff.ready(Instant::now()) => Some(Ok(own.clone())),
             _ => None,
         };
@@ -718,7 +716,7 @@ pub(super) fn supervise(
                                         text: format!(
                                             "host {host} is blacklisted for {} s: {} of its workers were lost or \
                                              could not start; no new workers start there until then",
-                                            cooldown.as_secs(),
+                                            cooldown.as_secs_f64().round(),
                                             crate::discovery::BLACKLIST_FAILURES
                                         ),
                                     });
@@ -752,7 +750,7 @@ pub(super) fn supervise(
                         text: format!(
                             "rank {slot} of step `{}` did not rejoin within {} s; stopping it (elastic)",
                             step.name,
-                            job.options.elastic_timeout.as_secs_f64()
+                            step.elastic.timeout.as_secs_f64()
                         ),
                     });
                     let w = &mut workers[index];
@@ -810,7 +808,7 @@ pub(super) fn supervise(
             // blacklisted past the deadline, none can come back in time; else the step is below for good once
             // `--elastic-timeout` has passed.
             .or_else(|| {
-                (b.since.elapsed() >= job.options.elastic_timeout)
+                (b.since.elapsed() >= step.elastic.timeout)
                     .then(|| below_minimum_reason(job, step, b, alive, min))
             }) {
                 all_ok = false;

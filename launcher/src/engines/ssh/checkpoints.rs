@@ -103,6 +103,7 @@ mod tests {
             timeout: None,
             restarts: 0,
             min_workers: min,
+            elastic: Default::default(),
         };
         Plan {
             project: "p".into(),
