@@ -36,10 +36,6 @@ hvd_env_vars::env_vars! {
     CC;
     /// Set for source builds with `env.toolchain = "gcc"`: the g++ next to that gcc.
     CXX;
-    /// Set for source builds whose interpreter has a shared libpython: the interpreter's `lib/`, where the linker
-    /// finds `-lpython3.Nm` (distutils before python 3.8 links extensions against it, with `-L` naming the
-    /// host's original prefix, which the sandbox does not show).
-    LIBRARY_PATH;
     /// Set for source builds with a CUDA toolkit (`std.cuda`, docs/store.md): the toolkit's store path.
     CUDA_HOME;
     /// Set for source builds with a CUDA toolkit: the toolkit's store path (CMake's FindCUDAToolkit reads it).

@@ -31,7 +31,7 @@ use crate::python::Interpreter;
 use crate::store::{KnownTree, Store};
 
 /// Part of every interpreter derivation: bump when what is copied or how it is relocated changes.
-const LAYOUT: &str = "hvd-python-2";
+const LAYOUT: &str = "hvd-python-3";
 
 /// The file in an interpreter path listing the shared libraries it needs from the host beyond glibc and itself:
 /// one line per soname, `<soname> <file>...` naming the files of the path that need it (`bin/python3.11`,
@@ -159,6 +159,8 @@ enum Item {
 /// What of an installation is copied: destination (relative) -> item, and where the installation lies.
 struct Selection {
     prefix: PathBuf,
+    /// The installation's executable (python 2's relocated configure-time variables are compiled with it).
+    executable: PathBuf,
     short_version: String,
     items: BTreeMap<PathBuf, Item>,
 }
@@ -193,6 +195,7 @@ fn installation(python: &Interpreter) -> Result<(PathBuf, PathBuf)> {
 
 fn select(python: &Interpreter) -> Result<Selection> {
     let (prefix, executable) = installation(python)?;
+    let host_executable = executable.clone();
     let short = &python.short_version;
     let mut items = BTreeMap::new();
     items.insert(PathBuf::from("bin"), Item::Dir);
@@ -248,6 +251,7 @@ fn select(python: &Interpreter) -> Result<Selection> {
     bytecode(short, &mut items);
     Ok(Selection {
         prefix,
+        executable: host_executable,
         short_version: short.clone(),
         items,
     })
@@ -471,6 +475,47 @@ impl Selection {
         Ok(Sha256::from_hasher(hasher).as_str().to_string())
     }
 
+    /// Python 2's bytecode of `bytes` (the relocated source of `source`) as the installation's own interpreter
+    /// compiles it (`-E -S -B`: no environment, no site, nothing written), recording the store's source mtime.
+    fn python2_bytecode(&self, source: &Path, bytes: &[u8]) -> Result<Vec<u8>> {
+        use std::io::Write as _;
+        const COMPILE: &str = "import sys, imp, marshal, struct\n\
+            code = compile(sys.stdin.read(), sys.argv[1], 'exec')\n\
+            sys.stdout.write(imp.get_magic() + struct.pack('<I', int(sys.argv[2])) + marshal.dumps(code))\n";
+        let failed = |why: String| {
+            Error::Invalid(format!(
+                "cannot compile the relocated `{}` with `{}`: {why}",
+                source.display(),
+                self.executable.display()
+            ))
+        };
+        let mut child = std::process::Command::new(&self.executable)
+            .args(["-E", "-S", "-B", "-c", COMPILE])
+            .arg(source)
+            .arg(crate::store::STORE_MTIME.to_string())
+            .env_clear()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|err| failed(err.to_string()))?;
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let input = bytes.to_vec();
+        let writer = std::thread::spawn(move || stdin.write_all(&input));
+        let out = child
+            .wait_with_output()
+            .map_err(|err| failed(err.to_string()))?;
+        let _ = writer.join();
+        if !out.status.success() || out.stdout.len() < 8 {
+            return Err(failed(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(out.stdout)
+    }
+
     /// Copy the selection into `out`, relocating ELF files, and return the manifest of the canonical tree. With
     /// `out` `None`, nothing is written: the same walk, relocation and hashing give the manifest the copy would
     /// have (what `hvd lock` pins, [`pin`]).
@@ -478,6 +523,9 @@ impl Selection {
         let mut manifest = BTreeMap::new();
         let mut host_libraries: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut provided = BTreeSet::new();
+        // Python 2's bytecode compiled here for a relocated module (`python2_bytecode`), which the
+        // installation's own `.pyc` (later in the walk) must not replace.
+        let mut compiled = BTreeSet::new();
         for (dest, item) in &self.items {
             let path = out.map(|out| out.join(dest));
             let path = path.as_deref();
@@ -521,6 +569,9 @@ impl Selection {
                     );
                 }
                 Item::Bytecode { pyc, py } => {
+                    if compiled.contains(dest) {
+                        continue;
+                    }
                     let Some(bytes) = store_bytecode(&self.short_version, pyc, py)? else {
                         continue;
                     };
@@ -537,6 +588,26 @@ impl Selection {
                 }
                 Item::File(source) => {
                     let mut bytes = fs_err::read(source)?;
+                    if is_sysconfigdata(&self.short_version, dest)
+                        && relocate_sysconfigdata(&mut bytes)
+                        && self.short_version.starts_with("2.")
+                    {
+                        // Python 2 writes a module's bytecode beside its source, so without a valid `.pyc` it
+                        // would write one into the store (or an env linking the module): compile it here.
+                        let pyc = self.python2_bytecode(source, &bytes)?;
+                        let pyc_dest = dest.with_extension("pyc");
+                        if let Some(out) = out {
+                            fs_err::write(out.join(&pyc_dest), &pyc)?;
+                        }
+                        compiled.insert(pyc_dest.clone());
+                        manifest.insert(
+                            pyc_dest.to_string_lossy().into_owned(),
+                            ManifestEntry::File {
+                                executable: false,
+                                sha256: Sha256::of_bytes(&pyc),
+                            },
+                        );
+                    }
                     if elf::is_elf(&bytes) {
                         let needed = self.relocate(dest, &mut bytes).map_err(|err| {
                             Error::Invalid(format!(
@@ -654,6 +725,76 @@ impl Selection {
         }
         Ok(dynamic.needed)
     }
+}
+
+/// Whether `dest` is the module of the installation's configure-time variables (`lib/python3.11/
+/// _sysconfigdata__linux_x86_64-linux-gnu.py`, python 2's `lib/python2.7/_sysconfigdata.py`), which `sysconfig`
+/// and `distutils` read for the paths and flags that builds of extensions use.
+fn is_sysconfigdata(short: &str, dest: &Path) -> bool {
+    dest.parent() == Some(&PathBuf::from("lib").join(format!("python{short}")))
+        && dest.file_name().is_some_and(|name| {
+            let name = name.to_string_lossy();
+            name.starts_with("_sysconfigdata") && name.ends_with(".py")
+        })
+}
+
+/// Make the configure-time variables name the copy instead of the installation it was copied from: every value
+/// naming a path under `prefix` (`LIBDIR`, `INCLUDEPY`, `-L<prefix>/lib` in `LDSHARED`, ...) would send a build
+/// of an extension to the host's installation, which a sandboxed build does not see and another host does not
+/// have (distutils before python 3.8 links extensions with `-L$LIBDIR -lpython3.6m`). The store path is not known
+/// while its content is hashed, so the module finds it when it is imported: an appended function replaces the
+/// old prefix in every string value by the directory three levels above the module's own real path
+/// (`<store path>/lib/pythonX.Y/_sysconfigdata*.py`), where it is followed by `/`, a blank, a quote or the
+/// value's end. Left as they are: installations whose prefix is a system directory (`/usr`, `/usr/local`: a
+/// value there may name any of the host's files, such as `/usr/bin/install`), a module without a `'prefix'`
+/// value, and a prefix that a plain string literal cannot hold as it is (a quote, a backslash, a control
+/// character). Whether it appended the function.
+fn relocate_sysconfigdata(bytes: &mut Vec<u8>) -> bool {
+    // The prefix as configured (pprint writes `'prefix': '/root/.pyenv/versions/3.6.15',`), which may differ from
+    // the canonical path the installation was found at.
+    const KEY: &[u8] = b"'prefix': '";
+    let Some(at) = bytes.windows(KEY.len()).position(|w| w == KEY) else {
+        return false;
+    };
+    let value = &bytes[at + KEY.len()..];
+    let Some(old) = value
+        .iter()
+        .position(|&b| b == b'\'')
+        .and_then(|end| std::str::from_utf8(&value[..end]).ok())
+    else {
+        return false;
+    };
+    let old = old.trim_end_matches('/');
+    if ["", "/usr", "/usr/local"].contains(&old)
+        || !old.starts_with('/')
+        || old.chars().any(|c| c == '"' || c == '\\' || c.is_control())
+    {
+        return false;
+    }
+    let old = old.to_owned();
+    bytes.extend_from_slice(
+        format!(
+            "\n\n# Appended by hvd when this installation was copied into its store: it was configured with the \
+             prefix\n# below; values naming paths under it name this copy instead.\n\
+             def _hvd_relocate(old):\n\
+             \x20   import os\n\
+             \x20   new = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))\n\
+             \x20   if new == old:\n\
+             \x20       return\n\
+             \x20   for key, value in list(build_time_vars.items()):\n\
+             \x20       if not isinstance(value, str) or old not in value:\n\
+             \x20           continue\n\
+             \x20       parts = value.split(old)\n\
+             \x20       out = parts[0]\n\
+             \x20       for part in parts[1:]:\n\
+             \x20           out += (new if part[:1] in ('', '/', ' ', '\"', \"'\") else old) + part\n\
+             \x20       build_time_vars[key] = out\n\
+             _hvd_relocate('{old}')\n\
+             del _hvd_relocate\n"
+        )
+        .as_bytes(),
+    );
+    true
 }
 
 /// The bytes of `pyc` with the source mtime it records set to the store's, when it is valid for the source `py`

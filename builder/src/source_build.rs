@@ -474,15 +474,6 @@ fn run_backend(
         set("CC", gcc.as_os_str());
         set("CXX", gcc.with_file_name("g++").as_os_str());
     }
-    // Python before 3.8 links extensions against a shared libpython (`-lpython3.6m`), with `-L` naming the
-    // prefix it was configured with (pyenv's), which the sandbox does not show: the linker finds it in the
-    // interpreter's own `lib/` (its store path) instead.
-    if let Some(lib) = interpreter_prefix(request.build_env)
-        .map(|prefix| prefix.join("lib"))
-        .filter(|lib| !crate::interpreter::shared_libpythons(lib).is_empty())
-    {
-        set(crate::env_vars::LIBRARY_PATH, lib.as_os_str());
-    }
     for (key, value) in request.cuda.map(|c| c.variables()).unwrap_or_default() {
         set(key, &value);
     }

@@ -308,8 +308,6 @@ fn source_build_follows_the_framework_and_reverting_is_a_cache_hit() {
         "LANG",
         "LC_ALL",
         "LC_CTYPE",
-        // The interpreter's lib/, where it holds a shared libpython (pyenv's builds do).
-        "LIBRARY_PATH",
         "PATH",
         "PYTHONDONTWRITEBYTECODE",
         "PYTHONHASHSEED",

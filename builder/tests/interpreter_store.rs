@@ -266,8 +266,15 @@ fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
     );
 
     // Hide the host's installation under an empty tmpfs in a private mount namespace and run the env there.
-    let code = "import sys, ssl, ctypes, sqlite3, json, decimal, hashlib, zlib; \
-                print(sys.base_prefix); print(ssl.OPENSSL_VERSION.split()[0])";
+    // The configure-time variables (what builds of extensions read: `-L$LIBDIR`, `INCLUDEPY`) name the copy, and
+    // no value names the host's installation any more.
+    let code = format!(
+        "import sys, ssl, ctypes, sqlite3, json, decimal, hashlib, zlib, os, sysconfig; \
+         print(sys.base_prefix); print(ssl.OPENSSL_VERSION.split()[0]); v = sysconfig.get_config_vars(); \
+         print(v[\"LIBDIR\"]); print(os.path.isfile(os.path.join(v[\"INCLUDEPY\"], \"Python.h\"))); \
+         print(sorted(k for k, x in v.items() if isinstance(x, str) and \"{}\" in x))",
+        prefix.display()
+    );
     let script = format!(
         "mount -t tmpfs none {prefix} && test ! -e {exe} && exec {python} -c '{code}'",
         prefix = prefix.display(),
@@ -294,6 +301,17 @@ fn an_env_runs_from_the_store_with_the_hosts_installation_hidden() {
     let mut lines = stdout.lines();
     assert_eq!(lines.next(), Some(stored.path.to_str().unwrap()));
     assert_eq!(lines.next(), Some("OpenSSL"));
+    assert_eq!(
+        lines.next(),
+        Some(stored.path.join("lib").to_str().unwrap()),
+        "LIBDIR: {stdout}"
+    );
+    assert_eq!(lines.next(), Some("True"), "INCLUDEPY: {stdout}");
+    assert_eq!(
+        lines.next(),
+        Some("[]"),
+        "variables naming the host's installation: {stdout}"
+    );
 }
 
 #[test]

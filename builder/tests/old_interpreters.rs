@@ -187,6 +187,30 @@ fn every_pyenv_interpreter_imports_from_its_env_with_an_empty_stderr() {
                 "{version}: console script: success={ok}, stdout={stdout:?}, stderr={stderr:?}"
             ));
         }
+        // The configure-time variables a build of an extension reads name the interpreter's store path, not the
+        // installation it was copied from (python 2 included: its compiled `_sysconfigdata.pyc` holds the
+        // relocation, and importing it writes nothing: checked below).
+        let (ok, stdout, stderr) = run_clean(
+            &python,
+            &[
+                "-c",
+                "import sysconfig; v = sysconfig.get_config_vars(); print(v['LIBDIR']); \
+                 print(v['prefix'] in v['LDSHARED'] or v['Py_ENABLE_SHARED'] != 1)",
+            ],
+        );
+        let interpreter = store
+            .list_paths()
+            .unwrap()
+            .into_iter()
+            .find(|name| name.ends_with(&format!("-python-{version}")))
+            .map(|name| store.root().join(name));
+        let expected = interpreter.map(|path| format!("{}\nTrue", path.join("lib").display()));
+        if !ok || !stderr.is_empty() || Some(&stdout) != expected.as_ref() {
+            failures.push(format!(
+                "{version}: sysconfig: success={ok}, stdout={stdout:?} (expected LIBDIR {expected:?}), \
+                 stderr={stderr:?}"
+            ));
+        }
         // The runtime imports on 3.6+ (its library loads lazily); 2.7 gets a clear refusal, not a SyntaxError.
         let (ok, _, stderr) = run_clean(&python, &["-c", "import hvd"]);
         if short == "2.7" {
