@@ -475,9 +475,11 @@ impl Selection {
         Ok(Sha256::from_hasher(hasher).as_str().to_string())
     }
 
-    /// Python 2's bytecode of `bytes` (the relocated source of `source`) as the installation's own interpreter
-    /// compiles it (`-E -S -B`: no environment, no site, nothing written), recording the store's source mtime.
-    fn python2_bytecode(&self, source: &Path, bytes: &[u8]) -> Result<Vec<u8>> {
+    /// Python 2's bytecode of `bytes` (the relocated source of `source`, copied to `dest`) as the installation's
+    /// own interpreter compiles it (`-E -S -B`: no environment, no site, nothing written), recording the store's
+    /// source mtime and `dest` as its file name (not the host's path, so the content hash does not depend on where
+    /// the installation lies).
+    fn python2_bytecode(&self, source: &Path, dest: &Path, bytes: &[u8]) -> Result<Vec<u8>> {
         use std::io::Write as _;
         const COMPILE: &str = "import sys, imp, marshal, struct\n\
             code = compile(sys.stdin.read(), sys.argv[1], 'exec')\n\
@@ -491,7 +493,7 @@ impl Selection {
         };
         let mut child = std::process::Command::new(&self.executable)
             .args(["-E", "-S", "-B", "-c", COMPILE])
-            .arg(source)
+            .arg(dest)
             .arg(crate::store::STORE_MTIME.to_string())
             .env_clear()
             .stdin(std::process::Stdio::piped())
@@ -505,13 +507,18 @@ impl Selection {
         let out = child
             .wait_with_output()
             .map_err(|err| failed(err.to_string()))?;
-        let _ = writer.join();
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
         if !out.status.success() || out.stdout.len() < 8 {
             return Err(failed(format!(
                 "{}: {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
+        }
+        if let Err(err) = written {
+            return Err(failed(format!("writing the source to it: {err}")));
         }
         Ok(out.stdout)
     }
@@ -588,13 +595,14 @@ impl Selection {
                 }
                 Item::File(source) => {
                     let mut bytes = fs_err::read(source)?;
-                    if is_sysconfigdata(&self.short_version, dest)
-                        && relocate_sysconfigdata(&mut bytes)
-                        && self.short_version.starts_with("2.")
-                    {
+                    let sysconfigdata = is_sysconfigdata(&self.short_version, dest);
+                    if sysconfigdata {
+                        relocate_sysconfigdata(&mut bytes);
+                    }
+                    if sysconfigdata && self.short_version.starts_with("2.") {
                         // Python 2 writes a module's bytecode beside its source, so without a valid `.pyc` it
                         // would write one into the store (or an env linking the module): compile it here.
-                        let pyc = self.python2_bytecode(source, &bytes)?;
+                        let pyc = self.python2_bytecode(source, dest, &bytes)?;
                         let pyc_dest = dest.with_extension("pyc");
                         if let Some(out) = out {
                             fs_err::write(out.join(&pyc_dest), &pyc)?;
@@ -739,63 +747,50 @@ fn is_sysconfigdata(short: &str, dest: &Path) -> bool {
 }
 
 /// Make the configure-time variables name the copy instead of the installation it was copied from: every value
-/// naming a path under `prefix` (`LIBDIR`, `INCLUDEPY`, `-L<prefix>/lib` in `LDSHARED`, ...) would send a build
-/// of an extension to the host's installation, which a sandboxed build does not see and another host does not
-/// have (distutils before python 3.8 links extensions with `-L$LIBDIR -lpython3.6m`). The store path is not known
-/// while its content is hashed, so the module finds it when it is imported: an appended function replaces the
-/// old prefix in every string value by the directory three levels above the module's own real path
-/// (`<store path>/lib/pythonX.Y/_sysconfigdata*.py`), where it is followed by `/`, a blank, a quote or the
-/// value's end. Left as they are: installations whose prefix is a system directory (`/usr`, `/usr/local`: a
-/// value there may name any of the host's files, such as `/usr/bin/install`), a module without a `'prefix'`
-/// value, and a prefix that a plain string literal cannot hold as it is (a quote, a backslash, a control
-/// character). Whether it appended the function.
-fn relocate_sysconfigdata(bytes: &mut Vec<u8>) -> bool {
-    // The prefix as configured (pprint writes `'prefix': '/root/.pyenv/versions/3.6.15',`), which may differ from
-    // the canonical path the installation was found at.
-    const KEY: &[u8] = b"'prefix': '";
-    let Some(at) = bytes.windows(KEY.len()).position(|w| w == KEY) else {
-        return false;
-    };
-    let value = &bytes[at + KEY.len()..];
-    let Some(old) = value
-        .iter()
-        .position(|&b| b == b'\'')
-        .and_then(|end| std::str::from_utf8(&value[..end]).ok())
-    else {
-        return false;
-    };
-    let old = old.trim_end_matches('/');
-    if ["", "/usr", "/usr/local"].contains(&old)
-        || !old.starts_with('/')
-        || old.chars().any(|c| c == '"' || c == '\\' || c.is_control())
-    {
-        return false;
-    }
-    let old = old.to_owned();
-    bytes.extend_from_slice(
-        format!(
-            "\n\n# Appended by hvd when this installation was copied into its store: it was configured with the \
-             prefix\n# below; values naming paths under it name this copy instead.\n\
-             def _hvd_relocate(old):\n\
-             \x20   import os\n\
-             \x20   new = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))\n\
-             \x20   if new == old:\n\
-             \x20       return\n\
-             \x20   for key, value in list(build_time_vars.items()):\n\
-             \x20       if not isinstance(value, str) or old not in value:\n\
-             \x20           continue\n\
-             \x20       parts = value.split(old)\n\
-             \x20       out = parts[0]\n\
-             \x20       for part in parts[1:]:\n\
-             \x20           out += (new if part[:1] in ('', '/', ' ', '\"', \"'\") else old) + part\n\
-             \x20       build_time_vars[key] = out\n\
-             _hvd_relocate('{old}')\n\
-             del _hvd_relocate\n"
-        )
-        .as_bytes(),
-    );
-    true
+/// naming a path under the configured prefix (`LIBDIR`, `INCLUDEPY`, `-L<prefix>/lib` in `LDSHARED`, ...) would
+/// send a build of an extension to the host's installation, which a sandboxed build does not see and another host
+/// does not have (distutils before python 3.8 links extensions with `-L$LIBDIR -lpython3.6m`). The store path is
+/// not known while its content is hashed, and the prefix is not copied into code, so the appended function reads
+/// both when the module is imported: the prefix from the module's own `build_time_vars['prefix']`, the store path
+/// as the directory three levels above the module's real path (`<store path>/lib/pythonX.Y/_sysconfigdata*.py`).
+/// An occurrence of the prefix is replaced where it starts the value or follows a character that cannot continue
+/// a path (a blank, `=`, `,`, a quote; or `-L`/`-I`/`-R`) and is followed by `/`, a blank, `:`, a quote or the
+/// value's end. Nothing is replaced for a system prefix (`/usr`, `/usr/local`: a value there may name any host
+/// file, such as `/usr/bin/install`; Debian's python) or a prefix that is not an absolute path.
+fn relocate_sysconfigdata(bytes: &mut Vec<u8>) {
+    bytes.extend_from_slice(RELOCATE_SYSCONFIGDATA.as_bytes());
 }
+
+/// Appended to `_sysconfigdata*.py` (python 2.7 and 3.x alike): see [`relocate_sysconfigdata`].
+const RELOCATE_SYSCONFIGDATA: &str = r#"
+
+# Appended by hvd when this installation was copied into its store: values naming paths under the prefix it was
+# configured with name this copy instead.
+def _hvd_relocate():
+    import os
+    old = build_time_vars.get('prefix')
+    if not isinstance(old, str):
+        return
+    old = old.rstrip('/')
+    if old in ('', '/usr', '/usr/local') or not old.startswith('/'):
+        return
+    new = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    if new == old:
+        return
+    for key, value in list(build_time_vars.items()):
+        if not isinstance(value, str) or old not in value:
+            continue
+        parts = value.split(old)
+        out = parts[0]
+        for part in parts[1:]:
+            before = out[-1:]
+            starts = before == '' or before in ' \t=,"\'' or out[-2:] in ('-L', '-I', '-R')
+            ends = part[:1] in ('', '/', ' ', '\t', ':', '"', "'")
+            out += (new if starts and ends else old) + part
+        build_time_vars[key] = out
+_hvd_relocate()
+del _hvd_relocate
+"#;
 
 /// The bytes of `pyc` with the source mtime it records set to the store's, when it is valid for the source `py`
 /// (the mtime and, from 3.3, the size it records are the source's; from 3.7 its flags say timestamp-based);
@@ -1047,5 +1042,53 @@ mod tests {
             Some(PathBuf::from("bin/x"))
         );
         assert_eq!(normalize(Path::new("lib/../../x")), None);
+    }
+
+    /// The appended relocation, run by a real python against a module laid out as in a store path: what it
+    /// replaces and what it leaves (the boundaries), and that a system prefix is left alone.
+    #[test]
+    fn sysconfigdata_relocation_replaces_the_prefix_only_where_it_names_a_path_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap().join("abc-python-3.11.7");
+        let stdlib = root.join("lib/python3.11");
+        fs_err::create_dir_all(&stdlib).unwrap();
+        let module = |prefix: &str| {
+            let mut bytes = format!(
+                "build_time_vars = {{'prefix': '{p}',\n 'LIBDIR': '{p}/lib',\n 'LDSHARED': 'gcc -shared -L{p}/lib ',\n \
+                 'CONFIG_ARGS': \"'--prefix={p}' 'LDFLAGS=-Wl,-rpath,{p}/lib'\",\n 'PATHS': '{p}:/x',\n \
+                 'OTHER': '/srv{p}/lib {p}-old {p}x',\n 'N': 3}}\n",
+                p = prefix
+            )
+            .into_bytes();
+            relocate_sysconfigdata(&mut bytes);
+            fs_err::write(stdlib.join("_sysconfigdata_test.py"), bytes).unwrap();
+        };
+        let read = || {
+            let out = std::process::Command::new("python3")
+                .args(["-S", "-B", "-c", "import sys, json; sys.path.insert(0, sys.argv[1]); \
+                       import _sysconfigdata_test as m; print(json.dumps(m.build_time_vars, sort_keys=True))"])
+                .arg(&stdlib)
+                .env_remove("PYTHONPATH")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let old = "/root/.pyenv/versions/3.11.7";
+        module(old);
+        let new = root.display().to_string();
+        let expected = format!(
+            "{{\"CONFIG_ARGS\": \"'--prefix={new}' 'LDFLAGS=-Wl,-rpath,{new}/lib'\", \"LDSHARED\": \"gcc -shared \
+             -L{new}/lib \", \"LIBDIR\": \"{new}/lib\", \"N\": 3, \"OTHER\": \"/srv{old}/lib {old}-old {old}x\", \
+             \"PATHS\": \"{new}:/x\", \"prefix\": \"{new}\"}}\n"
+        );
+        assert_eq!(read(), expected);
+        // Debian's python: /usr is every host's, so nothing is replaced.
+        module("/usr");
+        assert!(read().contains("\"LIBDIR\": \"/usr/lib\""));
     }
 }
