@@ -12,6 +12,9 @@ use crate::shm::{ShmSegment, ShmTransport};
 use crate::tcp::{JobKey, TcpTransport};
 use crate::transport::{RecvOp, SendOp, Transport};
 
+/// Fruitless rounds a wait spins or yields (by the shm side's settings) before it may sleep.
+const PATIENT_ROUNDS: u32 = 300;
+
 /// Shared memory for same-host peers, TCP for the rest.
 pub struct MixedTransport {
     shm: ShmTransport,
@@ -94,12 +97,19 @@ impl Transport for MixedTransport {
         };
         let (ls, lr) = (split(send_peers, true), split(recv_peers, true));
         let (rs, rr) = (split(send_peers, false), split(recv_peers, false));
+        // For the first rounds of a wait, whichever side it waits on, spin and yield as the shm side would but
+        // never sleep (on a futex or in `poll`): a sleeping rank costs a wake-up per hop, and the two-level header
+        // exchange (`p2p::two_level`) waits on one side, then the other, back to back.
+        let patient = idle < PATIENT_ROUNDS;
         if rs.is_empty() && rr.is_empty() {
+            if patient {
+                return self.shm.wait_inner(&ls, &lr, idle, false);
+            }
             return self.shm.wait(&ls, &lr, idle);
         }
-        if !ls.is_empty() || !lr.is_empty() {
+        if !ls.is_empty() || !lr.is_empty() || patient {
             self.shm.wait_inner(&ls, &lr, idle, false)?;
-            if idle < 300 {
+            if patient {
                 return Ok(());
             }
         }

@@ -18,6 +18,8 @@ use crate::types::{DType, ReduceOp, Topology};
 /// Mixed into a staged allreduce's digest (see `allreduce_staged`).
 const STAGED: usize = 0x5747_4544;
 
+mod two_level;
+
 /// A communicator built from a point-to-point transport and the collective algorithms of this module. Aligned so
 /// that the state of ranks running as threads of one process never shares a cache line.
 #[repr(align(128))]
@@ -47,6 +49,8 @@ pub struct P2pCommunicator<T: Transport> {
     pairs_out: Vec<u64>,
     /// The operation whose header last went through the board.
     board_seq: u64,
+    /// This host's sum of a direct allreduce's data (two-level exchange, see `two_level`).
+    host_sum: Vec<u8>,
 }
 
 impl<T: Transport> P2pCommunicator<T> {
@@ -95,6 +99,7 @@ impl<T: Transport> P2pCommunicator<T> {
             hdr_in: Vec::new(),
             pairs_out: Vec::new(),
             board_seq: 0,
+            host_sum: Vec::new(),
         }
     }
 
@@ -159,7 +164,6 @@ impl<T: Transport> P2pCommunicator<T> {
         eager: Option<&[u8]>,
     ) -> Result<Vec<Header>> {
         let n = self.world.len();
-        let me = self.topology.rank;
         if n == 1 {
             return Ok(vec![h; n]);
         }
@@ -169,14 +173,36 @@ impl<T: Transport> P2pCommunicator<T> {
             self.board_seq = h.seq;
             return self.negotiate_board(h, pair, eager);
         }
+        if let Some((local, cross)) = self.hierarchy.take() {
+            let r = self.negotiate_two_level(h, pair, eager, &local, &cross);
+            self.hierarchy = Some((local, cross));
+            return r;
+        }
         let mut headers = vec![h; n];
+        self.swap_headers(&mut headers, pair, eager, None)?;
+        Ok(headers)
+    }
+
+    /// The point-to-point header exchange of [`negotiate_eager`](Self::negotiate_eager) with the ranks of `group`
+    /// (every rank when `None`; this rank must be in it): fills `headers` and `eager_in` for its members.
+    fn swap_headers(
+        &mut self,
+        headers: &mut [Header],
+        pair: &dyn Fn(usize) -> u64,
+        eager: Option<&[u8]>,
+        group: Option<&[usize]>,
+    ) -> Result<()> {
+        let n = self.world.len();
+        let me = self.topology.rank;
+        let h = headers[me];
+        let peer = |j: usize| j != me && group.is_none_or(|g| g.contains(&j));
         let mut outgoing = std::mem::take(&mut self.hdr_out);
         outgoing.clear();
         outgoing.extend((0..n).map(|j| Header { pair: pair(j), ..h }.encode()));
         let mut incoming = std::mem::take(&mut self.hdr_in);
         incoming.clear();
         incoming.resize(n, [0u8; HEADER_LEN]);
-        let r = if n == 2 {
+        let r = if n == 2 && group.is_none() {
             // Two ranks (the common small case): the same exchange without allocating.
             let peer = 1 - me;
             let mut recv = [RecvOp::new(peer, &mut incoming[peer], None)];
@@ -199,7 +225,7 @@ impl<T: Transport> P2pCommunicator<T> {
             }
         } else {
             let mut sends: Vec<SendOp<'_>> = Vec::with_capacity(2 * n);
-            for j in (0..n).filter(|j| *j != me) {
+            for j in (0..n).filter(|j| peer(*j)) {
                 sends.push(SendOp::new(j, &outgoing[j]));
                 if let Some(d) = eager {
                     sends.push(SendOp::new(j, d));
@@ -208,7 +234,7 @@ impl<T: Transport> P2pCommunicator<T> {
             let mut recvs: Vec<RecvOp<'_>> = incoming
                 .iter_mut()
                 .enumerate()
-                .filter(|(j, _)| *j != me)
+                .filter(|(j, _)| peer(*j))
                 .map(|(j, b)| RecvOp::new(j, b, None))
                 .collect();
             // The eager data goes out without waiting for anyone: it is small enough (see `EAGER_MAX_BYTES`) to
@@ -223,7 +249,7 @@ impl<T: Transport> P2pCommunicator<T> {
         };
         let decoded = r.and_then(|()| {
             for (j, bytes) in incoming.iter().enumerate() {
-                if j != me {
+                if peer(j) {
                     headers[j] = Header::decode(bytes, j)?;
                     eager_len(&headers[j], j)?;
                 }
@@ -236,17 +262,23 @@ impl<T: Transport> P2pCommunicator<T> {
         let mut eager_in = std::mem::take(&mut self.eager_in);
         eager_in.resize_with(n, Vec::new);
         for (j, hj) in headers.iter().enumerate() {
-            let len = if j == me { 0 } else { eager_len(hj, j)? };
-            eager_in[j].clear();
-            eager_in[j].resize(len, 0);
+            if j == me || peer(j) {
+                let len = if j == me { 0 } else { eager_len(hj, j)? };
+                eager_in[j].clear();
+                eager_in[j].resize(len, 0);
+            }
         }
-        if eager_in.iter().all(Vec::is_empty) {
+        if eager_in
+            .iter()
+            .enumerate()
+            .all(|(j, b)| b.is_empty() || !peer(j))
+        {
             self.eager_in = eager_in;
         } else {
             let mut recvs: Vec<RecvOp<'_>> = eager_in
                 .iter_mut()
                 .enumerate()
-                .filter(|(j, b)| *j != me && !b.is_empty())
+                .filter(|(j, b)| peer(*j) && !b.is_empty())
                 .map(|(j, b)| RecvOp::new(j, b, None))
                 .collect();
             let r = exchange(
@@ -260,7 +292,7 @@ impl<T: Transport> P2pCommunicator<T> {
             self.eager_in = eager_in;
             r?;
         }
-        Ok(headers)
+        Ok(())
     }
 
     /// [`negotiate_eager`](Self::negotiate_eager) on a shared-memory board: post this rank's header, its word for
@@ -694,6 +726,14 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             let me = self.topology.rank;
             let r = self.run_eager(h, None, &|_| 0, Some(&mine), |this, _| {
                 let sum_op = accumulated(op);
+                if let Some((_, cross)) = &this.hierarchy {
+                    // Two-level exchange (see `two_level`): the hosts' sums, in host order.
+                    this.reduce_hosts(data, dtype, sum_op, cross);
+                    if op == ReduceOp::Average {
+                        finish_average(data, dtype, n);
+                    }
+                    return Ok(());
+                }
                 for r in 0..n {
                     let src: &[u8] = if r == me { &mine } else { &this.eager_in[r] };
                     if r == 0 {

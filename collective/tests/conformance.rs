@@ -249,6 +249,11 @@ fn f32s(v: &[f32]) -> Vec<u8> {
 /// Each case is what every rank calls; all ranks must get a mismatch naming the difference, and the communicator
 /// must stay usable afterwards.
 fn mismatched_calls_fail_on_every_rank(backend: Backend) {
+    mismatched_calls_fail_on_every_rank_of(backend, 3, None)
+}
+
+/// [`mismatched_calls_fail_on_every_rank`] on `n` ranks, on the given simulated hosts (hierarchical backend).
+fn mismatched_calls_fail_on_every_rank_of(backend: Backend, n: usize, hosts: Option<Vec<usize>>) {
     type Call = fn(&mut dyn Communicator) -> Result<(), Error>;
     let cases: Vec<(&str, Call, &str)> = vec![
         (
@@ -326,7 +331,11 @@ fn mismatched_calls_fail_on_every_rank(backend: Backend) {
     ];
     {
         for (name, call, needle) in &cases {
-            let results = LocalJob::new(3, backend)
+            let mut job = LocalJob::new(n, backend);
+            if let Some(h) = &hosts {
+                job = job.hosts(h.clone());
+            }
+            let results = job
                 .timeout(Duration::from_secs(10))
                 .run(|mut comm| {
                     let err = call(comm.as_mut());
@@ -349,13 +358,58 @@ fn mismatched_calls_fail_on_every_rank(backend: Backend) {
                         panic!("{backend:?} {name}: rank {r} got {other:?}, expected a mismatch")
                     }
                 }
+                let k = n as f32;
                 assert_eq!(
                     after.expect("communicator usable after a mismatch"),
-                    f32s(&[3.0, 6.0]),
+                    f32s(&[k, 2.0 * k]),
                     "{name}"
                 );
             }
         }
+    }
+}
+
+/// Ranks spread over hosts with the same number on each exchange headers (and a direct allreduce's data) first in
+/// the host, then across hosts with the host's headers and sum (`two_level`). Every op x dtype (the small allreduce
+/// through that path), the allreduce with the direct path on and off, and every mismatch, on host layouts where
+/// the hosts hold 2 or 3 ranks, there are 2 or 3 hosts, and hosts are not in rank order.
+#[test]
+fn hierarchical_two_level_exchange_on_every_layout() {
+    let layouts: [&[usize]; 4] = [
+        &[0, 0, 1, 1],
+        &[1, 0, 0, 1],
+        &[0, 1, 2, 2, 1, 0],
+        &[0, 0, 1, 1, 1, 0],
+    ];
+    for hosts in layouts {
+        let n = hosts.len();
+        for direct in [usize::MAX, 0] {
+            let th = Thresholds {
+                allreduce_direct_bytes: direct,
+                ..Thresholds::default()
+            };
+            let results = LocalJob::new(n, Backend::Hierarchical)
+                .hosts(hosts.to_vec())
+                .thresholds(th)
+                .timeout(Duration::from_secs(20))
+                .run(|mut comm| -> Result<(), String> {
+                    let c = comm.as_mut();
+                    for (k, dtype) in DType::ALL.into_iter().enumerate() {
+                        run_all(c, dtype, 7, k % 2 == 0, k)?;
+                    }
+                    for count in [0, 1, 511, 4099] {
+                        run_all(c, DType::F32, count, count % 2 == 0, count)?;
+                    }
+                    Ok(())
+                })
+                .expect("start the ranks");
+            for (r, res) in results.into_iter().enumerate() {
+                if let Err(e) = res {
+                    panic!("hosts {hosts:?} direct={direct}, rank {r}: {e}");
+                }
+            }
+        }
+        mismatched_calls_fail_on_every_rank_of(Backend::Hierarchical, n, Some(hosts.to_vec()));
     }
 }
 
