@@ -199,7 +199,51 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
     assert_nodes_clean(&slurm, &out);
 }
 
-/// The step of [`batch_project`]: 4 ranks, each saying where it runs and with which env, and whether it sees the
+/// A plain (not elastic) step of 4 workers inside an allocation of two tasks on each node: its one srun starts two
+/// ranks on each node, which meet at a rendezvous the nodes reach (not this machine's loopback), allreduce and say
+/// where they ran; their lines carry their node's name.
+#[test]
+fn a_plain_step_in_a_two_node_allocation_runs_its_ranks_on_both_nodes() {
+    let Some(slurm) = Slurm::start_two_nodes("sp", [&[], &[]]) else {
+        return;
+    };
+    let dir = common::train_project(
+        "4",
+        "",
+        "",
+        "import socket\nimport numpy as np\nimport hvd\nhvd.init()\n\
+         s = hvd.allreduce(np.array([float(hvd.rank())]), op=hvd.Sum, name=\"r\")\n\
+         print(f\"rank {hvd.rank()} of {hvd.size()} on {socket.gethostname()} sum {float(s[0])}\")\n\
+         hvd.shutdown()\n",
+    );
+    let out = slurm
+        .command("salloc")
+        .args(TWO_BY_TWO)
+        .args([common::HVD, "run"])
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--engine", "slurm", "--grace", "2"])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert!(out.status.success(), "{}", logs());
+    assert!(stderr.contains("rendezvous 10.77.0.1:"), "{}", logs());
+    for rank in 0..4 {
+        let node = NODES[rank / 2];
+        assert!(
+            stdout.contains(&format!(
+                "[train {node}:{rank}] rank {rank} of 4 on {node} sum 6.0\n"
+            )),
+            "{}",
+            logs()
+        );
+    }
+    slurm.assert_queue_empties();
+    assert_nodes_clean(&slurm, &out);
+}
+
+/// The rest of the batch test's project: 4 ranks, each saying where it runs and with which env, and whether it sees the
 /// launcher's store (it must not: the node's store is its own).
 fn batch_step(store: &Path) -> String {
     format!(

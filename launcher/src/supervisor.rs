@@ -724,6 +724,16 @@ fn run_attempt(
             (None, None) => &step.layout.slots[..],
         };
         let tagged = launcher.is_some();
+        // A launched step's lines are attributed to the host the layout puts their tag's rank on.
+        let rank_hosts: Arc<[Arc<str>]> = match tagged {
+            true => step
+                .layout
+                .slots
+                .iter()
+                .map(|s| Arc::from(s.host.as_str()))
+                .collect(),
+            false => Arc::from([]),
+        };
         let exit_tx = exit_tx;
         let mut spawn_worker =
             |slot: &Slot, workers: &mut Vec<Worker>| -> Result<(), LaunchError> {
@@ -800,6 +810,7 @@ fn run_attempt(
                     pumps.live.fetch_add(1, Ordering::SeqCst);
                     let (step, host, rank) = (step_name.clone(), host.clone(), slot.rank);
                     let events = job.events;
+                    let rank_hosts = rank_hosts.clone();
                     scope.spawn(move || {
                         let line = LineSource {
                             step: &step,
@@ -807,6 +818,7 @@ fn run_attempt(
                             rank,
                             stream,
                             tagged,
+                            rank_hosts: &rank_hosts,
                         };
                         pump(
                             std::fs::File::from(pipe),
@@ -980,7 +992,7 @@ fn complete_failures(job: &Job<'_>, step: &PlannedStep, workers: &[Worker], laun
 }
 
 /// Where a pumped line comes from: the step, the worker's host and rank, the stream; `tagged`: the lines carry the
-/// real rank in mpirun's / srun's tag.
+/// real rank in mpirun's / srun's tag, and come from that rank's host in `rank_hosts` (by rank).
 #[derive(Clone, Copy)]
 struct LineSource<'a> {
     step: &'a Arc<str>,
@@ -988,6 +1000,7 @@ struct LineSource<'a> {
     rank: u32,
     stream: Stream,
     tagged: bool,
+    rank_hosts: &'a [Arc<str>],
 }
 
 /// Copies one worker stream to its log file and to the event sink, line by line.
@@ -1005,6 +1018,7 @@ fn pump(
         rank,
         stream,
         tagged,
+        rank_hosts,
     } = *source;
     use std::io::Write;
     let mut splitter = LineSplitter::default();
@@ -1024,6 +1038,7 @@ fn pump(
             Some((r, s, rest)) => (r, s.unwrap_or(stream), rest.to_owned()),
             None => (rank, stream, text),
         };
+        let host = rank_hosts.get(rank as usize).unwrap_or(host);
         events.event(Event::Line {
             step: step.clone(),
             host: host.clone(),

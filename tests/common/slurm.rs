@@ -538,13 +538,20 @@ pub fn assert_nothing_left_in_slurm(slurm: &Slurm, dir: &Path, marker: &str) {
     super::assert_nothing_left(marker);
     let steps_left = std::fs::read_to_string(dir.join("steps.txt")).unwrap();
     assert_eq!(steps_left.trim(), "", "job steps left in the allocation");
-    // The allocation itself is listed (COMPLETING) for a moment after salloc returns.
-    let queued =
-        super::wait_until_empty(Duration::from_secs(30), Duration::from_millis(100), || {
-            Some(slurm.queued())
-                .filter(|q| !q.is_empty())
-                .into_iter()
-                .collect()
-        });
-    assert!(queued.is_empty(), "{queued:?}");
+    slurm.assert_queue_empties();
+}
+
+impl Slurm {
+    /// Asserts that `squeue` lists no job within 30 s (an allocation is listed, COMPLETING, for a moment after salloc
+    /// returns).
+    pub fn assert_queue_empties(&self) {
+        let queued =
+            super::wait_until_empty(Duration::from_secs(30), Duration::from_millis(100), || {
+                Some(self.queued())
+                    .filter(|q| !q.is_empty())
+                    .into_iter()
+                    .collect()
+            });
+        assert!(queued.is_empty(), "{queued:?}");
+    }
 }

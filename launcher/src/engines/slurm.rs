@@ -25,8 +25,13 @@ pub struct SlurmSetup {
     pub gpus_per_task: u32,
     /// `Some` when the run has an elastic step: the allocation its ranks are spread over, one job step each. The
     /// run's distributed steps then take their layout from it and their rendezvous listens where its nodes reach
-    /// it; `None` (no elastic step): one srun per step, its ranks meeting on this machine's loopback, as always.
+    /// it; `None` (no elastic step): one srun per step (see `plain`).
     pub allocation: Option<Allocation>,
+    /// Inside an allocation without an elastic step: its nodes, so that a step's one srun has its rendezvous where
+    /// every node reaches it (the address that routes to the allocation's first other node; loopback when every
+    /// node is this machine), and, when it takes every task, the layout srun gives it. `None` outside an
+    /// allocation, or when Slurm did not say which nodes it has.
+    pub plain: Option<Allocation>,
 }
 
 /// Whether this process runs inside a Slurm allocation.
@@ -62,6 +67,15 @@ impl SlurmSetup {
                 allocation.check_workers(&step, workers)?;
             }
         }
+        // A plain step's ranks may run on other nodes of the allocation too: its rendezvous must not be loopback then.
+        let plain = match allocation {
+            None if in_allocation()
+                && std::env::var_os(crate::env_vars::SLURM_JOB_NODELIST).is_some() =>
+            {
+                Some(Allocation::from_env(options.grace)?)
+            }
+            _ => None,
+        };
         Ok(SlurmSetup {
             shim: options.shim.clone().ok_or_else(|| {
                 LaunchError::Engine(
@@ -72,6 +86,7 @@ impl SlurmSetup {
             cpus_per_task: project.resources.cpus,
             gpus_per_task: project.resources.gpus,
             allocation,
+            plain,
         })
     }
 
@@ -152,6 +167,12 @@ impl SupervisedEngine for SlurmSetup {
     }
 
     fn layout(&self, workers: Option<u32>) -> WorkerLayout {
+        // One srun of every task of the allocation places them node by node, as the allocation's layout does.
+        if let (Some(plain), Some(n)) = (&self.plain, workers)
+            && plain.tasks() == u64::from(n)
+        {
+            return plain.layout(n);
+        }
         match (&self.allocation, workers) {
             (Some(allocation), Some(n)) => allocation.layout(n),
             _ => WorkerLayout::local(&crate::env::local_hostname(), workers.unwrap_or(1)),
@@ -159,7 +180,7 @@ impl SupervisedEngine for SlurmSetup {
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
-        match &self.allocation {
+        match self.allocation.as_ref().or(self.plain.as_ref()) {
             Some(allocation) => (allocation.bind_ip, allocation.peers.clone()),
             None => {
                 let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -168,10 +189,10 @@ impl SupervisedEngine for SlurmSetup {
         }
     }
 
-    /// Only inside an allocation with an elastic step (the rendezvous on an address the nodes reach); else it is on
-    /// 127.0.0.1 and srun may put rank 0 on another node.
+    /// Only inside an allocation (the rendezvous on an address the nodes reach); else it is on 127.0.0.1 and srun
+    /// may put rank 0 on another node.
     fn rank_zero_reaches_rendezvous(&self) -> bool {
-        self.allocation.is_some()
+        self.allocation.is_some() || self.plain.is_some()
     }
 
     /// Inside an allocation with an elastic step: its ranks, and their replacements, run on the allocation's nodes.
@@ -289,6 +310,7 @@ pub fn batch_steps(
         cpus_per_task: project.resources.cpus,
         gpus_per_task: project.resources.gpus,
         allocation: None,
+        plain: None,
     };
     let name = crate::engines::k8s::dns_label(&project.name);
     let out_dir = output_dir(plan).display().to_string();
@@ -486,6 +508,7 @@ mod tests {
             cpus_per_task: None,
             gpus_per_task: 0,
             allocation,
+            plain: None,
         };
         let plan = crate::engines::sbatch::plan(&project(false), &RunOptions::default()).unwrap();
         let inside = setup(Some(allocation));
@@ -710,6 +733,7 @@ mod tests {
             cpus_per_task: Some(2),
             gpus_per_task: 1,
             allocation: None,
+            plain: None,
         };
         assert_eq!(
             shell::line(&setup.srun_argv(4, "python t.py")),
