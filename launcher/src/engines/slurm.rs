@@ -531,6 +531,40 @@ mod tests {
         assert!(!outside.remote_hosts() && outside.replacement_hosts().is_none());
     }
 
+    /// A plain step inside an allocation of several nodes: the rendezvous on the allocation's address (not loopback),
+    /// rank 0 reaching it; on every task the layout is the allocation's, node by node; on fewer, this machine's; and
+    /// no replacements (the step is not elastic).
+    #[test]
+    fn a_plain_step_meets_where_the_allocations_nodes_reach() {
+        let plain = Allocation {
+            nodes: vec![("n1".into(), 2), ("n2".into(), 2)],
+            bind_ip: "10.0.0.1".parse().unwrap(),
+            peers: vec!["10.0.0.2".parse().unwrap(), "10.0.0.1".parse().unwrap()],
+            grace_ticks: 20,
+        };
+        let setup = SlurmSetup {
+            shim: "/bin/hvd".into(),
+            cpus_per_task: None,
+            gpus_per_task: 0,
+            allocation: None,
+            plain: Some(plain.clone()),
+        };
+        assert_eq!(setup.rendezvous(), (plain.bind_ip, plain.peers.clone()));
+        assert!(setup.rank_zero_reaches_rendezvous());
+        assert!(!setup.remote_hosts() && setup.replacement_hosts().is_none());
+        let hosts = |n| -> Vec<String> {
+            setup
+                .layout(Some(n))
+                .slots
+                .into_iter()
+                .map(|s| s.host)
+                .collect()
+        };
+        assert_eq!(hosts(4), ["n1", "n1", "n2", "n2"]);
+        let here = crate::env::local_hostname();
+        assert_eq!(hosts(3), [here.clone(), here.clone(), here]);
+    }
+
     #[test]
     fn batch_scripts_carry_time_overcommit_env_and_a_multi_step_dependency() {
         let project = project(true);
