@@ -372,23 +372,26 @@ fn mismatched_calls_fail_on_every_rank_of(backend: Backend, n: usize, hosts: Opt
 /// Ranks spread over hosts with the same number on each exchange headers (and a direct allreduce's data) first in
 /// the host, then across hosts with the host's headers and sum (`two_level`). Every op x dtype (the small allreduce
 /// through that path), the allreduce with the direct path on and off, and every mismatch, on host layouts where
-/// the hosts hold 2 or 3 ranks, there are 2 or 3 hosts, and hosts are not in rank order.
+/// the hosts hold 2 or 3 ranks, there are 2 or 3 hosts, and hosts are not in rank order; and on the tcp backend.
 #[test]
 fn hierarchical_two_level_exchange_on_every_layout() {
-    let layouts: [&[usize]; 4] = [
-        &[0, 0, 1, 1],
-        &[1, 0, 0, 1],
-        &[0, 1, 2, 2, 1, 0],
-        &[0, 0, 1, 1, 1, 0],
+    let h = Backend::Hierarchical;
+    let layouts: [(Backend, &[usize]); 5] = [
+        (h, &[0, 0, 1, 1]),
+        (h, &[1, 0, 0, 1]),
+        (h, &[0, 1, 2, 2, 1, 0]),
+        (h, &[0, 0, 1, 1, 1, 0]),
+        // The tcp backend with ranks on several hosts takes the same two levels, over tcp inside the host too.
+        (Backend::Tcp, &[1, 0, 0, 1]),
     ];
-    for hosts in layouts {
+    for (backend, hosts) in layouts {
         let n = hosts.len();
         for direct in [usize::MAX, 0] {
             let th = Thresholds {
                 allreduce_direct_bytes: direct,
                 ..Thresholds::default()
             };
-            let results = LocalJob::new(n, Backend::Hierarchical)
+            let results = LocalJob::new(n, backend)
                 .hosts(hosts.to_vec())
                 .thresholds(th)
                 .timeout(Duration::from_secs(20))
@@ -405,11 +408,11 @@ fn hierarchical_two_level_exchange_on_every_layout() {
                 .expect("start the ranks");
             for (r, res) in results.into_iter().enumerate() {
                 if let Err(e) = res {
-                    panic!("hosts {hosts:?} direct={direct}, rank {r}: {e}");
+                    panic!("{backend:?} hosts {hosts:?} direct={direct}, rank {r}: {e}");
                 }
             }
         }
-        mismatched_calls_fail_on_every_rank_of(Backend::Hierarchical, n, Some(hosts.to_vec()));
+        mismatched_calls_fail_on_every_rank_of(backend, n, Some(hosts.to_vec()));
     }
 }
 
