@@ -1134,7 +1134,7 @@ fn a_cooldown_in_the_file_sets_the_blacklists_range() {
 
 /// The new flags' values are checked before anything runs, each refusal naming the flag.
 #[test]
-fn slots_per_host_and_the_cooldown_range_are_checked() {
+fn slots_per_host_the_cooldown_range_and_the_elastic_timeout_are_checked() {
     let marker = marker();
     let dir = project("{ min = 1, max = 2 }", 1, "", &marker);
     let script = discovery_script(dir.path(), "echo localhost");
@@ -1156,6 +1156,24 @@ fn slots_per_host_and_the_cooldown_range_are_checked() {
         (
             &["--blacklist-cooldown-range", "30", "10"][..],
             "`--blacklist-cooldown-range 30 10`: the first number (the shortest cooldown) is above the second",
+        ),
+        // The workers take at most a day (`HVD_ELASTIC_TIMEOUT`), and `1e19` s once overflowed the supervisor's
+        // deadline (a panic); under a second a round waits for nobody.
+        (
+            &["--elastic-timeout", "1e19"][..],
+            "`--elastic-timeout 10000000000000000000` is out of range: give from 1 to 86400 seconds",
+        ),
+        (
+            &["--elastic-timeout", "86401"][..],
+            "`--elastic-timeout 86401` is out of range: give from 1 to 86400 seconds",
+        ),
+        (
+            &["--elastic-timeout", "0.5"][..],
+            "`--elastic-timeout 0.5` is out of range: give from 1 to 86400 seconds",
+        ),
+        (
+            &["--elastic-timeout", "NaN"][..],
+            "`--elastic-timeout NaN` is out of range",
         ),
     ] {
         let (out, stdout, stderr) = run(dir.path(), args, &[]);

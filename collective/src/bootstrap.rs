@@ -114,19 +114,27 @@ fn connect_elastic(
 }
 
 /// The round window of an elastic step from `HVD_ELASTIC_TIMEOUT` (seconds, fractions allowed; set by `hvd run` from
-/// `--elastic-timeout`); `None` when unset.
+/// `--elastic-timeout` or the step's `workers = { elastic_timeout }`); `None` when unset.
 fn elastic_window_from_env() -> Result<Option<Duration>> {
-    let Ok(v) = std::env::var(env_vars::HVD_ELASTIC_TIMEOUT) else {
-        return Ok(None);
-    };
+    match std::env::var(env_vars::HVD_ELASTIC_TIMEOUT) {
+        Ok(v) => elastic_window(&v).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+/// `HVD_ELASTIC_TIMEOUT`'s value: seconds within [`ELASTIC_TIMEOUT_SECONDS`](hvd_env_vars::ELASTIC_TIMEOUT_SECONDS),
+/// the range the file and the flag are checked against, so what `hvd run` sets is always taken.
+fn elastic_window(v: &str) -> Result<Duration> {
+    let (low, high) = hvd_env_vars::ELASTIC_TIMEOUT_SECONDS;
     v.trim()
         .parse::<f64>()
         .ok()
-        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
-        .map(|s| Some(Duration::from_secs_f64(s)))
+        .filter(|s| (low as f64..=high as f64).contains(s))
+        .map(Duration::from_secs_f64)
         .ok_or_else(|| {
             Error::Bootstrap(format!(
-                "`{}={v}` is not a positive number of seconds",
+                "`{}={v}` is not a number of seconds from {low} to at most {high} (`hvd run` sets it from \
+                 `--elastic-timeout` or the step's `workers = {{ elastic_timeout }}`, both checked against that range)",
                 env_vars::HVD_ELASTIC_TIMEOUT
             ))
         })
@@ -412,5 +420,32 @@ mod tests {
         // A 1 s operation timeout still outwaits a 3 s window by at least 10 s.
         assert_eq!(elastic_join_wait(s(1), Some(s(3))), s(13));
         assert!(elastic_join_wait(s(120), Some(s(1))) >= s(120));
+    }
+
+    /// What `hvd run` sets is taken (the file's and the flag's range); anything else is refused saying the range,
+    /// not taken as a window no file or flag could give.
+    #[test]
+    fn the_round_window_is_taken_within_the_files_and_the_flags_range() {
+        let (low, high) = hvd_env_vars::ELASTIC_TIMEOUT_SECONDS;
+        assert_eq!((low, high), (1, 86_400));
+        for (v, want) in [
+            ("1", Duration::from_secs(1)),
+            ("1.5", Duration::from_millis(1500)),
+            (" 60 ", Duration::from_secs(60)),
+            ("86400", Duration::from_secs(86_400)),
+        ] {
+            assert_eq!(elastic_window(v).unwrap(), want, "{v}");
+        }
+        for v in [
+            "0", "0.5", "86400.5", "1e9", "1e19", "inf", "NaN", "-5", "", "60s",
+        ] {
+            let e = elastic_window(v).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "`HVD_ELASTIC_TIMEOUT={v}` is not a number of seconds from 1 to at most 86400"
+                )),
+                "{v}: {e}"
+            );
+        }
     }
 }

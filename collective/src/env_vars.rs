@@ -44,7 +44,8 @@ hvd_env_vars::env_vars! {
     /// worker's rank and the size of the job's next round.
     HVD_ELASTIC;
     /// Seconds a round of an elastic step waits for live workers that have not asked to join (set by `hvd run` from
-    /// `--elastic-timeout`): a join waits at least this long, plus a margin, before giving up.
+    /// `--elastic-timeout` or `workers = { elastic_timeout }`; from 1 to 86400, `ELASTIC_TIMEOUT_SECONDS`): a join
+    /// waits at least this long, plus a margin, before giving up.
     HVD_ELASTIC_TIMEOUT;
     /// Token for the rendezvous server (`Authorization: Bearer`) and the tcp handshake.
     HVD_JOB_TOKEN;

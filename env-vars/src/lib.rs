@@ -57,6 +57,12 @@ macro_rules! env_vars {
     };
 }
 
+/// The range, in seconds, of an elastic step's round window: `workers = { elastic_timeout }` in a file,
+/// `hvd run --elastic-timeout`, and the `HVD_ELASTIC_TIMEOUT` a worker reads are all checked against it, so a value
+/// the file or the flag takes is one every worker takes. At least 1 s (shorter, a round waits for nobody but the
+/// first worker to rejoin); at most a day (longer is a typo, and `Instant + it` could overflow).
+pub const ELASTIC_TIMEOUT_SECONDS: (u64, u64) = (1, 24 * 60 * 60);
+
 /// A constant's value: its name, or the value written after `=`.
 #[doc(hidden)]
 #[macro_export]

@@ -156,7 +156,7 @@ pub struct Elastic {
     /// `slots_per_host`: the slots of a host the discovery program names alone (`--slots-per-host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots_per_host: Option<u32>,
-    /// `elastic_timeout`, in milliseconds (`--elastic-timeout`).
+    /// `elastic_timeout`, in milliseconds, within [`hvd_env_vars::ELASTIC_TIMEOUT_SECONDS`] (`--elastic-timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elastic_timeout_ms: Option<u64>,
     /// `cooldown = [MIN, MAX]`: the blacklist cooldown range in whole seconds, within [`COOLDOWN_SECONDS`], MIN at

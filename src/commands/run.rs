@@ -65,7 +65,8 @@ pub struct RunArgs {
     pub max_workers: Option<u32>,
     /// Seconds a new round of an elastic step waits for its live workers to rejoin after a loss (from the first
     /// that rejoined; one that does not is left out and stopped), and an elastic step below its minimum waits for
-    /// replacements or discovered slots before it fails (default 60; overrides `workers = { elastic_timeout }`).
+    /// replacements or discovered slots before it fails (1 to 86400, default 60; overrides
+    /// `workers = { elastic_timeout }`).
     #[arg(long, value_name = "SECONDS")]
     pub elastic_timeout: Option<f64>,
     /// An elastic step's hosts come from this program (Horovod's contract: it prints `host:slots` lines), run at the
@@ -640,6 +641,19 @@ fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
     })
 }
 
+/// `--elastic-timeout SECONDS`: within [`ELASTIC_TIMEOUT_SECONDS`](hvd_env_vars::ELASTIC_TIMEOUT_SECONDS), the range
+/// a file's `elastic_timeout` and the workers' `HVD_ELASTIC_TIMEOUT` take. Shorter, a new round would leave out every
+/// worker but the first to rejoin; longer than a day is a typo (and past what the workers take).
+fn elastic_timeout(value: f64) -> Result<Duration, Failure> {
+    let (low, high) = hvd_env_vars::ELASTIC_TIMEOUT_SECONDS;
+    if !(low as f64..=high as f64).contains(&value) {
+        return Err(Failure::usage(format!(
+            "`--elastic-timeout {value}` is out of range: give from {low} to {high} seconds (a day)"
+        )));
+    }
+    seconds("elastic-timeout", value)
+}
+
 /// `--checkpoints DIR`: a directory (made absolute against the current directory), `file:///abs/dir`, or
 /// `s3://bucket/prefix` as it is. Any other URL is refused: an `http(s)://` cache is read-only, and a location a run
 /// cannot write would have every run start over from the same checkpoint.
@@ -789,15 +803,7 @@ fn options(
         max_restarts: args.max_restarts,
         min_workers: args.min_workers,
         max_workers: args.max_workers,
-        elastic_timeout: match args.elastic_timeout.map(|t| seconds("elastic-timeout", t)) {
-            // A round that waited for nobody would leave out every worker but the first to rejoin.
-            Some(Ok(t)) if t.is_zero() => {
-                return Err(Failure::usage(
-                    "`--elastic-timeout` must be more than 0 seconds".to_owned(),
-                ));
-            }
-            t => t.transpose()?,
-        },
+        elastic_timeout: args.elastic_timeout.map(elastic_timeout).transpose()?,
         host_discovery_script: match &args.host_discovery_script {
             None => None,
             Some(script) => {

@@ -6,6 +6,7 @@ use super::Lowerer;
 use crate::diagnostics::{Problem, suggestion};
 use crate::eval::{Sv, Value, type_error};
 use crate::model::{COOLDOWN_SECONDS, Elastic};
+use hvd_env_vars::ELASTIC_TIMEOUT_SECONDS;
 
 /// The keys of an elastic range: the range, then its settings.
 const RANGE: [&str; 2] = ["min", "max"];
@@ -154,20 +155,27 @@ impl Lowerer {
         }
     }
 
-    /// `elastic_timeout = 60s`: more than 0.
+    /// `elastic_timeout = 60s`: within [`ELASTIC_TIMEOUT_SECONDS`] (the range `--elastic-timeout` and the workers'
+    /// `HVD_ELASTIC_TIMEOUT` take, so a file that checks runs).
     fn elastic_timeout(&mut self, v: &Sv) -> Option<u64> {
-        match self.duration(v, "60s")? {
-            0 => {
-                self.report(
-                    Problem::new(v.loc, "`elastic_timeout` is 0", "expected more than 0").help(
-                        "a new round would wait for nobody, leaving out every worker but the first to rejoin; \
-                         e.g. `elastic_timeout = 60s`",
-                    ),
-                );
-                None
-            }
-            ms => Some(ms),
-        }
+        let ms = self.duration(v, "60s")?;
+        let (low, high) = ELASTIC_TIMEOUT_SECONDS;
+        let why = if ms < low * 1000 {
+            "shorter, a new round would leave out every worker but the first to rejoin"
+        } else if ms > high * 1000 {
+            "a step below its minimum waits this long before it fails; a day is the most hvd takes"
+        } else {
+            return Some(ms);
+        };
+        self.report(
+            Problem::new(
+                v.loc,
+                format!("`elastic_timeout` is {}, out of range", seconds_text(ms)),
+                format!("expected from {low}s to {high}s"),
+            )
+            .help(format!("{why}; e.g. `elastic_timeout = 60s`")),
+        );
+        None
     }
 
     /// `cooldown = [60s, 10m]`: two durations of whole seconds within [`COOLDOWN_SECONDS`], the first at most the
@@ -231,5 +239,13 @@ impl Lowerer {
             [min, max] => Some((min, max)),
             _ => None,
         }
+    }
+}
+
+/// `ms` as seconds, fractions only when it has them: `1.5s`, `1080000000s`.
+fn seconds_text(ms: u64) -> String {
+    match ms % 1000 {
+        0 => format!("{}s", ms / 1000),
+        _ => format!("{}s", ms as f64 / 1000.0),
     }
 }

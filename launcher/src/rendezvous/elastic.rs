@@ -215,7 +215,7 @@ impl Membership {
     fn window_end(&self) -> Option<Instant> {
         match (self.generation, self.pending_since) {
             (0, _) | (_, None) => None,
-            (_, Some(since)) => Some(since + self.window),
+            (_, Some(since)) => Some(crate::options::saturating_add(since, self.window)),
         }
     }
 

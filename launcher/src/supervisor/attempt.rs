@@ -69,7 +69,10 @@ pub(super) fn first_discovery(
                     step,
                     &found,
                     &Blacklist::new(hosts.here()),
-                    Some(started + step.elastic.timeout),
+                    Some(crate::options::saturating_add(
+                        started,
+                        step.elastic.timeout,
+                    )),
                 );
                 let n: u32 = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                 if n >= min {
@@ -265,7 +268,7 @@ fn every_host_blacklisted(
     (own, blacklist): (&[HostSlots], &Blacklist),
     own_only: bool,
 ) -> Option<String> {
-    let deadline = below.since + step.elastic.timeout;
+    let deadline = crate::options::saturating_add(below.since, step.elastic.timeout);
     if !own_only || own.is_empty() || !own.iter().all(|h| blacklist.blocked(&h.host, deadline)) {
         return None;
     }
