@@ -98,8 +98,10 @@ impl Cooldown {
     }
 }
 
-/// A random `u64` from the OS (`getrandom(2)`); should that fail, one from the standard library's per-process
-/// random hash keys, which is random enough for spreading cooldowns.
+/// A random `u64` from the OS (`getrandom(2)`); should that fail, the hash of nothing under a new
+/// [`RandomState`](std::collections::hash_map::RandomState): its keys are the randomness (seeded once per thread by
+/// the standard library, then stepped on each `new`, so two calls differ), which is random enough for spreading
+/// cooldowns.
 pub fn os_random() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: `b` is a valid buffer of `b.len()` bytes for the kernel to fill.
@@ -108,9 +110,9 @@ pub fn os_random() -> u64 {
         return u64::from_ne_bytes(b);
     }
     use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    h.finish()
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// One line of the script's output.
