@@ -525,13 +525,31 @@ pub const PULL_CONTAINER: &str = "hvd-pull";
 /// non-zero there would leave the pod in `Init:Error` and the MPIJob pending forever; with the note, the ranks'
 /// shims refuse and the job ends. Its status replaces any note there (a non-zero end means the pull wrote none of
 /// its own; what is there is an earlier pod's). The text is constant: every value (note path, env, command) is a
-/// positional parameter, never part of the script, and is written with `printf %s`; the note is created anew
-/// (`set -C`: no existing file or link is followed) and renamed into place. A pod's name is `$HOSTNAME` (what
-/// Kubernetes sets), else the kernel's host name, as `hvd worker-env` names it.
+/// positional parameter, never part of the script, and is written with `printf %s`. The note is written to a
+/// temporary name and renamed into place; the `rm -f` of that name just before is what makes the write create a new
+/// file (whatever had the name, a file, a link, a FIFO, is gone). `set -C` adds little: dash refuses an existing
+/// regular file with it but still opens a FIFO or a link to one. A directory in the note's place is left (renaming
+/// onto it would move the note inside); the ranks' shims refuse that too ("the note is not a file"). A pod's name is
+/// `$HOSTNAME` (what Kubernetes sets), else the kernel's host name, as `hvd worker-env` names it.
+///
+/// The shell is PID 1 of the init container, which the kernel sends only signals it handles: the pull runs in the
+/// background and the shell forwards SIGTERM (a pod deleted mid-pull) to it and waits on, so the pod ends when the
+/// pull does instead of after the whole grace period (the trap is set before the pull starts, and a SIGTERM before
+/// its pid is known is sent once it is). `wait` returns above 128 when the trap interrupts it, so it is called again
+/// while the pull is still there; the pull's own status, a signal's included, is mapped as before.
 pub const PULL_GUARD: &str = r#"note=$1 env=$2
 shift 2
-"$@"
+child= term=
+trap 'term=1; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null' TERM
+"$@" &
+child=$!
+[ -z "$term" ] || kill -TERM "$child" 2>/dev/null
+wait "$child"
 status=$?
+while [ "$status" -gt 128 ] && kill -0 "$child" 2>/dev/null; do
+  wait "$child"
+  status=$?
+done
 [ "$status" -eq 0 ] && exit 0
 case $status in
 101) why='hvd panicked' ;;
@@ -542,18 +560,18 @@ case $status in
 esac
 pod=${HOSTNAME:-$(cat /proc/sys/kernel/hostname 2>/dev/null)}
 text="node \`$pod\` could not get the env $env: its init container's \`hvd worker-env --once --pull\` ended with exit status $status: $why (its log: \`kubectl logs $pod -c $0\`)"
-printf '%s: %s
-' "$0" "$text" >&2
+printf '%s: %s\n' "$0" "$text" >&2
 tmp=$note.$$.sh
 rm -f "$tmp" 2>/dev/null
-if [ ! -d "$note" ] && (set -C && printf '%s
-' "$text" >"$tmp") 2>/dev/null && mv -f "$tmp" "$note"; then
-  printf '%s: noted in %s; this pod'"'"'s ranks refuse to start with it, which ends the job
-' "$0" "$note" >&2
+if [ ! -d "$note" ] && (set -C && printf '%s\n' "$text" >"$tmp") 2>/dev/null && mv -f "$tmp" "$note"; then
+  printf '%s: noted in %s; this pod'"'"'s ranks refuse to start with it, which ends the job\n' "$0" "$note" >&2
 else
   rm -f "$tmp" 2>/dev/null
-  printf '%s: could not write %s; this pod'"'"'s ranks pull the env themselves
-' "$0" "$note" >&2
+  if [ -e "$note" ] || [ -L "$note" ]; then
+    printf '%s: could not write %s: something else is in its place (a directory, an earlier note); this pod'"'"'s ranks refuse to start with that, which ends the job\n' "$0" "$note" >&2
+  else
+    printf '%s: could not write %s; this pod'"'"'s ranks pull the env themselves\n' "$0" "$note" >&2
+  fi
 fi
 exit 0
 "#;
@@ -776,5 +794,101 @@ mod tests {
             let text = std::fs::read_to_string(&note).unwrap();
             assert!(text.contains(why), "{program}: {text}");
         }
+    }
+
+    /// A directory in the note's place is left as it is (renaming onto it would put the note inside), and the guard
+    /// says what the ranks' shims then do: refuse (the note is not a file), not pull the env themselves; where
+    /// nothing can be written and nothing is there, they do pull it.
+    #[test]
+    fn the_pull_guard_notes_what_the_ranks_do_when_it_cannot_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        std::fs::create_dir(&store).unwrap();
+        let note = store.join(PULL_FAILURE_NOTE);
+        std::fs::create_dir(&note).unwrap();
+        let out = guard(&note, "e", "pod-1", &["sh", "-c", "exit 3"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("something else is in its place (a directory, an earlier note); this pod's ranks refuse")
+                && !err.contains("pull the env themselves"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&note).unwrap().count(),
+            0,
+            "written into the directory"
+        );
+        assert_eq!(
+            std::fs::read_dir(&store).unwrap().count(),
+            1,
+            "a temporary file is left"
+        );
+
+        // A store the guard cannot write (one that is not there stands in for a read-only volume) and no note.
+        let out = guard(
+            &dir.path().join("missing").join(PULL_FAILURE_NOTE),
+            "e",
+            "pod-2",
+            &["false"],
+        );
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("this pod's ranks pull the env themselves"),
+            "{err}"
+        );
+    }
+
+    /// The guard is PID 1 of its container, where a SIGTERM (the pod deleted mid-pull) does nothing unless handled:
+    /// it forwards it to the pull, which ends on it, and still notes that and exits 0.
+    #[test]
+    fn the_pull_guard_forwards_sigterm_to_the_pull_and_still_notes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        std::fs::create_dir(&store).unwrap();
+        let note = store.join(PULL_FAILURE_NOTE);
+        let started = dir.path().join("started");
+        let got = dir.path().join("got-term");
+        // The pull: notes that it runs, notes the SIGTERM it gets and ends on it (143); it would sleep ~forever.
+        let pull = format!(
+            "trap 'touch \"{}\"; exit 143' TERM; touch \"{}\"; while :; do sleep 0.05; done",
+            got.display(),
+            started.display()
+        );
+        let mut child = std::process::Command::new("/bin/sh")
+            .current_dir(dir.path())
+            .args(["-c", PULL_GUARD, PULL_CONTAINER])
+            .arg(&note)
+            .arg("e")
+            .args(["sh", "-c", &pull])
+            .env("HOSTNAME", "pod-1")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !started.exists() {
+            assert!(std::time::Instant::now() < until, "the pull never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on the guard's own pid, a child of this process not yet waited for.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() >= until {
+                let _ = child.kill();
+                panic!("the guard did not end after SIGTERM");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(0), "{status:?}");
+        assert!(got.exists(), "the pull did not get the SIGTERM");
+        let text = std::fs::read_to_string(&note).unwrap();
+        assert!(
+            text.contains("exit status 143: killed by signal 15"),
+            "{text}"
+        );
     }
 }
