@@ -605,8 +605,11 @@ fn mpijob_init_containers_that_die_without_a_note_still_end_the_job() {
         .spawn()
         .unwrap();
     let hvd = std::fs::canonicalize(common::HVD).unwrap();
+    // Bounded: a guard that never started the pull (or started something else) ends the test, not hangs it.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
     let pull = loop {
-        let pull = children(pod.id()).into_iter().find(|child| {
+        let seen = children(pod.id());
+        let pull = seen.iter().copied().find(|child| {
             std::fs::read_link(format!("/proc/{child}/exe")).is_ok_and(|exe| exe == hvd)
         });
         if let Some(pull) = pull {
@@ -617,6 +620,23 @@ fn mpijob_init_containers_that_die_without_a_note_still_end_the_job() {
             "{:?}",
             pod.wait_with_output()
         );
+        if std::time::Instant::now() >= until {
+            let exes: Vec<_> = seen
+                .iter()
+                .map(|child| (child, std::fs::read_link(format!("/proc/{child}/exe"))))
+                .collect();
+            for &child in &seen {
+                // SAFETY: kill with integer arguments, to a child of the init container this test started (were
+                // they left, the container's output pipes would stay open and the wait below would not end).
+                unsafe { libc::kill(child as i32, libc::SIGKILL) };
+            }
+            let _ = pod.kill();
+            panic!(
+                "no pull (`{}`) among the init container's children after 120 s: {exes:?}; the container: {:?}",
+                hvd.display(),
+                pod.wait_with_output()
+            );
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     let pull = i32::try_from(pull).unwrap();
