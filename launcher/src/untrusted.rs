@@ -16,15 +16,16 @@ pub enum Small {
     NotAFile,
 }
 
-/// Reads at most `max` bytes of `path`. It is opened without following a link (a link fails with `ELOOP`) or
-/// waiting for a FIFO's writer (`O_NONBLOCK`), and the open descriptor's own metadata says what it is, so what was
-/// checked is what is read. `only_files`: anything but a regular file is [`Small::NotAFile`] (and a failed `fstat`
+/// Reads at most `max` bytes of `path`. It is opened without following a link (a link fails with `ELOOP`),
+/// waiting for a FIFO's writer (`O_NONBLOCK`) or making a terminal this process's controlling one (`O_NOCTTY`), and
+/// the open descriptor's own metadata says what it is, so what was checked is what is read. Only the last component
+/// of `path` is kept from being a link: links among the directories above it are followed. `only_files`: anything but a regular file is [`Small::NotAFile`] (and a failed `fstat`
 /// an error); otherwise it is read whatever it is (an empty FIFO without a writer reads as empty).
 pub fn read_small(path: &Path, max: u64, only_files: bool) -> std::io::Result<Small> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)?;
     let metadata = file.metadata();
     let file_len = match metadata {
