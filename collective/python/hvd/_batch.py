@@ -109,20 +109,20 @@ _wake = threading.Condition(_lock)  # the timer thread sleeps on it while no bat
 _open = None  # the batch being filled
 _timer = None
 _timer_asleep = False
-_acquire = _lock.acquire
-_release = _lock.release
 _orphans = []  # (ids, done, [(index, array)]) of dropped batches with operations in flight
 _ndarray = None
 _codes = None  # numpy dtype -> hvd.h dtype code: the package's own table (hvd._NP_CODES), filled as dtypes are seen
+_ops = ()  # the package's reduction codes (hvd._OPS)
 _hvd = None
 
 
 def _setup():
-    global _ndarray, _codes, _hvd
+    global _ndarray, _codes, _ops, _hvd
     import numpy
 
     _hvd = sys.modules[__name__.rpartition(".")[0]]
     _codes = _hvd._NP_CODES
+    _ops = _hvd._OPS
     _ndarray = numpy.ndarray
 
 
@@ -136,7 +136,10 @@ def allreduce_(tensor, name, op, prescale, postscale):
         if type(tensor) is not _ndarray:
             return None
     code = _codes.get(tensor.dtype)
-    if (code is None or type(prescale) is not float or type(postscale) is not float
+    # (`type(op) is int`: `1.0 in _ops` holds too, and a float would fail the whole batch's send, other threads'
+    # requests with it.)
+    if (code is None or type(op) is not int or op not in _ops or type(prescale) is not float
+            or type(postscale) is not float
             or name is not None and (type(name) is not str or not name.isascii() or "\0" in name)):
         return None
     try:
@@ -144,8 +147,10 @@ def allreduce_(tensor, name, op, prescale, postscale):
     except (TypeError, ValueError, BufferError):
         return None
     entry = (ptr, code, tensor.shape, name or "", op, prescale, postscale)
-    _acquire()  # (not `with`: this is the per-tensor path, and acquire/release cost half as much)
-    try:
+    # `with`, not acquire() and try/finally: a signal handler that raises (KeyboardInterrupt, hvd.elastic's SIGTERM
+    # handler) runs after a call returns, so it could run between acquire() and the `try`, leaving the lock held and
+    # the next submission or shutdown's flush waiting forever; `with` takes the lock inside its own protection.
+    with _lock:
         batch = _open
         if batch is None:
             batch = _start()
@@ -157,8 +162,6 @@ def allreduce_(tensor, name, op, prescale, postscale):
         handle = BatchedHandle(batch, len(entries) - 1)
         if len(entries) >= MAX_BATCH:
             _send(batch)
-    finally:
-        _release()
     return handle
 
 
@@ -188,29 +191,42 @@ def flush():
 
 
 def _send(batch):
-    """Submits ``batch`` (the caller holds the lock). Never raises: what fails is kept for the batch's handles."""
+    """Submits ``batch`` (the caller holds the lock). Raises nothing but what a signal handler raises (on the main
+    thread: KeyboardInterrupt, SystemExit): what fails is kept for the batch's handles.
+
+    A signal handler runs after any call returns. Before the library's call it leaves the batch open and whole;
+    from there the batch changes by stores alone, and ``batch.ids`` is set in a ``finally``: the handles that the
+    library wrote (``ids`` starts as -1 everywhere) are the operations in flight, whose arrays the batch must keep
+    even when a handler raised as the call returned."""
     global _open
+    entries = batch.entries
+    n = len(entries)
+    ids = (ctypes.c_int64 * n).from_buffer_copy(b"\xff" * (8 * n))  # -1: not submitted
+    done = bytearray(n)
+    done_c = (ctypes.c_int8 * n).from_buffer(done)
+    error = None
+    try:
+        args = _columns(entries)
+        error = _hvd.HvdError("the batch's submission was interrupted (a signal handler raised) before its result "
+                              "was read")
+    except Exception as e:  # handed to every handle of the batch instead of lost in the timer thread
+        args, error = None, e
     if _open is batch:
         _open = None
-    entries = batch.entries
     batch.entries = None
-    n = len(entries)
     batch.n = n
-    ids = (ctypes.c_int64 * n)()
-    done = bytearray(n)
-    try:
-        lib = _lib._lib
-        ok = lib.hvd_enqueue_allreduces(n, *_columns(entries), ids)
-        if ok != n:
-            batch.error = _hvd._error(lib)
-            if ok < 0:
-                ids[:] = [-1] * n
-    except BaseException as e:  # noqa: B036 - handed to every handle of the batch instead of lost in the timer thread
-        batch.error = e
-        ids[:] = [-1] * n
-    batch.done_c = (ctypes.c_int8 * n).from_buffer(done)
+    batch.error = error
+    batch.done_c = done_c
     batch.done = done
-    batch.ids = ids  # last: a batch with ids is complete
+    try:
+        if args is not None:
+            lib = _lib._lib
+            ok = lib.hvd_enqueue_allreduces(n, *args, ids)
+            batch.error = None if ok == n else _hvd._error(lib)
+    except Exception as e:  # (as above)
+        batch.error = e
+    finally:
+        batch.ids = ids  # last: a batch with ids is complete
     if _orphans:
         _sweep_orphans()
 
@@ -278,16 +294,24 @@ def poll(handle):
 
 def _sweep_orphans():
     """Releases the operations of dropped batches that have completed, and with them their arrays (the caller holds
-    the lock)."""
+    the lock). An operation whose handle the library does not know (-1: from before the last ``hvd.shutdown``, as
+    after every elastic reset, or released already) is gone with its engine: its array goes too.
+
+    Only this function removes orphans (under the lock); ``_Batch.__del__`` appends them from any thread. An entry
+    stays first in the list until its successor is known, and is then replaced by a deletion and an append with no
+    call in between: a signal handler that raises (it runs after a call) never loses an operation still in flight.
+    Handles released before such an interruption poll -1 at the next sweep."""
     lib = _lib._lib
     for _ in range(len(_orphans)):
-        ids, done, pending = _orphans.pop(0)
+        ids, done, pending = _orphans[0]
         left = []
         for i, value in pending:
-            if lib.hvd_poll(ids[i]) == 1:
-                lib.hvd_wait_and_release(ids[i])  # completed: returns at once
-            else:
+            rc = lib.hvd_poll(ids[i])
+            if rc == 0:
                 left.append((i, value))
+            elif rc == 1:
+                lib.hvd_wait_and_release(ids[i])  # completed: returns at once
+        del _orphans[0]
         if left:
             _orphans.append((ids, done, left))
 
@@ -314,14 +338,15 @@ def _tick():
 
 
 def _after_fork():
-    # A child has no timer thread (nor the parent's engine): start afresh.
-    global _lock, _acquire, _release, _wake, _open, _timer, _timer_asleep
+    # A child has no timer thread (nor the parent's engine, whose handles the orphans hold): start afresh.
+    global _lock, _wake, _open, _timer, _timer_asleep, _orphans, _last
     _lock = threading.Lock()
-    _acquire, _release = _lock.acquire, _lock.release
     _wake = threading.Condition(_lock)
     _open = None
     _timer = None
     _timer_asleep = False
+    _orphans = []
+    _last = ([], None)
 
 
 if hasattr(os, "register_at_fork"):

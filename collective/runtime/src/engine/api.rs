@@ -303,7 +303,9 @@ impl Engine {
                     let Some(Slot::Done(result)) = h.slots.remove(&handle) else {
                         unreachable!("checked above")
                     };
-                    done[index].store(if result.is_ok() { 1 } else { -1 }, Ordering::Relaxed);
+                    // Release (as below): another thread that reads the mark and then the tensor must not see the
+                    // mark before the data on a weakly ordered CPU (free on x86).
+                    done[index].store(if result.is_ok() { 1 } else { -1 }, Ordering::Release);
                     break result.map(drop);
                 }
                 Some(Slot::Pending) => h = self.await_completion(h, spin_until),
@@ -319,7 +321,10 @@ impl Engine {
                 break;
             }
             h.slots.remove(next);
-            mark.store(1, Ordering::Relaxed);
+            // Release: the engine's writes of this tensor (ordered before this thread by the handle table's
+            // lock) come before the mark for another thread that reads the mark (the Python package reads
+            // `done` without a call); free on x86, a barrier on aarch64.
+            mark.store(1, Ordering::Release);
         }
         drop(h);
         self.shared.waiters.fetch_sub(1, Ordering::SeqCst);

@@ -8,6 +8,7 @@ operation must complete through it.
 """
 import gc
 import os
+import signal
 import sys
 import time
 import weakref
@@ -188,6 +189,85 @@ for k in range(3000):
         break
 else:
     sys.exit("rank {}: the completed operation of a dropped batch was never released".format(r))
+
+# 9. An op that is not an int (1.0 == hvd.Average) is not batched: the usual path refuses it at the call, and the
+# batch that it would have joined goes out whole (it used to join it and fail the whole batch's send).
+good = np.full(2, r, np.float32)
+hg = hvd.allreduce_async_(good, op=hvd.Sum, name="floatop.good")
+batched(hg, "floatop.good")
+try:
+    h = hvd.allreduce_async_(np.ones(2, np.float32), op=float(hvd.Average), name="floatop.bad")
+    sys.exit("rank {}: op=1.0 was accepted: {!r}".format(r, h))
+except (TypeError, ValueError):
+    pass
+hvd.synchronize(hg)
+check(good, np.full(2, sum(range(n)), np.float32), "floatop.good")
+
+# 10. A dropped batch whose operation is in flight across hvd.shutdown() and hvd.init() (every elastic reset): the
+# library refuses the old handle afterwards (the operation went with the old engine), so the next send lets its
+# array go instead of keeping it and polling the handle on every send forever.
+flag = os.path.join(os.environ["HVD_BATCHED_DIR"], "reset.{}")
+if r == 0:
+    x = np.ones(3, np.float32)
+    hx = hvd.allreduce_async_(x, op=hvd.Sum, name="reset.x")
+    batched(hx, "reset.x")
+    if hvd.poll(hx):  # (sends the batch)
+        sys.exit("rank 0: reset.x completed before the other ranks submitted it")
+    alive = weakref.ref(x)
+    del x, hx
+    gc.collect()
+    if alive() is None:
+        sys.exit("rank 0: the array of an operation in flight was freed with its batch's handles")
+    open(flag.format(0), "w").close()
+else:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(flag.format(0)):
+        if time.monotonic() > deadline:
+            sys.exit("rank {}: rank 0 never sent reset.x".format(r))
+        time.sleep(0.01)
+    hvd.allreduce_(np.ones(3, np.float32), op=hvd.Sum, name="reset.x")
+hvd.barrier()
+hvd.shutdown()
+hvd.init()
+hvd.synchronize(hvd.allreduce_async_(np.ones(1, np.float32), op=hvd.Sum, name="reset.tick"))
+gc.collect()
+if r == 0 and alive() is not None:
+    sys.exit("rank 0: a dropped operation from before hvd.shutdown()/hvd.init() still holds its array")
+
+
+# 11. A signal handler that raises while this rank submits (Ctrl-C's KeyboardInterrupt, hvd.elastic's SIGTERM
+# handler's SystemExit) never leaves the batch's lock held: the submissions after it, and shutdown's send of the
+# open batch below, would wait for it forever (the harness then kills the ranks and the test fails). The handler
+# raises only in hvd's own code, 2000 times, at whatever point the timer lands. One name per rank: the first
+# request is in flight until shutdown (the other ranks, leaving, join it), the others are refused as duplicates.
+class Interrupted(Exception):
+    pass
+
+
+hits = [0]
+
+
+def interrupt(signum, frame):
+    if frame is not None and frame.f_globals.get("__name__", "").startswith("hvd"):
+        hits[0] += 1
+        raise Interrupted()
+
+
+sig = np.ones(1, np.float32)
+signal.signal(signal.SIGALRM, interrupt)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+submitted = 0
+while hits[0] < 2000:
+    try:
+        while hits[0] < 2000:
+            hvd.allreduce_async_(sig, op=hvd.Sum, name="sig.{}".format(r))
+            submitted += 1
+    except Interrupted:
+        pass
+signal.setitimer(signal.ITIMER_REAL, 0)
+signal.signal(signal.SIGALRM, signal.SIG_DFL)
+if submitted < 100:  # (the loop did submit: a lock left held makes the next submission block until interrupted)
+    sys.exit("rank {}: only {} submissions between 2000 interrupts".format(r, submitted))
 
 hvd.shutdown()
 # After shutdown the batch is not used: the call itself refuses, as it always did.
