@@ -108,8 +108,8 @@ fn an_elastic_step_on_two_slurm_nodes_replaces_a_rank_lost_on_the_second() {
 /// and the same weights. The lost ranks' sruns end ("Node failure"; their job steps stay listed until the allocation
 /// ends, and only theirs); then nothing is queued and nothing but the first node's slurmd is left.
 ///
-/// Not checked, because it does not hold today: that hvd names ranks 2 and 3 as lost. Slurm 22.05's srun exits 0
-/// after "Node failure", so the launcher takes those ranks for finished (docs/engines.md, test notes).
+/// Slurm 22.05's srun exits 0 after "Node failure": hvd still names ranks 2 and 3 as lost (with srun's reason),
+/// because their wrapper never reported their exit status, and blacklists the node after its two losses.
 #[test]
 fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
     let Some(mut slurm) = Slurm::start_two_nodes("sn", [&[], &[]]) else {
@@ -181,6 +181,42 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
         );
     }
     assert!(!stdout.contains("slot 3 finished"), "{}", logs());
+    // srun exits 0 after "Node failure": the launcher takes the ranks for lost, not finished, because their
+    // wrapper never reported their exit status.
+    for rank in [2, 3] {
+        assert!(
+            stderr.contains(&format!(
+                "rank {rank} of step `train` on node {} is lost: its srun exited 0, but the rank's command never \
+                 reported its exit status (it said `srun: error: Node failure on {}`)",
+                NODES[1], NODES[1]
+            )),
+            "{}",
+            logs()
+        );
+    }
+    // Two losses on the node: no new worker starts there for a while.
+    assert!(
+        stderr.contains(&format!("host {} is blacklisted for ", NODES[1])),
+        "{}",
+        logs()
+    );
+    // The ranks that finished reported it, and the report is in neither the lines nor the ranks' log files.
+    assert!(
+        !format!("{stdout}{stderr}").contains("hvd-rank-status"),
+        "{}",
+        logs()
+    );
+    let runs = dir.path().join(".hvd/runs");
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    for rank in 0..4 {
+        let log = std::fs::read_to_string(run.join(format!("train/rank.{rank}/stderr"))).unwrap();
+        assert!(!log.contains("hvd-rank-status"), "rank {rank}: {log}");
+    }
     let members: &[(u32, u32)] = &[(0, 0), (1, 1)];
     assert_trained_together(&out, (members, steps));
     // The lost ranks' job steps may stay listed while the allocation lives (a DOWN node reports nothing; seen

@@ -129,6 +129,10 @@ pub struct RankCommand {
     /// A remote rank (ssh): its stdin carries the job token as the first line, and stopping it is writing the
     /// signal's name there ([`send_stop`]) rather than signalling the local process.
     pub remote: bool,
+    /// The rank's process may exit 0 without the rank having finished (the slurm engine's srun after a node
+    /// failure): its stdin's first line is a nonce, before the token, and its wrapper ends its stderr with
+    /// `hvd-rank-status NONCE CODE`; an exit 0 without that report of 0 is a lost rank (`supervisor/reported.rs`).
+    pub reports_status: bool,
 }
 
 impl RankCommand {
@@ -150,6 +154,7 @@ impl RankCommand {
         RankCommand {
             command,
             remote: false,
+            reports_status: false,
         }
     }
 

@@ -78,6 +78,9 @@ impl<F: Fn(Event) + Sync> EventSink for F {
 pub enum WorkerExit {
     Code(i32),
     Signal(i32),
+    /// The process standing for a remote rank (the slurm engine's srun) exited 0, but the rank never reported
+    /// that it finished: its node went away under it.
+    Lost,
 }
 
 impl WorkerExit {
@@ -86,6 +89,7 @@ impl WorkerExit {
         match self {
             WorkerExit::Code(c) => u8::try_from(c).unwrap_or(1),
             WorkerExit::Signal(s) => u8::try_from(128 + s).unwrap_or(255),
+            WorkerExit::Lost => 1,
         }
     }
 }
@@ -95,6 +99,7 @@ impl std::fmt::Display for WorkerExit {
         match self {
             WorkerExit::Code(c) => write!(f, "exit code {c}"),
             WorkerExit::Signal(s) => write!(f, "killed by {}", signal_name(*s)),
+            WorkerExit::Lost => write!(f, "its node was lost: no exit status from it"),
         }
     }
 }

@@ -27,6 +27,7 @@ use crate::state;
 
 mod attempt;
 mod placement;
+mod reported;
 use attempt::{Attempt, Growth, discovery_timeout, first_discovery, supervise};
 
 /// `off` runs without cgroups, contained by the subreaper fallback alone (as on a machine without them); unset,
@@ -758,6 +759,7 @@ fn run_attempt(
                 let RankCommand {
                     mut command,
                     remote,
+                    reports_status,
                 } = match &launcher {
                     Some(argv) => launcher_command(&start, argv),
                     None => engine.rank_command(&start)?,
@@ -773,6 +775,13 @@ fn run_attempt(
                     .stderr(Stdio::piped());
                 command.env(STEP_MARKER_VAR, &step_marker);
                 configure_worker_in(&mut command, step_cgroup.as_ref());
+                let nonce = match reports_status && remote {
+                    true => Some(new_token().map_err(|source| LaunchError::Io {
+                        path: "/dev/urandom".into(),
+                        source,
+                    })?),
+                    false => None,
+                };
                 let mut child = command.spawn().map_err(|source| LaunchError::Spawn {
                     step: step.name.clone(),
                     rank: slot.rank,
@@ -780,8 +789,17 @@ fn run_attempt(
                     source,
                 })?;
                 let pgid = child.id();
-                // A remote rank's wrapper reads the job token from the first line of its stdin.
+                // A remote rank's wrapper reads the job token from the first line of its stdin (after the nonce of
+                // its status report, when it makes one).
                 let mut stdin = child.stdin.take();
+                let report = match (nonce, stdin.as_mut()) {
+                    (Some(nonce), Some(pipe)) => {
+                        use std::io::Write as _;
+                        let _ = writeln!(pipe, "{nonce}");
+                        Some(Arc::new(reported::StatusReport::new(&nonce)))
+                    }
+                    _ => None,
+                };
                 if let (Some(pipe), Some(info)) = (stdin.as_mut(), info.as_ref()) {
                     use std::io::Write as _;
                     let _ = writeln!(pipe, "{}", info.token);
@@ -797,15 +815,17 @@ fn run_attempt(
                         stdout_file,
                         Stream::Stdout,
                         None,
+                        None,
                     ),
                     (
                         child.stderr.take().map(OwnedFd::from),
                         stderr_file,
                         Stream::Stderr,
                         Some(tail.clone()),
+                        report.clone(),
                     ),
                 ];
-                for (pipe, file, stream, tail) in pipes {
+                for (pipe, file, stream, tail, report) in pipes {
                     let Some(pipe) = pipe else { continue };
                     pumps.live.fetch_add(1, Ordering::SeqCst);
                     let (step, host, rank) = (step_name.clone(), host.clone(), slot.rank);
@@ -826,12 +846,14 @@ fn run_attempt(
                             file,
                             &line,
                             events,
-                            tail.as_deref(),
+                            (tail.as_deref(), report.as_deref()),
                         )
                     });
                 }
                 let index = workers.len();
                 let tx = exit_tx.clone();
+                let (stderr_tail, events) = (tail.clone(), job.events);
+                let (rank, host, step) = (slot.rank, slot.host.clone(), step_name.clone());
                 scope.spawn(move || {
                     use std::os::unix::process::ExitStatusExt;
                     let exit = match child.wait() {
@@ -842,7 +864,20 @@ fn run_attempt(
                         },
                         Err(_) => WorkerExit::Code(1),
                     };
-                    let _ = tx.send((index, exit, Instant::now()));
+                    let when = Instant::now();
+                    let exit = match report {
+                        Some(report) => {
+                            let exit = reported::settle(exit, report.wait(PUMP_DRAIN));
+                            if exit == WorkerExit::Lost {
+                                events.event(Event::Note {
+                                    text: reported::lost_note(rank, &step, &host, &stderr_tail),
+                                });
+                            }
+                            exit
+                        }
+                        None => exit,
+                    };
+                    let _ = tx.send((index, exit, when));
                 });
                 workers.push(Worker {
                     rank: slot.rank,
@@ -1010,7 +1045,10 @@ fn pump(
     mut file: fs_err::File,
     source: &LineSource<'_>,
     events: &dyn EventSink,
-    tail: Option<&Mutex<VecDeque<String>>>,
+    (tail, report): (
+        Option<&Mutex<VecDeque<String>>>,
+        Option<&reported::StatusReport>,
+    ),
 ) {
     let LineSource {
         step,
@@ -1023,6 +1061,10 @@ fn pump(
     use std::io::Write;
     let mut splitter = LineSplitter::default();
     let mut emit = |line: &[u8]| {
+        // The wrapper's status report is not the rank's output.
+        let Some(line) = report.map_or(Some(line), |r| r.strip(line)) else {
+            return;
+        };
         let text = String::from_utf8_lossy(line).into_owned();
         if let Some(tail) = tail {
             let mut tail = tail
@@ -1060,6 +1102,9 @@ fn pump(
             Ok(0) => break,
             Ok(n) => {
                 let _ = file.write_all(&buf[..n]);
+                if let Some(report) = report {
+                    report.feed(&buf[..n]);
+                }
                 splitter.push(&buf[..n], &mut emit);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -1068,6 +1113,9 @@ fn pump(
     }
     splitter.finish(&mut emit);
     let _ = file.flush();
+    if let Some(keep) = report.and_then(reported::StatusReport::finish) {
+        let _ = file.set_len(keep);
+    }
     pumps.live.fetch_sub(1, Ordering::SeqCst);
 }
 

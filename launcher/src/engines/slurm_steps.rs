@@ -2,10 +2,13 @@
 //! on the node the allocation's layout gives it), so a lost rank ends its own step and not the others'.
 //!
 //! A rank's command is `setsid --fork --wait setpriv --pdeathsig KILL srun --ntasks=1 --nodes=1 --nodelist=NODE
-//! --exact --mem=0 ... /bin/sh -c WRAPPER ...`, with the ssh engine's remote wrapper ([`ssh::WRAPPER`]) as the task:
-//! the job token travels on stdin (srun forwards it to the task), stopping the rank is writing the signal's name
-//! there, and the wrapper kills what the rank's command left. srun runs in a session of its own with a parent-death
-//! signal: when the supervisor kills the rank's process group (SIGKILL after the grace period), `setsid` dies, the
+//! --exact --mem=0 ... /bin/sh -c REPORTER hvd-rank WRAPPER ...`, with the ssh engine's remote wrapper
+//! ([`ssh::WRAPPER`]) under [`REPORTER`] as the task: a nonce and the job token travel on stdin (srun forwards it to
+//! the task), stopping the rank is writing the signal's name there, and the wrapper kills what the rank's command
+//! left. The reporter ends the task's stderr with the rank's exit status and the nonce: srun exits 0 after "Node
+//! failure" too, and only that report tells a finished rank from one whose node was lost.
+//!
+//! srun runs in a session of its own with a parent-death signal: when the supervisor kills the rank's process group (SIGKILL after the grace period), `setsid` dies, the
 //! kernel kills srun, and srun's own shepherd process, left alive in srun's session, cancels the job step, which
 //! kills the task on its node. (Had srun and its shepherd died together, the task and its step would run on.)
 
@@ -18,6 +21,15 @@ use crate::engine::{Plan, PlannedStep, RankCommand, RankStart};
 use crate::engines::net::{resolve_host, route_source};
 use crate::engines::ssh::{INTERFACE_VARS, WRAPPER, valid_var_name};
 use crate::env::{RendezvousInfo, Slot, WorkerLayout};
+
+/// The task of a rank's srun (`sh -c REPORTER hvd-rank WRAPPER ARGS...`): reads the nonce from the first line of
+/// stdin (into a variable the rank's command never sees), runs the remote wrapper with the rest of stdin and ARGS,
+/// then ends its stderr with `hvd-rank-status NONCE CODE` and exits with CODE. srun exits 0 after a node failure
+/// (Slurm 22.05); without this report, such a rank is lost, not finished (`supervisor/reported.rs`).
+pub const REPORTER: &str = concat!(
+    r#"IFS= read -r n || { echo hvd: no nonce on stdin >&2; exit 125; }; w=$1; shift; "#,
+    r#"/bin/sh -c "$w" hvd-rank "$@"; c=$?; printf "hvd-rank-status %s %s\n" "$n" "$c" >&2; exit "$c""#
+);
 
 /// What an elastic step needs from the allocation: where its ranks go and where their rendezvous listens.
 #[derive(Debug, Clone)]
@@ -322,8 +334,9 @@ impl RankSrun<'_> {
         argv.extend([
             "/bin/sh".to_owned(),
             "-c".into(),
-            WRAPPER.into(),
+            REPORTER.into(),
             "hvd-rank".into(),
+            WRAPPER.into(),
             plan.project_dir.display().to_string(),
             self.allocation.grace_ticks.to_string(),
             rendezvous.to_string(),
@@ -358,6 +371,7 @@ impl RankSrun<'_> {
         Ok(RankCommand {
             command,
             remote: true,
+            reports_status: true,
         })
     }
 }
@@ -416,6 +430,35 @@ mod tests {
             err.contains("elastic step `train` has 6 workers, but the allocation has 5 tasks")
                 && err.contains("`SLURM_TASKS_PER_NODE` is `2(x2),1`"),
             "{err}"
+        );
+    }
+
+    /// The task as srun runs it: the reporter reads the nonce, the wrapper the token, and the task's stderr ends
+    /// with the rank's own exit status and the nonce, which the rank's command never sees.
+    #[test]
+    fn the_reporter_ends_the_tasks_stderr_with_the_ranks_status() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new("/bin/sh")
+            .args(["-c", REPORTER, "hvd-rank", WRAPPER])
+            .arg(dir.path())
+            .args(["20", "", "HVD_RANK=1", "/bin/sh", "-c"])
+            .arg("echo \"[$HVD_JOB_TOKEN]\"; env | grep -c n0nce; printf partial >&2; exit 7")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Kept open until the task ends: its end of file is the wrapper's stop signal.
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "n0nce\ns3cr3t").unwrap();
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
+        assert_eq!(out.status.code(), Some(7));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "[s3cr3t]\n0\n");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "partialhvd-rank-status n0nce 7\n"
         );
     }
 
@@ -496,7 +539,9 @@ mod tests {
             "{line}"
         );
         let wrapper_args = &argv[argv.iter().position(|a| a == "hvd-rank").unwrap()..];
-        assert_eq!(wrapper_args[1..4], ["/work/p", "20", "10.0.0.1"]);
+        assert_eq!(argv[argv.len() - wrapper_args.len() - 1], REPORTER);
+        assert_eq!(wrapper_args[1], WRAPPER);
+        assert_eq!(wrapper_args[2..5], ["/work/p", "20", "10.0.0.1"]);
         assert_eq!(argv[argv.len() - 3..], ["/bin/sh", "-c", "python t.py"]);
         for want in [
             "HVD_RANK=2",

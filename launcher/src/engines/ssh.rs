@@ -224,6 +224,7 @@ impl SupervisedEngine for SshSetup {
         Ok(RankCommand {
             command,
             remote: true,
+            reports_status: false,
         })
     }
 
