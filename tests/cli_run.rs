@@ -392,6 +392,54 @@ fn unknown_step_is_a_usage_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no step named `nope`"));
 }
 
+/// `--grace` and `--start-timeout` take seconds within a range, like `--elastic-timeout`: `1e19` fit a `Duration`
+/// and reached the deadlines made of them (`Instant + Duration` panics past the clock), NaN, infinities and negative
+/// values are refused too, each a usage error naming the flag, the value and the range before anything runs. A day,
+/// the most each takes, runs the step (which fails at once with its own code: no wait, no panic).
+#[test]
+fn grace_and_start_timeout_out_of_range_are_usage_errors() {
+    let job = job(
+        "step a {\n  workers = 2\n  run = \"touch ran.$HVD_RANK; exit 3\"\n}\n",
+        &[],
+    );
+    let grace = "is out of range: give from 0 to 86400 seconds (a day)";
+    let start = "is out of range: give from 1 to 86400 seconds (a day)";
+    for (args, want) in [
+        (
+            ["--grace", "1e19"],
+            format!("`--grace 10000000000000000000` {grace}"),
+        ),
+        (["--grace", "86400.5"], format!("`--grace 86400.5` {grace}")),
+        (["--grace=-1", "--force"], format!("`--grace -1` {grace}")),
+        (["--grace", "NaN"], format!("`--grace NaN` {grace}")),
+        (
+            ["--start-timeout", "1e19"],
+            format!("`--start-timeout 10000000000000000000` {start}"),
+        ),
+        (
+            ["--start-timeout", "inf"],
+            format!("`--start-timeout inf` {start}"),
+        ),
+        (
+            ["--start-timeout", "0.5"],
+            format!("`--start-timeout 0.5` {start}"),
+        ),
+    ] {
+        let out = job.run(&args);
+        let stderr = common::flat_stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(&want), "{args:?}: want `{want}`:\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    let ran = || job.path().join("ran.0").exists() || job.path().join("ran.1").exists();
+    assert!(!ran(), "a step ran");
+    let out = job.run(&["--grace", "86400", "--start-timeout", "86400"]);
+    let stderr = common::flat_stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(ran(), "the step never ran");
+}
+
 #[test]
 fn a_once_step_failure_passes_its_exit_code_through() {
     let job = job(

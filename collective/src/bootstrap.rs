@@ -147,7 +147,7 @@ fn elastic_window(v: &str) -> Result<Duration> {
 fn elastic_join_wait(timeout: Duration, window: Option<Duration>) -> Duration {
     match window {
         None => timeout,
-        Some(window) => timeout.max(window + timeout.max(Duration::from_secs(10))),
+        Some(window) => timeout.max(window.saturating_add(timeout.max(Duration::from_secs(10)))),
     }
 }
 
@@ -382,7 +382,7 @@ fn listen_ip(rendezvous: &Rendezvous, timeout: Duration) -> Result<IpAddr> {
         Rendezvous::Directory(_) => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         Rendezvous::Http { address, .. } => {
             // The server may not be accepting yet (a rank 0 that serves it starting up): retry like every request.
-            let deadline = Instant::now() + timeout;
+            let deadline = crate::time::saturating_add(Instant::now(), timeout);
             let mut backoff = Backoff::new();
             let s = loop {
                 match connect_any(address) {

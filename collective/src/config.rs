@@ -65,21 +65,55 @@ pub(crate) fn env_usize(name: &str) -> Option<usize> {
     }
 }
 
-/// The operation timeout from `HVD_COLLECTIVE_TIMEOUT` (seconds, fractions allowed), default 30 s.
+/// The operation timeout from `HVD_COLLECTIVE_TIMEOUT` (seconds, fractions allowed, above 0 and at most a day),
+/// default 30 s.
 pub fn timeout_from_env() -> Result<Duration> {
-    match std::env::var(env_vars::HVD_COLLECTIVE_TIMEOUT) {
-        Err(_) => Ok(Duration::from_secs(30)),
-        Ok(v) => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| {
-                Error::Bootstrap(format!(
-                    "`{}={v}` is not a positive number of seconds",
-                    env_vars::HVD_COLLECTIVE_TIMEOUT
-                ))
-            }),
+    timeout_of(std::env::var(env_vars::HVD_COLLECTIVE_TIMEOUT).ok())
+}
+
+/// [`timeout_from_env`] of the variable's value (`None`: unset).
+fn timeout_of(value: Option<String>) -> Result<Duration> {
+    let Some(v) = value else {
+        return Ok(Duration::from_secs(30));
+    };
+    let day = crate::time::DAY_SECONDS;
+    crate::time::parse_seconds_in(&v, 0.0, day as f64)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            Error::Bootstrap(format!(
+                "`{}={v}` is not a number of seconds above 0 and at most {day} (a day)",
+                env_vars::HVD_COLLECTIVE_TIMEOUT
+            ))
+        })
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::*;
+
+    /// `HVD_COLLECTIVE_TIMEOUT` past a day (`1e19` once reached `Instant + timeout` in the bootstrap, a panic; `1e20`
+    /// panicked in `from_secs_f64`), 0, negative or not a number is refused by name; a day and fractions are taken.
+    #[test]
+    fn the_collective_timeout_is_bounded() {
+        for bad in [
+            "1e19", "1e20", "86400.5", "0", "-1", "NaN", "inf", "soon", "",
+        ] {
+            let err = timeout_of(Some(bad.into())).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "`HVD_COLLECTIVE_TIMEOUT={bad}` is not a number of seconds above 0 and at most 86400"
+                )),
+                "{err}"
+            );
+        }
+        assert_eq!(timeout_of(None).unwrap(), Duration::from_secs(30));
+        assert_eq!(
+            timeout_of(Some("86400".into())).unwrap(),
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(
+            timeout_of(Some(" 0.25 ".into())).unwrap(),
+            Duration::from_millis(250)
+        );
     }
 }

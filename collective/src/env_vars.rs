@@ -5,7 +5,8 @@
 //! (its documentation gives the precedence and why).
 
 hvd_env_vars::env_vars! {
-    /// Seconds a pending operation waits for a silent peer before failing, fractions allowed.
+    /// Seconds a pending operation waits for a silent peer before failing, fractions allowed; above 0, at most 86400
+    /// (a day).
     HVD_COLLECTIVE_TIMEOUT default "30";
     /// Backend: `auto` (default: shm on one host, tcp or hierarchical across hosts), `shm`, `tcp`, `hierarchical`,
     /// `mpi`, `nccl`.

@@ -49,6 +49,7 @@ pub mod rendezvous;
 pub mod shm;
 pub mod tcp;
 pub mod testing;
+pub mod time;
 pub mod transport;
 pub mod types;
 pub mod wire_enum;

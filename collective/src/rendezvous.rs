@@ -195,7 +195,7 @@ impl KeyValueClient {
             )));
         };
         let after = round::latest(&self.rendezvous, self.rank).map_or(0, Round::number);
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::saturating_add(Instant::now(), timeout);
         loop {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
@@ -352,7 +352,7 @@ impl KeyValueClient {
     /// Reads `key`, waiting up to `timeout` for another rank to store it.
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let key = &self.scoped(key)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::saturating_add(Instant::now(), timeout);
         let mut stale: Option<(PathBuf, String)> = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -453,7 +453,7 @@ impl KeyValueClient {
         body: &[u8],
         read_timeout: Duration,
     ) -> Result<HttpResponse> {
-        let deadline = Instant::now() + self.retry_for;
+        let deadline = crate::time::saturating_add(Instant::now(), self.retry_for);
         let mut backoff = Backoff::new();
         loop {
             let outcome = self.http_once(method, path, body, read_timeout);

@@ -275,7 +275,7 @@ pub fn run_script(
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::options::saturating_add(Instant::now(), timeout);
     let pgid = child.id() as i32;
     let status = loop {
         match child.try_wait() {

@@ -56,8 +56,8 @@ hvd_env_vars::env_vars! {
     HOROVOD_TIMELINE;
     /// `1`: rank 0's shim serves the rendezvous itself on `HVD_RENDEZVOUS`'s port (a Kubernetes JobSet).
     HVD_RENDEZVOUS_SERVE;
-    /// Seconds the shim waits for `HVD_RENDEZVOUS` to resolve and accept connections (default 300 when rank 0 serves
-    /// it, else 0).
+    /// Seconds the shim waits for `HVD_RENDEZVOUS` to resolve and accept connections, at most 86400 (default 300 when
+    /// rank 0 serves it, else 0).
     HVD_RENDEZVOUS_WAIT;
     /// The pod's own IP (set from `status.podIP` by the manifests of `hvd export k8s`): where rank 0's shim serves.
     HVD_POD_IP;

@@ -2,7 +2,7 @@
 //! command-line options of the ssh and spark engines.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hvd_lang::model::EngineKind;
 
@@ -137,17 +137,8 @@ impl Default for ElasticSettings {
     }
 }
 
-/// `at + by`, or the latest instant short of it the clock can hold: `by` may be a user's duration (a window, a
-/// timeout) that `Instant + Duration` would panic on. Halving `by` until it fits lands at least halfway to the
-/// clock's end, far past any deadline hvd means.
-pub fn saturating_add(at: Instant, mut by: Duration) -> Instant {
-    loop {
-        if let Some(t) = at.checked_add(by) {
-            return t;
-        }
-        by /= 2;
-    }
-}
+/// `at + by`, saturating where the clock ends (every deadline made of a user's duration uses it).
+pub use hvd_collective::time::saturating_add;
 
 /// What `hvd run` was told about ssh (`--ssh-port`, `--ssh-identity`, `--ssh-config`, `--network-interface`; each
 /// falls back to `cluster { settings { ssh_port, ssh_identity, ssh_config, network_interface } }`).
@@ -168,22 +159,4 @@ pub struct SparkOptions {
     pub master: Option<String>,
     /// `--spark-python PROGRAM`: the Python (with pyspark) that runs the driver and the tasks.
     pub python: Option<PathBuf>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A duration no clock holds gives the latest deadline it does, not a panic; one it holds is added exactly.
-    #[test]
-    fn a_deadline_past_the_clock_saturates() {
-        let now = Instant::now();
-        assert_eq!(
-            saturating_add(now, Duration::from_secs(60)),
-            now + Duration::from_secs(60)
-        );
-        let far = saturating_add(now, Duration::MAX);
-        assert!(far > now + Duration::from_secs(100 * 365 * 24 * 3600));
-        assert_eq!(saturating_add(now, Duration::ZERO), now);
-    }
 }

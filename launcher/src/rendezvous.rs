@@ -366,7 +366,7 @@ impl RendezvousServer {
 
     /// Waits until `size` distinct ranks (0..size) have joined, or `timeout` passes. Returns the ranks joined.
     pub fn wait_joined(&self, size: u32, timeout: Duration) -> BTreeSet<u32> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::options::saturating_add(Instant::now(), timeout);
         let mut store = self.shared.lock();
         loop {
             let joined = store.joined();
@@ -860,7 +860,7 @@ fn on_kv(shared: &Shared, request: &Request, [scope, key]: [&str; 2], body: Vec<
         }
         "GET" => {
             let wait = parse_wait(&request.query)?;
-            let deadline = Instant::now() + wait;
+            let deadline = crate::options::saturating_add(Instant::now(), wait);
             loop {
                 if let Some(value) = store.get(scope, key) {
                     return Ok((200, value.clone()));
@@ -911,7 +911,7 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
                 .map_err(|_| HttpError::new(400, "after must be a non-negative integer"))?;
         }
     }
-    let deadline = Instant::now() + parse_wait(&request.query)?;
+    let deadline = crate::options::saturating_add(Instant::now(), parse_wait(&request.query)?);
     let mut store = shared.lock();
     // Before the slot is bound to this identity: a join to a step that is not elastic takes no seat.
     if store.elastic.is_none() {

@@ -44,11 +44,11 @@ pub struct RunArgs {
     /// Write the workers' timeline (Chrome trace) to FILE (sets `HVD_TIMELINE`).
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
-    /// Seconds between SIGTERM and SIGKILL when stopping workers.
+    /// Seconds between SIGTERM and SIGKILL when stopping workers (0 to 86400).
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub grace: f64,
-    /// Fail a distributed step when not all ranks joined the rendezvous within SECONDS (off by default: plain
-    /// scripts never join).
+    /// Fail a distributed step when not all ranks joined the rendezvous within SECONDS, 1 to 86400 (off by default:
+    /// plain scripts never join).
     #[arg(long, value_name = "SECONDS")]
     pub start_timeout: Option<f64>,
     /// Start a step again, up to N times, when one of its ranks fails (overrides every step's `restarts`; 0: the
@@ -633,25 +633,38 @@ fn pull_env(
     })
 }
 
-fn seconds(name: &str, value: f64) -> Result<Duration, Failure> {
-    Duration::try_from_secs_f64(value).map_err(|_| {
+/// `--NAME SECONDS` within `low..=high` seconds; anything else (past the clock, NaN, negative) is a usage error naming
+/// the flag, the value and the range, never a duration that panics where it is added to an `Instant`.
+fn seconds_within(name: &str, value: f64, (low, high): (u64, u64)) -> Result<Duration, Failure> {
+    hvd_collective::time::seconds_in(value, low as f64, high as f64).ok_or_else(|| {
+        let day = if high == hvd_collective::time::DAY_SECONDS {
+            " (a day)"
+        } else {
+            ""
+        };
         Failure::usage(format!(
-            "`--{name}` must be a non-negative number of seconds"
+            "`--{name} {value}` is out of range: give from {low} to {high} seconds{day}"
         ))
     })
 }
+
+/// `--grace SECONDS`: from 0 (SIGKILL at once) to a day; longer is a typo, and the ssh and Slurm wrappers count it in
+/// tenths of a second in shell arithmetic.
+const GRACE_SECONDS: (u64, u64) = (0, hvd_collective::time::DAY_SECONDS);
+
+/// `--start-timeout SECONDS`: from 1 s (shorter, no rank gets to the rendezvous) to a day (longer is a typo; the ssh
+/// engine's host checks and copies get the same limit).
+const START_TIMEOUT_SECONDS: (u64, u64) = (1, hvd_collective::time::DAY_SECONDS);
 
 /// `--elastic-timeout SECONDS`: within [`ELASTIC_TIMEOUT_SECONDS`](hvd_env_vars::ELASTIC_TIMEOUT_SECONDS), the range
 /// a file's `elastic_timeout` and the workers' `HVD_ELASTIC_TIMEOUT` take. Shorter, a new round would leave out every
 /// worker but the first to rejoin; longer than a day is a typo (and past what the workers take).
 fn elastic_timeout(value: f64) -> Result<Duration, Failure> {
-    let (low, high) = hvd_env_vars::ELASTIC_TIMEOUT_SECONDS;
-    if !(low as f64..=high as f64).contains(&value) {
-        return Err(Failure::usage(format!(
-            "`--elastic-timeout {value}` is out of range: give from {low} to {high} seconds (a day)"
-        )));
-    }
-    seconds("elastic-timeout", value)
+    seconds_within(
+        "elastic-timeout",
+        value,
+        hvd_env_vars::ELASTIC_TIMEOUT_SECONDS,
+    )
 }
 
 /// `--checkpoints DIR`: a directory (made absolute against the current directory), `file:///abs/dir`, or
@@ -795,10 +808,10 @@ fn options(
         env_dir,
         env_hash,
         timeline: args.timeline.clone(),
-        grace: seconds("grace", args.grace)?,
+        grace: seconds_within("grace", args.grace, GRACE_SECONDS)?,
         start_timeout: args
             .start_timeout
-            .map(|s| seconds("start-timeout", s))
+            .map(|s| seconds_within("start-timeout", s, START_TIMEOUT_SECONDS))
             .transpose()?,
         max_restarts: args.max_restarts,
         min_workers: args.min_workers,

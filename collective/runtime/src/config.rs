@@ -3,10 +3,10 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `HVD_FUSION_THRESHOLD` | 134217728 | fusion buffer size in bytes; 0 disables fusion |
-//! | `HVD_CYCLE_TIME` | 1 | milliseconds between engine cycles (a blocking wait starts a cycle at once) |
+//! | `HVD_CYCLE_TIME` | 1 | milliseconds between engine cycles (a blocking wait starts a cycle at once); at most a day |
 //! | `HVD_CACHE_CAPACITY` | 1024 | response cache entries; 0 disables the cached fast path |
-//! | `HVD_STALL_CHECK_TIME` | 60 | seconds before the stall inspector warns; 0 disables it |
-//! | `HVD_STALL_SHUTDOWN_TIME` | unset | seconds after which a stalled tensor stops the job with an error |
+//! | `HVD_STALL_CHECK_TIME` | 60 | seconds before the stall inspector warns, at most a day; 0 disables it |
+//! | `HVD_STALL_SHUTDOWN_TIME` | unset | seconds after which a stalled tensor stops the job with an error, at most a day |
 //! | `HVD_TIMELINE` | unset | path of a Chrome-trace JSON timeline, written by rank 0 (`{rank}` in the path: one file per rank) |
 //! | `HVD_TIMELINE_MARK_CYCLES` | 1 | mark engine cycles that did work in the timeline (0: off) |
 //! | `HVD_SPIN_TIME` | 0 | microseconds a waiter (and the engine after a busy cycle) polls before sleeping; helps latency on idle cores, hurts on oversubscribed ones |
@@ -16,6 +16,8 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use hvd_collective::time::{DAY_SECONDS, parse_seconds_in};
 
 use crate::env_vars;
 
@@ -65,18 +67,14 @@ fn lookup(lookup_env: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<(St
         .map(|v| (horovod, v))
 }
 
+/// A time setting: `value` in seconds from 0 to a day ([`DAY_SECONDS`]); never a panic (`from_secs_f64` panics past
+/// `u64::MAX` seconds), never a duration an `Instant` cannot add.
 fn seconds(name: &str, value: &str) -> Result<Duration, ConfigError> {
-    value
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| ConfigError {
-            name: name.into(),
-            value: value.into(),
-            expected: "a number of seconds >= 0",
-        })
+    parse_seconds_in(value, 0.0, DAY_SECONDS as f64).ok_or_else(|| ConfigError {
+        name: name.into(),
+        value: value.into(),
+        expected: "a number of seconds from 0 to 86400 (a day)",
+    })
 }
 
 impl EngineConfig {
@@ -95,10 +93,14 @@ impl EngineConfig {
             })?;
         }
         if let Some((name, v)) = lookup(env, env_vars::HVD_CYCLE_TIME) {
-            c.cycle_time = seconds(&name, &v).map_err(|mut e| {
-                e.expected = "a number of milliseconds >= 0";
-                e
-            })? / 1000;
+            c.cycle_time =
+                parse_seconds_in(&v, 0.0, DAY_SECONDS as f64 * 1000.0).ok_or_else(|| {
+                    ConfigError {
+                        name,
+                        value: v.clone(),
+                        expected: "a number of milliseconds from 0 to 86400000 (a day)",
+                    }
+                })? / 1000;
         }
         if let Some((name, v)) = lookup(env, env_vars::HVD_CACHE_CAPACITY) {
             c.cache_capacity = v.trim().parse().map_err(|_| ConfigError {
@@ -158,5 +160,38 @@ mod tests {
         let env = |k: &str| (k == "HVD_CYCLE_TIME").then(|| "soon".to_string());
         let e = EngineConfig::from_lookup(&env).unwrap_err().to_string();
         assert!(e.contains("HVD_CYCLE_TIME") && e.contains("soon"), "{e}");
+    }
+
+    /// Time settings past a day are refused by name: `1e20` panicked in `from_secs_f64` when the runtime loaded,
+    /// and a cycle time the clock cannot add to `now` would have panicked in the engine thread.
+    #[test]
+    fn time_settings_past_a_day_are_refused_without_a_panic() {
+        for (name, bad, want) in [
+            ("HVD_STALL_CHECK_TIME", "1e20", "from 0 to 86400 (a day)"),
+            (
+                "HOROVOD_STALL_SHUTDOWN_TIME",
+                "1e19",
+                "from 0 to 86400 (a day)",
+            ),
+            ("HVD_STALL_CHECK_TIME", "86401", "from 0 to 86400 (a day)"),
+            ("HVD_STALL_SHUTDOWN_TIME", "NaN", "from 0 to 86400 (a day)"),
+            ("HVD_CYCLE_TIME", "1e22", "from 0 to 86400000 (a day)"),
+            ("HOROVOD_CYCLE_TIME", "-1", "from 0 to 86400000 (a day)"),
+        ] {
+            let env = |k: &str| (k == name).then(|| bad.to_string());
+            let e = EngineConfig::from_lookup(&env).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("invalid value `{bad}` for `{name}`")) && e.contains(want),
+                "{e}"
+            );
+        }
+        let env = |k: &str| match k {
+            "HVD_STALL_CHECK_TIME" => Some("86400".to_string()),
+            "HVD_CYCLE_TIME" => Some("86400000".to_string()),
+            _ => None,
+        };
+        let c = EngineConfig::from_lookup(&env).unwrap();
+        assert_eq!(c.stall_check_time, Some(Duration::from_secs(86_400)));
+        assert_eq!(c.cycle_time, Duration::from_secs(86_400));
     }
 }

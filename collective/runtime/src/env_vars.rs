@@ -8,13 +8,13 @@
 hvd_env_vars::env_vars! {
     /// Fusion buffer size in bytes; 0 disables fusion.
     HVD_FUSION_THRESHOLD default "134217728";
-    /// Milliseconds between engine cycles; a blocking wait starts a cycle at once.
+    /// Milliseconds between engine cycles (at most a day); a blocking wait starts a cycle at once.
     HVD_CYCLE_TIME default "1";
     /// Response cache entries; 0 disables the cached fast path.
     HVD_CACHE_CAPACITY default "1024";
-    /// Seconds before the stall inspector warns; 0 disables it.
+    /// Seconds before the stall inspector warns, at most 86400 (a day); 0 disables it.
     HVD_STALL_CHECK_TIME default "60";
-    /// Seconds after which a stalled tensor stops the job with an error (default: never).
+    /// Seconds after which a stalled tensor stops the job with an error, at most 86400 (default: never).
     HVD_STALL_SHUTDOWN_TIME;
     /// Path of a Chrome-trace JSON timeline written by rank 0 (`{rank}` in the path: one file per rank).
     HVD_TIMELINE;

@@ -148,7 +148,7 @@ impl LocalTransport {
             ex.cv.notify_all();
             return Ok(st.result.clone());
         }
-        let deadline = Instant::now() + ex.timeout;
+        let deadline = hvd_collective::time::saturating_add(Instant::now(), ex.timeout);
         while st.generation == generation {
             if let Some(dead) = st.dead {
                 return Err(died(dead));

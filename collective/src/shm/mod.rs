@@ -182,7 +182,7 @@ impl ShmTransport {
     /// Waits until all ranks of the segment have attached, then counts the cores they run on (a rank bound to one
     /// core alone is not oversubscribed when its peers are bound to others).
     pub fn wait_attached(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::saturating_add(Instant::now(), timeout);
         while (self.seg.attached().load(Ordering::Acquire) as usize) < self.seg.ranks {
             if Instant::now() > deadline {
                 let missing: Vec<usize> = (0..self.seg.ranks)

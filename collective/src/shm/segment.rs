@@ -194,7 +194,7 @@ impl ShmSegment {
     /// Opens a named segment another rank created, waiting up to `timeout` for it to appear.
     pub fn open(name: &str, timeout: Duration) -> Result<ShmSegment> {
         let path = shm_path(name)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::saturating_add(Instant::now(), timeout);
         loop {
             // SAFETY: path is NUL-terminated; the fd is closed below.
             let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR, 0) };

@@ -400,7 +400,7 @@ impl ShmTransport {
             _ => self.global[self.rank],
         };
         crate::transport::Transport::abort(self, culprit, &e.to_string());
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = crate::time::saturating_add(std::time::Instant::now(), timeout);
         let settled = |t: &Self, p: usize| {
             t.seg.arena_progress(p).load(Ordering::Acquire) >= last_step
                 || matches!(

@@ -539,7 +539,7 @@ impl TcpTransport {
             key,
             source,
         };
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::saturating_add(Instant::now(), timeout);
         let mut peers: Vec<Option<Peer>> = (0..size).map(|_| None).collect();
         let mut shakes: Vec<Shake> = Vec::new();
         for (j, addr) in addrs.iter().enumerate().take(rank) {

@@ -36,7 +36,7 @@ pub fn connect_from(
         if e.raw_os_error() != Some(libc::EINPROGRESS) {
             return Err(e);
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::saturating_add(Instant::now(), timeout);
         loop {
             let mut pfd = libc::pollfd {
                 fd: fd.as_raw_fd(),

@@ -90,7 +90,10 @@ pub enum ServeError {
     NoAddress(Option<String>),
     #[error("`HVD_JOB_TOKEN` is missing or empty; rank 0 needs it to serve the rendezvous")]
     NoToken,
-    #[error("`{WAIT_VAR}` is `{0}`, not a number of seconds")]
+    #[error(
+        "`{WAIT_VAR}` is `{0}`, not a number of seconds from 0 to {day} (a day)",
+        day = hvd_collective::time::DAY_SECONDS
+    )]
     BadWait(String),
     #[error(
         "`{POD_IP_VAR}` is `{0}`, not the pod's IP address (the manifest sets it from `status.podIP`); rank 0 \
@@ -155,19 +158,17 @@ pub fn serve_if_rank_zero(
     Ok(Some(server))
 }
 
-/// How long to wait for the rendezvous: `HVD_RENDEZVOUS_WAIT` seconds, else `default`.
+/// How long to wait for the rendezvous: `HVD_RENDEZVOUS_WAIT` seconds (at most a day), else `default`.
 fn wait(
     get: &dyn Fn(&str) -> Option<String>,
     default: f64,
 ) -> Result<std::time::Duration, ServeError> {
     match get(WAIT_VAR) {
         None => Ok(std::time::Duration::from_secs_f64(default)),
-        Some(v) => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
-            .ok_or(ServeError::BadWait(v)),
+        Some(v) => {
+            let day = hvd_collective::time::DAY_SECONDS as f64;
+            hvd_collective::time::parse_seconds_in(&v, 0.0, day).ok_or(ServeError::BadWait(v))
+        }
     }
 }
 
@@ -583,3 +584,25 @@ mod tests {
         );
     }
 }
+
+    /// `HVD_RENDEZVOUS_WAIT` past a day (`1e19` was taken: a wait of 300 billion years), negative, infinite or not a
+    /// number is refused by name; a day and a fraction are taken.
+    #[test]
+    fn the_rendezvous_wait_is_a_bounded_number_of_seconds() {
+        for bad in ["1e19", "1e20", "86401", "-1", "NaN", "inf", "soon"] {
+            let err = wait(&env(&[(WAIT_VAR, bad)]), 300.0).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!(
+                    "`HVD_RENDEZVOUS_WAIT` is `{bad}`, not a number of seconds from 0 to 86400"
+                )),
+                "{err}"
+            );
+        }
+        let wait_of = |v: &str| wait(&env(&[(WAIT_VAR, v)]), 300.0).unwrap();
+        assert_eq!(wait_of("86400"), std::time::Duration::from_secs(86_400));
+        assert_eq!(wait_of(" 0.5 "), std::time::Duration::from_millis(500));
+        assert_eq!(
+            wait(&env(&[]), 300.0).unwrap(),
+            std::time::Duration::from_secs(300)
+        );
+    }

@@ -250,7 +250,7 @@ impl Engine {
         self.announce_waiter();
         let mut results = Vec::with_capacity(handles.len());
         let mut h = lock(&self.shared.handles);
-        let spin_until = Instant::now() + self.spin;
+        let spin_until = hvd_collective::time::saturating_add(Instant::now(), self.spin);
         while results.len() < handles.len() {
             let handle = handles[results.len()];
             match h.slots.get(&handle) {
@@ -289,7 +289,7 @@ impl Engine {
         assert!(index < handles.len() && done.len() >= handles.len());
         let handle = handles[index];
         self.announce_waiter();
-        let spin_until = Instant::now() + self.spin;
+        let spin_until = hvd_collective::time::saturating_add(Instant::now(), self.spin);
         let mut h = lock(&self.shared.handles);
         let result = loop {
             match done[index].load(Ordering::Relaxed) {
@@ -367,7 +367,7 @@ impl Engine {
         self.announce_waiter();
         // Small operations finish within tens of microseconds: yield-spin briefly before sleeping, which saves a
         // futex round trip on the latency path.
-        let spin_until = Instant::now() + self.spin;
+        let spin_until = hvd_collective::time::saturating_add(Instant::now(), self.spin);
         let result = loop {
             let h = lock(&self.shared.handles);
             match h.slots.get(&handle) {

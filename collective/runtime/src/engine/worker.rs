@@ -20,6 +20,7 @@ use crate::transport::{
     Topology, allgather_bytes, broadcast_bytes, display_name, fusion_max_tensor_bytes,
 };
 use hvd_collective::Communicator;
+use hvd_collective::time::saturating_add;
 use hvd_collective::{DType, ReduceOp};
 
 /// The timeline this rank writes for `path`, if any: like Horovod, rank 0 writes the timeline; a `{rank}` in the
@@ -134,7 +135,7 @@ impl Worker {
         let reason = loop {
             self.wait_for_cycle(next_cycle, self.busy);
             self.last_cycle = Instant::now();
-            next_cycle = self.last_cycle + self.config.cycle_time;
+            next_cycle = saturating_add(self.last_cycle, self.config.cycle_time);
             match self.cycle() {
                 Ok(true) => {}
                 Ok(false) => break Stop::Shutdown,
@@ -152,7 +153,7 @@ impl Worker {
             && self.cached_ready.is_empty();
         if spin && !idle && !self.config.spin_time.is_zero() {
             // Right after a cycle with work the next waiter is likely near: poll before sleeping.
-            let until = (Instant::now() + self.config.spin_time).min(deadline);
+            let until = saturating_add(Instant::now(), self.config.spin_time).min(deadline);
             while Instant::now() < until {
                 if self.shared.waiters.load(Ordering::SeqCst) > 0 {
                     return;
@@ -181,7 +182,7 @@ impl Worker {
                 // Woken by a submission: give the tensors that follow it one cycle time to arrive, so they fuse.
                 idle = false;
                 q.idle = false;
-                deadline = now + self.config.cycle_time;
+                deadline = saturating_add(now, self.config.cycle_time);
             }
             // A blocked waiter starts the cycle at once, but only when this rank has work: a waiter whose result
             // has just been delivered must not make an idle engine spin through empty cycles (each one a
