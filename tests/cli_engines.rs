@@ -1192,6 +1192,76 @@ step use {
     );
 }
 
+/// A Slurm that numbers its jobs from 1 again (a new cluster, its state cleared) gives a new job the id of an earlier
+/// one whose output files are still in `.hvd/slurm/`: hvd submits each job held, moves such files aside and removes
+/// such a file rendezvous, then releases it, so following the jobs never shows an earlier job's lines (before, the
+/// second job's stale file was read while it waited for the first).
+#[test]
+fn an_earlier_jobs_output_files_with_a_new_jobs_id_are_moved_aside_unread() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let dir = project(
+        "step a {\n  run = \"sleep 1; echo a-fresh\"\n}\n\
+         step b {\n  run = \"echo b-fresh\"\n  needs = [\"a\"]\n}",
+    );
+    let out_dir = dir.path().join(".hvd/slurm");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    for id in 1..=50 {
+        for step in ["a", "b"] {
+            for ext in ["out", "err"] {
+                std::fs::write(
+                    out_dir.join(format!("t-{step}-{id}.{ext}")),
+                    format!("stale-line {step} {id} {ext}\n"),
+                )
+                .unwrap();
+            }
+        }
+        std::fs::create_dir_all(out_dir.join(format!("rdv-{id}"))).unwrap();
+    }
+    let out = slurm.submit(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        !stdout.contains("stale-line") && !stderr.contains("stale-line"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("a-fresh") && stdout.contains("b-fresh"),
+        "{stdout}\n{stderr}"
+    );
+    for step in ["a", "b"] {
+        let id = submitted_job(&stderr, step);
+        for ext in ["out", "err"] {
+            let file = out_dir.join(format!("t-{step}-{id}.{ext}"));
+            assert!(
+                stderr.contains(&format!(
+                    "{} was an earlier job's (Slurm numbers its jobs from 1 again): moved to {}.stale-",
+                    file.display(),
+                    file.display()
+                )),
+                "{stderr}"
+            );
+            assert!(
+                !std::fs::read_to_string(&file)
+                    .unwrap()
+                    .contains("stale-line")
+            );
+        }
+        let moved: Vec<String> = std::fs::read_dir(&out_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("t-{step}-{id}.out.stale-")))
+            .collect();
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!(
+            std::fs::read_to_string(out_dir.join(&moved[0])).unwrap(),
+            format!("stale-line {step} {id} out\n")
+        );
+        assert!(!out_dir.join(format!("rdv-{id}")).exists());
+    }
+}
+
 #[test]
 fn kubernetes_style_ranks_meet_at_the_rendezvous_rank_zeros_shim_serves() {
     // What a JobSet pod runs, taken from the manifests of `hvd export k8s`: no launcher; each pod-like process gets

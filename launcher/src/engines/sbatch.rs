@@ -1,5 +1,6 @@
 //! The slurm engine outside an allocation: every step of the plan is one batch job ([`slurm::batch_steps`]),
-//! submitted with `sbatch --parsable`, chained with `--dependency=afterok:ID[:ID...]` (and
+//! submitted held with `sbatch --parsable --hold` and released once an earlier job's files with its id are out of its
+//! way (`make_way`), chained with `--dependency=afterok:ID[:ID...]` (and
 //! `--kill-on-invalid-dep=yes`, so Slurm itself ends the dependents of a failed job when nobody follows them).
 //! [`follow`] then polls `scontrol -o show job ID` (no accounting needed), tails each job's output files as they grow
 //! (srun's `--label` gives the rank of each line), and when a job fails cancels every other unfinished job
@@ -42,6 +43,8 @@ pub struct Submission {
     pub skipped: Vec<String>,
     /// Output hashes of the skipped steps (the upstream of steps that run).
     skipped_outputs: BTreeMap<String, String>,
+    /// Files an earlier job with a new job's id left (Slurm numbered its jobs from 1 again), and where they went.
+    pub moved: Vec<(PathBuf, PathBuf)>,
 }
 
 fn run_tool(command: &mut Command, what: &str) -> Result<std::process::Output, LaunchError> {
@@ -108,6 +111,15 @@ impl WholeRunEngine for Sbatch {
         interrupts: Interrupts,
     ) -> Result<RunReport, LaunchError> {
         let submission = submit(&self.plan, &self.steps, &self.options)?;
+        for (file, to) in &submission.moved {
+            events.event(Event::Note {
+                text: format!(
+                    "{} was an earlier job's (Slurm numbers its jobs from 1 again): moved to {}",
+                    file.display(),
+                    to.display()
+                ),
+            });
+        }
         for job in &submission.jobs {
             let after = if job.after.is_empty() {
                 String::new()
@@ -271,9 +283,11 @@ pub fn submit(
             .iter()
             .filter_map(|n| ids.get(n.as_str()).cloned())
             .collect();
+        // Held until an earlier job's output files with its id are out of the way (see `make_way`).
         let mut command = Command::new("sbatch");
         command
             .arg("--parsable")
+            .arg("--hold")
             .arg("--kill-on-invalid-dep=yes")
             .current_dir(&plan.project_dir);
         if !after.is_empty() {
@@ -287,6 +301,22 @@ pub fn submit(
                     out.trim()
                 ))
             })
+        });
+        let result = result.and_then(|id| {
+            let moved = make_way(plan, &step.name, &id).and_then(|moved| {
+                release(&id)?;
+                Ok(moved)
+            });
+            match moved {
+                Ok(moved) => {
+                    submission.moved.extend(moved);
+                    Ok(id)
+                }
+                Err(e) => {
+                    cancel([id.as_str()]);
+                    Err(e)
+                }
+            }
         });
         match result {
             Ok(id) => {
@@ -309,6 +339,57 @@ pub fn submit(
         }
     }
     Ok(submission)
+}
+
+/// The output file (`ext`: `out`, `err`) of job `id` of `step`, as its script names it (`--output`/`--error`).
+pub fn output_file(plan: &Plan, step: &str, id: &str, ext: &str) -> PathBuf {
+    let project = crate::engines::k8s::dns_label(&plan.project);
+    slurm::output_dir(plan).join(format!("{project}-{step}-{id}.{ext}"))
+}
+
+/// Moves the output files an earlier job with the id `id` left (a Slurm that numbers its jobs from 1 again: a new
+/// cluster, or its state cleared) to `NAME.stale-<run id>`, before the held job `id` can start, so that following it
+/// never reads the earlier job's lines; returns what it moved where. The job's file rendezvous directory
+/// (`rdv-<id>`), if an earlier job left one, is removed: it holds an earlier job's keys.
+fn make_way(plan: &Plan, step: &str, id: &str) -> Result<Vec<(PathBuf, PathBuf)>, LaunchError> {
+    let mut moved = Vec::new();
+    let stale = crate::report::new_run_id();
+    for ext in ["out", "err"] {
+        let file = output_file(plan, step, id, ext);
+        if std::fs::symlink_metadata(&file).is_err() {
+            continue;
+        }
+        let mut to = file.clone().into_os_string();
+        to.push(format!(".stale-{stale}"));
+        let to = PathBuf::from(to);
+        fs_err::rename(&file, &to).map_err(|source| LaunchError::Io {
+            path: file.clone(),
+            source,
+        })?;
+        moved.push((file, to));
+    }
+    let rdv = slurm::output_dir(plan).join(format!("rdv-{id}"));
+    if std::fs::symlink_metadata(&rdv).is_ok_and(|m| m.is_dir()) {
+        fs_err::remove_dir_all(&rdv).map_err(|source| LaunchError::Io { path: rdv, source })?;
+    }
+    Ok(moved)
+}
+
+/// Releases held job `id` (`scontrol release`).
+fn release(id: &str) -> Result<(), LaunchError> {
+    let out = Command::new("scontrol")
+        .args(["release", id])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| LaunchError::Engine(format!("cannot run `scontrol release {id}`: {e}")))?;
+    if !out.status.success() {
+        return Err(LaunchError::Engine(format!(
+            "`scontrol release {id}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 /// `Some(outputs hash)` when the step's last success had the same input hash and its outputs are unchanged.
@@ -635,17 +716,14 @@ pub fn follow(
     events: &dyn EventSink,
     interrupts: Interrupts,
 ) -> Result<RunReport, LaunchError> {
-    let log_dir = slurm::output_dir(plan);
     let run_id = crate::report::new_run_id();
     let run_dir = plan.state_dir.join("runs").join(&run_id);
-    let project = crate::engines::k8s::dns_label(&plan.project);
     let mut jobs: Vec<Followed<'_>> = Vec::new();
     for job in &submission.jobs {
         let Some(step) = steps.iter().find(|s| s.name == job.step) else {
             continue;
         };
-        let file =
-            |ext: &str| log_dir.join(format!("{project}-{}-{}.{ext}", step.name, job.job_id));
+        let file = |ext: &str| output_file(plan, &step.name, &job.job_id, ext);
         jobs.push(Followed {
             step,
             job,
