@@ -513,8 +513,18 @@ class Handle:
     def __del__(self):
         # Dropped while in flight (never synchronized, or an exception left it behind): the library may still read
         # or write its buffers, so they stay alive until the operation completes.
-        if not self._done and self._keep is not None and _orphans is not None:
-            _orphans.append((self.id, self._group, self._keep))
+        if not self._done and self._keep is not None and _orphans is not None and _Orphan is not None:
+            _orphans.append(_Orphan(self.id, self._group, self._keep))
+
+
+class _Orphan(object):
+    """A dropped handle's operation in flight, with the buffers it keeps alive. No ``__eq__``: ``list.remove`` finds
+    it by identity, in C, without running Python code."""
+
+    __slots__ = ("id", "group", "keep")
+
+    def __init__(self, hid, group, keep):
+        self.id, self.group, self.keep = hid, group, keep
 
 
 _orphans = []
@@ -522,24 +532,32 @@ _Batched = _batch.BatchedHandle
 
 
 def _sweep_orphans():
-    """Releases dropped handles whose operations have completed, and with them their buffers."""
+    """Releases dropped handles whose operations have completed, and with them their buffers.
+
+    Any thread may sweep (no lock) and ``Handle.__del__`` appends from any thread, so an orphan leaves the list only
+    through one ``remove`` of that very entry, after its operation is known complete: never popped into a local
+    while it is polled, where a signal handler that raises after a call (Ctrl-C's KeyboardInterrupt, hvd.elastic's
+    SIGTERM SystemExit) would lose it and free buffers the library may still write. Interrupted after its release,
+    an entry stays; the next sweep polls -1 for it (a handle the library does not know, as after every
+    ``hvd.shutdown``), which lets it go. A completed handle is released with ``hvd_wait_and_release``, which takes
+    it out of the engine too (``hvd_release`` alone frees only a result ``hvd_wait`` kept, and left the engine's
+    entry, with its output, behind for every dropped handle)."""
     lib = _lib._lib
     if lib is None:
         return
-    # Pop and re-append (both atomic), so that handles dropped meanwhile by other threads are never lost.
-    for _ in range(len(_orphans)):
-        try:
-            hid, group, keep = _orphans.pop(0)
-        except IndexError:
-            return
-        if group is not None:
-            if lib.hvd_poll_many(hid, group) != 0:
-                lib.hvd_wait_many(hid, group)
+    for orphan in _orphans[:]:
+        if orphan.group is not None:
+            if lib.hvd_poll_many(orphan.id, orphan.group) == 0:
                 continue
-        elif lib.hvd_poll(hid) != 0:
-            lib.hvd_release(hid)
+            lib.hvd_wait_many(orphan.id, orphan.group)
+        elif lib.hvd_poll(orphan.id) == 0:
             continue
-        _orphans.append((hid, group, keep))
+        else:
+            lib.hvd_wait_and_release(orphan.id)  # completed (or unknown): returns at once
+        try:
+            _orphans.remove(orphan)
+        except ValueError:
+            pass  # another thread's sweep let it go first
 
 
 # ---------------------------------------------------------------------------------------------------------------
