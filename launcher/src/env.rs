@@ -179,11 +179,18 @@ pub fn worker_env(
         ("HOROVOD_GLOO_RENDEZVOUS_PORT".into(), port),
         ("HOROVOD_CONTROLLER".into(), "gloo".into()),
         ("HOROVOD_CPU_OPERATIONS".into(), "gloo".into()),
-        ("HOROVOD_GLOO_IFACE".into(), "lo".into()),
-        ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
         // torch.distributed's env:// init. MASTER_PORT must differ from the rendezvous port: rank 0 listens there.
         ("MASTER_ADDR".into(), ip),
     ]);
+    // A rendezvous on loopback has every rank on this machine. Any other is reached over a network the ranks may
+    // share with other hosts: `lo` would keep them apart, so the interface is left to the libraries (hvd's own
+    // collective takes the address that routes to the rendezvous) or to the engine (ssh: its wrapper's route).
+    if rdv.addr.ip().is_loopback() {
+        vars.extend([
+            ("HOROVOD_GLOO_IFACE".into(), "lo".into()),
+            ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
+        ]);
+    }
     vars
 }
 
@@ -258,6 +265,16 @@ mod tests {
         assert_eq!(last("X"), Some("1"));
         assert_eq!(last("HOROVOD_GLOO_RENDEZVOUS_PORT"), Some("5000"));
         assert_eq!(last("CUDA_VISIBLE_DEVICES"), None);
+        assert_eq!(last("NCCL_SOCKET_IFNAME"), Some("lo"));
+        // A rendezvous other hosts reach: no `lo` for the libraries.
+        let remote = RendezvousInfo {
+            addr: "10.0.0.1:5000".parse().unwrap(),
+            token: "t".into(),
+        };
+        let vars = worker_env(&step_env, &layout.slots[1], Some(&remote), 0, None);
+        for name in ["NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE"] {
+            assert!(vars.iter().all(|(k, _)| k != name), "{name}: {vars:?}");
+        }
         let once = worker_env(&step_env, &layout.slots[0], None, 1, None);
         assert!(once.iter().all(|(k, _)| k != "HVD_RENDEZVOUS"));
         assert!(

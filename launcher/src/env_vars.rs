@@ -112,10 +112,18 @@ hvd_env_vars::env_vars! {
     /// Read to tell whether hvd runs inside a Slurm allocation; read by the batch scripts of sbatch.
     SLURM_JOB_ID;
     /// Read by the batch scripts of sbatch: the allocation's nodes (the first is `MASTER_ADDR`); read by the slurm
-    /// engine inside an allocation for an elastic step's nodes.
+    /// engine inside an allocation for a distributed step's nodes (where its rendezvous listens, its layout).
     SLURM_JOB_NODELIST;
-    /// Read by the slurm engine inside an allocation for an elastic step: how many tasks each node has.
+    /// Read by the slurm engine inside an allocation for a distributed step: how many tasks each node has.
     SLURM_TASKS_PER_NODE;
+    /// Read by the slurm engine inside an allocation: a plain step on every task takes the allocation's layout (its
+    /// lines labelled by node) only when this is unset or `block` across nodes.
+    SLURM_DISTRIBUTION;
+    /// Read by the slurm engine inside an allocation: a plain step with another `resources.cpus` keeps this
+    /// machine's name in its labels (srun may place its tasks otherwise).
+    SLURM_CPUS_PER_TASK default "1";
+    /// Read by the shim under srun with a rendezvous not on loopback: its first node (rank 0's) is `MASTER_ADDR`.
+    SLURM_STEP_NODELIST;
     /// Set to `1` for the `mpirun` of `hvd doctor`, which may run as root in a container.
     OMPI_ALLOW_RUN_AS_ROOT default "1";
     /// Set to `1` with `OMPI_ALLOW_RUN_AS_ROOT`.

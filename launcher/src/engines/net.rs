@@ -33,7 +33,8 @@ pub fn route_source(peer: IpAddr) -> Result<IpAddr, LaunchError> {
     };
     let no_route = |e: std::io::Error| {
         LaunchError::Engine(format!(
-            "no route from this machine to {peer} ({e}): choose the interface with `--network-interface`"
+            "no route from this machine to {peer} ({e}): check this machine's network (the ssh and spark engines \
+             can be given the interface with `--network-interface`)"
         ))
     };
     let socket = UdpSocket::bind(bind).map_err(no_route)?;

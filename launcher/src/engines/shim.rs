@@ -52,7 +52,7 @@ pub fn slot_from_env(
 /// The variables the shim sets for this process: the same list the local engine gives a worker (rendezvous from
 /// `HVD_RENDEZVOUS`/`HVD_JOB_TOKEN` when present; without one only the rank variables are set).
 pub fn shim_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>, ShimError> {
-    let (slot, _) = slot_from_env(get)?;
+    let (slot, source) = slot_from_env(get)?;
     let gpus = get(GPUS_VAR)
         .and_then(|g| g.trim().parse::<u32>().ok())
         .unwrap_or(0);
@@ -68,6 +68,15 @@ pub fn shim_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, Str
     let mut vars = worker_env(&BTreeMap::new(), &slot, rendezvous.as_ref(), gpus, None);
     if rendezvous.is_none() {
         vars.extend(crate::env::rank_env(&slot));
+    }
+    // Under srun with a rendezvous off loopback (the launcher's, on another machine than some ranks): torch's env://
+    // meets at rank 0's node, the step's first (block or cyclic placement), not at the launcher.
+    if source == RankSource::Slurm
+        && rendezvous.is_some_and(|r| !r.addr.ip().is_loopback())
+        && let Some(node) = get(crate::env_vars::SLURM_STEP_NODELIST)
+            .and_then(|list| crate::engines::slurm::first_node(&list))
+    {
+        vars.push((crate::env_vars::MASTER_ADDR.into(), node));
     }
     Ok(vars)
 }
@@ -376,6 +385,37 @@ mod tests {
         assert_eq!(last(&vars, "WORLD_SIZE"), Some("4"));
         assert_eq!(last(&vars, "HOROVOD_GLOO_RENDEZVOUS_PORT"), Some("7000"));
         assert_eq!(last(&vars, "CUDA_VISIBLE_DEVICES"), Some("1"));
+    }
+
+    /// Under srun with the launcher's rendezvous on a network address, `MASTER_ADDR` is the step's first node (rank
+    /// 0's) and no `lo` interface is named; on loopback (every rank on this machine) it stays the rendezvous's.
+    #[test]
+    fn slurm_ranks_meet_torch_at_the_steps_first_node() {
+        let base = [
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_STEP_NODELIST", "gpu[07-08]"),
+            ("HVD_JOB_TOKEN", "abc"),
+        ];
+        let with = |rendezvous: &'static str| {
+            let mut vars = base.to_vec();
+            vars.push(("HVD_RENDEZVOUS", rendezvous));
+            shim_env(&env(&vars)).unwrap()
+        };
+        let vars = with("10.0.0.9:7000");
+        assert_eq!(last(&vars, "MASTER_ADDR"), Some("gpu07"));
+        assert_eq!(
+            last(&vars, "HOROVOD_GLOO_RENDEZVOUS_ADDR"),
+            Some("10.0.0.9")
+        );
+        assert_eq!(last(&vars, "NCCL_SOCKET_IFNAME"), None);
+        assert_eq!(last(&vars, "HOROVOD_GLOO_IFACE"), None);
+        let vars = with("127.0.0.1:7000");
+        assert_eq!(last(&vars, "MASTER_ADDR"), Some("127.0.0.1"));
+        assert_eq!(last(&vars, "NCCL_SOCKET_IFNAME"), Some("lo"));
     }
 
     #[test]

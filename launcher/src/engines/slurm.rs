@@ -30,8 +30,13 @@ pub struct SlurmSetup {
     /// Inside an allocation without an elastic step: its nodes, so that a step's one srun has its rendezvous where
     /// every node reaches it (the address that routes to the allocation's first other node; loopback when every
     /// node is this machine), and, when it takes every task, the layout srun gives it. `None` outside an
-    /// allocation, or when Slurm did not say which nodes it has.
+    /// allocation, when Slurm did not say which nodes it has, or when no selected step is distributed.
     pub plain: Option<Allocation>,
+    /// Whether srun places a step on every task of the allocation as [`Allocation::layout`] says (block by block):
+    /// `SLURM_DISTRIBUTION` unset or `block...`, and `resources.cpus` unset or the allocation's `SLURM_CPUS_PER_TASK`
+    /// (more CPUs a task fit fewer tasks on a node). Otherwise the step's layout (its lines' labels, Horovod's gloo
+    /// scopes) stays this machine's, as for a step on fewer tasks.
+    pub plain_layout: bool,
 }
 
 /// Whether this process runs inside a Slurm allocation.
@@ -68,11 +73,12 @@ impl SlurmSetup {
             }
         }
         // A plain step's ranks may run on other nodes of the allocation too: its rendezvous must not be loopback then.
-        let plain = match allocation {
-            None if in_allocation()
-                && std::env::var_os(crate::env_vars::SLURM_JOB_NODELIST).is_some() =>
+        // Only read when a selected step is distributed (a run of steps that run once needs no rendezvous).
+        let plain = match (&allocation, distributed_step(project, options)?) {
+            (None, Some(step))
+                if in_allocation() && slurm_var(crate::env_vars::SLURM_JOB_NODELIST).is_some() =>
             {
-                Some(Allocation::from_env(options.grace)?)
+                Some(plain_allocation(&step, options)?)
             }
             _ => None,
         };
@@ -87,6 +93,7 @@ impl SlurmSetup {
             gpus_per_task: project.resources.gpus,
             allocation,
             plain,
+            plain_layout: placed_as_blocks(project.resources.cpus),
         })
     }
 
@@ -133,6 +140,79 @@ fn has_elastic_step(project: &Project, options: &RunOptions) -> bool {
         .any(|s| s.workers.is_some() && (s.min_workers.is_some() || options.min_workers.is_some()))
 }
 
+/// A non-blank `SLURM_*` variable.
+fn slurm_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The first distributed step this run starts (`--step` selects it and what it needs), if any.
+fn distributed_step(
+    project: &Project,
+    options: &RunOptions,
+) -> Result<Option<String>, LaunchError> {
+    let graph = crate::graph::StepGraph::new(project)?;
+    let selected = graph.selection(options.step.as_deref())?;
+    Ok(selected
+        .into_iter()
+        .find(|s| s.workers.is_some())
+        .map(|s| s.name.clone()))
+}
+
+/// The allocation a plain distributed step (`step`, the first the run starts) reads for its rendezvous, with errors
+/// worded for it (the reader's own speak of elastic steps).
+fn plain_allocation(step: &str, options: &RunOptions) -> Result<Allocation, LaunchError> {
+    let tasks = crate::env_vars::SLURM_TASKS_PER_NODE;
+    if slurm_var(tasks).is_none() {
+        return Err(LaunchError::Engine(format!(
+            "distributed step `{step}` runs inside a Slurm allocation whose nodes (`{}`) are known but not how many              tasks each has (`{tasks}` is not set): its ranks may run on any of them, so the rendezvous must listen              where they all reach it; run `hvd run` inside the allocation as salloc or sbatch set it",
+            crate::env_vars::SLURM_JOB_NODELIST
+        )));
+    }
+    Allocation::from_env(options.grace).map_err(|e| {
+        LaunchError::Engine(format!(
+            "distributed step `{step}` runs inside a Slurm allocation, and its rendezvous must listen where every              node of it reaches: {e}"
+        ))
+    })
+}
+
+/// Whether srun places one step on every task of the allocation block by block, as [`Allocation::layout`] does:
+/// `SLURM_DISTRIBUTION` (salloc/sbatch `--distribution`, inherited by srun) unset or `block` across nodes, and
+/// `cpus` (`resources.cpus`, srun's `--cpus-per-task`) unset or the allocation's own (`SLURM_CPUS_PER_TASK`, else 1).
+fn placed_as_blocks(cpus: Option<u32>) -> bool {
+    let block = slurm_var(crate::env_vars::SLURM_DISTRIBUTION)
+        .is_none_or(|d| d.trim().split([':', ',']).next() == Some("block"));
+    let allocated = slurm_var(crate::env_vars::SLURM_CPUS_PER_TASK)
+        .map_or(Some(1), |c| c.trim().parse::<u32>().ok());
+    block && cpus.is_none_or(|c| Some(c) == allocated)
+}
+
+/// The first node of a Slurm host list (`SLURM_STEP_NODELIST`: `n[01-03,7],gpu1` begins with `n01`), the node of
+/// rank 0 of a step srun placed by block or cyclic distribution; `None` for a value that is not a host list.
+pub fn first_node(list: &str) -> Option<String> {
+    let list = crate::engines::slurm_steps::node_list(list).ok()?;
+    let mut first = String::new();
+    let mut chars = list.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ',' => break,
+            '[' => {
+                // The range's first number, zero padding kept; the rest of the brackets skipped.
+                let mut in_number = true;
+                for c in chars.by_ref() {
+                    match c {
+                        ']' => break,
+                        '0'..='9' if in_number => first.push(c),
+                        _ => in_number = false,
+                    }
+                }
+            }
+            ']' => return None,
+            c => first.push(c),
+        }
+    }
+    (!first.is_empty()).then_some(first)
+}
+
 /// The elastic steps this run starts (`--step` selects them and what they need) and how many workers each has (the
 /// most: `--max-workers`, else `--workers`, else the step's), as the plan ([`crate::graph::plan`]) sizes them.
 fn elastic_workers(
@@ -168,7 +248,7 @@ impl SupervisedEngine for SlurmSetup {
 
     fn layout(&self, workers: Option<u32>) -> WorkerLayout {
         // One srun of every task of the allocation places them node by node, as the allocation's layout does.
-        if let (Some(plain), Some(n)) = (&self.plain, workers)
+        if let (Some(plain), Some(n), true) = (&self.plain, workers, self.plain_layout)
             && plain.tasks() == u64::from(n)
         {
             return plain.layout(n);
@@ -311,6 +391,7 @@ pub fn batch_steps(
         gpus_per_task: project.resources.gpus,
         allocation: None,
         plain: None,
+        plain_layout: false,
     };
     let name = crate::engines::k8s::dns_label(&project.name);
     let out_dir = output_dir(plan).display().to_string();
@@ -509,6 +590,7 @@ mod tests {
             gpus_per_task: 0,
             allocation,
             plain: None,
+            plain_layout: false,
         };
         let plan = crate::engines::sbatch::plan(&project(false), &RunOptions::default()).unwrap();
         let inside = setup(Some(allocation));
@@ -548,6 +630,7 @@ mod tests {
             gpus_per_task: 0,
             allocation: None,
             plain: Some(plain.clone()),
+            plain_layout: true,
         };
         assert_eq!(setup.rendezvous(), (plain.bind_ip, plain.peers.clone()));
         assert!(setup.rank_zero_reaches_rendezvous());
@@ -562,7 +645,31 @@ mod tests {
         };
         assert_eq!(hosts(4), ["n1", "n1", "n2", "n2"]);
         let here = crate::env::local_hostname();
-        assert_eq!(hosts(3), [here.clone(), here.clone(), here]);
+        assert_eq!(hosts(3), [here.clone(), here.clone(), here.clone()]);
+        // Placed otherwise than block by block (`SLURM_DISTRIBUTION=cyclic`, other CPUs a task): this machine's too.
+        let cyclic = SlurmSetup {
+            plain_layout: false,
+            ..setup.clone()
+        };
+        assert!(cyclic.layout(Some(4)).slots.iter().all(|s| s.host == here));
+    }
+
+    /// Rank 0's node under srun: the first name of the step's host list, ranges' zero padding kept; what is not a
+    /// host list (an option, a stray bracket) gives none.
+    #[test]
+    fn the_first_node_of_a_host_list() {
+        let first = |list: &str| first_node(list);
+        assert_eq!(first("n1").as_deref(), Some("n1"));
+        assert_eq!(
+            first("gpu-07.cluster,n1").as_deref(),
+            Some("gpu-07.cluster")
+        );
+        assert_eq!(first("n[01-03,7],m2").as_deref(), Some("n01"));
+        assert_eq!(first("n[5,2-3]").as_deref(), Some("n5"));
+        assert_eq!(first("rack[2-3]-n[10-11]").as_deref(), Some("rack2-n10"));
+        for bad in ["", "-n1", "[1-2]", "n1]", "n1 n2", "n$(id)"] {
+            assert_eq!(first(bad), None, "{bad}");
+        }
     }
 
     #[test]
@@ -768,6 +875,7 @@ mod tests {
             gpus_per_task: 1,
             allocation: None,
             plain: None,
+            plain_layout: false,
         };
         assert_eq!(
             shell::line(&setup.srun_argv(4, "python t.py")),
