@@ -142,11 +142,14 @@ def collect(args):
     cmd = [args.python, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", args.suite]
     if args.k:
         cmd += ["-k", args.k]
-    out = subprocess.run(cmd, cwd=args.tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    out = subprocess.run(cmd, cwd=args.tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          universal_newlines=True, timeout=600)
-    ids = [line.strip() for line in out.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    # Only the suite's own ids: a framework's log line may hold "::" too (TensorFlow's "absl::InitializeLog()").
+    ids = [line.strip() for line in out.stdout.splitlines()
+           if "::" in line and not line.startswith(" ") and line.split("::")[0].endswith(os.path.basename(args.suite))]
     if not ids:
-        sys.exit("horovod_suites: collected no test from {} (pytest said:)\n{}".format(args.suite, out.stdout[-3000:]))
+        sys.exit("horovod_suites: collected no test from {} (pytest said:)\n{}\n{}".format(
+            args.suite, out.stdout[-3000:], out.stderr[-3000:]))
     return ids
 
 

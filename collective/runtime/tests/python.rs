@@ -532,17 +532,47 @@ fn variable_checkpoint_files_load_only_when_they_fit_the_state() {
     assert_eq!(pwned, 0, "the pickled object array ran its code");
 }
 
-/// `KerasState.checkpoint()` across a killed job (`keras_checkpoint.py`), with Adam and with a legacy SGD with
-/// momentum: the first job checkpoints at commit 3, trains on and is killed (SIGKILL, every rank); a second job with
-/// fresh models resumes through `hvd.elastic.run` with the checkpoint's weights and optimizer variables exactly, and
-/// training on gives the first job's weights. `TensorFlowState`'s checkpoints too.
+/// The major version of the Keras that `python`'s `tf.keras` is (2, or 3 on TensorFlow >= 2.16 without
+/// `TF_USE_LEGACY_KERAS`).
+fn tf_keras_major(python: &str) -> u32 {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import tensorflow as tf; print(tf.keras.__version__.split('.')[0])",
+        ])
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the tensorflow python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.trim() {
+        "2" => 2,
+        "3" => 3,
+        other => panic!(
+            "{python}: tf.keras is neither Keras 2 nor 3 ({other:?}, {}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// `KerasState.checkpoint()` across a killed job (`keras_checkpoint.py`), with Adam, with SGD with momentum and, on
+/// Keras 2, with a legacy SGD with momentum (Keras 3 has no legacy optimizers): the first job checkpoints at commit
+/// 3, trains on and is killed (SIGKILL, every rank); a second job with fresh models resumes through
+/// `hvd.elastic.run` with the checkpoint's weights and optimizer variables exactly, and training on gives the first
+/// job's weights. `TensorFlowState`'s checkpoints too.
 #[test]
 #[ignore = "opt-in: needs tensorflow; HVD_TEST_TENSORFLOW=/path/to/python"]
 fn keras_state_checkpoints_resume_a_killed_job_with_equal_weights() {
     use std::os::unix::process::ExitStatusExt;
 
     let python = opt_in_python("HVD_TEST_TENSORFLOW", "tensorflow");
-    for optimizer in ["adam", "legacy"] {
+    let optimizers: &[&str] = match tf_keras_major(&python) {
+        2 => &["adam", "sgd", "legacy"],
+        _ => &["adam", "sgd"],
+    };
+    for &optimizer in optimizers {
         let dir = tempfile::tempdir().unwrap();
         let checkpoints = dir.path().join("checkpoints");
         let expect = dir.path().join("expect.npz");

@@ -417,6 +417,11 @@ class _DistributedMixin:
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         base = super()
+        if self._hvd_keras3:
+            # Keras 2's flag (Horovod's tests and scripts pass False, as tf.keras's train step did): it only turns
+            # off tf.distribute's cross-replica sum, which Keras 3's apply_gradients has no argument for. The
+            # reduction across ranks is hvd's either way.
+            kwargs.pop("experimental_aggregate_gradients", None)
         if self._agg_helper is None or self._hvd_keras3:
             return base.apply_gradients(grads_and_vars, *args, **kwargs)
         grads_and_vars = list(grads_and_vars)

@@ -1,8 +1,9 @@
 """``KerasState.checkpoint()`` across a killed job (opt-in: needs tensorflow; Keras 2 or 3). The test runs it twice
 with the same ``HVD_CHECKPOINT_DIR``:
 
-- ``HVD_TEST_PHASE=first``: a model trained by ``hvd.elastic.run`` with a ``DistributedOptimizer`` (Adam, or a
-  legacy SGD with momentum under ``HVD_TEST_OPTIMIZER=legacy``), one batch per commit, checkpointed at commit 3;
+- ``HVD_TEST_PHASE=first``: a model trained by ``hvd.elastic.run`` with a ``DistributedOptimizer`` (Adam; SGD with
+  momentum under ``HVD_TEST_OPTIMIZER=sgd``; Keras 2's legacy SGD with momentum under ``HVD_TEST_OPTIMIZER=legacy``,
+  which Keras 3 does not have), one batch per commit, checkpointed at commit 3;
   rank 0 keeps what the checkpoint must hold and what training on to commit 5 gives in ``HVD_TEST_EXPECT`` (the
   test's file); then every rank kills itself (SIGKILL) with work past the checkpoint;
 - ``HVD_TEST_PHASE=resume``: a fresh model (other initial weights on each rank) and an optimizer that has made no
@@ -25,7 +26,9 @@ from hvd import elastic as E
 
 PHASE = os.environ["HVD_TEST_PHASE"]
 EXPECT = os.environ["HVD_TEST_EXPECT"]
-LEGACY = os.environ.get("HVD_TEST_OPTIMIZER") == "legacy"
+OPTIMIZER = os.environ.get("HVD_TEST_OPTIMIZER", "adam")
+if OPTIMIZER not in ("adam", "sgd", "legacy"):
+    sys.exit("HVD_TEST_OPTIMIZER={!r}: want adam, sgd or legacy".format(OPTIMIZER))
 STEPS, CHECKPOINT_AT = 5, 3
 
 
@@ -61,8 +64,10 @@ def build(seed):
     tf.keras.utils.set_random_seed(seed)
     model = tf.keras.Sequential([tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(8, activation="relu"),
                                  tf.keras.layers.Dense(1)])
-    if LEGACY:
+    if OPTIMIZER == "legacy":
         inner = tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9)
+    elif OPTIMIZER == "sgd":
+        inner = tf.keras.optimizers.SGD(0.05, momentum=0.9)
     else:
         inner = tf.keras.optimizers.Adam(0.01)
     model.compile(optimizer=hvd.DistributedOptimizer(inner), loss="mse")

@@ -95,6 +95,22 @@ for kwargs, scale in ((dict(), (n + 1) / 2.0), (dict(op=hvd.Sum), n * (n + 1) / 
     if ("sparse_as_dense" in kwargs) == isinstance(grads[e.ref()], tf.IndexedSlices):
         fail("sparse_as_dense={} gave {}".format("sparse_as_dense" in kwargs, type(grads[e.ref()])))
 
+# Horovod's tests and Keras 2 scripts compute and apply in a tf.function with experimental_aggregate_gradients=False
+# (Keras 2's flag; Keras 3's apply_gradients has none): applied once, with the averaged gradient.
+opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0))
+x = tf.Variable([0.0, 0.0])
+
+
+@tf.function
+def compute_and_apply():
+    opt.apply_gradients(opt._compute_gradients(lambda: tf.reduce_sum(x) * (r + 1), [x]),
+                        experimental_aggregate_gradients=False)
+
+
+compute_and_apply()
+if not np.allclose(x.numpy(), -(n + 1) / 2.0):
+    fail("apply_gradients(experimental_aggregate_gradients=False) gave {}, want {}".format(x.numpy(), -(n + 1) / 2.0))
+
 # A process set: a rank outside it, or in a set of one rank, keeps its own gradients (Horovod's _allreduce_cond).
 ps = hvd.add_process_set([0])
 opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), process_set=ps)
