@@ -12,7 +12,8 @@ use crate::shm::{ShmSegment, ShmTransport};
 use crate::tcp::{JobKey, TcpTransport};
 use crate::transport::{RecvOp, SendOp, Transport};
 
-/// Fruitless rounds a wait spins or yields (by the shm side's settings) before it may sleep.
+/// Fruitless rounds a wait spins or yields (by the shm side's settings) before it may sleep; a wait on same-host
+/// peers only when they outnumber the cores follows the shm side alone (see [`MixedTransport::wait`]).
 const PATIENT_ROUNDS: u32 = 300;
 
 /// Shared memory for same-host peers, TCP for the rest.
@@ -99,9 +100,12 @@ impl Transport for MixedTransport {
         let (rs, rr) = (split(send_peers, false), split(recv_peers, false));
         // For the first rounds of a wait, whichever side it waits on, spin and yield as the shm side would but
         // never sleep (on a futex or in `poll`): a sleeping rank costs a wake-up per hop, and the two-level header
-        // exchange (`p2p::two_level`) waits on one side, then the other, back to back.
-        let patient = idle < PATIENT_ROUNDS;
-        if rs.is_empty() && rr.is_empty() {
+        // exchange (`p2p::two_level`) waits on one side, then the other, back to back. Except a wait on this host
+        // alone when its ranks outnumber its cores: there the shm side's own brief yielding stands (a rank that
+        // keeps yielding slows the rank sharing its core, see `shm`).
+        let local_only = rs.is_empty() && rr.is_empty();
+        let patient = idle < PATIENT_ROUNDS && !(local_only && self.shm.oversubscribed());
+        if local_only {
             if patient {
                 return self.shm.wait_inner(&ls, &lr, idle, false);
             }

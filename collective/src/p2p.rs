@@ -20,6 +20,8 @@ const STAGED: usize = 0x5747_4544;
 
 mod two_level;
 
+pub(crate) use two_level::rounds as two_level_rounds;
+
 /// A communicator built from a point-to-point transport and the collective algorithms of this module. Aligned so
 /// that the state of ranks running as threads of one process never shares a cache line.
 #[repr(align(128))]
@@ -51,6 +53,8 @@ pub struct P2pCommunicator<T: Transport> {
     board_seq: u64,
     /// This host's sum of a direct allreduce's data (two-level exchange, see `two_level`).
     host_sum: Vec<u8>,
+    /// The two-level exchange's peers and buffers (empty without a hierarchy).
+    two_level: two_level::TwoLevel,
 }
 
 impl<T: Transport> P2pCommunicator<T> {
@@ -80,6 +84,10 @@ impl<T: Transport> P2pCommunicator<T> {
                     .collect();
                 (local, cross)
             });
+        let two_level = match &hierarchy {
+            Some((_, cross)) => two_level::TwoLevel::new(rank, &hosts, cross),
+            None => two_level::TwoLevel::default(),
+        };
         P2pCommunicator {
             transport,
             topology,
@@ -100,6 +108,7 @@ impl<T: Transport> P2pCommunicator<T> {
             pairs_out: Vec::new(),
             board_seq: 0,
             host_sum: Vec::new(),
+            two_level,
         }
     }
 
@@ -149,19 +158,23 @@ impl<T: Transport> P2pCommunicator<T> {
         e
     }
 
-    /// Exchanges headers with every rank; `pair(j)` is the per-destination field for rank `j`.
-    fn negotiate(&mut self, h: Header, pair: &dyn Fn(usize) -> u64) -> Result<Vec<Header>> {
-        self.negotiate_eager(h, pair, None)
+    /// Exchanges headers with every rank, with the same per-destination field (`h.pair`) for each. `again`: a
+    /// second round of the operation that every rank is running, reached only once every rank passed the first
+    /// round's check (alltoallv's verdicts), so that every rank passes the same `again`.
+    fn negotiate(&mut self, h: Header, again: bool) -> Result<Vec<Header>> {
+        self.negotiate_eager(h, &|_| h.pair, None, again)
     }
 
     /// Exchanges headers with every rank; `pair(j)` is the per-destination field for rank `j`. With `eager`, this
     /// rank's data follows its header to every peer. Data that peers sent eagerly is always received (so the
     /// streams stay aligned even when the calls do not match) and left in `self.eager_in`, indexed by rank.
+    /// `again`: see [`negotiate`](Self::negotiate).
     fn negotiate_eager(
         &mut self,
         h: Header,
         pair: &dyn Fn(usize) -> u64,
         eager: Option<&[u8]>,
+        again: bool,
     ) -> Result<Vec<Header>> {
         let n = self.world.len();
         if n == 1 {
@@ -174,7 +187,9 @@ impl<T: Transport> P2pCommunicator<T> {
             return self.negotiate_board(h, pair, eager);
         }
         if let Some((local, cross)) = self.hierarchy.take() {
-            let r = self.negotiate_two_level(h, pair, eager, &local, &cross);
+            let mut tl = std::mem::take(&mut self.two_level);
+            let r = self.negotiate_two_level(h, pair, eager, &local, &mut tl, again);
+            self.two_level = tl;
             self.hierarchy = Some((local, cross));
             return r;
         }
@@ -379,7 +394,7 @@ impl<T: Transport> P2pCommunicator<T> {
         let eager = if h.invalid { None } else { eager };
         h.eager = eager.is_some();
         let result = (|| {
-            let headers = self.negotiate_eager(h, pair, eager)?;
+            let headers = self.negotiate_eager(h, pair, eager, false)?;
             if let Some(e) = local_error {
                 return Err(e);
             }
@@ -824,7 +839,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
                 verdict.count = headers[j].pair;
                 verdict.pair = call.recv_counts[j] as u64;
             }
-            let verdicts = this.negotiate(verdict, &|_| verdict.pair)?;
+            let verdicts = this.negotiate(verdict, true)?;
             if let Some((i, v)) = verdicts.iter().enumerate().find(|(_, v)| v.invalid) {
                 return Err(Error::Mismatch {
                     rank: v.root as usize,
@@ -899,7 +914,7 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         };
         let mut h = Header::new(seq, kind, dtype);
         h.invalid = true;
-        match self.negotiate(h, &|_| 0) {
+        match self.negotiate(h, false) {
             Ok(_) => error,
             Err(e) => self.fail(e),
         }

@@ -233,6 +233,15 @@ impl LocalJob {
     }
 }
 
+/// How many two-level header exchanges (ranks on several hosts, the same number on each: `p2p/two_level.rs`) the
+/// communicators driven by the calling thread have run, and how many rounds of alltoall counts followed one: a
+/// test tells that path from the flat exchange (and from the shm board) by the first, and sees that an alltoallv
+/// sends its counts once, not again with its verdicts, by the second. [`LocalJob::run`] drives each rank on a
+/// thread of its own.
+pub fn two_level_rounds() -> (u64, u64) {
+    crate::p2p::two_level_rounds()
+}
+
 /// Best effort: binds the calling thread to the `index`-th CPU it may run on (as `mpirun --bind-to core`; in a
 /// single-threaded process, the process).
 pub fn pin_to_cpu(index: usize) {

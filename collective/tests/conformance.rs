@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use hvd_collective::testing::{Backend, LocalJob};
+use hvd_collective::testing::{Backend, LocalJob, two_level_rounds};
 use hvd_collective::{
     Alltoallv, Communicator, DType, Error, ReduceOp, StagedAllreduce, Thresholds,
 };
 
 mod common;
-use common::{LARGE, run_all};
+use common::{LARGE, check, decode, encode, run_all};
 
 /// One module per communicator, each running the whole suite.
 macro_rules! suite {
@@ -373,19 +373,25 @@ fn mismatched_calls_fail_on_every_rank_of(backend: Backend, n: usize, hosts: Opt
 /// the host, then across hosts with the host's headers and sum (`two_level`). Every op x dtype (the small allreduce
 /// through that path), the allreduce with the direct path on and off, and every mismatch, on host layouts where
 /// the hosts hold 2 or 3 ranks, there are 2 or 3 hosts, and hosts are not in rank order; and on the tcp backend.
+/// Float allreduces of non-integer values (whose sums depend on the order of the additions) give every rank the
+/// same bits. Each rank checks that the two-level exchange ran (and on a layout with unequal hosts, that it did
+/// not: the flat exchange), and that an alltoallv sends its counts across hosts once, not again with its verdicts.
 #[test]
 fn hierarchical_two_level_exchange_on_every_layout() {
     let h = Backend::Hierarchical;
-    let layouts: [(Backend, &[usize]); 5] = [
-        (h, &[0, 0, 1, 1]),
-        (h, &[1, 0, 0, 1]),
-        (h, &[0, 1, 2, 2, 1, 0]),
-        (h, &[0, 0, 1, 1, 1, 0]),
+    let layouts: [(Backend, &[usize], bool); 6] = [
+        (h, &[0, 0, 1, 1], true),
+        (h, &[1, 0, 0, 1], true),
+        (h, &[0, 1, 2, 2, 1, 0], true),
+        (h, &[0, 0, 1, 1, 1, 0], true),
         // The tcp backend with ranks on several hosts takes the same two levels, over tcp inside the host too.
-        (Backend::Tcp, &[1, 0, 0, 1]),
+        (Backend::Tcp, &[1, 0, 0, 1], true),
+        // Unequal hosts: no hierarchy, the flat exchange.
+        (h, &[0, 0, 1], false),
     ];
-    for (backend, hosts) in layouts {
+    for (backend, hosts, two_level) in layouts {
         let n = hosts.len();
+        let what = |direct: usize| format!("{backend:?} hosts {hosts:?} direct={direct}");
         for direct in [usize::MAX, 0] {
             let th = Thresholds {
                 allreduce_direct_bytes: direct,
@@ -395,7 +401,7 @@ fn hierarchical_two_level_exchange_on_every_layout() {
                 .hosts(hosts.to_vec())
                 .thresholds(th)
                 .timeout(Duration::from_secs(20))
-                .run(|mut comm| -> Result<(), String> {
+                .run(|mut comm| -> Result<Vec<Vec<u8>>, String> {
                     let c = comm.as_mut();
                     for (k, dtype) in DType::ALL.into_iter().enumerate() {
                         run_all(c, dtype, 7, k % 2 == 0, k)?;
@@ -403,17 +409,117 @@ fn hierarchical_two_level_exchange_on_every_layout() {
                     for count in [0, 1, 511, 4099] {
                         run_all(c, DType::F32, count, count % 2 == 0, count)?;
                     }
-                    Ok(())
+                    let (exchanges, _) = two_level_rounds();
+                    if (exchanges > 0) != two_level {
+                        return Err(format!(
+                            "{exchanges} two-level exchanges, expected {}",
+                            if two_level { "some" } else { "none" }
+                        ));
+                    }
+                    alltoallv_counts_once(c, two_level)?;
+                    inexact_sums(c)
                 })
                 .expect("start the ranks");
+            let mut first: Option<Vec<Vec<u8>>> = None;
             for (r, res) in results.into_iter().enumerate() {
-                if let Err(e) = res {
-                    panic!("{backend:?} hosts {hosts:?} direct={direct}, rank {r}: {e}");
+                let sums = res.unwrap_or_else(|e| panic!("{}, rank {r}: {e}", what(direct)));
+                match &first {
+                    None => first = Some(sums),
+                    Some(f) => {
+                        for (k, (a, b)) in f.iter().zip(&sums).enumerate() {
+                            assert!(
+                                a == b,
+                                "{}: allreduce #{k}: rank {r} got other bits than rank 0",
+                                what(direct)
+                            );
+                        }
+                    }
                 }
             }
         }
         mismatched_calls_fail_on_every_rank_of(backend, n, Some(hosts.to_vec()));
     }
+}
+
+/// One valid alltoallv with different counts for each pair: two header rounds (its header, then its verdicts),
+/// of which only the first is followed by a round of counts across hosts (`two_level`), or none of each.
+fn alltoallv_counts_once(c: &mut dyn Communicator, two_level: bool) -> Result<(), String> {
+    let (n, me) = (c.size(), c.rank());
+    let count = |from: usize, to: usize| 1 + (3 * from + to) % 4;
+    let send_counts: Vec<usize> = (0..n).map(|j| count(me, j)).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|j| count(j, me)).collect();
+    let send: Vec<u8> = (0..n)
+        .flat_map(|j| vec![(me * 16 + j) as u8; count(me, j)])
+        .collect();
+    let mut recv = vec![0u8; recv_counts.iter().sum()];
+    let before = two_level_rounds();
+    c.alltoallv(Alltoallv {
+        send: &send,
+        send_counts: &send_counts,
+        recv: &mut recv,
+        recv_counts: &recv_counts,
+        dtype: DType::U8,
+    })
+    .map_err(|e| format!("alltoallv: {e}"))?;
+    let after = two_level_rounds();
+    let want: Vec<u8> = (0..n)
+        .flat_map(|j| vec![(j * 16 + me) as u8; count(j, me)])
+        .collect();
+    if recv != want {
+        return Err(format!("alltoallv received {recv:?}, expected {want:?}"));
+    }
+    let rounds = (after.0 - before.0, after.1 - before.1);
+    let expected = if two_level { (2, 1) } else { (0, 0) };
+    if rounds != expected {
+        return Err(format!(
+            "alltoallv ran {rounds:?} two-level exchanges and rounds of counts, expected {expected:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Sums and averages of non-integer floats of mixed signs and magnitudes (where the order of the additions shows
+/// in the bits) at sizes through the direct path and the algorithms, each checked against the f64 reference;
+/// returns every result, for the caller to compare bit for bit across ranks.
+fn inexact_sums(c: &mut dyn Communicator) -> Result<Vec<Vec<u8>>, String> {
+    let (n, me) = (c.size(), c.rank());
+    let value = |r: usize, i: usize| -> f64 {
+        let x = ((r * 131 + i * 71) % 997) as f64 / 997.0 + 0.1;
+        let scale = [1e-2, 1.0, 3.7, 1e2][(r + i) % 4];
+        if (r + i).is_multiple_of(3) {
+            -x * scale
+        } else {
+            x * scale
+        }
+    };
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        for count in [7, 4099, LARGE] {
+            for op in [ReduceOp::Sum, ReduceOp::Average] {
+                let inputs: Vec<Vec<u8>> = (0..n)
+                    .map(|r| encode(dtype, &(0..count).map(|i| value(r, i)).collect::<Vec<_>>()))
+                    .collect();
+                let mut data = inputs[me].clone();
+                let tag = format!("{dtype:?} x {count} {op:?} of non-integers");
+                c.allreduce_in_place(&mut data, dtype, op)
+                    .map_err(|e| format!("{tag}: {e}"))?;
+                let exact: Vec<Vec<f64>> = inputs.iter().map(|b| decode(dtype, b)).collect();
+                let want: Vec<f64> = (0..count)
+                    .map(|i| {
+                        let sum: f64 = exact.iter().map(|v| v[i]).sum();
+                        if op == ReduceOp::Average {
+                            sum / n as f64
+                        } else {
+                            sum
+                        }
+                    })
+                    .collect();
+                check(&tag, dtype, n, &data, &want)?;
+                out.push(data);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A rank that stops calling makes every other rank's operation fail within the timeout, naming it.

@@ -12,6 +12,9 @@
 //! rank that keeps yielding while its core's other rank works slows that rank down: 4 ranks at 16-64 MiB took
 //! twice as long), and positions are published with a full fence so no wake-up is missed; with a core per rank
 //! the publish is a plain release store and a wake-up missed in a race costs at most one futex timeout.
+//! The hierarchical transport waits the same way on this host's ranks alone; a wait of its that involves ranks
+//! on other hosts spins and yields by these settings for up to 300 fruitless rounds before it sleeps, even when
+//! oversubscribed (`hierarchical`).
 //!
 //! Liveness: a rank marks itself gone on drop (clean) or aborted; a rank whose process no longer exists
 //! (`kill(pid, 0)` fails with ESRCH) is dead. The first rank that gives up writes the culprit into the abort word,
@@ -159,6 +162,11 @@ impl ShmTransport {
             (true, None) => YIELD_FOR_OVERSUBSCRIBED,
             _ => Duration::ZERO,
         };
+    }
+
+    /// Whether this rank waits as one of more ranks than cores (see `oversubscribed`).
+    pub(crate) fn oversubscribed(&self) -> bool {
+        self.oversubscribed
     }
 
     /// Whether the segment's ranks are oversubscribed, once all have attached, when they may run on different sets
