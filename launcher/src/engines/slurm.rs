@@ -164,13 +164,16 @@ fn plain_allocation(step: &str, options: &RunOptions) -> Result<Allocation, Laun
     let tasks = crate::env_vars::SLURM_TASKS_PER_NODE;
     if slurm_var(tasks).is_none() {
         return Err(LaunchError::Engine(format!(
-            "distributed step `{step}` runs inside a Slurm allocation whose nodes (`{}`) are known but not how many              tasks each has (`{tasks}` is not set): its ranks may run on any of them, so the rendezvous must listen              where they all reach it; run `hvd run` inside the allocation as salloc or sbatch set it",
+            "distributed step `{step}` runs inside a Slurm allocation whose nodes (`{}`) are known but not how many \
+             tasks each has (`{tasks}` is not set): its ranks may run on any of them, so the rendezvous must listen \
+             where they all reach it; run `hvd run` inside the allocation as salloc or sbatch set it",
             crate::env_vars::SLURM_JOB_NODELIST
         )));
     }
     Allocation::from_env(options.grace).map_err(|e| {
         LaunchError::Engine(format!(
-            "distributed step `{step}` runs inside a Slurm allocation, and its rendezvous must listen where every              node of it reaches: {e}"
+            "distributed step `{step}` runs inside a Slurm allocation, and its rendezvous must listen where every \
+             node of it reaches: {e}"
         ))
     })
 }
