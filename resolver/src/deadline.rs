@@ -86,6 +86,16 @@ pub fn positive_setting(
     }
 }
 
+/// `started + wait`, or a century after `started` where that sum passes what an `Instant` holds (`Instant +
+/// Duration` panics on overflow; a deadline that far never fires).
+fn far_after(started: Instant, wait: Duration) -> Instant {
+    let century = Duration::from_secs(100 * 365 * 24 * 3600);
+    started
+        .checked_add(wait.min(century))
+        .or_else(|| started.checked_add(Duration::from_secs(24 * 3600)))
+        .unwrap_or(started)
+}
+
 impl HttpDeadlines {
     /// The defaults, overridden by `HVD_HTTP_TIMEOUT` and `HVD_DOWNLOAD_MIN_RATE` where set (empty means unset).
     pub fn from_env() -> Result<HttpDeadlines, BadDeadlineSetting> {
@@ -120,18 +130,18 @@ impl HttpDeadlines {
         Ok(out)
     }
 
-    /// When a request started at `started` must be answered whole.
+    /// When a request started at `started` must be answered whole (`HVD_HTTP_TIMEOUT` takes any whole number of
+    /// seconds: one past what an `Instant` holds is a deadline that never fires, not a panic).
     pub fn request_deadline(&self, started: Instant) -> Instant {
-        started + self.request
+        far_after(started, self.request)
     }
 
     /// When a download started at `started`, with `received` bytes so far, must have received its next byte:
     /// the grace period plus `received / min_rate` seconds.
     pub fn download_deadline(&self, started: Instant, received: u64) -> Instant {
-        let earned = Duration::from_secs_f64(received as f64 / self.min_rate.max(1) as f64);
-        // Far enough to never fire (`Instant + Duration` panics on overflow).
-        let earned = earned.min(Duration::from_secs(100 * 365 * 24 * 3600));
-        started + self.request + earned
+        let earned = Duration::try_from_secs_f64(received as f64 / self.min_rate.max(1) as f64)
+            .unwrap_or(Duration::MAX);
+        far_after(started, self.request.saturating_add(earned))
     }
 
     /// The error for a download stopped at its deadline.
@@ -148,6 +158,20 @@ impl HttpDeadlines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `HVD_HTTP_TIMEOUT=18446744073709551615` (any whole number is taken): the deadlines are far away, not a
+    /// panic on `Instant + Duration`.
+    #[test]
+    fn a_timeout_past_what_an_instant_holds_is_a_far_deadline() {
+        let deadlines =
+            HttpDeadlines::from_values(Some(u64::MAX.to_string().into()), Some("1".into()))
+                .unwrap();
+        let now = Instant::now();
+        assert!(deadlines.request_deadline(now) > now + Duration::from_secs(365 * 24 * 3600));
+        assert!(
+            deadlines.download_deadline(now, u64::MAX) > now + Duration::from_secs(365 * 24 * 3600)
+        );
+    }
 
     #[test]
     fn settings_parse_and_bad_values_are_named() {
