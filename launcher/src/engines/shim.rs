@@ -623,7 +623,6 @@ mod tests {
             "{err}"
         );
     }
-}
 
     /// `HVD_RENDEZVOUS_WAIT` past a day (`1e19` was taken: a wait of 300 billion years), negative, infinite or not a
     /// number is refused by name; a day and a fraction are taken.
@@ -646,3 +645,4 @@ mod tests {
             std::time::Duration::from_secs(300)
         );
     }
+}
