@@ -235,6 +235,78 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
     assert_nodes_clean(&slurm, &out);
 }
 
+/// The second node lost as above, but Slurm never told (no `scontrol update state=down`, and the test ends before
+/// `SlurmdTimeout`): the lost ranks' sruns wait on, so the survivors' next round forms without them only at
+/// `elastic_timeout` (5 s here), when hvd stops them (SIGKILL after the grace). The survivors then train to the end;
+/// the stopped ranks ending after that is not a loss below the minimum (before, it failed the step: "0 of its
+/// workers are left, fewer than its minimum of 2").
+#[test]
+fn an_elastic_step_goes_on_when_a_lost_node_is_never_marked_down() {
+    let Some(mut slurm) = Slurm::start_two_nodes("sd", [&[], &[]]) else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-nodes-not-down");
+    let steps = 12;
+    let dir = common::train_project(
+        "{ min = 2, max = 4, elastic_timeout = 5s }",
+        &format!(
+            ", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\", ELASTIC_UNTIL = \"atmost:2\""
+        ),
+        "",
+        common::slurm::elastic_train_py(),
+    );
+    let salloc = ["--no-kill", TWO_BY_TWO[0], TWO_BY_TWO[1]];
+    let mut child = slurm.spawn_elastic_with(dir.path(), &salloc, NODES[0]);
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let reader = {
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut all = String::new();
+            let mut seen = 0;
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok)
+            {
+                if line.contains(" starts as rank ") {
+                    seen += 1;
+                    if seen == 4 {
+                        let _ = started_tx.send(());
+                    }
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        })
+    };
+    if started.recv_timeout(Duration::from_secs(120)).is_err() {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "the four workers never started:\n{}\n{}\n{}",
+            reader.join().unwrap(),
+            text(&out).1,
+            slurm.logs()
+        );
+    }
+    slurm.lose_node(1);
+    let mut out = child.wait_with_output().unwrap();
+    out.stdout = reader.join().unwrap().into_bytes();
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    for rank in [2, 3] {
+        assert!(
+            stderr.contains(&format!(
+                "rank {rank} of step `train` did not rejoin within 5 s; stopping it (elastic)"
+            )),
+            "{}",
+            logs()
+        );
+    }
+    assert!(!stderr.contains("fewer than its minimum"), "{}", logs());
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1)];
+    assert_trained_together(&out, (members, steps));
+}
+
 /// A plain (not elastic) step of 4 workers inside an allocation of two tasks on each node: its one srun starts two
 /// ranks on each node, which meet at a rendezvous the nodes reach (not this machine's loopback), allreduce and say
 /// where they ran; their lines carry their node's name.

@@ -450,6 +450,19 @@ pub(super) fn supervise(
                         continue;
                     }
                     let preempted = handed_over.is_some() && !removed;
+                    // Left out of a round and stopped, then the training finished without it (a lost node's rank
+                    // whose srun hung until `--elastic-timeout`): its end takes nothing from the members, and the
+                    // loss was said when it was left out.
+                    if dropped && finishing && !job.stopping() && !restart {
+                        job.events.event(Event::Note {
+                            text: format!(
+                                "rank {} of step `{}`, left out of the round, ended ({exit}); the training finished \
+                                 without it",
+                                worker.rank, step.name
+                            ),
+                        });
+                        continue;
+                    }
                     // Once the attempt is being stopped (to start again, or for good), exits are its doing.
                     if (exit != WorkerExit::Code(0) || dropped || preempted || removed)
                         && !job.stopping()
