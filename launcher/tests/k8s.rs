@@ -221,9 +221,19 @@ fn mpijob_workers_pull_the_env_in_an_init_container_and_fit_the_crd() {
         let problems = problems("kubeflow.org_mpijobs.v2beta1.schema.json", &m.content);
         assert!(problems.is_empty(), "{}: {problems:#?}", m.file);
         let worker = &m.content["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"];
+        // The pull runs under the init container's sh guard (`/bin/sh -c GUARD NAME NOTE ENV hvd ...`), which notes
+        // a pull that died without its own note.
+        let command = &worker["initContainers"][0]["command"];
+        assert_eq!(command[0], "/bin/sh");
+        assert_eq!(command[5], env);
         assert_eq!(
-            worker["initContainers"][0]["command"][3],
-            format!("--pull={env}")
+            command.as_array().unwrap()[6..10],
+            [
+                "hvd".into(),
+                "worker-env".into(),
+                "--once".into(),
+                Value::String(format!("--pull={env}"))
+            ]
         );
     }
     golden(
