@@ -39,7 +39,8 @@ fn hvd_run(dir: &Path, path: &str, slurm: bool, args: &[&str]) -> Output {
         command
             .env("SLURM_JOB_ID", "1")
             .env("SLURM_NNODES", "1")
-            .env("SLURM_JOB_NODELIST", "localhost");
+            .env("SLURM_JOB_NODELIST", "localhost")
+            .env("SLURM_TASKS_PER_NODE", "2");
     }
     command.output().unwrap()
 }
@@ -110,12 +111,14 @@ fn a_missing_engine_tool_is_named() {
             &["sbatch, scontrol, scancel not on PATH", "slurm-client"],
         ),
         (
+            // A distributed step's rendezvous must listen where the allocation's nodes reach it: their names come
+            // from scontrol, the first tool the run needs.
             "slurm (allocation)",
             hvd_run(dir.path(), path, true, &["--engine", "slurm"]),
-            1,
+            2,
             &[
-                "failed to start rank 0 of step `train`: cannot run `srun`",
-                "No such file or directory",
+                "cannot run `scontrol show hostnames`",
+                "is Slurm's scontrol on PATH?",
             ],
         ),
         (
@@ -157,7 +160,9 @@ fn an_unwritable_run_dir_is_named_with_its_cause() {
         ("mpirun", UNREACHED),
         ("srun", UNREACHED),
         ("sbatch", UNREACHED),
-        ("scontrol", UNREACHED),
+        // `scontrol show hostnames LIST` as Slurm's answers for one node: inside an allocation the run reads its
+        // nodes before it makes its run dir.
+        ("scontrol", "echo \"$3\""),
         ("scancel", UNREACHED),
         ("kubectl", UNREACHED),
         ("python3", UNREACHED),
