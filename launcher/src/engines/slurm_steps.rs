@@ -23,11 +23,12 @@ use crate::engines::ssh::{INTERFACE_VARS, WRAPPER, valid_var_name};
 use crate::env::{RendezvousInfo, Slot, WorkerLayout};
 
 /// The task of a rank's srun (`sh -c REPORTER hvd-rank WRAPPER ARGS...`): reads the nonce from the first line of
-/// stdin (into a variable the rank's command never sees), runs the remote wrapper with the rest of stdin and ARGS,
-/// then ends its stderr with `hvd-rank-status NONCE CODE` and exits with CODE. srun exits 0 after a node failure
+/// stdin (into a variable the rank's command never sees: `n`, `w` and `c` are unset first, since srun passes the
+/// launcher's environment and `read` into an exported variable keeps it exported), runs the remote wrapper with
+/// the rest of stdin and ARGS, then ends its stderr with `hvd-rank-status NONCE CODE` and exits with CODE. srun exits 0 after a node failure
 /// (Slurm 22.05); without this report, such a rank is lost, not finished (`supervisor/reported.rs`).
 pub const REPORTER: &str = concat!(
-    r#"IFS= read -r n || { echo hvd: no nonce on stdin >&2; exit 125; }; w=$1; shift; "#,
+    r#"unset n w c; IFS= read -r n || { echo hvd: no nonce on stdin >&2; exit 125; }; w=$1; shift; "#,
     r#"/bin/sh -c "$w" hvd-rank "$@"; c=$?; printf "hvd-rank-status %s %s\n" "$n" "$c" >&2; exit "$c""#
 );
 
@@ -443,7 +444,12 @@ mod tests {
             .args(["-c", REPORTER, "hvd-rank", WRAPPER])
             .arg(dir.path())
             .args(["20", "", "HVD_RANK=1", "/bin/sh", "-c"])
-            .arg("echo \"[$HVD_JOB_TOKEN]\"; env | grep -c n0nce; printf partial >&2; exit 7")
+            .arg("echo \"[$HVD_JOB_TOKEN]\"; env | grep -c -e n0nce -e '^[nwc]='; printf partial >&2; exit 7")
+            // srun passes the launcher's environment: exported names the reporter reads into must not carry the
+            // nonce (or the reporter's own script) to the rank's command.
+            .env("n", "x")
+            .env("w", "x")
+            .env("c", "x")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
