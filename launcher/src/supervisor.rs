@@ -853,6 +853,7 @@ fn run_attempt(
                 let index = workers.len();
                 let tx = exit_tx.clone();
                 let (stderr_tail, events) = (tail.clone(), job.events);
+                let grace = job.options.grace.max(PUMP_DRAIN);
                 let (rank, host, step) = (slot.rank, slot.host.clone(), step_name.clone());
                 scope.spawn(move || {
                     use std::os::unix::process::ExitStatusExt;
@@ -867,7 +868,15 @@ fn run_attempt(
                     let when = Instant::now();
                     let exit = match report {
                         Some(report) => {
-                            let exit = reported::settle(exit, report.wait(PUMP_DRAIN));
+                            // An exit 0 waits for the pump to read up to the report (a pipe buffer of output
+                            // may be ahead of it), up to the grace period; only a pipe held open past the
+                            // process gets the short bound.
+                            let limit = if exit == WorkerExit::Code(0) {
+                                grace
+                            } else {
+                                PUMP_DRAIN
+                            };
+                            let exit = reported::settle(exit, report.wait(PUMP_DRAIN, limit));
                             if exit == WorkerExit::Lost {
                                 events.event(Event::Note {
                                     text: reported::lost_note(rank, &step, &host, &stderr_tail),
@@ -1093,6 +1102,9 @@ fn pump(
     loop {
         // Poll first so a pipe held open by an escaped grandchild cannot keep the step from ending.
         if !crate::process::wait_readable(pipe.as_raw_fd(), Duration::from_millis(100)) {
+            if let Some(report) = report {
+                report.idle();
+            }
             if pumps.abandon.load(Ordering::SeqCst) {
                 break;
             }

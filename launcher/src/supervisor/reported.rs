@@ -41,6 +41,8 @@ struct Scan {
     found: Option<(i32, u64, u64)>,
     /// The stream ended (or its pump gave up).
     done: bool,
+    /// Since when the pump has found nothing to read (`None` while data comes or the pump is busy with it).
+    idle_since: Option<Instant>,
 }
 
 impl StatusReport {
@@ -61,6 +63,7 @@ impl StatusReport {
     /// Scans the next bytes of the stream.
     pub fn feed(&self, data: &[u8]) {
         let mut scan = self.scan();
+        scan.idle_since = None;
         scan.total += data.len() as u64;
         scan.carry.extend_from_slice(data);
         let mut from = 0;
@@ -119,18 +122,35 @@ impl StatusReport {
         }
     }
 
-    /// The code the rank reported, waiting up to `limit` for its stream to end or the report to come.
-    pub fn wait(&self, limit: Duration) -> Option<i32> {
-        let deadline = Instant::now() + limit;
+    /// The pump polled the stream and found nothing to read.
+    pub fn idle(&self) {
+        let mut scan = self.scan();
+        if scan.idle_since.is_none() {
+            scan.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// The code the rank reported, waiting for its stream to end or the report to come: up to `limit` in all, but
+    /// only up to `idle` once the pump waits for data that does not come (the rank's process has exited, so
+    /// something else holds the stream open). A pump still busy with what the stream held (up to a pipe buffer
+    /// of output ahead of the report, a slow sink) is waited for up to `limit`.
+    pub fn wait(&self, idle: Duration, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        let deadline = start + limit;
         let mut scan = self.scan();
         while scan.found.is_none() && !scan.done {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let now = Instant::now();
+            let idle_over = scan
+                .idle_since
+                .is_some_and(|since| now >= since.max(start) + idle);
+            let left = deadline.saturating_duration_since(now);
+            if left.is_zero() || idle_over {
                 break;
             }
+            // Woken by the report or the end; the pump's idling is checked every tenth of a second.
             scan = self
                 .changed
-                .wait_timeout(scan, left)
+                .wait_timeout(scan, left.min(Duration::from_millis(100)))
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
@@ -197,7 +217,7 @@ mod tests {
                 r.feed(chunk);
             }
             assert_eq!(r.finish(), Some("a line\npartial".len() as u64), "{size}");
-            assert_eq!(r.wait(Duration::ZERO), Some(0), "{size}");
+            assert_eq!(r.wait(Duration::ZERO, Duration::ZERO), Some(0), "{size}");
         }
     }
 
@@ -220,7 +240,7 @@ mod tests {
             let r = StatusReport::new("n0nce");
             r.feed(stream.as_bytes());
             r.finish();
-            assert_eq!(r.wait(Duration::ZERO), want, "{stream:?}");
+            assert_eq!(r.wait(Duration::ZERO, Duration::ZERO), want, "{stream:?}");
         }
     }
 
@@ -265,7 +285,35 @@ mod tests {
                 r.finish();
             })
         };
-        assert_eq!(r.wait(Duration::from_secs(60)), None);
+        assert_eq!(
+            r.wait(Duration::from_secs(60), Duration::from_secs(60)),
+            None
+        );
         pump.join().unwrap();
+    }
+
+    /// A pump still busy with the output ahead of the report (a slow sink) is waited for past the short bound; one
+    /// that waits for data nobody writes (something else holds the pipe open) only up to it.
+    #[test]
+    fn a_busy_pump_is_waited_for_and_an_idle_one_is_not() {
+        let short = Duration::from_millis(200);
+        let r = std::sync::Arc::new(StatusReport::new("n0nce"));
+        let pump = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                r.feed(&vec![b'x'; 64 * 1024]);
+                // Emitting those lines to a slow sink takes longer than the short bound.
+                std::thread::sleep(short * 5);
+                r.feed(report("n0nce", 0).as_bytes());
+                r.finish();
+            })
+        };
+        assert_eq!(r.wait(short, Duration::from_secs(60)), Some(0));
+        pump.join().unwrap();
+
+        let r = StatusReport::new("n0nce");
+        r.feed(b"x\n");
+        r.idle();
+        assert_eq!(r.wait(short, Duration::from_secs(60)), None);
     }
 }
