@@ -1195,7 +1195,8 @@ step use {
 /// A Slurm that numbers its jobs from 1 again (a new cluster, its state cleared) gives a new job the id of an earlier
 /// one whose output files are still in `.hvd/slurm/`: hvd submits each job held, moves such files aside and removes
 /// such a file rendezvous, then releases it, so following the jobs never shows an earlier job's lines (before, the
-/// second job's stale file was read while it waited for the first).
+/// second job's stale file was read while it waited for the first). A stale `rdv-<id>` that is a link (planted, so
+/// that the job's rendezvous follows it) or a file goes as itself; the link's target is left alone.
 #[test]
 fn an_earlier_jobs_output_files_with_a_new_jobs_id_are_moved_aside_unread() {
     let Some(slurm) = Slurm::start() else {
@@ -1207,6 +1208,13 @@ fn an_earlier_jobs_output_files_with_a_new_jobs_id_are_moved_aside_unread() {
     );
     let out_dir = dir.path().join(".hvd/slurm");
     std::fs::create_dir_all(&out_dir).unwrap();
+    std::fs::set_permissions(
+        &out_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("kept"), "kept").unwrap();
     for id in 1..=50 {
         for step in ["a", "b"] {
             for ext in ["out", "err"] {
@@ -1217,7 +1225,12 @@ fn an_earlier_jobs_output_files_with_a_new_jobs_id_are_moved_aside_unread() {
                 .unwrap();
             }
         }
-        std::fs::create_dir_all(out_dir.join(format!("rdv-{id}"))).unwrap();
+        let rdv = out_dir.join(format!("rdv-{id}"));
+        match id % 3 {
+            0 => std::fs::create_dir_all(&rdv).unwrap(),
+            1 => std::os::unix::fs::symlink(elsewhere.path(), &rdv).unwrap(),
+            _ => std::fs::write(&rdv, "x").unwrap(),
+        }
     }
     let out = slurm.submit(dir.path(), &[]);
     let (stdout, stderr) = text(&out);
@@ -1258,8 +1271,55 @@ fn an_earlier_jobs_output_files_with_a_new_jobs_id_are_moved_aside_unread() {
             std::fs::read_to_string(out_dir.join(&moved[0])).unwrap(),
             format!("stale-line {step} {id} out\n")
         );
-        assert!(!out_dir.join(format!("rdv-{id}")).exists());
+        let rdv = out_dir.join(format!("rdv-{id}"));
+        assert!(std::fs::symlink_metadata(&rdv).is_err(), "{rdv:?}");
     }
+    let left: Vec<_> = std::fs::read_dir(elsewhere.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["kept"], "a link's target is not removed");
+}
+
+/// The jobs' output directory holds their output and their file rendezvous (keys): one that another user could
+/// write into is refused before anything is submitted, naming it and what to do; a new one is created 0700.
+#[test]
+fn a_shared_slurm_output_directory_is_refused() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let dir = project("step a {\n  run = \"echo a-ran\"\n}");
+    let out_dir = dir.path().join(".hvd/slurm");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    std::fs::set_permissions(
+        &out_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let out = slurm.submit(dir.path(), &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let said = common::unwrapped(&stderr);
+    assert!(
+        said.contains(&common::unwrapped(&format!(
+            "`{}` is writable by its group or others (mode 777): another user could plant the jobs' output files or \
+             their rendezvous keys; run `chmod go-w {}`",
+            out_dir.display(),
+            out_dir.display()
+        ))),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("a-ran") && !stderr.contains("submitted"),
+        "{stdout}\n{stderr}"
+    );
+    std::fs::remove_dir(&out_dir).unwrap();
+    let out = slurm.submit(dir.path(), &[]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&out_dir).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700);
 }
 
 #[test]

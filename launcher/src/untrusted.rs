@@ -1,5 +1,6 @@
-//! Small files that someone else wrote where hvd reads them (a rank's checkpoint report, the note a pod's init
-//! container left): their place, kind and size are hostile input.
+//! Files that someone else wrote where hvd reads them (a rank's checkpoint report, the note a pod's init container
+//! left, a batch job's output as it grows) and the directories they are in: their place, kind, size and owner are
+//! hostile input.
 
 use std::io::Read as _;
 use std::path::Path;
@@ -37,6 +38,53 @@ pub fn read_small(path: &Path, max: u64, only_files: bool) -> std::io::Result<Sm
     let mut bytes = Vec::new();
     file.take(max).read_to_end(&mut bytes)?;
     Ok(Small::Read { bytes, file_len })
+}
+
+/// Opens `path` to read as it grows (a job's output file on a shared file system): without following a link
+/// (`ELOOP`), without waiting for a FIFO's writer or taking a terminal (`O_NONBLOCK | O_NOCTTY`); anything but a
+/// regular file is an `InvalidData` error naming what it is, checked on the open descriptor.
+pub fn open_growing(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not a regular file ({kind:?})"),
+        ));
+    }
+    Ok(file)
+}
+
+/// Refuses a directory hvd keeps what others must not plant in (`what` says what it holds) unless it is this
+/// user's and not writable by group or others (the same rule as the collective's file rendezvous directory).
+pub fn check_private_dir(dir: &Path, what: &str) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let m = std::fs::metadata(dir).map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(format!(
+            "`{}` belongs to uid {}, not to this user (uid {me}): its owner could plant {what}; remove it (or the \
+             project's `.hvd`) so that hvd creates it as yours",
+            dir.display(),
+            m.uid()
+        ));
+    }
+    let mode = m.permissions().mode();
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "`{}` is writable by its group or others (mode {:o}): another user could plant {what}; run `chmod go-w \
+             {}`",
+            dir.display(),
+            mode & 0o7777,
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -187,7 +187,8 @@ pub fn parse_job_id(stdout: &str) -> Option<String> {
     (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then(|| id.to_owned())
 }
 
-/// The scripts a dry run prints: a shell script that submits every step with the same sbatch flags hvd uses.
+/// The scripts a dry run prints: a shell script that submits every step with the sbatch flags hvd uses, less
+/// `--hold` (hvd holds each job until an earlier job's files with its id are out of the way, then releases it).
 pub fn submit_script(plan: &Plan, steps: &[BatchStep]) -> String {
     let var = |step: &str| {
         format!(
@@ -252,11 +253,7 @@ pub fn submit(
     steps: &[BatchStep],
     options: &RunOptions,
 ) -> Result<Submission, LaunchError> {
-    let dir = slurm::output_dir(plan);
-    fs_err::create_dir_all(&dir).map_err(|source| LaunchError::Io {
-        path: dir.clone(),
-        source,
-    })?;
+    private_output_dir(plan)?;
     let mut submission = Submission::default();
     let mut ids: BTreeMap<&str, String> = BTreeMap::new();
     for step in steps {
@@ -303,11 +300,22 @@ pub fn submit(
             })
         });
         let result = result.and_then(|id| {
-            let moved = make_way(plan, &step.name, &id).and_then(|moved| {
-                release(&id)?;
-                Ok(moved)
+            let released = make_way(plan, &step.name, &id).and_then(|moved| match release(&id) {
+                Ok(()) => Ok(moved),
+                // The files already moved aside stay where they went: say where.
+                Err(LaunchError::Engine(msg)) if !moved.is_empty() => {
+                    let went: Vec<String> = moved
+                        .iter()
+                        .map(|(file, to)| format!("{} to {}", file.display(), to.display()))
+                        .collect();
+                    Err(LaunchError::Engine(format!(
+                        "{msg}; an earlier job's output files were moved aside first: {}",
+                        went.join(", ")
+                    )))
+                }
+                Err(e) => Err(e),
             });
-            match moved {
+            match released {
                 Ok(moved) => {
                     submission.moved.extend(moved);
                     Ok(id)
@@ -341,6 +349,25 @@ pub fn submit(
     Ok(submission)
 }
 
+/// Creates the jobs' output directory (`.hvd/slurm`, mode 0700) and refuses it unless it is the user's and
+/// writable by nobody else: the jobs' output files and file rendezvous (keys) are there.
+fn private_output_dir(plan: &Plan) -> Result<(), LaunchError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let dir = slurm::output_dir(plan);
+    let parent = dir.parent().unwrap_or(&plan.state_dir);
+    fs_err::create_dir_all(parent).map_err(|source| LaunchError::Io {
+        path: parent.to_owned(),
+        source,
+    })?;
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(LaunchError::Io { path: dir, source }),
+    }
+    crate::untrusted::check_private_dir(&dir, "the jobs' output files or their rendezvous keys")
+        .map_err(|e| LaunchError::Engine(format!("the slurm engine's output directory: {e}")))
+}
+
 /// The output file (`ext`: `out`, `err`) of job `id` of `step`, as its script names it (`--output`/`--error`).
 pub fn output_file(plan: &Plan, step: &str, id: &str, ext: &str) -> PathBuf {
     let project = crate::engines::k8s::dns_label(&plan.project);
@@ -356,8 +383,10 @@ fn make_way(plan: &Plan, step: &str, id: &str) -> Result<Vec<(PathBuf, PathBuf)>
     let stale = crate::report::new_run_id();
     for ext in ["out", "err"] {
         let file = output_file(plan, step, id, ext);
-        if std::fs::symlink_metadata(&file).is_err() {
-            continue;
+        match std::fs::symlink_metadata(&file) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(LaunchError::Io { path: file, source }),
         }
         let mut to = file.clone().into_os_string();
         to.push(format!(".stale-{stale}"));
@@ -369,9 +398,14 @@ fn make_way(plan: &Plan, step: &str, id: &str) -> Result<Vec<(PathBuf, PathBuf)>
         moved.push((file, to));
     }
     let rdv = slurm::output_dir(plan).join(format!("rdv-{id}"));
-    if std::fs::symlink_metadata(&rdv).is_ok_and(|m| m.is_dir()) {
-        fs_err::remove_dir_all(&rdv).map_err(|source| LaunchError::Io { path: rdv, source })?;
-    }
+    // Whatever is there goes, a link or a file as itself (never followed: the job's rendezvous would follow it).
+    let removed = match std::fs::symlink_metadata(&rdv) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&rdv),
+        Ok(_) => std::fs::remove_file(&rdv),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    };
+    removed.map_err(|source| LaunchError::Io { path: rdv, source })?;
     Ok(moved)
 }
 
@@ -585,6 +619,8 @@ struct Tail {
     file: Option<fs_err::File>,
     splitter: LineSplitter,
     stream: Stream,
+    /// The path was not a regular file (a link, a FIFO): it is not opened.
+    refused: bool,
 }
 
 impl Tail {
@@ -594,13 +630,28 @@ impl Tail {
             file: None,
             splitter: LineSplitter::default(),
             stream,
+            refused: false,
         }
     }
 
     /// Emits every complete line written since the last call (`last`: the file is complete, emit the rest too).
-    fn read(&mut self, last: bool, emit: &mut impl FnMut(Stream, &[u8])) {
-        if self.file.is_none() {
-            self.file = fs_err::File::open(&self.path).ok();
+    /// The file is opened as [`crate::untrusted::open_growing`] does (a link, a FIFO or anything but a regular
+    /// file is refused, once: the problem is returned, and the file is not tried again).
+    fn read(&mut self, last: bool, emit: &mut impl FnMut(Stream, &[u8])) -> Option<String> {
+        let mut refused = None;
+        if self.file.is_none() && !self.refused {
+            match crate::untrusted::open_growing(&self.path) {
+                Ok(file) => self.file = Some(fs_err::File::from_parts(file, &self.path)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    self.refused = true;
+                    refused = Some(format!(
+                        "not following `{}` ({e}): the job's output file is not a regular file of its own; \
+                         its lines are not shown",
+                        self.path.display()
+                    ));
+                }
+            }
         }
         let stream = self.stream;
         let mut lines = |line: &[u8]| emit(stream, line);
@@ -618,6 +669,7 @@ impl Tail {
         if last {
             self.splitter.finish(&mut lines);
         }
+        refused
     }
 }
 
@@ -677,9 +729,12 @@ impl Followed<'_> {
         let tagged = self.step.workers.is_some();
         let mut lines: Vec<(Stream, String)> = Vec::new();
         for tail in &mut self.tails {
-            tail.read(last, &mut |stream, line| {
+            let refused = tail.read(last, &mut |stream, line| {
                 lines.push((stream, String::from_utf8_lossy(line).into_owned()));
             });
+            if let Some(text) = refused {
+                events.event(Event::Note { text });
+            }
         }
         for (stream, line) in lines {
             let (rank, text) = match tagged.then(|| crate::engines::untag(&line)).flatten() {
@@ -1014,5 +1069,40 @@ mod tests {
         assert_eq!(parse_job_id("42;cluster\n"), Some("42".into()));
         assert_eq!(parse_job_id("Submitted batch job 42"), None);
         assert_eq!(parse_job_id(""), None);
+    }
+
+    /// Someone who can write where the jobs' output goes plants a FIFO or a link as a job's output file: following
+    /// it neither blocks (a FIFO's open waits for a writer) nor reads the link's target; each is said once.
+    #[test]
+    fn a_planted_fifo_or_link_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("secret");
+        std::fs::write(&target, "secret line\n").unwrap();
+        let link = dir.path().join("t-a-1.out");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let fifo = dir.path().join("t-a-1.err");
+        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        for path in [link, fifo] {
+            let mut tail = Tail::new(path.clone(), Stream::Stdout);
+            let mut lines = Vec::new();
+            let refused = tail.read(false, &mut |_, line| lines.push(line.to_vec()));
+            let refused = refused.expect("the planted file is refused");
+            assert!(refused.contains(&path.display().to_string()), "{refused}");
+            assert_eq!(
+                tail.read(true, &mut |_, line| lines.push(line.to_vec())),
+                None
+            );
+            assert!(lines.is_empty(), "{lines:?}");
+        }
+        // A regular file is followed as it grows.
+        let out = dir.path().join("t-a-2.out");
+        std::fs::write(&out, "one\ntw").unwrap();
+        let mut tail = Tail::new(out.clone(), Stream::Stdout);
+        let mut lines = Vec::new();
+        assert_eq!(tail.read(false, &mut |_, l| lines.push(l.to_vec())), None);
+        std::fs::write(&out, "one\ntwo\n").unwrap();
+        assert_eq!(tail.read(true, &mut |_, l| lines.push(l.to_vec())), None);
+        assert_eq!(lines, vec![b"one".to_vec(), b"two".to_vec()]);
     }
 }
