@@ -117,7 +117,8 @@ hvd_env_vars::env_vars! {
     /// Read by the slurm engine inside an allocation for a distributed step: how many tasks each node has.
     SLURM_TASKS_PER_NODE;
     /// Read by the slurm engine inside an allocation: a plain step on every task takes the allocation's layout (its
-    /// lines labelled by node) only when this is unset or `block` across nodes.
+    /// lines labelled by node) only when this is unset or `block` across nodes. Read by the shim under srun:
+    /// `arbitrary` keeps `MASTER_ADDR` off the step's first node.
     SLURM_DISTRIBUTION;
     /// Read by the slurm engine inside an allocation: a plain step with another `resources.cpus` keeps this
     /// machine's name in its labels (srun may place its tasks otherwise).

@@ -20,6 +20,13 @@ pub enum ShimError {
     Rank(#[from] LaunchEnvError),
     #[error("`HVD_RENDEZVOUS` is `{0}`, not host:port")]
     BadRendezvous(String),
+    /// `SLURM_STEP_NODELIST` is set but not a host list (escaped value).
+    #[error(
+        "`{var}` is `{0}`, not a Slurm node list (host names and `[1-3]` ranges, separated by commas): rank 0's node \
+         (torch's `MASTER_ADDR`) cannot be told; run the task under srun as Slurm sets it",
+        var = crate::env_vars::SLURM_STEP_NODELIST
+    )]
+    BadNodeList(String),
 }
 
 /// Reads the slot of this process from `get` (the environment) with the one reader of launchers' rank variables,
@@ -70,12 +77,19 @@ pub fn shim_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, Str
         vars.extend(crate::env::rank_env(&slot));
     }
     // Under srun with a rendezvous off loopback (the launcher's, on another machine than some ranks): torch's env://
-    // meets at rank 0's node, the step's first (block or cyclic placement), not at the launcher.
+    // meets at rank 0's node, the step's first (block or cyclic placement), not at the launcher. Without the step's
+    // node list, or under `--distribution=arbitrary` (rank 0 may be on any node), `MASTER_ADDR` stays the
+    // rendezvous's address; a node list that is not one is an error.
+    let arbitrary = get(crate::env_vars::SLURM_DISTRIBUTION)
+        .is_some_and(|d| d.trim().split([':', ',']).next() == Some("arbitrary"));
     if source == RankSource::Slurm
         && rendezvous.is_some_and(|r| !r.addr.ip().is_loopback())
-        && let Some(node) = get(crate::env_vars::SLURM_STEP_NODELIST)
-            .and_then(|list| crate::engines::slurm::first_node(&list))
+        && !arbitrary
+        && let Some(list) =
+            get(crate::env_vars::SLURM_STEP_NODELIST).filter(|l| !l.trim().is_empty())
     {
+        let node = crate::engines::slurm::first_node(&list)
+            .ok_or_else(|| ShimError::BadNodeList(list.escape_default().to_string()))?;
         vars.push((crate::env_vars::MASTER_ADDR.into(), node));
     }
     Ok(vars)
@@ -416,6 +430,59 @@ mod tests {
         let vars = with("127.0.0.1:7000");
         assert_eq!(last(&vars, "MASTER_ADDR"), Some("127.0.0.1"));
         assert_eq!(last(&vars, "NCCL_SOCKET_IFNAME"), Some("lo"));
+    }
+
+    /// A step node list that is not one is an error naming it (escaped), never a silent fallback to the launcher's
+    /// address; without one, or under `--distribution=arbitrary` (rank 0 may be on any node), `MASTER_ADDR` stays the
+    /// rendezvous's address.
+    #[test]
+    fn a_bad_step_node_list_is_an_error_and_arbitrary_placement_claims_no_node() {
+        let base = [
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_NNODES", "2"),
+            ("HVD_JOB_TOKEN", "abc"),
+            ("HVD_RENDEZVOUS", "10.0.0.9:7000"),
+        ];
+        let with = |more: &[(&'static str, &'static str)]| {
+            let mut vars = base.to_vec();
+            vars.extend_from_slice(more);
+            shim_env(&env(&vars))
+        };
+        for bad in ["n[1-3", "n[", "n[abc]", "gpu[]", "n1\u{1b}[2J"] {
+            let err = with(&[("SLURM_STEP_NODELIST", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "`SLURM_STEP_NODELIST` is `{}`",
+                    bad.escape_default()
+                )),
+                "{err}"
+            );
+        }
+        let vars = with(&[]).unwrap();
+        assert_eq!(last(&vars, "MASTER_ADDR"), Some("10.0.0.9"));
+        for distribution in ["arbitrary", "arbitrary,pack"] {
+            let vars = with(&[
+                ("SLURM_STEP_NODELIST", "gpu[07-08]"),
+                ("SLURM_DISTRIBUTION", distribution),
+            ])
+            .unwrap();
+            assert_eq!(
+                last(&vars, "MASTER_ADDR"),
+                Some("10.0.0.9"),
+                "{distribution}"
+            );
+        }
+        let vars = with(&[
+            ("SLURM_STEP_NODELIST", "gpu[07-08]"),
+            ("SLURM_DISTRIBUTION", "cyclic"),
+        ])
+        .unwrap();
+        assert_eq!(last(&vars, "MASTER_ADDR"), Some("gpu07"));
     }
 
     #[test]

@@ -190,24 +190,28 @@ fn placed_as_blocks(cpus: Option<u32>) -> bool {
 }
 
 /// The first node of a Slurm host list (`SLURM_STEP_NODELIST`: `n[01-03,7],gpu1` begins with `n01`), the node of
-/// rank 0 of a step srun placed by block or cyclic distribution; `None` for a value that is not a host list.
+/// rank 0 of a step srun placed by block or cyclic distribution; `None` for a value that is not a host list (a
+/// stray or unclosed bracket, an empty range, a range that is not `N`, `N-M`, ... separated by commas).
 pub fn first_node(list: &str) -> Option<String> {
     let list = crate::engines::slurm_steps::node_list(list).ok()?;
     let mut first = String::new();
-    let mut chars = list.chars();
-    while let Some(c) = chars.next() {
+    let mut rest = list;
+    while let Some(c) = rest.chars().next() {
+        rest = &rest[c.len_utf8()..];
         match c {
             ',' => break,
             '[' => {
-                // The range's first number, zero padding kept; the rest of the brackets skipped.
-                let mut in_number = true;
-                for c in chars.by_ref() {
-                    match c {
-                        ']' => break,
-                        '0'..='9' if in_number => first.push(c),
-                        _ => in_number = false,
-                    }
+                // The range's first number, zero padding kept; the rest of the brackets checked, then skipped.
+                let (ranges, after) = rest.split_once(']')?;
+                let well_formed = ranges.split(',').all(|range| {
+                    let mut ends = range.splitn(2, '-');
+                    ends.all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                });
+                if !well_formed {
+                    return None;
                 }
+                first.extend(ranges.chars().take_while(char::is_ascii_digit));
+                rest = after;
             }
             ']' => return None,
             c => first.push(c),
@@ -658,7 +662,7 @@ mod tests {
     }
 
     /// Rank 0's node under srun: the first name of the step's host list, ranges' zero padding kept; what is not a
-    /// host list (an option, a stray bracket) gives none.
+    /// host list (an option, a stray or unclosed bracket, an empty or invalid range) gives none.
     #[test]
     fn the_first_node_of_a_host_list() {
         let first = |list: &str| first_node(list);
@@ -670,7 +674,10 @@ mod tests {
         assert_eq!(first("n[01-03,7],m2").as_deref(), Some("n01"));
         assert_eq!(first("n[5,2-3]").as_deref(), Some("n5"));
         assert_eq!(first("rack[2-3]-n[10-11]").as_deref(), Some("rack2-n10"));
-        for bad in ["", "-n1", "[1-2]", "n1]", "n1 n2", "n$(id)"] {
+        for bad in [
+            "", "-n1", "[1-2]", "n1]", "n1 n2", "n$(id)", "n[1-3", "n[", "n[]", "n[abc]", "n[1-]",
+            "n[-2]", "n[1,]", "n[1-2-3]", "n[1[2]]", "n[1]]",
+        ] {
             assert_eq!(first(bad), None, "{bad}");
         }
     }
