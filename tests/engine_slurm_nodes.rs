@@ -18,6 +18,59 @@ use common::text;
 /// `salloc` of two tasks on each node.
 const TWO_BY_TWO: &[&str] = &["--nodes=2", "--ntasks-per-node=2"];
 
+/// An elastic step of 4 workers on both nodes (`salloc --no-kill`, two tasks on each), `hvd run` on the first node,
+/// once all four have started; its stdout is read on a thread meanwhile.
+struct FourRunning {
+    child: std::process::Child,
+    reader: std::thread::JoinHandle<String>,
+}
+
+impl FourRunning {
+    /// Starts the step in `dir` and waits (120 s at most, else panics with the output so far) for four workers to
+    /// start.
+    fn start(slurm: &Slurm, dir: &Path) -> Self {
+        let salloc = ["--no-kill", TWO_BY_TWO[0], TWO_BY_TWO[1]];
+        let mut child = slurm.spawn_elastic_with(dir, &salloc, NODES[0]);
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut all = String::new();
+            let mut seen = 0;
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok)
+            {
+                if line.contains(" starts as rank ") {
+                    seen += 1;
+                    if seen == 4 {
+                        let _ = started_tx.send(());
+                    }
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        if started.recv_timeout(Duration::from_secs(120)).is_err() {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the four workers never started:\n{}\n{}\n{}",
+                reader.join().unwrap(),
+                text(&out).1,
+                slurm.logs()
+            );
+        }
+        FourRunning { child, reader }
+    }
+
+    /// Waits for `hvd run` to end: its output, stdout being all the lines the reader saw.
+    fn finish(self) -> Output {
+        let mut out = self.child.wait_with_output().unwrap();
+        out.stdout = self.reader.join().unwrap().into_bytes();
+        out
+    }
+}
+
 /// Asserts that slot `slot` started on node `node` (its lines carry the node's host name).
 fn assert_started_on(stdout: &str, slot: u32, node: &str) {
     assert!(
@@ -118,39 +171,7 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
     let marker = common::unique_marker("slurm-nodes-lost");
     let steps = 12;
     let dir = elastic_project(steps, ", ELASTIC_UNTIL = \"atmost:2\"", &marker);
-    let salloc = ["--no-kill", TWO_BY_TWO[0], TWO_BY_TWO[1]];
-    let mut child = slurm.spawn_elastic_with(dir.path(), &salloc, NODES[0]);
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let reader = {
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut all = String::new();
-            let mut seen = 0;
-            for line in
-                std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok)
-            {
-                if line.contains(" starts as rank ") {
-                    seen += 1;
-                    if seen == 4 {
-                        let _ = started_tx.send(());
-                    }
-                }
-                all.push_str(&line);
-                all.push('\n');
-            }
-            all
-        })
-    };
-    if started.recv_timeout(Duration::from_secs(120)).is_err() {
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        panic!(
-            "the four workers never started:\n{}\n{}\n{}",
-            reader.join().unwrap(),
-            text(&out).1,
-            slurm.logs()
-        );
-    }
+    let running = FourRunning::start(&slurm, dir.path());
     slurm.lose_node(1);
     let down = slurm
         .command("scontrol")
@@ -163,8 +184,7 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
         .output()
         .unwrap();
     assert!(down.status.success(), "{}", text(&down).1);
-    let mut out = child.wait_with_output().unwrap();
-    out.stdout = reader.join().unwrap().into_bytes();
+    let out = running.finish();
     let (stdout, stderr) = text(&out);
     let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
     assert_started_on(&stdout, 2, NODES[1]);
@@ -255,42 +275,9 @@ fn an_elastic_step_goes_on_when_a_lost_node_is_never_marked_down() {
         "",
         common::slurm::elastic_train_py(),
     );
-    let salloc = ["--no-kill", TWO_BY_TWO[0], TWO_BY_TWO[1]];
-    let mut child = slurm.spawn_elastic_with(dir.path(), &salloc, NODES[0]);
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let reader = {
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut all = String::new();
-            let mut seen = 0;
-            for line in
-                std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok)
-            {
-                if line.contains(" starts as rank ") {
-                    seen += 1;
-                    if seen == 4 {
-                        let _ = started_tx.send(());
-                    }
-                }
-                all.push_str(&line);
-                all.push('\n');
-            }
-            all
-        })
-    };
-    if started.recv_timeout(Duration::from_secs(120)).is_err() {
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        panic!(
-            "the four workers never started:\n{}\n{}\n{}",
-            reader.join().unwrap(),
-            text(&out).1,
-            slurm.logs()
-        );
-    }
+    let running = FourRunning::start(&slurm, dir.path());
     slurm.lose_node(1);
-    let mut out = child.wait_with_output().unwrap();
-    out.stdout = reader.join().unwrap().into_bytes();
+    let out = running.finish();
     let (stdout, stderr) = text(&out);
     let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
     for rank in [2, 3] {
