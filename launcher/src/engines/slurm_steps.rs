@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::LaunchError;
 use crate::engine::{Plan, PlannedStep, RankCommand, RankStart};
 use crate::engines::net::{resolve_host, route_source};
-use crate::engines::ssh::{INTERFACE_VARS, WRAPPER, valid_var_name};
+use crate::engines::ssh::{INTERFACE_VARS, WRAPPER, remote_rank_env, valid_var_name};
 use crate::env::{RendezvousInfo, Slot, WorkerLayout};
 
 /// The task of a rank's srun (`sh -c REPORTER hvd-rank WRAPPER ARGS...`): reads the nonce from the first line of
@@ -271,17 +271,10 @@ impl RankSrun<'_> {
         master_port: &str,
         marker: &str,
     ) -> Vec<(String, String)> {
-        let mut vars: std::collections::BTreeMap<String, String> = crate::env::worker_env(
-            &step.env,
-            slot,
-            Some(rendezvous),
-            plan.gpus_per_worker,
-            plan.env_dir.as_deref(),
-        )
-        .into_iter()
-        .collect();
-        vars.insert(crate::env_vars::MASTER_PORT.into(), master_port.to_owned());
-        vars.insert(crate::env::STEP_MARKER_VAR.into(), marker.to_owned());
+        let mut vars: std::collections::BTreeMap<String, String> =
+            remote_rank_env(plan, step, slot, rendezvous, master_port, marker)
+                .into_iter()
+                .collect();
         vars.remove("HVD_JOB_TOKEN");
         let rank0 = step.layout.slots.first().unwrap_or(slot);
         vars.insert(crate::env_vars::MASTER_ADDR.into(), rank0.host.clone());

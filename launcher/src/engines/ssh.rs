@@ -109,6 +109,29 @@ pub(crate) fn valid_var_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
+/// The variables of rank `slot` of `step` on another node, before the engine adapts them: the local engine's (the
+/// same contract, [`crate::env::worker_env`]) plus `MASTER_PORT` and the step marker (shared by the ssh and slurm
+/// engines).
+pub(crate) fn remote_rank_env(
+    plan: &Plan,
+    step: &PlannedStep,
+    slot: &Slot,
+    rendezvous: &RendezvousInfo,
+    master_port: &str,
+    marker: &str,
+) -> Vec<(String, String)> {
+    let mut vars = crate::env::worker_env(
+        &step.env,
+        slot,
+        Some(rendezvous),
+        plan.gpus_per_worker,
+        plan.env_dir.as_deref(),
+    );
+    vars.push((crate::env_vars::MASTER_PORT.into(), master_port.to_owned()));
+    vars.push((crate::env::STEP_MARKER_VAR.into(), marker.to_owned()));
+    vars
+}
+
 /// Variables that name the network interface the workers use (hvd's collective, NCCL, gloo, Horovod).
 pub const INTERFACE_VARS: [&str; 5] = [
     "HVD_NETWORK_INTERFACE",
@@ -472,15 +495,7 @@ impl SshSetup {
         master_port: &str,
         marker: &str,
     ) -> Vec<(String, String)> {
-        let mut vars = crate::env::worker_env(
-            &step.env,
-            slot,
-            Some(rendezvous),
-            plan.gpus_per_worker,
-            plan.env_dir.as_deref(),
-        );
-        vars.push((crate::env_vars::MASTER_PORT.into(), master_port.to_owned()));
-        vars.push((crate::env::STEP_MARKER_VAR.into(), marker.to_owned()));
+        let vars = remote_rank_env(plan, step, slot, rendezvous, master_port, marker);
         let rank0 = step
             .layout
             .slots
