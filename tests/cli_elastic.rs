@@ -186,36 +186,6 @@ fn assert_re_formed(stdout: &str, stderr: &str, members: &[(u32, u32)], size: us
     }
 }
 
-/// Asserts that each `(slot, rank)` of `members` printed that it finished as that rank of a job of `members.len()`,
-/// all at the same step with the same state, every step counted once; returns that step.
-fn assert_finished_together(stdout: &str, stderr: &str, members: &[(u32, u32)]) -> u32 {
-    let size = members.len();
-    let ends: Vec<String> = members
-        .iter()
-        .map(|(slot, rank)| {
-            let prefix = format!("slot {slot} finished as rank {rank} of {size}: ");
-            stdout
-                .lines()
-                .find_map(|l| l.split_once(&prefix).map(|(_, end)| end.to_owned()))
-                .unwrap_or_else(|| panic!("no `{prefix}`:\n{stdout}\n{stderr}"))
-        })
-        .collect();
-    let step: u32 = ends[0]
-        .strip_prefix("step ")
-        .and_then(|e| e.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{}", ends[0]));
-    let want = format!(
-        "step {step} count {:?} w0 {:?} agree True",
-        f64::from(step),
-        f64::from(step * (step + 1) / 2)
-    );
-    for end in &ends {
-        assert_eq!(*end, want, "{stdout}\n{stderr}");
-    }
-    step
-}
-
 /// Asserts that each `(slot, rank)` of `survivors` printed that it finished as that rank of a job of
 /// `survivors.len()` at the last of `steps`, having counted every step once, followed by `then`.
 fn assert_finished(stdout: &str, stderr: &str, survivors: &[(u32, u32)], steps: u32, then: &str) {
@@ -264,7 +234,8 @@ fn a_lost_worker_is_replaced_and_the_job_finishes_every_committed_step_once() {
     assert_re_formed(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2), (3, 3)], 4);
     assert_re_formed(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)], 3);
     assert_re_formed(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)], 4);
-    let step = assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2), (4, 3)]);
+    let step =
+        common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2), (4, 3)]);
     assert!(step >= steps, "{stdout}");
     assert!(!stdout.contains("slot 2 finished"), "{stdout}");
     // One replacement: no fifth slot.
@@ -454,7 +425,7 @@ fn workers_on_slots_discovery_no_longer_lists_leave_at_a_commit() {
     );
     assert!(!flat.contains("preempted (SIGTERM)"), "{stderr}");
     assert!(!stderr.contains("PeerLostError"), "{stderr}");
-    let step = assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]);
+    let step = common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]);
     assert!(step > 3, "{stdout}");
     common::assert_nothing_left(&marker);
 }
@@ -750,7 +721,7 @@ fn a_sigtermed_worker_without_a_commit_within_the_grace_is_a_loss() {
     );
     assert!(!stderr.contains("preempted (SIGTERM)"), "{stderr}");
     // A lost worker: replaced (slot 3), which joins at a commit.
-    let step = assert_finished_together(&stdout, &stderr, &[(0, 0), (2, 1), (3, 2)]);
+    let step = common::assert_finished_together(&stdout, &stderr, &[(0, 0), (2, 1), (3, 2)]);
     assert!(step >= steps, "{stdout}");
     common::assert_nothing_left(&marker);
 }
@@ -966,7 +937,7 @@ fn bare_host_names_from_discovery_get_the_slots_per_host() {
         stderr.contains("host discovery found 4 slots for step `train`: started rank 2"),
         "{stdout}\n{stderr}"
     );
-    let step = assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2)]);
+    let step = common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2)]);
     assert!(step >= steps, "{stdout}");
     common::assert_nothing_left(&marker);
 
@@ -1021,7 +992,7 @@ fn a_blacklisted_host_comes_back_after_the_cooldown_range_given() {
         stderr.contains("host discovery found 4 slots for step `train`: started rank 5"),
         "{stdout}\n{stderr}"
     );
-    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2), (5, 3)]);
+    common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2), (5, 3)]);
     common::assert_nothing_left(&marker);
 }
 
@@ -1055,14 +1026,14 @@ fn an_elastic_steps_settings_in_the_file_take_effect_and_the_flags_override_them
     let (out, stdout, stderr) = run(dir.path(), &[], &[]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("step `train` on 2 worker(s)"), "{stderr}");
-    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]);
+    common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]);
     common::assert_nothing_left(&marker);
 
     // `--slots-per-host` over `slots_per_host`.
     let (out, stdout, stderr) = run(dir.path(), &["--slots-per-host", "3"], &[]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("step `train` on 3 worker(s)"), "{stderr}");
-    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2)]);
+    common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2)]);
     common::assert_nothing_left(&marker);
 
     // `--host-discovery-script` over `discovery`; the file's `elastic_timeout` (2 s, not the default 60) still
@@ -1128,7 +1099,7 @@ fn a_cooldown_in_the_file_sets_the_blacklists_range() {
         stderr.contains("host discovery found 4 slots for step `train`: started rank 5"),
         "{stdout}\n{stderr}"
     );
-    assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2), (5, 3)]);
+    common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2), (5, 3)]);
     common::assert_nothing_left(&marker);
 }
 
@@ -1233,7 +1204,7 @@ fn a_worker_that_does_not_rejoin_in_time_is_left_out_and_stopped() {
         stderr.contains("rank 3 of step `train` did not rejoin within 1 s; stopping it (elastic)"),
         "{stdout}\n{stderr}"
     );
-    let step = assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2)]);
+    let step = common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (4, 2)]);
     assert!(step >= steps, "{stdout}");
     assert!(!stdout.contains("slot 5 "), "{stdout}");
     common::assert_nothing_left(&marker);
@@ -1264,7 +1235,7 @@ fn a_hung_worker_is_dropped_when_the_round_window_exceeds_the_collective_timeout
         "{stdout}\n{stderr}"
     );
     // Its replacement (slot 3) joins at a commit.
-    let step = assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)]);
+    let step = common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)]);
     assert!(step >= steps, "{stdout}");
     common::assert_nothing_left(&marker);
 }

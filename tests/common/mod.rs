@@ -397,6 +397,36 @@ pub fn unique_marker(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
+/// Asserts that each `(slot, rank)` of `members` printed that it finished as that rank of a job of `members.len()`,
+/// all at the same step with the same state, every step counted once; returns that step.
+pub fn assert_finished_together(stdout: &str, stderr: &str, members: &[(u32, u32)]) -> u32 {
+    let size = members.len();
+    let ends: Vec<String> = members
+        .iter()
+        .map(|(slot, rank)| {
+            let prefix = format!("slot {slot} finished as rank {rank} of {size}: ");
+            stdout
+                .lines()
+                .find_map(|l| l.split_once(&prefix).map(|(_, end)| end.to_owned()))
+                .unwrap_or_else(|| panic!("no `{prefix}`:\n{stdout}\n{stderr}"))
+        })
+        .collect();
+    let step: u32 = ends[0]
+        .strip_prefix("step ")
+        .and_then(|e| e.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", ends[0]));
+    let want = format!(
+        "step {step} count {:?} w0 {:?} agree True",
+        f64::from(step),
+        f64::from(step * (step + 1) / 2)
+    );
+    for end in &ends {
+        assert_eq!(*end, want, "{stdout}\n{stderr}");
+    }
+    step
+}
+
 /// Asserts that no process whose environment holds `HVD_TEST_MARKER=<marker>` is left (one killed a moment ago
 /// may take a little while to leave /proc: waits up to 10 s for that).
 pub fn assert_nothing_left(marker: &str) {

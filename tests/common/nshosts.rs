@@ -12,6 +12,17 @@ pub const HOSTS: [&str; 2] = ["10.77.0.2", "10.77.0.3"];
 pub const LAUNCHER_ADDR: &str = "10.77.0.1";
 pub const SSH_PORT: &str = "2222";
 
+/// `unshare` of a private mount namespace running `/bin/sh -c` (the script and its arguments follow), so that what
+/// the script mounts stays inside the command it then execs.
+pub const PRIVATE_MOUNTS_SH: [&str; 6] = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "/bin/sh",
+    "-c",
+];
+
 unsafe extern "C" {
     #[link_name = "geteuid"]
     pub fn libc_geteuid() -> u32;
@@ -245,14 +256,7 @@ impl Hosts {
             if let Some(private) = private {
                 // unshare and sh exec, so the listener keeps the pid of the child started here.
                 command
-                    .args([
-                        "unshare",
-                        "--mount",
-                        "--propagation",
-                        "private",
-                        "/bin/sh",
-                        "-c",
-                    ])
+                    .args(PRIVATE_MOUNTS_SH)
                     .arg("mount -t tmpfs hvd-host \"$0\" && exec \"$@\"")
                     .arg(private);
             }
