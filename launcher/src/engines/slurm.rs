@@ -14,7 +14,7 @@ use crate::LaunchError;
 use crate::engine::{Engine, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
 use crate::engines::shell::{self, quote};
 use crate::engines::slurm_steps::{Allocation, RankSrun};
-use crate::env::{RendezvousInfo, Slot, WorkerLayout};
+use crate::env::{Slot, WorkerLayout};
 use crate::options::RunOptions;
 
 /// What srun needs besides the step.
@@ -335,19 +335,7 @@ impl SupervisedEngine for SlurmSetup {
     fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
         let srun = self.rank_srun().filter(|_| step.min_workers.is_some())?;
         let ip = srun.allocation.bind_ip;
-        let rendezvous = RendezvousInfo {
-            addr: std::net::SocketAddr::new(ip, 0),
-            token: String::new(),
-        };
-        let marker = format!("<run id>/{}", step.name);
-        let mut vars = srun.vars(plan, step, slot, &rendezvous, "<master-port>", &marker);
-        for (k, v) in &mut vars {
-            match k.as_str() {
-                "HVD_RENDEZVOUS" => *v = format!("{ip}:<port>"),
-                "HOROVOD_GLOO_RENDEZVOUS_PORT" => *v = "<port>".into(),
-                _ => {}
-            }
-        }
+        let vars = srun.vars(crate::engines::ssh::dry_run_rank_env(plan, step, slot, ip));
         Some(format!(
             "srun: {}",
             shell::line(&srun.argv(plan, step, slot, &vars, ip))

@@ -19,8 +19,10 @@ use std::time::Duration;
 use crate::LaunchError;
 use crate::engine::{Plan, PlannedStep, RankCommand, RankStart};
 use crate::engines::net::{resolve_host, route_source};
-use crate::engines::ssh::{INTERFACE_VARS, WRAPPER, remote_rank_env, valid_var_name};
-use crate::env::{RendezvousInfo, Slot, WorkerLayout};
+use crate::engines::ssh::{
+    INTERFACE_VARS, RemoteRankEnv, WRAPPER, remote_rank_env, valid_var_name,
+};
+use crate::env::{Slot, WorkerLayout};
 
 /// The task of a rank's srun (`sh -c REPORTER hvd-rank WRAPPER ARGS...`): reads the nonce from the first line of
 /// stdin (into a variable the rank's command never sees: `n`, `w` and `c` are unset first, since srun passes the
@@ -259,25 +261,17 @@ pub struct RankSrun<'a> {
 
 impl RankSrun<'_> {
     /// The rank's variables on its node: the local engine's (the same contract, [`crate::env::worker_env`]) with
-    /// `MASTER_PORT` and the step marker, without the token (it travels on stdin), with `MASTER_ADDR` rank 0's node,
-    /// the interface variables left to the wrapper (it finds the interface that reaches the rendezvous) and, when
-    /// Slurm gives each rank its GPUs (`--gpus-per-task`), `CUDA_VISIBLE_DEVICES` left to Slurm.
-    pub fn vars(
-        &self,
-        plan: &Plan,
-        step: &PlannedStep,
-        slot: &Slot,
-        rendezvous: &RendezvousInfo,
-        master_port: &str,
-        marker: &str,
-    ) -> Vec<(String, String)> {
-        let mut vars: std::collections::BTreeMap<String, String> =
-            remote_rank_env(plan, step, slot, rendezvous, master_port, marker)
-                .into_iter()
-                .collect();
+    /// `MASTER_PORT` and the step marker ([`remote_rank_env`]), without the token (it travels on stdin), with
+    /// `MASTER_ADDR` rank 0's node, the interface variables left to the wrapper (it finds the interface that reaches
+    /// the rendezvous) and, when Slurm gives each rank its GPUs (`--gpus-per-task`), `CUDA_VISIBLE_DEVICES` left to
+    /// Slurm.
+    pub fn vars(&self, env: RemoteRankEnv<'_>) -> Vec<(String, String)> {
+        let mut vars: std::collections::BTreeMap<String, String> = env.vars.into_iter().collect();
         vars.remove("HVD_JOB_TOKEN");
-        let rank0 = step.layout.slots.first().unwrap_or(slot);
-        vars.insert(crate::env_vars::MASTER_ADDR.into(), rank0.host.clone());
+        vars.insert(
+            crate::env_vars::MASTER_ADDR.into(),
+            env.rank0_host.to_owned(),
+        );
         for name in INTERFACE_VARS {
             vars.remove(name);
         }
@@ -346,14 +340,14 @@ impl RankSrun<'_> {
             return Ok(RankCommand::local(rank));
         };
         let port = rank.master_port.to_string();
-        let vars = self.vars(
+        let vars = self.vars(remote_rank_env(
             rank.plan,
             rank.step,
             rank.slot,
             rendezvous,
             &port,
             rank.marker,
-        );
+        ));
         if let Some((name, _)) = vars.iter().find(|(k, _)| !valid_var_name(k)) {
             return Err(LaunchError::Engine(format!(
                 "variable `{name}` is not a valid environment variable name for a rank's srun (letters, digits, `_`)"
@@ -373,6 +367,7 @@ impl RankSrun<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::env::RendezvousInfo;
 
     #[test]
     fn tasks_per_node_expands_slurms_repeats_and_refuses_anything_else() {
@@ -527,7 +522,14 @@ mod tests {
             token: "s3cr3t".into(),
         };
         let slot = &layout.slots[2];
-        let vars = srun.vars(&plan, &step, slot, &rendezvous, "6000", "run/train/0");
+        let vars = srun.vars(remote_rank_env(
+            &plan,
+            &step,
+            slot,
+            &rendezvous,
+            "6000",
+            "run/train/0",
+        ));
         let argv = srun.argv(&plan, &step, slot, &vars, rendezvous.addr.ip());
         let line = crate::engines::shell::line(&argv);
         assert!(

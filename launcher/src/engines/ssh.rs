@@ -109,17 +109,24 @@ pub(crate) fn valid_var_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// The variables of rank `slot` of `step` on another node, before the engine adapts them: the local engine's (the
-/// same contract, [`crate::env::worker_env`]) plus `MASTER_PORT` and the step marker (shared by the ssh and slurm
-/// engines).
-pub(crate) fn remote_rank_env(
+/// The variables of a rank on another node before its engine adapts them ([`SshSetup::rank_vars`],
+/// `RankSrun::vars`), from [`remote_rank_env`].
+pub struct RemoteRankEnv<'a> {
+    pub vars: Vec<(String, String)>,
+    /// The host of the step's rank 0 (`MASTER_ADDR` on the rank's node).
+    pub rank0_host: &'a str,
+}
+
+/// The variables of rank `slot` of `step` on another node: the local engine's (the same contract,
+/// [`crate::env::worker_env`]) plus `MASTER_PORT` and the step marker (shared by the ssh and slurm engines).
+pub fn remote_rank_env<'a>(
     plan: &Plan,
-    step: &PlannedStep,
-    slot: &Slot,
+    step: &'a PlannedStep,
+    slot: &'a Slot,
     rendezvous: &RendezvousInfo,
     master_port: &str,
     marker: &str,
-) -> Vec<(String, String)> {
+) -> RemoteRankEnv<'a> {
     let mut vars = crate::env::worker_env(
         &step.env,
         slot,
@@ -129,7 +136,32 @@ pub(crate) fn remote_rank_env(
     );
     vars.push((crate::env_vars::MASTER_PORT.into(), master_port.to_owned()));
     vars.push((crate::env::STEP_MARKER_VAR.into(), marker.to_owned()));
-    vars
+    let rank0_host = step.layout.slots.first().unwrap_or(slot).host.as_str();
+    RemoteRankEnv { vars, rank0_host }
+}
+
+/// [`remote_rank_env`] for `hvd run --dry-run`, the rendezvous on `ip`: the ports and the run id, chosen when the
+/// step starts, are shown as `<port>`, `<master-port>` and `<run id>`.
+pub fn dry_run_rank_env<'a>(
+    plan: &Plan,
+    step: &'a PlannedStep,
+    slot: &'a Slot,
+    ip: IpAddr,
+) -> RemoteRankEnv<'a> {
+    let rendezvous = RendezvousInfo {
+        addr: SocketAddr::new(ip, 0),
+        token: String::new(),
+    };
+    let marker = format!("<run id>/{}", step.name);
+    let mut env = remote_rank_env(plan, step, slot, &rendezvous, "<master-port>", &marker);
+    for (k, v) in &mut env.vars {
+        match k.as_str() {
+            "HVD_RENDEZVOUS" => *v = format!("{ip}:<port>"),
+            "HOROVOD_GLOO_RENDEZVOUS_PORT" => *v = "<port>".into(),
+            _ => {}
+        }
+    }
+    env
 }
 
 /// Variables that name the network interface the workers use (hvd's collective, NCCL, gloo, Horovod).
@@ -240,7 +272,14 @@ impl SupervisedEngine for SshSetup {
         };
         let (plan, step, slot) = (rank.plan, rank.step, rank.slot);
         let port = rank.master_port.to_string();
-        let vars = self.rank_vars(plan, step, slot, rendezvous, &port, rank.marker);
+        let vars = self.rank_vars(remote_rank_env(
+            plan,
+            step,
+            slot,
+            rendezvous,
+            &port,
+            rank.marker,
+        ));
         let argv = self.rank_argv(plan, step, slot, &vars, rendezvous.addr.ip())?;
         let mut command = Command::new(&argv[0]);
         command.args(&argv[1..]);
@@ -484,24 +523,9 @@ impl SshSetup {
         argv
     }
 
-    /// The variables of rank `slot` of `step` on its host: the local engine's (the same contract,
-    /// [`crate::env::worker_env`]) plus `MASTER_PORT` and the step marker, through [`SshSetup::remote_vars`].
-    pub fn rank_vars(
-        &self,
-        plan: &Plan,
-        step: &PlannedStep,
-        slot: &Slot,
-        rendezvous: &RendezvousInfo,
-        master_port: &str,
-        marker: &str,
-    ) -> Vec<(String, String)> {
-        let vars = remote_rank_env(plan, step, slot, rendezvous, master_port, marker);
-        let rank0 = step
-            .layout
-            .slots
-            .first()
-            .map_or(slot.host.as_str(), |s| s.host.as_str());
-        self.remote_vars(&vars, rank0)
+    /// The variables of a rank on its host ([`remote_rank_env`]), through [`SshSetup::remote_vars`].
+    pub fn rank_vars(&self, env: RemoteRankEnv<'_>) -> Vec<(String, String)> {
+        self.remote_vars(&env.vars, env.rank0_host)
     }
 
     /// The ssh command line of rank `slot` of `step` with its variables `vars` ([`SshSetup::rank_vars`]);
@@ -575,19 +599,7 @@ impl SshSetup {
     /// The line `hvd run --dry-run` shows for rank `slot` of `step`: the ports and the run id, chosen when the step
     /// starts, are shown as `<port>`, `<master-port>` and `<run id>`.
     pub fn dry_run_line(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> String {
-        let rendezvous = RendezvousInfo {
-            addr: SocketAddr::new(self.bind_ip, 0),
-            token: String::new(),
-        };
-        let marker = format!("<run id>/{}", step.name);
-        let mut vars = self.rank_vars(plan, step, slot, &rendezvous, "<master-port>", &marker);
-        for (k, v) in &mut vars {
-            match k.as_str() {
-                "HVD_RENDEZVOUS" => *v = format!("{}:<port>", self.bind_ip),
-                "HOROVOD_GLOO_RENDEZVOUS_PORT" => *v = "<port>".into(),
-                _ => {}
-            }
-        }
+        let vars = self.rank_vars(dry_run_rank_env(plan, step, slot, self.bind_ip));
         // With caches, the host check (not run for a dry run) pulls the env with the host's `hvd`: the launcher's
         // path there, else `hvd` on its PATH.
         let hvd = self.pulling_hvd(&slot.host).or_else(|| {
