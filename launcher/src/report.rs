@@ -162,6 +162,23 @@ pub struct RunReport {
     pub preempted: std::collections::BTreeMap<String, Vec<u32>>,
 }
 
+impl RunReport {
+    /// The report of run `run_id` logging under `log_dir` before anything has happened: nothing ran, was skipped or
+    /// failed.
+    pub fn new(run_id: String, log_dir: PathBuf) -> Self {
+        RunReport {
+            run_id,
+            log_dir,
+            ran: Vec::new(),
+            skipped: Vec::new(),
+            failure: None,
+            detached: false,
+            restarts: std::collections::BTreeMap::new(),
+            preempted: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
 /// A sortable id for a run: UTC time and the launcher's pid.
 pub fn new_run_id() -> String {
     let secs = SystemTime::now()

@@ -233,16 +233,7 @@ pub fn execute(
         preempted: Mutex::new(BTreeMap::new()),
         resumed: Mutex::new(BTreeMap::new()),
     };
-    let mut report = RunReport {
-        run_id,
-        log_dir: log_dir.clone(),
-        ran: Vec::new(),
-        skipped: Vec::new(),
-        failure: None,
-        detached: false,
-        restarts: BTreeMap::new(),
-        preempted: BTreeMap::new(),
-    };
+    let mut report = RunReport::new(run_id, log_dir.clone());
     let mut outputs: BTreeMap<String, String> = BTreeMap::new();
     let mut pending: Vec<&PlannedStep> = plan.steps.iter().collect();
     let mut running = 0usize;

@@ -472,16 +472,7 @@ pub fn run(
     let manifest = serde_json::to_vec_pretty(&job.apply_manifest())
         .map_err(|_| LaunchError::Internal("the JobSet does not serialize"))?;
     kubectl(&job.apply_argv(), Some(&manifest))?;
-    let mut report = RunReport {
-        run_id: crate::report::new_run_id(),
-        log_dir: log_dir.to_path_buf(),
-        ran: Vec::new(),
-        skipped: Vec::new(),
-        failure: None,
-        detached: false,
-        restarts: BTreeMap::new(),
-        preempted: BTreeMap::new(),
-    };
+    let mut report = RunReport::new(crate::report::new_run_id(), log_dir.to_path_buf());
     let mut followers: BTreeMap<String, Follower> = BTreeMap::new();
     let mut seen: BTreeMap<String, Pod> = BTreeMap::new();
     // The waiting reason last shown for each pod.

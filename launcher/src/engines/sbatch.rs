@@ -151,14 +151,10 @@ impl WholeRunEngine for Sbatch {
             output_dir: slurm::output_dir(&self.plan),
         });
         Ok(RunReport {
-            run_id: String::new(),
-            log_dir: slurm::output_dir(&self.plan),
             ran: submission.jobs.iter().map(|j| j.step.clone()).collect(),
             skipped: submission.skipped.clone(),
-            failure: None,
             detached: true,
-            restarts: BTreeMap::new(),
-            preempted: BTreeMap::new(),
+            ..RunReport::new(String::new(), slurm::output_dir(&self.plan))
         })
     }
 }
@@ -621,6 +617,8 @@ struct Tail {
     stream: Stream,
     /// The path was not a regular file (a link, a FIFO): it is not opened.
     refused: bool,
+    /// An open failed for a reason that may pass (and was said): it is tried again at each poll.
+    retrying: bool,
 }
 
 impl Tail {
@@ -631,25 +629,36 @@ impl Tail {
             splitter: LineSplitter::default(),
             stream,
             refused: false,
+            retrying: false,
         }
     }
 
     /// Emits every complete line written since the last call (`last`: the file is complete, emit the rest too).
-    /// The file is opened as [`crate::untrusted::open_growing`] does (a link, a FIFO or anything but a regular
-    /// file is refused, once: the problem is returned, and the file is not tried again).
+    /// The file is opened as [`crate::untrusted::open_growing`] does. A link, a FIFO or anything but a regular file
+    /// is refused for good ([`crate::untrusted::not_a_file_for_good`]); any other failed open (out of descriptors, a
+    /// network file system's hiccup) is tried again at the next call. Either is returned once, as a note.
     fn read(&mut self, last: bool, emit: &mut impl FnMut(Stream, &[u8])) -> Option<String> {
-        let mut refused = None;
+        let mut note = None;
         if self.file.is_none() && !self.refused {
             match crate::untrusted::open_growing(&self.path) {
                 Ok(file) => self.file = Some(fs_err::File::from_parts(file, &self.path)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
+                Err(e) if crate::untrusted::not_a_file_for_good(&e) => {
                     self.refused = true;
-                    refused = Some(format!(
+                    note = Some(format!(
                         "not following `{}` ({e}): the job's output file is not a regular file of its own; \
                          its lines are not shown",
                         self.path.display()
                     ));
+                }
+                Err(e) => {
+                    if !self.retrying {
+                        note = Some(format!(
+                            "cannot open the job's output file `{}` ({e}); trying again at each poll",
+                            self.path.display()
+                        ));
+                    }
+                    self.retrying = true;
                 }
             }
         }
@@ -669,7 +678,7 @@ impl Tail {
         if last {
             self.splitter.finish(&mut lines);
         }
-        refused
+        note
     }
 }
 
@@ -800,14 +809,8 @@ pub fn follow(
         events.event(Event::StepSkipped { step: step.clone() });
     }
     let mut report = RunReport {
-        run_id,
-        log_dir: run_dir.clone(),
-        ran: Vec::new(),
         skipped: submission.skipped.clone(),
-        failure: None,
-        detached: false,
-        restarts: BTreeMap::new(),
-        preempted: BTreeMap::new(),
+        ..RunReport::new(run_id, run_dir.clone())
     };
     let mut outputs = submission.skipped_outputs.clone();
     let mut cancelled = false;
@@ -1104,5 +1107,31 @@ mod tests {
         std::fs::write(&out, "one\ntwo\n").unwrap();
         assert_eq!(tail.read(true, &mut |_, l| lines.push(l.to_vec())), None);
         assert_eq!(lines, vec![b"one".to_vec(), b"two".to_vec()]);
+    }
+
+    /// An open that fails for a reason that may pass (here `ENOTDIR`, standing in for running out of descriptors or
+    /// a network file system's stale handle) is said once, with its error, and tried again: once the path opens, the
+    /// job's lines are shown.
+    #[test]
+    fn an_output_file_that_fails_to_open_is_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = dir.path().join("d");
+        std::fs::write(&parent, "").unwrap();
+        let path = parent.join("t-a-1.out");
+        let mut tail = Tail::new(path.clone(), Stream::Stdout);
+        let mut lines = Vec::new();
+        let note = tail.read(false, &mut |_, l| lines.push(l.to_vec()));
+        let note = note.expect("the failed open is said");
+        assert!(
+            note.contains(&path.display().to_string())
+                && note.contains(&std::io::Error::from_raw_os_error(libc::ENOTDIR).to_string()),
+            "{note}"
+        );
+        assert_eq!(tail.read(false, &mut |_, l| lines.push(l.to_vec())), None);
+        std::fs::remove_file(&parent).unwrap();
+        std::fs::create_dir(&parent).unwrap();
+        std::fs::write(&path, "line\n").unwrap();
+        assert_eq!(tail.read(true, &mut |_, l| lines.push(l.to_vec())), None);
+        assert_eq!(lines, vec![b"line".to_vec()]);
     }
 }
