@@ -637,38 +637,76 @@ fn job_id(raw: &str) -> String {
         .collect()
 }
 
-/// Refuses a rendezvous directory another user could write into (or that is not the user's own).
-fn check_private_dir(dir: &Path) -> Result<()> {
-    let m = std::fs::metadata(dir).map_err(|e| {
-        Error::io(
-            format!("read the rendezvous directory `{}`", dir.display()),
-            e,
-        )
-    })?;
+/// How [`check_private_dir`] names a directory and what it tells the user.
+#[derive(Debug, Clone, Copy)]
+pub struct PrivateDir<'a> {
+    /// Said before the directory's path (e.g. `the rendezvous directory `), or empty.
+    pub name: &'a str,
+    /// What another user could plant in it.
+    pub plant: &'a str,
+    /// What to do when the directory is another user's.
+    pub not_yours: &'a str,
+    /// Said after "run `chmod go-w DIR`" when it is writable by others (e.g. ` or use ...`), or empty.
+    pub or_else: &'a str,
+}
+
+/// Why [`check_private_dir`] refused a directory.
+#[derive(Debug)]
+pub enum NotPrivate {
+    /// Its metadata could not be read.
+    Unreadable(std::io::Error),
+    /// It is another user's, or writable by its group or others: the message says which and what to do.
+    Refused(String),
+}
+
+/// Refuses a directory hvd keeps what others must not plant in unless it is this user's and not writable by group
+/// or others (the file rendezvous's directories; the launcher's private directories, `hvd_launcher::untrusted`).
+pub fn check_private_dir(dir: &Path, says: PrivateDir<'_>) -> std::result::Result<(), NotPrivate> {
+    let PrivateDir {
+        name,
+        plant,
+        not_yours,
+        or_else,
+    } = says;
+    let m = std::fs::metadata(dir).map_err(NotPrivate::Unreadable)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
+    let d = dir.display();
     if m.uid() != me {
-        return Err(Error::Bootstrap(format!(
-            "the rendezvous directory `{}` belongs to uid {}, not to this user (uid {me}): its owner could plant the \
-             job's key or a rank's address; use a directory of your own (e.g. from `mktemp -d`)",
-            dir.display(),
+        return Err(NotPrivate::Refused(format!(
+            "{name}`{d}` belongs to uid {}, not to this user (uid {me}): its owner could plant {plant}; {not_yours}",
             m.uid()
         )));
     }
     let mode = m.permissions().mode();
     if mode & 0o022 != 0 {
-        return Err(Error::Bootstrap(format!(
-            "the rendezvous directory `{}` is writable by its group or others (mode {:o}): another user could plant \
-             the job's key or a rank's address; run `chmod go-w {}` or use a directory from `mktemp -d`",
-            dir.display(),
-            mode & 0o7777,
-            dir.display()
+        return Err(NotPrivate::Refused(format!(
+            "{name}`{d}` is writable by its group or others (mode {:o}): another user could plant {plant}; run \
+             `chmod go-w {d}`{or_else}",
+            mode & 0o7777
         )));
     }
     Ok(())
 }
 
-/// `DIR/hvd` of a `file:` rendezvous, created 0700 when missing; DIR and it checked with [`check_private_dir`].
+/// Refuses a rendezvous directory another user could write into (or that is not the user's own).
+fn check_rendezvous_dir(dir: &Path) -> Result<()> {
+    let says = PrivateDir {
+        name: "the rendezvous directory ",
+        plant: "the job's key or a rank's address",
+        not_yours: "use a directory of your own (e.g. from `mktemp -d`)",
+        or_else: " or use a directory from `mktemp -d`",
+    };
+    check_private_dir(dir, says).map_err(|e| match e {
+        NotPrivate::Unreadable(e) => Error::io(
+            format!("read the rendezvous directory `{}`", dir.display()),
+            e,
+        ),
+        NotPrivate::Refused(message) => Error::Bootstrap(message),
+    })
+}
+
+/// `DIR/hvd` of a `file:` rendezvous, created 0700 when missing; DIR and it checked with [`check_rendezvous_dir`].
 fn private_scope(dir: &Path) -> Result<PathBuf> {
     // A missing DIR is created (0700 like every directory created on the way).
     if let Err(e) = std::fs::DirBuilder::new()
@@ -678,14 +716,14 @@ fn private_scope(dir: &Path) -> Result<PathBuf> {
     {
         return Err(Error::io(format!("create `{}`", dir.display()), e));
     }
-    check_private_dir(dir)?;
+    check_rendezvous_dir(dir)?;
     let scope = dir.join(SCOPE);
     match std::fs::DirBuilder::new().mode(0o700).create(&scope) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::io(format!("create `{}`", scope.display()), e)),
     }
-    check_private_dir(&scope)?;
+    check_rendezvous_dir(&scope)?;
     Ok(scope)
 }
 

@@ -62,29 +62,17 @@ pub fn open_growing(path: &Path) -> std::io::Result<std::fs::File> {
 /// Refuses a directory hvd keeps what others must not plant in (`what` says what it holds) unless it is this
 /// user's and not writable by group or others (the same rule as the collective's file rendezvous directory).
 pub fn check_private_dir(dir: &Path, what: &str) -> Result<(), String> {
-    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    let m = std::fs::metadata(dir).map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if m.uid() != me {
-        return Err(format!(
-            "`{}` belongs to uid {}, not to this user (uid {me}): its owner could plant {what}; remove it (or the \
-             project's `.hvd`) so that hvd creates it as yours",
-            dir.display(),
-            m.uid()
-        ));
-    }
-    let mode = m.permissions().mode();
-    if mode & 0o022 != 0 {
-        return Err(format!(
-            "`{}` is writable by its group or others (mode {:o}): another user could plant {what}; run `chmod go-w \
-             {}`",
-            dir.display(),
-            mode & 0o7777,
-            dir.display()
-        ));
-    }
-    Ok(())
+    use hvd_collective::rendezvous::{NotPrivate, PrivateDir};
+    let says = PrivateDir {
+        name: "",
+        plant: what,
+        not_yours: "remove it (or the project's `.hvd`) so that hvd creates it as yours",
+        or_else: "",
+    };
+    hvd_collective::rendezvous::check_private_dir(dir, says).map_err(|e| match e {
+        NotPrivate::Unreadable(e) => format!("cannot read `{}`: {e}", dir.display()),
+        NotPrivate::Refused(message) => message,
+    })
 }
 
 #[cfg(test)]
