@@ -286,21 +286,19 @@ fn every_host_blacklisted(
     ))
 }
 
-/// Ends an attempt below its minimum for `reason`: a restart when `restartable`, else the step fails with the last
-/// lost worker's exit code.
+/// Ends an attempt below its minimum for `reason`: a restart when `restartable` (returns true), else the step fails
+/// with the last lost worker's exit code.
 fn below_minimum_for_good(
     job: &Job<'_>,
     attempt: (&PlannedStep, &Path, bool),
     below: &Below,
     (left, min): (u32, u32),
     reason: String,
-    restart: &mut bool,
-) {
+) -> bool {
     let (step, log_dir, restartable) = attempt;
     if restartable {
-        *restart = true;
         job.events.event(Event::Stopping { reason });
-        return;
+        return true;
     }
     job.fail(
         Instant::now(),
@@ -319,6 +317,7 @@ fn below_minimum_for_good(
         },
         reason,
     );
+    false
 }
 
 /// How long a worker asked to hand over may take before the ssh engine's wrapper kills it: its
@@ -363,6 +362,7 @@ pub(super) fn supervise(
         restartable,
         elastic,
     } = attempt;
+    let this_attempt = (step, log_dir, restartable);
     // An elastic step's workers lost so far (failed, or left out of a round: counted when left out), by slot, and
     // those being stopped because a round formed without them.
     let mut lost = std::collections::BTreeSet::new();
@@ -541,13 +541,12 @@ pub(super) fn supervise(
                                 step.name,
                                 job.options.grace.as_secs_f64()
                             );
-                            below_minimum_for_good(
+                            restart |= below_minimum_for_good(
                                 job,
-                                (step, log_dir, restartable),
+                                this_attempt,
                                 &last,
                                 (left, min),
                                 reason,
-                                &mut restart,
                             );
                             continue;
                         }
@@ -828,14 +827,7 @@ pub(super) fn supervise(
                     .then(|| below_minimum_reason(job, step, b, alive, min))
             }) {
                 all_ok = false;
-                below_minimum_for_good(
-                    job,
-                    (step, log_dir, restartable),
-                    b,
-                    (alive, min),
-                    reason,
-                    &mut restart,
-                );
+                restart |= below_minimum_for_good(job, this_attempt, b, (alive, min), reason);
                 below = None;
             }
         }
@@ -937,14 +929,7 @@ pub(super) fn supervise(
              ({})",
             step.name, b.rank, b.exit
         );
-        below_minimum_for_good(
-            job,
-            (step, log_dir, restartable),
-            b,
-            (alive, min),
-            reason,
-            &mut restart,
-        );
+        restart |= below_minimum_for_good(job, this_attempt, b, (alive, min), reason);
     }
     match (all_ok, restart && !job.stopping()) {
         (true, _) => Outcome::Succeeded,
