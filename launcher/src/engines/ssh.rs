@@ -280,7 +280,15 @@ impl SupervisedEngine for SshSetup {
             &port,
             rank.marker,
         ));
-        let argv = self.rank_argv(plan, step, slot, &vars, rendezvous.addr.ip())?;
+        let hvd = self.pulling_hvd(&slot.host);
+        let argv = self.rank_argv(
+            plan,
+            step,
+            slot,
+            &vars,
+            rendezvous.addr.ip(),
+            hvd.as_deref(),
+        )?;
         let mut command = Command::new(&argv[0]);
         command.args(&argv[1..]);
         Ok(RankCommand {
@@ -528,20 +536,6 @@ impl SshSetup {
         self.remote_vars(&env.vars, env.rank0_host)
     }
 
-    /// The ssh command line of rank `slot` of `step` with its variables `vars` ([`SshSetup::rank_vars`]);
-    /// `rendezvous` is the address the wrapper finds the interface for.
-    pub fn rank_argv(
-        &self,
-        plan: &Plan,
-        step: &PlannedStep,
-        slot: &Slot,
-        vars: &[(String, String)],
-        rendezvous: IpAddr,
-    ) -> Result<Vec<String>, LaunchError> {
-        let hvd = self.pulling_hvd(&slot.host);
-        self.rank_argv_via(plan, step, slot, vars, rendezvous, hvd.as_deref())
-    }
-
     /// The `hvd` whose `worker-env --pull` starts the ranks on `host` (see [`SshSetup::pulling_hvds`]).
     fn pulling_hvd(&self, host: &str) -> Option<String> {
         self.pulling_hvds
@@ -551,8 +545,10 @@ impl SshSetup {
             .cloned()
     }
 
-    /// [`SshSetup::rank_argv`] with the host's `hvd` that pulls (`None`: the rank starts without a pull).
-    fn rank_argv_via(
+    /// The ssh command line of rank `slot` of `step` with its variables `vars` ([`SshSetup::rank_vars`]), started
+    /// with `hvd`, the host's `hvd` that pulls ([`SshSetup::pulling_hvd`]; `None`: the rank starts without a pull);
+    /// `rendezvous` is the address the wrapper finds the interface for.
+    pub fn rank_argv(
         &self,
         plan: &Plan,
         step: &PlannedStep,
@@ -609,7 +605,7 @@ impl SshSetup {
                     .map_or("hvd".into(), |p| p.display().to_string())
             })
         });
-        match self.rank_argv_via(plan, step, slot, &vars, self.bind_ip, hvd.as_deref()) {
+        match self.rank_argv(plan, step, slot, &vars, self.bind_ip, hvd.as_deref()) {
             Ok(argv) => shell::line(&argv),
             Err(e) => format!("(cannot run: {e})"),
         }
