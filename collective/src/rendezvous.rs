@@ -453,10 +453,16 @@ impl KeyValueClient {
         body: &[u8],
         read_timeout: Duration,
     ) -> Result<HttpResponse> {
+        let request = Request {
+            method,
+            path,
+            body,
+            read_timeout,
+        };
         let deadline = crate::time::saturating_add(Instant::now(), self.retry_for);
         let mut backoff = Backoff::new();
         loop {
-            let outcome = self.http_once(method, path, body, read_timeout);
+            let outcome = self.http_once(request);
             let retryable = match &outcome {
                 Ok(r) => r.status == 503,
                 Err(_) => true,
@@ -489,13 +495,7 @@ impl KeyValueClient {
     }
 
     /// One HTTP/1.1 request on a fresh connection (`Connection: close`).
-    fn http_once(
-        &self,
-        method: &str,
-        path: &str,
-        body: &[u8],
-        read_timeout: Duration,
-    ) -> Result<HttpResponse> {
+    fn http_once(&self, request: Request<'_>) -> Result<HttpResponse> {
         let Rendezvous::Http { address, token } = &self.rendezvous else {
             return Err(Error::Bootstrap("not an HTTP rendezvous".into()));
         };
@@ -505,13 +505,15 @@ impl KeyValueClient {
         };
         let stream = connect_any(address).map_err(|e| err(format!("connect: {e}")))?;
         stream
-            .set_read_timeout(Some(read_timeout))
+            .set_read_timeout(Some(request.read_timeout))
             .map_err(|e| err(format!("configure socket: {e}")))?;
         stream
             .set_write_timeout(Some(Duration::from_secs(30)))
             .map_err(|e| err(format!("configure socket: {e}")))?;
         let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nX-Hvd-Rank: {}\r\nX-Hvd-Join: {}\r\n",
+            "{} {} HTTP/1.1\r\nHost: {address}\r\nX-Hvd-Rank: {}\r\nX-Hvd-Join: {}\r\n",
+            request.method,
+            request.path,
             self.rank,
             join_identity()
         );
@@ -520,12 +522,12 @@ impl KeyValueClient {
         }
         head.push_str(&format!(
             "Content-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
+            request.body.len()
         ));
         let mut s = &stream;
         let sent = s
             .write_all(head.as_bytes())
-            .and_then(|()| s.write_all(body));
+            .and_then(|()| s.write_all(request.body));
         let mut raw = Vec::new();
         let read = s.read_to_end(&mut raw);
         // A server may answer before it has read everything (a 503 when full, a 403) and close: its answer, when it
@@ -535,8 +537,20 @@ impl KeyValueClient {
         }
         sent.map_err(|e| err(format!("send: {e}")))?;
         read.map_err(|e| err(format!("read the answer: {e}")))?;
-        Err(err(format!("malformed answer to {method} {path}")))
+        Err(err(format!(
+            "malformed answer to {} {}",
+            request.method, request.path
+        )))
     }
+}
+
+/// One request of [`KeyValueClient::http`]: each try sends it again.
+#[derive(Debug, Clone, Copy)]
+struct Request<'a> {
+    method: &'a str,
+    path: &'a str,
+    body: &'a [u8],
+    read_timeout: Duration,
 }
 
 /// Exponential backoff with jitter: pauses of 10 ms, 20 ms, ... up to 1 s, each drawn from the upper half of its step
