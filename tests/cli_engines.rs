@@ -1281,32 +1281,37 @@ fn an_earlier_jobs_output_files_with_a_new_jobs_id_are_moved_aside_unread() {
     assert_eq!(left, ["kept"], "a link's target is not removed");
 }
 
-/// The jobs' output directory holds their output and their file rendezvous (keys): one that another user could
-/// write into is refused before anything is submitted, naming it and what to do; a new one is created 0700.
+/// The jobs' output directory holds their output and their file rendezvous (keys): the user's own left writable by
+/// others is made 0700 and used; another user's (here uid 65534, as an NFS export's root_squash maps root) is
+/// refused before anything is submitted, naming its owner and what to do; a new one is created 0700.
 #[test]
-fn a_shared_slurm_output_directory_is_refused() {
+fn the_slurm_output_directory_is_made_private_or_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
     let Some(slurm) = Slurm::start() else {
         return;
     };
     let dir = project("step a {\n  run = \"echo a-ran\"\n}");
     let out_dir = dir.path().join(".hvd/slurm");
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
     std::fs::create_dir_all(&out_dir).unwrap();
-    std::fs::set_permissions(
-        &out_dir,
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = slurm.submit(dir.path(), &[]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert_eq!(mode(&out_dir), 0o700);
+    std::fs::remove_dir_all(&out_dir).unwrap();
+    std::fs::create_dir(&out_dir).unwrap();
+    // Slurm's tests run as root: the directory can be given to another user.
+    std::os::unix::fs::chown(&out_dir, Some(65534), None).unwrap();
     let out = slurm.submit(dir.path(), &[]);
     let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "{stdout}\n{stderr}");
     let said = common::unwrapped(&stderr);
     assert!(
         said.contains(&common::unwrapped(&format!(
-            "`{}` is writable by its group or others (mode 777): another user could plant the jobs' output files or \
-             their rendezvous keys; run `chmod go-w {}`",
+            "`{}` belongs to uid 65534, not to this user (uid 0): its owner could plant the jobs' output files or \
+             their rendezvous keys; remove it",
             out_dir.display(),
-            out_dir.display()
-        ))),
+        ))) && said.contains("root_squash"),
         "{stderr}"
     );
     assert!(
@@ -1316,10 +1321,7 @@ fn a_shared_slurm_output_directory_is_refused() {
     std::fs::remove_dir(&out_dir).unwrap();
     let out = slurm.submit(dir.path(), &[]);
     assert!(out.status.success(), "{}", text(&out).1);
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&out_dir).unwrap().permissions(),
-    );
-    assert_eq!(mode & 0o777, 0o700);
+    assert_eq!(mode(&out_dir), 0o700);
 }
 
 #[test]

@@ -275,7 +275,10 @@ pub fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) -> bo
     let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid pollfd on the stack, count 1.
     let n = unsafe { libc::poll(&mut pollfd, 1, ms) };
-    n != 0
+    // `n` is -1 when poll itself failed (`EINTR`: a signal came first; `ENOMEM`): nothing says a read will not block,
+    // so the fd counts as not ready and the caller polls again (a blocking read here could hang on a pipe an escaped
+    // grandchild holds open).
+    n > 0
 }
 
 /// Whether any process of group `pgid` is still alive.
@@ -1086,5 +1089,25 @@ mod stale_group_tests {
             live_kept,
             "a group its launcher holds was killed (its name's pid is unknown here)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd as _;
+    use std::time::Duration;
+
+    /// An empty pipe is not ready; one with bytes is, and so is one whose writer is gone (a read sees the end).
+    #[test]
+    fn wait_readable_says_ready_only_when_a_read_will_not_block() {
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let fd = reader.as_raw_fd();
+        assert!(!super::wait_readable(fd, Duration::ZERO));
+        writer.write_all(b"x").unwrap();
+        assert!(super::wait_readable(fd, Duration::ZERO));
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(writer);
+        assert!(super::wait_readable(reader.as_raw_fd(), Duration::ZERO));
     }
 }

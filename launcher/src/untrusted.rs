@@ -59,6 +59,15 @@ pub fn open_growing(path: &Path) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
+/// Whether an [`open_growing`] error says the path is not a regular file of its own, for good: a link (`ELOOP`), a
+/// socket or a device without its driver (`ENXIO`), or anything else but a regular file (`InvalidData`). Any other
+/// error (`EMFILE`, `ENFILE`, `EACCES`, `ESTALE`, `EIO`, ...) may pass (a descriptor shortage, a network file
+/// system's hiccup): the caller tries again later.
+pub fn not_a_file_for_good(err: &std::io::Error) -> bool {
+    err.kind() == std::io::ErrorKind::InvalidData
+        || matches!(err.raw_os_error(), Some(libc::ELOOP | libc::ENXIO))
+}
+
 /// Refuses a directory hvd keeps what others must not plant in (`what` says what it holds) unless it is this
 /// user's and not writable by group or others (the same rule as the collective's file rendezvous directory).
 pub fn check_private_dir(dir: &Path, what: &str) -> Result<(), String> {
@@ -115,5 +124,42 @@ mod tests {
         ));
         let missing = read_small(&dir.path().join("missing"), 4, true).unwrap_err();
         assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    /// A link or anything but a regular file is refused for good; an error that may pass (out of descriptors, a
+    /// network file system's stale handle or I/O error, a denied open) is not.
+    #[test]
+    fn only_a_link_or_not_a_file_is_refused_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "x").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        for refused in [&link, &fifo, &dir.path().to_path_buf()] {
+            let err = open_growing(refused).unwrap_err();
+            assert!(not_a_file_for_good(&err), "{}: {err}", refused.display());
+        }
+        // An open that fails for another reason (here `ENOTDIR`: a file where a directory is expected).
+        let err = open_growing(&target.join("x")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR), "{err}");
+        assert!(!not_a_file_for_good(&err));
+        for errno in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::EACCES,
+            libc::ESTALE,
+            libc::EIO,
+            libc::EAGAIN,
+        ] {
+            let err = std::io::Error::from_raw_os_error(errno);
+            assert!(!not_a_file_for_good(&err), "{err}");
+        }
+        assert!(open_growing(&target).is_ok());
     }
 }

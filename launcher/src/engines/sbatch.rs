@@ -8,7 +8,7 @@
 //! from srun's message (`task R: Exited with exit code N`): srun itself exits 143 when it ended the other tasks.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -17,9 +17,12 @@ use std::time::{Duration, Instant};
 use crate::engine::{Engine, Local, Plan, WholeRunEngine};
 use crate::engines::slurm::{self, BatchStep};
 use crate::options::RunOptions;
-use crate::report::{Cause, Event, EventSink, FailureSummary, LineSplitter, RunReport, Stream};
+use crate::report::{Cause, Event, EventSink, FailureSummary, RunReport, Stream};
 use crate::report::{STDERR_TAIL_LINES, TIMEOUT_EXIT_CODE, WorkerExit};
 use crate::{Interrupts, LaunchError, state};
+
+mod tail;
+use tail::Tail;
 
 /// How often job states and output files are looked at.
 const POLL: Duration = Duration::from_millis(250);
@@ -298,18 +301,7 @@ pub fn submit(
         let result = result.and_then(|id| {
             let released = make_way(plan, &step.name, &id).and_then(|moved| match release(&id) {
                 Ok(()) => Ok(moved),
-                // The files already moved aside stay where they went: say where.
-                Err(LaunchError::Engine(msg)) if !moved.is_empty() => {
-                    let went: Vec<String> = moved
-                        .iter()
-                        .map(|(file, to)| format!("{} to {}", file.display(), to.display()))
-                        .collect();
-                    Err(LaunchError::Engine(format!(
-                        "{msg}; an earlier job's output files were moved aside first: {}",
-                        went.join(", ")
-                    )))
-                }
-                Err(e) => Err(e),
+                Err(e) => Err(with_moved(e, &moved)),
             });
             match released {
                 Ok(moved) => {
@@ -345,8 +337,8 @@ pub fn submit(
     Ok(submission)
 }
 
-/// Creates the jobs' output directory (`.hvd/slurm`, mode 0700) and refuses it unless it is the user's and
-/// writable by nobody else: the jobs' output files and file rendezvous (keys) are there.
+/// Creates the jobs' output directory (`.hvd/slurm`, mode 0700) and makes it private ([`make_private`]): the jobs'
+/// output files and file rendezvous (keys) are there.
 fn private_output_dir(plan: &Plan) -> Result<(), LaunchError> {
     use std::os::unix::fs::DirBuilderExt as _;
     let dir = slurm::output_dir(plan);
@@ -355,13 +347,52 @@ fn private_output_dir(plan: &Plan) -> Result<(), LaunchError> {
         path: parent.to_owned(),
         source,
     })?;
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+    let created = match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
         Err(source) => return Err(LaunchError::Io { path: dir, source }),
+    };
+    make_private(&dir, created)
+}
+
+/// `dir` (hvd's own `.hvd/slurm`; `created`: this run just created it) when it is the user's: writable by group or
+/// others, it is set to 0700. Another user's is refused, naming the owner and what to do: one hvd just created that
+/// belongs to another user means its file system maps this user to another (an NFS export's root_squash).
+fn make_private(dir: &std::path::Path, created: bool) -> Result<(), LaunchError> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let what = "the jobs' output files or their rendezvous keys";
+    let refused =
+        |e: String| LaunchError::Engine(format!("the slurm engine's output directory: {e}"));
+    let m = std::fs::metadata(dir).map_err(|source| LaunchError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        let todo = if created {
+            "hvd has just created it, so its file system gives this user's new files to another user (an NFS \
+             export with root_squash maps root to nobody): keep the project on a local file system"
+        } else {
+            "remove it (or the project's `.hvd`) so that hvd creates it as yours; if it then belongs to another \
+             user again, its file system maps this user to another (an NFS export with root_squash maps root to \
+             nobody): keep the project on a local file system"
+        };
+        return Err(refused(format!(
+            "`{}` belongs to uid {}, not to this user (uid {me}): its owner could plant {what}; {todo}",
+            dir.display(),
+            m.uid()
+        )));
     }
-    crate::untrusted::check_private_dir(&dir, "the jobs' output files or their rendezvous keys")
-        .map_err(|e| LaunchError::Engine(format!("the slurm engine's output directory: {e}")))
+    if m.mode() & 0o022 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
+            |source| LaunchError::Io {
+                path: dir.to_owned(),
+                source,
+            },
+        )?;
+    }
+    crate::untrusted::check_private_dir(dir, what).map_err(refused)
 }
 
 /// The output file (`ext`: `out`, `err`) of job `id` of `step`, as its script names it (`--output`/`--error`).
@@ -373,9 +404,52 @@ pub fn output_file(plan: &Plan, step: &str, id: &str, ext: &str) -> PathBuf {
 /// Moves the output files an earlier job with the id `id` left (a Slurm that numbers its jobs from 1 again: a new
 /// cluster, or its state cleared) to `NAME.stale-<run id>`, before the held job `id` can start, so that following it
 /// never reads the earlier job's lines; returns what it moved where. The job's file rendezvous directory
-/// (`rdv-<id>`), if an earlier job left one, is removed: it holds an earlier job's keys.
+/// (`rdv-<id>`), if an earlier job left one, is removed: it holds an earlier job's keys. An error after a file was
+/// moved says where it went ([`with_moved`]).
 fn make_way(plan: &Plan, step: &str, id: &str) -> Result<Vec<(PathBuf, PathBuf)>, LaunchError> {
     let mut moved = Vec::new();
+    match clear_way(plan, step, id, &mut moved) {
+        Ok(()) => Ok(moved),
+        Err(e) => Err(with_moved(e, &moved)),
+    }
+}
+
+/// `e`, and where the files already moved aside went (they stay there), when any were; the error's causes are kept
+/// in the message.
+fn with_moved(e: LaunchError, moved: &[(PathBuf, PathBuf)]) -> LaunchError {
+    if moved.is_empty() {
+        return e;
+    }
+    let mut text = match e {
+        LaunchError::Engine(msg) => msg,
+        other => {
+            let mut text = other.to_string();
+            let mut cause = std::error::Error::source(&other);
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            text
+        }
+    };
+    let went: Vec<String> = moved
+        .iter()
+        .map(|(file, to)| format!("{} to {}", file.display(), to.display()))
+        .collect();
+    text.push_str(&format!(
+        "; an earlier job's output files were moved aside first: {}",
+        went.join(", ")
+    ));
+    LaunchError::Engine(text)
+}
+
+/// [`make_way`]'s work; `moved` gets each file as it is moved.
+fn clear_way(
+    plan: &Plan,
+    step: &str,
+    id: &str,
+    moved: &mut Vec<(PathBuf, PathBuf)>,
+) -> Result<(), LaunchError> {
     let stale = crate::report::new_run_id();
     for ext in ["out", "err"] {
         let file = output_file(plan, step, id, ext);
@@ -401,8 +475,7 @@ fn make_way(plan: &Plan, step: &str, id: &str) -> Result<Vec<(PathBuf, PathBuf)>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     };
-    removed.map_err(|source| LaunchError::Io { path: rdv, source })?;
-    Ok(moved)
+    removed.map_err(|source| LaunchError::Io { path: rdv, source })
 }
 
 /// Releases held job `id` (`scontrol release`).
@@ -606,79 +679,6 @@ fn hostnames(node_list: &str) -> Vec<String> {
             .map(str::to_owned)
             .collect(),
         _ => vec![node_list.to_owned()],
-    }
-}
-
-/// One output file of a job, read as it grows.
-struct Tail {
-    path: PathBuf,
-    file: Option<fs_err::File>,
-    splitter: LineSplitter,
-    stream: Stream,
-    /// The path was not a regular file (a link, a FIFO): it is not opened.
-    refused: bool,
-    /// An open failed for a reason that may pass (and was said): it is tried again at each poll.
-    retrying: bool,
-}
-
-impl Tail {
-    fn new(path: PathBuf, stream: Stream) -> Self {
-        Tail {
-            path,
-            file: None,
-            splitter: LineSplitter::default(),
-            stream,
-            refused: false,
-            retrying: false,
-        }
-    }
-
-    /// Emits every complete line written since the last call (`last`: the file is complete, emit the rest too).
-    /// The file is opened as [`crate::untrusted::open_growing`] does. A link, a FIFO or anything but a regular file
-    /// is refused for good ([`crate::untrusted::not_a_file_for_good`]); any other failed open (out of descriptors, a
-    /// network file system's hiccup) is tried again at the next call. Either is returned once, as a note.
-    fn read(&mut self, last: bool, emit: &mut impl FnMut(Stream, &[u8])) -> Option<String> {
-        let mut note = None;
-        if self.file.is_none() && !self.refused {
-            match crate::untrusted::open_growing(&self.path) {
-                Ok(file) => self.file = Some(fs_err::File::from_parts(file, &self.path)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) if crate::untrusted::not_a_file_for_good(&e) => {
-                    self.refused = true;
-                    note = Some(format!(
-                        "not following `{}` ({e}): the job's output file is not a regular file of its own; \
-                         its lines are not shown",
-                        self.path.display()
-                    ));
-                }
-                Err(e) => {
-                    if !self.retrying {
-                        note = Some(format!(
-                            "cannot open the job's output file `{}` ({e}); trying again at each poll",
-                            self.path.display()
-                        ));
-                    }
-                    self.retrying = true;
-                }
-            }
-        }
-        let stream = self.stream;
-        let mut lines = |line: &[u8]| emit(stream, line);
-        if let Some(file) = &mut self.file {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match file.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => self.splitter.push(&buf[..n], &mut lines),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-        }
-        if last {
-            self.splitter.finish(&mut lines);
-        }
-        note
     }
 }
 
@@ -1074,64 +1074,67 @@ mod tests {
         assert_eq!(parse_job_id(""), None);
     }
 
-    /// Someone who can write where the jobs' output goes plants a FIFO or a link as a job's output file: following
-    /// it neither blocks (a FIFO's open waits for a writer) nor reads the link's target; each is said once.
+    /// The user's own output directory left writable by others is made 0700; another user's is refused, naming its
+    /// owner, and one hvd just created (a file system that maps root to another user) says so.
     #[test]
-    fn a_planted_fifo_or_link_is_not_followed() {
+    fn the_output_directory_is_made_private_or_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("secret");
-        std::fs::write(&target, "secret line\n").unwrap();
-        let link = dir.path().join("t-a-1.out");
-        std::os::unix::fs::symlink(&target, &link).unwrap();
-        let fifo = dir.path().join("t-a-1.err");
-        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
-        assert!(made.success());
-        for path in [link, fifo] {
-            let mut tail = Tail::new(path.clone(), Stream::Stdout);
-            let mut lines = Vec::new();
-            let refused = tail.read(false, &mut |_, line| lines.push(line.to_vec()));
-            let refused = refused.expect("the planted file is refused");
-            assert!(refused.contains(&path.display().to_string()), "{refused}");
-            assert_eq!(
-                tail.read(true, &mut |_, line| lines.push(line.to_vec())),
-                None
+        let out = dir.path().join("slurm");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+        make_private(&out, false).unwrap();
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o700);
+        // Another user's: as root, one given to uid 65534 (nobody, as root_squash maps root); else `/`, root's.
+        // SAFETY: geteuid has no preconditions.
+        let theirs = if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&out, Some(65534), None).unwrap();
+            std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+            out.clone()
+        } else {
+            PathBuf::from("/")
+        };
+        let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&theirs).unwrap());
+        for created in [false, true] {
+            let err = make_private(&theirs, created).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("`{}` belongs to uid {owner}", theirs.display()))
+                    && err.contains("root_squash")
+                    && err.contains("remove it") != created,
+                "{err}"
             );
-            assert!(lines.is_empty(), "{lines:?}");
         }
-        // A regular file is followed as it grows.
-        let out = dir.path().join("t-a-2.out");
-        std::fs::write(&out, "one\ntw").unwrap();
-        let mut tail = Tail::new(out.clone(), Stream::Stdout);
-        let mut lines = Vec::new();
-        assert_eq!(tail.read(false, &mut |_, l| lines.push(l.to_vec())), None);
-        std::fs::write(&out, "one\ntwo\n").unwrap();
-        assert_eq!(tail.read(true, &mut |_, l| lines.push(l.to_vec())), None);
-        assert_eq!(lines, vec![b"one".to_vec(), b"two".to_vec()]);
+        let mode = std::fs::metadata(&theirs).unwrap().permissions().mode();
+        assert_ne!(
+            mode & 0o7777,
+            0o700,
+            "another user's directory is left as it is"
+        );
     }
 
-    /// An open that fails for a reason that may pass (here `ENOTDIR`, standing in for running out of descriptors or
-    /// a network file system's stale handle) is said once, with its error, and tried again: once the path opens, the
-    /// job's lines are shown.
+    /// A failure after an earlier job's files were moved aside (removing its `rdv-<id>`, releasing the job) says
+    /// where they went, and keeps its cause; without any moved, the error is as it was.
     #[test]
-    fn an_output_file_that_fails_to_open_is_tried_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let parent = dir.path().join("d");
-        std::fs::write(&parent, "").unwrap();
-        let path = parent.join("t-a-1.out");
-        let mut tail = Tail::new(path.clone(), Stream::Stdout);
-        let mut lines = Vec::new();
-        let note = tail.read(false, &mut |_, l| lines.push(l.to_vec()));
-        let note = note.expect("the failed open is said");
+    fn an_error_after_files_were_moved_aside_says_where_they_went() {
+        let moved = vec![(
+            PathBuf::from("/o/p-a-1.out"),
+            PathBuf::from("/o/p-a-1.out.stale-r1"),
+        )];
+        let io = || LaunchError::Io {
+            path: "/o/rdv-1".into(),
+            source: std::io::Error::from_raw_os_error(libc::EBUSY),
+        };
+        let text = with_moved(io(), &moved).to_string();
+        let busy = std::io::Error::from_raw_os_error(libc::EBUSY).to_string();
+        for part in ["/o/rdv-1", &busy, "/o/p-a-1.out to /o/p-a-1.out.stale-r1"] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+        let text = with_moved(LaunchError::Engine("release failed".into()), &moved).to_string();
         assert!(
-            note.contains(&path.display().to_string())
-                && note.contains(&std::io::Error::from_raw_os_error(libc::ENOTDIR).to_string()),
-            "{note}"
+            text.starts_with("release failed;") && text.contains("p-a-1.out.stale-r1"),
+            "{text}"
         );
-        assert_eq!(tail.read(false, &mut |_, l| lines.push(l.to_vec())), None);
-        std::fs::remove_file(&parent).unwrap();
-        std::fs::create_dir(&parent).unwrap();
-        std::fs::write(&path, "line\n").unwrap();
-        assert_eq!(tail.read(true, &mut |_, l| lines.push(l.to_vec())), None);
-        assert_eq!(lines, vec![b"line".to_vec()]);
+        assert!(matches!(with_moved(io(), &[]), LaunchError::Io { .. }));
     }
 }

@@ -89,10 +89,26 @@ pub fn shim_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, Str
             get(crate::env_vars::SLURM_STEP_NODELIST).filter(|l| !l.trim().is_empty())
     {
         let node = crate::engines::slurm::first_node(&list)
-            .ok_or_else(|| ShimError::BadNodeList(list.escape_default().to_string()))?;
+            .ok_or_else(|| ShimError::BadNodeList(shown(&list)))?;
         vars.push((crate::env_vars::MASTER_ADDR.into(), node));
     }
     Ok(vars)
+}
+
+/// A value from outside as an error shows it: escaped, and cut after its first 200 characters (`...` then), so that
+/// a huge list does not become a huge message on every rank.
+fn shown(value: &str) -> String {
+    const MAX: usize = 200;
+    let mut text: String = value
+        .chars()
+        .take(MAX)
+        .collect::<String>()
+        .escape_default()
+        .to_string();
+    if value.chars().nth(MAX).is_some() {
+        text.push_str("...");
+    }
+    text
 }
 
 /// Set (to `1`) on every rank of a job whose launcher serves no rendezvous (a Kubernetes JobSet): rank 0's shim then
@@ -463,6 +479,16 @@ mod tests {
                 "{err}"
             );
         }
+        // A huge bad list is shown cut to its first 200 characters.
+        let huge: &'static str = format!("{}]", "n1,".repeat(30_000)).leak();
+        let err = with(&[("SLURM_STEP_NODELIST", huge)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("`SLURM_STEP_NODELIST` is `{}...`", &huge[..200]))
+                && err.len() < 1000,
+            "{err}"
+        );
         let vars = with(&[]).unwrap();
         assert_eq!(last(&vars, "MASTER_ADDR"), Some("10.0.0.9"));
         for distribution in ["arbitrary", "arbitrary,pack"] {

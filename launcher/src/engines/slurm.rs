@@ -191,15 +191,27 @@ fn placed_as_blocks(cpus: Option<u32>) -> bool {
 
 /// The first node of a Slurm host list (`SLURM_STEP_NODELIST`: `n[01-03,7],gpu1` begins with `n01`), the node of
 /// rank 0 of a step srun placed by block or cyclic distribution; `None` for a value that is not a host list (a
-/// stray or unclosed bracket, an empty range, a range that is not `N`, `N-M`, ... separated by commas).
+/// stray or unclosed bracket, an empty range, a range that is not `N`, `N-M`, ... separated by commas, an empty
+/// entry), wherever in the list. The whole list is checked in one pass, with no cap on its length (a job's huge list
+/// of scattered nodes is as Slurm wrote it).
 pub fn first_node(list: &str) -> Option<String> {
-    let list = crate::engines::slurm_steps::node_list(list).ok()?;
+    let list = list.trim();
+    if !crate::engines::slurm_steps::host_list_text(list) {
+        return None;
+    }
     let mut first = String::new();
+    let mut in_first = true;
+    let mut entry_empty = true;
     let mut rest = list;
     while let Some(c) = rest.chars().next() {
         rest = &rest[c.len_utf8()..];
         match c {
-            ',' => break,
+            ',' if entry_empty => return None,
+            ',' => {
+                in_first = false;
+                entry_empty = true;
+            }
+            '[' if entry_empty => return None,
             '[' => {
                 // The range's first number, zero padding kept; the rest of the brackets checked, then skipped.
                 let (ranges, after) = rest.split_once(']')?;
@@ -210,14 +222,22 @@ pub fn first_node(list: &str) -> Option<String> {
                 if !well_formed {
                     return None;
                 }
-                first.extend(ranges.chars().take_while(char::is_ascii_digit));
+                if in_first {
+                    first.extend(ranges.chars().take_while(char::is_ascii_digit));
+                }
+                entry_empty = false;
                 rest = after;
             }
             ']' => return None,
-            c => first.push(c),
+            c => {
+                if in_first {
+                    first.push(c);
+                }
+                entry_empty = false;
+            }
         }
     }
-    (!first.is_empty()).then_some(first)
+    (!entry_empty).then_some(first)
 }
 
 /// The elastic steps this run starts (`--step` selects them and what they need) and how many workers each has (the
@@ -664,10 +684,18 @@ mod tests {
         assert_eq!(first("rack[2-3]-n[10-11]").as_deref(), Some("rack2-n10"));
         for bad in [
             "", "-n1", "[1-2]", "n1]", "n1 n2", "n$(id)", "n[1-3", "n[", "n[]", "n[abc]", "n[1-]",
-            "n[-2]", "n[1,]", "n[1-2-3]", "n[1[2]]", "n[1]]",
+            "n[-2]", "n[1,]", "n[1-2-3]", "n[1[2]]", "n[1]]", "n1,m[", "n1,m[1-", "n1,m]",
+            "n1,,m2", "n1,", "n1,m$", "n[1],[2]",
         ] {
             assert_eq!(first(bad), None, "{bad}");
         }
+        // A huge list of scattered nodes (over 64 KiB) is read as any other.
+        let huge = (0..20_000)
+            .map(|i| format!("node{i:05}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(huge.len() > 1 << 17);
+        assert_eq!(first(&huge).as_deref(), Some("node00000"));
     }
 
     #[test]

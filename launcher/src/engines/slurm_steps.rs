@@ -170,13 +170,7 @@ impl Allocation {
 /// that cannot be read as an option of `scontrol`; anything else is refused naming the variable.
 pub fn node_list(value: &str) -> Result<&str, LaunchError> {
     let value = value.trim();
-    let ok = !value.is_empty()
-        && value.len() <= 1 << 16
-        && !value.starts_with(['-', ',', '['])
-        && value.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'[' | b']' | b',')
-        });
-    if !ok {
+    if !(value.len() <= 1 << 16 && host_list_text(value)) {
         return Err(LaunchError::Engine(format!(
             "`{}` is `{}`, not a Slurm node list (host names and `[1-3]` ranges, separated by commas); run `hvd run` \
              inside the allocation as Slurm sets it",
@@ -185,6 +179,16 @@ pub fn node_list(value: &str) -> Result<&str, LaunchError> {
         )));
     }
     Ok(value)
+}
+
+/// Whether `value` has only what a Slurm host list has (names, brackets, commas) and cannot be read as an option: not
+/// empty, not beginning with `-`, `,` or `[`. Brackets are not matched here.
+pub fn host_list_text(value: &str) -> bool {
+    !value.is_empty()
+        && !value.starts_with(['-', ',', '['])
+        && value.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'[' | b']' | b',')
+        })
 }
 
 /// The node names `scontrol show hostnames` printed, one a line; a name with characters no host name has is refused.
