@@ -1176,9 +1176,11 @@ def _preempt_grace():
         grace = float(value)
     except ValueError:
         grace = -1.0
-    if not 0 <= grace < 1e9:
+    # At most a day, the bound the launcher reads it with (past it the ssh wrapper would kill the worker after 30 s
+    # while the worker still counted on its own grace).
+    if not 0 <= grace <= 86400:
         raise _hvd.InvalidArgumentError(
-            "HVD_PREEMPT_GRACE={!r} is not a non-negative number of seconds".format(value))
+            "HVD_PREEMPT_GRACE={!r} is not a number of seconds from 0 to 86400 (a day)".format(value))
     return grace
 
 
