@@ -342,12 +342,21 @@ pub fn submit(
 fn private_output_dir(plan: &Plan) -> Result<(), LaunchError> {
     use std::os::unix::fs::DirBuilderExt as _;
     let dir = slurm::output_dir(plan);
-    let parent = dir.parent().unwrap_or(&plan.state_dir);
-    fs_err::create_dir_all(parent).map_err(|source| LaunchError::Io {
-        path: parent.to_owned(),
-        source,
-    })?;
-    let created = match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+    let create = || std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let mut made = create();
+    // The run dir above it is made only where it is missing: one that is a file is named as the cause below.
+    if made
+        .as_ref()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    {
+        let parent = dir.parent().unwrap_or(&plan.state_dir);
+        fs_err::create_dir_all(parent).map_err(|source| LaunchError::Io {
+            path: parent.to_owned(),
+            source,
+        })?;
+        made = create();
+    }
+    let created = match made {
         Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
         Err(source) => return Err(LaunchError::Io { path: dir, source }),
