@@ -68,14 +68,15 @@ pub fn not_a_file_for_good(err: &std::io::Error) -> bool {
         || matches!(err.raw_os_error(), Some(libc::ELOOP | libc::ENXIO))
 }
 
-/// Refuses a directory hvd keeps what others must not plant in (`what` says what it holds) unless it is this
-/// user's and not writable by group or others (the same rule as the collective's file rendezvous directory).
-pub fn check_private_dir(dir: &Path, what: &str) -> Result<(), String> {
+/// Refuses a directory hvd keeps what others must not plant in (`what` says what it holds; `not_yours` what to do
+/// when it is another user's) unless it is this user's and not writable by group or others (the same rule as the
+/// collective's file rendezvous directory).
+pub fn check_private_dir(dir: &Path, what: &str, not_yours: &str) -> Result<(), String> {
     use hvd_collective::rendezvous::{NotPrivate, PrivateDir};
     let says = PrivateDir {
         name: "",
         plant: what,
-        not_yours: "remove it (or the project's `.hvd`) so that hvd creates it as yours",
+        not_yours,
         or_else: "",
     };
     hvd_collective::rendezvous::check_private_dir(dir, says).map_err(|e| match e {

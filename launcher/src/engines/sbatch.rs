@@ -369,31 +369,12 @@ fn private_output_dir(plan: &Plan) -> Result<(), LaunchError> {
 /// belongs to another user means its file system maps this user to another (an NFS export's root_squash).
 fn make_private(dir: &std::path::Path, created: bool) -> Result<(), LaunchError> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    let what = "the jobs' output files or their rendezvous keys";
-    let refused =
-        |e: String| LaunchError::Engine(format!("the slurm engine's output directory: {e}"));
     let m = std::fs::metadata(dir).map_err(|source| LaunchError::Io {
         path: dir.to_owned(),
         source,
     })?;
     // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if m.uid() != me {
-        let todo = if created {
-            "hvd has just created it, so its file system gives this user's new files to another user (an NFS \
-             export with root_squash maps root to nobody): keep the project on a local file system"
-        } else {
-            "remove it (or the project's `.hvd`) so that hvd creates it as yours; if it then belongs to another \
-             user again, its file system maps this user to another (an NFS export with root_squash maps root to \
-             nobody): keep the project on a local file system"
-        };
-        return Err(refused(format!(
-            "`{}` belongs to uid {}, not to this user (uid {me}): its owner could plant {what}; {todo}",
-            dir.display(),
-            m.uid()
-        )));
-    }
-    if m.mode() & 0o022 != 0 {
+    if m.uid() == unsafe { libc::geteuid() } && m.mode() & 0o022 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
             |source| LaunchError::Io {
                 path: dir.to_owned(),
@@ -401,7 +382,20 @@ fn make_private(dir: &std::path::Path, created: bool) -> Result<(), LaunchError>
             },
         )?;
     }
-    crate::untrusted::check_private_dir(dir, what).map_err(refused)
+    let not_yours = if created {
+        "hvd has just created it, so its file system gives this user's new files to another user (an NFS export \
+         with root_squash maps root to nobody): keep the project on a local file system"
+    } else {
+        "remove it (or the project's `.hvd`) so that hvd creates it as yours; if it then belongs to another user \
+         again, its file system maps this user to another (an NFS export with root_squash maps root to nobody): \
+         keep the project on a local file system"
+    };
+    crate::untrusted::check_private_dir(
+        dir,
+        "the jobs' output files or their rendezvous keys",
+        not_yours,
+    )
+    .map_err(|e| LaunchError::Engine(format!("the slurm engine's output directory: {e}")))
 }
 
 /// The output file (`ext`: `out`, `err`) of job `id` of `step`, as its script names it (`--output`/`--error`).
