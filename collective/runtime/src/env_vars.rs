@@ -70,10 +70,11 @@ hvd_env_vars::env_vars! {
     AWS_SECRET_ACCESS_KEY;
     /// Python package: a session token for temporary `s3://` credentials.
     AWS_SESSION_TOKEN;
-    /// Python package: TensorFlow's inter-op thread count, which `import hvd.tensorflow` sets to at least 64 (the
-    /// CPU count when larger) unless already set, so that collectives of one graph never wait on each other for a
-    /// thread (docs/horovod.md).
-    TF_NUM_INTEROP_THREADS default "64";
+    /// Python package: TensorFlow's inter-op thread count. Unset, the `tf.compat.v1` sessions made after `import
+    /// hvd.tensorflow` get at least 64 (the CPU count when larger), so that collectives of one graph never wait on
+    /// each other for a thread, and eager execution keeps TensorFlow's default; set, it holds for both
+    /// (docs/horovod.md).
+    TF_NUM_INTEROP_THREADS;
     /// Python package: the region `s3://` checkpoint requests are signed for.
     AWS_REGION default "us-east-1";
     /// Python package: the region when `AWS_REGION` is unset.

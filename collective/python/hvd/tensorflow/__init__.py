@@ -22,14 +22,50 @@ from hvd import _tf_numpy as _tfnp
 
 _core._reexport(globals(), tensor_ops=False)
 
-# A collective node holds one of TensorFlow's inter-op threads until every rank has submitted it. With as many
-# threads as cores (TensorFlow's default: 2 on a 2-core host), two ranks that start different collectives of one
-# graph first would wait for each other forever; with 64 the ready collectives of any ordinary graph all start.
-# TensorFlow reads the variable when it makes its first thread pool (this import comes before it in a Horovod
-# script); a value the user set wins.
+# A collective node of a ``tf.compat.v1`` graph holds one of its session's inter-op threads until every rank has
+# submitted it. With as many threads as cores (TensorFlow's default: 2 on a 2-core host), two ranks that start
+# different collectives of one graph first would wait for each other forever; with 64 the ready collectives of any
+# ordinary graph all start. Only sessions need them: eager ops run one at a time, and in a ``tf.function`` (Keras'
+# steps) the collectives, stateful ops, run in program order (automatic control dependencies). So the sessions made
+# after this import get 64 inter-op threads unless their config or ``TF_NUM_INTEROP_THREADS`` says otherwise, and
+# eager execution keeps TensorFlow's default: 64 threads there made TF2 training on 2 cores a fifth slower
+# (docs/horovod.md, Performance against Horovod 0.28.1).
+# TensorFlow sizes the sessions' shared pool from the first session's config.
 _INTEROP_THREADS = 64
-os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(_INTEROP_THREADS, os.cpu_count() or 1)))
 
+
+def _session_interop_threads(base_init, context):
+    def __init__(self, target="", graph=None, config=None):
+        if "TF_NUM_INTEROP_THREADS" not in os.environ:
+            if config is None:
+                config = context.context().config
+            if isinstance(config, tf.compat.v1.ConfigProto) and config.inter_op_parallelism_threads == 0:
+                own = tf.compat.v1.ConfigProto()
+                own.CopyFrom(config)
+                own.inter_op_parallelism_threads = max(_INTEROP_THREADS, os.cpu_count() or 1)
+                config = own
+        base_init(self, target, graph, config)
+
+    __init__.hvd_base_init = base_init
+    return __init__
+
+
+def _patch_sessions():
+    try:
+        from tensorflow.python.client import session
+        from tensorflow.python.eager import context
+
+        base_init = session.BaseSession.__init__
+        context.context
+    except (ImportError, AttributeError):
+        # A TensorFlow without these modules: every pool gets the threads (eager execution too, slower on small hosts).
+        os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(_INTEROP_THREADS, os.cpu_count() or 1)))
+        return
+    if not hasattr(base_init, "hvd_base_init"):
+        session.BaseSession.__init__ = _session_interop_threads(base_init, context)
+
+
+_patch_sessions()
 
 
 class _CastCompressor(_compression.CastCompressor):

@@ -5,6 +5,7 @@ FailedPreconditionError and the job goes on, many collectives of one graph run i
 *_op functions run when the graph runs, a process set that is not the job's is refused (ValueError),
 broadcast_global_variables and DistributedOptimizer (tf.compat.v1, also with backward_passes_per_step),
 elastic.TensorFlowState, horovod.tensorflow.mpi_ops."""
+import os
 import sys
 
 import numpy as np
@@ -85,8 +86,14 @@ def gradients(mode, grad_of):
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 
+# Eager execution keeps TensorFlow's inter-op threads (one per core); sessions get 64, since each collective of a
+# graph holds one until every rank submitted it (with one per core, `many` below would wait forever).
+if "TF_NUM_INTEROP_THREADS" in os.environ or tf.config.threading.get_inter_op_parallelism_threads() != 0:
+    fail("import hvd.tensorflow changed eager execution's inter-op threads")
 graph = tf.Graph()
 with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+    if sess._config.inter_op_parallelism_threads != max(64, os.cpu_count()):
+        fail("a session got {} inter-op threads".format(sess._config.inter_op_parallelism_threads))
     checks(sess.run, "graph")
     gradients("graph", lambda f, x: sess.run(tf.gradients(tf.reduce_sum(f(x)), x)[0]))
     v = tf.compat.v1.Variable([float(r), float(r)])
@@ -160,5 +167,10 @@ if str(added) != want:
 hvd.remove_process_set(added)
 if known() != {0: list(range(n))}:
     fail("process sets known after the remove: {}".format(known()))
+# A session's own thread count stays its own.
+own = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=3)
+with tf.Graph().as_default(), tf.compat.v1.Session(config=own) as mine:
+    if mine._config.inter_op_parallelism_threads != 3:
+        fail("a session's own inter-op threads became {}".format(mine._config.inter_op_parallelism_threads))
 hvd.shutdown()
 print("ok tensorflow graph rank {}".format(r))
