@@ -1296,3 +1296,80 @@ fn host_discovery_needs_an_elastic_step_and_an_existing_script() {
     );
     common::assert_nothing_left(&marker);
 }
+
+/// `hvd run --no-build --grace 2 <args>` in `dir` with `env`, like [`run`], but failed by the test after `deadline`
+/// (the run is stopped first) instead of waiting for it without end.
+fn run_within(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    deadline: std::time::Duration,
+) -> (Output, String, String) {
+    let mut child = common::hvd_run_command(dir)
+        .args(["--no-build", "--grace", "2"])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let end = std::time::Instant::now() + deadline;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > end {
+            // SIGTERM: `hvd run` stops its workers (a SIGKILL would leave them).
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let out = child.wait_with_output().unwrap();
+            let (stdout, stderr) = text(&out);
+            panic!("`hvd run` did not end within {deadline:?}:\n{stdout}\n{stderr}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    (out, stdout, stderr)
+}
+
+/// A worker that freezes (it stops itself, SIGSTOP: alive to the OS, answering nobody, its process never ends) is
+/// found by its silence: with the collective timeout and the round window an hour, `hvd run` finds it once it has
+/// sent no heartbeat for `HVD_HEARTBEAT_TIMEOUT`, says so, stops it and counts it lost; the survivors' collective in
+/// flight fails, they re-form without it, its replacement joins, and the training finishes with every committed step
+/// counted once. Without heartbeats the survivors would wait an hour: the test's deadline fails the run first.
+#[test]
+fn a_frozen_worker_is_found_by_its_silence_and_the_others_go_on() {
+    let marker = marker();
+    let steps = 16;
+    let dir = project_with_signal("{ min = 2, max = 4 }", steps, "2:6", 19, &marker);
+    let (out, stdout, stderr) = run_within(
+        dir.path(),
+        &["--elastic-timeout", "3600"],
+        &[
+            ("HVD_COLLECTIVE_TIMEOUT", "3600"),
+            ("HVD_HEARTBEAT_TIMEOUT", "6"),
+            ("ELASTIC_UNTIL", "size:4"),
+        ],
+        std::time::Duration::from_secs(300),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let said = stderr.lines().any(|l| {
+        l.contains("rank 2 of step `train` on ")
+            && l.contains(" sent no heartbeat for ")
+            && l.contains("(HVD_HEARTBEAT_TIMEOUT): lost; stopping it (elastic)")
+    });
+    assert!(said, "{stdout}\n{stderr}");
+    assert!(
+        !stderr.contains("did not rejoin within"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("started rank 4 of step `train` on "),
+        "{stdout}\n{stderr}"
+    );
+    let step =
+        common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2), (4, 3)]);
+    assert!(step >= steps, "{stdout}");
+    assert!(!stdout.contains("slot 2 finished"), "{stdout}");
+    common::assert_nothing_left(&marker);
+}

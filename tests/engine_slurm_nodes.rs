@@ -63,6 +63,28 @@ impl FourRunning {
         FourRunning { child, reader }
     }
 
+    /// [`FourRunning::finish`], but fails the test when `hvd run` has not ended within `deadline` (stopped first:
+    /// SIGTERM, then the second node's processes killed, which ends whatever waits for them).
+    fn finish_within(mut self, deadline: Duration, slurm: &mut Slurm) -> Output {
+        let end = std::time::Instant::now() + deadline;
+        while self.child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > end {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &self.child.id().to_string()])
+                    .status();
+                slurm.lose_node(1);
+                let out = self.finish();
+                let (stdout, stderr) = text(&out);
+                panic!(
+                    "`hvd run` did not end within {deadline:?}:\n{stdout}\n{stderr}\n{}",
+                    slurm.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.finish()
+    }
+
     /// Waits for `hvd run` to end: its output, stdout being all the lines the reader saw.
     fn finish(self) -> Output {
         let mut out = self.child.wait_with_output().unwrap();
@@ -289,6 +311,51 @@ fn an_elastic_step_goes_on_when_a_lost_node_is_never_marked_down() {
             logs()
         );
     }
+    assert!(!stderr.contains("fewer than its minimum"), "{}", logs());
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1)];
+    assert_trained_together(&out, (members, steps));
+}
+
+/// The second node freezes (every process there stopped: its slurmd, the steps' slurmstepd, the ranks; Slurm is not
+/// told, and the ranks' sruns wait on): with the collective timeout and the round window an hour, the frozen ranks'
+/// silence (no heartbeat for `HVD_HEARTBEAT_TIMEOUT`, 6 s here) makes hvd stop their sruns and count them lost; the
+/// survivors on the first node learn it from their heartbeat's answer, fail their collective in flight (the frozen
+/// peers' connections stay up), re-form as 2 and train to the end. Without heartbeats they would wait an hour: the
+/// test's deadline fails the run first.
+#[test]
+fn an_elastic_step_goes_on_when_a_node_freezes() {
+    let Some(mut slurm) = Slurm::start_two_nodes("sz", [&[], &[]]) else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-nodes-frozen");
+    let steps = 12;
+    let dir = common::train_project(
+        "{ min = 2, max = 4, elastic_timeout = 3600s }",
+        &format!(
+            ", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\", ELASTIC_UNTIL = \"atmost:2\", \
+             HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"6\""
+        ),
+        "",
+        common::slurm::elastic_train_py(),
+    );
+    let running = FourRunning::start(&slurm, dir.path());
+    slurm.freeze_node(1);
+    let out = running.finish_within(Duration::from_secs(300), &mut slurm);
+    // What is left frozen there goes.
+    slurm.lose_node(1);
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    for rank in [2, 3] {
+        assert!(
+            stderr.contains(&format!(
+                "rank {rank} of step `train` on {} sent no heartbeat for ",
+                NODES[1]
+            )),
+            "{}",
+            logs()
+        );
+    }
+    assert!(!stderr.contains("did not rejoin within"), "{}", logs());
     assert!(!stderr.contains("fewer than its minimum"), "{}", logs());
     let members: &[(u32, u32)] = &[(0, 0), (1, 1)];
     assert_trained_together(&out, (members, steps));

@@ -167,6 +167,94 @@ fn a_lost_host_leaves_the_survivors_to_re_form_and_finish_every_committed_step_o
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
 
+/// Stops `hvd run` (SIGTERM: it stops its workers) and fails the test with `why` and what the run said.
+fn stop_and_fail(child: std::process::Child, why: &str) -> ! {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    panic!("{why}:\n{stdout}\n{stderr}");
+}
+
+/// A host that freezes (every process there stopped, SIGSTOP: its ranks neither answer nor die, their tcp
+/// connections stay up, their ssh sessions hang) is found by its ranks' silence: with the collective timeout and the
+/// round window an hour, `hvd run` finds them once they have sent no heartbeat for `HVD_HEARTBEAT_TIMEOUT`, stops them
+/// and counts them lost; the survivors learn it from their own heartbeat's answer and fail their collective in flight
+/// at once (the frozen peers would never reset it), re-form as 2 and finish every committed step once. Without it the
+/// survivors would wait an hour: the test's deadline fails the run first.
+#[test]
+fn a_frozen_host_is_found_by_its_ranks_silence_and_the_survivors_go_on() {
+    let mut hosts = Hosts::start("lz");
+    let steps = 12;
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        steps,
+        ", ELASTIC_PAUSE = \"5\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"6\"",
+    );
+    let mut child = hosts
+        .hvd_command(
+            dir.path(),
+            &["--no-build", "--grace", "2", "--elastic-timeout", "3600"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("paused").exists() {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            stop_and_fail(child, "slot 0 did not reach the pause");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The second host freezes: its sshd, the sessions of the ranks there and the ranks themselves.
+    for pid in common::nshosts::netns_pids(&hosts.namespaces[2]) {
+        // SAFETY: kill with integer arguments; these processes run in this test's namespace.
+        unsafe { common::nshosts::libc_kill(pid as i32, 19) };
+    }
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            hosts.lose(1);
+            stop_and_fail(child, "`hvd run` did not end within 240 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    // What is left frozen there goes.
+    hosts.lose(1);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for slot in [2, 3] {
+        assert!(
+            says(
+                &out,
+                &format!(
+                    "rank {slot} of step `train` on {} sent no heartbeat for ",
+                    HOSTS[1]
+                )
+            ),
+            "slot {slot}:\n{stdout}\n{stderr}"
+        );
+        assert!(
+            !stdout.contains(&format!("slot {slot} finished")),
+            "{stdout}"
+        );
+    }
+    for slot in [0, 1] {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {slot} of 2")),
+            "{stdout}\n{stderr}"
+        );
+    }
+    for line in finished(&stdout, &[0, 1], 2) {
+        assert_eq!(line, counted_once(steps), "{stdout}\n{stderr}");
+    }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
 #[test]
 fn a_host_found_by_discovery_mid_run_is_checked_over_ssh_and_joins_at_a_commit() {
     let hosts = Hosts::start("lb");

@@ -96,8 +96,22 @@ fn connect_elastic(
         )));
     };
     let client = rendezvous.client(job.rank).with_retry_for(timeout);
+    let heartbeat = crate::liveness::timeout_from(
+        std::env::var(env_vars::HVD_HEARTBEAT_TIMEOUT)
+            .ok()
+            .as_deref(),
+    )?;
     let seat = client.elastic_join(elastic_join_wait(timeout, elastic_window_from_env()?))?;
     tracing::debug!(slot = job.rank, round = %seat.round, rank = seat.rank, size = seat.size, "elastic round");
+    // Before the round's communicator is built: a member of it found silent fails its waits from now on.
+    crate::liveness::enter_round(seat.round.number());
+    // Each heartbeat is retried for one interval at most (the next one follows), its answer awaited 5 s at least.
+    let beats = client
+        .clone()
+        .with_retry_for(crate::liveness::interval(heartbeat));
+    crate::liveness::start(heartbeat, move |every| {
+        beats.elastic_beat(every.max(Duration::from_secs(5)))
+    });
     let member = JobEnv {
         rank: seat.rank,
         size: seat.size,

@@ -48,6 +48,10 @@ hvd_env_vars::env_vars! {
     /// `--elastic-timeout` or `workers = { elastic_timeout }`; from 1 to 86400, `ELASTIC_TIMEOUT_SECONDS`): a join
     /// waits at least this long, plus a margin, before giving up.
     HVD_ELASTIC_TIMEOUT;
+    /// Seconds after which the launcher counts an elastic worker that has sent heartbeats and then none as lost (a
+    /// frozen process or node): read by `hvd run` (the step's, else its own; from 1 to 86400), which sets it for the
+    /// workers; each worker beats five times per timeout, at most every 2 s.
+    HVD_HEARTBEAT_TIMEOUT default "10";
     /// Token for the rendezvous server (`Authorization: Bearer`) and the tcp handshake.
     HVD_JOB_TOKEN;
     /// Names the job for a `file:` rendezvous (default `SLURM_JOB_ID.SLURM_STEP_ID` under Slurm, else none).

@@ -39,6 +39,7 @@ mod header;
 pub mod hierarchical;
 pub mod job;
 pub mod launch_env;
+pub mod liveness;
 pub mod mpi_backend;
 pub mod nccl;
 #[cfg(any(feature = "mpi", feature = "nccl"))]

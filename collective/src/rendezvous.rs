@@ -278,6 +278,39 @@ impl KeyValueClient {
         })
     }
 
+    /// Tells the launcher's server of an elastic step that this worker is alive (its heartbeat, [`crate::liveness`]),
+    /// waiting up to `read_timeout` for the answer. `Some((round, lost))`: the latest round, and the rank in it of a
+    /// member the launcher found silent; `None`: the server no longer counts this worker (410: it ended, was left out
+    /// or found silent), so there is nothing to beat for.
+    pub fn elastic_beat(&self, read_timeout: Duration) -> crate::liveness::BeatAnswer {
+        let Rendezvous::Http { address, .. } = &self.rendezvous else {
+            return Ok(None);
+        };
+        let r = self.http("POST", "/elastic/v1/beat", &[], read_timeout)?;
+        match r.status {
+            200 => {}
+            410 => return Ok(None),
+            _ => return Err(self.refused(address, "POST", "/elastic/v1/beat", &r)),
+        }
+        let text = String::from_utf8_lossy(&r.body);
+        let answer: Option<(u64, Option<u64>)> =
+            match text.split_whitespace().collect::<Vec<_>>().as_slice() {
+                ["v1", round, "-"] => round.parse().ok().map(|round| (round, None)),
+                ["v1", round, lost] => match (round.parse(), lost.parse()) {
+                    (Ok(round), Ok(lost)) => Some((round, Some(lost))),
+                    _ => None,
+                },
+                _ => None,
+            };
+        answer.map(Some).ok_or_else(|| Error::Rendezvous {
+            address: address.clone(),
+            detail: format!(
+                "the elastic heartbeat was answered `{}`, not `v1 <round> <lost rank or ->`",
+                text.trim()
+            ),
+        })
+    }
+
     /// The round this client's keys belong to, if any.
     pub fn round(&self) -> Option<Round> {
         self.round

@@ -160,6 +160,8 @@ pub fn exchange<T: Transport + ?Sized>(
         idle = idle.saturating_add(1);
         let spinning = idle < t.spin_rounds();
         if idle > 64 && !spinning {
+            // A member of this elastic round that the launcher found frozen never answers nor dies.
+            crate::liveness::check()?;
             let since = *last_progress.get_or_insert_with(Instant::now);
             if since.elapsed() > timeout {
                 let mut ranks: Vec<usize> = sends

@@ -20,10 +20,12 @@
 //!
 //! A third family, `/elastic/v1/` (token-checked like `/kv/`), runs an elastic step's membership ([`elastic`]):
 //! `POST join` hands out the rounds, `POST leave` takes a preempted worker out (only from the process that joined as
-//! that slot: its `X-Hvd-Join`), `GET round` tells members whether new workers wait to join.
+//! that slot: its `X-Hvd-Join`), `GET round` tells members whether new workers wait to join, `POST beat` is a
+//! worker's heartbeat ([`beat`]: a worker silent past the heartbeat timeout is frozen, and lost).
 //!
 //! The wire format lives in [`http`], the stored state in [`store`], the socket-owner lookup in [`peer`].
 
+mod beat;
 mod elastic;
 mod http;
 mod peer;
@@ -693,7 +695,7 @@ fn handle(
     // Authorize from the head alone, so an unauthorized peer cannot make the launcher read or buffer anything.
     let segments: Vec<&str> = request.path.split('/').collect();
     match segments.as_slice() {
-        ["", "kv", _, _] | ["", "elastic", "v1", "join" | "leave" | "round"] => {
+        ["", "kv", _, _] | ["", "elastic", "v1", "join" | "leave" | "round" | "beat"] => {
             check_token(shared, &request)?
         }
         ["", _, _] => check_gloo_peer(shared, peer, owner)?,
@@ -718,6 +720,7 @@ fn handle(
         ["", "elastic", "v1", "join"] => on_elastic_join(shared, &request),
         ["", "elastic", "v1", "leave"] => on_elastic_leave(shared, &request),
         ["", "elastic", "v1", "round"] => on_elastic_round(shared, &request),
+        ["", "elastic", "v1", "beat"] => beat::on_elastic_beat(shared, &request),
         ["", scope, key] => on_gloo(shared, &request, [scope, key], body.bytes),
         _ => Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }

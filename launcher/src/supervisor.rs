@@ -26,6 +26,7 @@ use crate::report::{
 use crate::state;
 
 mod attempt;
+mod heartbeat;
 mod placement;
 mod reported;
 use attempt::{Attempt, Growth, discovery_timeout, first_discovery, supervise};
@@ -484,6 +485,11 @@ fn run_step(
             attempt.env.insert(
                 hvd_collective::env_vars::HVD_ELASTIC_TIMEOUT.to_owned(),
                 step.elastic.timeout.as_secs_f64().to_string(),
+            );
+            // How often the workers beat follows the launcher's timeout for a silent one.
+            attempt.env.insert(
+                hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT.to_owned(),
+                heartbeat::timeout(step)?.as_secs_f64().to_string(),
             );
         }
         let attempt_log = match restart {

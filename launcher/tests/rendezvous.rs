@@ -1335,6 +1335,23 @@ fn an_elastic_join_to_a_step_that_is_not_elastic_takes_no_seat() {
 /// `POST /elastic/v1/leave` as worker `slot` with the join identity `join` (none when empty; the token unless `token`
 /// is false).
 fn elastic_leave(addr: SocketAddr, slot: &str, join: &str, token: bool) -> (u16, String) {
+    elastic_post(addr, "leave", slot, join, token)
+}
+
+/// `POST /elastic/v1/beat` (a heartbeat) as [`elastic_leave`] asks to leave.
+fn elastic_beat(addr: SocketAddr, slot: &str, join: &str, token: bool) -> (u16, String) {
+    elastic_post(addr, "beat", slot, join, token)
+}
+
+/// `POST /elastic/v1/<what>` as worker `slot` with the join identity `join` (none when empty; the token unless
+/// `token` is false).
+fn elastic_post(
+    addr: SocketAddr,
+    what: &str,
+    slot: &str,
+    join: &str,
+    token: bool,
+) -> (u16, String) {
     let auth = if token {
         format!("Authorization: Bearer {TOKEN}\r\n")
     } else {
@@ -1348,7 +1365,7 @@ fn elastic_leave(addr: SocketAddr, slot: &str, join: &str, token: bool) -> (u16,
     let (status, body) = raw(
         addr,
         format!(
-            "POST /elastic/v1/leave HTTP/1.1\r\nX-Hvd-Rank: {slot}\r\n{join}{auth}Content-Length: 0\r\n\r\n"
+            "POST /elastic/v1/{what} HTTP/1.1\r\nX-Hvd-Rank: {slot}\r\n{join}{auth}Content-Length: 0\r\n\r\n"
         )
         .as_bytes(),
     );
@@ -1473,4 +1490,86 @@ fn an_added_worker_joins_the_round_after_the_members_re_form() {
     assert_eq!(elastic_round(addr).1, "v1 2 3 0 0\n");
     server.stop_elastic();
     assert_eq!(elastic_round(addr).1, "v1 2 3 0 1\n");
+}
+
+/// Heartbeats are heard only from the process that joined as that slot, with the token, so a forged one keeps no
+/// worker alive; a worker that beat and then fell silent is found once, its round's other members are told its rank,
+/// and its own later heartbeats (replayed, or after a thaw) are refused without bringing it back.
+#[test]
+fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("h".to_owned(), 3)]);
+    // Not elastic: 409, and nothing is judged.
+    assert_eq!(elastic_beat(addr, "0", "w0", true).0, 409);
+    assert!(server.elastic_silence(Duration::ZERO).is_empty());
+    server.set_elastic(3, Duration::from_secs(3600));
+    for (status, body) in join_round(addr, &[0, 1, 2], 0) {
+        assert_eq!(status, 200, "{body}");
+    }
+    // Without the token; with another worker's identity; without one; a slot that never joined, one that is no
+    // number; a wrong method.
+    assert_eq!(elastic_beat(addr, "1", "w1", false).0, 403);
+    let (status, body) = elastic_beat(addr, "1", "w0", true);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("its own heartbeat"), "{body}");
+    assert_eq!(elastic_beat(addr, "1", "", true).0, 400);
+    assert_eq!(elastic_beat(addr, "1", "bad identity!", true).0, 400);
+    assert_eq!(elastic_beat(addr, "7", "w7", true).0, 403);
+    assert_eq!(elastic_beat(addr, "99999999999", "w0", true).0, 400);
+    let (status, _) = raw(
+        addr,
+        format!(
+            "GET /elastic/v1/beat HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Hvd-Rank: 1\r\nX-Hvd-Join: w1\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 405);
+    // None of those counted as a heartbeat: nobody has beaten, so nobody is judged, however short the timeout.
+    assert!(server.elastic_silence(Duration::ZERO).is_empty());
+    // Slot 1 beats once, then falls silent; slots 0 and 2 beat on, and the launcher looks often (as `hvd run` does:
+    // a launcher that did not look for a while was itself stopped, and judges nobody on that silence).
+    assert_eq!(
+        elastic_beat(addr, "1", "w1", true),
+        (200, "v1 1 -\n".to_owned())
+    );
+    let mut silent: Vec<u32> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while silent.is_empty() && Instant::now() < deadline {
+        for slot in ["0", "2"] {
+            assert_eq!(
+                elastic_beat(addr, slot, &format!("w{slot}"), true),
+                (200, "v1 1 -\n".to_owned())
+            );
+        }
+        silent.extend(
+            server
+                .elastic_silence(Duration::from_secs(2))
+                .into_iter()
+                .map(|(slot, _)| slot),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(silent, vec![1]);
+    assert!(server.elastic_silence(Duration::from_secs(2)).is_empty());
+    assert_eq!(
+        server.elastic_dropped().into_iter().collect::<Vec<_>>(),
+        vec![1]
+    );
+    // The others are told which rank of their round is lost; its own heartbeat (replayed or late) is refused.
+    assert_eq!(
+        elastic_beat(addr, "0", "w0", true),
+        (200, "v1 1 1\n".to_owned())
+    );
+    assert_eq!(elastic_beat(addr, "1", "w1", true).0, 410);
+    // The next round forms without it, and it is left out of it.
+    assert_eq!(
+        join_round(addr, &[0, 2], 1),
+        seated(&["v1 2 0 2", "v1 2 1 2"])
+    );
+    assert_eq!(join_after(addr, 1, 1).0, 410);
+    assert_eq!(
+        elastic_beat(addr, "2", "w2", true),
+        (200, "v1 2 -\n".to_owned())
+    );
 }

@@ -421,6 +421,16 @@ impl Slurm {
         }
     }
 
+    /// Node `i` (0 or 1, of two) freezes: everything in its namespace, its slurmd, the job steps' slurmstepd and the
+    /// tasks, is stopped (SIGSTOP): alive to the kernel, answering nobody; Slurm is not told. [`Slurm::lose_node`]
+    /// ends them.
+    pub fn freeze_node(&self, i: usize) {
+        for pid in nshosts::netns_pids(&self.namespaces[i + 1]) {
+            // SAFETY: kill with integer arguments; these processes run in this test's namespace.
+            unsafe { nshosts::libc_kill(pid as i32, 19) };
+        }
+    }
+
     /// What runs in the nodes' namespaces besides their slurmd (`NS: PID COMMAND LINE` each).
     pub fn leftovers(&self) -> Vec<String> {
         let slurmds: Vec<u32> = self.slurmds.iter().flatten().map(Child::id).collect();

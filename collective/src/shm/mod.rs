@@ -228,6 +228,8 @@ impl ShmTransport {
     }
 
     fn check_abort(&self) -> Result<()> {
+        // A member of this elastic round that the launcher found frozen never answers nor dies.
+        crate::liveness::check()?;
         let a = self.seg.abort_word().load(Ordering::Acquire);
         if a != 0 {
             let culprit = (a & 0xffff_ffff) as usize - 1;

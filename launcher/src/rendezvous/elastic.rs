@@ -20,6 +20,11 @@
 //! Once a member has finished its training ([`Membership::finish`]) no worker that was never a member joins any
 //! more: it would train alone, from its initial state, or wait for members that will not re-form. It is answered
 //! that it is left out, and the launcher stops it ([`Membership::never_members`]).
+//!
+//! A live worker that has sent a heartbeat ([`Membership::beat`]) and then sends none for the launcher's heartbeat
+//! timeout is frozen (a stopped process, a hung or partitioned node): [`Membership::silence`] counts it gone like a
+//! worker left out of a round (the launcher stops it), and the next heartbeats of the latest round's other members
+//! are told which of its ranks is lost, so that they fail their collective in flight instead of waiting for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -97,6 +102,20 @@ pub(crate) struct Membership {
     closed: bool,
     /// A member finished its training: workers that were never members are left out of every later round.
     finished: bool,
+    /// Each live worker's latest heartbeat (only slots below `workers` that are alive: bounded by the workers).
+    beats: BTreeMap<u32, Instant>,
+    /// Workers found silent past the heartbeat timeout (also in `dropped`).
+    silent: BTreeSet<u32>,
+    /// When the launcher last looked for silent workers.
+    checked: Option<Instant>,
+}
+
+/// What a heartbeat is answered: the latest round and, when one of its members was found silent, that member's rank
+/// in the round (its other members' collective in flight waits for a frozen peer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Beat {
+    pub(crate) generation: u64,
+    pub(crate) lost: Option<u32>,
 }
 
 impl Membership {
@@ -117,6 +136,9 @@ impl Membership {
             min: 1,
             closed: false,
             finished: false,
+            beats: BTreeMap::new(),
+            silent: BTreeSet::new(),
+            checked: None,
         }
     }
 
@@ -243,6 +265,7 @@ impl Membership {
             .copied()
             .collect();
         for slot in left_out {
+            self.beats.remove(&slot);
             self.alive.remove(&slot);
             self.dropped.insert(slot);
         }
@@ -256,8 +279,70 @@ impl Membership {
         true
     }
 
+    /// Worker `slot` says it is alive. Only a live worker's heartbeat counts: one of a worker that ended, left, was
+    /// left out or found silent is refused (it does not bring the worker back).
+    pub(crate) fn beat(&mut self, slot: u32, now: Instant) -> Result<Beat, MembershipError> {
+        if slot >= self.workers {
+            return Err(MembershipError::NotAWorker {
+                slot,
+                workers: self.workers,
+            });
+        }
+        if !self.alive.contains(&slot) {
+            return Err(MembershipError::NotAlive { slot });
+        }
+        self.beats.insert(slot, now);
+        Ok(Beat {
+            generation: self.generation,
+            lost: self
+                .members
+                .iter()
+                .position(|s| self.silent.contains(s))
+                .map(|rank| rank as u32),
+        })
+    }
+
+    /// The live workers whose latest heartbeat is `timeout` or more before `now`, with how long they were silent:
+    /// they are gone from now on, as workers left out of a round ([`Membership::dropped`] names them for the launcher
+    /// to stop), and a pending round forms without them. A worker that never sent a heartbeat is not judged.
+    ///
+    /// The launcher looks many times a second; when it has not looked for half the timeout, it was itself stopped or
+    /// starved (its server heard nobody meanwhile), and every worker's silence counts from now instead.
+    pub(crate) fn silence(&mut self, now: Instant, timeout: Duration) -> Vec<(u32, Duration)> {
+        let away = self
+            .checked
+            .replace(now)
+            .is_some_and(|then| now.saturating_duration_since(then) >= timeout / 2);
+        if away {
+            self.beats.values_mut().for_each(|at| *at = (*at).max(now));
+            return Vec::new();
+        }
+        let quiet: Vec<(u32, Duration)> = self
+            .beats
+            .iter()
+            .map(|(slot, at)| (*slot, now.saturating_duration_since(*at)))
+            .filter(|(_, quiet)| *quiet >= timeout)
+            .collect();
+        if quiet.is_empty() {
+            return quiet;
+        }
+        for (slot, _) in &quiet {
+            self.beats.remove(slot);
+            self.alive.remove(slot);
+            self.pending.remove(slot);
+            self.dropped.insert(*slot);
+            self.silent.insert(*slot);
+        }
+        if self.pending.is_empty() {
+            self.pending_since = None;
+        }
+        self.try_form(now);
+        quiet
+    }
+
     /// Worker `slot` ended (or was stopped): rounds no longer wait for it.
     pub(crate) fn gone(&mut self, slot: u32, now: Instant) {
+        self.beats.remove(&slot);
         self.alive.remove(&slot);
         self.pending.remove(&slot);
         if self.pending.is_empty() {
@@ -560,6 +645,91 @@ mod tests {
         assert_eq!(m.join(3, 0, t), Ok(Joined::LeftOut { generation: 2 }));
         assert!(!m.try_form(t + Duration::from_secs(60)));
         assert_eq!(m.latest(), (2, 1));
+    }
+
+    /// A worker that beat and then fell silent past the timeout is gone: the pending round forms without it, the
+    /// launcher is told to stop it, the other members' heartbeats name its rank in their round, and its own later
+    /// heartbeats (a replayed or forged one, or its own after a thaw) are refused without bringing it back.
+    #[test]
+    fn a_worker_silent_past_the_heartbeat_timeout_is_gone_and_stays_gone() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut m = Membership::new(3, s(3600));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+        }
+        // Slot 2 never beat: not judged, however long.
+        assert_eq!(
+            m.beat(0, t),
+            Ok(Beat {
+                generation: 1,
+                lost: None
+            })
+        );
+        m.beat(1, t).unwrap();
+        assert!(m.silence(t + s(100), s(10)).iter().all(|(s, _)| *s != 2));
+        let mut m = Membership::new(3, s(3600));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+            m.beat(slot, t).unwrap();
+        }
+        m.beat(0, t + s(8)).unwrap();
+        m.beat(2, t + s(8)).unwrap();
+        assert!(m.silence(t + s(9), s(10)).is_empty());
+        // Slot 0 asks for the next round; slot 1 is silent from t.
+        assert!(matches!(m.join(0, 1, t + s(9)), Ok(Joined::Wait { .. })));
+        assert_eq!(m.silence(t + s(10), s(10)), vec![(1, s(10))]);
+        assert_eq!(m.dropped(), &BTreeSet::from([1]));
+        assert_eq!(
+            m.beat(2, t + s(10)),
+            Ok(Beat {
+                generation: 1,
+                lost: Some(1)
+            })
+        );
+        assert_eq!(
+            m.beat(1, t + s(11)),
+            Err(MembershipError::NotAlive { slot: 1 })
+        );
+        assert_eq!(m.join(2, 1, t + s(11)), member(2, 1, 2));
+        assert_eq!(
+            m.join(1, 1, t + s(11)),
+            Ok(Joined::LeftOut { generation: 2 })
+        );
+        // The new round lost none of its members.
+        assert_eq!(
+            m.beat(0, t + s(11)),
+            Ok(Beat {
+                generation: 2,
+                lost: None
+            })
+        );
+        // The launcher itself was stopped for longer than the timeout: nobody is judged on that silence.
+        let mut away = Membership::new(2, s(3600));
+        for slot in 0..2 {
+            away.join(slot, 0, t).unwrap();
+            away.beat(slot, t).unwrap();
+        }
+        assert!(away.silence(t + s(1), s(10)).is_empty());
+        assert!(away.silence(t + s(60), s(10)).is_empty());
+        assert!(away.silence(t + s(61), s(10)).is_empty());
+        away.beat(0, t + s(65)).unwrap();
+        let quiet: Vec<u32> = (62..=71)
+            .flat_map(|at| away.silence(t + s(at), s(10)))
+            .map(|(slot, _)| slot)
+            .collect();
+        assert_eq!(quiet, vec![1]);
+        // Heartbeats of slots that are no worker are refused and remembered nowhere.
+        for slot in [3, 7, u32::MAX] {
+            assert!(matches!(
+                m.beat(slot, t),
+                Err(MembershipError::NotAWorker { .. })
+            ));
+        }
+        assert!(m.beats.keys().all(|s| *s < 3));
+        // A worker that ended is forgotten.
+        m.gone(0, t + s(12));
+        assert!(!m.beats.contains_key(&0));
     }
 
     #[test]

@@ -367,6 +367,11 @@ pub(super) fn supervise(
     // those being stopped because a round formed without them.
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
+    // Live workers found frozen (no heartbeat for this long), stopped as workers a round formed without.
+    let heartbeat_timeout = super::heartbeat::timeout(step).unwrap_or(Duration::from_secs(
+        hvd_collective::liveness::DEFAULT_TIMEOUT_SECONDS,
+    ));
+    let mut silent = std::collections::BTreeSet::new();
     // Workers on slots host discovery no longer lists, asked to leave at their next commit (SIGTERM), by slot.
     let mut unlisted = Removing::default();
     // New workers still waiting to join when the training finished: stopped, not counted as lost.
@@ -753,6 +758,14 @@ pub(super) fn supervise(
         // Live workers a round of an elastic step formed without (they did not ask to join in time): stop them;
         // they count as lost.
         if let (Some(_), Some(server)) = (elastic, rendezvous) {
+            super::heartbeat::find_silent(
+                job,
+                step,
+                server,
+                workers,
+                heartbeat_timeout,
+                &mut silent,
+            );
             for slot in server.elastic_dropped() {
                 if let Some(index) = workers
                     .iter()
@@ -761,13 +774,16 @@ pub(super) fn supervise(
                 {
                     dropping.push((index, Instant::now()));
                     lost.insert(slot);
-                    job.events.event(Event::Note {
-                        text: format!(
-                            "rank {slot} of step `{}` did not rejoin within {} s; stopping it (elastic)",
-                            step.name,
-                            step.elastic.timeout.as_secs_f64()
-                        ),
-                    });
+                    // A silent one was named when it was found.
+                    if !silent.contains(&slot) {
+                        job.events.event(Event::Note {
+                            text: format!(
+                                "rank {slot} of step `{}` did not rejoin within {} s; stopping it (elastic)",
+                                step.name,
+                                step.elastic.timeout.as_secs_f64()
+                            ),
+                        });
+                    }
                     let w = &mut workers[index];
                     match w.stdin.take() {
                         Some(mut stdin) => crate::engine::send_stop(&mut stdin, libc::SIGTERM),

@@ -1,0 +1,193 @@
+//! An elastic worker's heartbeat to the launcher, and what it brings back.
+//!
+//! A worker of an elastic step (`HVD_ELASTIC=1`) starts, at its first join, a thread of its own that tells the
+//! launcher's rendezvous server it is alive (`POST /elastic/v1/beat`, docs/rendezvous.md) every [`interval`] of the
+//! launcher's heartbeat timeout (`HVD_HEARTBEAT_TIMEOUT`). The thread is Rust, independent of Python's GIL: a worker
+//! busy in a long computation still beats; a frozen one (a stopped process, a hung or partitioned node) does not,
+//! and the launcher counts it lost once it has been silent for the timeout. It beats for the life of the process,
+//! across its re-forms (a worker waiting in its join is alive too), and stops when the server says the worker is no
+//! longer one of the step's (it ended, was left out, or was found silent).
+//!
+//! The answer names the rank of a member of the latest round the launcher found silent: when that round is the one
+//! this process is in ([`enter_round`]), its collective in flight cannot complete (the frozen peer neither sends nor
+//! dies), so the transports' waits fail it at once with [`Error::PeerLost`] ([`check`]), instead of after
+//! `HVD_COLLECTIVE_TIMEOUT`, and the worker re-forms without it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::env_vars;
+use crate::error::{Error, Result};
+
+/// `HVD_HEARTBEAT_TIMEOUT` when unset, in seconds.
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 10;
+/// The shortest heartbeat timeout, in seconds (shorter, a loaded machine's scheduling delays read as a freeze).
+pub const MIN_TIMEOUT_SECONDS: u64 = 1;
+
+/// The heartbeat timeout of `HVD_HEARTBEAT_TIMEOUT`'s value (`None`: unset, the default): seconds, fractions allowed,
+/// from [`MIN_TIMEOUT_SECONDS`] to a day. The launcher and the workers read it with this one function.
+pub fn timeout_from(value: Option<&str>) -> Result<Duration> {
+    let Some(v) = value else {
+        return Ok(Duration::from_secs(DEFAULT_TIMEOUT_SECONDS));
+    };
+    let day = crate::time::DAY_SECONDS;
+    crate::time::parse_seconds_in(v, MIN_TIMEOUT_SECONDS as f64, day as f64).ok_or_else(|| {
+        Error::Bootstrap(format!(
+            "`{}={v}` is not a number of seconds from {MIN_TIMEOUT_SECONDS} to at most {day} (a day)",
+            env_vars::HVD_HEARTBEAT_TIMEOUT
+        ))
+    })
+}
+
+/// How often a worker beats for the launcher's `timeout`: five times per timeout, at most every 2 s.
+pub fn interval(timeout: Duration) -> Duration {
+    (timeout / 5).clamp(Duration::from_millis(50), Duration::from_secs(2))
+}
+
+/// Which round this process is a member of, and whether the launcher found one of its members silent.
+struct Membership {
+    /// The elastic round this process is a member of (0: none).
+    round: AtomicU64,
+    /// A round the launcher said a member of is silent (0: none), and that member's rank in it (stored first).
+    broken_round: AtomicU64,
+    broken_rank: AtomicU64,
+}
+
+impl Membership {
+    const fn new() -> Membership {
+        Membership {
+            round: AtomicU64::new(0),
+            broken_round: AtomicU64::new(0),
+            broken_rank: AtomicU64::new(0),
+        }
+    }
+
+    fn enter(&self, round: u64) {
+        self.round.store(round, Ordering::Release);
+    }
+
+    #[inline]
+    fn check(&self) -> Result<()> {
+        let broken = self.broken_round.load(Ordering::Acquire);
+        if broken == 0 || broken != self.round.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(Error::PeerLost {
+            rank: self.broken_rank.load(Ordering::Acquire) as usize,
+            reason: format!(
+                "it sent the launcher no heartbeat for {} (frozen: a stopped process, or a hung or unreachable \
+                 node)",
+                env_vars::HVD_HEARTBEAT_TIMEOUT
+            ),
+        })
+    }
+
+    /// Records the launcher's answer: round `round`'s member of rank `lost` is silent.
+    fn broken(&self, round: u64, lost: u64) {
+        if round != 0 && round == self.round.load(Ordering::Acquire) {
+            self.broken_rank.store(lost, Ordering::Release);
+            self.broken_round.store(round, Ordering::Release);
+        }
+    }
+}
+
+static THIS_PROCESS: Membership = Membership::new();
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// This process is a member of elastic round `round` from now on: only a silent member of that round fails its
+/// operations.
+pub(crate) fn enter_round(round: u64) {
+    THIS_PROCESS.enter(round);
+}
+
+/// The transports' waits ask this while a peer has not answered: [`Error::PeerLost`] once the launcher found a member
+/// of this process's round silent. Two atomic loads when nothing is wrong.
+#[inline]
+pub fn check() -> Result<()> {
+    THIS_PROCESS.check()
+}
+
+/// What one heartbeat brought back: `Some((round, lost))`, the launcher's latest round and the rank in it of a member
+/// it found silent; `None`, the launcher no longer counts this worker (the heartbeat stops).
+pub type BeatAnswer = Result<Option<(u64, Option<u64>)>>;
+
+/// Starts this process's heartbeat thread (once; later calls do nothing): it calls `beat` (one request to the
+/// launcher's server as this worker, [`crate::rendezvous::KeyValueClient::elastic_beat`]) every [`interval`] of
+/// `timeout`, until `beat` answers that the launcher no longer counts this worker.
+pub(crate) fn start(
+    timeout: Duration,
+    mut beat: impl FnMut(Duration) -> BeatAnswer + Send + 'static,
+) {
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let every = interval(timeout);
+    let spawned = std::thread::Builder::new()
+        .name("hvd-heartbeat".into())
+        .spawn(move || {
+            loop {
+                match beat(every) {
+                    Ok(Some((round, Some(lost)))) => THIS_PROCESS.broken(round, lost),
+                    Ok(Some((_, None))) => {}
+                    Ok(None) => {
+                        tracing::debug!(
+                            "the launcher no longer counts this worker; heartbeat stopped"
+                        );
+                        return;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "heartbeat failed; beating on"),
+                }
+                std::thread::sleep(every);
+            }
+        });
+    if let Err(e) = spawned {
+        STARTED.store(false, Ordering::Release);
+        tracing::warn!(error = %e, "could not start the heartbeat thread");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeout_is_bounded_and_the_interval_follows_it() {
+        let s = Duration::from_secs;
+        assert_eq!(timeout_from(None).unwrap(), s(10));
+        assert_eq!(
+            timeout_from(Some(" 2.5 ")).unwrap(),
+            Duration::from_millis(2500)
+        );
+        for bad in ["0", "0.5", "-1", "nan", "inf", "1e19", "86401", "soon", ""] {
+            let e = timeout_from(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("HVD_HEARTBEAT_TIMEOUT"), "{bad}: {e}");
+        }
+        assert_eq!(interval(s(10)), s(2));
+        assert_eq!(interval(s(3600)), s(2));
+        assert_eq!(interval(s(1)), Duration::from_millis(200));
+    }
+
+    /// Only a silent member of this process's own round fails the waits: not one of an earlier round (the process
+    /// has re-formed since), nor before any round.
+    #[test]
+    fn only_a_silent_member_of_this_round_fails_the_waits() {
+        let m = Membership::new();
+        assert!(m.check().is_ok());
+        m.broken(3, 1);
+        assert!(m.check().is_ok());
+        m.enter(3);
+        m.broken(3, 1);
+        match m.check() {
+            Err(Error::PeerLost { rank: 1, reason }) => {
+                assert!(reason.contains("heartbeat"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        m.enter(4);
+        assert!(m.check().is_ok());
+        m.broken(3, 2);
+        assert!(m.check().is_ok());
+        // The process-wide state is untouched: no round, nothing broken.
+        assert!(check().is_ok());
+    }
+}
