@@ -9,9 +9,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_elastic_step(hvd, python, size, worker):
-    """Runs `worker` (Python source) as an elastic step `workers = { min = 2, max = size }` under `hvd run`;
-    returns the finished process (stdout and stderr captured). Exits when the run does not end within 120 s."""
+def run_elastic_step(hvd, python, size, worker, timeout=120, env=None):
+    """Runs `worker` (Python source) as an elastic step `workers = { min = 2, max = size }` under `hvd run` (with the
+    variables `env` added to its environment); returns the finished process (stdout and stderr captured). Exits when
+    the run does not end within `timeout` seconds."""
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "w.py"), "w") as f:
             f.write(worker)
@@ -26,10 +27,10 @@ def run_elastic_step(hvd, python, size, worker):
         try:
             return subprocess.run(
                 [hvd, "run", os.path.join(d, "train.hvd"), "--no-build", "--grace", "2"],
-                capture_output=True, text=True, env=dict(os.environ, NO_COLOR="1"), timeout=120,
+                capture_output=True, text=True, env=dict(os.environ, NO_COLOR="1", **(env or {})), timeout=timeout,
             )
         except subprocess.TimeoutExpired as e:
-            sys.exit("hvd run did not end within 120 s:\n%s\n%s" % (e.stdout, e.stderr))
+            sys.exit("hvd run did not end within %d s:\n%s\n%s" % (timeout, e.stdout, e.stderr))
 
 
 def parse_args(doc):
