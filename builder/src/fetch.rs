@@ -9,8 +9,13 @@
 //! the request deadline, and after that grace period the download must average the least speed
 //! ([`HttpDeadlines`]: `HVD_HTTP_TIMEOUT`, `HVD_DOWNLOAD_MIN_RATE`), so its time is bounded by its size. A
 //! download stopped there is not retried (a stalling host would stall again).
+//!
+//! A big wheel's first attempt can be read while it streams ([`Streams`]): its end (the central directory) is read
+//! ahead by a range request and the written front is published to a [`Growing`] view, told at the end whether the
+//! whole file matched; nothing read through it is kept otherwise.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -23,6 +28,7 @@ use hvd_resolver::deadline::HttpDeadlines;
 
 use crate::error::{Error, Result};
 use crate::progress::Progress;
+use crate::unpack::{Growing, Publisher};
 
 /// One file to fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +56,17 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 pub(crate) const MAX_DOWNLOAD_BYTES: u64 = 16 << 30;
 /// The suffix of a download's temp file in the cache (see [`hvd_resolver::temp_files`]).
 const PART_SUFFIX: &str = "part";
+/// Wheels at least this big are offered to the caller to unpack while they download ([`Streams`]).
+pub(crate) const STREAM_FROM_BYTES: u64 = 32 << 20;
+/// The end of a streamed wheel read ahead by a range request: its central directory (tensorflow's, with about
+/// 20 000 entries, is about 2 MB) and the end records. A bigger one is read from the download when it gets there.
+const TAIL_BYTES: u64 = 4 << 20;
+/// How far a streamed download's written front moves before it is published (each publication flushes the file).
+const PUBLISH_EVERY: u64 = 1 << 20;
+
+/// Called with an artifact's index and a view of its download, once a big wheel's download is under way and its
+/// end was read ahead, so that the caller can unpack it as it streams (see [`Growing`]).
+pub(crate) type Streams<'a> = &'a (dyn Fn(usize, Arc<Growing>) + Sync);
 
 impl Fetcher {
     /// A fetcher caching under `cache` (`<cache>/sha256/<hex>`).
@@ -80,7 +97,7 @@ impl Fetcher {
         artifacts: &[Artifact],
         progress: &dyn Progress,
     ) -> Result<Vec<PathBuf>> {
-        self.fetch_each(artifacts, progress, &AtomicBool::new(false), &|_| {})?;
+        self.fetch_each(artifacts, progress, &AtomicBool::new(false), &|_| {}, None)?;
         Ok(artifacts
             .iter()
             .map(|a| self.cached_path(&a.sha256))
@@ -89,13 +106,15 @@ impl Fetcher {
 
     /// Fetch every artifact, calling `ready` with its index as soon as it is in the cache (at once for those
     /// already there), so that the caller can start on it while the others download. No new download starts once
-    /// `stop` is set (the caller failed) or one failed; the first error is returned.
+    /// `stop` is set (the caller failed) or one failed; the first error is returned. With `streams`, big wheels are
+    /// also offered while they download.
     pub(crate) fn fetch_each(
         &self,
         artifacts: &[Artifact],
         progress: &dyn Progress,
         stop: &AtomicBool,
         ready: &(dyn Fn(usize) + Sync),
+        streams: Option<Streams<'_>>,
     ) -> Result<()> {
         let mut missing: Vec<(usize, &Artifact)> = Vec::new();
         for (index, artifact) in artifacts.iter().enumerate() {
@@ -161,7 +180,10 @@ impl Fetcher {
                         if stop.load(Ordering::Acquire) {
                             return Ok(());
                         }
-                        let fetched = self.fetch_one(client, deadlines, artifact, progress).await;
+                        let stream = streams.map(|streams| (streams, index));
+                        let fetched = self
+                            .fetch_one(client, deadlines, artifact, progress, stream)
+                            .await;
                         match fetched {
                             Ok(()) => ready(index),
                             Err(_) => stop.store(true, Ordering::Release),
@@ -183,14 +205,17 @@ impl Fetcher {
         deadlines: &HttpDeadlines,
         artifact: &Artifact,
         progress: &dyn Progress,
+        stream: Option<(Streams<'_>, usize)>,
     ) -> Result<()> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         progress.download_started(id, &artifact.filename, artifact.size);
         let mut attempt = 0;
         let result = loop {
             attempt += 1;
+            // Only the first attempt is offered: a retry's file is unpacked once it is complete.
+            let stream = stream.filter(|_| attempt == 1);
             match self
-                .try_fetch(client, deadlines, artifact, id, progress)
+                .try_fetch(client, deadlines, artifact, id, progress, stream)
                 .await
             {
                 Err(Error::Download { message, .. }) if attempt < 3 && !self.offline => {
@@ -211,6 +236,7 @@ impl Fetcher {
         artifact: &Artifact,
         id: usize,
         progress: &dyn Progress,
+        stream: Option<(Streams<'_>, usize)>,
     ) -> Result<()> {
         let final_path = self.cached_path(&artifact.sha256);
         let dir = self.cache.join("sha256");
@@ -219,10 +245,15 @@ impl Fetcher {
             artifact.sha256.as_str(),
             PART_SUFFIX,
         ));
-        let result = self
-            .stream_into(client, deadlines, artifact, &temp, id, progress)
-            .await;
-        let actual = match result {
+        let download = Download {
+            artifact,
+            id,
+            progress,
+            offer: stream,
+        };
+        let result = self.stream_into(client, deadlines, download, &temp).await;
+        // A publisher dropped on any return below tells the readers of the download that it failed.
+        let (actual, publisher) = match result {
             Ok(actual) => actual,
             Err(err) => {
                 let _ = fs_err::remove_file(&temp);
@@ -238,6 +269,9 @@ impl Fetcher {
             });
         }
         fs_err::rename(&temp, &final_path)?;
+        if let Some(publisher) = publisher {
+            publisher.verified();
+        }
         Ok(())
     }
 
@@ -245,11 +279,15 @@ impl Fetcher {
         &self,
         client: &reqwest::Client,
         deadlines: &HttpDeadlines,
-        artifact: &Artifact,
+        download: Download<'_>,
         temp: &Path,
-        id: usize,
-        progress: &dyn Progress,
-    ) -> Result<Sha256> {
+    ) -> Result<(Sha256, Option<Publisher>)> {
+        let Download {
+            artifact,
+            id,
+            progress,
+            offer,
+        } = download;
         let mut hasher = sha2::Sha256::new();
         let mut out = tokio::fs::OpenOptions::new()
             .write(true)
@@ -265,6 +303,7 @@ impl Fetcher {
         // Stop at the locked size: a longer file is refused without reading further.
         let limit = artifact.size.unwrap_or(MAX_DOWNLOAD_BYTES);
         let mut received = 0u64;
+        let mut publisher: Option<Publisher> = None;
         let too_large = || {
             Error::Invalid(format!(
                 "`{}` ({}) is larger than {} {limit} bytes; refusing it, nothing was installed",
@@ -356,12 +395,64 @@ impl Fetcher {
             if response.content_length().is_some_and(|n| n > limit) {
                 return Err(too_large());
             }
+            // A big wheel's end is read ahead (by a second request, beside this one) to unpack it as it streams.
+            let mut tail = offer
+                .filter(|_| streamable(artifact))
+                .map(|(streams, index)| {
+                    let client = client.clone();
+                    let url = artifact.url.clone();
+                    let deadlines = *deadlines;
+                    let task =
+                        tokio::spawn(
+                            async move { read_tail(&client, &url, limit, &deadlines).await },
+                        );
+                    (task, streams, index)
+                });
             let mut stream = response.bytes_stream();
             loop {
                 let deadline = deadlines.download_deadline(started, received);
-                let Some(chunk) = tokio::time::timeout_at(deadline, stream.next())
-                    .await
-                    .map_err(|_| too_slow(deadlines.too_slow(started, received)))?
+                let next = tokio::time::timeout_at(deadline, stream.next());
+                // The end read ahead is taken as soon as it is in, between two chunks of the body.
+                let next = match tail.as_mut() {
+                    Some((task, ..)) => tokio::select! {
+                        joined = task => Err(joined.ok().flatten()),
+                        next = next => Ok(next),
+                    },
+                    None => Ok(next.await),
+                };
+                let next = match next {
+                    Ok(next) => next,
+                    Err(read) => {
+                        let Some((_, streams, index)) = tail.take() else {
+                            continue;
+                        };
+                        let Some((start, bytes)) = read else {
+                            continue;
+                        };
+                        out.flush().await.map_err(write_error)?;
+                        let file = std::fs::File::open(temp).map_err(|err| {
+                            std::io::Error::other(format!(
+                                "failed to open `{}`: {err}",
+                                temp.display()
+                            ))
+                        })?;
+                        let view = Arc::new(Growing::new(
+                            file,
+                            limit,
+                            start,
+                            bytes,
+                            &artifact.filename,
+                            &artifact.url,
+                        ));
+                        let mut published = Publisher::new(view.clone());
+                        published.advance(received);
+                        publisher = Some(published);
+                        streams(index, view);
+                        continue;
+                    }
+                };
+                let Some(chunk) =
+                    next.map_err(|_| too_slow(deadlines.too_slow(started, received)))?
                 else {
                     break;
                 };
@@ -370,9 +461,21 @@ impl Fetcher {
                 hasher.update(&chunk);
                 out.write_all(&chunk).await.map_err(write_error)?;
                 progress.download_progress(id, chunk.len() as u64);
+                if let Some(published) = publisher.as_mut()
+                    && received - published.published() >= PUBLISH_EVERY
+                {
+                    out.flush().await.map_err(write_error)?;
+                    published.advance(received);
+                }
+            }
+            if let Some((task, ..)) = tail {
+                task.abort();
             }
         }
         out.flush().await.map_err(write_error)?;
+        if let Some(published) = publisher.as_mut() {
+            published.advance(received);
+        }
         if let Some(size) = artifact.size
             && received != size
         {
@@ -384,8 +487,67 @@ impl Fetcher {
                 ),
             });
         }
-        Ok(Sha256::from_hasher(hasher))
+        Ok((Sha256::from_hasher(hasher), publisher))
     }
+}
+
+/// One attempt at a download: what, its progress id and reporter, and whom to offer its stream (with its index).
+#[derive(Clone, Copy)]
+struct Download<'a> {
+    artifact: &'a Artifact,
+    id: usize,
+    progress: &'a dyn Progress,
+    offer: Option<(Streams<'a>, usize)>,
+}
+
+/// Whether `artifact` is a wheel worth unpacking while it downloads (its locked size is known and big).
+fn streamable(artifact: &Artifact) -> bool {
+    artifact.filename.ends_with(".whl") && artifact.size.is_some_and(|n| n >= STREAM_FROM_BYTES)
+}
+
+/// The last bytes of the `size`-byte file at `url`, by a range request: `(offset, bytes)` when the host answered
+/// 206 with exactly that range, unencoded, in time; `None` otherwise (the wheel is then unpacked once it is
+/// complete, as any other). What comes back is checked against the verified file's end ([`Growing`]).
+async fn read_tail(
+    client: &reqwest::Client,
+    url: &str,
+    size: u64,
+    deadlines: &HttpDeadlines,
+) -> Option<(u64, Vec<u8>)> {
+    use reqwest::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_RANGE, RANGE};
+    let len = size.min(TAIL_BYTES);
+    let start = size - len;
+    let request = async {
+        let response = client
+            .get(url)
+            .header(RANGE, format!("bytes={start}-"))
+            .header(ACCEPT_ENCODING, "identity")
+            .send()
+            .await
+            .ok()?;
+        let expected = format!("bytes {start}-{}/{size}", size.checked_sub(1)?);
+        let headers = response.headers();
+        if response.status() != reqwest::StatusCode::PARTIAL_CONTENT
+            || headers.get(CONTENT_RANGE)?.to_str().ok()? != expected
+            || headers.contains_key(CONTENT_ENCODING)
+        {
+            return None;
+        }
+        let mut tail = Vec::with_capacity(len as usize);
+        let mut body = response.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.ok()?;
+            if (tail.len() + chunk.len()) as u64 > len {
+                return None;
+            }
+            tail.extend_from_slice(&chunk);
+        }
+        (tail.len() as u64 == len).then_some((start, tail))
+    };
+    tokio::time::timeout(deadlines.request, request)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// `file:///x` and plain absolute paths name local files.

@@ -108,6 +108,17 @@ impl StoredPython {
         }
     }
 
+    /// The interpreter path a lock's pin names (whether or not it exists yet): its path and identity follow from
+    /// the pin alone.
+    pub(crate) fn pinned(store: &Store, version: &str, content_hash: &Sha256) -> StoredPython {
+        StoredPython {
+            path: store.path_of(&derivation(version, content_hash)),
+            version: version.to_string(),
+            short_version: short_version(version),
+            content_hash: content_hash.clone(),
+        }
+    }
+
     /// The interpreter path at `path` (valid, and made by [`import`]).
     pub fn from_path(store: &Store, path: &Path) -> Result<StoredPython> {
         let info = store.path_info(path)?;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use hvd_resolver::Sha256;
 
@@ -64,6 +64,9 @@ struct Planned<'a> {
     /// The interpreter's store path; `python` is its executable there.
     stored_python: StoredPython,
     python: Interpreter,
+    /// The lock pins the interpreter and its path is only named so far: [`Planned::realize_interpreter`] makes it
+    /// (while the wheels download and install, in a build).
+    interpreter_pending: bool,
     toolchain: Option<Toolchain>,
     /// Derivation by the package plan's identity (name, version, artifact sha256).
     derivations: HashMap<(String, String, Sha256), Derivation>,
@@ -99,7 +102,18 @@ impl<'a> Planned<'a> {
         substituter: Option<&Substituter>,
         progress: &dyn Progress,
     ) -> Result<Planned<'a>> {
-        let stored_python = stored_interpreter(store, plan, substituter, progress)?;
+        // A pin names the path, so nothing here waits for the copy; without one the copy's content hash is the
+        // path's name.
+        let (stored_python, interpreter_pending) = match &plan.interpreter {
+            Some(pin) => (
+                StoredPython::pinned(store, &pin.version, &pin.content_hash),
+                true,
+            ),
+            None => (
+                stored_interpreter(store, plan, substituter, progress)?,
+                false,
+            ),
+        };
         let python = stored_python.interpreter();
         let any_source_build = plan.packages.iter().any(|p| p.build.is_some());
         let toolchain = if any_source_build {
@@ -117,6 +131,7 @@ impl<'a> Planned<'a> {
             plan,
             stored_python,
             python,
+            interpreter_pending,
             toolchain,
             derivations: HashMap::new(),
             build_envs: HashMap::new(),
@@ -125,6 +140,27 @@ impl<'a> Planned<'a> {
             planned.derive(package, 0)?;
         }
         Ok(planned)
+    }
+
+    /// Make the interpreter path the plan's derivations name (a pinned one is substituted or copied in here, not
+    /// in [`Planned::new`]); an error when what was made is not that path.
+    fn realize_interpreter(
+        &self,
+        substituter: Option<&Substituter>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        if !self.interpreter_pending {
+            return Ok(());
+        }
+        let stored = stored_interpreter(self.store, self.plan, substituter, progress)?;
+        if stored.path != self.stored_python.path {
+            return Err(Error::Invalid(format!(
+                "the interpreter was made at `{}`, not at the pinned `{}`",
+                stored.path.display(),
+                self.stored_python.path.display()
+            )));
+        }
+        Ok(())
     }
 
     fn runtime_package(&self, name: &str) -> Option<&'a PackagePlan> {
@@ -401,7 +437,24 @@ pub fn build_env_with(
         substituter.substitute_all(store, &wanted, progress)?;
     }
 
-    realizer.realize_wheels(&plan.packages)?;
+    // The interpreter is copied in (or substituted) while the wheels download and install: neither needs the other,
+    // and on a cold store the copy would otherwise hold back the first download. Its failure stops new downloads
+    // and installs and is the error reported.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let interpreter = scope.spawn(|| {
+            let made = planned.realize_interpreter(substituter, progress);
+            if made.is_err() {
+                stop.store(true, Ordering::Release);
+            }
+            made
+        });
+        let wheels = realizer.realize_wheels(&plan.packages, &stop);
+        interpreter.join().map_err(|_| {
+            Error::Invalid("copying the interpreter into the store panicked".into())
+        })??;
+        wheels
+    })?;
     for package in &plan.packages {
         let (path, _) = realizer.realize_package(package, options.rebuild)?;
         let built = realizer
@@ -452,13 +505,14 @@ pub fn check_env(
 ) -> Result<Vec<CheckOutcome>> {
     let _builders = store.lock_builders()?;
     let planned = Planned::new(store, plan, options, None, progress)?;
+    planned.realize_interpreter(None, progress)?;
     let realizer = Realizer::new(&planned, store, options, progress);
     let mut outcomes = Vec::new();
     for package in plan.packages.iter().filter(|p| p.build.is_some()) {
         let derivation = &planned.derivations[&key(package)];
         let path = store.path_of(derivation);
         if !store.is_valid(&path) {
-            realizer.realize_wheels(std::slice::from_ref(package))?;
+            realizer.realize_wheels(std::slice::from_ref(package), &AtomicBool::new(false))?;
             realizer.realize_package(package, false)?;
         }
         let name = derivation.path_name();
@@ -554,8 +608,9 @@ impl<'a> Realizer<'a> {
 
     /// Download everything missing and install the missing wheels on a few threads, each wheel as soon as it is
     /// in the download cache (while the others still download), largest first. The first error stops the rest:
-    /// no new download or install starts; paths already made are complete (each is made atomically).
-    fn realize_wheels(&self, roots: &[PackagePlan]) -> Result<()> {
+    /// no new download or install starts; paths already made are complete (each is made atomically). So does
+    /// `stop` set by the caller (then the caller has the error).
+    fn realize_wheels(&self, roots: &[PackagePlan], stop: &AtomicBool) -> Result<()> {
         let mut missing = BTreeMap::new();
         self.missing(roots, &mut missing);
         let mut packages: Vec<&PackagePlan> = missing.values().collect();
@@ -566,7 +621,6 @@ impl<'a> Realizer<'a> {
         // Indexes into `packages` of wheels in the cache and not taken yet; whether downloads are still running.
         let queue = Mutex::new((BTreeSet::<usize>::new(), true));
         let wake = Condvar::new();
-        let stop = AtomicBool::new(false);
         let first_error: Mutex<Option<Error>> = Mutex::new(None);
         let fail = |err: Error| {
             first_error
@@ -608,10 +662,41 @@ impl<'a> Realizer<'a> {
                     }
                 });
             }
-            let fetched = self
-                .fetcher
-                .fetch_each(&artifacts, self.progress, &stop, &|index| {
-                    if packages[index].build.is_none() {
+            // A big wheel is also installed while it downloads, on a thread of its own (it waits for the bytes).
+            // Once its download is verified that thread finishes it; after a failed first attempt a retry's
+            // complete file goes to the queue as any other.
+            let fail = &fail;
+            let streaming: Mutex<HashMap<usize, Arc<unpack::Growing>>> = Mutex::new(HashMap::new());
+            let streaming = &streaming;
+            let streamed = |index: usize, growing: Arc<unpack::Growing>| {
+                let package = packages[index];
+                if package.build.is_some() {
+                    return;
+                }
+                streaming
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(index, growing.clone());
+                scope.spawn(move || {
+                    match self.realize_package_from(package, false, Some(growing.clone())) {
+                        Ok(_) => {}
+                        // The fetch reports the failure, or a retry's complete file is installed as usual.
+                        Err(_) if growing.failed() => {}
+                        Err(err) => fail(err),
+                    }
+                });
+            };
+            let fetched = self.fetcher.fetch_each(
+                &artifacts,
+                self.progress,
+                stop,
+                &|index| {
+                    let installing = streaming
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&index)
+                        .is_some_and(|growing| growing.verified());
+                    if packages[index].build.is_none() && !installing {
                         queue
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -619,7 +704,9 @@ impl<'a> Realizer<'a> {
                             .insert(index);
                         wake.notify_one();
                     }
-                });
+                },
+                Some(&streamed),
+            );
             if let Err(err) = fetched {
                 fail(err);
             }
@@ -634,6 +721,17 @@ impl<'a> Realizer<'a> {
 
     /// Realize one package path (its artifact must be fetched, or fetchable).
     fn realize_package(&self, package: &PackagePlan, rebuild: bool) -> Result<(PathBuf, bool)> {
+        self.realize_package_from(package, rebuild, None)
+    }
+
+    /// [`Self::realize_package`]; a wheel from `growing`, its download under way, when given (an error too when
+    /// that download fails: the caller tells which by [`unpack::Growing::failed`]).
+    fn realize_package_from(
+        &self,
+        package: &PackagePlan,
+        rebuild: bool,
+        growing: Option<Arc<unpack::Growing>>,
+    ) -> Result<(PathBuf, bool)> {
         let derivation = &self.planned.derivations[&key(package)];
         let replace = rebuild && package.build.is_some();
         if !replace
@@ -657,11 +755,21 @@ impl<'a> Realizer<'a> {
             .realize_known(derivation, replace, |target| {
                 let (manifest, references) = match &package.build {
                     None => {
-                        let wheel = self
-                            .fetcher
-                            .fetch_all(std::slice::from_ref(&package.artifact), self.progress)?;
-                        let manifest = wheel::install_wheel_for_store(&wheel[0], &target.out)
-                            .map_err(|source| install_error(package, source))?;
+                        let manifest = match growing {
+                            Some(growing) => wheel::install_growing_for_store(
+                                &self.fetcher.cached_path(&package.artifact.sha256),
+                                growing,
+                                &target.out,
+                            ),
+                            None => {
+                                let wheel = self.fetcher.fetch_all(
+                                    std::slice::from_ref(&package.artifact),
+                                    self.progress,
+                                )?;
+                                wheel::install_wheel_for_store(&wheel[0], &target.out)
+                            }
+                        }
+                        .map_err(|source| install_error(package, source))?;
                         (manifest, BTreeSet::new())
                     }
                     Some(_) => self.build_from_source(package, &target.out)?,
@@ -691,7 +799,7 @@ impl<'a> Realizer<'a> {
         out: &Path,
     ) -> Result<(unpack::Manifest, BTreeSet<String>)> {
         let (env_derivation, env_packages) = &self.planned.build_envs[&key(package)];
-        self.realize_wheels(env_packages)?;
+        self.realize_wheels(env_packages, &AtomicBool::new(false))?;
         let mut paths = Vec::new();
         for env_package in env_packages {
             paths.push(self.realize_package(env_package, false)?.0);

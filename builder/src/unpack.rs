@@ -33,8 +33,10 @@ use hvd_resolver::Sha256;
 use crate::error::{Error, Result};
 use crate::hash::ManifestEntry;
 
+mod growing;
 mod zip_archive;
 
+pub(crate) use growing::{Growing, Publisher};
 pub use zip_archive::unpack_zip;
 pub(crate) use zip_archive::{OpenZip, SharedFile, unpack_open_zip};
 
@@ -436,13 +438,14 @@ struct FileJob {
 }
 
 impl<'a> Extractor<'a> {
+    /// An extractor of `archive` (`archive_len` bytes: the ratio limit's base) into `dest`.
     fn new(
         archive: &'a Path,
+        archive_len: u64,
         dest: &'a Path,
         options: Options<'a>,
         store_modes: bool,
     ) -> Result<Self> {
-        let archive_len = fs_err::metadata(archive)?.len();
         fs_err::create_dir_all(dest)?;
         let root = nix::fcntl::open(
             dest,
@@ -1053,7 +1056,8 @@ fn unpack_tar(
     decoder: impl FnOnce(std::io::BufReader<fs_err::File>) -> std::io::Result<Box<dyn Read>>,
 ) -> Result<Extracted> {
     let file = fs_err::File::open(archive)?;
-    let mut extractor = Extractor::new(archive, dest, options, false)?;
+    let archive_len = file.metadata()?.len();
+    let mut extractor = Extractor::new(archive, archive_len, dest, options, false)?;
     let limits = options.limits;
     // The stream may not exceed what the size and ratio limits allow (this also bounds the memory the tar reader
     // spends on long names and pax headers).

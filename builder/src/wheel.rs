@@ -48,6 +48,26 @@ pub(crate) fn install_wheel_for_store(wheel: &Path, out: &Path) -> Result<unpack
     })
 }
 
+/// [`install_wheel_for_store`] of the wheel `growing` is downloading to `wheel`: its files are written as the bytes
+/// arrive (the central directory was read ahead), with every check of an installation from the complete file. The
+/// manifest is returned only once the download matched its locked sha256 and size and the end read ahead equals
+/// the verified file's; on any error `out` must be discarded.
+pub(crate) fn install_growing_for_store(
+    wheel: &Path,
+    growing: std::sync::Arc<unpack::Growing>,
+    out: &Path,
+) -> Result<unpack::Manifest> {
+    let installed = unpack::OpenZip::open_growing(wheel, growing.clone())
+        .and_then(|zip| install_open(wheel, zip, out, true));
+    // Nothing read counts before the download's verdict, and a failed download explains a failed read.
+    growing.wait_verified()?;
+    let (_, manifest) = installed?;
+    manifest.ok_or_else(|| Error::InvalidWheel {
+        wheel: wheel.to_path_buf(),
+        message: "was unpacked without hashes".into(),
+    })
+}
+
 /// The installation behind [`install_wheel`] and [`install_wheel_for_store`]: the archive is opened (its central
 /// directory read) once.
 fn install(
@@ -55,11 +75,20 @@ fn install(
     out: &Path,
     store_modes: bool,
 ) -> Result<(unpack::Extracted, Option<unpack::Manifest>)> {
+    install_open(wheel, unpack::OpenZip::open(wheel)?, out, store_modes)
+}
+
+/// [`install`] of the archive `zip`, opened from `wheel`.
+fn install_open(
+    wheel: &Path,
+    zip: unpack::OpenZip<'_>,
+    out: &Path,
+    store_modes: bool,
+) -> Result<(unpack::Extracted, Option<unpack::Manifest>)> {
     let invalid = |message: String| Error::InvalidWheel {
         wheel: wheel.to_path_buf(),
         message,
     };
-    let zip = unpack::OpenZip::open(wheel)?;
     let (dist_info, data_dir) = wheel_dirs(wheel, &zip)?;
     let project = dist_info.split('-').next().unwrap_or_default().to_string();
     // The name part of `<name>-<version>.dist-info` becomes `include/<name>/`: it must be a distribution name (PEP 427

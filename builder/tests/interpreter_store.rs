@@ -372,6 +372,91 @@ fn the_locks_pin_names_the_path_and_a_tampered_hash_is_refused() {
     assert!(!forged.exists());
 }
 
+/// #22 §4: the pinned interpreter is copied in while the wheels download and install. A cold build makes both;
+/// a pin this machine cannot satisfy is still the error reported (not a wheel's, not a success), and no env is
+/// built, though the wheel was in flight meanwhile.
+#[test]
+fn a_pinned_interpreter_is_copied_in_beside_the_wheels_and_its_mismatch_is_the_error() {
+    let test = "a_pinned_interpreter_is_copied_in_beside_the_wheels_and_its_mismatch_is_the_error";
+    let Some(python) = pyenv_311(test) else {
+        return;
+    };
+    let (dir, server, store) = common::served_store();
+    let wheel = common::make_wheel(
+        &server.root,
+        "alpha",
+        "1.0",
+        &[("alpha/__init__.py", b"VALUE = 1\n")],
+        None,
+    );
+    let with_wheel = |pin: InterpreterPin| EnvPlan {
+        packages: vec![server.wheel_plan("alpha", "1.0", &wheel)],
+        ..plan(&python.short_version, Some(pin))
+    };
+    // The pin as `hvd lock` writes it: computed without copying anything into the store.
+    let pin = interpreter::pin(&store, &python).unwrap();
+    let pinned_path = store.path_of(&interpreter::derivation(&pin.version, &pin.content_hash));
+    assert!(!pinned_path.exists());
+    let built = build_env(
+        &store,
+        &with_wheel(pin.clone()),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    assert!(store.is_valid(&pinned_path));
+    let stored = interpreter::StoredPython::from_path(&store, &pinned_path).unwrap();
+    assert_eq!(
+        std::fs::read_link(built.env.join("bin/python")).unwrap(),
+        stored.executable()
+    );
+    assert!(
+        built
+            .packages
+            .iter()
+            .all(|p| p.built && store.is_valid(&p.path))
+    );
+
+    // Another store, a pin of other content: the mismatch is the error, and there is no env.
+    let fresh = Store::open(dir.path().join("fresh-store")).unwrap();
+    let tampered = hvd_builder::Sha256::of_bytes(b"someone else's python");
+    let err = build_env(
+        &fresh,
+        &with_wheel(InterpreterPin {
+            version: python.version.clone(),
+            content_hash: tampered.clone(),
+        }),
+        &BuildOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::InterpreterMismatch { expected, .. } if expected == tampered.as_str()),
+        "{err}"
+    );
+    let kinds: Vec<_> = fresh
+        .list_paths()
+        .unwrap()
+        .iter()
+        .map(|name| {
+            fresh
+                .path_info(&fresh.root().join(name))
+                .unwrap()
+                .derivation
+                .kind
+        })
+        .collect();
+    assert!(
+        !kinds.contains(&hvd_builder::derivation::DerivationKind::Env),
+        "{kinds:?}"
+    );
+    assert!(
+        !fresh
+            .path_of(&interpreter::derivation(&python.version, &tampered))
+            .exists()
+    );
+}
+
 #[test]
 fn gc_keeps_the_interpreter_while_an_env_references_it() {
     let Some((python, dir, store)) =

@@ -5,6 +5,7 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::growing::Growing;
 use super::{
     Extracted, Extractor, FileJob, Kind, MAX_LINK_TARGET, Manifest, Options, PARALLEL_FROM_BYTES,
     archive_error,
@@ -16,11 +17,28 @@ const S_IFREG: u32 = 0o100000;
 const S_IFDIR: u32 = 0o040000;
 pub(super) const S_IFLNK: u32 = 0o120000;
 
+/// What a [`SharedFile`] reads: a complete file, or one still downloading.
+#[derive(Clone)]
+enum Source {
+    File(Arc<std::fs::File>),
+    Growing(Arc<Growing>),
+}
+
+impl Source {
+    fn read_at(&self, out: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        match self {
+            Source::File(file) => file.read_at(out, offset),
+            Source::Growing(growing) => growing.read_at(out, offset),
+        }
+    }
+}
+
 /// An archive file read by position (`pread`), so that clones read independently: every thread of a parallel
 /// extraction has its own, sharing one descriptor and one parsed central directory. Buffered, and a seek keeps
 /// the buffer (the central directory is parsed field by field, entries are opened by seeking).
 pub(crate) struct SharedFile {
-    file: Arc<std::fs::File>,
+    file: Source,
     len: u64,
     pos: u64,
     buffer: Vec<u8>,
@@ -33,14 +51,18 @@ impl SharedFile {
     pub(super) fn open(path: &Path) -> Result<SharedFile> {
         let file = fs_err::File::open(path)?.into_parts().0;
         let len = file.metadata()?.len();
-        Ok(SharedFile {
-            file: Arc::new(file),
+        Ok(SharedFile::of(Source::File(Arc::new(file)), len))
+    }
+
+    fn of(file: Source, len: u64) -> SharedFile {
+        SharedFile {
+            file,
             len,
             pos: 0,
             buffer: vec![0u8; 64 << 10],
             buffer_at: 0,
             buffered: 0,
-        })
+        }
     }
 }
 
@@ -59,7 +81,6 @@ impl Clone for SharedFile {
 
 impl Read for SharedFile {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        use std::os::unix::fs::FileExt;
         let in_buffer = self.pos >= self.buffer_at
             && self.pos < self.buffer_at + self.buffered as u64
             && self.buffered > 0;
@@ -99,13 +120,38 @@ impl std::io::Seek for SharedFile {
 pub(crate) struct OpenZip<'p> {
     path: &'p Path,
     zip: zip::ZipArchive<SharedFile>,
+    /// The archive's length (the locked size of one still downloading).
+    len: u64,
+    /// Still downloading: each file is written as it is read, in the central directory's order, until the whole
+    /// file is in; the rest is written as from a complete file.
+    growing: Option<Arc<Growing>>,
 }
 
 impl<'p> OpenZip<'p> {
     pub(crate) fn open(path: &'p Path) -> Result<OpenZip<'p>> {
-        let zip = zip::ZipArchive::new(SharedFile::open(path)?)
+        let file = SharedFile::open(path)?;
+        let len = file.len;
+        let zip = zip::ZipArchive::new(file).map_err(|err| archive_error(path, err))?;
+        Ok(OpenZip {
+            path,
+            zip,
+            len,
+            growing: None,
+        })
+    }
+
+    /// The archive that will be at `path` once `growing` has downloaded (its central directory comes from the tail
+    /// read ahead; what is read is trusted only after [`Growing::wait_verified`]).
+    pub(crate) fn open_growing(path: &'p Path, growing: Arc<Growing>) -> Result<OpenZip<'p>> {
+        let len = growing.size();
+        let zip = zip::ZipArchive::new(SharedFile::of(Source::Growing(growing.clone()), len))
             .map_err(|err| archive_error(path, err))?;
-        Ok(OpenZip { path, zip })
+        Ok(OpenZip {
+            path,
+            zip,
+            len,
+            growing: Some(growing),
+        })
     }
 
     /// The entries' names as the archive spells them (not normalized, not checked).
@@ -128,9 +174,14 @@ pub(crate) fn unpack_open_zip(
     options: Options<'_>,
     store_modes: bool,
 ) -> Result<(Extracted, Option<Manifest>)> {
-    let OpenZip { path: archive, zip } = open;
+    let OpenZip {
+        path: archive,
+        zip,
+        len: archive_len,
+        growing,
+    } = open;
     let mut zip = zip;
-    let mut extractor = Extractor::new(archive, dest, options, store_modes)?;
+    let mut extractor = Extractor::new(archive, archive_len, dest, options, store_modes)?;
     if zip.len() as u64 > options.limits.max_entries {
         return Err(extractor.refuse(
             "(central directory)",
@@ -141,7 +192,9 @@ pub(crate) fn unpack_open_zip(
             ),
         ));
     }
-    // Every name, kind and place is checked and claimed first (links' targets are read); then the files' bytes.
+    // Every name, kind and place is checked and claimed first (links' targets are read); then the files' bytes
+    // (of an archive still downloading: each file's as it comes, in the central directory's order, until the whole
+    // file is in).
     let mut jobs = Vec::new();
     for index in 0..zip.len() {
         let (name, mode, is_dir, size) = {
@@ -186,18 +239,26 @@ pub(crate) fn unpack_open_zip(
         };
         match kind {
             Kind::Dir => extractor.add_dir(&name)?,
-            Kind::File { executable } => {
-                if let Some((normalized, dest)) = extractor.plan_file(&name, executable)? {
-                    jobs.push(FileJob {
-                        index,
-                        entry: name,
-                        normalized,
-                        dest,
-                        executable,
-                        size,
-                    });
+            Kind::File { executable } => match extractor.plan_file(&name, executable)? {
+                // An archive still downloading is written as its bytes arrive, entry by entry, as a tar is (its
+                // local headers are read as they come): a later entry's conflict is found when it comes, and then
+                // nothing is kept.
+                Some(place) if growing.as_ref().is_some_and(|g| !g.complete()) => {
+                    let mut reader = zip
+                        .by_index(index)
+                        .map_err(|err| archive_error(archive, err))?;
+                    extractor.write_file(&name, place, executable, &mut reader)?;
                 }
-            }
+                Some((normalized, dest)) => jobs.push(FileJob {
+                    index,
+                    entry: name,
+                    normalized,
+                    dest,
+                    executable,
+                    size,
+                }),
+                None => {}
+            },
             Kind::Symlink { target } => extractor.add_symlink(&name, &target)?,
             Kind::HardLink { target } => extractor.add_hard_link(&name, &target)?,
         }

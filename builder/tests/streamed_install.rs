@@ -1,0 +1,445 @@
+//! #22 §4: a big wheel is unpacked while it downloads (its central directory read ahead by a range request), and
+//! kept only once the whole file matched its locked sha256 and size and the end read ahead equals the file's end.
+//! The hosts here are real HTTP servers on 127.0.0.1 playing honest, rangeless and hostile file hosts.
+
+#[allow(dead_code)]
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{host_python, write_wheel};
+use hvd_builder::{Artifact, EnvPlan, Error, PackagePlan, Sha256, Store};
+
+/// How the file host answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Host {
+    /// Range requests answered with 206 and the file's bytes; the body's last megabyte waits until the store shows
+    /// the wheel's first module unpacked (or 60 s), so an install that streams is seen to.
+    Honest,
+    /// Range requests answered with 206 and the file's bytes; the body's last megabyte waits until the store has a
+    /// temp dir for the wheel (or 60 s): its install started before the download ended.
+    Ranges,
+    /// Range requests answered with 200 and the whole file, as a host without ranges does.
+    NoRanges,
+    /// The range answer's bytes differ from the file's end (one byte of the central directory changed); the body
+    /// waits as for `Ranges`.
+    OtherTail,
+    /// The body differs from the locked file in one byte past its middle and waits as for `Ranges`; the range
+    /// answer is the file's.
+    CorruptBody,
+    /// The body stops after half of the file (the connection closes).
+    Truncated,
+}
+
+struct Served {
+    url: String,
+    /// Range requests answered.
+    ranges: Arc<AtomicUsize>,
+    /// The first module was on disk in the store's temp area before the body's end was sent.
+    streamed: Arc<AtomicBool>,
+}
+
+/// The first module of the big wheel, as it lies in a store path being built.
+const FIRST: &str = "out/site-packages/big/m0.bin";
+
+/// Whether some temp dir of the store holds [`FIRST`].
+fn unpacking(store: &Path) -> bool {
+    std::fs::read_dir(store.join(".tmp"))
+        .map(|dirs| {
+            dirs.filter_map(|d| d.ok())
+                .any(|d| d.path().join(FIRST).exists())
+        })
+        .unwrap_or(false)
+}
+
+/// Whether the store has a temp dir for the big wheel's path (it stays until the download's end is known).
+fn installing(store: &Path) -> bool {
+    std::fs::read_dir(store.join(".tmp"))
+        .map(|dirs| {
+            dirs.filter_map(|d| d.ok())
+                .any(|d| d.file_name().to_string_lossy().contains("-big-1.0."))
+        })
+        .unwrap_or(false)
+}
+
+fn serve(file: Vec<u8>, filename: &str, host: Host, store: PathBuf) -> Served {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/{filename}", listener.local_addr().unwrap());
+    let ranges = Arc::new(AtomicUsize::new(0));
+    let streamed = Arc::new(AtomicBool::new(false));
+    let (counter, seen) = (ranges.clone(), streamed.clone());
+    let file = Arc::new(file);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let (file, counter, seen, store) =
+                (file.clone(), counter.clone(), seen.clone(), store.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut range = None;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    let lower = line.to_ascii_lowercase();
+                    if let Some(value) = lower.strip_prefix("range: bytes=") {
+                        range = value.trim().trim_end_matches('-').parse::<usize>().ok();
+                    }
+                }
+                let len = file.len();
+                if let Some(start) = range.filter(|_| host != Host::NoRanges) {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let mut body = file[start..].to_vec();
+                    if host == Host::OtherTail {
+                        // A byte of the last entry's name in the central directory (before the 22-byte end record).
+                        let at = body.len() - 22 - 10;
+                        body[at] ^= 0x20;
+                    }
+                    let head = format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{}/{len}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        len - 1,
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                    let _ = stream.write_all(&body);
+                    return;
+                }
+                let mut body = file.to_vec();
+                if host == Host::CorruptBody {
+                    let at = len / 2 + 12_345;
+                    body[at] ^= 1;
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(head.as_bytes());
+                let send = if host == Host::Truncated {
+                    len / 2
+                } else {
+                    len
+                };
+                let last = send.saturating_sub(1 << 20);
+                for chunk in body[..last].chunks(256 << 10) {
+                    if stream.write_all(chunk).is_err() {
+                        return;
+                    }
+                }
+                let started: fn(&Path) -> bool = match host {
+                    Host::Honest => unpacking,
+                    Host::Ranges | Host::OtherTail | Host::CorruptBody => installing,
+                    _ => |_| true,
+                };
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !started(&store) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                seen.store(started(&store), Ordering::SeqCst);
+                let _ = stream.write_all(&body[last..send]);
+            });
+        }
+    });
+    Served {
+        url,
+        ranges,
+        streamed,
+    }
+}
+
+/// A wheel past the streaming threshold (made once per test process): 40 modules of 1 MB of bytes that do not
+/// compress, plus one small one.
+fn big_wheel() -> &'static (String, Vec<u8>) {
+    static WHEEL: std::sync::OnceLock<(String, Vec<u8>)> = std::sync::OnceLock::new();
+    WHEEL.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        make_big_wheel(dir.path())
+    })
+}
+
+fn make_big_wheel(dir: &Path) -> (String, Vec<u8>) {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let modules: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| {
+            let data = (0..(1 << 20))
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            (format!("big/m{i}.bin"), data)
+        })
+        .collect();
+    let mut files: Vec<(&str, &[u8], bool)> = modules
+        .iter()
+        .map(|(p, d)| (p.as_str(), d.as_slice(), false))
+        .collect();
+    files.push(("big/__init__.py", b"VALUE = 1\n", false));
+    let filename = write_wheel(dir, "big", "big", "1.0", &files, None);
+    let bytes = std::fs::read(dir.join(&filename)).unwrap();
+    (filename, bytes)
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Store,
+    served: Served,
+    plan: EnvPlan,
+    bytes: Vec<u8>,
+}
+
+fn fixture(host: Host) -> Fixture {
+    fixture_of(host, |_| {})
+}
+
+/// [`fixture`] serving the big wheel changed by `patch` (and locked as changed).
+fn fixture_of(host: Host, patch: impl Fn(&mut Vec<u8>)) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let (filename, bytes) = big_wheel();
+    let (filename, mut bytes) = (filename.clone(), bytes.clone());
+    patch(&mut bytes);
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let served = serve(bytes.clone(), &filename, host, store.root().to_path_buf());
+    let package = PackagePlan {
+        name: "big".into(),
+        version: "1.0".into(),
+        artifact: Artifact {
+            url: served.url.clone(),
+            filename,
+            sha256: Sha256::of_bytes(&bytes),
+            size: Some(bytes.len() as u64),
+        },
+        dependencies: Vec::new(),
+        build: None,
+    };
+    let plan = EnvPlan {
+        name: "streamed".into(),
+        python: host_python(),
+        interpreter: None,
+        packages: vec![package],
+        toolchain: None,
+        local_packages: Vec::new(),
+    };
+    Fixture {
+        _dir: dir,
+        store,
+        served,
+        plan,
+        bytes,
+    }
+}
+
+/// No path of the wheel and nothing left in the store's temp area; the download cache does not hold the file.
+fn assert_nothing_installed(f: &Fixture) {
+    let paths = common::paths_besides_interpreters(&f.store);
+    assert!(!paths.iter().any(|p| p.contains("big")), "{paths:?}");
+    let left: Vec<_> = std::fs::read_dir(f.store.root().join(".tmp"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    let cached = f
+        .store
+        .downloads_dir()
+        .join("sha256")
+        .join(Sha256::of_bytes(&f.bytes).as_str());
+    assert!(!cached.exists());
+}
+
+fn build(f: &Fixture) -> Result<hvd_builder::EnvBuild, Error> {
+    common::build_default(&f.store, &f.plan)
+}
+
+/// An error with its causes, as the command line shows them.
+fn chain(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+#[test]
+fn a_big_wheel_is_unpacked_while_it_downloads_and_is_the_same_tree() {
+    let f = fixture(Host::Honest);
+    let built = build(&f).unwrap();
+    assert_eq!(f.served.ranges.load(Ordering::SeqCst), 1);
+    assert!(
+        f.served.streamed.load(Ordering::SeqCst),
+        "the first module was not unpacked before the download's end"
+    );
+    let path = &built.packages[0].path;
+    // The same tree and content hash as an install of the complete file (another store, no range answered).
+    let other = fixture(Host::NoRanges);
+    let again = build(&other).unwrap();
+    assert_eq!(other.served.ranges.load(Ordering::SeqCst), 0);
+    let info = f.store.path_info(path).unwrap();
+    let other_info = other.store.path_info(&again.packages[0].path).unwrap();
+    assert_eq!(info.content_hash, other_info.content_hash);
+    assert_eq!(
+        std::fs::read(path.join("site-packages/big/m39.bin")).unwrap(),
+        std::fs::read(again.packages[0].path.join("site-packages/big/m39.bin")).unwrap()
+    );
+}
+
+/// A host whose range answer is not the file's end: what was unpacked from it is discarded and the build fails
+/// naming the wheel and why. (The complete file matched its lock, so a path made from it alone may exist.)
+#[test]
+fn a_range_answer_that_differs_from_the_files_end_is_refused() {
+    let f = fixture(Host::OtherTail);
+    let err = chain(&build(&f).unwrap_err());
+    for needle in [
+        "big-1.0-py3-none-any.whl",
+        "range request",
+        "differ from the end of the whole file",
+    ] {
+        assert!(err.contains(needle), "`{needle}` missing from: {err}");
+    }
+    assert_eq!(f.served.ranges.load(Ordering::SeqCst), 1);
+    assert!(f.served.streamed.load(Ordering::SeqCst));
+    let left: Vec<_> = std::fs::read_dir(f.store.root().join(".tmp"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Little-endian fields of a zip.
+fn u16_at(bytes: &[u8], at: usize) -> usize {
+    u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> usize {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize
+}
+
+/// Remove the central directory's last record (the archive has no comment): its entry stays in the stream only.
+fn drop_last_central_record(bytes: &mut Vec<u8>) {
+    let end = bytes.len() - 22;
+    assert_eq!(
+        u32_at(bytes, end),
+        0x0605_4b50,
+        "no end record without a comment"
+    );
+    let (entries, size, offset) = (
+        u16_at(bytes, end + 10),
+        u32_at(bytes, end + 12),
+        u32_at(bytes, end + 16),
+    );
+    let (mut at, mut last) = (offset, offset);
+    for _ in 0..entries {
+        last = at;
+        at += 46 + u16_at(bytes, at + 28) + u16_at(bytes, at + 30) + u16_at(bytes, at + 32);
+    }
+    let removed = at - last;
+    bytes.drain(last..at);
+    let end = end - removed;
+    bytes[end + 8..end + 10].copy_from_slice(&((entries - 1) as u16).to_le_bytes());
+    bytes[end + 10..end + 12].copy_from_slice(&((entries - 1) as u16).to_le_bytes());
+    bytes[end + 12..end + 16].copy_from_slice(&((size - removed) as u32).to_le_bytes());
+}
+
+/// A change made to the served wheel's bytes.
+type Patch = dyn Fn(&mut Vec<u8>);
+
+/// What a build of a hostile variant gives: the wheel path's content hash and files, or that it failed.
+fn outcome(host: Host, patch: &Patch) -> Option<(String, Vec<String>)> {
+    let f = fixture_of(host, patch);
+    let built = build(&f);
+    if host == Host::Ranges {
+        assert!(
+            f.served.streamed.load(Ordering::SeqCst),
+            "the install did not start before the download's end"
+        );
+    }
+    let built = built.ok()?;
+    let path = &built.packages[0].path;
+    let info = f.store.path_info(path).unwrap();
+    let mut files: Vec<String> = walk(path)
+        .into_iter()
+        .map(|p| p.strip_prefix(path).unwrap().display().to_string())
+        .collect();
+    files.sort();
+    Some((info.content_hash.to_string(), files))
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()) {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(walk(&path));
+        }
+        out.push(path);
+    }
+    out
+}
+
+/// Archives whose local headers and central directory disagree, or that carry more than the central directory
+/// lists, install the same streamed as from the complete file: the central directory decides every entry either
+/// way (each file's bytes are read at its recorded offset and checked against its recorded CRC and size), so an
+/// entry only in the stream is never installed.
+#[test]
+fn hostile_layouts_install_alike_streamed_and_from_the_complete_file() {
+    let stream_only = |bytes: &mut Vec<u8>| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.whl");
+        std::fs::write(&path, &bytes).unwrap();
+        common::append_to_zip(&path, "big/evil.py", b"print('only in the stream')\n");
+        *bytes = std::fs::read(&path).unwrap();
+        drop_last_central_record(bytes);
+    };
+    let variants: Vec<(&str, Box<Patch>)> = vec![
+        // The first local header names `big/m0.bix`; the central directory `big/m0.bin`.
+        ("a local name", Box::new(|b: &mut Vec<u8>| b[30 + 9] = b'x')),
+        // The first local header's sizes say 1 byte.
+        (
+            "local sizes",
+            Box::new(|b: &mut Vec<u8>| {
+                b[18..22].copy_from_slice(&1u32.to_le_bytes());
+                b[22..26].copy_from_slice(&1u32.to_le_bytes());
+            }),
+        ),
+        ("an entry only in the stream", Box::new(stream_only)),
+        (
+            "data after the end record",
+            Box::new(|b: &mut Vec<u8>| b.extend_from_slice(&[b'j'; 1000])),
+        ),
+    ];
+    for (what, patch) in &variants {
+        let streamed = outcome(Host::Ranges, patch.as_ref());
+        let complete = outcome(Host::NoRanges, patch.as_ref());
+        assert_eq!(streamed, complete, "{what}: streamed vs complete");
+        if let Some((_, files)) = &streamed {
+            assert!(
+                !files.iter().any(|f| f.contains("evil")),
+                "{what}: {files:?}"
+            );
+        }
+    }
+    // The entry only in the stream was really in it, and the rest of that wheel installs.
+    assert!(outcome(Host::NoRanges, &stream_only).is_some());
+}
+
+#[test]
+fn a_corrupt_body_unpacked_while_streaming_is_a_hash_mismatch_and_installs_nothing() {
+    let f = fixture(Host::CorruptBody);
+    let err = build(&f).unwrap_err();
+    assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
+    assert!(f.served.streamed.load(Ordering::SeqCst));
+    assert_nothing_installed(&f);
+}
+
+#[test]
+fn a_truncated_download_unpacked_while_streaming_installs_nothing() {
+    let f = fixture(Host::Truncated);
+    let err = chain(&build(&f).unwrap_err());
+    assert!(err.contains("big-1.0-py3-none-any.whl"), "{err}");
+    assert_nothing_installed(&f);
+}
