@@ -14,11 +14,13 @@ docs/rendezvous.md, enough for the bootstrap), once per configuration, and print
 - a single 4-byte allreduce, median latency (the engine's per-operation overhead plus the transport's latency).
 
 Usage: bench/engine.py [--ranks N] [--steps S (default 50; at least half a second of steps)] [--rounds R] [--blocks B (default 4)] [--block-ms MS]
-       [--library PATH] [--env KEY=VALUE ...] [--horovod-python PYTHON]
+       [--library PATH] [--env KEY=VALUE ...] [--horovod-python PYTHON] [--framework numpy|torch]
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
 Issue 22 §3: the same 5x through the per-tensor API; the line "per-tensor step / grouped step" shows what the
 per-tensor API costs over one call per step in the same round (1.0x: nothing).
+With --framework torch (a python with torch), hvd's workloads use CPU torch tensors through hvd.torch
+(`hvd.torch.allreduce_async_` per tensor, `hvd.torch.grouped_allreduce_async_` per step) instead of numpy arrays.
 With --horovod-python PYTHON (an env with Horovod built against TensorFlow, e.g. the one `hvd build
 examples/tensorflow-horovod/train.hvd` assembles), the same workloads run through Horovod in the same rounds, and
 the ratios to Horovod are printed too.
@@ -74,7 +76,7 @@ class KV(BaseHTTPRequestHandler):
         self._reply(200, value) if value is not None else self._reply(404)
 
 
-def launch(ranks, env_extra, steps, blocks=0, block_ms=200.0, timeline_dir=""):
+def launch(ranks, env_extra, steps, blocks=0, block_ms=200.0, timeline_dir="", framework="numpy"):
     KV.store = {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), KV)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -85,7 +87,8 @@ def launch(ranks, env_extra, steps, blocks=0, block_ms=200.0, timeline_dir=""):
                    HVD_RENDEZVOUS="127.0.0.1:{}".format(server.server_address[1]), HVD_JOB_TOKEN=TOKEN,
                    **env_extra)
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--steps", str(steps), "--blocks",
-                                       str(blocks), "--block-ms", str(block_ms), "--timeline-dir", timeline_dir], env=env,
+                                       str(blocks), "--block-ms", str(block_ms), "--timeline-dir", timeline_dir,
+                                       "--framework", framework], env=env,
                                       stdout=subprocess.PIPE, text=True))
     outs = [p.communicate()[0] for p in procs]
     server.shutdown()
@@ -117,9 +120,12 @@ class HvdApi:
         for h in hs:
             hvd.synchronize(h)
         took = time.perf_counter() - t0
+        self.refill(tensors)
+        return took
+
+    def refill(self, tensors):
         for t in tensors:
             t.fill(1.0)
-        return took
 
     def grouped(self, tensors, tag):
         hvd = self.hvd
@@ -127,8 +133,7 @@ class HvdApi:
         t0 = time.perf_counter()
         hvd.synchronize(hvd.grouped_allreduce_async_(tensors, op=hvd.Sum, name=tag))
         took = time.perf_counter() - t0
-        for t in tensors:
-            t.fill(1.0)
+        self.refill(tensors)
         return took
 
     def latency_call(self):
@@ -146,6 +151,31 @@ class HvdApi:
 
     def shutdown(self):
         self.hvd.shutdown()
+
+
+class TorchHvdApi(HvdApi):
+    """The same workloads through `hvd.torch` with CPU torch tensors (float32), in place: the per-tensor step is
+    `hvd.torch.allreduce_async_` + `hvd.synchronize` per tensor, as DistributedOptimizer's gradient hooks submit."""
+
+    def __init__(self):
+        import torch
+
+        import hvd.torch as hvd
+
+        self.torch, self.hvd = torch, hvd
+        hvd.init()
+        self.rank = hvd.rank()
+
+    def tensors(self, sizes):
+        return [self.torch.ones(n) for n in sizes]
+
+    def refill(self, tensors):
+        for t in tensors:
+            t.fill_(1.0)
+
+    def latency_call(self):
+        x = self.torch.ones(1)
+        return lambda: self.hvd.allreduce_(x, op=self.hvd.Max, name="lat")
 
 
 class HorovodApi:
@@ -339,19 +369,22 @@ def main():
     ap.add_argument("--horovod-python", metavar="PYTHON",
                     help="a python whose env has Horovod with TensorFlow (and horovodrun next to it): the same "
                          "workloads through Horovod, in the same rounds")
+    ap.add_argument("--framework", choices=("numpy", "torch"), default="numpy",
+                    help="hvd's tensors: numpy arrays (hvd) or CPU torch tensors (hvd.torch; needs torch)")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--horovod-worker", action="store_true")
     ap.add_argument("--timeline-dir", default="")
     args = ap.parse_args()
     if args.worker or args.horovod_worker:
-        api = HvdApi() if args.worker else HorovodApi()
+        api = HorovodApi() if args.horovod_worker else TorchHvdApi() if args.framework == "torch" else HvdApi()
         return worker(api, args.steps, args.blocks, args.block_ms, args.timeline_dir)
     if args.library:
         os.environ["HVD_LIBRARY"] = str(Path(args.library).resolve())
     import hvd._lib
 
     print("library: {}".format(hvd._lib.path()))
-    print("ranks: {}, steps: {}, rounds: {} (medians)".format(args.ranks, args.steps, args.rounds))
+    print("ranks: {}, steps: {}, rounds: {} (medians), hvd's tensors: {}".format(args.ranks, args.steps, args.rounds,
+                                                                               args.framework))
     extra = dict(e.split("=", 1) for e in args.env)
     if extra:
         print("extra environment: {}".format(extra))
@@ -378,7 +411,7 @@ def main():
                 if name.startswith("horovod"):
                     r = launch_horovod(args.horovod_python, args.ranks, env, args.steps, blocks, args.block_ms, tl)
                 else:
-                    r = launch(args.ranks, env, args.steps, blocks, args.block_ms, tl)
+                    r = launch(args.ranks, env, args.steps, blocks, args.block_ms, tl, args.framework)
                 rounds[name].append(r)
             print("round {}/{} done".format(i + 1, args.rounds), file=sys.stderr)
     print_steal(cpu_before, cpu_times())
@@ -412,9 +445,12 @@ def main():
 
     labels = (("small", "100 x 4 KiB per-tensor"), ("grouped", "100 x 4 KiB grouped"),
               ("mixed", "4 KiB..4 MiB per-tensor"), ("mixed_grouped", "4 KiB..4 MiB grouped"))
-    print("timeline cost (on/off - 1 over block pairs; median [quartiles], pairs) (goal < 5%):")
-    for key, label in labels:
-        print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost("fusion on", key)))
+    if args.blocks:
+        print("timeline cost (on/off - 1 over block pairs; median [quartiles], pairs) (goal < 5%):")
+        for key, label in labels:
+            print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost("fusion on", key)))
+    else:
+        print("timeline cost: not measured (--blocks 0)")
     print("single 4-byte allreduce: {:.1f} us median (goal < 100 us)".format(results["fusion on"]["latency"] * 1e6))
     if not args.horovod_python:
         print("horovod: not run (pass --horovod-python, see docs/runtime.md)")
@@ -427,9 +463,10 @@ def main():
     print("horovod fusion speed-up, 100 x 4 KiB: {:.2f}x per-tensor, {:.2f}x grouped".format(
         paired("horovod fusion off", "horovod fusion on", "small"),
         paired("horovod fusion off", "horovod fusion on", "grouped")))
-    print("horovod timeline cost, measured the same way:")
-    for key, label in labels:
-        print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost("horovod fusion on", key)))
+    if args.blocks:
+        print("horovod timeline cost, measured the same way:")
+        for key, label in labels:
+            print("  {:<26} {:+6.1f}% [{:+.1f}% .. {:+.1f}%], {} pairs".format(label, *cost("horovod fusion on", key)))
 
 
 if __name__ == "__main__":

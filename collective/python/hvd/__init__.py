@@ -365,8 +365,19 @@ def _np_ptr(arr):
         return arr.__array_interface__["data"][0]
 
 
-_TORCH_CODES = None  # torch dtype -> code, built when the first torch tensor comes
-_TORCH_STRIDED = None
+_TORCH_TABLE = None  # (torch dtype -> code, torch.strided), built when the first torch tensor comes
+
+
+def _torch_table():
+    """torch's dtypes -> hvd.h dtype codes, and ``torch.strided`` (the one layout hvd reads); for ``_torch_fast`` and
+    the batch (hvd/_batch.py). Called once a torch tensor has come, so torch is loaded."""
+    global _TORCH_TABLE
+    if _TORCH_TABLE is None:
+        import torch
+
+        _TORCH_TABLE = ({torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4,
+                         torch.float32: 5, torch.float64: 6, torch.bfloat16: 7, torch.bool: 0}, torch.strided)
+    return _TORCH_TABLE
 
 
 def _torch_fast(t, obj):
@@ -374,21 +385,15 @@ def _torch_fast(t, obj):
     ctypes takes about 12 (a gradient allreduce per parameter per step pays it). Anything else (other types, other
     devices and layouts, tensors that require grad, dtypes hvd lacks) is left to DLPack, which also gives the
     errors."""
-    global _TORCH_CODES, _TORCH_STRIDED
     cls = type(obj)
     if cls.__name__ != "Tensor" or cls.__module__ != "torch":
         return False
-    if _TORCH_CODES is None:
-        import torch
-
-        _TORCH_CODES = {torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4,
-                        torch.float32: 5, torch.float64: 6, torch.bfloat16: 7, torch.bool: 0}
-        _TORCH_STRIDED = torch.strided
+    codes, strided = _torch_table()
     if obj.is_neg():
         # A lazily negated view: its memory holds the values un-negated (DLPack would read them so, silently).
         raise ValueError("hvd reads a tensor's memory; this one is a lazily negated view: call .resolve_neg() first")
-    code = _TORCH_CODES.get(obj.dtype)
-    if (code is None or obj.layout is not _TORCH_STRIDED or obj.requires_grad or obj.device.type != "cpu"
+    code = codes.get(obj.dtype)
+    if (code is None or obj.layout is not strided or obj.requires_grad or obj.device.type != "cpu"
             or not obj.is_contiguous()):
         return False
     t.array = None
@@ -475,8 +480,10 @@ class _Tensor:
         if module == "torch":
             import torch
 
-            t = torch.from_numpy(arr)
-            return t.view(torch.bfloat16) if self.dtype == 7 else t
+            if self.dtype == 7:
+                # (bf16 bits come as uint16, which torch.from_numpy takes only from torch 2.3 on; int16 always.)
+                return torch.from_numpy(arr.view(_np().int16)).view(torch.bfloat16)
+            return torch.from_numpy(arr)
         if module in ("jax", "jaxlib"):
             import jax.numpy as jnp
 

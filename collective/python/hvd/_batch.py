@@ -1,9 +1,11 @@
 """Per-tensor in-place allreduces batched in Python before they reach the library (#22 §3).
 
-``hvd.allreduce_async_`` of a plain numpy array (writable, C-contiguous, not empty, of a dtype seen before, with a
-str name or none and float scale factors) makes no call into the library: it appends the request to the open batch
-and returns a ``BatchedHandle``. One call into the library costs about as much as the Python around it, so a
-100-gradient step that made 200 of them (a submission and a wait per tensor) was bound by them, fused or not.
+``hvd.allreduce_async_`` of a plain numpy array (writable, C-contiguous, not empty, of a dtype seen before) or of a
+contiguous CPU ``torch.Tensor`` (``hvd.torch``'s per-tensor allreduces and ``DistributedOptimizer``'s gradients
+come this way), with a str name or none and float scale factors, on the global process set, makes no call into the
+library: it appends the request to the open batch and returns a ``BatchedHandle``. One call into the library costs
+about as much as the Python around it, so a 100-gradient step that made 200 of them (a submission and a wait per
+tensor) was bound by them, fused or not.
 
 The batch goes to the library in one call (``hvd_enqueue_allreduces``) as soon as this process could wait for
 another rank, so that no rank ever waits for a request that another keeps in its batch:
@@ -53,19 +55,23 @@ _monotonic = time.monotonic
 
 
 class _Batch:
-    """Requests appended since the last send and their arrays (``values``); once sent, their handles (``ids``, -1
-    for a refused one) and the ``done`` bytes that ``hvd_wait_batch`` marks (a bytearray, read without a call;
-    ``done_c`` is the same memory for the library).
+    """Requests appended since the last send and their arrays (``values``: numpy arrays or torch tensors, what
+    ``synchronize`` returns; ``storages``: the storage of each torch tensor, which a tensor given other memory while
+    in flight, with ``set_`` or ``.data =``, no longer holds); once sent, their handles (``ids``, -1 for a refused
+    one) and the ``done`` bytes that ``hvd_wait_batch`` marks (a bytearray, read without a call; ``done_c`` is the
+    same memory for the library).
 
     The batch, not each handle, keeps the arrays alive: the handles refer to it, so it lives while any of them
-    does; when the last one goes, ``__del__`` hands the arrays of operations still in flight to ``_orphans``, which
-    keeps them until the library has finished with them (one finalizer per batch instead of one per handle)."""
+    does; when the last one goes, ``__del__`` hands the arrays of operations still in flight, and the batch's
+    storages, to ``_orphans``, which keeps them until the library has finished with them (one finalizer per batch
+    instead of one per handle)."""
 
-    __slots__ = ("entries", "values", "started", "n", "ids", "done", "done_c", "error")
+    __slots__ = ("entries", "values", "storages", "started", "n", "ids", "done", "done_c", "error")
 
     def __init__(self):
         self.entries = []
         self.values = []
+        self.storages = []
         self.started = _monotonic()
         self.n = 0
         self.ids = None
@@ -79,7 +85,7 @@ class _Batch:
             return  # never sent (a forked child's), or every operation waited for
         pending = [(i, v) for i, v in enumerate(self.values) if not done[i] and ids[i] >= 0]
         if pending:
-            _orphans.append((ids, done, pending))
+            _orphans.append((ids, done, pending, self.storages))
 
 
 class BatchedHandle:
@@ -109,44 +115,72 @@ _wake = threading.Condition(_lock)  # the timer thread sleeps on it while no bat
 _open = None  # the batch being filled
 _timer = None
 _timer_asleep = False
-_orphans = []  # (ids, done, [(index, array)]) of dropped batches with operations in flight
-_ndarray = None
+_orphans = []  # (ids, done, [(index, array)], storages) of dropped batches with operations in flight
+_ndarray = None  # numpy.ndarray, once numpy is loaded
 _codes = None  # numpy dtype -> hvd.h dtype code: the package's own table (hvd._NP_CODES), filled as dtypes are seen
+_tensor = None  # torch.Tensor, once a torch tensor has come
+_torch_codes = None  # torch dtype -> code (hvd._torch_table())
+_strided = None  # torch.strided
 _ops = ()  # the package's reduction codes (hvd._OPS)
 _hvd = None
 
 
-def _setup():
-    global _ndarray, _codes, _ops, _hvd
-    import numpy
+def _learn(cls):
+    """Takes numpy's array type and torch's tensor type (with the package's tables) once they are loaded; whether
+    ``cls`` is one of them now. Each type is set after its tables, so another thread sees it only with them."""
+    global _ndarray, _codes, _tensor, _torch_codes, _strided, _ops, _hvd
+    if _hvd is None:
+        hvd = sys.modules[__name__.rpartition(".")[0]]
+        _codes = hvd._NP_CODES
+        _ops = hvd._OPS
+        _hvd = hvd
+    if _ndarray is None and "numpy" in sys.modules:
+        import numpy
 
-    _hvd = sys.modules[__name__.rpartition(".")[0]]
-    _codes = _hvd._NP_CODES
-    _ops = _hvd._OPS
-    _ndarray = numpy.ndarray
+        _ndarray = numpy.ndarray
+    if _tensor is None and cls.__name__ == "Tensor" and cls.__module__ == "torch":
+        _torch_codes, _strided = _hvd._torch_table()
+        _tensor = cls
+    return cls is _ndarray or cls is _tensor
 
 
 def allreduce_(tensor, name, op, prescale, postscale):
     """Appends an in-place allreduce of ``tensor`` to the open batch and returns its handle; None when the request
-    is not one for a batch (the caller submits it the usual way, which also reports what is wrong with it)."""
-    if type(tensor) is not _ndarray:
-        if _ndarray is not None or "numpy" not in sys.modules:
+    is not one for a batch (the caller submits it the usual way, which also reports what is wrong with it).
+
+    ``tensor``: a numpy array (writable, C-contiguous, not empty, of a dtype seen before) or a torch tensor
+    (``torch.Tensor`` itself, not a subclass: on the CPU, strided, contiguous, not empty, not lazily negated, not
+    requiring grad, of a dtype hvd has). The batch keeps ``tensor`` (what the handle's ``synchronize`` returns)
+    and a torch tensor's storage, which stays alive even if the tensor is given other memory (``set_``, ``.data
+    =``) while the operation is in flight. (``untyped_storage()`` costs a tenth of a ``detach()``.)"""
+    cls = type(tensor)
+    if cls is _ndarray:
+        code = _codes.get(tensor.dtype)
+        if code is None:
             return None
-        _setup()
-        if type(tensor) is not _ndarray:
+        try:
+            ptr = _addressof(_from_buffer(tensor))  # refuses read-only, non-contiguous and empty arrays
+        except (TypeError, ValueError, BufferError):
             return None
-    code = _codes.get(tensor.dtype)
+        shape = tensor.shape
+    elif cls is _tensor:
+        code = _torch_codes.get(tensor.dtype)
+        if (code is None or not tensor.is_cpu or tensor.layout is not _strided or tensor.requires_grad
+                or not tensor.is_contiguous() or tensor.is_neg() or not tensor.numel()):
+            return None
+        storage = tensor.untyped_storage()
+        ptr = tensor.data_ptr()
+        shape = tensor.shape
+    elif _learn(cls):
+        return allreduce_(tensor, name, op, prescale, postscale)
+    else:
+        return None
     # (`type(op) is int`: `1.0 in _ops` holds too, and a float would fail the whole batch's send, other threads'
     # requests with it.)
-    if (code is None or type(op) is not int or op not in _ops or type(prescale) is not float
-            or type(postscale) is not float
+    if (type(op) is not int or op not in _ops or type(prescale) is not float or type(postscale) is not float
             or name is not None and (type(name) is not str or not name.isascii() or "\0" in name)):
         return None
-    try:
-        ptr = _addressof(_from_buffer(tensor))  # refuses read-only, non-contiguous and empty arrays
-    except (TypeError, ValueError, BufferError):
-        return None
-    entry = (ptr, code, tensor.shape, name or "", op, prescale, postscale)
+    entry = (ptr, code, shape, name or "", op, prescale, postscale)
     # `with`, not acquire() and try/finally: a signal handler that raises (KeyboardInterrupt, hvd.elastic's SIGTERM
     # handler) runs after a call returns, so it could run between acquire() and the `try`, leaving the lock held and
     # the next submission or shutdown's flush waiting forever; `with` takes the lock inside its own protection.
@@ -159,6 +193,8 @@ def allreduce_(tensor, name, op, prescale, postscale):
         entries = batch.entries
         entries.append(entry)
         batch.values.append(tensor)
+        if cls is _tensor:
+            batch.storages.append(storage)
         handle = BatchedHandle(batch, len(entries) - 1)
         if len(entries) >= MAX_BATCH:
             _send(batch)
@@ -293,8 +329,8 @@ def poll(handle):
 
 
 def _sweep_orphans():
-    """Releases the operations of dropped batches that have completed, and with them their arrays (the caller holds
-    the lock). An operation whose handle the library does not know (-1: from before the last ``hvd.shutdown``, as
+    """Releases the operations of dropped batches that have completed, and with them their arrays (a batch's torch
+    storages once none of its operations is in flight; the caller holds the lock). An operation whose handle the library does not know (-1: from before the last ``hvd.shutdown``, as
     after every elastic reset, or released already) is gone with its engine: its array goes too.
 
     Only this function removes orphans (under the lock); ``_Batch.__del__`` appends them from any thread. An entry
@@ -303,7 +339,7 @@ def _sweep_orphans():
     Handles released before such an interruption poll -1 at the next sweep."""
     lib = _lib._lib
     for _ in range(len(_orphans)):
-        ids, done, pending = _orphans[0]
+        ids, done, pending, storages = _orphans[0]
         left = []
         for i, value in pending:
             rc = lib.hvd_poll(ids[i])
@@ -313,7 +349,7 @@ def _sweep_orphans():
                 lib.hvd_wait_and_release(ids[i])  # completed: returns at once
         del _orphans[0]
         if left:
-            _orphans.append((ids, done, left))
+            _orphans.append((ids, done, left, storages))
 
 
 def _tick():

@@ -35,14 +35,33 @@ class Compression:
         dtype = torch.float16
 
 
-def _cpu(tensor):
-    if tensor.device.type != "cpu":
+def _check_cpu(tensor):
+    if not tensor.is_cpu:
         raise ValueError("hvd.torch handles CPU tensors; this one is on {}".format(tensor.device))
+
+
+def _cpu(tensor):
+    _check_cpu(tensor)
     return tensor.detach().contiguous()
+
+
+# Out-of-place allreduces of tensors up to this size reduce a copy in place, through the batch: the copy costs less
+# than the library call per tensor that the batch saves (the library reads the input and writes the output where
+# they are, so for large tensors the copy would be an extra pass over memory).
+_COPY_TO_BATCH = 1 << 16
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     compression=Compression.none):
+    if (compression is Compression.none and tensor.layout is torch.strided
+            and tensor.numel() * tensor.element_size() <= _COPY_TO_BATCH):
+        # In place in a copy: a per-tensor in-place allreduce of a CPU tensor goes through the package's batch
+        # (hvd/_batch.py, no library call per tensor).
+        # (A detach() only where autograd needs one, clone() rather than clone(memory_format=...): 0.5 and 1.0 us.)
+        _check_cpu(tensor)
+        src = tensor.detach() if tensor.requires_grad else tensor
+        copy = src.clone() if src.is_contiguous() else src.contiguous()
+        return _core.allreduce_async_(copy, average, name, op, prescale_factor, postscale_factor)
     compressed, ctx = compression.compress(_cpu(tensor))
     h = _core.allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor)
     finish = h._finish
@@ -56,10 +75,15 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, pos
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    """In place on a contiguous CPU tensor (its memory is shared with the library until synchronize)."""
-    if not tensor.is_contiguous() or tensor.device.type != "cpu":
+    """In place on a contiguous CPU tensor (its memory is shared with the library until synchronize). Goes through
+    the package's batch (hvd/_batch.py: no library call per tensor) where it can; ``synchronize`` returns the tensor
+    (a detached alias of it when it requires grad)."""
+    # (`is_cpu`, not `device.type`: 0.05 against 0.35 us; a detach() costs 0.5 us and is needed only where autograd
+    # would refuse the export.)
+    if not tensor.is_cpu or not tensor.is_contiguous():
         raise ValueError("in-place operations need a contiguous CPU tensor")
-    return _core.allreduce_async_(tensor.detach(), average, name, op, prescale_factor, postscale_factor)
+    return _core.allreduce_async_(tensor.detach() if tensor.requires_grad else tensor, average, name, op,
+                                  prescale_factor, postscale_factor)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -226,7 +250,7 @@ class _DistributedOptimizer:
             self._sparse_dims[id(p)] = grad.sparse_dim()
             if self._sparse_as_dense:
                 return grad.detach().to_dense()
-        return grad.detach()
+        return grad.detach() if grad.requires_grad else grad
 
     def _submit(self, p):
         grad = self._gradient(p)

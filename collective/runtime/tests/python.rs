@@ -503,6 +503,33 @@ fn torch_state_checkpoints_load_into_a_fresh_model_and_refuse_hostile_files() {
     assert_eq!(pwned, 0, "the hostile torch.pt ran its code");
 }
 
+/// hvd.torch's per-tensor allreduces through the package's batch, as numpy arrays go (`torch_batched.py`):
+/// `allreduce_async_`, small `allreduce_async` and DistributedOptimizer's gradient hooks submit without a library call
+/// per tensor, with results equal to the call per tensor's (many dtypes, shapes and ops), in place; what the batch does
+/// not take keeps the call per tensor; a tensor dropped, or given other memory with `set_`, while its operation is in
+/// flight keeps its memory until the operation completes, also across `shutdown()`/`init()`; 2000 raising signal
+/// handlers during submissions leave no lock held. On 2 and 3 ranks, with the batch timer off (every operation
+/// completes through the sends of waits, polls and submissions), fusion off and tcp.
+#[test]
+#[ignore = "opt-in: needs torch; HVD_TEST_TORCH=/path/to/python"]
+fn torch_per_tensor_allreduces_go_through_the_batch() {
+    let python = opt_in_python("HVD_TEST_TORCH", "torch");
+    for (size, extra) in [
+        (2, None),
+        (2, Some(("HVD_BATCHED_TIMER", "off"))),
+        (3, Some(("HVD_FUSION_THRESHOLD", "0"))),
+        (3, Some(("HVD_COLLECTIVE_BACKEND", "tcp"))),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = vec![("HVD_BATCHED_DIR", dir.path().to_str().unwrap())];
+        env.extend(extra);
+        assert_all_ok(
+            &run_with(&python, size, "torch_batched.py", &env),
+            &format!("torch batched, {size} ranks, {extra:?}"),
+        );
+    }
+}
+
 /// The framework-free part of `KerasState`'s and `TensorFlowState`'s checkpoints (`checkpoint_variables.py`): variable
 /// values in `model.npz`-style files come back only when they fit the state's variables; pickled, compressed, foreign
 /// and gapped archives are refused without running anything; an altered `model.npz` is skipped for an older checkpoint.

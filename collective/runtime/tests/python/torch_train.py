@@ -172,14 +172,18 @@ for groups in (None, 1):
                 fail("groups={}: a third backward pass with backward_passes_per_step=2 was accepted".format(groups))
     opt.step()
 
-# A lazily negated view is refused (its memory holds the values un-negated).
+# A lazily negated view (its memory holds the values un-negated) is refused in place; out of place, a small one is
+# copied (the copy holds the negated values) and reduced.
 try:
-    hvd.allreduce(torch._neg_view(torch.ones(3)), name="neg")
+    hvd.allreduce_(torch._neg_view(torch.ones(3)), name="neg")
 except ValueError as e:
     if "resolve_neg" not in str(e):
         fail("negated view: {}".format(e))
 else:
-    fail("a lazily negated view was accepted")
+    fail("a lazily negated view was accepted in place")
+neg = hvd.allreduce(torch._neg_view(torch.ones(3)), op=hvd.Sum, name="neg.copy")
+if not torch.equal(neg, torch.full((3,), -float(n))):
+    fail("out-of-place allreduce of a negated view: {}".format(neg))
 
 # A layer that only some ranks use in a step (a data-dependent branch): the ranks without its gradient allreduce
 # zeros in step(), as in Horovod, instead of leaving the others waiting; per gradient and grouped.
