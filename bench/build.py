@@ -15,8 +15,8 @@ absolute times):
                           vs `uv pip sync` with an empty cache
   4. no-op:               nothing changed                                   -> `hvd build --locked` (goal < 100 ms)
 `--compare` runs a second hvd binary (e.g. a build from before a change) through the same steps, interleaved, and
-prints its ratios too. Needs network for the lock and the cold runs, and uv (installed into a scratch venv when
-missing). Prints the load average before and after.
+prints its ratios too. Each cold run is printed in order (they are few and noisy). Needs network for the lock and
+the cold runs, and uv (installed into a scratch venv when missing). Prints the load average before and after.
 """
 import argparse, os, shutil, statistics, subprocess, sys, tempfile, time, tomllib
 from pathlib import Path
@@ -154,6 +154,8 @@ def main():
     warm, cold = median(uv_times["warm"]), median(uv_times["cold"])
     print(f"uv pip sync, warm cache                median {warm*1000:8.0f} ms  (best {min(uv_times['warm'])*1000:.0f})")
     print(f"uv pip sync, cold (empty cache)        median {cold*1000:8.0f} ms  (best {min(uv_times['cold'])*1000:.0f})")
+    each = lambda times: " ".join(f"{t*1000:.0f}" for t in times)
+    print(f"#   uv cold runs, in order: {each(uv_times['cold'])} ms")
     peers = {"warm store": warm, "warm download cache": warm, "cold": cold}
     for subject in subjects:
         for scenario, times in subject.times.items():
@@ -163,6 +165,8 @@ def main():
             else:
                 line += "   (goal < 100 ms)"
             print(line)
+            if scenario == "cold":
+                print(f"#   {subject.label} cold runs, in order: {each(times)} ms")
     remove(work)
 
 
