@@ -279,7 +279,8 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
 
 /// The second node lost as above, but Slurm never told (no `scontrol update state=down`, and the test ends before
 /// `SlurmdTimeout`): the lost ranks' sruns wait on, so the survivors' next round forms without them only at
-/// `elastic_timeout` (5 s here), when hvd stops them (SIGKILL after the grace). The survivors then train to the end;
+/// `elastic_timeout` (5 s here), when hvd stops them (SIGKILL after the grace). The heartbeat timeout is a day here:
+/// the killed ranks' silence would otherwise find them too, and this test is about the round window. The survivors then train to the end;
 /// the stopped ranks ending after that is not a loss below the minimum (before, it failed the step: "0 of its
 /// workers are left, fewer than its minimum of 2").
 #[test]
@@ -292,7 +293,8 @@ fn an_elastic_step_goes_on_when_a_lost_node_is_never_marked_down() {
     let dir = common::train_project(
         "{ min = 2, max = 4, elastic_timeout = 5s }",
         &format!(
-            ", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\", ELASTIC_UNTIL = \"atmost:2\""
+            ", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\", ELASTIC_UNTIL = \"atmost:2\", \
+             HVD_HEARTBEAT_TIMEOUT = \"86400\""
         ),
         "",
         common::slurm::elastic_train_py(),
@@ -318,7 +320,7 @@ fn an_elastic_step_goes_on_when_a_lost_node_is_never_marked_down() {
 
 /// The second node freezes (every process there stopped: its slurmd, the steps' slurmstepd, the ranks; Slurm is not
 /// told, and the ranks' sruns wait on): with the collective timeout and the round window an hour, the frozen ranks'
-/// silence (no heartbeat for `HVD_HEARTBEAT_TIMEOUT`, 6 s here) makes hvd stop their sruns and count them lost; the
+/// silence (no heartbeat for `HVD_HEARTBEAT_TIMEOUT`, 10 s here) makes hvd stop their sruns and count them lost; the
 /// survivors on the first node learn it from their heartbeat's answer, fail their collective in flight (the frozen
 /// peers' connections stay up), re-form as 2 and train to the end. Without heartbeats they would wait an hour: the
 /// test's deadline fails the run first.
@@ -333,7 +335,7 @@ fn an_elastic_step_goes_on_when_a_node_freezes() {
         "{ min = 2, max = 4, elastic_timeout = 3600s }",
         &format!(
             ", ELASTIC_STEPS = \"{steps}\", HVD_TEST_MARKER = \"{marker}\", ELASTIC_UNTIL = \"atmost:2\", \
-             HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"6\""
+             HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"10\""
         ),
         "",
         common::slurm::elastic_train_py(),
@@ -355,6 +357,13 @@ fn an_elastic_step_goes_on_when_a_node_freezes() {
             logs()
         );
     }
+    // Only the frozen node's ranks were found silent.
+    assert_eq!(
+        stderr.matches(" sent no heartbeat for ").count(),
+        2,
+        "{}",
+        logs()
+    );
     assert!(!stderr.contains("did not rejoin within"), "{}", logs());
     assert!(!stderr.contains("fewer than its minimum"), "{}", logs());
     let members: &[(u32, u32)] = &[(0, 0), (1, 1)];

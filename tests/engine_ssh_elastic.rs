@@ -185,18 +185,46 @@ fn stop_and_fail(child: std::process::Child, why: &str) -> ! {
 /// survivors would wait an hour: the test's deadline fails the run first.
 #[test]
 fn a_frozen_host_is_found_by_its_ranks_silence_and_the_survivors_go_on() {
-    let mut hosts = Hosts::start("lz");
+    a_frozen_host("lz", false);
+}
+
+/// The frozen host as above, with host discovery listing both hosts throughout: its ranks hold their places there
+/// until they have exited, and the host is charged their failures (so blacklisted) once they are found silent, not
+/// when their stopped ssh sessions end `--grace` later; so no new worker is started on the frozen host (before, ranks
+/// 4 and 5 were started there as soon as 2 and 3 were found silent).
+#[test]
+fn a_frozen_host_gets_no_new_workers_from_host_discovery() {
+    a_frozen_host("ly", true);
+}
+
+fn a_frozen_host(prefix: &str, discovery: bool) {
+    let mut hosts = Hosts::start(prefix);
     let steps = 12;
     let dir = project(
         "{ min = 2, max = 4 }",
         steps,
-        ", ELASTIC_PAUSE = \"5\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"6\"",
+        ", ELASTIC_PAUSE = \"5\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"10\"",
     );
+    let d = dir.path();
+    let mut args = vec!["--no-build", "--grace", "2", "--elastic-timeout", "3600"];
+    let (hostfile, script) = (d.join("hostfile"), d.join("discover.sh"));
+    if discovery {
+        let both = format!("{}:2\n{}:2\n", HOSTS[0], HOSTS[1]);
+        std::fs::write(d.join("slots"), both).unwrap();
+        let listed = format!("{} slots=2\n{} slots=2\n", HOSTS[0], HOSTS[1]);
+        std::fs::write(&hostfile, listed).unwrap();
+        std::fs::write(&script, "#!/bin/sh\ncat slots\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        args.extend([
+            "--hostfile",
+            hostfile.to_str().unwrap(),
+            "--host-discovery-script",
+            script.to_str().unwrap(),
+        ]);
+    }
     let mut child = hosts
-        .hvd_command(
-            dir.path(),
-            &["--no-build", "--grace", "2", "--elastic-timeout", "3600"],
-        )
+        .hvd_command(d, &args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -227,6 +255,22 @@ fn a_frozen_host_is_found_by_its_ranks_silence_and_the_survivors_go_on() {
     hosts.lose(1);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Only the frozen host's ranks were found silent (a healthy one judged lost on a loaded machine shows here).
+    assert_eq!(
+        common::unwrapped(&stderr)
+            .matches(&common::unwrapped(" sent no heartbeat for "))
+            .count(),
+        2,
+        "{stdout}\n{stderr}"
+    );
+    // No new worker went to the frozen host: its ranks' failures were charged (blacklisting it) when they were found
+    // silent, and they held their slots there until they had exited.
+    for started_there in [
+        format!(" on {} in place of a lost worker", HOSTS[1]),
+        format!(" on {}; it joins at the workers' next commit", HOSTS[1]),
+    ] {
+        assert!(!says(&out, &started_there), "{stdout}\n{stderr}");
+    }
     for slot in [2, 3] {
         assert!(
             says(

@@ -103,15 +103,14 @@ fn connect_elastic(
     )?;
     let seat = client.elastic_join(elastic_join_wait(timeout, elastic_window_from_env()?))?;
     tracing::debug!(slot = job.rank, round = %seat.round, rank = seat.rank, size = seat.size, "elastic round");
-    // Before the round's communicator is built: a member of it found silent fails its waits from now on.
+    // Before the round's communicator is built: a member of it found silent fails this process's waits for it from now
+    // on, the start-up's (the address exchange at the rendezvous, tcp handshakes, shared memory attach) and the
+    // collectives' (hvd's tcp and shm transports).
     crate::liveness::enter_round(seat.round.number());
-    // Each heartbeat is retried for one interval at most (the next one follows), its answer awaited 5 s at least.
-    let beats = client
-        .clone()
-        .with_retry_for(crate::liveness::interval(heartbeat));
-    crate::liveness::start(heartbeat, move |every| {
-        beats.elastic_beat(every.max(Duration::from_secs(5)))
-    });
+    // Each heartbeat is one try, its connection and its answer awaited one interval at most: the next heartbeat, on
+    // its fixed cadence, is its retry, and a slow one never holds back those after it for long.
+    let beats = client.clone().with_retry_for(Duration::ZERO);
+    crate::liveness::start(heartbeat, move |every| beats.elastic_beat(every));
     let member = JobEnv {
         rank: seat.rank,
         size: seat.size,

@@ -14,7 +14,7 @@
 //! `HVD_COLLECTIVE_TIMEOUT`, and the worker re-forms without it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::env_vars;
 use crate::error::{Error, Result};
@@ -39,9 +39,10 @@ pub fn timeout_from(value: Option<&str>) -> Result<Duration> {
     })
 }
 
-/// How often a worker beats for the launcher's `timeout`: five times per timeout, at most every 2 s.
+/// How often a worker beats for the launcher's `timeout`: five times per timeout, at most every 2 s (the timeout is
+/// [`MIN_TIMEOUT_SECONDS`] at least, so at least every 200 ms: no lower bound is needed).
 pub fn interval(timeout: Duration) -> Duration {
-    (timeout / 5).clamp(Duration::from_millis(50), Duration::from_secs(2))
+    (timeout / 5).min(Duration::from_secs(2))
 }
 
 /// Which round this process is a member of, and whether the launcher found one of its members silent.
@@ -100,20 +101,65 @@ pub(crate) fn enter_round(round: u64) {
     THIS_PROCESS.enter(round);
 }
 
-/// The transports' waits ask this while a peer has not answered: [`Error::PeerLost`] once the launcher found a member
-/// of this process's round silent. Two atomic loads when nothing is wrong.
+/// Whether this process is a member of an elastic round (its waits for a peer should ask [`check`] now and then).
+pub(crate) fn in_round() -> bool {
+    THIS_PROCESS.round.load(Ordering::Acquire) != 0
+}
+
+/// The transports' waits, and the start-up's (the round's address exchange at the rendezvous, the tcp handshakes,
+/// the shared memory attach), ask this while a peer has not answered: [`Error::PeerLost`] once the launcher found a
+/// member of this process's round silent. Two atomic loads when nothing is wrong.
 #[inline]
 pub fn check() -> Result<()> {
     THIS_PROCESS.check()
 }
 
-/// What one heartbeat brought back: `Some((round, lost))`, the launcher's latest round and the rank in it of a member
-/// it found silent; `None`, the launcher no longer counts this worker (the heartbeat stops).
-pub type BeatAnswer = Result<Option<(u64, Option<u64>)>>;
+/// What the launcher answered one heartbeat (docs/rendezvous.md, `POST /elastic/v1/beat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// The launcher's latest round.
+    pub round: u64,
+    /// The rank in `round` of a member the launcher found silent.
+    pub lost: Option<u64>,
+    /// The launcher's heartbeat timeout (bounded as `HVD_HEARTBEAT_TIMEOUT`), when it said one.
+    pub timeout: Option<Duration>,
+}
+
+/// What one heartbeat brought back: `Some`, the launcher's answer; `None`, the launcher no longer counts this worker
+/// (the heartbeat stops).
+pub type BeatAnswer = Result<Option<Answer>>;
+
+/// The answer to a heartbeat, `v1 <round> <lost rank or -> <timeout ms or ->` (a launcher before the timeout field:
+/// without it); `None` when malformed. A timeout out of `HVD_HEARTBEAT_TIMEOUT`'s bounds is brought within them.
+pub fn parse_answer(text: &str) -> Option<Answer> {
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let (round, lost, timeout) = match fields.as_slice() {
+        ["v1", round, lost] => (round, lost, &"-"),
+        ["v1", round, lost, timeout] => (round, lost, timeout),
+        _ => return None,
+    };
+    let number = |field: &str| match field {
+        "-" => Some(None),
+        n => n.parse::<u64>().ok().map(Some),
+    };
+    let bounds = (
+        Duration::from_secs(MIN_TIMEOUT_SECONDS),
+        Duration::from_secs(crate::time::DAY_SECONDS),
+    );
+    Some(Answer {
+        round: round.parse().ok()?,
+        lost: number(lost)?,
+        timeout: number(timeout)?.map(|ms| Duration::from_millis(ms).clamp(bounds.0, bounds.1)),
+    })
+}
 
 /// Starts this process's heartbeat thread (once; later calls do nothing): it calls `beat` (one request to the
-/// launcher's server as this worker, [`crate::rendezvous::KeyValueClient::elastic_beat`]) every [`interval`] of
-/// `timeout`, until `beat` answers that the launcher no longer counts this worker.
+/// launcher's server as this worker, [`crate::rendezvous::KeyValueClient::elastic_beat`], given the interval as its
+/// timeouts) every [`interval`] of `timeout`, or of the launcher's timeout when its answers name a shorter one (this
+/// process's `HVD_HEARTBEAT_TIMEOUT` may have been changed by its script or its host's environment), until `beat`
+/// answers that the launcher no longer counts this worker.
+/// The beats keep a fixed cadence (each starts one interval after the previous one started, at once when that one
+/// took longer), so a slow one delays the next by at most its own excess.
 pub(crate) fn start(
     timeout: Duration,
     mut beat: impl FnMut(Duration) -> BeatAnswer + Send + 'static,
@@ -121,14 +167,19 @@ pub(crate) fn start(
     if STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
-    let every = interval(timeout);
+    let mut every = interval(timeout);
     let spawned = std::thread::Builder::new()
         .name("hvd-heartbeat".into())
         .spawn(move || {
+            let mut next = Instant::now();
             loop {
                 match beat(every) {
-                    Ok(Some((round, Some(lost)))) => THIS_PROCESS.broken(round, lost),
-                    Ok(Some((_, None))) => {}
+                    Ok(Some(answer)) => {
+                        if let Some(lost) = answer.lost {
+                            THIS_PROCESS.broken(answer.round, lost);
+                        }
+                        every = interval(answer.timeout.map_or(timeout, |t| t.min(timeout)));
+                    }
                     Ok(None) => {
                         tracing::debug!(
                             "the launcher no longer counts this worker; heartbeat stopped"
@@ -137,13 +188,20 @@ pub(crate) fn start(
                     }
                     Err(e) => tracing::debug!(error = %e, "heartbeat failed; beating on"),
                 }
-                std::thread::sleep(every);
+                next = cadence(next, every, Instant::now());
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
         });
     if let Err(e) = spawned {
         STARTED.store(false, Ordering::Release);
         tracing::warn!(error = %e, "could not start the heartbeat thread");
     }
+}
+
+/// When the heartbeat after the one due at `due` is: one `every` later, or `now` when that has passed (a slow beat
+/// is not made up for with a burst).
+fn cadence(due: Instant, every: Duration, now: Instant) -> Instant {
+    (due + every).max(now)
 }
 
 #[cfg(test)]
@@ -165,6 +223,52 @@ mod tests {
         assert_eq!(interval(s(10)), s(2));
         assert_eq!(interval(s(3600)), s(2));
         assert_eq!(interval(s(1)), Duration::from_millis(200));
+    }
+
+    /// The answer names the launcher's timeout, bounded like the variable; a malformed one is refused whole.
+    #[test]
+    fn the_answer_carries_the_launchers_timeout() {
+        let a = |round, lost, timeout| {
+            Some(Answer {
+                round,
+                lost,
+                timeout,
+            })
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(parse_answer("v1 3 - 2500\n"), a(3, None, Some(ms(2500))));
+        assert_eq!(parse_answer("v1 3 1 -\n"), a(3, Some(1), None));
+        assert_eq!(parse_answer("v1 3 -"), a(3, None, None));
+        assert_eq!(parse_answer("v1 3 - 0"), a(3, None, Some(ms(1000))));
+        assert_eq!(
+            parse_answer("v1 3 - 18446744073709551615"),
+            a(3, None, Some(Duration::from_secs(crate::time::DAY_SECONDS)))
+        );
+        for bad in [
+            "",
+            "v1",
+            "v1 x -",
+            "v1 3 x",
+            "v1 3 - x",
+            "v1 3 - -1",
+            "v2 3 - 5",
+            "v1 3 - 5 6",
+        ] {
+            assert_eq!(parse_answer(bad), None, "{bad}");
+        }
+    }
+
+    /// Beats keep their cadence: a beat that took part of the interval does not push the next one back, and one
+    /// that took longer is followed at once, not by a burst.
+    #[test]
+    fn beats_keep_a_fixed_cadence() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(cadence(t, s(2), t + ms(1500)), t + s(2));
+        assert_eq!(cadence(t + s(2), s(2), t + s(2) + ms(10)), t + s(4));
+        assert_eq!(cadence(t, s(2), t + s(5)), t + s(5));
+        assert_eq!(cadence(t + s(5), s(2), t + s(5)), t + s(7));
     }
 
     /// Only a silent member of this process's own round fails the waits: not one of an earlier round (the process

@@ -279,36 +279,36 @@ impl KeyValueClient {
     }
 
     /// Tells the launcher's server of an elastic step that this worker is alive (its heartbeat, [`crate::liveness`]),
-    /// waiting up to `read_timeout` for the answer. `Some((round, lost))`: the latest round, and the rank in it of a
+    /// waiting up to `timeout` to connect and again for the answer (a heartbeat late by more is worth less than the
+    /// next one). `Some((round, lost))`: the latest round, and the rank in it of a
     /// member the launcher found silent; `None`: the server no longer counts this worker (410: it ended, was left out
     /// or found silent), so there is nothing to beat for.
-    pub fn elastic_beat(&self, read_timeout: Duration) -> crate::liveness::BeatAnswer {
+    pub fn elastic_beat(&self, timeout: Duration) -> crate::liveness::BeatAnswer {
         let Rendezvous::Http { address, .. } = &self.rendezvous else {
             return Ok(None);
         };
-        let r = self.http("POST", "/elastic/v1/beat", &[], read_timeout)?;
+        let r = self.http_request(Request {
+            method: "POST",
+            path: "/elastic/v1/beat",
+            body: &[],
+            read_timeout: timeout,
+            connect_timeout: timeout,
+        })?;
         match r.status {
             200 => {}
             410 => return Ok(None),
             _ => return Err(self.refused(address, "POST", "/elastic/v1/beat", &r)),
         }
         let text = String::from_utf8_lossy(&r.body);
-        let answer: Option<(u64, Option<u64>)> =
-            match text.split_whitespace().collect::<Vec<_>>().as_slice() {
-                ["v1", round, "-"] => round.parse().ok().map(|round| (round, None)),
-                ["v1", round, lost] => match (round.parse(), lost.parse()) {
-                    (Ok(round), Ok(lost)) => Some((round, Some(lost))),
-                    _ => None,
-                },
-                _ => None,
-            };
-        answer.map(Some).ok_or_else(|| Error::Rendezvous {
-            address: address.clone(),
-            detail: format!(
-                "the elastic heartbeat was answered `{}`, not `v1 <round> <lost rank or ->`",
-                text.trim()
-            ),
-        })
+        crate::liveness::parse_answer(&text)
+            .map(Some)
+            .ok_or_else(|| Error::Rendezvous {
+                address: address.clone(),
+                detail: format!(
+                    "the elastic heartbeat was answered `{}`, not `v1 <round> <lost rank or -> <timeout ms or ->`",
+                    text.trim()
+                ),
+            })
     }
 
     /// The round this client's keys belong to, if any.
@@ -387,11 +387,18 @@ impl KeyValueClient {
         let key = &self.scoped(key)?;
         let deadline = crate::time::saturating_add(Instant::now(), timeout);
         let mut stale: Option<(PathBuf, String)> = None;
+        // A member of an elastic round waits in short polls: a peer the launcher finds silent meanwhile (it froze
+        // before storing its key) fails the wait within a second, not after `timeout`.
+        let poll = match crate::liveness::in_round() {
+            true => Duration::from_secs(1),
+            false => Duration::from_secs(60),
+        };
         loop {
+            crate::liveness::check()?;
             let left = deadline.saturating_duration_since(Instant::now());
             match &self.rendezvous {
                 Rendezvous::Http { address, .. } => {
-                    let wait = left.min(Duration::from_secs(60));
+                    let wait = left.min(poll);
                     let path = format!("/kv/{SCOPE}/{key}?wait_ms={}", wait.as_millis());
                     let r = self.http("GET", &path, &[], wait + Duration::from_secs(15))?;
                     match r.status {
@@ -486,12 +493,18 @@ impl KeyValueClient {
         body: &[u8],
         read_timeout: Duration,
     ) -> Result<HttpResponse> {
-        let request = Request {
+        self.http_request(Request {
             method,
             path,
             body,
             read_timeout,
-        };
+            connect_timeout: CONNECT_TIMEOUT,
+        })
+    }
+
+    /// [`KeyValueClient::http`] of a request with its own timeouts.
+    fn http_request(&self, request: Request<'_>) -> Result<HttpResponse> {
+        let (method, path) = (request.method, request.path);
         let deadline = crate::time::saturating_add(Instant::now(), self.retry_for);
         let mut backoff = Backoff::new();
         loop {
@@ -536,7 +549,8 @@ impl KeyValueClient {
             address: address.clone(),
             detail: d,
         };
-        let stream = connect_any(address).map_err(|e| err(format!("connect: {e}")))?;
+        let stream = connect_within(address, request.connect_timeout)
+            .map_err(|e| err(format!("connect: {e}")))?;
         stream
             .set_read_timeout(Some(request.read_timeout))
             .map_err(|e| err(format!("configure socket: {e}")))?;
@@ -584,7 +598,12 @@ struct Request<'a> {
     path: &'a str,
     body: &'a [u8],
     read_timeout: Duration,
+    /// How long each address the server's resolves to is tried ([`CONNECT_TIMEOUT`] but for heartbeats).
+    connect_timeout: Duration,
 }
+
+/// How long a connection to the server is tried, per address.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Exponential backoff with jitter: pauses of 10 ms, 20 ms, ... up to 1 s, each drawn from the upper half of its step
 /// so that ranks retrying together spread out.
@@ -642,9 +661,14 @@ fn join_identity() -> &'static str {
 }
 
 pub(crate) fn connect_any(address: &str) -> std::io::Result<TcpStream> {
+    connect_within(address, CONNECT_TIMEOUT)
+}
+
+/// [`connect_any`], trying each address for up to `timeout`.
+fn connect_within(address: &str, timeout: Duration) -> std::io::Result<TcpStream> {
     let mut last = std::io::Error::other("the address resolves to nothing");
     for a in address.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
+        match TcpStream::connect_timeout(&a, timeout) {
             Ok(s) => return Ok(s),
             Err(e) => last = e,
         }

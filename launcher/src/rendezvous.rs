@@ -43,6 +43,8 @@ use self::http::{BodyBudget, HttpError, Request};
 use self::peer::{PeerEnd, canonical};
 use self::store::Store;
 
+pub use self::elastic::Silence;
+
 /// Largest request head (request line + headers + the blank line) accepted.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Largest value accepted in one PUT.
@@ -701,6 +703,13 @@ fn handle(
         ["", _, _] => check_gloo_peer(shared, peer, owner)?,
         _ => return Err(HttpError::new(404, "unknown path: use /kv/<scope>/<key>")),
     }
+    // A heartbeat has no body: one announced is refused before anything of it is read.
+    if matches!(segments.as_slice(), ["", "elastic", "v1", "beat"]) && request.content_length != 0 {
+        return Err(HttpError::new(
+            413,
+            "a heartbeat has no body: send content-length 0",
+        ));
+    }
     // From here the connection holds its slot: newer connections cannot close it to make room.
     if !shared.connections().authorize(id) {
         return Err(HttpError::new(503, "rendezvous server busy; retry"));
@@ -976,32 +985,35 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
     }
 }
 
-/// The worker (`X-Hvd-Rank`: its slot) leaves the elastic step on its own (preempted, after its last commit): rounds
-/// stop waiting for it and the launcher reports it as preempted. Only the process that joined as that slot may: the
-/// request must carry the same `X-Hvd-Join` identity (403 otherwise, and for a slot that never joined). 200
-/// `v1 <workers left alive>`; 410: the worker is not alive (ended, left, left out); 409: the step is not elastic.
-fn on_elastic_leave(shared: &Shared, request: &Request) -> Reply {
+/// The slot (`X-Hvd-Rank`) of an elastic request that only the process that joined as that slot may make (`what`:
+/// "leave", "heartbeat"), with the store locked: 405 unless POST; 400 for a missing or malformed rank or `X-Hvd-Join`;
+/// 409 when the step is not elastic; 403 unless `X-Hvd-Join` is the identity the slot joined with (a slot that never
+/// joined, whether or not it is one of the step's, or another worker's slot).
+fn authorized_elastic_slot<'a>(
+    shared: &'a Shared,
+    request: &Request,
+    what: &str,
+) -> Result<(u32, MutexGuard<'a, Store>), HttpError> {
     if request.method != "POST" {
         return Err(HttpError::new(405, "method must be POST"));
     }
     let slot: u32 = request
         .rank
         .as_deref()
-        .ok_or_else(|| HttpError::new(400, "an elastic leave needs x-hvd-rank"))?
+        .ok_or_else(|| HttpError(400, format!("an elastic {what} needs x-hvd-rank").into()))?
         .parse()
         .map_err(|_| HttpError::new(400, "x-hvd-rank must be a non-negative integer"))?;
-    let join = request
-        .join
-        .as_deref()
-        .filter(|j| valid_join(j))
-        .ok_or_else(|| {
-            HttpError::new(
-                400,
-                "an elastic leave needs x-hvd-join (1-64 characters of [A-Za-z0-9._-]): the identity the worker \
-                 joined with",
+    let join = request.join.as_deref().filter(|j| valid_join(j)).ok_or_else(|| {
+        HttpError(
+            400,
+            format!(
+                "an elastic {what} needs x-hvd-join (1-64 characters of [A-Za-z0-9._-]): the identity the worker \
+                 joined with"
             )
-        })?;
-    let mut store = shared.lock();
+            .into(),
+        )
+    })?;
+    let store = shared.lock();
     if store.elastic.is_none() {
         return Err(HttpError::new(409, "this step is not elastic"));
     }
@@ -1010,11 +1022,20 @@ fn on_elastic_leave(shared: &Shared, request: &Request) -> Reply {
             403,
             format!(
                 "worker {slot} did not join from this process (no join as that slot with this x-hvd-join): only a \
-                 worker may leave, and only its own slot"
+                 worker may send a {what} request, and only as its own slot"
             )
             .into(),
         ));
     }
+    Ok((slot, store))
+}
+
+/// The worker (`X-Hvd-Rank`: its slot) leaves the elastic step on its own (preempted, after its last commit): rounds
+/// stop waiting for it and the launcher reports it as preempted. Only the process that joined as that slot may: the
+/// request must carry the same `X-Hvd-Join` identity (403 otherwise, and for a slot that never joined). 200
+/// `v1 <workers left alive>`; 410: the worker is not alive (ended, left, left out); 409: the step is not elastic.
+fn on_elastic_leave(shared: &Shared, request: &Request) -> Reply {
+    let (slot, mut store) = authorized_elastic_slot(shared, request, "leave")?;
     let Some(membership) = store.elastic.as_mut() else {
         return Err(HttpError::new(409, "this step is not elastic"));
     };

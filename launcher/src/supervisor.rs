@@ -468,6 +468,11 @@ fn run_step(
     log_dir: &Path,
 ) -> Result<bool, LaunchError> {
     let mut restart = 0u32;
+    // An elastic step's heartbeat timeout, read once (the step's, else this process's).
+    let heartbeat = match step.min_workers.is_some() && step.workers.is_some() {
+        true => Some(heartbeat::timeout(step)?),
+        false => None,
+    };
     loop {
         let mut attempt = step.clone();
         for name in [
@@ -476,7 +481,7 @@ fn run_step(
         ] {
             attempt.env.insert(name.to_owned(), restart.to_string());
         }
-        if step.min_workers.is_some() && step.workers.is_some() {
+        if let Some(heartbeat) = heartbeat {
             attempt
                 .env
                 .insert(crate::env_vars::HVD_ELASTIC.to_owned(), "1".to_owned());
@@ -489,7 +494,7 @@ fn run_step(
             // How often the workers beat follows the launcher's timeout for a silent one.
             attempt.env.insert(
                 hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT.to_owned(),
-                heartbeat::timeout(step)?.as_secs_f64().to_string(),
+                heartbeat.as_secs_f64().to_string(),
             );
         }
         let attempt_log = match restart {
@@ -517,7 +522,7 @@ fn run_step(
             }
         }
         let restartable = restart < step.restarts;
-        match run_attempt(job, plan, &attempt, &attempt_log, restartable)? {
+        match run_attempt(job, plan, &attempt, &attempt_log, (restartable, heartbeat))? {
             Outcome::Succeeded => return Ok(true),
             Outcome::Restart if !job.stopping() => {
                 restart += 1;
@@ -621,7 +626,7 @@ fn run_attempt(
     plan: &Plan,
     step: &PlannedStep,
     log_dir: &Path,
-    restartable: bool,
+    (restartable, heartbeat): (bool, Option<Duration>),
 ) -> Result<Outcome, LaunchError> {
     let started = Instant::now();
     // A step that runs once runs here; a distributed one as its engine says.
@@ -675,6 +680,9 @@ fn run_attempt(
             server.set_elastic(first, step.elastic.timeout);
             // Below the minimum no round forms: the survivors wait for replacements, or for the step to end.
             server.set_elastic_minimum(min);
+            if let Some(timeout) = heartbeat {
+                server.set_elastic_heartbeat(timeout);
+            }
             Some(min)
         }
         _ => None,
@@ -913,6 +921,7 @@ fn run_attempt(
                 started,
                 restartable,
                 elastic,
+                heartbeat,
             },
             &mut workers,
             &exit_rx,

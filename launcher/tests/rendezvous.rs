@@ -1428,7 +1428,7 @@ fn hostile_elastic_leaves_are_refused_and_remove_nobody() {
     // Worker 0 asks to take worker 1 out (its own identity, another slot), or someone without an identity.
     let (status, body) = elastic_leave(addr, "1", "w0", true);
     assert_eq!(status, 403, "{body}");
-    assert!(body.contains("only its own slot"), "{body}");
+    assert!(body.contains("only as its own slot"), "{body}");
     assert_eq!(elastic_leave(addr, "1", "", true).0, 400);
     assert_eq!(elastic_leave(addr, "1", "bad identity!", true).0, 400);
     // A slot that never joined, one that is no worker, a malformed one, a wrong method.
@@ -1502,7 +1502,7 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
     server.set_gloo_layout(&[("h".to_owned(), 3)]);
     // Not elastic: 409, and nothing is judged.
     assert_eq!(elastic_beat(addr, "0", "w0", true).0, 409);
-    assert!(server.elastic_silence(Duration::ZERO).is_empty());
+    assert!(server.elastic_silence(Duration::ZERO).quiet.is_empty());
     server.set_elastic(3, Duration::from_secs(3600));
     for (status, body) in join_round(addr, &[0, 1, 2], 0) {
         assert_eq!(status, 200, "{body}");
@@ -1512,9 +1512,13 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
     assert_eq!(elastic_beat(addr, "1", "w1", false).0, 403);
     let (status, body) = elastic_beat(addr, "1", "w0", true);
     assert_eq!(status, 403, "{body}");
-    assert!(body.contains("its own heartbeat"), "{body}");
+    assert!(
+        body.contains("a heartbeat request, and only as its own slot"),
+        "{body}"
+    );
     assert_eq!(elastic_beat(addr, "1", "", true).0, 400);
     assert_eq!(elastic_beat(addr, "1", "bad identity!", true).0, 400);
+    // A slot outside the step is one that never joined: 403, as for leave.
     assert_eq!(elastic_beat(addr, "7", "w7", true).0, 403);
     assert_eq!(elastic_beat(addr, "99999999999", "w0", true).0, 400);
     let (status, _) = raw(
@@ -1525,33 +1529,50 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
         .as_bytes(),
     );
     assert_eq!(status, 405);
+    // A heartbeat has no body: one announced (1000 bytes, never sent) is refused at once, from the head alone.
+    let (status, body) = raw(
+        addr,
+        format!(
+            "POST /elastic/v1/beat HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nX-Hvd-Rank: 1\r\nX-Hvd-Join: w1\r\nContent-Length: 1000\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
     // None of those counted as a heartbeat: nobody has beaten, so nobody is judged, however short the timeout.
-    assert!(server.elastic_silence(Duration::ZERO).is_empty());
+    assert!(server.elastic_silence(Duration::ZERO).quiet.is_empty());
     // Slot 1 beats once, then falls silent; slots 0 and 2 beat on, and the launcher looks often (as `hvd run` does:
     // a launcher that did not look for a while was itself stopped, and judges nobody on that silence).
+    // (Before the launcher sets its heartbeat timeout, the answer names none; after, each answer does.)
     assert_eq!(
         elastic_beat(addr, "1", "w1", true),
-        (200, "v1 1 -\n".to_owned())
+        (200, "v1 1 - -\n".to_owned())
     );
+    server.set_elastic_heartbeat(Duration::from_millis(2500));
     let mut silent: Vec<u32> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while silent.is_empty() && Instant::now() < deadline {
         for slot in ["0", "2"] {
             assert_eq!(
                 elastic_beat(addr, slot, &format!("w{slot}"), true),
-                (200, "v1 1 -\n".to_owned())
+                (200, "v1 1 - 2500\n".to_owned())
             );
         }
         silent.extend(
             server
                 .elastic_silence(Duration::from_secs(2))
+                .quiet
                 .into_iter()
                 .map(|(slot, _)| slot),
         );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(silent, vec![1]);
-    assert!(server.elastic_silence(Duration::from_secs(2)).is_empty());
+    assert!(
+        server
+            .elastic_silence(Duration::from_secs(2))
+            .quiet
+            .is_empty()
+    );
     assert_eq!(
         server.elastic_dropped().into_iter().collect::<Vec<_>>(),
         vec![1]
@@ -1559,7 +1580,7 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
     // The others are told which rank of their round is lost; its own heartbeat (replayed or late) is refused.
     assert_eq!(
         elastic_beat(addr, "0", "w0", true),
-        (200, "v1 1 1\n".to_owned())
+        (200, "v1 1 1 2500\n".to_owned())
     );
     assert_eq!(elastic_beat(addr, "1", "w1", true).0, 410);
     // The next round forms without it, and it is left out of it.
@@ -1570,6 +1591,6 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
     assert_eq!(join_after(addr, 1, 1).0, 410);
     assert_eq!(
         elastic_beat(addr, "2", "w2", true),
-        (200, "v1 2 -\n".to_owned())
+        (200, "v1 2 - 2500\n".to_owned())
     );
 }

@@ -192,6 +192,8 @@ impl ShmTransport {
     pub fn wait_attached(&mut self, timeout: Duration) -> Result<()> {
         let deadline = crate::time::saturating_add(Instant::now(), timeout);
         while (self.seg.attached().load(Ordering::Acquire) as usize) < self.seg.ranks {
+            // A member of this elastic round found frozen never attaches.
+            crate::liveness::check()?;
             if Instant::now() > deadline {
                 let missing: Vec<usize> = (0..self.seg.ranks)
                     .filter(|r| self.seg.state(*r).load(Ordering::Acquire) == 0)

@@ -559,6 +559,9 @@ impl TcpTransport {
         let mut last_refusal = String::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         loop {
+            // A member of this elastic round the launcher found silent (frozen after the round formed) will never
+            // connect: fail now (each pass waits 50 ms at most), not at the deadline.
+            crate::liveness::check()?;
             let now = Instant::now();
             for _ in 0..ACCEPT_BATCH {
                 match listener.accept() {

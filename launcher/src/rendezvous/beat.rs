@@ -9,48 +9,19 @@
 
 use std::time::{Duration, Instant};
 
+use super::elastic::Silence;
 use super::http::{HttpError, Request};
-use super::{RendezvousServer, Reply, Shared, valid_join};
+use super::{RendezvousServer, Reply, Shared, authorized_elastic_slot};
 
-/// Worker `slot` (`X-Hvd-Rank`) says it is alive: 200 `v1 <round> <lost>`, `<lost>` being the rank in round
-/// `<round>` of a member found silent (its other members fail their collective in flight at once), or `-`. 403 unless
-/// `X-Hvd-Join` is the identity the slot joined with; 410 when the worker is not alive (ended, left, left out, found
-/// silent); 409 when the step is not elastic; 400 for a slot that is not a worker of the step.
+/// Worker `slot` (`X-Hvd-Rank`) says it is alive: 200 `v1 <round> <lost> <timeout>`, `<lost>` being the rank in round
+/// `<round>` of a member found silent (its other members fail their collective in flight at once), or `-`, and
+/// `<timeout>` the launcher's heartbeat timeout in milliseconds (`-` when not set), which the worker beats often
+/// enough for. 413 for a
+/// body (a heartbeat has none: refused before anything is read); 403 unless `X-Hvd-Join` is the identity the slot
+/// joined with (a slot that never joined, whether or not it is one of the step's, included); 410 when the worker is
+/// not alive (ended, left, left out, found silent); 409 when the step is not elastic.
 pub(super) fn on_elastic_beat(shared: &Shared, request: &Request) -> Reply {
-    if request.method != "POST" {
-        return Err(HttpError::new(405, "method must be POST"));
-    }
-    let slot: u32 = request
-        .rank
-        .as_deref()
-        .ok_or_else(|| HttpError::new(400, "an elastic heartbeat needs x-hvd-rank"))?
-        .parse()
-        .map_err(|_| HttpError::new(400, "x-hvd-rank must be a non-negative integer"))?;
-    let join = request
-        .join
-        .as_deref()
-        .filter(|j| valid_join(j))
-        .ok_or_else(|| {
-            HttpError::new(
-                400,
-                "an elastic heartbeat needs x-hvd-join (1-64 characters of [A-Za-z0-9._-]): the identity the worker \
-                 joined with",
-            )
-        })?;
-    let mut store = shared.lock();
-    if store.elastic.is_none() {
-        return Err(HttpError::new(409, "this step is not elastic"));
-    }
-    if store.identity(slot) != Some(Some(join)) {
-        return Err(HttpError(
-            403,
-            format!(
-                "worker {slot} did not join from this process (no join as that slot with this x-hvd-join): only a \
-                 worker may send its own heartbeat"
-            )
-            .into(),
-        ));
-    }
+    let (slot, mut store) = authorized_elastic_slot(shared, request, "heartbeat")?;
     let Some(membership) = store.elastic.as_mut() else {
         return Err(HttpError::new(409, "this step is not elastic"));
     };
@@ -59,24 +30,41 @@ pub(super) fn on_elastic_beat(shared: &Shared, request: &Request) -> Reply {
         _ => HttpError(400, e.reason().into()),
     })?;
     let lost = beat.lost.map_or_else(|| "-".to_owned(), |r| r.to_string());
-    Ok((200, format!("v1 {} {lost}\n", beat.generation).into_bytes()))
+    let timeout = membership
+        .heartbeat
+        .map_or_else(|| "-".to_owned(), |t| t.as_millis().to_string());
+    Ok((
+        200,
+        format!("v1 {} {lost} {timeout}\n", beat.generation).into_bytes(),
+    ))
 }
 
 impl RendezvousServer {
+    /// The heartbeat timeout the launcher judges an elastic step's workers by (set after
+    /// [`RendezvousServer::set_elastic`]): each heartbeat's answer tells it, so that a worker whose own
+    /// `HVD_HEARTBEAT_TIMEOUT` is longer (its script or its host's environment changed it) still beats often enough.
+    /// Nothing when not elastic.
+    pub fn set_elastic_heartbeat(&self, timeout: Duration) {
+        if let Some(membership) = self.shared.lock().elastic.as_mut() {
+            membership.heartbeat = Some(timeout);
+        }
+    }
+
     /// An elastic job's live workers that have sent a heartbeat and then none for `timeout`, with how long they have
     /// been silent (each named once): from now on they are gone like workers left out of a round
-    /// ([`RendezvousServer::elastic_dropped`] names them; stop them), and a pending round forms without them. Empty
-    /// when not elastic.
-    pub fn elastic_silence(&self, timeout: Duration) -> Vec<(u32, Duration)> {
+    /// ([`RendezvousServer::elastic_dropped`] names them; stop them), and a pending round forms without them. Nobody
+    /// is judged while every worker that beat is quiet at once (the launcher is the one cut off: `cut_off` says so on
+    /// the first look of such a stretch). Nothing when not elastic.
+    pub fn elastic_silence(&self, timeout: Duration) -> Silence {
         let mut store = self.shared.lock();
-        let quiet = store
+        let found = store
             .elastic
             .as_mut()
             .map(|m| m.silence(Instant::now(), timeout))
             .unwrap_or_default();
-        if !quiet.is_empty() {
+        if !found.quiet.is_empty() {
             self.shared.changed.notify_all();
         }
-        quiet
+        found
     }
 }

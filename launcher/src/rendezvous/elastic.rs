@@ -108,6 +108,22 @@ pub(crate) struct Membership {
     silent: BTreeSet<u32>,
     /// When the launcher last looked for silent workers.
     checked: Option<Instant>,
+    /// Every worker that beat went quiet together: the launcher is cut off from them (its own network), so nobody is
+    /// judged until one is heard again (said once per such stretch).
+    cut_off: bool,
+    /// The launcher's heartbeat timeout, told the workers with each heartbeat's answer (they beat often enough for it
+    /// whatever their own `HVD_HEARTBEAT_TIMEOUT` says).
+    pub(crate) heartbeat: Option<Duration>,
+}
+
+/// What the launcher's look for silent workers found ([`Membership::silence`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Silence {
+    /// The workers found silent, with how long they were: gone from now on.
+    pub quiet: Vec<(u32, Duration)>,
+    /// Every worker that beat went quiet for the timeout together (first look of such a stretch only): the launcher,
+    /// not they, seems cut off, and nobody was judged.
+    pub cut_off: bool,
 }
 
 /// What a heartbeat is answered: the latest round and, when one of its members was found silent, that member's rank
@@ -139,6 +155,8 @@ impl Membership {
             beats: BTreeMap::new(),
             silent: BTreeSet::new(),
             checked: None,
+            cut_off: false,
+            heartbeat: None,
         }
     }
 
@@ -282,14 +300,11 @@ impl Membership {
     /// Worker `slot` says it is alive. Only a live worker's heartbeat counts: one of a worker that ended, left, was
     /// left out or found silent is refused (it does not bring the worker back).
     pub(crate) fn beat(&mut self, slot: u32, now: Instant) -> Result<Beat, MembershipError> {
-        if slot >= self.workers {
-            return Err(MembershipError::NotAWorker {
-                slot,
-                workers: self.workers,
-            });
-        }
-        if !self.alive.contains(&slot) {
-            return Err(MembershipError::NotAlive { slot });
+        self.live_worker(slot)?;
+        // The first worker heard after the launcher was cut off from all: the others' beats are on their way, each
+        // is given a whole timeout from now.
+        if std::mem::take(&mut self.cut_off) {
+            self.beats.values_mut().for_each(|at| *at = (*at).max(now));
         }
         self.beats.insert(slot, now);
         Ok(Beat {
@@ -308,14 +323,20 @@ impl Membership {
     ///
     /// The launcher looks many times a second; when it has not looked for half the timeout, it was itself stopped or
     /// starved (its server heard nobody meanwhile), and every worker's silence counts from now instead.
-    pub(crate) fn silence(&mut self, now: Instant, timeout: Duration) -> Vec<(u32, Duration)> {
+    ///
+    /// A worker is judged silent only while another live worker was heard within two heartbeat intervals: when every
+    /// worker that beat went quiet together, the launcher is the one cut off (its network), not all of them frozen at
+    /// once; nobody is judged, [`Silence::cut_off`] says so once, and each worker's silence counts from the first
+    /// heartbeat heard again. A lone worker that beat (the only one left) is judged on its own silence: nothing can
+    /// tell the two apart then, and a frozen last worker would otherwise hold the step for ever.
+    pub(crate) fn silence(&mut self, now: Instant, timeout: Duration) -> Silence {
         let away = self
             .checked
             .replace(now)
             .is_some_and(|then| now.saturating_duration_since(then) >= timeout / 2);
         if away {
             self.beats.values_mut().for_each(|at| *at = (*at).max(now));
-            return Vec::new();
+            return Silence::default();
         }
         let quiet: Vec<(u32, Duration)> = self
             .beats
@@ -324,7 +345,20 @@ impl Membership {
             .filter(|(_, quiet)| *quiet >= timeout)
             .collect();
         if quiet.is_empty() {
-            return quiet;
+            return Silence::default();
+        }
+        let recent = 2 * hvd_collective::liveness::interval(timeout);
+        let others_heard = self
+            .beats
+            .values()
+            .any(|at| now.saturating_duration_since(*at) < recent);
+        if !others_heard && self.beats.len() > 1 {
+            let first = !std::mem::replace(&mut self.cut_off, true);
+            self.beats.values_mut().for_each(|at| *at = (*at).max(now));
+            return Silence {
+                quiet: Vec::new(),
+                cut_off: first,
+            };
         }
         for (slot, _) in &quiet {
             self.beats.remove(slot);
@@ -337,7 +371,24 @@ impl Membership {
             self.pending_since = None;
         }
         self.try_form(now);
-        quiet
+        Silence {
+            quiet,
+            cut_off: false,
+        }
+    }
+
+    /// `Ok` when `slot` is one of the step's workers and alive (not ended, left, left out or found silent).
+    fn live_worker(&self, slot: u32) -> Result<(), MembershipError> {
+        if slot >= self.workers {
+            return Err(MembershipError::NotAWorker {
+                slot,
+                workers: self.workers,
+            });
+        }
+        if !self.alive.contains(&slot) {
+            return Err(MembershipError::NotAlive { slot });
+        }
+        Ok(())
     }
 
     /// Worker `slot` ended (or was stopped): rounds no longer wait for it.
@@ -354,15 +405,7 @@ impl Membership {
     /// Worker `slot` leaves on its own (preempted, after its last commit): rounds no longer wait for it, and
     /// [`Membership::left`] names it. Returns how many workers are alive.
     pub(crate) fn leave(&mut self, slot: u32, now: Instant) -> Result<usize, MembershipError> {
-        if slot >= self.workers {
-            return Err(MembershipError::NotAWorker {
-                slot,
-                workers: self.workers,
-            });
-        }
-        if !self.alive.contains(&slot) {
-            return Err(MembershipError::NotAlive { slot });
-        }
+        self.live_worker(slot)?;
         self.gone(slot, now);
         self.left.insert(slot, self.alive.len());
         Ok(self.alive.len())
@@ -667,7 +710,12 @@ mod tests {
             })
         );
         m.beat(1, t).unwrap();
-        assert!(m.silence(t + s(100), s(10)).iter().all(|(s, _)| *s != 2));
+        assert!(
+            m.silence(t + s(100), s(10))
+                .quiet
+                .iter()
+                .all(|(s, _)| *s != 2)
+        );
         let mut m = Membership::new(3, s(3600));
         for slot in 0..3 {
             m.join(slot, 0, t).unwrap();
@@ -675,10 +723,10 @@ mod tests {
         }
         m.beat(0, t + s(8)).unwrap();
         m.beat(2, t + s(8)).unwrap();
-        assert!(m.silence(t + s(9), s(10)).is_empty());
+        assert_eq!(m.silence(t + s(9), s(10)), Silence::default());
         // Slot 0 asks for the next round; slot 1 is silent from t.
         assert!(matches!(m.join(0, 1, t + s(9)), Ok(Joined::Wait { .. })));
-        assert_eq!(m.silence(t + s(10), s(10)), vec![(1, s(10))]);
+        assert_eq!(m.silence(t + s(10), s(10)).quiet, vec![(1, s(10))]);
         assert_eq!(m.dropped(), &BTreeSet::from([1]));
         assert_eq!(
             m.beat(2, t + s(10)),
@@ -710,12 +758,16 @@ mod tests {
             away.join(slot, 0, t).unwrap();
             away.beat(slot, t).unwrap();
         }
-        assert!(away.silence(t + s(1), s(10)).is_empty());
-        assert!(away.silence(t + s(60), s(10)).is_empty());
-        assert!(away.silence(t + s(61), s(10)).is_empty());
-        away.beat(0, t + s(65)).unwrap();
+        assert_eq!(away.silence(t + s(1), s(10)), Silence::default());
+        assert_eq!(away.silence(t + s(60), s(10)), Silence::default());
+        assert_eq!(away.silence(t + s(61), s(10)), Silence::default());
         let quiet: Vec<u32> = (62..=71)
-            .flat_map(|at| away.silence(t + s(at), s(10)))
+            .flat_map(|at| {
+                if at % 2 == 1 {
+                    away.beat(0, t + s(at)).unwrap();
+                }
+                away.silence(t + s(at), s(10)).quiet
+            })
             .map(|(slot, _)| slot)
             .collect();
         assert_eq!(quiet, vec![1]);
@@ -730,6 +782,56 @@ mod tests {
         // A worker that ended is forgotten.
         m.gone(0, t + s(12));
         assert!(!m.beats.contains_key(&0));
+    }
+
+    /// The launcher cut off from every worker (its own network drops their beats; they still reach each other) hears
+    /// all of them go quiet together: it judges none of them lost, says so once, and gives each a whole timeout from
+    /// the first heartbeat heard again. A worker silent while another is heard is judged as before; so is a lone
+    /// worker.
+    #[test]
+    fn a_launcher_cut_off_from_every_worker_judges_none_of_them() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut m = Membership::new(3, s(3600));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+            m.beat(slot, t).unwrap();
+        }
+        // The launcher looks every second and hears nobody for a minute.
+        let said: Vec<bool> = (1..=60)
+            .map(|at| {
+                let found = m.silence(t + s(at), s(10));
+                assert!(found.quiet.is_empty(), "{at}: {found:?}");
+                found.cut_off
+            })
+            .collect();
+        assert_eq!(said.iter().filter(|c| **c).count(), 1, "{said:?}");
+        assert!(said[9], "{said:?}");
+        assert_eq!(m.dropped(), &BTreeSet::new());
+        // Heard again: slot 0 at once, slot 1 a little later; slot 2 never (it froze meanwhile): judged a whole
+        // timeout after the first heartbeat heard, and it alone.
+        let mut quiet = Vec::new();
+        for at in 61..=75 {
+            for slot in [0, 1] {
+                if slot == 0 || at >= 63 {
+                    m.beat(slot, t + s(at)).unwrap();
+                }
+            }
+            let found = m.silence(t + s(at), s(10));
+            assert!(!found.cut_off);
+            quiet.extend(found.quiet.into_iter().map(|(slot, _)| (slot, at)));
+        }
+        assert_eq!(quiet, vec![(2, 71)]);
+        // A lone worker that beat: its silence is judged (nothing else could be heard).
+        let mut lone = Membership::new(2, s(3600));
+        lone.join(0, 0, t).unwrap();
+        lone.join(1, 0, t).unwrap();
+        lone.beat(0, t).unwrap();
+        let found: Vec<u32> = (1..=10)
+            .flat_map(|at| lone.silence(t + s(at), s(10)).quiet)
+            .map(|(slot, _)| slot)
+            .collect();
+        assert_eq!(found, vec![0]);
     }
 
     #[test]

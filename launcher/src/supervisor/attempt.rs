@@ -203,6 +203,8 @@ pub(super) struct Attempt<'a> {
     pub(super) restartable: bool,
     /// `Some(min)`: an elastic step; a lost worker does not stop the others while `min` are left.
     pub(super) elastic: Option<u32>,
+    /// An elastic step's `HVD_HEARTBEAT_TIMEOUT`: a worker silent for this long is lost.
+    pub(super) heartbeat: Option<Duration>,
 }
 
 /// An elastic step below its minimum, waiting up to `--elastic-timeout` for workers to come back: since when, the
@@ -335,6 +337,21 @@ fn preempt_kill_after(step: &PlannedStep) -> Duration {
     grace + Duration::from_secs(10)
 }
 
+/// Counts a lost worker against `host` (one that could not start, or was lost or dropped), saying so when that
+/// blacklists the host.
+fn charge_host(job: &Job<'_>, blacklist: &mut Blacklist, host: &str, when: Instant) {
+    if let Some(cooldown) = blacklist.failed(host, when) {
+        job.events.event(Event::Note {
+            text: format!(
+                "host {host} is blacklisted for {} s: {} of its workers were lost or could not start; no new \
+                 workers start there until then",
+                cooldown.as_secs_f64().round(),
+                crate::discovery::BLACKLIST_FAILURES
+            ),
+        });
+    }
+}
+
 /// Asks worker `w` of an elastic step to hand over at its next commit (SIGTERM to the rank, not its `sh -c`
 /// wrapper): a remote one through its stdin (`PREEMPT`: the host's wrapper kills it after `kill_after`, not after
 /// `--grace`), a local one directly.
@@ -361,16 +378,14 @@ pub(super) fn supervise(
         started,
         restartable,
         elastic,
+        heartbeat,
     } = attempt;
     let this_attempt = (step, log_dir, restartable);
     // An elastic step's workers lost so far (failed, or left out of a round: counted when left out), by slot, and
     // those being stopped because a round formed without them.
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
-    // Live workers found frozen (no heartbeat for this long), stopped as workers a round formed without.
-    let heartbeat_timeout = super::heartbeat::timeout(step).unwrap_or(Duration::from_secs(
-        hvd_collective::liveness::DEFAULT_TIMEOUT_SECONDS,
-    ));
+    // Live workers found frozen (no heartbeat for `heartbeat`), stopped as workers a round formed without.
     let mut silent = std::collections::BTreeSet::new();
     // Workers on slots host discovery no longer lists, asked to leave at their next commit (SIGTERM), by slot.
     let mut unlisted = Removing::default();
@@ -400,7 +415,11 @@ pub(super) fn supervise(
     let mut starts = Starts::new(step.layout.slots.len());
     let mut backoff = SpawnBackoff::default();
     while remaining > 0 {
-        match exits.recv_timeout(Duration::from_millis(20)) {
+        let received = exits.recv_timeout(Duration::from_millis(20));
+        // New workers are placed only once every exit queued has been handled (this pass waited and none came):
+        // placed between two exits, a replacement could go to a host the next one would blacklist.
+        let drained = matches!(received, Err(mpsc::RecvTimeoutError::Timeout));
+        match received {
             Ok((index, exit, when)) => {
                 remaining -= 1;
                 let size = workers_started(workers);
@@ -459,10 +478,13 @@ pub(super) fn supervise(
                     // whose srun hung until `--elastic-timeout`): its end takes nothing from the members, and the
                     // loss was said when it was left out.
                     if dropped && finishing && !job.stopping() && !restart {
+                        let why = match silent.contains(&worker.rank) {
+                            true => "found silent (no heartbeat)",
+                            false => "left out of the round",
+                        };
                         job.events.event(Event::Note {
                             text: format!(
-                                "rank {} of step `{}`, left out of the round, ended ({exit}); the training finished \
-                                 without it",
+                                "rank {} of step `{}`, {why}, ended ({exit}); the training finished without it",
                                 worker.rank, step.name
                             ),
                         });
@@ -494,18 +516,9 @@ pub(super) fn supervise(
                             (false, false) => {
                                 lost.insert(worker.rank);
                                 vacancies += 1;
-                                if growth.is_some()
-                                    && let Some(cooldown) = blacklist.failed(&worker.host, when)
-                                {
-                                    job.events.event(Event::Note {
-                                        text: format!(
-                                            "host {} is blacklisted for {} s: {} of its workers were lost; no new \
-                                             workers start there until then",
-                                            worker.host,
-                                            cooldown.as_secs_f64().round(),
-                                            crate::discovery::BLACKLIST_FAILURES
-                                        ),
-                                    });
+                                // A dropped worker's host was charged when it was dropped.
+                                if growth.is_some() && !dropped {
+                                    charge_host(job, &mut blacklist, &worker.host, when);
                                 }
                                 format!("was lost ({exit})")
                             }
@@ -617,7 +630,7 @@ pub(super) fn supervise(
         // leave. They join at the members' next commit (or the re-form under way); a run of the script that fails
         // keeps the current workers, with a warning (once per message).
         let polled = match growth.as_mut() {
-            _ if job.stopping() || restart || finishing => None,
+            _ if job.stopping() || restart || finishing || !drained => None,
             Some(Growth {
                 discovery: Some(d), ..
             }) => d.poll(step.elastic.slots_per_host),
@@ -644,16 +657,12 @@ pub(super) fn supervise(
                     let usable = g.hosts.usable(job, step, &found, &blacklist, None);
                     let total = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                     let cap = step.layout.slots.len();
-                    // The live workers' hosts and local ranks.
+                    // The live workers' hosts and local ranks. A worker being stopped holds its place until it has
+                    // exited (a frozen host's rank may take `--grace` to go).
                     let mut live: Vec<(String, u32)> = workers
                         .iter()
-                        .enumerate()
-                        .filter(|(i, w)| {
-                            w.exited.is_none()
-                                && !dropping.iter().any(|(d, _)| d == i)
-                                && !unlisted.removing.contains(&w.rank)
-                        })
-                        .map(|(_, w)| (w.host.clone(), w.local_rank))
+                        .filter(|w| w.exited.is_none() && !unlisted.removing.contains(&w.rank))
+                        .map(|w| (w.host.clone(), w.local_rank))
                         .collect();
                     let refs: Vec<&str> = live.iter().map(|(h, _)| h.as_str()).collect();
                     // Up to `max` live workers; a lost one's replacement gets a new slot past every earlier one.
@@ -731,16 +740,7 @@ pub(super) fn supervise(
                                     ),
                                 });
                                 // A host where workers cannot start is blacklisted as one where they are lost.
-                                if let Some(cooldown) = blacklist.failed(&host, now) {
-                                    job.events.event(Event::Note {
-                                        text: format!(
-                                            "host {host} is blacklisted for {} s: {} of its workers were lost or \
-                                             could not start; no new workers start there until then",
-                                            cooldown.as_secs_f64().round(),
-                                            crate::discovery::BLACKLIST_FAILURES
-                                        ),
-                                    });
-                                }
+                                charge_host(job, &mut blacklist, &host, now);
                                 break;
                             }
                         }
@@ -758,14 +758,9 @@ pub(super) fn supervise(
         // Live workers a round of an elastic step formed without (they did not ask to join in time): stop them;
         // they count as lost.
         if let (Some(_), Some(server)) = (elastic, rendezvous) {
-            super::heartbeat::find_silent(
-                job,
-                step,
-                server,
-                workers,
-                heartbeat_timeout,
-                &mut silent,
-            );
+            if let Some(timeout) = heartbeat {
+                super::heartbeat::find_silent(job, step, server, workers, timeout, &mut silent);
+            }
             for slot in server.elastic_dropped() {
                 if let Some(index) = workers
                     .iter()
@@ -774,6 +769,11 @@ pub(super) fn supervise(
                 {
                     dropping.push((index, Instant::now()));
                     lost.insert(slot);
+                    // Its host is charged now, not when it exits (up to `--grace` later): no new worker is
+                    // placed on a host whose workers froze in the meantime.
+                    if growth.is_some() {
+                        charge_host(job, &mut blacklist, &workers[index].host, Instant::now());
+                    }
                     // A silent one was named when it was found.
                     if !silent.contains(&slot) {
                         job.events.event(Event::Note {

@@ -35,7 +35,19 @@ pub(super) fn find_silent(
     timeout: Duration,
     silent: &mut BTreeSet<u32>,
 ) {
-    for (slot, quiet) in server.elastic_silence(timeout) {
+    let found = server.elastic_silence(timeout);
+    if found.cut_off {
+        job.events.event(Event::Note {
+            text: format!(
+                "warning: no worker of step `{}` has sent a heartbeat for {} s ({}): the launcher seems cut off from \
+                 them (its network), not they all frozen at once; none is counted lost until they are heard again",
+                step.name,
+                timeout.as_secs_f64(),
+                hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT
+            ),
+        });
+    }
+    for (slot, quiet) in found.quiet {
         let host = workers
             .iter()
             .find(|w| w.rank == slot)
