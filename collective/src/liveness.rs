@@ -178,7 +178,7 @@ pub(crate) fn start(
                         if let Some(lost) = answer.lost {
                             THIS_PROCESS.broken(answer.round, lost);
                         }
-                        every = interval(answer.timeout.map_or(timeout, |t| t.min(timeout)));
+                        every = beat_every(timeout, answer.timeout);
                     }
                     Ok(None) => {
                         tracing::debug!(
@@ -196,6 +196,11 @@ pub(crate) fn start(
         STARTED.store(false, Ordering::Release);
         tracing::warn!(error = %e, "could not start the heartbeat thread");
     }
+}
+
+/// How often to beat for this process's `own` timeout and the one the launcher said (`launcher`): for the shorter.
+fn beat_every(own: Duration, launcher: Option<Duration>) -> Duration {
+    interval(launcher.map_or(own, |t| t.min(own)))
 }
 
 /// When the heartbeat after the one due at `due` is: one `every` later, or `now` when that has passed (a slow beat
@@ -256,6 +261,18 @@ mod tests {
         ] {
             assert_eq!(parse_answer(bad), None, "{bad}");
         }
+    }
+
+    /// A worker beats for the shorter of its own timeout and the launcher's: one whose `HVD_HEARTBEAT_TIMEOUT` was
+    /// raised (its script, its host's environment) is still not judged silent by the launcher's.
+    #[test]
+    fn a_worker_beats_for_the_shorter_of_its_timeout_and_the_launchers() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(beat_every(s(3600), Some(s(5))), s(1));
+        assert_eq!(beat_every(s(5), Some(s(3600))), s(1));
+        assert_eq!(beat_every(s(5), None), s(1));
+        assert_eq!(beat_every(s(3600), Some(s(1))), ms(200));
     }
 
     /// Beats keep their cadence: a beat that took part of the interval does not push the next one back, and one
