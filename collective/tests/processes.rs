@@ -223,3 +223,97 @@ fn a_wrong_token_is_explained() {
         out[0]
     );
 }
+
+/// One HTTP request to the launcher's server as worker `slot` with join identity `join`: (status, body).
+fn elastic_request(
+    addr: std::net::SocketAddr,
+    token: &str,
+    line: &str,
+    slot: u32,
+    join: &str,
+) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the rendezvous server");
+    write!(
+        s,
+        "{line} HTTP/1.1\r\nAuthorization: Bearer {token}\r\nX-Hvd-Rank: {slot}\r\nX-Hvd-Join: {join}\r\nContent-Length: 0\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the answer");
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// A member of an elastic round that freezes right after the round formed (here slot 2, played by the test: it joins,
+/// beats once, and neither stores its address nor beats again) holds the others in the round's start-up, waiting for
+/// its address at the rendezvous. Once the launcher finds it silent, their heartbeats' answers name it, and their
+/// start-up fails at once with PeerLost (which hvd.elastic's reset retries) instead of after the start-up timeout (an
+/// hour here: without the check in that wait the workers are still waiting when `results` gives up on them).
+#[test]
+fn a_member_frozen_in_the_rounds_start_up_fails_the_others_start_up() {
+    let (srv, token) = server();
+    srv.set_gloo_layout(&[("h".to_owned(), 3)]);
+    srv.set_elastic(3, std::time::Duration::from_secs(3600));
+    srv.set_elastic_heartbeat(std::time::Duration::from_secs(1));
+    let children: Vec<Child> = (0..2)
+        .map(|r| {
+            let env = vec![
+                ("HVD_RENDEZVOUS", srv.addr().to_string()),
+                ("HVD_JOB_TOKEN", token.clone()),
+                ("HVD_HOSTNAME", format!("h{r}")),
+                ("HVD_ELASTIC", "1".to_owned()),
+                ("HVD_ELASTIC_TIMEOUT", "3600".to_owned()),
+                ("HVD_COLLECTIVE_TIMEOUT", "3600".to_owned()),
+                ("HVD_HEARTBEAT_TIMEOUT", "1".to_owned()),
+            ];
+            start(r, 3, &env, "ok")
+        })
+        .collect();
+    let addr = srv.addr();
+    let frozen = {
+        let token = token.clone();
+        std::thread::spawn(move || {
+            let joined = elastic_request(
+                addr,
+                &token,
+                "POST /elastic/v1/join?after=0&wait_ms=60000",
+                2,
+                "frozen2",
+            );
+            let beat = elastic_request(addr, &token, "POST /elastic/v1/beat", 2, "frozen2");
+            (joined, beat)
+        })
+    };
+    let ((joined, _), (beat, _)) = frozen.join().expect("the frozen member's requests");
+    assert_eq!((joined, beat), (200, 200));
+    // The launcher looks for silent workers many times a second, as `hvd run` does.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut silent = Vec::new();
+    while silent.is_empty() && std::time::Instant::now() < deadline {
+        silent.extend(
+            srv.elastic_silence(std::time::Duration::from_secs(1))
+                .quiet
+                .into_iter()
+                .map(|(s, _)| s),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(silent, vec![2]);
+    for (r, line) in results(children).iter().enumerate() {
+        assert!(
+            line.starts_with("error:")
+                && line.contains("rank 2 is gone")
+                && line.contains("heartbeat"),
+            "rank {r}: {line}"
+        );
+    }
+}
