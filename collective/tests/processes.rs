@@ -231,12 +231,14 @@ fn elastic_request(
     line: &str,
     slot: u32,
     join: &str,
+    body: &str,
 ) -> (u16, String) {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(addr).expect("connect to the rendezvous server");
     write!(
         s,
-        "{line} HTTP/1.1\r\nAuthorization: Bearer {token}\r\nX-Hvd-Rank: {slot}\r\nX-Hvd-Join: {join}\r\nContent-Length: 0\r\n\r\n"
+        "{line} HTTP/1.1\r\nAuthorization: Bearer {token}\r\nX-Hvd-Rank: {slot}\r\nX-Hvd-Join: {join}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .expect("send");
     let mut answer = String::new();
@@ -259,7 +261,18 @@ fn elastic_request(
 /// start-up fails at once with PeerLost (which hvd.elastic's reset retries) instead of after the start-up timeout (an
 /// hour here: without the check in that wait the workers are still waiting when `results` gives up on them).
 #[test]
-fn a_member_frozen_in_the_rounds_start_up_fails_the_others_start_up() {
+fn a_member_frozen_in_the_rounds_start_up_fails_the_others_address_exchange() {
+    frozen_in_start_up(false);
+}
+
+/// As above, the frozen member having stored its address first: the others wait in their tcp handshake for it to
+/// dial them (it is the highest rank), and fail there.
+#[test]
+fn a_member_frozen_in_the_rounds_start_up_fails_the_others_handshake() {
+    frozen_in_start_up(true);
+}
+
+fn frozen_in_start_up(published: bool) {
     let (srv, token) = server();
     srv.set_gloo_layout(&[("h".to_owned(), 3)]);
     srv.set_elastic(3, std::time::Duration::from_secs(3600));
@@ -288,13 +301,21 @@ fn a_member_frozen_in_the_rounds_start_up_fails_the_others_start_up() {
                 "POST /elastic/v1/join?after=0&wait_ms=60000",
                 2,
                 "frozen2",
+                "",
             );
-            let beat = elastic_request(addr, &token, "POST /elastic/v1/beat", 2, "frozen2");
-            (joined, beat)
+            // An address nobody dials: the others are lower ranks, which wait for it to dial them.
+            let stored = published.then(|| {
+                let round = joined.1.split_whitespace().nth(1).unwrap_or("?").to_owned();
+                let line = format!("PUT /kv/hvd/r{round}.addr.2");
+                elastic_request(addr, &token, &line, 2, "frozen2", "v1 h2 127.0.0.1:9").0
+            });
+            let beat = elastic_request(addr, &token, "POST /elastic/v1/beat", 2, "frozen2", "");
+            (joined, stored, beat)
         })
     };
-    let ((joined, _), (beat, _)) = frozen.join().expect("the frozen member's requests");
-    assert_eq!((joined, beat), (200, 200));
+    let ((joined, body), stored, (beat, _)) = frozen.join().expect("the frozen member's requests");
+    assert_eq!((joined, beat), (200, 200), "{body}");
+    assert!(stored.is_none_or(|s| s == 200), "{stored:?}");
     // The launcher looks for silent workers many times a second, as `hvd run` does.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut silent = Vec::new();
