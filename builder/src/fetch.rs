@@ -151,28 +151,40 @@ impl Fetcher {
                     std::io::Error::other(format!("failed to start the download runtime: {err}"))
                 })?;
             runtime.block_on(async {
-                let mut builder = reqwest::Client::builder();
                 // Behind a TLS-inspecting proxy the proxy's CA is not a built-in root; trust what pip trusts.
-                if let Some(bundle) = hvd_resolver::lock::discover_ca_bundle() {
-                    let pem = fs_err::read(&bundle)?;
-                    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|err| {
-                        Error::Download {
-                            url: bundle.display().to_string(),
-                            message: format!("unreadable CA bundle: {err}"),
-                        }
-                    })?;
-                    for cert in certs {
-                        builder = builder.add_root_certificate(cert);
+                let certs = match hvd_resolver::lock::discover_ca_bundle() {
+                    Some(bundle) => {
+                        let pem = fs_err::read(&bundle)?;
+                        reqwest::Certificate::from_pem_bundle(&pem).map_err(|err| {
+                            Error::Download {
+                                url: bundle.display().to_string(),
+                                message: format!("unreadable CA bundle: {err}"),
+                            }
+                        })?
                     }
-                }
-                let client = builder
-                    .connect_timeout(Duration::from_secs(30))
-                    .read_timeout(Duration::from_secs(120))
-                    .build()
-                    .map_err(|err| Error::Download {
+                    None => Vec::new(),
+                };
+                let builder = || {
+                    let mut builder = reqwest::Client::builder();
+                    for cert in &certs {
+                        builder = builder.add_root_certificate(cert.clone());
+                    }
+                    builder
+                        .connect_timeout(Duration::from_secs(30))
+                        .read_timeout(Duration::from_secs(120))
+                };
+                let built = |builder: reqwest::ClientBuilder| {
+                    builder.build().map_err(|err| Error::Download {
                         url: String::new(),
                         message: err.to_string(),
-                    })?;
+                    })
+                };
+                let client = Clients {
+                    files: built(builder())?,
+                    // A range answer must be the file's bytes as they are: an encoded one is refused, not decoded
+                    // (the files' client decodes gzip and hides that it did).
+                    ranges: built(builder().no_gzip())?,
+                };
                 let client = &client;
                 let deadlines = &deadlines;
                 let results: Vec<Result<()>> = futures::stream::iter(missing)
@@ -201,7 +213,7 @@ impl Fetcher {
 
     async fn fetch_one(
         &self,
-        client: &reqwest::Client,
+        client: &Clients,
         deadlines: &HttpDeadlines,
         artifact: &Artifact,
         progress: &dyn Progress,
@@ -231,7 +243,7 @@ impl Fetcher {
 
     async fn try_fetch(
         &self,
-        client: &reqwest::Client,
+        client: &Clients,
         deadlines: &HttpDeadlines,
         artifact: &Artifact,
         id: usize,
@@ -277,7 +289,7 @@ impl Fetcher {
 
     async fn stream_into(
         &self,
-        client: &reqwest::Client,
+        client: &Clients,
         deadlines: &HttpDeadlines,
         download: Download<'_>,
         temp: &Path,
@@ -376,7 +388,7 @@ impl Fetcher {
             let started = tokio::time::Instant::now();
             let response = tokio::time::timeout_at(
                 deadlines.request_deadline(started),
-                client.get(&artifact.url).send(),
+                client.files.get(&artifact.url).send(),
             )
             .await
             .map_err(|_| {
@@ -399,13 +411,12 @@ impl Fetcher {
             let mut tail = offer
                 .filter(|_| streamable(artifact))
                 .map(|(streams, index)| {
-                    let client = client.clone();
+                    let client = client.ranges.clone();
                     let url = artifact.url.clone();
                     let deadlines = *deadlines;
-                    let task =
-                        tokio::spawn(
-                            async move { read_tail(&client, &url, limit, &deadlines).await },
-                        );
+                    let task = AbortOnDrop(tokio::spawn(async move {
+                        read_tail(&client, &url, limit, &deadlines).await
+                    }));
                     (task, streams, index)
                 });
             let mut stream = response.bytes_stream();
@@ -415,7 +426,7 @@ impl Fetcher {
                 // The end read ahead is taken as soon as it is in, between two chunks of the body.
                 let next = match tail.as_mut() {
                     Some((task, ..)) => tokio::select! {
-                        joined = task => Err(joined.ok().flatten()),
+                        joined = &mut task.0 => Err(joined.ok().flatten()),
                         next = next => Ok(next),
                     },
                     None => Ok(next.await),
@@ -430,12 +441,10 @@ impl Fetcher {
                             continue;
                         };
                         out.flush().await.map_err(write_error)?;
-                        let file = std::fs::File::open(temp).map_err(|err| {
-                            std::io::Error::other(format!(
-                                "failed to open `{}`: {err}",
-                                temp.display()
-                            ))
-                        })?;
+                        // Not unpacked while it streams if the file cannot be read back: it is once complete.
+                        let Ok(file) = std::fs::File::open(temp) else {
+                            continue;
+                        };
                         let view = Arc::new(Growing::new(
                             file,
                             limit,
@@ -461,16 +470,17 @@ impl Fetcher {
                 hasher.update(&chunk);
                 out.write_all(&chunk).await.map_err(write_error)?;
                 progress.download_progress(id, chunk.len() as u64);
+                // Every MiB, and the last byte at once (the rest of the archive is readable before the stream ends).
                 if let Some(published) = publisher.as_mut()
-                    && received - published.published() >= PUBLISH_EVERY
+                    && (received - published.published() >= PUBLISH_EVERY
+                        || Some(received) == artifact.size)
                 {
                     out.flush().await.map_err(write_error)?;
                     published.advance(received);
                 }
             }
-            if let Some((task, ..)) = tail {
-                task.abort();
-            }
+            // A range request still running is stopped (as on every early return above, by the guard's drop).
+            drop(tail);
         }
         out.flush().await.map_err(write_error)?;
         if let Some(published) = publisher.as_mut() {
@@ -488,6 +498,23 @@ impl Fetcher {
             });
         }
         Ok((Sha256::from_hasher(hasher), publisher))
+    }
+}
+
+/// The HTTP clients of a fetch: `files` for whole files (it decodes a gzip answer), `ranges` for the range
+/// request that reads a big wheel's end (it decodes nothing, so an encoded answer is seen and refused).
+struct Clients {
+    files: reqwest::Client,
+    ranges: reqwest::Client,
+}
+
+/// A spawned task stopped when dropped: the range request ends with the download that asked for it, however that
+/// ends (an error returned early included).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -450,10 +450,24 @@ pub fn build_env_with(
             made
         });
         let wheels = realizer.realize_wheels(&plan.packages, &stop);
-        interpreter.join().map_err(|_| {
-            Error::Invalid("copying the interpreter into the store panicked".into())
-        })??;
-        wheels
+        let made = interpreter.join().unwrap_or_else(|_| {
+            Err(Error::Invalid(
+                "copying the interpreter into the store panicked".into(),
+            ))
+        });
+        match made {
+            // Both failed: the interpreter's error is the one reported, the wheels' is not lost (a hash mismatch
+            // says something about a host).
+            Err(err) => {
+                if let Err(other) = &wheels {
+                    tracing::error!(
+                        "installing the wheels failed too (the interpreter's error is reported): {other}"
+                    );
+                }
+                Err(err)
+            }
+            Ok(_) => wheels,
+        }
     })?;
     for package in &plan.packages {
         let (path, _) = realizer.realize_package(package, options.rebuild)?;

@@ -211,6 +211,9 @@ struct Sink<'a> {
     written: AtomicU64,
     /// Set by the first thread that fails: the others stop at their next chunk.
     failed: AtomicBool,
+    /// The download being unpacked while it arrives: before its verdict the bytes written are bounded by what it
+    /// received ([`Growing::admit`]).
+    growing: Option<std::sync::Arc<Growing>>,
 }
 
 fn errno_error(path: &Path, what: &str, errno: Errno) -> Error {
@@ -373,6 +376,9 @@ impl Sink<'_> {
             };
             let total = self.written.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
             self.check_total(entry, total)?;
+            if let Some(growing) = &self.growing {
+                growing.admit(total).map_err(|err| self.io(entry, err))?;
+            }
             if let Some(hasher) = hasher.as_mut() {
                 hasher.update(&buffer[..n]);
             }
@@ -464,6 +470,7 @@ impl<'a> Extractor<'a> {
                 store_modes,
                 written: AtomicU64::new(0),
                 failed: AtomicBool::new(false),
+                growing: None,
             },
             options,
             nodes: HashMap::new(),

@@ -21,8 +21,8 @@ enum Host {
     /// Range requests answered with 206 and the file's bytes; the body's last megabyte waits until the store shows
     /// the wheel's first module unpacked (or 60 s), so an install that streams is seen to.
     Honest,
-    /// Range requests answered with 206 and the file's bytes; the body's last megabyte waits until the store has a
-    /// temp dir for the wheel (or 60 s): its install started before the download ended.
+    /// Range requests answered with 206 and the file's bytes; the body's last megabyte waits until the store's
+    /// temp area holds the wheel's first module (or 60 s): an entry was written before the download ended.
     Ranges,
     /// Range requests answered with 200 and the whole file, as a host without ranges does.
     NoRanges,
@@ -34,6 +34,9 @@ enum Host {
     CorruptBody,
     /// The body stops after half of the file (the connection closes).
     Truncated,
+    /// The whole body is sent without a length, and the connection is held open (the download not over, so not
+    /// verified) until the wheel's tree is unpacked to its RECORD in the store's temp area, or committed (or 60 s).
+    Held,
 }
 
 struct Served {
@@ -55,6 +58,24 @@ fn unpacking(store: &Path) -> bool {
                 .any(|d| d.path().join(FIRST).exists())
         })
         .unwrap_or(false)
+}
+
+/// Whether the store's temp area holds the big wheel's whole tree (its RECORD, the last entry, is written), or the
+/// wheel's path was committed.
+fn unpacked_whole(store: &Path) -> bool {
+    let entries = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| e.ok()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    entries(&store.join(".tmp")).iter().any(|d| {
+        d.path()
+            .join("out/site-packages/big-1.0.dist-info/RECORD")
+            .exists()
+    }) || entries(store).iter().any(|d| {
+        let name = d.file_name().to_string_lossy().into_owned();
+        !name.starts_with('.') && name.contains("-big-1.0")
+    })
 }
 
 /// Whether the store has a temp dir for the big wheel's path (it stays until the download's end is known).
@@ -115,16 +136,22 @@ fn serve(file: Vec<u8>, filename: &str, host: Host, store: PathBuf) -> Served {
                     let at = len / 2 + 12_345;
                     body[at] ^= 1;
                 }
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
-                );
+                let head = if host == Host::Held {
+                    "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string()
+                } else {
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n")
+                };
                 let _ = stream.write_all(head.as_bytes());
                 let send = if host == Host::Truncated {
                     len / 2
                 } else {
                     len
                 };
-                let last = send.saturating_sub(1 << 20);
+                let last = if host == Host::Held {
+                    send
+                } else {
+                    send.saturating_sub(1 << 20)
+                };
                 for chunk in body[..last].chunks(256 << 10) {
                     if stream.write_all(chunk).is_err() {
                         return;
@@ -132,7 +159,9 @@ fn serve(file: Vec<u8>, filename: &str, host: Host, store: PathBuf) -> Served {
                 }
                 let started: fn(&Path) -> bool = match host {
                     Host::Honest => unpacking,
-                    Host::Ranges | Host::OtherTail | Host::CorruptBody => installing,
+                    Host::Ranges => unpacking,
+                    Host::OtherTail | Host::CorruptBody => installing,
+                    Host::Held => unpacked_whole,
                     _ => |_| true,
                 };
                 let deadline = Instant::now() + Duration::from_secs(60);
@@ -162,6 +191,11 @@ fn big_wheel() -> &'static (String, Vec<u8>) {
 }
 
 fn make_big_wheel(dir: &Path) -> (String, Vec<u8>) {
+    make_big_wheel_valued(dir, 1)
+}
+
+/// [`make_big_wheel`] whose `big/__init__.py` says `VALUE = {value}`.
+fn make_big_wheel_valued(dir: &Path, value: u32) -> (String, Vec<u8>) {
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let modules: Vec<(String, Vec<u8>)> = (0..40)
         .map(|i| {
@@ -180,7 +214,8 @@ fn make_big_wheel(dir: &Path) -> (String, Vec<u8>) {
         .iter()
         .map(|(p, d)| (p.as_str(), d.as_slice(), false))
         .collect();
-    files.push(("big/__init__.py", b"VALUE = 1\n", false));
+    let init = format!("VALUE = {value}\n");
+    files.push(("big/__init__.py", init.as_bytes(), false));
     let filename = write_wheel(dir, "big", "big", "1.0", &files, None);
     let bytes = std::fs::read(dir.join(&filename)).unwrap();
     (filename, bytes)
@@ -200,18 +235,24 @@ fn fixture(host: Host) -> Fixture {
 
 /// [`fixture`] serving the big wheel changed by `patch` (and locked as changed).
 fn fixture_of(host: Host, patch: impl Fn(&mut Vec<u8>)) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
     let (filename, bytes) = big_wheel();
-    let (filename, mut bytes) = (filename.clone(), bytes.clone());
+    let mut bytes = bytes.clone();
     patch(&mut bytes);
+    fixture_serving(host, filename, bytes.clone(), bytes)
+}
+
+/// A store and a host serving `served` as `filename`, locked to the sha256 and size of `locked`.
+fn fixture_serving(host: Host, filename: &str, served: Vec<u8>, locked: Vec<u8>) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("store")).unwrap();
-    let served = serve(bytes.clone(), &filename, host, store.root().to_path_buf());
+    let bytes = locked;
+    let served = serve(served, filename, host, store.root().to_path_buf());
     let package = PackagePlan {
         name: "big".into(),
         version: "1.0".into(),
         artifact: Artifact {
             url: served.url.clone(),
-            filename,
+            filename: filename.to_string(),
             sha256: Sha256::of_bytes(&bytes),
             size: Some(bytes.len() as u64),
         },
@@ -355,7 +396,7 @@ fn outcome(host: Host, patch: &Patch) -> Option<(String, Vec<String>)> {
     if host == Host::Ranges {
         assert!(
             f.served.streamed.load(Ordering::SeqCst),
-            "the install did not start before the download's end"
+            "no entry was written before the download's end"
         );
     }
     let built = built.ok()?;
@@ -415,6 +456,12 @@ fn hostile_layouts_install_alike_streamed_and_from_the_complete_file() {
     for (what, patch) in &variants {
         let streamed = outcome(Host::Ranges, patch.as_ref());
         let complete = outcome(Host::NoRanges, patch.as_ref());
+        // Each installs (the central directory decides), and alike: two failures would not show that.
+        assert!(streamed.is_some(), "{what}: the streamed install failed");
+        assert!(
+            complete.is_some(),
+            "{what}: the install of the complete file failed"
+        );
         assert_eq!(streamed, complete, "{what}: streamed vs complete");
         if let Some((_, files)) = &streamed {
             assert!(
@@ -442,4 +489,218 @@ fn a_truncated_download_unpacked_while_streaming_installs_nothing() {
     let err = chain(&build(&f).unwrap_err());
     assert!(err.contains("big-1.0-py3-none-any.whl"), "{err}");
     assert_nothing_installed(&f);
+}
+
+/// A host serving another valid wheel of the same size (its range answer and body agree: the end read ahead is the
+/// served file's end) for a lock that names the original, holding the connection open after the last byte: the
+/// whole tree is unpacked (to its RECORD) before the download ends, so only the hash gate keeps it out. The build
+/// is a hash mismatch with nothing installed.
+#[test]
+fn another_valid_wheel_of_the_locked_size_is_a_hash_mismatch_though_it_unpacked_cleanly() {
+    let (filename, original) = big_wheel();
+    let dir = tempfile::tempdir().unwrap();
+    let other = (2..10)
+        .map(|value| make_big_wheel_valued(dir.path(), value).1)
+        .find(|other| other.len() == original.len())
+        .expect("a wheel of the same size with another VALUE");
+    assert_ne!(&other, original);
+    let f = fixture_serving(Host::Held, filename, other, original.clone());
+    let err = build(&f).unwrap_err();
+    assert!(
+        matches!(&err, Error::HashMismatch { url, .. } if url.ends_with(filename.as_str())),
+        "{}",
+        chain(&err)
+    );
+    assert_eq!(f.served.ranges.load(Ordering::SeqCst), 1);
+    assert!(
+        f.served.streamed.load(Ordering::SeqCst),
+        "the wheel was not unpacked whole before the download's end"
+    );
+    assert_nothing_installed(&f);
+}
+
+/// Bytes in the files under `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// A host that sends the first `front` bytes of `file`'s body, then nothing until `release` is set, then the rest;
+/// range requests are answered with the file's end.
+fn serve_stalling(file: Vec<u8>, filename: &str, front: usize, release: Arc<AtomicBool>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/{filename}", listener.local_addr().unwrap());
+    let file = Arc::new(file);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let (file, release) = (file.clone(), release.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut range = None;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    let lower = line.to_ascii_lowercase();
+                    if let Some(value) = lower.strip_prefix("range: bytes=") {
+                        range = value.trim().trim_end_matches('-').parse::<usize>().ok();
+                    }
+                }
+                let len = file.len();
+                if let Some(start) = range {
+                    let head = format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{}/{len}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        len - 1,
+                        len - start
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                    let _ = stream.write_all(&file[start..]);
+                    return;
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(head.as_bytes());
+                if stream.write_all(&file[..front]).is_err() {
+                    return;
+                }
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let _ = stream.write_all(&file[front..]);
+            });
+        }
+    });
+    url
+}
+
+/// The attack on the disk before the hash check: a big "wheel" whose first entry is a deflate bomb (1 GiB of zeros
+/// in about 1 MiB), its body stalled after 2 MiB, locked to a hash it will never match. Before the verdict the
+/// extraction may write at most 16 MiB + 100 bytes per body byte received (here at most 216 MiB), however long the
+/// host stalls; once the body ends the hash mismatch is the error, naming the wheel, and nothing is left.
+#[test]
+fn a_bomb_in_a_stalled_download_writes_no_more_than_the_body_allows_before_the_hash_check() {
+    const ZEROS: usize = 1 << 30;
+    const FRONT: usize = 2 << 20;
+    const CAP: u64 = (16 << 20) + 100 * FRONT as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let filename = "big-1.0-py3-none-any.whl";
+    let path = dir.path().join(filename);
+    {
+        let mut writer = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        let deflated = zip::write::SimpleFileOptions::default()
+            .compression_level(Some(9))
+            .large_file(true);
+        writer.start_file("big/bomb.bin", deflated).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..ZEROS / zeros.len() {
+            writer.write_all(&zeros).unwrap();
+        }
+        let stored = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        writer.start_file("big/pad.bin", stored).unwrap();
+        writer.write_all(&vec![7u8; 36 << 20]).unwrap();
+        for name in ["METADATA", "WHEEL", "RECORD"] {
+            writer
+                .start_file(format!("big-1.0.dist-info/{name}"), stored)
+                .unwrap();
+            writer.write_all(b"x\n").unwrap();
+        }
+        writer.finish().unwrap();
+    }
+    let file = std::fs::read(&path).unwrap();
+    let release = Arc::new(AtomicBool::new(false));
+    let url = serve_stalling(file.clone(), filename, FRONT, release.clone());
+    let store = Store::open(dir.path().join("store")).unwrap();
+    let plan = EnvPlan {
+        name: "bomb".into(),
+        python: host_python(),
+        interpreter: None,
+        packages: vec![PackagePlan {
+            name: "big".into(),
+            version: "1.0".into(),
+            artifact: Artifact {
+                url,
+                filename: filename.into(),
+                sha256: Sha256::of_bytes(b"the wheel the lock names"),
+                size: Some(file.len() as u64),
+            },
+            dependencies: Vec::new(),
+            build: None,
+        }],
+        toolchain: None,
+        local_packages: Vec::new(),
+    };
+    let temp = store.root().join(".tmp");
+    let watcher = std::thread::spawn(move || {
+        // Until the bomb is being written, then a while longer: the most written under the store's temp area.
+        let (mut most, mut since) = (0u64, None::<Instant>);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline
+            && since.is_none_or(|t| t.elapsed() < Duration::from_secs(3))
+        {
+            most = most.max(bytes_under(&temp));
+            if most > 0 && since.is_none() {
+                since = Some(Instant::now());
+            }
+            if most > CAP {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        release.store(true, Ordering::SeqCst);
+        most
+    });
+    let err = common::build_default(&store, &plan).unwrap_err();
+    let most = watcher.join().unwrap();
+    assert!(most > 0, "nothing was unpacked while the body was stalled");
+    assert!(
+        most <= CAP,
+        "{most} bytes were written before the download was verified (at most {CAP} may be)"
+    );
+    assert!(
+        matches!(&err, Error::HashMismatch { url, .. } if url.ends_with(filename)),
+        "{}",
+        chain(&err)
+    );
+    let paths = common::paths_besides_interpreters(&store);
+    assert!(!paths.iter().any(|p| p.contains("big")), "{paths:?}");
+    let left: Vec<_> = std::fs::read_dir(store.root().join(".tmp"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A central directory whose second entry points at the first entry's local header (two names for one deflate
+/// stream: the way a small archive is made to unpack many times its size) is refused, naming the entry.
+#[test]
+fn entries_that_share_archive_bytes_are_refused() {
+    let f = fixture_of(Host::NoRanges, |bytes: &mut Vec<u8>| {
+        let end = bytes.len() - 22;
+        let directory = u32_at(bytes, end + 16);
+        let second = directory
+            + 46
+            + u16_at(bytes, directory + 28)
+            + u16_at(bytes, directory + 30)
+            + u16_at(bytes, directory + 32);
+        let first_offset = bytes[directory + 42..directory + 46].to_vec();
+        bytes[second + 42..second + 46].copy_from_slice(&first_offset);
+    });
+    let err = chain(&build(&f).unwrap_err());
+    for needle in ["big/m1.bin", "overlap another entry"] {
+        assert!(err.contains(needle), "`{needle}` missing from: {err}");
+    }
+    let paths = common::paths_besides_interpreters(&f.store);
+    assert!(!paths.iter().any(|p| p.contains("big")), "{paths:?}");
 }

@@ -1,16 +1,38 @@
 //! A wheel read while it downloads (#22 §4: the largest wheel's unpacking hidden behind its own download).
 //!
 //! The fetcher writes the archive into its `.part` file and publishes how far the written (flushed) bytes reach; the
-//! end of the file (the zip's central directory) was fetched ahead by a range request. A read below the written
-//! front waits for it; a read at or past `tail_start` is served from the fetched tail. Nothing read here is trusted
-//! until [`Growing::wait_verified`] has returned: the whole file then matched its locked sha256 and size, and the
-//! tail that was read equals the verified file's end. The reader unpacks into a store temp dir and commits only
-//! after that; on any other outcome the temp dir is removed.
+//! end of the file (the zip's central directory) was fetched ahead by a range request. While the archive is opened
+//! (its central directory parsed) a read at or past `tail_start` is served from the fetched tail; once it is open
+//! ([`Growing::close_tail`]) every read, entry data in the tail's range included, waits for the written front: the
+//! unchecked range answer only says where the entries are, never what they hold. Before the verdict the bytes an
+//! extraction may write are bounded by what the body delivered ([`Growing::admit`]), so a host cannot make a small
+//! unverified answer fill the disk. Nothing read here is trusted until [`Growing::wait_verified`] has returned: the
+//! whole file then matched its locked sha256 and size, and the tail that was read equals the verified file's end.
+//! The reader unpacks into a store temp dir and commits only after that; on any other outcome the temp dir is
+//! removed.
 
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+
+/// Bytes an extraction may write before the download is verified, besides [`PRE_VERIFY_RATIO`] per body byte
+/// received.
+pub(crate) const PRE_VERIFY_BUDGET: u64 = 16 << 20;
+/// Bytes written per body byte received, before the download is verified (the extraction's ratio limit).
+pub(crate) const PRE_VERIFY_RATIO: u64 = super::MAX_RATIO;
+/// The most bytes one wheel's extraction writes before its download is verified, however much arrived: past it the
+/// extraction waits for the verdict (an honest wheel then goes on; tensorflow-cpu's 232 MB fit below it).
+pub(crate) const PRE_VERIFY_MAX: u64 = 512 << 20;
+
+/// What an extraction may have written before the verdict once `received` body bytes are in the file.
+pub(crate) fn pre_verify_allowance(received: u64) -> u64 {
+    received
+        .saturating_mul(PRE_VERIFY_RATIO)
+        .saturating_add(PRE_VERIFY_BUDGET)
+        .min(PRE_VERIFY_MAX)
+}
 
 /// How a download being read ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +59,8 @@ pub(crate) struct Growing {
     len: u64,
     tail_start: u64,
     tail: Vec<u8>,
+    /// Reads at or past `tail_start` come from `tail` (only while the central directory is read).
+    tail_open: AtomicBool,
     filename: String,
     url: String,
     front: Mutex<Front>,
@@ -59,6 +83,7 @@ impl Growing {
             len,
             tail_start,
             tail,
+            tail_open: AtomicBool::new(true),
             filename: filename.to_string(),
             url: url.to_string(),
             front: Mutex::new(Front {
@@ -66,6 +91,28 @@ impl Growing {
                 verdict: Verdict::Pending,
             }),
             changed: Condvar::new(),
+        }
+    }
+
+    /// The central directory is read: from now on every read waits for the body's bytes (the tail read ahead is
+    /// never a source of entry data).
+    pub(crate) fn close_tail(&self) {
+        self.tail_open.store(false, Ordering::Release);
+    }
+
+    /// The extraction: wait until `written` unpacked bytes are within what may be written before the verdict
+    /// ([`pre_verify_allowance`] of the body bytes received), or the download is verified; an error once it failed.
+    pub(crate) fn admit(&self, written: u64) -> std::io::Result<()> {
+        let mut front = self.front();
+        loop {
+            match front.verdict {
+                Verdict::Failed => return Err(self.download_failed()),
+                Verdict::Verified => return Ok(()),
+                Verdict::Pending if written <= pre_verify_allowance(front.written) => return Ok(()),
+                Verdict::Pending => {
+                    front = self.changed.wait(front).unwrap_or_else(|e| e.into_inner());
+                }
+            }
         }
     }
 
@@ -121,19 +168,21 @@ impl Growing {
         ))
     }
 
-    /// `pread` on the archive as it will be: waits until the bytes are written (or come from the tail); an error
-    /// once the download failed.
+    /// `pread` on the archive as it will be: waits until the bytes are written (or, while the central directory is
+    /// read, come from the tail); an error once the download failed.
     pub(crate) fn read_at(&self, out: &mut [u8], offset: u64) -> std::io::Result<usize> {
         if offset >= self.len || out.is_empty() {
             return Ok(0);
         }
-        if offset >= self.tail_start {
+        let tail_open = self.tail_open.load(Ordering::Acquire);
+        if tail_open && offset >= self.tail_start {
             let start = (offset - self.tail_start) as usize;
             let n = out.len().min(self.tail.len() - start);
             out[..n].copy_from_slice(&self.tail[start..start + n]);
             return Ok(n);
         }
-        let end = offset.saturating_add(out.len() as u64).min(self.tail_start);
+        let stop = if tail_open { self.tail_start } else { self.len };
+        let end = offset.saturating_add(out.len() as u64).min(stop);
         let mut front = self.front();
         loop {
             match front.verdict {
@@ -291,6 +340,70 @@ mod tests {
             "http://127.0.0.1/w.whl",
         ));
         (dir, writer, view)
+    }
+
+    /// Once the central directory is read the tail is no source of data: a read in its range waits for the body
+    /// (here the download fails first, so the read fails instead of answering from the unchecked tail).
+    #[test]
+    fn a_closed_tail_serves_nothing_before_the_body_brings_it() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let (_dir, mut writer, first) = view(&data, 90_000);
+        let mut out = [0u8; 10];
+        assert_eq!(first.read_at(&mut out, 95_000).unwrap(), 10);
+        first.close_tail();
+        let mut publisher = Publisher::new(first.clone());
+        writer.write_all(&data).unwrap();
+        publisher.advance(data.len() as u64);
+        let mut out = [0u8; 10];
+        assert_eq!(first.read_at(&mut out, 95_000).unwrap(), 10);
+        assert_eq!(out, data[95_000..95_010]);
+
+        let (_dir, _writer, view) = view(&data, 90_000);
+        view.close_tail();
+        let reader = {
+            let view = view.clone();
+            std::thread::spawn(move || view.read_at(&mut [0u8; 10], 95_000))
+        };
+        drop(Publisher::new(view.clone()));
+        let err = reader.join().unwrap().unwrap_err().to_string();
+        assert!(err.contains("failed or was stopped"), "{err}");
+    }
+
+    /// Before the verdict the extraction may write [`PRE_VERIFY_BUDGET`] plus [`PRE_VERIFY_RATIO`] bytes per body
+    /// byte received, never more than [`PRE_VERIFY_MAX`]; past that it waits for more body or the verdict.
+    #[test]
+    fn writes_before_the_verdict_are_bounded_by_the_body_received() {
+        assert_eq!(pre_verify_allowance(0), PRE_VERIFY_BUDGET);
+        assert_eq!(
+            pre_verify_allowance(1 << 20),
+            PRE_VERIFY_BUDGET + PRE_VERIFY_RATIO * (1 << 20)
+        );
+        assert_eq!(pre_verify_allowance(u64::MAX), PRE_VERIFY_MAX);
+        let data = vec![7u8; 10_000];
+        let (_dir, _writer, first) = view(&data, 9_000);
+        first.admit(PRE_VERIFY_BUDGET).unwrap();
+        let waiting = |written: u64| {
+            let view = first.clone();
+            std::thread::spawn(move || view.admit(written))
+        };
+        let (more_body, verdict) = (
+            waiting(PRE_VERIFY_BUDGET + 100),
+            waiting(PRE_VERIFY_MAX + 1),
+        );
+        let mut publisher = Publisher::new(first.clone());
+        publisher.advance(1);
+        more_body.join().unwrap().unwrap();
+        assert!(!verdict.is_finished());
+        publisher.verified();
+        verdict.join().unwrap().unwrap();
+
+        let (_dir, _writer, view) = view(&data, 9_000);
+        let waiting = {
+            let view = view.clone();
+            std::thread::spawn(move || view.admit(PRE_VERIFY_BUDGET + 1))
+        };
+        drop(Publisher::new(view.clone()));
+        assert!(waiting.join().unwrap().is_err());
     }
 
     /// A publisher dropped before the end (an error, a retry) fails every waiting reader instead of leaving it

@@ -146,6 +146,8 @@ impl<'p> OpenZip<'p> {
         let len = growing.size();
         let zip = zip::ZipArchive::new(SharedFile::of(Source::Growing(growing.clone()), len))
             .map_err(|err| archive_error(path, err))?;
+        // The central directory is parsed: entries' headers and data are read from the body as it arrives.
+        growing.close_tail();
         Ok(OpenZip {
             path,
             zip,
@@ -182,6 +184,9 @@ pub(crate) fn unpack_open_zip(
     } = open;
     let mut zip = zip;
     let mut extractor = Extractor::new(archive, archive_len, dest, options, store_modes)?;
+    extractor.sink.growing = growing.clone();
+    let directory_start = zip.central_directory_start();
+    let mut spans = Spans::default();
     if zip.len() as u64 > options.limits.max_entries {
         return Err(extractor.refuse(
             "(central directory)",
@@ -197,7 +202,7 @@ pub(crate) fn unpack_open_zip(
     // file is in).
     let mut jobs = Vec::new();
     for index in 0..zip.len() {
-        let (name, mode, is_dir, size) = {
+        let (name, mode, is_dir, size, span) = {
             let entry = zip
                 .by_index_raw(index)
                 .map_err(|err| archive_error(archive, err))?;
@@ -206,8 +211,15 @@ pub(crate) fn unpack_open_zip(
                 entry.unix_mode(),
                 entry.is_dir(),
                 entry.size(),
+                (
+                    entry.header_start(),
+                    entry.data_start().saturating_add(entry.compressed_size()),
+                ),
             )
         };
+        if let Err(reason) = spans.claim(span, directory_start) {
+            return Err(extractor.refuse(&name, reason));
+        }
         let kind = match mode.map(|mode| mode & S_IFMT) {
             _ if is_dir => Kind::Dir,
             Some(S_IFDIR) => Kind::Dir,
@@ -273,9 +285,66 @@ pub(crate) fn unpack_open_zip(
     extractor.finish()
 }
 
+/// The archive bytes each entry spans (its local header and data), so that no two entries share a byte and none
+/// lies in the central directory: every byte of the archive is unpacked at most once, and an unpacked size is
+/// bounded by the archive's.
+#[derive(Default)]
+struct Spans {
+    /// Start -> end of the spans claimed so far (disjoint).
+    claimed: std::collections::BTreeMap<u64, u64>,
+}
+
+impl Spans {
+    fn claim(
+        &mut self,
+        (start, end): (u64, u64),
+        directory_start: u64,
+    ) -> std::result::Result<(), String> {
+        if end > directory_start || start >= directory_start {
+            return Err(format!(
+                "has its data at bytes {start}..{end}, which reach into the central directory (from byte \
+                 {directory_start})"
+            ));
+        }
+        let before = self.claimed.range(..end.max(start + 1)).next_back();
+        if let Some((&other_start, &other_end)) = before
+            && other_end > start
+        {
+            return Err(format!(
+                "has its data at bytes {start}..{end}, which overlap another entry's ({other_start}..{other_end})"
+            ));
+        }
+        self.claimed.insert(start, end);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries may not share archive bytes or reach into the central directory.
+    #[test]
+    fn entry_spans_are_disjoint_and_before_the_central_directory() {
+        let mut spans = Spans::default();
+        spans.claim((100, 200), 1000).unwrap();
+        spans.claim((0, 100), 1000).unwrap();
+        spans.claim((200, 1000), 1000).unwrap();
+        for (span, why) in [
+            ((100, 200), "overlap"),
+            ((150, 160), "overlap"),
+            ((50, 150), "overlap"),
+            ((199, 201), "overlap"),
+            ((1000, 1040), "central directory"),
+            ((990, 1010), "central directory"),
+        ] {
+            let mut fresh = Spans::default();
+            fresh.claim((100, 200), 1000).unwrap();
+            fresh.claim((980, 990), 1000).unwrap();
+            let err = fresh.claim(span, 1000).unwrap_err();
+            assert!(err.contains(why), "{span:?}: {err}");
+        }
+    }
 
     /// Each clone has its own position and buffer over one descriptor; a seek keeps the buffer, reads across its
     /// end and bigger than it are whole.
