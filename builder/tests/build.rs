@@ -813,22 +813,6 @@ fn store_paths_are_read_only_all_the_way_down() {
     assert!(!package.exists() && !built.env.exists());
 }
 
-fn walk(root: &Path) -> Vec<PathBuf> {
-    let mut out = vec![root.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        let path = out[i].clone();
-        i += 1;
-        let meta = std::fs::symlink_metadata(&path).unwrap();
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path).unwrap() {
-                out.push(entry.unwrap().path());
-            }
-        }
-    }
-    out
-}
-
 /// Runs only when re-executed by `running_env_survives_gc_and_a_dead_ones_root_does_not`: does what `hvd exec`
 /// does (build under the builders' lock, take a temporary root, keep it across exec) and execs a shell that waits
 /// for `<dir>/stop`, then imports from the env.

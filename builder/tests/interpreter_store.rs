@@ -16,6 +16,7 @@ use hvd_builder::{BuildOptions, EnvPlan, Error, NoProgress, Store, build_env};
 #[path = "common/planted.rs"]
 mod planted;
 
+use common::walk;
 use planted::plant_interpreter_path;
 
 /// pyenv's 3.11 (see `pyenv_311`), a fresh directory and a store in it.
@@ -109,18 +110,6 @@ fn size_of(dir: &Path) -> u64 {
         .filter(|m| m.is_file())
         .map(|m| m.len())
         .sum()
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()) {
-        let path = entry.path();
-        if entry.file_type().unwrap().is_dir() {
-            out.extend(walk(&path));
-        }
-        out.push(path);
-    }
-    out
 }
 
 #[test]

@@ -6,9 +6,11 @@
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{FileServer, append_to_zip, build_default, host_python, make_wheel, served_store};
+use common::{
+    FileServer, append_to_zip, build_default, host_python, make_wheel, served_store, walk,
+};
 use hvd_builder::{EnvPlan, Error, PackagePlan, Store};
 
 struct Fixture {
@@ -54,15 +56,6 @@ fn wheel_of(dir: &Path, name: &str, files: &[(String, Vec<u8>)]) -> String {
         .map(|(path, data)| (path.as_str(), data.as_slice()))
         .collect();
     make_wheel(dir, name, "1.0", &members, None)
-}
-
-/// Every entry under `root` (the root too), without following links.
-fn walk(root: &Path) -> Vec<PathBuf> {
-    walkdir::WalkDir::new(root)
-        .follow_links(false)
-        .into_iter()
-        .map(|entry| entry.unwrap().into_path())
-        .collect()
 }
 
 /// The store path is whole and canonical: its recorded content hash is what a fresh walk gives, nothing in it is

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{host_python, write_wheel};
+use common::{host_python, walk, write_wheel};
 use hvd_builder::{Artifact, EnvPlan, Error, PackagePlan, Sha256, Store};
 
 /// How the file host answers.
@@ -34,6 +34,9 @@ enum Host {
     CorruptBody,
     /// The body stops after half of the file (the connection closes).
     Truncated,
+    /// The range answer is gzip-encoded (`Content-Encoding: gzip`, whatever the request accepted); the body's last
+    /// megabyte waits up to 3 s for the first module to be unpacked (it must not be: the answer is refused).
+    GzipTail,
     /// The whole body is sent without a length, and the connection is held open (the download not over, so not
     /// verified) until the wheel's tree is unpacked to its RECORD in the store's temp area, or committed (or 60 s).
     Held,
@@ -122,8 +125,17 @@ fn serve(file: Vec<u8>, filename: &str, host: Host, store: PathBuf) -> Served {
                         let at = body.len() - 22 - 10;
                         body[at] ^= 0x20;
                     }
+                    let encoding = if host == Host::GzipTail {
+                        let mut encoder =
+                            flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                        encoder.write_all(&body).unwrap();
+                        body = encoder.finish().unwrap();
+                        "Content-Encoding: gzip\r\n"
+                    } else {
+                        ""
+                    };
                     let head = format!(
-                        "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{}/{len}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{}/{len}\r\n{encoding}Content-Length: {}\r\nConnection: close\r\n\r\n",
                         len - 1,
                         body.len()
                     );
@@ -162,9 +174,11 @@ fn serve(file: Vec<u8>, filename: &str, host: Host, store: PathBuf) -> Served {
                     Host::Ranges => unpacking,
                     Host::OtherTail | Host::CorruptBody => installing,
                     Host::Held => unpacked_whole,
+                    Host::GzipTail => unpacking,
                     _ => |_| true,
                 };
-                let deadline = Instant::now() + Duration::from_secs(60);
+                let wait = if host == Host::GzipTail { 3 } else { 60 };
+                let deadline = Instant::now() + Duration::from_secs(wait);
                 while !started(&store) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(2));
                 }
@@ -405,21 +419,10 @@ fn outcome(host: Host, patch: &Patch) -> Option<(String, Vec<String>)> {
     let mut files: Vec<String> = walk(path)
         .into_iter()
         .map(|p| p.strip_prefix(path).unwrap().display().to_string())
+        .filter(|p| !p.is_empty())
         .collect();
     files.sort();
     Some((info.content_hash.to_string(), files))
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()) {
-        let path = entry.path();
-        if entry.file_type().unwrap().is_dir() {
-            out.extend(walk(&path));
-        }
-        out.push(path);
-    }
-    out
 }
 
 /// Archives whose local headers and central directory disagree, or that carry more than the central directory
@@ -703,4 +706,23 @@ fn entries_that_share_archive_bytes_are_refused() {
     }
     let paths = common::paths_besides_interpreters(&f.store);
     assert!(!paths.iter().any(|p| p.contains("big")), "{paths:?}");
+}
+
+/// A range answer in an encoding (gzip, though the request asked for none) is not the file's bytes as they are: the
+/// wheel is not streamed from it (nothing unpacked while the body waits) and installs from the complete file.
+#[test]
+fn an_encoded_range_answer_is_not_streamed_from() {
+    let f = fixture(Host::GzipTail);
+    let built = build(&f).unwrap();
+    assert_eq!(f.served.ranges.load(Ordering::SeqCst), 1);
+    assert!(
+        !f.served.streamed.load(Ordering::SeqCst),
+        "the wheel was unpacked from a gzip-encoded range answer"
+    );
+    assert!(
+        built.packages[0]
+            .path
+            .join("site-packages/big/m39.bin")
+            .exists()
+    );
 }

@@ -290,3 +290,12 @@ pub fn paths_besides_interpreters(store: &hvd_builder::Store) -> Vec<String> {
         })
         .collect()
 }
+
+/// Every path under `root`, `root` included, links not followed (a link to a directory is listed, not entered).
+pub fn walk(root: &Path) -> Vec<PathBuf> {
+    walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .into_iter()
+        .map(|entry| entry.unwrap().into_path())
+        .collect()
+}
