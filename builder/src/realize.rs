@@ -696,6 +696,14 @@ impl<'a> Realizer<'a> {
                         Ok(_) => {}
                         // The fetch reports the failure, or a retry's complete file is installed as usual.
                         Err(_) if growing.failed() => {}
+                        // The range answer was not the verified file's end: what was unpacked from it is gone, the
+                        // verified file is installed as any other.
+                        Err(err) if growing.tail_differed() => {
+                            tracing::warn!("{err}; installing it from the verified file");
+                            if let Err(err) = self.realize_package(package, false) {
+                                fail(err);
+                            }
+                        }
                         Err(err) => fail(err),
                     }
                 });

@@ -61,6 +61,8 @@ pub(crate) struct Growing {
     tail: Vec<u8>,
     /// Reads at or past `tail_start` come from `tail` (only while the central directory is read).
     tail_open: AtomicBool,
+    /// The verified file's end differs from `tail`: what was unpacked is discarded, the verified file is not.
+    tail_differs: AtomicBool,
     filename: String,
     url: String,
     front: Mutex<Front>,
@@ -84,6 +86,7 @@ impl Growing {
             tail_start,
             tail,
             tail_open: AtomicBool::new(true),
+            tail_differs: AtomicBool::new(false),
             filename: filename.to_string(),
             url: url.to_string(),
             front: Mutex::new(Front {
@@ -156,6 +159,12 @@ impl Growing {
         self.front().written >= self.len
     }
 
+    /// Whether the download was verified but the end read ahead differed from it (the streamed install failed for
+    /// that: the verified file itself may still be installed).
+    pub(crate) fn tail_differed(&self) -> bool {
+        self.verified() && self.tail_differs.load(Ordering::Acquire)
+    }
+
     /// Whether the download ended with a verified file.
     pub(crate) fn verified(&self) -> bool {
         self.front().verdict == Verdict::Verified
@@ -213,12 +222,13 @@ impl Growing {
         let mut end = vec![0u8; self.tail.len()];
         self.file.read_exact_at(&mut end, self.tail_start)?;
         if end != self.tail {
+            self.tail_differs.store(true, Ordering::Release);
             return Err(Error::Download {
                 url: self.url.clone(),
                 message: format!(
                     "the server answered a range request for the last {} bytes of {} with bytes that differ from \
                      the end of the whole file (which matched the lock's sha256): it serves inconsistent \
-                     answers; nothing was installed",
+                     answers; nothing unpacked from it was kept",
                     self.tail.len(),
                     self.filename
                 ),
