@@ -26,6 +26,7 @@ import operator
 import os
 import pickle
 import threading
+import weakref
 
 from . import _batch, _lib
 from ._dlpack import DLPackView
@@ -162,7 +163,12 @@ def shutdown():
     _SETS.clear()
     _batch.flush()  # batched allreduces are submitted before this rank leaves
     if _lib._lib is not None:
-        _check(_l().hvd_shutdown())
+        rc = _l().hvd_shutdown()
+        if rc == 0:
+            # The engine has ended: no operation of it is in flight, and its handles mean nothing to a later one.
+            _batch.shut_down()
+            _sweep_inflight()
+        _check(rc)
 
 
 def start_timeline(file_path, mark_cycles=False):
@@ -501,70 +507,85 @@ class Handle:
     """An operation in flight. ``poll(h)`` tells whether it is done; ``synchronize(h)`` returns its result.
     ``_value`` set: the result is that object (already in the caller's memory), nothing to read from the library.
     ``_group`` set (the number of handles in ``id``, a ctypes array): a grouped operation, waited for with one
-    call."""
+    call. ``_keep``: the ``_InFlight`` record that keeps its buffers alive, or None."""
 
-    __slots__ = ("id", "_keep", "_finish", "_done", "_result", "_value", "_group")
+    __slots__ = ("id", "_keep", "_finish", "_done", "_result", "_value", "_group", "__weakref__")
 
     def __init__(self, hid, keep, finish, value=None, group=None):
         self.id = hid
-        self._keep = keep
         self._finish = finish
         self._done = False
         self._result = None
         self._value = value
         self._group = group
-
-    def __repr__(self):
-        return "hvd.Handle({}{})".format(self.id, ", done" if self._done else "")
-
-    def __del__(self):
-        # Dropped while in flight (never synchronized, or an exception left it behind): the library may still read
-        # or write its buffers, so they stay alive until the operation completes.
-        if not self._done and self._keep is not None and _orphans is not None and _Orphan is not None:
-            _orphans.append(_Orphan(self.id, self._group, self._keep))
-
-
-class _Orphan(object):
-    """A dropped handle's operation in flight, with the buffers it keeps alive. No ``__eq__``: ``list.remove`` finds
-    it by identity, in C, without running Python code."""
-
-    __slots__ = ("id", "group", "keep")
-
-    def __init__(self, hid, group, keep):
-        self.id, self.group, self.keep = hid, group, keep
-
-
-_orphans = []
-_Batched = _batch.BatchedHandle
-
-
-def _sweep_orphans():
-    """Releases dropped handles whose operations have completed, and with them their buffers.
-
-    Any thread may sweep (no lock) and ``Handle.__del__`` appends from any thread, so an orphan leaves the list only
-    through one ``remove`` of that very entry, after its operation is known complete: never popped into a local
-    while it is polled, where a signal handler that raises after a call (Ctrl-C's KeyboardInterrupt, hvd.elastic's
-    SIGTERM SystemExit) would lose it and free buffers the library may still write. Interrupted after its release,
-    an entry stays; the next sweep polls -1 for it (a handle the library does not know, as after every
-    ``hvd.shutdown``), which lets it go. A completed handle is released with ``hvd_wait_and_release``, which takes
-    it out of the engine too (``hvd_release`` alone frees only a result ``hvd_wait`` kept, and left the engine's
-    entry, with its output, behind for every dropped handle)."""
-    lib = _lib._lib
-    if lib is None:
-        return
-    for orphan in _orphans[:]:
-        if orphan.group is not None:
-            if lib.hvd_poll_many(orphan.id, orphan.group) == 0:
-                continue
-            lib.hvd_wait_many(orphan.id, orphan.group)
-        elif lib.hvd_poll(orphan.id) == 0:
-            continue
+        if keep is not None:
+            rec = _InFlight(self, hid, group, keep)
+            _inflight.append(rec)
+            self._keep = rec
         else:
-            lib.hvd_wait_and_release(orphan.id)  # completed (or unknown): returns at once
+            self._keep = None
+
+
+class _InFlight(object):
+    """An operation in flight with the buffers it keeps alive, in ``_inflight`` from its submission until its
+    ``synchronize`` or, once its handle is dropped (``handle`` a dead weak reference), until it has completed. No
+    finalizer: a signal handler that raises inside ``__del__`` (Ctrl-C, hvd.elastic's SIGTERM) has its exception
+    swallowed and the buffers were freed while the library could still write them. No ``__eq__``: ``list.remove``
+    finds it by identity, in C, without running Python code."""
+
+    __slots__ = ("handle", "id", "group", "keep", "epoch")
+
+    def __init__(self, handle, hid, group, keep):
+        self.handle = _weakref(handle)
+        self.id, self.group, self.keep, self.epoch = hid, group, keep, _batch._epoch
+
+
+_inflight = []
+# Submissions until the next sweep of _inflight: at least 64, and half its length after a sweep, so that the records
+# of live handles, which stay, cost a submission O(1) amortized; a dropped handle's buffers go within that many.
+_sweep_in = [64]
+_Batched = _batch.BatchedHandle
+_weakref = weakref.ref
+if hasattr(os, "register_at_fork"):
+    # A child has none of the parent's engine, whose handles the records hold.
+    os.register_at_fork(after_in_child=_inflight.clear)
+
+
+def _forget(rec):
+    """Takes a synchronized handle's record out of ``_inflight`` (its operation has ended)."""
+    if rec is not None:
         try:
-            _orphans.remove(orphan)
+            _inflight.remove(rec)
         except ValueError:
-            pass  # another thread's sweep let it go first
+            pass  # an hvd.shutdown's sweep let it go
+
+
+def _sweep_inflight():
+    """Releases the operations of dropped handles that have completed, and with them their buffers.
+
+    Any thread may sweep (no lock), so a record leaves the list only through one ``remove`` of that very record,
+    after its operation is known complete: never popped into a local while it is polled, where a signal handler that
+    raises after a call (Ctrl-C's KeyboardInterrupt, hvd.elastic's SIGTERM SystemExit) would lose it and free
+    buffers the library may still write. Interrupted after its release, a record stays; the next sweep polls -1
+    for it (a handle the library does not know), which lets it go. A record of a live handle stays for its
+    ``synchronize``; one from before the last ``hvd.shutdown`` goes without a call. A completed handle is released
+    with ``hvd_wait_and_release``, which takes it out of the engine too."""
+    lib = _lib._lib
+    epoch = _batch._epoch
+    for rec in _inflight[:]:
+        if rec.epoch == epoch and lib is not None:
+            if rec.handle() is not None:
+                continue
+            if rec.group is not None:
+                if lib.hvd_poll_many(rec.id, rec.group) == 0:
+                    continue
+                lib.hvd_wait_many(rec.id, rec.group)
+            elif lib.hvd_poll(rec.id) == 0:
+                continue
+            else:
+                lib.hvd_wait_and_release(rec.id)  # completed (or unknown): returns at once
+        _forget(rec)
+    _sweep_in[0] = max(64, len(_inflight) // 2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -715,8 +736,10 @@ def _request(kind, tensor, name, out_ptr=None, op=Sum, root=0, prescale=1.0, pos
 def _submit(request, keep, finish, value=None, ps_id=0):
     if _batch._open is not None:
         _batch.flush()  # a rank blocked in this operation must not hold back one that another rank waits for
-    if _orphans:
-        _sweep_orphans()
+    if _inflight:
+        _sweep_in[0] -= 1
+        if _sweep_in[0] <= 0:
+            _sweep_inflight()
     kind, tensor, name, out_ptr, op, root, prescale, postscale, splits = request
     req, shape = _scratch()
     req.kind = kind
@@ -851,8 +874,10 @@ def _grouped_allreduce(tensors, average, name, op, prescale_factor, postscale_fa
     n = len(tensors)
     if _batch._open is not None:
         _batch.flush()
-    if _orphans:
-        _sweep_orphans()
+    if _inflight:
+        _sweep_in[0] -= 1
+        if _sweep_in[0] <= 0:
+            _sweep_inflight()
     params = (op, prescale_factor, postscale_factor)
     cached = _GROUPS.get(name) if in_place and name and ps_id == 0 else None
     if (cached is not None and cached[0] == params and len(cached[1]) == n
@@ -1204,6 +1229,8 @@ def synchronize(handle):
         if done is not None and done[handle._index] == 1:
             # Released by an earlier wait of its batch (the usual case: one wait per batch makes a call).
             handle._done = True
+            if batch.storages:
+                _batch.check_storage(batch, handle)
             handle._result = value = batch.values[handle._index]
             return value
         return _batch.synchronize(handle)
@@ -1213,15 +1240,16 @@ def synchronize(handle):
     if handle._group is not None:
         handle._done = True
         rc = lib.hvd_wait_many(handle.id, handle._group)
-        handle._keep = None
+        _forget(handle._keep)
         if rc != 0:
             raise _error(lib)
         handle._result = handle._value if handle._finish is None else handle._finish(None)
         return handle._result
     if handle._value is not None:
         handle._done = True
-        handle._keep = None
-        if lib.hvd_wait_and_release(handle.id) != 0:
+        rc = lib.hvd_wait_and_release(handle.id)
+        _forget(handle._keep)
+        if rc != 0:
             raise _error(lib)
         handle._result = handle._value
         return handle._result
@@ -1232,8 +1260,8 @@ def synchronize(handle):
         return handle._result
     finally:
         handle._done = True
-        handle._keep = None
         lib.hvd_release(handle.id)
+        _forget(handle._keep)
 
 
 # ---------------------------------------------------------------------------------------------------------------

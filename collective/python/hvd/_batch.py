@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from . import _lib
 
@@ -52,26 +53,28 @@ _addressof = ctypes.addressof
 _from_buffer = ctypes.c_char.from_buffer
 _chain = itertools.chain.from_iterable
 _monotonic = time.monotonic
+_weakref = weakref.ref
 
 
 class _Batch:
     """Requests appended since the last send and their arrays (``values``: numpy arrays or torch tensors, what
-    ``synchronize`` returns; ``storages``: the storage of each torch tensor, which a tensor given other memory while
-    in flight, with ``set_`` or ``.data =``, no longer holds); once sent, their handles (``ids``, -1 for a refused
-    one) and the ``done`` bytes that ``hvd_wait_batch`` marks (a bytearray, read without a call; ``done_c`` is the
-    same memory for the library).
+    ``synchronize`` returns; ``storages``: request index -> (storage, its ``data_ptr()`` at submission, name) of each
+    torch tensor: the storage stays alive even if the tensor is given other memory while in flight, with ``set_`` or
+    ``.data =``, and ``synchronize`` raises if the storage itself was given another buffer); once sent, their
+    handles (``ids``, -1 for a refused one) and the ``done`` bytes that ``hvd_wait_batch`` marks (a bytearray, read
+    without a call; ``done_c`` is the same memory for the library).
 
-    The batch, not each handle, keeps the arrays alive: the handles refer to it, so it lives while any of them
-    does; when the last one goes, ``__del__`` hands the arrays of operations still in flight, and the batch's
-    storages, to ``_orphans``, which keeps them until the library has finished with them (one finalizer per batch
-    instead of one per handle)."""
+    The handles refer to the batch, so it lives while any of them does. What keeps the arrays alive while the
+    library may write them is not the batch but its ``_Sent`` record in ``_inflight`` (no finalizer: a signal
+    handler that raises inside ``__del__`` or a ``weakref.finalize`` callback has its exception swallowed, and the
+    arrays were freed with the batch while in flight)."""
 
-    __slots__ = ("entries", "values", "storages", "started", "n", "ids", "done", "done_c", "error")
+    __slots__ = ("entries", "values", "storages", "started", "n", "ids", "done", "done_c", "error", "__weakref__")
 
     def __init__(self):
         self.entries = []
         self.values = []
-        self.storages = []
+        self.storages = {}
         self.started = _monotonic()
         self.n = 0
         self.ids = None
@@ -79,13 +82,18 @@ class _Batch:
         self.done_c = None
         self.error = None
 
-    def __del__(self):
-        ids, done = self.ids, self.done
-        if ids is None or _orphans is None or 0 not in done:
-            return  # never sent (a forked child's), or every operation waited for
-        pending = [(i, v) for i, v in enumerate(self.values) if not done[i] and ids[i] >= 0]
-        if pending:
-            _orphans.append((ids, done, pending, self.storages))
+
+class _Sent:
+    """A submitted batch's operations as ``_inflight`` keeps them: a weak reference to the batch (whose handles'
+    waits release its operations while it lives), its handles, ``done`` bytes and arrays, and the ``hvd.shutdown``
+    count it was sent under. No ``__eq__``: ``list.remove`` finds it by identity, in C."""
+
+    __slots__ = ("batch", "ids", "done", "done_c", "n", "values", "storages", "epoch")
+
+    def __init__(self, batch, ids, done, done_c, n):
+        self.batch = _weakref(batch)
+        self.ids, self.done, self.done_c, self.n = ids, done, done_c, n
+        self.values, self.storages, self.epoch = batch.values, batch.storages, _epoch
 
 
 class BatchedHandle:
@@ -115,7 +123,10 @@ _wake = threading.Condition(_lock)  # the timer thread sleeps on it while no bat
 _open = None  # the batch being filled
 _timer = None
 _timer_asleep = False
-_orphans = []  # (ids, done, [(index, array)], storages) of dropped batches with operations in flight
+# _Sent records of submitted batches, each from just before its library call until all its operations are known
+# complete: the arrays the library writes stay referenced here whatever becomes of the batch and its handles.
+_inflight = []
+_epoch = 0  # hvd.shutdown()s that returned: a record of an earlier engine has no operation left in flight
 _ndarray = None  # numpy.ndarray, once numpy is loaded
 _codes = None  # numpy dtype -> hvd.h dtype code: the package's own table (hvd._NP_CODES), filled as dtypes are seen
 _tensor = None  # torch.Tensor, once a torch tensor has come
@@ -194,7 +205,7 @@ def allreduce_(tensor, name, op, prescale, postscale):
         entries.append(entry)
         batch.values.append(tensor)
         if cls is _tensor:
-            batch.storages.append(storage)
+            batch.storages[len(entries) - 1] = (storage, storage.data_ptr(), name)
         handle = BatchedHandle(batch, len(entries) - 1)
         if len(entries) >= MAX_BATCH:
             _send(batch)
@@ -256,6 +267,9 @@ def _send(batch):
     batch.done = done
     try:
         if args is not None:
+            # Registered before the call: from the call on the library may write the arrays, and a signal handler
+            # that raises after it returns must find them kept (``ids`` is -1 everywhere until the call writes it).
+            _inflight.append(_Sent(batch, ids, done, done_c, n))
             lib = _lib._lib
             ok = lib.hvd_enqueue_allreduces(n, *args, ids)
             batch.error = None if ok == n else _hvd._error(lib)
@@ -263,8 +277,7 @@ def _send(batch):
         batch.error = e
     finally:
         batch.ids = ids  # last: a batch with ids is complete
-    if _orphans:
-        _sweep_orphans()
+    _sweep()
 
 
 _last = ([], None)  # the last batch's entries and their columns
@@ -311,8 +324,25 @@ def synchronize(handle):
         lib = _lib._lib
         if lib.hvd_wait_batch(batch.ids, batch.n, i, batch.done_c) != 0:
             raise _hvd._error(lib)
+    if batch.storages:
+        check_storage(batch, handle)
     handle._result = value = batch.values[i]
     return value
+
+
+def check_storage(batch, handle):
+    """Raises if request ``i``'s torch tensor's storage holds other memory than at its submission: ``resize_`` to a
+    larger size, ``storage.resize_``, ``share_memory_`` give the storage a new buffer and free the old one, which the
+    library may have written after it was freed (the batch keeps the storage object, not its buffer)."""
+    i = handle._index
+    kept = batch.storages.get(i)
+    if kept is not None and kept[0].data_ptr() != kept[1]:
+        handle._done = False  # (every synchronize says it)
+        raise _hvd.HvdError(
+            "the storage of the tensor of allreduce_async_ {!r} was given other memory while the allreduce was in "
+            "flight (resize_, share_memory_, storage().resize_): its result went to the freed memory, which may "
+            "have been written since; keep a tensor's storage as it is until synchronize".format(
+                kept[2] or "#{}".format(i)))
 
 
 def poll(handle):
@@ -328,28 +358,47 @@ def poll(handle):
     return rc == 1
 
 
-def _sweep_orphans():
-    """Releases the operations of dropped batches that have completed, and with them their arrays (a batch's torch
-    storages once none of its operations is in flight; the caller holds the lock). An operation whose handle the library does not know (-1: from before the last ``hvd.shutdown``, as
-    after every elastic reset, or released already) is gone with its engine: its array goes too.
+def _sweep():
+    """Lets go of the records in ``_inflight`` whose operations are all known complete (the caller holds the lock).
 
-    Only this function removes orphans (under the lock); ``_Batch.__del__`` appends them from any thread. An entry
-    stays first in the list until its successor is known, and is then replaced by a deletion and an append with no
-    call in between: a signal handler that raises (it runs after a call) never loses an operation still in flight.
-    Handles released before such an interruption poll -1 at the next sweep."""
+    A batch that is alive (a handle refers to it) is complete once each operation is marked in ``done`` (its waits
+    released it) or has no handle (-1, never submitted): no call. A batch whose handles were all dropped keeps its
+    record until the library says each operation has completed (``hvd_poll`` 1, which ``hvd_wait_batch`` then
+    releases, marking ``done``) or does not know it (-1: released already). A record of an engine that
+    ``hvd.shutdown`` ended (an earlier ``_epoch``) goes without a call: its handles mean nothing to a later engine.
+
+    A record leaves only through one ``remove`` of that very record, after the check: a signal handler that raises
+    during the sweep (it runs after a call returns) only delays the release to the next sweep."""
     lib = _lib._lib
-    for _ in range(len(_orphans)):
-        ids, done, pending, storages = _orphans[0]
-        left = []
-        for i, value in pending:
-            rc = lib.hvd_poll(ids[i])
-            if rc == 0:
-                left.append((i, value))
-            elif rc == 1:
-                lib.hvd_wait_and_release(ids[i])  # completed: returns at once
-        del _orphans[0]
-        if left:
-            _orphans.append((ids, done, left, storages))
+    for rec in _inflight[:]:
+        if rec.epoch == _epoch and lib is not None:
+            ids, done = rec.ids, rec.done
+            alive = rec.batch() is not None
+            i = done.find(0)
+            while i >= 0:
+                if ids[i] >= 0:
+                    if alive:
+                        break  # its handles' waits release it
+                    rc = lib.hvd_poll(ids[i])
+                    if rc == 0:
+                        break
+                    if rc == 1:
+                        lib.hvd_wait_batch(ids, rec.n, i, rec.done_c)  # completed: marks it (and what follows)
+                i = done.find(0, i + 1)
+            if i >= 0:
+                continue
+        try:
+            _inflight.remove(rec)
+        except ValueError:
+            pass
+
+
+def shut_down():
+    """After ``hvd_shutdown`` returned (every operation of its engine has ended): lets go of every record."""
+    global _epoch
+    _epoch += 1
+    with _lock:
+        _sweep()
 
 
 def _tick():
@@ -374,14 +423,14 @@ def _tick():
 
 
 def _after_fork():
-    # A child has no timer thread (nor the parent's engine, whose handles the orphans hold): start afresh.
-    global _lock, _wake, _open, _timer, _timer_asleep, _orphans, _last
+    # A child has no timer thread (nor the parent's engine, whose handles _inflight holds): start afresh.
+    global _lock, _wake, _open, _timer, _timer_asleep, _inflight, _last
     _lock = threading.Lock()
     _wake = threading.Condition(_lock)
     _open = None
     _timer = None
     _timer_asleep = False
-    _orphans = []
+    _inflight = []
     _last = ([], None)
 
 

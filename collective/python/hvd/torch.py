@@ -42,7 +42,9 @@ def _check_cpu(tensor):
 
 def _cpu(tensor):
     _check_cpu(tensor)
-    return tensor.detach().contiguous()
+    # (resolve_neg: hvd reads memory, which a lazily negated view holds un-negated; reduced like any tensor, as the
+    # small allreduces below are.)
+    return tensor.detach().contiguous().resolve_neg()
 
 
 # Out-of-place allreduces of tensors up to this size reduce a copy in place, through the batch: the copy costs less
@@ -53,13 +55,16 @@ _COPY_TO_BATCH = 1 << 16
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     compression=Compression.none):
-    if (compression is Compression.none and tensor.layout is torch.strided
+    if (compression is Compression.none and tensor.layout is torch.strided and tensor.dtype is not torch.bool
             and tensor.numel() * tensor.element_size() <= _COPY_TO_BATCH):
         # In place in a copy: a per-tensor in-place allreduce of a CPU tensor goes through the package's batch
-        # (hvd/_batch.py, no library call per tensor).
+        # (hvd/_batch.py, no library call per tensor). Not bool: reduced as uint8 (a Sum counts the ranks' Trues),
+        # whose result is a uint8 tensor at any size (a bool copy would hold bytes above 1, invalid bools).
         # (A detach() only where autograd needs one, clone() rather than clone(memory_format=...): 0.5 and 1.0 us.)
         _check_cpu(tensor)
         src = tensor.detach() if tensor.requires_grad else tensor
+        if src.is_neg():
+            src = src.resolve_neg()  # (the batch reads memory, which a lazily negated view holds un-negated)
         copy = src.clone() if src.is_contiguous() else src.contiguous()
         return _core.allreduce_async_(copy, average, name, op, prescale_factor, postscale_factor)
     compressed, ctx = compression.compress(_cpu(tensor))

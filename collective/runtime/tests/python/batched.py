@@ -235,6 +235,75 @@ if r == 0 and alive() is not None:
     sys.exit("rank 0: a dropped operation from before hvd.shutdown()/hvd.init() still holds its array")
 
 
+# 12. Batches and handles dropped while a signal handler raises (Ctrl-C's KeyboardInterrupt): the arrays of their operations in
+# flight (the other ranks submit them only later) stay alive until the operations complete, and every exception the
+# handler raises reaches this code. A finalizer (``__del__``, ``weakref.finalize``) interrupted by the handler had
+# its exception swallowed ("Exception ignored in") and its batch's arrays freed while the library could write them.
+flag = os.path.join(os.environ["HVD_BATCHED_DIR"], "dropsig.{}")
+ROUNDS, PER = 60, 50
+if r == 0:
+    dropping, raised, caught = [False], [0], 0
+
+    def interrupt_drop(signum, frame):
+        if dropping[0]:
+            raised[0] += 1
+            raise KeyboardInterrupt()
+
+    refs = []
+    signal.signal(signal.SIGALRM, interrupt_drop)
+    signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
+    for k in range(ROUNDS):
+        xs = [np.full(3, 1.0, np.float32) for _ in range(PER)]
+        refs += [weakref.ref(x) for x in xs]
+        hs = [hvd.allreduce_async_(x, op=hvd.Sum, name="dropsig.{}.{}".format(k, i)) for i, x in enumerate(xs)]
+        batched(hs[-1], "dropsig")
+        hvd.poll(hs[0])  # sends the batch
+        # And handles of the per-call path (out of place: the library reads the input and writes a new array).
+        ys = [np.full(3, 1.0, np.float32) for _ in range(5)]
+        refs += [weakref.ref(y) for y in ys]
+        hs += [hvd.allreduce_async(y, op=hvd.Sum, name="dropsig.out.{}.{}".format(k, i)) for i, y in enumerate(ys)]
+        del xs, ys
+        try:
+            dropping[0] = True
+            del hs
+            dropping[0] = False
+        except KeyboardInterrupt:
+            dropping[0] = False
+            caught += 1
+        hs = None
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    gc.collect()
+    freed = sum(ref() is None for ref in refs)
+    if freed:
+        sys.exit("rank 0: {} arrays of operations in flight were freed with their dropped batches".format(freed))
+    if caught != raised[0]:
+        sys.exit("rank 0: {} of {} KeyboardInterrupts raised while batches were dropped were swallowed".format(
+            raised[0] - caught, raised[0]))
+    print("rank 0: {} interrupts while dropping, none lost".format(raised[0]))
+    open(flag.format(0), "w").close()
+else:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag.format(0)):
+        if time.monotonic() > deadline:
+            sys.exit("rank {}: rank 0 never finished dropping".format(r))
+        time.sleep(0.01)
+    hs = [hvd.allreduce_async_(np.full(3, 1.0, np.float32), op=hvd.Sum, name="dropsig.{}.{}".format(k, i))
+          for k in range(ROUNDS) for i in range(PER)]
+    hs += [hvd.allreduce_async(np.full(3, 1.0, np.float32), op=hvd.Sum, name="dropsig.out.{}.{}".format(k, i))
+           for k in range(ROUNDS) for i in range(5)]
+    for h in hs:
+        hvd.synchronize(h)
+    hs = None
+for k in range(3000):
+    hvd.synchronize(hvd.allreduce_async_(np.ones(1, np.float32), op=hvd.Sum, name="dropsig.tick.{}".format(k)))
+    released = np.array([1 if r == 0 and all(ref() is None for ref in refs) else 0], np.int32)
+    if hvd.allreduce(released, op=hvd.Sum, name="dropsig.released.{}".format(k))[0]:
+        break
+else:
+    sys.exit("rank {}: the completed operations of dropped batches were never released".format(r))
+
+
 # 11. A signal handler that raises while this rank submits (Ctrl-C's KeyboardInterrupt, hvd.elastic's SIGTERM
 # handler's SystemExit) never leaves the batch's lock held: the submissions after it, and shutdown's send of the
 # open batch below, would wait for it forever (the harness then kills the ranks and the test fails). The handler

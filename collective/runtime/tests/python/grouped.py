@@ -125,10 +125,18 @@ for i in range(20):
     hvd.allreduce_async(np.full(1000, float(r), np.float32), op=hvd.Sum, name="drop.{}".format(i))
     hvd.grouped_allreduce_async([np.ones(10), np.ones(3, np.float32)], name="gdrop.{}".format(i))
 gc.collect()
-assert len(hvd._orphans) > 0, "dropped in-flight handles were not kept"
+
+
+def dropped():
+    # The records of dropped handles (hvd._inflight keeps those of live handles too, until their synchronize).
+    return [rec for rec in hvd._inflight if rec.handle() is None]
+
+
+assert len(dropped()) > 0, "dropped in-flight handles were not kept"
 hvd.barrier()
-hvd.allreduce(np.ones(1), name="sweep")  # a submission releases the completed ones
-assert len(hvd._orphans) == 0, hvd._orphans
+hvd.allreduce(np.ones(1), name="sweep")
+hvd._sweep_inflight()  # (a submission sweeps every 64 or so: amortized) releases the completed ones
+assert len(dropped()) == 0, dropped()
 
 
 # A signal handler that raises right after one of the sweep's calls into the library (Ctrl-C's KeyboardInterrupt,
@@ -162,7 +170,7 @@ def interrupted_sweeps(names, times):
     try:
         for _ in range(times):
             try:
-                hvd._sweep_orphans()
+                hvd._sweep_inflight()
             except KeyboardInterrupt:
                 raised += 1
     finally:
@@ -179,14 +187,14 @@ if r == 0:
     alive = [weakref.ref(a), weakref.ref(g)]
     del a, g
     gc.collect()
-    assert len(hvd._orphans) == 2, hvd._orphans
+    assert len(dropped()) == 2, dropped()
     raised = interrupted_sweeps(("hvd_poll", "hvd_poll_many"), 4)  # each sweep raises at its first poll
     gc.collect()
-    if any(ref() is None for ref in alive) or len(hvd._orphans) != 2:
+    if any(ref() is None for ref in alive) or len(dropped()) != 2:
         sys.exit("rank 0: an interrupted sweep lost an orphan in flight: {} left, buffers alive {}".format(
-            len(hvd._orphans), [ref() is not None for ref in alive]))
+            len(dropped()), [ref() is not None for ref in alive]))
     assert raised == 4, raised
-    plain = [o.id for o in hvd._orphans if o.group is None]
+    plain = [o.id for o in dropped() if o.group is None]
 hvd.allreduce(np.ones(1), name="interrupted.go")  # the other ranks submit them only after this
 if r != 0:
     hvd.allreduce(np.full(5, 1.0, np.float32), op=hvd.Sum, name="interrupted.a")
@@ -195,11 +203,12 @@ hvd.barrier()
 if r == 0:
     # Released, then interrupted before the removal: the plain handle's first, then the group's.
     raised = [interrupted_sweeps(("hvd_wait_and_release",), 1), interrupted_sweeps(("hvd_wait_many",), 1)]
-    assert raised == [1, 1] and len(hvd._orphans) == 1, (raised, hvd._orphans)
-    hvd.allreduce(np.ones(1), name="interrupted.sweep")  # a later sweep lets them go all the same
+    assert raised == [1, 1] and len(dropped()) == 1, (raised, dropped())
+    hvd.allreduce(np.ones(1), name="interrupted.sweep")
+    hvd._sweep_inflight()  # a later sweep lets them go all the same
     gc.collect()
-    if hvd._orphans or any(ref() is not None for ref in alive):
-        sys.exit("rank 0: completed orphans kept after interrupted sweeps: {!r}".format(hvd._orphans))
+    if dropped() or any(ref() is not None for ref in alive):
+        sys.exit("rank 0: completed orphans kept after interrupted sweeps: {!r}".format(dropped()))
     # Let go in the engine too (-1: unknown), not only here: hvd_release alone left the engine's entry behind.
     if [hvd._lib._lib.hvd_poll(hid) for hid in plain] != [-1]:
         sys.exit("rank 0: a released orphan's handle is still in the engine: {}".format(plain))

@@ -67,7 +67,8 @@ class Unbatched:
         _batch.allreduce_, hvd._COPY_TO_BATCH = self.saved
 
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
+          torch.int8, torch.bool]
 SHAPES = [(), (1,), (7,), (3, 4), (2, 3, 5), (1024,)]
 OPS = [(hvd.Sum, 1.0, 1.0), (hvd.Sum, 0.5, 2.0), (hvd.Average, 1.0, 1.0), (hvd.Max, 1.0, 1.0), (hvd.Min, 1.0, 1.0)]
 
@@ -82,10 +83,8 @@ def tensors(step, count):
 
 
 def op_of(i, dtype):
-    op, pre, post = OPS[i % len(OPS)]
-    if op == hvd.Average and not dtype.is_floating_point:
-        op = hvd.Sum  # (integer averages round; the point here is the paths agree)
-    return op, pre, post
+    # (Integer averages round, and bool tensors reduce as uint8: the point here is that the paths agree.)
+    return OPS[i % len(OPS)]
 
 
 # 1. Many tensors per step, in orders of each rank's own, through allreduce_async_ (in place) and allreduce_async
@@ -102,8 +101,11 @@ for step in range(4):
                                      name="ref{}.{}".format(step, i))
             not_batched(h, "the reference")
             refs[i] = h
-        outs = {i: hvd.allreduce_async(want_out[i], op=op_of(i, want_out[i].dtype)[0],
-                                       name="refout{}.{}".format(step, i)) for i in order(count)}
+        outs = {}
+        for i in order(count):
+            op, pre, post = op_of(i, want_out[i].dtype)
+            outs[i] = hvd.allreduce_async(want_out[i], op=op, prescale_factor=pre, postscale_factor=post,
+                                          name="refout{}.{}".format(step, i))
         for i in order(count):
             not_batched(outs[i], "the reference")
             hvd.synchronize(refs[i])
@@ -115,9 +117,12 @@ for step in range(4):
         handles[i] = hvd.allreduce_async_(mine[i], op=op, prescale_factor=pre, postscale_factor=post,
                                           name="step{}.{}".format(step, i))
         batched(handles[i], "allreduce_async_ {}".format(i))
-        out_handles[i] = hvd.allreduce_async(inputs[i], op=op_of(i, inputs[i].dtype)[0],
+        out_handles[i] = hvd.allreduce_async(inputs[i], op=op, prescale_factor=pre, postscale_factor=post,
                                              name="out{}.{}".format(step, i))
-        batched(out_handles[i], "allreduce_async {}".format(i))
+        if inputs[i].dtype is torch.bool:
+            not_batched(out_handles[i], "allreduce_async of bool {}".format(i))  # (a uint8 result, as when large)
+        else:
+            batched(out_handles[i], "allreduce_async {}".format(i))
     for i in order(count):
         got = hvd.synchronize(handles[i])
         if mine[i].data_ptr() != ptrs[i] or got.data_ptr() != ptrs[i]:
@@ -132,6 +137,16 @@ for step in range(4):
             fail("allreduce_async {}: got {}, the call per tensor gave {}".format(i, out, want_out[i]))
         if hvd.synchronize(handles[i]) is not got or not hvd.poll(handles[i]):
             fail("a second synchronize or poll of tensor {}".format(i))
+# A bool tensor's out-of-place allreduce: uint8 (the ranks' Trues counted) whatever its size, never a bool tensor
+# holding bytes above 1; a lazily negated view is reduced by its values whatever its size.
+for size in (4, (1 << 16) + 1):
+    got = hvd.allreduce(torch.ones(size, dtype=torch.bool), op=hvd.Sum, name="bool.{}".format(size))
+    if got.dtype != torch.uint8 or not torch.equal(got, torch.full((size,), n, dtype=torch.uint8)):
+        fail("bool allreduce of {} elements: {} {}".format(size, got.dtype, got[:4]))
+    view = torch._neg_view(torch.ones(size))  # (lazily negated: is_neg())
+    got = hvd.allreduce(view, op=hvd.Sum, name="neg.{}".format(size))
+    if not torch.equal(got, torch.full((size,), -float(n))):
+        fail("negated view of {} elements: {}".format(size, got[:4]))
 # The exact values, for the plain sums.
 x = torch.arange(6, dtype=torch.float32) + r
 hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="exact"))
@@ -267,6 +282,35 @@ else:
     hvd.allreduce_(torch.full((4,), 3.0), op=hvd.Sum, name="alive.z")
     refs = []
 release_ticks(refs, "alive")
+
+# 4b. A storage given another buffer while its operation is in flight (resize_ to a larger size, storage.resize_,
+# share_memory_ free the old buffer, which the batch, keeping the storage object, cannot keep): synchronize raises,
+# naming the tensor, instead of returning a tensor that never got the result; every synchronize of it says so, and
+# the others of its batch are unaffected. (Resized here only once the operation completed: the library never writes
+# freed memory in this test.) Both waits: one that an earlier wait of its batch released, and its own.
+a, b = torch.full((4,), float(r)), torch.full((4,), float(r))
+ha = hvd.allreduce_async_(a, op=hvd.Sum, name="resized.a")
+hb = hvd.allreduce_async_(b, op=hvd.Sum, name="resized.b")
+batched(hb, "resized.b")
+while not hvd.poll(hb):
+    pass
+hvd.synchronize(ha)  # releases resized.b, completed, with it
+c = torch.full((4,), float(r))
+hc = hvd.allreduce_async_(c, op=hvd.Sum, name="resized.c")
+batched(hc, "resized.c")
+while not hvd.poll(hc):
+    pass
+b.resize_(1 << 16)
+c.untyped_storage().resize_(0)
+for h, what in ((hb, "resized.b"), (hc, "resized.c"), (hb, "resized.b"), (hc, "resized.c")):
+    try:
+        hvd.synchronize(h)
+        fail("{}: a storage given another buffer while in flight was not reported".format(what))
+    except core.HvdError as e:
+        if what not in str(e) or "resize_" not in str(e):
+            fail("{}: unclear error: {}".format(what, e))
+if not torch.equal(a, torch.full((4,), float(sum(range(n))))):
+    fail("resized.a: {}".format(a))
 
 # 5. Across hvd.shutdown() and hvd.init() (every elastic reset): an operation in flight whose tensor was dropped
 # keeps its memory until the reset, and the first send after it lets it go (the library no longer knows the

@@ -2,6 +2,7 @@
 hooks, backward_passes_per_step, fp16 compression); broadcast_parameters, broadcast_optimizer_state,
 broadcast_object, allgather_object; DLPack zero-copy inputs. Parameters are identical on every rank after every
 step."""
+import itertools
 import sys
 import warnings
 
@@ -50,10 +51,13 @@ b = torch.arange(5, dtype=torch.int64) * (r + 1)
 hvd.broadcast_(b, root_rank=n - 1, name="bcast")
 if not torch.equal(b, torch.arange(5) * n):
     fail("broadcast_: {}".format(b))
-for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8):
-    x = (torch.arange(6) + r).to(dtype)
-    got = hvd.allreduce(x, op=hvd.Sum, name="dtype." + str(dtype))
-    want = sum((torch.arange(6) + k).to(dtype) for k in range(n)).to(dtype)
+# (6 elements go through the batch in a copy; 70000, above 64 KiB, take the per-call out-of-place path.)
+for dtype, size in itertools.product(
+        (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
+         torch.int8), (6, 70000)):
+    x = (torch.arange(size) % 7 + r).to(dtype)
+    got = hvd.allreduce(x, op=hvd.Sum, name="dtype.{}.{}".format(dtype, size))
+    want = sum((torch.arange(size) % 7 + k).to(dtype) for k in range(n)).to(dtype)
     if not isinstance(got, torch.Tensor) or got.dtype != dtype or not torch.equal(got, want):
         fail("allreduce {}: got {!r}, want {!r}".format(dtype, got, want))
 avg = hvd.allreduce(torch.full((2,), float(r)), name="avg")
@@ -172,8 +176,9 @@ for groups in (None, 1):
                 fail("groups={}: a third backward pass with backward_passes_per_step=2 was accepted".format(groups))
     opt.step()
 
-# A lazily negated view (its memory holds the values un-negated) is refused in place; out of place, a small one is
-# copied (the copy holds the negated values) and reduced.
+
+# A lazily negated view (its memory holds the values un-negated) is refused in place; out of place it is resolved
+# and reduced, at any size (torch_batched.py checks one above 64 KiB).
 try:
     hvd.allreduce_(torch._neg_view(torch.ones(3)), name="neg")
 except ValueError as e:
