@@ -128,6 +128,8 @@ def init(comm=None, process_sets=None):
     if comm is not None:
         raise ValueError("hvd.init() takes no communicator: the job comes from the environment")
     _check(_l().hvd_init())
+    global _init_pid
+    _init_pid = os.getpid()
     global_process_set.ranks = list(range(size()))
     if process_sets:
         if isinstance(process_sets, ProcessSet):
@@ -152,6 +154,37 @@ def init(comm=None, process_sets=None):
 
 
 _atexit_registered = False
+_init_pid = None  # the process that called hvd.init() (until shutdown): a child forked from it has no engine
+
+
+class _Forked(object):
+    """``_lib._lib`` in a child forked from an initialized process (a DataLoader worker, multiprocessing's fork): the
+    child has the library's state but none of its engine threads, so a submission would wait forever. The topology
+    reads pass; anything else raises an ``HvdError`` naming the fork."""
+
+    _READS = frozenset(("hvd_rank", "hvd_size", "hvd_local_rank", "hvd_local_size", "hvd_cross_rank",
+                        "hvd_cross_size", "hvd_is_homogeneous", "hvd_build_features", "hvd_last_error",
+                        "hvd_last_error_kind", "hvd_last_error_rank"))
+
+    def __init__(self, lib, parent):
+        self._real, self._parent = lib, parent
+
+    def __getattr__(self, name):
+        if name in self._READS:
+            return getattr(self._real, name)
+        raise HvdError(
+            "hvd was initialized in process {} and this process ({}) is a child forked from it: a forked child has "
+            "none of hvd's engine, so it cannot run collectives or call {} (a DataLoader worker or a multiprocessing "
+            "fork); run them in the parent, or start the child with the 'spawn' method".format(
+                self._parent, os.getpid(), name))
+
+
+def _after_fork_child():
+    global _init_pid
+    _inflight.clear()  # (the parent's engine's operations: none in this process)
+    if _init_pid is not None and _lib._lib is not None and type(_lib._lib) is not _Forked:
+        _lib._lib = _Forked(_lib._lib, _init_pid)
+        _init_pid = None
 
 
 def shutdown():
@@ -161,7 +194,11 @@ def shutdown():
     for ps in list(_SETS.values()):
         ps._invalidate()
     _SETS.clear()
+    if type(_lib._lib) is _Forked:
+        return  # a forked child is no member of the job (its atexit runs the parent's registration)
     _batch.flush()  # batched allreduces are submitted before this rank leaves
+    global _init_pid
+    _init_pid = None
     if _lib._lib is not None:
         rc = _l().hvd_shutdown()
         if rc == 0:
@@ -547,8 +584,8 @@ _sweep_in = [64]
 _Batched = _batch.BatchedHandle
 _weakref = weakref.ref
 if hasattr(os, "register_at_fork"):
-    # A child has none of the parent's engine, whose handles the records hold.
-    os.register_at_fork(after_in_child=_inflight.clear)
+    # A child has none of the parent's engine: the records of its handles go, and submissions raise.
+    os.register_at_fork(after_in_child=_after_fork_child)
 
 
 def _forget(rec):
@@ -1229,9 +1266,12 @@ def synchronize(handle):
         if done is not None and done[handle._index] == 1:
             # Released by an earlier wait of its batch (the usual case: one wait per batch makes a call).
             handle._done = True
+            i = handle._index
             if batch.storages:
                 _batch.check_storage(batch, handle)
-            handle._result = value = batch.values[handle._index]
+                batch.storages.pop(i, None)
+            handle._result = value = batch.values[i]
+            batch.values[i] = None  # (the handle keeps its result: a surviving handle keeps no other's tensor)
             return value
         return _batch.synchronize(handle)
     if _batch._open is not None:

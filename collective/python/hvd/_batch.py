@@ -326,7 +326,9 @@ def synchronize(handle):
             raise _hvd._error(lib)
     if batch.storages:
         check_storage(batch, handle)
+        batch.storages.pop(i, None)
     handle._result = value = batch.values[i]
+    batch.values[i] = None  # (the handle keeps its result: a surviving handle keeps no other's tensor)
     return value
 
 

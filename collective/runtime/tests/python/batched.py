@@ -16,6 +16,7 @@ import weakref
 import numpy as np
 
 import hvd
+import support
 from hvd import _batch
 
 timer = os.environ.get("HVD_BATCHED_TIMER", "on") == "on"
@@ -31,10 +32,12 @@ def check(got, want, what):
         sys.exit("rank {}: {}: got {!r}, want {!r}".format(r, what, got, want))
 
 
+def fail(message):
+    sys.exit("rank {}: {}".format(r, message))
+
+
 def batched(h, what):
-    # The fast path must be the one under test: a silent fallback to a call per tensor would pass everything else.
-    if type(h) is not _batch.BatchedHandle:
-        sys.exit("rank {}: {} did not go through the batch: {!r}".format(r, what, h))
+    support.batched(h, what, fail)
 
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16, np.uint8]
@@ -174,21 +177,9 @@ if r == 0:
     open(flag.format(0), "w").close()
 else:
     hvd.allreduce_(np.full(3, 1.0, np.float32), op=hvd.Sum, name="alive.a")
-    deadline = time.monotonic() + 30
-    while not os.path.exists(flag.format(0)):
-        if time.monotonic() > deadline:
-            sys.exit("rank {}: rank 0 never checked its in-flight array".format(r))
-        time.sleep(0.01)
+    support.wait_for(flag.format(0), "rank 0's check of its in-flight array", fail, 30)
     hvd.allreduce_(np.full(3, 1.0, np.float32), op=hvd.Sum, name="alive.x")
-for k in range(3000):
-    # Each step sends a batch (which releases the completed operations of dropped batches), then asks rank 0
-    # whether the array has been let go.
-    hvd.synchronize(hvd.allreduce_async_(np.ones(1, np.float32), op=hvd.Sum, name="alive.tick.{}".format(k)))
-    released = np.array([1 if r == 0 and alive() is None else 0], np.int32)
-    if hvd.allreduce(released, op=hvd.Sum, name="alive.released.{}".format(k))[0]:
-        break
-else:
-    sys.exit("rank {}: the completed operation of a dropped batch was never released".format(r))
+support.release_ticks(hvd, lambda: np.ones(1, np.float32), lambda: alive() is None, "alive", fail)
 
 # 9. An op that is not an int (1.0 == hvd.Average) is not batched: the usual path refuses it at the call, and the
 # batch that it would have joined goes out whole (it used to join it and fail the whole batch's send).
@@ -220,11 +211,7 @@ if r == 0:
         sys.exit("rank 0: the array of an operation in flight was freed with its batch's handles")
     open(flag.format(0), "w").close()
 else:
-    deadline = time.monotonic() + 30
-    while not os.path.exists(flag.format(0)):
-        if time.monotonic() > deadline:
-            sys.exit("rank {}: rank 0 never sent reset.x".format(r))
-        time.sleep(0.01)
+    support.wait_for(flag.format(0), "rank 0's reset.x", fail, 30)
     hvd.allreduce_(np.ones(3, np.float32), op=hvd.Sum, name="reset.x")
 hvd.barrier()
 hvd.shutdown()
@@ -235,10 +222,11 @@ if r == 0 and alive() is not None:
     sys.exit("rank 0: a dropped operation from before hvd.shutdown()/hvd.init() still holds its array")
 
 
-# 12. Batches and handles dropped while a signal handler raises (Ctrl-C's KeyboardInterrupt): the arrays of their operations in
-# flight (the other ranks submit them only later) stay alive until the operations complete, and every exception the
-# handler raises reaches this code. A finalizer (``__del__``, ``weakref.finalize``) interrupted by the handler had
-# its exception swallowed ("Exception ignored in") and its batch's arrays freed while the library could write them.
+# 12. Batches and handles dropped while a signal handler raises (Ctrl-C's KeyboardInterrupt): the arrays of their
+# operations in flight (the other ranks submit them only later) stay alive until the operations complete, and every
+# exception the handler raises reaches this code. A finalizer (``__del__``, ``weakref.finalize``) interrupted by the
+# handler had its exception swallowed ("Exception ignored in") and its batch's arrays freed while the library could
+# write them.
 flag = os.path.join(os.environ["HVD_BATCHED_DIR"], "dropsig.{}")
 ROUNDS, PER = 60, 50
 if r == 0:
@@ -283,11 +271,7 @@ if r == 0:
     print("rank 0: {} interrupts while dropping, none lost".format(raised[0]))
     open(flag.format(0), "w").close()
 else:
-    deadline = time.monotonic() + 60
-    while not os.path.exists(flag.format(0)):
-        if time.monotonic() > deadline:
-            sys.exit("rank {}: rank 0 never finished dropping".format(r))
-        time.sleep(0.01)
+    support.wait_for(flag.format(0), "rank 0's end of the drops", fail, 60)
     hs = [hvd.allreduce_async_(np.full(3, 1.0, np.float32), op=hvd.Sum, name="dropsig.{}.{}".format(k, i))
           for k in range(ROUNDS) for i in range(PER)]
     hs += [hvd.allreduce_async(np.full(3, 1.0, np.float32), op=hvd.Sum, name="dropsig.out.{}.{}".format(k, i))
@@ -295,46 +279,64 @@ else:
     for h in hs:
         hvd.synchronize(h)
     hs = None
-for k in range(3000):
-    hvd.synchronize(hvd.allreduce_async_(np.ones(1, np.float32), op=hvd.Sum, name="dropsig.tick.{}".format(k)))
-    released = np.array([1 if r == 0 and all(ref() is None for ref in refs) else 0], np.int32)
-    if hvd.allreduce(released, op=hvd.Sum, name="dropsig.released.{}".format(k))[0]:
-        break
-else:
-    sys.exit("rank {}: the completed operations of dropped batches were never released".format(r))
+support.release_ticks(hvd, lambda: np.ones(1, np.float32), lambda: all(ref() is None for ref in refs), "dropsig",
+                      fail)
 
+
+# 13. A surviving handle keeps its own array only: once synchronized, the batch lets go of each index's array (a
+# batch holds up to 1024 of them).
+xs = [np.full(2, r, np.float32) for _ in range(3)]
+hs = [hvd.allreduce_async_(x, op=hvd.Sum, name="keep.{}".format(i)) for i, x in enumerate(xs)]
+batched(hs[2], "keep")
+for h in hs:
+    hvd.synchronize(h)
+kept = [weakref.ref(x) for x in xs]
+last = hs[2]
+del hs, xs, h
+gc.collect()
+if kept[0]() is not None or kept[1]() is not None or kept[2]() is None:
+    fail("a surviving handle keeps its batch's other arrays: {}".format([k() is not None for k in kept]))
+check(hvd.synchronize(last), np.full(2, sum(range(n)), np.float32), "keep.2")
+del last
+
+# 14. A child forked after hvd.init() (a DataLoader worker) has none of the engine: a submission there raises an
+# HvdError naming the fork instead of waiting forever (SIGALRM's default action kills it if it hangs); the topology
+# still reads, and the child's exit runs no shutdown.
+child = os.fork()
+if child == 0:
+    signal.alarm(20)
+    code = 0
+    try:
+        if hvd.rank() != r:
+            code = 3
+        hvd.allreduce_async_(np.ones(2, np.float32), op=hvd.Sum, name="forked")
+        code = 4
+    except hvd.HvdError as e:
+        if "fork" not in str(e):
+            code = 5
+    except BaseException:
+        code = 6
+    try:
+        hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="forked.out")
+        code = code or 7
+    except hvd.HvdError as e:
+        if "fork" not in str(e):
+            code = code or 8
+    hvd.shutdown()  # (a no-op here)
+    os._exit(code)
+_, status = os.waitpid(child, 0)
+if status != 0:
+    sys.exit("rank {}: the forked child's submission did not raise the fork's error (status {:#x})".format(r, status))
+check(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="after.fork"), np.full(2, n, np.float32), "after.fork")
 
 # 11. A signal handler that raises while this rank submits (Ctrl-C's KeyboardInterrupt, hvd.elastic's SIGTERM
 # handler's SystemExit) never leaves the batch's lock held: the submissions after it, and shutdown's send of the
 # open batch below, would wait for it forever (the harness then kills the ranks and the test fails). The handler
 # raises only in hvd's own code, 2000 times, at whatever point the timer lands. One name per rank: the first
 # request is in flight until shutdown (the other ranks, leaving, join it), the others are refused as duplicates.
-class Interrupted(Exception):
-    pass
-
-
-hits = [0]
-
-
-def interrupt(signum, frame):
-    if frame is not None and frame.f_globals.get("__name__", "").startswith("hvd"):
-        hits[0] += 1
-        raise Interrupted()
-
-
 sig = np.ones(1, np.float32)
-signal.signal(signal.SIGALRM, interrupt)
-signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
-submitted = 0
-while hits[0] < 2000:
-    try:
-        while hits[0] < 2000:
-            hvd.allreduce_async_(sig, op=hvd.Sum, name="sig.{}".format(r))
-            submitted += 1
-    except Interrupted:
-        pass
-signal.setitimer(signal.ITIMER_REAL, 0)
-signal.signal(signal.SIGALRM, signal.SIG_DFL)
+submitted = support.interrupted_submissions(
+    lambda: hvd.allreduce_async_(sig, op=hvd.Sum, name="sig.{}".format(r)))
 if submitted < 100:  # (the loop did submit: a lock left held makes the next submission block until interrupted)
     sys.exit("rank {}: only {} submissions between 2000 interrupts".format(r, submitted))
 

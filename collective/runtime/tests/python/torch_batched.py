@@ -8,14 +8,13 @@ compression, process sets) keeps the call per tensor.
 """
 import gc
 import os
-import signal
 import sys
-import time
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import hvd as core
+import support
 import hvd.torch as hvd
 from hvd import _batch
 
@@ -32,9 +31,7 @@ def fail(message):
 
 
 def batched(h, what):
-    # The batch must be the path under test: a silent fallback to a call per tensor would pass everything else.
-    if type(h) is not _batch.BatchedHandle:
-        fail("{} did not go through the batch: {!r}".format(what, h))
+    support.batched(h, what, fail)
 
 
 def not_batched(h, what):
@@ -47,11 +44,7 @@ def order(count):
 
 
 def wait_for(path, what):
-    deadline = time.monotonic() + 30
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            fail("never saw " + what)
-        time.sleep(0.01)
+    support.wait_for(path, what, fail)
 
 
 class Unbatched:
@@ -239,14 +232,7 @@ if not torch.allclose(batched_params, reference, rtol=1e-5, atol=1e-6):
 # until the operation completes, and lets it go after that; so does one given other memory (`set_`), whose new
 # memory the operation leaves alone.
 def release_ticks(refs, tag):
-    for k in range(3000):
-        # Each step sends a batch (which releases the completed operations of dropped batches), then asks rank 0
-        # whether the memory has been let go.
-        hvd.synchronize(hvd.allreduce_async_(torch.ones(1), op=hvd.Sum, name="{}.tick.{}".format(tag, k)))
-        released = torch.tensor([1 if r == 0 and all(ref.expired() for ref in refs) else 0], dtype=torch.int32)
-        if hvd.allreduce(released, op=hvd.Sum, name="{}.released.{}".format(tag, k))[0]:
-            return
-    fail("the completed operation of a dropped tensor never let its memory go")
+    support.release_ticks(hvd, lambda: torch.ones(1), lambda: all(ref.expired() for ref in refs), tag, fail)
 
 
 if r == 0:
@@ -349,32 +335,9 @@ if not torch.equal(after, torch.full((2,), float(sum(range(n))))):
 # open batch below, would wait for it forever (the harness then kills the ranks and the test fails). The handler
 # raises only in hvd's own code (hvd.torch's and the batch's), 2000 times. One name per rank: the first request is
 # in flight until shutdown (the other ranks, leaving, join it), the others are refused as duplicates.
-class Interrupted(Exception):
-    pass
-
-
-hits = [0]
-
-
-def interrupt(signum, frame):
-    if frame is not None and frame.f_globals.get("__name__", "").startswith("hvd"):
-        hits[0] += 1
-        raise Interrupted()
-
-
 sig = torch.ones(1)
-signal.signal(signal.SIGALRM, interrupt)
-signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
-submitted = 0
-while hits[0] < 2000:
-    try:
-        while hits[0] < 2000:
-            hvd.allreduce_async_(sig, op=hvd.Sum, name="sig.{}".format(r))
-            submitted += 1
-    except Interrupted:
-        pass
-signal.setitimer(signal.ITIMER_REAL, 0)
-signal.signal(signal.SIGALRM, signal.SIG_DFL)
+submitted = support.interrupted_submissions(
+    lambda: hvd.allreduce_async_(sig, op=hvd.Sum, name="sig.{}".format(r)))
 if submitted < 100:  # (the loop did submit: a lock left held makes the next submission block until interrupted)
     fail("only {} submissions between 2000 interrupts".format(submitted))
 
