@@ -562,6 +562,9 @@ class Handle:
         else:
             self._keep = None
 
+    def __repr__(self):
+        return "hvd.Handle({}{})".format(self.id, ", done" if self._done else "")
+
 
 class _InFlight(object):
     """An operation in flight with the buffers it keeps alive, in ``_inflight`` from its submission until its
