@@ -273,10 +273,14 @@ fn a_member_frozen_in_the_rounds_start_up_fails_the_others_handshake() {
 }
 
 fn frozen_in_start_up(published: bool) {
+    // Long enough that a healthy child (beating every fifth of it) is not judged first on a loaded machine, short enough
+    // that the frozen member is judged well within the test's 60 s.
+    const HEARTBEAT_TIMEOUT_SECS: u64 = 4;
+    let heartbeat_timeout = std::time::Duration::from_secs(HEARTBEAT_TIMEOUT_SECS);
     let (srv, token) = server();
     srv.set_gloo_layout(&[("h".to_owned(), 3)]);
     srv.set_elastic(3, std::time::Duration::from_secs(3600));
-    srv.set_elastic_heartbeat(std::time::Duration::from_secs(1));
+    srv.set_elastic_heartbeat(heartbeat_timeout);
     let children: Vec<Child> = (0..2)
         .map(|r| {
             let env = vec![
@@ -286,7 +290,7 @@ fn frozen_in_start_up(published: bool) {
                 ("HVD_ELASTIC", "1".to_owned()),
                 ("HVD_ELASTIC_TIMEOUT", "3600".to_owned()),
                 ("HVD_COLLECTIVE_TIMEOUT", "3600".to_owned()),
-                ("HVD_HEARTBEAT_TIMEOUT", "1".to_owned()),
+                ("HVD_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_SECS.to_string()),
             ];
             start(r, 3, &env, "ok")
         })
@@ -321,7 +325,7 @@ fn frozen_in_start_up(published: bool) {
     let mut silent = Vec::new();
     while silent.is_empty() && std::time::Instant::now() < deadline {
         silent.extend(
-            srv.elastic_silence(std::time::Duration::from_secs(1))
+            srv.elastic_silence(heartbeat_timeout)
                 .quiet
                 .into_iter()
                 .map(|(s, _)| s),
