@@ -106,7 +106,7 @@ fn connect_elastic(
     // Before the round's communicator is built: a member of it found silent fails this process's waits for it from now
     // on, the start-up's (the address exchange at the rendezvous, tcp handshakes, shared memory attach) and the
     // collectives' (hvd's tcp and shm transports).
-    crate::liveness::enter_round(seat.round.number());
+    crate::liveness::enter_round(seat.round.number(), seat.size);
     // Each heartbeat is one try, its connection and its answer awaited one interval at most: the next heartbeat, on
     // its fixed cadence, is its retry, and a slow one never holds back those after it for long.
     let beats = client.clone().with_retry_for(Duration::ZERO);

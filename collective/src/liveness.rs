@@ -49,6 +49,8 @@ pub fn interval(timeout: Duration) -> Duration {
 struct Membership {
     /// The elastic round this process is a member of (0: none).
     round: AtomicU64,
+    /// The number of members of `round` (stored first): a rank the launcher names is below it.
+    size: AtomicU64,
     /// A round the launcher said a member of is silent (0: none), and that member's rank in it (stored first).
     broken_round: AtomicU64,
     broken_rank: AtomicU64,
@@ -58,12 +60,14 @@ impl Membership {
     const fn new() -> Membership {
         Membership {
             round: AtomicU64::new(0),
+            size: AtomicU64::new(0),
             broken_round: AtomicU64::new(0),
             broken_rank: AtomicU64::new(0),
         }
     }
 
-    fn enter(&self, round: u64) {
+    fn enter(&self, round: u64, size: usize) {
+        self.size.store(size as u64, Ordering::Release);
         self.round.store(round, Ordering::Release);
     }
 
@@ -83,9 +87,13 @@ impl Membership {
         })
     }
 
-    /// Records the launcher's answer: round `round`'s member of rank `lost` is silent.
+    /// Records the launcher's answer: round `round`'s member of rank `lost` is silent. A rank the round does not have
+    /// (a broken or hostile answer) is ignored: no member's wait fails for it.
     fn broken(&self, round: u64, lost: u64) {
-        if round != 0 && round == self.round.load(Ordering::Acquire) {
+        if round != 0
+            && round == self.round.load(Ordering::Acquire)
+            && lost < self.size.load(Ordering::Acquire)
+        {
             self.broken_rank.store(lost, Ordering::Release);
             self.broken_round.store(round, Ordering::Release);
         }
@@ -95,10 +103,10 @@ impl Membership {
 static THIS_PROCESS: Membership = Membership::new();
 static STARTED: AtomicBool = AtomicBool::new(false);
 
-/// This process is a member of elastic round `round` from now on: only a silent member of that round fails its
-/// operations.
-pub(crate) fn enter_round(round: u64) {
-    THIS_PROCESS.enter(round);
+/// This process is a member of elastic round `round`, of `size` members, from now on: only a silent member of that
+/// round fails its operations.
+pub(crate) fn enter_round(round: u64, size: usize) {
+    THIS_PROCESS.enter(round, size);
 }
 
 /// Whether this process is a member of an elastic round (its waits for a peer should ask [`check`] now and then).
@@ -296,7 +304,7 @@ mod tests {
         assert!(m.check().is_ok());
         m.broken(3, 1);
         assert!(m.check().is_ok());
-        m.enter(3);
+        m.enter(3, 2);
         m.broken(3, 1);
         match m.check() {
             Err(Error::PeerLost { rank: 1, reason }) => {
@@ -304,11 +312,28 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        m.enter(4);
+        m.enter(4, 3);
         assert!(m.check().is_ok());
         m.broken(3, 2);
         assert!(m.check().is_ok());
         // The process-wide state is untouched: no round, nothing broken.
         assert!(check().is_ok());
+    }
+
+    /// A hostile or broken answer naming a rank the round does not have (`u64::MAX` would become rank `usize::MAX`,
+    /// whose `+ 1` in the shared memory abort word overflows) fails no wait; a real member named after it still does.
+    #[test]
+    fn a_lost_rank_outside_the_round_is_ignored() {
+        let m = Membership::new();
+        m.enter(5, 3);
+        for hostile in [3, 4, u64::from(u32::MAX), u64::MAX] {
+            m.broken(5, hostile);
+            assert!(m.check().is_ok(), "{hostile}");
+        }
+        let hostile = parse_answer("v1 5 18446744073709551615 -").unwrap();
+        m.broken(hostile.round, hostile.lost.unwrap());
+        assert!(m.check().is_ok());
+        m.broken(5, 2);
+        assert!(matches!(m.check(), Err(Error::PeerLost { rank: 2, .. })));
     }
 }

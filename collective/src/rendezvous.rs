@@ -293,6 +293,8 @@ impl KeyValueClient {
             body: &[],
             read_timeout: timeout,
             connect_timeout: timeout,
+            // A hostile or broken server cannot hold the heartbeat thread past its interval, nor fill its memory.
+            within: Some((timeout, BEAT_ANSWER_LIMIT)),
         })?;
         match r.status {
             200 => {}
@@ -499,6 +501,7 @@ impl KeyValueClient {
             body,
             read_timeout,
             connect_timeout: CONNECT_TIMEOUT,
+            within: None,
         })
     }
 
@@ -549,13 +552,29 @@ impl KeyValueClient {
             address: address.clone(),
             detail: d,
         };
+        let deadline = request
+            .within
+            .map(|(overall, _)| crate::time::saturating_add(Instant::now(), overall));
+        // What is left of the request's overall time (`Err` once it is spent), at most `each`.
+        let left = |each: Duration| match deadline {
+            None => Ok(each),
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Ok(left.min(each)),
+                _ => Err(err(format!(
+                    "no complete answer to {} {} within {:?}",
+                    request.method,
+                    request.path,
+                    request.within.map_or(Duration::ZERO, |w| w.0)
+                ))),
+            },
+        };
         let stream = connect_within(address, request.connect_timeout)
             .map_err(|e| err(format!("connect: {e}")))?;
         stream
-            .set_read_timeout(Some(request.read_timeout))
+            .set_read_timeout(Some(left(request.read_timeout)?))
             .map_err(|e| err(format!("configure socket: {e}")))?;
         stream
-            .set_write_timeout(Some(Duration::from_secs(30)))
+            .set_write_timeout(Some(left(Duration::from_secs(30))?))
             .map_err(|e| err(format!("configure socket: {e}")))?;
         let mut head = format!(
             "{} {} HTTP/1.1\r\nHost: {address}\r\nX-Hvd-Rank: {}\r\nX-Hvd-Join: {}\r\n",
@@ -576,7 +595,30 @@ impl KeyValueClient {
             .write_all(head.as_bytes())
             .and_then(|()| s.write_all(request.body));
         let mut raw = Vec::new();
-        let read = s.read_to_end(&mut raw);
+        let read = match request.within {
+            None => s.read_to_end(&mut raw).map(drop),
+            Some((_, limit)) => {
+                // Read in pieces, each within what is left of the overall time, at most `limit` bytes in all.
+                let mut piece = [0u8; 1024];
+                loop {
+                    stream
+                        .set_read_timeout(Some(left(request.read_timeout)?))
+                        .map_err(|e| err(format!("configure socket: {e}")))?;
+                    match s.read(&mut piece) {
+                        Ok(0) => break Ok(()),
+                        Ok(n) if raw.len() + n > limit => {
+                            return Err(err(format!(
+                                "the answer to {} {} is longer than {limit} bytes",
+                                request.method, request.path
+                            )));
+                        }
+                        Ok(n) => raw.extend_from_slice(&piece[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => break Err(e),
+                    }
+                }
+            }
+        };
         // A server may answer before it has read everything (a 503 when full, a 403) and close: its answer, when it
         // arrived, says more than the failed send.
         if let Some(r) = parse_response(&raw) {
@@ -600,7 +642,13 @@ struct Request<'a> {
     read_timeout: Duration,
     /// How long each address the server's resolves to is tried ([`CONNECT_TIMEOUT`] but for heartbeats).
     connect_timeout: Duration,
+    /// For a heartbeat: the whole exchange (sending, and reading the answer) ends within this time, and an answer
+    /// longer than this many bytes is refused. `None`: only the per-read timeout and no limit (a value's size).
+    within: Option<(Duration, usize)>,
 }
+
+/// The most bytes of a heartbeat's answer read (its head and `v1 <round> <lost> <timeout>`: a few dozen).
+const BEAT_ANSWER_LIMIT: usize = 4096;
 
 /// How long a connection to the server is tried, per address.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -959,6 +1007,51 @@ mod tests {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{e}"));
         assert!(retries >= 2, "{e}");
+    }
+
+    /// A hostile rendezvous answering a heartbeat with `answer` (its head and body) `step` bytes at a time, `pause`
+    /// apart, until the client hangs up; then returns what the client's beat gave.
+    fn beat_against(answer: Vec<u8>, step: usize, pause: Duration) -> crate::liveness::BeatAnswer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let kv = client_of(&listener, Duration::ZERO);
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            for piece in answer.chunks(step) {
+                if s.write_all(piece).is_err() {
+                    break;
+                }
+                std::thread::sleep(pause);
+            }
+        });
+        let got = kv.elastic_beat(Duration::from_millis(500));
+        drop(kv);
+        server.join().unwrap();
+        got
+    }
+
+    /// A heartbeat's answer is read within the beat's interval: a server dripping a valid answer slowly (each read
+    /// well within the per-read timeout) fails the beat instead of holding the heartbeat thread.
+    #[test]
+    fn a_dripping_rendezvous_fails_the_beat_within_its_interval() {
+        let mut answer = b"HTTP/1.1 200 OK\r\n".to_vec();
+        answer.extend(std::iter::repeat_n(b'X', 150));
+        answer.extend(b": y\r\nContent-Length: 8\r\n\r\nv1 1 - -");
+        let e = beat_against(answer, 1, Duration::from_millis(50)).unwrap_err();
+        assert!(e.to_string().contains("no complete answer"), "{e}");
+    }
+
+    /// A heartbeat's answer is at most a few KiB: an endless one is refused, not read into memory.
+    #[test]
+    fn an_endless_beat_answer_is_refused() {
+        let mut answer = b"HTTP/1.1 200 OK\r\n\r\nv1 1 - -".to_vec();
+        answer.extend(std::iter::repeat_n(b' ', 8 << 20));
+        let e = beat_against(answer, 64 << 10, Duration::ZERO).unwrap_err();
+        assert!(e.to_string().contains("longer than 4096 bytes"), "{e}");
     }
 
     #[test]
