@@ -427,6 +427,8 @@ struct Worker {
     local_rank: u32,
     pgid: u32,
     exited: Option<WorkerExit>,
+    /// Its process has exited (set before its exit is reported: that waits for its output, up to `--grace`).
+    process_gone: Arc<AtomicBool>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     /// A remote (ssh) rank's stdin: stopping it is writing the signal's name and closing this.
     stdin: Option<std::process::ChildStdin>,
@@ -860,6 +862,8 @@ fn run_attempt(
                 let (stderr_tail, events) = (tail.clone(), job.events);
                 let grace = job.options.grace.max(PUMP_DRAIN);
                 let (rank, host, step) = (slot.rank, slot.host.clone(), step_name.clone());
+                let process_gone = Arc::new(AtomicBool::new(false));
+                let gone = Arc::clone(&process_gone);
                 scope.spawn(move || {
                     use std::os::unix::process::ExitStatusExt;
                     let exit = match child.wait() {
@@ -870,6 +874,7 @@ fn run_attempt(
                         },
                         Err(_) => WorkerExit::Code(1),
                     };
+                    gone.store(true, Ordering::Release);
                     let when = Instant::now();
                     let exit = match report {
                         Some(report) => {
@@ -899,6 +904,7 @@ fn run_attempt(
                     local_rank: slot.local_rank,
                     pgid,
                     exited: None,
+                    process_gone,
                     stderr_tail: tail,
                     stdin,
                 });

@@ -50,6 +50,15 @@ impl RendezvousServer {
         }
     }
 
+    /// Elastic worker `slot`'s process exited; its exit is reported later (after its output is drained, up to
+    /// `--grace`): it is no longer judged by its heartbeats, so it is not found silent in the meantime and counted
+    /// lost when it may have finished. Nothing when not elastic.
+    pub fn elastic_exited(&self, slot: u32) {
+        if let Some(membership) = self.shared.lock().elastic.as_mut() {
+            membership.exited(slot);
+        }
+    }
+
     /// An elastic job's live workers that have sent a heartbeat and then none for `timeout`, with how long they have
     /// been silent (each named once): from now on they are gone like workers left out of a round
     /// ([`RendezvousServer::elastic_dropped`] names them; stop them), and a pending round forms without them. Nobody

@@ -391,6 +391,12 @@ impl Membership {
         Ok(())
     }
 
+    /// Worker `slot`'s process exited, its exit not reported yet (its output is drained first, up to `--grace`): it
+    /// is judged by that exit, no longer by its silence.
+    pub(crate) fn exited(&mut self, slot: u32) {
+        self.beats.remove(&slot);
+    }
+
     /// Worker `slot` ended (or was stopped): rounds no longer wait for it.
     pub(crate) fn gone(&mut self, slot: u32, now: Instant) {
         self.beats.remove(&slot);
@@ -688,6 +694,23 @@ mod tests {
         assert_eq!(m.join(3, 0, t), Ok(Joined::LeftOut { generation: 2 }));
         assert!(!m.try_form(t + Duration::from_secs(60)));
         assert_eq!(m.latest(), (2, 1));
+    }
+
+    /// A worker whose process exited (its exit not reported yet: its output is drained first) is no longer judged
+    /// by its silence: it ended, maybe well, and is not counted lost for having stopped beating.
+    #[test]
+    fn a_worker_whose_process_exited_is_not_found_silent() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut m = Membership::new(2, s(3600));
+        for slot in 0..2 {
+            m.join(slot, 0, t).unwrap();
+            m.beat(slot, t).unwrap();
+        }
+        m.exited(1);
+        m.beat(0, t + s(9)).unwrap();
+        assert_eq!(m.silence(t + s(10), s(10)), Silence::default());
+        assert!(m.dropped().is_empty());
     }
 
     /// A worker that beat and then fell silent past the timeout is gone: the pending round forms without it, the

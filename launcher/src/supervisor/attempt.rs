@@ -386,7 +386,7 @@ pub(super) fn supervise(
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
     // Live workers found frozen (no heartbeat for `heartbeat`), stopped as workers a round formed without.
-    let mut silent = std::collections::BTreeSet::new();
+    let mut silent = super::heartbeat::Silent::default();
     // Workers on slots host discovery no longer lists, asked to leave at their next commit (SIGTERM), by slot.
     let mut unlisted = Removing::default();
     // New workers still waiting to join when the training finished: stopped, not counted as lost.
@@ -654,7 +654,10 @@ pub(super) fn supervise(
                             min,
                         );
                     }
-                    let usable = g.hosts.usable(job, step, &found, &blacklist, None);
+                    let mut usable = g.hosts.usable(job, step, &found, &blacklist, None);
+                    if let Some(timeout) = heartbeat {
+                        usable = silent.placeable(usable, Instant::now(), timeout);
+                    }
                     let total = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                     let cap = step.layout.slots.len();
                     // The live workers' hosts and local ranks. A worker being stopped holds its place until it has

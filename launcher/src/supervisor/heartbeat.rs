@@ -2,8 +2,9 @@
 //! OS but frozen (stopped, a hung or partitioned node: its srun or ssh does not end) stops beating, and once it has
 //! been silent for `HVD_HEARTBEAT_TIMEOUT` the launcher counts it lost and stops it, like a worker left out of a round.
 
-use std::collections::BTreeSet;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::{Job, Worker};
 use crate::LaunchError;
@@ -24,17 +25,58 @@ pub(super) fn timeout(step: &PlannedStep) -> Result<Duration, LaunchError> {
         .map_err(|e| LaunchError::Engine(format!("step `{}`: {e}", step.name)))
 }
 
+/// The workers of an elastic step found silent so far, and when a worker on each host was last found silent.
+#[derive(Debug, Default)]
+pub(super) struct Silent {
+    slots: BTreeSet<u32>,
+    hosts: BTreeMap<String, Instant>,
+}
+
+impl Silent {
+    /// Whether worker `slot` was found silent.
+    pub(super) fn contains(&self, slot: &u32) -> bool {
+        self.slots.contains(slot)
+    }
+
+    /// `usable` (hosts and their slots) less the hosts where a worker was found silent within the last `timeout`:
+    /// the host's other workers, frozen with it, went silent at most a heartbeat interval later and are found in
+    /// that time; until then the host's charges may not have reached the blacklist's threshold, and a worker found
+    /// silent first may already have exited (stopped after `--grace`) and freed its place there.
+    pub(super) fn placeable(
+        &self,
+        usable: Vec<(String, u32)>,
+        now: Instant,
+        timeout: Duration,
+    ) -> Vec<(String, u32)> {
+        usable
+            .into_iter()
+            .filter(|(host, _)| {
+                self.hosts
+                    .get(host)
+                    .is_none_or(|at| now.saturating_duration_since(*at) >= timeout)
+            })
+            .collect()
+    }
+}
+
 /// Finds the live workers of an elastic step silent for `timeout` since their last heartbeat and says so; the
 /// membership counts them gone (the caller stops them as workers a round formed without, and counts them lost).
-/// `silent` collects every slot found so far.
+/// `silent` collects every worker found so far, and when each host last had one found.
 pub(super) fn find_silent(
     job: &Job<'_>,
     step: &PlannedStep,
     server: &RendezvousServer,
     workers: &[Worker],
     timeout: Duration,
-    silent: &mut BTreeSet<u32>,
+    silent: &mut Silent,
 ) {
+    // A worker whose process exited is judged by its exit, reported once its output is drained (up to `--grace`,
+    // as long as the default timeout): not found silent in the meantime, and counted lost when it may have finished.
+    for w in workers.iter().filter(|w| w.exited.is_none()) {
+        if w.process_gone.load(Ordering::Acquire) {
+            server.elastic_exited(w.rank);
+        }
+    }
     let found = server.elastic_silence(timeout);
     if found.cut_off {
         job.events.event(Event::Note {
@@ -48,10 +90,11 @@ pub(super) fn find_silent(
         });
     }
     for (slot, quiet) in found.quiet {
-        let host = workers
-            .iter()
-            .find(|w| w.rank == slot)
-            .map_or("its host", |w| w.host.as_str());
+        let worker = workers.iter().find(|w| w.rank == slot);
+        let host = worker.map_or("its host", |w| w.host.as_str());
+        if let Some(w) = worker {
+            silent.hosts.insert(w.host.clone(), Instant::now());
+        }
         job.events.event(Event::Note {
             text: format!(
                 "rank {slot} of step `{}` on {host} sent no heartbeat for {} s ({}): lost; stopping it (elastic)",
@@ -60,6 +103,31 @@ pub(super) fn find_silent(
                 hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT
             ),
         });
-        silent.insert(slot);
+        silent.slots.insert(slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host where a worker was found silent takes no new worker for one heartbeat timeout after that finding
+    /// (its other frozen workers are found within it); other hosts, and that host afterwards, take them.
+    #[test]
+    fn a_host_with_a_silent_worker_is_not_placed_on_for_a_timeout() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut silent = Silent::default();
+        silent.slots.insert(2);
+        silent.hosts.insert("frozen".to_owned(), t);
+        let usable = || vec![("frozen".to_owned(), 2), ("fine".to_owned(), 2)];
+        let hosts = |v: Vec<(String, u32)>| v.into_iter().map(|(h, _)| h).collect::<Vec<_>>();
+        assert_eq!(hosts(silent.placeable(usable(), t, s(10))), ["fine"]);
+        assert_eq!(hosts(silent.placeable(usable(), t + s(9), s(10))), ["fine"]);
+        assert_eq!(
+            hosts(silent.placeable(usable(), t + s(10), s(10))),
+            ["frozen", "fine"]
+        );
+        assert!(silent.contains(&2) && !silent.contains(&3));
     }
 }
