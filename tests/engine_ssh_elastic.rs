@@ -191,10 +191,10 @@ fn a_frozen_host_is_found_by_its_ranks_silence_and_the_survivors_go_on() {
 /// The frozen host as above, with host discovery listing both hosts throughout: its ranks hold their places there
 /// until they have exited, and the host is charged their failures (so blacklisted) once they are found silent, not
 /// when their stopped ssh sessions end `--grace` later; so no new worker is started on the frozen host (before, ranks
-/// 4 and 5 were started there as soon as 2 and 3 were found silent). `--grace` is 1 s, less than the heartbeat
-/// interval (2 s) by which rank 3 may be found after rank 2: rank 2 may have exited (its place free, the host
-/// charged once of the blacklist's two) before rank 3 is found, and the host takes no new worker only because it is
-/// kept out of placement for a heartbeat timeout after a rank there was found silent.
+/// 4 and 5 were started there as soon as 2 and 3 were found silent). Rank 2 freezes 4 s before the rest of its host
+/// and `--grace` is 1 s: rank 2 has exited (its place free, the host charged once of the blacklist's two) before rank
+/// 3 is found, and the host takes no new worker only because it is kept out of placement for a heartbeat timeout
+/// after a rank there was found silent.
 #[test]
 fn a_frozen_host_gets_no_new_workers_from_host_discovery() {
     a_frozen_host("ly", true);
@@ -239,6 +239,24 @@ fn a_frozen_host(prefix: &str, discovery: bool) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Rank 2 freezes first, 4 s (two heartbeat intervals) before the rest of its host: it is found silent that much
+    // before rank 3, longer than `--grace` (1 s), so it has exited, its place there free and the host charged once of
+    // the blacklist's two, before rank 3 is found (the race of ranks found up to an interval apart, made certain).
+    let rank2: Vec<u32> = common::nshosts::netns_pids(&hosts.namespaces[2])
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == b"HVD_RANK=2"))
+        })
+        .collect();
+    if rank2.is_empty() {
+        stop_and_fail(child, "no process of rank 2 on the second host");
+    }
+    for pid in rank2 {
+        // SAFETY: kill with integer arguments; this process runs in this test's namespace.
+        unsafe { common::nshosts::libc_kill(pid as i32, 19) };
+    }
+    std::thread::sleep(Duration::from_secs(4));
     // The second host freezes: its sshd, the sessions of the ranks there and the ranks themselves.
     for pid in common::nshosts::netns_pids(&hosts.namespaces[2]) {
         // SAFETY: kill with integer arguments; these processes run in this test's namespace.
