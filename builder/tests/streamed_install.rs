@@ -426,8 +426,8 @@ fn outcome(host: Host, patch: &Patch) -> Option<(String, Vec<String>)> {
 
 /// Archives whose local headers and central directory disagree, or that carry more than the central directory
 /// lists, install the same streamed as from the complete file: the central directory decides every entry either
-/// way (each file's bytes are read at its recorded offset and checked against its recorded CRC and size), so an
-/// entry only in the stream is never installed.
+/// way (each file's bytes are read at its recorded offset, within its recorded compressed size, and checked against
+/// its recorded CRC), so an entry only in the stream is never installed.
 #[test]
 fn hostile_layouts_install_alike_streamed_and_from_the_complete_file() {
     let stream_only = |bytes: &mut Vec<u8>| {
