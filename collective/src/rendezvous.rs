@@ -568,7 +568,7 @@ impl KeyValueClient {
                 ))),
             },
         };
-        let stream = connect_within(address, request.connect_timeout)
+        let stream = connect_within(address, request.connect_timeout, deadline)
             .map_err(|e| err(format!("connect: {e}")))?;
         stream
             .set_read_timeout(Some(left(request.read_timeout)?))
@@ -709,14 +709,28 @@ fn join_identity() -> &'static str {
 }
 
 pub(crate) fn connect_any(address: &str) -> std::io::Result<TcpStream> {
-    connect_within(address, CONNECT_TIMEOUT)
+    connect_within(address, CONNECT_TIMEOUT, None)
 }
 
-/// [`connect_any`], trying each address for up to `timeout`.
-fn connect_within(address: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+/// [`connect_any`], trying each address for up to `timeout`, and all of them before `deadline` when one is given.
+fn connect_within(
+    address: &str,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> std::io::Result<TcpStream> {
     let mut last = std::io::Error::other("the address resolves to nothing");
     for a in address.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&a, timeout) {
+        let each = match deadline.map(|d| d.saturating_duration_since(Instant::now())) {
+            None => timeout,
+            Some(left) if left.is_zero() => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "out of time",
+                ));
+            }
+            Some(left) => left.min(timeout),
+        };
+        match TcpStream::connect_timeout(&a, each) {
             Ok(s) => return Ok(s),
             Err(e) => last = e,
         }
