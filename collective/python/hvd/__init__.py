@@ -544,40 +544,60 @@ class Handle:
     """An operation in flight. ``poll(h)`` tells whether it is done; ``synchronize(h)`` returns its result.
     ``_value`` set: the result is that object (already in the caller's memory), nothing to read from the library.
     ``_group`` set (the number of handles in ``id``, a ctypes array): a grouped operation, waited for with one
-    call. ``_keep``: the ``_InFlight`` record that keeps its buffers alive, or None."""
+    call. ``_keep``: the ``_InFlight`` record that keeps its buffers alive (appended before the library call), or
+    None."""
 
     __slots__ = ("id", "_keep", "_finish", "_done", "_result", "_value", "_group", "__weakref__")
 
-    def __init__(self, hid, keep, finish, value=None, group=None):
+    def __init__(self, hid, rec, finish, value=None, group=None):
         self.id = hid
         self._finish = finish
         self._done = False
         self._result = None
         self._value = value
         self._group = group
-        if keep is not None:
-            rec = _InFlight(self, hid, group, keep)
-            _inflight.append(rec)
-            self._keep = rec
-        else:
-            self._keep = None
+        self._keep = rec
+        if rec is not None:
+            # The handle first, then the id: a sweep in another thread between the two stores sees the id unknown
+            # (kept) or the handle alive (kept), never a known id with no handle yet (released under it).
+            rec.handle = _weakref(self)
+            rec.group = group
+            rec.id = hid
 
     def __repr__(self):
         return "hvd.Handle({}{})".format(self.id, ", done" if self._done else "")
 
 
 class _InFlight(object):
-    """An operation in flight with the buffers it keeps alive, in ``_inflight`` from its submission until its
-    ``synchronize`` or, once its handle is dropped (``handle`` a dead weak reference), until it has completed. No
-    finalizer: a signal handler that raises inside ``__del__`` (Ctrl-C, hvd.elastic's SIGTERM) has its exception
-    swallowed and the buffers were freed while the library could still write them. No ``__eq__``: ``list.remove``
-    finds it by identity, in C, without running Python code."""
+    """An operation in flight with the buffers it keeps alive, in ``_inflight`` from just before its library call
+    until its ``synchronize`` or, once its handle is dropped (``handle`` a dead weak reference), until it has
+    completed. Appended before the call, so that a signal handler raising right after the call returns (Ctrl-C's
+    KeyboardInterrupt, hvd.elastic's SIGTERM SystemExit) cannot leave the buffers held by locals only: until the
+    call's id is stored (``id`` None, ``handle`` none yet) the record stays until ``hvd.shutdown`` returns (its
+    operation may be in flight under an id nobody knows). No finalizer: a signal handler that raises inside
+    ``__del__`` has its exception swallowed and the buffers were freed while the library could still write them. No
+    ``__eq__``: ``list.remove`` finds it by identity, in C, without running Python code."""
 
     __slots__ = ("handle", "id", "group", "keep", "epoch")
 
-    def __init__(self, handle, hid, group, keep):
-        self.handle = _weakref(handle)
-        self.id, self.group, self.keep, self.epoch = hid, group, keep, _batch._epoch
+    def __init__(self, keep):
+        self.handle = _no_handle
+        self.id = self.group = None
+        self.keep, self.epoch = keep, _batch._epoch
+
+
+def _no_handle():
+    return None
+
+
+def _hold(keep):
+    """Registers ``keep`` (the buffers of a submission about to be made) in ``_inflight``; returns its record, or
+    None when there is nothing to keep."""
+    if keep is None:
+        return None
+    rec = _InFlight(keep)
+    _inflight.append(rec)
+    return rec
 
 
 _inflight = []
@@ -614,8 +634,8 @@ def _sweep_inflight():
     epoch = _batch._epoch
     for rec in _inflight[:]:
         if rec.epoch == epoch and lib is not None:
-            if rec.handle() is not None:
-                continue
+            if rec.id is None or rec.handle() is not None:
+                continue  # submitted under an id not yet stored (or never: interrupted), or a live handle's
             if rec.group is not None:
                 if lib.hvd_poll_many(rec.id, rec.group) == 0:
                     continue
@@ -809,10 +829,13 @@ def _submit(request, keep, finish, value=None, ps_id=0):
     else:
         req.splits = (ctypes.c_int64 * max(len(splits), 1))(*[int(s) for s in splits])
         req.nsplits = len(splits)
-    hid = _l().hvd_enqueue(_byref(req)) if ps_id == 0 else _l().hvd_enqueue_ps(_byref(req), ps_id)
+    lib = _l()
+    rec = _hold(keep)
+    hid = lib.hvd_enqueue(_byref(req)) if ps_id == 0 else lib.hvd_enqueue_ps(_byref(req), ps_id)
     if hid < 0:
+        _forget(rec)  # refused: nothing in flight
         _check(hid)
-    return Handle(hid, keep, finish, value)
+    return Handle(hid, rec, finish, value)
 
 
 _byref = ctypes.byref
@@ -987,19 +1010,21 @@ def _enqueue_prepared(entry, n, tensors):
             # A request the engine refuses: the per-call path reports it as it always does.
             return _enqueue_group(entry[4], n, entry, tensors, None, True)
         entry[6] = gid
+    rec = _hold(entry)
     if entry[7] is not False:
         hid = lib.hvd_group_submit(gid)
         if hid > 0:
             # Fused into one operation: one handle for the whole group.
             entry[7] = True
-            return Handle(hid, entry, None, tensors)
+            return Handle(hid, rec, None, tensors)
         if hid < 0:
+            _forget(rec)
             raise _error(lib)
         entry[7] = False
     ids = (ctypes.c_int64 * max(n, 1))()
     if lib.hvd_group_enqueue(gid, ids) != n:
-        raise _error(lib)
-    return Handle(ids, entry, None, tensors, group=n)
+        raise _error(lib)  # (the record stays until shutdown: whether any of them went is unknown)
+    return Handle(ids, rec, None, tensors, group=n)
 
 
 def _release_group(entry):
@@ -1013,14 +1038,16 @@ def _enqueue_group(reqs, n, keep, tensors, finish, in_place, ps_id=0):
     ids = (ctypes.c_int64 * max(n, 1))()
     lib = _l()
     requests = reqs.ctypes.data_as(ctypes.POINTER(_lib.HvdRequest))
+    rec = _hold(keep)
     ok = lib.hvd_enqueue_many(requests, n, ids) if ps_id == 0 else lib.hvd_enqueue_many_ps(requests, n, ids, ps_id)
     if ok != n:
         error = _error(lib)
         lib.hvd_wait_many(ids, n)  # the accepted ones still run on the other ranks: wait for them
+        _forget(rec)
         raise error
     if in_place:
-        return Handle(ids, keep, None, tensors, group=n)
-    return Handle(ids, keep, finish, group=n)
+        return Handle(ids, rec, None, tensors, group=n)
+    return Handle(ids, rec, finish, group=n)
 
 
 _GROUP_NAMES = {}

@@ -6,6 +6,7 @@ right data, and an error reaches the handle of its tensor only.
 then) must complete through the sends that waiting, polling and submitting make; with the timer on, the lone
 operation must complete through it.
 """
+import dis
 import gc
 import os
 import signal
@@ -328,6 +329,78 @@ _, status = os.waitpid(child, 0)
 if status != 0:
     sys.exit("rank {}: the forked child's submission did not raise the fork's error (status {:#x})".format(r, status))
 check(hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="after.fork"), np.full(2, n, np.float32), "after.fork")
+
+# 15. Per-call submissions (out of place: hvd.allreduce_async) interrupted by a signal handler that raises (Ctrl-C's
+# KeyboardInterrupt, hvd.elastic's SIGTERM SystemExit) right after the library call returned, before its handle
+# existed: the arrays of the operations that went stay alive until they complete (the other ranks submit them only
+# later). The record that keeps them was made by the Handle after the call, so the raise left them held by locals
+# only and freed them while the library could still read and write them. The handler raises only in hvd._submit;
+# an interrupt at or after the library call's instruction counts as submitted (its id unknown to this code).
+code = list(dis.get_instructions(hvd._submit))
+start = next(i for i, ins in enumerate(code) if ins.argval == "hvd_enqueue")
+call_at = None
+for ins in code[start:]:
+    if ins.opname == "STORE_FAST" or ins.opname.startswith("JUMP"):
+        break
+    if ins.opname == "CALL" or ins.opname == "CALL_FUNCTION":
+        call_at = ins.offset
+if call_at is None:
+    fail("hvd._submit has no hvd_enqueue call to interrupt after")
+names = os.path.join(os.environ["HVD_BATCHED_DIR"], "aftercall.names")
+if r == 0:
+    after, submitted, attempts, refs = [], [], 0, {}
+    current = [None]
+
+    def interrupt_submit(signum, frame):
+        if frame is not None and frame.f_code is hvd._submit.__code__:
+            if frame.f_lasti >= call_at:
+                after.append(current[0])
+            raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGALRM, interrupt_submit)
+    signal.setitimer(signal.ITIMER_REAL, 0.00003, 0.00003)
+    while len(after) < 30 and attempts < 4000:
+        y = np.full(3, 1.0, np.float32)
+        name = "aftercall.{}".format(attempts)
+        attempts += 1
+        refs[name] = weakref.ref(y)
+        current[0] = name
+        try:
+            hvd.allreduce_async(y, op=hvd.Sum, name=name)  # the handle is dropped at once
+            submitted.append(name)
+        except KeyboardInterrupt:
+            pass
+        del y
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    gc.collect()
+    freed = [name for name in after if refs[name]() is None]
+    if freed:
+        sys.exit("rank 0: {} of {} arrays of operations interrupted right after their library call were freed while in "
+                 "flight".format(len(freed), len(after)))
+    print("rank 0: {} per-call submissions interrupted right after the library call, {} whole, of {}".format(
+        len(after), len(submitted), attempts))
+    with open(names + ".part", "w") as f:
+        f.write("\n".join(submitted + after))
+    os.rename(names + ".part", names)
+else:
+    support.wait_for(names, "rank 0's per-call submissions", fail, 120)
+    with open(names) as f:
+        hs = [hvd.allreduce_async(np.full(3, 1.0, np.float32), op=hvd.Sum, name=name) for name in f.read().split()]
+    for h in hs:
+        hvd.synchronize(h)
+    hs = None
+# The whole submissions' records go once complete; an interrupted one's (its id never stored) at shutdown.
+support.release_ticks(hvd, lambda: np.ones(1, np.float32),
+                      lambda: all(refs[name]() is None for name in submitted), "aftercall", fail)
+hvd.shutdown()
+hvd.init()
+gc.collect()
+if r == 0:
+    kept = [name for name in after if refs[name]() is not None]
+    if kept:
+        sys.exit("rank 0: {} arrays of interrupted per-call submissions outlived hvd.shutdown()".format(len(kept)))
+    del refs, after, submitted
 
 # 11. A signal handler that raises while this rank submits (Ctrl-C's KeyboardInterrupt, hvd.elastic's SIGTERM
 # handler's SystemExit) never leaves the batch's lock held: the submissions after it, and shutdown's send of the
