@@ -581,9 +581,7 @@ class _InFlight(object):
     __slots__ = ("handle", "id", "group", "keep", "epoch")
 
     def __init__(self, keep):
-        self.handle = _no_handle
-        self.id = self.group = None
-        self.keep, self.epoch = keep, _batch._epoch
+        self.handle, self.id, self.group, self.keep, self.epoch = _no_handle, None, None, keep, _batch._epoch
 
 
 def _no_handle():
@@ -830,7 +828,11 @@ def _submit(request, keep, finish, value=None, ps_id=0):
         req.splits = (ctypes.c_int64 * max(len(splits), 1))(*[int(s) for s in splits])
         req.nsplits = len(splits)
     lib = _l()
-    rec = _hold(keep)
+    if keep is not None:
+        rec = _InFlight(keep)  # (_hold, inlined: the hot path)
+        _inflight.append(rec)
+    else:
+        rec = None
     hid = lib.hvd_enqueue(_byref(req)) if ps_id == 0 else lib.hvd_enqueue_ps(_byref(req), ps_id)
     if hid < 0:
         _forget(rec)  # refused: nothing in flight
