@@ -559,10 +559,16 @@ fn killed_build_leaves_nothing_and_the_retry_succeeds() {
         .unwrap();
     wait_started(&f.store);
     let tag = format!("escapee {}", f.control.display());
-    assert!(
-        !tagged_processes(&tag).is_empty(),
-        "the build's setsid child runs"
-    );
+    // `started` is written right after Popen returned, which may be before `setsid` has exec'd the tagged `sh`.
+    let mut running = tagged_processes(&tag);
+    for _ in 0..500 {
+        if !running.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        running = tagged_processes(&tag);
+    }
+    assert!(!running.is_empty(), "the build's setsid child runs");
     child.kill().unwrap(); // SIGKILL, mid-build
     child.wait().unwrap();
     // Every process of the build ends with the builder, the backend's `setsid` child included.
