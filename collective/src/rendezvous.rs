@@ -556,16 +556,19 @@ impl KeyValueClient {
             .within
             .map(|(overall, _)| crate::time::saturating_add(Instant::now(), overall));
         // What is left of the request's overall time (`Err` once it is spent), at most `each`.
+        let spent = || {
+            err(format!(
+                "no complete answer to {} {} within {:?}",
+                request.method,
+                request.path,
+                request.within.map_or(Duration::ZERO, |w| w.0)
+            ))
+        };
         let left = |each: Duration| match deadline {
             None => Ok(each),
             Some(d) => match d.checked_duration_since(Instant::now()) {
                 Some(left) if !left.is_zero() => Ok(left.min(each)),
-                _ => Err(err(format!(
-                    "no complete answer to {} {} within {:?}",
-                    request.method,
-                    request.path,
-                    request.within.map_or(Duration::ZERO, |w| w.0)
-                ))),
+                _ => Err(spent()),
             },
         };
         let stream = connect_within(address, request.connect_timeout, deadline)
@@ -595,14 +598,16 @@ impl KeyValueClient {
             .write_all(head.as_bytes())
             .and_then(|()| s.write_all(request.body));
         let mut raw = Vec::new();
+        let mut out_of_time = false;
         let read = match request.within {
             None => s.read_to_end(&mut raw).map(drop),
             Some((_, limit)) => {
                 // Read in pieces, each within what is left of the overall time, at most `limit` bytes in all.
                 let mut piece = [0u8; 1024];
                 loop {
+                    let each = left(request.read_timeout)?;
                     stream
-                        .set_read_timeout(Some(left(request.read_timeout)?))
+                        .set_read_timeout(Some(each))
                         .map_err(|e| err(format!("configure socket: {e}")))?;
                     match s.read(&mut piece) {
                         Ok(0) => break Ok(()),
@@ -614,6 +619,18 @@ impl KeyValueClient {
                         }
                         Ok(n) => raw.extend_from_slice(&piece[..n]),
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        // The read had what was left of the overall time: that time is spent (the socket's timer
+                        // may fire a little before the deadline's clock says so).
+                        Err(e)
+                            if each < request.read_timeout
+                                && matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) =>
+                        {
+                            out_of_time = true;
+                            break Err(e);
+                        }
                         Err(e) => break Err(e),
                     }
                 }
@@ -625,7 +642,10 @@ impl KeyValueClient {
             return Ok(r);
         }
         sent.map_err(|e| err(format!("send: {e}")))?;
-        read.map_err(|e| err(format!("read the answer: {e}")))?;
+        read.map_err(|e| match out_of_time {
+            true => spent(),
+            false => err(format!("read the answer: {e}")),
+        })?;
         Err(err(format!(
             "malformed answer to {} {}",
             request.method, request.path
