@@ -104,18 +104,7 @@ fn serve(file: Vec<u8>, filename: &str, host: Host, store: PathBuf) -> Served {
             let (file, counter, seen, store) =
                 (file.clone(), counter.clone(), seen.clone(), store.clone());
             std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut range = None;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    let lower = line.to_ascii_lowercase();
-                    if let Some(value) = lower.strip_prefix("range: bytes=") {
-                        range = value.trim().trim_end_matches('-').parse::<usize>().ok();
-                    }
-                }
+                let range = requested_range(&stream);
                 let len = file.len();
                 if let Some(start) = range.filter(|_| host != Host::NoRanges) {
                     counter.fetch_add(1, Ordering::SeqCst);
@@ -547,18 +536,7 @@ fn serve_stalling(file: Vec<u8>, filename: &str, front: usize, release: Arc<Atom
             let Ok(mut stream) = stream else { continue };
             let (file, release) = (file.clone(), release.clone());
             std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut range = None;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    let lower = line.to_ascii_lowercase();
-                    if let Some(value) = lower.strip_prefix("range: bytes=") {
-                        range = value.trim().trim_end_matches('-').parse::<usize>().ok();
-                    }
-                }
+                let range = requested_range(&stream);
                 let len = file.len();
                 if let Some(start) = range {
                     let head = format!(
@@ -724,4 +702,20 @@ fn an_encoded_range_answer_is_not_streamed_from() {
             .join("site-packages/big/m39.bin")
             .exists()
     );
+}
+
+/// Reads a request's head from `stream` and returns the start of its `Range: bytes=START-`, if it asks for one.
+fn requested_range(stream: &std::net::TcpStream) -> Option<usize> {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut range = None;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            return range;
+        }
+        let lower = line.to_ascii_lowercase();
+        if let Some(value) = lower.strip_prefix("range: bytes=") {
+            range = value.trim().trim_end_matches('-').parse::<usize>().ok();
+        }
+    }
 }
