@@ -18,8 +18,8 @@ hvd_env_vars::env_vars! {
     HVD_ALLREDUCE_DIRECT_BYTES default "16384";
     /// Large allreduces run the ring over segments of `ranks x` this many bytes (0: one segment).
     HVD_ALLREDUCE_CHUNK_BYTES default "262144";
-    /// With at least this many ranks alone on one shared-memory segment, large allreduces go through the segment's
-    /// arenas (0: never).
+    /// With at least this many ranks alone on one shared-memory segment, large allreduces go through the single copy
+    /// (past 32 KiB, when the ranks reach each other's buffers) or the segment's arenas (0: never).
     HVD_ALLREDUCE_ARENA_RANKS default "3";
     /// Allgather totals up to this many bytes go directly to every rank, larger ones use a ring.
     HVD_ALLGATHER_SMALL_BYTES default "262144";

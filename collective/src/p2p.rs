@@ -429,30 +429,31 @@ impl<T: Transport> P2pCommunicator<T> {
         let esize = dtype.size();
         let count = buf.len() / esize;
         let arena = self.thresholds.allreduce_arena_ranks;
-        if arena > 0 && n >= arena && group.len() == self.world.len() {
-            let how = Combine {
-                dtype,
-                op,
-                timeout: self.timeout,
-            };
-            if let Some(board) = self.transport.shared_board() {
-                return board.allreduce_arena(buf.len(), &mut InPlace(buf), how);
+        let how = Combine {
+            dtype,
+            op,
+            timeout: self.timeout,
+        };
+        // With 3 or more ranks the single copy (when the ranks reach each other's buffers), else the arenas; with
+        // 2, the ring and recursive doubling first take what they do best (docs/collective.md, "One pass").
+        if arena > 0
+            && n >= arena
+            && group.len() == self.world.len()
+            && let Some(board) = self.transport.shared_board()
+        {
+            if count >= n && board.allreduce_single_copy(buf, how)? {
+                return Ok(());
             }
+            return board.allreduce_arena(buf.len(), &mut InPlace(buf), how);
         }
         if buf.len() <= self.thresholds.allreduce_small_bytes || count < n {
             return self.allreduce_recursive_doubling(buf, dtype, op, group);
         }
-        if group.len() == self.world.len() {
-            let how = Combine {
-                dtype,
-                op,
-                timeout: self.timeout,
-            };
-            if let Some(board) = self.transport.shared_board()
-                && board.allreduce_single_copy(buf, how)?
-            {
-                return Ok(());
-            }
+        if group.len() == self.world.len()
+            && let Some(board) = self.transport.shared_board()
+            && board.allreduce_single_copy(buf, how)?
+        {
+            return Ok(());
         }
         // Ring reduce-scatter + allgather, segment by segment on one host: a segment's blocks are read, reduced
         // and sent on while they are still in cache, so each byte of `buf` crosses the memory bus about once each

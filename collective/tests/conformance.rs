@@ -593,9 +593,10 @@ mod log_capture;
 /// Set (to the log text the run must show) in a child of this test binary that runs [`single_copy_worker`].
 const SINGLE_COPY_WORKER: &str = "HVD_CONFORMANCE_SINGLE_COPY";
 
-/// Large shm allreduces (1 MiB and more, where ranks read one another's buffers with `process_vm_readv`) with the
-/// single copy on (the default) and forced off (`HVD_SHM_CMA=0`: the ring), each in a child process of this
-/// binary so that the setting reaches no other test; the child also checks in the library's log which path ran.
+/// Large shm allreduces (past 32 KiB, where rank threads reach one another's buffers) with the single copy on
+/// (`HVD_SHM_CMA=1`) and forced off (`HVD_SHM_CMA=0`: the ring, or the arenas from 3 ranks), each in a child process
+/// of this binary so that the setting reaches no other test; the child also checks in the library's log which path
+/// ran.
 #[test]
 fn shm_large_allreduces_with_and_without_the_single_copy() {
     for (cma, path) in [
@@ -636,15 +637,13 @@ fn single_copy_worker() {
     println!("SINGLE COPY CHECKED");
 }
 
-/// Every op on 2 ranks and sums on 3 (arenas off, else they take it) at sizes from just over 1 MiB, odd element
-/// counts so that blocks are uneven, in place and out of place, twice each, with a staged allreduce (arenas, same
-/// step counter) and a small one in between; every element exactly the reference (integer values).
+/// Every op on 2 ranks and sums on 3 and 4 (where the single copy comes before the arenas) at sizes from just over
+/// 32 KiB and over 1 MiB, odd element counts so that blocks are uneven, in place and out of place, twice each, with
+/// a staged allreduce (arenas, same step counter) and a small one in between; every element exactly the reference
+/// (integer values).
 fn large_allreduces_match_exactly() {
-    for n in [2, 3] {
-        let th = Thresholds {
-            allreduce_arena_ranks: if n == 2 { 3 } else { 0 },
-            ..Thresholds::default()
-        };
+    for n in [2, 3, 4] {
+        let th = Thresholds::default();
         let results = LocalJob::new(n, Backend::Shm)
             .thresholds(th)
             .timeout(Duration::from_secs(20))
@@ -652,6 +651,7 @@ fn large_allreduces_match_exactly() {
                 let me = comm.rank();
                 let cases: &[(DType, usize, &[ReduceOp])] = if n == 2 {
                     &[
+                        (DType::F32, 8_195, &ReduceOp::ALL),
                         (DType::F32, 262_147, &ReduceOp::ALL),
                         (DType::I32, 300_001, &ReduceOp::ALL),
                         (DType::BF16, 524_291, &[ReduceOp::Sum]),
@@ -659,7 +659,10 @@ fn large_allreduces_match_exactly() {
                         (DType::I8, 1_048_583, &[ReduceOp::Sum]),
                     ]
                 } else {
-                    &[(DType::F32, 400_003, &[ReduceOp::Sum])]
+                    &[
+                        (DType::I32, 8_195, &[ReduceOp::Sum, ReduceOp::Max]),
+                        (DType::F32, 400_003, &[ReduceOp::Sum]),
+                    ]
                 };
                 for (k, &(dtype, count, ops)) in cases.iter().enumerate() {
                     for (j, &op) in ops.iter().enumerate() {

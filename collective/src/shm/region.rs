@@ -1,12 +1,12 @@
 //! Buffers every rank on this host can map ([`SharedBuffer`]: a file under `/dev/shm` that this process created
 //! 0600, named by its pid and a random token), the process-wide registry that tells the single copy whether a
-//! buffer lies in one, a peer's checked, cached, read-only mapping of another rank's buffer ([`PeerRegion`]), and
+//! buffer lies in one, a peer's checked, cached mapping of another rank's buffer (read and written by the single copy) ([`PeerRegion`]), and
 //! the sweep that removes the files of killed processes ([`sweep_stale`]).
 //!
 //! Trust: the name a rank posts comes from the job's own segment, but the file behind it is only a name in a
 //! directory every local user can write. A peer therefore opens it with `O_NOFOLLOW` (a symlink is refused), and
 //! maps it only when it is a regular file owned by this user, with no group or other permission bits and at least
-//! as large as the range it will read; anything else is refused and the ranks take the ring. The owner creates
+//! as large as the range it will reach; anything else is refused and the ranks take the ring. The owner creates
 //! it with `O_CREAT | O_EXCL` (a planted file makes the creation fail and another name is drawn), and `/dev/shm`'s
 //! sticky bit keeps other users from replacing it afterwards.
 //!
@@ -433,7 +433,8 @@ unsafe fn release(ptr: *mut u8, map_len: usize, pid: u32, token: u64) {
     unsafe { libc::munmap(ptr.cast(), map_len) };
 }
 
-/// A peer's shared buffer as mapped (read-only) by this rank.
+/// A peer's shared buffer as mapped by this rank (read and write: the single copy stores this rank's block of the
+/// result into it).
 pub(crate) struct PeerRegion {
     pub(crate) pid: u32,
     pub(crate) token: u64,
@@ -441,7 +442,7 @@ pub(crate) struct PeerRegion {
     pub(crate) len: usize,
 }
 
-// SAFETY: a read-only mapping owned by this value.
+// SAFETY: a mapping owned by this value; what is read and written in it is the single copy's protocol.
 unsafe impl Send for PeerRegion {}
 
 impl Drop for PeerRegion {
@@ -460,7 +461,7 @@ impl PeerRegion {
         let fd = unsafe {
             libc::open(
                 path.as_ptr(),
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
             )
         };
         if fd < 0 {
@@ -495,13 +496,13 @@ impl PeerRegion {
         if size < need || size == 0 {
             return refuse(format!("{size} bytes, the peer posted {need}"));
         }
-        // SAFETY: a fresh read-only shared mapping of `size` bytes of a checked regular file (populated at once: one
-        // call instead of a page fault per page on the first allreduce).
+        // SAFETY: a fresh shared mapping of `size` bytes of a checked regular file (populated at once: one call
+        // instead of a page fault per page on the first allreduce).
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 size as usize,
-                libc::PROT_READ,
+                libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 fd,
                 0,

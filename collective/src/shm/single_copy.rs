@@ -1,18 +1,23 @@
-//! The single-copy allreduce: ranks read one another's buffers straight out of each other's memory (plain loads
-//! between threads of one process, Linux cross-memory attach `process_vm_readv` between processes), so each byte
-//! crosses once instead of twice through the segment.
+//! The single-copy allreduce: ranks reach one another's buffers straight in each other's memory (plain loads and
+//! stores between threads of one process and in shared buffers every rank maps, Linux cross-memory attach
+//! `process_vm_readv` between processes), so no byte goes through the segment.
 //!
 //! Protocol, for one allreduce of `len` bytes on every rank (the header check came first, so `len`, dtype and op
 //! agree), all steps counted on the arena progress words like the arena allreduce's:
 //! 1. *posted*: each rank stores its buffer's address and length in its control line and publishes a step. From
-//!    then until the last step, the buffer stays where it is and only its owner writes it.
-//! 2. Segment by segment (`SEGMENT_BLOCK` bytes per rank): rank `r` reads block `r` of every peer's buffer (between
-//!    processes a piece at a time into a scratch piece that stays in cache) and reduces it into its own block `r`,
-//!    then publishes a step. Peers read only their own blocks of this rank's buffer, which this rank leaves alone.
-//!    After the step, it reads every peer `p`'s reduced block `p` of that segment into its own buffer (a peer
-//!    reads that range of this rank's buffer only before the step), then goes on with the next segment.
-//! 3. *done*: after the last segment's blocks it publishes a step and waits for everyone's. Only then does it
-//!    return, so a peer never reads a buffer its owner has already given back.
+//!    then until the last step, the buffer stays where it is and its owner leaves it alone: rank `r` alone reads
+//!    and writes block `r` of every rank's buffer (the blocks: `len` split evenly by elements).
+//! 2. When every peer's buffer is in this address space (*direct*: threads, or mapped shared buffers), rank `r`
+//!    does all of its block in one pass, a piece at a time: it reduces piece `k` of every peer's block `r` into its
+//!    own (the piece stays in L2), then stores the result into every peer's block `r`. Every byte is read once and
+//!    written once per rank's buffer, the least an allreduce can move, with no wait until step 3.
+//!    Otherwise (`process_vm_readv`, which can only read), segment by segment (`SEGMENT_BLOCK` bytes per rank): rank
+//!    `r` reads block `r` of every peer's buffer, a piece at a time into a scratch piece that stays in cache, reduces
+//!    it into its own block `r` and publishes a step; then it reads every peer `p`'s reduced block `p` of that
+//!    segment into its own buffer (a peer reads that range of this rank's buffer only before the step), then goes
+//!    on with the next segment.
+//! 3. *done*: it publishes a step and waits for everyone's. Only then does it return, so a peer never reaches a
+//!    buffer its owner has already given back, and every result stored into its buffer is there.
 //!
 //! Ranks in several processes post (step 1) on every allreduce, as any of them may find every rank's buffer in a
 //! shared buffer (`region`): a rank that posts one waits for the others' posts and, only when all posted one,
@@ -47,11 +52,18 @@ use crate::reduce::reduce_into;
 use crate::transport::even_counts;
 use crate::types::{DType, ReduceOp};
 
-/// The smallest allreduce that goes through the single copy (below, the ring's pipelining wins).
-pub(crate) const SINGLE_COPY_MIN_BYTES: usize = 1 << 20;
+/// The smallest allreduce that goes through the single copy when every peer's buffer is in this address space
+/// (below, the board's direct allreduce and recursive doubling win: docs/collective.md, "One pass").
+pub(crate) const SINGLE_COPY_MIN_BYTES: usize = 32 << 10;
+
+/// The smallest allreduce that reads peers with `process_vm_readv` (below, the ring's pipelining wins).
+const CMA_MIN_BYTES: usize = 1 << 20;
 
 /// The bytes of a peer's block read and reduced at a time in step 2 (stays in L2 between read and reduce).
 const PIECE: usize = 256 << 10;
+
+/// Rounds a rank with more ranks than cores yields at the end of the one pass before it sleeps.
+const ONE_PASS_YIELDS: u32 = 64;
 
 /// Each rank's block of one segment (a segment's blocks stay in the L3 between reduce-scatter and allgather).
 const SEGMENT_BLOCK: usize = 1 << 20;
@@ -93,9 +105,9 @@ fn willing(same_process: bool) -> bool {
     }
 }
 
-/// A peer as the single copy reads it: its local index, its pid (`process_vm_readv`), and where its buffer is:
-/// `direct` when this rank reads it with plain loads at `addr` (a thread of this process, or a shared buffer this
-/// rank mapped, then `addr` is in that mapping), else `addr` is in the peer's address space.
+/// A peer as the single copy reaches it: its local index, its pid (`process_vm_readv`), and where its buffer is:
+/// `direct` when this rank reads and writes it with plain loads and stores at `addr` (a thread of this process, or a
+/// shared buffer this rank mapped, then `addr` is in that mapping), else `addr` is in the peer's address space.
 #[derive(Clone, Copy)]
 struct Peer {
     p: usize,
@@ -206,6 +218,11 @@ impl ShmTransport {
         if !decided? {
             return Ok(false);
         }
+        // Reading peers through the kernel pays below 1 MiB (the same on every rank: no peer of a rank in several
+        // processes is direct here, every peer of a thread is).
+        if len < CMA_MIN_BYTES && !peers.iter().all(|peer| peer.direct) {
+            return Ok(false);
+        }
         self.run_single_copy(buf, &peers, how)?;
         Ok(true)
     }
@@ -280,8 +297,12 @@ impl ShmTransport {
         Ok(at)
     }
 
-    /// Steps 2 and 3 segment by segment, then *done*: on failure, waits for in-process readers (`quiesce`).
+    /// Steps 2 and 3: in one pass when every peer is direct, else segment by segment; on failure, waits for
+    /// in-process peers (`quiesce`).
     fn run_single_copy(&mut self, buf: &mut [u8], peers: &[Peer], how: Combine) -> Result<()> {
+        if peers.iter().all(|peer| peer.direct) {
+            return self.one_pass(buf, peers, how);
+        }
         let Combine { dtype, op, timeout } = how;
         let n = self.seg.ranks;
         let len = buf.len();
@@ -318,6 +339,60 @@ impl ShmTransport {
         self.copy_piece = piece;
         // Done: nobody reads this rank's buffer any more once everyone has published this.
         let result = result.and_then(|()| self.step(timeout));
+        if let Err(e) = &result {
+            self.quiesce(e, peers, last_step, timeout);
+        }
+        result
+    }
+
+    /// Steps 2 and 3 when every peer's buffer is in this address space: this rank's block of every buffer, a piece
+    /// at a time, reduced into its own and stored into the peers', then *done*.
+    fn one_pass(&mut self, buf: &mut [u8], peers: &[Peer], how: Combine) -> Result<()> {
+        let Combine { dtype, op, timeout } = how;
+        let esize = dtype.size();
+        let counts = even_counts(buf.len() / esize, self.seg.ranks);
+        let start = counts[..self.rank].iter().sum::<usize>() * esize;
+        let end = start + counts[self.rank] * esize;
+        let per_piece = (PIECE / esize).max(1) * esize;
+        let mut at = start;
+        while at < end {
+            let piece = at..end.min(at + per_piece);
+            for peer in peers {
+                // SAFETY: the peer is a thread of this process, or `addr` is in this rank's mapping of its shared
+                // buffer (at least `len` bytes past `addr`: `map_peers`); it posted the buffer (Acquire in the step
+                // wait) and leaves it alone until everyone's *done*, and only this rank reaches block `self.rank` of
+                // it; `buf` is this rank's own memory, disjoint from it.
+                let theirs = unsafe {
+                    std::slice::from_raw_parts(
+                        peer.addr.wrapping_add(piece.start as u64) as usize as *const u8,
+                        piece.len(),
+                    )
+                };
+                reduce_into(&mut buf[piece.clone()], theirs, dtype, op);
+            }
+            for peer in peers {
+                // SAFETY: as above, and the range was read just above, by this rank alone: nobody else reads or
+                // writes it before everyone's *done* (a mapped shared buffer is mapped writable).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        buf[piece.clone()].as_ptr(),
+                        peer.addr.wrapping_add(piece.start as u64) as usize as *mut u8,
+                        piece.len(),
+                    )
+                };
+            }
+            at = piece.end;
+        }
+        let last_step = self.arena_steps + 1;
+        // With more ranks than cores the ranks awaited are still at work (one may be this core's other rank, which a
+        // yield runs), and a sleeper costs a wake-up of an idle CPU: yield rounds instead of the 2 µs window (4 ranks
+        // on 2 cores, 1 MiB: 78 against 196 µs; docs/collective.md, "One pass").
+        let window = (self.yields, self.yield_for);
+        if self.oversubscribed && !self.yield_for.is_zero() {
+            (self.yields, self.yield_for) = (ONE_PASS_YIELDS, Duration::ZERO);
+        }
+        let result = self.step(timeout);
+        (self.yields, self.yield_for) = window;
         if let Err(e) = &result {
             self.quiesce(e, peers, last_step, timeout);
         }
@@ -385,9 +460,10 @@ impl ShmTransport {
     }
 
     /// After a failed exchange, before the caller may free the buffer: tells the peers (the abort word) and waits,
-    /// at most `timeout`, until every peer that is a thread of this process (and so reads this buffer with plain
-    /// loads) has passed the last step, aborted or left. Peers in other processes read through the kernel, which
-    /// fails cleanly on freed memory.
+    /// at most `timeout`, until every peer that is a thread of this process (and so reads and writes this buffer
+    /// with plain loads and stores) has passed the last step, aborted or left. Peers in other processes reach it
+    /// through the kernel, which fails cleanly on freed memory, or through their mapping of a shared buffer, which
+    /// keeps its pages.
     fn quiesce(&mut self, e: &Error, peers: &[Peer], last_step: u64, timeout: Duration) {
         if peers.iter().all(|peer| !self.in_process(peer.pid)) {
             return;
