@@ -200,8 +200,10 @@ impl KeyValueClient {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_secs(60));
+            // `beats=1`: this process beats once it has its seat (`bootstrap`), so the launcher counts it heard when
+            // the round forms, and finds it silent should it freeze before its first heartbeat.
             let path = format!(
-                "/elastic/v1/join?after={after}&wait_ms={}",
+                "/elastic/v1/join?after={after}&wait_ms={}&beats=1",
                 wait.as_millis()
             );
             let r = self.http("POST", &path, &[], wait + Duration::from_secs(15))?;

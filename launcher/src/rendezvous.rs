@@ -896,8 +896,9 @@ fn on_kv(shared: &Shared, request: &Request, [scope, key]: [&str; 2], body: Vec<
 }
 
 /// The worker (`X-Hvd-Rank`: its slot) asks for the round after `?after=<n>` (the last one it was a member of; 0 or
-/// absent: none), waiting up to `wait_ms` for it to form. 200 `v1 <round> <rank> <size>`; 404: not formed yet, ask
-/// again; 410: the round formed without this worker; 409: the step is not elastic.
+/// absent: none), waiting up to `wait_ms` for it to form; `beats=1`: it sends heartbeats once it is a member, so the
+/// launcher counts it heard when its round forms. 200 `v1 <round> <rank> <size>`; 404: not formed yet, ask again;
+/// 410: the round formed without this worker; 409: the step is not elastic.
 fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
     if request.method != "POST" {
         return Err(HttpError::new(405, "method must be POST"));
@@ -915,12 +916,18 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
             "x-hvd-join must be 1-64 characters of [A-Za-z0-9._-]",
         ));
     }
-    let mut after = 0u64;
+    let (mut after, mut beats) = (0u64, false);
     for pair in request.query.split('&') {
         if let Some(value) = pair.strip_prefix("after=") {
             after = value
                 .parse()
                 .map_err(|_| HttpError::new(400, "after must be a non-negative integer"))?;
+        } else if let Some(value) = pair.strip_prefix("beats=") {
+            beats = match value {
+                "1" => true,
+                "0" => false,
+                _ => return Err(HttpError::new(400, "beats must be 0 or 1")),
+            };
         }
     }
     let deadline = crate::options::saturating_add(Instant::now(), parse_wait(&request.query)?);
@@ -944,6 +951,9 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
             ));
         }
         let before = membership.latest().0;
+        if beats {
+            membership.will_beat(slot);
+        }
         let answer = membership
             .join(slot, after, now)
             .map_err(|e| HttpError(400, e.reason().into()))?;

@@ -1594,3 +1594,50 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
         (200, "v1 2 - 2500\n".to_owned())
     );
 }
+
+/// A worker that says in its join that it beats (`beats=1`, as hvd's client does) is counted heard when its round
+/// forms, so one that freezes before its first heartbeat is found silent too; one that said nothing is not judged,
+/// and a `beats` that is neither 0 nor 1 is refused.
+#[test]
+fn a_worker_that_joined_saying_it_beats_is_found_silent_without_ever_beating() {
+    let server = server();
+    let addr = server.addr();
+    server.set_gloo_layout(&[("h".to_owned(), 3)]);
+    server.set_elastic(3, Duration::from_secs(3600));
+    for bad in ["beats=2", "beats=yes", "beats="] {
+        let query = format!("after=0&wait_ms=0&{bad}");
+        assert_eq!(elastic_join(addr, "0", "w0", &query, true).0, 400, "{bad}");
+    }
+    let joins: Vec<_> = [(0, "&beats=1"), (1, "&beats=1"), (2, "")]
+        .into_iter()
+        .map(|(slot, beats)| {
+            std::thread::spawn(move || {
+                let query = format!("after=0&wait_ms=20000{beats}");
+                elastic_join(addr, &slot.to_string(), &format!("w{slot}"), &query, true)
+            })
+        })
+        .collect();
+    for j in joins {
+        let (status, body) = j.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    // Slot 0 beats on; slot 1 (said it beats) and slot 2 (said nothing) never beat.
+    let mut silent: Vec<u32> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while silent.is_empty() && Instant::now() < deadline {
+        assert_eq!(elastic_beat(addr, "0", "w0", true).0, 200);
+        silent.extend(
+            server
+                .elastic_silence(Duration::from_secs(2))
+                .quiet
+                .into_iter()
+                .map(|(slot, _)| slot),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(silent, vec![1]);
+    assert_eq!(
+        server.elastic_dropped().into_iter().collect::<Vec<_>>(),
+        vec![1]
+    );
+}

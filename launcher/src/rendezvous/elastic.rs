@@ -24,7 +24,10 @@
 //! A live worker that has sent a heartbeat ([`Membership::beat`]) and then sends none for the launcher's heartbeat
 //! timeout is frozen (a stopped process, a hung or partitioned node): [`Membership::silence`] counts it gone like a
 //! worker left out of a round (the launcher stops it), and the next heartbeats of the latest round's other members
-//! are told which of its ranks is lost, so that they fail their collective in flight instead of waiting for it.
+//! are told which of its ranks is lost, so that they fail their collective in flight instead of waiting for it. A
+//! worker that said in its join that it beats ([`Membership::will_beat`]: it starts beating once its first round is
+//! answered) is counted as heard when a round forms with it, so one that freezes before its first heartbeat is
+//! found too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -104,6 +107,8 @@ pub(crate) struct Membership {
     finished: bool,
     /// Each live worker's latest heartbeat (only slots below `workers` that are alive: bounded by the workers).
     beats: BTreeMap<u32, Instant>,
+    /// Workers that said in their join that they beat (slots below `workers`: bounded by the workers).
+    beating: BTreeSet<u32>,
     /// Workers found silent past the heartbeat timeout (also in `dropped`).
     silent: BTreeSet<u32>,
     /// When the launcher last looked for silent workers.
@@ -153,6 +158,7 @@ impl Membership {
             closed: false,
             finished: false,
             beats: BTreeMap::new(),
+            beating: BTreeSet::new(),
             silent: BTreeSet::new(),
             checked: None,
             cut_off: false,
@@ -292,9 +298,21 @@ impl Membership {
         }
         self.members = std::mem::take(&mut self.pending).into_iter().collect();
         self.were_members.extend(self.members.iter().copied());
+        // A member that beats starts once it has its answer: heard now, so that it is judged even if it freezes first.
+        for slot in self.members.iter().filter(|s| self.beating.contains(s)) {
+            self.beats.entry(*slot).or_insert(now);
+        }
         self.pending_since = None;
         self.generation += 1;
         true
+    }
+
+    /// Worker `slot` said in its join that it sends heartbeats from the round it joins on (a runtime from before
+    /// heartbeats says nothing, and is judged only once it has beaten: never). Slots that are no worker are ignored.
+    pub(crate) fn will_beat(&mut self, slot: u32) {
+        if slot < self.workers {
+            self.beating.insert(slot);
+        }
     }
 
     /// Worker `slot` says it is alive. Only a live worker's heartbeat counts: one of a worker that ended, left, was
@@ -319,7 +337,8 @@ impl Membership {
 
     /// The live workers whose latest heartbeat is `timeout` or more before `now`, with how long they were silent:
     /// they are gone from now on, as workers left out of a round ([`Membership::dropped`] names them for the launcher
-    /// to stop), and a pending round forms without them. A worker that never sent a heartbeat is not judged.
+    /// to stop), and a pending round forms without them. A worker that never sent a heartbeat is judged only from
+    /// the round it joined saying it beats ([`Membership::will_beat`]).
     ///
     /// The launcher looks many times a second; when it has not looked for half the timeout, it was itself stopped or
     /// starved (its server heard nobody meanwhile), and every worker's silence counts from now instead.
@@ -711,6 +730,29 @@ mod tests {
         m.beat(0, t + s(9)).unwrap();
         assert_eq!(m.silence(t + s(10), s(10)), Silence::default());
         assert!(m.dropped().is_empty());
+    }
+
+    /// A worker that said in its join that it beats is counted heard when its round forms: frozen before its first
+    /// heartbeat, it is found silent one timeout later; one that said nothing is never judged, and a slot that is no
+    /// worker is not remembered.
+    #[test]
+    fn a_worker_that_said_it_beats_is_judged_from_its_round_even_before_its_first_beat() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut m = Membership::new(3, s(3600));
+        m.will_beat(0);
+        m.will_beat(1);
+        m.will_beat(7);
+        for slot in 0..3 {
+            m.join(slot, 0, t + s(5)).unwrap();
+        }
+        assert!(m.beating.iter().all(|slot| *slot < 3));
+        // Formed at t + 5 s; slot 0 beats on, slot 1 froze before its first heartbeat, slot 2 never said it beats.
+        m.beat(0, t + s(12)).unwrap();
+        assert_eq!(m.silence(t + s(14), s(10)), Silence::default());
+        let found = m.silence(t + s(15), s(10));
+        assert_eq!(found.quiet, vec![(1, s(10))]);
+        assert!(m.dropped().contains(&1) && !m.dropped().contains(&2));
     }
 
     /// A worker that beat and then fell silent past the timeout is gone: the pending round forms without it, the
