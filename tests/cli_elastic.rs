@@ -1388,3 +1388,35 @@ fn a_frozen_worker_is_found_by_its_silence_and_the_others_go_on() {
     assert!(!stdout.contains("slot 2 finished"), "{stdout}");
     common::assert_nothing_left(&marker);
 }
+
+/// Every worker of an elastic step on this machine freezes at once (both SIGSTOP themselves at step 6): they reach
+/// the launcher over loopback, so nothing can have cut it off from them, and each is found silent after
+/// `HVD_HEARTBEAT_TIMEOUT`, stopped and counted lost; their host is blacklisted for losing both, so no replacement
+/// starts and the step fails below its minimum, saying so (before, `hvd run` took the common silence for its own
+/// network and waited for ever: the collective timeout an hour, and no round pending).
+#[test]
+fn workers_on_this_machine_that_all_freeze_are_found_not_waited_for() {
+    let marker = marker();
+    let dir = project_with_signal("{ min = 2, max = 2 }", 16, "0:6,1:6", 19, &marker);
+    let (out, stdout, stderr) = run_within(
+        dir.path(),
+        &["--elastic-timeout", "5"],
+        &[
+            ("HVD_COLLECTIVE_TIMEOUT", "3600"),
+            ("HVD_HEARTBEAT_TIMEOUT", "3"),
+        ],
+        std::time::Duration::from_secs(120),
+    );
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("0 of its workers are left, fewer than its minimum of 2"),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        stderr.matches(" sent no heartbeat for ").count(),
+        2,
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stderr.contains("seems cut off"), "{stdout}\n{stderr}");
+    common::assert_nothing_left(&marker);
+}

@@ -409,7 +409,9 @@ impl RendezvousServer {
     /// Makes the job elastic: `workers` started workers (slots 0..workers) join rounds through `/elastic/v1/join`;
     /// a round waits `window` (from the first request) for the live workers that have not asked yet.
     pub fn set_elastic(&self, workers: u32, window: Duration) {
-        self.shared.lock().elastic = Some(elastic::Membership::new(workers, window));
+        let mut membership = elastic::Membership::new(workers, window);
+        membership.set_loopback(self.addr.ip().is_loopback());
+        self.shared.lock().elastic = Some(membership);
         self.shared.changed.notify_all();
     }
 

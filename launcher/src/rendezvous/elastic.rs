@@ -116,6 +116,9 @@ pub(crate) struct Membership {
     /// Every worker that beat went quiet together: the launcher is cut off from them (its own network), so nobody is
     /// judged until one is heard again (said once per such stretch).
     cut_off: bool,
+    /// The workers reach the launcher over loopback (its server listens there: the local engine), so no network
+    /// stands between them: when they all go quiet together they are frozen, not cut off.
+    loopback: bool,
     /// The launcher's heartbeat timeout, told the workers with each heartbeat's answer (they beat often enough for it
     /// whatever their own `HVD_HEARTBEAT_TIMEOUT` says).
     pub(crate) heartbeat: Option<Duration>,
@@ -162,8 +165,14 @@ impl Membership {
             silent: BTreeSet::new(),
             checked: None,
             cut_off: false,
+            loopback: false,
             heartbeat: None,
         }
+    }
+
+    /// The workers reach the launcher's server over loopback (see `loopback`).
+    pub(crate) fn set_loopback(&mut self, loopback: bool) {
+        self.loopback = loopback;
     }
 
     /// Rounds form with at least `min` members; fewer wait for more workers (or for the launcher to stop the step).
@@ -347,7 +356,9 @@ impl Membership {
     /// worker that beat went quiet together, the launcher is the one cut off (its network), not all of them frozen at
     /// once; nobody is judged, [`Silence::cut_off`] says so once, and each worker's silence counts from the first
     /// heartbeat heard again. A lone worker that beat (the only one left) is judged on its own silence: nothing can
-    /// tell the two apart then, and a frozen last worker would otherwise hold the step for ever.
+    /// tell the two apart then, and a frozen last worker would otherwise hold the step for ever. Workers that reach
+    /// the launcher over loopback ([`Membership::set_loopback`]) are judged each on its own silence too: nothing
+    /// can cut them off, and all of them frozen at once would otherwise hold the step for ever.
     pub(crate) fn silence(&mut self, now: Instant, timeout: Duration) -> Silence {
         let away = self
             .checked
@@ -371,7 +382,7 @@ impl Membership {
             .beats
             .values()
             .any(|at| now.saturating_duration_since(*at) < recent);
-        if !others_heard && self.beats.len() > 1 {
+        if !others_heard && self.beats.len() > 1 && !self.loopback {
             let first = !std::mem::replace(&mut self.cut_off, true);
             self.beats.values_mut().for_each(|at| *at = (*at).max(now));
             return Silence {
@@ -730,6 +741,33 @@ mod tests {
         m.beat(0, t + s(9)).unwrap();
         assert_eq!(m.silence(t + s(10), s(10)), Silence::default());
         assert!(m.dropped().is_empty());
+    }
+
+    /// Workers that reach the launcher over loopback and all go quiet together are frozen, not cut off: every one is
+    /// judged (the same silence over a network is the launcher cut off, and nobody is).
+    #[test]
+    fn workers_on_loopback_that_all_go_quiet_are_judged_not_taken_for_a_cut_off_launcher() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        for loopback in [false, true] {
+            let mut m = Membership::new(3, s(3600));
+            m.set_loopback(loopback);
+            for slot in 0..3 {
+                m.join(slot, 0, t).unwrap();
+                m.beat(slot, t).unwrap();
+            }
+            assert_eq!(m.silence(t + s(4), s(10)), Silence::default());
+            assert_eq!(m.silence(t + s(8), s(10)), Silence::default());
+            let found = m.silence(t + s(10), s(10));
+            match loopback {
+                false => assert!(found.cut_off && found.quiet.is_empty(), "{found:?}"),
+                true => {
+                    assert!(!found.cut_off, "{found:?}");
+                    let slots: Vec<u32> = found.quiet.iter().map(|(slot, _)| *slot).collect();
+                    assert_eq!(slots, [0, 1, 2]);
+                }
+            }
+        }
     }
 
     /// A worker that said in its join that it beats is counted heard when its round forms: frozen before its first
