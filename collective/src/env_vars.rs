@@ -19,7 +19,8 @@ hvd_env_vars::env_vars! {
     /// Large allreduces run the ring over segments of `ranks x` this many bytes (0: one segment).
     HVD_ALLREDUCE_CHUNK_BYTES default "262144";
     /// With at least this many ranks alone on one shared-memory segment, large allreduces go through the single copy
-    /// (past 32 KiB, when the ranks reach each other's buffers) or the segment's arenas (0: never).
+    /// (from 32 KiB, when the ranks reach each other's buffers) or the segment's arenas (0: never; such ranks then
+    /// take the 2-rank order: recursive doubling, the single copy, the ring).
     HVD_ALLREDUCE_ARENA_RANKS default "3";
     /// Allgather totals up to this many bytes go directly to every rank, larger ones use a ring.
     HVD_ALLGATHER_SMALL_BYTES default "262144";

@@ -76,6 +76,7 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
             let sb = SharedBuffer::new(4096)?;
             return Ok(format!("allocated, shared: {}", sb.is_shared()));
         }
+        "die" => return die(),
         _ => {}
     }
     let mut comm = bootstrap::from_env()?;
@@ -114,6 +115,34 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
         false => "",
     };
     Ok(format!("exact via {path}{refused}"))
+}
+
+/// Three ranks run 16 MiB allreduces in shared buffers (the one pass: each stores into the others' mappings) until
+/// one fails; rank 2 kills itself from another thread meanwhile. The others must name it lost and return: a rank
+/// that gives up waits for the peers that may still store into its buffer, and a dead one has stopped.
+fn die() -> Result<String, Error> {
+    let mut comm = bootstrap::from_env()?;
+    let rank = comm.rank();
+    let mut sb = SharedBuffer::new(16 << 20)?;
+    comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum)?;
+    if rank == 2 {
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            // SAFETY: a process killing itself; nothing to clean up.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        });
+    }
+    for _ in 0..100_000 {
+        match comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum) {
+            Ok(()) => {}
+            Err(Error::PeerLost { rank, .. }) => {
+                let shared = log_capture::logged(SHARED);
+                return Ok(format!("lost rank {rank}, shared buffers: {shared}"));
+            }
+            Err(e) => return Ok(format!("unexpected {e}")),
+        }
+    }
+    Ok("never noticed".into())
 }
 
 /// Buffers held at once by the `many` worker, and the descriptor limit it sets first (far below: a buffer that
@@ -185,6 +214,11 @@ fn plant_another_users_file(sb: &SharedBuffer) {
 
 /// Runs `n` workers on one host (shm) and returns each one's RESULT line.
 fn run_job(n: usize, scenario: &str) -> Vec<String> {
+    run_job_with(n, scenario, "10")
+}
+
+/// [`run_job`] with `HVD_COLLECTIVE_TIMEOUT` set to `timeout` seconds.
+fn run_job_with(n: usize, scenario: &str, timeout: &str) -> Vec<String> {
     let token = "0123456789abcdef".to_string();
     let srv = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
     let exe = std::env::current_exe().expect("test binary path");
@@ -196,7 +230,7 @@ fn run_job(n: usize, scenario: &str) -> Vec<String> {
                 .env("HVD_RANK", r.to_string())
                 .env("HVD_SIZE", n.to_string())
                 .env("HVD_HOSTNAME", "h")
-                .env("HVD_COLLECTIVE_TIMEOUT", "10")
+                .env("HVD_COLLECTIVE_TIMEOUT", timeout)
                 .env("HVD_RENDEZVOUS", srv.addr().to_string())
                 .env("HVD_JOB_TOKEN", &token)
                 .env_remove("HVD_COLLECTIVE_BACKEND")
@@ -230,6 +264,17 @@ fn among_three_ranks_one_without_a_shared_buffer_takes_everyone_to_the_arenas() 
     // Rank 1 posts no shared buffer and goes on to the arenas without waiting; ranks 0 and 2 learn it from the
     // posts. (The result line says "ring" for any path but the shared buffers'.)
     assert_eq!(run_job(3, "mixed"), ["exact via ring"; 3]);
+}
+
+/// A rank killed while the one pass stores into shared buffers: the others name it lost and return (with the
+/// collective timeout an hour, a rank waiting for the dead one to stop storing would outlast the 60 s the workers are
+/// given, and show as hung).
+#[test]
+fn a_rank_killed_mid_one_pass_is_named_and_the_others_return() {
+    let out = run_job_with(3, "die", "3600");
+    assert_eq!(out[0], "lost rank 2, shared buffers: true", "rank 0");
+    assert_eq!(out[1], "lost rank 2, shared buffers: true", "rank 1");
+    assert_eq!(out[2], "no result (killed?)", "rank 2");
 }
 
 #[test]

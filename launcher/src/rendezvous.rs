@@ -953,7 +953,9 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
             ));
         }
         let before = membership.latest().0;
-        if beats {
+        // Only a worker with a join identity beats (a heartbeat needs it): a slot that joined without one is never
+        // armed, so nobody else can have it judged silent.
+        if beats && join.is_some() {
             membership.will_beat(slot);
         }
         let answer = membership

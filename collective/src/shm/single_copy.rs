@@ -32,13 +32,17 @@
 //! rank with `HVD_SHM_CMA=0` switch everyone to the ring together.
 //!
 //! A peer that dies mid-exchange: `process_vm_readv` fails with ESRCH (the process is gone) or the next wait
-//! finds it dead; either way the survivors get `PeerLost`. A peer that gives up (timeout, abort) may free its
-//! buffer while a rank still reads it: between processes the read fails (EFAULT) or copies garbage into the
-//! reader's own buffer, and the reader's next wait sees the abort, so the garbage is never returned as a result.
-//! (Threads of one process give up only by returning from the communicator call, which a rank does after an
-//! abort, and a peer that reads plain memory then reads at most stale data of a live allocation before its own
-//! wait fails; the communicator's caller owns the buffers and frees them after the call returns on every rank
-//! that used them.)
+//! finds it dead; either way the survivors get `PeerLost`. A rank that gives up (timeout, abort) writes the abort
+//! word and, before it returns (and its caller may free or reuse the buffer), waits up to its timeout for every peer
+//! that reaches its buffer with plain loads and stores (threads of this process; peers in other processes when the
+//! buffer is a shared buffer it posted) to pass the last step, abort, leave or die (`quiesce`); a peer in the one
+//! pass looks at the abort word before each piece, so it stops within one piece. A peer slower than that timeout
+//! could still reach the buffer afterwards: a known weakness. Through `process_vm_readv` a read of a buffer given
+//! back fails (EFAULT) or copies garbage into the reader's own buffer, and the reader's next wait sees the abort, so
+//! the garbage is never returned as a result.
+//!
+//! Peers store into the parts of this rank's buffer that are theirs while this rank's caller holds it as
+//! `&mut [u8]`: this rank touches none of those bytes until the last step's Acquire wait, after every store.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -190,10 +194,12 @@ impl ShmTransport {
         for peer in &peers {
             let theirs = self.seg.copy_len(peer.p).load(Ordering::Relaxed);
             if theirs != len as u64 {
-                return Err(Error::Broken(format!(
+                let e = Error::Broken(format!(
                     "rank {} posted a {theirs}-byte single-copy allreduce, this rank {len} bytes",
                     self.global[peer.p]
-                )));
+                ));
+                self.quiesce(&e, &peers, u64::MAX, timeout);
+                return Err(e);
             }
         }
         // Every rank's buffer in a shared buffer (ranks in several processes): map the peers' and read them with
@@ -201,8 +207,13 @@ impl ShmTransport {
         let all_shared = !self.seg.private
             && (0..n).all(|p| self.seg.copy_token(p).load(Ordering::Relaxed) != 0);
         if all_shared {
-            if !self.map_peers(&mut peers, len, timeout)? {
-                return Ok(false);
+            match self.map_peers(&mut peers, len, timeout) {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => {
+                    self.quiesce(&e, &peers, u64::MAX, timeout);
+                    return Err(e);
+                }
             }
             self.run_single_copy(buf, &peers, how)?;
             return Ok(true);
@@ -354,8 +365,15 @@ impl ShmTransport {
         let start = counts[..self.rank].iter().sum::<usize>() * esize;
         let end = start + counts[self.rank] * esize;
         let per_piece = (PIECE / esize).max(1) * esize;
+        let last_step = self.arena_steps + 1;
         let mut at = start;
+        let mut result = Ok(());
         while at < end {
+            // A peer that gave up may return and reuse its buffer: stop storing into it (`quiesce` waits for this).
+            if let Err(e) = self.check_abort() {
+                result = Err(e);
+                break;
+            }
             let piece = at..end.min(at + per_piece);
             for peer in peers {
                 // SAFETY: the peer is a thread of this process, or `addr` is in this rank's mapping of its shared
@@ -383,7 +401,6 @@ impl ShmTransport {
             }
             at = piece.end;
         }
-        let last_step = self.arena_steps + 1;
         // With more ranks than cores the ranks awaited are still at work (one may be this core's other rank, which a
         // yield runs), and a sleeper costs a wake-up of an idle CPU: yield rounds instead of the 2 µs window (4 ranks
         // on 2 cores, 1 MiB: 78 against 196 µs; docs/collective.md, "One pass").
@@ -391,7 +408,9 @@ impl ShmTransport {
         if self.oversubscribed && !self.yield_for.is_zero() {
             (self.yields, self.yield_for) = (ONE_PASS_YIELDS, Duration::ZERO);
         }
-        let result = self.step(timeout);
+        if result.is_ok() {
+            result = self.step(timeout);
+        }
         (self.yields, self.yield_for) = window;
         if let Err(e) = &result {
             self.quiesce(e, peers, last_step, timeout);
@@ -459,15 +478,22 @@ impl ShmTransport {
         Ok(())
     }
 
-    /// After a failed exchange, before the caller may free the buffer: tells the peers (the abort word) and waits,
-    /// at most `timeout`, until every peer that is a thread of this process (and so reads and writes this buffer
-    /// with plain loads and stores) has passed the last step, aborted or left. Peers in other processes reach it
-    /// through the kernel, which fails cleanly on freed memory, or through their mapping of a shared buffer, which
-    /// keeps its pages.
+    /// After a failed exchange, before the caller may free or reuse the buffer: tells the peers (the abort word) and
+    /// waits, at most `timeout`, until every peer that may reach this buffer with plain loads and stores has passed
+    /// the last step, aborted, left or died: threads of this process, and, when the buffer lies in a shared buffer
+    /// this rank posted, the peers in other processes (they may have mapped it; the rank named lost counts as
+    /// settled: it is dead, aborted, or frozen and being stopped). Peers that read through the kernel
+    /// (`process_vm_readv`) fail cleanly on freed memory and only read.
     fn quiesce(&mut self, e: &Error, peers: &[Peer], last_step: u64, timeout: Duration) {
-        if peers.iter().all(|peer| !self.in_process(peer.pid)) {
+        let shared = self.seg.copy_token(self.rank).load(Ordering::Relaxed) != 0;
+        let reaches = |t: &Self, peer: &Peer| shared || t.in_process(peer.pid);
+        if !peers.iter().any(|peer| reaches(self, peer)) {
             return;
         }
+        let lost = match e {
+            Error::PeerLost { rank, .. } => Some(*rank),
+            _ => None,
+        };
         let culprit = match e {
             Error::PeerLost { rank, .. } => *rank,
             Error::Timeout { ranks, .. } => {
@@ -477,17 +503,20 @@ impl ShmTransport {
         };
         crate::transport::Transport::abort(self, culprit, &e.to_string());
         let deadline = crate::time::saturating_add(std::time::Instant::now(), timeout);
-        let settled = |t: &Self, p: usize| {
+        let settled = |t: &Self, peer: &Peer| {
+            let p = peer.p;
             t.seg.arena_progress(p).load(Ordering::Acquire) >= last_step
                 || matches!(
                     t.seg.state(p).load(Ordering::Acquire),
                     super::STATE_ABORTED | super::STATE_GONE
                 )
+                || (!t.in_process(peer.pid)
+                    && (lost == Some(t.global[p]) || t.check_peer(p, false).is_err()))
         };
         while std::time::Instant::now() < deadline
             && !peers
                 .iter()
-                .all(|peer| !self.in_process(peer.pid) || settled(self, peer.p))
+                .all(|peer| !reaches(self, peer) || settled(self, peer))
         {
             std::thread::sleep(Duration::from_micros(50));
         }

@@ -307,9 +307,15 @@ impl Membership {
         }
         self.members = std::mem::take(&mut self.pending).into_iter().collect();
         self.were_members.extend(self.members.iter().copied());
-        // A member that beats starts once it has its answer: heard now, so that it is judged even if it freezes first.
+        // A member that beats starts once it has its answer: heard now (plus one heartbeat interval for the answer to
+        // reach it), so that it is judged even if it freezes first.
+        let first = crate::options::saturating_add(
+            now,
+            self.heartbeat
+                .map_or(Duration::ZERO, hvd_collective::liveness::interval),
+        );
         for slot in self.members.iter().filter(|s| self.beating.contains(s)) {
-            self.beats.entry(*slot).or_insert(now);
+            self.beats.entry(*slot).or_insert(first);
         }
         self.pending_since = None;
         self.generation += 1;
@@ -425,6 +431,8 @@ impl Membership {
     /// is judged by that exit, no longer by its silence.
     pub(crate) fn exited(&mut self, slot: u32) {
         self.beats.remove(&slot);
+        // Nor is it armed again when a round forms with it (it may have asked to join before it exited).
+        self.beating.remove(&slot);
     }
 
     /// Worker `slot` ended (or was stopped): rounds no longer wait for it.
@@ -791,6 +799,24 @@ mod tests {
         let found = m.silence(t + s(15), s(10));
         assert_eq!(found.quiet, vec![(1, s(10))]);
         assert!(m.dropped().contains(&1) && !m.dropped().contains(&2));
+
+        // With the launcher's timeout known (10 s: a heartbeat every 2 s), the first one is awaited one interval
+        // more; a worker whose process exited before its round formed is not armed by it.
+        let mut m = Membership::new(3, s(3600));
+        m.heartbeat = Some(s(10));
+        for slot in 0..3 {
+            m.will_beat(slot);
+        }
+        m.join(0, 0, t).unwrap();
+        m.join(2, 0, t).unwrap();
+        m.exited(2);
+        m.join(1, 0, t + s(5)).unwrap();
+        for at in [10, 14, 16] {
+            m.beat(0, t + s(at)).unwrap();
+            assert_eq!(m.silence(t + s(at), s(10)), Silence::default(), "{at}");
+        }
+        m.beat(0, t + s(17)).unwrap();
+        assert_eq!(m.silence(t + s(17), s(10)).quiet, vec![(1, s(10))]);
     }
 
     /// A worker that beat and then fell silent past the timeout is gone: the pending round forms without it, the
