@@ -1597,6 +1597,7 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
 
 /// A worker that says in its join that it beats (`beats=1`, as hvd's client does) is counted heard when its round
 /// forms, so one that freezes before its first heartbeat is found silent too; one that said nothing is not judged,
+/// nor one that said so without a join identity (it could never beat: anyone with the token could have it judged),
 /// and a `beats` that is neither 0 nor 1 is refused.
 #[test]
 fn a_worker_that_joined_saying_it_beats_is_found_silent_without_ever_beating() {
@@ -1608,7 +1609,7 @@ fn a_worker_that_joined_saying_it_beats_is_found_silent_without_ever_beating() {
         let query = format!("after=0&wait_ms=0&{bad}");
         assert_eq!(elastic_join(addr, "0", "w0", &query, true).0, 400, "{bad}");
     }
-    let joins: Vec<_> = [(0, "&beats=1"), (1, "&beats=1"), (2, "")]
+    let mut joins: Vec<_> = [(0, "&beats=1"), (1, "&beats=1")]
         .into_iter()
         .map(|(slot, beats)| {
             std::thread::spawn(move || {
@@ -1617,11 +1618,22 @@ fn a_worker_that_joined_saying_it_beats_is_found_silent_without_ever_beating() {
             })
         })
         .collect();
+    joins.push(std::thread::spawn(move || {
+        let (status, body) = raw(
+            addr,
+            format!(
+                "POST /elastic/v1/join?after=0&wait_ms=20000&beats=1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\
+                 X-Hvd-Rank: 2\r\nContent-Length: 0\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }));
     for j in joins {
         let (status, body) = j.join().unwrap();
         assert_eq!(status, 200, "{body}");
     }
-    // Slot 0 beats on; slot 1 (said it beats) and slot 2 (said nothing) never beat.
+    // Slot 0 beats on; slot 1 (said it beats) never beats, nor slot 2 (said so without an identity).
     let mut silent: Vec<u32> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while silent.is_empty() && Instant::now() < deadline {
