@@ -117,7 +117,11 @@ impl EngineConfig {
             let d = seconds(&name, &v)?;
             c.stall_shutdown_time = (!d.is_zero()).then_some(d);
         }
-        if let Some((_, v)) = lookup(env, env_vars::HVD_TIMELINE) {
+        // `DYNAMIC` is Horovod's value for "no timeline until `start_timeline`" (which hvd allows anyway), not a file
+        // name: Horovod scripts that set it for `hvd.start_timeline` would otherwise trace every step into ./DYNAMIC.
+        if let Some((_, v)) = lookup(env, env_vars::HVD_TIMELINE)
+            && v != "DYNAMIC"
+        {
             c.timeline = Some(PathBuf::from(v));
         }
         if let Some((name, v)) = lookup(env, env_vars::HVD_SPIN_TIME) {
@@ -153,6 +157,26 @@ mod tests {
         assert_eq!(c.cycle_time, Duration::from_micros(2500));
         assert_eq!(c.stall_check_time, None);
         assert_eq!(c.stall_shutdown_time, Some(Duration::from_secs(3)));
+        assert_eq!(c.timeline, None);
+    }
+
+    /// Horovod's `HOROVOD_TIMELINE=DYNAMIC` (set so that `hvd.start_timeline` may be called later) starts no
+    /// timeline and writes no file named `DYNAMIC`; any other value is the timeline's path.
+    #[test]
+    fn a_dynamic_timeline_is_no_file() {
+        for name in ["HOROVOD_TIMELINE", "HVD_TIMELINE"] {
+            let env = |k: &str| (k == name).then(|| "DYNAMIC".to_string());
+            assert_eq!(
+                EngineConfig::from_lookup(&env).unwrap().timeline,
+                None,
+                "{name}"
+            );
+            let env = |k: &str| (k == name).then(|| "/tmp/t.json".to_string());
+            assert_eq!(
+                EngineConfig::from_lookup(&env).unwrap().timeline,
+                Some(PathBuf::from("/tmp/t.json"))
+            );
+        }
     }
 
     #[test]

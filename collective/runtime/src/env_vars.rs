@@ -16,7 +16,8 @@ hvd_env_vars::env_vars! {
     HVD_STALL_CHECK_TIME default "60";
     /// Seconds after which a stalled tensor stops the job with an error, at most 86400 (default: never).
     HVD_STALL_SHUTDOWN_TIME;
-    /// Path of a Chrome-trace JSON timeline written by rank 0 (`{rank}` in the path: one file per rank).
+    /// Path of a Chrome-trace JSON timeline written by rank 0 (`{rank}` in the path: one file per rank); `DYNAMIC`
+    /// (Horovod's value): none until `start_timeline`.
     HVD_TIMELINE;
     /// Mark engine cycles that did work in the timeline; `0`, `false` or `no`: off.
     HVD_TIMELINE_MARK_CYCLES default "1";
