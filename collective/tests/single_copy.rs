@@ -136,13 +136,13 @@ fn refuse_process_vm_readv() {
     );
 }
 
-fn start(rank: usize, env: &[(&str, String)], scenario: &str) -> Child {
+fn start(rank: usize, size: usize, env: &[(&str, String)], scenario: &str) -> Child {
     let exe = std::env::current_exe().expect("test binary path");
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "worker", "--nocapture", "--test-threads=1"])
         .env(WORKER, scenario)
         .env("HVD_RANK", rank.to_string())
-        .env("HVD_SIZE", "2")
+        .env("HVD_SIZE", size.to_string())
         .env("HVD_HOSTNAME", "h")
         .env("HVD_COLLECTIVE_TIMEOUT", "10")
         .env_remove("HVD_COLLECTIVE_BACKEND")
@@ -158,9 +158,19 @@ fn start(rank: usize, env: &[(&str, String)], scenario: &str) -> Child {
 /// Runs two workers on one host (shm), `both_env` for both and `rank1_env` for rank 1 only, and returns each one's RESULT line (a worker
 /// that gives none in 60 s is killed and reported as hung).
 fn run_pair(scenario: &str, both_env: &[(&str, &str)], rank1_env: &[(&str, &str)]) -> Vec<String> {
+    run_ranks(2, scenario, both_env, rank1_env)
+}
+
+/// [`run_pair`] with `n` workers (`rank1_env` still for rank 1 only).
+fn run_ranks(
+    n: usize,
+    scenario: &str,
+    both_env: &[(&str, &str)],
+    rank1_env: &[(&str, &str)],
+) -> Vec<String> {
     let token = "0123456789abcdef".to_string();
     let srv = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
-    let children: Vec<Child> = (0..2)
+    let children: Vec<Child> = (0..n)
         .map(|r| {
             let mut env = vec![
                 ("HVD_RENDEZVOUS", srv.addr().to_string()),
@@ -170,7 +180,7 @@ fn run_pair(scenario: &str, both_env: &[(&str, &str)], rank1_env: &[(&str, &str)
             if r == 1 {
                 env.extend(rank1_env.iter().map(|(k, v)| (*k, v.to_string())));
             }
-            start(r, &env, scenario)
+            start(r, n, &env, scenario)
         })
         .collect();
     workers::results(children)
@@ -189,6 +199,14 @@ fn processes_take_the_ring_by_default() {
 fn processes_read_each_other_with_process_vm_readv_when_asked() {
     let out = run_pair("ok", CMA, &[]);
     assert_eq!(out, ["exact via single copy", "exact via single copy"]);
+}
+
+/// Three processes (where the single copy now comes before the arenas) read each other with `process_vm_readv`,
+/// segment by segment, when asked: exact.
+#[test]
+fn three_processes_read_each_other_with_process_vm_readv_when_asked() {
+    let out = run_ranks(3, "ok", CMA, &[]);
+    assert_eq!(out, ["exact via single copy"; 3]);
 }
 
 #[test]
