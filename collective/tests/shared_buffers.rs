@@ -77,6 +77,7 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
             return Ok(format!("allocated, shared: {}", sb.is_shared()));
         }
         "die" => return die(),
+        "stall" => return stall(),
         _ => {}
     }
     let mut comm = bootstrap::from_env()?;
@@ -143,6 +144,45 @@ fn die() -> Result<String, Error> {
         }
     }
     Ok("never noticed".into())
+}
+
+/// Bytes of each allreduce of the `stall` scenario (a one pass of tens of milliseconds: a freeze lands in it).
+const STALL_BYTES: usize = 256 << 20;
+
+/// Two ranks run allreduces in shared buffers until one fails; rank 1 stops itself (SIGSTOP, from another thread)
+/// while they run, and the test continues it once rank 0's collective timeout has passed. Rank 0 then fills its
+/// buffer with a pattern and checks, a while later, that nobody wrote into it after its allreduce returned.
+fn stall() -> Result<String, Error> {
+    let mut comm = bootstrap::from_env()?;
+    let rank = comm.rank();
+    let mut sb = SharedBuffer::new(STALL_BYTES)?;
+    comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum)?;
+    if rank == 1 {
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            // SAFETY: a process stopping itself; the test continues it.
+            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+        });
+    }
+    for _ in 0..100_000 {
+        if let Err(e) = comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum) {
+            if rank != 0 {
+                return Ok("failed".into());
+            }
+            sb.fill(0x5a);
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            let written = sb.iter().filter(|b| **b != 0x5a).count();
+            let shared = log_capture::logged(SHARED);
+            return Ok(match (written, &e) {
+                (0, Error::Timeout { .. }) => {
+                    format!("timed out, untouched after, shared buffers: {shared}")
+                }
+                (0, e) => format!("untouched after {e}"),
+                (n, _) => format!("{n} bytes written after the allreduce returned"),
+            });
+        }
+    }
+    Ok("never failed".into())
 }
 
 /// Buffers held at once by the `many` worker, and the descriptor limit it sets first (far below: a buffer that
@@ -264,6 +304,57 @@ fn among_three_ranks_one_without_a_shared_buffer_takes_everyone_to_the_arenas() 
     // Rank 1 posts no shared buffer and goes on to the arenas without waiting; ranks 0 and 2 learn it from the
     // posts. (The result line says "ring" for any path but the shared buffers'.)
     assert_eq!(run_job(3, "mixed"), ["exact via ring"; 3]);
+}
+
+/// A rank that gives up on a peer stalled in its one pass (stopped, then continued after the giving-up rank's
+/// timeout) returns only once that peer has stopped storing into its shared buffer: the buffer its caller then
+/// reuses is not written any more (before, it returned at once, and the continued peer finished its pass into it).
+#[test]
+fn a_rank_that_gives_up_is_not_written_after_it_returns() {
+    let token = "0123456789abcdef".to_string();
+    let srv = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
+    let exe = std::env::current_exe().expect("test binary path");
+    let children: Vec<Child> = (0..2)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .env(WORKER, "stall")
+                .env("HVD_RANK", r.to_string())
+                .env("HVD_SIZE", "2")
+                .env("HVD_HOSTNAME", "h")
+                .env("HVD_COLLECTIVE_TIMEOUT", "4")
+                .env("HVD_RENDEZVOUS", srv.addr().to_string())
+                .env("HVD_JOB_TOKEN", &token)
+                .env_remove("HVD_COLLECTIVE_BACKEND")
+                .env_remove("HVD_SHM_CMA")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a worker")
+        })
+        .collect();
+    // Rank 1 stops itself; continue it after rank 0's 4 s timeout, while rank 0 waits for it to stop storing.
+    let pid = children[1].id();
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+            .unwrap_or(false)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !stopped() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(stopped(), "rank 1 never stopped itself");
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    // SAFETY: signalling a child this test started.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+    let out = workers::results(children);
+    assert_eq!(
+        out[0], "timed out, untouched after, shared buffers: true",
+        "rank 0"
+    );
+    assert_eq!(out[1], "failed", "rank 1");
 }
 
 /// A rank killed while the one pass stores into shared buffers: the others name it lost and return (with the
