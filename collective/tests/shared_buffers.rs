@@ -259,6 +259,13 @@ fn run_job(n: usize, scenario: &str) -> Vec<String> {
 
 /// [`run_job`] with `HVD_COLLECTIVE_TIMEOUT` set to `timeout` seconds.
 fn run_job_with(n: usize, scenario: &str, timeout: &str) -> Vec<String> {
+    let (_server, children) = start_job(n, scenario, timeout);
+    workers::results(children)
+}
+
+/// Starts `n` workers on one host (shm) with `HVD_COLLECTIVE_TIMEOUT` `timeout`: the rendezvous server (keep it
+/// until they are done) and the workers.
+fn start_job(n: usize, scenario: &str, timeout: &str) -> (RendezvousServer, Vec<Child>) {
     let token = "0123456789abcdef".to_string();
     let srv = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
     let exe = std::env::current_exe().expect("test binary path");
@@ -281,7 +288,7 @@ fn run_job_with(n: usize, scenario: &str, timeout: &str) -> Vec<String> {
                 .expect("start a worker")
         })
         .collect();
-    workers::results(children)
+    (srv, children)
 }
 
 #[test]
@@ -311,28 +318,7 @@ fn among_three_ranks_one_without_a_shared_buffer_takes_everyone_to_the_arenas() 
 /// reuses is not written any more (before, it returned at once, and the continued peer finished its pass into it).
 #[test]
 fn a_rank_that_gives_up_is_not_written_after_it_returns() {
-    let token = "0123456789abcdef".to_string();
-    let srv = RendezvousServer::start_on_loopback(&token).expect("start the rendezvous server");
-    let exe = std::env::current_exe().expect("test binary path");
-    let children: Vec<Child> = (0..2)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
-                .env(WORKER, "stall")
-                .env("HVD_RANK", r.to_string())
-                .env("HVD_SIZE", "2")
-                .env("HVD_HOSTNAME", "h")
-                .env("HVD_COLLECTIVE_TIMEOUT", "4")
-                .env("HVD_RENDEZVOUS", srv.addr().to_string())
-                .env("HVD_JOB_TOKEN", &token)
-                .env_remove("HVD_COLLECTIVE_BACKEND")
-                .env_remove("HVD_SHM_CMA")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start a worker")
-        })
-        .collect();
+    let (_server, children) = start_job(2, "stall", "4");
     // Rank 1 stops itself; continue it after rank 0's 4 s timeout, while rank 0 waits for it to stop storing.
     let pid = children[1].id();
     let stopped = || {
