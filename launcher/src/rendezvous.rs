@@ -999,15 +999,17 @@ fn on_elastic_join(shared: &Shared, request: &Request) -> Reply {
     }
 }
 
-/// The slot (`X-Hvd-Rank`) of an elastic request that only the process that joined as that slot may make (`what`:
-/// "leave", "heartbeat"), with the store locked: 405 unless POST; 400 for a missing or malformed rank or `X-Hvd-Join`;
-/// 409 when the step is not elastic; 403 unless `X-Hvd-Join` is the identity the slot joined with (a slot that never
-/// joined, whether or not it is one of the step's, or another worker's slot).
-fn authorized_elastic_slot<'a>(
-    shared: &'a Shared,
+/// Runs `f` on the elastic step's membership for the slot (`X-Hvd-Rank`) of a request that only the process that
+/// joined as that slot may make (`what`: "leave", "heartbeat"), with the store locked: 405 unless POST; 400 for a
+/// missing or malformed rank or `X-Hvd-Join`; 409 when the step is not elastic; 403 unless `X-Hvd-Join` is the
+/// identity the slot joined with (a slot that never joined, whether or not it is one of the step's, or another
+/// worker's slot); `f`'s error is 410 when the worker is not alive (ended, left, left out, found silent), else 400.
+fn as_elastic_worker<T>(
+    shared: &Shared,
     request: &Request,
     what: &str,
-) -> Result<(u32, MutexGuard<'a, Store>), HttpError> {
+    f: impl FnOnce(u32, &mut elastic::Membership) -> Result<T, elastic::MembershipError>,
+) -> Result<T, HttpError> {
     if request.method != "POST" {
         return Err(HttpError::new(405, "method must be POST"));
     }
@@ -1027,11 +1029,12 @@ fn authorized_elastic_slot<'a>(
             .into(),
         )
     })?;
-    let store = shared.lock();
-    if store.elastic.is_none() {
+    let mut store = shared.lock();
+    let joined_here = store.identity(slot) == Some(Some(join));
+    let Some(membership) = store.elastic.as_mut() else {
         return Err(HttpError::new(409, "this step is not elastic"));
-    }
-    if store.identity(slot) != Some(Some(join)) {
+    };
+    if !joined_here {
         return Err(HttpError(
             403,
             format!(
@@ -1041,7 +1044,10 @@ fn authorized_elastic_slot<'a>(
             .into(),
         ));
     }
-    Ok((slot, store))
+    f(slot, membership).map_err(|e| match e {
+        elastic::MembershipError::NotAlive { .. } => HttpError(410, e.reason().into()),
+        _ => HttpError(400, e.reason().into()),
+    })
 }
 
 /// The worker (`X-Hvd-Rank`: its slot) leaves the elastic step on its own (preempted, after its last commit): rounds
@@ -1049,16 +1055,9 @@ fn authorized_elastic_slot<'a>(
 /// request must carry the same `X-Hvd-Join` identity (403 otherwise, and for a slot that never joined). 200
 /// `v1 <workers left alive>`; 410: the worker is not alive (ended, left, left out); 409: the step is not elastic.
 fn on_elastic_leave(shared: &Shared, request: &Request) -> Reply {
-    let (slot, mut store) = authorized_elastic_slot(shared, request, "leave")?;
-    let Some(membership) = store.elastic.as_mut() else {
-        return Err(HttpError::new(409, "this step is not elastic"));
-    };
-    let alive = membership
-        .leave(slot, Instant::now())
-        .map_err(|e| match e {
-            elastic::MembershipError::NotAlive { .. } => HttpError(410, e.reason().into()),
-            _ => HttpError(400, e.reason().into()),
-        })?;
+    let alive = as_elastic_worker(shared, request, "leave", |slot, membership| {
+        membership.leave(slot, Instant::now())
+    })?;
     shared.changed.notify_all();
     Ok((200, format!("v1 {alive}\n").into_bytes()))
 }

@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use super::elastic::Silence;
-use super::http::{HttpError, Request};
-use super::{RendezvousServer, Reply, Shared, authorized_elastic_slot};
+use super::http::Request;
+use super::{RendezvousServer, Reply, Shared, as_elastic_worker};
 
 /// Worker `slot` (`X-Hvd-Rank`) says it is alive: 200 `v1 <round> <lost> <timeout>`, `<lost>` being the rank in round
 /// `<round>` of a member found silent (its other members fail their collective in flight at once), or `-`, and
@@ -21,18 +21,11 @@ use super::{RendezvousServer, Reply, Shared, authorized_elastic_slot};
 /// joined with (a slot that never joined, whether or not it is one of the step's, included); 410 when the worker is
 /// not alive (ended, left, left out, found silent); 409 when the step is not elastic.
 pub(super) fn on_elastic_beat(shared: &Shared, request: &Request) -> Reply {
-    let (slot, mut store) = authorized_elastic_slot(shared, request, "heartbeat")?;
-    let Some(membership) = store.elastic.as_mut() else {
-        return Err(HttpError::new(409, "this step is not elastic"));
-    };
-    let beat = membership.beat(slot, Instant::now()).map_err(|e| match e {
-        super::elastic::MembershipError::NotAlive { .. } => HttpError(410, e.reason().into()),
-        _ => HttpError(400, e.reason().into()),
+    let (beat, timeout) = as_elastic_worker(shared, request, "heartbeat", |slot, membership| {
+        Ok((membership.beat(slot, Instant::now())?, membership.heartbeat))
     })?;
     let lost = beat.lost.map_or_else(|| "-".to_owned(), |r| r.to_string());
-    let timeout = membership
-        .heartbeat
-        .map_or_else(|| "-".to_owned(), |t| t.as_millis().to_string());
+    let timeout = timeout.map_or_else(|| "-".to_owned(), |t| t.as_millis().to_string());
     Ok((
         200,
         format!("v1 {} {lost} {timeout}\n", beat.generation).into_bytes(),
