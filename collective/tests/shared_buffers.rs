@@ -118,6 +118,16 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
     Ok(format!("exact via {path}{refused}"))
 }
 
+/// Sends this process `signal` from another thread `ms` milliseconds from now, while its main thread runs
+/// allreduces.
+fn signal_self_after(ms: u64, signal: libc::c_int) {
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        // SAFETY: a process signalling itself (SIGKILL: nothing to clean up; SIGSTOP: the test continues it).
+        unsafe { libc::kill(libc::getpid(), signal) };
+    });
+}
+
 /// Three ranks run 16 MiB allreduces in shared buffers (the one pass: each stores into the others' mappings) until
 /// one fails; rank 2 kills itself from another thread meanwhile. The others must name it lost and return: a rank
 /// that gives up waits for the peers that may still store into its buffer, and a dead one has stopped.
@@ -127,11 +137,7 @@ fn die() -> Result<String, Error> {
     let mut sb = SharedBuffer::new(16 << 20)?;
     comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum)?;
     if rank == 2 {
-        std::thread::spawn(|| {
-            std::thread::sleep(std::time::Duration::from_millis(30));
-            // SAFETY: a process killing itself; nothing to clean up.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        });
+        signal_self_after(30, libc::SIGKILL);
     }
     for _ in 0..100_000 {
         match comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum) {
@@ -158,11 +164,7 @@ fn stall() -> Result<String, Error> {
     let mut sb = SharedBuffer::new(STALL_BYTES)?;
     comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum)?;
     if rank == 1 {
-        std::thread::spawn(|| {
-            std::thread::sleep(std::time::Duration::from_millis(25));
-            // SAFETY: a process stopping itself; the test continues it.
-            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
-        });
+        signal_self_after(25, libc::SIGSTOP);
     }
     for _ in 0..100_000 {
         if let Err(e) = comm.allreduce_in_place(&mut sb[..], DType::F32, ReduceOp::Sum) {

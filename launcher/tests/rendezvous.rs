@@ -1492,6 +1492,25 @@ fn an_added_worker_joins_the_round_after_the_members_re_form() {
     assert_eq!(elastic_round(addr).1, "v1 2 3 0 1\n");
 }
 
+/// Calls `beat` (the live workers' heartbeats) and looks for silent workers with a 2 s timeout every 100 ms, as
+/// `hvd run` looks often, until some are found (at most 60 s): the slots found.
+fn first_found_silent(server: &RendezvousServer, mut beat: impl FnMut()) -> Vec<u32> {
+    let mut silent: Vec<u32> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while silent.is_empty() && Instant::now() < deadline {
+        beat();
+        silent.extend(
+            server
+                .elastic_silence(Duration::from_secs(2))
+                .quiet
+                .into_iter()
+                .map(|(slot, _)| slot),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    silent
+}
+
 /// Heartbeats are heard only from the process that joined as that slot, with the token, so a forged one keeps no
 /// worker alive; a worker that beat and then fell silent is found once, its round's other members are told its rank,
 /// and its own later heartbeats (replayed, or after a thaw) are refused without bringing it back.
@@ -1548,24 +1567,14 @@ fn heartbeats_come_only_from_their_worker_and_a_silent_one_stays_lost() {
         (200, "v1 1 - -\n".to_owned())
     );
     server.set_elastic_heartbeat(Duration::from_millis(2500));
-    let mut silent: Vec<u32> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while silent.is_empty() && Instant::now() < deadline {
+    let silent = first_found_silent(&server, || {
         for slot in ["0", "2"] {
             assert_eq!(
                 elastic_beat(addr, slot, &format!("w{slot}"), true),
                 (200, "v1 1 - 2500\n".to_owned())
             );
         }
-        silent.extend(
-            server
-                .elastic_silence(Duration::from_secs(2))
-                .quiet
-                .into_iter()
-                .map(|(slot, _)| slot),
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
     assert_eq!(silent, vec![1]);
     assert!(
         server
@@ -1634,19 +1643,9 @@ fn a_worker_that_joined_saying_it_beats_is_found_silent_without_ever_beating() {
         assert_eq!(status, 200, "{body}");
     }
     // Slot 0 beats on; slot 1 (said it beats) never beats, nor slot 2 (said so without an identity).
-    let mut silent: Vec<u32> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while silent.is_empty() && Instant::now() < deadline {
+    let silent = first_found_silent(&server, || {
         assert_eq!(elastic_beat(addr, "0", "w0", true).0, 200);
-        silent.extend(
-            server
-                .elastic_silence(Duration::from_secs(2))
-                .quiet
-                .into_iter()
-                .map(|(slot, _)| slot),
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
     assert_eq!(silent, vec![1]);
     assert_eq!(
         server.elastic_dropped().into_iter().collect::<Vec<_>>(),
