@@ -370,6 +370,98 @@ fn an_elastic_step_goes_on_when_a_node_freezes() {
     assert_trained_together(&out, (members, steps));
 }
 
+/// Every rank on both nodes freezes (SIGSTOP) while the nodes stay up: every worker goes quiet at once, which the
+/// launcher alone cannot tell from its own network failing, so it runs `srun --nodelist=NODE --overlap true`; a node
+/// answers, so the launcher is not cut off and each rank is judged on its own silence, its srun stopped, and the step
+/// fails below its minimum, saying so, leaving nothing on the nodes. Before, `hvd run` took the common silence for a
+/// cut-off and waited for ever (the collective timeout an hour): the test's deadline failed it.
+#[test]
+fn an_elastic_step_whose_ranks_all_freeze_is_found_through_srun() {
+    let Some(mut slurm) = Slurm::start_two_nodes("sh", [&[], &[]]) else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-nodes-all-frozen");
+    let dir = common::train_project(
+        "{ min = 2, max = 4, elastic_timeout = 5s }",
+        &format!(
+            ", ELASTIC_STEPS = \"100000\", ELASTIC_STEP_SLEEP = \"0.05\", HVD_TEST_MARKER = \"{marker}\", \
+             HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"4\""
+        ),
+        "",
+        common::slurm::elastic_train_py(),
+    );
+    let running = FourRunning::start(&slurm, dir.path());
+    let ranks: Vec<u32> = slurm.namespaces[1..]
+        .iter()
+        .flat_map(|ns| common::nshosts::rank_pids(ns, None))
+        .collect();
+    assert!(!ranks.is_empty(), "no rank processes on the nodes");
+    common::nshosts::signal_all(&ranks, 19);
+    let out = running.finish_within(Duration::from_secs(180), &mut slurm);
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert!(!out.status.success(), "{}", logs());
+    assert!(
+        stderr.contains("0 of its workers are left, fewer than its minimum of 2"),
+        "{}",
+        logs()
+    );
+    assert!(stderr.contains("the launcher reached host "), "{}", logs());
+    assert!(!stderr.contains("it seems cut off"), "{}", logs());
+    assert_eq!(
+        stderr.matches(" sent no heartbeat for ").count(),
+        4,
+        "{}",
+        logs()
+    );
+    assert_nodes_clean(&slurm, &out);
+    assert_nothing_left_in_slurm(&slurm, dir.path(), &marker);
+}
+
+/// The attacker's side of the rule above: both nodes freeze whole, their slurmd too (as the launcher's own network
+/// failing looks from the launcher: nobody beats, no node answers). The launcher's `srun ... true` reaches neither
+/// node within the heartbeat timeout; it says it seems cut off and judges nobody, and once the nodes go on the four
+/// workers train to the end together.
+#[test]
+fn an_elastic_step_on_nodes_srun_cannot_reach_judges_nobody_and_goes_on() {
+    let Some(mut slurm) = Slurm::start_two_nodes("si", [&[], &[]]) else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-nodes-unreached");
+    let steps = 40;
+    let dir = common::train_project(
+        "{ min = 2, max = 4, elastic_timeout = 5s }",
+        &format!(
+            ", ELASTIC_STEPS = \"{steps}\", ELASTIC_STEP_SLEEP = \"0.05\", HVD_TEST_MARKER = \"{marker}\", \
+             HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"4\""
+        ),
+        "",
+        common::slurm::elastic_train_py(),
+    );
+    let running = FourRunning::start(&slurm, dir.path());
+    slurm.freeze_node(0);
+    slurm.freeze_node(1);
+    // Found silent after 4 s, the nodes given 4 s to answer: 16 s in all, far below Slurm's SlurmdTimeout.
+    std::thread::sleep(Duration::from_secs(16));
+    slurm.thaw_node(0);
+    slurm.thaw_node(1);
+    let out = running.finish_within(Duration::from_secs(180), &mut slurm);
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert!(
+        stderr.contains("it seems cut off (its network)"),
+        "{}",
+        logs()
+    );
+    assert!(!stderr.contains("the launcher reached host "), "{}", logs());
+    assert!(!stderr.contains(" sent no heartbeat for "), "{}", logs());
+    assert!(out.status.success(), "{}", logs());
+    let step =
+        common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2), (3, 3)]);
+    assert!(step >= steps, "{}", logs());
+    assert_nothing_left_in_slurm(&slurm, dir.path(), &marker);
+}
+
 /// A plain (not elastic) step of 4 workers inside an allocation of two tasks on each node: its one srun starts two
 /// ranks on each node, which meet at a rendezvous the nodes reach (not this machine's loopback), allreduce and say
 /// where they ran; their lines carry their node's name.

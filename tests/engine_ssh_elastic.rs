@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::nshosts::{HOSTS, Hosts};
+use common::nshosts::{HOSTS, Hosts, rank_pids, signal_all};
 use common::text;
 
 /// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation count,
@@ -242,36 +242,16 @@ fn a_frozen_host(prefix: &str, discovery: bool) {
     // Rank 2 freezes first, 4 s (two heartbeat intervals) before the rest of its host: it is found silent that much
     // before rank 3, longer than `--grace` (1 s), so it has exited, its place there free and the host charged once of
     // the blacklist's two, before rank 3 is found (the race of ranks found up to an interval apart, made certain).
-    let rank2: Vec<u32> = common::nshosts::netns_pids(&hosts.namespaces[2])
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == b"HVD_RANK=2"))
-        })
-        .collect();
+    let rank2 = rank_pids(&hosts.namespaces[2], Some(2));
     if rank2.is_empty() {
         stop_and_fail(child, "no process of rank 2 on the second host");
     }
-    for pid in rank2 {
-        // SAFETY: kill with integer arguments; this process runs in this test's namespace.
-        unsafe { common::nshosts::libc_kill(pid as i32, 19) };
-    }
+    signal_all(&rank2, 19);
     std::thread::sleep(Duration::from_secs(4));
     // The second host freezes: its sshd, the sessions of the ranks there and the ranks themselves.
-    for pid in common::nshosts::netns_pids(&hosts.namespaces[2]) {
-        // SAFETY: kill with integer arguments; these processes run in this test's namespace.
-        unsafe { common::nshosts::libc_kill(pid as i32, 19) };
-    }
+    signal_all(&common::nshosts::netns_pids(&hosts.namespaces[2]), 19);
     std::fs::write(dir.path().join("go"), "").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            hosts.lose(1);
-            stop_and_fail(child, "`hvd run` did not end within 240 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = ended_within(&mut hosts, child, Duration::from_secs(240));
     // What is left frozen there goes.
     hosts.lose(1);
     let (stdout, stderr) = text(&out);
@@ -315,6 +295,144 @@ fn a_frozen_host(prefix: &str, discovery: bool) {
         );
     }
     for line in finished(&stdout, &[0, 1], 2) {
+        assert_eq!(line, counted_once(steps), "{stdout}\n{stderr}");
+    }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// `hvd run` of the 4-worker elastic step (minimum 2, the collective timeout an hour, heartbeats judged after 4 s),
+/// once slot 0 waits at step 5 for `go`.
+fn started_and_paused(hosts: &Hosts, dir: &std::path::Path) -> std::process::Child {
+    let mut child = hosts
+        .hvd_command(
+            dir,
+            &["--no-build", "--grace", "1", "--elastic-timeout", "5"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.join("paused").exists() {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            stop_and_fail(child, "slot 0 did not reach the pause");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Waits up to `within` for `hvd run` to end (else loses both hosts, stops it and fails the test), and returns what
+/// it said.
+fn ended_within(hosts: &mut Hosts, mut child: std::process::Child, within: Duration) -> Output {
+    let deadline = Instant::now() + within;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            hosts.lose(0);
+            hosts.lose(1);
+            stop_and_fail(
+                child,
+                &format!("`hvd run` did not end within {} s", within.as_secs()),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Every rank on both hosts freezes at once (SIGSTOP) while the hosts stay up: every worker goes quiet together, which
+/// the launcher alone cannot tell from its own network failing, so it looks: `ssh HOST true` answers, the launcher
+/// is not cut off, and each rank is judged on its own silence, stopped and counted lost; both hosts are blacklisted
+/// for losing their ranks, nothing replaces them, and the step fails below its minimum, saying so. Before, `hvd run`
+/// took the common silence for a cut-off and waited for ever (the collective timeout an hour, no round pending): the
+/// test's deadline failed it.
+#[test]
+fn ranks_all_frozen_on_hosts_the_launcher_reaches_are_found_not_waited_for() {
+    let mut hosts = Hosts::start("lh");
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        12,
+        ", ELASTIC_PAUSE = \"5\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"4\"",
+    );
+    let child = started_and_paused(&hosts, dir.path());
+    let ranks: Vec<u32> = hosts.namespaces[1..]
+        .iter()
+        .flat_map(|ns| rank_pids(ns, None))
+        .collect();
+    if ranks.is_empty() {
+        stop_and_fail(child, "no rank processes on the hosts");
+    }
+    signal_all(&ranks, 19);
+    let out = ended_within(&mut hosts, child, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        says(
+            &out,
+            "0 of its workers are left, fewer than its minimum of 2"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        says(&out, "the launcher reached host "),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!says(&out, "it seems cut off"), "{stdout}\n{stderr}");
+    assert_eq!(
+        common::unwrapped(&stderr)
+            .matches(&common::unwrapped(" sent no heartbeat for "))
+            .count(),
+        4,
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stdout.contains(" finished as rank "), "{stdout}");
+    // The frozen ranks were stopped (SIGKILL reaches a stopped process), nothing left on either host.
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
+/// The attacker's side of the rule above: every process on both hosts freezes, their sshd too (as the launcher's
+/// own network failing looks from the launcher: nobody beats, no host answers). The launcher tries `ssh HOST true`,
+/// reaches neither host within the heartbeat timeout, says it seems cut off and judges nobody; once the hosts are
+/// continued (within ssh's ServerAlive minute) the workers are heard again and all four finish every committed step
+/// once.
+#[test]
+fn a_launcher_that_reaches_no_host_judges_nobody_and_the_step_goes_on() {
+    let mut hosts = Hosts::start("li");
+    let steps = 12;
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        steps,
+        ", ELASTIC_PAUSE = \"5\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"4\"",
+    );
+    let child = started_and_paused(&hosts, dir.path());
+    let everything: Vec<u32> = hosts.namespaces[1..]
+        .iter()
+        .flat_map(|ns| common::nshosts::netns_pids(ns))
+        .collect();
+    signal_all(&everything, 19);
+    // The silence is found after 4 s, the hosts given 4 s to answer; 16 s in all, well within ServerAlive's minute.
+    std::thread::sleep(Duration::from_secs(16));
+    signal_all(&everything, 18);
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let out = ended_within(&mut hosts, child, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        says(&out, "it seems cut off (its network)"),
+        "{stdout}\n{stderr}"
+    );
+    let [a, b] = HOSTS;
+    assert!(
+        says(&out, &format!("could not reach {a}, {b} within 4 s"))
+            || says(&out, &format!("could not reach {b}, {a} within 4 s")),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        !says(&out, "the launcher reached host "),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!says(&out, " sent no heartbeat for "), "{stdout}\n{stderr}");
+    for line in finished(&stdout, &[0, 1, 2, 3], 4) {
         assert_eq!(line, counted_once(steps), "{stdout}\n{stderr}");
     }
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());

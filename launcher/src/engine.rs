@@ -100,6 +100,14 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether the launcher reaches `host` now, asked when every worker of an elastic step went quiet at once: to
+    /// tell the launcher cut off (its own network: nobody is judged) from workers all frozen on hosts it still reaches
+    /// (each is judged on its own silence). `None`: the engine cannot look (the workers then wait until one is heard
+    /// again); else whether a no-op ran there within `within`. Blocking, called on a thread of its own.
+    fn probe_host(&self, _host: &str, _within: Duration) -> Option<bool> {
+        None
+    }
+
     /// Where an elastic step's lost workers are replaced without host discovery: hosts and how many live workers
     /// each may hold. `None`: the step's own layout (its ranks per host); slurm: the allocation's nodes and tasks.
     fn replacement_hosts(&self) -> Option<Vec<(String, u32)>> {

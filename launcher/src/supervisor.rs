@@ -928,6 +928,7 @@ fn run_attempt(
                 restartable,
                 elastic,
                 heartbeat,
+                engine: plan.engine.clone(),
             },
             &mut workers,
             &exit_rx,

@@ -182,6 +182,31 @@ pub fn netns_pids(ns: &str) -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// The processes of ranks in namespace `ns`: those with `HVD_RANK` in their environment (`Some(slot)`: that slot's
+/// only).
+pub fn rank_pids(ns: &str, slot: Option<u32>) -> Vec<u32> {
+    let wanted = slot.map(|slot| format!("HVD_RANK={slot}"));
+    netns_pids(ns)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0).any(|v| match &wanted {
+                    Some(w) => v == w.as_bytes(),
+                    None => v.starts_with(b"HVD_RANK="),
+                })
+            })
+        })
+        .collect()
+}
+
+/// Sends `signal` to each of `pids`.
+pub fn signal_all(pids: &[u32], signal: i32) {
+    for pid in pids {
+        // SAFETY: kill with integer arguments; these processes run in this test's namespaces.
+        unsafe { libc_kill(*pid as i32, signal) };
+    }
+}
+
 pub fn cmdline(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))

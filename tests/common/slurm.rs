@@ -425,10 +425,12 @@ impl Slurm {
     /// tasks, is stopped (SIGSTOP): alive to the kernel, answering nobody; Slurm is not told. [`Slurm::lose_node`]
     /// ends them.
     pub fn freeze_node(&self, i: usize) {
-        for pid in nshosts::netns_pids(&self.namespaces[i + 1]) {
-            // SAFETY: kill with integer arguments; these processes run in this test's namespace.
-            unsafe { nshosts::libc_kill(pid as i32, 19) };
-        }
+        nshosts::signal_all(&nshosts::netns_pids(&self.namespaces[i + 1]), 19);
+    }
+
+    /// Node `i`, frozen, goes on (SIGCONT to everything in its namespace).
+    pub fn thaw_node(&self, i: usize) {
+        nshosts::signal_all(&nshosts::netns_pids(&self.namespaces[i + 1]), 18);
     }
 
     /// What runs in the nodes' namespaces besides their slurmd (`NS: PID COMMAND LINE` each).

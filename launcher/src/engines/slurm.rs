@@ -324,6 +324,23 @@ impl SupervisedEngine for SlurmSetup {
         true
     }
 
+    /// Inside an allocation: `srun --nodelist=HOST --overlap true` (a job step beside the ranks'), killed past
+    /// `within`; outside one the engine cannot look.
+    fn probe_host(&self, host: &str, within: std::time::Duration) -> Option<bool> {
+        self.allocation.as_ref()?;
+        let mut srun = std::process::Command::new("srun");
+        srun.args([
+            "--ntasks=1",
+            "--nodes=1",
+            &format!("--nodelist={host}"),
+            "--overlap",
+            "--mem=0",
+            "--quiet",
+            "true",
+        ]);
+        Some(crate::engines::ssh::succeeds_within(&mut srun, within))
+    }
+
     /// A lost rank is replaced by a new `srun --exact` on a node of the allocation with a free task: its nodes and
     /// their tasks (`SLURM_JOB_NODELIST`, `SLURM_TASKS_PER_NODE`).
     fn replacement_hosts(&self) -> Option<Vec<(String, u32)>> {

@@ -260,6 +260,14 @@ impl SupervisedEngine for SshSetup {
         )
     }
 
+    /// `ssh HOST -- true` (the run's ssh options), killed past `within`.
+    fn probe_host(&self, host: &str, within: Duration) -> Option<bool> {
+        let argv = self.argv(host, "true");
+        let mut ssh = Command::new(&argv[0]);
+        ssh.args(&argv[1..]);
+        Some(succeeds_within(&mut ssh, within))
+    }
+
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
         (self.bind_ip, self.allowed_peers())
     }
@@ -301,6 +309,12 @@ impl SupervisedEngine for SshSetup {
     fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
         Some(format!("ssh: {}", self.dry_run_line(plan, step, slot)))
     }
+}
+
+/// Whether `command` (stdin closed, output dropped) exits 0 within `within` (it is killed past it).
+pub(crate) fn succeeds_within(command: &mut Command, within: Duration) -> bool {
+    remote::bounded_output(command, None, 4096, within)
+        .is_ok_and(|out| out.status.success() && !out.timed_out)
 }
 
 fn engine_error(message: String) -> LaunchError {

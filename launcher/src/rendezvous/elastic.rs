@@ -113,9 +113,13 @@ pub(crate) struct Membership {
     silent: BTreeSet<u32>,
     /// When the launcher last looked for silent workers.
     checked: Option<Instant>,
-    /// Every worker that beat went quiet together: the launcher is cut off from them (its own network), so nobody is
-    /// judged until one is heard again (said once per such stretch).
-    cut_off: bool,
+    /// Every worker that beat went quiet together: the launcher may be cut off from them (its own network), so nobody
+    /// is judged until one is heard again (said once per such stretch) or the launcher reaches one of their hosts
+    /// ([`Membership::reached`]). Holds each worker's latest heartbeat from before the stretch.
+    cut_off: Option<BTreeMap<u32, Instant>>,
+    /// The launcher reached a host of its workers during the present stretch of silence ([`Membership::reached`]):
+    /// each is judged on its own silence until one is heard again.
+    reaching: bool,
     /// The workers reach the launcher over loopback (its server listens there: the local engine), so no network
     /// stands between them: when they all go quiet together they are frozen, not cut off.
     loopback: bool,
@@ -164,7 +168,8 @@ impl Membership {
             beating: BTreeSet::new(),
             silent: BTreeSet::new(),
             checked: None,
-            cut_off: false,
+            cut_off: None,
+            reaching: false,
             loopback: false,
             heartbeat: None,
         }
@@ -334,9 +339,11 @@ impl Membership {
     /// left out or found silent is refused (it does not bring the worker back).
     pub(crate) fn beat(&mut self, slot: u32, now: Instant) -> Result<Beat, MembershipError> {
         self.live_worker(slot)?;
+        // A worker heard ends a stretch of silence (a later one is looked into afresh).
+        self.reaching = false;
         // The first worker heard after the launcher was cut off from all: the others' beats are on their way, each
         // is given a whole timeout from now.
-        if std::mem::take(&mut self.cut_off) {
+        if self.cut_off.take().is_some() {
             self.beats.values_mut().for_each(|at| *at = (*at).max(now));
         }
         self.beats.insert(slot, now);
@@ -364,7 +371,9 @@ impl Membership {
     /// heartbeat heard again. A lone worker that beat (the only one left) is judged on its own silence: nothing can
     /// tell the two apart then, and a frozen last worker would otherwise hold the step for ever. Workers that reach
     /// the launcher over loopback ([`Membership::set_loopback`]) are judged each on its own silence too: nothing
-    /// can cut them off, and all of them frozen at once would otherwise hold the step for ever.
+    /// can cut them off, and all of them frozen at once would otherwise hold the step for ever; so are workers while
+    /// the launcher, which reached one of their hosts during the stretch, knows it is not cut off
+    /// ([`Membership::reached`]).
     pub(crate) fn silence(&mut self, now: Instant, timeout: Duration) -> Silence {
         let away = self
             .checked
@@ -374,12 +383,7 @@ impl Membership {
             self.beats.values_mut().for_each(|at| *at = (*at).max(now));
             return Silence::default();
         }
-        let quiet: Vec<(u32, Duration)> = self
-            .beats
-            .iter()
-            .map(|(slot, at)| (*slot, now.saturating_duration_since(*at)))
-            .filter(|(_, quiet)| *quiet >= timeout)
-            .collect();
+        let quiet = self.quiet_for(now, timeout);
         if quiet.is_empty() {
             return Silence::default();
         }
@@ -388,15 +392,56 @@ impl Membership {
             .beats
             .values()
             .any(|at| now.saturating_duration_since(*at) < recent);
-        if !others_heard && self.beats.len() > 1 && !self.loopback {
-            let first = !std::mem::replace(&mut self.cut_off, true);
+        if !others_heard && self.beats.len() > 1 && !self.loopback && !self.reaching {
+            let first = self.cut_off.is_none();
+            if first {
+                self.cut_off = Some(self.beats.clone());
+            }
             self.beats.values_mut().for_each(|at| *at = (*at).max(now));
             return Silence {
                 quiet: Vec::new(),
                 cut_off: first,
             };
         }
-        for (slot, _) in &quiet {
+        self.judge(&quiet, now);
+        Silence {
+            quiet,
+            cut_off: false,
+        }
+    }
+
+    /// The launcher reached a host of its workers while every one that beat was quiet ([`Silence::cut_off`]): it is
+    /// not cut off, they are frozen. Until a worker is heard again each is judged on its own silence, counted from
+    /// its last heartbeat before the stretch (as [`Membership::silence`] judges one silent while others are heard);
+    /// returns those silent for `timeout` already, with how long. Nothing when the stretch is over (a worker was
+    /// heard meanwhile).
+    pub(crate) fn reached(&mut self, now: Instant, timeout: Duration) -> Vec<(u32, Duration)> {
+        let Some(before) = self.cut_off.take() else {
+            return Vec::new();
+        };
+        for (slot, at) in before {
+            if let Some(beat) = self.beats.get_mut(&slot) {
+                *beat = at;
+            }
+        }
+        self.reaching = true;
+        let quiet = self.quiet_for(now, timeout);
+        self.judge(&quiet, now);
+        quiet
+    }
+
+    /// The live workers whose latest heartbeat is `timeout` or more before `now`, with how long they were silent.
+    fn quiet_for(&self, now: Instant, timeout: Duration) -> Vec<(u32, Duration)> {
+        self.beats
+            .iter()
+            .map(|(slot, at)| (*slot, now.saturating_duration_since(*at)))
+            .filter(|(_, quiet)| *quiet >= timeout)
+            .collect()
+    }
+
+    /// `quiet` workers are gone from now on, found silent (see [`Membership::silence`]).
+    fn judge(&mut self, quiet: &[(u32, Duration)], now: Instant) {
+        for (slot, _) in quiet {
             self.beats.remove(slot);
             self.alive.remove(slot);
             self.pending.remove(slot);
@@ -407,10 +452,6 @@ impl Membership {
             self.pending_since = None;
         }
         self.try_form(now);
-        Silence {
-            quiet,
-            cut_off: false,
-        }
     }
 
     /// `Ok` when `slot` is one of the step's workers and alive (not ended, left, left out or found silent).
@@ -961,6 +1002,55 @@ mod tests {
             .map(|(slot, _)| slot)
             .collect();
         assert_eq!(found, vec![0]);
+    }
+
+    /// Every worker quiet at once, and then the launcher reaches one of their hosts: they are frozen, not it cut off.
+    /// Those silent for the timeout by their last heartbeat before the stretch are judged at once, the others each
+    /// on its own silence (no second cut-off); a worker heard before the launcher reached a host ends the stretch,
+    /// and the next stretch is a cut-off again until a host is reached.
+    #[test]
+    fn a_launcher_that_reaches_a_host_judges_workers_all_quiet_as_frozen() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let mut m = Membership::new(3, s(3600));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+            m.beat(slot, t).unwrap();
+        }
+        // Slot 2 beat last 5 s later (its silence is younger than the timeout when the stretch is found).
+        m.beat(2, t + s(5)).unwrap();
+        for at in 1..=10 {
+            let found = m.silence(t + s(at), s(10));
+            assert!(found.quiet.is_empty(), "{at}: {found:?}");
+            assert_eq!(found.cut_off, at == 10, "{at}: {found:?}");
+        }
+        // Reached 2 s into the stretch: slots 0 and 1 (12 s silent) judged at once, slot 2 (7 s) not yet.
+        assert_eq!(m.reached(t + s(12), s(10)), vec![(0, s(12)), (1, s(12))]);
+        assert_eq!(m.dropped(), &BTreeSet::from([0, 1]));
+        // A second reach in the same stretch finds nothing more; slot 2 is judged on its own 10 s of silence.
+        assert_eq!(m.reached(t + s(13), s(10)), Vec::new());
+        let later: Vec<_> = (13..=16).map(|at| m.silence(t + s(at), s(10))).collect();
+        assert!(later.iter().all(|f| !f.cut_off), "{later:?}");
+        let judged: Vec<_> = later.into_iter().flat_map(|f| f.quiet).collect();
+        assert_eq!(judged, vec![(2, s(10))]);
+
+        // A worker heard before the launcher reaches a host ends the stretch: nothing is judged by the late reach,
+        // and a later stretch is a cut-off again.
+        let mut m = Membership::new(2, s(3600));
+        for slot in 0..2 {
+            m.join(slot, 0, t).unwrap();
+            m.beat(slot, t).unwrap();
+        }
+        assert!(m.silence(t + s(10), s(10)).cut_off);
+        m.beat(0, t + s(11)).unwrap();
+        m.beat(1, t + s(11)).unwrap();
+        assert_eq!(m.reached(t + s(12), s(10)), Vec::new());
+        for at in 12..=20 {
+            assert_eq!(m.silence(t + s(at), s(10)), Silence::default(), "{at}");
+        }
+        let found = m.silence(t + s(21), s(10));
+        assert!(found.cut_off && found.quiet.is_empty(), "{found:?}");
+        assert_eq!(m.dropped(), &BTreeSet::new());
     }
 
     #[test]

@@ -205,6 +205,8 @@ pub(super) struct Attempt<'a> {
     pub(super) elastic: Option<u32>,
     /// An elastic step's `HVD_HEARTBEAT_TIMEOUT`: a worker silent for this long is lost.
     pub(super) heartbeat: Option<Duration>,
+    /// The run's engine, which looks whether the launcher reaches a host when every worker went quiet at once.
+    pub(super) engine: std::sync::Arc<dyn crate::engine::SupervisedEngine>,
 }
 
 /// An elastic step below its minimum, waiting up to `--elastic-timeout` for workers to come back: since when, the
@@ -379,6 +381,7 @@ pub(super) fn supervise(
         restartable,
         elastic,
         heartbeat,
+        engine,
     } = attempt;
     let this_attempt = (step, log_dir, restartable);
     // An elastic step's workers lost so far (failed, or left out of a round: counted when left out), by slot, and
@@ -386,7 +389,7 @@ pub(super) fn supervise(
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
     // Live workers found frozen (no heartbeat for `heartbeat`), stopped as workers a round formed without.
-    let mut silent = super::heartbeat::Silent::default();
+    let mut silent = super::heartbeat::Silent::new(engine);
     // Workers on slots host discovery no longer lists, asked to leave at their next commit (SIGTERM), by slot.
     let mut unlisted = Removing::default();
     // New workers still waiting to join when the training finished: stopped, not counted as lost.

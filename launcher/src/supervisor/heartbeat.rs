@@ -4,11 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use super::{Job, Worker};
 use crate::LaunchError;
-use crate::engine::PlannedStep;
+use crate::engine::{PlannedStep, SupervisedEngine};
 use crate::rendezvous::RendezvousServer;
 use crate::report::Event;
 
@@ -25,14 +26,78 @@ pub(super) fn timeout(step: &PlannedStep) -> Result<Duration, LaunchError> {
         .map_err(|e| LaunchError::Engine(format!("step `{}`: {e}", step.name)))
 }
 
-/// The workers of an elastic step found silent so far, and when a worker on each host was last found silent.
-#[derive(Debug, Default)]
+/// How long the launcher gives a host to answer when every worker went quiet at once (at most the heartbeat timeout).
+const PROBE_WITHIN: Duration = Duration::from_secs(30);
+
+/// The workers of an elastic step found silent so far, and when a worker on each host was last found silent; while
+/// every worker is quiet at once, whether the launcher reaches their hosts.
 pub(super) struct Silent {
     slots: BTreeSet<u32>,
     hosts: BTreeMap<String, Instant>,
+    engine: Arc<dyn SupervisedEngine>,
+    /// While every worker is quiet at once: the launcher looking whether it reaches their hosts.
+    probe: Option<Probe>,
+}
+
+/// The hosts' answers (each host once: whether it was reached, `None` when the engine cannot look), how many are
+/// still to come, and the hosts not reached so far.
+struct Probe {
+    answers: mpsc::Receiver<(String, Option<bool>)>,
+    left: usize,
+    unreached: Vec<String>,
 }
 
 impl Silent {
+    /// Nothing found yet; `engine` reaches the workers' hosts.
+    pub(super) fn new(engine: Arc<dyn SupervisedEngine>) -> Silent {
+        Silent {
+            slots: BTreeSet::new(),
+            hosts: BTreeMap::new(),
+            engine,
+            probe: None,
+        }
+    }
+
+    /// Asks the engine, on a thread per host, whether the launcher reaches each of `hosts` within `within`.
+    fn probe(&mut self, hosts: BTreeSet<String>, within: Duration) {
+        let (answer, answers) = mpsc::channel();
+        let count = hosts.len();
+        for host in hosts {
+            let (engine, answer) = (self.engine.clone(), answer.clone());
+            std::thread::spawn(move || {
+                let reached = engine.probe_host(&host, within);
+                let _ = answer.send((host, reached));
+            });
+        }
+        self.probe = Some(Probe {
+            answers,
+            left: count,
+            unreached: Vec::new(),
+        });
+    }
+
+    /// A host the launcher reached since the probe began (it is not cut off), once; `Err(hosts)` once every host
+    /// answered and none was reached (the hosts it could not reach: none when the engine cannot look).
+    fn reached(&mut self) -> Option<Result<String, Vec<String>>> {
+        let probe = self.probe.as_mut()?;
+        while let Ok((host, reached)) = probe.answers.try_recv() {
+            probe.left -= 1;
+            match reached {
+                Some(true) => {
+                    self.probe = None;
+                    return Some(Ok(host));
+                }
+                Some(false) => probe.unreached.push(host),
+                None => {}
+            }
+        }
+        if probe.left > 0 {
+            return None;
+        }
+        let unreached = std::mem::take(&mut probe.unreached);
+        self.probe = None;
+        Some(Err(unreached))
+    }
     /// Whether worker `slot` was found silent.
     pub(super) fn contains(&self, slot: &u32) -> bool {
         self.slots.contains(slot)
@@ -78,18 +143,51 @@ pub(super) fn find_silent(
         }
     }
     let found = server.elastic_silence(timeout);
+    let heartbeat_var = hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT;
     if found.cut_off {
         job.events.event(Event::Note {
             text: format!(
-                "warning: no worker of step `{}` has sent a heartbeat for {} s ({}): the launcher seems cut off from \
-                 them (its network), not they all frozen at once; none is counted lost until they are heard again",
+                "warning: no worker of step `{}` has sent a heartbeat for {} s ({heartbeat_var}): the launcher may be \
+                 cut off from them (its network), or they all froze at once; none is counted lost until one is heard \
+                 again or the launcher reaches one of their hosts",
                 step.name,
                 timeout.as_secs_f64(),
-                hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT
             ),
         });
+        let hosts = workers
+            .iter()
+            .filter(|w| w.exited.is_none() && !silent.slots.contains(&w.rank))
+            .map(|w| w.host.clone())
+            .collect();
+        silent.probe(hosts, timeout.min(PROBE_WITHIN));
     }
-    for (slot, quiet) in found.quiet {
+    let mut quiet = found.quiet;
+    match silent.reached() {
+        Some(Ok(host)) => {
+            let frozen = server.elastic_reached(timeout);
+            job.events.event(Event::Note {
+                text: format!(
+                    "the launcher reached host {host} ({}) while no worker of step `{}` sent a heartbeat: it is not \
+                     cut off, they are frozen; each is judged on its own silence",
+                    silent.engine.name(),
+                    step.name
+                ),
+            });
+            quiet.extend(frozen);
+        }
+        Some(Err(unreached)) if !unreached.is_empty() => job.events.event(Event::Note {
+            text: format!(
+                "warning: the launcher could not reach {} within {} s ({}): it seems cut off (its network); the \
+                 workers of step `{}` are not counted lost until one is heard again",
+                unreached.join(", "),
+                timeout.min(PROBE_WITHIN).as_secs(),
+                silent.engine.name(),
+                step.name
+            ),
+        }),
+        _ => {}
+    }
+    for (slot, quiet) in quiet {
         let worker = workers.iter().find(|w| w.rank == slot);
         let host = worker.map_or("its host", |w| w.host.as_str());
         if let Some(w) = worker {
@@ -97,10 +195,10 @@ pub(super) fn find_silent(
         }
         job.events.event(Event::Note {
             text: format!(
-                "rank {slot} of step `{}` on {host} sent no heartbeat for {} s ({}): lost; stopping it (elastic)",
+                "rank {slot} of step `{}` on {host} sent no heartbeat for {} s ({heartbeat_var}): lost; stopping it \
+                 (elastic)",
                 step.name,
                 quiet.as_secs_f64().round(),
-                hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT
             ),
         });
         silent.slots.insert(slot);
@@ -117,7 +215,7 @@ mod tests {
     fn a_host_with_a_silent_worker_is_not_placed_on_for_a_timeout() {
         let t = Instant::now();
         let s = Duration::from_secs;
-        let mut silent = Silent::default();
+        let mut silent = Silent::new(Arc::new(crate::engine::Local));
         silent.slots.insert(2);
         silent.hosts.insert("frozen".to_owned(), t);
         let usable = || vec![("frozen".to_owned(), 2), ("fine".to_owned(), 2)];
