@@ -29,6 +29,9 @@ pub(super) fn timeout(step: &PlannedStep) -> Result<Duration, LaunchError> {
 /// How long the launcher gives a host to answer when every worker went quiet at once (at most the heartbeat timeout).
 const PROBE_WITHIN: Duration = Duration::from_secs(30);
 
+/// How many of their hosts it asks at once (one answer is enough; a thousand hosts are not a thousand ssh).
+const PROBED_HOSTS: usize = 8;
+
 /// The workers of an elastic step found silent so far, and when a worker on each host was last found silent; while
 /// every worker is quiet at once, whether the launcher reaches their hosts.
 pub(super) struct Silent {
@@ -58,16 +61,19 @@ impl Silent {
         }
     }
 
-    /// Asks the engine, on a thread per host, whether the launcher reaches each of `hosts` within `within`.
-    fn probe(&mut self, hosts: BTreeSet<String>, within: Duration) {
+    /// Asks the engine, on a thread per host, whether the launcher reaches each of `hosts` (the first
+    /// [`PROBED_HOSTS`] distinct ones) within `within`.
+    fn probe(&mut self, hosts: impl IntoIterator<Item = String>, within: Duration) {
+        let hosts: BTreeSet<String> = hosts.into_iter().collect();
         let (answer, answers) = mpsc::channel();
-        let count = hosts.len();
-        for host in hosts {
+        let mut count = 0;
+        for host in hosts.into_iter().take(PROBED_HOSTS) {
             let (engine, answer) = (self.engine.clone(), answer.clone());
             std::thread::spawn(move || {
                 let reached = engine.probe_host(&host, within);
                 let _ = answer.send((host, reached));
             });
+            count += 1;
         }
         self.probe = Some(Probe {
             answers,
@@ -98,6 +104,7 @@ impl Silent {
         self.probe = None;
         Some(Err(unreached))
     }
+
     /// Whether worker `slot` was found silent.
     pub(super) fn contains(&self, slot: &u32) -> bool {
         self.slots.contains(slot)
@@ -158,7 +165,7 @@ pub(super) fn find_silent(
             .iter()
             .filter(|w| w.exited.is_none() && !silent.slots.contains(&w.rank))
             .map(|w| w.host.clone())
-            .collect();
+            .collect::<Vec<_>>();
         silent.probe(hosts, timeout.min(PROBE_WITHIN));
     }
     let mut quiet = found.quiet;
@@ -208,6 +215,92 @@ pub(super) fn find_silent(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An engine whose hosts answer a probe as listed (after `delay`), and that counts the probes.
+    #[derive(Debug)]
+    struct Answers(
+        BTreeMap<&'static str, (Option<bool>, Duration)>,
+        std::sync::Mutex<usize>,
+    );
+
+    impl SupervisedEngine for Answers {
+        fn name(&self) -> &'static str {
+            "test engine"
+        }
+
+        fn probe_host(&self, host: &str, _within: Duration) -> Option<bool> {
+            *self.1.lock().unwrap() += 1;
+            let (answer, delay) = self.0[host];
+            std::thread::sleep(delay);
+            answer
+        }
+    }
+
+    /// Waits (5 s at most) for the probe's outcome.
+    fn outcome(silent: &mut Silent) -> Result<String, Vec<String>> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(outcome) = silent.reached() {
+                return outcome;
+            }
+            assert!(Instant::now() < deadline, "no outcome");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One host that answers is enough, whenever it answers; hosts that cannot be reached are named once all have
+    /// answered, however their answers are spread over the looks; an engine that cannot look names none; at most
+    /// `PROBED_HOSTS` are asked.
+    #[test]
+    fn one_reached_host_is_enough_and_unreached_ones_are_named_once_all_answered() {
+        let ms = Duration::from_millis;
+        let engine = |answers: &[(&'static str, Option<bool>, u64)]| {
+            Arc::new(Answers(
+                answers.iter().map(|(h, a, d)| (*h, (*a, ms(*d)))).collect(),
+                std::sync::Mutex::new(0),
+            ))
+        };
+        let hosts = |names: &[&str]| names.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>();
+        let mut silent = Silent::new(engine(&[
+            ("a", Some(false), 0),
+            ("b", None, 0),
+            ("c", Some(true), 200),
+        ]));
+        silent.probe(hosts(&["a", "b", "c"]), ms(10));
+        assert_eq!(outcome(&mut silent), Ok("c".to_owned()));
+        assert!(silent.reached().is_none(), "said once");
+        // Unreached answers taken on different looks are all named.
+        let mut silent = Silent::new(engine(&[
+            ("a", Some(false), 0),
+            ("b", Some(false), 300),
+            ("c", None, 0),
+        ]));
+        silent.probe(hosts(&["a", "b", "c"]), ms(10));
+        std::thread::sleep(ms(100));
+        assert!(silent.reached().is_none());
+        assert_eq!(
+            outcome(&mut silent),
+            Err(vec!["a".to_owned(), "b".to_owned()])
+        );
+        assert!(silent.reached().is_none(), "said once");
+        let mut silent = Silent::new(engine(&[("a", None, 0)]));
+        silent.probe(hosts(&["a", "a"]), ms(10));
+        assert_eq!(outcome(&mut silent), Err(Vec::new()));
+        // Twelve hosts, each named twice: eight probes.
+        let names: Vec<&'static str> = vec![
+            "h0", "h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9", "ha", "hb",
+        ];
+        let many = engine(
+            &names
+                .iter()
+                .map(|h| (*h, Some(false), 0))
+                .collect::<Vec<_>>(),
+        );
+        let mut silent = Silent::new(many.clone());
+        silent.probe(hosts(&names).into_iter().chain(hosts(&names)), ms(10));
+        assert_eq!(outcome(&mut silent).unwrap_err().len(), PROBED_HOSTS);
+        assert_eq!(*many.1.lock().unwrap(), PROBED_HOSTS);
+    }
 
     /// A host where a worker was found silent takes no new worker for one heartbeat timeout after that finding
     /// (its other frozen workers are found within it); other hosts, and that host afterwards, take them.
