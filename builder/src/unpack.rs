@@ -439,7 +439,7 @@ struct FileJob {
     normalized: String,
     dest: String,
     executable: bool,
-    /// What the central directory says it unpacks to (only an ordering hint: the written bytes are counted).
+    /// What the central directory says it unpacks to: the order's hint, and exactly what it must unpack to.
     size: u64,
 }
 
@@ -771,14 +771,14 @@ impl<'a> Extractor<'a> {
         if threads == 1 {
             let mut zip = zip.clone();
             for job in jobs {
-                let mut reader = zip
+                let reader = zip
                     .by_index(job.index)
                     .map_err(|err| archive_error(self.sink.archive, err))?;
                 self.write_file(
                     &job.entry,
                     (job.normalized, job.dest),
                     job.executable,
-                    &mut reader,
+                    &mut zip_archive::Declared::new(reader, job.size),
                 )?;
             }
             return Ok(());
@@ -814,14 +814,14 @@ impl<'a> Extractor<'a> {
                             let written = zip
                                 .by_index(job.index)
                                 .map_err(|err| archive_error(sink.archive, err))
-                                .and_then(|mut reader| {
+                                .and_then(|reader| {
                                     sink.write_file(
                                         &mut dirs,
                                         &mut buffer,
                                         &job.entry,
                                         &job.dest,
                                         job.executable,
-                                        &mut reader,
+                                        &mut zip_archive::Declared::new(reader, job.size),
                                     )
                                 });
                             match written {

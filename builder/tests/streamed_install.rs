@@ -37,6 +37,9 @@ enum Host {
     /// The range answer is gzip-encoded (`Content-Encoding: gzip`, whatever the request accepted); the body's last
     /// megabyte waits up to 3 s for the first module to be unpacked (it must not be: the answer is refused).
     GzipTail,
+    /// As `Ranges`, but the body's last megabyte waits at most 3 s for the first module: an archive refused before
+    /// it writes any (the install then waits for the body's verdict) costs no more.
+    Refused,
     /// The whole body is sent without a length, and the connection is held open (the download not over, so not
     /// verified) until the wheel's tree is unpacked to its RECORD in the store's temp area, or committed (or 60 s).
     Held,
@@ -163,10 +166,14 @@ fn serve(file: Vec<u8>, filename: &str, host: Host, store: PathBuf) -> Served {
                     Host::Ranges => unpacking,
                     Host::OtherTail | Host::CorruptBody => installing,
                     Host::Held => unpacked_whole,
-                    Host::GzipTail => unpacking,
+                    Host::GzipTail | Host::Refused => unpacking,
                     _ => |_| true,
                 };
-                let wait = if host == Host::GzipTail { 3 } else { 60 };
+                let wait = if matches!(host, Host::GzipTail | Host::Refused) {
+                    3
+                } else {
+                    60
+                };
                 let deadline = Instant::now() + Duration::from_secs(wait);
                 while !started(&store) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(2));
@@ -391,17 +398,29 @@ fn drop_last_central_record(bytes: &mut Vec<u8>) {
 /// A change made to the served wheel's bytes.
 type Patch = dyn Fn(&mut Vec<u8>);
 
-/// What a build of a hostile variant gives: the wheel path's content hash and files, or that it failed.
-fn outcome(host: Host, patch: &Patch) -> Option<(String, Vec<String>)> {
+/// What a build of a hostile variant gives: the wheel path's content hash and files, or the error (with its causes)
+/// after which nothing is left in the store's temporary directory.
+fn outcome(host: Host, patch: &Patch) -> Result<(String, Vec<String>), String> {
     let f = fixture_of(host, patch);
-    let built = build(&f);
+    let built = match build(&f) {
+        Ok(built) => built,
+        Err(e) => {
+            if host == Host::Refused {
+                assert!(f.served.ranges.load(Ordering::SeqCst) >= 1, "not streamed");
+            }
+            let left: Vec<_> = std::fs::read_dir(f.store.root().join(".tmp"))
+                .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+                .unwrap_or_default();
+            assert!(left.is_empty(), "{left:?}");
+            return Err(chain(&e));
+        }
+    };
     if host == Host::Ranges {
         assert!(
             f.served.streamed.load(Ordering::SeqCst),
             "no entry was written before the download's end"
         );
     }
-    let built = built.ok()?;
     let path = &built.packages[0].path;
     let info = f.store.path_info(path).unwrap();
     let mut files: Vec<String> = walk(path)
@@ -410,15 +429,15 @@ fn outcome(host: Host, patch: &Patch) -> Option<(String, Vec<String>)> {
         .filter(|p| !p.is_empty())
         .collect();
     files.sort();
-    Some((info.content_hash.to_string(), files))
+    Ok((info.content_hash.to_string(), files))
 }
 
-/// Archives whose local headers and central directory disagree, or that carry more than the central directory
-/// lists, install the same streamed as from the complete file: the central directory decides every entry either
-/// way (each file's bytes are read at its recorded offset, within its recorded compressed size, and checked against
-/// its recorded CRC), so an entry only in the stream is never installed.
+/// Archives whose local headers and central directory disagree, that carry bytes no entry they list covers (an
+/// entry only a reader from the front would see), or data after the end record are refused, alike streamed and
+/// from the complete file, naming what differs, and leave nothing (before, the central directory decided and they
+/// installed: another reader of the same wheel could have seen other files).
 #[test]
-fn hostile_layouts_install_alike_streamed_and_from_the_complete_file() {
+fn hostile_layouts_are_refused_alike_streamed_and_from_the_complete_file() {
     let stream_only = |bytes: &mut Vec<u8>| {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.whl");
@@ -427,9 +446,13 @@ fn hostile_layouts_install_alike_streamed_and_from_the_complete_file() {
         *bytes = std::fs::read(&path).unwrap();
         drop_last_central_record(bytes);
     };
-    let variants: Vec<(&str, Box<Patch>)> = vec![
+    let variants: Vec<(&str, Box<Patch>, &str)> = vec![
         // The first local header names `big/m0.bix`; the central directory `big/m0.bin`.
-        ("a local name", Box::new(|b: &mut Vec<u8>| b[30 + 9] = b'x')),
+        (
+            "a local name",
+            Box::new(|b: &mut Vec<u8>| b[30 + 9] = b'x'),
+            "`big/m0.bin` is named `big/m0.bix` in its local header",
+        ),
         // The first local header's sizes say 1 byte.
         (
             "local sizes",
@@ -437,32 +460,40 @@ fn hostile_layouts_install_alike_streamed_and_from_the_complete_file() {
                 b[18..22].copy_from_slice(&1u32.to_le_bytes());
                 b[22..26].copy_from_slice(&1u32.to_le_bytes());
             }),
+            "has sizes 1/1 (compressed/unpacked) in its local header",
         ),
-        ("an entry only in the stream", Box::new(stream_only)),
+        (
+            "an entry only in the stream",
+            Box::new(stream_only),
+            "that belong to no entry it lists",
+        ),
         (
             "data after the end record",
             Box::new(|b: &mut Vec<u8>| b.extend_from_slice(&[b'j'; 1000])),
+            "other data follows it",
         ),
     ];
-    for (what, patch) in &variants {
-        let streamed = outcome(Host::Ranges, patch.as_ref());
-        let complete = outcome(Host::NoRanges, patch.as_ref());
-        // Each installs (the central directory decides), and alike: two failures would not show that.
-        assert!(streamed.is_some(), "{what}: the streamed install failed");
-        assert!(
-            complete.is_some(),
-            "{what}: the install of the complete file failed"
-        );
-        assert_eq!(streamed, complete, "{what}: streamed vs complete");
-        if let Some((_, files)) = &streamed {
-            assert!(
-                !files.iter().any(|f| f.contains("evil")),
-                "{what}: {files:?}"
-            );
+    for (what, patch, says) in &variants {
+        for host in [Host::Refused, Host::NoRanges] {
+            match outcome(host, patch.as_ref()) {
+                Ok((_, files)) => panic!("{what} ({host:?}): installed {files:?}"),
+                Err(e) => assert!(e.contains(says), "{what} ({host:?}): {e}"),
+            }
         }
     }
-    // The entry only in the stream was really in it, and the rest of that wheel installs.
-    assert!(outcome(Host::NoRanges, &stream_only).is_some());
+    // The entry only in the stream was really in it: listed, it installs.
+    let listed = |bytes: &mut Vec<u8>| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.whl");
+        std::fs::write(&path, &bytes).unwrap();
+        common::append_to_zip(&path, "big/evil.py", b"print('listed')\n");
+        *bytes = std::fs::read(&path).unwrap();
+    };
+    let err = outcome(Host::NoRanges, &listed).unwrap_err();
+    assert!(
+        err.contains("`big/evil.py` is not listed in RECORD"),
+        "{err}"
+    );
 }
 
 #[test]

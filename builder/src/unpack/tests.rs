@@ -159,3 +159,143 @@ fn tar_escapes_are_refused() {
         "{err}"
     );
 }
+
+/// A zip of `entries` stored (uncompressed, so that sizes and names sit at known places), as bytes.
+fn stored_zip(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for (name, data) in entries {
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        writer.start_file(*name, options).unwrap();
+        writer.write_all(data).unwrap();
+    }
+    writer.finish().unwrap().into_inner()
+}
+
+fn le16(b: &[u8], at: usize) -> usize {
+    u16::from_le_bytes([b[at], b[at + 1]]) as usize
+}
+
+/// The offsets of the central directory's headers of a zip without a comment.
+fn central_headers(b: &[u8]) -> Vec<usize> {
+    let end = b.len() - 22;
+    assert_eq!(&b[end..end + 4], b"PK\x05\x06");
+    let mut at = u32::from_le_bytes(b[end + 16..end + 20].try_into().unwrap()) as usize;
+    let mut headers = Vec::new();
+    for _ in 0..le16(b, end + 10) {
+        headers.push(at);
+        at += 46 + le16(b, at + 28) + le16(b, at + 30) + le16(b, at + 32);
+    }
+    headers
+}
+
+/// Unpacks `bytes` as a zip, expecting a refusal that says `says`; nothing may be left in the destination.
+fn refused_zip(what: &str, bytes: &[u8], says: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("a.zip");
+    fs_err::write(&archive, bytes).unwrap();
+    let dest = dir.path().join("dest");
+    let err = unpack_zip(&archive, &dest, Options::default()).expect_err(what);
+    assert!(err.to_string().contains(says), "{what}: {err}");
+}
+
+/// What another zip reader may see differently from this one is refused, each with what differs: a name twice in
+/// the central directory (the zip crate keeps one), more headers than the end record lists, data before the first
+/// entry or after the end record, a local header that names another file, compresses otherwise or has other sizes,
+/// bytes no listed entry covers (an entry a reader from the front sees, the central directory does not list), and
+/// an entry that unpacks to more or fewer bytes than its central directory says. The untouched archive unpacks.
+#[test]
+fn zips_other_readers_would_read_otherwise_are_refused() {
+    let honest = stored_zip(&[("a.txt", b"first"), ("b.txt", b"second")]);
+    let [first, second] = central_headers(&honest)[..] else {
+        panic!("two headers")
+    };
+    let second_local =
+        u32::from_le_bytes(honest[second + 42..second + 46].try_into().unwrap()) as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("honest.zip");
+    fs_err::write(&archive, &honest).unwrap();
+    unpack_zip(&archive, &dir.path().join("dest"), Options::default()).unwrap();
+
+    let mut twice = honest.clone();
+    twice[second + 46] = b'a';
+    twice[second_local + 30] = b'a';
+    refused_zip(
+        "a name twice",
+        &twice,
+        "names `a.txt` twice in its central directory",
+    );
+
+    let mut fewer = honest.clone();
+    let end = fewer.len() - 22;
+    fewer[end + 8..end + 10].copy_from_slice(&1u16.to_le_bytes());
+    fewer[end + 10..end + 12].copy_from_slice(&1u16.to_le_bytes());
+    refused_zip(
+        "an extra header",
+        &fewer,
+        "has 2 headers in its central directory, but its end record lists 1",
+    );
+
+    let prepended = [vec![b'j'; 64], honest.clone()].concat();
+    refused_zip(
+        "prepended",
+        &prepended,
+        "has 64 bytes of other data before its first entry",
+    );
+
+    let appended = [honest.clone(), vec![b'j'; 64]].concat();
+    refused_zip("appended", &appended, "other data follows it");
+
+    let mut renamed = honest.clone();
+    renamed[second_local + 30] = b'c';
+    refused_zip(
+        "a local name",
+        &renamed,
+        "`b.txt` is named `c.txt` in its local header",
+    );
+
+    let mut method = honest.clone();
+    method[second_local + 8..second_local + 10].copy_from_slice(&8u16.to_le_bytes());
+    refused_zip(
+        "a local method",
+        &method,
+        "is compressed with method 8 by its local header, 0 by its central directory",
+    );
+
+    let mut sizes = honest.clone();
+    sizes[second_local + 22..second_local + 26].copy_from_slice(&5u32.to_le_bytes());
+    refused_zip(
+        "local sizes",
+        &sizes,
+        "has sizes 6/5 (compressed/unpacked) in its local header, 6/6 in its central directory",
+    );
+
+    // The first entry's central header dropped: its local header and data stay at the front.
+    let mut hidden = honest.clone();
+    let header_len = second - first;
+    hidden.drain(first..second);
+    let end = hidden.len() - 22;
+    hidden[end + 8..end + 10].copy_from_slice(&1u16.to_le_bytes());
+    hidden[end + 10..end + 12].copy_from_slice(&1u16.to_le_bytes());
+    let size = u32::from_le_bytes(hidden[end + 12..end + 16].try_into().unwrap()) as usize;
+    hidden[end + 12..end + 16].copy_from_slice(&((size - header_len) as u32).to_le_bytes());
+    refused_zip(
+        "an entry only a reader from the front sees",
+        &hidden,
+        &format!("has {second_local} bytes at 0..{second_local} that belong to no entry it lists"),
+    );
+
+    // An entry whose central and local headers both say one byte less, or one more, than it holds.
+    for (declared, says) in [
+        (
+            5u32,
+            "unpacks to more than the 5 bytes its central directory says",
+        ),
+        (7, "unpacks to 6 bytes, but its central directory says 7"),
+    ] {
+        let mut lying = honest.clone();
+        lying[second + 24..second + 28].copy_from_slice(&declared.to_le_bytes());
+        lying[second_local + 22..second_local + 26].copy_from_slice(&declared.to_le_bytes());
+        refused_zip(&format!("declared {declared}"), &lying, says);
+    }
+}

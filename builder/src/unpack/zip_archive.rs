@@ -120,6 +120,9 @@ impl std::io::Seek for SharedFile {
 pub(crate) struct OpenZip<'p> {
     path: &'p Path,
     zip: zip::ZipArchive<SharedFile>,
+    /// The archive's bytes, and its central directory as walked by [`raw_directory`].
+    source: Source,
+    raw: Vec<RawEntry>,
     /// The archive's length (the locked size of one still downloading).
     len: u64,
     /// Still downloading: each file is written as it is read, in the central directory's order, until the whole
@@ -130,11 +133,14 @@ pub(crate) struct OpenZip<'p> {
 impl<'p> OpenZip<'p> {
     pub(crate) fn open(path: &'p Path) -> Result<OpenZip<'p>> {
         let file = SharedFile::open(path)?;
-        let len = file.len;
+        let (source, len, walker) = (file.file.clone(), file.len, file.clone());
         let zip = zip::ZipArchive::new(file).map_err(|err| archive_error(path, err))?;
+        let raw = checked_directory(path, walker, &zip)?;
         Ok(OpenZip {
             path,
             zip,
+            source,
+            raw,
             len,
             growing: None,
         })
@@ -144,13 +150,17 @@ impl<'p> OpenZip<'p> {
     /// read ahead; what is read is trusted only after [`Growing::wait_verified`]).
     pub(crate) fn open_growing(path: &'p Path, growing: Arc<Growing>) -> Result<OpenZip<'p>> {
         let len = growing.size();
-        let zip = zip::ZipArchive::new(SharedFile::of(Source::Growing(growing.clone()), len))
+        let source = Source::Growing(growing.clone());
+        let zip = zip::ZipArchive::new(SharedFile::of(source.clone(), len))
             .map_err(|err| archive_error(path, err))?;
+        let raw = checked_directory(path, SharedFile::of(source.clone(), len), &zip)?;
         // The central directory is parsed: entries' headers and data are read from the body as it arrives.
         growing.close_tail();
         Ok(OpenZip {
             path,
             zip,
+            source,
+            raw,
             len,
             growing: Some(growing),
         })
@@ -160,6 +170,25 @@ impl<'p> OpenZip<'p> {
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.zip.file_names()
     }
+}
+
+/// [`raw_directory`] of an archive the zip crate opened, its refusal an unsafe archive's error.
+fn checked_directory(
+    path: &Path,
+    mut file: SharedFile,
+    zip: &zip::ZipArchive<SharedFile>,
+) -> Result<Vec<RawEntry>> {
+    raw_directory(
+        &mut file,
+        zip.central_directory_start(),
+        zip.offset(),
+        zip.len(),
+    )
+    .map_err(|reason| crate::error::Error::UnsafeArchiveEntry {
+        archive: path.to_path_buf(),
+        entry: "(central directory)".to_owned(),
+        reason,
+    })
 }
 
 /// Unpack a zip archive into `dest` (see the [`crate::unpack`] module documentation for what is refused).
@@ -179,6 +208,8 @@ pub(crate) fn unpack_open_zip(
     let OpenZip {
         path: archive,
         zip,
+        source,
+        raw,
         len: archive_len,
         growing,
     } = open;
@@ -201,7 +232,7 @@ pub(crate) fn unpack_open_zip(
     // (of an archive still downloading: each file's as it comes, in the central directory's order, until the whole
     // file is in).
     let mut jobs = Vec::new();
-    for index in 0..zip.len() {
+    for (index, raw) in raw.iter().enumerate() {
         let (name, mode, is_dir, size, span) = {
             let entry = zip
                 .by_index_raw(index)
@@ -217,8 +248,13 @@ pub(crate) fn unpack_open_zip(
                 ),
             )
         };
-        if let Err(reason) = spans.claim(span, directory_start) {
-            return Err(extractor.refuse(&name, reason));
+        match spans
+            .claim(span, directory_start)
+            .and_then(|()| check_local_header(&source, span.0, raw))
+        {
+            Ok(true) => spans.descriptor_after(span.0),
+            Ok(false) => {}
+            Err(reason) => return Err(extractor.refuse(&name, reason)),
         }
         let kind = match mode.map(|mode| mode & S_IFMT) {
             _ if is_dir => Kind::Dir,
@@ -256,10 +292,15 @@ pub(crate) fn unpack_open_zip(
                 // local headers are read as they come): a later entry's conflict is found when it comes, and then
                 // nothing is kept.
                 Some(place) if growing.as_ref().is_some_and(|g| !g.complete()) => {
-                    let mut reader = zip
+                    let reader = zip
                         .by_index(index)
                         .map_err(|err| archive_error(archive, err))?;
-                    extractor.write_file(&name, place, executable, &mut reader)?;
+                    extractor.write_file(
+                        &name,
+                        place,
+                        executable,
+                        &mut Declared::new(reader, size),
+                    )?;
                 }
                 Some((normalized, dest)) => jobs.push(FileJob {
                     index,
@@ -275,6 +316,9 @@ pub(crate) fn unpack_open_zip(
             Kind::HardLink { target } => extractor.add_hard_link(&name, &target)?,
         }
     }
+    if let Err(reason) = spans.contiguous(directory_start) {
+        return Err(extractor.refuse("(central directory)", reason));
+    }
     let declared: u64 = jobs.iter().map(|job| job.size).sum();
     let threads = if declared >= PARALLEL_FROM_BYTES {
         std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
@@ -287,11 +331,12 @@ pub(crate) fn unpack_open_zip(
 
 /// The archive bytes each entry spans (its local header and data), so that no two entries share a byte and none
 /// lies in the central directory: every byte of the archive is unpacked at most once, and an unpacked size is
-/// bounded by the archive's.
+/// bounded by the archive's. Once all are claimed, they must cover every byte before the central directory but a
+/// data descriptor's after an entry that says it has one ([`Spans::contiguous`]).
 #[derive(Default)]
 struct Spans {
-    /// Start -> end of the spans claimed so far (disjoint).
-    claimed: std::collections::BTreeMap<u64, u64>,
+    /// Start -> end of the spans claimed so far (disjoint), and whether a data descriptor follows each.
+    claimed: std::collections::BTreeMap<u64, (u64, bool)>,
 }
 
 impl Spans {
@@ -307,16 +352,269 @@ impl Spans {
             ));
         }
         let before = self.claimed.range(..end.max(start + 1)).next_back();
-        if let Some((&other_start, &other_end)) = before
+        if let Some((&other_start, &(other_end, _))) = before
             && other_end > start
         {
             return Err(format!(
                 "has its data at bytes {start}..{end}, which overlap another entry's ({other_start}..{other_end})"
             ));
         }
-        self.claimed.insert(start, end);
+        self.claimed.insert(start, (end, false));
         Ok(())
     }
+
+    /// The span starting at `start` is followed by a data descriptor.
+    fn descriptor_after(&mut self, start: u64) {
+        if let Some((_, descriptor)) = self.claimed.get_mut(&start) {
+            *descriptor = true;
+        }
+    }
+
+    /// Every byte before `directory_start` belongs to an entry, or to the data descriptor (12 to 24 bytes) of one
+    /// that has one: bytes no entry claims are what a reader from the front (a streaming unzip) may take for other
+    /// files. `Err` names the first stray bytes.
+    fn contiguous(&self, directory_start: u64) -> std::result::Result<(), String> {
+        let mut expected = (0, false);
+        let ends = self
+            .claimed
+            .iter()
+            .map(|(start, end)| (*start, *end))
+            .chain([(directory_start, (directory_start, false))]);
+        for (start, (end, descriptor)) in ends {
+            let (at, after_descriptor) = expected;
+            let gap = start.saturating_sub(at);
+            if gap != 0 && !(after_descriptor && (12..=24).contains(&gap)) {
+                return Err(format!(
+                    "has {gap} bytes at {at}..{start} that belong to no entry it lists: a reader from the front would \
+                     take them for other files"
+                ));
+            }
+            expected = (end, descriptor);
+        }
+        Ok(())
+    }
+}
+
+/// An entry's bytes held to the size its central directory declares: more, or an end before it, is an error (a
+/// reader that trusts the declared size would see other bytes than this one).
+pub(super) struct Declared<R> {
+    inner: R,
+    size: u64,
+    left: u64,
+}
+
+impl<R: Read> Declared<R> {
+    pub(super) fn new(inner: R, size: u64) -> Declared<R> {
+        Declared {
+            inner,
+            size,
+            left: size,
+        }
+    }
+}
+
+impl<R: Read> Read for Declared<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let n = self.inner.read(out)?;
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        if n == 0 && self.left > 0 {
+            return Err(invalid(format!(
+                "unpacks to {} bytes, but its central directory says {}",
+                self.size - self.left,
+                self.size
+            )));
+        }
+        if n as u64 > self.left {
+            return Err(invalid(format!(
+                "unpacks to more than the {} bytes its central directory says",
+                self.size
+            )));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Signatures of the zip records read here.
+const CENTRAL_HEADER: u32 = 0x0201_4b50;
+const LOCAL_HEADER: u32 = 0x0403_4b50;
+const END: u32 = 0x0605_4b50;
+const END64: u32 = 0x0606_4b50;
+const END64_LOCATOR: u32 = 0x0706_4b50;
+
+/// One central directory header as the archive spells it.
+pub(super) struct RawEntry {
+    name: Vec<u8>,
+    method: u16,
+    /// The compressed and uncompressed sizes (`u32::MAX`: in the zip64 extra field).
+    sizes: [u32; 2],
+}
+
+/// Reads `out.len()` bytes at `offset` (an archive shorter than that is an error).
+fn read_exact_at(file: &Source, out: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < out.len() {
+        match file.read_at(&mut out[done..], offset + done as u64)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => done += n,
+        }
+    }
+    Ok(())
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The zip structure, walked record by record where the zip crate is lenient, so that no other reader of the
+/// archive (pip's `zipfile`, a streaming unzip, a scanner) can see other files than this one: nothing prepended
+/// (`offset`, what the zip crate found before the archive, is 0), the central directory from `start` lists
+/// `entries` headers, no name twice (the crate keeps one entry per name), and the end records follow it and end the
+/// file. Returns each header's name, compression method and sizes, in the central directory's order (the crate's,
+/// when no name repeats). The local headers are held to these, and the entries to cover every byte before the
+/// central directory, as the entries are unpacked (`check_local_header`, [`Spans::contiguous`]).
+fn raw_directory(
+    file: &mut SharedFile,
+    start: u64,
+    offset: u64,
+    entries: usize,
+) -> std::result::Result<Vec<RawEntry>, String> {
+    use std::io::Seek;
+    let io = |e: std::io::Error| format!("cannot be read where its records say: {e}");
+    let len = file.len;
+    let mut read_exact_at = |out: &mut [u8], at: u64| {
+        file.seek(std::io::SeekFrom::Start(at))?;
+        file.read_exact(out)
+    };
+    if offset != 0 {
+        return Err(format!(
+            "has {offset} bytes of other data before its first entry (prepended): a reader from the front would \
+             see other files"
+        ));
+    }
+    let mut raw = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    let mut at = start;
+    let mut fixed = [0u8; 46];
+    loop {
+        read_exact_at(&mut fixed[..4], at).map_err(io)?;
+        if u32_at(&fixed, 0) != CENTRAL_HEADER {
+            break;
+        }
+        read_exact_at(&mut fixed, at).map_err(io)?;
+        let (name_len, extra_len, comment_len) = (
+            u16_at(&fixed, 28) as usize,
+            u16_at(&fixed, 30) as usize,
+            u16_at(&fixed, 32) as usize,
+        );
+        let mut name = vec![0u8; name_len];
+        read_exact_at(&mut name, at + 46).map_err(io)?;
+        if !names.insert(name.clone()) {
+            return Err(format!(
+                "names `{}` twice in its central directory: readers disagree on which one is the file",
+                String::from_utf8_lossy(&name)
+            ));
+        }
+        raw.push(RawEntry {
+            name,
+            method: u16_at(&fixed, 10),
+            sizes: [u32_at(&fixed, 20), u32_at(&fixed, 24)],
+        });
+        at += 46 + (name_len + extra_len + comment_len) as u64;
+    }
+    if raw.len() != entries {
+        return Err(format!(
+            "has {} headers in its central directory, but its end record lists {entries}",
+            raw.len()
+        ));
+    }
+    let mut sig = [0u8; 56];
+    if u32_at(&fixed, 0) == END64 {
+        read_exact_at(&mut sig[..12], at).map_err(io)?;
+        let size = u64::from_le_bytes(sig[4..12].try_into().unwrap_or([0; 8]));
+        at = at.saturating_add(12).saturating_add(size);
+        read_exact_at(&mut sig[..20], at).map_err(io)?;
+        if u32_at(&sig, 0) != END64_LOCATOR {
+            return Err("has a zip64 end record without its locator after it".to_owned());
+        }
+        at += 20;
+        read_exact_at(&mut sig[..4], at).map_err(io)?;
+    } else {
+        sig[..4].copy_from_slice(&fixed[..4]);
+    }
+    if u32_at(&sig, 0) != END {
+        return Err(format!(
+            "has other data after its central directory's {} headers (at byte {at}), not its end record",
+            raw.len()
+        ));
+    }
+    read_exact_at(&mut sig[..22], at).map_err(io)?;
+    let end = at + 22 + u64::from(u16_at(&sig, 20));
+    if end != len {
+        return Err(format!(
+            "ends at byte {len}, but its end record (with its comment) ends at byte {end}: other data follows it"
+        ));
+    }
+    Ok(raw)
+}
+
+/// Checks that the local header at `header_start` says what the central directory says of the entry (`raw`): its
+/// name, compression and, unless a data descriptor follows its data, its sizes, as a reader that walks local headers
+/// sees them; returns whether a data descriptor follows (`Err` says what differs).
+fn check_local_header(
+    file: &Source,
+    header_start: u64,
+    raw: &RawEntry,
+) -> std::result::Result<bool, String> {
+    // The header and its name in one read (a name the central directory spells).
+    let mut header = vec![0u8; 30 + raw.name.len()];
+    read_exact_at(file, &mut header, header_start)
+        .map_err(|e| format!("has no readable local header at byte {header_start}: {e}"))?;
+    let (fixed, name) = header.split_at(30);
+    if u32_at(fixed, 0) != LOCAL_HEADER {
+        return Err(format!("has no local header at byte {header_start}"));
+    }
+    let name_len = u16_at(fixed, 26) as usize;
+    let mut longer = Vec::new();
+    let name = match name_len <= name.len() {
+        true => &name[..name_len],
+        false => {
+            longer.resize(name_len, 0);
+            read_exact_at(file, &mut longer, header_start + 30)
+                .map_err(|e| format!("has no readable local header at byte {header_start}: {e}"))?;
+            &longer[..]
+        }
+    };
+    if name != raw.name {
+        return Err(format!(
+            "is named `{}` in its local header: readers disagree on the file's name",
+            String::from_utf8_lossy(name)
+        ));
+    }
+    let method = u16_at(fixed, 8);
+    if method != raw.method {
+        return Err(format!(
+            "is compressed with method {method} by its local header, {} by its central directory",
+            raw.method
+        ));
+    }
+    let descriptor = u16_at(fixed, 6) & 0x8 != 0;
+    let local = [u32_at(fixed, 18), u32_at(fixed, 22)];
+    let zip64 = local.contains(&u32::MAX) || raw.sizes.contains(&u32::MAX);
+    if !descriptor && !zip64 && local != raw.sizes {
+        return Err(format!(
+            "has sizes {}/{} (compressed/unpacked) in its local header, {}/{} in its central directory",
+            local[0], local[1], raw.sizes[0], raw.sizes[1]
+        ));
+    }
+    Ok(descriptor)
 }
 
 #[cfg(test)]

@@ -247,20 +247,27 @@ pub fn build_default(
 }
 
 /// Appends a member `name` holding `data` to the zip archive (a wheel) at `archive`, after its RECORD was written:
-/// a member RECORD does not list.
+/// a member RECORD does not list. Python's `zipfile` appends over the old central directory, as a tool adding a
+/// file to a wheel does (the zip crate's append mode leaves the old central directory between the members: bytes
+/// the reader refuses).
 pub fn append_to_zip(archive: &Path, name: &str, data: &[u8]) {
-    let mut zip = zip::ZipWriter::new_append(
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(archive)
-            .unwrap(),
-    )
-    .unwrap();
-    zip.start_file(name, zip::write::SimpleFileOptions::default())
-        .unwrap();
-    zip.write_all(data).unwrap();
-    zip.finish().unwrap();
+    let mut python = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, zipfile\nwith zipfile.ZipFile(sys.argv[1], 'a', zipfile.ZIP_DEFLATED) as z:\n    \
+             z.writestr(sys.argv[2], sys.stdin.buffer.read())",
+        ])
+        .arg(archive)
+        .arg(name)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 must be installed for the builder tests");
+    python.stdin.take().unwrap().write_all(data).unwrap();
+    assert!(
+        python.wait().unwrap().success(),
+        "appending to {}",
+        archive.display()
+    );
 }
 
 /// A temporary directory whose `files/` is served over HTTP and whose `store/` holds an empty store. The
