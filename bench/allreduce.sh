@@ -25,12 +25,12 @@ REPS=${REPS:-3}
 hvd_release_bin_and_mpicc
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mpicc -O2 -o "$work/allreduce_mpi" bench/allreduce_mpi.c
+mpicc -O2 -pthread -o "$work/allreduce_mpi" bench/allreduce_mpi.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "# machine: $(nproc) cores, load $load_before; hvd: $HVD_BIN; backend: $BACKEND; $REPS interleaved repetitions" >&2
 : > "$work/memcpy.json"; : > "$work/mpi.json"; : > "$work/hvd.json"; : > "$work/hvd4.json"; : > "$work/mpi4.json"
-: > "$work/hvdp.json"
+: > "$work/hvdp.json"; : > "$work/handoff.json"
 # Each run starts after a pause: mpirun's daemons take a moment to exit and would otherwise compete with the
 # first (smallest) sizes of the next run.
 settle() { sleep "${SETTLE:-1}"; }
@@ -46,6 +46,7 @@ for rep in $(seq "$REPS"); do
       --json >> "$work/hvdp.json"
   fi
   if [ "${EXTRA_4:-1}" = 1 ]; then
+    "$work/allreduce_mpi" --handoff >> "$work/handoff.json"
     settle
     "$HVD_BIN" bench allreduce --workers 4 --backend "$BACKEND" --max-bytes "$MAX" --json >> "$work/hvd4.json"
     settle
@@ -114,4 +115,13 @@ if hvd4:
     print("hvd_4v2, mpi_4v2 = time of 4 ranks / time of 2 ranks for the same buffer, each against its own 2-rank time "
           "(goal for hvd <= 3); lat4_ratio = hvd 4 ranks / OpenMPI 4 ranks")
     print(f"4 ranks on {os.cpu_count()} cores: hvd as pinned threads (2 per core), OpenMPI as unbound processes")
+    handoff = statistics.median(r["handoff_us"] for r in load("handoff.json"))
+    small = min(hvd)
+    floor = 2 * handoff
+    print(f"floor with 2 ranks per core: one handoff between two threads on a core (sched_yield) takes {handoff:.2f} us; "
+          f"each core passes between its ranks at least twice an operation (between a rank's post of one operation and "
+          f"of the next, its core must run the other rank, whose post completes the first, and come back), "
+          f"so a 4-rank operation takes >= {floor:.2f} us: {floor / hvd[small]['median_us']:.1f}x hvd's 2-rank "
+          f"{size(small)} time ({hvd[small]['median_us']:.2f} us), where the goal asks 3x; hvd 4 ranks at "
+          f"{size(small)}: {hvd4[small]['median_us']:.2f} us = {hvd4[small]['median_us'] / floor:.1f}x the floor")
 PY

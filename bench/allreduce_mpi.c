@@ -1,8 +1,15 @@
 /* OpenMPI's MPI_Allreduce on f32, swept like `hvd bench allreduce`, for bench/allreduce.sh.
  * Prints one JSON object per size: median and p99 of the slowest rank per iteration, algbw, busbw.
  * `allreduce_mpi --memcpy [MAX_BYTES]` (no mpirun) prints the single-thread memcpy bandwidth of a 256 MiB buffer
- * instead, then of every sweep size from 64 KiB to MAX_BYTES. */
+ * instead, then of every sweep size from 64 KiB to MAX_BYTES. `allreduce_mpi --handoff` (no mpirun) prints what one
+ * handoff between two threads bound to the same CPU costs (each waits for its turn with sched_yield, as ranks
+ * beyond cores do): the floor under an allreduce of more ranks than cores, where every core must run each of its
+ * ranks once per operation, so passes between them at least twice. */
+#define _GNU_SOURCE
 #include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +61,41 @@ static int memcpy_bandwidth(size_t max_bytes) {
     return 0;
 }
 
+static _Atomic long turn;
+#define HANDOFFS 200000L
+
+/* One of two threads on CPU 0 taking turns HANDOFFS times each. */
+static void *take_turns(void *arg) {
+    long me = (long)arg;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    for (long i = 0; i < HANDOFFS; i++) {
+        while (atomic_load(&turn) % 2 != me) sched_yield();
+        atomic_fetch_add(&turn, 1);
+    }
+    return NULL;
+}
+
+/* The median over 5 rounds of the time of one handoff between two threads sharing CPU 0, in microseconds. */
+static int handoff(void) {
+    double t[5];
+    for (int round = 0; round < 5; round++) {
+        pthread_t threads[2];
+        atomic_store(&turn, 0);
+        double start = now();
+        for (long i = 0; i < 2; i++) pthread_create(&threads[i], NULL, take_turns, (void *)i);
+        for (int i = 0; i < 2; i++) pthread_join(threads[i], NULL);
+        t[round] = (now() - start) / (2.0 * HANDOFFS) * 1e6;
+    }
+    qsort(t, 5, sizeof t[0], cmp);
+    printf("{\"handoff_us\": %.3f}\n", t[2]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--handoff") == 0) return handoff();
     if (argc > 1 && strcmp(argv[1], "--memcpy") == 0)
         return memcpy_bandwidth(argc > 2 ? strtoull(argv[2], NULL, 10) : (size_t)256 << 20);
     size_t max_bytes = (size_t)256 << 20;
