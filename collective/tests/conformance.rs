@@ -638,7 +638,7 @@ fn single_copy_worker() {
 }
 
 /// Every op on 2 ranks and sums on 3 and 4 (where the single copy comes before the arenas) at sizes from just over
-/// 32 KiB and over 1 MiB, odd element counts so that blocks are uneven, in place and out of place, twice each, with
+/// 32 KiB (2 ranks) or around 4 KiB (3 and 4) and over 1 MiB, odd element counts so that blocks are uneven, in place and out of place, twice each, with
 /// a staged allreduce (arenas, same step counter) and a small one in between; every element exactly the reference
 /// (integer values).
 fn large_allreduces_match_exactly() {
@@ -659,7 +659,11 @@ fn large_allreduces_match_exactly() {
                         (DType::I8, 1_048_583, &[ReduceOp::Sum]),
                     ]
                 } else {
+                    // Just under and just over the 4 KiB the single copy takes from with 3 or more ranks.
                     &[
+                        (DType::I32, 1_021, &[ReduceOp::Sum]),
+                        (DType::I32, 1_027, &[ReduceOp::Sum, ReduceOp::Max]),
+                        (DType::F32, 3_001, &[ReduceOp::Sum]),
                         (DType::I32, 8_195, &[ReduceOp::Sum, ReduceOp::Max]),
                         (DType::F32, 400_003, &[ReduceOp::Sum]),
                     ]

@@ -20,8 +20,15 @@ const WORKER: &str = "HVD_SHARED_BUFFERS_TEST_WORKER";
 const SHARED: &str = "large allreduces read peers' shared buffers";
 const REFUSED: &str = "could not map a peer's shared buffer";
 
-/// f32 counts: just past the single copy's 32 KiB, just past 1 MiB, 2 MiB plus 3, odd over 4 MiB (uneven blocks).
-const COUNTS: [usize; 4] = [(1 << 13) + 5, (1 << 18) + 1, (1 << 19) + 3, (1 << 20) + 7];
+/// f32 counts: just past the single copy's 4 KiB of 3 or more ranks, just past its 32 KiB of 2, just past 1 MiB,
+/// 2 MiB plus 3, odd over 4 MiB (uneven blocks).
+const COUNTS: [usize; 5] = [
+    (1 << 10) + 3,
+    (1 << 13) + 5,
+    (1 << 18) + 1,
+    (1 << 19) + 3,
+    (1 << 20) + 7,
+];
 
 /// Bytes before the allreduce's range inside its shared buffer (the offset every rank posts).
 const OFFSET: usize = 12;

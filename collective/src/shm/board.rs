@@ -91,7 +91,11 @@ impl Board for ShmTransport {
     }
 
     fn allreduce_single_copy(&mut self, buf: &mut [u8], how: Combine) -> Result<bool> {
-        if buf.len() < super::SINGLE_COPY_MIN_BYTES {
+        let min = match self.seg.ranks {
+            ..=2 => super::SINGLE_COPY_MIN_BYTES,
+            _ => super::SINGLE_COPY_MIN_BYTES_MANY,
+        };
+        if buf.len() < min {
             return Ok(false);
         }
         self.single_copy_allreduce(buf, how)

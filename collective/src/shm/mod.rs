@@ -44,7 +44,7 @@ use single_copy::SingleCopy;
 pub use region::SharedBuffer;
 pub use ring::{DEFAULT_RING_BYTES, ring_bytes_from_env};
 pub use segment::ShmSegment;
-pub(crate) use single_copy::SINGLE_COPY_MIN_BYTES;
+pub(crate) use single_copy::{SINGLE_COPY_MIN_BYTES, SINGLE_COPY_MIN_BYTES_MANY};
 
 /// Fruitless polling rounds spent spinning before yielding, with a core per rank and with more ranks than cores.
 const SPIN: u32 = 4096;

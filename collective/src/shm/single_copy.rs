@@ -56,9 +56,13 @@ use crate::reduce::reduce_into;
 use crate::transport::even_counts;
 use crate::types::{DType, ReduceOp};
 
-/// The smallest allreduce that goes through the single copy when every peer's buffer is in this address space
-/// (below, the board's direct allreduce and recursive doubling win: docs/collective.md, "One pass").
+/// The smallest allreduce of 2 ranks that goes through the single copy when every peer's buffer is in this address
+/// space (below, the board's direct allreduce and recursive doubling win: docs/collective.md, "One pass").
 pub(crate) const SINGLE_COPY_MIN_BYTES: usize = 32 << 10;
+
+/// The same for 3 or more ranks, where the single copy comes before the arenas (4 ranks on 2 cores: 8 KiB in 5.7
+/// against 8.9 µs, 16 KiB 6.3 against 10.5; docs/collective.md, "One pass from 4 KiB").
+pub(crate) const SINGLE_COPY_MIN_BYTES_MANY: usize = 4 << 10;
 
 /// The smallest allreduce that reads peers with `process_vm_readv` (below, the ring's pipelining wins).
 const CMA_MIN_BYTES: usize = 1 << 20;
