@@ -299,3 +299,187 @@ fn zips_other_readers_would_read_otherwise_are_refused() {
         refused_zip(&format!("declared {declared}"), &lying, says);
     }
 }
+
+/// CRC-32 (IEEE), bit by bit: the few bytes of a handmade archive.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xEDB8_8320 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
+}
+
+/// An entry of [`handmade`]: stored, with these flags and extra fields.
+struct Handmade<'a> {
+    name: &'a str,
+    data: &'a [u8],
+    flags: u16,
+    central_extra: Vec<u8>,
+}
+
+impl<'a> Handmade<'a> {
+    fn plain(name: &'a str, data: &'a [u8]) -> Self {
+        Handmade {
+            name,
+            data,
+            flags: 0,
+            central_extra: Vec::new(),
+        }
+    }
+}
+
+/// A zip written field by field (stored entries, the end record with `comment`), for layouts no writer makes.
+fn handmade(entries: &[Handmade<'_>], comment: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut central = Vec::new();
+    for e in entries {
+        let offset = out.len() as u32;
+        let (crc, size, name) = (crc32(e.data), e.data.len() as u32, e.name.as_bytes());
+        let mut fixed = Vec::new();
+        fixed.extend_from_slice(&20u16.to_le_bytes()); // version needed
+        fixed.extend_from_slice(&e.flags.to_le_bytes());
+        fixed.extend_from_slice(&0u16.to_le_bytes()); // stored
+        fixed.extend_from_slice(&[0; 4]); // time, date
+        fixed.extend_from_slice(&crc.to_le_bytes());
+        fixed.extend_from_slice(&size.to_le_bytes());
+        fixed.extend_from_slice(&size.to_le_bytes());
+        fixed.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(b"PK\x03\x04");
+        out.extend_from_slice(&fixed);
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(e.data);
+        central.extend_from_slice(b"PK\x01\x02");
+        central.extend_from_slice(&(0x0300u16 | 20).to_le_bytes()); // made by: unix
+        central.extend_from_slice(&fixed);
+        central.extend_from_slice(&(e.central_extra.len() as u16).to_le_bytes());
+        central.extend_from_slice(&[0; 6]); // comment length, disk, internal attributes
+        central.extend_from_slice(&(0o100644u32 << 16).to_le_bytes());
+        central.extend_from_slice(&offset.to_le_bytes());
+        central.extend_from_slice(name);
+        central.extend_from_slice(&e.central_extra);
+    }
+    let start = out.len() as u32;
+    out.extend_from_slice(&central);
+    out.extend_from_slice(b"PK\x05\x06");
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
+    out.extend_from_slice(&start.to_le_bytes());
+    out.extend_from_slice(&(comment.len() as u16).to_le_bytes());
+    out.extend_from_slice(comment);
+    out
+}
+
+/// What the zip crate or pip's `zipfile` reads otherwise than the headers say, in records the first test's patches
+/// cannot reach: a Unicode path extra field that renames an entry (the crate takes it, `zipfile` does not), an end
+/// record whose directory size places the directory elsewhere for `zipfile`, a second end record in the comment (the
+/// one `zipfile` takes), a zip64 locator's signature where `zipfile` looks for one, a data descriptor, and flags
+/// that differ between the headers. An honest archive with a comment and one written with zip64 records unpack.
+#[test]
+fn zip_records_other_readers_take_otherwise_are_refused() {
+    let ok = |bytes: &[u8]| {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("a.zip");
+        fs_err::write(&archive, bytes).unwrap();
+        unpack_zip(&archive, &dir.path().join("dest"), Options::default()).map(|x| x.len())
+    };
+    let plain = [
+        Handmade::plain("a.txt", b"first"),
+        Handmade::plain("b.txt", b"second"),
+    ];
+    assert_eq!(ok(&handmade(&plain, b"")).unwrap(), 2);
+    assert_eq!(ok(&handmade(&plain, b"an honest comment")).unwrap(), 2);
+
+    let mut unicode = vec![1u8];
+    unicode.extend_from_slice(&crc32(b"b.txt").to_le_bytes());
+    unicode.extend_from_slice(b"evil.pth");
+    let mut extra = 0x7075u16.to_le_bytes().to_vec();
+    extra.extend_from_slice(&(unicode.len() as u16).to_le_bytes());
+    extra.extend_from_slice(&unicode);
+    let renamed = [
+        Handmade::plain("a.txt", b"first"),
+        Handmade {
+            central_extra: extra,
+            ..Handmade::plain("b.txt", b"second")
+        },
+    ];
+    refused_zip(
+        "a Unicode path",
+        &handmade(&renamed, b""),
+        "is named so by an extra field; its header names `b.txt`",
+    );
+
+    let mut shrunk = handmade(&plain, b"");
+    let end = shrunk.len() - 22;
+    let size = u32::from_le_bytes(shrunk[end + 12..end + 16].try_into().unwrap());
+    shrunk[end + 12..end + 16].copy_from_slice(&(size - 1).to_le_bytes());
+    refused_zip(
+        "a directory size",
+        &shrunk,
+        "has an end record that does not describe",
+    );
+
+    let mut fake = handmade(&plain, b"");
+    let real_end = fake[fake.len() - 22..].to_vec();
+    let comment = [b"xx".as_slice(), &real_end].concat();
+    refused_zip(
+        "an end record in the comment",
+        &handmade(&plain, &comment),
+        "another end record in its comment",
+    );
+    fake.truncate(0);
+
+    let mut locator = b"PK\x06\x07".to_vec();
+    locator.resize(20, 0);
+    let mut extra = 0xcafeu16.to_le_bytes().to_vec();
+    extra.extend_from_slice(&(locator.len() as u16).to_le_bytes());
+    extra.extend_from_slice(&locator);
+    let before_end = [
+        Handmade::plain("a.txt", b"first"),
+        Handmade {
+            central_extra: extra,
+            ..Handmade::plain("b.txt", b"second")
+        },
+    ];
+    refused_zip(
+        "a locator's signature",
+        &handmade(&before_end, b""),
+        "looks like a zip64 locator",
+    );
+
+    let described = [
+        Handmade::plain("a.txt", b"first"),
+        Handmade {
+            flags: 0x8,
+            ..Handmade::plain("b.txt", b"second")
+        },
+    ];
+    refused_zip(
+        "a data descriptor",
+        &handmade(&described, b""),
+        "`b.txt` with a data descriptor",
+    );
+
+    let mut flagged = handmade(&plain, b"");
+    let second_local = 30 + 5 + 5;
+    flagged[second_local + 6] = 0x00;
+    flagged[second_local + 7] = 0x08; // UTF-8 names, in the local header only
+    refused_zip(
+        "local flags",
+        &flagged,
+        "has flags 0x0800 in its local header, 0x0000 in its central directory",
+    );
+
+    // zip64 records (the crate writes them for an entry said to be large): unpack as any other.
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default().large_file(true);
+    writer.start_file("big.txt", options).unwrap();
+    writer.write_all(b"not that big").unwrap();
+    let zip64 = writer.finish().unwrap().into_inner();
+    assert_eq!(ok(&zip64).unwrap(), 1, "zip64");
+}

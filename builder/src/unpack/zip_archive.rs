@@ -233,28 +233,38 @@ pub(crate) fn unpack_open_zip(
     // file is in).
     let mut jobs = Vec::new();
     for (index, raw) in raw.iter().enumerate() {
-        let (name, mode, is_dir, size, span) = {
+        let (name, renamed, mode, is_dir, sizes, span) = {
             let entry = zip
                 .by_index_raw(index)
                 .map_err(|err| archive_error(archive, err))?;
             (
                 entry.name().to_string(),
+                // The crate takes a Unicode path extra field over the header's name; pip's `zipfile` does not.
+                entry.name_raw() != raw.name,
                 entry.unix_mode(),
                 entry.is_dir(),
-                entry.size(),
+                (entry.compressed_size(), entry.size()),
                 (
                     entry.header_start(),
                     entry.data_start().saturating_add(entry.compressed_size()),
                 ),
             )
         };
-        match spans
+        let size = sizes.1;
+        if renamed {
+            return Err(extractor.refuse(
+                &name,
+                format!(
+                    "is named so by an extra field; its header names `{}`: readers disagree on the file's name",
+                    String::from_utf8_lossy(&raw.name)
+                ),
+            ));
+        }
+        if let Err(reason) = spans
             .claim(span, directory_start)
-            .and_then(|()| check_local_header(&source, span.0, raw))
+            .and_then(|()| check_local_header(&source, span.0, raw, sizes))
         {
-            Ok(true) => spans.descriptor_after(span.0),
-            Ok(false) => {}
-            Err(reason) => return Err(extractor.refuse(&name, reason)),
+            return Err(extractor.refuse(&name, reason));
         }
         let kind = match mode.map(|mode| mode & S_IFMT) {
             _ if is_dir => Kind::Dir,
@@ -331,12 +341,12 @@ pub(crate) fn unpack_open_zip(
 
 /// The archive bytes each entry spans (its local header and data), so that no two entries share a byte and none
 /// lies in the central directory: every byte of the archive is unpacked at most once, and an unpacked size is
-/// bounded by the archive's. Once all are claimed, they must cover every byte before the central directory but a
-/// data descriptor's after an entry that says it has one ([`Spans::contiguous`]).
+/// bounded by the archive's. Once all are claimed, they must cover every byte before the central directory
+/// ([`Spans::contiguous`]).
 #[derive(Default)]
 struct Spans {
-    /// Start -> end of the spans claimed so far (disjoint), and whether a data descriptor follows each.
-    claimed: std::collections::BTreeMap<u64, (u64, bool)>,
+    /// Start -> end of the spans claimed so far (disjoint).
+    claimed: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Spans {
@@ -352,44 +362,36 @@ impl Spans {
             ));
         }
         let before = self.claimed.range(..end.max(start + 1)).next_back();
-        if let Some((&other_start, &(other_end, _))) = before
+        if let Some((&other_start, &other_end)) = before
             && other_end > start
         {
             return Err(format!(
                 "has its data at bytes {start}..{end}, which overlap another entry's ({other_start}..{other_end})"
             ));
         }
-        self.claimed.insert(start, (end, false));
+        self.claimed.insert(start, end);
         Ok(())
     }
 
-    /// The span starting at `start` is followed by a data descriptor.
-    fn descriptor_after(&mut self, start: u64) {
-        if let Some((_, descriptor)) = self.claimed.get_mut(&start) {
-            *descriptor = true;
-        }
-    }
-
-    /// Every byte before `directory_start` belongs to an entry, or to the data descriptor (12 to 24 bytes) of one
-    /// that has one: bytes no entry claims are what a reader from the front (a streaming unzip) may take for other
-    /// files. `Err` names the first stray bytes.
+    /// Every byte before `directory_start` belongs to an entry (there are no data descriptors): bytes no entry
+    /// claims are what a reader from the front (a streaming unzip) may take for other files. `Err` names the first
+    /// stray bytes.
     fn contiguous(&self, directory_start: u64) -> std::result::Result<(), String> {
-        let mut expected = (0, false);
-        let ends = self
+        let mut expected = 0;
+        let spans = self
             .claimed
             .iter()
             .map(|(start, end)| (*start, *end))
-            .chain([(directory_start, (directory_start, false))]);
-        for (start, (end, descriptor)) in ends {
-            let (at, after_descriptor) = expected;
-            let gap = start.saturating_sub(at);
-            if gap != 0 && !(after_descriptor && (12..=24).contains(&gap)) {
+            .chain([(directory_start, directory_start)]);
+        for (start, end) in spans {
+            if start != expected {
                 return Err(format!(
-                    "has {gap} bytes at {at}..{start} that belong to no entry it lists: a reader from the front would \
-                     take them for other files"
+                    "has {} bytes at {expected}..{start} that belong to no entry it lists: a reader from the front \
+                     would take them for other files",
+                    start.saturating_sub(expected)
                 ));
             }
-            expected = (end, descriptor);
+            expected = end;
         }
         Ok(())
     }
@@ -449,9 +451,13 @@ const END64_LOCATOR: u32 = 0x0706_4b50;
 pub(super) struct RawEntry {
     name: Vec<u8>,
     method: u16,
-    /// The compressed and uncompressed sizes (`u32::MAX`: in the zip64 extra field).
-    sizes: [u32; 2],
+    /// The general purpose flags (a data descriptor, encryption, UTF-8 names).
+    flags: u16,
 }
+
+/// The general purpose flag of a data descriptor after the entry's data (its sizes and CRC after it, not in its
+/// local header).
+const DATA_DESCRIPTOR: u16 = 0x8;
 
 /// Reads `out.len()` bytes at `offset` (an archive shorter than that is an error).
 fn read_exact_at(file: &Source, out: &mut [u8], offset: u64) -> std::io::Result<()> {
@@ -473,13 +479,22 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-/// The zip structure, walked record by record where the zip crate is lenient, so that no other reader of the
-/// archive (pip's `zipfile`, a streaming unzip, a scanner) can see other files than this one: nothing prepended
-/// (`offset`, what the zip crate found before the archive, is 0), the central directory from `start` lists
-/// `entries` headers, no name twice (the crate keeps one entry per name), and the end records follow it and end the
-/// file. Returns each header's name, compression method and sizes, in the central directory's order (the crate's,
-/// when no name repeats). The local headers are held to these, and the entries to cover every byte before the
-/// central directory, as the entries are unpacked (`check_local_header`, [`Spans::contiguous`]).
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// The zip structure, walked record by record where the zip crate is lenient, so that another reader of the
+/// archive (pip's `zipfile`, which finds the last end record and places the directory by its size; a streaming
+/// unzip, which walks local headers from the front) finds the same entries: nothing prepended (`offset`, what the
+/// zip crate found before the archive, is 0); the central directory from `start` lists `entries` headers, no name
+/// twice (the crate keeps one entry per name), none with a data descriptor (a streaming reader finds such an entry's
+/// end by the data itself; no wheel builder writes one); the end record (and a zip64 end record and locator, if
+/// any) follows it, says where it starts, how long it is and how many headers it has exactly (a zip64 end record's
+/// 32-bit twin saturated or equal), with no other end record in its comment nor a locator's signature where a
+/// reader would look for one, and ends the file. Returns each header's name, method and flags, in the central
+/// directory's order (the crate's, when no name repeats). The local headers are held to these, and the entries to
+/// cover every byte before the central directory, as the entries are unpacked (`check_local_header`,
+/// [`Spans::contiguous`]).
 fn raw_directory(
     file: &mut SharedFile,
     start: u64,
@@ -516,6 +531,14 @@ fn raw_directory(
         );
         let mut name = vec![0u8; name_len];
         read_exact_at(&mut name, at + 46).map_err(io)?;
+        let flags = u16_at(&fixed, 8);
+        if flags & DATA_DESCRIPTOR != 0 {
+            return Err(format!(
+                "has `{}` with a data descriptor (its sizes after its data): a streaming reader finds its end \
+                 otherwise, and no wheel builder writes one",
+                String::from_utf8_lossy(&name)
+            ));
+        }
         if !names.insert(name.clone()) {
             return Err(format!(
                 "names `{}` twice in its central directory: readers disagree on which one is the file",
@@ -525,7 +548,7 @@ fn raw_directory(
         raw.push(RawEntry {
             name,
             method: u16_at(&fixed, 10),
-            sizes: [u32_at(&fixed, 20), u32_at(&fixed, 24)],
+            flags,
         });
         at += 46 + (name_len + extra_len + comment_len) as u64;
     }
@@ -535,86 +558,163 @@ fn raw_directory(
             raw.len()
         ));
     }
-    let mut sig = [0u8; 56];
-    if u32_at(&fixed, 0) == END64 {
-        read_exact_at(&mut sig[..12], at).map_err(io)?;
-        let size = u64::from_le_bytes(sig[4..12].try_into().unwrap_or([0; 8]));
-        at = at.saturating_add(12).saturating_add(size);
-        read_exact_at(&mut sig[..20], at).map_err(io)?;
-        if u32_at(&sig, 0) != END64_LOCATOR {
+    let (count, size) = (raw.len() as u64, at - start);
+    let mut record = [0u8; 56];
+    // A zip64 end record and its locator, then the end record; or the end record alone.
+    let zip64 = u32_at(&fixed, 0) == END64;
+    if zip64 {
+        read_exact_at(&mut record, at).map_err(io)?;
+        let fields = (
+            u64_at(&record, 4),
+            u32_at(&record, 16),
+            u32_at(&record, 20),
+            u64_at(&record, 24),
+            u64_at(&record, 32),
+            u64_at(&record, 40),
+            u64_at(&record, 48),
+        );
+        if fields != (44, 0, 0, count, count, size, start) {
+            return Err(format!(
+                "has a zip64 end record that does not describe its central directory ({count} headers, {size} bytes \
+                 from byte {start})"
+            ));
+        }
+        let mut locator = [0u8; 20];
+        read_exact_at(&mut locator, at + 56).map_err(io)?;
+        if (
+            u32_at(&locator, 0),
+            u32_at(&locator, 4),
+            u64_at(&locator, 8),
+        ) != (END64_LOCATOR, 0, at)
+            || u32_at(&locator, 16) > 1
+        {
             return Err("has a zip64 end record without its locator after it".to_owned());
         }
-        at += 20;
-        read_exact_at(&mut sig[..4], at).map_err(io)?;
-    } else {
-        sig[..4].copy_from_slice(&fixed[..4]);
+        at += 56 + 20;
+        read_exact_at(&mut fixed[..4], at).map_err(io)?;
+    } else if at >= 20 {
+        // Where a reader looks for a zip64 locator (20 bytes before the end record): none may seem to be there.
+        let mut before = [0u8; 4];
+        read_exact_at(&mut before, at - 20).map_err(io)?;
+        if u32_at(&before, 0) == END64_LOCATOR {
+            return Err(
+                "has what looks like a zip64 locator just before its end record, which lists no zip64 end record"
+                    .to_owned(),
+            );
+        }
     }
-    if u32_at(&sig, 0) != END {
+    if u32_at(&fixed, 0) != END {
         return Err(format!(
             "has other data after its central directory's {} headers (at byte {at}), not its end record",
             raw.len()
         ));
     }
-    read_exact_at(&mut sig[..22], at).map_err(io)?;
-    let end = at + 22 + u64::from(u16_at(&sig, 20));
+    read_exact_at(&mut record[..22], at).map_err(io)?;
+    let said = (
+        u16_at(&record, 4),
+        u16_at(&record, 6),
+        u16_at(&record, 8),
+        u16_at(&record, 10),
+        u32_at(&record, 12),
+        u32_at(&record, 16),
+    );
+    let fits16 = |v: u64| (v < 0xFFFF).then_some(v as u16);
+    let fits32 = |v: u64| (v < 0xFFFF_FFFF).then_some(v as u32);
+    // The 32-bit fields: exact, or (with a zip64 end record) saturated.
+    let agrees16 = |got: u16, want: u64| fits16(want) == Some(got) || (zip64 && got == 0xFFFF);
+    let agrees32 = |got: u32, want: u64| fits32(want) == Some(got) || (zip64 && got == 0xFFFF_FFFF);
+    if !(said.0 == 0
+        && said.1 == 0
+        && agrees16(said.2, count)
+        && agrees16(said.3, count)
+        && agrees32(said.4, size)
+        && agrees32(said.5, start))
+    {
+        return Err(format!(
+            "has an end record that does not describe its central directory ({count} headers, {size} bytes from \
+             byte {start})"
+        ));
+    }
+    let comment_len = u16_at(&record, 20) as usize;
+    let end = at + 22 + comment_len as u64;
     if end != len {
         return Err(format!(
             "ends at byte {len}, but its end record (with its comment) ends at byte {end}: other data follows it"
         ));
     }
+    let mut comment = vec![0u8; comment_len];
+    read_exact_at(&mut comment, at + 22).map_err(io)?;
+    if comment.windows(4).any(|w| w == END.to_le_bytes()) {
+        return Err(
+            "has another end record in its comment: readers disagree on which one ends it"
+                .to_owned(),
+        );
+    }
     Ok(raw)
 }
 
-/// Checks that the local header at `header_start` says what the central directory says of the entry (`raw`): its
-/// name, compression and, unless a data descriptor follows its data, its sizes, as a reader that walks local headers
-/// sees them; returns whether a data descriptor follows (`Err` says what differs).
+/// Checks that the local header at `header_start` says what the central directory says of the entry (`raw`, and
+/// `sizes`, its compressed and unpacked sizes as the zip crate read them, zip64 included): its name, compression,
+/// flags and sizes, as a reader that walks local headers sees them (`Err` says what differs).
 fn check_local_header(
     file: &Source,
     header_start: u64,
     raw: &RawEntry,
-) -> std::result::Result<bool, String> {
+    sizes: (u64, u64),
+) -> std::result::Result<(), String> {
+    let unreadable =
+        |e: std::io::Error| format!("has no readable local header at byte {header_start}: {e}");
     // The header and its name in one read (a name the central directory spells).
     let mut header = vec![0u8; 30 + raw.name.len()];
-    read_exact_at(file, &mut header, header_start)
-        .map_err(|e| format!("has no readable local header at byte {header_start}: {e}"))?;
+    read_exact_at(file, &mut header, header_start).map_err(unreadable)?;
     let (fixed, name) = header.split_at(30);
     if u32_at(fixed, 0) != LOCAL_HEADER {
         return Err(format!("has no local header at byte {header_start}"));
     }
-    let name_len = u16_at(fixed, 26) as usize;
-    let mut longer = Vec::new();
-    let name = match name_len <= name.len() {
-        true => &name[..name_len],
-        false => {
-            longer.resize(name_len, 0);
-            read_exact_at(file, &mut longer, header_start + 30)
-                .map_err(|e| format!("has no readable local header at byte {header_start}: {e}"))?;
-            &longer[..]
-        }
-    };
-    if name != raw.name {
+    let (name_len, extra_len) = (u16_at(fixed, 26) as usize, u16_at(fixed, 28) as usize);
+    if name_len != name.len() || name != raw.name {
+        let mut local = vec![0u8; name_len];
+        read_exact_at(file, &mut local, header_start + 30).map_err(unreadable)?;
         return Err(format!(
             "is named `{}` in its local header: readers disagree on the file's name",
-            String::from_utf8_lossy(name)
+            String::from_utf8_lossy(&local)
         ));
     }
-    let method = u16_at(fixed, 8);
+    let (method, flags) = (u16_at(fixed, 8), u16_at(fixed, 6));
     if method != raw.method {
         return Err(format!(
             "is compressed with method {method} by its local header, {} by its central directory",
             raw.method
         ));
     }
-    let descriptor = u16_at(fixed, 6) & 0x8 != 0;
-    let local = [u32_at(fixed, 18), u32_at(fixed, 22)];
-    let zip64 = local.contains(&u32::MAX) || raw.sizes.contains(&u32::MAX);
-    if !descriptor && !zip64 && local != raw.sizes {
+    if flags != raw.flags {
         return Err(format!(
-            "has sizes {}/{} (compressed/unpacked) in its local header, {}/{} in its central directory",
-            local[0], local[1], raw.sizes[0], raw.sizes[1]
+            "has flags {flags:#06x} in its local header, {:#06x} in its central directory",
+            raw.flags
         ));
     }
-    Ok(descriptor)
+    let mut local = (u64::from(u32_at(fixed, 18)), u64::from(u32_at(fixed, 22)));
+    if local.0 == 0xFFFF_FFFF || local.1 == 0xFFFF_FFFF {
+        // Zip64: a local header carries both sizes in its extra field 1 (unpacked first).
+        let mut extra = vec![0u8; extra_len];
+        read_exact_at(file, &mut extra, header_start + 30 + name_len as u64).map_err(unreadable)?;
+        let mut at = 0;
+        while at + 4 <= extra.len() {
+            let (id, size) = (u16_at(&extra, at), u16_at(&extra, at + 2) as usize);
+            if id == 1 && size >= 16 && at + 4 + 16 <= extra.len() {
+                local = (u64_at(&extra, at + 12), u64_at(&extra, at + 4));
+                break;
+            }
+            at += 4 + size;
+        }
+    }
+    if local != sizes {
+        return Err(format!(
+            "has sizes {}/{} (compressed/unpacked) in its local header, {}/{} in its central directory",
+            local.0, local.1, sizes.0, sizes.1
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
