@@ -449,7 +449,7 @@ fn an_elastic_step_on_nodes_srun_cannot_reach_judges_nobody_and_goes_on() {
     let (stdout, stderr) = text(&out);
     let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
     assert!(
-        stderr.contains("it seems cut off (its network)"),
+        stderr.contains("it seems cut off from them (its network)"),
         "{}",
         logs()
     );

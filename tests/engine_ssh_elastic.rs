@@ -418,7 +418,7 @@ fn a_launcher_that_reaches_no_host_judges_nobody_and_the_step_goes_on() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        says(&out, "it seems cut off (its network)"),
+        says(&out, "it seems cut off from them (its network)"),
         "{stdout}\n{stderr}"
     );
     let [a, b] = HOSTS;

@@ -70,20 +70,15 @@ impl RendezvousServer {
         found
     }
 
-    /// The launcher reached a host of an elastic job's workers while every one of them was quiet (after
-    /// [`RendezvousServer::elastic_silence`] said `cut_off`): they are frozen, not it cut off. Returns those silent
-    /// for `timeout` (gone from now on, as there), with how long; the others are judged by `elastic_silence` on their
-    /// own silence until a worker is heard again. Nothing when one was heard meanwhile, or when not elastic.
-    pub fn elastic_reached(&self, timeout: Duration) -> Vec<(u32, Duration)> {
+    /// The launcher reached the host of an elastic job's workers `slots` while every worker was quiet (after
+    /// [`RendezvousServer::elastic_silence`] said `cut_off`): they are judged by `elastic_silence` on their own
+    /// silence from now on, two heartbeat intervals from now at the earliest, until a worker is heard again. Returns
+    /// whether that silence was still on (`false`: a worker was heard meanwhile, or not elastic).
+    pub fn elastic_reached(&self, slots: &[u32], timeout: Duration) -> bool {
         let mut store = self.shared.lock();
-        let quiet = store
+        store
             .elastic
             .as_mut()
-            .map(|m| m.reached(Instant::now(), timeout))
-            .unwrap_or_default();
-        if !quiet.is_empty() {
-            self.shared.changed.notify_all();
-        }
-        quiet
+            .is_some_and(|m| m.reached(slots, Instant::now(), timeout))
     }
 }

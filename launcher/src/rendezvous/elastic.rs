@@ -114,12 +114,12 @@ pub(crate) struct Membership {
     /// When the launcher last looked for silent workers.
     checked: Option<Instant>,
     /// Every worker that beat went quiet together: the launcher may be cut off from them (its own network), so nobody
-    /// is judged until one is heard again (said once per such stretch) or the launcher reaches one of their hosts
+    /// is judged until one is heard again (said once per such stretch) but workers on hosts the launcher reaches
     /// ([`Membership::reached`]). Holds each worker's latest heartbeat from before the stretch.
     cut_off: Option<BTreeMap<u32, Instant>>,
-    /// The launcher reached a host of its workers during the present stretch of silence ([`Membership::reached`]):
-    /// each is judged on its own silence until one is heard again.
-    reaching: bool,
+    /// Workers on hosts the launcher reached during the present stretch of silence ([`Membership::reached`]): each
+    /// is judged on its own silence until a worker is heard again (bounded by the workers).
+    reaching: BTreeSet<u32>,
     /// The workers reach the launcher over loopback (its server listens there: the local engine), so no network
     /// stands between them: when they all go quiet together they are frozen, not cut off.
     loopback: bool,
@@ -169,7 +169,7 @@ impl Membership {
             silent: BTreeSet::new(),
             checked: None,
             cut_off: None,
-            reaching: false,
+            reaching: BTreeSet::new(),
             loopback: false,
             heartbeat: None,
         }
@@ -340,7 +340,7 @@ impl Membership {
     pub(crate) fn beat(&mut self, slot: u32, now: Instant) -> Result<Beat, MembershipError> {
         self.live_worker(slot)?;
         // A worker heard ends a stretch of silence (a later one is looked into afresh).
-        self.reaching = false;
+        self.reaching.clear();
         // The first worker heard after the launcher was cut off from all: the others' beats are on their way, each
         // is given a whole timeout from now.
         if self.cut_off.take().is_some() {
@@ -371,9 +371,8 @@ impl Membership {
     /// heartbeat heard again. A lone worker that beat (the only one left) is judged on its own silence: nothing can
     /// tell the two apart then, and a frozen last worker would otherwise hold the step for ever. Workers that reach
     /// the launcher over loopback ([`Membership::set_loopback`]) are judged each on its own silence too: nothing
-    /// can cut them off, and all of them frozen at once would otherwise hold the step for ever; so are workers while
-    /// the launcher, which reached one of their hosts during the stretch, knows it is not cut off
-    /// ([`Membership::reached`]).
+    /// can cut them off, and all of them frozen at once would otherwise hold the step for ever; so are, during such a
+    /// stretch, the workers on hosts the launcher reached ([`Membership::reached`]).
     pub(crate) fn silence(&mut self, now: Instant, timeout: Duration) -> Silence {
         let away = self
             .checked
@@ -392,14 +391,25 @@ impl Membership {
             .beats
             .values()
             .any(|at| now.saturating_duration_since(*at) < recent);
-        if !others_heard && self.beats.len() > 1 && !self.loopback && !self.reaching {
+        if !others_heard && self.beats.len() > 1 && !self.loopback {
             let first = self.cut_off.is_none();
             if first {
                 self.cut_off = Some(self.beats.clone());
             }
-            self.beats.values_mut().for_each(|at| *at = (*at).max(now));
+            // Workers on hosts the launcher reached are judged on their own silence; the others wait.
+            let reaching = &self.reaching;
+            let judged: Vec<(u32, Duration)> = quiet
+                .into_iter()
+                .filter(|(slot, _)| reaching.contains(slot))
+                .collect();
+            for (slot, at) in self.beats.iter_mut() {
+                if !reaching.contains(slot) {
+                    *at = (*at).max(now);
+                }
+            }
+            self.judge(&judged, now);
             return Silence {
-                quiet: Vec::new(),
+                quiet: judged,
                 cut_off: first,
             };
         }
@@ -410,24 +420,24 @@ impl Membership {
         }
     }
 
-    /// The launcher reached a host of its workers while every one that beat was quiet ([`Silence::cut_off`]): it is
-    /// not cut off, they are frozen. Until a worker is heard again each is judged on its own silence, counted from
-    /// its last heartbeat before the stretch (as [`Membership::silence`] judges one silent while others are heard);
-    /// returns those silent for `timeout` already, with how long. Nothing when the stretch is over (a worker was
-    /// heard meanwhile).
-    pub(crate) fn reached(&mut self, now: Instant, timeout: Duration) -> Vec<(u32, Duration)> {
-        let Some(before) = self.cut_off.take() else {
-            return Vec::new();
+    /// The launcher reached the host of workers `slots` while every worker that beat was quiet
+    /// ([`Silence::cut_off`]): it is not cut off from them, they are frozen. Until a worker is heard again each of
+    /// them is judged on its own silence, counted from its last heartbeat before the stretch, but no sooner than two
+    /// heartbeat intervals from now (a worker whose beats were only held up, the network back as the host answered,
+    /// is heard first). Returns whether the stretch was still on (else nothing changes: a worker was heard).
+    pub(crate) fn reached(&mut self, slots: &[u32], now: Instant, timeout: Duration) -> bool {
+        let Some(before) = &self.cut_off else {
+            return false;
         };
-        for (slot, at) in before {
-            if let Some(beat) = self.beats.get_mut(&slot) {
-                *beat = at;
+        let grace = 2 * hvd_collective::liveness::interval(timeout);
+        let earliest = now.checked_sub(timeout.saturating_sub(grace));
+        for slot in slots {
+            if let (Some(at), Some(beat)) = (before.get(slot), self.beats.get_mut(slot)) {
+                *beat = earliest.map_or(*at, |earliest| (*at).max(earliest));
+                self.reaching.insert(*slot);
             }
         }
-        self.reaching = true;
-        let quiet = self.quiet_for(now, timeout);
-        self.judge(&quiet, now);
-        quiet
+        true
     }
 
     /// The live workers whose latest heartbeat is `timeout` or more before `now`, with how long they were silent.
@@ -1004,52 +1014,60 @@ mod tests {
         assert_eq!(found, vec![0]);
     }
 
-    /// Every worker quiet at once, and then the launcher reaches one of their hosts: they are frozen, not it cut off.
-    /// Those silent for the timeout by their last heartbeat before the stretch are judged at once, the others each
-    /// on its own silence (no second cut-off); a worker heard before the launcher reached a host ends the stretch,
-    /// and the next stretch is a cut-off again until a host is reached.
+    /// Every worker quiet at once, and then the launcher reaches the host of two of them: those two are judged on
+    /// their own silence, from their last heartbeat but no sooner than two beat intervals after the host answered;
+    /// the two on a host it did not reach stay held as if it were cut off from them, until one is heard. A worker
+    /// heard just after its host answered (the network back) ends the stretch and nobody is judged; a reach after
+    /// that changes nothing.
     #[test]
-    fn a_launcher_that_reaches_a_host_judges_workers_all_quiet_as_frozen() {
+    fn a_launcher_that_reaches_a_host_judges_its_workers_only_and_after_a_grace() {
         let t = Instant::now();
         let s = Duration::from_secs;
-        let mut m = Membership::new(3, s(3600));
-        for slot in 0..3 {
-            m.join(slot, 0, t).unwrap();
-            m.beat(slot, t).unwrap();
-        }
-        // Slot 2 beat last 5 s later (its silence is younger than the timeout when the stretch is found).
-        m.beat(2, t + s(5)).unwrap();
-        for at in 1..=10 {
+        let four = || {
+            let mut m = Membership::new(4, s(3600));
+            for slot in 0..4 {
+                m.join(slot, 0, t).unwrap();
+                m.beat(slot, t).unwrap();
+            }
+            for at in 1..=10 {
+                let found = m.silence(t + s(at), s(10));
+                assert!(found.quiet.is_empty(), "{at}: {found:?}");
+                assert_eq!(found.cut_off, at == 10, "{at}: {found:?}");
+            }
+            m
+        };
+        let mut m = four();
+        // Slots 0 and 1 are on the host reached at 11 s: judged at 15 s (the 4 s grace), as 10 s silent.
+        assert!(m.reached(&[0, 1], t + s(11), s(10)));
+        let mut judged = Vec::new();
+        for at in 11..=60 {
             let found = m.silence(t + s(at), s(10));
-            assert!(found.quiet.is_empty(), "{at}: {found:?}");
-            assert_eq!(found.cut_off, at == 10, "{at}: {found:?}");
+            assert!(!found.cut_off, "{at}: {found:?}");
+            judged.extend(found.quiet.into_iter().map(|q| (at, q)));
         }
-        // Reached 2 s into the stretch: slots 0 and 1 (12 s silent) judged at once, slot 2 (7 s) not yet.
-        assert_eq!(m.reached(t + s(12), s(10)), vec![(0, s(12)), (1, s(12))]);
+        assert_eq!(judged, vec![(15, (0, s(10))), (15, (1, s(10)))]);
         assert_eq!(m.dropped(), &BTreeSet::from([0, 1]));
-        // A second reach in the same stretch finds nothing more; slot 2 is judged on its own 10 s of silence.
-        assert_eq!(m.reached(t + s(13), s(10)), Vec::new());
-        let later: Vec<_> = (13..=16).map(|at| m.silence(t + s(at), s(10))).collect();
-        assert!(later.iter().all(|f| !f.cut_off), "{later:?}");
-        let judged: Vec<_> = later.into_iter().flat_map(|f| f.quiet).collect();
-        assert_eq!(judged, vec![(2, s(10))]);
+        // Slot 2 heard: the stretch is over; slot 3, still silent, is judged a timeout later by the usual rule.
+        m.beat(2, t + s(61)).unwrap();
+        let later: Vec<_> = (61..=71)
+            .flat_map(|at| {
+                m.beat(2, t + s(at)).unwrap();
+                m.silence(t + s(at), s(10)).quiet
+            })
+            .collect();
+        assert_eq!(later, vec![(3, s(10))]);
 
-        // A worker heard before the launcher reaches a host ends the stretch: nothing is judged by the late reach,
-        // and a later stretch is a cut-off again.
-        let mut m = Membership::new(2, s(3600));
-        for slot in 0..2 {
-            m.join(slot, 0, t).unwrap();
-            m.beat(slot, t).unwrap();
-        }
-        assert!(m.silence(t + s(10), s(10)).cut_off);
-        m.beat(0, t + s(11)).unwrap();
-        m.beat(1, t + s(11)).unwrap();
-        assert_eq!(m.reached(t + s(12), s(10)), Vec::new());
+        // The network back as the host answers: a worker heard within the grace ends the stretch, nobody is judged,
+        // and a reach after that is no reach.
+        let mut m = four();
+        assert!(m.reached(&[0, 1], t + s(11), s(10)));
         for at in 12..=20 {
+            for slot in 0..4 {
+                m.beat(slot, t + s(at)).unwrap();
+            }
             assert_eq!(m.silence(t + s(at), s(10)), Silence::default(), "{at}");
         }
-        let found = m.silence(t + s(21), s(10));
-        assert!(found.cut_off && found.quiet.is_empty(), "{found:?}");
+        assert!(!m.reached(&[0, 1], t + s(21), s(10)));
         assert_eq!(m.dropped(), &BTreeSet::new());
     }
 

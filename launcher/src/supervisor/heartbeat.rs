@@ -82,27 +82,30 @@ impl Silent {
         });
     }
 
-    /// A host the launcher reached since the probe began (it is not cut off), once; `Err(hosts)` once every host
-    /// answered and none was reached (the hosts it could not reach: none when the engine cannot look).
-    fn reached(&mut self) -> Option<Result<String, Vec<String>>> {
-        let probe = self.probe.as_mut()?;
+    /// The hosts' answers since the last look (each host once: whether the launcher reached it), and, once every
+    /// host has answered, the hosts it could not reach (none when the engine cannot look).
+    fn answers(&mut self) -> (Vec<(String, bool)>, Option<Vec<String>>) {
+        let Some(probe) = self.probe.as_mut() else {
+            return (Vec::new(), None);
+        };
+        let mut came = Vec::new();
         while let Ok((host, reached)) = probe.answers.try_recv() {
             probe.left -= 1;
             match reached {
-                Some(true) => {
-                    self.probe = None;
-                    return Some(Ok(host));
+                Some(true) => came.push((host, true)),
+                Some(false) => {
+                    probe.unreached.push(host.clone());
+                    came.push((host, false));
                 }
-                Some(false) => probe.unreached.push(host),
                 None => {}
             }
         }
         if probe.left > 0 {
-            return None;
+            return (came, None);
         }
         let unreached = std::mem::take(&mut probe.unreached);
         self.probe = None;
-        Some(Err(unreached))
+        (came, Some(unreached))
     }
 
     /// Whether worker `slot` was found silent.
@@ -168,33 +171,37 @@ pub(super) fn find_silent(
             .collect::<Vec<_>>();
         silent.probe(hosts, timeout.min(PROBE_WITHIN));
     }
-    let mut quiet = found.quiet;
-    match silent.reached() {
-        Some(Ok(host)) => {
-            let frozen = server.elastic_reached(timeout);
+    let (answers, unreached) = silent.answers();
+    for (host, _) in answers.iter().filter(|(_, reached)| *reached) {
+        let slots: Vec<u32> = workers
+            .iter()
+            .filter(|w| w.exited.is_none() && w.host == *host)
+            .map(|w| w.rank)
+            .collect();
+        if server.elastic_reached(&slots, timeout) {
             job.events.event(Event::Note {
                 text: format!(
                     "the launcher reached host {host} ({}) while no worker of step `{}` sent a heartbeat: it is not \
-                     cut off, they are frozen; each is judged on its own silence",
+                     cut off from it, and the workers there are judged on their own silence from now on",
                     silent.engine.name(),
                     step.name
                 ),
             });
-            quiet.extend(frozen);
         }
-        Some(Err(unreached)) if !unreached.is_empty() => job.events.event(Event::Note {
+    }
+    if let Some(unreached) = unreached.filter(|u| !u.is_empty()) {
+        job.events.event(Event::Note {
             text: format!(
-                "warning: the launcher could not reach {} within {} s ({}): it seems cut off (its network); the \
-                 workers of step `{}` are not counted lost until one is heard again",
+                "warning: the launcher could not reach {} within {} s ({}): it seems cut off from them (its \
+                 network); the workers of step `{}` there are not counted lost until one is heard again",
                 unreached.join(", "),
                 timeout.min(PROBE_WITHIN).as_secs(),
                 silent.engine.name(),
                 step.name
             ),
-        }),
-        _ => {}
+        });
     }
-    for (slot, quiet) in quiet {
+    for (slot, quiet) in found.quiet {
         let worker = workers.iter().find(|w| w.rank == slot);
         let host = worker.map_or("its host", |w| w.host.as_str());
         if let Some(w) = worker {
@@ -236,23 +243,27 @@ mod tests {
         }
     }
 
-    /// Waits (5 s at most) for the probe's outcome.
-    fn outcome(silent: &mut Silent) -> Result<String, Vec<String>> {
+    /// Collects the probe's answers until every host answered (5 s at most): the reached hosts, and the unreached.
+    fn outcome(silent: &mut Silent) -> (Vec<String>, Vec<String>) {
         let deadline = Instant::now() + Duration::from_secs(5);
+        let mut reached = Vec::new();
         loop {
-            if let Some(outcome) = silent.reached() {
-                return outcome;
+            let (came, done) = silent.answers();
+            reached.extend(came.into_iter().filter(|(_, r)| *r).map(|(h, _)| h));
+            if let Some(unreached) = done {
+                assert!(silent.answers().0.is_empty(), "said once");
+                return (reached, unreached);
             }
             assert!(Instant::now() < deadline, "no outcome");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
-    /// One host that answers is enough, whenever it answers; hosts that cannot be reached are named once all have
+    /// Every reached host is named as its answer comes; hosts that cannot be reached are named once all have
     /// answered, however their answers are spread over the looks; an engine that cannot look names none; at most
-    /// `PROBED_HOSTS` are asked.
+    /// `PROBED_HOSTS` are asked, each once.
     #[test]
-    fn one_reached_host_is_enough_and_unreached_ones_are_named_once_all_answered() {
+    fn reached_hosts_are_named_as_they_answer_and_unreached_ones_once_all_answered() {
         let ms = Duration::from_millis;
         let engine = |answers: &[(&'static str, Option<bool>, u64)]| {
             Arc::new(Answers(
@@ -265,10 +276,13 @@ mod tests {
             ("a", Some(false), 0),
             ("b", None, 0),
             ("c", Some(true), 200),
+            ("d", Some(true), 0),
         ]));
-        silent.probe(hosts(&["a", "b", "c"]), ms(10));
-        assert_eq!(outcome(&mut silent), Ok("c".to_owned()));
-        assert!(silent.reached().is_none(), "said once");
+        silent.probe(hosts(&["a", "b", "c", "d"]), ms(10));
+        assert_eq!(
+            outcome(&mut silent),
+            (vec!["d".to_owned(), "c".to_owned()], vec!["a".to_owned()])
+        );
         // Unreached answers taken on different looks are all named.
         let mut silent = Silent::new(engine(&[
             ("a", Some(false), 0),
@@ -277,15 +291,14 @@ mod tests {
         ]));
         silent.probe(hosts(&["a", "b", "c"]), ms(10));
         std::thread::sleep(ms(100));
-        assert!(silent.reached().is_none());
+        assert!(silent.answers().1.is_none());
         assert_eq!(
             outcome(&mut silent),
-            Err(vec!["a".to_owned(), "b".to_owned()])
+            (Vec::new(), vec!["a".to_owned(), "b".to_owned()])
         );
-        assert!(silent.reached().is_none(), "said once");
         let mut silent = Silent::new(engine(&[("a", None, 0)]));
         silent.probe(hosts(&["a", "a"]), ms(10));
-        assert_eq!(outcome(&mut silent), Err(Vec::new()));
+        assert_eq!(outcome(&mut silent), (Vec::new(), Vec::new()));
         // Twelve hosts, each named twice: eight probes.
         let names: Vec<&'static str> = vec![
             "h0", "h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9", "ha", "hb",
@@ -298,7 +311,7 @@ mod tests {
         );
         let mut silent = Silent::new(many.clone());
         silent.probe(hosts(&names).into_iter().chain(hosts(&names)), ms(10));
-        assert_eq!(outcome(&mut silent).unwrap_err().len(), PROBED_HOSTS);
+        assert_eq!(outcome(&mut silent).1.len(), PROBED_HOSTS);
         assert_eq!(*many.1.lock().unwrap(), PROBED_HOSTS);
     }
 
