@@ -324,7 +324,8 @@ impl SupervisedEngine for SlurmSetup {
         true
     }
 
-    /// Inside an allocation: `srun --nodelist=HOST --overlap true` (a job step beside the ranks'), killed past
+    /// Inside an allocation: `srun --nodelist=HOST --overlap --gres=none true` (a job step beside the ranks', asking
+    /// for nothing they hold), killed past
     /// `within`; outside one the engine cannot look.
     fn probe_host(&self, host: &str, within: std::time::Duration) -> Option<bool> {
         self.allocation.as_ref()?;
@@ -335,6 +336,9 @@ impl SupervisedEngine for SlurmSetup {
             &format!("--nodelist={host}"),
             "--overlap",
             "--mem=0",
+            // Nothing the ranks hold (a GPU request inherited from the allocation's environment would wait for them).
+            "--gres=none",
+            "--cpus-per-task=1",
             "--quiet",
             "true",
         ]);
