@@ -124,6 +124,10 @@ const NOT_VARIABLES: &[(&str, &str)] = &[
     ("HVD_TEST_JAX", "read by tests only"),
     ("HVD_TEST_TENSORFLOW", "read by tests only"),
     (
+        "HVD_TEST_WHEELS",
+        "read by tests only: the opt-in real-wheels unpack test (builder/tests/real_wheels.rs)",
+    ),
+    (
         "HOROVOD_WITH_GLOO",
         "a Horovod build variable the launcher reads from the recipe's `build.env` (the model), not its environment",
     ),

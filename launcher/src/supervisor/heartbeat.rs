@@ -153,15 +153,15 @@ pub(super) fn find_silent(
         }
     }
     let found = server.elastic_silence(timeout);
-    let heartbeat_var = hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT;
     if found.cut_off {
         job.events.event(Event::Note {
             text: format!(
-                "warning: no worker of step `{}` has sent a heartbeat for {} s ({heartbeat_var}): the launcher may be \
-                 cut off from them (its network), or they all froze at once; none is counted lost until one is heard \
-                 again or the launcher reaches one of their hosts",
+                "warning: no worker of step `{}` has sent a heartbeat for {} s ({}): the launcher may be cut off \
+                 from them (its network), or they all froze at once; none is counted lost until one is heard again \
+                 or the launcher reaches one of their hosts",
                 step.name,
                 timeout.as_secs_f64(),
+                hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT,
             ),
         });
         let hosts = workers
@@ -171,6 +171,36 @@ pub(super) fn find_silent(
             .collect::<Vec<_>>();
         silent.probe(hosts, timeout.min(PROBE_WITHIN));
     }
+    take_answers(job, step, server, workers, timeout, silent);
+    for (slot, quiet) in found.quiet {
+        let worker = workers.iter().find(|w| w.rank == slot);
+        let host = worker.map_or("its host", |w| w.host.as_str());
+        if let Some(w) = worker {
+            silent.hosts.insert(w.host.clone(), Instant::now());
+        }
+        job.events.event(Event::Note {
+            text: format!(
+                "rank {slot} of step `{}` on {host} sent no heartbeat for {} s ({}): lost; stopping it (elastic)",
+                step.name,
+                quiet.as_secs_f64().round(),
+                hvd_collective::env_vars::HVD_HEARTBEAT_TIMEOUT,
+            ),
+        });
+        silent.slots.insert(slot);
+    }
+}
+
+/// Acts on the hosts' answers to the probe of a stretch of silence that came since the last look: the workers on a
+/// host the launcher reached are judged on their own silence from now on (said once per host, while the silence
+/// lasts); once every host answered, the ones it could not reach are named.
+fn take_answers(
+    job: &Job<'_>,
+    step: &PlannedStep,
+    server: &RendezvousServer,
+    workers: &[Worker],
+    timeout: Duration,
+    silent: &mut Silent,
+) {
     let (answers, unreached) = silent.answers();
     for (host, _) in answers.iter().filter(|(_, reached)| *reached) {
         let slots: Vec<u32> = workers
@@ -200,22 +230,6 @@ pub(super) fn find_silent(
                 step.name
             ),
         });
-    }
-    for (slot, quiet) in found.quiet {
-        let worker = workers.iter().find(|w| w.rank == slot);
-        let host = worker.map_or("its host", |w| w.host.as_str());
-        if let Some(w) = worker {
-            silent.hosts.insert(w.host.clone(), Instant::now());
-        }
-        job.events.event(Event::Note {
-            text: format!(
-                "rank {slot} of step `{}` on {host} sent no heartbeat for {} s ({heartbeat_var}): lost; stopping it \
-                 (elastic)",
-                step.name,
-                quiet.as_secs_f64().round(),
-            ),
-        });
-        silent.slots.insert(slot);
     }
 }
 
