@@ -430,9 +430,20 @@ fn zip_records_other_readers_take_otherwise_are_refused() {
     refused_zip(
         "an end record in the comment",
         &handmade(&plain, &comment),
-        "another end record in its comment",
+        "another end record's signature in its end record or comment",
     );
     fake.truncate(0);
+
+    // A signature that straddles the real end record's comment length (0x4b50, "PK") and its comment; the record it
+    // starts says its own comment runs past the file, so the zip crate falls back to the real one (`zipfile` would
+    // not).
+    let mut straddled = [b"\x05\x06".as_slice(), &vec![0u8; 0x4b50 - 2]].concat();
+    straddled[18..20].copy_from_slice(&0xffffu16.to_le_bytes());
+    refused_zip(
+        "an end record straddling the comment",
+        &handmade(&plain, &straddled),
+        "another end record's signature in its end record or comment",
+    );
 
     let mut locator = b"PK\x06\x07".to_vec();
     locator.resize(20, 0);

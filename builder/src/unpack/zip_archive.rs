@@ -520,7 +520,8 @@ fn raw_directory(
     let mut fixed = [0u8; 46];
     loop {
         read_exact_at(&mut fixed[..4], at).map_err(io)?;
-        if u32_at(&fixed, 0) != CENTRAL_HEADER {
+        // No more headers than the end record lists are read (the count is checked below).
+        if u32_at(&fixed, 0) != CENTRAL_HEADER || raw.len() > entries {
             break;
         }
         read_exact_at(&mut fixed, at).map_err(io)?;
@@ -618,8 +619,8 @@ fn raw_directory(
         u32_at(&record, 12),
         u32_at(&record, 16),
     );
-    let fits16 = |v: u64| (v < 0xFFFF).then_some(v as u16);
-    let fits32 = |v: u64| (v < 0xFFFF_FFFF).then_some(v as u32);
+    let fits16 = |v: u64| (v <= 0xFFFF).then_some(v as u16);
+    let fits32 = |v: u64| (v <= 0xFFFF_FFFF).then_some(v as u32);
     // The 32-bit fields: exact, or (with a zip64 end record) saturated.
     let agrees16 = |got: u16, want: u64| fits16(want) == Some(got) || (zip64 && got == 0xFFFF);
     let agrees32 = |got: u32, want: u64| fits32(want) == Some(got) || (zip64 && got == 0xFFFF_FFFF);
@@ -642,11 +643,13 @@ fn raw_directory(
             "ends at byte {len}, but its end record (with its comment) ends at byte {end}: other data follows it"
         ));
     }
-    let mut comment = vec![0u8; comment_len];
-    read_exact_at(&mut comment, at + 22).map_err(io)?;
-    if comment.windows(4).any(|w| w == END.to_le_bytes()) {
+    // `zipfile` takes the last end record's signature in the file: none may follow this one's first byte, in its
+    // fields or its comment.
+    let mut tail = vec![0u8; 21 + comment_len];
+    read_exact_at(&mut tail, at + 1).map_err(io)?;
+    if tail.windows(4).any(|w| w == END.to_le_bytes()) {
         return Err(
-            "has another end record in its comment: readers disagree on which one ends it"
+            "has another end record's signature in its end record or comment: readers disagree on which one ends it"
                 .to_owned(),
         );
     }
