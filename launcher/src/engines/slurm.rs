@@ -342,7 +342,13 @@ impl SupervisedEngine for SlurmSetup {
             "--quiet",
             "true",
         ]);
-        Some(crate::engines::ssh::succeeds_within(&mut srun, within))
+        // No answer within the time: not reached. An srun that fails at once (refused by Slurm: options, limits)
+        // says nothing of the node, so the engine could not look.
+        match crate::engines::ssh::exits_within(&mut srun, within) {
+            None => Some(false),
+            Some(true) => Some(true),
+            Some(false) => None,
+        }
     }
 
     /// A lost rank is replaced by a new `srun --exact` on a node of the allocation with a free task: its nodes and

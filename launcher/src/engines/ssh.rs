@@ -265,7 +265,8 @@ impl SupervisedEngine for SshSetup {
         let argv = self.argv(host, "true");
         let mut ssh = Command::new(&argv[0]);
         ssh.args(&argv[1..]);
-        Some(succeeds_within(&mut ssh, within))
+        // ssh's own failures (refused, unreachable, no route) say the host was not reached, as its silence does.
+        Some(exits_within(&mut ssh, within).unwrap_or(false))
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
@@ -311,10 +312,11 @@ impl SupervisedEngine for SshSetup {
     }
 }
 
-/// Whether `command` (stdin closed, output dropped) exits 0 within `within` (it is killed past it).
-pub(crate) fn succeeds_within(command: &mut Command, within: Duration) -> bool {
-    remote::bounded_output(command, None, 4096, within)
-        .is_ok_and(|out| out.status.success() && !out.timed_out)
+/// How `command` (stdin closed, output dropped) ended within `within`: `Some(true)` exit 0, `Some(false)` another
+/// exit, `None` killed at the deadline (or not started).
+pub(crate) fn exits_within(command: &mut Command, within: Duration) -> Option<bool> {
+    let out = remote::bounded_output(command, None, 4096, within).ok()?;
+    (!out.timed_out).then_some(out.status.success())
 }
 
 fn engine_error(message: String) -> LaunchError {

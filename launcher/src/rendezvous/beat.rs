@@ -81,4 +81,14 @@ impl RendezvousServer {
             .as_mut()
             .is_some_and(|m| m.reached(slots, Instant::now(), timeout))
     }
+
+    /// Whether every worker of an elastic job that beat is quiet at once (a stretch that
+    /// [`RendezvousServer::elastic_silence`] said `cut_off` of, no worker heard since).
+    pub fn elastic_silent_all(&self) -> bool {
+        self.shared
+            .lock()
+            .elastic
+            .as_ref()
+            .is_some_and(|m| m.cut_off())
+    }
 }

@@ -391,7 +391,9 @@ impl Membership {
             .beats
             .values()
             .any(|at| now.saturating_duration_since(*at) < recent);
-        if !others_heard && self.beats.len() > 1 && !self.loopback {
+        // A lone worker is judged on its own silence, unless it is held in a stretch that began with others.
+        let lone = self.beats.len() == 1 && self.cut_off.is_none();
+        if !others_heard && !lone && !self.loopback {
             let first = self.cut_off.is_none();
             if first {
                 self.cut_off = Some(self.beats.clone());
@@ -438,6 +440,11 @@ impl Membership {
             }
         }
         true
+    }
+
+    /// Whether a stretch of silence of every worker is on ([`Silence::cut_off`], no worker heard since).
+    pub(crate) fn cut_off(&self) -> bool {
+        self.cut_off.is_some()
     }
 
     /// The live workers whose latest heartbeat is `timeout` or more before `now`, with how long they were silent.
@@ -1056,6 +1063,23 @@ mod tests {
             })
             .collect();
         assert_eq!(later, vec![(3, s(10))]);
+
+        // Three workers, the third on a host not reached: once the other two are judged it is the last, and still
+        // held (the lone worker's rule is for a worker alone from the start of its silence).
+        let mut m = Membership::new(3, s(3600));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+            m.beat(slot, t).unwrap();
+        }
+        for at in 1..=10 {
+            m.silence(t + s(at), s(10));
+        }
+        assert!(m.reached(&[0, 1], t + s(11), s(10)));
+        let judged: Vec<u32> = (11..=90)
+            .flat_map(|at| m.silence(t + s(at), s(10)).quiet)
+            .map(|(slot, _)| slot)
+            .collect();
+        assert_eq!(judged, vec![0, 1]);
 
         // The network back as the host answers: a worker heard within the grace ends the stretch, nobody is judged,
         // and a reach after that is no reach.

@@ -29,7 +29,7 @@ pub(super) fn timeout(step: &PlannedStep) -> Result<Duration, LaunchError> {
 /// How long the launcher gives a host to answer when every worker went quiet at once (at most the heartbeat timeout).
 const PROBE_WITHIN: Duration = Duration::from_secs(30);
 
-/// How many of their hosts it asks at once (one answer is enough; a thousand hosts are not a thousand ssh).
+/// How many of their hosts it asks at once (a thousand hosts are not a thousand ssh at once).
 const PROBED_HOSTS: usize = 8;
 
 /// The workers of an elastic step found silent so far, and when a worker on each host was last found silent; while
@@ -61,19 +61,25 @@ impl Silent {
         }
     }
 
-    /// Asks the engine, on a thread per host, whether the launcher reaches each of `hosts` (the first
-    /// [`PROBED_HOSTS`] distinct ones) within `within`.
+    /// Asks the engine whether the launcher reaches each of the distinct `hosts` within `within`, on up to
+    /// [`PROBED_HOSTS`] threads at once.
     fn probe(&mut self, hosts: impl IntoIterator<Item = String>, within: Duration) {
         let hosts: BTreeSet<String> = hosts.into_iter().collect();
+        let count = hosts.len();
+        let queue = Arc::new(std::sync::Mutex::new(hosts.into_iter().collect::<Vec<_>>()));
         let (answer, answers) = mpsc::channel();
-        let mut count = 0;
-        for host in hosts.into_iter().take(PROBED_HOSTS) {
-            let (engine, answer) = (self.engine.clone(), answer.clone());
+        for _ in 0..count.min(PROBED_HOSTS) {
+            let (engine, answer, queue) = (self.engine.clone(), answer.clone(), queue.clone());
             std::thread::spawn(move || {
-                let reached = engine.probe_host(&host, within);
-                let _ = answer.send((host, reached));
+                loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some(host) = next else { break };
+                    let reached = engine.probe_host(&host, within);
+                    if answer.send((host, reached)).is_err() {
+                        break;
+                    }
+                }
             });
-            count += 1;
         }
         self.probe = Some(Probe {
             answers,
@@ -219,7 +225,7 @@ fn take_answers(
             });
         }
     }
-    if let Some(unreached) = unreached.filter(|u| !u.is_empty()) {
+    if let Some(unreached) = unreached.filter(|u| !u.is_empty() && server.elastic_silent_all()) {
         job.events.event(Event::Note {
             text: format!(
                 "warning: the launcher could not reach {} within {} s ({}): it seems cut off from them (its \
@@ -237,11 +243,13 @@ fn take_answers(
 mod tests {
     use super::*;
 
-    /// An engine whose hosts answer a probe as listed (after `delay`), and that counts the probes.
+    /// An engine whose hosts answer a probe as listed (after `delay`), and that counts the probes, and the most
+    /// probes at once.
     #[derive(Debug)]
     struct Answers(
         BTreeMap<&'static str, (Option<bool>, Duration)>,
         std::sync::Mutex<usize>,
+        std::sync::Mutex<(usize, usize)>,
     );
 
     impl SupervisedEngine for Answers {
@@ -251,8 +259,14 @@ mod tests {
 
         fn probe_host(&self, host: &str, _within: Duration) -> Option<bool> {
             *self.1.lock().unwrap() += 1;
+            {
+                let mut at_once = self.2.lock().unwrap();
+                at_once.0 += 1;
+                at_once.1 = at_once.1.max(at_once.0);
+            }
             let (answer, delay) = self.0[host];
             std::thread::sleep(delay);
+            self.2.lock().unwrap().0 -= 1;
             answer
         }
     }
@@ -274,8 +288,8 @@ mod tests {
     }
 
     /// Every reached host is named as its answer comes; hosts that cannot be reached are named once all have
-    /// answered, however their answers are spread over the looks; an engine that cannot look names none; at most
-    /// `PROBED_HOSTS` are asked, each once.
+    /// answered, however their answers are spread over the looks; an engine that cannot look names none; every host
+    /// is asked once, at most `PROBED_HOSTS` at a time.
     #[test]
     fn reached_hosts_are_named_as_they_answer_and_unreached_ones_once_all_answered() {
         let ms = Duration::from_millis;
@@ -283,6 +297,7 @@ mod tests {
             Arc::new(Answers(
                 answers.iter().map(|(h, a, d)| (*h, (*a, ms(*d)))).collect(),
                 std::sync::Mutex::new(0),
+                std::sync::Mutex::new((0, 0)),
             ))
         };
         let hosts = |names: &[&str]| names.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>();
@@ -313,20 +328,21 @@ mod tests {
         let mut silent = Silent::new(engine(&[("a", None, 0)]));
         silent.probe(hosts(&["a", "a"]), ms(10));
         assert_eq!(outcome(&mut silent), (Vec::new(), Vec::new()));
-        // Twelve hosts, each named twice: eight probes.
+        // Twelve hosts, each named twice: twelve probes, at most eight at once.
         let names: Vec<&'static str> = vec![
             "h0", "h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9", "ha", "hb",
         ];
         let many = engine(
             &names
                 .iter()
-                .map(|h| (*h, Some(false), 0))
+                .map(|h| (*h, Some(false), 50))
                 .collect::<Vec<_>>(),
         );
         let mut silent = Silent::new(many.clone());
         silent.probe(hosts(&names).into_iter().chain(hosts(&names)), ms(10));
-        assert_eq!(outcome(&mut silent).1.len(), PROBED_HOSTS);
-        assert_eq!(*many.1.lock().unwrap(), PROBED_HOSTS);
+        assert_eq!(outcome(&mut silent).1.len(), 12);
+        assert_eq!(*many.1.lock().unwrap(), 12);
+        assert_eq!(many.2.lock().unwrap().1, PROBED_HOSTS);
     }
 
     /// A host where a worker was found silent takes no new worker for one heartbeat timeout after that finding
