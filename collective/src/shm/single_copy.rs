@@ -60,8 +60,9 @@ use crate::types::{DType, ReduceOp};
 /// space (below, the board's direct allreduce and recursive doubling win: docs/collective.md, "One pass").
 pub(crate) const SINGLE_COPY_MIN_BYTES: usize = 32 << 10;
 
-/// The same for 3 or more ranks, where the single copy comes before the arenas (4 ranks on 2 cores: 8 KiB in 5.7
-/// against 8.9 µs, 16 KiB 6.3 against 10.5; docs/collective.md, "One pass from 4 KiB").
+/// The same for 3 or more ranks on the segment, where the single copy comes before the arenas (after recursive
+/// doubling with `HVD_ALLREDUCE_ARENA_RANKS=0`) (4 ranks on 2 cores: 8 KiB in 5.7 against 8.9 µs, 16 KiB 6.3
+/// against 10.5; docs/collective.md, "One pass from 4 KiB").
 pub(crate) const SINGLE_COPY_MIN_BYTES_MANY: usize = 4 << 10;
 
 /// The smallest allreduce that reads peers with `process_vm_readv` (below, the ring's pipelining wins).
