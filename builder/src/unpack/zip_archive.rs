@@ -66,6 +66,20 @@ impl SharedFile {
     }
 }
 
+impl SharedFile {
+    /// Reads `out.len()` bytes at `offset`, through the buffer.
+    fn read_exact_at(&mut self, out: &mut [u8], offset: u64) -> std::io::Result<()> {
+        use std::io::Seek;
+        self.seek(std::io::SeekFrom::Start(offset))?;
+        self.read_exact(out)
+    }
+}
+
+/// The reason an archive's records cannot be read where they say they are.
+fn unreadable(e: std::io::Error) -> String {
+    format!("cannot be read where its records say: {e}")
+}
+
 impl Clone for SharedFile {
     fn clone(&self) -> Self {
         SharedFile {
@@ -501,13 +515,8 @@ fn raw_directory(
     offset: u64,
     entries: usize,
 ) -> std::result::Result<Vec<RawEntry>, String> {
-    use std::io::Seek;
-    let io = |e: std::io::Error| format!("cannot be read where its records say: {e}");
-    let len = file.len;
-    let mut read_exact_at = |out: &mut [u8], at: u64| {
-        file.seek(std::io::SeekFrom::Start(at))?;
-        file.read_exact(out)
-    };
+    let mut read_exact_at =
+        |out: &mut [u8], at: u64| file.read_exact_at(out, at).map_err(unreadable);
     if offset != 0 {
         return Err(format!(
             "has {offset} bytes of other data before its first entry (prepended): a reader from the front would \
@@ -519,19 +528,19 @@ fn raw_directory(
     let mut at = start;
     let mut fixed = [0u8; 46];
     loop {
-        read_exact_at(&mut fixed[..4], at).map_err(io)?;
+        read_exact_at(&mut fixed[..4], at)?;
         // No more headers than the end record lists are read (the count is checked below).
         if u32_at(&fixed, 0) != CENTRAL_HEADER || raw.len() > entries {
             break;
         }
-        read_exact_at(&mut fixed, at).map_err(io)?;
+        read_exact_at(&mut fixed, at)?;
         let (name_len, extra_len, comment_len) = (
             u16_at(&fixed, 28) as usize,
             u16_at(&fixed, 30) as usize,
             u16_at(&fixed, 32) as usize,
         );
         let mut name = vec![0u8; name_len];
-        read_exact_at(&mut name, at + 46).map_err(io)?;
+        read_exact_at(&mut name, at + 46)?;
         let flags = u16_at(&fixed, 8);
         if flags & DATA_DESCRIPTOR != 0 {
             return Err(format!(
@@ -560,11 +569,26 @@ fn raw_directory(
         ));
     }
     let (count, size) = (raw.len() as u64, at - start);
+    end_records(file, u32_at(&fixed, 0), at, (start, size, count))?;
+    Ok(raw)
+}
+
+/// The end records after a central directory of `count` headers, `size` bytes from byte `start` (see
+/// [`raw_directory`]), the first of them at `at`, its signature `signature`.
+fn end_records(
+    file: &mut SharedFile,
+    mut signature: u32,
+    mut at: u64,
+    (start, size, count): (u64, u64, u64),
+) -> std::result::Result<(), String> {
+    let len = file.len;
+    let mut read_exact_at =
+        |out: &mut [u8], at: u64| file.read_exact_at(out, at).map_err(unreadable);
     let mut record = [0u8; 56];
     // A zip64 end record and its locator, then the end record; or the end record alone.
-    let zip64 = u32_at(&fixed, 0) == END64;
+    let zip64 = signature == END64;
     if zip64 {
-        read_exact_at(&mut record, at).map_err(io)?;
+        read_exact_at(&mut record, at)?;
         let fields = (
             u64_at(&record, 4),
             u32_at(&record, 16),
@@ -581,7 +605,7 @@ fn raw_directory(
             ));
         }
         let mut locator = [0u8; 20];
-        read_exact_at(&mut locator, at + 56).map_err(io)?;
+        read_exact_at(&mut locator, at + 56)?;
         if (
             u32_at(&locator, 0),
             u32_at(&locator, 4),
@@ -592,11 +616,12 @@ fn raw_directory(
             return Err("has a zip64 end record without its locator after it".to_owned());
         }
         at += 56 + 20;
-        read_exact_at(&mut fixed[..4], at).map_err(io)?;
+        read_exact_at(&mut record[..4], at)?;
+        signature = u32_at(&record, 0);
     } else if at >= 20 {
         // Where a reader looks for a zip64 locator (20 bytes before the end record): none may seem to be there.
         let mut before = [0u8; 4];
-        read_exact_at(&mut before, at - 20).map_err(io)?;
+        read_exact_at(&mut before, at - 20)?;
         if u32_at(&before, 0) == END64_LOCATOR {
             return Err(
                 "has what looks like a zip64 locator just before its end record, which lists no zip64 end record"
@@ -604,13 +629,12 @@ fn raw_directory(
             );
         }
     }
-    if u32_at(&fixed, 0) != END {
+    if signature != END {
         return Err(format!(
-            "has other data after its central directory's {} headers (at byte {at}), not its end record",
-            raw.len()
+            "has other data after its central directory's {count} headers (at byte {at}), not its end record"
         ));
     }
-    read_exact_at(&mut record[..22], at).map_err(io)?;
+    read_exact_at(&mut record[..22], at)?;
     let said = (
         u16_at(&record, 4),
         u16_at(&record, 6),
@@ -646,14 +670,14 @@ fn raw_directory(
     // `zipfile` takes the last end record's signature in the file: none may follow this one's first byte, in its
     // fields or its comment.
     let mut tail = vec![0u8; 21 + comment_len];
-    read_exact_at(&mut tail, at + 1).map_err(io)?;
+    read_exact_at(&mut tail, at + 1)?;
     if tail.windows(4).any(|w| w == END.to_le_bytes()) {
         return Err(
             "has another end record's signature in its end record or comment: readers disagree on which one ends it"
                 .to_owned(),
         );
     }
-    Ok(raw)
+    Ok(())
 }
 
 /// Checks that the local header at `header_start` says what the central directory says of the entry (`raw`, and
