@@ -88,10 +88,7 @@ impl Drop for Hosts {
 /// Kills whatever still runs in `namespaces` (a failed test's leftovers, by pid) and deletes them.
 pub fn remove_namespaces(namespaces: &[String]) {
     for ns in namespaces {
-        for pid in netns_pids(ns) {
-            // SAFETY: kill with integer arguments; these processes were started by this test.
-            unsafe { libc_kill(pid as i32, 9) };
-        }
+        signal_all(&netns_pids(ns), 9);
         let _ = Command::new(tool("ip")).args(["netns", "del", ns]).output();
     }
 }
@@ -348,11 +345,7 @@ impl Hosts {
     /// Host `i` (0 or 1) is lost: everything running in its namespace, its sshd and every session and rank there,
     /// is killed at once (SIGKILL), and the leftovers check no longer expects its sshd.
     pub fn lose(&mut self, i: usize) {
-        let ns = &self.namespaces[i + 1];
-        for pid in netns_pids(ns) {
-            // SAFETY: kill with integer arguments; these processes run in this test's namespace.
-            unsafe { libc_kill(pid as i32, 9) };
-        }
+        signal_all(&netns_pids(&self.namespaces[i + 1]), 9);
         let (child, _) = &mut self.sshds[i];
         let _ = child.wait();
     }

@@ -412,10 +412,7 @@ impl Slurm {
     /// Node `i` (0 or 1, of two) is lost: everything in its namespace, its slurmd, the job steps' slurmstepd and the
     /// tasks, is killed at once (SIGKILL).
     pub fn lose_node(&mut self, i: usize) {
-        for pid in nshosts::netns_pids(&self.namespaces[i + 1]) {
-            // SAFETY: kill with integer arguments; these processes run in this test's namespace.
-            unsafe { nshosts::libc_kill(pid as i32, 9) };
-        }
+        nshosts::signal_all(&nshosts::netns_pids(&self.namespaces[i + 1]), 9);
         if let Some(mut slurmd) = self.slurmds[i].take() {
             let _ = slurmd.wait();
         }
