@@ -221,19 +221,63 @@ pub fn rank_env(slot: &Slot) -> Vec<(String, String)> {
     ]
 }
 
-/// A free TCP port on 127.0.0.1 for torch's `MASTER_PORT` (rank 0 binds it; there is an unavoidable window in which
-/// another process could take it, the same as torchrun's own choice).
-pub fn free_port() -> Option<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")
+/// torch's `MASTER_PORT`: a port free on this machine, drawn below the kernel's ephemeral port range.
+///
+/// Rank 0 binds it on its own host, which for the ssh and slurm engines is not this one. A port from the ephemeral
+/// range (what binding port 0 gives) may be held there by any outgoing connection, srun's and slurmstepd's among
+/// them, and rank 0 then fails with "address already in use"; below that range only a listening server can hold it.
+/// There is still a window in which another process could take it, the same as with torchrun's own choice.
+pub fn master_port() -> u16 {
+    let (low, high) = master_port_range(ephemeral_start());
+    for _ in 0..64 {
+        let port = low + (crate::discovery::os_random() % u64::from(high - low)) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    29500
+}
+
+/// The ports [`master_port`] draws from: 20000 up to the ephemeral range's start (32768 by default on Linux), or
+/// 20000-29999 when that start is unknown or too low to leave a thousand.
+fn master_port_range(ephemeral_start: Option<u16>) -> (u16, u16) {
+    const LOW: u16 = 20000;
+    match ephemeral_start {
+        Some(start) if start >= LOW + 1000 => (LOW, start),
+        _ => (LOW, 30000),
+    }
+}
+
+/// The first port of this machine's ephemeral range (`net.ipv4.ip_local_port_range`), when it can be read.
+fn ephemeral_start() -> Option<u16> {
+    fs_err::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()?
-        .local_addr()
+        .split_whitespace()
+        .next()?
+        .parse()
         .ok()
-        .map(|a| a.port())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn master_ports_are_drawn_below_the_ephemeral_range_and_free_here() {
+        assert_eq!(master_port_range(Some(32768)), (20000, 32768));
+        assert_eq!(master_port_range(Some(40000)), (20000, 40000));
+        assert_eq!(master_port_range(Some(1024)), (20000, 30000));
+        assert_eq!(master_port_range(None), (20000, 30000));
+        let (low, high) = master_port_range(ephemeral_start());
+        let ports: std::collections::BTreeSet<u16> = (0..20).map(|_| master_port()).collect();
+        for &port in &ports {
+            assert!((low..high).contains(&port), "{port} not in {low}..{high}");
+            // Free here: it can be listened on.
+            std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+        }
+        // Drawn, not fixed: 20 draws from thousands of ports are not all one.
+        assert!(ports.len() > 1, "{ports:?}");
+    }
 
     #[test]
     fn gpus_are_split_by_local_rank() {

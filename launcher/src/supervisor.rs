@@ -693,7 +693,7 @@ fn run_attempt(
         addr: s.addr(),
         token: t.clone(),
     });
-    let master_port = crate::env::free_port().unwrap_or(29500);
+    let master_port = crate::env::master_port();
     job.events.event(Event::StepStarted {
         step: step.name.clone(),
         // With host discovery, the workers its first run found slots for.

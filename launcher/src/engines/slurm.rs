@@ -520,12 +520,13 @@ pub fn batch_steps(
         };
         match step.workers {
             Some(n) => {
-                // torch's env:// meets at the first node; the port is spread by job id.
+                // torch's env:// meets at the first node; the port is spread by job id, below the kernel's ephemeral
+                // range (32768 up by default), where outgoing connections on the node cannot hold it.
                 let _ = writeln!(
                     s,
                     "export MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\""
                 );
-                let _ = writeln!(s, "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))");
+                let _ = writeln!(s, "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))");
                 let _ = writeln!(s, "rdv={}/rdv-\"$SLURM_JOB_ID\"", quote(&out_dir));
                 let mut argv = setup.srun_argv(n, &step.command);
                 // srun ... hvd worker-env [--pull=ENV --cache=URL... --trusted-key=KEY...] -- /bin/sh -c COMMAND
