@@ -592,13 +592,11 @@ pub fn pushed_fixture_env(root: &Path, cache: &Path, rest: &str) -> PushedEnv {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port that was free a moment ago, drawn below the kernel's ephemeral range as `MASTER_PORT` is
+/// ([`hvd_launcher::env::master_port`]): an ephemeral port could be taken, before its daemon binds it, by any
+/// outgoing connection of the tests running alongside (or of the network-namespace hosts and nodes it is used in).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    hvd_launcher::env::master_port()
 }
 
 /// `hvd exec FILE --locked -- python -c CODE`'s arguments: `CODE` run by the Python of FILE's env, as locked.

@@ -39,7 +39,7 @@ export PYTHONUNBUFFERED=1
 export HVD_GPUS_PER_WORKER=1
 export LR=0.1
 export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))
 rdv=@DIR@/.hvd/slurm/rdv-"$SLURM_JOB_ID"
 status=0
 srun --kill-on-bad-exit=1 --ntasks=4 --label --cpus-per-task=2 --gpus-per-task=1 @HVD@ worker-env -- env "HVD_RENDEZVOUS=file:$rdv" /bin/sh -c 'python train.py' || status=$?
