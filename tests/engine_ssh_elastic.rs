@@ -438,6 +438,98 @@ fn a_launcher_that_reaches_no_host_judges_nobody_and_the_step_goes_on() {
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
 
+/// Hosts that answer only after the launcher's first look: every process on both hosts freezes, their sshd too, so
+/// the first `ssh HOST true` reaches neither host and nobody is judged; then everything but the ranks is continued
+/// (the sshds answer again, the ranks stay stopped, their ssh sessions alive). The launcher asks the hosts it did not
+/// reach again, reaches them now, and finds the frozen ranks as above: the step fails below its minimum, nothing
+/// left. Before, a stretch of silence was probed once and the step waited for ever (the test's deadline failed it).
+#[test]
+fn hosts_that_answer_only_after_the_first_look_have_their_frozen_ranks_found() {
+    let mut hosts = Hosts::start("lr");
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        12,
+        ", ELASTIC_PAUSE = \"5\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"4\"",
+    );
+    let mut child = started_and_paused(&hosts, dir.path());
+    let ranks: Vec<u32> = hosts.namespaces[1..]
+        .iter()
+        .flat_map(|ns| rank_pids(ns, None))
+        .collect();
+    let everything: Vec<u32> = hosts.namespaces[1..]
+        .iter()
+        .flat_map(|ns| common::nshosts::netns_pids(ns))
+        .collect();
+    if ranks.is_empty() {
+        stop_and_fail(child, "no rank processes on the hosts");
+    }
+    // What `hvd run` says, read as it says it.
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = {
+        let (said, mut stderr) = (said.clone(), child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut stderr, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                said.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    let says_now = |part: &str| {
+        common::unwrapped(&String::from_utf8_lossy(&said.lock().unwrap()))
+            .contains(&common::unwrapped(part))
+    };
+    signal_all(&everything, 19);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !says_now("could not reach") {
+        if Instant::now() > deadline {
+            signal_all(&everything, 18);
+            let so_far = String::from_utf8_lossy(&said.lock().unwrap()).into_owned();
+            stop_and_fail(
+                child,
+                &format!("the launcher did not say it could not reach the hosts: {so_far}"),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rest: Vec<u32> = everything
+        .iter()
+        .copied()
+        .filter(|pid| !ranks.contains(pid))
+        .collect();
+    signal_all(&rest, 18);
+    let mut out = ended_within(&mut hosts, child, Duration::from_secs(120));
+    reader.join().unwrap();
+    out.stderr = std::mem::take(&mut *said.lock().unwrap());
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        says(&out, "it asks again 4 s after each try"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        says(&out, "the launcher reached host "),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        common::unwrapped(&stderr)
+            .matches(&common::unwrapped(" sent no heartbeat for "))
+            .count(),
+        4,
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        says(
+            &out,
+            "0 of its workers are left, fewer than its minimum of 2"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
 #[test]
 fn a_host_found_by_discovery_mid_run_is_checked_over_ssh_and_joins_at_a_commit() {
     let hosts = Hosts::start("lb");

@@ -40,14 +40,20 @@ pub(super) struct Silent {
     engine: Arc<dyn SupervisedEngine>,
     /// While every worker is quiet at once: the launcher looking whether it reaches their hosts.
     probe: Option<Probe>,
+    /// Probes started in the present stretch of silence (the hosts not reached are named after the first only).
+    probes: u32,
+    /// The hosts the stretch's latest probe did not reach, and when they are asked again: a host slow to answer
+    /// then (an overloaded node, a network back a moment later) whose workers stay frozen is found on a later look.
+    again: Option<(Instant, Vec<String>)>,
 }
 
 /// The hosts' answers (each host once: whether it was reached, `None` when the engine cannot look), how many are
-/// still to come, and the hosts not reached so far.
+/// still to come, the hosts not reached so far, and how long each host is given.
 struct Probe {
     answers: mpsc::Receiver<(String, Option<bool>)>,
     left: usize,
     unreached: Vec<String>,
+    within: Duration,
 }
 
 impl Silent {
@@ -58,6 +64,8 @@ impl Silent {
             hosts: BTreeMap::new(),
             engine,
             probe: None,
+            probes: 0,
+            again: None,
         }
     }
 
@@ -85,11 +93,29 @@ impl Silent {
             answers,
             left: count,
             unreached: Vec::new(),
+            within,
         });
+        self.probes += 1;
+    }
+
+    /// The hosts to ask again now (the ones the latest probe of the stretch did not reach), once `again` has come
+    /// and no probe is under way; none once the stretch is over (`stretch` false: a worker was heard).
+    fn due(&mut self, now: Instant, stretch: bool) -> Option<Vec<String>> {
+        if !stretch {
+            self.again = None;
+            return None;
+        }
+        match &self.again {
+            Some((at, _)) if *at <= now && self.probe.is_none() => {
+                self.again.take().map(|(_, h)| h)
+            }
+            _ => None,
+        }
     }
 
     /// The hosts' answers since the last look (each host once: whether the launcher reached it), and, once every
-    /// host has answered, the hosts it could not reach (none when the engine cannot look).
+    /// host has answered, the hosts it could not reach (none when the engine cannot look), which are then asked
+    /// again `within` later ([`Silent::due`]).
     fn answers(&mut self) -> (Vec<(String, bool)>, Option<Vec<String>>) {
         let Some(probe) = self.probe.as_mut() else {
             return (Vec::new(), None);
@@ -110,6 +136,9 @@ impl Silent {
             return (came, None);
         }
         let unreached = std::mem::take(&mut probe.unreached);
+        if !unreached.is_empty() {
+            self.again = Some((Instant::now() + probe.within, unreached.clone()));
+        }
         self.probe = None;
         (came, Some(unreached))
     }
@@ -175,7 +204,22 @@ pub(super) fn find_silent(
             .filter(|w| w.exited.is_none() && !silent.slots.contains(&w.rank))
             .map(|w| w.host.clone())
             .collect::<Vec<_>>();
+        silent.probes = 0;
+        silent.again = None;
         silent.probe(hosts, timeout.min(PROBE_WITHIN));
+    } else if let Some(hosts) = silent.due(Instant::now(), server.elastic_silent_all()) {
+        // Hosts not reached before, asked again while their workers are still live and not found silent.
+        let live = hosts
+            .into_iter()
+            .filter(|h| {
+                workers
+                    .iter()
+                    .any(|w| w.exited.is_none() && !silent.slots.contains(&w.rank) && w.host == *h)
+            })
+            .collect::<Vec<_>>();
+        if !live.is_empty() {
+            silent.probe(live, timeout.min(PROBE_WITHIN));
+        }
     }
     take_answers(job, step, server, workers, timeout, silent);
     for (slot, quiet) in found.quiet {
@@ -225,15 +269,22 @@ fn take_answers(
             });
         }
     }
-    if let Some(unreached) = unreached.filter(|u| !u.is_empty() && server.elastic_silent_all()) {
+    let Some(unreached) = unreached.filter(|u| !u.is_empty() && server.elastic_silent_all()) else {
+        return;
+    };
+    // Asked again a probe's time from now, for as long as the stretch lasts ([`Silent::due`]); named once.
+    let within = timeout.min(PROBE_WITHIN);
+    if silent.probes == 1 {
         job.events.event(Event::Note {
             text: format!(
                 "warning: the launcher could not reach {} within {} s ({}): it seems cut off from them (its \
-                 network); the workers of step `{}` there are not counted lost until one is heard again",
+                 network); the workers of step `{}` there are not counted lost until one is heard again or the \
+                 launcher reaches their host (it asks again {} s after each try)",
                 unreached.join(", "),
-                timeout.min(PROBE_WITHIN).as_secs(),
+                within.as_secs(),
                 silent.engine.name(),
-                step.name
+                step.name,
+                within.as_secs(),
             ),
         });
     }
@@ -343,6 +394,49 @@ mod tests {
         assert_eq!(outcome(&mut silent).1.len(), 12);
         assert_eq!(*many.1.lock().unwrap(), 12);
         assert_eq!(many.2.lock().unwrap().1, PROBED_HOSTS);
+    }
+
+    /// The hosts a probe did not reach are asked again a probe's time after it ended, not while another probe is
+    /// under way, and only while the stretch of silence lasts (a worker heard ends it: nothing is asked, and nothing
+    /// is left to ask in a later stretch).
+    #[test]
+    fn hosts_not_reached_are_asked_again_while_the_stretch_lasts() {
+        let ms = Duration::from_millis;
+        let engine = Arc::new(Answers(
+            [("a", (Some(false), ms(0))), ("b", (Some(true), ms(0)))]
+                .into_iter()
+                .collect(),
+            std::sync::Mutex::new(0),
+            std::sync::Mutex::new((0, 0)),
+        ));
+        let mut silent = Silent::new(engine.clone());
+        let hosts = |names: &[&str]| names.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>();
+        silent.probe(hosts(&["a", "b"]), ms(300));
+        let ended = Instant::now();
+        assert_eq!(outcome(&mut silent), (hosts(&["b"]), hosts(&["a"])));
+        assert_eq!(silent.due(ended, true), None);
+        assert_eq!(silent.due(ended + ms(200), true), None);
+        let later = ended + ms(2000);
+        // Not while a probe is under way.
+        silent.probe(hosts(&["b"]), ms(300));
+        assert_eq!(silent.due(later, true), None);
+        outcome(&mut silent);
+        assert_eq!(silent.due(later, true), Some(hosts(&["a"])));
+        assert_eq!(silent.due(later, true), None, "asked once per probe");
+        // Asked again and still not reached: asked again after another probe's time.
+        silent.probe(hosts(&["a"]), ms(300));
+        outcome(&mut silent);
+        assert_eq!(
+            silent.due(Instant::now() + ms(400), true),
+            Some(hosts(&["a"]))
+        );
+        assert_eq!(silent.probes, 3);
+        // A worker heard ends the stretch: nothing is asked, then or later.
+        silent.probe(hosts(&["a"]), ms(300));
+        outcome(&mut silent);
+        assert_eq!(silent.due(Instant::now() + ms(400), false), None);
+        assert_eq!(silent.due(Instant::now() + ms(400), true), None);
+        assert_eq!(*engine.1.lock().unwrap(), 5);
     }
 
     /// A host where a worker was found silent takes no new worker for one heartbeat timeout after that finding
