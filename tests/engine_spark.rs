@@ -453,3 +453,63 @@ fn one_executor_whose_pull_fails_inside_the_job_ends_it_naming_the_executor_befo
     assert!(started.is_empty(), "ranks ran: {started:?}");
     assert_nothing_left(&mark);
 }
+
+/// An elastic step on Spark (issue #19): its ranks are relayed one by one, each a Spark job of one task on the relay
+/// server's SparkContext (`local[3]` without a master: one task slot per worker). Slot 1 SIGKILLs itself at step 3:
+/// its task ends, its relay exits with the rank's status, the launcher counts it lost, and a replacement (slot 3, a
+/// new job in the freed slot) joins the two survivors at a commit; the job of 3 finishes with every committed step
+/// counted once, the relay server's log names the four jobs and how each ended, and nothing of the run (Spark
+/// included) is left.
+#[test]
+fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
+    let python = spark_python();
+    let dir = common::elastic::project(
+        "{ min = 2, max = 3 }",
+        6,
+        ", ELASTIC_UNTIL = \"3\", ELASTIC_KILL = \"1:3\"",
+    );
+    let mark = format!("spark-elastic-{}", std::process::id());
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--grace", "2", "--engine", "spark"])
+        .arg("--spark-python")
+        .arg(&python)
+        .env("NO_COLOR", "1")
+        .env("HVD_TEST_MARK", &mark)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let says = |part: &str| common::unwrapped(&stderr).contains(&common::unwrapped(part));
+    assert!(
+        says("rank 1 of step `train` was lost"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(says("in place of a lost worker"), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("] slot 3 starts as rank "),
+        "{stdout}\n{stderr}"
+    );
+    let lines = common::elastic::finished(&stdout, &[0, 2, 3], 3);
+    let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(step > 3, "{}", lines[0]);
+    for line in &lines {
+        assert_eq!(
+            *line,
+            common::elastic::counted_once(step),
+            "{stdout}\n{stderr}"
+        );
+    }
+    assert!(!stdout.contains("slot 4 "), "{stdout}");
+    // Each rank was a Spark job of the relay server's: four (the replacement's included), and how each ended.
+    let log = std::fs::read_to_string(dir.path().join(".hvd/spark/relay.log")).unwrap();
+    for (slot, code) in [(0, 0), (1, 137), (2, 0), (3, 0)] {
+        assert!(
+            log.contains(&format!(": slot {slot} exited with {code}\n")),
+            "{log}"
+        );
+    }
+    assert_eq!(log.matches(" exited with ").count(), 4, "{log}");
+    assert_nothing_left(&mark);
+}

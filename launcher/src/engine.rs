@@ -82,6 +82,13 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether the engine starts replacements for an elastic step's lost workers (it starts each rank by itself):
+    /// on hosts of their own ([`SupervisedEngine::remote_hosts`]), on this machine (local), or where the engine's
+    /// cluster places them (spark: a new one-task job).
+    fn replaces_workers(&self) -> bool {
+        self.remote_hosts()
+    }
+
     /// Makes `host` (named by host discovery, or where a replacement goes) ready for the ranks of `step` of `plan`
     /// (the checks and delivery the engine does for its own hosts before a run); blocking, called on a thread of its
     /// own unless [`SupervisedEngine::reaches_at_once`]. An error names the host and why.
@@ -202,6 +209,10 @@ pub struct Local;
 impl SupervisedEngine for Local {
     fn name(&self) -> &'static str {
         "local engine"
+    }
+
+    fn replaces_workers(&self) -> bool {
+        true
     }
 
     /// The env's wheels run on this machine's glibc (a lock made on a machine with a newer one may pick wheels that

@@ -141,9 +141,9 @@ impl Job<'_> {
     }
 }
 
-/// Whether `engine` starts each rank itself on this machine or on hosts it reaches (local, ssh, slurm inside an
-/// allocation: one job step per rank), so that an elastic step may start new workers (replacements; discovered slots
-/// on local and ssh, as the slurm engine refuses discovery itself) there.
+/// Whether `engine` starts each rank itself on this machine or on hosts it reaches by name (local, ssh, slurm inside
+/// an allocation: one job step per rank), so that host discovery's slots may start workers there (on local and ssh:
+/// the slurm engine refuses discovery itself; spark places its ranks itself).
 fn starts_workers_anywhere(engine: &dyn SupervisedEngine) -> bool {
     engine.name().starts_with("local") || engine.remote_hosts()
 }
@@ -659,7 +659,7 @@ fn run_attempt(
         (Some(min), Some(n), Some((server, _))) => {
             // Replacements run where the engine starts each rank itself: this machine, hosts it reaches (ssh), or the
             // allocation's nodes (slurm: `SupervisedEngine::replacement_hosts`).
-            let replaces = starts_workers_anywhere(engine);
+            let replaces = engine.replaces_workers();
             if replaces {
                 hosts = Some(placement::Hosts::new(plan, step, false));
             }

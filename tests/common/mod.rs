@@ -4,6 +4,7 @@
     reason = "each test binary uses a different part of this module"
 )]
 
+pub mod elastic;
 pub mod nshosts;
 pub mod s3;
 pub mod slurm;

@@ -7,16 +7,28 @@
 //! failing rank ends the job with `hvd spark: rank R failed (exit status: N)` and its code. With binary caches, each
 //! task first runs `hvd cache pull` on its executor and the ranks start only once every executor has the env, each
 //! through `hvd worker-env --pull` (which finds the env and roots it against `hvd gc` while the rank runs).
+//!
+//! An elastic step cannot be one barrier job (Spark fails a barrier stage whole when one task fails). Its ranks are
+//! started one by one, as the ssh engine's are: each rank (and each replacement) is a relay process on this machine,
+//! `PYTHON DRIVER --relay SOCKET -- WRAPPER...`, which has the run's relay server (the driver's `--serve` mode, one
+//! SparkContext for the run, started by [`SparkSetup::prepare`]) run the ssh engine's remote wrapper as a Spark job of
+//! one task on an executor Spark picks. The wrapper gets the rank's stdin through the relay (the job token, then the
+//! launcher's stop and hand-over requests) and the executor's address as the rank's host; the relay passes the rank's
+//! output back and exits with its status (255 when Spark lost the task). A lost rank's replacement is a new job,
+//! wherever Spark has a free task slot.
 
 use std::path::{Path, PathBuf};
 
 use hvd_lang::model::Project;
 
+use std::io::BufRead as _;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::LaunchError;
-use crate::engine::{Engine, Plan, PlannedStep, SupervisedEngine};
+use crate::engine::{Engine, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
 use crate::env::WorkerLayout;
 use crate::options::RunOptions;
 
@@ -56,6 +68,45 @@ pub struct SparkSetup {
     /// what every task runs on its executor before any rank starts, when caches and the env are given
     /// ([`super::pull_argv`]).
     pub pull: Option<Vec<String>>,
+    /// `--grace` in tenths of a second: how long a relayed rank's wrapper waits between SIGTERM and SIGKILL.
+    pub grace_ticks: u128,
+    /// The relay server of a run with an elastic step (module docs).
+    pub relay: Arc<Relay>,
+}
+
+/// The relay server of a run with an elastic step, once [`SparkSetup::prepare`] started it.
+#[derive(Debug, Default)]
+pub struct Relay {
+    server: Mutex<Option<RelayServer>>,
+}
+
+/// The driver in `--serve` mode, listening on a socket in a private temporary directory (a socket's path is short).
+/// Dropped at the run's end: its stdin closed (it stops Spark), then its process group killed after 20 s.
+#[derive(Debug)]
+struct RelayServer {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl RelayServer {
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("relay.sock")
+    }
+}
+
+impl Drop for RelayServer {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        crate::process::signal_group(self.child.id(), libc::SIGKILL);
+        let _ = self.child.wait();
+    }
 }
 
 /// The `spark` engine: a distributed step is one barrier-mode Spark job run by the driver program.
@@ -77,6 +128,7 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
             .and_then(|c| c.settings.network_interface.clone())
     });
     setup.bind = setup.rendezvous_bind(network_interface.as_deref())?;
+    setup.grace_ticks = (options.grace.as_millis() / 100).max(1);
     Ok(Engine::Supervised(Arc::new(setup)))
 }
 
@@ -95,8 +147,19 @@ impl SupervisedEngine for SparkSetup {
         WorkerLayout::local(&host, workers.unwrap_or(1))
     }
 
-    fn prepare(&self, _plan: &Plan) -> Result<(), LaunchError> {
-        write_driver(&self.driver_path())
+    /// Writes the driver; with an elastic step, starts the relay server its ranks run through.
+    fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
+        write_driver(&self.driver_path())?;
+        let most = plan
+            .steps
+            .iter()
+            .filter(|s| s.min_workers.is_some())
+            .filter_map(|s| s.workers)
+            .max();
+        match most {
+            Some(workers) => self.start_relay(workers),
+            None => Ok(()),
+        }
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
@@ -106,9 +169,47 @@ impl SupervisedEngine for SparkSetup {
         (ip, vec![ip])
     }
 
+    /// One barrier job of every rank; none for an elastic step, whose ranks are relayed one by one.
     fn launcher(&self, plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
+        if step.min_workers.is_some() {
+            return None;
+        }
         let export = super::exported_vars(&step.env, plan.env_dir.is_some());
         Some(self.argv(workers, &export, &step.command))
+    }
+
+    /// A lost rank of an elastic step is replaced by a new relayed rank: a new job, where Spark has a free slot.
+    fn replaces_workers(&self) -> bool {
+        true
+    }
+
+    /// A relayed rank of an elastic step (module docs): stopped through its stdin, like an ssh rank.
+    fn rank_command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
+        let socket = self
+            .relay
+            .server
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(RelayServer::socket);
+        let Some(rendezvous) = rank.rendezvous else {
+            return Ok(RankCommand::local(rank));
+        };
+        let Some(socket) = socket else {
+            return Err(LaunchError::Engine(format!(
+                "step `{}`: the spark relay server its ranks run through is not running (the engine was not \
+                 prepared for an elastic step)",
+                rank.step.name
+            )));
+        };
+        let argv = self.relay_argv(rank, rendezvous, &socket);
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
+        Ok(RankCommand {
+            command,
+            remote: true,
+            reports_status: false,
+        })
     }
 
     fn launcher_label(&self) -> &'static str {
@@ -182,6 +283,8 @@ impl SparkSetup {
         let slots_timeout = settings.slots_timeout;
         Ok(SparkSetup {
             slots_timeout,
+            grace_ticks: 1,
+            relay: Arc::default(),
             master: options.spark.master.clone().or(settings.master),
             python,
             shim,
@@ -220,6 +323,147 @@ impl SparkSetup {
         };
         let ip = super::net::resolve_host(host)?;
         super::net::route_source(ip).map(Some)
+    }
+
+    /// Starts the relay server (module docs) for elastic steps of up to `workers` ranks (a master of its own:
+    /// `local[workers]`), and waits until it listens, at most the slots timeout (default 120 s, 300 s for
+    /// `local-cluster`). Its Spark messages go to `<state dir>/spark/relay.log`.
+    fn start_relay(&self, workers: u32) -> Result<(), LaunchError> {
+        let mut server = self
+            .relay
+            .server
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if server.is_some() {
+            return Ok(());
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| LaunchError::Io { path, source }
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("hvd-spark-")
+            .tempdir()
+            .map_err(io(&std::env::temp_dir()))?;
+        let log_path = self.state_dir.join("spark").join("relay.log");
+        let log = fs_err::File::create(&log_path).map_err(io(&log_path))?;
+        let master = self
+            .master
+            .clone()
+            .unwrap_or_else(|| format!("local[{workers}]"));
+        let mut command = Command::new(&self.python);
+        command
+            .arg(self.driver_path())
+            .arg("--serve")
+            .arg(dir.path().join("relay.sock"))
+            .args(["--master", &master, "--workers", &workers.to_string()])
+            .arg("--state-dir")
+            .arg(&self.state_dir);
+        if let Some(t) = self.slots_timeout {
+            command.args(["--slots-timeout", &t.to_string()]);
+        }
+        for (k, v) in &self.conf {
+            command.args(["--conf", &format!("{k}={v}")]);
+        }
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log.into_parts().0);
+        crate::process::configure_worker(&mut command);
+        let mut child = command.spawn().map_err(|e| {
+            LaunchError::Engine(format!(
+                "cannot start the spark relay server with `{}`: {e}",
+                self.python.display()
+            ))
+        })?;
+        let stdout = child.stdout.take();
+        let (ready, said) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let answer = stdout
+                .map(std::io::BufReader::new)
+                .map(|mut r| r.read_line(&mut line).is_ok() && line == "ready\n");
+            let _ = ready.send(answer.unwrap_or(false));
+        });
+        let default = match master.starts_with("local-cluster") {
+            true => 300,
+            false => 120,
+        };
+        let within = Duration::from_secs(u64::from(self.slots_timeout.unwrap_or(default)) + 30);
+        let started = RelayServer { child, dir };
+        match said.recv_timeout(within) {
+            Ok(true) => {
+                *server = Some(started);
+                Ok(())
+            }
+            outcome => {
+                drop(started);
+                let why = match outcome {
+                    Err(_) => format!("did not start within {} s", within.as_secs()),
+                    _ => "ended before it listened".to_owned(),
+                };
+                let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = tail.lines().rev().take(12).collect();
+                Err(LaunchError::Engine(format!(
+                    "the spark relay server (for the elastic steps' ranks, master `{master}`) {why}; its last \
+                     lines ({}):\n{}",
+                    log_path.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )))
+            }
+        }
+    }
+
+    /// `PYTHON DRIVER --relay SOCKET -- /bin/sh -c WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... [PULL...] /bin/sh -c
+    /// COMMAND`: the ssh engine's remote wrapper with the rank's variables, less its host, which the task sets to
+    /// its executor's address (and with caches, the shim that gets the env onto the executor first).
+    fn relay_argv(
+        &self,
+        rank: &RankStart<'_>,
+        rendezvous: &crate::env::RendezvousInfo,
+        socket: &Path,
+    ) -> Vec<String> {
+        let port = rank.master_port.to_string();
+        let env = super::ssh::remote_rank_env(
+            rank.plan,
+            rank.step,
+            rank.slot,
+            rendezvous,
+            &port,
+            rank.marker,
+        );
+        let mut argv = vec![
+            self.python.display().to_string(),
+            self.driver_path().display().to_string(),
+            "--relay".into(),
+            socket.display().to_string(),
+            "--".into(),
+            "/bin/sh".into(),
+            "-c".into(),
+            super::ssh::WRAPPER.into(),
+            "hvd-rank".into(),
+            rank.plan.project_dir.display().to_string(),
+            self.grace_ticks.to_string(),
+            rendezvous.addr.ip().to_string(),
+        ];
+        argv.extend(
+            env.vars
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "HVD_HOSTNAME" | "HOROVOD_HOSTNAME"))
+                .map(|(k, v)| format!("{k}={v}")),
+        );
+        if let (Some(pull), Some(env_dir)) = (&self.pull, rank.plan.env_dir.as_deref()) {
+            let mut full = vec![self.shim.display().to_string()];
+            full.extend(pull.iter().cloned());
+            argv.extend(super::worker_pull_argv(
+                &full,
+                &env_dir.display().to_string(),
+                true,
+            ));
+            argv.push("--".into());
+        }
+        argv.extend(["/bin/sh".into(), "-c".into(), rank.step.command.clone()]);
+        argv
     }
 
     /// Where the driver program lives.
@@ -328,6 +572,8 @@ mod tests {
             slots_timeout: None,
             bind: None,
             pull: None,
+            grace_ticks: 1,
+            relay: Arc::default(),
         }
     }
 

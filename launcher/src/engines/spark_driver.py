@@ -361,8 +361,314 @@ def spark_home(state_dir):
     return home
 
 
-def main():
-    args = parse_args(sys.argv[1:])
+# Elastic steps: the relay. An elastic step's ranks are not the tasks of one barrier job, which Spark fails whole when
+# one task fails: the launcher starts each rank (and each replacement) as a process of its own on its machine,
+# `DRIVER --relay SOCKET -- ARGV...`, which asks the relay server (`DRIVER --serve SOCKET ...`: one SparkContext for
+# the run, started before its first step) to run ARGV as a job of one task, on whichever executor Spark gives it. ARGV
+# is the ssh engine's remote wrapper: the relay passes the rank's stdin on to it (the job token, then the launcher's
+# stop and hand-over requests), its output back as the rank's, and exits with its status, or 255 when Spark lost the
+# task (its executor gone) or the server is gone. The launcher does the rest as for ssh ranks: a lost rank is
+# replaced by a new relay, the survivors re-form.
+
+RELAY_LOST = 255
+
+
+def log(message):
+    sys.stderr.write(f"hvd spark relay: {message}\n")
+    sys.stderr.flush()
+
+
+def relay_client(argv):
+    """`--relay SOCKET -- ARGV...`: runs ARGV through the relay server at SOCKET and exits with its status."""
+    import json
+
+    if len(argv) < 3 or argv[1] != "--":
+        fail("usage: --relay SOCKET -- ARGV...")
+    path, command = argv[0], argv[2:]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError as e:
+        fail(f"cannot reach the relay server at {path} ({e}): did `hvd run` end?", RELAY_LOST)
+    conn.sendall(json.dumps({"argv": command, "cwd": os.getcwd()}).encode() + b"\n")
+
+    def forward_stdin():
+        try:
+            while True:
+                data = os.read(0, 65536)
+                if not data:
+                    break
+                conn.sendall(data)
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    threading.Thread(target=forward_stdin, daemon=True).start()
+    code = None
+    with conn.makefile("rb") as stream:
+        for line in stream:
+            kind, _, text = line.rstrip(b"\n").partition(b" ")
+            if kind == b"X":
+                code = int(text)
+                break
+            out = sys.stdout.buffer if kind == b"O" else sys.stderr.buffer
+            out.write(text + b"\n")
+            out.flush()
+    if code is None:
+        fail("the relay server ended before the rank did", RELAY_LOST)
+    os._exit(code)
+
+
+def make_relay_task(command, cwd, driver_addr, token, ident):
+    """The task of one relayed rank (pickled to an executor): runs `command` with the executor's address as its host
+    (`HVD_HOSTNAME`), its stdin from the driver, its output and status back to it."""
+
+    def task(_partition):
+        import subprocess
+
+        conn = socket.create_connection(driver_addr, timeout=60)
+        conn.settimeout(None)
+        # The address this executor reaches the driver from: the same for every executor on one machine.
+        host = conn.getsockname()[0]
+        lock = threading.Lock()
+
+        def send(kind, text):
+            with lock:
+                conn.sendall(kind + b" " + text + b"\n")
+
+        conn.sendall(b"T %d %s\n" % (ident, token.encode()))
+        env = dict(os.environ, HVD_HOSTNAME=host, HOROVOD_HOSTNAME=host)
+
+        def child_setup():
+            # Default dispositions (pyspark's daemon ignores SIGCHLD and SIGHUP, which children would inherit). No
+            # death signal: when this task ends the wrapper's stdin closes, and the wrapper stops the rank itself.
+            for sig in (signal.SIGCHLD, signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
+
+        proc = subprocess.Popen(
+            command,
+            cwd=cwd if os.path.isdir(cwd) else None,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=child_setup,
+        )
+
+        def feed():
+            try:
+                while True:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
+            except OSError:
+                pass
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+        def pump(pipe, kind):
+            buf, after_cr = b"", False
+            while True:
+                data = pipe.read1(65536)
+                if not data:
+                    break
+                lines, buf, after_cr = split_lines(buf, after_cr, data)
+                for line in lines:
+                    send(kind, line)
+            if buf:
+                send(kind, buf)
+
+        threading.Thread(target=feed, daemon=True).start()
+        pumps = [
+            threading.Thread(target=pump, args=(proc.stdout, b"O"), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, b"E"), daemon=True),
+        ]
+        for t in pumps:
+            t.start()
+        code = proc.wait()
+        for t in pumps:
+            t.join()
+        send(b"X", str(code if code >= 0 else 128 - code).encode())
+        conn.close()
+        yield code
+
+    return task
+
+
+class TaskPorts:
+    """The relay server's end of the tasks' connections: each task says its number and the server's token first."""
+
+    def __init__(self, host, token):
+        self.token = token.encode()
+        self.lock = threading.Lock()
+        self.arrived = {}  # number -> connection
+        self.changed = threading.Condition(self.lock)
+        self.listener = socket.create_server((host, 0))
+        self.addr = (host, self.listener.getsockname()[1])
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.hello, args=(conn,), daemon=True).start()
+
+    def hello(self, conn):
+        conn.settimeout(60)
+        try:
+            line = b""
+            while not line.endswith(b"\n") and len(line) < 200:
+                data = conn.recv(1)
+                if not data:
+                    break
+                line += data
+        except OSError:
+            line = b""
+        parts = line.rstrip(b"\n").split(b" ")
+        if len(parts) != 3 or parts[0] != b"T" or not parts[1].isdigit() or not secrets.compare_digest(
+            parts[2], self.token
+        ):
+            conn.close()
+            return
+        conn.settimeout(None)
+        with self.changed:
+            self.arrived[int(parts[1])] = conn
+            self.changed.notify_all()
+
+    def wait(self, ident, done):
+        """The connection of task `ident`, or None once `done` (its job ended without it)."""
+        with self.changed:
+            while ident not in self.arrived:
+                if done.is_set():
+                    return None
+                self.changed.wait(0.2)
+            return self.arrived.pop(ident)
+
+
+def serve(argv):
+    """`--serve SOCKET --master M --state-dir D [--slots-timeout S] [--conf K=V]...`: the relay server of a run, until
+    its stdin ends (the launcher's end)."""
+    import itertools
+    import json
+
+    p = argparse.ArgumentParser(prog="hvd spark relay server")
+    p.add_argument("socket")
+    p.add_argument("--master", required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--conf", action="append", default=[])
+    p.add_argument("--slots-timeout", type=float)
+    args = p.parse_args(argv)
+    # A failed task is a lost rank, which the launcher replaces: Spark does not run it again.
+    sc = start_spark(args.master, args.workers, args.state_dir, args.conf, args.slots_timeout, 1)
+    token = secrets.token_hex(16)
+    ports = TaskPorts(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)
+    numbers = itertools.count()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(args.socket)
+    os.chmod(args.socket, 0o600)
+    server.listen(64)
+
+    def relay(client):
+        with client:
+            try:
+                # Unbuffered: what follows the header line is the rank's stdin, read below.
+                header = json.loads(client.makefile("rb", buffering=0).readline(1 << 20))
+                command, cwd = [str(a) for a in header["argv"]], str(header["cwd"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return
+            ident = next(numbers)
+            # In the server's log (`<state dir>/spark/relay.log`): which job ran which rank, and how it ended.
+            rank = next((a for a in command if a.startswith("HVD_RANK=")), "HVD_RANK=?")[len("HVD_RANK=") :]
+            log(f"job hvd-rank-{ident}: slot {rank}")
+            done = threading.Event()
+            outcome = {}
+
+            def run_job():
+                sc.setJobGroup(f"hvd-rank-{ident}", "an hvd rank", interruptOnCancel=True)
+                try:
+                    task = make_relay_task(command, cwd, ports.addr, token, ident)
+                    sc.parallelize([0], 1).mapPartitions(task).collect()
+                except Exception as e:  # noqa: BLE001 - reported to the rank's relay below
+                    outcome["error"] = e
+                done.set()
+
+            threading.Thread(target=run_job, daemon=True).start()
+            conn = ports.wait(ident, done)
+            code = None
+            if conn is not None:
+
+                def feed():
+                    # The rank's stdin after the header: the token and the launcher's requests. Its end (the launcher
+                    # closed it, or the relay process died) closes the wrapper's stdin, which stops the rank.
+                    try:
+                        while True:
+                            data = client.recv(65536)
+                            if not data:
+                                break
+                            conn.sendall(data)
+                    except OSError:
+                        pass
+                    try:
+                        conn.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+
+                threading.Thread(target=feed, daemon=True).start()
+                with conn, conn.makefile("rb") as stream:
+                    for line in stream:
+                        try:
+                            client.sendall(line)
+                        except OSError:
+                            break
+                        if line.startswith(b"X "):
+                            code = line
+                            break
+            if code is not None:
+                log(f"job hvd-rank-{ident}: slot {rank} exited with {code[2:].decode().strip()}")
+            else:
+                log(f"job hvd-rank-{ident}: slot {rank} lost: {outcome.get('error', 'no status')}".splitlines()[0])
+                done.wait(30)
+                sc.cancelJobGroup(f"hvd-rank-{ident}")
+                message = str(outcome.get("error", "the task ended without the rank's status")).strip().splitlines()
+                try:
+                    client.sendall(
+                        b"E hvd spark: Spark lost the task of this rank: "
+                        + (message[0] if message else "").encode("utf-8", "replace")
+                        + b"\nX %d\n" % RELAY_LOST
+                    )
+                except OSError:
+                    pass
+
+    def accept():
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=relay, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    # Until the launcher ends (or closes this stdin): then the relays still running lose their ranks.
+    while sys.stdin.buffer.read(65536):
+        pass
+    sc.setLogLevel("OFF")
+    sc.cancelAllJobs()
+    stop(sc)
+    os._exit(0)
+
+
+def start_spark(master, workers, state_dir, conf_items, slots_timeout, task_failures):
+    """Checks pyspark and Java, starts the SparkContext on `master` and waits for `workers` task slots (`None`: not
+    at all). `task_failures`: how many times Spark runs a task before its job fails."""
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -372,13 +678,7 @@ def main():
         )
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         fail("Spark needs Java (17 or newer): `java` is not on PATH and JAVA_HOME is not set")
-    slots = known_slots(args.master)
-    if slots is not None and slots < args.workers:
-        fail(
-            f"the master `{args.master}` has {slots} task slot(s), fewer than the {args.workers} workers: a barrier "
-            "job runs every rank at once (use more slots, e.g. `local[N]`, or fewer workers)"
-        )
-    os.environ["SPARK_HOME"] = spark_home(args.state_dir)
+    os.environ["SPARK_HOME"] = spark_home(state_dir)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -388,32 +688,49 @@ def main():
     # them in a fraction of the CPU time (a setting of the user's replaces these).
     quick_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     conf = {
-        "spark.master": args.master,
+        "spark.master": master,
         "spark.app.name": f"hvd {os.environ.get('HVD_RUN_STEP', '')}".strip(),
         # More ranks than task slots: fail in seconds, not after the default 10 minutes.
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
-        # A rank that fails is not retried: the job fails with it.
-        "spark.task.maxFailures": "1",
+        "spark.task.maxFailures": str(task_failures),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": quick_jvm,
         "spark.executor.extraJavaOptions": quick_jvm,
     }
-    if args.master.startswith("local"):
+    if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
-    for item in args.conf:
+    for item in conf_items:
         key, sep, value = item.partition("=")
         if not sep:
             fail(f"--conf `{item}` is not KEY=VALUE")
         conf[key] = value
     sc = SparkContext.getOrCreate(SparkConf().setAll(list(conf.items())))
     sc.setLogLevel("WARN")
-    # local-cluster's executors are JVMs starting on this machine (slow when it is busy); others may never come.
-    default_timeout = 300.0 if args.master.startswith("local-cluster") else 120.0
-    wait_for_slots(sc, args.workers, args.slots_timeout or default_timeout)
+    if workers is not None:
+        # local-cluster's executors are JVMs starting on this machine (slow when it is busy); others may never come.
+        default_timeout = 300.0 if master.startswith("local-cluster") else 120.0
+        wait_for_slots(sc, workers, slots_timeout or default_timeout)
+    return sc
+
+
+def main():
+    if sys.argv[1:2] == ["--relay"]:
+        relay_client(sys.argv[2:])
+    if sys.argv[1:2] == ["--serve"]:
+        serve(sys.argv[2:])
+    args = parse_args(sys.argv[1:])
+    slots = known_slots(args.master)
+    if slots is not None and slots < args.workers:
+        fail(
+            f"the master `{args.master}` has {slots} task slot(s), fewer than the {args.workers} workers: a barrier "
+            "job runs every rank at once (use more slots, e.g. `local[N]`, or fewer workers)"
+        )
+    # A rank that fails is not retried: the job fails with it.
+    sc = start_spark(args.master, args.workers, args.state_dir, args.conf, args.slots_timeout, 1)
 
     token = secrets.token_hex(16)
     collector = Collector(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)

@@ -1,0 +1,99 @@
+//! The elastic training script the engines' elastic tests run (tests/engine_ssh_elastic.rs, tests/engine_spark.rs),
+//! and what its workers print.
+
+/// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation count,
+/// committed after each step. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
+/// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
+/// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. `ELASTIC_KILL`
+/// (`slot:step`) names a worker that SIGKILLs itself when it begins that step. Every worker prints its start and re-forms and,
+/// at the end, what it finished with and whether every rank of the final round agrees.
+pub const TRAIN: &str = r#"
+import os
+import time
+import numpy as np
+import hvd
+
+steps = int(os.environ["ELASTIC_STEPS"])
+slot = int(os.environ["HVD_RANK"])
+pause = int(os.environ.get("ELASTIC_PAUSE", "-1"))
+grow = os.environ.get("ELASTIC_GROW", "")
+kill = os.environ.get("ELASTIC_KILL", "")
+until = int(os.environ.get("ELASTIC_UNTIL", "0"))
+paused = []
+
+hvd.init()
+print("slot %d starts as rank %d of %d on %s" % (slot, hvd.rank(), hvd.size(), os.environ["HVD_HOSTNAME"]), flush=True)
+state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))
+state.register_reset_callbacks(
+    [lambda: print("slot %d re-formed as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)])
+
+
+def big_enough():
+    if not until:
+        return True
+    time.sleep(0.02)
+    # A negative `until`: at most that many members.
+    mine = hvd.size() >= until if until > 0 else hvd.size() <= -until
+    return hvd.allreduce(np.array([1.0 if mine else 0.0]), op=hvd.Max, name="until")[0] > 0
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 400 and (state.step < steps or not big_enough()):
+        if slot == 0 and state.step == pause and not paused:
+            paused.append(True)
+            open("paused", "w").close()
+            while not os.path.exists("go"):
+                time.sleep(0.02)
+        if kill and kill == "%d:%d" % (slot, state.step):
+            os.kill(os.getpid(), 9)
+        if slot == 0 and grow and int(grow) == state.step and os.path.exists("grown"):
+            os.replace("grown", "slots")
+        g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
+        c = hvd.allreduce(np.array([1.0]), op=hvd.Sum, name="count")
+        state.w = state.w + g
+        # 1 when every member of the round took part in this step.
+        state.count += float(c[0]) / hvd.size()
+        state.step += 1
+        state.commit()
+
+
+train(state)
+final = hvd.allgather_object((state.step, state.count, state.w.tolist()))
+print("slot %d finished as rank %d of %d: step %d count %r w0 %r agree %s" % (
+    slot, hvd.rank(), hvd.size(), state.step, state.count, float(state.w[0]), all(f == final[0] for f in final)),
+    flush=True)
+hvd.shutdown()
+"#;
+
+/// A project whose step `train` runs the training script on `workers` (as written in the file) with `env` (more
+/// `NAME = "VALUE"` entries).
+pub fn project(workers: &str, steps: u32, env: &str) -> tempfile::TempDir {
+    let env = format!(", ELASTIC_STEPS = \"{steps}\"{env}");
+    super::train_project(workers, &env, "", TRAIN)
+}
+
+/// The part after `finished as rank R of N: ` of each slot's last line, by slot.
+pub fn finished(stdout: &str, slots: &[u32], size: usize) -> Vec<String> {
+    slots
+        .iter()
+        .map(|slot| {
+            let line = stdout
+                .lines()
+                .find(|l| l.contains(&format!("] slot {slot} finished as rank ")))
+                .unwrap_or_else(|| panic!("slot {slot} did not finish:\n{stdout}"));
+            let (head, tail) = line.split_once(": step ").unwrap();
+            assert!(head.ends_with(&format!(" of {size}")), "{line}");
+            format!("step {tail}")
+        })
+        .collect()
+}
+
+/// What a finished slot says after `step S` when every step of the run was counted once on every rank.
+pub fn counted_once(step: u32) -> String {
+    format!(
+        "step {step} count {:?} w0 {:?} agree True",
+        f64::from(step),
+        f64::from(step * (step + 1) / 2)
+    )
+}
