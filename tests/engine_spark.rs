@@ -513,3 +513,34 @@ fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
     assert_eq!(log.matches(" exited with ").count(), 4, "{log}");
     assert_nothing_left(&mark);
 }
+
+/// `--dry-run` of an elastic step on the spark engine shows each rank's relay (no barrier driver): the server's socket
+/// as `<relay socket>`, the ssh engine's wrapper with the rank's variables, but no token (it goes on stdin) and no
+/// host or interface, which the executor's task and the wrapper find.
+#[test]
+fn dry_run_of_an_elastic_step_shows_each_ranks_relay() {
+    let dir = project("step train {\n  run = \"echo hi\"\n  workers = { min = 1, max = 2 }\n}");
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--dry-run", "--engine", "spark"])
+        .args(["--spark-python", "/usr/bin/python3"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let relay = format!(
+        "spark relay: /usr/bin/python3 {}/.hvd/spark/hvd_spark_driver.py --relay '<relay socket>' -- /bin/sh -c ",
+        dir.path().display()
+    );
+    assert_eq!(stdout.matches(&relay).count(), 2, "{stdout}");
+    assert!(stdout.contains(" HVD_RANK=1 "), "{stdout}");
+    // The job token travels on the relay's stdin, never on a command line; the host and interface are the executor's.
+    for absent in [
+        "HVD_JOB_TOKEN=",
+        "HVD_HOSTNAME=",
+        " NCCL_SOCKET_IFNAME=lo",
+        "spark:   ",
+    ] {
+        assert!(!stdout.contains(absent), "{absent}: {stdout}");
+    }
+    assert!(stdout.contains(" /bin/sh -c 'echo hi'\n"), "{stdout}");
+}

@@ -18,8 +18,8 @@ use crate::report::{EventSink, RunReport};
 
 /// Where elastic steps run (docs/running.md, Elastic steps).
 pub(crate) const ELASTIC_ENGINES: &str = concat!(
-    "run elastic steps on the local or ssh engine, or on the slurm engine inside an allocation (salloc, or `hvd ",
-    "run` in an sbatch script)"
+    "run elastic steps on the local, ssh or spark engine, or on the slurm engine inside an allocation (salloc, or ",
+    "`hvd run` in an sbatch script)"
 );
 
 /// An engine whose ranks the local supervisor starts and stops. Every method but [`SupervisedEngine::name`] has the

@@ -101,13 +101,13 @@ fn no_elastic_reason(kind: EngineKind) -> &'static str {
         EngineKind::Slurm => {
             "each step is one batch job whose srun ends every task when one fails (Slurm's --kill-on-bad-exit)"
         }
-        EngineKind::Spark => {
-            "its ranks are the tasks of one barrier stage, which Spark fails whole when one task fails"
-        }
         EngineKind::Kubernetes => {
             "a JobSet's pods are one job that fails (or restarts, with `restarts`) as a whole when one pod fails"
         }
-        EngineKind::Local | EngineKind::Ssh => "it starts every rank as one unit",
+        // These start an elastic step's ranks one by one (spark: one job each, through its relay server).
+        EngineKind::Local | EngineKind::Ssh | EngineKind::Spark => {
+            "it starts every rank as one unit"
+        }
     }
 }
 

@@ -202,7 +202,22 @@ impl SupervisedEngine for SparkSetup {
                 rank.step.name
             )));
         };
-        let argv = self.relay_argv(rank, rendezvous, &socket);
+        let port = rank.master_port.to_string();
+        let env = super::ssh::remote_rank_env(
+            rank.plan,
+            rank.step,
+            rank.slot,
+            rendezvous,
+            &port,
+            rank.marker,
+        );
+        let argv = self.relay_argv(
+            rank.plan,
+            rank.step,
+            &env.vars,
+            rendezvous.addr.ip(),
+            &socket.display().to_string(),
+        );
         let mut command = Command::new(&argv[0]);
         command.args(&argv[1..]);
         Ok(RankCommand {
@@ -214,6 +229,20 @@ impl SupervisedEngine for SparkSetup {
 
     fn launcher_label(&self) -> &'static str {
         "spark:"
+    }
+
+    /// A rank of an elastic step: its relay's command line (the server's socket is made when the run starts).
+    fn dry_run_rank(
+        &self,
+        plan: &Plan,
+        step: &PlannedStep,
+        slot: &crate::env::Slot,
+    ) -> Option<String> {
+        step.min_workers?;
+        let ip = self.rendezvous().0;
+        let env = super::ssh::dry_run_rank_env(plan, step, slot, ip);
+        let argv = self.relay_argv(plan, step, &env.vars, ip, "<relay socket>");
+        Some(format!("spark relay: {}", super::shell::line(&argv)))
     }
 }
 
@@ -419,40 +448,28 @@ impl SparkSetup {
     /// its executor's address (and with caches, the shim that gets the env onto the executor first).
     fn relay_argv(
         &self,
-        rank: &RankStart<'_>,
-        rendezvous: &crate::env::RendezvousInfo,
-        socket: &Path,
+        plan: &Plan,
+        step: &PlannedStep,
+        vars: &[(String, String)],
+        rendezvous: IpAddr,
+        socket: &str,
     ) -> Vec<String> {
-        let port = rank.master_port.to_string();
-        let env = super::ssh::remote_rank_env(
-            rank.plan,
-            rank.step,
-            rank.slot,
-            rendezvous,
-            &port,
-            rank.marker,
-        );
         let mut argv = vec![
             self.python.display().to_string(),
             self.driver_path().display().to_string(),
             "--relay".into(),
-            socket.display().to_string(),
+            socket.to_owned(),
             "--".into(),
             "/bin/sh".into(),
             "-c".into(),
             super::ssh::WRAPPER.into(),
             "hvd-rank".into(),
-            rank.plan.project_dir.display().to_string(),
+            plan.project_dir.display().to_string(),
             self.grace_ticks.to_string(),
-            rendezvous.addr.ip().to_string(),
+            rendezvous.to_string(),
         ];
-        argv.extend(
-            env.vars
-                .iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "HVD_HOSTNAME" | "HOROVOD_HOSTNAME"))
-                .map(|(k, v)| format!("{k}={v}")),
-        );
-        if let (Some(pull), Some(env_dir)) = (&self.pull, rank.plan.env_dir.as_deref()) {
+        argv.extend(relay_vars(vars).iter().map(|(k, v)| format!("{k}={v}")));
+        if let (Some(pull), Some(env_dir)) = (&self.pull, plan.env_dir.as_deref()) {
             let mut full = vec![self.shim.display().to_string()];
             full.extend(pull.iter().cloned());
             argv.extend(super::worker_pull_argv(
@@ -462,7 +479,7 @@ impl SparkSetup {
             ));
             argv.push("--".into());
         }
-        argv.extend(["/bin/sh".into(), "-c".into(), rank.step.command.clone()]);
+        argv.extend(["/bin/sh".into(), "-c".into(), step.command.clone()]);
         argv
     }
 
@@ -504,6 +521,26 @@ impl SparkSetup {
         argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), command.into()]);
         argv
     }
+}
+
+/// The variables a relayed rank gets on its wrapper's command line, from the worker contract `vars`: not the job
+/// token (it travels on stdin: a command line is readable by every local user, on the executor too), not its host
+/// (the task sets `HVD_HOSTNAME` to its executor's address), and not the interface variables (the wrapper finds the
+/// interface that reaches the rendezvous on its executor); `PATH` is this machine's unless the env's is given, as
+/// the barrier job exports it.
+fn relay_vars(vars: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    if let Ok(path) = std::env::var("PATH") {
+        out.insert("PATH".into(), path);
+    }
+    out.extend(vars.iter().cloned());
+    for name in ["HVD_JOB_TOKEN", "HVD_HOSTNAME", "HOROVOD_HOSTNAME"]
+        .into_iter()
+        .chain(super::ssh::INTERFACE_VARS)
+    {
+        out.remove(name);
+    }
+    out.into_iter().collect()
 }
 
 /// Writes [`DRIVER_SOURCE`] to `path` unless it is there already.
@@ -664,6 +701,29 @@ print("ok")
             out.status.success() && out.stdout.starts_with(b"ok"),
             "{}",
             String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A relayed rank's command line carries no token, host or interface (each comes from elsewhere).
+    #[test]
+    fn a_relayed_rank_gets_no_token_host_or_interface_on_its_command_line() {
+        let vars: Vec<(String, String)> = [
+            ("HVD_JOB_TOKEN", "secret"),
+            ("HVD_HOSTNAME", "127.0.0.1"),
+            ("HOROVOD_HOSTNAME", "127.0.0.1"),
+            ("NCCL_SOCKET_IFNAME", "lo"),
+            ("HOROVOD_GLOO_IFACE", "lo"),
+            ("HVD_RANK", "3"),
+            ("PATH", "/env/bin:/usr/bin"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let out = relay_vars(&vars);
+        assert_eq!(
+            out,
+            [("HVD_RANK", "3"), ("PATH", "/env/bin:/usr/bin")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
         );
     }
 
