@@ -544,3 +544,117 @@ fn dry_run_of_an_elastic_step_shows_each_ranks_relay() {
     }
     assert!(stdout.contains(" /bin/sh -c 'echo hi'\n"), "{stdout}");
 }
+
+/// An executor lost mid-run (Spark's form of a lost host): three executors of one task slot each
+/// (`local-cluster[3,1,1024]`), two ranks (minimum 1) on two of them. While slot 0 waits at step 4, the executor JVM
+/// running slot 1 is killed: its task and with it the rank end, the relay says the task was lost (status 255), the
+/// launcher counts rank 1 lost, slot 0 goes on alone, and the replacement (slot 2, a new job, on the spare executor)
+/// joins it at a commit; both finish with every committed step counted once, and nothing is left.
+#[test]
+fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
+    let python = spark_python();
+    let dir = common::elastic::project(
+        "{ min = 1, max = 2 }",
+        8,
+        ", ELASTIC_PAUSE = \"4\", ELASTIC_UNTIL = \"2\"",
+    );
+    let d = dir.path();
+    let mark = format!("spark-executor-lost-{}", std::process::id());
+    let mut child = Command::new(HVD)
+        .arg("run")
+        .arg(d.join("train.hvd"))
+        .args(["--no-build", "--grace", "2", "--engine", "spark"])
+        .args(["--spark-master", "local-cluster[3,1,1024]"])
+        .arg("--spark-python")
+        .arg(&python)
+        .env("NO_COLOR", "1")
+        .env("HVD_TEST_MARK", &mark)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let fail = |child: std::process::Child, why: &str| -> ! {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        panic!("{why}:\n{stdout}\n{stderr}");
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while !d.join("paused").exists() {
+        if std::time::Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            fail(child, "slot 0 did not reach the pause");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The executor of slot 1: the `java` process above its rank.
+    let rank1: Vec<u32> = marked(&mark)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"HVD_RANK=1"))
+        })
+        .collect();
+    let executor = rank1.iter().find_map(|pid| java_ancestor(*pid));
+    let Some(executor) = executor else {
+        fail(child, "no executor JVM above slot 1's rank");
+    };
+    let _ = Command::new("kill")
+        .args(["-KILL", &executor.to_string()])
+        .status();
+    std::fs::write(d.join("go"), "").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            fail(child, "`hvd run` did not end within 240 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let says = |part: &str| common::unwrapped(&stderr).contains(&common::unwrapped(part));
+    assert!(
+        says("rank 1 of step `train` was lost (exit code 255)"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        says("Spark lost the task of this rank"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("] slot 2 starts as rank "),
+        "{stdout}\n{stderr}"
+    );
+    let lines = common::elastic::finished(&stdout, &[0, 2], 2);
+    let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    for line in &lines {
+        assert_eq!(
+            *line,
+            common::elastic::counted_once(step),
+            "{stdout}\n{stderr}"
+        );
+    }
+    let log = std::fs::read_to_string(d.join(".hvd/spark/relay.log")).unwrap();
+    // Why, in Spark's words (the job's stage failure, not py4j's name of the Java call).
+    assert!(log.contains(": slot 1 lost: Job aborted due to stage failure"), "{log}");
+    assert_nothing_left(&mark);
+}
+
+/// The nearest `java` process above `pid` (its parent, the parent's parent, ...).
+fn java_ancestor(mut pid: u32) -> Option<u32> {
+    for _ in 0..16 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        if comm == "java" {
+            return Some(pid);
+        }
+        pid = rest.split_whitespace().nth(1)?.parse().ok()?;
+        if pid <= 1 {
+            return None;
+        }
+    }
+    None
+}

@@ -419,6 +419,15 @@ def relay_client(argv):
     os._exit(code)
 
 
+def job_failure(error):
+    """The line of a failed job's error that says why (py4j's first line only names the Java call)."""
+    lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
+    if not lines:
+        return "the task ended without the rank's status"
+    telling = next((line for line in lines if "stage failure" in line or "Lost task" in line), lines[0])
+    return telling.rpartition("SparkException: ")[2][:400]
+
+
 def make_relay_task(command, cwd, driver_addr, token, ident):
     """The task of one relayed rank (pickled to an executor): runs `command` with the executor's address as its host
     (`HVD_HOSTNAME`), its stdin from the driver, its output and status back to it."""
@@ -623,24 +632,25 @@ def serve(argv):
                 threading.Thread(target=feed, daemon=True).start()
                 with conn, conn.makefile("rb") as stream:
                     for line in stream:
+                        if line.startswith(b"X "):
+                            # Logged before the relay hears it (and `hvd run`, perhaps, ends).
+                            code = line
+                            log(f"job hvd-rank-{ident}: slot {rank} exited with {code[2:].decode().strip()}")
                         try:
                             client.sendall(line)
                         except OSError:
                             break
-                        if line.startswith(b"X "):
-                            code = line
+                        if code is not None:
                             break
-            if code is not None:
-                log(f"job hvd-rank-{ident}: slot {rank} exited with {code[2:].decode().strip()}")
-            else:
-                log(f"job hvd-rank-{ident}: slot {rank} lost: {outcome.get('error', 'no status')}".splitlines()[0])
+            if code is None:
                 done.wait(30)
                 sc.cancelJobGroup(f"hvd-rank-{ident}")
-                message = str(outcome.get("error", "the task ended without the rank's status")).strip().splitlines()
+                why = job_failure(outcome.get("error"))
+                log(f"job hvd-rank-{ident}: slot {rank} lost: {why}")
                 try:
                     client.sendall(
                         b"E hvd spark: Spark lost the task of this rank: "
-                        + (message[0] if message else "").encode("utf-8", "replace")
+                        + why.encode("utf-8", "replace")
                         + b"\nX %d\n" % RELAY_LOST
                     )
                 except OSError:
