@@ -639,7 +639,10 @@ fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
     }
     let log = std::fs::read_to_string(d.join(".hvd/spark/relay.log")).unwrap();
     // Why, in Spark's words (the job's stage failure, not py4j's name of the Java call).
-    assert!(log.contains(": slot 1 lost: Job aborted due to stage failure"), "{log}");
+    assert!(
+        log.contains(": slot 1 lost: Job aborted due to stage failure"),
+        "{log}"
+    );
     assert_nothing_left(&mark);
 }
 
@@ -657,4 +660,50 @@ fn java_ancestor(mut pid: u32) -> Option<u32> {
         }
     }
     None
+}
+
+/// Ctrl-C on `hvd run` of an elastic step on Spark reaches each relayed rank as SIGINT (through its relay's stdin and
+/// the wrapper on the executor: its trap runs), the run ends with 130, and nothing is left, the relay server's Spark
+/// included.
+#[test]
+fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
+    let python = spark_python();
+    let dir = project(
+        "step train {\n  run = \"trap 'echo got-int-$HVD_RANK; exit 5' INT; touch started.$HVD_RANK; sleep 30 & wait\"\n  \
+         workers = { min = 1, max = 2 }\n}",
+    );
+    let mark = format!("spark-interrupt-{}", std::process::id());
+    let child = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--grace", "5", "--engine", "spark"])
+        .arg("--spark-python")
+        .arg(&python)
+        .env("NO_COLOR", "1")
+        .env("HVD_TEST_MARK", &mark)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !(0..2).all(|r| dir.path().join(format!("started.{r}")).exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ranks did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!("] got-int-{rank}\n")),
+            "rank {rank}:\n{stdout}\n{stderr}"
+        );
+    }
+    assert_nothing_left(&mark);
 }
