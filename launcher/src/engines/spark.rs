@@ -727,6 +727,54 @@ print("ok")
         );
     }
 
+    /// The relay server's task port takes a connection only with the server's token and a task number first: an
+    /// attacker's connection (no token, a wrong one, a flood of bytes without a newline) is closed and never taken
+    /// for a task's; the real one is. And a failed job is told in Spark's words.
+    #[test]
+    fn the_relay_servers_task_port_takes_only_token_holders() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = dir.path().join(DRIVER_FILE);
+        write_driver(&driver).unwrap();
+        let check = r#"
+import importlib.util, socket, sys, threading, time
+spec = importlib.util.spec_from_file_location("d", sys.argv[1])
+d = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(d)
+ports = d.TaskPorts("127.0.0.1", "s3cret")
+def closed(first):
+    c = socket.create_connection(ports.addr)
+    c.sendall(first)
+    c.settimeout(5)
+    try:
+        return c.recv(1) == b""
+    except ConnectionResetError:
+        return True
+for first in [b"T 1 wrong\n", b"T 1\n", b"X 1 s3cret\n", b"T one s3cret\n", b"T 1 s3cre\n", b"A" * 300]:
+    assert closed(first), first
+done = threading.Event(); done.set()
+assert ports.wait(1, done) is None, "an attacker's connection was taken for task 1"
+c = socket.create_connection(ports.addr)
+c.sendall(b"T 7 s3cret\n")
+never = threading.Event()
+got = ports.wait(7, never)
+assert got is not None
+why = d.job_failure("An error occurred while calling z:o.collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure\n\tat x")
+assert why == "Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure", why
+assert d.job_failure(None) == "the task ended without the rank's status"
+print("ok")
+"#;
+        let out = std::process::Command::new("python3")
+            .args(["-c", check])
+            .arg(&driver)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success() && out.stdout.starts_with(b"ok"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     #[test]
     fn the_driver_is_written_once() {
         let dir = tempfile::tempdir().unwrap();
