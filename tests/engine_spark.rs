@@ -457,16 +457,17 @@ fn one_executor_whose_pull_fails_inside_the_job_ends_it_naming_the_executor_befo
 /// An elastic step on Spark (issue #19): its ranks are relayed one by one, each a Spark job of one task on the relay
 /// server's SparkContext (`local[3]` without a master: one task slot per worker). Slot 1 SIGKILLs itself at step 3:
 /// its task ends, its relay exits with the rank's status, the launcher counts it lost, and a replacement (slot 3, a
-/// new job in the freed slot) joins the two survivors at a commit; the job of 3 finishes with every committed step
-/// counted once, the relay server's log names the four jobs and how each ended, and nothing of the run (Spark
-/// included) is left.
+/// new job in the freed slot) joins the two survivors at a commit; slot 2 does the same at step 5, and slot 4 replaces
+/// it (two losses on the one pretend host every Spark rank has do not blacklist it). The job of 3 finishes with every
+/// committed step counted once, the relay server's log names the five jobs and how each ended, and nothing of the run
+/// (Spark included) is left.
 #[test]
 fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
     let python = spark_python();
     let dir = common::elastic::project(
         "{ min = 2, max = 3 }",
         6,
-        ", ELASTIC_UNTIL = \"3\", ELASTIC_KILL = \"1:3\"",
+        ", ELASTIC_UNTIL = \"3\", ELASTIC_KILL = \"1:3,2:5\"",
     );
     let mark = format!("spark-elastic-{}", std::process::id());
     let out = Command::new(HVD)
@@ -491,7 +492,12 @@ fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
         stdout.contains("] slot 3 starts as rank "),
         "{stdout}\n{stderr}"
     );
-    let lines = common::elastic::finished(&stdout, &[0, 2, 3], 3);
+    assert!(
+        says("rank 2 of step `train` was lost"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!says("blacklisted"), "{stdout}\n{stderr}");
+    let lines = common::elastic::finished(&stdout, &[0, 3, 4], 3);
     let step: u32 = lines[0].split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(step > 3, "{}", lines[0]);
     for line in &lines {
@@ -501,16 +507,16 @@ fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
             "{stdout}\n{stderr}"
         );
     }
-    assert!(!stdout.contains("slot 4 "), "{stdout}");
-    // Each rank was a Spark job of the relay server's: four (the replacement's included), and how each ended.
-    let log = std::fs::read_to_string(dir.path().join(".hvd/spark/relay.log")).unwrap();
-    for (slot, code) in [(0, 0), (1, 137), (2, 0), (3, 0)] {
+    assert!(!stdout.contains("slot 5 "), "{stdout}");
+    // Each rank was a Spark job of the relay server's: five (the replacements' included), and how each ended.
+    let log = relay_log(dir.path());
+    for (slot, code) in [(0, 0), (1, 137), (2, 137), (3, 0), (4, 0)] {
         assert!(
             log.contains(&format!(": slot {slot} exited with {code}\n")),
             "{log}"
         );
     }
-    assert_eq!(log.matches(" exited with ").count(), 4, "{log}");
+    assert_eq!(log.matches(" exited with ").count(), 5, "{log}");
     assert_nothing_left(&mark);
 }
 
@@ -637,13 +643,23 @@ fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
             "{stdout}\n{stderr}"
         );
     }
-    let log = std::fs::read_to_string(d.join(".hvd/spark/relay.log")).unwrap();
+    let log = relay_log(d);
     // Why, in Spark's words (the job's stage failure, not py4j's name of the Java call).
     assert!(
         log.contains(": slot 1 lost: Job aborted due to stage failure"),
         "{log}"
     );
     assert_nothing_left(&mark);
+}
+
+/// The relay server's log of the run's step `train` (the project's only run): `.hvd/runs/<run>/train/relay.log`.
+fn relay_log(project: &Path) -> String {
+    let runs: Vec<_> = std::fs::read_dir(project.join(".hvd/runs"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    std::fs::read_to_string(runs[0].path().join("train/relay.log")).unwrap()
 }
 
 /// The nearest `java` process above `pid` (its parent, the parent's parent, ...).
@@ -705,5 +721,58 @@ fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
             "rank {rank}:\n{stdout}\n{stderr}"
         );
     }
+    assert_nothing_left(&mark);
+}
+
+/// A rank stopped while its job still waits for a task slot never starts: under `local[1]` one rank's job queues
+/// behind the other's; on Ctrl-C the launcher stops both through their relays, the server sees the queued rank's relay
+/// close and cancels its job ("stopped before its task started"), its command never runs, and nothing is left.
+#[test]
+fn a_rank_stopped_while_its_job_waits_for_a_slot_never_starts() {
+    let python = spark_python();
+    let dir = project(
+        "step train {\n  run = \"touch started.$HVD_RANK; sleep 30 & wait\"\n  workers = { min = 1, max = 2 }\n}",
+    );
+    let mark = format!("spark-queued-{}", std::process::id());
+    let child = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--grace", "2", "--engine", "spark"])
+        .args(["--spark-master", "local[1]"])
+        .arg("--spark-python")
+        .arg(&python)
+        .env("NO_COLOR", "1")
+        .env("HVD_TEST_MARK", &mark)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Whichever job Spark gives the one slot first runs; the other waits.
+    let started = |r: u32| dir.path().join(format!("started.{r}")).exists();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let first = loop {
+        if let Some(r) = (0..2).find(|r| started(*r)) {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rank started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let queued = 1 - first;
+    // The other's job is queued by now (the relays start together); give it a moment to be submitted.
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    let log = relay_log(dir.path());
+    assert!(
+        log.contains(&format!(
+            ": slot {queued} stopped before its task started\n"
+        )),
+        "{log}"
+    );
+    assert!(!started(queued), "{log}");
     assert_nothing_left(&mark);
 }

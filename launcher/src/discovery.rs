@@ -402,6 +402,8 @@ pub struct Blacklist {
     /// Where a cooldown's random part comes from ([`os_random`]; tests give their own).
     random: fn() -> u64,
     hosts: BTreeMap<String, HostRecord>,
+    /// Losses are not charged to hosts ([`Blacklist::off`]).
+    off: bool,
 }
 
 impl Default for Blacklist {
@@ -425,7 +427,14 @@ impl Blacklist {
             cooldown: Cooldown::default(),
             random: os_random,
             hosts: BTreeMap::new(),
+            off: false,
         }
+    }
+
+    /// This blacklist charging nothing and blocking no host: for an engine whose hosts, as the launcher knows them,
+    /// are not where its ranks ran (spark: Spark places each rank, so every rank has one pretend host).
+    pub fn off(self) -> Blacklist {
+        Blacklist { off: true, ..self }
     }
 
     /// This blacklist with its cooldowns' random part from `random` instead of the OS ([`Cooldown::jittered`]).
@@ -448,6 +457,9 @@ impl Blacklist {
 
     /// A worker on `host` was lost. Returns the cooldown (with its random part) when this blacklists the host.
     pub fn failed(&mut self, host: &str, now: Instant) -> Option<Duration> {
+        if self.off {
+            return None;
+        }
         let key = self.key(host);
         let record = self.hosts.entry(key).or_default();
         record.failures += 1;
@@ -473,6 +485,21 @@ impl Blacklist {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A blacklist that is off charges no loss and blocks no host, however many there are.
+    #[test]
+    fn a_blacklist_that_is_off_blocks_nothing() {
+        let now = Instant::now();
+        let mut off = Blacklist::new("here").off();
+        let mut on = Blacklist::new("here");
+        let mut said = None;
+        for _ in 0..BLACKLIST_FAILURES * 3 {
+            assert_eq!(off.failed("h", now), None);
+            said = said.or(on.failed("h", now));
+        }
+        assert!(!off.blocked("h", now));
+        assert!(said.is_some() && on.blocked("h", now));
+    }
 
     fn script() -> PathBuf {
         PathBuf::from("discover.sh")

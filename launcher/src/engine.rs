@@ -40,6 +40,21 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         Ok(())
     }
 
+    /// Called before `step` first starts (its restarts included), with its log directory: the engine may start what
+    /// the step's ranks need (spark: an elastic step's relay server). [`SupervisedEngine::end_step`] follows once the
+    /// step is over, however it ended.
+    fn begin_step(
+        &self,
+        _plan: &Plan,
+        _step: &PlannedStep,
+        _log_dir: &std::path::Path,
+    ) -> Result<(), LaunchError> {
+        Ok(())
+    }
+
+    /// Ends what [`SupervisedEngine::begin_step`] started for `step`.
+    fn end_step(&self, _step: &PlannedStep) {}
+
     /// Where a distributed step's rendezvous listens, and the peers its token-less endpoints answer.
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -80,6 +95,13 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
     /// allocation, on its nodes); `false`: every worker runs on this machine, other hosts are ignored.
     fn remote_hosts(&self) -> bool {
         false
+    }
+
+    /// Whether an elastic step's lost workers count against their hosts (the blacklist, and a host held back a
+    /// heartbeat timeout after a silent worker): not where the launcher's hosts are not where the ranks ran (spark:
+    /// Spark places each rank).
+    fn charges_hosts(&self) -> bool {
+        true
     }
 
     /// Whether the engine starts replacements for an elastic step's lost workers (it starts each rank by itself):

@@ -470,6 +470,11 @@ fn run_step(
     log_dir: &Path,
 ) -> Result<bool, LaunchError> {
     let mut restart = 0u32;
+    plan.engine.begin_step(plan, step, log_dir)?;
+    let _session = StepSession {
+        engine: plan.engine.as_ref(),
+        step,
+    };
     // An elastic step's heartbeat timeout, read once (the step's, else this process's).
     let heartbeat = match step.min_workers.is_some() && step.workers.is_some() {
         true => Some(heartbeat::timeout(step)?),
@@ -543,6 +548,18 @@ fn run_step(
             }
             Outcome::Failed | Outcome::Restart => return Ok(false),
         }
+    }
+}
+
+/// Ends what the engine started for a step ([`SupervisedEngine::begin_step`]) once it is over, however it ended.
+struct StepSession<'a> {
+    engine: &'a dyn SupervisedEngine,
+    step: &'a PlannedStep,
+}
+
+impl Drop for StepSession<'_> {
+    fn drop(&mut self) {
+        self.engine.end_step(self.step);
     }
 }
 

@@ -5,7 +5,7 @@
 /// committed after each step. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
 /// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
 /// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. `ELASTIC_KILL`
-/// (`slot:step`) names a worker that SIGKILLs itself when it begins that step. Every worker prints its start and re-forms and,
+/// (`slot:step`, several separated by commas) names a worker that SIGKILLs itself when it begins that step. Every worker prints its start and re-forms and,
 /// at the end, what it finished with and whether every rank of the final round agrees.
 pub const TRAIN: &str = r#"
 import os
@@ -45,7 +45,7 @@ def train(state):
             open("paused", "w").close()
             while not os.path.exists("go"):
                 time.sleep(0.02)
-        if kill and kill == "%d:%d" % (slot, state.step):
+        if "%d:%d" % (slot, state.step) in kill.split(","):
             os.kill(os.getpid(), 9)
         if slot == 0 and grow and int(grow) == state.step and os.path.exists("grown"):
             os.replace("grown", "slots")

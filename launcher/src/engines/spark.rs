@@ -10,9 +10,9 @@
 //!
 //! An elastic step cannot be one barrier job (Spark fails a barrier stage whole when one task fails). Its ranks are
 //! started one by one, as the ssh engine's are: each rank (and each replacement) is a relay process on this machine,
-//! `PYTHON DRIVER --relay SOCKET -- WRAPPER...`, which has the run's relay server (the driver's `--serve` mode, one
-//! SparkContext for the run, started by [`SparkSetup::prepare`]) run the ssh engine's remote wrapper as a Spark job of
-//! one task on an executor Spark picks. The wrapper gets the rank's stdin through the relay (the job token, then the
+//! `PYTHON DRIVER --relay SOCKET -- WRAPPER...`, which has the step's relay server (the driver's `--serve` mode, one
+//! SparkContext for the step, started before it and stopped after it) run the ssh engine's remote wrapper as a Spark
+//! job of one task on an executor Spark picks. The wrapper gets the rank's stdin through the relay (the job token, then the
 //! launcher's stop and hand-over requests) and the executor's address as the rank's host; the relay passes the rank's
 //! output back and exits with its status (255 when Spark lost the task). A lost rank's replacement is a new job,
 //! wherever Spark has a free task slot.
@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use hvd_lang::model::Project;
 
+use std::collections::BTreeMap;
 use std::io::BufRead as _;
 use std::net::IpAddr;
 use std::process::{Child, Command, Stdio};
@@ -70,14 +71,24 @@ pub struct SparkSetup {
     pub pull: Option<Vec<String>>,
     /// `--grace` in tenths of a second: how long a relayed rank's wrapper waits between SIGTERM and SIGKILL.
     pub grace_ticks: u128,
-    /// The relay server of a run with an elastic step (module docs).
+    /// The relay servers of the elastic steps running now (module docs).
     pub relay: Arc<Relay>,
 }
 
-/// The relay server of a run with an elastic step, once [`SparkSetup::prepare`] started it.
+/// The relay server of each elastic step running now, by step name (started by [`SupervisedEngine::begin_step`],
+/// stopped by [`SupervisedEngine::end_step`]): a SparkContext of its own, so steps that run at the same time do not
+/// share task slots, and none is held while another step's barrier job needs the cluster.
 #[derive(Debug, Default)]
 pub struct Relay {
-    server: Mutex<Option<RelayServer>>,
+    servers: Mutex<BTreeMap<String, RelayServer>>,
+}
+
+impl Relay {
+    fn servers(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, RelayServer>> {
+        self.servers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The driver in `--serve` mode, listening on a socket in a private temporary directory (a socket's path is short).
@@ -147,19 +158,28 @@ impl SupervisedEngine for SparkSetup {
         WorkerLayout::local(&host, workers.unwrap_or(1))
     }
 
-    /// Writes the driver; with an elastic step, starts the relay server its ranks run through.
-    fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
-        write_driver(&self.driver_path())?;
-        let most = plan
-            .steps
-            .iter()
-            .filter(|s| s.min_workers.is_some())
-            .filter_map(|s| s.workers)
-            .max();
-        match most {
-            Some(workers) => self.start_relay(workers),
-            None => Ok(()),
+    fn prepare(&self, _plan: &Plan) -> Result<(), LaunchError> {
+        write_driver(&self.driver_path())
+    }
+
+    /// An elastic step's relay server, which its ranks run through; its log is `relay.log` in the step's log
+    /// directory.
+    fn begin_step(
+        &self,
+        _plan: &Plan,
+        step: &PlannedStep,
+        log_dir: &Path,
+    ) -> Result<(), LaunchError> {
+        match (step.min_workers, step.workers) {
+            (Some(_), Some(workers)) => self.start_relay(&step.name, workers, log_dir),
+            _ => Ok(()),
         }
+    }
+
+    /// Stops the step's relay server (Spark with it), if it has one.
+    fn end_step(&self, step: &PlannedStep) {
+        let server = self.relay.servers().remove(&step.name);
+        drop(server);
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
@@ -178,6 +198,11 @@ impl SupervisedEngine for SparkSetup {
         Some(self.argv(workers, &export, &step.command))
     }
 
+    /// Every rank has one pretend host (Spark places it): a loss says nothing of a host.
+    fn charges_hosts(&self) -> bool {
+        false
+    }
+
     /// A lost rank of an elastic step is replaced by a new relayed rank: a new job, where Spark has a free slot.
     fn replaces_workers(&self) -> bool {
         true
@@ -187,18 +212,16 @@ impl SupervisedEngine for SparkSetup {
     fn rank_command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
         let socket = self
             .relay
-            .server
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
+            .servers()
+            .get(&rank.step.name)
             .map(RelayServer::socket);
         let Some(rendezvous) = rank.rendezvous else {
             return Ok(RankCommand::local(rank));
         };
         let Some(socket) = socket else {
             return Err(LaunchError::Engine(format!(
-                "step `{}`: the spark relay server its ranks run through is not running (the engine was not \
-                 prepared for an elastic step)",
+                "step `{}`: the spark relay server its ranks run through is not running (the step was not \
+                 begun as an elastic step)",
                 rank.step.name
             )));
         };
@@ -354,18 +377,10 @@ impl SparkSetup {
         super::net::route_source(ip).map(Some)
     }
 
-    /// Starts the relay server (module docs) for elastic steps of up to `workers` ranks (a master of its own:
+    /// Starts the relay server (module docs) of elastic step `step` of up to `workers` ranks (without a master:
     /// `local[workers]`), and waits until it listens, at most the slots timeout (default 120 s, 300 s for
-    /// `local-cluster`). Its Spark messages go to `<state dir>/spark/relay.log`.
-    fn start_relay(&self, workers: u32) -> Result<(), LaunchError> {
-        let mut server = self
-            .relay
-            .server
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if server.is_some() {
-            return Ok(());
-        }
+    /// `local-cluster`) and 30 s. Its messages go to `relay.log` in `log_dir`, its Spark folders to `spark` there.
+    fn start_relay(&self, step: &str, workers: u32, log_dir: &Path) -> Result<(), LaunchError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| LaunchError::Io { path, source }
@@ -374,7 +389,8 @@ impl SparkSetup {
             .prefix("hvd-spark-")
             .tempdir()
             .map_err(io(&std::env::temp_dir()))?;
-        let log_path = self.state_dir.join("spark").join("relay.log");
+        fs_err::create_dir_all(log_dir).map_err(io(log_dir))?;
+        let log_path = log_dir.join("relay.log");
         let log = fs_err::File::create(&log_path).map_err(io(&log_path))?;
         let master = self
             .master
@@ -387,7 +403,9 @@ impl SparkSetup {
             .arg(dir.path().join("relay.sock"))
             .args(["--master", &master, "--workers", &workers.to_string()])
             .arg("--state-dir")
-            .arg(&self.state_dir);
+            .arg(&self.state_dir)
+            .arg("--home")
+            .arg(log_dir.join("spark"));
         if let Some(t) = self.slots_timeout {
             command.args(["--slots-timeout", &t.to_string()]);
         }
@@ -407,12 +425,23 @@ impl SparkSetup {
         })?;
         let stdout = child.stdout.take();
         let (ready, said) = std::sync::mpsc::channel();
+        // `ready` once it listens; anything else it (or its JVM) prints there is read and dropped, before and after.
         std::thread::spawn(move || {
-            let mut line = String::new();
-            let answer = stdout
-                .map(std::io::BufReader::new)
-                .map(|mut r| r.read_line(&mut line).is_ok() && line == "ready\n");
-            let _ = ready.send(answer.unwrap_or(false));
+            let Some(stdout) = stdout else {
+                let _ = ready.send(false);
+                return;
+            };
+            let mut told = false;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if !told && line == "ready" {
+                    told = true;
+                    let _ = ready.send(true);
+                }
+            }
+            if !told {
+                let _ = ready.send(false);
+            }
         });
         let default = match master.starts_with("local-cluster") {
             true => 300,
@@ -422,7 +451,7 @@ impl SparkSetup {
         let started = RelayServer { child, dir };
         match said.recv_timeout(within) {
             Ok(true) => {
-                *server = Some(started);
+                self.relay.servers().insert(step.to_owned(), started);
                 Ok(())
             }
             outcome => {
@@ -727,9 +756,11 @@ print("ok")
         );
     }
 
-    /// The relay server's task port takes a connection only with the server's token and a task number first: an
-    /// attacker's connection (no token, a wrong one, a flood of bytes without a newline) is closed and never taken
-    /// for a task's; the real one is. And a failed job is told in Spark's words.
+    /// The relay server's task port takes a connection only with the server's token and the number of a job waiting
+    /// for its task, said within its time: an attacker's connection (no token, a wrong one, a flood of bytes without
+    /// a newline, a line that never ends, a number no job waits for, a second one for a task already there) is closed
+    /// and never taken for a task's; the real one is. A task's output without newlines is cut into 64 KiB lines, and
+    /// a failed job is told in Spark's words.
     #[test]
     fn the_relay_servers_task_port_takes_only_token_holders() {
         let dir = tempfile::tempdir().unwrap();
@@ -741,6 +772,8 @@ spec = importlib.util.spec_from_file_location("d", sys.argv[1])
 d = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(d)
 ports = d.TaskPorts("127.0.0.1", "s3cret")
+ports.HELLO_WITHIN = 1.0
+ports.expect(1)
 def closed(first):
     c = socket.create_connection(ports.addr)
     c.sendall(first)
@@ -749,15 +782,21 @@ def closed(first):
         return c.recv(1) == b""
     except ConnectionResetError:
         return True
-for first in [b"T 1 wrong\n", b"T 1\n", b"X 1 s3cret\n", b"T one s3cret\n", b"T 1 s3cre\n", b"A" * 300]:
+# No token, a wrong one, a bad frame, too long a line, one that never ends (closed after HELLO_WITHIN), a task
+# number no job waits for (with the token).
+for first in [b"T 1 wrong\n", b"T 1\n", b"X 1 s3cret\n", b"T one s3cret\n", b"T 1 s3cre\n", b"A" * 300,
+              b"T 1 s3c", b"T 2 s3cret\n", b"T 99999999999999999999 s3cret\n"]:
     assert closed(first), first
-done = threading.Event(); done.set()
-assert ports.wait(1, done) is None, "an attacker's connection was taken for task 1"
+assert ports.wait(1, lambda: True) is None, "an attacker's connection was taken for task 1"
+ports.expect(7)
 c = socket.create_connection(ports.addr)
 c.sendall(b"T 7 s3cret\n")
-never = threading.Event()
-got = ports.wait(7, never)
+got = ports.wait(7, lambda: False)
 assert got is not None
+# A second connection for task 7 (taken already) is refused.
+assert closed(b"T 7 s3cret\n")
+lines, rest, _ = d.split_lines(b"", False, b"x" * (d.LINE_MAX * 2 + 5))
+assert [len(l) for l in lines] == [d.LINE_MAX, d.LINE_MAX] and rest == b"xxxxx", (len(lines), len(rest))
 why = d.job_failure("An error occurred while calling z:o.collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure\n\tat x")
 assert why == "Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure", why
 assert d.job_failure(None) == "the task ended without the rank's status"

@@ -112,8 +112,13 @@ def layout(hosts):
     return out
 
 
+LINE_MAX = 64 << 10
+
+
 def split_lines(buf, after_cr, data):
-    """Splits at `\\n`, `\\r\\n` and lone `\\r` (as hvd run does); returns (lines, rest, after_cr)."""
+    """Splits at `\\n`, `\\r\\n` and lone `\\r` (as hvd run does), and a line longer than LINE_MAX bytes into pieces
+    of that size (as `hvd run` caps its lines: output without newlines is not held whole); returns (lines, rest,
+    after_cr)."""
     lines = []
     start = 0
     i = 0
@@ -132,7 +137,11 @@ def split_lines(buf, after_cr, data):
                     after_cr = True
             start = i + 1
         i += 1
-    return lines, buf + data[start:], after_cr
+    rest = buf + data[start:]
+    while len(rest) > LINE_MAX:
+        lines.append(rest[:LINE_MAX])
+        rest = rest[LINE_MAX:]
+    return lines, rest, after_cr
 
 
 def pull_env(shim, pull, env, child_setup=None):
@@ -330,15 +339,17 @@ class Collector:
             t.join(timeout)
 
 
-def spark_home(state_dir):
+def spark_home(state_dir, home=None):
     """A SPARK_HOME of links to the pyspark package's `bin` and `jars` (local-cluster writes its executors' work
-    folders and logs under SPARK_HOME: they go with the run's logs, not into the package)."""
+    folders and logs under SPARK_HOME: they go with the run's logs, not into the package), at `home` when given."""
     import pyspark
 
     package = os.path.dirname(os.path.abspath(pyspark.__file__))
     # The launcher's step marker is `<run id>/<step>/<start counter>`; the run's logs are in `runs/<run id>/<step>`.
     run_step = "/".join(os.environ.get("HVD_RUN_STEP", "").split("/")[:2])
-    if run_step:
+    if home:
+        pass
+    elif run_step:
         home = os.path.join(state_dir, "runs", run_step, "spark")
     else:
         home = os.path.join(state_dir, "spark", f"home-{os.getpid()}")
@@ -407,7 +418,9 @@ def relay_client(argv):
     code = None
     with conn.makefile("rb") as stream:
         for line in stream:
-            kind, _, text = line.rstrip(b"\n").partition(b" ")
+            if not line.endswith(b"\n"):
+                break  # cut off: the server went away mid-frame
+            kind, _, text = line[:-1].partition(b" ")
             if kind == b"X":
                 code = int(text)
                 break
@@ -437,6 +450,7 @@ def make_relay_task(command, cwd, driver_addr, token, ident):
 
         conn = socket.create_connection(driver_addr, timeout=60)
         conn.settimeout(None)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         # The address this executor reaches the driver from: the same for every executor on one machine.
         host = conn.getsockname()[0]
         lock = threading.Lock()
@@ -509,13 +523,20 @@ def make_relay_task(command, cwd, driver_addr, token, ident):
 
 
 class TaskPorts:
-    """The relay server's end of the tasks' connections: each task says its number and the server's token first."""
+    """The relay server's end of the tasks' connections: each task says its number and the server's token first
+    (within HELLO_WITHIN seconds, at most HELLO_MAX bytes), and only a number whose job waits for its task is taken.
+    At most PENDING_MAX connections are heard at once; others are closed (a flood cannot hold the port)."""
+
+    HELLO_WITHIN = 10.0
+    HELLO_MAX = 200
+    PENDING_MAX = 256
 
     def __init__(self, host, token):
         self.token = token.encode()
-        self.lock = threading.Lock()
+        self.changed = threading.Condition()
+        self.expected = set()  # numbers of jobs waiting for their task
         self.arrived = {}  # number -> connection
-        self.changed = threading.Condition(self.lock)
+        self.pending = threading.BoundedSemaphore(self.PENDING_MAX)
         self.listener = socket.create_server((host, 0))
         self.addr = (host, self.listener.getsockname()[1])
         threading.Thread(target=self.accept, daemon=True).start()
@@ -526,43 +547,87 @@ class TaskPorts:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self.hello, args=(conn,), daemon=True).start()
+            if not self.pending.acquire(blocking=False):
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=self.hello, args=(conn,), daemon=True).start()
+            except Exception:  # noqa: BLE001 - no thread for this one: it alone is dropped
+                self.pending.release()
+                conn.close()
 
     def hello(self, conn):
-        conn.settimeout(60)
         try:
-            line = b""
-            while not line.endswith(b"\n") and len(line) < 200:
-                data = conn.recv(1)
-                if not data:
-                    break
-                line += data
-        except OSError:
-            line = b""
-        parts = line.rstrip(b"\n").split(b" ")
-        if len(parts) != 3 or parts[0] != b"T" or not parts[1].isdigit() or not secrets.compare_digest(
-            parts[2], self.token
-        ):
-            conn.close()
-            return
-        conn.settimeout(None)
+            line = read_line(conn, self.HELLO_MAX, time.monotonic() + self.HELLO_WITHIN)
+        finally:
+            self.pending.release()
+        parts = (line or b"").split(b" ")
+        valid = (
+            len(parts) == 3
+            and parts[0] == b"T"
+            and parts[1].isdigit()
+            and len(parts[1]) < 19
+            and secrets.compare_digest(parts[2], self.token)
+        )
         with self.changed:
-            self.arrived[int(parts[1])] = conn
+            ident = int(parts[1]) if valid else None
+            if ident is None or ident not in self.expected or ident in self.arrived:
+                conn.close()
+                return
+            conn.settimeout(None)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            self.arrived[ident] = conn
             self.changed.notify_all()
 
-    def wait(self, ident, done):
-        """The connection of task `ident`, or None once `done` (its job ended without it)."""
+    def expect(self, ident):
+        with self.changed:
+            self.expected.add(ident)
+
+    def wait(self, ident, given_up):
+        """The connection of task `ident`, or None once `given_up()` (its job ended without it, or its relay left)."""
         with self.changed:
             while ident not in self.arrived:
-                if done.is_set():
+                if given_up():
+                    self.expected.discard(ident)
                     return None
                 self.changed.wait(0.2)
+            self.expected.discard(ident)
             return self.arrived.pop(ident)
 
 
+def read_line(conn, most, deadline):
+    """One line from `conn` without its newline, read a byte at a time (nothing after it is taken), or None: no
+    newline within `most` bytes, by `deadline` (monotonic), or the connection ended."""
+    line = b""
+    try:
+        while len(line) < most:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            conn.settimeout(left)
+            byte = conn.recv(1)
+            if not byte:
+                return None
+            if byte == b"\n":
+                return line
+            line += byte
+    except OSError:
+        return None
+    return None
+
+
+def hung_up(conn):
+    """Whether the peer of `conn` closed its end (or the connection broke), without reading anything."""
+    import select
+
+    poll = select.poll()
+    poll.register(conn, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return bool(poll.poll(0))
+
+
 def serve(argv):
-    """`--serve SOCKET --master M --state-dir D [--slots-timeout S] [--conf K=V]...`: the relay server of a run, until
-    its stdin ends (the launcher's end)."""
+    """`--serve SOCKET --master M --workers N --state-dir D [--home DIR] [--slots-timeout S] [--conf K=V]...`: the
+    relay server of an elastic step, until its stdin ends (the launcher's end of the step)."""
     import itertools
     import json
 
@@ -573,9 +638,13 @@ def serve(argv):
     p.add_argument("--state-dir", required=True)
     p.add_argument("--conf", action="append", default=[])
     p.add_argument("--slots-timeout", type=float)
+    p.add_argument("--home", help="the SPARK_HOME folder (the step's logs)")
     args = p.parse_args(argv)
-    # A failed task is a lost rank, which the launcher replaces: Spark does not run it again.
-    sc = start_spark(args.master, args.workers, args.state_dir, args.conf, args.slots_timeout, 1)
+    # A failed task is a lost rank, which the launcher replaces: Spark never runs a rank's task twice (a retry, or a
+    # speculative copy, would start the rank again beside its replacement).
+    pinned = {"spark.task.maxFailures": "1", "spark.speculation": "false"}
+    # No wait for slots: a rank's job waits for one itself (a replacement may wait for an executor to come back).
+    sc = start_spark(args.master, None, args.state_dir, args.conf, args.slots_timeout, pinned, args.home)
     token = secrets.token_hex(16)
     ports = TaskPorts(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)
     numbers = itertools.count()
@@ -593,14 +662,15 @@ def serve(argv):
             except (OSError, ValueError, KeyError, TypeError):
                 return
             ident = next(numbers)
-            # In the server's log (`<state dir>/spark/relay.log`): which job ran which rank, and how it ended.
+            group = f"hvd-rank-{ident}"
+            # In the server's log (`relay.log` in the step's log folder): which job ran which rank, how it ended.
             rank = next((a for a in command if a.startswith("HVD_RANK=")), "HVD_RANK=?")[len("HVD_RANK=") :]
-            log(f"job hvd-rank-{ident}: slot {rank}")
+            log(f"job {group}: slot {rank}")
             done = threading.Event()
             outcome = {}
 
             def run_job():
-                sc.setJobGroup(f"hvd-rank-{ident}", "an hvd rank", interruptOnCancel=True)
+                sc.setJobGroup(group, "an hvd rank", interruptOnCancel=True)
                 try:
                     task = make_relay_task(command, cwd, ports.addr, token, ident)
                     sc.parallelize([0], 1).mapPartitions(task).collect()
@@ -608,10 +678,35 @@ def serve(argv):
                     outcome["error"] = e
                 done.set()
 
+            ports.expect(ident)
             threading.Thread(target=run_job, daemon=True).start()
-            conn = ports.wait(ident, done)
+            conn = ports.wait(ident, lambda: done.is_set() or hung_up(client))
             code = None
+            if conn is None and not done.is_set():
+                # The launcher stopped the rank (or its relay died) while its job waited for a task slot: the job is
+                # cancelled, so the rank never starts later.
+                sc.cancelJobGroup(group)
+                log(f"job {group}: slot {rank} stopped before its task started")
+                try:
+                    client.sendall(b"E hvd spark: the rank was stopped before Spark started it\nX %d\n" % RELAY_LOST)
+                except OSError:
+                    pass
+                return
+            left = False
             if conn is not None:
+                finished = threading.Event()
+
+                def watch():
+                    # A task whose job Spark has ended (its executor lost) but whose connection stays open (a host
+                    # frozen or cut off: no reset comes) is given 10 s, then taken as lost.
+                    done.wait()
+                    if not finished.wait(10):
+                        try:
+                            conn.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+
+                threading.Thread(target=watch, daemon=True).start()
 
                 def feed():
                     # The rank's stdin after the header: the token and the launcher's requests. Its end (the launcher
@@ -632,21 +727,29 @@ def serve(argv):
                 threading.Thread(target=feed, daemon=True).start()
                 with conn, conn.makefile("rb") as stream:
                     for line in stream:
+                        if not line.endswith(b"\n"):
+                            break  # cut off mid-frame: the task is gone
                         if line.startswith(b"X "):
                             # Logged before the relay hears it (and `hvd run`, perhaps, ends).
                             code = line
-                            log(f"job hvd-rank-{ident}: slot {rank} exited with {code[2:].decode().strip()}")
+                            log(f"job {group}: slot {rank} exited with {code[2:].decode().strip()}")
                         try:
                             client.sendall(line)
                         except OSError:
+                            left = True
                             break
                         if code is not None:
                             break
-            if code is None:
+                finished.set()
+            if code is None and left:
+                # The relay went away (the launcher stopped it): its task is stopped with the job.
+                sc.cancelJobGroup(group)
+                log(f"job {group}: slot {rank} ended: its relay went away")
+            elif code is None:
                 done.wait(30)
-                sc.cancelJobGroup(f"hvd-rank-{ident}")
+                sc.cancelJobGroup(group)
                 why = job_failure(outcome.get("error"))
-                log(f"job hvd-rank-{ident}: slot {rank} lost: {why}")
+                log(f"job {group}: slot {rank} lost: {why}")
                 try:
                     client.sendall(
                         b"E hvd spark: Spark lost the task of this rank: "
@@ -676,9 +779,9 @@ def serve(argv):
     os._exit(0)
 
 
-def start_spark(master, workers, state_dir, conf_items, slots_timeout, task_failures):
+def start_spark(master, workers, state_dir, conf_items, slots_timeout, pinned, home=None):
     """Checks pyspark and Java, starts the SparkContext on `master` and waits for `workers` task slots (`None`: not
-    at all). `task_failures`: how many times Spark runs a task before its job fails."""
+    at all). `pinned`: settings the user's `--conf` may not change."""
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -688,7 +791,7 @@ def start_spark(master, workers, state_dir, conf_items, slots_timeout, task_fail
         )
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         fail("Spark needs Java (17 or newer): `java` is not on PATH and JAVA_HOME is not set")
-    os.environ["SPARK_HOME"] = spark_home(state_dir)
+    os.environ["SPARK_HOME"] = spark_home(state_dir, home)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -703,7 +806,6 @@ def start_spark(master, workers, state_dir, conf_items, slots_timeout, task_fail
         # More ranks than task slots: fail in seconds, not after the default 10 minutes.
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
-        "spark.task.maxFailures": str(task_failures),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": quick_jvm,
@@ -718,6 +820,7 @@ def start_spark(master, workers, state_dir, conf_items, slots_timeout, task_fail
         if not sep:
             fail(f"--conf `{item}` is not KEY=VALUE")
         conf[key] = value
+    conf.update(pinned)
     sc = SparkContext.getOrCreate(SparkConf().setAll(list(conf.items())))
     sc.setLogLevel("WARN")
     if workers is not None:
@@ -740,7 +843,9 @@ def main():
             "job runs every rank at once (use more slots, e.g. `local[N]`, or fewer workers)"
         )
     # A rank that fails is not retried: the job fails with it.
-    sc = start_spark(args.master, args.workers, args.state_dir, args.conf, args.slots_timeout, 1)
+    sc = start_spark(
+        args.master, args.workers, args.state_dir, args.conf, args.slots_timeout, {"spark.task.maxFailures": "1"}
+    )
 
     token = secrets.token_hex(16)
     collector = Collector(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)

@@ -388,6 +388,8 @@ pub(super) fn supervise(
     // those being stopped because a round formed without them.
     let mut lost = std::collections::BTreeSet::new();
     let mut dropping: Vec<(usize, Instant)> = Vec::new();
+    // Whether a lost worker counts against its host (not on spark: every rank has one pretend host).
+    let charges_hosts = engine.charges_hosts();
     // Live workers found frozen (no heartbeat for `heartbeat`), stopped as workers a round formed without.
     let mut silent = super::heartbeat::Silent::new(engine);
     // Workers on slots host discovery no longer lists, asked to leave at their next commit (SIGTERM), by slot.
@@ -414,6 +416,9 @@ pub(super) fn supervise(
     // Host discovery: hosts whose workers failed repeatedly, the last warning.
     let mut blacklist = Blacklist::new(step.layout.slots.first().map_or("", |s| s.host.as_str()))
         .with_cooldown(step.elastic.cooldown);
+    if !charges_hosts {
+        blacklist = blacklist.off();
+    }
     let mut last_warning: Option<String> = None;
     let mut starts = Starts::new(step.layout.slots.len());
     let mut backoff = SpawnBackoff::default();
@@ -658,7 +663,7 @@ pub(super) fn supervise(
                         );
                     }
                     let mut usable = g.hosts.usable(job, step, &found, &blacklist, None);
-                    if let Some(timeout) = heartbeat {
+                    if let Some(timeout) = heartbeat.filter(|_| charges_hosts) {
                         usable = silent.placeable(usable, Instant::now(), timeout);
                     }
                     let total = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
