@@ -374,8 +374,9 @@ def spark_home(state_dir, home=None):
 
 # Elastic steps: the relay. An elastic step's ranks are not the tasks of one barrier job, which Spark fails whole when
 # one task fails: the launcher starts each rank (and each replacement) as a process of its own on its machine,
-# `DRIVER --relay SOCKET -- ARGV...`, which asks the relay server (`DRIVER --serve SOCKET ...`: one SparkContext for
-# the run, started before its first step) to run ARGV as a job of one task, on whichever executor Spark gives it. ARGV
+# `DRIVER --relay SOCKET -- ARGV...`, which asks the step's relay server (`DRIVER --serve SOCKET ...`: a SparkContext
+# of the step's own, started before it and stopped after it) to run ARGV as a job of one task, on whichever executor
+# Spark gives it. ARGV
 # is the ssh engine's remote wrapper: the relay passes the rank's stdin on to it (the job token, then the launcher's
 # stop and hand-over requests), its output back as the rank's, and exits with its status, or 255 when Spark lost the
 # task (its executor gone) or the server is gone. The launcher does the rest as for ssh ranks: a lost rank is
