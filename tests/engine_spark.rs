@@ -552,10 +552,12 @@ fn dry_run_of_an_elastic_step_shows_each_ranks_relay() {
 }
 
 /// An executor lost mid-run (Spark's form of a lost host): three executors of one task slot each
-/// (`local-cluster[3,1,1024]`), two ranks (minimum 1) on two of them. While slot 0 waits at step 4, the executor JVM
-/// running slot 1 is killed: its task and with it the rank end, the relay says the task was lost (status 255), the
-/// launcher counts rank 1 lost, slot 0 goes on alone, and the replacement (slot 2, a new job, on the spare executor)
-/// joins it at a commit; both finish with every committed step counted once, and nothing is left.
+/// (`local-cluster[3,1,1024]`), two ranks (minimum 1) on two of them. While slot 0 waits at step 4, slot 1's machine
+/// is lost: its executor JVM, the processes between it and the rank, and the rank are killed at once. The relay says
+/// Spark lost the task (status 255), the launcher counts rank 1 lost, slot 0 goes on alone, and the replacement (slot
+/// 2, a new job, on the spare executor) joins it at a commit; both finish with every committed step counted once, and
+/// nothing is left. (An executor JVM killed alone may leave its Python worker, and the rank, running: the job's
+/// failure then ends the task's connection, and the rank is stopped.)
 #[test]
 fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
     let python = spark_python();
@@ -594,7 +596,8 @@ fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The executor of slot 1: the `java` process above its rank.
+    // Slot 1's machine is lost: its rank, everything between it and its executor (the wrapper, the task's Python
+    // worker, pyspark's daemon) and the executor JVM die at once.
     let rank1: Vec<u32> = marked(&mark)
         .into_iter()
         .map(|(pid, _)| pid)
@@ -603,12 +606,12 @@ fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
                 .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"HVD_RANK=1"))
         })
         .collect();
-    let executor = rank1.iter().find_map(|pid| java_ancestor(*pid));
-    let Some(executor) = executor else {
+    let Some(chain) = rank1.iter().find_map(|pid| up_to_java(*pid)) else {
         fail(child, "no executor JVM above slot 1's rank");
     };
     let _ = Command::new("kill")
-        .args(["-KILL", &executor.to_string()])
+        .arg("-KILL")
+        .args(chain.iter().chain(&rank1).map(u32::to_string))
         .status();
     std::fs::write(d.join("go"), "").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(240);
@@ -662,13 +665,15 @@ fn relay_log(project: &Path) -> String {
     std::fs::read_to_string(runs[0].path().join("train/relay.log")).unwrap()
 }
 
-/// The nearest `java` process above `pid` (its parent, the parent's parent, ...).
-fn java_ancestor(mut pid: u32) -> Option<u32> {
+/// `pid` and its ancestors up to the nearest `java` process (included), or `None` when there is none.
+fn up_to_java(mut pid: u32) -> Option<Vec<u32>> {
+    let mut chain = Vec::new();
     for _ in 0..16 {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        chain.push(pid);
         if comm == "java" {
-            return Some(pid);
+            return Some(chain);
         }
         pid = rest.split_whitespace().nth(1)?.parse().ok()?;
         if pid <= 1 {

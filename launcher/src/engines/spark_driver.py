@@ -144,6 +144,34 @@ def split_lines(buf, after_cr, data):
     return lines, rest, after_cr
 
 
+def output_and_status(proc, send):
+    """Sends `proc`'s stdout and stderr lines as `send(b"O"/b"E", line)` until both end, then returns its exit status
+    (killed by a signal: 128 + the signal, the shell's convention)."""
+
+    def pump(pipe, kind):
+        buf, after_cr = b"", False
+        while True:
+            data = pipe.read1(65536)
+            if not data:
+                break
+            lines, buf, after_cr = split_lines(buf, after_cr, data)
+            for line in lines:
+                send(kind, line)
+        if buf:
+            send(kind, buf)
+
+    pumps = [
+        threading.Thread(target=pump, args=(proc.stdout, b"O"), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, b"E"), daemon=True),
+    ]
+    for t in pumps:
+        t.start()
+    code = proc.wait()
+    for t in pumps:
+        t.join()
+    return code if code >= 0 else 128 - code
+
+
 def pull_env(shim, pull, env, child_setup=None):
     """Runs `SHIM PULL...` (`hvd cache pull ...`) here: None when the env is in this executor's store now, else its
     exit status and the last lines it wrote (which name the path and the reason)."""
@@ -245,29 +273,7 @@ def make_task(command, shim, exported, cwd, driver_addr, token, pull):
             preexec_fn=child_setup,
         )
 
-        def pump(pipe, kind):
-            buf, after_cr = b"", False
-            while True:
-                data = pipe.read1(65536)
-                if not data:
-                    break
-                lines, buf, after_cr = split_lines(buf, after_cr, data)
-                for line in lines:
-                    send(kind, line)
-            if buf:
-                send(kind, buf)
-
-        pumps = [
-            threading.Thread(target=pump, args=(proc.stdout, b"O"), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, b"E"), daemon=True),
-        ]
-        for t in pumps:
-            t.start()
-        code = proc.wait()
-        for t in pumps:
-            t.join()
-        if code < 0:
-            code = 128 - code  # killed by a signal: the shell's convention
+        code = output_and_status(proc, send)
         send(b"X", str(code).encode())
         conn.close()
         if code != 0:
@@ -304,11 +310,15 @@ class Collector:
             t.start()
 
     def read(self, conn):
+        # The first line, a byte at a time within a bound (as the relay server's task port reads it): a connection
+        # without the token is closed, whatever it sends.
+        first = read_line(conn, TaskPorts.HELLO_MAX, time.monotonic() + TaskPorts.HELLO_WITHIN)
+        parts = (first or b"").split(b" ", 2)
+        if len(parts) != 3 or parts[0] != b"T" or not secrets.compare_digest(parts[2], self.token.encode()):
+            conn.close()
+            return
+        conn.settimeout(None)
         with conn, conn.makefile("rb") as stream:
-            first = stream.readline()
-            parts = first.rstrip(b"\n").split(b" ", 2)
-            if len(parts) != 3 or parts[0] != b"T" or parts[2] != self.token.encode():
-                return
             for line in stream:
                 kind, rank, text = line.rstrip(b"\n").split(b" ", 2)
                 rank = int(rank)
@@ -494,29 +504,9 @@ def make_relay_task(command, cwd, driver_addr, token, ident):
             except OSError:
                 pass
 
-        def pump(pipe, kind):
-            buf, after_cr = b"", False
-            while True:
-                data = pipe.read1(65536)
-                if not data:
-                    break
-                lines, buf, after_cr = split_lines(buf, after_cr, data)
-                for line in lines:
-                    send(kind, line)
-            if buf:
-                send(kind, buf)
-
         threading.Thread(target=feed, daemon=True).start()
-        pumps = [
-            threading.Thread(target=pump, args=(proc.stdout, b"O"), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, b"E"), daemon=True),
-        ]
-        for t in pumps:
-            t.start()
-        code = proc.wait()
-        for t in pumps:
-            t.join()
-        send(b"X", str(code if code >= 0 else 128 - code).encode())
+        code = output_and_status(proc, send)
+        send(b"X", str(code).encode())
         conn.close()
         yield code
 
@@ -698,10 +688,12 @@ def serve(argv):
                 finished = threading.Event()
 
                 def watch():
-                    # A task whose job Spark has ended (its executor lost) but whose connection stays open (a host
-                    # frozen or cut off: no reset comes) is given 10 s, then taken as lost.
+                    # A job Spark failed (the task lost with its executor) ends the task's connection at once: the
+                    # rank is lost to Spark, and if its process lives on (an executor killed, its Python worker not),
+                    # its wrapper's stdin ends and it is stopped. A job that succeeded has sent its status: 10 s to
+                    # read it, then the same (a host frozen or cut off sends no reset).
                     done.wait()
-                    if not finished.wait(10):
+                    if "error" in outcome or not finished.wait(10):
                         try:
                             conn.shutdown(socket.SHUT_RDWR)
                         except OSError:
