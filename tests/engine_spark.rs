@@ -781,3 +781,43 @@ fn a_rank_stopped_while_its_job_waits_for_a_slot_never_starts() {
     assert!(!started(queued), "{log}");
     assert_nothing_left(&mark);
 }
+
+/// Preemption on Spark (an executor's process evicted arrives as SIGTERM): slot 1 of 3 (minimum 2) gets SIGTERM at
+/// step 3; hvd.elastic finishes the step, commits, hands over and leaves, its relay exits 0, and the launcher reports it
+/// preempted, not lost; the other two re-form at that commit and finish with every committed step counted once.
+#[test]
+fn a_preempted_relayed_rank_hands_over_and_leaves() {
+    let python = spark_python();
+    let dir = common::elastic::project("{ min = 2, max = 3 }", 8, ", ELASTIC_TERM = \"1:3\"");
+    let mark = format!("spark-preempt-{}", std::process::id());
+    let out = Command::new(HVD)
+        .arg("run")
+        .arg(dir.path().join("train.hvd"))
+        .args(["--no-build", "--grace", "2", "--engine", "spark"])
+        .arg("--spark-python")
+        .arg(&python)
+        .env("NO_COLOR", "1")
+        .env("HVD_TEST_MARK", &mark)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let says = |part: &str| common::unwrapped(&stderr).contains(&common::unwrapped(part));
+    assert!(
+        says(
+            "rank 1 of step `train` was preempted: it committed, handed over and left; 2 of its 3 workers go on"
+        ),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!says("was lost"), "{stdout}\n{stderr}");
+    let lines = common::elastic::finished(&stdout, &[0, 2], 2);
+    for line in &lines {
+        assert_eq!(
+            *line,
+            common::elastic::counted_once(8),
+            "{stdout}\n{stderr}"
+        );
+    }
+    assert!(relay_log(dir.path()).contains(": slot 1 exited with 0\n"));
+    assert_nothing_left(&mark);
+}

@@ -5,7 +5,8 @@
 /// committed after each step. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
 /// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
 /// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. `ELASTIC_KILL`
-/// (`slot:step`, several separated by commas) names a worker that SIGKILLs itself when it begins that step. Every worker prints its start and re-forms and,
+/// (`slot:step`, several separated by commas) names a worker that SIGKILLs itself when it begins that step,
+/// `ELASTIC_TERM` (the same) one that SIGTERMs itself (preempted). Every worker prints its start and re-forms and,
 /// at the end, what it finished with and whether every rank of the final round agrees.
 pub const TRAIN: &str = r#"
 import os
@@ -18,6 +19,7 @@ slot = int(os.environ["HVD_RANK"])
 pause = int(os.environ.get("ELASTIC_PAUSE", "-1"))
 grow = os.environ.get("ELASTIC_GROW", "")
 kill = os.environ.get("ELASTIC_KILL", "")
+term = os.environ.get("ELASTIC_TERM", "")
 until = int(os.environ.get("ELASTIC_UNTIL", "0"))
 paused = []
 
@@ -47,6 +49,9 @@ def train(state):
                 time.sleep(0.02)
         if "%d:%d" % (slot, state.step) in kill.split(","):
             os.kill(os.getpid(), 9)
+        if "%d:%d" % (slot, state.step) in term.split(","):
+            # Preempted (spot reclaim, eviction): hvd.elastic finishes this step, commits, hands over and leaves.
+            os.kill(os.getpid(), 15)
         if slot == 0 and grow and int(grow) == state.step and os.path.exists("grown"):
             os.replace("grown", "slots")
         g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")
