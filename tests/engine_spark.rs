@@ -556,10 +556,25 @@ fn dry_run_of_an_elastic_step_shows_each_ranks_relay() {
 /// is lost: its executor JVM, the processes between it and the rank, and the rank are killed at once. The relay says
 /// Spark lost the task (status 255), the launcher counts rank 1 lost, slot 0 goes on alone, and the replacement (slot
 /// 2, a new job, on the spare executor) joins it at a commit; both finish with every committed step counted once, and
-/// nothing is left. (An executor JVM killed alone may leave its Python worker, and the rank, running: the job's
-/// failure then ends the task's connection, and the rank is stopped.)
+/// nothing is left.
 #[test]
 fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
+    lose_slot_1s_executor(true);
+}
+
+/// The same with only slot 1's executor JVM and pyspark's daemon killed: the task's Python worker, the wrapper and
+/// the rank live on, and nothing but the job's failure tells the relay server. It ends the task's connection at once,
+/// the wrapper's stdin ends and it stops the rank (before slot 0 goes on), the relay exits 255, and the rest is as
+/// above. (Before, the relay waited on the connection for ever, and the rank with it.)
+#[test]
+fn an_executor_lost_under_a_live_rank_has_the_rank_stopped() {
+    lose_slot_1s_executor(false);
+}
+
+/// Runs the step of the two tests above, losing slot 1's executor while slot 0 waits at step 4: its whole machine
+/// (`whole`), or its JVM and pyspark's daemon only (then slot 0 goes on once the relay server has given slot 1 up and
+/// slot 1's processes are gone).
+fn lose_slot_1s_executor(whole: bool) {
     let python = spark_python();
     let dir = common::elastic::project(
         "{ min = 1, max = 2 }",
@@ -567,7 +582,7 @@ fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
         ", ELASTIC_PAUSE = \"4\", ELASTIC_UNTIL = \"2\"",
     );
     let d = dir.path();
-    let mark = format!("spark-executor-lost-{}", std::process::id());
+    let mark = format!("spark-executor-lost-{whole}-{}", std::process::id());
     let mut child = Command::new(HVD)
         .arg("run")
         .arg(d.join("train.hvd"))
@@ -596,23 +611,38 @@ fn an_elastic_step_on_spark_goes_on_when_an_executor_is_lost() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Slot 1's machine is lost: its rank, everything between it and its executor (the wrapper, the task's Python
-    // worker, pyspark's daemon) and the executor JVM die at once.
-    let rank1: Vec<u32> = marked(&mark)
-        .into_iter()
-        .map(|(pid, _)| pid)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"HVD_RANK=1"))
-        })
-        .collect();
-    let Some(chain) = rank1.iter().find_map(|pid| up_to_java(*pid)) else {
+    let rank1 = || -> Vec<u32> {
+        marked(&mark)
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"HVD_RANK=1"))
+            })
+            .collect()
+    };
+    let ranks = rank1();
+    // From the rank up: ..., the wrapper, the task's Python worker, pyspark's daemon, the executor JVM.
+    let Some(chain) = ranks.iter().find_map(|pid| up_to_java(*pid)) else {
         fail(child, "no executor JVM above slot 1's rank");
+    };
+    let killed: Vec<u32> = match whole {
+        true => chain.iter().chain(&ranks).copied().collect(),
+        false => chain[chain.len().saturating_sub(2)..].to_vec(),
     };
     let _ = Command::new("kill")
         .arg("-KILL")
-        .args(chain.iter().chain(&rank1).map(u32::to_string))
+        .args(killed.iter().map(u32::to_string))
         .status();
+    if !whole {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !relay_log(d).contains(": slot 1 lost: ") || !rank1().is_empty() {
+            if std::time::Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+                fail(child, "slot 1's rank outlived its lost executor");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     std::fs::write(d.join("go"), "").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(240);
     while child.try_wait().unwrap().is_none() {

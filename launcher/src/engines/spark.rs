@@ -432,12 +432,14 @@ impl SparkSetup {
                 return;
             };
             let mut told = false;
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if !told && line == "ready" {
+            let mut reader = std::io::BufReader::new(stdout);
+            let mut line = Vec::new();
+            while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                if !told && line == b"ready\n" {
                     told = true;
                     let _ = ready.send(true);
                 }
+                line.clear();
             }
             if !told {
                 let _ = ready.send(false);
@@ -455,6 +457,8 @@ impl SparkSetup {
                 Ok(())
             }
             outcome => {
+                // Not listening: it may be inside Spark's start, not reading its stdin; ended at once.
+                crate::process::signal_group(started.child.id(), libc::SIGKILL);
                 drop(started);
                 let why = match outcome {
                     Err(_) => format!("did not start within {} s", within.as_secs()),
@@ -772,10 +776,10 @@ spec = importlib.util.spec_from_file_location("d", sys.argv[1])
 d = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(d)
 ports = d.TaskPorts("127.0.0.1", "s3cret")
-ports.HELLO_WITHIN = 1.0
+d.HELLO_WITHIN = 1.0
 ports.expect(1)
-def closed(first):
-    c = socket.create_connection(ports.addr)
+def closed(first, addr=None):
+    c = socket.create_connection(addr or ports.addr)
     c.sendall(first)
     c.settimeout(5)
     try:
@@ -795,6 +799,18 @@ got = ports.wait(7, lambda: False)
 assert got is not None
 # A second connection for task 7 (taken already) is refused.
 assert closed(b"T 7 s3cret\n")
+# The barrier job's output port hears the same way: an attacker's line is not printed, a task's frames are, and a
+# frame cut off (no newline) is dropped.
+col = d.Collector("127.0.0.1", "t0ken")
+assert closed(b"T 0 wrong\nO 0 forged\n", col.addr)
+t = socket.create_connection(col.addr)
+t.sendall(b"T 0 t0ken\nO 0 hello\nX 0 3\nO 0 cut")
+t.close()
+deadline = time.time() + 5
+while col.failed is None and time.time() < deadline:
+    time.sleep(0.01)
+assert col.failed == (0, 3), col.failed
+col.drain(5)
 lines, rest, _ = d.split_lines(b"", False, b"x" * (d.LINE_MAX * 2 + 5))
 assert [len(l) for l in lines] == [d.LINE_MAX, d.LINE_MAX] and rest == b"xxxxx", (len(lines), len(rest))
 why = d.job_failure("An error occurred while calling z:o.collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure\n\tat x")
@@ -807,11 +823,13 @@ print("ok")
             .arg(&driver)
             .output()
             .expect("python3 runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && out.stdout.starts_with(b"ok"),
-            "{}",
+            out.status.success() && stdout.ends_with("ok\n"),
+            "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        assert_eq!(stdout, "[0] hello\nok\n");
     }
 
     #[test]

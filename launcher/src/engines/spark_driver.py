@@ -297,41 +297,28 @@ class Collector:
         self.readers = []
         self.listener = socket.create_server((host, 0))
         self.addr = (host, self.listener.getsockname()[1])
-        threading.Thread(target=self.accept, daemon=True).start()
+        serve_hellos(self.listener, token, self.read)
 
-    def accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            t = threading.Thread(target=self.read, args=(conn,), daemon=True)
-            self.readers.append(t)
-            t.start()
-
-    def read(self, conn):
-        # The first line, a byte at a time within a bound (as the relay server's task port reads it): a connection
-        # without the token is closed, whatever it sends.
-        first = read_line(conn, TaskPorts.HELLO_MAX, time.monotonic() + TaskPorts.HELLO_WITHIN)
-        parts = (first or b"").split(b" ", 2)
-        if len(parts) != 3 or parts[0] != b"T" or not secrets.compare_digest(parts[2], self.token.encode()):
-            conn.close()
-            return
-        conn.settimeout(None)
+    def read(self, _rank, conn):
+        """A task's connection past its hello (`serve_hellos`): its frames until it ends."""
+        self.readers.append(threading.current_thread())
         with conn, conn.makefile("rb") as stream:
             for line in stream:
-                kind, rank, text = line.rstrip(b"\n").split(b" ", 2)
+                parts = line[:-1].split(b" ", 2)
+                if not line.endswith(b"\n") or len(parts) != 3 or not parts[1].isdigit():
+                    break  # cut off mid-frame, or not a frame: the task is gone
+                kind, rank, text = parts
                 rank = int(rank)
                 if kind == b"F":
                     code, _, host = text.partition(b" ")
                     with self.lock:
-                        if self.failed is None and self.pull_failed is None:
+                        if self.failed is None and self.pull_failed is None and code.isdigit():
                             self.pull_failed = (rank, int(code), host.decode("utf-8", "replace"))
                             self.failure.set()
                             self.done.set()
                     continue
                 if kind == b"X":
-                    code = int(text)
+                    code = int(text) if text.isdigit() else 1
                     if code != 0:
                         with self.lock:
                             if self.failed is None and self.pull_failed is None:
@@ -461,7 +448,7 @@ def make_relay_task(command, cwd, driver_addr, token, ident):
 
         conn = socket.create_connection(driver_addr, timeout=60)
         conn.settimeout(None)
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        keep_alive(conn)
         # The address this executor reaches the driver from: the same for every executor on one machine.
         host = conn.getsockname()[0]
         lock = threading.Lock()
@@ -513,62 +500,85 @@ def make_relay_task(command, cwd, driver_addr, token, ident):
     return task
 
 
-class TaskPorts:
-    """The relay server's end of the tasks' connections: each task says its number and the server's token first
-    (within HELLO_WITHIN seconds, at most HELLO_MAX bytes), and only a number whose job waits for its task is taken.
-    At most PENDING_MAX connections are heard at once; others are closed (a flood cannot hold the port)."""
+HELLO_WITHIN = 2.0
+HELLO_MAX = 200
+PENDING_MAX = 256
 
-    HELLO_WITHIN = 10.0
-    HELLO_MAX = 200
-    PENDING_MAX = 256
 
-    def __init__(self, host, token):
-        self.token = token.encode()
-        self.changed = threading.Condition()
-        self.expected = set()  # numbers of jobs waiting for their task
-        self.arrived = {}  # number -> connection
-        self.pending = threading.BoundedSemaphore(self.PENDING_MAX)
-        self.listener = socket.create_server((host, 0))
-        self.addr = (host, self.listener.getsockname()[1])
-        threading.Thread(target=self.accept, daemon=True).start()
+def serve_hellos(listener, token, take):
+    """Accepts the tasks' connections on `listener`: each must say `T NUMBER TOKEN` (the token `token`) as its first
+    line, within HELLO_WITHIN seconds (a task says it as it connects) and HELLO_MAX bytes; then `take(number, conn)`
+    runs on that connection's thread and returns whether it took it. Anything else is closed. At most PENDING_MAX
+    connections are heard at once (others are closed at once): a peer that floods the port can make tasks fail to
+    connect, and so ranks fail, but never be taken for one."""
+    pending = threading.BoundedSemaphore(PENDING_MAX)
+    expected = token.encode()
 
-    def accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self.pending.acquire(blocking=False):
-                conn.close()
-                continue
-            try:
-                threading.Thread(target=self.hello, args=(conn,), daemon=True).start()
-            except Exception:  # noqa: BLE001 - no thread for this one: it alone is dropped
-                self.pending.release()
-                conn.close()
-
-    def hello(self, conn):
+    def hello(conn):
         try:
-            line = read_line(conn, self.HELLO_MAX, time.monotonic() + self.HELLO_WITHIN)
+            line = read_line(conn, HELLO_MAX, time.monotonic() + HELLO_WITHIN)
         finally:
-            self.pending.release()
+            pending.release()
         parts = (line or b"").split(b" ")
-        valid = (
+        if (
             len(parts) == 3
             and parts[0] == b"T"
             and parts[1].isdigit()
             and len(parts[1]) < 19
-            and secrets.compare_digest(parts[2], self.token)
-        )
-        with self.changed:
-            ident = int(parts[1]) if valid else None
-            if ident is None or ident not in self.expected or ident in self.arrived:
-                conn.close()
-                return
+            and secrets.compare_digest(parts[2], expected)
+        ):
             conn.settimeout(None)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            keep_alive(conn)
+            if take(int(parts[1]), conn):
+                return
+        conn.close()
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            if not pending.acquire(blocking=False):
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=hello, args=(conn,), daemon=True).start()
+            except Exception:  # noqa: BLE001 - no thread for this one: it alone is dropped
+                pending.release()
+                conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
+def keep_alive(conn):
+    """TCP keepalive on `conn`, probing after 30 s of silence every 10 s, given up after 3: a peer that vanished
+    without a reset (a host frozen or cut off) ends the connection in about a minute."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+class TaskPorts:
+    """The relay server's end of the tasks' connections (`serve_hellos`): a connection is taken only for the number
+    of a job that waits for its task, and only once."""
+
+    def __init__(self, host, token):
+        self.changed = threading.Condition()
+        self.expected = set()  # numbers of jobs waiting for their task
+        self.arrived = {}  # number -> connection
+        self.listener = socket.create_server((host, 0))
+        self.addr = (host, self.listener.getsockname()[1])
+        serve_hellos(self.listener, token, self.take)
+
+    def take(self, ident, conn):
+        with self.changed:
+            if ident not in self.expected or ident in self.arrived:
+                return False
             self.arrived[ident] = conn
             self.changed.notify_all()
+            return True
 
     def expect(self, ident):
         with self.changed:
@@ -658,16 +668,19 @@ def serve(argv):
             rank = next((a for a in command if a.startswith("HVD_RANK=")), "HVD_RANK=?")[len("HVD_RANK=") :]
             log(f"job {group}: slot {rank}")
             done = threading.Event()
+            stopped = threading.Event()
             outcome = {}
 
             def run_job():
-                sc.setJobGroup(group, "an hvd rank", interruptOnCancel=True)
                 try:
-                    task = make_relay_task(command, cwd, ports.addr, token, ident)
-                    sc.parallelize([0], 1).mapPartitions(task).collect()
+                    sc.setJobGroup(group, "an hvd rank", interruptOnCancel=True)
+                    if not stopped.is_set():
+                        task = make_relay_task(command, cwd, ports.addr, token, ident)
+                        sc.parallelize([0], 1).mapPartitions(task).collect()
                 except Exception as e:  # noqa: BLE001 - reported to the rank's relay below
                     outcome["error"] = e
-                done.set()
+                finally:
+                    done.set()
 
             ports.expect(ident)
             threading.Thread(target=run_job, daemon=True).start()
@@ -675,8 +688,13 @@ def serve(argv):
             code = None
             if conn is None and not done.is_set():
                 # The launcher stopped the rank (or its relay died) while its job waited for a task slot: the job is
-                # cancelled, so the rank never starts later.
-                sc.cancelJobGroup(group)
+                # cancelled (again until it has ended: it may be submitted just after a cancel), so its task never
+                # runs later; a task that still did would not be taken (no longer expected) and get no token.
+                stopped.set()
+                for _ in range(60):
+                    sc.cancelJobGroup(group)
+                    if done.wait(0.5):
+                        break
                 log(f"job {group}: slot {rank} stopped before its task started")
                 try:
                     client.sendall(b"E hvd spark: the rank was stopped before Spark started it\nX %d\n" % RELAY_LOST)
