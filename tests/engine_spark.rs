@@ -39,20 +39,29 @@ fn spark_python() -> PathBuf {
     PathBuf::from(python)
 }
 
-/// `hvd run --engine spark` on the local cluster; every process of the run carries `HVD_TEST_MARK=<mark>`.
-fn hvd_run_spark(dir: &Path, python: &Path, mark: &str, extra: &[&str]) -> Output {
-    Command::new(HVD)
+/// `hvd run DIR/train.hvd --no-build --grace 2 --engine spark --spark-python PYTHON ARGS...`; every process of the run
+/// carries `HVD_TEST_MARK=<mark>`.
+fn spark_command(dir: &Path, python: &Path, mark: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(HVD);
+    command
         .arg("run")
         .arg(dir.join("train.hvd"))
         .args(["--no-build", "--grace", "2", "--engine", "spark"])
-        .args(["--spark-master", MASTER])
         .arg("--spark-python")
         .arg(python)
-        .args(extra)
+        .args(args)
         .env("NO_COLOR", "1")
-        .env("HVD_TEST_MARK", mark)
-        .output()
-        .unwrap()
+        .env("HVD_TEST_MARK", mark);
+    command
+}
+
+/// [`spark_command`] on the local cluster, run to its end.
+fn hvd_run_spark(dir: &Path, python: &Path, mark: &str, extra: &[&str]) -> Output {
+    let args: Vec<&str> = ["--spark-master", MASTER]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    spark_command(dir, python, mark, &args).output().unwrap()
 }
 
 /// Processes (pid, command line) whose environment has `HVD_TEST_MARK=<mark>`.
@@ -470,14 +479,7 @@ fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
         ", ELASTIC_UNTIL = \"3\", ELASTIC_KILL = \"1:3,2:5\"",
     );
     let mark = format!("spark-elastic-{}", std::process::id());
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
-        .args(["--no-build", "--grace", "2", "--engine", "spark"])
-        .arg("--spark-python")
-        .arg(&python)
-        .env("NO_COLOR", "1")
-        .env("HVD_TEST_MARK", &mark)
+    let out = spark_command(dir.path(), &python, &mark, &[])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
@@ -583,19 +585,16 @@ fn lose_slot_1s_executor(whole: bool) {
     );
     let d = dir.path();
     let mark = format!("spark-executor-lost-{whole}-{}", std::process::id());
-    let mut child = Command::new(HVD)
-        .arg("run")
-        .arg(d.join("train.hvd"))
-        .args(["--no-build", "--grace", "2", "--engine", "spark"])
-        .args(["--spark-master", "local-cluster[3,1,1024]"])
-        .arg("--spark-python")
-        .arg(&python)
-        .env("NO_COLOR", "1")
-        .env("HVD_TEST_MARK", &mark)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spark_command(
+        d,
+        &python,
+        &mark,
+        &["--spark-master", "local-cluster[3,1,1024]"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let fail = |child: std::process::Child, why: &str| -> ! {
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -724,14 +723,7 @@ fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
          workers = { min = 1, max = 2 }\n}",
     );
     let mark = format!("spark-interrupt-{}", std::process::id());
-    let child = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
-        .args(["--no-build", "--grace", "5", "--engine", "spark"])
-        .arg("--spark-python")
-        .arg(&python)
-        .env("NO_COLOR", "1")
-        .env("HVD_TEST_MARK", &mark)
+    let child = spark_command(dir.path(), &python, &mark, &[])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -769,15 +761,7 @@ fn a_rank_stopped_while_its_job_waits_for_a_slot_never_starts() {
         "step train {\n  run = \"touch started.$HVD_RANK; sleep 30 & wait\"\n  workers = { min = 1, max = 2 }\n}",
     );
     let mark = format!("spark-queued-{}", std::process::id());
-    let child = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
-        .args(["--no-build", "--grace", "2", "--engine", "spark"])
-        .args(["--spark-master", "local[1]"])
-        .arg("--spark-python")
-        .arg(&python)
-        .env("NO_COLOR", "1")
-        .env("HVD_TEST_MARK", &mark)
+    let child = spark_command(dir.path(), &python, &mark, &["--spark-master", "local[1]"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -820,14 +804,7 @@ fn a_preempted_relayed_rank_hands_over_and_leaves() {
     let python = spark_python();
     let dir = common::elastic::project("{ min = 2, max = 3 }", 8, ", ELASTIC_TERM = \"1:3\"");
     let mark = format!("spark-preempt-{}", std::process::id());
-    let out = Command::new(HVD)
-        .arg("run")
-        .arg(dir.path().join("train.hvd"))
-        .args(["--no-build", "--grace", "2", "--engine", "spark"])
-        .arg("--spark-python")
-        .arg(&python)
-        .env("NO_COLOR", "1")
-        .env("HVD_TEST_MARK", &mark)
+    let out = spark_command(dir.path(), &python, &mark, &[])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);

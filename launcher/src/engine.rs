@@ -196,6 +196,18 @@ impl RankCommand {
     }
 
     /// `/bin/sh -c COMMAND` on this machine with the worker contract.
+    /// `argv` (program first) as a remote rank ([`RankCommand::remote`]: stopped through its stdin), reporting its
+    /// status as [`RankCommand::reports_status`] says.
+    pub fn remote_argv(argv: &[String], reports_status: bool) -> RankCommand {
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
+        RankCommand {
+            command,
+            remote: true,
+            reports_status,
+        }
+    }
+
     pub fn local(rank: &RankStart<'_>) -> RankCommand {
         let argv = [
             "/bin/sh".to_owned(),

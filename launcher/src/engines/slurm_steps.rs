@@ -358,13 +358,7 @@ impl RankSrun<'_> {
             )));
         }
         let argv = self.argv(rank.plan, rank.step, rank.slot, &vars, rendezvous.addr.ip());
-        let mut command = Command::new(&argv[0]);
-        command.args(&argv[1..]);
-        Ok(RankCommand {
-            command,
-            remote: true,
-            reports_status: true,
-        })
+        Ok(RankCommand::remote_argv(&argv, true))
     }
 }
 

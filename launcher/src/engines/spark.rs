@@ -241,13 +241,7 @@ impl SupervisedEngine for SparkSetup {
             rendezvous.addr.ip(),
             &socket.display().to_string(),
         );
-        let mut command = Command::new(&argv[0]);
-        command.args(&argv[1..]);
-        Ok(RankCommand {
-            command,
-            remote: true,
-            reports_status: false,
-        })
+        Ok(RankCommand::remote_argv(&argv, false))
     }
 
     fn launcher_label(&self) -> &'static str {
@@ -700,17 +694,34 @@ mod tests {
         );
     }
 
-    /// The driver's pure helpers, run by python3 (no pyspark needed: it is imported only inside functions).
-    #[test]
-    fn driver_helpers_split_lines_and_derive_the_layout() {
+    /// Runs the Python `check` with the driver imported as `d` (by python3: no pyspark needed, it is imported only
+    /// inside functions), asserts that it succeeded, and returns its stdout with `ok` printed after it.
+    fn driver_check(check: &str) -> String {
         let dir = tempfile::tempdir().unwrap();
         let driver = dir.path().join(DRIVER_FILE);
         write_driver(&driver).unwrap();
+        let program = format!(
+            "import importlib.util, sys\nspec = importlib.util.spec_from_file_location(\"d\", sys.argv[1])\n\
+             d = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(d)\n{check}\nprint(\"ok\")\n"
+        );
+        let out = std::process::Command::new("python3")
+            .args(["-c", &program])
+            .arg(&driver)
+            .output()
+            .expect("python3 runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// The driver's pure helpers.
+    #[test]
+    fn driver_helpers_split_lines_and_derive_the_layout() {
         let check = r#"
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("d", sys.argv[1])
-d = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(d)
 assert d.split_lines(b"", False, b"a\nb\r\nc\rd") == ([b"a", b"b", b"c"], b"d", False)
 lines, rest, cr = d.split_lines(b"x", False, b"y\r")
 assert (lines, rest, cr) == ([b"xy"], b"", True), (lines, rest, cr)
@@ -723,18 +734,8 @@ assert a.pull == ["cache", "pull", "--cache=file:///c d", "--trusted-key=k:A"], 
 assert d.pull_env("/bin/true", [], None) is None
 code, tail = d.pull_env("/bin/sh", ["-c", "echo fine; echo refusing x-helper >&2; exit 3"], None)
 assert (code, tail) == (3, [b"refusing x-helper"]), (code, tail)
-print("ok")
 "#;
-        let out = std::process::Command::new("python3")
-            .args(["-c", check])
-            .arg(&driver)
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success() && out.stdout.starts_with(b"ok"),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_eq!(driver_check(check), "ok\n");
     }
 
     /// A relayed rank's command line carries no token, host or interface (each comes from elsewhere).
@@ -767,14 +768,8 @@ print("ok")
     /// a failed job is told in Spark's words.
     #[test]
     fn the_relay_servers_task_port_takes_only_token_holders() {
-        let dir = tempfile::tempdir().unwrap();
-        let driver = dir.path().join(DRIVER_FILE);
-        write_driver(&driver).unwrap();
         let check = r#"
-import importlib.util, socket, sys, threading, time
-spec = importlib.util.spec_from_file_location("d", sys.argv[1])
-d = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(d)
+import socket, threading, time
 ports = d.TaskPorts("127.0.0.1", "s3cret")
 d.HELLO_WITHIN = 1.0
 ports.expect(1)
@@ -816,20 +811,8 @@ assert [len(l) for l in lines] == [d.LINE_MAX, d.LINE_MAX] and rest == b"xxxxx",
 why = d.job_failure("An error occurred while calling z:o.collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure\n\tat x")
 assert why == "Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure", why
 assert d.job_failure(None) == "the task ended without the rank's status"
-print("ok")
 "#;
-        let out = std::process::Command::new("python3")
-            .args(["-c", check])
-            .arg(&driver)
-            .output()
-            .expect("python3 runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.ends_with("ok\n"),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(stdout, "[0] hello\nok\n");
+        assert_eq!(driver_check(check), "[0] hello\nok\n");
     }
 
     #[test]

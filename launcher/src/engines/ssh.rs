@@ -298,13 +298,7 @@ impl SupervisedEngine for SshSetup {
             rendezvous.addr.ip(),
             hvd.as_deref(),
         )?;
-        let mut command = Command::new(&argv[0]);
-        command.args(&argv[1..]);
-        Ok(RankCommand {
-            command,
-            remote: true,
-            reports_status: false,
-        })
+        Ok(RankCommand::remote_argv(&argv, false))
     }
 
     fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
