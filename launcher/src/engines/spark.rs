@@ -811,6 +811,8 @@ assert [len(l) for l in lines] == [d.LINE_MAX, d.LINE_MAX] and rest == b"xxxxx",
 why = d.job_failure("An error occurred while calling z:o.collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure\n\tat x")
 assert why == "Job aborted due to stage failure: Lost task 0.0: ExecutorLostFailure", why
 assert d.job_failure(None) == "the task ended without the rank's status"
+nested = d.job_failure("An error occurred.\n: org.apache.spark.SparkException: Job aborted due to stage failure: Lost task 0.0 (executor 2): org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)")
+assert nested == "Job aborted due to stage failure: Lost task 0.0 (executor 2): org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)", nested
 "#;
         assert_eq!(driver_check(check), "[0] hello\nok\n");
     }

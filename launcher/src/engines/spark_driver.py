@@ -436,7 +436,9 @@ def job_failure(error):
     if not lines:
         return "the task ended without the rank's status"
     telling = next((line for line in lines if "stage failure" in line or "Lost task" in line), lines[0])
-    return telling.rpartition("SparkException: ")[2][:400]
+    # Past the first exception's class name: the job's failure, with the task's own reason after it.
+    _, found, rest = telling.partition("SparkException: ")
+    return (rest if found else telling)[:400]
 
 
 def make_relay_task(command, cwd, driver_addr, token, ident):
