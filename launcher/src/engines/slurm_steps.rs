@@ -20,7 +20,7 @@ use crate::LaunchError;
 use crate::engine::{Plan, PlannedStep, RankCommand, RankStart};
 use crate::engines::net::{resolve_host, route_source};
 use crate::engines::ssh::{
-    INTERFACE_VARS, RemoteRankEnv, WRAPPER, remote_rank_env, valid_var_name,
+    INTERFACE_VARS, RemoteRankEnv, WRAPPER, started_rank_env, valid_var_name,
 };
 use crate::env::{Slot, WorkerLayout};
 
@@ -343,15 +343,7 @@ impl RankSrun<'_> {
         let Some(rendezvous) = rank.rendezvous else {
             return Ok(RankCommand::local(rank));
         };
-        let port = rank.master_port.to_string();
-        let vars = self.vars(remote_rank_env(
-            rank.plan,
-            rank.step,
-            rank.slot,
-            rendezvous,
-            &port,
-            rank.marker,
-        ));
+        let vars = self.vars(started_rank_env(rank, rendezvous));
         if let Some((name, _)) = vars.iter().find(|(k, _)| !valid_var_name(k)) {
             return Err(LaunchError::Engine(format!(
                 "variable `{name}` is not a valid environment variable name for a rank's srun (letters, digits, `_`)"
@@ -365,6 +357,7 @@ impl RankSrun<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engines::ssh::remote_rank_env;
     use crate::env::RendezvousInfo;
 
     #[test]

@@ -225,15 +225,7 @@ impl SupervisedEngine for SparkSetup {
                 rank.step.name
             )));
         };
-        let port = rank.master_port.to_string();
-        let env = super::ssh::remote_rank_env(
-            rank.plan,
-            rank.step,
-            rank.slot,
-            rendezvous,
-            &port,
-            rank.marker,
-        );
+        let env = super::ssh::started_rank_env(rank, rendezvous);
         let argv = self.relay_argv(
             rank.plan,
             rank.step,

@@ -140,6 +140,21 @@ pub fn remote_rank_env<'a>(
     RemoteRankEnv { vars, rank0_host }
 }
 
+/// [`remote_rank_env`] of a rank being started (its `MASTER_PORT` and step marker from `rank`).
+pub fn started_rank_env<'a>(
+    rank: &RankStart<'a>,
+    rendezvous: &RendezvousInfo,
+) -> RemoteRankEnv<'a> {
+    remote_rank_env(
+        rank.plan,
+        rank.step,
+        rank.slot,
+        rendezvous,
+        &rank.master_port.to_string(),
+        rank.marker,
+    )
+}
+
 /// [`remote_rank_env`] for `hvd run --dry-run`, the rendezvous on `ip`: the ports and the run id, chosen when the
 /// step starts, are shown as `<port>`, `<master-port>` and `<run id>`.
 pub fn dry_run_rank_env<'a>(
@@ -280,15 +295,7 @@ impl SupervisedEngine for SshSetup {
             return Ok(RankCommand::local(rank));
         };
         let (plan, step, slot) = (rank.plan, rank.step, rank.slot);
-        let port = rank.master_port.to_string();
-        let vars = self.rank_vars(remote_rank_env(
-            plan,
-            step,
-            slot,
-            rendezvous,
-            &port,
-            rank.marker,
-        ));
+        let vars = self.rank_vars(started_rank_env(rank, rendezvous));
         let hvd = self.pulling_hvd(&slot.host);
         let argv = self.rank_argv(
             plan,
