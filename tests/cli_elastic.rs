@@ -1171,18 +1171,77 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
             && stdout.contains("elastic: goes on while at least 2 of its workers are alive"),
         "{stdout}"
     );
-    // sbatch outside an allocation starts every rank at once: it cannot go on without one.
+    // sbatch outside an allocation runs the step under a launcher of its own in the step's job, in an allocation
+    // that survives a lost node; a step it needs is a job of its own, which that launcher does not run again.
     let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--engine", "slurm", "--dry-run"])
+        .args([
+            "--no-build",
+            "--engine",
+            "slurm",
+            "--dry-run",
+            "--elastic-timeout",
+            "7",
+        ])
         .env("NO_COLOR", "1")
         .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("#SBATCH --no-kill\n"), "{stdout}");
+    let launcher = stdout
+        .lines()
+        .find(|l| l.starts_with("exec "))
+        .unwrap_or_else(|| panic!("no launcher line: {stdout}"));
+    for part in [
+        " run ",
+        "train.hvd --step=train --no-deps --force --engine=slurm --no-build ",
+        " --elastic-timeout=7",
+    ] {
+        assert!(launcher.contains(part), "want `{part}`: {launcher}");
+    }
+    // With host discovery it is refused (the job's nodes are its hosts).
+    let discovery = dir.path().join("discover.sh");
+    std::fs::write(&discovery, "#!/bin/sh\necho localhost:2\n").unwrap();
+    let out = common::hvd_run_command(dir.path())
+        .args([
+            "--no-build",
+            "--engine",
+            "slurm",
+            "--dry-run",
+            "--host-discovery-script",
+        ])
+        .arg(&discovery)
+        .env("NO_COLOR", "1")
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+    assert!(
+        common::flat_stderr(&out).contains(
+            "step `train` is elastic with host discovery, which the slurm engine does not run"
+        ),
+        "{}",
+        text(&out).1
+    );
+    // A JobSet starts every rank at once: it cannot go on without one.
+    let file = dir.path().join("train.hvd");
+    let project = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        format!("{project}\ncluster {{\n  image = \"img\"\n}}\n"),
+    )
+    .unwrap();
+    let out = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--engine", "kubernetes", "--dry-run"])
+        .env("NO_COLOR", "1")
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "{stdout}\n{stderr}");
     let flat = common::flat_stderr(&out);
     assert!(
-        flat.contains("step `train` is elastic, but the slurm engine submits the whole run"),
+        flat.contains("step `train` is elastic, but the kubernetes engine submits the whole run"),
         "{stderr}"
     );
 }

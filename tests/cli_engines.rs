@@ -504,6 +504,66 @@ fn slurm_elastic_step_replaces_a_rank_that_kills_itself() {
     assert_finished_together(&slurm, dir.path(), &out, (members, steps), &marker);
 }
 
+/// An elastic step submitted from outside an allocation (`hvd run --engine slurm`: batch jobs) runs under a launcher
+/// of its own in its job (`hvd run --step train --no-deps` inside the allocation, made with `--no-kill`), after the
+/// step it needs ran as a job of its own: so it goes on as inside `salloc`. Rank 2 SIGKILLs itself, the survivors
+/// re-form, a replacement joins as a new job step, and the four finish with every committed step once; the launcher's
+/// worker lines come through as the ranks' own (`[train HOST:4] ...`), its notes as notes; no job is left.
+#[test]
+fn an_elastic_step_submitted_as_a_batch_job_replaces_a_rank_that_kills_itself() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let marker = common::unique_marker("sbatch-elastic");
+    let steps = 16;
+    let dir = elastic_project(
+        steps,
+        ", ELASTIC_KILL = \"2:5\", ELASTIC_UNTIL = \"size:4\"",
+        &marker,
+    );
+    // Four tasks on the node's two CPUs, and a step before it, which the launcher in the job must not run again.
+    let file = dir.path().join("train.hvd");
+    let text_of = std::fs::read_to_string(&file).unwrap();
+    let text_of = text_of.replacen(
+        "step train {",
+        "step prep {\n  run = \"echo prep >> prep.txt\"\n}\nstep train {\n  needs = [\"prep\"]",
+        1,
+    );
+    std::fs::write(
+        &file,
+        format!("{text_of}\ncluster {{\n  settings = {{ overcommit = \"true\" }}\n}}\n"),
+    )
+    .unwrap();
+    let out = slurm.submit(dir.path(), &["--grace", "2"]);
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    let flat = common::flat_stderr(&out);
+    for want in [
+        "rank 2 of step `train` was lost (exit code 137); 3 of its 4 workers go on",
+        "started rank 4 of step `train` on ",
+    ] {
+        assert!(flat.contains(want), "want `{want}`: {}", logs());
+    }
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("[train ") && l.contains(":4] slot 4 starts as rank 3 of 4")),
+        "{}",
+        logs()
+    );
+    assert!(!stdout.contains("slot 5 "), "{}", logs());
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1), (3, 2), (4, 3)];
+    common::slurm::assert_trained_together(&out, (members, steps));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("prep.txt")).unwrap(),
+        "prep\n",
+        "{}",
+        logs()
+    );
+    common::assert_nothing_left(&marker);
+    slurm.assert_queue_empties();
+}
+
 /// Below its minimum a slurm elastic step waits for the lost rank's replacement (before replacements on slurm it failed
 /// at once): 4 workers, minimum 4, one SIGKILLs itself; the new job step joins, the step is back to 4 and all four
 /// finish with every committed step once.

@@ -384,6 +384,39 @@ step train {
     assert!(!job.path().join("ran").exists());
 }
 
+/// `--step S --no-deps` runs S alone, not the steps it needs (what a slurm batch job's launcher runs); `--no-deps`
+/// without `--step` is a usage error.
+#[test]
+fn no_deps_runs_the_step_alone() {
+    let job = job(
+        "step a {\n  run = \"echo a >> ran\"\n}\nstep b {\n  needs = [\"a\"]\n  run = \"echo b >> ran\"\n}\n",
+        &[],
+    );
+    let out = job.run(&["--step", "b", "--no-deps"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(job.path().join("ran")).unwrap(),
+        "b\n"
+    );
+    let out = job.run(&["--step", "b"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(job.path().join("ran")).unwrap(),
+        "b\na\nb\n"
+    );
+    let out = job.run(&["--no-deps"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--step"));
+}
+
 #[test]
 fn unknown_step_is_a_usage_error() {
     let job = job("step a {\n  run = \"true\"\n}\n", &[]);

@@ -30,7 +30,11 @@ impl FourRunning {
     /// start.
     fn start(slurm: &Slurm, dir: &Path) -> Self {
         let salloc = ["--no-kill", TWO_BY_TWO[0], TWO_BY_TWO[1]];
-        let mut child = slurm.spawn_elastic_with(dir, &salloc, NODES[0]);
+        Self::watch(slurm.spawn_elastic_with(dir, &salloc, NODES[0]), slurm)
+    }
+
+    /// [`FourRunning::start`] of `child`, an `hvd run` whose four workers are on their way.
+    fn watch(mut child: std::process::Child, slurm: &Slurm) -> Self {
         let (started_tx, started) = std::sync::mpsc::channel();
         let stdout = child.stdout.take().unwrap();
         let reader = std::thread::spawn(move || {
@@ -274,6 +278,59 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
     ];
     assert!(lost.iter().all(|l| want.contains(l)), "{all}");
     assert_nothing_left_in_slurm(&slurm, dir.path(), &marker);
+    assert_nodes_clean(&slurm, &out);
+}
+
+/// The lost node of the test above under the slurm engine outside an allocation: `hvd run --engine slurm` submits the
+/// elastic step as a batch job of 4 tasks on the two nodes, which runs the step's own launcher on the first node in
+/// an allocation that survives a lost node (`#SBATCH --no-kill`; without it Slurm revokes the job when the node goes
+/// down). Once all four train the second node is lost and marked down; the two survivors re-form and finish, the
+/// job completes, and nothing is left queued or running on the nodes.
+#[test]
+fn an_elastic_batch_job_goes_on_when_its_second_node_is_lost() {
+    let Some(mut slurm) = Slurm::start_two_nodes("sj", [&[], &[]]) else {
+        return;
+    };
+    let marker = common::unique_marker("slurm-batch-lost");
+    let steps = 12;
+    let dir = elastic_project(steps, ", ELASTIC_UNTIL = \"atmost:2\"", &marker);
+    let file = dir.path().join("train.hvd");
+    let project = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "{project}\ncluster {{\n  partition = \"debug\"\n  settings = {{ nodes = \"2\" }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let running = FourRunning::watch(slurm.spawn_submit(dir.path()), &slurm);
+    slurm.lose_node(1);
+    let down = slurm
+        .command("scontrol")
+        .args([
+            "update",
+            &format!("nodename={}", NODES[1]),
+            "state=down",
+            "reason=lost",
+        ])
+        .output()
+        .unwrap();
+    assert!(down.status.success(), "{}", text(&down).1);
+    let out = running.finish_within(Duration::from_secs(120), &mut slurm);
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert_started_on(&stdout, 2, NODES[1]);
+    for slot in [0, 1] {
+        assert!(
+            stdout.contains(&format!("slot {slot} re-formed as rank {slot} of 2")),
+            "{}",
+            logs()
+        );
+    }
+    let members: &[(u32, u32)] = &[(0, 0), (1, 1)];
+    assert_trained_together(&out, (members, steps));
+    common::assert_nothing_left(&marker);
+    slurm.assert_queue_empties();
     assert_nodes_clean(&slurm, &out);
 }
 

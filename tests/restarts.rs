@@ -1,6 +1,7 @@
 //! `hvd run --max-restarts N` and a step's `restarts = N` (issue #19 §1): a step whose rank fails starts again with
 //! the same workers, the restart count in every worker's environment and in the summary; engines that own the run
-//! map it (a JobSet's `failurePolicy.maxRestarts`) or refuse it (sbatch outside an allocation).
+//! map it (a JobSet's `failurePolicy.maxRestarts`) or restart through a launcher of their own (sbatch outside an
+//! allocation).
 
 use std::path::Path;
 use std::process::Output;
@@ -281,25 +282,57 @@ fn a_jobset_restarts_as_the_step_says_and_passes_the_count_on() {
     assert!(!doc.to_string().contains("HVD_RESTART_COUNT"), "{doc}");
 }
 
+/// The slurm engine outside an allocation runs a step that may start again under a launcher of its own in the step's
+/// batch job (`hvd run --step train --no-deps` inside the allocation, `--max-restarts` passed on): a step whose rank 1
+/// fails on the first attempt succeeds on the second, saying so; one whose rank fails on both attempts fails the run
+/// with that rank's exit code and the launcher's own report, naming the job.
 #[test]
-fn sbatch_outside_an_allocation_refuses_restarts_clearly() {
-    let dir = common::project(
-        "cluster {\n  engine = \"slurm\"\n}\nstep train {\n  run = \"echo train\"\n  workers = 2\n}",
-    );
-    let out = run(dir.path(), &["--dry-run", "--max-restarts", "1"]);
+fn a_batch_job_restarts_its_step_through_its_own_launcher() {
+    let Some(slurm) = common::slurm::Slurm::start() else {
+        return;
+    };
+    let marker = marker();
+    let dir = failing_project("", "0", &marker);
+    let out = slurm.submit(dir.path(), &["--max-restarts", "1", "--grace", "2"]);
     let (stdout, stderr) = text(&out);
-    assert!(!out.status.success(), "{stdout}\n{stderr}");
-    let said = common::unwrapped(&stderr);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert!(out.status.success(), "{}", logs());
     assert!(
-        said.contains(&common::unwrapped(
-            "`--requeue` is not a restart of the step"
-        )),
-        "{stderr}"
+        stderr.contains("hvd: step `train` succeeded after 1 restart"),
+        "{}",
+        logs()
     );
-    assert!(said.contains(&common::unwrapped("salloc")), "{stderr}");
-    // Without restarts it submits as before.
-    let out = run(dir.path(), &["--dry-run"]);
-    assert!(out.status.success(), "{}", text(&out).1);
+    for rank in [0, 1] {
+        let restarts: Vec<String> = seen(dir.path(), rank)
+            .iter()
+            .map(|l| l[1].clone())
+            .collect();
+        assert_eq!(restarts, ["0", "1"], "rank {rank}: {}", logs());
+        assert!(
+            stdout.contains(&format!("] rank {rank} done at restart 1")),
+            "{}",
+            logs()
+        );
+    }
+    slurm.assert_queue_empties();
+    common::assert_nothing_left(&marker);
+
+    let dir = failing_project("", "0 1", &marker);
+    let out = slurm.submit(dir.path(), &["--max-restarts", "1", "--grace", "2"]);
+    let (stdout, stderr) = text(&out);
+    let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
+    assert_eq!(out.status.code(), Some(3), "{}", logs());
+    let said = common::flat_stderr(&out);
+    for want in [
+        "step `train` failed: its launcher (`hvd run` in slurm job ",
+        "rank 1 fails on attempt 1",
+        "failed on each of its 2 attempts",
+        "its report is above, and in ",
+    ] {
+        assert!(said.contains(want), "want `{want}`: {}", logs());
+    }
+    slurm.assert_queue_empties();
+    common::assert_nothing_left(&marker);
 }
 
 /// kubectl for [`a_jobset_run_reports_the_restarts_the_jobset_made`]: keeps what `apply` got, shows one finished

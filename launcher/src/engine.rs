@@ -17,10 +17,8 @@ use crate::process::Interrupts;
 use crate::report::{EventSink, RunReport};
 
 /// Where elastic steps run (docs/running.md, Elastic steps).
-pub(crate) const ELASTIC_ENGINES: &str = concat!(
-    "run elastic steps on the local, ssh or spark engine, or on the slurm engine inside an allocation (salloc, or ",
-    "`hvd run` in an sbatch script)"
-);
+pub(crate) const ELASTIC_ENGINES: &str =
+    "run elastic steps on the local, ssh, spark or slurm engine";
 
 /// An engine whose ranks the local supervisor starts and stops. Every method but [`SupervisedEngine::name`] has the
 /// local engine's answer as its default; the supervisor asks only about distributed steps (a step that runs once
@@ -272,6 +270,12 @@ pub trait WholeRunEngine: Send + Sync {
 
     /// Checks that the engine's tools are there, before anything is submitted.
     fn check(&self) -> Result<(), LaunchError>;
+
+    /// Whether it runs elastic steps (sbatch: each under a launcher of its own in the step's job); one that does not
+    /// is refused an elastic step before anything runs.
+    fn runs_elastic_steps(&self) -> bool {
+        false
+    }
 
     /// Runs it to its end.
     fn run(&self, events: &dyn EventSink, interrupts: Interrupts)

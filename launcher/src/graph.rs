@@ -71,8 +71,8 @@ impl StepGraph {
     }
 
     /// The steps to run, in a topological order (file order among independent steps): all of them, or `only` and
-    /// everything it needs (transitively).
-    pub fn selection(&self, only: Option<&str>) -> Result<Vec<&Step>, LaunchError> {
+    /// everything it needs (transitively), or `only` alone when `alone` (`--no-deps`).
+    pub fn selection(&self, only: Option<&str>, alone: bool) -> Result<Vec<&Step>, LaunchError> {
         let keep: Option<BTreeSet<NodeIndex>> = match only {
             None => None,
             Some(name) => {
@@ -81,7 +81,7 @@ impl StepGraph {
                     known: self.graph.node_weights().map(|s| s.name.clone()).collect(),
                 })?;
                 let mut seen = BTreeSet::from([start]);
-                let mut todo = vec![start];
+                let mut todo = if alone { Vec::new() } else { vec![start] };
                 while let Some(n) = todo.pop() {
                     for m in self.graph.neighbors_directed(n, Direction::Incoming) {
                         if seen.insert(m) {
@@ -96,10 +96,12 @@ impl StepGraph {
         let mut indegree: BTreeMap<NodeIndex, usize> = BTreeMap::new();
         for n in self.graph.node_indices() {
             if keep.as_ref().is_none_or(|k| k.contains(&n)) {
+                // Only the needs that run (`--no-deps` leaves them out).
                 indegree.insert(
                     n,
                     self.graph
                         .neighbors_directed(n, Direction::Incoming)
+                        .filter(|m| keep.as_ref().is_none_or(|k| k.contains(m)))
                         .count(),
                 );
             }
@@ -166,7 +168,7 @@ pub fn plan(
     engine: Arc<dyn SupervisedEngine>,
 ) -> Result<Plan, LaunchError> {
     let graph = StepGraph::new(project)?;
-    let selected = graph.selection(options.step.as_deref())?;
+    let selected = graph.selection(options.step.as_deref(), options.no_deps)?;
     let names: BTreeSet<&str> = selected.iter().map(|s| s.name.as_str()).collect();
     let project_dir = project_dir(&project.file);
     // `--checkpoints DIR` for a file of several steps: one subdirectory each (writers of one directory prune each
@@ -261,7 +263,7 @@ pub fn state_dir(project: &Project, options: &RunOptions) -> PathBuf {
         .unwrap_or_else(|| project_dir(&project.file).join(".hvd"))
 }
 
-fn cwd() -> PathBuf {
+pub(crate) fn cwd() -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
 }
 

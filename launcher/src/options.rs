@@ -11,6 +11,9 @@ use hvd_lang::model::EngineKind;
 pub struct RunOptions {
     /// Run only this step and the steps it needs.
     pub step: Option<String>,
+    /// With [`RunOptions::step`]: that step alone, not the steps it needs (`--no-deps`: they ran before; a batch job
+    /// of the slurm engine runs its step's own launcher this way).
+    pub no_deps: bool,
     /// Override `workers` of every distributed step.
     pub workers: Option<u32>,
     /// Rerun steps even when their inputs are unchanged.
@@ -74,6 +77,7 @@ impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
             step: None,
+            no_deps: false,
             workers: None,
             force: false,
             env_dir: None,

@@ -129,6 +129,9 @@ pub enum Cause {
     },
     /// Host discovery of an elastic step would have started more workers in one attempt than its cap.
     StartCap { cap: u32 },
+    /// A step that ran under a launcher of its own (`hvd run` in the step's slurm batch job: an elastic step, or one
+    /// with restarts) failed; `job` names where, and the launcher's last lines of stderr (the tail) say why.
+    Launcher { job: String, exit: WorkerExit },
 }
 
 /// What the run's failure summary says.

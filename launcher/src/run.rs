@@ -72,10 +72,12 @@ pub fn prepare(project: &Project, options: &RunOptions) -> Result<Run, LaunchErr
             Ok(Run::Supervised(plan))
         }
         Engine::Whole(engine) => {
-            // A whole-run engine (sbatch, a JobSet) starts every rank at once and cannot go on without one.
+            // A JobSet starts every rank at once and cannot go on without one (sbatch runs an elastic step under a
+            // launcher of its own in the step's job).
             let elastic = project
                 .steps
                 .iter()
+                .filter(|_| !engine.runs_elastic_steps())
                 .find(|s| s.workers.is_some() && (s.min_workers.is_some() || options.min_workers.is_some()));
             if let Some(step) = elastic {
                 return Err(LaunchError::Engine(format!(
@@ -98,14 +100,12 @@ fn no_elastic_reason(kind: EngineKind) -> &'static str {
         EngineKind::Mpi => {
             "mpirun ends every rank when one dies (an MPI job cannot lose a process and go on)"
         }
-        EngineKind::Slurm => {
-            "each step is one batch job whose srun ends every task when one fails (Slurm's --kill-on-bad-exit)"
-        }
         EngineKind::Kubernetes => {
             "a JobSet's pods are one job that fails (or restarts, with `restarts`) as a whole when one pod fails"
         }
-        // These start an elastic step's ranks one by one (spark: one job each, through its relay server).
-        EngineKind::Local | EngineKind::Ssh | EngineKind::Spark => {
+        // These start an elastic step's ranks one by one (spark: one job each, through its relay server; slurm: one
+        // srun each, outside an allocation by a launcher in the step's batch job).
+        EngineKind::Local | EngineKind::Ssh | EngineKind::Spark | EngineKind::Slurm => {
             "it starts every rank as one unit"
         }
     }

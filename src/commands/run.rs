@@ -28,6 +28,10 @@ pub struct RunArgs {
     /// Run only this step and the steps it needs.
     #[arg(long, value_name = "NAME")]
     pub step: Option<String>,
+    /// With `--step`: run that step alone, not the steps it needs (they ran before, and what they made is where the
+    /// step reads it).
+    #[arg(long, requires = "step")]
+    pub no_deps: bool,
     /// Number of workers for every distributed step (overrides `workers`). With the `spark` engine, `-N` runs N
     /// local processes on the driver instead (the local engine), as HorovodRunner's `np < 0` does.
     #[arg(long, short = 'n', value_name = "N", allow_negative_numbers = true)]
@@ -803,6 +807,7 @@ fn options(
     }
     Ok(RunOptions {
         step: args.step.clone(),
+        no_deps: args.no_deps,
         workers,
         force: args.force,
         env_dir,
@@ -1002,13 +1007,30 @@ fn summary(failure: &FailureSummary) -> String {
              too often",
             failure.step
         ),
+        Cause::Launcher { job, exit } => format!(
+            "step `{}` failed: its launcher (`hvd run` in {job}) ended ({exit})",
+            failure.step
+        ),
     };
-    if let Cause::Worker { rank, .. } | Cause::BelowMinimum { rank, .. } = &failure.cause {
+    // Whose stderr the tail is.
+    let whose = match &failure.cause {
+        Cause::Worker { rank, .. } | Cause::BelowMinimum { rank, .. } => {
+            Some(format!("rank {rank}"))
+        }
+        _ => None,
+    };
+    if let Cause::Launcher { .. } = &failure.cause {
+        // Where its report is, and how its job ended.
+        for line in &failure.stderr_tail {
+            out.push_str(&format!("\n{line}"));
+        }
+    }
+    if let Some(whose) = whose {
         if failure.stderr_tail.is_empty() {
-            out.push_str(&format!("\n(rank {rank} wrote nothing to stderr)"));
+            out.push_str(&format!("\n({whose} wrote nothing to stderr)"));
         } else {
             out.push_str(&format!(
-                "\nlast {} line(s) of rank {rank}'s stderr:",
+                "\nlast {} line(s) of {whose}'s stderr:",
                 failure.stderr_tail.len()
             ));
             for line in &failure.stderr_tail {

@@ -350,6 +350,28 @@ impl Slurm {
         command.output().unwrap()
     }
 
+    /// [`Slurm::submit_with`] started, its output piped: `hvd run FILE --no-build --engine slurm --grace 2` from
+    /// outside any allocation (the batch jobs).
+    pub fn spawn_submit(&self, dir: &Path) -> Child {
+        let mut command = self.command(HVD);
+        command
+            .arg("run")
+            .arg(dir.join("train.hvd"))
+            .args(["--no-build", "--engine", "slurm", "--grace", "2"])
+            .env("NO_COLOR", "1");
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SLURM_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .env("SLURM_CONF", self.conf())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
     /// `scontrol -o show job ID`.
     pub fn job(&self, id: &str) -> String {
         let out = self

@@ -259,7 +259,7 @@ pub fn export_with(
 ) -> Result<Export, LaunchError> {
     let pull_args = delivery.map(Delivery::worker_env_args).transpose()?;
     let graph = StepGraph::new(project)?;
-    let steps = graph.selection(None)?;
+    let steps = graph.selection(None, false)?;
     let image = image(project)?;
     let name = dns_label(&project.name);
     let resources = resources(project);

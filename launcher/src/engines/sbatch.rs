@@ -82,15 +82,19 @@ pub fn start(
 ) -> Result<Engine, LaunchError> {
     let shim = options.shim.clone().unwrap_or_else(|| PathBuf::from("hvd"));
     let plan = plan(project, options)?;
-    if let Some(step) = plan.steps.iter().find(|s| s.restarts > 0) {
+    if let Some(step) = plan
+        .steps
+        .iter()
+        .find(|s| s.min_workers.is_some() && s.elastic.discovery.is_some())
+    {
         return Err(LaunchError::Engine(format!(
-            "step `{}` may be started again {} time(s) (`restarts` / `--max-restarts`), which the slurm engine \
-             outside an allocation does not do (`--requeue` is not a restart of the step); run `hvd run` inside an \
-             allocation (`salloc ... hvd run`: srun's ranks restart through hvd), or with `--max-restarts 0`",
-            step.name, step.restarts
+            "step `{}` is elastic with host discovery, which the slurm engine does not run: an elastic step's hosts \
+             are its job's nodes, where lost workers are replaced without it; leave `--host-discovery-script` (or \
+             `discovery`) out, or run the step on the local or ssh engine",
+            step.name
         )));
     }
-    let steps = slurm::batch_steps(project, &plan, &shim)?;
+    let steps = slurm::batch_steps(project, &plan, options, &shim)?;
     Ok(Engine::Whole(Box::new(Sbatch {
         plan,
         steps,
@@ -105,6 +109,10 @@ impl WholeRunEngine for Sbatch {
 
     fn check(&self) -> Result<(), LaunchError> {
         check_tools()
+    }
+
+    fn runs_elastic_steps(&self) -> bool {
+        true
     }
 
     /// Submits every step; with `--detach` returns then (the jobs run on without hvd), else follows them.
@@ -736,6 +744,34 @@ impl Followed<'_> {
         }
     }
 
+    /// A line of a supervised step's launcher (`hvd run` in the job): a rank's line as its console writes it
+    /// (`[STEP HOST:RANK] TEXT`) goes on as that rank's line, anything else (the launcher's own notes, its failure
+    /// report) as a note.
+    fn relay(&mut self, stream: Stream, line: String, events: &dyn EventSink) {
+        if stream == Stream::Stderr {
+            if self.stderr_tail.len() == 4 * STDERR_TAIL_LINES {
+                self.stderr_tail.pop_front();
+            }
+            self.stderr_tail.push_back((None, line.clone()));
+        }
+        match console_line(&line).filter(|(step, ..)| *step == self.step.name) {
+            Some((step, host, rank, text)) => {
+                self.keep(rank, stream, text);
+                events.event(Event::Line {
+                    step: Arc::from(step),
+                    host: Arc::from(host),
+                    rank,
+                    stream,
+                    text: text.to_owned(),
+                });
+            }
+            None if line.trim().is_empty() => {}
+            None => events.event(Event::Note {
+                text: line.strip_prefix("hvd: ").unwrap_or(&line).to_owned(),
+            }),
+        }
+    }
+
     fn drain(&mut self, last: bool, events: &dyn EventSink) {
         let step: Arc<str> = Arc::from(self.step.name.as_str());
         let tagged = self.step.workers.is_some();
@@ -749,6 +785,10 @@ impl Followed<'_> {
             }
         }
         for (stream, line) in lines {
+            if self.step.supervised {
+                self.relay(stream, line, events);
+                continue;
+            }
             let (rank, text) = match tagged.then(|| crate::engines::untag(&line)).flatten() {
                 Some((r, _, rest)) => (Some(r), rest.to_owned()),
                 None => (None, line.clone()),
@@ -770,6 +810,14 @@ impl Followed<'_> {
             });
         }
     }
+}
+
+/// A worker's line as `hvd run` writes it without colour: `[STEP HOST:RANK] TEXT` -> (step, host, rank, text).
+fn console_line(line: &str) -> Option<(&str, &str, u32, &str)> {
+    let (inside, text) = line.strip_prefix('[')?.split_once("] ")?;
+    let (step, at) = inside.split_once(' ')?;
+    let (host, rank) = at.rsplit_once(':')?;
+    Some((step, host, rank.parse().ok()?, text))
 }
 
 /// Follows the submitted jobs to their end: output lines and step events go to `events`; when a job fails (or on
@@ -999,6 +1047,9 @@ fn record_success(
 /// The failure summary of a job that did not complete: the failing rank and its own code from srun's message,
 /// else rank 0 with the batch script's code.
 fn failure_of(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
+    if job.step.supervised && status.state != "TIMEOUT" {
+        return launcher_failure(job, status);
+    }
     let raw: Vec<String> = job.stderr_tail.iter().map(|(_, l)| l.clone()).collect();
     let (rank, exit) = match crate::engines::failing_rank(&raw) {
         Some((rank, code)) if job.step.workers.is_some() => (rank, WorkerExit::Code(code)),
@@ -1015,19 +1066,7 @@ fn failure_of(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
         .collect();
     let keep = tail.len().saturating_sub(STDERR_TAIL_LINES - 1);
     tail.drain(..keep);
-    tail.push(format!(
-        "(slurm job {} of step `{}`: {}{}, ExitCode={}:{})",
-        job.job.job_id,
-        job.step.name,
-        status.state,
-        if status.reason.is_empty() || status.reason == "None" {
-            String::new()
-        } else {
-            format!(" ({})", status.reason)
-        },
-        status.exit.0,
-        status.exit.1
-    ));
+    tail.push(job_end(job, status));
     let (cause, exit_code) = match (status.state.as_str(), job.step.timeout) {
         ("TIMEOUT", Some(after)) => (Cause::Timeout { after }, TIMEOUT_EXIT_CODE),
         _ => (
@@ -1043,6 +1082,46 @@ fn failure_of(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
         step: job.step.name.clone(),
         cause,
         exit_code,
+        stderr_tail: tail,
+        log_dir: job.rank_dir.clone(),
+    }
+}
+
+/// `(slurm job ID of step `STEP`: STATE (REASON), ExitCode=N:S)`.
+fn job_end(job: &Followed<'_>, status: &JobStatus) -> String {
+    format!(
+        "(slurm job {} of step `{}`: {}{}, ExitCode={}:{})",
+        job.job.job_id,
+        job.step.name,
+        status.state,
+        if status.reason.is_empty() || status.reason == "None" {
+            String::new()
+        } else {
+            format!(" ({})", status.reason)
+        },
+        status.exit.0,
+        status.exit.1
+    )
+}
+
+/// The failure of a supervised step's job: how the job ended (the launcher's own report went by as notes just
+/// before, and stays in the job's stderr file); the exit code is the launcher's, which is its failing rank's.
+fn launcher_failure(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
+    let tail = vec![
+        format!(
+            "its report is above, and in {}",
+            job.tails[1].path().display()
+        ),
+        job_end(job, status),
+    ];
+    let exit = status.worker_exit();
+    FailureSummary {
+        step: job.step.name.clone(),
+        cause: Cause::Launcher {
+            job: format!("slurm job {}", job.job.job_id),
+            exit,
+        },
+        exit_code: exit.code(),
         stderr_tail: tail,
         log_dir: job.rank_dir.clone(),
     }

@@ -151,7 +151,7 @@ fn distributed_step(
     options: &RunOptions,
 ) -> Result<Option<String>, LaunchError> {
     let graph = crate::graph::StepGraph::new(project)?;
-    let selected = graph.selection(options.step.as_deref())?;
+    let selected = graph.selection(options.step.as_deref(), options.no_deps)?;
     Ok(selected
         .into_iter()
         .find(|s| s.workers.is_some())
@@ -247,7 +247,7 @@ fn elastic_workers(
     options: &RunOptions,
 ) -> Result<Vec<(String, u32)>, LaunchError> {
     let graph = crate::graph::StepGraph::new(project)?;
-    let selected = graph.selection(options.step.as_deref())?;
+    let selected = graph.selection(options.step.as_deref(), options.no_deps)?;
     Ok(selected
         .into_iter()
         .filter(|s| s.min_workers.is_some() || options.min_workers.is_some())
@@ -403,6 +403,10 @@ pub struct BatchStep {
     pub timeout: Option<std::time::Duration>,
     /// The batch script (`#SBATCH` directives, then the commands).
     pub script: String,
+    /// The step runs under a launcher of its own in the job (an elastic step, or one that may start again):
+    /// `hvd run` of this step alone inside the allocation ([`launcher_argv`]), whose console lines the job's output
+    /// files hold.
+    pub supervised: bool,
 }
 
 /// Where the batch jobs' output files (`<project>-<step>-<job id>.out` / `.err`) and file rendezvous
@@ -419,6 +423,7 @@ pub fn output_dir(plan: &Plan) -> std::path::PathBuf {
 pub fn batch_steps(
     project: &Project,
     plan: &Plan,
+    options: &RunOptions,
     shim: &Path,
 ) -> Result<Vec<BatchStep>, LaunchError> {
     let cluster = project.cluster.clone().unwrap_or_default();
@@ -448,7 +453,13 @@ pub fn batch_steps(
         };
         directive(format!("--job-name={name}-{}", step.name));
         directive(format!("--nodes={step_nodes}"));
-        directive(format!("--ntasks-per-node={per_node}"));
+        if overcommit {
+            // Slurm refuses `--ntasks-per-node` beyond a node's CPUs even with `--overcommit` (BadConstraints); the
+            // tasks in all, over `--nodes`, are placed in blocks of `per_node` all the same.
+            directive(format!("--ntasks={tasks}"));
+        } else {
+            directive(format!("--ntasks-per-node={per_node}"));
+        }
         if let Some(c) = project.resources.cpus {
             directive(format!("--cpus-per-task={c}"));
         }
@@ -468,6 +479,12 @@ pub fn batch_steps(
         }
         if overcommit {
             directive("--overcommit".into());
+        }
+        // An elastic step, or one that may start again, runs under its own launcher in the job; an elastic one goes on
+        // without a lost node, so the allocation must survive the node (else Slurm revokes it).
+        let supervised = step.min_workers.is_some() || step.restarts > 0;
+        if step.min_workers.is_some() {
+            directive("--no-kill".into());
         }
         directive(format!(
             "--output={}",
@@ -519,6 +536,10 @@ pub fn batch_steps(
             _ => Vec::new(),
         };
         match step.workers {
+            _ if supervised => {
+                let argv = launcher_argv(project, plan, step, options, shim, pull.is_some())?;
+                let _ = writeln!(s, "exec {}", shell::line(&argv));
+            }
             Some(n) => {
                 // torch's env:// meets at the first node; the port is spread by job id, below the kernel's ephemeral
                 // range (32768 up by default), where outgoing connections on the node cannot hold it.
@@ -560,9 +581,98 @@ pub fn batch_steps(
             tasks_per_node: per_node,
             timeout: step.timeout,
             script: s,
+            supervised,
         });
     }
     Ok(steps)
+}
+
+/// What a batch job of step `step` runs when the step needs hvd's supervision (an elastic step, or one that may
+/// start again): `hvd run FILE --step STEP --no-deps --force --engine slurm` inside the allocation (one srun per rank
+/// for an elastic step; restarts through hvd), with the env this run built (`--env-dir`, else `--no-build`), the
+/// caches the job pulled from when `pulls`, and the run's flags that shape the step; the file itself says the rest,
+/// read when the job starts, as the job reads the step's scripts then. Host discovery is refused before (the
+/// allocation's nodes are the step's hosts).
+fn launcher_argv(
+    project: &Project,
+    plan: &Plan,
+    step: &PlannedStep,
+    options: &RunOptions,
+    shim: &Path,
+    pulls: bool,
+) -> Result<Vec<String>, LaunchError> {
+    let utf8 = |path: &Path, what: &str| {
+        path.to_str().map(str::to_owned).ok_or_else(|| {
+            LaunchError::Engine(format!(
+                "{what} {} is not UTF-8; a batch script cannot name it",
+                path.display()
+            ))
+        })
+    };
+    let file = match project.file.file_name() {
+        Some(name) => plan.project_dir.join(name),
+        None => project.file.clone(),
+    };
+    let mut argv = vec![
+        utf8(shim, "the hvd binary")?,
+        "run".into(),
+        utf8(&file, "the .hvd file")?,
+        format!("--step={}", step.name),
+        "--no-deps".into(),
+        "--force".into(),
+        "--engine=slurm".into(),
+    ];
+    match &plan.env_dir {
+        Some(env) => argv.push(format!("--env-dir={}", utf8(env, "the env")?)),
+        None => argv.push("--no-build".into()),
+    }
+    if pulls {
+        argv.extend(plan.caches.iter().map(|c| format!("--cache={c}")));
+        argv.extend(
+            plan.trusted_keys
+                .iter()
+                .map(|k| format!("--trusted-key={k}")),
+        );
+    }
+    let seconds = |d: std::time::Duration| d.as_secs_f64().to_string();
+    let count = [
+        ("workers", options.workers),
+        ("max-workers", options.max_workers),
+        ("min-workers", options.min_workers),
+        ("max-restarts", options.max_restarts),
+    ];
+    argv.extend(
+        count
+            .into_iter()
+            .filter_map(|(flag, n)| Some(format!("--{flag}={}", n?))),
+    );
+    argv.push(format!("--grace={}", seconds(options.grace)));
+    if let Some(t) = options.start_timeout {
+        argv.push(format!("--start-timeout={}", seconds(t)));
+    }
+    if let Some(t) = options.elastic_timeout {
+        argv.push(format!("--elastic-timeout={}", seconds(t)));
+    }
+    if let Some(c) = &options.blacklist_cooldown {
+        argv.extend([
+            "--blacklist-cooldown-range".into(),
+            c.min.as_secs().to_string(),
+            c.max.as_secs().to_string(),
+        ]);
+    }
+    // Paths given on the command line are against the submitting shell's directory; the job starts elsewhere.
+    let here = |path: &Path| crate::graph::cwd().join(path);
+    if let Some(t) = &options.timeline {
+        argv.push(format!("--timeline={}", utf8(&here(t), "the timeline")?));
+    }
+    if let Some(dir) = &options.checkpoints {
+        let dir = match dir.to_str().filter(|d| d.starts_with("s3://")) {
+            Some(url) => url.to_owned(),
+            None => utf8(&here(dir), "the checkpoint directory")?,
+        };
+        argv.push(format!("--checkpoints={dir}"));
+    }
+    Ok(argv)
 }
 
 #[cfg(test)]
@@ -726,6 +836,75 @@ mod tests {
         assert_eq!(first(&huge).as_deref(), Some("node00000"));
     }
 
+    /// An elastic step's job, and a restarted step's, end in `exec hvd run ... --step=S --no-deps` with the run's
+    /// flags that shape the step (paths absolute: the job starts in the project directory); only the elastic one's
+    /// allocation survives a lost node (`--no-kill`); a plain step's job runs srun itself.
+    #[test]
+    fn a_step_that_needs_supervision_runs_its_own_launcher_in_the_job() {
+        let mut project = project(false);
+        project.file = "/p/train.hvd".into();
+        project.steps = vec![
+            hvd_lang::model::Step {
+                workers: Some(4),
+                min_workers: Some(2),
+                ..hvd_lang::model::Step::new("elastic", "python e.py")
+            },
+            hvd_lang::model::Step {
+                workers: Some(2),
+                restarts: Some(1),
+                ..hvd_lang::model::Step::new("restarted", "python r.py")
+            },
+            hvd_lang::model::Step {
+                workers: Some(2),
+                ..hvd_lang::model::Step::new("plain", "python p.py")
+            },
+        ];
+        let options = RunOptions {
+            env_dir: Some("/envs/e1".into()),
+            grace: std::time::Duration::from_millis(2500),
+            elastic_timeout: Some(std::time::Duration::from_secs(7)),
+            blacklist_cooldown: Some(crate::discovery::Cooldown {
+                min: std::time::Duration::from_secs(5),
+                max: std::time::Duration::from_secs(9),
+            }),
+            checkpoints: Some("s3://b/ck".into()),
+            timeline: Some("t.json".into()),
+            ..RunOptions::default()
+        };
+        let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
+        let steps = batch_steps(&project, &plan, &options, Path::new("/bin/hvd")).unwrap();
+        let here = std::env::current_dir().unwrap();
+        let exec = |s: &BatchStep| {
+            s.script
+                .lines()
+                .find(|l| l.starts_with("exec "))
+                .map(str::to_owned)
+        };
+        let elastic = exec(&steps[0]).expect("the elastic step's launcher");
+        assert_eq!(
+            elastic,
+            format!(
+                "exec /bin/hvd run /p/train.hvd --step=elastic --no-deps --force --engine=slurm \
+                 --env-dir=/envs/e1 --grace=2.5 --elastic-timeout=7 --blacklist-cooldown-range 5 9 \
+                 --timeline={}/t.json --checkpoints=s3://b/ck",
+                here.display()
+            )
+        );
+        assert!(steps[0].supervised && steps[0].script.contains("#SBATCH --no-kill\n"));
+        let restarted = exec(&steps[1]).expect("the restarted step's launcher");
+        assert!(
+            restarted.contains(" --step=restarted --no-deps "),
+            "{restarted}"
+        );
+        assert!(steps[1].supervised && !steps[1].script.contains("--no-kill"));
+        assert!(!steps[2].supervised && exec(&steps[2]).is_none());
+        assert!(
+            steps[2].script.contains("srun --kill-on-bad-exit=1"),
+            "{}",
+            steps[2].script
+        );
+    }
+
     #[test]
     fn batch_scripts_carry_time_overcommit_env_and_a_multi_step_dependency() {
         let project = project(true);
@@ -734,7 +913,7 @@ mod tests {
             ..RunOptions::default()
         };
         let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
-        let steps = batch_steps(&project, &plan, Path::new("/bin/hvd")).unwrap();
+        let steps = batch_steps(&project, &plan, &options, Path::new("/bin/hvd")).unwrap();
         assert_eq!(steps.len(), 3);
         // 90 s rounds up to 2 minutes.
         assert!(
@@ -745,7 +924,9 @@ mod tests {
         assert!(!steps[1].script.contains("--time"), "{}", steps[1].script);
         let train = &steps[2].script;
         assert!(train.contains("#SBATCH --overcommit\n"), "{train}");
-        assert!(train.contains("#SBATCH --ntasks-per-node=3\n"), "{train}");
+        // Slurm refuses `--ntasks-per-node` beyond a node's CPUs even with `--overcommit`: the tasks in all.
+        assert!(train.contains("#SBATCH --ntasks=3\n"), "{train}");
+        assert!(!train.contains("--ntasks-per-node"), "{train}");
         assert!(
             train.contains("export PATH=/envs/e1/bin:\"$PATH\"\n"),
             "{train}"
@@ -787,7 +968,7 @@ mod tests {
                 ..RunOptions::default()
             };
             let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
-            batch_steps(&project, &plan, Path::new("/bin/hvd"))
+            batch_steps(&project, &plan, &options, Path::new("/bin/hvd"))
                 .unwrap()
                 .into_iter()
                 .map(|s| s.script)
@@ -839,7 +1020,7 @@ mod tests {
             ..RunOptions::default()
         };
         let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
-        let err = batch_steps(&project, &plan, Path::new("/bin/hvd"))
+        let err = batch_steps(&project, &plan, &options, Path::new("/bin/hvd"))
             .unwrap_err()
             .to_string();
         assert!(
@@ -877,8 +1058,9 @@ mod tests {
             min_workers: None,
             ..project.steps[0].clone()
         });
-        let plan = crate::engines::sbatch::plan(&project, &RunOptions::default()).unwrap();
-        let steps = batch_steps(&project, &plan, Path::new("/bin/hvd")).unwrap();
+        let options = RunOptions::default();
+        let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
+        let steps = batch_steps(&project, &plan, &options, Path::new("/bin/hvd")).unwrap();
         let submit = crate::engines::sbatch::submit_script(&plan, &steps);
         assert!(!submit.contains("<<'EOF'"), "{submit}");
         let bin = d.join("bin");

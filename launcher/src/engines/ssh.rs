@@ -189,7 +189,8 @@ pub const INTERFACE_VARS: [&str; 5] = [
 ];
 
 /// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... /bin/sh -c COMMAND`): reads the token,
-/// `cd`s, finds the interface that reaches IP (when given), starts the command in a session of its own with
+/// `cd`s, finds the interface that reaches IP (when given; the one that holds IP when IP is the host's own, which
+/// the kernel routes through `lo`), starts the command in a session of its own with
 /// SIGINT/SIGQUIT at their defaults, and a watcher (`$W`, in another session) that stops the command's process group
 /// when stdin says so or ends (TICKS tenths of a second before SIGKILL; `PREEMPT N`: SIGTERM past a `/bin/sh` leader,
 /// N tenths before SIGKILL). When the command has ended it kills what is
@@ -199,7 +200,9 @@ pub const INTERFACE_VARS: [&str; 5] = [
 pub const WRAPPER: &str = concat!(
     r#"IFS= read -r HVD_JOB_TOKEN || { echo hvd: no job token on stdin >&2; exit 125; }; export HVD_JOB_TOKEN; "#,
     r#"cd "$1" || exit 125; t=$2; if [ -n "$3" ]; then "#,
-    r#"i=$(ip -o route get "$3" 2>/dev/null | sed -n "s/.* dev \([^ ]*\).*/\1/p"); if [ -n "$i" ]; then "#,
+    r#"i=$(ip -o route get "$3" 2>/dev/null | sed -n "s/.* dev \([^ ]*\).*/\1/p"); "#,
+    r#"[ "$i" = lo ] && i=$(ip -o addr show to "$3" 2>/dev/null | sed -n "1s/^[0-9]*: *\([^ @]*\).*/\1/p"); "#,
+    r#"if [ -n "$i" ]; then "#,
     r#"export HVD_NETWORK_INTERFACE="$i" HVD_TCP_INTERFACE="$i" NCCL_SOCKET_IFNAME="$i" GLOO_SOCKET_IFNAME="$i" "#,
     r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; m=; r=; for a; do case $a in "#,
     r#"HVD_RUN_STEP=*) [ -n "$m" ] || m=$a;; HVD_RANK=*) [ -n "$r" ] || r=$a;; esac; done; "#,

@@ -18,6 +18,10 @@ pub(super) struct Tail {
 }
 
 impl Tail {
+    pub(super) fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
     pub(super) fn new(path: PathBuf, stream: Stream) -> Self {
         Tail {
             path,
