@@ -723,7 +723,7 @@ fn mpi_refuses_an_elastic_step_saying_why() {
         flat.contains(
             "step `train` is elastic, but the mpi engine starts its ranks through one launcher process: mpirun ends \
              every rank when one dies"
-        ) && flat.contains("on the local, ssh or spark engine, or on the slurm engine inside an allocation"),
+        ) && flat.contains("run elastic steps on the local, ssh, spark or slurm engine"),
         "{flat}"
     );
 }

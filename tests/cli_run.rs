@@ -384,34 +384,36 @@ step train {
     assert!(!job.path().join("ran").exists());
 }
 
-/// `--step S --no-deps` runs S alone, not the steps it needs (what a slurm batch job's launcher runs); `--no-deps`
-/// without `--step` is a usage error.
+/// `--step S --no-deps` runs S alone, not the steps it needs (what a slurm batch job's launcher runs), and always:
+/// what the steps it needs made is part of its inputs, which it cannot check (here `b`'s inputs are unchanged and a
+/// plain run skips it), nor record; `--no-deps` without `--step` is a usage error.
 #[test]
 fn no_deps_runs_the_step_alone() {
     let job = job(
-        "step a {\n  run = \"echo a >> ran\"\n}\nstep b {\n  needs = [\"a\"]\n  run = \"echo b >> ran\"\n}\n",
+        "step a {\n  run = \"echo a >> ran\"\n}\nstep b {\n  needs = [\"a\"]\n  inputs = [\"in.txt\"]\n  \
+         outputs = [\"out.txt\"]\n  run = \"echo b >> ran; touch out.txt\"\n}\n",
         &[],
     );
-    let out = job.run(&["--step", "b", "--no-deps"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        std::fs::read_to_string(job.path().join("ran")).unwrap(),
-        "b\n"
-    );
-    let out = job.run(&["--step", "b"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        std::fs::read_to_string(job.path().join("ran")).unwrap(),
-        "b\na\nb\n"
-    );
+    std::fs::write(job.path().join("in.txt"), "x").unwrap();
+    let ran = || std::fs::read_to_string(job.path().join("ran")).unwrap();
+    for (args, want, skipped) in [
+        (&["--step", "b", "--no-deps"][..], "b\n", false),
+        (&["--step", "b"], "b\na\nb\n", false),
+        (&["--step", "b"], "b\na\nb\na\n", true),
+        (&["--step", "b", "--no-deps"], "b\na\nb\na\nb\n", false),
+        // Not recorded: a record without `a`'s outputs would skip it here.
+        (&["--step", "b", "--no-deps"], "b\na\nb\na\nb\nb\n", false),
+    ] {
+        let out = job.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert_eq!(ran(), want, "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.contains("step `b` skipped"),
+            skipped,
+            "{args:?}: {stderr}"
+        );
+    }
     let out = job.run(&["--no-deps"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--step"));

@@ -208,29 +208,40 @@ pub fn new_run_id() -> String {
     )
 }
 
-/// Splits a byte stream into lines at `\n`, `\r\n` and lone `\r` (progress bars).
+/// Splits a byte stream into lines at `\n`, `\r\n` and lone `\r` (progress bars); a line longer than
+/// `MAX_LINE_BYTES` comes out in pieces of that size.
 #[derive(Debug, Default)]
 pub struct LineSplitter {
     buf: Vec<u8>,
     after_cr: bool,
+    /// The last piece emitted was cut at `MAX_LINE_BYTES`: the next one continues its line.
+    cut: bool,
 }
 
 impl LineSplitter {
     pub fn push(&mut self, data: &[u8], emit: &mut impl FnMut(&[u8])) {
+        self.push_pieces(data, &mut |piece, _| emit(piece));
+    }
+
+    /// [`LineSplitter::push`], telling `emit` whether a piece continues a line cut before it (whose rest a
+    /// reader must not take for a line of its own: its start is whatever the writer put at the cut).
+    pub fn push_pieces(&mut self, data: &[u8], emit: &mut impl FnMut(&[u8], bool)) {
         for &b in data {
             match b {
                 b'\n' if self.after_cr => self.after_cr = false,
                 b'\n' | b'\r' => {
-                    emit(&self.buf);
+                    emit(&self.buf, self.cut);
                     self.buf.clear();
+                    self.cut = false;
                     self.after_cr = b == b'\r';
                 }
                 _ => {
                     self.after_cr = false;
                     self.buf.push(b);
                     if self.buf.len() >= MAX_LINE_BYTES {
-                        emit(&self.buf);
+                        emit(&self.buf, self.cut);
                         self.buf.clear();
+                        self.cut = true;
                     }
                 }
             }
@@ -238,10 +249,16 @@ impl LineSplitter {
     }
 
     pub fn finish(&mut self, emit: &mut impl FnMut(&[u8])) {
+        self.finish_pieces(&mut |piece, _| emit(piece));
+    }
+
+    /// [`LineSplitter::finish`] as [`LineSplitter::push_pieces`] tells it.
+    pub fn finish_pieces(&mut self, emit: &mut impl FnMut(&[u8], bool)) {
         if !self.buf.is_empty() {
-            emit(&self.buf);
+            emit(&self.buf, self.cut);
             self.buf.clear();
         }
+        self.cut = false;
     }
 }
 

@@ -392,7 +392,9 @@ fn skip_check(
     step: &PlannedStep,
     upstream: &BTreeMap<String, String>,
 ) -> Result<Skip, LaunchError> {
-    if step.inputs.is_empty() && step.outputs.is_empty() {
+    // `--no-deps` leaves out the steps it needs, whose outputs are part of its input hash: it always runs, and its
+    // record is not kept (one without them would let a later run skip it after they changed).
+    if (step.inputs.is_empty() && step.outputs.is_empty()) || options.no_deps {
         return Ok(Skip::Run { input_hash: None });
     }
     let input_hash = state::input_hash(

@@ -29,7 +29,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub step: Option<String>,
     /// With `--step`: run that step alone, not the steps it needs (they ran before, and what they made is where the
-    /// step reads it).
+    /// step reads it); it always runs, its inputs unchecked, and is not recorded for skipping.
     #[arg(long, requires = "step")]
     pub no_deps: bool,
     /// Number of workers for every distributed step (overrides `workers`). With the `spark` engine, `-N` runs N

@@ -708,10 +708,60 @@ struct Followed<'a> {
     reason: String,
     /// `<run dir>/<step>`: per-rank copies of the lines (`rank.<n>/{stdout,stderr}`), as the local engine keeps.
     rank_dir: PathBuf,
+    /// The per-rank files open now (at most [`OPEN_RANK_FILES`]), and every one made in this run (reopened to append).
     rank_files: BTreeMap<(u32, bool), fs_err::File>,
+    made: BTreeSet<(u32, bool)>,
+    /// Who wrote the last line of stdout and of stderr: a piece that continues a line cut at the length limit is
+    /// theirs, whatever it starts with (else a rank could write a line up to the cut and then another rank's label).
+    last_writer: [Option<Writer>; 2],
+    /// A supervised step's launcher said something of its own (a note): its failure report, if any, went by.
+    said: bool,
 }
 
-impl Followed<'_> {
+/// Per-rank log files a followed job keeps open at once (a job of more ranks reopens them to append).
+const OPEN_RANK_FILES: usize = 64;
+
+/// Who wrote a line of a job's output.
+#[derive(Debug, Clone)]
+enum Writer {
+    Rank {
+        host: Arc<str>,
+        rank: u32,
+    },
+    /// A supervised step's launcher (`hvd run` in the job) itself: its notes and failure report.
+    Launcher,
+}
+
+impl<'a> Followed<'a> {
+    /// Job `job` of `step`, whose output files are `files` (stdout, stderr), keeping per-rank copies in `rank_dir`.
+    fn new(
+        step: &'a BatchStep,
+        job: &'a SubmittedJob,
+        files: [PathBuf; 2],
+        rank_dir: PathBuf,
+    ) -> Self {
+        let [out, err] = files;
+        Followed {
+            step,
+            job,
+            status: None,
+            started: None,
+            hosts: Vec::new(),
+            tails: [
+                Tail::new(out, Stream::Stdout),
+                Tail::new(err, Stream::Stderr),
+            ],
+            stderr_tail: VecDeque::new(),
+            done: false,
+            reason: String::new(),
+            rank_dir,
+            rank_files: BTreeMap::new(),
+            made: BTreeSet::new(),
+            last_writer: [None, None],
+            said: false,
+        }
+    }
+
     fn host(&self, rank: u32) -> String {
         let node = (rank / self.step.tasks_per_node.max(1)) as usize;
         self.hosts
@@ -724,14 +774,26 @@ impl Followed<'_> {
     /// Appends a line to the rank's log file (errors ignored: the job's own output files are complete anyway).
     fn keep(&mut self, rank: u32, stream: Stream, text: &str) {
         let err = stream == Stream::Stderr;
-        if !self.rank_files.contains_key(&(rank, err)) {
+        let key = (rank, err);
+        if !self.rank_files.contains_key(&key) {
+            if self.rank_files.len() >= OPEN_RANK_FILES {
+                self.rank_files.clear();
+            }
             let dir = self.rank_dir.join(format!("rank.{rank}"));
+            let path = dir.join(if err { "stderr" } else { "stdout" });
+            let made = self.made.contains(&key);
             let file = fs_err::create_dir_all(&dir).and_then(|()| {
-                fs_err::File::create(dir.join(if err { "stderr" } else { "stdout" }))
+                fs_err::OpenOptions::new()
+                    .create(true)
+                    .append(made)
+                    .write(true)
+                    .truncate(!made)
+                    .open(&path)
             });
             match file {
                 Ok(file) => {
-                    self.rank_files.insert((rank, err), file);
+                    self.made.insert(key);
+                    self.rank_files.insert(key, file);
                 }
                 Err(e) => {
                     tracing::warn!("{e}");
@@ -739,75 +801,92 @@ impl Followed<'_> {
                 }
             }
         }
-        if let Some(file) = self.rank_files.get_mut(&(rank, err)) {
+        if let Some(file) = self.rank_files.get_mut(&key) {
             let _ = writeln!(file, "{text}");
         }
     }
 
-    /// A line of a supervised step's launcher (`hvd run` in the job): a rank's line as its console writes it
-    /// (`[STEP HOST:RANK] TEXT`) goes on as that rank's line, anything else (the launcher's own notes, its failure
-    /// report) as a note.
-    fn relay(&mut self, stream: Stream, line: String, events: &dyn EventSink) {
-        if stream == Stream::Stderr {
-            if self.stderr_tail.len() == 4 * STDERR_TAIL_LINES {
-                self.stderr_tail.pop_front();
-            }
-            self.stderr_tail.push_back((None, line.clone()));
+    /// Who wrote `line` (not a continued piece) and its text: a supervised step's launcher writes a rank's line as its
+    /// console does (`[STEP HOST:RANK] TEXT`) and anything else as its own; srun labels a rank's line (`R: TEXT`),
+    /// and a line without a label (srun's own, a step that runs once) is rank 0's.
+    fn writer(&self, line: &str) -> (Writer, String) {
+        if self.step.supervised {
+            return match console_line(line).filter(|(step, ..)| *step == self.step.name) {
+                Some((_, host, rank, text)) => (
+                    Writer::Rank {
+                        host: Arc::from(host),
+                        rank,
+                    },
+                    text.to_owned(),
+                ),
+                None => (
+                    Writer::Launcher,
+                    line.strip_prefix("hvd: ").unwrap_or(line).to_owned(),
+                ),
+            };
         }
-        match console_line(&line).filter(|(step, ..)| *step == self.step.name) {
-            Some((step, host, rank, text)) => {
-                self.keep(rank, stream, text);
-                events.event(Event::Line {
-                    step: Arc::from(step),
-                    host: Arc::from(host),
-                    rank,
-                    stream,
-                    text: text.to_owned(),
-                });
-            }
-            None if line.trim().is_empty() => {}
-            None => events.event(Event::Note {
-                text: line.strip_prefix("hvd: ").unwrap_or(&line).to_owned(),
-            }),
-        }
+        let tagged = self.step.workers.is_some();
+        let (rank, text) = match tagged.then(|| crate::engines::untag(line)).flatten() {
+            Some((r, _, rest)) => (r, rest.to_owned()),
+            None => (0, line.to_owned()),
+        };
+        let host = Arc::from(self.host(rank).as_str());
+        (Writer::Rank { host, rank }, text)
     }
 
     fn drain(&mut self, last: bool, events: &dyn EventSink) {
         let step: Arc<str> = Arc::from(self.step.name.as_str());
-        let tagged = self.step.workers.is_some();
-        let mut lines: Vec<(Stream, String)> = Vec::new();
+        let mut lines: Vec<(Stream, String, bool)> = Vec::new();
         for tail in &mut self.tails {
-            let refused = tail.read(last, &mut |stream, line| {
-                lines.push((stream, String::from_utf8_lossy(line).into_owned()));
+            let refused = tail.read(last, &mut |stream, line, continued| {
+                lines.push((
+                    stream,
+                    String::from_utf8_lossy(line).into_owned(),
+                    continued,
+                ));
             });
             if let Some(text) = refused {
                 events.event(Event::Note { text });
             }
         }
-        for (stream, line) in lines {
-            if self.step.supervised {
-                self.relay(stream, line, events);
-                continue;
-            }
-            let (rank, text) = match tagged.then(|| crate::engines::untag(&line)).flatten() {
-                Some((r, _, rest)) => (Some(r), rest.to_owned()),
-                None => (None, line.clone()),
+        for (stream, line, continued) in lines {
+            let index = usize::from(stream == Stream::Stderr);
+            let (writer, text) = match (continued, &self.last_writer[index]) {
+                (true, Some(writer)) => (writer.clone(), line.clone()),
+                _ => self.writer(&line),
             };
+            self.last_writer[index] = Some(writer.clone());
             if stream == Stream::Stderr {
                 if self.stderr_tail.len() == 4 * STDERR_TAIL_LINES {
                     self.stderr_tail.pop_front();
                 }
+                // srun's label (none on srun's own lines); a continued piece is its line's.
+                let rank = if self.step.supervised || self.step.workers.is_none() {
+                    None
+                } else if continued {
+                    self.stderr_tail.back().and_then(|(r, _)| *r)
+                } else {
+                    crate::engines::untag(&line).map(|(r, ..)| r)
+                };
                 self.stderr_tail.push_back((rank, line));
             }
-            let rank_or_0 = rank.unwrap_or(0);
-            self.keep(rank_or_0, stream, &text);
-            events.event(Event::Line {
-                step: step.clone(),
-                host: Arc::from(self.host(rank_or_0).as_str()),
-                rank: rank_or_0,
-                stream,
-                text,
-            });
+            match writer {
+                Writer::Rank { host, rank } => {
+                    self.keep(rank, stream, &text);
+                    events.event(Event::Line {
+                        step: step.clone(),
+                        host,
+                        rank,
+                        stream,
+                        text,
+                    });
+                }
+                Writer::Launcher if text.trim().is_empty() => {}
+                Writer::Launcher => {
+                    self.said = true;
+                    events.event(Event::Note { text });
+                }
+            }
         }
     }
 }
@@ -839,22 +918,12 @@ pub fn follow(
             continue;
         };
         let file = |ext: &str| output_file(plan, &step.name, &job.job_id, ext);
-        jobs.push(Followed {
+        jobs.push(Followed::new(
             step,
             job,
-            status: None,
-            started: None,
-            hosts: Vec::new(),
-            tails: [
-                Tail::new(file("out"), Stream::Stdout),
-                Tail::new(file("err"), Stream::Stderr),
-            ],
-            stderr_tail: VecDeque::new(),
-            done: false,
-            reason: String::new(),
-            rank_dir: run_dir.join(&step.name),
-            rank_files: BTreeMap::new(),
-        });
+            [file("out"), file("err")],
+            run_dir.join(&step.name),
+        ));
     }
     for step in &submission.skipped {
         events.event(Event::StepSkipped { step: step.clone() });
@@ -1104,14 +1173,15 @@ fn job_end(job: &Followed<'_>, status: &JobStatus) -> String {
     )
 }
 
-/// The failure of a supervised step's job: how the job ended (the launcher's own report went by as notes just
-/// before, and stays in the job's stderr file); the exit code is the launcher's, which is its failing rank's.
+/// The failure of a supervised step's job: how the job ended (the launcher's own report, when it made one, went
+/// by as notes just before, and stays in the job's stderr file); the exit code is the launcher's, which is its failing rank's.
 fn launcher_failure(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
+    let said = match job.said {
+        true => "its report is above, and in",
+        false => "it said nothing of its own; the job's output is in",
+    };
     let tail = vec![
-        format!(
-            "its report is above, and in {}",
-            job.tails[1].path().display()
-        ),
+        format!("{said} {}", job.tails[1].path().display()),
         job_end(job, status),
     ];
     let exit = status.worker_exit();
@@ -1130,6 +1200,84 @@ fn launcher_failure(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rank writes a line up to the length limit and then what looks like another rank's line (or a note of the
+    /// launcher's): the piece after the cut is still its own, under both ways of labelling lines (a supervised step's
+    /// launcher's `[STEP HOST:RANK]`, srun's `R: `); lines of ever new rank numbers keep only a bounded number of
+    /// files open, and every line reaches its rank's file.
+    #[test]
+    fn a_rank_cannot_write_another_ranks_lines_past_the_length_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = "x".repeat(64 * 1024);
+        for (supervised, prefix, forged) in [
+            (true, "[train h1:1] ", "[train h2:7] forged"),
+            (true, "[train h1:1] ", "hvd: forged note"),
+            (false, "1: ", "7: forged"),
+        ] {
+            let step = BatchStep {
+                name: "train".into(),
+                needs: Vec::new(),
+                workers: Some(8),
+                tasks_per_node: 8,
+                timeout: None,
+                script: String::new(),
+                supervised,
+            };
+            let job = SubmittedJob {
+                step: "train".into(),
+                job_id: "1".into(),
+                after: Vec::new(),
+            };
+            let out = dir.path().join("job.out");
+            // The launcher (or srun) writes the rank's label, then 64 KiB of its text and the forged part: the
+            // label makes the line longer than the limit, so the forged part comes after a cut.
+            let mut text = format!("{prefix}{long}{forged}\n");
+            for rank in 0..200 {
+                text.push_str(&format!("{}\n", prefix.replace('1', &rank.to_string())));
+            }
+            std::fs::write(&out, text).unwrap();
+            let rank_dir = dir
+                .path()
+                .join(format!("ranks-{supervised}-{}", forged.len()));
+            let mut followed = Followed::new(
+                &step,
+                &job,
+                [out, dir.path().join("job.err")],
+                rank_dir.clone(),
+            );
+            followed.hosts = vec!["h1".into()];
+            let events: std::sync::Mutex<Vec<Event>> = std::sync::Mutex::default();
+            followed.drain(true, &|e| events.lock().unwrap().push(e));
+            assert!(followed.rank_files.len() <= OPEN_RANK_FILES);
+            let events = events.into_inner().unwrap();
+            let mut by_rank: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+            for event in events {
+                match event {
+                    Event::Line { rank, text, .. } => by_rank.entry(rank).or_default().push(text),
+                    other => panic!("{forged}: not a rank's line: {other:?}"),
+                }
+            }
+            let ones = &by_rank[&1];
+            assert!(
+                ones.iter().any(|t| t.ends_with(forged)),
+                "{forged}: {ones:?}"
+            );
+            assert!(
+                !by_rank
+                    .values()
+                    .flatten()
+                    .any(|t| t == "forged" || t == "forged note"),
+                "{forged}: {by_rank:?}"
+            );
+            // Every rank's file has its lines, rank 1's the cut line too.
+            let kept = std::fs::read_to_string(rank_dir.join("rank.1/stdout")).unwrap();
+            assert!(
+                kept.contains(forged) && kept.lines().count() == 3,
+                "{forged}: {kept:?}"
+            );
+            assert!(rank_dir.join("rank.199/stdout").exists());
+        }
+    }
 
     #[test]
     fn scontrol_lines_and_sbatch_ids_are_read() {

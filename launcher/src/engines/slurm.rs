@@ -103,11 +103,13 @@ impl SlurmSetup {
             allocation,
             cpus_per_task: self.cpus_per_task,
             gpus_per_task: self.gpus_per_task,
+            shim: &self.shim,
         })
     }
 
-    /// The srun command line of a distributed step on `np` tasks.
-    pub fn srun_argv(&self, np: u32, command: &str) -> Vec<String> {
+    /// The srun command line of a distributed step on `np` tasks; `pull`: the shim's flags that get the env from the
+    /// binary caches ([`pull_flags`]), empty without them.
+    pub fn srun_argv(&self, np: u32, command: &str, pull: &[String]) -> Vec<String> {
         let mut argv = vec![
             "srun".to_owned(),
             "--kill-on-bad-exit=1".into(),
@@ -120,15 +122,24 @@ impl SlurmSetup {
         if self.gpus_per_task > 0 {
             argv.push(format!("--gpus-per-task={}", self.gpus_per_task));
         }
-        argv.extend([
-            self.shim.display().to_string(),
-            "worker-env".into(),
-            "--".into(),
-            "/bin/sh".into(),
-            "-c".into(),
-            command.into(),
-        ]);
+        argv.extend([self.shim.display().to_string(), "worker-env".into()]);
+        argv.extend(pull.iter().cloned());
+        argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), command.into()]);
         argv
+    }
+}
+
+/// The shim's flags that get the env from the binary caches and root it while the command runs (`--pull=ENV
+/// --cache=URL... --trusted-key=KEY...`): empty without caches and keys, or for a cache URL with credentials
+/// (refused before, in `prepare` and `batch_steps`).
+fn pull_flags(plan: &Plan, shim: &Path) -> Vec<String> {
+    match (crate::engines::pull_argv(plan, shim), &plan.env_dir) {
+        (Ok(Some(pull)), Some(env)) => {
+            let mut argv =
+                crate::engines::worker_pull_argv(&pull, &env.display().to_string(), false);
+            argv.split_off(2)
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -359,11 +370,16 @@ impl SupervisedEngine for SlurmSetup {
 
     /// An elastic step has no launcher: the supervisor starts each rank ([`SupervisedEngine::rank_command`]), so it
     /// can lose one and go on.
-    fn launcher(&self, _plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
+    fn launcher(&self, plan: &Plan, step: &PlannedStep, workers: u32) -> Option<Vec<String>> {
         match step.min_workers {
             Some(_) => None,
-            None => Some(self.srun_argv(workers, &step.command)),
+            None => Some(self.srun_argv(workers, &step.command, &pull_flags(plan, &self.shim))),
         }
+    }
+
+    /// A cache URL that carries credentials is refused before anything runs (the ranks' srun lines would show it).
+    fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
+        crate::engines::pull_argv(plan, &self.shim).map(|_| ())
     }
 
     fn launcher_label(&self) -> &'static str {
@@ -385,7 +401,14 @@ impl SupervisedEngine for SlurmSetup {
         let vars = srun.vars(crate::engines::ssh::dry_run_rank_env(plan, step, slot, ip));
         Some(format!(
             "srun: {}",
-            shell::line(&srun.argv(plan, step, slot, &vars, ip))
+            shell::line(&srun.argv(
+                plan,
+                step,
+                slot,
+                &vars,
+                ip,
+                &srun.pull(plan).unwrap_or_default()
+            ))
         ))
     }
 }
@@ -474,15 +497,23 @@ pub fn batch_steps(
         if let Some(p) = &cluster.partition {
             directive(format!("--partition={p}"));
         }
+        // An elastic step, or one that may start again, runs under its own launcher in the job; an elastic one goes on
+        // without a lost node, so the allocation must survive the node (else Slurm revokes it).
+        let supervised = step.min_workers.is_some() || step.restarts > 0;
         if let Some(t) = step.timeout {
-            directive(format!("--time={}", t.as_secs().div_ceil(60).max(1)));
+            // The launcher in the job gives each attempt the step's timeout (and stops its ranks within the grace):
+            // the job's limit holds every attempt, and a minute more.
+            let job = match supervised {
+                true => (t + options.grace)
+                    .saturating_mul(step.restarts.saturating_add(1))
+                    .saturating_add(std::time::Duration::from_secs(60)),
+                false => t,
+            };
+            directive(format!("--time={}", job.as_secs().div_ceil(60).max(1)));
         }
         if overcommit {
             directive("--overcommit".into());
         }
-        // An elastic step, or one that may start again, runs under its own launcher in the job; an elastic one goes on
-        // without a lost node, so the allocation must survive the node (else Slurm revokes it).
-        let supervised = step.min_workers.is_some() || step.restarts > 0;
         if step.min_workers.is_some() {
             directive("--no-kill".into());
         }
@@ -549,10 +580,8 @@ pub fn batch_steps(
                 );
                 let _ = writeln!(s, "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))");
                 let _ = writeln!(s, "rdv={}/rdv-\"$SLURM_JOB_ID\"", quote(&out_dir));
-                let mut argv = setup.srun_argv(n, &step.command);
                 // srun ... hvd worker-env [--pull=ENV --cache=URL... --trusted-key=KEY...] -- /bin/sh -c COMMAND
-                let at = argv.len() - 4;
-                argv.splice(at..at, worker_pull(false).into_iter().skip(2));
+                let argv = setup.srun_argv(n, &step.command, &pull_flags(plan, shim));
                 // srun ... hvd worker-env -- [env HVD_RENDEZVOUS=file:DIR] /bin/sh -c COMMAND
                 let split = argv.len() - 3;
                 let _ = writeln!(s, "status=0");
@@ -852,6 +881,7 @@ mod tests {
             hvd_lang::model::Step {
                 workers: Some(2),
                 restarts: Some(1),
+                timeout_ms: Some(600_000),
                 ..hvd_lang::model::Step::new("restarted", "python r.py")
             },
             hvd_lang::model::Step {
@@ -897,6 +927,12 @@ mod tests {
             "{restarted}"
         );
         assert!(steps[1].supervised && !steps[1].script.contains("--no-kill"));
+        // Each attempt has the step's 10 minutes and the grace: the job's limit holds both, and a minute more.
+        assert!(
+            steps[1].script.contains("#SBATCH --time=22\n"),
+            "{}",
+            steps[1].script
+        );
         assert!(!steps[2].supervised && exec(&steps[2]).is_none());
         assert!(
             steps[2].script.contains("srun --kill-on-bad-exit=1"),
@@ -1114,7 +1150,7 @@ mod tests {
             plain_layout: false,
         };
         assert_eq!(
-            shell::line(&setup.srun_argv(4, "python t.py")),
+            shell::line(&setup.srun_argv(4, "python t.py", &[])),
             "srun --kill-on-bad-exit=1 --ntasks=4 --label --cpus-per-task=2 --gpus-per-task=1 /bin/hvd worker-env -- \
              /bin/sh -c 'python t.py'"
         );

@@ -261,6 +261,9 @@ pub struct RankSrun<'a> {
     pub allocation: &'a Allocation,
     pub cpus_per_task: Option<u32>,
     pub gpus_per_task: u32,
+    /// The hvd binary on the nodes: with binary caches, each rank starts through its `worker-env --once --pull`,
+    /// which finds the env in the node's store (pulling it if gone) and roots it while the rank runs.
+    pub shim: &'a std::path::Path,
 }
 
 impl RankSrun<'_> {
@@ -294,6 +297,7 @@ impl RankSrun<'_> {
         slot: &Slot,
         vars: &[(String, String)],
         rendezvous: IpAddr,
+        pull: &[String],
     ) -> Vec<String> {
         let mut argv: Vec<String> = [
             "setsid",
@@ -334,8 +338,25 @@ impl RankSrun<'_> {
             rendezvous.to_string(),
         ]);
         argv.extend(vars.iter().map(|(k, v)| format!("{k}={v}")));
+        argv.extend(pull.iter().cloned());
         argv.extend(["/bin/sh".into(), "-c".into(), step.command.clone()]);
         argv
+    }
+
+    /// What goes before a rank's command with binary caches: `hvd worker-env --once --pull=ENV --cache=...
+    /// --trusted-key=... --` (empty without caches or keys); a cache URL with credentials is refused.
+    pub fn pull(&self, plan: &Plan) -> Result<Vec<String>, LaunchError> {
+        Ok(
+            match (crate::engines::pull_argv(plan, self.shim)?, &plan.env_dir) {
+                (Some(pull), Some(env)) => {
+                    let mut argv =
+                        crate::engines::worker_pull_argv(&pull, &env.display().to_string(), true);
+                    argv.push("--".into());
+                    argv
+                }
+                _ => Vec::new(),
+            },
+        )
     }
 
     /// The rank's process: its srun, stopped through its stdin like an ssh rank ([`RankCommand::remote`]).
@@ -349,7 +370,15 @@ impl RankSrun<'_> {
                 "variable `{name}` is not a valid environment variable name for a rank's srun (letters, digits, `_`)"
             )));
         }
-        let argv = self.argv(rank.plan, rank.step, rank.slot, &vars, rendezvous.addr.ip());
+        let pull = self.pull(rank.plan)?;
+        let argv = self.argv(
+            rank.plan,
+            rank.step,
+            rank.slot,
+            &vars,
+            rendezvous.addr.ip(),
+            &pull,
+        );
         Ok(RankCommand::remote_argv(&argv, true))
     }
 }
@@ -481,6 +510,7 @@ mod tests {
             allocation: &allocation,
             cpus_per_task: Some(2),
             gpus_per_task: 1,
+            shim: std::path::Path::new("/bin/hvd"),
         };
         let step = PlannedStep {
             name: "train".into(),
@@ -521,7 +551,14 @@ mod tests {
             "6000",
             "run/train/0",
         ));
-        let argv = srun.argv(&plan, &step, slot, &vars, rendezvous.addr.ip());
+        let argv = srun.argv(
+            &plan,
+            &step,
+            slot,
+            &vars,
+            rendezvous.addr.ip(),
+            &srun.pull(&plan).unwrap(),
+        );
         let line = crate::engines::shell::line(&argv);
         assert!(
             line.starts_with(
@@ -545,6 +582,40 @@ mod tests {
             assert!(argv.iter().any(|a| a == want), "{want}: {line}");
         }
         assert!(!line.contains("s3cr3t"), "{line}");
+        // With binary caches the rank starts through the shim, which gets the env into the node's store and roots
+        // it while the rank runs; a cache URL with credentials is refused.
+        let env = "/store/0123456789abcdef0123456789abcdef-t-env";
+        let cached = Plan {
+            env_dir: Some(env.into()),
+            caches: vec!["file:///c".into()],
+            trusted_keys: vec!["k:AAAA".into()],
+            ..plan.clone()
+        };
+        let pull = srun.pull(&cached).unwrap();
+        let argv = srun.argv(&cached, &step, slot, &vars, rendezvous.addr.ip(), &pull);
+        let at = argv.len() - 10;
+        assert_eq!(
+            argv[at..],
+            [
+                "/bin/hvd",
+                "worker-env",
+                "--once",
+                &format!("--pull={env}"),
+                "--cache=file:///c",
+                "--trusted-key=k:AAAA",
+                "--",
+                "/bin/sh",
+                "-c",
+                "python t.py"
+            ],
+            "{:?}",
+            &argv[at..]
+        );
+        let leaky = Plan {
+            caches: vec!["https://user:token@cache.example/c".into()],
+            ..cached.clone()
+        };
+        assert!(srun.pull(&leaky).is_err());
         for left_out in [
             "CUDA_VISIBLE_DEVICES=",
             "NCCL_SOCKET_IFNAME=",

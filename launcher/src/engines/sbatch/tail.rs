@@ -33,14 +33,15 @@ impl Tail {
         }
     }
 
-    /// Emits every complete line written since the last call (`last`: the file is complete, emit the rest too).
+    /// Emits every complete line written since the last call (`last`: the file is complete, emit the rest too),
+    /// and whether it continues a line cut at the length limit before it ([`LineSplitter::push_pieces`]).
     /// The file is opened as [`crate::untrusted::open_growing`] does. A link, a FIFO or anything but a regular file
     /// is refused for good ([`crate::untrusted::not_a_file_for_good`]); any other failed open (out of descriptors, a
     /// network file system's hiccup) is tried again at the next call. Either is returned once, as a note.
     pub(super) fn read(
         &mut self,
         last: bool,
-        emit: &mut impl FnMut(Stream, &[u8]),
+        emit: &mut impl FnMut(Stream, &[u8], bool),
     ) -> Option<String> {
         let mut note = None;
         if self.file.is_none() && !self.refused {
@@ -67,20 +68,20 @@ impl Tail {
             }
         }
         let stream = self.stream;
-        let mut lines = |line: &[u8]| emit(stream, line);
+        let mut lines = |line: &[u8], continued: bool| emit(stream, line, continued);
         if let Some(file) = &mut self.file {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 match file.read(&mut buf) {
                     Ok(0) => break,
-                    Ok(n) => self.splitter.push(&buf[..n], &mut lines),
+                    Ok(n) => self.splitter.push_pieces(&buf[..n], &mut lines),
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => break,
                 }
             }
         }
         if last {
-            self.splitter.finish(&mut lines);
+            self.splitter.finish_pieces(&mut lines);
         }
         note
     }
@@ -106,11 +107,11 @@ mod tests {
         for path in [link, fifo] {
             let mut tail = Tail::new(path.clone(), Stream::Stdout);
             let mut lines = Vec::new();
-            let refused = tail.read(false, &mut |_, line| lines.push(line.to_vec()));
+            let refused = tail.read(false, &mut |_, line, _| lines.push(line.to_vec()));
             let refused = refused.expect("the planted file is refused");
             assert!(refused.contains(&path.display().to_string()), "{refused}");
             assert_eq!(
-                tail.read(true, &mut |_, line| lines.push(line.to_vec())),
+                tail.read(true, &mut |_, line, _| lines.push(line.to_vec())),
                 None
             );
             assert!(lines.is_empty(), "{lines:?}");
@@ -120,9 +121,12 @@ mod tests {
         std::fs::write(&out, "one\ntw").unwrap();
         let mut tail = Tail::new(out.clone(), Stream::Stdout);
         let mut lines = Vec::new();
-        assert_eq!(tail.read(false, &mut |_, l| lines.push(l.to_vec())), None);
+        assert_eq!(
+            tail.read(false, &mut |_, l, _| lines.push(l.to_vec())),
+            None
+        );
         std::fs::write(&out, "one\ntwo\n").unwrap();
-        assert_eq!(tail.read(true, &mut |_, l| lines.push(l.to_vec())), None);
+        assert_eq!(tail.read(true, &mut |_, l, _| lines.push(l.to_vec())), None);
         assert_eq!(lines, vec![b"one".to_vec(), b"two".to_vec()]);
     }
 
@@ -137,18 +141,21 @@ mod tests {
         let path = parent.join("t-a-1.out");
         let mut tail = Tail::new(path.clone(), Stream::Stdout);
         let mut lines = Vec::new();
-        let note = tail.read(false, &mut |_, l| lines.push(l.to_vec()));
+        let note = tail.read(false, &mut |_, l, _| lines.push(l.to_vec()));
         let note = note.expect("the failed open is said");
         assert!(
             note.contains(&path.display().to_string())
                 && note.contains(&std::io::Error::from_raw_os_error(libc::ENOTDIR).to_string()),
             "{note}"
         );
-        assert_eq!(tail.read(false, &mut |_, l| lines.push(l.to_vec())), None);
+        assert_eq!(
+            tail.read(false, &mut |_, l, _| lines.push(l.to_vec())),
+            None
+        );
         std::fs::remove_file(&parent).unwrap();
         std::fs::create_dir(&parent).unwrap();
         std::fs::write(&path, "line\n").unwrap();
-        assert_eq!(tail.read(true, &mut |_, l| lines.push(l.to_vec())), None);
+        assert_eq!(tail.read(true, &mut |_, l, _| lines.push(l.to_vec())), None);
         assert_eq!(lines, vec![b"line".to_vec()]);
     }
 }
