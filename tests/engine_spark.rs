@@ -64,6 +64,49 @@ fn hvd_run_spark(dir: &Path, python: &Path, mark: &str, extra: &[&str]) -> Outpu
     spark_command(dir, python, mark, &args).output().unwrap()
 }
 
+/// Runs `command` to its end while reading, as any local user can, every process's command line (`/proc/*/cmdline`)
+/// every 20 ms: its output, and the command lines that held `secret`.
+fn run_reading_command_lines(mut command: Command, secret: &str) -> (Output, Vec<String>) {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scanner = {
+        let (done, secret) = (done.clone(), secret.as_bytes().to_vec());
+        std::thread::spawn(move || {
+            let mut leaks = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let Ok(line) = std::fs::read(entry.path().join("cmdline")) else {
+                        continue;
+                    };
+                    if line.windows(secret.len()).any(|w| w == secret.as_slice()) {
+                        leaks.push(String::from_utf8_lossy(&line).replace('\0', " "));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            leaks
+        })
+    };
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    (out, scanner.join().unwrap())
+}
+
+/// `cluster { settings }` with a Spark setting whose value is `secret` (one Spark ignores), appended to `dir`'s file.
+fn with_secret_setting(dir: &Path, secret: &str, more: &str) {
+    let file = dir.join("train.hvd");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        format!("{text}\ncluster {{\n  settings = {{ \"spark.hvd.test.secret\" = \"{secret}\"{more} }}\n}}\n"),
+    )
+    .unwrap();
+}
+
 /// Processes (pid, command line) whose environment has `HVD_TEST_MARK=<mark>`.
 fn marked(mark: &str) -> Vec<(u32, String)> {
     common::processes_with_env(&format!("HVD_TEST_MARK={mark}"))
@@ -94,13 +137,34 @@ fn spark_barrier_job_runs_the_allreduce_worker_on_every_rank() {
     let python = spark_python();
     let (_, package, lib) = common::allreduce_runtime();
     let dir = project(&format!(
-        "step train {{\n  run = \"{} ar.py\"\n  workers = 2\n  {}\n}}",
+        "step train {{\n  run = \"echo probe=$HVD_CONF_PROBE; {} ar.py\"\n  workers = 2\n  {}\n}}",
         python.display(),
         common::allreduce_step_env(&package, &lib)
     ));
     common::write_allreduce_py(dir.path(), ALLREDUCE_REPORT_PY);
     let mark = format!("allreduce-{}", std::process::id());
-    let out = hvd_run_spark(dir.path(), &python, &mark, &[]);
+    // The file's Spark settings reach Spark (the executors get `HVD_CONF_PROBE`, which the ranks inherit), and a
+    // secret among them is on no command line while the job runs.
+    let secret = format!("spark-secret-{mark}");
+    with_secret_setting(
+        dir.path(),
+        &secret,
+        ", \"spark.executorEnv.HVD_CONF_PROBE\" = \"reached\"",
+    );
+    let (out, leaks) = run_reading_command_lines(
+        spark_command(dir.path(), &python, &mark, &["--spark-master", MASTER]),
+        &secret,
+    );
+    assert!(
+        leaks.is_empty(),
+        "the secret is on command lines: {leaks:#?}"
+    );
+    assert_eq!(
+        text(&out).0.matches("] probe=reached\n").count(),
+        2,
+        "{}",
+        text(&out).0
+    );
     // Each line is attributed to its rank; the local layout comes from the barrier tasks' addresses (both
     // executors are on 127.0.0.1).
     common::assert_every_rank_says(&out, 2, |rank| {
@@ -175,7 +239,7 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
     );
     // A dry run writes nothing.
     assert!(!dir.path().join(".hvd").exists());
-    // The same from the file: `cluster { engine = "spark"  settings = { ... } }`, `spark.*` settings as `--conf`.
+    // The same from the file: `cluster { engine = "spark"  settings = { ... } }`, `spark.*` settings in `HVD_SPARK_CONF`, shown before the command.
     let from_file = project(
         "cluster {\n  engine = \"spark\"\n  settings = { master = \"local[3]\", python = \"/usr/bin/python3\", \
          slots_timeout = \"30\", \"spark.executor.memory\" = \"2g\" }\n}\nstep train {\n  run = \"true\"\n  workers = 3\n}",
@@ -189,10 +253,11 @@ fn dry_run_shows_the_spark_driver_and_negative_workers_run_locally() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stdout.contains("spark:   /usr/bin/python3 ")
-            && stdout.contains(" --master 'local[3]' --workers 3 ")
-            && stdout
-                .contains(" --slots-timeout 30 --conf spark.executor.memory=2g -- /bin/sh -c true"),
+        stdout.contains(" --master 'local[3]' --workers 3 ")
+            && stdout.contains(" --slots-timeout 30 -- /bin/sh -c true")
+            && stdout.contains(
+                "spark:   HVD_SPARK_CONF='{\"spark.executor.memory\":\"2g\"}' /usr/bin/python3 "
+            ),
         "{stdout}"
     );
     // `--workers -2`: HorovodRunner's local mode, 2 processes on this machine with the local engine (no Spark).
@@ -479,9 +544,15 @@ fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
         ", ELASTIC_UNTIL = \"3\", ELASTIC_KILL = \"1:3,2:5\"",
     );
     let mark = format!("spark-elastic-{}", std::process::id());
-    let out = spark_command(dir.path(), &python, &mark, &[])
-        .output()
-        .unwrap();
+    // A secret among the file's Spark settings is on no command line (the relay server's, the relays') meanwhile.
+    let secret = format!("spark-secret-{mark}");
+    with_secret_setting(dir.path(), &secret, "");
+    let (out, leaks) =
+        run_reading_command_lines(spark_command(dir.path(), &python, &mark, &[]), &secret);
+    assert!(
+        leaks.is_empty(),
+        "the secret is on command lines: {leaks:#?}"
+    );
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let says = |part: &str| common::unwrapped(&stderr).contains(&common::unwrapped(part));
@@ -714,7 +785,8 @@ fn up_to_java(mut pid: u32) -> Option<Vec<u32>> {
 
 /// Ctrl-C on `hvd run` of an elastic step on Spark reaches each relayed rank as SIGINT (through its relay's stdin and
 /// the wrapper on the executor: its trap runs), the run ends with 130, and nothing is left, the relay server's Spark
-/// included.
+/// included. Before that, a Ctrl-C while the relay server starts (Spark's start can take minutes) stops it there: the
+/// run ends with 130 before the server listens, and no rank starts.
 #[test]
 fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
     let python = spark_python();
@@ -723,6 +795,40 @@ fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
          workers = { min = 1, max = 2 }\n}",
     );
     let mark = format!("spark-interrupt-{}", std::process::id());
+    let starting = spark_command(dir.path(), &python, &mark, &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = || -> Option<std::path::PathBuf> {
+        let run = std::fs::read_dir(dir.path().join(".hvd/runs"))
+            .ok()?
+            .flatten()
+            .next()?;
+        Some(run.path().join("train/relay.log")).filter(|l| l.exists())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while log().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &starting.id().to_string()])
+        .status();
+    let out = starting.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    let said = std::fs::read_to_string(log().unwrap()).unwrap();
+    assert!(
+        !said.contains("listening"),
+        "the launcher waited for the server: {said}"
+    );
+    assert!(!dir.path().join("started.0").exists() && !dir.path().join("started.1").exists());
+    assert_nothing_left(&mark);
+    std::fs::remove_dir_all(dir.path().join(".hvd/runs")).unwrap();
     let child = spark_command(dir.path(), &python, &mark, &[])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -40,12 +40,14 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
 
     /// Called before `step` first starts (its restarts included), with its log directory: the engine may start what
     /// the step's ranks need (spark: an elastic step's relay server). [`SupervisedEngine::end_step`] follows once the
-    /// step is over, however it ended.
+    /// step is over, however it ended. A wait in it asks `stopping` now and then (true once the run is interrupted
+    /// or failed: give up waiting and return; no rank of the step starts then).
     fn begin_step(
         &self,
         _plan: &Plan,
         _step: &PlannedStep,
         _log_dir: &std::path::Path,
+        _stopping: &dyn Fn() -> bool,
     ) -> Result<(), LaunchError> {
         Ok(())
     }
@@ -74,6 +76,12 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
     }
 
     /// How `--dry-run` labels the [`SupervisedEngine::launcher`] line (`mpirun:`, `srun:`, `spark:`).
+    /// Variables an engine's launcher process (above) gets besides the worker contract: what must not be on its
+    /// command line, which every local user can read (spark: its settings, `HVD_SPARK_CONF`). `--dry-run` shows them.
+    fn launcher_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     fn launcher_label(&self) -> &'static str {
         "launch:"
     }

@@ -63,6 +63,9 @@ hvd_env_vars::env_vars! {
     HVD_POD_IP;
     /// Set by the spark driver for each task: its executor's host, read first by the shim.
     HVD_SPARK_HOST;
+    /// The spark engine's settings for its driver and relay server (a JSON object of `spark.*` strings), kept off
+    /// their command lines; the driver removes it from its environment at once.
+    HVD_SPARK_CONF;
     /// Read by the shim for the host name after `HVD_HOSTNAME`.
     SLURMD_NODENAME;
     /// Read by the shim for the host name after `SLURMD_NODENAME` (else the kernel's).

@@ -309,7 +309,17 @@ impl Plan {
                 .and_then(|n| self.engine.launcher(self, step, n));
             if let Some(argv) = &launcher {
                 let label = self.engine.launcher_label();
-                let _ = writeln!(out, "   {label:<8} {}", crate::engines::shell::line(argv));
+                let env: String = self
+                    .engine
+                    .launcher_env()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={} ", crate::engines::shell::quote(v)))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "   {label:<8} {env}{}",
+                    crate::engines::shell::line(argv)
+                );
             }
             match step.workers {
                 Some(n) => {

@@ -445,6 +445,7 @@ fn launcher_command(start: &RankStart<'_>, argv: &[String]) -> RankCommand {
         crate::engines::shim::GPUS_VAR,
         start.plan.gpus_per_worker.to_string(),
     );
+    launcher.command.envs(start.plan.engine.launcher_env());
     // The later call for a name wins: these are removed, whether set above or inherited.
     for (name, _) in crate::env::rank_env(start.slot) {
         launcher.command.env_remove(name);
@@ -472,11 +473,19 @@ fn run_step(
     log_dir: &Path,
 ) -> Result<bool, LaunchError> {
     let mut restart = 0u32;
-    plan.engine.begin_step(plan, step, log_dir)?;
+    let stopping = || {
+        job.check_interrupts(&step.name, log_dir);
+        job.stopping()
+    };
+    plan.engine.begin_step(plan, step, log_dir, &stopping)?;
     let _session = StepSession {
         engine: plan.engine.as_ref(),
         step,
     };
+    if job.stopping() {
+        // Interrupted (or another step failed) while the engine readied the step: none of its ranks starts.
+        return Ok(false);
+    }
     // An elastic step's heartbeat timeout, read once (the step's, else this process's).
     let heartbeat = match step.min_workers.is_some() && step.workers.is_some() {
         true => Some(heartbeat::timeout(step)?),

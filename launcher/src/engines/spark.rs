@@ -57,7 +57,8 @@ pub struct SparkSetup {
     pub shim: PathBuf,
     /// Where the driver program is written and Spark's work folders go (`runs/<run>/<step>/spark`).
     pub state_dir: PathBuf,
-    /// `spark.*` entries of `cluster { settings }`, passed as `--conf KEY=VALUE`.
+    /// `spark.*` entries of `cluster { settings }`, passed to the driver and the relay server in `HVD_SPARK_CONF`
+    /// (a JSON object), not on their command lines, which every local user can read.
     pub conf: Vec<(String, String)>,
     /// `settings.slots_timeout`: seconds the driver waits for executors with enough task slots (default 120, 300
     /// for `local-cluster`).
@@ -169,9 +170,10 @@ impl SupervisedEngine for SparkSetup {
         _plan: &Plan,
         step: &PlannedStep,
         log_dir: &Path,
+        stopping: &dyn Fn() -> bool,
     ) -> Result<(), LaunchError> {
         match (step.min_workers, step.workers) {
-            (Some(_), Some(workers)) => self.start_relay(&step.name, workers, log_dir),
+            (Some(_), Some(workers)) => self.start_relay(&step.name, workers, log_dir, stopping),
             _ => Ok(()),
         }
     }
@@ -238,6 +240,22 @@ impl SupervisedEngine for SparkSetup {
 
     fn launcher_label(&self) -> &'static str {
         "spark:"
+    }
+
+    /// The Spark settings (`spark.authenticate.secret` may be one) as `HVD_SPARK_CONF`, off the command line.
+    fn launcher_env(&self) -> Vec<(String, String)> {
+        if self.conf.is_empty() {
+            return Vec::new();
+        }
+        let conf: serde_json::Map<String, serde_json::Value> = self
+            .conf
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        vec![(
+            crate::env_vars::HVD_SPARK_CONF.to_owned(),
+            serde_json::Value::Object(conf).to_string(),
+        )]
     }
 
     /// A rank of an elastic step: its relay's command line (the server's socket is made when the run starts).
@@ -365,8 +383,15 @@ impl SparkSetup {
 
     /// Starts the relay server (module docs) of elastic step `step` of up to `workers` ranks (without a master:
     /// `local[workers]`), and waits until it listens, at most the slots timeout (default 120 s, 300 s for
-    /// `local-cluster`) and 30 s. Its messages go to `relay.log` in `log_dir`, its Spark folders to `spark` there.
-    fn start_relay(&self, step: &str, workers: u32, log_dir: &Path) -> Result<(), LaunchError> {
+    /// `local-cluster`) and 30 s, or until `stopping` (a Ctrl-C: the server is stopped, and no rank starts). Its
+    /// messages go to `relay.log` in `log_dir`, its Spark folders to `spark` there.
+    fn start_relay(
+        &self,
+        step: &str,
+        workers: u32,
+        log_dir: &Path,
+        stopping: &dyn Fn() -> bool,
+    ) -> Result<(), LaunchError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| LaunchError::Io { path, source }
@@ -395,10 +420,8 @@ impl SparkSetup {
         if let Some(t) = self.slots_timeout {
             command.args(["--slots-timeout", &t.to_string()]);
         }
-        for (k, v) in &self.conf {
-            command.args(["--conf", &format!("{k}={v}")]);
-        }
         command
+            .envs(self.launcher_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log.into_parts().0);
@@ -437,7 +460,23 @@ impl SparkSetup {
         };
         let within = Duration::from_secs(u64::from(self.slots_timeout.unwrap_or(default)) + 30);
         let started = RelayServer { child, dir };
-        match said.recv_timeout(within) {
+        let deadline = Instant::now() + within;
+        let outcome = loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break Err(std::sync::mpsc::RecvTimeoutError::Timeout);
+            }
+            if stopping() {
+                // Spark's start can take minutes: a Ctrl-C meanwhile stops it (the run says why).
+                crate::process::signal_group(started.child.id(), libc::SIGKILL);
+                return Ok(());
+            }
+            match said.recv_timeout((deadline - now).min(Duration::from_millis(100))) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                outcome => break outcome,
+            }
+        };
+        match outcome {
             Ok(true) => {
                 self.relay.servers().insert(step.to_owned(), started);
                 Ok(())
@@ -533,9 +572,6 @@ impl SparkSetup {
         if let Some(pull) = &self.pull {
             // One argument, split by the driver like a shell would (no secret in it: `pull_argv` refuses those).
             argv.extend(["--pull".into(), super::shell::line(pull)]);
-        }
-        for (k, v) in &self.conf {
-            argv.extend(["--conf".into(), format!("{k}={v}")]);
         }
         argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), command.into()]);
         argv
@@ -643,7 +679,15 @@ mod tests {
             "/usr/bin/python3 /p/.hvd/spark/hvd_spark_driver.py --master 'local-cluster[2,1,1024]' --workers 2 \
              --shim /bin/hvd --state-dir /p/.hvd --export \
              PATH,PYTHONUNBUFFERED,HVD_RENDEZVOUS,HVD_JOB_TOKEN,MASTER_PORT,HVD_GPUS_PER_WORKER,HVD_RUN_STEP,X \
-             --conf spark.executor.memory=2g -- /bin/sh -c 'python t.py'"
+             -- /bin/sh -c 'python t.py'"
+        );
+        // The settings go in the launcher's environment, off its command line.
+        assert_eq!(
+            setup(None).launcher_env(),
+            [(
+                "HVD_SPARK_CONF".to_owned(),
+                r#"{"spark.executor.memory":"2g"}"#.to_owned()
+            )]
         );
         // Without a master: local mode with one task slot per worker.
         let argv = setup(None).argv(3, &crate::engines::exported_vars(&env, true), "true");
@@ -726,6 +770,21 @@ assert a.pull == ["cache", "pull", "--cache=file:///c d", "--trusted-key=k:A"], 
 assert d.pull_env("/bin/true", [], None) is None
 code, tail = d.pull_env("/bin/sh", ["-c", "echo fine; echo refusing x-helper >&2; exit 3"], None)
 assert (code, tail) == (3, [b"refusing x-helper"]), (code, tail)
+d.ENV_CONF = '{"spark.x": "1", "spark.y": "a=b"}'
+assert d.env_conf() == {"spark.x": "1", "spark.y": "a=b"}, d.env_conf()
+d.ENV_CONF = None
+assert d.env_conf() == {}
+import os, stat, tempfile
+t = tempfile.mkdtemp()
+target = os.path.join(t, "target")
+open(target, "w").write("keep")
+path = os.path.join(t, "p.properties")
+os.symlink(target, path)
+d.write_properties(path, {"spark.a b=c": " lead\\x\nnext", "spark.k": "v=w:x#y"})
+assert open(target).read() == "keep"
+assert not os.path.islink(path) and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+text = open(path).read()
+assert text == "spark.a\\ b\\=c=\\ lead\\\\x\\nnext\nspark.k=v=w:x#y\n", repr(text)
 "#;
         assert_eq!(driver_check(check), "ok\n");
     }

@@ -12,6 +12,7 @@
 # Only the standard library and pyspark: this file runs in the driver and, pickled, in the executors' Python.
 
 import argparse
+import json
 import os
 import secrets
 import shlex
@@ -23,6 +24,10 @@ import threading
 import time
 
 USAGE_EXIT = 2
+
+# The Spark settings hvd passes (`cluster { settings }`'s `spark.*`: a JSON object), kept off the command line, which
+# every local user can read (`spark.authenticate.secret` may be one); out of the environment before anything starts.
+ENV_CONF = os.environ.pop("HVD_SPARK_CONF", None)
 
 
 def fail(message, code=USAGE_EXIT):
@@ -781,6 +786,7 @@ def serve(argv):
             threading.Thread(target=relay, args=(client,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
+    log("listening")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     # Until the launcher ends (or closes this stdin): then the relays still running lose their ranks.
@@ -790,6 +796,50 @@ def serve(argv):
     sc.cancelAllJobs()
     stop(sc)
     os._exit(0)
+
+
+def write_properties(path, conf):
+    """Writes `conf` as a Java properties file at `path`, readable by this user only (a file left by an earlier run,
+    or a link planted there, is replaced, never followed)."""
+
+    def escape(text, key):
+        out = []
+        for i, c in enumerate(text):
+            if c == "\\":
+                out.append("\\\\")
+            elif c == "\n":
+                out.append("\\n")
+            elif c == "\r":
+                out.append("\\r")
+            elif c == "\t":
+                out.append("\\t")
+            elif c in "=:#! " and (key or (c == " " and i == 0) or (c in "#!" and i == 0)):
+                out.append("\\" + c)
+            else:
+                out.append(c)
+        return "".join(out)
+
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for key, value in conf.items():
+            f.write(f"{escape(key, True)}={escape(value, False)}\n")
+
+
+def env_conf():
+    """The settings of `HVD_SPARK_CONF` (a JSON object of strings), if set."""
+    if not ENV_CONF:
+        return {}
+    try:
+        conf = json.loads(ENV_CONF)
+    except ValueError as e:
+        fail(f"HVD_SPARK_CONF is not JSON: {e}")
+    if not isinstance(conf, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in conf.items()):
+        fail("HVD_SPARK_CONF is not a JSON object of strings")
+    return conf
 
 
 def start_spark(master, workers, state_dir, conf_items, slots_timeout, pinned, home=None):
@@ -833,8 +883,22 @@ def start_spark(master, workers, state_dir, conf_items, slots_timeout, pinned, h
         if not sep:
             fail(f"--conf `{item}` is not KEY=VALUE")
         conf[key] = value
-    conf.update(pinned)
-    sc = SparkContext.getOrCreate(SparkConf().setAll(list(conf.items())))
+    conf.update(env_conf())
+    for key in pinned:
+        conf.pop(key, None)
+    # pyspark starts its JVM with every SparkConf entry as `--conf KEY=VALUE` on spark-submit's command line, which
+    # every local user can read: the settings go in a properties file only this user reads instead, removed once
+    # the JVM has read it; only hvd's pinned settings (no secret) stay SparkConf's.
+    properties = os.path.join(os.environ["SPARK_HOME"], "conf", "hvd-spark.properties")
+    write_properties(properties, conf)
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(properties)} pyspark-shell"
+    try:
+        sc = SparkContext.getOrCreate(SparkConf().setAll(list(pinned.items())))
+    finally:
+        try:
+            os.unlink(properties)
+        except OSError:
+            pass
     sc.setLogLevel("WARN")
     if workers is not None:
         # local-cluster's executors are JVMs starting on this machine (slow when it is busy); others may never come.
