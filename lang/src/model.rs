@@ -352,7 +352,8 @@ pub enum SettingError {
     },
 }
 
-/// Settings whose key starts with this prefix are Spark configuration, passed on as `--conf KEY=VALUE`.
+/// Settings whose key starts with this prefix are Spark configuration, passed on to Spark's `SparkConf` (off every
+/// command line: docs/security.md).
 pub const SPARK_CONF_PREFIX: &str = "spark.";
 
 /// Declares the engine settings once: the typed fields of [`EngineSettings`], the [`SETTINGS`] table lang checks
@@ -366,7 +367,7 @@ macro_rules! engine_settings {
             $($(#[doc = $doc])+
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub $key: Option<$rust>,)+
-            /// `"spark.KEY" = VALUE` entries, passed to Spark as `--conf spark.KEY=VALUE`.
+            /// `"spark.KEY" = VALUE` entries, passed to Spark's `SparkConf` (not on a command line).
             #[serde(flatten)]
             pub spark_conf: BTreeMap<String, String>,
         }

@@ -77,8 +77,9 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
 
     /// How `--dry-run` labels the [`SupervisedEngine::launcher`] line (`mpirun:`, `srun:`, `spark:`).
     /// Variables an engine's launcher process (above) gets besides the worker contract: what must not be on its
-    /// command line, which every local user can read (spark: its settings, `HVD_SPARK_CONF`). `--dry-run` shows them.
-    fn launcher_env(&self) -> Vec<(String, String)> {
+    /// command line, which every local user can read (spark: its settings, `HVD_SPARK_CONF`). `shown`: for
+    /// `--dry-run`, with what looks secret masked and nothing that says nothing.
+    fn launcher_env(&self, _shown: bool) -> Vec<(String, String)> {
         Vec::new()
     }
 

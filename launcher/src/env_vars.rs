@@ -142,6 +142,8 @@ hvd_env_vars::env_vars! {
     PYSPARK_DRIVER_PYTHON;
     /// Spark driver: set, unless already set, to `127.0.0.1` for a local cluster.
     SPARK_LOCAL_IP;
+    /// Spark driver: `--properties-file FILE` (the settings, off the command line) put before the user's own.
+    PYSPARK_SUBMIT_ARGS;
 }
 
 /// Set for workers (and read by the shim): the collective's own variables, declared once in its registry and

@@ -311,7 +311,7 @@ impl Plan {
                 let label = self.engine.launcher_label();
                 let env: String = self
                     .engine
-                    .launcher_env()
+                    .launcher_env(true)
                     .iter()
                     .map(|(k, v)| format!("{k}={} ", crate::engines::shell::quote(v)))
                     .collect();

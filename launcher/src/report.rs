@@ -214,7 +214,8 @@ pub fn new_run_id() -> String {
 pub struct LineSplitter {
     buf: Vec<u8>,
     after_cr: bool,
-    /// The last piece emitted was cut at `MAX_LINE_BYTES`: the next one continues its line.
+    /// The last piece emitted was cut at `MAX_LINE_BYTES`, or ended at a lone `\r` (a progress bar redrawing its
+    /// line): the next one continues its line.
     cut: bool,
 }
 
@@ -223,16 +224,21 @@ impl LineSplitter {
         self.push_pieces(data, &mut |piece, _| emit(piece));
     }
 
-    /// [`LineSplitter::push`], telling `emit` whether a piece continues a line cut before it (whose rest a
-    /// reader must not take for a line of its own: its start is whatever the writer put at the cut).
+    /// [`LineSplitter::push`], telling `emit` whether a piece continues a line cut before it, at the length limit or
+    /// at a lone `\r` (whose rest a reader must not take for a line of its own: its start is whatever the writer put
+    /// there; srun, for one, labels only what follows a `\n`).
     pub fn push_pieces(&mut self, data: &[u8], emit: &mut impl FnMut(&[u8], bool)) {
         for &b in data {
             match b {
-                b'\n' if self.after_cr => self.after_cr = false,
+                b'\n' if self.after_cr => {
+                    // `\r\n`: the line ended at its `\r`.
+                    self.after_cr = false;
+                    self.cut = false;
+                }
                 b'\n' | b'\r' => {
                     emit(&self.buf, self.cut);
                     self.buf.clear();
-                    self.cut = false;
+                    self.cut = b == b'\r';
                     self.after_cr = b == b'\r';
                 }
                 _ => {

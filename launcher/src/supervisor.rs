@@ -445,7 +445,7 @@ fn launcher_command(start: &RankStart<'_>, argv: &[String]) -> RankCommand {
         crate::engines::shim::GPUS_VAR,
         start.plan.gpus_per_worker.to_string(),
     );
-    launcher.command.envs(start.plan.engine.launcher_env());
+    launcher.command.envs(start.plan.engine.launcher_env(false));
     // The later call for a name wins: these are removed, whether set above or inherited.
     for (name, _) in crate::env::rank_env(start.slot) {
         launcher.command.env_remove(name);

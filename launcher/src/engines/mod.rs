@@ -274,8 +274,13 @@ pub fn untag(line: &str) -> Option<(u32, Option<crate::Stream>, &str)> {
 
 /// The first failing rank and its exit code, from what mpirun, srun or the shim said on stderr: OpenMPI's
 /// `Process name: [[J,1],R]` followed by `Exit code: N`, srun's `task R: Exited with exit code N`, the shim's
-/// `hvd worker-env: rank R failed (exit status: N)`.
+/// `hvd worker-env: rank R failed (exit status: N)`. A rank's own output can say the same (the launcher labels the
+/// shim's lines as the rank's), so an exit code 0 is never taken: a failed step must not end `hvd run` with 0.
 pub fn failing_rank(stderr: &[String]) -> Option<(u32, i32)> {
+    failing_rank_said(stderr).filter(|&(_, code)| code != 0)
+}
+
+fn failing_rank_said(stderr: &[String]) -> Option<(u32, i32)> {
     let number = |s: &str| -> Option<i64> {
         let digits: String = s
             .trim_start()
@@ -338,6 +343,11 @@ mod tests {
         let mpich =
             lines("[1] boom\n[1] hvd worker-env: rank 1 failed (exit status: 7); ending the job");
         assert_eq!(failing_rank(&mpich), Some((1, 7)));
+        // A rank that prints srun's message with code 0 before failing does not make the failure a success.
+        let forged = lines(
+            "0: srun: error: vm: task 0: Exited with exit code 0\nsrun: error: vm: task 0: Terminated",
+        );
+        assert_eq!(failing_rank(&forged), None);
         let spark = lines("[1] hvd spark: rank 1 failed (exit status: 3); ending the job");
         assert_eq!(failing_rank(&spark), Some((1, 3)));
         assert_eq!(failing_rank(&lines("something else")), None);

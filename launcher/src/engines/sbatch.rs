@@ -268,6 +268,7 @@ pub fn submit(
         // Only a step whose upstream is known (all skipped, or none) can be checked before anything runs.
         if let Some(planned) = planned
             && !options.force
+            && !options.no_deps
             && (!planned.inputs.is_empty() || !planned.outputs.is_empty())
             && step
                 .needs
@@ -1091,7 +1092,8 @@ fn record_success(
         return;
     };
     let outputs_hash = state::hash_paths(&plan.project_dir, &planned.outputs).unwrap_or_default();
-    if !planned.inputs.is_empty() || !planned.outputs.is_empty() {
+    // `--no-deps`: the steps it needs are not in its hash, so no record (as the local supervisor's `skip_check`).
+    if !options.no_deps && (!planned.inputs.is_empty() || !planned.outputs.is_empty()) {
         match state::input_hash(
             planned,
             &plan.project_dir,
@@ -1201,18 +1203,19 @@ fn launcher_failure(job: &Followed<'_>, status: &JobStatus) -> FailureSummary {
 mod tests {
     use super::*;
 
-    /// A rank writes a line up to the length limit and then what looks like another rank's line (or a note of the
-    /// launcher's): the piece after the cut is still its own, under both ways of labelling lines (a supervised step's
-    /// launcher's `[STEP HOST:RANK]`, srun's `R: `); lines of ever new rank numbers keep only a bounded number of
-    /// files open, and every line reaches its rank's file.
+    /// A rank writes a line up to the length limit (or up to a lone `\r`, after which srun writes no label) and then
+    /// what looks like another rank's line (or a note of the launcher's): the piece after the cut is still its own,
+    /// under both ways of labelling lines (a supervised step's launcher's `[STEP HOST:RANK]`, srun's `R: `); lines of
+    /// ever new rank numbers keep only a bounded number of files open, and every line reaches its rank's file.
     #[test]
     fn a_rank_cannot_write_another_ranks_lines_past_the_length_limit() {
         let dir = tempfile::tempdir().unwrap();
         let long = "x".repeat(64 * 1024);
-        for (supervised, prefix, forged) in [
-            (true, "[train h1:1] ", "[train h2:7] forged"),
-            (true, "[train h1:1] ", "hvd: forged note"),
-            (false, "1: ", "7: forged"),
+        for (supervised, prefix, body, forged) in [
+            (true, "[train h1:1] ", long.as_str(), "[train h2:7] forged"),
+            (true, "[train h1:1] ", long.as_str(), "hvd: forged note"),
+            (false, "1: ", long.as_str(), "7: forged"),
+            (false, "1: ", "x\r", "7: forged"),
         ] {
             let step = BatchStep {
                 name: "train".into(),
@@ -1231,14 +1234,16 @@ mod tests {
             let out = dir.path().join("job.out");
             // The launcher (or srun) writes the rank's label, then 64 KiB of its text and the forged part: the
             // label makes the line longer than the limit, so the forged part comes after a cut.
-            let mut text = format!("{prefix}{long}{forged}\n");
+            let mut text = format!("{prefix}{body}{forged}\n");
             for rank in 0..200 {
                 text.push_str(&format!("{}\n", prefix.replace('1', &rank.to_string())));
             }
             std::fs::write(&out, text).unwrap();
-            let rank_dir = dir
-                .path()
-                .join(format!("ranks-{supervised}-{}", forged.len()));
+            let rank_dir = dir.path().join(format!(
+                "ranks-{supervised}-{}-{}",
+                forged.len(),
+                body.len()
+            ));
             let mut followed = Followed::new(
                 &step,
                 &job,

@@ -243,14 +243,22 @@ impl SupervisedEngine for SparkSetup {
     }
 
     /// The Spark settings (`spark.authenticate.secret` may be one) as `HVD_SPARK_CONF`, off the command line.
-    fn launcher_env(&self) -> Vec<(String, String)> {
-        if self.conf.is_empty() {
+    fn launcher_env(&self, shown: bool) -> Vec<(String, String)> {
+        if shown && self.conf.is_empty() {
             return Vec::new();
         }
+        // Always set (`{}` without settings): a value from the user's shell is not the file's. Shown with the
+        // values of keys Spark itself redacts masked.
         let conf: serde_json::Map<String, serde_json::Value> = self
             .conf
             .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .map(|(k, v)| {
+                let v = match shown && looks_secret(k) {
+                    true => "***",
+                    false => v.as_str(),
+                };
+                (k.clone(), serde_json::Value::String(v.to_owned()))
+            })
             .collect();
         vec![(
             crate::env_vars::HVD_SPARK_CONF.to_owned(),
@@ -416,12 +424,15 @@ impl SparkSetup {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--home")
-            .arg(log_dir.join("spark"));
+            .arg(log_dir.join("spark"))
+            // Where the settings' file goes (only this user reads it; removed with the socket's folder).
+            .arg("--private-dir")
+            .arg(dir.path());
         if let Some(t) = self.slots_timeout {
             command.args(["--slots-timeout", &t.to_string()]);
         }
         command
-            .envs(self.launcher_env())
+            .envs(self.launcher_env(false))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log.into_parts().0);
@@ -578,6 +589,15 @@ impl SparkSetup {
     }
 }
 
+/// Whether a Spark setting's value is one to mask when shown: its key matches Spark's own
+/// `spark.redaction.regex` default, `(?i)secret|password|token|access[.]?key`.
+fn looks_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["secret", "password", "token", "accesskey", "access.key"]
+        .iter()
+        .any(|word| key.contains(word))
+}
+
 /// The variables a relayed rank gets on its wrapper's command line, from the worker contract `vars`: not the job
 /// token (it travels on stdin: a command line is readable by every local user, on the executor too), not its host
 /// (the task sets `HVD_HOSTNAME` to its executor's address), and not the interface variables (the wrapper finds the
@@ -681,14 +701,27 @@ mod tests {
              PATH,PYTHONUNBUFFERED,HVD_RENDEZVOUS,HVD_JOB_TOKEN,MASTER_PORT,HVD_GPUS_PER_WORKER,HVD_RUN_STEP,X \
              -- /bin/sh -c 'python t.py'"
         );
-        // The settings go in the launcher's environment, off its command line.
+        // The settings go in the launcher's environment, off its command line; a dry run masks what looks secret.
+        let mut secret = setup(None);
+        secret
+            .conf
+            .push(("spark.authenticate.secret".into(), "s3cr3t".into()));
+        let conf = |setup: &SparkSetup, shown| setup.launcher_env(shown);
         assert_eq!(
-            setup(None).launcher_env(),
+            conf(&secret, false),
             [(
                 "HVD_SPARK_CONF".to_owned(),
-                r#"{"spark.executor.memory":"2g"}"#.to_owned()
+                r#"{"spark.authenticate.secret":"s3cr3t","spark.executor.memory":"2g"}"#.to_owned()
             )]
         );
+        assert_eq!(
+            conf(&secret, true)[0].1,
+            r#"{"spark.authenticate.secret":"***","spark.executor.memory":"2g"}"#
+        );
+        // Without settings an empty object, so that one from the user's shell is not taken; a dry run shows none.
+        secret.conf.clear();
+        assert_eq!(conf(&secret, false)[0].1, "{}");
+        assert!(conf(&secret, true).is_empty());
         // Without a master: local mode with one task slot per worker.
         let argv = setup(None).argv(3, &crate::engines::exported_vars(&env, true), "true");
         assert_eq!(argv[3], "local[3]");

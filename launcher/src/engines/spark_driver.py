@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -647,12 +648,15 @@ def serve(argv):
     p.add_argument("--conf", action="append", default=[])
     p.add_argument("--slots-timeout", type=float)
     p.add_argument("--home", help="the SPARK_HOME folder (the step's logs)")
+    p.add_argument("--private-dir", help="a folder only this user reads, removed by the launcher (the settings' file)")
     args = p.parse_args(argv)
     # A failed task is a lost rank, which the launcher replaces: Spark never runs a rank's task twice (a retry, or a
     # speculative copy, would start the rank again beside its replacement).
     pinned = {"spark.task.maxFailures": "1", "spark.speculation": "false"}
     # No wait for slots: a rank's job waits for one itself (a replacement may wait for an executor to come back).
-    sc = start_spark(args.master, None, args.state_dir, args.conf, args.slots_timeout, pinned, args.home)
+    sc = start_spark(
+        args.master, None, args.state_dir, args.conf, args.slots_timeout, pinned, args.home, args.private_dir
+    )
     token = secrets.token_hex(16)
     ports = TaskPorts(sc.getConf().get("spark.driver.host", "127.0.0.1"), token)
     numbers = itertools.count()
@@ -813,6 +817,8 @@ def write_properties(path, conf):
                 out.append("\\r")
             elif c == "\t":
                 out.append("\\t")
+            elif c == "\f":
+                out.append("\\f")
             elif c in "=:#! " and (key or (c == " " and i == 0) or (c in "#!" and i == 0)):
                 out.append("\\" + c)
             else:
@@ -842,7 +848,7 @@ def env_conf():
     return conf
 
 
-def start_spark(master, workers, state_dir, conf_items, slots_timeout, pinned, home=None):
+def start_spark(master, workers, state_dir, conf_items, slots_timeout, pinned, home=None, private_dir=None):
     """Checks pyspark and Java, starts the SparkContext on `master` and waits for `workers` task slots (`None`: not
     at all). `pinned`: settings the user's `--conf` may not change."""
     try:
@@ -887,18 +893,48 @@ def start_spark(master, workers, state_dir, conf_items, slots_timeout, pinned, h
     for key in pinned:
         conf.pop(key, None)
     # pyspark starts its JVM with every SparkConf entry as `--conf KEY=VALUE` on spark-submit's command line, which
-    # every local user can read: the settings go in a properties file only this user reads instead, removed once
-    # the JVM has read it; only hvd's pinned settings (no secret) stay SparkConf's.
-    properties = os.path.join(os.environ["SPARK_HOME"], "conf", "hvd-spark.properties")
+    # every local user can read: the settings go in a properties file only this user reads instead (in the
+    # launcher's private folder, which it removes, else a private temporary one), removed once the JVM has read it,
+    # or on SIGTERM meanwhile; only hvd's pinned settings (no secret) stay SparkConf's.
+    folder = private_dir or tempfile.mkdtemp(prefix="hvd-spark-")
+    properties = os.path.join(folder, "hvd-spark.properties")
+
+    def forget():
+        for path, remove in ((properties, os.unlink), (folder, os.rmdir)):
+            if path == folder and private_dir:
+                continue
+            try:
+                remove(path)
+            except OSError:
+                pass
+
+    def on_term(_signum, _frame):
+        forget()
+        os._exit(143)
+
     write_properties(properties, conf)
-    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(properties)} pyspark-shell"
+    submit = ["--properties-file", properties]
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        # Spark 4 reads spark-defaults.conf beside a properties file only when asked.
+        submit.append("--load-spark-defaults")
+    user = os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = " ".join(shlex.quote(a) for a in submit) + " " + user
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        previous = None
     try:
         sc = SparkContext.getOrCreate(SparkConf().setAll(list(pinned.items())))
     finally:
-        try:
-            os.unlink(properties)
-        except OSError:
-            pass
+        forget()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if user == "pyspark-shell":
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = user
     sc.setLogLevel("WARN")
     if workers is not None:
         # local-cluster's executors are JVMs starting on this machine (slow when it is busy); others may never come.
