@@ -70,6 +70,17 @@ impl Tail {
         let stream = self.stream;
         let mut lines = |line: &[u8], continued: bool| emit(stream, line, continued);
         if let Some(file) = &mut self.file {
+            // Shorter than what was read: the file started over (Slurm requeued the job, after a node failure, and
+            // truncated its output for the new run). Its lines are read from the start again.
+            let read_up_to = std::io::Seek::stream_position(file).unwrap_or(0);
+            if file.metadata().is_ok_and(|m| m.len() < read_up_to) {
+                let _ = std::io::Seek::rewind(file);
+                self.splitter.finish_pieces(&mut lines);
+                note = Some(format!(
+                    "the job's output file `{}` started over (the job was requeued?): following it from its start",
+                    self.path.display()
+                ));
+            }
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 match file.read(&mut buf) {
@@ -91,6 +102,31 @@ impl Tail {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    /// A job requeued after a node failure runs again and Slurm truncates its output file: the lines of the new run
+    /// are read from its start, said once, not from where the first run's ended (which showed nothing, or the middle
+    /// of a line, until the file outgrew the old length).
+    #[test]
+    fn an_output_file_that_starts_over_is_read_from_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.out");
+        std::fs::write(&path, "first run line one\nfirst run line two\n").unwrap();
+        let mut tail = Tail::new(path.clone(), Stream::Stdout);
+        let mut lines: Vec<Vec<u8>> = Vec::new();
+        assert_eq!(
+            tail.read(false, &mut |_, l, _| lines.push(l.to_vec())),
+            None
+        );
+        assert_eq!(lines.len(), 2);
+        std::fs::write(&path, "again\n").unwrap();
+        lines.clear();
+        let note = tail.read(false, &mut |_, l, _| lines.push(l.to_vec()));
+        assert!(note.is_some_and(|n| n.contains("started over")));
+        assert_eq!(lines, [b"again".to_vec()]);
+        lines.clear();
+        assert_eq!(tail.read(true, &mut |_, l, _| lines.push(l.to_vec())), None);
+        assert!(lines.is_empty(), "{lines:?}");
+    }
 
     /// Someone who can write where the jobs' output goes plants a FIFO or a link as a job's output file: following
     /// it neither blocks (a FIFO's open waits for a writer) nor reads the link's target; each is said once.
