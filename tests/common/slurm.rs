@@ -334,6 +334,11 @@ impl Slurm {
 
     /// [`Slurm::submit`] with `args` alone after `--engine slurm` (e.g. `--env-dir ENV` instead of `--no-build`).
     pub fn submit_with(&self, dir: &Path, args: &[&str]) -> Output {
+        self.submit_command(dir, args).output().unwrap()
+    }
+
+    /// `hvd run FILE --engine slurm ARGS` from outside any allocation (no `SLURM_*` but `SLURM_CONF`).
+    fn submit_command(&self, dir: &Path, args: &[&str]) -> Command {
         let mut command = self.command(HVD);
         command
             .arg("run")
@@ -347,25 +352,12 @@ impl Slurm {
             }
         }
         command.env("SLURM_CONF", self.conf());
-        command.output().unwrap()
+        command
     }
 
-    /// [`Slurm::submit_with`] started, its output piped: `hvd run FILE --no-build --engine slurm --grace 2` from
-    /// outside any allocation (the batch jobs).
+    /// [`Slurm::submit`] with `--grace 2` started, its output piped (the batch jobs, followed).
     pub fn spawn_submit(&self, dir: &Path) -> Child {
-        let mut command = self.command(HVD);
-        command
-            .arg("run")
-            .arg(dir.join("train.hvd"))
-            .args(["--no-build", "--engine", "slurm", "--grace", "2"])
-            .env("NO_COLOR", "1");
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("SLURM_") {
-                command.env_remove(name);
-            }
-        }
-        command
-            .env("SLURM_CONF", self.conf())
+        self.submit_command(dir, &["--no-build", "--grace", "2"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
