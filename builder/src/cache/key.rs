@@ -170,8 +170,13 @@ impl PublicKey {
     }
 
     /// A trusted key as given on the command line or in `HVD_TRUSTED_KEYS`: `NAME:<base64>` itself, or the path
-    /// of a public key file.
+    /// of a public key file. A key's text is always the key, never a path: the nodes read `--trusted-key=TEXT` in
+    /// the project's directory, where a file of that name (a project's content comes from others) would otherwise
+    /// be read as the key to trust.
     pub fn from_arg(arg: &str) -> Result<PublicKey, CacheError> {
+        if let Ok(key) = PublicKey::parse(arg) {
+            return Ok(key);
+        }
         let error = |message| CacheError::Key {
             key: arg.to_string(),
             message,
@@ -264,6 +269,41 @@ mod tests {
         let other = SecretKey::generate("test-1").unwrap().public();
         assert!(!other.verifies(b"message", &signature));
         assert!(!public.verifies(b"message", "not base64!"));
+    }
+
+    /// A project plants a file whose path is the trusted key's text, holding its own key: the text is the key
+    /// trusted, not the file's (a file given by its path still works).
+    #[test]
+    fn a_keys_text_is_never_read_as_a_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let trusted = SecretKey::generate("trusted").unwrap().public();
+        let planted = SecretKey::generate("trusted").unwrap().public();
+        let text = trusted.to_text();
+        let path = dir.path().join(&text);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, planted.to_text()).unwrap();
+        let here = std::env::current_dir().unwrap();
+        // Relative, as a node reads it in the project's directory.
+        let relative = path
+            .strip_prefix(dir.path())
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(relative, text);
+        let cwd_key = std::panic::catch_unwind(|| {
+            std::env::set_current_dir(dir.path()).unwrap();
+            PublicKey::from_arg(&relative).unwrap()
+        });
+        std::env::set_current_dir(here).unwrap();
+        assert_eq!(cwd_key.unwrap(), trusted);
+        // A key file by its path.
+        let file = dir.path().join("k.public");
+        std::fs::write(&file, planted.to_text()).unwrap();
+        assert_eq!(
+            PublicKey::from_arg(file.to_str().unwrap()).unwrap(),
+            planted
+        );
     }
 
     #[test]
