@@ -1173,19 +1173,17 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
     );
     // sbatch outside an allocation runs the step under a launcher of its own in the step's job, in an allocation
     // that survives a lost node; a step it needs is a job of its own, which that launcher does not run again.
-    let out = common::hvd_run_command(dir.path())
-        .args([
-            "--no-build",
-            "--engine",
-            "slurm",
-            "--dry-run",
-            "--elastic-timeout",
-            "7",
-        ])
-        .env("NO_COLOR", "1")
-        .env_remove("SLURM_JOB_ID")
-        .output()
-        .unwrap();
+    // `hvd run --no-build --engine slurm --dry-run ARGS` from outside an allocation.
+    let slurm_dry_run = |args: &[&std::ffi::OsStr]| {
+        common::hvd_run_command(dir.path())
+            .args(["--no-build", "--engine", "slurm", "--dry-run"])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env_remove("SLURM_JOB_ID")
+            .output()
+            .unwrap()
+    };
+    let out = slurm_dry_run(&["--elastic-timeout".as_ref(), "7".as_ref()]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("#SBATCH --no-kill\n"), "{stdout}");
@@ -1203,19 +1201,7 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
     // With host discovery it is refused (the job's nodes are its hosts).
     let discovery = dir.path().join("discover.sh");
     std::fs::write(&discovery, "#!/bin/sh\necho localhost:2\n").unwrap();
-    let out = common::hvd_run_command(dir.path())
-        .args([
-            "--no-build",
-            "--engine",
-            "slurm",
-            "--dry-run",
-            "--host-discovery-script",
-        ])
-        .arg(&discovery)
-        .env("NO_COLOR", "1")
-        .env_remove("SLURM_JOB_ID")
-        .output()
-        .unwrap();
+    let out = slurm_dry_run(&["--host-discovery-script".as_ref(), discovery.as_os_str()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
     assert!(
         common::flat_stderr(&out).contains(
@@ -1225,13 +1211,7 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
         text(&out).1
     );
     // A JobSet starts every rank at once: it cannot go on without one.
-    let file = dir.path().join("train.hvd");
-    let project = std::fs::read_to_string(&file).unwrap();
-    std::fs::write(
-        &file,
-        format!("{project}\ncluster {{\n  image = \"img\"\n}}\n"),
-    )
-    .unwrap();
+    common::append_to_project(dir.path(), "cluster {\n  image = \"img\"\n}");
     let out = common::hvd_run_command(dir.path())
         .args(["--no-build", "--engine", "kubernetes", "--dry-run"])
         .env("NO_COLOR", "1")

@@ -107,6 +107,23 @@ fn assert_started_on(stdout: &str, slot: u32, node: &str) {
     );
 }
 
+/// The second node is lost whole ([`Slurm::lose_node`]) and Slurm is told it is down (`scontrol update state=down`,
+/// what a health check or `SlurmdTimeout` does).
+fn lose_the_second_node(slurm: &mut Slurm) {
+    slurm.lose_node(1);
+    let down = slurm
+        .command("scontrol")
+        .args([
+            "update",
+            &format!("nodename={}", NODES[1]),
+            "state=down",
+            "reason=lost",
+        ])
+        .output()
+        .unwrap();
+    assert!(down.status.success(), "{}", text(&down).1);
+}
+
 /// Asserts that nothing but the slurmds runs on the nodes (waiting up to 10 s for exiting processes).
 fn assert_nodes_clean(slurm: &Slurm, out: &Output) {
     let left = common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(50), || {
@@ -198,18 +215,7 @@ fn an_elastic_step_on_two_slurm_nodes_goes_on_when_the_second_node_is_lost() {
     let steps = 12;
     let dir = elastic_project(steps, ", ELASTIC_UNTIL = \"atmost:2\"", &marker);
     let running = FourRunning::start(&slurm, dir.path());
-    slurm.lose_node(1);
-    let down = slurm
-        .command("scontrol")
-        .args([
-            "update",
-            &format!("nodename={}", NODES[1]),
-            "state=down",
-            "reason=lost",
-        ])
-        .output()
-        .unwrap();
-    assert!(down.status.success(), "{}", text(&down).1);
+    lose_the_second_node(&mut slurm);
     let out = running.finish();
     let (stdout, stderr) = text(&out);
     let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());
@@ -294,28 +300,12 @@ fn an_elastic_batch_job_goes_on_when_its_second_node_is_lost() {
     let marker = common::unique_marker("slurm-batch-lost");
     let steps = 12;
     let dir = elastic_project(steps, ", ELASTIC_UNTIL = \"atmost:2\"", &marker);
-    let file = dir.path().join("train.hvd");
-    let project = std::fs::read_to_string(&file).unwrap();
-    std::fs::write(
-        &file,
-        format!(
-            "{project}\ncluster {{\n  partition = \"debug\"\n  settings = {{ nodes = \"2\" }}\n}}\n"
-        ),
-    )
-    .unwrap();
+    common::append_to_project(
+        dir.path(),
+        "cluster {\n  partition = \"debug\"\n  settings = { nodes = \"2\" }\n}",
+    );
     let running = FourRunning::watch(slurm.spawn_submit(dir.path()), &slurm);
-    slurm.lose_node(1);
-    let down = slurm
-        .command("scontrol")
-        .args([
-            "update",
-            &format!("nodename={}", NODES[1]),
-            "state=down",
-            "reason=lost",
-        ])
-        .output()
-        .unwrap();
-    assert!(down.status.success(), "{}", text(&down).1);
+    lose_the_second_node(&mut slurm);
     let out = running.finish_within(Duration::from_secs(120), &mut slurm);
     let (stdout, stderr) = text(&out);
     let logs = || format!("{stdout}\n{stderr}\n{}", slurm.logs());

@@ -98,13 +98,12 @@ fn run_reading_command_lines(mut command: Command, secret: &str) -> (Output, Vec
 
 /// `cluster { settings }` with a Spark setting whose value is `secret` (one Spark ignores), appended to `dir`'s file.
 fn with_secret_setting(dir: &Path, secret: &str, more: &str) {
-    let file = dir.join("train.hvd");
-    let text = std::fs::read_to_string(&file).unwrap();
-    std::fs::write(
-        &file,
-        format!("{text}\ncluster {{\n  settings = {{ \"spark.hvd.test.secret\" = \"{secret}\"{more} }}\n}}\n"),
-    )
-    .unwrap();
+    common::append_to_project(
+        dir,
+        &format!(
+            "cluster {{\n  settings = {{ \"spark.hvd.test.secret\" = \"{secret}\"{more} }}\n}}"
+        ),
+    );
 }
 
 /// Processes (pid, command line) whose environment has `HVD_TEST_MARK=<mark>`.
@@ -783,6 +782,24 @@ fn up_to_java(mut pid: u32) -> Option<Vec<u32>> {
     None
 }
 
+/// Starts `command`, sends it SIGINT once `ready` (within 120 s, else panics saying `not_ready`), and waits for it.
+fn interrupt_once(mut command: Command, ready: impl Fn() -> bool, not_ready: &str) -> Output {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "{not_ready}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    child.wait_with_output().unwrap()
+}
+
 /// Ctrl-C on `hvd run` of an elastic step on Spark reaches each relayed rank as SIGINT (through its relay's stdin and
 /// the wrapper on the executor: its trap runs), the run ends with 130, and nothing is left, the relay server's Spark
 /// included. Before that, a Ctrl-C while the relay server starts (Spark's start can take minutes) stops it there: the
@@ -795,11 +812,6 @@ fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
          workers = { min = 1, max = 2 }\n}",
     );
     let mark = format!("spark-interrupt-{}", std::process::id());
-    let starting = spark_command(dir.path(), &python, &mark, &[])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     let log = || -> Option<std::path::PathBuf> {
         let run = std::fs::read_dir(dir.path().join(".hvd/runs"))
             .ok()?
@@ -807,18 +819,11 @@ fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
             .next()?;
         Some(run.path().join("train/relay.log")).filter(|l| l.exists())
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while log().is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the relay server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let _ = Command::new("kill")
-        .args(["-INT", &starting.id().to_string()])
-        .status();
-    let out = starting.wait_with_output().unwrap();
+    let out = interrupt_once(
+        spark_command(dir.path(), &python, &mark, &[]),
+        || log().is_some(),
+        "the relay server did not start",
+    );
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
     let said = std::fs::read_to_string(log().unwrap()).unwrap();
@@ -829,23 +834,11 @@ fn ctrl_c_reaches_every_relayed_rank_as_sigint() {
     assert!(!dir.path().join("started.0").exists() && !dir.path().join("started.1").exists());
     assert_nothing_left(&mark);
     std::fs::remove_dir_all(dir.path().join(".hvd/runs")).unwrap();
-    let child = spark_command(dir.path(), &python, &mark, &[])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !(0..2).all(|r| dir.path().join(format!("started.{r}")).exists()) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the ranks did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_once(
+        spark_command(dir.path(), &python, &mark, &[]),
+        || (0..2).all(|r| dir.path().join(format!("started.{r}")).exists()),
+        "the ranks did not start",
+    );
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
     for rank in 0..2 {

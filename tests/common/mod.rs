@@ -106,6 +106,13 @@ pub fn container_env(
     vars
 }
 
+/// Appends `block` (a `cluster { ... }` block, say) to the project's train.hvd in `dir`.
+pub fn append_to_project(dir: &Path, block: &str) {
+    let file = dir.join("train.hvd");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("{text}\n{block}\n")).unwrap();
+}
+
 /// A temporary project whose train.hvd holds an env with no packages and `step`.
 pub fn project(step: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
