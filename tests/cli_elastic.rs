@@ -1161,7 +1161,7 @@ fn slots_per_host_the_cooldown_range_and_the_elastic_timeout_are_checked() {
 }
 
 #[test]
-fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
+fn the_plan_shows_an_elastic_step_and_whole_run_engines_give_it_a_launcher() {
     let marker = marker();
     let dir = project("{ min = 2, max = 4 }", 1, "", &marker);
     let (out, stdout, stderr) = run(dir.path(), &["--dry-run"], &[]);
@@ -1210,19 +1210,58 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_refuse_it() {
         "{}",
         text(&out).1
     );
-    // A JobSet starts every rank at once: it cannot go on without one.
+    // Kubernetes runs the step under a launcher pod of its own (the flags that shape it on its command line) and
+    // worker pods that wait for its ranks; host discovery is refused (the worker pods are the hosts).
     common::append_to_project(dir.path(), "cluster {\n  image = \"img\"\n}");
-    let out = common::hvd_run_command(dir.path())
-        .args(["--no-build", "--engine", "kubernetes", "--dry-run"])
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
+    let k8s_dry_run = |args: &[&std::ffi::OsStr]| {
+        common::hvd_run_command(dir.path())
+            .args(["--no-build", "--engine", "kubernetes", "--dry-run"])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    };
+    let out = k8s_dry_run(&["--elastic-timeout".as_ref(), "7".as_ref()]);
     let (stdout, stderr) = text(&out);
-    assert!(!out.status.success(), "{stdout}\n{stderr}");
-    let flat = common::flat_stderr(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let jobset: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join(".hvd/k8s/t.jobset.json")).unwrap(),
+    )
+    .unwrap();
+    let jobs = jobset["spec"]["replicatedJobs"].as_array().unwrap();
+    let names: Vec<&str> = jobs.iter().map(|j| j["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["train", "train-workers"], "{stdout}");
+    let command: Vec<&str> =
+        jobs[0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+    for part in [
+        "--step=train",
+        "--no-deps",
+        "--engine=kubernetes",
+        "--no-build",
+        "--elastic-timeout=7",
+    ] {
+        assert!(command.contains(&part), "want `{part}`: {command:?}");
+    }
+    assert_eq!(jobs[1]["template"]["spec"]["parallelism"], 4);
+    for kind in ["configmap", "serviceaccount", "role", "rolebinding"] {
+        assert!(
+            stdout.contains(&format!("/.hvd/k8s/t.{kind}.json\n")),
+            "{kind}: {stdout}"
+        );
+    }
+    let out = k8s_dry_run(&["--host-discovery-script".as_ref(), discovery.as_os_str()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
     assert!(
-        flat.contains("step `train` is elastic, but the kubernetes engine submits the whole run"),
-        "{stderr}"
+        common::flat_stderr(&out).contains(
+            "step `train` is elastic with host discovery, which the kubernetes engine does not run"
+        ),
+        "{}",
+        text(&out).1
     );
 }
 

@@ -723,7 +723,7 @@ fn mpi_refuses_an_elastic_step_saying_why() {
         flat.contains(
             "step `train` is elastic, but the mpi engine starts its ranks through one launcher process: mpirun ends \
              every rank when one dies"
-        ) && flat.contains("run elastic steps on the local, ssh, spark or slurm engine"),
+        ) && flat.contains("run elastic steps on the local, ssh, spark, slurm or kubernetes engine"),
         "{flat}"
     );
 }
@@ -1120,6 +1120,95 @@ fn kubernetes_run_applies_the_jobset_and_follows_its_pods_with_kubectl() {
     assert!(
         stdout.contains("\"parallelism\": 1"),
         "the once step stays one pod: {stdout}"
+    );
+}
+
+/// An elastic step on `hvd run --engine kubernetes`: the launcher pod's objects are applied with the JobSet (and
+/// deleted with it), the launcher pod's `[STEP POD:RANK]` lines become that rank's lines and its own lines notes
+/// naming it, a lost worker pod is not the run's failure, and a failed launcher pod is named as the step's launcher
+/// with its exit code and report.
+#[test]
+fn kubernetes_run_follows_an_elastic_steps_launcher_pod() {
+    let dir = project(&K8S.replace("workers = 2", "workers = { min = 1, max = 2 }"));
+    let bin = dir.path().join("fake-bin");
+    // The step's worker pods: one was lost (its replacement runs, not terminated), the JobSet ends them at the end.
+    let lost = {
+        let mut p = pod("train-workers", 1, 137);
+        p["metadata"]["name"] = serde_json::json!("t-train-workers-0-1-lost0");
+        // Lost before the launcher ended: still not the failure hvd reports.
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] =
+            serde_json::json!("2026-11-30T07:00:00Z");
+        p
+    };
+    let mut waiting = pod("train-workers", 0, 0);
+    waiting["status"] = serde_json::json!({
+        "phase": "Running",
+        "containerStatuses": [{ "name": "worker", "state": { "running": {} } }],
+    });
+    let launcher_log = "[train t-train-workers-0-0-abcde:0] hello from rank 0\n\
+                        hvd: rank 1 of step `train` was lost (killed by SIGKILL)\n\
+                        [train t-train-workers-0-1-new00:2] hello from rank 2\n";
+    for (launcher_code, jobset) in [(0, "Completed"), (3, "Failed")] {
+        let pods = [
+            pod("prepare", 0, 0),
+            waiting.clone(),
+            lost.clone(),
+            pod("train", 0, launcher_code),
+        ];
+        let mut command = fake_kubectl_run(dir.path(), &bin, &pods, jobset);
+        std::fs::write(bin.join("logs/t-train-0-0-abcde"), launcher_log).unwrap();
+        let out = command.output().unwrap();
+        let (stdout, stderr) = text(&out);
+        for want in [
+            "[train t-train-workers-0-0-abcde:0] hello from rank 0",
+            "[train t-train-workers-0-1-new00:2] hello from rank 2",
+        ] {
+            assert!(stdout.contains(want), "want `{want}`:\n{stdout}\n{stderr}");
+        }
+        assert!(
+            stderr.contains("hvd: t-train-0-0-abcde: rank 1 of step `train` was lost"),
+            "{stderr}"
+        );
+        if launcher_code == 0 {
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+        } else {
+            assert_eq!(out.status.code(), Some(3), "{stderr}");
+            let flat = common::flat_stderr(&out);
+            assert!(
+                flat.contains(
+                    "step `train` failed: its launcher (`hvd run` in launcher pod t-train-0-0-"
+                ) && flat.contains("ended (exit code 3)"),
+                "{stderr}"
+            );
+        }
+    }
+    // The launcher pods' objects go with the JobSet, before it, and are deleted with it.
+    let applied: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bin.join("applied.json")).unwrap()).unwrap();
+    let kinds: Vec<&str> = applied["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "Secret",
+            "ConfigMap",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "JobSet"
+        ]
+    );
+    let calls = std::fs::read_to_string(bin.join("calls")).unwrap();
+    assert!(
+        calls.lines().next().unwrap().starts_with(
+            "delete jobset/t secret/t-hvd-token configmap/t-hvd-project serviceaccount/t-hvd-launcher \
+             role.rbac.authorization.k8s.io/t-hvd-launcher rolebinding.rbac.authorization.k8s.io/t-hvd-launcher -n ml"
+        ),
+        "{calls}"
     );
 }
 

@@ -233,6 +233,26 @@ pub fn parse(
     Ok(hosts)
 }
 
+/// A discovery program: `path` with `args`, named `label` in what hvd says about it (a script: its path, no
+/// arguments; an engine's own, e.g. the kubernetes engine's `kubectl get pods ...` in a launcher pod).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    pub path: PathBuf,
+    pub args: Vec<String>,
+    pub label: PathBuf,
+}
+
+impl Program {
+    /// The user's script: run as it is, named by its path.
+    pub fn script(path: &Path) -> Program {
+        Program {
+            path: path.to_path_buf(),
+            args: Vec::new(),
+            label: path.to_path_buf(),
+        }
+    }
+}
+
 /// Runs `script` once in `dir` (its own process group, no stdin) and parses what it prints ([`parse`], with
 /// `slots_per_host`); past `timeout` its process group is killed.
 pub fn run_script(
@@ -241,7 +261,19 @@ pub fn run_script(
     timeout: Duration,
     slots_per_host: Option<u32>,
 ) -> Result<Vec<HostSlots>, DiscoveryError> {
-    let mut child = Command::new(script)
+    run_program(&Program::script(script), dir, timeout, slots_per_host)
+}
+
+/// [`run_script`] for any [`Program`]; errors name its label.
+pub fn run_program(
+    program: &Program,
+    dir: &Path,
+    timeout: Duration,
+    slots_per_host: Option<u32>,
+) -> Result<Vec<HostSlots>, DiscoveryError> {
+    let script = program.label.as_path();
+    let mut child = Command::new(&program.path)
+        .args(&program.args)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -317,7 +349,7 @@ pub fn run_script(
 /// supervisor; [`Discovery::poll`] hands out each finished run.
 #[derive(Debug)]
 pub struct Discovery {
-    script: PathBuf,
+    program: Program,
     dir: PathBuf,
     timeout: Duration,
     next: Instant,
@@ -326,8 +358,13 @@ pub struct Discovery {
 
 impl Discovery {
     pub fn new(script: PathBuf, dir: PathBuf, timeout: Duration) -> Discovery {
+        Self::of(Program::script(&script), dir, timeout)
+    }
+
+    /// The discovery of any [`Program`] (an engine's own).
+    pub fn of(program: Program, dir: PathBuf, timeout: Duration) -> Discovery {
         Discovery {
-            script,
+            program,
             dir,
             timeout,
             next: Instant::now() + INTERVAL,
@@ -335,13 +372,14 @@ impl Discovery {
         }
     }
 
+    /// How hvd names the program (a script's path).
     pub fn script(&self) -> &Path {
-        &self.script
+        &self.program.label
     }
 
     /// Runs the script now, on this thread; bare host names get `slots_per_host` ([`parse`]).
     pub fn run_now(&self, slots_per_host: Option<u32>) -> Result<Vec<HostSlots>, DiscoveryError> {
-        run_script(&self.script, &self.dir, self.timeout, slots_per_host)
+        run_program(&self.program, &self.dir, self.timeout, slots_per_host)
     }
 
     /// Starts a run when one is due; returns the result of a run that finished since the last call. Bare host names
@@ -367,11 +405,11 @@ impl Discovery {
         }
         if Instant::now() >= self.next {
             let (tx, rx) = mpsc::channel();
-            let (script, dir, timeout) = (self.script.clone(), self.dir.clone(), self.timeout);
+            let (program, dir, timeout) = (self.program.clone(), self.dir.clone(), self.timeout);
             let spawned = std::thread::Builder::new()
                 .name("hvd-discovery".into())
                 .spawn(move || {
-                    let _ = tx.send(run_script(&script, &dir, timeout, slots_per_host));
+                    let _ = tx.send(run_program(&program, &dir, timeout, slots_per_host));
                 });
             match spawned {
                 Ok(_) => self.running = Some(rx),

@@ -18,7 +18,7 @@ use crate::report::{EventSink, RunReport};
 
 /// Where elastic steps run (docs/running.md, Elastic steps).
 pub(crate) const ELASTIC_ENGINES: &str =
-    "run elastic steps on the local, ssh, spark or slurm engine";
+    "run elastic steps on the local, ssh, spark, slurm or kubernetes engine";
 
 /// An engine whose ranks the local supervisor starts and stops. Every method but [`SupervisedEngine::name`] has the
 /// local engine's answer as its default; the supervisor asks only about distributed steps (a step that runs once
@@ -141,6 +141,13 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
     /// (each is judged on its own silence). `None`: the engine cannot look (the workers then wait until one is heard
     /// again); else whether a no-op ran there within `within`. Blocking, called on a thread of its own.
     fn probe_host(&self, _host: &str, _within: Duration) -> Option<bool> {
+        None
+    }
+
+    /// The host discovery of an elastic step that names no program of its own: the engine's (kubernetes in a
+    /// launcher pod: `kubectl get pods` of the step's worker pods that run). `None`: without a program the step's
+    /// hosts are its layout's.
+    fn discovery(&self) -> Option<crate::discovery::Program> {
         None
     }
 

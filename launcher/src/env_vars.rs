@@ -59,8 +59,14 @@ hvd_env_vars::env_vars! {
     /// Seconds the shim waits for `HVD_RENDEZVOUS` to resolve and accept connections, at most 86400 (default 300 when
     /// rank 0 serves it, else 0).
     HVD_RENDEZVOUS_WAIT;
-    /// The pod's own IP (set from `status.podIP` by the manifests of `hvd export k8s`): where rank 0's shim serves.
+    /// The pod's own IP (set from `status.podIP` by the manifests of `hvd export k8s`): where rank 0's shim serves,
+    /// and where an elastic step's launcher pod binds the rendezvous.
     HVD_POD_IP;
+    /// Set on an elastic step's launcher pod by the JobSet: the label selector of the step's worker pods; with it,
+    /// `hvd run --engine kubernetes` runs the step's ranks in them through `kubectl exec`.
+    HVD_K8S_WORKERS;
+    /// Set on an elastic step's launcher pod (`metadata.namespace`): where its worker pods are.
+    HVD_K8S_NAMESPACE;
     /// Set by the spark driver for each task: its executor's host, read first by the shim.
     HVD_SPARK_HOST;
     /// The spark engine's settings for its driver and relay server (a JSON object of `spark.*` strings), kept off

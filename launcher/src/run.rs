@@ -8,7 +8,7 @@ use hvd_lang::model::{EngineKind, Project};
 
 use crate::LaunchError;
 use crate::engine::{Engine, Local, Plan, WholeRunEngine};
-use crate::engines::{kubectl, mpi, sbatch, slurm, spark, ssh};
+use crate::engines::{k8s_pods, kubectl, mpi, sbatch, slurm, spark, ssh};
 use crate::options::RunOptions;
 use crate::process::Interrupts;
 use crate::report::{EventSink, RunReport};
@@ -31,6 +31,8 @@ fn start(kind: EngineKind, project: &Project, options: &RunOptions) -> Result<En
         EngineKind::Slurm if slurm::in_allocation() => slurm::start(project, options),
         EngineKind::Slurm => sbatch::start(project, options),
         EngineKind::Spark => spark::start(project, options),
+        // In an elastic step's launcher pod (the JobSet's): the step's ranks in its worker pods, through kubectl exec.
+        EngineKind::Kubernetes if k8s_pods::in_launcher_pod() => k8s_pods::start(project, options),
         EngineKind::Kubernetes => kubectl::start(project, options),
     }
 }
@@ -100,14 +102,14 @@ fn no_elastic_reason(kind: EngineKind) -> &'static str {
         EngineKind::Mpi => {
             "mpirun ends every rank when one dies (an MPI job cannot lose a process and go on)"
         }
-        EngineKind::Kubernetes => {
-            "a JobSet's pods are one job that fails (or restarts, with `restarts`) as a whole when one pod fails"
-        }
         // These start an elastic step's ranks one by one (spark: one job each, through its relay server; slurm: one
-        // srun each, outside an allocation by a launcher in the step's batch job).
-        EngineKind::Local | EngineKind::Ssh | EngineKind::Spark | EngineKind::Slurm => {
-            "it starts every rank as one unit"
-        }
+        // srun each, outside an allocation by a launcher in the step's batch job; kubernetes: one `kubectl exec`
+        // each, by a launcher pod of the step's own).
+        EngineKind::Local
+        | EngineKind::Ssh
+        | EngineKind::Spark
+        | EngineKind::Slurm
+        | EngineKind::Kubernetes => "it starts every rank as one unit",
     }
 }
 

@@ -693,14 +693,15 @@ fn run_attempt(
             }
             // With host discovery, the first run of the script says how many workers start.
             // `execute` refused host discovery on an engine that does not start workers itself.
-            if let Some(script) = &step.elastic.discovery
+            // The step's own program, else the engine's (kubernetes in a launcher pod: the step's worker pods).
+            let program = match &step.elastic.discovery {
+                Some(script) => Some(crate::discovery::Program::script(script)),
+                None => engine.discovery(),
+            };
+            if let Some(program) = program
                 && replaces
             {
-                let d = Discovery::new(
-                    script.clone(),
-                    plan.project_dir.clone(),
-                    discovery_timeout()?,
-                );
+                let d = Discovery::of(program, plan.project_dir.clone(), discovery_timeout()?);
                 let mut found = placement::Hosts::new(plan, step, true);
                 first_slots = Some(first_discovery(job, step, &d, &mut found, min, n)?);
                 hosts = Some(found);

@@ -253,6 +253,121 @@ fn mpijob_workers_pull_the_env_in_an_init_container_and_fit_the_crd() {
     );
 }
 
+/// An elastic step (`train`, 1 to 2 workers) with caches: a launcher pod (the .hvd file from a ConfigMap, an
+/// account that may list pods and exec into them, nothing more) and worker pods that pull the env and wait; the
+/// JobSet completes once every other job did, and the whole fits the CRD.
+#[test]
+fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.hvd");
+    std::fs::write(&file, "# the project's file\n").unwrap();
+    let mut project = project(cluster(&[]));
+    project.file = file;
+    project.steps[1].min_workers = Some(1);
+    let env = "/opt/hvd/store/0123456789abcdef0123456789abcdef-my-project-env";
+    let delivery = Delivery {
+        env: env.into(),
+        caches: vec!["s3://bucket/cache".into()],
+        trusted_keys: vec!["k1:AAAA".into()],
+    };
+    let out = hvd_launcher::engines::k8s::export_running(
+        &project,
+        Flavour::JobSet,
+        Some(&delivery),
+        &["--elastic-timeout=7".into()],
+    )
+    .unwrap();
+    let kinds: Vec<&str> = out
+        .manifests
+        .iter()
+        .map(|m| m.content["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "Secret",
+            "ConfigMap",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "JobSet"
+        ]
+    );
+    assert_eq!(
+        out.manifests[1].content["data"]["train.hvd"],
+        "# the project's file\n"
+    );
+    // The launcher's account: pods, read, and exec into them; nothing else.
+    assert_eq!(
+        out.manifests[3].content["rules"],
+        serde_json::json!([
+            { "apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"] },
+            { "apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"] },
+        ])
+    );
+    assert_eq!(
+        out.manifests[4].content["subjects"][0],
+        serde_json::json!({ "kind": "ServiceAccount", "name": "my-project-hvd-launcher", "namespace": "ml" })
+    );
+    let doc = &out.manifests[5].content;
+    let problems = problems("jobset.x-k8s.io_jobsets.v1alpha2.schema.json", doc);
+    assert!(problems.is_empty(), "{problems:#?}");
+    let jobs = doc["spec"]["replicatedJobs"].as_array().unwrap();
+    let names: Vec<&str> = jobs.iter().map(|j| j["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["prepare", "train", "train-workers", "eval"]);
+    assert_eq!(
+        doc["spec"]["successPolicy"]["targetReplicatedJobs"],
+        serde_json::json!(["prepare", "train", "eval"])
+    );
+    // Both wait for what the step needs; `eval` needs the launcher (the step), not the worker pods.
+    for job in &jobs[1..3] {
+        assert_eq!(job["dependsOn"][0]["name"], "prepare", "{job}");
+    }
+    assert_eq!(jobs[3]["dependsOn"][1]["name"], "train");
+    let launcher = &jobs[1]["template"]["spec"]["template"]["spec"];
+    assert_eq!(launcher["serviceAccountName"], "my-project-hvd-launcher");
+    let command: Vec<&str> = launcher["containers"][0]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let want_env = format!("--env-dir={env}");
+    assert_eq!(
+        command,
+        [
+            "hvd",
+            "run",
+            "/var/run/hvd/project/train.hvd",
+            "--step=train",
+            "--no-deps",
+            "--force",
+            "--engine=kubernetes",
+            "--state-dir=/var/run/hvd/state",
+            want_env.as_str(),
+            "--cache=s3://bucket/cache",
+            "--trusted-key=k1:AAAA",
+            "--elastic-timeout=7",
+        ]
+    );
+    // The launcher needs no GPU: the step's resources are its workers'.
+    assert!(launcher["containers"][0]["resources"].is_null());
+    let workers = &jobs[2]["template"]["spec"];
+    assert_eq!(workers["parallelism"], 2);
+    let worker = &workers["template"]["spec"]["containers"][0];
+    assert_eq!(worker["resources"]["limits"]["nvidia.com/gpu"], "1");
+    let idle = worker["command"].as_array().unwrap();
+    assert_eq!(
+        idle[..4],
+        ["hvd", "worker-env", "--once", &format!("--pull={env}")]
+    );
+    assert_eq!(
+        idle[idle.len() - 3..],
+        ["/bin/sh", "-c", hvd_launcher::engines::k8s::elastic::IDLE]
+    );
+    golden("my-project.elastic.jobset.json", doc);
+}
+
 #[test]
 fn the_validator_catches_what_the_api_server_would_reject() {
     let out = export(&project(cluster(&[])), Flavour::JobSet).unwrap();

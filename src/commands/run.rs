@@ -98,6 +98,10 @@ pub struct RunArgs {
     /// Do not lock or build the env: run the steps with the current PATH.
     #[arg(long)]
     pub no_build: bool,
+    /// Keep the run's state (step records, logs, manifests) in DIR instead of `.hvd/` next to the file (for a
+    /// project directory that is read-only: a Kubernetes launcher pod reads the file from a ConfigMap).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// The engine for distributed steps: `local`, `mpi`, `ssh`, `slurm`, `spark` or `kubernetes` (overrides
     /// `cluster { engine }`; docs/engines.md).
     #[arg(long, value_name = "ENGINE")]
@@ -871,7 +875,10 @@ fn options(
             Some(dir) => Some(checkpoints_arg(dir)?),
             None => None,
         },
-        state_dir: None,
+        state_dir: args
+            .state_dir
+            .as_ref()
+            .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone())),
         caches,
         trusted_keys,
         engine,

@@ -85,6 +85,16 @@ pub fn container_env(
     secret: &serde_json::Value,
     pod_ip: Option<&str>,
 ) -> Vec<(String, String)> {
+    pod_env(container, secret, pod_ip, None)
+}
+
+/// [`container_env`] in namespace `namespace` (`metadata.namespace`, downward API).
+pub fn pod_env(
+    container: &serde_json::Value,
+    secret: &serde_json::Value,
+    pod_ip: Option<&str>,
+    namespace: Option<&str>,
+) -> Vec<(String, String)> {
     let mut vars = Vec::new();
     for entry in container["env"].as_array().unwrap() {
         let name = entry["name"].as_str().unwrap().to_owned();
@@ -98,6 +108,10 @@ pub fn container_env(
             && entry["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         {
             ip.to_owned()
+        } else if let Some(ns) = namespace
+            && entry["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        {
+            ns.to_owned()
         } else {
             panic!("a variable this test cannot provide: {entry}");
         };

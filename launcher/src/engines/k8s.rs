@@ -22,6 +22,8 @@ use crate::LaunchError;
 use crate::engines::mpi::{MpiFlavour, MpiStep, Mpirun};
 use crate::graph::StepGraph;
 
+pub mod elastic;
+
 /// Which manifests to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavour {
@@ -257,6 +259,17 @@ pub fn export_with(
     flavour: Flavour,
     delivery: Option<&Delivery>,
 ) -> Result<Export, LaunchError> {
+    export_running(project, flavour, delivery, &[])
+}
+
+/// [`export_with`], with `flags` (`hvd run`'s flags that shape a step: `--workers=N`, `--grace=S`, ...) on the
+/// command line of each elastic step's launcher pod ([`elastic::launcher_argv`]).
+pub fn export_running(
+    project: &Project,
+    flavour: Flavour,
+    delivery: Option<&Delivery>,
+    flags: &[String],
+) -> Result<Export, LaunchError> {
     let pull_args = delivery.map(Delivery::worker_env_args).transpose()?;
     let graph = StepGraph::new(project)?;
     let steps = graph.selection(None, false)?;
@@ -281,15 +294,74 @@ pub fn export_with(
     };
     match flavour {
         Flavour::JobSet => {
-            // The JobSet restarts as a whole (every job again) when a pod fails, up to the most any step allows.
-            let max_restarts = steps.iter().filter_map(|s| s.restarts).max().unwrap_or(0);
+            let elastic =
+                |s: &hvd_lang::model::Step| s.workers.is_some() && s.min_workers.is_some();
+            // The JobSet restarts as a whole (every job again) when a pod fails, up to the most any step allows; an
+            // elastic step's restarts are its launcher's.
+            let max_restarts = steps
+                .iter()
+                .filter(|s| !elastic(s))
+                .filter_map(|s| s.restarts)
+                .max()
+                .unwrap_or(0);
             let mut jobs = Vec::new();
+            let mut pools = Vec::new();
             for step in &steps {
                 if step.workers == Some(0) {
                     return Err(LaunchError::ZeroWorkers(step.name.clone()));
                 }
                 let job = dns_label(&step.name);
                 let n = step.workers.unwrap_or(1);
+                let needs = graph.needs(&step.name);
+                if needs.len() > 5 {
+                    return Err(LaunchError::Engine(format!(
+                        "step `{}` needs {} steps; a JobSet's dependsOn takes at most 5",
+                        step.name,
+                        needs.len()
+                    )));
+                }
+                let depends_on = (!needs.is_empty()).then(|| {
+                    let mut needs: Vec<String> = needs.iter().map(|n| dns_label(n)).collect();
+                    needs.sort();
+                    Value::Array(
+                        needs
+                            .iter()
+                            .map(|n| json!({ "name": n, "status": "Complete" }))
+                            .collect(),
+                    )
+                });
+                if elastic(step) {
+                    if let Some(dir) = step
+                        .checkpoints
+                        .as_deref()
+                        .filter(|d| !d.starts_with("s3://"))
+                    {
+                        notes.push(format!(
+                            "step `{}` keeps its checkpoints in `{dir}`: in pods that is each worker pod's own                              file system, lost with the pod; give `checkpoints = \"s3://...\"` to resume across pods",
+                            step.name
+                        ));
+                    }
+                    let env = step_env(step);
+                    for mut replicated in elastic::replicated_jobs(
+                        &name,
+                        project,
+                        step,
+                        n,
+                        &image,
+                        env_list(&env),
+                        &resources,
+                        pull_args.as_deref(),
+                        delivery,
+                        flags,
+                    )? {
+                        if let Some(d) = &depends_on {
+                            replicated["dependsOn"] = d.clone();
+                        }
+                        jobs.push(replicated);
+                    }
+                    pools.push(elastic::pool_name(&job));
+                    continue;
+                }
                 let mut env = step_env(step);
                 let command = match step.workers {
                     Some(n) => {
@@ -347,27 +419,12 @@ pub fn export_with(
                         }},
                     }},
                 });
-                let needs = graph.needs(&step.name);
-                if needs.len() > 5 {
-                    return Err(LaunchError::Engine(format!(
-                        "step `{}` needs {} steps; a JobSet's dependsOn takes at most 5",
-                        step.name,
-                        needs.len()
-                    )));
-                }
-                if !needs.is_empty() {
-                    let mut needs: Vec<String> = needs.iter().map(|n| dns_label(n)).collect();
-                    needs.sort();
-                    replicated["dependsOn"] = Value::Array(
-                        needs
-                            .iter()
-                            .map(|n| json!({ "name": n, "status": "Complete" }))
-                            .collect(),
-                    );
+                if let Some(d) = depends_on {
+                    replicated["dependsOn"] = d;
                 }
                 jobs.push(replicated);
             }
-            let jobset = json!({
+            let mut jobset = json!({
                 "apiVersion": "jobset.x-k8s.io/v1alpha2",
                 "kind": "JobSet",
                 "metadata": metadata(&name, project),
@@ -377,16 +434,24 @@ pub fn export_with(
                     "replicatedJobs": jobs,
                 },
             });
-            Ok(Export {
-                manifests: vec![
-                    secret_manifest,
-                    Manifest {
-                        file: format!("{name}.jobset.json"),
-                        content: jobset,
-                    },
-                ],
-                notes,
-            })
+            let mut manifests = vec![secret_manifest];
+            if !pools.is_empty() {
+                // Done once every job but the elastic steps' worker pods is: the JobSet then removes those.
+                let done: Vec<Value> = jobs
+                    .iter()
+                    .filter_map(|j| j["name"].as_str())
+                    .filter(|j| !pools.iter().any(|p| p == j))
+                    .map(|j| json!(j))
+                    .collect();
+                jobset["spec"]["successPolicy"] =
+                    json!({ "operator": "All", "targetReplicatedJobs": done });
+                manifests.extend(elastic::launcher_objects(&name, project)?);
+            }
+            manifests.push(Manifest {
+                file: format!("{name}.jobset.json"),
+                content: jobset,
+            });
+            Ok(Export { manifests, notes })
         }
         Flavour::MpiJob => {
             let settings = project.cluster.as_ref().map(|c| &c.settings);
@@ -396,6 +461,13 @@ pub fn export_with(
                 .unwrap_or(MpiFlavour::OpenMpi);
             let mut manifests = vec![secret_manifest];
             for step in &steps {
+                if step.workers.is_some() && step.min_workers.is_some() {
+                    notes.push(format!(
+                        "step `{}` is elastic, but an MPIJob's mpirun ends every rank when one dies: it runs on all \
+                         its workers and fails as a whole (`--flavour jobset` runs it elastic, under a launcher pod)",
+                        step.name
+                    ));
+                }
                 let Some(n) = step.workers else {
                     notes.push(format!(
                         "step `{}` runs once, not on workers: an MPIJob has no place for it (use --flavour jobset)",

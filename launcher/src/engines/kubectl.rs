@@ -49,6 +49,14 @@ pub struct KubeJob {
     pub secret: Value,
     /// Replicated job name -> (step name, `workers`: `None` for a step that runs once, in one pod).
     pub steps: BTreeMap<String, (String, Option<u32>)>,
+    /// What an elastic step's launcher pods need, applied with the JobSet (a ConfigMap, ServiceAccount, Role and
+    /// RoleBinding: `engines/k8s/elastic.rs`).
+    pub extras: Vec<Value>,
+    /// The replicated jobs of elastic steps' launcher pods (one pod each: the step is done when it is).
+    pub launchers: BTreeSet<String>,
+    /// The replicated jobs of elastic steps' worker pods -> their step: pods that wait for ranks; their losses are
+    /// the launcher's to handle, not the run's failure.
+    pub pools: BTreeMap<String, String>,
 }
 
 impl KubeJob {
@@ -79,10 +87,14 @@ impl KubeJob {
     ) -> Result<Self, LaunchError> {
         let mut jobset = None;
         let mut secret = None;
+        let mut extras = Vec::new();
         for manifest in manifests {
             match manifest["kind"].as_str() {
                 Some("JobSet") => jobset = Some(manifest),
                 Some("Secret") => secret = Some(manifest),
+                Some("ConfigMap" | "ServiceAccount" | "Role" | "RoleBinding") => {
+                    extras.push(manifest)
+                }
                 _ => {}
             }
         }
@@ -96,11 +108,15 @@ impl KubeJob {
             .as_str()
             .map(str::to_owned);
         let mut steps = BTreeMap::new();
+        let mut launchers = BTreeSet::new();
+        let mut pools = BTreeMap::new();
         for step in &project.steps {
-            steps.insert(
-                k8s::dns_label(&step.name),
-                (step.name.clone(), step.workers),
-            );
+            let job = k8s::dns_label(&step.name);
+            if step.workers.is_some() && step.min_workers.is_some() {
+                launchers.insert(job.clone());
+                pools.insert(k8s::elastic::pool_name(&job), step.name.clone());
+            }
+            steps.insert(job, (step.name.clone(), step.workers));
         }
         Ok(KubeJob {
             name,
@@ -108,15 +124,34 @@ impl KubeJob {
             manifest,
             secret,
             steps,
+            extras,
+            launchers,
+            pools,
         })
+    }
+
+    /// The step (and its `workers`) whose pods replicated job `job` runs: an elastic step's worker pods are its
+    /// own; an unknown job is named as it is.
+    fn step_of(&self, job: &str) -> (String, Option<u32>) {
+        let key = match self.pools.get(job) {
+            Some(step) => k8s::dns_label(step),
+            None => job.to_owned(),
+        };
+        self.steps
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| (job.to_owned(), None))
     }
 
     /// What `kubectl apply -f -` gets: a `List` of the token Secret and the JobSet.
     pub fn apply_manifest(&self) -> Value {
+        let mut items = vec![self.secret.clone()];
+        items.extend(self.extras.iter().cloned());
+        items.push(self.manifest.clone());
         serde_json::json!({
             "apiVersion": "v1",
             "kind": "List",
-            "items": [self.secret, self.manifest],
+            "items": items,
         })
     }
 
@@ -135,11 +170,23 @@ impl KubeJob {
         argv
     }
 
-    /// `kubectl delete jobset/NAME secret/NAME-hvd-token TAIL...`.
+    /// `kubectl delete jobset/NAME secret/NAME-hvd-token [KIND/NAME of the extras...] TAIL...`.
     fn delete(&self, tail: &[&str]) -> Vec<String> {
-        let jobset = format!("jobset/{}", self.name);
-        let secret = format!("secret/{}", k8s::token_secret_name(&self.name));
-        self.argv(&["delete", &jobset, &secret], tail)
+        let mut objects = vec![
+            format!("jobset/{}", self.name),
+            format!("secret/{}", k8s::token_secret_name(&self.name)),
+        ];
+        objects.extend(self.extras.iter().filter_map(|m| {
+            let kind = m["kind"].as_str()?.to_ascii_lowercase();
+            let name = m["metadata"]["name"].as_str()?;
+            Some(match kind.as_str() {
+                "role" | "rolebinding" => format!("{kind}.rbac.authorization.k8s.io/{name}"),
+                _ => format!("{kind}/{name}"),
+            })
+        }));
+        let mut head = vec!["delete"];
+        head.extend(objects.iter().map(String::as_str));
+        self.argv(&head, tail)
     }
 
     /// `kubectl delete jobset/NAME secret/NAME-hvd-token --ignore-not-found --wait=true`: a previous run of the same
@@ -189,8 +236,13 @@ pub fn commands(job: &KubeJob) -> Vec<String> {
     vec![
         line(job.delete_previous_argv()),
         format!(
-            "{} < MANIFEST   # a List: the token Secret, then the JobSet",
-            line(job.apply_argv())
+            "{} < MANIFEST   # a List: the token Secret, {}then the JobSet",
+            line(job.apply_argv()),
+            if job.extras.is_empty() {
+                ""
+            } else {
+                "the launcher pods' ConfigMap, ServiceAccount, Role and RoleBinding, "
+            }
         ),
         format!(
             "{}   # every {} ms",
@@ -220,11 +272,41 @@ pub struct Kubectl {
 /// `--workers N` sizes every distributed step, as it does for the other engines.
 pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
     let mut project = project.clone();
-    if let Some(n) = options.workers {
+    // `--workers`/`--max-workers` and `--min-workers` as the plan reads them: the JobSet's sizes, and which steps
+    // are elastic (each under a launcher pod, which reads the same flags from its own command line).
+    if let Some(n) = options.max_workers.or(options.workers) {
         for step in &mut project.steps {
             if step.workers.is_some() {
                 step.workers = Some(n);
             }
+        }
+    }
+    if let Some(min) = options.min_workers {
+        for step in &mut project.steps {
+            if step.workers.is_some() {
+                step.min_workers = Some(min);
+            }
+        }
+    }
+    for step in &project.steps {
+        if step.workers.is_some()
+            && step.min_workers.is_some()
+            && (options.host_discovery_script.is_some() || step.elastic.discovery.is_some())
+        {
+            return Err(LaunchError::Engine(format!(
+                "step `{}` is elastic with host discovery, which the kubernetes engine does not run: an elastic \
+                 step's hosts are its worker pods, which its launcher pod finds itself (a lost pod's replacement \
+                 included); leave `--host-discovery-script` (or `discovery`) out",
+                step.name
+            )));
+        }
+        if let (Some(max), Some(min)) = (step.workers, step.min_workers)
+            && min > max
+        {
+            return Err(LaunchError::Engine(format!(
+                "step `{}` is elastic with at least {min} workers, more than its {max}",
+                step.name
+            )));
         }
     }
     // `--max-restarts` over each step's `restarts`: the JobSet's `failurePolicy.maxRestarts`.
@@ -250,7 +332,15 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
             caches: options.caches.clone(),
             trusted_keys: options.trusted_keys.clone(),
         });
-    let export = k8s::export_with(&project, Flavour::JobSet, delivery.as_ref())?;
+    let flags = match project
+        .steps
+        .iter()
+        .any(|s| s.workers.is_some() && s.min_workers.is_some())
+    {
+        true => launcher_flags(options)?,
+        false => Vec::new(),
+    };
+    let export = k8s::export_running(&project, Flavour::JobSet, delivery.as_ref(), &flags)?;
     let files = k8s::write_manifests(&export, &dir)?;
     let job = KubeJob::from_files(&project, &files)?;
     Ok(Engine::Whole(Box::new(Kubectl {
@@ -261,9 +351,56 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
     })))
 }
 
+/// The flags of this run that shape an elastic step, for its launcher pod's `hvd run` (the file says the rest):
+/// sizes, restarts, timeouts and the blacklist's cooldown; checkpoints only at an `s3://` URL (a directory here is
+/// not in the pods).
+fn launcher_flags(options: &RunOptions) -> Result<Vec<String>, LaunchError> {
+    let mut flags: Vec<String> = [
+        ("workers", options.workers),
+        ("max-workers", options.max_workers),
+        ("min-workers", options.min_workers),
+        ("max-restarts", options.max_restarts),
+    ]
+    .into_iter()
+    .filter_map(|(flag, n)| Some(format!("--{flag}={}", n?)))
+    .collect();
+    let seconds = |d: Duration| d.as_secs_f64().to_string();
+    flags.push(format!("--grace={}", seconds(options.grace)));
+    if let Some(t) = options.start_timeout {
+        flags.push(format!("--start-timeout={}", seconds(t)));
+    }
+    if let Some(t) = options.elastic_timeout {
+        flags.push(format!("--elastic-timeout={}", seconds(t)));
+    }
+    if let Some(c) = &options.blacklist_cooldown {
+        flags.extend([
+            "--blacklist-cooldown-range".into(),
+            c.min.as_secs().to_string(),
+            c.max.as_secs().to_string(),
+        ]);
+    }
+    if let Some(dir) = &options.checkpoints {
+        match dir.to_str().filter(|d| d.starts_with("s3://")) {
+            Some(url) => flags.push(format!("--checkpoints={url}")),
+            None => {
+                return Err(LaunchError::Engine(format!(
+                    "`--checkpoints {}`: under the kubernetes engine the workers run in pods, which do not have a                      directory of this machine; give an `s3://bucket/prefix` URL",
+                    dir.display()
+                )));
+            }
+        }
+    }
+    Ok(flags)
+}
+
 impl WholeRunEngine for Kubectl {
     fn notes(&self) -> Vec<String> {
         self.notes.clone()
+    }
+
+    /// Each elastic step runs under a launcher pod of its own (`engines/k8s/elastic.rs`).
+    fn runs_elastic_steps(&self) -> bool {
+        true
     }
 
     /// The manifests and the kubectl commands.
@@ -532,11 +669,7 @@ pub fn run(
                         text: format!("pod {} is waiting: {waiting}", pod.name),
                     });
                 }
-                let (step, workers) = job
-                    .steps
-                    .get(&pod.job)
-                    .cloned()
-                    .unwrap_or_else(|| (pod.job.clone(), None));
+                let (step, workers) = job.step_of(&pod.job);
                 if pod.started && !followers.contains_key(&pod.name) {
                     if started_steps.insert(step.clone()) {
                         report.ran.push(step.clone());
@@ -547,7 +680,8 @@ pub fn run(
                             rendezvous: None,
                         });
                     }
-                    match follow_pod(scope, job, pod, &step, log_dir, events) {
+                    let launcher = job.launchers.contains(&pod.job);
+                    match follow_pod(scope, job, pod, (&step, launcher), log_dir, events) {
                         Ok(follower) => {
                             followers.insert(pod.name.clone(), follower);
                         }
@@ -561,7 +695,12 @@ pub fn run(
                     .values()
                     .filter(|p| &p.job == label && p.terminated.as_ref().is_some_and(|t| t.0 == 0))
                     .count();
-                if done as u32 >= workers.unwrap_or(1) && finished_steps.insert(step.clone()) {
+                // An elastic step is done when its launcher pod is.
+                let needed = match job.launchers.contains(label) {
+                    true => 1,
+                    false => workers.unwrap_or(1),
+                };
+                if done as u32 >= needed && finished_steps.insert(step.clone()) {
                     events.event(Event::StepFinished {
                         step: step.clone(),
                         elapsed: step_started_at
@@ -650,8 +789,10 @@ fn failure(
     message: &str,
     log_dir: &Path,
 ) -> FailureSummary {
+    // A lost worker pod of an elastic step is its launcher's to handle: the launcher's own end says how it went.
     let first = pods
         .iter()
+        .filter(|p| !job.pools.contains_key(&p.job))
         .filter_map(|p| match &p.terminated {
             Some((code, at)) if *code != 0 => Some((at.clone(), p, *code)),
             _ => None,
@@ -659,10 +800,7 @@ fn failure(
         .min_by(|a, b| a.0.cmp(&b.0));
     match first {
         Some((_, pod, code)) => {
-            let step = job
-                .steps
-                .get(&pod.job)
-                .map_or_else(|| pod.job.clone(), |(s, _)| s.clone());
+            let step = job.step_of(&pod.job).0;
             let mut tail: Vec<String> = followers
                 .get(&pod.name)
                 .map(|f| {
@@ -685,13 +823,21 @@ fn failure(
                 }
             ));
             let exit = WorkerExit::Code(code);
-            FailureSummary {
-                step,
-                cause: Cause::Worker {
+            // An elastic step's launcher pod: its own report (the tail) says which rank failed, or why the step did.
+            let cause = match job.launchers.contains(&pod.job) {
+                true => Cause::Launcher {
+                    job: format!("launcher pod {}", pod.name),
+                    exit,
+                },
+                false => Cause::Worker {
                     rank: pod.index,
                     host: host_of(pod),
                     exit,
                 },
+            };
+            FailureSummary {
+                step,
+                cause,
                 exit_code: exit.code(),
                 stderr_tail: tail,
                 log_dir: log_dir.to_path_buf(),
@@ -723,12 +869,13 @@ fn host_of(pod: &Pod) -> String {
 }
 
 /// Starts `kubectl logs -f` for one pod: every line becomes an [`Event::Line`] of the pod's step and index and is
-/// appended to `log_dir/<pod>.log`.
+/// appended to `log_dir/<pod>.log`. An elastic step's launcher pod (`launcher`) writes its ranks' lines as `hvd run`
+/// does, `[STEP POD:RANK] TEXT`: those become that rank's lines, the rest (its own notes) notes naming the pod.
 fn follow_pod<'scope>(
     scope: &'scope std::thread::Scope<'scope, '_>,
     job: &KubeJob,
     pod: &Pod,
-    step: &str,
+    (step, launcher): (&str, bool),
     log_dir: &Path,
     events: &'scope dyn EventSink,
 ) -> Result<Follower, LaunchError> {
@@ -758,6 +905,7 @@ fn follow_pod<'scope>(
         pod.index,
     );
     let (tail2, done2) = (tail.clone(), done.clone());
+    let pod_name = pod.name.clone();
     scope.spawn(move || {
         if let Some(out) = stdout {
             let mut reader = std::io::BufReader::new(out);
@@ -780,13 +928,32 @@ fn follow_pod<'scope>(
                             }
                             tail.push_back(text.clone());
                         }
-                        events.event(Event::Line {
-                            step: step.clone(),
-                            host: host.clone(),
-                            rank,
-                            stream: Stream::Stdout,
-                            text,
-                        });
+                        let relabelled = launcher
+                            .then(|| super::console_line(&text))
+                            .flatten()
+                            .filter(|(s, ..)| *s == &*step);
+                        match relabelled {
+                            Some((_, at, r, rest)) => events.event(Event::Line {
+                                step: step.clone(),
+                                host: Arc::from(at),
+                                rank: r,
+                                stream: Stream::Stdout,
+                                text: rest.to_owned(),
+                            }),
+                            None if launcher => events.event(Event::Note {
+                                text: format!(
+                                    "{pod_name}: {}",
+                                    text.strip_prefix("hvd: ").unwrap_or(&text)
+                                ),
+                            }),
+                            None => events.event(Event::Line {
+                                step: step.clone(),
+                                host: host.clone(),
+                                rank,
+                                stream: Stream::Stdout,
+                                text,
+                            }),
+                        }
                     }
                 }
             }

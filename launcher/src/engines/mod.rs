@@ -7,6 +7,7 @@
 use crate::LaunchError;
 
 pub mod k8s;
+pub mod k8s_pods;
 pub mod kubectl;
 pub mod mpi;
 pub mod net;
@@ -17,6 +18,15 @@ pub mod slurm;
 pub mod slurm_steps;
 pub mod spark;
 pub mod ssh;
+
+/// A worker's line as `hvd run` writes it without colour: `[STEP HOST:RANK] TEXT` -> (step, host, rank, text) (the
+/// launcher of a step in a batch job, or in a launcher pod).
+pub(crate) fn console_line(line: &str) -> Option<(&str, &str, u32, &str)> {
+    let (inside, text) = line.strip_prefix('[')?.split_once("] ")?;
+    let (step, at) = inside.split_once(' ')?;
+    let (host, rank) = at.rsplit_once(':')?;
+    Some((step, host, rank.parse().ok()?, text))
+}
 
 /// The command a node runs before its ranks start to get the plan's env from the binary caches into its own store
 /// (`hvd cache pull --store STORE ENV --cache=URL... --trusted-key=KEY...`, into the env's store directory: a store

@@ -812,7 +812,7 @@ impl<'a> Followed<'a> {
     /// and a line without a label (srun's own, a step that runs once) is rank 0's.
     fn writer(&self, line: &str) -> (Writer, String) {
         if self.step.supervised {
-            return match console_line(line).filter(|(step, ..)| *step == self.step.name) {
+            return match super::console_line(line).filter(|(step, ..)| *step == self.step.name) {
                 Some((_, host, rank, text)) => (
                     Writer::Rank {
                         host: Arc::from(host),
@@ -890,14 +890,6 @@ impl<'a> Followed<'a> {
             }
         }
     }
-}
-
-/// A worker's line as `hvd run` writes it without colour: `[STEP HOST:RANK] TEXT` -> (step, host, rank, text).
-fn console_line(line: &str) -> Option<(&str, &str, u32, &str)> {
-    let (inside, text) = line.strip_prefix('[')?.split_once("] ")?;
-    let (step, at) = inside.split_once(' ')?;
-    let (host, rank) = at.rsplit_once(':')?;
-    Some((step, host, rank.parse().ok()?, text))
 }
 
 /// Follows the submitted jobs to their end: output lines and step events go to `events`; when a job fails (or on

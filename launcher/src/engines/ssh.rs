@@ -76,6 +76,25 @@ pub struct SshSetup {
     pub pulling_hvds: Arc<Mutex<BTreeMap<String, String>>>,
     /// How long each phase before the ranks start may take on a host; past it the ssh is killed and the run fails.
     pub deadlines: Deadlines,
+    /// How a rank's remote command reaches its host: ssh, or `kubectl exec` into a pod.
+    pub transport: Transport,
+    /// Where every rank runs on its host instead of the project directory (a pod's: `.`, the container's working
+    /// directory, where the image has the project's files).
+    pub rank_dir: Option<PathBuf>,
+}
+
+/// How the launcher starts a command on a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// `SSH OPTIONS HOST -- REMOTE` ([`SshSetup::ssh`]); the host's login shell runs `REMOTE`.
+    Ssh,
+    /// `kubectl exec -i [-n NAMESPACE] POD -c CONTAINER -- /bin/sh -c REMOTE`: the kubernetes engine in a launcher
+    /// pod, whose hosts are the step's worker pods (`engines/k8s_pods.rs`). kubectl passes stdin on (the token
+    /// line, then the stop lines) and exits with the command's status.
+    KubectlExec {
+        namespace: Option<String>,
+        container: String,
+    },
 }
 
 /// The longest each ssh phase before the ranks start may take on one host (the host check, copying the project's
@@ -447,6 +466,8 @@ impl SshSetup {
             work_dirs: Arc::default(),
             pulling_hvds: Arc::default(),
             deadlines: Deadlines::new(options.start_timeout),
+            transport: Transport::Ssh,
+            rank_dir: None,
         })
     }
 
@@ -543,12 +564,35 @@ impl SshSetup {
         Ok(s)
     }
 
-    /// The full ssh command line for `host`: `ssh OPTIONS HOST -- REMOTE` (`REMOTE` as the host's login shell gets
-    /// it).
+    /// The full command line for `host`: `ssh OPTIONS HOST -- REMOTE` (`REMOTE` as the host's login shell gets it),
+    /// or through `kubectl exec` ([`Transport::KubectlExec`]).
     pub fn argv(&self, host: &str, remote: &str) -> Vec<String> {
-        let mut argv = self.ssh.clone();
-        argv.extend([host.to_owned(), "--".into(), remote.to_owned()]);
-        argv
+        match &self.transport {
+            Transport::Ssh => {
+                let mut argv = self.ssh.clone();
+                argv.extend([host.to_owned(), "--".into(), remote.to_owned()]);
+                argv
+            }
+            Transport::KubectlExec {
+                namespace,
+                container,
+            } => {
+                let mut argv: Vec<String> = vec!["kubectl".into(), "exec".into(), "-i".into()];
+                if let Some(ns) = namespace {
+                    argv.extend(["-n".into(), ns.clone()]);
+                }
+                argv.extend([
+                    host.to_owned(),
+                    "-c".into(),
+                    container.clone(),
+                    "--".into(),
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    remote.to_owned(),
+                ]);
+                argv
+            }
+        }
     }
 
     /// The variables of a rank on its host ([`remote_rank_env`]), through [`SshSetup::remote_vars`].
@@ -583,7 +627,11 @@ impl SshSetup {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&slot.host)
             .cloned();
-        let dir = work_dir.as_deref().unwrap_or(&plan.project_dir);
+        let dir = self
+            .rank_dir
+            .as_deref()
+            .or(work_dir.as_deref())
+            .unwrap_or(&plan.project_dir);
         let through = match hvd {
             Some(hvd) => self.pull_through(plan.env_dir.as_deref(), hvd)?,
             None => Vec::new(),
@@ -716,6 +764,8 @@ pub(super) mod tests {
             work_dirs: Arc::default(),
             pulling_hvds: Arc::default(),
             deadlines: Deadlines::new(None),
+            transport: Transport::Ssh,
+            rank_dir: None,
         }
     }
 

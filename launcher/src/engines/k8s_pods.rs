@@ -1,0 +1,330 @@
+//! The kubernetes engine inside a launcher pod: an elastic step of a JobSet (`engines/k8s.rs`) runs under `hvd run
+//! --step S --no-deps --engine kubernetes` in a pod of its own, whose hosts are the step's worker pods. The JobSet
+//! sets [`WORKERS_VAR`] (their label selector), [`NAMESPACE_VAR`] and `HVD_POD_IP` on the launcher pod; with them,
+//! `--engine kubernetes` is this supervised engine instead of the one that applies a JobSet.
+//!
+//! It is the ssh engine's remote ranks with `kubectl exec` for ssh ([`Transport::KubectlExec`]): each rank is
+//! `kubectl exec -i POD -c worker -- /bin/sh -c WRAPPER...` (the token on stdin, stop lines after it, the rank's exit
+//! status as kubectl's), the rendezvous binds the launcher pod's IP, and the step's hosts come from its own host
+//! discovery, `kubectl get pods -l SELECTOR --field-selector=status.phase=Running` (one slot per pod): a pod that is
+//! lost (evicted, its node gone) drops out and its ranks are lost; the pod the Job controller starts in its place is
+//! found and joins at a commit. The ranks run in the worker container's working directory (the image has the
+//! project's files); with caches each starts through `hvd worker-env --once --pull` there.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hvd_lang::model::Project;
+
+use crate::LaunchError;
+use crate::discovery::Program;
+use crate::engine::{Engine, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
+use crate::engines::shell;
+use crate::engines::shim::POD_IP_VAR;
+use crate::engines::ssh::{Deadlines, SshSetup, Transport, started_rank_env};
+use crate::env::{Slot, WorkerLayout};
+use crate::options::RunOptions;
+
+/// The label selector of the elastic step's worker pods (set on its launcher pod by the JobSet).
+pub const WORKERS_VAR: &str = "HVD_K8S_WORKERS";
+/// The launcher pod's namespace (downward API `metadata.namespace`), where its worker pods are.
+pub const NAMESPACE_VAR: &str = "HVD_K8S_NAMESPACE";
+/// The container of a worker pod the ranks run in.
+pub const CONTAINER: &str = "worker";
+
+/// Whether this process runs in an elastic step's launcher pod ([`WORKERS_VAR`] is set).
+pub fn in_launcher_pod() -> bool {
+    std::env::var_os(WORKERS_VAR).is_some_and(|v| !v.is_empty())
+}
+
+/// The engine of a launcher pod (see the module docs).
+#[derive(Debug, Clone)]
+pub struct PodsSetup {
+    ssh: SshSetup,
+    selector: String,
+    namespace: Option<String>,
+}
+
+pub fn start(_project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
+    Ok(Engine::Supervised(Arc::new(PodsSetup::from_env(options)?)))
+}
+
+fn engine_error(message: String) -> LaunchError {
+    LaunchError::Engine(message)
+}
+
+/// A label selector as kubectl takes it: `key=value` terms separated by commas, in the characters of label keys and
+/// values (nothing kubectl could read as an option, nothing a shell would split).
+fn valid_selector(selector: &str) -> bool {
+    !selector.starts_with('-')
+        && selector.split(',').all(|term| {
+            term.split_once('=').is_some_and(|(k, v)| {
+                !k.is_empty()
+                    && [k, v].iter().all(|part| {
+                        part.bytes().all(|b| {
+                            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/')
+                        })
+                    })
+            })
+        })
+}
+
+/// A DNS-1123 label (a namespace) or subdomain (a pod's name): lowercase alphanumerics, `-` and `.`, starting and
+/// ending with an alphanumeric, at most 253 characters.
+pub fn valid_k8s_name(name: &str) -> bool {
+    let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    name.len() <= 253
+        && edge(name.as_bytes().first())
+        && edge(name.as_bytes().last())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+}
+
+impl PodsSetup {
+    /// From the launcher pod's variables ([`WORKERS_VAR`], [`NAMESPACE_VAR`], `HVD_POD_IP`) and the run's options.
+    pub fn from_env(options: &RunOptions) -> Result<Self, LaunchError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let selector = var(WORKERS_VAR).unwrap_or_default();
+        if !valid_selector(&selector) {
+            return Err(engine_error(format!(
+                "`{WORKERS_VAR}` is {selector:?}, not a label selector (`key=value,...`); the JobSet hvd writes sets \
+                 it on an elastic step's launcher pod"
+            )));
+        }
+        let namespace = var(NAMESPACE_VAR);
+        if let Some(ns) = namespace.as_deref().filter(|ns| !valid_k8s_name(ns)) {
+            return Err(engine_error(format!(
+                "`{NAMESPACE_VAR}` is {ns:?}, not a namespace name (lowercase letters, digits and `-`)"
+            )));
+        }
+        let pod_ip = var(POD_IP_VAR).unwrap_or_default();
+        let bind_ip: IpAddr = pod_ip.parse().map_err(|_| {
+            engine_error(format!(
+                "`{POD_IP_VAR}` is {pod_ip:?}, not the launcher pod's IP address (the JobSet sets it from \
+                 `status.podIP`): the rendezvous binds it"
+            ))
+        })?;
+        Ok(PodsSetup {
+            ssh: SshSetup {
+                hosts: Vec::new(),
+                ssh: Vec::new(),
+                bind_ip,
+                interface: None,
+                host_addrs: vec![bind_ip],
+                grace: options.grace,
+                copy_env: false,
+                caches: options.caches.clone(),
+                trusted_keys: options.trusted_keys.clone(),
+                hvd: None,
+                work_dirs: Arc::default(),
+                pulling_hvds: Arc::default(),
+                deadlines: Deadlines::new(options.start_timeout),
+                transport: Transport::KubectlExec {
+                    namespace: namespace.clone(),
+                    container: CONTAINER.into(),
+                },
+                rank_dir: Some(PathBuf::from(".")),
+            },
+            selector,
+            namespace,
+        })
+    }
+
+    /// `kubectl get pods [-n NS] -l SELECTOR --field-selector=status.phase=Running -o jsonpath=...`: one `POD:1`
+    /// line per running worker pod.
+    pub fn discovery_argv(&self) -> Vec<String> {
+        let mut argv = vec!["get".to_owned(), "pods".to_owned()];
+        if let Some(ns) = &self.namespace {
+            argv.extend(["-n".into(), ns.clone()]);
+        }
+        argv.extend([
+            "-l".into(),
+            self.selector.clone(),
+            "--field-selector=status.phase=Running".into(),
+            "-o".into(),
+            r#"jsonpath={range .items[*]}{.metadata.name}:1{"\n"}{end}"#.into(),
+        ]);
+        argv
+    }
+
+    /// A rank's variables on its pod: the ssh engine's, without `MASTER_ADDR` (torch's rendezvous host: rank 0's
+    /// pod is found only when the step starts, and a pod's name is not an address other pods resolve).
+    fn rank_vars(&self, env: super::ssh::RemoteRankEnv<'_>) -> Vec<(String, String)> {
+        let mut vars = self.ssh.rank_vars(env);
+        vars.retain(|(k, _)| k != crate::env_vars::MASTER_ADDR);
+        vars
+    }
+
+    /// The `hvd` that pulls the env in a worker pod (the image's, on its PATH), with caches.
+    fn pulling_hvd(&self) -> Option<&'static str> {
+        (!self.ssh.caches.is_empty()).then_some("hvd")
+    }
+}
+
+impl SupervisedEngine for PodsSetup {
+    fn name(&self) -> &'static str {
+        "kubernetes engine (in a launcher pod)"
+    }
+
+    /// The worker pods are found when the step starts: until then every rank is on "a worker pod".
+    fn layout(&self, workers: Option<u32>) -> WorkerLayout {
+        match workers {
+            Some(n) => WorkerLayout::spread(&[("<worker pod>".to_owned(), 1)], n),
+            None => WorkerLayout::local(&crate::env::local_hostname(), 1),
+        }
+    }
+
+    /// Only an elastic step runs in a launcher pod (its hosts come from discovery).
+    fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
+        match plan
+            .steps
+            .iter()
+            .find(|s| s.workers.is_some() && s.min_workers.is_none())
+        {
+            Some(step) => Err(engine_error(format!(
+                "step `{}` is not elastic: in a launcher pod (`{WORKERS_VAR}` is set) the kubernetes engine runs \
+                 only the elastic step the JobSet made the pod for",
+                step.name
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn remote_hosts(&self) -> bool {
+        true
+    }
+
+    /// A pod named by discovery: a pod name (so never a kubectl option); nothing to deliver (the image has the
+    /// project, and each rank pulls the env).
+    fn reach_host(&self, _plan: &Plan, _step: &PlannedStep, host: &str) -> Result<(), LaunchError> {
+        if valid_k8s_name(host) {
+            Ok(())
+        } else {
+            Err(engine_error(format!(
+                "`kubectl get pods` named {host:?}, which is not a pod name"
+            )))
+        }
+    }
+
+    fn reaches_at_once(&self) -> bool {
+        true
+    }
+
+    /// `kubectl exec POD -c worker -- /bin/sh -c true` within `within`.
+    fn probe_host(&self, host: &str, within: Duration) -> Option<bool> {
+        let argv = self.ssh.argv(host, "true");
+        let mut kubectl = std::process::Command::new(&argv[0]);
+        kubectl.args(&argv[1..]);
+        Some(super::ssh::exits_within(&mut kubectl, within).unwrap_or(false))
+    }
+
+    fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {
+        (self.ssh.bind_ip, vec![self.ssh.bind_ip])
+    }
+
+    fn rank_command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
+        let Some(rendezvous) = rank.rendezvous else {
+            return Ok(RankCommand::local(rank));
+        };
+        let vars = self.rank_vars(started_rank_env(rank, rendezvous));
+        let argv = self.ssh.rank_argv(
+            rank.plan,
+            rank.step,
+            rank.slot,
+            &vars,
+            rendezvous.addr.ip(),
+            self.pulling_hvd(),
+        )?;
+        Ok(RankCommand::remote_argv(&argv, false))
+    }
+
+    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
+        let vars = self.rank_vars(super::ssh::dry_run_rank_env(
+            plan,
+            step,
+            slot,
+            self.ssh.bind_ip,
+        ));
+        Some(
+            match self.ssh.rank_argv(
+                plan,
+                step,
+                slot,
+                &vars,
+                self.ssh.bind_ip,
+                self.pulling_hvd(),
+            ) {
+                Ok(argv) => format!("kubectl: {}", shell::line(&argv)),
+                Err(e) => format!("(cannot run: {e})"),
+            },
+        )
+    }
+
+    fn discovery(&self) -> Option<Program> {
+        Some(Program {
+            path: PathBuf::from("kubectl"),
+            args: self.discovery_argv(),
+            label: PathBuf::from(format!("kubectl get pods -l {}", self.selector)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_and_names_are_checked() {
+        assert!(valid_selector(
+            "jobset.sigs.k8s.io/jobset-name=t,jobset.sigs.k8s.io/replicatedjob-name=train-workers"
+        ));
+        for bad in ["", "-oyaml", "a=b c", "a", "a=b;rm", "a=$(x)", "=b"] {
+            assert!(!valid_selector(bad), "{bad}");
+        }
+        assert!(valid_k8s_name("t-train-workers-0-1-x7k2p"));
+        for bad in ["", "-n", "Pod", "a b", "a/b", "a-", &"a".repeat(254)] {
+            assert!(!valid_k8s_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ranks_run_through_kubectl_exec_in_the_containers_directory() {
+        let setup = PodsSetup {
+            ssh: SshSetup {
+                transport: Transport::KubectlExec {
+                    namespace: Some("ml".into()),
+                    container: CONTAINER.into(),
+                },
+                rank_dir: Some(PathBuf::from(".")),
+                ..crate::engines::ssh::tests::setup(None)
+            },
+            selector: "a=b".into(),
+            namespace: Some("ml".into()),
+        };
+        let argv = setup.ssh.argv("pod-1", "exec /bin/sh -c X");
+        assert_eq!(
+            argv,
+            [
+                "kubectl",
+                "exec",
+                "-i",
+                "-n",
+                "ml",
+                "pod-1",
+                "-c",
+                "worker",
+                "--",
+                "/bin/sh",
+                "-c",
+                "exec /bin/sh -c X"
+            ]
+        );
+        assert_eq!(
+            setup.discovery_argv()[..6],
+            ["get", "pods", "-n", "ml", "-l", "a=b"]
+        );
+    }
+}
