@@ -3,24 +3,31 @@
 //! finds the worker pods with `kubectl get pods` and starts each rank with `kubectl exec`. Tested as the other
 //! Kubernetes tests are (tests/cli_engines.rs, tests/k8s_delivery.rs): no cluster. The launcher pod is a process
 //! with exactly its container's command and env (the ConfigMap and the state volume at their mount paths under a
-//! temporary directory, the pod IP 127.0.0.1); a fake `kubectl` serves a cluster of worker "pods": `get pods` lists
-//! the running ones, `exec` runs the command here in the image's working directory (the project), marked with the
-//! pod's name so that the test can lose a pod whole.
+//! temporary directory, the pod IP 127.0.0.1). Each worker pod is its container's command (the exported one) as PID 1
+//! of a PID namespace of its own (`unshare --pid --mount-proc`), with its container's env and the project as the
+//! image's working directory: as in a container, the pod's processes see only each other and all die with PID 1, and
+//! the kubelet's SIGTERM reaches PID 1 only. A fake `kubectl` serves them: `get pods` lists the running ones, `exec`
+//! runs the command in the pod (`nsenter` into its namespaces, the container's env and working directory).
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{HVD, text};
 
-/// The fake cluster's kubectl: `$FAKE_K8S/pods/NAME` is a running pod; every call is logged to `$FAKE_K8S/calls`.
+/// The fake cluster's kubectl: `$FAKE_K8S/pods/NAME/` is a running pod (`pid`: its PID 1 as seen here, `env`: its
+/// container's environment as shell assignments, `deleting`: its deletion time once it is being deleted); `get pods`
+/// prints what the launcher's jsonpath asks for (`NAME:1 DELETION-TIME`); every call is logged to `$FAKE_K8S/calls`.
 const FAKE_KUBECTL: &str = r#"#!/bin/sh
 printf '%s\n' "$*" >> "$FAKE_K8S/calls"
 case $1 in
 get)
-  for p in "$FAKE_K8S"/pods/*; do [ -e "$p" ] && printf '%s:1\n' "${p##*/}"; done
+  for p in "$FAKE_K8S"/pods/*; do
+    [ -e "$p/pid" ] || continue
+    if [ -e "$p/deleting" ]; then printf '%s:1 %s\n' "${p##*/}" "$(cat "$p/deleting")"; else printf '%s:1 \n' "${p##*/}"; fi
+  done
   exit 0 ;;
 exec)
   shift
@@ -29,15 +36,157 @@ exec)
   pod=$1; shift
   [ "$1" = -c ] && shift 2
   [ "$1" = -- ] && shift
-  if [ ! -e "$FAKE_K8S/pods/$pod" ]; then
+  if [ ! -e "$FAKE_K8S/pods/$pod/pid" ]; then
     echo "Error from server (NotFound): pods \"$pod\" not found" >&2; exit 1
   fi
-  cd "$FAKE_K8S/workdir" || exit 1
-  FAKE_POD=$pod exec "$@" ;;
+  exec env -i /usr/bin/nsenter -t "$(cat "$FAKE_K8S/pods/$pod/pid")" -p -m --wd="$FAKE_K8S/workdir" \
+    /bin/sh -c '. "$0"; exec "$@"' "$FAKE_K8S/pods/$pod/env" "$@" ;;
 esac
 echo "fake kubectl: unexpected: $*" >&2
 exit 1
 "#;
+
+/// The fake cluster: its directory (kubectl, `pods/`, `calls`, `workdir` -> the project) and its worker pods.
+struct Cluster {
+    dir: PathBuf,
+    /// The worker container's command and env (from the JobSet).
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+    pods: Vec<(String, Child)>,
+}
+
+impl Cluster {
+    fn new(
+        root: &Path,
+        project: &Path,
+        worker: &serde_json::Value,
+        secret: &serde_json::Value,
+    ) -> Cluster {
+        let dir = root.join("cluster");
+        std::fs::create_dir_all(dir.join("pods")).unwrap();
+        std::os::unix::fs::symlink(project, dir.join("workdir")).unwrap();
+        let kubectl = dir.join("kubectl");
+        std::fs::write(&kubectl, FAKE_KUBECTL).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&kubectl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let command = worker["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        // The container's variables, and the image's PATH.
+        let mut env = common::pod_env(worker, secret, None, Some("ml"));
+        env.push(("PATH".into(), std::env::var("PATH").unwrap_or_default()));
+        Cluster {
+            dir,
+            command,
+            env,
+            pods: Vec::new(),
+        }
+    }
+
+    /// Starts pod `name`: its container's command as PID 1 of a new PID namespace, in the project directory.
+    fn start(&mut self, name: &str) {
+        let pod = self.dir.join("pods").join(name);
+        std::fs::create_dir_all(&pod).unwrap();
+        let quoted: String = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("export {k}='{}'\n", v.replace('\'', "'\\''")))
+            .collect();
+        std::fs::write(pod.join("env"), quoted).unwrap();
+        let child = Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+            .args(&self.command)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(self.dir.join("workdir"))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        // PID 1 of the pod: unshare's child.
+        let children = format!("/proc/{0}/task/{0}/children", child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let init = loop {
+            let text = std::fs::read_to_string(&children).unwrap_or_default();
+            if let Some(pid) = text.split_whitespace().next() {
+                break pid.to_owned();
+            }
+            assert!(Instant::now() < deadline, "pod {name} did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        std::fs::write(pod.join("pid"), init).unwrap();
+        self.pods.push((name.to_owned(), child));
+    }
+
+    fn init(&self, name: &str) -> i32 {
+        std::fs::read_to_string(self.dir.join("pods").join(name).join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Pod `name` is lost (its node died): PID 1 killed, so every process of the pod dies at once; gone from the
+    /// API.
+    fn lose(&mut self, name: &str) {
+        let init = self.init(name);
+        std::fs::remove_dir_all(self.dir.join("pods").join(name)).unwrap();
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc_kill(init, 9) };
+        self.wait(name);
+    }
+
+    /// Pod `name` is evicted (spot reclaim, a drained node): the kubelet's SIGTERM to its PID 1. Returns how it
+    /// ended.
+    fn evict(&mut self, name: &str) -> std::process::ExitStatus {
+        // The API server marks it first: terminating, still `Running`.
+        std::fs::write(
+            self.dir.join("pods").join(name).join("deleting"),
+            "2026-12-03T12:00:00Z",
+        )
+        .unwrap();
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc_kill(self.init(name), 15) };
+        let status = self.wait(name);
+        std::fs::remove_dir_all(self.dir.join("pods").join(name)).unwrap();
+        status
+    }
+
+    /// The end of pod `name` (its `unshare` ends with PID 1's status), within 60 s.
+    fn wait(&mut self, name: &str) -> std::process::ExitStatus {
+        let i = self.pods.iter().position(|(n, _)| n == name).unwrap();
+        let (_, mut child) = self.pods.remove(i);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "pod {name} did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn calls(&self) -> String {
+        std::fs::read_to_string(self.dir.join("calls")).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    /// The JobSet is done: its worker pods are deleted (SIGTERM; with no rank left they end at once).
+    fn drop(&mut self) {
+        for (_, child) in &mut self.pods {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
 
 /// The exported manifests of `dir`'s project.
 fn export(dir: &Path) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
@@ -68,21 +217,6 @@ fn replicated<'a>(jobset: &'a serde_json::Value, name: &str) -> &'a serde_json::
         .iter()
         .find(|j| j["name"] == name)
         .unwrap_or_else(|| panic!("no replicated job {name}: {jobset}"))
-}
-
-/// Kills every process of `pod` (its ranks, their shells, the exec sessions) at once and removes it from the
-/// cluster: a lost pod (its node died).
-fn lose_pod(cluster: &Path, pod: &str) {
-    std::fs::remove_file(cluster.join("pods").join(pod)).unwrap();
-    for (pid, _) in common::processes_with_env(&format!("FAKE_POD={pod}")) {
-        // SAFETY: kill has no memory preconditions.
-        unsafe { libc_kill(pid as i32, 9) };
-    }
-}
-
-unsafe extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
 /// The launcher pod: its container's command (`hvd` the binary under test; the mounts under `root`) with its env,
@@ -155,24 +289,32 @@ fn launcher_pod(
     command
 }
 
-/// Four worker pods (and a hostile name in `get pods`' output, never used), elastic minimum 2: one pod is lost while slot 0 waits at step 5 (its ranks, shells and exec
-/// sessions killed at once, and gone from `get pods`), and the Job's new pod in its place appears. The launcher pod's
-/// `hvd run` counts the rank lost, the three survivors re-form, the new pod is found by its discovery and its rank
-/// joins at a commit; the four finish together with every committed step once, and nothing is left running.
-#[test]
-fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
-    let marker = common::unique_marker("k8s-elastic");
-    let steps = 10;
-    let dir = common::elastic::project(
+/// A project whose elastic step `train` (2 to 4 workers) runs the elastic training script with `env`, exported;
+/// the launcher pod started against a fake cluster of four worker pods (`t-train-workers-0-N-aaaaa`), with slot 0
+/// paused at step 5 (the test acts there, then writes `go`). Returns the cluster, the launcher and the project.
+struct Run {
+    cluster: Cluster,
+    launcher: Child,
+    project: tempfile::TempDir,
+    _root: tempfile::TempDir,
+    root: PathBuf,
+}
+
+fn pod(index: u32, suffix: &str) -> String {
+    format!("t-train-workers-0-{index}-{suffix}")
+}
+
+fn start_paused(marker: &str, env: &str, hostile: bool) -> Run {
+    let project = common::elastic::project(
         "{ min = 2, max = 4 }",
-        steps,
-        &format!(", ELASTIC_PAUSE = \"5\", ELASTIC_UNTIL = \"4\", HVD_TEST_MARKER = \"{marker}\""),
+        10,
+        &format!(", ELASTIC_PAUSE = \"5\", HVD_TEST_MARKER = \"{marker}\"{env}"),
     );
     common::append_to_project(
-        dir.path(),
+        project.path(),
         "cluster {\n  engine = \"kubernetes\"\n  image = \"img\"\n  namespace = \"ml\"\n}",
     );
-    let (jobset, config_map, secret) = export(dir.path());
+    let (jobset, config_map, secret) = export(project.path());
     // The worker pods wait for ranks, as many as the step's maximum; the JobSet is done when the launcher is.
     let workers = &replicated(&jobset, "train-workers")["template"]["spec"];
     assert_eq!(workers["parallelism"], 4, "{workers}");
@@ -180,42 +322,63 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
         jobset["spec"]["successPolicy"],
         serde_json::json!({ "operator": "All", "targetReplicatedJobs": ["train"] })
     );
-    let root = tempfile::tempdir().unwrap();
-    let bin = root.path().join("cluster");
-    std::fs::create_dir_all(bin.join("pods")).unwrap();
-    std::os::unix::fs::symlink(dir.path(), bin.join("workdir")).unwrap();
-    let kubectl = bin.join("kubectl");
-    std::fs::write(&kubectl, FAKE_KUBECTL).unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&kubectl, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let pod = |index: u32, suffix: &str| format!("t-train-workers-0-{index}-{suffix}");
+    let root_dir = tempfile::tempdir().unwrap();
+    let root = root_dir.path().to_path_buf();
+    let worker = &workers["template"]["spec"]["containers"][0];
+    let mut cluster = Cluster::new(&root, project.path(), worker, &secret);
     for index in 0..4 {
-        std::fs::write(bin.join("pods").join(pod(index, "aaaaa")), "").unwrap();
+        cluster.start(&pod(index, "aaaaa"));
     }
-    // What `get pods` prints is the API server's: a "pod" named like a kubectl option is never exec'd into.
-    std::fs::write(bin.join("pods").join("--kubeconfig=evil"), "").unwrap();
-    let mut child = launcher_pod(&jobset, &config_map, &secret, root.path(), &bin)
+    if hostile {
+        // What `get pods` prints is the API server's: a "pod" named like a kubectl option is never exec'd into.
+        cluster.start("--kubeconfig=evil");
+    }
+    let mut launcher = launcher_pod(&jobset, &config_map, &secret, &root, &cluster.dir)
         .args(["--grace", "2"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.path().join("paused").exists() {
-        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
+    while !project.path().join("paused").exists() {
+        if Instant::now() > deadline || launcher.try_wait().unwrap().is_some() {
+            let _ = launcher.kill();
+            let out = launcher.wait_with_output().unwrap();
             let (stdout, stderr) = text(&out);
             panic!("slot 0 did not reach the pause:\n{stdout}\n{stderr}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    lose_pod(&bin, &pod(2, "aaaaa"));
-    std::fs::write(bin.join("pods").join(pod(2, "bbbbb")), "").unwrap();
-    std::fs::write(dir.path().join("go"), "").unwrap();
-    let out = wait_within(child, Duration::from_secs(120));
+    Run {
+        cluster,
+        launcher,
+        project,
+        _root: root_dir,
+        root,
+    }
+}
+
+/// Four worker pods (and a hostile name in `get pods`' output, never used), elastic minimum 2: one pod is lost while
+/// slot 0 waits at step 5 (its PID 1 killed: every process of the pod dies at once, and it is gone from `get pods`),
+/// and the Job's new pod in its place starts. The launcher pod's `hvd run` counts the rank lost, the three survivors
+/// re-form, the new pod is found by its discovery and its rank joins at a commit; the four finish together with every
+/// committed step once, and nothing is left running.
+#[test]
+fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
+    let marker = common::unique_marker("k8s-elastic");
+    let Run {
+        mut cluster,
+        launcher,
+        project,
+        root,
+        _root: _keep,
+    } = start_paused(&marker, ", ELASTIC_UNTIL = \"4\"", true);
+    cluster.lose(&pod(2, "aaaaa"));
+    cluster.start(&pod(2, "bbbbb"));
+    std::fs::write(project.path().join("go"), "").unwrap();
+    let out = wait_within(launcher, Duration::from_secs(120));
     let (stdout, stderr) = text(&out);
-    let calls = std::fs::read_to_string(bin.join("calls")).unwrap();
+    let calls = cluster.calls();
     let all = format!("{stdout}\n{stderr}\n{calls}");
     assert!(out.status.success(), "{all}");
     let flat = common::flat_stderr(&out);
@@ -242,7 +405,8 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
         "jobset.sigs.k8s.io/jobset-name=t,jobset.sigs.k8s.io/replicatedjob-name=train-workers";
     assert!(
         calls.lines().any(|c| c.starts_with(&format!(
-            "get pods -n ml -l {selector} --field-selector=status.phase=Running -o jsonpath="
+            "get pods -n ml -l {selector} --field-selector=status.phase=Running -o \
+             jsonpath={{range .items[*]}}{{.metadata.name}}:1 {{.metadata.deletionTimestamp}}{{\"\\n\"}}{{end}}"
         ))),
         "{calls}"
     );
@@ -259,17 +423,69 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
     assert!(!calls.contains("HVD_JOB_TOKEN="), "{calls}");
     assert!(!calls.contains("exec -i -n ml --kubeconfig"), "{calls}");
     assert!(
-        flat.contains("host discovery found host `--kubeconfig=evil` for step `train`, but it cannot run workers"),
+        flat.contains(
+            "host discovery found host `--kubeconfig=evil` for step `train`, but it cannot run workers"
+        ),
         "{all}"
     );
     // No rank is told a MASTER_ADDR: rank 0's pod is not known when a rank starts, and a pod's name is no address.
     assert!(!calls.contains("MASTER_ADDR"), "{calls}");
     // The run's state went to the state volume, not next to the (read-only) file.
-    assert!(root.path().join("var/run/hvd/state/runs").is_dir(), "{all}");
+    assert!(root.join("var/run/hvd/state/runs").is_dir(), "{all}");
+    assert!(!root.join("var/run/hvd/project/.hvd").exists(), "{all}");
+    drop(cluster);
+    common::assert_nothing_left(&marker);
+}
+
+/// A worker pod evicted (spot reclaim, a drained node: the kubelet's SIGTERM to its PID 1) while slot 0 waits at
+/// step 5: the pod's waiting process passes SIGTERM on to its rank, which finishes the step, commits, hands over and
+/// leaves; the pod then ends (143, so that its Job starts it again). The launcher reports the rank preempted (or,
+/// when its discovery saw the pod being deleted first, leaving at its commit), not lost, and the other three finish
+/// with every committed step once.
+#[test]
+fn an_evicted_worker_pod_hands_its_rank_over() {
+    let marker = common::unique_marker("k8s-evict");
+    let Run {
+        mut cluster,
+        launcher,
+        project,
+        _root: _keep,
+        ..
+    } = start_paused(&marker, "", false);
+    // The rank's step blocks on slot 0's pause, so the pod waits for its rank to hand over: let slot 0 go on
+    // meanwhile.
+    let go = project.path().join("go");
+    let evicting = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        std::fs::write(go, "").unwrap();
+    });
+    let status = cluster.evict(&pod(2, "aaaaa"));
+    evicting.join().unwrap();
+    assert_eq!(status.code(), Some(143), "the evicted pod's end");
+    let out = wait_within(launcher, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    let all = format!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "{all}");
+    let flat = common::flat_stderr(&out);
+    // The rank's own word: it got SIGTERM and handed over. The launcher says so, or (when its discovery saw the pod
+    // being deleted first and asked the rank to leave) that the rank left at its commit.
     assert!(
-        !root.path().join("var/run/hvd/project/.hvd").exists(),
+        stdout.contains("[train t-train-workers-0-2-aaaaa:2] hvd.elastic: preempted: committed and left the job")
+            || stderr.contains("hvd.elastic: preempted: committed and left the job"),
         "{all}"
     );
+    assert!(
+        flat.contains(
+            "rank 2 of step `train` was preempted: it committed, handed over and left; 3 of its 4 workers go on"
+        ) || flat.contains(
+            "rank 2 of step `train` left: host discovery no longer lists its slot (it committed and handed over); \
+             3 of its 4 workers go on"
+        ),
+        "{all}"
+    );
+    assert!(!flat.contains("was lost"), "{all}");
+    common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)]);
+    drop(cluster);
     common::assert_nothing_left(&marker);
 }
 

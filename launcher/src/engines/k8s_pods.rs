@@ -31,6 +31,12 @@ use crate::options::RunOptions;
 pub const WORKERS_VAR: &str = "HVD_K8S_WORKERS";
 /// The launcher pod's namespace (downward API `metadata.namespace`), where its worker pods are.
 pub const NAMESPACE_VAR: &str = "HVD_K8S_NAMESPACE";
+/// The discovery of a launcher pod: runs `"$@"` (`kubectl get pods ...`, [`PodsSetup::get_pods_argv`]) and prints
+/// the `POD:1` of each line without a deletion time; kubectl's failure is the discovery's (its status and stderr).
+pub const DISCOVER: &str = r#"out=$("$@") || exit
+printf '%s\n' "$out" | while read -r pod deleting; do [ -n "$pod" ] && [ -z "$deleting" ] && printf '%s\n' "$pod"; done
+exit 0"#;
+
 /// The container of a worker pod the ranks run in.
 pub const CONTAINER: &str = "worker";
 
@@ -133,10 +139,11 @@ impl PodsSetup {
         })
     }
 
-    /// `kubectl get pods [-n NS] -l SELECTOR --field-selector=status.phase=Running -o jsonpath=...`: one `POD:1`
-    /// line per running worker pod.
-    pub fn discovery_argv(&self) -> Vec<String> {
-        let mut argv = vec!["get".to_owned(), "pods".to_owned()];
+    /// `kubectl get pods [-n NS] -l SELECTOR --field-selector=status.phase=Running -o jsonpath=...`: each running
+    /// worker pod as `POD:1`, followed by its `deletionTimestamp` when it is being deleted (evicted, its node
+    /// drained: a terminating pod is still `Running` until it ends).
+    pub fn get_pods_argv(&self) -> Vec<String> {
+        let mut argv = vec!["kubectl".to_owned(), "get".to_owned(), "pods".to_owned()];
         if let Some(ns) = &self.namespace {
             argv.extend(["-n".into(), ns.clone()]);
         }
@@ -145,7 +152,7 @@ impl PodsSetup {
             self.selector.clone(),
             "--field-selector=status.phase=Running".into(),
             "-o".into(),
-            r#"jsonpath={range .items[*]}{.metadata.name}:1{"\n"}{end}"#.into(),
+            r#"jsonpath={range .items[*]}{.metadata.name}:1 {.metadata.deletionTimestamp}{"\n"}{end}"#.into(),
         ]);
         argv
     }
@@ -263,10 +270,17 @@ impl SupervisedEngine for PodsSetup {
         )
     }
 
+    /// [`PodsSetup::get_pods_argv`] under [`DISCOVER`], which leaves out the pods being deleted.
     fn discovery(&self) -> Option<Program> {
+        let mut args = vec![
+            "-c".to_owned(),
+            DISCOVER.to_owned(),
+            "hvd-discover".to_owned(),
+        ];
+        args.extend(self.get_pods_argv());
         Some(Program {
-            path: PathBuf::from("kubectl"),
-            args: self.discovery_argv(),
+            path: PathBuf::from("/bin/sh"),
+            args,
             label: PathBuf::from(format!("kubectl get pods -l {}", self.selector)),
         })
     }
@@ -288,6 +302,25 @@ mod tests {
         for bad in ["", "-n", "Pod", "a b", "a/b", "a-", &"a".repeat(254)] {
             assert!(!valid_k8s_name(bad), "{bad}");
         }
+    }
+
+    /// Discovery lists the running pods but those being deleted, and fails when kubectl does.
+    #[test]
+    fn discovery_leaves_out_pods_being_deleted_and_fails_with_kubectl() {
+        let run = |program: &[&str]| {
+            std::process::Command::new("/bin/sh")
+                .args(["-c", DISCOVER, "hvd-discover"])
+                .args(program)
+                .output()
+                .unwrap()
+        };
+        let listing = "p-0:1 \np-1:1 2026-12-03T12:00:00Z\n\np-2:1\n";
+        let out = run(&["printf", "%s", listing]);
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "p-0:1\np-2:1\n");
+        let out = run(&["sh", "-c", "echo forbidden >&2; exit 1"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "forbidden\n");
     }
 
     #[test]
@@ -323,8 +356,8 @@ mod tests {
             ]
         );
         assert_eq!(
-            setup.discovery_argv()[..6],
-            ["get", "pods", "-n", "ml", "-l", "a=b"]
+            setup.get_pods_argv()[..7],
+            ["kubectl", "get", "pods", "-n", "ml", "-l", "a=b"]
         );
     }
 }

@@ -26,9 +26,32 @@ pub const PROJECT_MOUNT: &str = "/var/run/hvd/project";
 /// Where the launcher pod keeps the run's state and logs (`--state-dir`, an `emptyDir`).
 pub const STATE_MOUNT: &str = "/var/run/hvd/state";
 
-/// What a worker pod runs: nothing until the launcher execs ranks into it. SIGTERM (the pod deleted or evicted)
-/// ends it with 143, a failure, so that its Job starts the pod again.
-pub const IDLE: &str = "trap 'exit 143' TERM; while :; do sleep 3600 & wait $!; done";
+/// What a worker pod runs (its container's PID 1, or the child of the pulling `hvd worker-env`, which passes
+/// signals on): nothing until the launcher execs ranks into it. SIGTERM (the pod evicted, deleted, its spot node
+/// reclaimed: the kubelet signals only PID 1, and the pod's processes all die with it) is passed on to the ranks
+/// in the pod (every process with `HVD_RANK` in its environment but a rank's `/bin/sh -c` leader, which then ends
+/// with the rank's own status, as the ssh wrapper's `PREEMPT` does), so that `hvd.elastic` commits, hands over and
+/// leaves; once no rank is left (at most 25 s, within the pod's default 30 s grace) it exits 143, a failure, so that
+/// its Job starts the pod again. The text is constant.
+pub const IDLE: &str = r#"stop() {
+  s=$(readlink -f /bin/sh)
+  for e in /proc/[0-9]*/environ; do
+    p=${e#/proc/}; p=${p%/environ}
+    [ "$p" = "$$" ] && continue
+    grep -qz '^HVD_RANK=' "$e" 2>/dev/null || continue
+    [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$s" ] && continue
+    kill -TERM "$p" 2>/dev/null
+  done
+  i=0
+  while [ "$i" -lt 250 ] && grep -qz '^HVD_RANK=' /proc/[0-9]*/environ 2>/dev/null; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+  exit 143
+}
+trap stop TERM
+while :; do sleep 3600 & wait $!; done
+"#;
 
 /// The replicated job of an elastic step's worker pods.
 pub fn pool_name(job: &str) -> String {
