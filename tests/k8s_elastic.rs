@@ -304,11 +304,13 @@ fn pod(index: u32, suffix: &str) -> String {
     format!("t-train-workers-0-{index}-{suffix}")
 }
 
-fn start_paused(marker: &str, env: &str, hostile: bool) -> Run {
+/// The exported project (`env`: more of the step's variables) and a fake cluster for it, without pods yet; the
+/// launcher pod's command.
+fn prepare(marker: &str, env: &str) -> (tempfile::TempDir, tempfile::TempDir, Cluster, Command) {
     let project = common::elastic::project(
         "{ min = 2, max = 4 }",
         10,
-        &format!(", ELASTIC_PAUSE = \"5\", HVD_TEST_MARKER = \"{marker}\"{env}"),
+        &format!(", HVD_TEST_MARKER = \"{marker}\"{env}"),
     );
     common::append_to_project(
         project.path(),
@@ -322,10 +324,17 @@ fn start_paused(marker: &str, env: &str, hostile: bool) -> Run {
         jobset["spec"]["successPolicy"],
         serde_json::json!({ "operator": "All", "targetReplicatedJobs": ["train"] })
     );
-    let root_dir = tempfile::tempdir().unwrap();
-    let root = root_dir.path().to_path_buf();
+    let root = tempfile::tempdir().unwrap();
     let worker = &workers["template"]["spec"]["containers"][0];
-    let mut cluster = Cluster::new(&root, project.path(), worker, &secret);
+    let cluster = Cluster::new(root.path(), project.path(), worker, &secret);
+    let launcher = launcher_pod(&jobset, &config_map, &secret, root.path(), &cluster.dir);
+    (project, root, cluster, launcher)
+}
+
+fn start_paused(marker: &str, env: &str, hostile: bool) -> Run {
+    let (project, root_dir, mut cluster, mut command) =
+        prepare(marker, &format!(", ELASTIC_PAUSE = \"5\"{env}"));
+    let root = root_dir.path().to_path_buf();
     for index in 0..4 {
         cluster.start(&pod(index, "aaaaa"));
     }
@@ -333,7 +342,7 @@ fn start_paused(marker: &str, env: &str, hostile: bool) -> Run {
         // What `get pods` prints is the API server's: a "pod" named like a kubectl option is never exec'd into.
         cluster.start("--kubeconfig=evil");
     }
-    let mut launcher = launcher_pod(&jobset, &config_map, &secret, &root, &cluster.dir)
+    let mut launcher = command
         .args(["--grace", "2"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -470,8 +479,9 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
     // The rank's own word: it got SIGTERM and handed over. The launcher says so, or (when its discovery saw the pod
     // being deleted first and asked the rank to leave) that the rank left at its commit.
     assert!(
-        stdout.contains("[train t-train-workers-0-2-aaaaa:2] hvd.elastic: preempted: committed and left the job")
-            || stderr.contains("hvd.elastic: preempted: committed and left the job"),
+        stdout.contains(
+            "[train t-train-workers-0-2-aaaaa:2] hvd.elastic: preempted: committed and left the job"
+        ) || stderr.contains("hvd.elastic: preempted: committed and left the job"),
         "{all}"
     );
     assert!(
@@ -485,6 +495,38 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
     );
     assert!(!flat.contains("was lost"), "{all}");
     common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)]);
+    drop(cluster);
+    common::assert_nothing_left(&marker);
+}
+
+/// The worker pods start after the launcher pod (being scheduled, pulling their image): its first discovery waits
+/// for the step's minimum past `--elastic-timeout` (1 s here; the worker pods' start has its own allowance), then the
+/// two pods' ranks train.
+#[test]
+fn worker_pods_that_start_after_the_launcher_are_waited_for() {
+    let marker = common::unique_marker("k8s-late-pods");
+    let (_project, _root, mut cluster, mut command) = prepare(&marker, "");
+    let launcher = command
+        .args(["--grace", "2", "--elastic-timeout", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    for index in 0..2 {
+        cluster.start(&pod(index, "aaaaa"));
+    }
+    let out = wait_within(launcher, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("printed no `host:slots` line; keeping the current hosts"),
+        "{stderr}"
+    );
+    assert_eq!(
+        common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]),
+        10
+    );
     drop(cluster);
     common::assert_nothing_left(&marker);
 }

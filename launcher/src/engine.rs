@@ -144,6 +144,13 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         None
     }
 
+    /// How long the first host discovery of an elastic step waits for the step's minimum of slots, given the step's
+    /// `--elastic-timeout`, and the flag that sets it (for the message when it runs out). An engine whose hosts take
+    /// a while to come up waits longer (kubernetes: worker pods being scheduled, pulling their image).
+    fn first_hosts_within(&self, elastic_timeout: Duration) -> (Duration, &'static str) {
+        (elastic_timeout, "--elastic-timeout")
+    }
+
     /// The host discovery of an elastic step that names no program of its own: the engine's (kubernetes in a
     /// launcher pod: `kubectl get pods` of the step's worker pods that run). `None`: without a program the step's
     /// hosts are its layout's.

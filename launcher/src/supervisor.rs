@@ -703,7 +703,7 @@ fn run_attempt(
             {
                 let d = Discovery::of(program, plan.project_dir.clone(), discovery_timeout()?);
                 let mut found = placement::Hosts::new(plan, step, true);
-                first_slots = Some(first_discovery(job, step, &d, &mut found, min, n)?);
+                first_slots = Some(first_discovery(job, engine, step, &d, &mut found, min, n)?);
                 hosts = Some(found);
                 discovery = Some(d);
             }

@@ -37,6 +37,9 @@ pub const DISCOVER: &str = r#"out=$("$@") || exit
 printf '%s\n' "$out" | while read -r pod deleting; do [ -n "$pod" ] && [ -z "$deleting" ] && printf '%s\n' "$pod"; done
 exit 0"#;
 
+/// How long an elastic step's first discovery waits for its minimum of running worker pods without `--start-timeout`.
+pub const PODS_START_WITHIN: Duration = Duration::from_secs(600);
+
 /// The container of a worker pod the ranks run in.
 pub const CONTAINER: &str = "worker";
 
@@ -51,6 +54,7 @@ pub struct PodsSetup {
     ssh: SshSetup,
     selector: String,
     namespace: Option<String>,
+    start_timeout: Option<Duration>,
 }
 
 pub fn start(_project: &Project, options: &RunOptions) -> Result<Engine, LaunchError> {
@@ -136,6 +140,7 @@ impl PodsSetup {
             },
             selector,
             namespace,
+            start_timeout: options.start_timeout,
         })
     }
 
@@ -271,6 +276,18 @@ impl SupervisedEngine for PodsSetup {
     }
 
     /// [`PodsSetup::get_pods_argv`] under [`DISCOVER`], which leaves out the pods being deleted.
+    /// Worker pods start with the launcher pod: they may wait to be scheduled and pull their image (and the env)
+    /// for minutes. The first discovery waits for the step's minimum up to `--start-timeout`, else
+    /// [`PODS_START_WITHIN`] (at least `--elastic-timeout`).
+    fn first_hosts_within(&self, elastic_timeout: Duration) -> (Duration, &'static str) {
+        (
+            self.start_timeout
+                .unwrap_or(PODS_START_WITHIN)
+                .max(elastic_timeout),
+            "the worker pods' start: --start-timeout, default 600 s",
+        )
+    }
+
     fn discovery(&self) -> Option<Program> {
         let mut args = vec![
             "-c".to_owned(),
@@ -336,6 +353,7 @@ mod tests {
             },
             selector: "a=b".into(),
             namespace: Some("ml".into()),
+            start_timeout: None,
         };
         let argv = setup.ssh.argv("pod-1", "exec /bin/sh -c X");
         assert_eq!(

@@ -50,9 +50,11 @@ fn discovery_warning(e: &DiscoveryError) -> String {
 
 /// The first run(s) of the discovery script of an elastic step: the slots of the workers it starts (at most `max`,
 /// on the hosts the script found, made ready first where the engine reaches other hosts). Runs it every second until
-/// it finds at least `min` usable slots, for up to `--elastic-timeout`.
+/// it finds at least `min` usable slots, for up to `--elastic-timeout` (or what the engine allows its hosts to come
+/// up: [`crate::engine::SupervisedEngine::first_hosts_within`]).
 pub(super) fn first_discovery(
     job: &Job<'_>,
+    engine: &dyn crate::engine::SupervisedEngine,
     step: &PlannedStep,
     discovery: &Discovery,
     hosts: &mut Hosts,
@@ -60,6 +62,7 @@ pub(super) fn first_discovery(
     max: u32,
 ) -> Result<Vec<Slot>, LaunchError> {
     let started = Instant::now();
+    let (within, flag) = engine.first_hosts_within(step.elastic.timeout);
     let mut last: Option<String> = None;
     loop {
         let found = match discovery.run_now(step.elastic.slots_per_host) {
@@ -69,10 +72,7 @@ pub(super) fn first_discovery(
                     step,
                     &found,
                     &Blacklist::new(hosts.here()),
-                    Some(crate::options::saturating_add(
-                        started,
-                        step.elastic.timeout,
-                    )),
+                    Some(crate::options::saturating_add(started, within)),
                 );
                 let n: u32 = usable.iter().fold(0u32, |n, (_, s)| n.saturating_add(*s));
                 if n >= min {
@@ -102,14 +102,13 @@ pub(super) fn first_discovery(
             });
         }
         last = Some(found);
-        if started.elapsed() >= step.elastic.timeout || job.stopping() || job.interrupts.get().0 > 0
-        {
+        if started.elapsed() >= within || job.stopping() || job.interrupts.get().0 > 0 {
             return Err(LaunchError::Engine(format!(
-                "step `{}` did not start: host discovery (`{}`) found no {min} slots within {} s (--elastic-timeout); \
-                 the last run: {}",
+                "step `{}` did not start: host discovery (`{}`) found no {min} slots within {} s ({flag}); the last \
+                 run: {}",
                 step.name,
                 discovery.script().display(),
-                step.elastic.timeout.as_secs_f64(),
+                within.as_secs_f64(),
                 last.unwrap_or_default()
             )));
         }
