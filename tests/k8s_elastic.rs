@@ -62,6 +62,23 @@ impl Cluster {
         worker: &serde_json::Value,
         secret: &serde_json::Value,
     ) -> Cluster {
+        Self::with_path(
+            root,
+            project,
+            worker,
+            secret,
+            &std::env::var("PATH").unwrap_or_default(),
+        )
+    }
+
+    /// [`Cluster::new`] whose image has `path` for PATH.
+    fn with_path(
+        root: &Path,
+        project: &Path,
+        worker: &serde_json::Value,
+        secret: &serde_json::Value,
+        path: &str,
+    ) -> Cluster {
         let dir = root.join("cluster");
         std::fs::create_dir_all(dir.join("pods")).unwrap();
         std::os::unix::fs::symlink(project, dir.join("workdir")).unwrap();
@@ -77,7 +94,7 @@ impl Cluster {
             .collect();
         // The container's variables, and the image's PATH.
         let mut env = common::pod_env(worker, secret, None, Some("ml"));
-        env.push(("PATH".into(), std::env::var("PATH").unwrap_or_default()));
+        env.push(("PATH".into(), path.to_owned()));
         Cluster {
             dir,
             command,
@@ -191,22 +208,32 @@ unsafe extern "C" {
 /// The exported manifests of `dir`'s project.
 fn export(dir: &Path) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
     let out_dir = dir.join("k8s-out");
-    let out = Command::new(HVD)
+    let mut command = Command::new(HVD);
+    command
         .args(["export", "k8s"])
         .arg(dir.join("train.hvd"))
         .arg("--out")
-        .arg(&out_dir)
-        .output()
-        .unwrap();
+        .arg(&out_dir);
+    exported(command, &out_dir, "t")
+}
+
+/// The manifests (JobSet, ConfigMap, Secret) of JobSet `name` that `command` (an `hvd export k8s`) writes to
+/// `out_dir`.
+fn exported(
+    mut command: Command,
+    out_dir: &Path,
+    name: &str,
+) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    let out = command.output().unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let read = |name: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join(name)).unwrap()).unwrap()
     };
     (
-        read("t.jobset.json"),
-        read("t.configmap.json"),
-        read("t.secret.json"),
+        read(&format!("{name}.jobset.json")),
+        read(&format!("{name}.configmap.json")),
+        read(&format!("{name}.secret.json")),
     )
 }
 
@@ -227,6 +254,25 @@ fn launcher_pod(
     secret: &serde_json::Value,
     root: &Path,
     bin: &Path,
+) -> Command {
+    launcher_pod_with_path(
+        jobset,
+        config_map,
+        secret,
+        root,
+        bin,
+        &std::env::var("PATH").unwrap_or_default(),
+    )
+}
+
+/// [`launcher_pod`] whose image has `path` for PATH.
+fn launcher_pod_with_path(
+    jobset: &serde_json::Value,
+    config_map: &serde_json::Value,
+    secret: &serde_json::Value,
+    root: &Path,
+    bin: &Path,
+    path: &str,
 ) -> Command {
     let spec = &replicated(jobset, "train")["template"]["spec"]["template"]["spec"];
     let container = &spec["containers"][0];
@@ -274,14 +320,7 @@ fn launcher_pod(
         Some("ml"),
     ));
     command
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
+        .env("PATH", format!("{}:{path}", bin.display()))
         .env("HOME", root)
         .env("NO_COLOR", "1")
         .env("FAKE_K8S", bin)
@@ -529,6 +568,94 @@ fn worker_pods_that_start_after_the_launcher_are_waited_for() {
     );
     drop(cluster);
     common::assert_nothing_left(&marker);
+}
+
+/// With caches (no env in the image): the launcher pod runs with `--env-dir=ENV --cache=URL --trusted-key=KEY`, each
+/// worker pod pulls the env when it starts (`hvd worker-env --once --pull ... -- /bin/sh -c IDLE`) and every rank
+/// starts through the same pull in its pod, which finds the env there. The store is removed after the export and the
+/// pods' PATH has only `hvd` and the system: the ranks import a package only the env has.
+#[test]
+fn ranks_in_worker_pods_run_in_the_env_the_pods_pulled() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let p = common::pushed_fixture_env(
+        root.path(),
+        &outside.path().join("cache"),
+        "cluster {\n  engine = \"kubernetes\"\n  image = \"example/bare:1\"\n  namespace = \"ml\"\n}\n\
+         step train {\n  run = \"python job.py\"\n  workers = { min = 1, max = 2 }\n}\n",
+    );
+    std::fs::write(
+        p.project.join("job.py"),
+        "import os, hvd, helper\nhvd.init()\nhvd.barrier()\n\
+         print(f\"job rank={hvd.rank()} size={hvd.size()} word={helper.WORD} venv={os.environ['VIRTUAL_ENV']}\")\n",
+    )
+    .unwrap();
+    let store = root.path().join("store");
+    let url = format!("file://{}", p.cache.display());
+    let key = p.public_key.display().to_string();
+    let out_dir = root.path().join("k8s");
+    let mut command = common::hvd_with_store(
+        root.path(),
+        &store,
+        &["export", "k8s", "app/train.hvd", "--locked", "--out"],
+    );
+    command
+        .arg(&out_dir)
+        .args(["--cache", &url, "--trusted-key", &key])
+        .env_remove("HVD_CACHES")
+        .env_remove("HVD_TRUSTED_KEYS");
+    let (jobset, config_map, secret) = exported(command, &out_dir, "app");
+    // Nothing of the env is left here: the pods must pull it.
+    if std::fs::remove_dir_all(&store).is_err() {
+        let _ = Command::new("chmod")
+            .args(["-R", "u+w"])
+            .arg(&store)
+            .status();
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+    let bin = outside.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(HVD, bin.join("hvd")).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let workers = &replicated(&jobset, "train-workers")["template"]["spec"];
+    let worker = &workers["template"]["spec"]["containers"][0];
+    assert_eq!(
+        worker["command"].as_array().unwrap()[..3],
+        ["hvd", "worker-env", "--once"],
+        "{worker}"
+    );
+    let pods = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::with_path(pods.path(), &p.project, worker, &secret, &path);
+    for index in 0..2 {
+        cluster.start(&format!("app-train-workers-0-{index}-aaaaa"));
+    }
+    let launcher = launcher_pod_with_path(
+        &jobset,
+        &config_map,
+        &secret,
+        pods.path(),
+        &cluster.dir,
+        &path,
+    )
+    .args(["--grace", "2"])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let out = wait_within(launcher, Duration::from_secs(180));
+    let (stdout, stderr) = text(&out);
+    let calls = cluster.calls();
+    assert!(out.status.success(), "{stdout}\n{stderr}\n{calls}");
+    for rank in 0..2 {
+        let want = format!("job rank={rank} size=2 word=hello venv={}", p.env.display());
+        assert!(stdout.contains(&want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    let pull = format!(" hvd worker-env --once --pull={} ", p.env.display());
+    assert!(calls.contains(&pull), "want `{pull}`: {calls}");
+    assert!(
+        p.env.join("bin").is_dir(),
+        "the pods pulled the env into its store"
+    );
 }
 
 /// `child`'s output once it ends, killing it (and failing) past `within`.
