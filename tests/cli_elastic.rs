@@ -12,7 +12,7 @@ use common::text;
 
 /// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation
 /// count, committed after each step; `ELASTIC_KILL` (`slot:step,...`) names the workers that send themselves
-/// `ELASTIC_SIGNAL` (default SIGKILL) when they begin a step. Every worker prints its re-forms and, at the end,
+/// `ELASTIC_SIGNAL` (default SIGKILL) when they begin a step (`ELASTIC_SIGNALS` times, 0.2 s apart; default once). Every worker prints its re-forms and, at the end,
 /// what it finished with and whether every rank of the final round agrees. With `ELASTIC_INTERRUPT`, every worker
 /// raises `HostsUpdatedInterrupt` once when it begins that step; the worker `ELASTIC_STALL` does not come back after a
 /// loss (it sleeps); every worker raises `HorovodInternalError` at step `ELASTIC_RAISE`, every time; `ELASTIC_HANG` (`slot:step,...`) names workers that hang (sleep) when they begin a step.
@@ -80,6 +80,16 @@ if await_ and int(await_.split(":")[0]) == slot:
 if kills.get(slot) == -1:
     os.kill(os.getpid(), signal)
 
+if os.environ.get("ELASTIC_CHILD"):
+    # A data loader's worker: a child of the rank that dies of SIGTERM (as torch's do), saying so in a file.
+    import subprocess, sys
+    subprocess.Popen([sys.executable, "-c",
+                      "import os, signal, sys, time\n"
+                      "def h(*a):\n"
+                      "    open('child-termed.%s' % os.environ['HVD_RANK'], 'w').close()\n"
+                      "    sys.exit(1)\n"
+                      "signal.signal(signal.SIGTERM, h)\n"
+                      "time.sleep(3600)\n"])
 hvd.init()
 print("slot %d starts as rank %d of %d" % (slot, hvd.rank(), hvd.size()), flush=True)
 state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))
@@ -102,6 +112,10 @@ def train(state):
         time.sleep(step_sleep)
         if kills.get(slot) == state.step:
             os.kill(os.getpid(), signal)
+            for _ in range(int(os.environ.get("ELASTIC_SIGNALS", "1")) - 1):
+                # The same notice again (a platform and hvd's launcher both pass one eviction on).
+                time.sleep(0.2)
+                os.kill(os.getpid(), signal)
         if state.step == raise_at:
             # Every rank, every time: a failure no re-form cures.
             raise hvd.HorovodInternalError("deterministic failure at step %d" % state.step)
@@ -386,7 +400,8 @@ fn below_its_minimum_a_step_waits_until_discovery_finds_slots_again() {
 
 /// Host discovery lists fewer slots (4, then 2): the workers on the slots no longer listed (the highest, 3 and 2) are
 /// asked to leave and hand over at their next commit, as a preempted worker does; they are not failures, the other
-/// two re-form and finish with every committed step counted once.
+/// two re-form and finish with every committed step counted once. The request (SIGTERM) reaches each rank alone, not
+/// the child every rank started (a data loader's worker, which dies of a SIGTERM).
 #[test]
 fn workers_on_slots_discovery_no_longer_lists_leave_at_a_commit() {
     let marker = marker();
@@ -400,6 +415,7 @@ fn workers_on_slots_discovery_no_longer_lists_leave_at_a_commit() {
         &[
             ("ELASTIC_GROW", "0:3:slots:localhost:2"),
             ("ELASTIC_UNTIL", "atmost:2"),
+            ("ELASTIC_CHILD", "1"),
         ],
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -427,6 +443,14 @@ fn workers_on_slots_discovery_no_longer_lists_leave_at_a_commit() {
     assert!(!stderr.contains("PeerLostError"), "{stderr}");
     let step = common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]);
     assert!(step > 3, "{stdout}");
+    // The hand-over request reached the rank alone, not its child (a data loader's worker, which dies of it).
+    let termed: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("child-termed"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(termed.is_empty(), "{termed:?}\n{stderr}");
     common::assert_nothing_left(&marker);
 }
 
@@ -549,10 +573,19 @@ fn an_elastic_range_above_the_workers_started_is_refused() {
 /// committed step counts once, and the run reports the worker as preempted, not failed.
 #[test]
 fn a_preempted_worker_commits_hands_over_and_leaves() {
+    // Once, and the same notice twice 0.2 s apart (Kubernetes' SIGTERM and hvd's launcher's hand-over request for
+    // one eviction): one hand-over either way.
+    for signals in ["1", "2"] {
+        preempted_worker_hands_over(signals);
+    }
+}
+
+/// [`a_preempted_worker_commits_hands_over_and_leaves`] with SIGTERM sent `signals` times.
+fn preempted_worker_hands_over(signals: &str) {
     let marker = marker();
     let steps = 12;
     let dir = project_with_signal("{ min = 2, max = 4 }", steps, "2:5", 15, &marker);
-    let (out, stdout, stderr) = run(dir.path(), &[], &[]);
+    let (out, stdout, stderr) = run(dir.path(), &[], &[("ELASTIC_SIGNALS", signals)]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // It began step 5 when SIGTERM came, finished it, and left at that step's commit.
     assert!(

@@ -599,7 +599,7 @@ fn workers_on_a_host_discovery_no_longer_lists_hand_over_over_ssh() {
     let dir = project(
         "{ min = 2, max = 4 }",
         4,
-        ", ELASTIC_UNTIL = \"-2\", ELASTIC_GROW = \"3\"",
+        ", ELASTIC_UNTIL = \"-2\", ELASTIC_GROW = \"3\", ELASTIC_CHILD = \"1\"",
     );
     let d = dir.path();
     // The step's command, compound: `sh -c` stays the leader of the rank's process group.
@@ -648,6 +648,15 @@ fn workers_on_a_host_discovery_no_longer_lists_hand_over_over_ssh() {
     for line in &lines {
         assert_eq!(*line, counted_once(step), "{stdout}\n{stderr}");
     }
+    // `PREEMPT` reached each rank alone, not the child every rank started (a data loader's worker, which dies of a
+    // SIGTERM).
+    let termed: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("child-termed"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(termed.is_empty(), "{termed:?}\n{stderr}");
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
 

@@ -23,6 +23,16 @@ term = os.environ.get("ELASTIC_TERM", "")
 until = int(os.environ.get("ELASTIC_UNTIL", "0"))
 paused = []
 
+if os.environ.get("ELASTIC_CHILD"):
+    # A data loader's worker: a child of the rank that dies of SIGTERM (as torch's do), saying so in a file.
+    import subprocess, sys
+    subprocess.Popen([sys.executable, "-c",
+                      "import os, signal, sys, time\n"
+                      "def h(*a):\n"
+                      "    open('child-termed.%s' % os.environ['HVD_RANK'], 'w').close()\n"
+                      "    sys.exit(1)\n"
+                      "signal.signal(signal.SIGTERM, h)\n"
+                      "time.sleep(3600)\n"])
 hvd.init()
 print("slot %d starts as rank %d of %d on %s" % (slot, hvd.rank(), hvd.size(), os.environ["HVD_HOSTNAME"]), flush=True)
 state = hvd.elastic.ObjectState(step=0, count=0.0, w=np.zeros(4))

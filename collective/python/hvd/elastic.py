@@ -27,7 +27,8 @@ spot reclaim, Kubernetes eviction) is a hand-over, not a loss: ``run`` installs 
 worker; at its next ``commit()`` the worker saves, the others learn it leaves and re-form at once without it, and it
 tells the launcher's rendezvous it leaves (``hvd_elastic_leave``) and exits 0. Nothing committed is lost or counted
 twice. A worker that reaches no commit within ``HVD_PREEMPT_GRACE`` seconds (default 30) of the SIGTERM ends with code
-143, as SIGTERM would have ended it: a lost worker. A second SIGTERM ends it at once, the same way. New workers (host
+143, as SIGTERM would have ended it: a lost worker. A second SIGTERM ends it at once, the same way (one within 5 s
+of the first is the same notice delivered twice, e.g. by Kubernetes and by hvd's launcher, and changes nothing). New workers (host
 discovery) join at a commit the same way: the members re-form and sync the state from rank 0.
 
 Checkpoints beyond the process: in a step with ``checkpoints = "ckpt/"`` or ``"s3://bucket/prefix"`` (or under
@@ -1184,6 +1185,10 @@ def _preempt_grace():
     return grace
 
 
+# A SIGTERM this soon after the first is the same notice delivered twice, not a second one.
+_SAME_NOTICE_SECONDS = 5.0
+
+
 class _Preemption:
     """The SIGTERM handler ``run`` installs in an elastic step, and what it marked."""
 
@@ -1232,6 +1237,10 @@ class _Preemption:
 
     def handle(self, signum, frame):
         if self.marked is not None:
+            if time.monotonic() - self.marked < _SAME_NOTICE_SECONDS:
+                # The same notice again: a platform and hvd's launcher both pass one eviction on (Kubernetes: the
+                # worker pod's SIGTERM, and the launcher's hand-over request once it sees the pod being deleted).
+                return
             # A second SIGTERM: end now, as SIGTERM would.
             self.end("a second SIGTERM")
         previous = self.previous

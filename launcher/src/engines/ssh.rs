@@ -15,8 +15,10 @@
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
 //!    command's process group, then SIGKILL after the grace period; a line `PREEMPT TICKS` (an elastic worker asked to
-//!    hand over at its next commit) sends SIGTERM past the `/bin/sh -c` leader of the group (to the rank's processes
-//!    only, so that the leader ends with the rank's own status) and SIGKILL after TICKS tenths of a second;
+//!    hand over at its next commit) sends SIGTERM to the rank: the leader of the group, or, where that is the `/bin/sh
+//!    -c` leader, its children (so that the leader ends with the rank's own status); not to the rank's own children
+//!    (a torch DataLoader's workers die of a SIGTERM, and their death would fail the rank before it commits); then
+//!    SIGKILL to the group after TICKS tenths of a second;
 //! 4. waits for the command, kills both sessions' leftovers and every process that still carries the rank's
 //!    `HVD_RUN_STEP` and `HVD_RANK` in its environment (escaped with `setsid`), and exits with the command's code,
 //!    which ssh passes on.
@@ -232,8 +234,8 @@ pub const WRAPPER: &str = concat!(
     r#"if [ \"\$(readlink /proc/\$g/exe 2>/dev/null)\" = \"\$(readlink -f /bin/sh)\" ]; then k=; "#,
     r#"for f in /proc/[0-9]*/stat; do p=\${f#/proc/}; p=\${p%/stat}; [ \"\$p\" = \"\$g\" ] && continue; "#,
     r#"l=; read -r l < \$f || continue; l=\${l##*) }; set -- \$l; "#,
-    r#"[ \"\$3\" = \"\$g\" ] && kill -TERM \$p 2>/dev/null && k=1; done; "#,
-    r#"[ -n \"\$k\" ] || kill -TERM \$g 2>/dev/null || exit 0; else kill -TERM -\$g 2>/dev/null || exit 0; fi; "#,
+    r#"[ \"\$2\" = \"\$g\" ] && kill -TERM \$p 2>/dev/null && k=1; done; "#,
+    r#"[ -n \"\$k\" ] || kill -TERM \$g 2>/dev/null || exit 0; else kill -TERM \$g 2>/dev/null || exit 0; fi; "#,
     r#"else kill -\$s -\$g 2>/dev/null || exit 0; fi; "#,
     r#"i=0; while kill -0 -\$g 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$n ]; then kill -KILL -\$g 2>/dev/null; "#,
     r#"exit 0; fi; sleep 0.1; done"; "#,

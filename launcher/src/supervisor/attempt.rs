@@ -359,7 +359,7 @@ fn charge_host(job: &Job<'_>, blacklist: &mut Blacklist, host: &str, when: Insta
 fn preempt_worker(w: &mut Worker, kill_after: Duration) {
     match w.stdin.take() {
         Some(mut stdin) => crate::engine::send_preempt(&mut stdin, kill_after),
-        None => signal_past_wrapper(w.pgid, libc::SIGTERM),
+        None => signal_past_wrapper(w.pgid, libc::SIGTERM, true),
     }
 }
 
@@ -925,7 +925,7 @@ pub(super) fn supervise(
                     // ssh exits once the remote wrapper has stopped the rank; SIGKILL after the grace period.
                     Some(mut stdin) => crate::engine::send_stop(&mut stdin, signal),
                     // An elastic worker unwinds on SIGTERM (hvd.elastic): its `sh -c` wrapper must outlive it.
-                    None if elastic.is_some() => signal_past_wrapper(w.pgid, signal),
+                    None if elastic.is_some() => signal_past_wrapper(w.pgid, signal, false),
                     None => signal_group(w.pgid, signal),
                 }
             }
@@ -1044,8 +1044,10 @@ fn remove_unlisted(
 /// Signals a local worker's process group, except its leader when that is the `/bin/sh -c` wrapper of the rank's
 /// command: the wrapper ends with the command (with its exit status) instead of dying first, which would end the
 /// worker (its group is killed once the worker's process exits) before it unwinds. A group that is only the leader,
-/// or led by anything else, gets the signal whole.
-fn signal_past_wrapper(pgid: u32, signal: i32) {
+/// or led by anything else, gets the signal whole. With `rank_only` (a hand-over request) only the rank itself gets
+/// it: the leader's children when the leader is that wrapper, else the leader; not the rank's own children (a torch
+/// DataLoader's workers die of a SIGTERM, and their death would fail the rank before it commits).
+fn signal_past_wrapper(pgid: u32, signal: i32, rank_only: bool) {
     let leader_is_sh = std::fs::read_link(format!("/proc/{pgid}/exe"))
         .ok()
         .zip(std::fs::canonicalize("/bin/sh").ok())
@@ -1056,8 +1058,13 @@ fn signal_past_wrapper(pgid: u32, signal: i32) {
             .flatten()
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|&pid| pid != pgid && process_group(pid) == Some(pgid))
+            .filter(|&pid| {
+                pid != pgid
+                    && stat_field(pid, 2) == Some(pgid)
+                    && (!rank_only || stat_field(pid, 1) == Some(pgid))
+            })
             .collect(),
+        false if rank_only => vec![pgid],
         false => Vec::new(),
     };
     if members.is_empty() {
@@ -1074,12 +1081,13 @@ fn signal_past_wrapper(pgid: u32, signal: i32) {
     }
 }
 
-/// The process group of `pid` (`/proc/PID/stat`, the field after the parent's pid), `None` when it is gone.
-fn process_group(pid: u32) -> Option<u32> {
+/// Field `n` after the command name of `/proc/PID/stat` (0: the state, 1: the parent's pid, 2: the process
+/// group), `None` when the process is gone.
+fn stat_field(pid: u32, n: usize) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: the fields after it follow the last `)`.
     let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(2)?.parse().ok()
+    rest.split_whitespace().nth(n)?.parse().ok()
 }
 
 /// How many workers an attempt has started so far (an elastic step's discovery may add some).
