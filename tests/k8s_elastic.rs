@@ -289,8 +289,12 @@ fn launcher_pod_with_path(
             .find(|v| v["name"] == mount["name"])
             .unwrap();
         if volume["configMap"]["name"] == config_map["metadata"]["name"] {
-            for (file, content) in config_map["data"].as_object().unwrap() {
-                std::fs::write(here.join(file), content.as_str().unwrap()).unwrap();
+            // Each key at its item's path (a file the .hvd file imports in a directory of its own included).
+            for item in volume["configMap"]["items"].as_array().unwrap() {
+                let path = here.join(item["path"].as_str().unwrap());
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let key = item["key"].as_str().unwrap();
+                std::fs::write(path, config_map["data"][key].as_str().unwrap()).unwrap();
             }
         } else {
             assert!(volume["emptyDir"].is_object(), "{volume}");
@@ -355,6 +359,23 @@ fn prepare(marker: &str, env: &str) -> (tempfile::TempDir, tempfile::TempDir, Cl
         project.path(),
         "cluster {\n  engine = \"kubernetes\"\n  image = \"img\"\n  namespace = \"ml\"\n}",
     );
+    // The file imports one of its own, in a directory of its own: the launcher pod gets both.
+    std::fs::create_dir_all(project.path().join("lib")).unwrap();
+    std::fs::write(
+        project.path().join("lib/settings.hvd"),
+        "let image = \"img\"\n",
+    )
+    .unwrap();
+    let file = project.path().join("train.hvd");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "import \"./lib/settings.hvd\" as settings\n{}",
+            text.replace("image = \"img\"", "image = settings.image")
+        ),
+    )
+    .unwrap();
     let (jobset, config_map, secret) = export(project.path());
     // The worker pods wait for ranks, as many as the step's maximum; the JobSet is done when the launcher is.
     let workers = &replicated(&jobset, "train-workers")["template"]["spec"];
@@ -481,6 +502,19 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
     // The run's state went to the state volume, not next to the (read-only) file.
     assert!(root.join("var/run/hvd/state/runs").is_dir(), "{all}");
     assert!(!root.join("var/run/hvd/project/.hvd").exists(), "{all}");
+    // Once the step is over the launcher ends every worker pod with 0 (SIGUSR1 to its PID 1): they hold nothing the
+    // next steps need. The hostile name was never exec'd into.
+    for index in [0, 1, 3] {
+        assert_eq!(cluster.wait(&pod(index, "aaaaa")).code(), Some(0), "{all}");
+    }
+    assert_eq!(cluster.wait(&pod(2, "bbbbb")).code(), Some(0), "{all}");
+    assert!(
+        calls.contains(&format!(
+            "exec -i -n ml {} -c worker -- /bin/sh -c kill -USR1 1",
+            pod(0, "aaaaa")
+        )),
+        "{calls}"
+    );
     drop(cluster);
     common::assert_nothing_left(&marker);
 }
@@ -499,7 +533,7 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
         project,
         _root: _keep,
         ..
-    } = start_paused(&marker, "", false);
+    } = start_paused(&marker, ", ELASTIC_CHILD = \"1\"", false);
     // The rank's step blocks on slot 0's pause, so the pod waits for its rank to hand over: let slot 0 go on
     // meanwhile.
     let go = project.path().join("go");
@@ -534,6 +568,14 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
     );
     assert!(!flat.contains("was lost"), "{all}");
     common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)]);
+    // SIGTERM reached the rank alone, not its child (a data loader's worker, which dies of it).
+    let termed: Vec<_> = std::fs::read_dir(project.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("child-termed"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(termed.is_empty(), "{termed:?}\n{all}");
     drop(cluster);
     common::assert_nothing_left(&marker);
 }

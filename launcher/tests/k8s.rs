@@ -253,6 +253,11 @@ fn mpijob_workers_pull_the_env_in_an_init_container_and_fit_the_crd() {
     );
 }
 
+/// The text of a project file the elastic tests export (the model they export is built here; the launcher pods get
+/// this text).
+const PROJECT_FILE: &str = "env {\n  python = \"3.11\"\n}\nstep train {\n  run = \"python train.py\"\n  \
+                            workers = { min = 1, max = 2 }\n}\n";
+
 /// An elastic step (`train`, 1 to 2 workers) with caches: a launcher pod (the .hvd file from a ConfigMap, an
 /// account that may list pods and exec into them, nothing more) and worker pods that pull the env and wait; the
 /// JobSet completes once every other job did, and the whole fits the CRD.
@@ -260,7 +265,7 @@ fn mpijob_workers_pull_the_env_in_an_init_container_and_fit_the_crd() {
 fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("train.hvd");
-    std::fs::write(&file, "# the project's file\n").unwrap();
+    std::fs::write(&file, PROJECT_FILE).unwrap();
     let mut project = project(cluster(&[]));
     project.file = file;
     project.steps[1].min_workers = Some(1);
@@ -294,8 +299,8 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
         ]
     );
     assert_eq!(
-        out.manifests[1].content["data"]["train.hvd"],
-        "# the project's file\n"
+        out.manifests[1].content["data"],
+        serde_json::json!({ "f0": PROJECT_FILE })
     );
     // The launcher's account: pods, read, and exec into them; nothing else.
     assert_eq!(
@@ -326,6 +331,10 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
     assert_eq!(jobs[3]["dependsOn"][1]["name"], "train");
     let launcher = &jobs[1]["template"]["spec"]["template"]["spec"];
     assert_eq!(launcher["serviceAccountName"], "my-project-hvd-launcher");
+    assert_eq!(
+        launcher["volumes"][0]["configMap"]["items"],
+        serde_json::json!([{ "key": "f0", "path": "train.hvd" }])
+    );
     let command: Vec<&str> = launcher["containers"][0]["command"]
         .as_array()
         .unwrap()
@@ -350,10 +359,33 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
             "--elastic-timeout=7",
         ]
     );
-    // The launcher needs no GPU: the step's resources are its workers'.
-    assert!(launcher["containers"][0]["resources"].is_null());
+    // The launcher needs no GPU (the step's resources are its workers'), but it asks for some memory and CPU, and no
+    // autoscaler may move it: losing it ends the step.
+    assert_eq!(
+        launcher["containers"][0]["resources"],
+        serde_json::json!({ "requests": { "cpu": "100m", "memory": "256Mi" } })
+    );
+    assert_eq!(
+        jobs[1]["template"]["spec"]["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"],
+        "true"
+    );
     let workers = &jobs[2]["template"]["spec"];
     assert_eq!(workers["parallelism"], 2);
+    // A lost or evicted worker pod is started again (an eviction not counted), and one that the launcher ends with 0
+    // once the step is over ends the Job and the other pods; the pods have time to hand their ranks over.
+    assert_eq!(workers["backoffLimit"], i32::MAX);
+    assert_eq!(
+        workers["podFailurePolicy"]["rules"][0],
+        serde_json::json!({ "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget" }] })
+    );
+    assert_eq!(
+        workers["successPolicy"],
+        serde_json::json!({ "rules": [{ "succeededCount": 1 }] })
+    );
+    assert_eq!(
+        workers["template"]["spec"]["terminationGracePeriodSeconds"],
+        hvd_launcher::engines::k8s::elastic::WORKER_GRACE_SECONDS
+    );
     let worker = &workers["template"]["spec"]["containers"][0];
     assert_eq!(worker["resources"]["limits"]["nvidia.com/gpu"], "1");
     let idle = worker["command"].as_array().unwrap();
@@ -366,6 +398,65 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
         ["/bin/sh", "-c", hvd_launcher::engines::k8s::elastic::IDLE]
     );
     golden("my-project.elastic.jobset.json", doc);
+}
+
+/// What an elastic step cannot be in a JobSet is refused at export, naming the step: a discovery program of its own,
+/// checkpoints in a directory (each pod's own file system), and another step named as its worker pods' job.
+#[test]
+fn an_elastic_step_without_a_place_in_a_jobset_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.hvd");
+    std::fs::write(&file, PROJECT_FILE).unwrap();
+    let elastic = |edit: &dyn Fn(&mut Project)| {
+        let mut project = project(cluster(&[]));
+        project.file = file.clone();
+        project.steps[1].min_workers = Some(1);
+        edit(&mut project);
+        export(&project, Flavour::JobSet)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let err = elastic(&|p| p.steps[1].elastic.discovery = Some("discover.sh".into()));
+    assert!(
+        err.contains(
+            "step `train` is elastic with host discovery, which the kubernetes engine does not run"
+        ),
+        "{err}"
+    );
+    let err = elastic(&|p| p.steps[1].checkpoints = Some("ckpt/".into()));
+    assert!(
+        err.contains("step `train` keeps its checkpoints in `ckpt/`: on Kubernetes that is each worker pod's own"),
+        "{err}"
+    );
+    assert_eq!(
+        elastic(&|p| p.steps[1].checkpoints = Some("s3://b/p".into())),
+        ""
+    );
+    // A file the .hvd file imports from outside its directory cannot go with it.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("lib.hvd"), "let x = 1\n").unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "import \"{}\" as lib\n{PROJECT_FILE}",
+            outside.path().join("lib.hvd").display()
+        ),
+    )
+    .unwrap();
+    let err = elastic(&|_| {});
+    assert!(
+        err.contains("which is outside its directory") && err.contains("lib.hvd"),
+        "{err}"
+    );
+    std::fs::write(&file, PROJECT_FILE).unwrap();
+    let err = elastic(&|p| p.steps[2].name = "train-workers".into());
+    assert!(
+        err.contains(
+            "step `train-workers` has the name of elastic step `train`'s worker pods' job"
+        ),
+        "{err}"
+    );
 }
 
 #[test]

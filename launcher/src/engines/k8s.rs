@@ -306,6 +306,11 @@ pub fn export_running(
                 .unwrap_or(0);
             let mut jobs = Vec::new();
             let mut pools = Vec::new();
+            // What an elastic step's launcher pod reads: the .hvd file and its imports.
+            let files = match steps.iter().any(|s| elastic(s)) {
+                true => Some(elastic::ProjectFiles::read(project)?),
+                false => None,
+            };
             for step in &steps {
                 if step.workers == Some(0) {
                     return Err(LaunchError::ZeroWorkers(step.name.clone()));
@@ -331,20 +336,14 @@ pub fn export_running(
                     )
                 });
                 if elastic(step) {
-                    if let Some(dir) = step
-                        .checkpoints
-                        .as_deref()
-                        .filter(|d| !d.starts_with("s3://"))
-                    {
-                        notes.push(format!(
-                            "step `{}` keeps its checkpoints in `{dir}`: in pods that is each worker pod's own                              file system, lost with the pod; give `checkpoints = \"s3://...\"` to resume across pods",
-                            step.name
-                        ));
-                    }
+                    elastic::check_step(step, &job, &steps)?;
                     let env = step_env(step);
+                    let files = files
+                        .as_ref()
+                        .ok_or(LaunchError::Internal("read for an elastic step"))?;
                     for mut replicated in elastic::replicated_jobs(
                         &name,
-                        project,
+                        files,
                         step,
                         n,
                         &image,
@@ -445,7 +444,10 @@ pub fn export_running(
                     .collect();
                 jobset["spec"]["successPolicy"] =
                     json!({ "operator": "All", "targetReplicatedJobs": done });
-                manifests.extend(elastic::launcher_objects(&name, project)?);
+                let files = files
+                    .as_ref()
+                    .ok_or(LaunchError::Internal("read for an elastic step"))?;
+                manifests.extend(elastic::launcher_objects(&name, project, files)?);
             }
             manifests.push(Manifest {
                 file: format!("{name}.jobset.json"),

@@ -40,6 +40,9 @@ exit 0"#;
 /// How long an elastic step's first discovery waits for its minimum of running worker pods without `--start-timeout`.
 pub const PODS_START_WITHIN: Duration = Duration::from_secs(600);
 
+/// How long the launcher waits for each worker pod to take its end-of-step signal.
+pub const RELEASE_WITHIN: Duration = Duration::from_secs(10);
+
 /// The container of a worker pod the ranks run in.
 pub const CONTAINER: &str = "worker";
 
@@ -107,7 +110,7 @@ impl PodsSetup {
         let namespace = var(NAMESPACE_VAR);
         if let Some(ns) = namespace.as_deref().filter(|ns| !valid_k8s_name(ns)) {
             return Err(engine_error(format!(
-                "`{NAMESPACE_VAR}` is {ns:?}, not a namespace name (lowercase letters, digits and `-`)"
+                "`{NAMESPACE_VAR}` is {ns:?}, not a namespace name (lowercase letters, digits, `-` and `.`)"
             )));
         }
         let pod_ip = var(POD_IP_VAR).unwrap_or_default();
@@ -189,24 +192,60 @@ impl SupervisedEngine for PodsSetup {
         }
     }
 
-    /// Only an elastic step runs in a launcher pod (its hosts come from discovery).
+    /// Only an elastic step runs in a launcher pod (its hosts come from the engine's own discovery, never from a
+    /// program the file names).
     fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
-        match plan
-            .steps
-            .iter()
-            .find(|s| s.workers.is_some() && s.min_workers.is_none())
-        {
-            Some(step) => Err(engine_error(format!(
-                "step `{}` is not elastic: in a launcher pod (`{WORKERS_VAR}` is set) the kubernetes engine runs \
-                 only the elastic step the JobSet made the pod for",
-                step.name
-            ))),
-            None => Ok(()),
+        for step in plan.steps.iter().filter(|s| s.workers.is_some()) {
+            if step.min_workers.is_none() {
+                return Err(engine_error(format!(
+                    "step `{}` is not elastic: in a launcher pod (`{WORKERS_VAR}` is set) the kubernetes engine runs \
+                     only the elastic step the JobSet made the pod for",
+                    step.name
+                )));
+            }
+            if step.elastic.discovery.is_some() {
+                return Err(engine_error(format!(
+                    "step `{}` names a host discovery program: in a launcher pod its hosts are its worker pods",
+                    step.name
+                )));
+            }
         }
+        Ok(())
     }
 
     fn remote_hosts(&self) -> bool {
         true
+    }
+
+    /// The step is over: each worker pod's PID 1 ([`super::k8s::elastic::IDLE`]) gets SIGUSR1 and ends with 0, so
+    /// that the worker pods hold nothing the next steps need (the Job's `successPolicy` ends any the launcher did not
+    /// reach). Best effort, each within [`RELEASE_WITHIN`]: a pod not reached goes with the JobSet.
+    fn end_step(&self, _step: &PlannedStep) {
+        let Ok(out) = std::process::Command::new(&self.get_pods_argv()[0])
+            .args(&self.get_pods_argv()[1..])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+        else {
+            return;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pods: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter_map(|l| l.strip_suffix(":1"))
+            .filter(|pod| valid_k8s_name(pod))
+            .collect();
+        std::thread::scope(|scope| {
+            for pod in pods {
+                scope.spawn(move || {
+                    let argv = self.ssh.argv(pod, "kill -USR1 1");
+                    let mut kubectl = std::process::Command::new(&argv[0]);
+                    kubectl.args(&argv[1..]);
+                    let _ = super::ssh::exits_within(&mut kubectl, RELEASE_WITHIN);
+                });
+            }
+        });
     }
 
     /// A pod named by discovery: a pod name (so never a kubectl option); nothing to deliver (the image has the
@@ -280,12 +319,14 @@ impl SupervisedEngine for PodsSetup {
     /// for minutes. The first discovery waits for the step's minimum up to `--start-timeout`, else
     /// [`PODS_START_WITHIN`] (at least `--elastic-timeout`).
     fn first_hosts_within(&self, elastic_timeout: Duration) -> (Duration, &'static str) {
-        (
-            self.start_timeout
-                .unwrap_or(PODS_START_WITHIN)
-                .max(elastic_timeout),
-            "the worker pods' start: --start-timeout, default 600 s",
-        )
+        let start = self.start_timeout.unwrap_or(PODS_START_WITHIN);
+        match start >= elastic_timeout {
+            true => (
+                start,
+                "the worker pods' start: --start-timeout, default 600 s",
+            ),
+            false => (elastic_timeout, "--elastic-timeout"),
+        }
     }
 
     fn discovery(&self) -> Option<Program> {
@@ -319,6 +360,13 @@ mod tests {
         for bad in ["", "-n", "Pod", "a b", "a/b", "a-", &"a".repeat(254)] {
             assert!(!valid_k8s_name(bad), "{bad}");
         }
+    }
+
+    /// A worker pod waits for its ranks as long as [`WORKER_STOP_SECONDS`] says, within its grace period.
+    #[test]
+    fn a_worker_pod_waits_for_its_ranks_within_its_grace() {
+        use crate::engines::k8s::elastic::{IDLE, WORKER_STOP_SECONDS};
+        assert!(IDLE.contains(&format!("trap 'stop {}' TERM", WORKER_STOP_SECONDS * 10)));
     }
 
     /// Discovery lists the running pods but those being deleted, and fails when kubectl does.

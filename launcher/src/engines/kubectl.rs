@@ -289,9 +289,10 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
         }
     }
     for step in &project.steps {
+        // A file's `discovery` is refused with the JobSet (`hvd export k8s` too).
         if step.workers.is_some()
             && step.min_workers.is_some()
-            && (options.host_discovery_script.is_some() || step.elastic.discovery.is_some())
+            && options.host_discovery_script.is_some()
         {
             return Err(LaunchError::Engine(format!(
                 "step `{}` is elastic with host discovery, which the kubernetes engine does not run: an elastic \
@@ -355,36 +356,14 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
 /// sizes, restarts, timeouts and the blacklist's cooldown; checkpoints only at an `s3://` URL (a directory here is
 /// not in the pods).
 fn launcher_flags(options: &RunOptions) -> Result<Vec<String>, LaunchError> {
-    let mut flags: Vec<String> = [
-        ("workers", options.workers),
-        ("max-workers", options.max_workers),
-        ("min-workers", options.min_workers),
-        ("max-restarts", options.max_restarts),
-    ]
-    .into_iter()
-    .filter_map(|(flag, n)| Some(format!("--{flag}={}", n?)))
-    .collect();
-    let seconds = |d: Duration| d.as_secs_f64().to_string();
-    flags.push(format!("--grace={}", seconds(options.grace)));
-    if let Some(t) = options.start_timeout {
-        flags.push(format!("--start-timeout={}", seconds(t)));
-    }
-    if let Some(t) = options.elastic_timeout {
-        flags.push(format!("--elastic-timeout={}", seconds(t)));
-    }
-    if let Some(c) = &options.blacklist_cooldown {
-        flags.extend([
-            "--blacklist-cooldown-range".into(),
-            c.min.as_secs().to_string(),
-            c.max.as_secs().to_string(),
-        ]);
-    }
+    let mut flags = super::step_flags(options);
     if let Some(dir) = &options.checkpoints {
         match dir.to_str().filter(|d| d.starts_with("s3://")) {
             Some(url) => flags.push(format!("--checkpoints={url}")),
             None => {
                 return Err(LaunchError::Engine(format!(
-                    "`--checkpoints {}`: under the kubernetes engine the workers run in pods, which do not have a                      directory of this machine; give an `s3://bucket/prefix` URL",
+                    "`--checkpoints {}`: under the kubernetes engine the workers run in pods, which do not have a \
+                     directory of this machine; give an `s3://bucket/prefix` URL",
                     dir.display()
                 )));
             }

@@ -19,6 +19,37 @@ pub mod slurm_steps;
 pub mod spark;
 pub mod ssh;
 
+/// The flags of a run that shape a step, for an `hvd run --step S --no-deps` of its own (a slurm batch job's, a
+/// Kubernetes launcher pod's): `--workers`, `--max-workers`, `--min-workers`, `--max-restarts`, `--grace`,
+/// `--start-timeout`, `--elastic-timeout` and `--blacklist-cooldown-range`, as given (the file says the rest).
+pub(crate) fn step_flags(options: &crate::options::RunOptions) -> Vec<String> {
+    let mut flags: Vec<String> = [
+        ("workers", options.workers),
+        ("max-workers", options.max_workers),
+        ("min-workers", options.min_workers),
+        ("max-restarts", options.max_restarts),
+    ]
+    .into_iter()
+    .filter_map(|(flag, n)| Some(format!("--{flag}={}", n?)))
+    .collect();
+    let seconds = |d: std::time::Duration| d.as_secs_f64().to_string();
+    flags.push(format!("--grace={}", seconds(options.grace)));
+    if let Some(t) = options.start_timeout {
+        flags.push(format!("--start-timeout={}", seconds(t)));
+    }
+    if let Some(t) = options.elastic_timeout {
+        flags.push(format!("--elastic-timeout={}", seconds(t)));
+    }
+    if let Some(c) = &options.blacklist_cooldown {
+        flags.extend([
+            "--blacklist-cooldown-range".into(),
+            c.min.as_secs().to_string(),
+            c.max.as_secs().to_string(),
+        ]);
+    }
+    flags
+}
+
 /// A worker's line as `hvd run` writes it without colour: `[STEP HOST:RANK] TEXT` -> (step, host, rank, text) (the
 /// launcher of a step in a batch job, or in a launcher pod).
 pub(crate) fn console_line(line: &str) -> Option<(&str, &str, u32, &str)> {

@@ -663,32 +663,7 @@ fn launcher_argv(
                 .map(|k| format!("--trusted-key={k}")),
         );
     }
-    let seconds = |d: std::time::Duration| d.as_secs_f64().to_string();
-    let count = [
-        ("workers", options.workers),
-        ("max-workers", options.max_workers),
-        ("min-workers", options.min_workers),
-        ("max-restarts", options.max_restarts),
-    ];
-    argv.extend(
-        count
-            .into_iter()
-            .filter_map(|(flag, n)| Some(format!("--{flag}={}", n?))),
-    );
-    argv.push(format!("--grace={}", seconds(options.grace)));
-    if let Some(t) = options.start_timeout {
-        argv.push(format!("--start-timeout={}", seconds(t)));
-    }
-    if let Some(t) = options.elastic_timeout {
-        argv.push(format!("--elastic-timeout={}", seconds(t)));
-    }
-    if let Some(c) = &options.blacklist_cooldown {
-        argv.extend([
-            "--blacklist-cooldown-range".into(),
-            c.min.as_secs().to_string(),
-            c.max.as_secs().to_string(),
-        ]);
-    }
+    argv.extend(super::step_flags(options));
     // Paths given on the command line are against the submitting shell's directory; the job starts elsewhere.
     let here = |path: &Path| crate::graph::cwd().join(path);
     if let Some(t) = &options.timeline {
