@@ -533,7 +533,11 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
         project,
         _root: _keep,
         ..
-    } = start_paused(&marker, ", ELASTIC_CHILD = \"1\"", false);
+    } = start_paused(
+        &marker,
+        ", ELASTIC_CHILD = \"1\", ELASTIC_HOLD = \"8\"",
+        false,
+    );
     // The rank's step blocks on slot 0's pause, so the pod waits for its rank to hand over: let slot 0 go on
     // meanwhile.
     let go = project.path().join("go");
@@ -543,6 +547,8 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
     });
     let status = cluster.evict(&pod(2, "aaaaa"));
     evicting.join().unwrap();
+    // The others wait at step 8 until the evicted pod has ended: the step's end would release it (exit 0) first.
+    std::fs::write(project.path().join("release"), "").unwrap();
     assert_eq!(status.code(), Some(143), "the evicted pod's end");
     let out = wait_within(launcher, Duration::from_secs(120));
     let (stdout, stderr) = text(&out);

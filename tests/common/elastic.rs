@@ -2,7 +2,8 @@
 //! and what its workers print.
 
 /// The training script: `ELASTIC_STEPS` steps, each an allreduce of the step's gradient and of a participation count,
-/// committed after each step. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
+/// committed after each step. With `ELASTIC_HOLD` (`step`), slot 0 waits at that step until `release` exists in the
+/// project directory. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
 /// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
 /// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. `ELASTIC_KILL`
 /// (`slot:step`, several separated by commas) names a worker that SIGKILLs itself when it begins that step,
@@ -17,6 +18,7 @@ import hvd
 steps = int(os.environ["ELASTIC_STEPS"])
 slot = int(os.environ["HVD_RANK"])
 pause = int(os.environ.get("ELASTIC_PAUSE", "-1"))
+hold = int(os.environ.get("ELASTIC_HOLD", "-1"))
 grow = os.environ.get("ELASTIC_GROW", "")
 kill = os.environ.get("ELASTIC_KILL", "")
 term = os.environ.get("ELASTIC_TERM", "")
@@ -52,6 +54,9 @@ def big_enough():
 @hvd.elastic.run
 def train(state):
     while state.step < 400 and (state.step < steps or not big_enough()):
+        if slot == 0 and state.step == hold:
+            while not os.path.exists("release"):
+                time.sleep(0.02)
         if slot == 0 and state.step == pause and not paused:
             paused.append(True)
             open("paused", "w").close()
