@@ -27,8 +27,9 @@ spot reclaim, Kubernetes eviction) is a hand-over, not a loss: ``run`` installs 
 worker; at its next ``commit()`` the worker saves, the others learn it leaves and re-form at once without it, and it
 tells the launcher's rendezvous it leaves (``hvd_elastic_leave``) and exits 0. Nothing committed is lost or counted
 twice. A worker that reaches no commit within ``HVD_PREEMPT_GRACE`` seconds (default 30) of the SIGTERM ends with code
-143, as SIGTERM would have ended it: a lost worker. A second SIGTERM ends it at once, the same way (one within 5 s
-of the first is the same notice delivered twice, e.g. by Kubernetes and by hvd's launcher, and changes nothing). New workers (host
+143, as SIGTERM would have ended it: a lost worker. A further SIGTERM while the hand-over is under way is the same
+notice delivered again (e.g. a Kubernetes eviction, passed on by the pod and by hvd's launcher) and changes nothing,
+unless ``hvd run`` is stopping the step: then, as for any SIGTERM then, the worker ends at once. New workers (host
 discovery) join at a commit the same way: the members re-form and sync the state from rank 0.
 
 Checkpoints beyond the process: in a step with ``checkpoints = "ckpt/"`` or ``"s3://bucket/prefix"`` (or under
@@ -1185,10 +1186,6 @@ def _preempt_grace():
     return grace
 
 
-# A SIGTERM this soon after the first is the same notice delivered twice, not a second one.
-_SAME_NOTICE_SECONDS = 5.0
-
-
 class _Preemption:
     """The SIGTERM handler ``run`` installs in an elastic step, and what it marked."""
 
@@ -1236,28 +1233,34 @@ class _Preemption:
                 os.kill(os.getpid(), signal.SIGTERM)
 
     def handle(self, signum, frame):
-        if self.marked is not None:
-            if time.monotonic() - self.marked < _SAME_NOTICE_SECONDS:
-                # The same notice again: a platform and hvd's launcher both pass one eviction on (Kubernetes: the
-                # worker pod's SIGTERM, and the launcher's hand-over request once it sees the pod being deleted).
-                return
-            # A second SIGTERM: end now, as SIGTERM would.
-            self.end("a second SIGTERM")
+        # Marked first: a SIGTERM that arrives while this handler asks the launcher (Python may run the handler again
+        # inside itself) is then taken for what it is, not for a first notice of its own.
+        first = self.marked is None
+        if first:
+            self.marked = time.monotonic()
         previous = self.previous
         if _launcher_stopping():
             # `hvd run` stops the step (a failure, below the minimum, an interrupt): no hand-over to wait for. End
-            # now, unwinding (finally blocks and atexit run), with the code SIGTERM would have given.
+            # now, unwinding (finally blocks and atexit run), with the code SIGTERM would have given; nothing is
+            # marked (leaving `run` must not deliver this SIGTERM again).
+            self.cancel()
+            self.marked = None
             sys.stderr.write("hvd.elastic: SIGTERM: hvd run is stopping the step; this worker (slot {}) ends now "
                              "(exit code 143)\n".format(os.environ.get("HVD_RANK", "?")))
             sys.stderr.flush()
             if callable(previous) and previous is not signal.default_int_handler:
                 previous(signum, frame)
             raise SystemExit(128 + signal.SIGTERM)
-        self.marked = time.monotonic()
+        if not first:
+            # The same notice again: a platform and hvd's launcher both pass one eviction on (Kubernetes: the worker
+            # pod's SIGTERM, and the launcher's hand-over request once it sees the pod being deleted). The hand-over
+            # is under way; HVD_PREEMPT_GRACE bounds it.
+            return
         sys.stderr.write(
             "hvd.elastic: SIGTERM: this worker (slot {}) commits, hands over and leaves at its next commit (within "
             "HVD_PREEMPT_GRACE={:g} s)\n".format(os.environ.get("HVD_RANK", "?"), self.grace))
         sys.stderr.flush()
+        self.cancel()
         self.timer = threading.Timer(self.grace, self.end, args=("no commit within HVD_PREEMPT_GRACE={:g} s of "
                                                                   "SIGTERM".format(self.grace),))
         self.timer.daemon = True

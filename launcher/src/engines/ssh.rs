@@ -15,10 +15,11 @@
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
 //!    command's process group, then SIGKILL after the grace period; a line `PREEMPT TICKS` (an elastic worker asked to
-//!    hand over at its next commit) sends SIGTERM to the rank: the leader of the group, or, where that is the `/bin/sh
-//!    -c` leader, its children (so that the leader ends with the rank's own status); not to the rank's own children
-//!    (a torch DataLoader's workers die of a SIGTERM, and their death would fail the rank before it commits); then
-//!    SIGKILL to the group after TICKS tenths of a second;
+//!    hand over at its next commit) sends SIGTERM to the rank: each process of the group that is not a shell and
+//!    whose parent is a shell of the group or outside it (so past the `/bin/sh -c` leader, which then ends with the
+//!    rank's own status, and past a `bash` script's, which may wait for its child before it runs a trap), not to the
+//!    rank's own children (a torch DataLoader's workers die of a SIGTERM, and their death would fail the rank before
+//!    it commits); the group when there is no such process; then SIGKILL to the group after TICKS tenths of a second;
 //! 4. waits for the command, kills both sessions' leftovers and every process that still carries the rank's
 //!    `HVD_RUN_STEP` and `HVD_RANK` in its environment (escaped with `setsid`), and exits with the command's code,
 //!    which ssh passes on.
@@ -231,11 +232,13 @@ pub const WRAPPER: &str = concat!(
     r#"W="g=\$1; n=\$2; IFS= read -r s; case \$s in INT|TERM|KILL|PREEMPT|PREEMPT\ *) ;; *) s=TERM;; esac; "#,
     r#"if [ \"\${s%% *}\" = PREEMPT ]; then x=\${s#PREEMPT}; x=\${x# }; "#,
     r#"case \$x in \"\"|*[!0-9]*) ;; *) n=\$x;; esac; "#,
-    r#"if [ \"\$(readlink /proc/\$g/exe 2>/dev/null)\" = \"\$(readlink -f /bin/sh)\" ]; then k=; "#,
-    r#"for f in /proc/[0-9]*/stat; do p=\${f#/proc/}; p=\${p%/stat}; [ \"\$p\" = \"\$g\" ] && continue; "#,
-    r#"l=; read -r l < \$f || continue; l=\${l##*) }; set -- \$l; "#,
-    r#"[ \"\$2\" = \"\$g\" ] && kill -TERM \$p 2>/dev/null && k=1; done; "#,
-    r#"[ -n \"\$k\" ] || kill -TERM \$g 2>/dev/null || exit 0; else kill -TERM \$g 2>/dev/null || exit 0; fi; "#,
+    r#"k=; for f in /proc/[0-9]*/stat; do p=\${f#/proc/}; p=\${p%/stat}; "#,
+    r#"l=; read -r l < \$f 2>/dev/null || continue; l=\${l##*) }; set -- \$l; [ \"\$3\" = \"\$g\" ] || continue; q=\$2; "#,
+    r#"case \$(readlink /proc/\$p/exe 2>/dev/null) in */sh|*/dash|*/bash|*/ash|*/ksh|*/mksh|*/zsh|*/busybox) continue;; esac; "#,
+    r#"l=; read -r l < /proc/\$q/stat 2>/dev/null; l=\${l##*) }; set -- \$l; "#,
+    r#"if [ \"\$3\" = \"\$g\" ]; then case \$(readlink /proc/\$q/exe 2>/dev/null) in "#,
+    r#"*/sh|*/dash|*/bash|*/ash|*/ksh|*/mksh|*/zsh|*/busybox) ;; *) continue;; esac; fi; "#,
+    r#"kill -TERM \$p 2>/dev/null && k=1; done; [ -n \"\$k\" ] || kill -TERM -\$g 2>/dev/null || exit 0; "#,
     r#"else kill -\$s -\$g 2>/dev/null || exit 0; fi; "#,
     r#"i=0; while kill -0 -\$g 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$n ]; then kill -KILL -\$g 2>/dev/null; "#,
     r#"exit 0; fi; sleep 0.1; done"; "#,
@@ -903,17 +906,18 @@ pub(super) mod tests {
         )
     }
 
-    /// `PREEMPT TICKS` on stdin: SIGTERM reaches the rank's processes past the `/bin/sh -c` leader, which outlives
-    /// them and ends with the rank's own status (a hand-over, exit 0), instead of dying first with the whole group.
+    /// `PREEMPT TICKS` on stdin: SIGTERM reaches the rank past the `/bin/sh -c` leader, which outlives it and ends
+    /// with the rank's own status (a hand-over, exit 0), instead of dying first with the whole group.
     #[test]
     fn a_preempt_line_terms_the_rank_past_its_shell_and_lets_it_hand_over() {
         use std::io::BufRead;
         let s = setup(Some("lo"));
         let dir = tempfile::tempdir().unwrap();
         let vars = s.remote_vars(&[], "h1");
-        // A compound command: the leader is sh; the rank (an inner sh) hands over on SIGTERM.
-        let command = "/bin/sh -c 'trap \"echo handed-over; exit 0\" TERM; echo ready; \
-                       while :; do sleep 0.05; done'; c=$?; echo leader-after $c; exit $c";
+        // A compound command: the leader is sh; the rank (a Python process, as hvd.elastic's) hands over on SIGTERM.
+        let command = "python3 -c 'import signal, sys, time\n\
+                       signal.signal(signal.SIGTERM, lambda *a: (print(\"handed-over\", flush=True), sys.exit(0)))\n\
+                       print(\"ready\", flush=True)\ntime.sleep(60)'; c=$?; echo leader-after $c; exit $c";
         let wrapper = s.wrapper(&vars, command, dir.path(), s.bind_ip).unwrap();
         let mut child = spawn_wrapper(&wrapper);
         let mut input = child.stdin.take().unwrap();

@@ -1044,27 +1044,29 @@ fn remove_unlisted(
 /// Signals a local worker's process group, except its leader when that is the `/bin/sh -c` wrapper of the rank's
 /// command: the wrapper ends with the command (with its exit status) instead of dying first, which would end the
 /// worker (its group is killed once the worker's process exits) before it unwinds. A group that is only the leader,
-/// or led by anything else, gets the signal whole. With `rank_only` (a hand-over request) only the rank itself gets
-/// it: the leader's children when the leader is that wrapper, else the leader; not the rank's own children (a torch
-/// DataLoader's workers die of a SIGTERM, and their death would fail the rank before it commits).
+/// or led by anything else, gets the signal whole. With `rank_only` (a hand-over request) only the rank gets it: each
+/// process of the group that is not a shell and whose parent is a shell of the group or outside it (past the `sh -c`
+/// leader, and past a `bash` script's, which may wait for its child before it runs a trap); not the rank's own
+/// children (a torch DataLoader's workers die of a SIGTERM, and their death would fail the rank before it commits).
 fn signal_past_wrapper(pgid: u32, signal: i32, rank_only: bool) {
-    let leader_is_sh = std::fs::read_link(format!("/proc/{pgid}/exe"))
-        .ok()
-        .zip(std::fs::canonicalize("/bin/sh").ok())
-        .is_some_and(|(exe, sh)| exe == sh);
-    let members: Vec<u32> = match leader_is_sh {
-        true => std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    let group: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| stat_field(pid, 2) == Some(pgid))
+        .collect();
+    let members: Vec<u32> = match rank_only {
+        true => group
+            .iter()
+            .copied()
             .filter(|&pid| {
-                pid != pgid
-                    && stat_field(pid, 2) == Some(pgid)
-                    && (!rank_only || stat_field(pid, 1) == Some(pgid))
+                !is_shell(pid)
+                    && stat_field(pid, 1)
+                        .is_none_or(|parent| !group.contains(&parent) || is_shell(parent))
             })
             .collect(),
-        false if rank_only => vec![pgid],
+        false if is_shell(pgid) => group.iter().copied().filter(|&pid| pid != pgid).collect(),
         false => Vec::new(),
     };
     if members.is_empty() {
@@ -1079,6 +1081,19 @@ fn signal_past_wrapper(pgid: u32, signal: i32, rank_only: bool) {
             }
         }
     }
+}
+
+/// Whether process `pid` runs a shell (`sh`, `dash`, `bash`, `ash`, `ksh`, `mksh`, `zsh`, `busybox`): a leader a
+/// signal meant for the rank must get past.
+fn is_shell(pid: u32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
+        exe.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            matches!(
+                n,
+                "sh" | "dash" | "bash" | "ash" | "ksh" | "mksh" | "zsh" | "busybox"
+            )
+        })
+    })
 }
 
 /// Field `n` after the command name of `/proc/PID/stat` (0: the state, 1: the parent's pid, 2: the process
