@@ -474,7 +474,7 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
         "jobset.sigs.k8s.io/jobset-name=t,jobset.sigs.k8s.io/replicatedjob-name=train-workers";
     assert!(
         calls.lines().any(|c| c.starts_with(&format!(
-            "get pods -n ml -l {selector} --field-selector=status.phase=Running -o \
+            "get pods -n ml -l {selector} --field-selector=status.phase=Running --request-timeout=10s -o \
              jsonpath={{range .items[*]}}{{.metadata.name}}:1 {{.metadata.deletionTimestamp}}{{\"\\n\"}}{{end}}"
         ))),
         "{calls}"

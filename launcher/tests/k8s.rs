@@ -363,7 +363,7 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
     // autoscaler may move it: losing it ends the step.
     assert_eq!(
         launcher["containers"][0]["resources"],
-        serde_json::json!({ "requests": { "cpu": "100m", "memory": "256Mi" } })
+        serde_json::json!({ "requests": { "cpu": "100m", "memory": "224Mi" } })
     );
     assert_eq!(
         jobs[1]["template"]["spec"]["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"],
@@ -376,7 +376,10 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
     assert_eq!(workers["backoffLimit"], i32::MAX);
     assert_eq!(
         workers["podFailurePolicy"]["rules"][0],
-        serde_json::json!({ "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget" }] })
+        serde_json::json!({
+            "action": "Ignore",
+            "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }],
+        })
     );
     assert_eq!(
         workers["successPolicy"],
@@ -384,7 +387,7 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
     );
     assert_eq!(
         workers["template"]["spec"]["terminationGracePeriodSeconds"],
-        hvd_launcher::engines::k8s::elastic::WORKER_GRACE_SECONDS
+        45
     );
     let worker = &workers["template"]["spec"]["containers"][0];
     assert_eq!(worker["resources"]["limits"]["nvidia.com/gpu"], "1");
@@ -394,8 +397,14 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
         ["hvd", "worker-env", "--once", &format!("--pull={env}")]
     );
     assert_eq!(
-        idle[idle.len() - 3..],
-        ["/bin/sh", "-c", hvd_launcher::engines::k8s::elastic::IDLE]
+        idle[idle.len() - 5..],
+        [
+            "/bin/sh",
+            "-c",
+            hvd_launcher::engines::k8s::elastic::IDLE,
+            "hvd-idle",
+            "40"
+        ]
     );
     golden("my-project.elastic.jobset.json", doc);
 }

@@ -347,7 +347,7 @@ pub fn export_running(
                         step,
                         n,
                         &image,
-                        env_list(&env),
+                        &env,
                         &resources,
                         pull_args.as_deref(),
                         delivery,

@@ -159,6 +159,7 @@ impl PodsSetup {
             "-l".into(),
             self.selector.clone(),
             "--field-selector=status.phase=Running".into(),
+            "--request-timeout=10s".into(),
             "-o".into(),
             r#"jsonpath={range .items[*]}{.metadata.name}:1 {.metadata.deletionTimestamp}{"\n"}{end}"#.into(),
         ]);
@@ -362,11 +363,20 @@ mod tests {
         }
     }
 
-    /// A worker pod waits for its ranks as long as [`WORKER_STOP_SECONDS`] says, within its grace period.
+    /// A worker pod waits for its ranks past the step's `HVD_PREEMPT_GRACE`, within its pod's grace period.
     #[test]
-    fn a_worker_pod_waits_for_its_ranks_within_its_grace() {
-        use crate::engines::k8s::elastic::{IDLE, WORKER_STOP_SECONDS};
-        assert!(IDLE.contains(&format!("trap 'stop {}' TERM", WORKER_STOP_SECONDS * 10)));
+    fn a_worker_pod_waits_for_its_ranks_past_their_grace_within_its_own() {
+        use crate::engines::k8s::elastic::{worker_grace_seconds, worker_stop_seconds};
+        let env = |v: &str| {
+            std::collections::BTreeMap::from([("HVD_PREEMPT_GRACE".to_owned(), v.to_owned())])
+        };
+        assert_eq!(worker_stop_seconds(&Default::default()), 40);
+        assert_eq!(worker_stop_seconds(&env("120")), 130);
+        assert_eq!(worker_stop_seconds(&env("2.5")), 13);
+        for bad in ["", "x", "-1", "nan", "inf"] {
+            assert_eq!(worker_stop_seconds(&env(bad)), 40, "{bad}");
+        }
+        assert_eq!(worker_grace_seconds(40), 45);
     }
 
     /// Discovery lists the running pods but those being deleted, and fails when kubectl does.

@@ -1,14 +1,15 @@
 //! An elastic step in a JobSet: two replicated jobs and the objects its launcher needs.
 //!
 //! - `STEP` (the name the other steps' `dependsOn` names): one **launcher pod** running `hvd run FILE --step=STEP
-//!   --no-deps --force --engine=kubernetes` ([`launcher_argv`]), with the .hvd file from a ConfigMap
-//!   ([`project_config_map`]) and its state in an `emptyDir`; in the pod that is the kubernetes engine of
+//!   --no-deps --force --engine=kubernetes` ([`launcher_argv`]), with the .hvd file and its imports from a ConfigMap
+//!   ([`ProjectFiles`], [`launcher_objects`]) and its state in an `emptyDir`; in the pod that is the kubernetes engine of
 //!   `engines/k8s_pods.rs`: the step's ranks go into the worker pods through `kubectl exec`, as the elastic
 //!   supervisor of every engine starts, replaces and re-forms them. The step ends when the launcher does.
 //! - `STEP-workers`: the step's **worker pods** (`max` of them, an Indexed Job), which only wait
 //!   ([`IDLE`]; with caches, after pulling the env) for the launcher to exec ranks into them. Their Job never fails
-//!   (a pod that is lost, evicted or deleted is started again, and found by the launcher's discovery); the JobSet's
-//!   `successPolicy` completes the JobSet once every other replicated job completed, which removes them.
+//!   (a pod that is lost, evicted or deleted is started again, and found by the launcher's discovery); the launcher
+//!   ends them once the step is over (the Job's `successPolicy`). The JobSet's `successPolicy` completes the JobSet
+//!   once every other replicated job completed, whatever they do.
 //! - a ServiceAccount, Role and RoleBinding (`NAME-hvd-launcher`) that let the launcher pod list pods and exec into
 //!   them in its namespace, nothing else.
 
@@ -26,61 +27,70 @@ pub const PROJECT_MOUNT: &str = "/var/run/hvd/project";
 /// Where the launcher pod keeps the run's state and logs (`--state-dir`, an `emptyDir`).
 pub const STATE_MOUNT: &str = "/var/run/hvd/state";
 
-/// What a worker pod runs as its container's PID 1 (`/bin/sh -c IDLE`, or after `hvd worker-env --once --pull ...
-/// --`, which execs it): nothing until the launcher execs ranks into it.
+/// What a worker pod runs as its container's PID 1 (`/bin/sh -c IDLE hvd-idle SECONDS`, or after `hvd worker-env
+/// --once --pull ... --`, which execs it): nothing until the launcher execs ranks into it.
 ///
 /// - SIGTERM (the pod evicted or deleted, its spot node reclaimed: the kubelet signals only PID 1, and every process
-///   of the pod dies with it) is passed on to each rank in the pod: the top of its process tree (a process with
-///   `HVD_RANK` in its environment whose parent has none), or, where that is the rank's `/bin/sh -c` leader, the
-///   leader's children, so that the leader ends with the rank's own status; not the rank's own children (a torch
-///   DataLoader's workers die of a SIGTERM, and their death would fail the rank before it commits). `hvd.elastic`
-///   commits, hands over and leaves (the launcher's own hand-over request, which follows within a second or two when
-///   it sees the pod being deleted, is the same notice: `hvd.elastic` takes a second SIGTERM within 5 s for it). Once
-///   no rank and no rank's wrapper (`hvd-rank`, which passes the rank's status to `kubectl exec`) is left, at most
-///   [`WORKER_STOP_SECONDS`], it exits 143, a failure, so that its Job starts the pod again.
+///   of the pod dies with it) is passed on to each rank in the pod: each process with `HVD_RANK` in its environment
+///   that is not a shell and whose parent is a shell or has no `HVD_RANK` (past the rank's `/bin/sh -c` leader, which
+///   then ends with the rank's own status, and past a `bash` script's, which may wait for its child before it runs a
+///   trap), as the ssh wrapper's `PREEMPT` does; not the rank's own children (a torch DataLoader's workers die of a
+///   SIGTERM, and their death would fail the rank before it commits). `hvd.elastic` commits, hands over and leaves
+///   (the launcher's own hand-over request, which follows within a second or two when it sees the pod being deleted,
+///   is the same notice to it). Once no rank and no rank's wrapper (`hvd-rank`, which passes the rank's status to
+///   `kubectl exec`) is left, at most SECONDS by the clock, it exits 143, a failure, so that its Job starts the pod
+///   again. An image whose `grep` has no `-z` is named in the pod's log at start (its ranks are not told then).
 /// - SIGUSR1 (the launcher, once the step is over: `kill -USR1 1` through `kubectl exec`) ends it with 0: the pod's
 ///   index of the Job is done, and the Job's `successPolicy` (one done index) ends the other pods, so that they hold
 ///   no resources the next steps need.
 ///
-/// The text is constant.
-pub const IDLE: &str = r#"ppid() { l=; read -r l < "/proc/$1/stat" || return 1; l=${l##*) }; set -- $l; echo "$2"; }
+/// The text is constant; SECONDS is its argument ([`worker_stop_seconds`]).
+pub const IDLE: &str = r#"w=${1:-40}
+shell() { case $(readlink "/proc/$1/exe" 2>/dev/null) in */sh|*/dash|*/bash|*/ash|*/ksh|*/mksh|*/zsh|*/busybox) return 0 ;; esac; return 1; }
+ppid() { l=; read -r l < "/proc/$1/stat" || return 1; l=${l##*) }; set -- $l; echo "$2"; }
 ranked() { grep -qz '^HVD_RANK=' "/proc/$1/environ" 2>/dev/null; }
 stop() {
-  s=$(readlink -f /bin/sh)
+  end=$(($(date +%s) + w))
   for e in /proc/[0-9]*/environ; do
     p=${e#/proc/}; p=${p%/environ}
     [ "$p" = "$$" ] && continue
     ranked "$p" || continue
-    q=$(ppid "$p") || continue
-    ranked "$q" && continue
-    if [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$s" ]; then
-      for c in /proc/[0-9]*/stat; do
-        c=${c#/proc/}; c=${c%/stat}
-        [ "$(ppid "$c" 2>/dev/null)" = "$p" ] && kill -TERM "$c" 2>/dev/null
-      done
-    else
-      kill -TERM "$p" 2>/dev/null
-    fi
+    shell "$p" && continue
+    q=$(ppid "$p" 2>/dev/null) || continue
+    if ranked "$q" && ! shell "$q"; then continue; fi
+    kill -TERM "$p" 2>/dev/null
   done
-  i=0
-  while [ "$i" -lt "$1" ] && { grep -qz '^HVD_RANK=' /proc/[0-9]*/environ || grep -qzx 'hvd-ran[k]' /proc/[0-9]*/cmdline; } 2>/dev/null; do
-    sleep 0.1
-    i=$((i + 1))
+  while [ "$(date +%s)" -lt "$end" ] && { grep -qz '^HVD_RANK=' /proc/[0-9]*/environ || grep -qzx 'hvd-ran[k]' /proc/[0-9]*/cmdline; } 2>/dev/null; do
+    sleep 0.1 2>/dev/null || sleep 1
   done
   exit 143
 }
-trap 'stop 400' TERM
+printf 'a\000' | grep -qz a 2>/dev/null || echo "hvd-idle: this image's grep has no -z: when this pod is evicted its ranks are not told to hand over" >&2
+trap stop TERM
 trap 'exit 0' USR1
 while :; do sleep 3600 & wait $!; done
 "#;
 
-/// How long a worker pod's [`IDLE`] waits for its ranks to hand over after SIGTERM (40 s: past `hvd.elastic`'s
-/// default `HVD_PREEMPT_GRACE` of 30 s), within its pod's `terminationGracePeriodSeconds`
-/// ([`WORKER_GRACE_SECONDS`]).
-pub const WORKER_STOP_SECONDS: u32 = 40;
-/// A worker pod's `terminationGracePeriodSeconds`: [`WORKER_STOP_SECONDS`] and a margin.
-pub const WORKER_GRACE_SECONDS: u32 = 45;
-const _: () = assert!(WORKER_STOP_SECONDS < WORKER_GRACE_SECONDS);
+/// How long a worker pod's [`IDLE`] waits for its ranks to hand over after SIGTERM: the step's `HVD_PREEMPT_GRACE`
+/// (its `env`, else the project's; default 30 s, as `hvd.elastic`'s) and 10 s.
+pub fn worker_stop_seconds(env: &std::collections::BTreeMap<String, String>) -> u64 {
+    let grace = env
+        .get("HVD_PREEMPT_GRACE")
+        .and_then(|g| g.trim().parse::<f64>().ok())
+        .filter(|g| g.is_finite() && *g > 0.0)
+        .map_or(30, |g| g.ceil().min(86_400.0) as u64);
+    grace + 10
+}
+
+/// The memory a launcher pod asks for, in MiB: `hvd run` and a `kubectl exec` (about 48 MiB) per rank of `n`.
+pub fn launcher_memory_mib(n: u32) -> u64 {
+    128 + 48 * u64::from(n)
+}
+
+/// A worker pod's `terminationGracePeriodSeconds`: [`worker_stop_seconds`] and 5 s.
+pub fn worker_grace_seconds(stop: u64) -> u64 {
+    stop + 5
+}
 
 /// The replicated job of an elastic step's worker pods.
 pub fn pool_name(job: &str) -> String {
@@ -138,7 +148,7 @@ pub fn project_config_map_name(name: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct ProjectFiles(pub Vec<(String, String)>);
 
-/// A file system loader that keeps every file it read (its canonical path, its text).
+/// A file system loader that keeps every file it read (its path as the evaluator named it, its text).
 #[derive(Default)]
 struct Recording(std::sync::Mutex<Vec<(std::path::PathBuf, String)>>);
 
@@ -149,11 +159,10 @@ impl hvd_lang::ImportLoader for Recording {
 
     fn read_to_string(&self, path: &std::path::Path) -> std::io::Result<String> {
         let text = hvd_lang::FsLoader.read_to_string(path)?;
-        let canonical = hvd_lang::FsLoader.canonicalize(path)?;
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((canonical, text.clone()));
+            .push((path.to_path_buf(), text.clone()));
         Ok(text)
     }
 }
@@ -162,14 +171,9 @@ impl ProjectFiles {
     pub fn read(project: &Project) -> Result<ProjectFiles, LaunchError> {
         let engine = |message: String| LaunchError::Engine(message);
         let file = &project.file;
-        let io = |source| LaunchError::Io {
-            path: file.clone(),
-            source,
-        };
-        let canonical = std::fs::canonicalize(file).map_err(io)?;
-        let dir = canonical
-            .parent()
-            .ok_or(LaunchError::Internal("a file has a directory"))?;
+        // Imports are read where the evaluator names them (joined to the importing file's directory, as written): the
+        // pod gets each at that path under the .hvd file's directory, links in between as the pod will see them.
+        let dir = file.parent().unwrap_or(std::path::Path::new(""));
         let recording = Recording::default();
         hvd_lang::load_file_with(file, &recording).map_err(|_| {
             engine(format!(
@@ -177,19 +181,27 @@ impl ProjectFiles {
                 file.display()
             ))
         })?;
-        let mut files = Vec::new();
         let read = recording
             .0
             .into_inner()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| engine(format!("{} has no UTF-8 file name", file.display())))?;
+        let mut files: Vec<(String, String)> = Vec::new();
         // The .hvd file first, each file once.
-        let mut ordered: Vec<&(std::path::PathBuf, String)> =
-            read.iter().filter(|(p, _)| *p == canonical).collect();
-        ordered.extend(read.iter().filter(|(p, _)| *p != canonical));
-        for (path, text) in ordered {
+        if let Some((_, text)) = read.iter().find(|(p, _)| p == file) {
+            files.push((name.to_owned(), text.clone()));
+        }
+        for (path, text) in read.iter().filter(|(p, _)| p != file) {
             let relative = path
                 .strip_prefix(dir)
                 .ok()
+                .filter(|r| {
+                    r.components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)))
+                })
                 .and_then(|r| r.to_str())
                 .ok_or_else(|| {
                     engine(format!(
@@ -197,10 +209,14 @@ impl ProjectFiles {
                          elastic step gets the project's files in a ConfigMap; move it into {}",
                         file.display(),
                         path.display(),
-                        dir.display()
+                        if dir.as_os_str().is_empty() {
+                            ".".into()
+                        } else {
+                            dir.display().to_string()
+                        }
                     ))
                 })?;
-            if !files.iter().any(|(r, _): &(String, String)| r == relative) {
+            if relative != name && !files.iter().any(|(r, _)| r == relative) {
                 files.push((relative.to_owned(), text.clone()));
             }
         }
@@ -351,7 +367,7 @@ pub fn replicated_jobs(
     step: &Step,
     n: u32,
     image: &str,
-    worker_env: Value,
+    env: &std::collections::BTreeMap<String, String>,
     resources: &Value,
     pull_args: Option<&[String]>,
     delivery: Option<&Delivery>,
@@ -359,6 +375,14 @@ pub fn replicated_jobs(
 ) -> Result<[Value; 2], LaunchError> {
     let job = dns_label(&step.name);
     let pool = pool_name(&job);
+    let stop = worker_stop_seconds(env);
+    let idle: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        IDLE.into(),
+        "hvd-idle".into(),
+        stop.to_string(),
+    ];
     let idle = match pull_args {
         // The worker pod pulls the env once it starts (and roots it while it waits); each rank then finds it.
         Some(pull) => {
@@ -368,10 +392,11 @@ pub fn replicated_jobs(
                 "--once".to_owned(),
             ];
             argv.extend(pull.iter().cloned());
-            argv.extend(["--".into(), "/bin/sh".into(), "-c".into(), IDLE.into()]);
+            argv.extend(["--".into()]);
+            argv.extend(idle);
             argv
         }
-        None => vec!["/bin/sh".into(), "-c".into(), IDLE.into()],
+        None => idle,
     };
     let workers = json!({
         "name": pool,
@@ -384,18 +409,18 @@ pub fn replicated_jobs(
             // evicted pod (a disruption) without counting it or backing off.
             "backoffLimit": i32::MAX,
             "podFailurePolicy": { "rules": [
-                { "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget" }] },
+                { "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }] },
             ] },
             // The launcher ends one pod with 0 once the step is over: the Job is done and ends the others.
             "successPolicy": { "rules": [{ "succeededCount": 1 }] },
             "template": { "spec": {
                 "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
+                "terminationGracePeriodSeconds": worker_grace_seconds(stop),
                 "containers": [{
                     "name": crate::engines::k8s_pods::CONTAINER,
                     "image": image,
                     "command": idle,
-                    "env": worker_env,
+                    "env": super::env_list(env),
                     "resources": resources,
                 }],
             }},
@@ -430,8 +455,12 @@ pub fn replicated_jobs(
                         // kubectl keeps its discovery cache under HOME: a writable one (an image's may not be).
                         { "name": "HOME", "value": STATE_MOUNT },
                     ],
-                    // Requested, so that it is not the first pod evicted under memory pressure (BestEffort).
-                    "resources": { "requests": { "cpu": "100m", "memory": "256Mi" } },
+                    // Requested, so that it is not the first pod evicted under memory pressure (BestEffort): hvd
+                    // and a `kubectl exec` per rank.
+                    "resources": { "requests": {
+                        "cpu": "100m",
+                        "memory": format!("{}Mi", launcher_memory_mib(n)),
+                    } },
                     "volumeMounts": [
                         { "name": "hvd-project", "mountPath": PROJECT_MOUNT, "readOnly": true },
                         { "name": "hvd-state", "mountPath": STATE_MOUNT },
