@@ -6,10 +6,12 @@
 //! It is the ssh engine's remote ranks with `kubectl exec` for ssh ([`Transport::KubectlExec`]): each rank is
 //! `kubectl exec -i POD -c worker -- /bin/sh -c WRAPPER...` (the token on stdin, stop lines after it, the rank's exit
 //! status as kubectl's), the rendezvous binds the launcher pod's IP, and the step's hosts come from its own host
-//! discovery, `kubectl get pods -l SELECTOR --field-selector=status.phase=Running` (one slot per pod): a pod that is
-//! lost (evicted, its node gone) drops out and its ranks are lost; the pod the Job controller starts in its place is
-//! found and joins at a commit. The ranks run in the worker container's working directory (the image has the
-//! project's files); with caches each starts through `hvd worker-env --once --pull` there.
+//! discovery, `kubectl get pods -l SELECTOR --field-selector=status.phase=Running` (one slot per pod, pods being
+//! deleted left out): a pod that is lost (its node gone) takes its ranks with it; an evicted one hands them over (its
+//! PID 1 passes SIGTERM on, and the launcher asks them too); the pod the Job controller starts in its place is found
+//! and joins at a commit. The ranks run in the worker container's working directory (the image has the project's
+//! files); with caches each starts through `hvd worker-env --once --pull` there. Once the step is over the launcher
+//! ends every worker pod with 0 ([`SupervisedEngine::end_step`]).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -222,8 +224,9 @@ impl SupervisedEngine for PodsSetup {
     /// that the worker pods hold nothing the next steps need (the Job's `successPolicy` ends any the launcher did not
     /// reach). Best effort, each within [`RELEASE_WITHIN`]: a pod not reached goes with the JobSet.
     fn end_step(&self, _step: &PlannedStep) {
-        let Ok(out) = std::process::Command::new(&self.get_pods_argv()[0])
-            .args(&self.get_pods_argv()[1..])
+        let get = self.get_pods_argv();
+        let Ok(out) = std::process::Command::new(&get[0])
+            .args(&get[1..])
             .stdin(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .output()
