@@ -620,6 +620,49 @@ fn preempted_worker_hands_over(signals: &str) {
     common::assert_nothing_left(&marker);
 }
 
+/// A stop while a hand-over is under way ends the worker at once: slot 2 is preempted (SIGTERM) at step 5 and waits
+/// in that step's allreduce for slot 0, which is paused there; then `hvd run` gets SIGTERM. Its SIGTERM to the workers
+/// is a stop, not the same notice again: slot 2 says so and ends with 143 (the earlier rule, which took any SIGTERM
+/// within 5 s of the first for a duplicate, left it to be killed after `--grace`).
+#[test]
+fn a_stop_during_a_hand_over_ends_the_worker_at_once() {
+    let marker = marker();
+    let dir = common::elastic::project(
+        "{ min = 2, max = 4 }",
+        10,
+        &format!(", ELASTIC_PAUSE = \"5\", ELASTIC_TERM = \"2:5\", HVD_TEST_MARKER = \"{marker}\""),
+    );
+    let child = common::hvd_run_command(dir.path())
+        .args(["--no-build", "--grace", "5"])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !dir.path().join("paused").exists() {
+        assert!(std::time::Instant::now() < deadline, "slot 0 never paused");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Slot 2's own SIGTERM came as it began step 5, before slot 0 paused there; give its handler a moment.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let interrupted = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(143), "{stdout}\n{stderr}");
+    for want in [
+        "hvd.elastic: SIGTERM: this worker (slot 2) commits, hands over and leaves at its next commit",
+        "hvd.elastic: SIGTERM: hvd run is stopping the step; this worker (slot 2) ends now (exit code 143)",
+    ] {
+        assert!(stderr.contains(want), "want `{want}`:\n{stdout}\n{stderr}");
+    }
+    common::assert_nothing_left(&marker);
+}
+
 /// A preemption that leaves fewer workers than the minimum fails the step (exit code 143, as the SIGTERM): without
 /// host discovery a preempted worker gets no replacement (its capacity is going away), so nothing can come back and
 /// the step does not wait.
