@@ -444,12 +444,7 @@ fn workers_on_slots_discovery_no_longer_lists_leave_at_a_commit() {
     let step = common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1)]);
     assert!(step > 3, "{stdout}");
     // The hand-over request reached the rank alone, not its child (a data loader's worker, which dies of it).
-    let termed: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("child-termed"))
-        .map(|e| e.file_name())
-        .collect();
+    let termed = common::elastic::children_termed(dir.path());
     assert!(termed.is_empty(), "{termed:?}\n{stderr}");
     common::assert_nothing_left(&marker);
 }

@@ -650,12 +650,7 @@ fn workers_on_a_host_discovery_no_longer_lists_hand_over_over_ssh() {
     }
     // `PREEMPT` reached each rank alone, not the child every rank started (a data loader's worker, which dies of a
     // SIGTERM).
-    let termed: Vec<_> = std::fs::read_dir(d)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("child-termed"))
-        .map(|e| e.file_name())
-        .collect();
+    let termed = common::elastic::children_termed(d);
     assert!(termed.is_empty(), "{termed:?}\n{stderr}");
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }

@@ -339,8 +339,8 @@ struct Run {
     cluster: Cluster,
     launcher: Child,
     project: tempfile::TempDir,
-    _root: tempfile::TempDir,
-    root: PathBuf,
+    /// The launcher pod's mounts and the cluster live under it.
+    root: tempfile::TempDir,
 }
 
 fn pod(index: u32, suffix: &str) -> String {
@@ -392,9 +392,8 @@ fn prepare(marker: &str, env: &str) -> (tempfile::TempDir, tempfile::TempDir, Cl
 }
 
 fn start_paused(marker: &str, env: &str, hostile: bool) -> Run {
-    let (project, root_dir, mut cluster, mut command) =
+    let (project, root, mut cluster, mut command) =
         prepare(marker, &format!(", ELASTIC_PAUSE = \"5\"{env}"));
-    let root = root_dir.path().to_path_buf();
     for index in 0..4 {
         cluster.start(&pod(index, "aaaaa"));
     }
@@ -422,7 +421,6 @@ fn start_paused(marker: &str, env: &str, hostile: bool) -> Run {
         cluster,
         launcher,
         project,
-        _root: root_dir,
         root,
     }
 }
@@ -440,7 +438,6 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
         launcher,
         project,
         root,
-        _root: _keep,
     } = start_paused(&marker, ", ELASTIC_UNTIL = \"4\"", true);
     cluster.lose(&pod(2, "aaaaa"));
     cluster.start(&pod(2, "bbbbb"));
@@ -500,8 +497,11 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
     // No rank is told a MASTER_ADDR: rank 0's pod is not known when a rank starts, and a pod's name is no address.
     assert!(!calls.contains("MASTER_ADDR"), "{calls}");
     // The run's state went to the state volume, not next to the (read-only) file.
-    assert!(root.join("var/run/hvd/state/runs").is_dir(), "{all}");
-    assert!(!root.join("var/run/hvd/project/.hvd").exists(), "{all}");
+    assert!(root.path().join("var/run/hvd/state/runs").is_dir(), "{all}");
+    assert!(
+        !root.path().join("var/run/hvd/project/.hvd").exists(),
+        "{all}"
+    );
     // Once the step is over the launcher ends every worker pod with 0 (SIGUSR1 to its PID 1): they hold nothing the
     // next steps need. The hostile name was never exec'd into.
     for index in [0, 1, 3] {
@@ -531,7 +531,7 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
         mut cluster,
         launcher,
         project,
-        _root: _keep,
+        root: _keep,
         ..
     } = start_paused(
         &marker,
@@ -575,12 +575,7 @@ fn an_evicted_worker_pod_hands_its_rank_over() {
     assert!(!flat.contains("was lost"), "{all}");
     common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (3, 2)]);
     // SIGTERM reached the rank alone, not its child (a data loader's worker, which dies of it).
-    let termed: Vec<_> = std::fs::read_dir(project.path())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("child-termed"))
-        .map(|e| e.file_name())
-        .collect();
+    let termed = common::elastic::children_termed(project.path());
     assert!(termed.is_empty(), "{termed:?}\n{all}");
     drop(cluster);
     common::assert_nothing_left(&marker);

@@ -120,6 +120,12 @@ pub struct Step {
 }
 
 impl Step {
+    /// Whether the step is elastic as the file writes it (`workers = { min, max }`); `hvd run --min-workers` makes
+    /// every distributed step elastic besides.
+    pub fn is_elastic(&self) -> bool {
+        self.workers.is_some() && self.min_workers.is_some()
+    }
+
     /// A step named `name` that runs `run` once: no needs, inputs, outputs, variables, time limit, restarts or
     /// checkpoints (set those with struct update syntax).
     pub fn new(name: &str, run: &str) -> Step {

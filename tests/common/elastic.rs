@@ -86,6 +86,16 @@ print("slot %d finished as rank %d of %d: step %d count %r w0 %r agree %s" % (
 hvd.shutdown()
 "#;
 
+/// The `child-termed.N` files in `dir`: the children of ranks (`ELASTIC_CHILD`) that got a SIGTERM.
+pub fn children_termed(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("child-termed"))
+        .map(|e| e.file_name())
+        .collect()
+}
+
 /// A project whose step `train` runs the training script on `workers` (as written in the file) with `env` (more
 /// `NAME = "VALUE"` entries).
 pub fn project(workers: &str, steps: u32, env: &str) -> tempfile::TempDir {

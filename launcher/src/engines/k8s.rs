@@ -294,20 +294,18 @@ pub fn export_running(
     };
     match flavour {
         Flavour::JobSet => {
-            let elastic =
-                |s: &hvd_lang::model::Step| s.workers.is_some() && s.min_workers.is_some();
             // The JobSet restarts as a whole (every job again) when a pod fails, up to the most any step allows; an
             // elastic step's restarts are its launcher's.
             let max_restarts = steps
                 .iter()
-                .filter(|s| !elastic(s))
+                .filter(|s| !s.is_elastic())
                 .filter_map(|s| s.restarts)
                 .max()
                 .unwrap_or(0);
             let mut jobs = Vec::new();
             let mut pools = Vec::new();
             // What an elastic step's launcher pod reads: the .hvd file and its imports.
-            let files = match steps.iter().any(|s| elastic(s)) {
+            let files = match steps.iter().any(|s| s.is_elastic()) {
                 true => Some(elastic::ProjectFiles::read(project)?),
                 false => None,
             };
@@ -335,7 +333,7 @@ pub fn export_running(
                             .collect(),
                     )
                 });
-                if elastic(step) {
+                if step.is_elastic() {
                     elastic::check_step(step, &job, &steps)?;
                     let env = step_env(step);
                     let files = files
@@ -463,7 +461,7 @@ pub fn export_running(
                 .unwrap_or(MpiFlavour::OpenMpi);
             let mut manifests = vec![secret_manifest];
             for step in &steps {
-                if step.workers.is_some() && step.min_workers.is_some() {
+                if step.is_elastic() {
                     notes.push(format!(
                         "step `{}` is elastic, but an MPIJob's mpirun ends every rank when one dies: it runs on all \
                          its workers and fails as a whole (`--flavour jobset` runs it elastic, under a launcher pod)",

@@ -270,10 +270,7 @@ impl SupervisedEngine for PodsSetup {
 
     /// `kubectl exec POD -c worker -- /bin/sh -c true` within `within`.
     fn probe_host(&self, host: &str, within: Duration) -> Option<bool> {
-        let argv = self.ssh.argv(host, "true");
-        let mut kubectl = std::process::Command::new(&argv[0]);
-        kubectl.args(&argv[1..]);
-        Some(super::ssh::exits_within(&mut kubectl, within).unwrap_or(false))
+        SupervisedEngine::probe_host(&self.ssh, host, within)
     }
 
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {

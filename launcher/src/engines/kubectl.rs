@@ -112,7 +112,7 @@ impl KubeJob {
         let mut pools = BTreeMap::new();
         for step in &project.steps {
             let job = k8s::dns_label(&step.name);
-            if step.workers.is_some() && step.min_workers.is_some() {
+            if step.is_elastic() {
                 launchers.insert(job.clone());
                 pools.insert(k8s::elastic::pool_name(&job), step.name.clone());
             }
@@ -290,10 +290,7 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
     }
     for step in &project.steps {
         // A file's `discovery` is refused with the JobSet (`hvd export k8s` too).
-        if step.workers.is_some()
-            && step.min_workers.is_some()
-            && options.host_discovery_script.is_some()
-        {
+        if step.is_elastic() && options.host_discovery_script.is_some() {
             return Err(LaunchError::Engine(format!(
                 "step `{}` is elastic with host discovery, which the kubernetes engine does not run: an elastic \
                  step's hosts are its worker pods, which its launcher pod finds itself (a lost pod's replacement \
@@ -333,11 +330,7 @@ pub fn start(project: &Project, options: &RunOptions) -> Result<Engine, LaunchEr
             caches: options.caches.clone(),
             trusted_keys: options.trusted_keys.clone(),
         });
-    let flags = match project
-        .steps
-        .iter()
-        .any(|s| s.workers.is_some() && s.min_workers.is_some())
-    {
+    let flags = match project.steps.iter().any(|s| s.is_elastic()) {
         true => launcher_flags(options)?,
         false => Vec::new(),
     };
