@@ -653,7 +653,9 @@ fn killing_a_slurm_ranks_srun_group_kills_its_task_and_the_others_go_on() {
         })
         .collect();
     assert!(!task.is_empty(), "rank 2 has no task");
-    // The rank's process on this side: the child of `hvd run` with the rank's variables on its command line.
+    // The rank's process on this side: the child of `hvd run` whose srun runs rank 2 in this test's project (the
+    // rank's variables travel on its stdin, not its command line).
+    let project_dir = dir.path().display().to_string();
     let leader = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -671,8 +673,8 @@ fn killing_a_slurm_ranks_srun_group_kills_its_task_and_the_others_go_on() {
                         .parse::<u32>()
                         .ok()
                 });
-            args.contains(&format!("HVD_TEST_MARKER={marker}").as_bytes())
-                && args.contains(&&b"HVD_RANK=2"[..])
+            args.contains(&project_dir.as_bytes())
+                && args.contains(&&b"--job-name=train.2"[..])
                 && parent.is_some_and(|p| {
                     std::fs::read_to_string(format!("/proc/{p}/comm"))
                         .is_ok_and(|c| c.trim() == "hvd")

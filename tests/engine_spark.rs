@@ -64,38 +64,6 @@ fn hvd_run_spark(dir: &Path, python: &Path, mark: &str, extra: &[&str]) -> Outpu
     spark_command(dir, python, mark, &args).output().unwrap()
 }
 
-/// Runs `command` to its end while reading, as any local user can, every process's command line (`/proc/*/cmdline`)
-/// every 20 ms: its output, and the command lines that held `secret`.
-fn run_reading_command_lines(mut command: Command, secret: &str) -> (Output, Vec<String>) {
-    let child = command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let scanner = {
-        let (done, secret) = (done.clone(), secret.as_bytes().to_vec());
-        std::thread::spawn(move || {
-            let mut leaks = Vec::new();
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-                    let Ok(line) = std::fs::read(entry.path().join("cmdline")) else {
-                        continue;
-                    };
-                    if line.windows(secret.len()).any(|w| w == secret.as_slice()) {
-                        leaks.push(String::from_utf8_lossy(&line).replace('\0', " "));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            leaks
-        })
-    };
-    let out = child.wait_with_output().unwrap();
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    (out, scanner.join().unwrap())
-}
-
 /// `cluster { settings }` with a Spark setting whose value is `secret` (one Spark ignores), appended to `dir`'s file.
 fn with_secret_setting(dir: &Path, secret: &str, more: &str) {
     common::append_to_project(
@@ -150,7 +118,7 @@ fn spark_barrier_job_runs_the_allreduce_worker_on_every_rank() {
         &secret,
         ", \"spark.executorEnv.HVD_CONF_PROBE\" = \"reached\"",
     );
-    let (out, leaks) = run_reading_command_lines(
+    let (out, leaks) = common::run_reading_command_lines(
         spark_command(dir.path(), &python, &mark, &["--spark-master", MASTER]),
         &secret,
     );
@@ -537,17 +505,18 @@ fn one_executor_whose_pull_fails_inside_the_job_ends_it_naming_the_executor_befo
 #[test]
 fn an_elastic_step_on_spark_replaces_a_lost_rank_with_a_new_job() {
     let python = spark_python();
+    let mark = format!("spark-elastic-{}", std::process::id());
+    // A secret among the file's Spark settings, and in the step's `env` (the ranks' variables travel on the relays'
+    // stdin), is on no command line (the relay server's, the relays', the wrappers') meanwhile.
+    let secret = format!("spark-secret-{mark}");
     let dir = common::elastic::project(
         "{ min = 2, max = 3 }",
         6,
-        ", ELASTIC_UNTIL = \"3\", ELASTIC_KILL = \"1:3,2:5\"",
+        &format!(", ELASTIC_UNTIL = \"3\", ELASTIC_KILL = \"1:3,2:5\", SECRET_X = \"{secret}\""),
     );
-    let mark = format!("spark-elastic-{}", std::process::id());
-    // A secret among the file's Spark settings is on no command line (the relay server's, the relays') meanwhile.
-    let secret = format!("spark-secret-{mark}");
     with_secret_setting(dir.path(), &secret, "");
     let (out, leaks) =
-        run_reading_command_lines(spark_command(dir.path(), &python, &mark, &[]), &secret);
+        common::run_reading_command_lines(spark_command(dir.path(), &python, &mark, &[]), &secret);
     assert!(
         leaks.is_empty(),
         "the secret is on command lines: {leaks:#?}"
@@ -605,12 +574,31 @@ fn dry_run_of_an_elastic_step_shows_each_ranks_relay() {
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
-    let relay = format!(
-        "spark relay: /usr/bin/python3 {}/.hvd/spark/hvd_spark_driver.py --relay '<relay socket>' -- /bin/sh -c ",
-        dir.path().display()
+    let relay = |slot: u32| {
+        format!(
+            "spark relay: /usr/bin/python3 {}/.hvd/spark/hvd_spark_driver.py --relay '<relay socket>' --slot {slot} \
+             -- /bin/sh -c ",
+            dir.path().display()
+        )
+    };
+    assert_eq!(stdout.matches(&relay(0)).count(), 1, "{stdout}");
+    assert_eq!(stdout.matches(&relay(1)).count(), 1, "{stdout}");
+    let relay = "spark relay: ";
+    // The rank's variables go on the relay's stdin (shown on a line of their own), never on its command line.
+    assert!(
+        stdout
+            .lines()
+            .filter(|l| l.contains(relay))
+            .all(|l| !l.contains("HVD_SIZE=") && !l.contains("PATH=")),
+        "{stdout}"
     );
-    assert_eq!(stdout.matches(&relay).count(), 2, "{stdout}");
-    assert!(stdout.contains(" HVD_RANK=1 "), "{stdout}");
+    assert!(
+        stdout.lines().any(
+            |l| l.trim_start().starts_with("stdin: the job token, then ")
+                && l.contains(" HVD_RANK=1 ")
+        ),
+        "{stdout}"
+    );
     // The job token travels on the relay's stdin, never on a command line; the host and interface are the executor's.
     for absent in [
         "HVD_JOB_TOKEN=",
@@ -924,6 +912,7 @@ fn a_preempted_relayed_rank_hands_over_and_leaves() {
             "{stdout}\n{stderr}"
         );
     }
-    assert!(relay_log(dir.path()).contains(": slot 1 exited with 0\n"));
+    let log = relay_log(dir.path());
+    assert!(log.contains(": slot 1 exited with 0\n"), "{log}");
     assert_nothing_left(&mark);
 }

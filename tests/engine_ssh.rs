@@ -86,6 +86,35 @@ fn the_allreduce_worker_runs_on_two_hosts_over_ssh() {
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
 
+/// A secret in the step's `env` reaches every remote rank as it is, and while the ranks run no process's command line
+/// shows it, on this machine or the hosts (the attacker: another user of either, reading `ps`); the same for every
+/// rank variable. Before, each was a `NAME=VALUE` word of the ssh command line and of the host's wrapper.
+#[test]
+fn a_secret_in_env_reaches_the_remote_ranks_and_no_command_line() {
+    let hosts = Hosts::start("e");
+    // (Looked for without its quote, which a shell-quoted word would show as `'\''`.)
+    let marker = format!("secret-{}-x", std::process::id());
+    let secret = format!("{marker}'y");
+    let dir = project(&format!(
+        "step train {{\n  run = \"printf %s $SECRET_X > got.$HVD_RANK; printf %s $HVD_SIZE > size.$HVD_RANK; \
+         sleep 1\"\n  workers = 4\n  env = {{ SECRET_X = \"{secret}\" }}\n}}"
+    ));
+    let (out, leaks) =
+        common::run_reading_command_lines(hosts.hvd_command(dir.path(), &["--no-build"]), &marker);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        leaks.is_empty(),
+        "the secret is on command lines: {leaks:#?}"
+    );
+    for rank in 0..4 {
+        let got = |name: &str| std::fs::read_to_string(dir.path().join(format!("{name}.{rank}")));
+        assert_eq!(got("got").unwrap(), secret, "rank {rank}");
+        assert_eq!(got("size").unwrap(), "4", "rank {rank}");
+    }
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
 const FAILS: &str = r#"if [ $HVD_RANK = 2 ]; then i=0; while [ $(ls started.* 2>/dev/null | wc -l) -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo boom-$HVD_RANK >&2; exit 3; fi; [ $HVD_RANK = 0 ] && setsid sleep 60 & touch started.$HVD_RANK; sleep 30 & wait"#;
 
 #[test]
@@ -168,7 +197,21 @@ fn dry_run_prints_the_ssh_commands() {
         .filter_map(|l| l.trim_start().strip_prefix("ssh: "))
         .collect();
     assert_eq!(lines.len(), 3, "{stdout}");
+    // The variables are on the line after each (what the rank's stdin carries), never on the ssh command line.
+    let stdins: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("stdin: the job token, then "))
+        .collect();
+    assert_eq!(stdins.len(), 3, "{stdout}");
+    assert!(
+        stdins.iter().all(|l| l.ends_with(" 'X=it'\\''s x'")),
+        "{stdout}"
+    );
     for line in lines {
+        assert!(
+            !line.contains("X=it") && !line.contains("HVD_SIZE=3"),
+            "{line}"
+        );
         let check = Command::new("sh")
             .args(["-n", "-c", line])
             .output()
@@ -179,7 +222,7 @@ fn dry_run_prints_the_ssh_commands() {
              ServerAliveCountMax=4 -p 2222 -i /keys/id 10.77.0."
         ));
     }
-    // Every variable travels as `env NAME=VALUE`: a name a shell cannot take is refused before anything runs.
+    // Every variable is exported by the host's wrapper: a name a shell cannot take is refused before anything runs.
     let bad =
         project("step train {\n  run = \"true\"\n  workers = 2\n  env = { \"A-B\" = \"1\" }\n}");
     let out = ssh_dry_run(bad.path(), &["--hosts", "127.0.0.1:2"])

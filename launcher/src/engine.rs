@@ -92,7 +92,8 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         Ok(RankCommand::local(rank))
     }
 
-    /// What `--dry-run` shows under a rank of a distributed step (ssh: its ssh command line).
+    /// What `--dry-run` shows under a rank of a distributed step, one or more lines (ssh: its ssh command line and
+    /// what its stdin carries).
     fn dry_run_rank(&self, _plan: &Plan, _step: &PlannedStep, _slot: &Slot) -> Option<String> {
         None
     }
@@ -187,6 +188,9 @@ pub struct RankCommand {
     /// A remote rank (ssh): its stdin carries the job token as the first line, and stopping it is writing the
     /// signal's name there ([`send_stop`]) rather than signalling the local process.
     pub remote: bool,
+    /// What a remote rank's stdin carries after the job token: its variables, as its wrapper reads them
+    /// ([`stdin_vars`](crate::engines::ssh::stdin_vars)), never on a command line. Empty for a local rank.
+    pub after_token: String,
     /// The rank's process may exit 0 without the rank having finished (the slurm engine's srun after a node
     /// failure): its stdin's first line is a nonce, before the token, and its wrapper ends its stderr with
     /// `hvd-rank-status NONCE CODE`; an exit 0 without that report of 0 is a lost rank (`supervisor/reported.rs`).
@@ -212,19 +216,22 @@ impl RankCommand {
         RankCommand {
             command,
             remote: false,
+            after_token: String::new(),
             reports_status: false,
         }
     }
 
     /// `/bin/sh -c COMMAND` on this machine with the worker contract.
-    /// `argv` (program first) as a remote rank ([`RankCommand::remote`]: stopped through its stdin), reporting its
-    /// status as [`RankCommand::reports_status`] says.
-    pub fn remote_argv(argv: &[String], reports_status: bool) -> RankCommand {
+    /// `argv` (program first) as a remote rank ([`RankCommand::remote`]: stopped through its stdin) whose stdin
+    /// carries `after_token` after the job token ([`RankCommand::after_token`]), reporting its status as
+    /// [`RankCommand::reports_status`] says.
+    pub fn remote_argv(argv: &[String], after_token: String, reports_status: bool) -> RankCommand {
         let mut command = Command::new(&argv[0]);
         command.args(&argv[1..]);
         RankCommand {
             command,
             remote: true,
+            after_token,
             reports_status,
         }
     }

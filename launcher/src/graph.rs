@@ -341,8 +341,10 @@ impl Plan {
                             gpus.map(|g| format!(", CUDA_VISIBLE_DEVICES={g}"))
                                 .unwrap_or_default()
                         );
-                        if let Some(line) = self.engine.dry_run_rank(self, step, slot) {
-                            let _ = writeln!(out, "       {line}");
+                        if let Some(lines) = self.engine.dry_run_rank(self, step, slot) {
+                            for line in lines.lines() {
+                                let _ = writeln!(out, "       {line}");
+                            }
                         }
                     }
                 }

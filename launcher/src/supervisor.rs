@@ -795,6 +795,7 @@ fn run_attempt(
                 let RankCommand {
                     mut command,
                     remote,
+                    after_token,
                     reports_status,
                 } = match &launcher {
                     Some(argv) => launcher_command(&start, argv),
@@ -826,7 +827,7 @@ fn run_attempt(
                 })?;
                 let pgid = child.id();
                 // A remote rank's wrapper reads the job token from the first line of its stdin (after the nonce of
-                // its status report, when it makes one).
+                // its status report, when it makes one), then its variables.
                 let mut stdin = child.stdin.take();
                 let report = match (nonce, stdin.as_mut()) {
                     (Some(nonce), Some(pipe)) => {
@@ -839,6 +840,7 @@ fn run_attempt(
                 if let (Some(pipe), Some(info)) = (stdin.as_mut(), info.as_ref()) {
                     use std::io::Write as _;
                     let _ = writeln!(pipe, "{}", info.token);
+                    let _ = pipe.write_all(after_token.as_bytes());
                 }
                 if let Some(w) = &job.watchdog {
                     w.watch(pgid);

@@ -759,3 +759,35 @@ impl Drop for GcLoop {
         }
     }
 }
+
+/// Runs `command` to its end while reading, as any local user can, every process's command line (`/proc/*/cmdline`)
+/// every 20 ms: its output, and the command lines that held `secret`.
+pub fn run_reading_command_lines(mut command: Command, secret: &str) -> (Output, Vec<String>) {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scanner = {
+        let (done, secret) = (done.clone(), secret.as_bytes().to_vec());
+        std::thread::spawn(move || {
+            let mut leaks = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let Ok(line) = std::fs::read(entry.path().join("cmdline")) else {
+                        continue;
+                    };
+                    if line.windows(secret.len()).any(|w| w == secret.as_slice()) {
+                        leaks.push(String::from_utf8_lossy(&line).replace('\0', " "));
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            leaks
+        })
+    };
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    (out, scanner.join().unwrap())
+}

@@ -282,15 +282,15 @@ impl SupervisedEngine for PodsSetup {
             return Ok(RankCommand::local(rank));
         };
         let vars = self.rank_vars(started_rank_env(rank, rendezvous));
+        let after_token = super::ssh::stdin_vars(&vars, "the kubernetes engine")?;
         let argv = self.ssh.rank_argv(
             rank.plan,
             rank.step,
             rank.slot,
-            &vars,
             rendezvous.addr.ip(),
             self.pulling_hvd(),
         )?;
-        Ok(RankCommand::remote_argv(&argv, false))
+        Ok(RankCommand::remote_argv(&argv, after_token, false))
     }
 
     fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
@@ -301,15 +301,15 @@ impl SupervisedEngine for PodsSetup {
             self.ssh.bind_ip,
         ));
         Some(
-            match self.ssh.rank_argv(
-                plan,
-                step,
-                slot,
-                &vars,
-                self.ssh.bind_ip,
-                self.pulling_hvd(),
-            ) {
-                Ok(argv) => format!("kubectl: {}", shell::line(&argv)),
+            match super::ssh::stdin_vars(&vars, "the kubernetes engine").and_then(|_| {
+                self.ssh
+                    .rank_argv(plan, step, slot, self.ssh.bind_ip, self.pulling_hvd())
+            }) {
+                Ok(argv) => format!(
+                    "kubectl: {}{}",
+                    shell::line(&argv),
+                    super::ssh::dry_run_stdin(&vars)
+                ),
                 Err(e) => format!("(cannot run: {e})"),
             },
         )

@@ -400,15 +400,9 @@ impl SupervisedEngine for SlurmSetup {
         let ip = srun.allocation.bind_ip;
         let vars = srun.vars(crate::engines::ssh::dry_run_rank_env(plan, step, slot, ip));
         Some(format!(
-            "srun: {}",
-            shell::line(&srun.argv(
-                plan,
-                step,
-                slot,
-                &vars,
-                ip,
-                &srun.pull(plan).unwrap_or_default()
-            ))
+            "srun: {}{}",
+            shell::line(&srun.argv(plan, step, slot, ip, &srun.pull(plan).unwrap_or_default())),
+            crate::engines::ssh::dry_run_stdin(&vars)
         ))
     }
 }

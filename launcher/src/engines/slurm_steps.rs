@@ -19,9 +19,7 @@ use std::time::Duration;
 use crate::LaunchError;
 use crate::engine::{Plan, PlannedStep, RankCommand, RankStart};
 use crate::engines::net::{resolve_host, route_source};
-use crate::engines::ssh::{
-    INTERFACE_VARS, RemoteRankEnv, WRAPPER, started_rank_env, valid_var_name,
-};
+use crate::engines::ssh::{INTERFACE_VARS, RemoteRankEnv, WRAPPER, started_rank_env, stdin_vars};
 use crate::env::{Slot, WorkerLayout};
 
 /// The task of a rank's srun (`sh -c REPORTER hvd-rank WRAPPER ARGS...`): reads the nonce from the first line of
@@ -288,14 +286,13 @@ impl RankSrun<'_> {
         vars.into_iter().collect()
     }
 
-    /// The argv of one rank (see the module docs); `vars` from [`RankSrun::vars`], `rendezvous` the address the
-    /// wrapper finds the interface for.
+    /// The argv of one rank (see the module docs; its variables, [`RankSrun::vars`], go on its stdin), `rendezvous`
+    /// the address the wrapper finds the interface for.
     pub fn argv(
         &self,
         plan: &Plan,
         step: &PlannedStep,
         slot: &Slot,
-        vars: &[(String, String)],
         rendezvous: IpAddr,
         pull: &[String],
     ) -> Vec<String> {
@@ -337,7 +334,6 @@ impl RankSrun<'_> {
             self.allocation.grace_ticks.to_string(),
             rendezvous.to_string(),
         ]);
-        argv.extend(vars.iter().map(|(k, v)| format!("{k}={v}")));
         argv.extend(pull.iter().cloned());
         argv.extend(["/bin/sh".into(), "-c".into(), step.command.clone()]);
         argv
@@ -365,21 +361,10 @@ impl RankSrun<'_> {
             return Ok(RankCommand::local(rank));
         };
         let vars = self.vars(started_rank_env(rank, rendezvous));
-        if let Some((name, _)) = vars.iter().find(|(k, _)| !valid_var_name(k)) {
-            return Err(LaunchError::Engine(format!(
-                "variable `{name}` is not a valid environment variable name for a rank's srun (letters, digits, `_`)"
-            )));
-        }
+        let after_token = stdin_vars(&vars, "a rank's srun")?;
         let pull = self.pull(rank.plan)?;
-        let argv = self.argv(
-            rank.plan,
-            rank.step,
-            rank.slot,
-            &vars,
-            rendezvous.addr.ip(),
-            &pull,
-        );
-        Ok(RankCommand::remote_argv(&argv, true))
+        let argv = self.argv(rank.plan, rank.step, rank.slot, rendezvous.addr.ip(), &pull);
+        Ok(RankCommand::remote_argv(&argv, after_token, true))
     }
 }
 
@@ -442,8 +427,8 @@ mod tests {
         );
     }
 
-    /// The task as srun runs it: the reporter reads the nonce, the wrapper the token, and the task's stderr ends
-    /// with the rank's own exit status and the nonce, which the rank's command never sees.
+    /// The task as srun runs it: the reporter reads the nonce, the wrapper the token and the variables, and the
+    /// task's stderr ends with the rank's own exit status and the nonce, which the rank's command never sees.
     #[test]
     fn the_reporter_ends_the_tasks_stderr_with_the_ranks_status() {
         use std::io::Write as _;
@@ -451,7 +436,7 @@ mod tests {
         let mut child = Command::new("/bin/sh")
             .args(["-c", REPORTER, "hvd-rank", WRAPPER])
             .arg(dir.path())
-            .args(["20", "", "HVD_RANK=1", "/bin/sh", "-c"])
+            .args(["20", "", "/bin/sh", "-c"])
             .arg("echo \"[$HVD_JOB_TOKEN]\"; env | grep -c -e n0nce -e '^[nwc]='; printf partial >&2; exit 7")
             // srun passes the launcher's environment: exported names the reporter reads into must not carry the
             // nonce (or the reporter's own script) to the rank's command.
@@ -465,7 +450,8 @@ mod tests {
             .unwrap();
         // Kept open until the task ends: its end of file is the wrapper's stop signal.
         let mut stdin = child.stdin.take().unwrap();
-        writeln!(stdin, "n0nce\ns3cr3t").unwrap();
+        // The nonce, the token, then the rank's variables up to an empty line.
+        writeln!(stdin, "n0nce\ns3cr3t\nHVD_RANK=1\n").unwrap();
         let out = child.wait_with_output().unwrap();
         drop(stdin);
         assert_eq!(out.status.code(), Some(7));
@@ -555,10 +541,10 @@ mod tests {
             &plan,
             &step,
             slot,
-            &vars,
             rendezvous.addr.ip(),
             &srun.pull(&plan).unwrap(),
         );
+        let stdin = stdin_vars(&vars, "a rank's srun").unwrap();
         let line = crate::engines::shell::line(&argv);
         assert!(
             line.starts_with(
@@ -579,9 +565,14 @@ mod tests {
             "MASTER_PORT=6000",
             "HVD_RUN_STEP=run/train/0",
         ] {
-            assert!(argv.iter().any(|a| a == want), "{want}: {line}");
+            // On the rank's stdin, never on its command line (`ps` on the node, Slurm's record of the step).
+            assert!(stdin.lines().any(|l| l == want), "{want}: {stdin}");
+            assert!(!argv.iter().any(|a| a.contains(want)), "{want}: {line}");
         }
-        assert!(!line.contains("s3cr3t"), "{line}");
+        assert!(
+            !line.contains("s3cr3t") && !stdin.contains("s3cr3t"),
+            "{line}"
+        );
         // With binary caches the rank starts through the shim, which gets the env into the node's store and roots
         // it while the rank runs; a cache URL with credentials is refused.
         let env = "/store/0123456789abcdef0123456789abcdef-t-env";
@@ -592,7 +583,7 @@ mod tests {
             ..plan.clone()
         };
         let pull = srun.pull(&cached).unwrap();
-        let argv = srun.argv(&cached, &step, slot, &vars, rendezvous.addr.ip(), &pull);
+        let argv = srun.argv(&cached, &step, slot, rendezvous.addr.ip(), &pull);
         let at = argv.len() - 10;
         assert_eq!(
             argv[at..],

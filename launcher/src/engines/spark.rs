@@ -10,10 +10,10 @@
 //!
 //! An elastic step cannot be one barrier job (Spark fails a barrier stage whole when one task fails). Its ranks are
 //! started one by one, as the ssh engine's are: each rank (and each replacement) is a relay process on this machine,
-//! `PYTHON DRIVER --relay SOCKET -- WRAPPER...`, which has the step's relay server (the driver's `--serve` mode, one
-//! SparkContext for the step, started before it and stopped after it) run the ssh engine's remote wrapper as a Spark
-//! job of one task on an executor Spark picks. The wrapper gets the rank's stdin through the relay (the job token, then the
-//! launcher's stop and hand-over requests) and the executor's address as the rank's host; the relay passes the rank's
+//! `PYTHON DRIVER --relay SOCKET --slot SLOT -- WRAPPER...`, which has the step's relay server (the driver's `--serve`
+//! mode, one SparkContext for the step, started before it and stopped after it) run the ssh engine's remote wrapper as
+//! a Spark job of one task on an executor Spark picks. The wrapper gets the rank's stdin through the relay (the job
+//! token and the rank's variables, then the launcher's stop and hand-over requests) and the executor's address as the rank's host; the relay passes the rank's
 //! output back and exits with its status (255 when Spark lost the task). A lost rank's replacement is a new job,
 //! wherever Spark has a free task slot.
 
@@ -228,14 +228,15 @@ impl SupervisedEngine for SparkSetup {
             )));
         };
         let env = super::ssh::started_rank_env(rank, rendezvous);
+        let after_token = super::ssh::stdin_vars(&relay_vars(&env.vars), "the spark engine")?;
         let argv = self.relay_argv(
             rank.plan,
             rank.step,
-            &env.vars,
+            rank.slot.rank,
             rendezvous.addr.ip(),
             &socket.display().to_string(),
         );
-        Ok(RankCommand::remote_argv(&argv, false))
+        Ok(RankCommand::remote_argv(&argv, after_token, false))
     }
 
     fn launcher_label(&self) -> &'static str {
@@ -276,8 +277,12 @@ impl SupervisedEngine for SparkSetup {
         step.min_workers?;
         let ip = self.rendezvous().0;
         let env = super::ssh::dry_run_rank_env(plan, step, slot, ip);
-        let argv = self.relay_argv(plan, step, &env.vars, ip, "<relay socket>");
-        Some(format!("spark relay: {}", super::shell::line(&argv)))
+        let argv = self.relay_argv(plan, step, slot.rank, ip, "<relay socket>");
+        Some(format!(
+            "spark relay: {}{}",
+            super::shell::line(&argv),
+            super::ssh::dry_run_stdin(&relay_vars(&env.vars))
+        ))
     }
 }
 
@@ -512,14 +517,15 @@ impl SparkSetup {
         }
     }
 
-    /// `PYTHON DRIVER --relay SOCKET -- /bin/sh -c WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... [PULL...] /bin/sh -c
-    /// COMMAND`: the ssh engine's remote wrapper with the rank's variables, less its host, which the task sets to
-    /// its executor's address (and with caches, the shim that gets the env onto the executor first).
+    /// `PYTHON DRIVER --relay SOCKET --slot SLOT -- /bin/sh -c WRAPPER hvd-rank DIR TICKS IP [PULL...] /bin/sh -c
+    /// COMMAND`: the ssh engine's remote wrapper (the rank's variables, less its host, which the task sets to its
+    /// executor's address, go on the relay's stdin: [`relay_vars`]; with caches, the shim gets the env onto the
+    /// executor first). `SLOT` names the rank in the relay server's log.
     fn relay_argv(
         &self,
         plan: &Plan,
         step: &PlannedStep,
-        vars: &[(String, String)],
+        slot: u32,
         rendezvous: IpAddr,
         socket: &str,
     ) -> Vec<String> {
@@ -528,6 +534,8 @@ impl SparkSetup {
             self.driver_path().display().to_string(),
             "--relay".into(),
             socket.to_owned(),
+            "--slot".into(),
+            slot.to_string(),
             "--".into(),
             "/bin/sh".into(),
             "-c".into(),
@@ -537,7 +545,6 @@ impl SparkSetup {
             self.grace_ticks.to_string(),
             rendezvous.to_string(),
         ];
-        argv.extend(relay_vars(vars).iter().map(|(k, v)| format!("{k}={v}")));
         if let (Some(pull), Some(env_dir)) = (&self.pull, plan.env_dir.as_deref()) {
             let mut full = vec![self.shim.display().to_string()];
             full.extend(pull.iter().cloned());

@@ -377,11 +377,10 @@ def spark_home(state_dir, home=None):
 
 # Elastic steps: the relay. An elastic step's ranks are not the tasks of one barrier job, which Spark fails whole when
 # one task fails: the launcher starts each rank (and each replacement) as a process of its own on its machine,
-# `DRIVER --relay SOCKET -- ARGV...`, which asks the step's relay server (`DRIVER --serve SOCKET ...`: a SparkContext
-# of the step's own, started before it and stopped after it) to run ARGV as a job of one task, on whichever executor
-# Spark gives it. ARGV
-# is the ssh engine's remote wrapper: the relay passes the rank's stdin on to it (the job token, then the launcher's
-# stop and hand-over requests), its output back as the rank's, and exits with its status, or 255 when Spark lost the
+# `DRIVER --relay SOCKET --slot N -- ARGV...`, which asks the step's relay server (`DRIVER --serve SOCKET ...`: a
+# SparkContext of the step's own, started before it and stopped after it) to run ARGV as a job of one task, on
+# whichever executor Spark gives it. ARGV is the ssh engine's remote wrapper: the relay passes the rank's stdin on to
+# it (the job token and the rank's variables, then the launcher's stop and hand-over requests), its output back as the rank's, and exits with its status, or 255 when Spark lost the
 # task (its executor gone) or the server is gone. The launcher does the rest as for ssh ranks: a lost rank is
 # replaced by a new relay, the survivors re-form.
 
@@ -394,18 +393,22 @@ def log(message):
 
 
 def relay_client(argv):
-    """`--relay SOCKET -- ARGV...`: runs ARGV through the relay server at SOCKET and exits with its status."""
+    """`--relay SOCKET [--slot N] -- ARGV...`: runs ARGV through the relay server at SOCKET and exits with its status
+    (N, the rank's slot, names it in the server's log: the rank's variables are on its stdin, not in ARGV)."""
     import json
 
+    slot = "?"
+    if argv[1:2] == ["--slot"] and len(argv) > 2:
+        slot, argv = argv[2], argv[:1] + argv[3:]
     if len(argv) < 3 or argv[1] != "--":
-        fail("usage: --relay SOCKET -- ARGV...")
+        fail("usage: --relay SOCKET [--slot N] -- ARGV...")
     path, command = argv[0], argv[2:]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
     except OSError as e:
         fail(f"cannot reach the relay server at {path} ({e}): did `hvd run` end?", RELAY_LOST)
-    conn.sendall(json.dumps({"argv": command, "cwd": os.getcwd()}).encode() + b"\n")
+    conn.sendall(json.dumps({"argv": command, "cwd": os.getcwd(), "slot": slot}).encode() + b"\n")
 
     def forward_stdin():
         try:
@@ -671,12 +674,12 @@ def serve(argv):
                 # Unbuffered: what follows the header line is the rank's stdin, read below.
                 header = json.loads(client.makefile("rb", buffering=0).readline(1 << 20))
                 command, cwd = [str(a) for a in header["argv"]], str(header["cwd"])
-            except (OSError, ValueError, KeyError, TypeError):
+                rank = str(header.get("slot", "?"))[:20]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 return
             ident = next(numbers)
             group = f"hvd-rank-{ident}"
             # In the server's log (`relay.log` in the step's log folder): which job ran which rank, how it ended.
-            rank = next((a for a in command if a.startswith("HVD_RANK=")), "HVD_RANK=?")[len("HVD_RANK=") :]
             log(f"job {group}: slot {rank}")
             done = threading.Event()
             stopped = threading.Event()

@@ -1,5 +1,5 @@
 //! The `ssh` engine: every rank of a distributed step is one `ssh HOST -- exec /bin/sh -c WRAPPER hvd-rank DIR TICKS
-//! IP NAME=VALUE... /bin/sh -c COMMAND`, started and supervised by the local engine exactly like a local worker (log
+//! IP /bin/sh -c COMMAND`, its variables on its stdin after the job token, started and supervised by the local engine exactly like a local worker (log
 //! prefixes, per-rank logs, fail-fast, signals).
 //!
 //! Ranks fill the hosts' slots in order (`h1:2,h2:2`: ranks 0-1 on h1, 2-3 on h2), like mpirun's by-slot mapping.
@@ -7,11 +7,11 @@
 //! local address whose route reaches the first host.
 //!
 //! The remote wrapper (a POSIX `sh` one-liner, [`WRAPPER`]; the command line: [`SshSetup::wrapper`]):
-//! 1. reads the job token from the first line of its stdin (so it never appears on a command line), `cd`s to the
-//!    project directory (on a host without it: the work directory the host check made there with the project's
+//! 1. reads the job token from the first line of its stdin and the rank's variables from the lines after it, up to
+//!    an empty line ([`stdin_vars`]), so that neither appears on a command line, `cd`s to the project directory (on a host without it: the work directory the host check made there with the project's
 //!    files, `ssh/deliver.rs`), and (without `--network-interface`) finds the interface that reaches the rendezvous;
-//! 2. starts the step's command with `setsid env VARS /bin/sh -c COMMAND` in a session of its own, with SIGINT and
-//!    SIGQUIT at their defaults (`env --default-signal`, where supported);
+//! 2. starts the step's command with `setsid env /bin/sh -c COMMAND` in a session of its own, from a subshell that
+//!    exported the variables, with SIGINT and SIGQUIT at their defaults (`env --default-signal`, where supported);
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
 //!    command's process group, then SIGKILL after the grace period; a line `PREEMPT TICKS` (an elastic worker asked to
@@ -124,11 +124,51 @@ impl Deadlines {
     }
 }
 
-/// Whether `name` can be a variable name for `env NAME=VALUE` and the shell.
+/// Whether `name` can be a variable name for the shell (`export NAME=VALUE` in the remote wrapper).
 pub(crate) fn valid_var_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with(|c: char| c.is_ascii_digit())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A remote rank's variables as its wrapper ([`WRAPPER`]) reads them from stdin after the job token: a line
+/// `NAME=VALUE` each, with `\` and newline in the value written `\\` and `\n` (the wrapper decodes them with
+/// `printf %b`), then an empty line. Never on a command line: every local user of a host reads the arguments of its
+/// processes (`/proc/PID/cmdline`, `ps`), Slurm may keep a step's command line, and `kubectl exec` sends its command
+/// in the request's URL (proxy and audit logs), while the step's `env` may hold a secret. `what` names the engine
+/// in the error for a name that is not a variable's (letters, digits, `_`) or a value with a NUL byte.
+pub fn stdin_vars(vars: &[(String, String)], what: &str) -> Result<String, LaunchError> {
+    let mut block = String::new();
+    for (k, v) in vars {
+        if !valid_var_name(k) {
+            return Err(engine_error(format!(
+                "variable `{k}` is not a valid environment variable name for {what} (letters, digits, `_`)"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(engine_error(format!(
+                "variable `{k}` holds a NUL byte, which no environment variable can hold"
+            )));
+        }
+        block.push_str(k);
+        block.push('=');
+        for c in v.chars() {
+            match c {
+                '\\' => block.push_str("\\\\"),
+                '\n' => block.push_str("\\n"),
+                c => block.push(c),
+            }
+        }
+        block.push('\n');
+    }
+    block.push('\n');
+    Ok(block)
+}
+
+/// How `--dry-run` shows a remote rank's stdin ([`stdin_vars`]): a line of its own after the rank's command line.
+pub fn dry_run_stdin(vars: &[(String, String)]) -> String {
+    let words: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("\nstdin: the job token, then {}", shell::line(&words))
 }
 
 /// The variables of a rank on another node before its engine adapts them ([`SshSetup::rank_vars`],
@@ -210,10 +250,11 @@ pub const INTERFACE_VARS: [&str; 5] = [
     "HOROVOD_GLOO_IFACE",
 ];
 
-/// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... /bin/sh -c COMMAND`): reads the token,
-/// `cd`s, finds the interface that reaches IP (when given; the one that holds IP when IP is the host's own, which
+/// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP [THROUGH...] /bin/sh -c COMMAND`): reads the token and
+/// the rank's variables from stdin ([`stdin_vars`]), `cd`s, finds the interface that reaches IP (when given; the one that holds IP when IP is the host's own, which
 /// the kernel routes through `lo`), starts the command in a session of its own with
-/// SIGINT/SIGQUIT at their defaults, and a watcher (`$W`, in another session) that stops the command's process group
+/// the variables exported (in a subshell, decoded with `printf %b`, so that none reaches the wrapper's own shell:
+/// `IFS`, `PATH`) and SIGINT/SIGQUIT at their defaults, and a watcher (`$W`, in another session) that stops the command's process group
 /// when stdin says so or ends (TICKS tenths of a second before SIGKILL; `PREEMPT N`: SIGTERM past a `/bin/sh` leader,
 /// N tenths before SIGKILL). When the command has ended it kills what is
 /// left of both sessions, and every process whose environment still carries the rank's `HVD_RUN_STEP` and `HVD_RANK`
@@ -221,14 +262,17 @@ pub const INTERFACE_VARS: [&str; 5] = [
 /// readable when quoted twice (`--dry-run`).
 pub const WRAPPER: &str = concat!(
     r#"IFS= read -r HVD_JOB_TOKEN || { echo hvd: no job token on stdin >&2; exit 125; }; export HVD_JOB_TOKEN; "#,
+    r#"l=$(printf "\nx"); l=${l%x}; v=; m=; r=; while :; do IFS= read -r a || "#,
+    r#"{ echo hvd: the variables of the rank on stdin ended early >&2; exit 125; }; [ -n "$a" ] || break; "#,
+    r#"case $a in HVD_RUN_STEP=*) [ -n "$m" ] || m=$a;; HVD_RANK=*) [ -n "$r" ] || r=$a;; esac; v=$v$a$l; done; "#,
     r#"cd "$1" || exit 125; t=$2; if [ -n "$3" ]; then "#,
     r#"i=$(ip -o route get "$3" 2>/dev/null | sed -n "s/.* dev \([^ ]*\).*/\1/p"); "#,
     r#"[ "$i" = lo ] && i=$(ip -o addr show to "$3" 2>/dev/null | sed -n "1s/^[0-9]*: *\([^ @]*\).*/\1/p"); "#,
     r#"if [ -n "$i" ]; then "#,
     r#"export HVD_NETWORK_INTERFACE="$i" HVD_TCP_INTERFACE="$i" NCCL_SOCKET_IFNAME="$i" GLOO_SOCKET_IFNAME="$i" "#,
-    r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; m=; r=; for a; do case $a in "#,
-    r#"HVD_RUN_STEP=*) [ -n "$m" ] || m=$a;; HVD_RANK=*) [ -n "$r" ] || r=$a;; esac; done; "#,
+    r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; "#,
     r#"d=; env --default-signal=INT true 2>/dev/null && d=--default-signal=INT,QUIT; "#,
+    r#"S=$(command -v setsid) || S=setsid; E=$(command -v env) || E=env; "#,
     r#"W="g=\$1; n=\$2; IFS= read -r s; case \$s in INT|TERM|KILL|PREEMPT|PREEMPT\ *) ;; *) s=TERM;; esac; "#,
     r#"if [ \"\${s%% *}\" = PREEMPT ]; then x=\${s#PREEMPT}; x=\${x# }; "#,
     r#"case \$x in \"\"|*[!0-9]*) ;; *) n=\$x;; esac; "#,
@@ -242,7 +286,9 @@ pub const WRAPPER: &str = concat!(
     r#"else kill -\$s -\$g 2>/dev/null || exit 0; fi; "#,
     r#"i=0; while kill -0 -\$g 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$n ]; then kill -KILL -\$g 2>/dev/null; "#,
     r#"exit 0; fi; sleep 0.1; done"; "#,
-    r#"exec 3<&0 </dev/null; setsid env $d "$@" 3<&- & w=$!; "#,
+    r#"exec 3<&0 </dev/null; (IFS=$l; set -f; for a in $v; do k=${a%%=*}; a=${a#*=}; "#,
+    r#"case $a in *\\*) a=$(printf "%bx" "$a"); a=${a%x};; esac; export "$k=$a"; done; "#,
+    r#"exec "$S" "$E" ${d:+"$d"} "$@") 3<&- & w=$!; "#,
     r#"setsid /bin/sh -c "$W" hvd-watch "$w" "$t" <&3 >/dev/null 2>&1 3<&- & g=$!; exec 3<&-; "#,
     r#"wait "$w"; c=$?; kill -KILL "-$g" "-$w" 2>/dev/null; "#,
     r#"if [ -n "$m" ] && [ -n "$r" ]; then for p in $(grep -lzxF "$r" $(grep -lzxF "$m" /proc/[0-9]*/environ "#,
@@ -315,24 +361,19 @@ impl SupervisedEngine for SshSetup {
         (self.bind_ip, self.allowed_peers())
     }
 
-    /// `ssh HOST WRAPPER...`: the rank's variables travel on its command line; the local ssh process must not carry
-    /// the rank's (the host's wrapper kills leftovers by them, and a host may be this machine).
+    /// `ssh HOST WRAPPER...`: the rank's variables travel on its stdin after the token ([`stdin_vars`]); the local
+    /// ssh process must not carry the rank's (the host's wrapper kills leftovers by them, and a host may be this
+    /// machine).
     fn rank_command(&self, rank: &RankStart<'_>) -> Result<RankCommand, LaunchError> {
         let Some(rendezvous) = rank.rendezvous else {
             return Ok(RankCommand::local(rank));
         };
         let (plan, step, slot) = (rank.plan, rank.step, rank.slot);
         let vars = self.rank_vars(started_rank_env(rank, rendezvous));
+        let after_token = stdin_vars(&vars, "the ssh engine")?;
         let hvd = self.pulling_hvd(&slot.host);
-        let argv = self.rank_argv(
-            plan,
-            step,
-            slot,
-            &vars,
-            rendezvous.addr.ip(),
-            hvd.as_deref(),
-        )?;
-        Ok(RankCommand::remote_argv(&argv, false))
+        let argv = self.rank_argv(plan, step, slot, rendezvous.addr.ip(), hvd.as_deref())?;
+        Ok(RankCommand::remote_argv(&argv, after_token, false))
     }
 
     fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
@@ -423,7 +464,8 @@ impl SshSetup {
         for (host, _) in &hosts {
             check_host_name(host)?;
         }
-        // Every variable reaches a remote rank as `env NAME=VALUE`: refuse a bad name before anything starts.
+        // Every variable reaches a remote rank as `export NAME=VALUE` in its wrapper: refuse a bad name before
+        // anything starts.
         let names = project
             .env
             .variables
@@ -517,29 +559,22 @@ impl SshSetup {
     }
 
     /// The remote command for one rank (see the module docs), quoted for the host's login shell: `exec /bin/sh -c
-    /// WRAPPER hvd-rank DIR TICKS IP NAME=VALUE... /bin/sh -c COMMAND`. The wrapper is the same for every rank; `IP`
-    /// (the rendezvous address, to find the interface that reaches it) is empty with `--network-interface`. `vars` as
-    /// from [`SshSetup::remote_vars`].
-    pub fn wrapper(
-        &self,
-        vars: &[(String, String)],
-        command: &str,
-        dir: &Path,
-        rendezvous_ip: IpAddr,
-    ) -> Result<String, LaunchError> {
-        self.wrapper_through(vars, &[], command, dir, rendezvous_ip)
+    /// WRAPPER hvd-rank DIR TICKS IP /bin/sh -c COMMAND`. The wrapper is the same for every rank; `IP` (the
+    /// rendezvous address, to find the interface that reaches it) is empty with `--network-interface`. The rank's
+    /// variables ([`SshSetup::remote_vars`]) go on its stdin ([`stdin_vars`]).
+    pub fn wrapper(&self, command: &str, dir: &Path, rendezvous_ip: IpAddr) -> String {
+        self.wrapper_through(&[], command, dir, rendezvous_ip)
     }
 
     /// [`SshSetup::wrapper`] with `through` (words of a program that execs the rest, `hvd worker-env --once
     /// --pull=ENV ... --`) before `/bin/sh -c COMMAND`.
     pub fn wrapper_through(
         &self,
-        vars: &[(String, String)],
         through: &[String],
         command: &str,
         dir: &Path,
         rendezvous_ip: IpAddr,
-    ) -> Result<String, LaunchError> {
+    ) -> String {
         let detect = match self.interface {
             None => rendezvous_ip.to_string(),
             Some(_) => String::new(),
@@ -551,22 +586,13 @@ impl SshSetup {
             (self.grace.as_millis() / 100).max(1),
             quote(&detect)
         );
-        for (k, v) in vars {
-            if !valid_var_name(k) {
-                return Err(engine_error(format!(
-                    "variable `{k}` is not a valid environment variable name for the ssh engine (letters, digits, `_`)"
-                )));
-            }
-            s.push(' ');
-            s.push_str(&quote(&format!("{k}={v}")));
-        }
         for word in through {
             s.push(' ');
             s.push_str(&quote(word));
         }
         s.push_str(" /bin/sh -c ");
         s.push_str(&quote(command));
-        Ok(s)
+        s
     }
 
     /// The full command line for `host`: `ssh OPTIONS HOST -- REMOTE` (`REMOTE` as the host's login shell gets it),
@@ -614,15 +640,14 @@ impl SshSetup {
             .cloned()
     }
 
-    /// The ssh command line of rank `slot` of `step` with its variables `vars` ([`SshSetup::rank_vars`]), started
-    /// with `hvd`, the host's `hvd` that pulls ([`SshSetup::pulling_hvd`]; `None`: the rank starts without a pull);
+    /// The ssh command line of rank `slot` of `step` (its variables go on its stdin: [`stdin_vars`]), started with
+    /// `hvd`, the host's `hvd` that pulls ([`SshSetup::pulling_hvd`]; `None`: the rank starts without a pull);
     /// `rendezvous` is the address the wrapper finds the interface for.
     pub fn rank_argv(
         &self,
         plan: &Plan,
         step: &PlannedStep,
         slot: &Slot,
-        vars: &[(String, String)],
         rendezvous: IpAddr,
         hvd: Option<&str>,
     ) -> Result<Vec<String>, LaunchError> {
@@ -641,7 +666,7 @@ impl SshSetup {
             Some(hvd) => self.pull_through(plan.env_dir.as_deref(), hvd)?,
             None => Vec::new(),
         };
-        let remote = self.wrapper_through(vars, &through, &step.command, dir, rendezvous)?;
+        let remote = self.wrapper_through(&through, &step.command, dir, rendezvous);
         Ok(self.argv(&slot.host, &remote))
     }
 
@@ -678,8 +703,10 @@ impl SshSetup {
                     .map_or("hvd".into(), |p| p.display().to_string())
             })
         });
-        match self.rank_argv(plan, step, slot, &vars, self.bind_ip, hvd.as_deref()) {
-            Ok(argv) => shell::line(&argv),
+        match stdin_vars(&vars, "the ssh engine")
+            .and_then(|_| self.rank_argv(plan, step, slot, self.bind_ip, hvd.as_deref()))
+        {
+            Ok(argv) => format!("{}{}", shell::line(&argv), dry_run_stdin(&vars)),
             Err(e) => format!("(cannot run: {e})"),
         }
     }
@@ -790,12 +817,20 @@ pub(super) mod tests {
         assert_eq!(get("MASTER_ADDR"), Some("h1"));
         assert_eq!(get("NCCL_SOCKET_IFNAME"), Some("eth1"));
         assert_eq!(get("GLOO_SOCKET_IFNAME"), Some("eth1"));
-        let wrapper = s
-            .wrapper(&remote, "python t.py", Path::new("/p q"), s.bind_ip)
-            .unwrap();
-        assert!(wrapper.contains(" hvd-rank '/p q' 20 '' "), "{wrapper}");
-        assert!(wrapper.contains(" 'X=a b' "), "{wrapper}");
-        assert!(!wrapper.contains("secret"));
+        let wrapper = s.wrapper("python t.py", Path::new("/p q"), s.bind_ip);
+        assert!(
+            wrapper.contains(" hvd-rank '/p q' 20 '' /bin/sh -c "),
+            "{wrapper}"
+        );
+        // The variables go on stdin after the token, never on the command line.
+        let stdin = stdin_vars(&remote, "the ssh engine").unwrap();
+        assert!(stdin.lines().any(|l| l == "X=a b"), "{stdin}");
+        assert!(stdin.ends_with("\n\n"), "{stdin}");
+        assert!(
+            !wrapper.contains("X=") && !wrapper.contains("MASTER_ADDR"),
+            "{wrapper}"
+        );
+        assert!(!wrapper.contains("secret") && !stdin.contains("secret"));
         let argv = s.argv("h2", &wrapper);
         // The options' words themselves are checked where they are printed (tests/engine_ssh.rs, a dry run).
         assert_eq!(argv[..10], SSH);
@@ -812,12 +847,16 @@ pub(super) mod tests {
                 .iter()
                 .all(|(k, _)| !INTERFACE_VARS.contains(&k.as_str()))
         );
-        let wrapper = s
-            .wrapper(&remote, "true", Path::new("/p"), s.bind_ip)
-            .unwrap();
+        let wrapper = s.wrapper("true", Path::new("/p"), s.bind_ip);
         assert!(wrapper.contains(" hvd-rank /p 20 10.0.0.1 "), "{wrapper}");
         let bad = vec![("A-B".to_string(), "1".to_string())];
-        assert!(s.wrapper(&bad, "true", Path::new("/p"), s.bind_ip).is_err());
+        let err = stdin_vars(&bad, "the ssh engine").unwrap_err().to_string();
+        assert!(
+            err.contains("`A-B` is not a valid environment variable name for the ssh engine"),
+            "{err}"
+        );
+        let nul = vec![("A".to_string(), "x\0y".to_string())];
+        assert!(stdin_vars(&nul, "the ssh engine").is_err());
     }
 
     /// With caches, a rank on a host that pulls starts through that host's `hvd worker-env --once --pull` (which
@@ -854,16 +893,14 @@ pub(super) mod tests {
         assert!(s.pull_through(Some(env), "/opt/hvd").is_err());
         let dir = tempfile::tempdir().unwrap();
         let through = ["/usr/bin/env".to_owned(), "THROUGH=it ran".to_owned()];
-        let wrapper = s
-            .wrapper_through(&[], &through, "echo \"$THROUGH\"", dir.path(), s.bind_ip)
-            .unwrap();
+        let wrapper = s.wrapper_through(&through, "echo \"$THROUGH\"", dir.path(), s.bind_ip);
         assert!(
             wrapper.ends_with(" /usr/bin/env 'THROUGH=it ran' /bin/sh -c 'echo \"$THROUGH\"'"),
             "{wrapper}"
         );
         let mut child = spawn_wrapper(&wrapper);
         let mut input = child.stdin.take().unwrap();
-        input.write_all(b"tok\n").unwrap();
+        input.write_all(b"tok\n\n").unwrap();
         // Open while the rank runs, as ssh's stdin is (its end would stop the rank).
         let out = child.wait_with_output().unwrap();
         drop(input);
@@ -881,11 +918,15 @@ pub(super) mod tests {
             .unwrap()
     }
 
+    /// The stdin a rank's ssh gets from the launcher: the token line, then `vars` ([`stdin_vars`]).
+    fn token_and(token: &str, vars: &[(String, String)]) -> Vec<u8> {
+        format!("{token}\n{}", stdin_vars(vars, "the ssh engine").unwrap()).into_bytes()
+    }
+
     /// Runs the wrapper locally as ssh would run it remotely, feeding `stdin`; returns (code, stdout).
     fn run_wrapper(s: &SshSetup, command: &str, stdin: &[u8]) -> (Option<i32>, String) {
         let dir = tempfile::tempdir().unwrap();
-        let vars = s.remote_vars(&[("Y".to_string(), "it's y".to_string())], "h1");
-        let wrapper = s.wrapper(&vars, command, dir.path(), s.bind_ip).unwrap();
+        let wrapper = s.wrapper(command, dir.path(), s.bind_ip);
         let mut child = spawn_wrapper(&wrapper);
         let mut input = child.stdin.take().unwrap();
         input.write_all(stdin).unwrap();
@@ -918,10 +959,10 @@ pub(super) mod tests {
         let command = "python3 -c 'import signal, sys, time\n\
                        signal.signal(signal.SIGTERM, lambda *a: (print(\"handed-over\", flush=True), sys.exit(0)))\n\
                        print(\"ready\", flush=True)\ntime.sleep(60)'; c=$?; echo leader-after $c; exit $c";
-        let wrapper = s.wrapper(&vars, command, dir.path(), s.bind_ip).unwrap();
+        let wrapper = s.wrapper(command, dir.path(), s.bind_ip);
         let mut child = spawn_wrapper(&wrapper);
         let mut input = child.stdin.take().unwrap();
-        input.write_all(b"tok\n").unwrap();
+        input.write_all(&token_and("tok", &vars)).unwrap();
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
@@ -938,10 +979,11 @@ pub(super) mod tests {
     #[test]
     fn the_wrapper_passes_token_variables_and_exit_code() {
         let s = setup(Some("lo"));
+        let vars = s.remote_vars(&[("Y".to_string(), "it's y".to_string())], "h1");
         let (code, out) = run_wrapper(
             &s,
             "echo \"$HVD_JOB_TOKEN|$Y|$NCCL_SOCKET_IFNAME|$(pwd)\"; grep SigIgn /proc/$$/status; exit 7",
-            b"tok\n",
+            &token_and("tok", &vars),
         );
         assert_eq!(code, Some(7), "{out}");
         let mut lines = out.lines();
@@ -951,9 +993,77 @@ pub(super) mod tests {
         let ignored = lines.next().unwrap().trim_start_matches("SigIgn:").trim();
         let mask = u64::from_str_radix(ignored, 16).unwrap();
         assert_eq!(mask & 0b110, 0, "{out}");
-        // No token line: a clear error.
+        // No token line, or stdin ending before the variables do: a clear error, and the command never runs.
         let (code, _) = run_wrapper(&s, "true", b"");
         assert_eq!(code, Some(125));
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn_wrapper(&s.wrapper("echo ran", dir.path(), s.bind_ip));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"tok\nA=1\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!((out.status.code(), &out.stdout[..]), (Some(125), &b""[..]));
+    }
+
+    /// Values reach the rank byte for byte whatever they hold (quotes, backslashes and what `printf %b` would read
+    /// as escapes, newlines, globs, `$(...)`), a user's `IFS` and `PATH` change nothing in the wrapper, and while the
+    /// rank runs no process's command line (what `ps` shows every local user) holds any value: the attacker is
+    /// another user of the host reading `/proc/*/cmdline`.
+    #[test]
+    fn the_ranks_variables_reach_it_exactly_and_no_command_line_shows_them() {
+        use std::io::BufRead;
+        let s = setup(Some("lo"));
+        let dir = tempfile::tempdir().unwrap();
+        let secret = "s3cr3t-4f1d9c";
+        let odd =
+            format!("{secret} it's \\ \\n \\c \\0101 %s %b\nline two\n\n*  $(id) `id` \"q\"\t\\");
+        let vars = vec![
+            ("ODD".to_string(), odd.clone()),
+            ("IFS".to_string(), ":/".to_string()),
+            ("PATH".to_string(), format!("/nonexistent-{secret}")),
+            ("HVD_RANK".to_string(), "0".to_string()),
+            (
+                "HVD_RUN_STEP".to_string(),
+                format!("run/{}", std::process::id()),
+            ),
+        ];
+        // The rank writes the value to a file, says so, and waits for stdin's stop line.
+        let command = "/usr/bin/printf %s \"$ODD\" > odd; echo ready; exec /bin/sleep 60";
+        let wrapper = s.wrapper(command, dir.path(), s.bind_ip);
+        let mut child = spawn_wrapper(&wrapper);
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(&token_and("tok", &vars)).unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let shown: Vec<(String, String)> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .filter_map(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                text.contains(secret)
+                    .then(|| (e.file_name().to_string_lossy().into_owned(), text))
+            })
+            .collect();
+        crate::engine::send_stop(&mut input, libc::SIGTERM);
+        drop(input);
+        child.wait().unwrap();
+        assert!(shown.is_empty(), "command lines showing a value: {shown:?}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("odd")).unwrap(),
+            odd
+        );
     }
 
     #[test]
@@ -966,10 +1076,10 @@ pub(super) mod tests {
             "sleep 60 & echo $! > {p}; echo $$ >> {p}; echo started; wait",
             p = pidfile.display()
         );
-        let wrapper = s.wrapper(&[], &command, dir.path(), s.bind_ip).unwrap();
+        let wrapper = s.wrapper(&command, dir.path(), s.bind_ip);
         let mut child = spawn_wrapper(&wrapper);
         let mut input = child.stdin.take().unwrap();
-        input.write_all(b"tok\n").unwrap();
+        input.write_all(b"tok\n\n").unwrap();
         let mut stdout = child.stdout.take().unwrap();
         let mut buf = [0u8; 8];
         let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
