@@ -92,10 +92,10 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         Ok(RankCommand::local(rank))
     }
 
-    /// What `--dry-run` shows under a rank of a distributed step, one or more lines (ssh: its ssh command line and
-    /// what its stdin carries).
-    fn dry_run_rank(&self, _plan: &Plan, _step: &PlannedStep, _slot: &Slot) -> Option<String> {
-        None
+    /// The lines `--dry-run` shows under a rank of a distributed step (ssh: its ssh command line, then what its stdin
+    /// carries); none by default.
+    fn dry_run_rank(&self, _plan: &Plan, _step: &PlannedStep, _slot: &Slot) -> Vec<String> {
+        Vec::new()
     }
 
     /// Whether the engine starts an elastic step's new workers (replacements, and slots host discovery finds) on

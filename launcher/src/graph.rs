@@ -341,10 +341,8 @@ impl Plan {
                             gpus.map(|g| format!(", CUDA_VISIBLE_DEVICES={g}"))
                                 .unwrap_or_default()
                         );
-                        if let Some(lines) = self.engine.dry_run_rank(self, step, slot) {
-                            for line in lines.lines() {
-                                let _ = writeln!(out, "       {line}");
-                            }
+                        for line in self.engine.dry_run_rank(self, step, slot) {
+                            let _ = writeln!(out, "       {line}");
                         }
                     }
                 }

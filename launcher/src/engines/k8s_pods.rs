@@ -23,7 +23,6 @@ use hvd_lang::model::Project;
 use crate::LaunchError;
 use crate::discovery::Program;
 use crate::engine::{Engine, Plan, PlannedStep, RankCommand, RankStart, SupervisedEngine};
-use crate::engines::shell;
 use crate::engines::shim::POD_IP_VAR;
 use crate::engines::ssh::{Deadlines, SshSetup, Transport, started_rank_env};
 use crate::env::{Slot, WorkerLayout};
@@ -293,26 +292,17 @@ impl SupervisedEngine for PodsSetup {
         Ok(RankCommand::remote_argv(&argv, after_token, false))
     }
 
-    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
+    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Vec<String> {
         let vars = self.rank_vars(super::ssh::dry_run_rank_env(
             plan,
             step,
             slot,
             self.ssh.bind_ip,
         ));
-        Some(
-            match super::ssh::stdin_vars(&vars, "the kubernetes engine").and_then(|_| {
-                self.ssh
-                    .rank_argv(plan, step, slot, self.ssh.bind_ip, self.pulling_hvd())
-            }) {
-                Ok(argv) => format!(
-                    "kubectl: {}{}",
-                    shell::line(&argv),
-                    super::ssh::dry_run_stdin(&vars)
-                ),
-                Err(e) => format!("(cannot run: {e})"),
-            },
-        )
+        let argv = self
+            .ssh
+            .rank_argv(plan, step, slot, self.ssh.bind_ip, self.pulling_hvd());
+        super::ssh::dry_run_lines("kubectl", argv, &vars, "the kubernetes engine")
     }
 
     /// [`PodsSetup::get_pods_argv`] under [`DISCOVER`], which leaves out the pods being deleted.

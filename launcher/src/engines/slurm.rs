@@ -395,15 +395,14 @@ impl SupervisedEngine for SlurmSetup {
 
     /// An elastic step's rank: its srun line (the ports and the run id, chosen when the step starts, shown as
     /// `<port>`, `<master-port>` and `<run id>`).
-    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
-        let srun = self.rank_srun().filter(|_| step.min_workers.is_some())?;
+    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Vec<String> {
+        let Some(srun) = self.rank_srun().filter(|_| step.min_workers.is_some()) else {
+            return Vec::new();
+        };
         let ip = srun.allocation.bind_ip;
         let vars = srun.vars(crate::engines::ssh::dry_run_rank_env(plan, step, slot, ip));
-        Some(format!(
-            "srun: {}{}",
-            shell::line(&srun.argv(plan, step, slot, ip, &srun.pull(plan).unwrap_or_default())),
-            crate::engines::ssh::dry_run_stdin(&vars)
-        ))
+        let argv = srun.argv(plan, step, slot, ip, &srun.pull(plan).unwrap_or_default());
+        crate::engines::ssh::dry_run_lines("srun", Ok(argv), &vars, "a rank's srun")
     }
 }
 

@@ -273,16 +273,15 @@ impl SupervisedEngine for SparkSetup {
         plan: &Plan,
         step: &PlannedStep,
         slot: &crate::env::Slot,
-    ) -> Option<String> {
-        step.min_workers?;
+    ) -> Vec<String> {
+        if step.min_workers.is_none() {
+            return Vec::new();
+        }
         let ip = self.rendezvous().0;
         let env = super::ssh::dry_run_rank_env(plan, step, slot, ip);
         let argv = self.relay_argv(plan, step, slot.rank, ip, "<relay socket>");
-        Some(format!(
-            "spark relay: {}{}",
-            super::shell::line(&argv),
-            super::ssh::dry_run_stdin(&relay_vars(&env.vars))
-        ))
+        let vars = relay_vars(&env.vars);
+        super::ssh::dry_run_lines("spark relay", Ok(argv), &vars, "the spark engine")
     }
 }
 

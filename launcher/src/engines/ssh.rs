@@ -10,8 +10,9 @@
 //! 1. reads the job token from the first line of its stdin and the rank's variables from the lines after it, up to
 //!    an empty line ([`stdin_vars`]), so that neither appears on a command line, `cd`s to the project directory (on a host without it: the work directory the host check made there with the project's
 //!    files, `ssh/deliver.rs`), and (without `--network-interface`) finds the interface that reaches the rendezvous;
-//! 2. starts the step's command with `setsid env /bin/sh -c COMMAND` in a session of its own, from a subshell that
-//!    exported the variables, with SIGINT and SIGQUIT at their defaults (`env --default-signal`, where supported);
+//! 2. starts the step's command in a session of its own: `setsid /bin/sh -c X` with the variables in its environment
+//!    (one `_hvd_v`), whose shell exports them and execs `env /bin/sh -c COMMAND` with SIGINT and SIGQUIT at their
+//!    defaults (`env --default-signal`, where supported);
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
 //!    command's process group, then SIGKILL after the grace period; a line `PREEMPT TICKS` (an elastic worker asked to
@@ -145,6 +146,13 @@ pub fn stdin_vars(vars: &[(String, String)], what: &str) -> Result<String, Launc
                 "variable `{k}` is not a valid environment variable name for {what} (letters, digits, `_`)"
             )));
         }
+        if k.starts_with("_hvd_") || SHELL_OWNED.contains(&k.as_str()) {
+            return Err(engine_error(format!(
+                "variable `{k}` cannot be given to a rank on {what}: the host's shell owns it (names starting with \
+                 `_hvd_` are the rank wrapper's own; {} are read-only or computed in bash); rename it",
+                SHELL_OWNED.join(", ")
+            )));
+        }
         if v.contains('\0') {
             return Err(engine_error(format!(
                 "variable `{k}` holds a NUL byte, which no environment variable can hold"
@@ -162,13 +170,70 @@ pub fn stdin_vars(vars: &[(String, String)], what: &str) -> Result<String, Launc
         block.push('\n');
     }
     block.push('\n');
+    if block.len() > STDIN_VARS_MAX {
+        return Err(engine_error(format!(
+            "the variables of a rank on {what} take {} KiB, more than the {} KiB that go to a remote rank (on its \
+             stdin, before its transport reads it); pass large values through a file",
+            block.len().div_ceil(1024),
+            STDIN_VARS_MAX / 1024
+        )));
+    }
     Ok(block)
 }
 
-/// How `--dry-run` shows a remote rank's stdin ([`stdin_vars`]): a line of its own after the rank's command line.
-pub fn dry_run_stdin(vars: &[(String, String)]) -> String {
-    let words: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("\nstdin: the job token, then {}", shell::line(&words))
+/// The most bytes of variables ([`stdin_vars`]) a remote rank gets: they are written into its stdin pipe before
+/// anything reads it (ssh may still be connecting, srun waiting for resources), so they must fit the pipe's buffer
+/// (64 KiB on Linux) with the token line, or starting the rank would block the supervisor.
+const STDIN_VARS_MAX: usize = 48 << 10;
+
+/// Variables the POSIX shell that runs a remote rank's wrapper owns: bash (the `/bin/sh` of some clusters) refuses to
+/// export the read-only ones and computes the others, and `OPTIND` must be a number in any shell.
+const SHELL_OWNED: [&str; 25] = [
+    "BASHOPTS",
+    "BASHPID",
+    "BASH_ARGC",
+    "BASH_ARGV",
+    "BASH_ARGV0",
+    "BASH_COMMAND",
+    "BASH_LINENO",
+    "BASH_SOURCE",
+    "BASH_SUBSHELL",
+    "BASH_VERSINFO",
+    "DIRSTACK",
+    "EPOCHREALTIME",
+    "EPOCHSECONDS",
+    "EUID",
+    "FUNCNAME",
+    "GROUPS",
+    "HISTCMD",
+    "LINENO",
+    "OPTIND",
+    "PPID",
+    "RANDOM",
+    "SECONDS",
+    "SHELLOPTS",
+    "SRANDOM",
+    "UID",
+];
+
+/// What `--dry-run` shows for a remote rank: `LABEL: ARGV` and, on a line of its own, what its stdin carries after
+/// the job token ([`stdin_vars`]); or why it could not start (`what` names the engine, as in [`stdin_vars`]).
+pub fn dry_run_lines(
+    label: &str,
+    argv: Result<Vec<String>, LaunchError>,
+    vars: &[(String, String)],
+    what: &str,
+) -> Vec<String> {
+    match stdin_vars(vars, what).and(argv) {
+        Ok(argv) => {
+            let words: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            vec![
+                format!("{label}: {}", shell::line(&argv)),
+                format!("stdin: the job token, then {}", shell::line(&words)),
+            ]
+        }
+        Err(e) => vec![format!("(cannot run: {e})")],
+    }
 }
 
 /// The variables of a rank on another node before its engine adapts them ([`SshSetup::rank_vars`],
@@ -251,19 +316,22 @@ pub const INTERFACE_VARS: [&str; 5] = [
 ];
 
 /// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP [THROUGH...] /bin/sh -c COMMAND`): reads the token and
-/// the rank's variables from stdin ([`stdin_vars`]), `cd`s, finds the interface that reaches IP (when given; the one that holds IP when IP is the host's own, which
-/// the kernel routes through `lo`), starts the command in a session of its own with
-/// the variables exported (in a subshell, decoded with `printf %b`, so that none reaches the wrapper's own shell:
-/// `IFS`, `PATH`) and SIGINT/SIGQUIT at their defaults, and a watcher (`$W`, in another session) that stops the command's process group
-/// when stdin says so or ends (TICKS tenths of a second before SIGKILL; `PREEMPT N`: SIGTERM past a `/bin/sh` leader,
-/// N tenths before SIGKILL). When the command has ended it kills what is
-/// left of both sessions, and every process whose environment still carries the rank's `HVD_RUN_STEP` and `HVD_RANK`
-/// (what left the command's session: `setsid`, daemons; GNU grep's `-z`). It has no single quotes, so it stays
-/// readable when quoted twice (`--dry-run`).
+/// the rank's variables from stdin ([`stdin_vars`]; its own names are unset first, as srun passes the launcher's
+/// environment), `cd`s, finds the interface that reaches IP (when given; the one that holds IP when IP is the host's
+/// own, which the kernel routes through `lo`), starts the command in a session of its own with the variables exported
+/// (by the new session's shell `X`, decoded with `printf %b`, so that none reaches the wrapper's own shell: `IFS`,
+/// `PATH`; the session exists before the exports, so a stop read early finds it) and SIGINT/SIGQUIT at their
+/// defaults, and a watcher (`$W`, in another session) that stops the command's process group when stdin says so or
+/// ends (TICKS tenths of a second before SIGKILL; `PREEMPT N`: SIGTERM past a `/bin/sh` leader, N tenths before
+/// SIGKILL). When the command has ended it kills what is left of both sessions, and every process whose environment
+/// still carries the rank's `HVD_RUN_STEP` and `HVD_RANK` (what left the command's session: `setsid`, daemons; GNU
+/// grep's `-z`). It has no single quotes, so it stays readable when quoted twice (`--dry-run`).
 pub const WRAPPER: &str = concat!(
+    r#"unset t l v m r a i d S E W X w g c p; "#,
     r#"IFS= read -r HVD_JOB_TOKEN || { echo hvd: no job token on stdin >&2; exit 125; }; export HVD_JOB_TOKEN; "#,
     r#"l=$(printf "\nx"); l=${l%x}; v=; m=; r=; while :; do IFS= read -r a || "#,
     r#"{ echo hvd: the variables of the rank on stdin ended early >&2; exit 125; }; [ -n "$a" ] || break; "#,
+    r#"case $a in [A-Za-z_]*=*) ;; *) echo hvd: a line on stdin is not NAME=VALUE >&2; exit 125;; esac; "#,
     r#"case $a in HVD_RUN_STEP=*) [ -n "$m" ] || m=$a;; HVD_RANK=*) [ -n "$r" ] || r=$a;; esac; v=$v$a$l; done; "#,
     r#"cd "$1" || exit 125; t=$2; if [ -n "$3" ]; then "#,
     r#"i=$(ip -o route get "$3" 2>/dev/null | sed -n "s/.* dev \([^ ]*\).*/\1/p"); "#,
@@ -273,7 +341,12 @@ pub const WRAPPER: &str = concat!(
     r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; "#,
     r#"d=; env --default-signal=INT true 2>/dev/null && d=--default-signal=INT,QUIT; "#,
     r#"S=$(command -v setsid) || S=setsid; E=$(command -v env) || E=env; "#,
+    r#"X="_hvd_l=\$1; _hvd_e=\$2; _hvd_d=\$3; shift 3; IFS=\$_hvd_l; set -f; for _hvd_a in \$_hvd_v; do "#,
+    r#"_hvd_k=\${_hvd_a%%=*}; _hvd_a=\${_hvd_a#*=}; case \$_hvd_a in *\\\\*) "#,
+    r#"_hvd_a=\$(printf \"%bx\" \"\$_hvd_a\"); _hvd_a=\${_hvd_a%x};; esac; export \"\$_hvd_k=\$_hvd_a\"; done; "#,
+    r#"unset _hvd_v _hvd_a _hvd_k; exec \"\$_hvd_e\" \${_hvd_d:+\"\$_hvd_d\"} \"\$@\""; "#,
     r#"W="g=\$1; n=\$2; IFS= read -r s; case \$s in INT|TERM|KILL|PREEMPT|PREEMPT\ *) ;; *) s=TERM;; esac; "#,
+    r#"while ! kill -0 -\$g 2>/dev/null; do kill -0 \$g 2>/dev/null || exit 0; sleep 0.05; done; "#,
     r#"if [ \"\${s%% *}\" = PREEMPT ]; then x=\${s#PREEMPT}; x=\${x# }; "#,
     r#"case \$x in \"\"|*[!0-9]*) ;; *) n=\$x;; esac; "#,
     r#"k=; for f in /proc/[0-9]*/stat; do p=\${f#/proc/}; p=\${p%/stat}; "#,
@@ -286,9 +359,7 @@ pub const WRAPPER: &str = concat!(
     r#"else kill -\$s -\$g 2>/dev/null || exit 0; fi; "#,
     r#"i=0; while kill -0 -\$g 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$n ]; then kill -KILL -\$g 2>/dev/null; "#,
     r#"exit 0; fi; sleep 0.1; done"; "#,
-    r#"exec 3<&0 </dev/null; (IFS=$l; set -f; for a in $v; do k=${a%%=*}; a=${a#*=}; "#,
-    r#"case $a in *\\*) a=$(printf "%bx" "$a"); a=${a%x};; esac; export "$k=$a"; done; "#,
-    r#"exec "$S" "$E" ${d:+"$d"} "$@") 3<&- & w=$!; "#,
+    r#"exec 3<&0 </dev/null; _hvd_v=$v "$S" /bin/sh -c "$X" hvd-rank "$l" "$E" "$d" "$@" 3<&- & w=$!; "#,
     r#"setsid /bin/sh -c "$W" hvd-watch "$w" "$t" <&3 >/dev/null 2>&1 3<&- & g=$!; exec 3<&-; "#,
     r#"wait "$w"; c=$?; kill -KILL "-$g" "-$w" 2>/dev/null; "#,
     r#"if [ -n "$m" ] && [ -n "$r" ]; then for p in $(grep -lzxF "$r" $(grep -lzxF "$m" /proc/[0-9]*/environ "#,
@@ -376,8 +447,8 @@ impl SupervisedEngine for SshSetup {
         Ok(RankCommand::remote_argv(&argv, after_token, false))
     }
 
-    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Option<String> {
-        Some(format!("ssh: {}", self.dry_run_line(plan, step, slot)))
+    fn dry_run_rank(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Vec<String> {
+        self.dry_run_lines(plan, step, slot)
     }
 }
 
@@ -464,21 +535,16 @@ impl SshSetup {
         for (host, _) in &hosts {
             check_host_name(host)?;
         }
-        // Every variable reaches a remote rank as `export NAME=VALUE` in its wrapper: refuse a bad name before
-        // anything starts.
-        let names = project
+        // Every variable reaches a remote rank as `export NAME=VALUE` in its wrapper: refuse a name it cannot take
+        // before anything starts.
+        let names: Vec<(String, String)> = project
             .env
             .variables
             .keys()
-            .chain(project.steps.iter().flat_map(|s| s.env.keys()));
-        for name in names {
-            if !valid_var_name(name) {
-                return Err(engine_error(format!(
-                    "variable `{name}` is not a valid environment variable name for the ssh engine (letters, \
-                     digits, `_`)"
-                )));
-            }
-        }
+            .chain(project.steps.iter().flat_map(|s| s.env.keys()))
+            .map(|name| (name.clone(), String::new()))
+            .collect();
+        stdin_vars(&names, "the ssh engine")?;
         let ssh_options = &options.ssh;
         let port = ssh_options.port.or(settings.ssh_port);
         let identity = ssh_options.identity.clone().or(settings.ssh_identity);
@@ -690,9 +756,9 @@ impl SshSetup {
         })
     }
 
-    /// The line `hvd run --dry-run` shows for rank `slot` of `step`: the ports and the run id, chosen when the step
-    /// starts, are shown as `<port>`, `<master-port>` and `<run id>`.
-    pub fn dry_run_line(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> String {
+    /// The lines `hvd run --dry-run` shows for rank `slot` of `step` ([`dry_run_lines`]): the ports and the run id,
+    /// chosen when the step starts, are shown as `<port>`, `<master-port>` and `<run id>`.
+    pub fn dry_run_lines(&self, plan: &Plan, step: &PlannedStep, slot: &Slot) -> Vec<String> {
         let vars = self.rank_vars(dry_run_rank_env(plan, step, slot, self.bind_ip));
         // With caches, the host check (not run for a dry run) pulls the env with the host's `hvd`: the launcher's
         // path there, else `hvd` on its PATH.
@@ -703,12 +769,8 @@ impl SshSetup {
                     .map_or("hvd".into(), |p| p.display().to_string())
             })
         });
-        match stdin_vars(&vars, "the ssh engine")
-            .and_then(|_| self.rank_argv(plan, step, slot, self.bind_ip, hvd.as_deref()))
-        {
-            Ok(argv) => format!("{}{}", shell::line(&argv), dry_run_stdin(&vars)),
-            Err(e) => format!("(cannot run: {e})"),
-        }
+        let argv = self.rank_argv(plan, step, slot, self.bind_ip, hvd.as_deref());
+        dry_run_lines("ssh", argv, &vars, "the ssh engine")
     }
 }
 
@@ -827,7 +889,7 @@ pub(super) mod tests {
         assert!(stdin.lines().any(|l| l == "X=a b"), "{stdin}");
         assert!(stdin.ends_with("\n\n"), "{stdin}");
         assert!(
-            !wrapper.contains("X=") && !wrapper.contains("MASTER_ADDR"),
+            !wrapper.contains("X=a b") && !wrapper.contains("MASTER_ADDR"),
             "{wrapper}"
         );
         assert!(!wrapper.contains("secret") && !stdin.contains("secret"));
@@ -857,6 +919,16 @@ pub(super) mod tests {
         );
         let nul = vec![("A".to_string(), "x\0y".to_string())];
         assert!(stdin_vars(&nul, "the ssh engine").is_err());
+        // Names the host's shell owns (read-only or computed in bash) or the wrapper's own, and too much to send.
+        for name in ["UID", "PPID", "RANDOM", "OPTIND", "_hvd_v"] {
+            let err = stdin_vars(&[(name.to_string(), "1".to_string())], "the ssh engine")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("`{name}` cannot be given")), "{err}");
+        }
+        let big = vec![("BIG".to_string(), "x".repeat(STDIN_VARS_MAX))];
+        let err = stdin_vars(&big, "the ssh engine").unwrap_err().to_string();
+        assert!(err.contains("pass large values through a file"), "{err}");
     }
 
     /// With caches, a rank on a host that pulls starts through that host's `hvd worker-env --once --pull` (which
@@ -996,6 +1068,8 @@ pub(super) mod tests {
         // No token line, or stdin ending before the variables do: a clear error, and the command never runs.
         let (code, _) = run_wrapper(&s, "true", b"");
         assert_eq!(code, Some(125));
+        let (code, out) = run_wrapper(&s, "echo ran", b"tok\nnot a variable\n\n");
+        assert_eq!((code, out.as_str()), (Some(125), ""));
         let dir = tempfile::tempdir().unwrap();
         let mut child = spawn_wrapper(&s.wrapper("echo ran", dir.path(), s.bind_ip));
         child
@@ -1020,7 +1094,7 @@ pub(super) mod tests {
         let secret = "s3cr3t-4f1d9c";
         let odd =
             format!("{secret} it's \\ \\n \\c \\0101 %s %b\nline two\n\n*  $(id) `id` \"q\"\t\\");
-        let vars = vec![
+        let mut vars = vec![
             ("ODD".to_string(), odd.clone()),
             ("IFS".to_string(), ":/".to_string()),
             ("PATH".to_string(), format!("/nonexistent-{secret}")),
@@ -1029,11 +1103,31 @@ pub(super) mod tests {
                 "HVD_RUN_STEP".to_string(),
                 format!("run/{}", std::process::id()),
             ),
+            ("zz".to_string(), "last".to_string()),
         ];
-        // The rank writes the value to a file, says so, and waits for stdin's stop line.
-        let command = "/usr/bin/printf %s \"$ODD\" > odd; echo ready; exec /bin/sleep 60";
+        // Names the wrapper's own shells use (`d=-i` given to `env` would empty the rank's environment).
+        for n in ["a", "k", "v", "l", "S", "E", "d", "X", "W"] {
+            let value = if n == "d" {
+                "-i".into()
+            } else {
+                format!("user-{n}")
+            };
+            vars.push((n.to_string(), value));
+        }
+        // The rank writes the values to files, says so, and waits for stdin's stop line.
+        let command = "/usr/bin/printf %s \"$ODD\" > odd; \
+                       printf %s\\| \"$a\" \"$k\" \"$v\" \"$l\" \"$S\" \"$E\" \"$d\" \"$X\" \"$W\" \"$zz\" \"${t-unset}\" > own; \
+                       echo ready; exec /bin/sleep 60";
         let wrapper = s.wrapper(command, dir.path(), s.bind_ip);
-        let mut child = spawn_wrapper(&wrapper);
+        // srun passes the launcher's environment: an exported name the wrapper uses must not reach the rank.
+        let mut child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&wrapper)
+            .env("t", "inherited")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut input = child.stdin.take().unwrap();
         input.write_all(&token_and("tok", &vars)).unwrap();
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
@@ -1064,6 +1158,37 @@ pub(super) mod tests {
             std::fs::read_to_string(dir.path().join("odd")).unwrap(),
             odd
         );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("own")).unwrap(),
+            "user-a|user-k|user-v|user-l|user-S|user-E|-i|user-X|user-W|last|unset|"
+        );
+    }
+
+    /// A stop already in the pipe behind the variables (Ctrl-C or a failing rank while ssh was still connecting) stops
+    /// the rank: the watcher may read it before the command's session exists, and waits for it instead of giving up.
+    #[test]
+    fn a_stop_right_behind_the_variables_stops_the_rank() {
+        let s = setup(Some("lo"));
+        let dir = tempfile::tempdir().unwrap();
+        let vars: Vec<(String, String)> = (0..30)
+            .map(|i| (format!("V{i}"), format!("C:\\data\\{i}")))
+            .collect();
+        let wrapper = s.wrapper("sleep 3; echo survived", dir.path(), s.bind_ip);
+        for round in 0..8 {
+            let mut child = spawn_wrapper(&wrapper);
+            let mut input = child.stdin.take().unwrap();
+            let mut all = token_and("tok", &vars);
+            all.extend_from_slice(b"TERM\n");
+            input.write_all(&all).unwrap();
+            let out = child.wait_with_output().unwrap();
+            drop(input);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                !stdout.contains("survived"),
+                "round {round}: the rank outlived its stop"
+            );
+            assert_ne!(out.status.code(), Some(0), "round {round}");
+        }
     }
 
     #[test]
