@@ -10,9 +10,9 @@
 //! 1. reads the job token from the first line of its stdin and the rank's variables from the lines after it, up to
 //!    an empty line ([`stdin_vars`]), so that neither appears on a command line, `cd`s to the project directory (on a host without it: the work directory the host check made there with the project's
 //!    files, `ssh/deliver.rs`), and (without `--network-interface`) finds the interface that reaches the rendezvous;
-//! 2. starts the step's command in a session of its own: `setsid /bin/sh -c X` with the variables in its environment
-//!    (one `_hvd_v`), whose shell exports them and execs `env /bin/sh -c COMMAND` with SIGINT and SIGQUIT at their
-//!    defaults (`env --default-signal`, where supported);
+//! 2. starts the step's command in a session of its own with SIGINT and SIGQUIT at their defaults: `env
+//!    --default-signal=INT,QUIT setsid /bin/sh -c X` (`env`'s option where supported) with the variables in its
+//!    environment (one `_hvd_v`), whose shell exports them and execs `/bin/sh -c COMMAND`;
 //! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
 //!    command's process group, then SIGKILL after the grace period; a line `PREEMPT TICKS` (an elastic worker asked to
@@ -188,16 +188,20 @@ const STDIN_VARS_MAX: usize = 48 << 10;
 
 /// Variables the POSIX shell that runs a remote rank's wrapper owns: bash (the `/bin/sh` of some clusters) refuses to
 /// export the read-only ones and computes the others, and `OPTIND` must be a number in any shell.
-const SHELL_OWNED: [&str; 25] = [
+const SHELL_OWNED: [&str; 30] = [
     "BASHOPTS",
     "BASHPID",
+    "BASH_ALIASES",
     "BASH_ARGC",
     "BASH_ARGV",
     "BASH_ARGV0",
+    "BASH_CMDS",
     "BASH_COMMAND",
     "BASH_LINENO",
+    "BASH_MONOSECONDS",
     "BASH_SOURCE",
     "BASH_SUBSHELL",
+    "BASH_TRAPSIG",
     "BASH_VERSINFO",
     "DIRSTACK",
     "EPOCHREALTIME",
@@ -214,6 +218,7 @@ const SHELL_OWNED: [&str; 25] = [
     "SHELLOPTS",
     "SRANDOM",
     "UID",
+    "_",
 ];
 
 /// What `--dry-run` shows for a remote rank: `LABEL: ARGV` and, on a line of its own, what its stdin carries after
@@ -318,20 +323,21 @@ pub const INTERFACE_VARS: [&str; 5] = [
 /// The remote wrapper (`sh -c WRAPPER hvd-rank DIR TICKS IP [THROUGH...] /bin/sh -c COMMAND`): reads the token and
 /// the rank's variables from stdin ([`stdin_vars`]; its own names are unset first, as srun passes the launcher's
 /// environment), `cd`s, finds the interface that reaches IP (when given; the one that holds IP when IP is the host's
-/// own, which the kernel routes through `lo`), starts the command in a session of its own with the variables exported
-/// (by the new session's shell `X`, decoded with `printf %b`, so that none reaches the wrapper's own shell: `IFS`,
-/// `PATH`; the session exists before the exports, so a stop read early finds it) and SIGINT/SIGQUIT at their
-/// defaults, and a watcher (`$W`, in another session) that stops the command's process group when stdin says so or
+/// own, which the kernel routes through `lo`), starts the command in a session of its own with SIGINT/SIGQUIT at
+/// their defaults (restored before `setsid`) and the variables exported (by the new session's shell `X`, decoded with
+/// `printf %b`, so that none reaches the wrapper's own shell: `IFS`, `PATH`; the session and the signals' defaults
+/// come before the exports, so a stop read early finds them), and a watcher (`$W`, in another session) that stops the command's process group when stdin says so or
 /// ends (TICKS tenths of a second before SIGKILL; `PREEMPT N`: SIGTERM past a `/bin/sh` leader, N tenths before
 /// SIGKILL). When the command has ended it kills what is left of both sessions, and every process whose environment
 /// still carries the rank's `HVD_RUN_STEP` and `HVD_RANK` (what left the command's session: `setsid`, daemons; GNU
 /// grep's `-z`). It has no single quotes, so it stays readable when quoted twice (`--dry-run`).
 pub const WRAPPER: &str = concat!(
-    r#"unset t l v m r a i d S E W X w g c p; "#,
+    r#"unset t l v m r a i d S E W X w g c p _hvd_v; "#,
     r#"IFS= read -r HVD_JOB_TOKEN || { echo hvd: no job token on stdin >&2; exit 125; }; export HVD_JOB_TOKEN; "#,
     r#"l=$(printf "\nx"); l=${l%x}; v=; m=; r=; while :; do IFS= read -r a || "#,
     r#"{ echo hvd: the variables of the rank on stdin ended early >&2; exit 125; }; [ -n "$a" ] || break; "#,
-    r#"case $a in [A-Za-z_]*=*) ;; *) echo hvd: a line on stdin is not NAME=VALUE >&2; exit 125;; esac; "#,
+    r#"case $a in [A-Za-z_]*=*) ;; *) a=;; esac; case ${a%%=*} in ""|*[!A-Za-z0-9_]*) "#,
+    r#"echo hvd: a line on stdin is not NAME=VALUE >&2; exit 125;; esac; "#,
     r#"case $a in HVD_RUN_STEP=*) [ -n "$m" ] || m=$a;; HVD_RANK=*) [ -n "$r" ] || r=$a;; esac; v=$v$a$l; done; "#,
     r#"cd "$1" || exit 125; t=$2; if [ -n "$3" ]; then "#,
     r#"i=$(ip -o route get "$3" 2>/dev/null | sed -n "s/.* dev \([^ ]*\).*/\1/p"); "#,
@@ -341,10 +347,10 @@ pub const WRAPPER: &str = concat!(
     r#"HOROVOD_GLOO_IFACE="$i"; fi; fi; shift 3; "#,
     r#"d=; env --default-signal=INT true 2>/dev/null && d=--default-signal=INT,QUIT; "#,
     r#"S=$(command -v setsid) || S=setsid; E=$(command -v env) || E=env; "#,
-    r#"X="_hvd_l=\$1; _hvd_e=\$2; _hvd_d=\$3; shift 3; IFS=\$_hvd_l; set -f; for _hvd_a in \$_hvd_v; do "#,
+    r#"X="_hvd_l=\$1; shift; IFS=\$_hvd_l; set -f; for _hvd_a in \$_hvd_v; do "#,
     r#"_hvd_k=\${_hvd_a%%=*}; _hvd_a=\${_hvd_a#*=}; case \$_hvd_a in *\\\\*) "#,
     r#"_hvd_a=\$(printf \"%bx\" \"\$_hvd_a\"); _hvd_a=\${_hvd_a%x};; esac; export \"\$_hvd_k=\$_hvd_a\"; done; "#,
-    r#"unset _hvd_v _hvd_a _hvd_k; exec \"\$_hvd_e\" \${_hvd_d:+\"\$_hvd_d\"} \"\$@\""; "#,
+    r#"unset _hvd_v _hvd_a _hvd_k _hvd_l; exec \"\$@\""; "#,
     r#"W="g=\$1; n=\$2; IFS= read -r s; case \$s in INT|TERM|KILL|PREEMPT|PREEMPT\ *) ;; *) s=TERM;; esac; "#,
     r#"while ! kill -0 -\$g 2>/dev/null; do kill -0 \$g 2>/dev/null || exit 0; sleep 0.05; done; "#,
     r#"if [ \"\${s%% *}\" = PREEMPT ]; then x=\${s#PREEMPT}; x=\${x# }; "#,
@@ -359,7 +365,7 @@ pub const WRAPPER: &str = concat!(
     r#"else kill -\$s -\$g 2>/dev/null || exit 0; fi; "#,
     r#"i=0; while kill -0 -\$g 2>/dev/null; do i=\$((i+1)); if [ \$i -gt \$n ]; then kill -KILL -\$g 2>/dev/null; "#,
     r#"exit 0; fi; sleep 0.1; done"; "#,
-    r#"exec 3<&0 </dev/null; _hvd_v=$v "$S" /bin/sh -c "$X" hvd-rank "$l" "$E" "$d" "$@" 3<&- & w=$!; "#,
+    r#"exec 3<&0 </dev/null; _hvd_v=$v "$E" ${d:+"$d"} "$S" /bin/sh -c "$X" hvd-rank "$l" "$@" 3<&- & w=$!; "#,
     r#"setsid /bin/sh -c "$W" hvd-watch "$w" "$t" <&3 >/dev/null 2>&1 3<&- & g=$!; exec 3<&-; "#,
     r#"wait "$w"; c=$?; kill -KILL "-$g" "-$w" 2>/dev/null; "#,
     r#"if [ -n "$m" ] && [ -n "$r" ]; then for p in $(grep -lzxF "$r" $(grep -lzxF "$m" /proc/[0-9]*/environ "#,
@@ -593,7 +599,7 @@ impl SshSetup {
         peers
     }
 
-    /// The variables a remote rank gets on its command line, from the local engine's `vars` (the same contract):
+    /// The variables a remote rank gets on its stdin ([`stdin_vars`]), from the local engine's `vars` (the same contract):
     /// the token is left out (it travels on stdin), `MASTER_ADDR` is rank 0's host, and the interface variables
     /// name `--network-interface` (or are left to the wrapper's detection). `PATH` is passed on as mpirun's `-x
     /// PATH` would.
@@ -1068,8 +1074,14 @@ pub(super) mod tests {
         // No token line, or stdin ending before the variables do: a clear error, and the command never runs.
         let (code, _) = run_wrapper(&s, "true", b"");
         assert_eq!(code, Some(125));
-        let (code, out) = run_wrapper(&s, "echo ran", b"tok\nnot a variable\n\n");
-        assert_eq!((code, out.as_str()), (Some(125), ""));
+        for bad in [
+            &b"tok\nnot a variable\n\n"[..],
+            b"tok\nA-B=1\n\n",
+            b"tok\n=1\n\n",
+        ] {
+            let (code, out) = run_wrapper(&s, "echo ran", bad);
+            assert_eq!((code, out.as_str()), (Some(125), ""));
+        }
         let dir = tempfile::tempdir().unwrap();
         let mut child = spawn_wrapper(&s.wrapper("echo ran", dir.path(), s.bind_ip));
         child
@@ -1116,7 +1128,7 @@ pub(super) mod tests {
         }
         // The rank writes the values to files, says so, and waits for stdin's stop line.
         let command = "/usr/bin/printf %s \"$ODD\" > odd; \
-                       printf %s\\| \"$a\" \"$k\" \"$v\" \"$l\" \"$S\" \"$E\" \"$d\" \"$X\" \"$W\" \"$zz\" \"${t-unset}\" > own; \
+                       printf %s\\| \"$a\" \"$k\" \"$v\" \"$l\" \"$S\" \"$E\" \"$d\" \"$X\" \"$W\" \"$zz\" \"${t-unset}\" \"${_hvd_l-unset}\" \"${_hvd_v-unset}\" > own; \
                        echo ready; exec /bin/sleep 60";
         let wrapper = s.wrapper(command, dir.path(), s.bind_ip);
         // srun passes the launcher's environment: an exported name the wrapper uses must not reach the rank.
@@ -1124,6 +1136,8 @@ pub(super) mod tests {
             .arg("-c")
             .arg(&wrapper)
             .env("t", "inherited")
+            .env("_hvd_l", "inherited")
+            .env("_hvd_v", "inherited")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -1160,12 +1174,14 @@ pub(super) mod tests {
         );
         assert_eq!(
             std::fs::read_to_string(dir.path().join("own")).unwrap(),
-            "user-a|user-k|user-v|user-l|user-S|user-E|-i|user-X|user-W|last|unset|"
+            "user-a|user-k|user-v|user-l|user-S|user-E|-i|user-X|user-W|last|unset|unset|unset|"
         );
     }
 
     /// A stop already in the pipe behind the variables (Ctrl-C or a failing rank while ssh was still connecting) stops
-    /// the rank: the watcher may read it before the command's session exists, and waits for it instead of giving up.
+    /// the rank with that very signal: the watcher may read it before the command's session exists, and waits for it
+    /// instead of giving up; SIGINT is at its default from before the session (a background job starts with it
+    /// ignored), so Ctrl-C ends the rank at once rather than SIGKILL after the grace period (20 tenths here).
     #[test]
     fn a_stop_right_behind_the_variables_stops_the_rank() {
         let s = setup(Some("lo"));
@@ -1174,20 +1190,25 @@ pub(super) mod tests {
             .map(|i| (format!("V{i}"), format!("C:\\data\\{i}")))
             .collect();
         let wrapper = s.wrapper("sleep 3; echo survived", dir.path(), s.bind_ip);
-        for round in 0..8 {
+        for (round, (stop, code)) in [("TERM", 143), ("INT", 130)]
+            .iter()
+            .cycle()
+            .take(12)
+            .enumerate()
+        {
             let mut child = spawn_wrapper(&wrapper);
             let mut input = child.stdin.take().unwrap();
             let mut all = token_and("tok", &vars);
-            all.extend_from_slice(b"TERM\n");
+            all.extend_from_slice(format!("{stop}\n").as_bytes());
             input.write_all(&all).unwrap();
             let out = child.wait_with_output().unwrap();
             drop(input);
             let stdout = String::from_utf8_lossy(&out.stdout);
             assert!(
                 !stdout.contains("survived"),
-                "round {round}: the rank outlived its stop"
+                "round {round} ({stop}): the rank outlived its stop"
             );
-            assert_ne!(out.status.code(), Some(0), "round {round}");
+            assert_eq!(out.status.code(), Some(*code), "round {round} ({stop})");
         }
     }
 
