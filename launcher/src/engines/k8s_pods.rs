@@ -212,7 +212,7 @@ impl SupervisedEngine for PodsSetup {
                 )));
             }
         }
-        Ok(())
+        super::ssh::check_elastic_env_names(plan, "the kubernetes engine")
     }
 
     fn remote_hosts(&self) -> bool {

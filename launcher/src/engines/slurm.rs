@@ -377,8 +377,12 @@ impl SupervisedEngine for SlurmSetup {
         }
     }
 
-    /// A cache URL that carries credentials is refused before anything runs (the ranks' srun lines would show it).
+    /// A cache URL that carries credentials is refused before anything runs (the ranks' srun lines would show it),
+    /// and so is a variable name an elastic step's remote ranks cannot take.
     fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
+        if self.rank_srun().is_some() {
+            crate::engines::ssh::check_elastic_env_names(plan, "the slurm engine")?;
+        }
         crate::engines::pull_argv(plan, &self.shim).map(|_| ())
     }
 
@@ -402,7 +406,7 @@ impl SupervisedEngine for SlurmSetup {
         let ip = srun.allocation.bind_ip;
         let vars = srun.vars(crate::engines::ssh::dry_run_rank_env(plan, step, slot, ip));
         let argv = srun.argv(plan, step, slot, ip, &srun.pull(plan).unwrap_or_default());
-        crate::engines::ssh::dry_run_lines("srun", Ok(argv), &vars, "a rank's srun")
+        crate::engines::ssh::dry_run_lines("srun", Ok(argv), &vars, "the slurm engine")
     }
 }
 

@@ -361,7 +361,7 @@ impl RankSrun<'_> {
             return Ok(RankCommand::local(rank));
         };
         let vars = self.vars(started_rank_env(rank, rendezvous));
-        let after_token = stdin_vars(&vars, "a rank's srun")?;
+        let after_token = stdin_vars(&vars, "the slurm engine")?;
         let pull = self.pull(rank.plan)?;
         let argv = self.argv(rank.plan, rank.step, rank.slot, rendezvous.addr.ip(), &pull);
         Ok(RankCommand::remote_argv(&argv, after_token, true))
@@ -544,7 +544,24 @@ mod tests {
             rendezvous.addr.ip(),
             &srun.pull(&plan).unwrap(),
         );
-        let stdin = stdin_vars(&vars, "a rank's srun").unwrap();
+        let stdin = stdin_vars(&vars, "the slurm engine").unwrap();
+        // A name the host's shell owns is refused before anything runs, naming the step.
+        crate::engines::ssh::check_elastic_env_names(&plan, "the slurm engine").unwrap();
+        let mut owned = step.clone();
+        owned.env.insert("UID".into(), "0".into());
+        let bad = Plan {
+            steps: vec![owned],
+            ..plan.clone()
+        };
+        let err = crate::engines::ssh::check_elastic_env_names(&bad, "the slurm engine")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "step `train`: variable `UID` cannot be given to a rank on the slurm engine"
+            ),
+            "{err}"
+        );
         let line = crate::engines::shell::line(&argv);
         assert!(
             line.starts_with(

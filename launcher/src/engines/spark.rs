@@ -159,7 +159,8 @@ impl SupervisedEngine for SparkSetup {
         WorkerLayout::local(&host, workers.unwrap_or(1))
     }
 
-    fn prepare(&self, _plan: &Plan) -> Result<(), LaunchError> {
+    fn prepare(&self, plan: &Plan) -> Result<(), LaunchError> {
+        super::ssh::check_elastic_env_names(plan, "the spark engine")?;
         write_driver(&self.driver_path())
     }
 

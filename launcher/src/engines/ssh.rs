@@ -181,6 +181,21 @@ pub fn stdin_vars(vars: &[(String, String)], what: &str) -> Result<String, Launc
     Ok(block)
 }
 
+/// Refuses, before anything runs, a variable name in the `env` of an elastic step of `plan` that no remote rank can
+/// take ([`stdin_vars`]; engines whose elastic steps' ranks are remote: slurm in an allocation, spark, a launcher
+/// pod).
+pub(crate) fn check_elastic_env_names(plan: &Plan, what: &str) -> Result<(), LaunchError> {
+    for step in plan.steps.iter().filter(|s| s.min_workers.is_some()) {
+        let names: Vec<(String, String)> = step
+            .env
+            .keys()
+            .map(|k| (k.clone(), String::new()))
+            .collect();
+        stdin_vars(&names, what).map_err(|e| engine_error(format!("step `{}`: {e}", step.name)))?;
+    }
+    Ok(())
+}
+
 /// The most bytes of variables ([`stdin_vars`]) a remote rank gets: they are written into its stdin pipe before
 /// anything reads it (ssh may still be connecting, srun waiting for resources), so they must fit the pipe's buffer
 /// (64 KiB on Linux) with the token line, or starting the rank would block the supervisor.
