@@ -442,6 +442,16 @@ fn an_elastic_step_without_a_place_in_a_jobset_is_refused() {
         elastic(&|p| p.steps[1].checkpoints = Some("s3://b/p".into())),
         ""
     );
+    // A variable its ranks' shell owns could not be exported into them in the worker pods.
+    let err = elastic(&|p| {
+        p.steps[1].env.insert("PPID".into(), "1".into());
+    });
+    assert!(
+        err.contains(
+            "step `train`: variable `PPID` cannot be given to a rank on the kubernetes engine"
+        ),
+        "{err}"
+    );
     // A file the .hvd file imports from outside its directory cannot go with it.
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("lib.hvd"), "let x = 1\n").unwrap();

@@ -186,14 +186,19 @@ pub fn stdin_vars(vars: &[(String, String)], what: &str) -> Result<String, Launc
 /// pod).
 pub(crate) fn check_elastic_env_names(plan: &Plan, what: &str) -> Result<(), LaunchError> {
     for step in plan.steps.iter().filter(|s| s.min_workers.is_some()) {
-        let names: Vec<(String, String)> = step
-            .env
-            .keys()
-            .map(|k| (k.clone(), String::new()))
-            .collect();
-        stdin_vars(&names, what).map_err(|e| engine_error(format!("step `{}`: {e}", step.name)))?;
+        check_var_names(step.env.keys(), what)
+            .map_err(|e| engine_error(format!("step `{}`: {e}", step.name)))?;
     }
     Ok(())
+}
+
+/// Refuses a variable name no remote rank can take ([`stdin_vars`]).
+pub(crate) fn check_var_names<'a>(
+    names: impl Iterator<Item = &'a String>,
+    what: &str,
+) -> Result<(), LaunchError> {
+    let names: Vec<(String, String)> = names.map(|k| (k.clone(), String::new())).collect();
+    stdin_vars(&names, what).map(drop)
 }
 
 /// The most bytes of variables ([`stdin_vars`]) a remote rank gets: they are written into its stdin pipe before
@@ -558,14 +563,11 @@ impl SshSetup {
         }
         // Every variable reaches a remote rank as `export NAME=VALUE` in its wrapper: refuse a name it cannot take
         // before anything starts.
-        let names: Vec<(String, String)> = project
-            .env
-            .variables
-            .keys()
-            .chain(project.steps.iter().flat_map(|s| s.env.keys()))
-            .map(|name| (name.clone(), String::new()))
-            .collect();
-        stdin_vars(&names, "the ssh engine")?;
+        let names = project.env.variables.keys();
+        check_var_names(
+            names.chain(project.steps.iter().flat_map(|s| s.env.keys())),
+            "the ssh engine",
+        )?;
         let ssh_options = &options.ssh;
         let port = ssh_options.port.or(settings.ssh_port);
         let identity = ssh_options.identity.clone().or(settings.ssh_identity);

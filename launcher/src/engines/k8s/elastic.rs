@@ -122,6 +122,10 @@ pub fn check_step(step: &Step, job: &str, all: &[&Step]) -> Result<(), LaunchErr
             step.name
         )));
     }
+    // Its ranks get their variables through the wrapper in the worker pods (the launcher pod checks the project's
+    // too, when it prepares the run).
+    crate::engines::ssh::check_var_names(step.env.keys(), "the kubernetes engine")
+        .map_err(|e| LaunchError::Engine(format!("step `{}`: {e}", step.name)))?;
     let pool = pool_name(job);
     if let Some(other) = all.iter().map(|s| &s.name).find(|n| dns_label(n) == pool) {
         return Err(LaunchError::Engine(format!(
