@@ -141,6 +141,20 @@ impl S3Server {
             );
             std::thread::sleep(std::time::Duration::from_millis(500));
         }
+        // The bucket's volumes, grown before the first object instead of by it: a PUT that made the master grow them
+        // under load was answered without an ETag now and then (the push then failed). `/dir/assign` grows them and
+        // answers with a file id once the collection (weed's for the bucket) is writable.
+        loop {
+            let said = http_get(master, &format!("/dir/assign?collection={bucket}"));
+            if said.contains("\"fid\"") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "weed's bucket volumes did not grow within 60 s: {said}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         server
     }
 
@@ -153,4 +167,18 @@ impl S3Server {
             ("AWS_REGION", "us-east-1".to_owned()),
         ]
     }
+}
+
+/// The body (with the head) of `GET path` on 127.0.0.1:`port`, or what went wrong, within 20 s.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let result = (|| -> std::io::Result<String> {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(20)))?;
+        write!(conn, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer)?;
+        Ok(answer)
+    })();
+    result.unwrap_or_else(|e| e.to_string())
 }
