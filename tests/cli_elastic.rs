@@ -148,6 +148,10 @@ def train(state):
 try:
     train(state)
 except hvd.elastic.Preempted:
+    if os.environ.get("ELASTIC_LATE_TERM"):
+        # The same notice once more after the hand-over (a launcher's request that comes after the pod's own).
+        os.kill(os.getpid(), 15)
+        time.sleep(0.2)
     print("slot %d left after committing step %d" % (slot, state.step), flush=True)
     raise
 finally:
@@ -569,18 +573,24 @@ fn an_elastic_range_above_the_workers_started_is_refused() {
 #[test]
 fn a_preempted_worker_commits_hands_over_and_leaves() {
     // Once, and the same notice twice 0.2 s apart (Kubernetes' SIGTERM and hvd's launcher's hand-over request for
-    // one eviction): one hand-over either way.
-    for signals in ["1", "2"] {
-        preempted_worker_hands_over(signals);
+    // one eviction), or the second after the worker handed over (it ended with 143 before: the default handler was
+    // back): one hand-over either way.
+    for (signals, late) in [("1", ""), ("2", ""), ("1", "1")] {
+        preempted_worker_hands_over(signals, late);
     }
 }
 
-/// [`a_preempted_worker_commits_hands_over_and_leaves`] with SIGTERM sent `signals` times.
-fn preempted_worker_hands_over(signals: &str) {
+/// [`a_preempted_worker_commits_hands_over_and_leaves`] with SIGTERM sent `signals` times (and once more after the
+/// hand-over when `late` is not empty).
+fn preempted_worker_hands_over(signals: &str, late: &str) {
     let marker = marker();
     let steps = 12;
     let dir = project_with_signal("{ min = 2, max = 4 }", steps, "2:5", 15, &marker);
-    let (out, stdout, stderr) = run(dir.path(), &[], &[("ELASTIC_SIGNALS", signals)]);
+    let (out, stdout, stderr) = run(
+        dir.path(),
+        &[],
+        &[("ELASTIC_SIGNALS", signals), ("ELASTIC_LATE_TERM", late)],
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // It began step 5 when SIGTERM came, finished it, and left at that step's commit.
     assert!(

@@ -1195,6 +1195,10 @@ class _Preemption:
         self.depth = 0  # nested run() calls
         self.timer = None
         self.grace = 30.0
+        # Set once this worker hands over (`_leave`): every SIGTERM after that is the same notice again (Kubernetes:
+        # the launcher's hand-over request, once it sees the pod being deleted, can come after the pod's own SIGTERM
+        # was answered), and the process is on its way out with code 0.
+        self.left = False
 
     def install(self):
         self.depth += 1
@@ -1218,7 +1222,8 @@ class _Preemption:
         to exit normally); when ``run`` ends with an exception it is delivered to the previous handler now (by
         default: the process ends with 143, a lost worker), as it would have been without ``run``."""
         self.depth -= 1
-        if self.depth > 0 or self.previous is None:
+        if self.depth > 0 or self.previous is None or self.left:
+            # (Handed over: this handler stays and absorbs a late duplicate notice while the process exits.)
             return
         previous, self.previous = self.previous, None
         signal.signal(signal.SIGTERM, previous)
@@ -1233,6 +1238,8 @@ class _Preemption:
                 os.kill(os.getpid(), signal.SIGTERM)
 
     def handle(self, signum, frame):
+        if self.left:
+            return
         # Marked first: a SIGTERM that arrives while this handler asks the launcher (Python may run the handler again
         # inside itself) is then taken for what it is, not for a first notice of its own.
         first = self.marked is None
@@ -1304,6 +1311,7 @@ def _leave():
     others shut down too, to re-form), tell the launcher's rendezvous, end with ``Preempted``. The leave goes first
     (it needs no engine): a teardown slower than the round window would otherwise let the next round form without
     this worker, refuse its leave, and count it as lost."""
+    _preemption.left = True
     lib = _hvd._l()
     leave = lib.hvd_elastic_leave
     leave.restype, leave.argtypes = _ctypes_i32(), []
