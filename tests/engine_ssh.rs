@@ -115,6 +115,44 @@ fn a_secret_in_env_reaches_the_remote_ranks_and_no_command_line() {
     assert_eq!(hosts.wait_clean(), Vec::<String>::new());
 }
 
+/// A rank that prints nothing for longer than an idle timeout on its way keeps running: here each host's sshd closes a
+/// command's session after 2 s without data either way (`ChannelTimeout`), as a kubelet closes an idle `kubectl exec`
+/// stream (`--streaming-connection-idle-timeout`, 5 min on hardened clusters) or a load balancer an idle connection.
+/// `hvd run` writes a keepalive line to every remote rank's stdin every `HVD_REMOTE_KEEPALIVE` seconds, which the
+/// host's wrapper skips. With none (`0`), the same run loses its ranks: the timeout on the way is real.
+#[test]
+fn a_silent_rank_outlives_an_idle_timeout_on_its_way() {
+    let hosts = Hosts::start_idle_timeout("k", 2);
+    let dir = four_ranks("sleep 5; echo finished > done.$HVD_RANK");
+    let run = |keepalive: &str| {
+        hosts
+            .hvd_command(dir.path(), &["--no-build", "--grace", "2"])
+            .env("HVD_REMOTE_KEEPALIVE", keepalive)
+            .output()
+            .unwrap()
+    };
+    let out = run("0.5");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..4 {
+        let done = std::fs::read_to_string(dir.path().join(format!("done.{rank}")));
+        assert_eq!(done.unwrap(), "finished\n", "rank {rank}");
+        std::fs::remove_file(dir.path().join(format!("done.{rank}"))).unwrap();
+    }
+    let out = run("0");
+    let (stdout, stderr) = text(&out);
+    // sshd closed the session: ssh ends with 255.
+    assert!(
+        !out.status.success() && stderr.contains("ended first (exit code 255)"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        (0..4).all(|rank| !dir.path().join(format!("done.{rank}")).exists()),
+        "a rank finished although its session was closed:\n{stderr}"
+    );
+    assert_eq!(hosts.wait_clean(), Vec::<String>::new());
+}
+
 const FAILS: &str = r#"if [ $HVD_RANK = 2 ]; then i=0; while [ $(ls started.* 2>/dev/null | wc -l) -lt 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo boom-$HVD_RANK >&2; exit 3; fi; [ $HVD_RANK = 0 ] && setsid sleep 60 & touch started.$HVD_RANK; sleep 30 & wait"#;
 
 #[test]

@@ -264,6 +264,14 @@ pub fn send_preempt(stdin: &mut impl std::io::Write, within: std::time::Duration
     let _ = stdin.flush();
 }
 
+/// Tells a remote rank ([`RankCommand::remote`]) that the launcher is still there: writes `ALIVE` to its stdin, which
+/// the host's wrapper skips; the stream to the rank then never looks idle to what closes idle streams on the way (the
+/// kubelet's exec streams, load balancers, sshd's `ChannelTimeout`: `supervisor/keepalive.rs`).
+pub fn send_alive(stdin: &mut impl std::io::Write) {
+    let _ = stdin.write_all(b"ALIVE\n");
+    let _ = stdin.flush();
+}
+
 /// The local engine: every rank is a process on this machine.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Local;

@@ -13,6 +13,10 @@ hvd_env_vars::env_vars! {
     /// leave (host discovery no longer lists its slot) has to hand over before the host's wrapper kills it: this
     /// plus 10 s. The workers read it too (the python package: docs/running.md, Preemption).
     HVD_PREEMPT_GRACE default "30";
+    /// Seconds between the keepalive lines `hvd run` writes to every remote rank's stdin (ssh, srun, spark relays,
+    /// `kubectl exec`), so that no idle timeout on the way closes a silent rank's stream; `0`: none (the step's `env`,
+    /// else the launcher's own; 0.1 to 3600).
+    HVD_REMOTE_KEEPALIVE default "30";
     /// `off`: no cgroups, the subreaper fallback alone; empty or `auto` (the default): a cgroup per run where the
     /// machine allows it; anything else is an error naming the variable.
     HVD_CGROUPS default "auto";

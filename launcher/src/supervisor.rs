@@ -27,6 +27,7 @@ use crate::state;
 
 mod attempt;
 mod heartbeat;
+mod keepalive;
 mod placement;
 mod reported;
 use attempt::{Attempt, Growth, discovery_timeout, first_discovery, supervise};
@@ -658,6 +659,7 @@ fn run_attempt(
     log_dir: &Path,
     (restartable, heartbeat): (bool, Option<Duration>),
 ) -> Result<Outcome, LaunchError> {
+    let keepalive = keepalive::interval(step)?;
     let started = Instant::now();
     // A step that runs once runs here; a distributed one as its engine says.
     let engine: &dyn SupervisedEngine = match step.workers {
@@ -842,6 +844,9 @@ fn run_attempt(
                     let _ = writeln!(pipe, "{}", info.token);
                     let _ = pipe.write_all(after_token.as_bytes());
                 }
+                if let Some(pipe) = stdin.as_ref() {
+                    keepalive::never_block(pipe);
+                }
                 if let Some(w) = &job.watchdog {
                     w.watch(pgid);
                 }
@@ -959,6 +964,7 @@ fn run_attempt(
                 restartable,
                 elastic,
                 heartbeat,
+                keepalive,
                 engine: plan.engine.clone(),
             },
             &mut workers,

@@ -219,17 +219,31 @@ impl Hosts {
     /// As [`Hosts::start`]; with `compromised`, the second host's sshd runs that command for every login instead of
     /// the one asked for (`ForceCommand`; the asked one is in `SSH_ORIGINAL_COMMAND`): a host that answers as it likes.
     pub fn start_with(tag: &str, compromised: Option<&str>) -> Hosts {
-        Self::start_inner(tag, compromised, None)
+        Self::start_inner(tag, compromised, None, "")
+    }
+
+    /// As [`Hosts::start`], but each host's sshd closes a command's session once no data went either way for
+    /// `seconds` (`ChannelTimeout session:command=`), as a kubelet closes an idle `kubectl exec` stream and a load
+    /// balancer or a NAT table an idle connection.
+    pub fn start_idle_timeout(tag: &str, seconds: u32) -> Hosts {
+        let config = format!("ChannelTimeout session:command={seconds}\n");
+        Self::start_inner(tag, None, None, &config)
     }
 
     /// As [`Hosts::start`], but each host's sshd (and so every login there) runs in a mount namespace of its own with
     /// an empty tmpfs over `private`: what the launcher keeps under it (the store, the project) is not on the hosts,
     /// and what a host writes there (its own store, its cache home `XDG_CACHE_HOME=private/home-cache`) is its own.
     pub fn start_private(tag: &str, private: &Path) -> Hosts {
-        Self::start_inner(tag, None, Some(private))
+        Self::start_inner(tag, None, Some(private), "")
     }
 
-    fn start_inner(tag: &str, compromised: Option<&str>, private: Option<&Path>) -> Hosts {
+    /// `sshd_config`: lines added to each host's sshd configuration.
+    fn start_inner(
+        tag: &str,
+        compromised: Option<&str>,
+        private: Option<&Path>,
+        sshd_config: &str,
+    ) -> Hosts {
         require_tools();
         let prefix = format!("hvd{tag}{}", std::process::id());
         let mut hosts = Hosts {
@@ -262,6 +276,7 @@ impl Hosts {
                  KbdInteractiveAuthentication no\nPidFile none\nPrintMotd no\nMaxStartups 100\nLogLevel INFO\n",
                 d = d.display()
             );
+            config.push_str(sshd_config);
             if let (1, Some(command)) = (i, compromised) {
                 config.push_str(&format!("ForceCommand {command}\n"));
             }

@@ -13,7 +13,9 @@
 //! 2. starts the step's command in a session of its own with SIGINT and SIGQUIT at their defaults: `env
 //!    --default-signal=INT,QUIT setsid /bin/sh -c X` (`env`'s option where supported) with the variables in its
 //!    environment (one `_hvd_v`), whose shell exports them and execs `/bin/sh -c COMMAND`;
-//! 3. starts a watcher in another session that reads the rest of stdin: a line `TERM`/`INT`/`KILL` or end of file
+//! 3. starts a watcher in another session that reads the rest of stdin: it skips `ALIVE` lines (the launcher writes
+//!    one every `HVD_REMOTE_KEEPALIVE` seconds, so that no idle timeout on the way cuts a silent rank's stream:
+//!    `supervisor/keepalive.rs`); a line `TERM`/`INT`/`KILL` or end of file
 //!    (the launcher closed it, ssh died, the connection dropped) sends that signal (TERM on end of file) to the
 //!    command's process group, then SIGKILL after the grace period; a line `PREEMPT TICKS` (an elastic worker asked to
 //!    hand over at its next commit) sends SIGTERM to the rank: each process of the group that is not a shell and
@@ -346,7 +348,8 @@ pub const INTERFACE_VARS: [&str; 5] = [
 /// own, which the kernel routes through `lo`), starts the command in a session of its own with SIGINT/SIGQUIT at
 /// their defaults (restored before `setsid`) and the variables exported (by the new session's shell `X`, decoded with
 /// `printf %b`, so that none reaches the wrapper's own shell: `IFS`, `PATH`; the session and the signals' defaults
-/// come before the exports, so a stop read early finds them), and a watcher (`$W`, in another session) that stops the command's process group when stdin says so or
+/// come before the exports, so a stop read early finds them), and a watcher (`$W`, in another session) that skips
+/// `ALIVE` lines (the launcher's keepalives) and stops the command's process group when stdin says so or
 /// ends (TICKS tenths of a second before SIGKILL; `PREEMPT N`: SIGTERM past a `/bin/sh` leader, N tenths before
 /// SIGKILL). When the command has ended it kills what is left of both sessions, and every process whose environment
 /// still carries the rank's `HVD_RUN_STEP` and `HVD_RANK` (what left the command's session: `setsid`, daemons; GNU
@@ -371,7 +374,7 @@ pub const WRAPPER: &str = concat!(
     r#"_hvd_k=\${_hvd_a%%=*}; _hvd_a=\${_hvd_a#*=}; case \$_hvd_a in *\\\\*) "#,
     r#"_hvd_a=\$(printf \"%bx\" \"\$_hvd_a\"); _hvd_a=\${_hvd_a%x};; esac; export \"\$_hvd_k=\$_hvd_a\"; done; "#,
     r#"unset _hvd_v _hvd_a _hvd_k _hvd_l; exec \"\$@\""; "#,
-    r#"W="g=\$1; n=\$2; IFS= read -r s; case \$s in INT|TERM|KILL|PREEMPT|PREEMPT\ *) ;; *) s=TERM;; esac; "#,
+    r#"W="g=\$1; n=\$2; while IFS= read -r s && [ \"\$s\" = ALIVE ]; do :; done; case \$s in INT|TERM|KILL|PREEMPT|PREEMPT\ *) ;; *) s=TERM;; esac; "#,
     r#"while ! kill -0 -\$g 2>/dev/null; do kill -0 \$g 2>/dev/null || exit 0; sleep 0.05; done; "#,
     r#"if [ \"\${s%% *}\" = PREEMPT ]; then x=\${s#PREEMPT}; x=\${x# }; "#,
     r#"case \$x in \"\"|*[!0-9]*) ;; *) n=\$x;; esac; "#,
@@ -1193,6 +1196,21 @@ pub(super) mod tests {
             std::fs::read_to_string(dir.path().join("own")).unwrap(),
             "user-a|user-k|user-v|user-l|user-S|user-E|-i|user-X|user-W|last|unset|unset|unset|"
         );
+    }
+
+    /// `ALIVE` lines (the launcher's keepalives) are skipped: a rank fed them runs to its end and exits with its own
+    /// status; a stop behind them still stops it.
+    #[test]
+    fn keepalive_lines_leave_the_rank_running() {
+        let s = setup(Some("lo"));
+        let (code, out) = run_wrapper(
+            &s,
+            "sleep 1; echo finished",
+            b"tok\n\nALIVE\nALIVE\nALIVE\n",
+        );
+        assert_eq!((code, out.trim()), (Some(0), "finished"));
+        let (code, out) = run_wrapper(&s, "sleep 3; echo survived", b"tok\n\nALIVE\nALIVE\nTERM\n");
+        assert_eq!((code, out.trim()), (Some(143), ""));
     }
 
     /// A stop already in the pipe behind the variables (Ctrl-C or a failing rank while ssh was still connecting) stops

@@ -204,6 +204,8 @@ pub(super) struct Attempt<'a> {
     pub(super) elastic: Option<u32>,
     /// An elastic step's `HVD_HEARTBEAT_TIMEOUT`: a worker silent for this long is lost.
     pub(super) heartbeat: Option<Duration>,
+    /// `HVD_REMOTE_KEEPALIVE`: how often remote workers get a keepalive line (`None`: never).
+    pub(super) keepalive: Option<Duration>,
     /// The run's engine, which looks whether the launcher reaches a host when every worker went quiet at once.
     pub(super) engine: std::sync::Arc<dyn crate::engine::SupervisedEngine>,
 }
@@ -380,6 +382,7 @@ pub(super) fn supervise(
         restartable,
         elastic,
         heartbeat,
+        keepalive,
         engine,
     } = attempt;
     let this_attempt = (step, log_dir, restartable);
@@ -421,8 +424,10 @@ pub(super) fn supervise(
     let mut last_warning: Option<String> = None;
     let mut starts = Starts::new(step.layout.slots.len());
     let mut backoff = SpawnBackoff::default();
+    let mut keepalive = super::keepalive::Keepalive::new(keepalive, Instant::now());
     while remaining > 0 {
         let received = exits.recv_timeout(Duration::from_millis(20));
+        keepalive.tick(Instant::now(), workers);
         // New workers are placed only once every exit queued has been handled (this pass waited and none came):
         // placed between two exits, a replacement could go to a host the next one would blacklist.
         let drained = matches!(received, Err(mpsc::RecvTimeoutError::Timeout));
