@@ -88,7 +88,7 @@ fn main() -> ExitCode {
         Command::Cache(args) => commands::cache::run(args),
         Command::Shell(args) => commands::shell::run(args),
         Command::Exec(args) => commands::exec::run(args),
-        Command::Run(args) => commands::run::run(*args),
+        Command::Run(args) => commands::run::run(*args, cli.verbose),
         Command::Graph(args) => commands::graph::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Gc(args) => commands::gc::run(args),

@@ -1302,7 +1302,7 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_give_it_a_launcher() {
             .output()
             .unwrap()
     };
-    let out = k8s_dry_run(&["--elastic-timeout".as_ref(), "7".as_ref()]);
+    let out = k8s_dry_run(&["--elastic-timeout".as_ref(), "7".as_ref(), "-vv".as_ref()]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let jobset: serde_json::Value = serde_json::from_str(
@@ -1328,6 +1328,12 @@ fn the_plan_shows_an_elastic_step_and_whole_run_engines_give_it_a_launcher() {
     ] {
         assert!(command.contains(&part), "want `{part}`: {command:?}");
     }
+    // `-vv` reaches the launcher pod's `hvd run`, whose log is the one to read.
+    assert_eq!(
+        command.iter().filter(|a| **a == "-v").count(),
+        2,
+        "{command:?}"
+    );
     assert_eq!(jobs[1]["template"]["spec"]["parallelism"], 4);
     for kind in ["configmap", "serviceaccount", "role", "rolebinding"] {
         assert!(

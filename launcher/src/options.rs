@@ -71,6 +71,9 @@ pub struct RunOptions {
     pub ssh: SshOptions,
     /// `--detach`: an engine that owns the run (sbatch) submits it and returns without following it.
     pub detach: bool,
+    /// `-v` given this many times: passed on to the `hvd run` of a step's launcher elsewhere (a slurm batch job, a
+    /// kubernetes launcher pod), whose log then says as much as this one's.
+    pub verbose: u8,
 }
 
 impl Default for RunOptions {
@@ -104,6 +107,7 @@ impl Default for RunOptions {
             spark: SparkOptions::default(),
             ssh: SshOptions::default(),
             detach: false,
+            verbose: 0,
         }
     }
 }

@@ -709,7 +709,8 @@ fn checkpoints_arg(dir: &std::path::Path) -> Result<PathBuf, Failure> {
     }
 }
 
-pub fn run(args: RunArgs) -> CommandResult {
+/// `verbose`: how many times `-v` was given (passed on to a step's launcher elsewhere).
+pub fn run(args: RunArgs, verbose: u8) -> CommandResult {
     // The env is built first (lock if needed, build, keep the `.hvd/env` root), unless told otherwise; a dry run
     // builds nothing.
     // `_temp_root` keeps the env alive against `hvd gc` until the run ends.
@@ -728,7 +729,7 @@ pub fn run(args: RunArgs) -> CommandResult {
                 Some(ready.temp_root),
             )
         };
-    let options = options(&args, &project, env_dir, env_hash)?;
+    let options = options(&args, &project, (env_dir, env_hash), verbose)?;
     // `prepare` chooses the engine (an MPI-only Horovod runs under mpirun, noted) or refuses a mismatch.
     let run = hvd_launcher::prepare(&project, &options).map_err(|e| not_prepared(&e))?;
     for text in run.notes() {
@@ -768,12 +769,13 @@ fn not_prepared(e: &hvd_launcher::LaunchError) -> Failure {
     Failure::from_error(status, e)
 }
 
-/// The launcher's options from the command line (and, for `--workers -N`, the engine the project names).
+/// The launcher's options from the command line (and, for `--workers -N`, the engine the project names); `verbose`:
+/// how many times `-v` was given.
 fn options(
     args: &RunArgs,
     project: &hvd_lang::model::Project,
-    env_dir: Option<PathBuf>,
-    env_hash: Option<String>,
+    (env_dir, env_hash): (Option<PathBuf>, Option<String>),
+    verbose: u8,
 ) -> Result<RunOptions, Failure> {
     // `--workers -N` (HorovodRunner's `np < 0`): with the spark engine, N processes on this machine, the driver.
     let mut engine = args.engine;
@@ -913,6 +915,7 @@ fn options(
             copy_env: args.ssh_copy_env,
         },
         detach: args.detach,
+        verbose,
     })
 }
 

@@ -21,7 +21,8 @@ pub mod ssh;
 
 /// The flags of a run that shape a step, for an `hvd run --step S --no-deps` of its own (a slurm batch job's, a
 /// Kubernetes launcher pod's): `--workers`, `--max-workers`, `--min-workers`, `--max-restarts`, `--grace`,
-/// `--start-timeout`, `--elastic-timeout` and `--blacklist-cooldown-range`, as given (the file says the rest).
+/// `--start-timeout`, `--elastic-timeout` and `--blacklist-cooldown-range`, as given (the file says the rest), and
+/// `-v` as often as it was given (up to 3).
 pub(crate) fn step_flags(options: &crate::options::RunOptions) -> Vec<String> {
     let mut flags: Vec<String> = [
         ("workers", options.workers),
@@ -47,6 +48,8 @@ pub(crate) fn step_flags(options: &crate::options::RunOptions) -> Vec<String> {
             c.max.as_secs().to_string(),
         ]);
     }
+    // At most trace's (`-vvv`): more says nothing more, and the count is the user's.
+    flags.extend((0..options.verbose.min(3)).map(|_| "-v".to_owned()));
     flags
 }
 

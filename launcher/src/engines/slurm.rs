@@ -871,6 +871,7 @@ mod tests {
             }),
             checkpoints: Some("s3://b/ck".into()),
             timeline: Some("t.json".into()),
+            verbose: 2,
             ..RunOptions::default()
         };
         let plan = crate::engines::sbatch::plan(&project, &options).unwrap();
@@ -887,7 +888,7 @@ mod tests {
             elastic,
             format!(
                 "exec /bin/hvd run /p/train.hvd --step=elastic --no-deps --force --engine=slurm \
-                 --env-dir=/envs/e1 --grace=2.5 --elastic-timeout=7 --blacklist-cooldown-range 5 9 \
+                 --env-dir=/envs/e1 --grace=2.5 --elastic-timeout=7 --blacklist-cooldown-range 5 9 -v -v \
                  --timeline={}/t.json --checkpoints=s3://b/ck",
                 here.display()
             )
