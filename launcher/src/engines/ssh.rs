@@ -1021,6 +1021,25 @@ pub(super) mod tests {
         format!("{token}\n{}", stdin_vars(vars, "the ssh engine").unwrap()).into_bytes()
     }
 
+    /// Feeds a started wrapper the token and `vars` and waits for its rank's first line, `ready`; returns the rank's
+    /// stdin (its end would stop the rank) and the rest of its stdout.
+    fn until_ready(
+        child: &mut std::process::Child,
+        vars: &[(String, String)],
+    ) -> (
+        std::process::ChildStdin,
+        std::io::BufReader<std::process::ChildStdout>,
+    ) {
+        use std::io::BufRead;
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(&token_and("tok", vars)).unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        (input, out)
+    }
+
     /// Runs the wrapper locally as ssh would run it remotely, feeding `stdin`; returns (code, stdout).
     fn run_wrapper(s: &SshSetup, command: &str, stdin: &[u8]) -> (Option<i32>, String) {
         let dir = tempfile::tempdir().unwrap();
@@ -1049,7 +1068,6 @@ pub(super) mod tests {
     /// with the rank's own status (a hand-over, exit 0), instead of dying first with the whole group.
     #[test]
     fn a_preempt_line_terms_the_rank_past_its_shell_and_lets_it_hand_over() {
-        use std::io::BufRead;
         let s = setup(Some("lo"));
         let dir = tempfile::tempdir().unwrap();
         let vars = s.remote_vars(&[], "h1");
@@ -1059,12 +1077,7 @@ pub(super) mod tests {
                        print(\"ready\", flush=True)\ntime.sleep(60)'; c=$?; echo leader-after $c; exit $c";
         let wrapper = s.wrapper(command, dir.path(), s.bind_ip);
         let mut child = spawn_wrapper(&wrapper);
-        let mut input = child.stdin.take().unwrap();
-        input.write_all(&token_and("tok", &vars)).unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
+        let (mut input, mut out) = until_ready(&mut child, &vars);
         crate::engine::send_preempt(&mut input, Duration::from_secs(5));
         let mut rest = String::new();
         std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
@@ -1120,7 +1133,6 @@ pub(super) mod tests {
     /// another user of the host reading `/proc/*/cmdline`.
     #[test]
     fn the_ranks_variables_reach_it_exactly_and_no_command_line_shows_them() {
-        use std::io::BufRead;
         let s = setup(Some("lo"));
         let dir = tempfile::tempdir().unwrap();
         let secret = "s3cr3t-4f1d9c";
@@ -1162,12 +1174,7 @@ pub(super) mod tests {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        input.write_all(&token_and("tok", &vars)).unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
+        let (mut input, _out) = until_ready(&mut child, &vars);
         let shown: Vec<(String, String)> = std::fs::read_dir("/proc")
             .unwrap()
             .flatten()
