@@ -227,6 +227,14 @@ fn exported(
     let out = command.output().unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    manifests(out_dir, name)
+}
+
+/// The manifests (JobSet, ConfigMap, Secret) of JobSet `name` in `out_dir`, as an export wrote them.
+fn manifests(
+    out_dir: &Path,
+    name: &str,
+) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
     let read = |name: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join(name)).unwrap()).unwrap()
     };
@@ -515,6 +523,71 @@ fn a_launcher_pod_replaces_a_lost_worker_pod_through_kubectl() {
         )),
         "{calls}"
     );
+    drop(cluster);
+    common::assert_nothing_left(&marker);
+}
+
+/// The launcher pod evicted (its node drained or reclaimed: the kubelet's SIGTERM to `hvd run`) while slot 0 waits at
+/// step 5: `hvd run` stops its ranks (none is left in the worker pods, which go on waiting) and ends with 143. Its Job
+/// ignores the disruption (`podFailurePolicy`: `DisruptionTarget` neither fails the Job nor counts against its
+/// `backoffLimit` of 0) and starts a new launcher pod, with an empty state volume: its `hvd run` finds the same worker
+/// pods and runs the step again to its end (from its latest checkpoint, when it has `checkpoints`).
+#[test]
+fn an_evicted_launcher_pod_is_replaced_and_runs_its_step_again() {
+    let marker = common::unique_marker("k8s-launcher-evict");
+    let Run {
+        mut cluster,
+        launcher,
+        project,
+        root: _keep,
+    } = start_paused(&marker, "", false);
+    let (jobset, config_map, secret) = manifests(&project.path().join("k8s-out"), "t");
+    let job = &replicated(&jobset, "train")["template"]["spec"];
+    assert_eq!(job["backoffLimit"], 0, "{job}");
+    assert_eq!(
+        job["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["type"], "DisruptionTarget",
+        "{job}"
+    );
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc_kill(launcher.id() as i32, 15) };
+    let out = wait_within(launcher, Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(143), "{stdout}\n{stderr}");
+    let ranks = || {
+        let mine = common::processes_with_env(&format!("HVD_TEST_MARKER={marker}"));
+        let ranks: Vec<u32> = (0..4)
+            .flat_map(|r| common::processes_with_env(&format!("HVD_RANK={r}")))
+            .map(|(pid, _)| pid)
+            .collect();
+        mine.into_iter()
+            .filter(|(pid, _)| ranks.contains(pid))
+            .collect::<Vec<_>>()
+    };
+    let left = common::wait_until_empty(Duration::from_secs(10), Duration::from_millis(20), ranks);
+    assert!(left.is_empty(), "ranks left in the worker pods: {left:?}");
+    // The Job's new launcher pod: the same worker pods, still waiting.
+    std::fs::write(project.path().join("go"), "").unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let launcher = launcher_pod(&jobset, &config_map, &secret, root.path(), &cluster.dir)
+        .args(["--grace", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_within(launcher, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        common::assert_finished_together(&stdout, &stderr, &[(0, 0), (1, 1), (2, 2), (3, 3)]),
+        10
+    );
+    for index in 0..4 {
+        assert_eq!(
+            cluster.wait(&pod(index, "aaaaa")).code(),
+            Some(0),
+            "{stdout}\n{stderr}"
+        );
+    }
     drop(cluster);
     common::assert_nothing_left(&marker);
 }

@@ -52,8 +52,9 @@ pub trait SupervisedEngine: std::fmt::Debug + Send + Sync {
         Ok(())
     }
 
-    /// Ends what [`SupervisedEngine::begin_step`] started for `step`.
-    fn end_step(&self, _step: &PlannedStep) {}
+    /// Ends what [`SupervisedEngine::begin_step`] started for `step`; `interrupted`: the step ended because `hvd
+    /// run` got SIGINT or SIGTERM (a launcher pod being evicted, whose replacement will run the step again).
+    fn end_step(&self, _step: &PlannedStep, _interrupted: bool) {}
 
     /// Where a distributed step's rendezvous listens, and the peers its token-less endpoints answer.
     fn rendezvous(&self) -> (IpAddr, Vec<IpAddr>) {

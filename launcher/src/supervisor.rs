@@ -482,6 +482,7 @@ fn run_step(
     let _session = StepSession {
         engine: plan.engine.as_ref(),
         step,
+        interrupts: &job.interrupts,
     };
     if job.stopping() {
         // Interrupted (or another step failed) while the engine readied the step: none of its ranks starts.
@@ -563,15 +564,18 @@ fn run_step(
     }
 }
 
-/// Ends what the engine started for a step ([`SupervisedEngine::begin_step`]) once it is over, however it ended.
+/// Ends what the engine started for a step ([`SupervisedEngine::begin_step`]) once it is over, however it ended
+/// (telling it whether `hvd run` was interrupted).
 struct StepSession<'a> {
     engine: &'a dyn SupervisedEngine,
     step: &'a PlannedStep,
+    interrupts: &'a Interrupts,
 }
 
 impl Drop for StepSession<'_> {
     fn drop(&mut self) {
-        self.engine.end_step(self.step);
+        self.engine
+            .end_step(self.step, self.interrupts.get().0 >= 1);
     }
 }
 

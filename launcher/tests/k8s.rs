@@ -360,7 +360,7 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
         ]
     );
     // The launcher needs no GPU (the step's resources are its workers'), but it asks for some memory and CPU, and no
-    // autoscaler may move it: losing it ends the step.
+    // autoscaler may move it: losing it starts the step over.
     assert_eq!(
         launcher["containers"][0]["resources"],
         serde_json::json!({ "requests": { "cpu": "100m", "memory": "224Mi" } })
@@ -369,18 +369,23 @@ fn an_elastic_step_is_a_launcher_pod_and_waiting_worker_pods_and_fits_the_crd() 
         jobs[1]["template"]["spec"]["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"],
         "true"
     );
+    // A launcher that fails fails the step (and the JobSet); one disrupted (evicted, its node drained or lost) is
+    // started again, not counted.
+    let disruption = serde_json::json!({
+        "action": "Ignore",
+        "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }],
+    });
+    assert_eq!(jobs[1]["template"]["spec"]["backoffLimit"], 0);
+    assert_eq!(
+        jobs[1]["template"]["spec"]["podFailurePolicy"]["rules"],
+        serde_json::json!([disruption])
+    );
     let workers = &jobs[2]["template"]["spec"];
     assert_eq!(workers["parallelism"], 2);
     // A lost or evicted worker pod is started again (an eviction not counted), and one that the launcher ends with 0
     // once the step is over ends the Job and the other pods; the pods have time to hand their ranks over.
     assert_eq!(workers["backoffLimit"], i32::MAX);
-    assert_eq!(
-        workers["podFailurePolicy"]["rules"][0],
-        serde_json::json!({
-            "action": "Ignore",
-            "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }],
-        })
-    );
+    assert_eq!(workers["podFailurePolicy"]["rules"][0], disruption);
     assert_eq!(
         workers["successPolicy"],
         serde_json::json!({ "rules": [{ "succeededCount": 1 }] })

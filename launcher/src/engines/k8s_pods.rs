@@ -221,8 +221,13 @@ impl SupervisedEngine for PodsSetup {
 
     /// The step is over: each worker pod's PID 1 ([`super::k8s::elastic::IDLE`]) gets SIGUSR1 and ends with 0, so
     /// that the worker pods hold nothing the next steps need (the Job's `successPolicy` ends any the launcher did not
-    /// reach). Best effort, each within [`RELEASE_WITHIN`]: a pod not reached goes with the JobSet.
-    fn end_step(&self, _step: &PlannedStep) {
+    /// reach). Best effort, each within [`RELEASE_WITHIN`]: a pod not reached goes with the JobSet. Not when this
+    /// launcher was interrupted (its pod evicted: the kubelet's SIGTERM): its Job starts another launcher pod in its
+    /// place, which runs the step again in the same worker pods (ended with 0, they would end their Job).
+    fn end_step(&self, _step: &PlannedStep, interrupted: bool) {
+        if interrupted {
+            return;
+        }
         let get = self.get_pods_argv();
         let Ok(out) = std::process::Command::new(&get[0])
             .args(&get[1..])

@@ -180,7 +180,7 @@ impl SupervisedEngine for SparkSetup {
     }
 
     /// Stops the step's relay server (Spark with it), if it has one.
-    fn end_step(&self, step: &PlannedStep) {
+    fn end_step(&self, step: &PlannedStep, _interrupted: bool) {
         let server = self.relay.servers().remove(&step.name);
         drop(server);
     }

@@ -438,9 +438,15 @@ pub fn replicated_jobs(
         "template": { "spec": {
             "parallelism": 1,
             "completions": 1,
+            // A launcher that fails fails the step; one disrupted (evicted, preempted, its node drained or lost:
+            // `DisruptionTarget`) is started again without counting, and its `hvd run` runs the step again (from
+            // its latest checkpoint when it has `checkpoints`).
             "backoffLimit": 0,
+            "podFailurePolicy": { "rules": [
+                { "action": "Ignore", "onPodConditions": [{ "type": "DisruptionTarget", "status": "True" }] },
+            ] },
             "template": {
-              // Losing the launcher pod ends the step: no autoscaler may move it to consolidate nodes.
+              // Losing the launcher pod restarts the step: no autoscaler may move it to consolidate nodes.
               "metadata": { "annotations": {
                   "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                   "karpenter.sh/do-not-disrupt": "true",
