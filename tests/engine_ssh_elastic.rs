@@ -244,6 +244,88 @@ fn ended_within(hosts: &mut Hosts, mut child: std::process::Child, within: Durat
     child.wait_with_output().unwrap()
 }
 
+/// The launcher's machine vanishes without a word while its four ranks, all on one host, wait at slot 0's pause: its
+/// link goes down, then every process on it is killed (`hvd run`, its watchdog, its ssh clients), so no connection's
+/// end reaches the host, whose sshd keeps the sessions (until TCP keepalive's two hours). The ranks hear no answer to their heartbeats and end
+/// themselves once the round window has passed (`--elastic-timeout 4`, heartbeats judged after 2 s: 10 s, the
+/// least), saying why; before, they waited for ever (slot 0 at its pause, the others in their collective).
+#[test]
+fn ranks_whose_launcher_vanished_end_themselves() {
+    let hosts = Hosts::start("lv");
+    let dir = project(
+        "{ min = 2, max = 4 }",
+        12,
+        ", ELASTIC_PAUSE = \"3\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"2\"",
+    );
+    // Each rank's stderr in the project directory, which the host shares: the launcher that would show it is gone.
+    let file = dir.path().join("train.hvd");
+    let text_of = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text_of.replace(" train.py\"", " train.py 2>>err.$HVD_RANK\""),
+    )
+    .unwrap();
+    let hostfile = dir.path().join("hosts");
+    std::fs::write(&hostfile, format!("{} slots=4\n", HOSTS[0])).unwrap();
+    let mut child = hosts
+        .hvd_command(
+            dir.path(),
+            &[
+                "--no-build",
+                "--grace",
+                "1",
+                "--elastic-timeout",
+                "4",
+                "--hostfile",
+                hostfile.to_str().unwrap(),
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("paused").exists() {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            stop_and_fail(child, "slot 0 did not reach the pause");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let host = &hosts.namespaces[1];
+    assert!(rank_pids(host, None).len() >= 4, "the ranks run");
+    // The launcher's machine goes: its link first, so nothing it sends on its way out reaches the host.
+    common::nshosts::run_ok(
+        "ip",
+        &["-n", &hosts.namespaces[0], "link", "set", "hvd0", "down"],
+    );
+    // Then everything on it at once (stopped first, so the launcher's watchdog, which would kill every process of the
+    // run it finds on this kernel, the hosts' included, never acts: a machine that vanishes takes it along).
+    let machine = common::nshosts::netns_pids(&hosts.namespaces[0]);
+    signal_all(&machine, 19);
+    signal_all(&machine, 9);
+    let _ = child.wait_with_output();
+    let left =
+        common::wait_until_empty(Duration::from_secs(40), Duration::from_millis(100), || {
+            rank_pids(host, None)
+        });
+    let said: String = (0..4)
+        .map(|r| std::fs::read_to_string(dir.path().join(format!("err.{r}"))).unwrap_or_default())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "ranks still run without their launcher: {left:?}\n{said}"
+    );
+    for rank in 0..4 {
+        let err =
+            std::fs::read_to_string(dir.path().join(format!("err.{rank}"))).unwrap_or_default();
+        assert!(
+            err.contains("hvd: the launcher has not answered this worker's heartbeats for ")
+                && err.contains("it is gone or cut off"),
+            "rank {rank}: {err}"
+        );
+    }
+}
+
 /// Every rank on both hosts freezes at once (SIGSTOP) while the hosts stay up: every worker goes quiet together, which
 /// the launcher alone cannot tell from its own network failing, so it looks: `ssh HOST true` answers, the launcher
 /// is not cut off, and each rank is judged on its own silence, stopped and counted lost; both hosts are blacklisted

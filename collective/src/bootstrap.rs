@@ -101,7 +101,8 @@ fn connect_elastic(
             .ok()
             .as_deref(),
     )?;
-    let seat = client.elastic_join(elastic_join_wait(timeout, elastic_window_from_env()?))?;
+    let window = elastic_window_from_env()?;
+    let seat = client.elastic_join(elastic_join_wait(timeout, window))?;
     tracing::debug!(slot = job.rank, round = %seat.round, rank = seat.rank, size = seat.size, "elastic round");
     // Before the round's communicator is built: a member of it found silent fails this process's waits for it from now
     // on, the start-up's (the address exchange at the rendezvous, tcp handshakes, shared memory attach) and the
@@ -110,7 +111,11 @@ fn connect_elastic(
     // Each heartbeat is one try, its connection and its answer awaited one interval at most: the next heartbeat, on
     // its fixed cadence, is its retry, and a slow one never holds back those after it for long.
     let beats = client.clone().with_retry_for(Duration::ZERO);
-    crate::liveness::start(heartbeat, move |every| beats.elastic_beat(every));
+    crate::liveness::start(
+        heartbeat,
+        crate::liveness::orphaned_after(window, heartbeat),
+        move |every| beats.elastic_beat(every),
+    );
     let member = JobEnv {
         rank: seat.rank,
         size: seat.size,

@@ -8,6 +8,12 @@
 //! across its re-forms (a worker waiting in its join is alive too), and stops when the server says the worker is no
 //! longer one of the step's (it ended, was left out, or was found silent).
 //!
+//! A worker that hears nothing from the launcher for [`orphaned_after`] (the round window, at least three heartbeat
+//! timeouts and 10 s) ends itself: the launcher is gone without a word (its machine or pod lost: no connection's end
+//! reaches the ranks' hosts, whose sshd or kubelet keep the sessions for hours) or cut off from this worker, and
+//! either way no round can form again and the launcher, if alive, has counted it lost (its ssh gives up after a
+//! minute). Training on, the worker would hold its host (its GPUs) and write checkpoints beside a new launcher's.
+//!
 //! The answer names the rank of a member of the latest round the launcher found silent: when that round is the one
 //! this process is in ([`enter_round`]), its collective in flight cannot complete (the frozen peer neither sends nor
 //! dies), so the transports' waits fail it at once with [`Error::PeerLost`] ([`check`]), instead of after
@@ -38,6 +44,55 @@ pub fn timeout_from(value: Option<&str>) -> Result<Duration> {
         ))
     })
 }
+
+/// How long a worker goes on without an answer to its heartbeats before it ends itself ([`start`]): the round
+/// window `window` (`HVD_ELASTIC_TIMEOUT`; 60 s when unknown), at least three heartbeat `timeout`s and 10 s, so
+/// that a launcher slow to answer on a loaded machine is not taken for a gone one.
+pub fn orphaned_after(window: Option<Duration>, timeout: Duration) -> Duration {
+    window
+        .unwrap_or(Duration::from_secs(60))
+        .max(timeout * 3)
+        .max(Duration::from_secs(10))
+}
+
+/// Since when a worker has had no answer from the launcher, and whether that is long enough to end.
+#[derive(Debug, Clone, Copy)]
+struct Hearing {
+    heard: Instant,
+    within: Duration,
+    /// Heartbeats failed in a row since the last answer.
+    failed: u32,
+}
+
+/// Heartbeats that must fail in a row, besides the time, before a worker ends.
+const ORPHANED_FAILURES: u32 = 3;
+
+impl Hearing {
+    fn new(now: Instant, within: Duration) -> Hearing {
+        Hearing {
+            heard: now,
+            within,
+            failed: 0,
+        }
+    }
+
+    fn answered(&mut self, now: Instant) {
+        self.heard = now;
+        self.failed = 0;
+    }
+
+    /// A heartbeat begun at `began` failed: `Some(silence)` once it began `within` after the last answer and it is
+    /// the third failure in a row. A beat begun before a stretch in which this process was stopped (SIGSTOP, a paused
+    /// machine) and failing after it does not count for the stretch: the next one, begun after it, asks again.
+    fn failed(&mut self, began: Instant) -> Option<Duration> {
+        self.failed += 1;
+        let silence = began.saturating_duration_since(self.heard);
+        (silence >= self.within && self.failed >= ORPHANED_FAILURES).then_some(silence)
+    }
+}
+
+/// How a worker whose launcher is gone ends ([`orphaned_after`]): its exit code.
+pub const ORPHANED_EXIT: i32 = 1;
 
 /// How often a worker beats for the launcher's `timeout`: five times per timeout, at most every 2 s (the timeout is
 /// [`MIN_TIMEOUT_SECONDS`] at least, so at least every 200 ms: no lower bound is needed).
@@ -167,9 +222,12 @@ pub fn parse_answer(text: &str) -> Option<Answer> {
 /// process's `HVD_HEARTBEAT_TIMEOUT` may have been changed by its script or its host's environment), until `beat`
 /// answers that the launcher no longer counts this worker.
 /// The beats keep a fixed cadence (each starts one interval after the previous one started, at once when that one
-/// took longer), so a slow one delays the next by at most its own excess.
+/// took longer), so a slow one delays the next by at most its own excess. When no beat has been answered for
+/// `orphaned` ([`orphaned_after`]), the process says why on stderr and ends with [`ORPHANED_EXIT`] at once (`_exit`:
+/// its other threads may be anywhere, a script waiting outside any collective among them).
 pub(crate) fn start(
     timeout: Duration,
+    orphaned: Duration,
     mut beat: impl FnMut(Duration) -> BeatAnswer + Send + 'static,
 ) {
     if STARTED.swap(true, Ordering::AcqRel) {
@@ -180,9 +238,12 @@ pub(crate) fn start(
         .name("hvd-heartbeat".into())
         .spawn(move || {
             let mut next = Instant::now();
+            let mut hearing = Hearing::new(next, orphaned);
             loop {
+                let began = Instant::now();
                 match beat(every) {
                     Ok(Some(answer)) => {
+                        hearing.answered(Instant::now());
                         if let Some(lost) = answer.lost {
                             THIS_PROCESS.broken(answer.round, lost);
                         }
@@ -194,7 +255,12 @@ pub(crate) fn start(
                         );
                         return;
                     }
-                    Err(e) => tracing::debug!(error = %e, "heartbeat failed; beating on"),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "heartbeat failed; beating on");
+                        if let Some(silence) = hearing.failed(began) {
+                            orphaned_end(silence, &e);
+                        }
+                    }
                 }
                 next = cadence(next, every, Instant::now());
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
@@ -204,6 +270,20 @@ pub(crate) fn start(
         STARTED.store(false, Ordering::Release);
         tracing::warn!(error = %e, "could not start the heartbeat thread");
     }
+}
+
+/// Ends this worker, whose launcher has not answered for `silence` (the last failure: `error`).
+fn orphaned_end(silence: Duration, error: &Error) -> ! {
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "hvd: the launcher has not answered this worker's heartbeats for {:.0} s ({error}): it is gone or cut off, \
+         and no round can form without it; ending this worker (exit code {ORPHANED_EXIT}; its work since its last \
+         checkpoint is lost)",
+        silence.as_secs_f64()
+    );
+    // SAFETY: _exit takes an integer and does not return; nothing of this process is used after it.
+    unsafe { libc::_exit(ORPHANED_EXIT) }
 }
 
 /// How often to beat for this process's `own` timeout and the one the launcher said (`launcher`): for the shorter.
@@ -220,6 +300,32 @@ fn cadence(due: Instant, every: Duration, now: Instant) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker ends after the round window without an answer (never sooner than three heartbeat timeouts or 10 s),
+    /// at its third failed heartbeat in a row; an answer starts both over.
+    #[test]
+    fn a_worker_unanswered_for_the_round_window_is_orphaned() {
+        let s = Duration::from_secs;
+        assert_eq!(orphaned_after(None, s(10)), s(60));
+        assert_eq!(orphaned_after(Some(s(5)), s(4)), s(12));
+        assert_eq!(orphaned_after(Some(s(1)), s(1)), s(10));
+        assert_eq!(orphaned_after(Some(s(300)), s(10)), s(300));
+        let t = Instant::now();
+        let mut hearing = Hearing::new(t, s(12));
+        for at in [1, 5, 11] {
+            assert_eq!(hearing.failed(t + s(at)), None, "{at}");
+        }
+        hearing.answered(t + s(11));
+        // Past the time, but the first failures since the answer (a beat begun before a stop, failing after it).
+        assert_eq!(hearing.failed(t + s(30)), None);
+        assert_eq!(hearing.failed(t + s(31)), None);
+        assert_eq!(hearing.failed(t + s(32)), Some(s(21)));
+        hearing.answered(t + s(40));
+        for at in [41, 45] {
+            assert_eq!(hearing.failed(t + s(at)), None, "{at}");
+        }
+        assert_eq!(hearing.failed(t + s(52)), Some(s(12)));
+    }
 
     #[test]
     fn the_timeout_is_bounded_and_the_interval_follows_it() {
