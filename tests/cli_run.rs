@@ -532,3 +532,36 @@ step train {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.matches("python-from-env").count(), 2, "{stdout}");
 }
+
+/// A distributed step's bad `HVD_REMOTE_KEEPALIVE` (its `env`) stops the run before anything runs, naming the
+/// variable, the value and the step; a step that runs once is not asked for one.
+#[test]
+fn a_bad_keepalive_is_refused_before_any_step_runs() {
+    let dir = common::project(
+        "step prep {\n  run = \"touch prepped\"\n  env = { HVD_REMOTE_KEEPALIVE = \"soon\" }\n}\n\
+         step train {\n  needs = [\"prep\"]\n  run = \"true\"\n  workers = 2\n  env = { HVD_REMOTE_KEEPALIVE = \"fast\" }\n}",
+    );
+    let out = common::hvd_run_command(dir.path())
+        .arg("--no-build")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = common::text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let flat = common::flat_stderr(&out);
+    assert!(
+        flat.contains("step `train`: HVD_REMOTE_KEEPALIVE=\"fast\" is not a number of seconds from 0.1 to 3600"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("prepped").exists(), "{stderr}");
+    // Without the distributed step, the one that runs once runs.
+    let file = dir.path().join("train.hvd");
+    let text_of = std::fs::read_to_string(&file).unwrap();
+    let (once, _) = text_of.split_once("step train").unwrap();
+    std::fs::write(&file, once).unwrap();
+    let out = common::hvd_run_command(dir.path())
+        .arg("--no-build")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out).1);
+    assert!(dir.path().join("prepped").exists());
+}

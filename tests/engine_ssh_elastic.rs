@@ -247,8 +247,9 @@ fn ended_within(hosts: &mut Hosts, mut child: std::process::Child, within: Durat
 /// The launcher's machine vanishes without a word while its four ranks, all on one host, wait at slot 0's pause: its
 /// link goes down, then every process on it is killed (`hvd run`, its watchdog, its ssh clients), so no connection's
 /// end reaches the host, whose sshd keeps the sessions (until TCP keepalive's two hours). The ranks hear no answer to their heartbeats and end
-/// themselves once the round window has passed (`--elastic-timeout 4`, heartbeats judged after 2 s: 10 s, the
-/// least), saying why; before, they waited for ever (slot 0 at its pause, the others in their collective).
+/// themselves once their heartbeats have failed for the round window (`--elastic-timeout 4`, heartbeats judged after
+/// 2 s: 10 s, the least), saying why; before, they waited for ever (slot 0 at its pause, the others in their
+/// collective). Two of them say it on a stderr nobody reads any more, flooded full: they end all the same.
 #[test]
 fn ranks_whose_launcher_vanished_end_themselves() {
     let hosts = Hosts::start("lv");
@@ -257,12 +258,21 @@ fn ranks_whose_launcher_vanished_end_themselves() {
         12,
         ", ELASTIC_PAUSE = \"3\", HVD_COLLECTIVE_TIMEOUT = \"3600\", HVD_HEARTBEAT_TIMEOUT = \"2\"",
     );
-    // Each rank's stderr in the project directory, which the host shares: the launcher that would show it is gone.
+    // Slots 0 and 1 write their stderr into the project directory, which the host shares (the launcher that would
+    // show it is gone). Slots 2 and 3 keep theirs on the ssh session's stream, which something floods once the
+    // launcher is gone: nobody reads it, so the stream's window and its pipe fill, and a write to it blocks for ever
+    // (a rank 0 printing its progress does the same).
     let file = dir.path().join("train.hvd");
     let text_of = std::fs::read_to_string(&file).unwrap();
+    let (head, rest) = text_of.split_once("  run = \"").unwrap();
+    let (python, rest) = rest.split_once(" train.py\"").unwrap();
     std::fs::write(
         &file,
-        text_of.replace(" train.py\"", " train.py 2>>err.$HVD_RANK\""),
+        format!(
+            "{head}  run = \"if [ $HVD_RANK -ge 2 ]; then (while [ ! -e flood ]; do sleep 0.1; done; exec yes \
+             flooding-a-stream-nobody-reads) >&2 & exec {python} train.py; else exec {python} train.py \
+             2>>err.$HVD_RANK; fi\"{rest}"
+        ),
     )
     .unwrap();
     let hostfile = dir.path().join("hosts");
@@ -304,18 +314,19 @@ fn ranks_whose_launcher_vanished_end_themselves() {
     signal_all(&machine, 19);
     signal_all(&machine, 9);
     let _ = child.wait_with_output();
+    std::fs::write(dir.path().join("flood"), "").unwrap();
     let left =
         common::wait_until_empty(Duration::from_secs(40), Duration::from_millis(100), || {
             rank_pids(host, None)
         });
-    let said: String = (0..4)
+    let said: String = (0..2)
         .map(|r| std::fs::read_to_string(dir.path().join(format!("err.{r}"))).unwrap_or_default())
         .collect();
     assert!(
         left.is_empty(),
         "ranks still run without their launcher: {left:?}\n{said}"
     );
-    for rank in 0..4 {
+    for rank in 0..2 {
         let err =
             std::fs::read_to_string(dir.path().join(format!("err.{rank}"))).unwrap_or_default();
         assert!(

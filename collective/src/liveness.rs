@@ -55,38 +55,52 @@ pub fn orphaned_after(window: Option<Duration>, timeout: Duration) -> Duration {
         .max(Duration::from_secs(10))
 }
 
-/// Since when a worker has had no answer from the launcher, and whether that is long enough to end.
+/// A worker's failed heartbeats in a row, and whether they have lasted long enough to end it.
 #[derive(Debug, Clone, Copy)]
 struct Hearing {
-    heard: Instant,
     within: Duration,
-    /// Heartbeats failed in a row since the last answer.
+    /// When the first of the failed heartbeats in a row began (`None`: the last one was answered).
+    streak: Option<Instant>,
+    /// How many have failed in a row, and when the last heartbeat (answered or not) began.
     failed: u32,
+    last: Option<Instant>,
 }
 
 /// Heartbeats that must fail in a row, besides the time, before a worker ends.
 const ORPHANED_FAILURES: u32 = 3;
 
 impl Hearing {
-    fn new(now: Instant, within: Duration) -> Hearing {
+    fn new(within: Duration) -> Hearing {
         Hearing {
-            heard: now,
             within,
+            streak: None,
             failed: 0,
+            last: None,
         }
     }
 
-    fn answered(&mut self, now: Instant) {
-        self.heard = now;
+    /// The heartbeat begun at `began` was answered.
+    fn answered(&mut self, began: Instant) {
+        self.streak = None;
         self.failed = 0;
+        self.last = Some(began);
     }
 
-    /// A heartbeat begun at `began` failed: `Some(silence)` once it began `within` after the last answer and it is
-    /// the third failure in a row. A beat begun before a stretch in which this process was stopped (SIGSTOP, a paused
-    /// machine) and failing after it does not count for the stretch: the next one, begun after it, asks again.
-    fn failed(&mut self, began: Instant) -> Option<Duration> {
+    /// The heartbeat begun at `began` failed (`every`: the cadence): `Some(silence)` once the failures in a row have
+    /// lasted `within` (from the first one's beginning to this one's) and there are three of them. A gap between two
+    /// heartbeats far past the cadence (this process was stopped: SIGSTOP, Ctrl-Z, a paused machine) starts the
+    /// streak over, so the failing must itself last `within` after the stop.
+    fn failed(&mut self, began: Instant, every: Duration) -> Option<Duration> {
+        let stopped = self.last.is_some_and(|last| {
+            began.saturating_duration_since(last) > every * 4 + Duration::from_secs(1)
+        });
+        if stopped || self.streak.is_none() {
+            self.streak = Some(began);
+            self.failed = 0;
+        }
+        self.last = Some(began);
         self.failed += 1;
-        let silence = began.saturating_duration_since(self.heard);
+        let silence = began.saturating_duration_since(self.streak.unwrap_or(began));
         (silence >= self.within && self.failed >= ORPHANED_FAILURES).then_some(silence)
     }
 }
@@ -238,12 +252,12 @@ pub(crate) fn start(
         .name("hvd-heartbeat".into())
         .spawn(move || {
             let mut next = Instant::now();
-            let mut hearing = Hearing::new(next, orphaned);
+            let mut hearing = Hearing::new(orphaned);
             loop {
                 let began = Instant::now();
                 match beat(every) {
                     Ok(Some(answer)) => {
-                        hearing.answered(Instant::now());
+                        hearing.answered(began);
                         if let Some(lost) = answer.lost {
                             THIS_PROCESS.broken(answer.round, lost);
                         }
@@ -256,10 +270,11 @@ pub(crate) fn start(
                         return;
                     }
                     Err(e) => {
-                        tracing::debug!(error = %e, "heartbeat failed; beating on");
-                        if let Some(silence) = hearing.failed(began) {
+                        // Before any log line, which may block on a stderr nobody reads any more.
+                        if let Some(silence) = hearing.failed(began, every) {
                             orphaned_end(silence, &e);
                         }
+                        tracing::debug!(error = %e, "heartbeat failed; beating on");
                     }
                 }
                 next = cadence(next, every, Instant::now());
@@ -272,16 +287,26 @@ pub(crate) fn start(
     }
 }
 
-/// Ends this worker, whose launcher has not answered for `silence` (the last failure: `error`).
+/// Ends this worker, whose launcher has not answered for `silence` (the last failure: `error`): says why on stderr
+/// from a thread of its own and `_exit`s once that is written, or after a second (a rank's stderr is often its ssh or
+/// exec stream, which nobody reads once the launcher is gone: a write there may block for ever).
 fn orphaned_end(silence: Duration, error: &Error) -> ! {
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr(),
+    let text = format!(
         "hvd: the launcher has not answered this worker's heartbeats for {:.0} s ({error}): it is gone or cut off, \
          and no round can form without it; ending this worker (exit code {ORPHANED_EXIT}; its work since its last \
-         checkpoint is lost)",
+         checkpoint is lost)\n",
         silence.as_secs_f64()
     );
+    let (said, written) = std::sync::mpsc::channel();
+    let _ = std::thread::Builder::new()
+        .name("hvd-orphaned".into())
+        .spawn(move || {
+            // One write to the descriptor: no lock another thread may hold, nothing buffered.
+            // SAFETY: writes `text`'s bytes, which live until the call returns, to descriptor 2.
+            let _ = unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+            let _ = said.send(());
+        });
+    let _ = written.recv_timeout(Duration::from_secs(1));
     // SAFETY: _exit takes an integer and does not return; nothing of this process is used after it.
     unsafe { libc::_exit(ORPHANED_EXIT) }
 }
@@ -301,8 +326,9 @@ fn cadence(due: Instant, every: Duration, now: Instant) -> Instant {
 mod tests {
     use super::*;
 
-    /// A worker ends after the round window without an answer (never sooner than three heartbeat timeouts or 10 s),
-    /// at its third failed heartbeat in a row; an answer starts both over.
+    /// A worker ends once its heartbeats have failed in a row for the round window (never sooner than three
+    /// heartbeat timeouts or 10 s), three of them at least; an answer, or a stop (a gap far past the cadence),
+    /// starts the streak over.
     #[test]
     fn a_worker_unanswered_for_the_round_window_is_orphaned() {
         let s = Duration::from_secs;
@@ -311,20 +337,34 @@ mod tests {
         assert_eq!(orphaned_after(Some(s(1)), s(1)), s(10));
         assert_eq!(orphaned_after(Some(s(300)), s(10)), s(300));
         let t = Instant::now();
-        let mut hearing = Hearing::new(t, s(12));
-        for at in [1, 5, 11] {
-            assert_eq!(hearing.failed(t + s(at)), None, "{at}");
+        let at = |secs: u64| t + s(secs);
+        let every = s(2);
+        let mut hearing = Hearing::new(s(12));
+        // Failing from 0 s on, every 2 s: the third failure is at 4 s, the streak lasts 12 s at 12 s.
+        for secs in (0..12).step_by(2) {
+            assert_eq!(hearing.failed(at(secs), every), None, "{secs}");
         }
-        hearing.answered(t + s(11));
-        // Past the time, but the first failures since the answer (a beat begun before a stop, failing after it).
-        assert_eq!(hearing.failed(t + s(30)), None);
-        assert_eq!(hearing.failed(t + s(31)), None);
-        assert_eq!(hearing.failed(t + s(32)), Some(s(21)));
-        hearing.answered(t + s(40));
-        for at in [41, 45] {
-            assert_eq!(hearing.failed(t + s(at)), None, "{at}");
+        assert_eq!(hearing.failed(at(12), every), Some(s(12)));
+        // An answer starts it over.
+        hearing.answered(at(14));
+        for secs in (16..28).step_by(2) {
+            assert_eq!(hearing.failed(at(secs), every), None, "{secs}");
         }
-        assert_eq!(hearing.failed(t + s(52)), Some(s(12)));
+        assert_eq!(hearing.failed(at(28), every), Some(s(12)));
+        // A stop (a gap far past the cadence) between failures starts the streak over: after a minute stopped, the
+        // failing must last another 12 s.
+        let mut hearing = Hearing::new(s(12));
+        hearing.answered(at(0));
+        assert_eq!(hearing.failed(at(2), every), None);
+        for secs in [62, 64, 66, 70, 72] {
+            assert_eq!(hearing.failed(at(secs), every), None, "{secs}");
+        }
+        assert_eq!(hearing.failed(at(74), every), Some(s(12)));
+        // Two failures are not enough, however long they last.
+        let mut hearing = Hearing::new(s(1));
+        assert_eq!(hearing.failed(at(0), every), None);
+        assert_eq!(hearing.failed(at(9), every), None);
+        assert_eq!(hearing.failed(at(11), every), Some(s(11)));
     }
 
     #[test]

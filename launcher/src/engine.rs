@@ -248,11 +248,12 @@ impl RankCommand {
 }
 
 /// Tells a remote rank ([`RankCommand::remote`]) to stop: writes the signal's name (`TERM`, `INT`, `KILL`) as one line to its ssh's
-/// stdin; the caller then closes it (end of file alone means TERM).
+/// stdin; the caller then closes it (end of file alone means TERM). Each line is one write, shorter than a pipe's
+/// atomic size: the pipe does not block (`supervisor/keepalive.rs`), and a full one takes all of it or none of it.
 pub fn send_stop(stdin: &mut impl std::io::Write, signal: i32) {
     let name = crate::process::signal_name(signal);
     let name = name.strip_prefix("SIG").unwrap_or(&name);
-    let _ = writeln!(stdin, "{name}");
+    let _ = stdin.write_all(format!("{name}\n").as_bytes());
     let _ = stdin.flush();
 }
 
@@ -261,7 +262,7 @@ pub fn send_stop(stdin: &mut impl std::io::Write, signal: i32) {
 /// leader and SIGKILL after `within` (TICKS tenths of a second), not after `--grace`.
 pub fn send_preempt(stdin: &mut impl std::io::Write, within: std::time::Duration) {
     let ticks = (within.as_millis() / 100).clamp(1, u128::from(u32::MAX));
-    let _ = writeln!(stdin, "PREEMPT {ticks}");
+    let _ = stdin.write_all(format!("PREEMPT {ticks}\n").as_bytes());
     let _ = stdin.flush();
 }
 

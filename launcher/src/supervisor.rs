@@ -186,6 +186,10 @@ pub fn execute(
     if plan.steps.iter().any(|s| s.workers.is_some()) {
         plan.engine.prepare(plan)?;
     }
+    // A bad `HVD_REMOTE_KEEPALIVE` of a distributed step stops the run before anything runs, not when that step starts.
+    for step in plan.steps.iter().filter(|s| s.workers.is_some()) {
+        keepalive::interval(step)?;
+    }
     let run_id = new_run_id();
     let log_dir = plan.state_dir.join("runs").join(&run_id);
     fs_err::create_dir_all(&log_dir).map_err(|source| LaunchError::Io {
@@ -663,7 +667,11 @@ fn run_attempt(
     log_dir: &Path,
     (restartable, heartbeat): (bool, Option<Duration>),
 ) -> Result<Outcome, LaunchError> {
-    let keepalive = keepalive::interval(step)?;
+    // Remote ranks are a distributed step's.
+    let keepalive = match step.workers {
+        Some(_) => keepalive::interval(step)?,
+        None => None,
+    };
     let started = Instant::now();
     // A step that runs once runs here; a distributed one as its engine says.
     let engine: &dyn SupervisedEngine = match step.workers {

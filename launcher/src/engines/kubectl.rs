@@ -487,6 +487,9 @@ pub struct Pod {
     pub started: bool,
     /// Why the worker container waits (`ErrImagePull: ...`), while it does.
     pub waiting: Option<String>,
+    /// The pod was disrupted (evicted, preempted, its node drained or lost: its `DisruptionTarget` condition): an
+    /// elastic step's launcher pod so ended is started again by its Job, and its end is not the run's failure.
+    pub disrupted: bool,
 }
 
 /// Reads the pods of `kubectl get pods -o json`.
@@ -544,6 +547,14 @@ pub fn parse_pods(list: &Value) -> Vec<Pod> {
                         ))
                     })
             });
+        let disrupted = item["status"]["conditions"]
+            .as_array()
+            .is_some_and(|conditions| {
+                conditions.iter().any(|c| {
+                    c["type"].as_str() == Some("DisruptionTarget")
+                        && c["status"].as_str() == Some("True")
+                })
+            });
         pods.push(Pod {
             name: name.to_owned(),
             job: meta["labels"][STEP_LABEL].as_str().unwrap_or("").to_owned(),
@@ -553,6 +564,7 @@ pub fn parse_pods(list: &Value) -> Vec<Pod> {
             terminated,
             started,
             waiting,
+            disrupted,
         });
     }
     pods
@@ -761,10 +773,12 @@ fn failure(
     message: &str,
     log_dir: &Path,
 ) -> FailureSummary {
-    // A lost worker pod of an elastic step is its launcher's to handle: the launcher's own end says how it went.
+    // A lost worker pod of an elastic step is its launcher's to handle: the launcher's own end says how it went. A
+    // disrupted launcher pod was started again: the failure is a later pod's.
     let first = pods
         .iter()
         .filter(|p| !job.pools.contains_key(&p.job))
+        .filter(|p| !(p.disrupted && job.launchers.contains(&p.job)))
         .filter_map(|p| match &p.terminated {
             Some((code, at)) if *code != 0 => Some((at.clone(), p, *code)),
             _ => None,
@@ -975,6 +989,7 @@ mod tests {
             (0, false, "")
         );
         assert_eq!(pods[0].waiting, None);
+        assert!(!pods[0].disrupted && !pods[1].disrupted);
         let pulling = json!({"items": [{"metadata": {"name": "p"}, "status": {"phase": "Pending",
             "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}]}}]});
         assert_eq!(
@@ -995,11 +1010,73 @@ mod tests {
             Some((false, "jobset failed due to reaching max restarts".into()))
         );
         assert_eq!(jobset_outcome(&json!({"status": {}})), None);
+        let evicted = json!({"items": [{"metadata": {"name": "p"}, "status": {"phase": "Failed",
+            "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}}]});
+        assert!(parse_pods(&evicted)[0].disrupted);
         assert_eq!(
             jobset_outcome(
                 &json!({"status": {"conditions": [{"type": "Completed", "status": "True"}]}})
             ),
             Some((true, String::new()))
         );
+    }
+
+    /// The run's failure is the first pod to fail but an evicted launcher pod of an elastic step (its Job started
+    /// another in its place): the replacement's end is the one that says why the step failed.
+    #[test]
+    fn an_evicted_launcher_pod_is_not_the_runs_failure() {
+        let pod = |name: &str, job: &str, code: i32, at: &str, disrupted: bool| Pod {
+            name: name.into(),
+            job: job.into(),
+            index: 0,
+            node: "n1".into(),
+            phase: "Failed".into(),
+            terminated: Some((code, at.into())),
+            started: true,
+            waiting: None,
+            disrupted,
+        };
+        let job = KubeJob {
+            name: "t".into(),
+            namespace: None,
+            manifest: json!({}),
+            secret: json!({}),
+            steps: [
+                ("train".to_owned(), ("train".to_owned(), Some(4))),
+                ("train-workers".to_owned(), ("train".to_owned(), Some(4))),
+            ]
+            .into_iter()
+            .collect(),
+            extras: vec![],
+            launchers: ["train".to_owned()].into_iter().collect(),
+            pools: [("train-workers".to_owned(), "train".to_owned())]
+                .into_iter()
+                .collect(),
+        };
+        let pods = [
+            pod("t-train-0-0-a", "train", 143, "2026-12-03T10:00:00Z", true),
+            pod(
+                "t-train-workers-0-1-b",
+                "train-workers",
+                1,
+                "2026-12-03T10:30:00Z",
+                false,
+            ),
+            pod("t-train-0-0-c", "train", 3, "2026-12-03T11:00:00Z", false),
+        ];
+        let failed = failure(&job, &pods, &BTreeMap::new(), "", Path::new("/l"));
+        assert_eq!(failed.exit_code, 3, "{failed:?}");
+        assert!(
+            failed
+                .stderr_tail
+                .last()
+                .is_some_and(|l| l.contains("pod t-train-0-0-c")),
+            "{failed:?}"
+        );
+        // Not disrupted, the first launcher pod's end is the failure.
+        let mut first = pods.clone();
+        first[0].disrupted = false;
+        let failed = failure(&job, &first, &BTreeMap::new(), "", Path::new("/l"));
+        assert_eq!(failed.exit_code, 143, "{failed:?}");
     }
 }

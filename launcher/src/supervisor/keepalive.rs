@@ -8,9 +8,10 @@
 //! balancers in front of an API server after a minute or an hour, sshd after its `ChannelTimeout`, NAT and firewall
 //! state tables after theirs. A line every 30 s keeps each of them from seeing an idle stream.
 //!
-//! The lines are written without blocking: a rank whose transport stopped reading (a hung ssh) would fill its pipe
-//! after about 10^4 lines (three days at the default), and then its keepalives are dropped rather than stalling the
-//! launcher.
+//! The lines are written without blocking: a rank whose transport stopped reading (a hung ssh, an srun waiting for
+//! its step's resources) fills its pipe after about 10^4 lines (three days at the default, 18 minutes at the least
+//! interval), and then its keepalives are dropped rather than stalling the launcher; a stop or hand-over request
+//! that no longer fits is lost too, and the pipe's end that follows it is taken for TERM.
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -76,7 +77,8 @@ impl Keepalive {
 
 /// Makes writes to a remote rank's stdin fail rather than wait when its pipe is full (the keepalives above; a stop
 /// line that cannot be written is then replaced by the pipe's end, which the wrapper takes for TERM). Called after
-/// the token and the variables, which always fit an empty pipe.
+/// the token and the variables, at most 48 KiB, which fit an empty pipe of the usual 64 KiB (a pipe made past the
+/// user's `pipe-user-pages-soft` limit is smaller, and that first write may wait for the transport to read).
 pub(super) fn never_block(stdin: &std::process::ChildStdin) {
     let fd = stdin.as_raw_fd();
     // SAFETY: fcntl on a descriptor this process owns (the child's stdin pipe), changing only its status flags.
