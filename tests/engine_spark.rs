@@ -687,10 +687,15 @@ fn lose_slot_1s_executor(whole: bool) {
         true => chain.iter().chain(&ranks).copied().collect(),
         false => chain[chain.len().saturating_sub(2)..].to_vec(),
     };
-    let _ = Command::new("kill")
-        .arg("-KILL")
-        .args(killed.iter().map(u32::to_string))
-        .status();
+    // All at once, as a machine (or a JVM and its daemon) dies: stopped first, so that none of them acts on another's
+    // death between two kills (the task's Python worker, killed after the wrapper, reported the wrapper's 137 now
+    // and then on a loaded machine, where Spark should have lost the task).
+    for signal in ["-STOP", "-KILL"] {
+        let _ = Command::new("kill")
+            .arg(signal)
+            .args(killed.iter().map(u32::to_string))
+            .status();
+    }
     if !whole {
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while !relay_log(d).contains(": slot 1 lost: ") || !rank1().is_empty() {

@@ -59,10 +59,12 @@ pub fn orphaned_after(window: Option<Duration>, timeout: Duration) -> Duration {
 #[derive(Debug, Clone, Copy)]
 struct Hearing {
     within: Duration,
-    /// When the first of the failed heartbeats in a row began (`None`: the last one was answered).
-    streak: Option<Instant>,
-    /// How many have failed in a row, and when the last heartbeat (answered or not) began.
+    /// How many heartbeats have failed in a row.
     failed: u32,
+    /// How long they have failed: from the first one's beginning to the last one's, each gap between two of them
+    /// counted up to [`Hearing::gap_cap`].
+    silence: Duration,
+    /// When the last heartbeat (answered or not) began.
     last: Option<Instant>,
 }
 
@@ -73,35 +75,39 @@ impl Hearing {
     fn new(within: Duration) -> Hearing {
         Hearing {
             within,
-            streak: None,
             failed: 0,
+            silence: Duration::ZERO,
             last: None,
         }
     }
 
+    /// The most of one gap between two heartbeats that counts: two beats (on the cadence a gap is one; a beat is
+    /// answered within one or fails). A longer gap is this process stopped (SIGSTOP, Ctrl-Z, a paused machine), not
+    /// the launcher silent: after a stop the failing must go on for nearly the whole window; slow beats still add up.
+    fn gap_cap(every: Duration) -> Duration {
+        every * 2
+    }
+
     /// The heartbeat begun at `began` was answered.
     fn answered(&mut self, began: Instant) {
-        self.streak = None;
         self.failed = 0;
+        self.silence = Duration::ZERO;
         self.last = Some(began);
     }
 
     /// The heartbeat begun at `began` failed (`every`: the cadence): `Some(silence)` once the failures in a row have
-    /// lasted `within` (from the first one's beginning to this one's) and there are three of them. A gap between two
-    /// heartbeats far past the cadence (this process was stopped: SIGSTOP, Ctrl-Z, a paused machine) starts the
-    /// streak over, so the failing must itself last `within` after the stop.
+    /// lasted `within` ([`Hearing::silence`]) and there are three of them at least.
     fn failed(&mut self, began: Instant, every: Duration) -> Option<Duration> {
-        let stopped = self.last.is_some_and(|last| {
-            began.saturating_duration_since(last) > every * 4 + Duration::from_secs(1)
-        });
-        if stopped || self.streak.is_none() {
-            self.streak = Some(began);
-            self.failed = 0;
+        if self.failed > 0
+            && let Some(last) = self.last
+        {
+            self.silence += began
+                .saturating_duration_since(last)
+                .min(Self::gap_cap(every));
         }
         self.last = Some(began);
         self.failed += 1;
-        let silence = began.saturating_duration_since(self.streak.unwrap_or(began));
-        (silence >= self.within && self.failed >= ORPHANED_FAILURES).then_some(silence)
+        (self.silence >= self.within && self.failed >= ORPHANED_FAILURES).then_some(self.silence)
     }
 }
 
@@ -236,9 +242,11 @@ pub fn parse_answer(text: &str) -> Option<Answer> {
 /// process's `HVD_HEARTBEAT_TIMEOUT` may have been changed by its script or its host's environment), until `beat`
 /// answers that the launcher no longer counts this worker.
 /// The beats keep a fixed cadence (each starts one interval after the previous one started, at once when that one
-/// took longer), so a slow one delays the next by at most its own excess. When no beat has been answered for
-/// `orphaned` ([`orphaned_after`]), the process says why on stderr and ends with [`ORPHANED_EXIT`] at once (`_exit`:
-/// its other threads may be anywhere, a script waiting outside any collective among them).
+/// took longer), so a slow one delays the next by at most its own excess. When beats have failed in a row for
+/// `orphaned` ([`orphaned_after`]; three at least, a gap past the cadence counted as a few beats: [`Hearing`]), the
+/// process says why on stderr and ends with [`ORPHANED_EXIT`] at once (`_exit`: its other threads may be anywhere, a
+/// script waiting outside any collective among them). Nothing is logged on a failed beat: a log line may block on a
+/// stderr nobody reads any more, and the check would never come.
 pub(crate) fn start(
     timeout: Duration,
     orphaned: Duration,
@@ -270,11 +278,9 @@ pub(crate) fn start(
                         return;
                     }
                     Err(e) => {
-                        // Before any log line, which may block on a stderr nobody reads any more.
                         if let Some(silence) = hearing.failed(began, every) {
                             orphaned_end(silence, &e);
                         }
-                        tracing::debug!(error = %e, "heartbeat failed; beating on");
                     }
                 }
                 next = cadence(next, every, Instant::now());
@@ -288,8 +294,8 @@ pub(crate) fn start(
 }
 
 /// Ends this worker, whose launcher has not answered for `silence` (the last failure: `error`): says why on stderr
-/// from a thread of its own and `_exit`s once that is written, or after a second (a rank's stderr is often its ssh or
-/// exec stream, which nobody reads once the launcher is gone: a write there may block for ever).
+/// from a thread of its own and `_exit`s once that is written, at the latest a second later (a rank's stderr is often
+/// its ssh or exec stream, which nobody reads once the launcher is gone: a write there may block for ever).
 fn orphaned_end(silence: Duration, error: &Error) -> ! {
     let text = format!(
         "hvd: the launcher has not answered this worker's heartbeats for {:.0} s ({error}): it is gone or cut off, \
@@ -301,9 +307,19 @@ fn orphaned_end(silence: Duration, error: &Error) -> ! {
     let _ = std::thread::Builder::new()
         .name("hvd-orphaned".into())
         .spawn(move || {
-            // One write to the descriptor: no lock another thread may hold, nothing buffered.
-            // SAFETY: writes `text`'s bytes, which live until the call returns, to descriptor 2.
-            let _ = unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+            // Straight to the descriptor: no lock another thread may hold, nothing buffered; on after a partial write
+            // or an interrupted one.
+            let mut rest = text.as_bytes();
+            while !rest.is_empty() {
+                // SAFETY: writes bytes of `text`, which lives until the call returns, to descriptor 2.
+                let n = unsafe { libc::write(2, rest.as_ptr().cast(), rest.len()) };
+                match usize::try_from(n) {
+                    Ok(n) if n > 0 => rest = &rest[n.min(rest.len())..],
+                    _ if std::io::Error::last_os_error().kind()
+                        == std::io::ErrorKind::Interrupted => {}
+                    _ => break,
+                }
+            }
             let _ = said.send(());
         });
     let _ = written.recv_timeout(Duration::from_secs(1));
@@ -327,8 +343,8 @@ mod tests {
     use super::*;
 
     /// A worker ends once its heartbeats have failed in a row for the round window (never sooner than three
-    /// heartbeat timeouts or 10 s), three of them at least; an answer, or a stop (a gap far past the cadence),
-    /// starts the streak over.
+    /// heartbeat timeouts or 10 s), three of them at least; an answer starts it over, and a stop (a gap far past the
+    /// cadence) counts for a few beats only.
     #[test]
     fn a_worker_unanswered_for_the_round_window_is_orphaned() {
         let s = Duration::from_secs;
@@ -340,7 +356,7 @@ mod tests {
         let at = |secs: u64| t + s(secs);
         let every = s(2);
         let mut hearing = Hearing::new(s(12));
-        // Failing from 0 s on, every 2 s: the third failure is at 4 s, the streak lasts 12 s at 12 s.
+        // Failing from 0 s on, every 2 s: the third failure is at 4 s, the failing has lasted 12 s at 12 s.
         for secs in (0..12).step_by(2) {
             assert_eq!(hearing.failed(at(secs), every), None, "{secs}");
         }
@@ -351,20 +367,26 @@ mod tests {
             assert_eq!(hearing.failed(at(secs), every), None, "{secs}");
         }
         assert_eq!(hearing.failed(at(28), every), Some(s(12)));
-        // A stop (a gap far past the cadence) between failures starts the streak over: after a minute stopped, the
-        // failing must last another 12 s.
+        // A stop (a gap far past the cadence) counts for two beats, 4 s, however long it was: the failing must go on
+        // for 8 s after it.
         let mut hearing = Hearing::new(s(12));
         hearing.answered(at(0));
         assert_eq!(hearing.failed(at(2), every), None);
-        for secs in [62, 64, 66, 70, 72] {
+        for secs in (62..70).step_by(2) {
             assert_eq!(hearing.failed(at(secs), every), None, "{secs}");
         }
-        assert_eq!(hearing.failed(at(74), every), Some(s(12)));
+        assert_eq!(hearing.failed(at(70), every), Some(s(12)));
+        // Slow beats (each failing after 10 s) still add up, 4 s each.
+        let mut hearing = Hearing::new(s(12));
+        for secs in [0, 10, 20] {
+            assert_eq!(hearing.failed(at(secs), every), None, "{secs}");
+        }
+        assert_eq!(hearing.failed(at(30), every), Some(s(12)));
         // Two failures are not enough, however long they last.
         let mut hearing = Hearing::new(s(1));
         assert_eq!(hearing.failed(at(0), every), None);
         assert_eq!(hearing.failed(at(9), every), None);
-        assert_eq!(hearing.failed(at(11), every), Some(s(11)));
+        assert_eq!(hearing.failed(at(11), every), Some(s(6)));
     }
 
     #[test]

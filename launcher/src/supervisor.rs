@@ -183,12 +183,12 @@ pub fn execute(
         )));
     }
     // The engine's checks and files (ssh: the hosts; spark: its driver), when a step is distributed.
-    if plan.steps.iter().any(|s| s.workers.is_some()) {
-        plan.engine.prepare(plan)?;
-    }
     // A bad `HVD_REMOTE_KEEPALIVE` of a distributed step stops the run before anything runs, not when that step starts.
     for step in plan.steps.iter().filter(|s| s.workers.is_some()) {
         keepalive::interval(step)?;
+    }
+    if plan.steps.iter().any(|s| s.workers.is_some()) {
+        plan.engine.prepare(plan)?;
     }
     let run_id = new_run_id();
     let log_dir = plan.state_dir.join("runs").join(&run_id);
