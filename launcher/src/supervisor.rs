@@ -182,11 +182,11 @@ pub fn execute(
             plan.engine.name()
         )));
     }
-    // The engine's checks and files (ssh: the hosts; spark: its driver), when a step is distributed.
     // A bad `HVD_REMOTE_KEEPALIVE` of a distributed step stops the run before anything runs, not when that step starts.
     for step in plan.steps.iter().filter(|s| s.workers.is_some()) {
         keepalive::interval(step)?;
     }
+    // The engine's checks and files (ssh: the hosts; spark: its driver), when a step is distributed.
     if plan.steps.iter().any(|s| s.workers.is_some()) {
         plan.engine.prepare(plan)?;
     }
