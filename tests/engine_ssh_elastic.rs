@@ -130,19 +130,7 @@ fn a_frozen_host(prefix: &str, discovery: bool) {
             script.to_str().unwrap(),
         ]);
     }
-    let mut child = hosts
-        .hvd_command(d, &args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.path().join("paused").exists() {
-        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
-            stop_and_fail(child, "slot 0 did not reach the pause");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = paused_with(&hosts, d, &args);
     // Rank 2 freezes first, 4 s (two heartbeat intervals) before the rest of its host: it is found silent that much
     // before rank 3, longer than `--grace` (1 s), so it has exited, its place there free and the host charged once of
     // the blacklist's two, before rank 3 is found (the race of ranks found up to an interval apart, made certain).
@@ -207,11 +195,17 @@ fn a_frozen_host(prefix: &str, discovery: bool) {
 /// `hvd run` of the 4-worker elastic step (minimum 2, the collective timeout an hour, heartbeats judged after 4 s),
 /// once slot 0 waits at step 5 for `go`.
 fn started_and_paused(hosts: &Hosts, dir: &std::path::Path) -> std::process::Child {
+    paused_with(
+        hosts,
+        dir,
+        &["--no-build", "--grace", "1", "--elastic-timeout", "5"],
+    )
+}
+
+/// `hvd run ARGS` (output piped), once slot 0 waits at its pause for `go` (else it is stopped and the test fails).
+fn paused_with(hosts: &Hosts, dir: &std::path::Path, args: &[&str]) -> std::process::Child {
     let mut child = hosts
-        .hvd_command(
-            dir,
-            &["--no-build", "--grace", "1", "--elastic-timeout", "5"],
-        )
+        .hvd_command(dir, args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -277,30 +271,19 @@ fn ranks_whose_launcher_vanished_end_themselves() {
     .unwrap();
     let hostfile = dir.path().join("hosts");
     std::fs::write(&hostfile, format!("{} slots=4\n", HOSTS[0])).unwrap();
-    let mut child = hosts
-        .hvd_command(
-            dir.path(),
-            &[
-                "--no-build",
-                "--grace",
-                "1",
-                "--elastic-timeout",
-                "4",
-                "--hostfile",
-                hostfile.to_str().unwrap(),
-            ],
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.path().join("paused").exists() {
-        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
-            stop_and_fail(child, "slot 0 did not reach the pause");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = paused_with(
+        &hosts,
+        dir.path(),
+        &[
+            "--no-build",
+            "--grace",
+            "1",
+            "--elastic-timeout",
+            "4",
+            "--hostfile",
+            hostfile.to_str().unwrap(),
+        ],
+    );
     let host = &hosts.namespaces[1];
     assert!(rank_pids(host, None).len() >= 4, "the ranks run");
     // The launcher's machine goes: its link first, so nothing it sends on its way out reaches the host.
