@@ -68,6 +68,30 @@ pub trait Board {
     /// As for [`header`](Self::header).
     unsafe fn eager(&self, rank: usize, seq: u64, out: &mut [u8]);
 
+    /// The most bytes of an allreduce this rank deposits on the board with its header (0: none). A board offers
+    /// room when a wait for the other ranks costs more than copying the data there and reading every rank's: with
+    /// more ranks than cores, where a rank waits for a core's other rank to run. Ranks may see this differently;
+    /// they reduce out of the deposits only when every rank deposited (the header's `deposited` flag).
+    fn deposit_room(&self) -> usize {
+        0
+    }
+
+    /// Copies `data` into this rank's deposit for operation `seq`, before it posts that operation's header.
+    ///
+    /// # Safety
+    ///
+    /// As for [`post`](Self::post) (the deposit of `seq` is overwritten by that of `seq + 2`); `data` holds at most
+    /// [`deposit_room`](Self::deposit_room) bytes, and this board offered room.
+    unsafe fn deposit(&mut self, seq: u64, data: &[u8]);
+
+    /// The first `len` bytes of rank `rank`'s deposit of operation `seq`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`header`](Self::header), and rank `rank` deposited at least `len` bytes for `seq` (its header said
+    /// so, with the same count as this rank's).
+    unsafe fn deposited(&self, rank: usize, seq: u64, len: usize) -> &[u8];
+
     /// Allreduces `len` bytes that `io` reads from and writes back to, through shared memory, with every rank
     /// of the board calling this with the same arguments (the operation's header check comes first). A rank
     /// that does not call it makes the others fail after `timeout`.

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Thresholds {
     pub allreduce_direct_bytes: usize,
+    /// See [`env_vars::HVD_ALLREDUCE_DEPOSIT_BYTES`] (each rank's own: ranks need not agree on it).
+    pub allreduce_deposit_bytes: usize,
     pub allreduce_small_bytes: usize,
     pub allgather_small_bytes: usize,
     /// See [`env_vars::HVD_ALLREDUCE_ARENA_RANKS`].
@@ -20,6 +22,7 @@ impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
             allreduce_direct_bytes: 16 << 10,
+            allreduce_deposit_bytes: 16 << 10,
             allreduce_small_bytes: 32 << 10,
             allgather_small_bytes: 256 << 10,
             allreduce_arena_ranks: 3,
@@ -28,14 +31,16 @@ impl Default for Thresholds {
 }
 
 impl Thresholds {
-    /// Defaults overridden by `HVD_ALLREDUCE_DIRECT_BYTES`, `HVD_ALLREDUCE_SMALL_BYTES`,
-    /// `HVD_ALLGATHER_SMALL_BYTES` and `HVD_ALLREDUCE_ARENA_RANKS` (bad values are ignored with a warning so a typo
+    /// Defaults overridden by `HVD_ALLREDUCE_DIRECT_BYTES`, `HVD_ALLREDUCE_DEPOSIT_BYTES`,
+    /// `HVD_ALLREDUCE_SMALL_BYTES`, `HVD_ALLGATHER_SMALL_BYTES` and `HVD_ALLREDUCE_ARENA_RANKS` (bad values are ignored with a warning so a typo
     /// cannot stop a job).
     pub fn from_env() -> Thresholds {
         let d = Thresholds::default();
         Thresholds {
             allreduce_direct_bytes: env_usize(env_vars::HVD_ALLREDUCE_DIRECT_BYTES)
                 .unwrap_or(d.allreduce_direct_bytes),
+            allreduce_deposit_bytes: env_usize(env_vars::HVD_ALLREDUCE_DEPOSIT_BYTES)
+                .unwrap_or(d.allreduce_deposit_bytes),
             allreduce_small_bytes: env_usize(env_vars::HVD_ALLREDUCE_SMALL_BYTES)
                 .unwrap_or(d.allreduce_small_bytes),
             allgather_small_bytes: env_usize(env_vars::HVD_ALLGATHER_SMALL_BYTES)

@@ -2,7 +2,7 @@
 //! every rank with the same message instead of hanging or mixing up data.
 //!
 //! Wire format (40 bytes, native endianness: all ranks of a job share a host architecture):
-//! `seq u64 | kind u8 | dtype u8 | op u8 | flags u8 (1 invalid, 2 eager) | root u32 | count u64 | digest u64 | pair u64`.
+//! `seq u64 | kind u8 | dtype u8 | op u8 | flags u8 (1 invalid, 2 eager, 4 deposited) | root u32 | count u64 | digest u64 | pair u64`.
 
 use crate::communicator::{Allgatherv, Alltoallv, Reducescatter, check};
 use crate::error::Error;
@@ -37,6 +37,10 @@ pub struct Header {
     pub invalid: bool,
     /// The sender's data for this operation follows the header right away (small allreduce, one round).
     pub eager: bool,
+    /// The sender deposited its data for this allreduce on the shared-memory board with the header
+    /// ([`Board::deposit`](crate::board::Board::deposit)); the ranks reduce straight out of the deposits only when
+    /// every rank did, so unlike `eager` the ranks need not agree on it (the header check ignores it).
+    pub deposited: bool,
     pub root: u32,
     /// Element count: total for allreduce/broadcast/reducescatter, this rank's block for allgather(v).
     pub count: u64,
@@ -55,6 +59,7 @@ impl Header {
             op: None,
             invalid: false,
             eager: false,
+            deposited: false,
             root: 0,
             count: 0,
             digest: 0,
@@ -68,7 +73,8 @@ impl Header {
         b[8] = self.kind.code();
         b[9] = self.dtype.code();
         b[10] = self.op.map_or(0, ReduceOp::code);
-        b[11] = u8::from(self.invalid) | (u8::from(self.eager) << 1);
+        b[11] =
+            u8::from(self.invalid) | (u8::from(self.eager) << 1) | (u8::from(self.deposited) << 2);
         b[12..16].copy_from_slice(&self.root.to_ne_bytes());
         b[16..24].copy_from_slice(&self.count.to_ne_bytes());
         b[24..32].copy_from_slice(&self.digest.to_ne_bytes());
@@ -94,6 +100,7 @@ impl Header {
             },
             invalid: b[11] & 1 != 0,
             eager: b[11] & 2 != 0,
+            deposited: b[11] & 4 != 0,
             root: u32::from_ne_bytes(b[12..16].try_into().unwrap_or([0; 4])),
             count: u64_at(16),
             digest: u64_at(24),

@@ -15,6 +15,11 @@ use crate::reduce::{accumulated, finish_average};
 use crate::transport::{RecvOp, SendOp, Transport, disjoint, even_counts, exchange, split_blocks};
 use crate::types::{DType, ReduceOp, Topology};
 
+/// The fewest ranks that deposit an allreduce on the board (see `allreduce_in_place`): 2 ranks on one core took
+/// longer that way than through recursive doubling (4 KiB: 5.1 against 4.2 µs), 3 and 4 about half the time
+/// (docs/collective.md, "Deposits").
+const DEPOSIT_MIN_RANKS: usize = 3;
+
 /// Mixed into a staged allreduce's digest (see `allreduce_staged`).
 const STAGED: usize = 0x5747_4544;
 
@@ -473,6 +478,22 @@ impl<T: Transport> P2pCommunicator<T> {
         Ok(())
     }
 
+    /// Deposits `data` on the shared-memory board for operation `seq` (see `Board::deposit_room`) when it is not
+    /// empty and fits both the board's room and this rank's threshold: whether it did.
+    fn deposit(&mut self, seq: u64, data: &[u8]) -> bool {
+        let limit = self.thresholds.allreduce_deposit_bytes;
+        let Some(board) = self.transport.shared_board() else {
+            return false;
+        };
+        if data.is_empty() || data.len() > limit.min(board.deposit_room()) {
+            return false;
+        }
+        // SAFETY: `begin` gave this rank `seq` only after it saw every rank post `seq - 1` (a rank that failed
+        // refuses further operations), the caller's contract for `post` too; `data` fits the room.
+        unsafe { board.deposit(seq, data) };
+        true
+    }
+
     /// Whether an allreduce of `len` bytes rides with the header (the direct eager path).
     fn allreduce_direct(&self, len: usize) -> bool {
         let peers = self.world.len().saturating_sub(1);
@@ -741,35 +762,47 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
             mine.extend_from_slice(data);
             let me = self.topology.rank;
             let r = self.run_eager(h, None, &|_| 0, Some(&mine), |this, _| {
-                let sum_op = accumulated(op);
                 if let Some((_, cross)) = &this.hierarchy {
                     // Two-level exchange (see `two_level`): the hosts' sums, in host order.
-                    this.reduce_hosts(data, dtype, sum_op, cross);
+                    this.reduce_hosts(data, dtype, accumulated(op), cross);
                     if op == ReduceOp::Average {
                         finish_average(data, dtype, n);
                     }
                     return Ok(());
                 }
-                for r in 0..n {
-                    let src: &[u8] = if r == me { &mine } else { &this.eager_in[r] };
-                    if r == 0 {
-                        // Rank 0's own data is already in place.
-                        if me != 0 {
-                            data.copy_from_slice(src);
-                        }
-                    } else {
-                        crate::reduce::reduce_into(data, src, dtype, sum_op);
-                    }
-                }
-                if op == ReduceOp::Average {
-                    finish_average(data, dtype, n);
-                }
+                let eager_in = &this.eager_in;
+                reduce_in_rank_order(data, me, n, dtype, op, |r| {
+                    if r == me { &mine } else { &eager_in[r] }
+                });
                 Ok(())
             });
             self.eager_out = mine;
             return r;
         }
-        self.run(h, local, &|_| 0, |this, _| {
+        // Past the direct size, with more ranks than cores: the data goes on the board with the header (a deposit)
+        // when it fits, and the ranks reduce straight out of the deposits once every rank posted: one wait instead
+        // of the algorithm's (three for the single copy or the arenas). Each rank decides for itself (the room is
+        // its own verdict on the cores, the threshold its own setting); only when every rank deposited are the
+        // deposits used, else the data, still in `data`, takes the usual path.
+        h.deposited = n >= DEPOSIT_MIN_RANKS
+            && local.is_none()
+            && self.hierarchy.is_none()
+            && self.deposit(h.seq, data);
+        let seq = h.seq;
+        self.run(h, local, &|_| 0, |this, headers| {
+            if headers.iter().all(|h| h.deposited) {
+                let Some(board) = this.transport.shared_board() else {
+                    return Err(Error::Broken("the shared-memory board went away".into()));
+                };
+                let len = data.len();
+                reduce_in_rank_order(data, this.topology.rank, n, dtype, op, |r| {
+                    // SAFETY: every rank posted `seq` with a deposit of its data (its header says so, and the check
+                    // found its count equal to this rank's, so `len` bytes); this rank posts `seq + 1` only after
+                    // this, so none is overwritten meanwhile.
+                    unsafe { board.deposited(r, seq, len) }
+                });
+                return Ok(());
+            }
             let sum_op = accumulated(op);
             match this.hierarchy.clone() {
                 Some((local, cross)) if data.len() > this.thresholds.allreduce_small_bytes => {
@@ -943,6 +976,33 @@ impl<T: Transport> P2pCommunicator<T> {
 
 /// The eager data rank `j` announced with its header `h`, in bytes; more than the protocol allows means the peer
 /// does not speak it.
+/// Reduces every rank's contribution (`contribution(r)`, this rank's `me` included) into `data`, in rank order, so
+/// that every rank computes the same bits; an average is divided at the end. `data` holds this rank's on entry.
+fn reduce_in_rank_order<'a>(
+    data: &mut [u8],
+    me: usize,
+    n: usize,
+    dtype: DType,
+    op: ReduceOp,
+    contribution: impl Fn(usize) -> &'a [u8],
+) {
+    let sum_op = accumulated(op);
+    for r in 0..n {
+        let src = contribution(r);
+        if r == 0 {
+            // Rank 0's own data is already in place.
+            if me != 0 {
+                data.copy_from_slice(src);
+            }
+        } else {
+            crate::reduce::reduce_into(data, src, dtype, sum_op);
+        }
+    }
+    if op == ReduceOp::Average {
+        finish_average(data, dtype, n);
+    }
+}
+
 fn eager_len(h: &Header, j: usize) -> Result<usize> {
     if !h.eager {
         return Ok(0);

@@ -45,6 +45,8 @@ pub struct LocalJob {
     timeout: Duration,
     hosts: Option<Vec<usize>>,
     thresholds: Option<Thresholds>,
+    /// One rank's thresholds instead of the job's.
+    rank_thresholds: Option<(usize, Thresholds)>,
     chunk_bytes: Option<usize>,
     pin: bool,
 }
@@ -58,6 +60,7 @@ impl LocalJob {
             timeout: Duration::from_secs(30),
             hosts: None,
             thresholds: None,
+            rank_thresholds: None,
             chunk_bytes: None,
             pin: false,
         }
@@ -85,6 +88,12 @@ impl LocalJob {
     /// Algorithm thresholds instead of the environment's.
     pub fn thresholds(mut self, thresholds: Thresholds) -> Self {
         self.thresholds = Some(thresholds);
+        self
+    }
+
+    /// Rank `rank`'s thresholds instead of the job's: a setting a rank may hold alone (`allreduce_deposit_bytes`).
+    pub fn rank_thresholds(mut self, rank: usize, thresholds: Thresholds) -> Self {
+        self.rank_thresholds = Some((rank, thresholds));
         self
     }
 
@@ -199,6 +208,11 @@ impl LocalJob {
 
     fn boxed<T: Transport + 'static>(&self, mut c: P2pCommunicator<T>) -> Box<dyn Communicator> {
         if let Some(t) = self.thresholds {
+            c.set_thresholds(t);
+        }
+        if let Some((rank, t)) = self.rank_thresholds
+            && c.rank() == rank
+        {
             c.set_thresholds(t);
         }
         if let Some(b) = self.chunk_bytes {

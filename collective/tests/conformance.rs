@@ -92,6 +92,7 @@ fn both_allreduce_algorithms_match_the_reference(backend: Backend) {
             for (small, arena) in [(0, 3), (usize::MAX, 3), (0, 0), (usize::MAX, 0)] {
                 let th = Thresholds {
                     allreduce_direct_bytes: small,
+                    allreduce_deposit_bytes: small,
                     allreduce_small_bytes: small,
                     allgather_small_bytes: small,
                     allreduce_arena_ranks: arena,

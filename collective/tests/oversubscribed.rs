@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hvd_collective::testing::{Backend, LocalJob, process_env};
-use hvd_collective::{DType, Error, ReduceOp, bootstrap};
+use hvd_collective::{Communicator, DType, Error, ReduceOp, Thresholds, bootstrap};
 
 mod workers;
 
@@ -41,8 +41,8 @@ fn one_cpu() {
     );
 }
 
-/// 4 ranks on one CPU: allreduce through the board (4 B, 2 KiB), the arenas (64 KiB, 1.2 MiB: five chunks) and
-/// an allgather through the rings, many times each, every result exact.
+/// 4 ranks on one CPU: allreduce through the board (4 B, 2 KiB, and the deposits: 4 KiB, 16 KiB), the single copy
+/// (16 KiB + 4 B, 64 KiB, 1.2 MiB) and an allgather through the rings, many times each, every result exact.
 #[test]
 fn four_ranks_on_one_cpu_get_every_size_right() {
     one_cpu();
@@ -50,7 +50,7 @@ fn four_ranks_on_one_cpu_get_every_size_right() {
         .timeout(Duration::from_secs(20))
         .run(|mut comm| -> Result<(), Error> {
             let rank = comm.rank();
-            for count in [1usize, 512, 16_384, 300_001] {
+            for count in [1usize, 512, 1024, 4096, 4097, 16_384, 300_001] {
                 let rounds = if count > 10_000 { 5 } else { 200 };
                 for round in 0..rounds {
                     let mine: Vec<f32> = (0..count)
@@ -79,6 +79,66 @@ fn four_ranks_on_one_cpu_get_every_size_right() {
         .expect("start the ranks");
     for (r, res) in results.into_iter().enumerate() {
         res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+/// What every rank of [`deposits_are_used_only_when_every_rank_made_one`] computes: `rounds` allreduces of
+/// `count` elements with each op, every result checked; the first wrong one is the error.
+fn deposit_rounds(comm: &mut dyn Communicator, count: usize, rounds: usize) -> Result<(), String> {
+    let rank = comm.rank();
+    let n = comm.size();
+    for round in 0..rounds {
+        for op in [ReduceOp::Sum, ReduceOp::Average, ReduceOp::Max] {
+            let value = |r: usize, i: usize| ((r * 7 + i * 3 + round) % 13) as f32;
+            let mut buf = f32s(&(0..count).map(|i| value(rank, i)).collect::<Vec<_>>());
+            comm.allreduce_in_place(&mut buf, DType::F32, op)
+                .map_err(|e| format!("round {round}, {op:?}: {e}"))?;
+            for (i, c) in buf.chunks_exact(4).enumerate() {
+                let all = (0..n).map(|r| value(r, i));
+                let want = match op {
+                    ReduceOp::Max => all.fold(0.0, f32::max),
+                    ReduceOp::Average => all.sum::<f32>() / n as f32,
+                    _ => all.sum(),
+                };
+                let got = f32::from_ne_bytes(c.try_into().unwrap());
+                if got != want {
+                    return Err(format!(
+                        "round {round}, {op:?}, {count} elements: element {i} is {got}, not {want}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ranks on one CPU deposit allreduces of 4-16 KiB on the board with their headers; one rank that does not
+/// (`allreduce_deposit_bytes` 0: its own setting, as a rank's own verdict on its cores could differ) makes every
+/// rank take the usual path, with the same results. Rank threads here, rank processes (one with
+/// `HVD_ALLREDUCE_DEPOSIT_BYTES=0`) in [`deposits_between_processes_are_used_only_when_every_rank_made_one`].
+#[test]
+fn deposits_are_used_only_when_every_rank_made_one() {
+    one_cpu();
+    for refuser in [None, Some(2)] {
+        let mut job = LocalJob::new(4, Backend::Shm).timeout(Duration::from_secs(20));
+        if let Some(r) = refuser {
+            let refusing = Thresholds {
+                allreduce_deposit_bytes: 0,
+                ..Thresholds::default()
+            };
+            job = job.rank_thresholds(r, refusing);
+        }
+        let results = job
+            .run(|mut comm| {
+                for count in [1024, 3001, 4096] {
+                    deposit_rounds(comm.as_mut(), count, 20)?;
+                }
+                Ok::<(), String>(())
+            })
+            .expect("start the ranks");
+        for (r, res) in results.into_iter().enumerate() {
+            res.unwrap_or_else(|e| panic!("refuser {refuser:?}: rank {r}: {e}"));
+        }
     }
 }
 
@@ -117,6 +177,14 @@ fn worker() {
 
 fn run_worker(scenario: &str) -> Result<String, Error> {
     let mut comm = bootstrap::from_env()?;
+    if scenario == "deposits" {
+        for count in [1024, 3001, 4096] {
+            if let Err(e) = deposit_rounds(comm.as_mut(), count, 20) {
+                return Ok(e);
+            }
+        }
+        return Ok("right".into());
+    }
     let rank = comm.rank();
     let mut one = f32s(&[1.0]);
     comm.allreduce_in_place(&mut one, DType::F32, ReduceOp::Sum)?;
@@ -134,6 +202,39 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
             other => format!("unexpected {other:?}"),
         },
     )
+}
+
+/// 3 rank processes on one CPU (a named segment) deposit allreduces of 4-16 KiB, then again with rank 1 refusing
+/// to (`HVD_ALLREDUCE_DEPOSIT_BYTES=0`): every result right either way.
+#[test]
+fn deposits_between_processes_are_used_only_when_every_rank_made_one() {
+    one_cpu();
+    for refusing in ["16384", "0"] {
+        let dir = tempfile::tempdir().expect("a rendezvous directory");
+        let exe = std::env::current_exe().expect("test binary path");
+        let children: Vec<_> = (0..3)
+            .map(|r| {
+                Command::new(&exe)
+                    .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                    .envs(process_env(r, 3, dir.path(), "h"))
+                    .env(WORKER, "deposits")
+                    .env(
+                        "HVD_ALLREDUCE_DEPOSIT_BYTES",
+                        if r == 1 { refusing } else { "16384" },
+                    )
+                    .env("HVD_COLLECTIVE_TIMEOUT", "20")
+                    .env_remove("HVD_COLLECTIVE_BACKEND")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start a worker")
+            })
+            .collect();
+        let out = workers::results(children);
+        for (r, line) in out.iter().enumerate() {
+            assert_eq!(line, "right", "rank 1 deposits up to {refusing}: rank {r}");
+        }
+    }
 }
 
 /// 3 rank processes on one CPU; rank 1 is killed while the others wait for it (board and arenas): both are

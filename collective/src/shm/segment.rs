@@ -2,8 +2,8 @@
 //! it, the words in it, and the futex that sleeping ranks wait on.
 //!
 //! Layout: a control block (header, abort word, one cache line per rank), the board (one slot per rank and
-//! sequence-number parity), the arenas (two halves per rank), then one single-producer single-consumer ring per
-//! ordered pair of ranks.
+//! sequence-number parity), the deposits (one per rank and parity, beside the board's slots), the arenas (two
+//! halves per rank), then one single-producer single-consumer ring per ordered pair of ranks.
 
 use std::ffi::CString;
 use std::io;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::header::{EAGER_MAX_BYTES, HEADER_LEN};
 
-const MAGIC: u64 = 0x6876_645f_7368_6d32; // "hvd_shm2"
+const MAGIC: u64 = 0x6876_645f_7368_6d33; // "hvd_shm3" (3: the deposits)
 pub(super) const LINE: usize = 128;
 pub(super) const CTRL_HEADER: usize = 4 * LINE;
 pub(super) const RING_HEADER: usize = 2 * LINE;
@@ -75,8 +75,16 @@ fn segment_len(ranks: usize, ring_bytes: usize) -> usize {
         + ranks * ranks * (RING_HEADER + ring_bytes)
 }
 
-fn arena_base(ranks: usize) -> usize {
+/// Each rank's deposit for operations of one sequence-number parity: the most bytes of an allreduce a rank posts
+/// on the board with its header (`Board::deposit`).
+pub(super) const DEPOSIT_BYTES: usize = 32 << 10;
+
+fn deposit_base(ranks: usize) -> usize {
     board_base(ranks) + ranks * 2 * slot_bytes(ranks)
+}
+
+fn arena_base(ranks: usize) -> usize {
+    deposit_base(ranks) + ranks * 2 * DEPOSIT_BYTES
 }
 
 /// Each rank's arena has two halves (used by alternate chunks) of a ring each.
@@ -369,6 +377,16 @@ impl ShmSegment {
     #[inline]
     pub(super) fn copy_mapped(&self, r: usize) -> &AtomicU32 {
         self.word32(self.rank_line(r) + 56)
+    }
+    /// Rank `r`'s deposit for operations of sequence number parity `parity` (`DEPOSIT_BYTES`).
+    #[inline]
+    pub(super) fn deposit(&self, r: usize, parity: u64) -> *mut u8 {
+        // SAFETY: the deposit lies inside the mapping.
+        unsafe {
+            self.map
+                .ptr
+                .add(deposit_base(self.ranks) + (r * 2 + parity as usize) * DEPOSIT_BYTES)
+        }
     }
     /// Rank `r`'s board slot for operations of sequence number parity `parity`.
     #[inline]
