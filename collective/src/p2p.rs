@@ -478,20 +478,57 @@ impl<T: Transport> P2pCommunicator<T> {
         Ok(())
     }
 
-    /// Deposits `data` on the shared-memory board for operation `seq` (see `Board::deposit_room`) when it is not
-    /// empty and fits both the board's room and this rank's threshold: whether it did.
-    fn deposit(&mut self, seq: u64, data: &[u8]) -> bool {
+    /// Whether this rank deposits an allreduce of `len` bytes on the shared-memory board (see
+    /// `Board::deposit_room`): 3 ranks or more, one level, not empty, within both the board's room and this rank's
+    /// threshold.
+    fn deposits(&mut self, len: usize) -> bool {
         let limit = self.thresholds.allreduce_deposit_bytes;
+        self.world.len() >= DEPOSIT_MIN_RANKS
+            && self.hierarchy.is_none()
+            && len > 0
+            && len <= limit
+            && self
+                .transport
+                .shared_board()
+                .is_some_and(|b| len <= b.deposit_room())
+    }
+
+    /// Deposits `data` for operation `seq` (`deposits` said yes): whether it did.
+    fn deposit(&mut self, seq: u64, data: &[u8]) -> bool {
         let Some(board) = self.transport.shared_board() else {
             return false;
         };
-        if data.is_empty() || data.len() > limit.min(board.deposit_room()) {
+        if data.len() > board.deposit_room() {
             return false;
         }
         // SAFETY: `begin` gave this rank `seq` only after it saw every rank post `seq - 1` (a rank that failed
         // refuses further operations), the caller's contract for `post` too; `data` fits the room.
         unsafe { board.deposit(seq, data) };
         true
+    }
+
+    /// Reduces every rank's deposit of operation `seq` into `data` (this rank's own on entry), once every rank's
+    /// header said it deposited.
+    fn reduce_deposits(
+        &mut self,
+        data: &mut [u8],
+        seq: u64,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let me = self.topology.rank;
+        let n = self.world.len();
+        let Some(board) = self.transport.shared_board() else {
+            return Err(Error::Broken("the shared-memory board went away".into()));
+        };
+        let len = data.len();
+        reduce_in_rank_order(data, me, n, dtype, op, |r| {
+            // SAFETY: every rank posted `seq` with a deposit of its data (its header says so, and the check found its
+            // count equal to this rank's, so `len` bytes); this rank posts `seq + 1` only after this, so none is
+            // overwritten meanwhile.
+            unsafe { board.deposited(r, seq, len) }
+        });
+        Ok(())
     }
 
     /// Whether an allreduce of `len` bytes rides with the header (the direct eager path).
@@ -735,7 +772,23 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         h.seq = self.begin()?;
         // Distinct from `allreduce_in_place`'s digest: a rank staging while another does not is a mismatch.
         h.digest = header::digest(&[self.allreduce_digest() as usize, STAGED]);
-        self.run(h, local, &|_| 0, |this, _| {
+        // Deposits as in `allreduce_in_place`, within the arena path that every rank chose alike: the input read
+        // into `scratch` and deposited, the result written from `scratch`; the arenas when a rank did not deposit.
+        if local.is_none() && self.deposits(len) {
+            if scratch.len() < len {
+                scratch.resize(len, 0);
+            }
+            io.read(0, &mut scratch[..len]);
+            h.deposited = self.deposit(h.seq, &scratch[..len]);
+        }
+        let seq = h.seq;
+        self.run(h, local, &|_| 0, |this, headers| {
+            if headers.iter().all(|h| h.deposited) {
+                let mine = &mut scratch[..len];
+                this.reduce_deposits(mine, seq, dtype, op)?;
+                io.write(0, mine);
+                return Ok(());
+            }
             let how = Combine {
                 dtype,
                 op,
@@ -784,24 +837,11 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         // of the algorithm's (three for the single copy or the arenas). Each rank decides for itself (the room is
         // its own verdict on the cores, the threshold its own setting); only when every rank deposited are the
         // deposits used, else the data, still in `data`, takes the usual path.
-        h.deposited = n >= DEPOSIT_MIN_RANKS
-            && local.is_none()
-            && self.hierarchy.is_none()
-            && self.deposit(h.seq, data);
+        h.deposited = local.is_none() && self.deposits(data.len()) && self.deposit(h.seq, data);
         let seq = h.seq;
         self.run(h, local, &|_| 0, |this, headers| {
             if headers.iter().all(|h| h.deposited) {
-                let Some(board) = this.transport.shared_board() else {
-                    return Err(Error::Broken("the shared-memory board went away".into()));
-                };
-                let len = data.len();
-                reduce_in_rank_order(data, this.topology.rank, n, dtype, op, |r| {
-                    // SAFETY: every rank posted `seq` with a deposit of its data (its header says so, and the check
-                    // found its count equal to this rank's, so `len` bytes); this rank posts `seq + 1` only after
-                    // this, so none is overwritten meanwhile.
-                    unsafe { board.deposited(r, seq, len) }
-                });
-                return Ok(());
+                return this.reduce_deposits(data, seq, dtype, op);
             }
             let sum_op = accumulated(op);
             match this.hierarchy.clone() {

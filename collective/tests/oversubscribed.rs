@@ -6,7 +6,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hvd_collective::testing::{Backend, LocalJob, process_env};
-use hvd_collective::{Communicator, DType, Error, ReduceOp, Thresholds, bootstrap};
+use hvd_collective::{
+    Communicator, DType, Error, InPlace, ReduceOp, StagedAllreduce, Thresholds, bootstrap,
+};
 
 mod workers;
 
@@ -83,16 +85,34 @@ fn four_ranks_on_one_cpu_get_every_size_right() {
 }
 
 /// What every rank of [`deposits_are_used_only_when_every_rank_made_one`] computes: `rounds` allreduces of
-/// `count` elements with each op, every result checked; the first wrong one is the error.
+/// `count` elements with each op, in place and staged (the engine's fused groups; Average there is the in-place
+/// call), every result checked; the first wrong one is the error.
 fn deposit_rounds(comm: &mut dyn Communicator, count: usize, rounds: usize) -> Result<(), String> {
     let rank = comm.rank();
     let n = comm.size();
+    let mut scratch = Vec::new();
     for round in 0..rounds {
-        for op in [ReduceOp::Sum, ReduceOp::Average, ReduceOp::Max] {
+        for (op, staged) in [
+            (ReduceOp::Sum, false),
+            (ReduceOp::Average, false),
+            (ReduceOp::Max, false),
+            (ReduceOp::Sum, true),
+            (ReduceOp::Max, true),
+        ] {
             let value = |r: usize, i: usize| ((r * 7 + i * 3 + round) % 13) as f32;
             let mut buf = f32s(&(0..count).map(|i| value(rank, i)).collect::<Vec<_>>());
-            comm.allreduce_in_place(&mut buf, DType::F32, op)
-                .map_err(|e| format!("round {round}, {op:?}: {e}"))?;
+            let done = if staged {
+                comm.allreduce_staged(StagedAllreduce {
+                    len: buf.len(),
+                    dtype: DType::F32,
+                    op,
+                    io: &mut InPlace(&mut buf),
+                    scratch: &mut scratch,
+                })
+            } else {
+                comm.allreduce_in_place(&mut buf, DType::F32, op)
+            };
+            done.map_err(|e| format!("round {round}, {op:?}, staged {staged}: {e}"))?;
             for (i, c) in buf.chunks_exact(4).enumerate() {
                 let all = (0..n).map(|r| value(r, i));
                 let want = match op {
@@ -103,7 +123,7 @@ fn deposit_rounds(comm: &mut dyn Communicator, count: usize, rounds: usize) -> R
                 let got = f32::from_ne_bytes(c.try_into().unwrap());
                 if got != want {
                     return Err(format!(
-                        "round {round}, {op:?}, {count} elements: element {i} is {got}, not {want}"
+                        "round {round}, {op:?}, staged {staged}, {count} elements: element {i} is {got}, not {want}"
                     ));
                 }
             }
