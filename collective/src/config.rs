@@ -22,7 +22,7 @@ impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
             allreduce_direct_bytes: 16 << 10,
-            allreduce_deposit_bytes: 16 << 10,
+            allreduce_deposit_bytes: 48 << 10,
             allreduce_small_bytes: 32 << 10,
             allgather_small_bytes: 256 << 10,
             allreduce_arena_ranks: 3,

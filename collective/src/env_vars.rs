@@ -16,10 +16,10 @@ hvd_env_vars::env_vars! {
     /// Allreduce messages with `bytes x (ranks - 1)` up to this go straight to every rank with the operation header
     ///.
     HVD_ALLREDUCE_DIRECT_BYTES default "16384";
-    /// When ranks outnumber cores on one shared-memory segment, allreduces up to this many bytes (at most 32 KiB)
-    /// past the direct size are deposited on the segment with the operation header: one wait instead of three (0:
-    /// never).
-    HVD_ALLREDUCE_DEPOSIT_BYTES default "16384";
+    /// When 3 or more ranks outnumber cores on one shared-memory segment, allreduces past the direct size with
+    /// `bytes x (ranks - 1)` up to this (and at most 32 KiB per rank) are deposited on the segment with the
+    /// operation header: one wait instead of three (0: never).
+    HVD_ALLREDUCE_DEPOSIT_BYTES default "49152";
     /// Large allreduces run the ring over segments of `ranks x` this many bytes (0: one segment).
     HVD_ALLREDUCE_CHUNK_BYTES default "262144";
     /// With at least this many ranks alone on one shared-memory segment, large allreduces go through the single copy

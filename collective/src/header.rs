@@ -2,7 +2,8 @@
 //! every rank with the same message instead of hanging or mixing up data.
 //!
 //! Wire format (40 bytes, native endianness: all ranks of a job share a host architecture):
-//! `seq u64 | kind u8 | dtype u8 | op u8 | flags u8 (1 invalid, 2 eager, 4 deposited) | root u32 | count u64 | digest u64 | pair u64`.
+//! `seq u64 | kind u8 | dtype u8 | op u8 | flags u8 (1 invalid, 2 eager, 4 deposited) | root u32 | count u64 |
+//! digest u64 | pair u64`.
 
 use crate::communicator::{Allgatherv, Alltoallv, Reducescatter, check};
 use crate::error::Error;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::board::Combine;
+use crate::board::{Board, Combine};
 use crate::communicator::{
     Allgatherv, Alltoallv, Communicator, InPlace, Reducescatter, StagedAllreduce, check,
     staged_through,
@@ -19,6 +19,17 @@ use crate::types::{DType, ReduceOp, Topology};
 /// longer that way than through recursive doubling (4 KiB: 5.1 against 4.2 µs), 3 and 4 about half the time
 /// (docs/collective.md, "Deposits").
 const DEPOSIT_MIN_RANKS: usize = 3;
+
+thread_local! {
+    /// Allreduces reduced out of the board's deposits on this thread (see [`deposited_allreduces`]).
+    static DEPOSITED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many allreduces the communicators driven by the calling thread reduced out of the board's deposits: tests
+/// tell that path from the others by it (`testing::deposited_allreduces`).
+pub(crate) fn deposited_allreduces() -> u64 {
+    DEPOSITED.with(std::cell::Cell::get)
+}
 
 /// Mixed into a staged allreduce's digest (see `allreduce_staged`).
 const STAGED: usize = 0x5747_4544;
@@ -478,33 +489,23 @@ impl<T: Transport> P2pCommunicator<T> {
         Ok(())
     }
 
-    /// Whether this rank deposits an allreduce of `len` bytes on the shared-memory board (see
-    /// `Board::deposit_room`): 3 ranks or more, one level, not empty, within both the board's room and this rank's
-    /// threshold.
-    fn deposits(&mut self, len: usize) -> bool {
-        let limit = self.thresholds.allreduce_deposit_bytes;
-        self.world.len() >= DEPOSIT_MIN_RANKS
-            && self.hierarchy.is_none()
-            && len > 0
-            && len <= limit
-            && self
-                .transport
-                .shared_board()
-                .is_some_and(|b| len <= b.deposit_room())
-    }
-
-    /// Deposits `data` for operation `seq` (`deposits` said yes): whether it did.
-    fn deposit(&mut self, seq: u64, data: &[u8]) -> bool {
-        let Some(board) = self.transport.shared_board() else {
-            return false;
-        };
-        if data.len() > board.deposit_room() {
-            return false;
+    /// The shared-memory board when this rank deposits an allreduce of `len` bytes on it (see
+    /// `Board::deposit_room`): 3 ranks or more, one level, not empty, within the board's room, and `len x (ranks -
+    /// 1)`, the bytes each rank reads back, within this rank's threshold (the reads grow with the ranks, the wait
+    /// saved does not).
+    fn deposit_board(&mut self, len: usize) -> Option<&mut dyn Board> {
+        let n = self.world.len();
+        let reads = len.saturating_mul(n.saturating_sub(1));
+        if n < DEPOSIT_MIN_RANKS
+            || self.hierarchy.is_some()
+            || len == 0
+            || reads > self.thresholds.allreduce_deposit_bytes
+        {
+            return None;
         }
-        // SAFETY: `begin` gave this rank `seq` only after it saw every rank post `seq - 1` (a rank that failed
-        // refuses further operations), the caller's contract for `post` too; `data` fits the room.
-        unsafe { board.deposit(seq, data) };
-        true
+        self.transport
+            .shared_board()
+            .filter(|b| len <= b.deposit_room())
     }
 
     /// Reduces every rank's deposit of operation `seq` into `data` (this rank's own on entry), once every rank's
@@ -528,6 +529,7 @@ impl<T: Transport> P2pCommunicator<T> {
             // overwritten meanwhile.
             unsafe { board.deposited(r, seq, len) }
         });
+        DEPOSITED.with(|d| d.set(d.get() + 1));
         Ok(())
     }
 
@@ -774,12 +776,16 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         h.digest = header::digest(&[self.allreduce_digest() as usize, STAGED]);
         // Deposits as in `allreduce_in_place`, within the arena path that every rank chose alike: the input read
         // into `scratch` and deposited, the result written from `scratch`; the arenas when a rank did not deposit.
-        if local.is_none() && self.deposits(len) {
+        if local.is_none()
+            && let Some(board) = self.deposit_board(len)
+        {
             if scratch.len() < len {
                 scratch.resize(len, 0);
             }
             io.read(0, &mut scratch[..len]);
-            h.deposited = self.deposit(h.seq, &scratch[..len]);
+            // SAFETY: as in `allreduce_in_place`.
+            unsafe { board.deposit(h.seq, &scratch[..len]) };
+            h.deposited = true;
         }
         let seq = h.seq;
         self.run(h, local, &|_| 0, |this, headers| {
@@ -837,7 +843,14 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         // of the algorithm's (three for the single copy or the arenas). Each rank decides for itself (the room is
         // its own verdict on the cores, the threshold its own setting); only when every rank deposited are the
         // deposits used, else the data, still in `data`, takes the usual path.
-        h.deposited = local.is_none() && self.deposits(data.len()) && self.deposit(h.seq, data);
+        if local.is_none()
+            && let Some(board) = self.deposit_board(data.len())
+        {
+            // SAFETY: `begin` gave this rank `h.seq` only after it saw every rank post `h.seq - 1` (a rank that
+            // failed refuses further operations), the contract of `post` too; `data` fits the room.
+            unsafe { board.deposit(h.seq, data) };
+            h.deposited = true;
+        }
         let seq = h.seq;
         self.run(h, local, &|_| 0, |this, headers| {
             if headers.iter().all(|h| h.deposited) {
@@ -1014,8 +1027,6 @@ impl<T: Transport> P2pCommunicator<T> {
     }
 }
 
-/// The eager data rank `j` announced with its header `h`, in bytes; more than the protocol allows means the peer
-/// does not speak it.
 /// Reduces every rank's contribution (`contribution(r)`, this rank's `me` included) into `data`, in rank order, so
 /// that every rank computes the same bits; an average is divided at the end. `data` holds this rank's on entry.
 fn reduce_in_rank_order<'a>(
@@ -1043,6 +1054,8 @@ fn reduce_in_rank_order<'a>(
     }
 }
 
+/// The eager data rank `j` announced with its header `h`, in bytes; more than the protocol allows means the peer
+/// does not speak it.
 fn eager_len(h: &Header, j: usize) -> Result<usize> {
     if !h.eager {
         return Ok(0);

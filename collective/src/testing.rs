@@ -256,6 +256,12 @@ pub fn two_level_rounds() -> (u64, u64) {
     crate::p2p::two_level_rounds()
 }
 
+/// How many allreduces the communicators driven by the calling thread reduced out of the shm board's deposits
+/// (ranks beyond cores, see `Board::deposit_room`): a test tells that path from the others by it.
+pub fn deposited_allreduces() -> u64 {
+    crate::p2p::deposited_allreduces()
+}
+
 /// Best effort: binds the calling thread to the `index`-th CPU it may run on (as `mpirun --bind-to core`; in a
 /// single-threaded process, the process).
 pub fn pin_to_cpu(index: usize) {

@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hvd_collective::testing::{Backend, LocalJob, process_env};
+use hvd_collective::testing::{Backend, LocalJob, deposited_allreduces, process_env};
 use hvd_collective::{
     Communicator, DType, Error, InPlace, ReduceOp, StagedAllreduce, Thresholds, bootstrap,
 };
@@ -86,20 +86,24 @@ fn four_ranks_on_one_cpu_get_every_size_right() {
 
 /// What every rank of [`deposits_are_used_only_when_every_rank_made_one`] computes: `rounds` allreduces of
 /// `count` elements with each op, in place and staged (the engine's fused groups; Average there is the in-place
-/// call), every result checked; the first wrong one is the error.
+/// call), every result checked (the values differ from one operation to the next, so a deposit read from the wrong
+/// operation shows); the first wrong one is the error.
 fn deposit_rounds(comm: &mut dyn Communicator, count: usize, rounds: usize) -> Result<(), String> {
     let rank = comm.rank();
     let n = comm.size();
     let mut scratch = Vec::new();
     for round in 0..rounds {
-        for (op, staged) in [
+        for (k, (op, staged)) in [
             (ReduceOp::Sum, false),
             (ReduceOp::Average, false),
             (ReduceOp::Max, false),
             (ReduceOp::Sum, true),
             (ReduceOp::Max, true),
-        ] {
-            let value = |r: usize, i: usize| ((r * 7 + i * 3 + round) % 13) as f32;
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let value = |r: usize, i: usize| ((r * 7 + i * 3 + round * 5 + k * 11) % 13) as f32;
             let mut buf = f32s(&(0..count).map(|i| value(rank, i)).collect::<Vec<_>>());
             let done = if staged {
                 comm.allreduce_staged(StagedAllreduce {
@@ -132,9 +136,10 @@ fn deposit_rounds(comm: &mut dyn Communicator, count: usize, rounds: usize) -> R
     Ok(())
 }
 
-/// Ranks on one CPU deposit allreduces of 4-16 KiB on the board with their headers; one rank that does not
-/// (`allreduce_deposit_bytes` 0: its own setting, as a rank's own verdict on its cores could differ) makes every
-/// rank take the usual path, with the same results. Rank threads here, rank processes (one with
+/// Ranks on one CPU deposit allreduces of 4-16 KiB on the board with their headers (every one of them reduced out
+/// of the deposits, `deposited_allreduces`); one rank that does not (`allreduce_deposit_bytes` 0: its own setting,
+/// as a rank's own verdict on its cores could differ) makes every rank take the usual path (none), with the same
+/// results. Rank threads here, rank processes (one with
 /// `HVD_ALLREDUCE_DEPOSIT_BYTES=0`) in [`deposits_between_processes_are_used_only_when_every_rank_made_one`].
 #[test]
 fn deposits_are_used_only_when_every_rank_made_one() {
@@ -144,20 +149,26 @@ fn deposits_are_used_only_when_every_rank_made_one() {
         if let Some(r) = refuser {
             let refusing = Thresholds {
                 allreduce_deposit_bytes: 0,
-                ..Thresholds::default()
+                ..Thresholds::from_env()
             };
             job = job.rank_thresholds(r, refusing);
         }
         let results = job
             .run(|mut comm| {
+                let before = deposited_allreduces();
                 for count in [1024, 3001, 4096] {
                     deposit_rounds(comm.as_mut(), count, 20)?;
                 }
-                Ok::<(), String>(())
+                Ok::<u64, String>(deposited_allreduces() - before)
             })
             .expect("start the ranks");
+        let want = if refuser.is_some() { 0 } else { 3 * 20 * 5 };
         for (r, res) in results.into_iter().enumerate() {
-            res.unwrap_or_else(|e| panic!("refuser {refuser:?}: rank {r}: {e}"));
+            let used = res.unwrap_or_else(|e| panic!("refuser {refuser:?}: rank {r}: {e}"));
+            assert_eq!(
+                used, want,
+                "refuser {refuser:?}: rank {r}'s allreduces out of the deposits"
+            );
         }
     }
 }
@@ -203,7 +214,10 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
                 return Ok(e);
             }
         }
-        return Ok("right".into());
+        return Ok(format!(
+            "right, {} out of the deposits",
+            deposited_allreduces()
+        ));
     }
     let rank = comm.rank();
     let mut one = f32s(&[1.0]);
@@ -224,12 +238,13 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
     )
 }
 
-/// 3 rank processes on one CPU (a named segment) deposit allreduces of 4-16 KiB, then again with rank 1 refusing
-/// to (`HVD_ALLREDUCE_DEPOSIT_BYTES=0`): every result right either way.
+/// 3 rank processes on one CPU (a named segment) deposit allreduces of 4-16 KiB (the default
+/// `HVD_ALLREDUCE_DEPOSIT_BYTES`), then again with rank 1 refusing to (`HVD_ALLREDUCE_DEPOSIT_BYTES=0`): every
+/// result right either way, every allreduce out of the deposits in the first, none in the second.
 #[test]
 fn deposits_between_processes_are_used_only_when_every_rank_made_one() {
     one_cpu();
-    for refusing in ["16384", "0"] {
+    for refusing in [false, true] {
         let dir = tempfile::tempdir().expect("a rendezvous directory");
         let exe = std::env::current_exe().expect("test binary path");
         let children: Vec<_> = (0..3)
@@ -240,7 +255,7 @@ fn deposits_between_processes_are_used_only_when_every_rank_made_one() {
                     .env(WORKER, "deposits")
                     .env(
                         "HVD_ALLREDUCE_DEPOSIT_BYTES",
-                        if r == 1 { refusing } else { "16384" },
+                        if r == 1 && refusing { "0" } else { "49152" },
                     )
                     .env("HVD_COLLECTIVE_TIMEOUT", "20")
                     .env_remove("HVD_COLLECTIVE_BACKEND")
@@ -251,8 +266,13 @@ fn deposits_between_processes_are_used_only_when_every_rank_made_one() {
             })
             .collect();
         let out = workers::results(children);
+        let want = if refusing { 0 } else { 3 * 20 * 5 };
         for (r, line) in out.iter().enumerate() {
-            assert_eq!(line, "right", "rank 1 deposits up to {refusing}: rank {r}");
+            assert_eq!(
+                line,
+                &format!("right, {want} out of the deposits"),
+                "rank 1 refusing: {refusing}; rank {r}"
+            );
         }
     }
 }

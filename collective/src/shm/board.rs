@@ -88,7 +88,7 @@ impl Board for ShmTransport {
 
     /// Room when this rank waits as one of more ranks than cores: there each wait costs a handoff to a core's
     /// other rank (about 1.4 µs on a 2-core EPYC VM), and one wait instead of three pays for the copies up to about
-    /// 16 KiB with 4 ranks on 2 cores (docs/collective.md, "Deposits").
+    /// 16 KiB with 4 ranks on 2 cores, `bytes x (ranks - 1)` 48 KiB (docs/collective.md, "Deposits").
     fn deposit_room(&self) -> usize {
         if self.oversubscribed() {
             DEPOSIT_BYTES
