@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 use crate::header::{EAGER_MAX_BYTES, HEADER_LEN};
 
 const MAGIC: u64 = 0x6876_645f_7368_6d33; // "hvd_shm3" (3: the deposits)
+/// Every version's magic but its last byte: a segment with it and another last byte is another hvd's layout.
+const MAGIC_FAMILY: u64 = MAGIC & !0xff;
 pub(super) const LINE: usize = 128;
 pub(super) const CTRL_HEADER: usize = 4 * LINE;
 pub(super) const RING_HEADER: usize = 2 * LINE;
@@ -244,7 +246,18 @@ impl ShmSegment {
             ring_bytes: 0,
             private: false,
         };
-        if probe.word(0).load(Ordering::Acquire) != MAGIC {
+        let magic = probe.word(0).load(Ordering::Acquire);
+        if magic != MAGIC {
+            if magic & !0xff == MAGIC_FAMILY {
+                // Not a segment still being written (its magic comes last): another hvd's layout, which this one
+                // must not read (a rank of an older hvd would otherwise wait for one that never appears).
+                return Err(Error::Bootstrap(format!(
+                    "shared memory segment `/dev/shm/{name}` has layout version {} and this hvd reads version {}: \
+                     the ranks on this host run different hvd versions; run the same one on every rank",
+                    char::from(magic as u8),
+                    char::from(MAGIC as u8),
+                )));
+            }
             return Ok(None);
         }
         let ranks = probe.word(8).load(Ordering::Relaxed) as usize;
@@ -462,5 +475,34 @@ fn futex_wake(word: &AtomicU32) {
     // SAFETY: word points into a live shared mapping.
     unsafe {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A segment another hvd version laid out (another last byte of the magic) is refused at once with both versions
+    /// named, not waited for; a segment whose magic is not written yet is still waited for.
+    #[test]
+    fn a_segment_of_another_layout_version_is_refused_by_name() {
+        let name = format!("hvd-test-layout-{}", std::process::id());
+        let seg = ShmSegment::create(&name, 2, 4096).expect("create a segment");
+        seg.word(0).store(MAGIC - 1, Ordering::Release);
+        let err = ShmSegment::open(&name, Duration::from_secs(5))
+            .expect_err("another layout version opened")
+            .to_string();
+        assert!(
+            err.contains(&name) && err.contains("layout version 2") && err.contains("version 3"),
+            "{err}"
+        );
+        seg.word(0).store(0, Ordering::Release);
+        let err = ShmSegment::open(&name, Duration::from_millis(100))
+            .expect_err("a segment without its magic opened")
+            .to_string();
+        assert!(err.contains("did not appear"), "{err}");
+        seg.word(0).store(MAGIC, Ordering::Release);
+        let opened = ShmSegment::open(&name, Duration::from_secs(5)).expect("open the segment");
+        assert_eq!((opened.ranks, opened.ring_bytes), (2, 4096));
     }
 }
