@@ -228,7 +228,11 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
         // SAFETY: a process killing itself; nothing to clean up.
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
-    let count = if scenario == "large" { 300_001 } else { 1 };
+    let count = match scenario {
+        "large" => 300_001,
+        "deposit" => 3001,
+        _ => 1,
+    };
     let mut again = f32s(&vec![1.0; count]);
     Ok(
         match comm.allreduce_in_place(&mut again, DType::F32, ReduceOp::Sum) {
@@ -277,13 +281,13 @@ fn deposits_between_processes_are_used_only_when_every_rank_made_one() {
     }
 }
 
-/// 3 rank processes on one CPU; rank 1 is killed while the others wait for it (board and arenas): both are
+/// 3 rank processes on one CPU; rank 1 is killed while the others wait for it (board, deposits, arenas): both are
 /// released with the peer-loss error naming it (a survivor that only gave up at its 20 s timeout would say
 /// `Timeout`).
 #[test]
 fn a_killed_peer_releases_oversubscribed_waiters() {
     one_cpu();
-    for scenario in ["small", "large"] {
+    for scenario in ["small", "deposit", "large"] {
         let dir = tempfile::tempdir().expect("a rendezvous directory");
         let exe = std::env::current_exe().expect("test binary path");
         let children: Vec<_> = (0..3)
