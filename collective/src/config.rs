@@ -32,8 +32,8 @@ impl Default for Thresholds {
 
 impl Thresholds {
     /// Defaults overridden by `HVD_ALLREDUCE_DIRECT_BYTES`, `HVD_ALLREDUCE_DEPOSIT_BYTES`,
-    /// `HVD_ALLREDUCE_SMALL_BYTES`, `HVD_ALLGATHER_SMALL_BYTES` and `HVD_ALLREDUCE_ARENA_RANKS` (bad values are ignored with a warning so a typo
-    /// cannot stop a job).
+    /// `HVD_ALLREDUCE_SMALL_BYTES`, `HVD_ALLGATHER_SMALL_BYTES` and `HVD_ALLREDUCE_ARENA_RANKS` (bad values are
+    /// ignored with a warning so a typo cannot stop a job).
     pub fn from_env() -> Thresholds {
         let d = Thresholds::default();
         Thresholds {
