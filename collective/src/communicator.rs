@@ -4,7 +4,8 @@ use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp, Topology};
 
 /// Where a staged allreduce ([`Communicator::allreduce_staged`]) gets its input and leaves its result. Ranges are
-/// whole elements, and each range is read before any of it is written; the backend decides their sizes and order.
+/// whole elements, and each range is read before any of it is written; the backend decides their sizes and order,
+/// and may read a range again before writing it (the input stays what it was until written).
 pub trait Staged {
     /// Copies bytes `offset..offset + dst.len()` of this rank's input into `dst`.
     fn read(&mut self, offset: usize, dst: &mut [u8]);

@@ -16,8 +16,8 @@ hvd_env_vars::env_vars! {
     /// Allreduce messages with `bytes x (ranks - 1)` up to this go straight to every rank with the operation header
     ///.
     HVD_ALLREDUCE_DIRECT_BYTES default "16384";
-    /// When 3 or more ranks outnumber cores on one shared-memory segment, allreduces past the direct size with
-    /// `bytes x (ranks - 1)` up to this (and at most 32 KiB per rank) are deposited on the segment with the
+    /// When 3 or more ranks outnumber cores on one shared-memory segment (the whole job), allreduces past the direct
+    /// size with `bytes x (ranks - 1)` up to this (and at most 32 KiB per rank) are deposited on the segment with the
     /// operation header: one wait instead of three (0: never).
     HVD_ALLREDUCE_DEPOSIT_BYTES default "49152";
     /// Large allreduces run the ring over segments of `ranks x` this many bytes (0: one segment).
@@ -28,7 +28,7 @@ hvd_env_vars::env_vars! {
     HVD_ALLREDUCE_ARENA_RANKS default "3";
     /// Allgather totals up to this many bytes go directly to every rank, larger ones use a ring.
     HVD_ALLGATHER_SMALL_BYTES default "262144";
-    /// Capacity of each shared-memory ring between two ranks, rounded to 4 KiB, at least 4 KiB.
+    /// Capacity of each shared-memory ring between two ranks, rounded to 4 KiB, 4 KiB to 1 GiB.
     HVD_SHM_RING_BYTES default "524288";
     /// Fruitless polling rounds a waiting shm rank spins before it yields (4 when ranks outnumber cores).
     HVD_SHM_SPIN default "4096";

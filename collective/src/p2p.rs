@@ -775,7 +775,8 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         // Distinct from `allreduce_in_place`'s digest: a rank staging while another does not is a mismatch.
         h.digest = header::digest(&[self.allreduce_digest() as usize, STAGED]);
         // Deposits as in `allreduce_in_place`, within the arena path that every rank chose alike: the input read
-        // into `scratch` and deposited, the result written from `scratch`; the arenas when a rank did not deposit.
+        // into `scratch` and deposited, the result written from `scratch`; the arenas when a rank did not deposit
+        // (they read `io` again: `Staged` allows that).
         if local.is_none()
             && let Some(board) = self.deposit_board(len)
         {
@@ -846,8 +847,8 @@ impl<T: Transport> Communicator for P2pCommunicator<T> {
         if local.is_none()
             && let Some(board) = self.deposit_board(data.len())
         {
-            // SAFETY: `begin` gave this rank `h.seq` only after it saw every rank post `h.seq - 1` (a rank that
-            // failed refuses further operations), the contract of `post` too; `data` fits the room.
+            // SAFETY: this rank's previous operation saw every rank post `h.seq - 1` (its board wait; a rank whose
+            // wait failed is broken and `begin` refuses it), the contract of `post` too; `data` fits the room.
             unsafe { board.deposit(h.seq, data) };
             h.deposited = true;
         }

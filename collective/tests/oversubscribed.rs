@@ -137,19 +137,26 @@ fn deposit_rounds(comm: &mut dyn Communicator, count: usize, rounds: usize) -> R
 }
 
 /// Ranks on one CPU deposit allreduces of 4-16 KiB on the board with their headers (every one of them reduced out
-/// of the deposits, `deposited_allreduces`); one rank that does not (`allreduce_deposit_bytes` 0: its own setting,
+/// of the deposits, `deposited_allreduces`, and none of 16 KiB + 4 B, past the threshold); one rank that does not (`allreduce_deposit_bytes` 0: its own setting,
 /// as a rank's own verdict on its cores could differ) makes every rank take the usual path (none), with the same
 /// results. Rank threads here, rank processes (one with
 /// `HVD_ALLREDUCE_DEPOSIT_BYTES=0`) in [`deposits_between_processes_are_used_only_when_every_rank_made_one`].
 #[test]
 fn deposits_are_used_only_when_every_rank_made_one() {
     one_cpu();
+    // The default threshold whatever the environment says: 4096 floats are the most 4 ranks deposit.
+    let depositing = Thresholds {
+        allreduce_deposit_bytes: 49152,
+        ..Thresholds::from_env()
+    };
     for refuser in [None, Some(2)] {
-        let mut job = LocalJob::new(4, Backend::Shm).timeout(Duration::from_secs(20));
+        let mut job = LocalJob::new(4, Backend::Shm)
+            .timeout(Duration::from_secs(20))
+            .thresholds(depositing);
         if let Some(r) = refuser {
             let refusing = Thresholds {
                 allreduce_deposit_bytes: 0,
-                ..Thresholds::from_env()
+                ..depositing
             };
             job = job.rank_thresholds(r, refusing);
         }
@@ -159,7 +166,15 @@ fn deposits_are_used_only_when_every_rank_made_one() {
                 for count in [1024, 3001, 4096] {
                     deposit_rounds(comm.as_mut(), count, 20)?;
                 }
-                Ok::<u64, String>(deposited_allreduces() - before)
+                let deposited = deposited_allreduces() - before;
+                // One float past the threshold: the usual path, not counted.
+                deposit_rounds(comm.as_mut(), 4097, 2)?;
+                match deposited_allreduces() - before - deposited {
+                    0 => Ok::<u64, String>(deposited),
+                    past => Err(format!(
+                        "{past} allreduces of 4097 floats went through the deposits"
+                    )),
+                }
             })
             .expect("start the ranks");
         let want = if refuser.is_some() { 0 } else { 3 * 20 * 5 };

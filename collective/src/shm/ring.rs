@@ -23,10 +23,25 @@ use crate::transport::{RecvOp, SendOp};
 /// Default ring capacity per ordered pair of ranks.
 pub const DEFAULT_RING_BYTES: usize = 512 << 10;
 
-/// Ring capacity from `HVD_SHM_RING_BYTES` (rounded to 4 KiB, at least 4 KiB), else the default.
+/// The most a ring may hold (`HVD_SHM_RING_BYTES` beyond it is taken as this, with a warning).
+pub const MAX_RING_BYTES: usize = 1 << 30;
+
+/// Ring capacity from `HVD_SHM_RING_BYTES` (rounded to 4 KiB, 4 KiB to 1 GiB), else the default.
 pub fn ring_bytes_from_env() -> usize {
-    let v = env_usize(env_vars::HVD_SHM_RING_BYTES).unwrap_or(DEFAULT_RING_BYTES);
-    v.max(4096).div_ceil(4096) * 4096
+    ring_bytes(env_usize(env_vars::HVD_SHM_RING_BYTES).unwrap_or(DEFAULT_RING_BYTES))
+}
+
+/// `v` rounded up to 4 KiB within 4 KiB..=`MAX_RING_BYTES` (a larger value would make the segment, a ring per
+/// ordered pair of ranks, larger than memory, or its size wrap).
+fn ring_bytes(v: usize) -> usize {
+    if v > MAX_RING_BYTES {
+        tracing::warn!(
+            variable = env_vars::HVD_SHM_RING_BYTES,
+            value = v,
+            "a ring holds at most {MAX_RING_BYTES} bytes; using that"
+        );
+    }
+    v.clamp(4096, MAX_RING_BYTES).div_ceil(4096) * 4096
 }
 
 /// A sender's private view of one outgoing ring, on its own cache line: ranks that are threads of one process
@@ -220,5 +235,24 @@ impl ShmTransport {
         }
         flag.store(0, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Any value, however large, gives a ring of 4 KiB to 1 GiB in whole 4 KiB (no overflow in the rounding).
+    #[test]
+    fn ring_sizes_are_rounded_and_bounded() {
+        for (v, want) in [
+            (0, 4096),
+            (4097, 8192),
+            (DEFAULT_RING_BYTES, DEFAULT_RING_BYTES),
+            (MAX_RING_BYTES + 1, MAX_RING_BYTES),
+            (usize::MAX, MAX_RING_BYTES),
+        ] {
+            assert_eq!(ring_bytes(v), want, "{v}");
+        }
     }
 }

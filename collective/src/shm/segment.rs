@@ -71,10 +71,35 @@ impl std::fmt::Debug for ShmSegment {
     }
 }
 
-fn segment_len(ranks: usize, ring_bytes: usize) -> usize {
-    arena_base(ranks)
-        + ranks * 2 * arena_half(ring_bytes)
-        + ranks * ranks * (RING_HEADER + ring_bytes)
+/// The segment's length for `ranks` ranks and rings of `ring_bytes`: the layout below, summed without overflow;
+/// `None` when it does not fit an address space (the sizes come from the environment, or from a segment file another
+/// process wrote). Every offset inside a segment whose length this gave is smaller, so those are computed plainly.
+fn segment_len(ranks: usize, ring_bytes: usize) -> Option<usize> {
+    let control = ranks.checked_mul(LINE)?.checked_add(CTRL_HEADER)?;
+    let slot = ranks
+        .checked_mul(8)?
+        .checked_add(PAIRS_AT)?
+        .checked_next_multiple_of(LINE)?;
+    let per_rank = slot
+        .checked_add(DEPOSIT_BYTES)?
+        .checked_add(arena_half(ring_bytes))?
+        .checked_mul(2)?;
+    let rings = ranks
+        .checked_mul(ranks)?
+        .checked_mul(RING_HEADER.checked_add(ring_bytes)?)?;
+    control
+        .checked_add(ranks.checked_mul(per_rank)?)?
+        .checked_add(rings)
+        .filter(|len| *len <= isize::MAX as usize)
+}
+
+/// The error for a segment [`segment_len`] finds too large.
+fn too_large(ranks: usize, ring_bytes: usize) -> Error {
+    Error::Bootstrap(format!(
+        "a shared memory segment for {ranks} ranks with rings of {ring_bytes} bytes is larger than this machine can \
+         address: lower {}",
+        crate::env_vars::HVD_SHM_RING_BYTES
+    ))
 }
 
 /// Each rank's deposit for operations of one sequence-number parity: the most bytes of an allreduce a rank posts
@@ -132,7 +157,7 @@ fn map_fd(fd: i32, len: usize, what: &str) -> Result<*mut u8> {
 impl ShmSegment {
     /// A segment for ranks that are threads of this process (a memfd, never visible in the file system).
     pub fn create_anonymous(ranks: usize, ring_bytes: usize) -> Result<ShmSegment> {
-        let len = segment_len(ranks, ring_bytes);
+        let len = segment_len(ranks, ring_bytes).ok_or_else(|| too_large(ranks, ring_bytes))?;
         let name = c"hvd-shm";
         // SAFETY: name is NUL-terminated; the returned fd is closed below.
         let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
@@ -152,6 +177,7 @@ impl ShmSegment {
     /// The file is removed when this segment is dropped, or earlier with [`unlink`](Self::unlink).
     pub fn create(name: &str, ranks: usize, ring_bytes: usize) -> Result<ShmSegment> {
         let path = shm_path(name)?;
+        let len = segment_len(ranks, ring_bytes).ok_or_else(|| too_large(ranks, ring_bytes))?;
         // SAFETY: path is NUL-terminated; the fd is closed below.
         let fd = unsafe {
             libc::shm_open(
@@ -166,7 +192,6 @@ impl ShmSegment {
                 io::Error::last_os_error(),
             ));
         }
-        let len = segment_len(ranks, ring_bytes);
         let r = Self::init_fd(fd, len, ranks, ring_bytes, name, Some(path));
         // SAFETY: fd is ours.
         unsafe { libc::close(fd) };
@@ -254,15 +279,16 @@ impl ShmSegment {
                 return Err(Error::Bootstrap(format!(
                     "shared memory segment `/dev/shm/{name}` has layout version {} and this hvd reads version {}: \
                      the ranks on this host run different hvd versions; run the same one on every rank",
-                    char::from(magic as u8),
-                    char::from(MAGIC as u8),
+                    layout_version(magic),
+                    layout_version(MAGIC),
                 )));
             }
             return Ok(None);
         }
         let ranks = probe.word(8).load(Ordering::Relaxed) as usize;
         let ring_bytes = probe.word(16).load(Ordering::Relaxed) as usize;
-        if segment_len(ranks, ring_bytes) != len {
+        // The words are another process's: checked arithmetic, so no count makes the size wrap around to this one.
+        if segment_len(ranks, ring_bytes) != Some(len) {
             return Err(Error::Bootstrap(format!(
                 "shared memory segment `{name}` has an unexpected size"
             )));
@@ -440,6 +466,16 @@ impl ShmSegment {
     }
 }
 
+/// The layout version a magic of the family says: its last byte, a digit for hvd's (anything else in hex: the file
+/// is not hvd's).
+fn layout_version(magic: u64) -> String {
+    let b = magic as u8;
+    match b.is_ascii_digit() {
+        true => char::from(b).to_string(),
+        false => format!("{b:#04x}"),
+    }
+}
+
 fn shm_path(name: &str) -> Result<CString> {
     if name.is_empty()
         || !name
@@ -487,6 +523,8 @@ mod tests {
     #[test]
     fn a_segment_of_another_layout_version_is_refused_by_name() {
         let name = format!("hvd-test-layout-{}", std::process::id());
+        // A file an aborted run of an earlier process with this pid left behind.
+        ShmSegment::unlink(&name);
         let seg = ShmSegment::create(&name, 2, 4096).expect("create a segment");
         seg.word(0).store(MAGIC - 1, Ordering::Release);
         let err = ShmSegment::open(&name, Duration::from_secs(5))
@@ -504,5 +542,50 @@ mod tests {
         seg.word(0).store(MAGIC, Ordering::Release);
         let opened = ShmSegment::open(&name, Duration::from_secs(5)).expect("open the segment");
         assert_eq!((opened.ranks, opened.ring_bytes), (2, 4096));
+        assert_eq!(layout_version(MAGIC_FAMILY | 0x07), "0x07");
+    }
+
+    /// The length is the layout's (the last ring ends the segment) and any size that does not fit an address space
+    /// is `None`, never a wrapped length; a segment file whose counts were rewritten so (as another process of this
+    /// user could) is refused by name, not mapped.
+    #[test]
+    fn sizes_that_do_not_fit_are_refused_not_wrapped() {
+        let name = format!("hvd-test-sizes-{}", std::process::id());
+        ShmSegment::unlink(&name);
+        let seg = ShmSegment::create(&name, 3, 8192).expect("create a segment");
+        assert_eq!(
+            segment_len(3, 8192),
+            Some(seg.ring_base(2, 2) + RING_HEADER + 8192)
+        );
+        assert_eq!(seg.map.len, segment_len(3, 8192).unwrap_or(0));
+        for (ranks, ring) in [
+            (usize::MAX, 4096),
+            (1 << 32, 4096),
+            (2, usize::MAX - 100),
+            (1 << 20, 1 << 40),
+        ] {
+            assert_eq!(
+                segment_len(ranks, ring),
+                None,
+                "{ranks} ranks, {ring}-byte rings"
+            );
+        }
+        let err = ShmSegment::create(&format!("{name}-big"), 2, usize::MAX - 4095)
+            .expect_err("a segment of a wrapped size")
+            .to_string();
+        assert!(err.contains("HVD_SHM_RING_BYTES"), "{err}");
+        for (word, value) in [(8, u64::MAX), (8, 1 << 40), (16, u64::MAX - 4095)] {
+            seg.word(word).store(value, Ordering::Relaxed);
+            let err = ShmSegment::open(&name, Duration::from_secs(5))
+                .expect_err("a segment with impossible counts opened")
+                .to_string();
+            assert!(
+                err.contains("unexpected size"),
+                "word {word} = {value}: {err}"
+            );
+            seg.word(8).store(3, Ordering::Relaxed);
+            seg.word(16).store(8192, Ordering::Relaxed);
+        }
+        ShmSegment::open(&name, Duration::from_secs(5)).expect("the repaired segment opens");
     }
 }
