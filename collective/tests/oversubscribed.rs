@@ -264,27 +264,10 @@ fn run_worker(scenario: &str) -> Result<String, Error> {
 fn deposits_between_processes_are_used_only_when_every_rank_made_one() {
     one_cpu();
     for refusing in [false, true] {
-        let dir = tempfile::tempdir().expect("a rendezvous directory");
-        let exe = std::env::current_exe().expect("test binary path");
-        let children: Vec<_> = (0..3)
-            .map(|r| {
-                Command::new(&exe)
-                    .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
-                    .envs(process_env(r, 3, dir.path(), "h"))
-                    .env(WORKER, "deposits")
-                    .env(
-                        "HVD_ALLREDUCE_DEPOSIT_BYTES",
-                        if r == 1 && refusing { "0" } else { "49152" },
-                    )
-                    .env("HVD_COLLECTIVE_TIMEOUT", "20")
-                    .env_remove("HVD_COLLECTIVE_BACKEND")
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start a worker")
-            })
-            .collect();
-        let out = workers::results(children);
+        let out = three_workers("deposits", |r| {
+            let bytes = if r == 1 && refusing { "0" } else { "49152" };
+            vec![("HVD_ALLREDUCE_DEPOSIT_BYTES", bytes)]
+        });
         let want = if refusing { 0 } else { 3 * 20 * 5 };
         for (r, line) in out.iter().enumerate() {
             assert_eq!(
@@ -303,26 +286,36 @@ fn deposits_between_processes_are_used_only_when_every_rank_made_one() {
 fn a_killed_peer_releases_oversubscribed_waiters() {
     one_cpu();
     for scenario in ["small", "deposit", "large"] {
-        let dir = tempfile::tempdir().expect("a rendezvous directory");
-        let exe = std::env::current_exe().expect("test binary path");
-        let children: Vec<_> = (0..3)
-            .map(|r| {
-                Command::new(&exe)
-                    .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
-                    .envs(process_env(r, 3, dir.path(), "h"))
-                    .env(WORKER, scenario)
-                    .env("HVD_COLLECTIVE_TIMEOUT", "20")
-                    .env_remove("HVD_COLLECTIVE_BACKEND")
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start a worker")
-            })
-            .collect();
-        let out = workers::results(children);
+        let out = three_workers(scenario, |_| Vec::new());
         assert_eq!(out[1], "no result (killed?)", "{scenario}");
         for r in [0, 2] {
             assert_eq!(out[r], "lost rank 1", "{scenario}: rank {r}");
         }
     }
+}
+
+/// Runs `scenario` on 3 rank processes of this test binary (on one host, shm, a 20 s collective timeout), rank `r`
+/// with the variables `env(r)` besides, and returns each one's RESULT line.
+fn three_workers(
+    scenario: &str,
+    env: impl Fn(usize) -> Vec<(&'static str, &'static str)>,
+) -> Vec<String> {
+    let dir = tempfile::tempdir().expect("a rendezvous directory");
+    let exe = std::env::current_exe().expect("test binary path");
+    let children: Vec<_> = (0..3)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .envs(process_env(r, 3, dir.path(), "h"))
+                .env(WORKER, scenario)
+                .envs(env(r))
+                .env("HVD_COLLECTIVE_TIMEOUT", "20")
+                .env_remove("HVD_COLLECTIVE_BACKEND")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start a worker")
+        })
+        .collect();
+    workers::results(children)
 }
