@@ -148,10 +148,18 @@ def train(state):
 try:
     train(state)
 except hvd.elastic.Preempted:
-    if os.environ.get("ELASTIC_LATE_TERM"):
+    if os.environ.get("ELASTIC_LATE_TERM") == "1":
         # The same notice once more after the hand-over (a launcher's request that comes after the pod's own).
         os.kill(os.getpid(), 15)
         time.sleep(0.2)
+    elif os.environ.get("ELASTIC_LATE_TERM") == "exit":
+        # ... or as the interpreter exits, once it has put the default action back for Python's handlers: a global
+        # whose finalizer sends it as the modules are torn down.
+        class _LateNotice:
+            def __del__(self):
+                os.kill(os.getpid(), 15)
+                time.sleep(0.2)
+        late_notice = _LateNotice()
     print("slot %d left after committing step %d" % (slot, state.step), flush=True)
     raise
 finally:
@@ -574,8 +582,9 @@ fn an_elastic_range_above_the_workers_started_is_refused() {
 fn a_preempted_worker_commits_hands_over_and_leaves() {
     // Once, and the same notice twice 0.2 s apart (Kubernetes' SIGTERM and hvd's launcher's hand-over request for
     // one eviction), or the second after the worker handed over (it ended with 143 before: the default handler was
-    // back): one hand-over either way.
-    for (signals, late) in [("1", ""), ("2", ""), ("1", "1")] {
+    // back), or as its interpreter exits (it ended with 143 there, until SIGTERM was ignored once handed over): one
+    // hand-over either way.
+    for (signals, late) in [("1", ""), ("2", ""), ("1", "1"), ("1", "exit")] {
         preempted_worker_hands_over(signals, late);
     }
 }

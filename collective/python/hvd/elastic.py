@@ -1197,7 +1197,7 @@ class _Preemption:
         self.grace = 30.0
         # Set once this worker hands over (`_leave`): every SIGTERM after that is the same notice again (Kubernetes:
         # the launcher's hand-over request, once it sees the pod being deleted, can come after the pod's own SIGTERM
-        # was answered), and the process is on its way out with code 0.
+        # was answered), and the process is on its way out with code 0 (SIGTERM is ignored from then on).
         self.left = False
 
     def install(self):
@@ -1223,7 +1223,7 @@ class _Preemption:
         default: the process ends with 143, a lost worker), as it would have been without ``run``."""
         self.depth -= 1
         if self.depth > 0 or self.previous is None or self.left:
-            # (Handed over: this handler stays and absorbs a late duplicate notice while the process exits.)
+            # (Handed over: SIGTERM stays ignored, a late duplicate notice, while the process exits.)
             return
         previous, self.previous = self.previous, None
         signal.signal(signal.SIGTERM, previous)
@@ -1276,6 +1276,18 @@ class _Preemption:
         if callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)
 
+    def ignore_late_notices(self):
+        """Once this worker hands over, a later SIGTERM is the same notice again and is ignored (``SIG_IGN``), not
+        absorbed by ``handle``: the interpreter puts the default action back for a Python handler as it exits, so a
+        notice that came then (the launcher's hand-over request after the pod's own SIGTERM) ended the worker with
+        143, a loss, after it had handed over. A process the worker starts from here on inherits the ignored SIGTERM.
+        Only when this handler is the one installed (the main thread's ``run``)."""
+        try:
+            if signal.getsignal(signal.SIGTERM) == self.handle:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
+
     def cancel(self):
         if self.timer is not None:
             self.timer.cancel()
@@ -1312,6 +1324,7 @@ def _leave():
     (it needs no engine): a teardown slower than the round window would otherwise let the next round form without
     this worker, refuse its leave, and count it as lost."""
     _preemption.left = True
+    _preemption.ignore_late_notices()
     lib = _hvd._l()
     leave = lib.hvd_elastic_leave
     leave.restype, leave.argtypes = _ctypes_i32(), []
