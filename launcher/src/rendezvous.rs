@@ -1045,7 +1045,9 @@ fn as_elastic_worker<T>(
         ));
     }
     f(slot, membership).map_err(|e| match e {
-        elastic::MembershipError::NotAlive { .. } => HttpError(410, e.reason().into()),
+        elastic::MembershipError::NotAlive { .. } | elastic::MembershipError::Stopping { .. } => {
+            HttpError(410, e.reason().into())
+        }
         _ => HttpError(400, e.reason().into()),
     })
 }
@@ -1053,7 +1055,8 @@ fn as_elastic_worker<T>(
 /// The worker (`X-Hvd-Rank`: its slot) leaves the elastic step on its own (preempted, after its last commit): rounds
 /// stop waiting for it and the launcher reports it as preempted. Only the process that joined as that slot may: the
 /// request must carry the same `X-Hvd-Join` identity (403 otherwise, and for a slot that never joined). 200
-/// `v1 <workers left alive>`; 410: the worker is not alive (ended, left, left out); 409: the step is not elastic.
+/// `v1 <workers left alive>`; 410: the worker is not alive (ended, left, left out), or the launcher is stopping the
+/// step (no hand-over then: the worker ends with the step); 409: the step is not elastic.
 fn on_elastic_leave(shared: &Shared, request: &Request) -> Reply {
     let alive = as_elastic_worker(shared, request, "leave", |slot, membership| {
         membership.leave(slot, Instant::now())

@@ -7,10 +7,12 @@
 /// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
 /// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. `ELASTIC_KILL`
 /// (`slot:step`, several separated by commas) names a worker that SIGKILLs itself when it begins that step,
-/// `ELASTIC_TERM` (the same) one that SIGTERMs itself (preempted). Every worker prints its start and re-forms and,
+/// `ELASTIC_TERM` (the same) one that SIGTERMs itself (preempted); with `ELASTIC_TERM_DEAF` it then answers later
+/// SIGTERMs with a handler of its own that does nothing (a stop's SIGTERM that reaches it only after its commit). Every worker prints its start and re-forms and,
 /// at the end, what it finished with and whether every rank of the final round agrees.
 pub const TRAIN: &str = r#"
 import os
+import signal
 import time
 import numpy as np
 import hvd
@@ -67,6 +69,8 @@ def train(state):
         if "%d:%d" % (slot, state.step) in term.split(","):
             # Preempted (spot reclaim, eviction): hvd.elastic finishes this step, commits, hands over and leaves.
             os.kill(os.getpid(), 15)
+            if os.environ.get("ELASTIC_TERM_DEAF"):
+                signal.signal(signal.SIGTERM, lambda *_: None)
         if slot == 0 and grow and int(grow) == state.step and os.path.exists("grown"):
             os.replace("grown", "slots")
         g = hvd.allreduce(np.full(4, state.step + 1.0), op=hvd.Average, name="grad")

@@ -1252,9 +1252,7 @@ class _Preemption:
             # marked (leaving `run` must not deliver this SIGTERM again).
             self.cancel()
             self.marked = None
-            sys.stderr.write("hvd.elastic: SIGTERM: hvd run is stopping the step; this worker (slot {}) ends now "
-                             "(exit code 143)\n".format(os.environ.get("HVD_RANK", "?")))
-            sys.stderr.flush()
+            _say_stopped()
             if callable(previous) and previous is not signal.default_int_handler:
                 previous(signum, frame)
             raise SystemExit(128 + signal.SIGTERM)
@@ -1322,24 +1320,39 @@ def _leave():
     """The preempted worker's hand-over, after its last commit and the members' agreement: leave the job (the
     others shut down too, to re-form), tell the launcher's rendezvous, end with ``Preempted``. The leave goes first
     (it needs no engine): a teardown slower than the round window would otherwise let the next round form without
-    this worker, refuse its leave, and count it as lost."""
+    this worker, refuse its leave, and count it as lost. A leave the launcher refuses because it is stopping the step
+    ends the worker as stopped (``SystemExit(143)``), as the stop's SIGTERM would have."""
     _preemption.left = True
     _preemption.ignore_late_notices()
     lib = _hvd._l()
     leave = lib.hvd_elastic_leave
     leave.restype, leave.argtypes = _ctypes_i32(), []
     left = leave()
+    error = _hvd._error(lib) if left < 0 else None
     _hvd.shutdown()
     _preemption.cancel()
     # Handed over: the SIGTERM is answered, so leaving run() does not deliver it again.
     _preemption.marked = None
     if left < 0:
-        sys.stderr.write("hvd.elastic: preempted, but the launcher was not told ({}); exiting anyway\n".format(
-            _hvd._error(lib)))
+        if _launcher_stopping():
+            # The launcher refused the hand-over: it began to stop the step first (its stop ended the worker this one
+            # waited for in its last step, so that step completed and this one committed; the stop's SIGTERM may come
+            # later, or have found the handler gone). No job goes on to hand over to: end as stopped.
+            sys.stderr.write("hvd.elastic: preempted, but hvd run began to stop the step before the hand-over "
+                             "({})\n".format(error))
+            _say_stopped()
+            raise SystemExit(128 + signal.SIGTERM)
+        sys.stderr.write("hvd.elastic: preempted, but the launcher was not told ({}); exiting anyway\n".format(error))
     else:
         sys.stderr.write("hvd.elastic: preempted: committed and left the job; {} workers go on\n".format(left))
     sys.stderr.flush()
     raise Preempted("hvd.elastic: this worker was preempted (SIGTERM) and left the job after its last commit")
+
+
+def _say_stopped():
+    sys.stderr.write("hvd.elastic: SIGTERM: hvd run is stopping the step; this worker (slot {}) ends now (exit code "
+                     "143)\n".format(os.environ.get("HVD_RANK", "?")))
+    sys.stderr.flush()
 
 
 def _ctypes_i32():

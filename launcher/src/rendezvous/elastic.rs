@@ -56,6 +56,8 @@ pub(crate) enum MembershipError {
     Ahead { after: u64, generation: u64 },
     /// A leave from a worker that is not alive (it ended, left already, or a round formed without it).
     NotAlive { slot: u32 },
+    /// A leave after the launcher began to stop the step: there is nobody to hand over to.
+    Stopping { slot: u32 },
 }
 
 impl MembershipError {
@@ -71,6 +73,9 @@ impl MembershipError {
             ),
             MembershipError::NotAlive { slot } => format!(
                 "worker {slot} is not a live worker of this elastic step (it ended, left, or was left out)"
+            ),
+            MembershipError::Stopping { slot } => format!(
+                "the launcher is stopping this elastic step: it takes no hand-over; worker {slot} ends with the step"
             ),
         }
     }
@@ -508,6 +513,12 @@ impl Membership {
     /// [`Membership::left`] names it. Returns how many workers are alive.
     pub(crate) fn leave(&mut self, slot: u32, now: Instant) -> Result<usize, MembershipError> {
         self.live_worker(slot)?;
+        // A hand-over the launcher's stop overtook (the stop ended the worker the preempted one waited for in its
+        // last step, so that step completed and it committed after the stop began): refused, so the worker ends as
+        // stopped, not as preempted with its job going on.
+        if self.stopping {
+            return Err(MembershipError::Stopping { slot });
+        }
         self.gone(slot, now);
         self.left.insert(slot, self.alive.len());
         Ok(self.alive.len())
@@ -702,6 +713,26 @@ mod tests {
                 slot: 3,
                 workers: 3
             })
+        );
+    }
+
+    /// Once the launcher stops the step, a hand-over is refused: the worker stays alive (it ends with the step, as
+    /// stopped) and is not counted as preempted.
+    #[test]
+    fn a_leave_after_the_stop_began_is_refused() {
+        let t = Instant::now();
+        let mut m = Membership::new(3, Duration::from_secs(30));
+        for slot in 0..3 {
+            m.join(slot, 0, t).unwrap();
+        }
+        m.stop();
+        assert_eq!(m.leave(1, t), Err(MembershipError::Stopping { slot: 1 }));
+        assert!(m.left().is_empty());
+        assert_eq!(m.alive.len(), 3);
+        assert!(
+            MembershipError::Stopping { slot: 1 }
+                .reason()
+                .contains("the launcher is stopping this elastic step")
         );
     }
 
