@@ -613,6 +613,14 @@ pub(super) fn supervise(
                             ),
                         });
                     }
+                } else if exit != WorkerExit::Code(0) && elastic.is_some() && job.stopping() {
+                    // An elastic step's worker ending once the job is stopping is not what failed it: its stop's own
+                    // cause is recorded (below its minimum, an interrupt, a timeout). Its exit may be older than
+                    // that stop (it waited in the queue while this loop found the step below its minimum), and as the
+                    // earliest failure it would be named the root cause ("rank 0 ended first") for a loss the step
+                    // was built to take: a worker the launcher itself had found silent and stopped, on a loaded
+                    // machine (workers_on_this_machine_that_all_freeze_are_found_not_waited_for).
+                    all_ok = false;
                 } else if exit != WorkerExit::Code(0) {
                     all_ok = false;
                     job.fail(
