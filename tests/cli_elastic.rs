@@ -72,12 +72,18 @@ if slow and int(slow.split(":")[0]) == slot:
 # `slot:PATH`: that worker waits until PATH exists, and 1 s more, before it joins (a replacement that asks late); it
 # leaves `awaiting.<slot>` in the working directory first.
 await_ = os.environ.get("ELASTIC_AWAIT", "")
+
+
+def wait_for(path, seconds):
+    """Waits until `path` exists, `seconds` at most."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 if await_ and int(await_.split(":")[0]) == slot:
     open("awaiting.%d" % slot, "w").close()
-    for _ in range(6000):
-        if os.path.exists(await_.split(":", 1)[1]):
-            break
-        time.sleep(0.05)
+    wait_for(await_.split(":", 1)[1], 300)
     time.sleep(1)
 
 # `slot:-1` in ELASTIC_KILL: that worker dies before it ever asks the rendezvous.
@@ -115,10 +121,7 @@ def train(state):
                     open(os.path.join(d, "rank.%d" % n), "w").close()
         time.sleep(step_sleep)
         if wait_at and wait_at.split(":", 2)[:2] == [str(slot), str(state.step)]:
-            for _ in range(3000):
-                if os.path.exists(wait_at.split(":", 2)[2]):
-                    break
-                time.sleep(0.02)
+            wait_for(wait_at.split(":", 2)[2], 60)
         if kills.get(slot) == state.step:
             os.kill(os.getpid(), signal)
             for _ in range(int(os.environ.get("ELASTIC_SIGNALS", "1")) - 1):
