@@ -5,7 +5,10 @@
 /// committed after each step. With `ELASTIC_HOLD` (`step`), slot 0 waits at that step until `release` exists in the
 /// project directory. With `ELASTIC_PAUSE` (`step`), slot 0 writes `paused` into the project directory when it
 /// begins that step and waits there until `go` exists (the test loses a host meanwhile). With `ELASTIC_GROW`
-/// (`step`), slot 0 moves `grown` to `slots` when it begins that step, and training goes on past `ELASTIC_STEPS` until a round has `ELASTIC_UNTIL` members. `ELASTIC_KILL`
+/// (`step`), slot 0 moves `grown` to `slots` when it begins that step. With `ELASTIC_UNTIL` (`n`), training goes on
+/// past `ELASTIC_STEPS` until a round has `n` members (a negative `n`: at most `-n`), or until a worker has waited
+/// `ELASTIC_UNTIL_WAIT` seconds (default 90) from its start: a time, not a count of steps, so that a replacement
+/// started slowly on a loaded machine still finds the training going (400 steps, the old bound, were about 8 s). `ELASTIC_KILL`
 /// (`slot:step`, several separated by commas) names a worker that SIGKILLs itself when it begins that step,
 /// `ELASTIC_TERM` (the same) one that SIGTERMs itself (preempted); with `ELASTIC_TERM_DEAF` it then answers later
 /// SIGTERMs with a handler of its own that does nothing (a stop's SIGTERM that reaches it only after its commit). Every worker prints its start and re-forms and,
@@ -25,6 +28,9 @@ grow = os.environ.get("ELASTIC_GROW", "")
 kill = os.environ.get("ELASTIC_KILL", "")
 term = os.environ.get("ELASTIC_TERM", "")
 until = int(os.environ.get("ELASTIC_UNTIL", "0"))
+# How long this worker keeps training for a round of `until` members before it gives up on one (agreed by every rank
+# through the same allreduce): long enough for a replacement that a loaded machine starts slowly (a Spark job, a pod).
+give_up = time.monotonic() + float(os.environ.get("ELASTIC_UNTIL_WAIT", "90"))
 paused = []
 
 if os.environ.get("ELASTIC_CHILD"):
@@ -50,12 +56,13 @@ def big_enough():
     time.sleep(0.02)
     # A negative `until`: at most that many members.
     mine = hvd.size() >= until if until > 0 else hvd.size() <= -until
-    return hvd.allreduce(np.array([1.0 if mine else 0.0]), op=hvd.Max, name="until")[0] > 0
+    done = mine or time.monotonic() > give_up
+    return hvd.allreduce(np.array([1.0 if done else 0.0]), op=hvd.Max, name="until")[0] > 0
 
 
 @hvd.elastic.run
 def train(state):
-    while state.step < 400 and (state.step < steps or not big_enough()):
+    while state.step < steps or not big_enough():
         if slot == 0 and state.step == hold:
             while not os.path.exists("release"):
                 time.sleep(0.02)
