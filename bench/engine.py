@@ -18,7 +18,9 @@ Usage: bench/engine.py [--ranks N] [--steps S (default 50; at least half a secon
 Library: HVD_LIBRARY or --library, else the package's own search (target/release first if newer).
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
 Issue 22 §3: the same 5x through the per-tensor API; the line "per-tensor step / grouped step" shows what the
-per-tensor API costs over one call per step in the same round (1.0x: nothing).
+per-tensor API costs over one call per step in the same round (1.0x: nothing), and the line "per-tensor loop alone"
+times the per-tensor step's own loop with Python calls that do nothing and prints the bound that puts on any
+per-tensor Python API: the unfused per-tensor step over (the fused grouped step + that loop).
 With --framework torch (a python with torch), hvd's workloads use CPU torch tensors through hvd.torch
 (`hvd.torch.allreduce_async_` per tensor, `hvd.torch.grouped_allreduce_async_` per step) instead of numpy arrays.
 With --horovod-python PYTHON (an env with Horovod built against TensorFlow, e.g. the one `hvd build
@@ -126,6 +128,21 @@ class HvdApi:
     def refill(self, tensors):
         for t in tensors:
             t.fill(1.0)
+
+    def loop(self, tensors, tag):
+        """The per-tensor step's own Python with calls that do nothing (no barrier, no library): the floor under any
+        per-tensor API made of Python calls, on this machine, in this round (#22 §3)."""
+        def submit(t, op=None, name=None):
+            return None
+
+        def wait(h):
+            return None
+        op = self.hvd.Sum
+        t0 = time.perf_counter()
+        hs = [submit(t, op=op, name="{}.{}".format(tag, i)) for i, t in enumerate(tensors)]
+        for h in hs:
+            wait(h)
+        return time.perf_counter() - t0
 
     def grouped(self, tensors, tag):
         hvd = self.hvd
@@ -288,7 +305,7 @@ def worker(api, steps, blocks, block_ms, timeline_dir):
             ratios.append(took[True] / took[False])
         return ratios
 
-    def measure(step):
+    def measure(step, timeline=True):
         for _ in range(3):
             step()
         # At least `steps` steps and about half a second of them (rank 0's estimate, shared), so that a fast step's
@@ -297,17 +314,19 @@ def worker(api, steps, blocks, block_ms, timeline_dir):
         count = api.broadcast(max(steps, int(0.5 / estimate)))
         times = [step() for _ in range(count)]
         median = statistics.median(times)
-        if not timeline_dir:
+        if not timeline_dir or not timeline:
             return median, []
         # Blocks of about block_ms (rank 0's estimate, so that every rank runs the same number of steps).
         k = api.broadcast(max(3, int(block_ms / 1e3 / median)))
         return median, timeline_pairs(step, k)
 
     result = {}
-    for key, step in (("small", lambda: api.per_tensor(small, "s")), ("grouped", lambda: api.grouped(small, "g")),
-                      ("mixed", lambda: api.per_tensor(mixed, "m")),
-                      ("mixed_grouped", lambda: api.grouped(mixed, "mg"))):
+    workloads = [("small", lambda: api.per_tensor(small, "s")), ("grouped", lambda: api.grouped(small, "g")),
+                 ("mixed", lambda: api.per_tensor(mixed, "m")), ("mixed_grouped", lambda: api.grouped(mixed, "mg"))]
+    for key, step in workloads:
         result[key], result[key + "_timeline"] = measure(step)
+    if hasattr(api, "loop"):
+        result["loop"], _ = measure(lambda: api.loop(small, "s"), timeline=False)
     remove_written()  # the last block's file
 
     call = api.latency_call()
@@ -415,8 +434,9 @@ def main():
                 rounds[name].append(r)
             print("round {}/{} done".format(i + 1, args.rounds), file=sys.stderr)
     print_steal(cpu_before, cpu_times())
-    keys = ["small", "grouped", "mixed", "mixed_grouped", "latency"]
-    results = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rounds.items()}
+    keys = ["small", "grouped", "mixed", "mixed_grouped", "latency", "loop"]
+    results = {name: {k: statistics.median(r[k] for r in rs) for k in keys if k in rs[0]}
+               for name, rs in rounds.items()}
 
     def paired(a, b, key):
         return statistics.median(x[key] / y[key] for x, y in zip(rounds[a], rounds[b]))
@@ -437,6 +457,14 @@ def main():
     print("per-tensor step / grouped step, fusion on (median of rounds): {:.2f}x 100 x 4 KiB, {:.2f}x 4 KiB..4 MiB"
           .format(statistics.median(r["small"] / r["grouped"] for r in rounds["fusion on"]),
                   statistics.median(r["mixed"] / r["mixed_grouped"] for r in rounds["fusion on"])))
+    # The most a per-tensor API made of Python calls could give in this run (#22 §3): its fused step can be no faster
+    # than the grouped step plus the benchmark's own per-tensor loop with calls that do nothing, while its unfused
+    # step is taken as measured (a cheaper API would make that faster too, so the real bound is lower still).
+    bound = statistics.median(off["small"] / (on["grouped"] + on["loop"])
+                              for on, off in zip(rounds["fusion on"], rounds["fusion off"]))
+    print("per-tensor loop alone, no-op calls: {:.3f} ms a step; bound on any per-tensor Python API's speed-up "
+          "here: off / (grouped on + loop) = {:.2f}x (median of paired rounds)".format(
+              results["fusion on"]["loop"] * 1e3, bound))
 
     def cost(config, key):
         pairs = [p for r in rounds[config] for p in r[key + "_timeline"]]
