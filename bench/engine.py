@@ -19,7 +19,7 @@ Library: HVD_LIBRARY or --library, else the package's own search (target/release
 Goals (issue 6): fusion >= 5x faster than no fusion on 100 x 4 KiB; single 4-byte allreduce < 100 us median.
 Issue 22 §3: the same 5x through the per-tensor API; the line "per-tensor step / grouped step" shows what the
 per-tensor API costs over one call per step in the same round (1.0x: nothing), and the line "per-tensor loop alone"
-times the per-tensor step's own loop with Python calls that do nothing and prints the bound that puts on any
+times the per-tensor step's own loop with Python calls that do nothing and prints the bound this puts on any
 per-tensor Python API: the unfused per-tensor step over (the fused grouped step + that loop).
 With --framework torch (a python with torch), hvd's workloads use CPU torch tensors through hvd.torch
 (`hvd.torch.allreduce_async_` per tensor, `hvd.torch.grouped_allreduce_async_` per step) instead of numpy arrays.
